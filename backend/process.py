@@ -1,0 +1,124 @@
+"""The frontend's handle on the backend process: its two queues and its life.
+
+This module never imports torch. The child process imports the real engine
+(`backend.serve`) or the mock (`backend.mock`) only once it is running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import queue
+import time
+
+from backend.messages import (
+    BackendConfig,
+    BackendFailed,
+    BackendReady,
+    Cancel,
+    SamplingParams,
+    Shutdown,
+    StepOutput,
+    Submit,
+)
+
+log = logging.getLogger(__name__)
+
+# Spawn, not fork: the parent has threads (gunicorn, the router) and the child
+# loads torch, and neither survives a fork well.
+_mp = multiprocessing.get_context("spawn")
+
+
+class BackendDied(RuntimeError):
+    """The backend process exited while the frontend was waiting on it."""
+
+
+class BackendStartError(RuntimeError):
+    """The backend could not start; the message says why (for the operator)."""
+
+
+def run_backend(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiprocessing.Queue) -> None:
+    """Entry point of the child process."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s backend %(levelname)s %(message)s")
+    if config.mock:
+        from backend.mock import serve_mock as serve
+    else:
+        from backend.serve import serve
+    serve(config, inbox, outbox)
+
+
+class BackendProcess:
+    """Start, feed, read and stop one backend process."""
+
+    def __init__(self, config: BackendConfig):
+        self.config = config
+        self.inbox: multiprocessing.Queue = _mp.Queue()
+        self.outbox: multiprocessing.Queue = _mp.Queue()
+        self.process = _mp.Process(
+            target=run_backend, args=(config, self.inbox, self.outbox), name="backend", daemon=True
+        )
+
+    def start(self) -> BackendProcess:
+        self.process.start()
+        log.info("backend process %d started (%s)", self.process.pid, "mock" if self.config.mock else "model")
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> BackendReady:
+        """Block until the model is loaded and warmed up; raise if the backend fails."""
+        message = self.receive(timeout)
+        if isinstance(message, BackendFailed):
+            raise BackendStartError(message.message)
+        if not isinstance(message, BackendReady):
+            raise BackendStartError(f"backend sent {type(message).__name__} before it was ready")
+        return message
+
+    def submit(
+        self, request_id: str, prompt_ids: list[int] | tuple[int, ...], params: SamplingParams
+    ) -> None:
+        self.inbox.put(Submit(request_id, tuple(prompt_ids), params))
+
+    def cancel(self, request_id: str) -> None:
+        self.inbox.put(Cancel(request_id))
+
+    def receive(self, timeout: float | None = None) -> BackendReady | BackendFailed | StepOutput:
+        """The next message from the backend.
+
+        Blocks on the queue and on the process at once, so that a backend that
+        dies wakes the caller (BackendDied) instead of leaving it waiting.
+        Raises queue.Empty after `timeout` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return self.outbox.get_nowait()
+            except queue.Empty:
+                pass
+            if not self.process.is_alive():
+                # Anything it put before dying may still be in the pipe.
+                try:
+                    return self.outbox.get(timeout=0.1)
+                except queue.Empty:
+                    raise BackendDied(f"backend process exited with code {self.process.exitcode}") from None
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise queue.Empty
+            multiprocessing.connection.wait([self.outbox._reader, self.process.sentinel], remaining)
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the backend to finish, then make sure it does."""
+        if self.process.is_alive():
+            with contextlib.suppress(ValueError, OSError):
+                self.inbox.put(Shutdown())
+            self.process.join(timeout)
+        if self.process.is_alive():
+            log.warning("backend did not stop in %.0f s; killing it", timeout)
+            self.process.kill()
+            self.process.join(5)
+        for q in (self.inbox, self.outbox):
+            q.close()
+            q.cancel_join_thread()

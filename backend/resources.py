@@ -1,0 +1,113 @@
+"""Will the model fit? Disk, RAM and VRAM checked before anything is loaded.
+
+Failing here, with the numbers, beats an out-of-memory kill halfway through
+loading or, worse, at the first busy minute when the KV cache fills.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from backend.row_cache import KVShape
+
+GIB = 1024**3
+HEADROOM = 1.1  # activations, allocator slack, the Python process itself
+
+
+class InsufficientResources(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Needs:
+    weights: int  # bytes of weights in the serving dtype
+    kv_cache: int  # bytes of the preallocated KV cache
+    rows: int
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
+class Available:
+    ram: int
+    disk: int
+    vram: int | None  # None on CPU
+
+
+def parameter_count(model_config: PretrainedConfig) -> int:
+    """Parameters of the model the config describes, counted without allocating them."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def estimate_needs(model_config: PretrainedConfig, dtype: torch.dtype, rows: int, max_seq_len: int) -> Needs:
+    element = torch.finfo(dtype).bits // 8
+    weights = parameter_count(model_config) * element
+    kv_cache = KVShape.of(model_config).bytes(rows, max_seq_len, dtype)
+    return Needs(weights, kv_cache, rows, max_seq_len)
+
+
+def shortfalls(needs: Needs, available: Available, on_gpu: bool, converting: bool) -> list[str]:
+    """One line per resource that is short, saying how much is needed, there and missing."""
+    problems = []
+    parts = (
+        f"weights {needs.weights / GIB:.2f} GiB + KV cache for {needs.rows} rows x {needs.max_seq_len} tokens"
+    )
+    parts += f" {needs.kv_cache / GIB:.2f} GiB"
+    if on_gpu:
+        vram_needed = int((needs.weights + needs.kv_cache) * HEADROOM)
+        problems += _short("VRAM", vram_needed, available.vram or 0, parts)
+        ram_needed = int(needs.weights * HEADROOM)  # weights pass through host memory on the way
+        problems += _short(
+            "RAM", ram_needed, available.ram, f"weights {needs.weights / GIB:.2f} GiB while loading"
+        )
+    else:
+        problems += _short("RAM", int((needs.weights + needs.kv_cache) * HEADROOM), available.ram, parts)
+    if converting:
+        problems += _short("disk", needs.weights, available.disk, "the converted weights")
+    return problems
+
+
+def _short(resource: str, needed: int, available: int, what: str) -> list[str]:
+    if needed <= available:
+        return []
+    return [
+        f"{resource}: needs {needed / GIB:.2f} GiB ({what}), {available / GIB:.2f} GiB available, "
+        f"{(needed - available) / GIB:.2f} GiB short"
+    ]
+
+
+def measure_available(device: torch.device, disk_path: Path) -> Available:
+    disk_path.mkdir(parents=True, exist_ok=True)
+    vram = None
+    if device.type == "cuda":
+        vram = torch.cuda.mem_get_info(device)[0]
+    return Available(psutil.virtual_memory().available, shutil.disk_usage(disk_path).free, vram)
+
+
+def check_resources(
+    model_config: PretrainedConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    rows: int,
+    max_seq_len: int,
+    disk_path: Path,
+    converting: bool,
+) -> Needs:
+    """Raise InsufficientResources, saying what is short and by how much, before any loading."""
+    needs = estimate_needs(model_config, dtype, rows, max_seq_len)
+    problems = shortfalls(needs, measure_available(device, disk_path), device.type == "cuda", converting)
+    if problems:
+        raise InsufficientResources(
+            "not enough resources to serve this model:\n  "
+            + "\n  ".join(problems)
+            + "\nLower --rows or --max-seq-len, pick a smaller --dtype or model, or free some memory."
+        )
+    return needs

@@ -1,0 +1,85 @@
+"""One user row: the request it serves and where its generation stands."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+import torch
+
+from backend.detokenizer import Decoder, IncrementalDetokenizer
+from backend.messages import FinishReason, Piece, Submit
+from backend.stop_matcher import StopMatcher
+
+
+@dataclass
+class Row:
+    index: int
+    request: Submit
+    tokenizer: Decoder
+    eos_ids: frozenset[int]
+    max_seq_len: int
+    device: torch.device
+    generated: list[int] = field(default_factory=list)
+    cached: int = 0  # tokens whose keys and values are in this row of the cache
+    cancelled: bool = False
+    finish_reason: FinishReason | None = None
+
+    def __post_init__(self) -> None:
+        params = self.request.params
+        self.detokenizer = IncrementalDetokenizer(self.tokenizer, self.request.prompt_ids)
+        self.stop = StopMatcher(params.stop)
+        self.generator: torch.Generator | None = None
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else secrets.randbits(63)
+            self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        return self.request.prompt_ids
+
+    @property
+    def next_input(self) -> int:
+        """The token the next decode step feeds: the last one sampled."""
+        return self.generated[-1]
+
+    @property
+    def position(self) -> int:
+        """Where the next decode step writes in the cache."""
+        return self.cached
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def accept(self, token_id: int) -> Piece | None:
+        """Take a sampled token; return the text it releases and, at the end, why it ended."""
+        params = self.request.params
+        self.generated.append(token_id)
+        if token_id in self.eos_ids and not params.ignore_eos:
+            return self._finish("stop", self.stop.flush())
+        text = self.stop.feed(self.detokenizer.add(token_id))
+        if self.stop.stopped:
+            return self._finish("stop", text)
+        if (
+            len(self.generated) >= params.max_tokens
+            or len(self.prompt_ids) + len(self.generated) >= self.max_seq_len
+        ):
+            return self._finish("length", text + self.stop.flush())
+        return self._piece(text) if text else None
+
+    def cancel_piece(self) -> Piece:
+        return self._finish("cancelled", "")
+
+    def _finish(self, reason: FinishReason, text: str) -> Piece:
+        self.finish_reason = reason
+        return self._piece(text)
+
+    def _piece(self, text: str) -> Piece:
+        return Piece(
+            self.request.request_id,
+            text,
+            self.finish_reason,
+            prompt_tokens=len(self.prompt_ids),
+            completion_tokens=len(self.generated),
+        )

@@ -1,0 +1,62 @@
+"""The backend process's loop: inbox to engine, engine to outbox, one step at a time."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import sys
+
+from backend.engine import Engine
+from backend.inbox import read_inbox
+from backend.loader import ModelNotFound
+from backend.messages import BackendConfig, BackendFailed, BackendReady, Cancel, Shutdown, StepOutput, Submit
+from backend.resources import InsufficientResources
+
+log = logging.getLogger(__name__)
+
+
+def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
+    engine = Engine.load(config)
+    ready = BackendReady(
+        model_name=engine.name,
+        rows=config.rows,
+        max_seq_len=engine.max_seq_len,
+        tokenizer_path=engine.tokenizer_path,
+        device=str(engine.device),
+        dtype=str(engine.dtype).removeprefix("torch."),
+    )
+    return engine, ready
+
+
+def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiprocessing.Queue) -> None:
+    try:
+        engine, ready = start_engine(config)
+    except (InsufficientResources, ModelNotFound, OSError, ValueError) as error:
+        log.error("backend cannot start: %s", error)
+        outbox.put(BackendFailed(str(error)))
+        sys.exit(1)
+    log.info(
+        "ready: %s, %d rows of %d tokens, %s on %s",
+        ready.model_name,
+        ready.rows,
+        ready.max_seq_len,
+        ready.dtype,
+        ready.device,
+    )
+    outbox.put(ready)
+    while True:
+        # Idle: sleep on the inbox. Busy: take what is there and step.
+        for message in read_inbox(inbox, timeout=0 if engine.has_work else None):
+            if isinstance(message, Shutdown):
+                return
+            if isinstance(message, Submit):
+                engine.submit(message)
+            elif isinstance(message, Cancel):
+                engine.cancel(message.request_id)
+        try:
+            pieces = engine.step()
+        except Exception as error:  # a bad step must not take every other request down with it
+            log.exception("decode step failed")
+            pieces = engine.fail_all(f"generation failed: {error}")
+        if pieces:
+            outbox.put(StepOutput(pieces))

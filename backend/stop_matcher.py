@@ -1,0 +1,46 @@
+"""Stop sequences matched on text across token boundaries, with hold-back.
+
+Text that could be the beginning of a stop sequence is held back until the
+next piece shows whether it is one; the stop sequence itself is never sent.
+"""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    def __init__(self, stops: tuple[str, ...] | list[str]):
+        self.stops = tuple(s for s in stops if s)
+        self.held = ""  # text received but not yet released
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """Take new text; return what is safe to send. Sets `stopped` on a match."""
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return text
+        self.held += text
+        match_at = min((i for i in (self.held.find(s) for s in self.stops) if i >= 0), default=-1)
+        if match_at >= 0:
+            released, self.held = self.held[:match_at], ""
+            self.stopped = True
+            return released
+        keep = self._longest_partial_match()
+        released = self.held[: len(self.held) - keep]
+        self.held = self.held[len(self.held) - keep :]
+        return released
+
+    def flush(self) -> str:
+        """The request ended for another reason: release what was held back."""
+        released, self.held = self.held, ""
+        return released
+
+    def _longest_partial_match(self) -> int:
+        """Length of the longest suffix of `held` that is a proper prefix of a stop."""
+        longest = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(self.held)), longest, -1):
+                if self.held.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest

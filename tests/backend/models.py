@@ -1,0 +1,108 @@
+"""Models for backend tests: tiny random-weight ones for mechanics, the default one for real text."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+TINY_VOCAB = 512
+TINY_EOS = TINY_VOCAB - 1
+
+
+def tiny_model(architecture: str = "llama", seed: int = 0) -> torch.nn.Module:
+    """A two-layer random-weight causal LM of the given architecture, float32, on the CPU."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=TINY_VOCAB, eos_token_id=TINY_EOS, bos_token_id=1, pad_token_id=0)
+    llama_like = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        **common,
+    )
+    if architecture == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**llama_like))
+    elif architecture == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**llama_like))
+    elif architecture == "mistral":
+        model = MistralForCausalLM(MistralConfig(**llama_like, sliding_window=None))
+    elif architecture == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **common))
+    else:
+        raise ValueError(architecture)
+    return model.eval()
+
+
+class MarkerTokenizer:
+    """Decodes every token id to a marker "<id>", so that text reveals the exact token ids.
+
+    Wraps a real tokenizer (for EOS and encoding) or stands alone with a toy encoding.
+    """
+
+    def __init__(self, real=None, eos_token_id: int = TINY_EOS):
+        self.real = real
+        self.eos_token_id = real.eos_token_id if real is not None else eos_token_id
+
+    def __call__(self, text: str):
+        if self.real is not None:
+            return self.real(text)
+        return _Encoding([2 + ord(c) % (TINY_VOCAB - 3) for c in text])
+
+    def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
+        return "".join(f"<{i}>" for i in token_ids)
+
+    @staticmethod
+    def ids(text: str) -> list[int]:
+        return [int(i) for i in re.findall(r"<(\d+)>", text)]
+
+
+class _Encoding:
+    def __init__(self, input_ids):
+        self.input_ids = input_ids
+
+
+def reference_greedy(model, prompt_ids, max_tokens: int, eos_ids) -> list[int]:
+    """What `model.generate` gives for this prompt alone, greedy, without its EOS token."""
+    input_ids = torch.tensor([list(prompt_ids)])
+    output = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        max_new_tokens=max_tokens,
+        eos_token_id=sorted(eos_ids),
+        pad_token_id=sorted(eos_ids)[0],
+    )
+    generated = output[0, input_ids.shape[1] :].tolist()
+    return [t for t in generated if t not in eos_ids]
+
+
+def drive(engine, arrivals: list[tuple[int, object]], max_steps: int = 10_000) -> dict[str, list]:
+    """Step the engine, submitting each request at its arrival step; return every request's pieces."""
+    pieces: dict[str, list] = {}
+    arrivals = sorted(arrivals, key=lambda arrival: arrival[0])
+    step = 0
+    while arrivals or engine.has_work:
+        while arrivals and arrivals[0][0] <= step:
+            engine.submit(arrivals.pop(0)[1])
+        for piece in engine.step():
+            pieces.setdefault(piece.request_id, []).append(piece)
+        step += 1
+        assert step < max_steps, "the engine did not finish"
+    return pieces
+
+
+def text_of(pieces: list) -> str:
+    return "".join(piece.text for piece in pieces)

@@ -1,0 +1,67 @@
+"""Greedy float32 decoding in a shared batch equals `model.generate` on each prompt alone (SPEC §5)."""
+
+import random
+
+import pytest
+
+from backend.engine import Engine
+from backend.messages import SamplingParams, Submit
+from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
+
+PROMPT_COUNT = 18
+
+
+def staggered_greedy_requests(prompts, max_tokens, rng):
+    """Requests arriving every few steps, so rows join while others are mid-flight."""
+    arrivals, step = [], 0
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(temperature=0, max_tokens=max_tokens)
+        arrivals.append((step, Submit(f"r{i}", tuple(prompt), params)))
+        step += rng.choice([0, 1, 2, 3])
+    return arrivals
+
+
+def assert_matches_reference(engine, model, prompts, max_tokens, rng):
+    pieces = drive(engine, staggered_greedy_requests(prompts, max_tokens, rng))
+    for i, prompt in enumerate(prompts):
+        expected = reference_greedy(model, prompt, max_tokens, engine.eos_ids)
+        got = MarkerTokenizer.ids(text_of(pieces[f"r{i}"]))
+        assert got == expected, f"prompt {i} ({len(prompt)} tokens) diverged"
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral", "gpt2"])
+def test_tiny_models_match_generate_with_rows_joining_mid_flight(architecture):
+    model = tiny_model(architecture)
+    rng = random.Random(architecture)
+    prompts = [
+        [rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 60))] for _ in range(PROMPT_COUNT)
+    ]
+    # 8 rows for 18 prompts: rows are also freed and refilled during the run.
+    engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=128)
+    assert_matches_reference(engine, model, prompts, max_tokens=24, rng=rng)
+
+
+def test_default_model_matches_generate_with_rows_joining_mid_flight(default_model):
+    model, tokenizer = default_model.model, default_model.tokenizer
+    texts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time, in a land far away, there lived a",
+        "1, 2, 3, 4,",
+        "Q: What is the boiling point of water?\nA:",
+        "The three primary colors are",
+        "import numpy as np\n",
+        "Roses are red,",
+        "<|im_start|>user\nWrite a haiku about rain.<|im_end|>\n<|im_start|>assistant\n",
+        "The quick brown fox",
+        "In 1969, astronauts",
+        "To make a cup of tea, first",
+        "SELECT * FROM",
+        "Les fleurs du jardin sont",
+        "My favourite food is",
+        "A long time ago the internet was a smaller place, and people who used it knew each other by name. "
+        "They wrote long messages on bulletin boards and",
+    ]
+    prompts = [tokenizer(text).input_ids for text in texts]
+    engine = Engine(model, MarkerTokenizer(tokenizer), rows=6, max_seq_len=256)
+    assert_matches_reference(engine, model, prompts, max_tokens=20, rng=random.Random(7))

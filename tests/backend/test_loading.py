@@ -1,0 +1,83 @@
+"""Finding and loading models; checking resources before loading."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.loader import converted_dir, hub_token, load_model, resolve_model
+from backend.messages import BackendConfig
+from backend.resources import GIB, Available, Needs, estimate_needs, shortfalls
+from tests.backend.models import tiny_model
+
+
+def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_path):
+    first = load_model(BackendConfig(cache_dir=str(tmp_path)))
+    source = resolve_model(None)
+    converted = converted_dir(source, tmp_path)
+    assert (converted / "model.safetensors").is_file()
+    assert first.tokenizer_path == str(converted)
+    second = load_model(BackendConfig(cache_dir=str(tmp_path)))
+    assert second.model.config.quantization_config is None  # not a GGUF load this time
+    assert torch.equal(first.model.lm_head.weight, second.model.lm_head.weight)
+
+
+def test_a_local_directory_loads_as_is(tmp_path):
+    from transformers import AutoTokenizer
+
+    model = tiny_model("qwen2")
+    model.save_pretrained(tmp_path / "tiny")
+    # Any tokenizer with the right files will do for loading mechanics.
+    AutoTokenizer.from_pretrained(load_model(BackendConfig()).tokenizer_path).save_pretrained(
+        tmp_path / "tiny"
+    )
+    loaded = load_model(BackendConfig(model=str(tmp_path / "tiny"), max_seq_len=64))
+    assert loaded.name == "tiny" and loaded.max_seq_len == 64
+    assert type(loaded.model).__name__ == "Qwen2ForCausalLM"
+    assert loaded.tokenizer_path == str((tmp_path / "tiny").resolve())
+
+
+def test_model_names_resolve_to_the_right_kind_of_source(tmp_path):
+    assert resolve_model(None).gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    hub = resolve_model("HuggingFaceTB/SmolLM2-135M")
+    assert hub.location == "HuggingFaceTB/SmolLM2-135M" and not hub.is_gguf
+    from backend.loader import ModelNotFound
+
+    with pytest.raises(ModelNotFound):
+        resolve_model(str(tmp_path / "nothing.gguf"))
+    with pytest.raises(ModelNotFound):
+        resolve_model("./no/such/dir")
+
+
+def test_hub_token_comes_from_the_environment_or_dotenv(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert hub_token() is None
+    Path(".env").write_text("JWT_SECRET=x\nHF_TOKEN='hf_from_file'\n")
+    assert hub_token() == "hf_from_file"
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    assert hub_token() == "hf_from_env"
+
+
+def test_needs_count_weights_and_the_whole_kv_cache():
+    model = tiny_model("llama")
+    needs = estimate_needs(model.config, torch.float32, rows=32, max_seq_len=128)
+    assert needs.weights == sum(p.numel() for p in model.parameters()) * 4
+    # 2 (K and V) x 2 layers x 32 rows x 2 kv heads x 128 positions x 16 head dim x 4 bytes
+    assert needs.kv_cache == 2 * 2 * 32 * 2 * 128 * 16 * 4
+
+
+def test_shortfalls_say_what_is_short_and_by_how_much():
+    needs = Needs(weights=2 * GIB, kv_cache=6 * GIB, rows=32, max_seq_len=4096)
+    plenty = Available(ram=100 * GIB, disk=100 * GIB, vram=100 * GIB)
+    assert shortfalls(needs, plenty, on_gpu=True, converting=True) == []
+    problems = shortfalls(
+        needs, Available(ram=5 * GIB, disk=1 * GIB, vram=None), on_gpu=False, converting=True
+    )
+    assert problems[0].startswith("RAM: needs 8.80 GiB") and "3.80 GiB short" in problems[0]
+    assert "32 rows x 4096 tokens" in problems[0]
+    assert problems[1].startswith("disk: needs 2.00 GiB")
+    gpu = shortfalls(
+        needs, Available(ram=100 * GIB, disk=100 * GIB, vram=4 * GIB), on_gpu=True, converting=False
+    )
+    assert len(gpu) == 1 and gpu[0].startswith("VRAM")

@@ -1,0 +1,95 @@
+"""The backend as the frontend sees it: a process behind two queues."""
+
+import subprocess
+import sys
+
+import pytest
+
+from backend.messages import BackendConfig, SamplingParams, StepOutput
+from backend.process import BackendDied, BackendProcess, BackendStartError
+
+
+def collect(backend, request_ids, timeout=60):
+    """Read the outbox until every request has finished; return their pieces."""
+    pieces = {request_id: [] for request_id in request_ids}
+    open_requests = set(request_ids)
+    while open_requests:
+        message = backend.receive(timeout)
+        assert isinstance(message, StepOutput)
+        for piece in message.pieces:
+            pieces[piece.request_id].append(piece)
+            if piece.finished:
+                open_requests.discard(piece.request_id)
+    return pieces
+
+
+@pytest.fixture(scope="module")
+def model_backend():
+    backend = BackendProcess(BackendConfig(rows=4, max_seq_len=256)).start()
+    yield backend, backend.wait_ready(timeout=300)
+    backend.stop()
+
+
+def test_the_real_backend_serves_requests_over_its_queues(model_backend):
+    backend, ready = model_backend
+    assert ready.model_name == "SmolLM2-135M-Instruct"
+    assert ready.rows == 4 and ready.max_seq_len == 256
+    assert ready.dtype == "float32" and ready.device == "cpu"
+
+    from transformers import AutoTokenizer  # the frontend will do the same with tokenizer_path
+
+    tokenizer = AutoTokenizer.from_pretrained(ready.tokenizer_path)
+    prompt = tokenizer("The capital of France is").input_ids
+    backend.submit("paris", prompt, SamplingParams(temperature=0, max_tokens=8))
+    backend.submit("cut", prompt, SamplingParams(temperature=0, max_tokens=500, ignore_eos=True))
+    backend.cancel("cut")
+    pieces = collect(backend, ["paris", "cut"])
+    assert "".join(p.text for p in pieces["paris"]).startswith(" Paris")
+    assert pieces["paris"][-1].prompt_tokens == len(prompt)
+    assert pieces["cut"][-1].finish_reason == "cancelled"
+
+
+def test_a_backend_short_of_memory_refuses_to_start_and_says_what_is_missing():
+    backend = BackendProcess(BackendConfig(rows=1_000_000, max_seq_len=2048)).start()
+    with pytest.raises(BackendStartError) as failure:
+        backend.wait_ready(timeout=120)
+    message = str(failure.value)
+    assert "RAM: needs" in message and "GiB short" in message and "1000000 rows" in message
+    backend.process.join(10)
+    assert backend.process.exitcode == 1
+
+
+def test_an_unknown_model_path_is_a_clear_start_error(tmp_path):
+    backend = BackendProcess(BackendConfig(model=str(tmp_path / "missing" / "model.gguf"))).start()
+    with pytest.raises(BackendStartError, match="does not exist"):
+        backend.wait_ready(timeout=60)
+
+
+def test_the_mock_backend_speaks_the_same_messages():
+    backend = BackendProcess(BackendConfig(mock=True, rows=2, mock_tokens_per_second=200)).start()
+    try:
+        ready = backend.wait_ready(timeout=30)
+        assert ready.model_name == "mock" and ready.tokenizer_path is None
+        for i in range(3):
+            backend.submit(f"m{i}", [1, 2, i], SamplingParams(max_tokens=4))
+        pieces = collect(backend, ["m0", "m1", "m2"])
+        assert all(p[-1].finish_reason == "length" and p[-1].completion_tokens == 4 for p in pieces.values())
+    finally:
+        backend.stop()
+
+
+def test_a_dead_backend_wakes_its_reader():
+    backend = BackendProcess(BackendConfig(mock=True)).start()
+    backend.wait_ready(timeout=30)
+    backend.process.kill()
+    with pytest.raises(BackendDied):
+        backend.receive(timeout=30)
+    backend.stop()
+
+
+def test_the_frontend_side_never_imports_torch():
+    code = (
+        "import sys, backend.process, backend.mock, backend.messages, backend.stop_matcher\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

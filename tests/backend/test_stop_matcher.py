@@ -1,0 +1,44 @@
+"""Stop sequences on text, across pieces, with hold-back."""
+
+from backend.stop_matcher import StopMatcher
+
+
+def feed_all(matcher, pieces):
+    return [matcher.feed(piece) for piece in pieces]
+
+
+def test_a_stop_spanning_pieces_is_found_and_never_sent():
+    matcher = StopMatcher(["###"])
+    released = feed_all(matcher, ["Hello #", "#", "# world"])
+    assert "".join(released) == "Hello "
+    assert matcher.stopped
+    assert all("#" not in piece for piece in released)
+
+
+def test_a_possible_start_is_held_back_then_released_when_it_is_not_a_stop():
+    matcher = StopMatcher(["\nUser:"])
+    assert matcher.feed("Hi\nUs") == "Hi"  # "\nUs" might begin the stop
+    assert matcher.feed("eful") == "\nUseful"
+    assert not matcher.stopped
+
+
+def test_the_earliest_of_several_stops_wins():
+    matcher = StopMatcher(["END", "."])
+    assert matcher.feed("one. two END") == "one"
+
+
+def test_flush_releases_what_was_held_back():
+    matcher = StopMatcher(["STOP"])
+    assert matcher.feed("almost ST") == "almost "
+    assert matcher.flush() == "ST"
+
+
+def test_nothing_is_released_after_a_stop():
+    matcher = StopMatcher(["x"])
+    matcher.feed("ax")
+    assert matcher.feed("more") == ""
+
+
+def test_no_stops_passes_text_through():
+    matcher = StopMatcher([])
+    assert matcher.feed("abc") == "abc"
