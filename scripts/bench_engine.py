@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""Time the engine alone (no HTTP, no queues) against `model.generate` one request at a time.
+
+    .venv/bin/python scripts/bench_engine.py [--model M] [--dtype D] [--max-tokens N] [--rows 1 8 32]
+
+For each number of active rows it submits that many requests of the same
+length (EOS ignored, so every row decodes exactly --max-tokens tokens), steps
+the engine until all finish, and reports generated tokens per second and the
+mean decode step time. The baseline is `model.generate` on one request at a
+time, the way a naive server would run. Prints a markdown table and the
+machine it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend.engine import Engine  # noqa: E402
+from backend.loader import load_model  # noqa: E402
+from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
+
+PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a refrigerator works to a ten year old.",
+    "List some good habits for writing clean Python code.",
+    "What were the main causes of the French Revolution?",
+]
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{cpu}, {os.cpu_count()} cores"
+    return f"{device}; torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def time_engine(engine: Engine, prompts: list[list[int]], active: int, max_tokens: int) -> tuple[float, float]:
+    """Tokens per second and mean decode step (s) with `active` rows decoding together."""
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=max_tokens, ignore_eos=True)
+    for i in range(active):
+        engine.submit(Submit(f"bench-{i}", tuple(prompts[i % len(prompts)]), params))
+    generated, step_times = 0, []
+    start = time.perf_counter()
+    while engine.has_work:
+        step_start = time.perf_counter()
+        pieces = engine.step()
+        step_times.append(time.perf_counter() - step_start)
+        generated += sum(p.completion_tokens for p in pieces if p.finished)
+    elapsed = time.perf_counter() - start
+    return generated / elapsed, statistics.mean(step_times[1:] or step_times)
+
+
+def time_generate(model, prompts: list[list[int]], requests: int, max_tokens: int) -> float:
+    """Tokens per second of `model.generate`, one request after another."""
+    generated = 0
+    start = time.perf_counter()
+    for i in range(requests):
+        input_ids = torch.tensor([prompts[i % len(prompts)]], device=model.device)
+        output = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=True,
+            temperature=0.8,
+            top_k=40,
+            top_p=0.9,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            pad_token_id=model.generation_config.eos_token_id,
+        )
+        generated += output.shape[1] - input_ids.shape[1]
+    return generated / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="path or hub id (default: SmolLM2-135M-Instruct GGUF)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantize", default="none")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--baseline-requests", type=int, default=4)
+    args = parser.parse_args()
+
+    config = BackendConfig(model=args.model, dtype=args.dtype, quantize=args.quantize, rows=max(args.rows), max_seq_len=512)
+    loaded = load_model(config)
+    engine = Engine(loaded.model, loaded.tokenizer, rows=max(args.rows), max_seq_len=512, name=loaded.name)
+    engine.warm_up()
+    prompts = [loaded.tokenizer(text).input_ids for text in PROMPTS]
+
+    baseline = time_generate(loaded.model, prompts, args.baseline_requests, args.max_tokens)
+    print(f"\n{loaded.name}, {engine.dtype}, {args.max_tokens} tokens per request; {machine()}\n")
+    print("| active rows | tokens/s | decode step (ms) | vs generate one at a time |")
+    print("| ---: | ---: | ---: | ---: |")
+    print(f"| generate, 1 request at a time | {baseline:.1f} | | 1.0x |")
+    for active in args.rows:
+        tokens_per_second, step = time_engine(engine, prompts, active, args.max_tokens)
+        print(f"| {active} | {tokens_per_second:.1f} | {step * 1000:.1f} | {tokens_per_second / baseline:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
