@@ -19,6 +19,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import torch
+from dotenv import dotenv_values
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -108,15 +109,7 @@ def converted_dir(source: ModelSource, root: Path) -> Path:
 
 def hub_token() -> str | None:
     """HF_TOKEN from the environment, else from a .env file in the working directory."""
-    if os.environ.get("HF_TOKEN"):
-        return os.environ["HF_TOKEN"]
-    env_file = Path(".env")
-    if env_file.is_file():
-        for line in env_file.read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "HF_TOKEN":
-                return value.strip().strip("'\"") or None
-    return None
+    return os.environ.get("HF_TOKEN") or dotenv_values(".env").get("HF_TOKEN") or None
 
 
 def pick_device(requested: str) -> torch.device:
@@ -165,11 +158,9 @@ def load_model(config: BackendConfig) -> LoadedModel:
     )
     if gguf_file is not None and save_converted(model, tokenizer, converted_dir(source, root)):
         location = str(converted_dir(source, root))
-    tokenizer_path = (
-        location
-        if Path(location, "tokenizer_config.json").is_file()
-        else save_tokenizer(tokenizer, source, root)
-    )
+    # The frontend reads tokenizer.json with the `tokenizers` library (no torch there).
+    has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
+    tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
     model = model.to(device=device, dtype=dtype)
     if config.quantize == "int8":
         model = quantize_int8(model, device)

@@ -10,7 +10,9 @@ import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import queue
+import threading
 import time
 
 from backend.messages import (
@@ -42,11 +44,25 @@ class BackendStartError(RuntimeError):
 def run_backend(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiprocessing.Queue) -> None:
     """Entry point of the child process."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s backend %(levelname)s %(message)s")
+    threading.Thread(target=exit_with_parent, name="parent-watch", daemon=True).start()
     if config.mock:
         from backend.mock import serve_mock as serve
     else:
         from backend.serve import serve
     serve(config, inbox, outbox)
+
+
+def exit_with_parent() -> None:
+    """End this process when the one that started it dies, even by SIGKILL.
+
+    Otherwise a killed gunicorn worker would leave its backend holding the
+    model's memory, blocked on an inbox nobody writes to.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        multiprocessing.connection.wait([parent.sentinel])
+        log.warning("the frontend process is gone; the backend exits")
+        os._exit(0)
 
 
 class BackendProcess:

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from backend.messages import BackendConfig, SamplingParams, StepOutput
@@ -93,3 +94,22 @@ def test_the_frontend_side_never_imports_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_backend_exits_when_its_parent_is_killed():
+    code = (
+        "from backend.process import BackendProcess\n"
+        "from backend.messages import BackendConfig\n"
+        "import time\n"
+        "if __name__ == '__main__':\n"
+        "    backend = BackendProcess(BackendConfig(mock=True)).start()\n"
+        "    backend.wait_ready(30)\n"
+        "    print(backend.process.pid, flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    backend_pid = int(parent.stdout.readline())
+    backend = psutil.Process(backend_pid)
+    parent.kill()  # SIGKILL: no atexit, no multiprocessing clean-up
+    parent.wait()
+    backend.wait(timeout=10)  # raises psutil.TimeoutExpired if the orphan lives on
