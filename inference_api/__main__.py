@@ -1,0 +1,98 @@
+"""`python -m inference_api [options]`: the API server alone, under gunicorn (SPEC §2).
+
+The options become INFERENCE_* environment variables (see config.py) and the
+process execs gunicorn with gunicorn.conf.py, so the server's pid is this
+process's pid and signals reach gunicorn's master directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from backend.messages import BackendConfig
+from inference_api.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, DEFAULT_PORT, ServerConfig
+
+GUNICORN_CONF = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be over 0, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    parser = argparse.ArgumentParser(prog="python -m inference_api", description=__doc__.split("\n")[0])
+    parser.add_argument("--mock", action="store_true", help="the mock backend: no model, no torch")
+    parser.add_argument(
+        "--model", help="local directory, hub id or GGUF file (default: SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT)
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--quantize", choices=["none", "int8"], default="none")
+    parser.add_argument("--rows", type=positive_int, default=32, help="requests decoded together")
+    parser.add_argument(
+        "--max-queue",
+        type=non_negative_int,
+        default=DEFAULT_MAX_QUEUE,
+        help="requests that may wait for a row",
+    )
+    parser.add_argument("--max-seq-len", type=positive_int, help="tokens per row (prompt + answer)")
+    parser.add_argument("--mock-tokens-per-second", type=positive_float, default=50.0)
+    parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument(
+        "--restart-delay", type=positive_float, default=1.0, help="seconds before restarting a dead backend"
+    )
+    args = parser.parse_args(argv)
+    model = args.model
+    if model and os.path.exists(model):
+        model = os.path.abspath(model)  # gunicorn may run from another directory
+    backend = BackendConfig(
+        model=model,
+        dtype=args.dtype,
+        device=args.device,
+        quantize=args.quantize,
+        rows=args.rows,
+        max_seq_len=args.max_seq_len,
+        mock=args.mock,
+        mock_tokens_per_second=args.mock_tokens_per_second,
+    )
+    return ServerConfig(
+        backend=backend,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+        host=args.host,
+        port=args.port,
+        restart_delay=args.restart_delay,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse_args(argv)
+    os.environ.update(config.to_env())
+    command = [sys.executable, "-m", "gunicorn", "--config", str(GUNICORN_CONF)]
+    os.execv(sys.executable, command)
+
+
+if __name__ == "__main__":
+    main()

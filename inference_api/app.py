@@ -1,0 +1,88 @@
+"""The app factory: one Flask app, one router thread, one backend process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import uuid
+
+from flask import Flask, Response, current_app, g, request
+
+from backend.messages import BackendReady
+from inference_api import native_api, ops
+from inference_api.config import ServerConfig
+from inference_api.errors import register_error_handlers
+from inference_api.metrics import Metrics
+from inference_api.router import Router
+
+log = logging.getLogger(__name__)
+
+# A client's X-Request-ID is echoed if it looks like an id, so that it is safe in logs and headers.
+SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+GUNICORN_APP_LOAD_ERROR = 4  # a worker exiting with it makes gunicorn's master halt instead of respawning
+
+
+def create_app(config: ServerConfig | None = None) -> Flask:
+    """Build the app and start its backend; config None reads INFERENCE_* variables (the gunicorn path).
+
+    The backend loads in the background: /ready answers 503 until it is ready,
+    so gunicorn's worker boots at once, however long the model takes.
+    """
+    config = config or ServerConfig.from_env()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    app.config["SERVER"] = config
+    metrics = Metrics()
+    router = Router(
+        config.backend,
+        config.max_queue,
+        metrics,
+        restart_delay=config.restart_delay,
+        on_ready=lambda ready: _log_ready(config, ready),
+        on_fatal=_exit_worker if config.exit_on_backend_failure else None,
+    )
+    app.extensions["metrics"] = metrics
+    app.extensions["router"] = router
+
+    register_error_handlers(app)
+    app.before_request(_assign_request_id)
+    app.after_request(_finish_response)
+    app.register_blueprint(native_api.bp)
+    app.register_blueprint(ops.bp)
+
+    router.start()
+    return app
+
+
+def _assign_request_id() -> None:
+    client_id = request.headers.get("X-Request-ID", "")
+    g.request_id = client_id if SANE_REQUEST_ID.fullmatch(client_id) else uuid.uuid4().hex
+
+
+def _finish_response(response: Response) -> Response:
+    if "request_id" not in g:
+        _assign_request_id()
+    response.headers["X-Request-ID"] = g.request_id
+    endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
+    metrics: Metrics = current_app.extensions["metrics"]
+    metrics.requests.labels(endpoint=endpoint, status=str(response.status_code)).inc()
+    return response
+
+
+def _log_ready(config: ServerConfig, ready: BackendReady) -> None:
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    url = f"http://{host}:{config.port}"
+    log.info(
+        "ready on %s; try:\n  curl -N %s/predictions/%s -H 'Content-Type: application/json' "
+        '-d \'{"text": "Once upon a time", "max_tokens": 64}\'',
+        url,
+        url,
+        ready.model_name,
+    )
+
+
+def _exit_worker(message: str) -> None:
+    log.critical("stopping the server: the backend cannot start (%s)", message)
+    logging.shutdown()
+    os._exit(GUNICORN_APP_LOAD_ERROR)

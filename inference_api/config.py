@@ -1,0 +1,97 @@
+"""What the API server runs with, and how it travels from the command line to the gunicorn worker.
+
+`python -m inference_api` turns its options into INFERENCE_* environment
+variables and execs gunicorn; gunicorn.conf.py and the app factory in the
+worker read them back with `ServerConfig.from_env()`. The environment is the
+one channel that survives the exec and the fork.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from backend.messages import BackendConfig
+
+DEFAULT_PORT = 8000
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    max_queue: int = DEFAULT_MAX_QUEUE  # requests that may wait for a row; past that, 503
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # past that, 413
+    host: str = "127.0.0.1"  # internal by default: only the proxy should face clients (SPEC §6)
+    port: int = DEFAULT_PORT
+    restart_delay: float = 1.0  # seconds between a backend's death and its restart, against crash loops
+    # Under gunicorn a backend that cannot start ends the worker with gunicorn's "app failed to load"
+    # code, so the whole server exits with the backend's message instead of retrying for ever.
+    exit_on_backend_failure: bool = False
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:
+        env = os.environ if environ is None else environ
+        backend = BackendConfig(
+            model=env.get("INFERENCE_MODEL") or None,
+            dtype=env.get("INFERENCE_DTYPE", "auto"),
+            device=env.get("INFERENCE_DEVICE", "auto"),
+            quantize=env.get("INFERENCE_QUANTIZE", "none"),
+            rows=_int(env, "INFERENCE_ROWS", 32),
+            max_seq_len=_int(env, "INFERENCE_MAX_SEQ_LEN", 0) or None,
+            mock=_bool(env, "INFERENCE_MOCK"),
+            mock_tokens_per_second=float(env.get("INFERENCE_MOCK_TOKENS_PER_SECOND", "50")),
+        )
+        return cls(
+            backend=backend,
+            max_queue=_int(env, "INFERENCE_MAX_QUEUE", DEFAULT_MAX_QUEUE),
+            max_body_bytes=_int(env, "INFERENCE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+            host=env.get("INFERENCE_HOST", "127.0.0.1"),
+            port=_int(env, "INFERENCE_PORT", DEFAULT_PORT),
+            restart_delay=float(env.get("INFERENCE_RESTART_DELAY", "1.0")),
+            exit_on_backend_failure=_bool(env, "INFERENCE_EXIT_ON_BACKEND_FAILURE"),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables that `from_env` reads back into this config.
+
+        exit_on_backend_failure is left out: gunicorn.conf.py sets it, as it belongs to gunicorn.
+        """
+        b = self.backend
+        return {
+            "INFERENCE_MODEL": b.model or "",
+            "INFERENCE_DTYPE": b.dtype,
+            "INFERENCE_DEVICE": b.device,
+            "INFERENCE_QUANTIZE": b.quantize,
+            "INFERENCE_ROWS": str(b.rows),
+            "INFERENCE_MAX_SEQ_LEN": str(b.max_seq_len or 0),
+            "INFERENCE_MOCK": "1" if b.mock else "0",
+            "INFERENCE_MOCK_TOKENS_PER_SECOND": repr(b.mock_tokens_per_second),
+            "INFERENCE_MAX_QUEUE": str(self.max_queue),
+            "INFERENCE_MAX_BODY_BYTES": str(self.max_body_bytes),
+            "INFERENCE_HOST": self.host,
+            "INFERENCE_PORT": str(self.port),
+            "INFERENCE_RESTART_DELAY": repr(self.restart_delay),
+        }
+
+    @property
+    def threads(self) -> int:
+        """gunicorn threads: one per request that may be in flight, plus a few so that /health,
+        /metrics and the 503s past the queue are answered at once even when every slot is taken."""
+        return self.backend.rows + self.max_queue + 8
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "0").strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,92 @@
+"""Every error as JSON {"status_code": N, "message": "..."} (SPEC §4.1), whatever raised it."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, Response, current_app, jsonify, request
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
+
+from backend.messages import InvalidParams
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_QUEUE_FULL = 1  # seconds: a row frees up within a few steps
+RETRY_AFTER_NOT_READY = 5  # seconds: a model loads or a backend restarts
+# An oversized body is read and dropped up to this size, so that the connection stays usable: gunicorn
+# drains at most 64 KiB of an unread body and then closes a connection it has announced as keep-alive.
+DISCARD_BODY_LIMIT = 16 * 1024 * 1024
+
+
+class ApiError(Exception):
+    """An error the client gets as it is: a status, a message naming the field, maybe headers."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+def unavailable(message: str, retry_after: int) -> ApiError:
+    return ApiError(503, message, {"Retry-After": str(retry_after)})
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    response = jsonify(status_code=status, message=message)
+    response.status_code = status
+    response.headers.update(headers or {})
+    return response
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(ApiError, _api_error)
+    app.register_error_handler(InvalidParams, _invalid_params)
+    app.register_error_handler(HTTPException, _http_exception)
+    app.register_error_handler(Exception, _unexpected)
+
+
+def _api_error(error: ApiError) -> Response:
+    return error_response(error.status, error.message, error.headers)
+
+
+def _invalid_params(error: InvalidParams) -> Response:
+    return error_response(400, str(error))
+
+
+def _http_exception(error: HTTPException) -> Response:
+    status = error.code or 500
+    _discard_body()  # raised before the view read it (413, or 404 and 405 from routing)
+    if isinstance(error, RequestEntityTooLarge):
+        limit = current_app.config["MAX_CONTENT_LENGTH"]
+        message = f"the request body is over the limit of {limit} bytes"
+    elif isinstance(error, NotFound):
+        message = f"no such path: {request.path}"
+    elif isinstance(error, MethodNotAllowed):
+        allowed = ", ".join(sorted(error.valid_methods or ()))
+        message = f"method {request.method} is not allowed on {request.path}; allowed: {allowed}"
+    else:
+        message = f"{error.name}: {error.description}"
+    response = error_response(status, message)
+    # Keep what werkzeug adds, such as Allow on a 405.
+    for name, value in error.get_response().headers.items():
+        if name.lower() not in ("content-type", "content-length"):
+            response.headers[name] = value
+    return response
+
+
+def _discard_body() -> None:
+    length = request.content_length
+    if length is None or length > DISCARD_BODY_LIMIT:
+        return  # let gunicorn close the connection
+    stream = request.environ["wsgi.input"]
+    while length > 0:
+        chunk = stream.read(min(length, 65536))
+        if not chunk:
+            return
+        length -= len(chunk)
+
+
+def _unexpected(error: Exception) -> Response:
+    log.exception("unexpected error")
+    return error_response(500, f"internal error: {type(error).__name__}")

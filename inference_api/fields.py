@@ -1,0 +1,144 @@
+"""Reading typed fields out of a parsed JSON body, with errors that name the field.
+
+Each reader takes the body (a dict), a field name and a default, and returns
+the value or raises InvalidParams(field, message), which the HTTP layer turns
+into a 400. A field that is absent or null takes its default. Numbers may come
+as numeric strings ("top_k": "40"), as in the original Falcon API's examples;
+booleans are never numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from backend.messages import InvalidParams
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or InvalidParams("body", ...)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidParams("body", f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidParams("body", f"the request body must be a JSON object, got {_kind(data)}")
+    return data
+
+
+def read_string(
+    data: dict[str, Any], name: str, *, required: bool = False, non_empty: bool = False
+) -> str | None:
+    value = data.get(name)
+    if value is None:
+        if required:
+            raise InvalidParams(name, f"{name} is required")
+        return None
+    if not isinstance(value, str):
+        raise InvalidParams(name, f"{name} must be a string, got {_kind(value)}")
+    if non_empty and not value:
+        raise InvalidParams(name, f"{name} must not be empty")
+    _check_unicode(name, value)
+    return value
+
+
+def read_number(
+    data: dict[str, Any], name: str, default: float, low: float, high: float, *, low_open: bool = False
+) -> float:
+    """A finite number in [low, high], or (low, high] when low_open."""
+    value = data.get(name)
+    if value is None:
+        return default
+    number = _to_number(name, value)
+    if not math.isfinite(number) or number > high or number < low or (low_open and number == low):
+        bounds = f"over {low:g} and at most {high:g}" if low_open else f"from {low:g} to {high:g}"
+        raise InvalidParams(name, f"{name} must be a number {bounds}, got {value!r}")
+    return number
+
+
+def read_integer(data: dict[str, Any], name: str, default: int | None, low: int, high: int) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return default
+    integer = _to_integer(name, value)
+    if not low <= integer <= high:
+        raise InvalidParams(name, f"{name} must be an integer from {low} to {high}, got {value!r}")
+    return integer
+
+
+def read_bool(data: dict[str, Any], name: str, default: bool) -> bool:
+    value = data.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidParams(name, f"{name} must be a boolean (true or false), got {_kind(value)}")
+    return value
+
+
+def read_stop(data: dict[str, Any], name: str, max_count: int = 4) -> tuple[str, ...]:
+    """A string or a list of at most max_count non-empty strings."""
+    value = data.get(name)
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise InvalidParams(name, f"{name} must be a string or a list of strings, got {_kind(value)}")
+    if len(items) > max_count:
+        raise InvalidParams(name, f"{name} may hold at most {max_count} strings, got {len(items)}")
+    if any(not item for item in items):
+        raise InvalidParams(name, f"{name} must not contain an empty string")
+    for item in items:
+        _check_unicode(name, item)
+    return tuple(items)
+
+
+def _to_number(name: str, value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise InvalidParams(name, f"{name} must be a number, got {_kind(value)}")
+
+
+def _to_integer(name: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    if isinstance(value, (float, str)) and not isinstance(value, bool):
+        # 40.0 and "40.0" are whole numbers, as JavaScript clients send them.
+        number = _to_number(name, value)
+        if number.is_integer():
+            return int(number)
+    raise InvalidParams(name, f"{name} must be an integer, got {_kind(value)}")
+
+
+def _check_unicode(name: str, text: str) -> None:
+    # JSON may carry lone surrogates ("\ud800"), which no tokenizer or socket can encode.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidParams(name, f"{name} is not valid Unicode (it holds a lone surrogate)") from None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

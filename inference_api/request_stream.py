@@ -1,0 +1,89 @@
+"""One request's view of the backend: its own queue of pieces, and its end.
+
+The router thread is the only writer (`deliver`); the request thread is the
+only reader (`next_piece`, iteration) and blocks on the queue, so a piece is
+handed on the moment it arrives and no request sees another's pieces.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Iterator
+
+from backend.messages import Piece
+from inference_api.metrics import Metrics
+
+
+class RequestStream:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        metrics: Metrics,
+        on_close: Callable[[RequestStream], None],
+    ):
+        self.request_id = request_id  # the backend's id, unique per request (not the client's X-Request-ID)
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        # Set by the router thread with the first piece: from then on the request holds a row.
+        self.admitted = False
+        self._pieces: queue.Queue[Piece] = queue.Queue()
+        self._metrics = metrics
+        self._on_close = on_close
+        self._opened_at = time.monotonic()
+        self._last_text_at: float | None = None
+        self._closed = False
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def deliver(self, piece: Piece) -> None:
+        """Called by the router thread only."""
+        self.admitted = True
+        self._pieces.put(piece)
+
+    def next_piece(self) -> Piece:
+        """The next piece, blocking until the backend has produced it."""
+        piece = self._pieces.get()
+        self._observe(piece)
+        return piece
+
+    def __iter__(self) -> Iterator[Piece]:
+        while not self.finished:
+            yield self.next_piece()
+
+    def close(self) -> None:
+        """End the request; if it has not finished, the router cancels it and the row frees next step.
+
+        Idempotent: both the response generator and the WSGI close() call it.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._metrics.request_latency.observe(time.monotonic() - self._opened_at)
+        # Counted here rather than at the last piece, so that cancelled requests count what they got.
+        self._metrics.generated_tokens.inc(self.completion_tokens)
+        self._on_close(self)
+
+    def _observe(self, piece: Piece) -> None:
+        now = time.monotonic()
+        if piece.text:
+            if self._last_text_at is None:
+                self._metrics.time_to_first_token.observe(now - self._opened_at)
+            else:
+                # A piece may carry several tokens (text held back at a stop sequence's start).
+                tokens = max(1, piece.completion_tokens - self.completion_tokens)
+                gap = (now - self._last_text_at) / tokens
+                for _ in range(tokens):
+                    self._metrics.inter_token_latency.observe(gap)
+            self._last_text_at = now
+        self.completion_tokens = max(self.completion_tokens, piece.completion_tokens)
+        if piece.prompt_tokens:
+            self.prompt_tokens = piece.prompt_tokens
+        if piece.finished:
+            self.finish_reason = piece.finish_reason
+            self.error = piece.error

@@ -1,0 +1,213 @@
+"""The router: owns the backend process, and hands each piece it writes to the request it belongs to.
+
+One thread (`router_thread`) starts the backend, waits for BackendReady, then
+reads every StepOutput and puts each Piece on the queue of its request. When
+the backend dies it ends every request in flight with an error, marks the
+server not ready and starts a new backend. Request threads call `open` to
+submit a prompt and `RequestStream.close` to end it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from backend.messages import BackendConfig, BackendReady, Piece, SamplingParams, Shutdown, StepOutput
+from backend.process import BackendDied, BackendProcess, BackendStartError
+from inference_api.metrics import Metrics
+from inference_api.request_stream import RequestStream
+from inference_api.tokenizer import PromptTokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class NotReady(RuntimeError):
+    """The backend is loading, restarting or has failed."""
+
+
+class QueueFull(RuntimeError):
+    """Every row is busy and max_queue requests already wait."""
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What a ready backend serves, and the tokenizer that goes with it."""
+
+    backend: BackendReady
+    tokenizer: PromptTokenizer
+
+
+class Router:
+    def __init__(
+        self,
+        backend_config: BackendConfig,
+        max_queue: int,
+        metrics: Metrics,
+        restart_delay: float = 1.0,
+        on_ready: Callable[[BackendReady], None] | None = None,
+        on_fatal: Callable[[str], None] | None = None,
+    ):
+        self.backend_config = backend_config
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self.restart_delay = restart_delay
+        self.on_ready = on_ready
+        self.on_fatal = on_fatal
+        self.failure: str | None = None  # why the backend could not start, once it could not
+        self._lock = threading.Lock()  # guards the three fields below
+        self._streams: dict[str, RequestStream] = {}
+        self._serving: Serving | None = None
+        self._backend: BackendProcess | None = None
+        self._ready = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self.router_thread, name="router", daemon=True)
+        metrics.watch_rows(self.active_rows, self.waiting_requests)
+
+    # Life cycle, called by the app and by gunicorn's hooks.
+
+    def start(self) -> Router:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        with self._lock:
+            backend = self._backend
+        if backend is not None:
+            # Only ask: the router thread sees the process exit and cleans up after it.
+            with contextlib.suppress(ValueError, OSError):
+                backend.inbox.put(Shutdown())
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._thread.is_alive() and backend is not None:
+            log.warning("backend did not stop in %.0f s; killing it", timeout)
+            backend.process.kill()
+            self._thread.join(timeout)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    # Called by request threads.
+
+    @property
+    def serving(self) -> Serving | None:
+        """The ready backend's description, or None while it is not ready."""
+        return self._serving
+
+    def open(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        """Admit a request and submit it to the backend; raise NotReady or QueueFull (both 503)."""
+        with self._lock:
+            if self._serving is None or self._backend is None:
+                raise NotReady
+            if len(self._streams) >= self._serving.backend.rows + self.max_queue:
+                raise QueueFull
+            stream = RequestStream(uuid.uuid4().hex, len(prompt_ids), self.metrics, self._close_stream)
+            self._streams[stream.request_id] = stream
+            # Under the lock, so that a backend that dies cannot miss a request submitted meanwhile.
+            self._backend.submit(stream.request_id, prompt_ids, params)
+        self.metrics.prompt_tokens.inc(len(prompt_ids))
+        return stream
+
+    def active_rows(self) -> int:
+        with self._lock:
+            return sum(stream.admitted for stream in self._streams.values())
+
+    def waiting_requests(self) -> int:
+        with self._lock:
+            return sum(not stream.admitted for stream in self._streams.values())
+
+    def _close_stream(self, stream: RequestStream) -> None:
+        with self._lock:
+            in_flight = self._streams.pop(stream.request_id, None) is not None
+            if in_flight and self._serving is not None and self._backend is not None:
+                # The client went away before the end: free its row at the backend's next step.
+                self._backend.cancel(stream.request_id)
+
+    # The router thread.
+
+    def router_thread(self) -> None:
+        was_ready = False
+        while not self._stopping.is_set():
+            backend = BackendProcess(self.backend_config).start()
+            with self._lock:
+                self._backend = backend
+            failure = None
+            try:
+                self._become_ready(backend)
+                was_ready = True
+                self._route(backend)
+            except BackendDied as exc:
+                failure = None if was_ready else f"the backend died while starting: {exc}"
+                if was_ready and not self._stopping.is_set():
+                    log.error("%s; restarting it in %.1f s", exc, self.restart_delay)
+            except BackendStartError as exc:
+                failure = str(exc)
+            except Exception as exc:  # a tokenizer that does not load, a bug: do not leave requests hanging
+                log.exception("router thread failed")
+                failure = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._end_backend(backend)
+            if failure is not None:
+                self._fail(failure)
+                return
+            if not self._stopping.wait(self.restart_delay):
+                self.metrics.backend_restarts.inc()
+
+    def _become_ready(self, backend: BackendProcess) -> None:
+        ready = backend.wait_ready()
+        serving = Serving(ready, load_tokenizer(ready.tokenizer_path))
+        with self._lock:
+            self._serving = serving
+        self.metrics.backend_ready.set(1)
+        self._ready.set()
+        log.info(
+            "backend ready: model %s, %d rows of %d tokens, %s %s",
+            ready.model_name,
+            ready.rows,
+            ready.max_seq_len,
+            ready.device,
+            ready.dtype,
+        )
+        if self.on_ready is not None:
+            self.on_ready(ready)
+
+    def _route(self, backend: BackendProcess) -> None:
+        """Hand every piece to its request until the backend dies (BackendDied)."""
+        while True:
+            message = backend.receive()
+            if isinstance(message, StepOutput):
+                self._deliver(message.pieces)
+            else:
+                log.warning("ignoring %s from a running backend", type(message).__name__)
+
+    def _deliver(self, pieces: list[Piece]) -> None:
+        with self._lock:
+            for piece in pieces:
+                stream = self._streams.get(piece.request_id)
+                if stream is None:
+                    continue  # cancelled: its client has gone
+                if piece.finished:
+                    del self._streams[piece.request_id]
+                stream.deliver(piece)
+
+    def _end_backend(self, backend: BackendProcess) -> None:
+        """Not ready any more; every request in flight ends with an error."""
+        self._ready.clear()
+        self.metrics.backend_ready.set(0)
+        with self._lock:
+            self._serving = None
+            self._backend = None
+            streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.deliver(Piece(stream.request_id, "", "error", error="the backend process stopped"))
+        backend.stop()
+
+    def _fail(self, message: str) -> None:
+        self.failure = message
+        log.critical("the backend cannot serve: %s", message)
+        if self.on_fatal is not None and not self._stopping.is_set():
+            self.on_fatal(message)

@@ -1,0 +1,50 @@
+"""Turning a prompt into token ids in the frontend, without torch.
+
+The frontend tokenizes so that it can check prompt + max_tokens against the
+model's context and answer 400 before anything reaches the backend.
+transformers' AutoTokenizer imports torch whenever torch is installed, so the
+model's tokenizer is read with the `tokenizers` library, which transformers'
+fast tokenizers are built on, from the tokenizer.json the backend saved.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+from tokenizers import Tokenizer
+
+
+class PromptTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+class ByteTokenizer:
+    """For the mock backend, which has no vocabulary: one id per UTF-8 byte of the prompt."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+class ModelTokenizer:
+    """The model's own tokenizer; `encode(text)` gives the ids of `tokenizer(text)` in transformers."""
+
+    def __init__(self, directory: str):
+        path = os.path.join(directory, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"the backend's tokenizer directory {directory} has no tokenizer.json")
+        self._tokenizer = Tokenizer.from_file(path)
+        # transformers resets these on every call; a saved file may still carry them.
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+
+    def encode(self, text: str) -> list[int]:
+        # add_special_tokens=True (the default) applies the post-processor, as tokenizer(text) does.
+        return self._tokenizer.encode(text).ids
+
+
+def load_tokenizer(directory: str | None) -> PromptTokenizer:
+    """The tokenizer a backend reported in BackendReady.tokenizer_path (None: the mock)."""
+    if directory is None:
+        return ByteTokenizer()
+    return ModelTokenizer(directory)

@@ -1,0 +1,75 @@
+"""The app with Flask's test client and a mock backend: details that need no gunicorn."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask
+
+from backend.messages import BackendConfig
+from backend.mock import mock_text
+from inference_api import create_app
+from inference_api.__main__ import parse_args
+from inference_api.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+
+
+@pytest.fixture(scope="module")
+def app() -> Iterator[Flask]:
+    config = ServerConfig(backend=BackendConfig(mock=True, rows=2, mock_tokens_per_second=1000), max_queue=2)
+    app = create_app(config)
+    router = app.extensions["router"]
+    assert router.wait_ready(30)
+    yield app
+    router.stop()
+
+
+def test_default_body_limit_is_one_mebibyte(app: Flask) -> None:
+    assert DEFAULT_MAX_BODY_BYTES == 1024 * 1024
+    client = app.test_client()
+    response = client.post("/predictions/mock", data=b"x" * (DEFAULT_MAX_BODY_BYTES + 1))
+    assert response.status_code == 413
+    assert response.get_json()["status_code"] == 413
+
+
+def test_streaming_and_json_agree(app: Flask) -> None:
+    client = app.test_client()
+    streamed = client.post("/predictions/mock", json={"text": "same", "max_tokens": 7})
+    assert streamed.mimetype == "text/plain"
+    joined = client.post("/predictions/mock", json={"text": "same", "max_tokens": 7, "stream": False})
+    assert streamed.get_data(as_text=True) == joined.get_json()["text"] == mock_text(tuple(b"same"), 7)
+
+
+def test_every_error_is_json_with_a_request_id(app: Flask) -> None:
+    client = app.test_client()
+    for response in (
+        client.post("/predictions/mock", data=b"{"),
+        client.get("/nowhere"),
+        client.put("/predictions/mock"),
+        client.post("/predictions/other", json={"text": "hi"}),
+    ):
+        assert response.is_json
+        assert set(response.get_json()) == {"status_code", "message"}
+        assert response.get_json()["status_code"] == response.status_code
+        assert response.headers["X-Request-ID"]
+
+
+def test_not_ready_is_503_with_retry_after() -> None:
+    app = create_app(ServerConfig(backend=BackendConfig(mock=True)))
+    router = app.extensions["router"]
+    assert router.wait_ready(30)
+    router.stop()  # as if the backend were loading or restarting
+    client = app.test_client()
+    for response in (client.get("/ready"), client.post("/predictions/mock", json={"text": "hi"})):
+        assert response.status_code == 503
+        assert int(response.headers["Retry-After"]) >= 1
+        assert response.get_json()["status_code"] == 503
+    assert client.get("/health").status_code == 200
+
+
+def test_config_travels_through_the_environment() -> None:
+    options = "--mock --rows 3 --max-queue 0 --port 9001 --max-seq-len 512 --dtype float32 --restart-delay 2"
+    config = parse_args(options.split())
+    assert ServerConfig.from_env(config.to_env()) == config
+    assert config.threads == 3 + 0 + 8
+    assert ServerConfig.from_env({}).backend.rows == 32

@@ -1,0 +1,182 @@
+"""Streaming, backpressure and hang-ups through the real gunicorn server, on a slow mock
+(one row, one waiting place, 20 tokens per second)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from urllib.parse import urlparse
+
+import requests
+
+from backend.mock import mock_text
+from tests.server_fixture import RunningServer
+
+TOKENS_PER_SECOND = 20  # as slow_server is started
+
+
+def expected_text(prompt: str, max_tokens: int) -> str:
+    """The mock's answer; the frontend gives it one token id per UTF-8 byte of the prompt."""
+    return mock_text(tuple(prompt.encode()), max_tokens)
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def wait_idle(server: RunningServer) -> None:
+    """No request in a row or waiting, so that each test starts with the row free."""
+    wait_for(
+        lambda: server.metric("inference_active_rows") == 0 and server.metric("inference_queue_depth") == 0,
+        timeout=15,
+    )
+
+
+def open_raw_stream(server: RunningServer, body: bytes) -> socket.socket:
+    """A streaming request on a bare socket, so that the test decides exactly when the client hangs up."""
+    url = urlparse(server.url)
+    sock = socket.create_connection((url.hostname, url.port), timeout=10)
+    head = (
+        f"POST /predictions/mock HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def read_until(sock: socket.socket, marker: bytes) -> bytes:
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed early after {data!r}"
+        data += chunk
+    return data
+
+
+def test_stream_arrives_in_pieces_as_generated(slow_server: RunningServer) -> None:
+    wait_idle(slow_server)
+    max_tokens = 20  # about 1 s at 20 tokens per second
+    started = time.monotonic()
+    response = requests.post(
+        f"{slow_server.url}/predictions/mock",
+        json={"text": "stream me", "max_tokens": max_tokens},
+        stream=True,
+        timeout=30,
+    )
+    assert response.status_code == 200
+    assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+    assert response.headers["Transfer-Encoding"] == "chunked"
+    assert response.headers["X-Request-ID"]
+    arrivals = []
+    chunks = []
+    for chunk in response.iter_content(chunk_size=None):
+        arrivals.append(time.monotonic() - started)
+        chunks.append(chunk)
+    assert b"".join(chunks).decode() == expected_text("stream me", max_tokens)
+    assert len(chunks) >= max_tokens // 2, "the answer came in too few pieces to be streamed"
+    # 20 tokens take about 1 s: the first one must come long before the last.
+    assert arrivals[-1] - arrivals[0] > 0.5
+
+
+def test_return_prompt_streams_the_prompt_first(slow_server: RunningServer) -> None:
+    wait_idle(slow_server)
+    body = {"text": "Echo this. ", "max_tokens": 3, "return_prompt": True}
+    response = requests.post(f"{slow_server.url}/predictions/mock", json=body, stream=True, timeout=30)
+    chunks = list(response.iter_content(chunk_size=None))
+    assert chunks[0] == b"Echo this. "
+    assert b"".join(chunks).decode() == "Echo this. " + expected_text("Echo this. ", 3)
+
+
+def test_non_streaming_json_shape_and_usage(slow_server: RunningServer) -> None:
+    wait_idle(slow_server)
+    body = {"text": "json please", "max_tokens": 4, "stream": False}
+    response = requests.post(f"{slow_server.url}/predictions/mock", json=body, timeout=30)
+    assert response.status_code == 200
+    assert response.headers["Content-Type"] == "application/json"
+    assert response.json() == {
+        "text": expected_text("json please", 4),
+        "finish_reason": "length",
+        "usage": {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15},
+    }
+
+
+def test_stop_sequence_ends_with_stop(slow_server: RunningServer) -> None:
+    wait_idle(slow_server)
+    answer = expected_text("stop", 10)
+    stop_word = answer.split()[2]
+    body = {"text": "stop", "max_tokens": 10, "stream": False, "stop_sequence": [stop_word]}
+    result = requests.post(f"{slow_server.url}/predictions/mock", json=body, timeout=30).json()
+    assert result["finish_reason"] == "stop"
+    assert result["text"] == answer[: answer.index(stop_word)]
+
+
+def test_past_the_queue_is_503_with_retry_after(slow_server: RunningServer) -> None:
+    wait_idle(slow_server)
+    long_body = b'{"text": "busy", "max_tokens": 2000}'  # 100 s: holds the row for the whole test
+    holder = open_raw_stream(slow_server, long_body)
+    read_until(holder, b"\r\n\r\n")  # headers: it holds the row
+    waiter = open_raw_stream(slow_server, long_body)
+    try:
+        wait_for(lambda: slow_server.metric("inference_queue_depth") == 1)
+        started = time.monotonic()
+        response = requests.post(f"{slow_server.url}/predictions/mock", json={"text": "one more"}, timeout=30)
+        assert response.status_code == 503
+        assert time.monotonic() - started < 2, "a 503 past the queue must come at once"
+        assert int(response.headers["Retry-After"]) >= 1
+        assert response.json()["status_code"] == 503
+        assert "queue" in response.json()["message"]
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_client_that_hangs_up_frees_its_row(slow_server: RunningServer) -> None:
+    wait_idle(slow_server)
+    # The hung-up request would hold the only row for 100 s.
+    holder = open_raw_stream(slow_server, b'{"text": "hang up", "max_tokens": 2000}')
+    read_until(holder, b"\r\n\r\n")
+    read_until(holder, b"\r\n")  # a chunk or so of text
+
+    result: dict[str, object] = {}
+
+    def wait_for_the_row() -> None:
+        body = {"text": "next", "max_tokens": 5, "stream": False}
+        response = requests.post(f"{slow_server.url}/predictions/mock", json=body, timeout=60)
+        result["finished_at"] = time.monotonic()
+        result["json"] = response.json()
+
+    waiter = threading.Thread(target=wait_for_the_row)
+    waiter.start()
+    wait_for(lambda: slow_server.metric("inference_queue_depth") == 1)
+    time.sleep(0.5)  # long enough for a wrongly admitted waiter to finish its 5 tokens
+    assert "finished_at" not in result, "the waiting request ran while the row was taken"
+
+    hung_up_at = time.monotonic()
+    holder.close()
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    assert result["json"]["text"] == expected_text("next", 5)
+    # Its own 5 tokens take 0.25 s; the hung-up request had about 100 s left.
+    assert result["finished_at"] - hung_up_at < 5
+
+
+def test_concurrent_requests_each_get_their_own_text(fast_server: RunningServer) -> None:
+    prompts = [f"prompt number {i}" * (i + 1) for i in range(8)]  # rows + waiting places: all admitted
+    results: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        body = {"text": prompts[i], "max_tokens": 30 + i, "stream": i % 2 == 0}
+        response = requests.post(f"{fast_server.url}/predictions/mock", json=body, timeout=60)
+        results[i] = response.text if body["stream"] else response.json()["text"]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == {i: expected_text(prompts[i], 30 + i) for i in range(len(prompts))}

