@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint format test run bench-engine clean
+.PHONY: install lint format test run bench-engine bench-proxy clean
 
 install: $(STAMP)
 
@@ -26,8 +26,17 @@ format: install
 test: install lint
 	$(PY) -m pytest
 
+# The API server (internal, 127.0.0.1:8000) on the default model and the JWT proxy in front
+# (127.0.0.1:8080); prints the URL and a curl line with a fresh token once the model is loaded.
+# Extra inference_api options: make run ARGS="--mock".
+run: install
+	$(PY) scripts/run_stack.py $(ARGS)
+
 bench-engine: install
 	$(PY) scripts/bench_engine.py
+
+bench-proxy: install
+	$(PY) scripts/bench_proxy.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -50,7 +50,9 @@ def machine() -> str:
     return f"{device}; torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
-def time_engine(engine: Engine, prompts: list[list[int]], active: int, max_tokens: int) -> tuple[float, float]:
+def time_engine(
+    engine: Engine, prompts: list[list[int]], active: int, max_tokens: int
+) -> tuple[float, float]:
     """Tokens per second and mean decode step (s) with `active` rows decoding together."""
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=max_tokens, ignore_eos=True)
     for i in range(active):
@@ -88,7 +90,9 @@ def time_generate(model, prompts: list[list[int]], requests: int, max_tokens: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="path or hub id (default: SmolLM2-135M-Instruct GGUF)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantize", default="none")
@@ -97,7 +101,9 @@ def main() -> None:
     parser.add_argument("--baseline-requests", type=int, default=4)
     args = parser.parse_args()
 
-    config = BackendConfig(model=args.model, dtype=args.dtype, quantize=args.quantize, rows=max(args.rows), max_seq_len=512)
+    config = BackendConfig(
+        model=args.model, dtype=args.dtype, quantize=args.quantize, rows=max(args.rows), max_seq_len=512
+    )
     loaded = load_model(config)
     engine = Engine(loaded.model, loaded.tokenizer, rows=max(args.rows), max_seq_len=512, name=loaded.name)
     engine.warm_up()
@@ -110,7 +116,8 @@ def main() -> None:
     print(f"| generate, 1 request at a time | {baseline:.1f} | | 1.0x |")
     for active in args.rows:
         tokens_per_second, step = time_engine(engine, prompts, active, args.max_tokens)
-        print(f"| {active} | {tokens_per_second:.1f} | {step * 1000:.1f} | {tokens_per_second / baseline:.1f}x |")
+        speedup = tokens_per_second / baseline
+        print(f"| {active} | {tokens_per_second:.1f} | {step * 1000:.1f} | {speedup:.1f}x |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,62 @@
+"""`python -m proxy [--upstream URL ...] [--port N]`: the JWT proxy under gunicorn (SPEC §2, §6)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from proxy.config import DEFAULT_PORT, DEFAULT_UPSTREAM, ProxyConfig, load_secret
+
+GUNICORN_CONF = Path(__file__).resolve().parent / "gunicorn_conf.py"
+
+
+def parse_args(argv: list[str] | None = None) -> ProxyConfig:
+    parser = argparse.ArgumentParser(prog="python -m proxy", description=__doc__)
+    parser.add_argument(
+        "--upstream",
+        action="append",
+        help=f"an inference server; repeat for replicas (default {DEFAULT_UPSTREAM})",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--max-body-bytes", type=int, default=ProxyConfig.max_body_bytes)
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=ProxyConfig.read_timeout,
+        help="seconds without a byte from the upstream before 504",
+    )
+    parser.add_argument(
+        "--check-interval",
+        type=float,
+        default=ProxyConfig.check_interval,
+        help="seconds between /ready checks of each upstream",
+    )
+    args = parser.parse_args(argv)
+    return ProxyConfig(
+        upstreams=tuple(args.upstream or [DEFAULT_UPSTREAM]),
+        host=args.host,
+        port=args.port,
+        max_body_bytes=args.max_body_bytes,
+        read_timeout=args.read_timeout,
+        check_interval=args.check_interval,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    config = parse_args(argv)
+    try:
+        load_secret()  # refuse to start here, with a clear message, rather than in the worker
+    except SystemExit as error:
+        print(f"proxy: {error}", file=sys.stderr)
+        sys.exit(2)
+    os.environ.update(config.to_env())
+    os.execv(sys.executable, [sys.executable, "-m", "gunicorn", "--config", str(GUNICORN_CONF)])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The proxy's WSGI app: check the JWT, forward to an inference server, stream the answer back."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+import requests
+from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from proxy.auth import AuthError, authenticate
+from proxy.config import ProxyConfig, load_secret
+from proxy.forward import (
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    client_response_headers,
+    send,
+    stream_body,
+    upstream_request_headers,
+)
+from proxy.upstreams import UpstreamPool
+
+log = logging.getLogger("proxy")
+
+ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """The native API's error shape, plus OpenAI's `error` object so either kind of client reads it."""
+    kind = (
+        "authentication_error"
+        if status == 401
+        else "invalid_request_error"
+        if status < 500
+        else "server_error"
+    )
+    body = {
+        "status_code": status,
+        "message": message,
+        "error": {"message": message, "type": kind, "code": status},
+    }
+    response = jsonify(body)
+    response.status_code = status
+    response.headers.update(headers or {})
+    return response
+
+
+def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> Flask:
+    config = config or ProxyConfig.from_env()
+    secret = secret or load_secret()
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    pool = UpstreamPool(list(config.upstreams), check_interval=config.check_interval)
+    pool.check_all()
+    pool.start_health_checks()
+    app.extensions["upstreams"] = pool
+    session = requests.Session()
+    # One pooled connection per thread and upstream, so streams do not queue for sockets.
+    adapter = requests.adapters.HTTPAdapter(
+        pool_connections=len(config.upstreams), pool_maxsize=config.threads
+    )
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+
+    @app.get("/health")
+    def health():
+        return jsonify(status="ok")
+
+    @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
+    @app.route("/<path:path>", methods=ALL_METHODS)
+    def forward(path: str):
+        started = time.monotonic()
+        request_id = request.headers.get("X-Request-ID", "")
+        if not SANE_REQUEST_ID.match(request_id):
+            request_id = uuid.uuid4().hex
+        try:
+            caller = authenticate(request.headers.get("Authorization"), secret)
+        except AuthError as error:
+            log.info("401 %s %s: %s (request %s)", request.method, request.path, error, request_id)
+            return error_response(401, str(error), {"WWW-Authenticate": "Bearer", "X-Request-ID": request_id})
+        body = request.get_data(cache=False)  # 413 past MAX_CONTENT_LENGTH
+        headers = upstream_request_headers(dict(request.headers), caller.team_id, request_id)
+        target = request.full_path if request.query_string else request.path
+        try:
+            upstream, response = send(
+                pool,
+                session,
+                request.method,
+                target,
+                headers,
+                body,
+                (config.connect_timeout, config.read_timeout),
+            )
+        except UpstreamUnavailable as error:
+            return error_response(502, str(error), {"X-Request-ID": request_id})
+        except UpstreamTimeout as error:
+            return error_response(504, str(error), {"X-Request-ID": request_id})
+        log.info(
+            "team=%s token=%s %s %s -> %s %d in %.0f ms (request %s)",
+            caller.team_id,
+            caller.token_id,
+            request.method,
+            request.path,
+            upstream.url,
+            response.status_code,
+            (time.monotonic() - started) * 1000,
+            request_id,
+        )
+        return Response(
+            stream_body(pool, upstream, response),
+            status=response.status_code,
+            headers=client_response_headers(response.headers, request_id),
+            direct_passthrough=True,
+        )
+
+    @app.errorhandler(HTTPException)
+    def http_error(error: HTTPException):
+        return error_response(error.code or 500, error.description or error.name)
+
+    return app

@@ -1,0 +1,46 @@
+"""Who is calling: a Bearer JWT, HS256, signed with JWT_SECRET, naming a team and a token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jwt
+
+REQUIRED_CLAIMS = ("team_id", "token_id")
+
+
+class AuthError(Exception):
+    """The request carries no acceptable token; the message says why, never the token."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    team_id: str
+    token_id: str
+
+
+def authenticate(authorization: str | None, secret: str) -> Caller:
+    if not authorization:
+        raise AuthError("missing Authorization header: send 'Authorization: Bearer <token>'")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError("the Authorization header must be 'Bearer <token>'")
+    try:
+        # Only HS256: a token saying alg "none" or any other algorithm is refused.
+        claims = jwt.decode(
+            token.strip(), secret, algorithms=["HS256"], options={"require": list(REQUIRED_CLAIMS)}
+        )
+    except jwt.ExpiredSignatureError:
+        raise AuthError("the token has expired") from None
+    except jwt.MissingRequiredClaimError as error:
+        raise AuthError(f"the token lacks the {error.claim!r} claim") from None
+    except jwt.InvalidAlgorithmError:
+        raise AuthError("the token must be signed with HS256") from None
+    except jwt.InvalidSignatureError:
+        raise AuthError("the token's signature is not valid") from None
+    except jwt.InvalidTokenError:
+        raise AuthError("the token is malformed") from None
+    team_id, token_id = claims["team_id"], claims["token_id"]
+    if not isinstance(team_id, str) or not team_id or not isinstance(token_id, str) or not token_id:
+        raise AuthError("team_id and token_id must be non-empty strings")
+    return Caller(team_id, token_id)

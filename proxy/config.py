@@ -1,0 +1,77 @@
+"""The proxy's settings, from `python -m proxy` options or PROXY_* environment variables.
+
+JWT_SECRET comes from the environment or a `.env` file and has no default.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from dotenv import dotenv_values
+
+log = logging.getLogger("proxy")
+
+DEFAULT_PORT = 8080
+DEFAULT_UPSTREAM = "http://127.0.0.1:8000"
+MIN_SECRET_BYTES = 32
+
+
+class MissingSecret(SystemExit):
+    pass
+
+
+def load_secret() -> str:
+    """JWT_SECRET from the environment, else from .env; refuse to run without one."""
+    secret = os.environ.get("JWT_SECRET") or dotenv_values(".env").get("JWT_SECRET")
+    if not secret:
+        raise MissingSecret(
+            "JWT_SECRET is not set: put it in the environment or in .env "
+            "(for example: echo JWT_SECRET=$(openssl rand -hex 32) >> .env)"
+        )
+    if len(secret.encode()) < MIN_SECRET_BYTES:
+        log.warning(
+            "JWT_SECRET is %d bytes; use at least %d for HS256", len(secret.encode()), MIN_SECRET_BYTES
+        )
+    return secret
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    upstreams: tuple[str, ...] = (DEFAULT_UPSTREAM,)
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    max_body_bytes: int = 1024 * 1024
+    connect_timeout: float = 5.0
+    # Seconds without a byte from the upstream: a long non-streamed answer is silent until it is done.
+    read_timeout: float = 600.0
+    check_interval: float = 2.0
+    threads: int = 128
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            "PROXY_UPSTREAMS": " ".join(self.upstreams),
+            "PROXY_HOST": self.host,
+            "PROXY_PORT": str(self.port),
+            "PROXY_MAX_BODY_BYTES": str(self.max_body_bytes),
+            "PROXY_CONNECT_TIMEOUT": str(self.connect_timeout),
+            "PROXY_READ_TIMEOUT": str(self.read_timeout),
+            "PROXY_CHECK_INTERVAL": str(self.check_interval),
+            "PROXY_THREADS": str(self.threads),
+        }
+
+    @classmethod
+    def from_env(cls) -> ProxyConfig:
+        env = os.environ
+        default = cls()
+        return cls(
+            upstreams=tuple(env.get("PROXY_UPSTREAMS", DEFAULT_UPSTREAM).split()),
+            host=env.get("PROXY_HOST", default.host),
+            port=int(env.get("PROXY_PORT", default.port)),
+            max_body_bytes=int(env.get("PROXY_MAX_BODY_BYTES", default.max_body_bytes)),
+            connect_timeout=float(env.get("PROXY_CONNECT_TIMEOUT", default.connect_timeout)),
+            read_timeout=float(env.get("PROXY_READ_TIMEOUT", default.read_timeout)),
+            check_interval=float(env.get("PROXY_CHECK_INTERVAL", default.check_interval)),
+            threads=int(env.get("PROXY_THREADS", default.threads)),
+        )

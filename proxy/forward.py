@@ -1,0 +1,130 @@
+"""Sending one request to an upstream and streaming its answer back as it comes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import requests
+import urllib3
+
+from proxy.upstreams import Upstream, UpstreamPool
+
+log = logging.getLogger("proxy")
+
+# RFC 9110 §7.6.1: these describe one connection, not the message, and are never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-connection",
+    }
+)
+# Never passed upstream: the token stays at the proxy, and the team is the token's, not the client's word.
+DROPPED_FROM_CLIENT = HOP_BY_HOP | {"host", "authorization", "x-team-id", "content-length"}
+
+
+class UpstreamUnavailable(Exception):
+    """No upstream could be connected to (502)."""
+
+
+class UpstreamTimeout(Exception):
+    """The upstream took too long to answer (504)."""
+
+
+def upstream_request_headers(client_headers: dict[str, str], team_id: str, request_id: str) -> dict[str, str]:
+    headers = {
+        name: value for name, value in client_headers.items() if name.lower() not in DROPPED_FROM_CLIENT
+    }
+    headers["X-Team-ID"] = team_id
+    headers["X-Request-ID"] = request_id
+    return headers
+
+
+# The proxy's server writes its own.
+REPLACED_BY_PROXY = frozenset({"date", "server"})
+
+
+def client_response_headers(upstream_headers, request_id: str) -> list[tuple[str, str]]:
+    dropped = HOP_BY_HOP | REPLACED_BY_PROXY
+    headers = [(name, value) for name, value in upstream_headers.items() if name.lower() not in dropped]
+    if not any(name.lower() == "x-request-id" for name, _ in headers):
+        headers.append(("X-Request-ID", request_id))
+    return headers
+
+
+def send(
+    pool: UpstreamPool,
+    session: requests.Session,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    body: bytes,
+    timeouts: tuple[float, float],
+) -> tuple[Upstream, requests.Response]:
+    """Send to the least busy ready upstream; on a connection error try the next one.
+
+    A connection error comes before the answer's headers, so the client has
+    received nothing yet: a refused connection means the upstream never saw
+    the request, and a reset one means it died (or closed an idle pooled
+    connection) before answering. Generation has no side effects, so sending
+    the request to another upstream loses nothing.
+    """
+    tried: set[str] = set()
+    while True:
+        try:
+            upstream = pool.acquire(exclude=tried)
+        except Exception as error:
+            raise UpstreamUnavailable("no inference server is ready") from error
+        try:
+            response = session.request(
+                method,
+                upstream.url + path,
+                headers=headers,
+                data=body,
+                stream=True,
+                timeout=timeouts,
+                allow_redirects=False,
+            )
+            return upstream, response
+        except requests.ConnectionError as error:  # ConnectTimeout is one too
+            pool.release(upstream)
+            if _never_connected(error):
+                pool.mark_down(upstream)  # the health check brings it back
+            log.info("upstream %s: %s; trying another", upstream.url, error)
+            tried.add(upstream.url)
+        except requests.ReadTimeout as error:
+            pool.release(upstream)
+            raise UpstreamTimeout("the inference server did not answer in time") from error
+
+
+def _never_connected(error: requests.RequestException) -> bool:
+    if isinstance(error, requests.ConnectTimeout):
+        return True
+    reason = getattr(error.args[0], "reason", None) if error.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError)
+
+
+def stream_body(pool: UpstreamPool, upstream: Upstream, response: requests.Response) -> Iterator[bytes]:
+    """The upstream's body, chunk by chunk as it arrives; frees the upstream at the end or on hang-up."""
+    raw = response.raw
+    try:
+        if raw.chunked:
+            yield from raw.read_chunked(None, decode_content=False)
+        else:
+            while chunk := raw.read1(65536, decode_content=False):
+                yield chunk
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        # Too late to change the status: end the stream, the client sees it cut short.
+        log.warning("upstream %s broke off a response: %s", upstream.url, error)
+    finally:
+        # Also runs when the client hangs up (the server closes this generator): closing
+        # the upstream connection tells the inference server to free the row.
+        response.close()
+        pool.release(upstream)

@@ -1,0 +1,85 @@
+"""The inference replicas behind the proxy, and which one takes the next request.
+
+Each request goes to the ready upstream with the fewest requests in flight. A
+health thread asks every upstream's /ready; one that fails (or refuses a
+connection) is skipped until it answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import requests
+
+log = logging.getLogger("proxy")
+
+
+@dataclass
+class Upstream:
+    url: str
+    ready: bool = True  # optimistic until the first check: a cold proxy should not refuse work
+    in_flight: int = 0
+
+
+class NoUpstreamReady(Exception):
+    pass
+
+
+class UpstreamPool:
+    def __init__(self, urls: list[str], check_interval: float = 2.0, check_timeout: float = 2.0):
+        self.upstreams = [Upstream(url.rstrip("/")) for url in urls]
+        self.check_interval = check_interval
+        self.check_timeout = check_timeout
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._checker: threading.Thread | None = None
+
+    def start_health_checks(self) -> None:
+        self._checker = threading.Thread(target=self._check_forever, name="upstream-health", daemon=True)
+        self._checker.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def acquire(self, exclude: set[str] = frozenset()) -> Upstream:
+        """The least busy ready upstream, counted as busy until `release()`."""
+        if not self._ready_ones(exclude):
+            # All skipped: one may have recovered since the last check, so look now
+            # rather than refuse requests until the next round.
+            self.check_all()
+        with self._lock:
+            candidates = self._ready_ones(exclude)
+            if not candidates:
+                raise NoUpstreamReady
+            upstream = min(candidates, key=lambda u: u.in_flight)
+            upstream.in_flight += 1
+            return upstream
+
+    def _ready_ones(self, exclude: set[str]) -> list[Upstream]:
+        return [u for u in self.upstreams if u.ready and u.url not in exclude]
+
+    def release(self, upstream: Upstream) -> None:
+        with self._lock:
+            upstream.in_flight -= 1
+
+    def mark_down(self, upstream: Upstream) -> None:
+        if upstream.ready:
+            log.warning("upstream %s is down; skipping it until /ready answers", upstream.url)
+        upstream.ready = False
+
+    def check_all(self) -> None:
+        for upstream in self.upstreams:
+            try:
+                ready = requests.get(f"{upstream.url}/ready", timeout=self.check_timeout).status_code == 200
+            except requests.RequestException:
+                ready = False
+            if ready != upstream.ready:
+                log.info("upstream %s is %s", upstream.url, "ready" if ready else "not ready")
+            upstream.ready = ready
+
+    def _check_forever(self) -> None:
+        while not self._stopped.is_set():
+            self.check_all()
+            self._stopped.wait(self.check_interval)

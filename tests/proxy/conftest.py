@@ -1,0 +1,123 @@
+"""A real proxy process (`python -m proxy` under gunicorn), and a bare upstream showing what it gets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import jwt
+import pytest
+import requests
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Request, Response
+
+from tests.server_fixture import ROOT, free_port, running_server, stop_server
+
+SECRET = "test-secret-" + "x" * 60  # long enough for HS512 too (the wrong-algorithm case)
+
+
+def token(secret: str = SECRET, algorithm: str = "HS256", **claims) -> str:
+    claims = {"team_id": "team-a", "token_id": "tok-1", **claims}
+    return jwt.encode(claims, secret, algorithm=algorithm)
+
+
+def bearer(value: str | None = None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {value or token()}"}
+
+
+@dataclass
+class RunningProxy:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def running_proxy(
+    *upstreams: str, args: tuple[str, ...] = (), secret: str | None = SECRET
+) -> Iterator[RunningProxy]:
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env.pop("JWT_SECRET", None)
+    if secret is not None:
+        env["JWT_SECRET"] = secret
+    command = [sys.executable, "-m", "proxy", "--port", str(port), *args]
+    for upstream in upstreams:
+        command += ["--upstream", upstream]
+    with tempfile.TemporaryDirectory(prefix="proxy-") as tmp:
+        log_path = Path(tmp) / "proxy.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                command, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        proxy = RunningProxy(f"http://127.0.0.1:{port}", process, log_path)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"proxy exited {process.returncode}:\n{proxy.log()}")
+                try:
+                    if requests.get(f"{proxy.url}/health", timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(proxy.log())
+                time.sleep(0.1)
+            yield proxy
+        finally:
+            stop_server(proxy)  # the same SIGTERM-then-clean-up as the inference server
+
+
+class EchoUpstream:
+    """An upstream that answers with the headers it got (and /slow, after a long pause)."""
+
+    def __init__(self):
+        self.server = make_server("127.0.0.1", free_port(), self.app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.server.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @Request.application
+    def app(self, request: Request) -> Response:
+        if request.path == "/slow":
+            time.sleep(3)
+        body = {
+            "headers": dict(request.headers),
+            "path": request.full_path,
+            "body": request.get_data(as_text=True),
+        }
+        return Response(
+            json.dumps(body), content_type="application/json", headers={"Keep-Alive": "timeout=5"}
+        )
+
+
+@pytest.fixture(scope="module")
+def echo_upstream():
+    upstream = EchoUpstream()
+    upstream.thread.start()
+    yield upstream
+    upstream.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def mock_server():
+    with running_server("--mock", "--rows", "4", "--mock-tokens-per-second", "20") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def proxy(mock_server):
+    with running_proxy(mock_server.url) as running:
+        yield running

@@ -1,0 +1,71 @@
+"""Only HS256 tokens signed with JWT_SECRET and naming a team and a token get through (SPEC §6)."""
+
+import time
+
+import jwt
+import pytest
+import requests
+
+from tests.proxy.conftest import SECRET, bearer, token
+
+PROMPT = {"text": "hello", "max_tokens": 3, "stream": False}
+
+BAD_AUTHORIZATION = {
+    "no header": None,
+    "not bearer": "Basic dXNlcjpwYXNz",
+    "bearer without token": "Bearer ",
+    "garbage": "Bearer not.a.jwt",
+    "wrong signature": f"Bearer {token(secret='another-secret-' + 'y' * 40)}",
+    "expired": f"Bearer {token(exp=int(time.time()) - 60)}",
+    "alg none": "Bearer " + jwt.encode({"team_id": "team-a", "token_id": "tok-1"}, None, algorithm="none"),
+    "another algorithm": f"Bearer {token(algorithm='HS512')}",
+    "no team_id": "Bearer " + jwt.encode({"token_id": "tok-1"}, SECRET, algorithm="HS256"),
+    "no token_id": "Bearer " + jwt.encode({"team_id": "team-a"}, SECRET, algorithm="HS256"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_AUTHORIZATION))
+def test_a_bad_token_is_a_401_with_a_json_error(proxy, case):
+    authorization = BAD_AUTHORIZATION[case]
+    headers = {"Authorization": authorization} if authorization else {}
+    response = requests.post(f"{proxy.url}/predictions/mock", json=PROMPT, headers=headers, timeout=10)
+    assert response.status_code == 401
+    assert response.headers["Content-Type"] == "application/json"
+    assert response.json()["status_code"] == 401 and response.json()["message"]
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_tokens_never_reach_the_log(proxy):
+    secret_token = token(token_id="tok-logged")
+    requests.post(f"{proxy.url}/predictions/mock", json=PROMPT, headers=bearer(secret_token), timeout=10)
+    for value in BAD_AUTHORIZATION.values():
+        if value:
+            requests.get(f"{proxy.url}/v1/models", headers={"Authorization": value}, timeout=10)
+    log = proxy.log()
+    assert "team=team-a token=tok-logged" in log
+    assert secret_token not in log
+    assert all(
+        value.split(" ", 1)[-1] not in log
+        for value in BAD_AUTHORIZATION.values()
+        if value and len(value) > 20
+    )
+
+
+def test_a_valid_token_gets_the_answer(proxy):
+    response = requests.post(f"{proxy.url}/predictions/mock", json=PROMPT, headers=bearer(), timeout=10)
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] == 3
+
+
+def test_an_unexpired_token_passes(proxy):
+    response = requests.post(
+        f"{proxy.url}/predictions/mock",
+        json=PROMPT,
+        headers=bearer(token(exp=int(time.time()) + 60)),
+        timeout=10,
+    )
+    assert response.status_code == 200
+
+
+def test_health_needs_no_token(proxy):
+    assert requests.get(f"{proxy.url}/health", timeout=10).status_code == 200

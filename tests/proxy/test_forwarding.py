@@ -1,0 +1,119 @@
+"""What the proxy passes on, and how it streams (SPEC §6)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from tests.proxy.conftest import bearer, running_proxy, token
+from tests.server_fixture import ROOT, free_port, running_server
+
+
+def test_the_team_comes_from_the_token_and_the_clients_claim_is_dropped(echo_upstream):
+    with running_proxy(echo_upstream.url) as proxy:
+        response = requests.post(
+            f"{proxy.url}/echo?x=1",
+            data=b"payload",
+            headers={
+                **bearer(token(team_id="team-b")),
+                "X-Team-ID": "forged",
+                "X-Request-ID": "req-42",
+                "Connection": "keep-alive, X-Custom-Hop",
+                "X-Custom": "kept",
+            },
+            timeout=10,
+        )
+    assert response.status_code == 200
+    seen = {name.lower(): value for name, value in response.json()["headers"].items()}
+    assert seen["x-team-id"] == "team-b"
+    assert seen["x-request-id"] == "req-42"
+    assert seen["x-custom"] == "kept"
+    assert "authorization" not in seen  # the token stays at the proxy
+    assert response.json()["path"] == "/echo?x=1" and response.json()["body"] == "payload"
+    assert response.headers["X-Request-ID"] == "req-42"
+    assert "Keep-Alive" not in response.headers  # hop-by-hop, from the upstream
+
+
+def test_the_first_chunk_arrives_when_the_server_sends_it(mock_server):
+    # 20 tokens per second: 30 tokens take 1.5 s to write; the first is there at once.
+    with running_proxy(mock_server.url) as proxy:
+        started = time.monotonic()
+        response = requests.post(
+            f"{proxy.url}/predictions/mock",
+            json={"text": "hi", "max_tokens": 30},
+            headers=bearer(),
+            stream=True,
+            timeout=30,
+        )
+        arrivals = [time.monotonic() - started for _ in response.iter_content(chunk_size=None)]
+    assert response.headers["Transfer-Encoding"] == "chunked"
+    assert len(arrivals) >= 10
+    assert arrivals[-1] > 1.2
+    assert arrivals[0] < arrivals[-1] / 3
+
+
+def test_upstream_down_is_a_502_and_too_slow_is_a_504(echo_upstream):
+    with running_proxy(f"http://127.0.0.1:{free_port()}") as proxy:
+        response = requests.get(f"{proxy.url}/v1/models", headers=bearer(), timeout=10)
+        assert response.status_code == 502 and response.json()["status_code"] == 502
+    with running_proxy(echo_upstream.url, args=("--read-timeout", "1")) as proxy:
+        response = requests.get(f"{proxy.url}/slow", headers=bearer(), timeout=10)
+        assert response.status_code == 504 and "in time" in response.json()["message"]
+
+
+def test_a_body_over_the_limit_is_a_413(echo_upstream):
+    with running_proxy(echo_upstream.url, args=("--max-body-bytes", "1000")) as proxy:
+        response = requests.post(f"{proxy.url}/echo", data=b"x" * 5000, headers=bearer(), timeout=10)
+    assert response.status_code == 413 and response.json()["status_code"] == 413
+
+
+def test_the_proxy_refuses_to_start_without_a_secret_and_warns_about_a_short_one(tmp_path, echo_upstream):
+    env = {k: v for k, v in os.environ.items() if k != "JWT_SECRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "--port", str(free_port())],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0 and "JWT_SECRET is not set" in result.stderr
+    with running_proxy(echo_upstream.url, secret="short") as proxy:
+        assert "JWT_SECRET is 5 bytes" in proxy.log()
+
+
+def test_requests_go_to_the_least_busy_upstream_and_survive_one_dying():
+    slow = ("--mock", "--rows", "8", "--mock-tokens-per-second", "10")
+    with (
+        running_server(*slow) as first,
+        running_server(*slow) as second,
+        running_proxy(first.url, second.url, args=("--check-interval", "0.5")) as proxy,
+    ):
+
+        def stream(max_tokens: int) -> int:
+            response = requests.post(
+                f"{proxy.url}/predictions/mock",
+                json={"text": "hi", "max_tokens": max_tokens},
+                headers=bearer(),
+                timeout=60,
+            )
+            assert response.status_code == 200, response.text
+            return len(response.text.split())
+
+        # Six 2-second streams at once: least-in-flight spreads them three and three.
+        with ThreadPoolExecutor(6) as pool:
+            assert list(pool.map(stream, [20] * 6)) == [20] * 6
+        generated = [server.metric("inference_generated_tokens_total") for server in (first, second)]
+        assert generated == [60, 60], generated
+
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait()
+        # Straight after the kill, before any health check noticed: refused connections
+        # are retried on the other upstream, so nothing that had not started is lost.
+        with ThreadPoolExecutor(6) as pool:
+            assert list(pool.map(stream, [5] * 12)) == [5] * 12

@@ -1,0 +1,39 @@
+"""scripts/jwt_util.py issues tokens the proxy accepts, and reads them back."""
+
+import json
+import subprocess
+import sys
+import time
+
+import requests
+
+from tests.proxy.conftest import SECRET
+from tests.server_fixture import ROOT
+
+SCRIPT = str(ROOT / "scripts" / "jwt_util.py")
+
+
+def jwt_util(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=30)
+
+
+def test_encode_then_decode_round_trips_the_claims_and_adds_an_expiry():
+    encoded = jwt_util("--secret", SECRET, "encode", '{"team_id": "t", "token_id": "x"}', "--exp", "60")
+    assert encoded.returncode == 0, encoded.stderr
+    claims = json.loads(jwt_util("--secret", SECRET, "decode", encoded.stdout.strip()).stdout)
+    assert claims["team_id"] == "t" and claims["token_id"] == "x"
+    assert 50 < claims["exp"] - time.time() <= 60
+
+
+def test_decode_refuses_a_wrong_secret_and_encode_refuses_missing_claims():
+    encoded = jwt_util("--secret", SECRET, "encode", '{"team_id": "t", "token_id": "x"}').stdout.strip()
+    wrong = jwt_util("--secret", "another-" + SECRET, "decode", encoded)
+    assert wrong.returncode == 1 and "Signature verification failed" in wrong.stderr
+    missing = jwt_util("--secret", SECRET, "encode", '{"team_id": "t"}')
+    assert missing.returncode == 1 and "token_id" in missing.stderr
+
+
+def test_a_token_from_jwt_util_passes_the_proxy(proxy):
+    encoded = jwt_util("--secret", SECRET, "encode", '{"team_id": "t", "token_id": "x"}').stdout.strip()
+    response = requests.get(f"{proxy.url}/ready", headers={"Authorization": f"Bearer {encoded}"}, timeout=10)
+    assert response.status_code == 200
