@@ -10,7 +10,7 @@ import uuid
 from flask import Flask, Response, current_app, g, request
 
 from backend.messages import BackendReady
-from inference_api import native_api, ops
+from inference_api import native_api, openai_api, ops
 from inference_api.config import ServerConfig
 from inference_api.errors import register_error_handlers
 from inference_api.metrics import Metrics
@@ -49,6 +49,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     app.before_request(_assign_request_id)
     app.after_request(_finish_response)
     app.register_blueprint(native_api.bp)
+    app.register_blueprint(openai_api.bp)
     app.register_blueprint(ops.bp)
 
     router.start()

@@ -1,10 +1,15 @@
-"""Every error as JSON {"status_code": N, "message": "..."} (SPEC §4.1), whatever raised it."""
+"""Every error as JSON, whatever raised it.
+
+Native paths get {"status_code": N, "message": "..."} (SPEC §4.1); paths under
+/v1/ get OpenAI's {"error": {"message", "type", "param", "code"}} (SPEC §4.2),
+which the official openai client turns into its typed exceptions.
+"""
 
 from __future__ import annotations
 
 import logging
 
-from flask import Flask, Response, current_app, jsonify, request
+from flask import Flask, Response, current_app, has_request_context, jsonify, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
 from backend.messages import InvalidParams
@@ -21,19 +26,38 @@ DISCARD_BODY_LIMIT = 16 * 1024 * 1024
 class ApiError(Exception):
     """An error the client gets as it is: a status, a message naming the field, maybe headers."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers or {}
+        self.param = param
+        self.code = code
 
 
 def unavailable(message: str, retry_after: int) -> ApiError:
     return ApiError(503, message, {"Retry-After": str(retry_after)})
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    response = jsonify(status_code=status, message=message)
+def error_response(
+    status: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
+    code: str | None = None,
+) -> Response:
+    if has_request_context() and request.path.startswith("/v1/"):
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        response = jsonify(error={"message": message, "type": kind, "param": param, "code": code})
+    else:
+        response = jsonify(status_code=status, message=message)
     response.status_code = status
     response.headers.update(headers or {})
     return response
@@ -47,11 +71,11 @@ def register_error_handlers(app: Flask) -> None:
 
 
 def _api_error(error: ApiError) -> Response:
-    return error_response(error.status, error.message, error.headers)
+    return error_response(error.status, error.message, error.headers, error.param, error.code)
 
 
 def _invalid_params(error: InvalidParams) -> Response:
-    return error_response(400, str(error))
+    return error_response(400, str(error), param=error.param, code=getattr(error, "code", None))
 
 
 def _http_exception(error: HTTPException) -> Response:

@@ -22,6 +22,7 @@ class RequestStream:
         prompt_tokens: int,
         metrics: Metrics,
         on_close: Callable[[RequestStream], None],
+        pieces: queue.Queue[Piece] | None = None,
     ):
         self.request_id = request_id  # the backend's id, unique per request (not the client's X-Request-ID)
         self.prompt_tokens = prompt_tokens
@@ -30,7 +31,8 @@ class RequestStream:
         self.error: str | None = None
         # Set by the router thread with the first piece: from then on the request holds a row.
         self.admitted = False
-        self._pieces: queue.Queue[Piece] = queue.Queue()
+        # Its own queue, or one shared by the choices of one API call (see choices.py).
+        self._pieces: queue.Queue[Piece] = pieces if pieces is not None else queue.Queue()
         self._metrics = metrics
         self._on_close = on_close
         self._opened_at = time.monotonic()
@@ -49,7 +51,7 @@ class RequestStream:
     def next_piece(self) -> Piece:
         """The next piece, blocking until the backend has produced it."""
         piece = self._pieces.get()
-        self._observe(piece)
+        self.observe(piece)
         return piece
 
     def __iter__(self) -> Iterator[Piece]:
@@ -69,7 +71,8 @@ class RequestStream:
         self._metrics.generated_tokens.inc(self.completion_tokens)
         self._on_close(self)
 
-    def _observe(self, piece: Piece) -> None:
+    def observe(self, piece: Piece) -> None:
+        """Account for a piece read from the queue (next_piece does it; a shared queue's reader must)."""
         now = time.monotonic()
         if piece.text:
             if self._last_text_at is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from backend.messages import BackendConfig, BackendReady, Piece, SamplingParams, Shutdown, StepOutput
 from backend.process import BackendDied, BackendProcess, BackendStartError
+from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.metrics import Metrics
 from inference_api.request_stream import RequestStream
 from inference_api.tokenizer import PromptTokenizer, load_tokenizer
@@ -39,6 +41,7 @@ class Serving:
 
     backend: BackendReady
     tokenizer: PromptTokenizer
+    chat_template: ChatTemplate
 
 
 class Router:
@@ -98,14 +101,21 @@ class Router:
         """The ready backend's description, or None while it is not ready."""
         return self._serving
 
-    def open(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
-        """Admit a request and submit it to the backend; raise NotReady or QueueFull (both 503)."""
+    def open(
+        self, prompt_ids: list[int], params: SamplingParams, pieces: queue.Queue[Piece] | None = None
+    ) -> RequestStream:
+        """Admit a request and submit it to the backend; raise NotReady or QueueFull (both 503).
+
+        `pieces`: a queue shared with other requests of the same API call, instead of its own.
+        """
         with self._lock:
             if self._serving is None or self._backend is None:
                 raise NotReady
             if len(self._streams) >= self._serving.backend.rows + self.max_queue:
                 raise QueueFull
-            stream = RequestStream(uuid.uuid4().hex, len(prompt_ids), self.metrics, self._close_stream)
+            stream = RequestStream(
+                uuid.uuid4().hex, len(prompt_ids), self.metrics, self._close_stream, pieces
+            )
             self._streams[stream.request_id] = stream
             # Under the lock, so that a backend that dies cannot miss a request submitted meanwhile.
             self._backend.submit(stream.request_id, prompt_ids, params)
@@ -159,7 +169,9 @@ class Router:
 
     def _become_ready(self, backend: BackendProcess) -> None:
         ready = backend.wait_ready()
-        serving = Serving(ready, load_tokenizer(ready.tokenizer_path))
+        serving = Serving(
+            ready, load_tokenizer(ready.tokenizer_path), load_chat_template(ready.tokenizer_path)
+        )
         with self._lock:
             self._serving = serving
         self.metrics.backend_ready.set(1)

@@ -16,13 +16,17 @@ from tokenizers import Tokenizer
 
 
 class PromptTokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    vocab_size: int
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
 
 class ByteTokenizer:
     """For the mock backend, which has no vocabulary: one id per UTF-8 byte of the prompt."""
 
-    def encode(self, text: str) -> list[int]:
+    vocab_size = 256
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
 
@@ -37,10 +41,12 @@ class ModelTokenizer:
         # transformers resets these on every call; a saved file may still carry them.
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
+        self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        # add_special_tokens=True (the default) applies the post-processor, as tokenizer(text) does.
-        return self._tokenizer.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        # add_special_tokens=True applies the post-processor, as tokenizer(text) does; a rendered
+        # chat template already holds its special tokens (as in apply_chat_template).
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
 
 def load_tokenizer(directory: str | None) -> PromptTokenizer:

@@ -10,9 +10,7 @@ from tests.server_fixture import RunningServer, running_server
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "real_model: end-to-end on the real default model (needs backend/serve.py; slow on CPU)"
-    )
+    config.addinivalue_line("markers", "real_model: end-to-end on the real default model (slow on CPU)")
 
 
 @pytest.fixture(scope="module")

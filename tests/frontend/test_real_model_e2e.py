@@ -16,12 +16,9 @@ import psutil
 import pytest
 import requests
 
-from tests.server_fixture import ROOT, RunningServer, running_server
+from tests.server_fixture import RunningServer, running_server
 
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.skipif(not (ROOT / "backend" / "serve.py").exists(), reason="the real backend is missing"),
-]
+pytestmark = pytest.mark.real_model
 
 MODEL = "SmolLM2-135M-Instruct"
 CLIENTS = 40

@@ -1,0 +1,53 @@
+"""Several requests that answer one API call (OpenAI's `n`, or a list of prompts), read as one.
+
+Each choice is its own request in its own row; their pieces arrive on one
+shared queue, so the request thread blocks on that queue alone and passes
+each piece on in the order the backend produced them.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+
+from backend.messages import Piece, SamplingParams
+from inference_api.request_stream import RequestStream
+from inference_api.router import Router
+
+
+class Choices:
+    def __init__(self, router: Router, requests: list[tuple[list[int], SamplingParams]]):
+        """Open every request, or none: on NotReady or QueueFull the ones already opened are closed."""
+        self._pieces: queue.Queue[Piece] = queue.Queue()
+        self.streams: list[RequestStream] = []
+        try:
+            for prompt_ids, params in requests:
+                self.streams.append(router.open(prompt_ids, params, self._pieces))
+        except BaseException:
+            self.close()
+            raise
+        self._index = {stream.request_id: i for i, stream in enumerate(self.streams)}
+        self._open = len(self.streams)
+
+    def __iter__(self) -> Iterator[tuple[int, Piece]]:
+        """(choice index, piece) until every choice has finished."""
+        while self._open:
+            piece = self._pieces.get()
+            index = self._index[piece.request_id]
+            self.streams[index].observe(piece)
+            if piece.finished:
+                self._open -= 1
+            yield index, piece
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(stream.prompt_tokens for stream in self.streams)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(stream.completion_tokens for stream in self.streams)
+
+    def close(self) -> None:
+        """End every choice; those still running are cancelled (their rows free at the next step)."""
+        for stream in self.streams:
+            stream.close()

@@ -1,0 +1,243 @@
+"""The OpenAI-compatible API (SPEC §4.2): /v1/models, /v1/completions, /v1/chat/completions.
+
+Responses follow OpenAI's documented shapes closely enough that the official
+`openai` client works unchanged, streaming (SSE, ending with `data: [DONE]`)
+and not. Each choice is its own request in its own row.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from itertools import chain
+from typing import Any
+
+from flask import Blueprint, Response, current_app, jsonify, request
+
+from backend.messages import Piece
+from inference_api.choices import Choices
+from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
+from inference_api.fields import parse_json_object
+from inference_api.openai_request import OpenAIRequest, parse_chat_request, parse_completion_request
+from inference_api.router import NotReady, QueueFull, Router, Serving
+
+bp = Blueprint("openai_api", __name__, url_prefix="/v1")
+STARTED = int(time.time())
+
+
+@bp.get("/models")
+def models() -> Response:
+    serving = _serving()
+    model = {
+        "id": serving.backend.model_name,
+        "object": "model",
+        "created": STARTED,
+        "owned_by": "inference-server",
+        "max_model_len": serving.backend.max_seq_len,
+    }
+    return jsonify(object="list", data=[model])
+
+
+@bp.post("/completions")
+def completions() -> Response:
+    return _answer(Completion())
+
+
+@bp.post("/chat/completions")
+def chat_completions() -> Response:
+    return _answer(ChatCompletion())
+
+
+class Completion:
+    """The shapes of /v1/completions."""
+
+    object = "text_completion"
+    chunk_object = "text_completion"
+    id_prefix = "cmpl-"
+
+    def parse(self, data: dict[str, Any], serving: Serving) -> OpenAIRequest:
+        return parse_completion_request(data, serving)
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        return None
+
+    def choice(self, index: int, text: str, finish_reason: str) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def delta(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+class ChatCompletion:
+    """The shapes of /v1/chat/completions."""
+
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
+
+    def parse(self, data: dict[str, Any], serving: Serving) -> OpenAIRequest:
+        return parse_chat_request(data, serving)
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        """The first chunk of each choice names the role, as OpenAI's do."""
+        return {
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+
+    def choice(self, index: int, text: str, finish_reason: str) -> dict[str, Any]:
+        message = {"role": "assistant", "content": text}
+        return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
+
+    def delta(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+        delta = {"content": text} if text else {}
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _serving() -> Serving:
+    serving = current_app.extensions["router"].serving
+    if serving is None:
+        raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY)
+    return serving
+
+
+def _answer(api: Completion | ChatCompletion) -> Response:
+    body = request.get_data(cache=False)  # first: a rejected request must not leave its body unread
+    serving = _serving()
+    data = parse_json_object(body)
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "model is required: a string naming the served model", param="model")
+    if model != serving.backend.model_name:
+        message = f"The model {model!r} does not exist; this server serves {serving.backend.model_name!r}"
+        raise ApiError(404, message, param="model", code="model_not_found")
+    openai_request = api.parse(data, serving)
+    choices = _open_choices(current_app.extensions["router"], openai_request)
+    response_id = api.id_prefix + uuid.uuid4().hex
+    try:
+        # Wait for the first piece before answering, so that a backend that dies
+        # before it still gets the client a status rather than a broken stream.
+        pieces = iter(choices)
+        first = next(pieces)
+        if first[1].finish_reason == "error":
+            raise unavailable(f"generation failed: {first[1].error}", RETRY_AFTER_NOT_READY)
+    except BaseException:
+        choices.close()
+        raise
+    usage = Usage(openai_request, choices)
+    if openai_request.stream:
+        events = _events(api, response_id, serving, openai_request, choices, chain([first], pieces), usage)
+        response = Response(events, content_type="text/event-stream; charset=utf-8")
+        response.call_on_close(choices.close)
+        response.headers["Cache-Control"] = "no-cache"
+        response.headers["X-Accel-Buffering"] = "no"
+        return response
+    return _whole(api, response_id, serving, choices, chain([first], pieces), usage)
+
+
+def _open_choices(router: Router, openai_request: OpenAIRequest) -> Choices:
+    try:
+        return Choices(router, openai_request.choice_requests())
+    except NotReady:
+        raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY) from None
+    except QueueFull:
+        raise unavailable(
+            "the server is busy: every row is taken and the queue is full", RETRY_AFTER_QUEUE_FULL
+        ) from None
+
+
+class Usage:
+    """Prompt tokens once per prompt (however many choices), completion tokens of every choice."""
+
+    def __init__(self, openai_request: OpenAIRequest, choices: Choices):
+        self.prompt_tokens = sum(len(ids) for ids in openai_request.prompts)
+        self.choices = choices
+
+    def as_dict(self) -> dict[str, int]:
+        completion = self.choices.completion_tokens
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+
+def _whole(
+    api: Completion | ChatCompletion,
+    response_id: str,
+    serving: Serving,
+    choices: Choices,
+    pieces: Iterator[tuple[int, Piece]],
+    usage: Usage,
+) -> Response:
+    texts = [[] for _ in choices.streams]
+    finish_reasons: list[str | None] = [None] * len(choices.streams)
+    try:
+        for index, piece in pieces:
+            if piece.finish_reason == "error":
+                raise unavailable(f"generation failed: {piece.error}", RETRY_AFTER_NOT_READY)
+            texts[index].append(piece.text)
+            finish_reasons[index] = piece.finish_reason
+    finally:
+        choices.close()
+    return jsonify(
+        id=response_id,
+        object=api.object,
+        created=int(time.time()),
+        model=serving.backend.model_name,
+        choices=[api.choice(i, "".join(parts), finish_reasons[i]) for i, parts in enumerate(texts)],
+        usage=usage.as_dict(),
+    )
+
+
+def _events(
+    api: Completion | ChatCompletion,
+    response_id: str,
+    serving: Serving,
+    openai_request: OpenAIRequest,
+    choices: Choices,
+    pieces: Iterator[tuple[int, Piece]],
+    usage: Usage,
+) -> Iterator[bytes]:
+    """Server-sent events: a chunk per piece, the usage chunk if asked for, then [DONE]."""
+    created = int(time.time())
+    extra = {"usage": None} if openai_request.include_usage else {}
+
+    def chunk(choice_list: list[dict[str, Any]], **fields: Any) -> bytes:
+        body = {
+            "id": response_id,
+            "object": api.chunk_object,
+            "created": created,
+            "model": serving.backend.model_name,
+            "choices": choice_list,
+            **extra,
+            **fields,
+        }
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
+
+    try:
+        for index in range(len(choices.streams)):
+            opening = api.opening(index)
+            if opening is not None:
+                yield chunk([opening])
+        for index, piece in pieces:
+            if piece.finish_reason == "error":
+                # Too late for a status: OpenAI's clients raise on an error event.
+                error = {
+                    "message": f"generation failed: {piece.error}",
+                    "type": "server_error",
+                    "param": None,
+                }
+                yield f"data: {json.dumps({'error': error})}\n\n".encode()
+                return
+            if piece.text or piece.finished:
+                yield chunk([api.delta(index, piece.text, piece.finish_reason)])
+        if openai_request.include_usage:
+            yield chunk([], usage=usage.as_dict())
+        yield b"data: [DONE]\n\n"
+    finally:
+        choices.close()

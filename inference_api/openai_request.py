@@ -1,0 +1,190 @@
+"""OpenAI request bodies (SPEC §4.2): `/v1/completions` and `/v1/chat/completions`, parsed and checked.
+
+Normalise first (a prompt or a list of them becomes token ids; messages go
+through the chat template), then validate, raising InvalidParams that names
+the parameter as OpenAI spells it; the HTTP layer turns it into a 400.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from backend.messages import InvalidParams, SamplingParams
+from inference_api.chat_template import ChatTemplateError
+from inference_api.fields import read_bool, read_integer, read_number, read_stop
+from inference_api.router import Serving
+
+MAX_CHOICES = 16
+SEED_MAX = 2**64 - 1
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions API
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class ContextLengthExceeded(InvalidParams):
+    code = "context_length_exceeded"
+
+
+@dataclass(frozen=True)
+class OpenAIRequest:
+    prompts: list[list[int]]  # token ids of each prompt
+    n: int  # choices per prompt
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+
+    def choice_requests(self) -> list[tuple[list[int], SamplingParams]]:
+        """One backend request per choice, in OpenAI's order (prompt by prompt, n each).
+
+        With a seed, choice i samples with seed + i: reproducible, yet the n choices differ.
+        """
+        requests = []
+        for prompt_ids in self.prompts:
+            for i in range(self.n):
+                params = self.params
+                if params.seed is not None:
+                    params = replace(params, seed=(params.seed + i) % (SEED_MAX + 1))
+                requests.append((prompt_ids, params))
+        return requests
+
+
+def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
+    prompts = [_prompt_ids(prompt, serving, f"prompt[{i}]") for i, prompt in enumerate(_prompt_list(data))]
+    return _common(data, serving, prompts, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS)
+
+
+def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
+    messages = _messages(data.get("messages"))
+    try:
+        text = serving.chat_template.render(messages)
+    except ChatTemplateError as error:
+        raise InvalidParams("messages", f"the model's chat template refused the messages: {error}") from None
+    # The rendered template already holds its special tokens (apply_chat_template does the same).
+    prompt_ids = serving.tokenizer.encode(text, add_special_tokens=False)
+    return _common(data, serving, [prompt_ids], "messages", None)
+
+
+def _common(
+    data: dict[str, Any],
+    serving: Serving,
+    prompts: list[list[int]],
+    prompt_param: str,
+    default_max_tokens: int | None,
+) -> OpenAIRequest:
+    context = serving.backend.max_seq_len
+    longest = max(len(ids) for ids in prompts)
+    max_tokens = read_integer(data, "max_completion_tokens", None, 1, context)
+    if max_tokens is None:
+        max_tokens = read_integer(data, "max_tokens", None, 1, context)
+    if max_tokens is None:
+        max_tokens = default_max_tokens or max(1, context - longest)
+    if longest + max_tokens > context:
+        raise ContextLengthExceeded(
+            prompt_param,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{longest + max_tokens} tokens ({longest} in the {prompt_param}, {max_tokens} in the "
+            f"completion). Please reduce the length of the {prompt_param} or completion.",
+        )
+    top_k = read_integer(data, "top_k", -1, -1, 1_000_000)
+    params = SamplingParams(
+        temperature=read_number(data, "temperature", 1.0, 0.0, 2.0),
+        top_p=read_number(data, "top_p", 1.0, 0.0, 1.0, low_open=True),
+        top_k=max(top_k, 0),  # -1 (as in vLLM) or 0: no top-k cut
+        max_tokens=max_tokens,
+        stop=read_stop(data, "stop"),
+        seed=read_integer(data, "seed", None, 0, SEED_MAX),
+        ignore_eos=read_bool(data, "ignore_eos", False),
+    )
+    stream = read_bool(data, "stream", False)
+    return OpenAIRequest(
+        prompts=prompts,
+        n=read_integer(data, "n", 1, 1, MAX_CHOICES),
+        params=params,
+        stream=stream,
+        include_usage=_include_usage(data.get("stream_options"), stream),
+    )
+
+
+def _prompt_list(data: dict[str, Any]) -> list[str | list[int]]:
+    """`prompt` as a list: a string, a list of strings, a list of token ids, or a list of those."""
+    prompt = data.get("prompt")
+    if prompt is None:
+        raise InvalidParams("prompt", "prompt is required")
+    if isinstance(prompt, str):
+        return [prompt]
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        return prompt
+    raise InvalidParams("prompt", "prompt must be a string, a list of strings or a list of token ids")
+
+
+def _prompt_ids(prompt: Any, serving: Serving, param: str) -> list[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidParams("prompt", "prompt must not be empty")
+        ids = serving.tokenizer.encode(prompt)
+        if not ids:
+            raise InvalidParams("prompt", "prompt gives no tokens")
+        return ids
+    vocab = serving.tokenizer.vocab_size
+    if isinstance(prompt, list) and prompt and all(_is_token(t, vocab) for t in prompt):
+        return list(prompt)
+    raise InvalidParams("prompt", f"{param} must be a non-empty string or a list of token ids below {vocab}")
+
+
+def _is_token(value: Any, vocab: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    if value is None:
+        raise InvalidParams("messages", "messages is required")
+    if not isinstance(value, list) or not value:
+        raise InvalidParams("messages", "messages must be a non-empty list of {role, content} objects")
+    return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
+
+
+def _message(message: Any, param: str) -> dict[str, str]:
+    if not isinstance(message, dict):
+        raise InvalidParams(param, f"{param} must be an object with role and content")
+    role = message.get("role")
+    if role not in ROLES:
+        raise InvalidParams(f"{param}.role", f"{param}.role must be one of {', '.join(ROLES)}, got {role!r}")
+    return {
+        "role": "system" if role == "developer" else role,
+        "content": _content(message.get("content"), param),
+    }
+
+
+def _content(content: Any, param: str) -> str:
+    """A string, or a list of text parts joined (the only kind of part a text model takes)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        if not all(isinstance(p.get("text"), str) for p in content):
+            raise InvalidParams(f"{param}.content", f"{param}.content text parts need a string text")
+        text = "".join(p["text"] for p in content)
+    else:
+        raise InvalidParams(f"{param}.content", f"{param}.content must be a string or a list of text parts")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidParams(f"{param}.content", f"{param}.content is not valid Unicode") from None
+    return text
+
+
+def _include_usage(options: Any, stream: bool) -> bool:
+    if options is None:
+        return False
+    if not stream:
+        raise InvalidParams("stream_options", "stream_options is only allowed with stream: true")
+    if not isinstance(options, dict):
+        raise InvalidParams("stream_options", "stream_options must be an object")
+    return read_bool(options, "include_usage", False)

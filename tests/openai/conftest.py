@@ -1,0 +1,35 @@
+"""One real server on the default model for the OpenAI API tests, and clients for it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from backend.loader import converted_dir, resolve_model
+from tests.server_fixture import RunningServer, running_server
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="package")
+def server() -> Iterator[RunningServer]:
+    with running_server("--rows", "8", "--max-seq-len", "1024", ready_timeout=300) as running:
+        yield running
+
+
+@pytest.fixture(scope="package")
+def client(server: RunningServer) -> openai.OpenAI:
+    """The official client, unchanged, pointed at the server."""
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="package")
+def tokenizer(server: RunningServer):
+    """The model's tokenizer as transformers loads it (from the server's converted copy), to count tokens."""
+    cache = Path(os.environ["INFERENCE_CACHE_DIR"])
+    return AutoTokenizer.from_pretrained(converted_dir(resolve_model(None), cache))

@@ -1,0 +1,171 @@
+"""The official openai client against a real server on the default model (SPEC §4.2)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.openai.conftest import MODEL
+
+MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+def streamed_chat(client, **kwargs) -> tuple[str, str | None, list]:
+    chunks = list(client.chat.completions.create(model=MODEL, stream=True, **kwargs))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    return text, (finish[-1] if finish else None), chunks
+
+
+def test_models_lists_the_served_model(client):
+    assert [model.id for model in client.models.list()] == [MODEL]
+
+
+def test_chat_streamed_equals_not_streamed_for_the_same_greedy_request(client, tokenizer):
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=40)
+    text, finish, chunks = streamed_chat(client, messages=MESSAGES, temperature=0, max_tokens=40)
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == text and len(text) > 10
+    assert whole.choices[0].finish_reason == finish
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len(chunks) > 5  # it really streamed in pieces
+    # The chat template was applied as transformers applies it.
+    template_ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    template_ids = template_ids["input_ids"] if hasattr(template_ids, "keys") else template_ids
+    assert whole.usage.prompt_tokens == len(template_ids)
+
+
+def test_completions_streamed_equals_not_streamed(client):
+    prompt = "The three laws of robotics are"
+    whole = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=30)
+    stream = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=30, stream=True)
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_usage_counts_prompt_tokens_as_the_tokenizer_does_and_completion_tokens_as_generated(
+    client, tokenizer
+):
+    prompt = "Write a list of fruits:"
+    result = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=17, temperature=0.7, seed=3, extra_body={"ignore_eos": True}
+    )
+    assert result.usage.prompt_tokens == len(tokenizer(prompt).input_ids)
+    assert result.usage.completion_tokens == 17
+    assert result.usage.total_tokens == result.usage.prompt_tokens + 17
+    assert result.choices[0].finish_reason == "length"
+
+
+def test_finish_reason_is_stop_at_eos_and_length_at_max_tokens(client):
+    short = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi."}], temperature=0, max_tokens=200
+    )
+    assert short.choices[0].finish_reason == "stop"
+    assert short.usage.completion_tokens < 200
+    cut = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=3)
+    assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_ends_the_text_and_never_appears_in_it(client, stream):
+    prompt = "Once upon a time, in a small village by the sea,"
+    full = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=40).choices[0].text
+    stop = full[len(full) // 2 : len(full) // 2 + 4]
+    assert stop.strip(), full
+    if stream:
+        chunks = list(
+            client.completions.create(
+                model=MODEL, prompt=prompt, temperature=0, max_tokens=40, stop=[stop], stream=True
+            )
+        )
+        text = "".join(c.choices[0].text for c in chunks)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.completions.create(
+            model=MODEL, prompt=prompt, temperature=0, max_tokens=40, stop=stop
+        ).choices[0]
+        text, finish = choice.text, choice.finish_reason
+    assert text == full[: full.index(stop)]
+    assert stop not in text and finish == "stop"
+
+
+def test_n_choices_each_in_its_own_row_reproducible_with_a_seed(client):
+    def ask():
+        return client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, n=3, seed=11, temperature=1.0, max_tokens=20
+        )
+
+    first, again = ask(), ask()
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    texts = [c.message.content for c in first.choices]
+    assert texts == [c.message.content for c in again.choices]
+    assert len(set(texts)) > 1  # different seeds per choice
+    assert 3 <= first.usage.completion_tokens <= 3 * 20
+
+
+def test_streamed_choices_and_usage_chunk(client):
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt="Hello",
+            n=2,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    texts = {0: "", 1: ""}
+    for chunk in chunks[:-1]:
+        assert chunk.usage is None
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert all(texts.values())
+
+
+def test_top_k_extension_and_user_field_are_accepted(client):
+    result = client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=4, user="alice", extra_body={"top_k": 1}, temperature=1.5
+    )
+    greedy = client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0)
+    assert result.choices[0].text == greedy.choices[0].text  # top_k 1 is greedy whatever the temperature
+
+
+BAD_REQUESTS = {
+    "messages[0].role": dict(messages=[{"role": "wizard", "content": "hi"}]),
+    "messages": dict(messages=[]),
+    "temperature": dict(messages=MESSAGES, temperature=2.5),
+    "top_p": dict(messages=MESSAGES, top_p=0),
+    "n": dict(messages=MESSAGES, n=0),
+    "max_tokens": dict(messages=MESSAGES, max_tokens=0),
+    "stop": dict(messages=MESSAGES, stop=["a", "b", "c", "d", "e"]),
+    "seed": dict(messages=MESSAGES, seed="abc"),
+    "stream_options": dict(messages=MESSAGES, stream_options={"include_usage": True}),
+}
+
+
+@pytest.mark.parametrize("param", list(BAD_REQUESTS))
+def test_bad_input_raises_bad_request_naming_the_parameter(client, param):
+    with pytest.raises(openai.BadRequestError) as failure:
+        client.chat.completions.create(model=MODEL, **BAD_REQUESTS[param])
+    assert failure.value.body["param"] == param
+    assert failure.value.body["type"] == "invalid_request_error"
+
+
+def test_missing_messages_and_a_prompt_longer_than_the_context(client):
+    with pytest.raises(openai.BadRequestError) as failure:
+        client.chat.completions.create(model=MODEL, messages=None)  # type: ignore[arg-type]
+    assert failure.value.body["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as failure:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 1100}])
+    assert failure.value.body["param"] == "messages"
+    assert failure.value.body["code"] == "context_length_exceeded"
+    assert "1024" in failure.value.body["message"]
+
+
+def test_an_unknown_model_is_not_found(client):
+    with pytest.raises(openai.NotFoundError) as failure:
+        client.completions.create(model="gpt-4", prompt="hi")
+    assert failure.value.body["code"] == "model_not_found"
