@@ -35,6 +35,12 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         default=ProxyConfig.check_interval,
         help="seconds between /ready checks of each upstream",
     )
+    parser.add_argument(
+        "--discover",
+        action="store_true",
+        help="treat each upstream's host name as all the addresses it resolves to, looked up at every "
+        "check (a Kubernetes headless Service)",
+    )
     args = parser.parse_args(argv)
     return ProxyConfig(
         upstreams=tuple(args.upstream or [DEFAULT_UPSTREAM]),
@@ -43,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         max_body_bytes=args.max_body_bytes,
         read_timeout=args.read_timeout,
         check_interval=args.check_interval,
+        discover=args.discover,
     )
 
 

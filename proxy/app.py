@@ -54,14 +54,16 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
     secret = secret or load_secret()
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    pool = UpstreamPool(list(config.upstreams), check_interval=config.check_interval)
+    pool = UpstreamPool(
+        list(config.upstreams), check_interval=config.check_interval, discover=config.discover
+    )
     pool.check_all()
     pool.start_health_checks()
     app.extensions["upstreams"] = pool
     session = requests.Session()
     # One pooled connection per thread and upstream, so streams do not queue for sockets.
     adapter = requests.adapters.HTTPAdapter(
-        pool_connections=len(config.upstreams), pool_maxsize=config.threads
+        pool_connections=64, pool_maxsize=config.threads
     )
     session.mount("http://", adapter)
     session.mount("https://", adapter)

@@ -48,6 +48,7 @@ class ProxyConfig:
     read_timeout: float = 600.0
     check_interval: float = 2.0
     threads: int = 128
+    discover: bool = False  # each upstream host name stands for all its addresses (Kubernetes)
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -59,6 +60,7 @@ class ProxyConfig:
             "PROXY_READ_TIMEOUT": str(self.read_timeout),
             "PROXY_CHECK_INTERVAL": str(self.check_interval),
             "PROXY_THREADS": str(self.threads),
+            "PROXY_DISCOVER": "1" if self.discover else "0",
         }
 
     @classmethod
@@ -74,4 +76,5 @@ class ProxyConfig:
             read_timeout=float(env.get("PROXY_READ_TIMEOUT", default.read_timeout)),
             check_interval=float(env.get("PROXY_CHECK_INTERVAL", default.check_interval)),
             threads=int(env.get("PROXY_THREADS", default.threads)),
+            discover=env.get("PROXY_DISCOVER", "0") == "1",
         )

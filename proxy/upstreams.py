@@ -3,12 +3,18 @@
 Each request goes to the ready upstream with the fewest requests in flight. A
 health thread asks every upstream's /ready; one that fails (or refuses a
 connection) is skipped until it answers again.
+
+With `discover`, each configured URL stands for every address its host name
+resolves to, looked up again at every check: pointed at a Kubernetes headless
+Service, the proxy follows the replicas as they come and go.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+import urllib.parse
 from dataclasses import dataclass
 
 import requests
@@ -27,9 +33,25 @@ class NoUpstreamReady(Exception):
     pass
 
 
+def resolve_replicas(url: str) -> list[str]:
+    """One URL per address the URL's host resolves to (none if it does not resolve)."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return []
+    addresses = sorted({info[4][0] for info in infos})
+    return [f"{parts.scheme}://{f'[{a}]' if ':' in a else a}:{port}" for a in addresses]
+
+
 class UpstreamPool:
-    def __init__(self, urls: list[str], check_interval: float = 2.0, check_timeout: float = 2.0):
-        self.upstreams = [Upstream(url.rstrip("/")) for url in urls]
+    def __init__(
+        self, urls: list[str], check_interval: float = 2.0, check_timeout: float = 2.0, discover: bool = False
+    ):
+        self.configured = [url.rstrip("/") for url in urls]
+        self.discover = discover
+        self.upstreams = [Upstream(url) for url in self._current_urls()]
         self.check_interval = check_interval
         self.check_timeout = check_timeout
         self._lock = threading.Lock()
@@ -69,8 +91,26 @@ class UpstreamPool:
             log.warning("upstream %s is down; skipping it until /ready answers", upstream.url)
         upstream.ready = False
 
+    def _current_urls(self) -> list[str]:
+        if not self.discover:
+            return self.configured
+        return [replica for url in self.configured for replica in resolve_replicas(url)]
+
+    def refresh(self) -> None:
+        """With discovery, follow the replicas: keep known ones (and their counts), add new ones."""
+        if not self.discover:
+            return
+        urls = self._current_urls()
+        with self._lock:
+            known = {upstream.url: upstream for upstream in self.upstreams}
+            self.upstreams = [known.get(url) or Upstream(url) for url in urls]
+        added = set(urls) - set(known)
+        if added:
+            log.info("discovered upstreams: %s", ", ".join(sorted(added)))
+
     def check_all(self) -> None:
-        for upstream in self.upstreams:
+        self.refresh()
+        for upstream in list(self.upstreams):
             try:
                 ready = requests.get(f"{upstream.url}/ready", timeout=self.check_timeout).status_code == 200
             except requests.RequestException:

@@ -6,9 +6,10 @@
 Starts an inference server (the mock backend at --rate tokens per second per
 row, or a real model with --model, "default" for the default one) and a proxy
 in front of it, then alternates rounds of --streams concurrent streaming
-clients straight to the server and through the proxy. Reports generated
-tokens per second (counted from the server's usage figures), and the median
-and p99 time to first chunk.
+clients straight to the server and through the proxy, each streaming
+completions of exactly --tokens tokens from /v1/completions. Reports
+generated tokens per second (from the server's own counter), and the median
+and p99 time to the first event.
 """
 
 from __future__ import annotations
@@ -66,18 +67,22 @@ def start(
 
 
 def one_stream(url: str, model: str, tokens: int, headers: dict[str, str]) -> float:
-    """Time to first chunk of one streaming request (which must run to max_tokens)."""
+    """Time to first event of one streamed completion of exactly `tokens` tokens (EOS ignored)."""
     started = time.perf_counter()
-    body = {"text": "Tell me a long story about the sea.", "max_tokens": tokens, "temperature": 0.8}
-    with requests.post(
-        f"{url}/predictions/{model}", json=body, headers=headers, stream=True, timeout=600
-    ) as r:
+    body = {
+        "model": model,
+        "prompt": "Tell me a long story about the sea.",
+        "max_tokens": tokens,
+        "temperature": 0.8,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    first = None
+    with requests.post(f"{url}/v1/completions", json=body, headers=headers, stream=True, timeout=600) as r:
         r.raise_for_status()
-        chunks = r.iter_content(chunk_size=None)
-        next(chunks)
-        first = time.perf_counter() - started
-        for _ in chunks:
-            pass
+        for line in r.iter_lines():
+            if first is None and line.startswith(b"data: "):
+                first = time.perf_counter() - started
     return first
 
 

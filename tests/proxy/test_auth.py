@@ -69,3 +69,16 @@ def test_an_unexpired_token_passes(proxy):
 
 def test_health_needs_no_token(proxy):
     assert requests.get(f"{proxy.url}/health", timeout=10).status_code == 200
+
+
+def test_the_openai_client_passes_its_api_key_as_the_bearer_token(proxy):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=token(), max_retries=0)
+    stream = client.chat.completions.create(
+        model="mock", messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True
+    )
+    assert len("".join(c.choices[0].delta.content or "" for c in stream).split()) == 5
+    refused = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="not-a-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        refused.models.list()

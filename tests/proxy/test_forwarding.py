@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
@@ -117,3 +118,16 @@ def test_requests_go_to_the_least_busy_upstream_and_survive_one_dying():
         # are retried on the other upstream, so nothing that had not started is lost.
         with ThreadPoolExecutor(6) as pool:
             assert list(pool.map(stream, [5] * 12)) == [5] * 12
+
+
+def test_discovery_sends_requests_to_the_addresses_a_host_name_resolves_to(mock_server):
+    port = urllib.parse.urlsplit(mock_server.url).port
+    with running_proxy(f"http://localhost:{port}", args=("--discover",)) as proxy:
+        response = requests.post(
+            f"{proxy.url}/predictions/mock",
+            json={"text": "hi", "max_tokens": 3},
+            headers=bearer(),
+            timeout=30,
+        )
+        assert response.status_code == 200 and len(response.text.split()) == 3
+        assert f"http://127.0.0.1:{port}" in proxy.log()  # the replica was found by its address
