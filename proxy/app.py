@@ -62,9 +62,7 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
     app.extensions["upstreams"] = pool
     session = requests.Session()
     # One pooled connection per thread and upstream, so streams do not queue for sockets.
-    adapter = requests.adapters.HTTPAdapter(
-        pool_connections=64, pool_maxsize=config.threads
-    )
+    adapter = requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=config.threads)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
 
