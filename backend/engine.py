@@ -22,12 +22,15 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit
 from backend.row import Row
-from backend.row_cache import DecodeWrite, KVShape, PrefillWrite, RowCache
+from backend.row_cache import DecodeWrite, KVShape, PackedPrefillWrite, RowCache
 from backend.sampler import SamplingBatch, sample
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQ_LEN = 2048
+# Prompt tokens prefilled in one step (more when a single prompt is longer): a burst of new
+# requests is admitted over a few steps instead of stalling the rows already decoding.
+PREFILL_TOKEN_BUDGET = 512
 
 
 def context_length(model_config: PretrainedConfig) -> int:
@@ -148,33 +151,49 @@ class Engine:
 
     def _admit_waiting(self) -> list[Piece]:
         """Fill free rows (lowest first, to keep the decode batch short) with waiting requests."""
-        admitted = []
+        admitted: list[Row] = []
+        budget = PREFILL_TOKEN_BUDGET
         for index, slot in enumerate(self.rows):
             if not self.waiting:
                 break
-            if slot is None:
-                _, request = self.waiting.popitem(last=False)
-                row = Row(index, request, self.tokenizer, self.eos_ids, self.max_seq_len, self.device)
-                self.rows[index] = row
-                admitted.append(row)
+            if slot is not None:
+                continue
+            request = next(iter(self.waiting.values()))
+            if admitted and len(request.prompt_ids) > budget:
+                break  # next step: the rows already decoding must not wait for a long prefill
+            del self.waiting[request.request_id]
+            budget -= len(request.prompt_ids)
+            row = Row(index, request, self.tokenizer, self.eos_ids, self.max_seq_len, self.device)
+            self.rows[index] = row
+            admitted.append(row)
         if not admitted:
             return []
-        logits = torch.cat([self._prefill(row) for row in admitted])
-        return self._sample_and_accept(admitted, logits)
+        return self._sample_and_accept(admitted, self._prefill(admitted))
 
-    def _prefill(self, row: Row) -> torch.Tensor:
-        """Run the prompt through the model into the row's cache; return its last logits [1, vocab]."""
-        length = len(row.prompt_ids)
-        positions = torch.arange(length, device=self.device)
-        causal = positions.unsqueeze(-1) >= positions.unsqueeze(0)
-        logits = self._forward(
-            torch.tensor([row.prompt_ids], device=self.device),
-            positions.unsqueeze(0),
-            causal[None, None],
-            PrefillWrite(row.index, 0, length),
+    def _prefill(self, rows: list[Row]) -> torch.Tensor:
+        """Run the new prompts through the model packed into one sequence; last logits [rows, vocab]."""
+        lengths = [len(row.prompt_ids) for row in rows]
+        token_ids = [token for row in rows for token in row.prompt_ids]
+        positions = torch.cat([torch.arange(length, device=self.device) for length in lengths])
+        prompt_of = torch.repeat_interleave(
+            torch.arange(len(rows), device=self.device), torch.tensor(lengths, device=self.device)
         )
-        row.cached = length
-        return logits
+        order = torch.arange(len(token_ids), device=self.device)
+        # Each token sees the tokens of its own prompt up to itself.
+        visible = (prompt_of.unsqueeze(-1) == prompt_of.unsqueeze(0)) & (
+            order.unsqueeze(-1) >= order.unsqueeze(0)
+        )
+        last_tokens = torch.tensor(lengths, device=self.device).cumsum(0) - 1
+        logits = self._forward(
+            torch.tensor([token_ids], device=self.device),
+            positions.unsqueeze(0),
+            visible[None, None],
+            PackedPrefillWrite([row.index for row in rows], lengths),
+            keep=last_tokens,
+        )
+        for row, length in zip(rows, lengths, strict=True):
+            row.cached = length
+        return logits[0]
 
     def _decode(self) -> list[Piece]:
         """One token for every active row, all in one forward pass."""
@@ -197,16 +216,24 @@ class Engine:
             position_tensor.unsqueeze(-1),
             visible[:, None, None, :],
             DecodeWrite(batch_rows, position_tensor, span),
-        )
+        )[:, -1, :]
         for row in active:
             row.cached += 1
         row_ids = torch.tensor([row.index for row in active], device=self.device)
         return self._sample_and_accept(active, logits.index_select(0, row_ids))
 
     def _forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, visible: torch.Tensor, plan
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        visible: torch.Tensor,
+        plan: PackedPrefillWrite | DecodeWrite,
+        keep: int | torch.Tensor = 1,
     ) -> torch.Tensor:
-        """The model's own forward over our cache; `visible` says which cached positions each query sees."""
+        """The model's own forward over our cache; `visible` says which keys each query sees.
+
+        `keep`: the positions whose logits are needed (the last one, or a tensor of them).
+        """
         self.cache.plan = plan
         output = self.model(
             input_ids=input_ids,
@@ -214,9 +241,9 @@ class Engine:
             attention_mask=self._attention_mask(visible),
             past_key_values=self.cache,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=keep,
         )
-        return output.logits[:, -1, :]
+        return output.logits
 
     def _attention_mask(self, visible: torch.Tensor) -> torch.Tensor:
         if not self.additive_masks:
@@ -232,9 +259,9 @@ class Engine:
     def _sampling_batch(self, rows: list[Row]) -> SamplingBatch:
         params = [row.request.params for row in rows]
         return SamplingBatch(
-            temperature=torch.tensor([p.temperature for p in params], device=self.device),
-            top_k=torch.tensor([p.top_k for p in params], device=self.device),
-            top_p=torch.tensor([p.top_p for p in params], device=self.device),
+            temperature=[p.temperature for p in params],
+            top_k=[p.top_k for p in params],
+            top_p=[p.top_p for p in params],
             generators=[row.generator for row in rows],
         )
 

@@ -3,8 +3,8 @@
 Keys and values live in [rows, kv_heads, max_seq_len, head_dim] tensors,
 allocated once. transformers' attention layers call `update()` with the new
 keys and values of a forward pass; where they go is set beforehand by the
-engine as a write plan: a prefill fills a span of one row, a decode step writes
-one token per row, each at its own position. What `update()` returns is what
+engine as a write plan: a prefill fills the first positions of the rows of new
+prompts, a decode step writes one token per row, each at its own position. What `update()` returns is what
 attention reads: only the rows in the batch and only the positions in use.
 """
 
@@ -38,17 +38,22 @@ class KVShape:
 
 
 @dataclass(frozen=True)
-class PrefillWrite:
-    """Tokens start..start+length of one row; attention reads that row up to the end of the span."""
+class PackedPrefillWrite:
+    """Whole prompts packed into one sequence: prompt i fills positions 0..lengths[i]-1 of rows[i].
 
-    row: int
-    start: int
-    length: int
+    Attention reads the packed keys themselves (a block-diagonal causal mask
+    keeps each prompt to its own tokens): nothing was in these rows before.
+    """
+
+    rows: list[int]
+    lengths: list[int]
 
     def write(self, cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        end = self.start + self.length
-        cache[self.row, :, self.start : end] = new[0]
-        return cache[self.row : self.row + 1, :, :end]
+        start = 0
+        for row, length in zip(self.rows, self.lengths, strict=True):
+            cache[row, :, :length] = new[0, :, start : start + length]
+            start += length
+        return new
 
 
 @dataclass(frozen=True)
@@ -106,4 +111,4 @@ class RowCache(Cache):
         super().__init__(layers=layers)
         self.rows = rows
         self.max_seq_len = max_seq_len
-        self.plan: PrefillWrite | DecodeWrite | None = None
+        self.plan: PackedPrefillWrite | DecodeWrite | None = None

@@ -1,9 +1,10 @@
-"""Per-row sampling: greedy, temperature, top-k, top-p and seed, all rows in one pass.
+"""Per-row sampling: greedy, temperature, top-k, top-p and seed, rows grouped by what they need.
 
-Each function is pure and works on a batch of rows ([rows, vocab]), so rows
+The functions are pure and work on a batch of rows ([rows, vocab]), so rows
 with different settings share one step. Randomness comes from one generator
-per row, drawn over the whole vocabulary, so that a seeded row samples the
-same tokens whatever else is in the batch.
+per row, and each row draws exactly as many numbers as it has candidate
+tokens (its top-k, its nucleus, or the whole vocabulary), all decided by its
+own logits: a seeded row samples the same tokens whatever else is in the batch.
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ import torch
 
 @dataclass
 class SamplingBatch:
-    """The sampling settings of the rows in one step, as tensors."""
+    """The sampling settings of the rows in one step, as host lists (no device sync to read them)."""
 
-    temperature: torch.Tensor  # [rows] float; 0 for greedy rows
-    top_k: torch.Tensor  # [rows] long; 0 means no cut
-    top_p: torch.Tensor  # [rows] float in (0, 1]
+    temperature: list[float]  # 0 for greedy rows
+    top_k: list[int]  # 0 means no cut
+    top_p: list[float]  # 1 means no cut
     generators: list[torch.Generator | None]  # None for greedy rows
 
-    @property
-    def greedy(self) -> torch.Tensor:
-        return self.temperature == 0
+    def rows(self, predicate) -> list[int]:
+        return [r for r in range(len(self.temperature)) if self.temperature[r] > 0 and predicate(r)]
 
 
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -55,27 +55,42 @@ def top_k_top_p(
     return values, token_ids
 
 
-def exponential_noise(
-    generators: list[torch.Generator | None], vocab: int, device: torch.device
-) -> torch.Tensor:
-    """One Exp(1) draw per row and token from that row's own generator (ones for greedy rows)."""
-    noise = torch.ones(len(generators), vocab, device=device)
-    for row, generator in enumerate(generators):
-        if generator is not None:
-            noise[row].exponential_(generator=generator)
-    return noise
+def race(values: torch.Tensor, counts: list[int], generators: list[torch.Generator]) -> torch.Tensor:
+    """Index of the winner in each row: argmax(p / E), E ~ Exp(1), draws from p = softmax(values).
+
+    Row r draws counts[r] numbers from its own generator, one per candidate
+    (candidates come first in the row); the rest of the row is never chosen.
+    """
+    noise = torch.ones_like(values)
+    for row, (count, generator) in enumerate(zip(counts, generators, strict=True)):
+        noise[row, :count].exponential_(generator=generator)
+    return (values.softmax(dim=-1) / noise).argmax(dim=-1)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """The next token of every row: [rows, vocab] logits to [rows] token ids."""
     logits = logits.float()
-    greedy_tokens = logits.argmax(dim=-1)
-    if bool(batch.greedy.all()):
-        return greedy_tokens
-    values, token_ids = top_k_top_p(apply_temperature(logits, batch.temperature), batch.top_k, batch.top_p)
-    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Reading the
-    # noise at each candidate's token id keeps it independent of the batch.
-    noise = exponential_noise(batch.generators, logits.shape[-1], logits.device).gather(-1, token_ids)
-    choice = (values.softmax(dim=-1) / noise).argmax(dim=-1, keepdim=True)
-    sampled_tokens = token_ids.gather(-1, choice).squeeze(-1)
-    return torch.where(batch.greedy, greedy_tokens, sampled_tokens)
+    tokens = logits.argmax(dim=-1)  # greedy rows keep these
+    device = logits.device
+    # Rows with no cut sample from the whole vocabulary: no sort needed.
+    whole = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] >= 1)
+    # Rows with a cut: by top-k alone the candidates are few; a nucleus without top-k needs a full sort.
+    with_k = batch.rows(lambda r: batch.top_k[r] > 0)
+    nucleus = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] < 1)
+    for rows in (whole, with_k, nucleus):
+        if not rows:
+            continue
+        index = torch.tensor(rows, device=device)
+        temperature = torch.tensor([batch.temperature[r] for r in rows], device=device)
+        scaled = apply_temperature(logits.index_select(0, index), temperature)
+        generators = [batch.generators[r] for r in rows]
+        if rows is whole:
+            chosen = race(scaled, [scaled.shape[-1]] * len(rows), generators)
+        else:
+            top_k = torch.tensor([batch.top_k[r] for r in rows], device=device)
+            top_p = torch.tensor([batch.top_p[r] for r in rows], device=device)
+            values, token_ids = top_k_top_p(scaled, top_k, top_p)
+            counts = torch.isfinite(values).sum(dim=-1).tolist()
+            chosen = token_ids.gather(-1, race(values, counts, generators).unsqueeze(-1)).squeeze(-1)
+        tokens.index_copy_(0, index, chosen)
+    return tokens

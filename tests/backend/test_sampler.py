@@ -54,12 +54,7 @@ def batch(temperature, top_k=0, top_p=1.0, seeds=None, rows=1):
         None if temperature == 0 else torch.Generator().manual_seed(seed if seed is not None else 1234)
         for seed in seeds
     ]
-    return SamplingBatch(
-        torch.full((rows,), float(temperature)),
-        torch.full((rows,), top_k),
-        torch.full((rows,), top_p),
-        generators,
-    )
+    return SamplingBatch([float(temperature)] * rows, [top_k] * rows, [top_p] * rows, generators)
 
 
 def test_temperature_zero_is_argmax():
@@ -89,9 +84,9 @@ def test_a_seeded_row_draws_the_same_tokens_whatever_its_neighbours():
     alone = [sample(logits, batch(0.9, 50, 0.95, seeds=[7])).item() for _ in range(1)]
     crowd_logits = torch.cat([torch.randn(2, 300), logits, torch.randn(3, 300)])
     crowd = SamplingBatch(
-        torch.tensor([0.0, 1.5, 0.9, 0.7, 0.0, 1.0]),
-        torch.tensor([0, 1000, 50, 3, 0, 0]),
-        torch.tensor([1.0, 0.5, 0.95, 1.0, 1.0, 0.9]),
+        [0.0, 1.5, 0.9, 0.7, 0.0, 1.0],
+        [0, 1000, 50, 3, 0, 0],
+        [1.0, 0.5, 0.95, 1.0, 1.0, 0.9],
         [
             None,
             torch.Generator().manual_seed(1),
@@ -102,3 +97,31 @@ def test_a_seeded_row_draws_the_same_tokens_whatever_its_neighbours():
         ],
     )
     assert sample(crowd_logits, crowd)[2].item() == alone[0]
+
+
+def test_rows_without_a_cut_nucleus_rows_and_top_k_rows_share_a_step():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 200)
+    mixed = SamplingBatch(
+        [1.0, 1.0, 1.0, 0.0],
+        [0, 0, 5, 0],
+        [1.0, 0.5, 1.0, 1.0],
+        [torch.Generator().manual_seed(i) for i in range(3)] + [None],
+    )
+    draws = [sample(logits, mixed).tolist() for _ in range(200)]
+    top5 = set(logits[2].topk(5).indices.tolist())
+    probs = logits[1].softmax(-1).sort(descending=True)
+    nucleus_size = int((probs.values.cumsum(-1) - probs.values < 0.5).sum())
+    nucleus = set(probs.indices[:nucleus_size].tolist())
+    assert {d[2] for d in draws} <= top5
+    assert {d[1] for d in draws} <= nucleus
+    assert len({d[0] for d in draws}) > 20  # the whole vocabulary is in play
+    assert {d[3] for d in draws} == {logits[3].argmax().item()}
+
+
+def test_each_seeded_row_is_reproducible_alone():
+    logits = torch.randn(1, 1000)
+    for top_k, top_p in ((0, 1.0), (0, 0.9), (40, 1.0), (40, 0.9)):
+        first = [sample(logits, batch(1.0, top_k, top_p, seeds=[5])).item() for _ in range(1)]
+        again = [sample(logits, batch(1.0, top_k, top_p, seeds=[5])).item() for _ in range(1)]
+        assert first == again
