@@ -1,0 +1,367 @@
+#!/usr/bin/env python
+"""The server under streaming load, against its own ceiling and a naive server, in one run.
+
+    .venv/bin/python scripts/benchmark.py [--concurrency 1 8 32 64] [--tokens 64] [--url URL]
+                                          [--model M] [--dtype D] [--quantize int8] [--no-naive] [--memory]
+
+1. Starts `python -m inference_api` (or uses --url) and runs closed-loop
+   clients at each concurrency: every client streams /v1/completions of
+   exactly --tokens tokens (ignore_eos) and sends the next request when one
+   ends. Reports generated tokens per second, time to first token and
+   inter-token latency (p50, p99).
+2. With --memory, sends 1,000 short requests and compares the server's
+   resident memory (API worker and backend) after the first 100 and after all.
+3. The raw ceiling: the engine in this process, no HTTP, decoding full
+   batches of 32 rows; the server's efficiency is its tokens/s at 32 streams
+   over this.
+4. The baseline: scripts/naive_server.py (`model.generate`, one request at a
+   time) at concurrency 1 and 32.
+5. Writes docs/performance.md (a table, the machine) and PNG plots beside it.
+
+Each part runs alone on the machine (servers are stopped before the next),
+so that they do not compete for the same cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import requests
+import torch
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from backend.engine import Engine  # noqa: E402
+from backend.loader import load_model  # noqa: E402
+from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+@dataclass
+class Level:
+    """What the clients saw at one concurrency."""
+
+    concurrency: int
+    tokens: int = 0
+    seconds: float = 0.0
+    first_token: list[float] = field(default_factory=list)
+    between_tokens: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(command: list[str], ready_url: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if requests.get(ready_url, timeout=2).status_code == 200:
+                return process
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{' '.join(command)} did not become ready")
+
+
+def stop(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def stream_one(url: str, model: str, tokens: int, level: Level, lock: threading.Lock) -> None:
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": tokens,
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    started = time.perf_counter()
+    arrivals = []
+    with requests.post(f"{url}/v1/completions", json=body, stream=True, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith(b"data: {"):
+                arrivals.append(time.perf_counter())
+    with lock:
+        level.first_token.append(arrivals[0] - started)
+        level.between_tokens.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+
+
+def closed_loop(url: str, model: str, concurrency: int, requests_each: int, tokens: int, bar: tqdm) -> Level:
+    """`concurrency` clients, each sending its next request as soon as the last one ends."""
+    level, lock = Level(concurrency), threading.Lock()
+
+    def client() -> None:
+        for _ in range(requests_each):
+            stream_one(url, model, tokens, level, lock)
+            bar.update(1)
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    level.seconds = time.perf_counter() - started
+    level.tokens = concurrency * requests_each * tokens
+    return level
+
+
+def resident_memory(pid: int) -> int:
+    """RSS of the server's worker and backend (gunicorn's master excluded: it holds nothing)."""
+    children = psutil.Process(pid).children(recursive=True)
+    return sum(p.memory_info().rss for p in children if "resource_tracker" not in " ".join(p.cmdline()))
+
+
+def memory_after_requests(url: str, model: str, pid: int) -> tuple[int, int]:
+    """RSS after 100 requests and after 1,000, 32 at a time, short answers."""
+    level, lock = Level(32), threading.Lock()
+    sizes = []
+    with tqdm(total=1000, desc="memory: 1000 requests", unit="req") as bar:
+        for batch in (100, 900):
+            threads = []
+            for _ in range(batch):
+                threads.append(threading.Thread(target=stream_one, args=(url, model, 4, level, lock)))
+                threads[-1].start()
+                if len(threads) >= 32:
+                    threads.pop(0).join()
+                    bar.update(1)
+            for thread in threads:
+                thread.join()
+                bar.update(1)
+            sizes.append(resident_memory(pid))
+    return sizes[0], sizes[1]
+
+
+def ceiling(model: str | None, dtype: str, quantize: str, rows: int = 32, steps: int = 20) -> float:
+    """Tokens per second of the engine alone decoding `rows` full rows: no HTTP, no queues, no prefill."""
+    loaded = load_model(
+        BackendConfig(model=model, dtype=dtype, quantize=quantize, rows=rows, max_seq_len=512)
+    )
+    engine = Engine(loaded.model, loaded.tokenizer, rows=rows, max_seq_len=512)
+    engine.warm_up()
+    ids = tuple(loaded.tokenizer(PROMPT).input_ids)
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=10_000, ignore_eos=True)
+    for i in range(rows):
+        engine.submit(Submit(f"ceiling-{i}", ids, params))
+    while engine.waiting:
+        engine.step()
+    engine.step()
+    started = time.perf_counter()
+    for _ in tqdm(range(steps), desc=f"ceiling: {rows} rows, engine alone", unit="step"):
+        engine.step()
+    return rows * steps / (time.perf_counter() - started)
+
+
+def machine() -> str:
+    cpu = platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    accelerator = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {os.cpu_count()} cores{accelerator}; torch {torch.__version__}"
+
+
+def plot(levels: list[Level], naive: list[Level], ceiling_tps: float, directory: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [level.concurrency for level in levels]
+    figure, axis = plt.subplots(figsize=(6, 4))
+    axis.plot(xs, [lv.tokens_per_second for lv in levels], "o-", label="server")
+    axis.plot(
+        [lv.concurrency for lv in naive], [lv.tokens_per_second for lv in naive], "s--", label="naive server"
+    )
+    axis.axhline(ceiling_tps, color="grey", linestyle=":", label="engine ceiling (32 rows)")
+    axis.set(xlabel="concurrent streams", ylabel="generated tokens / s", xscale="log", title="Throughput")
+    axis.set_xticks(xs, [str(x) for x in xs])
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(directory / "performance-throughput.png", dpi=100)
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for name, values in (("time to first token", "first_token"), ("inter-token latency", "between_tokens")):
+        for q, style in ((0.5, "o-"), (0.99, "^--")):
+            ys = [percentile(getattr(lv, values), q) * 1000 for lv in levels]
+            axis.plot(xs, ys, style, label=f"{name} p{int(q * 100)}")
+    axis.set(xlabel="concurrent streams", ylabel="ms", xscale="log", yscale="log", title="Latency")
+    axis.set_xticks(xs, [str(x) for x in xs])
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(directory / "performance-latency.png", dpi=100)
+    return ["performance-throughput.png", "performance-latency.png"]
+
+
+def report(args, model: str, levels, naive, ceiling_tps, memory, plots) -> str:
+    lines = [
+        "# Performance",
+        "",
+        f"`scripts/benchmark.py` on {machine()};",
+        f"model {model}, dtype {args.dtype}, quantize {args.quantize};",
+        f"closed-loop streaming clients, {args.tokens} generated tokens per request (`ignore_eos`),",
+        f"{args.requests} requests per client; written {time.strftime('%Y-%m-%d')}.",
+        "",
+        "| concurrent streams | tokens/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | ITL p99 (ms) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for lv in levels:
+        ttft = [percentile(lv.first_token, q) * 1000 for q in (0.5, 0.99)]
+        itl = [percentile(lv.between_tokens, q) * 1000 for q in (0.5, 0.99)]
+        figures = [f"{lv.tokens_per_second:.1f}", *(f"{ms:.0f}" for ms in ttft + itl)]
+        lines.append(f"| {lv.concurrency} | " + " | ".join(figures) + " |")
+    at_32 = next((lv for lv in levels if lv.concurrency == 32), None)
+    lines += ["", f"Engine ceiling (32 full rows decoding, no HTTP, same run): {ceiling_tps:.1f} tokens/s."]
+    if at_32:
+        lines.append(f"Server at 32 streams: {at_32.tokens_per_second / ceiling_tps:.0%} of the ceiling.")
+    for lv in naive:
+        line = f"Naive server (`model.generate`, one at a time) at {lv.concurrency} streams: "
+        line += f"{lv.tokens_per_second:.1f} tokens/s"
+        if at_32 and lv.concurrency == 32:
+            line += f"; the server does {at_32.tokens_per_second / lv.tokens_per_second:.1f}x that"
+        lines.append(line + ".")
+    if memory:
+        first, last = memory
+        lines.append(
+            f"Resident memory (API worker + backend): {first / 2**20:.0f} MiB after 100 requests, "
+            f"{last / 2**20:.0f} MiB after 1,000 ({(last - first) / first:+.1%})."
+        )
+    lines += [""] + [f"![{name}]({name})" for name in plots] + [""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=2, help="requests per client at each level")
+    parser.add_argument("--url", help="benchmark a running server instead of starting one")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantize", default="none")
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive-server baseline")
+    parser.add_argument("--memory", action="store_true", help="also check memory over 1,000 requests")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md")
+    args = parser.parse_args()
+
+    server, url = None, args.url
+    if url is None:
+        port = free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "inference_api",
+            "--port",
+            str(port),
+            "--rows",
+            "32",
+            "--max-queue",
+            "64",
+            "--dtype",
+            args.dtype,
+            "--quantize",
+            args.quantize,
+            "--max-seq-len",
+            "512",
+        ]
+        if args.model:
+            command += ["--model", args.model]
+        url = f"http://127.0.0.1:{port}"
+        print("starting the server...", flush=True)
+        server = start(command, f"{url}/ready")
+    model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    total = sum(c * args.requests for c in args.concurrency)
+    levels, memory = [], None
+    try:
+        closed_loop(url, model, 4, 1, 8, tqdm(disable=True))  # warm up
+        with tqdm(total=total, desc="server", unit="req") as bar:
+            for concurrency in args.concurrency:
+                bar.set_postfix(concurrency=concurrency)
+                levels.append(closed_loop(url, model, concurrency, args.requests, args.tokens, bar))
+        if args.memory and server is not None:
+            memory = memory_after_requests(url, model, server.pid)
+    finally:
+        if server is not None:
+            stop(server)
+
+    ceiling_tps = ceiling(args.model, args.dtype, args.quantize)
+    naive = []
+    if not args.no_naive:
+        port = free_port()
+        naive_command = [
+            sys.executable,
+            str(ROOT / "scripts" / "naive_server.py"),
+            "--port",
+            str(port),
+            "--dtype",
+            args.dtype,
+        ] + (["--model", args.model] if args.model else [])
+        process = start(naive_command, f"http://127.0.0.1:{port}/ready")
+        try:
+            naive_levels = [c for c in (1, 32) if c in args.concurrency]
+            with tqdm(total=sum(naive_levels), desc="naive server", unit="req") as bar:
+                naive = [
+                    closed_loop(f"http://127.0.0.1:{port}", model, c, 1, args.tokens, bar)
+                    for c in naive_levels
+                ]
+        finally:
+            stop(process)
+
+    plots = plot(levels, naive, ceiling_tps, args.out.parent)
+    text = report(args, model, levels, naive, ceiling_tps, memory, plots)
+    args.out.write_text(text)
+    print(text)
+    print(
+        json.dumps(
+            {"ceiling": ceiling_tps, "levels": {lv.concurrency: lv.tokens_per_second for lv in levels}}
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
