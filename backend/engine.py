@@ -83,6 +83,8 @@ class Engine:
         """Load the configured model (checking resources first) and warm it up."""
         from backend.loader import load_model
 
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
         loaded = load_model(config)
         engine = cls(loaded.model, loaded.tokenizer, config.rows, loaded.max_seq_len, loaded.name)
         engine.tokenizer_path = loaded.tokenizer_path

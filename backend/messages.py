@@ -70,6 +70,9 @@ class BackendConfig:
     rows: int = 32
     max_seq_len: int | None = None  # per-row capacity; None: min(model context, 2048)
     cache_dir: str | None = None  # converted weights; None: $INFERENCE_CACHE_DIR or ~/.cache
+    # CPU threads for torch; None: torch's default (every core). Fewer leaves cores to the HTTP
+    # side: torch's threads wait for each other, so one descheduled thread stalls them all.
+    torch_threads: int | None = None
     mock: bool = False
     mock_tokens_per_second: float = 50.0
 

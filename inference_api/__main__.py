@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         help="requests that may wait for a row",
     )
     parser.add_argument("--max-seq-len", type=positive_int, help="tokens per row (prompt + answer)")
+    parser.add_argument(
+        "--torch-threads", type=positive_int, help="CPU threads for the model (default: every core)"
+    )
     parser.add_argument("--mock-tokens-per-second", type=positive_float, default=50.0)
     parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument(
@@ -74,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         quantize=args.quantize,
         rows=args.rows,
         max_seq_len=args.max_seq_len,
+        torch_threads=args.torch_threads,
         mock=args.mock,
         mock_tokens_per_second=args.mock_tokens_per_second,
     )

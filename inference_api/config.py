@@ -41,6 +41,7 @@ class ServerConfig:
             quantize=env.get("INFERENCE_QUANTIZE", "none"),
             rows=_int(env, "INFERENCE_ROWS", 32),
             max_seq_len=_int(env, "INFERENCE_MAX_SEQ_LEN", 0) or None,
+            torch_threads=_int(env, "INFERENCE_TORCH_THREADS", 0) or None,
             mock=_bool(env, "INFERENCE_MOCK"),
             mock_tokens_per_second=float(env.get("INFERENCE_MOCK_TOKENS_PER_SECOND", "50")),
         )
@@ -67,6 +68,7 @@ class ServerConfig:
             "INFERENCE_QUANTIZE": b.quantize,
             "INFERENCE_ROWS": str(b.rows),
             "INFERENCE_MAX_SEQ_LEN": str(b.max_seq_len or 0),
+            "INFERENCE_TORCH_THREADS": str(b.torch_threads or 0),
             "INFERENCE_MOCK": "1" if b.mock else "0",
             "INFERENCE_MOCK_TOKENS_PER_SECOND": repr(b.mock_tokens_per_second),
             "INFERENCE_MAX_QUEUE": str(self.max_queue),

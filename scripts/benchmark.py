@@ -241,7 +241,8 @@ def report(args, model: str, levels, naive, ceiling_tps, memory, plots) -> str:
         "# Performance",
         "",
         f"`scripts/benchmark.py` on {machine()};",
-        f"model {model}, dtype {args.dtype}, quantize {args.quantize};",
+        f"model {model}, dtype {args.dtype}, quantize {args.quantize}, server torch threads "
+        f"{args.torch_threads or 'default'};",
         f"closed-loop streaming clients, {args.tokens} generated tokens per request (`ignore_eos`),",
         f"{args.requests} requests per client; written {time.strftime('%Y-%m-%d')}.",
         "",
@@ -284,6 +285,7 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantize", default="none")
+    parser.add_argument("--torch-threads", type=int, help="the server's CPU threads for the model")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive-server baseline")
     parser.add_argument("--memory", action="store_true", help="also check memory over 1,000 requests")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md")
@@ -311,6 +313,8 @@ def main() -> None:
         ]
         if args.model:
             command += ["--model", args.model]
+        if args.torch_threads:
+            command += ["--torch-threads", str(args.torch_threads)]
         url = f"http://127.0.0.1:{port}"
         print("starting the server...", flush=True)
         server = start(command, f"{url}/ready")

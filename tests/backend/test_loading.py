@@ -81,3 +81,14 @@ def test_shortfalls_say_what_is_short_and_by_how_much():
         needs, Available(ram=100 * GIB, disk=100 * GIB, vram=4 * GIB), on_gpu=True, converting=False
     )
     assert len(gpu) == 1 and gpu[0].startswith("VRAM")
+
+
+def test_torch_threads_are_set_before_loading():
+    from backend.engine import Engine
+
+    before = torch.get_num_threads()
+    try:
+        Engine.load(BackendConfig(torch_threads=1, rows=1, max_seq_len=64))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
