@@ -3,8 +3,9 @@
 Each `step()` reads like the algorithm:
 
     free the rows of cancelled requests
-    admit waiting requests into free rows (prefill, first token)
-    decode one token for every active row (one forward pass, per-row sampling)
+    admit waiting requests into free rows
+    one forward pass: a token for every decoding row, and the new prompts (prefill)
+    sample every row's next token with its own settings
     free the rows whose requests ended
 
 and returns the text each request gained. The engine does no I/O: the
@@ -22,7 +23,8 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit
 from backend.row import Row
-from backend.row_cache import DecodeWrite, KVShape, PackedPrefillWrite, RowCache
+from backend.row_attention import StepLayout, step_layout
+from backend.row_cache import KVShape, RowCache, StepWrite
 from backend.sampler import SamplingBatch, sample
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,6 @@ class Engine:
         self.rows: list[Row | None] = [None] * rows
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
-        self.additive_masks = model.config._attn_implementation == "eager"
 
     @classmethod
     def load(cls, config: BackendConfig) -> Engine:
@@ -128,8 +129,10 @@ class Engine:
     def step(self) -> list[Piece]:
         pieces, self.undelivered = self.undelivered, []
         pieces += self._free_cancelled()
-        pieces += self._admit_waiting()
-        pieces += self._decode()
+        decoding = [row for row in self.active_rows if not row.finished]
+        prefilling = self._admit_waiting()
+        if decoding or prefilling:
+            pieces += self._forward_and_sample(decoding, prefilling)
         self._free_finished()
         return pieces
 
@@ -151,8 +154,8 @@ class Engine:
                 self.rows[row.index] = None
         return pieces
 
-    def _admit_waiting(self) -> list[Piece]:
-        """Fill free rows (lowest first, to keep the decode batch short) with waiting requests."""
+    def _admit_waiting(self) -> list[Row]:
+        """Put waiting requests into free rows, lowest first (to keep the decode span short)."""
         admitted: list[Row] = []
         budget = PREFILL_TOKEN_BUDGET
         for index, slot in enumerate(self.rows):
@@ -168,90 +171,59 @@ class Engine:
             row = Row(index, request, self.tokenizer, self.eos_ids, self.max_seq_len, self.device)
             self.rows[index] = row
             admitted.append(row)
-        if not admitted:
-            return []
-        return self._sample_and_accept(admitted, self._prefill(admitted))
+        return admitted
 
-    def _prefill(self, rows: list[Row]) -> torch.Tensor:
-        """Run the new prompts through the model packed into one sequence; last logits [rows, vocab]."""
-        lengths = [len(row.prompt_ids) for row in rows]
-        token_ids = [token for row in rows for token in row.prompt_ids]
-        positions = torch.cat([torch.arange(length, device=self.device) for length in lengths])
-        prompt_of = torch.repeat_interleave(
-            torch.arange(len(rows), device=self.device), torch.tensor(lengths, device=self.device)
-        )
-        order = torch.arange(len(token_ids), device=self.device)
-        # Each token sees the tokens of its own prompt up to itself.
-        visible = (prompt_of.unsqueeze(-1) == prompt_of.unsqueeze(0)) & (
-            order.unsqueeze(-1) >= order.unsqueeze(0)
-        )
-        last_tokens = torch.tensor(lengths, device=self.device).cumsum(0) - 1
+    def _forward_and_sample(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
+        """One forward pass over a packed sequence: a token per decoding row, then each new prompt.
+
+        Decoding rows sit at their row index, so the first `decode_rows`
+        queries line up with rows 0..decode_rows-1 of the cache; free rows in
+        that span carry a dummy token at position 0 (admission fills the
+        lowest rows first, so there are few). New prompts follow, each token
+        at its own position from 0.
+        """
+        decode_rows = decoding[-1].index + 1 if decoding else 0
+        token_ids, positions = [0] * decode_rows, [0] * decode_rows
+        for row in decoding:
+            token_ids[row.index] = row.next_input
+            positions[row.index] = row.position
+        prompts, logit_positions = [], [row.index for row in decoding]
+        for row in prefilling:
+            prompts.append((row.index, len(token_ids), len(row.prompt_ids)))
+            token_ids += row.prompt_ids
+            positions += range(len(row.prompt_ids))
+            logit_positions.append(len(token_ids) - 1)
+
+        decode_positions = torch.tensor(positions[:decode_rows], device=self.device, dtype=torch.long)
+        span = int(max(positions[:decode_rows], default=0)) + 1
+        visible = torch.arange(span, device=self.device).unsqueeze(0) <= decode_positions.unsqueeze(-1)
+        layout = StepLayout(decode_rows, decode_positions, span, visible[:, None, None, :], tuple(prompts))
         logits = self._forward(
             torch.tensor([token_ids], device=self.device),
-            positions.unsqueeze(0),
-            visible[None, None],
-            PackedPrefillWrite([row.index for row in rows], lengths),
-            keep=last_tokens,
+            torch.tensor([positions], device=self.device),
+            layout,
+            torch.tensor(logit_positions, device=self.device),
         )
-        for row, length in zip(rows, lengths, strict=True):
-            row.cached = length
-        return logits[0]
-
-    def _decode(self) -> list[Piece]:
-        """One token for every active row, all in one forward pass."""
-        active = [row for row in self.active_rows if not row.finished]
-        if not active:
-            return []
-        # The batch spans rows 0..last active; free rows inside it ride along
-        # harmlessly at position 0 (admission fills the lowest rows first).
-        batch_rows = active[-1].index + 1
-        input_ids = [0] * batch_rows
-        positions = [0] * batch_rows
-        for row in active:
-            input_ids[row.index] = row.next_input
-            positions[row.index] = row.position
-        span = max(positions) + 1
-        position_tensor = torch.tensor(positions, device=self.device)
-        visible = torch.arange(span, device=self.device).unsqueeze(0) <= position_tensor.unsqueeze(-1)
-        logits = self._forward(
-            torch.tensor(input_ids, device=self.device).unsqueeze(-1),
-            position_tensor.unsqueeze(-1),
-            visible[:, None, None, :],
-            DecodeWrite(batch_rows, position_tensor, span),
-        )[:, -1, :]
-        for row in active:
+        for row in decoding:
             row.cached += 1
-        row_ids = torch.tensor([row.index for row in active], device=self.device)
-        return self._sample_and_accept(active, logits.index_select(0, row_ids))
+        for row in prefilling:
+            row.cached = len(row.prompt_ids)
+        return self._sample_and_accept(decoding + prefilling, logits)
 
     def _forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        visible: torch.Tensor,
-        plan: PackedPrefillWrite | DecodeWrite,
-        keep: int | torch.Tensor = 1,
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: StepLayout, keep: torch.Tensor
     ) -> torch.Tensor:
-        """The model's own forward over our cache; `visible` says which keys each query sees.
-
-        `keep`: the positions whose logits are needed (the last one, or a tensor of them).
-        """
-        self.cache.plan = plan
-        output = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=self._attention_mask(visible),
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        return output.logits
-
-    def _attention_mask(self, visible: torch.Tensor) -> torch.Tensor:
-        if not self.additive_masks:
-            return visible  # sdpa takes a boolean mask: True where attention is allowed
-        blocked = torch.finfo(self.dtype).min
-        return torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill(~visible, blocked)
+        """The model's own forward over our cache and attention; the logits at the `keep` positions."""
+        self.cache.plan = StepWrite(layout)
+        with step_layout(self.model.config, layout):
+            output = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
+        return output.logits[0]
 
     def _sample_and_accept(self, rows: list[Row], logits: torch.Tensor) -> list[Piece]:
         tokens = sample(logits, self._sampling_batch(rows)).tolist()  # the step's one host sync

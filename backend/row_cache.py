@@ -3,9 +3,10 @@
 Keys and values live in [rows, kv_heads, max_seq_len, head_dim] tensors,
 allocated once. transformers' attention layers call `update()` with the new
 keys and values of a forward pass; where they go is set beforehand by the
-engine as a write plan: a prefill fills the first positions of the rows of new
-prompts, a decode step writes one token per row, each at its own position. What `update()` returns is what
-attention reads: only the rows in the batch and only the positions in use.
+engine as a write plan (one token for each decoding row at its own position,
+whole prompts into the first positions of new rows). `update()` returns the
+whole cache, and the engine's attention function (row_attention.py) reads
+just the rows and positions each query may see: nothing is copied.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from backend.row_attention import StepLayout
 
 
 @dataclass(frozen=True)
@@ -38,37 +41,25 @@ class KVShape:
 
 
 @dataclass(frozen=True)
-class PackedPrefillWrite:
-    """Whole prompts packed into one sequence: prompt i fills positions 0..lengths[i]-1 of rows[i].
+class StepWrite:
+    """Where the packed tokens of one step go (see row_attention.StepLayout).
 
-    Attention reads the packed keys themselves (a block-diagonal causal mask
-    keeps each prompt to its own tokens): nothing was in these rows before.
+    Token i < decode_rows goes to row i at positions[i]; each new prompt fills
+    the first positions of its row. Prompts are written last, so that a free
+    row's dummy decode token, if the row is taking a prompt this very step, is
+    overwritten. Attention then reads the cache itself.
     """
 
-    rows: list[int]
-    lengths: list[int]
+    layout: StepLayout
 
     def write(self, cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        start = 0
-        for row, length in zip(self.rows, self.lengths, strict=True):
+        n = self.layout.decode_rows
+        if n:
+            row_ids = torch.arange(n, device=cache.device)
+            cache[:n][row_ids, :, self.layout.positions] = new[0, :, :n].transpose(0, 1)
+        for row, start, length in self.layout.prompts:
             cache[row, :, :length] = new[0, :, start : start + length]
-            start += length
-        return new
-
-
-@dataclass(frozen=True)
-class DecodeWrite:
-    """One token for each of rows 0..rows-1, row r at positions[r]; attention reads `span` positions."""
-
-    rows: int
-    positions: torch.Tensor  # [rows] long
-    span: int
-
-    def write(self, cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        batch = cache[: self.rows]
-        row_ids = torch.arange(self.rows, device=cache.device)
-        batch[row_ids, :, self.positions] = new[:, :, 0]
-        return batch[:, :, : self.span]
+        return cache
 
 
 class RowCacheLayer(CacheLayerMixin):
@@ -89,7 +80,7 @@ class RowCacheLayer(CacheLayerMixin):
         return 0  # positions are per row and always passed explicitly
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return query_length, 0  # unused: the engine passes its own 4D masks
+        return query_length, 0  # unused: row_attention takes no mask from transformers
 
     def get_max_length(self) -> int:
         return self.keys.shape[2]
@@ -111,4 +102,4 @@ class RowCache(Cache):
         super().__init__(layers=layers)
         self.rows = rows
         self.max_seq_len = max_seq_len
-        self.plan: PackedPrefillWrite | DecodeWrite | None = None
+        self.plan: StepWrite | None = None

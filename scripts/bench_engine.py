@@ -89,6 +89,34 @@ def time_generate(model, prompts: list[list[int]], requests: int, max_tokens: in
     return generated / (time.perf_counter() - start)
 
 
+def greedy_tokens(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy tokens (the rows' own token lists)."""
+    outputs: dict[str, list[int]] = {}
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.submit(Submit(f"greedy-{i}", tuple(prompt), params))
+    while engine.has_work:
+        for row in engine.active_rows:
+            outputs[row.request.request_id] = row.generated  # the list itself: later tokens land in it
+        engine.step()
+    return [outputs[f"greedy-{i}"] for i in range(len(prompts))]
+
+
+def departure(reference: list[list[int]], other: list[list[int]]) -> str:
+    """How far greedy text from a quantized model follows float32's: tokens until the first difference."""
+    same = []
+    for ref, out in zip(reference, other, strict=True):
+        n = next(
+            (i for i, (a, b) in enumerate(zip(ref, out, strict=False)) if a != b), min(len(ref), len(out))
+        )
+        same.append(n)
+    identical = sum(n == len(ref) for n, ref in zip(same, reference, strict=True))
+    return (
+        f"greedy tokens identical to float32 until the first difference: mean {sum(same) / len(same):.1f} "
+        f"of {len(reference[0])}; {identical} of {len(reference)} prompts identical throughout"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -118,6 +146,13 @@ def main() -> None:
         tokens_per_second, step = time_engine(engine, prompts, active, args.max_tokens)
         speedup = tokens_per_second / baseline
         print(f"| {active} | {tokens_per_second:.1f} | {step * 1000:.1f} | {speedup:.1f}x |")
+    if args.quantize != "none" or args.dtype not in ("auto", "float32"):
+        exact = load_model(
+            BackendConfig(model=args.model, dtype="float32", rows=len(PROMPTS), max_seq_len=512)
+        )
+        reference = Engine(exact.model, exact.tokenizer, rows=len(PROMPTS), max_seq_len=512)
+        ours = greedy_tokens(engine, prompts, args.max_tokens)
+        print("\n" + departure(greedy_tokens(reference, prompts, args.max_tokens), ours))
 
 
 if __name__ == "__main__":

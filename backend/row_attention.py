@@ -1,0 +1,94 @@
+"""Attention for a step that mixes decode rows and new prompts in one forward pass.
+
+The engine packs every query of a step into one sequence: first one token for
+each row 0..n-1 (the rows decoding; free rows inside that span carry a dummy),
+then the tokens of each new prompt. The linear layers run once over the whole
+pack. Attention cannot: a decode query reads its own row of the cache up to
+its position, a prompt token reads its own prompt up to itself. This function,
+registered with transformers as an attention implementation, does both with
+two kinds of scaled-dot-product calls over the cache the layer has just
+written (see row_cache.py); the model classes stay transformers' own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+from transformers import AttentionInterface, PretrainedConfig
+
+ROW_ATTENTION = "row_attention"
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Where the queries of one step sit in the packed sequence, and what each may read."""
+
+    decode_rows: int  # queries 0..decode_rows-1 are one token of rows 0..decode_rows-1
+    positions: torch.Tensor  # [decode_rows] where each of them sits in its row
+    span: int  # cache positions the decode queries read (the longest row's, masked per row)
+    visible: torch.Tensor  # [decode_rows, 1, 1, span]: which of them each row may read
+    prompts: tuple[tuple[int, int, int], ...]  # (row, start in the pack, length) of each new prompt
+
+
+_current_layout: contextvars.ContextVar[StepLayout] = contextvars.ContextVar("row_attention_layout")
+
+
+@contextlib.contextmanager
+def step_layout(config: PretrainedConfig, layout: StepLayout) -> Iterator[None]:
+    """Within this block, the model attends with row_attention over this step's layout."""
+    text_config = config.get_text_config()
+    configs = [config] if text_config is config else [config, text_config]
+    saved = [c._attn_implementation for c in configs]
+    token = _current_layout.set(layout)
+    for c in configs:
+        c._attn_implementation = ROW_ATTENTION
+    try:
+        yield
+    finally:
+        for c, implementation in zip(configs, saved, strict=True):
+            c._attn_implementation = implementation
+        _current_layout.reset(token)
+
+
+def row_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, heads, tokens, head_dim], the packed queries
+    key: torch.Tensor,  # [rows, kv_heads, max_seq_len, head_dim], the whole cache of this layer
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    layout = _current_layout.get()
+    output = torch.empty_like(query)
+    n = layout.decode_rows
+    if n:
+        decode_queries = query[0, :, :n].unsqueeze(2).transpose(0, 1)  # [rows, heads, 1, head_dim]
+        attended = scaled_dot_product_attention(
+            decode_queries,
+            key[:n, :, : layout.span],
+            value[:n, :, : layout.span],
+            attn_mask=layout.visible,
+            scale=scaling,
+            enable_gqa=True,
+        )
+        output[0, :, :n] = attended.squeeze(2).transpose(0, 1)
+    for row, start, length in layout.prompts:
+        output[:, :, start : start + length] = scaled_dot_product_attention(
+            query[:, :, start : start + length],
+            key[row : row + 1, :, :length],
+            value[row : row + 1, :, :length],
+            is_causal=True,
+            scale=scaling,
+            enable_gqa=True,
+        )
+    return output.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ROW_ATTENTION, row_attention)
