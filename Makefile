@@ -23,7 +23,9 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# The browser tests drive Debian's chromium and chromedriver: installed here if missing.
 test: install lint
+	bash scripts/install_browser.sh
 	$(PY) -m pytest
 
 # The API server (internal, 127.0.0.1:8000) on the default model and the JWT proxy in front

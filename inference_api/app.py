@@ -10,7 +10,7 @@ import uuid
 from flask import Flask, Response, current_app, g, request
 
 from backend.messages import BackendReady
-from inference_api import native_api, openai_api, ops
+from inference_api import native_api, openai_api, openapi, ops, page
 from inference_api.config import ServerConfig
 from inference_api.errors import register_error_handlers
 from inference_api.metrics import Metrics
@@ -30,7 +30,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     so gunicorn's worker boots at once, however long the model takes.
     """
     config = config or ServerConfig.from_env()
-    app = Flask(__name__)
+    app = Flask(__name__, static_folder=None)  # the page blueprint serves /static/
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.config["SERVER"] = config
     metrics = Metrics()
@@ -51,6 +51,8 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     app.register_blueprint(native_api.bp)
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(ops.bp)
+    app.register_blueprint(page.bp)
+    app.register_blueprint(openapi.bp)
 
     router.start()
     return app

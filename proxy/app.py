@@ -8,10 +8,10 @@ import time
 import uuid
 
 import requests
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from proxy.auth import AuthError, authenticate
+from proxy.auth import AuthError, Caller, authenticate, needs_token
 from proxy.config import ProxyConfig, load_secret
 from proxy.forward import (
     UpstreamTimeout,
@@ -49,10 +49,25 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return response
 
 
+def current_request_id() -> str:
+    """This request's id: the client's X-Request-ID if it is sane, else a new one."""
+    if "request_id" not in g:
+        client_id = request.headers.get("X-Request-ID", "")
+        g.request_id = client_id if SANE_REQUEST_ID.match(client_id) else uuid.uuid4().hex
+    return g.request_id
+
+
+def tag_response(response: Response) -> Response:
+    """Every answer carries the id, the proxy's own too (/health, 413), as the server's do."""
+    if "X-Request-ID" not in response.headers:
+        response.headers["X-Request-ID"] = current_request_id()
+    return response
+
+
 def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> Flask:
     config = config or ProxyConfig.from_env()
     secret = secret or load_secret()
-    app = Flask(__name__)
+    app = Flask(__name__, static_folder=None)  # /static/ is the chat page's, upstream
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     pool = UpstreamPool(
         list(config.upstreams), check_interval=config.check_interval, discover=config.discover
@@ -60,6 +75,7 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
     pool.check_all()
     pool.start_health_checks()
     app.extensions["upstreams"] = pool
+    app.after_request(tag_response)
     session = requests.Session()
     # One pooled connection per thread and upstream, so streams do not queue for sockets.
     adapter = requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=config.threads)
@@ -74,16 +90,19 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
     @app.route("/<path:path>", methods=ALL_METHODS)
     def forward(path: str):
         started = time.monotonic()
-        request_id = request.headers.get("X-Request-ID", "")
-        if not SANE_REQUEST_ID.match(request_id):
-            request_id = uuid.uuid4().hex
-        try:
-            caller = authenticate(request.headers.get("Authorization"), secret)
-        except AuthError as error:
-            log.info("401 %s %s: %s (request %s)", request.method, request.path, error, request_id)
-            return error_response(401, str(error), {"WWW-Authenticate": "Bearer", "X-Request-ID": request_id})
+        request_id = current_request_id()
+        caller: Caller | None = None  # None: a public path (the chat page), forwarded without a token
+        if needs_token(request.method, request.path):
+            try:
+                caller = authenticate(request.headers.get("Authorization"), secret)
+            except AuthError as error:
+                log.info("401 %s %s: %s (request %s)", request.method, request.path, error, request_id)
+                return error_response(
+                    401, str(error), {"WWW-Authenticate": "Bearer", "X-Request-ID": request_id}
+                )
         body = request.get_data(cache=False)  # 413 past MAX_CONTENT_LENGTH
-        headers = upstream_request_headers(dict(request.headers), caller.team_id, request_id)
+        team_id = caller.team_id if caller else None
+        headers = upstream_request_headers(dict(request.headers), team_id, request_id)
         target = request.full_path if request.query_string else request.path
         try:
             upstream, response = send(
@@ -101,8 +120,8 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
             return error_response(504, str(error), {"X-Request-ID": request_id})
         log.info(
             "team=%s token=%s %s %s -> %s %d in %.0f ms (request %s)",
-            caller.team_id,
-            caller.token_id,
+            team_id or "-",
+            caller.token_id if caller else "-",
             request.method,
             request.path,
             upstream.url,

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import jwt
 
 REQUIRED_CLAIMS = ("team_id", "token_id")
+# What a browser loads before it can have a token: the chat page, its files and the API's description
+# (SPEC §4.4). They hold no data and start no generation; everything else needs a token. A file name
+# has no slash and no leading dot, so no path that leaves /static/ can pass for one.
+PUBLIC_PATH = re.compile(r"/|/openapi\.json|/static/[A-Za-z0-9_-]+\.[A-Za-z0-9]+")
+PUBLIC_METHODS = frozenset({"GET", "HEAD"})
 
 
 class AuthError(Exception):
@@ -17,6 +23,10 @@ class AuthError(Exception):
 class Caller:
     team_id: str
     token_id: str
+
+
+def needs_token(method: str, path: str) -> bool:
+    return not (method in PUBLIC_METHODS and PUBLIC_PATH.fullmatch(path))
 
 
 def authenticate(authorization: str | None, secret: str) -> Caller:

@@ -38,11 +38,15 @@ class UpstreamTimeout(Exception):
     """The upstream took too long to answer (504)."""
 
 
-def upstream_request_headers(client_headers: dict[str, str], team_id: str, request_id: str) -> dict[str, str]:
+def upstream_request_headers(
+    client_headers: dict[str, str], team_id: str | None, request_id: str
+) -> dict[str, str]:
+    """team_id None: a public path, forwarded with no team (never the client's word for one)."""
     headers = {
         name: value for name, value in client_headers.items() if name.lower() not in DROPPED_FROM_CLIENT
     }
-    headers["X-Team-ID"] = team_id
+    if team_id is not None:
+        headers["X-Team-ID"] = team_id
     headers["X-Request-ID"] = request_id
     return headers
 

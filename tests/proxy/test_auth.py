@@ -6,6 +6,7 @@ import jwt
 import pytest
 import requests
 
+from proxy.auth import needs_token
 from tests.proxy.conftest import SECRET, bearer, token
 
 PROMPT = {"text": "hello", "max_tokens": 3, "stream": False}
@@ -69,6 +70,39 @@ def test_an_unexpired_token_passes(proxy):
 
 def test_health_needs_no_token(proxy):
     assert requests.get(f"{proxy.url}/health", timeout=10).status_code == 200
+
+
+# The chat page loads before anyone can type a token into it (SPEC §4.4); the rest is the API.
+PUBLIC = [("GET", "/"), ("HEAD", "/"), ("GET", "/openapi.json"), ("GET", "/static/chat.js")]
+PROTECTED = [
+    ("POST", "/"),
+    ("POST", "/openapi.json"),
+    ("GET", "/v1/models"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/predictions/mock"),
+    ("GET", "/ready"),
+    ("GET", "/metrics"),
+    ("GET", "/static/../v1/models"),
+    ("GET", "/static/sub/chat.js"),
+    ("GET", "/static/.hidden"),
+    ("GET", "/static/"),
+    ("GET", "//"),
+    ("GET", "/index.html"),
+]
+
+
+@pytest.mark.parametrize("method, path", PUBLIC + PROTECTED)
+def test_only_the_page_its_files_and_the_api_description_are_public(method, path):
+    assert needs_token(method, path) == ((method, path) not in PUBLIC)
+
+
+def test_the_page_loads_through_the_proxy_without_a_token(proxy):
+    for path in ("/", "/static/chat.js", "/static/chat.css", "/openapi.json"):
+        response = requests.get(f"{proxy.url}{path}", timeout=10)
+        assert response.status_code == 200, path
+    assert requests.get(f"{proxy.url}/static/missing.js", timeout=10).status_code == 404
+    assert requests.get(f"{proxy.url}/v1/models", timeout=10).status_code == 401
+    assert requests.post(f"{proxy.url}/", timeout=10).status_code == 401
 
 
 def test_the_openai_client_passes_its_api_key_as_the_bearer_token(proxy):

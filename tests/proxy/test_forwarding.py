@@ -39,6 +39,16 @@ def test_the_team_comes_from_the_token_and_the_clients_claim_is_dropped(echo_ups
     assert "Keep-Alive" not in response.headers  # hop-by-hop, from the upstream
 
 
+def test_a_public_path_goes_upstream_with_no_team(echo_upstream):
+    # The page needs no token; the client's word for a team is still never passed on.
+    with running_proxy(echo_upstream.url) as proxy:
+        response = requests.get(f"{proxy.url}/", headers={"X-Team-ID": "forged"}, timeout=10)
+        assert "team=- token=- GET /" in proxy.log()
+    assert response.status_code == 200
+    seen = {name.lower() for name in response.json()["headers"]}
+    assert "x-team-id" not in seen and "x-request-id" in seen
+
+
 def test_the_first_chunk_arrives_when_the_server_sends_it(mock_server):
     # 20 tokens per second: 30 tokens take 1.5 s to write; the first is there at once.
     with running_proxy(mock_server.url) as proxy:
