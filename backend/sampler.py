@@ -55,6 +55,24 @@ def top_k_top_p(
     return values, token_ids
 
 
+def nucleus_cut(
+    logits: torch.Tensor, top_p: torch.Tensor, guess: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_p alone: the smallest set of best tokens whose probability reaches top_p, best first.
+
+    Like top_k_top_p with no top-k, without sorting the whole vocabulary when
+    the nucleus lies within the `guess` best tokens (it nearly always does):
+    the probabilities are the whole vocabulary's, so the cut is the same.
+    """
+    probs = logits.softmax(dim=-1)
+    top_probs, token_ids = probs.topk(min(guess, probs.shape[-1]), dim=-1)
+    if not bool((top_probs.sum(dim=-1) >= top_p).all()):
+        top_probs, token_ids = probs.sort(dim=-1, descending=True)  # a flat distribution: sort it all
+    mass_above = top_probs.cumsum(dim=-1) - top_probs
+    values = logits.gather(-1, token_ids).masked_fill(mass_above >= top_p.unsqueeze(-1), float("-inf"))
+    return values, token_ids
+
+
 def race(values: torch.Tensor, counts: list[int], generators: list[torch.Generator]) -> torch.Tensor:
     """Index of the winner in each row: argmax(p / E), E ~ Exp(1), draws from p = softmax(values).
 
@@ -74,7 +92,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     device = logits.device
     # Rows with no cut sample from the whole vocabulary: no sort needed.
     whole = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] >= 1)
-    # Rows with a cut: by top-k alone the candidates are few; a nucleus without top-k needs a full sort.
+    # Rows with a cut: top-k (then maybe top-p) among few candidates, or a nucleus alone.
     with_k = batch.rows(lambda r: batch.top_k[r] > 0)
     nucleus = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] < 1)
     for rows in (whole, with_k, nucleus):
@@ -87,9 +105,12 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if rows is whole:
             chosen = race(scaled, [scaled.shape[-1]] * len(rows), generators)
         else:
-            top_k = torch.tensor([batch.top_k[r] for r in rows], device=device)
             top_p = torch.tensor([batch.top_p[r] for r in rows], device=device)
-            values, token_ids = top_k_top_p(scaled, top_k, top_p)
+            if rows is nucleus:
+                values, token_ids = nucleus_cut(scaled, top_p)
+            else:
+                top_k = torch.tensor([batch.top_k[r] for r in rows], device=device)
+                values, token_ids = top_k_top_p(scaled, top_k, top_p)
             counts = torch.isfinite(values).sum(dim=-1).tolist()
             chosen = token_ids.gather(-1, race(values, counts, generators).unsqueeze(-1)).squeeze(-1)
         tokens.index_copy_(0, index, chosen)

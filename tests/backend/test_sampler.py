@@ -125,3 +125,19 @@ def test_each_seeded_row_is_reproducible_alone():
         first = [sample(logits, batch(1.0, top_k, top_p, seeds=[5])).item() for _ in range(1)]
         again = [sample(logits, batch(1.0, top_k, top_p, seeds=[5])).item() for _ in range(1)]
         assert first == again
+
+
+def test_the_nucleus_without_a_full_sort_is_the_same_cut():
+    from backend.sampler import nucleus_cut
+
+    torch.manual_seed(2)
+    peaked = torch.randn(3, 5000) * 4  # the nucleus lies among the best few hundred tokens
+    flat = torch.randn(1, 5000) * 0.01  # it does not: the whole vocabulary is sorted
+    for logits, top_p in ((peaked, [0.9, 0.5, 0.99]), (flat, [0.9])):
+        top_p = torch.tensor(top_p)
+        values, token_ids = nucleus_cut(logits, top_p)
+        full_values, full_ids = top_k_top_p(logits, torch.zeros(len(top_p), dtype=torch.long), top_p)
+        for row in range(len(top_p)):
+            kept = set(token_ids[row][torch.isfinite(values[row])].tolist())
+            assert kept == set(full_ids[row][torch.isfinite(full_values[row])].tolist())
+            assert kept
