@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from backend.heap import reuse_freed_memory
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit
 from backend.row import Row
 from backend.row_attention import StepLayout, step_layout
@@ -66,6 +67,7 @@ class Engine:
     ):
         self.name = name
         self.tokenizer_path: str | None = None  # set when loaded from a BackendConfig
+        reuse_freed_memory()  # big per-step temporaries without a page fault per 4 KiB
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = model.device

