@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint format test run bench-engine bench-proxy clean
+.PHONY: install lint format test run bench bench-engine bench-proxy clean
 
 install: $(STAMP)
 
@@ -33,6 +33,9 @@ test: install lint
 # Extra inference_api options: make run ARGS="--mock".
 run: install
 	$(PY) scripts/run_stack.py $(ARGS)
+
+bench: install
+	$(PY) scripts/benchmark.py --memory
 
 bench-engine: install
 	$(PY) scripts/bench_engine.py

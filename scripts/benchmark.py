@@ -238,8 +238,6 @@ def plot(levels: list[Level], naive: list[Level], ceiling_tps: float, directory:
 
 def report(args, model: str, levels, naive, ceiling_tps, memory, plots) -> str:
     lines = [
-        "# Performance",
-        "",
         f"`scripts/benchmark.py` on {machine()};",
         f"model {model}, dtype {args.dtype}, quantize {args.quantize}, server torch threads "
         f"{args.torch_threads or 'default'};",
@@ -272,6 +270,20 @@ def report(args, model: str, levels, naive, ceiling_tps, memory, plots) -> str:
         )
     lines += [""] + [f"![{name}]({name})" for name in plots] + [""]
     return "\n".join(lines)
+
+
+START, END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
+
+
+def write_report(path: Path, text: str) -> None:
+    """Replace the measured part of the page, between its markers, keeping what people wrote around it."""
+    block = f"{START}\n{text}\n{END}"
+    page = path.read_text() if path.exists() else ""
+    if START in page and END in page:
+        page = page[: page.index(START)] + block + page[page.index(END) + len(END) :]
+    else:
+        page = block + "\n"
+    path.write_text(page)
 
 
 def main() -> None:
@@ -358,7 +370,7 @@ def main() -> None:
 
     plots = plot(levels, naive, ceiling_tps, args.out.parent)
     text = report(args, model, levels, naive, ceiling_tps, memory, plots)
-    args.out.write_text(text)
+    write_report(args.out, text)
     print(text)
     print(
         json.dumps(

@@ -92,3 +92,19 @@ def test_torch_threads_are_set_before_loading():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_int8_quantizes_the_linear_layers_and_still_writes_text():
+    from backend.engine import Engine
+    from backend.messages import SamplingParams
+
+    loaded = load_model(BackendConfig(quantize="int8", rows=2, max_seq_len=64))
+    quantized = [
+        m
+        for m in loaded.model.modules()
+        if type(m).__name__ == "Linear" and "quantized" in type(m).__module__
+    ]
+    assert len(quantized) >= 30 * 7  # every projection of every layer
+    engine = Engine(loaded.model, loaded.tokenizer, rows=2, max_seq_len=64)
+    (text,) = engine.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))
+    assert len(text.split()) >= 3
