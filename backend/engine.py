@@ -131,7 +131,7 @@ class Engine:
     def step(self) -> list[Piece]:
         pieces, self.undelivered = self.undelivered, []
         pieces += self._free_cancelled()
-        decoding = [row for row in self.active_rows if not row.finished]
+        decoding = self.active_rows  # finished rows were freed at the end of the last step
         prefilling = self._admit_waiting()
         if decoding or prefilling:
             pieces += self._forward_and_sample(decoding, prefilling)

@@ -58,7 +58,8 @@ class RunningServer:
                 return float(line.rsplit(" ", 1)[1])
         raise AssertionError(f"no metric {name}")
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float, path: str = "/ready") -> None:
+        """Until `path` answers 200 (the proxy, which has no /ready of its own, waits on /health)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -66,7 +67,7 @@ class RunningServer:
                     f"the server exited with code {self.process.returncode}:\n{self.log()[-4000:]}"
                 )
             try:
-                if requests.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                if requests.get(f"{self.url}{path}", timeout=2).status_code == 200:
                     return
             except requests.ConnectionError:
                 pass

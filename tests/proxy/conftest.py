@@ -11,16 +11,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import jwt
 import pytest
-import requests
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
-from tests.server_fixture import ROOT, free_port, running_server, stop_server
+from tests.server_fixture import ROOT, RunningServer, free_port, running_server, stop_server
 
 SECRET = "test-secret-" + "x" * 60  # long enough for HS512 too (the wrong-algorithm case)
 
@@ -34,14 +32,8 @@ def bearer(value: str | None = None) -> dict[str, str]:
     return {"Authorization": f"Bearer {value or token()}"}
 
 
-@dataclass
-class RunningProxy:
-    url: str
-    process: subprocess.Popen
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+# The same handle as the inference server's: url, process, log, wait_ready.
+RunningProxy = RunningServer
 
 
 @contextmanager
@@ -64,18 +56,7 @@ def running_proxy(
             )
         proxy = RunningProxy(f"http://127.0.0.1:{port}", process, log_path)
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"proxy exited {process.returncode}:\n{proxy.log()}")
-                try:
-                    if requests.get(f"{proxy.url}/health", timeout=2).status_code == 200:
-                        break
-                except requests.ConnectionError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(proxy.log())
-                time.sleep(0.1)
+            proxy.wait_ready(30, path="/health")
             yield proxy
         finally:
             stop_server(proxy)  # the same SIGTERM-then-clean-up as the inference server
