@@ -25,7 +25,7 @@ from backend.heap import reuse_freed_memory
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit
 from backend.row import Row
 from backend.row_attention import StepLayout, step_layout
-from backend.row_cache import KVShape, RowCache, StepWrite
+from backend.row_cache import KVShape, RowCache
 from backend.sampler import SamplingBatch, sample
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ class Engine:
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: StepLayout, keep: torch.Tensor
     ) -> torch.Tensor:
         """The model's own forward over our cache and attention; the logits at the `keep` positions."""
-        self.cache.plan = StepWrite(layout)
+        self.cache.plan_step(layout)
         with step_layout(self.model.config, layout):
             output = self.model(
                 input_ids=input_ids,

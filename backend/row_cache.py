@@ -12,6 +12,7 @@ just the rows and positions each query may see: nothing is copied.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from transformers import PretrainedConfig
@@ -51,12 +52,27 @@ class StepWrite:
     """
 
     layout: StepLayout
+    kv_heads: int
+    max_seq_len: int
+
+    @cached_property
+    def _decode_slots(self) -> torch.Tensor:
+        """[decode_rows * kv_heads] indices of (row, head, position) in a layer viewed as [-1, head_dim].
+
+        Every layer's cache has the same shape, so one index serves all of a
+        step's writes; `index_copy_` with it is a few times faster than
+        advanced-index assignment, which mattered at 60 writes a step.
+        """
+        n, positions = self.layout.decode_rows, self.layout.positions
+        row_heads = torch.arange(n * self.kv_heads, device=positions.device).view(n, self.kv_heads)
+        return (row_heads * self.max_seq_len + positions[:, None]).reshape(-1)
 
     def write(self, cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         n = self.layout.decode_rows
         if n:
-            row_ids = torch.arange(n, device=cache.device)
-            cache[:n][row_ids, :, self.layout.positions] = new[0, :, :n].transpose(0, 1)
+            head_dim = cache.shape[-1]
+            decoded = new[0, :, :n].transpose(0, 1).reshape(-1, head_dim)  # [n * kv_heads, head_dim]
+            cache.view(-1, head_dim).index_copy_(0, self._decode_slots, decoded)
         for row, start, length in self.layout.prompts:
             cache[row, :, :length] = new[0, :, start : start + length]
         return cache
@@ -101,5 +117,10 @@ class RowCache(Cache):
         ]
         super().__init__(layers=layers)
         self.rows = rows
+        self.kv_heads = shape.kv_heads
         self.max_seq_len = max_seq_len
         self.plan: StepWrite | None = None
+
+    def plan_step(self, layout: StepLayout) -> None:
+        """The next forward pass writes its keys and values where this layout says."""
+        self.plan = StepWrite(layout, self.kv_heads, self.max_seq_len)
