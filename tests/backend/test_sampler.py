@@ -141,3 +141,22 @@ def test_the_nucleus_without_a_full_sort_is_the_same_cut():
             kept = set(token_ids[row][torch.isfinite(values[row])].tolist())
             assert kept == set(full_ids[row][torch.isfinite(full_values[row])].tolist())
             assert kept
+
+
+def test_a_flat_row_widens_its_own_nucleus_only():
+    from backend.sampler import nucleus_cut
+
+    torch.manual_seed(3)
+    peaked = torch.randn(1, 5000) * 4
+    flat = torch.randn(1, 5000) * 0.01
+    mixed, top_p = torch.cat([peaked, flat]), torch.tensor([0.9, 0.9])
+    values, token_ids = nucleus_cut(mixed, top_p)
+    full_values, full_ids = top_k_top_p(mixed, torch.zeros(2, dtype=torch.long), top_p)
+    for row in range(2):
+        kept = token_ids[row][torch.isfinite(values[row])].tolist()
+        assert set(kept) == set(full_ids[row][torch.isfinite(full_values[row])].tolist())
+    assert torch.isfinite(values[1]).sum() > 256  # the flat row looked past the first guess
+    alone_values, alone_ids = nucleus_cut(peaked, top_p[:1])
+    width = alone_values.shape[-1]
+    assert torch.equal(token_ids[0, :width], alone_ids[0]) and torch.equal(values[0, :width], alone_values[0])
+    assert not torch.isfinite(values[0, width:]).any()  # past its own look, nothing is a candidate
