@@ -34,8 +34,9 @@ test: install lint
 run: install
 	$(PY) scripts/run_stack.py $(ARGS)
 
+# With LLAMA_SERVER=/path/to/llama-server, llama.cpp's server runs side by side on the same GGUF file.
 bench: install
-	$(PY) scripts/benchmark.py --memory
+	$(PY) scripts/benchmark.py --memory $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) $(ARGS)
 
 bench-engine: install
 	$(PY) scripts/bench_engine.py
