@@ -1,8 +1,7 @@
 #!/usr/bin/env python
 """Time the engine alone (no HTTP, no queues) against `model.generate` one request at a time.
 
-    .venv/bin/python scripts/bench_engine.py [--model M | --random-llama-1b] [--dtype D] [--max-tokens N]
-                                             [--rows 1 8 32]
+    .venv/bin/python scripts/bench_engine.py [--model M] [--dtype D] [--max-tokens N] [--rows 1 8 32]
 
 For each number of active rows it submits that many requests of the same
 length (EOS ignored, so every row decodes exactly --max-tokens tokens), steps
@@ -15,8 +14,7 @@ It also measures the device's memory bandwidth (a large copy) and gives the
 floor of a full step: every weight and the KV cache the step attends over,
 read once, at that bandwidth. Decoding a small batch is bound by reading the
 weights, so the measured step over that floor says how much is left to gain.
-`--random-llama-1b` times a Llama-3.2-1B-shaped model of random weights (the
-default model's tokenizer) instead: the GPU benchmark's model.
+For the GPU benchmark's 1B Llama of random weights, see scripts/random_llama.py.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -58,27 +56,6 @@ def machine() -> str:
         pass
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"{cpu}, {os.cpu_count()} cores"
     return f"{device}; torch {torch.__version__}, {torch.get_num_threads()} threads"
-
-
-def random_llama_1b(tokenizer, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
-    """Llama-3.2-1B's shape (16 layers, 2048 wide, 8 KV heads), random weights, `tokenizer`'s vocabulary."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=2048,
-        rope_theta=500_000.0,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(config)
-    return model.to(dtype).eval()
 
 
 def memory_bandwidth(device: torch.device, size: int = 2**30) -> float:
@@ -178,19 +155,6 @@ def departure(reference: list[list[int]], other: list[list[int]]) -> str:
     )
 
 
-def load(args) -> LoadedModel:
-    config = BackendConfig(
-        model=args.model, dtype=args.dtype, quantize=args.quantize, rows=max(args.rows), max_seq_len=512
-    )
-    if not args.random_llama_1b:
-        return load_model(config)
-    default = load_model(BackendConfig(rows=1, max_seq_len=512))  # for its tokenizer
-    dtype = torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = random_llama_1b(default.tokenizer, dtype, device)
-    return LoadedModel("random Llama 1B", model, default.tokenizer, default.tokenizer_path, 512)
-
-
 def print_floor(loaded: LoadedModel, engine: Engine, rows: int, span: int, step: float) -> None:
     """The measured full step against reading its weights and KV cache once at the device's bandwidth."""
     bandwidth = memory_bandwidth(engine.device)
@@ -209,17 +173,18 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default=None, help="path or hub id (default: SmolLM2-135M-Instruct GGUF)")
-    parser.add_argument("--random-llama-1b", action="store_true", help="a 1B Llama of random weights instead")
-    parser.add_argument(
-        "--dtype", default="auto", help="auto: float32 on CPU; bfloat16 for --random-llama-1b"
-    )
+    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantize", default="none")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--baseline-requests", type=int, default=4)
     args = parser.parse_args()
 
-    loaded = load(args)
+    loaded = load_model(
+        BackendConfig(
+            model=args.model, dtype=args.dtype, quantize=args.quantize, rows=max(args.rows), max_seq_len=512
+        )
+    )
     engine = Engine(loaded.model, loaded.tokenizer, rows=max(args.rows), max_seq_len=512, name=loaded.name)
     engine.warm_up()
     prompts = [loaded.tokenizer(text).input_ids for text in PROMPTS]
@@ -236,7 +201,7 @@ def main() -> None:
     if args.quantize == "none":  # int8 weights are packed: their bytes are not parameters
         mean_span = max(len(p) for p in prompts) + args.max_tokens // 2
         print_floor(loaded, engine, args.rows[-1], mean_span, step)
-    if not args.random_llama_1b and (args.quantize != "none" or args.dtype not in ("auto", "float32")):
+    if args.quantize != "none" or args.dtype not in ("auto", "float32"):
         exact = load_model(
             BackendConfig(model=args.model, dtype="float32", rows=len(PROMPTS), max_seq_len=512)
         )

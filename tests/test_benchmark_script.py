@@ -1,7 +1,10 @@
-"""scripts/benchmark.py runs end to end (tiny settings): the figures are the script's job, not a test's."""
+"""The benchmark scripts run end to end (tiny settings): the figures are the scripts' job, not a test's."""
 
+import re
 import subprocess
 import sys
+
+import torch
 
 from tests.conftest import ROOT
 
@@ -33,3 +36,52 @@ def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
     assert "Engine ceiling (32 full rows" in report and "Naive server" in report
     assert (tmp_path / "performance-throughput.png").stat().st_size > 1000
     assert (tmp_path / "performance-latency.png").stat().st_size > 1000
+
+
+def test_the_engine_benchmark_reports_steps_and_their_bandwidth_floor():
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_engine.py"),
+            "--rows",
+            "1",
+            "2",
+            "--max-tokens",
+            "4",
+            "--baseline-requests",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| 1 | " in result.stdout and "| 2 | " in result.stdout
+    floor = re.search(r"= ([\d.]+) ms; measured step ([\d.]+) ms, ([\d.]+)x the floor", result.stdout)
+    assert floor, result.stdout
+    floor_ms, step_ms, ratio = map(float, floor.groups())
+    assert floor_ms > 0 and abs(step_ms / floor_ms - ratio) < 0.05 * ratio
+
+
+def test_a_random_llama_is_a_model_directory_the_engine_loads(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "random_llama.py"), "--out", str(tmp_path), "--size", "tiny"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    from backend.engine import Engine
+    from backend.loader import load_model
+    from backend.messages import BackendConfig, SamplingParams
+
+    loaded = load_model(BackendConfig(model=str(tmp_path), dtype="float32", rows=2, max_seq_len=64))
+    assert loaded.model.config.num_hidden_layers == 2 and loaded.model.dtype == torch.float32
+    assert loaded.model.config.vocab_size == len(loaded.tokenizer)  # the default model's tokenizer
+    engine = Engine(loaded.model, loaded.tokenizer, rows=2, max_seq_len=64)
+    texts = engine.generate(
+        ["Hello", "A longer prompt"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    )
+    assert all(texts) and len(texts) == 2
