@@ -276,6 +276,9 @@ def plot(results: Results, directory: Path) -> list[str]:
                 [lv.concurrency for lv in levels], [lv.tokens_per_second for lv in levels], style, label=name
             )
     axis.axhline(results.ceiling, color="grey", linestyle=":", label="engine ceiling (32 rows)")
+    axis.set_ylim(
+        0, 1.1 * max([results.ceiling] + [lv.tokens_per_second for lv in results.levels + results.llama])
+    )
     axis.set(xlabel="concurrent streams", ylabel="generated tokens / s", xscale="log", title="Throughput")
     axis.set_xticks(xs, [str(x) for x in xs])
     axis.legend()

@@ -6,31 +6,30 @@ import sys
 
 import torch
 
+from backend.engine import Engine
+from backend.loader import load_model
+from backend.messages import BackendConfig, SamplingParams
 from tests.conftest import ROOT
 
 
-def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
-    out = tmp_path / "performance.md"
+def run_script(name: str, *args: str) -> str:
+    """Run scripts/<name> with these options; its standard output, once it has exited cleanly."""
     result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "benchmark.py"),
-            "--concurrency",
-            "1",
-            "2",
-            "--requests",
-            "1",
-            "--tokens",
-            "4",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, str(ROOT / "scripts" / name), *args],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
+    out = tmp_path / "performance.md"
+    run_script(
+        "benchmark.py", "--concurrency", "1", "2", "--requests", "1", "--tokens", "4", "--out", str(out)
+    )
     report = out.read_text()
     assert "| 1 | " in report and "| 2 | " in report
     assert "Engine ceiling (32 full rows" in report and "Naive server" in report
@@ -39,44 +38,18 @@ def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
 
 
 def test_the_engine_benchmark_reports_steps_and_their_bandwidth_floor():
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench_engine.py"),
-            "--rows",
-            "1",
-            "2",
-            "--max-tokens",
-            "4",
-            "--baseline-requests",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
+    output = run_script(
+        "bench_engine.py", "--rows", "1", "2", "--max-tokens", "4", "--baseline-requests", "1"
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "| 1 | " in result.stdout and "| 2 | " in result.stdout
-    floor = re.search(r"= ([\d.]+) ms; measured step ([\d.]+) ms, ([\d.]+)x the floor", result.stdout)
-    assert floor, result.stdout
+    assert "| 1 | " in output and "| 2 | " in output
+    floor = re.search(r"= ([\d.]+) ms; measured step ([\d.]+) ms, ([\d.]+)x the floor", output)
+    assert floor, output
     floor_ms, step_ms, ratio = map(float, floor.groups())
     assert floor_ms > 0 and abs(step_ms / floor_ms - ratio) < 0.05 * ratio
 
 
 def test_a_random_llama_is_a_model_directory_the_engine_loads(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "random_llama.py"), "--out", str(tmp_path), "--size", "tiny"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    from backend.engine import Engine
-    from backend.loader import load_model
-    from backend.messages import BackendConfig, SamplingParams
-
+    run_script("random_llama.py", "--out", str(tmp_path), "--size", "tiny")
     loaded = load_model(BackendConfig(model=str(tmp_path), dtype="float32", rows=2, max_seq_len=64))
     assert loaded.model.config.num_hidden_layers == 2 and loaded.model.dtype == torch.float32
     assert loaded.model.config.vocab_size == len(loaded.tokenizer)  # the default model's tokenizer
