@@ -28,10 +28,12 @@ def run_script(name: str, *args: str) -> str:
 def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
     out = tmp_path / "performance.md"
     run_script(
-        "benchmark.py", "--concurrency", "1", "2", "--requests", "1", "--tokens", "4", "--out", str(out)
+        "benchmark.py", "--concurrency", "1", "32", "--requests", "1", "--tokens", "4", "--out", str(out)
     )
     report = out.read_text()
-    assert "| 1 | " in report and "| 2 | " in report
+    assert "| 1 | " in report and "| 32 | " in report
+    assert "| 32, arrivals spread out | - |" in report  # measured for its latencies only
+    assert "TTFT bound at 32 streams" in report
     assert "Engine ceiling (32 full rows" in report and "Naive server" in report
     assert (tmp_path / "performance-throughput.png").stat().st_size > 1000
     assert (tmp_path / "performance-latency.png").stat().st_size > 1000
