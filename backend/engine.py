@@ -178,28 +178,38 @@ class Engine:
     def _forward_and_sample(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
         """One forward pass over a packed sequence: a token per decoding row, then each new prompt.
 
-        Decoding rows sit at their row index, so the first `decode_rows`
-        queries line up with rows 0..decode_rows-1 of the cache; free rows in
-        that span carry a dummy token at position 0 (admission fills the
-        lowest rows first, so there are few). New prompts follow, each token
-        at its own position from 0.
+        Decoding rows come in row order (`active_rows` lists them so), each
+        its last token at its own position; the linear layers see no free
+        rows. Attention batches the decode queries over rows
+        0..decode_rows-1 of the cache, the free rows in that span masked to
+        position 0 (see row_attention). New prompts follow, each token at its
+        own position from 0.
         """
         decode_rows = decoding[-1].index + 1 if decoding else 0
-        token_ids, positions = [0] * decode_rows, [0] * decode_rows
-        for row in decoding:
-            token_ids[row.index] = row.next_input
-            positions[row.index] = row.position
-        prompts, logit_positions = [], [row.index for row in decoding]
+        token_ids = [row.next_input for row in decoding]
+        positions = [row.position for row in decoding]
+        prompts, logit_positions = [], list(range(len(decoding)))
         for row in prefilling:
             prompts.append((row.index, len(token_ids), len(row.prompt_ids)))
             token_ids += row.prompt_ids
             positions += range(len(row.prompt_ids))
             logit_positions.append(len(token_ids) - 1)
 
-        decode_positions = torch.tensor(positions[:decode_rows], device=self.device, dtype=torch.long)
-        span = int(max(positions[:decode_rows], default=0)) + 1
-        visible = torch.arange(span, device=self.device).unsqueeze(0) <= decode_positions.unsqueeze(-1)
-        layout = StepLayout(decode_rows, decode_positions, span, visible[:, None, None, :], tuple(prompts))
+        row_positions = [0] * decode_rows  # free rows of the span read their position 0 only
+        for row in decoding:
+            row_positions[row.index] = row.position
+        span = max(row_positions, default=0) + 1
+        visible = (
+            torch.arange(span, device=self.device) <= torch.tensor(row_positions, device=self.device)[:, None]
+        )
+        layout = StepLayout(
+            decode_rows,
+            torch.tensor([row.index for row in decoding], device=self.device, dtype=torch.long),
+            torch.tensor(positions[: len(decoding)], device=self.device, dtype=torch.long),
+            span,
+            visible[:, None, None, :],
+            tuple(prompts),
+        )
         logits = self._forward(
             torch.tensor([token_ids], device=self.device),
             torch.tensor([positions], device=self.device),

@@ -1,10 +1,12 @@
 """Attention for a step that mixes decode rows and new prompts in one forward pass.
 
 The engine packs every query of a step into one sequence: first one token for
-each row 0..n-1 (the rows decoding; free rows inside that span carry a dummy),
-then the tokens of each new prompt. The linear layers run once over the whole
-pack. Attention cannot: a decode query reads its own row of the cache up to
-its position, a prompt token reads its own prompt up to itself. This function,
+each decoding row, then the tokens of each new prompt. The linear layers run
+once over the whole pack, so a free row costs them nothing. Attention cannot:
+a decode query reads its own row of the cache up to its position, a prompt
+token reads its own prompt up to itself. The decode queries attend as one
+batch over rows 0..n-1 of the cache (n-1 the last decoding row); free rows
+inside that span get a zero query whose output is dropped. This function,
 registered with transformers as an attention implementation, does both with
 two kinds of scaled-dot-product calls over the cache the layer has just
 written (see row_cache.py); the model classes stay transformers' own.
@@ -28,11 +30,21 @@ ROW_ATTENTION = "row_attention"
 class StepLayout:
     """Where the queries of one step sit in the packed sequence, and what each may read."""
 
-    decode_rows: int  # queries 0..decode_rows-1 are one token of rows 0..decode_rows-1
-    positions: torch.Tensor  # [decode_rows] where each of them sits in its row
+    decode_rows: int  # the decode queries attend as a batch over cache rows 0..decode_rows-1
+    decode_index: torch.Tensor  # [decode queries]: the row of each, in pack order (ascending)
+    positions: torch.Tensor  # [decode queries]: where each sits in its row
     span: int  # cache positions the decode queries read (the longest row's, masked per row)
     visible: torch.Tensor  # [decode_rows, 1, 1, span]: which of them each row may read
     prompts: tuple[tuple[int, int, int], ...]  # (row, start in the pack, length) of each new prompt
+
+    @property
+    def decode_queries(self) -> int:
+        return self.decode_index.shape[0]
+
+    @property
+    def has_free_rows(self) -> bool:
+        """Whether some rows below decode_rows are not decoding (else query i is row i)."""
+        return self.decode_queries < self.decode_rows
 
 
 _current_layout: contextvars.ContextVar[StepLayout] = contextvars.ContextVar("row_attention_layout")
@@ -67,18 +79,22 @@ def row_attention(
 ) -> tuple[torch.Tensor, None]:
     layout = _current_layout.get()
     output = torch.empty_like(query)
-    n = layout.decode_rows
-    if n:
-        decode_queries = query[0, :, :n].unsqueeze(2).transpose(0, 1)  # [rows, heads, 1, head_dim]
+    n, decoding = layout.decode_rows, layout.decode_queries
+    if decoding:
+        queries = query[0, :, :decoding].unsqueeze(2).transpose(0, 1)  # [decoding, heads, 1, head_dim]
+        if layout.has_free_rows:  # one query per row of the span, zero for the free ones
+            queries = queries.new_zeros((n, *queries.shape[1:])).index_copy_(0, layout.decode_index, queries)
         attended = scaled_dot_product_attention(
-            decode_queries,
+            queries,
             key[:n, :, : layout.span],
             value[:n, :, : layout.span],
             attn_mask=layout.visible,
             scale=scaling,
             enable_gqa=True,
         )
-        output[0, :, :n] = attended.squeeze(2).transpose(0, 1)
+        if layout.has_free_rows:
+            attended = attended.index_select(0, layout.decode_index)
+        output[0, :, :decoding] = attended.squeeze(2).transpose(0, 1)
     for row, start, length in layout.prompts:
         output[:, :, start : start + length] = scaled_dot_product_attention(
             query[:, :, start : start + length],

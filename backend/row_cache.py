@@ -45,10 +45,9 @@ class KVShape:
 class StepWrite:
     """Where the packed tokens of one step go (see row_attention.StepLayout).
 
-    Token i < decode_rows goes to row i at positions[i]; each new prompt fills
-    the first positions of its row. Prompts are written last, so that a free
-    row's dummy decode token, if the row is taking a prompt this very step, is
-    overwritten. Attention then reads the cache itself.
+    Decode token i goes to row decode_index[i] at positions[i]; each new
+    prompt fills the first positions of its row. Attention then reads the
+    cache itself.
     """
 
     layout: StepLayout
@@ -57,18 +56,19 @@ class StepWrite:
 
     @cached_property
     def _decode_slots(self) -> torch.Tensor:
-        """[decode_rows * kv_heads] indices of (row, head, position) in a layer viewed as [-1, head_dim].
+        """[decode queries * kv_heads] indices of (row, head, position) in a layer viewed as [-1, head_dim].
 
         Every layer's cache has the same shape, so one index serves all of a
         step's writes; `index_copy_` with it is a few times faster than
         advanced-index assignment, which mattered at 60 writes a step.
         """
-        n, positions = self.layout.decode_rows, self.layout.positions
-        row_heads = torch.arange(n * self.kv_heads, device=positions.device).view(n, self.kv_heads)
+        rows, positions = self.layout.decode_index, self.layout.positions
+        heads = torch.arange(self.kv_heads, device=rows.device)
+        row_heads = rows[:, None] * self.kv_heads + heads[None, :]
         return (row_heads * self.max_seq_len + positions[:, None]).reshape(-1)
 
     def write(self, cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        n = self.layout.decode_rows
+        n = self.layout.decode_queries
         if n:
             head_dim = cache.shape[-1]
             decoded = new[0, :, :n].transpose(0, 1).reshape(-1, head_dim)  # [n * kv_heads, head_dim]
