@@ -187,7 +187,8 @@ class Engine:
         """
         decode_rows = decoding[-1].index + 1 if decoding else 0
         token_ids = [row.next_input for row in decoding]
-        positions = [row.position for row in decoding]
+        decode_positions = [row.position for row in decoding]
+        positions = list(decode_positions)
         prompts, logit_positions = [], list(range(len(decoding)))
         for row in prefilling:
             prompts.append((row.index, len(token_ids), len(row.prompt_ids)))
@@ -205,7 +206,7 @@ class Engine:
         layout = StepLayout(
             decode_rows,
             torch.tensor([row.index for row in decoding], device=self.device, dtype=torch.long),
-            torch.tensor(positions[: len(decoding)], device=self.device, dtype=torch.long),
+            torch.tensor(decode_positions, device=self.device, dtype=torch.long),
             span,
             visible[:, None, None, :],
             tuple(prompts),

@@ -70,7 +70,7 @@ def nucleus_cut(
     """
     probs = logits.softmax(dim=-1)
     vocab = probs.shape[-1]
-    looks = [min(guess, vocab) for guess in guesses if guess < vocab] + [vocab]
+    looks = [guess for guess in guesses if guess < vocab] + [vocab]
     top_probs, token_ids = probs.topk(looks[0], dim=-1)
     looked = torch.full_like(top_p, looks[0], dtype=torch.long)
     for look in looks[1:]:
