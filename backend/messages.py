@@ -66,7 +66,9 @@ class BackendConfig:
     model: str | None = None  # None: the default model (SPEC §3)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    quantize: str = "none"  # none | int8
+    # auto: a GGUF file's own 4-bit weights (else none); none: float weights; int4 | int8: weight-only
+    # quantization of the linear layers at load (loader.quantize_weights)
+    quantize: str = "auto"
     rows: int = 32
     max_seq_len: int | None = None  # per-row capacity; None: min(model context, 2048)
     cache_dir: str | None = None  # converted weights; None: $INFERENCE_CACHE_DIR or ~/.cache

@@ -49,7 +49,13 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--quantize", choices=["none", "int8"], default="none")
+    parser.add_argument(
+        "--quantize",
+        choices=["auto", "none", "int4", "int8"],
+        default="auto",
+        help="weight-only quantized linear layers; auto: a GGUF file's own 4-bit weights, else none. "
+        "--dtype float32 --quantize none is the exact mode",
+    )
     parser.add_argument("--rows", type=positive_int, default=32, help="requests decoded together")
     parser.add_argument(
         "--max-queue",

@@ -38,7 +38,7 @@ class ServerConfig:
             model=env.get("INFERENCE_MODEL") or None,
             dtype=env.get("INFERENCE_DTYPE", "auto"),
             device=env.get("INFERENCE_DEVICE", "auto"),
-            quantize=env.get("INFERENCE_QUANTIZE", "none"),
+            quantize=env.get("INFERENCE_QUANTIZE", "auto"),
             rows=_int(env, "INFERENCE_ROWS", 32),
             max_seq_len=_int(env, "INFERENCE_MAX_SEQ_LEN", 0) or None,
             torch_threads=_int(env, "INFERENCE_TORCH_THREADS", 0) or None,

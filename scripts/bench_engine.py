@@ -174,7 +174,7 @@ def main() -> None:
     )
     parser.add_argument("--model", default=None, help="path or hub id (default: SmolLM2-135M-Instruct GGUF)")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantize", default="none")
+    parser.add_argument("--quantize", default="auto")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--baseline-requests", type=int, default=4)

@@ -444,7 +444,7 @@ def main() -> None:
     parser.add_argument("--url", help="benchmark a running server instead of starting one")
     parser.add_argument("--model", default=None)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantize", default="none")
+    parser.add_argument("--quantize", default="auto")
     parser.add_argument("--torch-threads", type=int, help="the server's CPU threads for the model")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive-server baseline")
     parser.add_argument("--memory", action="store_true", help="also check memory over 1,000 requests")

@@ -7,8 +7,8 @@ from backend.messages import BackendConfig
 
 @pytest.fixture(scope="session")
 def default_model():
-    """The default model (SmolLM2-135M-Instruct) in float32, loaded once per session."""
-    return load_model(BackendConfig(dtype="float32", max_seq_len=512))
+    """The default model (SmolLM2-135M-Instruct) in the exact mode (float32, no quantization), loaded once."""
+    return load_model(BackendConfig(dtype="float32", quantize="none", max_seq_len=512))
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,12 @@ from tests.backend.models import tiny_model
 
 
 def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_path):
-    first = load_model(BackendConfig(cache_dir=str(tmp_path)))
+    first = load_model(BackendConfig(cache_dir=str(tmp_path), quantize="none"))
     source = resolve_model(None)
     converted = converted_dir(source, tmp_path)
     assert (converted / "model.safetensors").is_file()
     assert first.tokenizer_path == str(converted)
-    second = load_model(BackendConfig(cache_dir=str(tmp_path)))
+    second = load_model(BackendConfig(cache_dir=str(tmp_path), quantize="none"))
     assert second.model.config.quantization_config is None  # not a GGUF load this time
     assert torch.equal(first.model.lm_head.weight, second.model.lm_head.weight)
 
@@ -94,17 +94,16 @@ def test_torch_threads_are_set_before_loading():
         torch.set_num_threads(before)
 
 
-def test_int8_quantizes_the_linear_layers_and_still_writes_text():
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_quantize_serves_weight_only_layers_and_still_writes_text(mode):
     from backend.engine import Engine
     from backend.messages import SamplingParams
+    from backend.quantized_linear import Int4Linear, Int8Linear
 
-    loaded = load_model(BackendConfig(quantize="int8", rows=2, max_seq_len=64))
-    quantized = [
-        m
-        for m in loaded.model.modules()
-        if type(m).__name__ == "Linear" and "quantized" in type(m).__module__
-    ]
-    assert len(quantized) >= 30 * 7  # every projection of every layer
+    loaded = load_model(BackendConfig(quantize=mode, rows=2, max_seq_len=64))
+    kind = {"int4": Int4Linear, "int8": Int8Linear}[mode]
+    assert sum(type(m) is kind for m in loaded.model.modules()) == 30 * 7 + (mode == "int8")
+    assert not any(type(m) is torch.nn.Linear for m in loaded.model.modules())
     engine = Engine(loaded.model, loaded.tokenizer, rows=2, max_seq_len=64)
     (text,) = engine.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))
-    assert len(text.split()) >= 3
+    assert "Paris" in text

@@ -6,6 +6,7 @@ import sys
 import psutil
 import pytest
 
+from backend.loader import pick_device, pick_dtype
 from backend.messages import BackendConfig, SamplingParams, StepOutput
 from backend.process import BackendDied, BackendProcess, BackendStartError
 
@@ -35,7 +36,11 @@ def test_the_real_backend_serves_requests_over_its_queues(model_backend):
     backend, ready = model_backend
     assert ready.model_name == "SmolLM2-135M-Instruct"
     assert ready.rows == 4 and ready.max_seq_len == 256
-    assert ready.dtype == "float32" and ready.device == "cpu"
+    # The default mode: bf16 where the CPU multiplies it natively (or on a GPU), float32 elsewhere.
+    device = pick_device("auto")
+    assert ready.dtype == str(pick_dtype("auto", device)).removeprefix("torch.") and ready.device == str(
+        device
+    )
 
     from transformers import AutoTokenizer  # the frontend will do the same with tokenizer_path
 

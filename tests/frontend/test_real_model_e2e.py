@@ -1,4 +1,5 @@
-"""REAL MODEL: 40 concurrent streaming clients on the default model (SmolLM2-135M-Instruct), float32.
+"""REAL MODEL: 40 concurrent streaming clients on the default model (SmolLM2-135M-Instruct) in
+the exact mode (float32, no quantization).
 
 Marked `real_model` (deselect with `-m "not real_model"`): it loads the real
 model in a real gunicorn server and takes about a minute on a 2-core CPU.
@@ -45,7 +46,7 @@ def client_request(i: int) -> dict:
 
 @pytest.fixture(scope="module")
 def real_server() -> Iterator[RunningServer]:
-    options = "--dtype float32 --rows 32 --max-queue 16"
+    options = "--dtype float32 --quantize none --rows 32 --max-queue 16"  # the exact mode
     with running_server(*options.split(), ready_timeout=900) as server:
         yield server
 

@@ -1,0 +1,157 @@
+"""A GGUF file's 4-bit weights, served as they are stored.
+
+transformers dequantizes a GGUF file into float weights. For the linear
+layers stored as Q4_0 or Q4_1 this module reads the blocks themselves and
+gives them to `Int4Linear`, whose kernel takes the same layout: 32 inputs
+of an output channel share a scale and a zero. So the served model
+multiplies by the file's own weights (the scales rounded to bfloat16, the
+kernel's type), and reads a quarter of the bytes a bfloat16 copy would.
+
+    Q4_1 block (20 bytes): fp16 d, fp16 m, 16 bytes of 4-bit q; w = d * q + m
+    Q4_0 block (18 bytes): fp16 d,          16 bytes of 4-bit q; w = d * (q - 8)
+    byte j of the 16 holds element j in its low nibble and element j + 16 in its high one.
+
+In Int4Linear's terms, w = (q - 8) * scale + zero: scale = d and zero =
+m + 8d (Q4_1) or 0 (Q4_0). Every other tensor type keeps the dequantized
+weights transformers made. PyTorch has no kernel for 8-bit weights with a
+scale per block of 32 (`_weight_int8pack_mm` takes one per channel), so an
+output head stored as Q8_0 (SmolLM2's, tied to its embedding) keeps its
+dequantized floats for many rows and gets an int8 copy with one scale per
+channel for few (quantized_linear.quantize_head).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFReader, get_tensor_name_map
+from torch import nn
+from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
+
+from backend.quantized_linear import (
+    GROUP_SIZE,
+    Int4Linear,
+    quantizable_linears,
+    quantize_head,
+    replace_module,
+)
+
+log = logging.getLogger(__name__)
+
+FLOAT_TYPES = {"F32", "F16", "BF16"}
+FOUR_BIT = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}  # bytes per block of 32
+
+# Processors whose only change to a tensor is a permutation of its rows (output channels), which
+# moves whole blocks: llama.cpp's converter permutes Llama's q and k projections for its rotary
+# layout, and transformers permutes them back. Other architectures' processors reshape tensors in
+# ways blocks do not follow, so their GGUF files are dequantized.
+ROW_ONLY_PROCESSORS = {"llama": LlamaTensorProcessor}
+PLAIN_ARCHITECTURES = {"qwen2"}  # stored as transformers names them
+
+
+@dataclass(frozen=True)
+class FourBitWeight:
+    """One linear layer's weight as Int4Linear takes it: w = (q - 8) * scale + zero."""
+
+    q: torch.Tensor  # [out, in] uint8, 0..15
+    scale: torch.Tensor  # [out, in / 32] float32
+    zero: torch.Tensor  # [out, in / 32] float32
+
+
+def unpack_blocks(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight:
+    """[out, blocks * bytes per block] uint8 rows of Q4_0 or Q4_1 blocks to q, scale and zero."""
+    block_bytes = FOUR_BIT[kind]
+    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, block_bytes)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if kind == GGMLQuantizationType.Q4_1:
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        zero = m + 8 * d
+    else:
+        zero = np.zeros_like(d)
+    packed = blocks[..., block_bytes - 16 :]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows.shape[0], -1)
+    return FourBitWeight(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zero))
+
+
+def tensor_processor(architecture: str, model: nn.Module) -> TensorProcessor | None:
+    """transformers' processor for this architecture if it only permutes rows; None if it does more."""
+    if architecture in ROW_ONLY_PROCESSORS:
+        return ROW_ONLY_PROCESSORS[architecture](config=model.config.to_dict())
+    if architecture in PLAIN_ARCHITECTURES:
+        return TensorProcessor()
+    return None
+
+
+def gguf_names(architecture: str, model: nn.Module) -> dict[str, str]:
+    """GGUF tensor name ("blk.0.attn_q.weight") to module name, for the quantizable linear layers."""
+    arch = next(key for key, value in MODEL_ARCH_NAMES.items() if value == architecture)
+    names = get_tensor_name_map(arch, model.config.get_text_config().num_hidden_layers)
+    mapped = {module: names.get_name(module) for module in quantizable_linears(model)}
+    return {f"{gguf}.weight": module for module, gguf in mapped.items() if gguf is not None}
+
+
+def read_four_bit_weights(path: Path, model: nn.Module) -> tuple[dict[str, FourBitWeight], Counter, str]:
+    """The Q4_0/Q4_1 weights of the model's quantizable linear layers, by module name; a count of
+    the file's tensor types (for the start-up log); and the type the output head is stored in."""
+    reader = GGUFReader(str(path))
+    types = Counter(tensor.tensor_type.name for tensor in reader.tensors)
+    by_name = {tensor.name: tensor.tensor_type.name for tensor in reader.tensors}
+    head_type = by_name.get("output.weight") or by_name.get("token_embd.weight", "F32")  # tied: the embedding
+    architecture = read_field(reader, "general.architecture")[0]
+    processor = tensor_processor(architecture, model)
+    if processor is None:
+        log.info(
+            "GGUF architecture %r: its weights are dequantized (no block-preserving mapping)", architecture
+        )
+        return {}, types, head_type
+    to_module = gguf_names(architecture, model)
+    weights = {}
+    for tensor in reader.tensors:
+        module = to_module.get(tensor.name)
+        if module is None or tensor.tensor_type not in FOUR_BIT:
+            continue
+        rows = processor.process(weights=np.asarray(tensor.data), name=tensor.name).weights
+        weights[module] = unpack_blocks(rows, tensor.tensor_type)
+    return weights, types, head_type
+
+
+def serve_gguf_weights(model: nn.Module, path: Path) -> int:
+    """Replace the linear layers stored as Q4_0/Q4_1 in `path` by Int4Linear layers of those very
+    weights, and a head stored quantized (Q8_0 and the like) by an int8 one; the rest keep their
+    dequantized floats. Returns how many layers were replaced."""
+    weights, types, head_type = read_four_bit_weights(path, model)
+    linears = quantizable_linears(model)
+    for name, weight in weights.items():
+        if weight.q.shape != linears[name].weight.shape or weight.q.shape[1] % GROUP_SIZE:
+            raise ValueError(
+                f"GGUF tensor for {name} has shape {tuple(weight.q.shape)}, the model expects "
+                f"{tuple(linears[name].weight.shape)}"
+            )
+        device = linears[name].weight.device
+        # transformers dequantized these very blocks: its weights are the dense copy for many rows.
+        layer = Int4Linear(
+            weight.q.to(device),
+            weight.scale.to(device),
+            weight.zero.to(device),
+            linears[name].bias,
+            dense=linears[name].weight,
+        )
+        replace_module(model, name, layer)
+    head = quantize_head(model) if head_type not in FLOAT_TYPES else 0
+    log.info(
+        "GGUF %s (tensor types %s): %d linear layers served from their 4-bit blocks, %d dequantized "
+        "(with the embeddings and norms) to %s; output head (%s) %s",
+        path.name,
+        ", ".join(f"{kind} x{count}" for kind, count in sorted(types.items())),
+        len(weights),
+        len(linears) - len(weights),
+        next(model.parameters()).dtype,
+        head_type,
+        "in int8 per channel for few rows" if head else "as floats",
+    )
+    return len(weights) + head

@@ -1,0 +1,209 @@
+"""Weight-only quantized linear layers: 4-bit group-wise and 8-bit per channel, on CPU and CUDA.
+
+A decode step with few rows is bound by reading the weights, and these
+layers read a quarter (int4) or half (int8) of what bfloat16 weights take,
+through PyTorch's own weight-only kernels (`_weight_int4pack_mm_for_cpu` and
+`_weight_int4pack_mm`, `_weight_int8pack_mm`). The activations stay floats.
+
+    int4: w = (q - 8) * scale + zero, q in 0..15, one (scale, zero) per group
+          of 32 inputs of an output channel: exactly GGUF's Q4_0 and Q4_1
+          blocks (see gguf_weights.py), or a float weight quantized here.
+    int8: w = q * scale, q in -127..127, one scale per output channel.
+
+Measured on this project's CI machine (2-core Xeon with AMX; all of
+SmolLM2's projections, docs/performance.md):
+
+- The CPU kernels want bfloat16 activations: with float32 ones they take a
+  path 20 to 60 times slower (4.5 ms against 87 ms at one row), so a float32
+  model computes these layers in bfloat16 and gets float32 back.
+- Their cost grows with the rows multiplied: int4 takes 4.5 ms at 1 row,
+  13 at 8, 23 at 16 and 43 at 32, where dense bfloat16 takes 20, 21, 22 and
+  23 (one pass over the weights, multiplied by AMX). So on the CPU a layer
+  also keeps its weights as a dense bfloat16 copy, and a forward pass of
+  DENSE_FROM_ROWS rows or more (a full decode batch, any real prefill)
+  multiplies by that instead. The copy costs memory (2 bytes a weight against
+  half a byte packed), but without it a 500-token prefill would take seconds.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+GROUP_SIZE = 32  # GGUF's block size, and the finest group the kernels take
+
+
+# From this many rows a CPU multiplies faster by the dense bfloat16 copy than by the packed weights.
+DENSE_FROM_ROWS = 16
+
+
+class WeightOnlyLinear(nn.Module):
+    """What int4 and int8 layers share: bfloat16 activations, and the dense copy for many rows."""
+
+    in_features: int
+    out_features: int
+    compute_dtype = torch.bfloat16
+
+    def __init__(self, bias: torch.Tensor | None, dense: torch.Tensor | None):
+        super().__init__()
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        keep = dense is not None and dense.device.type == "cpu"
+        self.register_buffer("dense", dense.detach() if keep else None, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if self.dense is not None and flat.shape[0] >= DENSE_FROM_ROWS:
+            out = torch.nn.functional.linear(flat.to(self.dense.dtype), self.dense)
+        else:
+            out = self.packed_matmul(flat.to(self.compute_dtype))
+        out = out.to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Int4Linear(WeightOnlyLinear):
+    """`nn.Linear` with 4-bit weights in groups of GROUP_SIZE inputs, each group its scale and zero."""
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor,
+        bias: torch.Tensor | None,
+        dense: torch.Tensor | None = None,
+    ):
+        """q: [out, in] integers 0..15; scale, zero: [out, in / GROUP_SIZE]; w = (q - 8) * scale + zero.
+        dense: the same weights as floats, kept on the CPU for many rows (None: bfloat16 made from these)."""
+        if dense is None and q.device.type == "cpu":
+            dense = dequantize_int4(q, scale, zero).to(self.compute_dtype)
+        super().__init__(bias, dense)
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("packed", pack_int4(q.to(torch.int32), q.device), persistent=False)
+        # The kernels' layout: [in / GROUP_SIZE, out, 2], (scale, zero) last.
+        scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
+        self.register_buffer("scales_and_zeros", scales_and_zeros.to(self.compute_dtype), persistent=False)
+
+    @classmethod
+    def quantize(cls, linear: nn.Linear) -> Int4Linear:
+        """Round a float layer's weights to 4 bits, asymmetric per group (min and max kept exactly)."""
+        weight = linear.weight.detach().float()
+        groups = weight.reshape(weight.shape[0], -1, GROUP_SIZE)
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+        q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).reshape(weight.shape)
+        zero = low + 8 * scale
+        return cls(q, scale, zero, linear.bias, dequantize_int4(q, scale, zero).to(linear.weight.dtype))
+
+    def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, self.packed, GROUP_SIZE, self.scales_and_zeros
+            )
+        return torch.ops.aten._weight_int4pack_mm(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4, group {GROUP_SIZE}"
+
+
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    groups = (q.float() - 8).reshape(q.shape[0], -1, GROUP_SIZE) * scale[..., None] + zero[..., None]
+    return groups.reshape(q.shape)
+
+
+def pack_int4(q: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[out, in] values 0..15 in the layout of the device's int4 kernel."""
+    if device.type == "cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    # CUDA takes two values a byte, the even input in the high nibble, and tiles of in/16 columns.
+    pairs = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)
+    inner_k_tiles = next(t for t in (8, 4, 2) if (q.shape[1] // 16) % t == 0)
+    return torch.ops.aten._convert_weight_to_int4pack(pairs, inner_k_tiles)
+
+
+class Int8Linear(WeightOnlyLinear):
+    """`nn.Linear` with 8-bit symmetric weights, one scale per output channel."""
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        dense: torch.Tensor | None = None,
+    ):
+        """q: [out, in] int8; scale: [out]; w = q * scale. dense: as for Int4Linear."""
+        if dense is None and q.device.type == "cpu":
+            dense = (q.float() * scale.float()[:, None]).to(self.compute_dtype)
+        super().__init__(bias, dense)
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("weight_int8", q.to(torch.int8).contiguous(), persistent=False)
+        self.register_buffer("scales", scale.to(self.compute_dtype), persistent=False)
+
+    @classmethod
+    def quantize(cls, linear: nn.Linear, dense: torch.Tensor | None = None) -> Int8Linear:
+        weight = linear.weight.detach().float()
+        scale = (weight.abs().amax(dim=-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+        q = (weight / scale[:, None]).round().clamp(-127, 127)
+        if dense is None:
+            dense = (q * scale[:, None]).to(linear.weight.dtype)
+        return cls(q, scale, linear.bias, dense)
+
+    def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
+
+
+QUANTIZERS = {"int4": Int4Linear.quantize, "int8": Int8Linear.quantize}
+
+
+def quantizable_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The model's linear layers that weight-only kernels can take, but the output head (see
+    quantize_head) and any whose shape the kernels do not take."""
+    head = model.get_output_embeddings()
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if type(module) is nn.Linear and module is not head and fits_int4_kernels(module)
+    }
+
+
+def fits_int4_kernels(linear: nn.Linear) -> bool:
+    """The kernels take inputs in whole groups and outputs in tiles of 16."""
+    return linear.in_features % GROUP_SIZE == 0 and linear.out_features % 16 == 0
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def quantize_model(model: nn.Module, mode: str) -> int:
+    """Replace every quantizable linear layer by its `mode` ("int4" or "int8") version, and the head
+    by an int8 one; returns how many layers were replaced."""
+    quantize = QUANTIZERS[mode]
+    linears = quantizable_linears(model)
+    for name, linear in linears.items():
+        replace_module(model, name, quantize(linear))
+    return len(linears) + quantize_head(model)
+
+
+def quantize_head(model: nn.Module) -> int:
+    """The output head in int8, one scale per vocabulary entry, for the steps of few rows.
+
+    It is the largest matrix of a small model (SmolLM2: 28 of 135 M weights),
+    and bfloat16 multiplies it slowly at one row (3.6 ms here against 0.9 in
+    int8). Its float weights stay as the dense copy for many rows; when
+    they are tied to the input embedding, as they often are, that costs
+    nothing. Returns 1 if the head was replaced, 0 if its shape does not fit.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear or not fits_int4_kernels(head):
+        return 0
+    name = next(name for name, module in model.named_modules() if module is head)
+    replace_module(model, name, Int8Linear.quantize(head, dense=head.weight.detach()))
+    return 1

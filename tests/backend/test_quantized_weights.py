@@ -1,0 +1,124 @@
+"""Weight-only quantized layers and a GGUF file's own 4-bit weights multiply as their float weights do."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from backend.gguf_weights import serve_gguf_weights, unpack_blocks
+from backend.loader import default_model_path, load_model
+from backend.messages import BackendConfig
+from backend.quantized_linear import DENSE_FROM_ROWS, GROUP_SIZE, Int4Linear, Int8Linear, quantize_model
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def bf16_tolerance(reference: torch.Tensor) -> float:
+    """What bf16 activations and outputs may cost: a few units in the last place of the largest output."""
+    return 4 * 2**-8 * reference.abs().max().item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int4_layer_multiplies_by_q_minus_8_times_scale_plus_zero(device):
+    generator = torch.Generator().manual_seed(0)
+    out_features, in_features = 96, 4 * GROUP_SIZE
+    q = torch.randint(0, 16, (out_features, in_features), generator=generator, dtype=torch.uint8)
+    scale = torch.rand(out_features, in_features // GROUP_SIZE, generator=generator) / 8
+    zero = torch.randn(out_features, in_features // GROUP_SIZE, generator=generator) / 8
+    bias = torch.randn(out_features, generator=generator)
+    layer = Int4Linear(q.to(device), scale.to(device), zero.to(device), bias.to(device))
+    weight = (q.float() - 8).reshape(out_features, -1, GROUP_SIZE) * scale[..., None] + zero[..., None]
+    for rows in (5, DENSE_FROM_ROWS):  # the packed weights, then (on the CPU) the dense copy
+        x = torch.randn(rows, in_features, generator=generator)
+        expected = x @ weight.reshape(out_features, in_features).T + bias
+        got = layer(x.to(device)).cpu()
+        assert got.dtype == torch.float32 and got.shape == expected.shape
+        assert (got - expected).abs().max() < bf16_tolerance(expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_quantizing_a_float_layer_keeps_its_products_close(mode, device):
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(8 * GROUP_SIZE, 64).to(device)
+    layer = {"int4": Int4Linear, "int8": Int8Linear}[mode].quantize(linear)
+    for rows in (7, DENSE_FROM_ROWS):
+        x = torch.randn(rows, 8 * GROUP_SIZE, device=device)
+        expected = linear(x)
+        error = (layer(x) - expected).abs().max() / expected.abs().max()
+        assert error < {"int4": 0.15, "int8": 0.02}[mode]  # 16 levels a group, 255 a channel
+        assert error > 0  # it did quantize
+
+
+def test_int8_layer_multiplies_by_q_times_its_channel_scale():
+    torch.manual_seed(2)
+    q = torch.randint(-127, 128, (48, 64), dtype=torch.int8)
+    scale = torch.rand(48) / 100
+    layer = Int8Linear(q, scale, None)
+    for rows in (3, DENSE_FROM_ROWS):
+        x = torch.randn(rows, 64)
+        expected = x @ (q.float() * scale[:, None]).T
+        assert (layer(x) - expected).abs().max() < bf16_tolerance(expected)
+
+
+@pytest.mark.parametrize("kind", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1])
+def test_gguf_four_bit_blocks_unpack_to_the_weights_gguf_dequantizes(kind):
+    """Blocks quantized by the gguf package itself, read back by our unpacking, equal its dequantization."""
+    weights = np.random.default_rng(3).standard_normal((32, 5 * GROUP_SIZE)).astype(np.float32)
+    blocks = quants.quantize(weights, kind)
+    expected = quants.dequantize(blocks, kind)
+    unpacked = unpack_blocks(blocks, kind)
+    rebuilt = (unpacked.q.float() - 8).reshape(32, -1, GROUP_SIZE) * unpacked.scale[..., None]
+    rebuilt = rebuilt + unpacked.zero[..., None]
+    np.testing.assert_allclose(rebuilt.reshape(32, -1).numpy(), expected, rtol=1e-6, atol=1e-6)
+    layer = Int4Linear(unpacked.q, unpacked.scale, unpacked.zero, None)
+    x = torch.randn(4, 5 * GROUP_SIZE)
+    reference = x @ torch.from_numpy(expected).T
+    assert (layer(x) - reference).abs().max() < bf16_tolerance(reference)
+
+
+def test_the_default_models_q4_1_layers_are_served_from_their_own_blocks():
+    """Every projection, q and k included (llama.cpp permutes their rows), against transformers' own
+    dequantization of the same file."""
+    loaded = load_model(BackendConfig(quantize="none", dtype="float32", rows=1, max_seq_len=64))
+    model = loaded.model
+    dequantized = {
+        name: module.weight.detach().clone()
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and ("layers.3." in name or "layers.29." in name)
+    }
+    assert len(dequantized) == 2 * 7
+    assert serve_gguf_weights(model, default_model_path()) == 30 * 7 + 1
+    x = torch.randn(3, 1536)
+    for name, weight in dequantized.items():
+        layer = model.get_submodule(name)
+        assert isinstance(layer, Int4Linear), name
+        reference = x[:, : weight.shape[1]] @ weight.T
+        assert (layer(x[:, : weight.shape[1]]) - reference).abs().max() < bf16_tolerance(reference), name
+    # Q8_0 and tied to the embedding: int8 per channel for few rows, the embedding's floats for many.
+    assert isinstance(model.lm_head, Int8Linear)
+    assert model.lm_head.dense.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
+def test_the_default_mode_serves_the_gguf_weights_and_the_exact_mode_does_not():
+    served = load_model(BackendConfig(rows=1, max_seq_len=64)).model
+    exact = load_model(BackendConfig(dtype="float32", quantize="none", rows=1, max_seq_len=64)).model
+    assert sum(isinstance(m, Int4Linear) for m in served.modules()) == 30 * 7
+    assert isinstance(served.lm_head, Int8Linear)
+    assert not any(isinstance(m, Int4Linear) for m in exact.modules())
+    assert exact.dtype == torch.float32
+
+
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_quantize_model_replaces_every_projection_but_the_head(mode):
+    from tests.backend.models import tiny_model
+
+    model = tiny_model("qwen2")  # q, k and v have biases
+    x = torch.randint(2, 500, (1, 12))
+    expected = model(x).logits
+    assert quantize_model(model, mode) == 2 * 7 + 1
+    kind = {"int4": Int4Linear, "int8": Int8Linear}[mode]
+    assert sum(type(m) is kind for m in model.modules()) == 2 * 7 + (mode == "int8")
+    assert type(model.lm_head) is Int8Linear
+    got = model(x).logits
+    assert (got - expected).abs().max() < 0.25 * expected.abs().max()
