@@ -21,6 +21,7 @@ from collections.abc import Iterable
 import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from backend.decoder_runner import DecoderRunner
 from backend.heap import reuse_freed_memory
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit
 from backend.row import Row
@@ -77,6 +78,7 @@ class Engine:
         self.cache = RowCache(
             KVShape.of(model.config), rows, self.max_seq_len, self._cache_dtype(), self.device
         )
+        self.runner = DecoderRunner(model) if DecoderRunner.supports(model) else None
         self.rows: list[Row | None] = [None] * rows
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
@@ -212,8 +214,8 @@ class Engine:
             tuple(prompts),
         )
         logits = self._forward(
-            torch.tensor([token_ids], device=self.device),
-            torch.tensor([positions], device=self.device),
+            torch.tensor(token_ids, device=self.device),
+            torch.tensor(positions, device=self.device),
             layout,
             torch.tensor(logit_positions, device=self.device),
         )
@@ -226,12 +228,18 @@ class Engine:
     def _forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: StepLayout, keep: torch.Tensor
     ) -> torch.Tensor:
-        """The model's own forward over our cache and attention; the logits at the `keep` positions."""
+        """The forward pass over our cache and attention; the logits at the `keep` positions.
+
+        Llama-family models run through the decoder runner, the rest through
+        transformers' own forward with row_attention registered for it.
+        """
         self.cache.plan_step(layout)
+        if self.runner is not None:
+            return self.runner(input_ids, position_ids, layout, self.cache, keep)
         with step_layout(self.model.config, layout):
             output = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
+                input_ids=input_ids[None],
+                position_ids=position_ids[None],
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=keep,

@@ -33,7 +33,7 @@ from torch import nn
 GROUP_SIZE = 32  # GGUF's block size, and the finest group the kernels take
 
 
-# From this many rows a CPU multiplies faster by the dense bfloat16 copy than by the packed weights.
+# From this many rows a CPU multiplies faster by the dense bfloat16 copy than by packed int4 weights.
 DENSE_FROM_ROWS = 16
 
 
@@ -43,6 +43,7 @@ class WeightOnlyLinear(nn.Module):
     in_features: int
     out_features: int
     compute_dtype = torch.bfloat16
+    dense_from_rows = DENSE_FROM_ROWS
 
     def __init__(self, bias: torch.Tensor | None, dense: torch.Tensor | None):
         super().__init__()
@@ -52,7 +53,7 @@ class WeightOnlyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if self.dense is not None and flat.shape[0] >= DENSE_FROM_ROWS:
+        if self.dense is not None and flat.shape[0] >= self.dense_from_rows:
             out = torch.nn.functional.linear(flat.to(self.dense.dtype), self.dense)
         else:
             out = self.packed_matmul(flat.to(self.compute_dtype))
@@ -126,6 +127,10 @@ def pack_int4(q: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 class Int8Linear(WeightOnlyLinear):
     """`nn.Linear` with 8-bit symmetric weights, one scale per output channel."""
+
+    # The int8 kernel costs twice int4's a row: SmolLM2's head takes 1.6 ms at 4 rows and 3.3 at 8
+    # against 2.4 and 2.2 for bfloat16.
+    dense_from_rows = 6
 
     def __init__(
         self,

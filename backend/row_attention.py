@@ -77,7 +77,18 @@ def row_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    layout = _current_layout.get()
+    """transformers' attention interface over `attend`, with the layout of the step in progress."""
+    return attend(query, key, value, _current_layout.get(), scaling), None
+
+
+def attend(
+    query: torch.Tensor,  # [1, heads, tokens, head_dim], the packed queries
+    key: torch.Tensor,  # [rows, kv_heads, max_seq_len, head_dim], the whole cache of this layer
+    value: torch.Tensor,
+    layout: StepLayout,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Each query over what it may read of the cache; returns [1, tokens, heads, head_dim]."""
     output = torch.empty_like(query)
     n, decoding = layout.decode_rows, layout.decode_queries
     if decoding:
@@ -104,7 +115,7 @@ def row_attention(
             scale=scaling,
             enable_gqa=True,
         )
-    return output.transpose(1, 2).contiguous(), None
+    return output.transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(ROW_ATTENTION, row_attention)
