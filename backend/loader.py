@@ -31,6 +31,7 @@ from transformers import (
 
 from backend.engine import DEFAULT_MAX_SEQ_LEN, context_length
 from backend.gguf_weights import serve_gguf_weights
+from backend.heap import give_back_freed_memory
 from backend.messages import BackendConfig
 from backend.quantized_linear import quantize_model
 from backend.resources import check_resources
@@ -179,6 +180,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
     model = model.to(device=device, dtype=dtype)
     quantize_weights(model, source, pick_quantization(config.quantize, source))
+    give_back_freed_memory()
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len)
 
 
