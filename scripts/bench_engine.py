@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.engine import Engine  # noqa: E402
 from backend.loader import LoadedModel, load_model  # noqa: E402
 from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
+from backend.quantized_linear import WeightOnlyLinear  # noqa: E402
 from backend.row_cache import KVShape  # noqa: E402
 
 PROMPTS = [
@@ -80,12 +81,25 @@ def synchronize(device: torch.device) -> None:
 
 
 def step_bytes(model: PreTrainedModel, rows: int, span: int, cache_dtype: torch.dtype) -> tuple[int, int]:
-    """Bytes a decode step must read: the weights (an untied input embedding only gathers rows: left out)
-    and the keys and values of `rows` rows over `span` positions."""
-    embedding = model.get_input_embeddings().weight
-    tied = embedding is model.get_output_embeddings().weight
-    weights = sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not embedding)
-    return weights, KVShape.of(model.config).bytes(rows, span, cache_dtype)
+    """Bytes a decode step of `rows` rows must read: the weights it multiplies by and the keys and
+    values of those rows over `span` positions.
+
+    A quantized layer reads its packed weights below its dense threshold and its dense copy from
+    there; the input embedding only gathers rows, so it counts only where the head multiplies by it.
+    """
+    embedding_module = model.get_input_embeddings()
+    read: dict[int, int] = {}  # by storage: a head tied to the embedding counts once
+    for module in model.modules():
+        if module is embedding_module:
+            continue
+        tensors = list(module.parameters(recurse=False))
+        if isinstance(module, WeightOnlyLinear):
+            if module.dense is not None and rows >= module.dense_from_rows:
+                tensors.append(module.dense)
+            else:
+                tensors += [b for name, b in module.named_buffers(recurse=False) if name != "dense"]
+        read.update({t.data_ptr(): t.numel() * t.element_size() for t in tensors})
+    return sum(read.values()), KVShape.of(model.config).bytes(rows, span, cache_dtype)
 
 
 def time_engine(
@@ -198,12 +212,13 @@ def main() -> None:
         tokens_per_second, step = time_engine(engine, prompts, active, args.max_tokens)
         speedup = tokens_per_second / baseline
         print(f"| {active} | {tokens_per_second:.1f} | {step * 1000:.1f} | {speedup:.1f}x |")
-    if args.quantize == "none":  # int8 weights are packed: their bytes are not parameters
-        mean_span = max(len(p) for p in prompts) + args.max_tokens // 2
-        print_floor(loaded, engine, args.rows[-1], mean_span, step)
-    if args.quantize != "none" or args.dtype not in ("auto", "float32"):
+    mean_span = max(len(p) for p in prompts) + args.max_tokens // 2
+    print_floor(loaded, engine, args.rows[-1], mean_span, step)
+    if not (args.dtype == "float32" and args.quantize == "none"):  # not the exact mode: how far from it
         exact = load_model(
-            BackendConfig(model=args.model, dtype="float32", rows=len(PROMPTS), max_seq_len=512)
+            BackendConfig(
+                model=args.model, dtype="float32", quantize="none", rows=len(PROMPTS), max_seq_len=512
+            )
         )
         reference = Engine(exact.model, exact.tokenizer, rows=len(PROMPTS), max_seq_len=512)
         ours = greedy_tokens(engine, prompts, args.max_tokens)

@@ -2,7 +2,8 @@
 """The server under streaming load, against its own ceiling and a naive server, in one run.
 
     .venv/bin/python scripts/benchmark.py [--concurrency 1 8 32 64] [--tokens 64] [--url URL]
-                                          [--model M] [--dtype D] [--quantize int8] [--no-naive] [--memory]
+                                          [--model M] [--dtype D] [--quantize Q] [--no-naive] [--memory]
+                                          [--llama-server PATH]
 
 1. Starts `python -m inference_api` (or uses --url) and runs closed-loop
    clients at each concurrency: every client streams /v1/completions of
@@ -360,6 +361,10 @@ def report(args, model: str, results: Results, plots: list[str]) -> str:
             if ours:
                 line += f"; the server does {ours.tokens_per_second / lv.tokens_per_second:.2f}x that"
             lines.append(line + ".")
+    if results.llama:
+        lines += ["", "llama-server, same clients, same run:", ""]
+        lines += table([(str(lv.concurrency), lv) for lv in results.llama])
+        lines.append("")
     if results.memory:
         first, last = results.memory
         lines.append(

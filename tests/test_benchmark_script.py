@@ -60,3 +60,19 @@ def test_a_random_llama_is_a_model_directory_the_engine_loads(tmp_path):
         ["Hello", "A longer prompt"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     )
     assert all(texts) and len(texts) == 2
+
+
+def test_perplexity_is_the_exponent_of_the_mean_loss_of_each_window():
+    from scripts.perplexity import TEXT, perplexity
+    from tests.backend.models import tiny_model
+
+    model = tiny_model("llama")
+    token_ids = [(7 * i) % 500 + 2 for i in range(40)]
+    losses = []
+    for start in (0, 16, 32):  # windows of 16: each scores every token after its first
+        chunk = torch.tensor([token_ids[start : start + 16]])
+        log_probs = model(chunk).logits[0, :-1].log_softmax(-1)
+        losses += (-log_probs.gather(-1, chunk[0, 1:, None])).squeeze(-1).tolist()
+    expected = torch.tensor(losses).mean().exp().item()
+    assert abs(perplexity(model, token_ids, window=16) - expected) < 1e-3 * expected
+    assert len(TEXT.read_text().split()) > 3000  # the fixed text ships with the script

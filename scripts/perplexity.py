@@ -1,0 +1,98 @@
+#!/usr/bin/env python
+"""Perplexity of the served model in each mode, on a fixed text shipped with the repository.
+
+    .venv/bin/python scripts/perplexity.py [--model M] [--window 1024]
+
+Quantized weights trade quality for speed; this says how much. The text
+(scripts/perplexity_text.txt, about 5,000 tokens of varied English and a
+little code) is scored in windows of --window tokens by the model's own
+forward pass, in each mode the server offers, against the exact mode
+(float32, the GGUF file dequantized). A quantized layer multiplies by its
+packed weights for steps of few rows and by its dense copy for many (see
+backend/quantized_linear.py); both are scored, the packed ones by holding
+every layer to them. Prints a markdown table and the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend.loader import load_model  # noqa: E402
+from backend.messages import BackendConfig  # noqa: E402
+from backend.quantized_linear import WeightOnlyLinear  # noqa: E402
+from scripts.bench_engine import machine  # noqa: E402
+
+TEXT = Path(__file__).with_name("perplexity_text.txt")
+
+# (name, dtype, quantize, packed weights only)
+MODES = [
+    ("float32, dequantized (exact mode, the reference)", "float32", "none", False),
+    ("default: the file's 4-bit weights, bf16 (packed: decode of few rows)", "auto", "auto", True),
+    ("default: the file's 4-bit weights, bf16 (dense copy: prefill, many rows)", "auto", "auto", False),
+    ("bfloat16, dequantized", "bfloat16", "none", False),
+    ("--quantize int8 (packed)", "auto", "int8", True),
+    ("--quantize int4 (packed)", "auto", "int4", True),
+]
+
+
+@torch.inference_mode()
+def perplexity(model: torch.nn.Module, token_ids: list[int], window: int) -> float:
+    """exp of the mean negative log-likelihood of every token after the first of each window."""
+    total, count = 0.0, 0
+    for start in range(0, len(token_ids), window):
+        chunk = token_ids[start : start + window]
+        if len(chunk) < 2:
+            break
+        ids = torch.tensor([chunk], device=model.device)
+        logits = model(ids).logits[0, :-1].float()
+        total += torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
+        count += len(chunk) - 1
+    return math.exp(total / count)
+
+
+def hold_to_packed_weights(model: torch.nn.Module) -> None:
+    """Make every quantized layer multiply by its packed weights, however many rows it is given."""
+    for module in model.modules():
+        if isinstance(module, WeightOnlyLinear):
+            module.dense_from_rows = sys.maxsize
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default=None, help="path or hub id (default: SmolLM2-135M-Instruct GGUF)")
+    parser.add_argument("--window", type=int, default=1024)
+    args = parser.parse_args()
+
+    rows = []
+    reference = None
+    token_count = 0
+    for name, dtype, quantize, packed in MODES:
+        loaded = load_model(
+            BackendConfig(model=args.model, dtype=dtype, quantize=quantize, rows=1, max_seq_len=64)
+        )
+        if packed:
+            hold_to_packed_weights(loaded.model)
+        token_ids = loaded.tokenizer(TEXT.read_text()).input_ids
+        token_count = len(token_ids)
+        value = perplexity(loaded.model, token_ids, args.window)
+        reference = reference or value
+        rows.append(
+            f"| {name} | {loaded.model.dtype} | {value:.3f} | {100 * (value / reference - 1):+.2f}% |"
+        )
+    print(f"\nPerplexity on {TEXT.name} ({token_count} tokens, windows of {args.window}); {machine()}\n")
+    print("| mode | activations | perplexity | vs float32 |")
+    print("| --- | --- | ---: | ---: |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
