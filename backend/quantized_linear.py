@@ -14,15 +14,16 @@ Measured on this project's CI machine (2-core Xeon with AMX; all of
 SmolLM2's projections, docs/performance.md):
 
 - The CPU kernels want bfloat16 activations: with float32 ones they take a
-  path 20 to 60 times slower (4.5 ms against 87 ms at one row), so a float32
+  path about 20 times slower (87 ms against 4.5 at one row), so a float32
   model computes these layers in bfloat16 and gets float32 back.
 - Their cost grows with the rows multiplied: int4 takes 4.5 ms at 1 row,
   13 at 8, 23 at 16 and 43 at 32, where dense bfloat16 takes 20, 21, 22 and
   23 (one pass over the weights, multiplied by AMX). So on the CPU a layer
-  also keeps its weights as a dense bfloat16 copy, and a forward pass of
-  DENSE_FROM_ROWS rows or more (a full decode batch, any real prefill)
-  multiplies by that instead. The copy costs memory (2 bytes a weight against
-  half a byte packed), but without it a 500-token prefill would take seconds.
+  also keeps its weights dense, in the model's dtype, and a forward pass of
+  `dense_from_rows` rows or more (a full decode batch, any real prefill)
+  multiplies by those instead. The copy costs memory (2 bytes a weight in
+  bfloat16 against half a byte packed), but without it a 500-token prefill
+  would take seconds.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import torch
 from torch import nn
 
 GROUP_SIZE = 32  # GGUF's block size, and the finest group the kernels take
-
 
 # From this many rows a CPU multiplies faster by the dense bfloat16 copy than by packed int4 weights.
 DENSE_FROM_ROWS = 16
