@@ -172,7 +172,7 @@ class Engine:
                 break  # next step: the rows already decoding must not wait for a long prefill
             del self.waiting[request.request_id]
             budget -= len(request.prompt_ids)
-            row = Row(index, request, self.tokenizer, self.eos_ids, self.max_seq_len, self.device)
+            row = Row(index, request, self.tokenizer, self.eos_ids, self.max_seq_len)
             self.rows[index] = row
             admitted.append(row)
         return admitted
@@ -257,7 +257,8 @@ class Engine:
             temperature=[p.temperature for p in params],
             top_k=[p.top_k for p in params],
             top_p=[p.top_p for p in params],
-            generators=[row.generator for row in rows],
+            seeds=[row.seed for row in rows],
+            counters=[len(row.generated) for row in rows],
         )
 
     def _free_finished(self) -> None:

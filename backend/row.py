@@ -5,8 +5,6 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-import torch
-
 from backend.detokenizer import Decoder, IncrementalDetokenizer
 from backend.messages import FinishReason, Piece, Submit
 from backend.stop_matcher import StopMatcher
@@ -19,7 +17,6 @@ class Row:
     tokenizer: Decoder
     eos_ids: frozenset[int]
     max_seq_len: int
-    device: torch.device
     generated: list[int] = field(default_factory=list)
     cached: int = 0  # tokens whose keys and values are in this row of the cache
     cancelled: bool = False
@@ -29,10 +26,8 @@ class Row:
         params = self.request.params
         self.detokenizer = IncrementalDetokenizer(self.tokenizer, self.request.prompt_ids)
         self.stop = StopMatcher(params.stop)
-        self.generator: torch.Generator | None = None
-        if not params.greedy:
-            seed = params.seed if params.seed is not None else secrets.randbits(63)
-            self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # The sampler hashes (seed, tokens generated so far) into each draw (sampler.uniform).
+        self.seed = params.seed % 2**63 if params.seed is not None else secrets.randbits(63)
 
     @property
     def prompt_ids(self) -> tuple[int, ...]:

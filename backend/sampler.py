@@ -1,10 +1,17 @@
 """Per-row sampling: greedy, temperature, top-k, top-p and seed, rows grouped by what they need.
 
 The functions are pure and work on a batch of rows ([rows, vocab]), so rows
-with different settings share one step. Randomness comes from one generator
-per row, and what a row draws depends only on its own logits (one number per
-candidate of its top-k or nucleus, or one multinomial draw over the whole
-vocabulary): a seeded row samples the same tokens whatever else is in the batch.
+with different settings share one step. Randomness is counter-based: a row's
+draw at its n-th token is the Gumbel-max race over its candidates (its top-k,
+its nucleus, or the whole vocabulary), argmax(logit + Gumbel noise), the
+noise of candidate j hashed from (its seed, n, j): the same on any device and
+in any batch, with no generator object per row and no Python loop over rows.
+A seeded row so samples the same tokens whatever else is in the batch. The
+race, unlike one uniform number placed in the cumulative probabilities, only
+changes its winner when two candidates' logits plus noise come within a
+rounding error of each other; the cumulative sum over a vocabulary of tiny
+probabilities moves past token boundaries at the slightest change of the
+logits, such as a matrix product of another shape gives.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ class SamplingBatch:
     temperature: list[float]  # 0 for greedy rows
     top_k: list[int]  # 0 means no cut
     top_p: list[float]  # 1 means no cut
-    generators: list[torch.Generator | None]  # None for greedy rows
+    seeds: list[int]  # each row's seed, 0 to 2**63 - 1 (unused for greedy rows)
+    counters: list[int]  # each row's draw number: the tokens it has generated so far
 
     def rows(self, predicate) -> list[int]:
         return [r for r in range(len(self.temperature)) if self.temperature[r] > 0 and predicate(r)]
@@ -34,18 +42,19 @@ def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.
 
 
 def top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, widest: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The candidate tokens of each row, best first, with the cut ones at -inf.
 
     Returns (values, token_ids), both [rows, k] where k is the largest top_k in
-    the batch (the whole vocabulary if a row has no top-k cut). A token stays
-    if it is within its row's top_k and the probability mass ranked above it
-    is still under top_p, so the most likely token always stays.
+    the batch (the whole vocabulary if a row has no top-k cut); `widest` gives
+    that largest top_k from the host, which saves reading it from the device.
+    A token stays if it is within its row's top_k and the probability mass
+    ranked above it is still under top_p, so the most likely token always stays.
     """
     vocab = logits.shape[-1]
     k_for_row = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    k = int(k_for_row.max())
+    k = min(widest, vocab) if widest else int(k_for_row.max())
     values, token_ids = logits.topk(k, dim=-1)
     rank = torch.arange(k, device=logits.device)
     values = values.masked_fill(rank.unsqueeze(0) >= k_for_row.unsqueeze(-1), float("-inf"))
@@ -93,24 +102,49 @@ def pad(rows: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(rows, (0, width - rows.shape[-1]))
 
 
-def draw_from_whole_vocabulary(logits: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row from softmax(logits), with the row's own generator (no cut: no sort)."""
-    probs = logits.softmax(dim=-1)
-    return torch.cat(
-        [torch.multinomial(probs[row], 1, generator=generator) for row, generator in enumerate(generators)]
-    )
+def race(values: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """Index of each row's draw from softmax(values): argmax(values + Gumbel noise); -inf never wins."""
+    return (values + gumbel_noise(seeds, counters, values.shape[-1])).argmax(dim=-1)
 
 
-def race(values: torch.Tensor, counts: list[int], generators: list[torch.Generator]) -> torch.Tensor:
-    """Index of the winner in each row: argmax(p / E), E ~ Exp(1), draws from p = softmax(values).
+def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
+    """[rows, width] Gumbel noise, -log(-log(u)), u hashed from (seed, counter) of the row and the column.
 
-    Row r draws counts[r] numbers from its own generator, one per candidate
-    (candidates come first in the row); the rest of the row is never chosen.
+    A row's key comes from splitmix64 over its seed and counter; each column's
+    uniform number from a 32-bit integer hash (Chris Wellons' lowbias32) of
+    key ^ column, cheap enough for a whole vocabulary.
     """
-    noise = torch.ones_like(values)
-    for row, (count, generator) in enumerate(zip(counts, generators, strict=True)):
-        noise[row, :count].exponential_(generator=generator)
-    return (values.softmax(dim=-1) / noise).argmax(dim=-1)
+    keys = logical_right_shift(splitmix64(splitmix64(seeds) + counters), 33).to(torch.int32)  # 31 bits
+    columns = torch.arange(width, device=seeds.device, dtype=torch.int32)
+    bits = lowbias32(keys.unsqueeze(-1) ^ columns)
+    u = (logical_right_shift(bits, 8).to(torch.float32) + 0.5) / 2**24  # in (0, 1), never 0 or 1
+    return -torch.log(-torch.log(u))
+
+
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """Sebastiano Vigna's splitmix64 finalizer on int64 tensors (their multiply wraps as uint64's does)."""
+    z = x + signed(0x9E3779B97F4A7C15, 64)
+    z = (z ^ logical_right_shift(z, 30)) * signed(0xBF58476D1CE4E5B9, 64)
+    z = (z ^ logical_right_shift(z, 27)) * signed(0x94D049BB133111EB, 64)
+    return z ^ logical_right_shift(z, 31)
+
+
+def lowbias32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int32 tensors (wrapping multiplies, as uint32's)."""
+    x = (x ^ logical_right_shift(x, 16)) * signed(0x7FEB352D, 32)
+    x = (x ^ logical_right_shift(x, 15)) * signed(0x846CA68B, 32)
+    return x ^ logical_right_shift(x, 16)
+
+
+def signed(constant: int, bits: int) -> int:
+    """An unsigned constant as the signed integer of the same bits."""
+    return constant - 2**bits if constant >= 2 ** (bits - 1) else constant
+
+
+def logical_right_shift(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """`>>` on signed integers keeps the sign; the hashes need the unsigned shift."""
+    bits = torch.iinfo(x.dtype).bits
+    return (x >> shift) & ((1 << (bits - shift)) - 1)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -123,7 +157,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         index = torch.tensor(greedy, device=device)
         rows = logits if len(greedy) == logits.shape[0] else logits.index_select(0, index)
         tokens.index_copy_(0, index, rows.argmax(dim=-1))
-    # Rows with no cut sample from the whole vocabulary: no sort needed.
+    # Rows with no cut draw from the whole vocabulary: no sort needed.
     whole = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] >= 1)
     # Rows with a cut: top-k (then maybe top-p) among few candidates, or a nucleus alone.
     with_k = batch.rows(lambda r: batch.top_k[r] > 0)
@@ -135,17 +169,17 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         temperature = torch.tensor([batch.temperature[r] for r in rows], device=device)
         every_row = len(rows) == logits.shape[0]  # then no copy of the [rows, vocab] logits
         scaled = apply_temperature(logits if every_row else logits.index_select(0, index), temperature)
-        generators = [batch.generators[r] for r in rows]
+        seeds = torch.tensor([batch.seeds[r] for r in rows], device=device)
+        counters = torch.tensor([batch.counters[r] for r in rows], device=device)
         if rows is whole:
-            chosen = draw_from_whole_vocabulary(scaled, generators)
+            chosen = race(scaled, seeds, counters)
         else:
             top_p = torch.tensor([batch.top_p[r] for r in rows], device=device)
             if rows is nucleus:
                 values, token_ids = nucleus_cut(scaled, top_p)
             else:
                 top_k = torch.tensor([batch.top_k[r] for r in rows], device=device)
-                values, token_ids = top_k_top_p(scaled, top_k, top_p)
-            counts = torch.isfinite(values).sum(dim=-1).tolist()
-            chosen = token_ids.gather(-1, race(values, counts, generators).unsqueeze(-1)).squeeze(-1)
+                values, token_ids = top_k_top_p(scaled, top_k, top_p, max(batch.top_k[r] for r in rows))
+            chosen = token_ids.gather(-1, race(values, seeds, counters).unsqueeze(-1)).squeeze(-1)
         tokens.index_copy_(0, index, chosen)
     return tokens
