@@ -75,6 +75,8 @@ class Engine:
         self.dtype = model.dtype
         self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ_LEN, context_length(model.config))
         self.eos_ids = eos_token_ids(model, tokenizer)
+        # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
+        self.vocab_size = model.get_input_embeddings().num_embeddings
         self.cache = RowCache(
             KVShape.of(model.config), rows, self.max_seq_len, self._cache_dtype(), self.device
         )
@@ -105,6 +107,10 @@ class Engine:
         elif prompt_tokens >= self.max_seq_len:
             self._reject(
                 request, f"the prompt has {prompt_tokens} tokens; the context holds {self.max_seq_len}"
+            )
+        elif not all(0 <= token < self.vocab_size for token in request.prompt_ids):
+            self._reject(
+                request, f"the prompt has token ids outside the model's vocabulary of {self.vocab_size}"
             )
         elif request.request_id in self.waiting or self._row_of(request.request_id) is not None:
             self._reject(request, f"request id {request.request_id!r} is already in use")
@@ -279,7 +285,7 @@ class Engine:
 
     def warm_up(self) -> None:
         """One prefill and a few decode steps, so the first real request pays no first-call costs."""
-        prompt = tuple(self.tokenizer("Warm up.").input_ids) or (0,)
+        prompt = tuple(t for t in self.tokenizer("Warm up.").input_ids if t < self.vocab_size) or (0,)
         self.submit(Submit("warm-up", prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)))
         while self.has_work:
             self.step()

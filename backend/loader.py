@@ -29,6 +29,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from backend.architectures import check_supported
 from backend.engine import DEFAULT_MAX_SEQ_LEN, context_length
 from backend.gguf_weights import serve_gguf_weights
 from backend.heap import give_back_freed_memory
@@ -158,6 +159,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
         log.info("loading %s from its converted copy in %s", source.name, location)
     model_config = AutoConfig.from_pretrained(location, gguf_file=gguf_file, token=token)
     max_seq_len = min(config.max_seq_len or DEFAULT_MAX_SEQ_LEN, context_length(model_config))
+    check_supported(model_config, max_seq_len)
     check_resources(
         model_config,
         dtype=dtype,

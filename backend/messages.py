@@ -110,6 +110,7 @@ class BackendReady:
     tokenizer_path: str | None  # a directory AutoTokenizer loads; None for the mock
     device: str
     dtype: str
+    vocab_size: int | None = None  # token ids the model's embedding takes; None for the mock
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
         tokenizer_path=engine.tokenizer_path,
         device=str(engine.device),
         dtype=str(engine.dtype).removeprefix("torch."),
+        vocab_size=engine.vocab_size,
     )
     return engine, ready
 

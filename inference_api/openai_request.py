@@ -131,7 +131,7 @@ def _prompt_ids(prompt: Any, serving: Serving, param: str) -> list[int]:
         if not ids:
             raise InvalidParams("prompt", "prompt gives no tokens")
         return ids
-    vocab = serving.tokenizer.vocab_size
+    vocab = serving.token_id_limit
     if isinstance(prompt, list) and prompt and all(_is_token(t, vocab) for t in prompt):
         return list(prompt)
     raise InvalidParams("prompt", f"{param} must be a non-empty string or a list of token ids below {vocab}")

@@ -43,6 +43,11 @@ class Serving:
     tokenizer: PromptTokenizer
     chat_template: ChatTemplate
 
+    @property
+    def token_id_limit(self) -> int:
+        """Prompt token ids must be below this: in the tokenizer and in the model's embedding."""
+        return min(self.tokenizer.vocab_size, self.backend.vocab_size or self.tokenizer.vocab_size)
+
 
 class Router:
     def __init__(

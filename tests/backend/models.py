@@ -20,10 +20,12 @@ TINY_VOCAB = 512
 TINY_EOS = TINY_VOCAB - 1
 
 
-def tiny_model(architecture: str = "llama", seed: int = 0) -> torch.nn.Module:
+def tiny_model(
+    architecture: str = "llama", seed: int = 0, vocab_size: int = TINY_VOCAB, eos_token_id: int = TINY_EOS
+) -> torch.nn.Module:
     """A two-layer random-weight causal LM of the given architecture, float32, on the CPU."""
     torch.manual_seed(seed)
-    common = dict(vocab_size=TINY_VOCAB, eos_token_id=TINY_EOS, bos_token_id=1, pad_token_id=0)
+    common = dict(vocab_size=vocab_size, eos_token_id=eos_token_id, bos_token_id=1, pad_token_id=0)
     llama_like = dict(
         hidden_size=64,
         intermediate_size=128,

@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from backend.architectures import SUPPORTED
 from backend.engine import Engine
 from backend.messages import SamplingParams, Submit
 from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
@@ -29,7 +30,7 @@ def assert_matches_reference(engine, model, prompts, max_tokens, rng):
         assert got == expected, f"prompt {i} ({len(prompt)} tokens) diverged"
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen2", "mistral", "gpt2"])
+@pytest.mark.parametrize("architecture", sorted(SUPPORTED))  # every architecture the server takes
 def test_tiny_models_match_generate_with_rows_joining_mid_flight(architecture):
     model = tiny_model(architecture)
     rng = random.Random(architecture)

@@ -4,7 +4,7 @@ import random
 
 from backend.engine import Engine
 from backend.messages import SamplingParams, Submit
-from tests.backend.models import MarkerTokenizer, drive, tiny_model
+from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, tiny_model
 
 
 def test_80_requests_on_32_rows_all_finish_and_no_row_idles_while_one_waits():
@@ -113,10 +113,14 @@ def test_bad_requests_get_an_error_piece_and_do_not_disturb_others():
             (0, Submit("ok", (3, 4), ok)),
             (0, Submit("empty", (), ok)),
             (0, Submit("too-long", tuple(range(40)), ok)),
+            (0, Submit("past-the-embedding", (3, TINY_VOCAB), ok)),
+            (0, Submit("negative", (3, -1), ok)),
             (1, Submit("ok", (3, 4), ok)),  # the same id while the first is still running
         ],
     )
     assert "32" in pieces["too-long"][0].error and "40" in pieces["too-long"][0].error
+    for name in ("past-the-embedding", "negative"):
+        assert pieces[name][0].finish_reason == "error" and str(TINY_VOCAB) in pieces[name][0].error
     assert pieces["empty"][0].finish_reason == "error"
     assert [p.finish_reason for p in pieces["ok"]].count("error") == 1
     assert pieces["ok"][-1].finish_reason == "length"
