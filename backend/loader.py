@@ -34,7 +34,7 @@ from backend.engine import DEFAULT_MAX_SEQ_LEN, context_length
 from backend.gguf_weights import serve_gguf_weights
 from backend.heap import give_back_freed_memory
 from backend.messages import BackendConfig
-from backend.quantized_linear import quantize_model
+from backend.quantized_linear import QUANTIZERS, quantize_model
 from backend.resources import check_resources
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,8 @@ def cpu_multiplies_bf16() -> bool:
 
 def pick_quantization(requested: str, source: ModelSource) -> str:
     """`auto` serves a GGUF file's own 4-bit weights where it has them, and anything else as it is."""
+    if requested not in ("auto", "none", *QUANTIZERS):
+        raise ValueError(f"--quantize must be auto, none, int4 or int8, not {requested!r}")
     if requested != "auto":
         return requested
     return "gguf" if source.is_gguf else "none"
@@ -148,6 +150,7 @@ def pick_quantization(requested: str, source: ModelSource) -> str:
 def load_model(config: BackendConfig) -> LoadedModel:
     """Resolve, check resources, load (converting a GGUF file once), and place on the device."""
     source = resolve_model(config.model)
+    quantization = pick_quantization(config.quantize, source)
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device)
     root = cache_root(config)
@@ -181,7 +184,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
     tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
     model = model.to(device=device, dtype=dtype)
-    quantize_weights(model, source, pick_quantization(config.quantize, source))
+    quantize_weights(model, source, quantization)
     give_back_freed_memory()
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len)
 
@@ -215,13 +218,12 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, source: ModelSource, root
 
 def quantize_weights(model: PreTrainedModel, source: ModelSource, quantization: str) -> None:
     """Swap the linear layers for weight-only quantized ones: the GGUF file's own blocks, or int4/int8."""
-    if quantization == "gguf":
-        if source.is_gguf:
-            serve_gguf_weights(model, Path(source.location) / source.gguf_file)
+    if quantization == "gguf":  # pick_quantization chooses it for GGUF files only
+        serve_gguf_weights(model, Path(source.location) / source.gguf_file)
     elif quantization != "none":
         count = quantize_model(model, quantization)
         log.info(
-            "quantized %d linear layers to %s, weight-only (the output head stays as it is)",
+            "quantized %d linear layers, weight-only: the projections to %s, the head to int8",
             count,
             quantization,
         )

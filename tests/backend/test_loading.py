@@ -107,3 +107,8 @@ def test_quantize_serves_weight_only_layers_and_still_writes_text(mode):
     engine = Engine(loaded.model, loaded.tokenizer, rows=2, max_seq_len=64)
     (text,) = engine.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))
     assert "Paris" in text
+
+
+def test_an_unknown_quantization_is_refused_before_loading():
+    with pytest.raises(ValueError, match="--quantize must be auto, none, int4 or int8, not 'int3'"):
+        load_model(BackendConfig(quantize="int3", rows=1, max_seq_len=64))
