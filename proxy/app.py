@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.cookiejar
 import logging
 import re
 import time
@@ -77,6 +78,9 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
     app.extensions["upstreams"] = pool
     app.after_request(tag_response)
     session = requests.Session()
+    # One session serves every client: a cookie an upstream sets for one must never go out with
+    # another's request. The client's own Cookie header is forwarded as it is.
+    session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
     # One pooled connection per thread and upstream, so streams do not queue for sockets.
     adapter = requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=config.threads)
     session.mount("http://", adapter)

@@ -38,13 +38,22 @@ class UpstreamTimeout(Exception):
     """The upstream took too long to answer (504)."""
 
 
+def named_in_connection(headers) -> set[str]:
+    """The headers a Connection header lists: they too describe that connection only (RFC 9110 §7.6.1)."""
+    return {
+        token.strip().lower()
+        for name, value in headers.items()
+        if name.lower() == "connection"
+        for token in value.split(",")
+    }
+
+
 def upstream_request_headers(
     client_headers: dict[str, str], team_id: str | None, request_id: str
 ) -> dict[str, str]:
     """team_id None: a public path, forwarded with no team (never the client's word for one)."""
-    headers = {
-        name: value for name, value in client_headers.items() if name.lower() not in DROPPED_FROM_CLIENT
-    }
+    dropped = DROPPED_FROM_CLIENT | named_in_connection(client_headers)
+    headers = {name: value for name, value in client_headers.items() if name.lower() not in dropped}
     if team_id is not None:
         headers["X-Team-ID"] = team_id
     headers["X-Request-ID"] = request_id
@@ -56,7 +65,7 @@ REPLACED_BY_PROXY = frozenset({"date", "server"})
 
 
 def client_response_headers(upstream_headers, request_id: str) -> list[tuple[str, str]]:
-    dropped = HOP_BY_HOP | REPLACED_BY_PROXY
+    dropped = HOP_BY_HOP | REPLACED_BY_PROXY | named_in_connection(upstream_headers)
     headers = [(name, value) for name, value in upstream_headers.items() if name.lower() not in dropped]
     if not any(name.lower() == "x-request-id" for name, _ in headers):
         headers.append(("X-Request-ID", request_id))

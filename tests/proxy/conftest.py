@@ -74,6 +74,8 @@ class EchoUpstream:
     def app(self, request: Request) -> Response:
         if request.path == "/slow":
             time.sleep(3)
+        if request.path == "/set-cookie":  # a cookie meant for one client only
+            return Response("{}", content_type="application/json", headers={"Set-Cookie": "session=alice"})
         body = {
             "headers": dict(request.headers),
             "path": request.full_path,

@@ -24,6 +24,7 @@ def test_the_team_comes_from_the_token_and_the_clients_claim_is_dropped(echo_ups
                 "X-Team-ID": "forged",
                 "X-Request-ID": "req-42",
                 "Connection": "keep-alive, X-Custom-Hop",
+                "X-Custom-Hop": "for this connection only",
                 "X-Custom": "kept",
             },
             timeout=10,
@@ -33,10 +34,32 @@ def test_the_team_comes_from_the_token_and_the_clients_claim_is_dropped(echo_ups
     assert seen["x-team-id"] == "team-b"
     assert seen["x-request-id"] == "req-42"
     assert seen["x-custom"] == "kept"
+    assert "x-custom-hop" not in seen  # named in Connection: hop-by-hop (RFC 9110 §7.6.1)
     assert "authorization" not in seen  # the token stays at the proxy
     assert response.json()["path"] == "/echo?x=1" and response.json()["body"] == "payload"
     assert response.headers["X-Request-ID"] == "req-42"
     assert "Keep-Alive" not in response.headers  # hop-by-hop, from the upstream
+
+
+def test_one_clients_upstream_cookies_never_reach_another(echo_upstream):
+    with running_proxy(echo_upstream.url) as proxy:
+        alice = requests.get(f"{proxy.url}/set-cookie", headers=bearer(token(team_id="a")), timeout=10)
+        assert alice.cookies.get("session") == "alice"  # her own cookie reaches her
+        bob = requests.get(f"{proxy.url}/echo", headers=bearer(token(team_id="b")), timeout=10)
+    assert "cookie" not in {name.lower() for name in bob.json()["headers"]}
+
+
+def test_headers_a_response_names_in_connection_stay_with_the_upstream():
+    from proxy.forward import client_response_headers
+
+    upstream = {
+        "Connection": "close, X-Upstream-Hop",
+        "X-Upstream-Hop": "1",
+        "Keep-Alive": "5",
+        "X-Kept": "2",
+    }
+    names = {name for name, _ in client_response_headers(upstream, "req-1")}
+    assert names == {"X-Kept", "X-Request-ID"}
 
 
 def test_a_public_path_goes_upstream_with_no_team(echo_upstream):
