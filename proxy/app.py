@@ -119,7 +119,9 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
                 (config.connect_timeout, config.read_timeout),
             )
         except UpstreamUnavailable as error:
-            return error_response(502, str(error), {"X-Request-ID": request_id})
+            # The health thread finds an upstream that comes back within a check interval.
+            retry_after = str(max(1, round(config.check_interval)))
+            return error_response(502, str(error), {"X-Request-ID": request_id, "Retry-After": retry_after})
         except UpstreamTimeout as error:
             return error_response(504, str(error), {"X-Request-ID": request_id})
         log.info(

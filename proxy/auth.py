@@ -42,6 +42,8 @@ def authenticate(authorization: str | None, secret: str) -> Caller:
         )
     except jwt.ExpiredSignatureError:
         raise AuthError("the token has expired") from None
+    except jwt.ImmatureSignatureError:
+        raise AuthError("the token is not valid yet (its nbf or iat is in the future)") from None
     except jwt.MissingRequiredClaimError as error:
         raise AuthError(f"the token lacks the {error.claim!r} claim") from None
     except jwt.InvalidAlgorithmError:

@@ -36,6 +36,19 @@ def test_a_bad_token_is_a_401_with_a_json_error(proxy, case):
     assert response.headers["WWW-Authenticate"] == "Bearer"
 
 
+@pytest.mark.parametrize(
+    "claims, message",
+    [
+        ({"exp": int(time.time()) - 60}, "the token has expired"),
+        ({"nbf": int(time.time()) + 3600}, "the token is not valid yet"),
+        ({"iat": "yesterday"}, "the token is malformed"),
+    ],
+)
+def test_the_401_says_what_is_wrong_with_the_token(proxy, claims, message):
+    response = requests.get(f"{proxy.url}/v1/models", headers=bearer(token(**claims)), timeout=10)
+    assert response.status_code == 401 and message in response.json()["message"]
+
+
 def test_tokens_never_reach_the_log(proxy):
     secret_token = token(token_id="tok-logged")
     requests.post(f"{proxy.url}/predictions/mock", json=PROMPT, headers=bearer(secret_token), timeout=10)

@@ -94,6 +94,7 @@ def test_upstream_down_is_a_502_and_too_slow_is_a_504(echo_upstream):
     with running_proxy(f"http://127.0.0.1:{free_port()}") as proxy:
         response = requests.get(f"{proxy.url}/v1/models", headers=bearer(), timeout=10)
         assert response.status_code == 502 and response.json()["status_code"] == 502
+        assert int(response.headers["Retry-After"]) > 0  # a client may try again when one is up
     with running_proxy(echo_upstream.url, args=("--read-timeout", "1")) as proxy:
         response = requests.get(f"{proxy.url}/slow", headers=bearer(), timeout=10)
         assert response.status_code == 504 and "in time" in response.json()["message"]
