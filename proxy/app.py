@@ -105,7 +105,7 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
                     401, str(error), {"WWW-Authenticate": "Bearer", "X-Request-ID": request_id}
                 )
         body = request.get_data(cache=False)  # 413 past MAX_CONTENT_LENGTH
-        team_id = caller.team_id if caller else None
+        team_id = caller.team_label if caller else None
         headers = upstream_request_headers(dict(request.headers), team_id, request_id)
         target = request.full_path if request.query_string else request.path
         try:
@@ -127,7 +127,7 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
         log.info(
             "team=%s token=%s %s %s -> %s %d in %.0f ms (request %s)",
             team_id or "-",
-            caller.token_id if caller else "-",
+            caller.token_label if caller else "-",
             request.method,
             request.path,
             upstream.url,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import jwt
 
@@ -23,6 +24,17 @@ class AuthError(Exception):
 class Caller:
     team_id: str
     token_id: str
+
+    @property
+    def team_label(self) -> str:
+        """The team as X-Team-ID carries it and the log prints it: UTF-8 percent-encoded past RFC 3986's
+        unreserved characters ("team-a" stays as it is, "研究" is %E7%A0%94%E7%A9%B6), so that no team
+        id can break a header (which takes Latin-1 without CR or LF) or forge a log line."""
+        return quote(self.team_id, safe="")
+
+    @property
+    def token_label(self) -> str:
+        return quote(self.token_id, safe="")
 
 
 def needs_token(method: str, path: str) -> bool:

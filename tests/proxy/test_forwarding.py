@@ -165,3 +165,17 @@ def test_discovery_sends_requests_to_the_addresses_a_host_name_resolves_to(mock_
         )
         assert response.status_code == 200 and len(response.text.split()) == 3
         assert f"http://127.0.0.1:{port}" in proxy.log()  # the replica was found by its address
+
+
+def test_any_team_id_reaches_the_upstream_encoded_and_forges_no_log_line(echo_upstream):
+    """A team id outside Latin-1, or with CR/LF, used to end in a 500 when set as a header."""
+    teams = {"研究": "%E7%A0%94%E7%A9%B6", "a\r\nX-Evil: 1": "a%0D%0AX-Evil%3A%201", "team-a": "team-a"}
+    with running_proxy(echo_upstream.url) as proxy:
+        for team, encoded in teams.items():
+            response = requests.get(f"{proxy.url}/echo", headers=bearer(token(team_id=team)), timeout=10)
+            assert response.status_code == 200, response.text
+            seen = {name.lower(): value for name, value in response.json()["headers"].items()}
+            assert seen["x-team-id"] == encoded and "x-evil" not in seen
+        log = proxy.log()
+    assert "team=%E7%A0%94%E7%A9%B6 " in log
+    assert not any(line.startswith("X-Evil") for line in log.splitlines())
