@@ -26,6 +26,7 @@ log = logging.getLogger("proxy")
 class Upstream:
     url: str
     ready: bool = True  # optimistic until the first check: a cold proxy should not refuse work
+    answering: bool = True  # /ready answered at all (503 while its model loads): it can say why itself
     in_flight: int = 0
 
 
@@ -66,13 +67,20 @@ class UpstreamPool:
         self._stopped.set()
 
     def acquire(self, exclude: set[str] = frozenset()) -> Upstream:
-        """The least busy ready upstream, counted as busy until `release()`."""
+        """The least busy ready upstream, counted as busy until `release()`.
+
+        With none ready, one that still answers (loading its model, or
+        restarting a backend) takes the request: its own 503 and Retry-After
+        tell the client more than the proxy could.
+        """
         if not self._ready_ones(exclude):
             # All skipped: one may have recovered since the last check, so look now
             # rather than refuse requests until the next round.
             self.check_all()
         with self._lock:
-            candidates = self._ready_ones(exclude)
+            candidates = self._ready_ones(exclude) or [
+                u for u in self.upstreams if u.answering and u.url not in exclude
+            ]
             if not candidates:
                 raise NoUpstreamReady
             upstream = min(candidates, key=lambda u: u.in_flight)
@@ -89,7 +97,7 @@ class UpstreamPool:
     def mark_down(self, upstream: Upstream) -> None:
         if upstream.ready:
             log.warning("upstream %s is down; skipping it until /ready answers", upstream.url)
-        upstream.ready = False
+        upstream.ready = upstream.answering = False
 
     def _current_urls(self) -> list[str]:
         if not self.discover:
@@ -113,11 +121,12 @@ class UpstreamPool:
         for upstream in list(self.upstreams):
             try:
                 ready = requests.get(f"{upstream.url}/ready", timeout=self.check_timeout).status_code == 200
+                answering = True
             except requests.RequestException:
-                ready = False
+                ready = answering = False
             if ready != upstream.ready:
                 log.info("upstream %s is %s", upstream.url, "ready" if ready else "not ready")
-            upstream.ready = ready
+            upstream.ready, upstream.answering = ready, answering
 
     def _check_forever(self) -> None:
         while not self._stopped.is_set():

@@ -179,3 +179,27 @@ def test_any_team_id_reaches_the_upstream_encoded_and_forges_no_log_line(echo_up
         log = proxy.log()
     assert "team=%E7%A0%94%E7%A9%B6 " in log
     assert not any(line.startswith("X-Evil") for line in log.splitlines())
+
+
+def test_an_upstream_loading_its_model_answers_with_its_own_503_and_retry_after():
+    """Not the proxy's 502: the upstream is there, and says when to come back (issue 15, item 9)."""
+    import json
+    import threading
+
+    from werkzeug.serving import make_server
+    from werkzeug.wrappers import Response
+
+    def loading(environ, start_response):  # what inference_api answers while its model loads
+        body = json.dumps({"status_code": 503, "message": "the model is still loading"})
+        response = Response(body, status=503, content_type="application/json", headers={"Retry-After": "7"})
+        return response(environ, start_response)
+
+    server = make_server("127.0.0.1", free_port(), loading, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with running_proxy(f"http://127.0.0.1:{server.port}") as proxy:
+            response = requests.get(f"{proxy.url}/v1/models", headers=bearer(), timeout=10)
+    finally:
+        server.shutdown()
+    assert response.status_code == 503 and response.headers["Retry-After"] == "7"
+    assert "still loading" in response.json()["message"]
