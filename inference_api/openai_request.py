@@ -18,6 +18,9 @@ from inference_api.router import Serving
 MAX_CHOICES = 16
 SEED_MAX = 2**64 - 1
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions API
+# Chat without max_tokens: a bounded answer, as the native API's 128, not the rest of a long context
+# (2,048 tokens of a row for one forgotten field); capped by the context still free after the prompt.
+CHAT_DEFAULT_MAX_TOKENS = 1024
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -61,7 +64,7 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
         raise InvalidParams("messages", f"the model's chat template refused the messages: {error}") from None
     # The rendered template already holds its special tokens (apply_chat_template does the same).
     prompt_ids = serving.tokenizer.encode(text, add_special_tokens=False)
-    return _common(data, serving, [prompt_ids], "messages", None)
+    return _common(data, serving, [prompt_ids], "messages", CHAT_DEFAULT_MAX_TOKENS)
 
 
 def _common(
@@ -69,7 +72,7 @@ def _common(
     serving: Serving,
     prompts: list[list[int]],
     prompt_param: str,
-    default_max_tokens: int | None,
+    default_max_tokens: int,
 ) -> OpenAIRequest:
     context = serving.backend.max_seq_len
     longest = max(len(ids) for ids in prompts)
@@ -77,7 +80,7 @@ def _common(
     if max_tokens is None:
         max_tokens = read_integer(data, "max_tokens", None, 1, context)
     if max_tokens is None:
-        max_tokens = default_max_tokens or max(1, context - longest)
+        max_tokens = max(1, min(default_max_tokens, context - longest))
     if longest + max_tokens > context:
         raise ContextLengthExceeded(
             prompt_param,
@@ -155,6 +158,8 @@ def _message(message: Any, param: str) -> dict[str, str]:
     role = message.get("role")
     if role not in ROLES:
         raise InvalidParams(f"{param}.role", f"{param}.role must be one of {', '.join(ROLES)}, got {role!r}")
+    if message.get("content") is None and role != "assistant":  # only an assistant turn may be empty
+        raise InvalidParams(f"{param}.content", f"{param}.content is required in a {role} message")
     return {
         "role": "system" if role == "developer" else role,
         "content": _content(message.get("content"), param),

@@ -1,0 +1,38 @@
+"""Parsing and validating OpenAI requests, without a server (the mock's tokenizer and template)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.messages import BackendReady, InvalidParams
+from inference_api.chat_template import load_chat_template
+from inference_api.openai_request import CHAT_DEFAULT_MAX_TOKENS, parse_chat_request
+from inference_api.router import Serving
+from inference_api.tokenizer import ByteTokenizer
+
+
+def serving(max_seq_len: int) -> Serving:
+    ready = BackendReady(
+        "mock", rows=2, max_seq_len=max_seq_len, tokenizer_path=None, device="cpu", dtype="-"
+    )
+    return Serving(ready, ByteTokenizer(), load_chat_template(None))
+
+
+def chat(max_seq_len: int = 8192, **fields):
+    fields.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return parse_chat_request({"model": "mock", **fields}, serving(max_seq_len))
+
+
+def test_chat_without_max_tokens_gets_a_bounded_answer_not_the_rest_of_the_context():
+    assert chat().params.max_tokens == CHAT_DEFAULT_MAX_TOKENS < 8192
+    short_context = chat(max_seq_len=100)  # the rendered prompt takes some of its 100 byte tokens
+    assert short_context.params.max_tokens == 100 - len(short_context.prompts[0])
+    assert chat(max_tokens=5).params.max_tokens == 5
+
+
+@pytest.mark.parametrize("role", ["user", "system", "tool"])
+def test_only_an_assistant_message_may_come_without_content(role):
+    with pytest.raises(InvalidParams) as failure:
+        chat(messages=[{"role": "user", "content": "hi"}, {"role": role}])
+    assert failure.value.param == "messages[1].content"
+    chat(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}])
