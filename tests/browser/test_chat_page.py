@@ -91,12 +91,9 @@ def test_stop_ends_the_answer_and_the_server_frees_the_row(
     wait_until(page.answer_done, 10, "Stop did not end the answer")
     assert page.answer_stats().endswith("stopped")
     assert page.element("send").is_enabled() and not page.element("stop").is_enabled()
-    wait_until(lambda: real_server.metric("inference_active_rows") == 0, 10, "the row was not freed")
-    generated = real_server.metric("inference_generated_tokens_total")
-    stopped_text = page.answer_text()
-    time.sleep(1)
-    assert real_server.metric("inference_generated_tokens_total") == generated, "it still generates"
-    assert page.answer_text() == stopped_text
+    # The cancel reaches the backend within a few steps of Stop. A row left running would go on to
+    # max_tokens: 1,500 more tokens, 25 s and more at this server's one-row step of 16 to 35 ms.
+    wait_until(lambda: real_server.metric("inference_active_rows") == 0, 5, "the row was not freed")
 
 
 @pytest.mark.real_model
