@@ -26,11 +26,13 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from backend.architectures import sliding_window
 from backend.row_attention import StepLayout, attend
 from backend.row_cache import RowCache
 
-# The model types whose decoder layers are the Llama layer above; Mistral and Qwen2 only without a
-# sliding window (checked in `supports`). Qwen2 adds biases to q, k and v: the linear layers have them.
+# The model types whose decoder layers are the Llama layer above; Mistral and Qwen2 only where their
+# sliding window never comes into play (`supports`). Qwen2 adds biases to q, k and v: the linear
+# layers have them.
 LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2"}
 
 
@@ -47,12 +49,12 @@ class DecoderRunner:
         self.head_dim = self.layers[0].self_attn.head_dim
 
     @staticmethod
-    def supports(model: PreTrainedModel) -> bool:
+    def supports(model: PreTrainedModel, max_seq_len: int) -> bool:
         config = model.config
+        window = sliding_window(config)
         return (
             config.model_type in LLAMA_LAYER_TYPES
-            and not getattr(config, "sliding_window", None)
-            and not getattr(config, "use_sliding_window", False)
+            and (window is None or window >= max_seq_len)
             and getattr(config, "hidden_act", "silu") == "silu"
             and not getattr(config, "mlp_bias", False)
         )

@@ -80,7 +80,7 @@ class Engine:
         self.cache = RowCache(
             KVShape.of(model.config), rows, self.max_seq_len, self._cache_dtype(), self.device
         )
-        self.runner = DecoderRunner(model) if DecoderRunner.supports(model) else None
+        self.runner = DecoderRunner(model) if DecoderRunner.supports(model, self.max_seq_len) else None
         self.rows: list[Row | None] = [None] * rows
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)

@@ -97,7 +97,10 @@ class Int4Linear(WeightOnlyLinear):
         scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
         q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).reshape(weight.shape)
         zero = low + 8 * scale
-        return cls(q, scale, zero, linear.bias, dequantize_int4(q, scale, zero).to(linear.weight.dtype))
+        dense = (
+            dequantize_int4(q, scale, zero).to(linear.weight.dtype) if weight.device.type == "cpu" else None
+        )
+        return cls(q, scale, zero, linear.bias, dense)
 
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu":
@@ -152,7 +155,7 @@ class Int8Linear(WeightOnlyLinear):
         weight = linear.weight.detach().float()
         scale = (weight.abs().amax(dim=-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         q = (weight / scale[:, None]).round().clamp(-127, 127)
-        if dense is None:
+        if dense is None and weight.device.type == "cpu":  # only the CPU keeps a dense copy
             dense = (q * scale[:, None]).to(linear.weight.dtype)
         return cls(q, scale, linear.bias, dense)
 
