@@ -9,13 +9,17 @@ layer is exactly
     x = x + o_proj(attention(rope(q_proj(norm(x))), rope(k_proj(...)), v_proj(...)))
     x = x + down_proj(silu(gate_proj(norm(x))) * up_proj(norm(x)))
 
-this runner calls the same modules' weights in the same order, with
-transformers' own rotary embedding, norms and linear layers (quantized or
-not), and the engine's attention (`row_attention.attend`). Greedy output is
-token for token that of transformers' classes (tests/backend/test_exactness.py
-runs both). Any other architecture, or one of these with a feature the
-layer above does not have (sliding windows, soft-capping, per-head norms),
-goes through transformers' forward as before (`DecoderRunner.supports`).
+this runner does the same arithmetic on the same modules' weights in fewer
+operations: transformers' rotary embedding, applied to queries and keys in
+one rotation; each RMSNorm as PyTorch's single `rms_norm` (bit for bit in
+float32); q, k and v (and gate and up) as one fused kernel call where the
+layers are weight-only quantized (`quantized_linear.fuse_linears`); and the
+engine's attention (`row_attention.attend`). In exact mode (float32, no
+quantization) greedy output is token for token that of transformers'
+classes (tests/backend/test_exactness.py runs both). Any other
+architecture, or one of these with a feature the layer above does not have
+(sliding windows, soft-capping, per-head norms), goes through transformers'
+forward as before (`DecoderRunner.supports`).
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from backend.architectures import sliding_window
+from backend.quantized_linear import fuse_linears
 from backend.row_attention import StepLayout, attend
 from backend.row_cache import RowCache
 
@@ -34,6 +38,23 @@ from backend.row_cache import RowCache
 # sliding window never comes into play (`supports`). Qwen2 adds biases to q, k and v: the linear
 # layers have them.
 LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2"}
+
+
+class Projections:
+    """Several linear layers over one input (q, k and v; gate and up), their outputs side by side.
+
+    Weight-only quantized layers fuse into one kernel call (`fuse_linears`); float layers are called
+    one by one, which keeps exact mode's arithmetic that of transformers' modules.
+    """
+
+    def __init__(self, *linears: nn.Module):
+        self.linears = linears
+        self.fused = fuse_linears(list(linears))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused is None:
+            return torch.cat([linear(x) for linear in self.linears], dim=-1)
+        return self.fused(x)
 
 
 class DecoderRunner:
@@ -45,8 +66,15 @@ class DecoderRunner:
         self.layers = list(model.model.layers)
         self.norm = model.model.norm
         self.head = model.get_output_embeddings()
-        self.scaling = self.layers[0].self_attn.scaling
-        self.head_dim = self.layers[0].self_attn.head_dim
+        attention = self.layers[0].self_attn
+        self.scaling = attention.scaling
+        self.head_dim = attention.head_dim
+        self.heads = model.config.num_attention_heads
+        self.kv_heads = model.config.num_key_value_heads
+        self.qkv = [
+            Projections(a.q_proj, a.k_proj, a.v_proj) for a in (layer.self_attn for layer in self.layers)
+        ]
+        self.gate_up = [Projections(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers]
 
     @staticmethod
     def supports(model: PreTrainedModel, max_seq_len: int) -> bool:
@@ -68,29 +96,43 @@ class DecoderRunner:
         keep: torch.Tensor,  # [kept] indices into the tokens
     ) -> torch.Tensor:
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
-        cos, sin = self.rotary(hidden, positions[None])
-        for layer, cache_layer in zip(self.layers, cache.layers, strict=True):
-            normed = layer.input_layernorm(hidden)
-            hidden = hidden + self._attention(layer.self_attn, normed, cos, sin, cache_layer, layout)
-            mlp = layer.mlp
-            normed = layer.post_attention_layernorm(hidden)
-            hidden = hidden + mlp.down_proj(nn.functional.silu(mlp.gate_proj(normed)) * mlp.up_proj(normed))
-        return self.head(self.norm(hidden[0, keep]))
+        cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))  # [1, 1, tokens, head_dim]
+        for layer, qkv, gate_up, cache_layer in zip(
+            self.layers, self.qkv, self.gate_up, cache.layers, strict=True
+        ):
+            attended = self._attention(
+                qkv(rms_norm(hidden, layer.input_layernorm)), cos, sin, cache_layer, layout
+            )
+            hidden = hidden + layer.self_attn.o_proj(attended)
+            gate, up = gate_up(rms_norm(hidden, layer.post_attention_layernorm)).chunk(2, dim=-1)
+            hidden = hidden + layer.mlp.down_proj(nn.functional.silu(gate) * up)
+        return self.head(rms_norm(hidden[0, keep], self.norm))
 
     def _attention(
         self,
-        attention: nn.Module,
-        x: torch.Tensor,
+        qkv: torch.Tensor,  # [1, tokens, (heads + 2 * kv_heads) * head_dim]
         cos: torch.Tensor,
         sin: torch.Tensor,
         cache_layer: CacheLayerMixin,
         layout: StepLayout,
     ) -> torch.Tensor:
-        shape = (1, x.shape[1], -1, self.head_dim)
-        query = attention.q_proj(x).view(shape).transpose(1, 2)
-        key = attention.k_proj(x).view(shape).transpose(1, 2)
-        value = attention.v_proj(x).view(shape).transpose(1, 2)
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        keys, values = cache_layer.update(key, value)
-        attended = attend(query, keys, values, layout, self.scaling)
-        return attention.o_proj(attended.reshape(1, x.shape[1], -1))
+        tokens = qkv.shape[1]
+        all_heads = qkv.view(1, tokens, -1, self.head_dim).transpose(
+            1, 2
+        )  # [1, q, k and v heads, tokens, dim]
+        query_and_key = rotate(all_heads[:, : self.heads + self.kv_heads], cos, sin)  # one rotation for both
+        query, key = query_and_key.split([self.heads, self.kv_heads], dim=1)
+        keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
+        return attend(query, keys, values, layout, self.scaling).reshape(1, tokens, -1)
+
+
+def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """transformers' Llama RMSNorm as PyTorch's single operation: bit for bit in float32 (where
+    transformers' module takes eight), one rounding instead of two in bfloat16."""
+    return torch.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of transformers' `apply_rotary_pos_emb`, the same arithmetic, to one tensor."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

@@ -208,8 +208,11 @@ class Engine:
         for row in decoding:
             row_positions[row.index] = row.position
         span = max(row_positions, default=0) + 1
-        visible = (
-            torch.arange(span, device=self.device) <= torch.tensor(row_positions, device=self.device)[:, None]
+        hidden = (
+            torch.arange(span, device=self.device) > torch.tensor(row_positions, device=self.device)[:, None]
+        )
+        visible = torch.zeros(hidden.shape, dtype=self._cache_dtype(), device=self.device).masked_fill_(
+            hidden, float("-inf")
         )
         layout = StepLayout(
             decode_rows,

@@ -44,12 +44,19 @@ class WeightOnlyLinear(nn.Module):
     out_features: int
     compute_dtype = torch.bfloat16
     dense_from_rows = DENSE_FROM_ROWS
+    # The buffers that hold one slice per output channel, by the dimension those slices stack in
+    # (how `fuse_linears` joins layers).
+    output_dims: dict[str, int] = {"dense": 0}
 
     def __init__(self, bias: torch.Tensor | None, dense: torch.Tensor | None):
         super().__init__()
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         keep = dense is not None and dense.device.type == "cpu"
         self.register_buffer("dense", dense.detach() if keep else None, persistent=False)
+
+    def can_be_followed(self) -> bool:
+        """Whether another layer's weights may follow this one's in a fused layer (`fuse_linears`)."""
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
@@ -68,6 +75,14 @@ class WeightOnlyLinear(nn.Module):
 
 class Int4Linear(WeightOnlyLinear):
     """`nn.Linear` with 4-bit weights in groups of GROUP_SIZE inputs, each group its scale and zero."""
+
+    output_dims = {"dense": 0, "packed": 0, "scales_and_zeros": 1}
+
+    def can_be_followed(self) -> bool:
+        """Whether another layer's packed weights may follow this one's in a fused layer: the kernels
+        pack output channels in blocks (64 on the CPU, 8 on CUDA), and a layer that ends inside one
+        would be packed differently in the joined layer."""
+        return self.out_features % (64 if self.packed.device.type == "cpu" else 8) == 0
 
     def __init__(
         self,
@@ -134,6 +149,7 @@ class Int8Linear(WeightOnlyLinear):
     # The int8 kernel costs twice int4's a row: SmolLM2's head takes 1.6 ms at 4 rows and 3.3 at 8
     # against 2.4 and 2.2 for bfloat16.
     dense_from_rows = 6
+    output_dims = {"dense": 0, "weight_int8": 0, "scales": 0}
 
     def __init__(
         self,
@@ -164,6 +180,53 @@ class Int8Linear(WeightOnlyLinear):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
+
+
+def fuse_linears(parts: list[nn.Module]) -> WeightOnlyLinear | None:
+    """One layer whose output is the parts' outputs side by side (q, k and v; gate and up), so that a
+    step makes one kernel call where it made several; None unless all parts are weight-only layers
+    of one kind over the same input.
+
+    Each kernel call has a fixed cost that is most of a small layer's time at one row (docs/
+    performance.md). The parts keep working, on views of the fused weights where those are
+    contiguous slices of them, so the weights are not stored twice; only the small scales are.
+    """
+    if not fusable(parts):
+        return None
+    first = parts[0]
+    fused = type(first).__new__(type(first))
+    nn.Module.__init__(fused)
+    fused.in_features = first.in_features
+    fused.out_features = sum(part.out_features for part in parts)
+    biases = [part.bias for part in parts]
+    fused.bias = None if biases[0] is None else nn.Parameter(torch.cat(biases), requires_grad=False)
+    for name, dim in first.output_dims.items():
+        tensors = [getattr(part, name) for part in parts]
+        if tensors[0] is None:
+            fused.register_buffer(name, None, persistent=False)
+            continue
+        joined = torch.cat(tensors, dim=dim)
+        fused.register_buffer(name, joined, persistent=False)
+        if dim == 0:  # each part's rows are a contiguous slice of the joined tensor
+            for part, piece in zip(parts, joined.split([t.shape[0] for t in tensors]), strict=True):
+                setattr(part, name, piece)
+    return fused
+
+
+def fusable(parts: list[nn.Module]) -> bool:
+    """Weight-only layers of one kind over one input, with biases all or none, packed so that each
+    part's weights may follow the one before."""
+    first = parts[0]
+    return (
+        isinstance(first, WeightOnlyLinear)
+        and all(
+            type(part) is type(first)
+            and part.in_features == first.in_features
+            and (part.bias is None) == (first.bias is None)
+            for part in parts
+        )
+        and all(part.can_be_followed() for part in parts[:-1])
+    )
 
 
 QUANTIZERS = {"int4": Int4Linear.quantize, "int8": Int8Linear.quantize}

@@ -34,7 +34,9 @@ class StepLayout:
     decode_index: torch.Tensor  # [decode queries]: the row of each, in pack order (ascending)
     positions: torch.Tensor  # [decode queries]: where each sits in its row
     span: int  # cache positions the decode queries read (the longest row's, masked per row)
-    visible: torch.Tensor  # [decode_rows, 1, 1, span]: which of them each row may read
+    # [decode_rows, 1, 1, span]: 0 where a row may read, -inf where not, in the queries' dtype (a boolean
+    # mask would be turned into this by every layer's attention call)
+    visible: torch.Tensor
     prompts: tuple[tuple[int, int, int], ...]  # (row, start in the pack, length) of each new prompt
 
     @property

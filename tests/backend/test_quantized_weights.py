@@ -8,7 +8,14 @@ from gguf import GGMLQuantizationType, quants
 from backend.gguf_weights import serve_gguf_weights, unpack_blocks
 from backend.loader import default_model_path, load_model
 from backend.messages import BackendConfig
-from backend.quantized_linear import DENSE_FROM_ROWS, GROUP_SIZE, Int4Linear, Int8Linear, quantize_model
+from backend.quantized_linear import (
+    DENSE_FROM_ROWS,
+    GROUP_SIZE,
+    Int4Linear,
+    Int8Linear,
+    fuse_linears,
+    quantize_model,
+)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -59,6 +66,42 @@ def test_int8_layer_multiplies_by_q_times_its_channel_scale():
         x = torch.randn(rows, 64)
         expected = x @ (q.float() * scale[:, None]).T
         assert (layer(x) - expected).abs().max() < bf16_tolerance(expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_fused_layers_give_their_parts_outputs_side_by_side_and_share_their_weights(mode, device):
+    torch.manual_seed(3)
+    quantize = {"int4": Int4Linear, "int8": Int8Linear}[mode].quantize
+    parts = [quantize(torch.nn.Linear(4 * GROUP_SIZE, out).to(device)) for out in (64, 128, 32)]
+    inputs = [torch.randn(rows, 4 * GROUP_SIZE, device=device) for rows in (2, DENSE_FROM_ROWS)]
+    before = [[part(x) for part in parts] for x in inputs]  # packed weights, then (CPU) the dense copy
+    fused = fuse_linears(parts)
+    assert fused is not None and fused.out_features == 224
+    for x, outputs in zip(inputs, before, strict=True):
+        expected = torch.cat(outputs, dim=-1)
+        assert (fused(x) - expected).abs().max() < bf16_tolerance(expected)
+        for part, output in zip(parts, outputs, strict=True):  # the parts still work, on views
+            assert torch.equal(part(x), output)
+    weight_name = {"int4": "packed", "int8": "weight_int8"}[mode]
+    fused_weight = getattr(fused, weight_name)
+    for part in parts:  # the parts read slices of the fused weights: nothing is stored twice
+        weight = getattr(part, weight_name)
+        assert fused_weight.data_ptr() <= weight.data_ptr() < fused_weight.data_ptr() + fused_weight.nbytes
+
+
+def test_float_layers_and_mixed_kinds_do_not_fuse():
+    linears = [torch.nn.Linear(GROUP_SIZE, 16), torch.nn.Linear(GROUP_SIZE, 16)]
+    assert fuse_linears(linears) is None
+    assert fuse_linears([Int4Linear.quantize(linears[0]), Int8Linear.quantize(linears[1])]) is None
+
+
+def test_int4_layers_fuse_only_where_the_cpu_packing_blocks_line_up():
+    def int4(out_features):
+        return Int4Linear.quantize(torch.nn.Linear(GROUP_SIZE, out_features))
+
+    assert fuse_linears([int4(64), int4(16)]) is not None
+    assert fuse_linears([int4(32), int4(32)]) is None  # 32 rows end inside the kernel's 64-row block
 
 
 @pytest.mark.parametrize("kind", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1])
