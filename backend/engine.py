@@ -23,7 +23,9 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from backend.decoder_runner import DecoderRunner
 from backend.heap import reuse_freed_memory
-from backend.messages import BackendConfig, Piece, SamplingParams, Submit
+from backend.logits_processors import LogitsProcessors
+from backend.logprobs import token_logprobs
+from backend.messages import BackendConfig, Piece, SamplingParams, Submit, TokenLogprob
 from backend.row import Row
 from backend.row_attention import StepLayout, step_layout
 from backend.row_cache import KVShape, RowCache
@@ -81,6 +83,7 @@ class Engine:
             KVShape.of(model.config), rows, self.max_seq_len, self._cache_dtype(), self.device
         )
         self.runner = DecoderRunner(model) if DecoderRunner.supports(model, self.max_seq_len) else None
+        self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.rows: list[Row | None] = [None] * rows
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
@@ -111,6 +114,10 @@ class Engine:
         elif not all(0 <= token < self.vocab_size for token in request.prompt_ids):
             self._reject(
                 request, f"the prompt has token ids outside the model's vocabulary of {self.vocab_size}"
+            )
+        elif not all(0 <= token < self.vocab_size for token in self._named_tokens(request.params)):
+            self._reject(
+                request, f"logit_bias or stop_token_ids name ids outside the vocabulary of {self.vocab_size}"
             )
         elif request.request_id in self.waiting or self._row_of(request.request_id) is not None:
             self._reject(request, f"request id {request.request_id!r} is already in use")
@@ -179,6 +186,7 @@ class Engine:
             del self.waiting[request.request_id]
             budget -= len(request.prompt_ids)
             row = Row(index, request, self.tokenizer, self.eos_ids, self.max_seq_len)
+            self.processors.admit(index, request.params, request.prompt_ids)
             self.rows[index] = row
             admitted.append(row)
         return admitted
@@ -197,12 +205,21 @@ class Engine:
         token_ids = [row.next_input for row in decoding]
         decode_positions = [row.position for row in decoding]
         positions = list(decode_positions)
-        prompts, logit_positions = [], list(range(len(decoding)))
+        prompts = []
+        keep = list(range(len(decoding)))  # the positions whose logits the step needs
+        last_of_row = list(range(len(decoding)))  # which of those each row samples from
+        scored = []  # (row, its first kept position): prompts scored at every position
         for row in prefilling:
-            prompts.append((row.index, len(token_ids), len(row.prompt_ids)))
+            start, length = len(token_ids), len(row.prompt_ids)
+            prompts.append((row.index, start, length))
             token_ids += row.prompt_ids
-            positions += range(len(row.prompt_ids))
-            logit_positions.append(len(token_ids) - 1)
+            positions += range(length)
+            if row.request.params.prompt_logprobs is not None:
+                scored.append((row, len(keep)))
+                keep += range(start, start + length)
+            else:
+                keep.append(start + length - 1)
+            last_of_row.append(len(keep) - 1)
 
         row_positions = [0] * decode_rows  # free rows of the span read their position 0 only
         for row in decoding:
@@ -226,12 +243,16 @@ class Engine:
             torch.tensor(token_ids, device=self.device),
             torch.tensor(positions, device=self.device),
             layout,
-            torch.tensor(logit_positions, device=self.device),
+            torch.tensor(keep, device=self.device),
         )
         for row in decoding:
             row.cached += 1
         for row in prefilling:
             row.cached = len(row.prompt_ids)
+        for row, first in scored:
+            row.prompt_logprobs = self._prompt_logprobs(row, logits[first : first + len(row.prompt_ids) - 1])
+        if scored:
+            logits = logits.index_select(0, torch.tensor(last_of_row, device=self.device))
         return self._sample_and_accept(decoding + prefilling, logits)
 
     def _forward(
@@ -256,9 +277,59 @@ class Engine:
         return output.logits[0]
 
     def _sample_and_accept(self, rows: list[Row], logits: torch.Tensor) -> list[Piece]:
-        tokens = sample(logits, self._sampling_batch(rows)).tolist()  # the step's one host sync
-        pieces = (row.accept(token) for row, token in zip(rows, tokens, strict=True))
-        return [piece for piece in pieces if piece is not None]
+        """Each row's next token from its logits ([rows, vocab], raw), through its penalties and
+        sampling settings; the rows that only score a prompt (max_tokens 0) end here instead."""
+        pieces = [row.scored_piece() for row in rows if row.request.params.max_tokens == 0]
+        if pieces:
+            sampling = [i for i, row in enumerate(rows) if row.request.params.max_tokens > 0]
+            if not sampling:
+                return pieces
+            rows = [rows[i] for i in sampling]
+            logits = logits.index_select(0, torch.tensor(sampling, device=self.device))
+        penalized = [i for i, row in enumerate(rows) if row.request.params.penalized]
+        processed = logits.to(torch.float32, copy=bool(penalized))  # `logits` stay raw for logprobs
+        if penalized:
+            self.processors.apply(
+                processed,
+                penalized,
+                [rows[i].index for i in penalized],
+                [rows[i].request.params for i in penalized],
+                [len(rows[i].prompt_ids) for i in penalized],
+                [len(rows[i].generated) for i in penalized],
+                self.eos_ids,
+            )
+        tokens = sample(processed, self._sampling_batch(rows))
+        if penalized:
+            self.processors.record(
+                [rows[i].index for i in penalized],
+                [len(rows[i].prompt_ids) + len(rows[i].generated) for i in penalized],
+                tokens.index_select(0, torch.tensor(penalized, device=self.device)),
+            )
+        logprobs = self._logprobs(rows, logits, tokens)
+        token_list = tokens.tolist()  # the step's one host sync
+        accepted = (
+            row.accept(token, logprobs.get(i))
+            for i, (row, token) in enumerate(zip(rows, token_list, strict=True))
+        )
+        return pieces + [piece for piece in accepted if piece is not None]
+
+    def _logprobs(
+        self, rows: list[Row], logits: torch.Tensor, tokens: torch.Tensor
+    ) -> dict[int, TokenLogprob]:
+        """The chosen tokens' log-probabilities, by position in `rows`, for the rows that ask."""
+        asking = [i for i, row in enumerate(rows) if row.wants_logprobs]
+        if not asking:
+            return {}
+        index = torch.tensor(asking, device=self.device)
+        tops = [rows[i].request.params.logprobs for i in asking]
+        entries = token_logprobs(logits.index_select(0, index), tokens.index_select(0, index), tops)
+        return dict(zip(asking, entries, strict=True))
+
+    def _prompt_logprobs(self, row: Row, logits: torch.Tensor) -> tuple[TokenLogprob | None, ...]:
+        """Each prompt token's log-probability given the ones before it (the first has none)."""
+        following = torch.tensor(row.prompt_ids[1:], device=self.device)
+        top = row.request.params.prompt_logprobs
+        return (None, *token_logprobs(logits, following, [top] * len(following)))
 
     def _sampling_batch(self, rows: list[Row]) -> SamplingBatch:
         params = [row.request.params for row in rows]
@@ -268,7 +339,12 @@ class Engine:
             top_p=[p.top_p for p in params],
             seeds=[row.seed for row in rows],
             counters=[len(row.generated) for row in rows],
+            min_p=[p.min_p for p in params],
         )
+
+    @staticmethod
+    def _named_tokens(params: SamplingParams) -> list[int]:
+        return [token for token, _ in params.logit_bias] + list(params.stop_token_ids)
 
     def _free_finished(self) -> None:
         for row in self.active_rows:

@@ -13,6 +13,10 @@ from typing import Literal
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI
+MAX_REPETITION_PENALTY = 10.0
+
 
 class InvalidParams(ValueError):
     """A sampling parameter out of its range; `param` names it for the client."""
@@ -33,10 +37,22 @@ class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
     top_k: int = 0  # 0 means no top-k cut
     top_p: float = 1.0  # 1 means no nucleus cut
-    max_tokens: int = 128
+    max_tokens: int = 128  # 0 only to score a prompt (prompt_logprobs) without generating
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    # Log-probabilities, of the model's raw logits (before penalties, temperature and cuts): None
+    # for none, N for the chosen token's and the N most likely alternatives' (at most MAX_LOGPROBS).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first
+    # Penalties and filters, as vLLM and OpenAI define them (backend/logits_processors.py).
+    presence_penalty: float = 0.0  # -2..2, once for each token already generated
+    frequency_penalty: float = 0.0  # -2..2, times how often it was generated
+    repetition_penalty: float = 1.0  # > 0: logits of prompt and generated tokens divided (or times) by it
+    min_p: float = 0.0  # 0..1: tokens below min_p times the top token's probability are cut
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, -100..100) added to its logit
+    min_tokens: int = 0  # no EOS (nor stop_token_ids) before this many tokens
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end generation, like EOS
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -49,14 +65,48 @@ class SamplingParams:
             raise InvalidParams("top_k", f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise InvalidParams("top_p", f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
+        if self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
             raise InvalidParams("max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise InvalidParams(name, f"{name} must be from 0 to {MAX_LOGPROBS}, got {value}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise InvalidParams(name, f"{name} must be from -2 to 2, got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise InvalidParams(
+                "repetition_penalty",
+                f"repetition_penalty must be over 0 and at most {MAX_REPETITION_PENALTY:g}, "
+                f"got {self.repetition_penalty}",
+            )
+        if not 0 <= self.min_p <= 1:
+            raise InvalidParams("min_p", f"min_p must be from 0 to 1, got {self.min_p}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS or any(
+            not -100 <= bias <= 100 for _, bias in self.logit_bias
+        ):
+            raise InvalidParams(
+                "logit_bias", f"logit_bias takes at most {MAX_LOGIT_BIAS} entries, each from -100 to 100"
+            )
+        if self.min_tokens < 0:
+            raise InvalidParams("min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidParams("stop", "stop sequences must be non-empty strings")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether its logits change before sampling (backend/logits_processors.py)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1
+            or self.logit_bias
+            or self.min_tokens
+        )
 
 
 @dataclass(frozen=True)
@@ -121,8 +171,23 @@ class BackendFailed:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability under the model, and the most likely tokens in its place."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
+@dataclass(frozen=True)
 class Piece:
-    """New text for one request; the last piece of a request has a finish_reason."""
+    """New text for one request; the last piece of a request has a finish_reason.
+
+    With logprobs asked for, a piece carries an entry for each token generated
+    since the last piece (text held back by a stop sequence included), so a
+    request's entries number its completion tokens; its first piece carries
+    the prompt's (None for the first prompt token, which nothing predicts).
+    """
 
     request_id: str
     text: str
@@ -130,6 +195,8 @@ class Piece:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
     @property
     def finished(self) -> bool:

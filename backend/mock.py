@@ -61,6 +61,8 @@ class MockRow:
         self.stop = StopMatcher(self.request.params.stop)
 
     def next_piece(self) -> Piece:
+        if self.request.params.max_tokens == 0:  # a prompt only scored: the mock has no scores to give
+            return Piece(self.request.request_id, "", "length", prompt_tokens=len(self.request.prompt_ids))
         self.generated += 1
         text = self.stop.feed(mock_token(self.request.prompt_ids, self.generated - 1))
         finish = None

@@ -6,7 +6,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from backend.detokenizer import Decoder, IncrementalDetokenizer
-from backend.messages import FinishReason, Piece, Submit
+from backend.messages import FinishReason, Piece, Submit, TokenLogprob
 from backend.stop_matcher import StopMatcher
 
 
@@ -21,6 +21,9 @@ class Row:
     cached: int = 0  # tokens whose keys and values are in this row of the cache
     cancelled: bool = False
     finish_reason: FinishReason | None = None
+    # Log-probabilities not yet sent: the prompt's (set at prefill), the tokens' since the last piece.
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         params = self.request.params
@@ -47,11 +50,17 @@ class Row:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def accept(self, token_id: int) -> Piece | None:
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.request.params.logprobs is not None
+
+    def accept(self, token_id: int, logprob: TokenLogprob | None = None) -> Piece | None:
         """Take a sampled token; return the text it releases and, at the end, why it ended."""
         params = self.request.params
         self.generated.append(token_id)
-        if token_id in self.eos_ids and not params.ignore_eos:
+        if logprob is not None:
+            self.pending_logprobs.append(logprob)
+        if (token_id in self.eos_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
             return self._finish("stop", self.stop.flush())
         text = self.stop.feed(self.detokenizer.add(token_id))
         if self.stop.stopped:
@@ -66,15 +75,24 @@ class Row:
     def cancel_piece(self) -> Piece:
         return self._finish("cancelled", "")
 
+    def scored_piece(self) -> Piece:
+        """The end of a request that only scores its prompt (max_tokens 0)."""
+        return self._finish("length", "")
+
     def _finish(self, reason: FinishReason, text: str) -> Piece:
         self.finish_reason = reason
         return self._piece(text)
 
     def _piece(self, text: str) -> Piece:
-        return Piece(
+        piece = Piece(
             self.request.request_id,
             text,
             self.finish_reason,
             prompt_tokens=len(self.prompt_ids),
             completion_tokens=len(self.generated),
+            logprobs=tuple(self.pending_logprobs),
+            prompt_logprobs=self.prompt_logprobs,
         )
+        self.pending_logprobs.clear()
+        self.prompt_logprobs = None  # sent once, with the first piece
+        return piece

@@ -30,6 +30,7 @@ class SamplingBatch:
     top_p: list[float]  # 1 means no cut
     seeds: list[int]  # each row's seed, 0 to 2**63 - 1 (unused for greedy rows)
     counters: list[int]  # each row's draw number: the tokens it has generated so far
+    min_p: list[float] | None = None  # per row, 0 for no cut; None: no row has one
 
     def rows(self, predicate) -> list[int]:
         return [r for r in range(len(self.temperature)) if self.temperature[r] > 0 and predicate(r)]
@@ -102,6 +103,13 @@ def pad(rows: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(rows, (0, width - rows.shape[-1]))
 
 
+def min_p_cut(values: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Cut the candidates less likely than min_p times the row's most likely one: p_i < min_p * p_max
+    is values_i < max(values) + log(min_p), the same in logits (min_p 0 cuts nothing)."""
+    floor = values.amax(dim=-1, keepdim=True) + min_p.log().unsqueeze(-1)
+    return values.masked_fill(values < floor, float("-inf"))
+
+
 def race(values: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """Index of each row's draw from softmax(values): argmax(values + Gumbel noise); -inf never wins."""
     return (values + gumbel_noise(seeds, counters, values.shape[-1])).argmax(dim=-1)
@@ -171,6 +179,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         scaled = apply_temperature(logits if every_row else logits.index_select(0, index), temperature)
         seeds = torch.tensor([batch.seeds[r] for r in rows], device=device)
         counters = torch.tensor([batch.counters[r] for r in rows], device=device)
+        min_p = [batch.min_p[r] for r in rows] if batch.min_p else []
+        if any(min_p):
+            scaled = min_p_cut(scaled, torch.tensor(min_p, device=device))
         if rows is whole:
             chosen = race(scaled, seeds, counters)
         else:

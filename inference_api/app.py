@@ -10,7 +10,7 @@ import uuid
 from flask import Flask, Response, current_app, g, request
 
 from backend.messages import BackendReady
-from inference_api import native_api, openai_api, openapi, ops, page
+from inference_api import native_api, openai_api, openapi, ops, page, tokenize_api
 from inference_api.config import ServerConfig
 from inference_api.errors import register_error_handlers
 from inference_api.metrics import Metrics
@@ -53,6 +53,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     app.register_blueprint(ops.bp)
     app.register_blueprint(page.bp)
     app.register_blueprint(openapi.bp)
+    app.register_blueprint(tokenize_api.bp)
 
     router.start()
     return app

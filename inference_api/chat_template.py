@@ -44,9 +44,11 @@ class ChatTemplate:
         self.template = environment.from_string(source)
         self.special_tokens = special_tokens or {}
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         try:
-            return self.template.render(messages=messages, add_generation_prompt=True, **self.special_tokens)
+            return self.template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens
+            )
         except TemplateError as error:
             raise ChatTemplateError(str(error)) from None
 

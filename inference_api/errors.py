@@ -42,6 +42,10 @@ class ApiError(Exception):
         self.code = code
 
 
+# vLLM's extensions beside /v1/, which answer errors in OpenAI's shape as vLLM's do.
+OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize")
+
+
 def unavailable(message: str, retry_after: int) -> ApiError:
     return ApiError(503, message, {"Retry-After": str(retry_after)})
 
@@ -53,7 +57,7 @@ def error_response(
     param: str | None = None,
     code: str | None = None,
 ) -> Response:
-    if has_request_context() and request.path.startswith("/v1/"):
+    if has_request_context() and (request.path.startswith("/v1/") or request.path in OPENAI_STYLE_PATHS):
         kind = "invalid_request_error" if status < 500 else "server_error"
         response = jsonify(error={"message": message, "type": kind, "param": param, "code": code})
     else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backend.messages import InvalidParams, SamplingParams
+from backend.messages import MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
 from inference_api.fields import (
     parse_json_object,
     read_bool,
@@ -42,7 +42,19 @@ def parse_native_request(body: bytes) -> NativeRequest:
         max_tokens=read_integer(data, "max_tokens", 128, 1, MAX_TOKENS_LIMIT),
         stop=read_stop(data, "stop_sequence"),
         seed=read_integer(data, "seed", None, 0, SEED_MAX),
+        # The OpenAI API's penalties and filters, under the same names (vLLM's, for the last three).
+        presence_penalty=read_number(data, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=read_number(data, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=read_number(
+            data, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY, low_open=True
+        ),
+        min_p=read_number(data, "min_p", 0.0, 0.0, 1.0),
+        min_tokens=read_integer(data, "min_tokens", 0, 0, MAX_TOKENS_LIMIT),
     )
+    if params.min_tokens > params.max_tokens:
+        raise InvalidParams(
+            "min_tokens", f"min_tokens ({params.min_tokens}) is over max_tokens ({params.max_tokens})"
+        )
     return NativeRequest(
         text=text,
         params=params,

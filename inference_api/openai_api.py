@@ -20,6 +20,7 @@ from backend.messages import Piece
 from inference_api.choices import Choices
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.fields import parse_json_object
+from inference_api.openai_logprobs import ChatLogprobs, CompletionLogprobs
 from inference_api.openai_request import OpenAIRequest, parse_chat_request, parse_completion_request
 from inference_api.router import NotReady, QueueFull, Router, Serving
 
@@ -29,7 +30,7 @@ STARTED = int(time.time())
 
 @bp.get("/models")
 def models() -> Response:
-    serving = _serving()
+    serving = serving_now()
     model = {
         "id": serving.backend.model_name,
         "object": "model",
@@ -60,14 +61,18 @@ class Completion:
     def parse(self, data: dict[str, Any], serving: Serving) -> OpenAIRequest:
         return parse_completion_request(data, serving)
 
+    def logprobs(self, openai_request: OpenAIRequest, serving: Serving, index: int) -> CompletionLogprobs:
+        prompt = openai_request.prompts[index // openai_request.n]
+        return CompletionLogprobs(serving.tokenizer, prompt if openai_request.echo else None)
+
     def opening(self, index: int) -> dict[str, Any] | None:
         return None
 
-    def choice(self, index: int, text: str, finish_reason: str) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def choice(self, index: int, text: str, finish_reason: str, logprobs: Any = None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def delta(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def delta(self, index: int, text: str, finish_reason: str | None, logprobs: Any = None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class ChatCompletion:
@@ -80,6 +85,9 @@ class ChatCompletion:
     def parse(self, data: dict[str, Any], serving: Serving) -> OpenAIRequest:
         return parse_chat_request(data, serving)
 
+    def logprobs(self, openai_request: OpenAIRequest, serving: Serving, index: int) -> ChatLogprobs:
+        return ChatLogprobs(serving.tokenizer)
+
     def opening(self, index: int) -> dict[str, Any] | None:
         """The first chunk of each choice names the role, as OpenAI's do."""
         return {
@@ -89,16 +97,38 @@ class ChatCompletion:
             "finish_reason": None,
         }
 
-    def choice(self, index: int, text: str, finish_reason: str) -> dict[str, Any]:
+    def choice(self, index: int, text: str, finish_reason: str, logprobs: Any = None) -> dict[str, Any]:
         message = {"role": "assistant", "content": text}
-        return {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def delta(self, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def delta(self, index: int, text: str, finish_reason: str | None, logprobs: Any = None) -> dict[str, Any]:
         delta = {"content": text} if text else {}
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def _serving() -> Serving:
+class ChoiceOutput:
+    """What one choice adds to the response at each piece: its text (the echoed prompt before the
+    first), and its logprobs entries in the endpoint's shape when the request asked for them."""
+
+    def __init__(
+        self, api: Completion | ChatCompletion, openai_request: OpenAIRequest, serving: Serving, index: int
+    ):
+        self.echo = openai_request.prompt_texts[index // openai_request.n] if openai_request.echo else ""
+        self.writer = api.logprobs(openai_request, serving, index) if openai_request.logprobs else None
+
+    def text(self, piece: Piece) -> str:
+        text, self.echo = self.echo + piece.text, ""
+        return text
+
+    def entries(self, piece: Piece) -> tuple:
+        return (*(piece.prompt_logprobs or ()), *piece.logprobs)
+
+    def logprobs(self, entries: tuple) -> dict[str, Any] | None:
+        return None if self.writer is None else self.writer.shape(entries)
+
+
+def serving_now() -> Serving:
+    """What the backend serves, or a 503 while it loads."""
     serving = current_app.extensions["router"].serving
     if serving is None:
         raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY)
@@ -107,7 +137,7 @@ def _serving() -> Serving:
 
 def _answer(api: Completion | ChatCompletion) -> Response:
     body = request.get_data(cache=False)  # first: a rejected request must not leave its body unread
-    serving = _serving()
+    serving = serving_now()
     data = parse_json_object(body)
     model = data.get("model")
     if not isinstance(model, str) or not model:
@@ -136,7 +166,7 @@ def _answer(api: Completion | ChatCompletion) -> Response:
         response.headers["Cache-Control"] = "no-cache"
         response.headers["X-Accel-Buffering"] = "no"
         return response
-    return _whole(api, response_id, serving, choices, chain([first], pieces), usage)
+    return _whole(api, response_id, serving, openai_request, choices, chain([first], pieces), usage)
 
 
 def _open_choices(router: Router, openai_request: OpenAIRequest) -> Choices:
@@ -170,17 +200,21 @@ def _whole(
     api: Completion | ChatCompletion,
     response_id: str,
     serving: Serving,
+    openai_request: OpenAIRequest,
     choices: Choices,
     pieces: Iterator[tuple[int, Piece]],
     usage: Usage,
 ) -> Response:
-    texts = [[] for _ in choices.streams]
+    outputs = [ChoiceOutput(api, openai_request, serving, i) for i in range(len(choices.streams))]
+    texts: list[list[str]] = [[] for _ in choices.streams]
+    entries: list[list] = [[] for _ in choices.streams]
     finish_reasons: list[str | None] = [None] * len(choices.streams)
     try:
         for index, piece in pieces:
             if piece.finish_reason == "error":
                 raise unavailable(f"generation failed: {piece.error}", RETRY_AFTER_NOT_READY)
-            texts[index].append(piece.text)
+            texts[index].append(outputs[index].text(piece))
+            entries[index] += outputs[index].entries(piece)
             finish_reasons[index] = piece.finish_reason
     finally:
         choices.close()
@@ -189,7 +223,10 @@ def _whole(
         object=api.object,
         created=int(time.time()),
         model=serving.backend.model_name,
-        choices=[api.choice(i, "".join(parts), finish_reasons[i]) for i, parts in enumerate(texts)],
+        choices=[
+            api.choice(i, "".join(parts), finish_reasons[i], outputs[i].logprobs(tuple(entries[i])))
+            for i, parts in enumerate(texts)
+        ],
         usage=usage.as_dict(),
     )
 
@@ -219,6 +256,7 @@ def _events(
         }
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
 
+    outputs = [ChoiceOutput(api, openai_request, serving, i) for i in range(len(choices.streams))]
     try:
         for index in range(len(choices.streams)):
             opening = api.opening(index)
@@ -234,8 +272,10 @@ def _events(
                 }
                 yield f"data: {json.dumps({'error': error})}\n\n".encode()
                 return
-            if piece.text or piece.finished:
-                yield chunk([api.delta(index, piece.text, piece.finish_reason)])
+            text, entries = outputs[index].text(piece), outputs[index].entries(piece)
+            if text or entries or piece.finished:
+                logprobs = outputs[index].logprobs(entries)
+                yield chunk([api.delta(index, text, piece.finish_reason, logprobs)])
         if openai_request.include_usage:
             yield chunk([], usage=usage.as_dict())
         yield b"data: [DONE]\n\n"

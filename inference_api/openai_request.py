@@ -10,10 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from backend.messages import InvalidParams, SamplingParams
+from backend.messages import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    InvalidParams,
+    SamplingParams,
+)
 from inference_api.chat_template import ChatTemplateError
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
 from inference_api.router import Serving
+from inference_api.unsupported_fields import reject_unsupported
 
 MAX_CHOICES = 16
 SEED_MAX = 2**64 - 1
@@ -35,6 +42,12 @@ class OpenAIRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    echo: bool = False  # completions: the prompt comes back before the completion...
+    prompt_texts: tuple[str, ...] = ()  # ...as this text (the prompt as sent, or its ids decoded)
+
+    @property
+    def logprobs(self) -> bool:
+        return self.params.logprobs is not None
 
     def choice_requests(self) -> list[tuple[list[int], SamplingParams]]:
         """One backend request per choice, in OpenAI's order (prompt by prompt, n each).
@@ -52,19 +65,51 @@ class OpenAIRequest:
 
 
 def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
-    prompts = [_prompt_ids(prompt, serving, f"prompt[{i}]") for i, prompt in enumerate(_prompt_list(data))]
-    return _common(data, serving, prompts, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS)
+    reject_unsupported(data, "completions")
+    sent = _prompt_list(data)
+    prompts = [_prompt_ids(prompt, serving, f"prompt[{i}]") for i, prompt in enumerate(sent)]
+    echo = read_bool(data, "echo", False)
+    logprobs = read_integer(data, "logprobs", None, 0, MAX_LOGPROBS)
+    openai_request = _common(data, serving, prompts, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS, logprobs, echo)
+    if not echo:
+        return openai_request
+    texts = tuple(
+        text if isinstance(text, str) else serving.tokenizer.decode(ids, skip_special_tokens=False)
+        for text, ids in zip(sent, prompts, strict=True)
+    )
+    return replace(openai_request, echo=True, prompt_texts=texts)
 
 
 def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
+    reject_unsupported(data, "chat")
+    prompt_ids = chat_prompt_ids(data, serving)
+    return _common(data, serving, [prompt_ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))
+
+
+def chat_prompt_ids(
+    data: dict[str, Any],
+    serving: Serving,
+    add_generation_prompt: bool = True,
+    add_special_tokens: bool = False,
+) -> list[int]:
+    """`messages` through the model's chat template, as token ids."""
     messages = _messages(data.get("messages"))
     try:
-        text = serving.chat_template.render(messages)
+        text = serving.chat_template.render(messages, add_generation_prompt)
     except ChatTemplateError as error:
         raise InvalidParams("messages", f"the model's chat template refused the messages: {error}") from None
     # The rendered template already holds its special tokens (apply_chat_template does the same).
-    prompt_ids = serving.tokenizer.encode(text, add_special_tokens=False)
-    return _common(data, serving, [prompt_ids], "messages", CHAT_DEFAULT_MAX_TOKENS)
+    return serving.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def _chat_logprobs(data: dict[str, Any]) -> int | None:
+    """Chat's `logprobs: true` with `top_logprobs: N` as a count of alternatives (None: none)."""
+    top = read_integer(data, "top_logprobs", None, 0, MAX_LOGPROBS)
+    if not read_bool(data, "logprobs", False):
+        if top is not None:
+            raise InvalidParams("top_logprobs", "top_logprobs needs logprobs: true")
+        return None
+    return top or 0
 
 
 def _common(
@@ -73,12 +118,16 @@ def _common(
     prompts: list[list[int]],
     prompt_param: str,
     default_max_tokens: int,
+    logprobs: int | None,
+    echo: bool = False,
 ) -> OpenAIRequest:
     context = serving.backend.max_seq_len
     longest = max(len(ids) for ids in prompts)
+    # max_tokens 0 only scores an echoed prompt (what lm-evaluation-harness asks for log-likelihoods).
+    fewest = 0 if echo else 1
     max_tokens = read_integer(data, "max_completion_tokens", None, 1, context)
     if max_tokens is None:
-        max_tokens = read_integer(data, "max_tokens", None, 1, context)
+        max_tokens = read_integer(data, "max_tokens", None, fewest, context)
     if max_tokens is None:
         max_tokens = max(1, min(default_max_tokens, context - longest))
     if longest + max_tokens > context:
@@ -97,6 +146,17 @@ def _common(
         stop=read_stop(data, "stop"),
         seed=read_integer(data, "seed", None, 0, SEED_MAX),
         ignore_eos=read_bool(data, "ignore_eos", False),
+        logprobs=logprobs,
+        prompt_logprobs=logprobs if echo and logprobs is not None else None,
+        presence_penalty=read_number(data, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=read_number(data, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=read_number(
+            data, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY, low_open=True
+        ),
+        min_p=read_number(data, "min_p", 0.0, 0.0, 1.0),
+        logit_bias=_logit_bias(data.get("logit_bias"), serving.token_id_limit),
+        min_tokens=read_integer(data, "min_tokens", 0, 0, max_tokens),
+        stop_token_ids=token_id_list(data.get("stop_token_ids"), serving.token_id_limit, "stop_token_ids"),
     )
     stream = read_bool(data, "stream", False)
     return OpenAIRequest(
@@ -106,6 +166,34 @@ def _common(
         stream=stream,
         include_usage=_include_usage(data.get("stream_options"), stream),
     )
+
+
+def _logit_bias(value: Any, vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias}: ids as strings, biases from -100 to 100."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidParams("logit_bias", "logit_bias must be an object mapping token ids to biases")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise InvalidParams(
+            "logit_bias", f"logit_bias takes at most {MAX_LOGIT_BIAS} entries, got {len(value)}"
+        )
+    biases = []
+    for key, bias in value.items():
+        if not key.isdigit() or not int(key) < vocab:
+            raise InvalidParams("logit_bias", f"logit_bias key {key!r} is not a token id below {vocab}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise InvalidParams("logit_bias", f"logit_bias[{key!r}] must be a number from -100 to 100")
+        biases.append((int(key), float(bias)))
+    return tuple(biases)
+
+
+def token_id_list(value: Any, vocab: int, param: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(_is_token(t, vocab) for t in value):
+        raise InvalidParams(param, f"{param} must be a list of token ids below {vocab}")
+    return tuple(value)
 
 
 def _prompt_list(data: dict[str, Any]) -> list[str | list[int]]:

@@ -20,6 +20,12 @@ class PromptTokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text, special tokens included (what logprobs name it)."""
+        ...
+
 
 class ByteTokenizer:
     """For the mock backend, which has no vocabulary: one id per UTF-8 byte of the prompt."""
@@ -28,6 +34,12 @@ class ByteTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str:
+        return self.decode([token_id])
 
 
 class ModelTokenizer:
@@ -47,6 +59,12 @@ class ModelTokenizer:
         # add_special_tokens=True applies the post-processor, as tokenizer(text) does; a rendered
         # chat template already holds its special tokens (as in apply_chat_template).
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 def load_tokenizer(directory: str | None) -> PromptTokenizer:

@@ -36,3 +36,12 @@ def tokenizer(server: RunningServer):
     """The model's tokenizer as transformers loads it (from the server's converted copy), to count tokens."""
     cache = Path(os.environ["INFERENCE_CACHE_DIR"])
     return AutoTokenizer.from_pretrained(converted_dir(resolve_model(None), cache))
+
+
+@pytest.fixture(scope="package")
+def reference_model(server: RunningServer):
+    """The served model in float32 as transformers runs it, to check scores against."""
+    from backend.loader import load_model
+    from backend.messages import BackendConfig
+
+    return load_model(BackendConfig(dtype="float32", quantize="none", rows=1, max_seq_len=64)).model

@@ -1,0 +1,75 @@
+"""Log-probabilities in OpenAI's two shapes, from the backend's TokenLogprob entries.
+
+Legacy completions (`logprobs: N`):
+
+    {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}, ...],
+     "text_offset": [...]}
+
+with the echoed prompt's tokens first (the first one scored None, as
+nothing predicts it) and text_offset counting characters of the returned
+text. Chat (`logprobs: true, top_logprobs: N`):
+
+    {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+
+A streamed response carries the entries of each chunk's tokens in the
+chunk; their offsets run on from the chunk before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backend.messages import TokenLogprob
+from inference_api.tokenizer import PromptTokenizer
+
+# OpenAI writes an impossible token's logprob as a large negative number, not -Infinity, which is
+# not JSON (a bias of -100 can make a top alternative's probability underflow to 0).
+LOWEST_LOGPROB = -9999.0
+
+
+class CompletionLogprobs:
+    """One choice's legacy logprobs, chunk by chunk."""
+
+    def __init__(self, tokenizer: PromptTokenizer, prompt_ids: list[int] | None = None):
+        self.tokenizer = tokenizer
+        self.offset = 0  # characters of the choice's text so far
+        self.first_prompt_token = prompt_ids[0] if prompt_ids else None
+
+    def shape(self, entries: tuple[TokenLogprob | None, ...]) -> dict[str, Any]:
+        """Entries of the next tokens (prompt ones first when echoed: None for the first)."""
+        tokens, logprobs, tops, offsets = [], [], [], []
+        for entry in entries:
+            if entry is None:  # the echoed prompt's first token
+                token, logprob, top = self.tokenizer.token_text(self.first_prompt_token), None, None
+            else:
+                token, logprob = self.tokenizer.token_text(entry.token_id), finite(entry.logprob)
+                top = {self.tokenizer.token_text(t): finite(v) for t, v in entry.top}
+            tokens.append(token)
+            logprobs.append(logprob)
+            tops.append(top)
+            offsets.append(self.offset)
+            self.offset += len(token)
+        return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+class ChatLogprobs:
+    """One choice's chat logprobs, chunk by chunk."""
+
+    def __init__(self, tokenizer: PromptTokenizer):
+        self.tokenizer = tokenizer
+
+    def shape(self, entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
+        return {"content": [self._token(entry.token_id, entry.logprob, entry.top) for entry in entries]}
+
+    def _token(
+        self, token_id: int, logprob: float, top: tuple[tuple[int, float], ...] | None
+    ) -> dict[str, Any]:
+        text = self.tokenizer.token_text(token_id)
+        entry = {"token": text, "logprob": finite(logprob), "bytes": list(text.encode("utf-8"))}
+        if top is not None:
+            entry["top_logprobs"] = [self._token(t, v, None) for t, v in top]
+        return entry
+
+
+def finite(logprob: float) -> float:
+    return max(logprob, LOWEST_LOGPROB)

@@ -1,0 +1,67 @@
+"""vLLM's `/tokenize` and `/detokenize`: the served model's tokenizer over HTTP.
+
+    POST /tokenize    {"prompt": "...", "add_special_tokens": true}
+                      {"messages": [...], "add_generation_prompt": true}
+                   -> {"count": n, "max_model_len": L, "tokens": [...], "token_strs": [...] | null}
+    POST /detokenize  {"tokens": [...]} -> {"prompt": "..."}
+
+`model`, when given, must name the served model. Messages go through the
+model's chat template as /v1/chat/completions renders them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from backend.messages import InvalidParams
+from inference_api.errors import ApiError
+from inference_api.fields import parse_json_object, read_bool, read_string
+from inference_api.openai_api import serving_now
+from inference_api.openai_request import chat_prompt_ids, token_id_list
+from inference_api.router import Serving
+
+bp = Blueprint("tokenize_api", __name__)
+
+
+@bp.post("/tokenize")
+def tokenize() -> Response:
+    data, serving = _request()
+    if data.get("messages") is not None:
+        add_generation_prompt = read_bool(data, "add_generation_prompt", True)
+        add_special_tokens = read_bool(data, "add_special_tokens", False)
+        tokens = chat_prompt_ids(data, serving, add_generation_prompt, add_special_tokens)
+    else:
+        prompt = read_string(data, "prompt", required=True)
+        tokens = serving.tokenizer.encode(
+            prompt, add_special_tokens=read_bool(data, "add_special_tokens", True)
+        )
+    token_strs = (
+        [serving.tokenizer.token_text(t) for t in tokens]
+        if read_bool(data, "return_token_strs", False)
+        else None
+    )
+    return jsonify(
+        count=len(tokens), max_model_len=serving.backend.max_seq_len, tokens=tokens, token_strs=token_strs
+    )
+
+
+@bp.post("/detokenize")
+def detokenize() -> Response:
+    data, serving = _request()
+    if data.get("tokens") is None:
+        raise InvalidParams("tokens", "tokens is required: a list of token ids")
+    tokens = token_id_list(data["tokens"], serving.token_id_limit, "tokens")
+    return jsonify(prompt=serving.tokenizer.decode(list(tokens)))
+
+
+def _request() -> tuple[dict[str, Any], Serving]:
+    body = request.get_data(cache=False)
+    serving = serving_now()
+    data = parse_json_object(body)
+    model = data.get("model")
+    if model is not None and model != serving.backend.model_name:
+        message = f"The model {model!r} does not exist; this server serves {serving.backend.model_name!r}"
+        raise ApiError(404, message, param="model", code="model_not_found")
+    return data, serving

@@ -1,0 +1,178 @@
+"""Log-probabilities, prompt scoring, penalties, biases and the other per-row filters (issue 16)."""
+
+import math
+
+import pytest
+import torch
+
+from backend.engine import Engine
+from backend.logits_processors import LogitsProcessors
+from backend.messages import InvalidParams, SamplingParams, Submit
+from backend.sampler import SamplingBatch, sample
+from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, drive, tiny_model
+
+PROMPT = (5, 17, 42, 99, 7, 300)
+
+
+def engine_and_model(rows: int = 4):
+    model = tiny_model()
+    return Engine(model, MarkerTokenizer(), rows=rows, max_seq_len=64), model
+
+
+def run(engine, *requests: tuple[str, tuple[int, ...], SamplingParams]) -> dict[str, list]:
+    return drive(engine, [(0, Submit(request_id, prompt, params)) for request_id, prompt, params in requests])
+
+
+def logprobs_of(pieces) -> list:
+    return [entry for piece in pieces for entry in piece.logprobs]
+
+
+def reference_log_softmax(model, ids: list[int]) -> torch.Tensor:
+    """transformers' own forward over the whole sequence: [len, vocab] log-probabilities."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+
+
+def test_greedy_logprobs_are_the_models_log_softmax_with_the_top_alternatives():
+    engine, model = engine_and_model()
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3)
+    pieces = run(engine, ("a", PROMPT, params))["a"]
+    entries = logprobs_of(pieces)
+    generated = [entry.token_id for entry in entries]
+    assert len(entries) == pieces[-1].completion_tokens == 6
+    reference = reference_log_softmax(model, [*PROMPT, *generated])
+    for i, entry in enumerate(entries):
+        expected = reference[len(PROMPT) - 1 + i]
+        assert entry.token_id == int(expected.argmax())  # greedy: the top token was chosen
+        assert entry.logprob == pytest.approx(float(expected[entry.token_id]), abs=1e-4)
+        top_values, top_ids = expected.topk(3)
+        assert [t for t, _ in entry.top] == top_ids.tolist()
+        assert [v for _, v in entry.top] == pytest.approx(top_values.tolist(), abs=1e-4)
+
+
+def test_sampled_logprobs_are_those_of_the_raw_logits_not_of_the_temperature():
+    engine, model = engine_and_model()
+    params = SamplingParams(temperature=1.7, top_k=5, max_tokens=4, ignore_eos=True, seed=3, logprobs=0)
+    entries = logprobs_of(run(engine, ("a", PROMPT, params))["a"])
+    reference = reference_log_softmax(model, [*PROMPT, *(e.token_id for e in entries)])
+    for i, entry in enumerate(entries):
+        assert entry.top == ()
+        assert entry.logprob == pytest.approx(float(reference[len(PROMPT) - 1 + i, entry.token_id]), abs=1e-4)
+
+
+def test_prompt_scoring_without_generating_gives_every_prompt_token_after_the_first():
+    engine, model = engine_and_model()
+    params = SamplingParams(max_tokens=0, prompt_logprobs=2)
+    pieces = run(engine, ("score", PROMPT, params), ("other", PROMPT, SamplingParams(max_tokens=3)))
+    [piece] = pieces["score"]
+    assert piece.finish_reason == "length" and piece.completion_tokens == 0 and piece.text == ""
+    scores = piece.prompt_logprobs
+    assert scores[0] is None and len(scores) == len(PROMPT)
+    reference = reference_log_softmax(model, list(PROMPT))
+    for i, entry in enumerate(scores[1:]):
+        assert entry.token_id == PROMPT[i + 1]
+        assert entry.logprob == pytest.approx(float(reference[i, PROMPT[i + 1]]), abs=1e-4)
+        assert len(entry.top) == 2
+    assert pieces["other"][-1].completion_tokens == 3  # a request in the same step was not disturbed
+
+
+def test_max_tokens_zero_is_only_for_scoring():
+    with pytest.raises(InvalidParams) as error:
+        SamplingParams(max_tokens=0)
+    assert error.value.param == "max_tokens"
+
+
+def test_a_bias_of_minus_100_never_lets_a_token_out_and_plus_100_forces_one():
+    engine, model = engine_and_model()
+    free = run(engine, ("free", PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)))
+    greedy_tokens = MarkerTokenizer.ids("".join(p.text for p in free["free"]))
+    banned = greedy_tokens[0]
+    params = SamplingParams(
+        temperature=1.0, max_tokens=30, ignore_eos=True, seed=1, logit_bias=((banned, -100.0),), logprobs=0
+    )
+    forced = SamplingParams(
+        temperature=1.0, max_tokens=5, ignore_eos=True, seed=1, logit_bias=((123, 100.0),)
+    )
+    pieces = run(engine, ("banned", PROMPT, params), ("forced", PROMPT, forced))
+    assert banned not in [entry.token_id for entry in logprobs_of(pieces["banned"])]
+    assert MarkerTokenizer.ids("".join(p.text for p in pieces["forced"])) == [123] * 5
+
+
+def test_penalties_follow_their_formulas_per_row():
+    processors = LogitsProcessors(rows=2, max_seq_len=16, vocab=TINY_VOCAB, device=torch.device("cpu"))
+    frequency = SamplingParams(frequency_penalty=0.5, presence_penalty=0.25)
+    repetition = SamplingParams(repetition_penalty=2.0)
+    processors.admit(0, frequency, (1, 2))
+    processors.admit(1, repetition, (3,))
+    processors.record([0, 1], [2, 1], torch.tensor([7, 4]))  # each row's first generated token
+    processors.record([0], [3], torch.tensor([7]))
+    processors.record([0], [4], torch.tensor([9]))  # row 0 generated 7, 7, 9
+    logits = torch.full((3, TINY_VOCAB), 2.0)
+    logits[:, 3] = -2.0
+    processors.apply(logits, [0, 2], [0, 1], [frequency, repetition], [2, 1], [3, 1], frozenset())
+    expected_frequency = torch.full((TINY_VOCAB,), 2.0)
+    expected_frequency[3] = -2.0
+    expected_frequency[7] -= 0.5 * 2 + 0.25
+    expected_frequency[9] -= 0.5 * 1 + 0.25  # the prompt (1, 2) counts for neither
+    assert torch.equal(logits[0], expected_frequency)
+    assert torch.equal(logits[1], torch.where(torch.arange(TINY_VOCAB) == 3, -2.0, 2.0))  # not penalized
+    expected_repetition = torch.full((TINY_VOCAB,), 2.0)
+    expected_repetition[3] = -4.0  # a prompt token, below zero: times the penalty
+    expected_repetition[4] = 1.0  # a generated token, above zero: divided by it
+    assert torch.equal(logits[2], expected_repetition)
+    assert SamplingParams().penalized is False
+
+
+def test_penalized_rows_in_one_step_each_get_their_own():
+    engine, model = engine_and_model(rows=4)
+    prompt = (9, 9, 9, 9)
+    repetitive = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+    penalized = SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, logprobs=0, frequency_penalty=2.0
+    )
+    alone = run(engine, ("alone", prompt, repetitive))
+    together = run(engine, ("plain", prompt, repetitive), ("penalized", prompt, penalized))
+    tokens = {name: [e.token_id for e in logprobs_of(pieces)] for name, pieces in together.items()}
+    assert tokens["plain"] == [e.token_id for e in logprobs_of(alone["alone"])]  # untouched by its neighbour
+    # Greedy under the penalty, by hand: each token the best after 2 off for each earlier use.
+    reference = reference_log_softmax(model, [*prompt, *tokens["penalized"]])
+    for i, token in enumerate(tokens["penalized"]):
+        counts = torch.bincount(torch.tensor(tokens["penalized"][:i], dtype=torch.long), minlength=TINY_VOCAB)
+        assert token == int((reference[len(prompt) - 1 + i] - 2.0 * counts).argmax())
+    assert len(set(tokens["penalized"])) > len(set(tokens["plain"]))
+
+
+def test_min_tokens_holds_back_eos_and_stop_token_ids():
+    engine, _ = engine_and_model()
+    stop_at_once = SamplingParams(
+        temperature=1.0, max_tokens=20, seed=5, logit_bias=((TINY_EOS, 100.0), (77, 90.0)), min_tokens=4
+    )
+    stop_token = SamplingParams(
+        temperature=1.0, max_tokens=20, seed=5, logit_bias=((77, 100.0),), stop_token_ids=(77,), logprobs=0
+    )
+    pieces = run(engine, ("eos", PROMPT, stop_at_once), ("stop-id", PROMPT, stop_token))
+    assert pieces["eos"][-1].finish_reason == "stop" and pieces["eos"][-1].completion_tokens == 5
+    last = pieces["stop-id"][-1]
+    assert last.finish_reason == "stop" and last.completion_tokens == 1 and last.text == ""
+    assert [entry.token_id for entry in logprobs_of(pieces["stop-id"])] == [77]
+
+
+def test_min_p_cuts_tokens_below_its_share_of_the_best():
+    logits = torch.tensor([[0.0, math.log(0.5), math.log(0.1), math.log(0.05)]] * 64)
+    batch = SamplingBatch(
+        temperature=[1.0] * 64,
+        top_k=[0] * 64,
+        top_p=[1.0] * 64,
+        seeds=list(range(64)),
+        counters=[0] * 64,
+        min_p=[0.2] * 64,
+    )
+    drawn = set(sample(logits, batch).tolist())
+    assert drawn == {0, 1}  # 0.1 and 0.05 of the best are under 0.2 of it; both others are drawn
+
+
+def test_out_of_vocabulary_bias_and_stop_ids_are_rejected():
+    engine, _ = engine_and_model()
+    params = SamplingParams(logit_bias=((TINY_VOCAB + 5, 1.0),))
+    [piece] = run(engine, ("bad", PROMPT, params))["bad"]
+    assert piece.finish_reason == "error" and "vocabulary" in piece.error

@@ -1,0 +1,213 @@
+"""Log-probabilities, echo and prompt scoring, penalties and biases through the official client (issue 16)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import requests
+import torch
+
+from tests.openai.conftest import MODEL
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPT = "The capital of France is"
+
+
+def log_softmax_along(model, ids: list[int]) -> torch.Tensor:
+    """transformers' forward over the sequence: [len, vocab] log-probabilities of the next token."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+
+
+def greedy_ids(model, prompt_ids: list[int], count: int) -> list[int]:
+    with torch.no_grad():
+        output = model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=count,
+        )
+    return output[0, len(prompt_ids) :].tolist()
+
+
+def chat_prompt_ids(tokenizer) -> list[int]:
+    ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_chat_logprobs_are_the_models_log_softmax_streamed_and_not(client, tokenizer, reference_model):
+    request = dict(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3)
+    whole = client.chat.completions.create(**request).choices[0].logprobs.content
+    chunks = client.chat.completions.create(stream=True, **request)
+    streamed = [
+        entry
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    prompt_ids = chat_prompt_ids(tokenizer)
+    generated = greedy_ids(reference_model, prompt_ids, 8)
+    reference = log_softmax_along(reference_model, prompt_ids + generated)
+    assert len(whole) == len(streamed) == len(generated)  # EOS, when it came, included
+    for i, (entry, streamed_entry, token_id) in enumerate(zip(whole, streamed, generated, strict=True)):
+        expected = reference[len(prompt_ids) - 1 + i]
+        assert entry.token == tokenizer.decode([token_id])
+        assert entry.bytes == list(entry.token.encode("utf-8"))
+        assert entry.logprob == pytest.approx(float(expected[token_id]), abs=1e-4)
+        assert [top.token for top in entry.top_logprobs][0] == entry.token  # greedy took the best
+        assert [top.logprob for top in entry.top_logprobs] == pytest.approx(
+            expected.topk(3).values.tolist(), abs=1e-4
+        )
+        assert (streamed_entry.token, streamed_entry.logprob) == (entry.token, entry.logprob)
+
+
+def test_completion_logprobs_in_the_legacy_shape_streamed_and_not(client, tokenizer, reference_model):
+    request = dict(
+        model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6, logprobs=2, extra_body={"ignore_eos": True}
+    )
+    whole = client.completions.create(**request).choices[0]
+    chunks = list(client.completions.create(stream=True, **request))
+    prompt_ids = tokenizer(PROMPT).input_ids
+    generated = greedy_ids(reference_model, prompt_ids, 6)
+    reference = log_softmax_along(reference_model, prompt_ids + generated)
+    logprobs = whole.logprobs
+    assert logprobs.tokens == [tokenizer.decode([t]) for t in generated]
+    assert logprobs.token_logprobs == pytest.approx(
+        [float(reference[len(prompt_ids) - 1 + i, t]) for i, t in enumerate(generated)], abs=1e-4
+    )
+    assert all(
+        len(top) == 2 and max(top.values()) == lp
+        for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs, strict=True)
+    )
+    # Offsets point into the returned text.
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(6)]
+    assert "".join(logprobs.tokens) == whole.text
+    streamed_tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    streamed_offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert streamed_tokens == logprobs.tokens and streamed_offsets == logprobs.text_offset
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_without_generating(client, tokenizer, reference_model):
+    result = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+    choice = result.choices[0]
+    prompt_ids = tokenizer(PROMPT).input_ids
+    reference = log_softmax_along(reference_model, prompt_ids)
+    assert choice.text == PROMPT and result.usage.completion_tokens == 0
+    assert choice.logprobs.tokens == [tokenizer.decode([t]) for t in prompt_ids]
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+    expected = [float(reference[i, t]) for i, t in enumerate(prompt_ids[1:])]
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)
+
+
+def test_echo_puts_the_prompt_before_the_completion_and_scores_both(client, tokenizer):
+    result = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=3, echo=True, logprobs=0, temperature=0
+    )
+    choice = result.choices[0]
+    prompt_tokens = len(tokenizer(PROMPT).input_ids)
+    assert choice.text.startswith(PROMPT) and len(choice.text) > len(PROMPT)
+    assert len(choice.logprobs.tokens) == prompt_tokens + 3
+    assert all(isinstance(lp, float) and lp <= 0 for lp in choice.logprobs.token_logprobs[1:])
+
+
+def test_logit_bias_bans_and_forces_tokens(client, tokenizer):
+    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0, logprobs=0)
+    first = tokenizer(greedy.choices[0].text, add_special_tokens=False).input_ids[0]
+    banned = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0, logit_bias={str(first): -100}
+    )
+    assert banned.choices[0].text != greedy.choices[0].text
+    forced_id = tokenizer(" banana", add_special_tokens=False).input_ids[0]
+    forced = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=3, temperature=1.0, seed=1, logit_bias={str(forced_id): 100}
+    )
+    assert forced.choices[0].text == tokenizer.decode([forced_id] * 3)
+
+
+def test_frequency_penalty_breaks_a_repetition(client):
+    def distinct_tokens(**penalty) -> int:
+        result = client.completions.create(
+            model=MODEL,
+            prompt="one one one one one one one one",
+            max_tokens=12,
+            temperature=0,
+            logprobs=0,
+            **penalty,
+        )
+        return len(set(result.choices[0].logprobs.tokens))
+
+    assert distinct_tokens(frequency_penalty=2.0) > distinct_tokens()
+    assert distinct_tokens(extra_body={"repetition_penalty": 2.0}) > distinct_tokens()
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logit_bias": {"999999": 5}}, "logit_bias"),
+        ({"logit_bias": {"12": 101}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ],
+)
+def test_unsupported_or_bad_chat_fields_are_a_400_naming_them(client, fields, param):
+    with pytest.raises(openai.BadRequestError) as failure:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, extra_body=fields)
+    assert failure.value.body["param"] == param
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [({"suffix": "end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"max_tokens": 0}, "max_tokens")],
+)
+def test_unsupported_completion_fields_are_a_400_naming_them(client, fields, param):
+    with pytest.raises(openai.BadRequestError) as failure:
+        client.completions.create(model=MODEL, prompt=PROMPT, extra_body=fields)
+    assert failure.value.body["param"] == param
+
+
+def test_fields_that_ask_for_nothing_are_accepted(client):
+    result = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=2,
+        response_format={"type": "text"},
+        tools=[],
+        metadata={"a": "b"},
+        store=False,
+    )
+    assert result.choices[0].finish_reason in ("stop", "length")
+
+
+def test_tokenize_and_detokenize_as_vllm_shapes_them(server, tokenizer):
+    tokens = requests.post(
+        f"{server.url}/tokenize", json={"model": MODEL, "prompt": PROMPT}, timeout=30
+    ).json()
+    assert tokens["tokens"] == tokenizer(PROMPT).input_ids and tokens["count"] == len(tokens["tokens"])
+    assert tokens["max_model_len"] == 1024 and tokens["token_strs"] is None
+    chat = requests.post(f"{server.url}/tokenize", json={"messages": MESSAGES}, timeout=30).json()
+    assert chat["tokens"] == chat_prompt_ids(tokenizer)
+    text = requests.post(f"{server.url}/detokenize", json={"tokens": tokens["tokens"]}, timeout=30).json()
+    assert text == {"prompt": PROMPT}
+    bad = requests.post(f"{server.url}/detokenize", json={"tokens": [10**9]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    wrong_model = requests.post(f"{server.url}/tokenize", json={"model": "gpt-4", "prompt": "hi"}, timeout=30)
+    assert wrong_model.status_code == 404
+
+
+def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+    neutral = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"min_p": 0.0, "repetition_penalty": 1.0},
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+    )
+    assert plain.choices[0].text == neutral.choices[0].text
