@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
@@ -11,6 +12,7 @@ from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, 
 from inference_api.native_request import check_context, parse_native_request
 from inference_api.request_stream import RequestStream
 from inference_api.router import NotReady, QueueFull, Router
+from inference_api.tokenizer import stop_token_ids_of
 
 bp = Blueprint("native_api", __name__)
 
@@ -34,7 +36,8 @@ def predictions(model: str) -> Response:
     prompt_ids = serving.tokenizer.encode(native.text)
     check_context(len(prompt_ids), native.params.max_tokens, serving.backend.max_seq_len)
 
-    stream = open_stream(router, prompt_ids, native.params)
+    params = replace(native.params, stop_token_ids=stop_token_ids_of(native.params.stop, serving.tokenizer))
+    stream = open_stream(router, prompt_ids, params)
     try:
         # Wait for the first piece before answering, so that a backend that dies before it
         # still gets the client a status code rather than a cut connection.

@@ -20,6 +20,7 @@ from backend.messages import (
 from inference_api.chat_template import ChatTemplateError
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
 from inference_api.router import Serving
+from inference_api.tokenizer import stop_token_ids_of
 from inference_api.unsupported_fields import reject_unsupported
 
 MAX_CHOICES = 16
@@ -138,12 +139,13 @@ def _common(
             f"completion). Please reduce the length of the {prompt_param} or completion.",
         )
     top_k = read_integer(data, "top_k", -1, -1, 1_000_000)
+    stop = read_stop(data, "stop")
     params = SamplingParams(
         temperature=read_number(data, "temperature", 1.0, 0.0, 2.0),
         top_p=read_number(data, "top_p", 1.0, 0.0, 1.0, low_open=True),
         top_k=max(top_k, 0),  # -1 (as in vLLM) or 0: no top-k cut
         max_tokens=max_tokens,
-        stop=read_stop(data, "stop"),
+        stop=stop,
         seed=read_integer(data, "seed", None, 0, SEED_MAX),
         ignore_eos=read_bool(data, "ignore_eos", False),
         logprobs=logprobs,
@@ -156,7 +158,8 @@ def _common(
         min_p=read_number(data, "min_p", 0.0, 0.0, 1.0),
         logit_bias=_logit_bias(data.get("logit_bias"), serving.token_id_limit),
         min_tokens=read_integer(data, "min_tokens", 0, 0, max_tokens),
-        stop_token_ids=token_id_list(data.get("stop_token_ids"), serving.token_id_limit, "stop_token_ids"),
+        stop_token_ids=token_id_list(data.get("stop_token_ids"), serving.token_id_limit, "stop_token_ids")
+        + stop_token_ids_of(stop, serving.tokenizer),
     )
     stream = read_bool(data, "stream", False)
     return OpenAIRequest(

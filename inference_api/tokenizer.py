@@ -26,6 +26,21 @@ class PromptTokenizer(Protocol):
         """One token as text, special tokens included (what logprobs name it)."""
         ...
 
+    def special_token_id(self, text: str) -> int | None:
+        """The id of the special token whose text this is (`<|im_end|>`), else None."""
+        ...
+
+
+def stop_token_ids_of(stop: tuple[str, ...], tokenizer: PromptTokenizer) -> tuple[int, ...]:
+    """The stop strings that are special tokens, as token ids.
+
+    Generated text leaves special tokens out (as transformers' decode with
+    skip_special_tokens does), so a stop string such as `<|im_end|>` or
+    `</tool_call>` could never match it: the row stops on the token instead.
+    """
+    ids = (tokenizer.special_token_id(text) for text in stop)
+    return tuple(i for i in ids if i is not None)
+
 
 class ByteTokenizer:
     """For the mock backend, which has no vocabulary: one id per UTF-8 byte of the prompt."""
@@ -41,6 +56,9 @@ class ByteTokenizer:
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id])
 
+    def special_token_id(self, text: str) -> int | None:
+        return None
+
 
 class ModelTokenizer:
     """The model's own tokenizer; `encode(text)` gives the ids of `tokenizer(text)` in transformers."""
@@ -54,6 +72,11 @@ class ModelTokenizer:
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self._special_ids = {
+            token.content: token_id
+            for token_id, token in self._tokenizer.get_added_tokens_decoder().items()
+            if token.special
+        }
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # add_special_tokens=True applies the post-processor, as tokenizer(text) does; a rendered
@@ -65,6 +88,9 @@ class ModelTokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self._tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def special_token_id(self, text: str) -> int | None:
+        return self._special_ids.get(text)
 
 
 def load_tokenizer(directory: str | None) -> PromptTokenizer:

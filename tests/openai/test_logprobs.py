@@ -211,3 +211,27 @@ def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):
         frequency_penalty=0.0,
     )
     assert plain.choices[0].text == neutral.choices[0].text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_that_is_a_special_token_stops_there(client, tokenizer, stream):
+    # The end-of-turn token is left out of generated text, so no text can match the stop string:
+    # the row stops on the token itself. EOS is ignored, so only the stop string can end it.
+    prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    request = dict(model=MODEL, prompt=prompt, max_tokens=60, temperature=0, logprobs=0)
+    free = client.completions.create(**request, extra_body={"ignore_eos": True}).choices[0]
+    assert "<|im_end|>" in free.logprobs.tokens  # the model does end its turn within 60 tokens
+    end = free.logprobs.tokens.index("<|im_end|>")
+    stopped = client.completions.create(
+        **request, stop=["<|im_end|>"], extra_body={"ignore_eos": True}, stream=stream
+    )
+    if stream:
+        chunks = list(stopped)
+        text = "".join(c.choices[0].text for c in chunks)
+        tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        choice = stopped.choices[0]
+        text, tokens, finish = choice.text, choice.logprobs.tokens, choice.finish_reason
+    assert finish == "stop" and tokens == free.logprobs.tokens[: end + 1]
+    assert text == "".join(free.logprobs.tokens[:end]) and "<|im_end|>" not in text
