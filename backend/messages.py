@@ -37,7 +37,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
     top_k: int = 0  # 0 means no top-k cut
     top_p: float = 1.0  # 1 means no nucleus cut
-    max_tokens: int = 128  # 0 only to score a prompt (prompt_logprobs) without generating
+    max_tokens: int = 128  # 0 to score a prompt (prompt_logprobs) without generating; the APIs allow it
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
@@ -65,8 +65,8 @@ class SamplingParams:
             raise InvalidParams("top_k", f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise InvalidParams("top_p", f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
-            raise InvalidParams("max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens < 0:  # 0: the prompt is prefilled (and scored) and nothing generated
+            raise InvalidParams("max_tokens", f"max_tokens must be >= 0, got {self.max_tokens}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:

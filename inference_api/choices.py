@@ -8,10 +8,10 @@ each piece on in the order the backend produced them.
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from backend.messages import Piece, SamplingParams
-from inference_api.request_stream import RequestStream
+from inference_api.request_stream import RequestStream, wait_for_piece
 from inference_api.router import Router
 
 
@@ -30,9 +30,13 @@ class Choices:
         self._open = len(self.streams)
 
     def __iter__(self) -> Iterator[tuple[int, Piece]]:
-        """(choice index, piece) until every choice has finished."""
+        return self.pieces()
+
+    def pieces(self, while_waiting: Callable[[], None] | None = None) -> Iterator[tuple[int, Piece]]:
+        """(choice index, piece) until every choice has finished; `while_waiting` as in
+        RequestStream.next_piece."""
         while self._open:
-            piece = self._pieces.get()
+            piece = wait_for_piece(self._pieces, while_waiting)
             index = self._index[piece.request_id]
             self.streams[index].observe(piece)
             if piece.finished:

@@ -13,6 +13,7 @@ from flask import Flask, Response, current_app, has_request_context, jsonify, re
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
 from backend.messages import InvalidParams
+from inference_api.client_watch import ClientGone
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,7 @@ RETRY_AFTER_NOT_READY = 5  # seconds: a model loads or a backend restarts
 # An oversized body is read and dropped up to this size, so that the connection stays usable: gunicorn
 # drains at most 64 KiB of an unread body and then closes a connection it has announced as keep-alive.
 DISCARD_BODY_LIMIT = 16 * 1024 * 1024
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before its answer
 
 
 class ApiError(Exception):
@@ -71,6 +73,7 @@ def register_error_handlers(app: Flask) -> None:
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(InvalidParams, _invalid_params)
     app.register_error_handler(HTTPException, _http_exception)
+    app.register_error_handler(ClientGone, _client_gone)
     app.register_error_handler(Exception, _unexpected)
 
 
@@ -100,6 +103,14 @@ def _http_exception(error: HTTPException) -> Response:
     for name, value in error.get_response().headers.items():
         if name.lower() not in ("content-type", "content-length"):
             response.headers[name] = value
+    return response
+
+
+def _client_gone(error: ClientGone) -> Response:
+    """Nobody will read it: nginx's 499 ("client closed request") for the log and the metrics."""
+    log.info("client closed the connection before its answer was ready; request cancelled")
+    response = Response(status=CLIENT_CLOSED_REQUEST)
+    response.headers["Connection"] = "close"
     return response
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from backend.messages import Piece, SamplingParams
+from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.native_request import check_context, parse_native_request
 from inference_api.request_stream import RequestStream
@@ -41,7 +42,8 @@ def predictions(model: str) -> Response:
     try:
         # Wait for the first piece before answering, so that a backend that dies before it
         # still gets the client a status code rather than a cut connection.
-        first = stream.next_piece()
+        watch = ClientWatch()
+        first = stream.next_piece(watch)
         if first.finish_reason == "error":
             raise unavailable(f"generation failed: {first.error}", RETRY_AFTER_NOT_READY)
     except BaseException:
@@ -96,11 +98,12 @@ def stream_body(stream: RequestStream, first: Piece, prefix: str) -> Iterator[by
 
 
 def json_response(stream: RequestStream, first: Piece, prefix: str) -> Response:
+    watch = ClientWatch()  # nothing is written until the end: a hang-up must be looked for
     parts = [prefix, first.text]
     piece = first
     try:
         while not piece.finished:
-            piece = stream.next_piece()
+            piece = stream.next_piece(watch)
             parts.append(piece.text)
     finally:
         stream.close()

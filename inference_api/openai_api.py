@@ -18,6 +18,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 
 from backend.messages import Piece
 from inference_api.choices import Choices
+from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.fields import parse_json_object
 from inference_api.openai_logprobs import ChatLogprobs, CompletionLogprobs
@@ -151,7 +152,7 @@ def _answer(api: Completion | ChatCompletion) -> Response:
     try:
         # Wait for the first piece before answering, so that a backend that dies
         # before it still gets the client a status rather than a broken stream.
-        pieces = iter(choices)
+        pieces = choices.pieces(ClientWatch())
         first = next(pieces)
         if first[1].finish_reason == "error":
             raise unavailable(f"generation failed: {first[1].error}", RETRY_AFTER_NOT_READY)

@@ -72,6 +72,9 @@ def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRe
     echo = read_bool(data, "echo", False)
     logprobs = read_integer(data, "logprobs", None, 0, MAX_LOGPROBS)
     openai_request = _common(data, serving, prompts, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS, logprobs, echo)
+    best_of = read_integer(data, "best_of", None, 1, MAX_CHOICES)
+    if best_of is not None and best_of != openai_request.n:  # the best of more samples: not built
+        raise InvalidParams("best_of", "best_of other than n is not supported by this server")
     if not echo:
         return openai_request
     texts = tuple(
@@ -183,7 +186,7 @@ def _logit_bias(value: Any, vocab: int) -> tuple[tuple[int, float], ...]:
         )
     biases = []
     for key, bias in value.items():
-        if not key.isdigit() or not int(key) < vocab:
+        if not (key.isascii() and key.isdigit()) or not int(key) < vocab:
             raise InvalidParams("logit_bias", f"logit_bias key {key!r} is not a token id below {vocab}")
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
             raise InvalidParams("logit_bias", f"logit_bias[{key!r}] must be a number from -100 to 100")

@@ -12,7 +12,21 @@ import time
 from collections.abc import Callable, Iterator
 
 from backend.messages import Piece
+from inference_api.client_watch import POLL_SECONDS
 from inference_api.metrics import Metrics
+
+
+def wait_for_piece(pieces: queue.Queue[Piece], while_waiting: Callable[[], None] | None) -> Piece:
+    if while_waiting is None:
+        return pieces.get()
+    while True:
+        try:
+            piece = pieces.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            while_waiting()
+            continue
+        while_waiting()  # pieces may come faster than the poll: it keeps its own pace
+        return piece
 
 
 class RequestStream:
@@ -48,9 +62,11 @@ class RequestStream:
         self.admitted = True
         self._pieces.put(piece)
 
-    def next_piece(self) -> Piece:
-        """The next piece, blocking until the backend has produced it."""
-        piece = self._pieces.get()
+    def next_piece(self, while_waiting: Callable[[], None] | None = None) -> Piece:
+        """The next piece, blocking until the backend has produced it; `while_waiting` is called
+        meanwhile, at least every POLL_SECONDS, and with the piece (a client_watch.ClientWatch, which
+        raises to stop waiting)."""
+        piece = wait_for_piece(self._pieces, while_waiting)
         self.observe(piece)
         return piece
 

@@ -4,7 +4,7 @@ A client that sends `response_format` or `tools` expects JSON or a tool
 call; answering with free text as if the field were honoured would let it
 believe it got what it asked for (SPEC §4.2). A field with a value that asks
 for nothing (`tools: []`, `response_format: {"type": "text"}`, `best_of`
-equal to `n`, an empty `suffix`) is accepted. Fields that are accepted and
+equal to `n`, checked where `n` is read, an empty `suffix`) is accepted. Fields that are accepted and
 have no effect here (`user`, `metadata`, `store`, `service_tier`,
 `parallel_tool_calls`, `reasoning_effort`) are listed in docs/frontend.md.
 """
@@ -28,13 +28,12 @@ ASKS_FOR_MORE: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "prediction": lambda value, _: True,
     "web_search_options": lambda value, _: True,
     "suffix": lambda value, _: value != "",
-    "best_of": lambda value, data: value != data.get("n", 1),
 }
 
 # Fields each endpoint has in OpenAI's API; the rest of ASKS_FOR_MORE is not OpenAI's there and so
 # ignored as any unknown field is (the legacy completions API has no tools, chat has no suffix).
 ENDPOINT_FIELDS = {
-    "completions": {"suffix", "best_of"},
+    "completions": {"suffix"},  # and best_of other than n (openai_request.py)
     "chat": {
         "response_format",
         "tools",

@@ -76,9 +76,9 @@ def test_prompt_scoring_without_generating_gives_every_prompt_token_after_the_fi
     assert pieces["other"][-1].completion_tokens == 3  # a request in the same step was not disturbed
 
 
-def test_max_tokens_zero_is_only_for_scoring():
+def test_max_tokens_below_zero_is_refused():
     with pytest.raises(InvalidParams) as error:
-        SamplingParams(max_tokens=0)
+        SamplingParams(max_tokens=-1)
     assert error.value.param == "max_tokens"
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from backend.messages import BackendReady, InvalidParams
 from inference_api.chat_template import load_chat_template
-from inference_api.openai_request import CHAT_DEFAULT_MAX_TOKENS, parse_chat_request
+from inference_api.openai_request import CHAT_DEFAULT_MAX_TOKENS, parse_chat_request, parse_completion_request
 from inference_api.router import Serving
 from inference_api.tokenizer import ByteTokenizer
 
@@ -36,3 +36,31 @@ def test_only_an_assistant_message_may_come_without_content(role):
         chat(messages=[{"role": "user", "content": "hi"}, {"role": role}])
     assert failure.value.param == "messages[1].content"
     chat(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}])
+
+
+def completion(**fields):
+    return parse_completion_request({"model": "mock", "prompt": "hi", **fields}, serving(8192))
+
+
+def test_best_of_is_taken_when_it_equals_n_however_n_is_written():
+    assert completion(best_of=1, n=None).n == 1
+    assert completion(best_of=2, n="2").n == 2
+    with pytest.raises(InvalidParams) as failure:
+        completion(best_of=3, n=2)
+    assert failure.value.param == "best_of"
+
+
+@pytest.mark.parametrize("key", ["²", "٣", "-1", "1.5", " 7", "256"])
+def test_logit_bias_keys_are_ascii_token_ids_below_the_vocabulary(key):
+    with pytest.raises(InvalidParams) as failure:
+        completion(logit_bias={key: 1})
+    assert failure.value.param == "logit_bias"
+    assert completion(logit_bias={"255": -100}).params.logit_bias == ((255, -100.0),)
+
+
+def test_echo_with_max_tokens_0_returns_the_prompt_and_scores_it_only_with_logprobs():
+    assert completion(echo=True, max_tokens=0).params.prompt_logprobs is None
+    assert completion(echo=True, max_tokens=0, logprobs=2).params.prompt_logprobs == 2
+    with pytest.raises(InvalidParams) as failure:
+        completion(max_tokens=0)
+    assert failure.value.param == "max_tokens"

@@ -8,6 +8,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -27,13 +28,17 @@ HOLD_CHOICES = 16  # the most choices of one request: with --rows 2 --max-queue 
 
 
 def resolve(node: Any) -> Any:
-    """The document with every local $ref replaced by what it points to (it has no cycles)."""
+    """The document with every local $ref replaced by what it points to (it has no cycles).
+
+    A $ref with siblings ({"$ref": ..., "minItems": 1}) means both, as in JSON Schema 2020-12.
+    """
     if isinstance(node, dict):
         if "$ref" in node:
             target: Any = DOCUMENT
             for part in node["$ref"].removeprefix("#/").split("/"):
                 target = target[part]
-            return resolve(target)
+            siblings = {key: resolve(value) for key, value in node.items() if key != "$ref"}
+            return {"allOf": [resolve(target)], **siblings} if siblings else resolve(target)
         return {key: resolve(value) for key, value in node.items()}
     if isinstance(node, list):
         return [resolve(item) for item in node]
@@ -127,6 +132,37 @@ NATIVE = {"text": "hello", "max_tokens": 4}
 COMPLETION = {"model": "mock", "prompt": "hello", "max_tokens": 4}
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 STREAMED = {"stream": True, "stream_options": {"include_usage": True}, "n": 2}
+# What steers sampling on both OpenAI endpoints (the mock backend takes them and ignores them).
+STEERED = {
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.5,
+    "repetition_penalty": 1.2,
+    "min_p": 0.05,
+    "logit_bias": {"104": 5, "0": -100},
+    "min_tokens": 2,
+    "stop_token_ids": [10],
+}
+# The logprobs of each (the mock backend gives no entries: their lists come back empty).
+COMPLETION_LOGPROBS = {"logprobs": 3, "echo": True}
+CHAT_LOGPROBS = {"logprobs": True, "top_logprobs": 3}
+# What the server takes of the fields it does not implement: values that ask for nothing.
+NOTHING_ASKED = {
+    "completions": {"suffix": "", "best_of": 2, "n": 2},
+    "chat": {
+        "response_format": {"type": "text"},
+        "tools": [],
+        "tool_choice": "none",
+        "functions": [],
+        "function_call": "none",
+        "modalities": ["text"],
+        "audio": None,
+        "prediction": None,
+        "web_search_options": None,
+    },
+}
+NATIVE_STEERED = {"presence_penalty": "0.5", "frequency_penalty": 1, "repetition_penalty": 1.1, "min_p": 0.1}
+TOKENIZE = {"model": "mock", "prompt": "héllo", "return_token_strs": True}
+TOKENIZE_CHAT = {"messages": CHAT["messages"], "add_generation_prompt": False, "add_special_tokens": True}
 
 # (method, path, request arguments), each answered 200 straight from the server
 SUCCESSES = {
@@ -143,6 +179,36 @@ SUCCESSES = {
     "completion-stream": ("post", "/v1/completions", {"json": {**COMPLETION, **STREAMED}}),
     "chat": ("post", "/v1/chat/completions", {"json": CHAT}),
     "chat-stream": ("post", "/v1/chat/completions", {"json": {**CHAT, **STREAMED}}),
+    "native-steered": ("post", "/predictions/mock", {"json": {**NATIVE, **NATIVE_STEERED, "min_tokens": 4}}),
+    "completion-steered": ("post", "/v1/completions", {"json": {**COMPLETION, **STEERED}}),
+    "completion-logprobs": ("post", "/v1/completions", {"json": {**COMPLETION, **COMPLETION_LOGPROBS}}),
+    "completion-logprobs-stream": (
+        "post",
+        "/v1/completions",
+        {"json": {**COMPLETION, **COMPLETION_LOGPROBS, **STEERED, **STREAMED}},
+    ),
+    "completion-scoring": (
+        "post",
+        "/v1/completions",
+        {"json": {**COMPLETION, "echo": True, "logprobs": 2, "max_tokens": 0}},
+    ),
+    "completion-nothing-asked": (
+        "post",
+        "/v1/completions",
+        {"json": {**COMPLETION, **NOTHING_ASKED["completions"]}},
+    ),
+    "chat-steered": ("post", "/v1/chat/completions", {"json": {**CHAT, **STEERED}}),
+    "chat-logprobs": ("post", "/v1/chat/completions", {"json": {**CHAT, **CHAT_LOGPROBS}}),
+    "chat-logprobs-stream": (
+        "post",
+        "/v1/chat/completions",
+        {"json": {**CHAT, **CHAT_LOGPROBS, **STEERED, **STREAMED}},
+    ),
+    "chat-nothing-asked": ("post", "/v1/chat/completions", {"json": {**CHAT, **NOTHING_ASKED["chat"]}}),
+    "tokenize": ("post", "/tokenize", {"json": TOKENIZE}),
+    "tokenize-chat": ("post", "/tokenize", {"json": TOKENIZE_CHAT}),
+    "detokenize": ("post", "/detokenize", {"json": {"model": "mock", "tokens": [104, 105, 255]}}),
+    "detokenize-nothing": ("post", "/detokenize", {"json": {"tokens": []}}),
 }
 
 
@@ -170,6 +236,40 @@ ERRORS = {
     "chat-wrong-method": ("get", "/v1/chat/completions", {}, 405),
     "native-too-large": ("post", "/predictions/mock", {"data": TOO_BIG}, 413),
     "completion-too-large": ("post", "/v1/completions", {"data": TOO_BIG}, 413),
+    "native-min-tokens-over-max-tokens": (
+        "post",
+        "/predictions/mock",
+        {"json": {**NATIVE, "min_tokens": 5}},
+        400,
+    ),
+    "completion-min-tokens-over-max-tokens": (
+        "post",
+        "/v1/completions",
+        {"json": {**COMPLETION, "min_tokens": 5}},
+        400,
+    ),
+    "completion-best-of-over-n": ("post", "/v1/completions", {"json": {**COMPLETION, "best_of": 2}}, 400),
+    "chat-logit-bias-past-vocab": (
+        "post",
+        "/v1/chat/completions",
+        {"json": {**CHAT, "logit_bias": {"256": 1}}},
+        400,
+    ),
+    "chat-stop-token-past-vocab": (
+        "post",
+        "/v1/chat/completions",
+        {"json": {**CHAT, "stop_token_ids": [256]}},
+        400,
+    ),
+    "tokenize-malformed-json": ("post", "/tokenize", {"data": b"{"}, 400),
+    "tokenize-nothing": ("post", "/tokenize", {"json": {"model": "mock"}}, 400),
+    "detokenize-past-vocab": ("post", "/detokenize", {"json": {"tokens": [104, 256]}}, 400),
+    "tokenize-unknown-model": ("post", "/tokenize", {"json": {**TOKENIZE, "model": "x"}}, 404),
+    "detokenize-unknown-model": ("post", "/detokenize", {"json": {"model": "x", "tokens": [104]}}, 404),
+    "tokenize-wrong-method": ("get", "/tokenize", {}, 405),
+    "detokenize-wrong-method": ("put", "/detokenize", {}, 405),
+    "tokenize-too-large": ("post", "/tokenize", {"data": TOO_BIG}, 413),
+    "detokenize-too-large": ("post", "/detokenize", {"data": TOO_BIG}, 413),
 }
 
 
@@ -178,6 +278,66 @@ def test_each_error_is_as_documented(server: RunningServer, method, path, argume
     response = requests.request(method, f"{server.url}{path}", timeout=10, **arguments)
     assert response.status_code == status, response.text
     documented(response, method, path)
+
+
+def test_tokenize_detokenize_and_echo_answer_what_the_document_says(server: RunningServer) -> None:
+    """The mock's tokenizer is one id per UTF-8 byte, with a vocabulary of 256."""
+    tokenized = documented(
+        requests.post(f"{server.url}/tokenize", json=TOKENIZE, timeout=10), "post", "/tokenize"
+    )
+    assert tokenized["tokens"] == list("héllo".encode()) and tokenized["count"] == 6
+    assert tokenized["token_strs"] == ["h", "\ufffd", "\ufffd", "l", "l", "o"]
+    assert (
+        tokenized["max_model_len"]
+        == requests.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["max_model_len"]
+    )
+    chat = requests.post(f"{server.url}/tokenize", json={"messages": CHAT["messages"]}, timeout=10)
+    assert documented(chat, "post", "/tokenize")["token_strs"] is None
+    detokenized = requests.post(f"{server.url}/detokenize", json={"tokens": tokenized["tokens"]}, timeout=10)
+    assert documented(detokenized, "post", "/detokenize") == {"prompt": "héllo"}
+
+    scored = requests.post(
+        f"{server.url}/v1/completions",
+        json={**COMPLETION, "echo": True, "max_tokens": 0, "logprobs": 0},
+        timeout=10,
+    )
+    choice = documented(scored, "post", "/v1/completions")["choices"][0]
+    assert choice["text"] == "hello" and choice["finish_reason"] == "length"
+    assert choice["logprobs"] == {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    echoed = requests.post(
+        f"{server.url}/v1/completions", json={**COMPLETION, "prompt": [104, 105], "echo": True}, timeout=10
+    )
+    choice = documented(echoed, "post", "/v1/completions")["choices"][0]
+    assert choice["text"].startswith("hi") and len(choice["text"]) > 2 and choice["logprobs"] is None
+
+
+@dataclass
+class Answered:
+    """A Flask test client's response, read as `documented` reads those of requests."""
+
+    status_code: int
+    headers: Any
+    text: str
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+def test_a_model_not_loaded_is_the_documented_503() -> None:
+    app = create_app(ServerConfig(backend=BackendConfig(mock=True, rows=1)))
+    router = app.extensions["router"]
+    assert router.wait_ready(30)
+    router.stop()  # as if the backend were loading or restarting
+    client = app.test_client()
+    for path, body in [
+        ("/tokenize", TOKENIZE),
+        ("/detokenize", {"tokens": [104]}),
+        ("/v1/completions", COMPLETION),
+        ("/predictions/mock", NATIVE),
+    ]:
+        response = client.post(path, json=body)
+        assert response.status_code == 503, (path, response.get_data(as_text=True))
+        documented(Answered(503, response.headers, response.get_data(as_text=True)), "post", path)
 
 
 def test_an_unknown_path_is_the_documented_404(server: RunningServer) -> None:
@@ -219,6 +379,8 @@ def test_the_proxys_answers_are_as_documented(proxy: RunningProxy) -> None:
         ("get", "/", {}, 200),
         ("post", "/predictions/mock", {"headers": bearer(), "data": too_big}, 413),
         ("post", "/v1/completions", {"headers": bearer(), "data": too_big}, 413),
+        ("post", "/tokenize", {"headers": bearer(), "json": TOKENIZE}, 200),
+        ("post", "/detokenize", {"headers": bearer(), "data": too_big}, 413),
     ]
     for method, path, arguments, status in cases:
         response = requests.request(method, f"{proxy.url}{path}", timeout=10, **arguments)
@@ -251,12 +413,23 @@ def numeric_bounds(schema: dict) -> dict | None:
     return None
 
 
-def properties(schema: dict) -> dict[str, dict]:
-    """A request's fields, its allOf parts merged."""
+def request_schema(path: str) -> dict:
+    return SPEC["paths"][template_of(path)]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+
+def properties(schema: dict, body: dict) -> dict[str, dict]:
+    """A request's fields as they stand for this body: its allOf parts merged, with the branch of each
+    if (then or else) that the body takes ("max_tokens": 0 only with echo and logprobs)."""
     merged: dict[str, dict] = {}
-    for part in [schema, *schema.get("allOf", [])]:
+    parts = [schema]
+    while parts:
+        part = parts.pop(0)
         for name, prop in part.get("properties", {}).items():
             merged[name] = {**merged.get(name, {}), **prop}
+        parts += part.get("allOf", [])
+        if "if" in part:
+            branch = "then" if Draft202012Validator(part["if"]).is_valid(body) else "else"
+            parts += [part[branch]] if branch in part else []
     return merged
 
 
@@ -265,9 +438,9 @@ def takes_numeric_strings(prop: dict) -> bool:
     return any(branch.get("type") == "string" and "pattern" in branch for branch in prop.get("anyOf", []))
 
 
-def range_cases(schema: dict) -> Iterator[tuple[str, float, bool]]:
+def range_cases(fields: dict[str, dict]) -> Iterator[tuple[str, float, bool]]:
     """(field, value, in range) at and just past every documented bound."""
-    for field, prop in properties(schema).items():
+    for field, prop in fields.items():
         bounds = numeric_bounds(prop)
         if bounds is None:
             continue
@@ -283,35 +456,171 @@ def range_cases(schema: dict) -> Iterator[tuple[str, float, bool]]:
             yield field, bounds["exclusiveMinimum"] + step, True
 
 
-# The fields SPEC §4.1 and §4.2 give ranges to: the document must keep a range for each.
+def varied(base: dict, fields: dict[str, dict], field: str, value: Any) -> dict:
+    """base with one field changed; min_tokens, which may not pass max_tokens, gets max_tokens to match
+    (as far as max_tokens's own range goes, so that a min_tokens past its range is still the error)."""
+    body = {**base, field: value}
+    if field == "min_tokens" and float(value) > base["max_tokens"]:
+        highest = (numeric_bounds(fields["max_tokens"]) or {}).get("maximum", float(value))
+        body["max_tokens"] = int(min(float(value), highest))
+    return body
+
+
+# The fields SPEC §4.1 and §4.2 give ranges to, and those of the penalties and filters after them:
+# the document must keep a range for each.
+STEERING_RANGED = {"presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"}
 OPENAI_RANGED = {"temperature", "top_k", "top_p", "max_tokens", "max_completion_tokens", "seed", "n"}
+OPENAI_RANGED |= STEERING_RANGED
 # (path, a good body to vary one field of, the fields with ranges)
 RANGE_CHECKS = {
     "native": (
         "/predictions/mock",
         {**NATIVE, "stream": False},
-        {"temperature", "top_k", "top_p", "max_tokens", "seed"},
+        {"temperature", "top_k", "top_p", "max_tokens", "seed"} | STEERING_RANGED,
     ),
-    "completions": ("/v1/completions", COMPLETION, OPENAI_RANGED),
-    "chat": ("/v1/chat/completions", CHAT, OPENAI_RANGED),
+    "completions": ("/v1/completions", COMPLETION, OPENAI_RANGED | {"logprobs"}),
+    # With echo and logprobs, max_tokens may be 0: the prompt is only scored.
+    "completions-scoring": (
+        "/v1/completions",
+        {**COMPLETION, "echo": True, "logprobs": 0},
+        OPENAI_RANGED | {"logprobs"},
+    ),
+    # top_logprobs only with logprobs true (CHECKED_BODIES has it without).
+    "chat": ("/v1/chat/completions", {**CHAT, "logprobs": True}, OPENAI_RANGED | {"top_logprobs"}),
 }
 
 
 @pytest.mark.parametrize("path, base, ranged", list(RANGE_CHECKS.values()), ids=list(RANGE_CHECKS))
 def test_the_documented_ranges_are_the_servers(server: RunningServer, path, base, ranged) -> None:
-    schema = SPEC["paths"][template_of(path)]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    cases = list(range_cases(schema))
+    schema = request_schema(path)
+    fields = properties(schema, base)
+    cases = list(range_cases(fields))
     assert {field for field, _, _ in cases} == ranged
     for field, value, in_range in cases:
-        body = {**base, field: value}
+        body = varied(base, fields, field, value)
         assert Draft202012Validator(schema).is_valid(body) == in_range, (field, value)
         response = requests.post(f"{server.url}{path}", json=body, timeout=30)
         assert response.status_code == (200 if in_range else 400), (field, value, response.text)
         answer = documented(response, "post", path)
         if not in_range:
             assert field in (answer.get("message") or answer["error"]["message"])
-        elif takes_numeric_strings(properties(schema)[field]):
-            body = {**base, field: str(value)}
+        elif takes_numeric_strings(fields[field]):
+            body = varied(base, fields, field, str(value))
             assert Draft202012Validator(schema).is_valid(body), (field, body[field])
             response = requests.post(f"{server.url}{path}", json=body, timeout=30)
             assert response.status_code == 200, (field, body[field], response.text)
+
+
+# (path, body, the field its 400 names, or None where it is taken): beyond ranges, the request schemas
+# take what the server takes, the fields it does not implement included.
+CHECKED_BODIES = {
+    "completion-scoring": (
+        "/v1/completions",
+        {**COMPLETION, "echo": True, "logprobs": 0, "max_tokens": 0},
+        None,
+    ),
+    # max_tokens 0 with echo returns the prompt alone (and scores it with logprobs); without echo a 400.
+    "completion-echo-only": ("/v1/completions", {**COMPLETION, "echo": True, "max_tokens": 0}, None),
+    "completion-no-echo-zero": ("/v1/completions", {**COMPLETION, "max_tokens": 0}, "max_tokens"),
+    "completion-logit-bias-unicode-digit": (
+        "/v1/completions",
+        {**COMPLETION, "logit_bias": {"²": 1}},
+        "logit_bias",
+    ),
+    "completion-logprobs-null": ("/v1/completions", {**COMPLETION, "logprobs": None}, None),
+    "completion-logprobs-boolean": ("/v1/completions", {**COMPLETION, "logprobs": True}, "logprobs"),
+    "completion-echo-number": ("/v1/completions", {**COMPLETION, "echo": 1}, "echo"),
+    "completion-suffix": ("/v1/completions", {**COMPLETION, "suffix": " the end"}, "suffix"),
+    "completion-logit-bias": (
+        "/v1/completions",
+        {**COMPLETION, "logit_bias": {"255": -100.0, "007": 100}},
+        None,
+    ),
+    "completion-logit-bias-key": ("/v1/completions", {**COMPLETION, "logit_bias": {"a": 1}}, "logit_bias"),
+    "completion-logit-bias-over": (
+        "/v1/completions",
+        {**COMPLETION, "logit_bias": {"1": 100.5}},
+        "logit_bias",
+    ),
+    "completion-logit-bias-under": (
+        "/v1/completions",
+        {**COMPLETION, "logit_bias": {"1": -101}},
+        "logit_bias",
+    ),
+    "completion-logit-bias-boolean": (
+        "/v1/completions",
+        {**COMPLETION, "logit_bias": {"1": True}},
+        "logit_bias",
+    ),
+    "completion-logit-bias-list": ("/v1/completions", {**COMPLETION, "logit_bias": [1]}, "logit_bias"),
+    "completion-logit-bias-301": (
+        "/v1/completions",
+        {**COMPLETION, "logit_bias": {str(i): 1 for i in range(301)}},
+        "logit_bias",
+    ),
+    "completion-stop-token-ids-none": ("/v1/completions", {**COMPLETION, "stop_token_ids": []}, None),
+    "completion-stop-token-ids-negative": (
+        "/v1/completions",
+        {**COMPLETION, "stop_token_ids": [-1]},
+        "stop_token_ids",
+    ),
+    "completion-stop-token-ids-number": (
+        "/v1/completions",
+        {**COMPLETION, "stop_token_ids": 10},
+        "stop_token_ids",
+    ),
+    "chat-logprobs": ("/v1/chat/completions", {**CHAT, "logprobs": True}, None),
+    "chat-logprobs-number": ("/v1/chat/completions", {**CHAT, "logprobs": 1}, "logprobs"),
+    "chat-top-logprobs-alone": ("/v1/chat/completions", {**CHAT, "top_logprobs": 0}, "top_logprobs"),
+    "chat-top-logprobs-no-logprobs": (
+        "/v1/chat/completions",
+        {**CHAT, "logprobs": False, "top_logprobs": 2},
+        "top_logprobs",
+    ),
+    "chat-top-logprobs-null": ("/v1/chat/completions", {**CHAT, "top_logprobs": None}, None),
+    "chat-json-mode": (
+        "/v1/chat/completions",
+        {**CHAT, "response_format": {"type": "json_object"}},
+        "response_format",
+    ),
+    "chat-tools": (
+        "/v1/chat/completions",
+        {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        "tools",
+    ),
+    "chat-tool-choice": ("/v1/chat/completions", {**CHAT, "tool_choice": "auto"}, "tool_choice"),
+    "chat-functions": ("/v1/chat/completions", {**CHAT, "functions": [{"name": "f"}]}, "functions"),
+    "chat-function-call": ("/v1/chat/completions", {**CHAT, "function_call": "auto"}, "function_call"),
+    "chat-audio": ("/v1/chat/completions", {**CHAT, "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    "chat-modalities": ("/v1/chat/completions", {**CHAT, "modalities": ["text", "audio"]}, "modalities"),
+    "chat-prediction": (
+        "/v1/chat/completions",
+        {**CHAT, "prediction": {"type": "content", "content": "x"}},
+        "prediction",
+    ),
+    "chat-web-search": ("/v1/chat/completions", {**CHAT, "web_search_options": {}}, "web_search_options"),
+    "tokenize-empty-prompt": ("/tokenize", {"prompt": ""}, None),
+    "tokenize-messages-win": ("/tokenize", {"prompt": 5, "messages": CHAT["messages"]}, None),
+    "tokenize-prompt-number": ("/tokenize", {"prompt": 5}, "prompt"),
+    "tokenize-no-messages": ("/tokenize", {"messages": []}, "messages"),
+    "tokenize-flag-string": ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, "add_special_tokens"),
+    "tokenize-strs-number": ("/tokenize", {"prompt": "x", "return_token_strs": 1}, "return_token_strs"),
+    "tokenize-generation-prompt-string": (
+        "/tokenize",
+        {"messages": CHAT["messages"], "add_generation_prompt": "no"},
+        "add_generation_prompt",
+    ),
+    "detokenize-negative": ("/detokenize", {"tokens": [-1]}, "tokens"),
+    "detokenize-string": ("/detokenize", {"tokens": "hi"}, "tokens"),
+    "detokenize-nothing": ("/detokenize", {"model": "mock"}, "tokens"),
+}
+
+
+@pytest.mark.parametrize("path, body, param", list(CHECKED_BODIES.values()), ids=list(CHECKED_BODIES))
+def test_the_request_schemas_take_what_the_server_takes(server: RunningServer, path, body, param) -> None:
+    assert Draft202012Validator(request_schema(path)).is_valid(body) == (param is None)
+    response = requests.post(f"{server.url}{path}", json=body, timeout=30)
+    assert response.status_code == (200 if param is None else 400), response.text
+    answer = documented(response, "post", path)
+    if param is not None:
+        assert answer["error"]["param"] == param

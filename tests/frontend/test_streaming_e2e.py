@@ -8,6 +8,7 @@ import threading
 import time
 from urllib.parse import urlparse
 
+import pytest
 import requests
 
 from backend.mock import mock_text
@@ -180,3 +181,55 @@ def test_concurrent_requests_each_get_their_own_text(fast_server: RunningServer)
     for thread in threads:
         thread.join(60)
     assert results == {i: expected_text(prompts[i], 30 + i) for i in range(len(prompts))}
+
+
+def open_raw_request(server: RunningServer, path: str, body: bytes) -> socket.socket:
+    url = urlparse(server.url)
+    sock = socket.create_connection((url.hostname, url.port), timeout=10)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/predictions/mock", b'{"text": "hang up", "max_tokens": 2000, "stream": false}'),
+        ("/v1/completions", b'{"model": "mock", "prompt": "hang up", "max_tokens": 2000, "n": 1}'),
+        (
+            "/v1/chat/completions",
+            b'{"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000}',
+        ),
+    ],
+)
+def test_a_client_that_hangs_up_on_a_json_answer_frees_its_row(
+    slow_server: RunningServer, path, body
+) -> None:
+    """A JSON answer writes nothing until it is done: the server must notice the hang-up itself."""
+    wait_idle(slow_server)
+    holder = open_raw_request(slow_server, path, body)  # 2,000 tokens: 100 s of the only row
+    wait_for(lambda: slow_server.metric("inference_active_rows") == 1)
+    hung_up_at = time.monotonic()
+    holder.close()
+    wait_for(lambda: slow_server.metric("inference_active_rows") == 0, timeout=5)
+    assert time.monotonic() - hung_up_at < 3  # a poll every half second, then the next mock step
+    response = requests.post(
+        f"{slow_server.url}/predictions/mock",
+        json={"text": "next", "max_tokens": 3, "stream": False},
+        timeout=10,
+    )
+    assert response.json()["text"] == expected_text("next", 3)
+
+
+def test_a_client_that_hangs_up_while_queued_leaves_the_queue(slow_server: RunningServer) -> None:
+    wait_idle(slow_server)
+    holder = open_raw_stream(slow_server, b'{"text": "hold", "max_tokens": 2000}')
+    read_until(holder, b"\r\n\r\n")
+    queued = open_raw_request(slow_server, "/predictions/mock", b'{"text": "queued", "max_tokens": 5}')
+    wait_for(lambda: slow_server.metric("inference_queue_depth") == 1)
+    queued.close()
+    wait_for(lambda: slow_server.metric("inference_queue_depth") == 0, timeout=5)  # not when the row frees
+    holder.close()
