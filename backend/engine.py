@@ -146,15 +146,43 @@ class Engine:
     def step(self) -> list[Piece]:
         pieces, self.undelivered = self.undelivered, []
         pieces += self._free_cancelled()
-        decoding = self.active_rows  # finished rows were freed at the end of the last step
-        prefilling = self._admit_waiting()
-        if decoding or prefilling:
-            pieces += self._forward_and_sample(decoding, prefilling)
+        try:
+            decoding = self.active_rows  # finished rows were freed at the end of the last step
+            prefilling = self._admit_waiting()
+            if decoding or prefilling:
+                pieces += self._step_rows(decoding, prefilling)
+        except BaseException:
+            self.undelivered = pieces + self.undelivered  # decided before the failure: sent next step
+            raise
         self._free_finished()
         return pieces
 
+    def _step_rows(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
+        """A step over these rows; if it raises, the same rows apart, so that only the request at
+        fault (a prompt the model cannot take, a token that breaks a kernel) ends with an error.
+
+        The rows decoding go on together and each new prompt alone; rows decoding that still fail
+        together go one by one. Nothing of a row changes until its step has sampled, so a step
+        that raised can be run again.
+        """
+        try:
+            return self._forward_and_sample(decoding, prefilling)
+        except Exception as error:
+            if len(decoding) + len(prefilling) == 1:
+                log.exception(
+                    "a step failed for request %s alone", (decoding + prefilling)[0].request.request_id
+                )
+                return [(decoding + prefilling)[0].error_piece(f"generation failed: {error}")]
+            log.exception("a step of %d rows failed; running them apart", len(decoding) + len(prefilling))
+        if prefilling:
+            groups = [(decoding, [])] + [([], [row]) for row in prefilling]
+        else:
+            groups = [([row], []) for row in decoding]
+        return [piece for group in groups if group[0] or group[1] for piece in self._step_rows(*group)]
+
     def fail_all(self, message: str) -> list[Piece]:
-        """A step raised: end every request in a row with an error, keep serving the rest."""
+        """A step raised past `_step_rows` (admission, not a row's forward pass): end every request in
+        a row with an error, keep serving the waiting ones."""
         pieces = []
         for row in self.active_rows:
             pieces.append(
@@ -245,15 +273,21 @@ class Engine:
             layout,
             torch.tensor(keep, device=self.device),
         )
+        prompt_scores = {
+            row.index: self._prompt_logprobs(row, logits[first : first + len(row.prompt_ids) - 1])
+            for row, first in scored
+        }
+        if scored:
+            logits = logits.index_select(0, torch.tensor(last_of_row, device=self.device))
+        rows = decoding + prefilling
+        tokens, logprobs = self._sample(rows, logits)
+        # The step has run: from here on the rows change.
         for row in decoding:
             row.cached += 1
         for row in prefilling:
             row.cached = len(row.prompt_ids)
-        for row, first in scored:
-            row.prompt_logprobs = self._prompt_logprobs(row, logits[first : first + len(row.prompt_ids) - 1])
-        if scored:
-            logits = logits.index_select(0, torch.tensor(last_of_row, device=self.device))
-        return self._sample_and_accept(decoding + prefilling, logits)
+            row.prompt_logprobs = prompt_scores.get(row.index)
+        return self._accept(rows, tokens, logprobs)
 
     def _forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: StepLayout, keep: torch.Tensor
@@ -276,16 +310,18 @@ class Engine:
             )
         return output.logits[0]
 
-    def _sample_and_accept(self, rows: list[Row], logits: torch.Tensor) -> list[Piece]:
+    def _sample(
+        self, rows: list[Row], logits: torch.Tensor
+    ) -> tuple[dict[int, int], dict[int, TokenLogprob]]:
         """Each row's next token from its logits ([rows, vocab], raw), through its penalties and
-        sampling settings; the rows that only score a prompt (max_tokens 0) end here instead."""
-        pieces = [row.scored_piece() for row in rows if row.request.params.max_tokens == 0]
-        if pieces:
-            sampling = [i for i, row in enumerate(rows) if row.request.params.max_tokens > 0]
-            if not sampling:
-                return pieces
-            rows = [rows[i] for i in sampling]
+        sampling settings, and its logprob entry if it asks; by position in `rows`. Rows that only
+        score their prompt (max_tokens 0) sample nothing."""
+        sampling = [i for i, row in enumerate(rows) if row.request.params.max_tokens > 0]
+        if not sampling:
+            return {}, {}
+        if len(sampling) < len(rows):
             logits = logits.index_select(0, torch.tensor(sampling, device=self.device))
+        rows = [rows[i] for i in sampling]
         penalized = [i for i, row in enumerate(rows) if row.request.params.penalized]
         processed = logits.to(torch.float32, copy=bool(penalized))  # `logits` stay raw for logprobs
         if penalized:
@@ -299,7 +335,7 @@ class Engine:
                 self.eos_ids,
             )
         tokens = sample(processed, self._sampling_batch(rows))
-        if penalized:
+        if penalized:  # written at the token's own place: a step run again writes the same
             self.processors.record(
                 [rows[i].index for i in penalized],
                 [len(rows[i].prompt_ids) + len(rows[i].generated) for i in penalized],
@@ -307,11 +343,26 @@ class Engine:
             )
         logprobs = self._logprobs(rows, logits, tokens)
         token_list = tokens.tolist()  # the step's one host sync
-        accepted = (
-            row.accept(token, logprobs.get(i))
-            for i, (row, token) in enumerate(zip(rows, token_list, strict=True))
+        return (
+            {sampling[i]: token for i, token in enumerate(token_list)},
+            {sampling[i]: entry for i, entry in logprobs.items()},
         )
-        return pieces + [piece for piece in accepted if piece is not None]
+
+    def _accept(
+        self, rows: list[Row], tokens: dict[int, int], logprobs: dict[int, TokenLogprob]
+    ) -> list[Piece]:
+        """Each row takes its token (or, scoring only, ends); a row whose text cannot be made ends
+        with an error alone."""
+        pieces = []
+        for i, row in enumerate(rows):
+            try:
+                piece = row.accept(tokens[i], logprobs.get(i)) if i in tokens else row.scored_piece()
+            except Exception as error:
+                log.exception("request %s could not take its token", row.request.request_id)
+                piece = row.error_piece(f"generation failed: {error}")
+            if piece is not None:
+                pieces.append(piece)
+        return pieces
 
     def _logprobs(
         self, rows: list[Row], logits: torch.Tensor, tokens: torch.Tensor

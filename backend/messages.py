@@ -13,6 +13,9 @@ from typing import Literal
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
+# A busy or idle backend sends a message (a StepOutput, empty if need be) at least this often, so
+# that the frontend can tell a backend that stopped stepping from one with nothing to say.
+HEARTBEAT_SECONDS = 1.0
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 MAX_REPETITION_PENALTY = 10.0
@@ -127,6 +130,8 @@ class BackendConfig:
     torch_threads: int | None = None
     mock: bool = False
     mock_tokens_per_second: float = 50.0
+    # Tests only: the mock stops stepping for good at a prompt of this text (a hung backend).
+    mock_stall_text: str | None = None
 
 
 # Frontend -> backend

@@ -13,7 +13,16 @@ import time
 from dataclasses import dataclass, field
 
 from backend.inbox import read_inbox
-from backend.messages import BackendConfig, BackendReady, Cancel, Piece, Shutdown, StepOutput, Submit
+from backend.messages import (
+    HEARTBEAT_SECONDS,
+    BackendConfig,
+    BackendReady,
+    Cancel,
+    Piece,
+    Shutdown,
+    StepOutput,
+    Submit,
+)
 from backend.stop_matcher import StopMatcher
 
 MOCK_MAX_SEQ_LEN = 4096
@@ -94,15 +103,20 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: mult
     interval = 1.0 / config.mock_tokens_per_second
     rows: dict[str, MockRow] = {}
     waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
-    next_tick = time.monotonic()
+    next_tick = last_sent = time.monotonic()
     while True:
         idle = not rows and not waiting
-        timeout = None if idle else max(0.0, next_tick - time.monotonic())
+        timeout = HEARTBEAT_SECONDS if idle else max(0.0, next_tick - time.monotonic())
         pieces = []
         for message in read_inbox(inbox, timeout):
             if isinstance(message, Shutdown):
                 return
             if isinstance(message, Submit):
+                if (
+                    config.mock_stall_text is not None
+                    and bytes(message.prompt_ids) == config.mock_stall_text.encode()
+                ):
+                    stall_for_good()
                 waiting[message.request_id] = message
             elif isinstance(message, Cancel):
                 cancelled = rows.pop(message.request_id, None) or waiting.pop(message.request_id, None)
@@ -121,5 +135,12 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: mult
                 if piece.finished:
                     del rows[request_id]
             next_tick += interval
-        if pieces:
+        if pieces or time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
             outbox.put(StepOutput(pieces))
+            last_sent = time.monotonic()
+
+
+def stall_for_good() -> None:
+    """A backend stuck in a step (a kernel that never returns): no more steps, no heartbeat."""
+    while True:
+        time.sleep(3600)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backend.detokenizer import Decoder, IncrementalDetokenizer
 from backend.messages import FinishReason, Piece, Submit, TokenLogprob
@@ -74,6 +74,11 @@ class Row:
 
     def cancel_piece(self) -> Piece:
         return self._finish("cancelled", "")
+
+    def error_piece(self, message: str) -> Piece:
+        """The end of a request whose step failed (see Engine._step_rows)."""
+        self.finish_reason = "error"
+        return replace(self._piece(""), error=message)
 
     def scored_piece(self) -> Piece:
         """The end of a request that only scores its prompt (max_tokens 0)."""

@@ -5,11 +5,21 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import sys
+import time
 
 from backend.engine import Engine
 from backend.inbox import read_inbox
 from backend.loader import ModelNotFound
-from backend.messages import BackendConfig, BackendFailed, BackendReady, Cancel, Shutdown, StepOutput, Submit
+from backend.messages import (
+    HEARTBEAT_SECONDS,
+    BackendConfig,
+    BackendFailed,
+    BackendReady,
+    Cancel,
+    Shutdown,
+    StepOutput,
+    Submit,
+)
 from backend.resources import InsufficientResources
 
 log = logging.getLogger(__name__)
@@ -45,9 +55,10 @@ def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiproc
         ready.device,
     )
     outbox.put(ready)
+    last_sent = time.monotonic()
     while True:
-        # Idle: sleep on the inbox. Busy: take what is there and step.
-        for message in read_inbox(inbox, timeout=0 if engine.has_work else None):
+        # Idle: sleep on the inbox (waking for the heartbeat). Busy: take what is there and step.
+        for message in read_inbox(inbox, timeout=0 if engine.has_work else HEARTBEAT_SECONDS):
             if isinstance(message, Shutdown):
                 return
             if isinstance(message, Submit):
@@ -59,5 +70,6 @@ def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiproc
         except Exception as error:  # a bad step must not take every other request down with it
             log.exception("decode step failed")
             pieces = engine.fail_all(f"generation failed: {error}")
-        if pieces:
+        if pieces or time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
             outbox.put(StepOutput(pieces))
+            last_sent = time.monotonic()

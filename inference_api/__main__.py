@@ -13,7 +13,13 @@ import sys
 from pathlib import Path
 
 from backend.messages import BackendConfig
-from inference_api.config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, DEFAULT_PORT, ServerConfig
+from inference_api.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_PORT,
+    DEFAULT_STEP_TIMEOUT,
+    ServerConfig,
+)
 
 GUNICORN_CONF = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
 
@@ -72,6 +78,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     parser.add_argument(
         "--restart-delay", type=positive_float, default=1.0, help="seconds before restarting a dead backend"
     )
+    parser.add_argument(
+        "--step-timeout",
+        type=positive_float,
+        default=DEFAULT_STEP_TIMEOUT,
+        help="seconds without a step (or the backend's heartbeat) after which the backend is restarted",
+    )
     args = parser.parse_args(argv)
     model = args.model
     if model and os.path.exists(model):
@@ -94,6 +106,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         host=args.host,
         port=args.port,
         restart_delay=args.restart_delay,
+        step_timeout=args.step_timeout,
     )
 
 

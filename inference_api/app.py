@@ -39,6 +39,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
         config.max_queue,
         metrics,
         restart_delay=config.restart_delay,
+        step_timeout=config.step_timeout,
         on_ready=lambda ready: _log_ready(config, ready),
         on_fatal=_exit_worker if config.exit_on_backend_failure else None,
     )

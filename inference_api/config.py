@@ -17,6 +17,7 @@ from backend.messages import BackendConfig
 DEFAULT_PORT = 8000
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_STEP_TIMEOUT = 60.0  # seconds: far past any one step, even a 2,048-token prefill on a small CPU
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class ServerConfig:
     host: str = "127.0.0.1"  # internal by default: only the proxy should face clients (SPEC §6)
     port: int = DEFAULT_PORT
     restart_delay: float = 1.0  # seconds between a backend's death and its restart, against crash loops
+    # A backend that sends nothing (not even its heartbeat) for this long is hung: killed and restarted.
+    step_timeout: float = DEFAULT_STEP_TIMEOUT
     # Under gunicorn a backend that cannot start ends the worker with gunicorn's "app failed to load"
     # code, so the whole server exits with the backend's message instead of retrying for ever.
     exit_on_backend_failure: bool = False
@@ -44,6 +47,7 @@ class ServerConfig:
             torch_threads=_int(env, "INFERENCE_TORCH_THREADS", 0) or None,
             mock=_bool(env, "INFERENCE_MOCK"),
             mock_tokens_per_second=float(env.get("INFERENCE_MOCK_TOKENS_PER_SECOND", "50")),
+            mock_stall_text=env.get("INFERENCE_MOCK_STALL_TEXT") or None,
         )
         return cls(
             backend=backend,
@@ -52,6 +56,7 @@ class ServerConfig:
             host=env.get("INFERENCE_HOST", "127.0.0.1"),
             port=_int(env, "INFERENCE_PORT", DEFAULT_PORT),
             restart_delay=float(env.get("INFERENCE_RESTART_DELAY", "1.0")),
+            step_timeout=float(env.get("INFERENCE_STEP_TIMEOUT", repr(DEFAULT_STEP_TIMEOUT))),
             exit_on_backend_failure=_bool(env, "INFERENCE_EXIT_ON_BACKEND_FAILURE"),
         )
 
@@ -76,6 +81,8 @@ class ServerConfig:
             "INFERENCE_HOST": self.host,
             "INFERENCE_PORT": str(self.port),
             "INFERENCE_RESTART_DELAY": repr(self.restart_delay),
+            "INFERENCE_STEP_TIMEOUT": repr(self.step_timeout),
+            **({"INFERENCE_MOCK_STALL_TEXT": b.mock_stall_text} if b.mock_stall_text else {}),
         }
 
     @property

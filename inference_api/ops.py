@@ -22,7 +22,7 @@ def ready() -> Response:
     router: Router = current_app.extensions["router"]
     serving = router.serving
     if serving is None:
-        reason = router.failure or "the backend is loading or restarting"
+        reason = router.failure or router.restart_reason or "the backend is loading or restarting"
         return error_response(503, f"not ready: {reason}", {"Retry-After": str(RETRY_AFTER_NOT_READY)})
     b = serving.backend
     return jsonify(

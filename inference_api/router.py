@@ -35,6 +35,10 @@ class QueueFull(RuntimeError):
     """Every row is busy and max_queue requests already wait."""
 
 
+class BackendHung(BackendDied):
+    """The backend sent nothing, not even its heartbeat, for step_timeout seconds: it was killed."""
+
+
 @dataclass(frozen=True)
 class Serving:
     """What a ready backend serves, and the tokenizer that goes with it."""
@@ -56,6 +60,7 @@ class Router:
         max_queue: int,
         metrics: Metrics,
         restart_delay: float = 1.0,
+        step_timeout: float = 60.0,
         on_ready: Callable[[BackendReady], None] | None = None,
         on_fatal: Callable[[str], None] | None = None,
     ):
@@ -63,6 +68,8 @@ class Router:
         self.max_queue = max_queue
         self.metrics = metrics
         self.restart_delay = restart_delay
+        self.step_timeout = step_timeout
+        self.restart_reason: str | None = None  # why the backend is being restarted, for /ready
         self.on_ready = on_ready
         self.on_fatal = on_fatal
         self.failure: str | None = None  # why the backend could not start, once it could not
@@ -159,13 +166,14 @@ class Router:
                 failure = None if was_ready else f"the backend died while starting: {exc}"
                 if was_ready and not self._stopping.is_set():
                     log.error("%s; restarting it in %.1f s", exc, self.restart_delay)
+                    self.restart_reason = str(exc)
             except BackendStartError as exc:
                 failure = str(exc)
             except Exception as exc:  # a tokenizer that does not load, a bug: do not leave requests hanging
                 log.exception("router thread failed")
                 failure = f"{type(exc).__name__}: {exc}"
             finally:
-                self._end_backend(backend)
+                self._end_backend(backend, self.restart_reason or "the backend process stopped")
             if failure is not None:
                 self._fail(failure)
                 return
@@ -179,6 +187,7 @@ class Router:
         )
         with self._lock:
             self._serving = serving
+        self.restart_reason = None
         self.metrics.backend_ready.set(1)
         self._ready.set()
         log.info(
@@ -193,9 +202,16 @@ class Router:
             self.on_ready(ready)
 
     def _route(self, backend: BackendProcess) -> None:
-        """Hand every piece to its request until the backend dies (BackendDied)."""
+        """Hand every piece to its request until the backend dies (BackendDied) or hangs (BackendHung:
+        nothing for step_timeout seconds, though it sends at least a heartbeat every second)."""
         while True:
-            message = backend.receive()
+            try:
+                message = backend.receive(self.step_timeout)
+            except queue.Empty:
+                backend.process.kill()
+                raise BackendHung(
+                    f"the backend made no step in {self.step_timeout:g} s; it was killed"
+                ) from None
             if isinstance(message, StepOutput):
                 self._deliver(message.pieces)
             else:
@@ -211,8 +227,8 @@ class Router:
                     del self._streams[piece.request_id]
                 stream.deliver(piece)
 
-    def _end_backend(self, backend: BackendProcess) -> None:
-        """Not ready any more; every request in flight ends with an error."""
+    def _end_backend(self, backend: BackendProcess, reason: str) -> None:
+        """Not ready any more; every request in flight ends with an error saying why."""
         self._ready.clear()
         self.metrics.backend_ready.set(0)
         with self._lock:
@@ -220,7 +236,7 @@ class Router:
             self._backend = None
             streams, self._streams = self._streams, {}
         for stream in streams.values():
-            stream.deliver(Piece(stream.request_id, "", "error", error="the backend process stopped"))
+            stream.deliver(Piece(stream.request_id, "", "error", error=reason))
         backend.stop()
 
     def _fail(self, message: str) -> None:
