@@ -87,6 +87,7 @@ class Engine:
         self.rows: list[Row | None] = [None] * rows
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
+        self.admitted: list[str] = []  # the requests that took a row in the last step
 
     @classmethod
     def load(cls, config: BackendConfig) -> Engine:
@@ -149,6 +150,7 @@ class Engine:
         try:
             decoding = self.active_rows  # finished rows were freed at the end of the last step
             prefilling = self._admit_waiting()
+            self.admitted = [row.request.request_id for row in prefilling]
             if decoding or prefilling:
                 pieces += self._step_rows(decoding, prefilling)
         except BaseException:

@@ -213,3 +213,6 @@ class StepOutput:
     """Every piece of one decode step, sent as one message to keep queue traffic per step."""
 
     pieces: list[Piece]
+    # Requests that took a row in this step: they have left the queue, though their first piece
+    # may come steps later (a long prefill, text held back at the start of a stop sequence).
+    admitted: list[str] = field(default_factory=list)

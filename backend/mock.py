@@ -107,7 +107,7 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: mult
     while True:
         idle = not rows and not waiting
         timeout = HEARTBEAT_SECONDS if idle else max(0.0, next_tick - time.monotonic())
-        pieces = []
+        pieces, admitted = [], []
         for message in read_inbox(inbox, timeout):
             if isinstance(message, Shutdown):
                 return
@@ -128,6 +128,7 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: mult
             while waiting and len(rows) < config.rows:
                 request_id, request = waiting.popitem(last=False)
                 rows[request_id] = MockRow(request)
+                admitted.append(request_id)
             for request_id, row in list(rows.items()):
                 piece = row.next_piece()
                 if piece.text or piece.finished:
@@ -135,8 +136,8 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: mult
                 if piece.finished:
                     del rows[request_id]
             next_tick += interval
-        if pieces or time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
-            outbox.put(StepOutput(pieces))
+        if pieces or admitted or time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
+            outbox.put(StepOutput(pieces, admitted))
             last_sent = time.monotonic()
 
 

@@ -70,6 +70,6 @@ def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiproc
         except Exception as error:  # a bad step must not take every other request down with it
             log.exception("decode step failed")
             pieces = engine.fail_all(f"generation failed: {error}")
-        if pieces or time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
-            outbox.put(StepOutput(pieces))
+        if pieces or engine.admitted or time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
+            outbox.put(StepOutput(pieces, engine.admitted))
             last_sent = time.monotonic()

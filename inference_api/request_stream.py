@@ -43,7 +43,8 @@ class RequestStream:
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self.error: str | None = None
-        # Set by the router thread with the first piece: from then on the request holds a row.
+        # Set by the router thread when the backend says the request took a row (or with its first
+        # piece): from then on it counts as active, not waiting.
         self.admitted = False
         # Its own queue, or one shared by the choices of one API call (see choices.py).
         self._pieces: queue.Queue[Piece] = pieces if pieces is not None else queue.Queue()

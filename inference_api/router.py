@@ -213,9 +213,18 @@ class Router:
                     f"the backend made no step in {self.step_timeout:g} s; it was killed"
                 ) from None
             if isinstance(message, StepOutput):
+                self._admit(message.admitted)
                 self._deliver(message.pieces)
             else:
                 log.warning("ignoring %s from a running backend", type(message).__name__)
+
+    def _admit(self, request_ids: list[str]) -> None:
+        """Requests that took a row: no longer waiting, though they have no piece yet."""
+        with self._lock:
+            for request_id in request_ids:
+                stream = self._streams.get(request_id)
+                if stream is not None:
+                    stream.admitted = True
 
     def _deliver(self, pieces: list[Piece]) -> None:
         with self._lock:

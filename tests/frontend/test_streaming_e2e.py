@@ -233,3 +233,23 @@ def test_a_client_that_hangs_up_while_queued_leaves_the_queue(slow_server: Runni
     queued.close()
     wait_for(lambda: slow_server.metric("inference_queue_depth") == 0, timeout=5)  # not when the row frees
     holder.close()
+
+
+def test_a_request_in_a_row_is_active_before_its_first_piece(slow_server: RunningServer) -> None:
+    """Queue depth counts requests waiting for a row, not those in one whose text is held back."""
+    wait_idle(slow_server)
+    # Every token could be the start of this stop sequence, so no text leaves for 40 tokens (2 s).
+    stop = expected_text("held", 60) + "END"
+    body = {"text": "held", "max_tokens": 40, "stop_sequence": stop, "stream": False}
+    answer: dict[str, object] = {}
+    thread = threading.Thread(
+        target=lambda: answer.update(
+            requests.post(f"{slow_server.url}/predictions/mock", json=body, timeout=30).json()
+        )
+    )
+    thread.start()
+    wait_for(lambda: slow_server.metric("inference_active_rows") == 1, timeout=1.5)
+    assert slow_server.metric("inference_queue_depth") == 0
+    assert "text" not in answer  # still under way, no piece yet
+    thread.join(timeout=30)
+    assert answer["text"] == expected_text("held", 40)
