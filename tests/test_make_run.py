@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -11,10 +12,12 @@ from tests.server_fixture import ROOT, free_port
 
 
 def test_the_printed_curl_line_streams_through_the_proxy(tmp_path):
-    env = dict(os.environ, INFERENCE_PORT=str(free_port()), PROXY_PORT=str(free_port()), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("JWT_SECRET", None)
+    # Ports as options, as `make run ARGS="--mock --port ..."` passes them: both pieces must follow.
+    ports = ["--port", str(free_port()), "--proxy-port", str(free_port())]
     run = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "run_stack.py"), "--mock"],
+        [sys.executable, str(ROOT / "scripts" / "run_stack.py"), "--mock", *ports],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -45,3 +48,45 @@ def test_the_printed_curl_line_streams_through_the_proxy(tmp_path):
         run.wait(60)
     _, alive = psutil.wait_procs(children, timeout=30)
     assert alive == [], f"left running: {alive}"
+
+
+def run_to_the_end(tmp_path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JWT_SECRET="s" * 32)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "run_stack.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_a_port_in_use_is_a_clear_error_before_anything_starts(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_to_the_end(
+            tmp_path, "--mock", "--port", str(free_port()), "--proxy-port", str(port), timeout=30
+        )
+    assert result.returncode == 1
+    assert f"port {port}" in result.stderr.strip().splitlines()[-1] and "not free" in result.stderr
+    assert "Serving" not in result.stdout
+
+
+def test_a_server_that_cannot_start_stops_the_proxy_and_says_why_last(tmp_path):
+    proxy_port = free_port()
+    result = run_to_the_end(
+        tmp_path,
+        "--model",
+        str(tmp_path / "no-such-model"),
+        "--port",
+        str(free_port()),
+        "--proxy-port",
+        str(proxy_port),
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("run: inference_api exited with code")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", proxy_port))  # the proxy was stopped: its port is free again
