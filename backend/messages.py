@@ -124,6 +124,9 @@ class BackendConfig:
     quantize: str = "auto"
     rows: int = 32
     max_seq_len: int | None = None  # per-row capacity; None: min(model context, 2048)
+    # Prompt tokens a step prefills while rows decode (engine.DEFAULT_MAX_PREFILL_TOKENS says why 128);
+    # longer prompts take a chunk a step
+    max_prefill_tokens: int = 128
     cache_dir: str | None = None  # converted weights; None: $INFERENCE_CACHE_DIR or ~/.cache
     # CPU threads for torch; None: torch's default (every core). Fewer leaves cores to the HTTP
     # side: torch's threads wait for each other, so one descheduled thread stalls them all.

@@ -19,11 +19,13 @@ class Row:
     max_seq_len: int
     generated: list[int] = field(default_factory=list)
     cached: int = 0  # tokens whose keys and values are in this row of the cache
+    chunk_end: int = 0  # while prefilling: where this step's chunk of the prompt ends
     cancelled: bool = False
     finish_reason: FinishReason | None = None
     # Log-probabilities not yet sent: the prompt's (set at prefill), the tokens' since the last piece.
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_scores: list[TokenLogprob] = field(default_factory=list)  # of the chunks so far
 
     def __post_init__(self) -> None:
         params = self.request.params
@@ -35,6 +37,11 @@ class Row:
     @property
     def prompt_ids(self) -> tuple[int, ...]:
         return self.request.prompt_ids
+
+    @property
+    def prefilled(self) -> bool:
+        """Whether the whole prompt is in the cache (a long one takes a chunk a step)."""
+        return self.cached >= len(self.prompt_ids)
 
     @property
     def next_input(self) -> int:

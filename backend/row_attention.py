@@ -4,7 +4,8 @@ The engine packs every query of a step into one sequence: first one token for
 each decoding row, then the tokens of each new prompt. The linear layers run
 once over the whole pack, so a free row costs them nothing. Attention cannot:
 a decode query reads its own row of the cache up to its position, a prompt
-token reads its own prompt up to itself. The decode queries attend as one
+token reads its own prompt up to itself (a chunk of a long prompt, prefilled over several
+steps, also reads the chunks before it). The decode queries attend as one
 batch over rows 0..n-1 of the cache (n-1 the last decoding row); free rows
 inside that span get a zero query whose output is dropped. This function,
 registered with transformers as an attention implementation, does both with
@@ -27,6 +28,23 @@ ROW_ATTENTION = "row_attention"
 
 
 @dataclass(frozen=True)
+class PromptChunk:
+    """Prompt tokens of one row in the pack: positions past..past+length-1 of its row.
+
+    A whole prompt has past 0; a long one is prefilled a chunk a step (past > 0 after the first),
+    each chunk reading what the chunks before it wrote.
+    """
+
+    row: int
+    start: int  # where the chunk begins in the packed sequence
+    length: int
+    past: int = 0  # positions of the row already in the cache
+    visible: torch.Tensor | None = (
+        None  # [length, past + length] bool, causal from past (None when past is 0)
+    )
+
+
+@dataclass(frozen=True)
 class StepLayout:
     """Where the queries of one step sit in the packed sequence, and what each may read."""
 
@@ -37,7 +55,7 @@ class StepLayout:
     # [decode_rows, 1, 1, span]: 0 where a row may read, -inf where not, in the queries' dtype (a boolean
     # mask would be turned into this by every layer's attention call)
     visible: torch.Tensor
-    prompts: tuple[tuple[int, int, int], ...]  # (row, start in the pack, length) of each new prompt
+    prompts: tuple[PromptChunk, ...]  # the prompt tokens of the step, after the decode queries
 
     @property
     def decode_queries(self) -> int:
@@ -108,12 +126,14 @@ def attend(
         if layout.has_free_rows:
             attended = attended.index_select(0, layout.decode_index)
         output[0, :, :decoding] = attended.squeeze(2).transpose(0, 1)
-    for row, start, length in layout.prompts:
-        output[:, :, start : start + length] = scaled_dot_product_attention(
-            query[:, :, start : start + length],
-            key[row : row + 1, :, :length],
-            value[row : row + 1, :, :length],
-            is_causal=True,
+    for chunk in layout.prompts:
+        end, pack = chunk.past + chunk.length, slice(chunk.start, chunk.start + chunk.length)
+        output[:, :, pack] = scaled_dot_product_attention(
+            query[:, :, pack],
+            key[chunk.row : chunk.row + 1, :, :end],
+            value[chunk.row : chunk.row + 1, :, :end],
+            attn_mask=chunk.visible,
+            is_causal=chunk.visible is None,
             scale=scaling,
             enable_gqa=True,
         )

@@ -4,7 +4,7 @@ Keys and values live in [rows, kv_heads, max_seq_len, head_dim] tensors,
 allocated once. transformers' attention layers call `update()` with the new
 keys and values of a forward pass; where they go is set beforehand by the
 engine as a write plan (one token for each decoding row at its own position,
-whole prompts into the first positions of new rows). `update()` returns the
+prompt chunks at their positions in their rows). `update()` returns the
 whole cache, and the engine's attention function (row_attention.py) reads
 just the rows and positions each query may see: nothing is copied.
 """
@@ -45,8 +45,8 @@ class KVShape:
 class StepWrite:
     """Where the packed tokens of one step go (see row_attention.StepLayout).
 
-    Decode token i goes to row decode_index[i] at positions[i]; each new
-    prompt fills the first positions of its row. Attention then reads the
+    Decode token i goes to row decode_index[i] at positions[i]; each prompt
+    chunk fills positions past..past+length-1 of its row. Attention then reads the
     cache itself.
     """
 
@@ -73,8 +73,10 @@ class StepWrite:
             head_dim = cache.shape[-1]
             decoded = new[0, :, :n].transpose(0, 1).reshape(-1, head_dim)  # [n * kv_heads, head_dim]
             cache.view(-1, head_dim).index_copy_(0, self._decode_slots, decoded)
-        for row, start, length in self.layout.prompts:
-            cache[row, :, :length] = new[0, :, start : start + length]
+        for chunk in self.layout.prompts:
+            cache[chunk.row, :, chunk.past : chunk.past + chunk.length] = new[
+                0, :, chunk.start : chunk.start + chunk.length
+            ]
         return cache
 
 

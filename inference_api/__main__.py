@@ -71,6 +71,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     )
     parser.add_argument("--max-seq-len", type=positive_int, help="tokens per row (prompt + answer)")
     parser.add_argument(
+        "--max-prefill-tokens",
+        type=positive_int,
+        default=BackendConfig.max_prefill_tokens,
+        help="prompt tokens a step prefills while rows decode (longer prompts take a chunk a step)",
+    )
+    parser.add_argument(
         "--torch-threads", type=positive_int, help="CPU threads for the model (default: every core)"
     )
     parser.add_argument("--mock-tokens-per-second", type=positive_float, default=50.0)
@@ -95,6 +101,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         quantize=args.quantize,
         rows=args.rows,
         max_seq_len=args.max_seq_len,
+        max_prefill_tokens=args.max_prefill_tokens,
         torch_threads=args.torch_threads,
         mock=args.mock,
         mock_tokens_per_second=args.mock_tokens_per_second,

@@ -67,7 +67,7 @@ def test_pieces_decided_before_a_failure_are_delivered():
     engine.submit(Submit("too-long", tuple(range(2, 100)), greedy()))  # rejected at once
     engine.cancel("long")  # its row is freed at the start of the next step
 
-    def broken() -> list:
+    def broken(*args) -> list:
         raise RuntimeError("device lost")
 
     engine._admit_waiting = broken  # a failure no retry can isolate
