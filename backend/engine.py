@@ -26,6 +26,7 @@ from backend.heap import reuse_freed_memory
 from backend.logits_processors import LogitsProcessors
 from backend.logprobs import token_logprobs
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit, TokenLogprob
+from backend.prefix_cache import Placement, PrefixIndex
 from backend.row import Row
 from backend.row_attention import PromptChunk, StepLayout, step_layout
 from backend.row_cache import KVShape, RowCache
@@ -73,6 +74,7 @@ class Engine:
         max_seq_len: int | None = None,
         name: str = "model",
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+        prefix_reuse: bool = True,
     ):
         self.name = name
         self.tokenizer_path: str | None = None  # set when loaded from a BackendConfig
@@ -92,6 +94,7 @@ class Engine:
         self.runner = DecoderRunner(model) if DecoderRunner.supports(model, self.max_seq_len) else None
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.rows: list[Row | None] = [None] * rows
+        self.prefixes = PrefixIndex(rows, prefix_reuse)
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
@@ -111,6 +114,7 @@ class Engine:
             loaded.max_seq_len,
             loaded.name,
             config.max_prefill_tokens,
+            config.prefix_reuse,
         )
         engine.tokenizer_path = loaded.tokenizer_path
         engine.warm_up()
@@ -211,6 +215,7 @@ class Engine:
                 Piece(row.request.request_id, "", "error", len(row.prompt_ids), len(row.generated), message)
             )
             self.rows[row.index] = None
+            self.prefixes.release(row.index, ())
         return pieces
 
     def _free_cancelled(self) -> list[Piece]:
@@ -218,7 +223,7 @@ class Engine:
         for row in self.active_rows:
             if row.cancelled:
                 pieces.append(row.cancel_piece())
-                self.rows[row.index] = None
+                self._free(row)
         return pieces
 
     @staticmethod
@@ -235,21 +240,28 @@ class Engine:
         return planned, budget
 
     def _admit_waiting(self, budget: int) -> list[Row]:
-        """Put waiting requests into free rows, lowest first (to keep the decode span short), while
-        the step's prefill budget lasts; each gets its first chunk."""
+        """Put waiting requests into free rows, oldest request first, while the step's prefill
+        budget lasts; each gets its first chunk, after what of its prompt is cached already."""
         admitted: list[Row] = []
-        for index, slot in enumerate(self.rows):
-            if not self.waiting or budget <= 0:
-                break
-            if slot is not None:
-                continue
+        while self.waiting and budget > 0 and None in self.rows:
             request = self.waiting.pop(next(iter(self.waiting)))
-            row = Row(index, request, self.tokenizer, self.eos_ids, self.max_seq_len)
-            self.processors.admit(index, request.params, request.prompt_ids)
-            self.rows[index] = row
+            place = self._place(request)
+            if place.source is not None:
+                self.cache.copy_prefix(place.source, place.row, place.reused)
+            row = Row(place.row, request, self.tokenizer, self.eos_ids, self.max_seq_len, cached=place.reused)
+            self.processors.admit(place.row, request.params, request.prompt_ids)
+            self.rows[place.row] = row
             planned, budget = self._plan_chunks([row], budget)
             admitted += planned
         return admitted
+
+    def _place(self, request: Submit) -> Placement:
+        """A free row for the request, where the most of its prompt is cached already (prefix_cache)."""
+        free = [index for index, slot in enumerate(self.rows) if slot is None]
+        if request.params.prompt_logprobs is not None:  # scoring needs the logits of every position
+            return self.prefixes.place(request.prompt_ids, free, {}, reuse=False)
+        busy = {row.index: row.cached_tokens for row in self.active_rows}
+        return self.prefixes.place(request.prompt_ids, free, busy)
 
     def _forward_and_sample(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
         """One forward pass over a packed sequence: a token per decoding row, then each prompt chunk.
@@ -448,7 +460,13 @@ class Engine:
     def _free_finished(self) -> None:
         for row in self.active_rows:
             if row.finished:
-                self.rows[row.index] = None
+                self._free(row)
+
+    def _free(self, row: Row) -> None:
+        """The row is free; it keeps its tokens' keys and values for a prompt that starts the same,
+        unless its request failed (they may be half written)."""
+        self.rows[row.index] = None
+        self.prefixes.release(row.index, () if row.finish_reason == "error" else row.cached_tokens)
 
     def _row_of(self, request_id: str) -> Row | None:
         return next((row for row in self.active_rows if row.request.request_id == request_id), None)

@@ -127,6 +127,7 @@ class BackendConfig:
     # Prompt tokens a step prefills while rows decode (engine.DEFAULT_MAX_PREFILL_TOKENS says why 128);
     # longer prompts take a chunk a step
     max_prefill_tokens: int = 128
+    prefix_reuse: bool = True  # a prompt starting as a row's cached tokens prefills only the rest
     cache_dir: str | None = None  # converted weights; None: $INFERENCE_CACHE_DIR or ~/.cache
     # CPU threads for torch; None: torch's default (every core). Fewer leaves cores to the HTTP
     # side: torch's threads wait for each other, so one descheduled thread stalls them all.
@@ -205,6 +206,7 @@ class Piece:
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    cached_tokens: int = 0  # prompt tokens not computed: their keys and values were in the cache
 
     @property
     def finished(self) -> bool:

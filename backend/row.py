@@ -28,6 +28,7 @@ class Row:
     prompt_scores: list[TokenLogprob] = field(default_factory=list)  # of the chunks so far
 
     def __post_init__(self) -> None:
+        self.reused = self.cached  # prompt tokens found in the cache at admission (prefix_cache)
         params = self.request.params
         self.detokenizer = IncrementalDetokenizer(self.tokenizer, self.request.prompt_ids)
         self.stop = StopMatcher(params.stop)
@@ -37,6 +38,11 @@ class Row:
     @property
     def prompt_ids(self) -> tuple[int, ...]:
         return self.request.prompt_ids
+
+    @property
+    def cached_tokens(self) -> tuple[int, ...]:
+        """The tokens whose keys and values this row of the cache holds, in order."""
+        return (*self.prompt_ids, *self.generated)[: self.cached]
 
     @property
     def prefilled(self) -> bool:
@@ -104,6 +110,7 @@ class Row:
             completion_tokens=len(self.generated),
             logprobs=tuple(self.pending_logprobs),
             prompt_logprobs=self.prompt_logprobs,
+            cached_tokens=self.reused,
         )
         self.pending_logprobs.clear()
         self.prompt_logprobs = None  # sent once, with the first piece

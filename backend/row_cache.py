@@ -123,6 +123,12 @@ class RowCache(Cache):
         self.max_seq_len = max_seq_len
         self.plan: StepWrite | None = None
 
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Positions 0..length-1 of one row into another, in every layer (prefix reuse)."""
+        for layer in self.layers:
+            layer.keys[target, :, :length] = layer.keys[source, :, :length]
+            layer.values[target, :, :length] = layer.values[source, :, :length]
+
     def plan_step(self, layout: StepLayout) -> None:
         """The next forward pass writes its keys and values where this layout says."""
         self.plan = StepWrite(layout, self.kv_heads, self.max_seq_len)

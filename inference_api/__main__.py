@@ -71,6 +71,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     )
     parser.add_argument("--max-seq-len", type=positive_int, help="tokens per row (prompt + answer)")
     parser.add_argument(
+        "--no-prefix-reuse",
+        dest="prefix_reuse",
+        action="store_false",
+        help="prefill every prompt whole, even where a row holds its first tokens already",
+    )
+    parser.add_argument(
         "--max-prefill-tokens",
         type=positive_int,
         default=BackendConfig.max_prefill_tokens,
@@ -102,6 +108,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         rows=args.rows,
         max_seq_len=args.max_seq_len,
         max_prefill_tokens=args.max_prefill_tokens,
+        prefix_reuse=args.prefix_reuse,
         torch_threads=args.torch_threads,
         mock=args.mock,
         mock_tokens_per_second=args.mock_tokens_per_second,

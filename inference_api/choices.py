@@ -48,6 +48,10 @@ class Choices:
         return sum(stream.prompt_tokens for stream in self.streams)
 
     @property
+    def cached_tokens(self) -> int:
+        return sum(stream.cached_tokens for stream in self.streams)
+
+    @property
     def completion_tokens(self) -> int:
         return sum(stream.completion_tokens for stream in self.streams)
 

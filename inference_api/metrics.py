@@ -45,6 +45,11 @@ class Metrics:
         self.active_rows = Gauge("inference_active_rows", "Rows generating for a request", registry=r)
         self.prompt_tokens = Counter("inference_prompt_tokens", "Prompt tokens submitted", registry=r)
         self.generated_tokens = Counter("inference_generated_tokens", "Tokens generated", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "inference_prompt_tokens_cached",
+            "Prompt tokens not computed: their keys and values were already in the cache (prefix reuse)",
+            registry=r,
+        )
         self.backend_ready = Gauge(
             "inference_backend_ready", "1 when the backend serves requests", registry=r
         )

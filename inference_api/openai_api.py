@@ -188,12 +188,15 @@ class Usage:
         self.prompt_tokens = sum(len(ids) for ids in openai_request.prompts)
         self.choices = choices
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         completion = self.choices.completion_tokens
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            # As OpenAI counts them: prompt tokens served from the cache (prefix reuse). With n > 1,
+            # each choice of a prompt is its own request, the first to arrive computes the prefix.
+            "prompt_tokens_details": {"cached_tokens": min(self.choices.cached_tokens, self.prompt_tokens)},
         }
 
 

@@ -41,6 +41,7 @@ class RequestStream:
         self.request_id = request_id  # the backend's id, unique per request (not the client's X-Request-ID)
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0
+        self.cached_tokens = 0  # prompt tokens the backend found in its cache
         self.finish_reason: str | None = None
         self.error: str | None = None
         # Set by the router thread when the backend says the request took a row (or with its first
@@ -104,6 +105,9 @@ class RequestStream:
         self.completion_tokens = max(self.completion_tokens, piece.completion_tokens)
         if piece.prompt_tokens:
             self.prompt_tokens = piece.prompt_tokens
+        if piece.cached_tokens > self.cached_tokens:
+            self._metrics.cached_prompt_tokens.inc(piece.cached_tokens - self.cached_tokens)
+            self.cached_tokens = piece.cached_tokens
         if piece.finished:
             self.finish_reason = piece.finish_reason
             self.error = piece.error

@@ -1,0 +1,76 @@
+"""Reusing cached prefixes: where a new prompt goes so that the least of it is computed again.
+
+A row keeps its tokens' keys and values after its request ends, until the
+row is taken again. A new prompt that starts with tokens some row holds at
+the same positions (an application's system prompt, the earlier turns of a
+chat) needs only the rest prefilled: in that row if it is free, or, if the
+row is busy, in a free row the prefix is first copied into (one device copy
+per layer). Only keys and values of identical tokens at identical positions
+are shared, never sampling state. Without a useful prefix, the prompt takes
+the free row used least recently, so that recent prefixes stay longest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Shorter common prefixes are not worth a copy from a busy row (and are mostly chat-template tokens).
+MIN_COPIED_PREFIX = 16
+
+
+@dataclass(frozen=True)
+class Placement:
+    row: int  # the free row the request takes
+    reused: int  # prompt tokens whose keys and values are there already (after the copy)
+    source: int | None = None  # a busy row to copy them from first
+
+
+class PrefixIndex:
+    """What each free row still holds, and the choice of a row for each new prompt."""
+
+    def __init__(self, rows: int, enabled: bool = True):
+        self.enabled = enabled
+        self.retained: list[Sequence[int]] = [() for _ in range(rows)]  # a free row's cached tokens
+        self.freed_at = [-1] * rows  # when each row was last freed (-1: never used)
+        self.clock = 0
+
+    def release(self, row: int, tokens: Sequence[int]) -> None:
+        """A row was freed holding the keys and values of these tokens (none after a failure)."""
+        self.retained[row] = tokens if self.enabled else ()
+        self.freed_at[row] = self.clock
+        self.clock += 1
+
+    def place(
+        self, prompt: Sequence[int], free: list[int], busy: dict[int, Sequence[int]], reuse: bool = True
+    ) -> Placement:
+        """The free row for `prompt` and how much of it needs no prefill; `busy` maps each busy row to
+        the tokens it has cached. At least the prompt's last token is always computed: its logits
+        give the first new token."""
+        if self.enabled and reuse:
+            longest = len(prompt) - 1
+            best_free = max(free, key=lambda row: common_prefix(self.retained[row], prompt, longest))
+            free_match = common_prefix(self.retained[best_free], prompt, longest)
+            best_busy = max(busy, key=lambda row: common_prefix(busy[row], prompt, longest), default=None)
+            busy_match = 0 if best_busy is None else common_prefix(busy[best_busy], prompt, longest)
+            if busy_match > max(free_match, MIN_COPIED_PREFIX - 1):
+                return self._take(Placement(self._least_recent(free), busy_match, best_busy))
+            if free_match:
+                return self._take(Placement(best_free, free_match))
+        return self._take(Placement(self._least_recent(free), 0))
+
+    def _least_recent(self, free: list[int]) -> int:
+        return min(free, key=lambda row: (self.freed_at[row], row))
+
+    def _take(self, placement: Placement) -> Placement:
+        self.retained[placement.row] = ()  # busy now: the row's own tokens say what it holds
+        return placement
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """How many leading tokens a and b share, at most `limit`."""
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
