@@ -6,7 +6,7 @@
 
 Starts the server twice, one after the other: with `--max-prefill-tokens
 2048` (a long prompt prefilled whole in one step, as before chunked
-prefill) and with the default (a chunk a step). Each time, --streams
+prefill) and with --chunk (128, the default: a chunk a step). Each time, --streams
 clients stream /v1/completions without pause (256 tokens, ignore_eos)
 while one more client sends a prompt of about 2,000 tokens every --every
 seconds (8 tokens back). Reports the streams' inter-token latency (p50,
@@ -115,11 +115,12 @@ def report(args, results: dict[str, tuple[Level, list[float]]]) -> str:
     return "\n".join(lines)
 
 
-def write_report(path: Path, text: str) -> None:
-    block = f"{START}\n{text}\n{END}"
+def write_report(path: Path, text: str, start: str = START, end: str = END) -> None:
+    """Replace the page's block between the markers (or add it at the end), keeping the rest."""
+    block = f"{start}\n{text}\n{end}"
     page = path.read_text() if path.exists() else ""
-    if START in page and END in page:
-        page = page[: page.index(START)] + block + page[page.index(END) + len(END) :]
+    if start in page and end in page:
+        page = page[: page.index(start)] + block + page[page.index(end) + len(end) :]
     else:
         page += "\n" + block + "\n"
     path.write_text(page)
@@ -132,6 +133,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--streams", type=int, default=31)
     parser.add_argument("--every", type=float, default=3.0, help="seconds between long prompts")
+    parser.add_argument("--chunk", type=int, default=128, help="--max-prefill-tokens of the chunked run")
     parser.add_argument("--model", default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantize", default="auto")
@@ -139,7 +141,7 @@ def main() -> None:
     args = parser.parse_args()
     results = {
         "whole (`--max-prefill-tokens 2048`)": measure(args, 2048),
-        "in chunks (default, 128)": measure(args, 128),
+        f"in chunks of {args.chunk}": measure(args, args.chunk),
     }
     text = report(args, results)
     write_report(args.out, text)
