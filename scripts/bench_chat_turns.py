@@ -29,8 +29,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_long_prompts import write_report  # noqa: E402
-from benchmark import ROOT, free_port, machine, start, stop  # noqa: E402
+from benchmark import ROOT, free_port, machine, start, stop, write_report  # noqa: E402
 
 START, END = "<!-- chat-turns:start -->", "<!-- chat-turns:end -->"
 SYSTEM = (

@@ -26,7 +26,17 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmark import ROOT, Level, free_port, machine, percentile, start, stop, stream_one  # noqa: E402
+from benchmark import (  # noqa: E402
+    ROOT,
+    Level,
+    free_port,
+    machine,
+    percentile,
+    start,
+    stop,
+    stream_one,
+    write_report,
+)
 
 LONG_PROMPT_WORDS = 1100  # about 2,000 tokens of SmolLM2's tokenizer with the words below
 START, END = "<!-- long-prompts:start -->", "<!-- long-prompts:end -->"
@@ -115,17 +125,6 @@ def report(args, results: dict[str, tuple[Level, list[float]]]) -> str:
     return "\n".join(lines)
 
 
-def write_report(path: Path, text: str, start: str = START, end: str = END) -> None:
-    """Replace the page's block between the markers (or add it at the end), keeping the rest."""
-    block = f"{start}\n{text}\n{end}"
-    page = path.read_text() if path.exists() else ""
-    if start in page and end in page:
-        page = page[: page.index(start)] + block + page[page.index(end) + len(end) :]
-    else:
-        page += "\n" + block + "\n"
-    path.write_text(page)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -144,7 +143,7 @@ def main() -> None:
         f"in chunks of {args.chunk}": measure(args, args.chunk),
     }
     text = report(args, results)
-    write_report(args.out, text)
+    write_report(args.out, text, START, END)
     print(text)
 
 

@@ -393,14 +393,15 @@ def report(args, model: str, results: Results, plots: list[str]) -> str:
 START, END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
 
 
-def write_report(path: Path, text: str) -> None:
-    """Replace the measured part of the page, between its markers, keeping what people wrote around it."""
-    block = f"{START}\n{text}\n{END}"
+def write_report(path: Path, text: str, start: str = START, end: str = END) -> None:
+    """Replace the measured part of the page, between its markers, keeping what people wrote around it
+    (a page without them gets the block at its end). The other benchmarks pass their own markers."""
+    block = f"{start}\n{text}\n{end}"
     page = path.read_text() if path.exists() else ""
-    if START in page and END in page:
-        page = page[: page.index(START)] + block + page[page.index(END) + len(END) :]
+    if start in page and end in page:
+        page = page[: page.index(start)] + block + page[page.index(end) + len(end) :]
     else:
-        page = block + "\n"
+        page = (page + "\n" if page else "") + block + "\n"
     path.write_text(page)
 
 
