@@ -7,7 +7,11 @@ chat) needs only the rest prefilled: in that row if it is free, or, if the
 row is busy, in a free row the prefix is first copied into (one device copy
 per layer). Only keys and values of identical tokens at identical positions
 are shared, never sampling state. Without a useful prefix, the prompt takes
-the free row used least recently, so that recent prefixes stay longest.
+the lowest free row, as it did before rows kept anything: the decode
+queries attend over rows 0..n-1 of the cache, free ones included (see
+row_attention), so a single stream pushed to row 31 would pay for 32 rows'
+attention each step. Keeping old prefixes longer by spreading requests
+over the rows (least recently used first) would cost every step that.
 """
 
 from __future__ import annotations
@@ -32,14 +36,10 @@ class PrefixIndex:
     def __init__(self, rows: int, enabled: bool = True):
         self.enabled = enabled
         self.retained: list[Sequence[int]] = [() for _ in range(rows)]  # a free row's cached tokens
-        self.freed_at = [-1] * rows  # when each row was last freed (-1: never used)
-        self.clock = 0
 
     def release(self, row: int, tokens: Sequence[int]) -> None:
         """A row was freed holding the keys and values of these tokens (none after a failure)."""
         self.retained[row] = tokens if self.enabled else ()
-        self.freed_at[row] = self.clock
-        self.clock += 1
 
     def place(
         self, prompt: Sequence[int], free: list[int], busy: dict[int, Sequence[int]], reuse: bool = True
@@ -54,13 +54,10 @@ class PrefixIndex:
             best_busy = max(busy, key=lambda row: common_prefix(busy[row], prompt, longest), default=None)
             busy_match = 0 if best_busy is None else common_prefix(busy[best_busy], prompt, longest)
             if busy_match > max(free_match, MIN_COPIED_PREFIX - 1):
-                return self._take(Placement(self._least_recent(free), busy_match, best_busy))
+                return self._take(Placement(min(free), busy_match, best_busy))
             if free_match:
                 return self._take(Placement(best_free, free_match))
-        return self._take(Placement(self._least_recent(free), 0))
-
-    def _least_recent(self, free: list[int]) -> int:
-        return min(free, key=lambda row: (self.freed_at[row], row))
+        return self._take(Placement(min(free), 0))
 
     def _take(self, placement: Placement) -> Placement:
         self.retained[placement.row] = ()  # busy now: the row's own tokens say what it holds

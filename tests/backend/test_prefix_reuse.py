@@ -76,16 +76,16 @@ def test_a_chat_turn_reuses_the_history_its_row_generated():
     assert cached(turns[0]) == len(first_turn) + len(answer[0]) - 1
 
 
-def test_a_cached_prefix_survives_a_request_that_needs_another_row():
-    first, unrelated, again = SYSTEM + tail(9), tail(10, 30), SYSTEM + tail(11)
+def test_a_prompt_without_a_cached_prefix_takes_the_lowest_free_row():
+    reusing, _ = engines(rows=3)
+    drive(reusing, [(0, Submit("a", SYSTEM + tail(9), greedy())), (0, Submit("b", tail(10, 30), greedy()))])
+    assert reusing.prefixes.retained[0] and reusing.prefixes.retained[1]  # both rows hold their tokens
+    reusing.submit(Submit("unrelated", tail(11, 20), greedy(20)))
+    reusing.step()
+    assert reusing.rows[0].request.request_id == "unrelated"  # a short decode span before old prefixes
     pieces = run_both(
-        [
-            (0, Submit("first", first, greedy())),
-            (12, Submit("unrelated", unrelated, greedy(20))),
-            (14, Submit("again", again, greedy())),
-        ]
+        [(0, Submit("first", SYSTEM + tail(9), greedy())), (12, Submit("again", SYSTEM + tail(12), greedy()))]
     )
-    assert cached(pieces["unrelated"]) == 0  # it took the row never used, not the one holding SYSTEM
     assert cached(pieces["again"]) >= len(SYSTEM)
 
 
