@@ -29,7 +29,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmark import ROOT, free_port, machine, start, stop, write_report  # noqa: E402
+from benchmark import add_model_options, free_port, machine, server_command, start, stop, write_report  # noqa: E402
 
 START, END = "<!-- chat-turns:start -->", "<!-- chat-turns:end -->"
 SYSTEM = (
@@ -76,20 +76,7 @@ def chat(url: str, model: str, conversation: int, turns: int, answer_tokens: int
 def measure(args, reuse: bool) -> dict[int, list[tuple[float, int, int]]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable,
-        "-m",
-        "inference_api",
-        "--port",
-        str(port),
-        "--rows",
-        "32",
-        "--max-seq-len",
-        "2048",
-    ]
-    command += ["--dtype", args.dtype, "--quantize", args.quantize] + (
-        ["--model", args.model] if args.model else []
-    )
+    command = server_command(args, port, max_seq_len=2048)
     command += [] if reuse else ["--no-prefix-reuse"]
     server = start(command, f"{url}/ready")
     by_turn: dict[int, list[tuple[float, int, int]]] = {}
@@ -144,10 +131,7 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--answer-tokens", type=int, default=64)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantize", default="auto")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md")
+    add_model_options(parser)
     args = parser.parse_args()
     results = {
         "off (`--no-prefix-reuse`)": measure(args, reuse=False),

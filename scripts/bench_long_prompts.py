@@ -27,11 +27,12 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmark import (  # noqa: E402
-    ROOT,
     Level,
+    add_model_options,
     free_port,
     machine,
     percentile,
+    server_command,
     start,
     stop,
     stream_one,
@@ -82,21 +83,8 @@ def run_load(url: str, model: str, streams: int, seconds: float, every: float) -
 def measure(args, max_prefill_tokens: int) -> tuple[Level, list[float]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable,
-        "-m",
-        "inference_api",
-        "--port",
-        str(port),
-        "--rows",
-        "32",
-        "--max-queue",
-        "64",
-    ]
-    command += ["--max-seq-len", "2048", "--max-prefill-tokens", str(max_prefill_tokens)]
-    command += ["--dtype", args.dtype, "--quantize", args.quantize] + (
-        ["--model", args.model] if args.model else []
-    )
+    command = server_command(args, port, max_seq_len=2048)
+    command += ["--max-prefill-tokens", str(max_prefill_tokens)]
     server = start(command, f"{url}/ready")
     try:
         model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
@@ -133,10 +121,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=31)
     parser.add_argument("--every", type=float, default=3.0, help="seconds between long prompts")
     parser.add_argument("--chunk", type=int, default=128, help="--max-prefill-tokens of the chunked run")
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantize", default="auto")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md")
+    add_model_options(parser)
     args = parser.parse_args()
     results = {
         "whole (`--max-prefill-tokens 2048`)": measure(args, 2048),

@@ -405,7 +405,16 @@ def write_report(path: Path, text: str, start: str = START, end: str = END) -> N
     path.write_text(page)
 
 
-def server_command(args, port: int) -> list[str]:
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the served model and of the page the results go to, as every benchmark takes them."""
+    parser.add_argument("--model", default=None, help="path or hub id (default: SmolLM2-135M-Instruct GGUF)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--quantize", default="auto")
+
+
+def server_command(args, port: int, max_seq_len: int = 512) -> list[str]:
+    """`python -m inference_api` with 32 rows and the model options of `args` (the other benchmarks
+    use it too, with their own extra options)."""
     command = [
         sys.executable,
         "-m",
@@ -417,10 +426,10 @@ def server_command(args, port: int) -> list[str]:
         "--max-queue",
         "64",
     ]
-    command += ["--dtype", args.dtype, "--quantize", args.quantize, "--max-seq-len", "512"]
+    command += ["--dtype", args.dtype, "--quantize", args.quantize, "--max-seq-len", str(max_seq_len)]
     if args.model:
         command += ["--model", args.model]
-    if args.torch_threads:
+    if getattr(args, "torch_threads", None):
         command += ["--torch-threads", str(args.torch_threads)]
     return command
 
@@ -467,14 +476,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--requests", type=int, default=2, help="requests per client at each level")
     parser.add_argument("--url", help="benchmark a running server instead of starting one")
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--quantize", default="auto")
+    add_model_options(parser)
     parser.add_argument("--torch-threads", type=int, help="the server's CPU threads for the model")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive-server baseline")
     parser.add_argument("--memory", action="store_true", help="also check memory over 1,000 requests")
     parser.add_argument("--llama-server", metavar="PATH", help="also run llama.cpp's llama-server binary")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md")
     args = parser.parse_args()
 
     server, url = None, args.url

@@ -40,14 +40,7 @@ def wait_idle(server: RunningServer) -> None:
 
 def open_raw_stream(server: RunningServer, body: bytes) -> socket.socket:
     """A streaming request on a bare socket, so that the test decides exactly when the client hangs up."""
-    url = urlparse(server.url)
-    sock = socket.create_connection((url.hostname, url.port), timeout=10)
-    head = (
-        f"POST /predictions/mock HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + body)
-    return sock
+    return open_raw_request(server, "/predictions/mock", body)
 
 
 def read_until(sock: socket.socket, marker: bytes) -> bytes:
@@ -184,6 +177,7 @@ def test_concurrent_requests_each_get_their_own_text(fast_server: RunningServer)
 
 
 def open_raw_request(server: RunningServer, path: str, body: bytes) -> socket.socket:
+    """A request on a bare socket: the test decides when the client hangs up."""
     url = urlparse(server.url)
     sock = socket.create_connection((url.hostname, url.port), timeout=10)
     head = (
