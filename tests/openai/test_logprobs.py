@@ -61,7 +61,7 @@ def test_chat_logprobs_are_the_models_log_softmax_streamed_and_not(client, token
         # The second request reuses the first's cached prompt: its keys and values were computed in
         # another batch shape, so the last bits may differ.
         assert streamed_entry.token == entry.token
-        assert streamed_entry.logprob == pytest.approx(entry.logprob, abs=1e-5)
+        assert streamed_entry.logprob == pytest.approx(entry.logprob, abs=1e-4)
 
 
 def test_completion_logprobs_in_the_legacy_shape_streamed_and_not(client, tokenizer, reference_model):
