@@ -410,6 +410,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="path or hub id (default: SmolLM2-135M-Instruct GGUF)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantize", default="auto")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md")
 
 
 def server_command(args, port: int, max_seq_len: int = 512) -> list[str]:
