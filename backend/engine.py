@@ -84,7 +84,7 @@ class Engine:
         self.device = model.device
         self.dtype = model.dtype
         self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ_LEN, context_length(model.config))
-        self.max_prefill_tokens = max_prefill_tokens
+        self.max_prefill_tokens = max(1, max_prefill_tokens)  # 0 would never prefill anything
         self.eos_ids = eos_token_ids(model, tokenizer)
         # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
         self.vocab_size = model.get_input_embeddings().num_embeddings
