@@ -26,7 +26,7 @@ from backend.heap import reuse_freed_memory
 from backend.logits_processors import LogitsProcessors
 from backend.logprobs import token_logprobs
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit, TokenLogprob
-from backend.prefix_cache import Placement, PrefixIndex
+from backend.prefix_cache import PrefixIndex
 from backend.row import Row
 from backend.row_attention import PromptChunk, StepLayout, step_layout
 from backend.row_cache import KVShape, RowCache
@@ -243,25 +243,24 @@ class Engine:
         """Put waiting requests into free rows, oldest request first, while the step's prefill
         budget lasts; each gets its first chunk, after what of its prompt is cached already."""
         admitted: list[Row] = []
+        # What each busy row holds, built once for the burst (with reuse off, nothing to look at).
+        busy = {row.index: row.cached_tokens for row in self.active_rows} if self.prefixes.enabled else {}
         while self.waiting and budget > 0 and None in self.rows:
             request = self.waiting.pop(next(iter(self.waiting)))
-            place = self._place(request)
+            free = [index for index, slot in enumerate(self.rows) if slot is None]
+            # A prompt to be scored reuses nothing: it needs the logits of every position.
+            reuse = request.params.prompt_logprobs is None
+            place = self.prefixes.place(request.prompt_ids, free, busy, reuse)
             if place.source is not None:
                 self.cache.copy_prefix(place.source, place.row, place.reused)
             row = Row(place.row, request, self.tokenizer, self.eos_ids, self.max_seq_len, cached=place.reused)
             self.processors.admit(place.row, request.params, request.prompt_ids)
             self.rows[place.row] = row
+            if self.prefixes.enabled:
+                busy[row.index] = row.cached_tokens
             planned, budget = self._plan_chunks([row], budget)
             admitted += planned
         return admitted
-
-    def _place(self, request: Submit) -> Placement:
-        """A free row for the request, where the most of its prompt is cached already (prefix_cache)."""
-        free = [index for index, slot in enumerate(self.rows) if slot is None]
-        if request.params.prompt_logprobs is not None:  # scoring needs the logits of every position
-            return self.prefixes.place(request.prompt_ids, free, {}, reuse=False)
-        busy = {row.index: row.cached_tokens for row in self.active_rows}
-        return self.prefixes.place(request.prompt_ids, free, busy)
 
     def _forward_and_sample(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
         """One forward pass over a packed sequence: a token per decoding row, then each prompt chunk.
