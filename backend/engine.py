@@ -29,7 +29,7 @@ from backend.messages import BackendConfig, Piece, SamplingParams, Submit, Token
 from backend.prefix_cache import PrefixIndex
 from backend.row import Row
 from backend.row_attention import PromptChunk, StepLayout, step_layout
-from backend.row_cache import KVShape, RowCache
+from backend.row_cache import KVShape, RowCache, pick_cache_dtype
 from backend.sampler import SamplingBatch, sample
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class Engine:
         name: str = "model",
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         prefix_reuse: bool = True,
+        kv_cache_dtype: torch.dtype | None = None,
     ):
         self.name = name
         self.tokenizer_path: str | None = None  # set when loaded from a BackendConfig
@@ -83,14 +84,13 @@ class Engine:
         self.tokenizer = tokenizer
         self.device = model.device
         self.dtype = model.dtype
+        self.cache_dtype = kv_cache_dtype or pick_cache_dtype("auto", self.dtype, self.device)
         self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ_LEN, context_length(model.config))
         self.max_prefill_tokens = max(1, max_prefill_tokens)  # 0 would never prefill anything
         self.eos_ids = eos_token_ids(model, tokenizer)
         # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.cache = RowCache(
-            KVShape.of(model.config), rows, self.max_seq_len, self._cache_dtype(), self.device
-        )
+        self.cache = RowCache(KVShape.of(model.config), rows, self.max_seq_len, self.cache_dtype, self.device)
         self.runner = DecoderRunner(model) if DecoderRunner.supports(model, self.max_seq_len) else None
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.rows: list[Row | None] = [None] * rows
@@ -115,6 +115,7 @@ class Engine:
             loaded.name,
             config.max_prefill_tokens,
             config.prefix_reuse,
+            loaded.cache_dtype,
         )
         engine.tokenizer_path = loaded.tokenizer_path
         engine.warm_up()
@@ -304,7 +305,7 @@ class Engine:
         hidden = (
             torch.arange(span, device=self.device) > torch.tensor(row_positions, device=self.device)[:, None]
         )
-        visible = torch.zeros(hidden.shape, dtype=self._cache_dtype(), device=self.device).masked_fill_(
+        visible = torch.zeros(hidden.shape, dtype=self.cache_dtype, device=self.device).masked_fill_(
             hidden, float("-inf")
         )
         layout = StepLayout(
@@ -472,9 +473,6 @@ class Engine:
 
     def _reject(self, request: Submit, message: str) -> None:
         self.undelivered.append(Piece(request.request_id, "", "error", len(request.prompt_ids), 0, message))
-
-    def _cache_dtype(self) -> torch.dtype:
-        return self.dtype if self.dtype.is_floating_point else torch.float32
 
     # Start-up and use from a Python shell.
 

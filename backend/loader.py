@@ -36,6 +36,7 @@ from backend.heap import give_back_freed_memory
 from backend.messages import BackendConfig
 from backend.quantized_linear import QUANTIZERS, quantize_model
 from backend.resources import check_resources
+from backend.row_cache import pick_cache_dtype
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     tokenizer_path: str  # a directory the frontend can load the tokenizer from, offline
     max_seq_len: int
+    cache_dtype: torch.dtype  # of the KV cache (row_cache.pick_cache_dtype)
 
 
 def default_model_path() -> Path:
@@ -153,6 +155,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     quantization = pick_quantization(config.quantize, source)
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device)
+    cache_dtype = pick_cache_dtype(config.kv_cache_dtype, dtype, device)
     root = cache_root(config)
     token = None if source.is_gguf or Path(source.location).is_dir() else hub_token()
 
@@ -166,6 +169,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     check_resources(
         model_config,
         dtype=dtype,
+        cache_dtype=cache_dtype,
         device=device,
         rows=config.rows,
         max_seq_len=max_seq_len,
@@ -186,7 +190,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     model = model.to(device=device, dtype=dtype)
     quantize_weights(model, source, quantization)
     give_back_freed_memory()
-    return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len)
+    return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
 
 
 def save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> bool:

@@ -118,6 +118,7 @@ class BackendConfig:
 
     model: str | None = None  # None: the default model (SPEC §3)
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    kv_cache_dtype: str = "auto"  # auto (float32 on a CPU, else dtype's) | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # auto: a GGUF file's own 4-bit weights (else none); none: float weights; int4 | int8: weight-only
     # quantization of the linear layers at load (loader.quantize_weights)

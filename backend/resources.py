@@ -46,10 +46,16 @@ def parameter_count(model_config: PretrainedConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def estimate_needs(model_config: PretrainedConfig, dtype: torch.dtype, rows: int, max_seq_len: int) -> Needs:
+def estimate_needs(
+    model_config: PretrainedConfig,
+    dtype: torch.dtype,
+    rows: int,
+    max_seq_len: int,
+    cache_dtype: torch.dtype | None = None,  # None: the weights' dtype
+) -> Needs:
     element = torch.finfo(dtype).bits // 8
     weights = parameter_count(model_config) * element
-    kv_cache = KVShape.of(model_config).bytes(rows, max_seq_len, dtype)
+    kv_cache = KVShape.of(model_config).bytes(rows, max_seq_len, cache_dtype or dtype)
     return Needs(weights, kv_cache, rows, max_seq_len)
 
 
@@ -95,6 +101,7 @@ def check_resources(
     model_config: PretrainedConfig,
     *,
     dtype: torch.dtype,
+    cache_dtype: torch.dtype,
     device: torch.device,
     rows: int,
     max_seq_len: int,
@@ -102,12 +109,13 @@ def check_resources(
     converting: bool,
 ) -> Needs:
     """Raise InsufficientResources, saying what is short and by how much, before any loading."""
-    needs = estimate_needs(model_config, dtype, rows, max_seq_len)
+    needs = estimate_needs(model_config, dtype, rows, max_seq_len, cache_dtype)
     problems = shortfalls(needs, measure_available(device, disk_path), device.type == "cuda", converting)
     if problems:
         raise InsufficientResources(
             "not enough resources to serve this model:\n  "
             + "\n  ".join(problems)
-            + "\nLower --rows or --max-seq-len, pick a smaller --dtype or model, or free some memory."
+            + "\nLower --rows or --max-seq-len, pick a smaller --dtype, --kv-cache-dtype or model,"
+            " or free some memory."
         )
     return needs

@@ -108,7 +108,12 @@ def attend(
     layout: StepLayout,
     scaling: float | None,
 ) -> torch.Tensor:
-    """Each query over what it may read of the cache; returns [1, tokens, heads, head_dim]."""
+    """Each query over what it may read of the cache; returns [1, tokens, heads, head_dim].
+
+    Attention runs in the cache's dtype (float32 on a CPU, see row_cache.pick_cache_dtype), the
+    output in the queries' own.
+    """
+    query_dtype, query = query.dtype, query.to(key.dtype)
     output = torch.empty_like(query)
     n, decoding = layout.decode_rows, layout.decode_queries
     if decoding:
@@ -137,7 +142,7 @@ def attend(
             scale=scaling,
             enable_gqa=True,
         )
-    return output.transpose(1, 2).contiguous()
+    return output.transpose(1, 2).to(query_dtype, memory_format=torch.contiguous_format)
 
 
 AttentionInterface.register(ROW_ATTENTION, row_attention)

@@ -47,12 +47,13 @@ def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiproc
         outbox.put(BackendFailed(str(error)))
         sys.exit(1)
     log.info(
-        "ready: %s, %d rows of %d tokens, %s on %s",
+        "ready: %s, %d rows of %d tokens, %s on %s, KV cache in %s",
         ready.model_name,
         ready.rows,
         ready.max_seq_len,
         ready.dtype,
         ready.device,
+        str(engine.cache_dtype).removeprefix("torch."),
     )
     outbox.put(ready)
     last_sent = time.monotonic()

@@ -54,6 +54,13 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="keys and values of the cache; auto: float32 on a CPU (its attention is fastest there), "
+        "else the model's dtype",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument(
         "--quantize",
@@ -103,6 +110,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     backend = BackendConfig(
         model=model,
         dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         device=args.device,
         quantize=args.quantize,
         rows=args.rows,

@@ -40,6 +40,7 @@ class ServerConfig:
         backend = BackendConfig(
             model=env.get("INFERENCE_MODEL") or None,
             dtype=env.get("INFERENCE_DTYPE", "auto"),
+            kv_cache_dtype=env.get("INFERENCE_KV_CACHE_DTYPE", "auto"),
             device=env.get("INFERENCE_DEVICE", "auto"),
             quantize=env.get("INFERENCE_QUANTIZE", "auto"),
             rows=_int(env, "INFERENCE_ROWS", 32),
@@ -71,6 +72,7 @@ class ServerConfig:
         return {
             "INFERENCE_MODEL": b.model or "",
             "INFERENCE_DTYPE": b.dtype,
+            "INFERENCE_KV_CACHE_DTYPE": b.kv_cache_dtype,
             "INFERENCE_DEVICE": b.device,
             "INFERENCE_QUANTIZE": b.quantize,
             "INFERENCE_ROWS": str(b.rows),

@@ -8,6 +8,7 @@ import torch
 from backend.loader import converted_dir, hub_token, load_model, resolve_model
 from backend.messages import BackendConfig
 from backend.resources import GIB, Available, Needs, estimate_needs, shortfalls
+from backend.row_cache import pick_cache_dtype
 from tests.backend.models import tiny_model
 
 
@@ -112,3 +113,18 @@ def test_quantize_serves_weight_only_layers_and_still_writes_text(mode):
 def test_an_unknown_quantization_is_refused_before_loading():
     with pytest.raises(ValueError, match="--quantize must be auto, none, int4 or int8, not 'int3'"):
         load_model(BackendConfig(quantize="int3", rows=1, max_seq_len=64))
+
+
+def test_the_kv_cache_is_counted_in_its_own_dtype():
+    model = tiny_model("llama")
+    needs = estimate_needs(model.config, torch.bfloat16, rows=32, max_seq_len=128, cache_dtype=torch.float32)
+    assert needs.weights == sum(p.numel() for p in model.parameters()) * 2
+    assert needs.kv_cache == 2 * 2 * 32 * 2 * 128 * 16 * 4
+
+
+def test_a_cpu_keeps_keys_and_values_in_float32_unless_told_otherwise():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert pick_cache_dtype("auto", torch.bfloat16, cpu) == torch.float32
+    assert pick_cache_dtype("auto", torch.bfloat16, gpu) == torch.bfloat16
+    assert pick_cache_dtype("auto", torch.float16, gpu) == torch.float16
+    assert pick_cache_dtype("bfloat16", torch.bfloat16, cpu) == torch.bfloat16
