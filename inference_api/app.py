@@ -10,7 +10,17 @@ import uuid
 from flask import Flask, Response, current_app, g, request
 
 from backend.messages import BackendReady
-from inference_api import native_api, openai_api, openapi, ops, page, tokenize_api
+from inference_api import (
+    anthropic_api,
+    llama_stack_api,
+    native_api,
+    openai_api,
+    openapi,
+    ops,
+    page,
+    responses_api,
+    tokenize_api,
+)
 from inference_api.config import ServerConfig
 from inference_api.errors import register_error_handlers
 from inference_api.metrics import Metrics
@@ -55,6 +65,9 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     app.register_blueprint(page.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(tokenize_api.bp)
+    app.register_blueprint(anthropic_api.bp)
+    app.register_blueprint(responses_api.bp)
+    app.register_blueprint(llama_stack_api.bp)
 
     router.start()
     return app

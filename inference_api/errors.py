@@ -1,13 +1,17 @@
-"""Every error as JSON, whatever raised it.
+"""Every error as JSON, whatever raised it, in the shape of the API its path belongs to.
 
 Native paths get {"status_code": N, "message": "..."} (SPEC §4.1); paths under
 /v1/ get OpenAI's {"error": {"message", "type", "param", "code"}} (SPEC §4.2),
-which the official openai client turns into its typed exceptions.
+which the official openai client turns into its typed exceptions; Anthropic's
+/v1/messages gets Anthropic's {"type": "error", "error": {"type", "message"}},
+and Llama Stack's inference paths FastAPI's {"detail": "..."}, as Llama Stack's
+own server answers.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from flask import Flask, Response, current_app, has_request_context, jsonify, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
@@ -46,6 +50,18 @@ class ApiError(Exception):
 
 # vLLM's extensions beside /v1/, which answer errors in OpenAI's shape as vLLM's do.
 OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize")
+ANTHROPIC_PATH = "/v1/messages"
+LLAMA_STACK_PREFIXES = ("/inference/", "/v1/inference/")
+# Anthropic's error types by status; its clients pick their exception by the status alone.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 def unavailable(message: str, retry_after: int) -> ApiError:
@@ -59,14 +75,28 @@ def error_response(
     param: str | None = None,
     code: str | None = None,
 ) -> Response:
-    if has_request_context() and (request.path.startswith("/v1/") or request.path in OPENAI_STYLE_PATHS):
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        response = jsonify(error={"message": message, "type": kind, "param": param, "code": code})
-    else:
-        response = jsonify(status_code=status, message=message)
+    path = request.path if has_request_context() else ""
+    response = jsonify(error_body(path, status, message, param, code))
     response.status_code = status
     response.headers.update(headers or {})
     return response
+
+
+def error_body(path: str, status: int, message: str, param: str | None, code: str | None) -> dict[str, Any]:
+    if path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/"):
+        return anthropic_error(status, message)
+    if path.startswith(LLAMA_STACK_PREFIXES):
+        return {"detail": message}
+    if path.startswith("/v1/") or path in OPENAI_STYLE_PATHS:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return {"status_code": status, "message": message}
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error body, also the data of its streams' `error` event."""
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def register_error_handlers(app: Flask) -> None:

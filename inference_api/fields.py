@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from backend.messages import InvalidParams
@@ -91,6 +93,26 @@ def read_stop(data: dict[str, Any], name: str, max_count: int = 4) -> tuple[str,
     for item in items:
         _check_unicode(name, item)
     return tuple(items)
+
+
+def read_object(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """A nested object (absent or null: an empty one), whose fields are read `within` its name."""
+    value = data.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidParams(name, f"{name} must be an object, got {_kind(value)}")
+    return value
+
+
+@contextmanager
+def within(name: str) -> Iterator[None]:
+    """Errors of the fields read inside this block name them as fields of `name`
+    ("sampling_params.max_tokens"): every reader's message starts with the field's name."""
+    try:
+        yield
+    except InvalidParams as error:
+        raise InvalidParams(f"{name}.{error.param}", f"{name}.{error}") from None
 
 
 def _to_number(name: str, value: Any) -> float:

@@ -7,23 +7,20 @@ and not. Each choice is its own request in its own row.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
-from itertools import chain
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, jsonify
 
 from backend.messages import Piece
 from inference_api.choices import Choices
-from inference_api.client_watch import ClientWatch
-from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
-from inference_api.fields import parse_json_object
+from inference_api.errors import RETRY_AFTER_NOT_READY, unavailable
+from inference_api.generation import event_stream, read_request, serving_now, sse_event, start_choices
 from inference_api.openai_logprobs import ChatLogprobs, CompletionLogprobs
 from inference_api.openai_request import OpenAIRequest, parse_chat_request, parse_completion_request
-from inference_api.router import NotReady, QueueFull, Router, Serving
+from inference_api.router import Serving
 
 bp = Blueprint("openai_api", __name__, url_prefix="/v1")
 STARTED = int(time.time())
@@ -128,57 +125,16 @@ class ChoiceOutput:
         return None if self.writer is None else self.writer.shape(entries)
 
 
-def serving_now() -> Serving:
-    """What the backend serves, or a 503 while it loads."""
-    serving = current_app.extensions["router"].serving
-    if serving is None:
-        raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY)
-    return serving
-
-
 def _answer(api: Completion | ChatCompletion) -> Response:
-    body = request.get_data(cache=False)  # first: a rejected request must not leave its body unread
-    serving = serving_now()
-    data = parse_json_object(body)
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "model is required: a string naming the served model", param="model")
-    if model != serving.backend.model_name:
-        message = f"The model {model!r} does not exist; this server serves {serving.backend.model_name!r}"
-        raise ApiError(404, message, param="model", code="model_not_found")
+    data, serving = read_request()
     openai_request = api.parse(data, serving)
-    choices = _open_choices(current_app.extensions["router"], openai_request)
+    choices, pieces = start_choices(openai_request.choice_requests())
     response_id = api.id_prefix + uuid.uuid4().hex
-    try:
-        # Wait for the first piece before answering, so that a backend that dies
-        # before it still gets the client a status rather than a broken stream.
-        pieces = choices.pieces(ClientWatch())
-        first = next(pieces)
-        if first[1].finish_reason == "error":
-            raise unavailable(f"generation failed: {first[1].error}", RETRY_AFTER_NOT_READY)
-    except BaseException:
-        choices.close()
-        raise
     usage = Usage(openai_request, choices)
     if openai_request.stream:
-        events = _events(api, response_id, serving, openai_request, choices, chain([first], pieces), usage)
-        response = Response(events, content_type="text/event-stream; charset=utf-8")
-        response.call_on_close(choices.close)
-        response.headers["Cache-Control"] = "no-cache"
-        response.headers["X-Accel-Buffering"] = "no"
-        return response
-    return _whole(api, response_id, serving, openai_request, choices, chain([first], pieces), usage)
-
-
-def _open_choices(router: Router, openai_request: OpenAIRequest) -> Choices:
-    try:
-        return Choices(router, openai_request.choice_requests())
-    except NotReady:
-        raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY) from None
-    except QueueFull:
-        raise unavailable(
-            "the server is busy: every row is taken and the queue is full", RETRY_AFTER_QUEUE_FULL
-        ) from None
+        events = _events(api, response_id, serving, openai_request, choices, pieces, usage)
+        return event_stream(events, choices.close)
+    return _whole(api, response_id, serving, openai_request, choices, pieces, usage)
 
 
 class Usage:
@@ -258,7 +214,7 @@ def _events(
             **extra,
             **fields,
         }
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
+        return sse_event(body)
 
     outputs = [ChoiceOutput(api, openai_request, serving, i) for i in range(len(choices.streams))]
     try:
@@ -274,7 +230,7 @@ def _events(
                     "type": "server_error",
                     "param": None,
                 }
-                yield f"data: {json.dumps({'error': error})}\n\n".encode()
+                yield sse_event({"error": error})
                 return
             text, entries = outputs[index].text(piece), outputs[index].entries(piece)
             if text or entries or piece.finished:

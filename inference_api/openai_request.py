@@ -24,6 +24,7 @@ from inference_api.tokenizer import stop_token_ids_of
 from inference_api.unsupported_fields import reject_unsupported
 
 MAX_CHOICES = 16
+MAX_TOP_K = 1_000_000
 SEED_MAX = 2**64 - 1
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions API
 # Chat without max_tokens: a bounded answer, as the native API's 128, not the rest of a long context
@@ -97,13 +98,26 @@ def chat_prompt_ids(
     add_special_tokens: bool = False,
 ) -> list[int]:
     """`messages` through the model's chat template, as token ids."""
-    messages = _messages(data.get("messages"))
+    messages = read_messages(data.get("messages"))
+    return chat_ids(messages, serving, "messages", add_generation_prompt, add_special_tokens)
+
+
+def chat_ids(
+    messages: list[dict[str, str]],
+    serving: Serving,
+    param: str,
+    add_generation_prompt: bool = True,
+    add_special_tokens: bool = False,
+    continuation: str = "",
+) -> list[int]:
+    """{role, content} messages (roles system, user, assistant, tool) through the model's chat template, as
+    token ids; `continuation` follows the generation prompt: text the answer goes on from (a prefill)."""
     try:
         text = serving.chat_template.render(messages, add_generation_prompt)
     except ChatTemplateError as error:
-        raise InvalidParams("messages", f"the model's chat template refused the messages: {error}") from None
+        raise InvalidParams(param, f"the model's chat template refused the {param}: {error}") from None
     # The rendered template already holds its special tokens (apply_chat_template does the same).
-    return serving.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return serving.tokenizer.encode(text + continuation, add_special_tokens=add_special_tokens)
 
 
 def _chat_logprobs(data: dict[str, Any]) -> int | None:
@@ -132,16 +146,8 @@ def _common(
     max_tokens = read_integer(data, "max_completion_tokens", None, 1, context)
     if max_tokens is None:
         max_tokens = read_integer(data, "max_tokens", None, fewest, context)
-    if max_tokens is None:
-        max_tokens = max(1, min(default_max_tokens, context - longest))
-    if longest + max_tokens > context:
-        raise ContextLengthExceeded(
-            prompt_param,
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{longest + max_tokens} tokens ({longest} in the {prompt_param}, {max_tokens} in the "
-            f"completion). Please reduce the length of the {prompt_param} or completion.",
-        )
-    top_k = read_integer(data, "top_k", -1, -1, 1_000_000)
+    max_tokens = completion_budget(serving, longest, max_tokens, default_max_tokens, prompt_param)
+    top_k = read_integer(data, "top_k", -1, -1, MAX_TOP_K)
     stop = read_stop(data, "stop")
     params = SamplingParams(
         temperature=read_number(data, "temperature", 1.0, 0.0, 2.0),
@@ -172,6 +178,24 @@ def _common(
         stream=stream,
         include_usage=_include_usage(data.get("stream_options"), stream),
     )
+
+
+def completion_budget(
+    serving: Serving, prompt_tokens: int, max_tokens: int | None, default: int, prompt_param: str
+) -> int:
+    """max_tokens, or by default `default` as far as the context leaves room after the prompt;
+    ContextLengthExceeded (a 400) when prompt and answer do not fit in a row."""
+    context = serving.backend.max_seq_len
+    if max_tokens is None:
+        max_tokens = max(1, min(default, context - prompt_tokens))
+    if prompt_tokens + max_tokens > context:
+        raise ContextLengthExceeded(
+            prompt_param,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, {max_tokens} in "
+            f"the completion). Please reduce the length of the {prompt_param} or completion.",
+        )
+    return max_tokens
 
 
 def _logit_bias(value: Any, vocab: int) -> tuple[tuple[int, float], ...]:
@@ -238,45 +262,62 @@ def _is_token(value: Any, vocab: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def read_messages(
+    value: Any,
+    param: str = "messages",
+    roles: tuple[str, ...] = ROLES,
+    text_types: tuple[str, ...] = ("text",),
+) -> list[dict[str, str]]:
+    """A non-empty list of {role, content} objects as the chat template takes them: each content as
+    one text (`text_content`), developer read as system. Other fields of a message are ignored."""
     if value is None:
-        raise InvalidParams("messages", "messages is required")
+        raise InvalidParams(param, f"{param} is required")
     if not isinstance(value, list) or not value:
-        raise InvalidParams("messages", "messages must be a non-empty list of {role, content} objects")
-    return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
+        raise InvalidParams(param, f"{param} must be a non-empty list of {{role, content}} objects")
+    return [_message(message, f"{param}[{i}]", roles, text_types) for i, message in enumerate(value)]
 
 
-def _message(message: Any, param: str) -> dict[str, str]:
+def _message(message: Any, param: str, roles: tuple[str, ...], text_types: tuple[str, ...]) -> dict[str, str]:
     if not isinstance(message, dict):
         raise InvalidParams(param, f"{param} must be an object with role and content")
     role = message.get("role")
-    if role not in ROLES:
-        raise InvalidParams(f"{param}.role", f"{param}.role must be one of {', '.join(ROLES)}, got {role!r}")
+    if role not in roles:
+        raise InvalidParams(f"{param}.role", f"{param}.role must be one of {', '.join(roles)}, got {role!r}")
     if message.get("content") is None and role != "assistant":  # only an assistant turn may be empty
         raise InvalidParams(f"{param}.content", f"{param}.content is required in a {role} message")
     return {
         "role": "system" if role == "developer" else role,
-        "content": _content(message.get("content"), param),
+        "content": text_content(message.get("content"), f"{param}.content", text_types),
     }
 
 
-def _content(content: Any, param: str) -> str:
-    """A string, or a list of text parts joined (the only kind of part a text model takes)."""
+def text_content(content: Any, param: str, text_types: tuple[str, ...] = ("text",)) -> str:
+    """A string, or a list of text parts joined: the only kind of part a text model takes, so that
+    a part of another type (an image, a tool call) is a 400 naming it. None is an empty text."""
     if content is None:
         return ""
     if isinstance(content, str):
         text = content
-    elif isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        if not all(isinstance(p.get("text"), str) for p in content):
-            raise InvalidParams(f"{param}.content", f"{param}.content text parts need a string text")
-        text = "".join(p["text"] for p in content)
+    elif isinstance(content, list):
+        text = "".join(_text_part(part, f"{param}[{i}]", text_types) for i, part in enumerate(content))
     else:
-        raise InvalidParams(f"{param}.content", f"{param}.content must be a string or a list of text parts")
+        raise InvalidParams(param, f"{param} must be a string or a list of text parts")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidParams(f"{param}.content", f"{param}.content is not valid Unicode") from None
+        raise InvalidParams(param, f"{param} is not valid Unicode") from None
     return text
+
+
+def _text_part(part: Any, param: str, text_types: tuple[str, ...]) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind not in text_types:
+        what = f"a part of type {kind!r}" if isinstance(kind, str) else "not a typed part"
+        text_parts = ", ".join(text_types)
+        raise InvalidParams(param, f"{param} is {what}: this server takes text parts only ({text_parts})")
+    if not isinstance(part.get("text"), str):
+        raise InvalidParams(f"{param}.text", f"{param}.text must be a string")
+    return part["text"]
 
 
 def _include_usage(options: Any, stream: bool) -> bool:

@@ -11,23 +11,19 @@ model's chat template as /v1/chat/completions renders them.
 
 from __future__ import annotations
 
-from typing import Any
-
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, jsonify
 
 from backend.messages import InvalidParams
-from inference_api.errors import ApiError
-from inference_api.fields import parse_json_object, read_bool, read_string
-from inference_api.openai_api import serving_now
+from inference_api.fields import read_bool, read_string
+from inference_api.generation import read_request
 from inference_api.openai_request import chat_prompt_ids, token_id_list
-from inference_api.router import Serving
 
 bp = Blueprint("tokenize_api", __name__)
 
 
 @bp.post("/tokenize")
 def tokenize() -> Response:
-    data, serving = _request()
+    data, serving = read_request(model_required=False)
     if data.get("messages") is not None:
         add_generation_prompt = read_bool(data, "add_generation_prompt", True)
         add_special_tokens = read_bool(data, "add_special_tokens", False)
@@ -49,19 +45,8 @@ def tokenize() -> Response:
 
 @bp.post("/detokenize")
 def detokenize() -> Response:
-    data, serving = _request()
+    data, serving = read_request(model_required=False)
     if data.get("tokens") is None:
         raise InvalidParams("tokens", "tokens is required: a list of token ids")
     tokens = token_id_list(data["tokens"], serving.token_id_limit, "tokens")
     return jsonify(prompt=serving.tokenizer.decode(list(tokens)))
-
-
-def _request() -> tuple[dict[str, Any], Serving]:
-    body = request.get_data(cache=False)
-    serving = serving_now()
-    data = parse_json_object(body)
-    model = data.get("model")
-    if model is not None and model != serving.backend.model_name:
-        message = f"The model {model!r} does not exist; this server serves {serving.backend.model_name!r}"
-        raise ApiError(404, message, param="model", code="model_not_found")
-    return data, serving

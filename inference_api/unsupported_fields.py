@@ -1,4 +1,4 @@
-"""OpenAI request fields this server does not implement: a 400 that names them, never a silent default.
+"""Request fields this server does not implement: a 400 that names them, never a silent default.
 
 A client that sends `response_format` or `tools` expects JSON or a tool
 call; answering with free text as if the field were honoured would let it
@@ -7,50 +7,103 @@ for nothing (`tools: []`, `response_format: {"type": "text"}`, `best_of`
 equal to `n`, checked where `n` is read, an empty `suffix`) is accepted. Fields that are accepted and
 have no effect here (`user`, `metadata`, `store`, `service_tier`,
 `parallel_tool_calls`, `reasoning_effort`) are listed in docs/frontend.md.
+
+Each API has its own table: the same name asks for nothing with another value
+in another API (OpenAI's `tool_choice: "none"`, Anthropic's `{"type": "none"}`),
+and a field of one API is an unknown field, ignored, in another.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from backend.messages import InvalidParams
 
-# field -> whether a value of it asks for something this server does not do
-ASKS_FOR_MORE: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
-    "response_format": lambda value, _: not (isinstance(value, dict) and value.get("type") == "text"),
-    "tools": lambda value, _: value != [],
-    "tool_choice": lambda value, _: value != "none",
-    "functions": lambda value, _: value != [],
-    "function_call": lambda value, _: value != "none",
-    "audio": lambda value, _: True,
-    "modalities": lambda value, _: value != ["text"],
-    "prediction": lambda value, _: True,
-    "web_search_options": lambda value, _: True,
-    "suffix": lambda value, _: value != "",
-}
 
-# Fields each endpoint has in OpenAI's API; the rest of ASKS_FOR_MORE is not OpenAI's there and so
-# ignored as any unknown field is (the legacy completions API has no tools, chat has no suffix).
-ENDPOINT_FIELDS = {
-    "completions": {"suffix"},  # and best_of other than n (openai_request.py)
+@dataclass(frozen=True)
+class Unsupported:
+    asks_for_more: Callable[[Any], bool]  # whether a (non-null) value asks for what is not built
+    message: str = "{name} is not supported by this server; leave it out or null"
+
+
+def _always(value: Any) -> bool:
+    return True
+
+
+def _not_typed(kind: str) -> Callable[[Any], bool]:
+    """Anthropic's way of asking for nothing: an object {"type": kind}."""
+    return lambda value: not (isinstance(value, dict) and value.get("type") == kind)
+
+
+def _reasoning(value: Any) -> bool:
+    return not (isinstance(value, dict) and all(v in (None, "none") for v in value.values()))
+
+
+def _text_format(value: Any) -> bool:
+    """Responses' `text`: only plain text (JSON modes live in its `format`)."""
+    text_format = value.get("format") if isinstance(value, dict) else "not an object"
+    return not (text_format is None or (isinstance(text_format, dict) and text_format.get("type") == "text"))
+
+
+STATELESS = "this server keeps no responses (it is stateless): send the whole conversation as input"
+
+UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
+    # The legacy completions API (and best_of other than n, in openai_request.py).
+    "completions": {"suffix": Unsupported(lambda value: value != "")},
     "chat": {
-        "response_format",
-        "tools",
-        "tool_choice",
-        "functions",
-        "function_call",
-        "audio",
-        "modalities",
-        "prediction",
-        "web_search_options",
+        "response_format": Unsupported(
+            lambda value: not (isinstance(value, dict) and value.get("type") == "text")
+        ),
+        "tools": Unsupported(lambda value: value != []),
+        "tool_choice": Unsupported(lambda value: value != "none"),
+        "functions": Unsupported(lambda value: value != []),
+        "function_call": Unsupported(lambda value: value != "none"),
+        "audio": Unsupported(_always),
+        "modalities": Unsupported(lambda value: value != ["text"]),
+        "prediction": Unsupported(_always),
+        "web_search_options": Unsupported(_always),
+    },
+    # Anthropic's Messages API.
+    "messages": {
+        "tools": Unsupported(lambda value: value != []),
+        "tool_choice": Unsupported(_not_typed("none")),
+        "thinking": Unsupported(_not_typed("disabled")),
+        "mcp_servers": Unsupported(lambda value: value != []),
+        "container": Unsupported(_always),
+        "context_management": Unsupported(_always),
+        "output_config": Unsupported(lambda value: value != {}),
+    },
+    # OpenAI's Responses API, served stateless.
+    "responses": {
+        "store": Unsupported(lambda value: value is not False, "{name}: true is not supported: " + STATELESS),
+        "previous_response_id": Unsupported(_always, "{name} is not supported: " + STATELESS),
+        "conversation": Unsupported(_always, "{name} is not supported: " + STATELESS),
+        "background": Unsupported(lambda value: value is not False),
+        "prompt": Unsupported(_always),
+        "tools": Unsupported(lambda value: value != []),
+        "tool_choice": Unsupported(lambda value: value != "none"),
+        "reasoning": Unsupported(_reasoning),
+        "text": Unsupported(_text_format, '{name}.format other than {{"type": "text"}} is not supported'),
+        "include": Unsupported(lambda value: value != []),
+        "top_logprobs": Unsupported(lambda value: value != 0),
+        "truncation": Unsupported(
+            lambda value: value != "disabled", '{name}: "auto" is not supported: a prompt too long is a 400'
+        ),
+    },
+    # Llama Stack's inference API.
+    "llama_stack": {
+        "response_format": Unsupported(_always),
+        "logprobs": Unsupported(_always),
+        "tools": Unsupported(lambda value: value != []),
     },
 }
 
 
-def reject_unsupported(data: dict[str, Any], endpoint: str) -> None:
-    """InvalidParams (a 400) for the first field of `endpoint` that asks for what is not built."""
-    for name in sorted(ENDPOINT_FIELDS[endpoint]):
+def reject_unsupported(data: dict[str, Any], api: str) -> None:
+    """InvalidParams (a 400) for the first field of `api` that asks for what is not built."""
+    for name, unsupported in sorted(UNSUPPORTED[api].items()):
         value = data.get(name)
-        if value is not None and ASKS_FOR_MORE[name](value, data):
-            raise InvalidParams(name, f"{name} is not supported by this server; leave it out or null")
+        if value is not None and unsupported.asks_for_more(value):
+            raise InvalidParams(name, unsupported.message.format(name=name))

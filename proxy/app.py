@@ -98,7 +98,9 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
         caller: Caller | None = None  # None: a public path (the chat page), forwarded without a token
         if needs_token(request.method, request.path):
             try:
-                caller = authenticate(request.headers.get("Authorization"), secret)
+                caller = authenticate(
+                    request.headers.get("Authorization"), secret, request.headers.get("X-Api-Key")
+                )
             except AuthError as error:
                 log.info("401 %s %s: %s (request %s)", request.method, request.path, error, request_id)
                 return error_response(

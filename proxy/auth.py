@@ -1,4 +1,5 @@
-"""Who is calling: a Bearer JWT, HS256, signed with JWT_SECRET, naming a team and a token."""
+"""Who is calling: a JWT, HS256, signed with JWT_SECRET, naming a team and a token; sent as a Bearer
+token, or alone in `x-api-key` as Anthropic's clients send their key."""
 
 from __future__ import annotations
 
@@ -41,17 +42,13 @@ def needs_token(method: str, path: str) -> bool:
     return not (method in PUBLIC_METHODS and PUBLIC_PATH.fullmatch(path))
 
 
-def authenticate(authorization: str | None, secret: str) -> Caller:
-    if not authorization:
-        raise AuthError("missing Authorization header: send 'Authorization: Bearer <token>'")
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise AuthError("the Authorization header must be 'Bearer <token>'")
+def authenticate(authorization: str | None, secret: str, api_key: str | None = None) -> Caller:
+    """The caller of `Authorization: Bearer <token>`, or of the token alone as `x-api-key`, the header
+    Anthropic's clients send their key in (when both come, Authorization is the one read)."""
+    token = _token(authorization, api_key)
     try:
         # Only HS256: a token saying alg "none" or any other algorithm is refused.
-        claims = jwt.decode(
-            token.strip(), secret, algorithms=["HS256"], options={"require": list(REQUIRED_CLAIMS)}
-        )
+        claims = jwt.decode(token, secret, algorithms=["HS256"], options={"require": list(REQUIRED_CLAIMS)})
     except jwt.ExpiredSignatureError:
         raise AuthError("the token has expired") from None
     except jwt.ImmatureSignatureError:
@@ -68,3 +65,16 @@ def authenticate(authorization: str | None, secret: str) -> Caller:
     if not isinstance(team_id, str) or not team_id or not isinstance(token_id, str) or not token_id:
         raise AuthError("team_id and token_id must be non-empty strings")
     return Caller(team_id, token_id)
+
+
+def _token(authorization: str | None, api_key: str | None) -> str:
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise AuthError("the Authorization header must be 'Bearer <token>'")
+        return token.strip()
+    if api_key and api_key.strip():
+        return api_key.strip()
+    raise AuthError(
+        "missing Authorization header: send 'Authorization: Bearer <token>' (or the token as x-api-key)"
+    )

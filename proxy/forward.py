@@ -26,8 +26,9 @@ HOP_BY_HOP = frozenset(
         "proxy-connection",
     }
 )
-# Never passed upstream: the token stays at the proxy, and the team is the token's, not the client's word.
-DROPPED_FROM_CLIENT = HOP_BY_HOP | {"host", "authorization", "x-team-id", "content-length"}
+# Never passed upstream: the token stays at the proxy (in either header it comes in), and the team is
+# the token's, not the client's word.
+DROPPED_FROM_CLIENT = HOP_BY_HOP | {"host", "authorization", "x-api-key", "x-team-id", "content-length"}
 
 
 class UpstreamUnavailable(Exception):

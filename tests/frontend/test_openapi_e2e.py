@@ -20,7 +20,7 @@ from backend.messages import BackendConfig
 from inference_api import create_app
 from inference_api.config import ServerConfig
 from inference_api.openapi import DOCUMENT_PATH
-from tests.proxy.conftest import RunningProxy, bearer, running_proxy
+from tests.proxy.conftest import RunningProxy, bearer, running_proxy, token
 from tests.server_fixture import RunningServer, free_port, running_server
 
 DOCUMENT = json.loads(DOCUMENT_PATH.read_text())
@@ -80,13 +80,25 @@ def matches(response: requests.Response, spec: dict) -> Any:
         Draft202012Validator(content["schema"]).validate(body)
         return body
     if media_type == "text/event-stream":
-        events = [event.removeprefix("data: ") for event in response.text.split("\n\n") if event]
-        assert events[-1] == "[DONE]"
-        chunks = [json.loads(event) for event in events[:-1]]
-        for chunk in chunks:
+        events = server_sent_events(response.text)
+        if "x-last-data" in content:  # OpenAI's [DONE], which is not JSON
+            assert events.pop() == (None, content["x-last-data"])
+        chunks = [json.loads(data) for _, data in events]
+        for (name, _), chunk in zip(events, chunks, strict=True):
             Draft202012Validator(content["x-event-data"]).validate(chunk)
+            assert name is None or name == chunk["type"], (name, chunk)  # a typed event is named by its type
         return chunks
     return response.text
+
+
+def server_sent_events(body: str) -> list[tuple[str | None, str]]:
+    """(event name or None, data) of each event; every event has one data line, and at most an event line."""
+    events = []
+    for block in filter(None, body.split("\n\n")):
+        fields = dict(line.split(": ", 1) for line in block.split("\n"))
+        assert set(fields) <= {"event", "data"}, block
+        events.append((fields.get("event"), fields["data"]))
+    return events
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +174,69 @@ NOTHING_ASKED = {
 }
 NATIVE_STEERED = {"presence_penalty": "0.5", "frequency_penalty": 1, "repetition_penalty": 1.1, "min_p": 0.1}
 TOKENIZE = {"model": "mock", "prompt": "héllo", "return_token_strs": True}
+MESSAGES = {"model": "mock", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
+MESSAGES_IN_FULL = {
+    **MESSAGES,
+    "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+        {"role": "assistant", "content": "Well,"},
+    ],
+    "stop_sequences": ["tempor"],
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "top_k": 5,
+    "metadata": {"user_id": "u-1"},
+}
+# What the server takes of the Messages fields it does not implement: values that ask for nothing.
+MESSAGES_NOTHING_ASKED = {
+    "tools": [],
+    "tool_choice": {"type": "none"},
+    "thinking": {"type": "disabled"},
+    "mcp_servers": [],
+    "output_config": {},
+    "container": None,
+}
+RESPONSES = {"model": "mock", "input": "hello", "max_output_tokens": 4}
+RESPONSES_IN_FULL = {
+    **RESPONSES,
+    "instructions": "Be brief.",
+    "input": [
+        {"role": "developer", "content": "Answer in English."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Hi."}]},
+        {"role": "user", "content": "Again."},
+    ],
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "metadata": {"k": "v"},
+    "user": "u-1",
+    "parallel_tool_calls": False,
+}
+RESPONSES_NOTHING_ASKED = {
+    "store": False,
+    "previous_response_id": None,
+    "background": False,
+    "tools": [],
+    "tool_choice": "none",
+    "reasoning": {"effort": None},
+    "text": {"format": {"type": "text"}},
+    "include": [],
+    "top_logprobs": 0,
+    "truncation": "disabled",
+}
+LLAMA_COMPLETION = {"model_id": "mock", "content": "hello", "sampling_params": {"max_tokens": 4}}
+LLAMA_CHAT = {
+    "model_id": "mock",
+    "messages": [{"role": "user", "content": "hello"}],
+    "sampling_params": {"max_tokens": 4},
+}
+LLAMA_SAMPLED = {
+    "strategy": {"type": "top_p", "temperature": 0.7, "top_p": 0.9},
+    "max_tokens": 4,
+    "repetition_penalty": 1.1,
+    "stop": ["tempor"],
+}
 TOKENIZE_CHAT = {"messages": CHAT["messages"], "add_generation_prompt": False, "add_special_tokens": True}
 
 # (method, path, request arguments), each answered 200 straight from the server
@@ -209,6 +284,38 @@ SUCCESSES = {
     "tokenize-chat": ("post", "/tokenize", {"json": TOKENIZE_CHAT}),
     "detokenize": ("post", "/detokenize", {"json": {"model": "mock", "tokens": [104, 105, 255]}}),
     "detokenize-nothing": ("post", "/detokenize", {"json": {"tokens": []}}),
+    "messages": ("post", "/v1/messages", {"json": MESSAGES}),
+    "messages-stream": ("post", "/v1/messages", {"json": {**MESSAGES, "stream": True}}),
+    "messages-in-full": ("post", "/v1/messages", {"json": {**MESSAGES_IN_FULL, "max_tokens": 8}}),
+    "messages-in-full-stream": (
+        "post",
+        "/v1/messages",
+        {"json": {**MESSAGES_IN_FULL, "max_tokens": 8, "stream": True}},
+    ),
+    "messages-nothing-asked": ("post", "/v1/messages", {"json": {**MESSAGES, **MESSAGES_NOTHING_ASKED}}),
+    "responses": ("post", "/v1/responses", {"json": RESPONSES}),
+    "responses-stream": ("post", "/v1/responses", {"json": {**RESPONSES, "stream": True}}),
+    "responses-in-full": ("post", "/v1/responses", {"json": RESPONSES_IN_FULL}),
+    "responses-in-full-stream": ("post", "/v1/responses", {"json": {**RESPONSES_IN_FULL, "stream": True}}),
+    "responses-nothing-asked": ("post", "/v1/responses", {"json": {**RESPONSES, **RESPONSES_NOTHING_ASKED}}),
+    "llama-completion": ("post", "/inference/completion", {"json": LLAMA_COMPLETION}),
+    "llama-completion-stream": (
+        "post",
+        "/inference/completion",
+        {"json": {**LLAMA_COMPLETION, "stream": True}},
+    ),
+    "llama-chat": ("post", "/inference/chat_completion", {"json": LLAMA_CHAT}),
+    "llama-chat-stream": ("post", "/inference/chat_completion", {"json": {**LLAMA_CHAT, "stream": True}}),
+    "llama-completion-v1": (
+        "post",
+        "/v1/inference/completion",
+        {"json": {**LLAMA_COMPLETION, "sampling_params": LLAMA_SAMPLED, "stream": True}},
+    ),
+    "llama-chat-v1": (
+        "post",
+        "/v1/inference/chat-completion",
+        {"json": {**LLAMA_CHAT, "sampling_params": LLAMA_SAMPLED}},
+    ),
 }
 
 
@@ -270,6 +377,25 @@ ERRORS = {
     "detokenize-wrong-method": ("put", "/detokenize", {}, 405),
     "tokenize-too-large": ("post", "/tokenize", {"data": TOO_BIG}, 413),
     "detokenize-too-large": ("post", "/detokenize", {"data": TOO_BIG}, 413),
+    "messages-no-max-tokens": ("post", "/v1/messages", {"json": {**MESSAGES, "max_tokens": None}}, 400),
+    "messages-over-context": ("post", "/v1/messages", {"json": {**MESSAGES, "max_tokens": 4096}}, 400),
+    "messages-unknown-model": ("post", "/v1/messages", {"json": {**MESSAGES, "model": "x"}}, 404),
+    "messages-wrong-method": ("get", "/v1/messages", {}, 405),
+    "messages-too-large": ("post", "/v1/messages", {"data": TOO_BIG}, 413),
+    "responses-stored": ("post", "/v1/responses", {"json": {**RESPONSES, "store": True}}, 400),
+    "responses-unknown-model": ("post", "/v1/responses", {"json": {**RESPONSES, "model": "x"}}, 404),
+    "responses-wrong-method": ("get", "/v1/responses", {}, 405),
+    "responses-too-large": ("post", "/v1/responses", {"data": TOO_BIG}, 413),
+    "llama-malformed-json": ("post", "/inference/completion", {"data": b"{"}, 400),
+    "llama-no-content": ("post", "/inference/completion", {"json": {"model_id": "mock"}}, 400),
+    "llama-unknown-model": (
+        "post",
+        "/inference/chat_completion",
+        {"json": {**LLAMA_CHAT, "model_id": "x"}},
+        404,
+    ),
+    "llama-wrong-method": ("get", "/v1/inference/chat-completion", {}, 405),
+    "llama-too-large": ("post", "/v1/inference/completion", {"data": TOO_BIG}, 413),
 }
 
 
@@ -334,6 +460,10 @@ def test_a_model_not_loaded_is_the_documented_503() -> None:
         ("/detokenize", {"tokens": [104]}),
         ("/v1/completions", COMPLETION),
         ("/predictions/mock", NATIVE),
+        ("/v1/messages", MESSAGES),
+        ("/v1/responses", RESPONSES),
+        ("/inference/completion", LLAMA_COMPLETION),
+        ("/v1/inference/chat-completion", LLAMA_CHAT),
     ]:
         response = client.post(path, json=body)
         assert response.status_code == 503, (path, response.get_data(as_text=True))
@@ -355,11 +485,15 @@ def test_a_full_server_is_the_documented_503(server: RunningServer) -> None:
         next(chunks)
         native = requests.post(f"{server.url}/predictions/mock", json=NATIVE, timeout=10)
         chat = requests.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=10)
-    assert native.status_code == chat.status_code == 503
+        messages = requests.post(f"{server.url}/v1/messages", json=MESSAGES, timeout=10)
+        llama = requests.post(f"{server.url}/inference/chat_completion", json=LLAMA_CHAT, timeout=10)
+    assert native.status_code == chat.status_code == messages.status_code == llama.status_code == 503
     # The held choices are cancelled: wait for their rows and places, so the next tests find room.
     wait_until_idle(server)
     documented(native, "post", "/predictions/mock")
     documented(chat, "post", "/v1/chat/completions")
+    documented(messages, "post", "/v1/messages")
+    documented(llama, "post", "/inference/chat_completion")
 
 
 def wait_until_idle(server: RunningServer, timeout: float = 10) -> None:
@@ -381,6 +515,10 @@ def test_the_proxys_answers_are_as_documented(proxy: RunningProxy) -> None:
         ("post", "/v1/completions", {"headers": bearer(), "data": too_big}, 413),
         ("post", "/tokenize", {"headers": bearer(), "json": TOKENIZE}, 200),
         ("post", "/detokenize", {"headers": bearer(), "data": too_big}, 413),
+        ("post", "/v1/messages", {"headers": {"x-api-key": token()}, "json": MESSAGES}, 200),
+        ("post", "/v1/messages", {"headers": {"x-api-key": "garbage"}, "json": MESSAGES}, 401),
+        ("post", "/v1/responses", {"headers": bearer(), "json": RESPONSES}, 200),
+        ("post", "/inference/completion", {"headers": {"x-api-key": token()}, "data": too_big}, 413),
     ]
     for method, path, arguments, status in cases:
         response = requests.request(method, f"{proxy.url}{path}", timeout=10, **arguments)
@@ -487,6 +625,8 @@ RANGE_CHECKS = {
     ),
     # top_logprobs only with logprobs true (CHECKED_BODIES has it without).
     "chat": ("/v1/chat/completions", {**CHAT, "logprobs": True}, OPENAI_RANGED | {"top_logprobs"}),
+    "messages": ("/v1/messages", MESSAGES, {"max_tokens", "temperature", "top_p", "top_k"}),
+    "responses": ("/v1/responses", RESPONSES, {"max_output_tokens", "temperature", "top_p"}),
 }
 
 
@@ -613,6 +753,117 @@ CHECKED_BODIES = {
     "detokenize-negative": ("/detokenize", {"tokens": [-1]}, "tokens"),
     "detokenize-string": ("/detokenize", {"tokens": "hi"}, "tokens"),
     "detokenize-nothing": ("/detokenize", {"model": "mock"}, "tokens"),
+    "messages-image": (
+        "/v1/messages",
+        {
+            **MESSAGES,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url"}}]}],
+        },
+        "messages[0].content[0]",
+    ),
+    "messages-system-role": (
+        "/v1/messages",
+        {**MESSAGES, "messages": [{"role": "system", "content": "Be brief."}]},
+        "messages[0].role",
+    ),
+    "messages-tools": ("/v1/messages", {**MESSAGES, "tools": [{"name": "f", "input_schema": {}}]}, "tools"),
+    "messages-tool-choice": ("/v1/messages", {**MESSAGES, "tool_choice": {"type": "auto"}}, "tool_choice"),
+    "messages-thinking": (
+        "/v1/messages",
+        {**MESSAGES, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+        "thinking",
+    ),
+    "messages-output-format": (
+        "/v1/messages",
+        {**MESSAGES, "output_config": {"format": {"type": "json_schema", "schema": {}}}},
+        "output_config",
+    ),
+    "messages-stop-string": ("/v1/messages", {**MESSAGES, "stop_sequences": "tempor"}, None),
+    "messages-stop-17": ("/v1/messages", {**MESSAGES, "stop_sequences": ["x"] * 17}, "stop_sequences"),
+    "responses-previous-id": (
+        "/v1/responses",
+        {**RESPONSES, "previous_response_id": "resp_1"},
+        "previous_response_id",
+    ),
+    "responses-conversation": ("/v1/responses", {**RESPONSES, "conversation": "conv_1"}, "conversation"),
+    "responses-tools": ("/v1/responses", {**RESPONSES, "tools": [{"type": "web_search"}]}, "tools"),
+    "responses-reasoning": ("/v1/responses", {**RESPONSES, "reasoning": {"effort": "high"}}, "reasoning"),
+    "responses-json": ("/v1/responses", {**RESPONSES, "text": {"format": {"type": "json_object"}}}, "text"),
+    "responses-background": ("/v1/responses", {**RESPONSES, "background": True}, "background"),
+    "responses-truncation": ("/v1/responses", {**RESPONSES, "truncation": "auto"}, "truncation"),
+    "responses-include": (
+        "/v1/responses",
+        {**RESPONSES, "include": ["reasoning.encrypted_content"]},
+        "include",
+    ),
+    "responses-top-logprobs": ("/v1/responses", {**RESPONSES, "top_logprobs": 2}, "top_logprobs"),
+    "responses-image": (
+        "/v1/responses",
+        {**RESPONSES, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        "input[0].content[0]",
+    ),
+    "responses-tool-output": (
+        "/v1/responses",
+        {**RESPONSES, "input": [{"type": "function_call_output", "call_id": "c", "output": "4"}]},
+        "input[0].type",
+    ),
+    "responses-empty-input": ("/v1/responses", {**RESPONSES, "input": ""}, "input"),
+    "llama-image": (
+        "/inference/chat_completion",
+        {**LLAMA_CHAT, "messages": [{"role": "user", "content": [{"type": "image", "image": {"url": "x"}}]}]},
+        "messages[0].content[0]",
+    ),
+    "llama-context": (
+        "/inference/chat_completion",
+        {**LLAMA_CHAT, "messages": [{"role": "user", "content": "hi", "context": "a document"}]},
+        "messages[0].context",
+    ),
+    "llama-response-format": (
+        "/inference/completion",
+        {**LLAMA_COMPLETION, "response_format": {"type": "json_schema", "json_schema": {}}},
+        "response_format",
+    ),
+    "llama-logprobs": ("/inference/completion", {**LLAMA_COMPLETION, "logprobs": {"top_k": 1}}, "logprobs"),
+    "llama-tools": ("/inference/chat_completion", {**LLAMA_CHAT, "tools": [{"tool_name": "f"}]}, "tools"),
+    "llama-strategy-unknown": (
+        "/inference/completion",
+        {**LLAMA_COMPLETION, "sampling_params": {"strategy": {"type": "beam"}}},
+        "sampling_params.strategy.type",
+    ),
+    "llama-top-k-missing": (
+        "/inference/completion",
+        {**LLAMA_COMPLETION, "sampling_params": {"strategy": {"type": "top_k"}}},
+        "sampling_params.strategy.top_k",
+    ),
+    "llama-temperature-zero": (
+        "/inference/completion",
+        {**LLAMA_COMPLETION, "sampling_params": {"strategy": {"type": "top_p", "temperature": 0}}},
+        "sampling_params.strategy.temperature",
+    ),
+    "llama-stop-5": (
+        "/inference/completion",
+        {**LLAMA_COMPLETION, "sampling_params": {"stop": ["a", "b", "c", "d", "e"]}},
+        "sampling_params.stop",
+    ),
+    "llama-max-tokens-negative": (
+        "/inference/completion",
+        {**LLAMA_COMPLETION, "sampling_params": {"max_tokens": -1}},
+        "sampling_params.max_tokens",
+    ),
+    "llama-first-releases": (
+        "/inference/completion",
+        {
+            "model": "mock",
+            "content": "hi",
+            "sampling_params": {"strategy": "top_k", "top_k": 5, "max_tokens": 4},
+        },
+        None,
+    ),
+    "llama-text-item": (
+        "/inference/completion",
+        {**LLAMA_COMPLETION, "content": {"type": "text", "text": "hello"}},
+        None,
+    ),
 }
 
 
@@ -623,4 +874,14 @@ def test_the_request_schemas_take_what_the_server_takes(server: RunningServer, p
     assert response.status_code == (200 if param is None else 400), response.text
     answer = documented(response, "post", path)
     if param is not None:
-        assert answer["error"]["param"] == param
+        assert named_field(answer) == param
+
+
+def named_field(answer: dict) -> str:
+    """The field a 400 names: OpenAI's param, else the start of Anthropic's message or Llama Stack's
+    detail (every message starts with the field's name)."""
+    error = answer.get("error", {})
+    if "param" in error:
+        return error["param"]
+    message = error.get("message") or answer["detail"]
+    return message.split(" ", 1)[0]

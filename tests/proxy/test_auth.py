@@ -129,3 +129,45 @@ def test_the_openai_client_passes_its_api_key_as_the_bearer_token(proxy):
     refused = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="not-a-token", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         refused.models.list()
+
+
+def test_the_token_may_come_alone_as_x_api_key_as_anthropic_clients_send_it(proxy):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=proxy.url, api_key=token(), max_retries=0)
+    with client.messages.stream(
+        model="mock", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+    assert len(text.split()) == 5
+    refused = anthropic.Anthropic(base_url=proxy.url, api_key="not-a-token", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        refused.messages.create(model="mock", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+
+
+# The bad Bearer tokens, alone: each is as bad in x-api-key.
+BAD_KEYS = {
+    case: value.removeprefix("Bearer ")
+    for case, value in BAD_AUTHORIZATION.items()
+    if value and value.startswith("Bearer ") and value.strip() != "Bearer"
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_KEYS))
+def test_a_bad_token_in_x_api_key_is_a_401_too(proxy, case):
+    headers = {"x-api-key": BAD_KEYS[case]}
+    response = requests.post(f"{proxy.url}/predictions/mock", json=PROMPT, headers=headers, timeout=10)
+    assert response.status_code == 401 and response.json()["status_code"] == 401
+
+
+def test_authorization_is_the_header_read_when_both_come(proxy):
+    both = {"Authorization": "Bearer not.a.jwt", "x-api-key": token()}
+    assert (
+        requests.post(f"{proxy.url}/predictions/mock", json=PROMPT, headers=both, timeout=10).status_code
+        == 401
+    )
+    both = {**bearer(), "x-api-key": "not.a.jwt"}
+    assert (
+        requests.post(f"{proxy.url}/predictions/mock", json=PROMPT, headers=both, timeout=10).status_code
+        == 200
+    )

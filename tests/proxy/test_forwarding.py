@@ -41,6 +41,18 @@ def test_the_team_comes_from_the_token_and_the_clients_claim_is_dropped(echo_ups
     assert "Keep-Alive" not in response.headers  # hop-by-hop, from the upstream
 
 
+def test_a_token_sent_as_x_api_key_stays_at_the_proxy_too(echo_upstream):
+    with running_proxy(echo_upstream.url) as proxy:
+        response = requests.post(
+            f"{proxy.url}/v1/messages", headers={"x-api-key": token(team_id="team-k")}, timeout=10
+        )
+        assert "team=team-k token=tok-1 POST /v1/messages" in proxy.log()
+    assert response.status_code == 200
+    seen = {name.lower(): value for name, value in response.json()["headers"].items()}
+    assert seen["x-team-id"] == "team-k"
+    assert "x-api-key" not in seen and "authorization" not in seen
+
+
 def test_one_clients_upstream_cookies_never_reach_another(echo_upstream):
     with running_proxy(echo_upstream.url) as proxy:
         alice = requests.get(f"{proxy.url}/set-cookie", headers=bearer(token(team_id="a")), timeout=10)

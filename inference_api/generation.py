@@ -1,0 +1,193 @@
+"""What every generating endpoint does between parsing a request and shaping its answer.
+
+    data, serving = read_request()               # 503 while the model loads, 404 for another model
+    choices, pieces = start_choices(requests)    # 503 past the queue; waits for the first piece
+    return event_stream(events(...), choices.close)   # or one JSON answer
+
+The first piece is awaited before any status goes out, so that a backend
+that dies before it still gets the client a 503 rather than a broken
+stream. `Generation` reads one request's pieces as text, for the APIs that
+answer one prompt with one text (Anthropic's Messages, OpenAI's Responses,
+Llama Stack's inference).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from itertools import chain
+from typing import Any
+
+from flask import Response, current_app, request
+
+from backend.messages import Piece, SamplingParams
+from backend.stop_matcher import StopMatcher
+from inference_api.choices import Choices
+from inference_api.client_watch import ClientWatch
+from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
+from inference_api.fields import parse_json_object
+from inference_api.router import NotReady, QueueFull, Serving
+
+
+def read_request(
+    model_field: str | None = "model", model_required: bool = True
+) -> tuple[dict[str, Any], Serving]:
+    """The request's JSON object and what is served. The body is read first, so that a rejected request
+    leaves nothing unread on the connection; then 503 while the model loads, 400 for a body that is
+    not a JSON object, and `check_model` on `model_field` (None: the caller checks it)."""
+    body = request.get_data(cache=False)
+    serving = serving_now()
+    data = parse_json_object(body)
+    if model_field is not None:
+        check_model(data, serving, model_field, model_required)
+    return data, serving
+
+
+def serving_now() -> Serving:
+    """What the backend serves, or a 503 while it loads."""
+    serving = current_app.extensions["router"].serving
+    if serving is None:
+        raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY)
+    return serving
+
+
+def check_model(data: dict[str, Any], serving: Serving, name: str = "model", required: bool = True) -> None:
+    """The request's `name` field must name the served model: 400 if it is missing, 404 if another."""
+    model = data.get(name)
+    if model is None and not required:
+        return
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, f"{name} is required: a string naming the served model", param=name)
+    if model != serving.backend.model_name:
+        message = f"The model {model!r} does not exist; this server serves {serving.backend.model_name!r}"
+        raise ApiError(404, message, param=name, code="model_not_found")
+
+
+def start_choices(
+    requests: list[tuple[list[int], SamplingParams]],
+) -> tuple[Choices, Iterator[tuple[int, Piece]]]:
+    """Open every request (503 if the rows and the queue cannot take them all) and wait for the first
+    piece; the pieces, that one first, come as (choice index, piece) while the client is watched."""
+    router = current_app.extensions["router"]
+    try:
+        choices = Choices(router, requests)
+    except NotReady:
+        raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY) from None
+    except QueueFull:
+        raise unavailable(
+            "the server is busy: every row is taken and the queue is full", RETRY_AFTER_QUEUE_FULL
+        ) from None
+    try:
+        pieces = choices.pieces(ClientWatch())
+        first = next(pieces)
+        if first[1].finish_reason == "error":
+            raise unavailable(f"generation failed: {first[1].error}", RETRY_AFTER_NOT_READY)
+    except BaseException:
+        choices.close()
+        raise
+    return choices, chain([first], pieces)
+
+
+def event_stream(events: Iterator[bytes], close: Callable[[], None]) -> Response:
+    """Server-sent events, written as they are made; `close` ends the requests when the response ends
+    (a generator that never started runs no finally: the WSGI close() does it then)."""
+    response = Response(events, content_type="text/event-stream; charset=utf-8")
+    response.call_on_close(close)
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["X-Accel-Buffering"] = "no"  # ask proxies in front not to buffer the stream
+    return response
+
+
+def sse_event(data: dict[str, Any], name: str | None = None) -> bytes:
+    """One server-sent event: its JSON data, after an `event:` line naming it if it is named."""
+    line = f"event: {name}\n" if name else ""
+    return f"{line}data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+class GenerationFailed(RuntimeError):
+    """The backend failed after the answer had begun: the stream ends with the API's error event."""
+
+
+class NamedStopMatcher(StopMatcher):
+    """StopMatcher that also says which stop sequence matched (Anthropic's `stop_sequence`)."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        super().__init__(stops)
+        self.matched: str | None = None
+
+    def feed(self, text: str) -> str:
+        pending = self.held + text
+        released = super().feed(text)
+        if self.stopped and self.matched is None:
+            # The first of the stops found where the released text ends, as StopMatcher cut it.
+            self.matched = next(stop for stop in self.stops if pending.startswith(stop, len(released)))
+        return released
+
+
+class Generation:
+    """One request's answer as text: `deltas()` as it comes, or `text()` whole; then why it ended
+    (finish_reason "stop" or "length", and the stop sequence if one ended it) and its token counts.
+
+    The backend does not say which stop sequence ended a row, so when the API must tell (`named_stops`),
+    the stop sequences are matched here instead, on the same text with the same StopMatcher, and the
+    request is cancelled at the match: its row frees a step or two later than the backend's own
+    match would free it, and the tokens after the match are not counted.
+    """
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, named_stops: bool = False):
+        self._matcher = NamedStopMatcher(params.stop) if named_stops and params.stop else None
+        if self._matcher is not None:
+            params = replace(params, stop=())
+        self.choices, self._pieces = start_choices([(prompt_ids, params)])
+        self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.choices.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.choices.completion_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.choices.cached_tokens
+
+    def deltas(self) -> Iterator[str]:
+        """The text as it comes, in non-empty pieces; GenerationFailed if the backend fails."""
+        try:
+            for _, piece in self._pieces:
+                if piece.finish_reason == "error":
+                    raise GenerationFailed(f"generation failed: {piece.error}")
+                text = self._release(piece)
+                if text:
+                    yield text
+                if self.finish_reason is not None:
+                    return
+        finally:
+            self.close()
+
+    def text(self) -> str:
+        """The whole text (a 503 if the backend fails before the end)."""
+        try:
+            return "".join(self.deltas())
+        except GenerationFailed as error:
+            raise unavailable(str(error), RETRY_AFTER_NOT_READY) from None
+
+    def close(self) -> None:
+        """End the request; one still running is cancelled (its row frees at the next step)."""
+        self.choices.close()
+
+    def _release(self, piece: Piece) -> str:
+        if self._matcher is None:
+            self.finish_reason = piece.finish_reason
+            return piece.text
+        text = self._matcher.feed(piece.text)
+        if self._matcher.stopped:
+            self.finish_reason, self.stop_sequence = "stop", self._matcher.matched
+        elif piece.finished:
+            self.finish_reason = piece.finish_reason
+            text += self._matcher.flush()
+        return text

@@ -1,0 +1,133 @@
+"""Llama Stack's inference requests, parsed and checked: completion (`content`) and chat completion
+(`messages`, through the model's chat template as /v1/chat/completions renders them).
+
+As Llama Stack publishes them: the model as `model_id` (or `model`, its first
+releases' name), content as a string, a text item or a list of text items (an
+image item is a 400 naming it), and
+
+    "sampling_params": {"strategy": {"type": "greedy"}
+                                  | {"type": "top_p", "temperature": T, "top_p": P}
+                                  | {"type": "top_k", "top_k": K},
+                        "max_tokens": N, "repetition_penalty": R, "stop": [...]}
+
+where greedy is the default, max_tokens 0 or absent means the server's
+default, and the first releases' strategy, a name with its values beside it
+(`"strategy": "top_p", "temperature": T`), is read too. Errors name nested
+fields by their path (`sampling_params.strategy.top_k`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from backend.messages import MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
+from inference_api.fields import read_bool, read_integer, read_number, read_object, read_stop, within
+from inference_api.openai_request import (
+    CHAT_DEFAULT_MAX_TOKENS,
+    MAX_TOP_K,
+    chat_ids,
+    completion_budget,
+    read_messages,
+    text_content,
+)
+from inference_api.router import Serving
+from inference_api.tokenizer import stop_token_ids_of
+from inference_api.unsupported_fields import reject_unsupported
+
+ROLES = ("system", "user", "assistant", "tool")
+DEFAULT_TOP_P = 0.95  # Llama Stack's, for the top_p strategy
+STRATEGY_VALUES = ("temperature", "top_p", "top_k")
+
+
+@dataclass(frozen=True)
+class LlamaStackRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+
+
+def model_field(data: dict[str, Any]) -> str:
+    """Where the request names the model: `model_id`, or `model` in the first releases' requests."""
+    return "model" if "model" in data and "model_id" not in data else "model_id"
+
+
+def parse_completion(data: dict[str, Any], serving: Serving) -> LlamaStackRequest:
+    reject_unsupported(data, "llama_stack")
+    text = text_content(_items(data.get("content")), "content")
+    if not text:
+        raise InvalidParams("content", "content is required: the text to complete")
+    return _request(data, serving, serving.tokenizer.encode(text), "content")
+
+
+def parse_chat_completion(data: dict[str, Any], serving: Serving) -> LlamaStackRequest:
+    reject_unsupported(data, "llama_stack")
+    messages = data.get("messages")
+    if isinstance(messages, list):
+        messages = [_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
+    prompt_ids = chat_ids(read_messages(messages, roles=ROLES), serving, "messages")
+    return _request(data, serving, prompt_ids, "messages")
+
+
+def _message(message: Any, param: str) -> Any:
+    """A message with its content as a list of items; RAG context and tool calls are not built."""
+    if not isinstance(message, dict):
+        return message  # read_messages names it
+    for name in ("context", "tool_calls"):
+        if message.get(name):
+            raise InvalidParams(f"{param}.{name}", f"{param}.{name} is not supported by this server")
+    return {**message, "content": _items(message.get("content"))}
+
+
+def _items(content: Any) -> Any:
+    """Interleaved content may be one item on its own."""
+    return [content] if isinstance(content, dict) else content
+
+
+def _request(
+    data: dict[str, Any], serving: Serving, prompt_ids: list[int], prompt_param: str
+) -> LlamaStackRequest:
+    sampling = read_object(data, "sampling_params")
+    with within("sampling_params"):
+        temperature, top_p, top_k = _strategy(sampling)
+        max_tokens = read_integer(sampling, "max_tokens", 0, 0, serving.backend.max_seq_len)
+        stop = read_stop(sampling, "stop")
+        repetition_penalty = read_number(
+            sampling, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY, low_open=True
+        )
+    max_tokens = completion_budget(
+        serving, len(prompt_ids), max_tokens or None, CHAT_DEFAULT_MAX_TOKENS, prompt_param
+    )
+    params = SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_tokens=max_tokens,
+        stop=stop,
+        repetition_penalty=repetition_penalty,
+        stop_token_ids=stop_token_ids_of(stop, serving.tokenizer),
+    )
+    return LlamaStackRequest(prompt_ids, params, read_bool(data, "stream", False))
+
+
+def _strategy(sampling: dict[str, Any]) -> tuple[float, float, int]:
+    """(temperature, top_p, top_k) of the sampling strategy."""
+    strategy = sampling.get("strategy")
+    if isinstance(strategy, str):  # the first releases: a name, its values beside it
+        strategy = {"type": strategy, **{name: sampling.get(name) for name in STRATEGY_VALUES}}
+    strategy = {"type": "greedy"} if strategy is None else strategy
+    if not isinstance(strategy, dict):
+        raise InvalidParams("strategy", "strategy must be an object: {type: greedy, top_p or top_k, ...}")
+    kind = strategy.get("type")
+    with within("strategy"):
+        if kind == "greedy":
+            return 0.0, 1.0, 0
+        temperature = read_number(strategy, "temperature", 1.0, 0.0, 2.0, low_open=True)
+        if kind == "top_p":
+            return temperature, read_number(strategy, "top_p", DEFAULT_TOP_P, 0.0, 1.0, low_open=True), 0
+        if kind == "top_k":
+            top_k = read_integer(strategy, "top_k", None, 1, MAX_TOP_K)
+            if top_k is None:
+                raise InvalidParams("top_k", "top_k is required with the top_k strategy")
+            return temperature, 1.0, top_k
+        raise InvalidParams("type", f"type must be greedy, top_p or top_k, got {kind!r}")
