@@ -125,7 +125,10 @@ def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> tor
     keys = logical_right_shift(splitmix64(splitmix64(seeds) + counters), 33).to(torch.int32)  # 31 bits
     columns = torch.arange(width, device=seeds.device, dtype=torch.int32)
     bits = lowbias32(keys.unsqueeze(-1) ^ columns)
-    u = (logical_right_shift(bits, 8).to(torch.float32) + 0.5) / 2**24  # in (0, 1), never 0 or 1
+    # 23 bits, in (0, 1) in float32 too: with 24, the largest, 1 - 2**-25, rounds to 1.0, whose noise is
+    # +inf: that column won the race whatever its logit (once in 2**24 columns: 0.3% of draws over a
+    # 49,152-token vocabulary), even a token a grammar or logit_bias had set to -inf.
+    u = (logical_right_shift(bits, 9).to(torch.float32) + 0.5) / 2**23
     return -torch.log(-torch.log(u))
 
 

@@ -1,6 +1,7 @@
 """The sampling functions on their own."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -100,6 +101,23 @@ def test_the_noise_is_gumbel_distributed_across_rows_and_columns():
     histogram = torch.histc(uniform, bins=10, min=0, max=1) / len(uniform)
     assert (histogram - 0.1).abs().max() < 0.01
     assert abs(noise.mean().item() - 0.5772) < 0.03  # the Euler-Mascheroni constant
+
+
+def test_the_noise_is_finite_everywhere():
+    """Every uniform number the hash can give, the largest included, is below 1 in float32 (1.0 would
+    be infinite noise: a column that wins whatever its logit, a masked token too)."""
+    bits = torch.tensor([-1, 2**31 - 1, 0, -(2**31)], dtype=torch.int32)  # all ones, and the extremes
+    with mock.patch("backend.sampler.lowbias32", return_value=bits):
+        assert torch.isfinite(gumbel_noise(torch.tensor([0]), torch.tensor([0]), 4)).all()
+    # Seed 19 at its 30th draw hashed column 18,701 to the largest number once, which then won.
+    assert torch.isfinite(gumbel_noise(torch.tensor([19]), torch.tensor([30]), 49152)).all()
+
+
+def test_a_row_with_one_token_left_always_draws_it():
+    logits = torch.full((300, 49152), float("-inf"))
+    logits[:, 109] = 25.0
+    draws = sample(logits, batch(1.0, rows=300, seeds=list(range(300)), counters=[30] * 300))
+    assert set(draws.tolist()) == {109}
 
 
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (0, 0.99), (4, 1.0)])
