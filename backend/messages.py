@@ -208,6 +208,7 @@ class Piece:
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     cached_tokens: int = 0  # prompt tokens not computed: their keys and values were in the cache
+    stop_sequence: str | None = None  # the stop string that ended the request (Anthropic's stop_sequence)
 
     @property
     def finished(self) -> bool:

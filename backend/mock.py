@@ -86,6 +86,7 @@ class MockRow:
             finish,
             prompt_tokens=len(self.request.prompt_ids),
             completion_tokens=self.generated,
+            stop_sequence=self.stop.matched,
         )
 
 

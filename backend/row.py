@@ -67,8 +67,11 @@ class Row:
     def wants_logprobs(self) -> bool:
         return self.request.params.logprobs is not None
 
-    def accept(self, token_id: int, logprob: TokenLogprob | None = None) -> Piece | None:
-        """Take a sampled token; return the text it releases and, at the end, why it ended."""
+    def accept(
+        self, token_id: int, logprob: TokenLogprob | None = None, complete: bool = False
+    ) -> Piece | None:
+        """Take a sampled token; return the text it releases and, at the end, why it ended.
+        `complete`: the row's grammar allows nothing after this token (backend/grammar.py)."""
         params = self.request.params
         self.generated.append(token_id)
         if logprob is not None:
@@ -78,6 +81,8 @@ class Row:
         text = self.stop.feed(self.detokenizer.add(token_id))
         if self.stop.stopped:
             return self._finish("stop", text)
+        if complete:
+            return self._finish("stop", text + self.stop.flush())
         if (
             len(self.generated) >= params.max_tokens
             or len(self.prompt_ids) + len(self.generated) >= self.max_seq_len
@@ -111,6 +116,7 @@ class Row:
             logprobs=tuple(self.pending_logprobs),
             prompt_logprobs=self.prompt_logprobs,
             cached_tokens=self.reused,
+            stop_sequence=self.stop.matched,
         )
         self.pending_logprobs.clear()
         self.prompt_logprobs = None  # sent once, with the first piece

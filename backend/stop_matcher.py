@@ -12,6 +12,7 @@ class StopMatcher:
         self.stops = tuple(s for s in stops if s)
         self.held = ""  # text received but not yet released
         self.stopped = False
+        self.matched: str | None = None  # the stop sequence that ended the text (Piece.stop_sequence)
 
     def feed(self, text: str) -> str:
         """Take new text; return what is safe to send. Sets `stopped` on a match."""
@@ -20,8 +21,10 @@ class StopMatcher:
         if not self.stops:
             return text
         self.held += text
-        match_at = min((i for i in (self.held.find(s) for s in self.stops) if i >= 0), default=-1)
-        if match_at >= 0:
+        found = [(at, stop) for stop in self.stops if (at := self.held.find(stop)) >= 0]
+        if found:
+            # The earliest; of several at the same place, the one listed first (min keeps the first).
+            match_at, self.matched = min(found, key=lambda match: match[0])
             released, self.held = self.held[:match_at], ""
             self.stopped = True
             return released

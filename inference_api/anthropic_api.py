@@ -38,7 +38,7 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 def messages() -> Response:
     data, serving = read_request()
     messages_request = parse_messages_request(data, serving)
-    generation = Generation(messages_request.prompt_ids, messages_request.params, named_stops=True)
+    generation = Generation(messages_request.prompt_ids, messages_request.params)
     message = Message(generation, serving.backend.model_name)
     if messages_request.stream:
         return event_stream(message.events(), generation.close)

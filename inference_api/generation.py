@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from itertools import chain
 from typing import Any
 
 from flask import Response, current_app, request
 
 from backend.messages import Piece, SamplingParams
-from backend.stop_matcher import StopMatcher
 from inference_api.choices import Choices
 from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
@@ -109,36 +107,12 @@ class GenerationFailed(RuntimeError):
     """The backend failed after the answer had begun: the stream ends with the API's error event."""
 
 
-class NamedStopMatcher(StopMatcher):
-    """StopMatcher that also says which stop sequence matched (Anthropic's `stop_sequence`)."""
-
-    def __init__(self, stops: tuple[str, ...]):
-        super().__init__(stops)
-        self.matched: str | None = None
-
-    def feed(self, text: str) -> str:
-        pending = self.held + text
-        released = super().feed(text)
-        if self.stopped and self.matched is None:
-            # The first of the stops found where the released text ends, as StopMatcher cut it.
-            self.matched = next(stop for stop in self.stops if pending.startswith(stop, len(released)))
-        return released
-
-
 class Generation:
     """One request's answer as text: `deltas()` as it comes, or `text()` whole; then why it ended
     (finish_reason "stop" or "length", and the stop sequence if one ended it) and its token counts.
-
-    The backend does not say which stop sequence ended a row, so when the API must tell (`named_stops`),
-    the stop sequences are matched here instead, on the same text with the same StopMatcher, and the
-    request is cancelled at the match: its row frees a step or two later than the backend's own
-    match would free it, and the tokens after the match are not counted.
     """
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, named_stops: bool = False):
-        self._matcher = NamedStopMatcher(params.stop) if named_stops and params.stop else None
-        if self._matcher is not None:
-            params = replace(params, stop=())
+    def __init__(self, prompt_ids: list[int], params: SamplingParams):
         self.choices, self._pieces = start_choices([(prompt_ids, params)])
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
@@ -181,13 +155,6 @@ class Generation:
         self.choices.close()
 
     def _release(self, piece: Piece) -> str:
-        if self._matcher is None:
-            self.finish_reason = piece.finish_reason
-            return piece.text
-        text = self._matcher.feed(piece.text)
-        if self._matcher.stopped:
-            self.finish_reason, self.stop_sequence = "stop", self._matcher.matched
-        elif piece.finished:
-            self.finish_reason = piece.finish_reason
-            text += self._matcher.flush()
-        return text
+        if piece.finished:
+            self.finish_reason, self.stop_sequence = piece.finish_reason, piece.stop_sequence
+        return piece.text

@@ -22,9 +22,17 @@ def test_a_possible_start_is_held_back_then_released_when_it_is_not_a_stop():
     assert not matcher.stopped
 
 
-def test_the_earliest_of_several_stops_wins():
+def test_the_earliest_of_several_stops_wins_and_is_named():
     matcher = StopMatcher(["END", "."])
     assert matcher.feed("one. two END") == "one"
+    assert matcher.matched == "."
+
+
+def test_of_stops_found_at_the_same_place_the_first_listed_is_named():
+    matcher = StopMatcher(["ab", "abc"])
+    assert matcher.feed("xx abc") == "xx "
+    assert matcher.matched == "ab"
+    assert StopMatcher(["never"]).matched is None
 
 
 def test_flush_releases_what_was_held_back():

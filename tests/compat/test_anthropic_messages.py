@@ -190,8 +190,8 @@ def test_another_model_is_a_404_and_a_missing_max_tokens_a_400(mock_client, mock
 
 
 def test_the_row_of_an_answer_ended_by_a_stop_sequence_is_freed_at_once(mock_client, mock_server):
-    """The stop sequence is matched in the frontend (to name it), which then cancels the request: the row
-    does not go on to max_tokens (4,000 tokens would take the mock 20 s)."""
+    """The backend matches the stop sequence and names it: the row ends there, it does not go on to
+    max_tokens (4,000 tokens would take the mock 20 s)."""
     started = time.monotonic()
     message = mock_client.messages.create(
         model="mock", max_tokens=4000, messages=[{"role": "user", "content": "hi"}], stop_sequences=["amet"]
