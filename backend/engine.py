@@ -22,6 +22,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from backend.decoder_runner import DecoderRunner
+from backend.grammar import GrammarError, Grammars, PendingMasks
 from backend.heap import reuse_freed_memory
 from backend.logits_processors import LogitsProcessors
 from backend.logprobs import token_logprobs
@@ -93,6 +94,7 @@ class Engine:
         self.cache = RowCache(KVShape.of(model.config), rows, self.max_seq_len, self.cache_dtype, self.device)
         self.runner = DecoderRunner(model) if DecoderRunner.supports(model, self.max_seq_len) else None
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
+        self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
         self.rows: list[Row | None] = [None] * rows
         self.prefixes = PrefixIndex(rows, prefix_reuse)
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
@@ -216,6 +218,7 @@ class Engine:
                 Piece(row.request.request_id, "", "error", len(row.prompt_ids), len(row.generated), message)
             )
             self.rows[row.index] = None
+            self.grammars.release(row.index)
             self.prefixes.release(row.index, ())
         return pieces
 
@@ -248,6 +251,11 @@ class Engine:
         busy = {row.index: row.cached_tokens for row in self.active_rows} if self.prefixes.enabled else {}
         while self.waiting and budget > 0 and None in self.rows:
             request = self.waiting.pop(next(iter(self.waiting)))
+            try:
+                matcher = self.grammars.matcher(request.params.grammar)
+            except GrammarError as error:
+                self._reject(request, str(error))
+                continue
             free = [index for index, slot in enumerate(self.rows) if slot is None]
             # A prompt to be scored reuses nothing: it needs the logits of every position.
             reuse = request.params.prompt_logprobs is None
@@ -256,6 +264,7 @@ class Engine:
                 self.cache.copy_prefix(place.source, place.row, place.reused)
             row = Row(place.row, request, self.tokenizer, self.eos_ids, self.max_seq_len, cached=place.reused)
             self.processors.admit(place.row, request.params, request.prompt_ids)
+            self.grammars.attach(place.row, matcher)
             self.rows[place.row] = row
             if self.prefixes.enabled:
                 busy[row.index] = row.cached_tokens
@@ -308,6 +317,7 @@ class Engine:
         visible = torch.zeros(hidden.shape, dtype=self.cache_dtype, device=self.device).masked_fill_(
             hidden, float("-inf")
         )
+        masks = self.grammars.start_masks([row.index for row in decoding + completing])  # during the forward
         layout = StepLayout(
             decode_rows,
             torch.tensor([row.index for row in decoding], device=self.device, dtype=torch.long),
@@ -329,7 +339,7 @@ class Engine:
         if len(keep) != len(last_of_row):
             logits = logits.index_select(0, torch.tensor(last_of_row, device=self.device, dtype=torch.long))
         rows = decoding + completing
-        tokens, logprobs = self._sample(rows, logits)
+        tokens, logprobs = self._sample(rows, logits, masks)
         # The step has run: from here on the rows change.
         for row in decoding:
             row.cached += 1
@@ -369,11 +379,11 @@ class Engine:
         return output.logits[0]
 
     def _sample(
-        self, rows: list[Row], logits: torch.Tensor
+        self, rows: list[Row], logits: torch.Tensor, masks: PendingMasks
     ) -> tuple[dict[int, int], dict[int, TokenLogprob]]:
-        """Each row's next token from its logits ([rows, vocab], raw), through its penalties and
-        sampling settings, and its logprob entry if it asks; by position in `rows`. Rows that only
-        score their prompt (max_tokens 0) sample nothing."""
+        """Each row's next token from its logits ([rows, vocab], raw), through its penalties, its
+        grammar's mask and its sampling settings, and its logprob entry if it asks; by position in
+        `rows`. Rows that only score their prompt (max_tokens 0) sample nothing."""
         sampling = [i for i, row in enumerate(rows) if row.request.params.max_tokens > 0]
         if not sampling:
             return {}, {}
@@ -381,7 +391,8 @@ class Engine:
             logits = logits.index_select(0, torch.tensor(sampling, device=self.device))
         rows = [rows[i] for i in sampling]
         penalized = [i for i, row in enumerate(rows) if row.request.params.penalized]
-        processed = logits.to(torch.float32, copy=bool(penalized))  # `logits` stay raw for logprobs
+        # `logits` stay raw for logprobs
+        processed = logits.to(torch.float32, copy=bool(penalized) or masks.constrains)
         if penalized:
             self.processors.apply(
                 processed,
@@ -392,6 +403,7 @@ class Engine:
                 [len(rows[i].generated) for i in penalized],
                 self.eos_ids,
             )
+        masks.apply(processed, [row.index for row in rows])
         tokens = sample(processed, self._sampling_batch(rows))
         if penalized:  # written at the token's own place: a step run again writes the same
             self.processors.record(
@@ -414,7 +426,11 @@ class Engine:
         pieces = []
         for i, row in enumerate(rows):
             try:
-                piece = row.accept(tokens[i], logprobs.get(i)) if i in tokens else row.scored_piece()
+                if i in tokens:
+                    complete = self.grammars.consume(row.index, tokens[i])
+                    piece = row.accept(tokens[i], logprobs.get(i), complete)
+                else:
+                    piece = row.scored_piece()
             except Exception as error:
                 log.exception("request %s could not take its token", row.request.request_id)
                 piece = row.error_piece(f"generation failed: {error}")
@@ -466,6 +482,7 @@ class Engine:
         """The row is free; it keeps its tokens' keys and values for a prompt that starts the same,
         unless its request failed (they may be half written)."""
         self.rows[row.index] = None
+        self.grammars.release(row.index)
         self.prefixes.release(row.index, () if row.finish_reason == "error" else row.cached_tokens)
 
     def _row_of(self, request_id: str) -> Row | None:

@@ -56,6 +56,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, -100..100) added to its logit
     min_tokens: int = 0  # no EOS (nor stop_token_ids) before this many tokens
     stop_token_ids: tuple[int, ...] = ()  # tokens that end generation, like EOS
+    # Constrained decoding: an llguidance grammar (serialized; the frontend makes it from a JSON schema,
+    # regex, choice or Lark grammar) that every generated token must follow (backend/grammar.py)
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -18,6 +18,7 @@ from inference_api.fields import (
     read_stop,
     read_string,
 )
+from inference_api.structured_output import read_grammar
 
 MAX_TOKENS_LIMIT = 2048
 SEED_MAX = 2**64 - 1
@@ -50,6 +51,7 @@ def parse_native_request(body: bytes) -> NativeRequest:
         ),
         min_p=read_number(data, "min_p", 0.0, 0.0, 1.0),
         min_tokens=read_integer(data, "min_tokens", 0, 0, MAX_TOKENS_LIMIT),
+        grammar=read_grammar(data, ("json_schema",)),  # the answer is JSON following this schema
     )
     if params.min_tokens > params.max_tokens:
         raise InvalidParams(

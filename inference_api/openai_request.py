@@ -20,6 +20,7 @@ from backend.messages import (
 from inference_api.chat_template import ChatTemplateError
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
 from inference_api.router import Serving
+from inference_api.structured_output import GUIDED_FIELDS, read_grammar
 from inference_api.tokenizer import stop_token_ids_of
 from inference_api.unsupported_fields import reject_unsupported
 
@@ -169,6 +170,7 @@ def _common(
         min_tokens=read_integer(data, "min_tokens", 0, 0, max_tokens),
         stop_token_ids=token_id_list(data.get("stop_token_ids"), serving.token_id_limit, "stop_token_ids")
         + stop_token_ids_of(stop, serving.tokenizer),
+        grammar=read_grammar(data, ("response_format", *GUIDED_FIELDS)),
     )
     stream = read_bool(data, "stream", False)
     return OpenAIRequest(

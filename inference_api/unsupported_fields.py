@@ -1,9 +1,8 @@
 """Request fields this server does not implement: a 400 that names them, never a silent default.
 
-A client that sends `response_format` or `tools` expects JSON or a tool
-call; answering with free text as if the field were honoured would let it
-believe it got what it asked for (SPEC §4.2). A field with a value that asks
-for nothing (`tools: []`, `response_format: {"type": "text"}`, `best_of`
+A client that sends `tools` expects a tool call; answering with free text as
+if the field were honoured would let it believe it got what it asked for
+(SPEC §4.2). A field with a value that asks for nothing (`tools: []`, `best_of`
 equal to `n`, checked where `n` is read, an empty `suffix`) is accepted. Fields that are accepted and
 have no effect here (`user`, `metadata`, `store`, `service_tier`,
 `parallel_tool_calls`, `reasoning_effort`) are listed in docs/frontend.md.
@@ -53,9 +52,6 @@ UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
     # The legacy completions API (and best_of other than n, in openai_request.py).
     "completions": {"suffix": Unsupported(lambda value: value != "")},
     "chat": {
-        "response_format": Unsupported(
-            lambda value: not (isinstance(value, dict) and value.get("type") == "text")
-        ),
         "tools": Unsupported(lambda value: value != []),
         "tool_choice": Unsupported(lambda value: value != "none"),
         "functions": Unsupported(lambda value: value != []),

@@ -671,6 +671,12 @@ CHECKED_BODIES = {
     "completion-logprobs-boolean": ("/v1/completions", {**COMPLETION, "logprobs": True}, "logprobs"),
     "completion-echo-number": ("/v1/completions", {**COMPLETION, "echo": 1}, "echo"),
     "completion-suffix": ("/v1/completions", {**COMPLETION, "suffix": " the end"}, "suffix"),
+    "completion-guided-regex": ("/v1/completions", {**COMPLETION, "guided_regex": "[a-z]+"}, None),
+    "completion-guided-json-text": (
+        "/v1/completions",
+        {**COMPLETION, "guided_json": '{"type": "object"}'},
+        None,
+    ),
     "completion-logit-bias": (
         "/v1/completions",
         {**COMPLETION, "logit_bias": {"255": -100.0, "007": 100}},
@@ -718,11 +724,25 @@ CHECKED_BODIES = {
         "top_logprobs",
     ),
     "chat-top-logprobs-null": ("/v1/chat/completions", {**CHAT, "top_logprobs": None}, None),
-    "chat-json-mode": (
+    "chat-json-mode": ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, None),
+    "chat-json-schema": (
         "/v1/chat/completions",
-        {**CHAT, "response_format": {"type": "json_object"}},
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": {}}}},
+        None,
+    ),
+    "chat-json-schema-missing": (
+        "/v1/chat/completions",
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "o"}}},
+        "response_format.json_schema.schema",
+    ),
+    "chat-format-xml": (
+        "/v1/chat/completions",
+        {**CHAT, "response_format": {"type": "xml"}},
         "response_format",
     ),
+    "chat-guided-choice": ("/v1/chat/completions", {**CHAT, "guided_choice": ["yes", "no"]}, None),
+    "chat-guided-choice-empty": ("/v1/chat/completions", {**CHAT, "guided_choice": []}, "guided_choice"),
+    "chat-guided-regex-empty": ("/v1/chat/completions", {**CHAT, "guided_regex": ""}, "guided_regex"),
     "chat-tools": (
         "/v1/chat/completions",
         {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},

@@ -1,0 +1,129 @@
+"""Constrained decoding: rows whose output must follow a grammar (JSON Schema, regex, choice, Lark).
+
+A request carries its grammar as llguidance's serialized form (the frontend
+builds it from `response_format` and friends, and refuses what llguidance
+cannot do). Each constrained row gets a matcher; each step, the matchers
+compute the bitmask of tokens their rows may take next (in llguidance's
+threads, which drop the GIL) while the model's forward pass runs, the
+sampler sees the masked tokens at -inf, and each row's matcher then consumes
+the token it drew. Unconstrained rows in the same step pay nothing.
+
+llguidance rather than xgrammar, by measurement on the default model
+(docs/backend.md): llguidance refuses a schema keyword it cannot enforce
+(`uniqueItems`, `not`, `if`/`then`: "Unimplemented keys: [...]") where
+xgrammar compiles the schema without it and lets anything through there;
+its mask takes about 12 µs a token (xgrammar: 1), which a step of tens of
+milliseconds does not notice, and it needs no other package (xgrammar
+brings triton).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+from transformers import PreTrainedTokenizerBase
+
+# llguidance's default limits; errors without the parser's state and the whole grammar, which would
+# make a request's error message pages long.
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+
+
+class GrammarError(ValueError):
+    """A grammar the matcher could not start from, or a token it could not take."""
+
+
+class PendingMasks:
+    """The token masks of one step's constrained rows, being computed while the forward pass runs."""
+
+    def __init__(self, rows: dict[int, int], bitmask: torch.Tensor, done: Future | None):
+        self.rows = rows  # row index -> its line in `bitmask`
+        self.bitmask = bitmask
+        self.done = done
+
+    @property
+    def constrains(self) -> bool:
+        return bool(self.rows)
+
+    def apply(self, logits: torch.Tensor, row_indexes: list[int]) -> None:
+        """Set to -inf, in place, what each constrained row may not take; logits[i] is row_indexes[i]'s."""
+        at = [(i, self.rows[row]) for i, row in enumerate(row_indexes) if row in self.rows]
+        if not at:
+            return
+        self.done.result()
+        positions = torch.tensor([i for i, _ in at], device=logits.device)
+        words = self.bitmask[[line for _, line in at]].to(logits.device)  # [rows, vocab / 32] int32
+        bits = (words.unsqueeze(-1) >> torch.arange(32, device=logits.device, dtype=torch.int32)) & 1
+        allowed = bits.reshape(len(at), -1)[:, : logits.shape[1]].bool()
+        logits[positions] = logits[positions].masked_fill(~allowed, float("-inf"))
+
+
+class Grammars:
+    """The matchers of the constrained rows."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, eos_ids: frozenset[int], rows: int
+    ):
+        self.hf_tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_ids = eos_ids
+        self.rows = rows
+        self.matchers: dict[int, llguidance.LLMatcher] = {}
+        self._tokenizer: llguidance.LLTokenizer | None = None  # made at the first grammar (about 0.3 s)
+        self._executor: llguidance.LLExecutor | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._bitmask: torch.Tensor | None = None
+
+    def matcher(self, grammar: str | None) -> llguidance.LLMatcher | None:
+        """A matcher at the start of this grammar (None for none); GrammarError if it cannot be used."""
+        if grammar is None:
+            return None
+        matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0, limits=LIMITS)
+        if matcher.is_error():
+            raise GrammarError(f"invalid grammar: {matcher.get_error()}")
+        return matcher
+
+    def attach(self, row: int, matcher: llguidance.LLMatcher | None) -> None:
+        """The row's new request follows this matcher's grammar (None: no grammar)."""
+        self.matchers.pop(row, None)
+        if matcher is not None:
+            self.matchers[row] = matcher
+
+    def release(self, row: int) -> None:
+        self.matchers.pop(row, None)
+
+    def start_masks(self, row_indexes: list[int]) -> PendingMasks:
+        """Begin computing the masks of the constrained rows among these (those about to sample)."""
+        lines = {row: line for line, row in enumerate(r for r in row_indexes if r in self.matchers)}
+        if not lines:
+            return PendingMasks({}, torch.empty(0), None)
+        if self._bitmask is None:
+            self._bitmask = llguidance.torch.allocate_token_bitmask(self.rows, self.vocab_size)
+            self._executor = llguidance.LLExecutor()
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        work = [(self.matchers[row], line) for row, line in lines.items()]
+        fill = llguidance.torch.fill_next_token_bitmask_par
+        done = self._thread.submit(fill, self._executor, work, self._bitmask)
+        return PendingMasks(lines, self._bitmask, done)
+
+    def consume(self, row: int, token: int) -> bool:
+        """The row drew this token; whether its grammar is now complete (it allows nothing more).
+
+        GrammarError if the grammar does not allow the token (a row whose every allowed token another
+        setting had cut, such as min_tokens against a grammar that must end)."""
+        matcher = self.matchers.get(row)
+        if matcher is None:
+            return False
+        if not matcher.consume_token(token):
+            raise GrammarError(f"the grammar does not allow token {token}: {matcher.get_error()}")
+        return matcher.is_stopped()
+
+    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = llguidance.hf.from_tokenizer(
+                self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
+            )
+        return self._tokenizer

@@ -1,0 +1,104 @@
+"""What a request asks its output to follow: a JSON schema, any JSON object, a regex, a choice or a Lark
+grammar, as the llguidance grammar the backend decodes under (backend/grammar.py).
+
+OpenAI's `response_format` (`json_object`, `json_schema`), vLLM's `guided_json`, `guided_regex`,
+`guided_choice` and `guided_grammar`, and the native API's `json_schema`. A grammar llguidance cannot
+enforce (a schema keyword it does not implement, a regex it cannot parse) is a 400 naming the field and
+what is wrong, never an answer that silently follows less than was asked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+
+from backend.messages import InvalidParams
+
+# One spacing only, as `json.dumps` writes it: a model free to add whitespace anywhere may spend its
+# whole budget on it (small models at temperature 1 do).
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
+    """The grammar asked for by the first of `fields` present (None: free text); a 400 if more than one
+    is, or if the one given cannot be enforced."""
+    given = [name for name in fields if data.get(name) is not None]
+    if len(given) > 1:
+        raise InvalidParams(given[1], f"{given[0]} and {given[1]} cannot be combined: give one")
+    if not given:
+        return None
+    name = given[0]
+    value = data[name]
+    if name == "response_format":
+        return _response_format(value)
+    if name in ("guided_json", "json_schema"):
+        return json_schema_grammar(_schema(value, name), name)
+    if name == "guided_regex":
+        return _checked(llguidance.LLMatcher.grammar_from_regex(_text(value, name)), name)
+    if name == "guided_choice":
+        return choice_grammar(value, name)
+    return _checked(llguidance.LLMatcher.grammar_from_lark(_text(value, name)), name)  # guided_grammar
+
+
+def json_schema_grammar(schema: dict[str, Any], param: str) -> str:
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)
+    except ValueError as error:
+        raise InvalidParams(param, f"{param} is not a usable JSON schema: {error}") from None
+    return _checked(grammar, param)
+
+
+def choice_grammar(choices: Any, param: str) -> str:
+    if not (isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices)):
+        raise InvalidParams(param, f"{param} must be a non-empty list of non-empty strings")
+    lark = "start: " + " | ".join(json.dumps(choice) for choice in choices)
+    return _checked(llguidance.LLMatcher.grammar_from_lark(lark), param)
+
+
+def _response_format(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_schema_grammar({"type": "object"}, "response_format")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise InvalidParams(
+                "response_format.json_schema", "response_format.json_schema must be an object with a schema"
+            )
+        param = "response_format.json_schema.schema"
+        return json_schema_grammar(_schema(spec.get("schema"), param), param)
+    raise InvalidParams(
+        "response_format",
+        'response_format must be {"type": "text"}, {"type": "json_object"} or '
+        '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+    )
+
+
+def _schema(value: Any, param: str) -> dict[str, Any]:
+    if isinstance(value, str):  # vLLM takes guided_json as a JSON string too
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise InvalidParams(param, f"{param} is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidParams(param, f"{param} must be a JSON schema (an object)")
+    return value
+
+
+def _text(value: Any, param: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidParams(param, f"{param} must be a non-empty string")
+    return value
+
+
+def _checked(grammar: str, param: str) -> str:
+    """The grammar, if llguidance can enforce all of it; else a 400 saying what it cannot."""
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise InvalidParams(param, f"{param} cannot be enforced: {error}")
+    return grammar

@@ -1,0 +1,86 @@
+"""Constrained decoding in the engine (backend/grammar.py), on the default model: output that follows
+its grammar, and rows beside it that are not changed by it."""
+
+import json
+
+import jsonschema
+import llguidance
+import pytest
+
+from backend.messages import SamplingParams, Submit
+from inference_api.structured_output import json_schema_grammar
+from tests.backend.models import drive, text_of
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "colour": {"enum": ["red", "green", "blue"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3},
+    },
+    "required": ["name", "age", "colour", "tags"],
+    "additionalProperties": False,
+}
+PROMPT = "<|im_start|>user\nDescribe a person as JSON.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def json_schema(schema: dict) -> str:
+    return json_schema_grammar(schema, "json_schema")  # as the frontend makes it
+
+
+def run(engine, requests: dict[str, tuple[str, SamplingParams]]) -> dict[str, list]:
+    ids = {name: tuple(engine.tokenizer(prompt).input_ids) for name, (prompt, _) in requests.items()}
+    return drive(engine, [(0, Submit(name, ids[name], params)) for name, (_, params) in requests.items()])
+
+
+def test_sampled_json_follows_the_schema_every_time(default_engine):
+    params = [
+        SamplingParams(temperature=1.0, seed=seed, max_tokens=120, grammar=json_schema(PERSON))
+        for seed in range(20)
+    ]
+    pieces = run(default_engine, {f"s{i}": (PROMPT, p) for i, p in enumerate(params)})
+    for name, answer in pieces.items():
+        assert answer[-1].finish_reason == "stop", f"{name} did not complete: {text_of(answer)!r}"
+        jsonschema.validate(json.loads(text_of(answer)), PERSON)
+
+
+def test_a_completed_grammar_ends_the_answer_even_when_eos_is_ignored(default_engine):
+    grammar = llguidance.LLMatcher.grammar_from_regex("(yes|no)")
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, grammar=grammar)
+    [answer] = run(default_engine, {"r": ("Is water wet? Answer yes or no: ", params)}).values()
+    assert text_of(answer) in ("yes", "no")
+    assert answer[-1].finish_reason == "stop" and answer[-1].completion_tokens <= 2
+
+
+def test_unconstrained_rows_are_token_for_token_what_they_are_alone(default_engine):
+    free = {f"free{i}": SamplingParams(temperature=0.9, seed=100 + i, max_tokens=16) for i in range(16)}
+    constrained = {
+        f"json{i}": SamplingParams(temperature=1.0, seed=i, max_tokens=16, grammar=json_schema(PERSON))
+        for i in range(16)
+    }
+    prompt = "Write one sentence about the sea."
+    together = run(default_engine, {name: (prompt, p) for name, p in {**free, **constrained}.items()})
+    for name, params in free.items():
+        alone = run(default_engine, {name: (prompt, params)})
+        assert text_of(together[name]) == text_of(alone[name]), name
+    for name in constrained:
+        assert text_of(together[name]).startswith("{")
+
+
+def test_a_grammar_the_matcher_cannot_start_from_fails_that_request_alone(default_engine):
+    broken = SamplingParams(temperature=0, max_tokens=5, grammar="start: (((")
+    fine = SamplingParams(temperature=0, max_tokens=5)
+    pieces = run(default_engine, {"broken": ("Hello", broken), "fine": ("Hello", fine)})
+    assert pieces["broken"][-1].finish_reason == "error"
+    assert "grammar" in pieces["broken"][-1].error
+    assert pieces["fine"][-1].finish_reason == "length" and text_of(pieces["fine"])
+
+
+@pytest.mark.parametrize("choices", [("Paris", "London", "Berlin"), ("positive", "negative")])
+def test_a_choice_is_one_of_the_choices(default_engine, choices):
+    lark = "start: " + " | ".join(json.dumps(choice) for choice in choices)
+    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=10, grammar=grammar)
+    [answer] = run(default_engine, {"c": ("The capital of France is", params)}).values()
+    assert text_of(answer) in choices
