@@ -42,12 +42,26 @@ class ChatTemplate:
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = _strftime_now
         self.template = environment.from_string(source)
+        self.source = source
         self.special_tokens = special_tokens or {}
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the template renders a `tools` argument (else tool_calls.py describes them itself)."""
+        return "tools" in self.source
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         try:
             return self.template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                tools=tools,
+                **self.special_tokens,
             )
         except TemplateError as error:
             raise ChatTemplateError(str(error)) from None

@@ -21,6 +21,7 @@ from inference_api.generation import event_stream, read_request, serving_now, ss
 from inference_api.openai_logprobs import ChatLogprobs, CompletionLogprobs
 from inference_api.openai_request import OpenAIRequest, parse_chat_request, parse_completion_request
 from inference_api.router import Serving
+from inference_api.tool_calls import ToolCallReader
 
 bp = Blueprint("openai_api", __name__, url_prefix="/v1")
 STARTED = int(time.time())
@@ -66,10 +67,19 @@ class Completion:
     def opening(self, index: int) -> dict[str, Any] | None:
         return None
 
-    def choice(self, index: int, text: str, finish_reason: str, logprobs: Any = None) -> dict[str, Any]:
+    def choice(
+        self, index: int, text: str, finish_reason: str, logprobs: Any = None, tool_calls: list | None = None
+    ) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def delta(self, index: int, text: str, finish_reason: str | None, logprobs: Any = None) -> dict[str, Any]:
+    def delta(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: Any = None,
+        tool_calls: list | None = None,
+    ) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -95,12 +105,27 @@ class ChatCompletion:
             "finish_reason": None,
         }
 
-    def choice(self, index: int, text: str, finish_reason: str, logprobs: Any = None) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text}
+    def choice(
+        self, index: int, text: str, finish_reason: str, logprobs: Any = None, tool_calls: list | None = None
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_calls:  # as OpenAI's: content null unless the model also wrote text
+            message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
+            finish_reason = "tool_calls"
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def delta(self, index: int, text: str, finish_reason: str | None, logprobs: Any = None) -> dict[str, Any]:
-        delta = {"content": text} if text else {}
+    def delta(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: Any = None,
+        tool_calls: list | None = None,
+    ) -> dict[str, Any]:
+        delta: dict[str, Any] = {"content": text} if text else {}
+        if tool_calls:  # each whole, in one chunk, with its index among the calls
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
+            finish_reason = "tool_calls"
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -113,9 +138,19 @@ class ChoiceOutput:
     ):
         self.echo = openai_request.prompt_texts[index // openai_request.n] if openai_request.echo else ""
         self.writer = api.logprobs(openai_request, serving, index) if openai_request.logprobs else None
+        self.tools = ToolCallReader(openai_request.tools) if openai_request.tools else None
+        self.tool_calls: list[dict[str, Any]] = []  # set at the last piece
 
     def text(self, piece: Piece) -> str:
+        """The content this piece adds (with tools, text that may be a call is held back until the end,
+        then `tool_calls` holds the calls it was)."""
         text, self.echo = self.echo + piece.text, ""
+        if self.tools is None:
+            return text
+        text = self.tools.feed(text)
+        if piece.finished:
+            rest, self.tool_calls = self.tools.finish()
+            text += rest
         return text
 
     def entries(self, piece: Piece) -> tuple:
@@ -184,7 +219,13 @@ def _whole(
         created=int(time.time()),
         model=serving.backend.model_name,
         choices=[
-            api.choice(i, "".join(parts), finish_reasons[i], outputs[i].logprobs(tuple(entries[i])))
+            api.choice(
+                i,
+                "".join(parts),
+                finish_reasons[i],
+                outputs[i].logprobs(tuple(entries[i])),
+                outputs[i].tool_calls,
+            )
             for i, parts in enumerate(texts)
         ],
         usage=usage.as_dict(),
@@ -235,7 +276,8 @@ def _events(
             text, entries = outputs[index].text(piece), outputs[index].entries(piece)
             if text or entries or piece.finished:
                 logprobs = outputs[index].logprobs(entries)
-                yield chunk([api.delta(index, text, piece.finish_reason, logprobs)])
+                calls = outputs[index].tool_calls
+                yield chunk([api.delta(index, text, piece.finish_reason, logprobs, calls)])
         if openai_request.include_usage:
             yield chunk([], usage=usage.as_dict())
         yield b"data: [DONE]\n\n"

@@ -22,6 +22,13 @@ from inference_api.fields import read_bool, read_integer, read_number, read_stop
 from inference_api.router import Serving
 from inference_api.structured_output import GUIDED_FIELDS, read_grammar
 from inference_api.tokenizer import stop_token_ids_of
+from inference_api.tool_calls import (
+    ToolRequest,
+    read_tool_calls,
+    read_tool_request,
+    template_messages,
+    tools_system_prompt,
+)
 from inference_api.unsupported_fields import reject_unsupported
 
 MAX_CHOICES = 16
@@ -47,6 +54,7 @@ class OpenAIRequest:
     include_usage: bool
     echo: bool = False  # completions: the prompt comes back before the completion...
     prompt_texts: tuple[str, ...] = ()  # ...as this text (the prompt as sent, or its ids decoded)
+    tools: ToolRequest | None = None  # chat: the tools offered, and how the answer becomes calls
 
     @property
     def logprobs(self) -> bool:
@@ -88,8 +96,30 @@ def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRe
 
 def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     reject_unsupported(data, "chat")
-    prompt_ids = chat_prompt_ids(data, serving)
-    return _common(data, serving, [prompt_ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))
+    template = serving.chat_template
+    tool_request = read_tool_request(data, template.source)
+    messages = template_messages(read_messages(data.get("messages")), template.source)
+    tools = None
+    if tool_request is not None and template.takes_tools:
+        tools = tool_request.tools
+    elif tool_request is not None:  # a template that knows no tools: they go in a system message
+        messages = with_system_text(messages, tools_system_prompt(tool_request.tools))
+    prompt_ids = chat_ids(messages, serving, "messages", tools=tools)
+    request = _common(data, serving, [prompt_ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))
+    grammar = tool_request.grammar if tool_request is not None else None
+    if grammar is not None and request.params.grammar is not None:
+        raise InvalidParams(
+            "tool_choice", "a required or named tool_choice cannot be combined with response_format"
+        )
+    params = request.params if grammar is None else replace(request.params, grammar=grammar)
+    return replace(request, params=params, tools=tool_request)
+
+
+def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """The messages with this text at the end of their system message (one is added if none)."""
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def chat_prompt_ids(
@@ -104,17 +134,18 @@ def chat_prompt_ids(
 
 
 def chat_ids(
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     serving: Serving,
     param: str,
     add_generation_prompt: bool = True,
     add_special_tokens: bool = False,
     continuation: str = "",
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """{role, content} messages (roles system, user, assistant, tool) through the model's chat template, as
     token ids; `continuation` follows the generation prompt: text the answer goes on from (a prefill)."""
     try:
-        text = serving.chat_template.render(messages, add_generation_prompt)
+        text = serving.chat_template.render(messages, add_generation_prompt, tools)
     except ChatTemplateError as error:
         raise InvalidParams(param, f"the model's chat template refused the {param}: {error}") from None
     # The rendered template already holds its special tokens (apply_chat_template does the same).
@@ -269,7 +300,7 @@ def read_messages(
     param: str = "messages",
     roles: tuple[str, ...] = ROLES,
     text_types: tuple[str, ...] = ("text",),
-) -> list[dict[str, str]]:
+) -> list[dict[str, Any]]:
     """A non-empty list of {role, content} objects as the chat template takes them: each content as
     one text (`text_content`), developer read as system. Other fields of a message are ignored."""
     if value is None:
@@ -279,7 +310,7 @@ def read_messages(
     return [_message(message, f"{param}[{i}]", roles, text_types) for i, message in enumerate(value)]
 
 
-def _message(message: Any, param: str, roles: tuple[str, ...], text_types: tuple[str, ...]) -> dict[str, str]:
+def _message(message: Any, param: str, roles: tuple[str, ...], text_types: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise InvalidParams(param, f"{param} must be an object with role and content")
     role = message.get("role")
@@ -287,10 +318,16 @@ def _message(message: Any, param: str, roles: tuple[str, ...], text_types: tuple
         raise InvalidParams(f"{param}.role", f"{param}.role must be one of {', '.join(roles)}, got {role!r}")
     if message.get("content") is None and role != "assistant":  # only an assistant turn may be empty
         raise InvalidParams(f"{param}.content", f"{param}.content is required in a {role} message")
-    return {
+    shaped: dict[str, Any] = {
         "role": "system" if role == "developer" else role,
         "content": text_content(message.get("content"), f"{param}.content", text_types),
     }
+    # A conversation with tools: the calls an assistant made, and which call a tool message answers.
+    if role == "assistant" and message.get("tool_calls") is not None and "tool" in roles:
+        shaped["tool_calls"] = read_tool_calls(message["tool_calls"], f"{param}.tool_calls")
+    if role == "tool" and isinstance(message.get("tool_call_id"), str):
+        shaped["tool_call_id"] = message["tool_call_id"]
+    return shaped
 
 
 def text_content(content: Any, param: str, text_types: tuple[str, ...] = ("text",)) -> str:

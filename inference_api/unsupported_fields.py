@@ -52,8 +52,6 @@ UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
     # The legacy completions API (and best_of other than n, in openai_request.py).
     "completions": {"suffix": Unsupported(lambda value: value != "")},
     "chat": {
-        "tools": Unsupported(lambda value: value != []),
-        "tool_choice": Unsupported(lambda value: value != "none"),
         "functions": Unsupported(lambda value: value != []),
         "function_call": Unsupported(lambda value: value != "none"),
         "audio": Unsupported(_always),

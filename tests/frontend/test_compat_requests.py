@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from backend.messages import BackendReady, InvalidParams
+from backend.stop_matcher import StopMatcher
 from inference_api.anthropic_request import parse_messages_request
 from inference_api.chat_template import load_chat_template
-from inference_api.generation import NamedStopMatcher
 from inference_api.llama_stack_request import parse_chat_completion, parse_completion
 from inference_api.responses_request import parse_responses_request
 from inference_api.router import Serving
@@ -26,12 +26,12 @@ def prompt(ids: list[int]) -> str:
 
 
 def test_the_stop_sequence_named_is_the_one_that_cut_the_text_across_pieces():
-    matcher = NamedStopMatcher(("lazy dog", "brown"))
+    matcher = StopMatcher(("lazy dog", "brown"))
     released = [matcher.feed(piece) for piece in ("The quick br", "o", "wn fox")]
     assert released == ["The quick ", "", ""] and matcher.stopped and matcher.matched == "brown"
-    first_of_two = NamedStopMatcher(("ab", "abc"))  # both start where the text is cut: the first listed
+    first_of_two = StopMatcher(("ab", "abc"))  # both start where the text is cut: the first listed
     assert first_of_two.feed("xxabc") == "xx" and first_of_two.matched == "ab"
-    never = NamedStopMatcher(("zz",))
+    never = StopMatcher(("zz",))
     assert never.feed("buzz") == "bu" and never.matched == "zz"
 
 

@@ -746,7 +746,12 @@ CHECKED_BODIES = {
     "chat-tools": (
         "/v1/chat/completions",
         {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},
-        "tools",
+        None,
+    ),
+    "chat-tools-bad-name": (
+        "/v1/chat/completions",
+        {**CHAT, "tools": [{"type": "function", "function": {"name": "f g"}}]},
+        "tools[0].function.name",
     ),
     "chat-tool-choice": ("/v1/chat/completions", {**CHAT, "tool_choice": "auto"}, "tool_choice"),
     "chat-functions": ("/v1/chat/completions", {**CHAT, "functions": [{"name": "f"}]}, "functions"),

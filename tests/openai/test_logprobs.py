@@ -147,7 +147,7 @@ def test_frequency_penalty_breaks_a_repetition(client):
     "fields, param",
     [
         ({"response_format": {"type": "xml"}}, "response_format"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"logit_bias": {"999999": 5}}, "logit_bias"),

@@ -1,0 +1,159 @@
+"""Tool calling with the official openai client on the default model: named and required calls decoded
+under the tools' schemas, the round trip through the chat template, streamed calls, and bad tools."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from tests.openai.conftest import MODEL
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The current time in a time zone.",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 30}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def schema_of(name: str) -> dict:
+    return next(t["function"]["parameters"] for t in (WEATHER, TIME) if t["function"]["name"] == name)
+
+
+def test_a_named_tool_choice_returns_valid_arguments(client):
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        max_tokens=100,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), schema_of("get_weather"))
+
+
+def test_required_makes_one_valid_call_to_one_of_the_tools(client):
+    for seed in range(3):
+        completion = client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            temperature=1.0,
+            seed=seed,
+            max_tokens=100,
+        )
+        [call] = completion.choices[0].message.tool_calls
+        assert call.function.name in ("get_weather", "get_time")
+        jsonschema.validate(json.loads(call.function.arguments), schema_of(call.function.name))
+
+
+def test_streamed_tool_call_deltas_reassemble_to_the_same_call(client):
+    fields = dict(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        max_tokens=100,
+    )
+    whole = client.chat.completions.create(**fields).choices[0].message.tool_calls[0]
+    name, arguments, finish = "", "", None
+    for chunk in client.chat.completions.create(stream=True, **fields):
+        for delta_call in chunk.choices[0].delta.tool_calls or []:
+            name += delta_call.function.name or ""
+            arguments += delta_call.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (name, arguments, finish) == (whole.function.name, whole.function.arguments, "tool_calls")
+
+
+def test_a_round_trip_through_the_chat_template(client):
+    call = (
+        client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=100
+        )
+        .choices[0]
+        .message.tool_calls[0]
+    )
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'},
+    ]
+    answer = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=30
+    )
+    choice = answer.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    # The call and its result reached the prompt: more prompt tokens than the question alone.
+    alone = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1)
+    assert answer.usage.prompt_tokens > alone.usage.prompt_tokens + 20
+
+
+def test_auto_lets_the_model_answer_in_text(client):
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello."}],
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=20,
+    )
+    choice = completion.choices[0]
+    assert choice.message.content and "<tool_call>" not in choice.message.content
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function"}]}, "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER, WEATHER]}, "tools"),
+    ],
+)
+def test_bad_tools_are_a_400_naming_the_field(client, fields, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, **fields)
+    assert raised.value.body["param"] == param
