@@ -54,6 +54,18 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a message in a 
 # What an evaluation harness or a careful client adds to every request: the run "with logprobs and
 # penalties" sends these, to measure what they cost against the plain run.
 SCORED_FIELDS = {"logprobs": 5, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1}
+# The run "with a JSON schema" constrains every request to it (structured outputs): the story goes in
+# a string, so answers stay long; a request that closes its object early ends early, which is why the
+# runs count tokens as the text chunks received.
+STORY_SCHEMA = {
+    "type": "object",
+    "properties": {"title": {"type": "string", "maxLength": 40}, "story": {"type": "string"}},
+    "required": ["title", "story"],
+    "additionalProperties": False,
+}
+CONSTRAINED_FIELDS = {
+    "response_format": {"type": "json_schema", "json_schema": {"name": "story", "schema": STORY_SCHEMA}}
+}
 
 
 @dataclass
@@ -133,6 +145,7 @@ def stream_one(
             if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0].get("text"):
                 arrivals.append(time.perf_counter())
     with lock:
+        level.tokens += len(arrivals)  # a chunk a token, for these requests (no stop sequences)
         level.first_token.append(arrivals[0] - started)
         level.between_tokens.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
 
@@ -170,7 +183,6 @@ def closed_loop(
     for thread in threads:
         thread.join()
     level.seconds = time.perf_counter() - started
-    level.tokens = concurrency * requests_each * tokens
     return level
 
 
@@ -259,6 +271,7 @@ class Results:
     ceiling: float
     spread: Level | None = None
     scored: Level | None = None  # 32 streams, every request with SCORED_FIELDS
+    constrained: Level | None = None  # 32 streams, every request with CONSTRAINED_FIELDS
     naive: list[Level] = field(default_factory=list)
     llama: list[Level] = field(default_factory=list)
     memory: tuple[int, int] | None = None
@@ -353,6 +366,8 @@ def report(args, model: str, results: Results, plots: list[str]) -> str:
         lines += table([("32, arrivals spread out", results.spread)])[2:]
     if results.scored:
         lines += table([("32, logprobs 5 and penalties", results.scored)])[2:]
+    if results.constrained:
+        lines += table([("32, a JSON schema", results.constrained)])[2:]
     at_32 = results.at(32)
     lines += [
         "",
@@ -364,6 +379,12 @@ def report(args, model: str, results: Results, plots: list[str]) -> str:
         lines.append(
             f"32 streams with `{json.dumps(SCORED_FIELDS)}` on every request: "
             f"{results.scored.tokens_per_second / at_32.tokens_per_second:.0%} of the plain run's tokens/s."
+        )
+    if at_32 and results.constrained:
+        lines.append(
+            f"32 streams with `response_format` a JSON schema (`{json.dumps(STORY_SCHEMA)}`) on every "
+            f"request: {results.constrained.tokens_per_second / at_32.tokens_per_second:.0%} of the "
+            "plain run's tokens/s."
         )
     lines += time_to_first_token_bound(results)
     for name, which in (
@@ -450,6 +471,10 @@ def measure_server(args, url: str, model: str, pid: int | None) -> Results:
             total=32 * args.requests, desc="server: 32 streams, logprobs and penalties", unit="req"
         ) as bar:
             results.scored = closed_loop(url, model, 32, args.requests, args.tokens, bar, extra=SCORED_FIELDS)
+        with tqdm(total=32 * args.requests, desc="server: 32 streams, a JSON schema", unit="req") as bar:
+            results.constrained = closed_loop(
+                url, model, 32, args.requests, args.tokens, bar, extra=CONSTRAINED_FIELDS
+            )
         one_request = at_32.seconds / args.requests
         with tqdm(total=32 * 3, desc="server: 32 streams, arrivals spread out", unit="req") as bar:
             results.spread = closed_loop(url, model, 32, 3, args.tokens, bar, spread=one_request)
