@@ -54,12 +54,16 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a message in a 
 # What an evaluation harness or a careful client adds to every request: the run "with logprobs and
 # penalties" sends these, to measure what they cost against the plain run.
 SCORED_FIELDS = {"logprobs": 5, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1}
-# The run "with a JSON schema" constrains every request to it (structured outputs): the story goes in
-# a string, so answers stay long; a request that closes its object early ends early, which is why the
-# runs count tokens as the text chunks received.
+# The run "with a JSON schema" constrains every request to it (structured outputs): the story is a
+# string at least 400 characters long, so that an answer runs to its 64 tokens as the plain run's do
+# (an answer that closed its object early would end early and measure admissions, not decoding). The
+# runs count tokens as the text chunks received all the same.
 STORY_SCHEMA = {
     "type": "object",
-    "properties": {"title": {"type": "string", "maxLength": 40}, "story": {"type": "string"}},
+    "properties": {
+        "title": {"type": "string", "maxLength": 40},
+        "story": {"type": "string", "minLength": 400},
+    },
     "required": ["title", "story"],
     "additionalProperties": False,
 }
@@ -419,8 +423,10 @@ def write_report(path: Path, text: str, start: str = START, end: str = END) -> N
     (a page without them gets the block at its end). The other benchmarks pass their own markers."""
     block = f"{start}\n{text}\n{end}"
     page = path.read_text() if path.exists() else ""
-    if start in page and end in page:
-        page = page[: page.index(start)] + block + page[page.index(end) + len(end) :]
+    begins = page.find(start)
+    ends = page.find(end, begins) if begins >= 0 else -1  # the end after the start, not a stray one
+    if ends >= 0:
+        page = page[:begins] + block + page[ends + len(end) :]
     else:
         page = (page + "\n" if page else "") + block + "\n"
     path.write_text(page)

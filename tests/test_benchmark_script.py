@@ -76,3 +76,19 @@ def test_perplexity_is_the_exponent_of_the_mean_loss_of_each_window():
     expected = torch.tensor(losses).mean().exp().item()
     assert abs(perplexity(model, token_ids, window=16) - expected) < 1e-3 * expected
     assert len(TEXT.read_text().split()) > 3000  # the fixed text ships with the script
+
+
+def test_a_report_replaces_its_own_block_only(tmp_path):
+    """Another benchmark's end marker before this one's block must not make the block repeat what lies
+    between (docs/performance.md once grew a copy of its sections that way)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from benchmark import write_report
+
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- b:start -->\nold b\n<!-- b:end -->\nmiddle\n<!-- a:end -->\ntail\n")
+    write_report(page, "A1", "<!-- a:start -->", "<!-- a:end -->")  # a stray end: the block goes last
+    write_report(page, "A2", "<!-- a:start -->", "<!-- a:end -->")
+    write_report(page, "B2", "<!-- b:start -->", "<!-- b:end -->")
+    text = page.read_text()
+    assert text.count("middle") == 1 and text.count("tail") == 1 and text.count("intro") == 1
+    assert "A2" in text and "A1" not in text and "B2" in text and "old b" not in text
