@@ -22,6 +22,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from backend.decoder_runner import DecoderRunner
+from backend.embeddings import embed
 from backend.grammar import GrammarError, Grammars, PendingMasks
 from backend.heap import reuse_freed_memory
 from backend.logits_processors import LogitsProcessors
@@ -98,6 +99,7 @@ class Engine:
         self.rows: list[Row | None] = [None] * rows
         self.prefixes = PrefixIndex(rows, prefix_reuse)
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
+        self.embedding_waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
 
@@ -141,22 +143,28 @@ class Engine:
             self._reject(
                 request, f"logit_bias or stop_token_ids name ids outside the vocabulary of {self.vocab_size}"
             )
-        elif request.request_id in self.waiting or self._row_of(request.request_id) is not None:
+        elif (
+            request.request_id in self.waiting
+            or request.request_id in self.embedding_waiting
+            or self._row_of(request.request_id) is not None
+        ):
             self._reject(request, f"request id {request.request_id!r} is already in use")
+        elif request.params.embedding is not None:
+            self.embedding_waiting[request.request_id] = request
         else:
             self.waiting[request.request_id] = request
 
     def cancel(self, request_id: str) -> None:
         """End a request; its row is freed at the next step."""
-        if request_id in self.waiting:
-            del self.waiting[request_id]
+        if request_id in self.waiting or request_id in self.embedding_waiting:
+            self.waiting.pop(request_id, None) or self.embedding_waiting.pop(request_id)
             self.undelivered.append(Piece(request_id, "", "cancelled"))
         elif (row := self._row_of(request_id)) is not None:
             row.cancelled = True
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.undelivered or self.active_rows)
+        return bool(self.waiting or self.embedding_waiting or self.undelivered or self.active_rows)
 
     @property
     def active_rows(self) -> list[Row]:
@@ -180,6 +188,7 @@ class Engine:
             prefilling = continuing + admitted
             if decoding or prefilling:
                 pieces += self._step_rows(decoding, prefilling)
+            pieces += self._embed_waiting()
         except BaseException:
             self.undelivered = pieces + self.undelivered  # decided before the failure: sent next step
             raise
@@ -208,6 +217,34 @@ class Engine:
         else:
             groups = [([row], []) for row in decoding]
         return [piece for group in groups if group[0] or group[1] for piece in self._step_rows(*group)]
+
+    def _embed_waiting(self) -> list[Piece]:
+        """Embed the oldest waiting embedding requests, up to the prefill budget in tokens (at least one),
+        a batch per pooling; a batch that fails ends its requests alone with an error."""
+        batch, tokens = [], 0
+        while self.embedding_waiting:
+            request = next(iter(self.embedding_waiting.values()))
+            if batch and tokens + len(request.prompt_ids) > self.max_prefill_tokens:
+                break
+            batch.append(self.embedding_waiting.pop(request.request_id))
+            tokens += len(request.prompt_ids)
+        pieces = []
+        for pooling in sorted({request.params.embedding for request in batch}):
+            group = [request for request in batch if request.params.embedding == pooling]
+            try:
+                vectors = embed(self.model, [request.prompt_ids for request in group], pooling).tolist()
+            except Exception as error:
+                log.exception("embedding %d prompts failed", len(group))
+                pieces += [
+                    Piece(r.request_id, "", "error", len(r.prompt_ids), error=f"embedding failed: {error}")
+                    for r in group
+                ]
+                continue
+            pieces += [
+                Piece(request.request_id, "", "stop", len(request.prompt_ids), embedding=tuple(vector))
+                for request, vector in zip(group, vectors, strict=True)
+            ]
+        return pieces
 
     def fail_all(self, message: str) -> list[Piece]:
         """A step raised past `_step_rows` (admission, not a row's forward pass): end every request in

@@ -59,6 +59,9 @@ class SamplingParams:
     # Constrained decoding: an llguidance grammar (serialized; the frontend makes it from a JSON schema,
     # regex, choice or Lark grammar) that every generated token must follow (backend/grammar.py)
     grammar: str | None = None
+    # An embedding request (backend/embeddings.py): the prompt's hidden states pooled ("mean" or
+    # "last") into one unit vector, sent as Piece.embedding; nothing is generated
+    embedding: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -212,6 +215,7 @@ class Piece:
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     cached_tokens: int = 0  # prompt tokens not computed: their keys and values were in the cache
     stop_sequence: str | None = None  # the stop string that ended the request (Anthropic's stop_sequence)
+    embedding: tuple[float, ...] | None = None  # an embedding request's vector
 
     @property
     def finished(self) -> bool:

@@ -8,6 +8,7 @@ and writes deterministic text at `mock_tokens_per_second` tokens per row.
 from __future__ import annotations
 
 import collections
+import math
 import multiprocessing
 import time
 from dataclasses import dataclass, field
@@ -49,6 +50,14 @@ MOCK_WORDS = [
 ]
 
 
+def mock_embedding(prompt_ids: tuple[int, ...], size: int = 8) -> tuple[float, ...]:
+    """A unit vector made from the prompt: the same prompt, the same vector (the mock has no model)."""
+    seed = sum((j + 1) * (token + 1) for j, token in enumerate(prompt_ids))
+    raw = [math.sin(seed + i) for i in range(size)]
+    norm = math.sqrt(sum(x * x for x in raw))
+    return tuple(x / norm for x in raw)
+
+
 def mock_token(prompt_ids: tuple[int, ...], index: int) -> str:
     """The `index`-th token of the mock answer to a prompt: a word and a space."""
     start = sum(prompt_ids) % len(MOCK_WORDS)
@@ -70,6 +79,9 @@ class MockRow:
         self.stop = StopMatcher(self.request.params.stop)
 
     def next_piece(self) -> Piece:
+        if self.request.params.embedding is not None:
+            vector = mock_embedding(self.request.prompt_ids)
+            return Piece(self.request.request_id, "", "stop", len(self.request.prompt_ids), embedding=vector)
         if self.request.params.max_tokens == 0:  # a prompt only scored: the mock has no scores to give
             return Piece(self.request.request_id, "", "length", prompt_tokens=len(self.request.prompt_ids))
         self.generated += 1

@@ -92,6 +92,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     parser.add_argument(
         "--torch-threads", type=positive_int, help="CPU threads for the model (default: every core)"
     )
+    parser.add_argument(
+        "--embedding-pooling",
+        choices=["mean", "last"],
+        default="mean",
+        help="/v1/embeddings: the mean of the tokens' last hidden states, or the last token's",
+    )
     parser.add_argument("--mock-tokens-per-second", type=positive_float, default=50.0)
     parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument(
@@ -129,6 +135,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         port=args.port,
         restart_delay=args.restart_delay,
         step_timeout=args.step_timeout,
+        embedding_pooling=args.embedding_pooling,
     )
 
 

@@ -12,6 +12,7 @@ from flask import Flask, Response, current_app, g, request
 from backend.messages import BackendReady
 from inference_api import (
     anthropic_api,
+    embeddings_api,
     llama_stack_api,
     native_api,
     openai_api,
@@ -68,6 +69,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     app.register_blueprint(anthropic_api.bp)
     app.register_blueprint(responses_api.bp)
     app.register_blueprint(llama_stack_api.bp)
+    app.register_blueprint(embeddings_api.bp)
 
     router.start()
     return app

@@ -33,6 +33,7 @@ class ServerConfig:
     # Under gunicorn a backend that cannot start ends the worker with gunicorn's "app failed to load"
     # code, so the whole server exits with the backend's message instead of retrying for ever.
     exit_on_backend_failure: bool = False
+    embedding_pooling: str = "mean"  # /v1/embeddings: the mean of the tokens' hidden states, or the last's
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:
@@ -61,6 +62,7 @@ class ServerConfig:
             restart_delay=float(env.get("INFERENCE_RESTART_DELAY", "1.0")),
             step_timeout=float(env.get("INFERENCE_STEP_TIMEOUT", repr(DEFAULT_STEP_TIMEOUT))),
             exit_on_backend_failure=_bool(env, "INFERENCE_EXIT_ON_BACKEND_FAILURE"),
+            embedding_pooling=env.get("INFERENCE_EMBEDDING_POOLING", "mean"),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -84,6 +86,7 @@ class ServerConfig:
             "INFERENCE_MOCK_TOKENS_PER_SECOND": repr(b.mock_tokens_per_second),
             "INFERENCE_MAX_QUEUE": str(self.max_queue),
             "INFERENCE_MAX_BODY_BYTES": str(self.max_body_bytes),
+            "INFERENCE_EMBEDDING_POOLING": self.embedding_pooling,
             "INFERENCE_HOST": self.host,
             "INFERENCE_PORT": str(self.port),
             "INFERENCE_RESTART_DELAY": repr(self.restart_delay),

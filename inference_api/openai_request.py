@@ -77,8 +77,8 @@ class OpenAIRequest:
 
 def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     reject_unsupported(data, "completions")
-    sent = _prompt_list(data)
-    prompts = [_prompt_ids(prompt, serving, f"prompt[{i}]") for i, prompt in enumerate(sent)]
+    sent = prompt_list(data.get("prompt"))
+    prompts = [prompt_ids(prompt, serving, f"prompt[{i}]") for i, prompt in enumerate(sent)]
     echo = read_bool(data, "echo", False)
     logprobs = read_integer(data, "logprobs", None, 0, MAX_LOGPROBS)
     openai_request = _common(data, serving, prompts, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS, logprobs, echo)
@@ -259,36 +259,36 @@ def token_id_list(value: Any, vocab: int, param: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _prompt_list(data: dict[str, Any]) -> list[str | list[int]]:
-    """`prompt` as a list: a string, a list of strings, a list of token ids, or a list of those."""
-    prompt = data.get("prompt")
-    if prompt is None:
-        raise InvalidParams("prompt", "prompt is required")
-    if isinstance(prompt, str):
-        return [prompt]
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        return [prompt]
-    if isinstance(prompt, list) and prompt:
-        return prompt
-    raise InvalidParams("prompt", "prompt must be a string, a list of strings or a list of token ids")
+def prompt_list(value: Any, param: str = "prompt") -> list[str | list[int]]:
+    """A prompt field as a list: a string, a list of strings, a list of token ids, or a list of those."""
+    if value is None:
+        raise InvalidParams(param, f"{param} is required")
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(_is_integer(t) for t in value):
+        return [value]
+    if isinstance(value, list) and value:
+        return value
+    raise InvalidParams(param, f"{param} must be a string, a list of strings or a list of token ids")
 
 
-def _prompt_ids(prompt: Any, serving: Serving, param: str) -> list[int]:
+def prompt_ids(prompt: Any, serving: Serving, item: str, param: str = "prompt") -> list[int]:
+    """One prompt (`item` of the `param` field) as token ids: a string tokenized, or ids checked."""
     if isinstance(prompt, str):
         if not prompt:
-            raise InvalidParams("prompt", "prompt must not be empty")
+            raise InvalidParams(param, f"{param} must not be empty")
         ids = serving.tokenizer.encode(prompt)
         if not ids:
-            raise InvalidParams("prompt", "prompt gives no tokens")
+            raise InvalidParams(param, f"{param} gives no tokens")
         return ids
     vocab = serving.token_id_limit
     if isinstance(prompt, list) and prompt and all(_is_token(t, vocab) for t in prompt):
         return list(prompt)
-    raise InvalidParams("prompt", f"{param} must be a non-empty string or a list of token ids below {vocab}")
+    raise InvalidParams(param, f"{item} must be a non-empty string or a list of token ids below {vocab}")
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_token(value: Any, vocab: int) -> bool:

@@ -1,5 +1,5 @@
-"""README's curl examples of the Messages, Responses and Llama Stack APIs, run as written through the
-proxy on the real default model, with a token in TOKEN."""
+"""README's curl examples of the Messages, Responses, Llama Stack and embeddings APIs, run as written
+through the proxy on the real default model, with a token in TOKEN."""
 
 from __future__ import annotations
 
@@ -36,12 +36,20 @@ def chat_events_text(output: str) -> str:
     return "".join(event["event"]["delta"]["text"] for event in events)
 
 
+def embeddings_text(output: str) -> str:
+    """The two vectors' lengths, if each is a unit vector (a text, as the other examples give)."""
+    vectors = [item["embedding"] for item in json.loads(output)["data"]]
+    assert len(vectors) == 2 and all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in vectors)
+    return " ".join(str(len(v)) for v in vectors)
+
+
 @pytest.mark.parametrize(
     "marker, text_of",
     [
         ("/v1/messages", message_text),
         ("/v1/responses", response_text),
         ("/inference/chat_completion", chat_events_text),
+        ("/v1/embeddings", embeddings_text),
     ],
 )
 def test_the_readme_example_works_through_the_proxy_as_written(proxy, marker, text_of):

@@ -281,6 +281,12 @@ SUCCESSES = {
     ),
     "chat-nothing-asked": ("post", "/v1/chat/completions", {"json": {**CHAT, **NOTHING_ASKED["chat"]}}),
     "tokenize": ("post", "/tokenize", {"json": TOKENIZE}),
+    "embeddings": ("post", "/v1/embeddings", {"json": {"model": "mock", "input": ["hello", [104, 105]]}}),
+    "embeddings-base64": (
+        "post",
+        "/v1/embeddings",
+        {"json": {"model": "mock", "input": "hello", "encoding_format": "base64"}},
+    ),
     "tokenize-chat": ("post", "/tokenize", {"json": TOKENIZE_CHAT}),
     "detokenize": ("post", "/detokenize", {"json": {"model": "mock", "tokens": [104, 105, 255]}}),
     "detokenize-nothing": ("post", "/detokenize", {"json": {"tokens": []}}),
