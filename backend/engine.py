@@ -5,7 +5,8 @@ Each `step()` reads like the algorithm:
     free the rows of cancelled requests
     plan this step's prompt chunks: rows still prefilling, then waiting requests admitted into free rows
     one forward pass: a token for every decoding row, and the prompt chunks (prefill)
-    sample every row's next token with its own settings
+    sample every row's next token with its own settings (and its grammar, if it has one)
+    embed waiting embedding requests (they take no row)
     free the rows whose requests ended
 
 and returns the text each request gained. The engine does no I/O: the
@@ -156,8 +157,9 @@ class Engine:
 
     def cancel(self, request_id: str) -> None:
         """End a request; its row is freed at the next step."""
-        if request_id in self.waiting or request_id in self.embedding_waiting:
-            self.waiting.pop(request_id, None) or self.embedding_waiting.pop(request_id)
+        waiting = next((line for line in (self.waiting, self.embedding_waiting) if request_id in line), None)
+        if waiting is not None:
+            del waiting[request_id]
             self.undelivered.append(Piece(request_id, "", "cancelled"))
         elif (row := self._row_of(request_id)) is not None:
             row.cancelled = True

@@ -61,6 +61,9 @@ class PendingMasks:
         logits[positions] = logits[positions].masked_fill(~allowed, float("-inf"))
 
 
+NO_MASKS = PendingMasks({}, torch.empty(0), None)  # a step without a constrained row
+
+
 class Grammars:
     """The matchers of the constrained rows."""
 
@@ -99,7 +102,7 @@ class Grammars:
         """Begin computing the masks of the constrained rows among these (those about to sample)."""
         lines = {row: line for line, row in enumerate(r for r in row_indexes if r in self.matchers)}
         if not lines:
-            return PendingMasks({}, torch.empty(0), None)
+            return NO_MASKS
         if self._bitmask is None:
             self._bitmask = llguidance.torch.allocate_token_bitmask(self.rows, self.vocab_size)
             self._executor = llguidance.LLExecutor()

@@ -28,7 +28,7 @@ class StopMatcher:
             released, self.held = self.held[:match_at], ""
             self.stopped = True
             return released
-        keep = self._longest_partial_match()
+        keep = longest_partial_match(self.held, self.stops)
         released = self.held[: len(self.held) - keep]
         self.held = self.held[len(self.held) - keep :]
         return released
@@ -38,12 +38,14 @@ class StopMatcher:
         released, self.held = self.held, ""
         return released
 
-    def _longest_partial_match(self) -> int:
-        """Length of the longest suffix of `held` that is a proper prefix of a stop."""
-        longest = 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(self.held)), longest, -1):
-                if self.held.endswith(stop[:n]):
-                    longest = n
-                    break
-        return longest
+
+def longest_partial_match(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of `text` that is a proper beginning of one of `stops`: what must be
+    held back until the next text shows whether it is one."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest

@@ -17,6 +17,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify
 
 from backend.messages import InvalidParams, SamplingParams
+from inference_api.errors import RETRY_AFTER_NOT_READY, unavailable
 from inference_api.generation import read_request, start_choices
 from inference_api.openai_request import prompt_ids, prompt_list
 from inference_api.router import Serving
@@ -42,7 +43,7 @@ def embeddings() -> Response:
     try:
         for index, piece in pieces:
             if piece.finish_reason == "error":
-                raise InvalidParams("input", f"embedding failed: {piece.error}")
+                raise unavailable(f"embedding failed: {piece.error}", RETRY_AFTER_NOT_READY)
             if piece.embedding is not None:
                 vectors[index] = piece.embedding
     finally:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.messages import InvalidParams
+from backend.stop_matcher import longest_partial_match
 from inference_api.structured_output import json_schema_grammar
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -232,12 +233,9 @@ class ToolCallReader:
 
     def _held_back(self) -> int:
         """How much of the end might begin a call (not sent until the next text says)."""
-        if self.request.parser != "hermes":
-            return len(self.text) - len(self.text.rstrip()) if not self.text.strip() else 0
-        for n in range(min(len(HERMES_OPEN) - 1, len(self.text)), 0, -1):
-            if self.text.endswith(HERMES_OPEN[:n]):
-                return n
-        return 0
+        if self.request.parser != "hermes":  # Llama 3, undecided: the answer is only whitespace so far
+            return len(self.text)
+        return longest_partial_match(self.text, (HERMES_OPEN,))
 
     def _calls(self, text: str) -> list[dict[str, Any]] | None:
         choice = self.request.choice
