@@ -28,7 +28,10 @@ def test_each_input_is_its_pooled_normalised_hidden_state(client, reference_mode
     assert vectors[0].shape == (reference_model.config.hidden_size,)
     for text, vector in zip(texts, vectors, strict=True):
         torch.testing.assert_close(vector, reference(reference_model, tokenizer, text), atol=1e-4, rtol=1e-3)
-    assert torch.equal(vectors[0], vectors[2]) and not torch.allclose(vectors[0], vectors[1])
+    # The same text twice in one batch: equal up to the last bits, which a CPU's matrix
+    # kernels may round differently for different rows of the batch.
+    torch.testing.assert_close(vectors[0], vectors[2], atol=1e-6, rtol=0)
+    assert not torch.allclose(vectors[0], vectors[1], atol=1e-2)
     tokens = sum(len(tokenizer(text).input_ids) for text in texts)
     assert response.usage.prompt_tokens == response.usage.total_tokens == tokens
 
