@@ -4,18 +4,52 @@ An embedding request takes no row: it needs no cache and samples nothing. Each s
 rows' forward pass, the engine embeds the waiting prompts up to its prefill budget in tokens (at
 least one prompt), in one padded forward pass of the model's base (transformers' own, without the
 head), so that embedding requests share the machine with decoding rows instead of stalling them.
+
+With `--embedding-model` the vectors come from a separate model instead (a sentence-embedding
+model, often a BERT-like encoder): whatever transformers' AutoModel loads whose output has
+last_hidden_state, pooled the same way; the frontend tokenizes its inputs with its own tokenizer.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
 POOLINGS = ("mean", "last")  # the mean of every token's hidden state, or the last token's
+DEFAULT_MAX_TOKENS = 512  # for a model whose config names no max_position_embeddings
+
+
+@dataclass(frozen=True)
+class EmbeddingModel:
+    """A separate model that answers embedding requests in place of the served one."""
+
+    name: str  # what an embeddings request's `model` names
+    model: PreTrainedModel
+    tokenizer_path: str  # a directory with its tokenizer.json, for the frontend
+    max_tokens: int  # the most tokens an input may have: its position embeddings
+
+    @classmethod
+    def of(
+        cls, name: str, model: PreTrainedModel, tokenizer_path: str, tokenizer_limit: int | None = None
+    ) -> EmbeddingModel:
+        """`tokenizer_limit`: the tokenizer's model_max_length, where it knows one. RoBERTa-like
+        models say 514 positions and take 512 tokens (their positions start after the padding id)."""
+        config = model.config.get_text_config()
+        max_tokens = getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_TOKENS
+        return cls(name, model.eval(), tokenizer_path, min(max_tokens, tokenizer_limit or max_tokens))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_input_embeddings().num_embeddings
 
 
 def embed(model: PreTrainedModel, prompts: list[tuple[int, ...]], pooling: str) -> torch.Tensor:
-    """[prompts, hidden] unit vectors, float32: each prompt's last-layer hidden states, pooled."""
+    """[prompts, hidden] unit vectors, float32: each prompt's last-layer hidden states, pooled.
+
+    `model` is a causal LM (its base, without the head, runs) or a base model itself (an AutoModel
+    such as BertModel, which is its own base_model)."""
     lengths = torch.tensor([len(prompt) for prompt in prompts], device=model.device)
     input_ids = torch.zeros((len(prompts), int(lengths.max())), dtype=torch.long, device=model.device)
     for i, prompt in enumerate(prompts):

@@ -23,7 +23,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from backend.decoder_runner import DecoderRunner
-from backend.embeddings import embed
+from backend.embeddings import EmbeddingModel, embed
 from backend.grammar import GrammarError, Grammars, PendingMasks
 from backend.heap import reuse_freed_memory
 from backend.logits_processors import LogitsProcessors
@@ -79,7 +79,10 @@ class Engine:
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         prefix_reuse: bool = True,
         kv_cache_dtype: torch.dtype | None = None,
+        embedding_model: EmbeddingModel | None = None,
     ):
+        if embedding_model is not None and embedding_model.name == name:
+            raise ValueError(f"the embedding model and the served model are both named {name!r}")
         self.name = name
         self.tokenizer_path: str | None = None  # set when loaded from a BackendConfig
         reuse_freed_memory()  # big per-step temporaries without a page fault per 4 KiB
@@ -101,17 +104,19 @@ class Engine:
         self.prefixes = PrefixIndex(rows, prefix_reuse)
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.embedding_waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
+        self.embedding_model = embedding_model  # None: embedding requests pool the served model's states
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
 
     @classmethod
     def load(cls, config: BackendConfig) -> Engine:
         """Load the configured model (checking resources first) and warm it up."""
-        from backend.loader import load_model
+        from backend.loader import load_embedding_model, load_model
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         loaded = load_model(config)
+        embedding_model = load_embedding_model(config) if config.embedding_model else None
         engine = cls(
             loaded.model,
             loaded.tokenizer,
@@ -121,6 +126,7 @@ class Engine:
             config.max_prefill_tokens,
             config.prefix_reuse,
             loaded.cache_dtype,
+            embedding_model,
         )
         engine.tokenizer_path = loaded.tokenizer_path
         engine.warm_up()
@@ -130,16 +136,20 @@ class Engine:
 
     def submit(self, request: Submit) -> None:
         prompt_tokens = len(request.prompt_ids)
+        # A separate embedding model takes its own token ids, up to its own length.
+        separate = self.embedding_model if request.params.embedding is not None else None
+        vocab_size = separate.vocab_size if separate else self.vocab_size
         if prompt_tokens == 0:
             self._reject(request, "the prompt is empty")
-        elif prompt_tokens >= self.max_seq_len:
+        elif separate is not None and prompt_tokens > separate.max_tokens:
+            limit = separate.max_tokens
+            self._reject(request, f"the input has {prompt_tokens} tokens; the embedding model takes {limit}")
+        elif separate is None and prompt_tokens >= self.max_seq_len:
             self._reject(
                 request, f"the prompt has {prompt_tokens} tokens; the context holds {self.max_seq_len}"
             )
-        elif not all(0 <= token < self.vocab_size for token in request.prompt_ids):
-            self._reject(
-                request, f"the prompt has token ids outside the model's vocabulary of {self.vocab_size}"
-            )
+        elif not all(0 <= token < vocab_size for token in request.prompt_ids):
+            self._reject(request, f"the prompt has token ids outside the model's vocabulary of {vocab_size}")
         elif not all(0 <= token < self.vocab_size for token in self._named_tokens(request.params)):
             self._reject(
                 request, f"logit_bias or stop_token_ids name ids outside the vocabulary of {self.vocab_size}"
@@ -234,7 +244,8 @@ class Engine:
         for pooling in sorted({request.params.embedding for request in batch}):
             group = [request for request in batch if request.params.embedding == pooling]
             try:
-                vectors = embed(self.model, [request.prompt_ids for request in group], pooling).tolist()
+                model = self.embedding_model.model if self.embedding_model else self.model
+                vectors = embed(model, [request.prompt_ids for request in group], pooling).tolist()
             except Exception as error:
                 log.exception("embedding %d prompts failed", len(group))
                 pieces += [

@@ -23,6 +23,7 @@ import torch
 from dotenv import dotenv_values
 from transformers import (
     AutoConfig,
+    AutoModel,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -30,7 +31,8 @@ from transformers import (
 )
 
 from backend.architectures import check_supported
-from backend.engine import DEFAULT_MAX_SEQ_LEN, context_length
+from backend.cache_size import size_kv_cache
+from backend.embeddings import EmbeddingModel, embed
 from backend.gguf_weights import serve_gguf_weights
 from backend.heap import give_back_freed_memory
 from backend.messages import BackendConfig
@@ -164,7 +166,8 @@ def load_model(config: BackendConfig) -> LoadedModel:
         location, gguf_file = str(converted_dir(source, root)), None
         log.info("loading %s from its converted copy in %s", source.name, location)
     model_config = AutoConfig.from_pretrained(location, gguf_file=gguf_file, token=token)
-    max_seq_len = min(config.max_seq_len or DEFAULT_MAX_SEQ_LEN, context_length(model_config))
+    cache_size = size_kv_cache(config, model_config, cache_dtype)
+    max_seq_len = cache_size.max_seq_len
     check_supported(model_config, max_seq_len)
     check_resources(
         model_config,
@@ -177,6 +180,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
         converting=gguf_file is not None,
     )
 
+    log.info("%s", cache_size.summary())
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(location, gguf_file=gguf_file, token=token)
     model = AutoModelForCausalLM.from_pretrained(
@@ -191,6 +195,35 @@ def load_model(config: BackendConfig) -> LoadedModel:
     quantize_weights(model, source, quantization)
     give_back_freed_memory()
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
+
+
+def load_embedding_model(config: BackendConfig) -> EmbeddingModel:
+    """The separate sentence-embedding model (`--embedding-model`), on the served model's device: whatever
+    transformers' AutoModel loads (an encoder such as BERT, or a decoder's base), in float32 on a CPU
+    (where its vectors are compared with transformers' own), else in the served model's dtype."""
+    source = resolve_model(config.embedding_model)
+    if source.is_gguf:
+        raise ValueError("--embedding-model takes a transformers model directory or hub id, not a GGUF file")
+    device = pick_device(config.device)
+    dtype = torch.float32 if device.type == "cpu" else pick_dtype(config.dtype, device)
+    token = None if Path(source.location).is_dir() else hub_token()
+    log.info("loading the embedding model %s (%s on %s)", source.name, dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(source.location, token=token)
+    model = AutoModel.from_pretrained(source.location, token=token, dtype=dtype).to(device)
+    has_fast_tokenizer = Path(source.location, "tokenizer.json").is_file()
+    root = cache_root(config)
+    tokenizer_path = source.location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
+    # transformers' stand-in for "no limit" is a huge integer
+    limit = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else None
+    try:  # refused at start-up, not at every request; and the first request pays no first-call costs
+        with torch.inference_mode():
+            embed(model, [(0,)], "mean")
+    except Exception as error:
+        raise ValueError(
+            f"--embedding-model {source.name}: its {type(model).__name__} cannot embed "
+            f"(it needs input_ids and attention_mask alone, and last_hidden_state out): {error}"
+        ) from None
+    return EmbeddingModel.of(source.name, model, tokenizer_path, limit)
 
 
 def save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> bool:

@@ -123,6 +123,9 @@ class BackendConfig:
     """What the backend process loads and how many rows it serves."""
 
     model: str | None = None  # None: the default model (SPEC §3)
+    # A separate sentence-embedding model for /v1/embeddings (a directory or hub id that transformers'
+    # AutoModel loads); None: the served model's own hidden states
+    embedding_model: str | None = None
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     kv_cache_dtype: str = "auto"  # auto (float32 on a CPU, else dtype's) | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -131,6 +134,9 @@ class BackendConfig:
     quantize: str = "auto"
     rows: int = 32
     max_seq_len: int | None = None  # per-row capacity; None: min(model context, 2048)
+    # Bytes the KV cache may take (--kv-cache-memory): without max_seq_len, the most positions a row that
+    # fit in it; with max_seq_len, a bound that length must fit in (loader.pick_max_seq_len)
+    kv_cache_memory: int | None = None
     # Prompt tokens a step prefills while rows decode (engine.DEFAULT_MAX_PREFILL_TOKENS says why 128);
     # longer prompts take a chunk a step
     max_prefill_tokens: int = 128
@@ -177,6 +183,17 @@ class BackendReady:
     device: str
     dtype: str
     vocab_size: int | None = None  # token ids the model's embedding takes; None for the mock
+    embedding_model: EmbeddingModelReady | None = None  # None: the served model embeds
+
+
+@dataclass(frozen=True)
+class EmbeddingModelReady:
+    """The separate sentence-embedding model (`--embedding-model`) that answers /v1/embeddings."""
+
+    name: str  # what an embeddings request's `model` names
+    tokenizer_path: str  # a directory with its tokenizer.json, as BackendReady.tokenizer_path
+    max_tokens: int  # the most tokens an input may have (its max_position_embeddings)
+    vocab_size: int  # token ids its embedding takes
 
 
 @dataclass(frozen=True)

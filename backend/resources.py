@@ -115,7 +115,7 @@ def check_resources(
         raise InsufficientResources(
             "not enough resources to serve this model:\n  "
             + "\n  ".join(problems)
-            + "\nLower --rows or --max-seq-len, pick a smaller --dtype, --kv-cache-dtype or model,"
-            " or free some memory."
+            + "\nLower --rows, --max-seq-len or --kv-cache-memory, pick a smaller --dtype, --kv-cache-dtype"
+            " or model, or free some memory."
         )
     return needs

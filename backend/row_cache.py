@@ -57,6 +57,10 @@ class KVShape:
         element = torch.finfo(dtype).bits // 8
         return 2 * self.layers * rows * self.kv_heads * max_seq_len * self.head_dim * element
 
+    def positions_within(self, memory: int, rows: int, dtype: torch.dtype) -> int:
+        """The most positions a row whose keys and values, in every row, fit in `memory` bytes."""
+        return memory // self.bytes(rows, 1, dtype)
+
 
 @dataclass(frozen=True)
 class StepWrite:

@@ -16,6 +16,7 @@ from backend.messages import (
     BackendFailed,
     BackendReady,
     Cancel,
+    EmbeddingModelReady,
     Shutdown,
     StepOutput,
     Submit,
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
     engine = Engine.load(config)
+    embedding = engine.embedding_model
     ready = BackendReady(
         model_name=engine.name,
         rows=config.rows,
@@ -35,6 +37,11 @@ def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
         device=str(engine.device),
         dtype=str(engine.dtype).removeprefix("torch."),
         vocab_size=engine.vocab_size,
+        embedding_model=None
+        if embedding is None
+        else EmbeddingModelReady(
+            embedding.name, embedding.tokenizer_path, embedding.max_tokens, embedding.vocab_size
+        ),
     )
     return engine, ready
 

@@ -19,6 +19,7 @@ from inference_api.config import (
     DEFAULT_PORT,
     DEFAULT_STEP_TIMEOUT,
     ServerConfig,
+    parse_size,
 )
 
 GUNICORN_CONF = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
@@ -45,11 +46,36 @@ def positive_float(text: str) -> float:
     return value
 
 
+def memory_size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"must be {error}") from None
+
+
+def served_name(text: str) -> str:
+    """A name requests may call the model by: in a URL path and in INFERENCE_SERVED_MODEL_NAME, which
+    separates names by spaces."""
+    if not text or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"a model name is non-empty and has no spaces, got {text!r}")
+    return text
+
+
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     parser = argparse.ArgumentParser(prog="python -m inference_api", description=__doc__.split("\n")[0])
     parser.add_argument("--mock", action="store_true", help="the mock backend: no model, no torch")
     parser.add_argument(
         "--model", help="local directory, hub id or GGUF file (default: SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        type=served_name,
+        default=[],
+        metavar="NAME",
+        help="the names requests may give the model (`model`, /predictions/NAME), the first the one "
+        "responses and /ready report; /v1/models lists each (default: the model directory's name, "
+        "the hub id, the GGUF file's stem, or mock)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT)
@@ -76,7 +102,19 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         default=DEFAULT_MAX_QUEUE,
         help="requests that may wait for a row",
     )
-    parser.add_argument("--max-seq-len", type=positive_int, help="tokens per row (prompt + answer)")
+    parser.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        help="tokens per row (prompt + answer); default: the smaller of 2048 and the model's context",
+    )
+    parser.add_argument(
+        "--kv-cache-memory",
+        type=memory_size,
+        metavar="SIZE",
+        help="what the KV cache may take (2GiB, 512MiB, 1.5GB or bytes): without --max-seq-len, rows hold "
+        "the most positions that fit, up to the model's context; with it, that length must fit (the "
+        "start-up log gives the cache's size)",
+    )
     parser.add_argument(
         "--no-prefix-reuse",
         dest="prefix_reuse",
@@ -98,6 +136,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         default="mean",
         help="/v1/embeddings: the mean of the tokens' last hidden states, or the last token's",
     )
+    parser.add_argument(
+        "--embedding-model",
+        help="/v1/embeddings from this sentence-embedding model (a directory or hub id that "
+        "transformers' AutoModel loads, a BERT-like encoder say) instead of the served model",
+    )
     parser.add_argument("--mock-tokens-per-second", type=positive_float, default=50.0)
     parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument(
@@ -110,17 +153,20 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         help="seconds without a step (or the backend's heartbeat) after which the backend is restarted",
     )
     args = parser.parse_args(argv)
-    model = args.model
-    if model and os.path.exists(model):
-        model = os.path.abspath(model)  # gunicorn may run from another directory
+    model, embedding_model = (
+        os.path.abspath(path) if path and os.path.exists(path) else path  # gunicorn may run elsewhere
+        for path in (args.model, args.embedding_model)
+    )
     backend = BackendConfig(
         model=model,
+        embedding_model=embedding_model,
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
         device=args.device,
         quantize=args.quantize,
         rows=args.rows,
         max_seq_len=args.max_seq_len,
+        kv_cache_memory=args.kv_cache_memory,
         max_prefill_tokens=args.max_prefill_tokens,
         prefix_reuse=args.prefix_reuse,
         torch_threads=args.torch_threads,
@@ -136,6 +182,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         restart_delay=args.restart_delay,
         step_timeout=args.step_timeout,
         embedding_pooling=args.embedding_pooling,
+        served_model_names=tuple(dict.fromkeys(args.served_model_name)),  # in order, once each
     )
 
 

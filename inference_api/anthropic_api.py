@@ -39,7 +39,7 @@ def messages() -> Response:
     data, serving = read_request()
     messages_request = parse_messages_request(data, serving)
     generation = Generation(messages_request.prompt_ids, messages_request.params)
-    message = Message(generation, serving.backend.model_name)
+    message = Message(generation, serving.model_name)
     if messages_request.stream:
         return event_stream(message.events(), generation.close)
     return jsonify(message.whole())

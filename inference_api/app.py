@@ -9,7 +9,6 @@ import uuid
 
 from flask import Flask, Response, current_app, g, request
 
-from backend.messages import BackendReady
 from inference_api import (
     anthropic_api,
     embeddings_api,
@@ -25,7 +24,7 @@ from inference_api import (
 from inference_api.config import ServerConfig
 from inference_api.errors import register_error_handlers
 from inference_api.metrics import Metrics
-from inference_api.router import Router
+from inference_api.router import Router, Serving
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +50,9 @@ def create_app(config: ServerConfig | None = None) -> Flask:
         metrics,
         restart_delay=config.restart_delay,
         step_timeout=config.step_timeout,
-        on_ready=lambda ready: _log_ready(config, ready),
+        on_ready=lambda serving: _log_ready(config, serving),
         on_fatal=_exit_worker if config.exit_on_backend_failure else None,
+        served_model_names=config.served_model_names,
     )
     app.extensions["metrics"] = metrics
     app.extensions["router"] = router
@@ -90,7 +90,7 @@ def _finish_response(response: Response) -> Response:
     return response
 
 
-def _log_ready(config: ServerConfig, ready: BackendReady) -> None:
+def _log_ready(config: ServerConfig, serving: Serving) -> None:
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     url = f"http://{host}:{config.port}"
     log.info(
@@ -98,7 +98,7 @@ def _log_ready(config: ServerConfig, ready: BackendReady) -> None:
         '-d \'{"text": "Once upon a time", "max_tokens": 64}\'',
         url,
         url,
-        ready.model_name,
+        serving.model_name,
     )
 
 

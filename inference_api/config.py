@@ -9,8 +9,10 @@ one channel that survives the exec and the fork.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from backend.messages import BackendConfig
 
@@ -34,18 +36,23 @@ class ServerConfig:
     # code, so the whole server exits with the backend's message instead of retrying for ever.
     exit_on_backend_failure: bool = False
     embedding_pooling: str = "mean"  # /v1/embeddings: the mean of the tokens' hidden states, or the last's
+    # --served-model-name (vLLM's): the names requests may give the model, the first the one responses
+    # report; () serves it under the backend's own name (the model directory's, the hub id, "mock")
+    served_model_names: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:
         env = os.environ if environ is None else environ
         backend = BackendConfig(
             model=env.get("INFERENCE_MODEL") or None,
+            embedding_model=env.get("INFERENCE_EMBEDDING_MODEL") or None,
             dtype=env.get("INFERENCE_DTYPE", "auto"),
             kv_cache_dtype=env.get("INFERENCE_KV_CACHE_DTYPE", "auto"),
             device=env.get("INFERENCE_DEVICE", "auto"),
             quantize=env.get("INFERENCE_QUANTIZE", "auto"),
             rows=_int(env, "INFERENCE_ROWS", 32),
             max_seq_len=_int(env, "INFERENCE_MAX_SEQ_LEN", 0) or None,
+            kv_cache_memory=_size(env, "INFERENCE_KV_CACHE_MEMORY"),
             max_prefill_tokens=_int(env, "INFERENCE_MAX_PREFILL_TOKENS", BackendConfig.max_prefill_tokens),
             prefix_reuse=env.get("INFERENCE_PREFIX_REUSE", "1") != "0",
             torch_threads=_int(env, "INFERENCE_TORCH_THREADS", 0) or None,
@@ -63,6 +70,7 @@ class ServerConfig:
             step_timeout=float(env.get("INFERENCE_STEP_TIMEOUT", repr(DEFAULT_STEP_TIMEOUT))),
             exit_on_backend_failure=_bool(env, "INFERENCE_EXIT_ON_BACKEND_FAILURE"),
             embedding_pooling=env.get("INFERENCE_EMBEDDING_POOLING", "mean"),
+            served_model_names=tuple(env.get("INFERENCE_SERVED_MODEL_NAME", "").split()),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -73,12 +81,14 @@ class ServerConfig:
         b = self.backend
         return {
             "INFERENCE_MODEL": b.model or "",
+            "INFERENCE_EMBEDDING_MODEL": b.embedding_model or "",
             "INFERENCE_DTYPE": b.dtype,
             "INFERENCE_KV_CACHE_DTYPE": b.kv_cache_dtype,
             "INFERENCE_DEVICE": b.device,
             "INFERENCE_QUANTIZE": b.quantize,
             "INFERENCE_ROWS": str(b.rows),
             "INFERENCE_MAX_SEQ_LEN": str(b.max_seq_len or 0),
+            "INFERENCE_KV_CACHE_MEMORY": str(b.kv_cache_memory or ""),
             "INFERENCE_MAX_PREFILL_TOKENS": str(b.max_prefill_tokens),
             "INFERENCE_PREFIX_REUSE": "1" if b.prefix_reuse else "0",
             "INFERENCE_TORCH_THREADS": str(b.torch_threads or 0),
@@ -87,6 +97,7 @@ class ServerConfig:
             "INFERENCE_MAX_QUEUE": str(self.max_queue),
             "INFERENCE_MAX_BODY_BYTES": str(self.max_body_bytes),
             "INFERENCE_EMBEDDING_POOLING": self.embedding_pooling,
+            "INFERENCE_SERVED_MODEL_NAME": " ".join(self.served_model_names),
             "INFERENCE_HOST": self.host,
             "INFERENCE_PORT": str(self.port),
             "INFERENCE_RESTART_DELAY": repr(self.restart_delay),
@@ -109,6 +120,38 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+# Sizes as people write them: KiB, MiB... are powers of 1024, KB, MB... of 1000; no unit is bytes.
+SIZE_UNITS = {"": 1, "b": 1} | {
+    prefix + suffix: base**power
+    for power, prefix in enumerate("kmgt", start=1)
+    for suffix, base in (("ib", 1024), ("b", 1000))
+}
+SIZE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """A number of bytes from `2GiB`, `512MiB`, `1.5GB` or `3000000000`; ValueError, saying what is
+    wanted, for anything else or for nothing at all."""
+    match = SIZE.fullmatch(text)
+    unit = SIZE_UNITS.get(match[2].lower()) if match else None
+    if unit is None:
+        raise ValueError(f"a size such as 2GiB, 512MiB, 1.5GB or a number of bytes, not {text!r}")
+    size = int(Decimal(match[1]) * unit)
+    if size < 1:
+        raise ValueError(f"a size of at least one byte, not {text!r}")
+    return size
+
+
+def _size(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as error:
+        raise ValueError(f"{name} must be {error}") from None
 
 
 def _bool(env: Mapping[str, str], name: str) -> bool:

@@ -1,5 +1,9 @@
 """`POST /v1/embeddings`, OpenAI's shape: each input's pooled, normalised hidden states of the served
-model (backend/embeddings.py), as floats or base64.
+model (backend/embeddings.py), or of the `--embedding-model` where one is set, as floats or base64.
+
+`model` names the model that embeds: the embedding model where there is one (whose own tokenizer
+reads the inputs, and whose vocabulary and positions bound them), else the served model; the other
+model's name is a 404, as is the embedding model's at the generating endpoints.
 
 `input` is a string, a list of strings, a list of token ids or a list of those, at most MAX_INPUTS
 of them (each is its own backend request, batched beside the decoding rows); `encoding_format` is
@@ -18,7 +22,7 @@ from flask import Blueprint, Response, current_app, jsonify
 
 from backend.messages import InvalidParams, SamplingParams
 from inference_api.errors import RETRY_AFTER_NOT_READY, unavailable
-from inference_api.generation import read_request, start_choices
+from inference_api.generation import check_model, read_request, start_choices
 from inference_api.openai_request import prompt_ids, prompt_list
 from inference_api.router import Serving
 
@@ -29,7 +33,8 @@ MAX_INPUTS = 32  # each input is a request: no more than the rows hold at once
 
 @bp.post("/embeddings")
 def embeddings() -> Response:
-    data, serving = read_request()
+    data, serving = read_request(model_field=None)
+    check_model(data, serving, embeddings=True)
     inputs = read_inputs(data, serving)
     encoding = data.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
@@ -55,7 +60,7 @@ def embeddings() -> Response:
             {"object": "embedding", "index": i, "embedding": encoded(vector, encoding)}
             for i, vector in enumerate(vectors)
         ],
-        model=serving.backend.model_name,
+        model=serving.embedding_names[0],
         usage={"prompt_tokens": tokens, "total_tokens": tokens},
     )
 
@@ -65,11 +70,18 @@ def read_inputs(data: dict[str, Any], serving: Serving) -> list[list[int]]:
     inputs = prompt_list(data.get("input"), "input")
     if len(inputs) > MAX_INPUTS:
         raise InvalidParams("input", f"input takes at most {MAX_INPUTS} texts or token lists a request")
-    ids = [prompt_ids(value, serving, f"input[{i}]", "input") for i, value in enumerate(inputs)]
-    context = serving.backend.max_seq_len
+    embedding = serving.backend.embedding_model
+    if embedding is None:  # the served model embeds: its tokenizer, its ids, a row's context
+        tokenizer, vocab, most = serving.tokenizer, serving.token_id_limit, serving.backend.max_seq_len - 1
+    else:  # the embedding model: its own tokenizer, its own ids, its position embeddings
+        tokenizer = serving.embedding_tokenizer
+        vocab, most = min(tokenizer.vocab_size, embedding.vocab_size), embedding.max_tokens
+    ids = [
+        prompt_ids(value, serving, f"input[{i}]", "input", tokenizer, vocab) for i, value in enumerate(inputs)
+    ]
     for i, tokens in enumerate(ids):
-        if len(tokens) >= context:
-            raise InvalidParams("input", f"input[{i}] has {len(tokens)} tokens; the context holds {context}")
+        if len(tokens) > most:
+            raise InvalidParams("input", f"input[{i}] has {len(tokens)} tokens; the model takes {most}")
     return ids
 
 

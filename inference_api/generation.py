@@ -50,16 +50,39 @@ def serving_now() -> Serving:
     return serving
 
 
-def check_model(data: dict[str, Any], serving: Serving, name: str = "model", required: bool = True) -> None:
-    """The request's `name` field must name the served model: 400 if it is missing, 404 if another."""
+def check_model(
+    data: dict[str, Any],
+    serving: Serving,
+    name: str = "model",
+    required: bool = True,
+    embeddings: bool = False,
+) -> None:
+    """The request's `name` field must name the served model (`embeddings`: the model /v1/embeddings
+    answers with, the --embedding-model where there is one): 400 if it is missing, 404 if another."""
     model = data.get(name)
     if model is None and not required:
         return
     if not isinstance(model, str) or not model:
         raise ApiError(400, f"{name} is required: a string naming the served model", param=name)
-    if model != serving.backend.model_name:
-        message = f"The model {model!r} does not exist; this server serves {serving.backend.model_name!r}"
-        raise ApiError(404, message, param=name, code="model_not_found")
+    if model not in (serving.embedding_names if embeddings else serving.served_names):
+        raise ApiError(404, unknown_model(model, serving, embeddings), param=name, code="model_not_found")
+
+
+def unknown_model(model: str, serving: Serving, embeddings: bool) -> str:
+    """Why `model` is refused: it is the server's other model (with --embedding-model, the embedding
+    model at a generating endpoint or the generating model at /v1/embeddings), or no model here."""
+    embedding = serving.backend.embedding_model
+    if embedding is not None and not embeddings and model == embedding.name:
+        return f"The model {model!r} serves /v1/embeddings only; this endpoint serves {served_names(serving)}"
+    if embedding is not None and embeddings and serving.serves(model):
+        return f"The model {model!r} does not serve embeddings; /v1/embeddings serves {embedding.name!r}"
+    also = f", and {embedding.name!r} for /v1/embeddings" if embedding is not None else ""
+    return f"The model {model!r} does not exist; this server serves {served_names(serving)}{also}"
+
+
+def served_names(serving: Serving) -> str:
+    """The names an unknown model's error offers instead: 'a', or 'a' or 'b'."""
+    return " or ".join(repr(name) for name in serving.served_names)
 
 
 def start_choices(

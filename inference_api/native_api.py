@@ -10,6 +10,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from backend.messages import Piece, SamplingParams
 from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
+from inference_api.generation import served_names
 from inference_api.native_request import check_context, parse_native_request
 from inference_api.request_stream import RequestStream
 from inference_api.router import NotReady, QueueFull, Router
@@ -31,8 +32,8 @@ def predictions(model: str) -> Response:
     serving = router.serving
     if serving is None:
         raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY)
-    if model != serving.backend.model_name:
-        raise ApiError(404, f"model {model!r} not found; this server serves {serving.backend.model_name!r}")
+    if not serving.serves(model):
+        raise ApiError(404, f"model {model!r} not found; this server serves {served_names(serving)}")
     native = parse_native_request(body)
     prompt_ids = serving.tokenizer.encode(native.text)
     check_context(len(prompt_ids), native.params.max_tokens, serving.backend.max_seq_len)

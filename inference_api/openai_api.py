@@ -29,15 +29,32 @@ STARTED = int(time.time())
 
 @bp.get("/models")
 def models() -> Response:
+    """The model once under each served name (vLLM's --served-model-name), the one responses report first."""
     serving = serving_now()
-    model = {
-        "id": serving.backend.model_name,
-        "object": "model",
-        "created": STARTED,
-        "owned_by": "inference-server",
-        "max_model_len": serving.backend.max_seq_len,
-    }
-    return jsonify(object="list", data=[model])
+    models = [
+        {
+            "id": name,
+            "object": "model",
+            "created": STARTED,
+            "owned_by": "inference-server",
+            "root": serving.backend.model_name,
+            "max_model_len": serving.backend.max_seq_len,
+        }
+        for name in serving.served_names
+    ]
+    embedding = serving.backend.embedding_model
+    if embedding is not None:  # --embedding-model, for /v1/embeddings only; max_model_len: an input's tokens
+        models.append(
+            {
+                "id": embedding.name,
+                "object": "model",
+                "created": STARTED,
+                "owned_by": "inference-server",
+                "root": embedding.name,
+                "max_model_len": embedding.max_tokens,
+            }
+        )
+    return jsonify(object="list", data=models)
 
 
 @bp.post("/completions")
@@ -217,7 +234,7 @@ def _whole(
         id=response_id,
         object=api.object,
         created=int(time.time()),
-        model=serving.backend.model_name,
+        model=serving.model_name,
         choices=[
             api.choice(
                 i,
@@ -250,7 +267,7 @@ def _events(
             "id": response_id,
             "object": api.chunk_object,
             "created": created,
-            "model": serving.backend.model_name,
+            "model": serving.model_name,
             "choices": choice_list,
             **extra,
             **fields,

@@ -17,11 +17,11 @@ from backend.messages import (
     InvalidParams,
     SamplingParams,
 )
-from inference_api.chat_template import ChatTemplateError
+from inference_api.chat_template import ChatTemplateError, UnusableChatTemplate
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
 from inference_api.router import Serving
 from inference_api.structured_output import GUIDED_FIELDS, read_grammar
-from inference_api.tokenizer import stop_token_ids_of
+from inference_api.tokenizer import PromptTokenizer, stop_token_ids_of
 from inference_api.tool_calls import (
     ToolRequest,
     read_tool_calls,
@@ -144,6 +144,8 @@ def chat_ids(
 ) -> list[int]:
     """{role, content} messages (roles system, user, assistant, tool) through the model's chat template, as
     token ids; `continuation` follows the generation prompt: text the answer goes on from (a prefill)."""
+    if isinstance(serving.chat_template, UnusableChatTemplate):  # nothing the request could change
+        raise InvalidParams(param, f"the model has no usable chat template: {serving.chat_template.problem}")
     try:
         text = serving.chat_template.render(messages, add_generation_prompt, tools)
     except ChatTemplateError as error:
@@ -272,16 +274,24 @@ def prompt_list(value: Any, param: str = "prompt") -> list[str | list[int]]:
     raise InvalidParams(param, f"{param} must be a string, a list of strings or a list of token ids")
 
 
-def prompt_ids(prompt: Any, serving: Serving, item: str, param: str = "prompt") -> list[int]:
-    """One prompt (`item` of the `param` field) as token ids: a string tokenized, or ids checked."""
+def prompt_ids(
+    prompt: Any,
+    serving: Serving,
+    item: str,
+    param: str = "prompt",
+    tokenizer: PromptTokenizer | None = None,
+    vocab: int | None = None,
+) -> list[int]:
+    """One prompt (`item` of the `param` field) as token ids: a string tokenized, or ids checked; by the
+    served model's tokenizer and vocabulary unless given others (a separate embedding model's)."""
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidParams(param, f"{param} must not be empty")
-        ids = serving.tokenizer.encode(prompt)
+        ids = (tokenizer or serving.tokenizer).encode(prompt)
         if not ids:
             raise InvalidParams(param, f"{param} gives no tokens")
         return ids
-    vocab = serving.token_id_limit
+    vocab = vocab or serving.token_id_limit
     if isinstance(prompt, list) and prompt and all(_is_token(t, vocab) for t in prompt):
         return list(prompt)
     raise InvalidParams(param, f"{item} must be a non-empty string or a list of token ids below {vocab}")

@@ -27,7 +27,7 @@ def ready() -> Response:
     b = serving.backend
     return jsonify(
         status="ready",
-        model=b.model_name,
+        model=serving.model_name,
         rows=b.rows,
         max_seq_len=b.max_seq_len,
         device=b.device,

@@ -33,7 +33,7 @@ def responses() -> Response:
     data, serving = read_request()
     responses_request = parse_responses_request(data, serving)
     generation = Generation(responses_request.prompt_ids, responses_request.params)
-    answer = ModelResponse(generation, serving.backend.model_name, responses_request)
+    answer = ModelResponse(generation, serving.model_name, responses_request)
     if responses_request.stream:
         return event_stream(answer.events(), generation.close)
     return jsonify(answer.whole())

@@ -46,6 +46,28 @@ class Serving:
     backend: BackendReady
     tokenizer: PromptTokenizer
     chat_template: ChatTemplate
+    names: tuple[str, ...] = ()  # --served-model-name; () serves the model under the backend's name
+    # The --embedding-model's own tokenizer (BackendReady.embedding_model); None: the served model embeds
+    embedding_tokenizer: PromptTokenizer | None = None
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name requests may call the model by: /v1/models lists them in this order."""
+        return self.names or (self.backend.model_name,)
+
+    @property
+    def model_name(self) -> str:
+        """The name responses, /ready and the chat page give the model: the first served name."""
+        return self.served_names[0]
+
+    def serves(self, name: str) -> bool:
+        return name in self.served_names
+
+    @property
+    def embedding_names(self) -> tuple[str, ...]:
+        """The names /v1/embeddings answers to: the --embedding-model's, else the served model's."""
+        embedding = self.backend.embedding_model
+        return (embedding.name,) if embedding is not None else self.served_names
 
     @property
     def token_id_limit(self) -> int:
@@ -61,10 +83,12 @@ class Router:
         metrics: Metrics,
         restart_delay: float = 1.0,
         step_timeout: float = 60.0,
-        on_ready: Callable[[BackendReady], None] | None = None,
+        on_ready: Callable[[Serving], None] | None = None,
         on_fatal: Callable[[str], None] | None = None,
+        served_model_names: tuple[str, ...] = (),
     ):
         self.backend_config = backend_config
+        self.served_model_names = served_model_names
         self.max_queue = max_queue
         self.metrics = metrics
         self.restart_delay = restart_delay
@@ -182,8 +206,13 @@ class Router:
 
     def _become_ready(self, backend: BackendProcess) -> None:
         ready = backend.wait_ready()
+        embedding = ready.embedding_model
         serving = Serving(
-            ready, load_tokenizer(ready.tokenizer_path), load_chat_template(ready.tokenizer_path)
+            ready,
+            load_tokenizer(ready.tokenizer_path),
+            load_chat_template(ready.tokenizer_path),
+            self.served_model_names,
+            embedding_tokenizer=None if embedding is None else load_tokenizer(embedding.tokenizer_path),
         )
         with self._lock:
             self._serving = serving
@@ -191,15 +220,16 @@ class Router:
         self.metrics.backend_ready.set(1)
         self._ready.set()
         log.info(
-            "backend ready: model %s, %d rows of %d tokens, %s %s",
+            "backend ready: model %s served as %s, %d rows of %d tokens, %s %s",
             ready.model_name,
+            ", ".join(serving.served_names),
             ready.rows,
             ready.max_seq_len,
             ready.device,
             ready.dtype,
         )
         if self.on_ready is not None:
-            self.on_ready(ready)
+            self.on_ready(serving)
 
     def _route(self, backend: BackendProcess) -> None:
         """Hand every piece to its request until the backend dies (BackendDied) or hangs (BackendHung:

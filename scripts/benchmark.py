@@ -408,7 +408,8 @@ def report(args, model: str, results: Results, plots: list[str]) -> str:
     if results.memory:
         first, last = results.memory
         lines.append(
-            f"Resident memory (API worker + backend): {first / 2**20:.0f} MiB after 100 requests, "
+            "Resident memory (API worker + backend; 32 rows of 512 positions, `--max-seq-len 512`): "
+            f"{first / 2**20:.0f} MiB after 100 requests, "
             f"{last / 2**20:.0f} MiB after 1,000 ({(last - first) / first:+.1%})."
         )
     lines += [""] + [f"![{name}]({name})" for name in plots] + [""]

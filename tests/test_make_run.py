@@ -16,8 +16,10 @@ def test_the_printed_curl_line_streams_through_the_proxy(tmp_path):
     env.pop("JWT_SECRET", None)
     # Ports as options, as `make run ARGS="--mock --port ..."` passes them: both pieces must follow.
     ports = ["--port", str(free_port()), "--proxy-port", str(free_port())]
+    # The API's own options go through, served names too: the curl line names the first.
+    names = ["--served-model-name", "SmolLM2-135M-Instruct", "smol"]
     run = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "run_stack.py"), "--mock", *ports],
+        [sys.executable, str(ROOT / "scripts" / "run_stack.py"), "--mock", *names, *ports],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -32,6 +34,7 @@ def test_the_printed_curl_line_streams_through_the_proxy(tmp_path):
                 curl_line = line.strip()
                 break
         assert curl_line is not None, "no curl line printed"
+        assert "/predictions/SmolLM2-135M-Instruct " in curl_line
         assert "JWT_SECRET=" in (tmp_path / ".env").read_text()  # generated and kept
         result = subprocess.run(
             ["bash", "-c", curl_line + " -sS -w '\\n%{http_code}'"],

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import (
+    BertConfig,
+    BertModel,
+    BertTokenizerFast,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -46,6 +51,39 @@ def tiny_model(
     else:
         raise ValueError(architecture)
     return model.eval()
+
+
+TINY_BERT_WORDS = ("the", "cat", "sat", "on", "mat", "stock", "markets", "fell", "sharply", "today", "a")
+TINY_BERT_POSITIONS = 64
+
+
+def write_tiny_bert(directory: Path) -> Path:
+    """A sentence-embedding model directory, built offline: a two-layer random BertModel (64 positions)
+    and a WordPiece tokenizer of a few words, letters and their `##` pieces, saved as transformers does."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *TINY_BERT_WORDS, *letters, *".,!?"]
+    vocab = {token: i for i, token in enumerate(dict.fromkeys(tokens + [f"##{c}" for c in letters]))}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    tokenizer.decoder = decoders.WordPiece()
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=TINY_BERT_POSITIONS,
+    )
+    BertModel(config).save_pretrained(directory)
+    BertTokenizerFast(tokenizer_object=tokenizer).save_pretrained(directory)
+    return directory
 
 
 class MarkerTokenizer:

@@ -1,11 +1,22 @@
-"""Embedding requests in the engine: pooled hidden states, batched beside decoding rows."""
+"""Embedding requests in the engine: pooled hidden states, batched beside decoding rows, from the served
+model or from a separate embedding model (`--embedding-model`)."""
 
 import pytest
 import torch
+from transformers import AutoModel, AutoTokenizer
 
 from backend.engine import Engine
-from backend.messages import SamplingParams, Submit
-from tests.backend.models import MarkerTokenizer, tiny_model
+from backend.loader import load_embedding_model
+from backend.messages import BackendConfig, SamplingParams, Submit
+from tests.backend.models import (
+    TINY_BERT_POSITIONS,
+    MarkerTokenizer,
+    drive,
+    reference_greedy,
+    text_of,
+    tiny_model,
+    write_tiny_bert,
+)
 
 PROMPTS = [tuple(range(5, 5 + n)) for n in (3, 17, 9, 30)]
 
@@ -57,3 +68,89 @@ def test_a_cancelled_embedding_request_ends_cancelled():
     engine.submit(Submit("e", (1, 2, 3), SamplingParams(embedding="mean")))
     engine.cancel("e")
     assert [(p.request_id, p.finish_reason) for p in engine.step()] == [("e", "cancelled")]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A separate sentence-embedding model (`--embedding-model`) as the backend loads it."""
+    directory = write_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-bert")
+    return directory, load_embedding_model(BackendConfig(embedding_model=str(directory), device="cpu"))
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_a_separate_embedding_model_embeds_while_the_served_model_generates(tiny_bert, pooling):
+    directory, embedding_model = tiny_bert
+    assert embedding_model.name == "tiny-bert" and embedding_model.max_tokens == TINY_BERT_POSITIONS
+    assert embedding_model.tokenizer_path == str(directory.resolve())
+    model = tiny_model("llama")
+    engine = Engine(
+        model,
+        MarkerTokenizer(),
+        rows=2,
+        max_seq_len=128,
+        max_prefill_tokens=1000,
+        embedding_model=embedding_model,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    texts = ["The cat sat on the mat.", "Stock markets fell sharply today!", "a"]
+    prompts = [tuple(tokenizer(text).input_ids) for text in texts]
+    assert len({len(prompt) for prompt in prompts}) == 3  # a right-padded batch
+    generating = Submit("g", (3, 4, 5), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    pieces = drive(
+        engine,
+        [(0, generating)]
+        + [
+            (0, Submit(f"e{i}", prompt, SamplingParams(embedding=pooling)))
+            for i, prompt in enumerate(prompts)
+        ],
+    )
+    reference = AutoModel.from_pretrained(directory).eval()  # transformers, straight from the directory
+    for i, prompt in enumerate(prompts):
+        (piece,) = pieces[f"e{i}"]
+        assert piece.finish_reason == "stop" and piece.prompt_tokens == len(prompt)
+        vector = torch.tensor(piece.embedding)
+        assert vector.shape == (reference.config.hidden_size,)
+        torch.testing.assert_close(vector, alone(reference, prompt, pooling), atol=1e-5, rtol=1e-4)
+    assert MarkerTokenizer.ids(text_of(pieces["g"])) == reference_greedy(model, (3, 4, 5), 8, engine.eos_ids)
+
+
+def test_the_embedding_model_bounds_its_own_inputs(tiny_bert):
+    _, embedding_model = tiny_bert
+    engine = Engine(
+        tiny_model("llama"), MarkerTokenizer(), rows=2, max_seq_len=128, embedding_model=embedding_model
+    )
+    past_its_vocabulary = (2, embedding_model.vocab_size, 3)  # within the served model's 512
+    requests = {
+        "longest": (2,) * TINY_BERT_POSITIONS,
+        "too-long": (2,) * (TINY_BERT_POSITIONS + 1),
+        "past-vocabulary": past_its_vocabulary,
+    }
+    for request_id, prompt in requests.items():
+        engine.submit(Submit(request_id, prompt, SamplingParams(embedding="mean")))
+    engine.submit(Submit("generating", past_its_vocabulary, SamplingParams(max_tokens=1)))
+    pieces = {request_id: p[-1] for request_id, p in drive(engine, []).items()}
+    assert pieces["longest"].embedding is not None
+    assert (
+        pieces["too-long"].finish_reason == "error" and str(TINY_BERT_POSITIONS) in pieces["too-long"].error
+    )
+    assert (
+        pieces["past-vocabulary"].finish_reason == "error" and "vocabulary" in pieces["past-vocabulary"].error
+    )
+    assert pieces["generating"].finish_reason == "length"
+
+
+def test_the_embedding_model_needs_a_name_of_its_own(tiny_bert):
+    with pytest.raises(ValueError, match="tiny-bert"):
+        Engine(tiny_model("llama"), MarkerTokenizer(), rows=1, name="tiny-bert", embedding_model=tiny_bert[1])
+
+
+def test_a_model_that_cannot_embed_is_refused_at_start_up(tiny_bert, tmp_path):
+    from transformers import T5Config, T5Model
+
+    directory, _ = tiny_bert
+    T5Model(T5Config(vocab_size=80, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2)).save_pretrained(
+        tmp_path / "t5"
+    )
+    AutoTokenizer.from_pretrained(directory).save_pretrained(tmp_path / "t5")
+    with pytest.raises(ValueError, match="T5Model cannot embed"):  # an encoder-decoder wants decoder inputs
+        load_embedding_model(BackendConfig(embedding_model=str(tmp_path / "t5"), device="cpu"))

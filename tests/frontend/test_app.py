@@ -70,7 +70,9 @@ def test_not_ready_is_503_with_retry_after() -> None:
 def test_config_travels_through_the_environment() -> None:
     options = "--mock --rows 3 --max-queue 0 --port 9001 --max-seq-len 512 --dtype float32 --restart-delay 2"
     options += " --torch-threads 1 --kv-cache-dtype bfloat16 --embedding-pooling last"
+    options += " --embedding-model org/embedder"
     config = parse_args(options.split())
+    assert config.backend.embedding_model == "org/embedder"
     assert ServerConfig.from_env(config.to_env()) == config
     assert config.backend.torch_threads == 1
     assert config.backend.kv_cache_dtype == "bfloat16" and config.embedding_pooling == "last"

@@ -1,0 +1,108 @@
+"""How many positions a row holds, and so what the KV cache takes: the memory decision of a start-up.
+
+The cache is allocated once, zeroed (so resident from the start), with keys and values of every row
+at every position in every layer: rows x max_seq_len x (2 x layers x kv_heads x head_dim x bytes of
+its dtype). `--max-seq-len` sets the length; `--kv-cache-memory` gives a budget instead, and the length
+is the most that fits; with neither it is the smaller of 2,048 and the model's context. The start-up
+log says what came of it, for the default model on a CPU:
+
+    KV cache: 32 rows x 2048 positions, float32, 2880 MiB (45 KiB a position a row: 2 x 30 layers x
+    3 KV heads x 64 x 4 bytes); the default, the smaller of 2048 and the model's context of 8192; ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PretrainedConfig
+
+from backend.engine import DEFAULT_MAX_SEQ_LEN, context_length
+from backend.messages import BackendConfig
+from backend.row_cache import KVShape
+
+# The fewest positions a budget may leave a row: SmolLM2's chat template makes a one-word message 32
+# tokens, so a row of fewer than 64 cannot hold a chat turn and a short answer.
+MIN_SEQ_LEN = 64
+
+
+@dataclass(frozen=True)
+class CacheSize:
+    shape: KVShape
+    rows: int
+    max_seq_len: int
+    dtype: torch.dtype
+    reason: str  # where max_seq_len comes from, for the log
+
+    @property
+    def bytes(self) -> int:
+        return self.shape.bytes(self.rows, self.max_seq_len, self.dtype)
+
+    def summary(self) -> str:
+        """The start-up log's line: what the cache holds and takes, and why."""
+        element = torch.finfo(self.dtype).bits // 8
+        dtype = str(self.dtype).removeprefix("torch.")
+        position = self.shape.bytes(1, 1, self.dtype)
+        return (
+            f"KV cache: {self.rows} rows x {self.max_seq_len} positions, {dtype}, {size_text(self.bytes)} "
+            f"({size_text(position)} a position a row: 2 x {self.shape.layers} layers x "
+            f"{self.shape.kv_heads} KV heads x {self.shape.head_dim} x {element} bytes); {self.reason}"
+        )
+
+
+def size_kv_cache(config: BackendConfig, model_config: PretrainedConfig, dtype: torch.dtype) -> CacheSize:
+    """The cache's length from --max-seq-len, --kv-cache-memory or the default, never past the model's
+    context. ValueError, saying what to change, for a budget too small for MIN_SEQ_LEN positions a row
+    or for a --max-seq-len that does not fit in it."""
+    shape, rows, budget = KVShape.of(model_config), config.rows, config.kv_cache_memory
+    context = context_length(model_config)
+    requested = config.max_seq_len
+    if budget is None and requested is None:
+        length = min(DEFAULT_MAX_SEQ_LEN, context)
+        reason = (
+            f"the default, the smaller of {DEFAULT_MAX_SEQ_LEN} and the model's context of {context}; "
+            "--max-seq-len or --kv-cache-memory sizes it"
+        )
+        return CacheSize(shape, rows, length, dtype, reason)
+    if budget is None:
+        length = min(requested, context)
+        reason = (
+            "--max-seq-len"
+            if length == requested
+            else f"the model's context, under --max-seq-len {requested}"
+        )
+        return CacheSize(shape, rows, length, dtype, reason)
+
+    fitting = shape.positions_within(budget, rows, dtype)
+    per_position = f"{rows} rows x {size_text(shape.bytes(1, 1, dtype))} a position a row"
+    if requested is not None:
+        length = min(requested, context)
+        if length > fitting:
+            raise ValueError(
+                f"--max-seq-len {length} does not fit in --kv-cache-memory {size_text(budget)}: "
+                f"{per_position} take {size_text(shape.bytes(rows, length, dtype))} at that length, and "
+                f"the budget holds {fitting} positions a row. Lower --max-seq-len or --rows, or give one."
+            )
+        return CacheSize(
+            shape, rows, length, dtype, f"--max-seq-len, within --kv-cache-memory {size_text(budget)}"
+        )
+    if fitting < MIN_SEQ_LEN:
+        raise ValueError(
+            f"--kv-cache-memory {size_text(budget)} holds {fitting} positions a row, under the {MIN_SEQ_LEN} "
+            f"a row needs: {per_position} take {size_text(shape.bytes(rows, MIN_SEQ_LEN, dtype))} for "
+            f"{MIN_SEQ_LEN}. Give it more, or lower --rows, or pick a smaller --kv-cache-dtype."
+        )
+    if fitting >= context:
+        reason = f"the model's context; --kv-cache-memory {size_text(budget)} would hold {fitting}"
+        return CacheSize(shape, rows, context, dtype, reason)
+    return CacheSize(
+        shape, rows, fitting, dtype, f"the most that fit in --kv-cache-memory {size_text(budget)}"
+    )
+
+
+def size_text(size: int) -> str:
+    """Bytes as MiB, KiB or bytes, as the log and the errors give them: 2880 MiB, 45 KiB, 1.5 MiB."""
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{size} bytes"

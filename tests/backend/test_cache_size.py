@@ -1,0 +1,116 @@
+"""The KV cache's size: --max-seq-len, --kv-cache-memory or the default, and the start-up line saying it."""
+
+import logging
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from backend.cache_size import MIN_SEQ_LEN, size_kv_cache, size_text
+from backend.engine import Engine
+from backend.loader import load_model
+from backend.messages import BackendConfig
+from tests.backend.models import tiny_model
+
+# The tiny Llama: 2 layers x 2 KV heads x 16 dims, keys and values, 4 bytes: 512 bytes a position a row;
+# its context is 512 positions.
+CONFIG = tiny_model("llama").config
+POSITION = 2 * 2 * 2 * 16 * 4
+
+
+def test_with_neither_option_rows_hold_the_smaller_of_2048_and_the_context():
+    size = size_kv_cache(BackendConfig(rows=4), CONFIG, torch.float32)
+    assert size.max_seq_len == 512 and size.bytes == 4 * 512 * POSITION
+    assert "the default" in size.summary() and "--kv-cache-memory" in size.summary()
+
+
+@pytest.mark.parametrize("dtype, element", [(torch.float32, 4), (torch.bfloat16, 2)])
+def test_a_budget_gives_the_most_positions_that_fit(dtype, element):
+    per_position = 4 * POSITION // 4 * element  # all four rows
+    budget = 200 * per_position + per_position - 1  # not quite 201
+    size = size_kv_cache(BackendConfig(rows=4, kv_cache_memory=budget), CONFIG, dtype)
+    assert size.max_seq_len == 200 and size.bytes <= budget
+    assert size.bytes + per_position > budget  # the most: one position more would not fit
+    assert size.reason == f"the most that fit in --kv-cache-memory {size_text(budget)}"
+
+
+def test_a_budget_past_the_context_stops_at_the_context():
+    size = size_kv_cache(BackendConfig(rows=4, kv_cache_memory=2**30), CONFIG, torch.float32)
+    assert size.max_seq_len == 512
+    assert "the model's context; --kv-cache-memory 1024 MiB would hold 524288" in size.summary()
+
+
+def test_a_budget_too_small_for_a_minimal_row_is_a_start_up_error():
+    budget = 4 * POSITION * (MIN_SEQ_LEN - 1)
+    with pytest.raises(ValueError, match=f"holds {MIN_SEQ_LEN - 1} positions a row, under the {MIN_SEQ_LEN}"):
+        size_kv_cache(BackendConfig(rows=4, kv_cache_memory=budget), CONFIG, torch.float32)
+    size = size_kv_cache(BackendConfig(rows=4, kv_cache_memory=budget + 4 * POSITION), CONFIG, torch.float32)
+    assert size.max_seq_len == MIN_SEQ_LEN
+
+
+def test_max_seq_len_with_a_budget_must_fit_in_it():
+    budget = 4 * POSITION * 300
+    size = size_kv_cache(
+        BackendConfig(rows=4, max_seq_len=256, kv_cache_memory=budget), CONFIG, torch.float32
+    )
+    assert size.max_seq_len == 256 and size.reason == "--max-seq-len, within --kv-cache-memory 600 KiB"
+    with pytest.raises(
+        ValueError, match="--max-seq-len 400 does not fit in --kv-cache-memory 600 KiB.*holds 300"
+    ):
+        size_kv_cache(BackendConfig(rows=4, max_seq_len=400, kv_cache_memory=budget), CONFIG, torch.float32)
+
+
+def test_max_seq_len_alone_is_capped_by_the_context():
+    assert size_kv_cache(BackendConfig(max_seq_len=100), CONFIG, torch.float32).max_seq_len == 100
+    size = size_kv_cache(BackendConfig(max_seq_len=4096), CONFIG, torch.float32)
+    assert size.max_seq_len == 512 and size.reason == "the model's context, under --max-seq-len 4096"
+
+
+def test_the_default_models_line_gives_its_arithmetic():
+    from transformers import LlamaConfig
+
+    smollm2 = LlamaConfig(  # SmolLM2-135M's attention (the GGUF file's context is 8192)
+        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576,
+        max_position_embeddings=8192,
+    )  # fmt: skip
+    line = size_kv_cache(BackendConfig(), smollm2, torch.float32).summary()
+    assert line.startswith(
+        "KV cache: 32 rows x 2048 positions, float32, 2880 MiB "
+        "(45 KiB a position a row: 2 x 30 layers x 3 KV heads x 64 x 4 bytes); the default"
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """The tiny Llama saved as a model directory, with the default model's tokenizer."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama").save_pretrained(path)
+    AutoTokenizer.from_pretrained(
+        load_model(BackendConfig(rows=1, max_seq_len=64)).tokenizer_path
+    ).save_pretrained(path)
+    return path
+
+
+def test_a_loaded_engine_keeps_its_cache_within_the_budget_and_logs_its_size(tiny_model_dir, caplog):
+    budget = 3 * 2**19 + 1000  # a little over 1.5 MiB
+    config = BackendConfig(model=str(tiny_model_dir), rows=8, kv_cache_memory=budget, dtype="float32")
+    with caplog.at_level(logging.INFO, logger="backend"):
+        engine = Engine.load(config)
+    cache = [tensor for layer in engine.cache.layers for tensor in (layer.keys, layer.values)]
+    allocated = sum(tensor.numel() * tensor.element_size() for tensor in cache)
+    assert engine.max_seq_len == 384 and allocated == 8 * 384 * POSITION <= budget
+    assert (
+        "KV cache: 8 rows x 384 positions, float32, 1.5 MiB (512 bytes a position a row: "
+        "2 x 2 layers x 2 KV heads x 16 x 4 bytes); the most that fit in --kv-cache-memory 1.5 MiB"
+    ) in caplog.messages
+
+
+def test_a_budget_too_small_stops_the_backend_saying_why(tiny_model_dir):
+    from backend.process import BackendProcess, BackendStartError
+
+    backend = BackendProcess(BackendConfig(model=str(tiny_model_dir), rows=4, kv_cache_memory=1000)).start()
+    try:
+        with pytest.raises(BackendStartError, match="--kv-cache-memory 1000 bytes holds 0 positions a row"):
+            backend.wait_ready(timeout=120)
+    finally:
+        backend.stop()

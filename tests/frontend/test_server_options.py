@@ -1,0 +1,59 @@
+"""`--served-model-name` and `--kv-cache-memory` as `python -m inference_api` takes them, and through the
+environment that carries them to the gunicorn worker."""
+
+import pytest
+
+from inference_api.__main__ import parse_args
+from inference_api.config import ServerConfig, parse_size
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("2GiB", 2 * 2**30),
+        ("512MiB", 512 * 2**20),
+        ("512 mib", 512 * 2**20),
+        ("64KiB", 64 * 1024),
+        ("1.5GB", 1_500_000_000),
+        ("1TiB", 2**40),
+        ("3000000000", 3_000_000_000),
+        ("100B", 100),
+    ],
+)
+def test_sizes_parse_as_people_write_them(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "2G", "2 GiBs", "-1GiB", "GiB", "0", "0.1", "1e9"])
+def test_anything_else_is_refused_saying_what_is_wanted(text):
+    with pytest.raises(ValueError, match="a size"):
+        parse_size(text)
+
+
+def test_a_bad_size_stops_the_command_line_with_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit:
+        parse_args(["--kv-cache-memory", "2G"])
+    assert exit.value.code == 2
+    assert "argument --kv-cache-memory: must be a size such as 2GiB, 512MiB, 1.5GB" in capsys.readouterr().err
+
+
+def test_a_bad_size_in_the_environment_names_the_variable():
+    with pytest.raises(ValueError, match="INFERENCE_KV_CACHE_MEMORY must be a size such as 2GiB"):
+        ServerConfig.from_env({"INFERENCE_KV_CACHE_MEMORY": "lots"})
+
+
+def test_both_options_travel_through_the_environment():
+    config = parse_args(["--kv-cache-memory", "1.5GiB", "--served-model-name", "a", "org/b", "a", "--mock"])
+    assert config.backend.kv_cache_memory == 3 * 2**29
+    assert config.served_model_names == ("a", "org/b")  # in order, once each
+    assert ServerConfig.from_env(config.to_env()) == config
+    assert ServerConfig.from_env({"INFERENCE_SERVED_MODEL_NAME": "x  y"}).served_model_names == ("x", "y")
+    default = parse_args([])
+    assert default.served_model_names == () and default.backend.kv_cache_memory is None
+    assert ServerConfig.from_env(default.to_env()) == default
+
+
+def test_a_served_name_is_not_empty_and_has_no_spaces(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--served-model-name", "my model"])
+    assert "a model name is non-empty and has no spaces" in capsys.readouterr().err
