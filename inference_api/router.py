@@ -69,6 +69,16 @@ class Serving:
         embedding = self.backend.embedding_model
         return (embedding.name,) if embedding is not None else self.served_names
 
+    def name_clash(self) -> str | None:
+        """Why these names cannot be served apart (an alias that is also the embedding model's name)."""
+        embedding = self.backend.embedding_model
+        if embedding is not None and embedding.name in self.served_names:
+            return (
+                f"the name {embedding.name!r} is both a --served-model-name and the --embedding-model's: "
+                "requests naming it could not tell the two models apart"
+            )
+        return None
+
     @property
     def token_id_limit(self) -> int:
         """Prompt token ids must be below this: in the tokenizer and in the model's embedding."""
@@ -214,6 +224,8 @@ class Router:
             self.served_model_names,
             embedding_tokenizer=None if embedding is None else load_tokenizer(embedding.tokenizer_path),
         )
+        if (clash := serving.name_clash()) is not None:
+            raise BackendStartError(clash)
         with self._lock:
             self._serving = serving
         self.restart_reason = None

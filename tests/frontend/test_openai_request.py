@@ -64,3 +64,13 @@ def test_echo_with_max_tokens_0_returns_the_prompt_and_scores_it_only_with_logpr
     with pytest.raises(InvalidParams) as failure:
         completion(max_tokens=0)
     assert failure.value.param == "max_tokens"
+
+
+def test_an_alias_that_is_the_embedding_models_name_is_refused():
+    from backend.messages import EmbeddingModelReady
+
+    embedder = EmbeddingModelReady("tiny-bert", tokenizer_path="/nowhere", max_tokens=64, vocab_size=100)
+    ready = BackendReady("mock", 2, 64, None, "cpu", "-", embedding_model=embedder)
+    clash = Serving(ready, ByteTokenizer(), load_chat_template(None), ("smol", "tiny-bert"))
+    assert "'tiny-bert' is both a --served-model-name and the --embedding-model's" in clash.name_clash()
+    assert Serving(ready, ByteTokenizer(), load_chat_template(None), ("smol",)).name_clash() is None
