@@ -20,7 +20,8 @@ wsgi_app = "inference_api:create_app()"
 bind = [f"{_config.host}:{_config.port}"]
 # One worker: the backend owns the whole device, and a second worker would load a second model.
 workers = 1
-worker_class = "gthread"
+# gthread's, counting connections right, answering before the grace ends and errors in JSON.
+worker_class = "inference_api.worker.ApiWorker"
 # A request holds its thread for as long as it streams, so there is one per request in flight.
 threads = _config.threads
 # gthread heartbeats from its main loop, not from request threads: long streams are fine.

@@ -140,6 +140,18 @@ class Router:
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
 
+    def end_requests(self, reason: str) -> None:
+        """End every request in flight with an error saying why (a 503 for one whose answer has not
+        begun) and free its row: the worker calls it when its shutdown grace is nearly over."""
+        with self._lock:
+            streams, self._streams = self._streams, {}
+            backend = self._backend
+        for stream in streams.values():
+            if backend is not None:
+                with contextlib.suppress(ValueError, OSError):
+                    backend.cancel(stream.request_id)
+            stream.deliver(Piece(stream.request_id, "", "error", error=reason))
+
     # Called by request threads.
 
     @property

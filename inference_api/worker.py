@@ -1,0 +1,95 @@
+"""The API server's gunicorn worker: gthread's, with three changes (gunicorn.conf.py names it).
+
+- A connection whose socket gunicorn already closed counts as closed once. When
+  a response fails after its headers went out (a stream cut by a backend that
+  died, native_api.StreamAborted), gthread's handle_request closes the socket
+  itself, and its finish_request then fails to close it again and counts the
+  connection closed a second time. The count runs one short for good, and a
+  SIGTERM stops waiting for the streams in flight that it no longer counts.
+- Before the shutdown grace (graceful_timeout) runs out, every request still in
+  flight ends with an error: one still waiting for its answer gets a 503 with
+  Retry-After, rather than a connection closed with no reply.
+- The answers gunicorn writes itself, to a request it cannot parse (400, 414,
+  431...) or to an error outside the app (500), are JSON in the API's error
+  shape, like every other error, instead of an HTML page.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+from gunicorn import util
+from gunicorn.workers.gthread import ThreadWorker
+
+from inference_api.errors import error_body
+
+# Requests still in flight this long before the grace ends get their error: time to write it and go.
+ANSWER_MARGIN_SECONDS = 1.0
+SHUTTING_DOWN = "the server is shutting down"
+
+
+class ApiWorker(ThreadWorker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._exit_requested = threading.Event()
+
+    def run(self):
+        threading.Thread(target=self._end_requests_before_grace_ends, name="grace", daemon=True).start()
+        super().run()
+
+    def handle_exit(self, sig, frame):
+        """SIGTERM. A signal handler: it only sets an event (starting a thread here could deadlock)."""
+        super().handle_exit(sig, frame)
+        self._exit_requested.set()
+
+    def _end_requests_before_grace_ends(self) -> None:
+        self._exit_requested.wait()
+        time.sleep(max(0.0, self.cfg.graceful_timeout - ANSWER_MARGIN_SECONDS))
+        router = getattr(self.wsgi, "extensions", {}).get("router")
+        if router is not None:
+            router.end_requests(SHUTTING_DOWN)
+
+    def finish_request(self, conn, fs):
+        if conn.sock.fileno() == -1:  # closed by gunicorn after its response failed midway
+            self.nr_conns -= 1
+            return
+        super().finish_request(conn, fs)
+
+    def handle_error(self, req, client, addr, exc):
+        """gunicorn picks the status and logs as it does; only the page it writes is JSON."""
+        page = _ErrorPage()
+        super().handle_error(req, page, addr, exc)
+        if page.status is None:
+            return
+        message = f"{page.reason}: {exc}" if page.status < 500 else "internal error"
+        path = getattr(req, "path", None) or ""
+        body = json.dumps(error_body(path, page.status, message, None, None)).encode()
+        head = (
+            f"HTTP/1.1 {page.status} {page.reason}\r\n"
+            "Connection: close\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            f"X-Request-ID: {uuid.uuid4().hex}\r\n\r\n"
+        )
+        try:
+            util.write_nonblock(client, head.encode("latin-1") + body)
+        except Exception:
+            self.log.debug("Failed to send error message.")
+
+
+class _ErrorPage:
+    """Stands for the client's socket in gunicorn's handle_error: keeps the status of the page it writes."""
+
+    status: int | None = None
+    reason = ""
+
+    def gettimeout(self) -> float:
+        return 0.0  # util.write_nonblock then writes with sendall alone
+
+    def sendall(self, data: bytes) -> None:
+        status_line = data.split(b"\r\n", 1)[0].decode("latin-1")
+        _, status, self.reason = status_line.split(" ", 2)
+        self.status = int(status)
