@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.functional import scaled_dot_product_attention
 from transformers import PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
 from backend.architectures import sliding_window
-from backend.quantized_linear import fuse_linears
+from backend.quantized_linear import DENSE_FROM_ROWS, fuse_linears
 from backend.row_attention import StepLayout, attend
 from backend.row_cache import RowCache
 
@@ -38,6 +39,10 @@ from backend.row_cache import RowCache
 # sliding window never comes into play (`supports`). Qwen2 adds biases to q, k and v: the linear
 # layers have them.
 LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2"}
+
+# Compiled decode steps for fewer rows than this; from here on the linear layers multiply by their
+# dense copies (quantized_linear.DENSE_FROM_ROWS) and the step is their time, compiled or not.
+COMPILED_BELOW = DENSE_FROM_ROWS
 
 
 class Projections:
@@ -58,9 +63,18 @@ class Projections:
 
 
 class DecoderRunner:
-    """Runs one step's packed tokens through the model and returns the logits at the `keep` positions."""
+    """Runs one step's packed tokens through the model and returns the logits at the `keep` positions.
 
-    def __init__(self, model: PreTrainedModel):
+    With `compile_decode`, a step of decoding rows alone, fewer than `COMPILED_BELOW` of them, runs
+    `_decode` compiled by torch.compile (inductor): the rotary embedding, norms, residual adds, cache
+    writes and casts of each layer become a few generated C++ loops around the matrix and attention
+    kernels, instead of some 25 PyTorch operations a layer, each with its dispatch cost. That cost is
+    what a one-row step on a CPU is made of once the weights are 4-bit (docs/performance.md). Steps
+    with prompt tokens, and steps of many rows (where the matrix products dominate and compiling
+    gained nothing, measured), stay eager.
+    """
+
+    def __init__(self, model: PreTrainedModel, compile_decode: bool = False):
         self.embed = model.model.embed_tokens
         self.rotary = model.model.rotary_emb
         self.layers = list(model.model.layers)
@@ -75,6 +89,10 @@ class DecoderRunner:
             Projections(a.q_proj, a.k_proj, a.v_proj) for a in (layer.self_attn for layer in self.layers)
         ]
         self.gate_up = [Projections(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers]
+        # dynamic: one compiled graph for every number of rows and span (sizes 0 and 1 get their own).
+        self.compiled_decode = (
+            torch.compile(self._decode, dynamic=True, fullgraph=True) if compile_decode else None
+        )
 
     @staticmethod
     def supports(model: PreTrainedModel, max_seq_len: int) -> bool:
@@ -95,6 +113,18 @@ class DecoderRunner:
         cache: RowCache,
         keep: torch.Tensor,  # [kept] indices into the tokens
     ) -> torch.Tensor:
+        if self.compiled_decode is not None and not layout.prompts and layout.decode_queries < COMPILED_BELOW:
+            # A decode step keeps every token's logits, in pack order.
+            visible = layout.visible
+            if visible.shape[0] == 1 and cache.rows > 1:
+                # A span of one row gets a second, free one (reading its position 0, its output dropped):
+                # torch.compile specializes size 1, and that would be one more graph to compile.
+                free_row = torch.full_like(visible, float("-inf"))
+                free_row[..., 0] = 0
+                visible = torch.cat([visible, free_row])
+            return self.compiled_decode(
+                input_ids, positions, layout.decode_index, visible, cache.keys, cache.values
+            )
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))  # [1, 1, tokens, head_dim]
         for layer, qkv, gate_up, cache_layer in zip(
@@ -124,6 +154,51 @@ class DecoderRunner:
         query, key = query_and_key.split([self.heads, self.kv_heads], dim=1)
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
         return attend(query, keys, values, layout, self.scaling).reshape(1, tokens, -1)
+
+    def _decode(
+        self,
+        input_ids: torch.Tensor,  # [queries]: one token for each decoding row
+        positions: torch.Tensor,  # [queries]
+        rows: torch.Tensor,  # [queries]: the row of each, ascending
+        visible: torch.Tensor,  # [span rows, 1, 1, span]: what each row of the span may read
+        keys: list[torch.Tensor],  # each layer's cache, [rows, kv_heads, max_seq_len, head_dim]
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """A decode step as `__call__` runs it, written for torch.compile: tensors in, no layout
+        objects, and one attention shape (free rows of the span get a zero query, as in `attend`)."""
+        queries, span_rows, span = input_ids.shape[0], visible.shape[0], visible.shape[-1]
+        max_seq_len, head_dim = keys[0].shape[2], keys[0].shape[3]
+        heads = torch.arange(self.kv_heads, device=rows.device)
+        slots = ((rows[:, None] * self.kv_heads + heads) * max_seq_len + positions[:, None]).reshape(-1)
+        hidden = self.embed(input_ids)[None]
+        cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))
+        for layer, qkv, gate_up, layer_keys, layer_values in zip(
+            self.layers, self.qkv, self.gate_up, keys, values, strict=True
+        ):
+            all_heads = (
+                qkv(rms_norm(hidden, layer.input_layernorm)).view(1, queries, -1, head_dim).transpose(1, 2)
+            )
+            query, key = rotate(all_heads[:, : self.heads + self.kv_heads], cos, sin).split(
+                [self.heads, self.kv_heads], dim=1
+            )
+            for cache, new in ((layer_keys, key), (layer_values, all_heads[:, self.heads + self.kv_heads :])):
+                cache.view(-1, head_dim).index_copy_(
+                    0, slots, new[0].transpose(0, 1).reshape(-1, head_dim).to(cache.dtype)
+                )
+            per_row = query[0].transpose(0, 1)[:, :, None].to(layer_keys.dtype)  # [queries, heads, 1, dim]
+            span_queries = per_row.new_zeros((span_rows, *per_row.shape[1:])).index_copy_(0, rows, per_row)
+            attended = scaled_dot_product_attention(
+                span_queries,
+                layer_keys[:span_rows, :, :span],
+                layer_values[:span_rows, :, :span],
+                attn_mask=visible,
+                scale=self.scaling,
+                enable_gqa=True,
+            ).index_select(0, rows)
+            hidden = hidden + layer.self_attn.o_proj(attended.reshape(1, queries, -1).to(hidden.dtype))
+            gate, up = gate_up(rms_norm(hidden, layer.post_attention_layernorm)).chunk(2, dim=-1)
+            hidden = hidden + layer.mlp.down_proj(nn.functional.silu(gate) * up)
+        return self.head(rms_norm(hidden[0], self.norm))
 
 
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:

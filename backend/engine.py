@@ -80,6 +80,7 @@ class Engine:
         prefix_reuse: bool = True,
         kv_cache_dtype: torch.dtype | None = None,
         embedding_model: EmbeddingModel | None = None,
+        compile_decode: bool = False,
     ):
         if embedding_model is not None and embedding_model.name == name:
             raise ValueError(f"the embedding model and the served model are both named {name!r}")
@@ -97,7 +98,11 @@ class Engine:
         # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.cache = RowCache(KVShape.of(model.config), rows, self.max_seq_len, self.cache_dtype, self.device)
-        self.runner = DecoderRunner(model) if DecoderRunner.supports(model, self.max_seq_len) else None
+        self.runner = (
+            DecoderRunner(model, compile_decode) if DecoderRunner.supports(model, self.max_seq_len) else None
+        )
+        if compile_decode and self.runner is None:
+            log.warning("--compile: %s runs through transformers' forward, which is not compiled", name)
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
         self.rows: list[Row | None] = [None] * rows
@@ -127,6 +132,7 @@ class Engine:
             config.prefix_reuse,
             loaded.cache_dtype,
             embedding_model,
+            config.compile_decode,
         )
         engine.tokenizer_path = loaded.tokenizer_path
         engine.warm_up()
@@ -544,11 +550,20 @@ class Engine:
     # Start-up and use from a Python shell.
 
     def warm_up(self) -> None:
-        """One prefill and a few decode steps, so the first real request pays no first-call costs."""
+        """One prefill and a few decode steps, so the first real request pays no first-call costs.
+
+        Compiled decode steps compile here, once for each way torch.compile specializes their
+        shapes: one row decoding, then two.
+        """
         prompt = tuple(t for t in self.tokenizer("Warm up.").input_ids if t < self.vocab_size) or (0,)
-        self.submit(Submit("warm-up", prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)))
-        while self.has_work:
-            self.step()
+        compiled = self.runner is not None and self.runner.compiled_decode is not None
+        runs = [(3,), (3, 3)] if compiled and len(self.rows) > 1 else [(3,)]
+        for lengths in runs:
+            for i, length in enumerate(lengths):
+                params = SamplingParams(temperature=0, max_tokens=length, ignore_eos=True)
+                self.submit(Submit(f"warm-up-{i}", prompt, params))
+            while self.has_work:
+                self.step()
 
     def generate(self, prompts: Iterable[str], params: SamplingParams | None = None) -> list[str]:
         """Generate for several prompts at once and return the texts (a convenience for shells and tests)."""

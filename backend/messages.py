@@ -141,6 +141,9 @@ class BackendConfig:
     # longer prompts take a chunk a step
     max_prefill_tokens: int = 128
     prefix_reuse: bool = True  # a prompt starting as a row's cached tokens prefills only the rest
+    # Decode steps of few rows compiled by torch.compile (decoder_runner.DecoderRunner); start-up
+    # compiles them, which takes minutes on a small CPU the first time
+    compile_decode: bool = False
     cache_dir: str | None = None  # converted weights; None: $INFERENCE_CACHE_DIR or ~/.cache
     # CPU threads for torch; None: torch's default (every core). Fewer leaves cores to the HTTP
     # side: torch's threads wait for each other, so one descheduled thread stalls them all.

@@ -139,6 +139,9 @@ class RowCache(Cache):
             for _ in range(shape.layers)
         ]
         super().__init__(layers=layers)
+        # Every layer's tensors, for a forward pass that writes and reads them itself (decoder_runner).
+        self.keys = [layer.keys for layer in layers]
+        self.values = [layer.values for layer in layers]
         self.rows = rows
         self.kv_heads = shape.kv_heads
         self.max_seq_len = max_seq_len

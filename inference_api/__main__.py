@@ -61,7 +61,8 @@ def served_name(text: str) -> str:
     return text
 
 
-def parse_args(argv: list[str] | None = None) -> ServerConfig:
+def build_parser() -> argparse.ArgumentParser:
+    """Every option of `python -m inference_api` (docs/configuration.md lists each)."""
     parser = argparse.ArgumentParser(prog="python -m inference_api", description=__doc__.split("\n")[0])
     parser.add_argument("--mock", action="store_true", help="the mock backend: no model, no torch")
     parser.add_argument(
@@ -116,6 +117,13 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         "start-up log gives the cache's size)",
     )
     parser.add_argument(
+        "--compile",
+        dest="compile_decode",
+        action="store_true",
+        help="compile decode steps of few rows with torch.compile: faster at a few streams, after a start-up "
+        "that compiles them (a few minutes on a small CPU, less once compiled; docs/performance.md)",
+    )
+    parser.add_argument(
         "--no-prefix-reuse",
         dest="prefix_reuse",
         action="store_false",
@@ -152,7 +160,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         default=DEFAULT_STEP_TIMEOUT,
         help="seconds without a step (or the backend's heartbeat) after which the backend is restarted",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    args = build_parser().parse_args(argv)
     model, embedding_model = (
         os.path.abspath(path) if path and os.path.exists(path) else path  # gunicorn may run elsewhere
         for path in (args.model, args.embedding_model)
@@ -169,6 +181,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         kv_cache_memory=args.kv_cache_memory,
         max_prefill_tokens=args.max_prefill_tokens,
         prefix_reuse=args.prefix_reuse,
+        compile_decode=args.compile_decode,
         torch_threads=args.torch_threads,
         mock=args.mock,
         mock_tokens_per_second=args.mock_tokens_per_second,

@@ -182,6 +182,39 @@ def print_floor(loaded: LoadedModel, engine: Engine, rows: int, span: int, step:
     )
 
 
+def compare_compiled(args: argparse.Namespace) -> None:
+    """Decode steps eager and compiled (`--compile`), on one loaded model, timed in turn."""
+    config = BackendConfig(
+        model=args.model, dtype=args.dtype, quantize=args.quantize, rows=max(args.rows), max_seq_len=512
+    )
+    loaded = load_model(config)
+    engines = {}
+    for compiled in (False, True):
+        started = time.perf_counter()
+        engines[compiled] = Engine(
+            loaded.model, loaded.tokenizer, max(args.rows), 512, loaded.name, compile_decode=compiled
+        )
+        engines[compiled].warm_up()
+        print(f"{'compiled' if compiled else 'eager'} engine ready in {time.perf_counter() - started:.1f} s")
+    prompts = [loaded.tokenizer(text).input_ids for text in PROMPTS]
+    print(f"\n{loaded.name}, {loaded.model.dtype}, {args.max_tokens} tokens per request; {machine()}\n")
+    print(
+        "| active rows | eager tokens/s | compiled tokens/s | eager step (ms) | compiled step (ms) "
+        "| compiled/eager |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for active in args.rows:
+        runs = {compiled: [] for compiled in engines}
+        for _ in range(3):  # in turn, so that a noisy neighbour hits both alike
+            for compiled, engine in engines.items():
+                runs[compiled].append(time_engine(engine, prompts, active, args.max_tokens))
+        (eager_tps, eager_step), (tps, step) = (max(runs[c]) for c in (False, True))
+        print(
+            f"| {active} | {eager_tps:.1f} | {tps:.1f} | {eager_step * 1000:.1f} | {step * 1000:.1f} "
+            f"| {tps / eager_tps:.2f}x |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -192,7 +225,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--baseline-requests", type=int, default=4)
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="instead: the same engine with compiled decode steps (--compile) against it eager, each row "
+        "count timed on both in turn",
+    )
     args = parser.parse_args()
+    if args.compile:
+        compare_compiled(args)
+        return
 
     loaded = load_model(
         BackendConfig(

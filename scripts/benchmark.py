@@ -108,7 +108,7 @@ def start(command: list[str], ready_url: str) -> subprocess.Popen:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 900  # --compile compiles at start-up: minutes on a small CPU
     while time.monotonic() < deadline and process.poll() is None:
         try:
             if requests.get(ready_url, timeout=2).status_code == 200:
@@ -359,8 +359,9 @@ def time_to_first_token_bound(results: Results) -> list[str]:
 def report(args, model: str, results: Results, plots: list[str]) -> str:
     lines = [
         f"`scripts/benchmark.py` on {machine()};",
-        f"model {model}, dtype {args.dtype}, quantize {args.quantize}, server torch threads "
-        f"{args.torch_threads or 'default'};",
+        f"model {model}, dtype {args.dtype}, quantize {args.quantize}"
+        f"{', --compile' if getattr(args, 'compile', False) else ''}, "
+        f"server torch threads {args.torch_threads or 'default'};",
         f"closed-loop streaming clients, {args.tokens} generated tokens per request (`ignore_eos`),",
         f"{args.requests} requests per client; written {time.strftime('%Y-%m-%d')}.",
         "",
@@ -438,6 +439,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="path or hub id (default: SmolLM2-135M-Instruct GGUF)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantize", default="auto")
+    parser.add_argument("--compile", action="store_true", help="serve with --compile (compiled decode steps)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md")
 
 
@@ -460,6 +462,8 @@ def server_command(args, port: int, max_seq_len: int = 512) -> list[str]:
         command += ["--model", args.model]
     if getattr(args, "torch_threads", None):
         command += ["--torch-threads", str(args.torch_threads)]
+    if getattr(args, "compile", False):
+        command.append("--compile")
     return command
 
 

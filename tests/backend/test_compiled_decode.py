@@ -1,0 +1,85 @@
+"""`--compile`: decode steps of few rows run compiled by torch.compile, with the eager step's results.
+
+Each decode step an eager engine takes is run again through a compiled runner on a copy of the cache
+as it was before the step: the logits and the keys and values written must be the eager step's, for
+one row, for rows with a free row among them, and with 4-bit weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.decoder_runner import DecoderRunner
+from backend.engine import Engine
+from backend.messages import SamplingParams, Submit
+from backend.quantized_linear import quantize_model
+from backend.row_cache import KVShape, RowCache
+from tests.backend.models import MarkerTokenizer, drive, tiny_model
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def record_decode_steps(engine: Engine) -> list[tuple]:
+    """Every decode-only forward of the engine: inputs, the cache before, the logits, the cache after."""
+    forward, steps = engine._forward, []
+
+    def recording(input_ids, positions, layout, keep):
+        before = [t.clone() for t in engine.cache.keys + engine.cache.values]
+        logits = forward(input_ids, positions, layout, keep)
+        if not layout.prompts:
+            after = [t.clone() for t in engine.cache.keys + engine.cache.values]
+            steps.append((input_ids, positions, layout, keep, before, logits.clone(), after))
+        return logits
+
+    engine._forward = recording
+    return steps
+
+
+@pytest.mark.parametrize("weights", ["float32", "int4"])
+def test_compiled_decode_steps_give_the_eager_steps_logits_and_cache_writes(weights):
+    model = tiny_model("llama")
+    if weights == "int4":
+        quantize_model(model, "int4")
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=64)
+    steps = record_decode_steps(engine)
+    # Three rows decode together; the middle one ends first, leaving a free row inside the span;
+    # then the first ends and the last decodes alone.
+    drive(
+        engine,
+        [
+            (0, Submit("a", (5, 6, 7), greedy(6))),
+            (0, Submit("b", (8, 9), greedy(2))),
+            (0, Submit("c", (10, 11, 12, 13), greedy(9))),
+        ],
+    )
+    shapes = {(layout.decode_queries, layout.decode_rows) for _, _, layout, *_ in steps}
+    assert {(3, 3), (2, 3), (1, 3)} <= shapes and any(layout.has_free_rows for _, _, layout, *_ in steps)
+
+    compiled = DecoderRunner(model, compile_decode=True)
+    cache = RowCache(KVShape.of(model.config), 4, 64, engine.cache_dtype, engine.device)
+    for input_ids, positions, layout, keep, before, logits, after in steps:
+        for tensor, saved in zip(cache.keys + cache.values, before, strict=True):
+            tensor.copy_(saved)
+        with torch.inference_mode():
+            cache.plan_step(layout)
+            compiled_logits = compiled(input_ids, positions, layout, cache, keep)
+        torch.testing.assert_close(compiled_logits, logits, atol=1e-4, rtol=1e-4)
+        for tensor, expected in zip(cache.keys + cache.values, after, strict=True):
+            torch.testing.assert_close(tensor, expected, atol=1e-5, rtol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
+
+
+def test_an_engine_with_compiled_decode_warms_up_and_generates_as_the_eager_one():
+    model = tiny_model("llama")
+    eager = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=64)
+    compiled = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=64, compile_decode=True)
+    compiled.warm_up()
+    prompts = [(5, 6, 7), (8, 9, 10, 11)]
+    results = []
+    for engine in (eager, compiled):
+        pieces = drive(engine, [(0, Submit(f"r{i}", p, greedy(8))) for i, p in enumerate(prompts)])
+        results.append({key: [piece.text for piece in value] for key, value in pieces.items()})
+    assert results[0] == results[1]
