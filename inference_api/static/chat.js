@@ -4,6 +4,8 @@
 
 // sessionStorage, not localStorage: the token goes away with the tab.
 const TOKEN_KEY = "inference-server.token";
+// localStorage: the conversation is still there after a reload, until "New chat".
+const CONVERSATION_KEY = "inference-server.conversation";
 // fetch's statusText is empty over HTTP/2 and on some proxies: name the statuses the API answers ourselves.
 const REASONS = {
   400: "Bad request",
@@ -21,10 +23,48 @@ const SAMPLING_FIELDS = ["temperature", "top_p", "top_k", "max_tokens"];
 const $ = (id) => document.getElementById(id);
 
 const state = {
-  messages: [], // the conversation as the API takes it: {role, content}
+  // The conversation: {role, content} as the API takes it; an answer also keeps its statistics line
+  // (stats) or the error that cut it short (error).
+  turns: [],
   model: null, // the served model's id, from /v1/models
   controller: null, // the AbortController of the answer under way
+  failed: [], // the elements of an exchange that got no answer: on the page until the next send
 };
+
+// The model's output is not trusted markup. Raw HTML in it is shown as text; the HTML that marked
+// makes from the Markdown goes through DOMPurify, which keeps only what Markdown needs. No images
+// (their alt text stands in): one would make the browser fetch whatever address the model wrote.
+const escapeHtml = (text) =>
+  text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+const markdown = new marked.Marked({
+  gfm: true,
+  breaks: true, // a chat's single line breaks are meant
+  renderer: {
+    html: ({ text, block }) =>
+      block ? `<p>${escapeHtml(text.trim()).replaceAll("\n", "<br>")}</p>` : escapeHtml(text),
+    image: ({ text }) => escapeHtml(text),
+  },
+});
+const SANITIZE = {
+  ALLOWED_TAGS: [
+    "p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "del", "code", "pre",
+    "blockquote", "ul", "ol", "li", "a", "table", "thead", "tbody", "tr", "th", "td",
+  ],
+  ALLOWED_ATTR: ["href", "title", "start", "align"],
+  ALLOWED_URI_REGEXP: /^https?:/i, // links to the web only: no javascript:, data:, or paths of this server
+  ADD_URI_SAFE_ATTR: ["start", "align"], // not addresses: not held to the pattern above
+};
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  if (node.tagName === "A" && node.hasAttribute("href")) {
+    node.setAttribute("target", "_blank");
+    node.setAttribute("rel", "noopener noreferrer");
+  }
+});
+
+/** Markdown to safe HTML: what an answer's text element holds. */
+function renderMarkdown(text) {
+  return DOMPurify.sanitize(markdown.parse(text), SANITIZE);
+}
 
 /** An error whose message is already fit to show. */
 class ReadableError extends Error {}
@@ -87,6 +127,7 @@ async function showModel() {
   return state.model;
 }
 
+/** A message on the page. A user's text is shown as written, an answer's as Markdown. */
 function addMessage(role, text) {
   const element = document.createElement("div");
   element.className = `message ${role}`;
@@ -95,11 +136,28 @@ function addMessage(role, text) {
   label.textContent = role;
   const body = document.createElement("div");
   body.className = "text";
-  body.textContent = text; // text, never HTML: the model's output is not trusted markup
   element.append(label, body);
+  setText(element, text);
   $("conversation").append(element);
   scrollDown();
   return element;
+}
+
+function setText(element, text) {
+  const body = element.querySelector(".text");
+  body.dataset.source = text; // the text as written, which the rendered Markdown no longer spells out
+  if (element.classList.contains("assistant")) body.innerHTML = renderMarkdown(text);
+  else body.textContent = text;
+}
+
+/** A line under a message: an answer's statistics, or an error. */
+function addNote(element, className, text) {
+  const note = document.createElement("div");
+  note.className = className;
+  if (className === "error") note.setAttribute("role", "alert");
+  note.textContent = text;
+  element.append(note);
+  scrollDown(); // the note is the last thing on the page: below the fold until scrolled to
 }
 
 function scrollDown() {
@@ -118,6 +176,8 @@ class Answer {
     this.last = null;
     this.pieces = 0;
     this.usage = null; // the server's count, from the last chunk (stream_options.include_usage)
+    this.stats = null;
+    this.error = null;
   }
 
   append(content) {
@@ -126,7 +186,7 @@ class Answer {
     this.last = now;
     this.pieces += 1;
     this.text += content;
-    this.element.querySelector(".text").textContent = this.text;
+    setText(this.element, this.text); // the whole text again: an open code block or list closes later
     scrollDown();
   }
 
@@ -142,20 +202,21 @@ class Answer {
       if (tokens > 1 && seconds > 0) parts.push(`${((tokens - 1) / seconds).toFixed(1)} tokens/s`);
     }
     if (note) parts.push(note);
-    const stats = document.createElement("div");
-    stats.className = "stats";
-    stats.textContent = parts.join(" · ");
-    this.element.append(stats);
+    this.stats = parts.join(" · ");
+    addNote(this.element, "stats", this.stats);
   }
 
   fail(message) {
     this.element.classList.remove("streaming");
-    const error = document.createElement("div");
-    error.className = "error";
-    error.setAttribute("role", "alert");
-    error.textContent = message;
-    this.element.append(error);
-    scrollDown();
+    this.error = message;
+    addNote(this.element, "error", message);
+  }
+
+  get turn() {
+    const turn = { role: "assistant", content: this.text };
+    if (this.stats) turn.stats = this.stats;
+    if (this.error) turn.error = this.error;
+    return turn;
   }
 }
 
@@ -185,10 +246,10 @@ async function* sseData(body) {
   }
 }
 
-function requestBody(model) {
+function requestBody(model, turns) {
   const body = {
     model,
-    messages: state.messages,
+    messages: turns.map(({ role, content }) => ({ role, content })),
     stream: true,
     stream_options: { include_usage: true },
   };
@@ -199,13 +260,13 @@ function requestBody(model) {
   return body;
 }
 
-async function streamAnswer(answer, signal) {
+async function streamAnswer(answer, turns, signal) {
   const model = state.model ?? (await showModel());
   if (!model) throw new ReadableError($("model").textContent);
   const response = await fetch("/v1/chat/completions", {
     method: "POST",
     headers: requestHeaders(),
-    body: JSON.stringify(requestBody(model)),
+    body: JSON.stringify(requestBody(model, turns)),
     signal,
   });
   if (!response.ok) throw await responseError(response);
@@ -232,37 +293,78 @@ async function send(event) {
   const text = prompt.value;
   if (!text.trim() || state.controller) return;
   prompt.value = "";
-  const turns = state.messages; // "New chat" mid-answer swaps in a new one: this answer stays here
+  // An exchange that failed before goes: its prompt, given back, is being sent again or replaced.
+  state.failed.forEach((element) => element.remove());
+  state.failed = [];
+  const turns = state.turns; // "New chat" mid-answer swaps in a new list: this answer stays out of it
   turns.push({ role: "user", content: text });
-  addMessage("user", text);
+  const question = addMessage("user", text);
   const answer = new Answer();
   const controller = new AbortController();
   setBusy(controller);
   try {
-    await streamAnswer(answer, controller.signal);
+    await streamAnswer(answer, turns, controller.signal);
     answer.finish();
   } catch (error) {
-    if (error.name === "AbortError") {
-      // Aborting closes the connection: the server frees the row at its next step.
-      answer.finish("stopped");
-    } else if (answer.text) {
-      answer.fail(readable(error));
-    } else {
-      // Nothing came: take the turn back, so that the prompt can be sent again as it was.
-      answer.fail(readable(error));
-      turns.pop();
-      if (!prompt.value) prompt.value = text;
-    }
+    // Aborting closes the connection: the server frees the row at its next step.
+    if (error.name === "AbortError") answer.finish("stopped");
+    else answer.fail(readable(error));
   } finally {
-    if (answer.text) turns.push({ role: "assistant", content: answer.text });
-    setBusy(null);
+    if (state.controller === controller) setBusy(null);
+  }
+  if (turns !== state.turns) return; // "New chat" came in between
+  if (answer.text) {
+    turns.push(answer.turn);
+    saveConversation();
+  } else {
+    // Nothing came: the turn is taken back and the prompt given back, whole and selected, so that
+    // Enter sends it again and typing replaces it (rather than adding to it).
+    turns.pop();
+    state.failed = [question, answer.element];
+    prompt.value = text;
+    prompt.focus();
+    prompt.select();
+  }
+}
+
+function saveConversation() {
+  try {
+    localStorage.setItem(CONVERSATION_KEY, JSON.stringify({ turns: state.turns }));
+  } catch (error) {
+    console.warn("the conversation could not be kept in localStorage:", error); // full, or disabled
+  }
+}
+
+/** The conversation kept by the last visit, or none if there is none or it cannot be read. */
+function storedTurns() {
+  try {
+    const turns = JSON.parse(localStorage.getItem(CONVERSATION_KEY))?.turns;
+    const valid = (turn) => ["user", "assistant"].includes(turn?.role) && typeof turn.content === "string";
+    return Array.isArray(turns) && turns.every(valid) ? turns : [];
+  } catch {
+    return [];
+  }
+}
+
+function showConversation(turns) {
+  state.turns = turns;
+  for (const turn of turns) {
+    const element = addMessage(turn.role, turn.content);
+    if (turn.stats) addNote(element, "stats", turn.stats);
+    if (turn.error) addNote(element, "error", turn.error);
   }
 }
 
 function newChat() {
   state.controller?.abort();
-  state.messages = [];
+  setBusy(null);
+  state.turns = [];
+  state.failed = [];
   $("conversation").replaceChildren();
+  $("prompt").value = "";
+  try {
+    localStorage.removeItem(CONVERSATION_KEY);
+  } catch {} // storage disabled: nothing was kept
   $("prompt").focus();
 }
 
@@ -285,6 +387,7 @@ function start() {
       $("composer").requestSubmit();
     }
   });
+  showConversation(storedTurns());
   $("prompt").focus();
   showModel();
 }

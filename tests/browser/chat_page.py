@@ -6,6 +6,7 @@ path, so selenium-manager has nothing to look for.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +82,13 @@ class ChatPage:
 
     def open(self) -> None:
         self.driver.get(f"{self.base_url}/")
+        self.wait_loaded()
+
+    def reload(self) -> None:
+        self.driver.refresh()
+        self.wait_loaded()
+
+    def wait_loaded(self) -> None:
         wait_until(lambda: "loading" not in self.model_label(), 30, "the model name never loaded")
         self.driver.execute_script(RECORD_REQUESTS)
 
@@ -100,17 +108,32 @@ class ChatPage:
         self.element("token").send_keys(Keys.TAB)  # leaving the field fires change: the model name reloads
 
     def send(self, prompt: str) -> None:
-        before = len(self.answers())
         self.set_field("prompt", prompt)
+        self.click_send()
+
+    def prompt(self) -> str:
+        """What the message box holds."""
+        return self.element("prompt").get_attribute("value")
+
+    def click_send(self) -> None:
+        # A new last answer, not one more: a failed exchange before it leaves the page at the send.
+        before = self.answers()[-1:]
         self.element("send").click()
-        wait_until(lambda: len(self.answers()) > before, 10, "no answer appeared")
+        wait_until(lambda: self.answers()[-1:] not in ([], before), 10, "no answer appeared")
+
+    def messages(self) -> list[WebElement]:
+        return self.driver.find_elements(By.CSS_SELECTOR, "#conversation .message")
 
     def answers(self) -> list[WebElement]:
         return self.driver.find_elements(By.CSS_SELECTOR, "#conversation .message.assistant")
 
+    @staticmethod
+    def source(message: WebElement) -> str:
+        """A message's text as written: an answer shows it rendered as Markdown."""
+        return message.find_element(By.CLASS_NAME, "text").get_attribute("data-source")
+
     def answer_text(self) -> str:
-        # textContent, not .text: the latter is what is laid out, trimmed.
-        return self.answers()[-1].find_element(By.CLASS_NAME, "text").get_attribute("textContent")
+        return self.source(self.answers()[-1])
 
     def answer_done(self) -> bool:
         return "streaming" not in self.answers()[-1].get_attribute("class")
@@ -121,6 +144,19 @@ class ChatPage:
     def answer_stats(self) -> str:
         stats = self.answers()[-1].find_elements(By.CLASS_NAME, "stats")
         return stats[0].text if stats else ""
+
+    def in_view(self, element: WebElement) -> bool:
+        """Whether the element lies wholly inside the conversation's visible part (it scrolls)."""
+        return self.driver.execute_script(
+            """const inner = arguments[0].getBoundingClientRect();
+            const outer = document.getElementById("conversation").getBoundingClientRect();
+            return inner.height > 0 && inner.top >= outer.top - 1 && inner.bottom <= outer.bottom + 1;""",
+            element,
+        )
+
+    def stored_conversation(self) -> list[dict] | None:
+        stored = self.driver.execute_script("return localStorage.getItem('inference-server.conversation')")
+        return None if stored is None else json.loads(stored)["turns"]
 
     def answer_error(self) -> str:
         errors = self.answers()[-1].find_elements(By.CLASS_NAME, "error")

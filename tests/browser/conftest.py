@@ -41,3 +41,10 @@ def busy_server() -> Iterator[RunningServer]:
     options = "--mock --rows 1 --max-queue 0 --mock-tokens-per-second 10"
     with running_server(*options.split()) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def mock_server() -> Iterator[RunningServer]:
+    """The mock at a quick pace: long answers in a few seconds, for what the page does around them."""
+    with running_server("--mock", "--rows", "4", "--mock-tokens-per-second", "200") as server:
+        yield server

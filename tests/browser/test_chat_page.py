@@ -91,9 +91,12 @@ def test_stop_ends_the_answer_and_the_server_frees_the_row(
     wait_until(page.answer_done, 10, "Stop did not end the answer")
     assert page.answer_stats().endswith("stopped")
     assert page.element("send").is_enabled() and not page.element("stop").is_enabled()
+    stopped_text = page.answer_text()
     # The cancel reaches the backend within a few steps of Stop. A row left running would go on to
     # max_tokens: 1,500 more tokens, 25 s and more at this server's one-row step of 16 to 35 ms.
     wait_until(lambda: real_server.metric("inference_active_rows") == 0, 5, "the row was not freed")
+    # The row ran on for those steps after Stop: a page still reading the stream would show their text.
+    assert page.answer_text() == stopped_text, "text came after Stop"
 
 
 @pytest.mark.real_model
