@@ -54,7 +54,8 @@ def jwt_secret() -> str:
     return secret
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+def build_parser() -> argparse.ArgumentParser:
+    """`make run`'s own options (docs/configuration.md lists each); the rest go to inference_api."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
         epilog="Other options go to inference_api: see python -m inference_api --help.",
@@ -64,6 +65,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--proxy-port", type=int, default=int(os.environ.get("PROXY_PORT", "8080")))
     parser.add_argument("--proxy-host", default=os.environ.get("PROXY_HOST", "127.0.0.1"))
+    return parser
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = build_parser()
     args, api_options = parser.parse_known_args(argv)
     if "--host" in api_options:
         parser.error(

@@ -1,0 +1,124 @@
+"""docs/troubleshooting.md quotes the messages the code really gives: each is made here by the code that
+gives it (or, for log lines and HTTP errors, found in it), and must appear on the page as written."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import socket
+import time
+
+import jwt
+import pytest
+import torch
+from transformers import LlamaConfig, MistralConfig, Phi3Config
+
+from backend import resources
+from backend.architectures import UnsupportedModel, check_supported
+from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL
+from proxy.auth import AuthError, authenticate
+from tests.conftest import ROOT
+
+DOC = ROOT / "docs" / "troubleshooting.md"
+SECRET = "s" * 64
+_spec = importlib.util.spec_from_file_location("run_stack", ROOT / "scripts" / "run_stack.py")
+run_stack = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_stack)
+
+
+def page() -> str:
+    return DOC.read_text()
+
+
+def token(claims: dict, secret: str = SECRET, algorithm: str = "HS256") -> str:
+    return jwt.encode({"team_id": "t", "token_id": "x", **claims}, secret, algorithm=algorithm)
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "Basic dXNlcjpwYXNz",
+        f"Bearer {token({'exp': int(time.time()) - 60})}",
+        f"Bearer {token({}, secret='another secret of at least 32 bytes')}",
+        f"Bearer {token({'nbf': int(time.time()) + 3600})}",
+        f"Bearer {jwt.encode({'token_id': 'x'}, SECRET, algorithm='HS256')}",
+        f"Bearer {token({'team_id': ''})}",
+        f"Bearer {token({}, algorithm='HS512')}",
+        "Bearer not-a-jwt",
+    ],
+    ids=["missing", "scheme", "expired", "secret", "nbf", "claim", "empty", "alg", "malformed"],
+)
+def test_each_401_reason_is_on_the_page(authorization):
+    with pytest.raises(AuthError) as refused:
+        authenticate(authorization, SECRET)
+    assert f"`{refused.value}`" in page()
+
+
+def test_the_port_in_use_message_is_make_runs():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        with pytest.raises(run_stack.PieceFailed) as failed:
+            run_stack.check_free("127.0.0.1", port, "the proxy")
+    assert f"run: {failed.value}".replace(str(port), "8080") in page()
+
+
+def test_the_refusals_of_models_are_the_engines():
+    phi3 = Phi3Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=256)
+    mistral = MistralConfig(sliding_window=4096, max_position_embeddings=32768)
+    for config, max_seq_len in ((phi3, 512), (mistral, 8192)):
+        with pytest.raises(UnsupportedModel) as refused:
+            check_supported(config, max_seq_len)
+        assert str(refused.value) in page()
+
+
+def without_figures(text: str) -> str:
+    return re.sub(r"\d+(?:\.\d+)?", "N", text)
+
+
+def test_the_resource_message_is_the_start_up_checks(monkeypatch, tmp_path):
+    monkeypatch.setattr(resources, "measure_available", lambda device, path: resources.Available(0, 0, None))
+    tiny = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    with pytest.raises(resources.InsufficientResources) as short:
+        resources.check_resources(
+            tiny,
+            dtype=torch.float32,
+            cache_dtype=torch.float32,
+            device=torch.device("cpu"),
+            rows=1000,
+            max_seq_len=2048,
+            disk_path=tmp_path,
+            converting=False,
+        )
+    quoted = "\n".join(line.removeprefix("    ") for line in page().splitlines())
+    assert without_figures(str(short.value)) in without_figures(quoted)
+
+
+@pytest.mark.parametrize(
+    "path, fragment",
+    [
+        ("inference_api/generation.py", "the model is not loaded yet"),
+        ("inference_api/generation.py", "the server is busy: every row is taken and the queue is full"),
+        ("inference_api/ops.py", "the backend is loading or restarting"),
+        ("proxy/forward.py", "no inference server is ready"),
+        ("proxy/forward.py", "the inference server did not answer in time"),
+        ("backend/process.py", "backend process exited with code"),
+        ("inference_api/router.py", "the backend died while starting: "),
+        ("inference_api/router.py", "; restarting it in "),
+        ("backend/loader.py", "saved the converted model to"),
+        ("backend/loader.py", "from its converted copy in"),
+        ("backend/loader.py", "could not cache the converted model in"),
+        ("backend/loader.py", "does not exist"),
+        ("scripts/run_stack.py", "before it was ready"),
+        ("backend/cache_size.py", "a row needs"),
+    ],
+)
+def test_each_quoted_fragment_is_in_the_code(path, fragment):
+    assert fragment in (ROOT / path).read_text()
+    assert fragment in " ".join(page().split())
+
+
+def test_the_retry_after_figures_are_the_servers():
+    assert f"`Retry-After: {RETRY_AFTER_NOT_READY}`" in page()
+    assert f"`Retry-After: {RETRY_AFTER_QUEUE_FULL}`" in page()
