@@ -13,7 +13,8 @@ from proxy.config import DEFAULT_PORT, DEFAULT_UPSTREAM, ProxyConfig, load_secre
 GUNICORN_CONF = Path(__file__).resolve().parent / "gunicorn_conf.py"
 
 
-def parse_args(argv: list[str] | None = None) -> ProxyConfig:
+def build_parser() -> argparse.ArgumentParser:
+    """Every option of `python -m proxy` (docs/configuration.md lists each)."""
     parser = argparse.ArgumentParser(prog="python -m proxy", description=__doc__)
     parser.add_argument(
         "--upstream",
@@ -41,7 +42,36 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         help="treat each upstream's host name as all the addresses it resolves to, looked up at every "
         "check (a Kubernetes headless Service)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=ProxyConfig.max_connections,
+        help="client connections served at once, streams and idle ones alike; more wait to be accepted",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=ProxyConfig.header_timeout,
+        help="seconds a connection has to send a request's line and headers (also the keep-alive idle time)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=ProxyConfig.body_timeout,
+        help="seconds a request has to send its body after its headers (408 past that)",
+    )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=ProxyConfig.health_port,
+        help="a second port that answers only /health, outside --max-connections, for a liveness probe "
+        "(default: none)",
+    )
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> ProxyConfig:
+    args = build_parser().parse_args(argv)
     return ProxyConfig(
         upstreams=tuple(args.upstream or [DEFAULT_UPSTREAM]),
         host=args.host,
@@ -50,6 +80,10 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         read_timeout=args.read_timeout,
         check_interval=args.check_interval,
         discover=args.discover,
+        max_connections=args.max_connections,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        health_port=args.health_port,
     )
 
 

@@ -81,14 +81,25 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
     # One session serves every client: a cookie an upstream sets for one must never go out with
     # another's request. The client's own Cookie header is forwarded as it is.
     session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-    # One pooled connection per thread and upstream, so streams do not queue for sockets.
-    adapter = requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=config.threads)
+    # Up to one pooled connection per client connection and upstream, so streams never queue for
+    # sockets and none is opened only to be thrown away.
+    adapter = requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=config.max_connections)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
 
     @app.get("/health")
     def health():
         return jsonify(status="ok")
+
+    if config.health_port:
+        probe_port = str(config.health_port)
+
+        @app.before_request
+        def probe_port_answers_health_only():
+            # SERVER_PORT is the port of the listener the connection came in on, not the Host header.
+            if request.environ.get("SERVER_PORT") == probe_port and request.path != "/health":
+                return error_response(404, "this port answers /health only")
+            return None
 
     @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
     @app.route("/<path:path>", methods=ALL_METHODS)

@@ -47,8 +47,16 @@ class ProxyConfig:
     # Seconds without a byte from the upstream: a long non-streamed answer is silent until it is done.
     read_timeout: float = 600.0
     check_interval: float = 2.0
-    threads: int = 128
     discover: bool = False  # each upstream host name stands for all its addresses (Kubernetes)
+    # Slow or idle clients (docs/deploy.md, "Slow clients"): each connection is a greenlet, so holding
+    # one costs memory, not a thread. A connection must send a request's line and headers within
+    # header_timeout of opening (or of its previous answer), and its body within body_timeout of them.
+    max_connections: int = 4000  # at once, streams included; past that, connections wait to be accepted
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    # A second port that answers only /health, for the liveness probe: its connections are counted
+    # apart, so it answers while max_connections are in use. 0: none.
+    health_port: int = 0
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -59,8 +67,11 @@ class ProxyConfig:
             "PROXY_CONNECT_TIMEOUT": str(self.connect_timeout),
             "PROXY_READ_TIMEOUT": str(self.read_timeout),
             "PROXY_CHECK_INTERVAL": str(self.check_interval),
-            "PROXY_THREADS": str(self.threads),
             "PROXY_DISCOVER": "1" if self.discover else "0",
+            "PROXY_MAX_CONNECTIONS": str(self.max_connections),
+            "PROXY_HEADER_TIMEOUT": str(self.header_timeout),
+            "PROXY_BODY_TIMEOUT": str(self.body_timeout),
+            "PROXY_HEALTH_PORT": str(self.health_port),
         }
 
     @classmethod
@@ -75,6 +86,9 @@ class ProxyConfig:
             connect_timeout=float(env.get("PROXY_CONNECT_TIMEOUT", default.connect_timeout)),
             read_timeout=float(env.get("PROXY_READ_TIMEOUT", default.read_timeout)),
             check_interval=float(env.get("PROXY_CHECK_INTERVAL", default.check_interval)),
-            threads=int(env.get("PROXY_THREADS", default.threads)),
             discover=env.get("PROXY_DISCOVER", "0") == "1",
+            max_connections=int(env.get("PROXY_MAX_CONNECTIONS", default.max_connections)),
+            header_timeout=float(env.get("PROXY_HEADER_TIMEOUT", default.header_timeout)),
+            body_timeout=float(env.get("PROXY_BODY_TIMEOUT", default.body_timeout)),
+            health_port=int(env.get("PROXY_HEALTH_PORT", default.health_port)),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Iterator
 
@@ -88,9 +89,13 @@ def send(
     received nothing yet: a refused connection means the upstream never saw
     the request, and a reset one means it died (or closed an idle pooled
     connection) before answering. Generation has no side effects, so sending
-    the request to another upstream loses nothing.
+    the request to another upstream loses nothing. A first reset is tried
+    once more on the same upstream: an upstream closes a pooled connection
+    idle past its keep-alive time, and a request sent on it in that instant
+    is reset although the upstream is well (one upstream: a 502 otherwise).
     """
     tried: set[str] = set()
+    reset: set[str] = set()
     while True:
         try:
             upstream = pool.acquire(exclude=tried)
@@ -111,6 +116,10 @@ def send(
             pool.release(upstream)
             if _never_connected(error):
                 pool.mark_down(upstream)  # the health check brings it back
+            elif upstream.url not in reset:
+                log.info("upstream %s: %s; trying it again", upstream.url, error)
+                reset.add(upstream.url)
+                continue
             log.info("upstream %s: %s; trying another", upstream.url, error)
             tried.add(upstream.url)
         except requests.ReadTimeout as error:
@@ -125,18 +134,30 @@ def _never_connected(error: requests.RequestException) -> bool:
     return isinstance(reason, urllib3.exceptions.NewConnectionError)
 
 
+class UpstreamBrokeOff(ConnectionResetError):
+    """The upstream's answer stopped before its end (it died, or shut down mid-stream).
+
+    Raised from the body so that the server closes the client's connection
+    without the last chunk: the client sees the answer cut, as a direct client
+    would, never a clean but shortened end. A ConnectionResetError, because for
+    the server that is what it is, a lost connection (gunicorn logs it at debug
+    level, with no traceback; the warning here says which upstream).
+    """
+
+
 def stream_body(pool: UpstreamPool, upstream: Upstream, response: requests.Response) -> Iterator[bytes]:
     """The upstream's body, chunk by chunk as it arrives; frees the upstream at the end or on hang-up."""
     raw = response.raw
     try:
+        yield b""  # the status and headers go out now (gunicorn sends them on the first write)
         if raw.chunked:
             yield from raw.read_chunked(None, decode_content=False)
         else:
             while chunk := raw.read1(65536, decode_content=False):
                 yield chunk
     except (urllib3.exceptions.HTTPError, OSError) as error:
-        # Too late to change the status: end the stream, the client sees it cut short.
         log.warning("upstream %s broke off a response: %s", upstream.url, error)
+        raise UpstreamBrokeOff(errno.ECONNRESET, f"the upstream broke off: {error}") from error
     finally:
         # Also runs when the client hangs up (the server closes this generator): closing
         # the upstream connection tells the inference server to free the row.

@@ -12,12 +12,18 @@ from proxy.config import ProxyConfig  # noqa: E402
 
 _config = ProxyConfig.from_env()
 
-wsgi_app = "proxy:create_app()"
+wsgi_app = "proxy.app:create_app()"
 bind = [f"{_config.host}:{_config.port}"]
+if _config.health_port:
+    # Its own listener has its own pool of connections: the liveness probe gets in however busy
+    # the main port is (the app answers only /health there).
+    bind.append(f"{_config.host}:{_config.health_port}")
 workers = 1
-worker_class = "gthread"
-# Each stream holds a thread for as long as it lasts.
-threads = _config.threads
+# A greenlet per connection (gevent's worker with the proxy's header and body deadlines): slow
+# clients hold memory, not threads. docs/deploy.md, "Slow clients", has the measurements.
+worker_class = "proxy.worker.ProxyWorker"
+worker_connections = _config.max_connections
+keepalive = 1  # on (ProxyWorker's header deadline, not this, bounds the wait for the next request)
 timeout = 30
 graceful_timeout = 10
 control_socket_disable = True

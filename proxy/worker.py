@@ -1,0 +1,123 @@
+"""The proxy's gunicorn worker: gevent's, plus the deadlines a server facing the internet needs.
+
+Each connection is a greenlet, so a slow or idle client holds a little memory,
+not a thread (docs/deploy.md, "Slow clients"). gunicorn's gevent worker bounds
+the read of a request's line and headers by its keep-alive setting, a whole
+number of seconds that is also the idle time; here it is `header_timeout`. It
+has no bound at all on the body, which the app reads: `DeadlineBody` is one.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from contextlib import contextmanager
+
+import gevent
+from gunicorn.workers.ggevent import GeventWorker
+from werkzeug.exceptions import RequestTimeout
+
+from proxy.config import ProxyConfig
+
+# Per client connection: its socket and, while it streams, one to the upstream.
+FILES_PER_CONNECTION = 2
+SPARE_FILES = 256  # listeners, logs, the health checks' connections
+
+
+class DeadlineBody:
+    """A request body (gunicorn's `Body`) that must arrive by a deadline: a read past it raises 408."""
+
+    def __init__(self, body, seconds: float):
+        self.body = body
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.expired = False
+
+    def read(self, size=None) -> bytes:
+        return self._in_time(self.body.read, size)
+
+    def readline(self, size=None) -> bytes:
+        return self._in_time(self.body.readline, size)
+
+    def readlines(self, size=None) -> list[bytes]:
+        return self._in_time(self.body.readlines, size)
+
+    def __iter__(self):
+        while line := self.readline():
+            yield line
+
+    def _in_time(self, read, size):
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            self._expire()
+        timeout = gevent.Timeout(remaining)
+        timeout.start()
+        try:
+            return read(size)
+        except gevent.Timeout as fired:
+            if fired is not timeout:
+                raise
+            self._expire()
+        finally:
+            timeout.cancel()
+
+    def _expire(self):
+        self.expired = True
+        raise RequestTimeout(f"the request body did not arrive within {self.seconds:g} s of its headers")
+
+
+class ProxyWorker(GeventWorker):
+    def init_process(self):
+        config = ProxyConfig.from_env()
+        self.header_timeout = config.header_timeout
+        self.body_timeout = config.body_timeout
+        # The connections waiting for a request's headers, each with its deadline.
+        self.waiting: dict[gevent.Greenlet, gevent.Timeout] = {}
+        raise_open_file_limit(FILES_PER_CONNECTION * config.max_connections + SPARE_FILES, self.log)
+        super().init_process()  # patches the standard library for gevent, loads the app, serves
+
+    @contextmanager
+    def timeout_ctx(self):
+        # gunicorn reads each request's line and headers (on a kept-alive connection, waits for
+        # them) inside this; False: when the deadline fires the connection is closed, unanswered.
+        deadline = gevent.Timeout(self.header_timeout, False)
+        self.waiting[gevent.getcurrent()] = deadline
+        try:
+            with deadline:
+                yield
+        finally:
+            del self.waiting[gevent.getcurrent()]
+
+    def run(self):
+        gevent.spawn(self.close_idle_connections_at_shutdown)
+        super().run()
+
+    def close_idle_connections_at_shutdown(self):
+        """Streams have until the graceful timeout to finish; a connection that waits for a request
+        has nothing to finish, so it is closed at once rather than holding the exit for its deadline."""
+        while self.alive:
+            gevent.sleep(0.2)
+        while True:
+            for connection, deadline in list(self.waiting.items()):
+                connection.kill(deadline, block=False)  # its deadline, come early
+            gevent.sleep(0.2)
+
+    def handle_request(self, listener_name, req, sock, addr):
+        req.body = body = DeadlineBody(req.body, self.body_timeout)
+        super().handle_request(listener_name, req, sock, addr)
+        if body.expired:  # the app answered 408; the rest of the body is not worth waiting for
+            raise StopIteration
+
+
+def raise_open_file_limit(needed: int, log) -> None:
+    """Every connection is a file: lift the soft limit to the hard one, and say if that is short."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        log.warning(
+            "the open file limit is %d; --max-connections needs about %d: raise it (ulimit -n, or the "
+            "container runtime's nofile limit)",
+            hard,
+            needed,
+        )
