@@ -1,7 +1,34 @@
-# One image for both services: the API server (the default command) and the JWT proxy
-# (command: python -m proxy ...). CPU by default; --build-arg DEVICE=cuda for NVIDIA GPUs.
+# Two images from one file:
+#   docker build -t inference-server:cpu .                   the API server (the last stage, the default);
+#                                                            CPU by default, --build-arg DEVICE=cuda for
+#                                                            NVIDIA GPUs; it can run the proxy too
+#   docker build --target proxy -t inference-server:proxy .  the JWT proxy alone: no torch, no model
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-FROM ${PYTHON_IMAGE}
+
+# The proxy: only what proxy/ and the token tool import (requirements-proxy.txt); no torch, no model.
+FROM ${PYTHON_IMAGE} AS proxy
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PORT=8080
+
+WORKDIR /app
+COPY requirements-proxy.txt .
+RUN pip install -r requirements-proxy.txt \
+ && useradd --create-home --uid 10001 app
+COPY proxy proxy
+COPY scripts/jwt_util.py scripts/jwt_util.py
+USER app
+
+EXPOSE 8080
+# PORT: where the health check asks /health in plain HTTP; compose points it at the probe port
+# (--health-port), which answers under any load and stays plain HTTP when the traffic port has TLS.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ['PORT'], timeout=2)"
+CMD ["python", "-m", "proxy", "--host", "0.0.0.0", "--port", "8080"]
+
+# The API server, with torch and the default model.
+FROM ${PYTHON_IMAGE} AS server
 
 ARG DEVICE=cpu
 ENV PYTHONUNBUFFERED=1 \

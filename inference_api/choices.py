@@ -16,13 +16,16 @@ from inference_api.router import Router
 
 
 class Choices:
-    def __init__(self, router: Router, requests: list[tuple[list[int], SamplingParams]]):
-        """Open every request, or none: on NotReady or QueueFull the ones already opened are closed."""
+    def __init__(
+        self, router: Router, requests: list[tuple[list[int], SamplingParams]], team: str | None = None
+    ):
+        """Open every request, or none: on NotReady or QueueFull the ones already opened are closed.
+        `team`: whose usage they are (Router.open)."""
         self._pieces: queue.Queue[Piece] = queue.Queue()
         self.streams: list[RequestStream] = []
         try:
             for prompt_ids, params in requests:
-                self.streams.append(router.open(prompt_ids, params, self._pieces))
+                self.streams.append(router.open(prompt_ids, params, self._pieces, team))
         except BaseException:
             self.close()
             raise

@@ -25,6 +25,7 @@ from inference_api.choices import Choices
 from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.fields import parse_json_object
+from inference_api.metrics import team_of
 from inference_api.router import NotReady, QueueFull, Serving
 
 
@@ -92,7 +93,7 @@ def start_choices(
     piece; the pieces, that one first, come as (choice index, piece) while the client is watched."""
     router = current_app.extensions["router"]
     try:
-        choices = Choices(router, requests)
+        choices = Choices(router, requests, team_of(request.headers))
     except NotReady:
         raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY) from None
     except QueueFull:

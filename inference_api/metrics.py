@@ -2,11 +2,17 @@
 
 Each app has its own CollectorRegistry, so that tests building several apps in
 one process do not collide on metric names; under gunicorn there is one app.
+
+Tokens are also counted by team, the team being the X-Team-ID header that the
+proxy sets from the caller's token (it drops any the client sends). It is
+trusted because only the proxy reaches this server (SPEC §6). Requests
+without one (straight to this server) count in the totals only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -14,6 +20,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# What the proxy's X-Team-ID can hold (RFC 3986's unreserved characters, percent-encoding the rest),
+# cut to the proxy's own label length (proxy/metrics.py): a label that matches the proxy's.
+TEAM_HEADER = re.compile(r"[A-Za-z0-9._~%-]+")
+MAX_TEAM_LABEL = 128
+
+
+def team_of(headers: Mapping[str, str]) -> str | None:
+    """The team label of a request's X-Team-ID; None without one, or with one the proxy cannot send."""
+    team = headers.get("X-Team-ID")
+    return team[:MAX_TEAM_LABEL] if team and TEAM_HEADER.fullmatch(team) else None
 
 
 class Metrics:
@@ -50,12 +66,29 @@ class Metrics:
             "Prompt tokens not computed: their keys and values were already in the cache (prefix reuse)",
             registry=r,
         )
+        self.team_prompt_tokens = Counter(
+            "inference_team_prompt_tokens",
+            "Prompt tokens of the requests that ended, by team (X-Team-ID), as their usage reports them",
+            ["team"],
+            registry=r,
+        )
+        self.team_completion_tokens = Counter(
+            "inference_team_completion_tokens",
+            "Tokens generated for the requests that ended, by team (X-Team-ID), as their usage reports them",
+            ["team"],
+            registry=r,
+        )
         self.backend_ready = Gauge(
             "inference_backend_ready", "1 when the backend serves requests", registry=r
         )
         self.backend_restarts = Counter(
             "inference_backend_restarts", "Backend processes restarted after dying", registry=r
         )
+
+    def count_team_usage(self, team: str | None, prompt_tokens: int, completion_tokens: int) -> None:
+        if team is not None:
+            self.team_prompt_tokens.labels(team=team).inc(prompt_tokens)
+            self.team_completion_tokens.labels(team=team).inc(completion_tokens)
 
     def watch_rows(self, active: Callable[[], int], waiting: Callable[[], int]) -> None:
         """Read active rows and queue depth from the router at scrape time, so they are never stale."""

@@ -11,6 +11,7 @@ from backend.messages import Piece, SamplingParams
 from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.generation import served_names
+from inference_api.metrics import team_of
 from inference_api.native_request import check_context, parse_native_request
 from inference_api.request_stream import RequestStream
 from inference_api.router import NotReady, QueueFull, Router
@@ -58,7 +59,7 @@ def predictions(model: str) -> Response:
 
 def open_stream(router: Router, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
     try:
-        return router.open(prompt_ids, params)
+        return router.open(prompt_ids, params, team=team_of(request.headers))
     except NotReady:
         raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY) from None
     except QueueFull:

@@ -37,9 +37,11 @@ class RequestStream:
         metrics: Metrics,
         on_close: Callable[[RequestStream], None],
         pieces: queue.Queue[Piece] | None = None,
+        team: str | None = None,
     ):
         self.request_id = request_id  # the backend's id, unique per request (not the client's X-Request-ID)
         self.prompt_tokens = prompt_tokens
+        self.team = team  # from the proxy's X-Team-ID (metrics.team_of); None without one
         self.completion_tokens = 0
         self.cached_tokens = 0  # prompt tokens the backend found in its cache
         self.finish_reason: str | None = None
@@ -87,6 +89,7 @@ class RequestStream:
         self._metrics.request_latency.observe(time.monotonic() - self._opened_at)
         # Counted here rather than at the last piece, so that cancelled requests count what they got.
         self._metrics.generated_tokens.inc(self.completion_tokens)
+        self._metrics.count_team_usage(self.team, self.prompt_tokens, self.completion_tokens)
         self._on_close(self)
 
     def observe(self, piece: Piece) -> None:

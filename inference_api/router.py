@@ -160,11 +160,16 @@ class Router:
         return self._serving
 
     def open(
-        self, prompt_ids: list[int], params: SamplingParams, pieces: queue.Queue[Piece] | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        pieces: queue.Queue[Piece] | None = None,
+        team: str | None = None,
     ) -> RequestStream:
         """Admit a request and submit it to the backend; raise NotReady or QueueFull (both 503).
 
         `pieces`: a queue shared with other requests of the same API call, instead of its own.
+        `team`: whose usage it is, for the metrics (metrics.team_of).
         """
         with self._lock:
             if self._serving is None or self._backend is None:
@@ -172,7 +177,7 @@ class Router:
             if len(self._streams) >= self._serving.backend.rows + self.max_queue:
                 raise QueueFull
             stream = RequestStream(
-                uuid.uuid4().hex, len(prompt_ids), self.metrics, self._close_stream, pieces
+                uuid.uuid4().hex, len(prompt_ids), self.metrics, self._close_stream, pieces, team
             )
             self._streams[stream.request_id] = stream
             # Under the lock, so that a backend that dies cannot miss a request submitted meanwhile.

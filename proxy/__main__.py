@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from proxy.config import DEFAULT_PORT, DEFAULT_UPSTREAM, ProxyConfig, load_secret
+from proxy.limits import parse_team_limits
+from proxy.tls import server_context
 
 GUNICORN_CONF = Path(__file__).resolve().parent / "gunicorn_conf.py"
 
@@ -64,9 +66,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--health-port",
         type=int,
         default=ProxyConfig.health_port,
-        help="a second port that answers only /health, outside --max-connections, for a liveness probe "
+        help="a second port, plain HTTP, that answers only /health and the proxy's /metrics, outside "
+        "--max-connections, for a liveness probe and Prometheus (default: none)",
+    )
+    parser.add_argument(
+        "--revoked-tokens",
+        metavar="PATH",
+        help="a file of revoked token_ids, one a line, # for comments; read again when it changes "
         "(default: none)",
     )
+    parser.add_argument(
+        "--team-limits",
+        metavar="PATH",
+        help="a TOML file of per-team limits on concurrent requests and requests per minute; read again "
+        "when it changes (default: no limits)",
+    )
+    parser.add_argument(
+        "--certfile",
+        metavar="PATH",
+        help="a PEM certificate (chain): TLS on the traffic port, with --keyfile",
+    )
+    parser.add_argument("--keyfile", metavar="PATH", help="the certificate's PEM private key, unencrypted")
     return parser
 
 
@@ -84,7 +104,28 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         health_port=args.health_port,
+        revoked_tokens=args.revoked_tokens,
+        team_limits=args.team_limits,
+        certfile=args.certfile,
+        keyfile=args.keyfile,
     )
+
+
+def check_files(config: ProxyConfig) -> None:
+    """Raise, with a message for the operator, on a file the worker could not use (not on one missing
+    from --revoked-tokens or --team-limits: that is none yet, and the worker warns about it)."""
+    config.check_tls()
+    if config.certfile:
+        try:
+            server_context(config.certfile, config.keyfile)
+        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+            raise ValueError(f"--certfile {config.certfile} --keyfile {config.keyfile}: {error}") from None
+    if config.team_limits and os.path.exists(config.team_limits):
+        try:
+            with open(config.team_limits, encoding="utf-8") as file:
+                parse_team_limits(file.read())
+        except (OSError, ValueError) as error:
+            raise ValueError(f"--team-limits {config.team_limits}: {error}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     try:
         load_secret()  # refuse to start here, with a clear message, rather than in the worker
-    except SystemExit as error:
+        check_files(config)
+    except (SystemExit, ValueError) as error:
         print(f"proxy: {error}", file=sys.stderr)
         sys.exit(2)
     os.environ.update(config.to_env())

@@ -7,13 +7,17 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 
 import requests
 from flask import Flask, Response, g, jsonify, request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
+from werkzeug.wsgi import ClosingIterator
 
 from proxy.auth import AuthError, Caller, authenticate, needs_token
 from proxy.config import ProxyConfig, load_secret
+from proxy.errors import error_body
 from proxy.forward import (
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -22,6 +26,8 @@ from proxy.forward import (
     stream_body,
     upstream_request_headers,
 )
+from proxy.team_gate import Refused
+from proxy.teams import Teams
 from proxy.upstreams import UpstreamPool
 
 log = logging.getLogger("proxy")
@@ -31,20 +37,7 @@ SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    """The native API's error shape, plus OpenAI's `error` object so either kind of client reads it."""
-    kind = (
-        "authentication_error"
-        if status == 401
-        else "invalid_request_error"
-        if status < 500
-        else "server_error"
-    )
-    body = {
-        "status_code": status,
-        "message": message,
-        "error": {"message": message, "type": kind, "code": status},
-    }
-    response = jsonify(body)
+    response = jsonify(error_body(status, message))
     response.status_code = status
     response.headers.update(headers or {})
     return response
@@ -65,6 +58,16 @@ def tag_response(response: Response) -> Response:
     return response
 
 
+def release_on_close(response: Response, release: Callable[[], None]) -> Response:
+    """`release` runs when the server closes the answer: sent whole, or its client gone. Not through
+    call_on_close, which werkzeug skips for a direct_passthrough answer (it hands the body over as is)."""
+    if response.direct_passthrough:
+        response.response = ClosingIterator(response.response, release)
+    else:
+        response.call_on_close(release)
+    return response
+
+
 def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> Flask:
     config = config or ProxyConfig.from_env()
     secret = secret or load_secret()
@@ -76,7 +79,16 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
     pool.check_all()
     pool.start_health_checks()
     app.extensions["upstreams"] = pool
+    teams = Teams(config)
+    app.extensions["teams"] = teams
     app.after_request(tag_response)
+
+    @app.after_request
+    def count_team_request(response: Response) -> Response:
+        if "team" in g:  # a valid token: its team's answers, the proxy's refusals and errors too
+            teams.metrics.count_request(g.team, response.status_code)
+        return response
+
     session = requests.Session()
     # One session serves every client: a cookie an upstream sets for one must never go out with
     # another's request. The client's own Cookie header is forwarded as it is.
@@ -95,28 +107,53 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
         probe_port = str(config.health_port)
 
         @app.before_request
-        def probe_port_answers_health_only():
+        def probe_port_answers_health_and_metrics_only():
             # SERVER_PORT is the port of the listener the connection came in on, not the Host header.
-            if request.environ.get("SERVER_PORT") == probe_port and request.path != "/health":
-                return error_response(404, "this port answers /health only")
-            return None
+            if request.environ.get("SERVER_PORT") != probe_port or request.path == "/health":
+                return None
+            if request.path == "/metrics":  # the proxy's own; on the traffic port, the upstream's
+                return Response(generate_latest(teams.metrics.registry), content_type=CONTENT_TYPE_LATEST)
+            return error_response(404, "this port answers /health and /metrics only")
 
     @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
     @app.route("/<path:path>", methods=ALL_METHODS)
     def forward(path: str):
         started = time.monotonic()
         request_id = current_request_id()
-        caller: Caller | None = None  # None: a public path (the chat page), forwarded without a token
-        if needs_token(request.method, request.path):
-            try:
-                caller = authenticate(
-                    request.headers.get("Authorization"), secret, request.headers.get("X-Api-Key")
-                )
-            except AuthError as error:
-                log.info("401 %s %s: %s (request %s)", request.method, request.path, error, request_id)
-                return error_response(
-                    401, str(error), {"WWW-Authenticate": "Bearer", "X-Request-ID": request_id}
-                )
+        if not needs_token(request.method, request.path):
+            return pass_on(None, started, request_id)  # a public path (the chat page): no token, no team
+        caller: Caller | None = None
+        try:
+            caller = authenticate(
+                request.headers.get("Authorization"), secret, request.headers.get("X-Api-Key")
+            )
+            g.team = caller.team_label
+            ticket = teams.admit(caller)
+        except AuthError as error:
+            who = f"team={caller.team_label} token={caller.token_label} " if caller else ""  # revoked
+            log.info("401 %s%s %s: %s (request %s)", who, request.method, request.path, error, request_id)
+            return error_response(401, str(error), {"WWW-Authenticate": "Bearer", "X-Request-ID": request_id})
+        except Refused as refusal:
+            log.info(
+                "429 team=%s %s %s: %s (request %s)",
+                caller.team_label,
+                request.method,
+                request.path,
+                refusal.reason,
+                request_id,
+            )
+            headers = {"Retry-After": str(refusal.retry_after), "X-Request-ID": request_id}
+            return error_response(429, refusal.message, headers)
+        try:
+            response = pass_on(caller, started, request_id)
+        except BaseException:
+            ticket.release()
+            raise
+        return release_on_close(response, ticket.release)
+
+    def pass_on(caller: Caller | None, started: float, request_id: str) -> Response:
+        """The request sent upstream, and the upstream's answer streaming back (or the proxy's error).
+        caller None: a public path, forwarded without a team."""
         body = request.get_data(cache=False)  # 413 past MAX_CONTENT_LENGTH
         team_id = caller.team_label if caller else None
         headers = upstream_request_headers(dict(request.headers), team_id, request_id)

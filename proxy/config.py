@@ -57,6 +57,12 @@ class ProxyConfig:
     # A second port that answers only /health, for the liveness probe: its connections are counted
     # apart, so it answers while max_connections are in use. 0: none.
     health_port: int = 0
+    # Files an operator edits while the proxy runs (read again when they change); None: none.
+    revoked_tokens: str | None = None  # token_ids, one a line (proxy/revoked.py)
+    team_limits: str | None = None  # TOML (proxy/limits.py)
+    # TLS on the traffic port: a PEM certificate (chain) and its unencrypted key; None: plain HTTP.
+    certfile: str | None = None
+    keyfile: str | None = None
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -72,6 +78,10 @@ class ProxyConfig:
             "PROXY_HEADER_TIMEOUT": str(self.header_timeout),
             "PROXY_BODY_TIMEOUT": str(self.body_timeout),
             "PROXY_HEALTH_PORT": str(self.health_port),
+            "PROXY_REVOKED_TOKENS": self.revoked_tokens or "",
+            "PROXY_TEAM_LIMITS": self.team_limits or "",
+            "PROXY_CERTFILE": self.certfile or "",
+            "PROXY_KEYFILE": self.keyfile or "",
         }
 
     @classmethod
@@ -91,4 +101,13 @@ class ProxyConfig:
             header_timeout=float(env.get("PROXY_HEADER_TIMEOUT", default.header_timeout)),
             body_timeout=float(env.get("PROXY_BODY_TIMEOUT", default.body_timeout)),
             health_port=int(env.get("PROXY_HEALTH_PORT", default.health_port)),
+            revoked_tokens=env.get("PROXY_REVOKED_TOKENS") or None,
+            team_limits=env.get("PROXY_TEAM_LIMITS") or None,
+            certfile=env.get("PROXY_CERTFILE") or None,
+            keyfile=env.get("PROXY_KEYFILE") or None,
         )
+
+    def check_tls(self) -> None:
+        """Both files or neither (ValueError otherwise)."""
+        if bool(self.certfile) != bool(self.keyfile):
+            raise ValueError("--certfile and --keyfile go together: give both for TLS, or neither")

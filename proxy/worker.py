@@ -5,19 +5,29 @@ not a thread (docs/deploy.md, "Slow clients"). gunicorn's gevent worker bounds
 the read of a request's line and headers by its keep-alive setting, a whole
 number of seconds that is also the idle time; here it is `header_timeout`. It
 has no bound at all on the body, which the app reads: `DeadlineBody` is one.
+
+With `--certfile` and `--keyfile` it speaks TLS on the traffic port (proxy/tls.py says why here rather
+than through gunicorn's own certfile setting), and the answers gunicorn writes itself, to a request it
+cannot parse (400, 414, 431...), are JSON in the proxy's error shape, like every other error.
 """
 
 from __future__ import annotations
 
+import json
 import resource
+import ssl
 import time
+import uuid
 from contextlib import contextmanager
 
 import gevent
+from gunicorn import util
 from gunicorn.workers.ggevent import GeventWorker
 from werkzeug.exceptions import RequestTimeout
 
 from proxy.config import ProxyConfig
+from proxy.errors import error_body
+from proxy.tls import server_context
 
 # Per client connection: its socket and, while it streams, one to the upstream.
 FILES_PER_CONNECTION = 2
@@ -71,6 +81,9 @@ class ProxyWorker(GeventWorker):
         config = ProxyConfig.from_env()
         self.header_timeout = config.header_timeout
         self.body_timeout = config.body_timeout
+        self.tls_files = (config.certfile, config.keyfile) if config.certfile else None
+        self.tls: ssl.SSLContext | None = None
+        self.health_port = config.health_port
         # The connections waiting for a request's headers, each with its deadline.
         self.waiting: dict[gevent.Greenlet, gevent.Timeout] = {}
         raise_open_file_limit(FILES_PER_CONNECTION * config.max_connections + SPARE_FILES, self.log)
@@ -89,8 +102,37 @@ class ProxyWorker(GeventWorker):
             del self.waiting[gevent.getcurrent()]
 
     def run(self):
+        if self.tls_files:
+            self.tls = server_context(*self.tls_files)  # here: after gevent has patched ssl
         gevent.spawn(self.close_idle_connections_at_shutdown)
         super().run()
+
+    def handle(self, listener, client, addr):
+        if self.tls is not None and listener.getsockname()[1] != self.health_port:
+            client = self.tls_handshake(client)
+            if client is None:
+                return
+        super().handle(listener, client, addr)
+
+    def tls_handshake(self, client):
+        """The connection wrapped in TLS, or None (closed) if the handshake fails or outlasts the
+        header deadline: plain HTTP sent to this port, a client that says nothing, a bad hello."""
+        client.setblocking(1)
+        # The wrapped socket takes the connection over: it is the one to close if the handshake fails.
+        connection = self.tls.wrap_socket(client, server_side=True, do_handshake_on_connect=False)
+        deadline = gevent.Timeout(self.header_timeout)
+        deadline.start()
+        try:
+            connection.do_handshake()
+            return connection
+        except (gevent.Timeout, OSError) as error:  # ssl.SSLError is an OSError
+            if isinstance(error, gevent.Timeout) and error is not deadline:
+                raise
+            self.log.debug("TLS handshake failed: %s", error)
+            connection.close()
+            return None
+        finally:
+            deadline.cancel()
 
     def close_idle_connections_at_shutdown(self):
         """Streams have until the graceful timeout to finish; a connection that waits for a request
@@ -103,10 +145,48 @@ class ProxyWorker(GeventWorker):
             gevent.sleep(0.2)
 
     def handle_request(self, listener_name, req, sock, addr):
+        if isinstance(sock, ssl.SSLSocket):
+            req.scheme = "https"  # gunicorn's own TLS would say so; this is the worker's
         req.body = body = DeadlineBody(req.body, self.body_timeout)
         super().handle_request(listener_name, req, sock, addr)
         if body.expired:  # the app answered 408; the rest of the body is not worth waiting for
             raise StopIteration
+
+    def handle_error(self, req, client, addr, exc):
+        """gunicorn picks the status and logs as it does; only the page it writes is JSON."""
+        page = _ErrorPage()
+        super().handle_error(req, page, addr, exc)
+        if page.status is None:
+            return
+        message = f"{page.reason}: {exc}" if page.status < 500 else "internal error"
+        body = json.dumps(error_body(page.status, message)).encode()
+        head = (
+            f"HTTP/1.1 {page.status} {page.reason}\r\n"
+            "Connection: close\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            f"X-Request-ID: {uuid.uuid4().hex}\r\n\r\n"
+        )
+        try:
+            util.write_nonblock(client, head.encode("latin-1") + body)
+        except Exception:
+            self.log.debug("Failed to send error message.")
+
+
+class _ErrorPage:
+    """Stands for the client's socket in gunicorn's handle_error: keeps the status of the page it writes
+    (as inference_api/worker.py's, which the proxy's image does not carry)."""
+
+    status: int | None = None
+    reason = ""
+
+    def gettimeout(self) -> float:
+        return 0.0  # util.write_nonblock then writes with sendall alone
+
+    def sendall(self, data: bytes) -> None:
+        status_line = data.split(b"\r\n", 1)[0].decode("latin-1")
+        _, status, self.reason = status_line.split(" ", 2)
+        self.status = int(status)
 
 
 def raise_open_file_limit(needed: int, log) -> None:

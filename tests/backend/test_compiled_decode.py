@@ -7,7 +7,6 @@ one row, for rows with a free row among them, and with 4-bit weights.
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from backend.decoder_runner import DecoderRunner
@@ -38,11 +37,9 @@ def record_decode_steps(engine: Engine) -> list[tuple]:
     return steps
 
 
-@pytest.mark.parametrize("weights", ["int4"])  # float32 activations; 4-bit weights as served
-def test_compiled_decode_steps_give_the_eager_steps_logits_and_cache_writes(weights):
+def test_compiled_decode_steps_give_the_eager_steps_logits_and_cache_writes():
     model = tiny_model("llama")
-    if weights == "int4":
-        quantize_model(model, "int4")
+    quantize_model(model, "int4")  # the served default's kernels, with float32 activations
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=64)
     steps = record_decode_steps(engine)
     # Three rows decode together; the middle one ends first, leaving a free row inside the span;

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jwt
 import pytest
+import requests
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
@@ -38,8 +39,10 @@ RunningProxy = RunningServer
 
 @contextmanager
 def running_proxy(
-    *upstreams: str, args: tuple[str, ...] = (), secret: str | None = SECRET
+    *upstreams: str, args: tuple[str, ...] = (), secret: str | None = SECRET, tls_cert: Path | None = None
 ) -> Iterator[RunningProxy]:
+    """`tls_cert`: the certificate the proxy serves (with --certfile/--keyfile in `args`): the URL is
+    https and it is waited on with that certificate as the trusted one."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     env.pop("JWT_SECRET", None)
@@ -54,12 +57,31 @@ def running_proxy(
             process = subprocess.Popen(
                 command, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        proxy = RunningProxy(f"http://127.0.0.1:{port}", process, log_path)
+        proxy = RunningProxy(f"{'https' if tls_cert else 'http'}://127.0.0.1:{port}", process, log_path)
         try:
-            proxy.wait_ready(30, path="/health")
+            if tls_cert:
+                wait_for_tls(proxy, tls_cert, 30)
+            else:
+                proxy.wait_ready(30, path="/health")
             yield proxy
         finally:
             stop_server(proxy)  # the same SIGTERM-then-clean-up as the inference server
+
+
+def wait_for_tls(proxy: RunningProxy, cert: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proxy.process.poll() is not None:
+            raise RuntimeError(
+                f"the proxy exited with code {proxy.process.returncode}:\n{proxy.log()[-4000:]}"
+            )
+        try:
+            if requests.get(f"{proxy.url}/health", verify=str(cert), timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"the proxy did not answer over TLS in {timeout} s:\n{proxy.log()[-4000:]}")
 
 
 class EchoUpstream:
