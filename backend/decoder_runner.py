@@ -25,6 +25,7 @@ forward as before (`DecoderRunner.supports`).
 from __future__ import annotations
 
 import torch
+import torch.fx.experimental._config as fx_shapes
 from torch import nn
 from torch.nn.functional import scaled_dot_product_attention
 from transformers import PreTrainedModel
@@ -89,10 +90,13 @@ class DecoderRunner:
             Projections(a.q_proj, a.k_proj, a.v_proj) for a in (layer.self_attn for layer in self.layers)
         ]
         self.gate_up = [Projections(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers]
-        # dynamic: one compiled graph for every number of rows and span (sizes 0 and 1 get their own).
-        self.compiled_decode = (
-            torch.compile(self._decode, dynamic=True, fullgraph=True) if compile_decode else None
-        )
+        self.compiled_decode = None
+        if compile_decode:
+            # dynamic: one graph for every number of rows and span (torch.compile specializes size 1).
+            # Without duck shapes, sizes that happen to be equal when it compiles (two rows and two KV
+            # heads, say) are not assumed equal for ever, which would compile again at every new shape.
+            fx_shapes.use_duck_shape = False
+            self.compiled_decode = torch.compile(self._decode, dynamic=True, fullgraph=True)
 
     @staticmethod
     def supports(model: PreTrainedModel, max_seq_len: int) -> bool:
@@ -122,8 +126,12 @@ class DecoderRunner:
                 free_row = torch.full_like(visible, float("-inf"))
                 free_row[..., 0] = 0
                 visible = torch.cat([visible, free_row])
-            return self.compiled_decode(
-                input_ids, positions, layout.decode_index, visible, cache.keys, cache.values
+            # The head stays out of the graph: it changes kernels with the number of rows, and each
+            # change would be a graph of its own.
+            return self.head(
+                self.compiled_decode(
+                    input_ids, positions, layout.decode_index, visible, cache.keys, cache.values
+                )
             )
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))  # [1, 1, tokens, head_dim]
@@ -164,8 +172,9 @@ class DecoderRunner:
         keys: list[torch.Tensor],  # each layer's cache, [rows, kv_heads, max_seq_len, head_dim]
         values: list[torch.Tensor],
     ) -> torch.Tensor:
-        """A decode step as `__call__` runs it, written for torch.compile: tensors in, no layout
-        objects, and one attention shape (free rows of the span get a zero query, as in `attend`)."""
+        """A decode step as `__call__` runs it up to the head, written for torch.compile: tensors in,
+        no layout objects, and one attention shape (free rows of the span get a zero query, as in
+        `attend`)."""
         queries, span_rows, span = input_ids.shape[0], visible.shape[0], visible.shape[-1]
         max_seq_len, head_dim = keys[0].shape[2], keys[0].shape[3]
         heads = torch.arange(self.kv_heads, device=rows.device)
@@ -198,7 +207,7 @@ class DecoderRunner:
             hidden = hidden + layer.self_attn.o_proj(attended.reshape(1, queries, -1).to(hidden.dtype))
             gate, up = gate_up(rms_norm(hidden, layer.post_attention_layernorm)).chunk(2, dim=-1)
             hidden = hidden + layer.mlp.down_proj(nn.functional.silu(gate) * up)
-        return self.head(rms_norm(hidden[0], self.norm))
+        return rms_norm(hidden[0], self.norm)
 
 
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:

@@ -69,14 +69,21 @@ def test_compiled_decode_steps_give_the_eager_steps_logits_and_cache_writes():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
 
 
-def test_an_engine_with_compiled_decode_warms_up_and_generates_as_the_eager_one():
+def test_after_warm_up_no_decode_step_compiles_again_and_the_text_is_the_eager_engines():
+    """Warm-up compiles every graph: traffic of 1 to 8 rows, some of them scattered, compiles none
+    (a compile in a server is a minute with every stream stalled)."""
     model = tiny_model("llama")
-    eager = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=64)
-    compiled = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=64, compile_decode=True)
+    quantize_model(model, "int4")
+    eager = Engine(model, MarkerTokenizer(), rows=10, max_seq_len=64)
+    compiled = Engine(model, MarkerTokenizer(), rows=10, max_seq_len=64, compile_decode=True)
     compiled.warm_up()
-    prompts = [(5, 6, 7), (8, 9, 10, 11)]
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    # Eight rows ending one after another, and one arriving late into a free row among them.
+    arrivals = [(0, Submit(f"r{i}", (5 + i, 6, 7), greedy(3 + 2 * i))) for i in range(8)]
+    arrivals.append((6, Submit("late", (9, 9), greedy(12))))
     results = []
     for engine in (eager, compiled):
-        pieces = drive(engine, [(0, Submit(f"r{i}", p, greedy(8))) for i, p in enumerate(prompts)])
+        pieces = drive(engine, arrivals)
         results.append({key: [piece.text for piece in value] for key, value in pieces.items()})
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
     assert results[0] == results[1]

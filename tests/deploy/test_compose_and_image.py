@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from inference_api.__main__ import parse_args as parse_api_args
@@ -46,9 +47,10 @@ def test_the_proxy_forwards_to_the_api_server_by_its_service_name_and_port():
     assert api.host == "0.0.0.0" and proxy.host == "0.0.0.0"
     assert proxy.upstreams == (f"http://inference:{api.port}",)
     assert proxy.port == 8080
-    # The image's HEALTHCHECK asks /health on $PORT: each service sets its own.
+    # The image's HEALTHCHECK asks /health on $PORT: each service sets its own (the proxy its probe port,
+    # plain HTTP and answering under any load).
     assert services["inference"]["environment"]["PORT"] == str(api.port)
-    assert services["proxy"]["environment"]["PORT"] == str(proxy.port)
+    assert services["proxy"]["environment"]["PORT"] == str(proxy.health_port) != "0"
 
 
 def test_jwt_secret_comes_from_env_and_compose_refuses_to_start_without_it():
@@ -67,14 +69,30 @@ def test_the_mock_and_gpu_overrides():
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
 
 
-def dockerfile() -> list[str]:
-    """Instructions, with continuation lines joined."""
+def dockerfile(stage: str = "server") -> list[str]:
+    """A stage's instructions (`FROM ... AS stage` and what follows it), continuation lines joined."""
     text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    starts = [i for i, line in enumerate(lines) if line.startswith("FROM ")]
+    for start, end in zip(starts, [*starts[1:], len(lines)], strict=True):
+        if lines[start].endswith(f" AS {stage}"):
+            return lines[start:end]
+    raise AssertionError(f"the Dockerfile has no stage {stage}")
 
 
-def test_the_image_runs_as_a_non_root_user_with_a_healthcheck():
-    lines = dockerfile()
+def test_the_api_server_is_the_default_image_and_the_proxy_a_stage_of_its_own():
+    text = (ROOT / "Dockerfile").read_text()
+    stages = [line.split()[-1] for line in text.splitlines() if line.startswith("FROM ")]
+    assert stages == ["proxy", "server"]  # `docker build .` builds the last one
+    services = compose()["services"]
+    assert services["proxy"]["build"]["target"] == "proxy"
+    assert services["inference"]["build"]["target"] == "server"
+    assert services["proxy"]["image"] != services["inference"]["image"]
+
+
+@pytest.mark.parametrize("stage", ["server", "proxy"])
+def test_the_image_runs_as_a_non_root_user_with_a_healthcheck(stage):
+    lines = dockerfile(stage)
     users = [line.split()[1] for line in lines if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")
     assert any(line.startswith("HEALTHCHECK ") and "/health" in line for line in lines)

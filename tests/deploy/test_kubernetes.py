@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import urllib.parse
 
+import pytest
 import yaml
 from prometheus_client import generate_latest
 
 from inference_api.__main__ import parse_args as parse_api_args
 from inference_api.metrics import Metrics
 from proxy.__main__ import parse_args as parse_proxy_args
+from proxy.limits import TeamLimits, parse_team_limits
+from proxy.revoked import parse_revoked
 from tests.conftest import ROOT
 
 K8S = ROOT / "deploy" / "k8s"
@@ -90,3 +95,57 @@ def test_replicas_scale_on_a_queue_depth_the_server_really_exports():
     assert f"\n{name} " in exported
     inference = manifests()[("Deployment", "inference")]["spec"]["template"]["metadata"]["annotations"]
     assert inference["prometheus.io/path"] == "/metrics" and inference["prometheus.io/port"] == "8000"
+
+
+def test_the_proxy_runs_its_own_image_and_reads_the_teams_files_from_a_config_map():
+    found = manifests()
+    deployment = found[("Deployment", "proxy")]["spec"]["template"]
+    proxy = container(found[("Deployment", "proxy")])
+    assert proxy["image"].endswith(":proxy")  # docker build --target proxy: no torch
+    config = parse_proxy_args(proxy["command"][3:])
+    (mount,) = proxy["volumeMounts"]
+    (volume,) = [v for v in deployment["spec"]["volumes"] if v["name"] == mount["name"]]
+    files = found[("ConfigMap", volume["configMap"]["name"])]["data"]
+    folder = mount["mountPath"].rstrip("/") + "/"
+    assert config.revoked_tokens.startswith(folder) and config.team_limits.startswith(folder)
+    # As shipped: nothing revoked, no limits, and both files parse as the proxy parses them.
+    assert parse_revoked(files[config.revoked_tokens.removeprefix(folder)]) == frozenset()
+    assert parse_team_limits(files[config.team_limits.removeprefix(folder)]) == TeamLimits()
+    # Prometheus scrapes each team's usage from the probe port.
+    annotations = deployment["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(config.health_port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+INGRESS = ROOT / "deploy" / "k8s-ingress"
+
+
+def test_the_ingress_overlay_terminates_tls_in_front_of_an_internal_proxy_service():
+    kustomization = yaml.safe_load((INGRESS / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../k8s", "ingress.yaml"]
+    (patch,) = kustomization["patches"]
+    assert patch["target"] == {"kind": "Service", "name": "proxy"}
+    assert yaml.safe_load(patch["patch"]) == [{"op": "replace", "path": "/spec/type", "value": "ClusterIP"}]
+    ingress = yaml.safe_load((INGRESS / "ingress.yaml").read_text())
+    assert ingress["kind"] == "Ingress"
+    (tls,) = ingress["spec"]["tls"]
+    (rule,) = ingress["spec"]["rules"]
+    assert tls["secretName"] and tls["hosts"] == [rule["host"]]
+    (path,) = rule["http"]["paths"]
+    backend = path["backend"]["service"]
+    service = manifests()[("Service", backend["name"])]
+    assert backend["port"]["name"] in [port["name"] for port in service["spec"]["ports"]]
+    annotations = ingress["metadata"]["annotations"]
+    assert "cert-manager.io/cluster-issuer" in annotations
+    assert annotations["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"  # streams as generated
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (kustomize builds offline)")
+def test_kustomize_builds_both_sets():
+    for folder, proxy_service in ((K8S, "LoadBalancer"), (INGRESS, "ClusterIP")):
+        built = subprocess.run(
+            ["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=60, check=True
+        )
+        documents = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(built.stdout)}
+        assert documents[("Service", "proxy")]["spec"]["type"] == proxy_service
+        assert (("Ingress", "proxy") in documents) == (folder == INGRESS)

@@ -159,9 +159,9 @@ def test_the_probe_port_answers_health_while_every_connection_streams(mock_serve
             for finished in streams:
                 finished.result()
         assert health_seconds(proxy.url) < 1.0  # capacity back
-        # The probe port is for the probe only.
+        # The probe port is for the probe (and Prometheus) only.
         elsewhere = requests.get(f"{probe}/v1/models", headers=bearer(), timeout=5)
-        assert elsewhere.status_code == 404 and "/health only" in elsewhere.json()["message"]
+        assert elsewhere.status_code == 404 and "/health and /metrics only" in elsewhere.json()["message"]
         assert requests.get(f"{proxy.url}/v1/models", headers=bearer(), timeout=5).status_code == 200
 
 
