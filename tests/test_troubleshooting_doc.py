@@ -55,6 +55,26 @@ def test_each_401_reason_is_on_the_page(authorization):
     assert f"`{refused.value}`" in page()
 
 
+def test_the_proxys_revocation_and_429_messages_are_on_the_page():
+    from proxy.auth import Caller
+    from proxy.config import ProxyConfig
+    from proxy.limits import Limits
+    from proxy.team_gate import Refused, TeamGate
+    from proxy.teams import Teams
+
+    teams = Teams(ProxyConfig())
+    teams.revoked = ["x"]  # a revoked list, without a file
+    with pytest.raises(AuthError) as refused:
+        teams.admit(Caller("t", "x"))
+    assert f"`{refused.value}`" in page()
+    gate = TeamGate()
+    for limits in (Limits(concurrent_streams=3), Limits(requests_per_minute=3)):
+        with pytest.raises(Refused) as refused:
+            for _ in range(4):
+                gate.admit(f"team {limits}", limits)
+        assert f"`{without_figures(refused.value.message)}`" in page()
+
+
 def test_the_port_in_use_message_is_make_runs():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

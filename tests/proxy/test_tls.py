@@ -1,0 +1,124 @@
+"""The proxy terminates TLS itself (issue 19, item 9): `--certfile` and `--keyfile` on the traffic port,
+a self-signed certificate made here, real tokens, a real stream; the probe port stays plain HTTP."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.proxy.conftest import SECRET, bearer, running_proxy
+from tests.server_fixture import ROOT, free_port
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost, and its key."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def tls_proxy(mock_server, certificate):
+    cert, key = certificate
+    probe_port = free_port()
+    args = ("--certfile", str(cert), "--keyfile", str(key), "--health-port", str(probe_port))
+    args += ("--header-timeout", "2")
+    with running_proxy(mock_server.url, args=args, tls_cert=cert) as proxy:
+        proxy.probe_url = f"http://127.0.0.1:{probe_port}"
+        yield proxy
+
+
+def test_https_with_a_token_streams_through(tls_proxy, certificate):
+    cert, _ = certificate
+    models = requests.get(f"{tls_proxy.url}/v1/models", headers=bearer(), verify=str(cert), timeout=10)
+    assert models.status_code == 200 and models.json()["data"]
+    with requests.post(
+        f"{tls_proxy.url}/predictions/mock",
+        json={"text": "hi", "max_tokens": 10, "stream": True},
+        headers=bearer(),
+        verify=str(cert),
+        stream=True,
+        timeout=10,
+    ) as answer:
+        chunks = [chunk for chunk in answer.iter_content(chunk_size=None) if chunk]
+    assert answer.status_code == 200
+    assert len(b"".join(chunks).split()) == 10 and len(chunks) > 1  # as generated, not buffered
+    refused = requests.get(f"{tls_proxy.url}/v1/models", verify=str(cert), timeout=10)
+    assert refused.status_code == 401
+
+
+def test_plain_http_to_the_tls_port_gets_nothing_and_the_probe_port_stays_plain(tls_proxy, certificate):
+    cert, _ = certificate
+    plain = tls_proxy.url.replace("https://", "http://")
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{plain}/v1/models", headers=bearer(), timeout=10)
+    with pytest.raises(requests.exceptions.SSLError):  # a certificate nobody vouched for
+        requests.get(f"{tls_proxy.url}/health", timeout=10)
+    assert requests.get(f"{tls_proxy.probe_url}/health", timeout=10).json() == {"status": "ok"}
+    assert requests.get(f"{tls_proxy.url}/health", verify=str(cert), timeout=10).status_code == 200
+
+
+def test_a_connection_that_never_says_hello_is_closed_at_the_header_deadline(tls_proxy, certificate):
+    cert, _ = certificate
+    port = int(tls_proxy.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as silent:
+        started = time.monotonic()
+        # Its handshake waits in a greenlet of its own: the others go on meanwhile.
+        assert requests.get(f"{tls_proxy.url}/health", verify=str(cert), timeout=1).status_code == 200
+        assert silent.recv(1) == b""  # closed by the proxy, not by this timeout
+        waited = time.monotonic() - started
+    assert 1.5 <= waited < 5
+
+
+def test_what_gunicorn_rejects_is_answered_in_json_over_tls_too(tls_proxy, certificate):
+    cert, _ = certificate
+    context = ssl.create_default_context(cafile=str(cert))
+    port = int(tls_proxy.url.rsplit(":", 1)[1])
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as connection,
+    ):
+        connection.sendall(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 414 ")
+    assert json.loads(body)["status_code"] == 414
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--certfile", "cert.pem"], "--certfile and --keyfile go together"),
+        (["--certfile", "missing.pem", "--keyfile", "missing.key"], "--certfile missing.pem"),
+    ],
+)
+def test_the_proxy_refuses_to_start_without_a_usable_certificate_and_key(args, message, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        env={"JWT_SECRET": SECRET, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2 and message in result.stderr
