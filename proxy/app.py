@@ -24,6 +24,7 @@ from proxy.forward import (
     client_response_headers,
     send,
     stream_body,
+    upstream_release,
     upstream_request_headers,
 )
 from proxy.team_gate import Refused
@@ -185,12 +186,14 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
             (time.monotonic() - started) * 1000,
             request_id,
         )
-        return Response(
-            stream_body(pool, upstream, response),
+        release = upstream_release(pool, upstream, response)
+        answer = Response(
+            stream_body(upstream, response, release),
             status=response.status_code,
             headers=client_response_headers(response.headers, request_id),
             direct_passthrough=True,
         )
+        return release_on_close(answer, release)
 
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException):

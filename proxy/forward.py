@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import requests
 import urllib3
@@ -145,8 +145,28 @@ class UpstreamBrokeOff(ConnectionResetError):
     """
 
 
-def stream_body(pool: UpstreamPool, upstream: Upstream, response: requests.Response) -> Iterator[bytes]:
-    """The upstream's body, chunk by chunk as it arrives; frees the upstream at the end or on hang-up."""
+def upstream_release(
+    pool: UpstreamPool, upstream: Upstream, response: requests.Response
+) -> Callable[[], None]:
+    """Closes the upstream's answer and frees the upstream, once, whichever caller comes first: the
+    body's end, or the server closing an answer whose body it never read (HEAD, 204, 304), which
+    never starts the body's generator and so never reaches its `finally`."""
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            response.close()
+            pool.release(upstream)
+
+    return release
+
+
+def stream_body(
+    upstream: Upstream, response: requests.Response, release: Callable[[], None]
+) -> Iterator[bytes]:
+    """The upstream's body, chunk by chunk as it arrives; `release` at the end or on hang-up."""
     raw = response.raw
     try:
         yield b""  # the status and headers go out now (gunicorn sends them on the first write)
@@ -161,5 +181,4 @@ def stream_body(pool: UpstreamPool, upstream: Upstream, response: requests.Respo
     finally:
         # Also runs when the client hangs up (the server closes this generator): closing
         # the upstream connection tells the inference server to free the row.
-        response.close()
-        pool.release(upstream)
+        release()
