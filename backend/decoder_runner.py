@@ -126,6 +126,12 @@ class DecoderRunner:
                 free_row = torch.full_like(visible, float("-inf"))
                 free_row[..., 0] = 0
                 visible = torch.cat([visible, free_row])
+            if not getattr(cache, "static_for_compile", False):
+                # The cache's sizes never change: as constants they cost the compiler nothing, where
+                # as symbols (four for each of 60 tensors) they made it take many minutes.
+                for tensor in cache.keys + cache.values:
+                    torch._dynamo.mark_static(tensor)
+                cache.static_for_compile = True
             # The head stays out of the graph: it changes kernels with the number of rows, and each
             # change would be a graph of its own.
             return self.head(
