@@ -17,6 +17,7 @@ COPY requirements-proxy.txt .
 RUN pip install -r requirements-proxy.txt \
  && useradd --create-home --uid 10001 app
 COPY proxy proxy
+COPY gunicorn_json_errors.py .
 COPY scripts/jwt_util.py scripts/jwt_util.py
 USER app
 
@@ -52,7 +53,7 @@ COPY backend backend
 COPY inference_api inference_api
 COPY proxy proxy
 COPY scripts scripts
-COPY gunicorn.conf.py .
+COPY gunicorn.conf.py gunicorn_json_errors.py .
 
 # The default model, converted from GGUF now, so that a container starts with no network
 # and no conversion; then a user without root privileges to run it.

@@ -16,14 +16,12 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import uuid
 
-from gunicorn import util
 from gunicorn.workers.gthread import ThreadWorker
 
+from gunicorn_json_errors import JsonErrorPages
 from inference_api.errors import error_body
 
 # Requests still in flight this long before the grace ends get their error: time to write it and go.
@@ -31,7 +29,7 @@ ANSWER_MARGIN_SECONDS = 1.0
 SHUTTING_DOWN = "the server is shutting down"
 
 
-class ApiWorker(ThreadWorker):
+class ApiWorker(JsonErrorPages, ThreadWorker):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._exit_requested = threading.Event()
@@ -58,38 +56,5 @@ class ApiWorker(ThreadWorker):
             return
         super().finish_request(conn, fs)
 
-    def handle_error(self, req, client, addr, exc):
-        """gunicorn picks the status and logs as it does; only the page it writes is JSON."""
-        page = _ErrorPage()
-        super().handle_error(req, page, addr, exc)
-        if page.status is None:
-            return
-        message = f"{page.reason}: {exc}" if page.status < 500 else "internal error"
-        path = getattr(req, "path", None) or ""
-        body = json.dumps(error_body(path, page.status, message, None, None)).encode()
-        head = (
-            f"HTTP/1.1 {page.status} {page.reason}\r\n"
-            "Connection: close\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            f"X-Request-ID: {uuid.uuid4().hex}\r\n\r\n"
-        )
-        try:
-            util.write_nonblock(client, head.encode("latin-1") + body)
-        except Exception:
-            self.log.debug("Failed to send error message.")
-
-
-class _ErrorPage:
-    """Stands for the client's socket in gunicorn's handle_error: keeps the status of the page it writes."""
-
-    status: int | None = None
-    reason = ""
-
-    def gettimeout(self) -> float:
-        return 0.0  # util.write_nonblock then writes with sendall alone
-
-    def sendall(self, data: bytes) -> None:
-        status_line = data.split(b"\r\n", 1)[0].decode("latin-1")
-        _, status, self.reason = status_line.split(" ", 2)
-        self.status = int(status)
+    def error_json(self, req, status: int, message: str) -> dict:
+        return error_body(getattr(req, "path", None) or "", status, message, None, None)

@@ -13,18 +13,16 @@ cannot parse (400, 414, 431...), are JSON in the proxy's error shape, like every
 
 from __future__ import annotations
 
-import json
 import resource
 import ssl
 import time
-import uuid
 from contextlib import contextmanager
 
 import gevent
-from gunicorn import util
 from gunicorn.workers.ggevent import GeventWorker
 from werkzeug.exceptions import RequestTimeout
 
+from gunicorn_json_errors import JsonErrorPages
 from proxy.config import ProxyConfig
 from proxy.errors import error_body
 from proxy.tls import server_context
@@ -76,7 +74,7 @@ class DeadlineBody:
         raise RequestTimeout(f"the request body did not arrive within {self.seconds:g} s of its headers")
 
 
-class ProxyWorker(GeventWorker):
+class ProxyWorker(JsonErrorPages, GeventWorker):
     def init_process(self):
         config = ProxyConfig.from_env()
         self.header_timeout = config.header_timeout
@@ -152,41 +150,8 @@ class ProxyWorker(GeventWorker):
         if body.expired:  # the app answered 408; the rest of the body is not worth waiting for
             raise StopIteration
 
-    def handle_error(self, req, client, addr, exc):
-        """gunicorn picks the status and logs as it does; only the page it writes is JSON."""
-        page = _ErrorPage()
-        super().handle_error(req, page, addr, exc)
-        if page.status is None:
-            return
-        message = f"{page.reason}: {exc}" if page.status < 500 else "internal error"
-        body = json.dumps(error_body(page.status, message)).encode()
-        head = (
-            f"HTTP/1.1 {page.status} {page.reason}\r\n"
-            "Connection: close\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            f"X-Request-ID: {uuid.uuid4().hex}\r\n\r\n"
-        )
-        try:
-            util.write_nonblock(client, head.encode("latin-1") + body)
-        except Exception:
-            self.log.debug("Failed to send error message.")
-
-
-class _ErrorPage:
-    """Stands for the client's socket in gunicorn's handle_error: keeps the status of the page it writes
-    (as inference_api/worker.py's, which the proxy's image does not carry)."""
-
-    status: int | None = None
-    reason = ""
-
-    def gettimeout(self) -> float:
-        return 0.0  # util.write_nonblock then writes with sendall alone
-
-    def sendall(self, data: bytes) -> None:
-        status_line = data.split(b"\r\n", 1)[0].decode("latin-1")
-        _, status, self.reason = status_line.split(" ", 2)
-        self.status = int(status)
+    def error_json(self, req, status: int, message: str) -> dict:
+        return error_body(status, message)
 
 
 def raise_open_file_limit(needed: int, log) -> None:

@@ -25,7 +25,11 @@ from tests.deploy.test_compose_and_image import compose, dockerfile, module_args
 from tests.proxy.conftest import SECRET, EchoUpstream, bearer
 from tests.server_fixture import free_port
 
-PROXY_CODE = [*sorted((ROOT / "proxy").glob("*.py")), ROOT / "scripts" / "jwt_util.py"]
+PROXY_CODE = [
+    *sorted((ROOT / "proxy").glob("*.py")),
+    ROOT / "gunicorn_json_errors.py",
+    ROOT / "scripts" / "jwt_util.py",
+]
 # What must never be in the proxy's image, nor imported by it.
 HEAVY = {"torch", "transformers", "accelerate", "safetensors", "tokenizers", "numpy", "llguidance"}
 
@@ -53,7 +57,8 @@ def third_party_imports(paths: list[Path]) -> set[str]:
                 modules |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 modules.add(node.module.split(".")[0])
-    return {m for m in modules if m not in sys.stdlib_module_names and m not in ("proxy", "__future__")}
+    ours = ("proxy", "gunicorn_json_errors", "__future__")  # the stage copies the first two
+    return {m for m in modules if m not in sys.stdlib_module_names and m not in ours}
 
 
 def test_the_proxy_stage_installs_only_its_requirements_and_copies_only_the_proxy():
@@ -65,6 +70,7 @@ def test_the_proxy_stage_installs_only_its_requirements_and_copies_only_the_prox
     assert copied == [
         ["requirements-proxy.txt", "."],
         ["proxy", "proxy"],
+        ["gunicorn_json_errors.py", "."],
         ["scripts/jwt_util.py", "scripts/jwt_util.py"],
     ]
     cmd = yaml.safe_load(next(line for line in lines if line.startswith("CMD ")).removeprefix("CMD "))
@@ -93,6 +99,7 @@ def test_the_proxy_runs_from_what_its_stage_copies_without_torch(tmp_path):
     mints the token (compose's `docker compose exec proxy python scripts/jwt_util.py token`)."""
     app = tmp_path / "app"
     shutil.copytree(ROOT / "proxy", app / "proxy", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "gunicorn_json_errors.py", app / "gunicorn_json_errors.py")
     (app / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "jwt_util.py", app / "scripts" / "jwt_util.py")
     blocker = tmp_path / "blocker"

@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import threading
 import time
-from urllib.parse import urlparse
 
 import pytest
 import requests
 
 from backend.mock import mock_text
+from tests.gunicorn_rejects import REJECTED, raw_exchange
 from tests.server_fixture import RunningServer, running_server
 
 
@@ -95,34 +94,11 @@ def test_requests_still_waiting_when_the_grace_ends_get_a_503(monkeypatch: pytes
         assert server.process.wait(15) == 0
 
 
-def raw_exchange(server: RunningServer, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send bytes as they are and read the answer to the end (gunicorn closes after its errors)."""
-    url = urlparse(server.url)
-    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in header_lines)}
-    return int(status_line.split()[1]), headers, body
-
-
-@pytest.mark.parametrize(
-    "request_bytes, status",
-    [
-        (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),  # request line over 4,094 bytes
-        (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),  # a field over 8,190
-        (b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n", 431),
-        (b"NONSENSE\r\n\r\n", 400),  # no method, path and version
-    ],
-    ids=["line-too-long", "header-too-large", "too-many-headers", "malformed-line"],
-)
+@REJECTED
 def test_what_gunicorn_rejects_is_answered_in_json(
     fast_server: RunningServer, request_bytes: bytes, status: int
 ) -> None:
-    got, headers, body = raw_exchange(fast_server, request_bytes)
+    got, headers, body = raw_exchange(fast_server.url, request_bytes)
     assert got == status
     assert headers["content-type"] == "application/json"
     assert int(headers["content-length"]) == len(body)

@@ -4,11 +4,10 @@ error shape like every other error, not gunicorn's HTML page (issue 19, leftover
 from __future__ import annotations
 
 import json
-import socket
-from urllib.parse import urlparse
 
 import pytest
 
+from tests.gunicorn_rejects import REJECTED, raw_exchange
 from tests.proxy.conftest import running_proxy
 
 
@@ -18,30 +17,7 @@ def plain_proxy(echo_upstream):
         yield proxy
 
 
-def raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send bytes as they are and read the answer to the end (gunicorn closes after its errors)."""
-    parts = urlparse(url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode("latin-1").split("\r\n")
-    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in header_lines)}
-    return int(status_line.split()[1]), headers, body
-
-
-@pytest.mark.parametrize(
-    "request_bytes, status",
-    [
-        (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),  # request line over 4,094 bytes
-        (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),  # a field over 8,190
-        (b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n", 431),
-        (b"NONSENSE\r\n\r\n", 400),  # no method, path and version
-    ],
-    ids=["line-too-long", "header-too-large", "too-many-headers", "malformed-line"],
-)
+@REJECTED
 def test_what_gunicorn_rejects_is_answered_in_json(plain_proxy, request_bytes: bytes, status: int) -> None:
     got, headers, body = raw_exchange(plain_proxy.url, request_bytes)
     assert got == status
