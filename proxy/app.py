@@ -104,6 +104,15 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
     def health():
         return jsonify(status="ok")
 
+    @app.get("/metrics")
+    def no_metrics_here():
+        # Forwarded, they would show every team's usage (inference_team_*_tokens_total) to any token.
+        return error_response(
+            404,
+            "/metrics is not served through the proxy: scrape each inference server directly, and the "
+            "proxy's own on its probe port (--health-port)",
+        )
+
     if config.health_port:
         probe_port = str(config.health_port)
 
@@ -112,7 +121,7 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
             # SERVER_PORT is the port of the listener the connection came in on, not the Host header.
             if request.environ.get("SERVER_PORT") != probe_port or request.path == "/health":
                 return None
-            if request.path == "/metrics":  # the proxy's own; on the traffic port, the upstream's
+            if request.path == "/metrics":  # the proxy's own; on the traffic port, none
                 return Response(generate_latest(teams.metrics.registry), content_type=CONTENT_TYPE_LATEST)
             return error_response(404, "this port answers /health and /metrics only")
 

@@ -1,9 +1,10 @@
 """The proxy's Prometheus metrics: each team's requests, refusals and requests in flight.
 
 They are served at /metrics on the probe port (`--health-port`), with no token: a port for the cluster's
-probes and Prometheus, not in the Service. On the traffic port /metrics is the inference server's, as
-any other path. Tokens by team are counted where they are known exactly, by the inference servers
-(`inference_team_prompt_tokens_total`, `inference_team_completion_tokens_total`, from X-Team-ID).
+probes and Prometheus, not in the Service. On the traffic port /metrics is a 404: an inference
+server's, forwarded, would show every team's usage to any token. Tokens by team are counted where
+they are known exactly, by the inference servers (`inference_team_prompt_tokens_total`,
+`inference_team_completion_tokens_total`, from X-Team-ID), scraped directly.
 
 A team label is the team as X-Team-ID carries it (percent-encoded, so any claim makes a safe label),
 cut to MAX_TEAM_LABEL characters; team ids come from tokens only the operator can sign, so there are

@@ -87,19 +87,20 @@ def one_stream(url: str, model: str, tokens: int, headers: dict[str, str]) -> fl
 
 
 def round_of(
-    url: str, model: str, streams: int, tokens: int, headers: dict[str, str]
+    url: str, model: str, streams: int, tokens: int, headers: dict[str, str], server_url: str
 ) -> tuple[float, list[float]]:
-    """`streams` clients, each sending two requests back to back; tokens/s and first-chunk times."""
-    before = generated_tokens(url, headers)
+    """`streams` clients, each sending two requests back to back; tokens/s and first-chunk times (the
+    tokens counted on the inference server's /metrics, which the proxy does not forward)."""
+    before = generated_tokens(server_url)
     started = time.perf_counter()
     with ThreadPoolExecutor(streams) as pool:
         firsts = list(pool.map(lambda _: one_stream(url, model, tokens, headers), range(streams * 2)))
     elapsed = time.perf_counter() - started
-    return (generated_tokens(url, headers) - before) / elapsed, firsts
+    return (generated_tokens(server_url) - before) / elapsed, firsts
 
 
-def generated_tokens(url: str, headers: dict[str, str]) -> float:
-    for line in requests.get(f"{url}/metrics", headers=headers, timeout=10).text.splitlines():
+def generated_tokens(url: str) -> float:
+    for line in requests.get(f"{url}/metrics", timeout=10).text.splitlines():
         if line.startswith("inference_generated_tokens_total "):
             return float(line.split()[1])
     raise RuntimeError("no inference_generated_tokens_total in /metrics")
@@ -132,13 +133,13 @@ def main() -> None:
     proxy, proxy_url = start("proxy", ["--upstream", server_url], "/ready", auth)
     try:
         model = requests.get(f"{server_url}/ready", timeout=10).json()["model"]
-        round_of(server_url, model, rows, 4, {})  # warm both paths up
-        round_of(proxy_url, model, rows, 4, auth)
+        round_of(server_url, model, rows, 4, {}, server_url)  # warm both paths up
+        round_of(proxy_url, model, rows, 4, auth, server_url)
         results: dict[tuple[int, str], tuple[list, list]] = {}
         for streams in args.streams:
             for _ in range(args.rounds):
                 for name, url, headers in (("direct", server_url, {}), ("proxy", proxy_url, auth)):
-                    throughput, firsts = round_of(url, model, streams, args.tokens, headers)
+                    throughput, firsts = round_of(url, model, streams, args.tokens, headers, server_url)
                     throughputs, all_firsts = results.setdefault((streams, name), ([], []))
                     throughputs.append(throughput)
                     all_firsts.extend(firsts)

@@ -161,9 +161,9 @@ def test_metrics_count_each_teams_requests_refusals_and_streams_in_flight(mock_s
     assert after['proxy_team_rejected_total{reason="concurrency",team="narrow"}'] == 1
     assert after['proxy_team_requests_total{status="2xx",team="narrow"}'] == 1
     assert after['proxy_team_requests_total{status="2xx",team="%E7%A0%94%E7%A9%B6"}'] == 1  # as X-Team-ID
-    # On the traffic port /metrics is still the inference server's, behind a token.
-    assert upstreams.status_code == 200 and "inference_generated_tokens_total" in upstreams.text
-    assert "proxy_team_requests" not in upstreams.text
+    # On the traffic port no /metrics: the inference server's would show every team's usage to any token.
+    assert upstreams.status_code == 404 and "scrape each inference server directly" in upstreams.text
+    assert "inference_" not in upstreams.text and "proxy_team_requests" not in upstreams.text
 
 
 def test_each_teams_tokens_are_counted_by_the_inference_server_as_its_usage_says(mock_server, proxy):
