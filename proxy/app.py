@@ -33,6 +33,11 @@ from proxy.upstreams import UpstreamPool
 
 log = logging.getLogger("proxy")
 
+METRICS_ELSEWHERE = (
+    "/metrics is not served through the proxy: scrape each inference server directly, and the proxy's "
+    "own on its probe port (--health-port)"
+)
+
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -104,15 +109,6 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
     def health():
         return jsonify(status="ok")
 
-    @app.get("/metrics")
-    def no_metrics_here():
-        # Forwarded, they would show every team's usage (inference_team_*_tokens_total) to any token.
-        return error_response(
-            404,
-            "/metrics is not served through the proxy: scrape each inference server directly, and the "
-            "proxy's own on its probe port (--health-port)",
-        )
-
     if config.health_port:
         probe_port = str(config.health_port)
 
@@ -154,6 +150,10 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
             )
             headers = {"Retry-After": str(refusal.retry_after), "X-Request-ID": request_id}
             return error_response(429, refusal.message, headers)
+        if request.path == "/metrics":
+            # Forwarded, an inference server's would show every team's usage to any token.
+            ticket.release()
+            return error_response(404, METRICS_ELSEWHERE, {"X-Request-ID": request_id})
         try:
             response = pass_on(caller, started, request_id)
         except BaseException:
