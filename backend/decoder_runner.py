@@ -136,7 +136,13 @@ class DecoderRunner:
             # change would be a graph of its own.
             return self.head(
                 self.compiled_decode(
-                    input_ids, positions, layout.decode_index, visible, cache.keys, cache.values
+                    input_ids,
+                    positions,
+                    layout.decode_index,
+                    cache.plan.decode_slots,  # the eager write's index, computed once a step
+                    visible,
+                    cache.keys,
+                    cache.values,
                 )
             )
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
@@ -174,6 +180,7 @@ class DecoderRunner:
         input_ids: torch.Tensor,  # [queries]: one token for each decoding row
         positions: torch.Tensor,  # [queries]
         rows: torch.Tensor,  # [queries]: the row of each, ascending
+        slots: torch.Tensor,  # where each query's keys and values go (row_cache.StepWrite.decode_slots)
         visible: torch.Tensor,  # [span rows, 1, 1, span]: what each row of the span may read
         keys: list[torch.Tensor],  # each layer's cache, [rows, kv_heads, max_seq_len, head_dim]
         values: list[torch.Tensor],
@@ -182,9 +189,7 @@ class DecoderRunner:
         no layout objects, and one attention shape (free rows of the span get a zero query, as in
         `attend`)."""
         queries, span_rows, span = input_ids.shape[0], visible.shape[0], visible.shape[-1]
-        max_seq_len, head_dim = keys[0].shape[2], keys[0].shape[3]
-        heads = torch.arange(self.kv_heads, device=rows.device)
-        slots = ((rows[:, None] * self.kv_heads + heads) * max_seq_len + positions[:, None]).reshape(-1)
+        head_dim = keys[0].shape[3]
         hidden = self.embed(input_ids)[None]
         cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))
         for layer, qkv, gate_up, layer_keys, layer_values in zip(

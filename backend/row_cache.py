@@ -76,7 +76,7 @@ class StepWrite:
     max_seq_len: int
 
     @cached_property
-    def _decode_slots(self) -> torch.Tensor:
+    def decode_slots(self) -> torch.Tensor:
         """[decode queries * kv_heads] indices of (row, head, position) in a layer viewed as [-1, head_dim].
 
         Every layer's cache has the same shape, so one index serves all of a
@@ -93,7 +93,7 @@ class StepWrite:
         if n:
             head_dim = cache.shape[-1]
             decoded = new[0, :, :n].transpose(0, 1).reshape(-1, head_dim)  # [n * kv_heads, head_dim]
-            cache.view(-1, head_dim).index_copy_(0, self._decode_slots, decoded.to(cache.dtype))
+            cache.view(-1, head_dim).index_copy_(0, self.decode_slots, decoded.to(cache.dtype))
         for chunk in self.layout.prompts:
             cache[chunk.row, :, chunk.past : chunk.past + chunk.length] = new[
                 0, :, chunk.start : chunk.start + chunk.length

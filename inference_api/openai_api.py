@@ -97,7 +97,7 @@ class Completion:
         logprobs: Any = None,
         tool_calls: list | None = None,
     ) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return self.choice(index, text, finish_reason, logprobs)  # a chunk's choice is a whole one's
 
 
 class ChatCompletion:
