@@ -87,3 +87,24 @@ def test_after_warm_up_no_decode_step_compiles_again_and_the_text_is_the_eager_e
         results.append({key: [piece.text for piece in value] for key, value in pieces.items()})
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
     assert results[0] == results[1]
+
+
+def test_each_compiled_runner_runs_its_own_graphs():
+    """The compiled step skips its guards on the weights and the cache (fixed for a runner's life), so
+    a graph compiled for one runner (here a cache of other sizes) must never run for another."""
+    texts = {}
+    for compile_decode in (False, True):
+        for seed, max_seq_len in ((0, 64), (1, 96)):
+            model = tiny_model("llama", seed=seed)
+            engine = Engine(
+                model, MarkerTokenizer(), rows=4, max_seq_len=max_seq_len, compile_decode=compile_decode
+            )
+            engine.warm_up()
+            pieces = drive(
+                engine, [(0, Submit("a", (5, 6, 7), greedy(8))), (0, Submit("b", (9,), greedy(5)))]
+            )
+            texts[compile_decode, seed] = {
+                key: [piece.text for piece in value] for key, value in pieces.items()
+            }
+    assert texts[True, 0] == texts[False, 0] and texts[True, 1] == texts[False, 1]
+    assert texts[False, 0] != texts[False, 1]  # two different models: a shared graph would show
