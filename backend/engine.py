@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Iterable
 
 import torch
@@ -29,6 +30,7 @@ from backend.heap import reuse_freed_memory
 from backend.logits_processors import LogitsProcessors
 from backend.logprobs import token_logprobs
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit, TokenLogprob
+from backend.prefill_budget import PrefillBudget
 from backend.prefix_cache import PrefixIndex
 from backend.row import Row
 from backend.row_attention import PromptChunk, StepLayout, step_layout
@@ -38,14 +40,6 @@ from backend.sampler import SamplingBatch, sample
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQ_LEN = 2048
-# Prompt tokens prefilled in one step while rows are decoding, across the prompts being prefilled: a
-# burst of new requests is admitted over a few steps, and a long prompt prefilled a chunk a step,
-# instead of stalling the rows already decoding (`--max-prefill-tokens`). On the default model on a
-# 2-core CPU a step of 31 decoding rows and a 128-token chunk takes 1.8 times a plain one (106 against
-# 59 ms; 256 tokens: 2.7 times). With no row decoding nobody waits, and a step prefills up to a whole
-# row's worth (max_seq_len): chunks would only delay the first token (a 1,800-token prompt alone:
-# 1.23 s in chunks of 128, 0.65 s whole).
-DEFAULT_MAX_PREFILL_TOKENS = 128
 
 
 def context_length(model_config: PretrainedConfig) -> int:
@@ -76,7 +70,7 @@ class Engine:
         rows: int = 32,
         max_seq_len: int | None = None,
         name: str = "model",
-        max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+        max_prefill_tokens: int | None = None,
         prefix_reuse: bool = True,
         kv_cache_dtype: torch.dtype | None = None,
         embedding_model: EmbeddingModel | None = None,
@@ -93,7 +87,7 @@ class Engine:
         self.dtype = model.dtype
         self.cache_dtype = kv_cache_dtype or pick_cache_dtype("auto", self.dtype, self.device)
         self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ_LEN, context_length(model.config))
-        self.max_prefill_tokens = max(1, max_prefill_tokens)  # 0 would never prefill anything
+        self.prefill_budget = PrefillBudget(max_prefill_tokens)  # None: sized by the measured step times
         self.eos_ids = eos_token_ids(model, tokenizer)
         # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
         self.vocab_size = model.get_input_embeddings().num_embeddings
@@ -197,7 +191,10 @@ class Engine:
         try:
             # Finished rows were freed at the end of the last step; the rest decode or prefill.
             decoding = [row for row in self.active_rows if row.prefilled]
-            budget = self.max_prefill_tokens if decoding else max(self.max_prefill_tokens, self.max_seq_len)
+            # A prompt chunk makes every decoding row wait for it; with none decoding nobody waits, and a
+            # step prefills up to a whole row's worth (chunks would only delay the first token).
+            ceiling = self.prefill_budget.ceiling
+            budget = self.prefill_budget.tokens(len(decoding)) if decoding else max(ceiling, self.max_seq_len)
             continuing, budget = self._plan_chunks(
                 [row for row in self.active_rows if not row.prefilled], budget
             )
@@ -205,7 +202,10 @@ class Engine:
             self.admitted = [row.request.request_id for row in admitted]
             prefilling = continuing + admitted
             if decoding or prefilling:
+                started = time.perf_counter()
+                prompt_tokens = sum(row.chunk_end - row.cached for row in prefilling)
                 pieces += self._step_rows(decoding, prefilling)
+                self.prefill_budget.observe(time.perf_counter() - started, len(decoding), prompt_tokens)
             pieces += self._embed_waiting()
         except BaseException:
             self.undelivered = pieces + self.undelivered  # decided before the failure: sent next step
@@ -242,7 +242,7 @@ class Engine:
         batch, tokens = [], 0
         while self.embedding_waiting:
             request = next(iter(self.embedding_waiting.values()))
-            if batch and tokens + len(request.prompt_ids) > self.max_prefill_tokens:
+            if batch and tokens + len(request.prompt_ids) > self.prefill_budget.ceiling:
                 break
             batch.append(self.embedding_waiting.pop(request.request_id))
             tokens += len(request.prompt_ids)
@@ -564,6 +564,7 @@ class Engine:
                 self.submit(Submit(f"warm-up-{i}", prompt, params))
             while self.has_work:
                 self.step()
+        self.prefill_budget.forget()  # first-call costs are no measure of a step
 
     def generate(self, prompts: Iterable[str], params: SamplingParams | None = None) -> list[str]:
         """Generate for several prompts at once and return the texts (a convenience for shells and tests)."""

@@ -137,9 +137,9 @@ class BackendConfig:
     # Bytes the KV cache may take (--kv-cache-memory): without max_seq_len, the most positions a row that
     # fit in it; with max_seq_len, a bound that length must fit in (loader.pick_max_seq_len)
     kv_cache_memory: int | None = None
-    # Prompt tokens a step prefills while rows decode (engine.DEFAULT_MAX_PREFILL_TOKENS says why 128);
-    # longer prompts take a chunk a step
-    max_prefill_tokens: int = 128
+    # Prompt tokens a step prefills while rows decode, longer prompts a chunk a step; None: as many as
+    # keep a step within 1.8 plain ones, measured as it runs (backend.prefill_budget)
+    max_prefill_tokens: int | None = None
     prefix_reuse: bool = True  # a prompt starting as a row's cached tokens prefills only the rest
     # Decode steps of few rows compiled by torch.compile (decoder_runner.DecoderRunner); start-up
     # compiles them, which takes minutes on a small CPU the first time

@@ -132,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-prefill-tokens",
         type=positive_int,
-        default=BackendConfig.max_prefill_tokens,
-        help="prompt tokens a step prefills while rows decode (longer prompts take a chunk a step)",
+        help="prompt tokens a step prefills while rows decode, longer prompts a chunk a step (default: as "
+        "many as keep a step within 1.8 times one without, measured as it runs, at most 512)",
     )
     parser.add_argument(
         "--torch-threads", type=positive_int, help="CPU threads for the model (default: every core)"

@@ -6,7 +6,9 @@
 
 Starts the server twice, one after the other: with `--max-prefill-tokens
 2048` (a long prompt prefilled whole in one step, as before chunked
-prefill) and with --chunk (128, the default: a chunk a step). Each time, --streams
+prefill) and as it starts by default (chunks sized by the measured step
+times, backend/prefill_budget.py); with --chunk N a third time, in fixed
+chunks of N (`--max-prefill-tokens N`). Each time, --streams
 clients stream /v1/completions without pause (256 tokens, ignore_eos)
 while one more client sends a prompt of about 2,000 tokens every --every
 seconds (8 tokens back). Reports the streams' inter-token latency (p50,
@@ -80,11 +82,12 @@ def run_load(url: str, model: str, streams: int, seconds: float, every: float) -
     return level, long_latencies
 
 
-def measure(args, max_prefill_tokens: int) -> tuple[Level, list[float]]:
+def measure(args, max_prefill_tokens: int | None) -> tuple[Level, list[float]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = server_command(args, port, max_seq_len=2048)
-    command += ["--max-prefill-tokens", str(max_prefill_tokens)]
+    if max_prefill_tokens is not None:
+        command += ["--max-prefill-tokens", str(max_prefill_tokens)]
     server = start(command, f"{url}/ready")
     try:
         model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
@@ -120,13 +123,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--streams", type=int, default=31)
     parser.add_argument("--every", type=float, default=3.0, help="seconds between long prompts")
-    parser.add_argument("--chunk", type=int, default=128, help="--max-prefill-tokens of the chunked run")
+    parser.add_argument("--chunk", type=int, help="also a run in fixed chunks of this many tokens")
     add_model_options(parser)
     args = parser.parse_args()
     results = {
         "whole (`--max-prefill-tokens 2048`)": measure(args, 2048),
-        f"in chunks of {args.chunk}": measure(args, args.chunk),
+        "chunks sized by step times (default)": measure(args, None),
     }
+    if args.chunk:
+        results[f"fixed chunks of {args.chunk}"] = measure(args, args.chunk)
     text = report(args, results)
     write_report(args.out, text, START, END)
     print(text)

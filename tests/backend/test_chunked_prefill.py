@@ -100,3 +100,38 @@ def test_a_scored_prompt_over_several_chunks_scores_every_token():
     assert scores[0] is None and [s.token_id for s in scores[1:]] == list(prompt[1:])
     expected = [float(reference[i, token]) for i, token in enumerate(prompt[1:])]
     assert [s.logprob for s in scores[1:]] == pytest.approx(expected, abs=1e-4)
+
+
+def test_by_default_each_chunk_is_what_the_measured_step_times_allow():
+    """No --max-prefill-tokens: the engine times its steps and each chunk is the budget they give
+    (backend.prefill_budget; its own tests hold the arithmetic), with the text of a whole prefill."""
+    model = tiny_model()
+    engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=512)
+    budgets, prefilled = [], []
+    tokens, forward = engine.prefill_budget.tokens, engine._forward
+
+    def recording_tokens(decoding_rows):
+        budgets.append(tokens(decoding_rows))
+        return budgets[-1]
+
+    def counting_forward(input_ids, positions, layout, keep):
+        prefilled.append(input_ids.shape[0] - layout.decode_queries)
+        return forward(input_ids, positions, layout, keep)
+
+    engine.prefill_budget.tokens, engine._forward = recording_tokens, counting_forward
+    drive(engine, [(0, Submit("warm", prompt_of(2, 3), greedy(60)))])
+    assert engine.prefill_budget.plain_steps  # it timed the steps of one row decoding
+    budgets.clear()
+    prefilled.clear()
+    long_prompt = prompt_of(400, 4)
+    pieces = drive(
+        engine,
+        [(0, Submit("decoding", prompt_of(3, 5), greedy(60))), (1, Submit("long", long_prompt, greedy(4)))],
+    )
+    # From the second step on a row decodes, and each step asks the budget once.
+    chunks = [count for count in prefilled[1:] if count]
+    assert sum(chunks) == len(long_prompt)
+    for i, chunk in enumerate(chunks):
+        assert chunk == min(budgets[i], len(long_prompt) - sum(chunks[:i]))
+    expected = reference_greedy(model, list(long_prompt), 4, engine.eos_ids)
+    assert MarkerTokenizer.ids(text_of(pieces["long"])) == expected

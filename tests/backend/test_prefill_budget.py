@@ -1,0 +1,63 @@
+"""The prefill budget follows the measured step times: a step with a chunk within STRETCH plain ones."""
+
+from __future__ import annotations
+
+from backend.prefill_budget import FIRST_GUESS, FLOOR, STRETCH, PrefillBudget
+
+
+def test_a_configured_number_is_kept_whatever_the_steps_take():
+    budget = PrefillBudget(fixed=64)
+    budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+    budget.observe(0.500, decoding_rows=31, prompt_tokens=64)
+    assert budget.tokens(31) == 64
+
+
+def test_until_both_costs_are_timed_the_budget_is_the_first_guess():
+    budget = PrefillBudget()
+    assert budget.tokens(31) == FIRST_GUESS
+    budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+    assert budget.tokens(31) == FIRST_GUESS
+    budget.observe(2.0, decoding_rows=0, prompt_tokens=1800)  # a whole prompt, nobody decoding: no cost
+    assert budget.tokens(31) == FIRST_GUESS
+
+
+def test_the_budget_fits_a_chunk_step_within_stretch_times_a_plain_one():
+    budget = PrefillBudget()
+    budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+    budget.observe(0.110, decoding_rows=31, prompt_tokens=100)  # 0.5 ms a prompt token
+    tokens = budget.tokens(31)
+    assert tokens == int((STRETCH - 1) * 0.060 / 0.0005)  # 96
+    assert 0.060 + tokens * 0.0005 <= STRETCH * 0.060 + 1e-9
+
+
+def test_a_machine_twice_as_slow_at_prompts_gets_half_the_chunk():
+    fast, slow = PrefillBudget(), PrefillBudget()
+    for budget, chunk_step in ((fast, 0.110), (slow, 0.160)):
+        budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+        budget.observe(chunk_step, decoding_rows=31, prompt_tokens=100)
+    assert slow.tokens(31) == fast.tokens(31) // 2
+
+
+def test_the_plain_step_is_that_of_the_nearest_number_of_rows():
+    budget = PrefillBudget()
+    budget.observe(0.008, decoding_rows=1, prompt_tokens=0)
+    budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+    budget.observe(0.110, decoding_rows=30, prompt_tokens=100)  # against 31 rows' 60 ms: 0.5 ms a token
+    assert budget.tokens(29) == int((STRETCH - 1) * 0.060 / 0.0005)
+    assert budget.tokens(1) == FLOOR  # 0.8 * 8 ms is 12 tokens' time: the floor still lets prompts on
+
+
+def test_the_budget_stays_under_the_ceiling():
+    budget = PrefillBudget()
+    budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+    budget.observe(0.0601, decoding_rows=31, prompt_tokens=100)  # prompts nearly free (a GPU)
+    assert budget.tokens(31) == budget.ceiling
+
+
+def test_a_short_prompt_in_the_noise_does_not_swing_the_cost_per_token():
+    budget = PrefillBudget()
+    budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+    budget.observe(0.110, decoding_rows=31, prompt_tokens=100)
+    before = budget.tokens(31)
+    budget.observe(0.070, decoding_rows=31, prompt_tokens=2)  # 10 ms of jitter over a 2-token prompt
+    assert budget.tokens(31) >= before * 0.8
