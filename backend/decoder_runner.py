@@ -125,7 +125,12 @@ class DecoderRunner:
         cache: RowCache,
         keep: torch.Tensor,  # [kept] indices into the tokens
     ) -> torch.Tensor:
-        if self.compiled_decode is not None and not layout.prompts and layout.decode_queries < COMPILED_BELOW:
+        if (
+            self.compiled_decode is not None
+            and not layout.prompts
+            and not layout.long_rows  # the graph attends in one batch only
+            and layout.decode_queries < COMPILED_BELOW
+        ):
             # A decode step keeps every token's logits, in pack order.
             visible = layout.visible
             if visible.shape[0] == 1 and cache.rows > 1:

@@ -33,7 +33,7 @@ from backend.messages import BackendConfig, Piece, SamplingParams, Submit, Token
 from backend.prefill_budget import PrefillBudget
 from backend.prefix_cache import PrefixIndex
 from backend.row import Row
-from backend.row_attention import PromptChunk, StepLayout, step_layout
+from backend.row_attention import LongRow, PromptChunk, StepLayout, long_rows, step_layout
 from backend.row_cache import KVShape, RowCache, pick_cache_dtype
 from backend.sampler import SamplingBatch, sample
 
@@ -363,24 +363,16 @@ class Engine:
                 last_of_row.append(len(keep) - 1)
                 completing.append(row)
 
-        row_positions = [0] * decode_rows  # free rows of the span read their position 0 only
-        for row in decoding:
-            row_positions[row.index] = row.position
-        span = max(row_positions, default=0) + 1
-        hidden = (
-            torch.arange(span, device=self.device) > torch.tensor(row_positions, device=self.device)[:, None]
-        )
-        visible = torch.zeros(hidden.shape, dtype=self.cache_dtype, device=self.device).masked_fill_(
-            hidden, float("-inf")
-        )
+        visible, alone = self._decode_visibility(decoding, decode_rows)
         masks = self.grammars.start_masks([row.index for row in decoding + completing])  # during the forward
         layout = StepLayout(
             decode_rows,
             torch.tensor([row.index for row in decoding], device=self.device, dtype=torch.long),
             torch.tensor(decode_positions, device=self.device, dtype=torch.long),
-            span,
-            visible[:, None, None, :],
+            visible.shape[-1],
+            visible,
             tuple(chunks),
+            alone,
         )
         logits = self._forward(
             torch.tensor(token_ids, device=self.device),
@@ -405,6 +397,27 @@ class Engine:
             if row.prefilled and row.request.params.prompt_logprobs is not None:
                 row.prompt_logprobs = (None, *row.prompt_scores)
         return self._accept(rows, tokens, logprobs)
+
+    def _decode_visibility(
+        self, decoding: list[Row], decode_rows: int
+    ) -> tuple[torch.Tensor, tuple[LongRow, ...]]:
+        """What each row of the decode span may read ([rows, 1, 1, span]: 0, or -inf past its
+        position), and the long rows that attend alone (row_attention.long_rows). Free rows of the
+        span, and the long rows, read their position 0 only in the batch."""
+        alone = long_rows({row.index: row.position for row in decoding}, decode_rows)
+        row_positions = [0] * decode_rows
+        for row in decoding:
+            if row.index not in alone:
+                row_positions[row.index] = row.position
+        span = max(row_positions, default=0) + 1
+        hidden = (
+            torch.arange(span, device=self.device) > torch.tensor(row_positions, device=self.device)[:, None]
+        )
+        visible = torch.zeros(hidden.shape, dtype=self.cache_dtype, device=self.device).masked_fill_(
+            hidden, float("-inf")
+        )
+        long = [LongRow(query, row.index, row.position) for query, row in enumerate(decoding)]
+        return visible[:, None, None, :], tuple(r for r in long if r.row in alone)
 
     def _chunk_mask(self, past: int, length: int) -> torch.Tensor | None:
         """A chunk after the first reads the row's earlier positions and itself causally."""

@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
@@ -44,6 +45,35 @@ class PromptChunk:
     )
 
 
+class LongRow(NamedTuple):
+    """A decoding row whose query attends alone, over its own positions, instead of in the batch."""
+
+    query: int  # its place in the packed sequence
+    row: int
+    position: int  # the position of its query: it reads 0..position
+
+
+# A row read alone costs an attention call of its own in every layer; it is worth it where the batch
+# then reads fewer positions, counted over the rows of its span, by at least this many.
+LONG_ROW_SAVES_POSITIONS = 512
+MOST_LONG_ROWS = 4
+
+
+def long_rows(positions: dict[int, int], span_rows: int) -> set[int]:
+    """The decoding rows (row: position) that attend alone: the batch reads every row of its span as
+    far as its longest row reaches, so one 2,000-token row among short ones made all 32 read 2,000
+    positions (on the default model on a CPU, 150 ms a step instead of 60). The longest rows go alone
+    while that saves reading."""
+    longest_first = sorted(positions, key=positions.__getitem__, reverse=True)
+    lengths = [positions[row] + 1 for row in longest_first] + [1]
+    chosen, least, alone = 0, span_rows * lengths[0], 0
+    for count in range(1, min(MOST_LONG_ROWS, len(longest_first)) + 1):
+        alone += lengths[count - 1] + LONG_ROW_SAVES_POSITIONS
+        if span_rows * lengths[count] + alone < least:
+            chosen, least = count, span_rows * lengths[count] + alone
+    return set(longest_first[:chosen])
+
+
 @dataclass(frozen=True)
 class StepLayout:
     """Where the queries of one step sit in the packed sequence, and what each may read."""
@@ -56,6 +86,8 @@ class StepLayout:
     # mask would be turned into this by every layer's attention call)
     visible: torch.Tensor
     prompts: tuple[PromptChunk, ...]  # the prompt tokens of the step, after the decode queries
+    # Decoding rows read alone (`long_rows`): in the batch they are masked as free rows are.
+    long_rows: tuple[LongRow, ...] = ()
 
     @property
     def decode_queries(self) -> int:
@@ -131,6 +163,15 @@ def attend(
         if layout.has_free_rows:
             attended = attended.index_select(0, layout.decode_index)
         output[0, :, :decoding] = attended.squeeze(2).transpose(0, 1)
+    for long_row in layout.long_rows:  # a single query reads all it may: no mask
+        pack, end = slice(long_row.query, long_row.query + 1), long_row.position + 1
+        output[:, :, pack] = scaled_dot_product_attention(
+            query[:, :, pack],
+            key[long_row.row : long_row.row + 1, :, :end],
+            value[long_row.row : long_row.row + 1, :, :end],
+            scale=scaling,
+            enable_gqa=True,
+        )
     for chunk in layout.prompts:
         end, pack = chunk.past + chunk.length, slice(chunk.start, chunk.start + chunk.length)
         output[:, :, pack] = scaled_dot_product_attention(
