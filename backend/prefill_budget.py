@@ -35,6 +35,7 @@ class PrefillBudget:
         self.chunk_seconds = self.chunk_tokens = None
 
     def tokens(self, decoding_rows: int) -> int:
+        """The budget of the next step, in which this many rows decode."""
         if self.fixed is not None:
             return self.fixed
         plain = self.plain_step(decoding_rows)
