@@ -32,6 +32,7 @@ from transformers import (
 
 from backend.architectures import check_supported
 from backend.cache_size import size_kv_cache
+from backend.calibration import calibration_token_ids, smooth_many_rows_path
 from backend.embeddings import EmbeddingModel, embed
 from backend.gguf_weights import serve_gguf_weights
 from backend.heap import give_back_freed_memory
@@ -193,6 +194,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
     model = model.to(device=device, dtype=dtype)
     quantize_weights(model, source, quantization)
+    smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
     give_back_freed_memory()
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
 

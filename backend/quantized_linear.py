@@ -24,12 +24,17 @@ SmolLM2's projections, docs/performance.md):
   multiplies by those instead. The copy costs memory (2 bytes a weight in
   bfloat16 against half a byte packed), but without it a 500-token prefill
   would take seconds.
+- Where the CPU multiplies bfloat16 slowly (no AMX), int8 activations times
+  int8 weights are faster still from 16 rows: the loader replaces the dense
+  copies by those (`smoothed_int8.py`).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from backend.smoothed_int8 import smoothed_int8_matmul
 
 GROUP_SIZE = 32  # GGUF's block size, and the finest group the kernels take
 
@@ -45,14 +50,26 @@ class WeightOnlyLinear(nn.Module):
     compute_dtype = torch.bfloat16
     dense_from_rows = DENSE_FROM_ROWS
     # The buffers that hold one slice per output channel, by the dimension those slices stack in
-    # (how `fuse_linears` joins layers).
-    output_dims: dict[str, int] = {"dense": 0}
+    # (how `fuse_linears` joins layers), and those that parts over one input share.
+    output_dims: dict[str, int] = {"dense": 0, "dense_int8": 0, "dense_scales": 0}
+    shared_buffers = ("smoothing",)
 
     def __init__(self, bias: torch.Tensor | None, dense: torch.Tensor | None):
         super().__init__()
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         keep = dense is not None and dense.device.type == "cpu"
         self.register_buffer("dense", dense.detach() if keep else None, persistent=False)
+        # The int8 path for many rows (smoothed_int8.py), where the loader calibrated one.
+        self.register_buffer("dense_int8", None, persistent=False)
+        self.register_buffer("dense_scales", None, persistent=False)
+        self.register_buffer("smoothing", None, persistent=False)
+
+    def use_smoothed_int8(
+        self, weight_int8: torch.Tensor, scales: torch.Tensor, smoothing: torch.Tensor
+    ) -> None:
+        """Multiply many rows by these int8 weights (of W * s; s = 1 / smoothing), not the dense copy."""
+        self.dense_int8, self.dense_scales, self.smoothing = weight_int8, scales, smoothing
+        self.dense = None
 
     def can_be_followed(self) -> bool:
         """Whether another layer's weights may follow this one's in a fused layer (`fuse_linears`)."""
@@ -60,7 +77,9 @@ class WeightOnlyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if self.dense is not None and flat.shape[0] >= self.dense_from_rows:
+        if self.dense_int8 is not None and flat.shape[0] >= self.dense_from_rows:
+            out = smoothed_int8_matmul(flat, self.dense_int8, self.dense_scales, self.smoothing)
+        elif self.dense is not None and flat.shape[0] >= self.dense_from_rows:
             out = torch.nn.functional.linear(flat.to(self.dense.dtype), self.dense)
         else:
             out = self.packed_matmul(flat.to(self.compute_dtype))
@@ -76,7 +95,7 @@ class WeightOnlyLinear(nn.Module):
 class Int4Linear(WeightOnlyLinear):
     """`nn.Linear` with 4-bit weights in groups of GROUP_SIZE inputs, each group its scale and zero."""
 
-    output_dims = {"dense": 0, "packed": 0, "scales_and_zeros": 1}
+    output_dims = {**WeightOnlyLinear.output_dims, "packed": 0, "scales_and_zeros": 1}
 
     def can_be_followed(self) -> bool:
         """Whether another layer's packed weights may follow this one's in a fused layer: the kernels
@@ -149,7 +168,7 @@ class Int8Linear(WeightOnlyLinear):
     # The int8 kernel costs twice int4's a row: SmolLM2's head takes 1.6 ms at 4 rows and 3.3 at 8
     # against 2.4 and 2.2 for bfloat16.
     dense_from_rows = 6
-    output_dims = {"dense": 0, "weight_int8": 0, "scales": 0}
+    output_dims = {**WeightOnlyLinear.output_dims, "weight_int8": 0, "scales": 0}
 
     def __init__(
         self,
@@ -210,12 +229,14 @@ def fuse_linears(parts: list[nn.Module]) -> WeightOnlyLinear | None:
         if dim == 0:  # each part's rows are a contiguous slice of the joined tensor
             for part, piece in zip(parts, joined.split([t.shape[0] for t in tensors]), strict=True):
                 setattr(part, name, piece)
+    for name in first.shared_buffers:
+        fused.register_buffer(name, getattr(first, name), persistent=False)
     return fused
 
 
 def fusable(parts: list[nn.Module]) -> bool:
     """Weight-only layers of one kind over one input, with biases all or none, packed so that each
-    part's weights may follow the one before."""
+    part's weights may follow the one before, and equal in what they share (smoothed_int8.py)."""
     first = parts[0]
     return (
         isinstance(first, WeightOnlyLinear)
@@ -226,7 +247,16 @@ def fusable(parts: list[nn.Module]) -> bool:
             for part in parts
         )
         and all(part.can_be_followed() for part in parts[:-1])
+        and all(
+            same_tensor(getattr(part, name), getattr(first, name))
+            for part in parts
+            for name in first.shared_buffers
+        )
     )
+
+
+def same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
 
 
 QUANTIZERS = {"int4": Int4Linear.quantize, "int8": Int8Linear.quantize}

@@ -38,6 +38,9 @@ from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
 from backend.quantized_linear import WeightOnlyLinear  # noqa: E402
 from backend.row_cache import KVShape  # noqa: E402
 
+# A quantized layer's buffers for many rows (its dense or int8 copy); the rest are for few.
+MANY_ROWS_BUFFERS = ("dense", "dense_int8", "dense_scales", "smoothing")
+
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain how a refrigerator works to a ten year old.",
@@ -84,8 +87,8 @@ def step_bytes(model: PreTrainedModel, rows: int, span: int, cache_dtype: torch.
     """Bytes a decode step of `rows` rows must read: the weights it multiplies by and the keys and
     values of those rows over `span` positions.
 
-    A quantized layer reads its packed weights below its dense threshold and its dense copy from
-    there; the input embedding only gathers rows, so it counts only where the head multiplies by it.
+    A quantized layer reads its packed weights below its dense threshold and its dense (or int8)
+    copy from there; the input embedding only gathers rows, so it counts only where the head multiplies by it.
     """
     embedding_module = model.get_input_embeddings()
     read: dict[int, int] = {}  # by storage: a head tied to the embedding counts once
@@ -94,10 +97,9 @@ def step_bytes(model: PreTrainedModel, rows: int, span: int, cache_dtype: torch.
             continue
         tensors = list(module.parameters(recurse=False))
         if isinstance(module, WeightOnlyLinear):
-            if module.dense is not None and rows >= module.dense_from_rows:
-                tensors.append(module.dense)
-            else:
-                tensors += [b for name, b in module.named_buffers(recurse=False) if name != "dense"]
+            buffers = dict(module.named_buffers(recurse=False))  # those set to None are left out
+            many_rows = [buffers.pop(name) for name in MANY_ROWS_BUFFERS if name in buffers]
+            tensors += many_rows if many_rows and rows >= module.dense_from_rows else buffers.values()
         read.update({t.data_ptr(): t.numel() * t.element_size() for t in tensors})
     return sum(read.values()), KVShape.of(model.config).bytes(rows, span, cache_dtype)
 

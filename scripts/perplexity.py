@@ -35,7 +35,7 @@ TEXT = Path(__file__).with_name("perplexity_text.txt")
 MODES = [
     ("float32, dequantized (exact mode, the reference)", "float32", "none", False),
     ("default: the file's 4-bit weights, bf16 (packed: decode of few rows)", "auto", "auto", True),
-    ("default: the file's 4-bit weights, bf16 (dense copy: prefill, many rows)", "auto", "auto", False),
+    ("default: the file's 4-bit weights, bf16 (int8 path: prefill, many rows)", "auto", "auto", False),
     ("bfloat16, dequantized", "bfloat16", "none", False),
     ("--quantize int8 (packed)", "auto", "int8", True),
     ("--quantize int4 (packed)", "auto", "int4", True),

@@ -1,0 +1,100 @@
+"""The int8 path for many rows: int8 activations times int8 weights, smoothed and calibrated at load time."""
+
+import pytest
+import torch
+
+from backend import calibration
+from backend.calibration import smooth_many_rows_path
+from backend.loader import load_model
+from backend.messages import BackendConfig
+from backend.quantized_linear import DENSE_FROM_ROWS, Int4Linear, fuse_linears, quantize_model
+from backend.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
+from tests.backend.models import tiny_model
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got - expected).norm() / expected.norm()).item()
+
+
+def test_smoothing_moves_an_outlier_channel_into_the_weights():
+    """One input channel 50 times larger than the rest sets every row's int8 scale; smoothed, it does not."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 128, generator=generator) / 10
+    x = torch.randn(32, 128, generator=generator)
+    x[:, 5] *= 50
+    expected = x @ weight.T
+    smoothing = smoothing_factors(x.abs().amax(dim=0), weight.abs().amax(dim=0))
+    plain = torch.ones(128)
+    smoothed_error = relative_error(
+        smoothed_int8_matmul(x, *quantize_smoothed(weight, smoothing), smoothing), expected
+    )
+    plain_error = relative_error(smoothed_int8_matmul(x, *quantize_smoothed(weight, plain), plain), expected)
+    assert smoothed_error < 0.02
+    assert smoothed_error < plain_error / 2
+
+
+def calibrated_tiny_model() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A tiny Llama with int4 projections, calibrated; with an input of many rows and its logits before."""
+    model = tiny_model("llama")
+    quantize_model(model, "int4")
+    x = torch.randint(2, 500, (1, 2 * DENSE_FROM_ROWS))
+    before = model(x).logits
+    token_ids = torch.randint(2, 500, (64,), generator=torch.Generator().manual_seed(1)).tolist()
+    assert smooth_many_rows_path(model, token_ids) == 2 * 7  # random weights: no outliers to refuse
+    return model, x, before
+
+
+def test_calibration_gives_layers_that_read_one_input_one_smoothing():
+    model, x, before = calibrated_tiny_model()
+    layer = model.model.layers[0]
+    attention, mlp = layer.self_attn, layer.mlp
+    assert attention.q_proj.smoothing is attention.k_proj.smoothing is attention.v_proj.smoothing
+    assert mlp.gate_proj.smoothing is mlp.up_proj.smoothing
+    assert not torch.equal(attention.q_proj.smoothing, mlp.gate_proj.smoothing)  # other inputs, other ranges
+    assert attention.o_proj.smoothing is not attention.q_proj.smoothing
+    assert all(module.dense is None for module in model.modules() if type(module) is Int4Linear)
+    assert relative_error(model(x).logits, before) < 0.05
+
+
+def test_smoothed_layers_still_fuse_and_multiply_as_their_parts():
+    model, _, _ = calibrated_tiny_model()
+    mlp = model.model.layers[1].mlp
+    parts = [mlp.gate_proj, mlp.up_proj]  # (the tiny k and v are too narrow for the packed layout)
+    x = torch.randn(DENSE_FROM_ROWS, parts[0].in_features)
+    separately = torch.cat([part(x) for part in parts], dim=-1)
+    fused = fuse_linears(parts)
+    assert fused is not None and fused.dense_int8 is not None
+    torch.testing.assert_close(fused(x), separately)
+
+
+def test_layers_with_other_smoothings_are_not_fused():
+    model, _, _ = calibrated_tiny_model()
+    attention = model.model.layers[0].self_attn
+    assert fuse_linears([attention.q_proj, attention.o_proj]) is None  # same width, other smoothings
+
+
+def test_a_layer_int8_would_move_too_far_keeps_its_dense_copy(monkeypatch):
+    monkeypatch.setattr(calibration, "MAX_ERROR", 0.0)
+    model = tiny_model("llama")
+    quantize_model(model, "int4")
+    assert smooth_many_rows_path(model, list(range(2, 66))) == 0
+    assert all(module.dense is not None for module in model.modules() if type(module) is Int4Linear)
+
+
+def test_the_default_model_multiplies_many_rows_in_int8_but_its_head():
+    model = load_model(BackendConfig(rows=1, max_seq_len=64)).model
+    projections = [module for module in model.modules() if type(module) is Int4Linear]
+    smoothed = [module for module in projections if module.dense_int8 is not None]
+    assert len(projections) == 30 * 7
+    assert len(smoothed) >= 30 * 4  # q, k, v and o or gate and up in every layer, or near it
+    assert all(module.dense is None for module in smoothed)
+    assert model.lm_head.dense_int8 is None and model.lm_head.dense is not None
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_int8_path_keeps_the_activations_dtype(dtype):
+    layer = Int4Linear.quantize(torch.nn.Linear(64, 32, bias=False))
+    smoothing = torch.ones(64)
+    layer.use_smoothed_int8(*quantize_smoothed(layer.dense, smoothing), smoothing)
+    x = torch.randn(DENSE_FROM_ROWS, 64, dtype=getattr(torch, dtype))
+    assert layer(x).dtype == x.dtype
