@@ -2,7 +2,7 @@
 
 The model reads a short text shipped with the package (calibration_text.txt:
 a chat in the model family's usual template, code, figures, another
-language; about 570 tokens, about a second on a CPU) while hooks record
+language; about 570 tokens, under two seconds a pass on a 2-core CPU) while hooks record
 the largest absolute input each projection sees per channel. Projections
 that read the same tensor are grouped, so that they get one smoothing and
 can still be fused (quantized_linear.fuse_linears).
