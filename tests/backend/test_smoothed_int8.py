@@ -4,12 +4,19 @@ import pytest
 import torch
 
 from backend import calibration
-from backend.calibration import smooth_many_rows_path
+from backend.calibration import int8_multiplies_faster, smooth_many_rows_path  # the real one, kept
 from backend.loader import load_model
 from backend.messages import BackendConfig
 from backend.quantized_linear import DENSE_FROM_ROWS, Int4Linear, fuse_linears, quantize_model
 from backend.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
 from tests.backend.models import tiny_model
+
+
+@pytest.fixture(autouse=True)
+def int8_is_faster(monkeypatch):
+    """These tests are about the int8 path itself, so they take it whatever this CPU's speeds; the
+    choice by speed has tests of its own (they call the function imported above)."""
+    monkeypatch.setattr(calibration, "int8_multiplies_faster", lambda layer: True)
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -79,6 +86,23 @@ def test_a_layer_int8_would_move_too_far_keeps_its_dense_copy(monkeypatch):
     quantize_model(model, "int4")
     assert smooth_many_rows_path(model, list(range(2, 66))) == 0
     assert all(module.dense is not None for module in model.modules() if type(module) is Int4Linear)
+
+
+def test_a_cpu_faster_in_bfloat16_keeps_the_dense_copies(monkeypatch):
+    monkeypatch.setattr(calibration, "int8_multiplies_faster", lambda layer: False)
+    model = tiny_model("llama")
+    quantize_model(model, "int4")
+    assert smooth_many_rows_path(model, list(range(2, 66))) == 0
+    layers = [module for module in model.modules() if type(module) is Int4Linear]
+    assert all(layer.dense is not None and layer.dense_int8 is None for layer in layers)
+
+
+@pytest.mark.parametrize(("min_speedup", "expected"), [(1e-3, True), (1e3, False)])
+def test_int8_goes_in_only_when_timed_faster(monkeypatch, min_speedup, expected):
+    """Neither path is a thousand times faster than the other, so the timing decides both ways."""
+    monkeypatch.setattr(calibration, "MIN_SPEEDUP", min_speedup)
+    layer = Int4Linear.quantize(torch.nn.Linear(128, 256, bias=False))
+    assert int8_multiplies_faster(layer) is expected
 
 
 def test_the_default_model_multiplies_many_rows_in_int8_but_its_head():
