@@ -2,8 +2,9 @@
 
 The model reads a short text shipped with the package (calibration_text.txt:
 a chat in the model family's usual template, code, figures, another
-language; about 570 tokens, under two seconds a pass on a 2-core CPU) while hooks record
-the largest absolute input each projection sees per channel. Projections
+language; about 570 tokens, under two seconds a pass on a 2-core CPU)
+while hooks record the largest absolute input each projection sees per
+channel. Projections
 that read the same tensor are grouped, so that they get one smoothing and
 can still be fused (quantized_linear.fuse_linears).
 
@@ -59,7 +60,7 @@ def smooth_many_rows_path(model: nn.Module, token_ids: list[int]) -> int:
     if not layers:
         return 0
     if not int8_multiplies_faster(max(layers, key=lambda layer: layer.dense.numel())):
-        log.info("this CPU multiplies many rows faster by bfloat16 dense copies than in int8: keeping them")
+        log.info("this CPU multiplies many rows faster by the dense copies than in int8: keeping them")
         return 0
     groups, ranges = measure_inputs(model, layers, token_ids)
     candidates = {}
