@@ -53,6 +53,8 @@ class WeightOnlyLinear(nn.Module):
     # (how `fuse_linears` joins layers), and those that parts over one input share.
     output_dims: dict[str, int] = {"dense": 0, "dense_int8": 0, "dense_scales": 0}
     shared_buffers = ("smoothing",)
+    # What a pass of dense_from_rows rows or more multiplies by (the dense copy, or its int8 path)
+    many_rows_buffers = ("dense", "dense_int8", "dense_scales", "smoothing")
 
     def __init__(self, bias: torch.Tensor | None, dense: torch.Tensor | None):
         super().__init__()
@@ -77,9 +79,10 @@ class WeightOnlyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        if self.dense_int8 is not None and flat.shape[0] >= self.dense_from_rows:
+        many_rows = flat.shape[0] >= self.dense_from_rows
+        if many_rows and self.dense_int8 is not None:
             out = smoothed_int8_matmul(flat, self.dense_int8, self.dense_scales, self.smoothing)
-        elif self.dense is not None and flat.shape[0] >= self.dense_from_rows:
+        elif many_rows and self.dense is not None:
             out = torch.nn.functional.linear(flat.to(self.dense.dtype), self.dense)
         else:
             out = self.packed_matmul(flat.to(self.compute_dtype))

@@ -38,9 +38,6 @@ from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
 from backend.quantized_linear import WeightOnlyLinear  # noqa: E402
 from backend.row_cache import KVShape  # noqa: E402
 
-# A quantized layer's buffers for many rows (its dense or int8 copy); the rest are for few.
-MANY_ROWS_BUFFERS = ("dense", "dense_int8", "dense_scales", "smoothing")
-
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain how a refrigerator works to a ten year old.",
@@ -98,7 +95,7 @@ def step_bytes(model: PreTrainedModel, rows: int, span: int, cache_dtype: torch.
         tensors = list(module.parameters(recurse=False))
         if isinstance(module, WeightOnlyLinear):
             buffers = dict(module.named_buffers(recurse=False))  # those set to None are left out
-            many_rows = [buffers.pop(name) for name in MANY_ROWS_BUFFERS if name in buffers]
+            many_rows = [buffers.pop(name) for name in module.many_rows_buffers if name in buffers]
             tensors += many_rows if many_rows and rows >= module.dense_from_rows else buffers.values()
         read.update({t.data_ptr(): t.numel() * t.element_size() for t in tensors})
     return sum(read.values()), KVShape.of(model.config).bytes(rows, span, cache_dtype)
