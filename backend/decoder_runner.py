@@ -30,6 +30,7 @@ import types
 import torch
 import torch.fx.experimental._config as fx_shapes
 from torch import nn
+from torch.nn.functional import scaled_dot_product_attention
 from transformers import PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
@@ -43,9 +44,10 @@ from backend.row_cache import RowCache
 # layers have them.
 LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2"}
 
-# Compiled decode steps for fewer rows than this; from here on the linear layers multiply by their
-# dense copies (quantized_linear.DENSE_FROM_ROWS) and the step is their time, compiled or not.
-COMPILED_BELOW = DENSE_FROM_ROWS
+# Decode steps of fewer rows than this run `_decode` (compiled with --compile); from here on the linear
+# layers multiply by their dense copies (quantized_linear.DENSE_FROM_ROWS) and the step is their time,
+# whatever runs around them.
+DECODE_BELOW = DENSE_FROM_ROWS
 
 
 class Projections:
@@ -68,13 +70,13 @@ class Projections:
 class DecoderRunner:
     """Runs one step's packed tokens through the model and returns the logits at the `keep` positions.
 
-    With `compile_decode`, a step of decoding rows alone, fewer than `COMPILED_BELOW` of them, runs
-    `_decode` compiled by torch.compile (inductor): the rotary embedding, norms, residual adds, cache
-    writes and casts of each layer become a few generated C++ loops around the matrix and attention
-    kernels, instead of some 25 PyTorch operations a layer, each with its dispatch cost. That cost is
-    what a one-row step on a CPU is made of once the weights are 4-bit (docs/performance.md). Steps
-    with prompt tokens, and steps of many rows (where the matrix products dominate and compiling
-    gained nothing, measured), stay eager.
+    A step of decoding rows alone, fewer than `DECODE_BELOW` of them, runs `_decode`: the same layer
+    in fewer PyTorch operations, since each pays a dispatch cost and those costs are what a one-row
+    step on a CPU is made of once the weights are 4-bit (docs/performance.md). With
+    `compile_decode`, torch.compile (inductor) compiles it: the rotary embedding, norms, residual
+    adds, cache writes and casts of each layer become a few generated C++ loops around the matrix
+    and attention kernels. Steps with prompt tokens, and steps of many rows (where the matrix
+    products dominate and compiling gained nothing, measured), take the general path.
     """
 
     def __init__(self, model: PreTrainedModel, compile_decode: bool = False):
@@ -98,6 +100,9 @@ class DecoderRunner:
             # Without duck shapes, sizes that happen to be equal when it compiles (two rows and two KV
             # heads, say) are not assumed equal for ever, which would compile again at every new shape.
             fx_shapes.use_duck_shape = False
+            # Python floats (the attention's scaling, the norms' epsilon) as constants: traced as
+            # symbols, Dynamo specialized them in the end and traced each graph a second time.
+            torch._dynamo.config.specialize_float = True
             self.compiled_decode = torch.compile(
                 own_copy(self._decode),
                 dynamic=True,
@@ -125,39 +130,10 @@ class DecoderRunner:
         cache: RowCache,
         keep: torch.Tensor,  # [kept] indices into the tokens
     ) -> torch.Tensor:
-        if (
-            self.compiled_decode is not None
-            and not layout.prompts
-            and not layout.long_rows  # the graph attends in one batch only
-            and layout.decode_queries < COMPILED_BELOW
-        ):
-            # A decode step keeps every token's logits, in pack order.
-            visible = layout.visible
-            if visible.shape[0] == 1 and cache.rows > 1:
-                # A span of one row gets a second, free one (reading its position 0, its output dropped):
-                # torch.compile specializes size 1, and that would be one more graph to compile.
-                free_row = torch.full_like(visible, float("-inf"))
-                free_row[..., 0] = 0
-                visible = torch.cat([visible, free_row])
-            if not getattr(cache, "static_for_compile", False):
-                # The cache's sizes never change: as constants they cost the compiler nothing, where
-                # as symbols (four for each of 60 tensors) they made it take many minutes.
-                for tensor in cache.keys + cache.values:
-                    torch._dynamo.mark_static(tensor)
-                cache.static_for_compile = True
-            # The head stays out of the graph: it changes kernels with the number of rows, and each
-            # change would be a graph of its own.
-            return self.head(
-                self.compiled_decode(
-                    input_ids,
-                    positions,
-                    layout.decode_index,
-                    cache.plan.decode_slots,  # the eager write's index, computed once a step
-                    visible,
-                    cache.keys,
-                    cache.values,
-                )
-            )
+        if not layout.prompts and not layout.long_rows and layout.decode_queries < DECODE_BELOW:
+            # A decode step keeps every token's logits, in pack order. The head stays out of the
+            # compiled graph: it changes kernels with the number of rows, each change a graph of its own.
+            return self.head(self._decode_step(input_ids, positions, layout, cache))
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))  # [1, 1, tokens, head_dim]
         for layer, qkv, gate_up, cache_layer in zip(
@@ -188,6 +164,16 @@ class DecoderRunner:
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
         return attend(query, keys, values, layout, self.scaling).reshape(1, tokens, -1)
 
+    def _decode_step(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout, cache: RowCache
+    ) -> torch.Tensor:
+        """A step of decoding rows alone, up to the head: `_decode`, compiled where it was asked for."""
+        decode, visible = self._decode, layout.visible
+        if self.compiled_decode is not None:
+            decode, visible = self.compiled_decode, graph_inputs(visible, cache)
+        slots = cache.plan.decode_slots  # where the general path writes too, computed once a step
+        return decode(input_ids, positions, layout.decode_index, slots, visible, cache.keys, cache.values)
+
     def _decode(
         self,
         input_ids: torch.Tensor,  # [queries]: one token for each decoding row
@@ -198,42 +184,82 @@ class DecoderRunner:
         keys: list[torch.Tensor],  # each layer's cache, [rows, kv_heads, max_seq_len, head_dim]
         values: list[torch.Tensor],
     ) -> torch.Tensor:
-        """A decode step as `__call__` runs it up to the head, written for torch.compile: tensors in,
-        no layout objects, and one attention shape (free rows of the span get a zero query, as in
-        `attend`)."""
-        queries, span_rows, span = input_ids.shape[0], visible.shape[0], visible.shape[-1]
-        head_dim = keys[0].shape[3]
-        hidden = self.embed(input_ids)[None]
-        cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))
+        """A decode step as `__call__` runs it up to the head, in fewer operations: [queries, hidden]
+        throughout (no batch dimension to add and take off), the cache written and read directly (no
+        layout objects), the linear layers on two-dimensional inputs, which the weight-only layers
+        multiply without reshapes or casts (docs/performance.md); it is also what torch.compile
+        compiles."""
+        queries, head_dim = input_ids.shape[0], keys[0].shape[3]
+        heads, kv_heads = self.heads, self.kv_heads
+        hidden = self.embed(input_ids)
+        cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
         for layer, qkv, gate_up, layer_keys, layer_values in zip(
             self.layers, self.qkv, self.gate_up, keys, values, strict=True
         ):
-            all_heads = (
-                qkv(rms_norm(hidden, layer.input_layernorm)).view(1, queries, -1, head_dim).transpose(1, 2)
+            all_heads = qkv(rms_norm(hidden, layer.input_layernorm)).view(queries, -1, head_dim)
+            query, key = rotate(all_heads[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
+            for cache, new in ((layer_keys, key), (layer_values, all_heads[:, heads + kv_heads :])):
+                cache.view(-1, head_dim).index_copy_(0, slots, new.reshape(-1, head_dim).to(cache.dtype))
+            attended = decode_attention(
+                query.to(layer_keys.dtype), layer_keys, layer_values, rows, visible, self.scaling
             )
-            query, key = rotate(all_heads[:, : self.heads + self.kv_heads], cos, sin).split(
-                [self.heads, self.kv_heads], dim=1
-            )
-            for cache, new in ((layer_keys, key), (layer_values, all_heads[:, self.heads + self.kv_heads :])):
-                cache.view(-1, head_dim).index_copy_(
-                    0, slots, new[0].transpose(0, 1).reshape(-1, head_dim).to(cache.dtype)
-                )
-            per_row = query[0].transpose(0, 1)[:, :, None].to(layer_keys.dtype)  # [queries, heads, 1, dim]
-            span_queries = per_row.new_zeros((span_rows, *per_row.shape[1:])).index_copy_(0, rows, per_row)
-            # Attention as two matrix products and a softmax the compiler fuses with the mask: one query a
-            # row is a matrix-vector product, which PyTorch's CPU flash kernel took 23 us a layer for
-            # (two products: 14). Query heads grouped by the KV head they read, as `enable_gqa` groups.
-            grouped = span_queries.view(span_rows, self.kv_heads, -1, head_dim)
-            scores = grouped @ layer_keys[:span_rows, :, :span].transpose(2, 3) * self.scaling + visible
-            attended = (
-                (scores.softmax(dim=-1) @ layer_values[:span_rows, :, :span])
-                .view(span_rows, self.heads, 1, head_dim)
-                .index_select(0, rows)
-            )
-            hidden = hidden + layer.self_attn.o_proj(attended.reshape(1, queries, -1).to(hidden.dtype))
+            hidden = hidden + layer.self_attn.o_proj(attended.view(queries, -1).to(hidden.dtype))
             gate, up = gate_up(rms_norm(hidden, layer.post_attention_layernorm)).chunk(2, dim=-1)
             hidden = hidden + layer.mlp.down_proj(nn.functional.silu(gate) * up)
-        return rms_norm(hidden[0], self.norm)
+        return rms_norm(hidden, self.norm)
+
+
+def graph_inputs(visible: torch.Tensor, cache: RowCache) -> torch.Tensor:
+    """What a compiled `_decode` takes in place of the eager one's inputs: the visibility with a free
+    second row where the span has one row (reading its position 0, its output dropped), since
+    torch.compile specializes size 1 and that would be one more graph to compile; and the cache's
+    sizes marked static, since as constants they cost the compiler nothing, where as symbols (four
+    for each of 60 tensors) they made it take many minutes."""
+    if not getattr(cache, "static_for_compile", False):
+        for tensor in cache.keys + cache.values:
+            torch._dynamo.mark_static(tensor)
+        cache.static_for_compile = True
+    if visible.shape[0] > 1 or cache.rows == 1:
+        return visible
+    free_row = torch.full_like(visible, float("-inf"))
+    free_row[..., 0] = 0
+    return torch.cat([visible, free_row])
+
+
+def decode_attention(
+    query: torch.Tensor,  # [queries, heads, head_dim]: one a decoding row, in the cache's dtype
+    keys: torch.Tensor,  # the layer's cache, [rows, kv_heads, max_seq_len, head_dim]
+    values: torch.Tensor,
+    rows: torch.Tensor,  # [queries]: the row of each, ascending
+    visible: torch.Tensor,  # [span rows, 1, 1, span]
+    scaling: float,
+) -> torch.Tensor:
+    """Each query over its own row of the cache, as one batch over the span's rows: [queries, heads,
+    head_dim]. Free rows of the span get a zero query, their output dropped (row_attention.attend).
+
+    Eager, PyTorch's scaled-dot-product kernel; compiled, two matrix products and a softmax the
+    compiler fuses with the mask: one query a row is a matrix-vector product, which PyTorch's CPU
+    flash kernel took 23 us a layer for in the graph (two products: 14). Compiled, the free rows are
+    filled in whether there are any or not: one graph for both.
+    """
+    span_rows, span, head_dim = visible.shape[0], visible.shape[-1], query.shape[-1]
+    per_row = query[:, :, None]  # [queries, heads, 1, head_dim]
+    compiling = torch.compiler.is_compiling()
+    if compiling or per_row.shape[0] < span_rows:
+        per_row = per_row.new_zeros((span_rows, *per_row.shape[1:])).index_copy_(0, rows, per_row)
+    span_keys, span_values = keys[:span_rows, :, :span], values[:span_rows, :, :span]
+    if compiling:
+        # Query heads grouped by the KV head they read, as `enable_gqa` groups them.
+        grouped = per_row.view(span_rows, keys.shape[1], -1, head_dim)
+        scores = grouped @ span_keys.transpose(2, 3) * scaling + visible
+        attended = (scores.softmax(dim=-1) @ span_values).view(span_rows, -1, 1, head_dim)
+    else:
+        attended = scaled_dot_product_attention(
+            per_row, span_keys, span_values, attn_mask=visible, scale=scaling, enable_gqa=True
+        )
+    if compiling or attended.shape[0] > query.shape[0]:
+        attended = attended.index_select(0, rows)
+    return attended[:, :, 0]
 
 
 # What Dynamo checks before each call of a compiled `_decode` that can change between calls: the

@@ -78,6 +78,9 @@ class WeightOnlyLinear(nn.Module):
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        few_rows = x.dim() == 2 and x.shape[0] < self.dense_from_rows
+        if few_rows and x.dtype == self.compute_dtype and self.bias is None:
+            return self.packed_matmul(x)  # a decode step's few rows (decoder_runner): no reshapes, no casts
         flat = x.reshape(-1, self.in_features)
         many_rows = flat.shape[0] >= self.dense_from_rows
         if many_rows and self.dense_int8 is not None:
