@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
 from backend.architectures import sliding_window
+from backend.decode_graphs import DecodeGraphs
 from backend.quantized_linear import DENSE_FROM_ROWS, fuse_linears
 from backend.row_attention import StepLayout, attend
 from backend.row_cache import RowCache
@@ -44,9 +45,9 @@ from backend.row_cache import RowCache
 # layers have them.
 LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2"}
 
-# Decode steps of fewer rows than this run `_decode` (compiled with --compile); from here on the linear
-# layers multiply by their dense copies (quantized_linear.DENSE_FROM_ROWS) and the step is their time,
-# whatever runs around them.
+# Decode steps of fewer rows than this run `decode_layers` (compiled with --compile); from here on the
+# linear layers multiply by their dense copies (quantized_linear.DENSE_FROM_ROWS) and the step is their
+# time, whatever runs around them.
 DECODE_BELOW = DENSE_FROM_ROWS
 
 
@@ -70,13 +71,16 @@ class Projections:
 class DecoderRunner:
     """Runs one step's packed tokens through the model and returns the logits at the `keep` positions.
 
-    A step of decoding rows alone, fewer than `DECODE_BELOW` of them, runs `_decode`: the same layer
+    A step of decoding rows alone, fewer than `DECODE_BELOW` of them, runs `decode_layers`: the same layer
     in fewer PyTorch operations, since each pays a dispatch cost and those costs are what a one-row
     step on a CPU is made of once the weights are 4-bit (docs/performance.md). With
     `compile_decode`, torch.compile (inductor) compiles it: the rotary embedding, norms, residual
     adds, cache writes and casts of each layer become a few generated C++ loops around the matrix
     and attention kernels. Steps with prompt tokens, and steps of many rows (where the matrix
     products dominate and compiling gained nothing, measured), take the general path.
+
+    On a GPU, with `use_graphs`, every decode step (any number of rows) is a replayed CUDA graph of
+    `decode_layers` and the head instead (backend/decode_graphs.py).
     """
 
     def __init__(self, model: PreTrainedModel, compile_decode: bool = False):
@@ -94,6 +98,7 @@ class DecoderRunner:
             Projections(a.q_proj, a.k_proj, a.v_proj) for a in (layer.self_attn for layer in self.layers)
         ]
         self.gate_up = [Projections(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers]
+        self.graphs: DecodeGraphs | None = None  # use_graphs
         self.compiled_decode = None
         if compile_decode:
             # dynamic: one graph for every number of rows and span (torch.compile specializes size 1).
@@ -104,12 +109,18 @@ class DecoderRunner:
             # symbols, Dynamo specialized them in the end and traced each graph a second time.
             torch._dynamo.config.specialize_float = True
             self.compiled_decode = torch.compile(
-                own_copy(self._decode),
+                own_copy(self.decode_layers),
                 dynamic=True,
                 fullgraph=True,
                 # No shape assertions in the generated code either: ten Python calls a layer, every step.
                 options={"guard_filter_fn": only_step_input_guards, "size_asserts": False},
             )
+
+    def use_graphs(self, cache: RowCache, capture: bool = True) -> DecodeGraphs:
+        """Run decode steps over this cache as CUDA graphs (`capture=False`: the same static shapes
+        and buffers without capture, which a CPU can run), captured by `DecodeGraphs.capture_all`."""
+        self.graphs = DecodeGraphs(self, cache, capture)
+        return self.graphs
 
     @staticmethod
     def supports(model: PreTrainedModel, max_seq_len: int) -> bool:
@@ -130,6 +141,8 @@ class DecoderRunner:
         cache: RowCache,
         keep: torch.Tensor,  # [kept] indices into the tokens
     ) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.takes(layout):
+            return self.graphs.run(input_ids, positions, layout)
         if not layout.prompts and not layout.long_rows and layout.decode_queries < DECODE_BELOW:
             # A decode step keeps every token's logits, in pack order. The head stays out of the
             # compiled graph: it changes kernels with the number of rows, each change a graph of its own.
@@ -167,22 +180,23 @@ class DecoderRunner:
     def _decode_step(
         self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout, cache: RowCache
     ) -> torch.Tensor:
-        """A step of decoding rows alone, up to the head: `_decode`, compiled where it was asked for."""
-        decode, visible = self._decode, layout.visible
+        """A step of decoding rows alone, up to the head: `decode_layers`, compiled where it was asked for."""
+        decode, visible = self.decode_layers, layout.visible
         if self.compiled_decode is not None:
             decode, visible = self.compiled_decode, graph_inputs(visible, cache)
         slots = cache.plan.decode_slots  # where the general path writes too, computed once a step
         return decode(input_ids, positions, layout.decode_index, slots, visible, cache.keys, cache.values)
 
-    def _decode(
+    def decode_layers(
         self,
         input_ids: torch.Tensor,  # [queries]: one token for each decoding row
         positions: torch.Tensor,  # [queries]
-        rows: torch.Tensor,  # [queries]: the row of each, ascending
+        rows: torch.Tensor,  # [queries]: the row of each, ascending unless `scatter`
         slots: torch.Tensor,  # where each query's keys and values go (row_cache.StepWrite.decode_slots)
         visible: torch.Tensor,  # [span rows, 1, 1, span]: what each row of the span may read
         keys: list[torch.Tensor],  # each layer's cache, [rows, kv_heads, max_seq_len, head_dim]
         values: list[torch.Tensor],
+        scatter: bool = False,  # rows need not be the span's rows in order (decode_graphs pads with others)
     ) -> torch.Tensor:
         """A decode step as `__call__` runs it up to the head, in fewer operations: [queries, hidden]
         throughout (no batch dimension to add and take off), the cache written and read directly (no
@@ -201,7 +215,7 @@ class DecoderRunner:
             for cache, new in ((layer_keys, key), (layer_values, all_heads[:, heads + kv_heads :])):
                 cache.view(-1, head_dim).index_copy_(0, slots, new.reshape(-1, head_dim).to(cache.dtype))
             attended = decode_attention(
-                query.to(layer_keys.dtype), layer_keys, layer_values, rows, visible, self.scaling
+                query.to(layer_keys.dtype), layer_keys, layer_values, rows, visible, self.scaling, scatter
             )
             hidden = hidden + layer.self_attn.o_proj(attended.view(queries, -1).to(hidden.dtype))
             gate, up = gate_up(rms_norm(hidden, layer.post_attention_layernorm)).chunk(2, dim=-1)
@@ -210,7 +224,7 @@ class DecoderRunner:
 
 
 def graph_inputs(visible: torch.Tensor, cache: RowCache) -> torch.Tensor:
-    """What a compiled `_decode` takes in place of the eager one's inputs: the visibility with a free
+    """What a compiled `decode_layers` takes in place of the eager one's inputs: the visibility with a free
     second row where the span has one row (reading its position 0, its output dropped), since
     torch.compile specializes size 1 and that would be one more graph to compile; and the cache's
     sizes marked static, since as constants they cost the compiler nothing, where as symbols (four
@@ -230,12 +244,14 @@ def decode_attention(
     query: torch.Tensor,  # [queries, heads, head_dim]: one a decoding row, in the cache's dtype
     keys: torch.Tensor,  # the layer's cache, [rows, kv_heads, max_seq_len, head_dim]
     values: torch.Tensor,
-    rows: torch.Tensor,  # [queries]: the row of each, ascending
+    rows: torch.Tensor,  # [queries]: the row of each, ascending unless `scatter`
     visible: torch.Tensor,  # [span rows, 1, 1, span]
     scaling: float,
+    scatter: bool = False,
 ) -> torch.Tensor:
     """Each query over its own row of the cache, as one batch over the span's rows: [queries, heads,
     head_dim]. Free rows of the span get a zero query, their output dropped (row_attention.attend).
+    With as many queries as rows, query i is row i unless `scatter` says they may come in any order.
 
     Eager, PyTorch's scaled-dot-product kernel; compiled, two matrix products and a softmax the
     compiler fuses with the mask: one query a row is a matrix-vector product, which PyTorch's CPU
@@ -245,7 +261,8 @@ def decode_attention(
     span_rows, span, head_dim = visible.shape[0], visible.shape[-1], query.shape[-1]
     per_row = query[:, :, None]  # [queries, heads, 1, head_dim]
     compiling = torch.compiler.is_compiling()
-    if compiling or per_row.shape[0] < span_rows:
+    scatter = scatter or compiling or per_row.shape[0] < span_rows
+    if scatter:
         per_row = per_row.new_zeros((span_rows, *per_row.shape[1:])).index_copy_(0, rows, per_row)
     span_keys, span_values = keys[:span_rows, :, :span], values[:span_rows, :, :span]
     if compiling:
@@ -257,12 +274,12 @@ def decode_attention(
         attended = scaled_dot_product_attention(
             per_row, span_keys, span_values, attn_mask=visible, scale=scaling, enable_gqa=True
         )
-    if compiling or attended.shape[0] > query.shape[0]:
+    if scatter:
         attended = attended.index_select(0, rows)
     return attended[:, :, 0]
 
 
-# What Dynamo checks before each call of a compiled `_decode` that can change between calls: the
+# What Dynamo checks before each call of a compiled `decode_layers` that can change between calls: the
 # step's tensors (their shapes choose the graph) and the global state. Not the runner's weights nor
 # the cache's tensors, fixed for the runner's life: checking some 500 tensors and 8,000 attributes of
 # them took 1.4 ms of a one-row step of 8.8 ms on the default model.

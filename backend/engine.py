@@ -27,6 +27,7 @@ from backend.decoder_runner import DecoderRunner
 from backend.embeddings import EmbeddingModel, embed
 from backend.grammar import GrammarError, Grammars, PendingMasks
 from backend.heap import reuse_freed_memory
+from backend.host_lists import to_device
 from backend.logits_processors import LogitsProcessors
 from backend.logprobs import token_logprobs
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit, TokenLogprob
@@ -75,6 +76,7 @@ class Engine:
         kv_cache_dtype: torch.dtype | None = None,
         embedding_model: EmbeddingModel | None = None,
         compile_decode: bool = False,
+        cuda_graphs: bool = True,
     ):
         if embedding_model is not None and embedding_model.name == name:
             raise ValueError(f"the embedding model and the served model are both named {name!r}")
@@ -97,6 +99,8 @@ class Engine:
         )
         if compile_decode and self.runner is None:
             log.warning("--compile: %s runs through transformers' forward, which is not compiled", name)
+        if cuda_graphs and self.runner is not None and self.device.type == "cuda":
+            self.runner.use_graphs(self.cache)  # captured in warm_up
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
         self.rows: list[Row | None] = [None] * rows
@@ -127,6 +131,7 @@ class Engine:
             loaded.cache_dtype,
             embedding_model,
             config.compile_decode,
+            config.cuda_graphs,
         )
         engine.tokenizer_path = loaded.tokenizer_path
         engine.warm_up()
@@ -367,25 +372,25 @@ class Engine:
         masks = self.grammars.start_masks([row.index for row in decoding + completing])  # during the forward
         layout = StepLayout(
             decode_rows,
-            torch.tensor([row.index for row in decoding], device=self.device, dtype=torch.long),
-            torch.tensor(decode_positions, device=self.device, dtype=torch.long),
+            to_device([row.index for row in decoding], self.device, torch.long),
+            to_device(decode_positions, self.device, torch.long),
             visible.shape[-1],
             visible,
             tuple(chunks),
             alone,
         )
         logits = self._forward(
-            torch.tensor(token_ids, device=self.device),
-            torch.tensor(positions, device=self.device),
+            to_device(token_ids, self.device, torch.long),
+            to_device(positions, self.device, torch.long),
             layout,
-            torch.tensor(keep, device=self.device, dtype=torch.long),  # empty when no chunk ends
+            to_device(keep, self.device, torch.long),  # empty when no chunk ends
         )
         prompt_scores = {
             row.index: self._prompt_logprobs(row, logits[first : first + count])
             for row, first, count in scored
         }
         if len(keep) != len(last_of_row):
-            logits = logits.index_select(0, torch.tensor(last_of_row, device=self.device, dtype=torch.long))
+            logits = logits.index_select(0, to_device(last_of_row, self.device, torch.long))
         rows = decoding + completing
         tokens, logprobs = self._sample(rows, logits, masks)
         # The step has run: from here on the rows change.
@@ -410,9 +415,8 @@ class Engine:
             if row.index not in alone:
                 row_positions[row.index] = row.position
         span = max(row_positions, default=0) + 1
-        hidden = (
-            torch.arange(span, device=self.device) > torch.tensor(row_positions, device=self.device)[:, None]
-        )
+        ends = to_device(row_positions, self.device, torch.long)[:, None]
+        hidden = torch.arange(span, device=self.device) > ends
         visible = torch.zeros(hidden.shape, dtype=self.cache_dtype, device=self.device).masked_fill_(
             hidden, float("-inf")
         )
@@ -457,7 +461,7 @@ class Engine:
         if not sampling:
             return {}, {}
         if len(sampling) < len(rows):
-            logits = logits.index_select(0, torch.tensor(sampling, device=self.device))
+            logits = logits.index_select(0, to_device(sampling, self.device, torch.long))
         rows = [rows[i] for i in sampling]
         penalized = [i for i, row in enumerate(rows) if row.request.params.penalized]
         # `logits` stay raw for logprobs
@@ -566,8 +570,14 @@ class Engine:
         """One prefill and a few decode steps, so the first real request pays no first-call costs.
 
         Compiled decode steps compile here, once for each way torch.compile specializes their
-        shapes: one row decoding, then two.
+        shapes: one row decoding, then two. On a GPU the decode steps' CUDA graphs are captured
+        first, every bucket of rows and span, so that the steps below already replay them.
         """
+        if self.runner is not None and self.runner.graphs is not None and self.runner.graphs.capture:
+            started = time.perf_counter()
+            self.runner.graphs.capture_all()
+            count, took = len(self.runner.graphs.graphs), time.perf_counter() - started
+            log.info("captured %d CUDA graphs of decode steps in %.1f s", count, took)
         prompt = tuple(t for t in self.tokenizer("Warm up.").input_ids if t < self.vocab_size) or (0,)
         compiled = self.runner is not None and self.runner.compiled_decode is not None
         runs = [(3,), (3, 3)] if compiled and len(self.rows) > 1 else [(3,)]

@@ -144,6 +144,9 @@ class BackendConfig:
     # Decode steps of few rows compiled by torch.compile (decoder_runner.DecoderRunner); start-up
     # compiles them, which takes minutes on a small CPU the first time
     compile_decode: bool = False
+    # On a GPU, decode steps as CUDA graphs captured at start-up, one per bucket of rows and span
+    # (backend.decode_graphs); off: eager steps
+    cuda_graphs: bool = True
     cache_dir: str | None = None  # converted weights; None: $INFERENCE_CACHE_DIR or ~/.cache
     # CPU threads for torch; None: torch's default (every core). Fewer leaves cores to the HTTP
     # side: torch's threads wait for each other, so one descheduled thread stalls them all.

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.host_lists import to_device
+
 
 @dataclass
 class SamplingBatch:
@@ -165,7 +167,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     tokens = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
     greedy = [r for r, temperature in enumerate(batch.temperature) if temperature == 0]
     if greedy:  # argmax costs about 1 ms over [32, 49152] on a small CPU: only where needed
-        index = torch.tensor(greedy, device=device)
+        index = to_device(greedy, device, torch.long)
         rows = logits if len(greedy) == logits.shape[0] else logits.index_select(0, index)
         tokens.index_copy_(0, index, rows.argmax(dim=-1))
     # Rows with no cut draw from the whole vocabulary: no sort needed.
@@ -176,23 +178,23 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     for rows in (whole, with_k, nucleus):
         if not rows:
             continue
-        index = torch.tensor(rows, device=device)
-        temperature = torch.tensor([batch.temperature[r] for r in rows], device=device)
+        index = to_device(rows, device, torch.long)
+        temperature = to_device([batch.temperature[r] for r in rows], device, torch.float32)
         every_row = len(rows) == logits.shape[0]  # then no copy of the [rows, vocab] logits
         scaled = apply_temperature(logits if every_row else logits.index_select(0, index), temperature)
-        seeds = torch.tensor([batch.seeds[r] for r in rows], device=device)
-        counters = torch.tensor([batch.counters[r] for r in rows], device=device)
+        seeds = to_device([batch.seeds[r] for r in rows], device, torch.long)
+        counters = to_device([batch.counters[r] for r in rows], device, torch.long)
         min_p = [batch.min_p[r] for r in rows] if batch.min_p else []
         if any(min_p):
-            scaled = min_p_cut(scaled, torch.tensor(min_p, device=device))
+            scaled = min_p_cut(scaled, to_device(min_p, device, torch.float32))
         if rows is whole:
             chosen = race(scaled, seeds, counters)
         else:
-            top_p = torch.tensor([batch.top_p[r] for r in rows], device=device)
+            top_p = to_device([batch.top_p[r] for r in rows], device, torch.float32)
             if rows is nucleus:
                 values, token_ids = nucleus_cut(scaled, top_p)
             else:
-                top_k = torch.tensor([batch.top_k[r] for r in rows], device=device)
+                top_k = to_device([batch.top_k[r] for r in rows], device, torch.long)
                 values, token_ids = top_k_top_p(scaled, top_k, top_p, max(batch.top_k[r] for r in rows))
             chosen = token_ids.gather(-1, race(values, seeds, counters).unsqueeze(-1)).squeeze(-1)
         tokens.index_copy_(0, index, chosen)

@@ -124,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         "that compiles them (a few minutes on a small CPU, less once compiled; docs/performance.md)",
     )
     parser.add_argument(
+        "--no-cuda-graphs",
+        dest="cuda_graphs",
+        action="store_false",
+        help="on a GPU, run decode steps eagerly instead of as CUDA graphs captured at start-up",
+    )
+    parser.add_argument(
         "--no-prefix-reuse",
         dest="prefix_reuse",
         action="store_false",
@@ -182,6 +188,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         max_prefill_tokens=args.max_prefill_tokens,
         prefix_reuse=args.prefix_reuse,
         compile_decode=args.compile_decode,
+        cuda_graphs=args.cuda_graphs,
         torch_threads=args.torch_threads,
         mock=args.mock,
         mock_tokens_per_second=args.mock_tokens_per_second,

@@ -1,0 +1,166 @@
+"""Decode steps as CUDA graphs: a few static shapes, each captured once and replayed (issue 13).
+
+On a GPU an eager decode step is hundreds of small kernels launched one by
+one from Python (an H100 trial: 815 a step on a 1B Llama, 1,582 on an 8B,
+the GPU idle over 80% of the step), and every step attends over one more
+position, so each step is a shape never run before. A CUDA graph launches a
+whole step's kernels at once, but only for the shapes it was captured with.
+So a decode step takes its shapes from a small fixed set:
+
+- its queries padded to a row bucket (`ROW_BUCKETS`: 1, 2, 4, 8, 16, 24, 32
+  for the default 32 rows). A padding query takes a row that is not
+  decoding and writes its key and value at that row's last position, which
+  no query ever reads: a row ends when it holds max_seq_len tokens, and its
+  last token is never fed back (row.Row.finished);
+- attention over every row of the cache (a row that is not decoding gets a
+  query of its own whose output nobody uses, as `row_attention.attend` does
+  for free rows inside its span), as far as the step's span rounded up to a
+  power of two (`span_buckets`: 128, 256, ... up to max_seq_len). Reading
+  every row costs little beside the weights (a 1B Llama: 32 rows of 256
+  positions are 0.27 GB of bfloat16 keys and values against 2.5 GB of
+  weights), and at most twice the positions the rows need.
+
+Each (rows, span) pair is captured once, when the engine warms up, every
+graph in one memory pool. A step copies its inputs into the static buffers
+(a few small kernels), replays its graph and reads the first rows of the
+logits. The graph holds the whole step: the visibility mask and the cache
+slots, built on the device from the inputs, the runner's decode step
+(`DecoderRunner.decode_layers`) and the head.
+
+Without CUDA the same buffers and the same function run without capture
+(`capture=False`): that is how the tests on a CPU hold this path to the
+eager step. A CPU gains nothing from it (padding costs its matrix products
+rows, and a new shape costs it no more than an old one: docs/performance.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from backend.row_attention import StepLayout
+from backend.row_cache import RowCache
+
+if TYPE_CHECKING:
+    from backend.decoder_runner import DecoderRunner
+
+ROW_BUCKETS = (1, 2, 4, 8, 16, 24, 32)
+SMALLEST_SPAN = 128
+
+
+def row_buckets(rows: int) -> tuple[int, ...]:
+    """The padded query counts of a cache of `rows` rows: `ROW_BUCKETS` below it, then `rows`."""
+    return tuple(sorted({bucket for bucket in ROW_BUCKETS if bucket < rows} | {rows}))
+
+
+def span_buckets(max_seq_len: int) -> tuple[int, ...]:
+    """The padded spans: powers of two from SMALLEST_SPAN below max_seq_len, then max_seq_len."""
+    spans, span = [], SMALLEST_SPAN
+    while span < max_seq_len:
+        spans.append(span)
+        span *= 2
+    return (*spans, max_seq_len)
+
+
+def bucket(value: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds `value`."""
+    return next(size for size in buckets if size >= value)
+
+
+class DecodeGraphs:
+    """The decode steps of one runner over one cache, at static shapes, captured as CUDA graphs."""
+
+    def __init__(self, runner: DecoderRunner, cache: RowCache, capture: bool = True):
+        self.runner, self.cache, self.capture = runner, cache, capture
+        self.row_buckets = row_buckets(cache.rows)
+        self.span_buckets = span_buckets(cache.max_seq_len)
+        device, most = cache.keys[0].device, self.row_buckets[-1]
+        # The static inputs, outside the graphs' pool: a replay reads them where capture found them.
+        self.input_ids = torch.zeros(most, dtype=torch.long, device=device)
+        self.positions = torch.zeros(most, dtype=torch.long, device=device)
+        self.query_rows = torch.zeros(most, dtype=torch.long, device=device)
+        self.row_positions = torch.zeros(cache.rows, dtype=torch.long, device=device)  # 0: reads position 0
+        self.logits: torch.Tensor | None = None  # [most, vocab], allocated at the first run
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+
+    def takes(self, layout: StepLayout) -> bool:
+        """Whether this step runs here: decoding rows only. Rows the layout has attend alone
+        (row_attention.long_rows, which saves a CPU reading short rows as far as a long one) attend
+        in the batch here, which reads every row as far as the span's bucket anyway."""
+        return not layout.prompts and layout.decode_queries > 0
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout) -> torch.Tensor:
+        """The step's logits, [decode queries, vocab], from the graph of its bucket."""
+        queries = layout.decode_queries
+        span = max([layout.span] + [row.position + 1 for row in layout.long_rows])
+        shape = bucket(queries, self.row_buckets), bucket(span, self.span_buckets)
+        self._load(input_ids, positions, layout.decode_index, shape[0])
+        if not self.capture:
+            self._step(*shape)
+        else:
+            if shape not in self.graphs:  # captured at warm-up; here only if capture_all was not called
+                self._prepare(shape)
+            self.graphs[shape].replay()
+        return self.logits[:queries]
+
+    def capture_all(self) -> None:
+        """Capture every bucket, the largest first (later graphs then fit in the pool it made)."""
+        self._load_padding(self.row_buckets[-1])
+        for shape in sorted(
+            ((rows, span) for rows in self.row_buckets for span in self.span_buckets), reverse=True
+        ):
+            self._prepare(shape)
+
+    def _load(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, padded: int
+    ) -> None:
+        """The step's queries into the static buffers, then padding queries in rows that are not
+        decoding, each at the last position of its row."""
+        queries = input_ids.shape[0]
+        self.input_ids[:queries].copy_(input_ids)
+        self.positions[:queries].copy_(positions)
+        self.query_rows[:queries].copy_(rows)
+        self.row_positions.zero_().index_copy_(0, rows, positions)
+        if padded > queries:
+            decoding = torch.zeros_like(self.row_positions).index_fill_(0, rows, 1)
+            free_first = decoding.argsort(stable=True)  # on the device: no host sync to find them
+            self.query_rows[queries:padded].copy_(free_first[: padded - queries])
+            self.input_ids[queries:padded].zero_()
+            self.positions[queries:padded].fill_(self.cache.max_seq_len - 1)
+
+    def _load_padding(self, padded: int) -> None:
+        """Inputs for capture: every query a padding one, in rows 0..padded-1."""
+        self.row_positions.zero_()
+        self.query_rows[:padded].copy_(torch.arange(padded, device=self.query_rows.device))
+        self.input_ids[:padded].zero_()
+        self.positions[:padded].fill_(self.cache.max_seq_len - 1)
+
+    def _prepare(self, shape: tuple[int, int]) -> None:
+        """Run a bucket once (CUDA's lazy set-up happens outside capture), then capture it."""
+        self._step(*shape)
+        if not self.capture:
+            return
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        pool = next(iter(self.graphs.values())).pool() if self.graphs else None
+        with torch.cuda.graph(graph, pool=pool):
+            self._step(*shape)
+        self.graphs[shape] = graph
+
+    def _step(self, rows: int, span: int) -> None:
+        """The whole decode step at one static shape, from the static inputs to the static logits."""
+        cache, runner = self.cache, self.runner
+        query_rows, positions = self.query_rows[:rows], self.positions[:rows]
+        reads = torch.arange(span, device=positions.device) <= self.row_positions[:, None]
+        visible = torch.zeros(reads.shape, dtype=cache.keys[0].dtype, device=reads.device)
+        visible = visible.masked_fill_(~reads, float("-inf"))[:, None, None, :]
+        # Each query's (row, head, position) in a layer viewed as [-1, head_dim], as row_cache.StepWrite's.
+        row_heads = query_rows[:, None] * cache.kv_heads + torch.arange(cache.kv_heads, device=reads.device)
+        slots = (row_heads * cache.max_seq_len + positions[:, None]).reshape(-1)
+        ids, keys, values = self.input_ids[:rows], cache.keys, cache.values
+        hidden = runner.decode_layers(ids, positions, query_rows, slots, visible, keys, values, scatter=True)
+        logits = runner.head(hidden)
+        if self.logits is None:
+            self.logits = logits.new_empty((self.row_buckets[-1], logits.shape[-1]))
+        self.logits[:rows].copy_(logits)
