@@ -1,7 +1,14 @@
 #!/usr/bin/env python
 """Time the engine alone (no HTTP, no queues) against `model.generate` one request at a time.
 
-    .venv/bin/python scripts/bench_engine.py [--model M] [--dtype D] [--max-tokens N] [--rows 1 8 32]
+    .venv/bin/python scripts/bench_engine.py [--model M | --random 1b|8b] [--dtype D] [--max-tokens N]
+        [--prompt-tokens N] [--rows 1 8 32] [--compile | --graphs [--profile]]
+
+On a GPU, issue 13's table in one command (a random 8B Llama, 128-token prompts, 256 new tokens,
+each row count eager and as CUDA graphs, with kernels and host waits a step):
+
+    .venv/bin/python scripts/bench_engine.py --random 8b --prompt-tokens 128 --max-tokens 256 \
+        --rows 1 32 --graphs --profile
 
 For each number of active rows it submits that many requests of the same
 length (EOS ignored, so every row decodes exactly --max-tokens tokens), steps
@@ -181,37 +188,93 @@ def print_floor(loaded: LoadedModel, engine: Engine, rows: int, span: int, step:
     )
 
 
-def compare_compiled(args: argparse.Namespace) -> None:
-    """Decode steps eager and compiled (`--compile`), on one loaded model, timed in turn."""
-    config = BackendConfig(
-        model=args.model, dtype=args.dtype, quantize=args.quantize, rows=max(args.rows), max_seq_len=512
-    )
-    loaded = load_model(config)
+def compare_engines(args: argparse.Namespace, option: str, name: str) -> None:
+    """Decode steps eager and with an engine option (compile_decode: `--compile`; cuda_graphs), on one
+    loaded model, each row count timed on both in turn; then the floor and, with --profile, the
+    kernels and host waits of a step of each."""
+    loaded = load_model(bench_config(args))
     engines = {}
-    for compiled in (False, True):
+    for on in (False, True):
         started = time.perf_counter()
-        engines[compiled] = Engine(
-            loaded.model, loaded.tokenizer, max(args.rows), 512, loaded.name, compile_decode=compiled
-        )
-        engines[compiled].warm_up()
-        print(f"{'compiled' if compiled else 'eager'} engine ready in {time.perf_counter() - started:.1f} s")
-    prompts = [loaded.tokenizer(text).input_ids for text in PROMPTS]
+        engines[on] = Engine(loaded.model, loaded.tokenizer, max(args.rows), 512, loaded.name, **{option: on})
+        engines[on].warm_up()
+        print(f"{name if on else 'eager'} engine ready in {time.perf_counter() - started:.1f} s")
+    prompts = bench_prompts(loaded, args.prompt_tokens)
     print(f"\n{loaded.name}, {loaded.model.dtype}, {args.max_tokens} tokens per request; {machine()}\n")
     print(
-        "| active rows | eager tokens/s | compiled tokens/s | eager step (ms) | compiled step (ms) "
-        "| compiled/eager |"
+        f"| active rows | eager tokens/s | {name} tokens/s | eager step (ms) | {name} step (ms) "
+        f"| {name}/eager |"
     )
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for active in args.rows:
-        runs = {compiled: [] for compiled in engines}
+        runs = {on: [] for on in engines}
         for _ in range(3):  # in turn, so that a noisy neighbour hits both alike
-            for compiled, engine in engines.items():
-                runs[compiled].append(time_engine(engine, prompts, active, args.max_tokens))
-        (eager_tps, eager_step), (tps, step) = (max(runs[c]) for c in (False, True))
+            for on, engine in engines.items():
+                runs[on].append(time_engine(engine, prompts, active, args.max_tokens))
+        (eager_tps, eager_step), (tps, step) = (max(runs[on]) for on in (False, True))
         print(
             f"| {active} | {eager_tps:.1f} | {tps:.1f} | {eager_step * 1000:.1f} | {step * 1000:.1f} "
             f"| {tps / eager_tps:.2f}x |"
         )
+    span = max(len(p) for p in prompts) + args.max_tokens // 2
+    print_floor(loaded, engines[True], args.rows[-1], span, step)
+    if args.profile:
+        for on, engine in engines.items():
+            print(f"{name if on else 'eager'}: {profile_step(engine, prompts, args.rows[-1])}")
+
+
+def profile_step(engine: Engine, prompts: list[list[int]], active: int, steps: int = 10) -> str:
+    """What one decode step of `active` rows launches (torch.profiler over `steps` steps): kernels
+    on a GPU, else PyTorch operations on the CPU; and the host's waits for the GPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=steps + 8, ignore_eos=True)
+    for i in range(active):
+        engine.submit(Submit(f"profile-{i}", tuple(prompts[i % len(prompts)]), params))
+    while any(not row.prefilled for row in engine.active_rows) or engine.waiting:
+        engine.step()
+    engine.step()  # every row decoding from here on
+    gpu = engine.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities) as profiler:
+        for _ in range(steps):
+            engine.step()
+        synchronize(engine.device)
+    events = profiler.events()
+    while engine.has_work:
+        engine.step()
+    if gpu:
+        kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        waits = sum(1 for e in events if "Synchronize" in e.name or e.name == "cudaMemcpy")
+        return f"{kernels / steps:.0f} kernels and {waits / steps:.1f} host waits a {active}-row step"
+    operations = sum(1 for e in events if e.name.startswith("aten::"))
+    return f"{operations / steps:.0f} PyTorch operations (aten) a {active}-row step"
+
+
+def bench_config(args: argparse.Namespace) -> BackendConfig:
+    return BackendConfig(
+        model=args.model, dtype=args.dtype, quantize=args.quantize, rows=max(args.rows), max_seq_len=512
+    )
+
+
+def bench_prompts(loaded: LoadedModel, tokens: int | None) -> list[list[int]]:
+    """The benchmark's prompts, each repeated to `tokens` tokens where that is given."""
+    prompts = [loaded.tokenizer(text).input_ids for text in PROMPTS]
+    if tokens:
+        prompts = [(prompt * (tokens // len(prompt) + 1))[:tokens] for prompt in prompts]
+    return prompts
+
+
+def random_model(size: str) -> str:
+    """A Llama of random weights of this shape (scripts/random_llama.py), written once and kept."""
+    from random_llama import write_random_llama
+
+    directory = Path(os.environ.get("INFERENCE_CACHE_DIR", Path.home() / ".cache/inference-server"))
+    directory = directory / f"random-llama-{size}"
+    if not (directory / "config.json").exists():
+        print(f"writing a random {size} Llama to {directory}", flush=True)
+        write_random_llama(directory, size)
+    return str(directory)
 
 
 def main() -> None:
@@ -222,6 +285,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantize", default="auto")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="prompts repeated to this length")
+    parser.add_argument(
+        "--random",
+        choices=["1b", "8b"],
+        help="instead of --model, a Llama of random weights of that shape (scripts/random_llama.py; "
+        "bfloat16 on a GPU by default)",
+    )
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--baseline-requests", type=int, default=4)
     parser.add_argument(
@@ -230,19 +300,29 @@ def main() -> None:
         help="instead: the same engine with compiled decode steps (--compile) against it eager, each row "
         "count timed on both in turn",
     )
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="instead: the engine with decode steps as CUDA graphs (the GPU default) against it eager, each "
+        "row count timed on both in turn",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --compile or --graphs: kernels (GPU) or operations (CPU) a step, and host waits",
+    )
     args = parser.parse_args()
-    if args.compile:
-        compare_compiled(args)
+    if args.random:
+        args.model = random_model(args.random)
+    if args.compile or args.graphs:
+        option, name = ("compile_decode", "compiled") if args.compile else ("cuda_graphs", "graphs")
+        compare_engines(args, option, name)
         return
 
-    loaded = load_model(
-        BackendConfig(
-            model=args.model, dtype=args.dtype, quantize=args.quantize, rows=max(args.rows), max_seq_len=512
-        )
-    )
+    loaded = load_model(bench_config(args))
     engine = Engine(loaded.model, loaded.tokenizer, rows=max(args.rows), max_seq_len=512, name=loaded.name)
     engine.warm_up()
-    prompts = [loaded.tokenizer(text).input_ids for text in PROMPTS]
+    prompts = bench_prompts(loaded, args.prompt_tokens)
 
     baseline = time_generate(loaded.model, prompts, args.baseline_requests, args.max_tokens)
     print(f"\n{loaded.name}, {engine.dtype}, {args.max_tokens} tokens per request; {machine()}\n")

@@ -1,12 +1,14 @@
 #!/usr/bin/env python
 """Write a Llama-shaped model of random weights, with the default model's tokenizer, as a model directory.
 
-    .venv/bin/python scripts/random_llama.py --out DIR [--size 1b|tiny] [--dtype bfloat16]
+    .venv/bin/python scripts/random_llama.py --out DIR [--size 1b|8b|tiny] [--dtype bfloat16]
 
 The GPU benchmark's model (issue: a 1B-class Llama of random weights in bf16):
 `--size 1b` has Llama-3.2-1B's shape (16 layers, 2048 wide, 32 heads, 8 KV
 heads, 8192 MLP), about 1.1 billion parameters with the default tokenizer's
-49,152-token vocabulary. Random weights make nonsense text at the speed of
+49,152-token vocabulary; `--size 8b` has Llama-3.1-8B's (32 layers, 4096
+wide, 32 heads, 8 KV heads, 14336 MLP). `scripts/bench_engine.py --random
+1b` writes and uses one itself. Random weights make nonsense text at the speed of
 real ones. Then, for example:
 
     .venv/bin/python scripts/benchmark.py --model DIR --dtype bfloat16 --no-naive
@@ -29,6 +31,8 @@ from backend.messages import BackendConfig  # noqa: E402
 
 SHAPES = {
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32),
+    # Llama-3.1-8B's shape (the H100 trial's "8B"): 16 GB of bfloat16 weights to write
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4),
 }
 

@@ -92,3 +92,24 @@ def test_a_report_replaces_its_own_block_only(tmp_path):
     text = page.read_text()
     assert text.count("middle") == 1 and text.count("tail") == 1 and text.count("intro") == 1
     assert "A2" in text and "A1" not in text and "B2" in text and "old b" not in text
+
+
+def test_the_engine_benchmark_compares_graphs_with_eager_steps_and_counts_a_steps_operations():
+    """On a CPU both engines run eager steps (graphs need CUDA); the table, the floor and the profile
+    line are what the GPU run prints too."""
+    output = run_script(
+        "bench_engine.py",
+        "--rows",
+        "1",
+        "2",
+        "--max-tokens",
+        "4",
+        "--prompt-tokens",
+        "20",
+        "--graphs",
+        "--profile",
+    )
+    assert "| active rows | eager tokens/s | graphs tokens/s |" in output and "| 2 | " in output
+    assert "x the floor" in output
+    counts = re.findall(r"(eager|graphs): (\d+) PyTorch operations \(aten\) a 2-row step", output)
+    assert [name for name, _ in counts] == ["eager", "graphs"] and all(int(n) > 100 for _, n in counts)
