@@ -116,3 +116,28 @@ def test_captured_graphs_replay_the_eager_engines_text_on_cuda():
         pieces = drive(engine, arrivals)
         results.append({key: [p.text for p in value] for key, value in pieces.items()})
     assert results[0] == results[1]
+
+
+@needs_cuda
+def test_a_replayed_step_and_its_sampling_make_the_host_wait_for_nothing_on_cuda():
+    """The host waits for the GPU once a step, to read the sampled tokens (engine._sample); the decode
+    graph, its inputs' copies and sampling itself must not wait (set_sync_debug_mode raises)."""
+    from backend.sampler import SamplingBatch, sample
+
+    model = tiny_model("llama").to("cuda")
+    engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=MAX_SEQ_LEN)
+    engine.warm_up()
+    steps = record_decode_steps(engine)
+    drive(engine, [(0, Submit(f"r{i}", (5 + i, 6), greedy(4))) for i in range(3)])
+    input_ids, positions, layout, keep, *_ = steps[-1]
+    batch = SamplingBatch([0, 0.8, 0.8], [0, 40, 0], [1, 0.9, 0.9], [1, 2, 3], [4, 4, 4])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.inference_mode():
+            engine.cache.plan_step(layout)
+            logits = engine.runner(input_ids, positions, layout, engine.cache, keep)
+            tokens = sample(logits[:1].expand(3, -1).float(), batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert tokens.shape == (3,)

@@ -214,12 +214,16 @@ def test_the_nucleus_without_a_full_sort_is_the_same_cut():
     flat = torch.randn(1, 5000) * 0.01  # it does not: the whole vocabulary is sorted
     for logits, top_p in ((peaked, [0.9, 0.5, 0.99]), (flat, [0.9])):
         top_p = torch.tensor(top_p)
-        values, token_ids = nucleus_cut(logits, top_p)
         full_values, full_ids = top_k_top_p(logits, torch.zeros(len(top_p), dtype=torch.long), top_p)
-        for row in range(len(top_p)):
-            kept = set(token_ids[row][torch.isfinite(values[row])].tolist())
-            assert kept == set(full_ids[row][torch.isfinite(full_values[row])].tolist())
-            assert kept
+        # The CPU's guesses, and the GPU's one sort of the whole vocabulary (no guesses: no host wait).
+        for guesses in (None, ()):
+            values, token_ids = nucleus_cut(logits, top_p, guesses)
+            if guesses == ():
+                assert values.shape[-1] == 5000  # the whole vocabulary, sorted
+            for row in range(len(top_p)):
+                kept = set(token_ids[row][torch.isfinite(values[row])].tolist())
+                assert kept == set(full_ids[row][torch.isfinite(full_values[row])].tolist())
+                assert kept
 
 
 def test_a_flat_row_widens_its_own_nucleus_only():
