@@ -35,15 +35,16 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel
+from transformers import AutoTokenizer, PreTrainedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.engine import Engine  # noqa: E402
-from backend.loader import LoadedModel, load_model  # noqa: E402
+from backend.loader import LoadedModel, load_model, pick_device, pick_dtype  # noqa: E402
 from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
-from backend.quantized_linear import WeightOnlyLinear  # noqa: E402
-from backend.row_cache import KVShape  # noqa: E402
+from backend.quantized_linear import QUANTIZERS, WeightOnlyLinear, quantize_model  # noqa: E402
+from backend.row_cache import KVShape, pick_cache_dtype  # noqa: E402
+from scripts.random_llama import SHAPES, default_tokenizer, random_llama  # noqa: E402
 
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -147,6 +148,31 @@ def time_generate(model, prompts: list[list[int]], requests: int, max_tokens: in
     return generated / (time.perf_counter() - start)
 
 
+def time_static_generate(model, prompts: list[list[int]], batch: int, max_tokens: int) -> float:
+    """Tokens per second of transformers' own `generate` over a static batch with its static KV cache
+    (`cache_implementation="static"`, which transformers compiles on a GPU), greedy: what a user would
+    pick instead of a server. The second of two runs: the first compiles."""
+    shortest = min(len(prompt) for prompt in prompts)
+    rows = [prompts[i % len(prompts)][:shortest] for i in range(batch)]
+    input_ids = torch.tensor(rows, device=model.device)
+    elapsed = 0.0
+    for _ in range(2):
+        synchronize(model.device)
+        start = time.perf_counter()
+        model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            cache_implementation="static",
+            pad_token_id=model.generation_config.eos_token_id,
+        )
+        synchronize(model.device)
+        elapsed = time.perf_counter() - start
+    return batch * max_tokens / elapsed
+
+
 def greedy_tokens(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Each prompt's greedy tokens (the rows' own token lists)."""
     outputs: dict[str, list[int]] = {}
@@ -192,7 +218,7 @@ def compare_engines(args: argparse.Namespace, option: str, name: str) -> None:
     """Decode steps eager and with an engine option (compile_decode: `--compile`; cuda_graphs), on one
     loaded model, each row count timed on both in turn; then the floor and, with --profile, the
     kernels and host waits of a step of each."""
-    loaded = load_model(bench_config(args))
+    loaded = bench_model(args)
     engines = {}
     for on in (False, True):
         started = time.perf_counter()
@@ -218,6 +244,10 @@ def compare_engines(args: argparse.Namespace, option: str, name: str) -> None:
         )
     span = max(len(p) for p in prompts) + args.max_tokens // 2
     print_floor(loaded, engines[True], args.rows[-1], span, step)
+    if args.transformers_static:
+        for batch in args.rows:
+            static = time_static_generate(loaded.model, prompts, batch, args.max_tokens)
+            print(f"transformers' generate, static cache, a batch of {batch}: {static:.1f} tokens/s")
     if args.profile:
         for on, engine in engines.items():
             print(f"{name if on else 'eager'}: {profile_step(engine, prompts, args.rows[-1])}")
@@ -265,16 +295,20 @@ def bench_prompts(loaded: LoadedModel, tokens: int | None) -> list[list[int]]:
     return prompts
 
 
-def random_model(size: str) -> str:
-    """A Llama of random weights of this shape (scripts/random_llama.py), written once and kept."""
-    from random_llama import write_random_llama
-
-    directory = Path(os.environ.get("INFERENCE_CACHE_DIR", Path.home() / ".cache/inference-server"))
-    directory = directory / f"random-llama-{size}"
-    if not (directory / "config.json").exists():
-        print(f"writing a random {size} Llama to {directory}", flush=True)
-        write_random_llama(directory, size)
-    return str(directory)
+def bench_model(args: argparse.Namespace) -> LoadedModel:
+    """The model to time: --model's (or the default) as the server loads it, or with --random a Llama
+    of random weights of that shape built in this process (scripts/random_llama.py), on the device
+    and in the dtype the server would pick, quantized at load if --quantize says int4 or int8."""
+    if not args.random:
+        return load_model(bench_config(args))
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else default_tokenizer()
+    device = pick_device("auto")
+    dtype = pick_dtype(args.dtype, device)
+    model = random_llama(args.random, tokenizer, dtype, device)
+    if args.quantize in QUANTIZERS:
+        quantize_model(model, args.quantize)
+    cache_dtype = pick_cache_dtype("auto", dtype, device)
+    return LoadedModel(f"random Llama {args.random}", model, tokenizer, "", 512, cache_dtype)
 
 
 def main() -> None:
@@ -288,9 +322,13 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=None, help="prompts repeated to this length")
     parser.add_argument(
         "--random",
-        choices=["1b", "8b"],
-        help="instead of --model, a Llama of random weights of that shape (scripts/random_llama.py; "
-        "bfloat16 on a GPU by default)",
+        choices=sorted(SHAPES),
+        help="instead of --model, a Llama of random weights of that shape, built in this process "
+        "(scripts/random_llama.py; bfloat16 on a GPU by default)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        help="with --random: a tokenizer directory (default: the default model's, from its package)",
     )
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--baseline-requests", type=int, default=4)
@@ -311,15 +349,19 @@ def main() -> None:
         action="store_true",
         help="with --compile or --graphs: kernels (GPU) or operations (CPU) a step, and host waits",
     )
+    parser.add_argument(
+        "--transformers-static",
+        action="store_true",
+        help="with --compile or --graphs: also transformers' generate over a static batch of each row "
+        "count with its static cache (compiled on a GPU), greedy",
+    )
     args = parser.parse_args()
-    if args.random:
-        args.model = random_model(args.random)
     if args.compile or args.graphs:
         option, name = ("compile_decode", "compiled") if args.compile else ("cuda_graphs", "graphs")
         compare_engines(args, option, name)
         return
 
-    loaded = load_model(bench_config(args))
+    loaded = bench_model(args)
     engine = Engine(loaded.model, loaded.tokenizer, rows=max(args.rows), max_seq_len=512, name=loaded.name)
     engine.warm_up()
     prompts = bench_prompts(loaded, args.prompt_tokens)
@@ -335,7 +377,7 @@ def main() -> None:
         print(f"| {active} | {tokens_per_second:.1f} | {step * 1000:.1f} | {speedup:.1f}x |")
     mean_span = max(len(p) for p in prompts) + args.max_tokens // 2
     print_floor(loaded, engine, args.rows[-1], mean_span, step)
-    if not (args.dtype == "float32" and args.quantize == "none"):  # not the exact mode: how far from it
+    if not args.random and not (args.dtype == "float32" and args.quantize == "none"):  # how far from exact
         exact = load_model(
             BackendConfig(
                 model=args.model, dtype="float32", quantize="none", rows=len(PROMPTS), max_seq_len=512

@@ -8,7 +8,7 @@ The GPU benchmark's model (issue: a 1B-class Llama of random weights in bf16):
 heads, 8192 MLP), about 1.1 billion parameters with the default tokenizer's
 49,152-token vocabulary; `--size 8b` has Llama-3.1-8B's (32 layers, 4096
 wide, 32 heads, 8 KV heads, 14336 MLP). `scripts/bench_engine.py --random
-1b` writes and uses one itself. Random weights make nonsense text at the speed of
+1b` builds one in its own process. Random weights make nonsense text at the speed of
 real ones. Then, for example:
 
     .venv/bin/python scripts/benchmark.py --model DIR --dtype bfloat16 --no-naive
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -39,7 +39,22 @@ SHAPES = {
 
 def write_random_llama(out: Path, size: str = "1b", dtype: torch.dtype = torch.bfloat16) -> Path:
     """A model directory (config, safetensors, tokenizer) that the server loads like any other."""
-    tokenizer = load_model(BackendConfig(rows=1, max_seq_len=64)).tokenizer
+    tokenizer = default_tokenizer()
+    random_llama(size, tokenizer, dtype).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def default_tokenizer() -> PreTrainedTokenizerBase:
+    """The default model's tokenizer (its 49,152-token vocabulary sizes the random models' heads)."""
+    return load_model(BackendConfig(rows=1, max_seq_len=64, device="cpu")).tokenizer
+
+
+def random_llama(
+    size: str, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype, device: str | torch.device = "cpu"
+) -> LlamaForCausalLM:
+    """A Llama of random weights of that shape, built where it will run: an 8B is 16 GB of bfloat16
+    to write and read back, built on a GPU in seconds."""
     shape = SHAPES[size]
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -53,10 +68,8 @@ def write_random_llama(out: Path, size: str = "1b", dtype: torch.dtype = torch.b
         **shape,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(dtype)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    with torch.device(device):
+        return LlamaForCausalLM(config).to(dtype).eval()
 
 
 def main() -> None:
