@@ -104,6 +104,7 @@ class DecodeGraphs:
             self.graphs[shape].replay()
         return self.logits[:queries]
 
+    @torch.inference_mode()  # as the engine's steps run: no autograd bookkeeping captured
     def capture_all(self) -> None:
         """Capture every bucket, the largest first (later graphs then fit in the pool it made)."""
         self._load_padding(self.row_buckets[-1])
