@@ -574,10 +574,7 @@ class Engine:
         first, every bucket of rows and span, so that the steps below already replay them.
         """
         if self.runner is not None and self.runner.graphs is not None and self.runner.graphs.capture:
-            started = time.perf_counter()
-            self.runner.graphs.capture_all()
-            count, took = len(self.runner.graphs.graphs), time.perf_counter() - started
-            log.info("captured %d CUDA graphs of decode steps in %.1f s", count, took)
+            self._capture_graphs()
         prompt = tuple(t for t in self.tokenizer("Warm up.").input_ids if t < self.vocab_size) or (0,)
         compiled = self.runner is not None and self.runner.compiled_decode is not None
         runs = [(3,), (3, 3)] if compiled and len(self.rows) > 1 else [(3,)]
@@ -588,6 +585,21 @@ class Engine:
             while self.has_work:
                 self.step()
         self.prefill_budget.forget()  # first-call costs are no measure of a step
+
+    def _capture_graphs(self) -> None:
+        """Capture the decode steps' CUDA graphs; a model whose step cannot be captured (an operation
+        that waits for the host, say) is served with eager steps instead, with a warning."""
+        started = time.perf_counter()
+        try:
+            self.runner.graphs.capture_all()
+        except Exception:
+            log.exception("CUDA graphs could not be captured: decode steps run eagerly")
+            self.runner.graphs = None
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # what capture left queued ends before the steps start
+            return
+        count, took = len(self.runner.graphs.graphs), time.perf_counter() - started
+        log.info("captured %d CUDA graphs of decode steps in %.1f s", count, took)
 
     def generate(self, prompts: Iterable[str], params: SamplingParams | None = None) -> list[str]:
         """Generate for several prompts at once and return the texts (a convenience for shells and tests)."""

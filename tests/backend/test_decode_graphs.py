@@ -98,6 +98,25 @@ def test_an_engine_on_static_shapes_writes_the_eager_engines_text():
     assert results[0] == results[1]
 
 
+def test_a_step_that_cannot_be_captured_is_served_eagerly(caplog):
+    """A model whose decode step capture refuses (here: no CUDA at all to capture on, where there is
+    none) starts all the same, with eager steps and the reason in the log."""
+    if torch.cuda.is_available():
+        pytest.skip("here capture would succeed")
+    model = tiny_model("llama")
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=64)
+    engine.runner.use_graphs(engine.cache, capture=True)
+    engine.warm_up()
+    assert engine.runner.graphs is None
+    assert "CUDA graphs could not be captured: decode steps run eagerly" in caplog.text
+    eager = Engine(tiny_model("llama"), MarkerTokenizer(), rows=4, max_seq_len=64)
+    arrivals = [(0, Submit("a", (5, 6, 7), greedy(6))), (1, Submit("b", (8,), greedy(4)))]
+    texts = [
+        {key: [p.text for p in value] for key, value in drive(e, arrivals).items()} for e in (engine, eager)
+    ]
+    assert texts[0] == texts[1]
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
 
