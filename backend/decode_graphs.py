@@ -25,7 +25,9 @@ graph in one memory pool. A step copies its inputs into the static buffers
 (a few small kernels), replays its graph and reads the first rows of the
 logits. The graph holds the whole step: the visibility mask and the cache
 slots, built on the device from the inputs, the runner's decode step
-(`DecoderRunner.decode_layers`) and the head.
+(`DecoderRunner.decode_layers`, or with `--compile` its compiled copy,
+whose generated kernels fuse the norms, rotations and residual adds) and
+the head.
 
 Without CUDA the same buffers and the same function run without capture
 (`capture=False`): that is how the tests on a CPU hold this path to the
@@ -160,7 +162,10 @@ class DecodeGraphs:
         row_heads = query_rows[:, None] * cache.kv_heads + torch.arange(cache.kv_heads, device=reads.device)
         slots = (row_heads * cache.max_seq_len + positions[:, None]).reshape(-1)
         ids, keys, values = self.input_ids[:rows], cache.keys, cache.values
-        hidden = runner.decode_layers(ids, positions, query_rows, slots, visible, keys, values, scatter=True)
+        # With --compile, the compiled step (its small operations fused into generated kernels) is what
+        # the graph captures: compiled at the first run of a bucket, which is before capture.
+        decode, visible = runner.decode_function(visible, cache)
+        hidden = decode(ids, positions, query_rows, slots, visible, keys, values, scatter=True)
         logits = runner.head(hidden)
         if self.logits is None:
             self.logits = logits.new_empty((self.row_buckets[-1], logits.shape[-1]))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 import types
+from collections.abc import Callable
 
 import torch
 import torch.fx.experimental._config as fx_shapes
@@ -181,11 +182,16 @@ class DecoderRunner:
         self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout, cache: RowCache
     ) -> torch.Tensor:
         """A step of decoding rows alone, up to the head: `decode_layers`, compiled where it was asked for."""
-        decode, visible = self.decode_layers, layout.visible
-        if self.compiled_decode is not None:
-            decode, visible = self.compiled_decode, graph_inputs(visible, cache)
+        decode, visible = self.decode_function(layout.visible, cache)
         slots = cache.plan.decode_slots  # where the general path writes too, computed once a step
         return decode(input_ids, positions, layout.decode_index, slots, visible, cache.keys, cache.values)
+
+    def decode_function(self, visible: torch.Tensor, cache: RowCache) -> tuple[Callable, torch.Tensor]:
+        """`decode_layers` and its visibility, or with --compile its compiled copy and the visibility
+        a compiled one takes (`graph_inputs`)."""
+        if self.compiled_decode is None:
+            return self.decode_layers, visible
+        return self.compiled_decode, graph_inputs(visible, cache)
 
     def decode_layers(
         self,

@@ -98,6 +98,24 @@ def test_an_engine_on_static_shapes_writes_the_eager_engines_text():
     assert results[0] == results[1]
 
 
+def test_with_compile_the_static_shape_step_is_the_compiled_one_and_writes_the_eager_text():
+    """On a GPU `--compile` has the graphs capture the compiled step; here the same static step runs
+    compiled without capture, over row buckets and two span buckets, with the eager engine's text."""
+    arrivals = [(0, Submit(f"r{i}", (5 + i, 6, 7), greedy(3 + 4 * i))) for i in range(4)]
+    arrivals.append((2, Submit("long", tuple(range(2, 140)), greedy(8))))
+    torch._dynamo.utils.counters.clear()
+    results = []
+    for static in (False, True):
+        engine = Engine(
+            tiny_model("llama"), MarkerTokenizer(), rows=6, max_seq_len=MAX_SEQ_LEN, compile_decode=static
+        )
+        if static:
+            engine.runner.use_graphs(engine.cache, capture=False)
+        results.append({key: [p.text for p in value] for key, value in drive(engine, arrivals).items()})
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
+    assert results[0] == results[1]
+
+
 def test_a_step_that_cannot_be_captured_is_served_eagerly(caplog):
     """A model whose decode step capture refuses (here: no CUDA at all to capture on, where there is
     none) starts all the same, with eager steps and the reason in the log."""
