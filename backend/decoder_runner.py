@@ -301,7 +301,8 @@ def own_copy(method: types.MethodType) -> types.MethodType:
     """The method over its own copy of its code: Dynamo keeps compiled graphs on the code object,
     and without the guards on the weights (above) one runner's graph must never run for another's."""
     function = method.__func__
-    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__)
+    code = function.__code__.replace()
+    copy = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__)
     return types.MethodType(copy, method.__self__)
 
 
