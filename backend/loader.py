@@ -152,6 +152,17 @@ def pick_quantization(requested: str, source: ModelSource) -> str:
     return "gguf" if source.is_gguf else "none"
 
 
+def load_tokenizer(config: BackendConfig) -> PreTrainedTokenizerBase:
+    """The configured model's tokenizer alone, without its weights (from a GGUF file's converted copy
+    where there is one): what scripts that build a model of their own need."""
+    source = resolve_model(config.model)
+    converted = converted_dir(source, cache_root(config)) if source.is_gguf else None
+    if converted is not None and (converted / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(converted)
+    token = None if source.is_gguf or Path(source.location).is_dir() else hub_token()
+    return AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file, token=token)
+
+
 def load_model(config: BackendConfig) -> LoadedModel:
     """Resolve, check resources, load (converting a GGUF file once), and place on the device."""
     source = resolve_model(config.model)

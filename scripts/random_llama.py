@@ -26,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.loader import load_model  # noqa: E402
+from backend.loader import load_tokenizer  # noqa: E402
 from backend.messages import BackendConfig  # noqa: E402
 
 SHAPES = {
@@ -47,7 +47,7 @@ def write_random_llama(out: Path, size: str = "1b", dtype: torch.dtype = torch.b
 
 def default_tokenizer() -> PreTrainedTokenizerBase:
     """The default model's tokenizer (its 49,152-token vocabulary sizes the random models' heads)."""
-    return load_model(BackendConfig(rows=1, max_seq_len=64, device="cpu")).tokenizer
+    return load_tokenizer(BackendConfig())
 
 
 def random_llama(
