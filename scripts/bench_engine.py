@@ -275,8 +275,13 @@ def profile_step(engine: Engine, prompts: list[list[int]], active: int, steps: i
         engine.step()
     if gpu:
         kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        # What the host launches: kernels one by one, or a graph's whole step in one call.
+        launches = sum(1 for e in events if "LaunchKernel" in e.name or "GraphLaunch" in e.name)
         waits = sum(1 for e in events if "Synchronize" in e.name or e.name == "cudaMemcpy")
-        return f"{kernels / steps:.0f} kernels and {waits / steps:.1f} host waits a {active}-row step"
+        return (
+            f"{kernels / steps:.0f} kernels from {launches / steps:.0f} launches and {waits / steps:.1f} "
+            f"host waits a {active}-row step"
+        )
     operations = sum(1 for e in events if e.name.startswith("aten::"))
     return f"{operations / steps:.0f} PyTorch operations (aten) a {active}-row step"
 
