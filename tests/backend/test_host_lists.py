@@ -1,0 +1,19 @@
+"""Host lists to device tensors (backend/host_lists.py): what torch.tensor would make, on any device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.host_lists import to_device
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_list_arrives_with_its_values_and_dtype(device):
+    ids = to_device([3, 1, 2**62], torch.device(device), torch.long)
+    assert ids.device.type == device and ids.dtype == torch.long and ids.tolist() == [3, 1, 2**62]
+    floats = to_device([0.5, 0.25], torch.device(device), torch.float32)
+    assert floats.dtype == torch.float32 and floats.tolist() == [0.5, 0.25]
+    assert to_device([], torch.device(device), torch.long).shape == (0,)  # a step with no prompt to keep
