@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from backend.row_attention import StepLayout
-from backend.row_cache import RowCache
+from backend.row_attention import StepLayout, visibility
+from backend.row_cache import RowCache, cache_slots
 
 if TYPE_CHECKING:
     from backend.decoder_runner import DecoderRunner
@@ -98,18 +98,19 @@ class DecodeGraphs:
         span = max([layout.span] + [row.position + 1 for row in layout.long_rows])
         shape = bucket(queries, self.row_buckets), bucket(span, self.span_buckets)
         self._load(input_ids, positions, layout.decode_index, shape[0])
-        if not self.capture:
-            self._step(*shape)
-        else:
-            if shape not in self.graphs:  # captured at warm-up; here only if capture_all was not called
-                self._prepare(shape)
+        if self.capture and shape not in self.graphs:  # captured at warm-up, unless that was skipped
+            self._prepare(shape)
+        if self.capture:
             self.graphs[shape].replay()
+        else:
+            self._step(*shape)
         return self.logits[:queries]
 
     @torch.inference_mode()  # as the engine's steps run: no autograd bookkeeping captured
     def capture_all(self) -> None:
         """Capture every bucket, the largest first (later graphs then fit in the pool it made)."""
-        self._load_padding(self.row_buckets[-1])
+        nothing = self.input_ids[:0]
+        self._load(nothing, nothing, nothing, self.row_buckets[-1])  # every query a padding one
         for shape in sorted(
             ((rows, span) for rows in self.row_buckets for span in self.span_buckets), reverse=True
         ):
@@ -132,13 +133,6 @@ class DecodeGraphs:
             self.input_ids[queries:padded].zero_()
             self.positions[queries:padded].fill_(self.cache.max_seq_len - 1)
 
-    def _load_padding(self, padded: int) -> None:
-        """Inputs for capture: every query a padding one, in rows 0..padded-1."""
-        self.row_positions.zero_()
-        self.query_rows[:padded].copy_(torch.arange(padded, device=self.query_rows.device))
-        self.input_ids[:padded].zero_()
-        self.positions[:padded].fill_(self.cache.max_seq_len - 1)
-
     def _prepare(self, shape: tuple[int, int]) -> None:
         """Run a bucket once (CUDA's lazy set-up happens outside capture), then capture it."""
         self._step(*shape)
@@ -155,12 +149,8 @@ class DecodeGraphs:
         """The whole decode step at one static shape, from the static inputs to the static logits."""
         cache, runner = self.cache, self.runner
         query_rows, positions = self.query_rows[:rows], self.positions[:rows]
-        reads = torch.arange(span, device=positions.device) <= self.row_positions[:, None]
-        visible = torch.zeros(reads.shape, dtype=cache.keys[0].dtype, device=reads.device)
-        visible = visible.masked_fill_(~reads, float("-inf"))[:, None, None, :]
-        # Each query's (row, head, position) in a layer viewed as [-1, head_dim], as row_cache.StepWrite's.
-        row_heads = query_rows[:, None] * cache.kv_heads + torch.arange(cache.kv_heads, device=reads.device)
-        slots = (row_heads * cache.max_seq_len + positions[:, None]).reshape(-1)
+        visible = visibility(self.row_positions, span, cache.keys[0].dtype)
+        slots = cache_slots(query_rows, positions, cache.kv_heads, cache.max_seq_len)
         ids, keys, values = self.input_ids[:rows], cache.keys, cache.values
         # With --compile, the compiled step (its small operations fused into generated kernels) is what
         # the graph captures: compiled at the first run of a bucket, which is before capture.

@@ -34,7 +34,7 @@ from backend.messages import BackendConfig, Piece, SamplingParams, Submit, Token
 from backend.prefill_budget import PrefillBudget
 from backend.prefix_cache import PrefixIndex
 from backend.row import Row
-from backend.row_attention import LongRow, PromptChunk, StepLayout, long_rows, step_layout
+from backend.row_attention import LongRow, PromptChunk, StepLayout, long_rows, step_layout, visibility
 from backend.row_cache import KVShape, RowCache, pick_cache_dtype
 from backend.sampler import SamplingBatch, sample
 
@@ -415,13 +415,9 @@ class Engine:
             if row.index not in alone:
                 row_positions[row.index] = row.position
         span = max(row_positions, default=0) + 1
-        ends = to_device(row_positions, self.device, torch.long)[:, None]
-        hidden = torch.arange(span, device=self.device) > ends
-        visible = torch.zeros(hidden.shape, dtype=self.cache_dtype, device=self.device).masked_fill_(
-            hidden, float("-inf")
-        )
+        visible = visibility(to_device(row_positions, self.device, torch.long), span, self.cache_dtype)
         long = [LongRow(query, row.index, row.position) for query, row in enumerate(decoding)]
-        return visible[:, None, None, :], tuple(r for r in long if r.row in alone)
+        return visible, tuple(r for r in long if r.row in alone)
 
     def _chunk_mask(self, past: int, length: int) -> torch.Tensor | None:
         """A chunk after the first reads the row's earlier positions and itself causally."""

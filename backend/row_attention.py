@@ -99,6 +99,14 @@ class StepLayout:
         return self.decode_queries < self.decode_rows
 
 
+def visibility(ends: torch.Tensor, span: int, dtype: torch.dtype) -> torch.Tensor:
+    """[rows, 1, 1, span]: 0 where a row may read (positions 0..its end), -inf past its end: the
+    additive mask of a decode batch (`StepLayout.visible`)."""
+    hidden = torch.arange(span, device=ends.device) > ends[:, None]
+    visible = torch.zeros(hidden.shape, dtype=dtype, device=ends.device).masked_fill_(hidden, float("-inf"))
+    return visible[:, None, None, :]
+
+
 _current_layout: contextvars.ContextVar[StepLayout] = contextvars.ContextVar("row_attention_layout")
 
 

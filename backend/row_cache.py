@@ -62,6 +62,13 @@ class KVShape:
         return memory // self.bytes(rows, 1, dtype)
 
 
+def cache_slots(rows: torch.Tensor, positions: torch.Tensor, kv_heads: int, max_seq_len: int) -> torch.Tensor:
+    """[queries * kv_heads] indices of each query's (row, head, position) in a layer's cache viewed as
+    [-1, head_dim], for `index_copy_`."""
+    row_heads = rows[:, None] * kv_heads + torch.arange(kv_heads, device=rows.device)
+    return (row_heads * max_seq_len + positions[:, None]).reshape(-1)
+
+
 @dataclass(frozen=True)
 class StepWrite:
     """Where the packed tokens of one step go (see row_attention.StepLayout).
@@ -83,10 +90,7 @@ class StepWrite:
         step's writes; `index_copy_` with it is a few times faster than
         advanced-index assignment, which mattered at 60 writes a step.
         """
-        rows, positions = self.layout.decode_index, self.layout.positions
-        heads = torch.arange(self.kv_heads, device=rows.device)
-        row_heads = rows[:, None] * self.kv_heads + heads[None, :]
-        return (row_heads * self.max_seq_len + positions[:, None]).reshape(-1)
+        return cache_slots(self.layout.decode_index, self.layout.positions, self.kv_heads, self.max_seq_len)
 
     def write(self, cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         n = self.layout.decode_queries
