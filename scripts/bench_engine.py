@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Time the engine alone (no HTTP, no queues) against `model.generate` one request at a time.
+r"""Time the engine alone (no HTTP, no queues) against `model.generate` one request at a time.
 
     .venv/bin/python scripts/bench_engine.py [--model M | --random 1b|8b] [--dtype D] [--max-tokens N]
         [--prompt-tokens N] [--rows 1 8 32] [--compile | --graphs [--profile]]
