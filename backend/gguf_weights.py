@@ -22,7 +22,9 @@ channel for few (quantized_linear.quantize_head).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFReader, get_tensor_name_map
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
@@ -52,6 +56,11 @@ FOUR_BIT = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}  # byt
 # ways blocks do not follow, so their GGUF files are dequantized.
 ROW_ONLY_PROCESSORS = {"llama": LlamaTensorProcessor}
 PLAIN_ARCHITECTURES = {"qwen2"}  # stored as transformers names them
+
+# Beside a GGUF file's converted copy: its 4-bit weights as read, so that later starts need not parse
+# the file again (gguf's reader walks every field first, the tokenizer's 49,152 strings and 48,900
+# merges among them: 5 of a 7.6 s load of the default model).
+FOUR_BIT_CACHE = "four_bit_weights.safetensors"
 
 
 @dataclass(frozen=True)
@@ -95,9 +104,28 @@ def gguf_names(architecture: str, model: nn.Module) -> dict[str, str]:
     return {f"{gguf}.weight": module for module, gguf in mapped.items() if gguf is not None}
 
 
-def read_four_bit_weights(path: Path, model: nn.Module) -> tuple[dict[str, FourBitWeight], Counter, str]:
+FourBitWeights = tuple[dict[str, FourBitWeight], Counter, str]
+
+
+def read_four_bit_weights(path: Path, model: nn.Module, cache_dir: Path | None = None) -> FourBitWeights:
     """The Q4_0/Q4_1 weights of the model's quantizable linear layers, by module name; a count of
-    the file's tensor types (for the start-up log); and the type the output head is stored in."""
+    the file's tensor types (for the start-up log); and the type the output head is stored in. From
+    `cache_dir`'s copy where it has one, else from the file (then saved there)."""
+    cached = cache_dir / FOUR_BIT_CACHE if cache_dir is not None else None
+    if cached is not None and cached.is_file():
+        try:
+            return load_four_bit_weights(cached)
+        except Exception as error:  # a damaged copy: read the file again, and replace the copy
+            log.warning(
+                "the cached 4-bit weights in %s are unreadable (%s): reading the GGUF file", cached, error
+            )
+    found = parse_four_bit_weights(path, model)
+    if cached is not None:
+        save_four_bit_weights(cached, found)
+    return found
+
+
+def parse_four_bit_weights(path: Path, model: nn.Module) -> FourBitWeights:
     reader = GGUFReader(str(path))
     types = Counter(tensor.tensor_type.name for tensor in reader.tensors)
     by_name = {tensor.name: tensor.tensor_type.name for tensor in reader.tensors}
@@ -120,11 +148,43 @@ def read_four_bit_weights(path: Path, model: nn.Module) -> tuple[dict[str, FourB
     return weights, types, head_type
 
 
-def serve_gguf_weights(model: nn.Module, path: Path) -> int:
+def save_four_bit_weights(target: Path, found: FourBitWeights) -> None:
+    """Save what `parse_four_bit_weights` found, atomically (another process may be starting too);
+    q as two values a byte."""
+    weights, types, head_type = found
+    tensors = {}
+    for name, weight in weights.items():
+        tensors[f"{name}.q"] = weight.q[:, 0::2] | weight.q[:, 1::2] << 4
+        tensors[f"{name}.scale"], tensors[f"{name}.zero"] = weight.scale, weight.zero
+    staging = target.with_name(f".{target.name}.{os.getpid()}")
+    try:
+        metadata = {"layers": json.dumps(list(weights)), "types": json.dumps(types), "head_type": head_type}
+        save_file(tensors, staging, metadata=metadata)
+        staging.replace(target)
+    except OSError as error:  # a full disk: later starts parse the file again
+        staging.unlink(missing_ok=True)
+        log.warning("could not cache the GGUF file's 4-bit weights in %s: %s", target, error)
+
+
+def load_four_bit_weights(source: Path) -> FourBitWeights:
+    with safe_open(source, framework="pt") as file:
+        metadata = file.metadata()
+        weights = {}
+        for name in json.loads(metadata["layers"]):
+            packed = file.get_tensor(f"{name}.q")
+            q = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+            weights[name] = FourBitWeight(
+                q, file.get_tensor(f"{name}.scale"), file.get_tensor(f"{name}.zero")
+            )
+    return weights, Counter(json.loads(metadata["types"])), metadata["head_type"]
+
+
+def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = None) -> int:
     """Replace the linear layers stored as Q4_0/Q4_1 in `path` by Int4Linear layers of those very
     weights, and a head stored quantized (Q8_0 and the like) by an int8 one; the rest keep their
-    dequantized floats. Returns how many layers were replaced."""
-    weights, types, head_type = read_four_bit_weights(path, model)
+    dequantized floats. Returns how many layers were replaced. `cache_dir`: where the weights read
+    from the file are kept for the next start (the file's converted copy)."""
+    weights, types, head_type = read_four_bit_weights(path, model, cache_dir)
     linears = quantizable_linears(model)
     for name, weight in weights.items():
         if weight.q.shape != linears[name].weight.shape or weight.q.shape[1] % GROUP_SIZE:

@@ -204,7 +204,9 @@ def load_model(config: BackendConfig) -> LoadedModel:
     has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
     tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
     model = model.to(device=device, dtype=dtype)
-    quantize_weights(model, source, quantization)
+    converted = converted_dir(source, root) if source.is_gguf else None
+    has_converted = converted is not None and (converted / "config.json").is_file()
+    quantize_weights(model, source, quantization, converted if has_converted else None)
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
     give_back_freed_memory()
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
@@ -266,10 +268,13 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, source: ModelSource, root
     return str(target)
 
 
-def quantize_weights(model: PreTrainedModel, source: ModelSource, quantization: str) -> None:
-    """Swap the linear layers for weight-only quantized ones: the GGUF file's own blocks, or int4/int8."""
+def quantize_weights(
+    model: PreTrainedModel, source: ModelSource, quantization: str, converted: Path | None = None
+) -> None:
+    """Swap the linear layers for weight-only quantized ones: the GGUF file's own blocks (read once,
+    then kept beside its `converted` copy), or int4/int8."""
     if quantization == "gguf":  # pick_quantization chooses it for GGUF files only
-        serve_gguf_weights(model, Path(source.location) / source.gguf_file)
+        serve_gguf_weights(model, Path(source.location) / source.gguf_file, converted)
     elif quantization != "none":
         count = quantize_model(model, quantization)
         log.info(

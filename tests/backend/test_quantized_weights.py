@@ -5,7 +5,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from backend.gguf_weights import serve_gguf_weights, unpack_blocks
+from backend import gguf_weights
+from backend.gguf_weights import FOUR_BIT_CACHE, read_four_bit_weights, serve_gguf_weights, unpack_blocks
 from backend.loader import default_model_path, load_model
 from backend.messages import BackendConfig
 from backend.quantized_linear import (
@@ -141,6 +142,40 @@ def test_the_default_models_q4_1_layers_are_served_from_their_own_blocks():
     # Q8_0 and tied to the embedding: int8 per channel for few rows, the embedding's floats for many.
     assert isinstance(model.lm_head, Int8Linear)
     assert model.lm_head.dense.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
+def assert_same_four_bit_weights(found, expected) -> None:
+    (weights, types, head_type), (expected_weights, expected_types, expected_head) = found, expected
+    assert (types, head_type) == (expected_types, expected_head)
+    assert weights.keys() == expected_weights.keys()
+    for name, weight in weights.items():
+        assert weight.q.dtype == torch.uint8 and torch.equal(weight.q, expected_weights[name].q), name
+        assert torch.equal(weight.scale, expected_weights[name].scale), name
+        assert torch.equal(weight.zero, expected_weights[name].zero), name
+
+
+def test_the_gguf_files_4_bit_weights_are_read_once_then_from_their_copy(tmp_path, monkeypatch, caplog):
+    """Later starts take the weights from the copy beside the converted model, equal to the file's,
+    without parsing the file; a damaged copy is read past and replaced."""
+    model = load_model(BackendConfig(quantize="none", dtype="float32", rows=1, max_seq_len=64)).model
+    from_file = read_four_bit_weights(default_model_path(), model)
+    assert len(from_file[0]) == 30 * 7 and from_file[2] == "Q8_0"
+    assert_same_four_bit_weights(read_four_bit_weights(default_model_path(), model, tmp_path), from_file)
+    assert (tmp_path / FOUR_BIT_CACHE).is_file()
+
+    def no_parsing(*args):
+        raise AssertionError("the GGUF file was parsed again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(gguf_weights, "GGUFReader", no_parsing)
+        assert_same_four_bit_weights(read_four_bit_weights(default_model_path(), model, tmp_path), from_file)
+
+    (tmp_path / FOUR_BIT_CACHE).write_bytes(b"not safetensors")
+    assert_same_four_bit_weights(read_four_bit_weights(default_model_path(), model, tmp_path), from_file)
+    assert "unreadable" in caplog.text
+    with monkeypatch.context() as patched:  # replaced by a good copy
+        patched.setattr(gguf_weights, "GGUFReader", no_parsing)
+        assert_same_four_bit_weights(read_four_bit_weights(default_model_path(), model, tmp_path), from_file)
 
 
 def test_the_default_mode_serves_the_gguf_weights_and_the_exact_mode_does_not():
