@@ -24,9 +24,11 @@ forward as before (`DecoderRunner.supports`).
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.fx.experimental._config as fx_shapes
@@ -37,7 +39,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from backend.architectures import sliding_window
 from backend.decode_graphs import DecodeGraphs
-from backend.quantized_linear import DENSE_FROM_ROWS, fuse_linears
+from backend.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fuse_linears
 from backend.row_attention import StepLayout, attend
 from backend.row_cache import RowCache
 
@@ -67,6 +69,46 @@ class Projections:
         if self.fused is None:
             return torch.cat([linear(x) for linear in self.linears], dim=-1)
         return self.fused(x)
+
+    def few_rows_matmul(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The projections as one function of a decode step's [rows, in] activations (`few_rows_matmul`)."""
+        if self.fused is not None:
+            return few_rows_matmul(self.fused, dtype)
+        parts = [few_rows_matmul(linear, dtype) for linear in self.linears]
+        return lambda x: torch.cat([part(x) for part in parts], dim=-1)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLayer:
+    """One decoder layer as `decode_layers` runs it: its norms and projections as plain functions with
+    their weights bound, looked up once. Reaching them every step through the modules' attributes and
+    calls took about a sixth of a one-row step on a CPU (docs/performance.md)."""
+
+    attention_norm: Callable[[torch.Tensor], torch.Tensor]
+    qkv: Callable[[torch.Tensor], torch.Tensor]
+    o: Callable[[torch.Tensor], torch.Tensor]
+    mlp_norm: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor]
+    down: Callable[[torch.Tensor], torch.Tensor]
+
+
+def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A linear layer as one function of [rows, in] activations in `dtype` (the model's), giving `dtype`
+    back, as its module would: the weight-only layers' kernels with their weights bound, or
+    `nn.functional.linear` with a float layer's."""
+    if isinstance(linear, WeightOnlyLinear):
+        return linear.few_rows_matmul(dtype)
+    if type(linear) is nn.Linear and linear.weight.dtype == dtype:
+        weight, bias = linear.weight, linear.bias
+        return lambda x: nn.functional.linear(x, weight, bias)
+    return linear
+
+
+def norm_function(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """transformers' Llama RMSNorm as PyTorch's single operation (`rms_norm`), its weight bound."""
+    return functools.partial(
+        torch.rms_norm, normalized_shape=norm.weight.shape, weight=norm.weight, eps=norm.variance_epsilon
+    )
 
 
 class DecoderRunner:
@@ -99,6 +141,18 @@ class DecoderRunner:
             Projections(a.q_proj, a.k_proj, a.v_proj) for a in (layer.self_attn for layer in self.layers)
         ]
         self.gate_up = [Projections(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers]
+        dtype = self.norm.weight.dtype  # the model's: what the modules give back
+        self.decode_plan = [
+            DecodeLayer(
+                attention_norm=norm_function(layer.input_layernorm),
+                qkv=qkv.few_rows_matmul(dtype),
+                o=few_rows_matmul(layer.self_attn.o_proj, dtype),
+                mlp_norm=norm_function(layer.post_attention_layernorm),
+                gate_up=gate_up.few_rows_matmul(dtype),
+                down=few_rows_matmul(layer.mlp.down_proj, dtype),
+            )
+            for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True)
+        ]
         self.graphs: DecodeGraphs | None = None  # use_graphs
         self.compiled_decode = None
         if compile_decode:
@@ -213,19 +267,17 @@ class DecoderRunner:
         heads, kv_heads = self.heads, self.kv_heads
         hidden = self.embed(input_ids)
         cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
-        for layer, qkv, gate_up, layer_keys, layer_values in zip(
-            self.layers, self.qkv, self.gate_up, keys, values, strict=True
-        ):
-            all_heads = qkv(rms_norm(hidden, layer.input_layernorm)).view(queries, -1, head_dim)
+        for layer, layer_keys, layer_values in zip(self.decode_plan, keys, values, strict=True):
+            all_heads = layer.qkv(layer.attention_norm(hidden)).view(queries, -1, head_dim)
             query, key = rotate(all_heads[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
             for cache, new in ((layer_keys, key), (layer_values, all_heads[:, heads + kv_heads :])):
                 cache.view(-1, head_dim).index_copy_(0, slots, new.reshape(-1, head_dim).to(cache.dtype))
             attended = decode_attention(
                 query.to(layer_keys.dtype), layer_keys, layer_values, rows, visible, self.scaling, scatter
             )
-            hidden = hidden + layer.self_attn.o_proj(attended.view(queries, -1).to(hidden.dtype))
-            gate, up = gate_up(rms_norm(hidden, layer.post_attention_layernorm)).chunk(2, dim=-1)
-            hidden = hidden + layer.mlp.down_proj(nn.functional.silu(gate) * up)
+            hidden = hidden + layer.o(attended.view(queries, -1).to(hidden.dtype))
+            gate, up = layer.gate_up(layer.mlp_norm(hidden)).chunk(2, dim=-1)
+            hidden = hidden + layer.down(nn.functional.silu(gate) * up)
         return rms_norm(hidden, self.norm)
 
 

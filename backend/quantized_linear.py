@@ -31,6 +31,8 @@ SmolLM2's projections, docs/performance.md):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -95,7 +97,32 @@ class WeightOnlyLinear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        kernel, weights = self.kernel()
+        return kernel(x, *weights)
+
+    def kernel(self) -> tuple[Callable, tuple]:
+        """The packed weights' kernel and what it takes after the activations."""
         raise NotImplementedError
+
+    def few_rows_matmul(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+        """This layer as one function of a decode step's [rows, in] activations in `dtype`, giving
+        `dtype` back: the kernel with its weights bound between the two casts `forward` makes. At one
+        row on a CPU, the module call and the checks and reshapes of `forward` cost about as much as a
+        small layer's kernel (docs/performance.md). Many rows still go through `forward`, which
+        multiplies them by the dense copy."""
+        if self.bias is not None:
+            return self
+        kernel, weights = self.kernel()
+        compute_dtype = self.compute_dtype
+        has_dense = any(getattr(self, name) is not None for name in self.many_rows_buffers)
+        many_rows = self.dense_from_rows if has_dense else None
+
+        def matmul(x: torch.Tensor) -> torch.Tensor:
+            if many_rows is not None and x.shape[0] >= many_rows:
+                return self(x)
+            return kernel(x.to(compute_dtype), *weights).to(dtype)
+
+        return matmul
 
 
 class Int4Linear(WeightOnlyLinear):
@@ -142,12 +169,10 @@ class Int4Linear(WeightOnlyLinear):
         )
         return cls(q, scale, zero, linear.bias, dense)
 
-    def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu":
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x, self.packed, GROUP_SIZE, self.scales_and_zeros
-            )
-        return torch.ops.aten._weight_int4pack_mm(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
+    def kernel(self) -> tuple[Callable, tuple]:
+        on_cpu = self.packed.device.type == "cpu"
+        kernel = torch.ops.aten._weight_int4pack_mm_for_cpu if on_cpu else torch.ops.aten._weight_int4pack_mm
+        return kernel.default, (self.packed, GROUP_SIZE, self.scales_and_zeros)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4, group {GROUP_SIZE}"
@@ -200,8 +225,8 @@ class Int8Linear(WeightOnlyLinear):
             dense = (q * scale[:, None]).to(linear.weight.dtype)
         return cls(q, scale, linear.bias, dense)
 
-    def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales)
+    def kernel(self) -> tuple[Callable, tuple]:
+        return torch.ops.aten._weight_int8pack_mm.default, (self.weight_int8, self.scales)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"

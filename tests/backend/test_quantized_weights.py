@@ -200,3 +200,24 @@ def test_quantize_model_replaces_every_projection_but_the_head(mode):
     assert type(model.lm_head) is Int8Linear
     got = model(x).logits
     assert (got - expected).abs().max() < 0.25 * expected.abs().max()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", [Int4Linear, Int8Linear])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_layers_few_rows_function_multiplies_as_the_layer_does(device, kind, dtype):
+    """What a decode step calls instead of the module (decoder_runner.DecodeLayer): the same result,
+    bit for bit and in the same dtype, for few rows (the kernel) and many (the dense copy), the layer
+    alone and fused with another."""
+    torch.manual_seed(0)
+    layers = [kind.quantize(torch.nn.Linear(2 * GROUP_SIZE, 64, bias=False).to(device)) for _ in range(2)]
+    fused = fuse_linears(layers)
+    for layer in [*layers, fused]:
+        matmul = layer.few_rows_matmul(dtype)
+        for rows in (1, 3, DENSE_FROM_ROWS, 2 * DENSE_FROM_ROWS):
+            x = torch.randn(rows, 2 * GROUP_SIZE, device=device, dtype=dtype)
+            expected = layer(x)
+            got = matmul(x)
+            assert got.dtype == dtype and torch.equal(got, expected), (layer, rows)
+    with_bias = Int4Linear.quantize(torch.nn.Linear(GROUP_SIZE, 64).to(device))
+    assert with_bias.few_rows_matmul(dtype) is with_bias  # the kernels add no bias: the module does
