@@ -107,8 +107,8 @@ class WeightOnlyLinear(nn.Module):
     def few_rows_matmul(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
         """This layer as one function of a decode step's [rows, in] activations in `dtype`, giving
         `dtype` back: the kernel with its weights bound between the two casts `forward` makes. At one
-        row on a CPU, the module call and the checks and reshapes of `forward` cost about as much as a
-        small layer's kernel (docs/performance.md). Many rows still go through `forward`, which
+        row on a CPU, the module call and the checks and reshapes of `forward` cost about half what a
+        small layer's kernel does (docs/performance.md). Many rows still go through `forward`, which
         multiplies them by the dense copy."""
         if self.bias is not None:
             return self
