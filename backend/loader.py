@@ -174,8 +174,9 @@ def load_model(config: BackendConfig) -> LoadedModel:
     token = None if source.is_gguf or Path(source.location).is_dir() else hub_token()
 
     location, gguf_file = source.location, source.gguf_file
-    if source.is_gguf and (converted_dir(source, root) / "config.json").is_file():
-        location, gguf_file = str(converted_dir(source, root)), None
+    converted = converted_dir(source, root) if source.is_gguf else None
+    if converted is not None and (converted / "config.json").is_file():
+        location, gguf_file = str(converted), None
         log.info("loading %s from its converted copy in %s", source.name, location)
     model_config = AutoConfig.from_pretrained(location, gguf_file=gguf_file, token=token)
     cache_size = size_kv_cache(config, model_config, cache_dtype)
@@ -198,15 +199,14 @@ def load_model(config: BackendConfig) -> LoadedModel:
     model = AutoModelForCausalLM.from_pretrained(
         location, gguf_file=gguf_file, token=token, dtype=dtype, attn_implementation="sdpa"
     )
-    if gguf_file is not None and save_converted(model, tokenizer, converted_dir(source, root)):
-        location = str(converted_dir(source, root))
+    if gguf_file is not None and save_converted(model, tokenizer, converted):
+        location = str(converted)
     # The frontend reads tokenizer.json with the `tokenizers` library (no torch there).
     has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
     tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
     model = model.to(device=device, dtype=dtype)
-    converted = converted_dir(source, root) if source.is_gguf else None
-    has_converted = converted is not None and (converted / "config.json").is_file()
-    quantize_weights(model, source, quantization, converted if has_converted else None)
+    has_converted_copy = converted is not None and location == str(converted)
+    quantize_weights(model, source, quantization, converted if has_converted_copy else None)
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
     give_back_freed_memory()
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
