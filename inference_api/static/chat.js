@@ -178,6 +178,7 @@ class Answer {
     this.usage = null; // the server's count, from the last chunk (stream_options.include_usage)
     this.stats = null;
     this.error = null;
+    this.pending = null; // a render to come (render)
   }
 
   append(content) {
@@ -186,12 +187,22 @@ class Answer {
     this.last = now;
     this.pieces += 1;
     this.text += content;
-    setText(this.element, this.text); // the whole text again: an open code block or list closes later
+    // Rendered when the page is next free, once for every piece come by then: the whole text is
+    // rendered again each time (an open code block or list closes later), and a long answer rendered
+    // once a piece fell behind the stream on a busy machine, holding Stop's click back to the end.
+    this.pending ??= setTimeout(() => this.render(), 0);
+  }
+
+  render() {
+    clearTimeout(this.pending);
+    this.pending = null;
+    setText(this.element, this.text);
     scrollDown();
   }
 
   /** Time to first token, and tokens per second from the first token to the last. */
   finish(note) {
+    this.render();
     this.element.classList.remove("streaming");
     const parts = [];
     if (this.first !== null) {
@@ -207,6 +218,7 @@ class Answer {
   }
 
   fail(message) {
+    this.render();
     this.element.classList.remove("streaming");
     this.error = message;
     addNote(this.element, "error", message);
