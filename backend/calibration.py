@@ -13,6 +13,12 @@ Whether int8 pays depends on the CPU: without AMX (AVX-512 VNNI only) it is
 the dense copies are 1.4x faster than int8 at 32 rows and 2.6x at 512. So
 the loader first times both on one layer and keeps the dense copies unless
 int8 wins (`int8_multiplies_faster`).
+
+The output head's own switch from its packed int8 kernel to its dense copy
+is timed at load too (`time_head_crossover`): with bfloat16 copies on
+AVX-512 the copy wins from 8 rows, but with the float32 copies of an AVX2
+CPU (no native bfloat16) the int8 kernel is faster up to about 32 rows (at
+8 rows 11.5 against 30.8 ms on SmolLM2's head).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from backend.quantized_linear import WeightOnlyLinear
+from backend.quantized_linear import Int8Linear, WeightOnlyLinear
 from backend.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
 
 log = logging.getLogger(__name__)
@@ -41,6 +47,9 @@ CALIBRATION_WINDOW = 512  # tokens a calibration forward pass takes at once
 MAX_ERROR = 0.02
 TIMED_ROWS = 32  # a full decode batch, where the int8 path must pay off
 MIN_SPEEDUP = 1.1  # int8 replaces the dense copies only if it is clearly faster, not within noise
+# The row counts at which the head's kernels are timed against each other, fewest first.
+HEAD_TIMED_ROWS = (4, 8, 12, 16, 24, 32, 48, 64)
+HEAD_TIMED_OUTPUTS = 8192
 
 
 def calibration_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -99,9 +108,52 @@ def int8_multiplies_faster(layer: WeightOnlyLinear, rows: int = TIMED_ROWS) -> b
     return statistics.median(int8_times) * MIN_SPEEDUP <= statistics.median(dense_times)
 
 
-def seconds(call: Callable[[], object], repeats: int = 5) -> float:
-    """Time of one call, over `repeats` after a first untimed one (which may allocate or pick a kernel)."""
-    call()
+def time_head_crossover(model: nn.Module) -> int | None:
+    """Set from how many rows an int8 head with a dense copy multiplies by that copy: the fewest of
+    HEAD_TIMED_ROWS at which the copy is at least as fast as the int8 kernel (else the most), timed on
+    its first HEAD_TIMED_OUTPUTS outputs (both take time in proportion to them; the whole head of
+    SmolLM2 took seconds). Returns the number, or None where the head has no such choice."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, Int8Linear) or head.dense is None or head.bias is not None:
+        return None
+    part = slice(0, HEAD_TIMED_OUTPUTS)
+    sample = Int8Linear(head.weight_int8[part], head.scales[part], None, dense=head.dense[part])
+    head.dense_from_rows = dense_pays_from(sample, HEAD_TIMED_ROWS)
+    log.info("the output head multiplies %d rows or more by its dense copy (timed)", head.dense_from_rows)
+    return head.dense_from_rows
+
+
+def dense_pays_from(layer: WeightOnlyLinear, candidates: tuple[int, ...]) -> int:
+    """The fewest `candidates` rows that `layer` multiplies at least as fast by its dense copy as by its
+    packed kernel (`dense_pays_at`); the last candidate if none."""
+    return next((rows for rows in candidates if dense_pays_at(layer, rows)), candidates[-1])
+
+
+@torch.inference_mode()
+def dense_pays_at(layer: WeightOnlyLinear, rows: int) -> bool:
+    """Whether `rows` rows of random activations go through `layer`'s dense copy at least as fast as
+    through its packed kernel, casts included (after a first call of each, the median of three
+    alternating timings of each)."""
+    x = torch.randn(rows, layer.in_features, dtype=layer.dense.dtype, device=layer.dense.device)
+    kernel, weights = layer.kernel()
+    calls = {
+        "dense": lambda: torch.nn.functional.linear(x, layer.dense),
+        "packed": lambda: kernel(x.to(layer.compute_dtype), *weights).to(x.dtype),
+    }
+    times = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    for _ in range(3):
+        for name, call in calls.items():
+            times[name].append(seconds(call, repeats=1, warm=False))
+    return statistics.median(times["dense"]) <= statistics.median(times["packed"])
+
+
+def seconds(call: Callable[[], object], repeats: int = 5, warm: bool = True) -> float:
+    """Time of one call, over `repeats` after a first untimed one (which may allocate or pick a kernel)
+    unless `warm` is False."""
+    if warm:
+        call()
     start = time.perf_counter()
     for _ in range(repeats):
         call()

@@ -32,7 +32,7 @@ from transformers import (
 
 from backend.architectures import check_supported
 from backend.cache_size import size_kv_cache
-from backend.calibration import calibration_token_ids, smooth_many_rows_path
+from backend.calibration import calibration_token_ids, smooth_many_rows_path, time_head_crossover
 from backend.embeddings import EmbeddingModel, embed
 from backend.gguf_weights import serve_gguf_weights
 from backend.heap import give_back_freed_memory
@@ -208,6 +208,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     has_converted_copy = converted is not None and location == str(converted)
     quantize_weights(model, source, quantization, converted if has_converted_copy else None)
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
+    time_head_crossover(model)
     give_back_freed_memory()
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
 

@@ -113,6 +113,7 @@ def test_the_default_model_multiplies_many_rows_in_int8_but_its_head():
     assert len(smoothed) >= 30 * 4  # q, k, v and o or gate and up in every layer, or near it
     assert all(module.dense is None for module in smoothed)
     assert model.lm_head.dense_int8 is None and model.lm_head.dense is not None
+    assert model.lm_head.dense_from_rows in calibration.HEAD_TIMED_ROWS  # timed at load
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -1,0 +1,79 @@
+"""From how many rows an int8 output head multiplies by its dense copy: timed at load (calibration.py)."""
+
+import time
+
+import pytest
+import torch
+
+from backend import calibration
+from backend.calibration import HEAD_TIMED_OUTPUTS, dense_pays_at, dense_pays_from
+from backend.quantized_linear import Int4Linear, Int8Linear, quantize_model
+from tests.backend.models import tiny_model
+
+
+def test_the_crossover_is_the_fewest_timed_rows_at_which_the_dense_copy_pays(monkeypatch):
+    asked = []
+
+    def dense_pays_from_12(layer, rows):
+        asked.append(rows)
+        return rows >= 12
+
+    monkeypatch.setattr(calibration, "dense_pays_at", dense_pays_from_12)
+    layer = Int8Linear.quantize(torch.nn.Linear(64, 32, bias=False))
+    assert dense_pays_from(layer, (4, 8, 12, 16)) == 12
+    assert asked == [4, 8, 12]  # it stops at the first that pays: timing costs start-up
+    monkeypatch.setattr(calibration, "dense_pays_at", lambda layer, rows: False)
+    assert dense_pays_from(layer, (4, 8, 12, 16)) == 16  # the packed kernel all the way: the last
+
+
+def test_a_loaded_head_switches_to_its_dense_copy_at_the_timed_crossover(monkeypatch):
+    timed = []
+
+    def dense_pays_from_6(layer, rows):
+        timed.append(layer)
+        return rows >= 6
+
+    monkeypatch.setattr(calibration, "HEAD_TIMED_ROWS", (3, 6, 9))
+    monkeypatch.setattr(calibration, "dense_pays_at", dense_pays_from_6)
+    model = tiny_model("llama")
+    quantize_model(model, "int8")
+    head = model.lm_head
+    assert calibration.time_head_crossover(model) == 6 == head.dense_from_rows
+    sample = timed[0]  # a slice of the head's own outputs, its dense copy a view of the head's
+    assert sample.out_features == min(HEAD_TIMED_OUTPUTS, head.out_features)
+    assert sample.dense.data_ptr() == head.dense.data_ptr()
+    x = torch.randn(6, head.in_features)
+    kernel, weights = head.kernel()
+    packed = kernel(x[:5].to(head.compute_dtype), *weights).float()
+    assert torch.equal(head(x[:5]), packed)  # five rows: the int8 kernel
+    assert torch.equal(head(x), torch.nn.functional.linear(x, head.dense))  # six: the dense copy
+    assert not torch.equal(packed, head(x)[:5])  # the two paths are told apart
+
+
+def test_a_head_without_a_choice_is_left_alone():
+    model = tiny_model("llama")
+    assert calibration.time_head_crossover(model) is None  # a float head
+    quantize_model(model, "int4")
+    model.lm_head.dense = None  # as on a GPU: no dense copy
+    assert calibration.time_head_crossover(model) is None
+    assert Int4Linear.dense_from_rows == model.model.layers[0].mlp.down_proj.dense_from_rows
+
+
+@pytest.mark.parametrize(("slow", "pays"), [("packed", True), ("dense", False)])
+def test_the_timing_decides_both_ways(monkeypatch, slow, pays):
+    """A path slowed by 20 ms a call loses, whichever it is: the timing, not a constant, decides."""
+    layer = Int8Linear.quantize(torch.nn.Linear(64, 32, bias=False))
+
+    def slowed(call):
+        def slow_call(*args, **kwargs):
+            time.sleep(0.02)
+            return call(*args, **kwargs)
+
+        return slow_call
+
+    if slow == "dense":
+        monkeypatch.setattr(torch.nn.functional, "linear", slowed(torch.nn.functional.linear))
+    else:
+        kernel, weights = layer.kernel()
+        monkeypatch.setattr(layer, "kernel", lambda: (slowed(kernel), weights))
+    assert dense_pays_at(layer, 4) is pays
