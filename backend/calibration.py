@@ -48,7 +48,7 @@ MAX_ERROR = 0.02
 TIMED_ROWS = 32  # a full decode batch, where the int8 path must pay off
 MIN_SPEEDUP = 1.1  # int8 replaces the dense copies only if it is clearly faster, not within noise
 # The row counts at which the head's kernels are timed against each other, fewest first.
-HEAD_TIMED_ROWS = (4, 8, 12, 16, 24, 32, 48, 64)
+HEAD_TIMED_ROWS = (4, 6, 8, 12, 16, 24, 32, 48, 64)
 HEAD_TIMED_OUTPUTS = 8192
 
 

@@ -197,7 +197,8 @@ class Int8Linear(WeightOnlyLinear):
     """`nn.Linear` with 8-bit symmetric weights, one scale per output channel."""
 
     # The int8 kernel costs twice int4's a row: SmolLM2's head takes 1.6 ms at 4 rows and 3.3 at 8
-    # against 2.4 and 2.2 for bfloat16.
+    # against 2.4 and 2.2 for bfloat16. Against a float32 copy (AVX2) it wins up to 32-48 rows, so the
+    # loader times a head's own switch (calibration.time_head_crossover); this is the default.
     dense_from_rows = 6
     output_dims = {**WeightOnlyLinear.output_dims, "weight_int8": 0, "scales": 0}
 
