@@ -16,9 +16,9 @@ int8 wins (`int8_multiplies_faster`).
 
 The output head's own switch from its packed int8 kernel to its dense copy
 is timed at load too (`time_head_crossover`): with bfloat16 copies on
-AVX-512 the copy wins from 8 rows, but with the float32 copies of an AVX2
-CPU (no native bfloat16) the int8 kernel is faster up to about 32 rows (at
-8 rows 11.5 against 30.8 ms on SmolLM2's head).
+AVX-512 the copy wins from 6 to 8 rows, but with the float32 copies of an
+AVX2 CPU (no native bfloat16) the int8 kernel is faster up to 32 to 48 rows
+(at 8 rows 13.0 against 41.2 ms on SmolLM2's head, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def time_head_crossover(model: nn.Module) -> int | None:
     its first HEAD_TIMED_OUTPUTS outputs (both take time in proportion to them; the whole head of
     SmolLM2 took seconds). Returns the number, or None where the head has no such choice."""
     head = model.get_output_embeddings()
-    if not isinstance(head, Int8Linear) or head.dense is None or head.bias is not None:
+    if not isinstance(head, Int8Linear) or head.dense is None:
         return None
     part = slice(0, HEAD_TIMED_OUTPUTS)
     sample = Int8Linear(head.weight_int8[part], head.scales[part], None, dense=head.dense[part])
