@@ -101,11 +101,15 @@ def int8_multiplies_faster(layer: WeightOnlyLinear, rows: int = TIMED_ROWS) -> b
     x = torch.randn(rows, layer.in_features, dtype=layer.dense.dtype, device=layer.dense.device)
     smoothing = torch.ones(layer.in_features, device=layer.dense.device)
     weight_int8, weight_scales = quantize_smoothed(layer.dense, smoothing)
-    dense_times, int8_times = [], []
-    for _ in range(7):
-        dense_times.append(seconds(lambda: torch.nn.functional.linear(x, layer.dense)))
-        int8_times.append(seconds(lambda: smoothed_int8_matmul(x, weight_int8, weight_scales, smoothing)))
-    return statistics.median(int8_times) * MIN_SPEEDUP <= statistics.median(dense_times)
+    times = median_seconds(
+        {
+            "dense": lambda: torch.nn.functional.linear(x, layer.dense),
+            "int8": lambda: smoothed_int8_matmul(x, weight_int8, weight_scales, smoothing),
+        },
+        rounds=7,
+        repeats=5,
+    )
+    return times["int8"] * MIN_SPEEDUP <= times["dense"]
 
 
 def time_head_crossover(model: nn.Module) -> int | None:
@@ -132,28 +136,35 @@ def dense_pays_from(layer: WeightOnlyLinear, candidates: tuple[int, ...]) -> int
 @torch.inference_mode()
 def dense_pays_at(layer: WeightOnlyLinear, rows: int) -> bool:
     """Whether `rows` rows of random activations go through `layer`'s dense copy at least as fast as
-    through its packed kernel, casts included (after a first call of each, the median of three
-    alternating timings of each)."""
+    through its packed kernel, casts included (`median_seconds` of three rounds)."""
     x = torch.randn(rows, layer.in_features, dtype=layer.dense.dtype, device=layer.dense.device)
     kernel, weights = layer.kernel()
-    calls = {
-        "dense": lambda: torch.nn.functional.linear(x, layer.dense),
-        "packed": lambda: kernel(x.to(layer.compute_dtype), *weights).to(x.dtype),
-    }
-    times = {name: [] for name in calls}
+    times = median_seconds(
+        {
+            "dense": lambda: torch.nn.functional.linear(x, layer.dense),
+            "packed": lambda: kernel(x.to(layer.compute_dtype), *weights).to(x.dtype),
+        },
+        rounds=3,
+        repeats=1,
+    )
+    return times["dense"] <= times["packed"]
+
+
+def median_seconds(calls: dict[str, Callable[[], object]], rounds: int, repeats: int) -> dict[str, float]:
+    """Each call's median time over `rounds` rounds that take the calls in turn (a noisy neighbour then
+    slows all alike), each timing over `repeats` calls, after a first untimed call of each (which may
+    allocate or pick a kernel)."""
     for call in calls.values():
         call()
-    for _ in range(3):
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
         for name, call in calls.items():
-            times[name].append(seconds(call, repeats=1, warm=False))
-    return statistics.median(times["dense"]) <= statistics.median(times["packed"])
+            times[name].append(seconds(call, repeats))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
-def seconds(call: Callable[[], object], repeats: int = 5, warm: bool = True) -> float:
-    """Time of one call, over `repeats` after a first untimed one (which may allocate or pick a kernel)
-    unless `warm` is False."""
-    if warm:
-        call()
+def seconds(call: Callable[[], object], repeats: int) -> float:
+    """Time of one call, over `repeats` calls."""
     start = time.perf_counter()
     for _ in range(repeats):
         call()
