@@ -36,9 +36,15 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     INFERENCE_CACHE_DIR=/opt/models \
+    TORCH_EXTENSIONS_DIR=/opt/models/torch_extensions \
     PORT=8000
 
 WORKDIR /app
+# g++ builds the fused CPU operations (backend/fused_ops.py): at build time below, and again at the
+# first start on a CPU of another kind, since they are compiled for the CPU they run on.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ \
+ && rm -rf /var/lib/apt/lists/*
 COPY requirements.txt .
 # torch first, from the index that matches the device: the CPU wheel is a tenth of the CUDA one.
 RUN if [ "$DEVICE" = "cuda" ]; then \
@@ -56,7 +62,7 @@ COPY scripts scripts
 COPY gunicorn.conf.py gunicorn_json_errors.py .
 
 # The default model, converted from GGUF now, so that a container starts with no network
-# and no conversion; then a user without root privileges to run it.
+# and no conversion (and the fused CPU operations built); then a user without root privileges to run it.
 RUN python -m backend.prepare \
  && useradd --create-home --uid 10001 app \
  && chown -R app /opt/models

@@ -24,7 +24,6 @@ forward as before (`DecoderRunner.supports`).
 
 from __future__ import annotations
 
-import functools
 import re
 import types
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from backend.architectures import sliding_window
 from backend.decode_graphs import DecodeGraphs
+from backend.fused_ops import EAGER, DecodeOps, Norm, decode_ops, rotate
 from backend.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fuse_linears
 from backend.row_attention import StepLayout, attend
 from backend.row_cache import RowCache
@@ -80,16 +80,18 @@ class Projections:
 
 @dataclass(frozen=True, slots=True)
 class DecodeLayer:
-    """One decoder layer as `decode_layers` runs it: its norms and projections as plain functions with
-    their weights bound, looked up once. Reaching them every step through the modules' attributes and
-    calls took about a sixth of a one-row step on a CPU (docs/performance.md)."""
+    """One decoder layer as `decode_layers` runs it: its projections as plain functions with their
+    weights bound, and its norms' weights, looked up once. Reaching them every step through the
+    modules' attributes and calls took about a sixth of a one-row step on a CPU (docs/performance.md).
+    The layer's input norm is the layer before's `next_norm` (the model's final norm after the last
+    layer), so that each residual add and the norm after it are one operation (fused_ops.add_norm)."""
 
-    attention_norm: Callable[[torch.Tensor], torch.Tensor]
     qkv: Callable[[torch.Tensor], torch.Tensor]
     o: Callable[[torch.Tensor], torch.Tensor]
-    mlp_norm: Callable[[torch.Tensor], torch.Tensor]
+    mlp_norm: Norm
     gate_up: Callable[[torch.Tensor], torch.Tensor]
     down: Callable[[torch.Tensor], torch.Tensor]
+    next_norm: Norm
 
 
 def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -102,14 +104,6 @@ def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Te
         weight, bias = linear.weight, linear.bias
         return lambda x: nn.functional.linear(x, weight, bias)
     return linear
-
-
-def norm_function(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """transformers' Llama RMSNorm as PyTorch's single operation, its weight bound: bit for bit in
-    float32 (where transformers' module takes eight), one rounding instead of two in bfloat16."""
-    return functools.partial(
-        torch.rms_norm, normalized_shape=norm.weight.shape, weight=norm.weight, eps=norm.variance_epsilon
-    )
 
 
 class DecoderRunner:
@@ -143,17 +137,29 @@ class DecoderRunner:
         ]
         self.gate_up = [Projections(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers]
         dtype = self.norm.weight.dtype  # the model's: what the modules give back
+        next_norms = [Norm.of(layer.input_layernorm) for layer in self.layers[1:]] + [Norm.of(self.norm)]
+        self.first_norm = Norm.of(self.layers[0].input_layernorm)
         self.decode_plan = [
             DecodeLayer(
-                attention_norm=norm_function(layer.input_layernorm),
                 qkv=qkv.few_rows_matmul(dtype),
                 o=few_rows_matmul(layer.self_attn.o_proj, dtype),
-                mlp_norm=norm_function(layer.post_attention_layernorm),
+                mlp_norm=Norm.of(layer.post_attention_layernorm),
                 gate_up=gate_up.few_rows_matmul(dtype),
                 down=few_rows_matmul(layer.mlp.down_proj, dtype),
+                next_norm=next_norm,
             )
-            for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True)
+            for layer, qkv, gate_up, next_norm in zip(
+                self.layers, self.qkv, self.gate_up, next_norms, strict=True
+            )
         ]
+        # The elementwise work between them: C++ loops on a CPU, else PyTorch's operations (fused_ops.py).
+        exact = dtype == torch.float32 and not any(
+            isinstance(p.linears[0], WeightOnlyLinear) for p in self.qkv
+        )
+        self.ops: DecodeOps = decode_ops(self.norm.weight.device, exact, compile_decode)
+        # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
+        # still took a fifth of the step as PyTorch's operations (docs/performance.md).
+        self.decode_below = DECODE_BELOW if self.ops is EAGER else float("inf")
         self.graphs: DecodeGraphs | None = None  # use_graphs
         self.compiled_decode = None
         if compile_decode:
@@ -199,7 +205,7 @@ class DecoderRunner:
     ) -> torch.Tensor:
         if self.graphs is not None and self.graphs.takes(layout):
             return self.graphs.run(input_ids, positions, layout)
-        if not layout.prompts and not layout.long_rows and layout.decode_queries < DECODE_BELOW:
+        if not layout.prompts and not layout.long_rows and layout.decode_queries < self.decode_below:
             # A decode step keeps every token's logits, in pack order. The head stays out of the
             # compiled graph: it changes kernels with the number of rows, each change a graph of its own.
             return self.head(self._decode_step(input_ids, positions, layout, cache))
@@ -264,22 +270,22 @@ class DecoderRunner:
         layout objects), the linear layers on two-dimensional inputs, which the weight-only layers
         multiply without reshapes or casts (docs/performance.md); it is also what torch.compile
         compiles."""
-        queries, head_dim = input_ids.shape[0], keys[0].shape[3]
-        heads, kv_heads = self.heads, self.kv_heads
+        ops, queries = self.ops, input_ids.shape[0]
         hidden = self.embed(input_ids)
         cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
+        normed = ops.norm(hidden, self.first_norm)
         for layer, layer_keys, layer_values in zip(self.decode_plan, keys, values, strict=True):
-            all_heads = layer.qkv(layer.attention_norm(hidden)).view(queries, -1, head_dim)
-            query, key = rotate(all_heads[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
-            for cache, new in ((layer_keys, key), (layer_values, all_heads[:, heads + kv_heads :])):
-                cache.view(-1, head_dim).index_copy_(0, slots, new.reshape(-1, head_dim).to(cache.dtype))
-            attended = decode_attention(
-                query.to(layer_keys.dtype), layer_keys, layer_values, rows, visible, self.scaling, scatter
+            query = ops.rotate_and_store(
+                layer.qkv(normed), cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
             )
-            hidden = hidden + layer.o(attended.view(queries, -1).to(hidden.dtype))
-            gate, up = layer.gate_up(layer.mlp_norm(hidden)).chunk(2, dim=-1)
-            hidden = hidden + layer.down(nn.functional.silu(gate) * up)
-        return rms_norm(hidden, self.norm)
+            attended = decode_attention(query, layer_keys, layer_values, rows, visible, self.scaling, scatter)
+            hidden, normed = ops.add_norm(
+                hidden, layer.o(attended.view(queries, -1).to(hidden.dtype)), layer.mlp_norm
+            )
+            hidden, normed = ops.add_norm(
+                hidden, layer.down(ops.silu_mul(layer.gate_up(normed))), layer.next_norm
+            )
+        return normed
 
 
 def graph_inputs(visible: torch.Tensor, cache: RowCache) -> torch.Tensor:
@@ -360,11 +366,6 @@ def own_copy(method: types.MethodType) -> types.MethodType:
 
 
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """The norm module's `norm_function` applied to x."""
-    return norm_function(norm)(x)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The rotary embedding of transformers' `apply_rotary_pos_emb`, the same arithmetic, to one tensor."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    """transformers' Llama RMSNorm module applied to x as PyTorch's single `rms_norm` (fused_ops.EAGER):
+    bit for bit in float32, where the module takes eight operations."""
+    return EAGER.norm(x, Norm.of(norm))

@@ -30,6 +30,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from backend import fused_ops
 from backend.architectures import check_supported
 from backend.cache_size import size_kv_cache
 from backend.calibration import calibration_token_ids, smooth_many_rows_path, time_head_crossover
@@ -207,6 +208,8 @@ def load_model(config: BackendConfig) -> LoadedModel:
     model = model.to(device=device, dtype=dtype)
     has_converted_copy = converted is not None and location == str(converted)
     quantize_weights(model, source, quantization, converted if has_converted_copy else None)
+    if device.type == "cpu" and (quantization != "none" or dtype != torch.float32):
+        fused_ops.extension()  # built now (once a machine), so that the int8 path below is timed with it
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
     time_head_crossover(model)
     give_back_freed_memory()

@@ -86,7 +86,7 @@ class WeightOnlyLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         many_rows = flat.shape[0] >= self.dense_from_rows
         if many_rows and self.dense_int8 is not None:
-            out = smoothed_int8_matmul(flat, self.dense_int8, self.dense_scales, self.smoothing)
+            out = smoothed_int8_matmul(flat, self.dense_int8, self.dense_scales, self.smoothing, x.dtype)
         elif many_rows and self.dense is not None:
             out = torch.nn.functional.linear(flat.to(self.dense.dtype), self.dense)
         else:

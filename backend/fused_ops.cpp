@@ -1,0 +1,258 @@
+// The elementwise work of a CPU decode step, one loop each instead of PyTorch's chains of small
+// operations (backend/fused_ops.py says why and when they are used; docs/performance.md measures them).
+//
+// Each function does in one pass what its reference in fused_ops.py does in several PyTorch
+// operations, with float arithmetic throughout and one rounding to the output's dtype, where the
+// reference rounds after every operation. Activations are float32 or bfloat16; the KV cache is
+// float32 or bfloat16.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <tuple>
+
+namespace {
+
+using c10::BFloat16;
+
+// Rows of at least this many elements are shared between threads one at a time; fewer are not worth
+// waking a thread for.
+constexpr int64_t GRAIN = 16384;
+
+int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, GRAIN / std::max<int64_t>(width, 1)); }
+
+void check_cpu_contiguous(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+// Calls f with a null pointer of the C++ type of dtype (float32 or bfloat16), for dispatch on it.
+template <typename F>
+void with_float_type(at::ScalarType dtype, const char* name, F&& f) {
+  if (dtype == at::kFloat) {
+    f(static_cast<float*>(nullptr));
+  } else if (dtype == at::kBFloat16) {
+    f(static_cast<BFloat16*>(nullptr));
+  } else {
+    TORCH_CHECK(false, name, " must be float32 or bfloat16, not ", dtype);
+  }
+}
+
+// out = x / sqrt(mean(x^2) + eps) * weight for one row of width d.
+template <typename T>
+void norm_row(const T* x, const T* weight, T* out, int64_t d, float eps) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < d; ++i) {
+    float v = x[i];
+    sum += v * v;
+  }
+  const float inverse = 1.f / std::sqrt(sum / d + eps);
+  for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(static_cast<float>(x[i]) * inverse * static_cast<float>(weight[i]));
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_cpu_contiguous(x, "x");
+  check_cpu_contiguous(weight, "weight");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight must have x's dtype");
+  const int64_t d = x.size(-1), n = x.numel() / std::max<int64_t>(d, 1);
+  TORCH_CHECK(weight.numel() == d, "weight must have x's last dimension");
+  at::Tensor out = at::empty_like(x);
+  with_float_type(x.scalar_type(), "x", [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    const T* xp = x.data_ptr<T>();
+    const T* wp = weight.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    at::parallel_for(0, n, rows_per_task(d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) norm_row(xp + r * d, wp, op + r * d, d, static_cast<float>(eps));
+    });
+  });
+  return out;
+}
+
+// hidden += delta (rounded to hidden's dtype, as `hidden + delta` would be), in place; returns the
+// sum's RMSNorm.
+at::Tensor add_rms_norm(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  check_cpu_contiguous(hidden, "hidden");
+  check_cpu_contiguous(delta, "delta");
+  check_cpu_contiguous(weight, "weight");
+  TORCH_CHECK(delta.sizes() == hidden.sizes(), "delta must have hidden's shape");
+  TORCH_CHECK(delta.scalar_type() == hidden.scalar_type() && weight.scalar_type() == hidden.scalar_type(),
+              "hidden, delta and weight must have one dtype");
+  const int64_t d = hidden.size(-1), n = hidden.numel() / std::max<int64_t>(d, 1);
+  TORCH_CHECK(weight.numel() == d, "weight must have hidden's last dimension");
+  at::Tensor out = at::empty_like(hidden);
+  with_float_type(hidden.scalar_type(), "hidden", [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    T* hp = hidden.data_ptr<T>();
+    const T* dp = delta.data_ptr<T>();
+    const T* wp = weight.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    at::parallel_for(0, n, rows_per_task(d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        T* row = hp + r * d;
+        const T* add = dp + r * d;
+        for (int64_t i = 0; i < d; ++i) row[i] = static_cast<T>(static_cast<float>(row[i]) + static_cast<float>(add[i]));
+        norm_row(row, wp, op + r * d, d, static_cast<float>(eps));
+      }
+    });
+  });
+  return out;
+}
+
+// [rows, 2 * width] -> silu(first half) * second half, [rows, width].
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_cpu_contiguous(gate_up, "gate_up");
+  const int64_t width = gate_up.size(-1) / 2, n = gate_up.numel() / std::max<int64_t>(2 * width, 1);
+  TORCH_CHECK(gate_up.size(-1) == 2 * width, "gate_up's last dimension must be even");
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() = width;
+  at::Tensor out = at::empty(shape, gate_up.options());
+  with_float_type(gate_up.scalar_type(), "gate_up", [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    const T* gp = gate_up.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    at::parallel_for(0, n, rows_per_task(width), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* gate = gp + r * 2 * width;
+        const T* up = gate + width;
+        for (int64_t i = 0; i < width; ++i) {
+          const float g = gate[i];
+          op[r * width + i] = static_cast<T>(g / (1.f + std::exp(-g)) * static_cast<float>(up[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// The rotary embedding of one head (transformers' rotate_half form): out = x * cos + rotate_half(x) * sin.
+template <typename T, typename C>
+void rotate_head(const T* x, const T* cos, const T* sin, C* out, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  for (int64_t t = 0; t < half; ++t) {
+    const float a = x[t], b = x[t + half];
+    out[t] = static_cast<C>(a * static_cast<float>(cos[t]) - b * static_cast<float>(sin[t]));
+    out[t + half] = static_cast<C>(b * static_cast<float>(cos[t + half]) + a * static_cast<float>(sin[t + half]));
+  }
+}
+
+// One decode step's queries, keys and values ([queries, (heads + 2 * kv_heads) * head_dim], as the
+// fused projection gives them): queries and keys rotated, keys and values written to the layer's
+// cache at `slots` (one a query and KV head, in the cache viewed as [-1, head_dim]); returns the
+// rotated queries, [queries, heads, head_dim], in the cache's dtype.
+at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& slots, at::Tensor& keys, at::Tensor& values, int64_t heads,
+                            int64_t kv_heads) {
+  for (const auto& [t, name] : {std::pair{&qkv, "qkv"}, {&cos, "cos"}, {&sin, "sin"}, {&slots, "slots"},
+                                {&keys, "keys"}, {&values, "values"}}) {
+    check_cpu_contiguous(*t, name);
+  }
+  const int64_t head_dim = keys.size(-1), queries = qkv.size(0);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (heads + 2 * kv_heads) * head_dim, "qkv must be [queries, (heads + 2 * kv_heads) * head_dim]");
+  TORCH_CHECK(cos.numel() == queries * head_dim && sin.numel() == queries * head_dim, "cos and sin must be [queries, head_dim]");
+  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(), "cos and sin must have qkv's dtype");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == queries * kv_heads, "slots must be int64, one a query and KV head");
+  TORCH_CHECK(values.scalar_type() == keys.scalar_type() && values.sizes() == keys.sizes(), "keys and values must match");
+  const int64_t cache_slots = keys.numel() / head_dim;
+  at::Tensor query = at::empty({queries, heads, head_dim}, qkv.options().dtype(keys.scalar_type()));
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < queries * kv_heads; ++i) {
+    TORCH_CHECK(slot[i] >= 0 && slot[i] < cache_slots, "slot ", slot[i], " is outside the cache");
+  }
+  with_float_type(qkv.scalar_type(), "qkv", [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    with_float_type(keys.scalar_type(), "the cache", [&](auto* cache_type) {
+      using C = std::remove_pointer_t<decltype(cache_type)>;
+      const T* qp = qkv.data_ptr<T>();
+      const T* cp = cos.data_ptr<T>();
+      const T* sp = sin.data_ptr<T>();
+      C* kp = keys.data_ptr<C>();
+      C* vp = values.data_ptr<C>();
+      C* out = query.data_ptr<C>();
+      const int64_t width = (heads + 2 * kv_heads) * head_dim;
+      at::parallel_for(0, queries, rows_per_task(width), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const T* row = qp + i * width;
+          const T* c = cp + i * head_dim;
+          const T* s = sp + i * head_dim;
+          for (int64_t h = 0; h < heads; ++h) rotate_head(row + h * head_dim, c, s, out + (i * heads + h) * head_dim, head_dim);
+          for (int64_t h = 0; h < kv_heads; ++h) {
+            const int64_t at = slot[i * kv_heads + h] * head_dim;
+            rotate_head(row + (heads + h) * head_dim, c, s, kp + at, head_dim);
+            const T* value = row + (heads + kv_heads + h) * head_dim;
+            for (int64_t t = 0; t < head_dim; ++t) vp[at + t] = static_cast<C>(static_cast<float>(value[t]));
+          }
+        }
+      });
+    });
+  });
+  return query;
+}
+
+// Each row of x times smoothing, rounded to int8 with its own scale (largest magnitude / 127):
+// returns (int8 [rows, in], float32 scales [rows, 1]).
+std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& smoothing) {
+  check_cpu_contiguous(x, "x");
+  check_cpu_contiguous(smoothing, "smoothing");
+  TORCH_CHECK(x.dim() == 2, "x must be [rows, in]");
+  TORCH_CHECK(smoothing.scalar_type() == at::kFloat && smoothing.numel() == x.size(1), "smoothing must be float32 [in]");
+  const int64_t n = x.size(0), d = x.size(1);
+  at::Tensor q = at::empty({n, d}, x.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({n, 1}, x.options().dtype(at::kFloat));
+  with_float_type(x.scalar_type(), "x", [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    const T* xp = x.data_ptr<T>();
+    const float* sp = smoothing.data_ptr<float>();
+    int8_t* qp = q.data_ptr<int8_t>();
+    float* scale = scales.data_ptr<float>();
+    at::parallel_for(0, n, rows_per_task(d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* row = xp + r * d;
+        float largest = 0.f;
+        for (int64_t i = 0; i < d; ++i) largest = std::max(largest, std::abs(static_cast<float>(row[i]) * sp[i]));
+        const float row_scale = std::max(largest, std::numeric_limits<float>::min()) / 127.f;
+        scale[r] = row_scale;
+        for (int64_t i = 0; i < d; ++i) qp[r * d + i] = static_cast<int8_t>(std::nearbyint(static_cast<float>(row[i]) * sp[i] / row_scale));
+      }
+    });
+  });
+  return {q, scales};
+}
+
+// accumulated [rows, out] int32 * row_scales [rows, 1] * weight_scales [out], in dtype.
+at::Tensor scale_products(const at::Tensor& accumulated, const at::Tensor& row_scales, const at::Tensor& weight_scales,
+                          at::ScalarType dtype) {
+  check_cpu_contiguous(accumulated, "accumulated");
+  check_cpu_contiguous(row_scales, "row_scales");
+  check_cpu_contiguous(weight_scales, "weight_scales");
+  TORCH_CHECK(accumulated.scalar_type() == at::kInt && accumulated.dim() == 2, "accumulated must be int32 [rows, out]");
+  const int64_t n = accumulated.size(0), m = accumulated.size(1);
+  TORCH_CHECK(row_scales.scalar_type() == at::kFloat && row_scales.numel() == n, "row_scales must be float32 [rows, 1]");
+  TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.numel() == m, "weight_scales must be float32 [out]");
+  at::Tensor out = at::empty({n, m}, accumulated.options().dtype(dtype));
+  with_float_type(dtype, "dtype", [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    const int32_t* ap = accumulated.data_ptr<int32_t>();
+    const float* rp = row_scales.data_ptr<float>();
+    const float* wp = weight_scales.data_ptr<float>();
+    T* op = out.data_ptr<T>();
+    at::parallel_for(0, n, rows_per_task(m), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t i = 0; i < m; ++i) op[r * m + i] = static_cast<T>(static_cast<float>(ap[r * m + i]) * (rp[r] * wp[i]));
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMSNorm of each row");
+  m.def("add_rms_norm", &add_rms_norm, "hidden += delta in place; the sum's RMSNorm");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 * width]");
+  m.def("rotate_and_store", &rotate_and_store, "rotary embedding of queries and keys, keys and values into the cache");
+  m.def("quantize_rows", &quantize_rows, "smoothed rows to int8, a scale a row");
+  m.def("scale_products", &scale_products, "int32 products times row and weight scales");
+}

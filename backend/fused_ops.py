@@ -1,0 +1,218 @@
+"""The elementwise work of a decode step on a CPU: one C++ loop each instead of chains of PyTorch operations.
+
+Once the weights are 4-bit, a one-row decode step of the default model on a
+CPU is half matrix kernels and half some 1,200 small PyTorch operations
+around them (docs/performance.md), each paying a dispatch and a pass over
+memory: an RMSNorm in bfloat16 is a composite of eight taking 13 us on
+576 numbers, the rotary embedding and the cache writes another fifteen a
+layer. `fused_ops.cpp` does each group in one loop: the RMSNorm (with the
+residual add before it), SiLU(gate) * up, the rotation of queries and keys
+with the writes of keys and values into the cache, and, for the int8 path
+of many rows (smoothed_int8.py), the rounding of activations to int8 and
+the scaling of the products back.
+
+`EAGER` holds the same functions as PyTorch operations: the reference the
+tests hold the loops to, and what runs where the loops do not (a GPU,
+`--compile`, whose compiler fuses the same operations itself, the exact
+mode, whose arithmetic must stay transformers', and a machine where the C++
+extension cannot be built: no compiler, say). The loops compute in float32
+and round once to the output's dtype, where the operations round after each
+step: in bfloat16 they differ by a rounding, not more.
+
+The extension is built at the first start on a machine (about 30 s with
+g++), in PyTorch's extension directory (`$TORCH_EXTENSIONS_DIR`, else
+~/.cache/torch_extensions), under a name that changes with the source and
+the CPU, since it is compiled for the CPU it runs on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Protocol
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("fused_ops.cpp")
+CFLAGS = ["-O3", "-march=native"]  # built where it runs: the CPU's own vector instructions
+DISABLE_VARIABLE = "INFERENCE_FUSED_CPU_OPS"  # "0": PyTorch's operations only
+
+
+@dataclass(frozen=True, slots=True)
+class Norm:
+    """An RMSNorm's weight and epsilon (transformers' Llama RMSNorm module, as data)."""
+
+    weight: torch.Tensor
+    eps: float
+
+    @classmethod
+    def of(cls, module: nn.Module) -> Norm:
+        return cls(module.weight, module.variance_epsilon)
+
+
+class DecodeOps(Protocol):
+    """What `DecoderRunner.decode_layers` does between its matrix products and attention."""
+
+    def norm(self, x: torch.Tensor, norm: Norm) -> torch.Tensor: ...
+
+    def add_norm(
+        self, hidden: torch.Tensor, delta: torch.Tensor, norm: Norm
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+    def rotate_and_store(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+    ) -> torch.Tensor: ...
+
+
+class EagerOps:
+    """The decode step's elementwise work as PyTorch operations (exact mode's arithmetic)."""
+
+    @staticmethod
+    def norm(x: torch.Tensor, norm: Norm) -> torch.Tensor:
+        """transformers' Llama RMSNorm: bit for bit in float32 (PyTorch's one `rms_norm`)."""
+        return torch.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+
+    @staticmethod
+    def add_norm(hidden: torch.Tensor, delta: torch.Tensor, norm: Norm) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add, and the norm of its sum: (hidden + delta, its RMSNorm)."""
+        hidden = hidden + delta
+        return hidden, EagerOps.norm(hidden, norm)
+
+    @staticmethod
+    def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """[rows, 2 * width] (gate and up side by side) -> SiLU(gate) * up."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return nn.functional.silu(gate) * up
+
+    @staticmethod
+    def rotate_and_store(
+        qkv: torch.Tensor,  # [queries, (heads + 2 * kv_heads) * head_dim]
+        cos: torch.Tensor,  # [queries, 1, head_dim]
+        sin: torch.Tensor,
+        slots: torch.Tensor,  # [queries * kv_heads]: where each key and value goes (row_cache.cache_slots)
+        keys: torch.Tensor,  # the layer's cache, [rows, kv_heads, max_seq_len, head_dim]
+        values: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+    ) -> torch.Tensor:
+        """Queries and keys rotated (transformers' rotary embedding, in one rotation for both), keys and
+        values written to the cache; returns the queries, [queries, heads, head_dim], in the cache's dtype."""
+        head_dim = keys.shape[-1]
+        all_heads = qkv.view(qkv.shape[0], -1, head_dim)
+        query, key = rotate(all_heads[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
+        for cache, new in ((keys, key), (values, all_heads[:, heads + kv_heads :])):
+            cache.view(-1, head_dim).index_copy_(0, slots, new.reshape(-1, head_dim).to(cache.dtype))
+        return query.to(keys.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of transformers' `apply_rotary_pos_emb`, the same arithmetic, to one tensor."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class FusedOps:
+    """The same functions as `EagerOps`, each one loop of the C++ extension."""
+
+    def __init__(self, extension: ModuleType):
+        self.extension = extension
+
+    def norm(self, x: torch.Tensor, norm: Norm) -> torch.Tensor:
+        return self.extension.rms_norm(x, norm.weight, norm.eps)
+
+    def add_norm(
+        self, hidden: torch.Tensor, delta: torch.Tensor, norm: Norm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As EagerOps.add_norm, but the sum is written into `hidden` itself, which must be the step's own."""
+        return hidden, self.extension.add_rms_norm(hidden, delta, norm.weight, norm.eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.extension.silu_mul(gate_up)
+
+    def rotate_and_store(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+    ) -> torch.Tensor:
+        return self.extension.rotate_and_store(qkv, cos, sin, slots, keys, values, heads, kv_heads)
+
+
+EAGER = EagerOps()
+_extension: ModuleType | None = None
+_unavailable: str | None = None
+
+
+def extension() -> ModuleType | None:
+    """The built extension, building it on first use; None (the reason logged once) where it cannot be."""
+    global _extension, _unavailable
+    if _extension is not None or _unavailable is not None:
+        return _extension
+    if os.environ.get(DISABLE_VARIABLE, "1") == "0":
+        _unavailable = f"{DISABLE_VARIABLE}=0"
+    else:
+        try:
+            _extension = build()
+        except Exception as error:  # no compiler, no ninja, a failed build: PyTorch's operations still work
+            _unavailable = (
+                f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+            )
+    if _unavailable is not None:
+        log.warning(
+            "fused CPU operations unavailable (%s): decode steps use PyTorch's operations", _unavailable
+        )
+    return _extension
+
+
+def build() -> ModuleType:
+    from torch.utils.cpp_extension import load
+
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(CFLAGS).encode() + cpu_fingerprint().encode()).hexdigest()[:12]
+    started = time.perf_counter()
+    module = load(name=f"fused_cpu_ops_{key}", sources=[str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
+    log.info("fused CPU operations ready in %.1f s", time.perf_counter() - started)
+    return module
+
+
+def cpu_fingerprint() -> str:
+    """What the compiled code depends on: the processor's model and instruction-set flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return "".join(line for line in lines if line.startswith(("model name", "flags"))).strip()[:4096]
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def decode_ops(device: torch.device, exact: bool, compiled: bool) -> DecodeOps:
+    """The C++ loops on a CPU where they can be built, unless the step is compiled (inductor fuses the
+    same operations) or exact (float32 without quantization: transformers' arithmetic, bit for bit);
+    else PyTorch's operations."""
+    if device.type != "cpu" or exact or compiled:
+        return EAGER
+    built = extension()
+    return EAGER if built is None else FusedOps(built)

@@ -1,0 +1,161 @@
+"""The fused CPU operations (backend/fused_ops.py): each C++ loop against its PyTorch reference, then
+whole decode steps of a quantized model with the loops against the same steps with PyTorch's operations.
+
+The loops compute in float32 and round once: in float32 they agree with the reference to float32's
+rounding, in bfloat16 to one bfloat16 rounding of the output (a relative 2^-8).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend import fused_ops
+from backend.decoder_runner import DecoderRunner
+from backend.engine import Engine
+from backend.fused_ops import EAGER, FusedOps, Norm, decode_ops
+from backend.messages import Submit
+from backend.quantized_linear import quantize_model
+from backend.row_cache import KVShape, RowCache, cache_slots
+from backend.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul
+from tests.backend.models import MarkerTokenizer, drive, tiny_model
+from tests.backend.test_compiled_decode import greedy, record_decode_steps
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def fused() -> FusedOps:
+    built = fused_ops.extension()
+    assert built is not None, "the C++ extension did not build: see the log for why"
+    return FusedOps(built)
+
+
+def tolerance(dtype: torch.dtype) -> dict:
+    """One rounding of the output in bfloat16 (the reference rounds several times), float32's own else."""
+    return {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 7, 32])
+def test_norms_and_silu_mul_match_pytorch(fused, dtype, rows):
+    generator = torch.Generator().manual_seed(rows)
+    x, delta = (torch.randn(rows, 576, generator=generator).to(dtype) for _ in range(2))
+    norm = Norm(torch.randn(576, generator=generator).to(dtype), 1e-5)
+    torch.testing.assert_close(fused.norm(x, norm), EAGER.norm(x, norm), **tolerance(dtype))
+
+    expected_sum, expected_norm = EAGER.add_norm(x, delta, norm)
+    hidden = x.clone()
+    got_sum, got_norm = fused.add_norm(hidden, delta, norm)
+    assert got_sum is hidden  # the sum is written in place, as the decode step relies on
+    torch.testing.assert_close(got_sum, expected_sum, atol=0, rtol=0)  # one rounding in both
+    torch.testing.assert_close(got_norm, expected_norm, **tolerance(dtype))
+
+    gate_up = torch.randn(rows, 2 * 1536, generator=generator).to(dtype)
+    torch.testing.assert_close(fused.silu_mul(gate_up), EAGER.silu_mul(gate_up), **tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cache_dtype", DTYPES)
+def test_rotate_and_store_rotates_and_writes_only_its_slots(fused, dtype, cache_dtype):
+    heads, kv_heads, head_dim, rows, max_seq_len, queries = 9, 3, 64, 8, 32, 5
+    generator = torch.Generator().manual_seed(0)
+    qkv = torch.randn(queries, (heads + 2 * kv_heads) * head_dim, generator=generator).to(dtype)
+    cos, sin = (torch.randn(queries, 1, head_dim, generator=generator).to(dtype) for _ in range(2))
+    slots = cache_slots(torch.tensor([0, 2, 3, 6, 7]), torch.tensor([0, 5, 31, 2, 9]), kv_heads, max_seq_len)
+    caches = {}
+    for name, ops in (("eager", EAGER), ("fused", fused)):
+        keys = torch.full((rows, kv_heads, max_seq_len, head_dim), 7.0, dtype=cache_dtype)
+        values = keys.clone()
+        query = ops.rotate_and_store(qkv, cos, sin, slots, keys, values, heads, kv_heads)
+        caches[name] = (query, keys, values)
+    (query, keys, values), (expected_query, expected_keys, expected_values) = caches["fused"], caches["eager"]
+    assert query.shape == (queries, heads, head_dim) and query.dtype == cache_dtype
+    close = tolerance(torch.bfloat16 if torch.bfloat16 in (dtype, cache_dtype) else torch.float32)
+    torch.testing.assert_close(query, expected_query, **close)
+    torch.testing.assert_close(keys, expected_keys, **close)
+    torch.testing.assert_close(values, expected_values, atol=0, rtol=0)  # copied, not computed
+    untouched = torch.ones(keys.numel() // head_dim, dtype=torch.bool)
+    untouched[slots] = False
+    assert (keys.view(-1, head_dim)[untouched] == 7).all() and (
+        values.view(-1, head_dim)[untouched] == 7
+    ).all()
+
+
+def test_rotate_and_store_refuses_a_slot_outside_the_cache(fused):
+    keys = torch.zeros(2, 1, 4, 8)
+    qkv, cos, sin = torch.zeros(1, 3 * 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        fused.rotate_and_store(qkv, cos, sin, torch.tensor([8]), keys, keys.clone(), 1, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_smoothed_int8_path_gives_the_same_numbers_fused(fused, dtype, monkeypatch):
+    """Rounding to int8 and scaling back are the same float32 operations in either form: equal."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 576, generator=generator).to(dtype)
+    smoothing = torch.rand(576, generator=generator) + 0.5
+    weight_int8, scales = quantize_smoothed(torch.randn(1536, 576, generator=generator) / 20, smoothing)
+    with_loops = smoothed_int8_matmul(x, weight_int8, scales, smoothing, dtype)
+    monkeypatch.setattr(fused_ops, "_extension", None)
+    monkeypatch.setattr(fused_ops, "_unavailable", "switched off by the test")
+    assert fused_ops.extension() is None
+    without = smoothed_int8_matmul(x, weight_int8, scales, smoothing, dtype)
+    assert with_loops.dtype == without.dtype == dtype
+    torch.testing.assert_close(with_loops, without, atol=0, rtol=0)
+
+
+def test_the_loops_serve_quantized_cpu_models_only(fused, monkeypatch):
+    cpu = torch.device("cpu")
+    assert isinstance(decode_ops(cpu, exact=False, compiled=False), FusedOps)
+    assert decode_ops(cpu, exact=True, compiled=False) is EAGER  # transformers' arithmetic, bit for bit
+    assert decode_ops(cpu, exact=False, compiled=True) is EAGER  # the compiler fuses them itself
+    assert decode_ops(torch.device("meta"), exact=False, compiled=False) is EAGER
+
+    exact = tiny_model("llama")
+    assert DecoderRunner(exact).ops is EAGER
+    quantize_model(exact, "int4")
+    assert isinstance(DecoderRunner(exact).ops, FusedOps)
+
+    monkeypatch.setattr(fused_ops, "_extension", None)
+    monkeypatch.setattr(fused_ops, "_unavailable", None)
+    monkeypatch.setenv(fused_ops.DISABLE_VARIABLE, "0")
+    assert decode_ops(cpu, exact=False, compiled=False) is EAGER
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused, dtype):
+    """Every decode step of an engine on PyTorch's operations, replayed through a runner on the loops
+    from the same cache: the same logits and keys and values, to the tolerance of the dtype, for one
+    row, rows with a free one among them, and a step of many rows (the loops serve all of them)."""
+    model = tiny_model("llama").to(dtype)
+    quantize_model(model, "int4")
+    engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
+    engine.runner.ops, engine.runner.decode_below = EAGER, 16  # as before the loops
+    steps = record_decode_steps(engine)
+    many = [(0, Submit(f"many-{i}", (20 + i, 21, 22), greedy(3))) for i in range(17)]
+    drive(
+        engine,
+        [
+            (0, Submit("a", (5, 6, 7), greedy(6))),
+            (0, Submit("b", (8, 9), greedy(2))),
+            (0, Submit("c", (10, 11, 12, 13), greedy(9))),
+            *[(12, submit) for _, submit in many],
+        ],
+    )
+    shapes = {layout.decode_queries for _, _, layout, *_ in steps}
+    assert {1, 2, 3} <= shapes and max(shapes) >= 17
+    assert any(layout.has_free_rows for _, _, layout, *_ in steps)
+
+    runner = DecoderRunner(model)
+    assert isinstance(runner.ops, FusedOps)
+    cache = RowCache(KVShape.of(model.config), 20, 64, engine.cache_dtype, engine.device)
+    for input_ids, positions, layout, keep, before, logits, after in steps:
+        for tensor, saved in zip(cache.keys + cache.values, before, strict=True):
+            tensor.copy_(saved)
+        with torch.inference_mode():
+            cache.plan_step(layout)
+            fused_logits = runner(input_ids, positions, layout, cache, keep)
+        torch.testing.assert_close(fused_logits, logits, **tolerance(dtype))
+        for tensor, expected in zip(cache.keys + cache.values, after, strict=True):
+            torch.testing.assert_close(tensor, expected, **tolerance(dtype))
