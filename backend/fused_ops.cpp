@@ -9,7 +9,9 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <tuple>
 
 namespace {
@@ -39,16 +41,48 @@ void with_float_type(at::ScalarType dtype, const char* name, F&& f) {
   }
 }
 
+// Reductions keep LANES partial results, one per vector lane, so that the compiler vectorizes them
+// (a single running sum or maximum is a chain it may not reorder).
+constexpr int64_t LANES = 16;
+
 // out = x / sqrt(mean(x^2) + eps) * weight for one row of width d.
 template <typename T>
 void norm_row(const T* x, const T* weight, T* out, int64_t d, float eps) {
-  float sum = 0.f;
-  for (int64_t i = 0; i < d; ++i) {
-    float v = x[i];
-    sum += v * v;
+  float partial[LANES] = {};
+  int64_t i = 0;
+  for (; i + LANES <= d; i += LANES) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
+      const float v = x[i + lane];
+      partial[lane] += v * v;
+    }
   }
+  float sum = 0.f;
+  for (; i < d; ++i) sum += static_cast<float>(x[i]) * static_cast<float>(x[i]);
+  for (float p : partial) sum += p;
   const float inverse = 1.f / std::sqrt(sum / d + eps);
-  for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(static_cast<float>(x[i]) * inverse * static_cast<float>(weight[i]));
+  for (int64_t j = 0; j < d; ++j) {
+    out[j] = static_cast<T>(static_cast<float>(x[j]) * inverse * static_cast<float>(weight[j]));
+  }
+}
+
+// e^x to about 2 units in the last place, branch-free so that the compiler vectorizes it (std::exp is
+// a library call per element): Cody and Waite's reduction to x = n ln 2 + r, Cephes' polynomial for e^r.
+inline float vector_exp(float x) {
+  x = std::min(std::max(x, -87.3f), 88.7f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -118,7 +152,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
         const T* up = gate + width;
         for (int64_t i = 0; i < width; ++i) {
           const float g = gate[i];
-          op[r * width + i] = static_cast<T>(g / (1.f + std::exp(-g)) * static_cast<float>(up[i]));
+          op[r * width + i] = static_cast<T>(g / (1.f + vector_exp(-g)) * static_cast<float>(up[i]));
         }
       }
     });
@@ -209,11 +243,22 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, const at::
     at::parallel_for(0, n, rows_per_task(d), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* row = xp + r * d;
+        float partial[LANES] = {};
+        int64_t i = 0;
+        for (; i + LANES <= d; i += LANES) {
+          for (int64_t lane = 0; lane < LANES; ++lane) {
+            partial[lane] = std::max(partial[lane], std::abs(static_cast<float>(row[i + lane]) * sp[i + lane]));
+          }
+        }
         float largest = 0.f;
-        for (int64_t i = 0; i < d; ++i) largest = std::max(largest, std::abs(static_cast<float>(row[i]) * sp[i]));
+        for (; i < d; ++i) largest = std::max(largest, std::abs(static_cast<float>(row[i]) * sp[i]));
+        for (float p : partial) largest = std::max(largest, p);
         const float row_scale = std::max(largest, std::numeric_limits<float>::min()) / 127.f;
         scale[r] = row_scale;
-        for (int64_t i = 0; i < d; ++i) qp[r * d + i] = static_cast<int8_t>(std::nearbyint(static_cast<float>(row[i]) * sp[i] / row_scale));
+        int8_t* q_row = qp + r * d;
+        for (int64_t j = 0; j < d; ++j) {  // |x / scale| <= 127: no clamp needed
+          q_row[j] = static_cast<int8_t>(static_cast<int32_t>(std::nearbyint(static_cast<float>(row[j]) * sp[j] / row_scale)));
+        }
       }
     });
   });

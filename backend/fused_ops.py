@@ -42,8 +42,9 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("fused_ops.cpp")
-CFLAGS = ["-O3", "-march=native"]  # built where it runs: the CPU's own vector instructions
+SOURCES = [Path(__file__).with_name("fused_ops.cpp")]
+# Built where it runs: the CPU's own vector instructions; OpenMP for at::parallel_for's threads.
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 DISABLE_VARIABLE = "INFERENCE_FUSED_CPU_OPS"  # "0": PyTorch's operations only
 
 
@@ -191,10 +192,16 @@ def extension() -> ModuleType | None:
 def build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(source + " ".join(CFLAGS).encode() + cpu_fingerprint().encode()).hexdigest()[:12]
     started = time.perf_counter()
-    module = load(name=f"fused_cpu_ops_{key}", sources=[str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
+    module = load(
+        name=f"fused_cpu_ops_{key}",
+        sources=[str(path) for path in SOURCES],
+        extra_cflags=CFLAGS,
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
+    )
     log.info("fused CPU operations ready in %.1f s", time.perf_counter() - started)
     return module
 
