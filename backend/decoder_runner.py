@@ -14,7 +14,9 @@ operations: transformers' rotary embedding, applied to queries and keys in
 one rotation; each RMSNorm as PyTorch's single `rms_norm` (bit for bit in
 float32); q, k and v (and gate and up) as one fused kernel call where the
 layers are weight-only quantized (`quantized_linear.fuse_linears`); and the
-engine's attention (`row_attention.attend`). In exact mode (float32, no
+engine's attention (`row_attention.attend`). A decode step's work between
+its matrix products is `DecoderRunner.ops` (fused_ops.py): C++ loops on a
+CPU, PyTorch's operations elsewhere and in exact mode. In exact mode (float32, no
 quantization) greedy output is token for token that of transformers'
 classes (tests/backend/test_exactness.py runs both). Any other
 architecture, or one of these with a feature the layer above does not have
@@ -32,7 +34,6 @@ from dataclasses import dataclass
 import torch
 import torch.fx.experimental._config as fx_shapes
 from torch import nn
-from torch.nn.functional import scaled_dot_product_attention
 from transformers import PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
@@ -278,7 +279,9 @@ class DecoderRunner:
             query = ops.rotate_and_store(
                 layer.qkv(normed), cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
             )
-            attended = decode_attention(query, layer_keys, layer_values, rows, visible, self.scaling, scatter)
+            attended = ops.attend(
+                query, layer_keys, layer_values, rows, positions, visible, self.scaling, scatter
+            )
             hidden, normed = ops.add_norm(
                 hidden, layer.o(attended.view(queries, -1).to(hidden.dtype)), layer.mlp_norm
             )
@@ -303,45 +306,6 @@ def graph_inputs(visible: torch.Tensor, cache: RowCache) -> torch.Tensor:
     free_row = torch.full_like(visible, float("-inf"))
     free_row[..., 0] = 0
     return torch.cat([visible, free_row])
-
-
-def decode_attention(
-    query: torch.Tensor,  # [queries, heads, head_dim]: one a decoding row, in the cache's dtype
-    keys: torch.Tensor,  # the layer's cache, [rows, kv_heads, max_seq_len, head_dim]
-    values: torch.Tensor,
-    rows: torch.Tensor,  # [queries]: the row of each, ascending unless `scatter`
-    visible: torch.Tensor,  # [span rows, 1, 1, span]
-    scaling: float,
-    scatter: bool = False,
-) -> torch.Tensor:
-    """Each query over its own row of the cache, as one batch over the span's rows: [queries, heads,
-    head_dim]. Free rows of the span get a zero query, their output dropped (row_attention.attend).
-    With as many queries as rows, query i is row i unless `scatter` says they may come in any order.
-
-    Eager, PyTorch's scaled-dot-product kernel; compiled, two matrix products and a softmax the
-    compiler fuses with the mask: one query a row is a matrix-vector product, which PyTorch's CPU
-    flash kernel took 23 us a layer for in the graph (two products: 14). Compiled, the free rows are
-    filled in whether there are any or not: one graph for both.
-    """
-    span_rows, span, head_dim = visible.shape[0], visible.shape[-1], query.shape[-1]
-    per_row = query[:, :, None]  # [queries, heads, 1, head_dim]
-    compiling = torch.compiler.is_compiling()
-    scatter = scatter or compiling or per_row.shape[0] < span_rows
-    if scatter:
-        per_row = per_row.new_zeros((span_rows, *per_row.shape[1:])).index_copy_(0, rows, per_row)
-    span_keys, span_values = keys[:span_rows, :, :span], values[:span_rows, :, :span]
-    if compiling:
-        # Query heads grouped by the KV head they read, as `enable_gqa` groups them.
-        grouped = per_row.view(span_rows, keys.shape[1], -1, head_dim)
-        scores = grouped @ span_keys.transpose(2, 3) * scaling + visible
-        attended = (scores.softmax(dim=-1) @ span_values).view(span_rows, -1, 1, head_dim)
-    else:
-        attended = scaled_dot_product_attention(
-            per_row, span_keys, span_values, attn_mask=visible, scale=scaling, enable_gqa=True
-        )
-    if scatter:
-        attended = attended.index_select(0, rows)
-    return attended[:, :, 0]
 
 
 # What Dynamo checks before each call of a compiled `decode_layers` that can change between calls: the

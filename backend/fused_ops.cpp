@@ -1,4 +1,4 @@
-// The elementwise work of a CPU decode step, one loop each instead of PyTorch's chains of small
+// The work of a CPU decode step between its matrix products, one loop each instead of PyTorch's chains of small
 // operations (backend/fused_ops.py says why and when they are used; docs/performance.md measures them).
 //
 // Each function does in one pass what its reference in fused_ops.py does in several PyTorch
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -224,6 +225,81 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
   return query;
 }
 
+// Each decode query over its own row of the cache, positions 0..its own: [queries, heads, head_dim]
+// in the cache's dtype. Query heads are grouped by the KV head they read (grouped-query attention).
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                            const at::Tensor& rows, const at::Tensor& positions, double scaling) {
+  for (const auto& [t, name] : {std::pair{&query, "query"}, {&keys, "keys"}, {&values, "values"}, {&rows, "rows"},
+                                {&positions, "positions"}}) {
+    check_cpu_contiguous(*t, name);
+  }
+  TORCH_CHECK(keys.dim() == 4 && values.sizes() == keys.sizes(), "keys and values must be [rows, kv_heads, max_seq_len, head_dim]");
+  const int64_t cache_rows = keys.size(0), kv_heads = keys.size(1), max_seq_len = keys.size(2), head_dim = keys.size(3);
+  TORCH_CHECK(query.dim() == 3 && query.size(2) == head_dim && query.size(1) % kv_heads == 0,
+              "query must be [queries, heads, head_dim], heads a multiple of the KV heads");
+  TORCH_CHECK(query.scalar_type() == keys.scalar_type() && values.scalar_type() == keys.scalar_type(),
+              "query, keys and values must have one dtype");
+  const int64_t queries = query.size(0), heads = query.size(1), group = heads / kv_heads;
+  TORCH_CHECK(rows.scalar_type() == at::kLong && positions.scalar_type() == at::kLong && rows.numel() == queries &&
+                  positions.numel() == queries,
+              "rows and positions must be int64, one a query");
+  const int64_t* row_of = rows.data_ptr<int64_t>();
+  const int64_t* position_of = positions.data_ptr<int64_t>();
+  for (int64_t i = 0; i < queries; ++i) {
+    TORCH_CHECK(row_of[i] >= 0 && row_of[i] < cache_rows && position_of[i] >= 0 && position_of[i] < max_seq_len,
+                "query ", i, " reads row ", row_of[i], " to position ", position_of[i], ", outside the cache");
+  }
+  at::Tensor out = at::empty_like(query);
+  with_float_type(keys.scalar_type(), "the cache", [&](auto* type) {
+    using C = std::remove_pointer_t<decltype(type)>;
+    const C* qp = query.data_ptr<C>();
+    const C* kp = keys.data_ptr<C>();
+    const C* vp = values.data_ptr<C>();
+    C* op = out.data_ptr<C>();
+    // One task a query and KV head: its group of query heads over that head's keys and values.
+    at::parallel_for(0, queries * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores, q(group * head_dim), acc(group * head_dim);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t i = task / kv_heads, h = task % kv_heads, length = position_of[i] + 1;
+        const int64_t at = (row_of[i] * kv_heads + h) * max_seq_len * head_dim;
+        const C* k = kp + at;
+        const C* v = vp + at;
+        for (int64_t j = 0; j < group * head_dim; ++j) {
+          q[j] = static_cast<float>(qp[(i * heads + h * group) * head_dim + j]) * static_cast<float>(scaling);
+        }
+        scores.resize(group * length);
+        for (int64_t t = 0; t < length; ++t) {
+          for (int64_t g = 0; g < group; ++g) {
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t e = 0; e < head_dim; ++e) dot += q[g * head_dim + e] * static_cast<float>(k[t * head_dim + e]);
+            scores[g * length + t] = dot;
+          }
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t g = 0; g < group; ++g) {
+          float* s = scores.data() + g * length;
+          float largest = s[0];
+          for (int64_t t = 1; t < length; ++t) largest = std::max(largest, s[t]);
+          float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t t = 0; t < length; ++t) {
+            s[t] = vector_exp(s[t] - largest);
+            sum += s[t];
+          }
+          float* a = acc.data() + g * head_dim;
+          for (int64_t t = 0; t < length; ++t) {
+            const float weight = s[t];
+            for (int64_t e = 0; e < head_dim; ++e) a[e] += weight * static_cast<float>(v[t * head_dim + e]);
+          }
+          for (int64_t e = 0; e < head_dim; ++e) op[(i * heads + h * group + g) * head_dim + e] = static_cast<C>(a[e] / sum);
+        }
+      }
+    });
+  });
+  return out;
+}
+
 // Each row of x times smoothing, rounded to int8 with its own scale (largest magnitude / 127):
 // returns (int8 [rows, in], float32 scales [rows, 1]).
 std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& smoothing) {
@@ -298,6 +374,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta in place; the sum's RMSNorm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 * width]");
   m.def("rotate_and_store", &rotate_and_store, "rotary embedding of queries and keys, keys and values into the cache");
+  m.def("decode_attention", &decode_attention, "each decode query over its own row of the cache");
   m.def("quantize_rows", &quantize_rows, "smoothed rows to int8, a scale a row");
   m.def("scale_products", &scale_products, "int32 products times row and weight scales");
 }

@@ -1,15 +1,18 @@
-"""The elementwise work of a decode step on a CPU: one C++ loop each instead of chains of PyTorch operations.
+"""The work of a CPU decode step between its matrix products: one C++ loop each instead of chains of
+PyTorch operations.
 
 Once the weights are 4-bit, a one-row decode step of the default model on a
-CPU is half matrix kernels and half some 1,200 small PyTorch operations
+CPU was half matrix kernels and half some 1,200 small PyTorch operations
 around them (docs/performance.md), each paying a dispatch and a pass over
 memory: an RMSNorm in bfloat16 is a composite of eight taking 13 us on
 576 numbers, the rotary embedding and the cache writes another fifteen a
 layer. `fused_ops.cpp` does each group in one loop: the RMSNorm (with the
 residual add before it), SiLU(gate) * up, the rotation of queries and keys
-with the writes of keys and values into the cache, and, for the int8 path
-of many rows (smoothed_int8.py), the rounding of activations to int8 and
-the scaling of the products back.
+with the writes of keys and values into the cache, the attention of each
+decode query over its own row of the cache (PyTorch's kernel took a batch
+over the span's rows, a mask and a scatter of the queries around it), and,
+for the int8 path of many rows (smoothed_int8.py), the rounding of
+activations to int8 and the scaling of the products back.
 
 `EAGER` holds the same functions as PyTorch operations: the reference the
 tests hold the loops to, and what runs where the loops do not (a GPU,
@@ -39,6 +42,7 @@ from typing import Protocol
 
 import torch
 from torch import nn
+from torch.nn.functional import scaled_dot_product_attention
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,18 @@ class DecodeOps(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+        scaling: float,
+        scatter: bool,
+    ) -> torch.Tensor: ...
 
     def rotate_and_store(
         self,
@@ -105,6 +121,20 @@ class EagerOps:
         return nn.functional.silu(gate) * up
 
     @staticmethod
+    def attend(
+        query: torch.Tensor,  # [queries, heads, head_dim]: one a decoding row, in the cache's dtype
+        keys: torch.Tensor,  # the layer's cache, [rows, kv_heads, max_seq_len, head_dim]
+        values: torch.Tensor,
+        rows: torch.Tensor,  # [queries]: the row of each, ascending unless `scatter`
+        positions: torch.Tensor,  # [queries]: each reads its row's positions 0..its own
+        visible: torch.Tensor,  # [span rows, 1, 1, span]: the same, as a mask over the span's rows
+        scaling: float,
+        scatter: bool = False,
+    ) -> torch.Tensor:
+        """Each query over its own row of the cache: [queries, heads, head_dim] (`decode_attention`)."""
+        return decode_attention(query, keys, values, rows, visible, scaling, scatter)
+
+    @staticmethod
     def rotate_and_store(
         qkv: torch.Tensor,  # [queries, (heads + 2 * kv_heads) * head_dim]
         cos: torch.Tensor,  # [queries, 1, head_dim]
@@ -123,6 +153,45 @@ class EagerOps:
         for cache, new in ((keys, key), (values, all_heads[:, heads + kv_heads :])):
             cache.view(-1, head_dim).index_copy_(0, slots, new.reshape(-1, head_dim).to(cache.dtype))
         return query.to(keys.dtype)
+
+
+def decode_attention(
+    query: torch.Tensor,  # [queries, heads, head_dim]: one a decoding row, in the cache's dtype
+    keys: torch.Tensor,  # the layer's cache, [rows, kv_heads, max_seq_len, head_dim]
+    values: torch.Tensor,
+    rows: torch.Tensor,  # [queries]: the row of each, ascending unless `scatter`
+    visible: torch.Tensor,  # [span rows, 1, 1, span]
+    scaling: float,
+    scatter: bool = False,
+) -> torch.Tensor:
+    """Each query over its own row of the cache, as one batch over the span's rows: [queries, heads,
+    head_dim]. Free rows of the span get a zero query, their output dropped (row_attention.attend).
+    With as many queries as rows, query i is row i unless `scatter` says they may come in any order.
+
+    Eager, PyTorch's scaled-dot-product kernel; compiled, two matrix products and a softmax the
+    compiler fuses with the mask: one query a row is a matrix-vector product, which PyTorch's CPU
+    flash kernel took 23 us a layer for in the graph (two products: 14). Compiled, the free rows are
+    filled in whether there are any or not: one graph for both.
+    """
+    span_rows, span, head_dim = visible.shape[0], visible.shape[-1], query.shape[-1]
+    per_row = query[:, :, None]  # [queries, heads, 1, head_dim]
+    compiling = torch.compiler.is_compiling()
+    scatter = scatter or compiling or per_row.shape[0] < span_rows
+    if scatter:
+        per_row = per_row.new_zeros((span_rows, *per_row.shape[1:])).index_copy_(0, rows, per_row)
+    span_keys, span_values = keys[:span_rows, :, :span], values[:span_rows, :, :span]
+    if compiling:
+        # Query heads grouped by the KV head they read, as `enable_gqa` groups them.
+        grouped = per_row.view(span_rows, keys.shape[1], -1, head_dim)
+        scores = grouped @ span_keys.transpose(2, 3) * scaling + visible
+        attended = (scores.softmax(dim=-1) @ span_values).view(span_rows, -1, 1, head_dim)
+    else:
+        attended = scaled_dot_product_attention(
+            per_row, span_keys, span_values, attn_mask=visible, scale=scaling, enable_gqa=True
+        )
+    if scatter:
+        attended = attended.index_select(0, rows)
+    return attended[:, :, 0]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -148,6 +217,20 @@ class FusedOps:
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.extension.silu_mul(gate_up)
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+        scaling: float,
+        scatter: bool = False,
+    ) -> torch.Tensor:
+        """As EagerOps.attend, from the rows and positions (a query reads its row's 0..position)."""
+        return self.extension.decode_attention(query, keys, values, rows, positions, scaling)
 
     def rotate_and_store(
         self,

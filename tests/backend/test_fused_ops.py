@@ -16,6 +16,7 @@ from backend.engine import Engine
 from backend.fused_ops import EAGER, FusedOps, Norm, decode_ops
 from backend.messages import Submit
 from backend.quantized_linear import quantize_model
+from backend.row_attention import visibility
 from backend.row_cache import KVShape, RowCache, cache_slots
 from backend.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
@@ -87,6 +88,26 @@ def test_rotate_and_store_refuses_a_slot_outside_the_cache(fused):
     qkv, cos, sin = torch.zeros(1, 3 * 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8)
     with pytest.raises(RuntimeError, match="outside the cache"):
         fused.rotate_and_store(qkv, cos, sin, torch.tensor([8]), keys, keys.clone(), 1, 1)
+
+
+@pytest.mark.parametrize("cache_dtype", DTYPES)
+def test_attention_reads_each_querys_own_row_up_to_its_position(fused, cache_dtype):
+    """Queries of scattered rows (a free row among them, out of order) over cached spans of different
+    lengths: the eager batch over the span's rows with its mask gives the same."""
+    heads, kv_heads, head_dim, max_seq_len = 9, 3, 64, 48
+    generator = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(6, kv_heads, max_seq_len, head_dim, generator=generator) for _ in range(2))
+    keys, values = keys.to(cache_dtype), values.to(cache_dtype)
+    rows, positions = torch.tensor([4, 0, 1, 5]), torch.tensor([40, 0, 17, 3])
+    query = torch.randn(4, heads, head_dim, generator=generator).to(cache_dtype)
+    row_positions = torch.zeros(6, dtype=torch.long).index_copy_(0, rows, positions)
+    visible = visibility(row_positions, int(positions.max()) + 1, cache_dtype)
+    expected = EAGER.attend(query, keys, values, rows, positions, visible, 0.125, scatter=True)
+    got = fused.attend(query, keys, values, rows, positions, visible, 0.125)
+    assert got.shape == expected.shape and got.dtype == cache_dtype
+    torch.testing.assert_close(got, expected, **tolerance(cache_dtype))
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        fused.attend(query, keys, values, rows, torch.tensor([40, 0, 48, 3]), visible, 0.125)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
