@@ -34,11 +34,11 @@ import hashlib
 import logging
 import os
 import platform
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Protocol
 
 import torch
 from torch import nn
@@ -62,42 +62,6 @@ class Norm:
     @classmethod
     def of(cls, module: nn.Module) -> Norm:
         return cls(module.weight, module.variance_epsilon)
-
-
-class DecodeOps(Protocol):
-    """What `DecoderRunner.decode_layers` does between its matrix products and attention."""
-
-    def norm(self, x: torch.Tensor, norm: Norm) -> torch.Tensor: ...
-
-    def add_norm(
-        self, hidden: torch.Tensor, delta: torch.Tensor, norm: Norm
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
-
-    def attend(
-        self,
-        query: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        rows: torch.Tensor,
-        positions: torch.Tensor,
-        visible: torch.Tensor,
-        scaling: float,
-        scatter: bool,
-    ) -> torch.Tensor: ...
-
-    def rotate_and_store(
-        self,
-        qkv: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        slots: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        heads: int,
-        kv_heads: int,
-    ) -> torch.Tensor: ...
 
 
 class EagerOps:
@@ -247,6 +211,8 @@ class FusedOps:
 
 
 EAGER = EagerOps()
+# What `DecoderRunner.decode_layers` does between its matrix products: the same functions either way.
+DecodeOps = EagerOps | FusedOps
 _extension: ModuleType | None = None
 _unavailable: str | None = None
 
@@ -275,6 +241,10 @@ def extension() -> ModuleType | None:
 def build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
+    if shutil.which("ninja") is None:  # requirements.txt's ninja, in a virtual environment not on PATH
+        import ninja
+
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
     source = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(source + " ".join(CFLAGS).encode() + cpu_fingerprint().encode()).hexdigest()[:12]
     started = time.perf_counter()

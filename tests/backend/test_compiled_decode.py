@@ -37,6 +37,26 @@ def record_decode_steps(engine: Engine) -> list[tuple]:
     return steps
 
 
+def replay_decode_steps(
+    runner: DecoderRunner,
+    cache: RowCache,
+    steps: list[tuple],
+    logits_tolerance: float,
+    cache_tolerance: float,
+) -> None:
+    """Each recorded step (`record_decode_steps`) through `runner`, from a copy of the cache as it was
+    before: its logits and the cache after, held to the recorded ones."""
+    for input_ids, positions, layout, keep, before, logits, after in steps:
+        for tensor, saved in zip(cache.keys + cache.values, before, strict=True):
+            tensor.copy_(saved)
+        with torch.inference_mode():
+            cache.plan_step(layout)
+            replayed = runner(input_ids, positions, layout, cache, keep)
+        torch.testing.assert_close(replayed, logits, atol=logits_tolerance, rtol=logits_tolerance)
+        for tensor, expected in zip(cache.keys + cache.values, after, strict=True):
+            torch.testing.assert_close(tensor, expected, atol=cache_tolerance, rtol=cache_tolerance)
+
+
 def test_compiled_decode_steps_give_the_eager_steps_logits_and_cache_writes():
     model = tiny_model("llama")
     quantize_model(model, "int4")  # the served default's kernels, with float32 activations
@@ -57,15 +77,7 @@ def test_compiled_decode_steps_give_the_eager_steps_logits_and_cache_writes():
 
     compiled = DecoderRunner(model, compile_decode=True)
     cache = RowCache(KVShape.of(model.config), 4, 64, engine.cache_dtype, engine.device)
-    for input_ids, positions, layout, keep, before, logits, after in steps:
-        for tensor, saved in zip(cache.keys + cache.values, before, strict=True):
-            tensor.copy_(saved)
-        with torch.inference_mode():
-            cache.plan_step(layout)
-            compiled_logits = compiled(input_ids, positions, layout, cache, keep)
-        torch.testing.assert_close(compiled_logits, logits, atol=1e-4, rtol=1e-4)
-        for tensor, expected in zip(cache.keys + cache.values, after, strict=True):
-            torch.testing.assert_close(tensor, expected, atol=1e-5, rtol=1e-5)
+    replay_decode_steps(compiled, cache, steps, logits_tolerance=1e-4, cache_tolerance=1e-5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
 
 
