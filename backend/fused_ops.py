@@ -24,8 +24,10 @@ step: in bfloat16 they differ by a rounding, not more.
 
 The extension is built at the first start on a machine (about 30 s with
 g++), in PyTorch's extension directory (`$TORCH_EXTENSIONS_DIR`, else
-~/.cache/torch_extensions), under a name that changes with the source and
-the CPU, since it is compiled for the CPU it runs on.
+~/.cache/torch_extensions), under a name that changes with the source, the
+CPU (it is compiled for the CPU it runs on), Python and torch. A lock file
+that a killed build left behind is cleared after ten minutes, not waited
+on for ever.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import logging
 import os
 import platform
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +53,7 @@ SOURCES = [Path(__file__).with_name("fused_ops.cpp")]
 # Built where it runs: the CPU's own vector instructions; OpenMP for at::parallel_for's threads.
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 DISABLE_VARIABLE = "INFERENCE_FUSED_CPU_OPS"  # "0": PyTorch's operations only
+STALE_LOCK_SECONDS = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,18 +249,43 @@ def build() -> ModuleType:
         import ninja
 
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
-    source = b"".join(path.read_bytes() for path in SOURCES)
-    key = hashlib.sha256(source + " ".join(CFLAGS).encode() + cpu_fingerprint().encode()).hexdigest()[:12]
+    directory = build_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    clear_stale_lock(directory / "lock")
     started = time.perf_counter()
     module = load(
-        name=f"fused_cpu_ops_{key}",
+        name=directory.name,
         sources=[str(path) for path in SOURCES],
         extra_cflags=CFLAGS,
         extra_ldflags=["-fopenmp"],
+        build_directory=str(directory),
         verbose=False,
     )
     log.info("fused CPU operations ready in %.1f s", time.perf_counter() - started)
     return module
+
+
+def build_directory() -> Path:
+    """Where this source, built with these flags for this CPU, Python and torch, lives: PyTorch's extension
+    directory. The key changes with any of them: a build for another torch would load and then crash."""
+    built_for = [" ".join(CFLAGS), cpu_fingerprint(), sys.version, torch.__version__]
+    source = b"".join(path.read_bytes() for path in SOURCES) + "\n".join(built_for).encode()
+    key = hashlib.sha256(source).hexdigest()[:12]
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or "~/.cache/torch_extensions").expanduser()
+    return root / f"fused_cpu_ops_{key}"
+
+
+def clear_stale_lock(lock: Path) -> None:
+    """PyTorch's build holds a lock file in the build directory while it compiles, and a process that
+    waits for it waits as long as the file is there: one left by a build that was killed (a start
+    stopped during its first minute) would hang every later start. A build takes under a minute."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_SECONDS:
+        log.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
+        lock.unlink(missing_ok=True)
 
 
 def cpu_fingerprint() -> str:

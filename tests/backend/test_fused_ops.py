@@ -7,6 +7,12 @@ rounding, in bfloat16 to one bfloat16 rounding of the output (a relative 2^-8).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -21,6 +27,7 @@ from backend.row_cache import KVShape, RowCache, cache_slots
 from backend.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
 from tests.backend.test_compiled_decode import greedy, record_decode_steps, replay_decode_steps
+from tests.conftest import ROOT
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -189,3 +196,31 @@ def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused
     cache = RowCache(KVShape.of(model.config), 20, 64, engine.cache_dtype, engine.device)
     close = tolerance(dtype)["atol"]
     replay_decode_steps(runner, cache, steps, logits_tolerance=close, cache_tolerance=close)
+
+
+def test_a_first_start_builds_the_loops_past_a_lock_a_killed_build_left(tmp_path):
+    """A fresh extension directory, as on a new machine, holding the lock file of a build that was killed
+    twenty minutes ago: a start builds the extension anyway (in a process of its own, as a server does)."""
+    environment = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    directory = Path(tmp_path, fused_ops.build_directory().name)
+    directory.mkdir()
+    lock = directory / "lock"
+    lock.touch()
+    twenty_minutes_ago = time.time() - 1200
+    os.utime(lock, (twenty_minutes_ago, twenty_minutes_ago))
+    script = (
+        "import logging, torch; logging.basicConfig(level=logging.INFO)\n"
+        "from backend import fused_ops\n"
+        "x = torch.randn(3, 64)\n"
+        "norm = fused_ops.Norm(torch.ones(64), 1e-5)\n"
+        "built = fused_ops.extension()\n"
+        "assert built is not None\n"
+        "torch.testing.assert_close(fused_ops.FusedOps(built).norm(x, norm), fused_ops.EAGER.norm(x, norm))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    assert "s ago by a build that did not finish" in result.stderr
+    assert "fused CPU operations ready in" in result.stderr
+    assert not lock.exists() and list(directory.glob("*.so"))
