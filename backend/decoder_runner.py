@@ -153,7 +153,8 @@ class DecoderRunner:
                 self.layers, self.qkv, self.gate_up, next_norms, strict=True
             )
         ]
-        # The elementwise work between them: C++ loops on a CPU, else PyTorch's operations (fused_ops.py).
+        # The work between them (norms, rotation, attention, SiLU): C++ loops on a CPU, else PyTorch's
+        # operations (fused_ops.py).
         exact = dtype == torch.float32 and not any(
             isinstance(p.linears[0], WeightOnlyLinear) for p in self.qkv
         )
