@@ -49,7 +49,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("fused_ops.cpp")]
+SOURCE = Path(__file__).with_name("fused_ops.cpp")
 # Built where it runs: the CPU's own vector instructions; OpenMP for at::parallel_for's threads.
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 DISABLE_VARIABLE = "INFERENCE_FUSED_CPU_OPS"  # "0": PyTorch's operations only
@@ -232,9 +232,8 @@ def extension() -> ModuleType | None:
         try:
             _extension = build()
         except Exception as error:  # no compiler, no ninja, a failed build: PyTorch's operations still work
-            _unavailable = (
-                f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
-            )
+            last_line = (str(error).strip().splitlines() or [""])[-1]  # ninja's or the compiler's reason
+            _unavailable = f"{type(error).__name__}: {last_line}"
     if _unavailable is not None:
         log.warning(
             "fused CPU operations unavailable (%s): decode steps use PyTorch's operations", _unavailable
@@ -255,7 +254,7 @@ def build() -> ModuleType:
     started = time.perf_counter()
     module = load(
         name=directory.name,
-        sources=[str(path) for path in SOURCES],
+        sources=[str(SOURCE)],
         extra_cflags=CFLAGS,
         extra_ldflags=["-fopenmp"],
         build_directory=str(directory),
@@ -269,8 +268,7 @@ def build_directory() -> Path:
     """Where this source, built with these flags for this CPU, Python and torch, lives: PyTorch's extension
     directory. The key changes with any of them: a build for another torch would load and then crash."""
     built_for = [" ".join(CFLAGS), cpu_fingerprint(), sys.version, torch.__version__]
-    source = b"".join(path.read_bytes() for path in SOURCES) + "\n".join(built_for).encode()
-    key = hashlib.sha256(source).hexdigest()[:12]
+    key = hashlib.sha256(SOURCE.read_bytes() + "\n".join(built_for).encode()).hexdigest()[:12]
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or "~/.cache/torch_extensions").expanduser()
     return root / f"fused_cpu_ops_{key}"
 
@@ -292,7 +290,7 @@ def cpu_fingerprint() -> str:
     """What the compiled code depends on: the processor's model and instruction-set flags."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return "".join(line for line in lines if line.startswith(("model name", "flags"))).strip()[:4096]
+        return "".join(dict.fromkeys(line for line in lines if line.startswith(("model name", "flags"))))
     except OSError:
         return platform.processor() or platform.machine()
 

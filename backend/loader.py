@@ -208,8 +208,9 @@ def load_model(config: BackendConfig) -> LoadedModel:
     model = model.to(device=device, dtype=dtype)
     has_converted_copy = converted is not None and location == str(converted)
     quantize_weights(model, source, quantization, converted if has_converted_copy else None)
-    if device.type == "cpu" and (quantization != "none" or dtype != torch.float32):
-        fused_ops.extension()  # built now (once a machine), so that the int8 path below is timed with it
+    # The fused CPU operations, built now (once a machine) where the runner will use them, so that the
+    # int8 path below is timed as it will run.
+    fused_ops.decode_ops(device, exact=quantization == "none" and dtype == torch.float32, compiled=False)
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
     time_head_crossover(model)
     give_back_freed_memory()
