@@ -197,6 +197,12 @@ class DecoderRunner:
             and not getattr(config, "mlp_bias", False)
         )
 
+    @property
+    def reads_own_positions(self) -> bool:
+        """Whether decode queries attend by the loops, each over its row up to its own position, in
+        steps with prompts too: no batch padded to the longest row, so no long rows to read apart."""
+        return self.ops is not EAGER
+
     def __call__(
         self,
         input_ids: torch.Tensor,  # [tokens]
@@ -239,7 +245,8 @@ class DecoderRunner:
         query_and_key = rotate(all_heads[:, : self.heads + self.kv_heads], cos, sin)  # one rotation for both
         query, key = query_and_key.split([self.heads, self.kv_heads], dim=1)
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
-        return attend(query, keys, values, layout, self.scaling).reshape(1, tokens, -1)
+        by_position = self.ops.attend if self.reads_own_positions else None
+        return attend(query, keys, values, layout, self.scaling, by_position).reshape(1, tokens, -1)
 
     def _decode_step(
         self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout, cache: RowCache

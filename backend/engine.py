@@ -407,9 +407,12 @@ class Engine:
         self, decoding: list[Row], decode_rows: int
     ) -> tuple[torch.Tensor, tuple[LongRow, ...]]:
         """What each row of the decode span may read ([rows, 1, 1, span]: 0, or -inf past its
-        position), and the long rows that attend alone (row_attention.long_rows). Free rows of the
-        span, and the long rows, read their position 0 only in the batch."""
-        alone = long_rows({row.index: row.position for row in decoding}, decode_rows)
+        position), and the long rows that attend alone (row_attention.long_rows; none where the runner
+        reads each row up to its own position). Free rows of the span, and the long rows, read their
+        position 0 only in the batch."""
+        positions = {row.index: row.position for row in decoding}
+        reads_own_positions = self.runner is not None and self.runner.reads_own_positions
+        alone = set() if reads_own_positions else long_rows(positions, decode_rows)
         row_positions = [0] * decode_rows
         for row in decoding:
             if row.index not in alone:

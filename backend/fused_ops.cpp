@@ -225,8 +225,106 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
   return query;
 }
 
+// The head sizes and query groups decode_attention takes: the head size is a template argument, so
+// that the compiler unrolls the loops over it and keeps a key or value row in registers (twice as
+// fast as a run-time size, and the head sizes of nearly all models); fused_ops.py sends others to
+// PyTorch's attention.
+constexpr int64_t HEAD_DIMS[] = {64, 128};
+constexpr int64_t MAX_GROUP = 16;
+
+// The sum of v's LANES elements, halving the lanes each time: a tree the compiler turns into a few
+// vector shuffles, where a running sum is LANES dependent additions (floats are not reassociated).
+inline float sum_lanes(float* v) {
+  for (int64_t width = LANES / 2; width > 0; width /= 2) {
+    for (int64_t lane = 0; lane < width; ++lane) v[lane] += v[lane + width];
+  }
+  return v[0];
+}
+
+// One KV head's group of query heads over positions 0..length-1 of its keys and values ([length, D]
+// each): q is the group's queries, scaled, [group, D]; scores is room for [group, length]; out is
+// [group, D]. Each key and value row is read (and converted to float) once for the whole group.
+template <int64_t D, typename C>
+void attend_group(const float* q, const C* k, const C* v, int64_t length, int64_t group, float* scores, C* out) {
+  static_assert(D % LANES == 0);
+  float row[D];
+  for (int64_t t = 0; t < length; ++t) {
+    for (int64_t e = 0; e < D; ++e) row[e] = static_cast<float>(k[t * D + e]);
+    for (int64_t g = 0; g < group; ++g) {
+      float partial[LANES] = {};
+      for (int64_t e = 0; e < D; e += LANES) {
+        for (int64_t lane = 0; lane < LANES; ++lane) partial[lane] += q[g * D + e + lane] * row[e + lane];
+      }
+      scores[g * length + t] = sum_lanes(partial);
+    }
+  }
+  float sums[MAX_GROUP];
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = scores + g * length;
+    const float largest = *std::max_element(s, s + length);
+    float partial[LANES] = {};
+    int64_t t = 0;
+    for (; t + LANES <= length; t += LANES) {
+      for (int64_t lane = 0; lane < LANES; ++lane) {
+        s[t + lane] = vector_exp(s[t + lane] - largest);
+        partial[lane] += s[t + lane];
+      }
+    }
+    for (; t < length; ++t) {
+      s[t] = vector_exp(s[t] - largest);
+      partial[0] += s[t];
+    }
+    sums[g] = sum_lanes(partial);
+  }
+  float acc[MAX_GROUP * D];
+  std::fill(acc, acc + group * D, 0.f);
+  for (int64_t t = 0; t < length; ++t) {
+    for (int64_t e = 0; e < D; ++e) row[e] = static_cast<float>(v[t * D + e]);
+    for (int64_t g = 0; g < group; ++g) {
+      const float weight = scores[g * length + t];
+      for (int64_t e = 0; e < D; ++e) acc[g * D + e] += weight * row[e];
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t e = 0; e < D; ++e) out[g * D + e] = static_cast<C>(acc[g * D + e] / sums[g]);
+  }
+}
+
 // Each decode query over its own row of the cache, positions 0..its own: [queries, heads, head_dim]
 // in the cache's dtype. Query heads are grouped by the KV head they read (grouped-query attention).
+template <int64_t D>
+at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                               const int64_t* row_of, const int64_t* position_of, double scaling) {
+  const int64_t kv_heads = keys.size(1), max_seq_len = keys.size(2);
+  const int64_t queries = query.size(0), heads = query.size(1), group = heads / kv_heads;
+  at::Tensor out = at::empty_like(query);
+  with_float_type(keys.scalar_type(), "the cache", [&](auto* type) {
+    using C = std::remove_pointer_t<decltype(type)>;
+    const C* qp = query.data_ptr<C>();
+    const C* kp = keys.data_ptr<C>();
+    const C* vp = values.data_ptr<C>();
+    C* op = out.data_ptr<C>();
+    // One task a query and KV head: its group of query heads over that head's keys and values.
+    at::parallel_for(0, queries * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores;
+      float q[MAX_GROUP * D];
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t i = task / kv_heads, h = task % kv_heads, length = position_of[i] + 1;
+        const int64_t at = (row_of[i] * kv_heads + h) * max_seq_len * D;
+        const int64_t first = (i * heads + h * group) * D;  // the group's first query head
+        for (int64_t j = 0; j < group * D; ++j) q[j] = static_cast<float>(qp[first + j]) * static_cast<float>(scaling);
+        scores.resize(group * length);
+        attend_group<D>(q, kp + at, vp + at, length, group, scores.data(), op + first);
+      }
+    });
+  });
+  return out;
+}
+
+bool attention_supports(int64_t head_dim, int64_t group) {
+  return group <= MAX_GROUP && std::find(std::begin(HEAD_DIMS), std::end(HEAD_DIMS), head_dim) != std::end(HEAD_DIMS);
+}
+
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                             const at::Tensor& rows, const at::Tensor& positions, double scaling) {
   for (const auto& [t, name] : {std::pair{&query, "query"}, {&keys, "keys"}, {&values, "values"}, {&rows, "rows"},
@@ -237,9 +335,11 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
   const int64_t cache_rows = keys.size(0), kv_heads = keys.size(1), max_seq_len = keys.size(2), head_dim = keys.size(3);
   TORCH_CHECK(query.dim() == 3 && query.size(2) == head_dim && query.size(1) % kv_heads == 0,
               "query must be [queries, heads, head_dim], heads a multiple of the KV heads");
+  TORCH_CHECK(attention_supports(head_dim, query.size(1) / kv_heads), "no loop for head size ", head_dim,
+              " and ", query.size(1) / kv_heads, " query heads a KV head");
   TORCH_CHECK(query.scalar_type() == keys.scalar_type() && values.scalar_type() == keys.scalar_type(),
               "query, keys and values must have one dtype");
-  const int64_t queries = query.size(0), heads = query.size(1), group = heads / kv_heads;
+  const int64_t queries = query.size(0);
   TORCH_CHECK(rows.scalar_type() == at::kLong && positions.scalar_type() == at::kLong && rows.numel() == queries &&
                   positions.numel() == queries,
               "rows and positions must be int64, one a query");
@@ -249,55 +349,8 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
     TORCH_CHECK(row_of[i] >= 0 && row_of[i] < cache_rows && position_of[i] >= 0 && position_of[i] < max_seq_len,
                 "query ", i, " reads row ", row_of[i], " to position ", position_of[i], ", outside the cache");
   }
-  at::Tensor out = at::empty_like(query);
-  with_float_type(keys.scalar_type(), "the cache", [&](auto* type) {
-    using C = std::remove_pointer_t<decltype(type)>;
-    const C* qp = query.data_ptr<C>();
-    const C* kp = keys.data_ptr<C>();
-    const C* vp = values.data_ptr<C>();
-    C* op = out.data_ptr<C>();
-    // One task a query and KV head: its group of query heads over that head's keys and values.
-    at::parallel_for(0, queries * kv_heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores, q(group * head_dim), acc(group * head_dim);
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t i = task / kv_heads, h = task % kv_heads, length = position_of[i] + 1;
-        const int64_t at = (row_of[i] * kv_heads + h) * max_seq_len * head_dim;
-        const C* k = kp + at;
-        const C* v = vp + at;
-        for (int64_t j = 0; j < group * head_dim; ++j) {
-          q[j] = static_cast<float>(qp[(i * heads + h * group) * head_dim + j]) * static_cast<float>(scaling);
-        }
-        scores.resize(group * length);
-        for (int64_t t = 0; t < length; ++t) {
-          for (int64_t g = 0; g < group; ++g) {
-            float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t e = 0; e < head_dim; ++e) dot += q[g * head_dim + e] * static_cast<float>(k[t * head_dim + e]);
-            scores[g * length + t] = dot;
-          }
-        }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t g = 0; g < group; ++g) {
-          float* s = scores.data() + g * length;
-          float largest = s[0];
-          for (int64_t t = 1; t < length; ++t) largest = std::max(largest, s[t]);
-          float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t t = 0; t < length; ++t) {
-            s[t] = vector_exp(s[t] - largest);
-            sum += s[t];
-          }
-          float* a = acc.data() + g * head_dim;
-          for (int64_t t = 0; t < length; ++t) {
-            const float weight = s[t];
-            for (int64_t e = 0; e < head_dim; ++e) a[e] += weight * static_cast<float>(v[t * head_dim + e]);
-          }
-          for (int64_t e = 0; e < head_dim; ++e) op[(i * heads + h * group + g) * head_dim + e] = static_cast<C>(a[e] / sum);
-        }
-      }
-    });
-  });
-  return out;
+  if (head_dim == 64) return decode_attention_of<64>(query, keys, values, row_of, position_of, scaling);
+  return decode_attention_of<128>(query, keys, values, row_of, position_of, scaling);
 }
 
 // Each row of x times smoothing, rounded to int8 with its own scale (largest magnitude / 127):
@@ -375,6 +428,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 * width]");
   m.def("rotate_and_store", &rotate_and_store, "rotary embedding of queries and keys, keys and values into the cache");
   m.def("decode_attention", &decode_attention, "each decode query over its own row of the cache");
+  m.def("attention_supports", &attention_supports, "whether decode_attention has a loop for this head size and group");
   m.def("quantize_rows", &quantize_rows, "smoothed rows to int8, a scale a row");
   m.def("scale_products", &scale_products, "int32 products times row and weight scales");
 }

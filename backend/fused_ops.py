@@ -32,6 +32,7 @@ on for ever.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -173,6 +174,8 @@ class FusedOps:
 
     def __init__(self, extension: ModuleType):
         self.extension = extension
+        # (head size, query heads a KV head) -> whether the attention loop takes it; asked once a shape
+        self.attention_supports = functools.cache(extension.attention_supports)
 
     def norm(self, x: torch.Tensor, norm: Norm) -> torch.Tensor:
         return self.extension.rms_norm(x, norm.weight, norm.eps)
@@ -197,7 +200,10 @@ class FusedOps:
         scaling: float,
         scatter: bool = False,
     ) -> torch.Tensor:
-        """As EagerOps.attend, from the rows and positions (a query reads its row's 0..position)."""
+        """As EagerOps.attend, from the rows and positions (a query reads its row's 0..position); by
+        PyTorch's attention for a head size the loop is not compiled for (fused_ops.cpp, HEAD_DIMS)."""
+        if not self.attention_supports(query.shape[-1], query.shape[1] // keys.shape[1]):
+            return EAGER.attend(query, keys, values, rows, positions, visible, scaling, scatter)
         return self.extension.decode_attention(query, keys, values, rows, positions, scaling)
 
     def rotate_and_store(

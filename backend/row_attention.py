@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -147,16 +147,25 @@ def attend(
     value: torch.Tensor,
     layout: StepLayout,
     scaling: float | None,
+    by_position: Callable | None = None,
 ) -> torch.Tensor:
     """Each query over what it may read of the cache; returns [1, tokens, heads, head_dim].
 
-    Attention runs in the cache's dtype (float32 on a CPU, see row_cache.pick_cache_dtype), the
-    output in the queries' own.
+    Attention runs in the cache's dtype (row_cache.pick_cache_dtype), the output in the queries' own.
+    `by_position` (fused_ops.FusedOps.attend: the CPU's loop) takes the decode queries where there is
+    one, each over its own row up to its own position: no batch padded to the longest row, no long rows
+    apart (the engine makes none for it).
     """
     query_dtype, query = query.dtype, query.to(key.dtype)
     output = torch.empty_like(query)
     n, decoding = layout.decode_rows, layout.decode_queries
-    if decoding:
+    if decoding and by_position is not None:
+        queries = query[0, :, :decoding].transpose(0, 1).contiguous()  # [decoding, heads, head_dim]
+        attended = by_position(
+            queries, key, value, layout.decode_index, layout.positions, layout.visible, scaling
+        )
+        output[0, :, :decoding] = attended.transpose(0, 1)
+    elif decoding:
         queries = query[0, :, :decoding].unsqueeze(2).transpose(0, 1)  # [decoding, heads, 1, head_dim]
         if layout.has_free_rows:  # one query per row of the span, zero for the free ones
             queries = queries.new_zeros((n, *queries.shape[1:])).index_copy_(0, layout.decode_index, queries)
@@ -171,15 +180,15 @@ def attend(
         if layout.has_free_rows:
             attended = attended.index_select(0, layout.decode_index)
         output[0, :, :decoding] = attended.squeeze(2).transpose(0, 1)
-    for long_row in layout.long_rows:  # a single query reads all it may: no mask
-        pack, end = slice(long_row.query, long_row.query + 1), long_row.position + 1
-        output[:, :, pack] = scaled_dot_product_attention(
-            query[:, :, pack],
-            key[long_row.row : long_row.row + 1, :, :end],
-            value[long_row.row : long_row.row + 1, :, :end],
-            scale=scaling,
-            enable_gqa=True,
-        )
+        for long_row in layout.long_rows:  # a single query reads all it may: no mask
+            pack, end = slice(long_row.query, long_row.query + 1), long_row.position + 1
+            output[:, :, pack] = scaled_dot_product_attention(
+                query[:, :, pack],
+                key[long_row.row : long_row.row + 1, :, :end],
+                value[long_row.row : long_row.row + 1, :, :end],
+                scale=scaling,
+                enable_gqa=True,
+            )
     for chunk in layout.prompts:
         end, pack = chunk.past + chunk.length, slice(chunk.start, chunk.start + chunk.length)
         output[:, :, pack] = scaled_dot_product_attention(

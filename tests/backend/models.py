@@ -26,9 +26,14 @@ TINY_EOS = TINY_VOCAB - 1
 
 
 def tiny_model(
-    architecture: str = "llama", seed: int = 0, vocab_size: int = TINY_VOCAB, eos_token_id: int = TINY_EOS
+    architecture: str = "llama",
+    seed: int = 0,
+    vocab_size: int = TINY_VOCAB,
+    eos_token_id: int = TINY_EOS,
+    head_dim: int = 16,
 ) -> torch.nn.Module:
-    """A two-layer random-weight causal LM of the given architecture, float32, on the CPU."""
+    """A two-layer random-weight causal LM of the given architecture, float32, on the CPU (`head_dim`:
+    of the Llama-like ones; real models' 64 where a test must reach the CPU's attention loop)."""
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, eos_token_id=eos_token_id, bos_token_id=1, pad_token_id=0)
     llama_like = dict(
@@ -37,6 +42,7 @@ def tiny_model(
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=head_dim,
         max_position_embeddings=512,
         **common,
     )

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from backend import fused_ops
+from backend import fused_ops, row_attention
 from backend.decoder_runner import DecoderRunner
 from backend.engine import Engine
 from backend.fused_ops import EAGER, FusedOps, Norm, decode_ops
@@ -97,10 +97,17 @@ def test_rotate_and_store_refuses_a_slot_outside_the_cache(fused):
 
 
 @pytest.mark.parametrize("cache_dtype", DTYPES)
-def test_attention_reads_each_querys_own_row_up_to_its_position(fused, cache_dtype):
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_dim",
+    [(9, 3, 64), (4, 1, 128), (8, 8, 64), (32, 2, 64), (34, 2, 64), (6, 2, 80)],  # the last two: no loop
+)
+def test_attention_reads_each_querys_own_row_up_to_its_position(
+    fused, cache_dtype, heads, kv_heads, head_dim
+):
     """Queries of scattered rows (a free row among them, out of order) over cached spans of different
-    lengths: the eager batch over the span's rows with its mask gives the same."""
-    heads, kv_heads, head_dim, max_seq_len = 9, 3, 64, 48
+    lengths: the eager batch over the span's rows with its mask gives the same, for each head size and
+    query group the loop is compiled for, and through PyTorch's attention for others."""
+    max_seq_len = 48
     generator = torch.Generator().manual_seed(0)
     keys, values = (torch.randn(6, kv_heads, max_seq_len, head_dim, generator=generator) for _ in range(2))
     keys, values = keys.to(cache_dtype), values.to(cache_dtype)
@@ -112,6 +119,10 @@ def test_attention_reads_each_querys_own_row_up_to_its_position(fused, cache_dty
     got = fused.attend(query, keys, values, rows, positions, visible, 0.125)
     assert got.shape == expected.shape and got.dtype == cache_dtype
     torch.testing.assert_close(got, expected, **tolerance(cache_dtype))
+    if not fused.attention_supports(head_dim, heads // kv_heads):
+        with pytest.raises(RuntimeError, match="no loop for head size"):
+            fused.extension.decode_attention(query, keys, values, rows, positions, 0.125)
+        return
     with pytest.raises(RuntimeError, match="outside the cache"):
         fused.attend(query, keys, values, rows, torch.tensor([40, 0, 48, 3]), visible, 0.125)
 
@@ -171,7 +182,7 @@ def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused
     """Every decode step of an engine on PyTorch's operations, replayed through a runner on the loops
     from the same cache: the same logits and keys and values, to the tolerance of the dtype, for one
     row, rows with a free one among them, and a step of many rows (the loops serve all of them)."""
-    model = tiny_model("llama").to(dtype)
+    model = tiny_model("llama", head_dim=64).to(dtype)  # a head size the attention loop is compiled for
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
     engine.runner.ops, engine.runner.decode_below = EAGER, 16  # as before the loops
@@ -195,6 +206,49 @@ def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused
     cache = RowCache(KVShape.of(model.config), 20, 64, engine.cache_dtype, engine.device)
     close = tolerance(dtype)["atol"]
     replay_decode_steps(runner, cache, steps, logits_tolerance=close, cache_tolerance=close)
+
+
+def test_steps_with_prompts_and_long_rows_attend_by_the_loops(fused, monkeypatch):
+    """Steps that prefill while rows decode, and a long row among short ones (PyTorch's batch over the
+    span reads it apart, row_attention.long_rows): with the loops each decode query reads its own row
+    up to its own position in those steps too, no row goes apart, and every step's logits are the
+    ones PyTorch's operations give."""
+    monkeypatch.setattr(row_attention, "LONG_ROW_SAVES_POSITIONS", 8)  # a long row at this size
+    model = tiny_model("llama", head_dim=64)  # a head size the attention loop is compiled for
+    quantize_model(model, "int4")
+
+    def steps(engine: Engine) -> list[tuple]:
+        """(layout, logits) of each forward pass, serving the same requests at the same steps (a fixed
+        prefill budget: the same plan of steps in both)."""
+        taken, forward = [], engine._forward
+
+        def recording(input_ids, positions, layout, keep):
+            taken.append((layout, forward(input_ids, positions, layout, keep)))
+            return taken[-1][1]
+
+        engine._forward = recording
+        arrivals = [
+            (0, Submit("long", tuple(range(5, 125)), greedy(12))),
+            (1, Submit("a", (5, 6, 7), greedy(10))),
+            (3, Submit("b", (8, 9), greedy(8))),
+            (5, Submit("c", tuple(range(20, 60)), greedy(6))),
+        ]
+        drive(engine, arrivals)
+        return taken
+
+    with_loops = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=256, max_prefill_tokens=512)
+    assert with_loops.runner.reads_own_positions
+    without = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=256, max_prefill_tokens=512)
+    without.runner.ops, without.runner.decode_below = EAGER, 16  # as before the loops
+    assert not without.runner.reads_own_positions
+
+    expected, got = steps(without), steps(with_loops)
+    assert len(got) == len(expected)
+    for (_, expected_logits), (_, logits) in zip(expected, got, strict=True):
+        torch.testing.assert_close(logits, expected_logits, **tolerance(torch.float32))
+    assert any(layout.long_rows for layout, _ in expected)
+    assert not any(layout.long_rows for layout, _ in got)
+    assert sum(bool(layout.prompts and layout.decode_queries) for layout, _ in got) >= 3
 
 
 def test_a_start_gets_past_a_lock_a_killed_build_left(fused):
