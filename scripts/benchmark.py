@@ -13,8 +13,9 @@
 2. With --memory, sends 1,000 short requests and compares the server's
    resident memory (API worker and backend) after the first 100 and after all.
 3. The raw ceiling: the engine in this process, no HTTP, decoding full
-   batches of 32 rows; the server's efficiency is its tokens/s at 32 streams
-   over this.
+   batches of 32 rows over the positions the requests decode (--tokens steps
+   after the same prompt); the server's efficiency is its tokens/s at 32
+   streams over this.
 4. The baseline: scripts/naive_server.py (`model.generate`, one request at a
    time) at concurrency 1 and 32.
 5. Writes docs/performance.md (a table, the machine) and PNG plots beside it.
@@ -216,8 +217,11 @@ def memory_after_requests(url: str, model: str, pid: int) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
-def ceiling(model: str | None, dtype: str, quantize: str, rows: int = 32, steps: int = 20) -> float:
-    """Tokens per second of the engine alone decoding `rows` full rows: no HTTP, no queues, no prefill."""
+def ceiling(model: str | None, dtype: str, quantize: str, steps: int, rows: int = 32) -> float:
+    """Tokens per second of the engine alone decoding `rows` full rows: no HTTP, no queues, no prefill.
+    The `steps` after the prompt are those a request of `steps` tokens decodes: attention reads more
+    positions with each, so fewer (20, until 2026-11-25) measured a ceiling no request could reach
+    (docs/performance.md)."""
     loaded = load_model(
         BackendConfig(model=model, dtype=dtype, quantize=quantize, rows=rows, max_seq_len=512)
     )
@@ -376,7 +380,8 @@ def report(args, model: str, results: Results, plots: list[str]) -> str:
     at_32 = results.at(32)
     lines += [
         "",
-        f"Engine ceiling (32 full rows decoding, no HTTP, same run): {results.ceiling:.1f} tokens/s.",
+        f"Engine ceiling (32 full rows decoding the requests' {args.tokens} positions, no HTTP, same run):"
+        f" {results.ceiling:.1f} tokens/s.",
     ]
     if at_32:
         lines.append(f"Server at 32 streams: {at_32.tokens_per_second / results.ceiling:.0%} of the ceiling.")
@@ -533,7 +538,7 @@ def main() -> None:
         if server is not None:
             stop(server)
 
-    results.ceiling = ceiling(args.model, args.dtype, args.quantize)
+    results.ceiling = ceiling(args.model, args.dtype, args.quantize, steps=args.tokens)
     if not args.no_naive:
         port = free_port()
         command = [sys.executable, str(ROOT / "scripts" / "naive_server.py"), "--port", str(port)]
