@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx.experimental._config as fx_shapes
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
 from backend.architectures import sliding_window
@@ -42,7 +42,7 @@ from backend.decode_graphs import DecodeGraphs
 from backend.fused_ops import EAGER, DecodeOps, Norm, decode_ops, rotate
 from backend.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fuse_linears
 from backend.row_attention import StepLayout, attend
-from backend.row_cache import RowCache
+from backend.row_cache import KVShape, RowCache
 
 # The model types whose decoder layers are the Llama layer above; Mistral and Qwen2 only where their
 # sliding window never comes into play (`supports`). Qwen2 adds biases to q, k and v: the linear
@@ -187,8 +187,8 @@ class DecoderRunner:
         return self.graphs
 
     @staticmethod
-    def supports(model: PreTrainedModel, max_seq_len: int) -> bool:
-        config = model.config
+    def supports(config: PretrainedConfig, max_seq_len: int) -> bool:
+        """Whether the runner serves this model (else transformers' forward does)."""
         window = sliding_window(config)
         return (
             config.model_type in LLAMA_LAYER_TYPES
@@ -197,11 +197,23 @@ class DecoderRunner:
             and not getattr(config, "mlp_bias", False)
         )
 
+    @staticmethod
+    def would_read_own_positions(
+        config: PretrainedConfig, max_seq_len: int, device: torch.device, exact: bool, compiled: bool
+    ) -> bool:
+        """Whether a runner for this model would attend by the CPU's loop (`reads_own_positions`), asked
+        before there is one: the KV cache's dtype depends on it (row_cache.pick_cache_dtype)."""
+        if not DecoderRunner.supports(config, max_seq_len):
+            return False
+        shape = KVShape.of(config)
+        group = config.get_text_config().num_attention_heads // shape.kv_heads
+        return loop_attends(decode_ops(device, exact, compiled), shape.head_dim, group)
+
     @property
     def reads_own_positions(self) -> bool:
-        """Whether decode queries attend by the loops, each over its row up to its own position, in
-        steps with prompts too: no batch padded to the longest row, so no long rows to read apart."""
-        return self.ops is not EAGER
+        """Whether decode queries attend by the CPU's loop, each over its row up to its own position,
+        in steps with prompts too: no batch padded to the longest row, so no long rows to read apart."""
+        return loop_attends(self.ops, self.head_dim, self.heads // self.kv_heads)
 
     def __call__(
         self,
@@ -297,6 +309,11 @@ class DecoderRunner:
                 hidden, layer.down(ops.silu_mul(layer.gate_up(normed))), layer.next_norm
             )
         return normed
+
+
+def loop_attends(ops: DecodeOps, head_dim: int, group: int) -> bool:
+    """Whether `ops` attend by the CPU's loop (fused_ops.cpp) at this head size and query heads a KV head."""
+    return ops is not EAGER and ops.attention_supports(head_dim, group)
 
 
 def graph_inputs(visible: torch.Tensor, cache: RowCache) -> torch.Tensor:

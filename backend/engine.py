@@ -87,16 +87,19 @@ class Engine:
         self.tokenizer = tokenizer
         self.device = model.device
         self.dtype = model.dtype
-        self.cache_dtype = kv_cache_dtype or pick_cache_dtype("auto", self.dtype, self.device)
         self.max_seq_len = min(max_seq_len or DEFAULT_MAX_SEQ_LEN, context_length(model.config))
         self.prefill_budget = PrefillBudget(max_prefill_tokens)  # None: sized by the measured step times
         self.eos_ids = eos_token_ids(model, tokenizer)
         # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.cache = RowCache(KVShape.of(model.config), rows, self.max_seq_len, self.cache_dtype, self.device)
         self.runner = (
-            DecoderRunner(model, compile_decode) if DecoderRunner.supports(model, self.max_seq_len) else None
+            DecoderRunner(model, compile_decode)
+            if DecoderRunner.supports(model.config, self.max_seq_len)
+            else None
         )
+        loop_attention = self.runner is not None and self.runner.reads_own_positions
+        self.cache_dtype = kv_cache_dtype or pick_cache_dtype("auto", self.dtype, self.device, loop_attention)
+        self.cache = RowCache(KVShape.of(model.config), rows, self.max_seq_len, self.cache_dtype, self.device)
         if compile_decode and self.runner is None:
             log.warning("--compile: %s runs through transformers' forward, which is not compiled", name)
         if cuda_graphs and self.runner is not None and self.device.type == "cuda":

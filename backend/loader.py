@@ -34,7 +34,9 @@ from backend import fused_ops
 from backend.architectures import check_supported
 from backend.cache_size import size_kv_cache
 from backend.calibration import calibration_token_ids, smooth_many_rows_path, time_head_crossover
+from backend.decoder_runner import DecoderRunner
 from backend.embeddings import EmbeddingModel, embed
+from backend.engine import context_length
 from backend.gguf_weights import serve_gguf_weights
 from backend.heap import give_back_freed_memory
 from backend.messages import BackendConfig
@@ -170,7 +172,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     quantization = pick_quantization(config.quantize, source)
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device)
-    cache_dtype = pick_cache_dtype(config.kv_cache_dtype, dtype, device)
+    exact = quantization == "none" and dtype == torch.float32
     root = cache_root(config)
     token = None if source.is_gguf or Path(source.location).is_dir() else hub_token()
 
@@ -180,6 +182,13 @@ def load_model(config: BackendConfig) -> LoadedModel:
         location, gguf_file = str(converted), None
         log.info("loading %s from its converted copy in %s", source.name, location)
     model_config = AutoConfig.from_pretrained(location, gguf_file=gguf_file, token=token)
+    # The fused CPU operations are built here (once a machine) where the runner will use them: the
+    # cache's dtype depends on whether their loop attends.
+    longest = min(config.max_seq_len or context_length(model_config), context_length(model_config))
+    loop_attention = DecoderRunner.would_read_own_positions(
+        model_config, longest, device, exact, config.compile_decode
+    )
+    cache_dtype = pick_cache_dtype(config.kv_cache_dtype, dtype, device, loop_attention)
     cache_size = size_kv_cache(config, model_config, cache_dtype)
     max_seq_len = cache_size.max_seq_len
     check_supported(model_config, max_seq_len)
@@ -208,9 +217,9 @@ def load_model(config: BackendConfig) -> LoadedModel:
     model = model.to(device=device, dtype=dtype)
     has_converted_copy = converted is not None and location == str(converted)
     quantize_weights(model, source, quantization, converted if has_converted_copy else None)
-    # The fused CPU operations, built now (once a machine) where the runner will use them, so that the
-    # int8 path below is timed as it will run.
-    fused_ops.decode_ops(device, exact=quantization == "none" and dtype == torch.float32, compiled=False)
+    # The fused CPU operations, built now where they will run (with --compile too), so that the int8
+    # path below is timed as it will run.
+    fused_ops.decode_ops(device, exact=exact, compiled=False)
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
     time_head_crossover(model)
     give_back_freed_memory()

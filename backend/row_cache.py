@@ -23,17 +23,21 @@ from backend.row_attention import StepLayout
 CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def pick_cache_dtype(requested: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """`--kv-cache-dtype`; auto: float32 on a CPU, else the model's own dtype.
+def pick_cache_dtype(
+    requested: str, model_dtype: torch.dtype, device: torch.device, loop_attention: bool = False
+) -> torch.dtype:
+    """`--kv-cache-dtype`; auto: the model's own dtype, but float32 on a CPU where decode steps attend
+    through PyTorch's kernel rather than the CPU's loop (`loop_attention`, fused_ops.cpp).
 
     PyTorch's CPU attention kernel is several times slower in bfloat16 than in float32 (docs/
     performance.md: a 32-row decode step's attention over 300 positions, 6.1 ms a layer against 1.3 on
-    an AVX512-BF16 CPU), so a CPU keeps keys and values in float32 whatever its linear layers compute
-    in, at twice the memory of a bfloat16 cache.
+    an AVX512-BF16 CPU), so without the loop a CPU keeps keys and values in float32 whatever its linear
+    layers compute in, at twice the memory. The loop reads bfloat16 as fast as float32 and half the
+    bytes, and prompts attend as fast over either.
     """
     if requested != "auto":
         return CACHE_DTYPES[requested]
-    if device.type == "cpu" or not model_dtype.is_floating_point:
+    if not model_dtype.is_floating_point or (device.type == "cpu" and not loop_attention):
         return torch.float32
     return model_dtype
 

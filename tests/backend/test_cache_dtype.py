@@ -1,4 +1,6 @@
-"""A model computing in bfloat16 over a float32 KV cache (the CPU default, row_cache.pick_cache_dtype)."""
+"""A model computing in bfloat16 on a CPU, over the KV cache's default dtype there
+(row_cache.pick_cache_dtype): float32 where decode steps attend through PyTorch's kernel, bfloat16 where
+they attend by the CPU's loop (fused_ops.cpp)."""
 
 import copy
 import random
@@ -11,17 +13,26 @@ from backend.messages import SamplingParams, Submit
 from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, text_of, tiny_model
 
 
-@pytest.mark.parametrize("architecture", ["llama", "gpt2"])  # the decoder runner, and transformers' forward
-def test_a_bfloat16_model_over_a_float32_cache_scores_its_tokens_as_float32_does(architecture):
-    reference = tiny_model(architecture)
+@pytest.mark.parametrize(
+    "architecture, head_dim, cache_dtype",
+    [
+        ("llama", 16, torch.float32),  # the decoder runner, a head size the loop is not compiled for
+        ("gpt2", 16, torch.float32),  # transformers' forward
+        ("llama", 64, torch.bfloat16),  # the decoder runner, attending by the loop
+    ],
+)
+def test_a_bfloat16_model_over_its_default_cache_scores_its_tokens_as_float32_does(
+    architecture, head_dim, cache_dtype
+):
+    reference = tiny_model(architecture, head_dim=head_dim)
     with torch.no_grad():  # sharper distributions than the default initialisation, so attention matters
         for parameter in reference.parameters():
             parameter.mul_(2)
     model = copy.deepcopy(reference).to(torch.bfloat16)
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128)
-    assert engine.cache.layers[0].keys.dtype == torch.float32
+    assert engine.cache.layers[0].keys.dtype == cache_dtype
 
-    rng = random.Random(architecture)
+    rng = random.Random(f"{architecture}-{head_dim}")
     prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(5, 40))] for _ in range(6)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=0)
     arrivals = [(i, Submit(f"r{i}", tuple(prompt), params)) for i, prompt in enumerate(prompts)]

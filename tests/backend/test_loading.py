@@ -114,6 +114,18 @@ def test_quantize_serves_weight_only_layers_and_still_writes_text(mode):
     assert "Paris" in text
 
 
+def test_the_default_mode_caches_keys_and_values_in_its_own_dtype_where_the_loop_attends():
+    """The loader chooses the cache's dtype before there is a runner; the engine, from its runner,
+    chooses the same: the model's (bfloat16 on a CPU that multiplies it natively), since the loop
+    attends (the fused operations' tests hold that the extension builds on a CPU)."""
+    from backend.engine import Engine
+
+    loaded = load_model(BackendConfig(rows=2, max_seq_len=64))
+    engine = Engine(loaded.model, loaded.tokenizer, rows=2, max_seq_len=64)
+    assert engine.runner.reads_own_positions
+    assert loaded.cache_dtype == engine.cache_dtype == loaded.model.dtype
+
+
 def test_an_unknown_quantization_is_refused_before_loading():
     with pytest.raises(ValueError, match="--quantize must be auto, none, int4 or int8, not 'int3'"):
         load_model(BackendConfig(quantize="int3", rows=1, max_seq_len=64))
@@ -126,9 +138,11 @@ def test_the_kv_cache_is_counted_in_its_own_dtype():
     assert needs.kv_cache == 2 * 2 * 32 * 2 * 128 * 16 * 4
 
 
-def test_a_cpu_keeps_keys_and_values_in_float32_unless_told_otherwise():
+def test_a_cpu_keeps_keys_and_values_in_float32_unless_its_loop_attends_or_told_otherwise():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert pick_cache_dtype("auto", torch.bfloat16, cpu) == torch.float32
+    assert pick_cache_dtype("auto", torch.bfloat16, cpu, loop_attention=True) == torch.bfloat16
+    assert pick_cache_dtype("auto", torch.float32, cpu, loop_attention=True) == torch.float32
     assert pick_cache_dtype("auto", torch.bfloat16, gpu) == torch.bfloat16
     assert pick_cache_dtype("auto", torch.float16, gpu) == torch.float16
     assert pick_cache_dtype("bfloat16", torch.bfloat16, cpu) == torch.bfloat16
