@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -353,6 +354,112 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
   return decode_attention_of<128>(query, keys, values, row_of, position_of, scaling);
 }
 
+// The sampler's counter-based randomness (backend/sampler.py, gumbel_noise), the same bits: Vigna's
+// splitmix64 finalizer, Wellons' lowbias32, and the Gumbel noise -log(-log(u)) of a 23-bit uniform u.
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint32_t lowbias32(uint32_t x) {
+  x = (x ^ (x >> 16)) * 0x7FEB352Du;
+  x = (x ^ (x >> 15)) * 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+float gumbel_noise(uint32_t key, uint32_t column) {
+  const float u = (static_cast<float>(lowbias32(key ^ column) >> 9) + 0.5f) / 8388608.f;
+  return -std::log(-std::log(u));
+}
+
+// Tokens this far below a row's best logit are left out of the first look for its nucleus: together
+// they hold at most vocab * e^-16 of the probability (0.5% over 49,152 tokens), and the look is
+// widened to the whole row whenever what it holds falls short of top_p, so the cut stays exact.
+constexpr float NUCLEUS_LOOK = 16.f;
+
+// One row's draw (sampler.py: nucleus_cut, then race): the row's best tokens while the probability
+// ranked above each is under top_p, best first, and among them the Gumbel race, the noise of rank r
+// hashed from (key, r).
+int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32_t key) {
+  constexpr float NONE = -std::numeric_limits<float>::infinity();
+  float largest[LANES];
+  std::fill(largest, largest + LANES, NONE);
+  int64_t i = 0;
+  for (; i + LANES <= vocab; i += LANES) {
+    for (int64_t lane = 0; lane < LANES; ++lane) largest[lane] = std::max(largest[lane], logits[i + lane]);
+  }
+  for (; i < vocab; ++i) largest[0] = std::max(largest[0], logits[i]);
+  const float best = *std::max_element(largest, largest + LANES);
+  if (!(best > NONE)) return 0;  // nothing left to draw from: what the race over -inf gives
+  // The row's probability mass (unnormalized, the best token's 1), and that of the first look.
+  float floor = best - NUCLEUS_LOOK, total[LANES] = {}, looked[LANES] = {};
+  for (i = 0; i + LANES <= vocab; i += LANES) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
+      const float weight = vector_exp(logits[i + lane] - best);
+      total[lane] += weight;
+      looked[lane] += logits[i + lane] >= floor ? weight : 0.f;
+    }
+  }
+  for (; i < vocab; ++i) {
+    const float weight = vector_exp(logits[i] - best);
+    total[0] += weight;
+    looked[0] += logits[i] >= floor ? weight : 0.f;
+  }
+  const float mass = sum_lanes(total);
+  if (sum_lanes(looked) < top_p * mass) floor = NONE;  // a flat row: its nucleus reaches further down
+  // Candidates as (logit, -token): the heap's order is the best logit first, the lower token on a tie.
+  std::vector<std::pair<float, int64_t>> heap;
+  for (int64_t token = 0; token < vocab; ++token) {
+    if (logits[token] >= floor && logits[token] > NONE) heap.emplace_back(logits[token], -token);
+  }
+  std::make_heap(heap.begin(), heap.end());
+  int64_t chosen = -heap.front().second;
+  float above = 0.f, winner = NONE;
+  for (uint32_t rank = 0; !heap.empty() && above < top_p; ++rank) {
+    std::pop_heap(heap.begin(), heap.end());
+    const auto [logit, token] = heap.back();
+    heap.pop_back();
+    if (const float raced = logit + gumbel_noise(key, rank); raced > winner) {
+      winner = raced;
+      chosen = -token;
+    }
+    above += vector_exp(logit - best) / mass;
+  }
+  return chosen;
+}
+
+// Each row's draw from its nucleus: logits [rows, vocab] float32, already divided by the row's
+// temperature; top_p, seeds and counters one a row. Returns [rows] token ids, those sampler.py's
+// nucleus_cut and race give but for a rounding (its softmax and logarithms are PyTorch's).
+at::Tensor nucleus_draw(const at::Tensor& logits, const at::Tensor& top_p, const at::Tensor& seeds,
+                        const at::Tensor& counters) {
+  for (const auto& [t, name] : {std::pair{&logits, "logits"}, {&top_p, "top_p"}, {&seeds, "seeds"},
+                                {&counters, "counters"}}) {
+    check_cpu_contiguous(*t, name);
+  }
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat, "logits must be float32 [rows, vocab]");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(top_p.scalar_type() == at::kFloat && top_p.numel() == rows, "top_p must be float32, one a row");
+  TORCH_CHECK(seeds.scalar_type() == at::kLong && counters.scalar_type() == at::kLong && seeds.numel() == rows &&
+                  counters.numel() == rows,
+              "seeds and counters must be int64, one a row");
+  at::Tensor tokens = at::empty({rows}, logits.options().dtype(at::kLong));
+  const float* lp = logits.data_ptr<float>();
+  const float* pp = top_p.data_ptr<float>();
+  const int64_t* sp = seeds.data_ptr<int64_t>();
+  const int64_t* cp = counters.data_ptr<int64_t>();
+  int64_t* out = tokens.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint64_t mixed = splitmix64(splitmix64(static_cast<uint64_t>(sp[r])) + static_cast<uint64_t>(cp[r]));
+      out[r] = nucleus_draw_row(lp + r * vocab, vocab, pp[r], static_cast<uint32_t>(mixed >> 33));
+    }
+  });
+  return tokens;
+}
+
 // Each row of x times smoothing, rounded to int8 with its own scale (largest magnitude / 127):
 // returns (int8 [rows, in], float32 scales [rows, 1]).
 std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& smoothing) {
@@ -429,6 +536,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotate_and_store", &rotate_and_store, "rotary embedding of queries and keys, keys and values into the cache");
   m.def("decode_attention", &decode_attention, "each decode query over its own row of the cache");
   m.def("attention_supports", &attention_supports, "whether decode_attention has a loop for this head size and group");
+  m.def("nucleus_draw", &nucleus_draw, "each row's draw from its nucleus (sampler.py's nucleus_cut and race)");
   m.def("quantize_rows", &quantize_rows, "smoothed rows to int8, a scale a row");
   m.def("scale_products", &scale_products, "int32 products times row and weight scales");
 }

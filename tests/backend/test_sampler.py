@@ -243,3 +243,52 @@ def test_a_flat_row_widens_its_own_nucleus_only():
     width = alone_values.shape[-1]
     assert torch.equal(token_ids[0, :width], alone_ids[0]) and torch.equal(values[0, :width], alone_values[0])
     assert not torch.isfinite(values[0, width:]).any()  # past its own look, nothing is a candidate
+
+
+def test_the_cpus_nucleus_loop_draws_what_the_cut_and_race_draw():
+    """fused_ops.cpp's nucleus_draw, which `sample` takes for nucleus rows on a CPU, against PyTorch's
+    nucleus_cut and race: the same token for every seed and draw, on peaked rows and on rows with
+    tokens masked to -inf, which it never draws. (Where probabilities tie, the two may rank tied
+    tokens differently, and so hash them other noise: the rows here have none.)"""
+    from backend import fused_ops
+    from backend.sampler import nucleus_cut, nucleus_loop, race
+
+    draw = nucleus_loop(torch.device("cpu"))
+    assert draw is not None and draw is fused_ops.extension().nucleus_draw
+    assert nucleus_loop(torch.device("meta")) is None
+    torch.manual_seed(4)
+    peaked = torch.randn(4, 49152) * 3
+    masked = torch.randn(2, 5000) * 2
+    masked[:, ::2] = float("-inf")
+    for logits, top_p in ((peaked, [0.95, 0.5, 0.99, 0.05]), (masked, [0.9, 0.999])):
+        top_p = torch.tensor(top_p)
+        for counter in range(25):
+            seeds = torch.randint(0, 2**62, (len(top_p),))
+            counters = torch.full((len(top_p),), counter)
+            values, token_ids = nucleus_cut(logits, top_p)
+            expected = token_ids.gather(-1, race(values, seeds, counters).unsqueeze(-1)).squeeze(-1)
+            got = draw(logits, top_p, seeds, counters)
+            assert torch.equal(got, expected)
+            assert torch.isfinite(logits.gather(-1, got[:, None])).all()
+
+
+def test_the_cpus_nucleus_loop_looks_further_where_its_first_look_falls_short():
+    """The loop first looks only at tokens within 16 of the best logit; a row whose nucleus reaches
+    below that (one token far ahead of 5,000 equal ones, each 16.2 below it, and a top_p above the
+    first token's own probability) is drawn from its whole nucleus: the equal tokens, ranked by id,
+    win about once in 3,000 draws (with the first look alone, never), each from within the nucleus."""
+    from backend.sampler import nucleus_loop
+
+    draw = nucleus_loop(torch.device("cpu"))
+    logits = torch.cat([torch.zeros(1), torch.full((5000,), -16.2)])[None]
+    probs = logits.double().softmax(-1)[0]
+    top_p = 0.9999
+    assert probs[0] < top_p  # the first token alone is not the nucleus
+    nucleus = int(((probs.cumsum(0) - probs) < top_p).sum())  # the best token and the first equal ones
+    draws = [
+        draw(logits, torch.tensor([top_p]), torch.tensor([seed]), torch.tensor([0])).item()
+        for seed in range(10_000)
+    ]
+    others = [token for token in draws if token != 0]
+    assert 2 <= len(others) <= 20  # the nucleus's other tokens hold 3.6e-4 of it: some 4 in 10,000
+    assert max(others) < nucleus * 1.01
