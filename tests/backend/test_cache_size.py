@@ -73,11 +73,13 @@ def test_the_default_models_line_gives_its_arithmetic():
         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576,
         max_position_embeddings=8192,
     )  # fmt: skip
-    line = size_kv_cache(BackendConfig(), smollm2, torch.float32).summary()
+    line = size_kv_cache(BackendConfig(), smollm2, torch.bfloat16).summary()  # the default mode's cache
     assert line.startswith(
-        "KV cache: 32 rows x 2048 positions, float32, 2880 MiB "
-        "(45 KiB a position a row: 2 x 30 layers x 3 KV heads x 64 x 4 bytes); the default"
+        "KV cache: 32 rows x 2048 positions, bfloat16, 1440 MiB "
+        "(22.5 KiB a position a row: 2 x 30 layers x 3 KV heads x 64 x 2 bytes); the default"
     )
+    line = size_kv_cache(BackendConfig(), smollm2, torch.float32).summary()  # the exact mode's
+    assert line.startswith("KV cache: 32 rows x 2048 positions, float32, 2880 MiB (45 KiB a position a row")
 
 
 @pytest.fixture(scope="module")
