@@ -413,9 +413,10 @@ class Engine:
         position), and the long rows that attend alone (row_attention.long_rows; none where the runner
         reads each row up to its own position). Free rows of the span, and the long rows, read their
         position 0 only in the batch."""
-        positions = {row.index: row.position for row in decoding}
         reads_own_positions = self.runner is not None and self.runner.reads_own_positions
-        alone = set() if reads_own_positions else long_rows(positions, decode_rows)
+        alone = (
+            set() if reads_own_positions else long_rows({r.index: r.position for r in decoding}, decode_rows)
+        )
         row_positions = [0] * decode_rows
         for row in decoding:
             if row.index not in alone:

@@ -115,6 +115,24 @@ def nucleus_cut(
     return logits.gather(-1, token_ids).masked_fill(cut, float("-inf")), token_ids
 
 
+def draw_with_cut(
+    scaled: torch.Tensor, top_p: list[float], top_k: list[int], seeds: torch.Tensor, counters: torch.Tensor
+) -> torch.Tensor:
+    """The draws of rows with a cut, all a nucleus alone (top_k 0: by the CPU's loop where there is one)
+    or all top-k (then maybe top-p), among their candidates."""
+    device = scaled.device
+    top_p_tensor = to_device(top_p, device, torch.float32)
+    nucleus_only = not any(top_k)
+    if nucleus_only and (draw := nucleus_loop(device)) is not None:
+        return draw(scaled.contiguous(), top_p_tensor, seeds, counters)
+    if nucleus_only:
+        values, token_ids = nucleus_cut(scaled, top_p_tensor)
+    else:
+        top_k_tensor = to_device(top_k, device, torch.long)
+        values, token_ids = top_k_top_p(scaled, top_k_tensor, top_p_tensor, max(top_k))
+    return token_ids.gather(-1, race(values, seeds, counters).unsqueeze(-1)).squeeze(-1)
+
+
 def nucleus_loop(device: torch.device) -> Callable | None:
     """On a CPU, the fused operations' loop for nucleus rows (fused_ops.cpp, `nucleus_draw`): the same
     cut and race as `nucleus_cut` and `race` (but for a rounding of the probabilities and the noise's
@@ -214,17 +232,11 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         min_p = [batch.min_p[r] for r in rows] if batch.min_p else []
         if any(min_p):
             scaled = min_p_cut(scaled, to_device(min_p, device, torch.float32))
-        top_p = to_device([batch.top_p[r] for r in rows], device, torch.float32)
         if rows is whole:
             chosen = race(scaled, seeds, counters)
-        elif rows is nucleus and (draw := nucleus_loop(device)) is not None:
-            chosen = draw(scaled.contiguous(), top_p, seeds, counters)
         else:
-            if rows is nucleus:
-                values, token_ids = nucleus_cut(scaled, top_p)
-            else:
-                top_k = to_device([batch.top_k[r] for r in rows], device, torch.long)
-                values, token_ids = top_k_top_p(scaled, top_k, top_p, max(batch.top_k[r] for r in rows))
-            chosen = token_ids.gather(-1, race(values, seeds, counters).unsqueeze(-1)).squeeze(-1)
+            chosen = draw_with_cut(
+                scaled, [batch.top_p[r] for r in rows], [batch.top_k[r] for r in rows], seeds, counters
+            )
         tokens.index_copy_(0, index, chosen)
     return tokens
