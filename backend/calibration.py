@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from backend.quantized_linear import Int8Linear, WeightOnlyLinear
+from backend.quantized_linear import Int8Linear, WeightOnlyLinear, first_outputs
 from backend.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,9 @@ MIN_SPEEDUP = 1.1  # int8 replaces the dense copies only if it is clearly faster
 # The row counts at which the head's kernels are timed against each other, fewest first.
 HEAD_TIMED_ROWS = (4, 6, 8, 12, 16, 24, 32, 48, 64)
 HEAD_TIMED_OUTPUTS = 8192
+# And the projections': a decode step's rows, and prompt chunks beside them. Without AMX, blocks of
+# int4 (block_weights.py) were faster than the int8 path up to about 128 rows (docs/performance.md).
+PROJECTION_TIMED_ROWS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 def calibration_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -120,28 +123,49 @@ def time_head_crossover(model: nn.Module) -> int | None:
     head = model.get_output_embeddings()
     if not isinstance(head, Int8Linear) or head.dense is None:
         return None
-    part = slice(0, HEAD_TIMED_OUTPUTS)
-    sample = Int8Linear(head.weight_int8[part], head.scales[part], None, dense=head.dense[part])
-    head.dense_from_rows = dense_pays_from(sample, HEAD_TIMED_ROWS)
+    sample = first_outputs(head, min(HEAD_TIMED_OUTPUTS, head.out_features))
+    head.dense_from_rows = dense_pays_from(sample, HEAD_TIMED_ROWS, head.dense.dtype)
     log.info("the output head multiplies %d rows or more by its dense copy (timed)", head.dense_from_rows)
     return head.dense_from_rows
 
 
-def dense_pays_from(layer: WeightOnlyLinear, candidates: tuple[int, ...]) -> int:
-    """The fewest `candidates` rows that `layer` multiplies at least as fast by its dense copy as by its
-    packed kernel (`dense_pays_at`); the last candidate if none."""
-    return next((rows for rows in candidates if dense_pays_at(layer, rows)), candidates[-1])
+def time_projection_crossover(model: nn.Module) -> int | None:
+    """Set from how many rows the quantized projections multiply by their path for many rows (the
+    dense copies, or their int8 path): the fewest of PROJECTION_TIMED_ROWS at which it is at least as
+    fast as the packed kernel, timed on the largest projection. Returns the number, or None where no
+    projection has such a path (a GPU)."""
+    head = model.get_output_embeddings()
+    layers = [
+        module
+        for module in model.modules()
+        if isinstance(module, WeightOnlyLinear) and module is not head and module.has_many_rows_path
+    ]
+    if not layers:
+        return None
+    largest = max(layers, key=lambda layer: layer.in_features * layer.out_features)
+    rows = dense_pays_from(largest, PROJECTION_TIMED_ROWS, model.dtype)
+    for layer in layers:
+        layer.dense_from_rows = rows
+    log.info("the quantized projections multiply %d rows or more by their path for many rows (timed)", rows)
+    return rows
+
+
+def dense_pays_from(layer: WeightOnlyLinear, candidates: tuple[int, ...], dtype: torch.dtype) -> int:
+    """The fewest `candidates` rows that `layer` multiplies at least as fast by its path for many rows
+    as by its packed kernel (`dense_pays_at`), activations in `dtype`; the last candidate if none."""
+    return next((rows for rows in candidates if dense_pays_at(layer, rows, dtype)), candidates[-1])
 
 
 @torch.inference_mode()
-def dense_pays_at(layer: WeightOnlyLinear, rows: int) -> bool:
-    """Whether `rows` rows of random activations go through `layer`'s dense copy at least as fast as
-    through its packed kernel, casts included (`median_seconds` of three rounds)."""
-    x = torch.randn(rows, layer.in_features, dtype=layer.dense.dtype, device=layer.dense.device)
+def dense_pays_at(layer: WeightOnlyLinear, rows: int, dtype: torch.dtype) -> bool:
+    """Whether `rows` rows of random activations in `dtype` go through `layer`'s path for many rows (its
+    dense copy or int8 path) at least as fast as through its packed kernel, casts included
+    (`median_seconds` of three rounds)."""
+    x = torch.randn(rows, layer.in_features, dtype=dtype)
     kernel, weights = layer.kernel()
     times = median_seconds(
         {
-            "dense": lambda: torch.nn.functional.linear(x, layer.dense),
+            "dense": lambda: layer.many_rows_matmul(x),
             "packed": lambda: kernel(x.to(layer.compute_dtype), *weights).to(x.dtype),
         },
         rounds=3,

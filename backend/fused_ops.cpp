@@ -529,6 +529,10 @@ at::Tensor scale_products(const at::Tensor& accumulated, const at::Tensor& row_s
 
 }  // namespace
 
+// block_matmul.cpp
+bool block_matmul_supported();
+at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of each row");
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta in place; the sum's RMSNorm");
@@ -539,4 +543,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("nucleus_draw", &nucleus_draw, "each row's draw from its nucleus (sampler.py's nucleus_cut and race)");
   m.def("quantize_rows", &quantize_rows, "smoothed rows to int8, a scale a row");
   m.def("scale_products", &scale_products, "int32 products times row and weight scales");
+  m.def("block_matmul_supported", &block_matmul_supported, "whether block_matmul runs here (AVX-512 VNNI)");
+  m.def("block_matmul", &block_matmul, "few rows times weights in blocks of 32 (block_weights.py)");
 }

@@ -33,7 +33,12 @@ from transformers import (
 from backend import fused_ops
 from backend.architectures import check_supported
 from backend.cache_size import size_kv_cache
-from backend.calibration import calibration_token_ids, smooth_many_rows_path, time_head_crossover
+from backend.calibration import (
+    calibration_token_ids,
+    smooth_many_rows_path,
+    time_head_crossover,
+    time_projection_crossover,
+)
 from backend.decoder_runner import DecoderRunner
 from backend.embeddings import EmbeddingModel, embed
 from backend.engine import context_length
@@ -221,6 +226,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     # path below is timed as it will run.
     fused_ops.decode_ops(device, exact=exact, compiled=False)
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
+    time_projection_crossover(model)
     time_head_crossover(model)
     give_back_freed_memory()
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)

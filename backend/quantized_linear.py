@@ -1,9 +1,13 @@
 """Weight-only quantized linear layers: 4-bit group-wise and 8-bit per channel, on CPU and CUDA.
 
 A decode step with few rows is bound by reading the weights, and these
-layers read a quarter (int4) or half (int8) of what bfloat16 weights take,
-through PyTorch's own weight-only kernels (`_weight_int4pack_mm_for_cpu` and
-`_weight_int4pack_mm`, `_weight_int8pack_mm`). The activations stay floats.
+layers read a quarter (int4) or half (int8) of what bfloat16 weights take.
+On a CPU with AVX-512 VNNI they are stored in blocks that `block_weights.
+matmul` multiplies by int8 dot products, as llama.cpp does (block_weights.py
+says why: PyTorch's kernels ran at half the memory's speed there);
+elsewhere through PyTorch's own weight-only kernels
+(`_weight_int4pack_mm_for_cpu` and `_weight_int4pack_mm`,
+`_weight_int8pack_mm`). The activations stay floats between layers.
 
     int4: w = (q - 8) * scale + zero, q in 0..15, one (scale, zero) per group
           of 32 inputs of an output channel: exactly GGUF's Q4_0 and Q4_1
@@ -11,7 +15,7 @@ through PyTorch's own weight-only kernels (`_weight_int4pack_mm_for_cpu` and
     int8: w = q * scale, q in -127..127, one scale per output channel.
 
 Measured on this project's CI machine (2-core Xeon with AMX; all of
-SmolLM2's projections, docs/performance.md):
+SmolLM2's projections, docs/performance.md), PyTorch's kernels:
 
 - The CPU kernels want bfloat16 activations: with float32 ones they take a
   path about 20 times slower (87 ms against 4.5 at one row), so a float32
@@ -27,6 +31,11 @@ SmolLM2's projections, docs/performance.md):
 - Where the CPU multiplies bfloat16 slowly (no AMX), int8 activations times
   int8 weights are faster still from 16 rows: the loader replaces the dense
   copies by those (`smoothed_int8.py`).
+
+Blocks cost less a row (on the 2-core AMD EPYC without AMX they beat the
+int8 path up to about 128 rows), so the loader times from how many rows the
+path for many rows pays on the machine it runs on
+(calibration.time_projection_crossover).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from backend import block_weights
 from backend.smoothed_int8 import smoothed_int8_matmul
 
 GROUP_SIZE = 32  # GGUF's block size, and the finest group the kernels take
@@ -53,7 +63,7 @@ class WeightOnlyLinear(nn.Module):
     dense_from_rows = DENSE_FROM_ROWS
     # The buffers that hold one slice per output channel, by the dimension those slices stack in
     # (how `fuse_linears` joins layers), and those that parts over one input share.
-    output_dims: dict[str, int] = {"dense": 0, "dense_int8": 0, "dense_scales": 0}
+    output_dims: dict[str, int] = {"dense": 0, "dense_int8": 0, "dense_scales": 0, "blocks": 0}
     shared_buffers = ("smoothing",)
     # What a pass of dense_from_rows rows or more multiplies by (the dense copy, or its int8 path)
     many_rows_buffers = ("dense", "dense_int8", "dense_scales", "smoothing")
@@ -67,6 +77,11 @@ class WeightOnlyLinear(nn.Module):
         self.register_buffer("dense_int8", None, persistent=False)
         self.register_buffer("dense_scales", None, persistent=False)
         self.register_buffer("smoothing", None, persistent=False)
+
+    def uses_blocks(self, device: torch.device) -> bool:
+        """Whether this layer's weights are stored in blocks for `block_weights.matmul` (a CPU with
+        AVX-512 VNNI), or else packed for PyTorch's kernels."""
+        return block_weights.available(device) and block_weights.fits(self.out_features, self.in_features)
 
     def use_smoothed_int8(
         self, weight_int8: torch.Tensor, scales: torch.Tensor, smoothing: torch.Tensor
@@ -84,17 +99,25 @@ class WeightOnlyLinear(nn.Module):
         if few_rows and x.dtype == self.compute_dtype and self.bias is None:
             return self.packed_matmul(x)  # a decode step's few rows (decoder_runner): no reshapes, no casts
         flat = x.reshape(-1, self.in_features)
-        many_rows = flat.shape[0] >= self.dense_from_rows
-        if many_rows and self.dense_int8 is not None:
-            out = smoothed_int8_matmul(flat, self.dense_int8, self.dense_scales, self.smoothing, x.dtype)
-        elif many_rows and self.dense is not None:
-            out = torch.nn.functional.linear(flat.to(self.dense.dtype), self.dense)
+        if flat.shape[0] >= self.dense_from_rows and self.has_many_rows_path:
+            out = self.many_rows_matmul(flat)
         else:
             out = self.packed_matmul(flat.to(self.compute_dtype))
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
+
+    @property
+    def has_many_rows_path(self) -> bool:
+        return self.dense is not None or self.dense_int8 is not None
+
+    def many_rows_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, in] @ W.T by the path for many rows: the int8 path where the loader calibrated one,
+        else the dense copy; in x's dtype or the copy's."""
+        if self.dense_int8 is not None:
+            return smoothed_int8_matmul(x, self.dense_int8, self.dense_scales, self.smoothing, x.dtype)
+        return torch.nn.functional.linear(x.to(self.dense.dtype), self.dense)
 
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         kernel, weights = self.kernel()
@@ -114,8 +137,7 @@ class WeightOnlyLinear(nn.Module):
             return self
         kernel, weights = self.kernel()
         compute_dtype = self.compute_dtype
-        has_dense = any(getattr(self, name) is not None for name in self.many_rows_buffers)
-        many_rows = self.dense_from_rows if has_dense else None
+        many_rows = self.dense_from_rows if self.has_many_rows_path else None
 
         def matmul(x: torch.Tensor) -> torch.Tensor:
             if many_rows is not None and x.shape[0] >= many_rows:
@@ -131,9 +153,11 @@ class Int4Linear(WeightOnlyLinear):
     output_dims = {**WeightOnlyLinear.output_dims, "packed": 0, "scales_and_zeros": 1}
 
     def can_be_followed(self) -> bool:
-        """Whether another layer's packed weights may follow this one's in a fused layer: the kernels
-        pack output channels in blocks (64 on the CPU, 8 on CUDA), and a layer that ends inside one
-        would be packed differently in the joined layer."""
+        """Whether another layer's packed weights may follow this one's in a fused layer: PyTorch's
+        kernels pack output channels in tiles (64 on the CPU, 8 on CUDA), and a layer that ends inside
+        one would be packed differently in the joined layer. Blocks hold 16 channels, as every layer has."""
+        if self.blocks is not None:
+            return True
         return self.out_features % (64 if self.packed.device.type == "cpu" else 8) == 0
 
     def __init__(
@@ -150,6 +174,12 @@ class Int4Linear(WeightOnlyLinear):
             dense = dequantize_int4(q, scale, zero).to(self.compute_dtype)
         super().__init__(bias, dense)
         self.out_features, self.in_features = q.shape
+        if self.uses_blocks(q.device):
+            self.register_buffer("blocks", block_weights.pack_int4(q, scale, zero), persistent=False)
+            self.register_buffer("packed", None, persistent=False)
+            self.register_buffer("scales_and_zeros", None, persistent=False)
+            return
+        self.register_buffer("blocks", None, persistent=False)
         self.register_buffer("packed", pack_int4(q.to(torch.int32), q.device), persistent=False)
         # The kernels' layout: [in / GROUP_SIZE, out, 2], (scale, zero) last.
         scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
@@ -170,6 +200,8 @@ class Int4Linear(WeightOnlyLinear):
         return cls(q, scale, zero, linear.bias, dense)
 
     def kernel(self) -> tuple[Callable, tuple]:
+        if self.blocks is not None:
+            return block_weights.matmul, (self.blocks, 4)
         on_cpu = self.packed.device.type == "cpu"
         kernel = torch.ops.aten._weight_int4pack_mm_for_cpu if on_cpu else torch.ops.aten._weight_int4pack_mm
         return kernel.default, (self.packed, GROUP_SIZE, self.scales_and_zeros)
@@ -214,6 +246,12 @@ class Int8Linear(WeightOnlyLinear):
             dense = (q.float() * scale.float()[:, None]).to(self.compute_dtype)
         super().__init__(bias, dense)
         self.out_features, self.in_features = q.shape
+        if self.uses_blocks(q.device):
+            self.register_buffer("blocks", block_weights.pack_int8(q, scale), persistent=False)
+            self.register_buffer("weight_int8", None, persistent=False)
+            self.register_buffer("scales", None, persistent=False)
+            return
+        self.register_buffer("blocks", None, persistent=False)
         self.register_buffer("weight_int8", q.to(torch.int8).contiguous(), persistent=False)
         self.register_buffer("scales", scale.to(self.compute_dtype), persistent=False)
 
@@ -227,6 +265,8 @@ class Int8Linear(WeightOnlyLinear):
         return cls(q, scale, linear.bias, dense)
 
     def kernel(self) -> tuple[Callable, tuple]:
+        if self.blocks is not None:
+            return block_weights.matmul, (self.blocks, 8)
         return torch.ops.aten._weight_int8pack_mm.default, (self.weight_int8, self.scales)
 
     def extra_repr(self) -> str:
@@ -244,14 +284,9 @@ def fuse_linears(parts: list[nn.Module]) -> WeightOnlyLinear | None:
     """
     if not fusable(parts):
         return None
-    first = parts[0]
-    fused = type(first).__new__(type(first))
-    nn.Module.__init__(fused)
-    fused.in_features = first.in_features
-    fused.out_features = sum(part.out_features for part in parts)
     biases = [part.bias for part in parts]
-    fused.bias = None if biases[0] is None else nn.Parameter(torch.cat(biases), requires_grad=False)
-    for name, dim in first.output_dims.items():
+    fused = bare_like(parts[0], sum(part.out_features for part in parts), biases)
+    for name, dim in fused.output_dims.items():
         tensors = [getattr(part, name) for part in parts]
         if tensors[0] is None:
             fused.register_buffer(name, None, persistent=False)
@@ -261,9 +296,30 @@ def fuse_linears(parts: list[nn.Module]) -> WeightOnlyLinear | None:
         if dim == 0:  # each part's rows are a contiguous slice of the joined tensor
             for part, piece in zip(parts, joined.split([t.shape[0] for t in tensors]), strict=True):
                 setattr(part, name, piece)
-    for name in first.shared_buffers:
-        fused.register_buffer(name, getattr(first, name), persistent=False)
     return fused
+
+
+def first_outputs(layer: WeightOnlyLinear, count: int) -> WeightOnlyLinear:
+    """A layer of `layer`'s first `count` outputs (a multiple of 16), on views of its weights: what
+    calibration times where the whole layer would take long."""
+    part = bare_like(layer, count, [None if layer.bias is None else layer.bias[:count]])
+    for name, dim in layer.output_dims.items():
+        tensor = getattr(layer, name)
+        part.register_buffer(name, None if tensor is None else tensor.narrow(dim, 0, count), persistent=False)
+    return part
+
+
+def bare_like(first: WeightOnlyLinear, out_features: int, biases: list) -> WeightOnlyLinear:
+    """A layer of `first`'s kind over its inputs, with `out_features` outputs, the biases joined and
+    the buffers its parts share, its own weights still to set; from as many rows on its many-rows path."""
+    layer = type(first).__new__(type(first))
+    nn.Module.__init__(layer)
+    layer.in_features, layer.out_features = first.in_features, out_features
+    layer.dense_from_rows = first.dense_from_rows
+    layer.bias = None if biases[0] is None else nn.Parameter(torch.cat(biases), requires_grad=False)
+    for name in first.shared_buffers:
+        layer.register_buffer(name, getattr(first, name), persistent=False)
+    return layer
 
 
 def fusable(parts: list[nn.Module]) -> bool:

@@ -1,5 +1,7 @@
 import pytest
+import torch
 
+from backend import block_weights
 from backend.engine import Engine
 from backend.loader import load_model
 from backend.messages import BackendConfig
@@ -16,3 +18,15 @@ def default_engine(default_model):
     engine = Engine(default_model.model, default_model.tokenizer, rows=32, max_seq_len=512)
     engine.warm_up()
     return engine
+
+
+@pytest.fixture(params=["blocks", "pytorch"])
+def weight_layout(request, monkeypatch):
+    """How the quantized layers a test builds on the CPU store their weights: in blocks for the CPU's
+    int8 dot products (block_weights.py), or packed for PyTorch's kernels, as a CPU without AVX-512
+    VNNI or without the C++ extension stores them."""
+    if request.param == "pytorch":
+        monkeypatch.setattr(block_weights, "available", lambda device: False)
+    elif not block_weights.available(torch.device("cpu")):
+        pytest.skip("this CPU has no AVX-512 VNNI: its layers are packed for PyTorch's kernels")
+    return request.param

@@ -1,4 +1,4 @@
-"""From how many rows an int8 output head multiplies by its dense copy: timed at load (calibration.py)."""
+"""From how many rows quantized layers multiply by their dense copy, timed at load (calibration.py)."""
 
 import time
 
@@ -7,29 +7,30 @@ import torch
 
 from backend import calibration
 from backend.calibration import HEAD_TIMED_OUTPUTS, dense_pays_at, dense_pays_from
-from backend.quantized_linear import Int4Linear, Int8Linear, quantize_model
+from backend.quantized_linear import Int4Linear, Int8Linear, fuse_linears, quantize_model
 from tests.backend.models import tiny_model
 
 
 def test_the_crossover_is_the_fewest_timed_rows_at_which_the_dense_copy_pays(monkeypatch):
     asked = []
 
-    def dense_pays_from_12(layer, rows):
+    def dense_pays_from_12(layer, rows, dtype):
         asked.append(rows)
         return rows >= 12
 
     monkeypatch.setattr(calibration, "dense_pays_at", dense_pays_from_12)
     layer = Int8Linear.quantize(torch.nn.Linear(64, 32, bias=False))
-    assert dense_pays_from(layer, (4, 8, 12, 16)) == 12
+    assert dense_pays_from(layer, (4, 8, 12, 16), torch.float32) == 12
     assert asked == [4, 8, 12]  # it stops at the first that pays: timing costs start-up
-    monkeypatch.setattr(calibration, "dense_pays_at", lambda layer, rows: False)
-    assert dense_pays_from(layer, (4, 8, 12, 16)) == 16  # the packed kernel all the way: the last
+    monkeypatch.setattr(calibration, "dense_pays_at", lambda layer, rows, dtype: False)
+    # the packed kernel all the way: the last
+    assert dense_pays_from(layer, (4, 8, 12, 16), torch.float32) == 16
 
 
 def test_a_loaded_head_switches_to_its_dense_copy_at_the_timed_crossover(monkeypatch):
     timed = []
 
-    def dense_pays_from_6(layer, rows):
+    def dense_pays_from_6(layer, rows, dtype):
         timed.append(layer)
         return rows >= 6
 
@@ -76,4 +77,32 @@ def test_the_timing_decides_both_ways(monkeypatch, slow, pays):
     else:
         kernel, weights = layer.kernel()
         monkeypatch.setattr(layer, "kernel", lambda: (slowed(kernel), weights))
-    assert dense_pays_at(layer, 4) is pays
+    assert dense_pays_at(layer, 4, torch.float32) is pays
+
+
+def test_the_projections_switch_to_their_many_rows_path_at_their_timed_crossover(monkeypatch):
+    """Every projection, and the fused layers a runner makes of them, take the timed number; the head
+    keeps its own."""
+    timed = []
+
+    def dense_pays_from_48(layer, rows, dtype):
+        timed.append(layer)
+        return rows >= 48
+
+    monkeypatch.setattr(calibration, "dense_pays_at", dense_pays_from_48)
+    model = tiny_model("llama")
+    quantize_model(model, "int4")
+    assert calibration.time_projection_crossover(model) == 48
+    projections = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    assert timed[0] is max(projections, key=lambda layer: layer.in_features * layer.out_features)
+    assert {layer.dense_from_rows for layer in projections} == {48}
+    assert model.lm_head.dense_from_rows == Int8Linear.dense_from_rows  # not the head's number
+    gate, up = model.model.layers[0].mlp.gate_proj, model.model.layers[0].mlp.up_proj
+    fused = fuse_linears([gate, up])
+    assert fused.dense_from_rows == 48
+    for rows, path in ((47, "packed"), (48, "dense")):
+        x = torch.randn(rows, gate.in_features)
+        packed = fused.packed_matmul(x.to(fused.compute_dtype)).float()
+        many = torch.nn.functional.linear(x, fused.dense)
+        assert torch.equal(fused(x), packed if path == "packed" else many), rows
+    assert not torch.equal(fused.packed_matmul(x.to(fused.compute_dtype)).float(), many)

@@ -27,7 +27,7 @@ def bf16_tolerance(reference: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_int4_layer_multiplies_by_q_minus_8_times_scale_plus_zero(device):
+def test_int4_layer_multiplies_by_q_minus_8_times_scale_plus_zero(device, weight_layout):
     generator = torch.Generator().manual_seed(0)
     out_features, in_features = 96, 4 * GROUP_SIZE
     q = torch.randint(0, 16, (out_features, in_features), generator=generator, dtype=torch.uint8)
@@ -46,7 +46,7 @@ def test_int4_layer_multiplies_by_q_minus_8_times_scale_plus_zero(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["int4", "int8"])
-def test_quantizing_a_float_layer_keeps_its_products_close(mode, device):
+def test_quantizing_a_float_layer_keeps_its_products_close(mode, device, weight_layout):
     torch.manual_seed(1)
     linear = torch.nn.Linear(8 * GROUP_SIZE, 64).to(device)
     layer = {"int4": Int4Linear, "int8": Int8Linear}[mode].quantize(linear)
@@ -58,7 +58,7 @@ def test_quantizing_a_float_layer_keeps_its_products_close(mode, device):
         assert error > 0  # it did quantize
 
 
-def test_int8_layer_multiplies_by_q_times_its_channel_scale():
+def test_int8_layer_multiplies_by_q_times_its_channel_scale(weight_layout):
     torch.manual_seed(2)
     q = torch.randint(-127, 128, (48, 64), dtype=torch.int8)
     scale = torch.rand(48) / 100
@@ -71,7 +71,9 @@ def test_int8_layer_multiplies_by_q_times_its_channel_scale():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["int4", "int8"])
-def test_fused_layers_give_their_parts_outputs_side_by_side_and_share_their_weights(mode, device):
+def test_fused_layers_give_their_parts_outputs_side_by_side_and_share_their_weights(
+    mode, device, weight_layout
+):
     torch.manual_seed(3)
     quantize = {"int4": Int4Linear, "int8": Int8Linear}[mode].quantize
     parts = [quantize(torch.nn.Linear(4 * GROUP_SIZE, out).to(device)) for out in (64, 128, 32)]
@@ -84,7 +86,8 @@ def test_fused_layers_give_their_parts_outputs_side_by_side_and_share_their_weig
         assert (fused(x) - expected).abs().max() < bf16_tolerance(expected)
         for part, output in zip(parts, outputs, strict=True):  # the parts still work, on views
             assert torch.equal(part(x), output)
-    weight_name = {"int4": "packed", "int8": "weight_int8"}[mode]
+    weight_name = "blocks" if fused.blocks is not None else {"int4": "packed", "int8": "weight_int8"}[mode]
+    assert (weight_name == "blocks") == (weight_layout == "blocks" and device == "cpu")
     fused_weight = getattr(fused, weight_name)
     for part in parts:  # the parts read slices of the fused weights: nothing is stored twice
         weight = getattr(part, weight_name)
@@ -97,12 +100,13 @@ def test_float_layers_and_mixed_kinds_do_not_fuse():
     assert fuse_linears([Int4Linear.quantize(linears[0]), Int8Linear.quantize(linears[1])]) is None
 
 
-def test_int4_layers_fuse_only_where_the_cpu_packing_blocks_line_up():
+def test_int4_layers_fuse_only_where_the_cpu_packing_blocks_line_up(weight_layout):
     def int4(out_features):
         return Int4Linear.quantize(torch.nn.Linear(GROUP_SIZE, out_features))
 
     assert fuse_linears([int4(64), int4(16)]) is not None
-    assert fuse_linears([int4(32), int4(32)]) is None  # 32 rows end inside the kernel's 64-row block
+    # 32 rows end inside PyTorch's 64-row tile; blocks hold 16 channels
+    assert (fuse_linears([int4(32), int4(32)]) is not None) == (weight_layout == "blocks")
 
 
 @pytest.mark.parametrize("kind", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1])
@@ -205,7 +209,7 @@ def test_quantize_model_replaces_every_projection_but_the_head(mode):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", [Int4Linear, Int8Linear])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_layers_few_rows_function_multiplies_as_the_layer_does(device, kind, dtype):
+def test_a_layers_few_rows_function_multiplies_as_the_layer_does(device, kind, dtype, weight_layout):
     """What a decode step calls instead of the module (decoder_runner.DecodeLayer): the same result,
     bit for bit and in the same dtype, for few rows (the kernel) and many (the dense copy), the layer
     alone and fused with another."""
