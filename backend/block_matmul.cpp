@@ -16,6 +16,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "fused_ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -131,6 +133,8 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
 
 }  // namespace
 
+namespace fused_ops {
+
 // Whether this build multiplies blocks (the CPU it was compiled for has AVX-512 VNNI).
 bool block_matmul_supported() {
 #ifdef BLOCK_MATMUL_VNNI
@@ -184,3 +188,5 @@ at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t 
 #endif
   return result;
 }
+
+}  // namespace fused_ops

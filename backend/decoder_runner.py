@@ -40,6 +40,7 @@ from transformers.cache_utils import CacheLayerMixin
 from backend.architectures import sliding_window
 from backend.decode_graphs import DecodeGraphs
 from backend.fused_ops import EAGER, DecodeOps, Norm, decode_ops, rotate
+from backend.native_decode import NativeDecode
 from backend.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fuse_linears
 from backend.row_attention import StepLayout, attend
 from backend.row_cache import KVShape, RowCache
@@ -159,6 +160,22 @@ class DecoderRunner:
             isinstance(p.linears[0], WeightOnlyLinear) for p in self.qkv
         )
         self.ops: DecodeOps = decode_ops(self.norm.weight.device, exact, compile_decode)
+        # And where all of a decode step's work is the extension's, its layers are one C++ call.
+        self.native = None
+        if self.reads_own_positions:
+            self.native = NativeDecode.of(
+                self.ops,
+                [
+                    [qkv.fused, layer.self_attn.o_proj, gate_up.fused, layer.mlp.down_proj]
+                    for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True)
+                ],
+                [self.first_norm]
+                + [norm for step in self.decode_plan for norm in (step.mlp_norm, step.next_norm)],
+                dtype,
+                self.heads,
+                self.kv_heads,
+                self.scaling,
+            )
         # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
         # still took a fifth of the step as PyTorch's operations (docs/performance.md).
         self.decode_below = DECODE_BELOW if self.ops is EAGER else float("inf")
@@ -294,6 +311,8 @@ class DecoderRunner:
         ops, queries = self.ops, input_ids.shape[0]
         hidden = self.embed(input_ids)
         cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
+        if self.native is not None and queries < self.native.rows_below:
+            return self.native(hidden, cos, sin, slots, rows, positions, keys, values)
         normed = ops.norm(hidden, self.first_norm)
         for layer, layer_keys, layer_values in zip(self.decode_plan, keys, values, strict=True):
             query = ops.rotate_and_store(

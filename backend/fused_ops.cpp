@@ -9,6 +9,8 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "fused_ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,7 +18,7 @@
 #include <tuple>
 #include <vector>
 
-namespace {
+namespace fused_ops {
 
 using c10::BFloat16;
 
@@ -527,13 +529,10 @@ at::Tensor scale_products(const at::Tensor& accumulated, const at::Tensor& row_s
   return out;
 }
 
-}  // namespace
-
-// block_matmul.cpp
-bool block_matmul_supported();
-at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits);
+}  // namespace fused_ops
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace fused_ops;
   m.def("rms_norm", &rms_norm, "RMSNorm of each row");
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta in place; the sum's RMSNorm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 * width]");
@@ -545,4 +544,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scale_products", &scale_products, "int32 products times row and weight scales");
   m.def("block_matmul_supported", &block_matmul_supported, "whether block_matmul runs here (AVX-512 VNNI)");
   m.def("block_matmul", &block_matmul, "few rows times weights in blocks of 32 (block_weights.py)");
+  m.def("decode_layers", &decode_layers, "a decode step's layers in one call (decoder_runner.NativeDecode)");
 }

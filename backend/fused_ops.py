@@ -50,8 +50,12 @@ from torch.nn.functional import scaled_dot_product_attention
 
 log = logging.getLogger(__name__)
 
-# One extension: these loops, and the products of few rows by weights in blocks (block_weights.py).
-SOURCES = [Path(__file__).with_name(name) for name in ("fused_ops.cpp", "block_matmul.cpp")]
+# One extension: these loops, the products of few rows by weights in blocks (block_weights.py), and a
+# decode step's layers in one call (decoder_runner.NativeDecode); the header they share.
+SOURCES = [
+    Path(__file__).with_name(name) for name in ("fused_ops.cpp", "block_matmul.cpp", "decode_layers.cpp")
+]
+HEADERS = [Path(__file__).with_name("fused_ops.h")]
 # Built where it runs: the CPU's own vector instructions; OpenMP for at::parallel_for's threads.
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 DISABLE_VARIABLE = "INFERENCE_FUSED_CPU_OPS"  # "0": PyTorch's operations only
@@ -275,7 +279,7 @@ def build_directory() -> Path:
     """Where this source, built with these flags for this CPU, Python and torch, lives: PyTorch's extension
     directory. The key changes with any of them: a build for another torch would load and then crash."""
     built_for = [" ".join(CFLAGS), cpu_fingerprint(), sys.version, torch.__version__]
-    code = b"".join(source.read_bytes() for source in SOURCES)
+    code = b"".join(source.read_bytes() for source in SOURCES + HEADERS)
     key = hashlib.sha256(code + "\n".join(built_for).encode()).hexdigest()[:12]
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or "~/.cache/torch_extensions").expanduser()
     return root / f"fused_cpu_ops_{key}"

@@ -1,0 +1,28 @@
+// The C++ extension's functions that its files call one another by (fused_ops.cpp, block_matmul.cpp,
+// decode_layers.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace fused_ops {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor add_rms_norm(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                            const at::Tensor& slots, at::Tensor& keys, at::Tensor& values, int64_t heads,
+                            int64_t kv_heads);
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                            const at::Tensor& rows, const at::Tensor& positions, double scaling);
+bool attention_supports(int64_t head_dim, int64_t group);
+
+bool block_matmul_supported();
+at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits);
+
+at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+                         const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
+                         std::vector<at::Tensor> values, const std::vector<at::Tensor>& projections,
+                         const std::vector<int64_t>& bits, const std::vector<at::Tensor>& norms,
+                         const std::vector<double>& eps, int64_t heads, int64_t kv_heads, double scaling);
+
+}  // namespace fused_ops

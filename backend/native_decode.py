@@ -1,0 +1,101 @@
+"""A decode step's layers in one C++ call (decode_layers.cpp), where the model's step allows it.
+
+With its weights in blocks (block_weights.py) a one-row step of the default
+model on a CPU took 5.7 ms, of which the C++ work of its 30 layers was some
+2.6 and Python around it, ten calls a layer through the interpreter and
+pybind, about another millisecond (docs/performance.md). `decode_layers.cpp`
+is `DecoderRunner.decode_layers`'s loop with the same functions in the same
+order, so its numbers are the Python loop's bit for bit
+(tests/backend/test_native_decode.py); it runs where every one of them is
+this extension's: a CPU with the fused operations and AVX-512 VNNI, every
+projection in blocks, the attention loop for the model's head size, and
+activations in the kernels' dtype (bfloat16, the default mode's). Other
+steps, and other models, run the Python loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from backend import block_weights
+from backend.fused_ops import DecodeOps, FusedOps, Norm
+from backend.quantized_linear import WeightOnlyLinear
+
+
+@dataclass(frozen=True)
+class NativeDecode:
+    """What `decode_layers.cpp` takes besides a step's tensors, gathered once for a runner."""
+
+    run: Callable[..., torch.Tensor]  # the extension's decode_layers
+    projections: list[torch.Tensor]  # each layer's qkv, o, gate_up and down blocks
+    bits: list[int]
+    norms: list[torch.Tensor]  # the first input norm, then each layer's two: after attention, after MLP
+    eps: list[float]
+    heads: int
+    kv_heads: int
+    scaling: float
+    rows_below: int  # steps of fewer rows: from there on a projection multiplies by its many-rows path
+
+    @classmethod
+    def of(
+        cls,
+        ops: DecodeOps,
+        layers: list[list[nn.Module]],  # each layer's projections: qkv and gate_up fused, o, down
+        norms: list[Norm],
+        dtype: torch.dtype,
+        heads: int,
+        kv_heads: int,
+        scaling: float,
+    ) -> NativeDecode | None:
+        """The plan for these layers, or None where a step must run the Python loop."""
+        projections = [projection for layer in layers for projection in layer]
+        in_blocks = all(
+            isinstance(p, WeightOnlyLinear) and p.blocks is not None and p.bias is None for p in projections
+        )
+        if not isinstance(ops, FusedOps) or not in_blocks or dtype != WeightOnlyLinear.compute_dtype:
+            return None
+        many_rows = [p.dense_from_rows for p in projections if p.has_many_rows_path]
+        return cls(
+            run=ops.extension.decode_layers,
+            projections=[p.blocks for p in projections],
+            bits=[block_weights.bits_of(p.blocks, p.in_features) for p in projections],
+            norms=[norm.weight for norm in norms],
+            eps=[norm.eps for norm in norms],
+            heads=heads,
+            kv_heads=kv_heads,
+            scaling=scaling,
+            rows_below=min(many_rows, default=torch.iinfo(torch.int64).max),
+        )
+
+    def __call__(
+        self,
+        hidden: torch.Tensor,  # [queries, hidden]: the step's embeddings, its own (written into)
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        return self.run(
+            hidden,
+            cos,
+            sin,
+            slots,
+            rows,
+            positions,
+            keys,
+            values,
+            self.projections,
+            self.bits,
+            self.norms,
+            self.eps,
+            self.heads,
+            self.kv_heads,
+            self.scaling,
+        )

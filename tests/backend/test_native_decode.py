@@ -1,0 +1,81 @@
+"""A decode step's layers in one C++ call (native_decode.py, decode_layers.cpp): the Python loop's numbers."""
+
+import pytest
+import torch
+
+from backend import block_weights
+from backend.decoder_runner import DecoderRunner
+from backend.engine import Engine
+from backend.fused_ops import EAGER
+from backend.messages import Submit
+from backend.native_decode import NativeDecode
+from backend.quantized_linear import quantize_model
+from backend.row_cache import KVShape, RowCache
+from tests.backend.models import MarkerTokenizer, drive, tiny_model
+from tests.backend.test_compiled_decode import greedy, record_decode_steps, replay_decode_steps
+
+pytestmark = pytest.mark.skipif(
+    not block_weights.available(torch.device("cpu")),
+    reason="this CPU has no AVX-512 VNNI: no weights in blocks, so no native decode steps",
+)
+
+
+def served_like_the_default(head_dim: int = 64, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """A tiny model as the default mode serves one: bfloat16, 4-bit projections in blocks, int8 head;
+    its norms' weights random (a fresh model's are ones, and a loop that took one for another would pass)."""
+    model = tiny_model("llama", head_dim=head_dim).to(dtype)
+    generator = torch.Generator().manual_seed(5)
+    for name, parameter in model.named_parameters():
+        if "norm" in name:
+            parameter.data.copy_(torch.rand(parameter.shape, generator=generator) + 0.5)
+    quantize_model(model, "int4")
+    return model
+
+
+def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(monkeypatch):
+    """Every decode step of an engine running the Python loop, replayed through a runner with the
+    native one from the same cache: the same logits and keys and values exactly, for one row, rows
+    with a free one among them, and a step of more rows than the native loop takes (the Python loop's)."""
+    model = served_like_the_default()
+    engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
+    engine.runner.native = None
+    steps = record_decode_steps(engine)
+    many = [(0, Submit(f"many-{i}", (20 + i, 21, 22), greedy(3))) for i in range(17)]
+    drive(
+        engine,
+        [
+            (0, Submit("a", (5, 6, 7), greedy(6))),
+            (0, Submit("b", (8, 9), greedy(2))),
+            (0, Submit("c", (10, 11, 12, 13), greedy(9))),
+            *[(12, submit) for _, submit in many],
+        ],
+    )
+    runner = DecoderRunner(model)
+    assert runner.native is not None and runner.native.rows_below == 16
+    shapes = {layout.decode_queries for _, _, layout, *_ in steps}
+    assert {1, 2, 3} <= shapes and max(shapes) >= runner.native.rows_below
+    assert any(layout.has_free_rows for _, _, layout, *_ in steps)
+
+    native_steps, call = [], NativeDecode.__call__
+
+    def counting(self, hidden, *args):
+        native_steps.append(hidden.shape[0])
+        return call(self, hidden, *args)
+
+    monkeypatch.setattr(NativeDecode, "__call__", counting)
+    cache = RowCache(KVShape.of(model.config), 20, 64, engine.cache_dtype, engine.device)
+    replay_decode_steps(runner, cache, steps, logits_tolerance=0, cache_tolerance=0)
+    assert set(native_steps) == {rows for rows in shapes if rows < runner.native.rows_below}
+
+
+def test_the_native_loop_runs_only_where_all_of_a_steps_work_is_the_extensions(monkeypatch):
+    assert DecoderRunner(served_like_the_default()).native is not None
+    # float32 activations: the Python loop rounds them to bfloat16 for the kernels, the native one would not
+    assert DecoderRunner(served_like_the_default(dtype=torch.float32)).native is None
+    assert DecoderRunner(served_like_the_default(head_dim=16)).native is None  # no attention loop for 16
+    unquantized = tiny_model("llama", head_dim=64).to(torch.bfloat16)
+    assert DecoderRunner(unquantized).native is None  # float projections
+    assert DecoderRunner(served_like_the_default(), compile_decode=True).native is None  # inductor's own
+    monkeypatch.setattr(block_weights, "available", lambda device: False)
+    assert DecoderRunner(served_like_the_default()).native is None  # PyTorch's packing
+    assert DecoderRunner(served_like_the_default()).ops is not EAGER  # the loops still run
