@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -52,6 +53,13 @@ class LongRow(NamedTuple):
     row: int
     position: int  # the position of its query: it reads 0..position
 
+
+# Prompts this short, with nothing of theirs in the cache before, attend by the CPU's loop where there is
+# one (`by_position`), with the step's decode queries: one call a layer instead of a PyTorch call and
+# its slicing each. 32 prompts of 16 tokens (a burst of new requests) took 960 calls a step, some 75 us
+# each; the loop takes a 16-token prompt in 20 us, but its cost grows with the square of the length
+# and at 64 tokens it is slower than PyTorch's kernel (docs/performance.md).
+LOOP_PROMPT_TOKENS = 32
 
 # A row read alone costs an attention call of its own in every layer; it is worth it where the batch
 # then reads fewer positions, counted over the rows of its span, by at least this many.
@@ -97,6 +105,24 @@ class StepLayout:
     def has_free_rows(self) -> bool:
         """Whether some rows below decode_rows are not decoding (else query i is row i)."""
         return self.decode_queries < self.decode_rows
+
+    def loop_takes(self, chunk: PromptChunk) -> bool:
+        """Whether a prompt chunk attends by the CPU's loop, where there is one (LOOP_PROMPT_TOKENS)."""
+        return chunk.past == 0 and chunk.length <= LOOP_PROMPT_TOKENS
+
+    @functools.cached_property
+    def by_position(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(place in the pack, row, position) of each query the CPU's loop takes, each reading its row up
+        to its own position: the decode queries, then the prompt chunks it takes (`loop_takes`)."""
+        device = self.decode_index.device
+        chunks = [chunk for chunk in self.prompts if self.loop_takes(chunk)]
+        places = [torch.arange(self.decode_queries, device=device)]
+        places += [torch.arange(chunk.start, chunk.start + chunk.length, device=device) for chunk in chunks]
+        rows = [self.decode_index] + [
+            torch.full((chunk.length,), chunk.row, device=device) for chunk in chunks
+        ]
+        positions = [self.positions] + [torch.arange(chunk.length, device=device) for chunk in chunks]
+        return torch.cat(places), torch.cat(rows), torch.cat(positions)
 
 
 def visibility(ends: torch.Tensor, span: int, dtype: torch.dtype) -> torch.Tensor:
@@ -154,17 +180,17 @@ def attend(
     Attention runs in the cache's dtype (row_cache.pick_cache_dtype), the output in the queries' own.
     `by_position` (fused_ops.FusedOps.attend: the CPU's loop) takes the decode queries where there is
     one, each over its own row up to its own position: no batch padded to the longest row, no long rows
-    apart (the engine makes none for it).
+    apart (the engine makes none for it); and short new prompts (`StepLayout.loop_takes`) with them.
     """
     query_dtype, query = query.dtype, query.to(key.dtype)
     output = torch.empty_like(query)
     n, decoding = layout.decode_rows, layout.decode_queries
-    if decoding and by_position is not None:
-        queries = query[0, :, :decoding].transpose(0, 1).contiguous()  # [decoding, heads, head_dim]
-        attended = by_position(
-            queries, key, value, layout.decode_index, layout.positions, layout.visible, scaling
-        )
-        output[0, :, :decoding] = attended.transpose(0, 1)
+    if by_position is not None:
+        places, rows, positions = layout.by_position
+        if places.shape[0]:
+            queries = query[0].index_select(1, places).transpose(0, 1).contiguous()  # [taken, heads, dim]
+            attended = by_position(queries, key, value, rows, positions, layout.visible, scaling)
+            output[0].index_copy_(1, places, attended.transpose(0, 1))
     elif decoding:
         queries = query[0, :, :decoding].unsqueeze(2).transpose(0, 1)  # [decoding, heads, 1, head_dim]
         if layout.has_free_rows:  # one query per row of the span, zero for the free ones
@@ -190,6 +216,8 @@ def attend(
                 enable_gqa=True,
             )
     for chunk in layout.prompts:
+        if by_position is not None and layout.loop_takes(chunk):
+            continue
         end, pack = chunk.past + chunk.length, slice(chunk.start, chunk.start + chunk.length)
         output[:, :, pack] = scaled_dot_product_attention(
             query[:, :, pack],

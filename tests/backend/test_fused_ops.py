@@ -248,6 +248,10 @@ def test_steps_with_prompts_and_long_rows_attend_by_the_loops(fused, monkeypatch
         torch.testing.assert_close(logits, expected_logits, **tolerance(torch.float32))
     assert any(layout.long_rows for layout, _ in expected)
     assert not any(layout.long_rows for layout, _ in got)
+    # Short new prompts ("a", "b") attend by the loop with the decode queries; long ones by PyTorch's kernel.
+    chunks = [(layout, chunk) for layout, _ in got for chunk in layout.prompts]
+    assert {chunk.length for layout, chunk in chunks if layout.loop_takes(chunk)} == {3, 2}
+    assert any(layout.by_position[0].shape[0] > layout.decode_queries for layout, _ in got)
     assert sum(bool(layout.prompts and layout.decode_queries) for layout, _ in got) >= 3
 
 
