@@ -124,7 +124,7 @@ def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
     halves = per_block[..., value_bytes:].contiguous().view(torch.float16).float()  # [groups, count, 16k]
     by_channel = halves.reshape(groups, count, -1, CHANNELS).permute(0, 3, 1, 2)
     by_channel = by_channel.reshape(out_features, count, -1)  # d, and (4-bit) m
-    d = by_channel[..., 0]
-    m = by_channel[..., 1] if bits == 4 else -128 * d
-    weights = u.float().reshape(out_features, count, BLOCK) * d[..., None] + m[..., None]
+    d = by_channel[..., 0, None]
+    u = u.float().reshape(out_features, count, BLOCK)
+    weights = u * d + by_channel[..., 1, None] if bits == 4 else (u - 128) * d  # 8-bit: q * d, exactly
     return weights.reshape(out_features, in_features)

@@ -13,11 +13,12 @@ kernel's type), and reads a quarter of the bytes a bfloat16 copy would.
 
 In Int4Linear's terms, w = (q - 8) * scale + zero: scale = d and zero =
 m + 8d (Q4_1) or 0 (Q4_0). Every other tensor type keeps the dequantized
-weights transformers made. PyTorch has no kernel for 8-bit weights with a
-scale per block of 32 (`_weight_int8pack_mm` takes one per channel), so an
-output head stored as Q8_0 (SmolLM2's, tied to its embedding) keeps its
-dequantized floats for many rows and gets an int8 copy with one scale per
-channel for few (quantized_linear.quantize_head).
+weights transformers made. An output head stored as Q8_0 (SmolLM2's, tied
+to its embedding) keeps its dequantized floats for many rows and, for few,
+its own blocks where the CPU multiplies blocks (block_weights.py takes a
+scale a block of 32); elsewhere an int8 copy with one scale per channel
+(quantized_linear.quantize_head), since PyTorch's `_weight_int8pack_mm`
+takes no other.
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
+from backend import block_weights
 from backend.quantized_linear import (
     GROUP_SIZE,
     Int4Linear,
+    Int8Linear,
+    fits_int4_kernels,
     quantizable_linears,
     quantize_head,
     replace_module,
@@ -61,6 +65,8 @@ PLAIN_ARCHITECTURES = {"qwen2"}  # stored as transformers names them
 # the file again (gguf's reader walks every field first, the tokenizer's 49,152 strings and 48,900
 # merges among them: 5 of a 7.6 s load of the default model).
 FOUR_BIT_CACHE = "four_bit_weights.safetensors"
+HEAD_CACHE = "head_q8_0_blocks.safetensors"  # and the head's Q8_0 blocks
+Q8_0_BYTES = 34  # fp16 d, 32 int8 values
 
 
 @dataclass(frozen=True)
@@ -202,7 +208,9 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
             dense=linears[name].weight,
         )
         replace_module(model, name, layer)
-    head = quantize_head(model) if head_type not in FLOAT_TYPES else 0
+    head = serve_head_blocks(model, path, cache_dir) if head_type == "Q8_0" else 0
+    if not head and head_type not in FLOAT_TYPES:
+        head = quantize_head(model)
     log.info(
         "GGUF %s (tensor types %s): %d linear layers served from their 4-bit blocks, %d dequantized "
         "(with the embeddings and norms) to %s; output head (%s) %s",
@@ -212,6 +220,66 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
         len(linears) - len(weights),
         next(model.parameters()).dtype,
         head_type,
-        "in int8 per channel for few rows" if head else "as floats",
+        {0: "as floats", 1: "in int8 per channel for few rows", 2: "from its Q8_0 blocks for few rows"}[head],
     )
-    return len(weights) + head
+    return len(weights) + bool(head)
+
+
+def serve_head_blocks(model: nn.Module, path: Path, cache_dir: Path | None) -> int:
+    """Replace an output head stored as Q8_0 by an Int8Linear of its own blocks (a scale a block of 32)
+    where the CPU multiplies blocks (block_weights.py); its float weights stay the dense copy for many
+    rows. Returns 2 if it did, else 0 (PyTorch's int8 kernel takes one scale a channel only)."""
+    head = model.get_output_embeddings()
+    device = head.weight.device
+    if type(head) is not nn.Linear or not (block_weights.available(device) and fits_int4_kernels(head)):
+        return 0
+    blocks = read_head_blocks(path, cache_dir)
+    if blocks is None or blocks.q.shape != head.weight.shape:
+        return 0
+    name = next(name for name, module in model.named_modules() if module is head)
+    replace_module(model, name, Int8Linear(blocks.q, blocks.scale, head.bias, dense=head.weight.detach()))
+    return 2
+
+
+@dataclass(frozen=True)
+class EightBitWeight:
+    """A Q8_0 tensor's blocks: w = q * scale, a scale a block of 32 inputs of an output channel."""
+
+    q: torch.Tensor  # [out, in] int8
+    scale: torch.Tensor  # [out, in / 32] float32
+
+
+def unpack_q8_0(rows: np.ndarray) -> EightBitWeight:
+    """[out, blocks * 34] uint8 rows of Q8_0 blocks (fp16 d, then 32 int8 values) to q and scale."""
+    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, Q8_0_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = blocks[..., 2:].copy().view(np.int8).reshape(rows.shape[0], -1)
+    return EightBitWeight(torch.from_numpy(q), torch.from_numpy(d))
+
+
+def read_head_blocks(path: Path, cache_dir: Path | None = None) -> EightBitWeight | None:
+    """The output head's Q8_0 blocks (the embedding's, where they are tied), from `cache_dir`'s copy
+    where it has one, else from the file (then saved there); None where the head is not Q8_0."""
+    cached = cache_dir / HEAD_CACHE if cache_dir is not None else None
+    if cached is not None and cached.is_file():
+        try:
+            with safe_open(cached, framework="pt") as file:
+                return EightBitWeight(file.get_tensor("q"), file.get_tensor("scale"))
+        except Exception as error:  # a damaged copy: read the file again, and replace the copy
+            log.warning(
+                "the cached head blocks in %s are unreadable (%s): reading the GGUF file", cached, error
+            )
+    tensors = {tensor.name: tensor for tensor in GGUFReader(str(path)).tensors}
+    tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
+    if tensor is None or tensor.tensor_type != GGMLQuantizationType.Q8_0:
+        return None
+    found = unpack_q8_0(np.asarray(tensor.data))
+    if cached is not None:
+        staging = cached.with_name(f".{cached.name}.{os.getpid()}")
+        try:
+            save_file({"q": found.q, "scale": found.scale}, staging)
+            staging.replace(cached)
+        except OSError as error:  # a full disk: later starts read the file again
+            staging.unlink(missing_ok=True)
+            log.warning("could not cache the head's blocks in %s: %s", cached, error)
+    return found

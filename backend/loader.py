@@ -117,11 +117,17 @@ def cache_root(config: BackendConfig) -> Path:
     return Path(root).expanduser()
 
 
+CONVERSION = "float32"  # how converted copies are made: part of their directory's name
+
+
 def converted_dir(source: ModelSource, root: Path) -> Path:
     """Where a GGUF file's converted weights live; the key changes when the file does."""
     gguf = Path(source.location) / source.gguf_file
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    # With CONVERSION in the key, copies made before conversions were float32 (which held the dtype of
+    # the start that made them) are not reused.
+    identity = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERSION}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return root / "converted" / f"{source.name}-{key}"
 
 
@@ -211,8 +217,14 @@ def load_model(config: BackendConfig) -> LoadedModel:
     log.info("%s", cache_size.summary())
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(location, gguf_file=gguf_file, token=token)
+    # A GGUF file is converted in float32, whatever this start's dtype: the converted copy serves every
+    # later start, the exact mode's too, which must get the file's dequantized weights, not bfloat16's.
     model = AutoModelForCausalLM.from_pretrained(
-        location, gguf_file=gguf_file, token=token, dtype=dtype, attn_implementation="sdpa"
+        location,
+        gguf_file=gguf_file,
+        token=token,
+        dtype=torch.float32 if gguf_file is not None else dtype,
+        attn_implementation="sdpa",
     )
     if gguf_file is not None and save_converted(model, tokenizer, converted):
         location = str(converted)

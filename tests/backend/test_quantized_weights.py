@@ -5,8 +5,16 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from backend import gguf_weights
-from backend.gguf_weights import FOUR_BIT_CACHE, read_four_bit_weights, serve_gguf_weights, unpack_blocks
+from backend import block_weights, gguf_weights
+from backend.gguf_weights import (
+    FOUR_BIT_CACHE,
+    HEAD_CACHE,
+    read_four_bit_weights,
+    read_head_blocks,
+    serve_gguf_weights,
+    unpack_blocks,
+    unpack_q8_0,
+)
 from backend.loader import default_model_path, load_model
 from backend.messages import BackendConfig
 from backend.quantized_linear import (
@@ -143,9 +151,39 @@ def test_the_default_models_q4_1_layers_are_served_from_their_own_blocks():
         assert isinstance(layer, Int4Linear), name
         reference = x[:, : weight.shape[1]] @ weight.T
         assert (layer(x[:, : weight.shape[1]]) - reference).abs().max() < bf16_tolerance(reference), name
-    # Q8_0 and tied to the embedding: int8 per channel for few rows, the embedding's floats for many.
+    # Q8_0 and tied to the embedding: its own blocks (or, without blocks, int8 per channel) for few rows,
+    # the embedding's floats for many.
     assert isinstance(model.lm_head, Int8Linear)
-    assert model.lm_head.dense.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    embedding = model.get_input_embeddings().weight
+    assert model.lm_head.dense.data_ptr() == embedding.data_ptr()
+    if block_weights.available(torch.device("cpu")):  # the file's blocks exactly: no requantization
+        assert torch.equal(block_weights.dequantize(model.lm_head.blocks, embedding.shape[1]), embedding)
+
+
+@pytest.mark.parametrize("with_copy", [False, True])
+def test_the_q8_0_head_blocks_are_the_files_and_are_read_once(tmp_path, monkeypatch, with_copy):
+    """The head's Q8_0 blocks as gguf's own dequantization gives them, then from the copy kept beside the
+    converted model without parsing the file again."""
+    exact = load_model(BackendConfig(quantize="none", dtype="float32", rows=1, max_seq_len=64)).model
+    blocks = read_head_blocks(default_model_path(), tmp_path if with_copy else None)
+    weight = (blocks.q.float().reshape(blocks.q.shape[0], -1, GROUP_SIZE) * blocks.scale[..., None]).flatten(
+        1
+    )
+    assert blocks.q.dtype == torch.int8 and torch.equal(weight, exact.get_input_embeddings().weight)
+    assert (tmp_path / HEAD_CACHE).is_file() == with_copy
+    if with_copy:
+        monkeypatch.setattr(gguf_weights, "GGUFReader", lambda path: pytest.fail("parsed again"))
+        again = read_head_blocks(default_model_path(), tmp_path)
+        assert torch.equal(again.q, blocks.q) and torch.equal(again.scale, blocks.scale)
+
+
+def test_q8_0_blocks_unpack_to_the_weights_gguf_dequantizes():
+    weights = np.random.default_rng(4).standard_normal((16, 3 * GROUP_SIZE)).astype(np.float32)
+    blocks = quants.quantize(weights, GGMLQuantizationType.Q8_0)
+    unpacked = unpack_q8_0(blocks)
+    rebuilt = unpacked.q.float().reshape(16, -1, GROUP_SIZE) * unpacked.scale[..., None]
+    expected = quants.dequantize(blocks, GGMLQuantizationType.Q8_0)
+    np.testing.assert_array_equal(rebuilt.reshape(16, -1).numpy(), expected)
 
 
 def assert_same_four_bit_weights(found, expected) -> None:
