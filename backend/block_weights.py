@@ -14,8 +14,8 @@ VNNI's 8-bit dot products, the 4-bit or 8-bit weights as they are:
     one fp16 d (and 4-bit, one fp16 m) per block of 32 inputs of a channel.
 
 GGUF's Q4_0, Q4_1 and Q8_0 blocks map onto these exactly. The activations'
-rounding costs about what bfloat16 activations cost (tests/backend/
-test_block_weights.py), and the served model's perplexity is in docs.
+rounding costs a few times bfloat16's (tests/backend/test_block_weights.py)
+and the default model +0.3% perplexity (docs/performance.md).
 
 Layout, for each group of 16 output channels and each block of 32 inputs
 (the blocks of a group follow each other, the groups too): the 16 channels'
