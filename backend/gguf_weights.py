@@ -208,9 +208,11 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
             dense=linears[name].weight,
         )
         replace_module(model, name, layer)
-    head = serve_head_blocks(model, path, cache_dir) if head_type == "Q8_0" else 0
-    if not head and head_type not in FLOAT_TYPES:
-        head = quantize_head(model)
+    head = "as floats"
+    if head_type == "Q8_0" and serve_head_blocks(model, path, cache_dir):
+        head = "from its Q8_0 blocks for few rows"
+    elif head_type not in FLOAT_TYPES and quantize_head(model):
+        head = "in int8 per channel for few rows"
     log.info(
         "GGUF %s (tensor types %s): %d linear layers served from their 4-bit blocks, %d dequantized "
         "(with the embeddings and norms) to %s; output head (%s) %s",
@@ -220,25 +222,25 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
         len(linears) - len(weights),
         next(model.parameters()).dtype,
         head_type,
-        {0: "as floats", 1: "in int8 per channel for few rows", 2: "from its Q8_0 blocks for few rows"}[head],
+        head,
     )
-    return len(weights) + bool(head)
+    return len(weights) + (head != "as floats")
 
 
-def serve_head_blocks(model: nn.Module, path: Path, cache_dir: Path | None) -> int:
+def serve_head_blocks(model: nn.Module, path: Path, cache_dir: Path | None) -> bool:
     """Replace an output head stored as Q8_0 by an Int8Linear of its own blocks (a scale a block of 32)
     where the CPU multiplies blocks (block_weights.py); its float weights stay the dense copy for many
-    rows. Returns 2 if it did, else 0 (PyTorch's int8 kernel takes one scale a channel only)."""
+    rows. Returns whether it did (PyTorch's int8 kernel takes one scale a channel only)."""
     head = model.get_output_embeddings()
     device = head.weight.device
     if type(head) is not nn.Linear or not (block_weights.available(device) and fits_int4_kernels(head)):
-        return 0
+        return False
     blocks = read_head_blocks(path, cache_dir)
     if blocks is None or blocks.q.shape != head.weight.shape:
-        return 0
+        return False
     name = next(name for name, module in model.named_modules() if module is head)
     replace_module(model, name, Int8Linear(blocks.q, blocks.scale, head.bias, dense=head.weight.detach()))
-    return 2
+    return True
 
 
 @dataclass(frozen=True)

@@ -177,6 +177,20 @@ def test_without_a_compiler_the_server_runs_on_pytorchs_operations(monkeypatch, 
     assert pieces["a"][-1].finished and sum(p.completion_tokens for p in pieces["a"] if p.finished) == 4
 
 
+def drive_mixed_decode_steps(engine: Engine) -> None:
+    """Requests whose decode steps have one row, rows with a free one among them, then 17 more rows."""
+    many = [(12, Submit(f"many-{i}", (20 + i, 21, 22), greedy(3))) for i in range(17)]
+    drive(
+        engine,
+        [
+            (0, Submit("a", (5, 6, 7), greedy(6))),
+            (0, Submit("b", (8, 9), greedy(2))),
+            (0, Submit("c", (10, 11, 12, 13), greedy(9))),
+            *many,
+        ],
+    )
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused, dtype):
     """Every decode step of an engine on PyTorch's operations, replayed through a runner on the loops
@@ -187,16 +201,7 @@ def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
     engine.runner.ops, engine.runner.decode_below = EAGER, 16  # as before the loops
     steps = record_decode_steps(engine)
-    many = [(0, Submit(f"many-{i}", (20 + i, 21, 22), greedy(3))) for i in range(17)]
-    drive(
-        engine,
-        [
-            (0, Submit("a", (5, 6, 7), greedy(6))),
-            (0, Submit("b", (8, 9), greedy(2))),
-            (0, Submit("c", (10, 11, 12, 13), greedy(9))),
-            *[(12, submit) for _, submit in many],
-        ],
-    )
+    drive_mixed_decode_steps(engine)
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
     assert {1, 2, 3} <= shapes and max(shapes) >= 17
     assert any(layout.has_free_rows for _, _, layout, *_ in steps)

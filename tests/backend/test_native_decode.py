@@ -7,12 +7,12 @@ from backend import block_weights
 from backend.decoder_runner import DecoderRunner
 from backend.engine import Engine
 from backend.fused_ops import EAGER
-from backend.messages import Submit
 from backend.native_decode import NativeDecode
 from backend.quantized_linear import quantize_model
 from backend.row_cache import KVShape, RowCache
-from tests.backend.models import MarkerTokenizer, drive, tiny_model
-from tests.backend.test_compiled_decode import greedy, record_decode_steps, replay_decode_steps
+from tests.backend.models import MarkerTokenizer, tiny_model
+from tests.backend.test_compiled_decode import record_decode_steps, replay_decode_steps
+from tests.backend.test_fused_ops import drive_mixed_decode_steps
 
 pytestmark = pytest.mark.skipif(
     not block_weights.available(torch.device("cpu")),
@@ -40,16 +40,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
     engine.runner.native = None
     steps = record_decode_steps(engine)
-    many = [(0, Submit(f"many-{i}", (20 + i, 21, 22), greedy(3))) for i in range(17)]
-    drive(
-        engine,
-        [
-            (0, Submit("a", (5, 6, 7), greedy(6))),
-            (0, Submit("b", (8, 9), greedy(2))),
-            (0, Submit("c", (10, 11, 12, 13), greedy(9))),
-            *[(12, submit) for _, submit in many],
-        ],
-    )
+    drive_mixed_decode_steps(engine)
     runner = DecoderRunner(model)
     assert runner.native is not None and runner.native.rows_below == 16
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
