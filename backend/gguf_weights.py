@@ -1,24 +1,27 @@
-"""A GGUF file's 4-bit weights, served as they are stored.
+"""A GGUF file's quantized weights, served as they are stored.
 
 transformers dequantizes a GGUF file into float weights. For the linear
-layers stored as Q4_0 or Q4_1 this module reads the blocks themselves and
-gives them to `Int4Linear`, whose kernel takes the same layout: 32 inputs
-of an output channel share a scale and a zero. So the served model
-multiplies by the file's own weights (the scales rounded to bfloat16, the
-kernel's type), and reads a quarter of the bytes a bfloat16 copy would.
+layers stored as Q4_0, Q4_1 or Q8_0 this module reads the blocks themselves
+and gives them to the weight-only layers (quantized_linear.py), whose
+kernels take the same layout: 32 inputs of an output channel share a scale
+(and a zero). So the served model multiplies by the file's own weights, and
+reads a quarter (4-bit) or half (8-bit) of the bytes a bfloat16 copy would.
 
     Q4_1 block (20 bytes): fp16 d, fp16 m, 16 bytes of 4-bit q; w = d * q + m
     Q4_0 block (18 bytes): fp16 d,          16 bytes of 4-bit q; w = d * (q - 8)
     byte j of the 16 holds element j in its low nibble and element j + 16 in its high one.
+    Q8_0 block (34 bytes): fp16 d, 32 int8 q;                     w = d * q
 
 In Int4Linear's terms, w = (q - 8) * scale + zero: scale = d and zero =
-m + 8d (Q4_1) or 0 (Q4_0). Every other tensor type keeps the dequantized
-weights transformers made. An output head stored as Q8_0 (SmolLM2's, tied
-to its embedding) keeps its dequantized floats for many rows and, for few,
-its own blocks where the CPU multiplies blocks (block_weights.py takes a
-scale a block of 32); elsewhere an int8 copy with one scale per channel
-(quantized_linear.quantize_head), since PyTorch's `_weight_int8pack_mm`
-takes no other.
+m + 8d (Q4_1) or 0 (Q4_0), exactly, in every layout (PyTorch's kernels round
+the scales to bfloat16). Q8_0 is Int8Linear's w = q * scale with a scale a
+block of 32, which the CPU's blocks take (block_weights.py); PyTorch's
+`_weight_int8pack_mm` takes one scale a channel only, so elsewhere (CUDA, a
+CPU without AVX-512 VNNI) those layers are quantized again to int8 per
+channel, from transformers' dequantized floats, and the log says so. An
+output head stored as Q8_0 (SmolLM2's, tied to its embedding) goes the same
+way for few rows, and its dequantized floats serve many. Every other tensor
+type keeps the dequantized weights transformers made.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from backend.quantized_linear import (
     GROUP_SIZE,
     Int4Linear,
     Int8Linear,
+    WeightOnlyLinear,
     fits_int4_kernels,
     quantizable_linears,
     quantize_head,
@@ -53,6 +57,8 @@ log = logging.getLogger(__name__)
 
 FLOAT_TYPES = {"F32", "F16", "BF16"}
 FOUR_BIT = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}  # bytes per block of 32
+Q8_0_BYTES = 34  # fp16 d, 32 int8 values
+SERVED_TYPES = {*FOUR_BIT, GGMLQuantizationType.Q8_0}
 
 # Processors whose only change to a tensor is a permutation of its rows (output channels), which
 # moves whole blocks: llama.cpp's converter permutes Llama's q and k projections for its rotary
@@ -61,12 +67,11 @@ FOUR_BIT = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}  # byt
 ROW_ONLY_PROCESSORS = {"llama": LlamaTensorProcessor}
 PLAIN_ARCHITECTURES = {"qwen2"}  # stored as transformers names them
 
-# Beside a GGUF file's converted copy: its 4-bit weights as read, so that later starts need not parse
-# the file again (gguf's reader walks every field first, the tokenizer's 49,152 strings and 48,900
-# merges among them: 5 of a 7.6 s load of the default model).
-FOUR_BIT_CACHE = "four_bit_weights.safetensors"
-HEAD_CACHE = "head_q8_0_blocks.safetensors"  # and the head's Q8_0 blocks
-Q8_0_BYTES = 34  # fp16 d, 32 int8 values
+# Beside a GGUF file's converted copy: its blocks as read, so that later starts need not parse the
+# file again (gguf's reader walks every field first, the tokenizer's 49,152 strings and 48,900 merges
+# among them: 5 of a 7.6 s load of the default model).
+BLOCKS_CACHE = "gguf_blocks.safetensors"
+HEAD_KEY = ":head"  # the head's tensors in that copy (no module name starts with a colon)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,24 @@ class FourBitWeight:
     q: torch.Tensor  # [out, in] uint8, 0..15
     scale: torch.Tensor  # [out, in / 32] float32
     zero: torch.Tensor  # [out, in / 32] float32
+
+
+@dataclass(frozen=True)
+class EightBitWeight:
+    """A Q8_0 tensor's blocks: w = q * scale, a scale a block of 32 inputs of an output channel."""
+
+    q: torch.Tensor  # [out, in] int8
+    scale: torch.Tensor  # [out, in / 32] float32
+
+
+@dataclass(frozen=True)
+class GGUFBlocks:
+    """What of a GGUF file is served from its own blocks."""
+
+    layers: dict[str, FourBitWeight | EightBitWeight]  # the quantizable linear layers', by module name
+    head: EightBitWeight | None  # the output head's (the embedding's, where tied) where it is Q8_0
+    types: Counter  # how many tensors of each type the file holds, for the start-up log
+    head_type: str
 
 
 def unpack_blocks(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight:
@@ -91,6 +114,18 @@ def unpack_blocks(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight
     packed = blocks[..., block_bytes - 16 :]
     q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows.shape[0], -1)
     return FourBitWeight(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zero))
+
+
+def unpack_q8_0(rows: np.ndarray) -> EightBitWeight:
+    """[out, blocks * 34] uint8 rows of Q8_0 blocks (fp16 d, then 32 int8 values) to q and scale."""
+    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, Q8_0_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    q = blocks[..., 2:].copy().view(np.int8).reshape(rows.shape[0], -1)
+    return EightBitWeight(torch.from_numpy(q), torch.from_numpy(d))
+
+
+def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight | EightBitWeight:
+    return unpack_q8_0(rows) if kind == GGMLQuantizationType.Q8_0 else unpack_blocks(rows, kind)
 
 
 def tensor_processor(architecture: str, model: nn.Module) -> TensorProcessor | None:
@@ -110,178 +145,165 @@ def gguf_names(architecture: str, model: nn.Module) -> dict[str, str]:
     return {f"{gguf}.weight": module for module, gguf in mapped.items() if gguf is not None}
 
 
-FourBitWeights = tuple[dict[str, FourBitWeight], Counter, str]
-
-
-def read_four_bit_weights(path: Path, model: nn.Module, cache_dir: Path | None = None) -> FourBitWeights:
-    """The Q4_0/Q4_1 weights of the model's quantizable linear layers, by module name; a count of
-    the file's tensor types (for the start-up log); and the type the output head is stored in. From
-    `cache_dir`'s copy where it has one, else from the file (then saved there)."""
-    cached = cache_dir / FOUR_BIT_CACHE if cache_dir is not None else None
+def read_gguf_blocks(path: Path, model: nn.Module, cache_dir: Path | None = None) -> GGUFBlocks:
+    """The file's blocks that are served as they are, from `cache_dir`'s copy where it has one, else
+    from the file (then saved there)."""
+    cached = cache_dir / BLOCKS_CACHE if cache_dir is not None else None
     if cached is not None and cached.is_file():
         try:
-            return load_four_bit_weights(cached)
+            return load_gguf_blocks(cached)
         except Exception as error:  # a damaged copy: read the file again, and replace the copy
             log.warning(
-                "the cached 4-bit weights in %s are unreadable (%s): reading the GGUF file", cached, error
+                "the cached GGUF blocks in %s are unreadable (%s): reading the GGUF file", cached, error
             )
-    found = parse_four_bit_weights(path, model)
+    found = parse_gguf_blocks(path, model)
     if cached is not None:
-        save_four_bit_weights(cached, found)
+        save_gguf_blocks(cached, found)
     return found
 
 
-def parse_four_bit_weights(path: Path, model: nn.Module) -> FourBitWeights:
+def parse_gguf_blocks(path: Path, model: nn.Module) -> GGUFBlocks:
     reader = GGUFReader(str(path))
     types = Counter(tensor.tensor_type.name for tensor in reader.tensors)
-    by_name = {tensor.name: tensor.tensor_type.name for tensor in reader.tensors}
-    head_type = by_name.get("output.weight") or by_name.get("token_embd.weight", "F32")  # tied: the embedding
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    head_tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")  # tied: the embedding
+    head_type = head_tensor.tensor_type.name if head_tensor is not None else "F32"
+    head = None
+    if head_tensor is not None and head_tensor.tensor_type == GGMLQuantizationType.Q8_0:
+        head = unpack_q8_0(np.asarray(head_tensor.data))
     architecture = read_field(reader, "general.architecture")[0]
     processor = tensor_processor(architecture, model)
     if processor is None:
         log.info(
             "GGUF architecture %r: its weights are dequantized (no block-preserving mapping)", architecture
         )
-        return {}, types, head_type
+        return GGUFBlocks({}, head, types, head_type)
     to_module = gguf_names(architecture, model)
-    weights = {}
+    layers = {}
     for tensor in reader.tensors:
         module = to_module.get(tensor.name)
-        if module is None or tensor.tensor_type not in FOUR_BIT:
+        if module is None or tensor.tensor_type not in SERVED_TYPES:
             continue
         rows = processor.process(weights=np.asarray(tensor.data), name=tensor.name).weights
-        weights[module] = unpack_blocks(rows, tensor.tensor_type)
-    return weights, types, head_type
+        layers[module] = unpack(rows, tensor.tensor_type)
+    return GGUFBlocks(layers, head, types, head_type)
 
 
-def save_four_bit_weights(target: Path, found: FourBitWeights) -> None:
-    """Save what `parse_four_bit_weights` found, atomically (another process may be starting too);
-    q as two values a byte."""
-    weights, types, head_type = found
-    tensors = {}
-    for name, weight in weights.items():
-        tensors[f"{name}.q"] = weight.q[:, 0::2] | weight.q[:, 1::2] << 4
-        tensors[f"{name}.scale"], tensors[f"{name}.zero"] = weight.scale, weight.zero
+def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
+    """Save what `parse_gguf_blocks` found, atomically (another process may be starting too); 4-bit q
+    as two values a byte."""
+    tensors, four_bit = {}, []
+    named = {**found.layers, **({HEAD_KEY: found.head} if found.head is not None else {})}
+    for name, weight in named.items():
+        if isinstance(weight, FourBitWeight):
+            four_bit.append(name)
+            tensors[f"{name}.q"] = weight.q[:, 0::2] | weight.q[:, 1::2] << 4
+            tensors[f"{name}.zero"] = weight.zero
+        else:
+            tensors[f"{name}.q"] = weight.q
+        tensors[f"{name}.scale"] = weight.scale
+    metadata = {
+        "layers": json.dumps(list(found.layers)),
+        "four_bit": json.dumps(four_bit),
+        "types": json.dumps(found.types),
+        "head_type": found.head_type,
+        "has_head": json.dumps(found.head is not None),
+    }
     staging = target.with_name(f".{target.name}.{os.getpid()}")
     try:
-        metadata = {"layers": json.dumps(list(weights)), "types": json.dumps(types), "head_type": head_type}
         save_file(tensors, staging, metadata=metadata)
         staging.replace(target)
     except OSError as error:  # a full disk: later starts parse the file again
         staging.unlink(missing_ok=True)
-        log.warning("could not cache the GGUF file's 4-bit weights in %s: %s", target, error)
+        log.warning("could not cache the GGUF file's blocks in %s: %s", target, error)
 
 
-def load_four_bit_weights(source: Path) -> FourBitWeights:
+def load_gguf_blocks(source: Path) -> GGUFBlocks:
     with safe_open(source, framework="pt") as file:
         metadata = file.metadata()
-        weights = {}
-        for name in json.loads(metadata["layers"]):
-            packed = file.get_tensor(f"{name}.q")
-            q = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
-            weights[name] = FourBitWeight(
-                q, file.get_tensor(f"{name}.scale"), file.get_tensor(f"{name}.zero")
-            )
-    return weights, Counter(json.loads(metadata["types"])), metadata["head_type"]
+        four_bit = set(json.loads(metadata["four_bit"]))
+
+        def weight(name: str) -> FourBitWeight | EightBitWeight:
+            q, scale = file.get_tensor(f"{name}.q"), file.get_tensor(f"{name}.scale")
+            if name not in four_bit:
+                return EightBitWeight(q, scale)
+            unpacked = torch.stack((q & 0x0F, q >> 4), dim=-1).reshape(q.shape[0], -1)
+            return FourBitWeight(unpacked, scale, file.get_tensor(f"{name}.zero"))
+
+        layers = {name: weight(name) for name in json.loads(metadata["layers"])}
+        head = weight(HEAD_KEY) if json.loads(metadata["has_head"]) else None
+    return GGUFBlocks(layers, head, Counter(json.loads(metadata["types"])), metadata["head_type"])
 
 
 def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = None) -> int:
-    """Replace the linear layers stored as Q4_0/Q4_1 in `path` by Int4Linear layers of those very
-    weights, and a head stored quantized (Q8_0 and the like) by an int8 one; the rest keep their
-    dequantized floats. Returns how many layers were replaced. `cache_dir`: where the weights read
-    from the file are kept for the next start (the file's converted copy)."""
-    weights, types, head_type = read_four_bit_weights(path, model, cache_dir)
+    """Replace the linear layers stored as Q4_0, Q4_1 or Q8_0 in `path` by weight-only layers of those
+    very weights, and a head stored quantized by its blocks or an int8 copy; the rest keep their
+    dequantized floats. Returns how many layers were replaced. `cache_dir`: where the blocks read from
+    the file are kept for the next start (the file's converted copy)."""
+    blocks = read_gguf_blocks(path, model, cache_dir)
     linears = quantizable_linears(model)
-    for name, weight in weights.items():
+    served = Counter()
+    for name, weight in blocks.layers.items():
         if weight.q.shape != linears[name].weight.shape or weight.q.shape[1] % GROUP_SIZE:
             raise ValueError(
                 f"GGUF tensor for {name} has shape {tuple(weight.q.shape)}, the model expects "
                 f"{tuple(linears[name].weight.shape)}"
             )
-        device = linears[name].weight.device
-        # transformers dequantized these very blocks: its weights are the dense copy for many rows.
-        layer = Int4Linear(
-            weight.q.to(device),
-            weight.scale.to(device),
-            weight.zero.to(device),
-            linears[name].bias,
-            dense=linears[name].weight,
-        )
+        layer, how = served_layer(weight, linears[name])
         replace_module(model, name, layer)
-    head = "as floats"
-    if head_type == "Q8_0" and serve_head_blocks(model, path, cache_dir):
-        head = "from its Q8_0 blocks for few rows"
-    elif head_type not in FLOAT_TYPES and quantize_head(model):
-        head = "in int8 per channel for few rows"
+        served[how] += 1
+    head = serve_head(model, blocks)
     log.info(
-        "GGUF %s (tensor types %s): %d linear layers served from their 4-bit blocks, %d dequantized "
+        "GGUF %s (tensor types %s): %d linear layers served from the file's blocks (%s), %d dequantized "
         "(with the embeddings and norms) to %s; output head (%s) %s",
         path.name,
-        ", ".join(f"{kind} x{count}" for kind, count in sorted(types.items())),
-        len(weights),
-        len(linears) - len(weights),
+        ", ".join(f"{kind} x{count}" for kind, count in sorted(blocks.types.items())),
+        len(blocks.layers),
+        ", ".join(f"{how} x{count}" for how, count in sorted(served.items())) or "none",
+        len(linears) - len(blocks.layers),
         next(model.parameters()).dtype,
-        head_type,
+        blocks.head_type,
         head,
     )
-    return len(weights) + (head != "as floats")
+    return len(blocks.layers) + (head != "as floats")
 
 
-def serve_head_blocks(model: nn.Module, path: Path, cache_dir: Path | None) -> bool:
-    """Replace an output head stored as Q8_0 by an Int8Linear of its own blocks (a scale a block of 32)
-    where the CPU multiplies blocks (block_weights.py); its float weights stay the dense copy for many
-    rows. Returns whether it did (PyTorch's int8 kernel takes one scale a channel only)."""
+def served_layer(weight: FourBitWeight | EightBitWeight, linear: nn.Linear) -> tuple[WeightOnlyLinear, str]:
+    """The weight-only layer serving `weight`, and how (for the log). transformers dequantized these very
+    blocks: its weights are the dense copy for many rows."""
+    device, dense = linear.weight.device, linear.weight.detach()
+    if isinstance(weight, FourBitWeight):
+        q, scale, zero = (t.to(device) for t in (weight.q, weight.scale, weight.zero))
+        return Int4Linear(q, scale, zero, linear.bias, dense=dense), "4-bit"
+    if block_weights.available(device):
+        return Int8Linear(weight.q, weight.scale, linear.bias, dense=dense), "Q8_0"
+    return Int8Linear.quantize(linear, dense=dense), "Q8_0 as int8 per channel"
+
+
+def serve_head(model: nn.Module, blocks: GGUFBlocks) -> str:
+    """Serve a head stored quantized from its Q8_0 blocks where the CPU multiplies blocks, else by an int8
+    copy with a scale a channel (PyTorch's int8 kernel takes no other); its float weights stay the dense
+    copy for many rows. Returns how, as the log says it."""
+    if blocks.head_type in FLOAT_TYPES:
+        return "as floats"
+    if blocks.head is not None and serve_head_blocks(model, blocks.head):
+        return "from its Q8_0 blocks for few rows"
+    if quantize_head(model):
+        return "in int8 per channel for few rows"
+    return "as floats"
+
+
+def serve_head_blocks(model: nn.Module, head_blocks: EightBitWeight) -> bool:
+    """Replace the output head by an Int8Linear of its Q8_0 blocks where the CPU multiplies blocks;
+    returns whether it did."""
     head = model.get_output_embeddings()
     device = head.weight.device
     if type(head) is not nn.Linear or not (block_weights.available(device) and fits_int4_kernels(head)):
         return False
-    blocks = read_head_blocks(path, cache_dir)
-    if blocks is None or blocks.q.shape != head.weight.shape:
+    if head_blocks.q.shape != head.weight.shape:
         return False
     name = next(name for name, module in model.named_modules() if module is head)
-    replace_module(model, name, Int8Linear(blocks.q, blocks.scale, head.bias, dense=head.weight.detach()))
+    replace_module(
+        model, name, Int8Linear(head_blocks.q, head_blocks.scale, head.bias, dense=head.weight.detach())
+    )
     return True
-
-
-@dataclass(frozen=True)
-class EightBitWeight:
-    """A Q8_0 tensor's blocks: w = q * scale, a scale a block of 32 inputs of an output channel."""
-
-    q: torch.Tensor  # [out, in] int8
-    scale: torch.Tensor  # [out, in / 32] float32
-
-
-def unpack_q8_0(rows: np.ndarray) -> EightBitWeight:
-    """[out, blocks * 34] uint8 rows of Q8_0 blocks (fp16 d, then 32 int8 values) to q and scale."""
-    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, Q8_0_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    q = blocks[..., 2:].copy().view(np.int8).reshape(rows.shape[0], -1)
-    return EightBitWeight(torch.from_numpy(q), torch.from_numpy(d))
-
-
-def read_head_blocks(path: Path, cache_dir: Path | None = None) -> EightBitWeight | None:
-    """The output head's Q8_0 blocks (the embedding's, where they are tied), from `cache_dir`'s copy
-    where it has one, else from the file (then saved there); None where the head is not Q8_0."""
-    cached = cache_dir / HEAD_CACHE if cache_dir is not None else None
-    if cached is not None and cached.is_file():
-        try:
-            with safe_open(cached, framework="pt") as file:
-                return EightBitWeight(file.get_tensor("q"), file.get_tensor("scale"))
-        except Exception as error:  # a damaged copy: read the file again, and replace the copy
-            log.warning(
-                "the cached head blocks in %s are unreadable (%s): reading the GGUF file", cached, error
-            )
-    tensors = {tensor.name: tensor for tensor in GGUFReader(str(path)).tensors}
-    tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")
-    if tensor is None or tensor.tensor_type != GGMLQuantizationType.Q8_0:
-        return None
-    found = unpack_q8_0(np.asarray(tensor.data))
-    if cached is not None:
-        staging = cached.with_name(f".{cached.name}.{os.getpid()}")
-        try:
-            save_file({"q": found.q, "scale": found.scale}, staging)
-            staging.replace(cached)
-        except OSError as error:  # a full disk: later starts read the file again
-            staging.unlink(missing_ok=True)
-            log.warning("could not cache the head's blocks in %s: %s", cached, error)
-    return found

@@ -12,7 +12,8 @@ elsewhere through PyTorch's own weight-only kernels
     int4: w = (q - 8) * scale + zero, q in 0..15, one (scale, zero) per group
           of 32 inputs of an output channel: exactly GGUF's Q4_0 and Q4_1
           blocks (see gguf_weights.py), or a float weight quantized here.
-    int8: w = q * scale, q in -127..127, one scale per output channel.
+    int8: w = q * scale, q in -127..127, one scale per output channel, or
+          in blocks one per group of 32 inputs (GGUF's Q8_0).
 
 Measured on this project's CI machine (2-core Xeon with AMX; all of
 SmolLM2's projections, docs/performance.md), PyTorch's kernels:
@@ -226,7 +227,8 @@ def pack_int4(q: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class Int8Linear(WeightOnlyLinear):
-    """`nn.Linear` with 8-bit symmetric weights, one scale per output channel."""
+    """`nn.Linear` with 8-bit symmetric weights, one scale per output channel (or, in blocks, per block
+    of 32 inputs of one: GGUF's Q8_0)."""
 
     # The int8 kernel costs twice int4's a row: SmolLM2's head takes 1.6 ms at 4 rows and 3.3 at 8
     # against 2.4 and 2.2 for bfloat16. Against a float32 copy (AVX2) it wins up to 32-48 rows, so the
@@ -241,9 +243,10 @@ class Int8Linear(WeightOnlyLinear):
         bias: torch.Tensor | None,
         dense: torch.Tensor | None = None,
     ):
-        """q: [out, in] int8; scale: [out]; w = q * scale. dense: as for Int4Linear."""
+        """q: [out, in] int8; scale: [out], or [out, in / GROUP_SIZE] where the layer is stored in blocks;
+        w = q * scale. dense: as for Int4Linear."""
         if dense is None and q.device.type == "cpu":
-            dense = (q.float() * scale.float()[:, None]).to(self.compute_dtype)
+            dense = dequantize_int8(q, scale).to(self.compute_dtype)
         super().__init__(bias, dense)
         self.out_features, self.in_features = q.shape
         if self.uses_blocks(q.device):
@@ -251,6 +254,8 @@ class Int8Linear(WeightOnlyLinear):
             self.register_buffer("weight_int8", None, persistent=False)
             self.register_buffer("scales", None, persistent=False)
             return
+        if scale.dim() != 1:
+            raise ValueError("PyTorch's int8 kernel takes one scale per output channel, not one per block")
         self.register_buffer("blocks", None, persistent=False)
         self.register_buffer("weight_int8", q.to(torch.int8).contiguous(), persistent=False)
         self.register_buffer("scales", scale.to(self.compute_dtype), persistent=False)
@@ -271,6 +276,12 @@ class Int8Linear(WeightOnlyLinear):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """w = q * scale, with a scale per channel ([out]) or per block of GROUP_SIZE ([out, in / GROUP_SIZE])."""
+    blocks = q.float().reshape(q.shape[0], -1, GROUP_SIZE if scale.dim() == 2 else q.shape[1])
+    return (blocks * scale.float().reshape(q.shape[0], -1, 1)).reshape(q.shape)
 
 
 def fuse_linears(parts: list[nn.Module]) -> WeightOnlyLinear | None:

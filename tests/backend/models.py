@@ -59,6 +59,36 @@ def tiny_model(
     return model.eval()
 
 
+def write_gguf_linears(path: Path, model: torch.nn.Module, kinds: dict[str, object]) -> Path:
+    """A GGUF file of a tiny Llama's linear layers but its head, as llama.cpp's converter writes them:
+    q and k with their rows permuted for its rotary layout, and each layer quantized by the gguf package
+    to the type `kinds` gives by a part of its module name ("self_attn": GGMLQuantizationType.Q8_0).
+    Only what gguf_weights reads is there: no tokenizer, no embeddings."""
+    from gguf import GGUFWriter, get_tensor_name_map, quants
+    from gguf.constants import MODEL_ARCH
+
+    config = model.config
+    names = get_tensor_name_map(MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    writer = GGUFWriter(str(path), "llama")
+    for module_name, module in model.named_modules():
+        if type(module) is not torch.nn.Linear or module is model.get_output_embeddings():
+            continue
+        weight = module.weight.detach().numpy()
+        heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+        for projection, count in heads.items():
+            if module_name.endswith(projection):  # llama.cpp's permutation, which transformers undoes
+                weight = weight.reshape(count, 2, -1, weight.shape[1]).swapaxes(1, 2).reshape(weight.shape)
+        kind = next(kind for part, kind in kinds.items() if part in module_name)
+        writer.add_tensor(
+            f"{names.get_name(module_name)}.weight", quants.quantize(weight, kind), raw_dtype=kind
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 TINY_BERT_WORDS = ("the", "cat", "sat", "on", "mat", "stock", "markets", "fell", "sharply", "today", "a")
 TINY_BERT_POSITIONS = 64
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.gguf_weights import FOUR_BIT_CACHE
+from backend.gguf_weights import BLOCKS_CACHE
 from backend.loader import converted_dir, hub_token, load_model, resolve_model
 from backend.messages import BackendConfig
 from backend.resources import GIB, Available, Needs, estimate_needs, shortfalls
@@ -22,9 +22,9 @@ def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_pa
     second = load_model(BackendConfig(cache_dir=str(tmp_path), quantize="none"))
     assert second.model.config.quantization_config is None  # not a GGUF load this time
     assert torch.equal(first.model.lm_head.weight, second.model.lm_head.weight)
-    assert not (converted / FOUR_BIT_CACHE).exists()
+    assert not (converted / BLOCKS_CACHE).exists()
     load_model(BackendConfig(cache_dir=str(tmp_path)))  # the default mode: the file's 4-bit blocks
-    assert (converted / FOUR_BIT_CACHE).is_file()  # read from the file once, kept for later starts
+    assert (converted / BLOCKS_CACHE).is_file()  # read from the file once, kept for later starts
 
 
 def test_a_local_directory_loads_as_is(tmp_path):

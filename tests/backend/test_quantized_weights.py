@@ -1,4 +1,4 @@
-"""Weight-only quantized layers and a GGUF file's own 4-bit weights multiply as their float weights do."""
+"""Weight-only quantized layers, and a GGUF file's own 4-bit and 8-bit blocks, multiply as their floats do."""
 
 import numpy as np
 import pytest
@@ -7,10 +7,9 @@ from gguf import GGMLQuantizationType, quants
 
 from backend import block_weights, gguf_weights
 from backend.gguf_weights import (
-    FOUR_BIT_CACHE,
-    HEAD_CACHE,
-    read_four_bit_weights,
-    read_head_blocks,
+    BLOCKS_CACHE,
+    FourBitWeight,
+    read_gguf_blocks,
     serve_gguf_weights,
     unpack_blocks,
     unpack_q8_0,
@@ -25,6 +24,7 @@ from backend.quantized_linear import (
     fuse_linears,
     quantize_model,
 )
+from tests.backend.models import tiny_model, write_gguf_linears
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -160,23 +160,6 @@ def test_the_default_models_q4_1_layers_are_served_from_their_own_blocks():
         assert torch.equal(block_weights.dequantize(model.lm_head.blocks, embedding.shape[1]), embedding)
 
 
-@pytest.mark.parametrize("with_copy", [False, True])
-def test_the_q8_0_head_blocks_are_the_files_and_are_read_once(tmp_path, monkeypatch, with_copy):
-    """The head's Q8_0 blocks as gguf's own dequantization gives them, then from the copy kept beside the
-    converted model without parsing the file again."""
-    exact = load_model(BackendConfig(quantize="none", dtype="float32", rows=1, max_seq_len=64)).model
-    blocks = read_head_blocks(default_model_path(), tmp_path if with_copy else None)
-    weight = (blocks.q.float().reshape(blocks.q.shape[0], -1, GROUP_SIZE) * blocks.scale[..., None]).flatten(
-        1
-    )
-    assert blocks.q.dtype == torch.int8 and torch.equal(weight, exact.get_input_embeddings().weight)
-    assert (tmp_path / HEAD_CACHE).is_file() == with_copy
-    if with_copy:
-        monkeypatch.setattr(gguf_weights, "GGUFReader", lambda path: pytest.fail("parsed again"))
-        again = read_head_blocks(default_model_path(), tmp_path)
-        assert torch.equal(again.q, blocks.q) and torch.equal(again.scale, blocks.scale)
-
-
 def test_q8_0_blocks_unpack_to_the_weights_gguf_dequantizes():
     weights = np.random.default_rng(4).standard_normal((16, 3 * GROUP_SIZE)).astype(np.float32)
     blocks = quants.quantize(weights, GGMLQuantizationType.Q8_0)
@@ -186,38 +169,104 @@ def test_q8_0_blocks_unpack_to_the_weights_gguf_dequantizes():
     np.testing.assert_array_equal(rebuilt.reshape(16, -1).numpy(), expected)
 
 
-def assert_same_four_bit_weights(found, expected) -> None:
-    (weights, types, head_type), (expected_weights, expected_types, expected_head) = found, expected
-    assert (types, head_type) == (expected_types, expected_head)
-    assert weights.keys() == expected_weights.keys()
-    for name, weight in weights.items():
-        assert weight.q.dtype == torch.uint8 and torch.equal(weight.q, expected_weights[name].q), name
-        assert torch.equal(weight.scale, expected_weights[name].scale), name
-        assert torch.equal(weight.zero, expected_weights[name].zero), name
+def assert_same_blocks(found, expected) -> None:
+    assert (found.types, found.head_type) == (expected.types, expected.head_type)
+    assert found.layers.keys() == expected.layers.keys()
+    pairs = [*((found.layers[name], weight) for name, weight in expected.layers.items())]
+    assert (found.head is None) == (expected.head is None)
+    if expected.head is not None:
+        pairs.append((found.head, expected.head))
+    for weight, reference in pairs:
+        assert type(weight) is type(reference) and weight.q.dtype == reference.q.dtype
+        assert torch.equal(weight.q, reference.q) and torch.equal(weight.scale, reference.scale)
+        if isinstance(reference, FourBitWeight):
+            assert torch.equal(weight.zero, reference.zero)
 
 
-def test_the_gguf_files_4_bit_weights_are_read_once_then_from_their_copy(tmp_path, monkeypatch, caplog):
-    """Later starts take the weights from the copy beside the converted model, equal to the file's,
-    without parsing the file; a damaged copy is read past and replaced."""
-    model = load_model(BackendConfig(quantize="none", dtype="float32", rows=1, max_seq_len=64)).model
-    from_file = read_four_bit_weights(default_model_path(), model)
-    assert len(from_file[0]) == 30 * 7 and from_file[2] == "Q8_0"
-    assert_same_four_bit_weights(read_four_bit_weights(default_model_path(), model, tmp_path), from_file)
-    assert (tmp_path / FOUR_BIT_CACHE).is_file()
+def test_the_gguf_files_blocks_are_read_once_then_from_their_copy(
+    default_model, tmp_path, monkeypatch, caplog
+):
+    """The 4-bit layers and the Q8_0 head as the file holds them (the head's blocks give exactly
+    transformers' dequantized embedding); later starts take them from the copy beside the converted
+    model, without parsing the file; a damaged copy is read past and replaced."""
+    model = default_model.model
+    from_file = read_gguf_blocks(default_model_path(), model)
+    assert len(from_file.layers) == 30 * 7 and from_file.head_type == "Q8_0"
+    assert all(isinstance(weight, FourBitWeight) for weight in from_file.layers.values())
+    head = from_file.head
+    weight = (head.q.float().reshape(head.q.shape[0], -1, GROUP_SIZE) * head.scale[..., None]).flatten(1)
+    assert head.q.dtype == torch.int8 and torch.equal(weight, model.get_input_embeddings().weight)
+    assert_same_blocks(read_gguf_blocks(default_model_path(), model, tmp_path), from_file)
+    assert (tmp_path / BLOCKS_CACHE).is_file()
 
     def no_parsing(*args):
         raise AssertionError("the GGUF file was parsed again")
 
     with monkeypatch.context() as patched:
         patched.setattr(gguf_weights, "GGUFReader", no_parsing)
-        assert_same_four_bit_weights(read_four_bit_weights(default_model_path(), model, tmp_path), from_file)
+        assert_same_blocks(read_gguf_blocks(default_model_path(), model, tmp_path), from_file)
 
-    (tmp_path / FOUR_BIT_CACHE).write_bytes(b"not safetensors")
-    assert_same_four_bit_weights(read_four_bit_weights(default_model_path(), model, tmp_path), from_file)
+    (tmp_path / BLOCKS_CACHE).write_bytes(b"not safetensors")
+    assert_same_blocks(read_gguf_blocks(default_model_path(), model, tmp_path), from_file)
     assert "unreadable" in caplog.text
     with monkeypatch.context() as patched:  # replaced by a good copy
         patched.setattr(gguf_weights, "GGUFReader", no_parsing)
-        assert_same_four_bit_weights(read_four_bit_weights(default_model_path(), model, tmp_path), from_file)
+        assert_same_blocks(read_gguf_blocks(default_model_path(), model, tmp_path), from_file)
+
+
+def dequantized_like_transformers(model: torch.nn.Module, kinds: dict) -> dict[str, torch.Tensor]:
+    """Set the tiny model's linear layers to their GGUF types' dequantized weights, as transformers loads
+    a GGUF file; returns them by module name."""
+    weights = {}
+    for name, module in model.named_modules():
+        if type(module) is torch.nn.Linear and module is not model.get_output_embeddings():
+            kind = next(kind for part, kind in kinds.items() if part in name)
+            dequantized = quants.dequantize(quants.quantize(module.weight.detach().numpy(), kind), kind)
+            module.weight.data = torch.from_numpy(dequantized.copy())
+            weights[name] = module.weight.detach().clone()
+    return weights
+
+
+def test_a_gguf_files_q8_0_and_q4_0_layers_are_served_from_their_blocks(tmp_path, monkeypatch, weight_layout):
+    """A Llama file mixing Q8_0 attention and Q4_0 MLP layers, q and k permuted as llama.cpp stores them:
+    each layer is the file's weights exactly where the CPU multiplies blocks (Q8_0 with its scale a block
+    of 32); for PyTorch's int8 kernel, which takes a scale a channel, Q8_0 layers are quantized again.
+    Read once: a second start takes both kinds from the copy."""
+    kinds = {"self_attn": GGMLQuantizationType.Q8_0, "mlp": GGMLQuantizationType.Q4_0}
+    path = write_gguf_linears(tmp_path / "tiny.gguf", tiny_model("llama"), kinds)
+    for start in range(2):
+        model = tiny_model("llama")
+        expected = dequantized_like_transformers(model, kinds)
+        x = torch.randn(3, 128)
+        references = {name: x[:, : weight.shape[1]] @ weight.T for name, weight in expected.items()}
+        with monkeypatch.context() as patched:
+            if start == 1:
+                patched.setattr(gguf_weights, "GGUFReader", lambda path: pytest.fail("parsed again"))
+            assert serve_gguf_weights(model, path, tmp_path) == 2 * 7  # the head is not in the file
+        for name, weight in expected.items():
+            layer = model.get_submodule(name)
+            assert type(layer) is (Int8Linear if "self_attn" in name else Int4Linear), name
+            if weight_layout == "blocks":
+                assert torch.equal(block_weights.dequantize(layer.blocks, weight.shape[1]), weight), name
+            elif type(layer) is Int8Linear:  # a scale a channel: close, not equal
+                served = layer.weight_int8.float() * layer.scales.float()[:, None]
+                assert not torch.equal(served, weight)
+                assert (served - weight).abs().max() < 0.01 * weight.abs().max(), name
+            got = layer(x[:, : weight.shape[1]])
+            assert (got - references[name]).abs().max() < bf16_tolerance(references[name]), name
+
+
+def test_an_int8_layer_with_block_scales_needs_blocks(weight_layout):
+    q = torch.randint(-127, 128, (16, 2 * GROUP_SIZE), dtype=torch.int8)
+    scale = (torch.rand(16, 2) / 100).half().float()  # as a block stores it
+    if weight_layout == "blocks":
+        layer = Int8Linear(q, scale, None)
+        expected = (q.float().reshape(16, 2, GROUP_SIZE) * scale[..., None]).reshape(16, -1)
+        assert torch.equal(block_weights.dequantize(layer.blocks, 2 * GROUP_SIZE), expected)
+        assert torch.equal(layer.dense, expected.to(layer.dense.dtype))
+    else:
+        with pytest.raises(ValueError, match="one scale per output channel"):
+            Int8Linear(q, scale, None)
 
 
 def test_the_default_mode_serves_the_gguf_weights_and_the_exact_mode_does_not():
@@ -231,8 +280,6 @@ def test_the_default_mode_serves_the_gguf_weights_and_the_exact_mode_does_not():
 
 @pytest.mark.parametrize("mode", ["int4", "int8"])
 def test_quantize_model_replaces_every_projection_but_the_head(mode):
-    from tests.backend.models import tiny_model
-
     model = tiny_model("qwen2")  # q, k and v have biases
     x = torch.randint(2, 500, (1, 12))
     expected = model(x).logits
