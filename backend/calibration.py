@@ -14,6 +14,14 @@ the dense copies are 1.4x faster than int8 at 32 rows and 2.6x at 512. So
 the loader first times both on one layer and keeps the dense copies unless
 int8 wins (`int8_multiplies_faster`).
 
+Where the projections are in blocks for the CPU's int8 dot products
+(block_weights.py), the blocks multiply many rows about as fast as either
+copy (a 512-row chunk of a long prompt through SmolLM2's down projection on
+the 2-core AMD EPYC: 1.8 ms in blocks, 1.6 as int8, 2.2 as bfloat16), and
+the copies took more memory than the blocks (128 against 92 MiB). So the
+loader drops them unless one is clearly faster there
+(`drop_copies_blocks_match`), as it may be on a CPU with AMX.
+
 The output head's own switch from its packed int8 kernel to its dense copy
 is timed at load too (`time_head_crossover`): with bfloat16 copies on
 AVX-512 the copy wins from 6 to 8 rows, but with the float32 copies of an
@@ -47,6 +55,10 @@ CALIBRATION_WINDOW = 512  # tokens a calibration forward pass takes at once
 MAX_ERROR = 0.02
 TIMED_ROWS = 32  # a full decode batch, where the int8 path must pay off
 MIN_SPEEDUP = 1.1  # int8 replaces the dense copies only if it is clearly faster, not within noise
+# Beside blocks, a copy for many rows is kept only if it multiplies a long prompt's chunk of this many
+# rows this many times faster than the blocks do.
+COPY_TIMED_ROWS = 512
+COPY_MIN_SPEEDUP = 1.25
 # The row counts at which the head's kernels are timed against each other, fewest first.
 HEAD_TIMED_ROWS = (4, 6, 8, 12, 16, 24, 32, 48, 64)
 HEAD_TIMED_OUTPUTS = 8192
@@ -57,6 +69,55 @@ PROJECTION_TIMED_ROWS = (16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 def calibration_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return tokenizer(CALIBRATION_TEXT.read_text()).input_ids
+
+
+def drop_copies_blocks_match(model: nn.Module) -> int:
+    """Drop the quantized projections' copies for many rows where their weights are in blocks and no copy
+    multiplies COPY_TIMED_ROWS rows COPY_MIN_SPEEDUP times faster than the blocks (`copies_pay_off`, timed
+    on the largest): there they cost memory, and the calibration of an int8 path a start, for nothing.
+    The head keeps its copy (where it is tied to the embedding, the copy is the embedding). Returns how
+    many layers dropped theirs."""
+    head = model.get_output_embeddings()
+    layers = [
+        module
+        for module in model.modules()
+        if isinstance(module, WeightOnlyLinear)
+        and module is not head
+        and module.blocks is not None
+        and module.dense is not None
+    ]
+    if not layers or copies_pay_off(max(layers, key=lambda layer: layer.dense.numel())):
+        return 0
+    for layer in layers:
+        layer.dense = None
+    log.info(
+        "%d quantized projections multiply every number of rows in their blocks: no copy of theirs was "
+        "%.2fx faster at %d rows (timed)",
+        len(layers),
+        COPY_MIN_SPEEDUP,
+        COPY_TIMED_ROWS,
+    )
+    return len(layers)
+
+
+@torch.inference_mode()
+def copies_pay_off(layer: WeightOnlyLinear, rows: int = COPY_TIMED_ROWS) -> bool:
+    """Whether `rows` rows of random activations go through layer's dense copy, or an int8 version of it
+    (`smoothed_int8.py`, unsmoothed: as fast), COPY_MIN_SPEEDUP times faster than through its blocks."""
+    x = torch.randn(rows, layer.in_features, dtype=layer.dense.dtype)
+    smoothing = torch.ones(layer.in_features)
+    weight_int8, weight_scales = quantize_smoothed(layer.dense, smoothing)
+    kernel, weights = layer.kernel()
+    times = median_seconds(
+        {
+            "blocks": lambda: kernel(x.to(layer.compute_dtype), *weights),
+            "dense": lambda: torch.nn.functional.linear(x, layer.dense),
+            "int8": lambda: smoothed_int8_matmul(x, weight_int8, weight_scales, smoothing),
+        },
+        rounds=3,
+        repeats=2,
+    )
+    return min(times["dense"], times["int8"]) * COPY_MIN_SPEEDUP <= times["blocks"]
 
 
 def smooth_many_rows_path(model: nn.Module, token_ids: list[int]) -> int:

@@ -35,6 +35,7 @@ from backend.architectures import check_supported
 from backend.cache_size import size_kv_cache
 from backend.calibration import (
     calibration_token_ids,
+    drop_copies_blocks_match,
     smooth_many_rows_path,
     time_head_crossover,
     time_projection_crossover,
@@ -237,6 +238,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     # The fused CPU operations, built now where they will run (with --compile too), so that the int8
     # path below is timed as it will run.
     fused_ops.decode_ops(device, exact=exact, compiled=False)
+    drop_copies_blocks_match(model)  # where blocks multiply many rows as fast
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
     time_projection_crossover(model)
     time_head_crossover(model)
