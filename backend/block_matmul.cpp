@@ -1,5 +1,5 @@
 // Few rows of activations times weights stored in blocks of 32 (4-bit or 8-bit, a scale each), by the CPU's
-// int8 dot products (AVX-512 VNNI), as llama.cpp multiplies its Q4_1 and Q8_0 files (backend/block_weights.py
+// int8 dot products (AVX-512 VNNI, or AVX2), as llama.cpp multiplies its Q4_1 and Q8_0 files (backend/block_weights.py
 // has the layout and says why; docs/performance.md measures it).
 //
 // Each block of 32 activations of a row becomes 32 int8 values and a float scale (round(x / d), d =
@@ -12,6 +12,12 @@
 // int32 lanes. The weights are stored so that each lane is one output channel: 16 channels side by side,
 // 4 consecutive inputs of each per 32-bit lane, so the sums need no shuffling and a block's scales are
 // one vector of 16.
+//
+// CPUs without AVX-512 VNNI but with AVX2 (AMD before Zen 4, Intel's desktop parts) take the same blocks
+// eight channels at a time: vpmaddubsw multiplies pairs of bytes into int16 sums and vpmaddwd adds those
+// into int32. vpmaddubsw saturates at 32767, which 8-bit weights (u up to 255) would reach, so there the
+// 8-bit weights are multiplied signed, q = u - 128, as llama.cpp does: |q| times q_x with q's sign, and
+// the m term falls away. The activations' int8 values are the same in both.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -21,10 +27,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define BLOCK_MATMUL_VNNI 1
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define BLOCK_MATMUL_AVX2 1
+#endif
+#if defined(BLOCK_MATMUL_VNNI) || defined(BLOCK_MATMUL_AVX2)
 #include <immintrin.h>
 #endif
 
@@ -32,8 +44,10 @@ namespace {
 
 constexpr int64_t BLOCK = 32;     // inputs a scale covers: GGUF's Q4_0, Q4_1 and Q8_0 blocks
 constexpr int64_t CHANNELS = 16;  // output channels stored side by side, one a 32-bit lane
-// Rows of activations multiplied per pass over a group's weights: each keeps one accumulator register.
+// Rows of activations multiplied per pass over a group's weights: each keeps one accumulator register
+// (AVX2 has 16 registers where AVX-512 has 32, and takes a group in two halves).
 constexpr int64_t ROWS_AT_ONCE = 8;
+constexpr int64_t ROWS_AT_ONCE_AVX2 = 4;
 // Pieces of a product a thread takes, on average: enough that a thread that lost its core leaves little.
 constexpr int64_t CHUNKS_A_THREAD = 8;
 
@@ -41,14 +55,14 @@ constexpr int64_t CHUNKS_A_THREAD = 8;
 // 8-bit blocks have m = -128 d (u = q + 128), so they store d alone.
 constexpr int64_t block_bytes(int64_t bits) { return bits == 4 ? 16 * 16 + 2 * 32 : 16 * 32 + 32; }
 
-#ifdef BLOCK_MATMUL_VNNI
-
 // Activations in blocks of 32: int8 values, and for each block d and d * sum(values).
 struct QuantizedRows {
   std::vector<int8_t> values;  // [rows, in]
   std::vector<float> scales;   // [rows, in / 32]
   std::vector<float> sums;     // [rows, in / 32]
 };
+
+#ifdef BLOCK_MATMUL_VNNI
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {  // bfloat16 is the top half of a float32
@@ -134,12 +148,176 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
 
 #endif  // BLOCK_MATMUL_VNNI
 
+#ifdef BLOCK_MATMUL_AVX2
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+inline float largest_of(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t sum_of(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// As quantize_rows, eight values a register: the same int8 values and scales.
+template <typename T>
+QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
+  const int64_t blocks = in / BLOCK;
+  QuantizedRows out{std::vector<int8_t>(rows * in), std::vector<float>(rows * blocks),
+                    std::vector<float>(rows * blocks)};
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane order
+  for (int64_t b = 0; b < rows * blocks; ++b) {
+    __m256 v[4];
+    __m256 largest = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = load8(x + b * BLOCK + 8 * i);
+      largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign, v[i]));
+    }
+    const float top = largest_of(largest);
+    const __m256 inverse = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.values.data() + b * BLOCK),
+                        _mm256_permutevar8x32_epi32(packed, in_order));
+    out.scales[b] = top / 127.f;
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    out.sums[b] = out.scales[b] * static_cast<float>(sum_of(total));
+  }
+  return out;
+}
+
+inline void store8(float* out, __m256 v) { _mm256_storeu_ps(out, v); }
+inline void store8(c10::BFloat16* out, __m256 v) {
+  alignas(32) float values[8];
+  _mm256_store_ps(values, v);
+  for (int i = 0; i < 8; ++i) out[i] = c10::BFloat16(values[i]);  // rounded to nearest even
+}
+
+// As multiply_group, for rows [first, first + count) (count <= ROWS_AT_ONCE_AVX2), one half of the 16
+// channels at a time: bytes 32h..32h+31 of each 64-byte line are channels 8h..8h+7.
+template <int BITS, typename T>
+void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
+                         T* out, int64_t out_stride) {
+  const int64_t blocks = in / BLOCK;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int half = 0; half < 2; ++half) {
+    __m256 sums[ROWS_AT_ONCE_AVX2];
+    for (int64_t r = 0; r < count; ++r) sums[r] = _mm256_setzero_ps();
+    const uint8_t* block = weights + 32 * half;
+    for (int64_t b = 0; b < blocks; ++b, block += block_bytes(BITS)) {
+      __m256i u[8];  // 4-bit: u, 0..15; 8-bit: q = u - 128, signed
+      if constexpr (BITS == 4) {
+        for (int c = 0; c < 4; ++c) {
+          const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * c));
+          u[2 * c] = _mm256_and_si256(line, nibble);
+          u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(line, 4), nibble);
+        }
+      } else {
+        for (int j = 0; j < 8; ++j) {
+          u[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j)), offset);
+        }
+      }
+      const uint8_t* scales = block - 32 * half + (BITS == 4 ? 256 : 512) + 16 * half;
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+      const __m256 m = BITS == 4 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)))
+                                 : _mm256_setzero_ps();
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t row_block = (first + r) * blocks + b;
+        const int32_t* q = reinterpret_cast<const int32_t*>(x.values.data() + row_block * BLOCK);
+        __m256i products;
+        if constexpr (BITS == 4) {
+          // Each vpmaddubsw sum is at most 2 * 15 * 127, so eight of them still fit in int16.
+          __m256i pairs = _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(q[0]));
+          for (int j = 1; j < 8; ++j) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(q[j])));
+          products = _mm256_madd_epi16(pairs, ones);
+        } else {
+          products = _mm256_setzero_si256();
+          for (int j = 0; j < 8; ++j) {
+            const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(q[j]), u[j]);
+            const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(u[j]), signed_x);
+            products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, ones));
+          }
+        }
+        sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);
+        if constexpr (BITS == 4) sums[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[row_block]), sums[r]);
+      }
+    }
+    for (int64_t r = 0; r < count; ++r) store8(out + (first + r) * out_stride + 8 * half, sums[r]);
+  }
+}
+
+#endif  // BLOCK_MATMUL_AVX2
+
 }  // namespace
 
-namespace fused_ops {
+namespace {
 
-// Whether this build multiplies blocks (the CPU it was compiled for has AVX-512 VNNI).
-bool block_matmul_supported() {
+// The groups of 16 output channels, shared out to the threads a few at a time as they get to them, not
+// half each: the server's other processes take a core now and then, and a thread that lost its core
+// would leave the other waiting at the end of every product. With a process taking a fifth of a core
+// beside the engine, 32-row steps went 22% slower with halves and 12% slower this way
+// (docs/performance.md). `multiply(group, first_row, count)` multiplies one group by some rows.
+template <typename Multiply>
+void for_each_group(int64_t groups, int64_t rows, int64_t rows_at_once, const Multiply& multiply) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), groups);
+  const int64_t chunk = std::max<int64_t>(1, groups / (CHUNKS_A_THREAD * threads));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t begin; (begin = next.fetch_add(chunk)) < groups;) {
+      for (int64_t g = begin; g < std::min(begin + chunk, groups); ++g) {
+        for (int64_t first = 0; first < rows; first += rows_at_once) {
+          multiply(g, first, std::min(rows_at_once, rows - first));
+        }
+      }
+    }
+  });
+}
+
+// x times the blocks into result, by the AVX-512 VNNI kernel or, with `avx2`, the AVX2 one.
+template <typename T>
+void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2, at::Tensor& result) {
+  const int64_t rows = x.size(0), in = x.size(1), out = weights.size(0);
+  const uint8_t* w = weights.data_ptr<uint8_t>();
+  const int64_t group_bytes = in / BLOCK * block_bytes(bits);
+  T* o = result.data_ptr<T>();
+  if (avx2) {
+#ifdef BLOCK_MATMUL_AVX2
+    const QuantizedRows q = quantize_rows_avx2(x.data_ptr<T>(), rows, in);
+    for_each_group(out / CHANNELS, rows, ROWS_AT_ONCE_AVX2, [&](int64_t g, int64_t first, int64_t count) {
+      if (bits == 4) {
+        multiply_group_avx2<4>(w + g * group_bytes, q, first, count, in, o + g * CHANNELS, out);
+      } else {
+        multiply_group_avx2<8>(w + g * group_bytes, q, first, count, in, o + g * CHANNELS, out);
+      }
+    });
+#endif
+    return;
+  }
+#ifdef BLOCK_MATMUL_VNNI
+  const QuantizedRows q = quantize_rows(x.data_ptr<T>(), rows, in);
+  for_each_group(out / CHANNELS, rows, ROWS_AT_ONCE, [&](int64_t g, int64_t first, int64_t count) {
+    if (bits == 4) {
+      multiply_group<4>(w + g * group_bytes, q, first, count, in, o + g * CHANNELS, out);
+    } else {
+      multiply_group<8>(w + g * group_bytes, q, first, count, in, o + g * CHANNELS, out);
+    }
+  });
+#endif
+}
+
+constexpr bool has_vnni_kernel() {
 #ifdef BLOCK_MATMUL_VNNI
   return true;
 #else
@@ -147,10 +325,15 @@ bool block_matmul_supported() {
 #endif
 }
 
-// x [rows, in] (float32 or bfloat16) times weights [out, in / 32 * bytes a channel's block] (block_weights.py's
-// layout) -> [rows, out] in x's dtype.
-at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits) {
-  TORCH_CHECK(block_matmul_supported(), "block_matmul needs a CPU with AVX-512 VNNI");
+constexpr bool has_avx2_kernel() {
+#ifdef BLOCK_MATMUL_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2) {
   TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8, not ", bits);
   TORCH_CHECK(x.device().is_cpu() && weights.device().is_cpu(), "block_matmul runs on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in]");
@@ -161,48 +344,35 @@ at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t 
   TORCH_CHECK(weights.size(1) * CHANNELS == in / BLOCK * block_bytes(bits), "weights do not hold ", bits,
               "-bit blocks of ", in, " inputs");
   at::Tensor result = at::empty({rows, out}, x.options());
-#ifdef BLOCK_MATMUL_VNNI
-  const uint8_t* w = weights.data_ptr<uint8_t>();
-  const int64_t group_bytes = in / BLOCK * block_bytes(bits);
-  auto multiply = [&](auto* type) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    const QuantizedRows q = quantize_rows(x.data_ptr<T>(), rows, in);
-    T* o = result.data_ptr<T>();
-    auto multiply_groups = [&](int64_t begin, int64_t end) {
-      for (int64_t g = begin; g < end; ++g) {
-        for (int64_t first = 0; first < rows; first += ROWS_AT_ONCE) {
-          const int64_t count = std::min(ROWS_AT_ONCE, rows - first);
-          if (bits == 4) {
-            multiply_group<4>(w + g * group_bytes, q, first, count, in, o + g * CHANNELS, out);
-          } else {
-            multiply_group<8>(w + g * group_bytes, q, first, count, in, o + g * CHANNELS, out);
-          }
-        }
-      }
-    };
-    // The threads take groups a few at a time as they get to them, not half each: the server's other
-    // processes take a core now and then, and a thread that lost its core would leave the other waiting
-    // at the end of every product. With a process taking a fifth of a core beside the engine, 32-row steps
-    // went 22% slower with halves and 12% slower this way (docs/performance.md).
-    const int64_t groups = out / CHANNELS;
-    const int64_t threads = std::min<int64_t>(at::get_num_threads(), groups);
-    const int64_t chunk = std::max<int64_t>(1, groups / (CHUNKS_A_THREAD * threads));
-    std::atomic<int64_t> next{0};
-    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-      for (int64_t begin; (begin = next.fetch_add(chunk)) < groups;) {
-        multiply_groups(begin, std::min(begin + chunk, groups));
-      }
-    });
-  };
   if (x.scalar_type() == at::kFloat) {
-    multiply(static_cast<float*>(nullptr));
+    multiply_blocks<float>(x, weights, bits, avx2, result);
   } else if (x.scalar_type() == at::kBFloat16) {
-    multiply(static_cast<c10::BFloat16*>(nullptr));
+    multiply_blocks<c10::BFloat16>(x, weights, bits, avx2, result);
   } else {
     TORCH_CHECK(false, "x must be float32 or bfloat16, not ", x.scalar_type());
   }
-#endif
   return result;
+}
+
+}  // namespace
+
+namespace fused_ops {
+
+// The kernel `block_matmul` multiplies by, for the CPU this was compiled for: "AVX-512 VNNI", "AVX2", or
+// "" where it has neither (then there are no blocks).
+std::string block_matmul_kernel() { return has_vnni_kernel() ? "AVX-512 VNNI" : has_avx2_kernel() ? "AVX2" : ""; }
+
+// x [rows, in] (float32 or bfloat16) times weights [out, in / 32 * bytes a channel's block] (block_weights.py's
+// layout) -> [rows, out] in x's dtype; by AVX-512 VNNI where the CPU has it, else by AVX2.
+at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits) {
+  TORCH_CHECK(has_vnni_kernel() || has_avx2_kernel(), "block_matmul needs a CPU with AVX-512 VNNI or AVX2");
+  return checked_block_matmul(x, weights, bits, !has_vnni_kernel());
+}
+
+// The same by the AVX2 kernel, wherever it is built (an AVX-512 CPU too): for its tests and timings.
+at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int64_t bits) {
+  TORCH_CHECK(has_avx2_kernel(), "block_matmul_avx2 needs a CPU with AVX2, FMA and F16C");
+  return checked_block_matmul(x, weights, bits, true);
 }
 
 }  // namespace fused_ops

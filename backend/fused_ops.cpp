@@ -542,7 +542,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("nucleus_draw", &nucleus_draw, "each row's draw from its nucleus (sampler.py's nucleus_cut and race)");
   m.def("quantize_rows", &quantize_rows, "smoothed rows to int8, a scale a row");
   m.def("scale_products", &scale_products, "int32 products times row and weight scales");
-  m.def("block_matmul_supported", &block_matmul_supported, "whether block_matmul runs here (AVX-512 VNNI)");
+  m.def("block_matmul_kernel", &block_matmul_kernel, "what block_matmul multiplies by here: AVX-512 VNNI, AVX2 or ''");
   m.def("block_matmul", &block_matmul, "few rows times weights in blocks of 32 (block_weights.py)");
+  m.def("block_matmul_avx2", &block_matmul_avx2, "block_matmul by its AVX2 kernel (tests, timings)");
   m.def("decode_layers", &decode_layers, "a decode step's layers in one call (decoder_runner.NativeDecode)");
 }

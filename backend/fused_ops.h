@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 namespace fused_ops {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
@@ -16,8 +18,9 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
                             const at::Tensor& rows, const at::Tensor& positions, double scaling);
 bool attention_supports(int64_t head_dim, int64_t group);
 
-bool block_matmul_supported();
+std::string block_matmul_kernel();
 at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits);
+at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int64_t bits);
 
 at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,

@@ -271,7 +271,11 @@ def build() -> ModuleType:
         build_directory=str(directory),
         verbose=False,
     )
-    log.info("fused CPU operations ready in %.1f s", time.perf_counter() - started)
+    log.info(
+        "fused CPU operations ready in %.1f s; quantized weights in blocks: %s",
+        time.perf_counter() - started,
+        module.block_matmul_kernel() or "none (no AVX2: PyTorch's kernels)",
+    )
     return module
 
 

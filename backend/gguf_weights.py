@@ -17,7 +17,7 @@ m + 8d (Q4_1) or 0 (Q4_0), exactly, in every layout (PyTorch's kernels round
 the scales to bfloat16). Q8_0 is Int8Linear's w = q * scale with a scale a
 block of 32, which the CPU's blocks take (block_weights.py); PyTorch's
 `_weight_int8pack_mm` takes one scale a channel only, so elsewhere (CUDA, a
-CPU without AVX-512 VNNI) those layers are quantized again to int8 per
+CPU without AVX2) those layers are quantized again to int8 per
 channel, from transformers' dequantized floats, and the log says so. An
 output head stored as Q8_0 (SmolLM2's, tied to its embedding) goes the same
 way for few rows, and its dequantized floats serve many. Every other tensor

@@ -7,7 +7,7 @@ pybind, about another millisecond (docs/performance.md). `decode_layers.cpp`
 is `DecoderRunner.decode_layers`'s loop with the same functions in the same
 order, so its numbers are the Python loop's bit for bit
 (tests/backend/test_native_decode.py); it runs where every one of them is
-this extension's: a CPU with the fused operations and AVX-512 VNNI, every
+this extension's: a CPU with the fused operations and blocks (AVX-512 VNNI or AVX2), every
 projection in blocks, the attention loop for the model's head size, and
 activations in the kernels' dtype (bfloat16, the default mode's). Other
 steps, and other models, run the Python loop.

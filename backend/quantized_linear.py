@@ -2,9 +2,10 @@
 
 A decode step with few rows is bound by reading the weights, and these
 layers read a quarter (int4) or half (int8) of what bfloat16 weights take.
-On a CPU with AVX-512 VNNI they are stored in blocks that `block_weights.
-matmul` multiplies by int8 dot products, as llama.cpp does (block_weights.py
-says why: PyTorch's kernels ran at half the memory's speed there);
+On a CPU with AVX-512 VNNI or AVX2 they are stored in blocks that
+`block_weights.matmul` multiplies by int8 dot products, as llama.cpp does
+(block_weights.py says why: PyTorch's kernels ran at half the memory's
+speed there);
 elsewhere through PyTorch's own weight-only kernels
 (`_weight_int4pack_mm_for_cpu` and `_weight_int4pack_mm`,
 `_weight_int8pack_mm`). The activations stay floats between layers.
@@ -81,7 +82,7 @@ class WeightOnlyLinear(nn.Module):
 
     def uses_blocks(self, device: torch.device) -> bool:
         """Whether this layer's weights are stored in blocks for `block_weights.matmul` (a CPU with
-        AVX-512 VNNI), or else packed for PyTorch's kernels."""
+        AVX-512 VNNI or AVX2), or else packed for PyTorch's kernels."""
         return block_weights.available(device) and block_weights.fits(self.out_features, self.in_features)
 
     def use_smoothed_int8(

@@ -23,10 +23,10 @@ def default_engine(default_model):
 @pytest.fixture(params=["blocks", "pytorch"])
 def weight_layout(request, monkeypatch):
     """How the quantized layers a test builds on the CPU store their weights: in blocks for the CPU's
-    int8 dot products (block_weights.py), or packed for PyTorch's kernels, as a CPU without AVX-512
-    VNNI or without the C++ extension stores them."""
+    int8 dot products (block_weights.py), or packed for PyTorch's kernels, as a CPU without AVX2 or
+    without the C++ extension stores them."""
     if request.param == "pytorch":
         monkeypatch.setattr(block_weights, "available", lambda device: False)
     elif not block_weights.available(torch.device("cpu")):
-        pytest.skip("this CPU has no AVX-512 VNNI: its layers are packed for PyTorch's kernels")
+        pytest.skip("this CPU has no AVX2 (or no compiler): its layers are packed for PyTorch's kernels")
     return request.param

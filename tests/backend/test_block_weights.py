@@ -3,13 +3,23 @@
 import pytest
 import torch
 
-from backend import block_weights
+from backend import block_weights, fused_ops
 from backend.block_weights import BLOCK, dequantize, matmul, pack_int4, pack_int8
 
+CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
-    not block_weights.available(torch.device("cpu")),
-    reason="this CPU has no AVX-512 VNNI: quantized layers are packed for PyTorch's kernels instead",
+    not block_weights.available(CPU),
+    reason="this CPU has no AVX2 (or no compiler): quantized layers are packed for PyTorch's kernels instead",
 )
+
+
+@pytest.fixture(params=["the CPU's", "AVX2"])
+def kernel(request):
+    """The kernel `matmul` takes on this CPU (AVX-512 VNNI's where it has it), then the AVX2 one that CPUs
+    without take, run here too."""
+    if request.param == "AVX2":
+        return fused_ops.extension().block_matmul_avx2
+    return matmul
 
 
 def fp16_exact(t: torch.Tensor) -> torch.Tensor:
@@ -59,9 +69,9 @@ def test_blocks_hold_the_weights_they_were_packed_from(bits):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weights(bits, dtype):
+def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weights(bits, dtype, kernel):
     """Exact up to float32 sums (and the output's bfloat16 rounding), for row counts below, at and
-    past the rows the kernel takes at once (8)."""
+    past the rows the kernels take at once (8 with AVX-512, 4 with AVX2)."""
     out_features, in_features = 96, 6 * BLOCK
     if bits == 4:
         blocks, weight = int4_weights(out_features, in_features)
@@ -71,11 +81,25 @@ def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weigh
     for rows in (1, 3, 8, 9, 17):
         x = torch.randn(rows, in_features, generator=generator).to(dtype)
         x[0, :BLOCK] = 0  # a block of zeros: no scale to divide by
-        got = matmul(x, blocks, bits)
+        got = kernel(x, blocks, bits)
         assert got.dtype == dtype and got.shape == (rows, out_features)
         expected = rounded_per_block(x) @ weight.double().T
         tolerance = (1e-5 if dtype == torch.float32 else 2**-8) * expected.abs().max().item()
         assert (got.double() - expected).abs().max().item() < tolerance, rows
+
+
+@pytest.mark.skipif(block_weights.kernel(CPU) != "AVX-512 VNNI", reason="this CPU has the AVX2 kernel alone")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_avx2_kernel_gives_the_avx512_kernels_products(bits):
+    """The same int8 activations and integer sums: 4-bit products bit for bit; 8-bit ones sum q * x where
+    AVX-512 sums u * x and subtracts 128 * x, so they differ by float32 rounding alone."""
+    blocks = int4_weights(64, 9 * BLOCK)[0] if bits == 4 else int8_weights(64, 9 * BLOCK, per_block=True)[0]
+    x = torch.randn(11, 9 * BLOCK, generator=torch.Generator().manual_seed(3))
+    avx512, avx2 = matmul(x, blocks, bits), fused_ops.extension().block_matmul_avx2(x, blocks, bits)
+    if bits == 4:
+        assert torch.equal(avx2, avx512)
+    else:
+        assert (avx2 - avx512).abs().max() < 1e-6 * avx512.abs().max()
 
 
 def test_rounding_activations_per_block_costs_under_one_percent_a_few_times_bfloat16s_rounding():
