@@ -260,17 +260,25 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
 
 #endif  // BLOCK_MATMUL_AVX2
 
-}  // namespace
+// One group of 16 output channels times rows [first, first + count) of the activations: multiply_group or
+// multiply_group_avx2 for 4 or 8 bits.
+template <typename T>
+using GroupProduct = void (*)(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count,
+                              int64_t in, T* out, int64_t out_stride);
 
-namespace {
-
-// The groups of 16 output channels, shared out to the threads a few at a time as they get to them, not
-// half each: the server's other processes take a core now and then, and a thread that lost its core
-// would leave the other waiting at the end of every product. With a process taking a fifth of a core
-// beside the engine, 32-row steps went 22% slower with halves and 12% slower this way
-// (docs/performance.md). `multiply(group, first_row, count)` multiplies one group by some rows.
-template <typename Multiply>
-void for_each_group(int64_t groups, int64_t rows, int64_t rows_at_once, const Multiply& multiply) {
+// Every group of 16 output channels by `product`, `rows_at_once` rows a pass over its weights. The groups
+// are shared out to the threads a few at a time as they get to them, not half each: the server's other
+// processes take a core now and then, and a thread that lost its core would leave the other waiting at
+// the end of every product. With a process taking a fifth of a core beside the engine, 32-row steps went
+// 22% slower with halves and 12% slower this way (docs/performance.md).
+template <typename T>
+void multiply_groups(GroupProduct<T> product, int64_t rows_at_once, const QuantizedRows& x, int64_t in,
+                     const at::Tensor& weights, int64_t bits, at::Tensor& result) {
+  const int64_t rows = result.size(0), out = result.size(1);
+  const uint8_t* w = weights.data_ptr<uint8_t>();
+  const int64_t group_bytes = in / BLOCK * block_bytes(bits);
+  T* o = result.data_ptr<T>();
+  const int64_t groups = out / CHANNELS;
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), groups);
   const int64_t chunk = std::max<int64_t>(1, groups / (CHUNKS_A_THREAD * threads));
   std::atomic<int64_t> next{0};
@@ -278,7 +286,7 @@ void for_each_group(int64_t groups, int64_t rows, int64_t rows_at_once, const Mu
     for (int64_t begin; (begin = next.fetch_add(chunk)) < groups;) {
       for (int64_t g = begin; g < std::min(begin + chunk, groups); ++g) {
         for (int64_t first = 0; first < rows; first += rows_at_once) {
-          multiply(g, first, std::min(rows_at_once, rows - first));
+          product(w + g * group_bytes, x, first, std::min(rows_at_once, rows - first), in, o + g * CHANNELS, out);
         }
       }
     }
@@ -288,32 +296,18 @@ void for_each_group(int64_t groups, int64_t rows, int64_t rows_at_once, const Mu
 // x times the blocks into result, by the AVX-512 VNNI kernel or, with `avx2`, the AVX2 one.
 template <typename T>
 void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2, at::Tensor& result) {
-  const int64_t rows = x.size(0), in = x.size(1), out = weights.size(0);
-  const uint8_t* w = weights.data_ptr<uint8_t>();
-  const int64_t group_bytes = in / BLOCK * block_bytes(bits);
-  T* o = result.data_ptr<T>();
+  const T* values = x.data_ptr<T>();
+  const int64_t rows = x.size(0), in = x.size(1);
   if (avx2) {
 #ifdef BLOCK_MATMUL_AVX2
-    const QuantizedRows q = quantize_rows_avx2(x.data_ptr<T>(), rows, in);
-    for_each_group(out / CHANNELS, rows, ROWS_AT_ONCE_AVX2, [&](int64_t g, int64_t first, int64_t count) {
-      if (bits == 4) {
-        multiply_group_avx2<4>(w + g * group_bytes, q, first, count, in, o + g * CHANNELS, out);
-      } else {
-        multiply_group_avx2<8>(w + g * group_bytes, q, first, count, in, o + g * CHANNELS, out);
-      }
-    });
+    const GroupProduct<T> product = bits == 4 ? multiply_group_avx2<4, T> : multiply_group_avx2<8, T>;
+    multiply_groups(product, ROWS_AT_ONCE_AVX2, quantize_rows_avx2(values, rows, in), in, weights, bits, result);
 #endif
     return;
   }
 #ifdef BLOCK_MATMUL_VNNI
-  const QuantizedRows q = quantize_rows(x.data_ptr<T>(), rows, in);
-  for_each_group(out / CHANNELS, rows, ROWS_AT_ONCE, [&](int64_t g, int64_t first, int64_t count) {
-    if (bits == 4) {
-      multiply_group<4>(w + g * group_bytes, q, first, count, in, o + g * CHANNELS, out);
-    } else {
-      multiply_group<8>(w + g * group_bytes, q, first, count, in, o + g * CHANNELS, out);
-    }
-  });
+  const GroupProduct<T> product = bits == 4 ? multiply_group<4, T> : multiply_group<8, T>;
+  multiply_groups(product, ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights, bits, result);
 #endif
 }
 

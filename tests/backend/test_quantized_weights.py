@@ -173,7 +173,7 @@ def test_q8_0_blocks_unpack_to_the_weights_gguf_dequantizes():
 def assert_same_blocks(found, expected) -> None:
     assert (found.types, found.head_type) == (expected.types, expected.head_type)
     assert found.layers.keys() == expected.layers.keys()
-    pairs = [*((found.layers[name], weight) for name, weight in expected.layers.items())]
+    pairs = [(found.layers[name], weight) for name, weight in expected.layers.items()]
     assert (found.head is None) == (expected.head is None)
     if expected.head is not None:
         pairs.append((found.head, expected.head))
