@@ -40,7 +40,7 @@ ENV PYTHONUNBUFFERED=1 \
     PORT=8000
 
 WORKDIR /app
-# g++ builds the fused CPU operations (backend/fused_ops.py): at build time below, and again at the
+# g++ builds the fused CPU operations (backend/layers/decode_ops.py): at build time below, and again at the
 # first start on a CPU of another kind, since they are compiled for the CPU they run on.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends g++ \

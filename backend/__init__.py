@@ -2,5 +2,5 @@
 
 Importing this package does not import torch: the frontend imports
 `backend.messages` and `backend.process`, and only the backend process itself
-loads `backend.engine`.
+loads `backend.engine.engine`.
 """

@@ -48,7 +48,7 @@ class SamplingParams:
     # for none, N for the chosen token's and the N most likely alternatives' (at most MAX_LOGPROBS).
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # the same for every prompt token after the first
-    # Penalties and filters, as vLLM and OpenAI define them (backend/logits_processors.py).
+    # Penalties and filters, as vLLM and OpenAI define them (backend/layers/logits_processors.py).
     presence_penalty: float = 0.0  # -2..2, once for each token already generated
     frequency_penalty: float = 0.0  # -2..2, times how often it was generated
     repetition_penalty: float = 1.0  # > 0: logits of prompt and generated tokens divided (or times) by it
@@ -57,9 +57,9 @@ class SamplingParams:
     min_tokens: int = 0  # no EOS (nor stop_token_ids) before this many tokens
     stop_token_ids: tuple[int, ...] = ()  # tokens that end generation, like EOS
     # Constrained decoding: an llguidance grammar (serialized; the frontend makes it from a JSON schema,
-    # regex, choice or Lark grammar) that every generated token must follow (backend/grammar.py)
+    # regex, choice or Lark grammar) that every generated token must follow (backend/layers/grammar.py)
     grammar: str | None = None
-    # An embedding request (backend/embeddings.py): the prompt's hidden states pooled ("mean" or
+    # An embedding request (backend/model/embeddings.py): the prompt's hidden states pooled ("mean" or
     # "last") into one unit vector, sent as Piece.embedding; nothing is generated
     embedding: str | None = None
 
@@ -108,7 +108,7 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether its logits change before sampling (backend/logits_processors.py)."""
+        """Whether its logits change before sampling (backend/layers/logits_processors.py)."""
         return bool(
             self.presence_penalty
             or self.frequency_penalty
@@ -138,14 +138,14 @@ class BackendConfig:
     # fit in it; with max_seq_len, a bound that length must fit in (loader.pick_max_seq_len)
     kv_cache_memory: int | None = None
     # Prompt tokens a step prefills while rows decode, longer prompts a chunk a step; None: as many as
-    # keep a step within 1.8 plain ones, measured as it runs (backend.prefill_budget)
+    # keep a step within 1.8 plain ones, measured as it runs (backend.engine.prefill_budget)
     max_prefill_tokens: int | None = None
     prefix_reuse: bool = True  # a prompt starting as a row's cached tokens prefills only the rest
     # Decode steps of few rows compiled by torch.compile (decoder_runner.DecoderRunner); start-up
     # compiles them, which takes minutes on a small CPU the first time
     compile_decode: bool = False
     # On a GPU, decode steps as CUDA graphs captured at start-up, one per bucket of rows and span
-    # (backend.decode_graphs); off: eager steps
+    # (backend.model.decode_graphs); off: eager steps
     cuda_graphs: bool = True
     cache_dir: str | None = None  # converted weights; None: $INFERENCE_CACHE_DIR or ~/.cache
     # CPU threads for torch; None: torch's default (every core). Fewer leaves cores to the HTTP

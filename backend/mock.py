@@ -13,7 +13,8 @@ import multiprocessing
 import time
 from dataclasses import dataclass, field
 
-from backend.inbox import read_inbox
+from backend.engine.inbox import read_inbox
+from backend.engine.stop_matcher import StopMatcher
 from backend.messages import (
     HEARTBEAT_SECONDS,
     BackendConfig,
@@ -24,7 +25,6 @@ from backend.messages import (
     StepOutput,
     Submit,
 )
-from backend.stop_matcher import StopMatcher
 
 MOCK_MAX_SEQ_LEN = 4096
 MOCK_WORDS = [

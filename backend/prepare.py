@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from backend.loader import load_model
 from backend.messages import BackendConfig
+from backend.model.loader import load_model
 
 
 def main(argv: list[str] | None = None) -> None:

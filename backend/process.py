@@ -1,7 +1,7 @@
 """The frontend's handle on the backend process: its two queues and its life.
 
 This module never imports torch. The child process imports the real engine
-(`backend.serve`) or the mock (`backend.mock`) only once it is running.
+(`backend.engine.serve`) or the mock (`backend.mock`) only once it is running.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def run_backend(config: BackendConfig, inbox: multiprocessing.Queue, outbox: mul
     if config.mock:
         from backend.mock import serve_mock as serve
     else:
-        from backend.serve import serve
+        from backend.engine.serve import serve
     serve(config, inbox, outbox)
 
 

@@ -1,5 +1,5 @@
 """`POST /v1/embeddings`, OpenAI's shape: each input's pooled, normalised hidden states of the served
-model (backend/embeddings.py), or of the `--embedding-model` where one is set, as floats or base64.
+model (backend/model/embeddings.py), or of the `--embedding-model` where one is set, as floats or base64.
 
 `model` names the model that embeds: the embedding model where there is one (whose own tokenizer
 reads the inputs, and whose vocabulary and positions bound them), else the served model; the other

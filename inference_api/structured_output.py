@@ -1,5 +1,5 @@
 """What a request asks its output to follow: a JSON schema, any JSON object, a regex, a choice or a Lark
-grammar, as the llguidance grammar the backend decodes under (backend/grammar.py).
+grammar, as the llguidance grammar the backend decodes under (backend/layers/grammar.py).
 
 OpenAI's `response_format` (`json_object`, `json_schema`), vLLM's `guided_json`, `guided_regex`,
 `guided_choice` and `guided_grammar`, and the native API's `json_schema`. A grammar llguidance cannot

@@ -21,8 +21,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams
-from backend.stop_matcher import longest_partial_match
 from inference_api.structured_output import json_schema_grammar
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -39,11 +39,11 @@ from transformers import AutoTokenizer, PreTrainedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.engine import Engine  # noqa: E402
-from backend.loader import LoadedModel, load_model, pick_device, pick_dtype  # noqa: E402
+from backend.engine.engine import Engine  # noqa: E402
+from backend.layers.row_cache import KVShape, pick_cache_dtype  # noqa: E402
 from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
-from backend.quantized_linear import QUANTIZERS, WeightOnlyLinear, quantize_model  # noqa: E402
-from backend.row_cache import KVShape, pick_cache_dtype  # noqa: E402
+from backend.model.loader import LoadedModel, load_model, pick_device, pick_dtype  # noqa: E402
+from backend.quant.quantized_linear import QUANTIZERS, WeightOnlyLinear, quantize_model  # noqa: E402
 from scripts.random_llama import SHAPES, default_tokenizer, random_llama  # noqa: E402
 
 PROMPTS = [

@@ -7,7 +7,7 @@
 Starts the server twice, one after the other: with `--max-prefill-tokens
 2048` (a long prompt prefilled whole in one step, as before chunked
 prefill) and as it starts by default (chunks sized by the measured step
-times, backend/prefill_budget.py); with --chunk N a third time, in fixed
+times, backend/engine/prefill_budget.py); with --chunk N a third time, in fixed
 chunks of N (`--max-prefill-tokens N`). Each time, --streams
 clients stream /v1/completions without pause (256 tokens, ignore_eos)
 while one more client sends a prompt of about 2,000 tokens every --every

@@ -47,9 +47,9 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.engine import Engine  # noqa: E402
-from backend.loader import load_model, resolve_model  # noqa: E402
+from backend.engine.engine import Engine  # noqa: E402
 from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
+from backend.model.loader import load_model, resolve_model  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 # What an evaluation harness or a careful client adds to every request: the run "with logprobs and

@@ -23,8 +23,8 @@ from transformers import TextIteratorStreamer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.loader import load_model  # noqa: E402
 from backend.messages import BackendConfig  # noqa: E402
+from backend.model.loader import load_model  # noqa: E402
 
 
 def create_app(model_spec: str | None, dtype: str) -> Flask:

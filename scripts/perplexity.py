@@ -10,7 +10,7 @@ forward pass, in each mode the server offers, against the exact mode
 (float32, the GGUF file dequantized). A quantized layer multiplies by its
 packed weights for steps of few rows and, for many, by its dense copy or,
 on a CPU where that is faster, as int8 activations times int8 weights (see
-backend/quantized_linear.py and backend/calibration.py); all three are
+backend/quant/quantized_linear.py and backend/quant/calibration.py); all three are
 scored, whatever this machine would pick. Prints a markdown table and the machine it ran on.
 """
 
@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend import calibration  # noqa: E402
-from backend.loader import load_model  # noqa: E402
 from backend.messages import BackendConfig  # noqa: E402
-from backend.quantized_linear import WeightOnlyLinear  # noqa: E402
+from backend.model.loader import load_model  # noqa: E402
+from backend.quant import calibration  # noqa: E402
+from backend.quant.quantized_linear import WeightOnlyLinear  # noqa: E402
 from scripts.bench_engine import machine  # noqa: E402
 
 TEXT = Path(__file__).with_name("perplexity_text.txt")

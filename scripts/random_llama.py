@@ -26,8 +26,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.loader import load_tokenizer  # noqa: E402
 from backend.messages import BackendConfig  # noqa: E402
+from backend.model.loader import load_tokenizer  # noqa: E402
 
 SHAPES = {
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32),

@@ -6,9 +6,9 @@ import sys
 
 import torch
 
-from backend.engine import Engine
-from backend.loader import load_model
+from backend.engine.engine import Engine
 from backend.messages import BackendConfig, SamplingParams
+from backend.model.loader import load_model
 from tests.conftest import ROOT
 
 

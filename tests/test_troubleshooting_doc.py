@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, MistralConfig, Phi3Config
 
-from backend import resources
-from backend.architectures import UnsupportedModel, check_supported
+from backend.model import resources
+from backend.model.architectures import UnsupportedModel, check_supported
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL
 from proxy.auth import AuthError, authenticate
 from tests.conftest import ROOT
@@ -126,12 +126,12 @@ def test_the_resource_message_is_the_start_up_checks(monkeypatch, tmp_path):
         ("backend/process.py", "backend process exited with code"),
         ("inference_api/router.py", "the backend died while starting: "),
         ("inference_api/router.py", "; restarting it in "),
-        ("backend/loader.py", "saved the converted model to"),
-        ("backend/loader.py", "from its converted copy in"),
-        ("backend/loader.py", "could not cache the converted model in"),
-        ("backend/loader.py", "does not exist"),
+        ("backend/model/loader.py", "saved the converted model to"),
+        ("backend/model/loader.py", "from its converted copy in"),
+        ("backend/model/loader.py", "could not cache the converted model in"),
+        ("backend/model/loader.py", "does not exist"),
         ("scripts/run_stack.py", "before it was ready"),
-        ("backend/cache_size.py", "a row needs"),
+        ("backend/model/cache_size.py", "a row needs"),
     ],
 )
 def test_each_quoted_fragment_is_in_the_code(path, fragment):

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from backend import block_weights
-from backend.engine import Engine
-from backend.loader import load_model
+from backend.engine.engine import Engine
 from backend.messages import BackendConfig
+from backend.model.loader import load_model
+from backend.quant import block_weights
 
 
 @pytest.fixture(scope="session")

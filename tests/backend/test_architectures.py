@@ -1,15 +1,15 @@
 """Models whose attention the engine does not honour are refused at start-up, saying why.
 
 Every supported architecture is held to transformers' `generate` by
-tests/backend/test_exactness.py, which runs the list in backend/architectures.py.
+tests/backend/test_exactness.py, which runs the list in backend/model/architectures.py.
 """
 
 import pytest
 from transformers import Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
 
-from backend.architectures import UnsupportedModel, check_supported
-from backend.loader import load_model
 from backend.messages import BackendConfig
+from backend.model.architectures import UnsupportedModel, check_supported
+from backend.model.loader import load_model
 from backend.process import BackendProcess, BackendStartError
 from tests.backend.models import tiny_model
 

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from backend import block_weights, fused_ops
-from backend.block_weights import BLOCK, dequantize, matmul, pack_int4, pack_int8
+from backend.kernels.extension import extension
+from backend.quant import block_weights
+from backend.quant.block_weights import BLOCK, dequantize, matmul, pack_int4, pack_int8
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
@@ -18,7 +19,7 @@ def kernel(request):
     """The kernel `matmul` takes on this CPU (AVX-512 VNNI's where it has it), then the AVX2 one that CPUs
     without take, run here too."""
     if request.param == "AVX2":
-        return fused_ops.extension().block_matmul_avx2
+        return extension().block_matmul_avx2
     return matmul
 
 
@@ -95,7 +96,7 @@ def test_the_avx2_kernel_gives_the_avx512_kernels_products(bits):
     AVX-512 sums u * x and subtracts 128 * x, so they differ by float32 rounding alone."""
     blocks = int4_weights(64, 9 * BLOCK)[0] if bits == 4 else int8_weights(64, 9 * BLOCK, per_block=True)[0]
     x = torch.randn(11, 9 * BLOCK, generator=torch.Generator().manual_seed(3))
-    avx512, avx2 = matmul(x, blocks, bits), fused_ops.extension().block_matmul_avx2(x, blocks, bits)
+    avx512, avx2 = matmul(x, blocks, bits), extension().block_matmul_avx2(x, blocks, bits)
     if bits == 4:
         assert torch.equal(avx2, avx512)
     else:

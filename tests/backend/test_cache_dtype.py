@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from backend.engine import Engine
+from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, text_of, tiny_model
 

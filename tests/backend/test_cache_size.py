@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from backend.cache_size import MIN_SEQ_LEN, size_kv_cache, size_text
-from backend.engine import Engine
-from backend.loader import load_model
+from backend.engine.engine import Engine
 from backend.messages import BackendConfig
+from backend.model.cache_size import MIN_SEQ_LEN, size_kv_cache, size_text
+from backend.model.loader import load_model
 from tests.backend.models import tiny_model
 
 # The tiny Llama: 2 layers x 2 KV heads x 16 dims, keys and values, 4 bytes: 512 bytes a position a row;

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from backend.engine import Engine
+from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
@@ -104,7 +104,7 @@ def test_a_scored_prompt_over_several_chunks_scores_every_token():
 
 def test_by_default_each_chunk_is_what_the_measured_step_times_allow():
     """No --max-prefill-tokens: the engine times its steps and each chunk is the budget they give
-    (backend.prefill_budget; its own tests hold the arithmetic), with the text of a whole prefill."""
+    (backend.engine.prefill_budget; its own tests hold the arithmetic), with the text of a whole prefill."""
     model = tiny_model()
     engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=512)
     budgets, prefilled = [], []

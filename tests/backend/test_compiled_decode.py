@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from backend.decoder_runner import DecoderRunner
-from backend.engine import Engine
+from backend.engine.engine import Engine
+from backend.layers.row_cache import KVShape, RowCache
 from backend.messages import SamplingParams, Submit
-from backend.quantized_linear import quantize_model
-from backend.row_cache import KVShape, RowCache
+from backend.model.decoder_runner import DecoderRunner
+from backend.quant.quantized_linear import quantize_model
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
 
 

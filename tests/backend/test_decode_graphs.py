@@ -1,4 +1,4 @@
-"""Decode steps at static shapes (backend/decode_graphs.py): padded rows, bucketed spans, the eager
+"""Decode steps at static shapes (backend/model/decode_graphs.py): padded rows, bucketed spans, the eager
 step's results.
 
 On a CPU the static buffers and the step function run without capture, so what a CUDA graph would
@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.decode_graphs import bucket, row_buckets, span_buckets
-from backend.decoder_runner import DecoderRunner
-from backend.engine import Engine
+from backend.engine.engine import Engine
+from backend.layers.row_cache import KVShape, RowCache
 from backend.messages import SamplingParams, Submit
-from backend.row_cache import KVShape, RowCache
+from backend.model.decode_graphs import bucket, row_buckets, span_buckets
+from backend.model.decoder_runner import DecoderRunner
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
 from tests.backend.test_compiled_decode import greedy, record_decode_steps
 
@@ -159,7 +159,7 @@ def test_captured_graphs_replay_the_eager_engines_text_on_cuda():
 def test_a_replayed_step_and_its_sampling_make_the_host_wait_for_nothing_on_cuda():
     """The host waits for the GPU once a step, to read the sampled tokens (engine._sample); the decode
     graph, its inputs' copies and sampling itself must not wait (set_sync_debug_mode raises)."""
-    from backend.sampler import SamplingBatch, sample
+    from backend.layers.sampler import SamplingBatch, sample
 
     model = tiny_model("llama").to("cuda")
     engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=MAX_SEQ_LEN)

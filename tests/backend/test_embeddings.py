@@ -5,9 +5,9 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from backend.engine import Engine
-from backend.loader import load_embedding_model
+from backend.engine.engine import Engine
 from backend.messages import BackendConfig, SamplingParams, Submit
+from backend.model.loader import load_embedding_model
 from tests.backend.models import (
     TINY_BERT_POSITIONS,
     MarkerTokenizer,

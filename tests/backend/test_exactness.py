@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from backend.architectures import SUPPORTED
-from backend.engine import Engine
+from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
+from backend.model.architectures import SUPPORTED
 from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
 PROMPT_COUNT = 18

@@ -1,4 +1,4 @@
-"""The fused CPU operations (backend/fused_ops.py): each C++ loop against its PyTorch reference, then
+"""The fused CPU operations (backend/layers/decode_ops.py): each C++ loop against its PyTorch reference, then
 whole decode steps of a quantized model with the loops against the same steps with PyTorch's operations.
 
 The loops compute in float32 and round once: in float32 they agree with the reference to float32's
@@ -15,15 +15,16 @@ import time
 import pytest
 import torch
 
-from backend import fused_ops, row_attention
-from backend.decoder_runner import DecoderRunner
-from backend.engine import Engine
-from backend.fused_ops import EAGER, FusedOps, Norm, decode_ops
+from backend.engine.engine import Engine
+from backend.kernels import extension as kernels
+from backend.layers import step_layout
+from backend.layers.decode_ops import EAGER, FusedOps, Norm, decode_ops
+from backend.layers.row_cache import KVShape, RowCache, cache_slots
+from backend.layers.step_layout import visibility
 from backend.messages import Submit
-from backend.quantized_linear import quantize_model
-from backend.row_attention import visibility
-from backend.row_cache import KVShape, RowCache, cache_slots
-from backend.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul
+from backend.model.decoder_runner import DecoderRunner
+from backend.quant.quantized_linear import quantize_model
+from backend.quant.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
 from tests.backend.test_compiled_decode import greedy, record_decode_steps, replay_decode_steps
 from tests.conftest import ROOT
@@ -33,7 +34,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 @pytest.fixture(scope="module")
 def fused() -> FusedOps:
-    built = fused_ops.extension()
+    built = kernels.extension()
     assert built is not None, "the C++ extension did not build: see the log for why"
     return FusedOps(built)
 
@@ -135,9 +136,9 @@ def test_smoothed_int8_path_gives_the_same_numbers_fused(fused, dtype, monkeypat
     smoothing = torch.rand(576, generator=generator) + 0.5
     weight_int8, scales = quantize_smoothed(torch.randn(1536, 576, generator=generator) / 20, smoothing)
     with_loops = smoothed_int8_matmul(x, weight_int8, scales, smoothing, dtype)
-    monkeypatch.setattr(fused_ops, "_extension", None)
-    monkeypatch.setattr(fused_ops, "_unavailable", "switched off by the test")
-    assert fused_ops.extension() is None
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(kernels, "_unavailable", "switched off by the test")
+    assert kernels.extension() is None
     without = smoothed_int8_matmul(x, weight_int8, scales, smoothing, dtype)
     assert with_loops.dtype == without.dtype == dtype
     torch.testing.assert_close(with_loops, without, atol=0, rtol=0)
@@ -155,9 +156,9 @@ def test_the_loops_serve_quantized_cpu_models_only(fused, monkeypatch):
     quantize_model(exact, "int4")
     assert isinstance(DecoderRunner(exact).ops, FusedOps)
 
-    monkeypatch.setattr(fused_ops, "_extension", None)
-    monkeypatch.setattr(fused_ops, "_unavailable", None)
-    monkeypatch.setenv(fused_ops.DISABLE_VARIABLE, "0")
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(kernels, "_unavailable", None)
+    monkeypatch.setenv(kernels.DISABLE_VARIABLE, "0")
     assert decode_ops(cpu, exact=False, compiled=False) is EAGER
 
 
@@ -165,9 +166,9 @@ def test_without_a_compiler_the_server_runs_on_pytorchs_operations(monkeypatch, 
     def no_compiler():
         raise RuntimeError("Error building extension 'fused_cpu_ops'\nc++: command not found")
 
-    monkeypatch.setattr(fused_ops, "_extension", None)
-    monkeypatch.setattr(fused_ops, "_unavailable", None)
-    monkeypatch.setattr(fused_ops, "build", no_compiler)
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(kernels, "_unavailable", None)
+    monkeypatch.setattr(kernels, "build", no_compiler)
     model = tiny_model("llama")
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=32)
@@ -215,10 +216,10 @@ def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused
 
 def test_steps_with_prompts_and_long_rows_attend_by_the_loops(fused, monkeypatch):
     """Steps that prefill while rows decode, and a long row among short ones (PyTorch's batch over the
-    span reads it apart, row_attention.long_rows): with the loops each decode query reads its own row
+    span reads it apart, step_layout.long_rows): with the loops each decode query reads its own row
     up to its own position in those steps too, no row goes apart, and every step's logits are the
     ones PyTorch's operations give."""
-    monkeypatch.setattr(row_attention, "LONG_ROW_SAVES_POSITIONS", 8)  # a long row at this size
+    monkeypatch.setattr(step_layout, "LONG_ROW_SAVES_POSITIONS", 8)  # a long row at this size
     model = tiny_model("llama", head_dim=64)  # a head size the attention loop is compiled for
     quantize_model(model, "int4")
 
@@ -265,19 +266,20 @@ def test_a_start_gets_past_a_lock_a_killed_build_left(fused):
     lock file of a build killed twenty minutes ago: a start, in a process of its own as a server's is,
     clears it and loads the extension instead of waiting for ever. (In an empty directory of its own
     this test built everything again: half a minute of the suite.)"""
-    directory = fused_ops.build_directory()
+    directory = kernels.build_directory()
     lock = directory / "lock"
     lock.touch()
     twenty_minutes_ago = time.time() - 1200
     os.utime(lock, (twenty_minutes_ago, twenty_minutes_ago))
     script = (
         "import logging, torch; logging.basicConfig(level=logging.INFO)\n"
-        "from backend import fused_ops\n"
+        "from backend.kernels import extension as kernels\nfrom backend.layers import decode_ops\n"
         "x = torch.randn(3, 64)\n"
-        "norm = fused_ops.Norm(torch.ones(64), 1e-5)\n"
-        "built = fused_ops.extension()\n"
+        "norm = decode_ops.Norm(torch.ones(64), 1e-5)\n"
+        "built = kernels.extension()\n"
         "assert built is not None\n"
-        "torch.testing.assert_close(fused_ops.FusedOps(built).norm(x, norm), fused_ops.EAGER.norm(x, norm))\n"
+        "fused, eager = decode_ops.FusedOps(built).norm(x, norm), decode_ops.EAGER.norm(x, norm)\n"
+        "torch.testing.assert_close(fused, eager)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT

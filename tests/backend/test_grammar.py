@@ -1,4 +1,4 @@
-"""Constrained decoding in the engine (backend/grammar.py), on the default model: output that follows
+"""Constrained decoding in the engine (backend/layers/grammar.py), on the default model: output that follows
 its grammar, and rows beside it that are not changed by it."""
 
 import json

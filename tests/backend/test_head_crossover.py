@@ -5,9 +5,9 @@ import time
 import pytest
 import torch
 
-from backend import calibration
-from backend.calibration import HEAD_TIMED_OUTPUTS, dense_pays_at, dense_pays_from
-from backend.quantized_linear import Int4Linear, Int8Linear, fuse_linears, quantize_model
+from backend.quant import calibration
+from backend.quant.calibration import HEAD_TIMED_OUTPUTS, dense_pays_at, dense_pays_from
+from backend.quant.quantized_linear import Int4Linear, Int8Linear, fuse_linears, quantize_model
 from tests.backend.models import tiny_model
 
 

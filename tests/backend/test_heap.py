@@ -1,6 +1,6 @@
 """The backend keeps freed memory for the next step (glibc, as on every machine this project runs on)."""
 
-from backend.heap import reuse_freed_memory
+from backend.utils.heap import reuse_freed_memory
 from tests.conftest import ROOT
 
 
@@ -15,7 +15,7 @@ def test_memory_freed_after_loading_goes_back_to_the_kernel():
 
     script = """
 import ctypes, psutil
-from backend.heap import give_back_freed_memory, reuse_freed_memory
+from backend.utils.heap import give_back_freed_memory, reuse_freed_memory
 reuse_freed_memory()
 rss = lambda: psutil.Process().memory_info().rss
 libc = ctypes.CDLL("libc.so.6")

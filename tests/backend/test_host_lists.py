@@ -1,11 +1,11 @@
-"""Host lists to device tensors (backend/host_lists.py): what torch.tensor would make, on any device."""
+"""Host lists to device tensors (backend/utils/host_lists.py): what torch.tensor would make, on any device."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backend.host_lists import to_device
+from backend.utils.host_lists import to_device
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.gguf_weights import BLOCKS_CACHE
-from backend.loader import converted_dir, hub_token, load_model, resolve_model
+from backend.layers.row_cache import pick_cache_dtype
 from backend.messages import BackendConfig
-from backend.resources import GIB, Available, Needs, estimate_needs, shortfalls
-from backend.row_cache import pick_cache_dtype
+from backend.model.loader import converted_dir, hub_token, load_model, resolve_model
+from backend.model.resources import GIB, Available, Needs, estimate_needs, shortfalls
+from backend.quant.gguf_weights import BLOCKS_CACHE
 from tests.backend.models import tiny_model
 
 
@@ -46,7 +46,7 @@ def test_model_names_resolve_to_the_right_kind_of_source(tmp_path):
     assert resolve_model(None).gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
     hub = resolve_model("HuggingFaceTB/SmolLM2-135M")
     assert hub.location == "HuggingFaceTB/SmolLM2-135M" and not hub.is_gguf
-    from backend.loader import ModelNotFound
+    from backend.model.loader import ModelNotFound
 
     with pytest.raises(ModelNotFound):
         resolve_model(str(tmp_path / "nothing.gguf"))
@@ -89,7 +89,7 @@ def test_shortfalls_say_what_is_short_and_by_how_much():
 
 
 def test_torch_threads_are_set_before_loading():
-    from backend.engine import Engine
+    from backend.engine.engine import Engine
 
     before = torch.get_num_threads()
     try:
@@ -101,9 +101,9 @@ def test_torch_threads_are_set_before_loading():
 
 @pytest.mark.parametrize("mode", ["int4", "int8"])
 def test_quantize_serves_weight_only_layers_and_still_writes_text(mode):
-    from backend.engine import Engine
+    from backend.engine.engine import Engine
     from backend.messages import SamplingParams
-    from backend.quantized_linear import Int4Linear, Int8Linear
+    from backend.quant.quantized_linear import Int4Linear, Int8Linear
 
     loaded = load_model(BackendConfig(quantize=mode, rows=2, max_seq_len=64))
     kind = {"int4": Int4Linear, "int8": Int8Linear}[mode]
@@ -118,7 +118,7 @@ def test_the_default_mode_caches_keys_and_values_in_its_own_dtype_where_the_loop
     """The loader chooses the cache's dtype before there is a runner; the engine, from its runner,
     chooses the same: the model's (bfloat16 on a CPU that multiplies it natively), since the loop
     attends (the fused operations' tests hold that the extension builds on a CPU)."""
-    from backend.engine import Engine
+    from backend.engine.engine import Engine
 
     loaded = load_model(BackendConfig(rows=2, max_seq_len=64))
     engine = Engine(loaded.model, loaded.tokenizer, rows=2, max_seq_len=64)

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from backend.engine import Engine
-from backend.logits_processors import LogitsProcessors
+from backend.engine.engine import Engine
+from backend.layers.logits_processors import LogitsProcessors
+from backend.layers.sampler import SamplingBatch, sample
 from backend.messages import InvalidParams, SamplingParams, Submit
-from backend.sampler import SamplingBatch, sample
 from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, drive, tiny_model
 
 PROMPT = (5, 17, 42, 99, 7, 300)

@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from backend.engine import Engine
+from backend.engine.engine import Engine
+from backend.layers.step_layout import LONG_ROW_SAVES_POSITIONS, long_rows
 from backend.messages import SamplingParams, Submit
-from backend.row_attention import LONG_ROW_SAVES_POSITIONS, long_rows
 from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from backend import calibration
-from backend.calibration import copies_pay_off, drop_copies_blocks_match
-from backend.quantized_linear import Int4Linear, Int8Linear, quantize_model
+from backend.quant import calibration
+from backend.quant.calibration import copies_pay_off, drop_copies_blocks_match
+from backend.quant.quantized_linear import Int4Linear, Int8Linear, quantize_model
 from tests.backend.models import tiny_model
 
 

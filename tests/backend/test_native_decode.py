@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from backend import block_weights
-from backend.decoder_runner import DecoderRunner
-from backend.engine import Engine
-from backend.fused_ops import EAGER
-from backend.native_decode import NativeDecode
-from backend.quantized_linear import quantize_model
-from backend.row_cache import KVShape, RowCache
+from backend.engine.engine import Engine
+from backend.layers.decode_ops import EAGER
+from backend.layers.row_cache import KVShape, RowCache
+from backend.model.decoder_runner import DecoderRunner
+from backend.model.native_decode import NativeDecode
+from backend.quant import block_weights
+from backend.quant.quantized_linear import quantize_model
 from tests.backend.models import MarkerTokenizer, tiny_model
 from tests.backend.test_compiled_decode import record_decode_steps, replay_decode_steps
 from tests.backend.test_fused_ops import drive_mixed_decode_steps

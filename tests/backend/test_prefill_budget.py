@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.prefill_budget import FIRST_GUESS, FLOOR, STRETCH, PrefillBudget
+from backend.engine.prefill_budget import FIRST_GUESS, FLOOR, STRETCH, PrefillBudget
 
 
 def test_a_configured_number_is_kept_whatever_the_steps_take():

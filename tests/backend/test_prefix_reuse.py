@@ -6,9 +6,9 @@ reuses nothing, and the greedy tokens must be the same.
 
 import random
 
-from backend.engine import Engine
+from backend.engine.engine import Engine
+from backend.engine.prefix_cache import MIN_COPIED_PREFIX
 from backend.messages import SamplingParams, Submit
-from backend.prefix_cache import MIN_COPIED_PREFIX
 from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, text_of, tiny_model
 
 MODEL = tiny_model()

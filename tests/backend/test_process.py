@@ -6,8 +6,8 @@ import sys
 import psutil
 import pytest
 
-from backend.loader import pick_device, pick_dtype
 from backend.messages import BackendConfig, SamplingParams, StepOutput
+from backend.model.loader import pick_device, pick_dtype
 from backend.process import BackendDied, BackendProcess, BackendStartError
 
 
@@ -95,7 +95,7 @@ def test_a_dead_backend_wakes_its_reader():
 
 def test_the_frontend_side_never_imports_torch():
     code = (
-        "import sys, backend.process, backend.mock, backend.messages, backend.stop_matcher\n"
+        "import sys, backend.process, backend.mock, backend.messages, backend.engine.stop_matcher\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -7,8 +7,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from backend import block_weights, gguf_weights
-from backend.gguf_weights import (
+from backend.messages import BackendConfig
+from backend.model.loader import default_model_path, load_model
+from backend.quant import block_weights, gguf_weights
+from backend.quant.gguf_weights import (
     BLOCKS_CACHE,
     FourBitWeight,
     read_gguf_blocks,
@@ -16,9 +18,7 @@ from backend.gguf_weights import (
     unpack_blocks,
     unpack_q8_0,
 )
-from backend.loader import default_model_path, load_model
-from backend.messages import BackendConfig
-from backend.quantized_linear import (
+from backend.quant.quantized_linear import (
     DENSE_FROM_ROWS,
     GROUP_SIZE,
     Int4Linear,

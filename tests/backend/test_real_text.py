@@ -52,7 +52,7 @@ def test_emoji_split_over_byte_tokens_is_never_sent_in_halves(default_engine):
     tokenizer = default_engine.tokenizer
     emoji_ids = tokenizer("🍣🍜🎉").input_ids
     assert len(emoji_ids) > 3  # several byte-level tokens for three characters
-    from backend.detokenizer import IncrementalDetokenizer
+    from backend.engine.detokenizer import IncrementalDetokenizer
 
     detokenizer = IncrementalDetokenizer(tokenizer, tokenizer("Food:").input_ids)
     pieces = [detokenizer.add(token) for token in emoji_ids]

@@ -2,7 +2,7 @@
 
 import random
 
-from backend.engine import Engine
+from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, tiny_model
 

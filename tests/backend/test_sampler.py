@@ -6,7 +6,7 @@ from unittest import mock
 import pytest
 import torch
 
-from backend.sampler import (
+from backend.layers.sampler import (
     SamplingBatch,
     apply_temperature,
     gumbel_noise,
@@ -107,7 +107,7 @@ def test_the_noise_is_finite_everywhere():
     """Every uniform number the hash can give, the largest included, is below 1 in float32 (1.0 would
     be infinite noise: a column that wins whatever its logit, a masked token too)."""
     bits = torch.tensor([-1, 2**31 - 1, 0, -(2**31)], dtype=torch.int32)  # all ones, and the extremes
-    with mock.patch("backend.sampler.lowbias32", return_value=bits):
+    with mock.patch("backend.layers.sampler.lowbias32", return_value=bits):
         assert torch.isfinite(gumbel_noise(torch.tensor([0]), torch.tensor([0]), 4)).all()
     # Seed 19 at its 30th draw hashed column 18,701 to the largest number once, which then won.
     assert torch.isfinite(gumbel_noise(torch.tensor([19]), torch.tensor([30]), 49152)).all()
@@ -207,7 +207,7 @@ def test_a_seed_gives_the_same_draws_again_and_another_seed_others():
 
 
 def test_the_nucleus_without_a_full_sort_is_the_same_cut():
-    from backend.sampler import nucleus_cut
+    from backend.layers.sampler import nucleus_cut
 
     torch.manual_seed(2)
     peaked = torch.randn(3, 5000) * 4  # the nucleus lies among the best few hundred tokens
@@ -227,7 +227,7 @@ def test_the_nucleus_without_a_full_sort_is_the_same_cut():
 
 
 def test_a_flat_row_widens_its_own_nucleus_only():
-    from backend.sampler import nucleus_cut
+    from backend.layers.sampler import nucleus_cut
 
     torch.manual_seed(3)
     peaked = torch.randn(1, 5000) * 4
@@ -250,11 +250,11 @@ def test_the_cpus_nucleus_loop_draws_what_the_cut_and_race_draw():
     nucleus_cut and race: the same token for every seed and draw, on peaked rows and on rows with
     tokens masked to -inf, which it never draws. (Where probabilities tie, the two may rank tied
     tokens differently, and so hash them other noise: the rows here have none.)"""
-    from backend import fused_ops
-    from backend.sampler import nucleus_cut, nucleus_loop, race
+    from backend.kernels.extension import extension
+    from backend.layers.sampler import nucleus_cut, nucleus_loop, race
 
     draw = nucleus_loop(torch.device("cpu"))
-    assert draw is not None and draw is fused_ops.extension().nucleus_draw
+    assert draw is not None and draw is extension().nucleus_draw
     assert nucleus_loop(torch.device("meta")) is None
     torch.manual_seed(4)
     peaked = torch.randn(4, 49152) * 3
@@ -277,7 +277,7 @@ def test_the_cpus_nucleus_loop_looks_further_where_its_first_look_falls_short():
     below that (one token far ahead of 5,000 equal ones, each 16.2 below it, and a top_p above the
     first token's own probability) is drawn from its whole nucleus: the equal tokens, ranked by id,
     win about once in 3,000 draws (with the first look alone, never), each from within the nucleus."""
-    from backend.sampler import nucleus_loop
+    from backend.layers.sampler import nucleus_loop
 
     draw = nucleus_loop(torch.device("cpu"))
     logits = torch.cat([torch.zeros(1), torch.full((5000,), -16.2)])[None]

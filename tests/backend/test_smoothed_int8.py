@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from backend import calibration
-from backend.calibration import int8_multiplies_faster, smooth_many_rows_path  # the real one, kept
-from backend.loader import load_model
 from backend.messages import BackendConfig
-from backend.quantized_linear import DENSE_FROM_ROWS, Int4Linear, fuse_linears, quantize_model
-from backend.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
+from backend.model.loader import load_model
+from backend.quant import calibration
+from backend.quant.calibration import int8_multiplies_faster, smooth_many_rows_path  # the real one, kept
+from backend.quant.quantized_linear import DENSE_FROM_ROWS, Int4Linear, fuse_linears, quantize_model
+from backend.quant.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
 from tests.backend.models import tiny_model
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from backend.engine import Engine
+from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from tests.backend.models import MarkerTokenizer, drive, text_of, tiny_model
 

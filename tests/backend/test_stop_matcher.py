@@ -1,6 +1,6 @@
 """Stop sequences on text, across pieces, with hold-back."""
 
-from backend.stop_matcher import StopMatcher
+from backend.engine.stop_matcher import StopMatcher
 
 
 def feed_all(matcher, pieces):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from backend.engine.stop_matcher import StopMatcher
 from backend.messages import BackendReady, InvalidParams
-from backend.stop_matcher import StopMatcher
 from inference_api.anthropic_request import parse_messages_request
 from inference_api.chat_template import load_chat_template
 from inference_api.llama_stack_request import parse_chat_completion, parse_completion

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from backend.loader import load_model
 from backend.messages import BackendConfig
+from backend.model.loader import load_model
 from tests.backend.models import tiny_model
 from tests.server_fixture import RunningServer, running_server
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from backend.loader import converted_dir, resolve_model
+from backend.model.loader import converted_dir, resolve_model
 from tests.server_fixture import RunningServer, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -41,7 +41,7 @@ def tokenizer(server: RunningServer):
 @pytest.fixture(scope="package")
 def reference_model(server: RunningServer):
     """The served model in float32 as transformers runs it, to check scores against."""
-    from backend.loader import load_model
     from backend.messages import BackendConfig
+    from backend.model.loader import load_model
 
     return load_model(BackendConfig(dtype="float32", quantize="none", rows=1, max_seq_len=64)).model

@@ -12,8 +12,8 @@ import requests
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from backend.loader import load_model
 from backend.messages import BackendConfig
+from backend.model.loader import load_model
 from tests.backend.models import TINY_BERT_POSITIONS, tiny_model, write_tiny_bert
 from tests.server_fixture import RunningServer, running_server
 

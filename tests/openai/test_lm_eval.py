@@ -15,7 +15,7 @@ import lm_eval
 import pytest
 from lm_eval.tasks import TaskManager
 
-from backend.loader import converted_dir, resolve_model
+from backend.model.loader import converted_dir, resolve_model
 from tests.openai.conftest import MODEL
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ one rotation; each RMSNorm as PyTorch's single `rms_norm` (bit for bit in
 float32); q, k and v (and gate and up) as one fused kernel call where the
 layers are weight-only quantized (`quantized_linear.fuse_linears`); and the
 engine's attention (`row_attention.attend`). A decode step's work between
-its matrix products is `DecoderRunner.ops` (fused_ops.py): C++ loops on a
+its matrix products is `DecoderRunner.ops` (layers/decode_ops.py): C++ loops on a
 CPU, PyTorch's operations elsewhere and in exact mode. In exact mode (float32, no
 quantization) greedy output is token for token that of transformers'
 classes (tests/backend/test_exactness.py runs both). Any other
@@ -37,13 +37,14 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
-from backend.architectures import sliding_window
-from backend.decode_graphs import DecodeGraphs
-from backend.fused_ops import EAGER, DecodeOps, Norm, decode_ops, rotate
-from backend.native_decode import NativeDecode
-from backend.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fuse_linears
-from backend.row_attention import StepLayout, attend
-from backend.row_cache import KVShape, RowCache
+from backend.layers.attention import attend
+from backend.layers.decode_ops import EAGER, DecodeOps, Norm, decode_ops, rotate
+from backend.layers.row_cache import KVShape, RowCache
+from backend.layers.step_layout import StepLayout
+from backend.model.architectures import sliding_window
+from backend.model.decode_graphs import DecodeGraphs
+from backend.model.native_decode import NativeDecode
+from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fuse_linears
 
 # The model types whose decoder layers are the Llama layer above; Mistral and Qwen2 only where their
 # sliding window never comes into play (`supports`). Qwen2 adds biases to q, k and v: the linear
@@ -86,7 +87,7 @@ class DecodeLayer:
     weights bound, and its norms' weights, looked up once. Reaching them every step through the
     modules' attributes and calls took about a sixth of a one-row step on a CPU (docs/performance.md).
     The layer's input norm is the layer before's `next_norm` (the model's final norm after the last
-    layer), so that each residual add and the norm after it are one operation (fused_ops.add_norm)."""
+    layer), so that each residual add and the norm after it are one operation (decode_ops.add_norm)."""
 
     qkv: Callable[[torch.Tensor], torch.Tensor]
     o: Callable[[torch.Tensor], torch.Tensor]
@@ -120,7 +121,7 @@ class DecoderRunner:
     products dominate and compiling gained nothing, measured), take the general path.
 
     On a GPU, with `use_graphs`, every decode step (any number of rows) is a replayed CUDA graph of
-    `decode_layers` and the head instead (backend/decode_graphs.py).
+    `decode_layers` and the head instead (backend/model/decode_graphs.py).
     """
 
     def __init__(self, model: PreTrainedModel, compile_decode: bool = False):
@@ -374,6 +375,6 @@ def own_copy(method: types.MethodType) -> types.MethodType:
 
 
 def rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """transformers' Llama RMSNorm module applied to x as PyTorch's single `rms_norm` (fused_ops.EAGER):
+    """transformers' Llama RMSNorm module applied to x as PyTorch's single `rms_norm` (decode_ops.EAGER):
     bit for bit in float32, where the module takes eight operations."""
     return EAGER.norm(x, Norm.of(norm))

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from backend import block_weights
-from backend.fused_ops import DecodeOps, FusedOps, Norm
-from backend.quantized_linear import WeightOnlyLinear
+from backend.layers.decode_ops import DecodeOps, FusedOps, Norm
+from backend.quant import block_weights
+from backend.quant.quantized_linear import WeightOnlyLinear
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from backend import fused_ops
+from backend.kernels.extension import extension
 
 ALPHA = 0.6  # how much of the activations' range moves into the weights (best of 0.5-0.85 measured)
 
@@ -41,9 +41,9 @@ def smoothed_int8_matmul(
     """x [rows, in] @ W.T, where W * s = weight_int8 * weight_scales[:, None] and smoothing = 1 / s.
 
     Returns [rows, out] in `dtype`. The rounding of x to int8 and the scaling back are one loop each
-    where the fused CPU operations are built (fused_ops.py): as the eleven operations below, they
+    where the fused CPU operations are built (kernels/extension.py): as the eleven operations below, they
     took as long as the int8 product itself at 32 rows."""
-    fused = fused_ops.extension() if x.device.type == "cpu" and x.is_contiguous() else None
+    fused = extension() if x.device.type == "cpu" and x.is_contiguous() else None
     if fused is not None and dtype in (torch.float32, torch.bfloat16):
         x_int8, row_scales = fused.quantize_rows(x, smoothing)
         return fused.scale_products(torch._int_mm(x_int8, weight_int8.t()), row_scales, weight_scales, dtype)

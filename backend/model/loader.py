@@ -30,25 +30,24 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from backend import fused_ops
-from backend.architectures import check_supported
-from backend.cache_size import size_kv_cache
-from backend.calibration import (
+from backend.layers import decode_ops
+from backend.layers.row_cache import pick_cache_dtype
+from backend.messages import BackendConfig
+from backend.model.architectures import check_supported
+from backend.model.cache_size import context_length, size_kv_cache
+from backend.model.decoder_runner import DecoderRunner
+from backend.model.embeddings import EmbeddingModel, embed
+from backend.model.resources import check_resources
+from backend.quant.calibration import (
     calibration_token_ids,
     drop_copies_blocks_match,
     smooth_many_rows_path,
     time_head_crossover,
     time_projection_crossover,
 )
-from backend.decoder_runner import DecoderRunner
-from backend.embeddings import EmbeddingModel, embed
-from backend.engine import context_length
-from backend.gguf_weights import serve_gguf_weights
-from backend.heap import give_back_freed_memory
-from backend.messages import BackendConfig
-from backend.quantized_linear import QUANTIZERS, quantize_model
-from backend.resources import check_resources
-from backend.row_cache import pick_cache_dtype
+from backend.quant.gguf_weights import serve_gguf_weights
+from backend.quant.quantized_linear import QUANTIZERS, quantize_model
+from backend.utils.heap import give_back_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +236,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     quantize_weights(model, source, quantization, converted if has_converted_copy else None)
     # The fused CPU operations, built now where they will run (with --compile too), so that the int8
     # path below is timed as it will run.
-    fused_ops.decode_ops(device, exact=exact, compiled=False)
+    decode_ops.decode_ops(device, exact=exact, compiled=False)
     drop_copies_blocks_match(model)  # where blocks multiply many rows as fast
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
     time_projection_crossover(model)

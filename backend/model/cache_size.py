@@ -17,13 +17,18 @@ from dataclasses import dataclass
 import torch
 from transformers import PretrainedConfig
 
-from backend.engine import DEFAULT_MAX_SEQ_LEN, context_length
+from backend.layers.row_cache import KVShape
 from backend.messages import BackendConfig
-from backend.row_cache import KVShape
 
 # The fewest positions a budget may leave a row: SmolLM2's chat template makes a one-word message 32
 # tokens, so a row of fewer than 64 cannot hold a chat turn and a short answer.
 MIN_SEQ_LEN = 64
+DEFAULT_MAX_SEQ_LEN = 2048
+
+
+def context_length(model_config: PretrainedConfig) -> int:
+    """The longest sequence the model was built for (capped per row by max_seq_len)."""
+    return getattr(model_config.get_text_config(), "max_position_embeddings", None) or DEFAULT_MAX_SEQ_LEN
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 // The work of a CPU decode step between its matrix products, one loop each instead of PyTorch's chains of small
-// operations (backend/fused_ops.py says why and when they are used; docs/performance.md measures them).
+// operations (backend/layers/decode_ops.py says why and when they are used; docs/performance.md measures them).
 //
 // Each function does in one pass what its reference in fused_ops.py does in several PyTorch
 // operations, with float arithmetic throughout and one rounding to the output's dtype, where the
@@ -356,7 +356,7 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
   return decode_attention_of<128>(query, keys, values, row_of, position_of, scaling);
 }
 
-// The sampler's counter-based randomness (backend/sampler.py, gumbel_noise), the same bits: Vigna's
+// The sampler's counter-based randomness (backend/layers/sampler.py, gumbel_noise), the same bits: Vigna's
 // splitmix64 finalizer, Wellons' lowbias32, and the Gumbel noise -log(-log(u)) of a 23-bit uniform u.
 uint64_t splitmix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ull;

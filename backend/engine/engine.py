@@ -10,7 +10,7 @@ Each `step()` reads like the algorithm:
     free the rows whose requests ended
 
 and returns the text each request gained. The engine does no I/O: the
-backend process (`backend.serve`) moves requests and pieces across queues.
+backend process (`backend.engine.serve`) moves requests and pieces across queues.
 """
 
 from __future__ import annotations
@@ -21,31 +21,26 @@ import time
 from collections.abc import Iterable
 
 import torch
-from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from backend.decoder_runner import DecoderRunner
-from backend.embeddings import EmbeddingModel, embed
-from backend.grammar import GrammarError, Grammars, PendingMasks
-from backend.heap import reuse_freed_memory
-from backend.host_lists import to_device
-from backend.logits_processors import LogitsProcessors
-from backend.logprobs import token_logprobs
+from backend.engine.prefill_budget import PrefillBudget
+from backend.engine.prefix_cache import PrefixIndex
+from backend.engine.row import Row
+from backend.layers.attention import attending_over
+from backend.layers.grammar import GrammarError, Grammars, PendingMasks
+from backend.layers.logits_processors import LogitsProcessors
+from backend.layers.logprobs import token_logprobs
+from backend.layers.row_cache import KVShape, RowCache, pick_cache_dtype
+from backend.layers.sampler import SamplingBatch, sample
+from backend.layers.step_layout import LongRow, PromptChunk, StepLayout, long_rows, visibility
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit, TokenLogprob
-from backend.prefill_budget import PrefillBudget
-from backend.prefix_cache import PrefixIndex
-from backend.row import Row
-from backend.row_attention import LongRow, PromptChunk, StepLayout, long_rows, step_layout, visibility
-from backend.row_cache import KVShape, RowCache, pick_cache_dtype
-from backend.sampler import SamplingBatch, sample
+from backend.model.cache_size import DEFAULT_MAX_SEQ_LEN, context_length
+from backend.model.decoder_runner import DecoderRunner
+from backend.model.embeddings import EmbeddingModel, embed
+from backend.utils.heap import reuse_freed_memory
+from backend.utils.host_lists import to_device
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_SEQ_LEN = 2048
-
-
-def context_length(model_config: PretrainedConfig) -> int:
-    """The longest sequence the model was built for (capped per row by max_seq_len)."""
-    return getattr(model_config.get_text_config(), "max_position_embeddings", None) or DEFAULT_MAX_SEQ_LEN
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -117,7 +112,7 @@ class Engine:
     @classmethod
     def load(cls, config: BackendConfig) -> Engine:
         """Load the configured model (checking resources first) and warm it up."""
-        from backend.loader import load_embedding_model, load_model
+        from backend.model.loader import load_embedding_model, load_model
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
@@ -444,7 +439,7 @@ class Engine:
         self.cache.plan_step(layout)
         if self.runner is not None:
             return self.runner(input_ids, position_ids, layout, self.cache, keep)
-        with step_layout(self.model.config, layout):
+        with attending_over(self.model.config, layout):
             output = self.model(
                 input_ids=input_ids[None],
                 position_ids=position_ids[None],

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from backend import fused_ops
+from backend.kernels import extension as kernels
 
 BLOCK = 32  # inputs a scale covers
 CHANNELS = 16  # output channels stored side by side, one a vector lane
@@ -53,7 +53,7 @@ def kernel(device: torch.device) -> str:
     """What `matmul` multiplies by on `device`: "AVX-512 VNNI", "AVX2", or "" (no blocks there)."""
     if device.type != "cpu":
         return ""
-    extension = fused_ops.extension()
+    extension = kernels.extension()
     return extension.block_matmul_kernel() if extension is not None else ""
 
 
@@ -107,12 +107,12 @@ def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int) -> torch.Tensor:
     (torch.compile), as the custom operator `block_matmul_op` the compiler can place in its graph."""
     if torch.compiler.is_compiling():
         return block_matmul_op(x, blocks, bits)
-    return fused_ops.extension().block_matmul(x, blocks, bits)
+    return kernels.extension().block_matmul(x, blocks, bits)
 
 
 @torch.library.custom_op("inference::block_matmul", mutates_args=())
 def block_matmul_op(x: torch.Tensor, blocks: torch.Tensor, bits: int) -> torch.Tensor:
-    return fused_ops.extension().block_matmul(x.contiguous(), blocks, bits)
+    return kernels.extension().block_matmul(x.contiguous(), blocks, bits)
 
 
 @block_matmul_op.register_fake

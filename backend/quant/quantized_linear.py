@@ -47,8 +47,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from backend import block_weights
-from backend.smoothed_int8 import smoothed_int8_matmul
+from backend.quant import block_weights
+from backend.quant.smoothed_int8 import smoothed_int8_matmul
 
 GROUP_SIZE = 32  # GGUF's block size, and the finest group the kernels take
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field, replace
 
-from backend.detokenizer import Decoder, IncrementalDetokenizer
+from backend.engine.detokenizer import Decoder, IncrementalDetokenizer
+from backend.engine.stop_matcher import StopMatcher
 from backend.messages import FinishReason, Piece, Submit, TokenLogprob
-from backend.stop_matcher import StopMatcher
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Row:
         self, token_id: int, logprob: TokenLogprob | None = None, complete: bool = False
     ) -> Piece | None:
         """Take a sampled token; return the text it releases and, at the end, why it ended.
-        `complete`: the row's grammar allows nothing after this token (backend/grammar.py)."""
+        `complete`: the row's grammar allows nothing after this token (backend/layers/grammar.py)."""
         params = self.request.params
         self.generated.append(token_id)
         if logprob is not None:

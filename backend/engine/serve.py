@@ -7,9 +7,8 @@ import multiprocessing
 import sys
 import time
 
-from backend.engine import Engine
-from backend.inbox import read_inbox
-from backend.loader import ModelNotFound
+from backend.engine.engine import Engine
+from backend.engine.inbox import read_inbox
 from backend.messages import (
     HEARTBEAT_SECONDS,
     BackendConfig,
@@ -21,7 +20,8 @@ from backend.messages import (
     StepOutput,
     Submit,
 )
-from backend.resources import InsufficientResources
+from backend.model.loader import ModelNotFound
+from backend.model.resources import InsufficientResources
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
-from backend import block_weights
-from backend.quantized_linear import (
+from backend.quant import block_weights
+from backend.quant.quantized_linear import (
     GROUP_SIZE,
     Int4Linear,
     Int8Linear,

@@ -42,8 +42,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from backend.quantized_linear import Int8Linear, WeightOnlyLinear, first_outputs
-from backend.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
+from backend.quant.quantized_linear import Int8Linear, WeightOnlyLinear, first_outputs
+from backend.quant.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
 
 log = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from backend.row_attention import StepLayout, visibility
-from backend.row_cache import RowCache, cache_slots
+from backend.layers.row_cache import RowCache, cache_slots
+from backend.layers.step_layout import StepLayout, visibility
 
 if TYPE_CHECKING:
-    from backend.decoder_runner import DecoderRunner
+    from backend.model.decoder_runner import DecoderRunner
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 24, 32)
 SMALLEST_SPAN = 128

@@ -18,7 +18,7 @@ import torch
 from transformers import PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from backend.row_attention import StepLayout
+from backend.layers.step_layout import StepLayout
 
 CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

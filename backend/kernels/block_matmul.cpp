@@ -1,5 +1,5 @@
 // Few rows of activations times weights stored in blocks of 32 (4-bit or 8-bit, a scale each), by the CPU's
-// int8 dot products (AVX-512 VNNI, or AVX2), as llama.cpp multiplies its Q4_1 and Q8_0 files (backend/block_weights.py
+// int8 dot products (AVX-512 VNNI, or AVX2), as llama.cpp multiplies its Q4_1 and Q8_0 files (backend/quant/block_weights.py
 // has the layout and says why; docs/performance.md measures it).
 //
 // Each block of 32 activations of a row becomes 32 int8 values and a float scale (round(x / d), d =

@@ -1,4 +1,4 @@
-// A decode step's layers in one call: DecoderRunner.decode_layers's loop (backend/decoder_runner.py), run
+// A decode step's layers in one call: DecoderRunner.decode_layers's loop (backend/model/decoder_runner.py), run
 // in C++ where every projection is in blocks (block_weights.py) and every operation between them is one of
 // this extension's loops. The same functions in the same order, so the same numbers bit for bit; what goes
 // is Python's share of a one-row step: some ten calls a layer through the interpreter and pybind, about a

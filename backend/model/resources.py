@@ -14,7 +14,7 @@ import psutil
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from backend.row_cache import KVShape
+from backend.layers.row_cache import KVShape
 
 GIB = 1024**3
 HEADROOM = 1.1  # activations, allocator slack, the Python process itself

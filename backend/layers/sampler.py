@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from backend import fused_ops
-from backend.host_lists import to_device
+from backend.kernels.extension import extension
+from backend.utils.host_lists import to_device
 
 
 @dataclass
@@ -141,7 +141,7 @@ def nucleus_loop(device: torch.device) -> Callable | None:
     where the extension is not built."""
     if device.type != "cpu":
         return None
-    built = fused_ops.extension()
+    built = extension()
     return None if built is None else built.nucleus_draw
 
 

@@ -1,0 +1,128 @@
+"""Attention for a step that mixes decode rows and new prompts in one forward pass.
+
+The engine packs every query of a step into one sequence (step_layout.py): first
+one token for each decoding row, then the tokens of each new prompt. The linear layers run
+once over the whole pack, so a free row costs them nothing. Attention cannot:
+a decode query reads its own row of the cache up to its position, a prompt
+token reads its own prompt up to itself (a chunk of a long prompt, prefilled over several
+steps, also reads the chunks before it). The decode queries attend as one
+batch over rows 0..n-1 of the cache (n-1 the last decoding row); free rows
+inside that span get a zero query whose output is dropped. This function,
+registered with transformers as an attention implementation, does both with
+two kinds of scaled-dot-product calls over the cache the layer has just
+written (see row_cache.py); the model classes stay transformers' own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+from transformers import AttentionInterface, PretrainedConfig
+
+from backend.layers.step_layout import StepLayout
+
+ROW_ATTENTION = "row_attention"
+
+_current_layout: contextvars.ContextVar[StepLayout] = contextvars.ContextVar("row_attention_layout")
+
+
+@contextlib.contextmanager
+def attending_over(config: PretrainedConfig, layout: StepLayout) -> Iterator[None]:
+    """Within this block, the model attends with row_attention over this step's layout."""
+    text_config = config.get_text_config()
+    configs = [config] if text_config is config else [config, text_config]
+    saved = [c._attn_implementation for c in configs]
+    token = _current_layout.set(layout)
+    for c in configs:
+        c._attn_implementation = ROW_ATTENTION
+    try:
+        yield
+    finally:
+        for c, implementation in zip(configs, saved, strict=True):
+            c._attn_implementation = implementation
+        _current_layout.reset(token)
+
+
+def row_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, heads, tokens, head_dim], the packed queries
+    key: torch.Tensor,  # [rows, kv_heads, max_seq_len, head_dim], the whole cache of this layer
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface over `attend`, with the layout of the step in progress."""
+    return attend(query, key, value, _current_layout.get(), scaling), None
+
+
+def attend(
+    query: torch.Tensor,  # [1, heads, tokens, head_dim], the packed queries
+    key: torch.Tensor,  # [rows, kv_heads, max_seq_len, head_dim], the whole cache of this layer
+    value: torch.Tensor,
+    layout: StepLayout,
+    scaling: float | None,
+    by_position: Callable | None = None,
+) -> torch.Tensor:
+    """Each query over what it may read of the cache; returns [1, tokens, heads, head_dim].
+
+    Attention runs in the cache's dtype (row_cache.pick_cache_dtype), the output in the queries' own.
+    `by_position` (decode_ops.FusedOps.attend: the CPU's loop) takes the decode queries where there is
+    one, each over its own row up to its own position: no batch padded to the longest row, no long rows
+    apart (the engine makes none for it); and short new prompts (`StepLayout.loop_takes`) with them.
+    """
+    query_dtype, query = query.dtype, query.to(key.dtype)
+    output = torch.empty_like(query)
+    n, decoding = layout.decode_rows, layout.decode_queries
+    if by_position is not None:
+        places, rows, positions = layout.by_position
+        if places.shape[0]:
+            queries = query[0].index_select(1, places).transpose(0, 1).contiguous()  # [taken, heads, dim]
+            attended = by_position(queries, key, value, rows, positions, layout.visible, scaling)
+            output[0].index_copy_(1, places, attended.transpose(0, 1))
+    elif decoding:
+        queries = query[0, :, :decoding].unsqueeze(2).transpose(0, 1)  # [decoding, heads, 1, head_dim]
+        if layout.has_free_rows:  # one query per row of the span, zero for the free ones
+            queries = queries.new_zeros((n, *queries.shape[1:])).index_copy_(0, layout.decode_index, queries)
+        attended = scaled_dot_product_attention(
+            queries,
+            key[:n, :, : layout.span],
+            value[:n, :, : layout.span],
+            attn_mask=layout.visible,
+            scale=scaling,
+            enable_gqa=True,
+        )
+        if layout.has_free_rows:
+            attended = attended.index_select(0, layout.decode_index)
+        output[0, :, :decoding] = attended.squeeze(2).transpose(0, 1)
+        for long_row in layout.long_rows:  # a single query reads all it may: no mask
+            pack, end = slice(long_row.query, long_row.query + 1), long_row.position + 1
+            output[:, :, pack] = scaled_dot_product_attention(
+                query[:, :, pack],
+                key[long_row.row : long_row.row + 1, :, :end],
+                value[long_row.row : long_row.row + 1, :, :end],
+                scale=scaling,
+                enable_gqa=True,
+            )
+    for chunk in layout.prompts:
+        if by_position is not None and layout.loop_takes(chunk):
+            continue
+        end, pack = chunk.past + chunk.length, slice(chunk.start, chunk.start + chunk.length)
+        output[:, :, pack] = scaled_dot_product_attention(
+            query[:, :, pack],
+            key[chunk.row : chunk.row + 1, :, :end],
+            value[chunk.row : chunk.row + 1, :, :end],
+            attn_mask=chunk.visible,
+            is_causal=chunk.visible is None,
+            scale=scaling,
+            enable_gqa=True,
+        )
+    return output.transpose(1, 2).to(query_dtype, memory_format=torch.contiguous_format)
+
+
+AttentionInterface.register(ROW_ATTENTION, row_attention)
