@@ -9,18 +9,13 @@ import uuid
 
 from flask import Flask, Response, current_app, g, request
 
-from inference_api import (
-    anthropic_api,
-    embeddings_api,
-    llama_stack_api,
-    native_api,
-    openai_api,
-    openapi,
-    ops,
-    page,
-    responses_api,
-    tokenize_api,
-)
+from inference_api import openapi, ops, page
+from inference_api.apis import embeddings, tokenize
+from inference_api.apis.anthropic import routes as anthropic_api
+from inference_api.apis.llama_stack import routes as llama_stack_api
+from inference_api.apis.native import routes as native_api
+from inference_api.apis.openai import routes as openai_api
+from inference_api.apis.responses import routes as responses_api
 from inference_api.config import ServerConfig
 from inference_api.errors import register_error_handlers
 from inference_api.metrics import Metrics
@@ -65,11 +60,11 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     app.register_blueprint(ops.bp)
     app.register_blueprint(page.bp)
     app.register_blueprint(openapi.bp)
-    app.register_blueprint(tokenize_api.bp)
+    app.register_blueprint(tokenize.bp)
     app.register_blueprint(anthropic_api.bp)
     app.register_blueprint(responses_api.bp)
     app.register_blueprint(llama_stack_api.bp)
-    app.register_blueprint(embeddings_api.bp)
+    app.register_blueprint(embeddings.bp)
 
     router.start()
     return app

@@ -129,7 +129,7 @@ class Router:
         if backend is not None:
             # Only ask: the router thread sees the process exit and cleans up after it.
             with contextlib.suppress(ValueError, OSError):
-                backend.engine.inbox.put(Shutdown())
+                backend.inbox.put(Shutdown())
         if self._thread.is_alive():
             self._thread.join(timeout)
         if self._thread.is_alive() and backend is not None:

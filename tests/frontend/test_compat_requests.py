@@ -7,10 +7,10 @@ import pytest
 
 from backend.engine.stop_matcher import StopMatcher
 from backend.messages import BackendReady, InvalidParams
-from inference_api.anthropic_request import parse_messages_request
+from inference_api.apis.anthropic.request import parse_messages_request
+from inference_api.apis.llama_stack.request import parse_chat_completion, parse_completion
+from inference_api.apis.responses.request import parse_responses_request
 from inference_api.chat_template import load_chat_template
-from inference_api.llama_stack_request import parse_chat_completion, parse_completion
-from inference_api.responses_request import parse_responses_request
 from inference_api.router import Serving
 from inference_api.tokenizer import ByteTokenizer
 

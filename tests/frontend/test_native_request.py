@@ -7,7 +7,7 @@ import json
 import pytest
 
 from backend.messages import InvalidParams
-from inference_api.native_request import check_context, parse_native_request
+from inference_api.apis.native.request import check_context, parse_native_request
 
 
 def parse(**fields: object):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from backend.messages import BackendReady, InvalidParams
+from inference_api.apis.openai.request import parse_chat_request, parse_completion_request
 from inference_api.chat_template import load_chat_template
-from inference_api.openai_request import CHAT_DEFAULT_MAX_TOKENS, parse_chat_request, parse_completion_request
+from inference_api.prompts import CHAT_DEFAULT_MAX_TOKENS
 from inference_api.router import Serving
 from inference_api.tokenizer import ByteTokenizer
 

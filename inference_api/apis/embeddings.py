@@ -23,7 +23,7 @@ from flask import Blueprint, Response, current_app, jsonify
 from backend.messages import InvalidParams, SamplingParams
 from inference_api.errors import RETRY_AFTER_NOT_READY, unavailable
 from inference_api.generation import check_model, read_request, start_choices
-from inference_api.openai_request import prompt_ids, prompt_list
+from inference_api.prompts import prompt_ids, prompt_list
 from inference_api.router import Serving
 
 bp = Blueprint("embeddings_api", __name__, url_prefix="/v1")

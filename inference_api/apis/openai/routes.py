@@ -15,11 +15,11 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from backend.messages import Piece
+from inference_api.apis.openai.logprobs import ChatLogprobs, CompletionLogprobs
+from inference_api.apis.openai.request import OpenAIRequest, parse_chat_request, parse_completion_request
 from inference_api.choices import Choices
 from inference_api.errors import RETRY_AFTER_NOT_READY, unavailable
 from inference_api.generation import event_stream, read_request, serving_now, sse_event, start_choices
-from inference_api.openai_logprobs import ChatLogprobs, CompletionLogprobs
-from inference_api.openai_request import OpenAIRequest, parse_chat_request, parse_completion_request
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolCallReader
 

@@ -8,11 +8,11 @@ from dataclasses import replace
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from backend.messages import Piece, SamplingParams
+from inference_api.apis.native.request import check_context, parse_native_request
 from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.generation import served_names
 from inference_api.metrics import team_of
-from inference_api.native_request import check_context, parse_native_request
 from inference_api.request_stream import RequestStream
 from inference_api.router import NotReady, QueueFull, Router
 from inference_api.tokenizer import stop_token_ids_of

@@ -16,7 +16,7 @@ from flask import Blueprint, Response, jsonify
 from backend.messages import InvalidParams
 from inference_api.fields import read_bool, read_string
 from inference_api.generation import read_request
-from inference_api.openai_request import chat_prompt_ids, token_id_list
+from inference_api.prompts import chat_prompt_ids, token_id_list
 
 bp = Blueprint("tokenize_api", __name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from backend.messages import MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
 from inference_api.fields import read_bool, read_integer, read_number, read_object, read_stop, within
-from inference_api.openai_request import (
+from inference_api.prompts import (
     CHAT_DEFAULT_MAX_TOKENS,
     MAX_TOP_K,
     chat_ids,

@@ -14,7 +14,7 @@ from typing import Any
 
 from backend.messages import InvalidParams, SamplingParams
 from inference_api.fields import read_bool, read_integer, read_number, read_string
-from inference_api.openai_request import (
+from inference_api.prompts import (
     CHAT_DEFAULT_MAX_TOKENS,
     chat_ids,
     completion_budget,

@@ -17,14 +17,22 @@ from backend.messages import (
     InvalidParams,
     SamplingParams,
 )
-from inference_api.chat_template import ChatTemplateError, UnusableChatTemplate
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
+from inference_api.prompts import (
+    CHAT_DEFAULT_MAX_TOKENS,
+    MAX_TOP_K,
+    chat_ids,
+    completion_budget,
+    prompt_ids,
+    prompt_list,
+    read_messages,
+    token_id_list,
+)
 from inference_api.router import Serving
 from inference_api.structured_output import GUIDED_FIELDS, read_grammar
-from inference_api.tokenizer import PromptTokenizer, stop_token_ids_of
+from inference_api.tokenizer import stop_token_ids_of
 from inference_api.tool_calls import (
     ToolRequest,
-    read_tool_calls,
     read_tool_request,
     template_messages,
     tools_system_prompt,
@@ -32,17 +40,8 @@ from inference_api.tool_calls import (
 from inference_api.unsupported_fields import reject_unsupported
 
 MAX_CHOICES = 16
-MAX_TOP_K = 1_000_000
 SEED_MAX = 2**64 - 1
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions API
-# Chat without max_tokens: a bounded answer, as the native API's 128, not the rest of a long context
-# (2,048 tokens of a row for one forgotten field); capped by the context still free after the prompt.
-CHAT_DEFAULT_MAX_TOKENS = 1024
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-class ContextLengthExceeded(InvalidParams):
-    code = "context_length_exceeded"
 
 
 @dataclass(frozen=True)
@@ -66,12 +65,12 @@ class OpenAIRequest:
         With a seed, choice i samples with seed + i: reproducible, yet the n choices differ.
         """
         requests = []
-        for prompt_ids in self.prompts:
+        for ids in self.prompts:
             for i in range(self.n):
                 params = self.params
                 if params.seed is not None:
                     params = replace(params, seed=(params.seed + i) % (SEED_MAX + 1))
-                requests.append((prompt_ids, params))
+                requests.append((ids, params))
         return requests
 
 
@@ -104,8 +103,8 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
         tools = tool_request.tools
     elif tool_request is not None:  # a template that knows no tools: they go in a system message
         messages = with_system_text(messages, tools_system_prompt(tool_request.tools))
-    prompt_ids = chat_ids(messages, serving, "messages", tools=tools)
-    request = _common(data, serving, [prompt_ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))
+    ids = chat_ids(messages, serving, "messages", tools=tools)
+    request = _common(data, serving, [ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))
     grammar = tool_request.grammar if tool_request is not None else None
     if grammar is not None and request.params.grammar is not None:
         raise InvalidParams(
@@ -120,38 +119,6 @@ def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str
     if messages and messages[0]["role"] == "system":
         return [{**messages[0], "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
-
-
-def chat_prompt_ids(
-    data: dict[str, Any],
-    serving: Serving,
-    add_generation_prompt: bool = True,
-    add_special_tokens: bool = False,
-) -> list[int]:
-    """`messages` through the model's chat template, as token ids."""
-    messages = read_messages(data.get("messages"))
-    return chat_ids(messages, serving, "messages", add_generation_prompt, add_special_tokens)
-
-
-def chat_ids(
-    messages: list[dict[str, Any]],
-    serving: Serving,
-    param: str,
-    add_generation_prompt: bool = True,
-    add_special_tokens: bool = False,
-    continuation: str = "",
-    tools: list[dict[str, Any]] | None = None,
-) -> list[int]:
-    """{role, content} messages (roles system, user, assistant, tool) through the model's chat template, as
-    token ids; `continuation` follows the generation prompt: text the answer goes on from (a prefill)."""
-    if isinstance(serving.chat_template, UnusableChatTemplate):  # nothing the request could change
-        raise InvalidParams(param, f"the model has no usable chat template: {serving.chat_template.problem}")
-    try:
-        text = serving.chat_template.render(messages, add_generation_prompt, tools)
-    except ChatTemplateError as error:
-        raise InvalidParams(param, f"the model's chat template refused the {param}: {error}") from None
-    # The rendered template already holds its special tokens (apply_chat_template does the same).
-    return serving.tokenizer.encode(text + continuation, add_special_tokens=add_special_tokens)
 
 
 def _chat_logprobs(data: dict[str, Any]) -> int | None:
@@ -215,24 +182,6 @@ def _common(
     )
 
 
-def completion_budget(
-    serving: Serving, prompt_tokens: int, max_tokens: int | None, default: int, prompt_param: str
-) -> int:
-    """max_tokens, or by default `default` as far as the context leaves room after the prompt;
-    ContextLengthExceeded (a 400) when prompt and answer do not fit in a row."""
-    context = serving.backend.max_seq_len
-    if max_tokens is None:
-        max_tokens = max(1, min(default, context - prompt_tokens))
-    if prompt_tokens + max_tokens > context:
-        raise ContextLengthExceeded(
-            prompt_param,
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_param}, {max_tokens} in "
-            f"the completion). Please reduce the length of the {prompt_param} or completion.",
-        )
-    return max_tokens
-
-
 def _logit_bias(value: Any, vocab: int) -> tuple[tuple[int, float], ...]:
     """OpenAI's {"token id": bias}: ids as strings, biases from -100 to 100."""
     if value is None:
@@ -251,122 +200,6 @@ def _logit_bias(value: Any, vocab: int) -> tuple[tuple[int, float], ...]:
             raise InvalidParams("logit_bias", f"logit_bias[{key!r}] must be a number from -100 to 100")
         biases.append((int(key), float(bias)))
     return tuple(biases)
-
-
-def token_id_list(value: Any, vocab: int, param: str) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(_is_token(t, vocab) for t in value):
-        raise InvalidParams(param, f"{param} must be a list of token ids below {vocab}")
-    return tuple(value)
-
-
-def prompt_list(value: Any, param: str = "prompt") -> list[str | list[int]]:
-    """A prompt field as a list: a string, a list of strings, a list of token ids, or a list of those."""
-    if value is None:
-        raise InvalidParams(param, f"{param} is required")
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value and all(_is_integer(t) for t in value):
-        return [value]
-    if isinstance(value, list) and value:
-        return value
-    raise InvalidParams(param, f"{param} must be a string, a list of strings or a list of token ids")
-
-
-def prompt_ids(
-    prompt: Any,
-    serving: Serving,
-    item: str,
-    param: str = "prompt",
-    tokenizer: PromptTokenizer | None = None,
-    vocab: int | None = None,
-) -> list[int]:
-    """One prompt (`item` of the `param` field) as token ids: a string tokenized, or ids checked; by the
-    served model's tokenizer and vocabulary unless given others (a separate embedding model's)."""
-    if isinstance(prompt, str):
-        if not prompt:
-            raise InvalidParams(param, f"{param} must not be empty")
-        ids = (tokenizer or serving.tokenizer).encode(prompt)
-        if not ids:
-            raise InvalidParams(param, f"{param} gives no tokens")
-        return ids
-    vocab = vocab or serving.token_id_limit
-    if isinstance(prompt, list) and prompt and all(_is_token(t, vocab) for t in prompt):
-        return list(prompt)
-    raise InvalidParams(param, f"{item} must be a non-empty string or a list of token ids below {vocab}")
-
-
-def _is_integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_token(value: Any, vocab: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab
-
-
-def read_messages(
-    value: Any,
-    param: str = "messages",
-    roles: tuple[str, ...] = ROLES,
-    text_types: tuple[str, ...] = ("text",),
-) -> list[dict[str, Any]]:
-    """A non-empty list of {role, content} objects as the chat template takes them: each content as
-    one text (`text_content`), developer read as system. Other fields of a message are ignored."""
-    if value is None:
-        raise InvalidParams(param, f"{param} is required")
-    if not isinstance(value, list) or not value:
-        raise InvalidParams(param, f"{param} must be a non-empty list of {{role, content}} objects")
-    return [_message(message, f"{param}[{i}]", roles, text_types) for i, message in enumerate(value)]
-
-
-def _message(message: Any, param: str, roles: tuple[str, ...], text_types: tuple[str, ...]) -> dict[str, Any]:
-    if not isinstance(message, dict):
-        raise InvalidParams(param, f"{param} must be an object with role and content")
-    role = message.get("role")
-    if role not in roles:
-        raise InvalidParams(f"{param}.role", f"{param}.role must be one of {', '.join(roles)}, got {role!r}")
-    if message.get("content") is None and role != "assistant":  # only an assistant turn may be empty
-        raise InvalidParams(f"{param}.content", f"{param}.content is required in a {role} message")
-    shaped: dict[str, Any] = {
-        "role": "system" if role == "developer" else role,
-        "content": text_content(message.get("content"), f"{param}.content", text_types),
-    }
-    # A conversation with tools: the calls an assistant made, and which call a tool message answers.
-    if role == "assistant" and message.get("tool_calls") is not None and "tool" in roles:
-        shaped["tool_calls"] = read_tool_calls(message["tool_calls"], f"{param}.tool_calls")
-    if role == "tool" and isinstance(message.get("tool_call_id"), str):
-        shaped["tool_call_id"] = message["tool_call_id"]
-    return shaped
-
-
-def text_content(content: Any, param: str, text_types: tuple[str, ...] = ("text",)) -> str:
-    """A string, or a list of text parts joined: the only kind of part a text model takes, so that
-    a part of another type (an image, a tool call) is a 400 naming it. None is an empty text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        text = content
-    elif isinstance(content, list):
-        text = "".join(_text_part(part, f"{param}[{i}]", text_types) for i, part in enumerate(content))
-    else:
-        raise InvalidParams(param, f"{param} must be a string or a list of text parts")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidParams(param, f"{param} is not valid Unicode") from None
-    return text
-
-
-def _text_part(part: Any, param: str, text_types: tuple[str, ...]) -> str:
-    kind = part.get("type") if isinstance(part, dict) else None
-    if kind not in text_types:
-        what = f"a part of type {kind!r}" if isinstance(kind, str) else "not a typed part"
-        text_parts = ", ".join(text_types)
-        raise InvalidParams(param, f"{param} is {what}: this server takes text parts only ({text_parts})")
-    if not isinstance(part.get("text"), str):
-        raise InvalidParams(f"{param}.text", f"{param}.text must be a string")
-    return part["text"]
 
 
 def _include_usage(options: Any, stream: bool) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from inference_api.anthropic_request import parse_messages_request
+from inference_api.apis.anthropic.request import parse_messages_request
 from inference_api.errors import anthropic_error
 from inference_api.generation import (
     Generation,

@@ -22,8 +22,8 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
+from inference_api.apis.responses.request import ResponsesRequest, parse_responses_request
 from inference_api.generation import Generation, GenerationFailed, event_stream, read_request, sse_event
-from inference_api.responses_request import ResponsesRequest, parse_responses_request
 
 bp = Blueprint("responses_api", __name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from backend.messages import InvalidParams, SamplingParams
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
-from inference_api.openai_request import MAX_TOP_K, chat_ids, completion_budget, read_messages, text_content
+from inference_api.prompts import MAX_TOP_K, chat_ids, completion_budget, read_messages, text_content
 from inference_api.router import Serving
 from inference_api.tokenizer import stop_token_ids_of
 from inference_api.unsupported_fields import reject_unsupported

@@ -23,6 +23,12 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
+from inference_api.apis.llama_stack.request import (
+    LlamaStackRequest,
+    model_field,
+    parse_chat_completion,
+    parse_completion,
+)
 from inference_api.generation import (
     Generation,
     GenerationFailed,
@@ -30,12 +36,6 @@ from inference_api.generation import (
     event_stream,
     read_request,
     sse_event,
-)
-from inference_api.llama_stack_request import (
-    LlamaStackRequest,
-    model_field,
-    parse_chat_completion,
-    parse_completion,
 )
 from inference_api.router import Serving
 

@@ -1,0 +1,1 @@
+"""OpenAI's Responses API, stateless: POST /v1/responses, its routes and its request."""
