@@ -204,7 +204,7 @@ def departure(reference: list[list[int]], other: list[list[int]]) -> str:
 def print_floor(loaded: LoadedModel, engine: Engine, rows: int, span: int, step: float) -> None:
     """The measured full step against reading its weights and KV cache once at the device's bandwidth."""
     bandwidth = memory_bandwidth(engine.device)
-    weights, kv = step_bytes(loaded.model, rows, span, engine.cache.layers[0].keys.dtype)
+    weights, kv = step_bytes(loaded.model, rows, span, engine.runner.cache.layers[0].keys.dtype)
     floor = (weights + kv) / bandwidth
     print(
         f"\nBandwidth floor of a {rows}-row step: weights {weights / 1e9:.2f} GB"

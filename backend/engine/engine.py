@@ -3,9 +3,11 @@
 Each `step()` reads like the algorithm:
 
     free the rows of cancelled requests
-    plan this step's prompt chunks: rows still prefilling, then waiting requests admitted into free rows
-    one forward pass: a token for every decoding row, and the prompt chunks (prefill)
+    schedule: the rows decoding, and prompt chunks of rows still prefilling and of waiting requests
+        admitted into free rows (scheduler.py)
+    run: one forward pass over them all, a token for every decoding row and the chunks (model_runner.py)
     sample every row's next token with its own settings (and its grammar, if it has one)
+    accept: each row takes its token and gives its text
     embed waiting embedding requests (they take no row)
     free the rows whose requests ended
 
@@ -19,26 +21,29 @@ import collections
 import logging
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from backend.engine.prefill_budget import PrefillBudget
-from backend.engine.prefix_cache import PrefixIndex
+from backend.engine.prefix_cache import Placement, PrefixIndex
 from backend.engine.row import Row
-from backend.layers.attention import attending_over
+from backend.engine.scheduler import Schedule, Scheduler
 from backend.layers.grammar import GrammarError, Grammars, PendingMasks
 from backend.layers.logits_processors import LogitsProcessors
 from backend.layers.logprobs import token_logprobs
-from backend.layers.row_cache import KVShape, RowCache, pick_cache_dtype
 from backend.layers.sampler import SamplingBatch, sample
-from backend.layers.step_layout import LongRow, PromptChunk, StepLayout, long_rows, visibility
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit, TokenLogprob
 from backend.model.cache_size import DEFAULT_MAX_SEQ_LEN, context_length
-from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed
+from backend.model.model_runner import ModelRunner
+from backend.model.step_inputs import StepInputs
 from backend.utils.heap import reuse_freed_memory
 from backend.utils.host_lists import to_device
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 
 log = logging.getLogger(__name__)
 
@@ -87,23 +92,14 @@ class Engine:
         self.eos_ids = eos_token_ids(model, tokenizer)
         # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.runner = (
-            DecoderRunner(model, compile_decode)
-            if DecoderRunner.supports(model.config, self.max_seq_len)
-            else None
-        )
-        loop_attention = self.runner is not None and self.runner.reads_own_positions
-        self.cache_dtype = kv_cache_dtype or pick_cache_dtype("auto", self.dtype, self.device, loop_attention)
-        self.cache = RowCache(KVShape.of(model.config), rows, self.max_seq_len, self.cache_dtype, self.device)
-        if compile_decode and self.runner is None:
-            log.warning("--compile: %s runs through transformers' forward, which is not compiled", name)
-        if cuda_graphs and self.runner is not None and self.device.type == "cuda":
-            self.runner.use_graphs(self.cache)  # captured in warm_up
+        self.runner = ModelRunner(model, rows, self.max_seq_len, kv_cache_dtype, compile_decode, cuda_graphs)
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
         self.rows: list[Row | None] = [None] * rows
         self.prefixes = PrefixIndex(rows, prefix_reuse)
+        self.scheduler = Scheduler(self.prefill_budget, self.prefixes, self.max_seq_len)
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
+        self.matchers: dict[str, LLMatcher] = {}  # the grammar matcher of each waiting request with one
         self.embedding_waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.embedding_model = embedding_model  # None: embedding requests pool the served model's states
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
@@ -166,13 +162,26 @@ class Engine:
         elif request.params.embedding is not None:
             self.embedding_waiting[request.request_id] = request
         else:
-            self.waiting[request.request_id] = request
+            self._wait(request)
+
+    def _wait(self, request: Submit) -> None:
+        """Queue a request for a row, its grammar compiled now: a grammar the matcher refuses is
+        the request's error at once, not when a row frees up."""
+        try:
+            matcher = self.grammars.matcher(request.params.grammar)
+        except GrammarError as error:
+            self._reject(request, str(error))
+            return
+        if matcher is not None:
+            self.matchers[request.request_id] = matcher
+        self.waiting[request.request_id] = request
 
     def cancel(self, request_id: str) -> None:
         """End a request; its row is freed at the next step."""
         waiting = next((line for line in (self.waiting, self.embedding_waiting) if request_id in line), None)
         if waiting is not None:
             del waiting[request_id]
+            self.matchers.pop(request_id, None)
             self.undelivered.append(Piece(request_id, "", "cancelled"))
         elif (row := self._row_of(request_id)) is not None:
             row.cancelled = True
@@ -193,27 +202,23 @@ class Engine:
         pieces += self._free_cancelled()
         try:
             # Finished rows were freed at the end of the last step; the rest decode or prefill.
-            decoding = [row for row in self.active_rows if row.prefilled]
-            # A prompt chunk makes every decoding row wait for it; with none decoding nobody waits, and a
-            # step prefills up to a whole row's worth (chunks would only delay the first token).
-            ceiling = self.prefill_budget.ceiling
-            budget = self.prefill_budget.tokens(len(decoding)) if decoding else max(ceiling, self.max_seq_len)
-            continuing, budget = self._plan_chunks(
-                [row for row in self.active_rows if not row.prefilled], budget
-            )
-            admitted = self._admit_waiting(budget)
-            self.admitted = [row.request.request_id for row in admitted]
-            prefilling = continuing + admitted
-            if decoding or prefilling:
-                started = time.perf_counter()
-                prompt_tokens = sum(row.chunk_end - row.cached for row in prefilling)
-                pieces += self._step_rows(decoding, prefilling)
-                self.prefill_budget.observe(time.perf_counter() - started, len(decoding), prompt_tokens)
+            schedule = self.scheduler.schedule(self.rows, self.waiting, self._take_row)
+            self.admitted = [row.request.request_id for row in schedule.admitted]
+            if schedule:
+                pieces += self._run(schedule)
             pieces += self._embed_waiting()
         except BaseException:
             self.undelivered = pieces + self.undelivered  # decided before the failure: sent next step
             raise
         self._free_finished()
+        return pieces
+
+    def _run(self, schedule: Schedule) -> list[Piece]:
+        """The scheduled rows' forward pass, sampling and text, timed for the prefill budget."""
+        started, prompt_tokens = time.perf_counter(), schedule.prompt_tokens
+        pieces = self._step_rows(schedule.decoding, schedule.prefilling)
+        elapsed = time.perf_counter() - started
+        self.prefill_budget.observe(elapsed, len(schedule.decoding), prompt_tokens)
         return pieces
 
     def _step_rows(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
@@ -289,165 +294,46 @@ class Engine:
                 self._free(row)
         return pieces
 
-    @staticmethod
-    def _plan_chunks(rows: list[Row], budget: int) -> tuple[list[Row], int]:
-        """This step's chunk of each row still prefilling, oldest first, within the budget: the rows
-        that got one (their `chunk_end` set) and the budget left."""
-        planned = []
-        for row in rows:
-            if budget <= 0:
-                break
-            row.chunk_end = min(len(row.prompt_ids), row.cached + budget)
-            budget -= row.chunk_end - row.cached
-            planned.append(row)
-        return planned, budget
-
-    def _admit_waiting(self, budget: int) -> list[Row]:
-        """Put waiting requests into free rows, oldest request first, while the step's prefill
-        budget lasts; each gets its first chunk, after what of its prompt is cached already."""
-        admitted: list[Row] = []
-        # What each busy row holds, built once for the burst (with reuse off, nothing to look at).
-        busy = {row.index: row.cached_tokens for row in self.active_rows} if self.prefixes.enabled else {}
-        while self.waiting and budget > 0 and None in self.rows:
-            request = self.waiting.pop(next(iter(self.waiting)))
-            try:
-                matcher = self.grammars.matcher(request.params.grammar)
-            except GrammarError as error:
-                self._reject(request, str(error))
-                continue
-            free = [index for index, slot in enumerate(self.rows) if slot is None]
-            # A prompt to be scored reuses nothing: it needs the logits of every position.
-            reuse = request.params.prompt_logprobs is None
-            place = self.prefixes.place(request.prompt_ids, free, busy, reuse)
-            if place.source is not None:
-                self.cache.copy_prefix(place.source, place.row, place.reused)
-            row = Row(place.row, request, self.tokenizer, self.eos_ids, self.max_seq_len, cached=place.reused)
-            self.processors.admit(place.row, request.params, request.prompt_ids)
-            self.grammars.attach(place.row, matcher)
-            self.rows[place.row] = row
-            if self.prefixes.enabled:
-                busy[row.index] = row.cached_tokens
-            planned, budget = self._plan_chunks([row], budget)
-            admitted += planned
-        return admitted
+    def _take_row(self, request: Submit, place: Placement) -> Row:
+        """A waiting request takes the free row the scheduler placed it in: its cached prefix copied
+        there first if another row holds it, its penalties' counts and its grammar set up."""
+        if place.source is not None:
+            self.runner.cache.copy_prefix(place.source, place.row, place.reused)
+        row = Row(place.row, request, self.tokenizer, self.eos_ids, self.max_seq_len, cached=place.reused)
+        self.processors.admit(place.row, request.params, request.prompt_ids)
+        self.grammars.attach(place.row, self.matchers.pop(request.request_id, None))
+        return row
 
     def _forward_and_sample(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
-        """One forward pass over a packed sequence: a token per decoding row, then each prompt chunk.
-
-        Decoding rows come in row order (`active_rows` lists them so), each
-        its last token at its own position; the linear layers see no free
-        rows. Attention batches the decode queries over rows
-        0..decode_rows-1 of the cache, the free (and prefilling) rows in that
-        span masked to position 0 (see row_attention). Prompt chunks follow,
-        each token at its own position; a row whose chunk ends its prompt
-        samples its first token in this step.
-        """
-        decode_rows = decoding[-1].index + 1 if decoding else 0
-        token_ids = [row.next_input for row in decoding]
-        decode_positions = [row.position for row in decoding]
-        positions = list(decode_positions)
-        chunks: list[PromptChunk] = []
-        keep = list(range(len(decoding)))  # the positions whose logits the step needs
-        last_of_row = list(range(len(decoding)))  # which of those each sampling row samples from
-        completing: list[Row] = []  # rows whose chunk ends their prompt
-        scored = []  # (row, its first kept position, how many prompt tokens those logits predict)
-        for row in prefilling:
-            past, end = row.cached, row.chunk_end
-            start, length, completes = len(token_ids), end - past, end == len(row.prompt_ids)
-            chunks.append(PromptChunk(row.index, start, length, past, self._chunk_mask(past, length)))
-            token_ids += row.prompt_ids[past:end]
-            positions += range(past, end)
-            if row.request.params.prompt_logprobs is not None:
-                scored.append((row, len(keep), length - completes))  # a final chunk's last one samples
-                keep += range(start, start + length)
-            elif completes:
-                keep.append(start + length - 1)
-            if completes:
-                last_of_row.append(len(keep) - 1)
-                completing.append(row)
-
-        visible, alone = self._decode_visibility(decoding, decode_rows)
-        masks = self.grammars.start_masks([row.index for row in decoding + completing])  # during the forward
-        layout = StepLayout(
-            decode_rows,
-            to_device([row.index for row in decoding], self.device, torch.long),
-            to_device(decode_positions, self.device, torch.long),
-            visible.shape[-1],
-            visible,
-            tuple(chunks),
-            alone,
-        )
-        logits = self._forward(
-            to_device(token_ids, self.device, torch.long),
-            to_device(positions, self.device, torch.long),
-            layout,
-            to_device(keep, self.device, torch.long),  # empty when no chunk ends
-        )
+        """One forward pass over a packed sequence (model/step_inputs.py): a token per decoding row,
+        then each prompt chunk. The rows that sample are the decoding ones and those whose chunk
+        ends their prompt; nothing of a row changes before they have sampled."""
+        inputs = self.runner.prepare(decoding, prefilling)
+        sampling = decoding + [self.rows[index] for index in inputs.completing]
+        masks = self.grammars.start_masks([row.index for row in sampling])  # computed during the forward
+        logits = self._forward(inputs)
         prompt_scores = {
-            row.index: self._prompt_logprobs(row, logits[first : first + count])
-            for row, first, count in scored
+            score.row: self._prompt_logprobs(
+                self.rows[score.row], logits[score.first : score.first + score.count]
+            )
+            for score in inputs.prompt_scores
         }
-        if len(keep) != len(last_of_row):
-            logits = logits.index_select(0, to_device(last_of_row, self.device, torch.long))
-        rows = decoding + completing
-        tokens, logprobs = self._sample(rows, logits, masks)
+        if inputs.sample_from is not None:
+            logits = logits.index_select(0, inputs.sample_from)
+        tokens, logprobs = self._sample(sampling, logits, masks)
         # The step has run: from here on the rows change.
         for row in decoding:
             row.cached += 1
         for row in prefilling:
             row.cached = row.chunk_end
             row.prompt_scores += prompt_scores.get(row.index, ())
-            if row.prefilled and row.request.params.prompt_logprobs is not None:
+            if row.prefilled and row.scores_prompt:
                 row.prompt_logprobs = (None, *row.prompt_scores)
-        return self._accept(rows, tokens, logprobs)
+        return self._accept(sampling, tokens, logprobs)
 
-    def _decode_visibility(
-        self, decoding: list[Row], decode_rows: int
-    ) -> tuple[torch.Tensor, tuple[LongRow, ...]]:
-        """What each row of the decode span may read ([rows, 1, 1, span]: 0, or -inf past its
-        position), and the long rows that attend alone (row_attention.long_rows; none where the runner
-        reads each row up to its own position). Free rows of the span, and the long rows, read their
-        position 0 only in the batch."""
-        reads_own_positions = self.runner is not None and self.runner.reads_own_positions
-        alone = (
-            set() if reads_own_positions else long_rows({r.index: r.position for r in decoding}, decode_rows)
-        )
-        row_positions = [0] * decode_rows
-        for row in decoding:
-            if row.index not in alone:
-                row_positions[row.index] = row.position
-        span = max(row_positions, default=0) + 1
-        visible = visibility(to_device(row_positions, self.device, torch.long), span, self.cache_dtype)
-        long = [LongRow(query, row.index, row.position) for query, row in enumerate(decoding)]
-        return visible, tuple(r for r in long if r.row in alone)
-
-    def _chunk_mask(self, past: int, length: int) -> torch.Tensor | None:
-        """A chunk after the first reads the row's earlier positions and itself causally."""
-        if not past:
-            return None
-        keys = torch.arange(past + length, device=self.device)
-        return keys <= past + torch.arange(length, device=self.device)[:, None]
-
-    def _forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: StepLayout, keep: torch.Tensor
-    ) -> torch.Tensor:
-        """The forward pass over our cache and attention; the logits at the `keep` positions.
-
-        Llama-family models run through the decoder runner, the rest through
-        transformers' own forward with row_attention registered for it.
-        """
-        self.cache.plan_step(layout)
-        if self.runner is not None:
-            return self.runner(input_ids, position_ids, layout, self.cache, keep)
-        with attending_over(self.model.config, layout):
-            output = self.model(
-                input_ids=input_ids[None],
-                position_ids=position_ids[None],
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=keep,
-            )
-        return output.logits[0]
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """The model's logits at the step's kept places (the one seam the tests watch steps through)."""
+        return self.runner.run(inputs)
 
     def _sample(
         self, rows: list[Row], logits: torch.Tensor, masks: PendingMasks
@@ -571,10 +457,10 @@ class Engine:
         shapes: one row decoding, then two. On a GPU the decode steps' CUDA graphs are captured
         first, every bucket of rows and span, so that the steps below already replay them.
         """
-        if self.runner is not None and self.runner.graphs is not None and self.runner.graphs.capture:
-            self._capture_graphs()
+        if self.runner.graphs_to_capture:
+            self.runner.capture_graphs()
         prompt = tuple(t for t in self.tokenizer("Warm up.").input_ids if t < self.vocab_size) or (0,)
-        compiled = self.runner is not None and self.runner.compiled_decode is not None
+        compiled = self.runner.decoder is not None and self.runner.decoder.compiled_decode is not None
         runs = [(3,), (3, 3)] if compiled and len(self.rows) > 1 else [(3,)]
         for lengths in runs:
             for i, length in enumerate(lengths):
@@ -583,21 +469,7 @@ class Engine:
             while self.has_work:
                 self.step()
         self.prefill_budget.forget()  # first-call costs are no measure of a step
-
-    def _capture_graphs(self) -> None:
-        """Capture the decode steps' CUDA graphs; a model whose step cannot be captured (an operation
-        that waits for the host, say) is served with eager steps instead, with a warning."""
-        started = time.perf_counter()
-        try:
-            self.runner.graphs.capture_all()
-        except Exception:
-            log.exception("CUDA graphs could not be captured: decode steps run eagerly")
-            self.runner.graphs = None
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()  # what capture left queued ends before the steps start
-            return
-        count, took = len(self.runner.graphs.graphs), time.perf_counter() - started
-        log.info("captured %d CUDA graphs of decode steps in %.1f s", count, took)
+        self.runner.plan.log(self.name)
 
     def generate(self, prompts: Iterable[str], params: SamplingParams | None = None) -> list[str]:
         """Generate for several prompts at once and return the texts (a convenience for shells and tests)."""

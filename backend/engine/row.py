@@ -56,12 +56,24 @@ class Row:
 
     @property
     def position(self) -> int:
-        """Where the next decode step writes in the cache."""
+        """Where the next decode step writes in the cache: never the row's last position, which a row
+        ends before it reaches (`accept` ends it at max_seq_len tokens, and its last token is never fed
+        back). On a GPU the decode graphs' padding queries write there, and nothing may read it
+        (model/decode_graphs.py, `padding_position`): a step there is refused, not run."""
+        if self.cached >= self.max_seq_len - 1:
+            raise RuntimeError(
+                f"row {self.index} would decode at position {self.cached}, its last or past it"
+            )
         return self.cached
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the request asks for its prompt tokens' logprobs (every prompt position's logits)."""
+        return self.request.params.prompt_logprobs is not None
 
     @property
     def wants_logprobs(self) -> bool:

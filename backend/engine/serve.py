@@ -60,7 +60,7 @@ def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiproc
         ready.max_seq_len,
         ready.dtype,
         ready.device,
-        str(engine.cache_dtype).removeprefix("torch."),
+        str(engine.runner.cache_dtype).removeprefix("torch."),
     )
     outbox.put(ready)
     last_sent = time.monotonic()

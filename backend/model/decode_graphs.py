@@ -11,7 +11,8 @@ So a decode step takes its shapes from a small fixed set:
   for the default 32 rows). A padding query takes a row that is not
   decoding and writes its key and value at that row's last position, which
   no query ever reads: a row ends when it holds max_seq_len tokens, and its
-  last token is never fed back (row.Row.finished);
+  last token is never fed back (`padding_position`; engine/row.py's
+  `Row.position` refuses a decode step there);
 - attention over every row of the cache (a row that is not decoding gets a
   query of its own whose output nobody uses, as `row_attention.attend` does
   for free rows inside its span), as far as the step's span rounded up to a
@@ -24,10 +25,8 @@ Each (rows, span) pair is captured once, when the engine warms up, every
 graph in one memory pool. A step copies its inputs into the static buffers
 (a few small kernels), replays its graph and reads the first rows of the
 logits. The graph holds the whole step: the visibility mask and the cache
-slots, built on the device from the inputs, the runner's decode step
-(`DecoderRunner.decode_layers`, or with `--compile` its compiled copy,
-whose generated kernels fuse the norms, rotations and residual adds) and
-the head.
+slots, built on the device from the inputs, and the step function the
+runner gives (`DecoderRunner.graph_step`: its decode step and the head).
 
 Without CUDA the same buffers and the same function run without capture
 (`capture=False`): that is how the tests on a CPU hold this path to the
@@ -37,15 +36,16 @@ rows, and a new shape costs it no more than an old one: docs/performance.md).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
 from backend.layers.row_cache import RowCache, cache_slots
 from backend.layers.step_layout import StepLayout, visibility
 
-if TYPE_CHECKING:
-    from backend.model.decoder_runner import DecoderRunner
+# A whole decode step from the static inputs to the logits: (input ids, positions, the queries' rows in
+# any order, cache slots, visibility) -> [queries, vocab]. The runner's `graph_step`.
+GraphStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 24, 32)
 SMALLEST_SPAN = 128
@@ -65,6 +65,13 @@ def span_buckets(max_seq_len: int) -> tuple[int, ...]:
     return (*spans, max_seq_len)
 
 
+def padding_position(max_seq_len: int) -> int:
+    """Where a padding query writes: its row's last position, which no query reads. A decoding row
+    never stands there (engine/row.py, `Row.position`, refuses to), since a row ends when it holds
+    max_seq_len tokens and its last token is never fed back."""
+    return max_seq_len - 1
+
+
 def bucket(value: int, buckets: tuple[int, ...]) -> int:
     """The smallest bucket that holds `value`."""
     return next(size for size in buckets if size >= value)
@@ -73,8 +80,8 @@ def bucket(value: int, buckets: tuple[int, ...]) -> int:
 class DecodeGraphs:
     """The decode steps of one runner over one cache, at static shapes, captured as CUDA graphs."""
 
-    def __init__(self, runner: DecoderRunner, cache: RowCache, capture: bool = True):
-        self.runner, self.cache, self.capture = runner, cache, capture
+    def __init__(self, step: GraphStep, cache: RowCache, capture: bool = True):
+        self.step, self.cache, self.capture = step, cache, capture
         self.row_buckets = row_buckets(cache.rows)
         self.span_buckets = span_buckets(cache.max_seq_len)
         device, most = cache.keys[0].device, self.row_buckets[-1]
@@ -85,12 +92,6 @@ class DecodeGraphs:
         self.row_positions = torch.zeros(cache.rows, dtype=torch.long, device=device)  # 0: reads position 0
         self.logits: torch.Tensor | None = None  # [most, vocab], allocated at the first run
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-
-    def takes(self, layout: StepLayout) -> bool:
-        """Whether this step runs here: decoding rows only. Rows the layout has attend alone
-        (row_attention.long_rows, which saves a CPU reading short rows as far as a long one) attend
-        in the batch here, which reads every row as far as the span's bucket anyway."""
-        return not layout.prompts and layout.decode_queries > 0
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout) -> torch.Tensor:
         """The step's logits, [decode queries, vocab], from the graph of its bucket."""
@@ -131,7 +132,7 @@ class DecodeGraphs:
             free_first = decoding.argsort(stable=True)  # on the device: no host sync to find them
             self.query_rows[queries:padded].copy_(free_first[: padded - queries])
             self.input_ids[queries:padded].zero_()
-            self.positions[queries:padded].fill_(self.cache.max_seq_len - 1)
+            self.positions[queries:padded].fill_(padding_position(self.cache.max_seq_len))
 
     def _prepare(self, shape: tuple[int, int]) -> None:
         """Run a bucket once (CUDA's lazy set-up happens outside capture), then capture it."""
@@ -147,16 +148,13 @@ class DecodeGraphs:
 
     def _step(self, rows: int, span: int) -> None:
         """The whole decode step at one static shape, from the static inputs to the static logits."""
-        cache, runner = self.cache, self.runner
+        cache = self.cache
         query_rows, positions = self.query_rows[:rows], self.positions[:rows]
         visible = visibility(self.row_positions, span, cache.keys[0].dtype)
         slots = cache_slots(query_rows, positions, cache.kv_heads, cache.max_seq_len)
-        ids, keys, values = self.input_ids[:rows], cache.keys, cache.values
         # With --compile, the compiled step (its small operations fused into generated kernels) is what
         # the graph captures: compiled at the first run of a bucket, which is before capture.
-        decode, visible = runner.decode_function(visible, cache)
-        hidden = decode(ids, positions, query_rows, slots, visible, keys, values, scatter=True)
-        logits = runner.head(hidden)
+        logits = self.step(self.input_ids[:rows], positions, query_rows, slots, visible)
         if self.logits is None:
             self.logits = logits.new_empty((self.row_buckets[-1], logits.shape[-1]))
         self.logits[:rows].copy_(logits)

@@ -26,6 +26,7 @@ forward as before (`DecoderRunner.supports`).
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from backend.layers.step_layout import StepLayout
 from backend.model.architectures import sliding_window
 from backend.model.decode_graphs import DecodeGraphs
 from backend.model.native_decode import NativeDecode
+from backend.model.step_plan import DECODE_LAYERS, GRAPH, NATIVE, plan_runner
 from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fuse_linears
 
 # The model types whose decoder layers are the Llama layer above; Mistral and Qwen2 only where their
@@ -121,10 +123,13 @@ class DecoderRunner:
     products dominate and compiling gained nothing, measured), take the general path.
 
     On a GPU, with `use_graphs`, every decode step (any number of rows) is a replayed CUDA graph of
-    `decode_layers` and the head instead (backend/model/decode_graphs.py).
+    `decode_layers` and the head instead (backend/model/decode_graphs.py); on a CPU with every
+    projection in blocks, steps of few rows run decode_layers.cpp (native_decode.py). Which of these
+    runs a step of each shape is `plan` (step_plan.py), decided once from the settings.
     """
 
-    def __init__(self, model: PreTrainedModel, compile_decode: bool = False):
+    def __init__(self, model: PreTrainedModel, compile_decode: bool = False, rows: int = 32):
+        self.rows = rows  # the most rows a step has: how far the step plan goes
         self.embed = model.model.embed_tokens
         self.rotary = model.model.rotary_emb
         self.layers = list(model.model.layers)
@@ -142,7 +147,7 @@ class DecoderRunner:
         dtype = self.norm.weight.dtype  # the model's: what the modules give back
         next_norms = [Norm.of(layer.input_layernorm) for layer in self.layers[1:]] + [Norm.of(self.norm)]
         self.first_norm = Norm.of(self.layers[0].input_layernorm)
-        self.decode_plan = [
+        self.bound_layers = [
             DecodeLayer(
                 qkv=qkv.few_rows_matmul(dtype),
                 o=few_rows_matmul(layer.self_attn.o_proj, dtype),
@@ -160,27 +165,6 @@ class DecoderRunner:
         exact = dtype == torch.float32 and not any(
             isinstance(p.linears[0], WeightOnlyLinear) for p in self.qkv
         )
-        self.ops: DecodeOps = decode_ops(self.norm.weight.device, exact, compile_decode)
-        # And where all of a decode step's work is the extension's, its layers are one C++ call.
-        self.native = None
-        if self.reads_own_positions:
-            self.native = NativeDecode.of(
-                self.ops,
-                [
-                    [qkv.fused, layer.self_attn.o_proj, gate_up.fused, layer.mlp.down_proj]
-                    for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True)
-                ],
-                [self.first_norm]
-                + [norm for step in self.decode_plan for norm in (step.mlp_norm, step.next_norm)],
-                dtype,
-                self.heads,
-                self.kv_heads,
-                self.scaling,
-            )
-        # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
-        # still took a fifth of the step as PyTorch's operations (docs/performance.md).
-        self.decode_below = DECODE_BELOW if self.ops is EAGER else float("inf")
-        self.graphs: DecodeGraphs | None = None  # use_graphs
         self.compiled_decode = None
         if compile_decode:
             # dynamic: one graph for every number of rows and span (torch.compile specializes size 1).
@@ -197,12 +181,80 @@ class DecoderRunner:
                 # No shape assertions in the generated code either: ten Python calls a layer, every step.
                 options={"guard_filter_fn": only_step_input_guards, "size_asserts": False},
             )
+        self.graphs: DecodeGraphs | None = None  # use_graphs
+        self.use_ops(decode_ops(self.norm.weight.device, exact, compile_decode))
+
+    def use_ops(self, ops: DecodeOps) -> None:
+        """Run the work between the matrix products by these operations (fused_ops: the C++ loops, or
+        PyTorch's), and plan the steps again: what a step of each shape runs follows from them."""
+        self.ops = ops
+        # Where all of a decode step's work is the extension's, its layers are one C++ call.
+        self.native = None
+        if self.reads_own_positions:
+            self.native = NativeDecode.of(
+                self.ops,
+                [
+                    [qkv.fused, layer.self_attn.o_proj, gate_up.fused, layer.mlp.down_proj]
+                    for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True)
+                ],
+                [self.first_norm]
+                + [norm for step in self.bound_layers for norm in (step.mlp_norm, step.next_norm)],
+                self.norm.weight.dtype,
+                self.heads,
+                self.kv_heads,
+                self.scaling,
+            )
+        # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
+        # still took a fifth of the step as PyTorch's operations (docs/performance.md).
+        self.decode_below = DECODE_BELOW if self.ops is EAGER else float("inf")
+        self.replan()
+
+    def replan(self) -> None:
+        """What each step shape runs (step_plan.py), from the settings above; the dispatch reads it."""
+        self.plan = plan_runner(
+            self.rows,
+            graphs=self.graphs is not None,
+            native_below=self.native.rows_below if self.native is not None else 0,
+            loop_below=self.decode_below,
+            compiled=self.compiled_decode is not None,
+            loop_attention=self.reads_own_positions,
+            projections=self.projections(),
+            head=self.head,
+        )
+
+    def projections(self) -> list[nn.Module]:
+        """The linear layers a step multiplies by, in order, fused where they are."""
+        modules: list[nn.Module] = []
+        for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True):
+            modules += [qkv.fused] if qkv.fused is not None else list(qkv.linears)
+            modules.append(layer.self_attn.o_proj)
+            modules += [gate_up.fused] if gate_up.fused is not None else list(gate_up.linears)
+            modules.append(layer.mlp.down_proj)
+        return modules
 
     def use_graphs(self, cache: RowCache, capture: bool = True) -> DecodeGraphs:
         """Run decode steps over this cache as CUDA graphs (`capture=False`: the same static shapes
         and buffers without capture, which a CPU can run), captured by `DecodeGraphs.capture_all`."""
-        self.graphs = DecodeGraphs(self, cache, capture)
+        self.graphs = DecodeGraphs(functools.partial(self.graph_step, cache=cache), cache, capture)
+        self.replan()
         return self.graphs
+
+    def graph_step(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        rows: torch.Tensor,
+        slots: torch.Tensor,
+        visible: torch.Tensor,
+        cache: RowCache,
+    ) -> torch.Tensor:
+        """What a decode graph captures: `decode_layers` (with --compile its compiled copy, whose
+        generated kernels fuse the norms, rotations and residual adds) and the head; the queries'
+        rows in any order, padding ones among them."""
+        decode, visible = self.decode_function(visible, cache)
+        return self.head(
+            decode(input_ids, positions, rows, slots, visible, cache.keys, cache.values, scatter=True)
+        )
 
     @staticmethod
     def supports(config: PretrainedConfig, max_seq_len: int) -> bool:
@@ -241,11 +293,14 @@ class DecoderRunner:
         cache: RowCache,
         keep: torch.Tensor,  # [kept] indices into the tokens
     ) -> torch.Tensor:
-        if self.graphs is not None and self.graphs.takes(layout):
+        layers = self.plan.path(layout).layers
+        if layers is GRAPH:
             return self.graphs.run(input_ids, positions, layout)
-        if not layout.prompts and not layout.long_rows and layout.decode_queries < self.decode_below:
-            # A decode step keeps every token's logits, in pack order. The head stays out of the
-            # compiled graph: it changes kernels with the number of rows, each change a graph of its own.
+        # A decode step keeps every token's logits, in pack order. The head stays out of the compiled
+        # graph: it changes kernels with the number of rows, each change a graph of its own.
+        if layers is NATIVE:
+            return self.head(self._native_step(input_ids, positions, layout, cache))
+        if layers in DECODE_LAYERS:
             return self.head(self._decode_step(input_ids, positions, layout, cache))
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))  # [1, 1, tokens, head_dim]
@@ -286,6 +341,15 @@ class DecoderRunner:
         slots = cache.plan.decode_slots  # where the general path writes too, computed once a step
         return decode(input_ids, positions, layout.decode_index, slots, visible, cache.keys, cache.values)
 
+    def _native_step(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout, cache: RowCache
+    ) -> torch.Tensor:
+        """The same step, up to the head, by decode_layers.cpp: `decode_layers`' loop in one C++ call."""
+        hidden = self.embed(input_ids)
+        cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
+        slots, rows = cache.plan.decode_slots, layout.decode_index
+        return self.native(hidden, cos, sin, slots, rows, positions, cache.keys, cache.values)
+
     def decode_function(self, visible: torch.Tensor, cache: RowCache) -> tuple[Callable, torch.Tensor]:
         """`decode_layers` and its visibility, or with --compile its compiled copy and the visibility
         a compiled one takes (`graph_inputs`)."""
@@ -312,10 +376,8 @@ class DecoderRunner:
         ops, queries = self.ops, input_ids.shape[0]
         hidden = self.embed(input_ids)
         cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
-        if self.native is not None and queries < self.native.rows_below:
-            return self.native(hidden, cos, sin, slots, rows, positions, keys, values)
         normed = ops.norm(hidden, self.first_norm)
-        for layer, layer_keys, layer_values in zip(self.decode_plan, keys, values, strict=True):
+        for layer, layer_keys, layer_values in zip(self.bound_layers, keys, values, strict=True):
             query = ops.rotate_and_store(
                 layer.qkv(normed), cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
             )

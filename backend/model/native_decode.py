@@ -15,6 +15,7 @@ steps, and other models, run the Python loop.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,7 +39,7 @@ class NativeDecode:
     heads: int
     kv_heads: int
     scaling: float
-    rows_below: int  # steps of fewer rows: from there on a projection multiplies by its many-rows path
+    rows_below: float  # steps of fewer rows: from there on a projection multiplies by its many-rows path
 
     @classmethod
     def of(
@@ -58,7 +59,6 @@ class NativeDecode:
         )
         if not isinstance(ops, FusedOps) or not in_blocks or dtype != WeightOnlyLinear.compute_dtype:
             return None
-        many_rows = [p.dense_from_rows for p in projections if p.has_many_rows_path]
         return cls(
             run=ops.extension.decode_layers,
             projections=[p.blocks for p in projections],
@@ -68,7 +68,7 @@ class NativeDecode:
             heads=heads,
             kv_heads=kv_heads,
             scaling=scaling,
-            rows_below=min(many_rows, default=torch.iinfo(torch.int64).max),
+            rows_below=min((p.many_rows_from() for p in projections), default=math.inf),
         )
 
     def __call__(

@@ -101,7 +101,7 @@ class WeightOnlyLinear(nn.Module):
         if few_rows and x.dtype == self.compute_dtype and self.bias is None:
             return self.packed_matmul(x)  # a decode step's few rows (decoder_runner): no reshapes, no casts
         flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] >= self.dense_from_rows and self.has_many_rows_path:
+        if self.takes_many_rows_path(flat.shape[0]):
             out = self.many_rows_matmul(flat)
         else:
             out = self.packed_matmul(flat.to(self.compute_dtype))
@@ -113,6 +113,27 @@ class WeightOnlyLinear(nn.Module):
     @property
     def has_many_rows_path(self) -> bool:
         return self.dense is not None or self.dense_int8 is not None
+
+    def many_rows_from(self) -> float:
+        """From how many rows a pass multiplies by the path for many rows (the dense copy or its int8
+        path) rather than the packed weights (inf: never): the one rule `forward`, `few_rows_matmul`
+        and the step plan (model/step_plan.py) read."""
+        return self.dense_from_rows if self.has_many_rows_path else float("inf")
+
+    def takes_many_rows_path(self, rows: int) -> bool:
+        return rows >= self.many_rows_from()
+
+    def path_at(self, rows: int) -> str:
+        """What multiplies a pass of this many rows, as the step plan's log names it."""
+        if self.takes_many_rows_path(rows):
+            return (
+                "int8, smoothed"
+                if self.dense_int8 is not None
+                else f"dense {dtype_name(self.dense.dtype)} copy"
+            )
+        if getattr(self, "blocks", None) is not None:
+            return f"{self.bits}-bit blocks ({block_weights.kernel(self.blocks.device)})"
+        return f"PyTorch's int{self.bits} kernel"
 
     def many_rows_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, in] @ W.T by the path for many rows: the int8 path where the loader calibrated one,
@@ -138,11 +159,10 @@ class WeightOnlyLinear(nn.Module):
         if self.bias is not None:
             return self
         kernel, weights = self.kernel()
-        compute_dtype = self.compute_dtype
-        many_rows = self.dense_from_rows if self.has_many_rows_path else None
+        compute_dtype, many_rows_from = self.compute_dtype, self.many_rows_from()
 
         def matmul(x: torch.Tensor) -> torch.Tensor:
-            if many_rows is not None and x.shape[0] >= many_rows:
+            if x.shape[0] >= many_rows_from:
                 return self(x)
             return kernel(x.to(compute_dtype), *weights).to(dtype)
 
@@ -152,6 +172,7 @@ class WeightOnlyLinear(nn.Module):
 class Int4Linear(WeightOnlyLinear):
     """`nn.Linear` with 4-bit weights in groups of GROUP_SIZE inputs, each group its scale and zero."""
 
+    bits = 4
     output_dims = {**WeightOnlyLinear.output_dims, "packed": 0, "scales_and_zeros": 1}
 
     def can_be_followed(self) -> bool:
@@ -212,6 +233,10 @@ class Int4Linear(WeightOnlyLinear):
         return f"in_features={self.in_features}, out_features={self.out_features}, int4, group {GROUP_SIZE}"
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     groups = (q.float() - 8).reshape(q.shape[0], -1, GROUP_SIZE) * scale[..., None] + zero[..., None]
     return groups.reshape(q.shape)
@@ -235,6 +260,7 @@ class Int8Linear(WeightOnlyLinear):
     # against 2.4 and 2.2 for bfloat16. Against a float32 copy (AVX2) it wins up to 32-48 rows, so the
     # loader times a head's own switch (calibration.time_head_crossover); this is the default.
     dense_from_rows = 6
+    bits = 8
     output_dims = {**WeightOnlyLinear.output_dims, "weight_int8": 0, "scales": 0}
 
     def __init__(

@@ -30,7 +30,7 @@ def test_a_bfloat16_model_over_its_default_cache_scores_its_tokens_as_float32_do
             parameter.mul_(2)
     model = copy.deepcopy(reference).to(torch.bfloat16)
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128)
-    assert engine.cache.layers[0].keys.dtype == cache_dtype
+    assert engine.runner.cache.layers[0].keys.dtype == cache_dtype
 
     rng = random.Random(f"{architecture}-{head_dim}")
     prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(5, 40))] for _ in range(6)]

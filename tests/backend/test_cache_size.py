@@ -98,7 +98,7 @@ def test_a_loaded_engine_keeps_its_cache_within_the_budget_and_logs_its_size(tin
     config = BackendConfig(model=str(tiny_model_dir), rows=8, kv_cache_memory=budget, dtype="float32")
     with caplog.at_level(logging.INFO, logger="backend"):
         engine = Engine.load(config)
-    cache = [tensor for layer in engine.cache.layers for tensor in (layer.keys, layer.values)]
+    cache = [tensor for layer in engine.runner.cache.layers for tensor in (layer.keys, layer.values)]
     allocated = sum(tensor.numel() * tensor.element_size() for tensor in cache)
     assert engine.max_seq_len == 384 and allocated == 8 * 384 * POSITION <= budget
     assert (

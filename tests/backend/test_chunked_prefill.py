@@ -39,9 +39,9 @@ def test_rows_keep_decoding_every_step_while_a_long_prompt_prefills_within_the_b
     engine = Engine(tiny_model(), MarkerTokenizer(), rows=4, max_seq_len=64, max_prefill_tokens=BUDGET)
     forward, prefilled = engine._forward, []
 
-    def counting_forward(input_ids, positions, layout, keep):
-        prefilled.append(input_ids.shape[0] - layout.decode_queries)
-        return forward(input_ids, positions, layout, keep)
+    def counting_forward(inputs):
+        prefilled.append(inputs.token_ids.shape[0] - inputs.decode_queries)
+        return forward(inputs)
 
     engine._forward = counting_forward
     engine.submit(Submit("decoding", prompt_of(2, 3), greedy(30)))
@@ -114,9 +114,9 @@ def test_by_default_each_chunk_is_what_the_measured_step_times_allow():
         budgets.append(tokens(decoding_rows))
         return budgets[-1]
 
-    def counting_forward(input_ids, positions, layout, keep):
-        prefilled.append(input_ids.shape[0] - layout.decode_queries)
-        return forward(input_ids, positions, layout, keep)
+    def counting_forward(inputs):
+        prefilled.append(inputs.token_ids.shape[0] - inputs.decode_queries)
+        return forward(inputs)
 
     engine.prefill_budget.tokens, engine._forward = recording_tokens, counting_forward
     drive(engine, [(0, Submit("warm", prompt_of(2, 3), greedy(60)))])

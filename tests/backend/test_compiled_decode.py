@@ -25,12 +25,13 @@ def record_decode_steps(engine: Engine) -> list[tuple]:
     """Every decode-only forward of the engine: inputs, the cache before, the logits, the cache after."""
     forward, steps = engine._forward, []
 
-    def recording(input_ids, positions, layout, keep):
-        before = [t.clone() for t in engine.cache.keys + engine.cache.values]
-        logits = forward(input_ids, positions, layout, keep)
-        if not layout.prompts:
-            after = [t.clone() for t in engine.cache.keys + engine.cache.values]
-            steps.append((input_ids, positions, layout, keep, before, logits.clone(), after))
+    def recording(inputs):
+        before = [t.clone() for t in engine.runner.cache.keys + engine.runner.cache.values]
+        logits = forward(inputs)
+        if not inputs.layout.prompts:
+            after = [t.clone() for t in engine.runner.cache.keys + engine.runner.cache.values]
+            step = (inputs.token_ids, inputs.positions, inputs.layout, inputs.keep)
+            steps.append((*step, before, logits.clone(), after))
         return logits
 
     engine._forward = recording
@@ -76,7 +77,7 @@ def test_compiled_decode_steps_give_the_eager_steps_logits_and_cache_writes():
     assert {(3, 3), (2, 3), (1, 3)} <= shapes and any(layout.has_free_rows for _, _, layout, *_ in steps)
 
     compiled = DecoderRunner(model, compile_decode=True)
-    cache = RowCache(KVShape.of(model.config), 4, 64, engine.cache_dtype, engine.device)
+    cache = RowCache(KVShape.of(model.config), 4, 64, engine.runner.cache_dtype, engine.device)
     replay_decode_steps(compiled, cache, steps, logits_tolerance=1e-4, cache_tolerance=1e-5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
 

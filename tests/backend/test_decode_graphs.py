@@ -17,6 +17,7 @@ from backend.layers.row_cache import KVShape, RowCache
 from backend.messages import SamplingParams, Submit
 from backend.model.decode_graphs import bucket, row_buckets, span_buckets
 from backend.model.decoder_runner import DecoderRunner
+from backend.model.step_plan import GRAPH
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
 from tests.backend.test_compiled_decode import greedy, record_decode_steps
 
@@ -60,13 +61,13 @@ def test_static_shape_steps_give_the_eager_steps_logits_and_cache_writes():
     assert {(1, True, False), (3, False, False), (3, True, True), (5, False, False)} <= shapes
 
     runner = DecoderRunner(model)
-    cache = RowCache(KVShape.of(model.config), 6, MAX_SEQ_LEN, engine.cache_dtype, engine.device)
-    graphs = runner.use_graphs(cache, capture=False)
+    cache = RowCache(KVShape.of(model.config), 6, MAX_SEQ_LEN, engine.runner.cache_dtype, engine.device)
+    runner.use_graphs(cache, capture=False)
     last = MAX_SEQ_LEN - 1  # where padding queries write: a position no query reads
     for input_ids, positions, layout, keep, before, logits, after in steps:
         for tensor, saved in zip(cache.keys + cache.values, before, strict=True):
             tensor.copy_(saved)
-        assert graphs.takes(layout)
+        assert runner.plan.path(layout).layers is GRAPH
         with torch.inference_mode():
             cache.plan_step(layout)
             static_logits = runner(input_ids, positions, layout, cache, keep)
@@ -91,7 +92,7 @@ def test_an_engine_on_static_shapes_writes_the_eager_engines_text():
         model = tiny_model("llama")
         engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=MAX_SEQ_LEN)
         if static:
-            engine.runner.use_graphs(engine.cache, capture=False)
+            engine.runner.decoder.use_graphs(engine.runner.cache, capture=False)
         pieces = drive(engine, arrivals)
         results.append({key: [(p.text, p.finish_reason) for p in value] for key, value in pieces.items()})
     assert results[1]["long"][-1][1] == "length"
@@ -110,7 +111,7 @@ def test_with_compile_the_static_shape_step_is_the_compiled_one_and_writes_the_e
             tiny_model("llama"), MarkerTokenizer(), rows=6, max_seq_len=MAX_SEQ_LEN, compile_decode=static
         )
         if static:
-            engine.runner.use_graphs(engine.cache, capture=False)
+            engine.runner.decoder.use_graphs(engine.runner.cache, capture=False)
         results.append({key: [p.text for p in value] for key, value in drive(engine, arrivals).items()})
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
     assert results[0] == results[1]
@@ -123,9 +124,9 @@ def test_a_step_that_cannot_be_captured_is_served_eagerly(caplog):
         pytest.skip("here capture would succeed")
     model = tiny_model("llama")
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=64)
-    engine.runner.use_graphs(engine.cache, capture=True)
+    engine.runner.decoder.use_graphs(engine.runner.cache, capture=True)
     engine.warm_up()
-    assert engine.runner.graphs is None
+    assert engine.runner.decoder.graphs is None
     assert "CUDA graphs could not be captured: decode steps run eagerly" in caplog.text
     eager = Engine(tiny_model("llama"), MarkerTokenizer(), rows=4, max_seq_len=64)
     arrivals = [(0, Submit("a", (5, 6, 7), greedy(6))), (1, Submit("b", (8,), greedy(4)))]
@@ -147,9 +148,10 @@ def test_captured_graphs_replay_the_eager_engines_text_on_cuda():
         model = tiny_model("llama").to("cuda")
         engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=MAX_SEQ_LEN, cuda_graphs=graphs)
         engine.warm_up()
-        assert (engine.runner.graphs is not None) == graphs
+        assert (engine.runner.decoder.graphs is not None) == graphs
         if graphs:  # every (rows, span) bucket, captured before the first request
-            assert len(engine.runner.graphs.graphs) == len(row_buckets(8)) * len(span_buckets(MAX_SEQ_LEN))
+            buckets = len(row_buckets(8)) * len(span_buckets(MAX_SEQ_LEN))
+            assert len(engine.runner.decoder.graphs.graphs) == buckets
         pieces = drive(engine, arrivals)
         results.append({key: [p.text for p in value] for key, value in pieces.items()})
     assert results[0] == results[1]
@@ -172,8 +174,8 @@ def test_a_replayed_step_and_its_sampling_make_the_host_wait_for_nothing_on_cuda
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.inference_mode():
-            engine.cache.plan_step(layout)
-            logits = engine.runner(input_ids, positions, layout, engine.cache, keep)
+            engine.runner.cache.plan_step(layout)
+            logits = engine.runner.decoder(input_ids, positions, layout, engine.runner.cache, keep)
             tokens = sample(logits[:1].expand(3, -1).float(), batch)
     finally:
         torch.cuda.set_sync_debug_mode("default")

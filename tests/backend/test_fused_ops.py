@@ -23,6 +23,7 @@ from backend.layers.row_cache import KVShape, RowCache, cache_slots
 from backend.layers.step_layout import visibility
 from backend.messages import Submit
 from backend.model.decoder_runner import DecoderRunner
+from backend.model.step_plan import FORWARD, LOOP
 from backend.quant.quantized_linear import quantize_model
 from backend.quant.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
@@ -172,7 +173,7 @@ def test_without_a_compiler_the_server_runs_on_pytorchs_operations(monkeypatch, 
     model = tiny_model("llama")
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=32)
-    assert engine.runner.ops is EAGER
+    assert engine.runner.decoder.ops is EAGER
     assert "fused CPU operations unavailable (RuntimeError: c++: command not found)" in caplog.text
     pieces = drive(engine, [(0, Submit("a", (5, 6, 7), greedy(4)))])
     assert pieces["a"][-1].finished and sum(p.completion_tokens for p in pieces["a"] if p.finished) == 4
@@ -200,7 +201,9 @@ def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused
     model = tiny_model("llama", head_dim=64).to(dtype)  # a head size the attention loop is compiled for
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
-    engine.runner.ops, engine.runner.decode_below = EAGER, 16  # as before the loops
+    engine.runner.decoder.use_ops(EAGER)  # as before the loops
+    # The reference is PyTorch's operations at every step shape, not decode_layers.cpp below 16 rows.
+    assert {path.layers for path in engine.runner.plan.decode} <= {LOOP, FORWARD}
     steps = record_decode_steps(engine)
     drive_mixed_decode_steps(engine)
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
@@ -209,7 +212,7 @@ def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused
 
     runner = DecoderRunner(model)
     assert isinstance(runner.ops, FusedOps)
-    cache = RowCache(KVShape.of(model.config), 20, 64, engine.cache_dtype, engine.device)
+    cache = RowCache(KVShape.of(model.config), 20, 64, engine.runner.cache_dtype, engine.device)
     close = tolerance(dtype)["atol"]
     replay_decode_steps(runner, cache, steps, logits_tolerance=close, cache_tolerance=close)
 
@@ -228,8 +231,8 @@ def test_steps_with_prompts_and_long_rows_attend_by_the_loops(fused, monkeypatch
         prefill budget: the same plan of steps in both)."""
         taken, forward = [], engine._forward
 
-        def recording(input_ids, positions, layout, keep):
-            taken.append((layout, forward(input_ids, positions, layout, keep)))
+        def recording(inputs):
+            taken.append((inputs.layout, forward(inputs)))
             return taken[-1][1]
 
         engine._forward = recording
@@ -245,7 +248,7 @@ def test_steps_with_prompts_and_long_rows_attend_by_the_loops(fused, monkeypatch
     with_loops = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=256, max_prefill_tokens=512)
     assert with_loops.runner.reads_own_positions
     without = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=256, max_prefill_tokens=512)
-    without.runner.ops, without.runner.decode_below = EAGER, 16  # as before the loops
+    without.runner.decoder.use_ops(EAGER)  # as before the loops
     assert not without.runner.reads_own_positions
 
     expected, got = steps(without), steps(with_loops)

@@ -123,7 +123,7 @@ def test_the_default_mode_caches_keys_and_values_in_its_own_dtype_where_the_loop
     loaded = load_model(BackendConfig(rows=2, max_seq_len=64))
     engine = Engine(loaded.model, loaded.tokenizer, rows=2, max_seq_len=64)
     assert engine.runner.reads_own_positions
-    assert loaded.cache_dtype == engine.cache_dtype == loaded.model.dtype
+    assert loaded.cache_dtype == engine.runner.cache_dtype == loaded.model.dtype
 
 
 def test_an_unknown_quantization_is_refused_before_loading():

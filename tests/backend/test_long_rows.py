@@ -40,9 +40,9 @@ def test_a_long_row_decoding_among_short_ones_gives_each_the_tokens_generate_giv
     prompts |= {f"short{i}": tuple(rng.randrange(2, TINY_VOCAB - 1) for _ in range(3 + i)) for i in range(7)}
     forward, alone = engine._forward, []
 
-    def recording_forward(input_ids, positions, layout, keep):
-        alone.extend(long_row.row for long_row in layout.long_rows)
-        return forward(input_ids, positions, layout, keep)
+    def recording_forward(inputs):
+        alone.extend(long_row.row for long_row in inputs.layout.long_rows)
+        return forward(inputs)
 
     engine._forward = recording_forward
     greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)

@@ -38,7 +38,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     with a free one among them, and a step of more rows than the native loop takes (the Python loop's)."""
     model = served_like_the_default()
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
-    engine.runner.native = None
+    engine.runner.decoder.native = None  # the Python loop for every step
+    engine.runner.decoder.replan()
     steps = record_decode_steps(engine)
     drive_mixed_decode_steps(engine)
     runner = DecoderRunner(model)
@@ -54,7 +55,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
         return call(self, hidden, *args)
 
     monkeypatch.setattr(NativeDecode, "__call__", counting)
-    cache = RowCache(KVShape.of(model.config), 20, 64, engine.cache_dtype, engine.device)
+    cache = RowCache(KVShape.of(model.config), 20, 64, engine.runner.cache_dtype, engine.device)
     replay_decode_steps(runner, cache, steps, logits_tolerance=0, cache_tolerance=0)
     assert set(native_steps) == {rows for rows in shapes if rows < runner.native.rows_below}
 

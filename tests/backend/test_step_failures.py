@@ -13,10 +13,10 @@ def engine_that_breaks_on_poison() -> Engine:
     engine = Engine(tiny_model(), MarkerTokenizer(), rows=4, max_seq_len=64)
     forward = engine._forward
 
-    def breaking_forward(input_ids, *args):
-        if bool((input_ids == POISON).any()):
+    def breaking_forward(inputs):
+        if bool((inputs.token_ids == POISON).any()):
             raise RuntimeError("kernel failure")
-        return forward(input_ids, *args)
+        return forward(inputs)
 
     engine._forward = breaking_forward
     return engine
@@ -70,9 +70,9 @@ def test_pieces_decided_before_a_failure_are_delivered():
     def broken(*args) -> list:
         raise RuntimeError("device lost")
 
-    engine._admit_waiting = broken  # a failure no retry can isolate
+    engine.scheduler.schedule = broken  # a failure no retry can isolate
     with pytest.raises(RuntimeError):
         engine.step()
-    del engine._admit_waiting
+    del engine.scheduler.schedule
     delivered = {piece.request_id: piece.finish_reason for piece in engine.step()}
     assert delivered == {"too-long": "error", "long": "cancelled"}

@@ -1,0 +1,102 @@
+"""The model's side of a step: the KV cache, a step's inputs packed, and the forward pass over them.
+
+The constructor is the recipe: the compact decoder runner where it serves
+the model (decoder_runner.py, else transformers' own classes with the
+engine's attention plugged in), the cache's dtype by how decode queries
+attend, the cache allocated once, CUDA graphs on a GPU, and the step plan
+(step_plan.py) that says what runs each step shape. `prepare` packs the
+rows the engine scheduled (step_inputs.py); `run` gives their logits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from backend.layers.attention import attending_over
+from backend.layers.row_cache import KVShape, RowCache, pick_cache_dtype
+from backend.model.decoder_runner import DecoderRunner
+from backend.model.step_inputs import DecodingRow, PrefillingRow, StepInputs, pack
+from backend.model.step_plan import StepPlan, plan_transformers
+
+log = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    """Runs the steps of one model over one row cache."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        rows: int,
+        max_seq_len: int,
+        kv_cache_dtype: torch.dtype | None = None,
+        compile_decode: bool = False,
+        cuda_graphs: bool = True,
+    ):
+        self.model = model
+        self.device = model.device
+        supported = DecoderRunner.supports(model.config, max_seq_len)
+        self.decoder = DecoderRunner(model, compile_decode, rows) if supported else None
+        self.cache_dtype = kv_cache_dtype or pick_cache_dtype(
+            "auto", model.dtype, self.device, self.reads_own_positions
+        )
+        self.cache = RowCache(KVShape.of(model.config), rows, max_seq_len, self.cache_dtype, self.device)
+        if compile_decode and self.decoder is None:
+            log.warning("--compile: this model runs through transformers' forward, which is not compiled")
+        if cuda_graphs and self.decoder is not None and self.device.type == "cuda":
+            self.decoder.use_graphs(self.cache)  # captured in capture_graphs, at warm-up
+        self._transformers_plan = None if self.decoder is not None else plan_transformers(rows, model)
+
+    @property
+    def plan(self) -> StepPlan:
+        """What runs each step shape (the decoder's plan follows its settings as they change)."""
+        return self.decoder.plan if self.decoder is not None else self._transformers_plan
+
+    @property
+    def reads_own_positions(self) -> bool:
+        """Whether decode queries attend each over its own row up to its position (the CPU's loop)."""
+        return self.decoder is not None and self.decoder.reads_own_positions
+
+    def prepare(self, decoding: Sequence[DecodingRow], prefilling: Sequence[PrefillingRow]) -> StepInputs:
+        """The step's inputs: `decoding` in row order, then `prefilling`, each with its chunk set."""
+        return pack(decoding, prefilling, self.device, self.cache_dtype, self.reads_own_positions)
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """The forward pass over the cache: the logits at the kept places, [kept, vocab]."""
+        self.cache.plan_step(inputs.layout)
+        if self.decoder is not None:
+            return self.decoder(inputs.token_ids, inputs.positions, inputs.layout, self.cache, inputs.keep)
+        with attending_over(self.model.config, inputs.layout):
+            output = self.model(
+                input_ids=inputs.token_ids[None],
+                position_ids=inputs.positions[None],
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=inputs.keep,
+            )
+        return output.logits[0]
+
+    @property
+    def graphs_to_capture(self) -> bool:
+        return self.decoder is not None and self.decoder.graphs is not None and self.decoder.graphs.capture
+
+    def capture_graphs(self) -> None:
+        """Capture the decode steps' CUDA graphs; a model whose step cannot be captured (an operation
+        that waits for the host, say) is served with eager steps instead, with a warning."""
+        started = time.perf_counter()
+        try:
+            self.decoder.graphs.capture_all()
+        except Exception:
+            log.exception("CUDA graphs could not be captured: decode steps run eagerly")
+            self.decoder.graphs = None
+            self.decoder.replan()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # what capture left queued ends before the steps start
+            return
+        count, took = len(self.decoder.graphs.graphs), time.perf_counter() - started
+        log.info("captured %d CUDA graphs of decode steps in %.1f s", count, took)

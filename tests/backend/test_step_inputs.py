@@ -1,0 +1,131 @@
+"""A step's inputs packed (backend/model/step_inputs.py) and the rows scheduled (backend/engine/scheduler.py),
+each on its own: the pack's order and kept logits, its invariants, and the budget's split between rows."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from backend.engine.prefill_budget import PrefillBudget
+from backend.engine.prefix_cache import PrefixIndex
+from backend.engine.row import Row
+from backend.engine.scheduler import Scheduler, plan_chunks
+from backend.messages import SamplingParams, Submit
+from backend.model.step_inputs import check, pack
+from tests.backend.models import MarkerTokenizer
+
+CPU = torch.device("cpu")
+
+
+@dataclass
+class Decoding:
+    index: int
+    position: int
+    next_input: int
+
+
+@dataclass
+class Prefilling:
+    index: int
+    cached: int
+    chunk_end: int
+    prompt_ids: tuple[int, ...]
+    scores_prompt: bool = False
+
+
+def test_a_pack_is_decode_queries_then_chunks_and_keeps_what_samples():
+    decoding = [Decoding(0, 7, 70), Decoding(2, 3, 30)]
+    prefilling = [
+        Prefilling(1, 0, 3, (11, 12, 13)),  # a whole prompt: its last token samples
+        Prefilling(3, 2, 4, (21, 22, 23, 24, 25, 26)),  # a middle chunk: nothing kept
+        Prefilling(4, 0, 2, (31, 32), scores_prompt=True),  # every token kept, the last samples
+    ]
+    inputs = pack(decoding, prefilling, CPU, torch.float32, reads_own_positions=True)
+    assert inputs.token_ids.tolist() == [70, 30, 11, 12, 13, 23, 24, 31, 32]
+    assert inputs.positions.tolist() == [7, 3, 0, 1, 2, 2, 3, 0, 1]
+    assert inputs.keep.tolist() == [0, 1, 4, 7, 8]
+    assert inputs.sample_from.tolist() == [0, 1, 2, 4]  # the two decoding rows, row 1, row 4
+    assert inputs.completing == (1, 4)
+    assert [(s.row, s.first, s.count) for s in inputs.prompt_scores] == [(4, 3, 1)]
+    layout = inputs.layout
+    assert layout.decode_rows == 3 and layout.decode_index.tolist() == [0, 2] and layout.span == 8
+    assert [(c.row, c.start, c.length, c.past) for c in layout.prompts] == [
+        (1, 2, 3, 0),
+        (3, 5, 2, 2),
+        (4, 7, 2, 0),
+    ]
+    assert layout.prompts[0].visible is None and layout.prompts[1].visible.shape == (2, 4)
+
+
+def test_without_scored_prompts_every_kept_logit_samples():
+    inputs = pack([Decoding(0, 4, 9)], [Prefilling(1, 0, 2, (5, 6))], CPU, torch.float32, True)
+    assert inputs.keep.tolist() == [0, 2] and inputs.sample_from is None
+
+
+def test_rows_out_of_order_or_twice_are_refused():
+    with pytest.raises(ValueError, match="in row order"):
+        check([Decoding(2, 1, 1), Decoding(1, 1, 1)], [0, 1], [0, 1])
+    with pytest.raises(ValueError, match="in row order"):
+        check([Decoding(1, 1, 1), Decoding(1, 1, 1)], [0, 1], [0, 1])
+    with pytest.raises(ValueError, match="begin with every decode query"):
+        check([Decoding(0, 1, 1)], [1], [0])
+    with pytest.raises(ValueError, match="among the kept"):
+        check([Decoding(0, 1, 1)], [0], [0, 1])
+
+
+def test_a_long_row_reads_alone_where_the_batch_is_padded_and_not_by_the_loop():
+    decoding = [Decoding(i, 2, 1) for i in range(7)] + [Decoding(7, 1500, 1)]
+    batch = pack(decoding, [], CPU, torch.float32, reads_own_positions=False)
+    assert [r.row for r in batch.layout.long_rows] == [7] and batch.layout.span == 3
+    by_loop = pack(decoding, [], CPU, torch.float32, reads_own_positions=True)
+    assert by_loop.layout.long_rows == () and by_loop.layout.span == 1501
+
+
+def row(index: int, prompt: tuple[int, ...], cached: int = 0) -> Row:
+    params = SamplingParams(temperature=0, max_tokens=4)
+    return Row(index, Submit(f"r{index}", prompt, params), MarkerTokenizer(), frozenset(), 64, cached=cached)
+
+
+def test_the_budget_goes_to_rows_prefilling_then_to_waiting_requests_in_order():
+    rows: list[Row | None] = [row(0, (5, 6), cached=2), row(1, tuple(range(2, 12)), cached=4), None, None]
+    rows[0].generated.append(7)  # decoding
+    waiting = collections.OrderedDict(
+        (f"w{i}", Submit(f"w{i}", tuple(range(3, 9)), SamplingParams(max_tokens=2))) for i in range(3)
+    )
+    scheduler = Scheduler(PrefillBudget(fixed=10), PrefixIndex(4, enabled=False), 64)
+
+    def take_row(request, place):
+        return Row(place.row, request, MarkerTokenizer(), frozenset(), 64, cached=place.reused)
+
+    schedule = scheduler.schedule(rows, waiting, take_row)
+    assert schedule.decoding == [rows[0]]
+    assert [(r.index, r.cached, r.chunk_end) for r in schedule.prefilling] == [(1, 4, 10), (2, 0, 4)]
+    assert schedule.admitted == [rows[2]] and rows[3] is None  # the budget ran out after w0's first chunk
+    assert list(waiting) == ["w1", "w2"] and schedule.prompt_tokens == 10
+
+
+def test_a_step_with_nothing_decoding_prefills_a_whole_row():
+    rows: list[Row | None] = [None]
+    waiting = collections.OrderedDict([("a", Submit("a", tuple(range(2, 50)), SamplingParams(max_tokens=2)))])
+    scheduler = Scheduler(PrefillBudget(fixed=8), PrefixIndex(1), 64)
+    schedule = scheduler.schedule(rows, waiting, lambda request, place: row(place.row, request.prompt_ids))
+    assert [(r.cached, r.chunk_end) for r in schedule.prefilling] == [(0, 48)]
+
+
+def test_chunks_are_planned_until_the_budget_is_spent():
+    rows = [row(0, tuple(range(2, 12))), row(1, tuple(range(2, 12)))]
+    planned, left = plan_chunks(rows, 13)
+    assert [(r.cached, r.chunk_end) for r in planned] == [(0, 10), (0, 3)] and left == 0
+    assert plan_chunks(rows, 0) == ([], 0)
+
+
+def test_a_row_refuses_to_decode_at_its_last_position():
+    """Decode graphs pad with queries at a row's last position (model/decode_graphs.py): a row there is
+    an error, not a silent overwrite."""
+    at_end = row(0, (5, 6), cached=63)
+    with pytest.raises(RuntimeError, match="its last or past it"):
+        _ = at_end.position
+    assert row(0, (5, 6), cached=62).position == 62
