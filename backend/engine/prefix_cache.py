@@ -9,7 +9,7 @@ per layer). Only keys and values of identical tokens at identical positions
 are shared, never sampling state. Without a useful prefix, the prompt takes
 the lowest free row, as it did before rows kept anything: the decode
 queries attend over rows 0..n-1 of the cache, free ones included (see
-row_attention), so a single stream pushed to row 31 would pay for 32 rows'
+layers/attention.py), so a single stream pushed to row 31 would pay for 32 rows'
 attention each step. Keeping old prefixes longer by spreading requests
 over the rows (least recently used first) would cost every step that.
 """

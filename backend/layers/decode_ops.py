@@ -114,7 +114,7 @@ def decode_attention(
     scatter: bool = False,
 ) -> torch.Tensor:
     """Each query over its own row of the cache, as one batch over the span's rows: [queries, heads,
-    head_dim]. Free rows of the span get a zero query, their output dropped (row_attention.attend).
+    head_dim]. Free rows of the span get a zero query, their output dropped (attention.attend).
     With as many queries as rows, query i is row i unless `scatter` says they may come in any order.
 
     Eager, PyTorch's scaled-dot-product kernel; compiled, two matrix products and a softmax the
@@ -180,10 +180,9 @@ class FusedOps:
         scaling: float,
         scatter: bool = False,
     ) -> torch.Tensor:
-        """As EagerOps.attend, from the rows and positions (a query reads its row's 0..position); by
-        PyTorch's attention for a head size the loop is not compiled for (fused_ops.cpp, HEAD_DIMS)."""
-        if not self.attention_supports(query.shape[-1], query.shape[1] // keys.shape[1]):
-            return EAGER.attend(query, keys, values, rows, positions, visible, scaling, scatter)
+        """As EagerOps.attend, from the rows and positions (a query reads its row's 0..position), for the
+        head sizes the loop is compiled for (`attention_supports`; the runner attends by EAGER's for the
+        rest, decided once in its step plan)."""
         return self.extension.decode_attention(query, keys, values, rows, positions, scaling)
 
     def rotate_and_store(

@@ -5,7 +5,7 @@ allocated once. transformers' attention layers call `update()` with the new
 keys and values of a forward pass; where they go is set beforehand by the
 engine as a write plan (one token for each decoding row at its own position,
 prompt chunks at their positions in their rows). `update()` returns the
-whole cache, and the engine's attention function (row_attention.py) reads
+whole cache, and the engine's attention function (attention.py) reads
 just the rows and positions each query may see: nothing is copied.
 """
 
@@ -75,7 +75,7 @@ def cache_slots(rows: torch.Tensor, positions: torch.Tensor, kv_heads: int, max_
 
 @dataclass(frozen=True)
 class StepWrite:
-    """Where the packed tokens of one step go (see row_attention.StepLayout).
+    """Where the packed tokens of one step go (see step_layout.StepLayout).
 
     Decode token i goes to row decode_index[i] at positions[i]; each prompt
     chunk fills positions past..past+length-1 of its row. Attention then reads the

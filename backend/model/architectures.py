@@ -1,6 +1,6 @@
 """Which model architectures the engine serves exactly, and a clear refusal for the rest.
 
-The engine's attention (row_attention.py) is plain causal attention over
+The engine's attention (layers/attention.py) is plain causal attention over
 each row's own positions. A model whose attention does something else
 (a sliding window, soft-capped logits, attention sinks, state-space layers)
 would load and then write wrong text, with no error, once a sequence reached

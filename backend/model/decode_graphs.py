@@ -14,7 +14,7 @@ So a decode step takes its shapes from a small fixed set:
   last token is never fed back (`padding_position`; engine/row.py's
   `Row.position` refuses a decode step there);
 - attention over every row of the cache (a row that is not decoding gets a
-  query of its own whose output nobody uses, as `row_attention.attend` does
+  query of its own whose output nobody uses, as `attention.attend` does
   for free rows inside its span), as far as the step's span rounded up to a
   power of two (`span_buckets`: 128, 256, ... up to max_seq_len). Reading
   every row costs little beside the weights (a 1B Llama: 32 rows of 256

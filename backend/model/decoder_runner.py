@@ -14,7 +14,7 @@ operations: transformers' rotary embedding, applied to queries and keys in
 one rotation; each RMSNorm as PyTorch's single `rms_norm` (bit for bit in
 float32); q, k and v (and gate and up) as one fused kernel call where the
 layers are weight-only quantized (`quantized_linear.fuse_linears`); and the
-engine's attention (`row_attention.attend`). A decode step's work between
+engine's attention (`layers/attention.attend`). A decode step's work between
 its matrix products is `DecoderRunner.ops` (layers/decode_ops.py): C++ loops on a
 CPU, PyTorch's operations elsewhere and in exact mode. In exact mode (float32, no
 quantization) greedy output is token for token that of transformers'
@@ -161,7 +161,7 @@ class DecoderRunner:
             )
         ]
         # The work between them (norms, rotation, attention, SiLU): C++ loops on a CPU, else PyTorch's
-        # operations (fused_ops.py).
+        # operations (layers/decode_ops.py).
         exact = dtype == torch.float32 and not any(
             isinstance(p.linears[0], WeightOnlyLinear) for p in self.qkv
         )
@@ -185,7 +185,7 @@ class DecoderRunner:
         self.use_ops(decode_ops(self.norm.weight.device, exact, compile_decode))
 
     def use_ops(self, ops: DecodeOps) -> None:
-        """Run the work between the matrix products by these operations (fused_ops: the C++ loops, or
+        """Run the work between the matrix products by these operations (decode_ops: the C++ loops, or
         PyTorch's), and plan the steps again: what a step of each shape runs follows from them."""
         self.ops = ops
         # Where all of a decode step's work is the extension's, its layers are one C++ call.
@@ -207,6 +207,8 @@ class DecoderRunner:
         # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
         # still took a fifth of the step as PyTorch's operations (docs/performance.md).
         self.decode_below = DECODE_BELOW if self.ops is EAGER else float("inf")
+        # The fused operations' attention where the loop takes the model's head size, else PyTorch's.
+        self.attend = self.ops.attend if self.reads_own_positions else EAGER.attend
         self.replan()
 
     def replan(self) -> None:
@@ -330,7 +332,7 @@ class DecoderRunner:
         query_and_key = rotate(all_heads[:, : self.heads + self.kv_heads], cos, sin)  # one rotation for both
         query, key = query_and_key.split([self.heads, self.kv_heads], dim=1)
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
-        by_position = self.ops.attend if self.reads_own_positions else None
+        by_position = self.attend if self.reads_own_positions else None
         return attend(query, keys, values, layout, self.scaling, by_position).reshape(1, tokens, -1)
 
     def _decode_step(
@@ -381,7 +383,7 @@ class DecoderRunner:
             query = ops.rotate_and_store(
                 layer.qkv(normed), cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
             )
-            attended = ops.attend(
+            attended = self.attend(
                 query, layer_keys, layer_values, rows, positions, visible, self.scaling, scatter
             )
             hidden, normed = ops.add_norm(

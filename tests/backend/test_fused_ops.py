@@ -108,7 +108,7 @@ def test_attention_reads_each_querys_own_row_up_to_its_position(
 ):
     """Queries of scattered rows (a free row among them, out of order) over cached spans of different
     lengths: the eager batch over the span's rows with its mask gives the same, for each head size and
-    query group the loop is compiled for, and through PyTorch's attention for others."""
+    query group the loop is compiled for; the others are refused, and a runner attends by PyTorch's."""
     max_seq_len = 48
     generator = torch.Generator().manual_seed(0)
     keys, values = (torch.randn(6, kv_heads, max_seq_len, head_dim, generator=generator) for _ in range(2))
@@ -117,14 +117,14 @@ def test_attention_reads_each_querys_own_row_up_to_its_position(
     query = torch.randn(4, heads, head_dim, generator=generator).to(cache_dtype)
     row_positions = torch.zeros(6, dtype=torch.long).index_copy_(0, rows, positions)
     visible = visibility(row_positions, int(positions.max()) + 1, cache_dtype)
+    if not fused.attention_supports(head_dim, heads // kv_heads):
+        with pytest.raises(RuntimeError, match="no loop for head size"):
+            fused.attend(query, keys, values, rows, positions, visible, 0.125)
+        return
     expected = EAGER.attend(query, keys, values, rows, positions, visible, 0.125, scatter=True)
     got = fused.attend(query, keys, values, rows, positions, visible, 0.125)
     assert got.shape == expected.shape and got.dtype == cache_dtype
     torch.testing.assert_close(got, expected, **tolerance(cache_dtype))
-    if not fused.attention_supports(head_dim, heads // kv_heads):
-        with pytest.raises(RuntimeError, match="no loop for head size"):
-            fused.extension.decode_attention(query, keys, values, rows, positions, 0.125)
-        return
     with pytest.raises(RuntimeError, match="outside the cache"):
         fused.attend(query, keys, values, rows, torch.tensor([40, 0, 48, 3]), visible, 0.125)
 

@@ -14,7 +14,7 @@ from backend.messages import Submit
 from backend.model import step_plan
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.native_decode import NativeDecode
-from backend.model.step_plan import FORWARD, LOOP, LOOP_ATTENTION, NATIVE, TRANSFORMERS
+from backend.model.step_plan import BATCH_ATTENTION, FORWARD, LOOP, LOOP_ATTENTION, NATIVE, TRANSFORMERS
 from backend.quant import block_weights
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
 from tests.backend.test_compiled_decode import greedy
@@ -75,6 +75,12 @@ def test_new_operations_give_a_new_plan():
     assert {path.layers for path in runner.plan.decode[:15]} == {LOOP}
     assert {path.layers for path in runner.plan.decode[15:]} == {FORWARD}
     assert runner.plan.decode[0].attention != LOOP_ATTENTION
+
+
+def test_a_head_size_the_loop_lacks_attends_by_pytorchs_kernel_in_every_step():
+    runner = DecoderRunner(served_like_the_default(head_dim=16), rows=8)
+    assert runner.attend is EAGER.attend
+    assert {path.attention for path in runner.plan.decode} == {BATCH_ATTENTION}
 
 
 def test_a_model_outside_the_runner_runs_transformers_forward_for_every_shape():
