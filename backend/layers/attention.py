@@ -1,7 +1,8 @@
 """Attention for a step that mixes decode rows and new prompts in one forward pass.
 
-The engine packs every query of a step into one sequence (step_layout.py): first
-one token for each decoding row, then the tokens of each new prompt. The linear layers run
+The model runner packs every query of a step into one sequence (model/step_inputs.py,
+laid out as step_layout.py says): first one token for each decoding row, then the tokens
+of each new prompt. The linear layers run
 once over the whole pack, so a free row costs them nothing. Attention cannot:
 a decode query reads its own row of the cache up to its position, a prompt
 token reads its own prompt up to itself (a chunk of a long prompt, prefilled over several

@@ -3,7 +3,7 @@
 Keys and values live in [rows, kv_heads, max_seq_len, head_dim] tensors,
 allocated once. transformers' attention layers call `update()` with the new
 keys and values of a forward pass; where they go is set beforehand by the
-engine as a write plan (one token for each decoding row at its own position,
+model runner as a write plan (`plan_step`) (one token for each decoding row at its own position,
 prompt chunks at their positions in their rows). `update()` returns the
 whole cache, and the engine's attention function (attention.py) reads
 just the rows and positions each query may see: nothing is copied.

@@ -12,8 +12,11 @@ step shape, the runner dispatches on its answer, and the start-up log
 prints it by bucket, so that "what runs for a 20-row bfloat16 step?" has
 one answer:
 
-    step plan: decode steps of 1-15 rows: the layers in one C++ call (decode_layers.cpp); attention:
-    the CPU's loop, each query over its own row; projections: 4-bit blocks (AVX-512 VNNI); head: ...
+    step plan of SmolLM2-135M-Instruct:
+      decode steps of 1-15 rows: the layers in one C++ call (decode_layers.cpp); attention: the CPU's
+        loop, each query over its own row; projections: 4-bit blocks (AVX-512 VNNI); head: ...
+      decode steps of 16-32 rows: decode_layers, a Python loop over the layers; ...
+      steps with prompts (projections at a 512-token chunk): the runner's general forward; ...
 """
 
 from __future__ import annotations
