@@ -371,8 +371,8 @@ uint32_t lowbias32(uint32_t x) {
   return x ^ (x >> 16);
 }
 
-float gumbel_noise(uint32_t key, uint32_t column) {
-  const float u = (static_cast<float>(lowbias32(key ^ column) >> 9) + 0.5f) / 8388608.f;
+float gumbel_noise(uint32_t key, uint32_t token) {
+  const float u = (static_cast<float>(lowbias32(key ^ token) >> 9) + 0.5f) / 8388608.f;
   return -std::log(-std::log(u));
 }
 
@@ -382,8 +382,10 @@ float gumbel_noise(uint32_t key, uint32_t column) {
 constexpr float NUCLEUS_LOOK = 16.f;
 
 // One row's draw (sampler.py: nucleus_cut, then race): the row's best tokens while the probability
-// ranked above each is under top_p, best first, and among them the Gumbel race, the noise of rank r
-// hashed from (key, r).
+// ranked above each is under top_p, best first, and among them the Gumbel race, the noise of token t
+// hashed from (key, t). Both as sampler.py has them, so that a seed draws the same token here as by
+// PyTorch (a GPU, a machine without a compiler), where torch.topk orders tied tokens another way: the
+// noise goes by token id, not by place, and a tie stays or goes whole.
 int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32_t key) {
   constexpr float NONE = -std::numeric_limits<float>::infinity();
   float largest[LANES];
@@ -418,12 +420,15 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
   }
   std::make_heap(heap.begin(), heap.end());
   int64_t chosen = -heap.front().second;
-  float above = 0.f, winner = NONE;
-  for (uint32_t rank = 0; !heap.empty() && above < top_p; ++rank) {
+  float above = 0.f, winner = NONE, previous = NONE;
+  while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end());
     const auto [logit, token] = heap.back();
     heap.pop_back();
-    if (const float raced = logit + gumbel_noise(key, rank); raced > winner) {
+    // The probability above a tie is what is above its first token (sampler.py: probability_above).
+    if (logit != previous && above >= top_p) break;
+    previous = logit;
+    if (const float raced = logit + gumbel_noise(key, static_cast<uint32_t>(-token)); raced > winner) {
       winner = raced;
       chosen = -token;
     }
