@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -75,11 +76,16 @@ QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t in) {
   const int64_t blocks = in / BLOCK;
   QuantizedRows out{std::vector<int8_t>(rows * in), std::vector<float>(rows * blocks),
                     std::vector<float>(rows * blocks)};
-  const __m512 sign = _mm512_set1_ps(-0.f);
+  const __m512 sign = _mm512_set1_ps(-0.f), infinity = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   for (int64_t b = 0; b < rows * blocks; ++b) {
     const __m512 low = load16(x + b * BLOCK), high = load16(x + b * BLOCK + 16);
-    const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, low), _mm512_andnot_ps(sign, high)));
-    const float scale = largest / 127.f;
+    const __m512 low_magnitude = _mm512_andnot_ps(sign, low), high_magnitude = _mm512_andnot_ps(sign, high);
+    const float largest = _mm512_reduce_max_ps(_mm512_max_ps(low_magnitude, high_magnitude));
+    // vmaxps keeps a NaN in some lanes and drops it in others, and a NaN value rounds to -128: a block
+    // with a NaN (or an infinity) gets a NaN scale, so that every product of its row is NaN.
+    const bool finite = (_mm512_cmp_ps_mask(low_magnitude, infinity, _CMP_NLT_UQ) |
+                         _mm512_cmp_ps_mask(high_magnitude, infinity, _CMP_NLT_UQ)) == 0;
+    const float scale = finite ? largest / 127.f : std::numeric_limits<float>::quiet_NaN();
     const __m512 inverse = _mm512_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
     // Rounded to nearest, ties to even (the default rounding mode), as torch.round does.
     const __m512i q_low = _mm512_cvtps_epi32(_mm512_mul_ps(low, inverse));
@@ -174,14 +180,16 @@ QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
   const int64_t blocks = in / BLOCK;
   QuantizedRows out{std::vector<int8_t>(rows * in), std::vector<float>(rows * blocks),
                     std::vector<float>(rows * blocks)};
-  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256 sign = _mm256_set1_ps(-0.f), infinity = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane order
   for (int64_t b = 0; b < rows * blocks; ++b) {
     __m256 v[4];
-    __m256 largest = _mm256_setzero_ps();
+    __m256 largest = _mm256_setzero_ps(), not_finite = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
       v[i] = load8(x + b * BLOCK + 8 * i);
-      largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign, v[i]));
+      const __m256 magnitude = _mm256_andnot_ps(sign, v[i]);
+      largest = _mm256_max_ps(largest, magnitude);
+      not_finite = _mm256_or_ps(not_finite, _mm256_cmp_ps(magnitude, infinity, _CMP_NLT_UQ));
     }
     const float top = largest_of(largest);
     const __m256 inverse = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
@@ -190,7 +198,8 @@ QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.values.data() + b * BLOCK),
                         _mm256_permutevar8x32_epi32(packed, in_order));
-    out.scales[b] = top / 127.f;
+    // As quantize_rows: a NaN or an infinity makes the block's scale NaN, so that its row's products are.
+    out.scales[b] = _mm256_movemask_ps(not_finite) == 0 ? top / 127.f : std::numeric_limits<float>::quiet_NaN();
     const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     out.sums[b] = out.scales[b] * static_cast<float>(sum_of(total));
   }

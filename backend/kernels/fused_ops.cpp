@@ -71,10 +71,12 @@ void norm_row(const T* x, const T* weight, T* out, int64_t d, float eps) {
 
 // e^x to about 2 units in the last place, branch-free so that the compiler vectorizes it (std::exp is
 // a library call per element): Cody and Waite's reduction to x = n ln 2 + r, Cephes' polynomial for e^r.
+// NaN gives NaN, and e^-inf 0 (as every x below the clamp, whose e^x is at most a subnormal): a masked
+// score or a NaN must not come out as e^-87.3 or as a finite number. e^inf is inf (n = 128 there).
 inline float vector_exp(float x) {
-  x = std::min(std::max(x, -87.3f), 88.7f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693359375f, x);
+  const float clamped = std::min(std::max(x, -87.3f), 88.7f);  // NaN stays NaN: std::max(NaN, y) is NaN
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, clamped);
   r = std::fma(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
   p = std::fma(p, r, 1.3981999507e-3f);
@@ -82,11 +84,12 @@ inline float vector_exp(float x) {
   p = std::fma(p, r, 4.1665795894e-2f);
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r) + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  p = std::fma(p, r * r, r) + 1.f;  // NaN where x is
+  // 2^n; NaN's n is taken as 0, since casting NaN to an integer is undefined behaviour.
+  const int32_t bits = (static_cast<int32_t>(clamped == clamped ? n : 0.f) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  return x < -87.3f ? 0.f : p * scale;
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -486,19 +489,36 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, const at::
     at::parallel_for(0, n, rows_per_task(d), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* row = xp + r * d;
-        float partial[LANES] = {};
+        // std::max skips a NaN, which then went over the scale and was cast to an integer (undefined
+        // behaviour; an infinity too): `poison`, 0 times each magnitude, is NaN where the row holds one,
+        // and the row's scale is NaN then, so its products are, as PyTorch's are (its largest is NaN).
+        float partial[LANES] = {}, poison[LANES] = {};
         int64_t i = 0;
         for (; i + LANES <= d; i += LANES) {
           for (int64_t lane = 0; lane < LANES; ++lane) {
-            partial[lane] = std::max(partial[lane], std::abs(static_cast<float>(row[i + lane]) * sp[i + lane]));
+            const float magnitude = std::abs(static_cast<float>(row[i + lane]) * sp[i + lane]);
+            partial[lane] = std::max(partial[lane], magnitude);
+            poison[lane] += 0.f * magnitude;
           }
         }
-        float largest = 0.f;
-        for (; i < d; ++i) largest = std::max(largest, std::abs(static_cast<float>(row[i]) * sp[i]));
-        for (float p : partial) largest = std::max(largest, p);
+        float largest = 0.f, poisoned = 0.f;
+        for (; i < d; ++i) {
+          const float magnitude = std::abs(static_cast<float>(row[i]) * sp[i]);
+          largest = std::max(largest, magnitude);
+          poisoned += 0.f * magnitude;
+        }
+        for (int64_t lane = 0; lane < LANES; ++lane) {
+          largest = std::max(largest, partial[lane]);
+          poisoned += poison[lane];
+        }
+        int8_t* q_row = qp + r * d;
+        if (poisoned != 0.f) {  // NaN
+          scale[r] = std::numeric_limits<float>::quiet_NaN();
+          std::fill(q_row, q_row + d, 0);
+          continue;
+        }
         const float row_scale = std::max(largest, std::numeric_limits<float>::min()) / 127.f;
         scale[r] = row_scale;
-        int8_t* q_row = qp + r * d;
         for (int64_t j = 0; j < d; ++j) {  // |x / scale| <= 127: no clamp needed
           q_row[j] = static_cast<int8_t>(static_cast<int32_t>(std::nearbyint(static_cast<float>(row[j]) * sp[j] / row_scale)));
         }

@@ -97,6 +97,14 @@ def test_rotate_and_store_refuses_a_slot_outside_the_cache(fused):
         fused.rotate_and_store(qkv, cos, sin, torch.tensor([8]), keys, keys.clone(), 1, 1)
 
 
+def test_silu_mul_takes_nan_and_infinities_as_pytorch_does(fused):
+    """silu(NaN) and silu(-inf) are NaN (-inf * sigmoid(-inf)), silu(inf) inf: the loop's exponential
+    keeps NaN and infinities as they are instead of clamping them (and casting NaN to an integer)."""
+    gate = torch.tensor([float("nan"), float("inf"), float("-inf"), 100.0, -100.0, 0.0, 1.5])
+    gate_up = torch.cat([gate, torch.full_like(gate, 2.0)])[None]
+    torch.testing.assert_close(fused.silu_mul(gate_up), EAGER.silu_mul(gate_up), equal_nan=True)
+
+
 @pytest.mark.parametrize("cache_dtype", DTYPES)
 @pytest.mark.parametrize(
     "heads, kv_heads, head_dim",
@@ -142,6 +150,23 @@ def test_smoothed_int8_path_gives_the_same_numbers_fused(fused, dtype, monkeypat
     without = smoothed_int8_matmul(x, weight_int8, scales, smoothing, dtype)
     assert with_loops.dtype == without.dtype == dtype
     torch.testing.assert_close(with_loops, without, atol=0, rtol=0)
+
+
+def test_smoothed_int8_rows_with_a_nan_give_nan_fused_as_in_pytorch(fused, monkeypatch):
+    """A NaN activation: PyTorch's largest magnitude is NaN, and so the row's scale and products; the loop's
+    maximum skipped it and cast NaN to an integer. Now its row is NaN too, the other rows untouched."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 64, generator=generator)
+    smoothing = torch.rand(64, generator=generator) + 0.5
+    weight_int8, scales = quantize_smoothed(torch.randn(48, 64, generator=generator) / 20, smoothing)
+    clean = smoothed_int8_matmul(x, weight_int8, scales, smoothing)
+    x[1, 37] = float("nan")
+    with_loops = smoothed_int8_matmul(x, weight_int8, scales, smoothing)
+    assert with_loops[1].isnan().all()
+    torch.testing.assert_close(with_loops[[0, 2, 3]], clean[[0, 2, 3]], atol=0, rtol=0)
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(kernels, "_unavailable", "switched off by the test")
+    assert smoothed_int8_matmul(x, weight_int8, scales, smoothing)[1].isnan().all()
 
 
 def test_the_loops_serve_quantized_cpu_models_only(fused, monkeypatch):
