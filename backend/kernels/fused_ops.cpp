@@ -383,6 +383,8 @@ float gumbel_noise(uint32_t key, uint32_t token) {
 // they hold at most vocab * e^-16 of the probability (0.5% over 49,152 tokens), and the look is
 // widened to the whole row whenever what it holds falls short of top_p, so the cut stays exact.
 constexpr float NUCLEUS_LOOK = 16.f;
+// nucleus_draw's token for a row whose logits hold a NaN or a +inf (sampler.py: NOT_FINITE).
+constexpr int64_t NOT_FINITE = -1;
 
 // One row's draw (sampler.py: nucleus_cut, then race): the row's best tokens while the probability
 // ranked above each is under top_p, best first, and among them the Gumbel race, the noise of token t
@@ -399,7 +401,12 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
   }
   for (; i < vocab; ++i) largest[0] = std::max(largest[0], logits[i]);
   const float best = *std::max_element(largest, largest + LANES);
-  if (!(best > NONE)) return 0;  // nothing left to draw from: what the race over -inf gives
+  // A +inf is the best; a NaN, which std::max skips, makes the mass below NaN: the checks cost nothing
+  // on top of the passes the draw makes anyway. A row of -inf and NaN alone is looked through again.
+  if (best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
+  if (!(best > NONE)) {  // nothing left to draw from: what the race over -inf gives, unless a NaN is there
+    return std::any_of(logits, logits + vocab, [](float logit) { return std::isnan(logit); }) ? NOT_FINITE : 0;
+  }
   // The row's probability mass (unnormalized, the best token's 1), and that of the first look.
   float floor = best - NUCLEUS_LOOK, total[LANES] = {}, looked[LANES] = {};
   for (i = 0; i + LANES <= vocab; i += LANES) {
@@ -415,6 +422,7 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
     looked[0] += logits[i] >= floor ? weight : 0.f;
   }
   const float mass = sum_lanes(total);
+  if (std::isnan(mass)) return NOT_FINITE;  // a NaN among the logits (vector_exp keeps it)
   if (sum_lanes(looked) < top_p * mass) floor = NONE;  // a flat row: its nucleus reaches further down
   // Candidates as (logit, -token): the heap's order is the best logit first, the lower token on a tie.
   std::vector<std::pair<float, int64_t>> heap;
@@ -442,7 +450,8 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
 
 // Each row's draw from its nucleus: logits [rows, vocab] float32, already divided by the row's
 // temperature; top_p, seeds and counters one a row. Returns [rows] token ids, those sampler.py's
-// nucleus_cut and race give but for a rounding (its softmax and logarithms are PyTorch's).
+// nucleus_cut and race give but for a rounding (its softmax and logarithms are PyTorch's), and
+// NOT_FINITE (-1) for a row with a NaN or a +inf.
 at::Tensor nucleus_draw(const at::Tensor& logits, const at::Tensor& top_p, const at::Tensor& seeds,
                         const at::Tensor& counters) {
   for (const auto& [t, name] : {std::pair{&logits, "logits"}, {&top_p, "top_p"}, {&seeds, "seeds"},

@@ -265,7 +265,7 @@ def test_the_cpus_nucleus_loop_draws_what_the_cut_and_race_draw():
             seeds = torch.randint(0, 2**62, (len(top_p),))
             counters = torch.full((len(top_p),), counter)
             values, token_ids = nucleus_cut(logits, top_p)
-            winner = race(values, seeds, counters, token_ids)
+            winner = race(values, seeds, counters, token_ids).indices
             expected = token_ids.gather(-1, winner.unsqueeze(-1)).squeeze(-1)
             got = draw(logits, top_p, seeds, counters)
             assert torch.equal(got, expected)
@@ -346,3 +346,41 @@ def test_a_tie_at_the_edge_of_the_nucleus_stays_whole(monkeypatch):
         assert set(token_ids[0][torch.isfinite(values[0])].tolist()) == {0, 1, 2, 3}
     by_the_loop, by_pytorch = draws_by_every_path(logits.repeat(400, 1), settings(400, 0, 0.5), monkeypatch)
     assert by_the_loop == by_pytorch and set(by_the_loop) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (0, 0.9), (20, 1.0), (20, 0.9)])
+def test_a_temperature_below_1e5_is_greedy(top_k, top_p, monkeypatch):
+    """logits / 1e-40 overflow to +inf, whose race the lowest such id won: temperatures below 1e-5 take the
+    argmax (vLLM's rule), on every path."""
+    torch.manual_seed(7)
+    logits = torch.randn(8, 1000) * 3
+    for temperature in (1e-40, 1e-6):
+        sampling = settings(8, top_k, top_p, temperature=temperature)
+        assert draws_by_every_path(logits, sampling, monkeypatch) == (logits.argmax(-1).tolist(),) * 2
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0, 0, 1.0), (1, 0, 1.0), (1, 0, 0.9), (1, 20, 0.9)])
+def test_a_row_whose_logits_are_not_finite_draws_not_finite(temperature, top_k, top_p, monkeypatch):
+    """A NaN anywhere in a row, or a +inf, and the row draws NOT_FINITE (-1), on every path (greedy, the
+    whole vocabulary, the nucleus by the CPU's loop and by PyTorch, top-k), a row of one NaN among -inf
+    too; rows beside it draw as ever, one with tokens masked to -inf among them, and one with a min_p cut."""
+    from backend.layers.sampler import NOT_FINITE
+
+    torch.manual_seed(8)
+    logits = torch.randn(7, 1000) * 3
+    logits[1, 517] = float("nan")
+    logits[2, 3] = float("inf")
+    logits[3, ::2] = float("-inf")  # masked tokens: legitimate
+    logits[4, 999] = float("nan")
+    logits[4, 0] = float("inf")
+    logits[6] = float("-inf")
+    logits[6, 10] = float("nan")
+    sampling = settings(7, top_k, top_p, temperature=temperature)
+    sampling.min_p = [0.0, 0.0, 0.0, 0.0, 0.05, 0.05, 0.0]
+    finite = settings(2, top_k, top_p, seeds=[0, 3], temperature=temperature)
+    finite.min_p = [0.0, 0.0]
+    expected = sample(logits[[0, 3]], finite).tolist()
+    for draws in draws_by_every_path(logits, sampling, monkeypatch):
+        assert draws[1:3] == [NOT_FINITE] * 2 and draws[4] == draws[6] == NOT_FINITE
+        assert [draws[0], draws[3]] == expected and draws[3] % 2 == 1
+        assert draws[5] != NOT_FINITE
