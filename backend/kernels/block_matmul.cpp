@@ -307,17 +307,23 @@ template <typename T>
 void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2, at::Tensor& result) {
   const T* values = x.data_ptr<T>();
   const int64_t rows = x.size(0), in = x.size(1);
-  if (avx2) {
 #ifdef BLOCK_MATMUL_AVX2
+  if (avx2) {
     const GroupProduct<T> product = bits == 4 ? multiply_group_avx2<4, T> : multiply_group_avx2<8, T>;
     multiply_groups(product, ROWS_AT_ONCE_AVX2, quantize_rows_avx2(values, rows, in), in, weights, bits, result);
-#endif
     return;
   }
-#ifdef BLOCK_MATMUL_VNNI
-  const GroupProduct<T> product = bits == 4 ? multiply_group<4, T> : multiply_group<8, T>;
-  multiply_groups(product, ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights, bits, result);
 #endif
+#ifdef BLOCK_MATMUL_VNNI
+  if (!avx2) {
+    const GroupProduct<T> product = bits == 4 ? multiply_group<4, T> : multiply_group<8, T>;
+    multiply_groups(product, ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights, bits, result);
+    return;
+  }
+#endif
+  // A kernel this build lacks: the entry points check for it first, and a result left unwritten (at::empty's
+  // contents) must never go back, whatever calls this.
+  TORCH_CHECK(false, "the ", avx2 ? "AVX2" : "AVX-512 VNNI", " block kernel is not compiled here");
 }
 
 constexpr bool has_vnni_kernel() {
@@ -346,13 +352,15 @@ at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, 
   TORCH_CHECK(in % BLOCK == 0 && out % CHANNELS == 0, "in must be a multiple of 32 and out of 16");
   TORCH_CHECK(weights.size(1) * CHANNELS == in / BLOCK * block_bytes(bits), "weights do not hold ", bits,
               "-bit blocks of ", in, " inputs");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "x must be float32 or bfloat16, not ", x.scalar_type());
   at::Tensor result = at::empty({rows, out}, x.options());
+  // Nothing to compute (no rows, or no output channels, which would share 0 groups among 0 threads).
+  if (result.numel() == 0) return result;
   if (x.scalar_type() == at::kFloat) {
     multiply_blocks<float>(x, weights, bits, avx2, result);
-  } else if (x.scalar_type() == at::kBFloat16) {
-    multiply_blocks<c10::BFloat16>(x, weights, bits, avx2, result);
   } else {
-    TORCH_CHECK(false, "x must be float32 or bfloat16, not ", x.scalar_type());
+    multiply_blocks<c10::BFloat16>(x, weights, bits, avx2, result);
   }
   return result;
 }

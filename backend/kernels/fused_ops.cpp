@@ -190,6 +190,10 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
     check_cpu_contiguous(*t, name);
   }
   const int64_t head_dim = keys.size(-1), queries = qkv.size(0);
+  // The rotation pairs element t with t + head_dim / 2: an odd size left one unwritten (at::empty's
+  // contents in the query), and 0 divides by zero below.
+  TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "head_dim must be even and positive, not ", head_dim);
+  TORCH_CHECK(heads > 0 && kv_heads > 0, "heads and kv_heads must be positive, not ", heads, " and ", kv_heads);
   TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (heads + 2 * kv_heads) * head_dim, "qkv must be [queries, (heads + 2 * kv_heads) * head_dim]");
   TORCH_CHECK(cos.numel() == queries * head_dim && sin.numel() == queries * head_dim, "cos and sin must be [queries, head_dim]");
   TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(), "cos and sin must have qkv's dtype");
@@ -339,6 +343,7 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
   }
   TORCH_CHECK(keys.dim() == 4 && values.sizes() == keys.sizes(), "keys and values must be [rows, kv_heads, max_seq_len, head_dim]");
   const int64_t cache_rows = keys.size(0), kv_heads = keys.size(1), max_seq_len = keys.size(2), head_dim = keys.size(3);
+  TORCH_CHECK(kv_heads > 0, "keys and values must have at least one KV head");  // query heads are divided by them
   TORCH_CHECK(query.dim() == 3 && query.size(2) == head_dim && query.size(1) % kv_heads == 0,
               "query must be [queries, heads, head_dim], heads a multiple of the KV heads");
   TORCH_CHECK(attention_supports(head_dim, query.size(1) / kv_heads), "no loop for head size ", head_dim,

@@ -120,6 +120,16 @@ def test_a_nan_activation_makes_every_product_of_its_row_nan(bits, dtype, kernel
         assert torch.equal(got[[0, 1, 3, 4]], clean[[0, 1, 3, 4]])
 
 
+def test_empty_shapes_give_empty_products(kernel):
+    """No output channels (a division by zero sharing no groups among no threads), no rows, no inputs:
+    an empty result, or zeros, as x @ W.T gives."""
+    blocks, _ = int4_weights(32, 2 * BLOCK)
+    x = torch.randn(3, 2 * BLOCK)
+    assert kernel(x, blocks[:0], 4).shape == (3, 0)
+    assert kernel(x[:0], blocks, 4).shape == (0, 32)
+    assert torch.equal(kernel(x[:, :0], blocks[:, :0], 4), torch.zeros(3, 32))
+
+
 def test_rounding_activations_per_block_costs_under_one_percent_a_few_times_bfloat16s_rounding():
     """Against the float product: 8 bits a value with a block's scale, where bfloat16 keeps 8 bits of
     each value's own mantissa (on Gaussian activations 0.56% against 0.17% here)."""

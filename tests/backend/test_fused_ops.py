@@ -97,6 +97,24 @@ def test_rotate_and_store_refuses_a_slot_outside_the_cache(fused):
         fused.rotate_and_store(qkv, cos, sin, torch.tensor([8]), keys, keys.clone(), 1, 1)
 
 
+def test_shapes_the_loops_cannot_take_are_refused_with_the_reason(fused):
+    """An odd head size (the rotation pairs element t with t + head_dim / 2, and one was left unwritten),
+    a head size of 0 and no KV heads (divisions by zero): a clear error."""
+    for head_dim in (7, 0):
+        keys = torch.zeros(2, 1, 4, head_dim)
+        qkv, cos, sin = torch.zeros(1, 3 * head_dim), torch.zeros(1, 1, head_dim), torch.zeros(1, 1, head_dim)
+        with pytest.raises(RuntimeError, match="head_dim must be even and positive"):
+            fused.rotate_and_store(qkv, cos, sin, torch.tensor([0]), keys, keys.clone(), 1, 1)
+    keys, cos, sin = torch.zeros(2, 1, 4, 64), torch.zeros(1, 1, 64), torch.zeros(1, 1, 64)
+    no_slots = torch.zeros(0, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="heads and kv_heads must be positive"):
+        fused.rotate_and_store(torch.zeros(1, 64), cos, sin, no_slots, keys, keys.clone(), 1, 0)
+    no_kv_heads = torch.zeros(2, 0, 4, 64)
+    one = torch.tensor([0])
+    with pytest.raises(RuntimeError, match="at least one KV head"):
+        fused.extension.decode_attention(torch.zeros(1, 2, 64), no_kv_heads, no_kv_heads, one, one, 0.125)
+
+
 def test_silu_mul_takes_nan_and_infinities_as_pytorch_does(fused):
     """silu(NaN) and silu(-inf) are NaN (-inf * sigmoid(-inf)), silu(inf) inf: the loop's exponential
     keeps NaN and infinities as they are instead of clamping them (and casting NaN to an integer)."""
