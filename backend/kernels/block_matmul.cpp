@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -55,6 +56,14 @@ constexpr int64_t CHUNKS_A_THREAD = 8;
 // Bytes of one block of 16 channels: their values, then their fp16 scales d (and, 4-bit, minimums m).
 // 8-bit blocks have m = -128 d (u = q + 128), so they store d alone.
 constexpr int64_t block_bytes(int64_t bits) { return bits == 4 ? 16 * 16 + 2 * 32 : 16 * 32 + 32; }
+
+// Four activations (int8) as one int32, to broadcast to every lane: copied, which compilers turn into one
+// load, since reading the int8 buffer through an int32_t pointer breaks strict aliasing (undefined behaviour).
+inline int32_t four_values(const int8_t* p) {
+  int32_t four;
+  std::memcpy(&four, p, sizeof four);
+  return four;
+}
 
 // Activations in blocks of 32: int8 values, and for each block d and d * sum(values).
 struct QuantizedRows {
@@ -136,13 +145,13 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
                                : _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
     for (int64_t r = 0; r < count; ++r) {
       const int64_t row_block = (first + r) * blocks + b;
-      const int32_t* q = reinterpret_cast<const int32_t*>(x.values.data() + row_block * BLOCK);
+      const int8_t* q = x.values.data() + row_block * BLOCK;
       // Two chains of four, so that each product need not wait for the one before.
-      __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(q[0]));
-      __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_set1_epi32(q[1]));
+      __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(four_values(q)));
+      __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_set1_epi32(four_values(q + 4)));
       for (int j = 2; j < 8; j += 2) {
-        even = _mm512_dpbusd_epi32(even, u[j], _mm512_set1_epi32(q[j]));
-        odd = _mm512_dpbusd_epi32(odd, u[j + 1], _mm512_set1_epi32(q[j + 1]));
+        even = _mm512_dpbusd_epi32(even, u[j], _mm512_set1_epi32(four_values(q + 4 * j)));
+        odd = _mm512_dpbusd_epi32(odd, u[j + 1], _mm512_set1_epi32(four_values(q + 4 * j + 4)));
       }
       const __m512 products = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
       sums[r] = _mm512_fmadd_ps(products, _mm512_mul_ps(d, _mm512_set1_ps(x.scales[row_block])), sums[r]);
@@ -244,17 +253,19 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
                                  : _mm256_setzero_ps();
       for (int64_t r = 0; r < count; ++r) {
         const int64_t row_block = (first + r) * blocks + b;
-        const int32_t* q = reinterpret_cast<const int32_t*>(x.values.data() + row_block * BLOCK);
+        const int8_t* q = x.values.data() + row_block * BLOCK;
         __m256i products;
         if constexpr (BITS == 4) {
           // Each vpmaddubsw sum is at most 2 * 15 * 127, so eight of them still fit in int16.
-          __m256i pairs = _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(q[0]));
-          for (int j = 1; j < 8; ++j) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(q[j])));
+          __m256i pairs = _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(four_values(q)));
+          for (int j = 1; j < 8; ++j) {
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))));
+          }
           products = _mm256_madd_epi16(pairs, ones);
         } else {
           products = _mm256_setzero_si256();
           for (int j = 0; j < 8; ++j) {
-            const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(q[j]), u[j]);
+            const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four_values(q + 4 * j)), u[j]);
             const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(u[j]), signed_x);
             products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, ones));
           }
