@@ -27,6 +27,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,14 @@ constexpr int64_t CHUNKS_A_THREAD = 8;
 // 8-bit blocks have m = -128 d (u = q + 128), so they store d alone.
 constexpr int64_t block_bytes(int64_t bits) { return bits == 4 ? 16 * 16 + 2 * 32 : 16 * 32 + 32; }
 
+// Four activations (int8) as one int32, to broadcast to every lane: copied, which compilers turn into one
+// load, since reading the int8 buffer through an int32_t pointer breaks strict aliasing (undefined behaviour).
+inline int32_t four_values(const int8_t* p) {
+  int32_t four;
+  std::memcpy(&four, p, sizeof four);
+  return four;
+}
+
 // Activations in blocks of 32: int8 values, and for each block d and d * sum(values).
 struct QuantizedRows {
   std::vector<int8_t> values;  // [rows, in]
@@ -75,11 +85,16 @@ QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t in) {
   const int64_t blocks = in / BLOCK;
   QuantizedRows out{std::vector<int8_t>(rows * in), std::vector<float>(rows * blocks),
                     std::vector<float>(rows * blocks)};
-  const __m512 sign = _mm512_set1_ps(-0.f);
+  const __m512 sign = _mm512_set1_ps(-0.f), infinity = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   for (int64_t b = 0; b < rows * blocks; ++b) {
     const __m512 low = load16(x + b * BLOCK), high = load16(x + b * BLOCK + 16);
-    const float largest = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, low), _mm512_andnot_ps(sign, high)));
-    const float scale = largest / 127.f;
+    const __m512 low_magnitude = _mm512_andnot_ps(sign, low), high_magnitude = _mm512_andnot_ps(sign, high);
+    const float largest = _mm512_reduce_max_ps(_mm512_max_ps(low_magnitude, high_magnitude));
+    // vmaxps keeps a NaN in some lanes and drops it in others, and a NaN value rounds to -128: a block
+    // with a NaN (or an infinity) gets a NaN scale, so that every product of its row is NaN.
+    const bool finite = (_mm512_cmp_ps_mask(low_magnitude, infinity, _CMP_NLT_UQ) |
+                         _mm512_cmp_ps_mask(high_magnitude, infinity, _CMP_NLT_UQ)) == 0;
+    const float scale = finite ? largest / 127.f : std::numeric_limits<float>::quiet_NaN();
     const __m512 inverse = _mm512_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
     // Rounded to nearest, ties to even (the default rounding mode), as torch.round does.
     const __m512i q_low = _mm512_cvtps_epi32(_mm512_mul_ps(low, inverse));
@@ -130,13 +145,13 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
                                : _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
     for (int64_t r = 0; r < count; ++r) {
       const int64_t row_block = (first + r) * blocks + b;
-      const int32_t* q = reinterpret_cast<const int32_t*>(x.values.data() + row_block * BLOCK);
+      const int8_t* q = x.values.data() + row_block * BLOCK;
       // Two chains of four, so that each product need not wait for the one before.
-      __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(q[0]));
-      __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_set1_epi32(q[1]));
+      __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(four_values(q)));
+      __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], _mm512_set1_epi32(four_values(q + 4)));
       for (int j = 2; j < 8; j += 2) {
-        even = _mm512_dpbusd_epi32(even, u[j], _mm512_set1_epi32(q[j]));
-        odd = _mm512_dpbusd_epi32(odd, u[j + 1], _mm512_set1_epi32(q[j + 1]));
+        even = _mm512_dpbusd_epi32(even, u[j], _mm512_set1_epi32(four_values(q + 4 * j)));
+        odd = _mm512_dpbusd_epi32(odd, u[j + 1], _mm512_set1_epi32(four_values(q + 4 * j + 4)));
       }
       const __m512 products = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
       sums[r] = _mm512_fmadd_ps(products, _mm512_mul_ps(d, _mm512_set1_ps(x.scales[row_block])), sums[r]);
@@ -174,14 +189,16 @@ QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
   const int64_t blocks = in / BLOCK;
   QuantizedRows out{std::vector<int8_t>(rows * in), std::vector<float>(rows * blocks),
                     std::vector<float>(rows * blocks)};
-  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256 sign = _mm256_set1_ps(-0.f), infinity = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane order
   for (int64_t b = 0; b < rows * blocks; ++b) {
     __m256 v[4];
-    __m256 largest = _mm256_setzero_ps();
+    __m256 largest = _mm256_setzero_ps(), not_finite = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
       v[i] = load8(x + b * BLOCK + 8 * i);
-      largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign, v[i]));
+      const __m256 magnitude = _mm256_andnot_ps(sign, v[i]);
+      largest = _mm256_max_ps(largest, magnitude);
+      not_finite = _mm256_or_ps(not_finite, _mm256_cmp_ps(magnitude, infinity, _CMP_NLT_UQ));
     }
     const float top = largest_of(largest);
     const __m256 inverse = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
@@ -190,7 +207,8 @@ QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.values.data() + b * BLOCK),
                         _mm256_permutevar8x32_epi32(packed, in_order));
-    out.scales[b] = top / 127.f;
+    // As quantize_rows: a NaN or an infinity makes the block's scale NaN, so that its row's products are.
+    out.scales[b] = _mm256_movemask_ps(not_finite) == 0 ? top / 127.f : std::numeric_limits<float>::quiet_NaN();
     const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     out.sums[b] = out.scales[b] * static_cast<float>(sum_of(total));
   }
@@ -235,17 +253,19 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
                                  : _mm256_setzero_ps();
       for (int64_t r = 0; r < count; ++r) {
         const int64_t row_block = (first + r) * blocks + b;
-        const int32_t* q = reinterpret_cast<const int32_t*>(x.values.data() + row_block * BLOCK);
+        const int8_t* q = x.values.data() + row_block * BLOCK;
         __m256i products;
         if constexpr (BITS == 4) {
           // Each vpmaddubsw sum is at most 2 * 15 * 127, so eight of them still fit in int16.
-          __m256i pairs = _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(q[0]));
-          for (int j = 1; j < 8; ++j) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(q[j])));
+          __m256i pairs = _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(four_values(q)));
+          for (int j = 1; j < 8; ++j) {
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))));
+          }
           products = _mm256_madd_epi16(pairs, ones);
         } else {
           products = _mm256_setzero_si256();
           for (int j = 0; j < 8; ++j) {
-            const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(q[j]), u[j]);
+            const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four_values(q + 4 * j)), u[j]);
             const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(u[j]), signed_x);
             products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, ones));
           }
@@ -298,17 +318,23 @@ template <typename T>
 void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2, at::Tensor& result) {
   const T* values = x.data_ptr<T>();
   const int64_t rows = x.size(0), in = x.size(1);
-  if (avx2) {
 #ifdef BLOCK_MATMUL_AVX2
+  if (avx2) {
     const GroupProduct<T> product = bits == 4 ? multiply_group_avx2<4, T> : multiply_group_avx2<8, T>;
     multiply_groups(product, ROWS_AT_ONCE_AVX2, quantize_rows_avx2(values, rows, in), in, weights, bits, result);
-#endif
     return;
   }
-#ifdef BLOCK_MATMUL_VNNI
-  const GroupProduct<T> product = bits == 4 ? multiply_group<4, T> : multiply_group<8, T>;
-  multiply_groups(product, ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights, bits, result);
 #endif
+#ifdef BLOCK_MATMUL_VNNI
+  if (!avx2) {
+    const GroupProduct<T> product = bits == 4 ? multiply_group<4, T> : multiply_group<8, T>;
+    multiply_groups(product, ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights, bits, result);
+    return;
+  }
+#endif
+  // A kernel this build lacks: the entry points check for it first, and a result left unwritten (at::empty's
+  // contents) must never go back, whatever calls this.
+  TORCH_CHECK(false, "the ", avx2 ? "AVX2" : "AVX-512 VNNI", " block kernel is not compiled here");
 }
 
 constexpr bool has_vnni_kernel() {
@@ -337,13 +363,15 @@ at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, 
   TORCH_CHECK(in % BLOCK == 0 && out % CHANNELS == 0, "in must be a multiple of 32 and out of 16");
   TORCH_CHECK(weights.size(1) * CHANNELS == in / BLOCK * block_bytes(bits), "weights do not hold ", bits,
               "-bit blocks of ", in, " inputs");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "x must be float32 or bfloat16, not ", x.scalar_type());
   at::Tensor result = at::empty({rows, out}, x.options());
+  // Nothing to compute (no rows, or no output channels, which would share 0 groups among 0 threads).
+  if (result.numel() == 0) return result;
   if (x.scalar_type() == at::kFloat) {
     multiply_blocks<float>(x, weights, bits, avx2, result);
-  } else if (x.scalar_type() == at::kBFloat16) {
-    multiply_blocks<c10::BFloat16>(x, weights, bits, avx2, result);
   } else {
-    TORCH_CHECK(false, "x must be float32 or bfloat16, not ", x.scalar_type());
+    multiply_blocks<c10::BFloat16>(x, weights, bits, avx2, result);
   }
   return result;
 }

@@ -71,10 +71,12 @@ void norm_row(const T* x, const T* weight, T* out, int64_t d, float eps) {
 
 // e^x to about 2 units in the last place, branch-free so that the compiler vectorizes it (std::exp is
 // a library call per element): Cody and Waite's reduction to x = n ln 2 + r, Cephes' polynomial for e^r.
+// NaN gives NaN, and e^-inf 0 (as every x below the clamp, whose e^x is at most a subnormal): a masked
+// score or a NaN must not come out as e^-87.3 or as a finite number. e^inf is inf (n = 128 there).
 inline float vector_exp(float x) {
-  x = std::min(std::max(x, -87.3f), 88.7f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693359375f, x);
+  const float clamped = std::min(std::max(x, -87.3f), 88.7f);  // NaN stays NaN: std::max(NaN, y) is NaN
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  float r = std::fma(n, -0.693359375f, clamped);
   r = std::fma(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
   p = std::fma(p, r, 1.3981999507e-3f);
@@ -82,11 +84,12 @@ inline float vector_exp(float x) {
   p = std::fma(p, r, 4.1665795894e-2f);
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r) + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  p = std::fma(p, r * r, r) + 1.f;  // NaN where x is
+  // 2^n; NaN's n is taken as 0, since casting NaN to an integer is undefined behaviour.
+  const int32_t bits = (static_cast<int32_t>(clamped == clamped ? n : 0.f) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  return x < -87.3f ? 0.f : p * scale;
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -187,6 +190,10 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
     check_cpu_contiguous(*t, name);
   }
   const int64_t head_dim = keys.size(-1), queries = qkv.size(0);
+  // The rotation pairs element t with t + head_dim / 2: an odd size left one unwritten (at::empty's
+  // contents in the query), and 0 divides by zero below.
+  TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "head_dim must be even and positive, not ", head_dim);
+  TORCH_CHECK(heads > 0 && kv_heads > 0, "heads and kv_heads must be positive, not ", heads, " and ", kv_heads);
   TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (heads + 2 * kv_heads) * head_dim, "qkv must be [queries, (heads + 2 * kv_heads) * head_dim]");
   TORCH_CHECK(cos.numel() == queries * head_dim && sin.numel() == queries * head_dim, "cos and sin must be [queries, head_dim]");
   TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(), "cos and sin must have qkv's dtype");
@@ -336,6 +343,7 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
   }
   TORCH_CHECK(keys.dim() == 4 && values.sizes() == keys.sizes(), "keys and values must be [rows, kv_heads, max_seq_len, head_dim]");
   const int64_t cache_rows = keys.size(0), kv_heads = keys.size(1), max_seq_len = keys.size(2), head_dim = keys.size(3);
+  TORCH_CHECK(kv_heads > 0, "keys and values must have at least one KV head");  // query heads are divided by them
   TORCH_CHECK(query.dim() == 3 && query.size(2) == head_dim && query.size(1) % kv_heads == 0,
               "query must be [queries, heads, head_dim], heads a multiple of the KV heads");
   TORCH_CHECK(attention_supports(head_dim, query.size(1) / kv_heads), "no loop for head size ", head_dim,
@@ -371,8 +379,8 @@ uint32_t lowbias32(uint32_t x) {
   return x ^ (x >> 16);
 }
 
-float gumbel_noise(uint32_t key, uint32_t column) {
-  const float u = (static_cast<float>(lowbias32(key ^ column) >> 9) + 0.5f) / 8388608.f;
+float gumbel_noise(uint32_t key, uint32_t token) {
+  const float u = (static_cast<float>(lowbias32(key ^ token) >> 9) + 0.5f) / 8388608.f;
   return -std::log(-std::log(u));
 }
 
@@ -380,10 +388,14 @@ float gumbel_noise(uint32_t key, uint32_t column) {
 // they hold at most vocab * e^-16 of the probability (0.5% over 49,152 tokens), and the look is
 // widened to the whole row whenever what it holds falls short of top_p, so the cut stays exact.
 constexpr float NUCLEUS_LOOK = 16.f;
+// nucleus_draw's token for a row whose logits hold a NaN or a +inf (sampler.py: NOT_FINITE).
+constexpr int64_t NOT_FINITE = -1;
 
 // One row's draw (sampler.py: nucleus_cut, then race): the row's best tokens while the probability
-// ranked above each is under top_p, best first, and among them the Gumbel race, the noise of rank r
-// hashed from (key, r).
+// ranked above each is under top_p, best first, and among them the Gumbel race, the noise of token t
+// hashed from (key, t). Both as sampler.py has them, so that a seed draws the same token here as by
+// PyTorch (a GPU, a machine without a compiler), where torch.topk orders tied tokens another way: the
+// noise goes by token id, not by place, and a tie stays or goes whole.
 int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32_t key) {
   constexpr float NONE = -std::numeric_limits<float>::infinity();
   float largest[LANES];
@@ -394,7 +406,12 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
   }
   for (; i < vocab; ++i) largest[0] = std::max(largest[0], logits[i]);
   const float best = *std::max_element(largest, largest + LANES);
-  if (!(best > NONE)) return 0;  // nothing left to draw from: what the race over -inf gives
+  // A +inf is the best; a NaN, which std::max skips, makes the mass below NaN: the checks cost nothing
+  // on top of the passes the draw makes anyway. A row of -inf and NaN alone is looked through again.
+  if (best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
+  if (!(best > NONE)) {  // nothing left to draw from: what the race over -inf gives, unless a NaN is there
+    return std::any_of(logits, logits + vocab, [](float logit) { return std::isnan(logit); }) ? NOT_FINITE : 0;
+  }
   // The row's probability mass (unnormalized, the best token's 1), and that of the first look.
   float floor = best - NUCLEUS_LOOK, total[LANES] = {}, looked[LANES] = {};
   for (i = 0; i + LANES <= vocab; i += LANES) {
@@ -410,6 +427,7 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
     looked[0] += logits[i] >= floor ? weight : 0.f;
   }
   const float mass = sum_lanes(total);
+  if (std::isnan(mass)) return NOT_FINITE;  // a NaN among the logits (vector_exp keeps it)
   if (sum_lanes(looked) < top_p * mass) floor = NONE;  // a flat row: its nucleus reaches further down
   // Candidates as (logit, -token): the heap's order is the best logit first, the lower token on a tie.
   std::vector<std::pair<float, int64_t>> heap;
@@ -418,12 +436,15 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
   }
   std::make_heap(heap.begin(), heap.end());
   int64_t chosen = -heap.front().second;
-  float above = 0.f, winner = NONE;
-  for (uint32_t rank = 0; !heap.empty() && above < top_p; ++rank) {
+  float above = 0.f, winner = NONE, previous = NONE;
+  while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end());
     const auto [logit, token] = heap.back();
     heap.pop_back();
-    if (const float raced = logit + gumbel_noise(key, rank); raced > winner) {
+    // The probability above a tie is what is above its first token (sampler.py: probability_above).
+    if (logit != previous && above >= top_p) break;
+    previous = logit;
+    if (const float raced = logit + gumbel_noise(key, static_cast<uint32_t>(-token)); raced > winner) {
       winner = raced;
       chosen = -token;
     }
@@ -434,7 +455,8 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
 
 // Each row's draw from its nucleus: logits [rows, vocab] float32, already divided by the row's
 // temperature; top_p, seeds and counters one a row. Returns [rows] token ids, those sampler.py's
-// nucleus_cut and race give but for a rounding (its softmax and logarithms are PyTorch's).
+// nucleus_cut and race give but for a rounding (its softmax and logarithms are PyTorch's), and
+// NOT_FINITE (-1) for a row with a NaN or a +inf.
 at::Tensor nucleus_draw(const at::Tensor& logits, const at::Tensor& top_p, const at::Tensor& seeds,
                         const at::Tensor& counters) {
   for (const auto& [t, name] : {std::pair{&logits, "logits"}, {&top_p, "top_p"}, {&seeds, "seeds"},
@@ -481,19 +503,36 @@ std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, const at::
     at::parallel_for(0, n, rows_per_task(d), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const T* row = xp + r * d;
-        float partial[LANES] = {};
+        // std::max skips a NaN, which then went over the scale and was cast to an integer (undefined
+        // behaviour; an infinity too): `poison`, 0 times each magnitude, is NaN where the row holds one,
+        // and the row's scale is NaN then, so its products are, as PyTorch's are (its largest is NaN).
+        float partial[LANES] = {}, poison[LANES] = {};
         int64_t i = 0;
         for (; i + LANES <= d; i += LANES) {
           for (int64_t lane = 0; lane < LANES; ++lane) {
-            partial[lane] = std::max(partial[lane], std::abs(static_cast<float>(row[i + lane]) * sp[i + lane]));
+            const float magnitude = std::abs(static_cast<float>(row[i + lane]) * sp[i + lane]);
+            partial[lane] = std::max(partial[lane], magnitude);
+            poison[lane] += 0.f * magnitude;
           }
         }
-        float largest = 0.f;
-        for (; i < d; ++i) largest = std::max(largest, std::abs(static_cast<float>(row[i]) * sp[i]));
-        for (float p : partial) largest = std::max(largest, p);
+        float largest = 0.f, poisoned = 0.f;
+        for (; i < d; ++i) {
+          const float magnitude = std::abs(static_cast<float>(row[i]) * sp[i]);
+          largest = std::max(largest, magnitude);
+          poisoned += 0.f * magnitude;
+        }
+        for (int64_t lane = 0; lane < LANES; ++lane) {
+          largest = std::max(largest, partial[lane]);
+          poisoned += poison[lane];
+        }
+        int8_t* q_row = qp + r * d;
+        if (poisoned != 0.f) {  // NaN
+          scale[r] = std::numeric_limits<float>::quiet_NaN();
+          std::fill(q_row, q_row + d, 0);
+          continue;
+        }
         const float row_scale = std::max(largest, std::numeric_limits<float>::min()) / 127.f;
         scale[r] = row_scale;
-        int8_t* q_row = qp + r * d;
         for (int64_t j = 0; j < d; ++j) {  // |x / scale| <= 127: no clamp needed
           q_row[j] = static_cast<int8_t>(static_cast<int32_t>(std::nearbyint(static_cast<float>(row[j]) * sp[j] / row_scale)));
         }

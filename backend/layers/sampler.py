@@ -4,9 +4,10 @@ The functions are pure and work on a batch of rows ([rows, vocab]), so rows
 with different settings share one step. Randomness is counter-based: a row's
 draw at its n-th token is the Gumbel-max race over its candidates (its top-k,
 its nucleus, or the whole vocabulary), argmax(logit + Gumbel noise), the
-noise of candidate j hashed from (its seed, n, j): the same on any device and
-in any batch, with no generator object per row and no Python loop over rows.
-A seeded row so samples the same tokens whatever else is in the batch. The
+noise of token t hashed from (its seed, n, t): the same on any device and in
+any batch, whichever path or cut found t and in whatever place, with no
+generator object per row and no Python loop over rows. A seeded row so
+samples the same tokens whatever else is in the batch. The
 race, unlike one uniform number placed in the cumulative probabilities, only
 changes its winner when two candidates' logits plus noise come within a
 rounding error of each other; the cumulative sum over a vocabulary of tiny
@@ -24,12 +25,19 @@ import torch
 from backend.kernels.extension import extension
 from backend.utils.host_lists import to_device
 
+# `sample`'s token for a row whose logits are not finite, a NaN anywhere or a +inf (a model or a logits
+# processor gone wrong): no token drawn from them would mean anything, so the caller is told instead.
+NOT_FINITE = -1
+# Rows whose temperature is below this are greedy (vLLM's rule): logits / 1e-40 overflow to +inf, whose
+# race the lowest such token won, not the most likely one.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass
 class SamplingBatch:
     """The sampling settings of the rows in one step, as host lists (no device sync to read them)."""
 
-    temperature: list[float]  # 0 for greedy rows
+    temperature: list[float]  # 0 (below GREEDY_BELOW) for greedy rows
     top_k: list[int]  # 0 means no cut
     top_p: list[float]  # 1 means no cut
     seeds: list[int]  # each row's seed, 0 to 2**63 - 1 (unused for greedy rows)
@@ -37,7 +45,9 @@ class SamplingBatch:
     min_p: list[float] | None = None  # per row, 0 for no cut; None: no row has one
 
     def rows(self, predicate) -> list[int]:
-        return [r for r in range(len(self.temperature)) if self.temperature[r] > 0 and predicate(r)]
+        """The sampled (not greedy) rows that `predicate` holds for."""
+        sampled = (r for r, temperature in enumerate(self.temperature) if temperature >= GREEDY_BELOW)
+        return [r for r in sampled if predicate(r)]
 
 
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -55,7 +65,8 @@ def top_k_top_p(
     the batch (the whole vocabulary if a row has no top-k cut); `widest` gives
     that largest top_k from the host, which saves reading it from the device.
     A token stays if it is within its row's top_k and the probability mass
-    ranked above it is still under top_p, so the most likely token always stays.
+    ranked above it is still under top_p, so the most likely token always stays
+    (tied tokens count the mass above the first of them: `probability_above`).
     """
     vocab = logits.shape[-1]
     k_for_row = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
@@ -63,10 +74,20 @@ def top_k_top_p(
     values, token_ids = logits.topk(k, dim=-1)
     rank = torch.arange(k, device=logits.device)
     values = values.masked_fill(rank.unsqueeze(0) >= k_for_row.unsqueeze(-1), float("-inf"))
-    probs = values.softmax(dim=-1)
-    mass_above = probs.cumsum(dim=-1) - probs
-    values = values.masked_fill(mass_above >= top_p.unsqueeze(-1), float("-inf"))
+    above = probability_above(values.softmax(dim=-1), values)
+    values = values.masked_fill(above >= top_p.unsqueeze(-1), float("-inf"))
     return values, token_ids
+
+
+def probability_above(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Each candidate's probability ranked strictly above it, given the candidates best first (`values`
+    their logits, `probs` their probabilities). Tied tokens all get what is above the first of them, so a
+    tie stays or goes whole under a top_p: torch.topk orders ties as it likes (and differently on a GPU),
+    fused_ops.cpp's loop by token id, and each must keep the same tokens to draw the same one."""
+    above = probs.cumsum(dim=-1) - probs
+    first_of_tie = torch.searchsorted(-values, -values)  # the values descend: -values ascend
+    # A NaN (a row `sample` reports NOT_FINITE) unsorts them, and searchsorted may answer past the end.
+    return above.gather(-1, first_of_tie.clamp(max=values.shape[-1] - 1))
 
 
 # How far a nucleus is first looked for on a CPU (nucleus_cut).
@@ -96,23 +117,25 @@ def nucleus_cut(
     vocab = probs.shape[-1]
     looks = [guess for guess in guesses if guess < vocab] + [vocab]
     if looks[0] < vocab:
-        top_probs, token_ids = probs.topk(looks[0], dim=-1)
+        values, token_ids = logits.topk(looks[0], dim=-1)
     else:
-        top_probs, token_ids = probs.sort(dim=-1, descending=True)
+        values, token_ids = logits.sort(dim=-1, descending=True)
     looked = torch.full_like(top_p, looks[0], dtype=torch.long)
+    above = probability_above(probs.gather(-1, token_ids), values)
     for look in looks[1:]:
-        short = (top_probs.sum(dim=-1) < top_p).nonzero().squeeze(-1)
+        # Its last token kept, a row may keep more: those past its look, a tie with that token among them.
+        short = (above.gather(-1, looked.unsqueeze(-1) - 1).squeeze(-1) < top_p).nonzero().squeeze(-1)
         if not len(short):
             break
-        top_probs, token_ids = pad(top_probs, look), pad(token_ids, look)
-        wider_probs, wider_ids = probs.index_select(0, short).topk(look, dim=-1)
-        top_probs.index_copy_(0, short, wider_probs)
+        values, token_ids = pad(values, look, float("-inf")), pad(token_ids, look)
+        wider_values, wider_ids = logits.index_select(0, short).topk(look, dim=-1)
+        values.index_copy_(0, short, wider_values)
         token_ids.index_copy_(0, short, wider_ids)
         looked.index_fill_(0, short, look)
-    mass_above = top_probs.cumsum(dim=-1) - top_probs
-    rank = torch.arange(top_probs.shape[-1], device=logits.device)
-    cut = (mass_above >= top_p.unsqueeze(-1)) | (rank >= looked.unsqueeze(-1))
-    return logits.gather(-1, token_ids).masked_fill(cut, float("-inf")), token_ids
+        above = probability_above(probs.gather(-1, token_ids), values)
+    rank = torch.arange(values.shape[-1], device=logits.device)
+    cut = (above >= top_p.unsqueeze(-1)) | (rank >= looked.unsqueeze(-1))
+    return values.masked_fill(cut, float("-inf")), token_ids
 
 
 def draw_with_cut(
@@ -124,13 +147,14 @@ def draw_with_cut(
     top_p_tensor = to_device(top_p, device, torch.float32)
     nucleus_only = not any(top_k)
     if nucleus_only and (draw := nucleus_loop(device)) is not None:
-        return draw(scaled.contiguous(), top_p_tensor, seeds, counters)
+        return draw(scaled.contiguous(), top_p_tensor, seeds, counters)  # NOT_FINITE by the loop itself
     if nucleus_only:
         values, token_ids = nucleus_cut(scaled, top_p_tensor)
     else:
         top_k_tensor = to_device(top_k, device, torch.long)
         values, token_ids = top_k_top_p(scaled, top_k_tensor, top_p_tensor, max(top_k))
-    return token_ids.gather(-1, race(values, seeds, counters).unsqueeze(-1)).squeeze(-1)
+    raced = race(values, seeds, counters, token_ids)
+    return unless_not_finite(raced.values, token_ids.gather(-1, raced.indices.unsqueeze(-1)).squeeze(-1))
 
 
 def nucleus_loop(device: torch.device) -> Callable | None:
@@ -145,9 +169,9 @@ def nucleus_loop(device: torch.device) -> Callable | None:
     return None if built is None else built.nucleus_draw
 
 
-def pad(rows: torch.Tensor, width: int) -> torch.Tensor:
-    """`rows` widened with zeros to `width` columns."""
-    return torch.nn.functional.pad(rows, (0, width - rows.shape[-1]))
+def pad(rows: torch.Tensor, width: int, fill: float = 0) -> torch.Tensor:
+    """`rows` widened with `fill` to `width` columns."""
+    return torch.nn.functional.pad(rows, (0, width - rows.shape[-1]), value=fill)
 
 
 def min_p_cut(values: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -157,23 +181,33 @@ def min_p_cut(values: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return values.masked_fill(values < floor, float("-inf"))
 
 
-def race(values: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """Index of each row's draw from softmax(values): argmax(values + Gumbel noise); -inf never wins."""
-    return (values + gumbel_noise(seeds, counters, values.shape[-1])).argmax(dim=-1)
+def race(
+    values: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, token_ids: torch.Tensor | None = None
+) -> torch.return_types.max:
+    """Each row's draw from softmax(values): the max of values + Gumbel noise (NaN or +inf exactly where
+    the winner's value is: the noise is finite) and its index, the draw; -inf never wins.
+
+    A candidate's noise is hashed from its token id (`token_ids`, [rows, k], of a cut's candidates; the
+    column where None, over the whole vocabulary), not its place: tied tokens come in another order from
+    torch.topk than from fused_ops.cpp's loop, and a token must draw the same noise either way."""
+    tokens = values.shape[-1] if token_ids is None else token_ids
+    return (values + gumbel_noise(seeds, counters, tokens)).max(dim=-1)
 
 
-def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, width: int) -> torch.Tensor:
-    """[rows, width] Gumbel noise, -log(-log(u)), u hashed from (seed, counter) of the row and the column.
+def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, tokens: int | torch.Tensor) -> torch.Tensor:
+    """Gumbel noise, -log(-log(u)), u hashed from (seed, counter) of the row and a token id: `tokens` the
+    ids, [width] or [rows, width], or a width (the ids 0 to width - 1); [rows, width].
 
-    A row's key comes from splitmix64 over its seed and counter; each column's
+    A row's key comes from splitmix64 over its seed and counter; each token's
     uniform number from a 32-bit integer hash (Chris Wellons' lowbias32) of
-    key ^ column, cheap enough for a whole vocabulary.
+    key ^ token, cheap enough for a whole vocabulary.
     """
     keys = logical_right_shift(splitmix64(splitmix64(seeds) + counters), 33).to(torch.int32)  # 31 bits
-    columns = torch.arange(width, device=seeds.device, dtype=torch.int32)
-    bits = lowbias32(keys.unsqueeze(-1) ^ columns)
+    if isinstance(tokens, int):
+        tokens = torch.arange(tokens, device=seeds.device, dtype=torch.int32)
+    bits = lowbias32(keys.unsqueeze(-1) ^ tokens.to(torch.int32))
     # 23 bits, in (0, 1) in float32 too: with 24, the largest, 1 - 2**-25, rounds to 1.0, whose noise is
-    # +inf: that column won the race whatever its logit (once in 2**24 columns: 0.3% of draws over a
+    # +inf: that token won the race whatever its logit (once in 2**24 columns: 0.3% of draws over a
     # 49,152-token vocabulary), even a token a grammar or logit_bias had set to -inf.
     u = (logical_right_shift(bits, 9).to(torch.float32) + 0.5) / 2**23
     return -torch.log(-torch.log(u))
@@ -206,15 +240,20 @@ def logical_right_shift(x: torch.Tensor, shift: int) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """The next token of every row: [rows, vocab] logits to [rows] token ids."""
+    """The next token of every row: [rows, vocab] logits to [rows] token ids.
+
+    A row whose logits hold a NaN anywhere or a +inf (after any division by its temperature) gets
+    NOT_FINITE (-1), on every path, not a token: the caller must not take it as one (the engine ends that
+    request with an error). -inf is a masked token and is drawn around as ever."""
     logits = logits.float()
     device = logits.device
     tokens = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
-    greedy = [r for r, temperature in enumerate(batch.temperature) if temperature == 0]
+    greedy = [r for r, temperature in enumerate(batch.temperature) if temperature < GREEDY_BELOW]
     if greedy:  # argmax costs about 1 ms over [32, 49152] on a small CPU: only where needed
         index = to_device(greedy, device, torch.long)
         rows = logits if len(greedy) == logits.shape[0] else logits.index_select(0, index)
-        tokens.index_copy_(0, index, rows.argmax(dim=-1))
+        best = rows.max(dim=-1)  # the argmax (the first of a tie too) and its logit
+        tokens.index_copy_(0, index, unless_not_finite(best.values, best.indices))
     # Rows with no cut draw from the whole vocabulary: no sort needed.
     whole = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] >= 1)
     # Rows with a cut: top-k (then maybe top-p) among few candidates, or a nucleus alone.
@@ -233,10 +272,20 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if any(min_p):
             scaled = min_p_cut(scaled, to_device(min_p, device, torch.float32))
         if rows is whole:
-            chosen = race(scaled, seeds, counters)
+            raced = race(scaled, seeds, counters)
+            chosen = unless_not_finite(raced.values, raced.indices)
         else:
             chosen = draw_with_cut(
                 scaled, [batch.top_p[r] for r in rows], [batch.top_k[r] for r in rows], seeds, counters
             )
         tokens.index_copy_(0, index, chosen)
     return tokens
+
+
+def unless_not_finite(picked: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """`chosen`, but NOT_FINITE for the rows whose logits hold a NaN or a +inf. The max and the race pick
+    a NaN wherever there is one, else a +inf (torch.topk ranks them first, so every cut keeps them too):
+    the value they `picked` tells, which they give with the token. Two operations on [rows], 0.02-0.03 ms
+    over [32, 49152] on a small CPU (a gather of the chosen logits cost 0.15 more), where looking for NaN
+    and +inf would be another pass over [rows, vocab]."""
+    return torch.where(picked < float("inf"), chosen, NOT_FINITE)  # NaN < inf is false too

@@ -103,6 +103,33 @@ def test_the_avx2_kernel_gives_the_avx512_kernels_products(bits):
         assert (avx2 - avx512).abs().max() < 1e-6 * avx512.abs().max()
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_nan_activation_makes_every_product_of_its_row_nan(bits, dtype, kernel):
+    """Wherever the NaN sits in its block (a lane of either half, the first or the last), its row's
+    products are all NaN, as a float product's would be, not -128 times a finite scale in some channels;
+    an infinite activation gives NaN too; the other rows' products are as without it."""
+    blocks = int4_weights(32, 4 * BLOCK)[0] if bits == 4 else int8_weights(32, 4 * BLOCK, per_block=True)[0]
+    x = torch.randn(5, 4 * BLOCK, generator=torch.Generator().manual_seed(4)).to(dtype)
+    clean = kernel(x, blocks, bits)
+    for column, bad in ((0, "nan"), (9, "nan"), (16, "nan"), (31, "nan"), (77, "nan"), (100, "inf")):
+        poisoned = x.clone()
+        poisoned[2, column] = float(bad)
+        got = kernel(poisoned, blocks, bits)
+        assert got[2].isnan().all(), (column, bad)
+        assert torch.equal(got[[0, 1, 3, 4]], clean[[0, 1, 3, 4]])
+
+
+def test_empty_shapes_give_empty_products(kernel):
+    """No output channels (a division by zero sharing no groups among no threads), no rows, no inputs:
+    an empty result, or zeros, as x @ W.T gives."""
+    blocks, _ = int4_weights(32, 2 * BLOCK)
+    x = torch.randn(3, 2 * BLOCK)
+    assert kernel(x, blocks[:0], 4).shape == (3, 0)
+    assert kernel(x[:0], blocks, 4).shape == (0, 32)
+    assert torch.equal(kernel(x[:, :0], blocks[:, :0], 4), torch.zeros(3, 32))
+
+
 def test_rounding_activations_per_block_costs_under_one_percent_a_few_times_bfloat16s_rounding():
     """Against the float product: 8 bits a value with a block's scale, where bfloat16 keeps 8 bits of
     each value's own mantissa (on Gaussian activations 0.56% against 0.17% here)."""

@@ -98,6 +98,32 @@ def test_rotate_and_store_refuses_a_slot_outside_the_cache(fused):
         fused.rotate_and_store(qkv, cos, sin, torch.tensor([8]), keys, keys.clone(), 1, 1)
 
 
+def test_shapes_the_loops_cannot_take_are_refused_with_the_reason(fused):
+    """An odd head size (the rotation pairs element t with t + head_dim / 2, and one was left unwritten),
+    a head size of 0 and no KV heads (divisions by zero): a clear error."""
+    for head_dim in (7, 0):
+        keys = torch.zeros(2, 1, 4, head_dim)
+        qkv, cos, sin = torch.zeros(1, 3 * head_dim), torch.zeros(1, 1, head_dim), torch.zeros(1, 1, head_dim)
+        with pytest.raises(RuntimeError, match="head_dim must be even and positive"):
+            fused.rotate_and_store(qkv, cos, sin, torch.tensor([0]), keys, keys.clone(), 1, 1)
+    keys, cos, sin = torch.zeros(2, 1, 4, 64), torch.zeros(1, 1, 64), torch.zeros(1, 1, 64)
+    no_slots = torch.zeros(0, dtype=torch.long)
+    with pytest.raises(RuntimeError, match="heads and kv_heads must be positive"):
+        fused.rotate_and_store(torch.zeros(1, 64), cos, sin, no_slots, keys, keys.clone(), 1, 0)
+    no_kv_heads = torch.zeros(2, 0, 4, 64)
+    one = torch.tensor([0])
+    with pytest.raises(RuntimeError, match="at least one KV head"):
+        fused.extension.decode_attention(torch.zeros(1, 2, 64), no_kv_heads, no_kv_heads, one, one, 0.125)
+
+
+def test_silu_mul_takes_nan_and_infinities_as_pytorch_does(fused):
+    """silu(NaN) and silu(-inf) are NaN (-inf * sigmoid(-inf)), silu(inf) inf: the loop's exponential
+    keeps NaN and infinities as they are instead of clamping them (and casting NaN to an integer)."""
+    gate = torch.tensor([float("nan"), float("inf"), float("-inf"), 100.0, -100.0, 0.0, 1.5])
+    gate_up = torch.cat([gate, torch.full_like(gate, 2.0)])[None]
+    torch.testing.assert_close(fused.silu_mul(gate_up), EAGER.silu_mul(gate_up), equal_nan=True)
+
+
 @pytest.mark.parametrize("cache_dtype", DTYPES)
 @pytest.mark.parametrize(
     "heads, kv_heads, head_dim",
@@ -143,6 +169,23 @@ def test_smoothed_int8_path_gives_the_same_numbers_fused(fused, dtype, monkeypat
     without = smoothed_int8_matmul(x, weight_int8, scales, smoothing, dtype)
     assert with_loops.dtype == without.dtype == dtype
     torch.testing.assert_close(with_loops, without, atol=0, rtol=0)
+
+
+def test_smoothed_int8_rows_with_a_nan_give_nan_fused_as_in_pytorch(fused, monkeypatch):
+    """A NaN activation: PyTorch's largest magnitude is NaN, and so the row's scale and products; the loop's
+    maximum skipped it and cast NaN to an integer. Now its row is NaN too, the other rows untouched."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 64, generator=generator)
+    smoothing = torch.rand(64, generator=generator) + 0.5
+    weight_int8, scales = quantize_smoothed(torch.randn(48, 64, generator=generator) / 20, smoothing)
+    clean = smoothed_int8_matmul(x, weight_int8, scales, smoothing)
+    x[1, 37] = float("nan")
+    with_loops = smoothed_int8_matmul(x, weight_int8, scales, smoothing)
+    assert with_loops[1].isnan().all()
+    torch.testing.assert_close(with_loops[[0, 2, 3]], clean[[0, 2, 3]], atol=0, rtol=0)
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(kernels, "_unavailable", "switched off by the test")
+    assert smoothed_int8_matmul(x, weight_int8, scales, smoothing)[1].isnan().all()
 
 
 def test_the_loops_serve_quantized_cpu_models_only(fused, monkeypatch):

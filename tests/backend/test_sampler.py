@@ -248,8 +248,7 @@ def test_a_flat_row_widens_its_own_nucleus_only():
 def test_the_cpus_nucleus_loop_draws_what_the_cut_and_race_draw():
     """fused_ops.cpp's nucleus_draw, which `sample` takes for nucleus rows on a CPU, against PyTorch's
     nucleus_cut and race: the same token for every seed and draw, on peaked rows and on rows with
-    tokens masked to -inf, which it never draws. (Where probabilities tie, the two may rank tied
-    tokens differently, and so hash them other noise: the rows here have none.)"""
+    tokens masked to -inf, which it never draws (rows with ties: test_tied_tokens_draw_the_same...)."""
     from backend.kernels.extension import extension
     from backend.layers.sampler import nucleus_cut, nucleus_loop, race
 
@@ -266,7 +265,8 @@ def test_the_cpus_nucleus_loop_draws_what_the_cut_and_race_draw():
             seeds = torch.randint(0, 2**62, (len(top_p),))
             counters = torch.full((len(top_p),), counter)
             values, token_ids = nucleus_cut(logits, top_p)
-            expected = token_ids.gather(-1, race(values, seeds, counters).unsqueeze(-1)).squeeze(-1)
+            winner = race(values, seeds, counters, token_ids).indices
+            expected = token_ids.gather(-1, winner.unsqueeze(-1)).squeeze(-1)
             got = draw(logits, top_p, seeds, counters)
             assert torch.equal(got, expected)
             assert torch.isfinite(logits.gather(-1, got[:, None])).all()
@@ -275,20 +275,112 @@ def test_the_cpus_nucleus_loop_draws_what_the_cut_and_race_draw():
 def test_the_cpus_nucleus_loop_looks_further_where_its_first_look_falls_short():
     """The loop first looks only at tokens within 16 of the best logit; a row whose nucleus reaches
     below that (one token far ahead of 5,000 equal ones, each 16.2 below it, and a top_p above the
-    first token's own probability) is drawn from its whole nucleus: the equal tokens, ranked by id,
-    win about once in 3,000 draws (with the first look alone, never), each from within the nucleus."""
+    first token's own probability) is drawn from its whole nucleus: the equal tokens, a tie that stays
+    whole, win about once in 2,000 draws (with the first look alone, never), and the 5,000 tokens far
+    below them (each 30 below the best), past the nucleus, never."""
     from backend.layers.sampler import nucleus_loop
 
     draw = nucleus_loop(torch.device("cpu"))
-    logits = torch.cat([torch.zeros(1), torch.full((5000,), -16.2)])[None]
+    logits = torch.cat([torch.zeros(1), torch.full((5000,), -16.2), torch.full((5000,), -30.0)])[None]
     probs = logits.double().softmax(-1)[0]
     top_p = 0.9999
-    assert probs[0] < top_p  # the first token alone is not the nucleus
-    nucleus = int(((probs.cumsum(0) - probs) < top_p).sum())  # the best token and the first equal ones
+    assert probs[0] < top_p < probs[:5001].sum()  # the first token alone is not the nucleus; the tie ends it
     draws = [
         draw(logits, torch.tensor([top_p]), torch.tensor([seed]), torch.tensor([0])).item()
         for seed in range(10_000)
     ]
     others = [token for token in draws if token != 0]
-    assert 2 <= len(others) <= 20  # the nucleus's other tokens hold 3.6e-4 of it: some 4 in 10,000
-    assert max(others) < nucleus * 1.01
+    assert 2 <= len(others) <= 20  # the tie holds 4.6e-4 of the nucleus: some 5 in 10,000
+    assert max(others) <= 5000
+
+
+def settings(rows, top_k, top_p, seeds=None, counters=None, temperature=1.0):
+    seeds = seeds or list(range(rows))
+    counters = counters or [0] * rows
+    return SamplingBatch([temperature] * rows, [top_k] * rows, [top_p] * rows, seeds, counters)
+
+
+def draws_by_every_path(logits, sampling, monkeypatch):
+    """`sample`'s draws by the CPU's nucleus loop, and by PyTorch's operations alone, as a GPU or a
+    machine without the C++ extension draws them."""
+    from backend.layers import sampler
+
+    by_the_loop = sample(logits, sampling).tolist()
+    with monkeypatch.context() as patched:
+        patched.setattr(sampler, "nucleus_loop", lambda device: None)
+        by_pytorch = sample(logits, sampling).tolist()
+    return by_the_loop, by_pytorch
+
+
+def test_tied_tokens_draw_the_same_by_every_path_and_cut(monkeypatch):
+    """bfloat16 logits tie often. The CPU's loop ranks tied tokens by id, torch.topk as it likes; a token's
+    noise is hashed from its id, and a tie stays or goes whole, so every path draws the same token for a
+    seed: the loop, nucleus_cut and race, the top-k path (a top_k that cuts nothing), and, where the cut
+    keeps every token, the draw from the whole vocabulary."""
+    torch.manual_seed(6)
+    logits = (torch.randn(64, 2000) * 2).bfloat16().float()  # the sampler gets float32
+    assert logits[0].unique().numel() < 1200  # half the tokens tie with another
+    seeds, counters = [int(s) for s in torch.randint(0, 2**62, (64,))], list(range(64))
+    for top_p in (0.3, 0.8, 0.95):
+        nucleus = draws_by_every_path(logits, settings(64, 0, top_p, seeds, counters), monkeypatch)
+        with_top_k = draws_by_every_path(logits, settings(64, 2000, top_p, seeds, counters), monkeypatch)
+        assert nucleus[0] == nucleus[1] == with_top_k[0] == with_top_k[1], top_p
+    small = (torch.randn(64, 50) * 0.5).bfloat16().float()  # every token holds over 1e-5 of the mass
+    whole = sample(small, settings(64, 0, 1.0, seeds, counters)).tolist()
+    assert len(set(whole)) > 20
+    for top_k, top_p in ((0, 0.99999), (50, 1.0), (50, 0.99999)):
+        assert draws_by_every_path(small, settings(64, top_k, top_p, seeds, counters), monkeypatch) == (
+            whole,
+            whole,
+        )
+
+
+def test_a_tie_at_the_edge_of_the_nucleus_stays_whole(monkeypatch):
+    """0.4 then three tokens of 0.2: with top_p 0.5 the tie reaches past it, and whatever order a sort gave
+    the three, all three stay (the probability strictly above each is 0.4)."""
+    from backend.layers.sampler import nucleus_cut
+
+    logits = probs_to_logits([0.2, 0.2, 0.4, 0.2, 0.0001])
+    top_p = torch.tensor([0.5])
+    for values, token_ids in (top_k_top_p(logits, torch.tensor([0]), top_p), nucleus_cut(logits, top_p)):
+        assert set(token_ids[0][torch.isfinite(values[0])].tolist()) == {0, 1, 2, 3}
+    by_the_loop, by_pytorch = draws_by_every_path(logits.repeat(400, 1), settings(400, 0, 0.5), monkeypatch)
+    assert by_the_loop == by_pytorch and set(by_the_loop) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (0, 0.9), (20, 1.0), (20, 0.9)])
+def test_a_temperature_below_1e5_is_greedy(top_k, top_p, monkeypatch):
+    """logits / 1e-40 overflow to +inf, whose race the lowest such id won: temperatures below 1e-5 take the
+    argmax (vLLM's rule), on every path."""
+    torch.manual_seed(7)
+    logits = torch.randn(8, 1000) * 3
+    for temperature in (1e-40, 1e-6):
+        sampling = settings(8, top_k, top_p, temperature=temperature)
+        assert draws_by_every_path(logits, sampling, monkeypatch) == (logits.argmax(-1).tolist(),) * 2
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0, 0, 1.0), (1, 0, 1.0), (1, 0, 0.9), (1, 20, 0.9)])
+def test_a_row_whose_logits_are_not_finite_draws_not_finite(temperature, top_k, top_p, monkeypatch):
+    """A NaN anywhere in a row, or a +inf, and the row draws NOT_FINITE (-1), on every path (greedy, the
+    whole vocabulary, the nucleus by the CPU's loop and by PyTorch, top-k), a row of one NaN among -inf
+    too; rows beside it draw as ever, one with tokens masked to -inf among them, and one with a min_p cut."""
+    from backend.layers.sampler import NOT_FINITE
+
+    torch.manual_seed(8)
+    logits = torch.randn(7, 1000) * 3
+    logits[1, 517] = float("nan")
+    logits[2, 3] = float("inf")
+    logits[3, ::2] = float("-inf")  # masked tokens: legitimate
+    logits[4, 999] = float("nan")
+    logits[4, 0] = float("inf")
+    logits[6] = float("-inf")
+    logits[6, 10] = float("nan")
+    sampling = settings(7, top_k, top_p, temperature=temperature)
+    sampling.min_p = [0.0, 0.0, 0.0, 0.0, 0.05, 0.05, 0.0]
+    finite = settings(2, top_k, top_p, seeds=[0, 3], temperature=temperature)
+    finite.min_p = [0.0, 0.0]
+    expected = sample(logits[[0, 3]], finite).tolist()
+    for draws in draws_by_every_path(logits, sampling, monkeypatch):
+        assert draws[1:3] == [NOT_FINITE] * 2 and draws[4] == draws[6] == NOT_FINITE
+        assert [draws[0], draws[3]] == expected and draws[3] % 2 == 1
+        assert draws[5] != NOT_FINITE
