@@ -33,7 +33,7 @@ from backend.engine.scheduler import Schedule, Scheduler
 from backend.layers.grammar import GrammarError, Grammars, PendingMasks
 from backend.layers.logits_processors import LogitsProcessors
 from backend.layers.logprobs import token_logprobs
-from backend.layers.sampler import SamplingBatch, sample
+from backend.layers.sampler import NOT_FINITE, SamplingBatch, sample
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit, TokenLogprob
 from backend.model.cache_size import DEFAULT_MAX_SEQ_LEN, context_length
 from backend.model.embeddings import EmbeddingModel, embed
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from llguidance import LLMatcher
 
 log = logging.getLogger(__name__)
+
+NOT_FINITE_ERROR = "generation failed: the model's logits are not finite (NaN or infinity)"
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -361,7 +363,10 @@ class Engine:
                 self.eos_ids,
             )
         masks.apply(processed, [row.index for row in rows])
-        tokens = sample(processed, self._sampling_batch(rows))
+        # A row whose logits are not finite draws NOT_FINITE; its penalty counts and logprobs, made on
+        # the device before the host sees it, take token 0 instead, and the row ends with an error.
+        drawn = sample(processed, self._sampling_batch(rows))
+        tokens = drawn.clamp_min(0)
         if penalized:  # written at the token's own place: a step run again writes the same
             self.processors.record(
                 [rows[i].index for i in penalized],
@@ -369,7 +374,7 @@ class Engine:
                 tokens.index_select(0, torch.tensor(penalized, device=self.device)),
             )
         logprobs = self._logprobs(rows, logits, tokens)
-        token_list = tokens.tolist()  # the step's one host sync
+        token_list = drawn.tolist()  # the step's one host sync
         return (
             {sampling[i]: token for i, token in enumerate(token_list)},
             {sampling[i]: entry for i, entry in logprobs.items()},
@@ -378,12 +383,15 @@ class Engine:
     def _accept(
         self, rows: list[Row], tokens: dict[int, int], logprobs: dict[int, TokenLogprob]
     ) -> list[Piece]:
-        """Each row takes its token (or, scoring only, ends); a row whose text cannot be made ends
-        with an error alone."""
+        """Each row takes its token (or, scoring only, ends); a row whose text cannot be made, or whose
+        logits were not finite, ends with an error alone."""
         pieces = []
         for i, row in enumerate(rows):
             try:
-                if i in tokens:
+                if tokens.get(i) == NOT_FINITE:
+                    log.warning("request %s: the model's logits are not finite", row.request.request_id)
+                    piece = row.error_piece(NOT_FINITE_ERROR)
+                elif i in tokens:
                     complete = self.grammars.consume(row.index, tokens[i])
                     piece = row.accept(tokens[i], logprobs.get(i), complete)
                 else:

@@ -76,3 +76,35 @@ def test_pieces_decided_before_a_failure_are_delivered():
     del engine.scheduler.schedule
     delivered = {piece.request_id: piece.finish_reason for piece in engine.step()}
     assert delivered == {"too-long": "error", "long": "cancelled"}
+
+
+def test_a_row_whose_logits_are_not_finite_ends_with_an_error_and_the_others_go_on():
+    """A NaN in one row's logits (a broken kernel, an overflow) is that request's error: never a token
+    drawn from it, never the other rows' loss."""
+    healthy = [("a", (5, 6, 7)), ("b", (9, 10, 11, 12))]
+    expected = drive(
+        Engine(tiny_model(), MarkerTokenizer(), rows=4, max_seq_len=64),
+        [(0, Submit(name, prompt, greedy())) for name, prompt in healthy],
+    )
+    engine = Engine(tiny_model(), MarkerTokenizer(), rows=4, max_seq_len=64)
+    forward = engine._forward
+
+    def nan_for_poison(inputs):
+        logits = forward(inputs)
+        poisoned = (inputs.token_ids[inputs.keep] == POISON).nonzero().flatten()
+        return logits.index_fill(0, poisoned, float("nan"))
+
+    engine._forward = nan_for_poison
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=6, ignore_eos=True, seed=1)
+    arrivals = [(0, Submit(name, prompt, greedy())) for name, prompt in healthy]
+    arrivals += [
+        (1, Submit("nan-greedy", (POISON,), greedy())),
+        (2, Submit("nan-sampled", (POISON,), sampled)),
+    ]
+    pieces = drive(engine, arrivals)
+    for name in ("nan-greedy", "nan-sampled"):
+        assert pieces[name][-1].finish_reason == "error"
+        assert "not finite" in pieces[name][-1].error and not text_of(pieces[name])
+    for name, _ in healthy:
+        assert text_of(pieces[name]) == text_of(expected[name])
+        assert pieces[name][-1].finish_reason == "length"
