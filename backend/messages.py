@@ -19,6 +19,9 @@ HEARTBEAT_SECONDS = 1.0
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 MAX_REPETITION_PENALTY = 10.0
+# Rows whose temperature is below this are greedy (vLLM's rule): logits / 1e-40 overflow to +inf, whose
+# race the lowest such token won, not the most likely one (backend/layers/sampler.py).
+GREEDY_BELOW = 1e-5
 
 
 class InvalidParams(ValueError):
@@ -37,7 +40,7 @@ class SamplingParams:
     applies its own documented defaults before building this.
     """
 
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or below GREEDY_BELOW) means greedy
     top_k: int = 0  # 0 means no top-k cut
     top_p: float = 1.0  # 1 means no nucleus cut
     max_tokens: int = 128  # 0 to score a prompt (prompt_logprobs) without generating; the APIs allow it
@@ -104,7 +107,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def penalized(self) -> bool:

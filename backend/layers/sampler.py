@@ -23,14 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from backend.kernels.extension import extension
+from backend.messages import GREEDY_BELOW
 from backend.utils.host_lists import to_device
 
 # `sample`'s token for a row whose logits are not finite, a NaN anywhere or a +inf (a model or a logits
 # processor gone wrong): no token drawn from them would mean anything, so the caller is told instead.
 NOT_FINITE = -1
-# Rows whose temperature is below this are greedy (vLLM's rule): logits / 1e-40 overflow to +inf, whose
-# race the lowest such token won, not the most likely one.
-GREEDY_BELOW = 1e-5
 
 
 @dataclass
