@@ -168,6 +168,10 @@ class Submit:
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
+    # Whose cached prefixes the request may reuse, and who may reuse the ones it leaves: the requests of
+    # the same scope only (backend/engine/prefix_cache.py). The frontend makes it from the team the proxy
+    # vouches for and the request's own cache_salt (inference_api/router.py, `cache_scope`).
+    cache_scope: str = ""
 
 
 @dataclass(frozen=True)

@@ -91,9 +91,13 @@ class BackendProcess:
         return message
 
     def submit(
-        self, request_id: str, prompt_ids: list[int] | tuple[int, ...], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_ids: list[int] | tuple[int, ...],
+        params: SamplingParams,
+        cache_scope: str = "",
     ) -> None:
-        self.inbox.put(Submit(request_id, tuple(prompt_ids), params))
+        self.inbox.put(Submit(request_id, tuple(prompt_ids), params, cache_scope))
 
     def cancel(self, request_id: str) -> None:
         self.inbox.put(Cancel(request_id))

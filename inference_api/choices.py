@@ -17,15 +17,19 @@ from inference_api.router import Router
 
 class Choices:
     def __init__(
-        self, router: Router, requests: list[tuple[list[int], SamplingParams]], team: str | None = None
+        self,
+        router: Router,
+        requests: list[tuple[list[int], SamplingParams]],
+        team: str | None = None,
+        cache_salt: str | None = None,
     ):
         """Open every request, or none: on NotReady or QueueFull the ones already opened are closed.
-        `team`: whose usage they are (Router.open)."""
+        `team`, `cache_salt`: whose usage they are and whose cached prefixes they share (Router.open)."""
         self._pieces: queue.Queue[Piece] = queue.Queue()
         self.streams: list[RequestStream] = []
         try:
             for prompt_ids, params in requests:
-                self.streams.append(router.open(prompt_ids, params, self._pieces, team))
+                self.streams.append(router.open(prompt_ids, params, self._pieces, team, cache_salt))
         except BaseException:
             self.close()
             raise

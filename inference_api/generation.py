@@ -87,13 +87,14 @@ def served_names(serving: Serving) -> str:
 
 
 def start_choices(
-    requests: list[tuple[list[int], SamplingParams]],
+    requests: list[tuple[list[int], SamplingParams]], cache_salt: str | None = None
 ) -> tuple[Choices, Iterator[tuple[int, Piece]]]:
     """Open every request (503 if the rows and the queue cannot take them all) and wait for the first
-    piece; the pieces, that one first, come as (choice index, piece) while the client is watched."""
+    piece; the pieces, that one first, come as (choice index, piece) while the client is watched.
+    Cached prefixes are shared within the team the proxy names, and `cache_salt` (vLLM's) narrows it."""
     router = current_app.extensions["router"]
     try:
-        choices = Choices(router, requests, team_of(request.headers))
+        choices = Choices(router, requests, team_of(request.headers), cache_salt)
     except NotReady:
         raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY) from None
     except QueueFull:

@@ -27,6 +27,13 @@ from inference_api.tokenizer import PromptTokenizer, load_tokenizer
 log = logging.getLogger(__name__)
 
 
+def cache_scope(team: str | None, cache_salt: str | None) -> str:
+    """The backend's cache scope of a request (messages.Submit): its team, as the proxy vouches for it
+    (a client's own X-Team-ID never reaches here through the proxy), and its cache_salt. Requests without
+    a team share with each other only. A team label holds no newline, so no two pairs give one scope."""
+    return f"{team or ''}\n{cache_salt or ''}"
+
+
 class NotReady(RuntimeError):
     """The backend is loading, restarting or has failed."""
 
@@ -165,11 +172,13 @@ class Router:
         params: SamplingParams,
         pieces: queue.Queue[Piece] | None = None,
         team: str | None = None,
+        cache_salt: str | None = None,
     ) -> RequestStream:
         """Admit a request and submit it to the backend; raise NotReady or QueueFull (both 503).
 
         `pieces`: a queue shared with other requests of the same API call, instead of its own.
-        `team`: whose usage it is, for the metrics (metrics.team_of).
+        `team`: whose usage it is, for the metrics (metrics.team_of), and whose cached prefixes it may
+        reuse, those of requests with the same `cache_salt` (`cache_scope`).
         """
         with self._lock:
             if self._serving is None or self._backend is None:
@@ -181,7 +190,7 @@ class Router:
             )
             self._streams[stream.request_id] = stream
             # Under the lock, so that a backend that dies cannot miss a request submitted meanwhile.
-            self._backend.submit(stream.request_id, prompt_ids, params)
+            self._backend.submit(stream.request_id, prompt_ids, params, cache_scope(team, cache_salt))
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return stream
 

@@ -285,7 +285,7 @@ class Engine:
             )
             self.rows[row.index] = None
             self.grammars.release(row.index)
-            self.prefixes.release(row.index, ())
+            self.prefixes.release(row.index, "", ())
         return pieces
 
     def _free_cancelled(self) -> list[Piece]:
@@ -448,7 +448,8 @@ class Engine:
         unless its request failed (they may be half written)."""
         self.rows[row.index] = None
         self.grammars.release(row.index)
-        self.prefixes.release(row.index, () if row.finish_reason == "error" else row.cached_tokens)
+        kept = () if row.finish_reason == "error" else row.cached_tokens
+        self.prefixes.release(row.index, row.request.cache_scope, kept)
 
     def _row_of(self, request_id: str) -> Row | None:
         return next((row for row in self.active_rows if row.request.request_id == request_id), None)

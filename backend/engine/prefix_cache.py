@@ -6,7 +6,11 @@ the same positions (an application's system prompt, the earlier turns of a
 chat) needs only the rest prefilled: in that row if it is free, or, if the
 row is busy, in a free row the prefix is first copied into (one device copy
 per layer). Only keys and values of identical tokens at identical positions
-are shared, never sampling state. Without a useful prefix, the prompt takes
+are shared, never sampling state, and only between requests of the same
+cache scope (`Submit.cache_scope`: a team, narrowed by a request's
+cache_salt): a prefix another team left is never reused, so neither the
+count of cached tokens a response reports nor its time to first token can
+tell one team what another sent. Without a useful prefix, the prompt takes
 the lowest free row, as it did before rows kept anything: the decode
 queries attend over rows 0..n-1 of the cache, free ones included (see
 layers/attention.py), so a single stream pushed to row 31 would pay for 32 rows'
@@ -31,28 +35,39 @@ class Placement:
 
 
 class PrefixIndex:
-    """What each free row still holds, and the choice of a row for each new prompt."""
+    """What each free row still holds, and for whom, and the choice of a row for each new prompt."""
 
     def __init__(self, rows: int, enabled: bool = True):
         self.enabled = enabled
-        self.retained: list[Sequence[int]] = [() for _ in range(rows)]  # a free row's cached tokens
+        # A free row's cached tokens, and the scope of the request that left them.
+        self.retained: list[tuple[str, Sequence[int]]] = [("", ()) for _ in range(rows)]
 
-    def release(self, row: int, tokens: Sequence[int]) -> None:
-        """A row was freed holding the keys and values of these tokens (none after a failure)."""
-        self.retained[row] = tokens if self.enabled else ()
+    def release(self, row: int, scope: str, tokens: Sequence[int]) -> None:
+        """A row was freed holding the keys and values of these tokens (none after a failure), which
+        requests of this scope alone may reuse."""
+        self.retained[row] = (scope, tokens if self.enabled else ())
 
     def place(
-        self, prompt: Sequence[int], free: list[int], busy: dict[int, Sequence[int]], reuse: bool = True
+        self,
+        prompt: Sequence[int],
+        scope: str,
+        free: list[int],
+        busy: dict[int, tuple[str, Sequence[int]]],
+        reuse: bool = True,
     ) -> Placement:
         """The free row for `prompt` and how much of it needs no prefill; `busy` maps each busy row to
-        the tokens it has cached. At least the prompt's last token is always computed: its logits
-        give the first new token."""
+        its request's scope and the tokens it has cached. Only rows of the same scope are looked at.
+        At least the prompt's last token is always computed: its logits give the first new token."""
         if self.enabled and reuse:
             longest = len(prompt) - 1
-            best_free = max(free, key=lambda row: common_prefix(self.retained[row], prompt, longest))
-            free_match = common_prefix(self.retained[best_free], prompt, longest)
-            best_busy = max(busy, key=lambda row: common_prefix(busy[row], prompt, longest), default=None)
-            busy_match = 0 if best_busy is None else common_prefix(busy[best_busy], prompt, longest)
+
+            def shared(held: tuple[str, Sequence[int]]) -> int:
+                return common_prefix(held[1], prompt, longest) if held[0] == scope else 0
+
+            best_free = max(free, key=lambda row: shared(self.retained[row]))
+            free_match = shared(self.retained[best_free])
+            best_busy = max(busy, key=lambda row: shared(busy[row]), default=None)
+            busy_match = 0 if best_busy is None else shared(busy[best_busy])
             if busy_match > max(free_match, MIN_COPIED_PREFIX - 1):
                 return self._take(Placement(min(free), busy_match, best_busy))
             if free_match:
@@ -60,7 +75,7 @@ class PrefixIndex:
         return self._take(Placement(min(free), 0))
 
     def _take(self, placement: Placement) -> Placement:
-        self.retained[placement.row] = ()  # busy now: the row's own tokens say what it holds
+        self.retained[placement.row] = ("", ())  # busy now: the row's own tokens say what it holds
         return placement
 
 

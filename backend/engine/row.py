@@ -45,6 +45,11 @@ class Row:
         return (*self.prompt_ids, *self.generated)[: self.cached]
 
     @property
+    def prefix(self) -> tuple[str, tuple[int, ...]]:
+        """What another request of the same cache scope may reuse of this row (prefix_cache.py)."""
+        return self.request.cache_scope, self.cached_tokens
+
+    @property
     def prefilled(self) -> bool:
         """Whether the whole prompt is in the cache (a long one takes a chunk a step)."""
         return self.cached >= len(self.prompt_ids)

@@ -78,16 +78,17 @@ class Scheduler:
         admitted: list[Row] = []
         # What each busy row holds, built once for the burst (with reuse off, nothing to look at).
         enabled = self.prefixes.enabled
-        busy = {row.index: row.cached_tokens for row in rows if row is not None} if enabled else {}
+        busy = {row.index: row.prefix for row in rows if row is not None} if enabled else {}
         while waiting and budget > 0 and None in rows:
             request = waiting.pop(next(iter(waiting)))
             free = [index for index, slot in enumerate(rows) if slot is None]
             # A prompt to be scored reuses nothing: it needs the logits of every position.
             reuse = request.params.prompt_logprobs is None
-            row = take_row(request, self.prefixes.place(request.prompt_ids, free, busy, reuse))
+            place = self.prefixes.place(request.prompt_ids, request.cache_scope, free, busy, reuse)
+            row = take_row(request, place)
             rows[row.index] = row
             if enabled:
-                busy[row.index] = row.cached_tokens
+                busy[row.index] = row.prefix
             planned, budget = plan_chunks([row], budget)
             admitted += planned
         return admitted

@@ -79,7 +79,7 @@ def test_a_chat_turn_reuses_the_history_its_row_generated():
 def test_a_prompt_without_a_cached_prefix_takes_the_lowest_free_row():
     reusing, _ = engines(rows=3)
     drive(reusing, [(0, Submit("a", SYSTEM + tail(9), greedy())), (0, Submit("b", tail(10, 30), greedy()))])
-    assert reusing.prefixes.retained[0] and reusing.prefixes.retained[1]  # both rows hold their tokens
+    assert reusing.prefixes.retained[0][1] and reusing.prefixes.retained[1][1]  # both rows hold tokens
     reusing.submit(Submit("unrelated", tail(11, 20), greedy(20)))
     reusing.step()
     assert reusing.rows[0].request.request_id == "unrelated"  # a short decode span before old prefixes
@@ -98,3 +98,28 @@ def test_rows_joining_mid_flight_with_shared_prefixes_give_the_same_tokens():
         step += rng.choice([0, 1, 2, 3])
     pieces = run_both(arrivals, rows=3)
     assert sum(cached(p) for p in pieces.values()) > 0  # some did reuse
+
+
+def test_a_prefix_is_reused_within_its_cache_scope_only():
+    """A team's cached prefix serves the team, never another (nor a request without a team, nor one
+    with another cache_salt), whether the row that holds it is busy or free: the count of cached
+    tokens, and the time a prefill saves, would tell another team what the prompt held."""
+    secret = SYSTEM + tail(11, 12)
+    arrivals = [
+        (0, Submit("a-first", secret, greedy(), cache_scope="team-a\n")),  # row 0
+        (2, Submit("b-guess", secret, greedy(), cache_scope="team-b\n")),  # row 0 busy: no copy of it
+        (20, Submit("a-again", secret, greedy(), cache_scope="team-a\n")),  # row 0, free: its own
+        (20, Submit("b-again", secret, greedy(), cache_scope="team-b\n")),  # row 1: its own
+        (40, Submit("a-salted", secret, greedy(), cache_scope="team-a\nsalt")),
+        (40, Submit("nobody", secret, greedy())),
+    ]
+    pieces = run_both(arrivals, rows=2)
+    cached_tokens = {submit.request_id: cached(pieces[submit.request_id]) for _, submit in arrivals}
+    assert cached_tokens == {
+        "a-first": 0,
+        "b-guess": 0,
+        "a-again": len(secret) - 1,
+        "b-again": len(secret) - 1,
+        "a-salted": 0,
+        "nobody": 0,
+    }

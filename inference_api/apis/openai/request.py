@@ -17,7 +17,7 @@ from backend.messages import (
     InvalidParams,
     SamplingParams,
 )
-from inference_api.fields import read_bool, read_integer, read_number, read_stop
+from inference_api.fields import read_bool, read_integer, read_number, read_stop, read_string
 from inference_api.prompts import (
     CHAT_DEFAULT_MAX_TOKENS,
     MAX_TOP_K,
@@ -54,6 +54,7 @@ class OpenAIRequest:
     echo: bool = False  # completions: the prompt comes back before the completion...
     prompt_texts: tuple[str, ...] = ()  # ...as this text (the prompt as sent, or its ids decoded)
     tools: ToolRequest | None = None  # chat: the tools offered, and how the answer becomes calls
+    cache_salt: str | None = None  # vLLM's: only requests with the same salt (and team) share a prefix
 
     @property
     def logprobs(self) -> bool:
@@ -179,6 +180,7 @@ def _common(
         params=params,
         stream=stream,
         include_usage=_include_usage(data.get("stream_options"), stream),
+        cache_salt=read_string(data, "cache_salt", non_empty=True),
     )
 
 

@@ -180,7 +180,7 @@ class ChoiceOutput:
 def _answer(api: Completion | ChatCompletion) -> Response:
     data, serving = read_request()
     openai_request = api.parse(data, serving)
-    choices, pieces = start_choices(openai_request.choice_requests())
+    choices, pieces = start_choices(openai_request.choice_requests(), openai_request.cache_salt)
     response_id = api.id_prefix + uuid.uuid4().hex
     usage = Usage(openai_request, choices)
     if openai_request.stream:
