@@ -27,6 +27,7 @@ from proxy.forward import (
     upstream_release,
     upstream_request_headers,
 )
+from proxy.stream_cost import streams_of
 from proxy.team_gate import Refused
 from proxy.teams import Teams
 from proxy.upstreams import UpstreamPool
@@ -134,22 +135,26 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
                 request.headers.get("Authorization"), secret, request.headers.get("X-Api-Key")
             )
             g.team = caller.team_label
-            ticket = teams.admit(caller)
+            # The body is read before admission (cached for pass_on): its prompts x n are the streams.
+            ticket = teams.admit(caller, streams_of(request.path, request.get_data(cache=True)))
         except AuthError as error:
             who = f"team={caller.team_label} token={caller.token_label} " if caller else ""  # revoked
             log.info("401 %s%s %s: %s (request %s)", who, request.method, request.path, error, request_id)
             return error_response(401, str(error), {"WWW-Authenticate": "Bearer", "X-Request-ID": request_id})
         except Refused as refusal:
             log.info(
-                "429 team=%s %s %s: %s (request %s)",
+                "%d team=%s %s %s: %s (request %s)",
+                refusal.status,
                 caller.team_label,
                 request.method,
                 request.path,
                 refusal.reason,
                 request_id,
             )
-            headers = {"Retry-After": str(refusal.retry_after), "X-Request-ID": request_id}
-            return error_response(429, refusal.message, headers)
+            headers = {"X-Request-ID": request_id}
+            if refusal.retry_after is not None:
+                headers["Retry-After"] = str(refusal.retry_after)
+            return error_response(refusal.status, refusal.message, headers)
         if request.path == "/metrics":
             # Forwarded, an inference server's would show every team's usage to any token.
             ticket.release()

@@ -41,7 +41,7 @@ class ProxyMetrics:
         )
         self.rejected = Counter(
             "proxy_team_rejected",
-            "Requests refused by the proxy, by team and reason (revoked, rate, concurrency)",
+            "Requests refused by the proxy, by team and reason (revoked, rate, concurrency, streams)",
             ["team", "reason"],
             registry=self.registry,
         )

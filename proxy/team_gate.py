@@ -1,11 +1,13 @@
-"""Each team's requests in flight and in the last minute, held against its limits.
+"""Each team's streams in flight and requests in the last minute, held against its limits.
 
 The counts live in this process: the proxy runs one gunicorn worker (gunicorn_conf.py), so every
 request of a proxy instance passes here. Several proxy replicas each count their own requests, so a
 team's effective limit is the configured one times the replicas it is balanced over (docs/proxy.md).
 
-A request holds its place in flight from admission until its answer has been sent whole or its client
-has gone (`Ticket.release`, idempotent). The minute is a sliding window: a request is refused while
+A request holds its streams (stream_cost.py: prompts x n on the OpenAI endpoints that fan out, else one)
+in flight from admission until its answer has been sent whole or its client has gone (`Ticket.release`,
+idempotent); one that takes more streams than its team may hold at all is refused outright (400: no
+retry would let it through). The minute is a sliding window: a request is refused while
 `requests_per_minute` admitted ones are less than 60 seconds old, and `Retry-After` is when the oldest
 of them leaves the window. A refused request takes no place in either count.
 """
@@ -25,25 +27,27 @@ RETRY_AFTER_CONCURRENCY = 1  # a stream ends within seconds; there is no telling
 
 
 class Refused(Exception):
-    def __init__(self, reason: str, message: str, retry_after: int):
+    def __init__(self, reason: str, message: str, retry_after: int | None, status: int = 429):
         super().__init__(message)
-        self.reason = reason  # "concurrency" or "rate", the label of the rejection counter
+        self.reason = reason  # "concurrency", "rate" or "streams", the label of the rejection counter
         self.message = message
-        self.retry_after = retry_after
+        self.retry_after = retry_after  # None: no retry will pass (a 400)
+        self.status = status
 
 
 class Ticket:
-    """A request's place in its team's count of requests in flight."""
+    """A request's streams in its team's count of streams in flight."""
 
-    def __init__(self, gate: TeamGate, team: str):
+    def __init__(self, gate: TeamGate, team: str, streams: int):
         self.gate = gate
         self.team = team
+        self.streams = streams
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.gate._release(self.team)
+            self.gate._release(self.team, self.streams)
 
 
 class TeamGate:
@@ -54,14 +58,24 @@ class TeamGate:
         # Admission times in the window, kept only for teams with a rate limit: at most that many each.
         self._admitted: dict[str, deque[float]] = {}
 
-    def admit(self, team: str, limits: Limits) -> Ticket:
-        """A ticket for one more request of `team`, or Refused (429) if a limit is reached."""
+    def admit(self, team: str, limits: Limits, streams: int = 1) -> Ticket:
+        """A ticket for one more request of `team` taking `streams` streams, or Refused if a limit is
+        reached (429), or can never let it through (400)."""
         with self._lock:
             in_flight = self._in_flight.get(team, 0)
-            if limits.concurrent_streams is not None and in_flight >= limits.concurrent_streams:
+            most = limits.concurrent_streams
+            if most is not None and streams > most:
+                raise Refused(
+                    "streams",
+                    f"this request takes {streams} streams (prompts x n); your team may hold {most} at once",
+                    None,
+                    400,
+                )
+            if most is not None and in_flight + streams > most:
                 raise Refused(
                     "concurrency",
-                    f"your team has {in_flight} requests in flight, its limit; retry when one ends",
+                    f"your team has {in_flight} of its {most} streams in flight and this request takes "
+                    f"{streams}; retry when one ends",
                     RETRY_AFTER_CONCURRENCY,
                 )
             per_minute = limits.requests_per_minute
@@ -81,16 +95,16 @@ class TeamGate:
                         max(1, math.ceil(frees_at - now)),
                     )
                 admitted.append(now)
-            self._in_flight[team] = in_flight + 1
-        return Ticket(self, team)
+            self._in_flight[team] = in_flight + streams
+        return Ticket(self, team, streams)
 
     def in_flight(self) -> dict[str, int]:
         with self._lock:
             return dict(self._in_flight)
 
-    def _release(self, team: str) -> None:
+    def _release(self, team: str, streams: int) -> None:
         with self._lock:
-            left = self._in_flight[team] - 1
+            left = self._in_flight[team] - streams
             if left:
                 self._in_flight[team] = left
             else:

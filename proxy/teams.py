@@ -23,15 +23,15 @@ class Teams:
         self.gate = TeamGate()
         self.metrics = ProxyMetrics(self.gate.in_flight)
 
-    def admit(self, caller: Caller) -> Ticket:
-        """The caller's place among its team's requests in flight, to release when its answer is sent;
-        AuthError (401) if its token is revoked, Refused (429) past a limit of its team."""
+    def admit(self, caller: Caller, streams: int = 1) -> Ticket:
+        """The caller's `streams` among its team's streams in flight, to release when its answer is sent;
+        AuthError (401) if its token is revoked, Refused (429, or 400) past a limit of its team."""
         if caller.token_id in self.revoked:
             self.metrics.count_rejection(caller.team_label, "revoked")
             raise AuthError("the token has been revoked")
         limits = self.limits.current().of(caller.team_id) if self.limits else TeamLimits().default
         try:
-            return self.gate.admit(caller.team_label, limits)
+            return self.gate.admit(caller.team_label, limits, streams)
         except Refused as refusal:
             self.metrics.count_rejection(caller.team_label, refusal.reason)
             raise

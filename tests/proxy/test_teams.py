@@ -93,7 +93,7 @@ def test_a_team_past_its_concurrent_streams_gets_429_and_other_teams_go_on(mock_
         assert third.status_code == 429
         assert third.headers["Retry-After"] == "1"
         assert third.json()["status_code"] == 429 and third.json()["error"]["type"] == "rate_limit_error"
-        assert "2 requests in flight" in third.json()["message"]
+        assert "2 of its 2 streams in flight" in third.json()["message"]
         other = stream(proxy.url, "large")  # no limit of its own, no default: unaffected
         assert other.status_code == 200
         for response in (first, second, other):
@@ -110,6 +110,33 @@ def test_a_team_past_its_concurrent_streams_gets_429_and_other_teams_go_on(mock_
             assert time.monotonic() < deadline, "the places of the clients that left are still taken"
             time.sleep(0.1)
         assert answer.status_code == 200 and len(answer.content.split()) == 20
+
+
+def completions(proxy_url: str, team: str, prompts: list[str], n: int) -> requests.Response:
+    body = {"model": "mock", "prompt": prompts, "n": n, "max_tokens": 5, "stream": True}
+    headers = bearer(token(team_id=team))
+    return requests.post(f"{proxy_url}/v1/completions", json=body, headers=headers, stream=True, timeout=30)
+
+
+def test_a_request_counts_its_prompts_times_n_against_the_teams_streams(mock_server, tmp_path):
+    """One request of 6 prompts and n 16 took all 32 rows of a server while its team might hold 2: a
+    request takes prompts x n streams of its team's limit, and one that could never fit is a 400."""
+    limits = tmp_path / "limits.toml"
+    limits.write_text("[teams.small]\nconcurrent_streams = 8\n")
+    with running_proxy(mock_server.url, args=("--team-limits", str(limits))) as proxy:
+        six = completions(proxy.url, "small", ["a", "b"], 3)
+        assert six.status_code == 200
+        another_six = completions(proxy.url, "small", ["c", "d"], 3)
+        assert another_six.status_code == 429
+        assert "6 of its 8 streams in flight and this request takes 6" in another_six.json()["message"]
+        two = completions(proxy.url, "small", ["e"], 2)
+        assert two.status_code == 200  # 6 + 2: within 8
+        flood = completions(proxy.url, "small", ["a", "b", "c", "d", "e", "f"], 16)
+        assert flood.status_code == 400 and "Retry-After" not in flood.headers
+        assert "takes 96 streams (prompts x n); your team may hold 8" in flood.json()["message"]
+        for response in (six, two):
+            assert b"[DONE]" in response.content  # read whole: their streams end
+        assert completions(proxy.url, "small", ["g", "h"], 4).status_code == 200  # all 8 free again
 
 
 def test_the_fourth_request_in_a_minute_gets_429_with_the_seconds_to_wait(echo_upstream, tmp_path):
