@@ -172,6 +172,9 @@ class Submit:
     # the same scope only (backend/engine/prefix_cache.py). The frontend makes it from the team the proxy
     # vouches for and the request's own cache_salt (inference_api/router.py, `cache_scope`).
     cache_scope: str = ""
+    # The team the proxy vouches for ("" without one): rows are shared fairly between teams
+    # (backend/engine/scheduler.py).
+    team: str = ""
 
 
 @dataclass(frozen=True)

@@ -96,8 +96,9 @@ class BackendProcess:
         prompt_ids: list[int] | tuple[int, ...],
         params: SamplingParams,
         cache_scope: str = "",
+        team: str = "",
     ) -> None:
-        self.inbox.put(Submit(request_id, tuple(prompt_ids), params, cache_scope))
+        self.inbox.put(Submit(request_id, tuple(prompt_ids), params, cache_scope, team))
 
     def cancel(self, request_id: str) -> None:
         self.inbox.put(Cancel(request_id))

@@ -190,7 +190,8 @@ class Router:
             )
             self._streams[stream.request_id] = stream
             # Under the lock, so that a backend that dies cannot miss a request submitted meanwhile.
-            self._backend.submit(stream.request_id, prompt_ids, params, cache_scope(team, cache_salt))
+            scope = cache_scope(team, cache_salt)
+            self._backend.submit(stream.request_id, prompt_ids, params, scope, team or "")
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return stream
 

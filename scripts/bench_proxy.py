@@ -40,13 +40,14 @@ def free_port() -> int:
 
 
 def start(
-    module: str, args: list[str], ready_path: str, headers: dict[str, str]
+    module: str, args: list[str], ready_path: str, headers: dict[str, str], root: Path = ROOT
 ) -> tuple[subprocess.Popen, str]:
+    """`python -m module` from the checkout `root` (another commit's, for a before and after)."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JWT_SECRET=SECRET)
+    env = dict(os.environ, PYTHONPATH=str(root), JWT_SECRET=SECRET)
     process = subprocess.Popen(
         [sys.executable, "-m", module, "--port", str(port), *args],
-        cwd=ROOT,
+        cwd=root,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

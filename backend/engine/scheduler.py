@@ -5,15 +5,26 @@ at most the budget of prompt tokens its measured step times allow
 (prefill_budget.py); with no row decoding nobody waits, and a step
 prefills up to a whole row's worth (chunks would only delay the first
 token). The budget goes to the rows still prefilling, oldest first, then
-to waiting requests, oldest first, each admitted into the free row where
-most of its prompt is cached already (prefix_cache.py). A request is
-admitted at the next step after a row frees up: it never waits for other
-requests to finish.
+to waiting requests, each admitted into the free row where most of its
+prompt is cached already (prefix_cache.py). A request is admitted at the
+next step after a row frees up: it never waits for other requests to
+finish.
+
+Rows are shared fairly between teams (`Submit.team`, the team the proxy
+vouches for): the next request admitted is the oldest of the team that
+holds the fewest rows, so that a team that queued a hundred requests does
+not hold every row while another waits; and while more than one team is
+present (holding rows, waiting, or seen in the last `PRESENT_SECONDS`),
+no team takes a free row past all but `reserved_rows` of them, so that
+another team's next request finds a row free instead of waiting for one
+of the flooding team's generations to end. A team alone, or a server with
+no teams, fills every row.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +35,16 @@ from backend.messages import Submit
 
 # Binds a request to the free row its placement names (its row state, its cached prefix); the engine's.
 TakeRow = Callable[[Submit, Placement], Row]
+
+# A team counts as present this long after its last request ended or waited: a client between two turns
+# (reading an answer, a tool call) is still there, and its next turn should find a row.
+PRESENT_SECONDS = 2.0
+
+
+def reserved_rows(rows: int) -> int:
+    """The rows no team may take while another team is present: one in eight (4 of the default 32),
+    enough for another team's few interactive streams, little of what a lone team may use."""
+    return rows // 8 if rows >= 8 else min(1, rows - 1)
 
 
 @dataclass(frozen=True)
@@ -46,10 +67,18 @@ class Schedule:
 class Scheduler:
     """Plans each step over the engine's rows and waiting requests."""
 
-    def __init__(self, prefill_budget: PrefillBudget, prefixes: PrefixIndex, max_seq_len: int):
+    def __init__(
+        self,
+        prefill_budget: PrefillBudget,
+        prefixes: PrefixIndex,
+        max_seq_len: int,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.prefill_budget = prefill_budget
         self.prefixes = prefixes
         self.max_seq_len = max_seq_len
+        self.clock = clock
+        self.last_seen: dict[str, float] = {}  # each team's last moment with a row or a waiting request
 
     def schedule(
         self,
@@ -73,14 +102,21 @@ class Scheduler:
         budget: int,
         take_row: TakeRow,
     ) -> list[Row]:
-        """Put waiting requests into free rows, oldest request first, while the step's prefill
-        budget lasts; each gets its first chunk, after what of its prompt is cached already."""
+        """Put waiting requests into free rows, fairly between teams (`next_request`), while the
+        step's prefill budget lasts; each gets its first chunk, after what of its prompt is cached
+        already."""
         admitted: list[Row] = []
         # What each busy row holds, built once for the burst (with reuse off, nothing to look at).
         enabled = self.prefixes.enabled
         busy = {row.index: row.prefix for row in rows if row is not None} if enabled else {}
+        held = collections.Counter(row.request.team for row in rows if row is not None)
+        most = self.most_rows_a_team(rows, waiting)
         while waiting and budget > 0 and None in rows:
-            request = waiting.pop(next(iter(waiting)))
+            request = next_request(waiting, held, most)
+            if request is None:  # every waiting team holds its most
+                break
+            del waiting[request.request_id]
+            held[request.team] += 1
             free = [index for index, slot in enumerate(rows) if slot is None]
             # A prompt to be scored reuses nothing: it needs the logits of every position.
             reuse = request.params.prompt_logprobs is None
@@ -92,6 +128,29 @@ class Scheduler:
             planned, budget = plan_chunks([row], budget)
             admitted += planned
         return admitted
+
+    def most_rows_a_team(self, rows: list[Row | None], waiting: collections.OrderedDict[str, Submit]) -> int:
+        """How many rows a team may hold now: all of them while it is the only team present, else all
+        but the reserved ones."""
+        now = self.clock()
+        busy = {row.request.team for row in rows if row is not None}
+        for team in busy | {request.team for request in waiting.values()}:
+            self.last_seen[team] = now
+        for team in [team for team, seen in self.last_seen.items() if now - seen >= PRESENT_SECONDS]:
+            del self.last_seen[team]  # gone: and the map never grows past the teams present
+        return len(rows) - (reserved_rows(len(rows)) if len(self.last_seen) > 1 else 0)
+
+
+def next_request(
+    waiting: collections.OrderedDict[str, Submit], held: collections.Counter[str], most: int
+) -> Submit | None:
+    """The oldest waiting request of the team holding the fewest rows, among those under `most`."""
+    chosen = None
+    for request in waiting.values():  # oldest first: a team's first is its oldest
+        rows = held[request.team]
+        if rows < most and (chosen is None or rows < held[chosen.team]):
+            chosen = request
+    return chosen
 
 
 def plan_chunks(rows: list[Row], budget: int) -> tuple[list[Row], int]:

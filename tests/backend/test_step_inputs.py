@@ -129,3 +129,67 @@ def test_a_row_refuses_to_decode_at_its_last_position():
     with pytest.raises(RuntimeError, match="its last or past it"):
         _ = at_end.position
     assert row(0, (5, 6), cached=62).position == 62
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def submit(team: str, i: int, prompt_tokens: int = 3) -> Submit:
+    return Submit(f"{team}-{i}", tuple(range(3, 3 + prompt_tokens)), SamplingParams(max_tokens=2), team=team)
+
+
+def take(request, place):
+    return Row(place.row, request, MarkerTokenizer(), frozenset(), 64, cached=place.reused)
+
+
+def test_a_team_alone_fills_every_row():
+    rows: list[Row | None] = [None] * 8
+    waiting = collections.OrderedDict((s.request_id, s) for s in (submit("flood", i) for i in range(12)))
+    Scheduler(PrefillBudget(fixed=1000), PrefixIndex(8), 64, Clock()).schedule(rows, waiting, take)
+    assert all(row is not None for row in rows) and len(waiting) == 4
+
+
+def test_while_two_teams_are_present_the_next_row_goes_to_the_one_holding_fewer_and_none_takes_the_last():
+    """One team queued first and many; another's requests still go first to free rows, and the flooding
+    team stops short of the last row (reserved_rows: 1 of 8) while the other is present, so that the
+    other's next request finds it free."""
+    clock = Clock()
+    scheduler = Scheduler(PrefillBudget(fixed=1000), PrefixIndex(8), 64, clock)
+    rows: list[Row | None] = [None] * 8
+    waiting = collections.OrderedDict((s.request_id, s) for s in (submit("flood", i) for i in range(12)))
+    waiting.update((s.request_id, s) for s in (submit("chat", i) for i in range(2)))
+    admitted = scheduler.schedule(rows, waiting, take).admitted
+    teams = [row.request.team for row in admitted]
+    assert teams[:4] == ["flood", "chat", "flood", "chat"]  # the fewest rows first, each team's oldest
+    assert teams.count("flood") == 6 and teams.count("chat") == 2
+    assert list(waiting)[0] == "flood-6"
+
+    for index in (1, 3):  # chat's two rows end; its client reads the answer for a second
+        rows[index] = None
+    clock.now += 1.0
+    again = scheduler.schedule(rows, waiting, take).admitted
+    assert [row.request.team for row in again] == ["flood"]  # chat still present: flood holds 7 of 8
+    assert rows.count(None) == 1
+    waiting["chat-9"] = submit("chat", 9)
+    assert [row.request.team for row in scheduler.schedule(rows, waiting, take).admitted] == ["chat"]
+
+
+def test_a_team_gone_quiet_leaves_every_row_to_the_one_still_there():
+    clock = Clock()
+    scheduler = Scheduler(PrefillBudget(fixed=1000), PrefixIndex(8), 64, clock)
+    rows: list[Row | None] = [None] * 8
+    waiting = collections.OrderedDict([("chat-0", submit("chat", 0))])
+    scheduler.schedule(rows, waiting, take)
+    rows[0] = None  # chat's request ended
+    waiting.update((s.request_id, s) for s in (submit("flood", i) for i in range(12)))
+    clock.now += 1.0
+    assert len(scheduler.schedule(rows, waiting, take).admitted) == 7  # chat still counts as present
+    clock.now += 5.0
+    rows[1] = None
+    assert len(scheduler.schedule(rows, waiting, take).admitted) == 2  # gone quiet: all 8 to flood
+    assert all(row is not None for row in rows)

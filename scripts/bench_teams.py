@@ -1,0 +1,137 @@
+#!/usr/bin/env python
+"""One team floods a shared server; another team's time to first token, idle and during the flood.
+
+    .venv/bin/python scripts/bench_teams.py [--flood 48] [--chat-streams 4] [--requests 8] [--tree DIR]
+
+Starts an inference server on the default model (32 rows, a queue of 64) and the proxy in front of it.
+First the "chat" team alone: --chat-streams clients, each sending --requests short streamed
+completions back to back (16 tokens); then the same while the "flood" team keeps --flood clients busy,
+each sending 250-token completions back to back, more than the rows hold. Reports the chat team's time
+to the first event, median and p99, idle and flooded, and their ratio (issue 35's goal: the p99 within
+2x the idle one). --tree runs the server from another checkout (an earlier commit), for a before and
+after measured by the same client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import jwt
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_proxy import ROOT, SECRET, percentile, start  # noqa: E402
+
+CHAT_TOKENS = 16
+FLOOD_TOKENS = 250
+
+
+def bearer(team: str) -> dict[str, str]:
+    return {"Authorization": "Bearer " + jwt.encode({"team_id": team, "token_id": team}, SECRET, "HS256")}
+
+
+def first_event(url: str, model: str, headers: dict[str, str], prompt: str, tokens: int) -> float:
+    """Seconds to the first event of one streamed completion (read to its end)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "stream": True, "ignore_eos": True}
+    started, first = time.perf_counter(), None
+    with requests.post(f"{url}/v1/completions", json=body, headers=headers, stream=True, timeout=900) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if first is None and line.startswith(b"data: "):
+                first = time.perf_counter() - started
+    return first
+
+
+def chat_round(url: str, model: str, streams: int, requests_each: int) -> list[float]:
+    headers = bearer("chat")
+
+    def client(i: int) -> list[float]:
+        prompt = f"Question {i}: name a colour of the sea."
+        return [first_event(url, model, headers, prompt, CHAT_TOKENS) for _ in range(requests_each)]
+
+    with ThreadPoolExecutor(streams) as pool:
+        return [t for times in pool.map(client, range(streams)) for t in times]
+
+
+def flood(url: str, model: str, clients: int, stop: threading.Event) -> threading.Thread:
+    """`clients` threads sending long completions back to back until `stop` is set."""
+    headers = bearer("flood")
+
+    def client(i: int) -> None:
+        prompt = f"Story {i}: tell me about the history of ships."
+        while not stop.is_set():
+            try:
+                first_event(url, model, headers, prompt, FLOOD_TOKENS)
+            except requests.RequestException:
+                time.sleep(0.5)  # a 503 past the queue: the flood goes on
+
+    def run() -> None:
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(client, range(clients)))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def active_rows(server_url: str) -> float:
+    for line in requests.get(f"{server_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("inference_active_rows "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--flood", type=int, default=48, help="the flooding team's concurrent clients")
+    parser.add_argument("--chat-streams", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=8, help="requests each chat client sends")
+    parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout the server runs from")
+    args = parser.parse_args()
+
+    server_args = ["--rows", "32", "--max-queue", "64"]
+    server, server_url = start("inference_api", server_args, "/ready", {}, root=args.tree)
+    proxy, proxy_url = start("proxy", ["--upstream", server_url], "/ready", bearer("chat"))
+    stop = threading.Event()
+    try:
+        model = requests.get(f"{server_url}/ready", timeout=10).json()["model"]
+        chat_round(proxy_url, model, args.chat_streams, 1)  # warm up
+        idle = chat_round(proxy_url, model, args.chat_streams, args.requests)
+        flooding = flood(proxy_url, model, args.flood, stop)
+        deadline = time.monotonic() + 120
+        while active_rows(server_url) < 32 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        flooded = chat_round(proxy_url, model, args.chat_streams, args.requests)
+        rows_during = active_rows(server_url)
+    finally:
+        stop.set()
+        for process in (proxy, server):
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(60)
+    flooding.join(timeout=120)
+
+    print(f"\nserver from {args.tree}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(
+        f"chat: {args.chat_streams} streams x {args.requests} requests of {CHAT_TOKENS} tokens; "
+        f"flood: {args.flood} clients of {FLOOD_TOKENS} tokens ({rows_during:.0f} rows active at the end)\n"
+    )
+    print("| chat team | first event p50 (ms) | p99 (ms) |")
+    print("| --- | ---: | ---: |")
+    for name, times in (("idle server", idle), ("during the flood", flooded)):
+        print(f"| {name} | {statistics.median(times) * 1000:.0f} | {percentile(times, 0.99) * 1000:.0f} |")
+    print(f"\np99 during the flood / idle p99: {percentile(flooded, 0.99) / percentile(idle, 0.99):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
