@@ -19,6 +19,15 @@ HEARTBEAT_SECONDS = 1.0
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 MAX_REPETITION_PENALTY = 10.0
+
+
+def reserved_places(places: int) -> int:
+    """Of a server's rows (or its rows and queue), how many no team may take while another team may
+    come: one in eight (4 of the default 32 rows), enough for another team's few interactive streams,
+    little of what a lone team may use (backend/engine/scheduler.py, inference_api/router.py)."""
+    return places // 8 if places >= 8 else min(1, places - 1)
+
+
 # Rows whose temperature is below this are greedy (vLLM's rule): logits / 1e-40 overflow to +inf, whose
 # race the lowest such token won, not the most likely one (backend/layers/sampler.py).
 GREEDY_BELOW = 1e-5

@@ -97,10 +97,8 @@ def start_choices(
         choices = Choices(router, requests, team_of(request.headers), cache_salt)
     except NotReady:
         raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY) from None
-    except QueueFull:
-        raise unavailable(
-            "the server is busy: every row is taken and the queue is full", RETRY_AFTER_QUEUE_FULL
-        ) from None
+    except QueueFull as full:
+        raise unavailable(f"the server is busy: {full}", RETRY_AFTER_QUEUE_FULL) from None
     try:
         pieces = choices.pieces(ClientWatch())
         first = next(pieces)

@@ -17,7 +17,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from backend.messages import BackendConfig, BackendReady, Piece, SamplingParams, Shutdown, StepOutput
+from backend.messages import (
+    BackendConfig,
+    BackendReady,
+    Piece,
+    SamplingParams,
+    Shutdown,
+    StepOutput,
+    reserved_places,
+)
 from backend.process import BackendDied, BackendProcess, BackendStartError
 from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.metrics import Metrics
@@ -39,7 +47,11 @@ class NotReady(RuntimeError):
 
 
 class QueueFull(RuntimeError):
-    """Every row is busy and max_queue requests already wait."""
+    """Every row is busy and max_queue requests already wait, or the request's team holds every place
+    but those kept for other teams."""
+
+    def __init__(self, message: str = "every row is busy and the queue is full"):
+        super().__init__(message)
 
 
 class BackendHung(BackendDied):
@@ -183,8 +195,10 @@ class Router:
         with self._lock:
             if self._serving is None or self._backend is None:
                 raise NotReady
-            if len(self._streams) >= self._serving.backend.rows + self.max_queue:
+            places = self._serving.backend.rows + self.max_queue
+            if len(self._streams) >= places:
                 raise QueueFull
+            self._check_team_share(team, places)
             stream = RequestStream(
                 uuid.uuid4().hex, len(prompt_ids), self.metrics, self._close_stream, pieces, team
             )
@@ -194,6 +208,20 @@ class Router:
             self._backend.submit(stream.request_id, prompt_ids, params, scope, team or "")
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return stream
+
+    def _check_team_share(self, team: str | None, places: int) -> None:
+        """A team (behind the proxy) may not take the places kept for other teams: one that queued a
+        flood of requests left every other team a 503 until it drained. Requests without a team (a
+        server with no proxy in front) may take every place, as one user's."""
+        if team is None:
+            return
+        most = places - reserved_places(places)
+        held = sum(stream.team == team for stream in self._streams.values())
+        if held >= most:
+            raise QueueFull(
+                f"your team holds {held} of the server's {places} places for requests; "
+                f"the other {places - most} are kept for other teams"
+            )
 
     def active_rows(self) -> int:
         with self._lock:

@@ -73,6 +73,9 @@ def test_the_proxys_revocation_and_429_messages_are_on_the_page():
             for _ in range(4):
                 gate.admit(f"team {limits}", limits)
         assert f"`{without_figures(refused.value.message)}`" in page()
+    with pytest.raises(Refused) as refused:
+        gate.admit("wide", Limits(concurrent_streams=3), streams=96)
+    assert f"`{without_figures(refused.value.message)}`" in page()
 
 
 def test_the_port_in_use_message_is_make_runs():
@@ -119,7 +122,9 @@ def test_the_resource_message_is_the_start_up_checks(monkeypatch, tmp_path):
     "path, fragment",
     [
         ("inference_api/generation.py", "the model is not loaded yet"),
-        ("inference_api/generation.py", "the server is busy: every row is taken and the queue is full"),
+        ("inference_api/generation.py", "the server is busy: "),
+        ("inference_api/router.py", "every row is busy and the queue is full"),
+        ("inference_api/router.py", " places for requests; "),
         ("inference_api/ops.py", "the backend is loading or restarting"),
         ("proxy/forward.py", "no inference server is ready"),
         ("proxy/forward.py", "the inference server did not answer in time"),

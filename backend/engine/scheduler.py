@@ -15,7 +15,7 @@ vouches for): the next request admitted is the oldest of the team that
 holds the fewest rows, so that a team that queued a hundred requests does
 not hold every row while another waits; and while more than one team is
 present (holding rows, waiting, or seen in the last `PRESENT_SECONDS`),
-no team takes a free row past all but `reserved_rows` of them, so that
+no team takes a free row past all but `reserved_places` of them, so that
 another team's next request finds a row free instead of waiting for one
 of the flooding team's generations to end. A team alone, or a server with
 no teams, fills every row.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from backend.engine.prefill_budget import PrefillBudget
 from backend.engine.prefix_cache import Placement, PrefixIndex
 from backend.engine.row import Row
-from backend.messages import Submit
+from backend.messages import Submit, reserved_places
 
 # Binds a request to the free row its placement names (its row state, its cached prefix); the engine's.
 TakeRow = Callable[[Submit, Placement], Row]
@@ -39,12 +39,6 @@ TakeRow = Callable[[Submit, Placement], Row]
 # A team counts as present this long after its last request ended or waited: a client between two turns
 # (reading an answer, a tool call) is still there, and its next turn should find a row.
 PRESENT_SECONDS = 2.0
-
-
-def reserved_rows(rows: int) -> int:
-    """The rows no team may take while another team is present: one in eight (4 of the default 32),
-    enough for another team's few interactive streams, little of what a lone team may use."""
-    return rows // 8 if rows >= 8 else min(1, rows - 1)
 
 
 @dataclass(frozen=True)
@@ -138,7 +132,7 @@ class Scheduler:
             self.last_seen[team] = now
         for team in [team for team, seen in self.last_seen.items() if now - seen >= PRESENT_SECONDS]:
             del self.last_seen[team]  # gone: and the map never grows past the teams present
-        return len(rows) - (reserved_rows(len(rows)) if len(self.last_seen) > 1 else 0)
+        return len(rows) - (reserved_places(len(rows)) if len(self.last_seen) > 1 else 0)
 
 
 def next_request(

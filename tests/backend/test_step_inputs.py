@@ -156,7 +156,7 @@ def test_a_team_alone_fills_every_row():
 
 def test_while_two_teams_are_present_the_next_row_goes_to_the_one_holding_fewer_and_none_takes_the_last():
     """One team queued first and many; another's requests still go first to free rows, and the flooding
-    team stops short of the last row (reserved_rows: 1 of 8) while the other is present, so that the
+    team stops short of the last row (reserved_places: 1 of 8) while the other is present, so that the
     other's next request finds it free."""
     clock = Clock()
     scheduler = Scheduler(PrefillBudget(fixed=1000), PrefixIndex(8), 64, clock)

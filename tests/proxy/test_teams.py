@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import requests
@@ -15,7 +17,7 @@ import requests
 from proxy.limits import Limits, parse_team_limits
 from proxy.team_gate import Refused, TeamGate
 from tests.proxy.conftest import bearer, running_proxy, token
-from tests.server_fixture import free_port
+from tests.server_fixture import free_port, running_server
 
 
 def edit(path: Path, text: str) -> None:
@@ -310,3 +312,45 @@ def test_many_teams_at_once_each_get_their_own_limit(echo_upstream, tmp_path):
     ):
         statuses = list(pool.map(lambda i: get_models(proxy, team_id=f"t{i % 4}").status_code, range(32)))
     assert statuses.count(200) == 4 * 5 and statuses.count(429) == 32 - 4 * 5
+
+
+def hold_stream(proxy_url: str, team: str) -> socket.socket:
+    """A long streamed request on a bare socket, open until the test closes it (a client that keeps
+    reading: requests' own sessions may close a connection the test still means to hold)."""
+    url = urlparse(proxy_url)
+    body = b'{"text": "hold", "max_tokens": 2000, "stream": true}'
+    head = (
+        f"POST /predictions/mock HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {token(team_id=team)}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock = socket.create_connection((url.hostname, url.port), timeout=10)
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def read_head(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {data!r}"
+        data += chunk
+    return data
+
+
+def test_a_flooding_team_leaves_places_for_another_team_without_any_limits():
+    """No limits file: a team that filled the rows and the queue left every other team a 503 until it
+    drained. One place in eight (here 1 of 4: 2 rows and 2 queue places) is kept for other teams.
+    (Requests with no team, straight to the server, may take every place: test_streaming_e2e's
+    test_past_the_queue_is_503_with_retry_after fills its two.)"""
+    options = "--mock --rows 2 --max-queue 2 --mock-tokens-per-second 20"
+    with running_server(*options.split()) as server, running_proxy(server.url) as proxy:
+        flood = [hold_stream(proxy.url, "flood") for _ in range(3)]
+        assert all(read_head(sock).startswith(b"HTTP/1.1 200") for sock in flood[:2])  # in the rows
+        eventually(lambda: server.metric("inference_queue_depth"), lambda depth: depth == 1)  # the third
+        refused = stream(proxy.url, "flood")
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        assert "your team holds 3 of the server's 4 places" in refused.json()["message"]
+        chat = hold_stream(proxy.url, "chat")  # takes the kept place: it waits for a row, not a 503
+        eventually(lambda: server.metric("inference_queue_depth"), lambda depth: depth == 2)
+        for sock in [*flood, chat]:
+            sock.close()

@@ -62,11 +62,8 @@ def open_stream(router: Router, prompt_ids: list[int], params: SamplingParams) -
         return router.open(prompt_ids, params, team=team_of(request.headers))
     except NotReady:
         raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY) from None
-    except QueueFull:
-        raise unavailable(
-            f"the queue is full: every row is busy and {router.max_queue} requests wait; retry later",
-            RETRY_AFTER_QUEUE_FULL,
-        ) from None
+    except QueueFull as full:
+        raise unavailable(f"the server is busy: {full}; retry later", RETRY_AFTER_QUEUE_FULL) from None
 
 
 def streaming_response(stream: RequestStream, first: Piece, prefix: str) -> Response:
