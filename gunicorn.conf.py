@@ -22,6 +22,8 @@ bind = [f"{_config.host}:{_config.port}"]
 workers = 1
 # gthread's, counting connections right, answering before the grace ends and errors in JSON.
 worker_class = "inference_api.worker.ApiWorker"
+# gunicorn's logger, but a client that hangs up is an info line and a 499, not an error with a traceback.
+logger_class = "inference_api.gunicorn_logger.ApiLogger"
 # A request holds its thread for as long as it streams, so there is one per request in flight.
 threads = _config.threads
 # gthread heartbeats from its main loop, not from request threads: long streams are fine.

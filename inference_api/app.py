@@ -16,6 +16,7 @@ from inference_api.apis.llama_stack import routes as llama_stack_api
 from inference_api.apis.native import routes as native_api
 from inference_api.apis.openai import routes as openai_api
 from inference_api.apis.responses import routes as responses_api
+from inference_api.client_watch import CLIENT_CLOSED_REQUEST, hang_up_in_flight
 from inference_api.config import ServerConfig
 from inference_api.errors import register_error_handlers
 from inference_api.metrics import Metrics
@@ -81,8 +82,18 @@ def _finish_response(response: Response) -> Response:
     response.headers["X-Request-ID"] = g.request_id
     endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
     metrics: Metrics = current_app.extensions["metrics"]
-    metrics.requests.labels(endpoint=endpoint, status=str(response.status_code)).inc()
+    if response.is_streamed:
+        # Counted when it ends: a stream whose client left midway is a 499, as in gunicorn's access log.
+        response.call_on_close(lambda: _count_stream(metrics, endpoint, response.status_code))
+    else:
+        metrics.requests.labels(endpoint=endpoint, status=str(response.status_code)).inc()
     return response
+
+
+def _count_stream(metrics: Metrics, endpoint: str, status: int) -> None:
+    """At the response's close(), which gunicorn calls with the hang-up that cut it still in flight."""
+    ended = CLIENT_CLOSED_REQUEST if hang_up_in_flight() else status
+    metrics.requests.labels(endpoint=endpoint, status=str(ended)).inc()
 
 
 def _log_ready(config: ServerConfig, serving: Serving) -> None:

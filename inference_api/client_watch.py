@@ -12,15 +12,30 @@ peer closed.
 from __future__ import annotations
 
 import socket
+import sys
 import time
 
 from flask import has_request_context, request
 
 POLL_SECONDS = 0.5
+CLIENT_CLOSED_REQUEST = 499  # nginx's "client closed request": the client closed its connection
 
 
 class ClientGone(Exception):
     """The client closed its connection while its answer was being made."""
+
+
+def is_hang_up(error: BaseException | None) -> bool:
+    """Whether `error` ended a request because its client went away: ClientGone, or a write into the
+    socket it closed (a broken pipe, a reset)."""
+    return isinstance(error, (ClientGone, ConnectionError))
+
+
+def hang_up_in_flight() -> bool:
+    """Whether the exception being handled is a hang-up. gunicorn writes a response's access line and
+    closes its body (the WSGI close()) in a `finally`, while the exception that cut the response short
+    is still in flight: this is how those two learn that its client left."""
+    return is_hang_up(sys.exc_info()[1])
 
 
 class ClientWatch:

@@ -17,7 +17,7 @@ from flask import Flask, Response, current_app, has_request_context, jsonify, re
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
 from backend.messages import InvalidParams
-from inference_api.client_watch import ClientGone
+from inference_api.client_watch import CLIENT_CLOSED_REQUEST, ClientGone
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,6 @@ RETRY_AFTER_NOT_READY = 5  # seconds: a model loads or a backend restarts
 # An oversized body is read and dropped up to this size, so that the connection stays usable: gunicorn
 # drains at most 64 KiB of an unread body and then closes a connection it has announced as keep-alive.
 DISCARD_BODY_LIMIT = 16 * 1024 * 1024
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before its answer
 
 
 class ApiError(Exception):
@@ -137,8 +136,8 @@ def _http_exception(error: HTTPException) -> Response:
 
 
 def _client_gone(error: ClientGone) -> Response:
-    """Nobody will read it: nginx's 499 ("client closed request") for the log and the metrics."""
-    log.info("client closed the connection before its answer was ready; request cancelled")
+    """Nobody will read it: nginx's 499 ("client closed request") for the metrics and gunicorn's log
+    (gunicorn_logger.py says there that the client went away)."""
     response = Response(status=CLIENT_CLOSED_REQUEST)
     response.headers["Connection"] = "close"
     return response

@@ -1,4 +1,4 @@
-"""The API server's gunicorn worker: gthread's, with three changes (gunicorn.conf.py names it).
+"""The API server's gunicorn worker: gthread's, with four changes (gunicorn.conf.py names it).
 
 - A connection whose socket gunicorn already closed counts as closed once. When
   a response fails after its headers went out (a stream cut by a backend that
@@ -12,6 +12,9 @@
 - The answers gunicorn writes itself, to a request it cannot parse (400, 414,
   431...) or to an error outside the app (500), are JSON in the API's error
   shape, like every other error, instead of an HTML page.
+- A client that hung up before its answer's first byte gets no 500 and is no error: gunicorn would
+  log one, with a traceback, and write the 500 to nobody. (gunicorn_logger.py has logged it already,
+  as the hang-up it is.)
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from gunicorn.workers.gthread import ThreadWorker
 
 from gunicorn_json_errors import JsonErrorPages
+from inference_api.client_watch import is_hang_up
 from inference_api.errors import error_body
 
 # Requests still in flight this long before the grace ends get their error: time to write it and go.
@@ -55,6 +59,11 @@ class ApiWorker(JsonErrorPages, ThreadWorker):
             self.nr_conns -= 1
             return
         super().finish_request(conn, fs)
+
+    def handle_error(self, req, client, addr, exc):
+        if is_hang_up(exc):
+            return
+        super().handle_error(req, client, addr, exc)
 
     def error_json(self, req, status: int, message: str) -> dict:
         return error_body(getattr(req, "path", None) or "", status, message, None, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -52,6 +53,23 @@ def test_every_error_is_json_with_a_request_id(app: Flask) -> None:
         assert set(response.get_json()) == {"status_code", "message"}
         assert response.get_json()["status_code"] == response.status_code
         assert response.headers["X-Request-ID"]
+
+
+def test_an_unexpected_error_is_a_500_logged_with_its_traceback(
+    app: Flask, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug is a server error, in the log with its traceback (a client's hang-up is not: test_hangup_e2e)."""
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(app.view_functions, "ops.health", broken)
+    with caplog.at_level(logging.INFO, logger="inference_api"):
+        response = app.test_client().get("/health")
+    assert response.status_code == 500
+    assert response.get_json() == {"status_code": 500, "message": "internal error: RuntimeError"}
+    [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert record.exc_info is not None and record.exc_info[0] is RuntimeError
 
 
 def test_not_ready_is_503_with_retry_after() -> None:
