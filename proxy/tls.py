@@ -4,6 +4,7 @@ clear (docs/deploy.md, "TLS").
 The worker wraps each connection of the traffic port itself, after gevent has patched `ssl`, so that
 the handshake has the header deadline (a client that opens a connection and never says hello is closed
 like one that never sends its headers) and the probe port stays plain HTTP for the cluster's probes.
+What it loads is the master's copy of the last good pair (proxy/served_pair.py).
 """
 
 from __future__ import annotations
@@ -18,3 +19,13 @@ def server_context(certfile: str, keyfile: str) -> ssl.SSLContext:
     context.load_cert_chain(certfile, keyfile)
     context.set_alpn_protocols(["http/1.1"])
     return context
+
+
+def load_problem(certfile: str, keyfile: str) -> str | None:
+    """Why the pair does not load (a file missing, not PEM, a key that is not the certificate's), or
+    None."""
+    try:
+        server_context(certfile, keyfile)
+    except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+        return str(error)
+    return None

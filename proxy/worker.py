@@ -89,11 +89,16 @@ class DeadlineBody:
 
 
 class ProxyWorker(JsonErrorPages, GeventWorker):
+    # The certificate and key to load: the master's copy of the last good pair, which gunicorn_conf's
+    # pre_fork hook hands over (proxy/served_pair.py); without that hook, the configured files.
+    tls_files: tuple[str, str] | None = None
+
     def init_process(self):
         config = ProxyConfig.from_env()
         self.header_timeout = config.header_timeout
         self.body_timeout = config.body_timeout
-        self.tls_files = (config.certfile, config.keyfile) if config.certfile else None
+        if self.tls_files is None and config.certfile:
+            self.tls_files = (config.certfile, config.keyfile)
         self.tls: ssl.SSLContext | None = None
         self.health_port = config.health_port
         # The connections waiting for a request's headers, each with its deadline.
