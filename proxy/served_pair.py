@@ -6,9 +6,10 @@ the pair as it starts, and stops the old one. Loaded straight from the operator'
 not match its certificate (the new certificate copied, the old key left) made every new worker crash as
 it started, over and over, and the TLS port served nothing: a full outage. So the master copies the pair
 into a private folder when the proxy starts and on each SIGHUP (gunicorn_conf.py's hooks), checks the
-copies, and only then hands them to the workers. A pair that does not load leaves the last good one
-serving with an error in the log, as proxy/watched_file.py does for the limits and the revoked tokens.
-A worker restarted for any other reason loads the same copies, never a half-renewed pair.
+copies, and only then hands them to the workers. A pair that does not load, or that a client would
+refuse (expired, not yet valid), leaves the last good one serving with an error in the log, as
+proxy/watched_file.py does for the limits and the revoked tokens. A worker restarted for any other
+reason loads the same copies, never a half-renewed pair.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from proxy.tls import load_problem
+from proxy.tls import client_objection, load_problem
 
 
 class UnusablePair(RuntimeError):
@@ -37,12 +38,15 @@ class ServedPair:
         if problem:
             self.remove()
             raise UnusablePair(f"--certfile {certfile} --keyfile {keyfile}: {problem}")
+        if objection := client_objection(*staged):
+            # Nothing better to serve: serve it, and say so.
+            log.warning("--certfile %s: %s; clients will refuse it until it is renewed", certfile, objection)
         self._serve(staged)
 
     def renew(self) -> None:
         """On SIGHUP: the operator's pair, if it is good; else the last good one, and an error."""
         staged, problem = self._stage()
-        if problem:
+        if problem := problem or client_objection(*staged):
             self.log.error(
                 "--certfile %s --keyfile %s: %s; still serving the last good pair (fix the files and send "
                 "SIGHUP again)",

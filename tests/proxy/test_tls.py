@@ -25,6 +25,20 @@ pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs t
 
 
 SUBJECT = ["-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"]
+# `openssl req` cannot date a certificate in the past; `openssl ca` can, with a database of its own.
+EXPIRED_CA_CONFIG = """
+[ca]
+default_ca = expired
+[expired]
+database = index.txt
+new_certs_dir = .
+serial = serial
+default_md = sha256
+policy = anything
+copy_extensions = copy
+[anything]
+commonName = supplied
+"""
 
 
 def make_certificate(folder: Path, name: str) -> tuple[Path, Path]:
@@ -33,6 +47,31 @@ def make_certificate(folder: Path, name: str) -> tuple[Path, Path]:
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", *SUBJECT]
         + ["-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def make_expired_certificate(folder: Path, name: str) -> tuple[Path, Path]:
+    """The same, valid only in January 2020."""
+    cert, key, request = folder / f"{name}-cert.pem", folder / f"{name}-key.pem", folder / f"{name}.csr"
+    authority = folder / f"{name}-ca"
+    authority.mkdir()
+    (authority / "ca.cnf").write_text(EXPIRED_CA_CONFIG)
+    (authority / "index.txt").write_text("")
+    (authority / "serial").write_text("01\n")
+    subprocess.run(
+        ["openssl", "req", "-new", "-newkey", "rsa:2048", "-nodes", *SUBJECT]
+        + ["-keyout", str(key), "-out", str(request)],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        ["openssl", "ca", "-batch", "-notext", "-config", "ca.cnf", "-selfsign", "-keyfile", str(key)]
+        + ["-in", str(request), "-startdate", "20200101000000Z", "-enddate", "20200201000000Z"]
+        + ["-out", str(cert)],
+        cwd=authority,
         check=True,
         capture_output=True,
     )
@@ -177,6 +216,7 @@ def test_a_botched_renewal_leaves_the_last_good_pair_serving_and_a_good_one_is_t
 ):
     first_cert, first_key = certificate
     renewed_cert, renewed_key = make_certificate(tmp_path, "renewed")
+    expired_cert, expired_key = make_expired_certificate(tmp_path, "expired")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"  # the operator's files
     shutil.copyfile(first_cert, cert)
     shutil.copyfile(first_key, key)
@@ -189,9 +229,26 @@ def test_a_botched_renewal_leaves_the_last_good_pair_serving_and_a_good_one_is_t
         assert served_certificate(proxy.url) == der(first_cert)
         assert "KEY_VALUES_MISMATCH" in proxy.log() and "the last good pair" in proxy.log()
 
+        # A pair that matches but expired long ago is no renewal either.
+        shutil.copyfile(expired_cert, cert)
+        shutil.copyfile(expired_key, key)
+        hang_up(proxy)
+        assert_serves_steadily(proxy, first_cert)
+        assert "certificate has expired" in proxy.log()
+
         # The renewal done right: the new pair from the next hang-up on.
         shutil.copyfile(renewed_cert, cert)
         shutil.copyfile(renewed_key, key)
         hang_up(proxy)
         assert_serves_steadily(proxy, renewed_cert)
         assert served_certificate(proxy.url) == der(renewed_cert)
+
+
+def test_an_expired_certificate_at_start_serves_with_a_warning(mock_server, tmp_path):
+    cert, key = make_expired_certificate(tmp_path, "expired")
+    args = ("--certfile", str(cert), "--keyfile", str(key))
+    with running_proxy(mock_server.url, args=args, tls_cert=cert, trust_tls_cert=False) as proxy:
+        with pytest.raises(requests.exceptions.SSLError, match="certificate has expired"):
+            requests.get(f"{proxy.url}/health", verify=str(cert), timeout=10)
+        assert served_certificate(proxy.url) == der(cert)  # served: there is no better one
+        assert "certificate has expired" in proxy.log()
