@@ -9,6 +9,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from proxy.config import ProxyConfig  # noqa: E402
+from proxy.served_pair import ServedPair  # noqa: E402
 
 _config = ProxyConfig.from_env()
 
@@ -39,3 +40,28 @@ def post_fork(server, worker):
         logger.handlers = list(server.log.error_log.handlers)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+
+
+# TLS: the workers load the master's copy of the last good pair, taken at start and on each SIGHUP,
+# so that a botched renewal leaves the last good pair serving (proxy/served_pair.py).
+
+
+def on_starting(server):
+    server.served_pair = None
+    if _config.certfile:
+        server.served_pair = ServedPair(_config.certfile, _config.keyfile, server.log.error_log)
+
+
+def on_reload(server):
+    if server.served_pair:
+        server.served_pair.renew()
+
+
+def pre_fork(server, worker):
+    if server.served_pair:
+        worker.tls_files = server.served_pair.files
+
+
+def on_exit(server):
+    if server.served_pair:
+        server.served_pair.remove()

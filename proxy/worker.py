@@ -5,6 +5,8 @@ not a thread (docs/deploy.md, "Slow clients"). gunicorn's gevent worker bounds
 the read of a request's line and headers by its keep-alive setting, a whole
 number of seconds that is also the idle time; here it is `header_timeout`. It
 has no bound at all on the body, which the app reads: `DeadlineBody` is one.
+It bounds reading the body only, never the answer: a generation may stream for
+minutes, and the next request on that kept-alive connection has its own deadline.
 
 With `--certfile` and `--keyfile` it speaks TLS on the traffic port (proxy/tls.py says why here rather
 than through gunicorn's own certfile setting), and the answers gunicorn writes itself, to a request it
@@ -30,6 +32,7 @@ from proxy.tls import server_context
 # Per client connection: its socket and, while it streams, one to the upstream.
 FILES_PER_CONNECTION = 2
 SPARE_FILES = 256  # listeners, logs, the health checks' connections
+DRAIN_CHUNK_BYTES = 64 * 1024
 
 
 class DeadlineBody:
@@ -73,13 +76,29 @@ class DeadlineBody:
         self.expired = True
         raise RequestTimeout(f"the request body did not arrive within {self.seconds:g} s of its headers")
 
+    def drain(self) -> bool:
+        """Read what the app left of the body (a request refused before reading it), by a deadline
+        `seconds` from now: the answer's time is not the body's. False if it did not all come by then."""
+        self.deadline = time.monotonic() + self.seconds
+        try:
+            while self.read(DRAIN_CHUNK_BYTES):
+                pass
+        except RequestTimeout:
+            return False
+        return True
+
 
 class ProxyWorker(JsonErrorPages, GeventWorker):
+    # The certificate and key to load: the master's copy of the last good pair, which gunicorn_conf's
+    # pre_fork hook hands over (proxy/served_pair.py); without that hook, the configured files.
+    tls_files: tuple[str, str] | None = None
+
     def init_process(self):
         config = ProxyConfig.from_env()
         self.header_timeout = config.header_timeout
         self.body_timeout = config.body_timeout
-        self.tls_files = (config.certfile, config.keyfile) if config.certfile else None
+        if self.tls_files is None and config.certfile:
+            self.tls_files = (config.certfile, config.keyfile)
         self.tls: ssl.SSLContext | None = None
         self.health_port = config.health_port
         # The connections waiting for a request's headers, each with its deadline.
@@ -149,6 +168,13 @@ class ProxyWorker(JsonErrorPages, GeventWorker):
         super().handle_request(listener_name, req, sock, addr)
         if body.expired:  # the app answered 408; the rest of the body is not worth waiting for
             raise StopIteration
+        # gunicorn reads what is left of the body before the next request on the connection
+        # (parser.finish_body). Through the DeadlineBody, that read would come after the answer, past
+        # a deadline the answer's time used up, and fail the next request with a 500: drain it here on
+        # its own clock, then hand gunicorn its own body back, read to the end.
+        if not body.drain():
+            raise StopIteration  # where the next request starts is unknown: close
+        req.body = body.body
 
     def error_json(self, req, status: int, message: str) -> dict:
         return error_body(status, message)

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import jwt
 import pytest
 import requests
+from urllib3.exceptions import InsecureRequestWarning
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
@@ -39,10 +41,15 @@ RunningProxy = RunningServer
 
 @contextmanager
 def running_proxy(
-    *upstreams: str, args: tuple[str, ...] = (), secret: str | None = SECRET, tls_cert: Path | None = None
+    *upstreams: str,
+    args: tuple[str, ...] = (),
+    secret: str | None = SECRET,
+    tls_cert: Path | None = None,
+    trust_tls_cert: bool = True,
 ) -> Iterator[RunningProxy]:
     """`tls_cert`: the certificate the proxy serves (with --certfile/--keyfile in `args`): the URL is
-    https and it is waited on with that certificate as the trusted one."""
+    https and it is waited on with that certificate as the trusted one (`trust_tls_cert` False: with
+    no check of it, for one no client would accept)."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     env.pop("JWT_SECRET", None)
@@ -60,7 +67,7 @@ def running_proxy(
         proxy = RunningProxy(f"{'https' if tls_cert else 'http'}://127.0.0.1:{port}", process, log_path)
         try:
             if tls_cert:
-                wait_for_tls(proxy, tls_cert, 30)
+                wait_for_tls(proxy, tls_cert if trust_tls_cert else False, 30)
             else:
                 proxy.wait_ready(30, path="/health")
             yield proxy
@@ -68,7 +75,8 @@ def running_proxy(
             stop_server(proxy)  # the same SIGTERM-then-clean-up as the inference server
 
 
-def wait_for_tls(proxy: RunningProxy, cert: Path, timeout: float) -> None:
+def wait_for_tls(proxy: RunningProxy, cert: Path | bool, timeout: float) -> None:
+    """`cert`: the one to trust, or False to check none."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proxy.process.poll() is not None:
@@ -76,7 +84,10 @@ def wait_for_tls(proxy: RunningProxy, cert: Path, timeout: float) -> None:
                 f"the proxy exited with code {proxy.process.returncode}:\n{proxy.log()[-4000:]}"
             )
         try:
-            if requests.get(f"{proxy.url}/health", verify=str(cert), timeout=2).status_code == 200:
+            with warnings.catch_warnings():  # unverified on purpose, where asked
+                warnings.simplefilter("ignore", InsecureRequestWarning)
+                answer = requests.get(f"{proxy.url}/health", verify=str(cert) if cert else False, timeout=2)
+            if answer.status_code == 200:
                 return
         except requests.ConnectionError:
             pass

@@ -3,6 +3,8 @@ issue 15, items A and 10): through a real proxy process, on the mock backend."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import resource
 import socket
 import threading
@@ -140,6 +142,55 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_the_connection_closes(
     assert b'"status_code":408' in answer and b"did not arrive within 1 s" in answer
     assert 1.0 <= waited < 4
     assert complete.status_code == 200 and complete.json()["body"] == "x" * 100
+
+
+def one_connection(url: str) -> http.client.HTTPConnection:
+    host, port = url.removeprefix("http://").split(":")
+    return http.client.HTTPConnection(host, int(port), timeout=10)
+
+
+def ask(connection: http.client.HTTPConnection, path: str, body: dict, headers: dict) -> tuple[int, bytes]:
+    """One request on `connection`, its answer read whole (as a pooled client does before the next)."""
+    connection.request("POST", path, body=json.dumps(body), headers=headers)
+    answer = connection.getresponse()
+    return answer.status, answer.read()
+
+
+def test_an_answer_longer_than_the_body_timeout_leaves_the_connection_serving(mock_server):
+    # A generation outlasting --body-timeout, then the next request on the same kept-alive connection,
+    # as httpx, requests.Session and the openai SDK send it.
+    with running_proxy(mock_server.url, args=("--body-timeout", "2")) as proxy:
+        connection = one_connection(proxy.url)
+        started = time.monotonic()
+        status, text = ask(
+            connection, "/predictions/mock", {"text": "hi", "max_tokens": 60, "stream": True}, bearer()
+        )
+        assert status == 200 and len(text.split()) == 60
+        assert time.monotonic() - started > 2.5, "the answer must outlast the body timeout"
+        socket_of_the_first = connection.sock
+        next_prompt = {"text": "hi", "max_tokens": 2, "stream": False}
+        status, answer = ask(connection, "/predictions/mock", next_prompt, bearer())
+        assert status == 200, answer  # before the fix: 500, and never forwarded
+        assert json.loads(answer)["usage"]["completion_tokens"] == 2
+        assert connection.sock is socket_of_the_first  # the same connection, not a new one
+        connection.close()
+
+
+def test_a_request_refused_before_its_body_is_read_keeps_the_connection_after_a_long_answer(
+    echo_upstream,
+):
+    with running_proxy(echo_upstream.url, args=("--body-timeout", "2")) as proxy:
+        connection = one_connection(proxy.url)
+        status, _ = ask(connection, "/slow", {"first": 1}, bearer())  # 3 s upstream
+        assert status == 200
+        socket_of_the_first = connection.sock
+        # Refused before its body is read: the worker reads the body after the answer, then goes on.
+        status, _ = ask(connection, "/echo", {"unread": 1}, {})
+        assert status == 401
+        status, answer = ask(connection, "/echo", {"third": 3}, bearer())
+        assert status == 200 and json.loads(json.loads(answer)["body"]) == {"third": 3}
+        assert connection.sock is socket_of_the_first
+        connection.close()
 
 
 def test_the_probe_port_answers_health_while_every_connection_streams(mock_server):
