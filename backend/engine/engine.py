@@ -36,7 +36,7 @@ from backend.layers.logprobs import token_logprobs
 from backend.layers.sampler import NOT_FINITE, SamplingBatch, sample
 from backend.messages import BackendConfig, Piece, SamplingParams, Submit, TokenLogprob
 from backend.model.cache_size import DEFAULT_MAX_SEQ_LEN, context_length
-from backend.model.embeddings import EmbeddingModel, embed
+from backend.model.embeddings import EmbeddingJob, EmbeddingModel, embed
 from backend.model.model_runner import ModelRunner
 from backend.model.step_inputs import StepInputs
 from backend.utils.heap import reuse_freed_memory
@@ -47,7 +47,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The fewest tokens a step gives embeddings, whatever prompts took of its budget: they never starve.
+EMBEDDING_FLOOR = 32
 NOT_FINITE_ERROR = "generation failed: the model's logits are not finite (NaN or infinity)"
+
+
+def embedding_failed(request: Submit, error: Exception) -> Piece:
+    message = f"embedding failed: {error}"
+    return Piece(request.request_id, "", "error", len(request.prompt_ids), error=message)
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -104,6 +111,7 @@ class Engine:
         self.matchers: dict[str, LLMatcher] = {}  # the grammar matcher of each waiting request with one
         self.embedding_waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.embedding_model = embedding_model  # None: embedding requests pool the served model's states
+        self.embedding_job: tuple[Submit, EmbeddingJob] | None = None  # a prompt embedded a chunk a step
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
 
@@ -184,6 +192,8 @@ class Engine:
         if waiting is not None:
             del waiting[request_id]
             self.matchers.pop(request_id, None)
+            if self.embedding_job is not None and self.embedding_job[0].request_id == request_id:
+                self.embedding_job = None  # and its cache with it
             self.undelivered.append(Piece(request_id, "", "cancelled"))
         elif (row := self._row_of(request_id)) is not None:
             row.cancelled = True
@@ -206,9 +216,11 @@ class Engine:
             # Finished rows were freed at the end of the last step; the rest decode or prefill.
             schedule = self.scheduler.schedule(self.rows, self.waiting, self._take_row)
             self.admitted = [row.request.request_id for row in schedule.admitted]
+            prompt_tokens = schedule.prompt_tokens  # before the step takes them
             if schedule:
                 pieces += self._run(schedule)
-            pieces += self._embed_waiting()
+            if self.embedding_waiting:
+                pieces += self._embed_waiting(self._embedding_budget(len(schedule.decoding), prompt_tokens))
         except BaseException:
             self.undelivered = pieces + self.undelivered  # decided before the failure: sent next step
             raise
@@ -246,17 +258,39 @@ class Engine:
             groups = [([row], []) for row in decoding]
         return [piece for group in groups if group[0] or group[1] for piece in self._step_rows(*group)]
 
-    def _embed_waiting(self) -> list[Piece]:
-        """Embed the oldest waiting embedding requests, up to the prefill budget in tokens (at least one),
-        a batch per pooling; a batch that fails ends its requests alone with an error."""
+    def _embedding_budget(self, decoding_rows: int, prompt_tokens: int) -> int:
+        """The tokens embeddings may take in a step: what the prefill budget leaves after the step's
+        prompt chunks (at least a few, so that a stream of prompts never starves them); with no row
+        decoding, nobody waits, and a step embeds up to a whole row's worth."""
+        if not decoding_rows:
+            return max(self.prefill_budget.ceiling, self.max_seq_len)
+        budget = self.prefill_budget.tokens(decoding_rows)
+        return max(min(EMBEDDING_FLOOR, budget), budget - prompt_tokens)
+
+    def _embed_waiting(self, budget: int) -> list[Piece]:
+        """Embed waiting embedding requests, oldest first, within `budget` tokens: the prompt already
+        being embedded a chunk at a time goes on first, then the prompts that fit whole, in one batch
+        a pooling; a prompt that does not fit starts a chunk at a time (the served model: a separate
+        one embeds it whole, alone in its step). A batch that fails ends its requests with an error."""
+        pieces: list[Piece] = []
+        if self.embedding_job is not None:
+            taken = min(budget, self.embedding_job[1].left)
+            pieces += self._advance_embedding(taken)
+            budget -= taken
         batch, tokens = [], 0
-        while self.embedding_waiting:
-            request = next(iter(self.embedding_waiting.values()))
-            if batch and tokens + len(request.prompt_ids) > self.prefill_budget.ceiling:
-                break
-            batch.append(self.embedding_waiting.pop(request.request_id))
-            tokens += len(request.prompt_ids)
-        pieces = []
+        for request in list(self.embedding_waiting.values()):
+            if self.embedding_job is not None and request is self.embedding_job[0]:
+                continue
+            size = len(request.prompt_ids)
+            whole_alone = not batch and self.embedding_model is not None and budget > 0  # an encoder's
+            if tokens + size <= budget or whole_alone:
+                batch.append(self.embedding_waiting.pop(request.request_id))
+                tokens += size
+                continue
+            if self.embedding_job is None and self.embedding_model is None and budget > tokens:
+                self.embedding_job = (request, EmbeddingJob(request.prompt_ids, request.params.embedding))
+                pieces += self._advance_embedding(budget - tokens)
+            break
         for pooling in sorted({request.params.embedding for request in batch}):
             group = [request for request in batch if request.params.embedding == pooling]
             try:
@@ -264,16 +298,28 @@ class Engine:
                 vectors = embed(model, [request.prompt_ids for request in group], pooling).tolist()
             except Exception as error:
                 log.exception("embedding %d prompts failed", len(group))
-                pieces += [
-                    Piece(r.request_id, "", "error", len(r.prompt_ids), error=f"embedding failed: {error}")
-                    for r in group
-                ]
+                pieces += [embedding_failed(request, error) for request in group]
                 continue
             pieces += [
                 Piece(request.request_id, "", "stop", len(request.prompt_ids), embedding=tuple(vector))
                 for request, vector in zip(group, vectors, strict=True)
             ]
         return pieces
+
+    def _advance_embedding(self, tokens: int) -> list[Piece]:
+        """A chunk of the prompt embedded a chunk at a time; its piece once it is all done."""
+        request, job = self.embedding_job
+        try:
+            if not job.advance(self.model, tokens):
+                return []
+            vector = tuple(job.vector().tolist())
+            piece = Piece(request.request_id, "", "stop", len(request.prompt_ids), embedding=vector)
+        except Exception as error:
+            log.exception("embedding request %s failed", request.request_id)
+            piece = embedding_failed(request, error)
+        del self.embedding_waiting[request.request_id]
+        self.embedding_job = None
+        return [piece]
 
     def fail_all(self, message: str) -> list[Piece]:
         """A step raised past `_step_rows` (admission, not a row's forward pass): end every request in

@@ -154,3 +154,41 @@ def test_a_model_that_cannot_embed_is_refused_at_start_up(tiny_bert, tmp_path):
     AutoTokenizer.from_pretrained(directory).save_pretrained(tmp_path / "t5")
     with pytest.raises(ValueError, match="T5Model cannot embed"):  # an encoder-decoder wants decoder inputs
         load_embedding_model(BackendConfig(embedding_model=str(tmp_path / "t5"), device="cpu"))
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gpt2"])
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_a_prompt_longer_than_the_budget_is_embedded_a_chunk_a_step_as_it_is_whole(architecture, pooling):
+    """Beside a decoding row, a prompt longer than the step's budget goes a chunk a step (each chunk
+    reading the earlier ones from its own cache) instead of holding the row's next token for its whole
+    pass: a step embeds at most the budget, and the vector is the one a single pass gives."""
+    model = tiny_model(architecture)
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=16)
+    engine.submit(Submit("decode", (3, 4, 5), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
+    engine.step()
+    long = tuple(range(7, 7 + 50))
+    engine.submit(Submit("long", long, SamplingParams(embedding=pooling)))
+    engine.submit(Submit("short", (9, 8, 7), SamplingParams(embedding=pooling)))
+    finished = []
+    for step in range(5):
+        pieces = engine.step()
+        assert any(p.request_id == "decode" and p.text for p in pieces)  # the row got its token each step
+        finished += [(step, p) for p in pieces if p.embedding is not None]
+    assert [(step, piece.request_id) for step, piece in finished] == [(3, "long"), (3, "short")]
+    # 16 tokens a step: 16, 16, 16, then the last 2 and the short one whole.
+    vectors = {piece.request_id: torch.tensor(piece.embedding) for _, piece in finished}
+    torch.testing.assert_close(vectors["long"], alone(model, long, pooling), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(vectors["short"], alone(model, (9, 8, 7), pooling), atol=1e-5, rtol=1e-4)
+
+
+def test_a_cancelled_request_being_embedded_a_chunk_a_step_ends_and_frees_its_cache():
+    engine = Engine(tiny_model("llama"), MarkerTokenizer(), rows=2, max_seq_len=128, max_prefill_tokens=8)
+    engine.submit(Submit("decode", (3, 4, 5), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
+    engine.step()
+    engine.submit(Submit("long", tuple(range(5, 45)), SamplingParams(embedding="mean")))
+    engine.step()
+    assert engine.embedding_job is not None
+    engine.cancel("long")
+    pieces = engine.step()
+    assert ("long", "cancelled") in [(p.request_id, p.finish_reason) for p in pieces]
+    assert engine.embedding_job is None
