@@ -506,7 +506,8 @@ class Engine:
     # Start-up and use from a Python shell.
 
     def warm_up(self) -> None:
-        """One prefill and a few decode steps, so the first real request pays no first-call costs.
+        """One prefill and a few decode steps, sampled, so the first real request pays no first-call
+        costs.
 
         Compiled decode steps compile here, once for each way torch.compile specializes their
         shapes: one row decoding, then two. On a GPU the decode steps' CUDA graphs are captured
@@ -519,7 +520,10 @@ class Engine:
         runs = [(3,), (3, 3)] if compiled and len(self.rows) > 1 else [(3,)]
         for lengths in runs:
             for i, length in enumerate(lengths):
-                params = SamplingParams(temperature=0, max_tokens=length, ignore_eos=True)
+                # Sampled from a nucleus, seeded: on a CPU that path's loop is the C++ extension's, which
+                # the exact mode builds nowhere else, and a first build inside a serving step (half a
+                # minute) held every row and tripped the watchdog.
+                params = SamplingParams(top_p=0.9, seed=i, max_tokens=length, ignore_eos=True)
                 self.submit(Submit(f"warm-up-{i}", prompt, params))
             while self.has_work:
                 self.step()

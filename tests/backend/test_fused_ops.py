@@ -334,3 +334,15 @@ def test_a_start_gets_past_a_lock_a_killed_build_left(fused):
     assert "s ago by a build that did not finish" in result.stderr
     assert "fused CPU operations ready in" in result.stderr
     assert not lock.exists() and list(directory.glob("*.so"))
+
+
+def test_warm_up_loads_the_extension_even_where_only_sampling_uses_it(fused, monkeypatch):
+    """In the exact mode decode steps run PyTorch's operations, and only the nucleus sampler's loop is
+    the extension's: warm-up samples a nucleus, so that its first load (or, on a new machine, its
+    build: half a minute) happens before the server is ready, not inside a step every row waits on."""
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(kernels, "_unavailable", None)
+    engine = Engine(tiny_model("llama"), MarkerTokenizer(), rows=2, max_seq_len=32)
+    assert engine.runner.decoder.ops is EAGER and kernels._extension is None
+    engine.warm_up()
+    assert kernels._extension is not None
