@@ -22,15 +22,20 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
-def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
-    """The grammar asked for by the first of `fields` present (None: free text); a 400 if more than one
-    is, or if the one given cannot be enforced."""
+def grammar_field(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
+    """Which of `fields` the request constrains its output with (None: none); a 400 if more than one."""
     given = [name for name in fields if data.get(name) is not None]
     if len(given) > 1:
         raise InvalidParams(given[1], f"{given[0]} and {given[1]} cannot be combined: give one")
-    if not given:
+    return given[0] if given else None
+
+
+def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
+    """The grammar asked for by the one of `fields` present (None: free text); a 400 if more than one
+    is, or if the one given cannot be enforced."""
+    name = grammar_field(data, fields)
+    if name is None:
         return None
-    name = given[0]
     value = data[name]
     if name == "response_format":
         return _response_format(value)
