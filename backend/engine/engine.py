@@ -401,6 +401,9 @@ class Engine:
                     piece = row.accept(tokens[i], logprobs.get(i), complete)
                 else:
                     piece = row.scored_piece()
+            except GrammarError as error:  # the request's grammar has no way on: its fault, not the step's
+                log.info("request %s: %s", row.request.request_id, error)
+                piece = row.error_piece(str(error), invalid="grammar")
             except Exception as error:
                 log.exception("request %s could not take its token", row.request.request_id)
                 piece = row.error_piece(f"generation failed: {error}")
