@@ -23,24 +23,26 @@ from typing import Any
 
 from flask import Response, current_app, request
 
-from backend.messages import Piece, SamplingParams
+from backend.messages import InvalidParams, Piece, SamplingParams
 from inference_api.choices import Choices
 from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.fields import parse_json_object
 from inference_api.metrics import team_of
-from inference_api.router import NotReady, QueueFull, Serving
+from inference_api.router import NotReady, QueueFull, Router, Serving
 
 
 @dataclass(frozen=True)
 class ApiFields:
     """An API's names for what a 400 about its request as a whole names: each part of a request the
-    backend may refuse as the request's own fault (Piece.invalid, named as in messages.InvalidPart)."""
+    backend may refuse as the request's own fault (Piece.invalid, named as in messages.InvalidPart), and
+    the field that sets how many requests one call makes (`count`)."""
 
     prompt_ids: str = "prompt"
     grammar: str | None = None  # the field the request's grammar came from
     logit_bias: str = "logit_bias"
     stop_token_ids: str = "stop_token_ids"
+    count: str = "n"
 
 
 OPENAI_FIELDS = ApiFields()
@@ -118,11 +120,12 @@ def start_choices(
     cache_salt: str | None = None,
     fields: ApiFields = OPENAI_FIELDS,
 ) -> tuple[Choices, Iterator[tuple[int, Piece]]]:
-    """Open every request (503 if the rows and the queue cannot take them all) and wait for the first
-    piece; the pieces, that one first, come as (choice index, piece) while the client is watched.
-    Cached prefixes are shared within the team the proxy names, and `cache_salt` (vLLM's) narrows it.
-    `fields`: the API's names for the 400s."""
+    """Open every request (503 if the rows and the queue cannot take them all now, 400 if they never
+    could) and wait for the first piece; the pieces, that one first, come as (choice index, piece) while
+    the client is watched. Cached prefixes are shared within the team the proxy names, and `cache_salt`
+    (vLLM's) narrows it. `fields`: the API's names for the 400s."""
     router = current_app.extensions["router"]
+    check_capacity(router, len(requests), fields.count)
     try:
         choices = Choices(router, requests, team_of(request.headers), cache_salt)
     except NotReady:
@@ -140,6 +143,20 @@ def start_choices(
         choices.close()
         raise
     return choices, chain([first], pieces)
+
+
+def check_capacity(router: Router, count: int, param: str) -> None:
+    """A 400 naming `param` for an API call of more requests than the rows and the queue hold together:
+    on an idle server it would still meet a full queue, and a 503 would have its client retry for ever."""
+    serving = router.serving
+    if serving is None or count <= serving.backend.rows + router.max_queue:
+        return  # not ready: the 503 of Choices
+    rows, queue = serving.backend.rows, router.max_queue
+    raise InvalidParams(
+        param,
+        f"{param} asks for {count} requests at once (one for each prompt and choice, or input); this "
+        f"server holds at most {rows + queue} ({rows} rows and a queue of {queue}): send fewer at a time",
+    )
 
 
 def event_stream(events: Iterator[bytes], close: Callable[[], None]) -> Response:

@@ -28,7 +28,7 @@ from inference_api.router import Serving
 bp = Blueprint("embeddings_api", __name__, url_prefix="/v1")
 
 MAX_INPUTS = 32  # each input is a request: no more than the rows hold at once
-FIELDS = ApiFields(prompt_ids="input")
+FIELDS = ApiFields(prompt_ids="input", count="input")
 
 
 @bp.post("/embeddings")

@@ -48,6 +48,32 @@ def assert_refused(response: requests.Response, param: str, *saying: str) -> dic
     return error
 
 
+# More generations at once than the rows and the queue hold together.
+
+
+def test_more_choices_than_rows_and_queue_on_an_idle_server_is_a_400_naming_n(server):
+    prompts = ["One", "Two", "Three", "Four", "Five", "Six"]
+    response = post(server, "/v1/completions", {"prompt": prompts, "n": 16, "max_tokens": 2})
+    assert_refused(response, "n", "96", str(ROWS + MAX_QUEUE))
+
+
+def test_as_many_choices_as_rows_and_queue_hold_are_served(server):
+    response = post(server, "/v1/completions", {"prompt": ["One", "Two", "Three"], "n": 4, "max_tokens": 2})
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == ROWS + MAX_QUEUE
+
+
+def test_more_prompts_than_rows_and_queue_is_a_400_naming_the_prompt(server):
+    prompts = [f"Prompt {i}" for i in range(ROWS + MAX_QUEUE + 1)]
+    response = post(server, "/v1/completions", {"prompt": prompts, "max_tokens": 2})
+    assert_refused(response, "prompt", str(ROWS + MAX_QUEUE + 1))
+
+
+def test_more_embedding_inputs_than_rows_and_queue_is_a_400_naming_input(server):
+    response = post(server, "/v1/embeddings", {"input": [f"text {i}" for i in range(ROWS + MAX_QUEUE + 1)]})
+    assert_refused(response, "input")
+
+
 # Constraints no text can meet.
 
 NOTHING_MEETS = [

@@ -198,8 +198,14 @@ def _answer(api: Completion | ChatCompletion) -> Response:
 
 
 def api_fields(openai_request: OpenAIRequest) -> ApiFields:
-    """The request's fields for the 400s: its prompt's and its grammar's."""
-    return ApiFields(prompt_ids=openai_request.prompt_param, grammar=openai_request.grammar_param)
+    """The request's fields for the 400s: its prompt's and grammar's, and what makes its many choices (n,
+    or the prompt's list when n is 1)."""
+    many_prompts = openai_request.n == 1 and len(openai_request.prompts) > 1
+    return ApiFields(
+        prompt_ids=openai_request.prompt_param,
+        grammar=openai_request.grammar_param,
+        count=openai_request.prompt_param if many_prompts else "n",
+    )
 
 
 class Usage:
