@@ -74,6 +74,25 @@ def test_more_embedding_inputs_than_rows_and_queue_is_a_400_naming_input(server)
     assert_refused(response, "input")
 
 
+# Scoring a prompt that fills the context.
+
+
+def score(server: RunningServer, tokens: int) -> requests.Response:
+    body = {"prompt": [1] * tokens, "max_tokens": 0, "echo": True, "logprobs": 1}
+    return post(server, "/v1/completions", body)
+
+
+def test_scoring_a_prompt_as_long_as_the_context_is_a_400_naming_the_prompt(server):
+    error = assert_refused(score(server, CONTEXT), "prompt", str(CONTEXT))
+    assert error["code"] == "context_length_exceeded"
+
+
+def test_scoring_a_prompt_one_shorter_than_the_context_is_served(server):
+    response = score(server, CONTEXT - 1)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"][0]["logprobs"]["tokens"]) == CONTEXT - 1
+
+
 # Constraints no text can meet.
 
 NOTHING_MEETS = [
