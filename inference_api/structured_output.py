@@ -59,7 +59,11 @@ def json_schema_grammar(schema: dict[str, Any], param: str) -> str:
 def choice_grammar(choices: Any, param: str) -> str:
     if not (isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices)):
         raise InvalidParams(param, f"{param} must be a non-empty list of non-empty strings")
-    lark = "start: " + " | ".join(json.dumps(choice) for choice in choices)
+    # One terminal, not a rule of alternatives: llguidance's parser holds a rule's alternatives in one row
+    # of at most 2,000 items (LLParserLimits.max_items_in_row), so a longer list failed at its first token,
+    # where a terminal's alternatives are one lexeme, which its lexer takes in any number (tried to 100,000).
+    # Not a JSON schema's enum, which would quote each choice.
+    lark = "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(choice) for choice in choices)
     return _checked(llguidance.LLMatcher.grammar_from_lark(lark), param)
 
 

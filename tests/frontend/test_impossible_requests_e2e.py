@@ -93,6 +93,22 @@ def test_scoring_a_prompt_one_shorter_than_the_context_is_served(server):
     assert len(response.json()["choices"][0]["logprobs"]["tokens"]) == CONTEXT - 1
 
 
+# A long guided_choice.
+
+
+def test_a_guided_choice_of_2500_choices_answers_one_of_them(client):
+    choices = [f"item number {i}" for i in range(2500)]
+    completion = client.completions.create(
+        model=MODEL,
+        prompt="Pick an item: ",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"guided_choice": choices},
+    )
+    assert completion.choices[0].text in choices
+    assert completion.choices[0].finish_reason == "stop"
+
+
 # Constraints no text can meet.
 
 NOTHING_MEETS = [
