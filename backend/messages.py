@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+# What of a request the backend refused as the request's own fault (Piece.invalid), named as in Submit and
+# SamplingParams: no retry can mend it, so each API answers a 400 naming its own field for that part.
+InvalidPart = Literal["prompt_ids", "grammar", "logit_bias", "stop_token_ids"]
 
 # A busy or idle backend sends a message (a StepOutput, empty if need be) at least this often, so
 # that the frontend can tell a backend that stopped stepping from one with nothing to say.
@@ -258,6 +261,9 @@ class Piece:
     cached_tokens: int = 0  # prompt tokens not computed: their keys and values were in the cache
     stop_sequence: str | None = None  # the stop string that ended the request (Anthropic's stop_sequence)
     embedding: tuple[float, ...] | None = None  # an embedding request's vector
+    # With finish_reason "error": the part of the request at fault when the request itself is (a prompt
+    # too long, a grammar no text can follow); None when the server failed it (a retry may succeed).
+    invalid: InvalidPart | None = None
 
     @property
     def finished(self) -> bool:

@@ -102,12 +102,26 @@ class MockRow:
         )
 
 
+def refusal(request: Submit, max_seq_len: int) -> Piece | None:
+    """The error piece of a request the real engine refuses as the request's own fault (Engine.submit),
+    for the prompts the mock can judge; None for one it takes. It has no grammars to judge."""
+    prompt_tokens = len(request.prompt_ids)
+    if prompt_tokens == 0:
+        message = "the prompt is empty"
+    elif prompt_tokens >= max_seq_len:
+        message = f"the prompt has {prompt_tokens} tokens; the context holds {max_seq_len}"
+    else:
+        return None
+    return Piece(request.request_id, "", "error", prompt_tokens, error=message, invalid="prompt_ids")
+
+
 def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiprocessing.Queue) -> None:
+    max_seq_len = config.max_seq_len or MOCK_MAX_SEQ_LEN
     outbox.put(
         BackendReady(
             model_name="mock",
             rows=config.rows,
-            max_seq_len=config.max_seq_len or MOCK_MAX_SEQ_LEN,
+            max_seq_len=max_seq_len,
             tokenizer_path=None,
             device="none",
             dtype="none",
@@ -130,7 +144,10 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: mult
                     and bytes(message.prompt_ids) == config.mock_stall_text.encode()
                 ):
                     stall_for_good()
-                waiting[message.request_id] = message
+                if (refused := refusal(message, max_seq_len)) is not None:
+                    pieces.append(refused)
+                else:
+                    waiting[message.request_id] = message
             elif isinstance(message, Cancel):
                 cancelled = rows.pop(message.request_id, None) or waiting.pop(message.request_id, None)
                 if cancelled is not None:

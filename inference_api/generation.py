@@ -1,32 +1,61 @@
 """What every generating endpoint does between parsing a request and shaping its answer.
 
     data, serving = read_request()               # 503 while the model loads, 404 for another model
-    choices, pieces = start_choices(requests)    # 503 past the queue; waits for the first piece
+    choices, pieces = start_choices(requests, fields=ApiFields(...))   # 503 past the queue; first piece
     return event_stream(events(...), choices.close)   # or one JSON answer
 
 The first piece is awaited before any status goes out, so that a backend
 that dies before it still gets the client a 503 rather than a broken
-stream. `Generation` reads one request's pieces as text, for the APIs that
-answer one prompt with one text (Anthropic's Messages, OpenAI's Responses,
-Llama Stack's inference).
+stream, and a request the backend refuses as its own fault a 400 naming
+the API's field for what it refused (`ApiFields`, `error_of`).
+`Generation` reads one request's pieces as text, for the APIs that answer
+one prompt with one text (Anthropic's Messages, OpenAI's Responses, Llama
+Stack's inference).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
 from flask import Response, current_app, request
 
-from backend.messages import Piece, SamplingParams
+from backend.messages import InvalidParams, Piece, SamplingParams
 from inference_api.choices import Choices
 from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.fields import parse_json_object
 from inference_api.metrics import team_of
-from inference_api.router import NotReady, QueueFull, Serving
+from inference_api.router import NotReady, QueueFull, Router, Serving
+
+
+@dataclass(frozen=True)
+class ApiFields:
+    """An API's names for what a 400 about its request as a whole names: each part of a request the
+    backend may refuse as the request's own fault (Piece.invalid, named as in messages.InvalidPart), and
+    the field that sets how many requests one call makes (`count`)."""
+
+    prompt_ids: str = "prompt"
+    grammar: str | None = None  # the field the request's grammar came from
+    logit_bias: str = "logit_bias"
+    stop_token_ids: str = "stop_token_ids"
+    count: str = "n"
+
+
+OPENAI_FIELDS = ApiFields()
+
+
+def error_of(piece: Piece, fields: ApiFields, failed: str = "generation failed") -> ApiError:
+    """The answer to a request that ended with this error piece before its status went out: a 400 naming
+    the API's field when the backend refused the request as its own fault, which no retry mends; else a
+    503, since the server failed it (a backend that died, a step that raised) and a retry may succeed."""
+    if piece.invalid is not None:
+        param = getattr(fields, piece.invalid)
+        return ApiError(400, f"{param}: {piece.error}" if param else str(piece.error), param=param)
+    return unavailable(f"{failed}: {piece.error}", RETRY_AFTER_NOT_READY)
 
 
 def read_request(
@@ -87,12 +116,16 @@ def served_names(serving: Serving) -> str:
 
 
 def start_choices(
-    requests: list[tuple[list[int], SamplingParams]], cache_salt: str | None = None
+    requests: list[tuple[list[int], SamplingParams]],
+    cache_salt: str | None = None,
+    fields: ApiFields = OPENAI_FIELDS,
 ) -> tuple[Choices, Iterator[tuple[int, Piece]]]:
-    """Open every request (503 if the rows and the queue cannot take them all) and wait for the first
-    piece; the pieces, that one first, come as (choice index, piece) while the client is watched.
-    Cached prefixes are shared within the team the proxy names, and `cache_salt` (vLLM's) narrows it."""
+    """Open every request (503 if the rows and the queue cannot take them all now, 400 if they never
+    could) and wait for the first piece; the pieces, that one first, come as (choice index, piece) while
+    the client is watched. Cached prefixes are shared within the team the proxy names, and `cache_salt`
+    (vLLM's) narrows it. `fields`: the API's names for the 400s."""
     router = current_app.extensions["router"]
+    check_capacity(router, len(requests), fields.count)
     try:
         choices = Choices(router, requests, team_of(request.headers), cache_salt)
     except NotReady:
@@ -103,11 +136,25 @@ def start_choices(
         pieces = choices.pieces(ClientWatch())
         first = next(pieces)
         if first[1].finish_reason == "error":
-            raise unavailable(f"generation failed: {first[1].error}", RETRY_AFTER_NOT_READY)
+            raise error_of(first[1], fields)
     except BaseException:
         choices.close()
         raise
     return choices, chain([first], pieces)
+
+
+def check_capacity(router: Router, count: int, param: str) -> None:
+    """A 400 naming `param` for an API call of more requests than the rows and the queue hold together:
+    on an idle server it would still meet a full queue, and a 503 would have its client retry for ever."""
+    serving = router.serving
+    if serving is None or count <= serving.backend.rows + router.max_queue:
+        return  # not ready: the 503 of Choices
+    rows, queue = serving.backend.rows, router.max_queue
+    raise InvalidParams(
+        param,
+        f"{param} asks for {count} requests at once (one for each prompt and choice, or input); this "
+        f"server holds at most {rows + queue} ({rows} rows and a queue of {queue}): send fewer at a time",
+    )
 
 
 def event_stream(events: Iterator[bytes], close: Callable[[], None]) -> Response:
@@ -127,16 +174,23 @@ def sse_event(data: dict[str, Any], name: str | None = None) -> bytes:
 
 
 class GenerationFailed(RuntimeError):
-    """The backend failed after the answer had begun: the stream ends with the API's error event."""
+    """The backend failed after the answer had begun: the stream ends with the API's error event.
+    `error`: what the answer would have been had it not begun (error_of)."""
+
+    def __init__(self, error: ApiError):
+        super().__init__(error.message)
+        self.error = error
 
 
 class Generation:
     """One request's answer as text: `deltas()` as it comes, or `text()` whole; then why it ended
     (finish_reason "stop" or "length", and the stop sequence if one ended it) and its token counts.
+    `fields`: the API's names for the 400s (start_choices).
     """
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams):
-        self.choices, self._pieces = start_choices([(prompt_ids, params)])
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, fields: ApiFields = OPENAI_FIELDS):
+        self.choices, self._pieces = start_choices([(prompt_ids, params)], fields=fields)
+        self.fields = fields
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
 
@@ -157,7 +211,7 @@ class Generation:
         try:
             for _, piece in self._pieces:
                 if piece.finish_reason == "error":
-                    raise GenerationFailed(f"generation failed: {piece.error}")
+                    raise GenerationFailed(error_of(piece, self.fields))
                 text = self._release(piece)
                 if text:
                     yield text
@@ -167,11 +221,11 @@ class Generation:
             self.close()
 
     def text(self) -> str:
-        """The whole text (a 503 if the backend fails before the end)."""
+        """The whole text (the error's answer, error_of, if the backend fails before the end)."""
         try:
             return "".join(self.deltas())
-        except GenerationFailed as error:
-            raise unavailable(str(error), RETRY_AFTER_NOT_READY) from None
+        except GenerationFailed as failed:
+            raise failed.error from None
 
     def close(self) -> None:
         """End the request; one still running is cancelled (its row frees at the next step)."""

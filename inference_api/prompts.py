@@ -62,10 +62,18 @@ def completion_budget(
     serving: Serving, prompt_tokens: int, max_tokens: int | None, default: int, prompt_param: str
 ) -> int:
     """max_tokens, or by default `default` as far as the context leaves room after the prompt;
-    ContextLengthExceeded (a 400) when prompt and answer do not fit in a row."""
+    ContextLengthExceeded (a 400) when prompt and answer do not fit in a row, or when a prompt only
+    scored (max_tokens 0) is not shorter than the context: a row's last position holds no token's keys,
+    since the decode graphs' padding writes there (engine.Engine.submit, decode_graphs.padding_position)."""
     context = serving.backend.max_seq_len
     if max_tokens is None:
         max_tokens = max(1, min(default, context - prompt_tokens))
+    if max_tokens == 0 and prompt_tokens >= context:
+        raise ContextLengthExceeded(
+            prompt_param,
+            f"This model's maximum context length is {context} tokens, and a prompt must be shorter. "
+            f"However, the {prompt_param} has {prompt_tokens} tokens. Please reduce its length.",
+        )
     if prompt_tokens + max_tokens > context:
         raise ContextLengthExceeded(
             prompt_param,

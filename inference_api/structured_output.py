@@ -22,15 +22,20 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
-def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
-    """The grammar asked for by the first of `fields` present (None: free text); a 400 if more than one
-    is, or if the one given cannot be enforced."""
+def grammar_field(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
+    """Which of `fields` the request constrains its output with (None: none); a 400 if more than one."""
     given = [name for name in fields if data.get(name) is not None]
     if len(given) > 1:
         raise InvalidParams(given[1], f"{given[0]} and {given[1]} cannot be combined: give one")
-    if not given:
+    return given[0] if given else None
+
+
+def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
+    """The grammar asked for by the one of `fields` present (None: free text); a 400 if more than one
+    is, or if the one given cannot be enforced."""
+    name = grammar_field(data, fields)
+    if name is None:
         return None
-    name = given[0]
     value = data[name]
     if name == "response_format":
         return _response_format(value)
@@ -54,7 +59,11 @@ def json_schema_grammar(schema: dict[str, Any], param: str) -> str:
 def choice_grammar(choices: Any, param: str) -> str:
     if not (isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices)):
         raise InvalidParams(param, f"{param} must be a non-empty list of non-empty strings")
-    lark = "start: " + " | ".join(json.dumps(choice) for choice in choices)
+    # One terminal, not a rule of alternatives: llguidance's parser holds a rule's alternatives in one row
+    # of at most 2,000 items (LLParserLimits.max_items_in_row), so a longer list failed at its first token,
+    # where a terminal's alternatives are one lexeme, which its lexer takes in any number (tried to 100,000).
+    # Not a JSON schema's enum, which would quote each choice.
+    lark = "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(choice) for choice in choices)
     return _checked(llguidance.LLMatcher.grammar_from_lark(lark), param)
 
 

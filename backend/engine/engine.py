@@ -34,7 +34,7 @@ from backend.layers.grammar import GrammarError, Grammars, PendingMasks
 from backend.layers.logits_processors import LogitsProcessors
 from backend.layers.logprobs import token_logprobs
 from backend.layers.sampler import NOT_FINITE, SamplingBatch, sample
-from backend.messages import BackendConfig, Piece, SamplingParams, Submit, TokenLogprob
+from backend.messages import BackendConfig, InvalidPart, Piece, SamplingParams, Submit, TokenLogprob
 from backend.model.cache_size import DEFAULT_MAX_SEQ_LEN, context_length
 from backend.model.embeddings import EmbeddingJob, EmbeddingModel, embed
 from backend.model.model_runner import ModelRunner
@@ -148,28 +148,33 @@ class Engine:
         # A separate embedding model takes its own token ids, up to its own length.
         separate = self.embedding_model if request.params.embedding is not None else None
         vocab_size = separate.vocab_size if separate else self.vocab_size
+        params = request.params
         if prompt_tokens == 0:
-            self._reject(request, "the prompt is empty")
+            self._reject(request, "the prompt is empty", "prompt_ids")
         elif separate is not None and prompt_tokens > separate.max_tokens:
             limit = separate.max_tokens
-            self._reject(request, f"the input has {prompt_tokens} tokens; the embedding model takes {limit}")
+            message = f"the input has {prompt_tokens} tokens; the embedding model takes {limit}"
+            self._reject(request, message, "prompt_ids")
         elif separate is None and prompt_tokens >= self.max_seq_len:
-            self._reject(
-                request, f"the prompt has {prompt_tokens} tokens; the context holds {self.max_seq_len}"
-            )
+            # Not even equal: a row's last position is never filled (Row.position).
+            message = f"the prompt has {prompt_tokens} tokens; the context holds {self.max_seq_len}"
+            self._reject(request, message, "prompt_ids")
         elif not all(0 <= token < vocab_size for token in request.prompt_ids):
-            self._reject(request, f"the prompt has token ids outside the model's vocabulary of {vocab_size}")
-        elif not all(0 <= token < self.vocab_size for token in self._named_tokens(request.params)):
-            self._reject(
-                request, f"logit_bias or stop_token_ids name ids outside the vocabulary of {self.vocab_size}"
-            )
+            message = f"the prompt has token ids outside the model's vocabulary of {vocab_size}"
+            self._reject(request, message, "prompt_ids")
+        elif not self._in_vocabulary(token for token, _ in params.logit_bias):
+            message = f"logit_bias names token ids outside the vocabulary of {self.vocab_size}"
+            self._reject(request, message, "logit_bias")
+        elif not self._in_vocabulary(params.stop_token_ids):
+            message = f"stop_token_ids names token ids outside the vocabulary of {self.vocab_size}"
+            self._reject(request, message, "stop_token_ids")
         elif (
             request.request_id in self.waiting
             or request.request_id in self.embedding_waiting
             or self._row_of(request.request_id) is not None
-        ):
+        ):  # the frontend's fault, not the request's
             self._reject(request, f"request id {request.request_id!r} is already in use")
-        elif request.params.embedding is not None:
+        elif params.embedding is not None:
             self.embedding_waiting[request.request_id] = request
         else:
             self._wait(request)
@@ -180,7 +185,7 @@ class Engine:
         try:
             matcher = self.grammars.matcher(request.params.grammar)
         except GrammarError as error:
-            self._reject(request, str(error))
+            self._reject(request, str(error), "grammar")
             return
         if matcher is not None:
             self.matchers[request.request_id] = matcher
@@ -442,6 +447,9 @@ class Engine:
                     piece = row.accept(tokens[i], logprobs.get(i), complete)
                 else:
                     piece = row.scored_piece()
+            except GrammarError as error:  # the request's grammar has no way on: its fault, not the step's
+                log.info("request %s: %s", row.request.request_id, error)
+                piece = row.error_piece(str(error), invalid="grammar")
             except Exception as error:
                 log.exception("request %s could not take its token", row.request.request_id)
                 piece = row.error_piece(f"generation failed: {error}")
@@ -480,9 +488,8 @@ class Engine:
             min_p=[p.min_p for p in params],
         )
 
-    @staticmethod
-    def _named_tokens(params: SamplingParams) -> list[int]:
-        return [token for token, _ in params.logit_bias] + list(params.stop_token_ids)
+    def _in_vocabulary(self, tokens: Iterable[int]) -> bool:
+        return all(0 <= token < self.vocab_size for token in tokens)
 
     def _free_finished(self) -> None:
         for row in self.active_rows:
@@ -500,8 +507,12 @@ class Engine:
     def _row_of(self, request_id: str) -> Row | None:
         return next((row for row in self.active_rows if row.request.request_id == request_id), None)
 
-    def _reject(self, request: Submit, message: str) -> None:
-        self.undelivered.append(Piece(request.request_id, "", "error", len(request.prompt_ids), 0, message))
+    def _reject(self, request: Submit, message: str, invalid: InvalidPart | None = None) -> None:
+        """End a request before it waits for a row; `invalid`: the part of it at fault, if it is."""
+        prompt_tokens = len(request.prompt_ids)
+        self.undelivered.append(
+            Piece(request.request_id, "", "error", prompt_tokens, error=message, invalid=invalid)
+        )
 
     # Start-up and use from a Python shell.
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from backend.engine.detokenizer import Decoder, IncrementalDetokenizer
 from backend.engine.stop_matcher import StopMatcher
-from backend.messages import FinishReason, Piece, Submit, TokenLogprob
+from backend.messages import FinishReason, InvalidPart, Piece, Submit, TokenLogprob
 
 
 @dataclass
@@ -110,10 +110,11 @@ class Row:
     def cancel_piece(self) -> Piece:
         return self._finish("cancelled", "")
 
-    def error_piece(self, message: str) -> Piece:
-        """The end of a request whose step failed (see Engine._step_rows)."""
+    def error_piece(self, message: str, invalid: InvalidPart | None = None) -> Piece:
+        """The end of a request whose step failed (see Engine._step_rows), or, with `invalid`, whose own
+        part could not go on (a grammar with no way on)."""
         self.finish_reason = "error"
-        return replace(self._piece(""), error=message)
+        return replace(self._piece(""), error=message, invalid=invalid)
 
     def scored_piece(self) -> Piece:
         """The end of a request that only scores its prompt (max_tokens 0)."""

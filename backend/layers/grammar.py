@@ -81,12 +81,22 @@ class Grammars:
         self._bitmask: torch.Tensor | None = None
 
     def matcher(self, grammar: str | None) -> llguidance.LLMatcher | None:
-        """A matcher at the start of this grammar (None for none); GrammarError if it cannot be used."""
+        """A matcher at the start of this grammar (None for none); GrammarError if it cannot be used, or if
+        no text can follow it (as `[^\\s\\S]`, or a rule that never ends: a row would stop at once as if
+        it were met)."""
         if grammar is None:
             return None
         matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0, limits=LIMITS)
         if matcher.is_error():
             raise GrammarError(f"invalid grammar: {matcher.get_error()}")
+        # llguidance finds a dead start when it computes the first mask: the matcher turns to an error
+        # and the mask allows only EOS, as if the grammar were complete.
+        first = matcher.compute_bitmask()
+        if matcher.is_error() or not (any(first) or matcher.is_accepting()):
+            raise GrammarError(
+                "no text can follow the grammar: it allows no token at its start and is not complete "
+                f"({_reason(matcher)})"
+            )
         return matcher
 
     def attach(self, row: int, matcher: llguidance.LLMatcher | None) -> None:
@@ -115,13 +125,19 @@ class Grammars:
     def consume(self, row: int, token: int) -> bool:
         """The row drew this token; whether its grammar is now complete (it allows nothing more).
 
-        GrammarError if the grammar does not allow the token (a row whose every allowed token another
+        GrammarError if the grammar has no way on from the text so far (its matcher turned to an error
+        when it computed this step's mask, which then allowed only EOS: taken, the row would stop as if
+        its grammar were met), or if it does not allow the token (a row whose every allowed token another
         setting had cut, such as min_tokens against a grammar that must end)."""
         matcher = self.matchers.get(row)
         if matcher is None:
             return False
+        if matcher.is_error():
+            raise GrammarError(
+                f"the grammar allows no token after the text so far, and is not complete ({_reason(matcher)})"
+            )
         if not matcher.consume_token(token):
-            raise GrammarError(f"the grammar does not allow token {token}: {matcher.get_error()}")
+            raise GrammarError(f"the grammar does not allow token {token}: {_reason(matcher)}")
         return matcher.is_stopped()
 
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
@@ -130,3 +146,8 @@ class Grammars:
                 self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
             )
         return self._tokenizer
+
+
+def _reason(matcher: llguidance.LLMatcher) -> str:
+    """llguidance's error, without the marker its non-verbose errors end with."""
+    return matcher.get_error().replace("<non-verbose/>", "").strip()

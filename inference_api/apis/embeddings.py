@@ -21,14 +21,14 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify
 
 from backend.messages import InvalidParams, SamplingParams
-from inference_api.errors import RETRY_AFTER_NOT_READY, unavailable
-from inference_api.generation import check_model, read_request, start_choices
+from inference_api.generation import ApiFields, check_model, error_of, read_request, start_choices
 from inference_api.prompts import prompt_ids, prompt_list
 from inference_api.router import Serving
 
 bp = Blueprint("embeddings_api", __name__, url_prefix="/v1")
 
 MAX_INPUTS = 32  # each input is a request: no more than the rows hold at once
+FIELDS = ApiFields(prompt_ids="input", count="input")
 
 
 @bp.post("/embeddings")
@@ -43,12 +43,12 @@ def embeddings() -> Response:
         message = "dimensions is not supported: the vectors have the model's hidden size"
         raise InvalidParams("dimensions", message)
     params = SamplingParams(max_tokens=0, embedding=current_app.config["SERVER"].embedding_pooling)
-    choices, pieces = start_choices([(ids, params) for ids in inputs])
+    choices, pieces = start_choices([(ids, params) for ids in inputs], fields=FIELDS)
     vectors: list[tuple[float, ...]] = [()] * len(inputs)
     try:
         for index, piece in pieces:
             if piece.finish_reason == "error":
-                raise unavailable(f"embedding failed: {piece.error}", RETRY_AFTER_NOT_READY)
+                raise error_of(piece, FIELDS, "embedding failed")
             if piece.embedding is not None:
                 vectors[index] = piece.embedding
     finally:

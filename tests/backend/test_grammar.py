@@ -84,3 +84,42 @@ def test_a_choice_is_one_of_the_choices(default_engine, choices):
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=10, grammar=grammar)
     [answer] = run(default_engine, {"c": ("The capital of France is", params)}).values()
     assert text_of(answer) in choices
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        llguidance.LLMatcher.grammar_from_regex("[^\\s\\S]"),  # a character that is no character
+        llguidance.LLMatcher.grammar_from_lark("start: a\na: a"),  # a rule that never ends
+    ],
+    ids=["empty-regex", "endless-rule"],
+)
+def test_a_grammar_no_text_can_follow_is_refused_as_the_requests_fault(default_engine, grammar):
+    # llguidance compiles both; only the first mask shows that nothing can start them. Unrefused, the mask
+    # allowed EOS alone and the row stopped at once with no text, as if its grammar were met.
+    dead = SamplingParams(temperature=0, max_tokens=5, grammar=grammar)
+    fine = SamplingParams(temperature=0, max_tokens=5)
+    pieces = run(default_engine, {"dead": ("Hello", dead), "fine": ("Hello", fine)})
+    [refused] = pieces["dead"]
+    assert refused.finish_reason == "error" and refused.invalid == "grammar"
+    assert "no text can follow the grammar" in refused.error
+    assert pieces["fine"][-1].finish_reason == "length" and text_of(pieces["fine"])
+
+
+def test_a_grammar_whose_text_reaches_a_dead_end_ends_with_an_error_never_a_stop(default_engine):
+    # "ab" is allowed, then nothing: llguidance's mask after it allows EOS alone and its matcher is in
+    # error. Taking that EOS, the row would end as a "stop" whose text does not follow the grammar.
+    grammar = llguidance.LLMatcher.grammar_from_lark('start: "ab" b\nb: b')
+    params = SamplingParams(temperature=0, max_tokens=5, grammar=grammar)
+    pieces = run(default_engine, {"r": ("Hello", params)})["r"]
+    assert text_of(pieces) == "ab"
+    assert pieces[-1].finish_reason == "error" and pieces[-1].invalid == "grammar"
+    assert "allows no token after the text so far" in pieces[-1].error
+
+
+def test_a_grammar_complete_at_its_start_is_not_refused(default_engine):
+    empty = SamplingParams(
+        temperature=0, max_tokens=5, grammar=llguidance.LLMatcher.grammar_from_lark('start: ""')
+    )
+    [answer] = run(default_engine, {"r": ("Hello", empty)}).values()
+    assert answer[-1].finish_reason == "stop" and text_of(answer) == ""

@@ -84,6 +84,23 @@ def test_the_mock_backend_speaks_the_same_messages():
         backend.stop()
 
 
+def test_the_mock_backend_refuses_what_the_engine_refuses_as_the_requests_fault():
+    backend = BackendProcess(BackendConfig(mock=True, rows=2, max_seq_len=16)).start()
+    try:
+        backend.wait_ready(timeout=30)
+        backend.submit("empty", [], SamplingParams(max_tokens=4))
+        backend.submit("full", list(range(16)), SamplingParams(max_tokens=0))
+        backend.submit("fits", list(range(15)), SamplingParams(max_tokens=0))
+        pieces = collect(backend, ["empty", "full", "fits"])
+        for name in ("empty", "full"):
+            [refused] = pieces[name]
+            assert refused.finish_reason == "error" and refused.invalid == "prompt_ids", refused
+        assert "16 tokens" in pieces["full"][0].error
+        assert pieces["fits"][-1].finish_reason == "length" and pieces["fits"][-1].invalid is None
+    finally:
+        backend.stop()
+
+
 def test_a_dead_backend_wakes_its_reader():
     backend = BackendProcess(BackendConfig(mock=True)).start()
     backend.wait_ready(timeout=30)

@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, tiny_model
@@ -123,5 +125,31 @@ def test_bad_requests_get_an_error_piece_and_do_not_disturb_others():
     for name in ("past-the-embedding", "negative"):
         assert pieces[name][0].finish_reason == "error" and str(TINY_VOCAB) in pieces[name][0].error
     assert pieces["empty"][0].finish_reason == "error"
-    assert [p.finish_reason for p in pieces["ok"]].count("error") == 1
+    # The request's own fault, which the frontend answers with a 400 naming its field...
+    for name in ("empty", "too-long", "past-the-embedding", "negative"):
+        assert pieces[name][0].invalid == "prompt_ids", name
+    # ...but a request id already in use is the frontend's (a 503, as any failure of the server's).
+    [reused] = [p for p in pieces["ok"] if p.finish_reason == "error"]
+    assert reused.invalid is None
     assert pieces["ok"][-1].finish_reason == "length"
+
+
+def test_a_prompt_as_long_as_the_context_is_refused_even_only_scored():
+    engine = Engine(tiny_model(), MarkerTokenizer(), rows=1, max_seq_len=32)
+    scored = SamplingParams(max_tokens=0, prompt_logprobs=1)
+    pieces = drive(engine, [(0, Submit("full", tuple(range(3, 35)), scored))])
+    assert pieces["full"][0].finish_reason == "error" and pieces["full"][0].invalid == "prompt_ids"
+
+
+@pytest.mark.parametrize(
+    "params, part",
+    [
+        (SamplingParams(logit_bias=((TINY_VOCAB, 1.0),)), "logit_bias"),
+        (SamplingParams(stop_token_ids=(TINY_VOCAB,)), "stop_token_ids"),
+    ],
+)
+def test_token_ids_outside_the_vocabulary_are_refused_naming_their_field(params, part):
+    engine = Engine(tiny_model(), MarkerTokenizer(), rows=1, max_seq_len=32)
+    [refused] = drive(engine, [(0, Submit("r", (3, 4), params))])["r"]
+    assert refused.finish_reason == "error" and refused.invalid == part
+    assert part in refused.error and str(TINY_VOCAB) in refused.error

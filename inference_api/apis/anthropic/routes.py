@@ -22,6 +22,7 @@ from flask import Blueprint, Response, jsonify
 from inference_api.apis.anthropic.request import parse_messages_request
 from inference_api.errors import anthropic_error
 from inference_api.generation import (
+    ApiFields,
     Generation,
     GenerationFailed,
     event_stream,
@@ -32,13 +33,14 @@ from inference_api.generation import (
 bp = Blueprint("anthropic_api", __name__)
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
+FIELDS = ApiFields(prompt_ids="messages")
 
 
 @bp.post("/v1/messages")
 def messages() -> Response:
     data, serving = read_request()
     messages_request = parse_messages_request(data, serving)
-    generation = Generation(messages_request.prompt_ids, messages_request.params)
+    generation = Generation(messages_request.prompt_ids, messages_request.params, FIELDS)
     message = Message(generation, serving.model_name)
     if messages_request.stream:
         return event_stream(message.events(), generation.close)

@@ -30,6 +30,7 @@ from inference_api.apis.llama_stack.request import (
     parse_completion,
 )
 from inference_api.generation import (
+    ApiFields,
     Generation,
     GenerationFailed,
     check_model,
@@ -59,6 +60,8 @@ def chat_completion() -> Response:
 class Completion:
     """The shapes of a completion."""
 
+    fields = ApiFields(prompt_ids="content")
+
     def whole(self, text: str, ending: dict[str, Any]) -> dict[str, Any]:
         return {"content": text, **ending, "logprobs": None}
 
@@ -74,6 +77,8 @@ class Completion:
 
 class ChatCompletion:
     """The shapes of a chat completion."""
+
+    fields = ApiFields(prompt_ids="messages")
 
     def whole(self, text: str, ending: dict[str, Any]) -> dict[str, Any]:
         message = {
@@ -105,7 +110,7 @@ def _answer(
     data, serving = read_request(model_field=None)
     check_model(data, serving, model_field(data))
     llama_stack_request = parse(data, serving)
-    generation = Generation(llama_stack_request.prompt_ids, llama_stack_request.params)
+    generation = Generation(llama_stack_request.prompt_ids, llama_stack_request.params, api.fields)
     if llama_stack_request.stream:
         return event_stream(_events(api, generation), generation.close)
     text = generation.text()

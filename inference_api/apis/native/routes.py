@@ -11,13 +11,14 @@ from backend.messages import Piece, SamplingParams
 from inference_api.apis.native.request import check_context, parse_native_request
 from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
-from inference_api.generation import served_names
+from inference_api.generation import ApiFields, error_of, served_names
 from inference_api.metrics import team_of
 from inference_api.request_stream import RequestStream
 from inference_api.router import NotReady, QueueFull, Router
 from inference_api.tokenizer import stop_token_ids_of
 
 bp = Blueprint("native_api", __name__)
+FIELDS = ApiFields(prompt_ids="text", grammar="json_schema")
 
 
 class StreamAborted(RuntimeError):
@@ -47,7 +48,7 @@ def predictions(model: str) -> Response:
         watch = ClientWatch()
         first = stream.next_piece(watch)
         if first.finish_reason == "error":
-            raise unavailable(f"generation failed: {first.error}", RETRY_AFTER_NOT_READY)
+            raise error_of(first, FIELDS)
     except BaseException:
         stream.close()
         raise
@@ -107,7 +108,7 @@ def json_response(stream: RequestStream, first: Piece, prefix: str) -> Response:
     finally:
         stream.close()
     if piece.finish_reason == "error":
-        raise unavailable(f"generation failed: {piece.error}", RETRY_AFTER_NOT_READY)
+        raise error_of(piece, FIELDS)
     return jsonify(
         text="".join(parts),
         finish_reason=piece.finish_reason,

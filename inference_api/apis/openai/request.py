@@ -29,7 +29,7 @@ from inference_api.prompts import (
     token_id_list,
 )
 from inference_api.router import Serving
-from inference_api.structured_output import GUIDED_FIELDS, read_grammar
+from inference_api.structured_output import GUIDED_FIELDS, grammar_field, read_grammar
 from inference_api.tokenizer import stop_token_ids_of
 from inference_api.tool_calls import (
     ToolRequest,
@@ -40,6 +40,7 @@ from inference_api.tool_calls import (
 from inference_api.unsupported_fields import reject_unsupported
 
 MAX_CHOICES = 16
+GRAMMAR_FIELDS = ("response_format", *GUIDED_FIELDS)
 SEED_MAX = 2**64 - 1
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions API
 
@@ -55,6 +56,8 @@ class OpenAIRequest:
     prompt_texts: tuple[str, ...] = ()  # ...as this text (the prompt as sent, or its ids decoded)
     tools: ToolRequest | None = None  # chat: the tools offered, and how the answer becomes calls
     cache_salt: str | None = None  # vLLM's: only requests with the same salt (and team) share a prefix
+    prompt_param: str = "prompt"  # where the prompt came from: prompt, or messages
+    grammar_param: str | None = None  # where params.grammar came from (None: no grammar)
 
     @property
     def logprobs(self) -> bool:
@@ -111,8 +114,10 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
         raise InvalidParams(
             "tool_choice", "a required or named tool_choice cannot be combined with response_format"
         )
-    params = request.params if grammar is None else replace(request.params, grammar=grammar)
-    return replace(request, params=params, tools=tool_request)
+    if grammar is None:
+        return replace(request, tools=tool_request)
+    params = replace(request.params, grammar=grammar)
+    return replace(request, params=params, tools=tool_request, grammar_param="tool_choice")
 
 
 def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
@@ -171,7 +176,7 @@ def _common(
         min_tokens=read_integer(data, "min_tokens", 0, 0, max_tokens),
         stop_token_ids=token_id_list(data.get("stop_token_ids"), serving.token_id_limit, "stop_token_ids")
         + stop_token_ids_of(stop, serving.tokenizer),
-        grammar=read_grammar(data, ("response_format", *GUIDED_FIELDS)),
+        grammar=read_grammar(data, GRAMMAR_FIELDS),
     )
     stream = read_bool(data, "stream", False)
     return OpenAIRequest(
@@ -181,6 +186,8 @@ def _common(
         stream=stream,
         include_usage=_include_usage(data.get("stream_options"), stream),
         cache_salt=read_string(data, "cache_salt", non_empty=True),
+        prompt_param=prompt_param,
+        grammar_param=grammar_field(data, GRAMMAR_FIELDS),
     )
 
 

@@ -18,8 +18,15 @@ from backend.messages import Piece
 from inference_api.apis.openai.logprobs import ChatLogprobs, CompletionLogprobs
 from inference_api.apis.openai.request import OpenAIRequest, parse_chat_request, parse_completion_request
 from inference_api.choices import Choices
-from inference_api.errors import RETRY_AFTER_NOT_READY, unavailable
-from inference_api.generation import event_stream, read_request, serving_now, sse_event, start_choices
+from inference_api.generation import (
+    ApiFields,
+    error_of,
+    event_stream,
+    read_request,
+    serving_now,
+    sse_event,
+    start_choices,
+)
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolCallReader
 
@@ -180,13 +187,25 @@ class ChoiceOutput:
 def _answer(api: Completion | ChatCompletion) -> Response:
     data, serving = read_request()
     openai_request = api.parse(data, serving)
-    choices, pieces = start_choices(openai_request.choice_requests(), openai_request.cache_salt)
+    fields = api_fields(openai_request)
+    choices, pieces = start_choices(openai_request.choice_requests(), openai_request.cache_salt, fields)
     response_id = api.id_prefix + uuid.uuid4().hex
     usage = Usage(openai_request, choices)
     if openai_request.stream:
-        events = _events(api, response_id, serving, openai_request, choices, pieces, usage)
+        events = _events(api, response_id, serving, openai_request, choices, pieces, usage, fields)
         return event_stream(events, choices.close)
-    return _whole(api, response_id, serving, openai_request, choices, pieces, usage)
+    return _whole(api, response_id, serving, openai_request, choices, pieces, usage, fields)
+
+
+def api_fields(openai_request: OpenAIRequest) -> ApiFields:
+    """The request's fields for the 400s: its prompt's and grammar's, and what makes its many choices (n,
+    or the prompt's list when n is 1)."""
+    many_prompts = openai_request.n == 1 and len(openai_request.prompts) > 1
+    return ApiFields(
+        prompt_ids=openai_request.prompt_param,
+        grammar=openai_request.grammar_param,
+        count=openai_request.prompt_param if many_prompts else "n",
+    )
 
 
 class Usage:
@@ -216,6 +235,7 @@ def _whole(
     choices: Choices,
     pieces: Iterator[tuple[int, Piece]],
     usage: Usage,
+    fields: ApiFields,
 ) -> Response:
     outputs = [ChoiceOutput(api, openai_request, serving, i) for i in range(len(choices.streams))]
     texts: list[list[str]] = [[] for _ in choices.streams]
@@ -223,8 +243,8 @@ def _whole(
     finish_reasons: list[str | None] = [None] * len(choices.streams)
     try:
         for index, piece in pieces:
-            if piece.finish_reason == "error":
-                raise unavailable(f"generation failed: {piece.error}", RETRY_AFTER_NOT_READY)
+            if piece.finish_reason == "error":  # a later choice's: no status has gone out yet
+                raise error_of(piece, fields)
             texts[index].append(outputs[index].text(piece))
             entries[index] += outputs[index].entries(piece)
             finish_reasons[index] = piece.finish_reason
@@ -257,6 +277,7 @@ def _events(
     choices: Choices,
     pieces: Iterator[tuple[int, Piece]],
     usage: Usage,
+    fields: ApiFields,
 ) -> Iterator[bytes]:
     """Server-sent events: a chunk per piece, the usage chunk if asked for, then [DONE]."""
     created = int(time.time())
@@ -283,12 +304,9 @@ def _events(
         for index, piece in pieces:
             if piece.finish_reason == "error":
                 # Too late for a status: OpenAI's clients raise on an error event.
-                error = {
-                    "message": f"generation failed: {piece.error}",
-                    "type": "server_error",
-                    "param": None,
-                }
-                yield sse_event({"error": error})
+                failed = error_of(piece, fields)
+                kind = "invalid_request_error" if failed.status < 500 else "server_error"
+                yield sse_event({"error": {"message": failed.message, "type": kind, "param": failed.param}})
                 return
             text, entries = outputs[index].text(piece), outputs[index].entries(piece)
             if text or entries or piece.finished:

@@ -23,16 +23,24 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from inference_api.apis.responses.request import ResponsesRequest, parse_responses_request
-from inference_api.generation import Generation, GenerationFailed, event_stream, read_request, sse_event
+from inference_api.generation import (
+    ApiFields,
+    Generation,
+    GenerationFailed,
+    event_stream,
+    read_request,
+    sse_event,
+)
 
 bp = Blueprint("responses_api", __name__)
+FIELDS = ApiFields(prompt_ids="input")
 
 
 @bp.post("/v1/responses")
 def responses() -> Response:
     data, serving = read_request()
     responses_request = parse_responses_request(data, serving)
-    generation = Generation(responses_request.prompt_ids, responses_request.params)
+    generation = Generation(responses_request.prompt_ids, responses_request.params, FIELDS)
     answer = ModelResponse(generation, serving.model_name, responses_request)
     if responses_request.stream:
         return event_stream(answer.events(), generation.close)
