@@ -36,8 +36,8 @@ def refusing(app: Flask, monkeypatch: pytest.MonkeyPatch) -> Flask:
     backend = app.extensions["router"]._backend
     submit = backend.submit
 
-    def submit_emptied(request_id, prompt_ids, params, cache_scope=""):
-        submit(request_id, (), params, cache_scope)
+    def submit_emptied(request_id, prompt_ids, params, cache_scope="", team=""):
+        submit(request_id, (), params, cache_scope, team)
 
     monkeypatch.setattr(backend, "submit", submit_emptied)
     return app

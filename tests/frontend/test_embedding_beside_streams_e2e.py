@@ -1,0 +1,88 @@
+"""A long /v1/embeddings input does not freeze the streams beside it: through the real server on the
+default model, with a prefill budget fixed at 64 tokens so that the count of steps does not depend on
+the machine's speed.
+
+Before, a step embedded every waiting input whole (at least one, whatever its length), so a 900-token
+input was one long step and a client streaming beside it got no token until it ended (issue 35: 32
+such inputs held another stream's next token for 16.6 s). Now an input longer than the step's budget
+is embedded a chunk a step, and every one of those steps decodes the streaming row: the stream gets
+a token for about every 64 tokens embedded. The test counts tokens, not seconds, so that a slow or
+busy machine cannot fail it; docs/performance.md has the times.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from tests.server_fixture import RunningServer, running_server
+
+BUDGET = 64  # prompt tokens a step, fixed
+INPUT_WORDS = 900  # " word" is one token of the default model's vocabulary
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    options = f"--rows 2 --max-seq-len 1024 --max-prefill-tokens {BUDGET}"
+    with running_server(*options.split(), ready_timeout=600) as running:
+        yield running
+
+
+class Stream(threading.Thread):
+    """A streamed completion that runs long, noting when each of its events arrives."""
+
+    def __init__(self, server: RunningServer):
+        super().__init__(daemon=True)
+        self.server, self.arrivals, self.finish_reason, self.refused = server, [], None, None
+
+    def run(self) -> None:
+        body = {
+            "model": MODEL,
+            "prompt": "Count to a thousand:",
+            "max_tokens": 600,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with requests.post(
+            f"{self.server.url}/v1/completions", json=body, stream=True, timeout=300
+        ) as response:
+            if response.status_code != 200:
+                self.refused = response.text
+                return
+            for line in response.iter_lines():
+                if not line.startswith(b"data: {"):
+                    continue
+                self.arrivals.append(time.monotonic())
+                self.finish_reason = json.loads(line[6:])["choices"][0]["finish_reason"] or self.finish_reason
+
+
+def test_a_stream_gets_tokens_while_a_long_input_is_embedded(server):
+    stream = Stream(server)
+    stream.start()
+    deadline = time.monotonic() + 120
+    while len(stream.arrivals) < 5:  # the row is decoding
+        assert stream.is_alive() and time.monotonic() < deadline, (
+            f"the stream never started: {stream.refused}"
+        )
+        time.sleep(0.01)
+
+    sent = time.monotonic()
+    text = "word " * INPUT_WORDS
+    response = requests.post(f"{server.url}/v1/embeddings", json={"model": MODEL, "input": text}, timeout=300)
+    answered = time.monotonic()
+    assert response.status_code == 200, response.text
+    tokens = response.json()["usage"]["prompt_tokens"]
+    assert tokens > 10 * BUDGET  # long enough that whole it would be one long step
+
+    during = sum(sent < arrival < answered for arrival in stream.arrivals)
+    # A step for each chunk of at most 64 tokens, each decoding the stream's row: at least 14 tokens
+    # for 900; half that leaves room for the steps that end with the answer still on its way.
+    assert during >= tokens // BUDGET // 2, f"{during} tokens streamed while {tokens} tokens were embedded"
+    stream.join(timeout=300)
+    assert stream.finish_reason == "length"  # and the stream itself ends as asked
