@@ -18,7 +18,9 @@ present (holding rows, waiting, or seen in the last `PRESENT_SECONDS`),
 no team takes a free row past all but `reserved_places` of them, so that
 another team's next request finds a row free instead of waiting for one
 of the flooding team's generations to end. A team alone, or a server with
-no teams, fills every row.
+no teams, fills every row; a team that comes to such a server after
+`PRESENT_SECONDS` away waits once, for the next row to free up (rows are
+never taken back from a request).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from backend.messages import Submit, reserved_places
 TakeRow = Callable[[Submit, Placement], Row]
 
 # A team counts as present this long after its last request ended or waited: a client between two turns
-# (reading an answer, a tool call) is still there, and its next turn should find a row.
-PRESENT_SECONDS = 2.0
+# (reading an answer, a tool call, a user typing) is still there, and its next turn should find a row.
+# With 2 s, a team back after a pause met a flood holding every row and waited for a row to free up: 27 s
+# when the flood's 32 generations of 250 tokens had started together (scripts/bench_teams.py).
+PRESENT_SECONDS = 600.0
 
 
 @dataclass(frozen=True)

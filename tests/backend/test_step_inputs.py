@@ -12,7 +12,7 @@ import torch
 from backend.engine.prefill_budget import PrefillBudget
 from backend.engine.prefix_cache import PrefixIndex
 from backend.engine.row import Row
-from backend.engine.scheduler import Scheduler, plan_chunks
+from backend.engine.scheduler import PRESENT_SECONDS, Scheduler, plan_chunks
 from backend.messages import SamplingParams, Submit
 from backend.model.step_inputs import check, pack
 from tests.backend.models import MarkerTokenizer
@@ -169,9 +169,9 @@ def test_while_two_teams_are_present_the_next_row_goes_to_the_one_holding_fewer_
     assert teams.count("flood") == 6 and teams.count("chat") == 2
     assert list(waiting)[0] == "flood-6"
 
-    for index in (1, 3):  # chat's two rows end; its client reads the answer for a second
+    for index in (1, 3):  # chat's two rows end; its user reads the answer for a minute
         rows[index] = None
-    clock.now += 1.0
+    clock.now += 60.0
     again = scheduler.schedule(rows, waiting, take).admitted
     assert [row.request.team for row in again] == ["flood"]  # chat still present: flood holds 7 of 8
     assert rows.count(None) == 1
@@ -187,9 +187,9 @@ def test_a_team_gone_quiet_leaves_every_row_to_the_one_still_there():
     scheduler.schedule(rows, waiting, take)
     rows[0] = None  # chat's request ended
     waiting.update((s.request_id, s) for s in (submit("flood", i) for i in range(12)))
-    clock.now += 1.0
+    clock.now += 60.0
     assert len(scheduler.schedule(rows, waiting, take).admitted) == 7  # chat still counts as present
-    clock.now += 5.0
+    clock.now += PRESENT_SECONDS
     rows[1] = None
     assert len(scheduler.schedule(rows, waiting, take).admitted) == 2  # gone quiet: all 8 to flood
     assert all(row is not None for row in rows)
