@@ -83,12 +83,13 @@ def main() -> None:
         stop, during, took = threading.Event(), [], []
 
         def streaming() -> None:
-            during.extend(stream_gaps(url, model, 4000, stop))
+            while not stop.is_set():  # streams of 1,500 tokens, one after another, within the context
+                during.extend(stream_gaps(url, model, 1500, stop))
 
         streamer = threading.Thread(target=streaming)
         streamer.start()
         time.sleep(2)  # the stream is decoding
-        took.append(embed(url, model, args.inputs, args.input_tokens * 4 // 5))  # about 1.25 tokens a word
+        took.append(embed(url, model, args.inputs, args.input_tokens * 10 // 11))  # about 1.1 tokens a word
         stop.set()
         streamer.join()
     finally:

@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The fewest tokens a step gives embeddings, whatever prompts took of its budget: they never starve.
-EMBEDDING_FLOOR = 32
 NOT_FINITE_ERROR = "generation failed: the model's logits are not finite (NaN or infinity)"
 
 
@@ -225,7 +223,7 @@ class Engine:
             if schedule:
                 pieces += self._run(schedule)
             if self.embedding_waiting:
-                pieces += self._embed_waiting(self._embedding_budget(len(schedule.decoding), prompt_tokens))
+                pieces += self._embed(len(schedule.decoding), prompt_tokens)
         except BaseException:
             self.undelivered = pieces + self.undelivered  # decided before the failure: sent next step
             raise
@@ -263,21 +261,27 @@ class Engine:
             groups = [([row], []) for row in decoding]
         return [piece for group in groups if group[0] or group[1] for piece in self._step_rows(*group)]
 
-    def _embedding_budget(self, decoding_rows: int, prompt_tokens: int) -> int:
-        """The tokens embeddings may take in a step: what the prefill budget leaves after the step's
-        prompt chunks (at least a few, so that a stream of prompts never starves them); with no row
-        decoding, nobody waits, and a step embeds up to a whole row's worth."""
+    def _embed(self, decoding_rows: int, prompt_tokens: int) -> list[Piece]:
+        """The step's embedding work, within what the prefill budget leaves after its prompt chunks
+        (prefill_budget.embedding_tokens), timed for the next steps' budgets; with no row decoding,
+        nobody waits, and a step embeds up to a whole row's worth."""
         if not decoding_rows:
-            return max(self.prefill_budget.ceiling, self.max_seq_len)
-        budget = self.prefill_budget.tokens(decoding_rows)
-        return max(min(EMBEDDING_FLOOR, budget), budget - prompt_tokens)
+            return self._embed_waiting(max(self.prefill_budget.ceiling, self.max_seq_len))[0]
+        started = time.perf_counter()
+        pieces, tokens = self._embed_waiting(
+            self.prefill_budget.embedding_tokens(decoding_rows, prompt_tokens)
+        )
+        self.prefill_budget.observe_embedding(time.perf_counter() - started, tokens)
+        return pieces
 
-    def _embed_waiting(self, budget: int) -> list[Piece]:
+    def _embed_waiting(self, budget: int) -> tuple[list[Piece], int]:
         """Embed waiting embedding requests, oldest first, within `budget` tokens: the prompt already
         being embedded a chunk at a time goes on first, then the prompts that fit whole, in one batch
         a pooling; a prompt that does not fit starts a chunk at a time (the served model: a separate
-        one embeds it whole, alone in its step). A batch that fails ends its requests with an error."""
+        one embeds it whole, alone in its step). A batch that fails ends its requests with an error.
+        Returns the pieces and the tokens embedded."""
         pieces: list[Piece] = []
+        taken = 0
         if self.embedding_job is not None:
             taken = min(budget, self.embedding_job[1].left)
             pieces += self._advance_embedding(taken)
@@ -294,7 +298,9 @@ class Engine:
                 continue
             if self.embedding_job is None and self.embedding_model is None and budget > tokens:
                 self.embedding_job = (request, EmbeddingJob(request.prompt_ids, request.params.embedding))
-                pieces += self._advance_embedding(budget - tokens)
+                chunk = min(budget - tokens, len(request.prompt_ids))
+                pieces += self._advance_embedding(chunk)
+                taken += chunk
             break
         for pooling in sorted({request.params.embedding for request in batch}):
             group = [request for request in batch if request.params.embedding == pooling]
@@ -309,7 +315,7 @@ class Engine:
                 Piece(request.request_id, "", "stop", len(request.prompt_ids), embedding=tuple(vector))
                 for request, vector in zip(group, vectors, strict=True)
             ]
-        return pieces
+        return pieces, taken + tokens
 
     def _advance_embedding(self, tokens: int) -> list[Piece]:
         """A chunk of the prompt embedded a chunk at a time; its piece once it is all done."""

@@ -8,6 +8,11 @@ token, both measured on the steps just run, and the budget is the number of toke
 step within `STRETCH` times a plain one. It never goes below `FLOOR` (a long prompt must still get
 on, and with few rows decoding a plain step is so short that the ratio alone would starve it) nor
 above the configured ceiling (`--max-prefill-tokens`). A budget given as a number is kept as it is.
+
+Embedding inputs take what a step's time leaves after its prompt chunks, at the cost per token measured
+on their own path (a separate forward with a cache of its own, several times slower per token than a
+prefill chunk's: sized by prefill's cost, 32 inputs of 900 tokens took steps of 350 ms beside a stream
+whose steps alone took 20 ms).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ STRETCH = 1.8  # a step with a chunk takes at most this many plain steps (the go
 FLOOR = 32  # tokens: a 2,000-token prompt then needs at most 63 steps
 FIRST_GUESS = 128  # tokens, until a plain step and a chunk have both been timed
 AUTO_CEILING = 512  # tokens, where no ceiling is configured
+EMBEDDING_FLOOR = 8  # tokens a step gives embeddings at least, whatever prompts took: they never starve
 SMOOTHING = 0.2  # weight of the newest step in the running averages
 
 
@@ -28,11 +34,14 @@ class PrefillBudget:
         self.plain_steps: dict[int, float] = {}  # decoding rows: seconds a step of them alone takes
         self.chunk_seconds: float | None = None  # seconds a step's chunk added, averaged
         self.chunk_tokens: float | None = None  # the tokens it held, averaged the same way
+        self.embedding_seconds: float | None = None  # seconds a step's embedding work took, averaged
+        self.embedding_tokens_seen: float | None = None  # the tokens it embedded, averaged the same way
 
     def forget(self) -> None:
         """Drop what was measured (steps that paid first-call costs, such as compiling)."""
         self.plain_steps.clear()
         self.chunk_seconds = self.chunk_tokens = None
+        self.embedding_seconds = self.embedding_tokens_seen = None
 
     def tokens(self, decoding_rows: int) -> int:
         """The budget of the next step, in which this many rows decode."""
@@ -44,6 +53,28 @@ class PrefillBudget:
         per_token = self.chunk_seconds / self.chunk_tokens
         fitting = int((STRETCH - 1) * plain / per_token)
         return max(FLOOR, min(self.ceiling, fitting))
+
+    def embedding_tokens(self, decoding_rows: int, prompt_tokens: int) -> int:
+        """The tokens of embedding inputs the next step may take beside its `prompt_tokens` of prompt
+        chunks: what the budget leaves, and once both costs are measured, no more than the time left
+        within `STRETCH` plain steps pays for at embeddings' own cost per token; `EMBEDDING_FLOOR` at
+        least (never more than the budget)."""
+        budget = self.tokens(decoding_rows)
+        left = budget - prompt_tokens
+        plain = self.plain_step(decoding_rows)
+        if self.fixed is None and plain is not None and self.embedding_seconds and self.embedding_tokens_seen:
+            prompt_seconds = (
+                prompt_tokens * self.chunk_seconds / self.chunk_tokens if self.chunk_tokens else 0.0
+            )
+            spare = (STRETCH - 1) * plain - prompt_seconds
+            left = min(left, int(spare * self.embedding_tokens_seen / self.embedding_seconds))
+        return max(min(EMBEDDING_FLOOR, budget), left)
+
+    def observe_embedding(self, seconds: float, tokens: int) -> None:
+        """The time a step's embedding work took beside decoding rows, and the tokens it embedded."""
+        if tokens:
+            self.embedding_seconds = average(self.embedding_seconds, seconds)
+            self.embedding_tokens_seen = average(self.embedding_tokens_seen, tokens)
 
     def plain_step(self, decoding_rows: int) -> float | None:
         """A plain step's time for this many decoding rows, or the nearest number timed."""

@@ -61,6 +61,8 @@ def test_embeddings_are_served_beside_decoding_within_the_prefill_budget():
     # At most 20 prompt tokens a step, and at least one prompt: 3 + 17, then 9 (30 more would pass
     # 20), then 30 alone, over the budget.
     assert embedded_per_step == [[3, 17], [9], [30], []]
+    # Timed beside the decoding row, for budgets sized by time (none here: the budget is a number).
+    assert engine.prefill_budget.embedding_tokens_seen is not None
 
 
 def test_a_cancelled_embedding_request_ends_cancelled():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.engine.prefill_budget import FIRST_GUESS, FLOOR, STRETCH, PrefillBudget
+from backend.engine.prefill_budget import EMBEDDING_FLOOR, FIRST_GUESS, FLOOR, STRETCH, PrefillBudget
 
 
 def test_a_configured_number_is_kept_whatever_the_steps_take():
@@ -61,3 +61,31 @@ def test_a_short_prompt_in_the_noise_does_not_swing_the_cost_per_token():
     before = budget.tokens(31)
     budget.observe(0.070, decoding_rows=31, prompt_tokens=2)  # 10 ms of jitter over a 2-token prompt
     assert budget.tokens(31) >= before * 0.8
+
+
+def test_embeddings_take_the_time_left_at_their_own_cost_per_token():
+    budget = PrefillBudget()
+    budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+    budget.observe(0.110, decoding_rows=31, prompt_tokens=100)  # prompts: 0.5 ms a token, a budget of 96
+    assert budget.embedding_tokens(31, prompt_tokens=0) == 96  # embeddings' cost not yet measured
+    assert budget.embedding_tokens(31, prompt_tokens=40) == 56  # what the prompts leave of the budget
+    budget.observe_embedding(0.100, tokens=50)  # embeddings: 2 ms a token, four times a prompt's
+    # 0.8 of a plain step's 60 ms pays for 24 such tokens, less those the prompts took (to the token:
+    # 0.8 * 0.06 is not exact in floating point)
+    assert budget.embedding_tokens(31, prompt_tokens=0) in (23, 24)
+    assert budget.embedding_tokens(31, prompt_tokens=40) in (13, 14)
+
+
+def test_embeddings_get_their_floor_when_prompts_take_the_whole_step():
+    budget = PrefillBudget()
+    budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+    budget.observe(0.110, decoding_rows=31, prompt_tokens=100)
+    budget.observe_embedding(0.100, tokens=50)
+    assert budget.embedding_tokens(31, prompt_tokens=96) == EMBEDDING_FLOOR
+
+
+def test_a_configured_budget_gives_embeddings_what_prompts_leave_of_it():
+    budget = PrefillBudget(fixed=64)
+    budget.observe_embedding(1.0, tokens=10)  # slow, but a configured number is kept
+    assert budget.embedding_tokens(3, prompt_tokens=20) == 44
+    assert budget.embedding_tokens(3, prompt_tokens=64) == EMBEDDING_FLOOR
