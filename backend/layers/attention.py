@@ -59,7 +59,20 @@ def row_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface over `attend`, with the layout of the step in progress."""
+    refuse_unsupported(kwargs, positions=key.shape[2])
     return attend(query, key, value, _current_layout.get(), scaling), None
+
+
+def refuse_unsupported(kwargs: dict, positions: int) -> None:
+    """Raise on an attention feature a layer asks for that `attend` does not do, rather than attend
+    without it: the loader refuses such models (model/architectures.py), this catches what it missed."""
+    window = kwargs.get("sliding_window")
+    if window is not None and window < positions:
+        raise NotImplementedError(f"a sliding window of {window} positions within a cache of {positions}")
+    if kwargs.get("softcap"):
+        raise NotImplementedError("attention logit soft-capping")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("attention sinks")
 
 
 def attend(

@@ -8,21 +8,39 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import (
+    CONFIG_MAPPING,
+    AutoModelForCausalLM,
     BertConfig,
     BertModel,
     BertTokenizerFast,
     GPT2Config,
     GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
+    PreTrainedTokenizerFast,
 )
 
 TINY_VOCAB = 512
 TINY_EOS = TINY_VOCAB - 1
+
+# What each family's tiny config sets beyond the Llama-like sizes: its own features switched on where
+# a default would leave them off (granite's multipliers, a layer without rotary positions for smollm3),
+# experts small enough for a test (4, two of them chosen per token).
+FAMILY_EXTRAS: dict[str, dict] = {
+    "llama": {},
+    "mistral": {"sliding_window": None},
+    "qwen2": {},
+    "qwen3": {},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "phi3": {},
+    "olmo2": {},
+    "granite": {
+        "embedding_multiplier": 12.0,
+        "logits_scaling": 8.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.0625,
+    },
+    "smollm3": {"no_rope_layers": [1, 0]},  # the second layer has no rotary embedding
+}
 
 
 def tiny_model(
@@ -46,14 +64,11 @@ def tiny_model(
         max_position_embeddings=512,
         **common,
     )
-    if architecture == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**llama_like))
-    elif architecture == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**llama_like))
-    elif architecture == "mistral":
-        model = MistralForCausalLM(MistralConfig(**llama_like, sliding_window=None))
-    elif architecture == "gpt2":
+    if architecture == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **common))
+    elif architecture in FAMILY_EXTRAS:
+        config = CONFIG_MAPPING[architecture](**llama_like, **FAMILY_EXTRAS[architecture])
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         raise ValueError(architecture)
     return model.eval()
@@ -182,3 +197,16 @@ def drive(engine, arrivals: list[tuple[int, object]], max_steps: int = 10_000) -
 
 def text_of(pieces: list) -> str:
     return "".join(piece.text for piece in pieces)
+
+
+def write_tiny_causal_lm(directory: Path, architecture: str) -> Path:
+    """A model directory the server loads, built offline: `tiny_model(architecture)` and a word-level
+    tokenizer whose token `i` is the marker "<i>", so that a completion's text shows its exact ids (read
+    them with `MarkerTokenizer.ids`)."""
+    vocab = {f"<{i}>": i for i in range(TINY_VOCAB)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))  # words not "<i>" (warm-up text)
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tiny_model(architecture).save_pretrained(directory)
+    # EOS the only special token: any other id the model draws must show in the text.
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=f"<{TINY_EOS}>").save_pretrained(directory)
+    return directory

@@ -7,6 +7,7 @@ import pytest
 from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from backend.model.architectures import SUPPORTED
+from backend.model.decoder_runner import LLAMA_LAYER_TYPES
 from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
 PROMPT_COUNT = 18
@@ -39,9 +40,39 @@ def test_tiny_models_match_generate_with_rows_joining_mid_flight(architecture):
     ]
     # 8 rows for 18 prompts: rows are also freed and refilled during the run.
     engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=128)
-    # Llama-family layers run through the decoder runner, GPT-2 through transformers' forward: both exact.
-    assert (engine.runner.decoder is not None) == (architecture != "gpt2")
+    # Llama-family layers run through the decoder runner, the others through transformers' own modules
+    # over the row attention: both exact.
+    assert (engine.runner.decoder is not None) == (architecture in LLAMA_LAYER_TYPES)
     assert_matches_reference(engine, model, prompts, max_tokens=24, rng=rng)
+
+
+@pytest.mark.parametrize("architecture", sorted(SUPPORTED))
+def test_tiny_models_match_generate_with_prompts_in_chunks_and_prefixes_reused(architecture):
+    """Prompts of 8-token chunks (a prefill budget of 8) that share a 20-token prefix, so that rows
+    joining later copy it from a busy row or find it in a freed one, and a second turn that extends the
+    first's whole history: each still gives what `generate` gives on the prompt alone."""
+    model = tiny_model(architecture)
+    rng = random.Random(f"{architecture} chunks")
+    shared = [rng.randrange(2, TINY_VOCAB - 1) for _ in range(20)]
+    prompts = [
+        shared + [rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 30))] for _ in range(8)
+    ]
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=8)
+    pieces = drive(engine, staggered_greedy_requests(prompts, 12, rng))
+    for i, prompt in enumerate(prompts):
+        got = MarkerTokenizer.ids(text_of(pieces[f"r{i}"]))
+        assert got == reference_greedy(model, prompt, 12, engine.eos_ids), f"prompt {i} diverged"
+    # Each piece says how much of its prompt was cached: the shared prefix, for rows after the first few.
+    assert sum(request[-1].cached_tokens for request in pieces.values()) >= 20 * 3
+
+    # A chat's second turn: the first turn's prompt and answer and more, its row's whole history.
+    engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=128, max_prefill_tokens=8)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    first = drive(engine, [(0, Submit("first", tuple(prompts[0]), greedy))])["first"]
+    history = prompts[0] + MarkerTokenizer.ids(text_of(first)) + [5, 6, 7]
+    turn = drive(engine, [(0, Submit("turn", tuple(history), greedy))])
+    assert MarkerTokenizer.ids(text_of(turn["turn"])) == reference_greedy(model, history, 12, engine.eos_ids)
+    assert turn["turn"][-1].cached_tokens >= len(prompts[0])
 
 
 def test_default_model_matches_generate_with_rows_joining_mid_flight(default_model):
