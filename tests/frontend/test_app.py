@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 from flask import Flask
@@ -13,16 +12,6 @@ from backend.mock import mock_text
 from inference_api import create_app
 from inference_api.__main__ import parse_args
 from inference_api.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
-
-
-@pytest.fixture(scope="module")
-def app() -> Iterator[Flask]:
-    config = ServerConfig(backend=BackendConfig(mock=True, rows=2, mock_tokens_per_second=1000), max_queue=2)
-    app = create_app(config)
-    router = app.extensions["router"]
-    assert router.wait_ready(30)
-    yield app
-    router.stop()
 
 
 def test_default_body_limit_is_one_mebibyte(app: Flask) -> None:

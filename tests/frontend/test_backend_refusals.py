@@ -8,26 +8,10 @@ emptied, which it refuses as the engine does (backend/mock.py, `refusal`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from flask import Flask
 
-from backend.messages import BackendConfig
-from inference_api import create_app
-from inference_api.config import ServerConfig
-
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-
-
-@pytest.fixture(scope="module")
-def app() -> Iterator[Flask]:
-    config = ServerConfig(backend=BackendConfig(mock=True, rows=2, mock_tokens_per_second=1000), max_queue=2)
-    app = create_app(config)
-    router = app.extensions["router"]
-    assert router.wait_ready(30)
-    yield app
-    router.stop()
 
 
 @pytest.fixture
