@@ -47,10 +47,9 @@ class PrefillBudget:
         """The budget of the next step, in which this many rows decode."""
         if self.fixed is not None:
             return self.fixed
-        plain = self.plain_step(decoding_rows)
-        if plain is None or not self.chunk_seconds or not self.chunk_tokens:
+        plain, per_token = self.plain_step(decoding_rows), self.prompt_token_seconds()
+        if plain is None or per_token is None:
             return FIRST_GUESS
-        per_token = self.chunk_seconds / self.chunk_tokens
         fitting = int((STRETCH - 1) * plain / per_token)
         return max(FLOOR, min(self.ceiling, fitting))
 
@@ -62,11 +61,9 @@ class PrefillBudget:
         budget = self.tokens(decoding_rows)
         left = budget - prompt_tokens
         plain = self.plain_step(decoding_rows)
-        if self.fixed is None and plain is not None and self.embedding_seconds and self.embedding_tokens_seen:
-            prompt_seconds = (
-                prompt_tokens * self.chunk_seconds / self.chunk_tokens if self.chunk_tokens else 0.0
-            )
-            spare = (STRETCH - 1) * plain - prompt_seconds
+        # (A configured budget times no plain step: it stays a number.)
+        if plain is not None and self.embedding_seconds and self.embedding_tokens_seen:
+            spare = (STRETCH - 1) * plain - prompt_tokens * (self.prompt_token_seconds() or 0.0)
             left = min(left, int(spare * self.embedding_tokens_seen / self.embedding_seconds))
         return max(min(EMBEDDING_FLOOR, budget), left)
 
@@ -75,6 +72,12 @@ class PrefillBudget:
         if tokens:
             self.embedding_seconds = average(self.embedding_seconds, seconds)
             self.embedding_tokens_seen = average(self.embedding_tokens_seen, tokens)
+
+    def prompt_token_seconds(self) -> float | None:
+        """What a prompt token adds to a step, once a chunk has been timed beside a plain step."""
+        if not self.chunk_seconds or not self.chunk_tokens:
+            return None
+        return self.chunk_seconds / self.chunk_tokens
 
     def plain_step(self, decoding_rows: int) -> float | None:
         """A plain step's time for this many decoding rows, or the nearest number timed."""
