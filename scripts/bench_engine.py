@@ -244,8 +244,8 @@ def compare_engines(args: argparse.Namespace, option: str, name: str) -> None:
         )
     span = max(len(p) for p in prompts) + args.max_tokens // 2
     print_floor(loaded, engines[True], args.rows[-1], span, step)
-    if args.transformers_static:
-        for batch in args.rows:
+    if args.transformers_static is not None:
+        for batch in args.transformers_static or args.rows:
             static = time_static_generate(loaded.model, prompts, batch, args.max_tokens)
             print(f"transformers' generate, static cache, a batch of {batch}: {static:.1f} tokens/s")
     if args.profile:
@@ -255,10 +255,16 @@ def compare_engines(args: argparse.Namespace, option: str, name: str) -> None:
 
 def profile_step(engine: Engine, prompts: list[list[int]], active: int, steps: int = 10) -> str:
     """What one decode step of `active` rows launches (torch.profiler over `steps` steps): kernels
-    on a GPU, else PyTorch operations on the CPU; and the host's waits for the GPU."""
+    on a GPU, else PyTorch operations on the CPU; the host's waits for the GPU; on a GPU, how much of
+    the step the GPU was busy and the kernels that took most of it; then where the host's Python
+    spent a step (cProfile), the functions that took most of it."""
+    import cProfile
+    import io
+    import pstats
+
     from torch.profiler import ProfilerActivity, profile
 
-    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=steps + 8, ignore_eos=True)
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=3 * steps + 8, ignore_eos=True)
     for i in range(active):
         engine.submit(Submit(f"profile-{i}", tuple(prompts[i % len(prompts)]), params))
     while any(not row.prefilled for row in engine.active_rows) or engine.waiting:
@@ -266,24 +272,43 @@ def profile_step(engine: Engine, prompts: list[list[int]], active: int, steps: i
     engine.step()  # every row decoding from here on
     gpu = engine.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    synchronize(engine.device)
+    started = time.perf_counter()
     with profile(activities=activities) as profiler:
         for _ in range(steps):
             engine.step()
         synchronize(engine.device)
+    wall = (time.perf_counter() - started) / steps
+    host = cProfile.Profile()
+    host.enable()
+    for _ in range(steps):
+        engine.step()
+    host.disable()
     events = profiler.events()
     while engine.has_work:
         engine.step()
     if gpu:
-        kernels = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
         # What the host launches: kernels one by one, or a graph's whole step in one call.
         launches = sum(1 for e in events if "LaunchKernel" in e.name or "GraphLaunch" in e.name)
         waits = sum(1 for e in events if "Synchronize" in e.name or e.name == "cudaMemcpy")
-        return (
-            f"{kernels / steps:.0f} kernels from {launches / steps:.0f} launches and {waits / steps:.1f} "
-            f"host waits a {active}-row step"
+        busy: dict[str, float] = {}
+        for kernel in kernels:
+            busy[kernel.name] = busy.get(kernel.name, 0.0) + kernel.time_range.elapsed_us() / 1000 / steps
+        top = sorted(busy.items(), key=lambda item: -item[1])[:6]
+        summary = (
+            f"{len(kernels) / steps:.0f} kernels from {launches / steps:.0f} launches and "
+            f"{waits / steps:.1f} host waits a {active}-row step; the GPU busy "
+            f"{sum(busy.values()):.2f} ms of a {wall * 1000:.2f} ms step (profiled); most time: "
+            + "; ".join(f"{name[:60]} {ms:.3f} ms" for name, ms in top)
         )
-    operations = sum(1 for e in events if e.name.startswith("aten::"))
-    return f"{operations / steps:.0f} PyTorch operations (aten) a {active}-row step"
+    else:
+        operations = sum(1 for e in events if e.name.startswith("aten::"))
+        summary = f"{operations / steps:.0f} PyTorch operations (aten) a {active}-row step"
+    text = io.StringIO()
+    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(12)
+    lines = [line for line in text.getvalue().splitlines() if line.strip()][-13:]
+    return summary + f"\n  host, {steps} steps (cProfile, by own time):\n    " + "\n    ".join(lines)
 
 
 def bench_config(args: argparse.Namespace) -> BackendConfig:
@@ -356,9 +381,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--transformers-static",
-        action="store_true",
-        help="with --compile or --graphs: also transformers' generate over a static batch of each row "
-        "count with its static cache (compiled on a GPU), greedy",
+        type=int,
+        nargs="*",
+        metavar="BATCH",
+        help="with --compile or --graphs: also transformers' generate over a static batch of each of these "
+        "sizes (default: each row count) with its static cache (compiled on a GPU), greedy",
     )
     args = parser.parse_args()
     if args.compile or args.graphs:

@@ -99,14 +99,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(command: list[str], ready_url: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def start(command: list[str], ready_url: str, log: Path | None = None) -> subprocess.Popen:
+    """A server process, ready; its output to `log` where given (else nowhere)."""
+    # The checkout first, then whatever path was set (a GPU machine's carried packages: scripts/gpu_check.sh).
+    path = [str(ROOT), os.environ.get("PYTHONPATH")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
+    output = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (the child holds it open)
     process = subprocess.Popen(
         command,
         cwd=ROOT,
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
         start_new_session=True,
     )
     deadline = time.monotonic() + 900  # --compile compiles at start-up: minutes on a small CPU
@@ -475,7 +479,8 @@ def server_command(args, port: int, max_seq_len: int = 512) -> list[str]:
 def measure_server(args, url: str, model: str, pid: int | None) -> Results:
     """The closed-loop levels, then 32 streams with spread-out arrivals, then (optionally) memory."""
     results = Results(levels=[], ceiling=float("nan"))
-    closed_loop(url, model, 4, 1, 8, tqdm(disable=True))  # warm up
+    # Warm up at the most streams measured: a GPU's first steps of each size pay one-off costs.
+    closed_loop(url, model, max(args.concurrency), 1, 8, tqdm(disable=True))
     total = sum(c * args.requests for c in args.concurrency)
     with tqdm(total=total, desc="server", unit="req") as bar:
         for concurrency in args.concurrency:
@@ -523,6 +528,8 @@ def main() -> None:
     parser.add_argument("--no-naive", action="store_true", help="skip the naive-server baseline")
     parser.add_argument("--memory", action="store_true", help="also check memory over 1,000 requests")
     parser.add_argument("--llama-server", metavar="PATH", help="also run llama.cpp's llama-server binary")
+    parser.add_argument("--server-log", type=Path, help="the started server's output, to this file")
+    parser.add_argument("--no-plots", action="store_true", help="the table alone (no matplotlib needed)")
     args = parser.parse_args()
 
     server, url = None, args.url
@@ -530,7 +537,7 @@ def main() -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         print("starting the server...", flush=True)
-        server = start(server_command(args, port), f"{url}/ready")
+        server = start(server_command(args, port), f"{url}/ready", args.server_log)
     model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
     try:
         results = measure_server(args, url, model, server.pid if server else None)
@@ -556,7 +563,7 @@ def main() -> None:
             "llama-server", command, f"{llama_url}/health", llama_url, model, args.concurrency, args.tokens
         )
 
-    plots = plot(results, args.out.parent)
+    plots = [] if args.no_plots else plot(results, args.out.parent)
     text = report(args, model, results, plots)
     write_report(args.out, text)
     print(text)

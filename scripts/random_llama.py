@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Write a Llama-shaped model of random weights, with the default model's tokenizer, as a model directory.
 
-    .venv/bin/python scripts/random_llama.py --out DIR [--size 1b|8b|tiny] [--dtype bfloat16]
+    .venv/bin/python scripts/random_llama.py --out DIR [--size 1b|8b|tiny] [--dtype D] [--tokenizer DIR]
 
 The GPU benchmark's model (issue: a 1B-class Llama of random weights in bf16):
 `--size 1b` has Llama-3.2-1B's shape (16 layers, 2048 wide, 32 heads, 8 KV
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -37,10 +37,14 @@ SHAPES = {
 }
 
 
-def write_random_llama(out: Path, size: str = "1b", dtype: torch.dtype = torch.bfloat16) -> Path:
-    """A model directory (config, safetensors, tokenizer) that the server loads like any other."""
-    tokenizer = default_tokenizer()
-    random_llama(size, tokenizer, dtype).save_pretrained(out)
+def write_random_llama(
+    out: Path, size: str = "1b", dtype: torch.dtype = torch.bfloat16, tokenizer_dir: Path | None = None
+) -> Path:
+    """A model directory (config, safetensors, tokenizer) that the server loads like any other; the
+    tokenizer from `tokenizer_dir` where given (a GPU machine without the default model's package)."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else default_tokenizer()
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # a GPU builds an 8B in seconds
+    random_llama(size, tokenizer, dtype, device).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
@@ -79,8 +83,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--size", choices=sorted(SHAPES), default="1b")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    parser.add_argument("--tokenizer", type=Path, help="a tokenizer directory (default: the default model's)")
     args = parser.parse_args()
-    write_random_llama(args.out, args.size, getattr(torch, args.dtype))
+    write_random_llama(args.out, args.size, getattr(torch, args.dtype), args.tokenizer)
     print(f"wrote {args.out}")
 
 
