@@ -3,11 +3,15 @@
 A step that carries a prompt chunk makes every decoding row wait for it. A fixed number of tokens
 costs a different time on every machine (on the default model a 128-token chunk took a step of 31
 rows to 1.8 times a plain one on one 2-core CPU, 2 to 3 times on another) and at every load. So by
-default the budget follows the time: a step is about a plain decode step plus a cost per prompt
-token, both measured on the steps just run, and the budget is the number of tokens that keeps a
-step within `STRETCH` times a plain one. It never goes below `FLOOR` (a long prompt must still get
-on, and with few rows decoding a plain step is so short that the ratio alone would starve it) nor
-above the configured ceiling (`--max-prefill-tokens`). A budget given as a number is kept as it is.
+default the budget follows the time: a step is about a plain decode step plus what its chunk adds,
+a fixed cost and a cost per prompt token (a line fitted to the steps just run), and the budget is the
+number of tokens that keeps a step within `STRETCH` times a plain one. Where the fixed cost alone
+takes most of that (on a GPU a plain step is a replayed CUDA graph of 3.5 ms and a step with a chunk
+runs eagerly, about 10 ms more whatever its size: an H100, docs/gpu.md), the prompt tokens get as
+much time as the fixed cost, so that it is paid for many tokens at once rather than 32 at a time. It
+never goes below `FLOOR` (a long prompt must still get on, and with few rows decoding a plain step is
+so short that the ratio alone would starve it) nor above the configured ceiling
+(`--max-prefill-tokens`). A budget given as a number is kept as it is.
 
 Embedding inputs take what a step's time leaves after its prompt chunks, at the cost per token measured
 on their own path (a separate forward with a cache of its own, several times slower per token than a
@@ -32,25 +36,28 @@ class PrefillBudget:
         self.fixed = fixed if fixed is None else max(1, fixed)  # 0 would never prefill anything
         self.ceiling = self.fixed or AUTO_CEILING
         self.plain_steps: dict[int, float] = {}  # decoding rows: seconds a step of them alone takes
-        self.chunk_seconds: float | None = None  # seconds a step's chunk added, averaged
-        self.chunk_tokens: float | None = None  # the tokens it held, averaged the same way
+        self.chunks = RunningLine()  # seconds a step's chunk added against the tokens it held
         self.embedding_seconds: float | None = None  # seconds a step's embedding work took, averaged
         self.embedding_tokens_seen: float | None = None  # the tokens it embedded, averaged the same way
 
     def forget(self) -> None:
         """Drop what was measured (steps that paid first-call costs, such as compiling)."""
         self.plain_steps.clear()
-        self.chunk_seconds = self.chunk_tokens = None
+        self.chunks = RunningLine()
         self.embedding_seconds = self.embedding_tokens_seen = None
 
     def tokens(self, decoding_rows: int) -> int:
         """The budget of the next step, in which this many rows decode."""
         if self.fixed is not None:
             return self.fixed
-        plain, per_token = self.plain_step(decoding_rows), self.prompt_token_seconds()
-        if plain is None or per_token is None:
+        plain, chunk = self.plain_step(decoding_rows), self.chunks.line()
+        if plain is None or chunk is None:
             return FIRST_GUESS
-        fitting = int((STRETCH - 1) * plain / per_token)
+        fixed, per_token = chunk
+        # What the stretch leaves the tokens after the fixed cost, or where that is less than the fixed
+        # cost itself, as much time as it: half a chunk's cost at least is then its tokens'.
+        for_tokens = max((STRETCH - 1) * plain - fixed, fixed)
+        fitting = int(for_tokens / per_token) if per_token > 0 else self.ceiling
         return max(FLOOR, min(self.ceiling, fitting))
 
     def embedding_tokens(self, decoding_rows: int, prompt_tokens: int) -> int:
@@ -63,7 +70,7 @@ class PrefillBudget:
         plain = self.plain_step(decoding_rows)
         # (A configured budget times no plain step: it stays a number.)
         if plain is not None and self.embedding_seconds and self.embedding_tokens_seen:
-            spare = (STRETCH - 1) * plain - prompt_tokens * (self.prompt_token_seconds() or 0.0)
+            spare = (STRETCH - 1) * plain - self.chunk_cost(prompt_tokens)
             left = min(left, int(spare * self.embedding_tokens_seen / self.embedding_seconds))
         return max(min(EMBEDDING_FLOOR, budget), left)
 
@@ -75,9 +82,13 @@ class PrefillBudget:
 
     def prompt_token_seconds(self) -> float | None:
         """What a prompt token adds to a step, once a chunk has been timed beside a plain step."""
-        if not self.chunk_seconds or not self.chunk_tokens:
-            return None
-        return self.chunk_seconds / self.chunk_tokens
+        chunk = self.chunks.line()
+        return None if chunk is None else chunk[1]
+
+    def chunk_cost(self, tokens: int) -> float:
+        """Seconds a chunk of `tokens` prompt tokens adds to a step, as measured (0 before, or for none)."""
+        chunk = self.chunks.line()
+        return 0.0 if chunk is None or not tokens else chunk[0] + tokens * chunk[1]
 
     def plain_step(self, decoding_rows: int) -> float | None:
         """A plain step's time for this many decoding rows, or the nearest number timed."""
@@ -95,12 +106,41 @@ class PrefillBudget:
         if not prompt_tokens:
             self.plain_steps[decoding_rows] = average(self.plain_steps.get(decoding_rows), seconds)
         elif plain is not None:
-            # Averaging the time and the tokens apart weighs each step by its size: a 3-token prompt's
-            # step, within the noise of a plain one, does not make the cost per token jump.
-            self.chunk_seconds = average(self.chunk_seconds, max(0.0, seconds - plain))
-            self.chunk_tokens = average(self.chunk_tokens, prompt_tokens)
+            self.chunks.add(prompt_tokens, max(0.0, seconds - plain))
 
 
 def average(mean: float | None, value: float) -> float:
     """An exponentially weighted running mean; the first value starts it."""
     return value if mean is None else mean + SMOOTHING * (value - mean)
+
+
+class RunningLine:
+    """seconds = fixed + tokens * per_token, fitted by least squares to the recent steps: running means
+    (weighted as `average` weighs them) of the tokens, the seconds, and their squares and product."""
+
+    SPREAD = 0.1  # the tokens' spread, over their mean, below which no fixed cost can be told apart
+
+    def __init__(self):
+        self.tokens = self.seconds = self.tokens_squared = self.product = None
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens = average(self.tokens, tokens)
+        self.seconds = average(self.seconds, seconds)
+        self.tokens_squared = average(self.tokens_squared, tokens * tokens)
+        self.product = average(self.product, tokens * seconds)
+
+    def line(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds a token), or None before a chunk was timed. Chunks all of about one
+        size say nothing of a fixed cost: the seconds are then all the tokens'. Averaging the time and
+        the tokens apart weighs each step by its size: a 3-token prompt's step, within the noise of a
+        plain one, does not make the cost per token jump; nor does noise make it negative or more than
+        the time per token of the chunks as timed."""
+        if not self.tokens or not self.seconds:
+            return None
+        proportional = self.seconds / self.tokens
+        spread = self.tokens_squared - self.tokens**2
+        if spread <= (self.SPREAD * self.tokens) ** 2:
+            return 0.0, proportional
+        slope = (self.product - self.tokens * self.seconds) / spread
+        per_token = min(max(slope, 0.0), proportional)
+        return self.seconds - per_token * self.tokens, per_token

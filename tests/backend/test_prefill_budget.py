@@ -89,3 +89,35 @@ def test_a_configured_budget_gives_embeddings_what_prompts_leave_of_it():
     budget.observe_embedding(1.0, tokens=10)  # slow, but a configured number is kept
     assert budget.embedding_tokens(3, prompt_tokens=20) == 44
     assert budget.embedding_tokens(3, prompt_tokens=64) == EMBEDDING_FLOOR
+
+
+def test_chunks_of_many_sizes_costing_per_token_alone_keep_the_budget_of_the_cost_per_token():
+    budget = PrefillBudget()
+    budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+    for tokens in (100, 20, 60, 96, 33):  # 0.5 ms a token, nothing fixed
+        budget.observe(0.060 + tokens * 0.0005, decoding_rows=31, prompt_tokens=tokens)
+    assert budget.tokens(31) in (95, 96)  # int((STRETCH - 1) * 0.060 / 0.0005), to floating point
+
+
+def test_a_fixed_cost_past_the_stretch_is_paid_for_as_many_tokens_as_it_costs():
+    """A GPU: plain steps are replayed graphs of 3.5 ms, a step with a chunk runs eagerly, 10 ms more
+    whatever its size. At the floor's 32 tokens the fixed cost would be paid again every 32 tokens."""
+    budget = PrefillBudget()
+    budget.observe(0.0035, decoding_rows=32, prompt_tokens=0)
+    budget.observe(0.0035 + 0.0100 + 128 * 0.00002, decoding_rows=32, prompt_tokens=128)
+    budget.observe(0.0035 + 0.0100 + 32 * 0.00002, decoding_rows=32, prompt_tokens=32)
+    assert budget.tokens(32) == int(0.0100 / 0.00002)  # 500: as long for the tokens as the fixed cost
+    fixed = PrefillBudget()  # with no fixed cost the same per-token cost fits 140 tokens in the stretch
+    fixed.observe(0.0035, decoding_rows=32, prompt_tokens=0)
+    fixed.observe(0.0035 + 128 * 0.00002, decoding_rows=32, prompt_tokens=128)
+    fixed.observe(0.0035 + 32 * 0.00002, decoding_rows=32, prompt_tokens=32)
+    assert fixed.tokens(32) in (139, 140)
+
+
+def test_a_cost_per_token_that_noise_makes_negative_counts_as_none_and_the_fixed_cost_is_amortized():
+    budget = PrefillBudget()
+    budget.observe(0.060, decoding_rows=31, prompt_tokens=0)
+    budget.observe(0.100, decoding_rows=31, prompt_tokens=20)  # a small chunk in a slow step
+    budget.observe(0.080, decoding_rows=31, prompt_tokens=100)  # a large one in a quick one
+    assert budget.prompt_token_seconds() == 0.0  # the fitted slope is negative: clamped
+    assert budget.tokens(31) == budget.ceiling  # a fixed 30 ms, past the stretch: as many tokens as allowed
