@@ -2,17 +2,25 @@
 in blocks (block_matmul.cpp) and a decode step's layers in one call (decode_layers.cpp), built and
 loaded.
 
-The extension is built at the first start on a machine (about 30 s with
-g++), in PyTorch's extension directory (`$TORCH_EXTENSIONS_DIR`, else
-~/.cache/torch_extensions), under a name that changes with the source, the
-CPU (it is compiled for the CPU it runs on), Python and torch. A lock file
-that a killed build left behind is cleared after ten minutes, not waited
-on for ever. Where it cannot be built (no compiler, say) `extension()` is
-None and every caller runs PyTorch's operations instead.
+The extension is built at the first start of a checkout on a machine (about
+30 s with g++), in PyTorch's extension directory (`$TORCH_EXTENSIONS_DIR`,
+else ~/.cache/torch_extensions), under a name that changes with the source,
+the CPU (it is compiled for the CPU it runs on), Python and torch, and with
+where the sources and torch are: PyTorch writes a build's absolute paths
+into its build.ninja, so two checkouts sharing one directory rebuilt it at
+every start, each in turn. Starts take turns at a build directory under a
+lock the kernel releases when its holder dies (`build_lock`): one that finds
+it held waits, saying so in the log, and takes PyTorch's operations after
+`BUILD_WAIT_SECONDS`; the holder clears the lock file a killed build of
+PyTorch's left behind, on which a start would otherwise wait for ever. Where
+it cannot be built (no compiler, say) `extension()` is None and every caller
+runs PyTorch's operations instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -20,6 +28,7 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -36,7 +45,8 @@ HEADERS = [Path(__file__).with_name("fused_ops.h")]
 # Built where it runs: the CPU's own vector instructions; OpenMP for at::parallel_for's threads.
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 DISABLE_VARIABLE = "INFERENCE_FUSED_CPU_OPS"  # "0": PyTorch's operations only
-STALE_LOCK_SECONDS = 600
+BUILD_WAIT_SECONDS = 900  # another start's build taking longer than this: PyTorch's operations meanwhile
+WAIT_LOG_SECONDS = 15  # how often a start waiting for another's build says so
 _extension: ModuleType | None = None
 _unavailable: str | None = None
 
@@ -70,16 +80,17 @@ def build() -> ModuleType:
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
-    clear_stale_lock(directory / "lock")
     started = time.perf_counter()
-    module = load(
-        name=directory.name,
-        sources=[str(source) for source in SOURCES],
-        extra_cflags=CFLAGS,
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(directory),
-        verbose=False,
-    )
+    with build_lock(directory):
+        clear_left_lock(directory / "lock")
+        module = load(
+            name=directory.name,
+            sources=[str(source) for source in SOURCES],
+            extra_cflags=CFLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            verbose=False,
+        )
     log.info(
         "fused CPU operations ready in %.1f s; quantized weights in blocks: %s",
         time.perf_counter() - started,
@@ -88,26 +99,55 @@ def build() -> ModuleType:
     return module
 
 
-def build_directory() -> Path:
-    """Where this source, built with these flags for this CPU, Python and torch, lives: PyTorch's extension
-    directory. The key changes with any of them: a build for another torch would load and then crash."""
+def build_directory(sources: list[Path] = SOURCES) -> Path:
+    """Where these sources, built with these flags for this CPU, Python and torch, live: PyTorch's
+    extension directory. The key changes with any of them (a build for another torch would load and
+    then crash) and with where the sources and torch are, since a build's files name them."""
     built_for = [" ".join(CFLAGS), cpu_fingerprint(), sys.version, torch.__version__]
-    code = b"".join(source.read_bytes() for source in SOURCES + HEADERS)
+    built_for += [str(sources[0].resolve().parent), str(Path(torch.__file__).resolve().parent)]
+    code = b"".join(source.read_bytes() for source in sources + HEADERS)
     key = hashlib.sha256(code + "\n".join(built_for).encode()).hexdigest()[:12]
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or "~/.cache/torch_extensions").expanduser()
     return root / f"fused_cpu_ops_{key}"
 
 
-def clear_stale_lock(lock: Path) -> None:
-    """PyTorch's build holds a lock file in the build directory while it compiles, and a process that
-    waits for it waits as long as the file is there: one left by a build that was killed (a start
-    stopped during its first minute) would hang every later start. A build takes under a minute."""
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return
-    if age > STALE_LOCK_SECONDS:
-        log.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
+@contextlib.contextmanager
+def build_lock(directory: Path, wait_seconds: float | None = None) -> Iterator[None]:
+    """The build directory to this process alone: an exclusive `flock` on a file in it, which the kernel
+    releases when its holder exits, however it dies. Waiting for another start's build is logged
+    every `WAIT_LOG_SECONDS`; past `wait_seconds` (`BUILD_WAIT_SECONDS`) it raises TimeoutError, and
+    the start runs PyTorch's operations."""
+    wait_seconds = BUILD_WAIT_SECONDS if wait_seconds is None else wait_seconds
+    with open(directory / "build.flock", "a") as handle:
+        started = time.monotonic()
+        said = None
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - started
+                if waited > wait_seconds:
+                    raise TimeoutError(
+                        f"another process has been building {directory} for over {wait_seconds:.0f} s"
+                    ) from None
+                if said is None or waited - said >= WAIT_LOG_SECONDS:
+                    log.info("waiting %.0f s for another process's build of the fused CPU operations", waited)
+                    said = waited
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def clear_left_lock(lock: Path) -> None:
+    """PyTorch's build holds a lock file while it compiles, and a process that finds the file waits as
+    long as it is there. Called under `build_lock`, no other build is running: a file found is one a
+    killed build (a first start stopped midway, the OOM killer) left behind, and would hang every
+    later start."""
+    if lock.exists():
+        log.warning("removing %s, left by a build that did not finish", lock)
         lock.unlink(missing_ok=True)
 
 

@@ -7,10 +7,12 @@ rounding, in bfloat16 to one bfloat16 rounding of the output (a relative 2^-8).
 
 from __future__ import annotations
 
-import os
+import logging
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -309,14 +311,13 @@ def test_steps_with_prompts_and_long_rows_attend_by_the_loops(fused, monkeypatch
 
 def test_a_start_gets_past_a_lock_a_killed_build_left(fused):
     """The extension's directory (built by the fixture: a fresh machine's first build is that) holding the
-    lock file of a build killed twenty minutes ago: a start, in a process of its own as a server's is,
-    clears it and loads the extension instead of waiting for ever. (In an empty directory of its own
-    this test built everything again: half a minute of the suite.)"""
+    lock file of a build killed a moment ago: a start, in a process of its own as a server's is, finds
+    no build running (no process holds `build_lock`), clears it and loads the extension instead of
+    waiting for ever. (In an empty directory of its own this test built everything again: half a minute
+    of the suite.)"""
     directory = kernels.build_directory()
     lock = directory / "lock"
     lock.touch()
-    twenty_minutes_ago = time.time() - 1200
-    os.utime(lock, (twenty_minutes_ago, twenty_minutes_ago))
     script = (
         "import logging, torch; logging.basicConfig(level=logging.INFO)\n"
         "from backend.kernels import extension as kernels\nfrom backend.layers import decode_ops\n"
@@ -331,9 +332,68 @@ def test_a_start_gets_past_a_lock_a_killed_build_left(fused):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT
     )
     assert result.returncode == 0, result.stderr
-    assert "s ago by a build that did not finish" in result.stderr
+    assert "left by a build that did not finish" in result.stderr
     assert "fused CPU operations ready in" in result.stderr
     assert not lock.exists() and list(directory.glob("*.so"))
+
+
+def test_two_checkouts_build_in_directories_of_their_own(tmp_path):
+    """PyTorch writes a build's absolute paths into its build.ninja: two checkouts of the same sources
+    sharing one directory rebuilt it at every start, each in turn. Same sources elsewhere, another
+    directory; the same checkout, the same one."""
+    copies = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        for source in kernels.SOURCES + kernels.HEADERS:
+            shutil.copy(source, tmp_path / name / source.name)
+        copies.append([tmp_path / name / source.name for source in kernels.SOURCES])
+    directories = {kernels.build_directory(), *(kernels.build_directory(copy) for copy in copies)}
+    assert len(directories) == 3
+    assert kernels.build_directory() == kernels.build_directory(list(kernels.SOURCES))
+
+
+def hold_build_lock(directory: Path) -> subprocess.Popen:
+    """Another process holding the build lock, as a start in the middle of its build does."""
+    script = (
+        "import sys, time\nfrom pathlib import Path\nfrom backend.kernels import extension as kernels\n"
+        "with kernels.build_lock(Path(sys.argv[1])):\n    print('holding', flush=True)\n    time.sleep(300)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(directory)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+def test_a_start_waits_for_a_build_in_progress_saying_so_and_not_for_one_that_died(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger=kernels.__name__)
+    holder = hold_build_lock(tmp_path)
+    try:
+        started = time.monotonic()
+        waiting = kernels.build_lock(tmp_path, wait_seconds=1.0)
+        with pytest.raises(TimeoutError, match="another process has been building"), waiting:
+            pass
+        assert time.monotonic() - started >= 1.0
+        assert "s for another process's build of the fused CPU operations" in caplog.text
+    finally:
+        holder.kill()  # SIGKILL: no chance to let go of anything itself
+        holder.wait()
+    started = time.monotonic()
+    with kernels.build_lock(tmp_path, wait_seconds=30.0):
+        assert time.monotonic() - started < 5  # the kernel let go of the dead holder's lock
+
+
+def test_a_build_held_past_the_wait_leaves_the_server_on_pytorchs_operations(fused, monkeypatch, caplog):
+    holder = hold_build_lock(kernels.build_directory())
+    try:
+        monkeypatch.setattr(kernels, "_extension", None)
+        monkeypatch.setattr(kernels, "_unavailable", None)
+        monkeypatch.setattr(kernels, "BUILD_WAIT_SECONDS", 0.5)
+        assert kernels.extension() is None
+        assert "unavailable (TimeoutError: another process has been building" in caplog.text
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_warm_up_loads_the_extension_even_where_only_sampling_uses_it(fused, monkeypatch):
