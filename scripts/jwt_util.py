@@ -4,11 +4,15 @@
     scripts/jwt_util.py token --team TEAM [--token-id ID] [--hours H]     # what `make token TEAM=...` runs
     scripts/jwt_util.py --secret S encode '{"team_id": "t", "token_id": "x"}' [--exp SECONDS]
     scripts/jwt_util.py --secret S decode TOKEN
+    scripts/jwt_util.py id TOKEN                                          # no secret needed
 
 The secret comes from --secret, else JWT_SECRET (environment or .env, as the
 proxy reads it). `token` mints a team's token with a fresh token id (the id
-the proxy logs, and revokes); `decode` checks the signature and expiry, and
-prints the claims as JSON.
+the proxy logs, and revokes), the token alone on standard output (for
+`TOKEN=$(make token TEAM=...)`) and its team, id and expiry on standard
+error; `decode` checks the signature and expiry, and prints the claims as
+JSON; `id` prints a token's id without checking anything, to revoke a token
+someone hands in, expired or signed with a secret since rotated.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 
 import jwt
 from dotenv import dotenv_values
@@ -47,6 +52,21 @@ def decode(secret: str, token: str) -> dict:
     return jwt.decode(token, secret, algorithms=["HS256"], options={"require": list(REQUIRED_CLAIMS)})
 
 
+def token_id(token: str) -> str:
+    """The id a token carries, read without its secret: nothing about it is verified."""
+    claims = jwt.decode(token, options={"verify_signature": False})
+    if not claims.get("token_id"):
+        raise ValueError("the token carries no token_id")
+    return claims["token_id"]
+
+
+def describe(token: str) -> str:
+    """What an operator keeps of a token they issue: its team, id (to revoke it) and expiry."""
+    claims = jwt.decode(token, options={"verify_signature": False})
+    expires = datetime.fromtimestamp(claims["exp"], UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"team {claims['team_id']}, token id {claims['token_id']}, expires {expires}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -64,8 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     minter.add_argument("--hours", type=float, default=24, help="how long it is valid (default: 24)")
     decoder = commands.add_parser("decode", help="verify a token and print its claims")
     decoder.add_argument("token")
+    reader = commands.add_parser("id", help="print a token's id, unverified (to revoke it); no secret needed")
+    reader.add_argument("token")
     args = parser.parse_args(argv)
 
+    try:
+        if args.command == "id":
+            print(token_id(args.token))
+            return 0
+    except (ValueError, jwt.InvalidTokenError) as error:
+        print(f"jwt_util: {error}", file=sys.stderr)
+        return 1
     secret = args.secret or os.environ.get("JWT_SECRET") or dotenv_values(".env").get("JWT_SECRET")
     if not secret:
         parser.error("no secret: pass --secret or set JWT_SECRET")
@@ -73,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "token":
             if args.hours <= 0:
                 raise ValueError("--hours must be positive")
-            print(team_token(secret, args.team, args.token_id, args.hours))
+            token = team_token(secret, args.team, args.token_id, args.hours)
+            print(token)
+            print(describe(token), file=sys.stderr)
         elif args.command == "encode":
             claims = json.loads(args.claims)
             if not isinstance(claims, dict):

@@ -1,6 +1,7 @@
 """scripts/jwt_util.py issues tokens the proxy accepts, and reads them back."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -51,3 +52,27 @@ def test_token_mints_a_team_token_with_a_fresh_id_each_time():
     assert 1700 < claims[0]["exp"] - time.time() <= 1800
     refused = jwt_util("--secret", SECRET, "token", "--team", "research", "--hours", "0")
     assert refused.returncode == 1 and "--hours must be positive" in refused.stderr
+
+
+def test_token_says_its_team_id_and_expiry_on_stderr_and_id_reads_a_tokens_id_without_the_secret():
+    minted = jwt_util("--secret", SECRET, "token", "--team", "research", "--token-id", "alice-laptop")
+    assert minted.returncode == 0, minted.stderr
+    assert minted.stdout.count("\n") == 1  # the token alone, for TOKEN=$(make token ...)
+    expiry = time.strftime("%Y-%m-%d %H:", time.gmtime(time.time() + 24 * 3600))
+    assert minted.stderr.startswith(f"team research, token id alice-laptop, expires {expiry}")
+    token = minted.stdout.strip()
+    read = subprocess.run(
+        [sys.executable, SCRIPT, "id", token],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ["PATH"]},
+        cwd=ROOT / "tests",  # no JWT_SECRET, no .env
+    )
+    assert read.returncode == 0 and read.stdout.strip() == "alice-laptop", read.stderr
+    expired = jwt_util(
+        "--secret", "rotated-since", "encode", '{"team_id": "t", "token_id": "old"}', "--exp", "-60"
+    )
+    assert jwt_util("id", expired.stdout.strip()).stdout.strip() == "old"
+    garbage = jwt_util("id", "not-a-token")
+    assert garbage.returncode == 1 and garbage.stderr.startswith("jwt_util: ")
