@@ -2,8 +2,10 @@
 """`make run`: the API server and the JWT proxy in front of it, with a token to try them.
 
     .venv/bin/python scripts/run_stack.py [--port 8000] [--proxy-port 8080] [--proxy-host 127.0.0.1]
+                                          [--proxy-health-port N]
                                           [inference_api options, e.g. --mock or --model PATH]
     make run ARGS="--mock --port 8500 --proxy-port 8580"
+    make run PROXY_ARGS="--max-body-bytes 4000000"      # any other option of python -m proxy
 
 Starts `python -m inference_api` on 127.0.0.1:PORT (internal) and
 `python -m proxy` on PROXY_HOST:PROXY_PORT in front of it (the defaults
@@ -15,6 +17,14 @@ generated and saved to .env so that tokens stay valid across restarts. If
 either piece fails, the other is stopped too and the reason is printed last
 (exit status 1); Ctrl-C stops both (status 0). Every other option goes to
 inference_api (`python -m inference_api --help`).
+
+The teams' settings (docs/proxy.md): where the working directory has a
+`teams/` folder, the proxy reads `teams/limits.toml` (per-team limits) and
+`teams/revoked.txt` (revoked token ids), each again whenever it changes,
+created later included; PROXY_TEAM_LIMITS and PROXY_REVOKED_TOKENS name
+other files. `--proxy-health-port` (or PROXY_HEALTH_PORT) opens the proxy's
+port for /health and its per-team /metrics; PROXY_ARGS adds any other
+option of `python -m proxy`.
 """
 
 from __future__ import annotations
@@ -65,7 +75,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--proxy-port", type=int, default=int(os.environ.get("PROXY_PORT", "8080")))
     parser.add_argument("--proxy-host", default=os.environ.get("PROXY_HOST", "127.0.0.1"))
+    parser.add_argument(
+        "--proxy-health-port",
+        type=int,
+        default=int(os.environ.get("PROXY_HEALTH_PORT", "0")),
+        help="the proxy's port for /health and its per-team /metrics (default: none)",
+    )
     return parser
+
+
+TEAMS = Path("teams")  # in the working directory: where `make run` runs, the checkout
+
+
+def team_files() -> dict[str, str]:
+    """The proxy's team files: those the environment names, else the `teams/` folder's where there is
+    one (each passed even before it exists: the proxy picks it up when it is created)."""
+    folder = TEAMS.resolve() if TEAMS.is_dir() else None
+    files = {
+        "--team-limits": os.environ.get("PROXY_TEAM_LIMITS") or (folder and str(folder / "limits.toml")),
+        "--revoked-tokens": os.environ.get("PROXY_REVOKED_TOKENS")
+        or (folder and str(folder / "revoked.txt")),
+    }
+    return {option: path for option, path in files.items() if path}
+
+
+def proxy_options(args: argparse.Namespace) -> list[str]:
+    """`python -m proxy`'s options past its address and upstream: the team files, the health port, and
+    PROXY_ARGS (shell words) last, so that they can override the others."""
+    options = [word for option, path in team_files().items() for word in (option, path)]
+    if args.proxy_health_port:
+        options += ["--health-port", str(args.proxy_health_port)]
+    return options + shlex.split(os.environ.get("PROXY_ARGS", ""))
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -78,7 +118,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, api_options
 
 
-def check_free(host: str, port: int, what: str) -> None:
+def check_free(host: str, port: int, what: str, option: str) -> None:
     """A port already taken is a clear error before anything starts."""
     with socket.socket() as probe:
         # As the servers bind: a port whose last connections linger in TIME_WAIT is free to them.
@@ -88,7 +128,7 @@ def check_free(host: str, port: int, what: str) -> None:
         except OSError as error:
             raise PieceFailed(
                 f"port {port} on {host} for {what} is not free ({error.strerror}): is another "
-                f"`make run` running? Pick another with --{'proxy-' if what == 'the proxy' else ''}port."
+                f"`make run` running? Pick another with {option}."
             ) from None
 
 
@@ -125,8 +165,12 @@ def main() -> None:
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGINT, interrupted)  # also where a shell started it with SIGINT ignored
     try:
-        check_free("127.0.0.1", args.port, "inference_api")
-        check_free(args.proxy_host, args.proxy_port, "the proxy")
+        check_free("127.0.0.1", args.port, "inference_api", "--port")
+        check_free(args.proxy_host, args.proxy_port, "the proxy", "--proxy-port")
+        if args.proxy_health_port:
+            check_free(
+                args.proxy_host, args.proxy_health_port, "the proxy's health port", "--proxy-health-port"
+            )
         serve(args, api_options, processes)
     except PieceFailed as failure:
         stop_all(processes)
@@ -145,14 +189,15 @@ def serve(args: argparse.Namespace, api_options: list[str], processes: list[subp
     api_command = [sys.executable, "-m", "inference_api", "--host", "127.0.0.1", "--port", str(args.port)]
     processes.append(subprocess.Popen([*api_command, *api_options], env=env, start_new_session=True))
     proxy_command = [sys.executable, "-m", "proxy", "--host", args.proxy_host, "--port", str(args.proxy_port)]
-    processes.append(
-        subprocess.Popen([*proxy_command, "--upstream", api_url], env=env, start_new_session=True)
-    )
+    proxy_command += ["--upstream", api_url, *proxy_options(args)]
+    processes.append(subprocess.Popen(proxy_command, env=env, start_new_session=True))
     api, proxy = processes
     token = encode(
         secret, {"team_id": "local", "token_id": f"make-run-{int(time.time())}"}, expires_in=24 * 3600
     )
-    url = f"http://{args.proxy_host}:{args.proxy_port}"
+    # Listening on every interface: the curl line goes to this machine, and teammates get its name.
+    everywhere = args.proxy_host in ("0.0.0.0", "::", "")
+    url = f"http://{'127.0.0.1' if everywhere else args.proxy_host}:{args.proxy_port}"
     wait_ready(f"{api_url}/ready", api, "inference_api")
     # Through the proxy with the token: proves the whole path before printing it.
     wait_ready(f"{url}/ready", proxy, "the proxy", {"Authorization": f"Bearer {token}"})
@@ -163,11 +208,34 @@ def serve(args: argparse.Namespace, api_options: list[str], processes: list[subp
         f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
     )
     print(f"\nServing {model} at {url} (token valid for 24 hours). Try:\n\n{curl}\n", flush=True)
+    if everywhere:
+        print(
+            f"Other machines: http://{socket.getfqdn()}:{args.proxy_port} (TLS: docs/deploy.md)", flush=True
+        )
+    print(teams_note(args, api_url), flush=True)
     pid, status = os.wait()  # until either one exits; Ctrl-C and SIGTERM raise KeyboardInterrupt
     what = "inference_api" if pid == api.pid else "the proxy"
     raise PieceFailed(
         f"{what} exited on its own (status {os.waitstatus_to_exitcode(status)}); the other was stopped"
     )
+
+
+def teams_note(args: argparse.Namespace, api_url: str) -> str:
+    """Where the teams' settings and figures are, under the curl line."""
+    files = team_files()
+    if files:
+        lines = [
+            f"Team limits: {files.get('--team-limits', 'none')}; revoked token ids: "
+            f"{files.get('--revoked-tokens', 'none')} (each read again when it changes)."
+        ]
+    else:
+        lines = [
+            "Teams: no teams/ folder here, so no limits and no revoked tokens (docs/proxy.md, 'Per team')."
+        ]
+    lines.append(f"Each team's tokens: {api_url}/metrics (this machine only).")
+    if args.proxy_health_port:
+        lines.append(f"Each team's requests and refusals: http://127.0.0.1:{args.proxy_health_port}/metrics.")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

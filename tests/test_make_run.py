@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 import psutil
+import requests
 
+from scripts.jwt_util import encode
 from tests.server_fixture import ROOT, free_port
 
 
@@ -93,3 +95,70 @@ def test_a_server_that_cannot_start_stops_the_proxy_and_says_why_last(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith("run: inference_api exited with code")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", proxy_port))  # the proxy was stopped: its port is free again
+
+
+def test_a_teams_folder_sets_limits_and_revocations_and_proxy_args_reach_the_proxy(tmp_path):
+    """An admin's first day with `make run` alone: per-team limits and revoked ids from `teams/`, the
+    proxy's per-team metrics on its health port, any other proxy option through PROXY_ARGS, and a
+    proxy facing other machines whose banner still prints a curl line that works here."""
+    teams = tmp_path / "teams"
+    teams.mkdir()
+    (teams / "limits.toml").write_text("[default]\nrequests_per_minute = 5\n")
+    (teams / "revoked.txt").write_text("lost-laptop   # reported 2026-11-26\n")
+    secret = "s" * 32
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JWT_SECRET=secret, PROXY_ARGS="--max-body-bytes 2000")
+    proxy_port, health_port = free_port(), free_port()
+    ports = [
+        "--port",
+        str(free_port()),
+        "--proxy-port",
+        str(proxy_port),
+        "--proxy-health-port",
+        str(health_port),
+        "--proxy-host",
+        "0.0.0.0",  # a team's server: the curl line still works here, and teammates get a name
+    ]
+    run = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "run_stack.py"), "--mock", *ports],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        printed = []
+        for line in run.stdout:
+            printed.append(line)
+            if line.startswith("Each team's requests and refusals"):
+                break
+        banner = "".join(printed)
+        assert f"Team limits: {teams / 'limits.toml'}; revoked token ids: {teams / 'revoked.txt'}" in banner
+        assert f"curl -N http://127.0.0.1:{proxy_port}/" in banner and "Other machines: http://" in banner
+        url = f"http://127.0.0.1:{proxy_port}"
+        model = requests.get(f"{url}/v1/models", headers=bearer(secret, "admin", "a-1"), timeout=10)
+        name = model.json()["data"][0]["id"]
+
+        def predict(headers: dict, text: str = "hi") -> requests.Response:
+            body = {"text": text, "max_tokens": 1}
+            return requests.post(f"{url}/predictions/{name}", json=body, headers=headers, timeout=30)
+
+        statuses = [predict(bearer(secret, "ops", "ops-1")).status_code for _ in range(7)]
+        assert statuses == [200] * 5 + [429] * 2  # the folder's limit, 5 a minute
+        revoked = predict(bearer(secret, "research", "lost-laptop"))
+        assert revoked.status_code == 401 and "revoked" in revoked.text
+        assert predict(bearer(secret, "research", "desk"), text="x" * 3000).status_code == 413  # PROXY_ARGS
+        metrics = requests.get(f"http://127.0.0.1:{health_port}/metrics", timeout=10).text
+        assert 'proxy_team_requests_total{status="2xx",team="ops"} 5.0' in metrics
+        assert 'proxy_team_rejected_total{reason="rate",team="ops"} 2.0' in metrics
+    finally:
+        children = psutil.Process(run.pid).children(recursive=True)
+        os.kill(run.pid, signal.SIGTERM)
+        run.wait(60)
+    psutil.wait_procs(children, timeout=30)
+
+
+def bearer(secret: str, team: str, token_id: str) -> dict[str, str]:
+    token = encode(secret, {"team_id": team, "token_id": token_id}, expires_in=600)
+    return {"Authorization": f"Bearer {token}"}
