@@ -37,6 +37,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -132,10 +133,42 @@ def check_free(host: str, port: int, what: str, option: str) -> None:
             ) from None
 
 
-def wait_ready(url: str, process: subprocess.Popen, what: str, headers: dict[str, str] | None = None) -> None:
+class Relay:
+    """A piece's log, passed on to this script's standard error as it comes, keeping the reason it gave
+    last for stopping (gunicorn's CRITICAL lines), so that a failure can end on it rather than on the
+    lines shutting down prints after it."""
+
+    MARK = "[CRITICAL] "
+
+    def __init__(self, process: subprocess.Popen):
+        self.reason = ""
+        self.thread = threading.Thread(target=self._relay, args=(process.stderr,), daemon=True)
+        self.thread.start()
+
+    def _relay(self, stream) -> None:
+        for line in stream:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if self.MARK in line:
+                self.reason = line.split(self.MARK, 1)[1].strip()
+
+    def why(self) -> str:
+        """': the reason' once the piece's output has ended, or '' if it gave none."""
+        self.thread.join(5)
+        return f": {self.reason}" if self.reason else ""
+
+
+def wait_ready(
+    url: str,
+    process: subprocess.Popen,
+    what: str,
+    headers: dict[str, str] | None = None,
+    relay: Relay | None = None,
+) -> None:
     while True:
         if process.poll() is not None:
-            raise PieceFailed(f"{what} exited with code {process.returncode} before it was ready")
+            why = relay.why() if relay else ""
+            raise PieceFailed(f"{what} exited with code {process.returncode} before it was ready{why}")
         try:
             if requests.get(url, headers=headers, timeout=2).status_code == 200:
                 return
@@ -187,7 +220,11 @@ def serve(args: argparse.Namespace, api_options: list[str], processes: list[subp
     # Each in a session of its own: Ctrl-C reaches this script alone, which stops them in order,
     # instead of every process at once (and a traceback from each).
     api_command = [sys.executable, "-m", "inference_api", "--host", "127.0.0.1", "--port", str(args.port)]
-    processes.append(subprocess.Popen([*api_command, *api_options], env=env, start_new_session=True))
+    api_process = subprocess.Popen(
+        [*api_command, *api_options], env=env, start_new_session=True, stderr=subprocess.PIPE, text=True
+    )
+    processes.append(api_process)
+    relay = Relay(api_process)
     proxy_command = [sys.executable, "-m", "proxy", "--host", args.proxy_host, "--port", str(args.proxy_port)]
     proxy_command += ["--upstream", api_url, *proxy_options(args)]
     processes.append(subprocess.Popen(proxy_command, env=env, start_new_session=True))
@@ -198,7 +235,7 @@ def serve(args: argparse.Namespace, api_options: list[str], processes: list[subp
     # Listening on every interface: the curl line goes to this machine, and teammates get its name.
     everywhere = args.proxy_host in ("0.0.0.0", "::", "")
     url = f"http://{'127.0.0.1' if everywhere else args.proxy_host}:{args.proxy_port}"
-    wait_ready(f"{api_url}/ready", api, "inference_api")
+    wait_ready(f"{api_url}/ready", api, "inference_api", relay=relay)
     # Through the proxy with the token: proves the whole path before printing it.
     wait_ready(f"{url}/ready", proxy, "the proxy", {"Authorization": f"Bearer {token}"})
     model = requests.get(f"{api_url}/ready", timeout=5).json()["model"]

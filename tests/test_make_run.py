@@ -92,7 +92,11 @@ def test_a_server_that_cannot_start_stops_the_proxy_and_says_why_last(tmp_path):
         str(proxy_port),
     )
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("run: inference_api exited with code")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("run: inference_api exited with code")
+    assert last.endswith(
+        f"the backend cannot start (model directory {tmp_path / 'no-such-model'} does not exist)"
+    )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", proxy_port))  # the proxy was stopped: its port is free again
 
