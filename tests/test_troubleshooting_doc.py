@@ -83,7 +83,7 @@ def test_the_port_in_use_message_is_make_runs():
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
         with pytest.raises(run_stack.PieceFailed) as failed:
-            run_stack.check_free("127.0.0.1", port, "the proxy")
+            run_stack.check_free("127.0.0.1", port, "the proxy", "--proxy-port")
     assert f"run: {failed.value}".replace(str(port), "8080") in page()
 
 

@@ -66,21 +66,27 @@ def shortfalls(needs: Needs, available: Available, on_gpu: bool, converting: boo
         f"weights {needs.weights / GIB:.2f} GiB + KV cache for {needs.rows} rows x {needs.max_seq_len} tokens"
     )
     parts += f" {needs.kv_cache / GIB:.2f} GiB"
+    both = needs.weights + needs.kv_cache
     if on_gpu:
-        vram_needed = int((needs.weights + needs.kv_cache) * HEADROOM)
-        problems += _short("VRAM", vram_needed, available.vram or 0, parts)
-        ram_needed = int(needs.weights * HEADROOM)  # weights pass through host memory on the way
-        problems += _short(
-            "RAM", ram_needed, available.ram, f"weights {needs.weights / GIB:.2f} GiB while loading"
-        )
+        problems += _short("VRAM", *with_headroom(both, parts), available.vram or 0)
+        # The weights pass through host memory on the way.
+        loading = f"weights {needs.weights / GIB:.2f} GiB while loading"
+        problems += _short("RAM", *with_headroom(needs.weights, loading), available.ram)
     else:
-        problems += _short("RAM", int((needs.weights + needs.kv_cache) * HEADROOM), available.ram, parts)
+        problems += _short("RAM", *with_headroom(both, parts), available.ram)
     if converting:
-        problems += _short("disk", needs.weights, available.disk, "the converted weights")
+        problems += _short("disk", needs.weights, "the converted weights", available.disk)
     return problems
 
 
-def _short(resource: str, needed: int, available: int, what: str) -> list[str]:
+def with_headroom(total: int, parts: str) -> tuple[int, str]:
+    """What `total` bytes of `parts` need with HEADROOM, and the parts with the headroom named, so that
+    the figures of a message add up."""
+    needed = int(total * HEADROOM)
+    return needed, f"{parts} + {HEADROOM - 1:.0%} headroom {(needed - total) / GIB:.2f} GiB"
+
+
+def _short(resource: str, needed: int, what: str, available: int) -> list[str]:
     if needed <= available:
         return []
     return [

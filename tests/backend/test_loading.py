@@ -81,6 +81,11 @@ def test_shortfalls_say_what_is_short_and_by_how_much():
     )
     assert problems[0].startswith("RAM: needs 8.80 GiB") and "3.80 GiB short" in problems[0]
     assert "32 rows x 4096 tokens" in problems[0]
+    # The parts add up to the need: weights 2.00 + KV cache 6.00 + 10% headroom 0.80.
+    assert (
+        "(weights 2.00 GiB + KV cache for 32 rows x 4096 tokens 6.00 GiB + 10% headroom 0.80 GiB)"
+        in problems[0]
+    )
     assert problems[1].startswith("disk: needs 2.00 GiB")
     gpu = shortfalls(
         needs, Available(ram=100 * GIB, disk=100 * GIB, vram=4 * GIB), on_gpu=True, converting=False
