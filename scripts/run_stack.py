@@ -139,6 +139,10 @@ class Relay:
     lines shutting down prints after it."""
 
     MARK = "[CRITICAL] "
+    # The API server's own "ready on URL; try:" and its curl line, which has no token and skips the
+    # proxy: under `make run` the one to use is the proxy's, printed once both are ready.
+    OWN_TRY = "; try:"
+    OWN_CURL = "  curl -N "
 
     def __init__(self, process: subprocess.Popen):
         self.reason = ""
@@ -147,6 +151,10 @@ class Relay:
 
     def _relay(self, stream) -> None:
         for line in stream:
+            if line.startswith(self.OWN_CURL):
+                continue
+            if "ready on http" in line and line.rstrip().endswith(self.OWN_TRY):
+                line = line.rstrip()[: -len(self.OWN_TRY)] + " (inside; the proxy's URL follows)\n"
             sys.stderr.write(line)
             sys.stderr.flush()
             if self.MARK in line:

@@ -20,12 +20,13 @@ def test_the_printed_curl_line_streams_through_the_proxy(tmp_path):
     ports = ["--port", str(free_port()), "--proxy-port", str(free_port())]
     # The API's own options go through, served names too: the curl line names the first.
     names = ["--served-model-name", "SmolLM2-135M-Instruct", "smol"]
+    log = open(tmp_path / "run.log", "w")  # noqa: SIM115 (the run writes it until the end)
     run = subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "run_stack.py"), "--mock", *names, *ports],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=log,
         text=True,
         start_new_session=True,
     )
@@ -47,10 +48,13 @@ def test_the_printed_curl_line_streams_through_the_proxy(tmp_path):
         text, status = result.stdout.rsplit("\n", 1)
         assert status == "200", result.stdout + result.stderr
         assert len(text.split()) == 64  # the mock writes one word per token
+        logged = (tmp_path / "run.log").read_text()
+        assert "ready on http" in logged and "curl -N" not in logged  # the proxy's curl line alone
     finally:
         children = psutil.Process(run.pid).children(recursive=True)
         os.kill(run.pid, signal.SIGTERM)
         run.wait(60)
+    log.close()
     _, alive = psutil.wait_procs(children, timeout=30)
     assert alive == [], f"left running: {alive}"
 
