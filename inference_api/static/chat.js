@@ -66,8 +66,16 @@ function renderMarkdown(text) {
   return DOMPurify.sanitize(markdown.parse(text), SANITIZE);
 }
 
-/** An error whose message is already fit to show. */
-class ReadableError extends Error {}
+/** An error whose message is already fit to show, with the HTTP status where a response gave it. */
+class ReadableError extends Error {
+  constructor(message, status = null) {
+    super(message);
+    this.status = status;
+  }
+}
+
+// Through the proxy with no token yet: what the page asks for instead of showing the 401.
+const ASK_FOR_TOKEN = "Paste your token in the Token field (make token TEAM=... prints one).";
 
 function requestHeaders() {
   const headers = { "Content-Type": "application/json" };
@@ -91,7 +99,7 @@ async function responseError(response) {
   if (response.status === 401) line += "\nSet a valid token in the Token field.";
   const retryAfter = response.headers.get("Retry-After");
   if (response.status === 503 && retryAfter) line += `\nTry again in ${retryAfter} s.`;
-  return new ReadableError(line);
+  return new ReadableError(line, response.status);
 }
 
 function readable(error) {
@@ -121,8 +129,10 @@ async function showModel() {
     label.textContent = state.model;
     label.classList.remove("error");
   } catch (error) {
-    label.textContent = readable(error);
-    label.classList.add("error");
+    const noToken = error.status === 401 && !$("token").value.trim();
+    label.textContent = noToken ? ASK_FOR_TOKEN : readable(error);
+    label.classList.toggle("error", !noToken); // not yet wrong: nothing was given
+    if (noToken) $("token").focus();
   }
   return state.model;
 }
