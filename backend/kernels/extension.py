@@ -81,6 +81,8 @@ def build() -> ModuleType:
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    if not list(directory.glob("*.so")):  # else loaded at once, with nothing to say
+        log.info("building the fused CPU operations: a first start of this checkout, 30 s to 2 minutes")
     with build_lock(directory):
         clear_left_lock(directory / "lock")
         module = load(

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
@@ -216,6 +217,8 @@ def load_model(config: BackendConfig) -> LoadedModel:
 
     log.info("%s", cache_size.summary())
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
+    if gguf_file is not None:
+        log.info("converting the GGUF file's weights: a first start only, about 30 s on 2 cores")
     tokenizer = AutoTokenizer.from_pretrained(location, gguf_file=gguf_file, token=token)
     # A GGUF file is converted in float32, whatever this start's dtype: the converted copy serves every
     # later start, the exact mode's too, which must get the file's dequantized weights, not bfloat16's.
@@ -237,10 +240,13 @@ def load_model(config: BackendConfig) -> LoadedModel:
     # The fused CPU operations, built now where they will run (with --compile too), so that the int8
     # path below is timed as it will run.
     decode_ops.decode_ops(device, exact=exact, compiled=False)
+    timing = time.perf_counter()
+    log.info("timing this machine's kernels for each layer's path (every start, a few seconds)")
     drop_copies_blocks_match(model)  # where blocks multiply many rows as fast
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
     time_projection_crossover(model)
     time_head_crossover(model)
+    log.info("kernels timed in %.1f s", time.perf_counter() - timing)
     give_back_freed_memory()
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
 
