@@ -63,9 +63,12 @@ COPY gunicorn.conf.py gunicorn_json_errors.py .
 
 # The default model, converted from GGUF now, so that a container starts with no network
 # and no conversion (and the fused CPU operations built); then a user without root privileges to run it.
+# /models: where compose mounts the volume of downloaded models (MODEL=...), which takes this
+# directory's owner when it is created, so that the user can write to it.
 RUN python -m backend.prepare \
  && useradd --create-home --uid 10001 app \
- && chown -R app /opt/models
+ && mkdir /models \
+ && chown -R app /opt/models /models
 USER app
 
 EXPOSE 8000 8080

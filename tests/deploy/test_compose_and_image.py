@@ -19,9 +19,51 @@ import yaml
 from inference_api.__main__ import parse_args as parse_api_args
 from proxy.__main__ import parse_args as parse_proxy_args
 from tests.conftest import ROOT
+from tests.deploy.test_kubernetes import assert_downloads_once, run_download
+
+# Compose's interpolation: $$, ${VAR}, $VAR, and ${VAR:-default}, ${VAR-default}, ${VAR:+alternative},
+# ${VAR+alternative}, ${VAR:?error}, ${VAR?error} (none nested: the files use none).
+VARIABLE = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?[-+?])([^}]*))?\}|(\w+))")
 
 
-def compose(name: str = "docker-compose.yml") -> dict:
+def interpolate(value, env: dict[str, str]):
+    """A compose file's value as compose reads it, with the environment `env`."""
+    if isinstance(value, dict):
+        return {key: interpolate(item, env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [interpolate(item, env) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(match: re.Match) -> str:
+        if match.group(1):
+            return "$"
+        name = match.group(2) or match.group(5)
+        operator, argument, found = match.group(3), match.group(4), env.get(name)
+        present = bool(found) if operator and operator.startswith(":") else found is not None
+        if operator in (":-", "-"):
+            return found if present else argument
+        if operator in (":+", "+"):
+            return argument if present else ""
+        if operator in (":?", "?") and not present:
+            raise ValueError(argument)
+        return found or ""
+
+    return VARIABLE.sub(one, value)
+
+
+def compose(name: str = "docker-compose.yml", env: dict[str, str] | None = None) -> dict:
+    """A compose file as compose reads it, with `env` (JWT_SECRET alone by default) for the environment;
+    a command given as a string split into arguments as compose splits it (no shell)."""
+    env = {"JWT_SECRET": "s"} if env is None else env
+    loaded = interpolate(yaml.safe_load((ROOT / name).read_text()), env)
+    for service in loaded.get("services", {}).values():
+        if isinstance(service.get("command"), str):
+            service["command"] = shlex.split(service["command"])
+    return loaded
+
+
+def raw_compose(name: str = "docker-compose.yml") -> dict:
     return yaml.safe_load((ROOT / name).read_text())
 
 
@@ -32,8 +74,8 @@ def module_args(command: list[str], module: str) -> list[str]:
 
 def test_only_the_proxy_is_published_and_the_api_server_is_on_an_internal_network():
     services = compose()["services"]
-    assert set(services) == {"inference", "proxy"}
-    assert "ports" not in services["inference"]
+    assert set(services) == {"inference", "proxy", "model-download"}
+    assert "ports" not in services["inference"] and "ports" not in services["model-download"]
     assert services["proxy"]["ports"] == ["8080:8080"]
     assert services["inference"]["networks"] == ["internal"]
     assert compose()["networks"]["internal"]["internal"] is True
@@ -54,7 +96,7 @@ def test_the_proxy_forwards_to_the_api_server_by_its_service_name_and_port():
 
 
 def test_jwt_secret_comes_from_env_and_compose_refuses_to_start_without_it():
-    secret = compose()["services"]["proxy"]["environment"]["JWT_SECRET"]
+    secret = raw_compose()["services"]["proxy"]["environment"]["JWT_SECRET"]
     match = re.fullmatch(r"\$\{JWT_SECRET:\?(.+)\}", secret)
     assert match, secret  # ${VAR:?message}: compose stops with the message when it is unset
     assert ".env" in match.group(1)
@@ -65,6 +107,11 @@ def test_the_mock_and_gpu_overrides():
     assert parse_api_args(module_args(mock["command"], "inference_api")).backend.mock
     gpu = compose("docker-compose.gpu.yml")["services"]["inference"]
     assert gpu["build"]["args"]["DEVICE"] == "cuda"
+    # model-download shares the API server's image (and its build): nothing more to build or pull.
+    for name in ("docker-compose.yml", "docker-compose.gpu.yml"):
+        services = compose(name)["services"]
+        assert services["model-download"]["image"] == services["inference"]["image"]
+        assert services["model-download"]["build"] == services["inference"]["build"]
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
 
@@ -125,3 +172,53 @@ def test_the_build_step_that_prepares_the_model_works_offline(tmp_path):
 def test_the_image_copies_everything_its_commands_import():
     copied = {line.split()[1] for line in dockerfile() if line.startswith("COPY ")}
     assert {"backend", "inference_api", "proxy", "gunicorn.conf.py", "requirements.txt"} <= copied
+
+
+# MODEL=... docker compose up: that model, downloaded once into a volume, served with the hub off.
+
+MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
+
+
+def test_without_model_the_api_server_runs_the_image_default_as_before():
+    inference = compose(env={"JWT_SECRET": "s"})["services"]["inference"]
+    assert "--model" not in inference["command"]
+    assert parse_api_args(module_args(inference["command"], "inference_api")).backend.model is None
+    for empty in ({"MODEL": ""}, {"MODEL": "", "HF_TOKEN": ""}):
+        assert compose(env={"JWT_SECRET": "s", **empty})["services"]["inference"] == inference
+
+
+def test_with_model_the_api_server_serves_it_from_the_volume_with_the_hub_off():
+    services = compose(env={"JWT_SECRET": "s", "MODEL": MODEL})["services"]
+    inference = services["inference"]
+    api = parse_api_args(module_args(inference["command"], "inference_api"))
+    (volume,) = inference["volumes"]
+    name, folder, mode = volume.split(":")
+    assert api.backend.model == f"{folder}/{MODEL}" and mode == "ro"
+    assert api.served_model_names == (MODEL,)  # called by its hub id, as with --model HUB_ID
+    assert inference["environment"]["HF_HUB_OFFLINE"] == "1"
+    assert inference["networks"] == ["internal"]  # still no way out
+    assert inference["depends_on"] == {"model-download": {"condition": "service_completed_successfully"}}
+    download = services["model-download"]
+    assert download["environment"]["MODEL"] == MODEL
+    assert download["volumes"] == [f"{name}:{folder}"]
+    assert download["networks"] == ["public"]  # the one with a way out, to the hub
+    assert download["restart"] == "no" and download["healthcheck"] == {"disable": True}
+    assert name in compose()["volumes"]
+
+
+def test_hf_token_reaches_only_the_download():
+    services = compose(env={"JWT_SECRET": "s", "MODEL": MODEL, "HF_TOKEN": "hf_x"})["services"]
+    assert services["model-download"]["environment"]["HF_TOKEN"] == "hf_x"
+    assert "HF_TOKEN" not in services["inference"]["environment"]
+
+
+def test_the_model_download_runs_once_and_does_nothing_without_model(tmp_path):
+    command = compose(env={"JWT_SECRET": "s", "MODEL": MODEL})["services"]["model-download"]["command"]
+    assert command[:2] == ["sh", "-c"]
+    assert_downloads_once(command[2], tmp_path)
+    assert run_download(command[2], tmp_path / "none", "") == (0, [])
+
+
+def test_the_image_has_a_models_folder_its_user_owns():
+    run = next(line for line in dockerfile() if "useradd" in line)
+    assert "mkdir /models" in run and re.search(r"chown -R app [^&]*/models\b", run)
