@@ -5,6 +5,12 @@ OpenAI's `response_format` (`json_object`, `json_schema`), vLLM's `guided_json`,
 `guided_choice` and `guided_grammar`, and the native API's `json_schema`. A grammar llguidance cannot
 enforce (a schema keyword it does not implement, a regex it cannot parse) is a 400 naming the field and
 what is wrong, never an answer that silently follows less than was asked.
+
+An object schema that lists `properties` and says nothing of other keys allows none (`closed_objects`),
+as vLLM's default grammar engine (xgrammar, strict) reads schemas: read as JSON Schema says, the model
+may add keys of its own, and a small one did, until max_tokens cut the object (a forced tool call
+`{"city": "Paris", "type": "city", "description": ..., "population_per_`). A schema that wants other
+keys says so: `"additionalProperties": true` (or a schema for them) is honoured as written.
 """
 
 from __future__ import annotations
@@ -48,9 +54,37 @@ def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
     return _checked(llguidance.LLMatcher.grammar_from_lark(_text(value, name)), name)  # guided_grammar
 
 
+# Where a schema holds other schemas: one (`not`), a list of them (`anyOf`), or a map of them by name
+# (`properties`). Only these are walked: a `const`, `enum` or `default` value is data, whatever it holds.
+ONE_SCHEMA = ("additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames")
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of `schema` in which each object schema that lists `properties` and says nothing else of
+    other keys (no `additionalProperties`, `patternProperties` or `unevaluatedProperties`) allows none."""
+    if not isinstance(schema, dict):
+        return schema
+    closed = dict(schema)
+    for key in ONE_SCHEMA:
+        if isinstance(closed.get(key), dict):
+            closed[key] = closed_objects(closed[key])
+    for key in SCHEMA_LISTS:
+        if isinstance(closed.get(key), list):
+            closed[key] = [closed_objects(item) for item in closed[key]]
+    for key in SCHEMA_MAPS:
+        if isinstance(closed.get(key), dict):
+            closed[key] = {name: closed_objects(item) for name, item in closed[key].items()}
+    if isinstance(closed.get("properties"), dict) and not any(key in closed for key in OPEN_KEYWORDS):
+        closed["additionalProperties"] = False
+    return closed
+
+
 def json_schema_grammar(schema: dict[str, Any], param: str) -> str:
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(closed_objects(schema), overrides=JSON_LAYOUT)
     except ValueError as error:
         raise InvalidParams(param, f"{param} is not a usable JSON schema: {error}") from None
     return _checked(grammar, param)

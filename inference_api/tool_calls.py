@@ -5,8 +5,9 @@ The tools go into the prompt through the model's chat template (`tools=`, as tra
 instead. How the answer becomes calls depends on `tool_choice`:
 
 - a named function: the answer is decoded under that function's parameters schema, so it *is* the
-  call's arguments, valid for any model;
-- `required`: decoded under "one of the tools as {"name", "arguments"}", so it is one valid call;
+  call's arguments, valid for any model (cut by max_tokens, a call all the same, with what was written);
+- `required`: decoded under "one of the tools as {"name", "arguments"}", so it is one valid call (cut
+  by max_tokens once its name is written, the same);
 - `auto`: the model chooses; its text is read in the format its template teaches (`PARSERS`): the
   Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, or Llama 3's bare JSON `{"name", "parameters"}`.
   Text that does not parse as a call stays text.
@@ -26,6 +27,10 @@ from backend.messages import InvalidParams
 from inference_api.structured_output import json_schema_grammar
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# `required`'s answer as its grammar writes it (JSON_LAYOUT's spacing, the name first), cut short.
+REQUIRED_CALL_CUT = re.compile(
+    r'\{"name": (?P<name>"[A-Za-z0-9_-]{1,64}"), "arguments": (?P<arguments>.*)\Z', re.S
+)
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 LLAMA3_PYTHON_TAG = "<|python_tag|>"
 
@@ -239,10 +244,12 @@ class ToolCallReader:
 
     def _calls(self, text: str) -> list[dict[str, Any]] | None:
         choice = self.request.choice
+        if choice == "function":  # the answer is the arguments, whole or cut by max_tokens: a call either way
+            return [new_call(self.request.function, text)]
+        if choice == "required" and (cut := REQUIRED_CALL_CUT.match(text)) and not _parses(text):
+            # Cut by max_tokens after the name: the call, with what was written of its arguments.
+            return [new_call(json.loads(cut["name"]), cut["arguments"])]
         try:
-            if choice == "function":
-                json.loads(text)  # whole (max_tokens may have cut it)
-                return [new_call(self.request.function, text)]
             if choice == "required":
                 call = json.loads(text)
                 return [new_call(call["name"], json.dumps(call["arguments"], ensure_ascii=False))]
@@ -258,3 +265,11 @@ class ToolCallReader:
             return [new_call(call["name"], json.dumps(call.get("parameters", {}), ensure_ascii=False))]
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

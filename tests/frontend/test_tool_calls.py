@@ -54,7 +54,19 @@ def test_named_and_required_answers_are_the_call():
         ToolRequest(TOOLS, "required"), ['{"name": "get_weather", "arguments": {"city": "Rome"}}']
     )
     assert json.loads(required["function"]["arguments"]) == {"city": "Rome"}
-    released, calls = read(
-        ToolRequest(TOOLS, "function", "get_weather"), ['{"city": "Ro']
-    )  # cut by max_tokens
-    assert "".join(released) == '{"city": "Ro' and calls == []
+
+
+def test_a_forced_call_cut_by_max_tokens_is_still_a_call_never_content():
+    released, [named] = read(ToolRequest(TOOLS, "function", "get_weather"), ['{"city": "Ro'])
+    assert "".join(released) == "" and named["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Ro',
+    }
+    cut = ['{"name": "get_weather", ', '"arguments": {"city": "Ro']
+    released, [required] = read(ToolRequest(TOOLS, "required"), cut)
+    assert "".join(released) == "" and required["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Ro',
+    }
+    released, calls = read(ToolRequest(TOOLS, "required"), ['{"na'])  # cut before a name: no call to make
+    assert "".join(released) == '{"na' and calls == []

@@ -157,3 +157,35 @@ def test_bad_tools_are_a_400_naming_the_field(client, fields, param):
     with pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, **fields)
     assert raised.value.body["param"] == param
+
+
+def test_a_loose_schema_forced_call_has_only_the_listed_keys_and_a_cut_one_stays_a_call(client):
+    """langchain's bind_tools(..., tool_choice=name) sends parameters without additionalProperties: a
+    small model then invented keys until max_tokens cut the object, returned as content (issue 39)."""
+    loose = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}},
+        },
+    }
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(3):
+        completion = client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=[loose],
+            tool_choice=named,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=60,
+        )
+        [call] = completion.choices[0].message.tool_calls
+        assert set(json.loads(call.function.arguments)) <= {"city"}
+    cut = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[loose], tool_choice=named, temperature=0, max_tokens=3
+    )
+    choice = cut.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments.startswith("{")

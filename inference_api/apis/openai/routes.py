@@ -135,7 +135,7 @@ class ChatCompletion:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if tool_calls:  # as OpenAI's: content null unless the model also wrote text
             message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
-            finish_reason = "tool_calls"
+            finish_reason = finish_reason if finish_reason == "length" else "tool_calls"  # a cut call says so
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def delta(
@@ -149,7 +149,7 @@ class ChatCompletion:
         delta: dict[str, Any] = {"content": text} if text else {}
         if tool_calls:  # each whole, in one chunk, with its index among the calls
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
-            finish_reason = "tool_calls"
+            finish_reason = finish_reason if finish_reason == "length" else "tool_calls"
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
