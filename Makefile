@@ -12,7 +12,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TEAM ?=
 HOURS ?= 24
 
-.PHONY: install install-dev lint format test run token bench bench-engine bench-proxy clean
+.PHONY: install install-dev lint format test run token bench bench-engine bench-proxy gpu-folder clean
 
 install: $(STAMP)
 
@@ -71,6 +71,19 @@ bench-engine: install
 
 bench-proxy: install
 	$(PY) scripts/bench_proxy.py
+
+# What a lent GPU machine (no network, Python 3.12) needs for scripts/gpu_check.sh, in .gpu/ (git ignores
+# it), to carry there: the wheels of this project's versions it lacks, and the default model's tokenizer.
+GPU_WHEELS := transformers==5.23.0 tokenizers==0.23.3 regex flask==3.1.3 werkzeug==3.1.9 itsdangerous \
+	blinker gunicorn==27.0.1 pyjwt==2.15.1 gguf==0.19.0 python-dotenv==1.2.4 prometheus-client==0.26.0 \
+	llguidance==1.9.1 psutil==7.2.2 tqdm==4.70.1
+GPU_PLATFORMS := manylinux2014_x86_64 manylinux_2_17_x86_64 manylinux_2_28_x86_64 manylinux_2_31_x86_64 \
+	manylinux_2_12_x86_64 manylinux2010_x86_64
+
+gpu-folder: install
+	$(PY) -m pip download --quiet --only-binary :all: --python-version 3.12 --no-deps \
+		$(addprefix --platform ,$(GPU_PLATFORMS)) -d .gpu/wheels $(GPU_WHEELS)
+	$(PY) -c "from scripts.random_llama import default_tokenizer; default_tokenizer().save_pretrained('.gpu/tokenizer')"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

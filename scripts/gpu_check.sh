@@ -3,7 +3,7 @@
 #
 #     OUT=/some/dir [GPU_CHECK_SECONDS=480] [GPU_CHECK_SKIP="part ..."] bash scripts/gpu_check.sh
 #
-# 1. installs the wheels carried in .gpu/wheels (shared/gpu/README.md lists them) into /tmp/site;
+# 1. installs the wheels carried in .gpu/wheels (`make gpu-folder` fetches them) into /tmp/site;
 # 2. runs the tests that need CUDA (graphs captured and replayed, no host wait in a step, the
 #    quantized layers' and host lists' CUDA paths);
 # 3. greedy float32 text of the engine against model.generate (scripts/check_greedy_exact.py);

@@ -73,3 +73,13 @@ def test_make_run_installs_the_serving_set_alone_and_make_test_adds_the_rest():
     serving_set = (ROOT / "requirements.txt").read_text()
     for tool in ("pytest", "selenium", "lm-eval", "matplotlib", "ruff"):
         assert f"\n{tool}" not in serving_set  # the test stack stays out of a serving install
+
+
+def test_make_gpu_folder_fetches_the_gpu_machines_wheels_at_this_projects_versions():
+    dry = make("-n", "gpu-folder", "STAMP=/nonexistent/stamp")
+    assert dry.returncode == 0, dry.stderr
+    assert "--python-version 3.12" in dry.stdout and "-d .gpu/wheels" in dry.stdout
+    pins = dict(line.split("==") for line in (ROOT / "requirements.txt").read_text().split() if "==" in line)
+    for name in ("transformers", "tokenizers", "flask", "gunicorn", "llguidance"):
+        assert f"{name}=={pins[name]}" in dry.stdout  # what the GPU machine runs is what is tested here
+    assert "save_pretrained('.gpu/tokenizer')" in dry.stdout
