@@ -246,13 +246,9 @@ class ToolCallReader:
         choice = self.request.choice
         if choice == "function":  # the answer is the arguments, whole or cut by max_tokens: a call either way
             return [new_call(self.request.function, text)]
-        if choice == "required" and (cut := REQUIRED_CALL_CUT.match(text)) and not _parses(text):
-            # Cut by max_tokens after the name: the call, with what was written of its arguments.
-            return [new_call(json.loads(cut["name"]), cut["arguments"])]
+        if choice == "required":
+            return _required_call(text)
         try:
-            if choice == "required":
-                call = json.loads(text)
-                return [new_call(call["name"], json.dumps(call["arguments"], ensure_ascii=False))]
             if self.request.parser == "hermes":
                 pattern = re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)"
                 calls = [json.loads(block) for block in re.findall(pattern, text, re.S)]
@@ -267,9 +263,12 @@ class ToolCallReader:
             return None
 
 
-def _parses(text: str) -> bool:
+def _required_call(text: str) -> list[dict[str, Any]] | None:
+    """`required`'s answer as the call it is; cut by max_tokens after the name, the call with what was
+    written of its arguments; cut before it, none."""
     try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
+        call = json.loads(text)
+        return [new_call(call["name"], json.dumps(call["arguments"], ensure_ascii=False))]
+    except (ValueError, KeyError, TypeError):  # not whole JSON (a JSONDecodeError is a ValueError)
+        cut = REQUIRED_CALL_CUT.match(text)
+        return [new_call(json.loads(cut["name"]), cut["arguments"])] if cut else None

@@ -104,7 +104,7 @@ def start(command: list[str], ready_url: str, log: Path | None = None) -> subpro
     # The checkout first, then whatever path was set (a GPU machine's carried packages: scripts/gpu_check.sh).
     path = [str(ROOT), os.environ.get("PYTHONPATH")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
-    output = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (the child holds it open)
+    output = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (closed once the child has it)
     process = subprocess.Popen(
         command,
         cwd=ROOT,
@@ -113,6 +113,8 @@ def start(command: list[str], ready_url: str, log: Path | None = None) -> subpro
         stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
         start_new_session=True,
     )
+    if log:
+        output.close()  # the child holds its own copy
     deadline = time.monotonic() + 900  # --compile compiles at start-up: minutes on a small CPU
     while time.monotonic() < deadline and process.poll() is None:
         try:

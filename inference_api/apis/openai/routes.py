@@ -135,7 +135,7 @@ class ChatCompletion:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if tool_calls:  # as OpenAI's: content null unless the model also wrote text
             message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
-            finish_reason = finish_reason if finish_reason == "length" else "tool_calls"  # a cut call says so
+            finish_reason = calls_finish_reason(finish_reason)
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def delta(
@@ -149,7 +149,7 @@ class ChatCompletion:
         delta: dict[str, Any] = {"content": text} if text else {}
         if tool_calls:  # each whole, in one chunk, with its index among the calls
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
-            finish_reason = finish_reason if finish_reason == "length" else "tool_calls"
+            finish_reason = calls_finish_reason(finish_reason)
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -318,3 +318,8 @@ def _events(
         yield b"data: [DONE]\n\n"
     finally:
         choices.close()
+
+
+def calls_finish_reason(finish_reason: str | None) -> str:
+    """An answer that is tool calls ends with `tool_calls`, or, cut by max_tokens, `length` (as OpenAI's)."""
+    return "length" if finish_reason == "length" else "tool_calls"
