@@ -30,6 +30,7 @@ from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, 
 from inference_api.fields import parse_json_object
 from inference_api.metrics import team_of
 from inference_api.router import NotReady, QueueFull, Router, Serving
+from inference_api.tool_calls import ToolCallReader, ToolRequest
 
 
 @dataclass(frozen=True)
@@ -185,14 +186,24 @@ class GenerationFailed(RuntimeError):
 class Generation:
     """One request's answer as text: `deltas()` as it comes, or `text()` whole; then why it ended
     (finish_reason "stop" or "length", and the stop sequence if one ended it) and its token counts.
-    `fields`: the API's names for the 400s (start_choices).
+    `fields`: the API's names for the 400s (start_choices). With `tools`, the text is read for calls
+    (ToolCallReader): what may be a call is held back, and `tool_calls` holds the calls at the end, in
+    OpenAI chat's shape ({id, type, function: {name, arguments (a JSON string)}}).
     """
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, fields: ApiFields = OPENAI_FIELDS):
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        fields: ApiFields = OPENAI_FIELDS,
+        tools: ToolRequest | None = None,
+    ):
         self.choices, self._pieces = start_choices([(prompt_ids, params)], fields=fields)
         self.fields = fields
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
+        self._reader = ToolCallReader(tools) if tools is not None else None
+        self.tool_calls: list[dict[str, Any]] = []  # set at the end
 
     @property
     def prompt_tokens(self) -> int:
@@ -232,6 +243,10 @@ class Generation:
         self.choices.close()
 
     def _release(self, piece: Piece) -> str:
+        text = piece.text if self._reader is None else self._reader.feed(piece.text)
         if piece.finished:
             self.finish_reason, self.stop_sequence = piece.finish_reason, piece.stop_sequence
-        return piece.text
+            if self._reader is not None:
+                rest, self.tool_calls = self._reader.finish()
+                text += rest
+        return text

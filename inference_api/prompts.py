@@ -13,7 +13,7 @@ from backend.messages import InvalidParams
 from inference_api.chat_template import ChatTemplateError, UnusableChatTemplate
 from inference_api.router import Serving
 from inference_api.tokenizer import PromptTokenizer
-from inference_api.tool_calls import read_tool_calls
+from inference_api.tool_calls import ToolRequest, read_tool_calls, template_messages, tools_system_prompt
 
 MAX_TOP_K = 1_000_000  # a top_k cut wider than any vocabulary: every API's top_k is read within it
 # Chat without max_tokens: a bounded answer, as the native API's 128, not the rest of a long context
@@ -56,6 +56,33 @@ def chat_ids(
         raise InvalidParams(param, f"the model's chat template refused the {param}: {error}") from None
     # The rendered template already holds its special tokens (apply_chat_template does the same).
     return serving.tokenizer.encode(text + continuation, add_special_tokens=add_special_tokens)
+
+
+def tool_chat_ids(
+    messages: list[dict[str, Any]],
+    tools: ToolRequest | None,
+    serving: Serving,
+    param: str,
+    continuation: str = "",
+) -> list[int]:
+    """A conversation with tools (assistant turns' calls, tool turns' results) and the tools offered, in
+    OpenAI chat's shapes, through the chat template as `chat_ids`; a template that takes no tools gets
+    them in the system message, in the format the answer is read in (tool_calls.py)."""
+    source = serving.chat_template.source
+    messages = template_messages(messages, source)
+    offered = None
+    if tools is not None and serving.chat_template.takes_tools:
+        offered = tools.tools
+    elif tools is not None:
+        messages = with_system_text(messages, tools_system_prompt(tools.tools))
+    return chat_ids(messages, serving, param, continuation=continuation, tools=offered)
+
+
+def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """The messages with this text at the end of their system message (one is added if none)."""
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def completion_budget(

@@ -51,7 +51,7 @@ def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
         return _checked(llguidance.LLMatcher.grammar_from_regex(_text(value, name)), name)
     if name == "guided_choice":
         return choice_grammar(value, name)
-    return _checked(llguidance.LLMatcher.grammar_from_lark(_text(value, name)), name)  # guided_grammar
+    return lark_grammar(_text(value, name), name)  # guided_grammar
 
 
 # Where a schema holds other schemas: one (`not`), a list of them (`anyOf`), or a map of them by name
@@ -88,6 +88,17 @@ def json_schema_grammar(schema: dict[str, Any], param: str) -> str:
     except ValueError as error:
         raise InvalidParams(param, f"{param} is not a usable JSON schema: {error}") from None
     return _checked(grammar, param)
+
+
+def json_lark(schema: dict[str, Any]) -> str:
+    """A schema as the body of a Lark rule (`%json {...}`): in JSON_LAYOUT's spacing, its objects closed,
+    for a grammar with JSON in one part of it (a tool call inside free text)."""
+    return "%json " + json.dumps({**closed_objects(schema), "x-guidance": JSON_LAYOUT}, ensure_ascii=False)
+
+
+def lark_grammar(lark: str, param: str) -> str:
+    """A Lark grammar, if llguidance can enforce it; else a 400 naming `param`."""
+    return _checked(llguidance.LLMatcher.grammar_from_lark(lark), param)
 
 
 def choice_grammar(choices: Any, param: str) -> str:

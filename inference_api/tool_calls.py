@@ -10,7 +10,10 @@ instead. How the answer becomes calls depends on `tool_choice`:
   by max_tokens once its name is written, the same);
 - `auto`: the model chooses; its text is read in the format its template teaches (`PARSERS`): the
   Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, or Llama 3's bare JSON `{"name", "parameters"}`.
-  Text that does not parse as a call stays text.
+  The answer is decoded under "free text, or calls in that format" (`AUTO_HERMES`, `AUTO_LLAMA3`): text
+  is free until the model opens a call, and from there the call is one of the tools with valid
+  arguments, so that no half-written call comes back as text. A request that also sets a
+  `response_format` keeps that grammar, and its calls are read from the text as written.
 - `none`: the tools are in the prompt, and the answer is text.
 """
 
@@ -19,20 +22,39 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from backend.engine.stop_matcher import longest_partial_match
-from backend.messages import InvalidParams
-from inference_api.structured_output import json_schema_grammar
+from backend.messages import InvalidParams, SamplingParams
+from inference_api.structured_output import json_lark, json_schema_grammar, lark_grammar
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_TOOLS = 128  # as OpenAI's: every tool is in the prompt and in the calls' grammar
 # `required`'s answer as its grammar writes it (JSON_LAYOUT's spacing, the name first), cut short.
 REQUIRED_CALL_CUT = re.compile(
     r'\{"name": (?P<name>"[A-Za-z0-9_-]{1,64}"), "arguments": (?P<arguments>.*)\Z', re.S
 )
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 LLAMA3_PYTHON_TAG = "<|python_tag|>"
+# `auto` in the Hermes format: text with no `<tool_call>` in it; or text, then calls, and nothing after
+# them (one call only, unless parallel). The text and the first `<tool_call>` are one lexeme (OPEN):
+# llguidance's lexer is greedy, so a TEXT lexeme followed by the literal would end before the tag's last
+# byte and refuse it.
+AUTO_HERMES = """start: TEXT | OPEN call_body{more}
+more: (WS? "<tool_call>" call_body)*
+call_body: WS? call WS? "</tool_call>"
+call: {call}
+WS: /[ \\n]+/
+TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/
+OPEN: /(?s:.*)<tool_call>/ & ~/(?s:.*)<tool_call>(?s:.+)/
+"""
+# `auto` in Llama 3's: a call is the whole answer, a JSON object; text is anything that does not open one.
+AUTO_LLAMA3 = """start: TEXT | WS? call
+call: {call}
+WS: /[ \\n]+/
+TEXT: /(?s:.+)/ & ~/[ \\n\\t]*\\{{(?s:.*)/
+"""
 
 
 @dataclass(frozen=True)
@@ -41,31 +63,47 @@ class ToolRequest:
     choice: str  # "none", "auto", "required", or "function" (a named one)
     function: str | None = None  # the named function
     parser: str = "hermes"  # how `auto` reads calls in the text (PARSERS)
+    parallel: bool = True  # whether an answer may hold more than one call (parallel_tool_calls)
 
     @property
     def grammar(self) -> str | None:
-        """What the answer is decoded under: the call itself for `required` and a named function."""
-        schemas = {tool["function"]["name"]: parameters(tool) for tool in self.tools}
+        """What the answer is decoded under: the call itself for `required` and a named function, free
+        text or calls in the template's format for `auto`; None for `none`."""
         if self.choice == "function":
-            return json_schema_grammar(schemas[self.function], "tool_choice")
+            return json_schema_grammar(parameters(self._tool(self.function)), "tool_choice")
         if self.choice == "required":
-            one_call = {
-                "anyOf": [
-                    {
-                        "type": "object",
-                        "properties": {"name": {"const": name}, "arguments": schema},
-                        "required": ["name", "arguments"],
-                        "additionalProperties": False,
-                    }
-                    for name, schema in schemas.items()
-                ]
-            }
-            return json_schema_grammar(one_call, "tools")
+            return json_schema_grammar(self._one_call("arguments"), "tools")
+        if self.choice == "auto" and self.parser == "hermes":
+            more = " more" if self.parallel else ""  # the calls after the first
+            lark = AUTO_HERMES.format(call=json_lark(self._one_call("arguments")), more=more)
+            return lark_grammar(lark, "tools")
+        if self.choice == "auto":
+            return lark_grammar(AUTO_LLAMA3.format(call=json_lark(self._one_call("parameters"))), "tools")
         return None
 
+    def _tool(self, name: str) -> dict[str, Any]:
+        return next(tool for tool in self.tools if tool["function"]["name"] == name)
 
-def read_tool_request(data: dict[str, Any], template_source: str) -> ToolRequest | None:
-    """`tools` and `tool_choice`, checked (a 400 naming what is wrong); None without tools."""
+    def _one_call(self, arguments: str) -> dict[str, Any]:
+        """One call of any of the tools, as `{"name": ..., arguments: {...}}` (the name first)."""
+        return {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": tool["function"]["name"]}, arguments: parameters(tool)},
+                    "required": ["name", arguments],
+                    "additionalProperties": False,
+                }
+                for tool in self.tools
+            ]
+        }
+
+
+def read_tool_request(
+    data: dict[str, Any], template_source: str, parallel: bool = True
+) -> ToolRequest | None:
+    """`tools` and `tool_choice` in OpenAI chat's shapes, checked (a 400 naming what is wrong); None
+    without tools. The other APIs put theirs in these shapes. `parallel`: more than one call allowed."""
     tools = data.get("tools")
     choice = data.get("tool_choice")
     if tools is None or tools == []:
@@ -74,13 +112,15 @@ def read_tool_request(data: dict[str, Any], template_source: str) -> ToolRequest
         return None
     if not isinstance(tools, list):
         raise InvalidParams("tools", "tools must be a list of {type: function, function: {...}} objects")
+    if len(tools) > MAX_TOOLS:
+        raise InvalidParams("tools", f"tools takes at most {MAX_TOOLS} tools, got {len(tools)}")
     tools = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
     names = [tool["function"]["name"] for tool in tools]
     if len(set(names)) < len(names):
         raise InvalidParams("tools", "tools must have different function names")
     parser = "llama3_json" if LLAMA3_PYTHON_TAG in template_source else "hermes"
     if choice is None or choice in ("none", "auto", "required"):
-        return ToolRequest(tools, choice or "auto", parser=parser)
+        return ToolRequest(tools, choice or "auto", parser=parser, parallel=parallel)
     function = (
         choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     )
@@ -91,7 +131,23 @@ def read_tool_request(data: dict[str, Any], template_source: str) -> ToolRequest
         )
     if name not in names:
         raise InvalidParams("tool_choice", f"tool_choice names {name!r}, which is not one of the tools")
-    return ToolRequest(tools, "function", name, parser)
+    return ToolRequest(tools, "function", name, parser, parallel)
+
+
+def with_tool_grammar(params: SamplingParams, tools: ToolRequest | None, format_param: str) -> SamplingParams:
+    """`params` decoded under the tools' grammar (ToolRequest.grammar). A request that also asks for an
+    output format (`format_param`, which set params.grammar): a 400 if the call is forced, which cannot
+    be both; with `auto`, the format's grammar, and calls are read from the text as written."""
+    if tools is None:
+        return params
+    if params.grammar is not None:
+        if tools.choice in ("function", "required"):
+            raise InvalidParams(
+                "tool_choice", f"a required or named tool_choice cannot be combined with {format_param}"
+            )
+        return params
+    grammar = tools.grammar
+    return params if grammar is None else replace(params, grammar=grammar)
 
 
 def parameters(tool: dict[str, Any]) -> dict[str, Any]:
@@ -220,9 +276,9 @@ class ToolCallReader:
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """(content not yet sent, the tool calls)."""
         calls = None if self.call_start is None else self._calls(self.text[self.call_start :])
-        if calls is None:
+        if not calls:
             return self.text[self.sent :], []
-        return self.text[self.sent : self.call_start], calls
+        return self.text[self.sent : self.call_start], calls if self.request.parallel else calls[:1]
 
     def _find_call_start(self) -> None:
         if self.request.parser == "hermes":
@@ -248,19 +304,24 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
+        if self.request.parser == "hermes":
+            pattern = re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)"
+            calls = [_hermes_call(block) for block in re.findall(pattern, text, re.S)]
+            return None if None in calls else [call for found in calls for call in found]
         try:
-            if self.request.parser == "hermes":
-                pattern = re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)"
-                calls = [json.loads(block) for block in re.findall(pattern, text, re.S)]
-                if not calls:
-                    return None
-                return [
-                    new_call(c["name"], json.dumps(c.get("arguments", {}), ensure_ascii=False)) for c in calls
-                ]
             call = json.loads(text.strip().removeprefix(LLAMA3_PYTHON_TAG))
             return [new_call(call["name"], json.dumps(call.get("parameters", {}), ensure_ascii=False))]
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
+
+
+def _hermes_call(block: str) -> list[dict[str, Any]] | None:
+    """A `<tool_call>` block's call: whole, or cut by max_tokens after its name (as `required`'s)."""
+    try:
+        call = json.loads(block)
+        return [new_call(call["name"], json.dumps(call.get("arguments", {}), ensure_ascii=False))]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return _required_call(block.strip())
 
 
 def _required_call(text: str) -> list[dict[str, Any]] | None:

@@ -21,22 +21,17 @@ from inference_api.fields import read_bool, read_integer, read_number, read_stop
 from inference_api.prompts import (
     CHAT_DEFAULT_MAX_TOKENS,
     MAX_TOP_K,
-    chat_ids,
     completion_budget,
     prompt_ids,
     prompt_list,
     read_messages,
     token_id_list,
+    tool_chat_ids,
 )
 from inference_api.router import Serving
 from inference_api.structured_output import GUIDED_FIELDS, grammar_field, read_grammar
 from inference_api.tokenizer import stop_token_ids_of
-from inference_api.tool_calls import (
-    ToolRequest,
-    read_tool_request,
-    template_messages,
-    tools_system_prompt,
-)
+from inference_api.tool_calls import ToolRequest, read_tool_request, with_tool_grammar
 from inference_api.unsupported_fields import reject_unsupported
 
 MAX_CHOICES = 16
@@ -99,32 +94,15 @@ def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRe
 
 def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     reject_unsupported(data, "chat")
-    template = serving.chat_template
-    tool_request = read_tool_request(data, template.source)
-    messages = template_messages(read_messages(data.get("messages")), template.source)
-    tools = None
-    if tool_request is not None and template.takes_tools:
-        tools = tool_request.tools
-    elif tool_request is not None:  # a template that knows no tools: they go in a system message
-        messages = with_system_text(messages, tools_system_prompt(tool_request.tools))
-    ids = chat_ids(messages, serving, "messages", tools=tools)
+    parallel = read_bool(data, "parallel_tool_calls", True)
+    tool_request = read_tool_request(data, serving.chat_template.source, parallel)
+    ids = tool_chat_ids(read_messages(data.get("messages")), tool_request, serving, "messages")
     request = _common(data, serving, [ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))
-    grammar = tool_request.grammar if tool_request is not None else None
-    if grammar is not None and request.params.grammar is not None:
-        raise InvalidParams(
-            "tool_choice", "a required or named tool_choice cannot be combined with response_format"
-        )
-    if grammar is None:
+    params = with_tool_grammar(request.params, tool_request, request.grammar_param or "response_format")
+    if params is request.params:
         return replace(request, tools=tool_request)
-    params = replace(request.params, grammar=grammar)
-    return replace(request, params=params, tools=tool_request, grammar_param="tool_choice")
-
-
-def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    """The messages with this text at the end of their system message (one is added if none)."""
-    if messages and messages[0]["role"] == "system":
-        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
+    grammar_param = "tool_choice" if tool_request.choice in ("function", "required") else "tools"
+    return replace(request, params=params, tools=tool_request, grammar_param=grammar_param)
 
 
 def _chat_logprobs(data: dict[str, Any]) -> int | None:
