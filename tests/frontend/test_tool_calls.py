@@ -3,6 +3,7 @@
 import json
 
 from inference_api.tool_calls import ToolCallReader, ToolRequest
+from tests.frontend.test_structured_output import follows
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
@@ -70,3 +71,55 @@ def test_a_forced_call_cut_by_max_tokens_is_still_a_call_never_content():
     }
     released, calls = read(ToolRequest(TOOLS, "required"), ['{"na'])  # cut before a name: no call to make
     assert "".join(released) == '{"na' and calls == []
+
+
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+def test_auto_is_free_text_or_calls_and_a_started_call_must_be_one_of_the_tools():
+    grammar = ToolRequest(WEATHER_TOOLS, "auto").grammar
+    assert follows(grammar, "It is sunny in Paris, <b>often</b>.")
+    assert follows(grammar, f"Let me check. <tool_call>{PARIS}</tool_call>")
+    assert follows(grammar, f"<tool_call>\n{PARIS}\n</tool_call>\n<tool_call>{PARIS}</tool_call>")
+    assert not follows(grammar, '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    assert not follows(grammar, '<tool_call>{"name": "get_weather", "arguments": {"city": "P", "x": 1}}')
+    assert not follows(grammar, f"<tool_call>{PARIS}</tool_call> and some text after")
+    assert not follows(grammar, f"<tool_call>{PARIS}")  # a call cannot be left open
+
+
+def test_auto_without_parallel_calls_takes_one_call_and_the_reader_keeps_one():
+    single = ToolRequest(WEATHER_TOOLS, "auto", parallel=False)
+    assert follows(single.grammar, f"<tool_call>{PARIS}</tool_call>")
+    assert not follows(single.grammar, f"<tool_call>{PARIS}</tool_call><tool_call>{PARIS}</tool_call>")
+    _, calls = read(single, [f"<tool_call>{PARIS}</tool_call><tool_call>{PARIS}</tool_call>"])
+    assert len(calls) == 1  # a format read without the grammar (with a response_format) keeps the first
+
+
+def test_auto_in_llama3s_format_is_text_or_one_whole_call():
+    grammar = ToolRequest(WEATHER_TOOLS, "auto", parser="llama3_json").grammar
+    assert follows(grammar, "The weather is fine.")
+    assert follows(grammar, '{"name": "get_weather", "parameters": {"city": "Oslo"}}')
+    assert not follows(grammar, '{"name": "get_weather", "parameters": {"town": "Oslo"}}')
+    assert not follows(grammar, "{ not a call")
+
+
+def test_an_auto_call_cut_by_max_tokens_in_its_arguments_is_a_call_with_what_was_written():
+    _, [call] = read(
+        ToolRequest(WEATHER_TOOLS, "auto"), ['Sure. <tool_call>{"name": "get_weather", "arguments": {"ci']
+    )
+    assert call["function"]["name"] == "get_weather"
+    released, calls = read(ToolRequest(WEATHER_TOOLS, "auto"), ['Sure. <tool_call>{"na'])
+    assert calls == [] and "".join(released) == 'Sure. <tool_call>{"na'  # no name: nothing to call

@@ -189,3 +189,26 @@ def test_a_loose_schema_forced_call_has_only_the_listed_keys_and_a_cut_one_stays
     assert choice.finish_reason == "length" and choice.message.content is None
     [call] = choice.message.tool_calls
     assert call.function.name == "get_weather" and call.function.arguments.startswith("{")
+
+
+def test_an_auto_call_the_model_starts_is_always_whole_and_valid(client, tokenizer):
+    """With `auto` the answer is decoded under "text, or calls of the tools": once the model opens a
+    `<tool_call>` (pushed to here by a bias for the tag's tokens, which it would go on repeating), what
+    follows is one of the tools with arguments its schema takes, never a broken call left as text; and
+    with parallel_tool_calls false, the answer ends after it."""
+    tag = {str(token): 100 for token in tokenizer.encode("<tool_call>", add_special_tokens=False)}
+    for seed in range(3):
+        completion = client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=[WEATHER, TIME],
+            temperature=1.0,
+            seed=seed,
+            max_tokens=120,
+            logit_bias=tag,
+            parallel_tool_calls=False,  # else the bias opens call after call until max_tokens
+        )
+        choice = completion.choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        [call] = choice.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), schema_of(call.function.name))
