@@ -14,7 +14,8 @@ instead. How the answer becomes calls depends on `tool_choice`:
   is free until the model opens a call, and from there the call is one of the tools with valid
   arguments, so that no half-written call comes back as text. A request that also sets a
   `response_format` keeps that grammar, and its calls are read from the text as written.
-- `none`: the tools are in the prompt, and the answer is text.
+- `none`: the tools are in the prompt, and the answer is text: in the Hermes format, decoded under
+  "text with no `<tool_call>`" (`NONE_HERMES`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ WS: /[ \\n]+/
 TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/
 OPEN: /(?s:.*)<tool_call>/ & ~/(?s:.*)<tool_call>(?s:.+)/
 """
+# `none` in the Hermes format: text that opens no call (the tools are in the prompt, and a small model
+# offered them writes `<tool_call>` blocks whatever tool_choice says).
+NONE_HERMES = """start: TEXT?
+TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/
+"""
 # `auto` in Llama 3's: a call is the whole answer, a JSON object; text is anything that does not open one.
 AUTO_LLAMA3 = """start: TEXT | WS? call
 call: {call}
@@ -68,7 +74,7 @@ class ToolRequest:
     @property
     def grammar(self) -> str | None:
         """What the answer is decoded under: the call itself for `required` and a named function, free
-        text or calls in the template's format for `auto`; None for `none`."""
+        text or calls in the template's format for `auto`, text that opens no call for `none`."""
         if self.choice == "function":
             return json_schema_grammar(parameters(self._tool(self.function)), "tool_choice")
         if self.choice == "required":
@@ -79,7 +85,9 @@ class ToolRequest:
             return lark_grammar(lark, "tools")
         if self.choice == "auto":
             return lark_grammar(AUTO_LLAMA3.format(call=json_lark(self._one_call("parameters"))), "tools")
-        return None
+        if self.parser == "hermes":  # none
+            return lark_grammar(NONE_HERMES, "tools")
+        return None  # none in Llama 3's format: a call would be a JSON answer, which text may be
 
     def _tool(self, name: str) -> dict[str, Any]:
         return next(tool for tool in self.tools if tool["function"]["name"] == name)

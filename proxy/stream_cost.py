@@ -3,7 +3,8 @@
 One request to /v1/completions with a list of prompts and `n` choices runs in the inference server as
 prompts x n requests, each in a row of its own (inference_api/choices.py): counted as one, a request of
 6 prompts and n 16 took all 32 rows and the whole queue of a server while its team's limit was 2. The two
-OpenAI endpoints that fan out are read for their prompts and `n`; every other request is one stream.
+OpenAI endpoints that fan out are read for their prompts and `n` (under /v1/ and again under
+/v1/openai/v1/, where Llama Stack's client calls them); every other request is one stream.
 A body that is not what the server takes counts one: the server answers it with a 400 at once.
 """
 
@@ -12,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-FAN_OUT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+COMPLETIONS_PATHS = frozenset({"/v1/completions", "/v1/openai/v1/completions"})
+FAN_OUT_PATHS = COMPLETIONS_PATHS | {"/v1/chat/completions", "/v1/openai/v1/chat/completions"}
 
 
 def streams_of(path: str, body: bytes) -> int:
@@ -25,7 +27,7 @@ def streams_of(path: str, body: bytes) -> int:
         return 1
     if not isinstance(data, dict):
         return 1
-    prompts = prompt_count(data.get("prompt")) if path == "/v1/completions" else 1
+    prompts = prompt_count(data.get("prompt")) if path in COMPLETIONS_PATHS else 1
     return prompts * positive_integer(data.get("n"))
 
 

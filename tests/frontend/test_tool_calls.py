@@ -123,3 +123,9 @@ def test_an_auto_call_cut_by_max_tokens_in_its_arguments_is_a_call_with_what_was
     assert call["function"]["name"] == "get_weather"
     released, calls = read(ToolRequest(WEATHER_TOOLS, "auto"), ['Sure. <tool_call>{"na'])
     assert calls == [] and "".join(released) == 'Sure. <tool_call>{"na'  # no name: nothing to call
+
+
+def test_none_is_text_that_opens_no_call():
+    grammar = ToolRequest(WEATHER_TOOLS, "none").grammar
+    assert follows(grammar, "It is sunny in Paris.") and follows(grammar, "")
+    assert not follows(grammar, f"Let me check. <tool_call>{PARIS}</tool_call>")

@@ -18,6 +18,8 @@ from proxy.stream_cost import streams_of
         ("/v1/chat/completions", {"prompt": ["a", "b"]}, 1),  # chat has no prompt list
         ("/v1/completions", {"prompt": ["a", "b"], "n": "4"}, 2),  # not an integer: the server's 400
         ("/v1/completions", {"prompt": ["a", "b"], "n": True}, 2),
+        ("/v1/openai/v1/completions", {"prompt": ["a", "b"], "n": 3}, 6),  # Llama Stack's client's routes
+        ("/v1/openai/v1/chat/completions", {"messages": [], "n": 7}, 7),
         ("/v1/messages", {"messages": [], "n": 9}, 1),  # no fan-out on other APIs
         ("/predictions/model", {"text": "x"}, 1),
     ],
