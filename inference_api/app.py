@@ -1,4 +1,8 @@
-"""The app factory: one Flask app, one router thread, one backend process."""
+"""The app factory: one Flask app, one router thread, one backend process.
+
+The OpenAI API's blueprints are registered twice: at /v1/ and at /v1/openai/v1/, where Llama Stack's
+client calls them (chat and completions, models, embeddings).
+"""
 
 from __future__ import annotations
 
@@ -66,6 +70,10 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     app.register_blueprint(responses_api.bp)
     app.register_blueprint(llama_stack_api.bp)
     app.register_blueprint(embeddings.bp)
+    # Llama Stack's client calls the OpenAI API under its own prefix: the same handlers, served there too.
+    llama_stack_openai = openai_api.LLAMA_STACK_PREFIX
+    app.register_blueprint(openai_api.bp, url_prefix=llama_stack_openai, name="llama_stack_openai")
+    app.register_blueprint(embeddings.bp, url_prefix=llama_stack_openai, name="llama_stack_embeddings")
 
     router.start()
     return app

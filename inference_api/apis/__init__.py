@@ -2,13 +2,15 @@
 
 - openai/: /v1/models, /v1/completions, /v1/chat/completions (routes.py), their request bodies
   (request.py) and their logprobs (logprobs.py);
-- anthropic/: Anthropic's /v1/messages;
+- anthropic/: Anthropic's /v1/messages (with tool use) and /v1/messages/count_tokens;
 - responses/: OpenAI's /v1/responses, stateless;
-- llama_stack/: Llama Stack's inference API;
+- llama_stack/: Llama Stack's inference API (completion, chat completion, embeddings);
 - native/: the native API, POST /predictions/<model> (SPEC §4.1);
 - embeddings.py: /v1/embeddings; tokenize.py: /tokenize and /detokenize.
 
-May import: the shared pieces of inference_api (fields, errors, prompts, generation, the router,
+Llama Stack's client also calls openai/ and embeddings.py at /v1/openai/v1/ (app.py registers them there).
+
+May import: the shared pieces of inference_api (fields, errors, prompts, generation, the embedder, the router,
 the chat template, structured output, tool calls) and backend.messages; never another API's
 package, nor torch.
 """

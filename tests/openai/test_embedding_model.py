@@ -114,3 +114,18 @@ def test_the_models_list_names_both(client, server):
         CHAT_MODEL: 128,
         EMBEDDING_MODEL: TINY_BERT_POSITIONS,
     }
+    # Llama Stack's model type: which model its inference.embeddings takes.
+    types = {m["identifier"]: m["model_type"] for m in raw}
+    assert types == {CHAT_MODEL: "llm", EMBEDDING_MODEL: "embedding"}
+
+
+def test_llama_stacks_embeddings_are_the_embedding_models(client, server):
+    asked = {"model_id": EMBEDDING_MODEL, "contents": [TEXTS[0], {"type": "text", "text": TEXTS[1]}]}
+    answer = requests.post(f"{server.url}/v1/inference/embeddings", json=asked, timeout=60)
+    assert answer.status_code == 200, answer.text
+    expected = client.embeddings.create(model=EMBEDDING_MODEL, input=TEXTS[:2]).data
+    for vector, item in zip(answer.json()["embeddings"], expected, strict=True):
+        assert vector == pytest.approx(item.embedding, abs=1e-6)
+    too_long = {"model_id": EMBEDDING_MODEL, "contents": [" ".join(["a"] * TINY_BERT_POSITIONS)]}
+    refused = requests.post(f"{server.url}/v1/inference/embeddings", json=too_long, timeout=60)
+    assert refused.status_code == 400 and refused.json()["detail"].startswith("contents[0] has ")

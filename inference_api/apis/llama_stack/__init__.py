@@ -1,1 +1,1 @@
-"""Llama Stack's inference API: completion and chat completion, its routes and its requests."""
+"""Llama Stack's inference API: completion, chat completion and embeddings, its routes and its requests."""

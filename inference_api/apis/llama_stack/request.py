@@ -1,5 +1,6 @@
-"""Llama Stack's inference requests, parsed and checked: completion (`content`) and chat completion
-(`messages`, through the model's chat template as /v1/chat/completions renders them).
+"""Llama Stack's inference requests, parsed and checked: completion (`content`), chat completion
+(`messages`, through the model's chat template as /v1/chat/completions renders them) and embeddings
+(`contents`, each as /v1/embeddings reads an input).
 
 As Llama Stack publishes them: the model as `model_id` (or `model`, its first
 releases' name), content as a string, a text item or a list of text items (an
@@ -14,6 +15,11 @@ where greedy is the default, max_tokens 0 or absent means the server's
 default, and the first releases' strategy, a name with its values beside it
 (`"strategy": "top_p", "temperature": T`), is read too. Errors name nested
 fields by their path (`sampling_params.strategy.top_k`).
+
+Embeddings take `contents`, a list of strings or text items, and refuse what
+is not built: another `text_truncation` than "none" (a content too long is a
+400, as "none" says), an `output_dimension` (the vectors have the model's
+hidden size) and a `task_type` (the model embeds queries and documents alike).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.messages import MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
+from inference_api.embedder import embedding_ids
 from inference_api.fields import read_bool, read_integer, read_number, read_object, read_stop, within
 from inference_api.prompts import (
     CHAT_DEFAULT_MAX_TOKENS,
@@ -131,3 +138,34 @@ def _strategy(sampling: dict[str, Any]) -> tuple[float, float, int]:
                 raise InvalidParams("top_k", "top_k is required with the top_k strategy")
             return temperature, 1.0, top_k
         raise InvalidParams("type", f"type must be greedy, top_p or top_k, got {kind!r}")
+
+
+def parse_embeddings(data: dict[str, Any], serving: Serving) -> list[list[int]]:
+    """The token ids of each of `contents`, for the model that embeds."""
+    if data.get("text_truncation") not in (None, "none"):
+        message = 'text_truncation other than "none" is not supported: a content too long is a 400'
+        raise InvalidParams("text_truncation", message)
+    if data.get("output_dimension") is not None:
+        message = "output_dimension is not supported: the vectors have the model's hidden size"
+        raise InvalidParams("output_dimension", message)
+    if data.get("task_type") is not None:
+        message = "task_type is not supported: the model embeds queries and documents alike"
+        raise InvalidParams("task_type", message)
+    contents = data.get("contents")
+    if not isinstance(contents, list) or not contents:
+        raise InvalidParams("contents", "contents is required: a list of strings or text items to embed")
+    texts = [_content_text(content, f"contents[{i}]") for i, content in enumerate(contents)]
+    return embedding_ids(texts, serving, "contents")
+
+
+def _content_text(content: Any, param: str) -> str:
+    """A string, or a text item's text: an image item is a 400 naming it, never dropped."""
+    if isinstance(content, str):
+        return content
+    kind = content.get("type") if isinstance(content, dict) else None
+    if kind != "text":
+        what = f"an item of type {kind!r}" if isinstance(kind, str) else "not a string or a typed item"
+        raise InvalidParams(param, f"{param} is {what}: this server embeds text only")
+    if not isinstance(content.get("text"), str):
+        raise InvalidParams(f"{param}.text", f"{param}.text must be a string")
+    return content["text"]

@@ -1,7 +1,8 @@
-"""Llama Stack's inference API: completion and chat completion, answered whole or streamed.
+"""Llama Stack's inference API: completion and chat completion, answered whole or streamed, and embeddings.
 
     POST /inference/completion, /inference/chat_completion        (its first releases' routes)
     POST /v1/inference/completion, /v1/inference/chat-completion  (its later releases')
+    POST /inference/embeddings, /v1/inference/embeddings
 
 Shaped as Llama Stack publishes them. A completion answers `{"content",
 "stop_reason"}` and streams `data: {"delta": text, "stop_reason": null}`
@@ -13,7 +14,10 @@ reason is `end_of_turn` (an EOS token or a stop sequence) or `out_of_tokens`
 (max_tokens); the token counts come as Llama Stack's `metrics` (prompt_tokens,
 completion_tokens, total_tokens) with the answer or the last event. Errors are
 `{"detail": message}` (errors.py), mid-stream `data: {"error": {"message"}}`,
-as Llama Stack's own server sends them.
+as Llama Stack's own server sends them. Embeddings answer `{"embeddings":
+[[float, ...], ...]}`, one vector per content, by /v1/embeddings' machinery
+(embedder.py). Its client's OpenAI-compatible routes (/v1/openai/v1/...) and
+its model fields in /v1/models are the OpenAI API's (app.py, apis/openai).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from inference_api.apis.llama_stack.request import (
     model_field,
     parse_chat_completion,
     parse_completion,
+    parse_embeddings,
 )
+from inference_api.embedder import embed
 from inference_api.generation import (
     ApiFields,
     Generation,
@@ -43,6 +49,7 @@ from inference_api.router import Serving
 bp = Blueprint("llama_stack_api", __name__)
 
 STOP_REASONS = {"stop": "end_of_turn", "length": "out_of_tokens"}
+EMBEDDING_FIELDS = ApiFields(prompt_ids="contents", count="contents")
 
 
 @bp.post("/inference/completion")
@@ -55,6 +62,15 @@ def completion() -> Response:
 @bp.post("/v1/inference/chat-completion")
 def chat_completion() -> Response:
     return _answer(parse_chat_completion, ChatCompletion())
+
+
+@bp.post("/inference/embeddings")
+@bp.post("/v1/inference/embeddings")
+def embeddings() -> Response:
+    data, serving = read_request(model_field=None)
+    check_model(data, serving, model_field(data), embeddings=True)
+    vectors = embed(parse_embeddings(data, serving), EMBEDDING_FIELDS)
+    return jsonify(embeddings=[list(vector) for vector in vectors])
 
 
 class Completion:

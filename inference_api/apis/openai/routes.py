@@ -3,21 +3,27 @@
 Responses follow OpenAI's documented shapes closely enough that the official
 `openai` client works unchanged, streaming (SSE, ending with `data: [DONE]`)
 and not. Each choice is its own request in its own row.
+
+Llama Stack's client reads this API too: a model entry also has the fields of
+its `Model` (`identifier`, `model_type`, ...), and its OpenAI-compatible routes
+(/v1/openai/v1/...) are these same handlers (app.py), whose streams end there
+without `data: [DONE]`, as Llama Stack's server ends them.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 
 from backend.messages import Piece
 from inference_api.apis.openai.logprobs import ChatLogprobs, CompletionLogprobs
 from inference_api.apis.openai.request import OpenAIRequest, parse_chat_request, parse_completion_request
 from inference_api.choices import Choices
+from inference_api.errors import ApiError
 from inference_api.generation import (
     ApiFields,
     error_of,
@@ -26,42 +32,62 @@ from inference_api.generation import (
     serving_now,
     sse_event,
     start_choices,
+    unknown_model,
 )
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolCallReader
 
 bp = Blueprint("openai_api", __name__, url_prefix="/v1")
 STARTED = int(time.time())
+OWNER = "inference-server"
+LLAMA_STACK_PREFIX = "/v1/openai/v1"  # where Llama Stack's client calls this API (app.py serves it there too)
+DONE = b"data: [DONE]\n\n"
 
 
 @bp.get("/models")
 def models() -> Response:
-    """The model once under each served name (vLLM's --served-model-name), the one responses report first."""
+    """The model once under each served name (vLLM's --served-model-name), the one responses report first,
+    then the --embedding-model, for /v1/embeddings only."""
+    return jsonify(object="list", data=_models(serving_now()))
+
+
+@bp.get("/models/<path:model>")
+def retrieve_model(model: str) -> Response:
+    """One entry of /v1/models (the OpenAI client's models.retrieve, Llama Stack's client's too)."""
     serving = serving_now()
-    models = [
-        {
-            "id": name,
-            "object": "model",
-            "created": STARTED,
-            "owned_by": "inference-server",
-            "root": serving.backend.model_name,
-            "max_model_len": serving.backend.max_seq_len,
-        }
-        for name in serving.served_names
-    ]
-    embedding = serving.backend.embedding_model
-    if embedding is not None:  # --embedding-model, for /v1/embeddings only; max_model_len: an input's tokens
-        models.append(
-            {
-                "id": embedding.name,
-                "object": "model",
-                "created": STARTED,
-                "owned_by": "inference-server",
-                "root": embedding.name,
-                "max_model_len": embedding.max_tokens,
-            }
-        )
-    return jsonify(object="list", data=models)
+    for entry in _models(serving):
+        if entry["id"] == model:
+            return jsonify(entry)
+    message = unknown_model(model, serving, embeddings=False)
+    raise ApiError(404, message, param="model", code="model_not_found")
+
+
+def _models(serving: Serving) -> list[dict[str, Any]]:
+    backend = serving.backend
+    models = [_model(name, backend.model_name, backend.max_seq_len, "llm") for name in serving.served_names]
+    embedding = backend.embedding_model
+    if embedding is not None:  # max_model_len: an input's tokens
+        models.append(_model(embedding.name, embedding.name, embedding.max_tokens, "embedding"))
+    return models
+
+
+def _model(name: str, root: str, max_model_len: int, model_type: str) -> dict[str, Any]:
+    """OpenAI's model object (with vLLM's root and max_model_len), and what Llama Stack's client reads
+    of one: an identifier, its type (an llm or an embedding model), the provider and its name for it."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": STARTED,
+        "owned_by": OWNER,
+        "root": root,
+        "max_model_len": max_model_len,
+        "identifier": name,
+        "model_type": model_type,
+        "provider_id": OWNER,
+        "provider_resource_id": root,
+        "type": "model",
+        "metadata": {},
+    }
 
 
 @bp.post("/completions")
@@ -193,6 +219,8 @@ def _answer(api: Completion | ChatCompletion) -> Response:
     usage = Usage(openai_request, choices)
     if openai_request.stream:
         events = _events(api, response_id, serving, openai_request, choices, pieces, usage, fields)
+        if request.path.startswith(LLAMA_STACK_PREFIX + "/"):
+            events = _without_done(events)
         return event_stream(events, choices.close)
     return _whole(api, response_id, serving, openai_request, choices, pieces, usage, fields)
 
@@ -315,9 +343,20 @@ def _events(
                 yield chunk([api.delta(index, text, piece.finish_reason, logprobs, calls)])
         if openai_request.include_usage:
             yield chunk([], usage=usage.as_dict())
-        yield b"data: [DONE]\n\n"
+        yield DONE
     finally:
         choices.close()
+
+
+def _without_done(events: Generator[bytes, None, None]) -> Iterator[bytes]:
+    """The events without the last `data: [DONE]`, as Llama Stack's server ends its OpenAI-compatible
+    streams: its client (0.2.x) reads every event as JSON, and OpenAI's clients end at the stream's end."""
+    try:
+        for event in events:
+            if event != DONE:
+                yield event
+    finally:
+        events.close()
 
 
 def calls_finish_reason(finish_reason: str | None) -> str:
