@@ -131,8 +131,6 @@ def test_through_the_proxy_the_token_is_the_api_key(client, proxy):
 
 
 ASKS_FOR_MORE = {
-    "tools": {"tools": [{"name": "weather", "input_schema": {"type": "object"}}]},
-    "tool_choice": {"tool_choice": {"type": "auto"}},
     "thinking": {"thinking": {"type": "enabled", "budget_tokens": 1024}},
     "messages[0].content[1]": {
         "messages": [
@@ -148,7 +146,7 @@ ASKS_FOR_MORE = {
     "messages[1].content[0]": {
         "messages": [
             {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "Hm.", "signature": "s"}]},
         ]
     },
     "messages[0].role": {"messages": [{"role": "system", "content": "Be brief."}]},

@@ -1,10 +1,10 @@
-"""Anthropic's Messages request (POST /v1/messages), parsed and checked, with Anthropic's names and ranges.
+"""Anthropic's Messages request (POST /v1/messages, and /v1/messages/count_tokens), parsed and checked,
+with Anthropic's names and ranges.
 
-`system` and `messages` go through the model's chat template as
-/v1/chat/completions renders them; a last assistant message is a prefill, the
-text the answer goes on from (Anthropic's clients send it to steer the start
-of an answer). Content is text: a string or text blocks; an image, document
-or tool block is a 400 naming it.
+`system` and `messages` (conversation.py: text, tool_use and tool_result blocks) go through the model's
+chat template as /v1/chat/completions renders them, with the `tools` offered; `tools` and `tool_choice`
+(tools.py) are served as chat's are, the calls decoded under the tools' grammar. count_tokens builds the
+same prompt as create, without the sampling fields.
 """
 
 from __future__ import annotations
@@ -13,15 +13,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.messages import InvalidParams, SamplingParams
+from inference_api.apis.anthropic.conversation import read_conversation
+from inference_api.apis.anthropic.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
-from inference_api.prompts import MAX_TOP_K, chat_ids, completion_budget, read_messages, text_content
+from inference_api.prompts import MAX_TOP_K, completion_budget, tool_chat_ids
 from inference_api.router import Serving
 from inference_api.tokenizer import stop_token_ids_of
+from inference_api.tool_calls import ToolRequest, with_tool_grammar
 from inference_api.unsupported_fields import reject_unsupported
 
-ROLES = ("user", "assistant")
 # Anthropic documents no limit; each stop sequence costs a scan of the held-back text per piece.
 MAX_STOP_SEQUENCES = 16
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    tools: ToolRequest | None  # the tools offered, and how the answer becomes calls
 
 
 @dataclass(frozen=True)
@@ -29,17 +37,23 @@ class MessagesRequest:
     prompt_ids: list[int]
     params: SamplingParams
     stream: bool
+    tools: ToolRequest | None = None  # the tools offered, and how the answer becomes calls
+
+
+def read_prompt(data: dict[str, Any], serving: Serving) -> Prompt:
+    """The conversation and its tools through the chat template, as token ids."""
+    reject_unsupported(data, "messages")
+    tools = read_tools(data, serving.chat_template.source)
+    messages, prefill = read_conversation(data.get("system"), data.get("messages"))
+    return Prompt(tool_chat_ids(messages, tools, serving, "messages", continuation=prefill), tools)
 
 
 def parse_messages_request(data: dict[str, Any], serving: Serving) -> MessagesRequest:
-    reject_unsupported(data, "messages")
-    messages = _system(data.get("system")) + read_messages(data.get("messages"), roles=ROLES)
-    prefill = messages.pop()["content"] if messages[-1]["role"] == "assistant" else ""
-    prompt_ids = chat_ids(messages, serving, "messages", continuation=prefill)
+    prompt = read_prompt(data, serving)
     max_tokens = read_integer(data, "max_tokens", None, 1, serving.backend.max_seq_len)
     if max_tokens is None:
         raise InvalidParams("max_tokens", "max_tokens is required: the most tokens the answer may have")
-    completion_budget(serving, len(prompt_ids), max_tokens, max_tokens, "messages")
+    completion_budget(serving, len(prompt.ids), max_tokens, max_tokens, "messages")
     stop = read_stop(data, "stop_sequences", MAX_STOP_SEQUENCES)
     params = SamplingParams(
         temperature=read_number(data, "temperature", 1.0, 0.0, 1.0),
@@ -49,10 +63,6 @@ def parse_messages_request(data: dict[str, Any], serving: Serving) -> MessagesRe
         stop=stop,
         stop_token_ids=stop_token_ids_of(stop, serving.tokenizer),
     )
-    return MessagesRequest(prompt_ids, params, read_bool(data, "stream", False))
-
-
-def _system(system: Any) -> list[dict[str, str]]:
-    """The system prompt, a string or text blocks, as the conversation's first message (if any)."""
-    text = text_content(system, "system")
-    return [{"role": "system", "content": text}] if text else []
+    # No output format here (output_config is refused): the only grammar is the tools'.
+    params = with_tool_grammar(params, prompt.tools, "output_config")
+    return MessagesRequest(prompt.ids, params, read_bool(data, "stream", False), prompt.tools)

@@ -1,25 +1,34 @@
-"""Anthropic's Messages API: POST /v1/messages, as one Message or as Anthropic's stream of typed events.
+"""Anthropic's Messages API: POST /v1/messages, as one Message or as Anthropic's stream of typed events,
+and POST /v1/messages/count_tokens.
 
 Shaped as Anthropic documents them, so that the official `anthropic` client
-works unchanged, `messages.create` and `messages.stream` alike:
+works unchanged, `messages.create`, `messages.stream` and `messages.count_tokens` alike. The answer's
+content is a text block (left out when the answer is only tool calls), then a tool_use block per call;
+streamed:
 
-    message_start, content_block_start, ping, content_block_delta (text_delta)...,
-    content_block_stop, message_delta (stop_reason, stop_sequence, usage), message_stop
+    message_start, ping,
+    content_block_start (text), content_block_delta (text_delta)..., content_block_stop,
+    for each call: content_block_start (tool_use, input {}), content_block_delta (input_json_delta),
+        content_block_stop,
+    message_delta (stop_reason, stop_sequence, usage), message_stop
 
-each as `event: <type>` and `data: {...}`. Errors are Anthropic's
-`{"type": "error", "error": {"type", "message"}}` (errors.py), mid-stream as an
-`error` event, which the client raises.
+each as `event: <type>` and `data: {...}`, the blocks numbered by `index`. A call is only known whole
+when the answer ends (tool_calls.ToolCallReader holds its text back), so its input comes in one
+input_json_delta. Errors are Anthropic's `{"type": "error", "error": {"type", "message"}}`
+(errors.py), mid-stream as an `error` event, which the client raises.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from inference_api.apis.anthropic.request import parse_messages_request
+from inference_api.apis.anthropic.request import parse_messages_request, read_prompt
+from inference_api.apis.anthropic.tools import tool_use_block
 from inference_api.errors import anthropic_error
 from inference_api.generation import (
     ApiFields,
@@ -33,18 +42,25 @@ from inference_api.generation import (
 bp = Blueprint("anthropic_api", __name__)
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
-FIELDS = ApiFields(prompt_ids="messages")
+FIELDS = ApiFields(prompt_ids="messages", grammar="tools")  # the only grammar here is the tools'
 
 
 @bp.post("/v1/messages")
 def messages() -> Response:
     data, serving = read_request()
-    messages_request = parse_messages_request(data, serving)
-    generation = Generation(messages_request.prompt_ids, messages_request.params, FIELDS)
+    parsed = parse_messages_request(data, serving)
+    generation = Generation(parsed.prompt_ids, parsed.params, FIELDS, tools=parsed.tools)
     message = Message(generation, serving.model_name)
-    if messages_request.stream:
+    if parsed.stream:
         return event_stream(message.events(), generation.close)
     return jsonify(message.whole())
+
+
+@bp.post("/v1/messages/count_tokens")
+def count_tokens() -> Response:
+    """The prompt's tokens, as messages.create would count them in usage.input_tokens."""
+    data, serving = read_request()
+    return jsonify(input_tokens=len(read_prompt(data, serving).ids))
 
 
 class Message:
@@ -57,23 +73,36 @@ class Message:
 
     def whole(self) -> dict[str, Any]:
         text = self.generation.text()
-        return {**self._opening([{"type": "text", "text": text}]), **self._ending()}
+        calls = [tool_use_block(call) for call in self.generation.tool_calls]
+        # A text block unless the answer is only calls (an empty answer keeps its empty text block).
+        content = [{"type": "text", "text": text}] if text or not calls else []
+        return {**self._opening(content + calls), **self._ending()}
 
     def events(self) -> Iterator[bytes]:
-        generation = self.generation
         yield _event(
             "message_start", message={**self._opening([]), "stop_reason": None, "stop_sequence": None}
         )
-        yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
         yield _event("ping")
+        # The text block opens with the first text, so that an answer that is only calls has none.
+        text_block = False
         try:
-            for text in generation.deltas():
+            for text in self.generation.deltas():
+                if not text_block:
+                    yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+                    text_block = True
                 yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
         except GenerationFailed as error:
             # Too late for a status: Anthropic's clients raise on an error event.
             yield sse_event(anthropic_error(500, str(error)), "error")
             return
-        yield _event("content_block_stop", index=0)
+        calls = [tool_use_block(call) for call in self.generation.tool_calls]
+        if not text_block and not calls:
+            yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+            text_block = True
+        if text_block:
+            yield _event("content_block_stop", index=0)
+        for index, call in enumerate(calls, start=int(text_block)):
+            yield from _tool_use_events(index, call)
         ending = self._ending()
         delta = {"stop_reason": ending["stop_reason"], "stop_sequence": ending["stop_sequence"]}
         yield _event("message_delta", delta=delta, usage=ending["usage"])
@@ -93,15 +122,32 @@ class Message:
 
     def _ending(self) -> dict[str, Any]:
         generation = self.generation
-        stop_sequence = generation.stop_sequence
         return {
-            "stop_reason": "stop_sequence" if stop_sequence else STOP_REASONS[generation.finish_reason],
-            "stop_sequence": stop_sequence,
+            "stop_reason": _stop_reason(generation),
+            "stop_sequence": generation.stop_sequence,
             "usage": {
                 "input_tokens": generation.prompt_tokens,
                 "output_tokens": generation.completion_tokens,
             },
         }
+
+
+def _stop_reason(generation: Generation) -> str:
+    """max_tokens for an answer it cut, calls and all (a cut call's input holds what was written whole);
+    then the stop sequence that ended it; tool_use for an answer with calls; else end_turn."""
+    if generation.finish_reason == "length":
+        return "max_tokens"
+    if generation.stop_sequence:
+        return "stop_sequence"
+    return "tool_use" if generation.tool_calls else STOP_REASONS[generation.finish_reason]
+
+
+def _tool_use_events(index: int, block: dict[str, Any]) -> Iterator[bytes]:
+    """A tool_use block as Anthropic streams one: opened with an empty input, then its input as JSON."""
+    yield _event("content_block_start", index=index, content_block={**block, "input": {}})
+    delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+    yield _event("content_block_delta", index=index, delta=delta)
+    yield _event("content_block_stop", index=index)
 
 
 def _event(kind: str, **fields: Any) -> bytes:

@@ -1,0 +1,149 @@
+"""Tool use on Anthropic's Messages API: `tools` and `tool_choice` in, `tool_use` blocks out, through chat
+completions' tool calling (tool_calls.py), so that calls are prompted, decoded and read as chat's are.
+
+The request's tools ({name, description, input_schema}, `type` absent or "custom") and tool_choice
+({"type": "auto" | "any" | "tool" | "none", "name", "disable_parallel_tool_use"}) are checked in
+Anthropic's names (a 400 names `tools[i].input_schema`, not chat's `tools[i].function.parameters`), then
+put in chat's shapes for read_tool_request: `any` is chat's `required`, `tool` a named function,
+`disable_parallel_tool_use` parallel_tool_calls false. Anthropic's server tools (web search, bash, the
+text editor...) run on Anthropic's side: nothing here could run them, so they are a 400 naming
+`tools[i].type`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from backend.messages import InvalidParams
+from inference_api.structured_output import json_schema_grammar
+from inference_api.tool_calls import FUNCTION_NAME, MAX_TOOLS, ToolRequest, read_tool_request
+
+CHAT_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+CHOICE_SHAPES = (
+    'tool_choice must be {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": ...} or {"type": "none"}'
+)
+SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def read_tools(data: dict[str, Any], template_source: str) -> ToolRequest | None:
+    """The request's `tools` and `tool_choice`, checked (a 400 naming Anthropic's field), as chat's
+    ToolRequest; None without tools."""
+    tools = data.get("tools")
+    choice, parallel = _tool_choice(data.get("tool_choice"))
+    chat = {"tools": None if tools is None else _tools(tools), "tool_choice": choice}
+    return read_tool_request(chat, template_source, parallel)
+
+
+def _tools(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise InvalidParams("tools", "tools must be a list of {name, description, input_schema} objects")
+    if len(value) > MAX_TOOLS:
+        raise InvalidParams("tools", f"tools takes at most {MAX_TOOLS} tools, got {len(value)}")
+    tools = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(value)]
+    names = [tool["function"]["name"] for tool in tools]
+    if len(set(names)) < len(names):
+        raise InvalidParams("tools", "tools must have different names")
+    return tools
+
+
+def _tool(tool: Any, param: str) -> dict[str, Any]:
+    """One custom tool, in chat's shape: {"type": "function", "function": {name, description, parameters}}."""
+    if not isinstance(tool, dict):
+        raise InvalidParams(param, f"{param} must be an object {{name, description, input_schema}}")
+    kind = tool.get("type")
+    if kind not in (None, "custom"):
+        raise InvalidParams(
+            f"{param}.type",
+            f"{param}.type {kind!r} is one of Anthropic's server tools, which this server does not run: "
+            'only tools the client runs (type "custom", or none) are served',
+        )
+    name = tool.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        raise InvalidParams(f"{param}.name", f"{param}.name must be 1 to 64 of a-z, A-Z, 0-9, _ -")
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise InvalidParams(f"{param}.description", f"{param}.description must be a string")
+    schema = tool.get("input_schema")
+    # Anthropic's input is an object: a schema of anything else could not give one.
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise InvalidParams(
+            f"{param}.input_schema", f'{param}.input_schema must be a JSON schema of "type": "object"'
+        )
+    json_schema_grammar(schema, f"{param}.input_schema")  # a 400 if it cannot be enforced
+    function = {"name": name, "parameters": schema}
+    if description is not None:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: Any) -> tuple[Any, bool]:
+    """Chat's tool_choice for Anthropic's, and whether more than one call is allowed."""
+    if choice is None:
+        return None, True
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("tool", *CHAT_CHOICES):
+        raise InvalidParams("tool_choice", CHOICE_SHAPES)
+    disable = choice.get("disable_parallel_tool_use")
+    if disable is not None and not isinstance(disable, bool):
+        param = "tool_choice.disable_parallel_tool_use"
+        raise InvalidParams(param, f"{param} must be a boolean (true or false)")
+    if kind != "tool":
+        return CHAT_CHOICES[kind], not disable
+    name = choice.get("name")
+    if not isinstance(name, str):
+        raise InvalidParams("tool_choice.name", 'tool_choice.name is required with {"type": "tool"}')
+    return {"type": "function", "function": {"name": name}}, not disable
+
+
+def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
+    """A call (chat's shape, tool_calls.new_call) as Anthropic's tool_use block."""
+    function = call["function"]
+    return {
+        "type": "tool_use",
+        "id": "toolu_" + uuid.uuid4().hex[:24],
+        "name": function["name"],
+        "input": tool_input(function["arguments"]),
+    }
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the object Anthropic's `input` is: whole; or, for a call max_tokens cut, the
+    members written whole before the cut (a value cut short is left out rather than guessed)."""
+    try:
+        whole = json.loads(arguments)
+    except ValueError:
+        return _written_members(arguments)
+    return whole if isinstance(whole, dict) else {}
+
+
+def _written_members(text: str) -> dict[str, Any]:
+    """The members of a cut JSON object whose values are whole: ended by `,` or `}`, or at the cut a
+    value that ends itself (a string, an object, an array, a literal; not a number, which more digits
+    could have followed)."""
+    decoder = json.JSONDecoder()
+    members: dict[str, Any] = {}
+    at = SPACE.match(text).end()
+    if not text.startswith("{", at):
+        return members
+    at += 1
+    while True:
+        try:
+            key, at = decoder.raw_decode(text, SPACE.match(text, at).end())
+            at = SPACE.match(text, at).end()
+            if text[at] != ":" or not isinstance(key, str):
+                return members
+            value, at = decoder.raw_decode(text, SPACE.match(text, at + 1).end())
+        except (ValueError, IndexError):  # cut inside the member
+            return members
+        if at == len(text) and type(value) in (int, float):
+            return members
+        at = SPACE.match(text, at).end()
+        if text[at : at + 1] not in (",", "}", ""):
+            return members
+        members[key] = value
+        if at == len(text):
+            return members
+        at += 1
