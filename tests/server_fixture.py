@@ -69,7 +69,7 @@ class RunningServer:
             try:
                 if requests.get(f"{self.url}{path}", timeout=2).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not up yet, or slow on a loaded machine
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"the server was not ready in {timeout} s:\n{self.log()[-4000:]}")
