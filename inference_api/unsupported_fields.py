@@ -5,10 +5,10 @@ if the field were honoured would let it believe it got what it asked for
 (SPEC §4.2). A field with a value that asks for nothing (`tools: []`, `best_of`
 equal to `n`, checked where `n` is read, an empty `suffix`) is accepted. Fields that are accepted and
 have no effect here (`user`, `metadata`, `store`, `service_tier`,
-`parallel_tool_calls`, `reasoning_effort`) are listed in docs/frontend.md.
+`reasoning_effort`) are listed in docs/frontend.md.
 
-Each API has its own table: the same name asks for nothing with another value
-in another API (OpenAI's `tool_choice: "none"`, Anthropic's `{"type": "none"}`),
+Each API has its own table: the same name is served in one API and refused in
+another (`tools` and `logprobs`, served by chat, not by Llama Stack's inference),
 and a field of one API is an unknown field, ignored, in another.
 """
 
@@ -40,12 +40,6 @@ def _reasoning(value: Any) -> bool:
     return not (isinstance(value, dict) and all(v in (None, "none") for v in value.values()))
 
 
-def _text_format(value: Any) -> bool:
-    """Responses' `text`: only plain text (JSON modes live in its `format`)."""
-    text_format = value.get("format") if isinstance(value, dict) else "not an object"
-    return not (text_format is None or (isinstance(text_format, dict) and text_format.get("type") == "text"))
-
-
 STATELESS = "this server keeps no responses (it is stateless): send the whole conversation as input"
 
 UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
@@ -61,8 +55,6 @@ UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
     },
     # Anthropic's Messages API.
     "messages": {
-        "tools": Unsupported(lambda value: value != []),
-        "tool_choice": Unsupported(_not_typed("none")),
         "thinking": Unsupported(_not_typed("disabled")),
         "mcp_servers": Unsupported(lambda value: value != []),
         "container": Unsupported(_always),
@@ -76,10 +68,7 @@ UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
         "conversation": Unsupported(_always, "{name} is not supported: " + STATELESS),
         "background": Unsupported(lambda value: value is not False),
         "prompt": Unsupported(_always),
-        "tools": Unsupported(lambda value: value != []),
-        "tool_choice": Unsupported(lambda value: value != "none"),
         "reasoning": Unsupported(_reasoning),
-        "text": Unsupported(_text_format, '{name}.format other than {{"type": "text"}} is not supported'),
         "include": Unsupported(lambda value: value != []),
         "top_logprobs": Unsupported(lambda value: value != 0),
         "truncation": Unsupported(

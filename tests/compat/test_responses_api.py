@@ -102,9 +102,9 @@ def test_input_items_go_through_the_chat_template_as_messages(client, tokenizer)
 ASKS_FOR_MORE = {
     "store": {"store": True},
     "previous_response_id": {"previous_response_id": "resp_0123"},
-    "tools": {"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]},
+    "tools[0].type": {"tools": [{"type": "web_search"}]},
     "reasoning": {"reasoning": {"effort": "high"}},
-    "text": {"text": {"format": {"type": "json_object"}}},
+    "text.format.type": {"text": {"format": {"type": "grammar"}}},
     "include": {"include": ["message.output_text.logprobs"]},
     "input[0].content[1]": {
         "input": [
@@ -120,7 +120,7 @@ ASKS_FOR_MORE = {
     "input[1].type": {
         "input": [
             {"role": "user", "content": "What is 2 + 2?"},
-            {"type": "function_call_output", "call_id": "call_1", "output": "4"},
+            {"type": "reasoning", "summary": []},
         ]
     },
     "temperature": {"temperature": 2.5},

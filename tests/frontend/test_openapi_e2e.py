@@ -197,6 +197,44 @@ MESSAGES_NOTHING_ASKED = {
     "output_config": {},
     "container": None,
 }
+# Tool use: the tools, a call of one and its result (the mock answers in text: it keeps to no grammar).
+MESSAGES_TOOLS = {
+    "tools": [
+        {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "input_schema": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+        {"type": "custom", "name": "get_time", "input_schema": {"type": "object"}},
+    ],
+    "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [{"type": "text", "text": "18 C"}],
+                },
+                {"type": "text", "text": "Thanks."},
+            ],
+        },
+    ],
+}
+COUNT_TOKENS = {"model": "mock", "messages": MESSAGES["messages"]}
 RESPONSES = {"model": "mock", "input": "hello", "max_output_tokens": 4}
 RESPONSES_IN_FULL = {
     **RESPONSES,
@@ -225,6 +263,52 @@ RESPONSES_NOTHING_ASKED = {
     "top_logprobs": 0,
     "truncation": "disabled",
 }
+# Tool use: a call and its output sent back, and a JSON format (the mock answers in text: it keeps to no
+# grammar, so its answer holds no calls).
+RESPONSES_TOOLS = {
+    "tools": [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+            "strict": True,
+        },
+        {"type": "function", "name": "get_time"},
+    ],
+    "tool_choice": {
+        "type": "allowed_tools",
+        "mode": "auto",
+        "tools": [{"type": "function", "name": "get_time"}],
+    },
+    "parallel_tool_calls": False,
+    "text": {"format": {"type": "json_object"}},
+    "input": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Let me look."}],
+        },
+        {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+            "status": "completed",
+        },
+        {
+            "type": "function_call_output",
+            "call_id": "call_1",
+            "output": [{"type": "input_text", "text": "18 C"}],
+        },
+    ],
+}
 LLAMA_COMPLETION = {"model_id": "mock", "content": "hello", "sampling_params": {"max_tokens": 4}}
 LLAMA_CHAT = {
     "model_id": "mock",
@@ -236,6 +320,11 @@ LLAMA_SAMPLED = {
     "max_tokens": 4,
     "repetition_penalty": 1.1,
     "stop": ["tempor"],
+}
+LLAMA_EMBEDDINGS = {
+    "model_id": "mock",
+    "contents": ["hello", {"type": "text", "text": "hi"}],
+    "text_truncation": "none",
 }
 TOKENIZE_CHAT = {"messages": CHAT["messages"], "add_generation_prompt": False, "add_special_tokens": True}
 
@@ -299,11 +388,25 @@ SUCCESSES = {
         {"json": {**MESSAGES_IN_FULL, "max_tokens": 8, "stream": True}},
     ),
     "messages-nothing-asked": ("post", "/v1/messages", {"json": {**MESSAGES, **MESSAGES_NOTHING_ASKED}}),
+    "messages-tools": ("post", "/v1/messages", {"json": {**MESSAGES, **MESSAGES_TOOLS}}),
+    "messages-tools-stream": (
+        "post",
+        "/v1/messages",
+        {"json": {**MESSAGES, **MESSAGES_TOOLS, "stream": True}},
+    ),
+    "count-tokens": ("post", "/v1/messages/count_tokens", {"json": COUNT_TOKENS}),
+    "count-tokens-tools": ("post", "/v1/messages/count_tokens", {"json": {**COUNT_TOKENS, **MESSAGES_TOOLS}}),
     "responses": ("post", "/v1/responses", {"json": RESPONSES}),
     "responses-stream": ("post", "/v1/responses", {"json": {**RESPONSES, "stream": True}}),
     "responses-in-full": ("post", "/v1/responses", {"json": RESPONSES_IN_FULL}),
     "responses-in-full-stream": ("post", "/v1/responses", {"json": {**RESPONSES_IN_FULL, "stream": True}}),
     "responses-nothing-asked": ("post", "/v1/responses", {"json": {**RESPONSES, **RESPONSES_NOTHING_ASKED}}),
+    "responses-tools": ("post", "/v1/responses", {"json": {**RESPONSES, **RESPONSES_TOOLS}}),
+    "responses-tools-stream": (
+        "post",
+        "/v1/responses",
+        {"json": {**RESPONSES, **RESPONSES_TOOLS, "stream": True}},
+    ),
     "llama-completion": ("post", "/inference/completion", {"json": LLAMA_COMPLETION}),
     "llama-completion-stream": (
         "post",
@@ -321,6 +424,23 @@ SUCCESSES = {
         "post",
         "/v1/inference/chat-completion",
         {"json": {**LLAMA_CHAT, "sampling_params": LLAMA_SAMPLED}},
+    ),
+    "llama-embeddings": ("post", "/inference/embeddings", {"json": {"model": "mock", "contents": ["hello"]}}),
+    "llama-embeddings-v1": ("post", "/v1/inference/embeddings", {"json": LLAMA_EMBEDDINGS}),
+    "model": ("get", "/v1/models/mock", {}),
+    "llama-openai-models": ("get", "/v1/openai/v1/models", {}),
+    "llama-openai-model": ("get", "/v1/openai/v1/models/mock", {}),
+    "llama-openai-completion-stream": (
+        "post",
+        "/v1/openai/v1/completions",
+        {"json": {**COMPLETION, **STREAMED}},
+    ),
+    "llama-openai-chat": ("post", "/v1/openai/v1/chat/completions", {"json": CHAT}),
+    "llama-openai-chat-stream": ("post", "/v1/openai/v1/chat/completions", {"json": {**CHAT, **STREAMED}}),
+    "llama-openai-embeddings": (
+        "post",
+        "/v1/openai/v1/embeddings",
+        {"json": {"model": "mock", "input": "hi"}},
     ),
 }
 
@@ -388,6 +508,15 @@ ERRORS = {
     "messages-unknown-model": ("post", "/v1/messages", {"json": {**MESSAGES, "model": "x"}}, 404),
     "messages-wrong-method": ("get", "/v1/messages", {}, 405),
     "messages-too-large": ("post", "/v1/messages", {"data": TOO_BIG}, 413),
+    "count-tokens-no-messages": ("post", "/v1/messages/count_tokens", {"json": {"model": "mock"}}, 400),
+    "count-tokens-unknown-model": (
+        "post",
+        "/v1/messages/count_tokens",
+        {"json": {**COUNT_TOKENS, "model": "x"}},
+        404,
+    ),
+    "count-tokens-wrong-method": ("get", "/v1/messages/count_tokens", {}, 405),
+    "count-tokens-too-large": ("post", "/v1/messages/count_tokens", {"data": TOO_BIG}, 413),
     "responses-stored": ("post", "/v1/responses", {"json": {**RESPONSES, "store": True}}, 400),
     "responses-unknown-model": ("post", "/v1/responses", {"json": {**RESPONSES, "model": "x"}}, 404),
     "responses-wrong-method": ("get", "/v1/responses", {}, 405),
@@ -402,6 +531,32 @@ ERRORS = {
     ),
     "llama-wrong-method": ("get", "/v1/inference/chat-completion", {}, 405),
     "llama-too-large": ("post", "/v1/inference/completion", {"data": TOO_BIG}, 413),
+    "llama-embeddings-image": (
+        "post",
+        "/v1/inference/embeddings",
+        {"json": {**LLAMA_EMBEDDINGS, "contents": [{"type": "image", "image": {"url": {"uri": "a.png"}}}]}},
+        400,
+    ),
+    "llama-embeddings-truncated": (
+        "post",
+        "/v1/inference/embeddings",
+        {"json": {**LLAMA_EMBEDDINGS, "text_truncation": "end"}},
+        400,
+    ),
+    "llama-embeddings-unknown-model": (
+        "post",
+        "/inference/embeddings",
+        {"json": {**LLAMA_EMBEDDINGS, "model_id": "x"}},
+        404,
+    ),
+    "model-unknown": ("get", "/v1/models/x", {}, 404),
+    "llama-openai-chat-unknown-model": (
+        "post",
+        "/v1/openai/v1/chat/completions",
+        {"json": {**CHAT, "model": "x"}},
+        404,
+    ),
+    "llama-openai-chat-wrong-method": ("get", "/v1/openai/v1/chat/completions", {}, 405),
 }
 
 
@@ -467,6 +622,7 @@ def test_a_model_not_loaded_is_the_documented_503() -> None:
         ("/v1/completions", COMPLETION),
         ("/predictions/mock", NATIVE),
         ("/v1/messages", MESSAGES),
+        ("/v1/messages/count_tokens", COUNT_TOKENS),
         ("/v1/responses", RESPONSES),
         ("/inference/completion", LLAMA_COMPLETION),
         ("/v1/inference/chat-completion", LLAMA_CHAT),
@@ -797,8 +953,39 @@ CHECKED_BODIES = {
         {**MESSAGES, "messages": [{"role": "system", "content": "Be brief."}]},
         "messages[0].role",
     ),
-    "messages-tools": ("/v1/messages", {**MESSAGES, "tools": [{"name": "f", "input_schema": {}}]}, "tools"),
+    "messages-tools": ("/v1/messages", {**MESSAGES, **MESSAGES_TOOLS}, None),
+    "messages-tool-schema-not-an-object": (
+        "/v1/messages",
+        {**MESSAGES, "tools": [{"name": "f", "input_schema": {}}]},
+        "tools[0].input_schema",
+    ),
+    "messages-server-tool": (
+        "/v1/messages",
+        {**MESSAGES, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+        "tools[0].type",
+    ),
+    "messages-tool-bad-name": (
+        "/v1/messages",
+        {**MESSAGES, "tools": [{"name": "f g", "input_schema": {"type": "object"}}]},
+        "tools[0].name",
+    ),
     "messages-tool-choice": ("/v1/messages", {**MESSAGES, "tool_choice": {"type": "auto"}}, "tool_choice"),
+    "messages-tool-choice-unnamed": (
+        "/v1/messages",
+        {**MESSAGES, **MESSAGES_TOOLS, "tool_choice": {"type": "tool"}},
+        "tool_choice.name",
+    ),
+    "messages-tool-use-from-the-user": (
+        "/v1/messages",
+        {**MESSAGES, "messages": [{"role": "user", "content": MESSAGES_TOOLS["messages"][1]["content"]}]},
+        "messages[0].content[1]",
+    ),
+    "count-tokens-tools": ("/v1/messages/count_tokens", {**COUNT_TOKENS, **MESSAGES_TOOLS}, None),
+    "count-tokens-server-tool": (
+        "/v1/messages/count_tokens",
+        {**COUNT_TOKENS, "tools": [{"type": "bash_20250124", "name": "bash"}]},
+        "tools[0].type",
+    ),
     "messages-thinking": (
         "/v1/messages",
         {**MESSAGES, "thinking": {"type": "enabled", "budget_tokens": 1024}},
@@ -817,9 +1004,13 @@ CHECKED_BODIES = {
         "previous_response_id",
     ),
     "responses-conversation": ("/v1/responses", {**RESPONSES, "conversation": "conv_1"}, "conversation"),
-    "responses-tools": ("/v1/responses", {**RESPONSES, "tools": [{"type": "web_search"}]}, "tools"),
+    "responses-tools": ("/v1/responses", {**RESPONSES, "tools": [{"type": "web_search"}]}, "tools[0].type"),
     "responses-reasoning": ("/v1/responses", {**RESPONSES, "reasoning": {"effort": "high"}}, "reasoning"),
-    "responses-json": ("/v1/responses", {**RESPONSES, "text": {"format": {"type": "json_object"}}}, "text"),
+    "responses-json": (
+        "/v1/responses",
+        {**RESPONSES, "text": {"format": {"type": "json_schema", "name": "x"}}},
+        "text.format.schema",
+    ),
     "responses-background": ("/v1/responses", {**RESPONSES, "background": True}, "background"),
     "responses-truncation": ("/v1/responses", {**RESPONSES, "truncation": "auto"}, "truncation"),
     "responses-include": (
@@ -835,7 +1026,7 @@ CHECKED_BODIES = {
     ),
     "responses-tool-output": (
         "/v1/responses",
-        {**RESPONSES, "input": [{"type": "function_call_output", "call_id": "c", "output": "4"}]},
+        {**RESPONSES, "input": [{"type": "reasoning", "summary": []}]},
         "input[0].type",
     ),
     "responses-empty-input": ("/v1/responses", {**RESPONSES, "input": ""}, "input"),

@@ -1,15 +1,21 @@
 """OpenAI's Responses API, stateless: POST /v1/responses, as one response object or as its typed events.
 
-The answer is one message item holding one `output_text` part. Streamed, as
-OpenAI's (`event: <type>` and `data: {..., "sequence_number": n}`):
+The answer is a message item holding one `output_text` part, if the model wrote text or made no call,
+then one `function_call` item per tool call (items.py). Streamed, as OpenAI's (`event: <type>` and
+`data: {..., "sequence_number": n}`):
 
-    response.created, response.in_progress, response.output_item.added,
-    response.content_part.added, response.output_text.delta...,
-    response.output_text.done, response.content_part.done, response.output_item.done,
+    response.created, response.in_progress,
+    the message's: response.output_item.added, response.content_part.added,
+        response.output_text.delta..., response.output_text.done, response.content_part.done,
+        response.output_item.done;
+    each call's: response.output_item.added (arguments ""), response.function_call_arguments.delta,
+        response.function_call_arguments.done, response.output_item.done;
     response.completed (response.incomplete when max_output_tokens cut it)
 
-A backend that fails mid-stream ends it with `response.failed`. Errors before
-the stream are OpenAI's error shape, as on every path under /v1/.
+The message's events begin with its first text. A call is read from the text once the answer has ended
+(tool_calls.ToolCallReader), so its arguments come in one delta. A backend that fails mid-stream ends
+the stream with `response.failed`. Errors before the stream are OpenAI's error shape, as on every path
+under /v1/.
 """
 
 from __future__ import annotations
@@ -22,27 +28,20 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
+from inference_api.apis.responses.items import call_item, message_item, text_part
 from inference_api.apis.responses.request import ResponsesRequest, parse_responses_request
-from inference_api.generation import (
-    ApiFields,
-    Generation,
-    GenerationFailed,
-    event_stream,
-    read_request,
-    sse_event,
-)
+from inference_api.generation import Generation, GenerationFailed, event_stream, read_request, sse_event
 
 bp = Blueprint("responses_api", __name__)
-FIELDS = ApiFields(prompt_ids="input")
 
 
 @bp.post("/v1/responses")
 def responses() -> Response:
     data, serving = read_request()
-    responses_request = parse_responses_request(data, serving)
-    generation = Generation(responses_request.prompt_ids, responses_request.params, FIELDS)
-    answer = ModelResponse(generation, serving.model_name, responses_request)
-    if responses_request.stream:
+    asked = parse_responses_request(data, serving)
+    generation = Generation(asked.prompt_ids, asked.params, asked.fields, asked.tools)
+    answer = ModelResponse(generation, serving.model_name, asked)
+    if asked.stream:
         return event_stream(answer.events(), generation.close)
     return jsonify(answer.whole())
 
@@ -66,45 +65,78 @@ class ModelResponse:
 
     def whole(self) -> dict[str, Any]:
         text = self.generation.text()
-        return self._response(self.status, [self._item(self.status, [_part(text)])], self._usage())
+        calls = self._calls()
+        message = [message_item(self.item_id, self._message_status(calls), text)] if text or not calls else []
+        return self._response(self.status, message + calls, self._usage())
 
     def events(self) -> Iterator[bytes]:
         opened = self._response("in_progress", [])
         yield self._event("response.created", response=opened)
         yield self._event("response.in_progress", response=opened)
-        yield self._event("response.output_item.added", output_index=0, item=self._item("in_progress", []))
-        yield self._event("response.content_part.added", **self._place(), part=_part(""))
         texts = []
         try:
             for text in self.generation.deltas():
+                if not texts:
+                    yield from self._open_message()
                 texts.append(text)
                 yield self._event("response.output_text.delta", **self._place(), delta=text, logprobs=[])
         except GenerationFailed as error:
             failed = self._response("failed", [], error={"code": "server_error", "message": str(error)})
             yield self._event("response.failed", response=failed)
             return
-        text, status = "".join(texts), self.status
-        yield self._event("response.output_text.done", **self._place(), text=text, logprobs=[])
-        yield self._event("response.content_part.done", **self._place(), part=_part(text))
-        item = self._item(status, [_part(text)])
+        calls = self._calls()
+        output = []
+        if texts or not calls:  # an answer of calls only has no message item
+            if not texts:
+                yield from self._open_message()
+            output.append(message_item(self.item_id, self._message_status(calls), "".join(texts)))
+            yield from self._close_message(output[0])
+        for item in calls:
+            yield from self._call_events(item, len(output))
+            output.append(item)
+        status = self.status
+        yield self._event(f"response.{status}", response=self._response(status, output, self._usage()))
+
+    def _calls(self) -> list[dict[str, Any]]:
+        """The answer's calls as function_call items, once it has ended: a call max_output_tokens cut (the
+        last one) is incomplete, with the arguments written so far."""
+        calls = self.generation.tool_calls
+        last = len(calls) - 1
+        return [call_item(call, self.status if i == last else "completed") for i, call in enumerate(calls)]
+
+    def _message_status(self, calls: list[dict[str, Any]]) -> str:
+        """The message is what max_output_tokens cut unless calls came after it."""
+        return "completed" if calls else self.status
+
+    def _open_message(self) -> Iterator[bytes]:
+        yield self._event(
+            "response.output_item.added", output_index=0, item=message_item(self.item_id, "in_progress", None)
+        )
+        yield self._event("response.content_part.added", **self._place(), part=text_part(""))
+
+    def _close_message(self, item: dict[str, Any]) -> Iterator[bytes]:
+        [part] = item["content"]
+        yield self._event("response.output_text.done", **self._place(), text=part["text"], logprobs=[])
+        yield self._event("response.content_part.done", **self._place(), part=part)
         yield self._event("response.output_item.done", output_index=0, item=item)
-        yield self._event(f"response.{status}", response=self._response(status, [item], self._usage()))
+
+    def _call_events(self, item: dict[str, Any], index: int) -> Iterator[bytes]:
+        place = {"item_id": item["id"], "output_index": index}
+        added = {**item, "status": "in_progress", "arguments": ""}
+        yield self._event("response.output_item.added", output_index=index, item=added)
+        if item["arguments"]:
+            yield self._event("response.function_call_arguments.delta", **place, delta=item["arguments"])
+        yield self._event(
+            "response.function_call_arguments.done", **place, arguments=item["arguments"], name=item["name"]
+        )
+        yield self._event("response.output_item.done", output_index=index, item=item)
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         return sse_event({"type": kind, "sequence_number": next(self.sequence), **fields}, kind)
 
     def _place(self) -> dict[str, Any]:
-        """Where the text goes: the one part of the one message item."""
+        """Where the text goes: the one part of the message item, the first item."""
         return {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-
-    def _item(self, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": self.item_id,
-            "type": "message",
-            "status": status,
-            "role": "assistant",
-            "content": content,
-        }
 
     def _usage(self) -> dict[str, Any]:
         generation = self.generation
@@ -138,16 +170,9 @@ class ModelResponse:
             "output": output,
             "usage": usage,
             **self.echoed,
-            # Stateless, text only, no tools: what the request could not have asked otherwise.
+            # Stateless, no reasoning: what the request could not have asked otherwise.
             "store": False,
             "previous_response_id": None,
             "reasoning": None,
-            "text": {"format": {"type": "text"}},
-            "tool_choice": "none",
-            "tools": [],
             "truncation": "disabled",
         }
-
-
-def _part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

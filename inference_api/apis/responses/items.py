@@ -1,0 +1,120 @@
+"""The Responses API's items: the input's as OpenAI chat's messages, and the output's, as a response lists
+them.
+
+Input: message items (a string content, or `input_text` / `output_text` parts); `function_call` items
+(call_id, name, arguments as a JSON string; id and status are ignored) and `function_call_output` items
+(call_id, output: a string or `input_text` parts). A run of function_call items, with the assistant
+message right before them, is one assistant turn with `tool_calls`, as chat has it and chat templates
+render it; each output is a `tool` message. Other item types (reasoning, item_reference, hosted tools'
+calls) are a 400 naming the item.
+
+Output: a message item with one `output_text` part, if the model wrote text or made no call; then one
+`function_call` item per call.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from backend.messages import InvalidParams
+from inference_api.prompts import read_messages, text_content
+
+ROLES = ("user", "system", "developer", "assistant")
+TEXT_PARTS = ("input_text", "output_text")
+ITEM_TYPES = "message, function_call and function_call_output"
+
+
+def input_messages(value: Any) -> list[dict[str, Any]]:
+    """The `input` as chat's messages: a string is one user message; a list holds items."""
+    if isinstance(value, str):
+        if not value:
+            raise InvalidParams("input", "input must not be empty")
+        return [{"role": "user", "content": text_content(value, "input")}]
+    if not isinstance(value, list):
+        return read_messages(value, "input")  # its 400: required, or not a list
+    calls: set[str] = set()  # the call_ids so far, which an output must answer
+    shaped = [_as_message(item, f"input[{i}]", calls) for i, item in enumerate(value)]
+    # One message per item, so that read_messages' 400s name the item they are about.
+    return _joined(read_messages(shaped, "input", (*ROLES, "tool"), TEXT_PARTS))
+
+
+def _as_message(item: Any, param: str, calls: set[str]) -> Any:
+    """One item as one chat message, checked in the Responses API's terms."""
+    if not isinstance(item, dict):
+        return item  # read_messages' 400
+    kind = item.get("type") or "message"
+    if kind == "message":
+        role = item.get("role")
+        if role not in ROLES:
+            roles = ", ".join(ROLES)
+            raise InvalidParams(f"{param}.role", f"{param}.role must be one of {roles}, got {role!r}")
+        return {"role": role, "content": item.get("content")}
+    if kind == "function_call":
+        call_id = _string(item, "call_id", param)
+        calls.add(call_id)
+        call = {"name": _string(item, "name", param), "arguments": _arguments(item, param)}
+        return {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "function": call}]}
+    if kind == "function_call_output":
+        call_id = _string(item, "call_id", param)
+        if call_id not in calls:
+            message = f"{param}.call_id {call_id!r} answers no function_call item before it in the input"
+            raise InvalidParams(f"{param}.call_id", message)
+        output = text_content(item.get("output"), f"{param}.output", ("input_text",))
+        return {"role": "tool", "tool_call_id": call_id, "content": output}
+    raise InvalidParams(f"{param}.type", f"{param} is a {kind!r} item: this server takes {ITEM_TYPES} items")
+
+
+def _string(item: dict[str, Any], name: str, param: str) -> str:
+    value = item.get(name)
+    if not isinstance(value, str) or not value:
+        raise InvalidParams(f"{param}.{name}", f"{param}.{name} must be a non-empty string")
+    return value
+
+
+def _arguments(item: dict[str, Any], param: str) -> str:
+    arguments = item.get("arguments")
+    try:
+        json.loads(arguments)
+    except (TypeError, ValueError):
+        raise InvalidParams(f"{param}.arguments", f"{param}.arguments must be a JSON string") from None
+    return arguments
+
+
+def _joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each call joined to the assistant turn right before it (its text, or the calls before it)."""
+    joined: list[dict[str, Any]] = []
+    for message in messages:
+        previous = joined[-1] if joined else None
+        if "tool_calls" in message and previous is not None and previous["role"] == "assistant":
+            joined[-1] = {
+                **previous,
+                "content": previous["content"] + message["content"],
+                "tool_calls": [*previous.get("tool_calls", []), *message["tool_calls"]],
+            }
+        else:
+            joined.append(message)
+    return joined
+
+
+def message_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
+    """The answer's message item; `text` None: opened, no part yet."""
+    content = [] if text is None else [text_part(text)]
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(call: dict[str, Any], status: str) -> dict[str, Any]:
+    """A call of chat's shape ({id, type, function: {name, arguments}}) as a function_call item."""
+    return {
+        "id": "fc_" + uuid.uuid4().hex,
+        "type": "function_call",
+        "status": status,
+        "call_id": call["id"],
+        "name": call["function"]["name"],
+        "arguments": call["function"]["arguments"],
+    }
