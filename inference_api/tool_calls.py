@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -118,14 +119,8 @@ def read_tool_request(
         if choice not in (None, "none"):
             raise InvalidParams("tool_choice", "tool_choice needs tools")
         return None
-    if not isinstance(tools, list):
-        raise InvalidParams("tools", "tools must be a list of {type: function, function: {...}} objects")
-    if len(tools) > MAX_TOOLS:
-        raise InvalidParams("tools", f"tools takes at most {MAX_TOOLS} tools, got {len(tools)}")
-    tools = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
-    names = [tool["function"]["name"] for tool in tools]
-    if len(set(names)) < len(names):
-        raise InvalidParams("tools", "tools must have different function names")
+    tools = read_tool_list(tools, _tool, _name, "{type: function, function: {...}} objects")
+    names = [_name(tool) for tool in tools]
     parser = "llama3_json" if LLAMA3_PYTHON_TAG in template_source else "hermes"
     if choice is None or choice in ("none", "auto", "required"):
         return ToolRequest(tools, choice or "auto", parser=parser, parallel=parallel)
@@ -158,8 +153,43 @@ def with_tool_grammar(params: SamplingParams, tools: ToolRequest | None, format_
     return params if grammar is None else replace(params, grammar=grammar)
 
 
+def read_tool_list(
+    value: Any,
+    read_tool: Callable[[Any, str], dict[str, Any]],
+    name_of: Callable[[dict[str, Any]], str],
+    shape: str,
+) -> list[dict[str, Any]]:
+    """A `tools` list in an API's shape: each tool read by `read_tool` (a 400 naming `tools[i]...`), at
+    most MAX_TOOLS, no two of one name (`name_of`). `shape`: what the 400 says a tool is."""
+    if not isinstance(value, list):
+        raise InvalidParams("tools", f"tools must be a list of {shape}")
+    if len(value) > MAX_TOOLS:
+        raise InvalidParams("tools", f"tools takes at most {MAX_TOOLS} tools, got {len(value)}")
+    tools = [read_tool(tool, f"tools[{i}]") for i, tool in enumerate(value)]
+    names = [name_of(tool) for tool in tools]
+    if len(set(names)) < len(names):
+        raise InvalidParams("tools", "tools must have different names")
+    return tools
+
+
+def name_and_description(fields: dict[str, Any], param: str) -> tuple[str, str | None]:
+    """A function's `name` (1 to 64 of a-z, A-Z, 0-9, _ -, as OpenAI's and Anthropic's) and `description`
+    (a string, or none), from `fields` at `param` in its API's terms; a 400 naming the one that is bad."""
+    name = fields.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        raise InvalidParams(f"{param}.name", f"{param}.name must be 1 to 64 of a-z, A-Z, 0-9, _ -")
+    description = fields.get("description")
+    if description is not None and not isinstance(description, str):
+        raise InvalidParams(f"{param}.description", f"{param}.description must be a string")
+    return name, description
+
+
 def parameters(tool: dict[str, Any]) -> dict[str, Any]:
     return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+def _name(tool: dict[str, Any]) -> str:
+    return tool["function"]["name"]
 
 
 def _tool(tool: Any, param: str) -> dict[str, Any]:
@@ -170,11 +200,7 @@ def _tool(tool: Any, param: str) -> dict[str, Any]:
     ):
         raise InvalidParams(param, f'{param} must be {{"type": "function", "function": {{"name", ...}}}}')
     function = tool["function"]
-    name = function.get("name")
-    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-        raise InvalidParams(
-            f"{param}.function.name", f"{param}.function.name must be 1 to 64 of a-z, A-Z, 0-9, _ -"
-        )
+    name_and_description(function, f"{param}.function")
     schema = function.get("parameters")
     if schema is not None:
         if not isinstance(schema, dict):

@@ -15,33 +15,25 @@ import requests
 
 from tests.compat.conftest import MODEL, template_tokens
 from tests.frontend.test_openapi_e2e import documented
+from tests.openai import test_tool_calls as chat_tools
 from tests.proxy.conftest import token
 
 GREEDY = {"extra_body": {"temperature": 0}}
 SAMPLED = {"extra_body": {"temperature": 1.0}}
-WEATHER = {
-    "name": "get_weather",
-    "description": "The current weather in a city.",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 30},
-            "unit": {"enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
-}
-TIME = {
-    "name": "get_time",
-    "description": "The current time in a time zone.",
-    "input_schema": {
-        "type": "object",
-        "properties": {"zone": {"type": "string", "maxLength": 30}},
-        "required": ["zone"],
-        "additionalProperties": False,
-    },
-}
+
+
+def anthropic_tool(chat_tool: dict) -> dict:
+    """One of the chat tests' tools in Anthropic's shape."""
+    function = chat_tool["function"]
+    return {
+        "name": function["name"],
+        "description": function["description"],
+        "input_schema": function["parameters"],
+    }
+
+
+WEATHER = anthropic_tool(chat_tools.WEATHER)
+TIME = anthropic_tool(chat_tools.TIME)
 TOOLS = [WEATHER, TIME]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 

@@ -24,33 +24,11 @@ from inference_api.apis.responses.routes import ModelResponse
 from tests.compat.conftest import MODEL
 from tests.compat.test_responses_api import client_of
 from tests.frontend.test_openapi_e2e import SPEC, documented, server_sent_events
+from tests.openai import test_tool_calls as chat_tools
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 30},
-            "unit": {"enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
-TIME = {
-    "type": "function",
-    "name": "get_time",
-    "description": "The current time in a time zone.",
-    "parameters": {
-        "type": "object",
-        "properties": {"zone": {"type": "string", "maxLength": 30}},
-        "required": ["zone"],
-        "additionalProperties": False,
-    },
-}
+# The chat tests' tools, in this API's shape.
+WEATHER = {"type": "function", **chat_tools.WEATHER["function"], "strict": True}
+TIME = {"type": "function", **chat_tools.TIME["function"], "strict": True}
 TOOLS = [WEATHER, TIME]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "name": "get_weather"}

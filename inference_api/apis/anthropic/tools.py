@@ -19,8 +19,9 @@ from typing import Any
 
 from backend.messages import InvalidParams
 from inference_api.structured_output import json_schema_grammar
-from inference_api.tool_calls import FUNCTION_NAME, MAX_TOOLS, ToolRequest, read_tool_request
+from inference_api.tool_calls import ToolRequest, name_and_description, read_tool_list, read_tool_request
 
+SHAPE = "{name, description, input_schema}"
 CHAT_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 CHOICE_SHAPES = (
     'tool_choice must be {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": ...} or {"type": "none"}'
@@ -38,21 +39,13 @@ def read_tools(data: dict[str, Any], template_source: str) -> ToolRequest | None
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list):
-        raise InvalidParams("tools", "tools must be a list of {name, description, input_schema} objects")
-    if len(value) > MAX_TOOLS:
-        raise InvalidParams("tools", f"tools takes at most {MAX_TOOLS} tools, got {len(value)}")
-    tools = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(value)]
-    names = [tool["function"]["name"] for tool in tools]
-    if len(set(names)) < len(names):
-        raise InvalidParams("tools", "tools must have different names")
-    return tools
+    return read_tool_list(value, _tool, lambda tool: tool["function"]["name"], SHAPE + " objects")
 
 
 def _tool(tool: Any, param: str) -> dict[str, Any]:
     """One custom tool, in chat's shape: {"type": "function", "function": {name, description, parameters}}."""
     if not isinstance(tool, dict):
-        raise InvalidParams(param, f"{param} must be an object {{name, description, input_schema}}")
+        raise InvalidParams(param, f"{param} must be an object {SHAPE}")
     kind = tool.get("type")
     if kind not in (None, "custom"):
         raise InvalidParams(
@@ -60,12 +53,7 @@ def _tool(tool: Any, param: str) -> dict[str, Any]:
             f"{param}.type {kind!r} is one of Anthropic's server tools, which this server does not run: "
             'only tools the client runs (type "custom", or none) are served',
         )
-    name = tool.get("name")
-    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-        raise InvalidParams(f"{param}.name", f"{param}.name must be 1 to 64 of a-z, A-Z, 0-9, _ -")
-    description = tool.get("description")
-    if description is not None and not isinstance(description, str):
-        raise InvalidParams(f"{param}.description", f"{param}.description must be a string")
+    name, description = name_and_description(tool, param)
     schema = tool.get("input_schema")
     # Anthropic's input is an object: a schema of anything else could not give one.
     if not isinstance(schema, dict) or schema.get("type") != "object":

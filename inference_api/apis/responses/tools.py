@@ -16,9 +16,10 @@ from typing import Any
 
 from backend.messages import InvalidParams
 from inference_api.structured_output import json_schema_grammar
-from inference_api.tool_calls import FUNCTION_NAME, MAX_TOOLS, ToolRequest, read_tool_request
+from inference_api.tool_calls import ToolRequest, name_and_description, read_tool_list, read_tool_request
 
 MODES = ("none", "auto", "required")
+SHAPE = '{"type": "function", "name", "parameters"}'
 CHOICE_SHAPES = (
     'tool_choice must be "none", "auto", "required", {"type": "function", "name": ...} or '
     '{"type": "allowed_tools", "mode": "auto" or "required", "tools": [{"type": "function", "name": ...}]}'
@@ -46,21 +47,13 @@ def read_tools(data: dict[str, Any], template_source: str, parallel: bool) -> Re
 def _tools(value: Any) -> list[dict[str, Any]]:
     if value is None:
         return []
-    if not isinstance(value, list):
-        raise InvalidParams("tools", 'tools must be a list of {"type": "function", "name", "parameters"}')
-    if len(value) > MAX_TOOLS:
-        raise InvalidParams("tools", f"tools takes at most {MAX_TOOLS} tools, got {len(value)}")
-    tools = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(value)]
-    names = [tool["name"] for tool in tools]
-    if len(set(names)) < len(names):
-        raise InvalidParams("tools", "tools must have different names")
-    return tools
+    return read_tool_list(value, _tool, lambda tool: tool["name"], SHAPE)
 
 
 def _tool(tool: Any, param: str) -> dict[str, Any]:
     """One function tool, normalized to the fields the response repeats."""
     if not isinstance(tool, dict):
-        raise InvalidParams(param, f'{param} must be {{"type": "function", "name", "parameters"}}')
+        raise InvalidParams(param, f"{param} must be {SHAPE}")
     kind = tool.get("type")
     if kind != "function":
         raise InvalidParams(
@@ -68,12 +61,7 @@ def _tool(tool: Any, param: str) -> dict[str, Any]:
             f"{param} is a {kind!r} tool: this server runs no hosted tools; only function tools "
             '(type "function") are supported',
         )
-    name = tool.get("name")
-    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-        raise InvalidParams(f"{param}.name", f"{param}.name must be 1 to 64 of a-z, A-Z, 0-9, _ -")
-    description = tool.get("description")
-    if description is not None and not isinstance(description, str):
-        raise InvalidParams(f"{param}.description", f"{param}.description must be a string")
+    name, description = name_and_description(tool, param)
     schema = tool.get("parameters")
     if schema is not None:
         if not isinstance(schema, dict):
