@@ -77,6 +77,9 @@ class SamplingParams:
     # An embedding request (backend/model/embeddings.py): the prompt's hidden states pooled ("mean" or
     # "last") into one unit vector, sent as Piece.embedding; nothing is generated
     embedding: str | None = None
+    # Speculative decoding where the server has it on (backend/engine/speculation.py); False: a token a
+    # step for this request. Either way the output is the same; only the time it takes changes.
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -166,6 +169,12 @@ class BackendConfig:
     # CPU threads for torch; None: torch's default (every core). Fewer leaves cores to the HTTP
     # side: torch's threads wait for each other, so one descheduled thread stalls them all.
     torch_threads: int | None = None
+    # Speculative decoding by prompt lookup (backend/engine/speculation.py): the most draft tokens a row
+    # gets a step (0: off; None: on where the decode steps take a row's draft as more queries, the CPU's
+    # loop, else off), and the sizes of the n-grams it matches, longest first.
+    speculative_tokens: int | None = None
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
     mock: bool = False
     mock_tokens_per_second: float = 50.0
     # Tests only: the mock stops stepping for good at a prompt of this text (a hung backend).
@@ -264,6 +273,9 @@ class Piece:
     # With finish_reason "error": the part of the request at fault when the request itself is (a prompt
     # too long, a grammar no text can follow); None when the server failed it (a retry may succeed).
     invalid: InvalidPart | None = None
+    # Speculative decoding, so far in the request: the draft tokens its steps checked, and those that stood.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def finished(self) -> bool:

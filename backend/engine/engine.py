@@ -30,6 +30,7 @@ from backend.engine.prefill_budget import PrefillBudget
 from backend.engine.prefix_cache import Placement, PrefixIndex
 from backend.engine.row import Row
 from backend.engine.scheduler import Schedule, Scheduler
+from backend.engine.speculation import DRAFT_TOKENS, STEP_QUERIES, Speculator, verified
 from backend.layers.grammar import GrammarError, Grammars, PendingMasks
 from backend.layers.logits_processors import LogitsProcessors
 from backend.layers.logprobs import token_logprobs
@@ -84,6 +85,8 @@ class Engine:
         embedding_model: EmbeddingModel | None = None,
         compile_decode: bool = False,
         cuda_graphs: bool = True,
+        speculative_tokens: int | None = None,
+        prompt_lookup: tuple[int, int] = (2, 4),
     ):
         if embedding_model is not None and embedding_model.name == name:
             raise ValueError(f"the embedding model and the served model are both named {name!r}")
@@ -102,6 +105,7 @@ class Engine:
         self.runner = ModelRunner(model, rows, self.max_seq_len, kv_cache_dtype, compile_decode, cuda_graphs)
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
+        self.speculator = self._speculator(speculative_tokens, prompt_lookup, rows)
         self.rows: list[Row | None] = [None] * rows
         self.prefixes = PrefixIndex(rows, prefix_reuse)
         self.scheduler = Scheduler(self.prefill_budget, self.prefixes, self.max_seq_len)
@@ -134,10 +138,29 @@ class Engine:
             embedding_model,
             config.compile_decode,
             config.cuda_graphs,
+            config.speculative_tokens,
+            (config.prompt_lookup_min, config.prompt_lookup_max),
         )
         engine.tokenizer_path = loaded.tokenizer_path
         engine.warm_up()
         return engine
+
+    def _speculator(self, tokens: int | None, prompt_lookup: tuple[int, int], rows: int) -> Speculator:
+        """Speculative decoding by prompt lookup: `tokens` draft tokens at most a row and step, or (None)
+        `DRAFT_TOKENS` where decode steps take a row's draft as more of its queries (the CPU's loop), and
+        none elsewhere, where a draft makes its step one with a chunk, which costs more (speculation.py)."""
+        if tokens is None:
+            tokens = DRAFT_TOKENS if self.runner.reads_own_positions else 0
+        speculator = Speculator(tokens, *prompt_lookup, step_queries=min(rows, STEP_QUERIES))
+        if speculator.enabled:
+            log.info(
+                "speculative decoding: prompt lookup of %d- to %d-grams, up to %d draft tokens a row, "
+                "in steps of up to %d queries",
+                *prompt_lookup,
+                tokens,
+                speculator.step_queries,
+            )
+        return speculator
 
     # The frontend's side: requests in, cancels in.
 
@@ -231,11 +254,13 @@ class Engine:
         return pieces
 
     def _run(self, schedule: Schedule) -> list[Piece]:
-        """The scheduled rows' forward pass, sampling and text, timed for the prefill budget."""
+        """The scheduled rows' drafts, forward pass, sampling and text, timed for the prefill budget (a
+        draft token costs about what another decoding row does)."""
         started, prompt_tokens = time.perf_counter(), schedule.prompt_tokens
+        drafted = self.speculator.draft(schedule.decoding)
         pieces = self._step_rows(schedule.decoding, schedule.prefilling)
         elapsed = time.perf_counter() - started
-        self.prefill_budget.observe(elapsed, len(schedule.decoding), prompt_tokens)
+        self.prefill_budget.observe(elapsed, len(schedule.decoding) + drafted, prompt_tokens)
         return pieces
 
     def _step_rows(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
@@ -359,14 +384,16 @@ class Engine:
         if place.source is not None:
             self.runner.cache.copy_prefix(place.source, place.row, place.reused)
         row = Row(place.row, request, self.tokenizer, self.eos_ids, self.max_seq_len, cached=place.reused)
+        row.lookup = self.speculator.lookup_for(row)
         self.processors.admit(place.row, request.params, request.prompt_ids)
         self.grammars.attach(place.row, self.matchers.pop(request.request_id, None))
         return row
 
     def _forward_and_sample(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
-        """One forward pass over a packed sequence (model/step_inputs.py): a token per decoding row,
-        then each prompt chunk. The rows that sample are the decoding ones and those whose chunk
-        ends their prompt; nothing of a row changes before they have sampled."""
+        """One forward pass over a packed sequence (model/step_inputs.py): a token per decoding row and
+        its draft's, then each prompt chunk. The rows that sample are the decoding ones, at each of those
+        tokens, and those whose chunk ends their prompt; nothing of a row changes before they have
+        sampled."""
         inputs = self.runner.prepare(decoding, prefilling)
         sampling = decoding + [self.rows[index] for index in inputs.completing]
         masks = self.grammars.start_masks([row.index for row in sampling])  # computed during the forward
@@ -380,32 +407,34 @@ class Engine:
         if inputs.sample_from is not None:
             logits = logits.index_select(0, inputs.sample_from)
         tokens, logprobs = self._sample(sampling, logits, masks)
-        # The step has run: from here on the rows change.
-        for row in decoding:
-            row.cached += 1
+        # The step has run: from here on the rows change (a decoding row's length as it takes tokens).
         for row in prefilling:
             row.cached = row.chunk_end
             row.prompt_scores += prompt_scores.get(row.index, ())
             if row.prefilled and row.scores_prompt:
                 row.prompt_logprobs = (None, *row.prompt_scores)
-        return self._accept(sampling, tokens, logprobs)
+        return self._accept(sampling, len(decoding), tokens, logprobs)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model's logits at the step's kept places (the one seam the tests watch steps through)."""
         return self.runner.run(inputs)
 
     def _sample(
-        self, rows: list[Row], logits: torch.Tensor, masks: PendingMasks
+        self, sampling_rows: list[Row], logits: torch.Tensor, masks: PendingMasks
     ) -> tuple[dict[int, int], dict[int, TokenLogprob]]:
-        """Each row's next token from its logits ([rows, vocab], raw), through its penalties, its
-        grammar's mask and its sampling settings, and its logprob entry if it asks; by position in
-        `rows`. Rows that only score their prompt (max_tokens 0) sample nothing."""
+        """Each sampled position's token from its logits ([positions, vocab], raw), through its row's
+        penalties, grammar mask and sampling settings, and its logprob entry if the row asks; by
+        position. A row samples at its token and at each of its draft's, with the draw numbers of the
+        tokens it would be (so as plain decoding would); rows that only score their prompt (max_tokens
+        0) sample nothing."""
+        rows = [row for row in sampling_rows for _ in range(1 + len(row.draft))]
+        ahead = [offset for row in sampling_rows for offset in range(1 + len(row.draft))]
         sampling = [i for i, row in enumerate(rows) if row.request.params.max_tokens > 0]
         if not sampling:
             return {}, {}
         if len(sampling) < len(rows):
             logits = logits.index_select(0, to_device(sampling, self.device, torch.long))
-        rows = [rows[i] for i in sampling]
+        rows, ahead = [rows[i] for i in sampling], [ahead[i] for i in sampling]
         penalized = [i for i, row in enumerate(rows) if row.request.params.penalized]
         # `logits` stay raw for logprobs
         processed = logits.to(torch.float32, copy=bool(penalized) or masks.constrains)
@@ -422,7 +451,7 @@ class Engine:
         masks.apply(processed, [row.index for row in rows])
         # A row whose logits are not finite draws NOT_FINITE; its penalty counts and logprobs, made on
         # the device before the host sees it, take token 0 instead, and the row ends with an error.
-        drawn = sample(processed, self._sampling_batch(rows))
+        drawn = sample(processed, self._sampling_batch(rows, ahead))
         tokens = drawn.clamp_min(0)
         if penalized:  # written at the token's own place: a step run again writes the same
             self.processors.record(
@@ -438,19 +467,20 @@ class Engine:
         )
 
     def _accept(
-        self, rows: list[Row], tokens: dict[int, int], logprobs: dict[int, TokenLogprob]
+        self, rows: list[Row], decoding: int, tokens: dict[int, int], logprobs: dict[int, TokenLogprob]
     ) -> list[Piece]:
-        """Each row takes its token (or, scoring only, ends); a row whose text cannot be made, or whose
-        logits were not finite, ends with an error alone."""
-        pieces = []
+        """Each row takes its token, or those its draft verified (or, scoring only, ends); the first
+        `decoding` rows grow by what they take. A row whose text cannot be made, or whose logits were not
+        finite, ends with an error alone."""
+        pieces, first = [], 0
         for i, row in enumerate(rows):
+            places = range(first, first + 1 + len(row.draft))
+            first = places.stop
             try:
-                if tokens.get(i) == NOT_FINITE:
-                    log.warning("request %s: the model's logits are not finite", row.request.request_id)
-                    piece = row.error_piece(NOT_FINITE_ERROR)
-                elif i in tokens:
-                    complete = self.grammars.consume(row.index, tokens[i])
-                    piece = row.accept(tokens[i], logprobs.get(i), complete)
+                if places.start in tokens:
+                    samples = [tokens[place] for place in places]
+                    entries = [logprobs[place] for place in places] if row.wants_logprobs else None
+                    piece = self._take(row, samples, entries, grows=i < decoding)
                 else:
                     piece = row.scored_piece()
             except GrammarError as error:  # the request's grammar has no way on: its fault, not the step's
@@ -462,6 +492,24 @@ class Engine:
             if piece is not None:
                 pieces.append(piece)
         return pieces
+
+    def _take(
+        self, row: Row, samples: list[int], entries: list[TokenLogprob] | None, grows: bool
+    ) -> Piece | None:
+        """A row takes what it sampled: its token, or those its draft verified (speculation.verified);
+        `grows`: its cache holds the keys and values of the tokens before each it takes (a decoding row)."""
+        taken = verified(samples, row.draft)
+        row.drafted += len(row.draft)
+        row.accepted_drafts += len(taken) - 1
+        if taken[-1] == NOT_FINITE:
+            log.warning("request %s: the model's logits are not finite", row.request.request_id)
+            return row.error_piece(NOT_FINITE_ERROR)
+        complete = len(taken) == 1 and self.grammars.consume(row.index, taken[0])  # no grammar drafts
+        before = len(row.generated)
+        piece = row.accept(taken, entries, complete)
+        if grows:
+            row.cached += len(row.generated) - before
+        return piece
 
     def _logprobs(
         self, rows: list[Row], logits: torch.Tensor, tokens: torch.Tensor
@@ -483,14 +531,16 @@ class Engine:
         top = row.request.params.prompt_logprobs
         return token_logprobs(logits, following, [top] * len(following))
 
-    def _sampling_batch(self, rows: list[Row]) -> SamplingBatch:
+    def _sampling_batch(self, rows: list[Row], ahead: list[int]) -> SamplingBatch:
+        """The sampling settings of each sampled position: its row's, the draw number of the token it
+        would be (`ahead` of the row's next)."""
         params = [row.request.params for row in rows]
         return SamplingBatch(
             temperature=[p.temperature for p in params],
             top_k=[p.top_k for p in params],
             top_p=[p.top_p for p in params],
             seeds=[row.seed for row in rows],
-            counters=[len(row.generated) for row in rows],
+            counters=[len(row.generated) + offset for row, offset in zip(rows, ahead, strict=True)],
             min_p=[p.min_p for p in params],
         )
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from backend.engine.detokenizer import Decoder, IncrementalDetokenizer
+from backend.engine.prompt_lookup import PromptLookup
 from backend.engine.stop_matcher import StopMatcher
 from backend.messages import FinishReason, InvalidPart, Piece, Submit, TokenLogprob
 
@@ -26,6 +28,12 @@ class Row:
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_scores: list[TokenLogprob] = field(default_factory=list)  # of the chunks so far
+    # Speculative decoding (speculation.py): the row's prompt lookup where it may draft, this step's draft,
+    # and the draft tokens it was given and that stood, so far.
+    lookup: PromptLookup | None = None
+    draft: tuple[int, ...] = ()
+    drafted: int = 0
+    accepted_drafts: int = 0
 
     def __post_init__(self) -> None:
         self.reused = self.cached  # prompt tokens found in the cache at admission (prefix_cache)
@@ -43,6 +51,11 @@ class Row:
     def cached_tokens(self) -> tuple[int, ...]:
         """The tokens whose keys and values this row of the cache holds, in order."""
         return (*self.prompt_ids, *self.generated)[: self.cached]
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The prompt and the tokens generated so far."""
+        return (*self.prompt_ids, *self.generated)
 
     @property
     def prefix(self) -> tuple[str, tuple[int, ...]]:
@@ -84,28 +97,61 @@ class Row:
     def wants_logprobs(self) -> bool:
         return self.request.params.logprobs is not None
 
+    @property
+    def may_speculate(self) -> bool:
+        """Whether the row may take drafts: it asked, and nothing of its sampling depends on the tokens
+        before each position (penalties count them, a grammar's mask follows them)."""
+        params = self.request.params
+        return params.speculative and not params.penalized and params.grammar is None
+
+    @property
+    def draft_room(self) -> int:
+        """The longest draft the row can use: its step takes at most the draft and one more token, and
+        writes keys and values up to the draft's last position, which must be before the row's last."""
+        left = self.request.params.max_tokens - len(self.generated) - 1
+        return max(0, min(left, self.max_seq_len - 2 - self.cached))
+
     def accept(
-        self, token_id: int, logprob: TokenLogprob | None = None, complete: bool = False
+        self,
+        tokens: Sequence[int],
+        logprobs: Sequence[TokenLogprob] | None = None,
+        complete: bool = False,
     ) -> Piece | None:
-        """Take a sampled token; return the text it releases and, at the end, why it ended.
-        `complete`: the row's grammar allows nothing after this token (backend/layers/grammar.py)."""
+        """Take the tokens the step gave the row (one, or those a draft verified), in order, up to the
+        one that ends it; return the text they release and, at the end, why it ended. `complete`: the
+        row's grammar allows nothing after the last token (backend/layers/grammar.py)."""
+        text = ""
+        for i, token_id in enumerate(tokens):
+            text += self._take(token_id, logprobs[i] if logprobs else None)
+            if self.finished:
+                return self._piece(text)
+            if complete and i == len(tokens) - 1:
+                return self._finish("stop", text + self.stop.flush())
+            if self._at_length:
+                return self._finish("length", text + self.stop.flush())
+        return self._piece(text) if text else None
+
+    def _take(self, token_id: int, logprob: TokenLogprob | None) -> str:
+        """One token: the text it releases; at an end token or a stop sequence, the row ends."""
         params = self.request.params
         self.generated.append(token_id)
         if logprob is not None:
             self.pending_logprobs.append(logprob)
         if (token_id in self.eos_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
-            return self._finish("stop", self.stop.flush())
+            self.finish_reason = "stop"
+            return self.stop.flush()
         text = self.stop.feed(self.detokenizer.add(token_id))
         if self.stop.stopped:
-            return self._finish("stop", text)
-        if complete:
-            return self._finish("stop", text + self.stop.flush())
-        if (
+            self.finish_reason = "stop"
+        return text
+
+    @property
+    def _at_length(self) -> bool:
+        params = self.request.params
+        return (
             len(self.generated) >= params.max_tokens
             or len(self.prompt_ids) + len(self.generated) >= self.max_seq_len
-        ):
-            return self._finish("length", text + self.stop.flush())
-        return self._piece(text) if text else None
+        )
 
     def cancel_piece(self) -> Piece:
         return self._finish("cancelled", "")
@@ -135,6 +181,8 @@ class Row:
             prompt_logprobs=self.prompt_logprobs,
             cached_tokens=self.reused,
             stop_sequence=self.stop.matched,
+            draft_tokens=self.drafted,
+            accepted_draft_tokens=self.accepted_drafts,
         )
         self.pending_logprobs.clear()
         self.prompt_logprobs = None  # sent once, with the first piece

@@ -5,14 +5,20 @@ The engine decides which rows a step runs (engine/scheduler.py); this
 module turns them into tensors, as nano-vllm's `prepare_prefill` and
 `prepare_decode` do. The pack is one sequence:
 
-    [ one token for each decoding row, in row order | each prompt chunk's tokens, row by row ]
+    [ the decode queries, in row order | each prompt chunk's tokens, row by row ]
 
-and the logits kept are those of every decoding row, then, for each prompt
-chunk, its last token's where the chunk ends its prompt (the row samples
-its first token in this step) or every token's where the row scores its
+A decoding row's queries are its last token and, where it has a draft
+(engine/speculation.py), the draft's tokens at the positions after it:
+decode queries of the same row where each decode query reads its own row
+up to its own position (the CPU's loop), else a chunk of the row after the
+prompt chunks' places, as a prompt's next chunk is. The logits kept are
+those of every decode query and draft token, then, for each prompt chunk,
+its last token's where the chunk ends its prompt (the row samples its
+first token in this step) or every token's where the row scores its
 prompt (`prompt_logprobs`). The rows that sample this step are the
-decoding rows and then the rows whose chunk completes their prompt, in
-pack order; `sample_from` picks their logits out of the kept ones.
+decoding rows, each at its token and its draft's, and then the rows whose
+chunk completes their prompt; `sample_from` picks their logits out of the
+kept ones, in that order.
 
 Rows are read through two small protocols, so that the model knows what
 a step needs of a row and nothing of the engine's `Row`.
@@ -40,6 +46,9 @@ class DecodingRow(Protocol):
 
     @property
     def next_input(self) -> int: ...  # the token it feeds: its last sampled
+
+    @property
+    def draft(self) -> tuple[int, ...]: ...  # the tokens it feeds after it, to verify (speculation.py)
 
 
 class PrefillingRow(Protocol):
@@ -71,8 +80,9 @@ class StepInputs:
     """One step's forward pass and what it keeps, on the model's device.
 
     Invariants (`pack` keeps them; `check` tests them on the host lists, before the tensors):
-    the decode queries come first, one a row, rows ascending; `keep` is ascending and starts with
-    every decode query's place; `sample_from` indexes `keep`, one entry a sampling row, in pack order.
+    the decode queries come first, rows ascending, a row's at consecutive positions; `keep` is
+    ascending and starts with every decode query's place; `sample_from` indexes `keep`, one entry a
+    sampled position: each decoding row's 1 + len(draft), in row order, then one a completing row.
     """
 
     token_ids: torch.Tensor  # [tokens]
@@ -101,12 +111,25 @@ def pack(
     CPU's loop); otherwise they attend as a batch over the span's rows, padded to the longest, and the
     longest rows attend alone where that saves reading (`step_layout.long_rows`).
     """
-    token_ids = [row.next_input for row in decoding]
-    decode_positions = [row.position for row in decoding]
+    as_queries = [row for row in decoding if reads_own_positions or not row.draft]
+    token_ids = [token for row in as_queries for token in (row.next_input, *row.draft)]
+    query_rows = [row.index for row in as_queries for _ in range(1 + len(row.draft))]
+    decode_positions = [
+        p for row in as_queries for p in range(row.position, row.position + 1 + len(row.draft))
+    ]
     positions = list(decode_positions)
     chunks: list[PromptChunk] = []
-    keep = list(range(len(decoding)))
-    sample_from = list(range(len(decoding)))
+    keep = list(range(len(token_ids)))
+    kept_at = dict(zip([row.index for row in as_queries], ranges(as_queries), strict=True))
+    for row in decoding:  # drafts as chunks: the decode queries attend as a batch, one a row
+        if row.index not in kept_at:
+            start, past, length = len(token_ids), row.position, 1 + len(row.draft)
+            chunks.append(PromptChunk(row.index, start, length, past, chunk_visibility(past, length, device)))
+            token_ids += (row.next_input, *row.draft)
+            positions += range(past, past + length)
+            kept_at[row.index] = range(len(keep), len(keep) + length)
+            keep += range(start, start + length)
+    sample_from = [place for row in decoding for place in kept_at[row.index]]
     completing: list[int] = []
     scores: list[PromptScores] = []
     for row in prefilling:
@@ -123,35 +146,49 @@ def pack(
         if completes:
             sample_from.append(len(keep) - 1)
             completing.append(row.index)
-    check(decoding, keep, sample_from)
-    decode_rows = decoding[-1].index + 1 if decoding else 0
-    visible, alone = decode_visibility(decoding, decode_rows, device, visibility_dtype, reads_own_positions)
+    check(query_rows, decode_positions, keep, sample_from)
+    decode_rows = query_rows[-1] + 1 if query_rows else 0
+    visible, alone = decode_visibility(as_queries, decode_rows, device, visibility_dtype, reads_own_positions)
     layout = StepLayout(
         decode_rows,
-        to_device([row.index for row in decoding], device, torch.long),
+        to_device(query_rows, device, torch.long),
         to_device(decode_positions, device, torch.long),
         visible.shape[-1],
         visible,
         tuple(chunks),
         alone,
     )
+    in_order = sample_from == list(range(len(keep)))
     return StepInputs(
         token_ids=to_device(token_ids, device, torch.long),
         positions=to_device(positions, device, torch.long),
         layout=layout,
         keep=to_device(keep, device, torch.long),
-        sample_from=None if len(sample_from) == len(keep) else to_device(sample_from, device, torch.long),
+        sample_from=None if in_order else to_device(sample_from, device, torch.long),
         completing=tuple(completing),
         prompt_scores=tuple(scores),
     )
 
 
-def check(decoding: Sequence[DecodingRow], keep: list[int], sample_from: list[int]) -> None:
-    """The invariants `StepInputs` states, on the host lists (a few comparisons a row): a step that broke
+def ranges(rows: Sequence[DecodingRow]) -> list[range]:
+    """The places of each row's queries, its token's and its draft's, laid out one row after another."""
+    places, start = [], 0
+    for row in rows:
+        places.append(range(start, start + 1 + len(row.draft)))
+        start += 1 + len(row.draft)
+    return places
+
+
+def check(rows: list[int], positions: list[int], keep: list[int], sample_from: list[int]) -> None:
+    """The invariants `StepInputs` states, on the host lists (a few comparisons a query): a step that broke
     one would sample another row's logits, so it fails here instead, with the reason."""
-    rows = [row.index for row in decoding]
-    if any(a >= b for a, b in zip(rows, rows[1:], strict=False)):
-        raise ValueError(f"decoding rows must come once each, in row order: {rows}")
+    for (row, position), (next_row, next_position) in zip(
+        zip(rows, positions, strict=True), zip(rows[1:], positions[1:], strict=True), strict=False
+    ):
+        if next_row < row or (next_row == row and next_position != position + 1):
+            raise ValueError(
+                f"decode queries must come in row order, a row's at consecutive positions: {rows}"
+            )
     if any(a >= b for a, b in zip(keep, keep[1:], strict=False)) or keep[: len(rows)] != list(
         range(len(rows))
     ):
@@ -175,14 +212,14 @@ def decode_visibility(
     dtype: torch.dtype,
     reads_own_positions: bool,
 ) -> tuple[torch.Tensor, tuple[LongRow, ...]]:
-    """What each row of the decode span may read ([rows, 1, 1, span]: 0, or -inf past its position),
-    and the long rows that attend alone (none where each query reads its own positions). Free rows of
-    the span, and the long rows, read their position 0 only in the batch."""
+    """What each row of the decode span may read ([rows, 1, 1, span]: 0, or -inf past its position, its
+    draft's last where it has one), and the long rows that attend alone (none where each query reads its
+    own positions). Free rows of the span, and the long rows, read their position 0 only in the batch."""
     alone = set() if reads_own_positions else long_rows({r.index: r.position for r in decoding}, decode_rows)
     row_positions = [0] * decode_rows
     for row in decoding:
         if row.index not in alone:
-            row_positions[row.index] = row.position
+            row_positions[row.index] = row.position + len(row.draft)
     span = max(row_positions, default=0) + 1
     visible = visibility(to_device(row_positions, device, torch.long), span, dtype)
     long = [LongRow(query, row.index, row.position) for query, row in enumerate(decoding)]

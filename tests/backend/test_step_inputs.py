@@ -25,6 +25,7 @@ class Decoding:
     index: int
     position: int
     next_input: int
+    draft: tuple[int, ...] = ()
 
 
 @dataclass
@@ -65,15 +66,37 @@ def test_without_scored_prompts_every_kept_logit_samples():
     assert inputs.keep.tolist() == [0, 2] and inputs.sample_from is None
 
 
-def test_rows_out_of_order_or_twice_are_refused():
+def test_drafts_are_more_queries_of_their_row_where_each_reads_its_own_positions_else_chunks():
+    """A row's draft follows its token at the next positions: as decode queries of the same row for the
+    CPU's loop; as a chunk of the row, after the decode queries, where those attend as a batch, one a
+    row. Either way the row samples at each, in row order, before the completing prompts."""
+    decoding = [Decoding(0, 7, 70, draft=(71, 72)), Decoding(2, 3, 30)]
+    prefilling = [Prefilling(1, 0, 3, (11, 12, 13))]
+    by_loop = pack(decoding, prefilling, CPU, torch.float32, reads_own_positions=True)
+    assert by_loop.token_ids.tolist() == [70, 71, 72, 30, 11, 12, 13]
+    assert by_loop.positions.tolist() == [7, 8, 9, 3, 0, 1, 2]
+    assert by_loop.layout.decode_index.tolist() == [0, 0, 0, 2] and by_loop.layout.span == 10
+    assert by_loop.keep.tolist() == [0, 1, 2, 3, 6] and by_loop.sample_from is None
+    batch = pack(decoding, prefilling, CPU, torch.float32, reads_own_positions=False)
+    assert batch.token_ids.tolist() == [30, 70, 71, 72, 11, 12, 13]
+    assert batch.positions.tolist() == [3, 7, 8, 9, 0, 1, 2]
+    assert batch.layout.decode_index.tolist() == [2]
+    assert [(c.row, c.start, c.length, c.past) for c in batch.layout.prompts] == [(0, 1, 3, 7), (1, 4, 3, 0)]
+    assert batch.layout.prompts[0].visible.shape == (3, 10)  # the row's 7 positions and itself causally
+    assert batch.keep.tolist() == [0, 1, 2, 3, 6]
+    assert batch.sample_from.tolist() == [1, 2, 3, 0, 4]  # row 0's three, row 2's, row 1's
+
+
+def test_queries_out_of_order_or_apart_are_refused():
     with pytest.raises(ValueError, match="in row order"):
-        check([Decoding(2, 1, 1), Decoding(1, 1, 1)], [0, 1], [0, 1])
-    with pytest.raises(ValueError, match="in row order"):
-        check([Decoding(1, 1, 1), Decoding(1, 1, 1)], [0, 1], [0, 1])
+        check([2, 1], [1, 1], [0, 1], [0, 1])
+    with pytest.raises(ValueError, match="consecutive positions"):
+        check([1, 1], [1, 1], [0, 1], [0, 1])  # one row's queries at one position
+    check([1, 1, 3], [4, 5, 1], [0, 1, 2], [0, 1, 2])  # a row's draft: consecutive, then the next row
     with pytest.raises(ValueError, match="begin with every decode query"):
-        check([Decoding(0, 1, 1)], [1], [0])
+        check([0], [1], [1], [0])
     with pytest.raises(ValueError, match="among the kept"):
-        check([Decoding(0, 1, 1)], [0], [0, 1])
+        check([0], [1], [0], [0, 1])
 
 
 def test_a_long_row_reads_alone_where_the_batch_is_padded_and_not_by_the_loop():
