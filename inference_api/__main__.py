@@ -136,6 +136,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill every prompt whole, even where a row holds its first tokens already",
     )
     parser.add_argument(
+        "--speculative-tokens",
+        type=non_negative_int,
+        metavar="N",
+        help="speculative decoding by prompt lookup (vLLM's num_speculative_tokens of its ngram method): at "
+        "most N draft tokens a row and step, 0 for none (default: 8 where decode steps run on the CPU's "
+        "attention loop, 0 elsewhere); greedy and seeded output is the same either way (docs/backend.md)",
+    )
+    parser.add_argument(
+        "--prompt-lookup-min",
+        type=positive_int,
+        default=2,
+        metavar="N",
+        help="the shortest n-gram prompt lookup matches",
+    )
+    parser.add_argument(
+        "--prompt-lookup-max",
+        type=positive_int,
+        default=4,
+        metavar="N",
+        help="the longest n-gram prompt lookup matches (tried first)",
+    )
+    parser.add_argument(
         "--max-prefill-tokens",
         type=positive_int,
         help="prompt tokens a step prefills while rows decode, longer prompts a chunk a step (default: as "
@@ -192,6 +214,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         torch_threads=args.torch_threads,
         mock=args.mock,
         mock_tokens_per_second=args.mock_tokens_per_second,
+        speculative_tokens=args.speculative_tokens,
+        prompt_lookup_min=args.prompt_lookup_min,
+        prompt_lookup_max=args.prompt_lookup_max,
     )
     return ServerConfig(
         backend=backend,

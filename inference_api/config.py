@@ -58,6 +58,10 @@ class ServerConfig:
             compile_decode=_bool(env, "INFERENCE_COMPILE"),
             cuda_graphs=env.get("INFERENCE_CUDA_GRAPHS", "1") != "0",
             torch_threads=_int(env, "INFERENCE_TORCH_THREADS", 0) or None,
+            # "" (or unset): speculative decoding where it pays (BackendConfig.speculative_tokens None)
+            speculative_tokens=_int(env, "INFERENCE_SPECULATIVE_TOKENS", None),
+            prompt_lookup_min=_int(env, "INFERENCE_PROMPT_LOOKUP_MIN", 2),
+            prompt_lookup_max=_int(env, "INFERENCE_PROMPT_LOOKUP_MAX", 4),
             mock=_bool(env, "INFERENCE_MOCK"),
             mock_tokens_per_second=float(env.get("INFERENCE_MOCK_TOKENS_PER_SECOND", "50")),
             mock_stall_text=env.get("INFERENCE_MOCK_STALL_TEXT") or None,
@@ -96,6 +100,9 @@ class ServerConfig:
             "INFERENCE_COMPILE": "1" if b.compile_decode else "0",
             "INFERENCE_CUDA_GRAPHS": "1" if b.cuda_graphs else "0",
             "INFERENCE_TORCH_THREADS": str(b.torch_threads or 0),
+            "INFERENCE_SPECULATIVE_TOKENS": "" if b.speculative_tokens is None else str(b.speculative_tokens),
+            "INFERENCE_PROMPT_LOOKUP_MIN": str(b.prompt_lookup_min),
+            "INFERENCE_PROMPT_LOOKUP_MAX": str(b.prompt_lookup_max),
             "INFERENCE_MOCK": "1" if b.mock else "0",
             "INFERENCE_MOCK_TOKENS_PER_SECOND": repr(b.mock_tokens_per_second),
             "INFERENCE_MAX_QUEUE": str(self.max_queue),
@@ -116,7 +123,7 @@ class ServerConfig:
         return self.backend.rows + self.max_queue + 8
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
+def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     value = env.get(name)
     if value in (None, ""):
         return default

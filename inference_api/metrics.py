@@ -66,6 +66,17 @@ class Metrics:
             "Prompt tokens not computed: their keys and values were already in the cache (prefix reuse)",
             registry=r,
         )
+        # vLLM's spec_decode counters by their meaning: the acceptance rate is accepted / draft.
+        self.draft_tokens = Counter(
+            "inference_spec_decode_draft_tokens",
+            "Draft tokens speculative decoding (prompt lookup) proposed and checked",
+            registry=r,
+        )
+        self.accepted_draft_tokens = Counter(
+            "inference_spec_decode_accepted_tokens",
+            "Draft tokens that stood: tokens made without a step of their own",
+            registry=r,
+        )
         self.team_prompt_tokens = Counter(
             "inference_team_prompt_tokens",
             "Prompt tokens of the requests that ended, by team (X-Team-ID), as their usage reports them",

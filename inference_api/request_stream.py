@@ -44,6 +44,7 @@ class RequestStream:
         self.team = team  # from the proxy's X-Team-ID (metrics.team_of); None without one
         self.completion_tokens = 0
         self.cached_tokens = 0  # prompt tokens the backend found in its cache
+        self.draft_tokens = self.accepted_draft_tokens = 0  # speculative decoding's, so far
         self.finish_reason: str | None = None
         self.error: str | None = None
         # Set by the router thread when the backend says the request took a row (or with its first
@@ -111,6 +112,10 @@ class RequestStream:
         if piece.cached_tokens > self.cached_tokens:
             self._metrics.cached_prompt_tokens.inc(piece.cached_tokens - self.cached_tokens)
             self.cached_tokens = piece.cached_tokens
+        if piece.draft_tokens > self.draft_tokens:
+            self._metrics.draft_tokens.inc(piece.draft_tokens - self.draft_tokens)
+            self._metrics.accepted_draft_tokens.inc(piece.accepted_draft_tokens - self.accepted_draft_tokens)
+            self.draft_tokens, self.accepted_draft_tokens = piece.draft_tokens, piece.accepted_draft_tokens
         if piece.finished:
             self.finish_reason = piece.finish_reason
             self.error = piece.error

@@ -2,7 +2,21 @@
 that the default model is converted from GGUF once per machine, not per test."""
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from tests.server_fixture import RunningServer, running_server
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("INFERENCE_CACHE_DIR", str(ROOT / ".cache"))
+
+
+@pytest.fixture(scope="session")
+def default_mode_server() -> Iterator[RunningServer]:
+    """The default model as a person runs it (`make run`: the GGUF file's own 4-bit weights, speculative
+    decoding on), 4 rows: one server for every module that needs only that, started once (a start is
+    half a minute of the suite)."""
+    with running_server("--rows", "4", ready_timeout=300) as server:
+        yield server

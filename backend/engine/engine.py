@@ -30,7 +30,7 @@ from backend.engine.prefill_budget import PrefillBudget
 from backend.engine.prefix_cache import Placement, PrefixIndex
 from backend.engine.row import Row
 from backend.engine.scheduler import Schedule, Scheduler
-from backend.engine.speculation import DRAFT_TOKENS, STEP_QUERIES, Speculator, verified
+from backend.engine.speculation import DRAFT_TOKENS, Speculator, verified
 from backend.layers.grammar import GrammarError, Grammars, PendingMasks
 from backend.layers.logits_processors import LogitsProcessors
 from backend.layers.logprobs import token_logprobs
@@ -151,14 +151,12 @@ class Engine:
         none elsewhere, where a draft makes its step one with a chunk, which costs more (speculation.py)."""
         if tokens is None:
             tokens = DRAFT_TOKENS if self.runner.reads_own_positions else 0
-        speculator = Speculator(tokens, *prompt_lookup, step_queries=min(rows, STEP_QUERIES))
+        speculator = Speculator(tokens, *prompt_lookup, step_queries=rows)
         if speculator.enabled:
             log.info(
-                "speculative decoding: prompt lookup of %d- to %d-grams, up to %d draft tokens a row, "
-                "in steps of up to %d queries",
+                "speculative decoding: prompt lookup of %d- to %d-grams, up to %d draft tokens a row",
                 *prompt_lookup,
                 tokens,
-                speculator.step_queries,
             )
         return speculator
 
@@ -499,8 +497,8 @@ class Engine:
         """A row takes what it sampled: its token, or those its draft verified (speculation.verified);
         `grows`: its cache holds the keys and values of the tokens before each it takes (a decoding row)."""
         taken = verified(samples, row.draft)
-        row.drafted += len(row.draft)
-        row.accepted_drafts += len(taken) - 1
+        if row.draft:
+            row.took_draft(stood=len(taken) - 1)
         if taken[-1] == NOT_FINITE:
             log.warning("request %s: the model's logits are not finite", row.request.request_id)
             return row.error_piece(NOT_FINITE_ERROR)

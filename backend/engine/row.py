@@ -28,12 +28,15 @@ class Row:
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_scores: list[TokenLogprob] = field(default_factory=list)  # of the chunks so far
-    # Speculative decoding (speculation.py): the row's prompt lookup where it may draft, this step's draft,
-    # and the draft tokens it was given and that stood, so far.
+    # Speculative decoding (speculation.py): the row's prompt lookup where it may draft, this step's draft;
+    # so far, the draft tokens it was given and those that stood; and, fading with every step (`forget`),
+    # the draft tokens that stood and the drafts that did not stand whole, which `draft_acceptance` reads.
     lookup: PromptLookup | None = None
     draft: tuple[int, ...] = ()
     drafted: int = 0
     accepted_drafts: int = 0
+    recently_stood: float = 0.0
+    recently_missed: float = 0.0
 
     def __post_init__(self) -> None:
         self.reused = self.cached  # prompt tokens found in the cache at admission (prefix_cache)
@@ -103,6 +106,25 @@ class Row:
         before each position (penalties count them, a grammar's mask follows them)."""
         params = self.request.params
         return params.speculative and not params.penalized and params.grammar is None
+
+    @property
+    def draft_acceptance(self) -> float:
+        """The chance that a draft token stands once those before it did, from the row's recent drafts:
+        stood / (stood + misses), from one half (a prior of one of each)."""
+        return (self.recently_stood + 1) / (self.recently_stood + self.recently_missed + 2)
+
+    def took_draft(self, stood: int) -> None:
+        """This step's draft was verified: `stood` of its tokens stood."""
+        self.drafted += len(self.draft)
+        self.accepted_drafts += stood
+        self.recently_stood += stood
+        self.recently_missed += stood < len(self.draft)
+
+    def forget(self, kept: float) -> None:
+        """Let the drafts so far weigh less (a row whose drafts missed tries again now and then: its
+        text may come to repeat itself)."""
+        self.recently_stood *= kept
+        self.recently_missed *= kept
 
     @property
     def draft_room(self) -> int:

@@ -23,12 +23,14 @@ overwritten by the next step: rolling back is the row's length alone.
 What rows draft: those that asked for it (`SamplingParams.speculative`),
 with nothing that depends on the tokens before each position (penalties,
 `logit_bias` and `min_tokens` count them; a grammar's mask follows them):
-those rows decode a token a step, as before. And how many tokens a step
-drafts: a step of few rows is bound by reading the weights, and its
-extra queries cost little; a full step is bound by the arithmetic, and
-they would slow every row. `Speculator.draft` gives drafts only the
-queries a step has spare below `step_queries` (docs/backend.md has the
-measurements).
+those rows decode a token a step, as before. And how long a draft is: a
+draft token costs its step about `DRAFT_TOKEN_COST` of a one-row step (on
+a CPU a query is arithmetic as well as a read of the weights), which slows
+every row of the step, and stands with a probability the row's own drafts
+so far estimate (the i-th of a draft with about a**i). `draft_length` takes
+the tokens whose chance of standing is worth their share of the step: long
+drafts for a row copying its prompt at one stream, none for free text in a
+full step (docs/backend.md has the measurements).
 """
 
 from __future__ import annotations
@@ -41,19 +43,30 @@ from backend.engine.prompt_lookup import PromptLookup
 if TYPE_CHECKING:
     from backend.engine.row import Row
 
-# The most draft tokens a row gets a step by default, and the most queries (rows and draft tokens) a step
-# fills with drafts: measured (docs/backend.md, "Speculative decoding").
+# The most draft tokens a row gets a step by default.
 DRAFT_TOKENS = 8
-STEP_QUERIES = 16
+# What a draft token adds to a step, as a share of a one-row step's time: on the default model on a 2-core
+# AVX2 CPU a one-row step took 24 ms and each more query of its row 4 to 6 ms (docs/backend.md).
+DRAFT_TOKEN_COST = 0.2
+# How much of a row's draft record each step keeps: half of it after some 30 steps, so that a row whose drafts
+# missed (free text) drafts again a token or two now and then, and takes long drafts if its text comes to
+# repeat itself.
+KEPT_A_STEP = 0.977
 
 
 class Speculator:
     """Gives a step's decoding rows their drafts; counts what was drafted and accepted."""
 
     def __init__(self, tokens: int, shortest: int, longest: int, step_queries: int):
+        if tokens and not 1 <= shortest <= longest:
+            raise ValueError(
+                f"prompt lookup's shortest n-gram ({shortest}, --prompt-lookup-min) must be from 1 to its "
+                f"longest ({longest}, --prompt-lookup-max)"
+            )
         self.tokens = tokens  # the longest draft a row gets; 0: speculation is off
         self.shortest, self.longest = shortest, longest  # n-gram sizes prompt lookup matches
-        self.step_queries = step_queries  # drafts only fill a step up to this many queries
+        self.step_queries = step_queries  # the most queries a step may have (the step plan's rows)
+        self.cost = DRAFT_TOKEN_COST
 
     @property
     def enabled(self) -> bool:
@@ -66,17 +79,33 @@ class Speculator:
         return PromptLookup(self.shortest, self.longest)
 
     def draft(self, decoding: Sequence[Row]) -> int:
-        """Set each decoding row's draft for this step (() for most), within the step's spare queries;
-        returns how many tokens were drafted."""
-        spare = self.step_queries - len(decoding)
-        drafted = 0
+        """Set each decoding row's draft for this step (() for most), as long as it pays and the step's
+        spare queries allow; returns how many tokens were drafted."""
+        spare, drafted = self.step_queries - len(decoding), 0
+        share = self.token_share(len(decoding))
         for row in decoding:
             row.draft = ()
+            row.forget(KEPT_A_STEP)
             room = min(self.tokens, spare - drafted, row.draft_room)
             if row.lookup is not None and room > 0:
-                row.draft = row.lookup.propose(row.tokens, room)
+                length = draft_length(row.draft_acceptance, share, room)
+                row.draft = row.lookup.propose(row.tokens, length) if length else ()
                 drafted += len(row.draft)
         return drafted
+
+    def token_share(self, rows: int) -> float:
+        """What a draft token costs, in tokens of a step of `rows` rows: the step makes one token a row in
+        1 + cost * (rows - 1) one-row steps' time, and a draft token adds `cost` to it."""
+        return rows * self.cost / (1 + self.cost * (rows - 1))
+
+
+def draft_length(acceptance: float, share: float, most: int) -> int:
+    """How many draft tokens pay: the i-th stands with about acceptance**i (each only if those before it
+    did), and is worth its `share` of the step while that chance is over it."""
+    length, chance = 0, acceptance
+    while length < most and chance > share:
+        length, chance = length + 1, chance * acceptance
+    return length
 
 
 def verified(samples: Sequence[int], draft: Sequence[int]) -> list[int]:

@@ -10,7 +10,7 @@ import torch
 
 from backend.engine.engine import Engine
 from backend.engine.prompt_lookup import PromptLookup
-from backend.engine.speculation import verified
+from backend.engine.speculation import Speculator, draft_length, verified
 from backend.messages import SamplingParams, Submit
 from backend.quant import block_weights
 from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
@@ -49,6 +49,26 @@ def test_a_row_takes_the_samples_up_to_the_first_that_differs_from_its_draft():
     assert verified([4, 2, 3], (1, 2)) == [4]
 
 
+def test_a_draft_is_as_long_as_its_tokens_chances_pay_for_their_share_of_the_step():
+    assert draft_length(0.9, 0.2, 8) == 8  # 0.9**8 = 0.43: every token pays
+    assert draft_length(0.9, 0.2, 3) == 3  # no more than the room
+    assert draft_length(0.5, 0.2, 8) == 2  # 0.5, 0.25 over 0.2; 0.125 not
+    assert draft_length(0.3, 0.5, 8) == 0  # a full step: a likely miss costs more than it brings
+    with pytest.raises(ValueError, match="--prompt-lookup-min"):
+        Speculator(8, 5, 4, step_queries=32)
+    speculator = Speculator(8, 2, 4, step_queries=32)
+    shares = [speculator.token_share(rows) for rows in (1, 4, 32)]
+    assert shares[0] == pytest.approx(0.2) and shares == sorted(shares) and shares[-1] < 1
+
+
+def always_drafting(engine: Engine) -> Engine:
+    """Drafts for every row that has one, however full the step and however its drafts fared: the
+    mechanics under test, not whether a draft pays."""
+    engine.speculator.cost = 0.0
+    engine.speculator.step_queries = 1000
+    return engine
+
+
 def greedy_arrivals(prompts, max_tokens, rng, **params):
     arrivals, step = [], 0
     for i, prompt in enumerate(prompts):
@@ -71,6 +91,7 @@ def test_greedy_output_with_drafts_is_generates_alone_and_in_a_busy_batch(archit
     engine = Engine(
         model, MarkerTokenizer(), rows=6, max_seq_len=128, max_prefill_tokens=8, speculative_tokens=5
     )
+    always_drafting(engine)
     assert engine.speculator.enabled and not engine.runner.reads_own_positions
     pieces = drive(engine, greedy_arrivals(prompts, 40, rng))
     for i, prompt in enumerate(prompts):
@@ -87,7 +108,7 @@ def test_drafts_end_where_the_row_ends_and_never_write_its_last_position():
     model = tiny_model("llama")
     prompt = tuple(LOOPING[0])
     plain = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=80, speculative_tokens=0)
-    drafting = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=80, speculative_tokens=8)
+    drafting = always_drafting(Engine(model, MarkerTokenizer(), rows=8, max_seq_len=80, speculative_tokens=8))
     texts = []
     for params in (
         SamplingParams(temperature=0, max_tokens=100, ignore_eos=True),  # to the context's end
@@ -118,7 +139,9 @@ def test_logprobs_with_drafts_are_plain_decodings():
     params = SamplingParams(temperature=0, max_tokens=30, logprobs=2)
     runs = []
     for tokens in (0, 6):
-        engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=128, speculative_tokens=tokens)
+        engine = always_drafting(
+            Engine(model, MarkerTokenizer(), rows=2, max_seq_len=128, speculative_tokens=tokens)
+        )
         runs.append(drive(engine, [(0, Submit("r", tuple(LOOPING[1]), params))])["r"])
     plain, drafted = ([entry for piece in run for entry in piece.logprobs] for run in runs)
     assert runs[1][-1].accepted_draft_tokens > 0
@@ -132,7 +155,7 @@ def test_rows_whose_sampling_follows_their_tokens_do_not_draft():
     """Penalties, logit_bias and min_tokens count the tokens before each position, a grammar's mask
     follows them, and a request may turn speculation off: those rows decode a token a step."""
     model = tiny_model("llama")
-    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=6)
+    engine = always_drafting(Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=6))
     for params in (
         SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.1),
         SamplingParams(temperature=0, max_tokens=30, logit_bias=((3, 1.0),)),
@@ -216,7 +239,7 @@ def test_sampled_tokens_with_drafts_come_from_the_models_own_distribution(monkey
     model, prompt = markov_model(), CHAIN * 2
     plain = Engine(model, MarkerTokenizer(), rows=16, max_seq_len=64, speculative_tokens=0)
     drafting = Engine(model, MarkerTokenizer(), rows=16, max_seq_len=64, speculative_tokens=4)
-    drafting.speculator.step_queries = 16 * 5  # every row drafts, however full the step
+    always_drafting(drafting)
     critical = chi_square_critical(10 * (len(STEPS) - 1))
 
     steps, _ = sampled_steps(plain, prompt, range(300), 10)
@@ -245,7 +268,9 @@ def test_seeded_output_with_drafts_is_plain_decodings_token_for_token():
     ):
         texts, accepted = [], 0
         for tokens in (0, 5):
-            engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=tokens)
+            engine = always_drafting(
+                Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=tokens)
+            )
             pieces = drive(engine, [(0, Submit(f"r{i}", tuple(p), params)) for i, p in enumerate(prompts)])
             texts.append([text_of(pieces[f"r{i}"]) for i in range(len(prompts))])
             accepted += sum(request[-1].accepted_draft_tokens for request in pieces.values())
@@ -285,7 +310,9 @@ def test_on_the_cpus_loop_a_draft_is_more_queries_of_its_row_with_plain_decoding
     prompt, params = tuple(LOOPING[2]), SamplingParams(temperature=0, max_tokens=40)
     runs = []
     for tokens in (0, 6):
-        engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=128, speculative_tokens=tokens)
+        engine = always_drafting(
+            Engine(model, MarkerTokenizer(), rows=8, max_seq_len=128, speculative_tokens=tokens)
+        )
         assert engine.runner.reads_own_positions
         steps = decode_steps_seen(engine, monkeypatch)
         runs.append((drive(engine, [(0, Submit("r", prompt, params))])["r"], steps))

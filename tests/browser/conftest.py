@@ -23,10 +23,9 @@ def browser() -> Iterator[webdriver.Chrome]:
 
 
 @pytest.fixture(scope="module")
-def real_server() -> Iterator[RunningServer]:
+def real_server(default_mode_server: RunningServer) -> RunningServer:
     """The default model, as a person would run it (make run): real text, at a CPU's pace."""
-    with running_server("--rows", "4", ready_timeout=300) as server:
-        yield server
+    return default_mode_server
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import random
 import string
-from collections.abc import Iterator
 
 import pytest
 import requests
 
 from tests.proxy.conftest import bearer, running_proxy, token
-from tests.server_fixture import RunningServer, running_server
+from tests.server_fixture import RunningServer
 
 pytestmark = pytest.mark.real_model
 
@@ -32,9 +31,8 @@ SECRET_MEMO = (
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with running_server("--rows", "4", ready_timeout=300) as running:
-        yield running
+def server(default_mode_server: RunningServer) -> RunningServer:
+    return default_mode_server
 
 
 @pytest.fixture(scope="module")

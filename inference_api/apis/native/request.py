@@ -52,6 +52,7 @@ def parse_native_request(body: bytes) -> NativeRequest:
         min_p=read_number(data, "min_p", 0.0, 0.0, 1.0),
         min_tokens=read_integer(data, "min_tokens", 0, 0, MAX_TOKENS_LIMIT),
         grammar=read_grammar(data, ("json_schema",)),  # the answer is JSON following this schema
+        speculative=read_bool(data, "speculative", True),
     )
     if params.min_tokens > params.max_tokens:
         raise InvalidParams(

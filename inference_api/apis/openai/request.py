@@ -155,6 +155,7 @@ def _common(
         stop_token_ids=token_id_list(data.get("stop_token_ids"), serving.token_id_limit, "stop_token_ids")
         + stop_token_ids_of(stop, serving.tokenizer),
         grammar=read_grammar(data, GRAMMAR_FIELDS),
+        speculative=read_bool(data, "speculative", True),
     )
     stream = read_bool(data, "stream", False)
     return OpenAIRequest(

@@ -1,0 +1,64 @@
+"""REAL MODEL: speculative decoding (prompt lookup) as a client meets it, on the default model in the
+default mode, where it is on: an edit's answer, which repeats its prompt, comes out the same with it and
+without it (`speculative: false`), and /metrics counts the draft tokens that stood."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from tests.server_fixture import RunningServer
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "SmolLM2-135M-Instruct"
+FILE = (Path(__file__).resolve().parents[2] / "backend" / "engine" / "prompt_lookup.py").read_text()
+EDIT = [
+    {
+        "role": "user",
+        "content": "Rewrite this Python file with the class PromptLookup renamed to NgramLookup. Output the "
+        "whole file and nothing else.\n\n" + FILE,
+    }
+]
+
+
+def counter(server: RunningServer, name: str) -> float:
+    metrics = requests.get(f"{server.url}/metrics", timeout=10).text
+    return float(re.search(rf"^{name}_total (\S+)$", metrics, re.MULTILINE).group(1))
+
+
+def drafts(server: RunningServer) -> tuple[float, float]:
+    return (
+        counter(server, "inference_spec_decode_draft_tokens"),
+        counter(server, "inference_spec_decode_accepted_tokens"),
+    )
+
+
+def test_an_edit_is_the_same_with_drafts_and_without_and_most_drafts_stand(default_mode_server) -> None:
+    client = openai.OpenAI(base_url=f"{default_mode_server.url}/v1", api_key="-", max_retries=0, timeout=300)
+    ask = dict(model=MODEL, messages=EDIT, temperature=0, max_tokens=120)
+    before = drafts(default_mode_server)
+    plain = client.chat.completions.create(**ask, extra_body={"speculative": False})
+    assert drafts(default_mode_server) == before  # a request may turn it off
+    chunks = client.chat.completions.create(**ask, stream=True)
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    drafted, accepted = (
+        after - earlier for after, earlier in zip(drafts(default_mode_server), before, strict=True)
+    )
+    assert streamed == plain.choices[0].message.content
+    assert "class NgramLookup" in streamed  # an edit, so that its text repeats the prompt's
+    assert accepted > 40 and accepted / drafted > 0.5
+
+
+def test_speculative_must_be_a_boolean(default_mode_server) -> None:
+    response = requests.post(
+        f"{default_mode_server.url}/v1/completions",
+        json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, "speculative": "sometimes"},
+        timeout=60,
+    )
+    assert response.status_code == 400 and "speculative" in response.json()["error"]["message"]
+    assert response.json()["error"]["param"] == "speculative"
