@@ -290,9 +290,14 @@ def test_steps_with_prompts_and_long_rows_attend_by_the_loops(fused, monkeypatch
         drive(engine, arrivals)
         return taken
 
-    with_loops = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=256, max_prefill_tokens=512)
+    # No drafts (speculation.py): the two engines must run the same steps, a token a row.
+    with_loops = Engine(
+        model, MarkerTokenizer(), rows=4, max_seq_len=256, max_prefill_tokens=512, speculative_tokens=0
+    )
     assert with_loops.runner.reads_own_positions
-    without = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=256, max_prefill_tokens=512)
+    without = Engine(
+        model, MarkerTokenizer(), rows=4, max_seq_len=256, max_prefill_tokens=512, speculative_tokens=0
+    )
     without.runner.decoder.use_ops(EAGER)  # as before the loops
     assert not without.runner.reads_own_positions
 

@@ -23,6 +23,11 @@ def test_defaults_are_the_native_apis() -> None:
     assert (p.temperature, p.top_k, p.top_p, p.max_tokens, p.stop, p.seed) == (1.0, 40, 0.9, 128, (), None)
 
 
+def test_speculative_decoding_is_on_unless_the_request_turns_it_off() -> None:
+    assert parse(text="hi").params.speculative is True
+    assert parse(text="hi", speculative=False).params.speculative is False
+
+
 def test_numeric_strings_and_whole_floats_are_numbers() -> None:
     p = parse(text="hi", temperature="0", top_k="40", top_p="1", max_tokens=12.0, seed="3").params
     assert (p.temperature, p.top_k, p.top_p, p.max_tokens, p.seed) == (0.0, 40, 1.0, 12, 3)
@@ -58,6 +63,7 @@ def test_null_fields_take_their_defaults() -> None:
         ({"text": "a", "seed": 2**64}, "seed"),
         ({"text": "a", "stream": "false"}, "stream"),
         ({"text": "a", "stop_sequence": {"a": 1}}, "stop_sequence"),
+        ({"text": "a", "speculative": "no"}, "speculative"),
     ],
 )
 def test_wrong_types_name_the_field(fields: dict, field: str) -> None:

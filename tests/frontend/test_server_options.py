@@ -57,3 +57,16 @@ def test_a_served_name_is_not_empty_and_has_no_spaces(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--served-model-name", "my model"])
     assert "a model name is non-empty and has no spaces" in capsys.readouterr().err
+
+
+def test_speculative_decoding_options_travel_through_the_environment():
+    default = parse_args([])
+    assert default.backend.speculative_tokens is None  # on where it pays (backend/engine/speculation.py)
+    off = parse_args(["--speculative-tokens", "0", "--prompt-lookup-min", "3", "--prompt-lookup-max", "6"])
+    assert (off.backend.speculative_tokens, off.backend.prompt_lookup_min, off.backend.prompt_lookup_max) == (
+        0,
+        3,
+        6,
+    )
+    for config in (default, off):
+        assert ServerConfig.from_env(config.to_env()) == config
