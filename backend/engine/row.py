@@ -103,7 +103,8 @@ class Row:
     @property
     def may_speculate(self) -> bool:
         """Whether the row may take drafts: it asked, and nothing of its sampling depends on the tokens
-        before each position (penalties count them, a grammar's mask follows them)."""
+        before each position (the logits processors count them a token a step, a grammar's mask follows
+        them)."""
         params = self.request.params
         return params.speculative and not params.penalized and params.grammar is None
 

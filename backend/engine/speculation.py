@@ -21,9 +21,10 @@ values the rejected tokens wrote stay in the row past its length and are
 overwritten by the next step: rolling back is the row's length alone.
 
 What rows draft: those that asked for it (`SamplingParams.speculative`),
-with nothing that depends on the tokens before each position (penalties,
-`logit_bias` and `min_tokens` count them; a grammar's mask follows them):
-those rows decode a token a step, as before. And how long a draft is: a
+with nothing that depends on the tokens before each position (penalties
+and `min_tokens` count them, and `logit_bias` is applied by the same
+processors, whose counts advance a token a step; a grammar's mask follows
+them): those rows decode a token a step, as before. And how long a draft is: a
 draft token costs its step about `DRAFT_TOKEN_COST` of a one-row step (on
 a CPU a query is arithmetic as well as a read of the weights), which slows
 every row of the step, and stands with a probability the row's own drafts
@@ -55,7 +56,7 @@ KEPT_A_STEP = 0.977
 
 
 class Speculator:
-    """Gives a step's decoding rows their drafts; counts what was drafted and accepted."""
+    """Gives a step's decoding rows their drafts (each row keeps its own record of how they fared)."""
 
     def __init__(self, tokens: int, shortest: int, longest: int, step_queries: int):
         if tokens and not 1 <= shortest <= longest:
