@@ -53,7 +53,7 @@ class Row:
     @property
     def cached_tokens(self) -> tuple[int, ...]:
         """The tokens whose keys and values this row of the cache holds, in order."""
-        return (*self.prompt_ids, *self.generated)[: self.cached]
+        return self.tokens[: self.cached]
 
     @property
     def tokens(self) -> tuple[int, ...]:

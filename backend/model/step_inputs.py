@@ -111,16 +111,20 @@ def pack(
     CPU's loop); otherwise they attend as a batch over the span's rows, padded to the longest, and the
     longest rows attend alone where that saves reading (`step_layout.long_rows`).
     """
+    token_ids: list[int] = []
+    query_rows: list[int] = []  # the row of each decode query
+    decode_positions: list[int] = []
+    kept_at: dict[int, range] = {}  # each decoding row's places among the kept logits
     as_queries = [row for row in decoding if reads_own_positions or not row.draft]
-    token_ids = [token for row in as_queries for token in (row.next_input, *row.draft)]
-    query_rows = [row.index for row in as_queries for _ in range(1 + len(row.draft))]
-    decode_positions = [
-        p for row in as_queries for p in range(row.position, row.position + 1 + len(row.draft))
-    ]
+    for row in as_queries:
+        length = 1 + len(row.draft)
+        kept_at[row.index] = range(len(token_ids), len(token_ids) + length)
+        token_ids += (row.next_input, *row.draft)
+        query_rows += [row.index] * length
+        decode_positions += range(row.position, row.position + length)
     positions = list(decode_positions)
     chunks: list[PromptChunk] = []
     keep = list(range(len(token_ids)))
-    kept_at = dict(zip([row.index for row in as_queries], ranges(as_queries), strict=True))
     for row in decoding:  # drafts as chunks: the decode queries attend as a batch, one a row
         if row.index not in kept_at:
             start, past, length = len(token_ids), row.position, 1 + len(row.draft)
@@ -168,15 +172,6 @@ def pack(
         completing=tuple(completing),
         prompt_scores=tuple(scores),
     )
-
-
-def ranges(rows: Sequence[DecodingRow]) -> list[range]:
-    """The places of each row's queries, its token's and its draft's, laid out one row after another."""
-    places, start = [], 0
-    for row in rows:
-        places.append(range(start, start + 1 + len(row.draft)))
-        start += 1 + len(row.draft)
-    return places
 
 
 def check(rows: list[int], positions: list[int], keep: list[int], sample_from: list[int]) -> None:
