@@ -24,7 +24,8 @@ import torch
 from torch.nn.functional import scaled_dot_product_attention
 from transformers import AttentionInterface, PretrainedConfig
 
-from backend.layers.step_layout import StepLayout
+from backend.layers.attention_features import AttentionFeatures, attention_with
+from backend.layers.step_layout import PromptChunk, StepLayout
 
 ROW_ATTENTION = "row_attention"
 
@@ -58,21 +59,10 @@ def row_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface over `attend`, with the layout of the step in progress."""
-    refuse_unsupported(kwargs, positions=key.shape[2])
-    return attend(query, key, value, _current_layout.get(), scaling), None
-
-
-def refuse_unsupported(kwargs: dict, positions: int) -> None:
-    """Raise on an attention feature a layer asks for that `attend` does not do, rather than attend
-    without it: the loader refuses such models (model/architectures.py), this catches what it missed."""
-    window = kwargs.get("sliding_window")
-    if window is not None and window < positions:
-        raise NotImplementedError(f"a sliding window of {window} positions within a cache of {positions}")
-    if kwargs.get("softcap"):
-        raise NotImplementedError("attention logit soft-capping")
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("attention sinks")
+    """transformers' attention interface over `attend`, with the layout of the step in progress and what
+    the layer asks for beyond causal attention (a window, soft-capping, sinks)."""
+    features = AttentionFeatures.asked(kwargs, positions=key.shape[2])
+    return attend(query, key, value, _current_layout.get(), scaling, features=features), None
 
 
 def attend(
@@ -82,6 +72,7 @@ def attend(
     layout: StepLayout,
     scaling: float | None,
     by_position: Callable | None = None,
+    features: AttentionFeatures | None = None,
 ) -> torch.Tensor:
     """Each query over what it may read of the cache; returns [1, tokens, heads, head_dim].
 
@@ -89,11 +80,13 @@ def attend(
     `by_position` (decode_ops.FusedOps.attend: the CPU's loop) takes the decode queries where there is
     one, each over its own row up to its own position: no batch padded to the longest row, no long rows
     apart (the engine makes none for it); and short new prompts (`StepLayout.loop_takes`) with them.
+    `features` (attention_features.py): a window, soft-capping or sinks, which the loop does not do.
     """
     query_dtype, query = query.dtype, query.to(key.dtype)
     output = torch.empty_like(query)
     n, decoding = layout.decode_rows, layout.decode_queries
     if by_position is not None:
+        assert features is None, "the CPU's loop attends causally only"
         places, rows, positions = layout.by_position
         if places.shape[0]:
             queries = query[0].index_select(1, places).transpose(0, 1).contiguous()  # [taken, heads, dim]
@@ -103,40 +96,73 @@ def attend(
         queries = query[0, :, :decoding].unsqueeze(2).transpose(0, 1)  # [decoding, heads, 1, head_dim]
         if layout.has_free_rows:  # one query per row of the span, zero for the free ones
             queries = queries.new_zeros((n, *queries.shape[1:])).index_copy_(0, layout.decode_index, queries)
-        attended = scaled_dot_product_attention(
-            queries,
-            key[:n, :, : layout.span],
-            value[:n, :, : layout.span],
-            attn_mask=layout.visible,
-            scale=scaling,
-            enable_gqa=True,
+        visible = layout.visible
+        if features is not None and features.window is not None:
+            hides = features.window_hides(layout.batch_ends, layout.span)
+            visible = visible.masked_fill(hides[:, None, None], float("-inf"))
+        attended = scaled(
+            queries, key[:n, :, : layout.span], value[:n, :, : layout.span], scaling, features, visible
         )
         if layout.has_free_rows:
             attended = attended.index_select(0, layout.decode_index)
         output[0, :, :decoding] = attended.squeeze(2).transpose(0, 1)
         for long_row in layout.long_rows:  # a single query reads all it may: no mask
             pack, end = slice(long_row.query, long_row.query + 1), long_row.position + 1
-            output[:, :, pack] = scaled_dot_product_attention(
+            start = max(0, end - features.window) if features is not None and features.window else 0
+            output[:, :, pack] = scaled(
                 query[:, :, pack],
-                key[long_row.row : long_row.row + 1, :, :end],
-                value[long_row.row : long_row.row + 1, :, :end],
-                scale=scaling,
-                enable_gqa=True,
+                key[long_row.row : long_row.row + 1, :, start:end],
+                value[long_row.row : long_row.row + 1, :, start:end],
+                scaling,
+                features,
             )
     for chunk in layout.prompts:
         if by_position is not None and layout.loop_takes(chunk):
             continue
         end, pack = chunk.past + chunk.length, slice(chunk.start, chunk.start + chunk.length)
-        output[:, :, pack] = scaled_dot_product_attention(
+        output[:, :, pack] = scaled(
             query[:, :, pack],
             key[chunk.row : chunk.row + 1, :, :end],
             value[chunk.row : chunk.row + 1, :, :end],
-            attn_mask=chunk.visible,
-            is_causal=chunk.visible is None,
-            scale=scaling,
-            enable_gqa=True,
+            scaling,
+            features,
+            *chunk_reads(chunk, features, query.device),
         )
     return output.transpose(1, 2).to(query_dtype, memory_format=torch.contiguous_format)
+
+
+def scaled(
+    query: torch.Tensor,  # [batch, heads, queries, head_dim]
+    key: torch.Tensor,  # [batch, kv_heads, keys, head_dim]
+    value: torch.Tensor,
+    scaling: float | None,
+    features: AttentionFeatures | None,
+    mask: torch.Tensor | None = None,  # [batch or 1, 1, queries, keys]: True or 0 where a query reads
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """PyTorch's fused attention, or the matmuls where the layer's features need them."""
+    if features is not None and features.needs_matmuls:
+        return attention_with(query, key, value, mask, scaling, features)
+    return scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling, enable_gqa=True
+    )
+
+
+def chunk_reads(
+    chunk: PromptChunk, features: AttentionFeatures | None, device: torch.device
+) -> tuple[torch.Tensor | None, bool]:
+    """(mask, is_causal) of a prompt chunk over its row's positions 0..past+length-1: its own causal mask
+    (none where it starts the row: causal); with features, an explicit one, narrowed to the window where
+    the layer has one (the matmuls of soft-capping and sinks take a mask, not `is_causal`)."""
+    if features is None:
+        return chunk.visible, chunk.visible is None
+    end = chunk.past + chunk.length
+    positions = torch.arange(chunk.past, end, device=device)
+    reads = torch.arange(end, device=device) <= positions[:, None]
+    hides = features.window_hides(positions, end)
+    if hides is not None:
+        reads &= ~hides
+    return reads[None, None], False
 
 
 AttentionInterface.register(ROW_ATTENTION, row_attention)

@@ -100,6 +100,12 @@ class StepLayout:
         return chunk.past == 0 and chunk.length <= LOOP_PROMPT_TOKENS
 
     @functools.cached_property
+    def batch_ends(self) -> torch.Tensor:
+        """[decode_rows]: the last position each row of the decode batch reads (0 for free and long
+        rows), as `visible` says: where a sliding window ends (attention_features.py)."""
+        return (self.visible[:, 0, 0] == 0).sum(-1) - 1
+
+    @functools.cached_property
     def by_position(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(place in the pack, row, position) of each query the CPU's loop takes, each reading its row up
         to its own position: the decode queries, then the prompt chunks it takes (`loop_takes`)."""

@@ -194,6 +194,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
         location, gguf_file = str(converted), None
         log.info("loading %s from its converted copy in %s", source.name, location)
     model_config = AutoConfig.from_pretrained(location, gguf_file=gguf_file, token=token)
+    check_supported(model_config)  # before anything reads the config as a decoder's
     # The fused CPU operations are built here (once a machine) where the runner will use them: the
     # cache's dtype depends on whether their loop attends.
     longest = min(config.max_seq_len or context_length(model_config), context_length(model_config))
@@ -203,7 +204,6 @@ def load_model(config: BackendConfig) -> LoadedModel:
     cache_dtype = pick_cache_dtype(config.kv_cache_dtype, dtype, device, loop_attention)
     cache_size = size_kv_cache(config, model_config, cache_dtype)
     max_seq_len = cache_size.max_seq_len
-    check_supported(model_config, max_seq_len)
     check_resources(
         model_config,
         dtype=dtype,
@@ -227,7 +227,8 @@ def load_model(config: BackendConfig) -> LoadedModel:
         gguf_file=gguf_file,
         token=token,
         dtype=torch.float32 if gguf_file is not None else dtype,
-        attn_implementation="sdpa",
+        attn_implementation=None,  # sdpa where the family has it, else eager (Gemma 2, gpt-oss): the
+        # engine attends with its own (attention.py); this one is what a forward outside a step would use
     )
     if gguf_file is not None and save_converted(model, tokenizer, converted):
         location = str(converted)
