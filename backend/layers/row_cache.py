@@ -53,8 +53,7 @@ class KVShape:
         config = config.get_text_config()
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        return cls(config.num_hidden_layers, kv_heads, head_dim)
+        return cls(config.num_hidden_layers, key_value_heads(config), head_dim)
 
     def bytes(self, rows: int, max_seq_len: int, dtype: torch.dtype) -> int:
         """Size of keys and values of all layers."""
@@ -64,6 +63,19 @@ class KVShape:
     def positions_within(self, memory: int, rows: int, dtype: torch.dtype) -> int:
         """The most positions a row whose keys and values, in every row, fit in `memory` bytes."""
         return memory // self.bytes(rows, 1, dtype)
+
+
+def key_value_heads(config: PretrainedConfig) -> int:
+    """The heads of keys and values a layer keeps. Falcon's config names them its own way: one for all
+    queries in Falcon-7B (`multi_query`), `num_kv_heads` groups in 40B and 180B (its new architecture),
+    and its `num_kv_heads` defaults to the query heads even where the model has one (7B's 71): a cache of
+    71 heads where one is read."""
+    heads = config.num_attention_heads
+    if config.model_type == "falcon":
+        if config.new_decoder_architecture:
+            return config.num_kv_heads
+        return 1 if config.multi_query else heads
+    return getattr(config, "num_key_value_heads", None) or heads
 
 
 def cache_slots(rows: torch.Tensor, positions: torch.Tensor, kv_heads: int, max_seq_len: int) -> torch.Tensor:

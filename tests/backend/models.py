@@ -13,6 +13,7 @@ from transformers import (
     BertConfig,
     BertModel,
     BertTokenizerFast,
+    FalconConfig,
     GPT2Config,
     GPT2LMHeadModel,
     PreTrainedTokenizerFast,
@@ -21,9 +22,15 @@ from transformers import (
 TINY_VOCAB = 512
 TINY_EOS = TINY_VOCAB - 1
 
+# A sliding window this short comes into play within the tests' prompts.
+TINY_WINDOW = 8
+
 # What each family's tiny config sets beyond the Llama-like sizes: its own features switched on where
 # a default would leave them off (granite's multipliers, a layer without rotary positions for smollm3),
-# experts small enough for a test (4, two of them chosen per token).
+# experts small enough for a test (4, two of them chosen per token), a window layer beside a global one.
+# Gemma's tied embeddings make a random model repeat its input whatever its attention does, and Gemma 2's
+# soft-capping bites only logits larger than random weights give: untied, larger weights and a small cap,
+# so that attention without them gives other tokens (tested in tests/backend/test_attention_features.py).
 FAMILY_EXTRAS: dict[str, dict] = {
     "llama": {},
     "mistral": {"sliding_window": None},
@@ -40,6 +47,24 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "attention_multiplier": 0.0625,
     },
     "smollm3": {"no_rope_layers": [1, 0]},  # the second layer has no rotary embedding
+    "gemma2": {
+        "sliding_window": TINY_WINDOW,  # the first layer's: Gemma 2 alternates window and global layers
+        "attn_logit_softcapping": 1.0,
+        "initializer_range": 0.5,
+        "tie_word_embeddings": False,
+    },
+    "gemma3_text": {
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "tie_word_embeddings": False,
+    },
+    "gpt_oss": {  # alternates window and global layers; every layer has its sinks
+        "sliding_window": TINY_WINDOW,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 150000.0},
+    },
+    "cohere2": {"sliding_window": TINY_WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
 }
 
 
@@ -49,9 +74,11 @@ def tiny_model(
     vocab_size: int = TINY_VOCAB,
     eos_token_id: int = TINY_EOS,
     head_dim: int = 16,
+    **extras,
 ) -> torch.nn.Module:
     """A two-layer random-weight causal LM of the given architecture, float32, on the CPU (`head_dim`:
-    of the Llama-like ones; real models' 64 where a test must reach the CPU's attention loop)."""
+    of the Llama-like ones; real models' 64 where a test must reach the CPU's attention loop; `extras`:
+    config fields over the family's own, a sliding window say)."""
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, eos_token_id=eos_token_id, bos_token_id=1, pad_token_id=0)
     llama_like = dict(
@@ -66,8 +93,20 @@ def tiny_model(
     )
     if architecture == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **common))
+    elif architecture == "falcon":  # Falcon-40B's layout: two key heads, each shared by two query heads
+        config = FalconConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            new_decoder_architecture=True,
+            num_kv_heads=2,
+            max_position_embeddings=512,
+            **common,
+            **extras,
+        )
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     elif architecture in FAMILY_EXTRAS:
-        config = CONFIG_MAPPING[architecture](**llama_like, **FAMILY_EXTRAS[architecture])
+        config = CONFIG_MAPPING[architecture](**llama_like, **(FAMILY_EXTRAS[architecture] | extras))
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         raise ValueError(architecture)

@@ -8,7 +8,15 @@ from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from backend.model.architectures import SUPPORTED
 from backend.model.decoder_runner import LLAMA_LAYER_TYPES
-from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
+from tests.backend.models import (
+    TINY_VOCAB,
+    TINY_WINDOW,
+    MarkerTokenizer,
+    drive,
+    reference_greedy,
+    text_of,
+    tiny_model,
+)
 
 PROMPT_COUNT = 18
 
@@ -43,6 +51,17 @@ def test_tiny_models_match_generate_with_rows_joining_mid_flight(architecture):
     # Llama-family layers run through the decoder runner, the others through transformers' own modules
     # over the row attention: both exact.
     assert (engine.runner.decoder is not None) == (architecture in LLAMA_LAYER_TYPES)
+    assert_matches_reference(engine, model, prompts, max_tokens=24, rng=rng)
+
+
+def test_a_window_within_the_context_stays_exact_off_the_decoder_runner():
+    """Mistral whose window (8) is shorter than its rows (128): transformers' modules over the row
+    attention, each query reading its last 8 positions, prompts of up to 60 tokens."""
+    model = tiny_model("mistral", sliding_window=TINY_WINDOW)
+    rng = random.Random("window")
+    prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 60))] for _ in range(8)]
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=16)
+    assert engine.runner.decoder is None
     assert_matches_reference(engine, model, prompts, max_tokens=24, rng=rng)
 
 
