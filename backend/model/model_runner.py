@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from backend.layers.attention import attending_over
 from backend.layers.row_cache import KVShape, RowCache, pick_cache_dtype
 from backend.model.decoder_runner import DecoderRunner
+from backend.model.falcon import attend_over_rows
 from backend.model.step_inputs import DecodingRow, PrefillingRow, StepInputs, pack
 from backend.model.step_plan import StepPlan, plan_transformers
 
@@ -42,6 +43,8 @@ class ModelRunner:
         self.device = model.device
         supported = DecoderRunner.supports(model.config, max_seq_len)
         self.decoder = DecoderRunner(model, compile_decode, rows) if supported else None
+        if self.decoder is None and model.config.model_type == "falcon":
+            attend_over_rows(model)  # Falcon attends by itself, not through transformers' interface
         self.cache_dtype = kv_cache_dtype or pick_cache_dtype(
             "auto", model.dtype, self.device, self.reads_own_positions
         )

@@ -1,0 +1,103 @@
+"""Falcon's attention over the row cache.
+
+transformers' Falcon does not go through its attention interface: FalconAttention.forward writes the
+cache and then attends itself, SDPA or eager over a causal mask from `create_causal_mask`. Over the
+row cache that reads every row's whole cache as one sequence, and under `attending_over` (whose
+implementation has no mask function, so the mask is None) its eager branch adds None to the scores.
+`attend_over_rows` gives each FalconAttention of a model a forward that computes queries, keys and
+values as transformers does, writes keys and values through the cache and attends with the engine's
+`attend` over the step's layout; outside a step (`generate`, say) the layer is transformers' own.
+The rest of FalconModel's forward runs as it is over the row cache: `get_seq_length` is 0 and the
+positions are passed, so the rotary embeddings are each token's own, and the mask it makes (None) is
+not read.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers.cache_utils import Cache
+from transformers.models.falcon.modeling_falcon import FalconAttention, apply_rotary_pos_emb
+
+from backend.layers.attention import _current_layout, attend
+
+
+def attend_over_rows(model: torch.nn.Module) -> torch.nn.Module:
+    """Make each of the model's Falcon attention layers attend through the engine's `attend` inside
+    `attending_over` (the model runner's step); returns the model. Applying it twice changes nothing.
+
+    Falcon-RW's ALiBi is refused: its bias (per head, by key position) is added to the attention
+    logits, which `attend` does not do.
+    """
+    if model.config.alibi:
+        raise NotImplementedError("Falcon with ALiBi positions (alibi=True, Falcon-RW) over the row cache")
+    for module in model.modules():
+        if isinstance(module, FalconAttention) and not isinstance(module, AttendsOverRows):
+            module.__class__ = _over_rows(type(module))
+    return model
+
+
+@functools.cache
+def _over_rows(attention_class: type) -> type:
+    """The layer's own class (FalconAttention or FalconFlashAttention2, its fallback) under ours."""
+    return type(f"{attention_class.__name__}OverRows", (AttendsOverRows, attention_class), {})
+
+
+class AttendsOverRows:
+    """A FalconAttention's forward over the row cache, mixed in above the layer's own class."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        alibi: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None = None,
+        layer_past: Cache | None = None,
+        use_cache: bool = False,
+        output_attentions: bool = False,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        layout = _current_layout.get(None)
+        if layout is None:  # not in an engine's step: transformers' attention over its own cache
+            return super().forward(
+                hidden_states,
+                alibi,
+                attention_mask,
+                position_ids,
+                layer_past,
+                use_cache,
+                output_attentions,
+                position_embeddings,
+                **kwargs,
+            )
+        query, key, value = self.heads(hidden_states)
+        cos, sin = position_embeddings  # of each packed token's own position
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        # The new architecture's keys come out of `_split_heads` once per query head: the cache keeps
+        # one per group (row_cache.key_value_heads).
+        kv_heads = layer_past.kv_heads
+        key, value = layer_past.update(fit_heads(key, kv_heads), fit_heads(value, kv_heads), self.layer_idx)
+        # 1/sqrt(head_dim), as SDPA's default in transformers' branch and its eager division
+        attended = attend(query, key, value, layout, self.inv_norm_factor)  # [1, tokens, heads, head_dim]
+        return self.dense(attended.reshape(*hidden_states.shape[:2], -1)), None
+
+    def heads(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Query [batch, heads, tokens, head_dim], key and value [batch, their heads, tokens, head_dim],
+        as transformers' forward makes them: the new architecture's keys and values come out of
+        `_split_heads` repeated for every query head of their group, multi-query's as one head."""
+        query, key, value = self._split_heads(self.query_key_value(hidden_states))
+        return query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+
+
+def fit_heads(states: torch.Tensor, heads: int) -> torch.Tensor:
+    """Keys or values [batch, h, tokens, head_dim] as the cache's `heads`, query head i reading cache
+    head i // (query heads / heads) as `attend` does (SDPA's enable_gqa): a multi-query layer's one head
+    repeated, or one of each group's copies where the cache keeps a head per group."""
+    have = states.shape[1]
+    if have < heads:
+        return states.repeat_interleave(heads // have, dim=1)
+    if have > heads:
+        return states[:, :: have // heads]
+    return states
