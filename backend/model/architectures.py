@@ -29,13 +29,13 @@ SUPPORTED = {
     "mixtral": "Mixtral",
     "phi3": "Phi-3, Phi-3.5 and Phi-4-mini",
     "gemma2": "Gemma 2",
-    "gemma3_text": "Gemma 3 (the text of the multimodal ones too)",
+    "gemma3_text": "Gemma 3, and the text of the multimodal ones",
     "gpt_oss": "gpt-oss",
     "cohere2": "Command R7B and other Cohere 2 models",
     "olmo2": "OLMo 2",
     "granite": "Granite 3",
     "smollm3": "SmolLM3",
-    "falcon": "Falcon 7B, 40B and 180B (rotary positions; not Falcon-RW's ALiBi)",
+    "falcon": "Falcon 7B, 40B and 180B, with rotary positions",
     "gpt2": "GPT-2",
 }
 
@@ -55,8 +55,8 @@ def check_supported(config: PretrainedConfig) -> None:
         )
     if model_type == "falcon" and config.alibi:
         raise UnsupportedModel(
-            "falcon model with ALiBi positions (alibi: Falcon-RW), which the engine does not do: its "
-            "Falcon 7B, 40B and 180B have rotary positions"
+            "falcon model with ALiBi positions (alibi: Falcon-RW), which the engine does not do "
+            "(Falcon 7B, 40B and 180B, with rotary positions, are served)"
         )
 
 

@@ -21,7 +21,20 @@ from tests.server_fixture import running_server
 
 # The families served by transformers' modules over the row attention (Llama, Mistral and Qwen2 run on
 # the decoder runner, held to the default model end to end elsewhere).
-FAMILIES = ["qwen3", "qwen3_moe", "mixtral", "phi3", "olmo2", "granite", "smollm3"]
+FAMILIES = [
+    "qwen3",
+    "qwen3_moe",
+    "mixtral",
+    "phi3",
+    "olmo2",
+    "granite",
+    "smollm3",
+    "gemma2",
+    "gemma3_text",
+    "gpt_oss",
+    "cohere2",
+    "falcon",
+]
 MAX_TOKENS = 10
 
 
