@@ -9,6 +9,8 @@ layer is exactly
     x = x + o_proj(attention(rope(q_proj(norm(x))), rope(k_proj(...)), v_proj(...)))
     x = x + down_proj(silu(gate_proj(norm(x))) * up_proj(norm(x)))
 
+(Qwen3's adds an RMSNorm of each head's query and key before the rotation: `HeadNorms`)
+
 this runner does the same arithmetic on the same modules' weights in fewer
 operations: transformers' rotary embedding, applied to queries and keys in
 one rotation; each RMSNorm as PyTorch's single `rms_norm` (bit for bit in
@@ -20,7 +22,7 @@ CPU, PyTorch's operations elsewhere and in exact mode. In exact mode (float32, n
 quantization) greedy output is token for token that of transformers'
 classes (tests/backend/test_exactness.py runs both). Any other
 architecture, or one of these with a feature the layer above does not have
-(sliding windows, soft-capping, per-head norms), goes through transformers'
+(a sliding window that comes into play, soft-capping), goes through transformers'
 forward as before (`DecoderRunner.supports`).
 """
 
@@ -48,10 +50,10 @@ from backend.model.native_decode import NativeDecode
 from backend.model.step_plan import DECODE_LAYERS, GRAPH, NATIVE, plan_runner
 from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fuse_linears
 
-# The model types whose decoder layers are the Llama layer above; Mistral and Qwen2 only where their
-# sliding window never comes into play (`supports`). Qwen2 adds biases to q, k and v: the linear
-# layers have them.
-LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2"}
+# The model types whose decoder layers are the Llama layer above; Mistral, Qwen2 and Qwen3 only where
+# their sliding window never comes into play (`supports`). Qwen2 adds biases to q, k and v: the linear
+# layers have them. Qwen3 norms each head's query and key (`HeadNorms`).
+LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
 # Decode steps of fewer rows than this run `decode_layers` (compiled with --compile); from here on the
 # linear layers multiply by their dense copies (quantized_linear.DENSE_FROM_ROWS) and the step is their
@@ -92,6 +94,7 @@ class DecodeLayer:
     layer), so that each residual add and the norm after it are one operation (decode_ops.add_norm)."""
 
     qkv: Callable[[torch.Tensor], torch.Tensor]
+    head_norms: HeadNorms | None
     o: Callable[[torch.Tensor], torch.Tensor]
     mlp_norm: Norm
     gate_up: Callable[[torch.Tensor], torch.Tensor]
@@ -109,6 +112,29 @@ def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Te
         weight, bias = linear.weight, linear.bias
         return lambda x: nn.functional.linear(x, weight, bias)
     return linear
+
+
+@dataclass(frozen=True)
+class HeadNorms:
+    """Qwen3's RMSNorms of each head's query and key, over the head's dimensions, before the rotation."""
+
+    query: Norm
+    key: Norm
+    heads: int
+    kv_heads: int
+
+    @classmethod
+    def of(cls, attention: nn.Module, heads: int, kv_heads: int) -> HeadNorms | None:
+        if getattr(attention, "q_norm", None) is None:
+            return None
+        return cls(Norm.of(attention.q_norm), Norm.of(attention.k_norm), heads, kv_heads)
+
+    def __call__(self, qkv: torch.Tensor, head_dim: int) -> torch.Tensor:
+        """q, k and v side by side ([..., (heads + 2 kv_heads) * head_dim]) with q and k normed."""
+        all_heads = qkv.unflatten(-1, (-1, head_dim))
+        query, key, value = all_heads.split([self.heads, self.kv_heads, self.kv_heads], dim=-2)
+        normed = [EAGER.norm(query, self.query), EAGER.norm(key, self.key), value]
+        return torch.cat(normed, dim=-2).flatten(-2)
 
 
 class DecoderRunner:
@@ -144,20 +170,22 @@ class DecoderRunner:
             Projections(a.q_proj, a.k_proj, a.v_proj) for a in (layer.self_attn for layer in self.layers)
         ]
         self.gate_up = [Projections(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers]
+        self.head_norms = [HeadNorms.of(layer.self_attn, self.heads, self.kv_heads) for layer in self.layers]
         dtype = self.norm.weight.dtype  # the model's: what the modules give back
         next_norms = [Norm.of(layer.input_layernorm) for layer in self.layers[1:]] + [Norm.of(self.norm)]
         self.first_norm = Norm.of(self.layers[0].input_layernorm)
         self.bound_layers = [
             DecodeLayer(
                 qkv=qkv.few_rows_matmul(dtype),
+                head_norms=head_norms,
                 o=few_rows_matmul(layer.self_attn.o_proj, dtype),
                 mlp_norm=Norm.of(layer.post_attention_layernorm),
                 gate_up=gate_up.few_rows_matmul(dtype),
                 down=few_rows_matmul(layer.mlp.down_proj, dtype),
                 next_norm=next_norm,
             )
-            for layer, qkv, gate_up, next_norm in zip(
-                self.layers, self.qkv, self.gate_up, next_norms, strict=True
+            for layer, qkv, head_norms, gate_up, next_norm in zip(
+                self.layers, self.qkv, self.head_norms, self.gate_up, next_norms, strict=True
             )
         ]
         # The work between them (norms, rotation, attention, SiLU): C++ loops on a CPU, else PyTorch's
@@ -190,7 +218,7 @@ class DecoderRunner:
         self.ops = ops
         # Where all of a decode step's work is the extension's, its layers are one C++ call.
         self.native = None
-        if self.reads_own_positions:
+        if self.reads_own_positions and not any(self.head_norms):  # decode_layers.cpp has no head norms
             self.native = NativeDecode.of(
                 self.ops,
                 [
@@ -306,12 +334,13 @@ class DecoderRunner:
             return self.head(self._decode_step(input_ids, positions, layout, cache))
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))  # [1, 1, tokens, head_dim]
-        for layer, qkv, gate_up, cache_layer in zip(
-            self.layers, self.qkv, self.gate_up, cache.layers, strict=True
+        for layer, qkv, head_norms, gate_up, cache_layer in zip(
+            self.layers, self.qkv, self.head_norms, self.gate_up, cache.layers, strict=True
         ):
-            attended = self._attention(
-                qkv(rms_norm(hidden, layer.input_layernorm)), cos, sin, cache_layer, layout
-            )
+            projected = qkv(rms_norm(hidden, layer.input_layernorm))
+            if head_norms is not None:
+                projected = head_norms(projected, self.head_dim)
+            attended = self._attention(projected, cos, sin, cache_layer, layout)
             hidden = hidden + layer.self_attn.o_proj(attended)
             gate, up = gate_up(rms_norm(hidden, layer.post_attention_layernorm)).chunk(2, dim=-1)
             hidden = hidden + layer.mlp.down_proj(nn.functional.silu(gate) * up)
@@ -380,8 +409,11 @@ class DecoderRunner:
         cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
         normed = ops.norm(hidden, self.first_norm)
         for layer, layer_keys, layer_values in zip(self.bound_layers, keys, values, strict=True):
+            projected = layer.qkv(normed)
+            if layer.head_norms is not None:
+                projected = layer.head_norms(projected, self.head_dim)
             query = ops.rotate_and_store(
-                layer.qkv(normed), cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
+                projected, cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
             )
             attended = self.attend(
                 query, layer_keys, layer_values, rows, positions, visible, self.scaling, scatter

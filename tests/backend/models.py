@@ -110,6 +110,12 @@ def tiny_model(
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         raise ValueError(architecture)
+    # Query and key norms (Qwen3, OLMo 2, Gemma 3) start as ones: random, so that a runner that applied
+    # one in place of the other, or none, would give other tokens.
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                parameter.uniform_(0.5, 1.5)
     return model.eval()
 
 

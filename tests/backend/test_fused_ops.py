@@ -238,14 +238,15 @@ def drive_mixed_decode_steps(engine: Engine) -> None:
     )
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused, dtype):
+@pytest.mark.parametrize("dtype, architecture", [(d, "llama") for d in DTYPES] + [(torch.bfloat16, "qwen3")])
+def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused, dtype, architecture):
     """Every decode step of an engine on PyTorch's operations, replayed through a runner on the loops
     from the same cache: the same logits and keys and values, to the tolerance of the dtype, for one
-    row, rows with a free one among them, and a step of many rows (the loops serve all of them)."""
-    model = tiny_model("llama", head_dim=64).to(dtype)  # a head size the attention loop is compiled for
+    row, rows with a free one among them, and a step of many rows (the loops serve all of them).
+    Qwen3's heads are normed before the loops rotate them."""
+    model = tiny_model(architecture, head_dim=64).to(dtype)  # a head size the attention loop is compiled for
     quantize_model(model, "int4")
-    engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
+    engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=0)  # a token a row
     engine.runner.decoder.use_ops(EAGER)  # as before the loops
     # The reference is PyTorch's operations at every step shape, not decode_layers.cpp below 16 rows.
     assert {path.layers for path in engine.runner.plan.decode} <= {LOOP, FORWARD}
@@ -259,7 +260,11 @@ def test_decode_steps_with_the_loops_give_pytorchs_logits_and_cache_writes(fused
     assert isinstance(runner.ops, FusedOps)
     cache = RowCache(KVShape.of(model.config), 20, 64, engine.runner.cache_dtype, engine.device)
     close = tolerance(dtype)["atol"]
-    replay_decode_steps(runner, cache, steps, logits_tolerance=close, cache_tolerance=close)
+    # Qwen3's keys are normed per head, elements of 1 to 3 where the tiny Llama's are about 0.1: PyTorch's
+    # operations round each intermediate of the rotation to bfloat16 (the loops do not), an error that
+    # grows with them (0.04 measured).
+    cached = close * (4 if architecture == "qwen3" else 1)
+    replay_decode_steps(runner, cache, steps, logits_tolerance=close, cache_tolerance=cached)
 
 
 def test_steps_with_prompts_and_long_rows_attend_by_the_loops(fused, monkeypatch):

@@ -62,6 +62,10 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
 
 def test_the_native_loop_runs_only_where_all_of_a_steps_work_is_the_extensions(monkeypatch):
     assert DecoderRunner(served_like_the_default()).native is not None
+    # Qwen3 norms each head's query and key, which decode_layers.cpp does not: its Python loop does
+    qwen3 = tiny_model("qwen3", head_dim=64).to(torch.bfloat16)
+    quantize_model(qwen3, "int4")
+    assert DecoderRunner(qwen3).native is None
     # float32 activations: the Python loop rounds them to bfloat16 for the kernels, the native one would not
     assert DecoderRunner(served_like_the_default(dtype=torch.float32)).native is None
     assert DecoderRunner(served_like_the_default(head_dim=16)).native is None  # no attention loop for 16

@@ -1,0 +1,126 @@
+#!/usr/bin/env python
+r"""Each fast-path family on the decoder runner against the same model on transformers' modules.
+
+    .venv/bin/python scripts/bench_families.py [--families llama qwen3] [--rows 1 32] [--max-tokens N]
+        [--quantize int4|int8|none] [--dtype D]
+
+For each family, a model of random weights of a ~0.5B checkpoint's shape (Qwen2.5-0.5B's for Llama-shaped
+layers, Qwen3-0.6B's for Qwen3) with the default model's tokenizer, quantized as `--quantize` says (int4,
+as a 4-bit file would be served, by default). Engine tokens/s with 1 and 32 rows decoding, first on the
+path the server takes (the decoder runner), then on transformers' own modules over the row attention
+(what every other family takes), alternating the two at each row count so that drift in the machine
+falls on both; and transformers' `generate` one request at a time. Prints a markdown table and the
+machine. Random weights decode at the speed of real ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from unittest import mock
+
+import torch
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend.engine.engine import Engine  # noqa: E402
+from backend.model.decoder_runner import DecoderRunner  # noqa: E402
+from backend.model.loader import pick_device, pick_dtype  # noqa: E402
+from backend.quant.quantized_linear import QUANTIZERS, quantize_model  # noqa: E402
+from scripts.bench_engine import PROMPTS, machine, time_engine, time_generate  # noqa: E402
+from scripts.random_llama import default_tokenizer  # noqa: E402
+
+SHAPES = {
+    # Qwen2.5-0.5B's shape, a Llama layer with biases on q, k and v: 24 layers, 896 wide, 14 heads, 2 KV
+    "llama": (
+        "qwen2",
+        dict(
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+        ),
+    ),
+    # Qwen3-0.6B's: 28 layers, 1024 wide, 16 heads of 128, 8 KV heads, norms of each head's q and k
+    "qwen3": (
+        "qwen3",
+        dict(
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+        ),
+    ),
+}
+
+
+def random_model(family: str, tokenizer, dtype: torch.dtype, quantize: str) -> torch.nn.Module:
+    model_type, shape = SHAPES[family]
+    config = CONFIG_MAPPING[model_type](
+        vocab_size=len(tokenizer),
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **shape,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    if quantize in QUANTIZERS:
+        quantize_model(model, quantize)
+    return model
+
+
+def engine_on(model: torch.nn.Module, tokenizer, rows: int, runner: bool) -> Engine:
+    """The engine as the server builds it, or (`runner` False) on transformers' modules."""
+    with mock.patch.object(DecoderRunner, "supports", staticmethod(lambda config, max_seq_len: runner)):
+        engine = Engine(model, tokenizer, rows=rows, max_seq_len=512)
+    assert (engine.runner.decoder is not None) == runner
+    engine.warm_up()
+    return engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--families", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--quantize", choices=["none", *QUANTIZERS], default="int4")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--baseline-requests", type=int, default=2)
+    args = parser.parse_args()
+
+    tokenizer = default_tokenizer()
+    prompts = [tokenizer(text).input_ids for text in PROMPTS]
+    dtype = pick_dtype(args.dtype, pick_device("auto"))
+    rows: list[str] = []
+    for family in args.families:
+        model = random_model(family, tokenizer, dtype, args.quantize)
+        baseline = time_generate(model, prompts, args.baseline_requests, args.max_tokens)
+        engines = {path: engine_on(model, tokenizer, max(args.rows), path) for path in (True, False)}
+        for active in args.rows:
+            measured = {
+                path: time_engine(engine, prompts, active, args.max_tokens)[0]
+                for path, engine in engines.items()
+            }
+            fast, modules = measured[True], measured[False]
+            ratio = fast / modules
+            rows.append(
+                f"| {family} | {active} | {fast:.1f} | {modules:.1f} | {ratio:.2f}x | {baseline:.1f} |"
+            )
+        del engines, model
+    print(f"\n{args.quantize} weights, {dtype}, {args.max_tokens} tokens a request; {machine()}\n")
+    print("| family | rows | decoder runner tokens/s | transformers' modules tokens/s | ratio | generate |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
