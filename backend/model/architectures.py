@@ -1,6 +1,6 @@
 """Which model architectures the engine serves exactly, and a clear refusal for the rest.
 
-Llama, Mistral and Qwen2 run on the compact decoder runner (model/decoder_runner.py) where their
+Llama, Mistral, Qwen2 and Qwen3 run on the compact decoder runner (model/decoder_runner.py) where their
 attention is plain causal attention; every other family here, and those with a sliding window that
 comes into play, runs transformers' own modules with the engine's row attention plugged in through
 transformers' attention interface (layers/attention.py). That is all their layers need: q and k norms,

@@ -19,8 +19,8 @@ from transformers import AutoModelForCausalLM
 from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, reference_greedy, write_tiny_causal_lm
 from tests.server_fixture import running_server
 
-# The families served by transformers' modules over the row attention (Llama, Mistral and Qwen2 run on
-# the decoder runner, held to the default model end to end elsewhere).
+# The families beyond Llama's layer (held to the default model end to end elsewhere): Qwen3 on the decoder
+# runner, the others on transformers' modules over the row attention.
 FAMILIES = [
     "qwen3",
     "qwen3_moe",
