@@ -173,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="/v1/embeddings: the mean of the tokens' last hidden states, or the last token's",
     )
     parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the model's own configuration and tokenizer code (its auto_map), as transformers' "
+        "trust_remote_code: code from the model's files, run in the backend process; its own modeling "
+        "code is refused either way",
+    )
+    parser.add_argument(
         "--embedding-model",
         help="/v1/embeddings from this sentence-embedding model (a directory or hub id that "
         "transformers' AutoModel loads, a BERT-like encoder say) instead of the served model",
@@ -210,6 +217,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         max_prefill_tokens=args.max_prefill_tokens,
         prefix_reuse=args.prefix_reuse,
         compile_decode=args.compile_decode,
+        trust_remote_code=args.trust_remote_code,
         cuda_graphs=args.cuda_graphs,
         torch_threads=args.torch_threads,
         mock=args.mock,

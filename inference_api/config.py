@@ -56,6 +56,7 @@ class ServerConfig:
             max_prefill_tokens=_int(env, "INFERENCE_MAX_PREFILL_TOKENS", 0) or None,
             prefix_reuse=env.get("INFERENCE_PREFIX_REUSE", "1") != "0",
             compile_decode=_bool(env, "INFERENCE_COMPILE"),
+            trust_remote_code=_bool(env, "INFERENCE_TRUST_REMOTE_CODE"),
             cuda_graphs=env.get("INFERENCE_CUDA_GRAPHS", "1") != "0",
             torch_threads=_int(env, "INFERENCE_TORCH_THREADS", 0) or None,
             # "" (or unset): speculative decoding where it pays (BackendConfig.speculative_tokens None)
@@ -98,6 +99,7 @@ class ServerConfig:
             "INFERENCE_MAX_PREFILL_TOKENS": str(b.max_prefill_tokens or 0),
             "INFERENCE_PREFIX_REUSE": "1" if b.prefix_reuse else "0",
             "INFERENCE_COMPILE": "1" if b.compile_decode else "0",
+            "INFERENCE_TRUST_REMOTE_CODE": "1" if b.trust_remote_code else "0",
             "INFERENCE_CUDA_GRAPHS": "1" if b.cuda_graphs else "0",
             "INFERENCE_TORCH_THREADS": str(b.torch_threads or 0),
             "INFERENCE_SPECULATIVE_TOKENS": "" if b.speculative_tokens is None else str(b.speculative_tokens),

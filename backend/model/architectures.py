@@ -60,6 +60,26 @@ def check_supported(config: PretrainedConfig) -> None:
         )
 
 
+def check_own_code(config_dict: dict, trust_remote_code: bool) -> None:
+    """Raise UnsupportedModel where the model's config.json maps transformers' Auto classes to code of its
+    own (`auto_map`): its modeling code always, since the engine serves transformers' own classes,
+    proven exact, with its row attention (a model's own class would attend as it likes); its
+    configuration or tokenizer code unless the operator trusts it (--trust-remote-code), since it runs
+    in the backend process as it is."""
+    own = config_dict.get("auto_map") or {}
+    modeling = sorted(name for name in own if name.startswith("AutoModel"))
+    if modeling:
+        raise UnsupportedModel(
+            f"the model ships its own modeling code ({', '.join(f'{n}: {own[n]}' for n in modeling)}), which "
+            "the engine does not serve: it serves transformers' own model classes, with its attention"
+        )
+    if own and not trust_remote_code:
+        raise UnsupportedModel(
+            f"the model ships its own code ({', '.join(f'{n}: {c}' for n, c in sorted(own.items()))}), which "
+            "runs only with --trust-remote-code: that runs the model's code as it is, in the backend process"
+        )
+
+
 def sliding_window(config: PretrainedConfig) -> int | None:
     """The attention window the model uses, if any: none where `use_sliding_window` is off (Qwen2,
     Qwen3, SmolLM3 carry a window they do not use) or where no layer is a sliding one (`layer_types`)."""

@@ -27,6 +27,7 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -34,7 +35,7 @@ from transformers import (
 from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
 from backend.messages import BackendConfig
-from backend.model.architectures import check_supported
+from backend.model.architectures import check_own_code, check_supported
 from backend.model.cache_size import context_length, size_kv_cache
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed
@@ -193,7 +194,12 @@ def load_model(config: BackendConfig) -> LoadedModel:
     if converted is not None and (converted / "config.json").is_file():
         location, gguf_file = str(converted), None
         log.info("loading %s from its converted copy in %s", source.name, location)
-    model_config = AutoConfig.from_pretrained(location, gguf_file=gguf_file, token=token)
+    trust = config.trust_remote_code
+    if gguf_file is None:  # before any of the model's own code could run
+        check_own_code(PretrainedConfig.get_config_dict(location, token=token)[0], trust)
+    model_config = AutoConfig.from_pretrained(
+        location, gguf_file=gguf_file, token=token, trust_remote_code=trust
+    )
     check_supported(model_config)  # before anything reads the config as a decoder's
     # The fused CPU operations are built here (once a machine) where the runner will use them: the
     # cache's dtype depends on whether their loop attends.
@@ -219,7 +225,9 @@ def load_model(config: BackendConfig) -> LoadedModel:
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
     if gguf_file is not None:
         log.info("converting the GGUF file's weights: a first start only, about 30 s on 2 cores")
-    tokenizer = AutoTokenizer.from_pretrained(location, gguf_file=gguf_file, token=token)
+    tokenizer = AutoTokenizer.from_pretrained(
+        location, gguf_file=gguf_file, token=token, trust_remote_code=trust
+    )
     # A GGUF file is converted in float32, whatever this start's dtype: the converted copy serves every
     # later start, the exact mode's too, which must get the file's dequantized weights, not bfloat16's.
     model = AutoModelForCausalLM.from_pretrained(

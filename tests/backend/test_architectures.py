@@ -4,6 +4,9 @@ Every supported architecture is held to transformers' `generate` by
 tests/backend/test_exactness.py, which runs the list in backend/model/architectures.py.
 """
 
+import json
+from pathlib import Path
+
 import pytest
 from transformers import (
     FalconConfig,
@@ -62,3 +65,35 @@ def test_a_model_of_another_type_is_refused_at_start_up_with_the_reason(tmp_path
             backend.wait_ready(timeout=120)
     finally:
         backend.stop()
+
+
+def own_code_model(directory: Path, auto_map: dict[str, str]) -> Path:
+    """A model directory whose config.json maps Auto classes to its own code (a config class that says
+    its own model type: where the refusal names that type, the code ran)."""
+    directory.mkdir()
+    code = (
+        "from transformers import LlamaConfig\n\nclass OwnConfig(LlamaConfig):\n    model_type = 'own-llama'"
+    )
+    (directory / "configuration_own.py").write_text(code)
+    config = {**LlamaConfig(**SMALL).to_dict(), "model_type": "own-llama", "auto_map": auto_map}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_a_models_own_code_runs_only_with_trust_remote_code(tmp_path):
+    directory = own_code_model(tmp_path / "own", {"AutoConfig": "configuration_own.OwnConfig"})
+    with pytest.raises(UnsupportedModel, match="own code .*AutoConfig.*only with --trust-remote-code"):
+        load_model(BackendConfig(model=str(directory)))
+    # Trusted, its configuration code runs (its own type), and the type is refused as any other is.
+    with pytest.raises(UnsupportedModel, match="'own-llama' is not supported"):
+        load_model(BackendConfig(model=str(directory), trust_remote_code=True))
+
+
+def test_a_models_own_modeling_code_is_refused_even_trusted(tmp_path):
+    auto_map = {
+        "AutoConfig": "configuration_own.OwnConfig",
+        "AutoModelForCausalLM": "modeling_own.OwnForCausalLM",
+    }
+    directory = own_code_model(tmp_path / "own", auto_map)
+    with pytest.raises(UnsupportedModel, match="own modeling code .*modeling_own.OwnForCausalLM"):
+        load_model(BackendConfig(model=str(directory), trust_remote_code=True))
