@@ -54,6 +54,23 @@ def test_tiny_models_match_generate_with_rows_joining_mid_flight(architecture):
     assert_matches_reference(engine, model, prompts, max_tokens=24, rng=rng)
 
 
+def assert_chunked_prompts_sharing_a_prefix_match(model, reference, rng: random.Random) -> list[list[int]]:
+    """Eight prompts sharing a 20-token prefix, prefilled in 8-token chunks on 4 rows, each giving what
+    the reference model's `generate` gives on it alone; returns the prompts."""
+    shared = [rng.randrange(2, TINY_VOCAB - 1) for _ in range(20)]
+    prompts = [
+        shared + [rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 30))] for _ in range(8)
+    ]
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=8)
+    pieces = drive(engine, staggered_greedy_requests(prompts, 12, rng))
+    for i, prompt in enumerate(prompts):
+        got = MarkerTokenizer.ids(text_of(pieces[f"r{i}"]))
+        assert got == reference_greedy(reference, prompt, 12, engine.eos_ids), f"prompt {i} diverged"
+    # Each piece says how much of its prompt was cached: the shared prefix, for rows after the first few.
+    assert sum(request[-1].cached_tokens for request in pieces.values()) >= 20 * 3
+    return prompts
+
+
 def test_a_window_within_the_context_stays_exact_off_the_decoder_runner():
     """Mistral whose window (8) is shorter than its rows (128): transformers' modules over the row
     attention, each query reading its last 8 positions, prompts of up to 60 tokens."""
@@ -71,18 +88,9 @@ def test_tiny_models_match_generate_with_prompts_in_chunks_and_prefixes_reused(a
     joining later copy it from a busy row or find it in a freed one, and a second turn that extends the
     first's whole history: each still gives what `generate` gives on the prompt alone."""
     model = tiny_model(architecture)
-    rng = random.Random(f"{architecture} chunks")
-    shared = [rng.randrange(2, TINY_VOCAB - 1) for _ in range(20)]
-    prompts = [
-        shared + [rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 30))] for _ in range(8)
-    ]
-    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=8)
-    pieces = drive(engine, staggered_greedy_requests(prompts, 12, rng))
-    for i, prompt in enumerate(prompts):
-        got = MarkerTokenizer.ids(text_of(pieces[f"r{i}"]))
-        assert got == reference_greedy(model, prompt, 12, engine.eos_ids), f"prompt {i} diverged"
-    # Each piece says how much of its prompt was cached: the shared prefix, for rows after the first few.
-    assert sum(request[-1].cached_tokens for request in pieces.values()) >= 20 * 3
+    prompts = assert_chunked_prompts_sharing_a_prefix_match(
+        model, model, random.Random(f"{architecture} chunks")
+    )
 
     # A chat's second turn: the first turn's prompt and answer and more, its row's whole history.
     engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=128, max_prefill_tokens=8)

@@ -9,8 +9,11 @@ from transformers import AutoModelForCausalLM, FalconConfig
 
 from backend.engine.engine import Engine
 from backend.model.falcon import AttendsOverRows, attend_over_rows
-from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of
-from tests.backend.test_exactness import staggered_greedy_requests
+from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, reference_greedy
+from tests.backend.test_exactness import (
+    assert_chunked_prompts_sharing_a_prefix_match,
+    assert_matches_reference,
+)
 
 # The attention layouts of released checkpoints, at a test's size.
 SHAPES = {
@@ -40,13 +43,6 @@ def tiny_falcon(shape: dict, seed: int = 0) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-def assert_engine_matches_generate(engine: Engine, reference, prompts: list[list[int]], max_tokens: int, rng):
-    pieces = drive(engine, staggered_greedy_requests(prompts, max_tokens, rng))
-    for i, prompt in enumerate(prompts):
-        expected = reference_greedy(reference, prompt, max_tokens, engine.eos_ids)
-        assert MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == expected, f"prompt {i} ({len(prompt)} tokens)"
-
-
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_falcon_matches_generate_with_rows_joining_mid_flight(shape):
     model, reference = tiny_falcon(SHAPES[shape]), tiny_falcon(SHAPES[shape])  # the same weights
@@ -58,24 +54,14 @@ def test_falcon_matches_generate_with_rows_joining_mid_flight(shape):
     assert engine.runner.decoder is None and isinstance(attention, AttendsOverRows)
     # The cache keeps Falcon's own key heads: 7B's one, a head a group of 40B's, not one a query head.
     assert engine.runner.cache.kv_heads == attention.num_kv_heads < model.config.num_attention_heads
-    assert_engine_matches_generate(engine, reference, prompts, max_tokens=24, rng=rng)
+    assert_matches_reference(engine, reference, prompts, max_tokens=24, rng=rng)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_falcon_matches_generate_with_prompts_in_chunks_and_prefixes_reused(shape):
     """Prompts in 8-token chunks sharing a 20-token prefix, which later rows copy or find in the cache."""
     model, reference = tiny_falcon(SHAPES[shape]), tiny_falcon(SHAPES[shape])
-    rng = random.Random(f"falcon {shape} chunks")
-    shared = [rng.randrange(2, TINY_VOCAB - 1) for _ in range(20)]
-    prompts = [
-        shared + [rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 30))] for _ in range(8)
-    ]
-    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=8)
-    pieces = drive(engine, staggered_greedy_requests(prompts, 12, rng))
-    for i, prompt in enumerate(prompts):
-        expected = reference_greedy(reference, prompt, 12, engine.eos_ids)
-        assert MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == expected, f"prompt {i} diverged"
-    assert sum(request[-1].cached_tokens for request in pieces.values()) >= 20 * 3
+    assert_chunked_prompts_sharing_a_prefix_match(model, reference, random.Random(f"falcon {shape} chunks"))
 
 
 def test_patched_falcon_still_generates_as_transformers_does():
