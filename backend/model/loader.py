@@ -35,7 +35,7 @@ from transformers import (
 from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
 from backend.messages import BackendConfig
-from backend.model.architectures import check_own_code, check_supported
+from backend.model.architectures import UnsupportedModel, check_own_code, check_supported
 from backend.model.cache_size import context_length, size_kv_cache
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed
@@ -230,14 +230,17 @@ def load_model(config: BackendConfig) -> LoadedModel:
     )
     # A GGUF file is converted in float32, whatever this start's dtype: the converted copy serves every
     # later start, the exact mode's too, which must get the file's dequantized weights, not bfloat16's.
-    model = AutoModelForCausalLM.from_pretrained(
+    model, info = AutoModelForCausalLM.from_pretrained(
         location,
         gguf_file=gguf_file,
         token=token,
         dtype=torch.float32 if gguf_file is not None else dtype,
         attn_implementation=None,  # sdpa where the family has it, else eager (Gemma 2, gpt-oss): the
         # engine attends with its own (attention.py); this one is what a forward outside a step would use
+        output_loading_info=True,
     )
+    if gguf_file is not None:
+        check_all_weights_read(info["missing_keys"], source.gguf_file)
     if gguf_file is not None and save_converted(model, tokenizer, converted):
         location = str(converted)
     # The frontend reads tokenizer.json with the `tokenizers` library (no torch there).
@@ -258,6 +261,18 @@ def load_model(config: BackendConfig) -> LoadedModel:
     log.info("kernels timed in %.1f s", time.perf_counter() - timing)
     give_back_freed_memory()
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
+
+
+def check_all_weights_read(missing: list[str], gguf_file: str) -> None:
+    """Refuse a GGUF file whose tensors transformers' reader left some of the model's weights without: it
+    reads a Mixtral written as "llama" or a gpt-oss file with no error, their experts left at random
+    (tests/backend/test_gguf_families.py), which would be served as nonsense."""
+    if missing:
+        raise UnsupportedModel(
+            f"transformers' GGUF reader found no weights for {len(missing)} of the model's parameters in "
+            f"{gguf_file} ({', '.join(sorted(missing)[:4])}{', ...' if len(missing) > 4 else ''}): it does "
+            "not read this architecture's tensors; serve the model's safetensors checkpoint instead"
+        )
 
 
 def load_embedding_model(config: BackendConfig) -> EmbeddingModel:

@@ -1,0 +1,455 @@
+"""GGUF files of tiny transformers models, written as llama.cpp's convert_hf_to_gguf.py writes them.
+
+The converter reads a model's config.json and safetensors; here the model itself stands in for them:
+`model.config.to_dict()` is its config.json, and its state dict less the tied head is its safetensors.
+Each family gets what its converter class writes: the metadata keys (TextModel's common ones, or the
+class's own where it writes its own), the tensors under llama.cpp's names with the class's changes to
+their values (Llama's q/k rows permuted for its rotary layout, Gemma's norms stored as 1 + w, Falcon's
+query/key/value rows regrouped, GPT-2's Conv1D weights transposed, Qwen3-MoE's experts split into
+gate and up), and a tokenizer that transformers' GGUF tokenizer conversion reads: the byte-level BPE
+vocabulary of another GGUF file cut to the model's vocabulary, merges and all, or for Gemma, whose
+converters write a sentencepiece vocabulary, one built from that vocabulary's words.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from gguf import (
+    GGMLQuantizationType,
+    GGUFWriter,
+    Keys,
+    LlamaFileType,
+    TokenType,
+    get_tensor_name_map,
+    quants,
+)
+from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES
+
+# transformers' model_type -> the llama.cpp architecture its converter writes it as. Mistral is converted
+# by LlamaModel (the same layers), so its files say "llama".
+GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
+    "llama": MODEL_ARCH.LLAMA,
+    "mistral": MODEL_ARCH.LLAMA,
+    "qwen2": MODEL_ARCH.QWEN2,
+    "qwen3": MODEL_ARCH.QWEN3,
+    "qwen3_moe": MODEL_ARCH.QWEN3MOE,
+    "phi3": MODEL_ARCH.PHI3,
+    "gemma2": MODEL_ARCH.GEMMA2,
+    "gemma3_text": MODEL_ARCH.GEMMA3,
+    "falcon": MODEL_ARCH.FALCON,
+    "gpt2": MODEL_ARCH.GPT2,
+}
+
+Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32
+
+
+def write_tiny_gguf(
+    path: Path,
+    model: torch.nn.Module,
+    tokenizer_source: Path,
+    weight_type: GGMLQuantizationType = GGMLQuantizationType.F32,
+    leave_out: str | None = None,
+) -> Path:
+    """Write `model` (a tiny float32 transformers causal LM of a family in GGUF_ARCHITECTURES) to `path` as
+    a complete GGUF file, with the tokenizer of the GGUF file `tokenizer_source` cut to the model's
+    vocabulary. `weight_type` Q8_0 stores the 2-D weights in Q8_0 blocks, as `--outtype q8_0` does;
+    1-D ones (norms, biases) stay F32 as llama.cpp keeps them. `leave_out`: a tensor's GGUF name not to
+    write (a file whose weights transformers finds some of: a Mixtral's experts, say)."""
+    hparams = model.config.to_dict()
+    model_type = hparams["model_type"]
+    if model_type not in GGUF_ARCHITECTURES:
+        raise ValueError(f"no llama.cpp conversion written here for {model_type!r}")
+    arch = GGUF_ARCHITECTURES[model_type]
+    writer = GGUFWriter(str(path), MODEL_ARCH_NAMES[arch])
+    # Not the family's name: transformers reads a "llama" file named exactly "mistral" as Mistral, a
+    # name no converted Mistral has.
+    writer.add_name(f"tiny {model_type}")
+    file_type = (
+        LlamaFileType.MOSTLY_Q8_0 if weight_type == GGMLQuantizationType.Q8_0 else LlamaFileType.ALL_F32
+    )
+    metadata = METADATA[model_type](hparams) | {Keys.General.FILE_TYPE: int(file_type)}
+    add_metadata(writer, metadata, MODEL_ARCH_NAMES[arch])
+    add_tokenizer(writer, tokenizer_source, hparams)
+    names = get_tensor_name_map(arch, hparams.get("num_hidden_layers") or hparams["n_layer"])
+    for name, tensor in converted_tensors(model, hparams):
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if gguf_name != leave_out:
+            add_tensor(writer, gguf_name, tensor, weight_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def add_metadata(writer: GGUFWriter, metadata: Metadata, arch: str) -> None:
+    for key, value in metadata.items():
+        key = key.format(arch=arch)
+        if isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_string(key, value)
+
+
+# Tensors llama.cpp keeps in F32 whatever the file's type (TextModel.prepare_tensors): the routers and
+# GPT-2's position embedding, besides every 1-D tensor.
+KEPT_F32 = ("ffn_gate_inp.weight", "position_embd.weight")
+
+
+def add_tensor(
+    writer: GGUFWriter, name: str | None, tensor: torch.Tensor, weight_type: GGMLQuantizationType
+) -> None:
+    if name is None:
+        raise ValueError("a tensor llama.cpp has no name for: the file would lose it")
+    data = tensor.detach().to(torch.float32).contiguous().numpy()
+    # Rows that are no whole number of blocks stay F32 here (llama.cpp falls back to F16).
+    if (
+        weight_type == GGMLQuantizationType.F32
+        or data.ndim < 2
+        or data.shape[-1] % 32
+        or name.endswith(KEPT_F32)
+    ):
+        writer.add_tensor(name, data)
+    else:
+        writer.add_tensor(name, quants.quantize(data, weight_type), raw_dtype=weight_type)
+
+
+# --- metadata, as each converter class writes it -------------------------------------------------
+
+
+def rope_theta(hparams: dict) -> float:
+    """The rotary base; of the global layers where the layer types have their own (Gemma 3)."""
+    rope = hparams.get("rope_parameters") or {}
+    return float(rope.get("full_attention", rope).get("rope_theta", 10000.0))
+
+
+def text_model_metadata(hparams: dict) -> Metadata:
+    """TextModel.set_gguf_parameters, which most families keep: the sizes config.json names."""
+    metadata: Metadata = {
+        Keys.LLM.BLOCK_COUNT: hparams["num_hidden_layers"],
+        Keys.LLM.CONTEXT_LENGTH: hparams["max_position_embeddings"],
+        Keys.LLM.EMBEDDING_LENGTH: hparams["hidden_size"],
+        Keys.LLM.FEED_FORWARD_LENGTH: hparams["intermediate_size"],
+        Keys.Attention.HEAD_COUNT: hparams["num_attention_heads"],
+        Keys.Attention.HEAD_COUNT_KV: hparams["num_key_value_heads"],
+        Keys.Rope.FREQ_BASE: rope_theta(hparams),
+        Keys.Attention.LAYERNORM_RMS_EPS: float(hparams["rms_norm_eps"]),
+    }
+    experts = hparams.get("num_local_experts") or hparams.get("num_experts")
+    if experts:
+        metadata[Keys.LLM.EXPERT_COUNT] = experts
+        metadata[Keys.LLM.EXPERT_USED_COUNT] = hparams["num_experts_per_tok"]
+    if hparams.get("head_dim") is not None:
+        metadata[Keys.Attention.KEY_LENGTH] = hparams["head_dim"]
+        metadata[Keys.Attention.VALUE_LENGTH] = hparams["head_dim"]
+    return metadata
+
+
+def llama_metadata(hparams: dict) -> Metadata:
+    """LlamaModel adds the vocabulary's size and the rotary width."""
+    head_dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
+    return text_model_metadata(hparams) | {
+        Keys.LLM.VOCAB_SIZE: hparams["vocab_size"],
+        Keys.Rope.DIMENSION_COUNT: head_dim,
+    }
+
+
+def qwen3_moe_metadata(hparams: dict) -> Metadata:
+    """Qwen2MoeModel adds each expert's width."""
+    return text_model_metadata(hparams) | {
+        Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: hparams["moe_intermediate_size"]
+    }
+
+
+def phi3_metadata(hparams: dict) -> Metadata:
+    """Phi3MiniModel writes its own, with the rotary width and a window of 0 for none."""
+    rotary = hparams["rope_parameters"].get("partial_rotary_factor", 1.0)
+    return {
+        Keys.LLM.CONTEXT_LENGTH: hparams["max_position_embeddings"],
+        Keys.Rope.SCALING_ORIG_CTX_LEN: hparams["original_max_position_embeddings"],
+        Keys.LLM.EMBEDDING_LENGTH: hparams["hidden_size"],
+        Keys.LLM.FEED_FORWARD_LENGTH: hparams["intermediate_size"],
+        Keys.LLM.BLOCK_COUNT: hparams["num_hidden_layers"],
+        Keys.Attention.HEAD_COUNT: hparams["num_attention_heads"],
+        Keys.Attention.HEAD_COUNT_KV: hparams["num_key_value_heads"],
+        Keys.Attention.LAYERNORM_RMS_EPS: float(hparams["rms_norm_eps"]),
+        Keys.Rope.DIMENSION_COUNT: int(rotary * hparams["hidden_size"]) // hparams["num_attention_heads"],
+        Keys.Rope.FREQ_BASE: rope_theta(hparams),
+        Keys.Attention.SLIDING_WINDOW: hparams.get("sliding_window") or 0,
+    }
+
+
+def gemma2_metadata(hparams: dict) -> Metadata:
+    """Gemma2Model writes its own: no rotary base, but both soft-caps and the window."""
+    return {
+        Keys.LLM.CONTEXT_LENGTH: hparams["max_position_embeddings"],
+        Keys.LLM.EMBEDDING_LENGTH: hparams["hidden_size"],
+        Keys.LLM.BLOCK_COUNT: hparams["num_hidden_layers"],
+        Keys.LLM.FEED_FORWARD_LENGTH: hparams["intermediate_size"],
+        Keys.Attention.HEAD_COUNT: hparams["num_attention_heads"],
+        Keys.Attention.HEAD_COUNT_KV: hparams["num_key_value_heads"],
+        Keys.Attention.LAYERNORM_RMS_EPS: float(hparams["rms_norm_eps"]),
+        Keys.Attention.KEY_LENGTH: hparams["head_dim"],
+        Keys.Attention.VALUE_LENGTH: hparams["head_dim"],
+        Keys.LLM.ATTN_LOGIT_SOFTCAPPING: float(hparams["attn_logit_softcapping"]),
+        Keys.LLM.FINAL_LOGIT_SOFTCAPPING: float(hparams["final_logit_softcapping"]),
+        Keys.Attention.SLIDING_WINDOW: hparams["sliding_window"],
+    }
+
+
+def gemma3_metadata(hparams: dict) -> Metadata:
+    """Gemma3Model: TextModel's (with the global layers' rotary base), the final soft-cap where there is
+    one, and the window unless every layer is global."""
+    metadata = text_model_metadata(hparams)
+    if hparams.get("final_logit_softcapping"):
+        metadata[Keys.LLM.FINAL_LOGIT_SOFTCAPPING] = float(hparams["final_logit_softcapping"])
+    if hparams.get("sliding_window_pattern") != 1:
+        metadata[Keys.Attention.SLIDING_WINDOW] = hparams["sliding_window"]
+    return metadata
+
+
+def falcon_kv_heads(hparams: dict) -> int:
+    """Falcon-7B's config.json names no key heads (the converter takes 1); 40B's names its groups."""
+    if hparams["new_decoder_architecture"]:
+        return hparams["num_kv_heads"]
+    return 1 if hparams["multi_query"] else hparams["num_attention_heads"]
+
+
+def falcon_metadata(hparams: dict) -> Metadata:
+    """FalconModel writes a context of 2048 whatever the model's (config.json has none) and says its
+    query/key/value rows are regrouped ("jploski")."""
+    return {
+        Keys.LLM.CONTEXT_LENGTH: 2048,
+        Keys.LLM.TENSOR_DATA_LAYOUT: "jploski",
+        Keys.LLM.EMBEDDING_LENGTH: hparams["hidden_size"],
+        Keys.LLM.FEED_FORWARD_LENGTH: 4 * hparams["hidden_size"],
+        Keys.LLM.BLOCK_COUNT: hparams["num_hidden_layers"],
+        Keys.Attention.HEAD_COUNT: hparams["num_attention_heads"],
+        Keys.Attention.HEAD_COUNT_KV: falcon_kv_heads(hparams),
+        Keys.Attention.LAYERNORM_EPS: float(hparams["layer_norm_epsilon"]),
+    }
+
+
+def gpt2_metadata(hparams: dict) -> Metadata:
+    return {
+        Keys.LLM.BLOCK_COUNT: hparams["n_layer"],
+        Keys.LLM.CONTEXT_LENGTH: hparams["n_positions"],  # config.json's n_ctx, its old name
+        Keys.LLM.EMBEDDING_LENGTH: hparams["n_embd"],
+        Keys.LLM.FEED_FORWARD_LENGTH: 4 * hparams["n_embd"],
+        Keys.Attention.HEAD_COUNT: hparams["n_head"],
+        Keys.Attention.LAYERNORM_EPS: float(hparams["layer_norm_epsilon"]),
+    }
+
+
+METADATA: dict[str, Callable[[dict], Metadata]] = {
+    "llama": llama_metadata,
+    "mistral": llama_metadata,
+    "qwen2": text_model_metadata,
+    "qwen3": text_model_metadata,
+    "qwen3_moe": qwen3_moe_metadata,
+    "phi3": phi3_metadata,
+    "gemma2": gemma2_metadata,
+    "gemma3_text": gemma3_metadata,
+    "falcon": falcon_metadata,
+    "gpt2": gpt2_metadata,
+}
+
+
+# --- tensors, as each converter class changes them ------------------------------------------------
+
+
+def converted_tensors(model: torch.nn.Module, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """The (transformers name, value) pairs the converter hands to llama.cpp's name map."""
+    model_type = hparams["model_type"]
+    if model_type in ("gemma2", "gemma3_text") and not hparams["tie_word_embeddings"]:
+        # Gemma's converters drop lm_head.weight: the file would serve the embedding as the head.
+        raise ValueError("llama.cpp writes Gemma with its head tied to the embedding; tie this one")
+    change = TENSOR_CHANGES.get(model_type, unchanged)
+    for name, tensor in model.state_dict().items():
+        if hparams["tie_word_embeddings"] and name == "lm_head.weight":
+            continue  # not in the safetensors of a tied model
+        yield from change(name, tensor, hparams)
+
+
+Change = Callable[[str, torch.Tensor, dict], Iterator[tuple[str, torch.Tensor]]]
+
+
+def unchanged(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    yield name, tensor
+
+
+def llama_rotary_rows(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """LlamaModel.permute: each head's rows from halves (rotate_half) to interleaved pairs, llama.cpp's
+    rotary layout."""
+    heads = {"q_proj": hparams["num_attention_heads"], "k_proj": hparams["num_key_value_heads"]}
+    for projection, count in heads.items():
+        if name.endswith((f"{projection}.weight", f"{projection}.bias")):
+            tensor = tensor.reshape(count, 2, -1, *tensor.shape[1:]).swapaxes(1, 2).reshape(tensor.shape)
+    yield name, tensor
+
+
+def gemma_norms(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """Gemma's norms multiply by 1 + w; llama.cpp's by the stored value, so it stores 1 + w."""
+    yield name, tensor + 1 if name.endswith("norm.weight") else tensor
+
+
+def falcon_groups(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """FalconModel's "jploski" layout: every query head's rows, then every key head's, then every value
+    head's, where transformers keeps a group's queries, key and value together (the same order for
+    Falcon-7B's single group)."""
+    if "query_key_value" in name:
+        heads, groups = hparams["num_attention_heads"], falcon_kv_heads(hparams)
+        head_dim = hparams["hidden_size"] // heads
+        qkv = tensor.reshape(groups, heads // groups + 2, head_dim, -1)
+        parts = (qkv[:, :-2], qkv[:, [-2]], qkv[:, [-1]])
+        tensor = torch.cat([part.reshape(-1, tensor.shape[-1]) for part in parts]).reshape(tensor.shape)
+    yield name, tensor
+
+
+def gpt2_conv1d(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """GPT-2's Conv1D weights are (in, out); llama.cpp's (out, in)."""
+    if name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+        tensor = tensor.T
+    yield name, tensor
+
+
+def qwen_moe_experts(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """Qwen2MoeModel splits transformers' fused (experts, 2 x width, hidden) gate_up_proj into gate and
+    up; down_proj is stacked already."""
+    if name.endswith("mlp.experts.gate_up_proj"):
+        gate, up = tensor.chunk(2, dim=-2)
+        base = name.removesuffix(".gate_up_proj")
+        yield f"{base}.gate_proj.weight", gate
+        yield f"{base}.up_proj.weight", up
+    elif name.endswith("mlp.experts.down_proj"):
+        yield f"{name}.weight", tensor
+    else:
+        yield name, tensor
+
+
+TENSOR_CHANGES: dict[str, Change] = {
+    "llama": llama_rotary_rows,
+    "mistral": llama_rotary_rows,
+    "qwen3_moe": qwen_moe_experts,
+    "gemma2": gemma_norms,
+    "gemma3_text": gemma_norms,
+    "falcon": falcon_groups,
+    "gpt2": gpt2_conv1d,
+}
+
+
+def round_trip_offset_norms(model: torch.nn.Module) -> torch.nn.Module:
+    """Round Gemma's norm weights, in place, to values that come back the same from a file that stores
+    1 + w in float32 (transformers subtracts the 1 again): w = (1 + w) - 1, once, is such a value."""
+    if model.config.model_type in ("gemma2", "gemma3_text"):
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    parameter.copy_((parameter + 1) - 1)
+    return model
+
+
+# --- the tokenizer ---------------------------------------------------------------------------------
+
+# Families whose converter always writes a sentencepiece vocabulary (Gemma2Model; Gemma3Model where the
+# checkpoint has a tokenizer.model, as every released Gemma 3 has); the others get a byte-level BPE one.
+SENTENCEPIECE_FAMILIES = ("gemma2", "gemma3_text")
+
+
+def add_tokenizer(writer: GGUFWriter, source: Path, hparams: dict) -> None:
+    if hparams["model_type"] in SENTENCEPIECE_FAMILIES:
+        add_sentencepiece_tokenizer(writer, source, hparams)
+    else:
+        add_byte_level_tokenizer(writer, source, hparams)
+    for kind in ("bos", "eos", "pad"):
+        if hparams.get(f"{kind}_token_id") is not None:
+            getattr(writer, f"add_{kind}_token_id")(hparams[f"{kind}_token_id"])
+
+
+def add_byte_level_tokenizer(writer: GGUFWriter, source: Path, hparams: dict) -> None:
+    """The byte-level BPE tokenizer of the GGUF file `source`, cut to the model's vocabulary: its first
+    vocab_size tokens, and the merges among them (a merge whose result is cut goes too, so that no
+    merge makes a token the vocabulary lacks). The special ids are the model's own."""
+    fields = source_tokenizer(source)
+    size = hparams["vocab_size"]
+    tokens = fields["tokenizer.ggml.tokens"][:size]
+    if len(tokens) < size:
+        raise ValueError(f"{source} has {len(tokens)} tokens, fewer than the model's {size}")
+    kept = set(tokens)
+    merges = [
+        merge
+        for merge in fields["tokenizer.ggml.merges"]
+        if set(merge.split(" ")) <= kept and merge.replace(" ", "") in kept
+    ]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(fields["tokenizer.ggml.pre"])
+    writer.add_token_list(tokens)
+    writer.add_token_types(fields["tokenizer.ggml.token_type"][:size])
+    writer.add_token_merges(merges)
+    writer.add_add_bos_token(False)
+
+
+def add_sentencepiece_tokenizer(writer: GGUFWriter, source: Path, hparams: dict) -> None:
+    """A sentencepiece vocabulary as _set_vocab_sentencepiece writes one: the model's special tokens at
+    its ids, <unk> and <mask> (Gemma's tokenizer class adds a <mask> a vocabulary lacks), the 256 byte
+    tokens, then pieces (the words of `source`'s BPE vocabulary, spaces as "▁"), best first."""
+    size = hparams["vocab_size"]
+    specials = {
+        hparams[f"{kind}_token_id"]: f"<{kind}>"
+        for kind in ("pad", "bos", "eos")
+        if hparams.get(f"{kind}_token_id") is not None
+    }
+    rest = iter(
+        [("<unk>", TokenType.UNKNOWN), ("<mask>", TokenType.CONTROL)]
+        + [(f"<0x{byte:02X}>", TokenType.BYTE) for byte in range(256)]
+        + [(piece, TokenType.NORMAL) for piece in text_pieces(source)]
+    )
+    vocabulary = [(specials[i], TokenType.CONTROL) if i in specials else next(rest) for i in range(size)]
+    tokens = [token for token, _ in vocabulary]
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([-float(i) for i in range(size)])
+    writer.add_token_types([int(kind) for _, kind in vocabulary])
+    writer.add_unk_token_id(tokens.index("<unk>"))
+    writer.add_add_space_prefix(False)
+    writer.add_add_bos_token(True)
+
+
+@functools.cache
+def text_pieces(source: Path) -> tuple[str, ...]:
+    """`source`'s byte-level BPE tokens that spell printable text, in its order (a merge's parts before
+    it), as sentencepiece pieces."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_of = {character: byte for byte, character in bytes_to_unicode().items()}
+    fields = source_tokenizer(source)
+    pieces = {}  # ordered, without repeats
+    for token, kind in zip(fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"], strict=True):
+        try:
+            text = bytes(byte_of[character] for character in token).decode("utf-8")
+        except (KeyError, UnicodeDecodeError):
+            continue  # a token of part of a character
+        piece = text.replace(" ", "\u2581")
+        if kind == TokenType.NORMAL and piece.isprintable():
+            pieces[piece] = None
+    return tuple(pieces)
+
+
+@functools.cache
+def source_tokenizer(source: Path) -> dict:
+    """The tokenizer metadata of a GGUF file, read once a session by transformers' reader, which reads
+    only these arrays whole (the gguf package's reader parses every field: 5 s on the default model's)."""
+    from transformers.integrations.gguf.reader import read_gguf_metadata
+
+    arrays = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+    fields = read_gguf_metadata(str(source), arrays)[0]
+    if fields["tokenizer.ggml.model"] != "gpt2":
+        raise ValueError(f"{source} has no byte-level BPE tokenizer to copy")
+    return fields

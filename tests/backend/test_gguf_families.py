@@ -1,0 +1,164 @@
+"""GGUF files of the served families load where transformers' GGUF loader reads them: a tiny model written
+as llama.cpp's converter writes it (tests/backend/gguf_files.py) comes back from `load_model` with the
+very weights it went in with, and the engine's greedy tokens on it equal `generate`'s on the original.
+
+transformers reads these families from GGUF; of the other served ones it refuses OLMo 2, Cohere 2,
+Granite and SmolLM3 ("GGUF model with architecture ... is not supported yet"), reads Falcon-40B's
+layout as Falcon-7B's (a size mismatch), and loads Mixtral (a "llama" file with experts) and gpt-oss
+with their experts left out: random weights, and no error.
+"""
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from backend.engine.engine import Engine
+from backend.messages import BackendConfig, SamplingParams, Submit
+from backend.model.architectures import UnsupportedModel
+from backend.model.loader import LoadedModel, default_model_path, load_model
+from tests.backend.gguf_files import round_trip_offset_norms, write_tiny_gguf
+from tests.backend.models import (
+    TINY_EOS,
+    TINY_VOCAB,
+    MarkerTokenizer,
+    drive,
+    reference_greedy,
+    text_of,
+    tiny_model,
+)
+from tests.backend.test_falcon import SHAPES, tiny_falcon
+
+
+def random_norms(model: torch.nn.Module) -> torch.nn.Module:
+    """Norms start as ones and zeros, which transformers also gives a weight a file lacks: random ones
+    make a dropped norm tell, and for Gemma (a scale of 1 + w) a file that stored w, not 1 + w; they also
+    keep a tied random Gemma from repeating its last token whatever it attends."""
+    offset = 1.0 if model.config.model_type in ("gemma2", "gemma3_text") else 0.0
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 1 and ("norm" in name or ".ln_" in name):
+                middle = 1.0 - offset if name.endswith("weight") else 0.0
+                parameter.uniform_(middle - 0.5, middle + 0.5)
+    return round_trip_offset_norms(model)
+
+
+def tiny_gpt2() -> torch.nn.Module:
+    """transformers reads GPT-2's context length into `n_ctx`, which GPT2Config no longer has, so it
+    sizes the position embedding to the default 1024: every released GPT-2's, and this one's. Weights
+    larger than the default's: with small ones a tied random GPT-2 repeats its last token."""
+    torch.manual_seed(0)
+    ids = dict(vocab_size=TINY_VOCAB, eos_token_id=TINY_EOS, bos_token_id=1, pad_token_id=0)
+    config = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=1024, initializer_range=0.5, **ids)
+    return GPT2LMHeadModel(config).eval()
+
+
+# Each family at a shape its GGUF file can say: where transformers reads no key for a size, the tiny
+# model takes the default it falls back on, which is the released models' value.
+FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
+    "llama": lambda: tiny_model("llama"),
+    "mistral": lambda: tiny_model("mistral"),
+    "qwen2": lambda: tiny_model("qwen2"),
+    # No key_length read for Qwen3: Qwen3Config's head_dim of 128, every released Qwen3's.
+    "qwen3": lambda: tiny_model("qwen3", head_dim=128),
+    # Nor the experts' width (768: Qwen3-30B-A3B's), and the top-k weights renormalized, as llama.cpp does.
+    "qwen3_moe": lambda: tiny_model("qwen3_moe", moe_intermediate_size=768, norm_topk_prob=True),
+    "phi3": lambda: tiny_model("phi3"),
+    # llama.cpp writes Gemma's head tied (it drops lm_head), and transformers reads no soft-cap: Gemma 2's
+    # released 50 and 30 are its defaults. Smaller weights than the family's tiny model, whose large ones
+    # make a tied model repeat its input.
+    "gemma2": lambda: tiny_model(
+        "gemma2", tie_word_embeddings=True, attn_logit_softcapping=50.0, initializer_range=0.02
+    ),
+    # Which layers are global is no key either: transformers' default pattern (every sixth) makes both of
+    # two layers sliding ones, over the file's window of 8.
+    "gemma3_text": lambda: tiny_model(
+        "gemma3_text", tie_word_embeddings=True, layer_types=["sliding_attention"] * 2
+    ),
+    # Falcon-7B's layout: transformers reads every Falcon file as 7B's.
+    "falcon": lambda: tiny_falcon(SHAPES["7b"]),
+    "gpt2": tiny_gpt2,
+}
+
+# llama.cpp writes Mistral as "llama", and transformers reads it back as Llama (the same layers) unless the
+# file's name is exactly "mistral".
+LOADED_AS = {"mistral": "llama"}
+
+
+def load_gguf(path: Path, tmp_path: Path) -> LoadedModel:
+    """The exact mode, on the CPU, where `generate` runs too."""
+    config = BackendConfig(
+        model=str(path),
+        dtype="float32",
+        quantize="none",
+        device="cpu",
+        rows=4,
+        max_seq_len=128,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    return load_model(config)
+
+
+def assert_same_weights(loaded: torch.nn.Module, expected: dict[str, torch.Tensor]) -> None:
+    found = loaded.state_dict()
+    assert found.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(found[name], tensor), name
+
+
+def assert_greedy_tokens_match(served: torch.nn.Module, original: torch.nn.Module, rng: random.Random):
+    """Six prompts of up to 60 tokens on 4 rows (rows freed and refilled), each giving what the original
+    model's `generate` gives on it alone."""
+    prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 60))] for _ in range(6)]
+    engine = Engine(served, MarkerTokenizer(), rows=4, max_seq_len=128)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    pieces = drive(engine, [(i, Submit(f"r{i}", tuple(prompt), greedy)) for i, prompt in enumerate(prompts)])
+    for i, prompt in enumerate(prompts):
+        expected = reference_greedy(original, prompt, 12, engine.eos_ids)
+        assert MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == expected, f"prompt {i} diverged"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_gguf_file_gives_back_the_models_weights_and_its_greedy_tokens(family, tmp_path):
+    model = random_norms(FAMILIES[family]())
+    path = write_tiny_gguf(tmp_path / f"tiny-{family}.gguf", model, default_model_path())
+    loaded = load_gguf(path, tmp_path)
+    assert loaded.model.config.model_type == LOADED_AS.get(family, model.config.model_type)
+    assert_same_weights(loaded.model, model.state_dict())
+    text = "Hello world, the cat sat on the mat."
+    assert loaded.tokenizer.decode(loaded.tokenizer(text).input_ids, skip_special_tokens=True) == text
+    assert_greedy_tokens_match(loaded.model, model, random.Random(family))
+    # A later start serves the converted copy (safetensors in the cache directory): the same weights.
+    again = load_gguf(path, tmp_path)
+    assert again.model.config.quantization_config is None  # not read from the GGUF file this time
+    assert_same_weights(again.model, model.state_dict())
+
+
+def test_q8_0_weights_load_as_the_gguf_package_dequantizes_them(tmp_path):
+    """2-D weights in Q8_0 blocks (Qwen2: no row permutation to undo), norms and biases in F32."""
+    model = tiny_model("qwen2")
+    path = write_tiny_gguf(tmp_path / "tiny-q8.gguf", model, default_model_path(), GGMLQuantizationType.Q8_0)
+    expected = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.dim() == 2:
+            blocks = quants.quantize(tensor.numpy(), GGMLQuantizationType.Q8_0)
+            tensor = torch.from_numpy(np.asarray(quants.dequantize(blocks, GGMLQuantizationType.Q8_0)))
+        expected[name] = tensor
+    assert not torch.equal(expected["lm_head.weight"], model.lm_head.weight)  # blocks, not floats
+    assert_same_weights(load_gguf(path, tmp_path).model, expected)
+
+
+def test_a_gguf_file_without_some_of_the_models_weights_is_refused(tmp_path):
+    """transformers reads a Mixtral written as "llama" (experts beside the layers) or a gpt-oss file with
+    no error, the experts it finds no names for left at random: the loader refuses, naming them."""
+    path = write_tiny_gguf(
+        tmp_path / "tiny.gguf", tiny_model("llama"), default_model_path(), leave_out="blk.1.ffn_down.weight"
+    )
+    with pytest.raises(UnsupportedModel, match=r"no weights for 1 .*model.layers.1.mlp.down_proj.weight"):
+        load_gguf(path, tmp_path)
