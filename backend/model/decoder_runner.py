@@ -93,8 +93,7 @@ class DecodeLayer:
     The layer's input norm is the layer before's `next_norm` (the model's final norm after the last
     layer), so that each residual add and the norm after it are one operation (decode_ops.add_norm)."""
 
-    qkv: Callable[[torch.Tensor], torch.Tensor]
-    head_norms: HeadNorms | None
+    qkv: Callable[[torch.Tensor], torch.Tensor]  # Qwen3's head norms applied (`HeadNorms.after`)
     o: Callable[[torch.Tensor], torch.Tensor]
     mlp_norm: Norm
     gate_up: Callable[[torch.Tensor], torch.Tensor]
@@ -122,16 +121,24 @@ class HeadNorms:
     key: Norm
     heads: int
     kv_heads: int
+    head_dim: int
 
     @classmethod
     def of(cls, attention: nn.Module, heads: int, kv_heads: int) -> HeadNorms | None:
         if getattr(attention, "q_norm", None) is None:
             return None
-        return cls(Norm.of(attention.q_norm), Norm.of(attention.k_norm), heads, kv_heads)
+        return cls(Norm.of(attention.q_norm), Norm.of(attention.k_norm), heads, kv_heads, attention.head_dim)
 
-    def __call__(self, qkv: torch.Tensor, head_dim: int) -> torch.Tensor:
+    @staticmethod
+    def after(
+        project: Callable[[torch.Tensor], torch.Tensor], norms: HeadNorms | None
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The q, k and v projection followed by the layer's head norms, where it has them."""
+        return project if norms is None else lambda x: norms(project(x))
+
+    def __call__(self, qkv: torch.Tensor) -> torch.Tensor:
         """q, k and v side by side ([..., (heads + 2 kv_heads) * head_dim]) with q and k normed."""
-        all_heads = qkv.unflatten(-1, (-1, head_dim))
+        all_heads = qkv.unflatten(-1, (-1, self.head_dim))
         query, key, value = all_heads.split([self.heads, self.kv_heads, self.kv_heads], dim=-2)
         normed = [EAGER.norm(query, self.query), EAGER.norm(key, self.key), value]
         return torch.cat(normed, dim=-2).flatten(-2)
@@ -176,8 +183,7 @@ class DecoderRunner:
         self.first_norm = Norm.of(self.layers[0].input_layernorm)
         self.bound_layers = [
             DecodeLayer(
-                qkv=qkv.few_rows_matmul(dtype),
-                head_norms=head_norms,
+                qkv=HeadNorms.after(qkv.few_rows_matmul(dtype), head_norms),
                 o=few_rows_matmul(layer.self_attn.o_proj, dtype),
                 mlp_norm=Norm.of(layer.post_attention_layernorm),
                 gate_up=gate_up.few_rows_matmul(dtype),
@@ -337,9 +343,7 @@ class DecoderRunner:
         for layer, qkv, head_norms, gate_up, cache_layer in zip(
             self.layers, self.qkv, self.head_norms, self.gate_up, cache.layers, strict=True
         ):
-            projected = qkv(rms_norm(hidden, layer.input_layernorm))
-            if head_norms is not None:
-                projected = head_norms(projected, self.head_dim)
+            projected = HeadNorms.after(qkv, head_norms)(rms_norm(hidden, layer.input_layernorm))
             attended = self._attention(projected, cos, sin, cache_layer, layout)
             hidden = hidden + layer.self_attn.o_proj(attended)
             gate, up = gate_up(rms_norm(hidden, layer.post_attention_layernorm)).chunk(2, dim=-1)
@@ -409,11 +413,8 @@ class DecoderRunner:
         cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
         normed = ops.norm(hidden, self.first_norm)
         for layer, layer_keys, layer_values in zip(self.bound_layers, keys, values, strict=True):
-            projected = layer.qkv(normed)
-            if layer.head_norms is not None:
-                projected = layer.head_norms(projected, self.head_dim)
             query = ops.rotate_and_store(
-                projected, cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
+                layer.qkv(normed), cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
             )
             attended = self.attend(
                 query, layer_keys, layer_values, rows, positions, visible, self.scaling, scatter

@@ -92,12 +92,8 @@ class AttendsOverRows:
 
 
 def fit_heads(states: torch.Tensor, heads: int) -> torch.Tensor:
-    """Keys or values [batch, h, tokens, head_dim] as the cache's `heads`, query head i reading cache
-    head i // (query heads / heads) as `attend` does (SDPA's enable_gqa): a multi-query layer's one head
-    repeated, or one of each group's copies where the cache keeps a head per group."""
+    """Keys or values [batch, h, tokens, head_dim] as the cache's `heads` (row_cache.key_value_heads):
+    one of each group's copies, query head i reading cache head i // (query heads / heads) as `attend`
+    does (SDPA's enable_gqa); a multi-query layer's one head, or a head for each query, as they are."""
     have = states.shape[1]
-    if have < heads:
-        return states.repeat_interleave(heads // have, dim=1)
-    if have > heads:
-        return states[:, :: have // heads]
-    return states
+    return states[:, :: have // heads] if have > heads else states
