@@ -230,15 +230,23 @@ def load_model(config: BackendConfig) -> LoadedModel:
     )
     # A GGUF file is converted in float32, whatever this start's dtype: the converted copy serves every
     # later start, the exact mode's too, which must get the file's dequantized weights, not bfloat16's.
-    model, info = AutoModelForCausalLM.from_pretrained(
-        location,
-        gguf_file=gguf_file,
-        token=token,
-        dtype=torch.float32 if gguf_file is not None else dtype,
-        attn_implementation=None,  # sdpa where the family has it, else eager (Gemma 2, gpt-oss): the
-        # engine attends with its own (attention.py); this one is what a forward outside a step would use
-        output_loading_info=True,
-    )
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            location,
+            gguf_file=gguf_file,
+            token=token,
+            dtype=torch.float32 if gguf_file is not None else dtype,
+            attn_implementation=None,  # sdpa where the family has it, else eager (Gemma 2, gpt-oss): the
+            # engine attends with its own (attention.py); this one is what a forward outside a step uses
+            output_loading_info=True,
+        )
+    except NotImplementedError as error:  # the gguf package reads no such tensor type ("... for Q1_0")
+        if gguf_file is None:
+            raise
+        raise UnsupportedModel(
+            f"{source.gguf_file} holds a tensor type this server cannot read ({error}): quantize the "
+            "model to another type (Q4_K_M, Q8_0, ...) with llama.cpp's llama-quantize"
+        ) from error
     if gguf_file is not None:
         check_all_weights_read(info["missing_keys"], source.gguf_file)
     if gguf_file is not None and save_converted(model, tokenizer, converted):

@@ -1,27 +1,21 @@
 """A GGUF file's quantized weights, served as they are stored.
 
 transformers dequantizes a GGUF file into float weights. For the linear
-layers stored as Q4_0, Q4_1 or Q8_0 this module reads the blocks themselves
-and gives them to the weight-only layers (quantized_linear.py), whose
-kernels take the same layout: 32 inputs of an output channel share a scale
-(and a zero). So the served model multiplies by the file's own weights, and
-reads a quarter (4-bit) or half (8-bit) of the bytes a bfloat16 copy would.
+layers stored quantized this module reads the blocks themselves and gives
+them to the weight-only layers (quantized_linear.py), whose kernels take
+the same kind of layout: 32 inputs of an output channel share a scale (and
+a zero). So the served model multiplies by the file's own weights (Q4_0,
+Q4_1, Q8_0 and Q4_K exactly, the other types as 8-bit blocks close to them:
+gguf_types.py), and reads a quarter (4-bit) or half (8-bit) of the bytes a
+bfloat16 copy would.
 
-    Q4_1 block (20 bytes): fp16 d, fp16 m, 16 bytes of 4-bit q; w = d * q + m
-    Q4_0 block (18 bytes): fp16 d,          16 bytes of 4-bit q; w = d * (q - 8)
-    byte j of the 16 holds element j in its low nibble and element j + 16 in its high one.
-    Q8_0 block (34 bytes): fp16 d, 32 int8 q;                     w = d * q
-
-In Int4Linear's terms, w = (q - 8) * scale + zero: scale = d and zero =
-m + 8d (Q4_1) or 0 (Q4_0), exactly, in every layout (PyTorch's kernels round
-the scales to bfloat16). Q8_0 is Int8Linear's w = q * scale with a scale a
-block of 32, which the CPU's blocks take (block_weights.py); PyTorch's
-`_weight_int8pack_mm` takes one scale a channel only, so elsewhere (CUDA, a
-CPU without AVX2) those layers are quantized again to int8 per
-channel, from transformers' dequantized floats, and the log says so. An
-output head stored as Q8_0 (SmolLM2's, tied to its embedding) goes the same
-way for few rows, and its dequantized floats serve many. Every other tensor
-type keeps the dequantized weights transformers made.
+PyTorch's `_weight_int8pack_mm` takes one scale a channel only, so
+elsewhere (CUDA, a CPU without AVX2) 8-bit layers are quantized again to
+int8 per channel, from transformers' dequantized floats, and the log says
+so. An output head stored quantized (SmolLM2's Q8_0, a Q4_K_M file's Q6_K,
+tied to the embedding) goes the same way for few rows, and its dequantized
+floats serve many. Float tensors keep the dequantized weights transformers
+made.
 """
 
 from __future__ import annotations
@@ -35,13 +29,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFReader, get_tensor_name_map
+from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
-from backend.quant import block_weights
+from backend.quant import block_weights, gguf_types
+from backend.quant.gguf_types import EightBitWeight, FourBitWeight
 from backend.quant.quantized_linear import (
     GROUP_SIZE,
     Int4Linear,
@@ -56,9 +51,6 @@ from backend.quant.quantized_linear import (
 log = logging.getLogger(__name__)
 
 FLOAT_TYPES = {"F32", "F16", "BF16"}
-FOUR_BIT = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}  # bytes per block of 32
-Q8_0_BYTES = 34  # fp16 d, 32 int8 values
-SERVED_TYPES = {*FOUR_BIT, GGMLQuantizationType.Q8_0}
 
 # Processors whose only change to a tensor is a permutation of its rows (output channels), which
 # moves whole blocks: llama.cpp's converter permutes Llama's q and k projections for its rotary
@@ -72,23 +64,8 @@ PLAIN_ARCHITECTURES = {"qwen2"}  # stored as transformers names them
 # among them: 5 of a 7.6 s load of the default model).
 BLOCKS_CACHE = "gguf_blocks.safetensors"
 HEAD_KEY = ":head"  # the head's tensors in that copy (no module name starts with a colon)
-
-
-@dataclass(frozen=True)
-class FourBitWeight:
-    """One linear layer's weight as Int4Linear takes it: w = (q - 8) * scale + zero."""
-
-    q: torch.Tensor  # [out, in] uint8, 0..15
-    scale: torch.Tensor  # [out, in / 32] float32
-    zero: torch.Tensor  # [out, in / 32] float32
-
-
-@dataclass(frozen=True)
-class EightBitWeight:
-    """A Q8_0 tensor's blocks: w = q * scale, a scale a block of 32 inputs of an output channel."""
-
-    q: torch.Tensor  # [out, in] int8
-    scale: torch.Tensor  # [out, in / 32] float32
+# A copy's layout: a copy written by a version that served fewer types is read past and replaced.
+BLOCKS_CACHE_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -96,36 +73,10 @@ class GGUFBlocks:
     """What of a GGUF file is served from its own blocks."""
 
     layers: dict[str, FourBitWeight | EightBitWeight]  # the quantizable linear layers', by module name
-    head: EightBitWeight | None  # the output head's (the embedding's, where tied) where it is Q8_0
+    head: FourBitWeight | EightBitWeight | None  # the output head's (the embedding's, where tied)
     types: Counter  # how many tensors of each type the file holds, for the start-up log
     head_type: str
-
-
-def unpack_blocks(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight:
-    """[out, blocks * bytes per block] uint8 rows of Q4_0 or Q4_1 blocks to q, scale and zero."""
-    block_bytes = FOUR_BIT[kind]
-    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, block_bytes)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    if kind == GGMLQuantizationType.Q4_1:
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        zero = m + 8 * d
-    else:
-        zero = np.zeros_like(d)
-    packed = blocks[..., block_bytes - 16 :]
-    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows.shape[0], -1)
-    return FourBitWeight(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zero))
-
-
-def unpack_q8_0(rows: np.ndarray) -> EightBitWeight:
-    """[out, blocks * 34] uint8 rows of Q8_0 blocks (fp16 d, then 32 int8 values) to q and scale."""
-    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, Q8_0_BYTES)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    q = blocks[..., 2:].copy().view(np.int8).reshape(rows.shape[0], -1)
-    return EightBitWeight(torch.from_numpy(q), torch.from_numpy(d))
-
-
-def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight | EightBitWeight:
-    return unpack_q8_0(rows) if kind == GGMLQuantizationType.Q8_0 else unpack_blocks(rows, kind)
+    kinds: dict[str, str]  # each served layer's GGUF type, by module name
 
 
 def tensor_processor(architecture: str, model: nn.Module) -> TensorProcessor | None:
@@ -169,24 +120,26 @@ def parse_gguf_blocks(path: Path, model: nn.Module) -> GGUFBlocks:
     head_tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")  # tied: the embedding
     head_type = head_tensor.tensor_type.name if head_tensor is not None else "F32"
     head = None
-    if head_tensor is not None and head_tensor.tensor_type == GGMLQuantizationType.Q8_0:
-        head = unpack_q8_0(np.asarray(head_tensor.data))
+    if head_tensor is not None and gguf_types.served(head_tensor.tensor_type, int(head_tensor.shape[0])):
+        head = gguf_types.unpack(np.asarray(head_tensor.data), head_tensor.tensor_type)
     architecture = read_field(reader, "general.architecture")[0]
     processor = tensor_processor(architecture, model)
     if processor is None:
         log.info(
             "GGUF architecture %r: its weights are dequantized (no block-preserving mapping)", architecture
         )
-        return GGUFBlocks({}, head, types, head_type)
+        return GGUFBlocks({}, head, types, head_type, {})
     to_module = gguf_names(architecture, model)
-    layers = {}
+    layers, kinds = {}, {}
     for tensor in reader.tensors:
         module = to_module.get(tensor.name)
-        if module is None or tensor.tensor_type not in SERVED_TYPES:
+        # gguf's shapes are ggml's: inputs first
+        if module is None or not gguf_types.served(tensor.tensor_type, int(tensor.shape[0])):
             continue
         rows = processor.process(weights=np.asarray(tensor.data), name=tensor.name).weights
-        layers[module] = unpack(rows, tensor.tensor_type)
-    return GGUFBlocks(layers, head, types, head_type)
+        layers[module] = gguf_types.unpack(rows, tensor.tensor_type)
+        kinds[module] = tensor.tensor_type.name
+    return GGUFBlocks(layers, head, types, head_type, kinds)
 
 
 def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
@@ -208,6 +161,8 @@ def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
         "types": json.dumps(found.types),
         "head_type": found.head_type,
         "has_head": json.dumps(found.head is not None),
+        "kinds": json.dumps(found.kinds),
+        "version": BLOCKS_CACHE_VERSION,
     }
     staging = target.with_name(f".{target.name}.{os.getpid()}")
     try:
@@ -221,6 +176,8 @@ def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
 def load_gguf_blocks(source: Path) -> GGUFBlocks:
     with safe_open(source, framework="pt") as file:
         metadata = file.metadata()
+        if metadata.get("version") != BLOCKS_CACHE_VERSION:
+            raise ValueError("written by an older version")
         four_bit = set(json.loads(metadata["four_bit"]))
 
         def weight(name: str) -> FourBitWeight | EightBitWeight:
@@ -232,14 +189,16 @@ def load_gguf_blocks(source: Path) -> GGUFBlocks:
 
         layers = {name: weight(name) for name in json.loads(metadata["layers"])}
         head = weight(HEAD_KEY) if json.loads(metadata["has_head"]) else None
-    return GGUFBlocks(layers, head, Counter(json.loads(metadata["types"])), metadata["head_type"])
+    types = Counter(json.loads(metadata["types"]))
+    return GGUFBlocks(layers, head, types, metadata["head_type"], json.loads(metadata["kinds"]))
 
 
 def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = None) -> int:
-    """Replace the linear layers stored as Q4_0, Q4_1 or Q8_0 in `path` by weight-only layers of those
-    very weights, and a head stored quantized by its blocks or an int8 copy; the rest keep their
-    dequantized floats. Returns how many layers were replaced. `cache_dir`: where the blocks read from
-    the file are kept for the next start (the file's converted copy)."""
+    """Replace the linear layers stored quantized in `path` by weight-only layers of those weights (or,
+    for the types with no exact engine layout, 8-bit blocks close to them), and a head stored quantized
+    by its blocks or an int8 copy; the rest keep their dequantized floats. Returns how many layers were
+    replaced. `cache_dir`: where the blocks read from the file are kept for the next start (the file's
+    converted copy)."""
     blocks = read_gguf_blocks(path, model, cache_dir)
     linears = quantizable_linears(model)
     served = Counter()
@@ -249,7 +208,7 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
                 f"GGUF tensor for {name} has shape {tuple(weight.q.shape)}, the model expects "
                 f"{tuple(linears[name].weight.shape)}"
             )
-        layer, how = served_layer(weight, linears[name])
+        layer, how = served_layer(weight, linears[name], blocks.kinds[name])
         replace_module(model, name, layer)
         served[how] += 1
     head = serve_head(model, blocks)
@@ -268,34 +227,42 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
     return len(blocks.layers) + (head != "as floats")
 
 
-def served_layer(weight: FourBitWeight | EightBitWeight, linear: nn.Linear) -> tuple[WeightOnlyLinear, str]:
-    """The weight-only layer serving `weight`, and how (for the log). transformers dequantized these very
-    blocks: its weights are the dense copy for many rows."""
+def served_layer(
+    weight: FourBitWeight | EightBitWeight, linear: nn.Linear, kind: str
+) -> tuple[WeightOnlyLinear, str]:
+    """The weight-only layer serving `weight` (read from a tensor of GGUF type `kind`), and how (for the
+    log). transformers dequantized these very blocks: its weights are the dense copy for many rows."""
     device, dense = linear.weight.device, linear.weight.detach()
     if isinstance(weight, FourBitWeight):
         q, scale, zero = (t.to(device) for t in (weight.q, weight.scale, weight.zero))
-        return Int4Linear(q, scale, zero, linear.bias, dense=dense), "4-bit"
+        return Int4Linear(q, scale, zero, linear.bias, dense=dense), f"{kind} as 4-bit"
     if block_weights.available(device):
-        return Int8Linear(weight.q, weight.scale, linear.bias, dense=dense), "Q8_0"
-    return Int8Linear.quantize(linear, dense=dense), "Q8_0 as int8 per channel"
+        return Int8Linear(weight.q, weight.scale, linear.bias, dense=dense), eight_bit(kind)
+    return Int8Linear.quantize(linear, dense=dense), f"{kind} as int8 per channel"
+
+
+def eight_bit(kind: str) -> str:
+    return "Q8_0" if kind == "Q8_0" else f"{kind} requantized to 8-bit blocks"
 
 
 def serve_head(model: nn.Module, blocks: GGUFBlocks) -> str:
-    """Serve a head stored quantized from its Q8_0 blocks where the CPU multiplies blocks, else by an int8
-    copy with a scale a channel (PyTorch's int8 kernel takes no other); its float weights stay the dense
-    copy for many rows. Returns how, as the log says it."""
+    """Serve a head stored quantized from its blocks where the CPU multiplies blocks, else by an int8 copy
+    with a scale a channel (PyTorch's int8 kernel takes no other); its float weights stay the dense copy
+    for many rows. Returns how, as the log says it."""
     if blocks.head_type in FLOAT_TYPES:
         return "as floats"
     if blocks.head is not None and serve_head_blocks(model, blocks.head):
-        return "from its Q8_0 blocks for few rows"
+        if isinstance(blocks.head, FourBitWeight):
+            return "from its 4-bit blocks for few rows"
+        return f"from its blocks ({eight_bit(blocks.head_type)}) for few rows"
     if quantize_head(model):
         return "in int8 per channel for few rows"
     return "as floats"
 
 
-def serve_head_blocks(model: nn.Module, head_blocks: EightBitWeight) -> bool:
-    """Replace the output head by an Int8Linear of its Q8_0 blocks where the CPU multiplies blocks;
-    returns whether it did."""
+def serve_head_blocks(model: nn.Module, head_blocks: FourBitWeight | EightBitWeight) -> bool:
+    """Replace the output head by a layer of its blocks where the CPU multiplies blocks; returns whether it
+    did."""
     head = model.get_output_embeddings()
     device = head.weight.device
     if type(head) is not nn.Linear or not (block_weights.available(device) and fits_int4_kernels(head)):
@@ -303,7 +270,6 @@ def serve_head_blocks(model: nn.Module, head_blocks: EightBitWeight) -> bool:
     if head_blocks.q.shape != head.weight.shape:
         return False
     name = next(name for name, module in model.named_modules() if module is head)
-    replace_module(
-        model, name, Int8Linear(head_blocks.q, head_blocks.scale, head.bias, dense=head.weight.detach())
-    )
+    layer, _ = served_layer(head_blocks, head, "")
+    replace_module(model, name, layer)
     return True

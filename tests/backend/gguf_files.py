@@ -25,9 +25,10 @@ from gguf import (
     LlamaFileType,
     TokenType,
     get_tensor_name_map,
-    quants,
 )
 from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES
+
+from tests.backend.k_quants import quantize
 
 # transformers' model_type -> the llama.cpp architecture its converter writes it as. Mistral is converted
 # by LlamaModel (the same layers), so its files say "llama".
@@ -51,14 +52,15 @@ def write_tiny_gguf(
     path: Path,
     model: torch.nn.Module,
     tokenizer_source: Path,
-    weight_type: GGMLQuantizationType = GGMLQuantizationType.F32,
+    weight_type: GGMLQuantizationType | Callable[[str], GGMLQuantizationType] = GGMLQuantizationType.F32,
     leave_out: str | None = None,
 ) -> Path:
     """Write `model` (a tiny float32 transformers causal LM of a family in GGUF_ARCHITECTURES) to `path` as
     a complete GGUF file, with the tokenizer of the GGUF file `tokenizer_source` cut to the model's
     vocabulary. `weight_type` Q8_0 stores the 2-D weights in Q8_0 blocks, as `--outtype q8_0` does;
-    1-D ones (norms, biases) stay F32 as llama.cpp keeps them. `leave_out`: a tensor's GGUF name not to
-    write (a file whose weights transformers finds some of: a Mixtral's experts, say)."""
+    1-D ones (norms, biases) stay F32 as llama.cpp keeps them. A function of the GGUF tensor name gives
+    each 2-D weight its own type, as llama-quantize's mixes do (`q4_k_m`). `leave_out`: a tensor's GGUF
+    name not to write (a file whose weights transformers finds some of: a Mixtral's experts, say)."""
     hparams = model.config.to_dict()
     model_type = hparams["model_type"]
     if model_type not in GGUF_ARCHITECTURES:
@@ -68,9 +70,10 @@ def write_tiny_gguf(
     # Not the family's name: transformers reads a "llama" file named exactly "mistral" as Mistral, a
     # name no converted Mistral has.
     writer.add_name(f"tiny {model_type}")
-    file_type = (
-        LlamaFileType.MOSTLY_Q8_0 if weight_type == GGMLQuantizationType.Q8_0 else LlamaFileType.ALL_F32
-    )
+    file_type = {
+        GGMLQuantizationType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
+        q4_k_m: LlamaFileType.MOSTLY_Q4_K_M,
+    }.get(weight_type, LlamaFileType.ALL_F32)
     metadata = METADATA[model_type](hparams) | {Keys.General.FILE_TYPE: int(file_type)}
     add_metadata(writer, metadata, MODEL_ARCH_NAMES[arch])
     add_tokenizer(writer, tokenizer_source, hparams)
@@ -102,22 +105,40 @@ def add_metadata(writer: GGUFWriter, metadata: Metadata, arch: str) -> None:
 KEPT_F32 = ("ffn_gate_inp.weight", "position_embd.weight")
 
 
+# llama-quantize's types for rows that are no whole number of a K-quant's 256 (llama_tensor_get_type)
+K_QUANT_FALLBACKS = {
+    GGMLQuantizationType.Q4_K: GGMLQuantizationType.Q5_0,
+    GGMLQuantizationType.Q5_K: GGMLQuantizationType.Q5_1,
+    GGMLQuantizationType.Q6_K: GGMLQuantizationType.Q8_0,
+}
+
+
+def q4_k_m(name: str) -> GGMLQuantizationType:
+    """llama-quantize's Q4_K_M mix, for a model of few layers: Q6_K for the output head (the embedding
+    where tied), the value projections and the MLP's down projections (of half the layers in a large
+    model, all in a small one), Q4_K for the rest."""
+    if name.startswith(("output.", "token_embd.")) or ".attn_v." in name or ".ffn_down." in name:
+        return GGMLQuantizationType.Q6_K
+    return GGMLQuantizationType.Q4_K
+
+
 def add_tensor(
-    writer: GGUFWriter, name: str | None, tensor: torch.Tensor, weight_type: GGMLQuantizationType
+    writer: GGUFWriter,
+    name: str | None,
+    tensor: torch.Tensor,
+    weight_type: GGMLQuantizationType | Callable[[str], GGMLQuantizationType],
 ) -> None:
     if name is None:
         raise ValueError("a tensor llama.cpp has no name for: the file would lose it")
     data = tensor.detach().to(torch.float32).contiguous().numpy()
+    kind = weight_type if isinstance(weight_type, GGMLQuantizationType) else weight_type(name)
+    if data.ndim == 2 and data.shape[-1] % 256 and kind in K_QUANT_FALLBACKS:
+        kind = K_QUANT_FALLBACKS[kind]
     # Rows that are no whole number of blocks stay F32 here (llama.cpp falls back to F16).
-    if (
-        weight_type == GGMLQuantizationType.F32
-        or data.ndim < 2
-        or data.shape[-1] % 32
-        or name.endswith(KEPT_F32)
-    ):
+    if kind == GGMLQuantizationType.F32 or data.ndim < 2 or data.shape[-1] % 32 or name.endswith(KEPT_F32):
         writer.add_tensor(name, data)
     else:
-        writer.add_tensor(name, quants.quantize(data, weight_type), raw_dtype=weight_type)
+        writer.add_tensor(name, quantize(data, kind), raw_dtype=kind)
 
 
 # --- metadata, as each converter class writes it -------------------------------------------------

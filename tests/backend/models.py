@@ -106,7 +106,7 @@ def tiny_model(
         )
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     elif architecture in FAMILY_EXTRAS:
-        config = CONFIG_MAPPING[architecture](**llama_like, **(FAMILY_EXTRAS[architecture] | extras))
+        config = CONFIG_MAPPING[architecture](**(llama_like | FAMILY_EXTRAS[architecture] | extras))
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         raise ValueError(architecture)
@@ -122,10 +122,13 @@ def tiny_model(
 def write_gguf_linears(path: Path, model: torch.nn.Module, kinds: dict[str, object]) -> Path:
     """A GGUF file of a tiny Llama's linear layers but its head, as llama.cpp's converter writes them:
     q and k with their rows permuted for its rotary layout, and each layer quantized by the gguf package
-    to the type `kinds` gives by a part of its module name ("self_attn": GGMLQuantizationType.Q8_0).
+    to the type `kinds` gives by a part of its module name ("self_attn": GGMLQuantizationType.Q8_0), the
+    K-quants by tests/backend/k_quants.py.
     Only what gguf_weights reads is there: no tokenizer, no embeddings."""
-    from gguf import GGUFWriter, get_tensor_name_map, quants
+    from gguf import GGUFWriter, get_tensor_name_map
     from gguf.constants import MODEL_ARCH
+
+    from tests.backend.k_quants import quantize
 
     config = model.config
     names = get_tensor_name_map(MODEL_ARCH.LLAMA, config.num_hidden_layers)
@@ -139,9 +142,7 @@ def write_gguf_linears(path: Path, model: torch.nn.Module, kinds: dict[str, obje
             if module_name.endswith(projection):  # llama.cpp's permutation, which transformers undoes
                 weight = weight.reshape(count, 2, -1, weight.shape[1]).swapaxes(1, 2).reshape(weight.shape)
         kind = next(kind for part, kind in kinds.items() if part in module_name)
-        writer.add_tensor(
-            f"{names.get_name(module_name)}.weight", quants.quantize(weight, kind), raw_dtype=kind
-        )
+        writer.add_tensor(f"{names.get_name(module_name)}.weight", quantize(weight, kind), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -15,14 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from backend.engine.engine import Engine
 from backend.messages import BackendConfig, SamplingParams, Submit
 from backend.model.architectures import UnsupportedModel
 from backend.model.loader import LoadedModel, default_model_path, load_model
-from tests.backend.gguf_files import round_trip_offset_norms, write_tiny_gguf
+from backend.quant.quantized_linear import Int4Linear, Int8Linear
+from tests.backend import gguf_files
+from tests.backend.gguf_files import q4_k_m, round_trip_offset_norms, write_tiny_gguf
 from tests.backend.models import (
     TINY_EOS,
     TINY_VOCAB,
@@ -91,12 +93,12 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
 LOADED_AS = {"mistral": "llama"}
 
 
-def load_gguf(path: Path, tmp_path: Path) -> LoadedModel:
-    """The exact mode, on the CPU, where `generate` runs too."""
+def load_gguf(path: Path, tmp_path: Path, quantize: str = "none") -> LoadedModel:
+    """The exact mode (or `quantize`'s), on the CPU, where `generate` runs too."""
     config = BackendConfig(
         model=str(path),
         dtype="float32",
-        quantize="none",
+        quantize=quantize,
         device="cpu",
         rows=4,
         max_seq_len=128,
@@ -161,4 +163,50 @@ def test_a_gguf_file_without_some_of_the_models_weights_is_refused(tmp_path):
         tmp_path / "tiny.gguf", tiny_model("llama"), default_model_path(), leave_out="blk.1.ffn_down.weight"
     )
     with pytest.raises(UnsupportedModel, match=r"no weights for 1 .*model.layers.1.mlp.down_proj.weight"):
+        load_gguf(path, tmp_path)
+
+
+def test_a_q4_k_m_file_is_served_from_its_own_blocks_and_gives_the_dequantized_models_logits(tmp_path):
+    """llama-quantize's Q4_K_M mix (Q4_K, Q6_K for the values, the down projections and the head, Q5_0
+    where rows are no whole K-quant block) through the default mode: every projection and the head from
+    the file's blocks, no layer left as floats, and a step of few rows (the blocks' path) gives the
+    logits of the same file dequantized to float32."""
+    model = tiny_model("llama", hidden_size=256, intermediate_size=512, head_dim=64)
+    path = write_tiny_gguf(tmp_path / "tiny-Q4_K_M.gguf", model, default_model_path(), q4_k_m)
+    exact = load_gguf(path, tmp_path).model
+    served = load_gguf(path, tmp_path, quantize="auto").model
+    layers = dict(served.named_modules())
+    assert isinstance(layers["model.layers.0.self_attn.q_proj"], Int4Linear)  # Q4_K
+    for name in ("model.layers.1.self_attn.v_proj", "model.layers.1.mlp.down_proj", "lm_head"):
+        assert isinstance(layers[name], Int8Linear), name  # Q6_K
+    assert not any(type(module) is torch.nn.Linear for module in served.modules())
+    ids = torch.tensor([[5], [17], [200], [31]])  # four rows of one token: a decode step's shape
+    with torch.inference_mode():
+        expected = exact(ids).logits.float()
+        got = served(ids).logits.float()
+    assert (got - expected).abs().max() < 0.03 * expected.abs().max()
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.75
+
+
+def test_a_gguf_file_with_a_type_the_gguf_package_cannot_read_is_refused_naming_it(tmp_path, monkeypatch):
+    """Q1_0 (a 1-bit type newer than the gguf package's dequantizers): refused at start, the type named,
+    not a traceback."""
+    one_bit = GGMLQuantizationType.Q1_0
+    block, size = GGML_QUANT_SIZES[one_bit]
+    written = gguf_files.quantize
+
+    def zeros_for_q1_0(data: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
+        if kind != one_bit:
+            return written(data, kind)
+        return np.zeros((data.shape[0], data.shape[1] // block * size), dtype=np.uint8)
+
+    monkeypatch.setattr(gguf_files, "quantize", zeros_for_q1_0)
+    model = tiny_model("llama", hidden_size=256, intermediate_size=512, head_dim=64)
+    path = write_tiny_gguf(
+        tmp_path / "tiny.gguf",
+        model,
+        default_model_path(),
+        lambda name: one_bit if "ffn_up" in name else GGMLQuantizationType.Q8_0,
+    )
+    with pytest.raises(UnsupportedModel, match=r"tiny.gguf holds a tensor type .*Q1_0.*llama-quantize"):
         load_gguf(path, tmp_path)

@@ -10,14 +10,8 @@ from gguf import GGMLQuantizationType, quants
 from backend.messages import BackendConfig
 from backend.model.loader import default_model_path, load_model
 from backend.quant import block_weights, gguf_weights
-from backend.quant.gguf_weights import (
-    BLOCKS_CACHE,
-    FourBitWeight,
-    read_gguf_blocks,
-    serve_gguf_weights,
-    unpack_blocks,
-    unpack_q8_0,
-)
+from backend.quant.gguf_types import FourBitWeight, unpack_blocks, unpack_q8_0
+from backend.quant.gguf_weights import BLOCKS_CACHE, read_gguf_blocks, serve_gguf_weights
 from backend.quant.quantized_linear import (
     DENSE_FROM_ROWS,
     GROUP_SIZE,
@@ -26,6 +20,7 @@ from backend.quant.quantized_linear import (
     fuse_linears,
     quantize_model,
 )
+from tests.backend.k_quants import quantize
 from tests.backend.models import tiny_model, write_gguf_linears
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -221,7 +216,7 @@ def dequantized_like_transformers(model: torch.nn.Module, kinds: dict) -> dict[s
     for name, module in model.named_modules():
         if type(module) is torch.nn.Linear and module is not model.get_output_embeddings():
             kind = next(kind for part, kind in kinds.items() if part in name)
-            dequantized = quants.dequantize(quants.quantize(module.weight.detach().numpy(), kind), kind)
+            dequantized = quants.dequantize(quantize(module.weight.detach().numpy(), kind), kind)
             module.weight.data = torch.from_numpy(dequantized.copy())
             weights[name] = module.weight.detach().clone()
     return weights
@@ -254,6 +249,44 @@ def test_a_gguf_files_q8_0_and_q4_0_layers_are_served_from_their_blocks(tmp_path
                 assert (served - weight).abs().max() < 0.01 * weight.abs().max(), name
             got = layer(x[:, : weight.shape[1]])
             assert (got - references[name]).abs().max() < bf16_tolerance(references[name]), name
+
+
+def test_a_q4_k_m_files_k_quant_layers_are_served_from_their_blocks(tmp_path, monkeypatch, caplog):
+    """A Llama file of Q4_K attention and Q6_K MLP layers, as a Q4_K_M file mixes them: Q4_K's blocks are
+    the file's weights exactly (within fp16 rounding of their scales, on the CPU's blocks), Q6_K's are
+    8-bit blocks within half a step of 1/127 of each block's largest weight (or, without the CPU's
+    blocks, int8 per channel). A second start takes both from the copy, and the log names each."""
+    kinds = {"self_attn": GGMLQuantizationType.Q4_K, "mlp": GGMLQuantizationType.Q6_K}
+    # K-quants' rows are whole blocks of 256 (o_proj's too: 4 heads of 64)
+    wide = dict(hidden_size=256, intermediate_size=512, head_dim=64)
+    path = write_gguf_linears(tmp_path / "tiny-q4_k_m.gguf", tiny_model("llama", **wide), kinds)
+    blocks = block_weights.available(torch.device("cpu"))
+    for start in range(2):
+        model = tiny_model("llama", **wide)
+        expected = dequantized_like_transformers(model, kinds)
+        with monkeypatch.context() as patched, caplog.at_level("INFO"):
+            if start == 1:
+                patched.setattr(gguf_weights, "GGUFReader", lambda path: pytest.fail("parsed again"))
+            assert serve_gguf_weights(model, path, tmp_path) == 2 * 7
+        assert "Q4_K as 4-bit x8" in caplog.text
+        assert (
+            "Q6_K requantized to 8-bit blocks x6" if blocks else "Q6_K as int8 per channel x6"
+        ) in caplog.text
+        x = torch.randn(3, 512)
+        for name, weight in expected.items():
+            layer = model.get_submodule(name)
+            assert type(layer) is (Int4Linear if "self_attn" in name else Int8Linear), name
+            if blocks:
+                served = block_weights.dequantize(layer.blocks, weight.shape[1])
+                largest = weight.abs().reshape(weight.shape[0], -1, GROUP_SIZE).amax(dim=-1, keepdim=True)
+                # Q4_K: 2^-11 of 15 d s (the block's range, at most twice its largest) and of dmin m
+                bound = 3 * 2**-11 * largest if "self_attn" in name else largest / 254
+                error = (served - weight).reshape(largest.shape[0], -1, GROUP_SIZE).abs()
+                assert (error <= bound * 1.001).all(), name
+            reference = x[:, : weight.shape[1]] @ weight.T
+            got = layer(x[:, : weight.shape[1]])
+            assert (got - reference).abs().max() < 2 * bf16_tolerance(reference), name
+        caplog.clear()
 
 
 def test_an_int8_layer_with_block_scales_needs_blocks(weight_layout):

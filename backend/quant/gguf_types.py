@@ -1,0 +1,140 @@
+"""A GGUF tensor's quantized blocks as the weights the engine's layers take.
+
+The engine's layers (quantized_linear.py) take two kinds of weights, each
+with a scale for every block of 32 inputs of an output channel:
+
+    4-bit: w = (q - 8) * scale + zero, q in 0..15   (Int4Linear)
+    8-bit: w = q * scale, q in -127..127            (Int8Linear)
+
+How each GGUF type becomes one of them:
+
+    Q4_1 block (20 bytes): fp16 d, fp16 m, 16 bytes of 4-bit q; w = d * q + m
+    Q4_0 block (18 bytes): fp16 d,          16 bytes of 4-bit q; w = d * (q - 8)
+        byte j of the 16 holds element j in its low nibble and element j + 16 in its high one.
+        4-bit, exactly: scale = d, zero = m + 8d (Q4_1) or 0 (Q4_0).
+    Q8_0 block (34 bytes): fp16 d, 32 int8 q; w = d * q
+        8-bit, exactly.
+    Q4_K super-block of 256 (144 bytes): fp16 d and dmin, then for each of its eight blocks of 32 a
+        6-bit scale s and a 6-bit min m (12 bytes), then 4-bit q; w = d * s * q - dmin * m
+        4-bit, exactly: scale = d * s, zero = 8 * scale - dmin * m (products exact in float32; the CPU's
+        blocks keep d * s and -dmin * m in fp16, within 2^-11 of them).
+
+Every other type that the gguf package dequantizes (Q5_K and Q6_K, the 5-
+and 6-bit layers and heads of a Q4_K_M file; Q5_0, Q5_1, Q2_K, Q3_K, ...) is
+quantized again from its dequantized weights to 8-bit blocks of 32 with the
+block's largest magnitude at 127. That adds at most half a step of 1/127 of a
+block's largest weight, a quarter of a 6-bit step or less (Q6_K's steps are
+of 16 weights, scaled by its 8-bit scales), and keeps 8.5 bits a weight where
+bfloat16 would keep 16. PyTorch's kernels (CUDA, a CPU without AVX2) take a
+single scale a channel for 8-bit weights: there these layers are quantized
+again per channel (gguf_weights.served_layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, quants
+
+BLOCK = 32  # the inputs an engine block's scale covers
+FOUR_BIT = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}  # bytes per block of 32
+Q8_0_BYTES = 34  # fp16 d, 32 int8 values
+Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit q
+K_SCALES = 12
+FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
+EXACT_TYPES = {*FOUR_BIT, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K}
+
+
+@dataclass(frozen=True)
+class FourBitWeight:
+    """One linear layer's weight as Int4Linear takes it: w = (q - 8) * scale + zero."""
+
+    q: torch.Tensor  # [out, in] uint8, 0..15
+    scale: torch.Tensor  # [out, in / 32] float32
+    zero: torch.Tensor  # [out, in / 32] float32
+
+
+@dataclass(frozen=True)
+class EightBitWeight:
+    """w = q * scale, a scale a block of 32 inputs of an output channel (Q8_0's blocks, or requantized)."""
+
+    q: torch.Tensor  # [out, in] int8
+    scale: torch.Tensor  # [out, in / 32] float32
+
+
+def served(kind: GGMLQuantizationType, in_features: int) -> bool:
+    """Whether a tensor of this type, rows of `in_features`, becomes engine blocks (floats do not)."""
+    # Every other type: transformers loaded the file, so the gguf package dequantizes it.
+    return kind not in FLOAT_TYPES and in_features % BLOCK == 0
+
+
+def how_served(kind: GGMLQuantizationType) -> str:
+    """For the start-up log."""
+    return kind.name if kind in EXACT_TYPES else f"{kind.name} requantized to 8-bit blocks"
+
+
+def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight | EightBitWeight:
+    """[out, bytes] uint8 rows of `kind`'s blocks as the engine's weights."""
+    if kind in FOUR_BIT:
+        return unpack_blocks(rows, kind)
+    if kind == GGMLQuantizationType.Q8_0:
+        return unpack_q8_0(rows)
+    if kind == GGMLQuantizationType.Q4_K:
+        return unpack_q4_k(rows)
+    return requantize_int8(quants.dequantize(np.ascontiguousarray(rows), kind))
+
+
+def unpack_blocks(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight:
+    """[out, blocks * bytes per block] uint8 rows of Q4_0 or Q4_1 blocks to q, scale and zero."""
+    block_bytes = FOUR_BIT[kind]
+    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, block_bytes)
+    d = halves(blocks[..., 0:2])
+    zero = halves(blocks[..., 2:4]) + 8 * d if kind == GGMLQuantizationType.Q4_1 else np.zeros_like(d)
+    packed = blocks[..., block_bytes - 16 :]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows.shape[0], -1)
+    return FourBitWeight(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zero))
+
+
+def unpack_q8_0(rows: np.ndarray) -> EightBitWeight:
+    """[out, blocks * 34] uint8 rows of Q8_0 blocks (fp16 d, then 32 int8 values) to q and scale."""
+    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, Q8_0_BYTES)
+    q = blocks[..., 2:].copy().view(np.int8).reshape(rows.shape[0], -1)
+    return EightBitWeight(torch.from_numpy(q), torch.from_numpy(halves(blocks[..., 0:2])))
+
+
+def unpack_q4_k(rows: np.ndarray) -> FourBitWeight:
+    """[out, super-blocks * 144] uint8 rows of Q4_K to q, scale and zero a block of 32. Its q are in
+    chunks of 64 inputs, 32 bytes each: the low nibbles the chunk's first 32, the high ones the next."""
+    out_features = rows.shape[0]
+    blocks = np.ascontiguousarray(rows).reshape(-1, Q4_K_BYTES)
+    d, dmin = halves(blocks[:, 0:2]), halves(blocks[:, 2:4])
+    scales, mins = quants.Q4_K.get_scale_min(blocks[:, 4 : 4 + K_SCALES])  # [super-blocks, 8] each, 0..63
+    scale = d[:, None] * scales.astype(np.float32)  # exact: an 11-bit d times a 6-bit integer
+    zero = 8 * scale - dmin[:, None] * mins.astype(np.float32)
+    packed = blocks[:, 4 + K_SCALES :].reshape(-1, 4, 1, 32)
+    q = (packed >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    return FourBitWeight(
+        torch.from_numpy(q.reshape(out_features, -1)),
+        torch.from_numpy(scale.reshape(out_features, -1)),
+        torch.from_numpy(zero.reshape(out_features, -1)),
+    )
+
+
+def requantize_int8(weights: np.ndarray) -> EightBitWeight:
+    """[out, in] float weights to 8-bit blocks of 32, each block's largest magnitude at 127."""
+    blocks = torch.from_numpy(np.asarray(weights, dtype=np.float32)).reshape(weights.shape[0], -1, BLOCK)
+    wanted = blocks.abs().amax(dim=-1) / 127
+    # In fp16, as the CPU's blocks keep it, rounded up where it rounded down (a small block's subnormal
+    # scale can, by several percent) so that no weight falls outside -127..127 of it.
+    scale = wanted.to(torch.float16)
+    scale = torch.where(scale.float() < wanted, torch.nextafter(scale, torch.full_like(scale, 1.0)), scale)
+    scale = scale.float()
+    q = torch.round(blocks / torch.where(scale > 0, scale, 1.0)[..., None])
+    return EightBitWeight(q.to(torch.int8).reshape(weights.shape), scale)
+
+
+def halves(pairs: np.ndarray) -> np.ndarray:
+    """[..., 2] bytes holding fp16 values to those values in float32, [...]."""
+    return pairs.copy().view(np.float16)[..., 0].astype(np.float32)

@@ -1,0 +1,93 @@
+"""GGUF's K-quant blocks written from float weights, to their documented packing (ggml-common.h's
+block_q4_K, block_q5_K and block_q6_K), for test files: the gguf package reads these types but does not
+write them. Not llama.cpp's quantizer (which searches each block's scale and min to lower the error),
+but blocks of the same layout, checked against the gguf package's dequantization (test_gguf_types.py).
+
+    Q4_K, per 256 inputs: fp16 d, fp16 dmin, 12 bytes of eight 6-bit scales s and mins m, 128 bytes of
+        4-bit q; each 32 inputs' w = d * s * q - dmin * m.
+    Q5_K: the same with 5-bit q, the fifth bits in 32 bytes before the low nibbles.
+    Q6_K, per 256 inputs: 128 bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales s (one a
+        16 inputs), fp16 d; w = d * s * (q - 32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType, quants
+
+SUPER = 256
+
+
+def quantize(weights: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
+    """[out, in] float32 weights to [out, bytes] uint8 rows of `kind`'s blocks."""
+    writers = {
+        GGMLQuantizationType.Q4_K: lambda w: scaled_with_min(w, 15),
+        GGMLQuantizationType.Q5_K: lambda w: scaled_with_min(w, 31),
+        GGMLQuantizationType.Q6_K: q6_k,
+    }
+    if kind not in writers:
+        return quants.quantize(weights, kind)
+    rows = np.asarray(weights, dtype=np.float32)
+    supers = rows.reshape(-1, SUPER)
+    return writers[kind](supers).reshape(rows.shape[0], -1)
+
+
+def fp16(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16)
+
+
+def as_bytes(values: np.ndarray) -> np.ndarray:
+    """[n] fp16 values to [n, 2] bytes."""
+    return values.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def scaled_with_min(supers: np.ndarray, top: int) -> np.ndarray:
+    """Q4_K (top 15) or Q5_K (top 31) blocks of [n, 256] weights."""
+    blocks = supers.reshape(-1, 8, 32)
+    low = np.minimum(blocks.min(axis=-1), 0)
+    step = (blocks.max(axis=-1) - low) / top  # [n, 8]: each block's scale, and below its min
+    d, dmin = fp16(step.max(axis=-1) / 63), fp16(-low.min(axis=-1) / 63)
+    # rounded up, so that no weight falls outside its block's range
+    scales = np.clip(np.ceil(step / np.maximum(d.astype(np.float32), 1e-30)[:, None]), 0, 63)
+    mins = np.clip(np.ceil(-low / np.maximum(dmin.astype(np.float32), 1e-30)[:, None]), 0, 63)
+    block_scale = d.astype(np.float32)[:, None] * scales
+    block_min = dmin.astype(np.float32)[:, None] * mins
+    q = np.round((blocks + block_min[..., None]) / np.maximum(block_scale, 1e-30)[..., None])
+    q = np.clip(q, 0, top).astype(np.uint8).reshape(-1, 4, 2, 32)  # chunks of 64: two blocks of 32
+    nibbles = (q[:, :, 0] & 0x0F) | ((q[:, :, 1] & 0x0F) << 4)  # [n, 4, 32]
+    parts = [as_bytes(d), as_bytes(dmin), pack_scales(scales.astype(np.uint8), mins.astype(np.uint8))]
+    if top == 31:  # bit 4 of input 32 i + l is bit i of byte l
+        high = (q.reshape(-1, 8, 32) >> 4) << np.arange(8, dtype=np.uint8)[None, :, None]
+        parts.append(np.bitwise_or.reduce(high, axis=1).astype(np.uint8))
+    parts.append(nibbles.reshape(-1, 128))
+    return np.concatenate(parts, axis=-1)
+
+
+def pack_scales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
+    """[n, 8] 6-bit scales and mins to 12 bytes: the first four of each in bytes 0-3 and 4-7 (their top two
+    bits carrying the last four's), the last four's low nibbles in bytes 8-11."""
+    packed = np.empty((scales.shape[0], 12), dtype=np.uint8)
+    packed[:, 0:4] = scales[:, :4] | ((scales[:, 4:] >> 4) << 6)
+    packed[:, 4:8] = mins[:, :4] | ((mins[:, 4:] >> 4) << 6)
+    packed[:, 8:12] = (scales[:, 4:] & 0x0F) | ((mins[:, 4:] & 0x0F) << 4)
+    return packed
+
+
+def q6_k(supers: np.ndarray) -> np.ndarray:
+    """Q6_K blocks of [n, 256] weights."""
+    blocks = supers.reshape(-1, 16, 16)
+    step = np.abs(blocks).max(axis=-1) / 31  # [n, 16]
+    d = fp16(step.max(axis=-1) / 127)
+    scales = np.clip(np.ceil(step / np.maximum(d.astype(np.float32), 1e-30)[:, None]), 0, 127)
+    block_scale = d.astype(np.float32)[:, None] * scales
+    q = np.round(blocks / np.maximum(block_scale, 1e-30)[..., None]) + 32
+    q = np.clip(q, 0, 63).astype(np.uint8).reshape(-1, 2, 128)  # two halves of 128 inputs
+    # Half h, input r: low nibble in byte 64 h + r % 64 (high nibble from 64), top two bits in byte
+    # 32 h + r % 32, at bits 2 (r // 32).
+    low = (q[..., :64] & 0x0F) | ((q[..., 64:] & 0x0F) << 4)  # [n, 2, 64]
+    high = (q >> 4).reshape(-1, 2, 4, 32) << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+    high = np.bitwise_or.reduce(high, axis=2).astype(np.uint8)  # [n, 2, 32]
+    return np.concatenate(
+        [low.reshape(-1, 128), high.reshape(-1, 64), scales.astype(np.int8).view(np.uint8), as_bytes(d)],
+        axis=-1,
+    )
