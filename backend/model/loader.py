@@ -54,6 +54,7 @@ from backend.quant.calibration import (
     time_head_crossover,
     time_projection_crossover,
 )
+from backend.quant.fp8_weights import is_fp8_checkpoint, serve_fp8_as_blocks
 from backend.quant.gguf_types import FourBitWeight
 from backend.quant.gguf_weights import serve_gguf_weights
 from backend.quant.group_wise import GroupWiseFormat
@@ -168,14 +169,14 @@ def cpu_multiplies_bf16() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
-def pick_quantization(requested: str, source: ModelSource, group_wise_checkpoint: bool = False) -> str:
-    """`auto` serves a GGUF file's or a GPTQ/AWQ checkpoint's own quantized weights, and anything else as
-    it is."""
+def pick_quantization(requested: str, source: ModelSource, quantized_checkpoint: bool = False) -> str:
+    """`auto` serves a GGUF file's or a GPTQ, AWQ or FP8 checkpoint's own quantized weights, and anything
+    else as it is."""
     if requested not in ("auto", "none", *QUANTIZERS):
         raise ValueError(f"--quantize must be auto, none, int4 or int8, not {requested!r}")
     if requested != "auto":
         return requested
-    if group_wise_checkpoint:
+    if quantized_checkpoint:
         return "checkpoint"
     return "gguf" if source.is_gguf else "none"
 
@@ -212,8 +213,10 @@ def load_model(config: BackendConfig) -> LoadedModel:
         location, gguf_file=gguf_file, token=token, trust_remote_code=trust
     )
     check_supported(model_config)  # before anything reads the config as a decoder's
-    group_wise_format = group_wise.checkpoint_format(getattr(model_config, "quantization_config", None))
-    quantization = pick_quantization(config.quantize, source, group_wise_format is not None)
+    quantization_config = getattr(model_config, "quantization_config", None)
+    group_wise_format = group_wise.checkpoint_format(quantization_config)
+    fp8 = is_fp8_checkpoint(quantization_config)
+    quantization = pick_quantization(config.quantize, source, group_wise_format is not None or fp8)
     exact = quantization == "none" and dtype == torch.float32
     # The fused CPU operations are built here (once a machine) where the runner will use them: the
     # cache's dtype depends on whether their loop attends.
@@ -248,7 +251,8 @@ def load_model(config: BackendConfig) -> LoadedModel:
             location, model_config, group_wise_format, dtype, token
         )
     else:
-        model, info = load_weights(location, gguf_file, source, dtype, token)
+        # FP8 layers are dequantized into float32 and converted from it, not from bfloat16's rounding
+        model, info = load_weights(location, gguf_file, source, torch.float32 if fp8 else dtype, token)
     if gguf_file is not None:
         check_all_weights_read(info["missing_keys"], source.gguf_file)
     if gguf_file is not None and save_converted(model, tokenizer, converted):
@@ -258,7 +262,9 @@ def load_model(config: BackendConfig) -> LoadedModel:
     tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
     model = model.to(device=device, dtype=dtype)
     has_converted_copy = converted is not None and location == str(converted)
-    if quantization == "checkpoint":
+    if quantization == "checkpoint" and fp8:
+        serve_fp8_as_blocks(model, quantization_config)
+    elif quantization == "checkpoint":
         group_wise.serve_group_wise(model, checkpoint_layers, group_wise_format)
     else:
         quantize_weights(model, source, quantization, converted if has_converted_copy else None)
@@ -298,6 +304,11 @@ def load_weights(
         raise UnsupportedModel(
             f"{source.gguf_file} holds a tensor type this server cannot read ({error}): quantize the "
             "model to another type (Q4_K_M, Q8_0, ...) with llama.cpp's llama-quantize"
+        ) from error
+    except ImportError as error:  # a quantized checkpoint whose library is not installed (bitsandbytes, ...)
+        raise UnsupportedModel(
+            f"{source.name} is a quantized checkpoint this server reads through a library that is not "
+            f"installed here: {error}"
         ) from error
 
 

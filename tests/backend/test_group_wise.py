@@ -11,12 +11,20 @@ import torch
 
 from backend.engine.engine import Engine
 from backend.messages import BackendConfig, SamplingParams, Submit
+from backend.model.architectures import UnsupportedModel
 from backend.model.loader import load_model
 from backend.quant import block_weights, group_wise
 from backend.quant.group_wise import UnsupportedCheckpoint, checkpoint_format
 from backend.quant.quantized_linear import Int4Linear
 from tests.backend.group_wise_files import write_group_wise_checkpoint
-from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of
+from tests.backend.models import (
+    TINY_VOCAB,
+    MarkerTokenizer,
+    drive,
+    reference_greedy,
+    text_of,
+    write_tiny_causal_lm,
+)
 
 CHECKPOINTS = {  # name: (method, group size, symmetric, packing)
     "gptq-v1-symmetric": ("gptq", 32, True, "gptq"),
@@ -144,3 +152,29 @@ def test_an_act_order_checkpoint_whose_groups_are_permuted_is_refused(tmp_path):
     save_file(tensors, path, metadata={"format": "pt"})
     with pytest.raises(UnsupportedCheckpoint, match="down_proj: a GPTQ act-order"):
         load(tmp_path / "gptq-v1-symmetric", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("quantization_config", "library"),
+    [
+        (
+            {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
+            "bitsandbytes",
+        ),
+        (
+            {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}},
+            "compressed-tensors",
+        ),
+    ],
+)
+def test_a_checkpoint_whose_library_is_not_installed_is_refused_naming_it(
+    quantization_config, library, tmp_path
+):
+    """transformers loads these through their own libraries, which this server does not install: a clear
+    refusal at start, not a traceback."""
+    directory = write_tiny_causal_lm(tmp_path / "quantized", "llama")
+    config = json.loads((directory / "config.json").read_text())
+    config["quantization_config"] = quantization_config
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModel, match=f"through a library that is not installed here: .*{library}"):
+        load(directory, tmp_path)

@@ -1,0 +1,46 @@
+"""An FP8 checkpoint on a CPU: the exact mode serves the weights transformers dequantizes, the default mode
+converts each FP8 layer once to 8-bit blocks within half a step of 1/127 of each block's largest weight."""
+
+import pytest
+import torch
+
+from backend.messages import BackendConfig
+from backend.model.loader import load_model
+from backend.quant import block_weights
+from backend.quant.quantized_linear import Int8Linear
+from tests.backend.fp8_files import write_fp8_checkpoint
+
+WIDE = dict(hidden_size=256, intermediate_size=384, head_dim=64)  # several 128 x 128 blocks a layer
+
+
+def load(directory, tmp_path, quantize: str):
+    config = BackendConfig(
+        model=str(directory), dtype="float32", quantize=quantize, device="cpu", rows=2, max_seq_len=64
+    )
+    return load_model(config).model
+
+
+def test_the_exact_mode_serves_the_weights_transformers_dequantizes(tmp_path):
+    expected = write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
+    model = load(tmp_path / "tiny-FP8", tmp_path, "none")
+    assert len(expected) == 2 * 7
+    for module, weight in expected.items():
+        assert torch.equal(model.get_submodule(module).weight, weight), module
+
+
+@pytest.mark.skipif(not block_weights.available(torch.device("cpu")), reason="needs the CPU's blocks")
+def test_the_default_mode_converts_each_fp8_layer_to_8_bit_blocks(tmp_path, caplog):
+    expected = write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
+    with caplog.at_level("INFO"):
+        model = load(tmp_path / "tiny-FP8", tmp_path, "auto")
+    assert "FP8 checkpoint: 14 linear layers converted to 8-bit blocks" in caplog.text
+    x = torch.randn(3, 384)
+    for module, weight in expected.items():
+        layer = model.get_submodule(module)
+        assert isinstance(layer, Int8Linear), module
+        served = block_weights.dequantize(layer.blocks, weight.shape[1]).reshape(weight.shape[0], -1, 32)
+        largest = weight.reshape(served.shape).abs().amax(dim=-1, keepdim=True)
+        assert ((served - weight.reshape(served.shape)).abs() <= largest / 254 * 1.001).all(), module
+        reference = x[:, : weight.shape[1]] @ weight.T
+        assert (layer(x[:, : weight.shape[1]]) - reference).abs().max() < 0.02 * reference.abs().max()
+    assert type(model.lm_head) is torch.nn.Linear  # not in FP8 in the checkpoint
