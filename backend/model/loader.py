@@ -58,7 +58,7 @@ from backend.quant.fp8_weights import is_fp8_checkpoint, serve_fp8_as_blocks
 from backend.quant.gguf_types import FourBitWeight
 from backend.quant.gguf_weights import serve_gguf_weights
 from backend.quant.group_wise import GroupWiseFormat
-from backend.quant.quantized_linear import QUANTIZERS, quantize_model
+from backend.quant.quantized_linear import QUANTIZERS, quantize_model, resident_bytes
 from backend.utils.heap import give_back_freed_memory
 
 log = logging.getLogger(__name__)
@@ -279,6 +279,10 @@ def load_model(config: BackendConfig) -> LoadedModel:
     time_head_crossover(model)
     log.info("kernels timed in %.1f s", time.perf_counter() - timing)
     give_back_freed_memory()
+    log.info(
+        "weights resident: %s",
+        ", ".join(f"{what} {size / 2**20:,.0f} MiB" for what, size in resident_bytes(model).items()),
+    )
     return LoadedModel(source.name, model, tokenizer, tokenizer_path, max_seq_len, cache_dtype)
 
 

@@ -434,3 +434,26 @@ def quantize_head(model: nn.Module) -> int:
     name = next(name for name, module in model.named_modules() if module is head)
     replace_module(model, name, Int8Linear.quantize(head, dense=head.weight.detach()))
     return 1
+
+
+def resident_bytes(model: nn.Module) -> dict[str, int]:
+    """The bytes the model's weights hold, by what for (for the start-up log): "quantized" (the weight-only
+    layers' own weights and scales), "copies for many rows" (their dense or int8 copies, where kept) and
+    "floats" (everything else: embeddings, norms, layers left as floats). Storage shared by several
+    tensors (a head tied to the embedding, a copy that is the embedding) counts once."""
+    totals = dict.fromkeys(("quantized", "copies for many rows", "floats"), 0)
+    seen = set()
+    for module in model.modules():
+        owned = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        for name, tensor in owned:
+            storage = tensor.untyped_storage()
+            if tensor.device.type == "meta" or storage.data_ptr() in seen:
+                continue
+            seen.add(storage.data_ptr())
+            if not isinstance(module, WeightOnlyLinear) or name == "bias":
+                totals["floats"] += storage.nbytes()
+            elif name in module.many_rows_buffers:
+                totals["copies for many rows"] += storage.nbytes()
+            else:
+                totals["quantized"] += storage.nbytes()
+    return totals
