@@ -256,3 +256,22 @@ def write_tiny_causal_lm(directory: Path, architecture: str) -> Path:
     # EOS the only special token: any other id the model draws must show in the text.
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=f"<{TINY_EOS}>").save_pretrained(directory)
     return directory
+
+
+def load_on_cpu(model: Path, tmp_path: Path, quantize: str = "none"):
+    """`load_model` of a model file or directory as the tests load one: float32 on the CPU, where
+    `generate` runs too, 4 rows of 128 positions, the cache (a GGUF file's converted copy) in `tmp_path`;
+    `quantize` "none" is the exact mode."""
+    from backend.messages import BackendConfig
+    from backend.model.loader import load_model
+
+    config = BackendConfig(
+        model=str(model),
+        dtype="float32",
+        quantize=quantize,
+        device="cpu",
+        rows=4,
+        max_seq_len=128,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    return load_model(config)

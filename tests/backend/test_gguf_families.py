@@ -19,9 +19,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from backend.engine.engine import Engine
-from backend.messages import BackendConfig, SamplingParams, Submit
+from backend.messages import SamplingParams, Submit
 from backend.model.architectures import UnsupportedModel
-from backend.model.loader import LoadedModel, default_model_path, load_model
+from backend.model.loader import LoadedModel, default_model_path
 from backend.quant.quantized_linear import Int4Linear, Int8Linear
 from tests.backend import gguf_files
 from tests.backend.gguf_files import q4_k_m, round_trip_offset_norms, write_tiny_gguf
@@ -30,6 +30,7 @@ from tests.backend.models import (
     TINY_VOCAB,
     MarkerTokenizer,
     drive,
+    load_on_cpu,
     reference_greedy,
     text_of,
     tiny_model,
@@ -95,16 +96,7 @@ LOADED_AS = {"mistral": "llama"}
 
 def load_gguf(path: Path, tmp_path: Path, quantize: str = "none") -> LoadedModel:
     """The exact mode (or `quantize`'s), on the CPU, where `generate` runs too."""
-    config = BackendConfig(
-        model=str(path),
-        dtype="float32",
-        quantize=quantize,
-        device="cpu",
-        rows=4,
-        max_seq_len=128,
-        cache_dir=str(tmp_path / "cache"),
-    )
-    return load_model(config)
+    return load_on_cpu(path, tmp_path, quantize)
 
 
 def assert_same_weights(loaded: torch.nn.Module, expected: dict[str, torch.Tensor]) -> None:

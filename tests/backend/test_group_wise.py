@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from backend.engine.engine import Engine
-from backend.messages import BackendConfig, SamplingParams, Submit
+from backend.messages import SamplingParams, Submit
 from backend.model.architectures import UnsupportedModel
-from backend.model.loader import load_model
 from backend.quant import block_weights, group_wise
 from backend.quant.group_wise import UnsupportedCheckpoint, checkpoint_format
 from backend.quant.quantized_linear import Int4Linear
@@ -21,6 +20,7 @@ from tests.backend.models import (
     TINY_VOCAB,
     MarkerTokenizer,
     drive,
+    load_on_cpu,
     reference_greedy,
     text_of,
     write_tiny_causal_lm,
@@ -34,17 +34,8 @@ CHECKPOINTS = {  # name: (method, group size, symmetric, packing)
 }
 
 
-def load(directory, tmp_path, quantize: str = "auto", dtype: str = "float32"):
-    config = BackendConfig(
-        model=str(directory),
-        dtype=dtype,
-        quantize=quantize,
-        device="cpu",
-        rows=4,
-        max_seq_len=128,
-        cache_dir=str(tmp_path / "cache"),
-    )
-    return load_model(config)
+def load(directory, tmp_path, quantize: str = "auto"):
+    return load_on_cpu(directory, tmp_path, quantize)
 
 
 def write(tmp_path, name: str):
