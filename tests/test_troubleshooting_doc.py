@@ -15,6 +15,7 @@ from transformers import FalconConfig, LlamaConfig, MambaConfig
 
 from backend.model import resources
 from backend.model.architectures import UnsupportedModel, check_supported
+from backend.quant.group_wise import GroupWiseFormat, UnsupportedCheckpoint, checkpoint_format, unpack_layer
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL
 from proxy.auth import AuthError, authenticate
 from tests.conftest import ROOT
@@ -92,6 +93,29 @@ def test_the_refusals_of_models_are_the_engines():
         with pytest.raises(UnsupportedModel) as refused:
             check_supported(config)
         assert str(refused.value) in page()
+
+
+@pytest.mark.parametrize(
+    "quantization_config",
+    [{"quant_method": "gptq", "bits": 8, "group_size": 128}],
+)
+def test_the_refusals_of_quantized_checkpoints_are_the_engines(quantization_config):
+    with pytest.raises(UnsupportedCheckpoint) as refused:
+        checkpoint_format(quantization_config)
+    assert str(refused.value) in page()
+
+
+def test_the_act_order_refusal_is_the_engines():
+    layer = {
+        "qweight": torch.zeros(4, 16, dtype=torch.int32),
+        "qzeros": torch.zeros(1, 2, dtype=torch.int32),
+        "scales": torch.ones(1, 16, dtype=torch.float16),
+        "g_idx": torch.zeros(32, dtype=torch.int32).flip(0) + torch.arange(32, dtype=torch.int32) % 2,
+    }
+    fmt = GroupWiseFormat("gptq", 32, True)
+    with pytest.raises(UnsupportedCheckpoint) as refused:
+        unpack_layer(layer, fmt, "model.layers.0.mlp.down_proj")
+    assert str(refused.value).removeprefix("model.layers.0.mlp.down_proj: ") in page()
 
 
 def without_figures(text: str) -> str:

@@ -71,7 +71,9 @@ def checkpoint_format(quantization_config: dict | None) -> GroupWiseFormat | Non
     method = quantization_config["quant_method"]
     bits = quantization_config.get("bits", quantization_config.get("w_bit"))
     if bits != 4:
-        raise UnsupportedCheckpoint(f"a {bits}-bit {method.upper()} checkpoint: only 4-bit ones are served")
+        raise UnsupportedCheckpoint(
+            f"a {method.upper()} checkpoint of {bits} bits: only 4-bit ones are served"
+        )
     group_size = quantization_config.get("group_size", quantization_config.get("q_group_size", 128))
     if group_size == -1:
         group_size = 0

@@ -112,7 +112,7 @@ def test_a_served_gptq_checkpoint_gives_the_greedy_tokens_of_its_dequantized_mod
 @pytest.mark.parametrize(
     ("quantization_config", "reason"),
     [
-        ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "8-bit GPTQ checkpoint"),
+        ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "GPTQ checkpoint of 8 bits"),
         ({"quant_method": "gptq", "bits": 4, "group_size": 48}, "groups of 48 inputs"),
         ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "packed as 'gemv'"),
         ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}, "'marlin'"),
