@@ -44,7 +44,6 @@ Q8_0_BYTES = 34  # fp16 d, 32 int8 values
 Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit q
 K_SCALES = 12
 FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
-EXACT_TYPES = {*FOUR_BIT, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K}
 
 
 @dataclass(frozen=True)
@@ -68,11 +67,6 @@ def served(kind: GGMLQuantizationType, in_features: int) -> bool:
     """Whether a tensor of this type, rows of `in_features`, becomes engine blocks (floats do not)."""
     # Every other type: transformers loaded the file, so the gguf package dequantizes it.
     return kind not in FLOAT_TYPES and in_features % BLOCK == 0
-
-
-def how_served(kind: GGMLQuantizationType) -> str:
-    """For the start-up log."""
-    return kind.name if kind in EXACT_TYPES else f"{kind.name} requantized to 8-bit blocks"
 
 
 def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight | EightBitWeight:

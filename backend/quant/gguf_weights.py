@@ -50,7 +50,7 @@ from backend.quant.quantized_linear import (
 
 log = logging.getLogger(__name__)
 
-FLOAT_TYPES = {"F32", "F16", "BF16"}
+FLOAT_TYPES = {kind.name for kind in gguf_types.FLOAT_TYPES}
 
 # Processors whose only change to a tensor is a permutation of its rows (output channels), which
 # moves whole blocks: llama.cpp's converter permutes Llama's q and k projections for its rotary
