@@ -4,20 +4,16 @@ converts each FP8 layer once to 8-bit blocks within half a step of 1/127 of each
 import pytest
 import torch
 
-from backend.messages import BackendConfig
-from backend.model.loader import load_model
 from backend.quant import block_weights
 from backend.quant.quantized_linear import Int8Linear
 from tests.backend.fp8_files import write_fp8_checkpoint
+from tests.backend.models import load_on_cpu
 
 WIDE = dict(hidden_size=256, intermediate_size=384, head_dim=64)  # several 128 x 128 blocks a layer
 
 
 def load(directory, tmp_path, quantize: str):
-    config = BackendConfig(
-        model=str(directory), dtype="float32", quantize=quantize, device="cpu", rows=2, max_seq_len=64
-    )
-    return load_model(config).model
+    return load_on_cpu(directory, tmp_path, quantize).model
 
 
 def test_the_exact_mode_serves_the_weights_transformers_dequantizes(tmp_path):
