@@ -28,6 +28,10 @@ logger_class = "inference_api.gunicorn_logger.ApiLogger"
 threads = _config.threads
 # gthread heartbeats from its main loop, not from request threads: long streams are fine.
 timeout = 30
+# An idle kept-alive connection stays open 10 s, past the 5 s after which httpx's pools (the openai and
+# anthropic clients') drop one: the client lets it go first. With gunicorn's 2 s, a request a client sent
+# on one in the instant the server closed it failed ("Server disconnected without sending a response").
+keepalive = 10
 graceful_timeout = 10
 # gunicorn's control socket lives at one path per user: a second server (tests run several) would
 # take it over. Nothing here uses gunicornc.

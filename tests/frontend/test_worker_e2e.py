@@ -4,11 +4,13 @@ runs out get a 503, and what gunicorn answers itself is JSON."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
 import threading
 import time
+from urllib.parse import urlparse
 
 import pytest
 import requests
@@ -107,3 +109,23 @@ def test_what_gunicorn_rejects_is_answered_in_json(
     assert answer["status_code"] == status
     assert answer["message"]
     assert set(answer) == {"status_code", "message"}
+
+
+def test_an_idle_connection_stays_open_past_a_client_pools_own_keep_alive_time() -> None:
+    """httpx's pools (the openai and anthropic clients') drop a connection idle for 5 s; the server must
+    not close it before them (gunicorn's 2 s did), or a request sent on it in the instant it closes fails
+    with no answer. Idle 3.5 s, the same connection still takes a request."""
+    with running_server("--mock") as server:
+        address = urlparse(server.url)
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+        connection.request("GET", "/health")
+        first = connection.getresponse()
+        first.read()
+        assert first.status == 200
+        kept = connection.sock
+        time.sleep(3.5)
+        connection.request("GET", "/health")
+        answer = connection.getresponse()  # http.client.RemoteDisconnected if the server closed it
+        answer.read()
+        assert answer.status == 200 and connection.sock is kept
+        connection.close()
