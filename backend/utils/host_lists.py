@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -18,3 +18,23 @@ def to_device(values: Sequence, device: torch.device, dtype: torch.dtype | None 
     if device.type != "cuda":
         return torch.tensor(values, device=device, dtype=dtype)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
+def read_later(values: torch.Tensor) -> Callable[[], list]:
+    """`values.tolist()`, as a function to call later, that waits for the work queued before this call
+    and no more: on CUDA a copy into pinned memory queued now and an event recorded after it (a
+    `.tolist()` then would wait for everything queued by then: a step launched ahead, say); elsewhere
+    the list at once."""
+    if values.device.type != "cuda":
+        listed = values.tolist()
+        return lambda: listed
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def read() -> list:
+        copied.synchronize()
+        return host.tolist()
+
+    return read
