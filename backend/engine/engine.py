@@ -11,13 +11,17 @@ Each `step()` reads like the algorithm:
     embed waiting embedding requests (they take no row)
     free the rows whose requests ended
 
-and returns the text each request gained. The engine does no I/O: the
-backend process (`backend.engine.serve`) moves requests and pieces across queues.
+and returns the text each request gained. Where decode steps are CUDA
+graphs, a step whose rows all decode again launches the next one before it
+reads its own tokens, and the next `step()` reads that one (ahead.py). The
+engine does no I/O: the backend process (`backend.engine.serve`) moves
+requests and pieces across queues.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from backend.engine.ahead import StepAhead, decodes_again, next_step_rows
 from backend.engine.prefill_budget import PrefillBudget
 from backend.engine.prefix_cache import Placement, PrefixIndex
 from backend.engine.row import Row
@@ -41,7 +46,7 @@ from backend.model.embeddings import EmbeddingJob, EmbeddingModel, embed
 from backend.model.model_runner import ModelRunner
 from backend.model.step_inputs import StepInputs
 from backend.utils.heap import reuse_freed_memory
-from backend.utils.host_lists import to_device
+from backend.utils.host_lists import read_later, to_device
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher
@@ -116,6 +121,8 @@ class Engine:
         self.embedding_job: tuple[Submit, EmbeddingJob] | None = None  # a prompt embedded a chunk a step
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
+        self.ahead: StepAhead | None = None  # a decode step launched before the last one was read (ahead.py)
+        self.steps_ahead = True  # decode steps go ahead where they can; False: never (for comparisons)
 
     @classmethod
     def load(cls, config: BackendConfig) -> Engine:
@@ -224,7 +231,9 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.embedding_waiting or self.undelivered or self.active_rows)
+        return bool(
+            self.waiting or self.embedding_waiting or self.undelivered or self.active_rows or self.ahead
+        )
 
     @property
     def active_rows(self) -> list[Row]:
@@ -236,6 +245,11 @@ class Engine:
     def step(self) -> list[Piece]:
         pieces, self.undelivered = self.undelivered, []
         pieces += self._free_cancelled()
+        if self.ahead is not None:  # the step launched ahead: its tokens, and maybe the next one launched
+            self.admitted = []
+            pieces += self._continue_ahead()
+            self._free_finished()
+            return pieces
         try:
             # Finished rows were freed at the end of the last step; the rest decode or prefill.
             schedule = self.scheduler.schedule(self.rows, self.waiting, self._take_row)
@@ -366,6 +380,7 @@ class Engine:
             self.rows[row.index] = None
             self.grammars.release(row.index)
             self.prefixes.release(row.index, "", ())
+        self.ahead = None
         return pieces
 
     def _free_cancelled(self) -> list[Piece]:
@@ -404,7 +419,8 @@ class Engine:
         }
         if inputs.sample_from is not None:
             logits = logits.index_select(0, inputs.sample_from)
-        tokens, logprobs = self._sample(sampling, logits, masks)
+        next_step = decoding if not prefilling and self._goes_ahead(decoding) else None
+        tokens, logprobs = self._sample(sampling, logits, masks, next_step)
         # The step has run: from here on the rows change (a decoding row's length as it takes tokens).
         for row in prefilling:
             row.cached = row.chunk_end
@@ -418,13 +434,18 @@ class Engine:
         return self.runner.run(inputs)
 
     def _sample(
-        self, sampling_rows: list[Row], logits: torch.Tensor, masks: PendingMasks
+        self,
+        sampling_rows: list[Row],
+        logits: torch.Tensor,
+        masks: PendingMasks,
+        next_step: list[Row] | None = None,
     ) -> tuple[dict[int, int], dict[int, TokenLogprob]]:
         """Each sampled position's token from its logits ([positions, vocab], raw), through its row's
         penalties, grammar mask and sampling settings, and its logprob entry if the row asks; by
         position. A row samples at its token and at each of its draft's, with the draw numbers of the
         tokens it would be (so as plain decoding would); rows that only score their prompt (max_tokens
-        0) sample nothing."""
+        0) sample nothing. `next_step`: these rows' next step is launched from the tokens on the
+        device before they are read (ahead.py)."""
         rows = [row for row in sampling_rows for _ in range(1 + len(row.draft))]
         ahead = [offset for row in sampling_rows for offset in range(1 + len(row.draft))]
         sampling = [i for i, row in enumerate(rows) if row.request.params.max_tokens > 0]
@@ -458,11 +479,55 @@ class Engine:
                 tokens.index_select(0, torch.tensor(penalized, device=self.device)),
             )
         logprobs = self._logprobs(rows, logits, tokens)
-        token_list = drawn.tolist()  # the step's one host sync
+        read = read_later(drawn)
+        if next_step is not None:
+            self._launch_ahead(next_step, drawn)
+        token_list = read()  # the step's one host sync
         return (
             {sampling[i]: token for i, token in enumerate(token_list)},
             {sampling[i]: entry for i, entry in logprobs.items()},
         )
+
+    # Steps launched ahead (ahead.py).
+
+    def _goes_ahead(self, rows: list[Row]) -> bool:
+        """Whether the next step of these decoding rows may be launched before their tokens are read: it
+        runs as a CUDA graph, they are every row in use and each surely decodes again, and nothing else
+        waits for a step of its own (a request for a free row, embeddings)."""
+        return (
+            self.steps_ahead
+            and self.runner.decodes_in_graphs
+            and not self.speculator.enabled
+            and len(rows) == len(self.active_rows)
+            and not (self.waiting and None in self.rows)
+            and not self.embedding_waiting
+            and all(decodes_again(row) for row in rows)
+        )
+
+    def _launch_ahead(self, rows: list[Row], drawn: torch.Tensor) -> None:
+        """The rows' next decode step, fed the tokens they just drew (`drawn`, on the device, unread),
+        and its draw, each with its next draw number. A launch that fails leaves plain steps."""
+        try:
+            inputs = self.runner.prepare(next_step_rows(rows), [])
+            inputs = dataclasses.replace(inputs, token_ids=drawn.clamp_min(0))  # NOT_FINITE: dropped later
+            logits = self._forward(inputs)
+            next_drawn = sample(logits.float(), self._sampling_batch(rows, [1] * len(rows)))
+        except Exception:
+            log.exception("a decode step launched ahead failed: plain steps instead")
+            return
+        self.ahead = StepAhead(rows, next_drawn, read_later(next_drawn))
+
+    def _continue_ahead(self) -> list[Piece]:
+        """The step launched ahead: the one after it launched first if its rows all go on, then its tokens
+        read and taken by the rows still in use (those that ended meanwhile drop theirs)."""
+        ahead, self.ahead = self.ahead, None
+        going_on = all(self.rows[row.index] is row and not row.finished for row in ahead.rows)
+        if going_on and self._goes_ahead(ahead.rows):
+            self._launch_ahead(ahead.rows, ahead.drawn)
+        tokens = ahead.read()
+        kept = [i for i, row in enumerate(ahead.rows) if self.rows[row.index] is row and not row.finished]
+        rows = [ahead.rows[i] for i in kept]
+        return self._accept(rows, len(rows), {place: tokens[i] for place, i in enumerate(kept)}, {})
 
     def _accept(
         self, rows: list[Row], decoding: int, tokens: dict[int, int], logprobs: dict[int, TokenLogprob]

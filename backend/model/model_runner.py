@@ -85,6 +85,11 @@ class ModelRunner:
         return output.logits[0]
 
     @property
+    def decodes_in_graphs(self) -> bool:
+        """Whether decode steps run as CUDA graphs (or their static shapes without capture)."""
+        return self.decoder is not None and self.decoder.graphs is not None
+
+    @property
     def graphs_to_capture(self) -> bool:
         return self.decoder is not None and self.decoder.graphs is not None and self.decoder.graphs.capture
 
