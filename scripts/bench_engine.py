@@ -216,41 +216,48 @@ def print_floor(loaded: LoadedModel, engine: Engine, rows: int, span: int, step:
 
 def compare_engines(args: argparse.Namespace, option: str, name: str) -> None:
     """Decode steps eager and with an engine option (compile_decode: `--compile`; cuda_graphs), on one
-    loaded model, each row count timed on both in turn; then the floor and, with --profile, the
-    kernels and host waits of a step of each."""
+    loaded model, each row count timed on each in turn; then the floor and, with --profile, the
+    kernels and host waits of a step of each. With graphs on a GPU, a third engine runs them without
+    launching a step before the last one's tokens are read (engine/ahead.py), as before that was done."""
     loaded = bench_model(args)
     engines = {}
-    for on in (False, True):
+    for label, on in (("eager", False), (name, True), ("not ahead", True)):
         started = time.perf_counter()
-        engines[on] = Engine(loaded.model, loaded.tokenizer, max(args.rows), 512, loaded.name, **{option: on})
-        engines[on].warm_up()
-        print(f"{name if on else 'eager'} engine ready in {time.perf_counter() - started:.1f} s")
+        engine = Engine(loaded.model, loaded.tokenizer, max(args.rows), 512, loaded.name, **{option: on})
+        if label == "not ahead":
+            if option != "cuda_graphs" or not engine.runner.decodes_in_graphs:
+                continue
+            engine.steps_ahead = False
+        engine.warm_up()
+        engines[label] = engine
+        print(f"{label} engine ready in {time.perf_counter() - started:.1f} s")
     prompts = bench_prompts(loaded, args.prompt_tokens)
     print(f"\n{loaded.name}, {loaded.model.dtype}, {args.max_tokens} tokens per request; {machine()}\n")
-    print(
-        f"| active rows | eager tokens/s | {name} tokens/s | eager step (ms) | {name} step (ms) "
-        f"| {name}/eager |"
-    )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    others = [label for label in engines if label != "eager"]
+    columns = [f"{label} tokens/s" for label in engines] + [f"{label} step (ms)" for label in engines]
+    columns += [f"{label}/eager" for label in others]
+    print("| active rows | " + " | ".join(columns) + " |")
+    print("| ---: " * (1 + len(columns)) + "|")
     for active in args.rows:
-        runs = {on: [] for on in engines}
-        for _ in range(3):  # in turn, so that a noisy neighbour hits both alike
-            for on, engine in engines.items():
-                runs[on].append(time_engine(engine, prompts, active, args.max_tokens))
-        (eager_tps, eager_step), (tps, step) = (max(runs[on]) for on in (False, True))
-        print(
-            f"| {active} | {eager_tps:.1f} | {tps:.1f} | {eager_step * 1000:.1f} | {step * 1000:.1f} "
-            f"| {tps / eager_tps:.2f}x |"
-        )
+        runs = {label: [] for label in engines}
+        for _ in range(3):  # in turn, so that a noisy neighbour hits each alike
+            for label, engine in engines.items():
+                runs[label].append(time_engine(engine, prompts, active, args.max_tokens))
+        best = {label: max(runs[label]) for label in engines}
+        cells = [f"{tps:.1f}" for tps, _ in best.values()] + [
+            f"{step * 1000:.1f}" for _, step in best.values()
+        ]
+        cells += [f"{best[label][0] / best['eager'][0]:.2f}x" for label in others]
+        print(f"| {active} | " + " | ".join(cells) + " |")
     span = max(len(p) for p in prompts) + args.max_tokens // 2
-    print_floor(loaded, engines[True], args.rows[-1], span, step)
+    print_floor(loaded, engines[name], args.rows[-1], span, best[name][1])
     if args.transformers_static is not None:
         for batch in args.transformers_static or args.rows:
             static = time_static_generate(loaded.model, prompts, batch, args.max_tokens)
             print(f"transformers' generate, static cache, a batch of {batch}: {static:.1f} tokens/s")
     if args.profile:
-        for on, engine in engines.items():
-            print(f"{name if on else 'eager'}: {profile_step(engine, prompts, args.rows[-1])}")
+        for label, engine in engines.items():
+            print(f"{label}: {profile_step(engine, prompts, args.rows[-1])}")
 
 
 def profile_step(engine: Engine, prompts: list[list[int]], active: int, steps: int = 10) -> str:
