@@ -286,6 +286,7 @@ class Engine:
         try:
             return self._forward_and_sample(decoding, prefilling)
         except Exception as error:
+            self.ahead = None  # a step launched ahead of the failed one is not taken: its rows run again
             if len(decoding) + len(prefilling) == 1:
                 log.exception(
                     "a step failed for request %s alone", (decoding + prefilling)[0].request.request_id

@@ -162,3 +162,30 @@ def test_captured_steps_run_ahead_and_write_the_plain_engines_text_on_cuda():
         results.append(outcome(run(engine, arrivals)))
     assert results[0] == results[1]
     assert len(ran_ahead) > 10
+
+
+def test_a_step_that_fails_after_launching_one_ahead_runs_its_rows_again_without_it():
+    """A step that raises once its step ahead is launched runs its rows again one by one (Engine._step_rows);
+    the step ahead, launched from tokens no row took, is dropped, not read into the rows."""
+    plain, ahead, ran_ahead = engines()
+    accept, failed = ahead._accept, []
+
+    def failing_once(rows, *args):
+        if ahead.ahead is not None and not failed:
+            failed.append(len(rows))
+            raise RuntimeError("a failure after the launch")
+        return accept(rows, *args)
+
+    step, left_ahead = ahead.step, []
+
+    def stepping():
+        pieces = step()
+        if failed and not left_ahead:  # the step that failed, its rows run again
+            left_ahead.append(ahead.ahead)
+        return pieces
+
+    ahead._accept, ahead.step = failing_once, stepping
+    actions = {0: [Submit(f"r{i}", (5 + i, 6), greedy(12)) for i in range(3)]}
+    results = [outcome(run(engine, actions)) for engine in (plain, ahead)]
+    assert failed == [3] and left_ahead == [None]  # read later, its tokens would follow ones no row took
+    assert results[0] == results[1]
