@@ -4,12 +4,12 @@
 #     OUT=/some/dir [GPU_CHECK_SECONDS=480] [GPU_CHECK_SKIP="part ..."] bash scripts/gpu_check.sh
 #
 # 1. installs the wheels carried in .gpu/wheels (`make gpu-folder` fetches them) into /tmp/site;
-# 2. runs the tests that need CUDA (graphs captured and replayed, no host wait in a step, the
-#    quantized layers' and host lists' CUDA paths);
+# 2. runs the tests that need CUDA (graphs captured and replayed, steps launched ahead, no host wait in
+#    a step, the quantized layers' and host lists' CUDA paths);
 # 3. greedy float32 text of the engine against model.generate (scripts/check_greedy_exact.py);
 # 4. scripts/bench_engine.py on a random 1B Llama, bfloat16, at 1, 8 and 32 rows with decode steps as
-#    CUDA graphs and eager, the kernels, launches and host waits of a step, and transformers' compiled
-#    static-cache generate at a batch of 32 as the baseline;
+#    CUDA graphs launched ahead, as graphs not launched ahead, and eager, the kernels, launches and host
+#    waits of a step, and transformers' compiled static-cache generate at a batch of 32 as the baseline;
 # 5. scripts/benchmark.py: the server through HTTP at 32 streams against the engine's own ceiling;
 # 6. in the time left, the engine on a random 8B Llama at 1 and 32 rows against the weight-read floor,
 #    then on the 1B with --compile (the compiled decode step, captured) against it without.
