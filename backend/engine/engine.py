@@ -522,11 +522,10 @@ class Engine:
         """The step launched ahead: the one after it launched first if its rows all go on, then its tokens
         read and taken by the rows still in use (those that ended meanwhile drop theirs)."""
         ahead, self.ahead = self.ahead, None
-        going_on = all(self.rows[row.index] is row and not row.finished for row in ahead.rows)
-        if going_on and self._goes_ahead(ahead.rows):
+        kept = [i for i, row in enumerate(ahead.rows) if self.rows[row.index] is row and not row.finished]
+        if len(kept) == len(ahead.rows) and self._goes_ahead(ahead.rows):
             self._launch_ahead(ahead.rows, ahead.drawn)
         tokens = ahead.read()
-        kept = [i for i, row in enumerate(ahead.rows) if self.rows[row.index] is row and not row.finished]
         rows = [ahead.rows[i] for i in kept]
         return self._accept(rows, len(rows), {place: tokens[i] for place, i in enumerate(kept)}, {})
 

@@ -39,14 +39,19 @@ def engines(rows: int = 4) -> tuple[Engine, Engine, list[int]]:
     plain = Engine(tiny_model("llama"), MarkerTokenizer(), rows=rows, max_seq_len=MAX_SEQ_LEN)
     ahead = Engine(tiny_model("llama"), MarkerTokenizer(), rows=rows, max_seq_len=MAX_SEQ_LEN)
     ahead.runner.decoder.use_graphs(ahead.runner.cache, capture=False)
-    ran, continue_ahead = [], ahead._continue_ahead
+    return plain, ahead, steps_run_ahead(ahead)
+
+
+def steps_run_ahead(engine: Engine) -> list[int]:
+    """The sizes of the engine's steps run ahead from here on, as each is read and taken."""
+    ran, continue_ahead = [], engine._continue_ahead
 
     def counting():
-        ran.append(len(ahead.ahead.rows))
+        ran.append(len(engine.ahead.rows))
         return continue_ahead()
 
-    ahead._continue_ahead = counting
-    return plain, ahead, ran
+    engine._continue_ahead = counting
+    return ran
 
 
 def outcome(pieces: dict[str, list]) -> dict[str, tuple]:
@@ -152,13 +157,8 @@ def test_captured_steps_run_ahead_and_write_the_plain_engines_text_on_cuda():
             cuda_graphs=graphs,
         )
         engine.warm_up()
-        continue_ahead = engine._continue_ahead
-
-        def counting(engine=engine, continue_ahead=continue_ahead):
-            ran_ahead.append(len(engine.ahead.rows))
-            return continue_ahead()
-
-        engine._continue_ahead = counting
+        if graphs:
+            ran_ahead = steps_run_ahead(engine)
         results.append(outcome(run(engine, arrivals)))
     assert results[0] == results[1]
     assert len(ran_ahead) > 10
