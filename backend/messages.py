@@ -174,9 +174,12 @@ class BackendConfig:
     # side: torch's threads wait for each other, so one descheduled thread stalls them all.
     torch_threads: int | None = None
     # Speculative decoding by prompt lookup (backend/engine/speculation.py): the most draft tokens a row
-    # gets a step (0: off; None: on where the decode steps take a row's draft as more queries, the CPU's
-    # loop, else off), and the sizes of the n-grams it matches, longest first.
+    # gets a step (0: off; None: on with a draft model or where the decode steps take a row's draft as
+    # more queries, the CPU's loop, else off), and the sizes of the n-grams it matches, longest first.
     speculative_tokens: int | None = None
+    # A small model of the served model's tokenizer whose greedy guesses are the drafts, in place of prompt
+    # lookup (backend/engine/draft_model.py); a directory, GGUF file or hub id, loaded as `model` is
+    draft_model: str | None = None
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     mock: bool = False

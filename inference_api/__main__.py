@@ -144,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         "attention loop, 0 elsewhere); greedy and seeded output is the same either way (docs/backend.md)",
     )
     parser.add_argument(
+        "--draft-model",
+        metavar="PATH",
+        help="speculative decoding with this small model's greedy guesses as the drafts, in place of prompt "
+        "lookup: a model directory, GGUF file or hub id of the served model's tokenizer (a smaller model "
+        "of its family), loaded in the default mode whatever --dtype and --quantize say (docs/backend.md)",
+    )
+    parser.add_argument(
         "--prompt-lookup-min",
         type=positive_int,
         default=2,
@@ -200,9 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     args = build_parser().parse_args(argv)
-    model, embedding_model = (
+    model, embedding_model, draft_model = (
         os.path.abspath(path) if path and os.path.exists(path) else path  # gunicorn may run elsewhere
-        for path in (args.model, args.embedding_model)
+        for path in (args.model, args.embedding_model, args.draft_model)
     )
     backend = BackendConfig(
         model=model,
@@ -223,6 +230,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         mock=args.mock,
         mock_tokens_per_second=args.mock_tokens_per_second,
         speculative_tokens=args.speculative_tokens,
+        draft_model=draft_model,
         prompt_lookup_min=args.prompt_lookup_min,
         prompt_lookup_max=args.prompt_lookup_max,
     )

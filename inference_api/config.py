@@ -61,6 +61,7 @@ class ServerConfig:
             torch_threads=_int(env, "INFERENCE_TORCH_THREADS", 0) or None,
             # "" (or unset): speculative decoding where it pays (BackendConfig.speculative_tokens None)
             speculative_tokens=_int(env, "INFERENCE_SPECULATIVE_TOKENS", None),
+            draft_model=env.get("INFERENCE_DRAFT_MODEL") or None,
             prompt_lookup_min=_int(env, "INFERENCE_PROMPT_LOOKUP_MIN", 2),
             prompt_lookup_max=_int(env, "INFERENCE_PROMPT_LOOKUP_MAX", 4),
             mock=_bool(env, "INFERENCE_MOCK"),
@@ -103,6 +104,7 @@ class ServerConfig:
             "INFERENCE_CUDA_GRAPHS": "1" if b.cuda_graphs else "0",
             "INFERENCE_TORCH_THREADS": str(b.torch_threads or 0),
             "INFERENCE_SPECULATIVE_TOKENS": "" if b.speculative_tokens is None else str(b.speculative_tokens),
+            "INFERENCE_DRAFT_MODEL": b.draft_model or "",
             "INFERENCE_PROMPT_LOOKUP_MIN": str(b.prompt_lookup_min),
             "INFERENCE_PROMPT_LOOKUP_MAX": str(b.prompt_lookup_max),
             "INFERENCE_MOCK": "1" if b.mock else "0",

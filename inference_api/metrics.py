@@ -69,7 +69,7 @@ class Metrics:
         # vLLM's spec_decode counters by their meaning: the acceptance rate is accepted / draft.
         self.draft_tokens = Counter(
             "inference_spec_decode_draft_tokens",
-            "Draft tokens speculative decoding (prompt lookup) proposed and checked",
+            "Draft tokens speculative decoding (prompt lookup or a draft model) proposed and checked",
             registry=r,
         )
         self.accepted_draft_tokens = Counter(

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Speculative decoding by prompt lookup, measured: with it and without, through HTTP, side by side.
+"""Speculative decoding, measured: with it and without, through HTTP, side by side.
 
     .venv/bin/python scripts/bench_speculative.py [--rounds 3] [--streams 32] [--llama-server PATH]
+        [--draft-model PATH [--exact]]
 
 1. Starts `python -m inference_api` in the default mode (speculative decoding on where it pays) and
    sends greedy chat requests of two kinds, one at a time, alternating with and without speculation
@@ -14,6 +15,9 @@
    with and without speculation: the step is full there, and speculation must not slow it.
 3. With --llama-server, llama.cpp's server on the same GGUF file, with its n-gram speculation
    (`--spec-type ngram-simple`, the same lookup and draft lengths) and without, on the same requests.
+
+Drafts come from prompt lookup, or with --draft-model from that model's guesses; --exact serves the
+default model in float32 (`--dtype float32 --quantize none`), which its own 4-bit file can draft for.
 
 Prints a markdown block for docs/performance.md, with the machine.
 """
@@ -218,6 +222,10 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--stream-seconds", type=float, default=60, help="at --streams, for each variant")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, for the same requests")
+    parser.add_argument("--draft-model", help="our server drafts with this model instead of prompt lookup")
+    parser.add_argument(
+        "--exact", action="store_true", help="serve the default model in float32, unquantized"
+    )
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     lines = [f"Machine: {platform.processor() or platform.machine()}, {cores} cores", ""]
@@ -225,6 +233,12 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "inference_api", "--port", str(port), "--rows", "32"]
+    command += ["--draft-model", args.draft_model] if args.draft_model else []
+    command += ["--dtype", "float32", "--quantize", "none"] if args.exact else []
+    served = f"{'float32' if args.exact else 'the default mode'}, drafts from " + (
+        f"the draft model {Path(args.draft_model).name}" if args.draft_model else "prompt lookup"
+    )
+    lines += [f"Served: {served}.", ""]
     with serving(command, url, Path("/tmp/bench_speculative_server.log")):
         before = drafts(url)
         ours = one_stream(url, {"on": {}, "off": {"speculative": False}}, args.rounds)
@@ -246,7 +260,7 @@ def main() -> None:
             f"{full_on / full_off:.2f}x",
         ]
     )
-    lines += table(["request", "streams", "plain tok/s", "with prompt lookup", "ratio"], rows)
+    lines += table(["request", "streams", "plain tok/s", "with drafts", "ratio"], rows)
     share = accepted / max(drafted, 1)
     lines += ["", f"Draft tokens at one stream: {drafted:.0f} checked, {accepted:.0f} stood ({share:.0%})."]
     lines += [f"At {args.streams} streams: {full_drafted:.0f} checked, {full_accepted:.0f} stood."]
@@ -277,7 +291,7 @@ def main() -> None:
             "plain tok/s",
             "with ngram-simple",
             "ratio",
-            "ours with prompt lookup over it",
+            "ours with drafts over it",
         ]
         lines += table(header, rows)
     print("\n".join(lines))

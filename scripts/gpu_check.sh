@@ -5,7 +5,7 @@
 #
 # 1. installs the wheels carried in .gpu/wheels (`make gpu-folder` fetches them) into /tmp/site;
 # 2. runs the tests that need CUDA (graphs captured and replayed, steps launched ahead, no host wait in
-#    a step, the quantized layers' and host lists' CUDA paths);
+#    a step, a draft model's guesses, the quantized layers' and host lists' CUDA paths);
 # 3. greedy float32 text of the engine against model.generate (scripts/check_greedy_exact.py);
 # 4. scripts/bench_engine.py on a random 1B Llama, bfloat16, at 1, 8 and 32 rows with decode steps as
 #    CUDA graphs launched ahead, as graphs not launched ahead, and eager, the kernels, launches and host
@@ -82,6 +82,7 @@ TOKENIZER_OPTION=()
 
 stage cuda-tests 180 "$OUT/check.log" "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= -k cuda \
     tests/backend/test_decode_graphs.py tests/backend/test_steps_ahead.py tests/backend/test_host_lists.py \
+    tests/backend/test_draft_model.py \
     tests/backend/test_quantized_weights.py
 
 stage greedy-exact 120 "$OUT/exact.log" "$PYTHON" scripts/check_greedy_exact.py --size "$SIZE" \

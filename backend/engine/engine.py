@@ -5,6 +5,7 @@ Each `step()` reads like the algorithm:
     free the rows of cancelled requests
     schedule: the rows decoding, and prompt chunks of rows still prefilling and of waiting requests
         admitted into free rows (scheduler.py)
+    draft: the decoding rows' guesses of their next tokens, where they pay (speculation.py)
     run: one forward pass over them all, a token for every decoding row and the chunks (model_runner.py)
     sample every row's next token with its own settings (and its grammar, if it has one)
     accept: each row takes its token and gives its text
@@ -31,11 +32,12 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from backend.engine.ahead import StepAhead, decodes_again, next_step_rows
+from backend.engine.draft_model import DraftModel
 from backend.engine.prefill_budget import PrefillBudget
 from backend.engine.prefix_cache import Placement, PrefixIndex
 from backend.engine.row import Row
 from backend.engine.scheduler import Schedule, Scheduler
-from backend.engine.speculation import DRAFT_TOKENS, Speculator, verified
+from backend.engine.speculation import DRAFT_TOKEN_COST, DRAFT_TOKENS, Speculator, verified
 from backend.layers.grammar import GrammarError, Grammars, PendingMasks
 from backend.layers.logits_processors import LogitsProcessors
 from backend.layers.logprobs import token_logprobs
@@ -92,6 +94,7 @@ class Engine:
         cuda_graphs: bool = True,
         speculative_tokens: int | None = None,
         prompt_lookup: tuple[int, int] = (2, 4),
+        draft_model: PreTrainedModel | None = None,
     ):
         if embedding_model is not None and embedding_model.name == name:
             raise ValueError(f"the embedding model and the served model are both named {name!r}")
@@ -110,7 +113,7 @@ class Engine:
         self.runner = ModelRunner(model, rows, self.max_seq_len, kv_cache_dtype, compile_decode, cuda_graphs)
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
-        self.speculator = self._speculator(speculative_tokens, prompt_lookup, rows)
+        self.speculator = self._speculator(speculative_tokens, prompt_lookup, rows, draft_model, cuda_graphs)
         self.rows: list[Row | None] = [None] * rows
         self.prefixes = PrefixIndex(rows, prefix_reuse)
         self.scheduler = Scheduler(self.prefill_budget, self.prefixes, self.max_seq_len)
@@ -127,11 +130,12 @@ class Engine:
     @classmethod
     def load(cls, config: BackendConfig) -> Engine:
         """Load the configured model (checking resources first) and warm it up."""
-        from backend.model.loader import load_embedding_model, load_model
+        from backend.model.loader import load_draft_model, load_embedding_model, load_model
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         loaded = load_model(config)
+        draft = load_draft_model(config, loaded) if config.draft_model else None
         embedding_model = load_embedding_model(config) if config.embedding_model else None
         engine = cls(
             loaded.model,
@@ -147,25 +151,47 @@ class Engine:
             config.cuda_graphs,
             config.speculative_tokens,
             (config.prompt_lookup_min, config.prompt_lookup_max),
+            draft.model if draft else None,
         )
         engine.tokenizer_path = loaded.tokenizer_path
         engine.warm_up()
         return engine
 
-    def _speculator(self, tokens: int | None, prompt_lookup: tuple[int, int], rows: int) -> Speculator:
-        """Speculative decoding by prompt lookup: `tokens` draft tokens at most a row and step, or (None)
-        `DRAFT_TOKENS` where decode steps take a row's draft as more of its queries (the CPU's loop), and
-        none elsewhere, where a draft makes its step one with a chunk, which costs more (speculation.py)."""
+    def _speculator(
+        self,
+        tokens: int | None,
+        prompt_lookup: tuple[int, int],
+        rows: int,
+        draft_model: PreTrainedModel | None,
+        cuda_graphs: bool,
+    ) -> Speculator:
+        """Speculative decoding by prompt lookup, or by `draft_model`'s guesses where one is given:
+        `tokens` draft tokens at most a row and step, or (None) `DRAFT_TOKENS` with a draft model or
+        where decode steps take a row's draft as more of its queries (the CPU's loop), and none elsewhere,
+        where a draft makes its step one with a chunk, which costs more (speculation.py)."""
         if tokens is None:
-            tokens = DRAFT_TOKENS if self.runner.reads_own_positions else 0
-        speculator = Speculator(tokens, *prompt_lookup, step_queries=rows)
-        if speculator.enabled:
-            log.info(
-                "speculative decoding: prompt lookup of %d- to %d-grams, up to %d draft tokens a row",
-                *prompt_lookup,
-                tokens,
-            )
-        return speculator
+            tokens = DRAFT_TOKENS if self.runner.reads_own_positions or draft_model is not None else 0
+        if draft_model is None or not tokens:
+            speculator = Speculator(tokens, *prompt_lookup, step_queries=rows)
+            if speculator.enabled:
+                log.info(
+                    "speculative decoding: prompt lookup of %d- to %d-grams, up to %d draft tokens a row",
+                    *prompt_lookup,
+                    tokens,
+                )
+            return speculator
+        max_seq_len = min(self.max_seq_len, context_length(draft_model.config))
+        drafts = DraftModel(draft_model, rows, max_seq_len, self.vocab_size, cuda_graphs=cuda_graphs)
+        cost = drafts.cost_against(self.model)
+        log.info(
+            "speculative decoding: a draft model's guesses, up to %d draft tokens a row (a guess costs "
+            "%.2f of a one-row step besides its verifying)",
+            tokens,
+            cost,
+        )
+        if cost + DRAFT_TOKEN_COST >= 1:
+            log.warning("the draft model is about as large as the served model: its drafts never pay")
+        return Speculator(tokens, *prompt_lookup, rows, draft_model=drafts, draft_model_cost=cost)
 
     # The frontend's side: requests in, cancels in.
 
@@ -645,6 +671,8 @@ class Engine:
         """
         if self.runner.graphs_to_capture:
             self.runner.capture_graphs()
+        if self.speculator.draft_model is not None and self.speculator.draft_model.runner.graphs_to_capture:
+            self.speculator.draft_model.runner.capture_graphs()
         prompt = tuple(t for t in self.tokenizer("Warm up.").input_ids if t < self.vocab_size) or (0,)
         compiled = self.runner.decoder is not None and self.runner.decoder.compiled_decode is not None
         runs = [(3,), (3, 3)] if compiled and len(self.rows) > 1 else [(3,)]

@@ -2,7 +2,8 @@
 
 A decode step of one row reads every weight to make one token; the same
 read can score a few more. Each step, `Speculator.draft` gives rows a
-draft, the tokens prompt lookup guesses will follow (prompt_lookup.py),
+draft, the tokens prompt lookup guesses will follow (prompt_lookup.py)
+or, with `--draft-model`, a small model's guesses (draft_model.py),
 and the step feeds each such row [its last token, draft...] at consecutive
 positions: on a CPU as more decode queries of the same row, each reading
 its row up to its own position, elsewhere as a chunk of the row, as a
@@ -39,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from backend.engine.draft_model import DraftModel, Guessing
 from backend.engine.prompt_lookup import PromptLookup
 
 if TYPE_CHECKING:
@@ -58,7 +60,15 @@ KEPT_A_STEP = 0.977
 class Speculator:
     """Gives a step's decoding rows their drafts (each row keeps its own record of how they fared)."""
 
-    def __init__(self, tokens: int, shortest: int, longest: int, step_queries: int):
+    def __init__(
+        self,
+        tokens: int,
+        shortest: int,
+        longest: int,
+        step_queries: int,
+        draft_model: DraftModel | None = None,
+        draft_model_cost: float = 0.0,
+    ):
         if tokens and not 1 <= shortest <= longest:
             raise ValueError(
                 f"prompt lookup's shortest n-gram ({shortest}, --prompt-lookup-min) must be from 1 to its "
@@ -67,31 +77,43 @@ class Speculator:
         self.tokens = tokens  # the longest draft a row gets; 0: speculation is off
         self.shortest, self.longest = shortest, longest  # n-gram sizes prompt lookup matches
         self.step_queries = step_queries  # the most queries a step may have (the step plan's rows)
-        self.cost = DRAFT_TOKEN_COST
+        # None: drafts by prompt lookup; else the draft model's guesses (draft_model.py), each of which
+        # costs its pass too, `draft_model_cost` of a one-row step
+        self.draft_model = draft_model
+        self.cost = DRAFT_TOKEN_COST + draft_model_cost
 
     @property
     def enabled(self) -> bool:
         return self.tokens > 0
 
     def lookup_for(self, row: Row) -> PromptLookup | None:
-        """A new row's prompt lookup, if it may draft."""
-        if not self.enabled or not row.may_speculate:
+        """A new row's prompt lookup, if it may draft (with a draft model, rows draft without one)."""
+        if not self.enabled or not row.may_speculate or self.draft_model is not None:
             return None
         return PromptLookup(self.shortest, self.longest)
 
     def draft(self, decoding: Sequence[Row]) -> int:
         """Set each decoding row's draft for this step (() for most), as long as it pays and the step's
         spare queries allow; returns how many tokens were drafted."""
-        spare, drafted = self.step_queries - len(decoding), 0
+        spare, drafted, guessing = self.step_queries - len(decoding), 0, []
         share = self.token_share(len(decoding))
         for row in decoding:
             row.draft = ()
             row.forget(KEPT_A_STEP)
             room = min(self.tokens, spare - drafted, row.draft_room)
-            if row.lookup is not None and room > 0:
-                length = draft_length(row.draft_acceptance, share, room)
-                row.draft = row.lookup.propose(row.tokens, length) if length else ()
+            drafts = row.lookup is not None or (self.draft_model is not None and row.may_speculate)
+            length = draft_length(row.draft_acceptance, share, room) if drafts and room > 0 else 0
+            if length and self.draft_model is not None:
+                guessing.append((row, Guessing(row.index, row.tokens, length)))
+                drafted += length  # the room it takes, whatever the guesses come to
+            elif length:
+                row.draft = row.lookup.propose(row.tokens, length)
                 drafted += len(row.draft)
+        if guessing:
+            guesses = self.draft_model.propose([wanted for _, wanted in guessing])
+            for (row, _), draft in zip(guessing, guesses, strict=True):
+                row.draft = draft
+            drafted = sum(len(row.draft) for row in decoding)
         return drafted
 
     def token_share(self, rows: int) -> float:

@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
@@ -355,6 +355,23 @@ def check_all_weights_read(missing: list[str], gguf_file: str) -> None:
             f"{gguf_file} ({', '.join(sorted(missing)[:4])}{', ...' if len(missing) > 4 else ''}): it does "
             "not read this architecture's tensors; serve the model's safetensors checkpoint instead"
         )
+
+
+def load_draft_model(config: BackendConfig, served: LoadedModel) -> LoadedModel:
+    """The draft model of speculative decoding (`--draft-model`) on the served model's device, in the
+    default mode whatever --dtype and --quantize say (a GGUF file's own blocks, a checkpoint's
+    quantization): its guesses need speed, not exactness, since the served model verifies each; a row
+    cache of as many positions as the served model's. Its guesses are token ids of the served model's
+    vocabulary: a draft model whose tokenizer maps any text to other ids is refused."""
+    log.info("loading the draft model %s", config.draft_model)
+    as_served = dict(max_seq_len=served.max_seq_len, dtype="auto", quantize="auto")
+    draft = load_model(replace(config, model=config.draft_model, **as_served))
+    if draft.tokenizer.get_vocab() != served.tokenizer.get_vocab():
+        raise ValueError(
+            f"--draft-model {draft.name}: its vocabulary is not the served model's ({served.name}); a draft "
+            "model must share the served model's tokenizer (a smaller model of the same family)"
+        )
+    return draft
 
 
 def load_embedding_model(config: BackendConfig) -> EmbeddingModel:
