@@ -38,9 +38,10 @@ from backend.quant.quantized_linear import resident_bytes
 
 log = logging.getLogger(__name__)
 
-# The most tokens a row catches up a step: a new request's long prompt goes into the draft's cache a chunk
-# a step (the row drafts once it is all in), so that no step waits for a whole prompt's pass.
-CATCH_UP_TOKENS = 256
+# The most tokens the draft's rows catch up in a step, all rows together: new requests' prompts go into the
+# draft's cache a chunk a step (a row drafts once its prompt is all in), so that no step waits for whole
+# prompts' passes; rows that took their draft's guesses catch up a few tokens each, 9 at most.
+CATCH_UP_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -107,11 +108,12 @@ class DraftModel:
     @torch.inference_mode()
     def _guess(self, rows: Sequence[Guessing]) -> list[tuple[int, ...]]:
         counts = [min(row.count, self.max_seq_len - 1 - len(row.tokens)) for row in rows]
-        chunks = []
+        chunks, budget = [], CATCH_UP_TOKENS
         for row, count in zip(rows, counts, strict=True):
-            if count > 0:
+            if count > 0 and budget > 0:
                 held = common_prefix(self.held[row.index], row.tokens, len(row.tokens) - 1)
-                end = min(len(row.tokens), held + CATCH_UP_TOKENS)
+                end = min(len(row.tokens), held + budget)
+                budget -= end - held
                 chunks.append(_Chunk(row.index, held, end, row.tokens))
                 self.held[row.index] = row.tokens[:end]
         guesses: dict[int, list[int]] = {}

@@ -71,7 +71,8 @@ def test_a_draft_equal_to_the_served_model_has_every_guess_stand():
 def test_greedy_output_with_a_draft_model_is_generates_in_a_busy_batch(architecture, monkeypatch):
     """Exact mode, a draft that mostly agrees: more requests than rows (a row's draft row serves several
     requests, some sharing a prefix), rows joining mid-flight, prompts prefilled in chunks of 8 and caught
-    up by the draft 8 tokens a step; every request's tokens are `generate`'s, some guesses missed."""
+    up by the draft 8 tokens a step, all rows together; every request's tokens are `generate`'s, some
+    guesses missed."""
     monkeypatch.setattr(draft_model, "CATCH_UP_TOKENS", 8)
     model = tiny_model(architecture)
     rng = random.Random(architecture)
@@ -236,3 +237,14 @@ def test_a_draft_model_on_cuda_with_captured_graphs_gives_plain_decodings_text()
     assert {r: text_of(p) for r, p in got.items()} == {r: text_of(p) for r, p in expected.items()}
     drafted, accepted = drafted_and_accepted(got)
     assert accepted > drafted / 3
+
+
+def test_new_prompts_catch_up_in_the_draft_a_bounded_number_of_tokens_a_step():
+    """Two new 400-token rows: the first step's pass takes CATCH_UP_TOKENS (512) of their tokens, so the
+    second row drafts nothing yet; the next step it catches up the rest and guesses."""
+    drafts = DraftModel(nudged(tiny_model("llama"), 0), rows=2, max_seq_len=512, vocab_size=TINY_VOCAB)
+    rows = [Guessing(index, tuple(range(2 + index, 402 + index)), 2) for index in range(2)]
+    first = drafts.propose(rows)
+    assert len(first[0]) == 2 and first[1] == () and len(drafts.held[1]) == 512 - 400
+    second = drafts.propose(rows)
+    assert second[0] == first[0] and len(second[1]) == 2 and drafts.held[1][:400] == rows[1].tokens
