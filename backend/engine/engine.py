@@ -182,6 +182,10 @@ class Engine:
             return speculator
         max_seq_len = min(self.max_seq_len, context_length(draft_model.config))
         drafts = DraftModel(draft_model, rows, max_seq_len, self.vocab_size, cuda_graphs=cuda_graphs)
+        return Speculator(tokens, *prompt_lookup, rows, drafts, self._draft_cost(drafts, tokens))
+
+    def _draft_cost(self, drafts: DraftModel, tokens: int) -> float:
+        """What a draft model's guess costs, as a share of a one-row step (DraftModel.cost_against)."""
         cost = drafts.cost_against(self.model)
         log.info(
             "speculative decoding: a draft model's guesses, up to %d draft tokens a row (a guess costs "
@@ -191,7 +195,7 @@ class Engine:
         )
         if cost + DRAFT_TOKEN_COST >= 1:
             log.warning("the draft model is about as large as the served model: its drafts never pay")
-        return Speculator(tokens, *prompt_lookup, rows, draft_model=drafts, draft_model_cost=cost)
+        return cost
 
     # The frontend's side: requests in, cancels in.
 
