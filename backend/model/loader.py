@@ -108,6 +108,13 @@ def default_model_path() -> Path:
     return path
 
 
+def is_default_model_file(path: Path) -> bool:
+    try:
+        return path.resolve() == default_model_path().resolve()
+    except ModelNotFound:
+        return False
+
+
 def resolve_model(spec: str | None) -> ModelSource:
     if spec is None:
         path = default_model_path()
@@ -116,7 +123,9 @@ def resolve_model(spec: str | None) -> ModelSource:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelNotFound(f"GGUF file {spec} does not exist")
-        return ModelSource(path.stem, str(path.parent.resolve()), path.name)
+        # The default model's file named by its path is the default model: its name, its converted copy
+        name = DEFAULT_MODEL_NAME if is_default_model_file(path) else path.stem
+        return ModelSource(name, str(path.parent.resolve()), path.name)
     if path.is_dir():
         return ModelSource(path.resolve().name, str(path.resolve()))
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:

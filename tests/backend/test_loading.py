@@ -7,7 +7,7 @@ import torch
 
 from backend.layers.row_cache import pick_cache_dtype
 from backend.messages import BackendConfig
-from backend.model.loader import converted_dir, hub_token, load_model, resolve_model
+from backend.model.loader import converted_dir, default_model_path, hub_token, load_model, resolve_model
 from backend.model.resources import GIB, Available, Needs, estimate_needs, shortfalls
 from backend.quant.gguf_weights import BLOCKS_CACHE
 from tests.backend.models import tiny_model
@@ -44,6 +44,13 @@ def test_a_local_directory_loads_as_is(tmp_path):
 
 def test_model_names_resolve_to_the_right_kind_of_source(tmp_path):
     assert resolve_model(None).gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    # its file named by its path is the default model still (its name, so its converted copy), another
+    # GGUF file is named after its file
+    by_path = resolve_model(str(default_model_path()))
+    assert by_path == resolve_model(None) and by_path.name == "SmolLM2-135M-Instruct"
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF")
+    assert resolve_model(str(other)).name == "other"
     hub = resolve_model("HuggingFaceTB/SmolLM2-135M")
     assert hub.location == "HuggingFaceTB/SmolLM2-135M" and not hub.is_gguf
     from backend.model.loader import ModelNotFound
