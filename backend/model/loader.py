@@ -36,6 +36,7 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
 from backend.layers import decode_ops
@@ -251,9 +252,15 @@ def load_model(config: BackendConfig) -> LoadedModel:
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
     if gguf_file is not None:
         log.info("converting the GGUF file's weights: a first start only, about 30 s on 2 cores")
-    tokenizer = AutoTokenizer.from_pretrained(
-        location, gguf_file=gguf_file, token=token, trust_remote_code=trust
-    )
+    if converted is not None and location == str(converted):
+        # The tokenizer the GGUF file gave, as saved: its class, by name, would build its own pipeline
+        # over the vocabulary instead (Gemma's replaces a byte-level one and fails), and the frontend
+        # reads this tokenizer.json as it is.
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(location)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(
+            location, gguf_file=gguf_file, token=token, trust_remote_code=trust
+        )
     checkpoint_layers = {}
     if group_wise_format is not None:
         model, info, checkpoint_layers = load_group_wise(

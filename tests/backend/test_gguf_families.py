@@ -132,6 +132,32 @@ def test_a_gguf_file_gives_back_the_models_weights_and_its_greedy_tokens(family,
     again = load_gguf(path, tmp_path)
     assert again.model.config.quantization_config is None  # not read from the GGUF file this time
     assert_same_weights(again.model, model.state_dict())
+    assert_same_tokenizer(again.tokenizer, loaded.tokenizer)
+
+
+SOME_TEXT = ["Hello world, the cat sat on the mat.", "  déjà vu: 12,345 <b>bold</b>\n\tend", "ÅÄÖ 😀 日本"]
+
+
+def assert_same_tokenizer(again, first) -> None:
+    """A later start's tokenizer (the converted copy's) gives the first start's ids and special tokens."""
+    for text in SOME_TEXT:
+        assert again(text).input_ids == first(text).input_ids, text
+    assert (again.bos_token_id, again.eos_token_id) == (first.bos_token_id, first.eos_token_id)
+
+
+def test_a_gemma_3_file_with_a_byte_level_vocabulary_starts_again_from_its_converted_copy(
+    tmp_path, monkeypatch
+):
+    """llama.cpp writes a byte-level vocabulary for a Gemma 3 checkpoint without a tokenizer.model. The
+    converted copy's tokenizer, read back as Gemma's class, built Gemma's own pipeline over it and failed
+    at the second start ("Unk token None not found"); it is read as it was saved."""
+    monkeypatch.setattr(gguf_files, "SENTENCEPIECE_FAMILIES", ("gemma2",))
+    model = random_norms(FAMILIES["gemma3_text"]())
+    path = write_tiny_gguf(tmp_path / "tiny-gemma3-bpe.gguf", model, default_model_path())
+    first = load_gguf(path, tmp_path)
+    again = load_gguf(path, tmp_path)
+    assert again.model.config.quantization_config is None  # the converted copy
+    assert_same_tokenizer(again.tokenizer, first.tokenizer)
 
 
 def test_q8_0_weights_load_as_the_gguf_package_dequantizes_them(tmp_path):
