@@ -141,6 +141,9 @@ def scaled(
     is_causal: bool = False,
 ) -> torch.Tensor:
     """PyTorch's fused attention, or the matmuls where the layer's features need them."""
+    if features is not None and features.key_bias is not None:  # keys from position 0 (no window)
+        assert not features.needs_matmuls, "a bias by key position beside soft-capping or sinks"
+        mask, is_causal = features.with_key_bias(mask, key.shape[2], query.dtype), False
     if features is not None and features.needs_matmuls:
         return attention_with(query, key, value, mask, scaling, features)
     return scaled_dot_product_attention(

@@ -11,10 +11,12 @@ transformers' own eager attention does:
   prefix reuse and chunked prefill are unchanged: a window layer just reads less of it;
 - soft-capping: the logits, after scaling, become `softcap * tanh(logits / softcap)` before the mask;
 - sinks: one more logit per head, in the softmax and not in the sum (it takes a share of each query's
-  attention and gives nothing back).
+  attention and gives nothing back);
+- a bias by key position (ALiBi: Falcon-RW's positions, a slope per head times the key's position,
+  which a layer of its own passes, not transformers' interface): added to each head's logits.
 
-Only a window keeps PyTorch's fused kernel (it is a mask); soft-capping and sinks take the matmuls
-below.
+A window and a bias keep PyTorch's fused kernel (they are masks); soft-capping and sinks take the
+matmuls below.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class AttentionFeatures:
     window: int | None = None  # a query reads its last `window` positions, itself included
     softcap: float | None = None
     sinks: torch.Tensor | None = None  # [heads]: each head's sink logit
+    key_bias: torch.Tensor | None = None  # [heads, positions]: added to a head's logits by key position
 
     @classmethod
     def asked(cls, kwargs: dict, positions: int) -> AttentionFeatures | None:
@@ -47,6 +50,17 @@ class AttentionFeatures:
     def needs_matmuls(self) -> bool:
         """Whether PyTorch's fused attention cannot do it: soft-capping and sinks change the softmax."""
         return self.softcap is not None or self.sinks is not None
+
+    def with_key_bias(self, mask: torch.Tensor | None, keys: int, dtype: torch.dtype) -> torch.Tensor:
+        """`mask` (True or 0 where a query reads, broadcast to [batch, 1, queries, keys]; None: all) as
+        additive logits in `dtype` with each head's bias by key position added: [batch or 1, heads,
+        queries or 1, keys]."""
+        bias = self.key_bias[:, :keys].to(dtype)[None, :, None]
+        if mask is None:
+            return bias
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+        return mask.to(dtype) + bias
 
     def window_hides(self, query_positions: torch.Tensor, keys: int) -> torch.Tensor | None:
         """[queries, keys] True where a query's window hides a key position (0..keys-1); None without a

@@ -35,7 +35,7 @@ SUPPORTED = {
     "olmo2": "OLMo 2",
     "granite": "Granite 3",
     "smollm3": "SmolLM3",
-    "falcon": "Falcon 7B, 40B and 180B, with rotary positions",
+    "falcon": "Falcon 7B, 40B and 180B, and Falcon-RW with its ALiBi positions",
     "gpt2": "GPT-2",
 }
 
@@ -52,11 +52,6 @@ def check_supported(config: PretrainedConfig) -> None:
         raise UnsupportedModel(
             f"model type {model_type!r} is not supported: the engine serves exactly only "
             + "; ".join(f"{name} ({families})" for name, families in SUPPORTED.items())
-        )
-    if model_type == "falcon" and config.alibi:
-        raise UnsupportedModel(
-            "falcon model with ALiBi positions (alibi: Falcon-RW), which the engine does not do "
-            "(Falcon 7B, 40B and 180B, with rotary positions, are served)"
         )
 
 

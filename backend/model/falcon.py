@@ -10,28 +10,33 @@ values as transformers does, writes keys and values through the cache and attend
 The rest of FalconModel's forward runs as it is over the row cache: `get_seq_length` is 0 and the
 positions are passed, so the rotary embeddings are each token's own, and the mask it makes (None) is
 not read.
+
+Falcon-RW has ALiBi positions instead of rotary ones: each head adds its slope times a key's position
+to its logits. transformers adds the bias it builds for the whole (packed) sequence to its mask; here
+each head's bias by row position is the attention's `key_bias` (attention_features.py), built as
+transformers builds it (its slopes rounded to bfloat16, over the head size's square root), once.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from transformers.cache_utils import Cache
-from transformers.models.falcon.modeling_falcon import FalconAttention, apply_rotary_pos_emb
+from transformers.models.falcon.modeling_falcon import (
+    FalconAttention,
+    apply_rotary_pos_emb,
+    build_alibi_tensor,
+)
 
 from backend.layers.attention import _current_layout, attend
+from backend.layers.attention_features import AttentionFeatures
 
 
 def attend_over_rows(model: torch.nn.Module) -> torch.nn.Module:
     """Make each of the model's Falcon attention layers attend through the engine's `attend` inside
-    `attending_over` (the model runner's step); returns the model. Applying it twice changes nothing.
-
-    Falcon-RW's ALiBi is refused: its bias (per head, by key position) is added to the attention
-    logits, which `attend` does not do.
-    """
-    if model.config.alibi:
-        raise NotImplementedError("Falcon with ALiBi positions (alibi=True, Falcon-RW) over the row cache")
+    `attending_over` (the model runner's step); returns the model. Applying it twice changes nothing."""
     for module in model.modules():
         if isinstance(module, FalconAttention) and not isinstance(module, AttendsOverRows):
             module.__class__ = _over_rows(type(module))
@@ -73,14 +78,19 @@ class AttendsOverRows:
                 **kwargs,
             )
         query, key, value = self.heads(hidden_states)
-        cos, sin = position_embeddings  # of each packed token's own position
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        if not self.config.alibi:
+            cos, sin = position_embeddings  # of each packed token's own position
+            query, key = apply_rotary_pos_emb(query, key, cos, sin)
         # The new architecture's keys come out of `_split_heads` once per query head: the cache keeps
         # one per group (row_cache.key_value_heads).
         kv_heads = layer_past.kv_heads
         key, value = layer_past.update(fit_heads(key, kv_heads), fit_heads(value, kv_heads), self.layer_idx)
+        features = None
+        if self.config.alibi:
+            bias = alibi_bias(self.num_heads, self.head_dim, key.shape[2], key.device, key.dtype)
+            features = AttentionFeatures(key_bias=bias)
         # 1/sqrt(head_dim), as SDPA's default in transformers' branch and its eager division
-        attended = attend(query, key, value, layout, self.inv_norm_factor)  # [1, tokens, heads, head_dim]
+        attended = attend(query, key, value, layout, self.inv_norm_factor, features=features)
         return self.dense(attended.reshape(*hidden_states.shape[:2], -1)), None
 
     def heads(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -89,6 +99,18 @@ class AttendsOverRows:
         `_split_heads` repeated for every query head of their group, multi-query's as one head."""
         query, key, value = self._split_heads(self.query_key_value(hidden_states))
         return query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+
+
+@functools.lru_cache(maxsize=8)
+def alibi_bias(
+    heads: int, head_dim: int, positions: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """[heads, positions]: each head's ALiBi logit at each key position, as transformers' FalconModel adds
+    it to SDPA's mask (`build_alibi_tensor` over an all-ones mask, over sqrt(head_dim)); one tensor a
+    cache shape, which every layer and step reads."""
+    ones = torch.ones((1, positions), dtype=torch.long, device=device)
+    alibi = build_alibi_tensor(ones, heads, dtype).reshape(heads, positions)
+    return alibi / math.sqrt(head_dim)
 
 
 def fit_heads(states: torch.Tensor, heads: int) -> torch.Tensor:

@@ -245,14 +245,14 @@ def text_of(pieces: list) -> str:
     return "".join(piece.text for piece in pieces)
 
 
-def write_tiny_causal_lm(directory: Path, architecture: str) -> Path:
-    """A model directory the server loads, built offline: `tiny_model(architecture)` and a word-level
-    tokenizer whose token `i` is the marker "<i>", so that a completion's text shows its exact ids (read
-    them with `MarkerTokenizer.ids`)."""
+def write_tiny_causal_lm(directory: Path, architecture: str, model: torch.nn.Module | None = None) -> Path:
+    """A model directory the server loads, built offline: `tiny_model(architecture)` (or `model`) and a
+    word-level tokenizer whose token `i` is the marker "<i>", so that a completion's text shows its exact
+    ids (read them with `MarkerTokenizer.ids`)."""
     vocab = {f"<{i}>": i for i in range(TINY_VOCAB)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))  # words not "<i>" (warm-up text)
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tiny_model(architecture).save_pretrained(directory)
+    (model if model is not None else tiny_model(architecture)).save_pretrained(directory)
     # EOS the only special token: any other id the model draws must show in the text.
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=f"<{TINY_EOS}>").save_pretrained(directory)
     return directory

@@ -21,9 +21,9 @@ SHAPES = {
     "7b": dict(multi_query=True, parallel_attn=True, new_decoder_architecture=False, bias=False),
     # Falcon-40B and 180B: groups of query heads sharing a key and value head, two layer norms
     "40b": dict(new_decoder_architecture=True, num_kv_heads=2, bias=False),
+    # Falcon-RW: ALiBi positions instead of rotary ones, a head of keys and values for every query head
+    "rw": dict(alibi=True, multi_query=False, parallel_attn=False, new_decoder_architecture=False, bias=True),
 }
-# Falcon-RW: ALiBi positions instead of rotary ones, a head of keys and values for every query head
-RW = dict(alibi=True, multi_query=False, parallel_attn=False, new_decoder_architecture=False, bias=True)
 
 
 def tiny_falcon(shape: dict, seed: int = 0) -> torch.nn.Module:
@@ -52,8 +52,9 @@ def test_falcon_matches_generate_with_rows_joining_mid_flight(shape):
     engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=128)
     attention = model.transformer.h[0].self_attention
     assert engine.runner.decoder is None and isinstance(attention, AttendsOverRows)
-    # The cache keeps Falcon's own key heads: 7B's one, a head a group of 40B's, not one a query head.
-    assert engine.runner.cache.kv_heads == attention.num_kv_heads < model.config.num_attention_heads
+    # The cache keeps Falcon's own key heads: 7B's one, a head a group of 40B's, RW's one a query head.
+    assert engine.runner.cache.kv_heads == attention.num_kv_heads
+    assert (attention.num_kv_heads < model.config.num_attention_heads) == (shape != "rw")
     assert_matches_reference(engine, reference, prompts, max_tokens=24, rng=rng)
 
 
@@ -74,8 +75,3 @@ def test_patched_falcon_still_generates_as_transformers_does():
     assert reference_greedy(model, prompt, 16, {TINY_EOS}) == reference_greedy(
         reference, prompt, 16, {TINY_EOS}
     )
-
-
-def test_alibi_falcon_is_refused_by_name():
-    with pytest.raises(NotImplementedError, match="ALiBi"):
-        attend_over_rows(tiny_falcon(RW))

@@ -17,6 +17,7 @@ import requests
 from transformers import AutoModelForCausalLM
 
 from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, reference_greedy, write_tiny_causal_lm
+from tests.backend.test_falcon import SHAPES, tiny_falcon
 from tests.server_fixture import running_server
 
 # The families beyond Llama's layer (held to the default model end to end elsewhere): Qwen3 on the decoder
@@ -34,13 +35,16 @@ FAMILIES = [
     "gpt_oss",
     "cohere2",
     "falcon",
+    "falcon_rw",
 ]
 MAX_TOKENS = 10
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_family_gives_generates_tokens_through_the_api(family, tmp_path):
-    directory = write_tiny_causal_lm(tmp_path / family, family)
+    # Falcon-RW: Falcon with ALiBi positions (tests/backend/test_falcon.py's shape)
+    built = tiny_falcon(SHAPES["rw"]) if family == "falcon_rw" else None
+    directory = write_tiny_causal_lm(tmp_path / family, family, built)
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
     rng = random.Random(family)
     shared = [rng.randrange(2, TINY_EOS) for _ in range(12)]
