@@ -34,6 +34,23 @@ def nudged(model: torch.nn.Module, scale: float, seed: int = 1) -> torch.nn.Modu
     return copied
 
 
+def drafting_engine(
+    model, draft, rows: int = 4, max_seq_len: int = 128, tokens: int = 4, **options
+) -> Engine:
+    """An engine whose rows all draft with `draft`, however their drafts fare (the mechanics under test);
+    `draft` None: prompt lookup's drafts."""
+    engine = Engine(
+        model,
+        MarkerTokenizer(),
+        rows=rows,
+        max_seq_len=max_seq_len,
+        speculative_tokens=tokens,
+        draft_model=draft,
+        **options,
+    )
+    return always_drafting(engine)
+
+
 def drafted_and_accepted(pieces: dict) -> tuple[int, int]:
     return (
         sum(request[-1].draft_tokens for request in pieces.values()),
@@ -45,16 +62,7 @@ def test_a_draft_equal_to_the_served_model_has_every_guess_stand():
     """The bookkeeping alone: the draft's cache holds what each row holds, so its guesses are the served
     model's own greedy tokens, and every one stands."""
     model = tiny_model("llama")
-    engine = always_drafting(
-        Engine(
-            model,
-            MarkerTokenizer(),
-            rows=4,
-            max_seq_len=128,
-            speculative_tokens=4,
-            draft_model=nudged(model, 0),
-        )
-    )
+    engine = drafting_engine(model, nudged(model, 0))
     assert engine.speculator.draft_model is not None and engine.speculator.enabled
     rng = random.Random(3)
     prompts = [[rng.randrange(2, 500) for _ in range(rng.randrange(1, 30))] for _ in range(6)]
@@ -80,16 +88,7 @@ def test_greedy_output_with_a_draft_model_is_generates_in_a_busy_batch(architect
     prompts = LOOPING + [
         shared + [rng.randrange(2, 500) for _ in range(rng.randrange(1, 20))] for _ in range(5)
     ]
-    engine = Engine(
-        model,
-        MarkerTokenizer(),
-        rows=4,
-        max_seq_len=128,
-        max_prefill_tokens=8,
-        speculative_tokens=5,
-        draft_model=nudged(model, 0.05),
-    )
-    always_drafting(engine)
+    engine = drafting_engine(model, nudged(model, 0.05), tokens=5, max_prefill_tokens=8)
     pieces = drive(engine, greedy_arrivals(prompts, 30, rng))
     for i, prompt in enumerate(prompts):
         got = MarkerTokenizer.ids(text_of(pieces[f"r{i}"]))
@@ -106,24 +105,13 @@ def test_seeded_output_with_a_draft_model_is_plain_decodings_and_sampled_tokens_
     params = SamplingParams(temperature=0.9, top_k=2, seed=8, max_tokens=40)
     texts, accepted = [], 0
     for draft in (None, nudged(model, 0)):
-        engine = always_drafting(
-            Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=5, draft_model=draft)
-        )
+        engine = drafting_engine(model, draft, tokens=5)
         pieces = drive(engine, [(0, Submit(f"r{i}", tuple(p), params)) for i, p in enumerate(prompts)])
         texts.append([text_of(pieces[f"r{i}"]) for i in range(len(prompts))])
         accepted += drafted_and_accepted(pieces)[1]
     assert texts[0] == texts[1] and accepted > 0
 
-    drafting = always_drafting(
-        Engine(
-            model,
-            MarkerTokenizer(),
-            rows=16,
-            max_seq_len=64,
-            speculative_tokens=4,
-            draft_model=nudged(model, 0),
-        )
-    )
+    drafting = drafting_engine(model, nudged(model, 0), rows=16, max_seq_len=64)
     steps, accepted = sampled_steps(drafting, CHAIN * 2, range(2000, 2300), 10)
     assert accepted > 300 * 10 * 0.2  # the draft guesses the likeliest step, 0.6
     assert chi_square_against_steps(steps)[0] < chi_square_critical(10 * 2)
@@ -133,16 +121,7 @@ def test_a_failing_draft_pass_drafts_nothing_and_the_rows_go_on(monkeypatch):
     """The draft model's first three passes raise: those steps run without drafts, the row's text is
     plain decoding's, and its drafts come back once the draft model runs again."""
     model = tiny_model("llama")
-    engine = always_drafting(
-        Engine(
-            model,
-            MarkerTokenizer(),
-            rows=2,
-            max_seq_len=128,
-            speculative_tokens=4,
-            draft_model=nudged(model, 0),
-        )
-    )
+    engine = drafting_engine(model, nudged(model, 0), rows=2)
     runner, failures = engine.speculator.draft_model.runner, []
     run = runner.run
 
@@ -222,15 +201,7 @@ def test_a_draft_model_on_cuda_with_captured_graphs_gives_plain_decodings_text()
     plain = Engine(
         copy.deepcopy(model).to("cuda"), MarkerTokenizer(), rows=4, max_seq_len=128, cuda_graphs=False
     )
-    drafting = Engine(
-        copy.deepcopy(model).to("cuda"),
-        MarkerTokenizer(),
-        rows=4,
-        max_seq_len=128,
-        speculative_tokens=4,
-        draft_model=nudged(model, 0.05).to("cuda"),
-    )
-    always_drafting(drafting)
+    drafting = drafting_engine(copy.deepcopy(model).to("cuda"), nudged(model, 0.05).to("cuda"))
     drafting.warm_up()
     assert drafting.speculator.draft_model.runner.decodes_in_graphs
     expected, got = drive(plain, arrivals), drive(drafting, arrivals)

@@ -38,21 +38,26 @@ def drafts(server: RunningServer) -> tuple[float, float]:
     )
 
 
-def test_an_edit_is_the_same_with_drafts_and_without_and_most_drafts_stand(default_mode_server) -> None:
-    client = openai.OpenAI(base_url=f"{default_mode_server.url}/v1", api_key="-", max_retries=0, timeout=300)
-    ask = dict(model=MODEL, messages=EDIT, temperature=0, max_tokens=120)
+def with_drafts_and_without(server: RunningServer, messages: list[dict], max_tokens: int) -> tuple:
+    """A greedy chat request without drafts (`speculative: false`, which drafts nothing), then streamed
+    with them, through the official client: the two texts and the draft tokens checked and stood."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=300)
+    ask = dict(model=MODEL, messages=messages, temperature=0, max_tokens=max_tokens)
     # Both requests below then find the prompt cached, whatever ran on this server before: a prompt
     # prefilled whole and one found cached round a near tie differently in the default mode's bfloat16.
     client.chat.completions.create(**{**ask, "max_tokens": 1})
-    before = drafts(default_mode_server)
+    before = drafts(server)
     plain = client.chat.completions.create(**ask, extra_body={"speculative": False})
-    assert drafts(default_mode_server) == before  # a request may turn it off
+    assert drafts(server) == before  # a request may turn it off
     chunks = client.chat.completions.create(**ask, stream=True)
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
-    drafted, accepted = (
-        after - earlier for after, earlier in zip(drafts(default_mode_server), before, strict=True)
-    )
-    assert streamed == plain.choices[0].message.content
+    drafted, accepted = (after - earlier for after, earlier in zip(drafts(server), before, strict=True))
+    return plain.choices[0].message.content, streamed, drafted, accepted
+
+
+def test_an_edit_is_the_same_with_drafts_and_without_and_most_drafts_stand(default_mode_server) -> None:
+    plain, streamed, drafted, accepted = with_drafts_and_without(default_mode_server, EDIT, 120)
+    assert streamed == plain
     assert "class NgramLookup" in streamed  # an edit, so that its text repeats the prompt's
     assert accepted > 40 and accepted / drafted > 0.5
 
