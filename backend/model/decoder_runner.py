@@ -9,7 +9,8 @@ layer is exactly
     x = x + o_proj(attention(rope(q_proj(norm(x))), rope(k_proj(...)), v_proj(...)))
     x = x + down_proj(silu(gate_proj(norm(x))) * up_proj(norm(x)))
 
-(Qwen3's adds an RMSNorm of each head's query and key before the rotation: `HeadNorms`)
+(Qwen3's adds an RMSNorm of each head's query and key before the rotation: `HeadNorms`; Qwen3-MoE's
+and Mixtral's MLP is a mixture of experts, which the runner calls as the layer's own module: `mlp`)
 
 this runner does the same arithmetic on the same modules' weights in fewer
 operations: transformers' rotary embedding, applied to queries and keys in
@@ -29,6 +30,7 @@ forward as before (`DecoderRunner.supports`).
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import types
 from collections.abc import Callable
@@ -50,10 +52,14 @@ from backend.model.native_decode import NativeDecode
 from backend.model.step_plan import DECODE_LAYERS, GRAPH, NATIVE, plan_runner
 from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fuse_linears
 
+log = logging.getLogger(__name__)
+
 # The model types whose decoder layers are the Llama layer above; Mistral, Qwen2 and Qwen3 only where
 # their sliding window never comes into play (`supports`). Qwen2 adds biases to q, k and v: the linear
-# layers have them. Qwen3 norms each head's query and key (`HeadNorms`).
-LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+# layers have them. Qwen3 norms each head's query and key (`HeadNorms`). Qwen3-MoE (Qwen3's attention)
+# and Mixtral (Mistral's) have a mixture of experts for an MLP: the layer's own module multiplies each
+# token by its chosen experts only (transformers' routing), called where the Llama MLP's products are.
+LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"}
 
 # Decode steps of fewer rows than this run `decode_layers` (compiled with --compile); from here on the
 # linear layers multiply by their dense copies (quantized_linear.DENSE_FROM_ROWS) and the step is their
@@ -96,9 +102,10 @@ class DecodeLayer:
     qkv: Callable[[torch.Tensor], torch.Tensor]  # Qwen3's head norms applied (`HeadNorms.after`)
     o: Callable[[torch.Tensor], torch.Tensor]
     mlp_norm: Norm
-    gate_up: Callable[[torch.Tensor], torch.Tensor]
-    down: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # None: a mixture of experts (`experts`)
+    down: Callable[[torch.Tensor], torch.Tensor] | None
     next_norm: Norm
+    experts: Callable[[torch.Tensor], torch.Tensor] | None = None  # the layer's own MoE block, [rows, hidden]
 
 
 def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -176,7 +183,11 @@ class DecoderRunner:
         self.qkv = [
             Projections(a.q_proj, a.k_proj, a.v_proj) for a in (layer.self_attn for layer in self.layers)
         ]
-        self.gate_up = [Projections(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers]
+        # A mixture-of-experts layer (no gate_proj of its own) has none: its MLP is its module
+        self.gate_up = [
+            Projections(layer.mlp.gate_proj, layer.mlp.up_proj) if is_dense(layer.mlp) else None
+            for layer in self.layers
+        ]
         self.head_norms = [HeadNorms.of(layer.self_attn, self.heads, self.kv_heads) for layer in self.layers]
         dtype = self.norm.weight.dtype  # the model's: what the modules give back
         next_norms = [Norm.of(layer.input_layernorm) for layer in self.layers[1:]] + [Norm.of(self.norm)]
@@ -186,9 +197,10 @@ class DecoderRunner:
                 qkv=HeadNorms.after(qkv.few_rows_matmul(dtype), head_norms),
                 o=few_rows_matmul(layer.self_attn.o_proj, dtype),
                 mlp_norm=Norm.of(layer.post_attention_layernorm),
-                gate_up=gate_up.few_rows_matmul(dtype),
-                down=few_rows_matmul(layer.mlp.down_proj, dtype),
+                gate_up=gate_up.few_rows_matmul(dtype) if gate_up is not None else None,
+                down=few_rows_matmul(layer.mlp.down_proj, dtype) if gate_up is not None else None,
                 next_norm=next_norm,
+                experts=None if gate_up is not None else rows_through(layer.mlp),
             )
             for layer, qkv, head_norms, gate_up, next_norm in zip(
                 self.layers, self.qkv, self.head_norms, self.gate_up, next_norms, strict=True
@@ -199,8 +211,12 @@ class DecoderRunner:
         exact = dtype == torch.float32 and not any(
             isinstance(p.linears[0], WeightOnlyLinear) for p in self.qkv
         )
+        self.dense = all(gate_up is not None for gate_up in self.gate_up)
         self.compiled_decode = None
-        if compile_decode:
+        if compile_decode and not self.dense:
+            # the experts' routing loops over the experts chosen: no whole graph to compile
+            log.warning("--compile: a mixture-of-experts model's decode steps are not compiled")
+        elif compile_decode:
             # dynamic: one graph for every number of rows and span (torch.compile specializes size 1).
             # Without duck shapes, sizes that happen to be equal when it compiles (two rows and two KV
             # heads, say) are not assumed equal for ever, which would compile again at every new shape.
@@ -224,7 +240,8 @@ class DecoderRunner:
         self.ops = ops
         # Where all of a decode step's work is the extension's, its layers are one C++ call.
         self.native = None
-        if self.reads_own_positions and not any(self.head_norms):  # decode_layers.cpp has no head norms
+        # decode_layers.cpp has no head norms, nor experts
+        if self.reads_own_positions and not any(self.head_norms) and self.dense:
             self.native = NativeDecode.of(
                 self.ops,
                 [
@@ -264,8 +281,9 @@ class DecoderRunner:
         for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True):
             modules += [qkv.fused] if qkv.fused is not None else list(qkv.linears)
             modules.append(layer.self_attn.o_proj)
-            modules += [gate_up.fused] if gate_up.fused is not None else list(gate_up.linears)
-            modules.append(layer.mlp.down_proj)
+            if gate_up is not None:  # (a mixture of experts multiplies as its module does)
+                modules += [gate_up.fused] if gate_up.fused is not None else list(gate_up.linears)
+                modules.append(layer.mlp.down_proj)
         return modules
 
     def use_graphs(self, cache: RowCache, capture: bool = True) -> DecodeGraphs:
@@ -346,7 +364,11 @@ class DecoderRunner:
             projected = HeadNorms.after(qkv, head_norms)(rms_norm(hidden, layer.input_layernorm))
             attended = self._attention(projected, cos, sin, cache_layer, layout)
             hidden = hidden + layer.self_attn.o_proj(attended)
-            gate, up = gate_up(rms_norm(hidden, layer.post_attention_layernorm)).chunk(2, dim=-1)
+            normed = rms_norm(hidden, layer.post_attention_layernorm)
+            if gate_up is None:  # a mixture of experts: the layer's own module
+                hidden = hidden + layer.mlp(normed)
+                continue
+            gate, up = gate_up(normed).chunk(2, dim=-1)
             hidden = hidden + layer.mlp.down_proj(nn.functional.silu(gate) * up)
         return self.head(rms_norm(hidden[0, keep], self.norm))
 
@@ -422,10 +444,22 @@ class DecoderRunner:
             hidden, normed = ops.add_norm(
                 hidden, layer.o(attended.view(queries, -1).to(hidden.dtype)), layer.mlp_norm
             )
-            hidden, normed = ops.add_norm(
-                hidden, layer.down(ops.silu_mul(layer.gate_up(normed))), layer.next_norm
-            )
+            if layer.experts is not None:
+                mlp = layer.experts(normed)
+            else:
+                mlp = layer.down(ops.silu_mul(layer.gate_up(normed)))
+            hidden, normed = ops.add_norm(hidden, mlp, layer.next_norm)
         return normed
+
+
+def is_dense(mlp: nn.Module) -> bool:
+    """Whether a layer's MLP is Llama's (gate, up and down projections) rather than a mixture of experts."""
+    return all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
+
+
+def rows_through(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A [batch, tokens, hidden] module (transformers' MoE blocks) as a function of [rows, hidden]."""
+    return lambda x: module(x[None])[0]
 
 
 def loop_attends(ops: DecodeOps, head_dim: int, group: int) -> bool:

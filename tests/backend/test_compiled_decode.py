@@ -121,3 +121,11 @@ def test_each_compiled_runner_runs_its_own_graphs():
             }
     assert texts[True, 0] == texts[False, 0] and texts[True, 1] == texts[False, 1]
     assert texts[False, 0] != texts[False, 1]  # two different models: a shared graph would show
+
+
+def test_a_mixture_of_experts_is_served_uncompiled_with_a_warning(caplog):
+    """The experts' routing loops over the experts each step chose: torch.compile has no whole graph of
+    it to make, so --compile leaves such a model's decode steps eager, and says so."""
+    runner = DecoderRunner(tiny_model("qwen3_moe"), compile_decode=True)
+    assert runner.compiled_decode is None and not runner.dense
+    assert "mixture-of-experts model's decode steps are not compiled" in caplog.text

@@ -3,11 +3,13 @@
 import random
 
 import pytest
+import torch
 
 from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from backend.model.architectures import SUPPORTED
 from backend.model.decoder_runner import LLAMA_LAYER_TYPES
+from backend.quant.quantized_linear import quantize_model
 from tests.backend.models import (
     TINY_VOCAB,
     TINY_WINDOW,
@@ -146,3 +148,37 @@ def test_rows_stay_exact_when_free_rows_sit_between_them():
     for i, (prompt, length) in enumerate(zip(prompts, lengths, strict=True)):
         expected = reference_greedy(model, prompt, length, engine.eos_ids)
         assert MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == expected, f"row {i} diverged"
+
+
+@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral"])
+def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives_transformers_logits(
+    architecture, monkeypatch
+):
+    """The default mode's path for an MoE model: 4-bit attention projections, the experts multiplied as
+    the layer's own module does, decode steps through `decode_layers` with the CPU's fused operations
+    where they build, rows decoding together: each step's logits are transformers' forward's over the
+    same quantized model, to 0.02 (its prompt-length products take another path, the 4-bit kernels'
+    for many rows; a Llama on its own path differs as much)."""
+    from tests.backend.test_speculation import decode_steps_seen
+
+    model = tiny_model(architecture, head_dim=64)
+    quantize_model(model, "int4")
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
+    decoder = engine.runner.decoder
+    assert decoder is not None and decoder.native is None  # decode_layers.cpp has no experts
+    assert all(layer.experts is not None for layer in decoder.bound_layers)
+    steps = decode_steps_seen(engine, monkeypatch)
+    rng = random.Random(f"{architecture} 4-bit")
+    prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(5, 30))] for _ in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    pieces = drive(engine, [(0, Submit(f"r{i}", tuple(p), params)) for i, p in enumerate(prompts)])
+    texts = [[*prompt, *MarkerTokenizer.ids(text_of(pieces[f"r{i}"]))] for i, prompt in enumerate(prompts)]
+    compared = 0
+    with torch.no_grad():
+        for step in (step for step in steps if len(step) == len(prompts)):  # every row decoding
+            for (position, token, logits), text in zip(step, texts, strict=True):
+                assert text[position] == token
+                expected = model(input_ids=torch.tensor([text[: position + 1]])).logits[0, -1]
+                torch.testing.assert_close(logits.float(), expected, rtol=0, atol=0.02)
+                compared += 1
+    assert compared >= 12

@@ -47,7 +47,9 @@ def test_model_names_resolve_to_the_right_kind_of_source(tmp_path):
     # its file named by its path is the default model still (its name, so its converted copy), another
     # GGUF file is named after its file
     by_path = resolve_model(str(default_model_path()))
-    assert by_path == resolve_model(None) and by_path.name == "SmolLM2-135M-Instruct"
+    default = resolve_model(None)
+    assert by_path.name == default.name == "SmolLM2-135M-Instruct"
+    assert converted_dir(by_path, tmp_path) == converted_dir(default, tmp_path)
     other = tmp_path / "other.gguf"
     other.write_bytes(b"GGUF")
     assert resolve_model(str(other)).name == "other"
