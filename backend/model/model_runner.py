@@ -51,7 +51,8 @@ class ModelRunner:
         self.cache = RowCache(KVShape.of(model.config), rows, max_seq_len, self.cache_dtype, self.device)
         if compile_decode and self.decoder is None:
             log.warning("--compile: this model runs through transformers' forward, which is not compiled")
-        if cuda_graphs and self.decoder is not None and self.device.type == "cuda":
+        # (An MoE's routing waits for the host, which a graph cannot: its steps run eagerly.)
+        if cuda_graphs and self.decoder is not None and self.decoder.dense and self.device.type == "cuda":
             self.decoder.use_graphs(self.cache)  # captured in capture_graphs, at warm-up
         self._transformers_plan = None if self.decoder is not None else plan_transformers(rows, model)
 
