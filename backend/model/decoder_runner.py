@@ -10,7 +10,7 @@ layer is exactly
     x = x + down_proj(silu(gate_proj(norm(x))) * up_proj(norm(x)))
 
 (Qwen3's adds an RMSNorm of each head's query and key before the rotation: `HeadNorms`; Qwen3-MoE's
-and Mixtral's MLP is a mixture of experts, which the runner calls as the layer's own module: `mlp`)
+and Mixtral's MLP is a mixture of experts, which the runner calls as the layer's own module: `experts`)
 
 this runner does the same arithmetic on the same modules' weights in fewer
 operations: transformers' rotary embedding, applied to queries and keys in
