@@ -8,7 +8,9 @@ there on later starts; the linear layers stored quantized are then served
 from the file's own blocks (gguf_weights.py) unless `--quantize none`. A
 GPTQ or AWQ checkpoint is read by this server itself (transformers would
 need GPTQModel or AutoAWQ and their CUDA kernels), its 4-bit layers
-repacked into the engine's blocks (group_wise.py).
+repacked into the engine's blocks (group_wise.py), and so is a
+compressed-tensors one (compressed_checkpoint.py), before transformers
+could look for that library.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
@@ -47,7 +51,7 @@ from backend.model.cache_size import context_length, size_kv_cache
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed
 from backend.model.resources import check_resources
-from backend.quant import group_wise
+from backend.quant import compressed_checkpoint, group_wise
 from backend.quant.calibration import (
     calibration_token_ids,
     drop_copies_blocks_match,
@@ -56,9 +60,7 @@ from backend.quant.calibration import (
     time_projection_crossover,
 )
 from backend.quant.fp8_weights import is_fp8_checkpoint, serve_fp8_as_blocks
-from backend.quant.gguf_types import FourBitWeight
 from backend.quant.gguf_weights import serve_gguf_weights
-from backend.quant.group_wise import GroupWiseFormat
 from backend.quant.quantized_linear import QUANTIZERS, quantize_model, resident_bytes
 from backend.utils.heap import give_back_freed_memory
 
@@ -180,8 +182,8 @@ def cpu_multiplies_bf16() -> bool:
 
 
 def pick_quantization(requested: str, source: ModelSource, quantized_checkpoint: bool = False) -> str:
-    """`auto` serves a GGUF file's or a GPTQ, AWQ or FP8 checkpoint's own quantized weights, and anything
-    else as it is."""
+    """`auto` serves a GGUF file's or a GPTQ, AWQ, compressed-tensors or FP8 checkpoint's own quantized
+    weights, and anything else as it is."""
     if requested not in ("auto", "none", *QUANTIZERS):
         raise ValueError(f"--quantize must be auto, none, int4 or int8, not {requested!r}")
     if requested != "auto":
@@ -225,8 +227,10 @@ def load_model(config: BackendConfig) -> LoadedModel:
     check_supported(model_config)  # before anything reads the config as a decoder's
     quantization_config = getattr(model_config, "quantization_config", None)
     group_wise_format = group_wise.checkpoint_format(quantization_config)
+    compressed_format = compressed_checkpoint.checkpoint_format(quantization_config)
     fp8 = is_fp8_checkpoint(quantization_config)
-    quantization = pick_quantization(config.quantize, source, group_wise_format is not None or fp8)
+    read_itself = group_wise_format is not None or compressed_format is not None
+    quantization = pick_quantization(config.quantize, source, read_itself or fp8)
     exact = quantization == "none" and dtype == torch.float32
     # The fused CPU operations are built here (once a machine) where the runner will use them: the
     # cache's dtype depends on whether their loop attends.
@@ -263,9 +267,13 @@ def load_model(config: BackendConfig) -> LoadedModel:
         )
     checkpoint_layers = {}
     if group_wise_format is not None:
-        model, info, checkpoint_layers = load_group_wise(
-            location, model_config, group_wise_format, dtype, token
-        )
+        name = f"{group_wise_format.method.upper()} checkpoint"
+        read = partial(group_wise.read_checkpoint, fmt=group_wise_format, dtype=dtype)
+        model, info, checkpoint_layers = load_read_itself(location, model_config, read, name, dtype, token)
+    elif compressed_format is not None:
+        name = "compressed-tensors checkpoint"
+        read = partial(compressed_checkpoint.read_checkpoint, fmt=compressed_format, dtype=dtype)
+        model, info, checkpoint_layers = load_read_itself(location, model_config, read, name, dtype, token)
     else:
         # FP8 layers are dequantized into float32 and converted from it, not from bfloat16's rounding
         model, info = load_weights(location, gguf_file, source, torch.float32 if fp8 else dtype, token)
@@ -280,6 +288,8 @@ def load_model(config: BackendConfig) -> LoadedModel:
     has_converted_copy = converted is not None and location == str(converted)
     if quantization == "checkpoint" and fp8:
         serve_fp8_as_blocks(model, quantization_config)
+    elif quantization == "checkpoint" and compressed_format is not None:
+        compressed_checkpoint.serve_compressed(model, checkpoint_layers, compressed_format)
     elif quantization == "checkpoint":
         group_wise.serve_group_wise(model, checkpoint_layers, group_wise_format)
     else:
@@ -332,15 +342,20 @@ def load_weights(
         ) from error
 
 
-def load_group_wise(
-    location: str, model_config: PretrainedConfig, fmt: GroupWiseFormat, dtype: torch.dtype, token: str | None
-) -> tuple[PreTrainedModel, dict, dict[str, FourBitWeight]]:
-    """A GPTQ or AWQ checkpoint's model, built from its dequantized weights in `dtype` (without the
-    quantization config, which would send transformers to GPTQModel or AutoAWQ), what it read, and the
-    quantized layers' 4-bit weights."""
+def load_read_itself(
+    location: str,
+    model_config: PretrainedConfig,
+    read_checkpoint: Callable[[str], tuple[dict[str, torch.Tensor], dict]],
+    name: str,
+    dtype: torch.dtype,
+    token: str | None,
+) -> tuple[PreTrainedModel, dict, dict]:
+    """A GPTQ, AWQ or compressed-tensors checkpoint's model, built from the dequantized weights in `dtype`
+    that `read_checkpoint` gives with its quantized layers (without the quantization config, which would
+    send transformers to GPTQModel, AutoAWQ or compressed-tensors), what it read, and those layers."""
     if not Path(location).is_dir():  # a hub id: its files, as transformers would download them
         location = snapshot_download(location, token=token, allow_patterns=["*.json", "*.safetensors"])
-    state_dict, layers = group_wise.read_checkpoint(location, fmt, dtype)
+    state_dict, layers = read_checkpoint(location)
     config = copy.deepcopy(model_config)
     del config.quantization_config
     # The family's class itself: AutoModelForCausalLM wants a location to look for the model's code in.
@@ -355,7 +370,7 @@ def load_group_wise(
     if info["missing_keys"]:
         missing = sorted(info["missing_keys"])
         raise UnsupportedModel(
-            f"the {fmt.method.upper()} checkpoint in {location} has no weights for {len(missing)} of the "
+            f"the {name} in {location} has no weights for {len(missing)} of the "
             f"model's parameters ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})"
         )
     return model, info, layers

@@ -4,7 +4,8 @@ Owns: weight-only quantized linear layers, 4-bit and 8-bit, and fusing
 them (quantized_linear.py), weights in blocks of 32 as llama.cpp stores
 them (block_weights.py), the int8 path of many rows (smoothed_int8.py),
 reading a GGUF file's blocks (gguf_weights.py, each type's in
-gguf_types.py), GPTQ and AWQ checkpoints (group_wise.py), and the measurements made
+gguf_types.py), GPTQ and AWQ checkpoints (group_wise.py), compressed-tensors
+checkpoints (compressed_checkpoint.py), and the measurements made
 at load time that choose between those paths (calibration.py).
 
 May import: backend.kernels, backend.utils and backend.messages.
