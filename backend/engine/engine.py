@@ -6,10 +6,11 @@ Each `step()` reads like the algorithm:
     schedule: the rows decoding, and prompt chunks of rows still prefilling and of waiting requests
         admitted into free rows (scheduler.py)
     draft: the decoding rows' guesses of their next tokens, where they pay (speculation.py)
-    run: one forward pass over them all, a token for every decoding row and the chunks (model_runner.py)
+    run: one forward pass over them all, a token for every decoding row and the chunks, and a chunk
+        of an embedding input while rows decode (model_runner.py)
     sample every row's next token with its own settings (and its grammar, if it has one)
     accept: each row takes its token and gives its text
-    embed waiting embedding requests (they take no row)
+    embed waiting embedding inputs whole where nobody decodes (they take no user row)
     free the rows whose requests ended
 
 and returns the text each request gained. Where decode steps are CUDA
@@ -110,7 +111,15 @@ class Engine:
         self.eos_ids = eos_token_ids(model, tokenizer)
         # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.runner = ModelRunner(model, rows, self.max_seq_len, kv_cache_dtype, compile_decode, cuda_graphs)
+        self.runner = ModelRunner(
+            model,
+            rows,
+            self.max_seq_len,
+            kv_cache_dtype,
+            compile_decode,
+            cuda_graphs,
+            embedding_row=embedding_model is None,
+        )
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
         self.speculator = self._speculator(speculative_tokens, prompt_lookup, rows, draft_model, cuda_graphs)
@@ -121,7 +130,7 @@ class Engine:
         self.matchers: dict[str, LLMatcher] = {}  # the grammar matcher of each waiting request with one
         self.embedding_waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.embedding_model = embedding_model  # None: embedding requests pool the served model's states
-        self.embedding_job: tuple[Submit, EmbeddingJob] | None = None  # a prompt embedded a chunk a step
+        self.embedding_job: tuple[Submit, EmbeddingJob] | None = None  # an input embedded a chunk a step
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
         self.ahead: StepAhead | None = None  # a decode step launched before the last one was read (ahead.py)
@@ -285,8 +294,9 @@ class Engine:
             schedule = self.scheduler.schedule(self.rows, self.waiting, self._take_row)
             self.admitted = [row.request.request_id for row in schedule.admitted]
             prompt_tokens = schedule.prompt_tokens  # before the step takes them
-            if schedule:
-                pieces += self._run(schedule)
+            embedding = self._embedding_job(len(schedule.decoding))
+            if schedule or embedding is not None:
+                pieces += self._run(schedule, embedding)
             if self.embedding_waiting:
                 pieces += self._embed(len(schedule.decoding), prompt_tokens)
         except BaseException:
@@ -295,46 +305,121 @@ class Engine:
         self._free_finished()
         return pieces
 
-    def _run(self, schedule: Schedule) -> list[Piece]:
-        """The scheduled rows' drafts, forward pass, sampling and text, timed for the prefill budget (a
-        draft token costs about what another decoding row does)."""
+    def _run(self, schedule: Schedule, embedding: EmbeddingJob | None = None) -> list[Piece]:
+        """The scheduled rows' drafts, forward pass, sampling and text, and the embedding input's chunk,
+        timed for the prefill budget (a draft token costs about what another decoding row does, and so
+        does an embedding input's token where it is a decode query; a prompt's, where it is a chunk)."""
         started, prompt_tokens = time.perf_counter(), schedule.prompt_tokens
-        drafted = self.speculator.draft(schedule.decoding)
-        pieces = self._step_rows(schedule.decoding, schedule.prefilling)
+        queries = len(schedule.decoding) + self.speculator.draft(schedule.decoding)
+        embedded = 0 if embedding is None else self._size_embedding_chunk(embedding, queries, prompt_tokens)
+        pieces = self._step_rows(schedule.decoding, schedule.prefilling, embedding)
         elapsed = time.perf_counter() - started
-        self.prefill_budget.observe(elapsed, len(schedule.decoding) + drafted, prompt_tokens)
+        if embedding is not None and embedding.as_queries:
+            self.prefill_budget.observe_embedding_queries(elapsed, queries, embedded, prompt_tokens)
+            queries += embedded
+        else:
+            prompt_tokens += embedded
+        self.prefill_budget.observe(elapsed, queries, prompt_tokens)
         return pieces
 
-    def _step_rows(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
-        """A step over these rows; if it raises, the same rows apart, so that only the request at
-        fault (a prompt the model cannot take, a token that breaks a kernel) ends with an error.
+    def _step_rows(
+        self, decoding: list[Row], prefilling: list[Row], embedding: EmbeddingJob | None = None
+    ) -> list[Piece]:
+        """A step over these rows (and an embedding input's chunk); if it raises, the same rows apart,
+        so that only the request at fault (a prompt the model cannot take, a token that breaks a
+        kernel) ends with an error.
 
-        The rows decoding go on together and each new prompt alone; rows decoding that still fail
-        together go one by one. Nothing of a row changes until its step has sampled, so a step
-        that raised can be run again.
+        The rows decoding go on together, and each new prompt and the embedding chunk alone; rows
+        decoding that still fail together go one by one. Nothing of a row (nor of the embedding input)
+        changes until its step has sampled, so a step that raised can be run again.
         """
         try:
-            return self._forward_and_sample(decoding, prefilling)
+            return self._forward_and_sample(decoding, prefilling, embedding)
         except Exception as error:
             self.ahead = None  # a step launched ahead of the failed one is not taken: its rows run again
-            if len(decoding) + len(prefilling) == 1:
+            parts = len(decoding) + len(prefilling) + (embedding is not None)
+            if parts == 1 and embedding is not None:
+                log.exception("embedding request %s failed", self.embedding_job[0].request_id)
+                return [self._end_embedding(embedding_failed(self.embedding_job[0], error))]
+            if parts == 1:
                 log.exception(
                     "a step failed for request %s alone", (decoding + prefilling)[0].request.request_id
                 )
                 return [(decoding + prefilling)[0].error_piece(f"generation failed: {error}")]
-            log.exception("a step of %d rows failed; running them apart", len(decoding) + len(prefilling))
-        if prefilling:
-            groups = [(decoding, [])] + [([], [row]) for row in prefilling]
+            log.exception("a step of %d rows failed; running them apart", parts)
+        if prefilling or embedding is not None:
+            groups = (
+                [(decoding, [], None)] + [([], [row], None) for row in prefilling] + [([], [], embedding)]
+            )
         else:
-            groups = [([row], []) for row in decoding]
-        return [piece for group in groups if group[0] or group[1] for piece in self._step_rows(*group)]
+            groups = [([row], [], None) for row in decoding]
+        return [
+            piece
+            for group in groups
+            if group[0] or group[1] or group[2] is not None
+            for piece in self._step_rows(*group)
+        ]
+
+    def _embedding_job(self, decoding_rows: int) -> EmbeddingJob | None:
+        """The embedding input the served model embeds in this step's forward pass: while rows decode,
+        the one begun or the oldest waiting; with no row decoding, only one already begun (the others
+        then go whole, `_embed`)."""
+        if self.runner.embedding_row is None:
+            return None
+        if self.embedding_job is None and decoding_rows:
+            request = next((r for r in self.embedding_waiting.values()), None)
+            if request is not None:
+                job = EmbeddingJob(request.prompt_ids, request.params.embedding, self.runner.embedding_row)
+                self.embedding_job = (request, job)
+        return None if self.embedding_job is None else self.embedding_job[1]
+
+    def _size_embedding_chunk(self, job: EmbeddingJob, queries: int, prompt_tokens: int) -> int:
+        """Set the embedding input's chunk for a step of this many decode queries (drafts counted) and
+        prompt tokens; returns its length. Where each decode query reads its own row (the CPU's loop),
+        the chunk is more decode queries, as many as the step's spare queries and the budget allow
+        (prefill_budget.embedding_queries): a step of decode queries alone runs the decode path, where
+        a chunk would take the prompts' path and its fixed cost. Else it is a chunk, within what the
+        prefill budget leaves after the prompts (prefill_budget.embedding_tokens); with no row
+        decoding, nobody waits, and it is the rest of the input."""
+        if not queries:
+            return job.take(job.left)
+        spare = len(self.rows) - queries
+        if self.runner.reads_own_positions and spare > 0:
+            return job.take(self.prefill_budget.embedding_queries(queries, spare), as_queries=True)
+        return job.take(self.prefill_budget.embedding_tokens(queries, prompt_tokens))
+
+    def _embedded(self, job: EmbeddingJob, states: torch.Tensor) -> list[Piece]:
+        """The embedding input's chunk has run: its states pooled, and its piece once it is all done."""
+        request = self.embedding_job[0]
+        try:
+            if not job.add(states):
+                return []
+            vector = tuple(job.vector().tolist())
+        except Exception as error:
+            log.exception("embedding request %s failed", request.request_id)
+            return [self._end_embedding(embedding_failed(request, error))]
+        return [
+            self._end_embedding(
+                Piece(request.request_id, "", "stop", len(request.prompt_ids), embedding=vector)
+            )
+        ]
+
+    def _end_embedding(self, piece: Piece) -> Piece:
+        """The input embedded a chunk a step is done (or failed): it waits no more."""
+        del self.embedding_waiting[self.embedding_job[0].request_id]
+        self.embedding_job = None
+        return piece
 
     def _embed(self, decoding_rows: int, prompt_tokens: int) -> list[Piece]:
-        """The step's embedding work, within what the prefill budget leaves after its prompt chunks
-        (prefill_budget.embedding_tokens), timed for the next steps' budgets; with no row decoding,
-        nobody waits, and a step embeds up to a whole row's worth."""
+        """The step's embedding work outside its forward pass: with no row decoding, nobody waits, and
+        the waiting inputs go whole, up to a whole row's worth; while rows decode, a separate embedding
+        model's within what the prefill budget leaves after the step's prompt chunks
+        (prefill_budget.embedding_tokens), timed for the next steps' budgets (the served model's go
+        into the step's own pass instead, `_embedding_job`)."""
         if not decoding_rows:
             return self._embed_waiting(max(self.prefill_budget.ceiling, self.max_seq_len))[0]
+        if self.embedding_model is None:
+            return []
         started = time.perf_counter()
         pieces, tokens = self._embed_waiting(
             self.prefill_budget.embedding_tokens(decoding_rows, prompt_tokens)
@@ -343,33 +428,21 @@ class Engine:
         return pieces
 
     def _embed_waiting(self, budget: int) -> tuple[list[Piece], int]:
-        """Embed waiting embedding requests, oldest first, within `budget` tokens: the prompt already
-        being embedded a chunk at a time goes on first, then the prompts that fit whole, in one batch
-        a pooling; a prompt that does not fit starts a chunk at a time (the served model: a separate
-        one embeds it whole, alone in its step). A batch that fails ends its requests with an error.
-        Returns the pieces and the tokens embedded."""
+        """Embed waiting embedding inputs whole, oldest first, within `budget` tokens, in one batch a
+        pooling (a separate embedding model's first input even over the budget, alone: an encoder
+        embeds an input whole); not the one being embedded a chunk a step. A batch that fails ends its
+        requests with an error. Returns the pieces and the tokens embedded."""
         pieces: list[Piece] = []
-        taken = 0
-        if self.embedding_job is not None:
-            taken = min(budget, self.embedding_job[1].left)
-            pieces += self._advance_embedding(taken)
-            budget -= taken
         batch, tokens = [], 0
         for request in list(self.embedding_waiting.values()):
             if self.embedding_job is not None and request is self.embedding_job[0]:
                 continue
             size = len(request.prompt_ids)
             whole_alone = not batch and self.embedding_model is not None and budget > 0  # an encoder's
-            if tokens + size <= budget or whole_alone:
-                batch.append(self.embedding_waiting.pop(request.request_id))
-                tokens += size
-                continue
-            if self.embedding_job is None and self.embedding_model is None and budget > tokens:
-                self.embedding_job = (request, EmbeddingJob(request.prompt_ids, request.params.embedding))
-                chunk = min(budget - tokens, len(request.prompt_ids))
-                pieces += self._advance_embedding(chunk)
-                taken += chunk
-            break
+            if tokens + size > budget and not whole_alone:
+                break
+            batch.append(self.embedding_waiting.pop(request.request_id))
+            tokens += size
         for pooling in sorted({request.params.embedding for request in batch}):
             group = [request for request in batch if request.params.embedding == pooling]
             try:
@@ -383,22 +456,7 @@ class Engine:
                 Piece(request.request_id, "", "stop", len(request.prompt_ids), embedding=tuple(vector))
                 for request, vector in zip(group, vectors, strict=True)
             ]
-        return pieces, taken + tokens
-
-    def _advance_embedding(self, tokens: int) -> list[Piece]:
-        """A chunk of the prompt embedded a chunk at a time; its piece once it is all done."""
-        request, job = self.embedding_job
-        try:
-            if not job.advance(self.model, tokens):
-                return []
-            vector = tuple(job.vector().tolist())
-            piece = Piece(request.request_id, "", "stop", len(request.prompt_ids), embedding=vector)
-        except Exception as error:
-            log.exception("embedding request %s failed", request.request_id)
-            piece = embedding_failed(request, error)
-        del self.embedding_waiting[request.request_id]
-        self.embedding_job = None
-        return [piece]
+        return pieces, tokens
 
     def fail_all(self, message: str) -> list[Piece]:
         """A step raised past `_step_rows` (admission, not a row's forward pass): end every request in
@@ -433,15 +491,18 @@ class Engine:
         self.grammars.attach(place.row, self.matchers.pop(request.request_id, None))
         return row
 
-    def _forward_and_sample(self, decoding: list[Row], prefilling: list[Row]) -> list[Piece]:
+    def _forward_and_sample(
+        self, decoding: list[Row], prefilling: list[Row], embedding: EmbeddingJob | None = None
+    ) -> list[Piece]:
         """One forward pass over a packed sequence (model/step_inputs.py): a token per decoding row and
-        its draft's, then each prompt chunk. The rows that sample are the decoding ones, at each of those
-        tokens, and those whose chunk ends their prompt; nothing of a row changes before they have
-        sampled."""
-        inputs = self.runner.prepare(decoding, prefilling)
+        its draft's, then each prompt chunk, then the embedding input's. The rows that sample are the
+        decoding ones, at each of those tokens, and those whose chunk ends their prompt; nothing of a
+        row changes before they have sampled."""
+        inputs = self.runner.prepare(decoding, prefilling, embedding)
         sampling = decoding + [self.rows[index] for index in inputs.completing]
         masks = self.grammars.start_masks([row.index for row in sampling])  # computed during the forward
         logits = self._forward(inputs)
+        embedded_states = self.runner.embedded_states
         prompt_scores = {
             score.row: self._prompt_logprobs(
                 self.rows[score.row], logits[score.first : score.first + score.count]
@@ -458,7 +519,8 @@ class Engine:
             row.prompt_scores += prompt_scores.get(row.index, ())
             if row.prefilled and row.scores_prompt:
                 row.prompt_logprobs = (None, *row.prompt_scores)
-        return self._accept(sampling, len(decoding), tokens, logprobs)
+        pieces = self._accept(sampling, len(decoding), tokens, logprobs)
+        return pieces if embedding is None else pieces + self._embedded(embedding, embedded_states)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model's logits at the step's kept places (the one seam the tests watch steps through)."""

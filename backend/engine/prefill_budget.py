@@ -13,10 +13,13 @@ never goes below `FLOOR` (a long prompt must still get on, and with few rows dec
 so short that the ratio alone would starve it) nor above the configured ceiling
 (`--max-prefill-tokens`). A budget given as a number is kept as it is.
 
-Embedding inputs take what a step's time leaves after its prompt chunks, at the cost per token measured
-on their own path (a separate forward with a cache of its own, several times slower per token than a
-prefill chunk's: sized by prefill's cost, 32 inputs of 900 tokens took steps of 350 ms beside a stream
-whose steps alone took 20 ms).
+Embedding inputs take what the budget leaves after a step's prompt chunks. The served model's go into
+the step's own forward pass and are timed as its prompt tokens are; a separate embedding model's run
+in a pass of their own, so their budget also holds to the time left at the cost per token measured on
+that path (sized by prefill's cost, 32 inputs of 900 tokens took steps of 350 ms beside a stream whose
+steps alone took 20 ms). Where the served model's chunk goes as more decode queries (the CPU's loop,
+engine.py), their number follows the steps: one more after a step within `STRETCH` plain steps of
+the other queries, one fewer after one past it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ FLOOR = 32  # tokens: a 2,000-token prompt then needs at most 63 steps
 FIRST_GUESS = 128  # tokens, until a plain step and a chunk have both been timed
 AUTO_CEILING = 512  # tokens, where no ceiling is configured
 EMBEDDING_FLOOR = 8  # tokens a step gives embeddings at least, whatever prompts took: they never starve
+EMBEDDING_QUERIES = 4  # an embedding input's tokens a step, as decode queries, until steps are timed
 SMOOTHING = 0.2  # weight of the newest step in the running averages
 
 
@@ -39,6 +43,7 @@ class PrefillBudget:
         self.chunks = RunningLine()  # seconds a step's chunk added against the tokens it held
         self.embedding_seconds: float | None = None  # seconds a step's embedding work took, averaged
         self.embedding_tokens_seen: float | None = None  # the tokens it embedded, averaged the same way
+        self.embedding_queries_allowed = EMBEDDING_QUERIES
 
     def forget(self) -> None:
         """Drop what was measured (steps that paid first-call costs, such as compiling)."""
@@ -73,6 +78,27 @@ class PrefillBudget:
             spare = (STRETCH - 1) * plain - self.chunk_cost(prompt_tokens)
             left = min(left, int(spare * self.embedding_tokens_seen / self.embedding_seconds))
         return max(min(EMBEDDING_FLOOR, budget), left)
+
+    def embedding_queries(self, queries: int, spare: int) -> int:
+        """How many of an embedding input's tokens a step of `queries` decode queries takes as more of
+        them: as many as kept the last such steps within `STRETCH` plain steps (a configured budget:
+        its number), `spare` at most."""
+        allowed = self.fixed if self.fixed is not None else self.embedding_queries_allowed
+        return max(1, min(spare, allowed))
+
+    def observe_embedding_queries(
+        self, seconds: float, queries: int, embedded: int, prompt_tokens: int
+    ) -> None:
+        """A step of `queries` decode queries that took `embedded` more of an embedding input: one more
+        the next time if it kept within `STRETCH` plain steps of those queries, else one fewer than it
+        took. (A step that also prefilled tells nothing of them, nor one before a plain step was timed.)"""
+        plain = self.plain_step(queries)
+        if prompt_tokens or plain is None or self.fixed is not None:
+            return
+        if seconds > STRETCH * plain:
+            self.embedding_queries_allowed = max(1, min(self.embedding_queries_allowed, embedded) - 1)
+        elif embedded >= self.embedding_queries_allowed:  # (an input's last chunk may be shorter)
+            self.embedding_queries_allowed += 1
 
     def observe_embedding(self, seconds: float, tokens: int) -> None:
         """The time a step's embedding work took beside decoding rows, and the tokens it embedded."""

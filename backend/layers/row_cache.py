@@ -146,8 +146,18 @@ class RowCacheLayer(CacheLayerMixin):
 
 
 class RowCache(Cache):
-    def __init__(self, shape: KVShape, rows: int, max_seq_len: int, dtype: torch.dtype, device: torch.device):
-        size = (rows, shape.kv_heads, max_seq_len, shape.head_dim)
+    def __init__(
+        self,
+        shape: KVShape,
+        rows: int,
+        max_seq_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        spare_rows: int = 0,
+    ):
+        """`rows` user rows, then `spare_rows` more that no request decodes in (the row an embedding
+        input is prefilled in a chunk at a time, engine.py)."""
+        size = (rows + spare_rows, shape.kv_heads, max_seq_len, shape.head_dim)
         # Zeros, not empty: masked positions still get multiplied by a zero
         # attention weight, and 0 * NaN from uninitialised memory is NaN.
         layers = [
@@ -162,7 +172,7 @@ class RowCache(Cache):
         # Every layer's tensors, for a forward pass that writes and reads them itself (decoder_runner).
         self.keys = [layer.keys for layer in layers]
         self.values = [layer.values for layer in layers]
-        self.rows = rows
+        self.rows = rows  # the user rows: decode steps and their graphs span these only
         self.kv_heads = shape.kv_heads
         self.max_seq_len = max_seq_len
         self.plan: StepWrite | None = None

@@ -2,12 +2,14 @@
 
 The cache is allocated once, zeroed (so resident from the start), with keys and values of every row
 at every position in every layer: rows x max_seq_len x (2 x layers x kv_heads x head_dim x bytes of
-its dtype). `--max-seq-len` sets the length; `--kv-cache-memory` gives a budget instead, and the length
-is the most that fits; with neither it is the smaller of 2,048 and the model's context. The start-up
-log says what came of it, for the default model on a CPU:
+its dtype), the rows being the user rows and, where the served model embeds, one more that embedding
+inputs are prefilled in (engine.py). `--max-seq-len` sets the length; `--kv-cache-memory` gives a
+budget instead, and the length is the most that fits; with neither it is the smaller of 2,048 and the
+model's context. The start-up log says what came of it, for the default model on a CPU:
 
-    KV cache: 32 rows x 2048 positions, float32, 2880 MiB (45 KiB a position a row: 2 x 30 layers x
-    3 KV heads x 64 x 4 bytes); the default, the smaller of 2048 and the model's context of 8192; ...
+    KV cache: 32 rows and 1 for embedding inputs x 2048 positions, float32, 2970 MiB (45 KiB a position
+    a row: 2 x 30 layers x 3 KV heads x 64 x 4 bytes); the default, the smaller of 2048 and the
+    model's context of 8192; ...
 """
 
 from __future__ import annotations
@@ -34,22 +36,26 @@ def context_length(model_config: PretrainedConfig) -> int:
 @dataclass(frozen=True)
 class CacheSize:
     shape: KVShape
-    rows: int
+    rows: int  # the user rows
     max_seq_len: int
     dtype: torch.dtype
     reason: str  # where max_seq_len comes from, for the log
+    spare_rows: int = 0  # rows beside them: the embedding row
 
     @property
     def bytes(self) -> int:
-        return self.shape.bytes(self.rows, self.max_seq_len, self.dtype)
+        return self.shape.bytes(self.rows + self.spare_rows, self.max_seq_len, self.dtype)
 
     def summary(self) -> str:
         """The start-up log's line: what the cache holds and takes, and why."""
         element = torch.finfo(self.dtype).bits // 8
         dtype = str(self.dtype).removeprefix("torch.")
         position = self.shape.bytes(1, 1, self.dtype)
+        rows = f"{self.rows} rows" + (
+            f" and {self.spare_rows} for embedding inputs" if self.spare_rows else ""
+        )
         return (
-            f"KV cache: {self.rows} rows x {self.max_seq_len} positions, {dtype}, {size_text(self.bytes)} "
+            f"KV cache: {rows} x {self.max_seq_len} positions, {dtype}, {size_text(self.bytes)} "
             f"({size_text(position)} a position a row: 2 x {self.shape.layers} layers x "
             f"{self.shape.kv_heads} KV heads x {self.shape.head_dim} x {element} bytes); {self.reason}"
         )
@@ -60,6 +66,7 @@ def size_kv_cache(config: BackendConfig, model_config: PretrainedConfig, dtype: 
     context. ValueError, saying what to change, for a budget too small for MIN_SEQ_LEN positions a row
     or for a --max-seq-len that does not fit in it."""
     shape, rows, budget = KVShape.of(model_config), config.rows, config.kv_cache_memory
+    spare = spare_rows(config)
     context = context_length(model_config)
     requested = config.max_seq_len
     if budget is None and requested is None:
@@ -68,7 +75,7 @@ def size_kv_cache(config: BackendConfig, model_config: PretrainedConfig, dtype: 
             f"the default, the smaller of {DEFAULT_MAX_SEQ_LEN} and the model's context of {context}; "
             "--max-seq-len or --kv-cache-memory sizes it"
         )
-        return CacheSize(shape, rows, length, dtype, reason)
+        return CacheSize(shape, rows, length, dtype, reason, spare)
     if budget is None:
         length = min(requested, context)
         reason = (
@@ -76,33 +83,39 @@ def size_kv_cache(config: BackendConfig, model_config: PretrainedConfig, dtype: 
             if length == requested
             else f"the model's context, under --max-seq-len {requested}"
         )
-        return CacheSize(shape, rows, length, dtype, reason)
+        return CacheSize(shape, rows, length, dtype, reason, spare)
 
-    fitting = shape.positions_within(budget, rows, dtype)
-    per_position = f"{rows} rows x {size_text(shape.bytes(1, 1, dtype))} a position a row"
+    fitting = shape.positions_within(budget, rows + spare, dtype)
+    per_position = f"{rows + spare} rows x {size_text(shape.bytes(1, 1, dtype))} a position a row"
     if requested is not None:
         length = min(requested, context)
         if length > fitting:
+            taken = size_text(shape.bytes(rows + spare, length, dtype))
             raise ValueError(
                 f"--max-seq-len {length} does not fit in --kv-cache-memory {size_text(budget)}: "
-                f"{per_position} take {size_text(shape.bytes(rows, length, dtype))} at that length, and "
+                f"{per_position} take {taken} at that length, and "
                 f"the budget holds {fitting} positions a row. Lower --max-seq-len or --rows, or give one."
             )
-        return CacheSize(
-            shape, rows, length, dtype, f"--max-seq-len, within --kv-cache-memory {size_text(budget)}"
-        )
+        reason = f"--max-seq-len, within --kv-cache-memory {size_text(budget)}"
+        return CacheSize(shape, rows, length, dtype, reason, spare)
     if fitting < MIN_SEQ_LEN:
+        taken = size_text(shape.bytes(rows + spare, MIN_SEQ_LEN, dtype))
         raise ValueError(
             f"--kv-cache-memory {size_text(budget)} holds {fitting} positions a row, under the {MIN_SEQ_LEN} "
-            f"a row needs: {per_position} take {size_text(shape.bytes(rows, MIN_SEQ_LEN, dtype))} for "
+            f"a row needs: {per_position} take {taken} for "
             f"{MIN_SEQ_LEN}. Give it more, or lower --rows, or pick a smaller --kv-cache-dtype."
         )
     if fitting >= context:
         reason = f"the model's context; --kv-cache-memory {size_text(budget)} would hold {fitting}"
-        return CacheSize(shape, rows, context, dtype, reason)
-    return CacheSize(
-        shape, rows, fitting, dtype, f"the most that fit in --kv-cache-memory {size_text(budget)}"
-    )
+        return CacheSize(shape, rows, context, dtype, reason, spare)
+    reason = f"the most that fit in --kv-cache-memory {size_text(budget)}"
+    return CacheSize(shape, rows, fitting, dtype, reason, spare)
+
+
+def spare_rows(config: BackendConfig) -> int:
+    """The rows the cache holds beside the user rows: one that the served model's embedding inputs are
+    prefilled in (none where a separate model embeds)."""
+    return 0 if config.embedding_model else 1
 
 
 def size_text(size: int) -> str:

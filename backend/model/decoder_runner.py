@@ -346,16 +346,21 @@ class DecoderRunner:
         layout: StepLayout,
         cache: RowCache,
         keep: torch.Tensor,  # [kept] indices into the tokens
-    ) -> torch.Tensor:
+        embedded: range | None = None,  # tokens whose last hidden states the step gives back
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits at `keep` ([kept, vocab]) and the final norm's output at `embedded` (or None)."""
         layers = self.plan.path(layout).layers
         if layers is GRAPH:
-            return self.graphs.run(input_ids, positions, layout)
-        # A decode step keeps every token's logits, in pack order. The head stays out of the compiled
-        # graph: it changes kernels with the number of rows, each change a graph of its own.
-        if layers is NATIVE:
-            return self.head(self._native_step(input_ids, positions, layout, cache))
-        if layers in DECODE_LAYERS:
-            return self.head(self._decode_step(input_ids, positions, layout, cache))
+            return self.graphs.run(input_ids, positions, layout), None
+        # A decode step keeps every token's logits, in pack order, but an embedding input's queries (the
+        # last): their normed states instead. The head stays out of the compiled graph: it changes
+        # kernels with the number of rows, each change a graph of its own.
+        if layers is NATIVE or layers in DECODE_LAYERS:
+            step = self._native_step if layers is NATIVE else self._decode_step
+            normed = step(input_ids, positions, layout, cache)
+            if embedded is None:
+                return self.head(normed), None
+            return self.head(normed[: embedded.start]), normed[embedded.start : embedded.stop]
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))  # [1, 1, tokens, head_dim]
         for layer, qkv, head_norms, gate_up, cache_layer in zip(
@@ -370,7 +375,8 @@ class DecoderRunner:
                 continue
             gate, up = gate_up(normed).chunk(2, dim=-1)
             hidden = hidden + layer.mlp.down_proj(nn.functional.silu(gate) * up)
-        return self.head(rms_norm(hidden[0, keep], self.norm))
+        states = None if embedded is None else rms_norm(hidden[0, embedded.start : embedded.stop], self.norm)
+        return self.head(rms_norm(hidden[0, keep], self.norm)), states
 
     def _attention(
         self,

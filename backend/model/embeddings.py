@@ -1,13 +1,14 @@
 """Embeddings: a prompt's hidden states at the model's last layer, pooled into one normalised vector.
 
-An embedding request takes no row: it needs no row of the cache and samples nothing. Each step,
-after the rows' forward pass, the engine embeds waiting prompts within the step's budget of prompt
-tokens (the prefill budget, sized by the measured step times, less what the step prefilled), so
-that embedding requests share the machine with decoding rows instead of stalling them: prompts that
-fit whole go in one padded forward pass of the model's base (transformers' own, without the head);
-a longer one goes a chunk a step (`EmbeddingJob`, the served model's earlier chunks in a cache of
-its own), as a long prompt is prefilled. 32 inputs of 900 tokens, embedded whole, held a decoding
-row's next token for up to 16.6 s on a 2-core CPU.
+An embedding request takes no user row and samples nothing. While rows decode, the served model
+embeds one input at a time inside the rows' own steps: a chunk a step (`EmbeddingJob`) into a spare
+row of the cache, the step giving back the chunk's last hidden states. On the CPU's loop the chunk's
+tokens are more decode queries of that row (the step stays a decode step); elsewhere the chunk is
+prefilled as a prompt chunk is, within what the prefill budget leaves. A pass of its own would cost a
+decoding row about three steps' time whatever it embedded (a 2-core CPU, docs/performance.md); 32
+inputs of 900 tokens embedded whole held a decoding row's next token for up to 16.6 s. With no row
+decoding nobody waits: the inputs that wait go whole in one padded forward pass of the model's base
+(transformers' own, without the head).
 
 With `--embedding-model` the vectors come from a separate model instead (a sentence-embedding
 model, often a BERT-like encoder): whatever transformers' AutoModel loads whose output has
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 POOLINGS = ("mean", "last")  # the mean of every token's hidden state, or the last token's
 DEFAULT_MAX_TOKENS = 512  # for a model whose config names no max_position_embeddings
@@ -68,31 +69,40 @@ def embed(model: PreTrainedModel, prompts: list[tuple[int, ...]], pooling: str) 
 
 
 class EmbeddingJob:
-    """One prompt embedded a chunk at a time by a causal model: each chunk reads the earlier ones from
-    its own cache, as one pass over the whole prompt would; the pooled states add up as it goes.
-    (An encoder's tokens each read every other, so a separate embedding model embeds a prompt whole.)"""
+    """One input embedded by the served model a chunk a step, prefilled in the cache's embedding row
+    beside the rows' own chunks (a `PrefillingRow` of step_inputs.py): each chunk reads the earlier ones
+    from that row, as one pass over the whole input would, and the pooled states add up as it goes.
+    (An encoder's tokens each read every other, so a separate embedding model embeds an input whole.)"""
 
-    def __init__(self, prompt: tuple[int, ...], pooling: str):
-        self.prompt, self.pooling = prompt, pooling
-        self.cache = DynamicCache()
-        self.done = 0
+    def __init__(self, prompt: tuple[int, ...], pooling: str, row: int):
+        self.prompt_ids, self.pooling, self.index = prompt, pooling, row
+        self.cached = 0  # the tokens embedded so far
+        self.chunk_end = 0  # where this step's chunk ends
+        self.as_queries = False  # this step's chunk as decode queries of its row (step_inputs.py)
         self.total: torch.Tensor | None = None  # the sum of every token's hidden state so far
         self.last: torch.Tensor | None = None
 
+    scores_prompt = False
+
     @property
     def left(self) -> int:
-        return len(self.prompt) - self.done
+        return len(self.prompt_ids) - self.cached
 
-    def advance(self, model: PreTrainedModel, tokens: int) -> bool:
-        """Embed up to `tokens` more of the prompt; whether it is all done."""
-        chunk = torch.tensor([self.prompt[self.done : self.done + tokens]], device=model.device)
-        output = model.base_model(input_ids=chunk, past_key_values=self.cache, use_cache=True)
-        hidden = output.last_hidden_state[0].float()
-        self.total = hidden.sum(dim=0) + (0 if self.total is None else self.total)
-        self.last = hidden[-1]
-        self.done += chunk.shape[1]
+    def take(self, tokens: int, as_queries: bool = False) -> int:
+        """The next step's chunk: up to `tokens` more of the input; returns its length."""
+        self.chunk_end = self.cached + min(tokens, self.left)
+        self.as_queries = as_queries
+        return self.chunk_end - self.cached
+
+    def add(self, states: torch.Tensor) -> bool:
+        """The chunk's last hidden states ([tokens, hidden]), once its step has run; whether the input is
+        all embedded."""
+        states = states.float()
+        self.total = states.sum(dim=0) + (0 if self.total is None else self.total)
+        self.last = states[-1]
+        self.cached = self.chunk_end
         return self.left == 0
 
     def vector(self) -> torch.Tensor:
-        pooled = self.last if self.pooling == "last" else self.total / len(self.prompt)
+        pooled = self.last if self.pooling == "last" else self.total / len(self.prompt_ids)
         return torch.nn.functional.normalize(pooled, dim=-1)

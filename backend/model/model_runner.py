@@ -10,9 +10,10 @@ rows the engine scheduled (step_inputs.py); `run` gives their logits.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -38,7 +39,10 @@ class ModelRunner:
         kv_cache_dtype: torch.dtype | None = None,
         compile_decode: bool = False,
         cuda_graphs: bool = True,
+        embedding_row: bool = False,
     ):
+        """`embedding_row`: a spare row of the cache (index `rows`) that embedding inputs are prefilled
+        in, a chunk a step beside the rows' (engine.py)."""
         self.model = model
         self.device = model.device
         supported = DecoderRunner.supports(model.config, max_seq_len)
@@ -48,7 +52,10 @@ class ModelRunner:
         self.cache_dtype = kv_cache_dtype or pick_cache_dtype(
             "auto", model.dtype, self.device, self.reads_own_positions
         )
-        self.cache = RowCache(KVShape.of(model.config), rows, max_seq_len, self.cache_dtype, self.device)
+        shape = KVShape.of(model.config)
+        self.cache = RowCache(shape, rows, max_seq_len, self.cache_dtype, self.device, int(embedding_row))
+        self.embedding_row = rows if embedding_row else None
+        self.embedded_states: torch.Tensor | None = None  # the last run's, at its inputs' `embedded`
         if compile_decode and self.decoder is None:
             log.warning("--compile: this model runs through transformers' forward, which is not compiled")
         # (An MoE's routing waits for the host, which a graph cannot: its steps run eagerly.)
@@ -66,16 +73,28 @@ class ModelRunner:
         """Whether decode queries attend each over its own row up to its position (the CPU's loop)."""
         return self.decoder is not None and self.decoder.reads_own_positions
 
-    def prepare(self, decoding: Sequence[DecodingRow], prefilling: Sequence[PrefillingRow]) -> StepInputs:
-        """The step's inputs: `decoding` in row order, then `prefilling`, each with its chunk set."""
-        return pack(decoding, prefilling, self.device, self.cache_dtype, self.reads_own_positions)
+    def prepare(
+        self,
+        decoding: Sequence[DecodingRow],
+        prefilling: Sequence[PrefillingRow],
+        embedding: PrefillingRow | None = None,
+    ) -> StepInputs:
+        """The step's inputs: `decoding` in row order, then `prefilling`, each with its chunk set, then
+        `embedding`'s chunk (its index the embedding row)."""
+        return pack(decoding, prefilling, self.device, self.cache_dtype, self.reads_own_positions, embedding)
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """The forward pass over the cache: the logits at the kept places, [kept, vocab]."""
+        """The forward pass over the cache: the logits at the kept places, [kept, vocab]. Where the
+        inputs carry an embedding chunk, `embedded_states` are then its tokens' last hidden states
+        ([tokens, hidden], the base model's output: after the final norm)."""
         self.cache.plan_step(inputs.layout)
+        self.embedded_states = None
         if self.decoder is not None:
-            return self.decoder(inputs.token_ids, inputs.positions, inputs.layout, self.cache, inputs.keep)
-        with attending_over(self.model.config, inputs.layout):
+            logits, self.embedded_states = self.decoder(
+                inputs.token_ids, inputs.positions, inputs.layout, self.cache, inputs.keep, inputs.embedded
+            )
+            return logits
+        with attending_over(self.model.config, inputs.layout), self._keeping_states(inputs.embedded):
             output = self.model(
                 input_ids=inputs.token_ids[None],
                 position_ids=inputs.positions[None],
@@ -84,6 +103,22 @@ class ModelRunner:
                 logits_to_keep=inputs.keep,
             )
         return output.logits[0]
+
+    @contextlib.contextmanager
+    def _keeping_states(self, embedded: range | None) -> Iterator[None]:
+        """transformers' forward: the base model's output at `embedded` kept as `embedded_states`."""
+        if embedded is None:
+            yield
+            return
+
+        def keep(module: torch.nn.Module, args: tuple, output) -> None:
+            self.embedded_states = output.last_hidden_state[0, embedded.start : embedded.stop]
+
+        hook = self.model.base_model.register_forward_hook(keep)
+        try:
+            yield
+        finally:
+            hook.remove()
 
     @property
     def decodes_in_graphs(self) -> bool:

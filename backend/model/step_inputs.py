@@ -18,7 +18,13 @@ first token in this step) or every token's where the row scores its
 prompt (`prompt_logprobs`). The rows that sample this step are the
 decoding rows, each at its token and its draft's, and then the rows whose
 chunk completes their prompt; `sample_from` picks their logits out of the
-kept ones, in that order.
+kept ones, in that order. A step may also carry a chunk of an embedding
+input, prefilled in a spare row (the highest) as a prompt is: it keeps no
+logits, and the step gives back its tokens' last hidden states instead
+(`embedded`). Where each decode query reads its own row up to its position,
+the chunk's tokens are decode queries of that row, after the others (a step
+of decode queries alone runs the decode path, without a prompt chunk's fixed
+cost); else it is a chunk after the prompts'.
 
 Rows are read through two small protocols, so that the model knows what
 a step needs of a row and nothing of the engine's `Row`.
@@ -57,6 +63,7 @@ class PrefillingRow(Protocol):
     index: int
     cached: int
     chunk_end: int
+    as_queries: bool  # an embedding input's chunk: as decode queries where they read their own rows
 
     @property
     def prompt_ids(self) -> tuple[int, ...]: ...
@@ -81,8 +88,9 @@ class StepInputs:
 
     Invariants (`pack` keeps them; `check` tests them on the host lists, before the tensors):
     the decode queries come first, rows ascending, a row's at consecutive positions; `keep` is
-    ascending and starts with every decode query's place; `sample_from` indexes `keep`, one entry a
-    sampled position: each decoding row's 1 + len(draft), in row order, then one a completing row.
+    ascending and starts with every decode query's place but an embedding input's; `sample_from`
+    indexes `keep`, one entry a sampled position: each decoding row's 1 + len(draft), in row order,
+    then one a completing row.
     """
 
     token_ids: torch.Tensor  # [tokens]
@@ -92,6 +100,7 @@ class StepInputs:
     sample_from: torch.Tensor | None  # [sampling rows]: their logits among the kept; None: all, in order
     completing: tuple[int, ...]  # the rows whose chunk ends their prompt, in pack order
     prompt_scores: tuple[PromptScores, ...]
+    embedded: range | None = None  # the places of an embedding input's chunk, whose hidden states it needs
 
     @property
     def decode_queries(self) -> int:
@@ -104,8 +113,10 @@ def pack(
     device: torch.device,
     visibility_dtype: torch.dtype,
     reads_own_positions: bool,
+    embedding: PrefillingRow | None = None,
 ) -> StepInputs:
-    """The step's inputs for these rows: `decoding` in row order, `prefilling` each with its chunk set.
+    """The step's inputs for these rows: `decoding` in row order, `prefilling` each with its chunk set,
+    and `embedding`'s chunk, whose hidden states the step gives back instead of logits.
 
     `reads_own_positions`: the decode queries attend each over its own row up to its position (the
     CPU's loop); otherwise they attend as a batch over the span's rows, padded to the longest, and the
@@ -125,6 +136,14 @@ def pack(
     positions = list(decode_positions)
     chunks: list[PromptChunk] = []
     keep = list(range(len(token_ids)))
+    embedded = None
+    if embedding is not None and embedding.as_queries and reads_own_positions:
+        past, end = embedding.cached, embedding.chunk_end
+        embedded = range(len(token_ids), len(token_ids) + end - past)
+        token_ids += embedding.prompt_ids[past:end]
+        query_rows += [embedding.index] * (end - past)
+        decode_positions += range(past, end)
+        positions += range(past, end)
     for row in decoding:  # drafts as chunks: the decode queries attend as a batch, one a row
         if row.index not in kept_at:
             start, past, length = len(token_ids), row.position, 1 + len(row.draft)
@@ -150,7 +169,16 @@ def pack(
         if completes:
             sample_from.append(len(keep) - 1)
             completing.append(row.index)
-    check(query_rows, decode_positions, keep, sample_from)
+    if embedding is not None and embedded is None:
+        past, end = embedding.cached, embedding.chunk_end
+        start, length = len(token_ids), end - past
+        chunks.append(
+            PromptChunk(embedding.index, start, length, past, chunk_visibility(past, length, device))
+        )
+        token_ids += embedding.prompt_ids[past:end]
+        positions += range(past, end)
+        embedded = range(start, start + length)
+    check(query_rows, decode_positions, keep, sample_from, len(query_rows) - len(embedded or ()))
     decode_rows = query_rows[-1] + 1 if query_rows else 0
     visible, alone = decode_visibility(as_queries, decode_rows, device, visibility_dtype, reads_own_positions)
     layout = StepLayout(
@@ -171,10 +199,17 @@ def pack(
         sample_from=None if in_order else to_device(sample_from, device, torch.long),
         completing=tuple(completing),
         prompt_scores=tuple(scores),
+        embedded=embedded,
     )
 
 
-def check(rows: list[int], positions: list[int], keep: list[int], sample_from: list[int]) -> None:
+def check(
+    rows: list[int],
+    positions: list[int],
+    keep: list[int],
+    sample_from: list[int],
+    kept_queries: int | None = None,  # the decode queries whose logits are kept: all but an embedding's
+) -> None:
     """The invariants `StepInputs` states, on the host lists (a few comparisons a query): a step that broke
     one would sample another row's logits, so it fails here instead, with the reason."""
     for (row, position), (next_row, next_position) in zip(
@@ -184,8 +219,9 @@ def check(rows: list[int], positions: list[int], keep: list[int], sample_from: l
             raise ValueError(
                 f"decode queries must come in row order, a row's at consecutive positions: {rows}"
             )
-    if any(a >= b for a, b in zip(keep, keep[1:], strict=False)) or keep[: len(rows)] != list(
-        range(len(rows))
+    kept_queries = len(rows) if kept_queries is None else kept_queries
+    if any(a >= b for a, b in zip(keep, keep[1:], strict=False)) or keep[:kept_queries] != list(
+        range(kept_queries)
     ):
         raise ValueError("the kept places must ascend and begin with every decode query")
     if any(not 0 <= i < len(keep) for i in sample_from):

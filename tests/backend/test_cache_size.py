@@ -16,17 +16,24 @@ from tests.backend.models import tiny_model
 # its context is 512 positions.
 CONFIG = tiny_model("llama").config
 POSITION = 2 * 2 * 2 * 16 * 4
+CACHE_ROWS = 5  # at rows=4: the user rows and the one embedding inputs are prefilled in
 
 
 def test_with_neither_option_rows_hold_the_smaller_of_2048_and_the_context():
     size = size_kv_cache(BackendConfig(rows=4), CONFIG, torch.float32)
-    assert size.max_seq_len == 512 and size.bytes == 4 * 512 * POSITION
+    assert size.max_seq_len == 512 and size.bytes == CACHE_ROWS * 512 * POSITION
     assert "the default" in size.summary() and "--kv-cache-memory" in size.summary()
+    assert size.summary().startswith("KV cache: 4 rows and 1 for embedding inputs x 512 positions")
+
+
+def test_with_a_separate_embedding_model_the_cache_holds_the_user_rows_alone():
+    size = size_kv_cache(BackendConfig(rows=4, embedding_model="an-encoder"), CONFIG, torch.float32)
+    assert size.bytes == 4 * 512 * POSITION and size.summary().startswith("KV cache: 4 rows x 512 positions")
 
 
 @pytest.mark.parametrize("dtype, element", [(torch.float32, 4), (torch.bfloat16, 2)])
 def test_a_budget_gives_the_most_positions_that_fit(dtype, element):
-    per_position = 4 * POSITION // 4 * element  # all four rows
+    per_position = CACHE_ROWS * POSITION // 4 * element  # all the rows
     budget = 200 * per_position + per_position - 1  # not quite 201
     size = size_kv_cache(BackendConfig(rows=4, kv_cache_memory=budget), CONFIG, dtype)
     assert size.max_seq_len == 200 and size.bytes <= budget
@@ -37,25 +44,27 @@ def test_a_budget_gives_the_most_positions_that_fit(dtype, element):
 def test_a_budget_past_the_context_stops_at_the_context():
     size = size_kv_cache(BackendConfig(rows=4, kv_cache_memory=2**30), CONFIG, torch.float32)
     assert size.max_seq_len == 512
-    assert "the model's context; --kv-cache-memory 1024 MiB would hold 524288" in size.summary()
+    assert "the model's context; --kv-cache-memory 1024 MiB would hold 419430" in size.summary()
 
 
 def test_a_budget_too_small_for_a_minimal_row_is_a_start_up_error():
-    budget = 4 * POSITION * (MIN_SEQ_LEN - 1)
+    budget = CACHE_ROWS * POSITION * (MIN_SEQ_LEN - 1)
     with pytest.raises(ValueError, match=f"holds {MIN_SEQ_LEN - 1} positions a row, under the {MIN_SEQ_LEN}"):
         size_kv_cache(BackendConfig(rows=4, kv_cache_memory=budget), CONFIG, torch.float32)
-    size = size_kv_cache(BackendConfig(rows=4, kv_cache_memory=budget + 4 * POSITION), CONFIG, torch.float32)
+    size = size_kv_cache(
+        BackendConfig(rows=4, kv_cache_memory=budget + CACHE_ROWS * POSITION), CONFIG, torch.float32
+    )
     assert size.max_seq_len == MIN_SEQ_LEN
 
 
 def test_max_seq_len_with_a_budget_must_fit_in_it():
-    budget = 4 * POSITION * 300
+    budget = CACHE_ROWS * POSITION * 300
     size = size_kv_cache(
         BackendConfig(rows=4, max_seq_len=256, kv_cache_memory=budget), CONFIG, torch.float32
     )
-    assert size.max_seq_len == 256 and size.reason == "--max-seq-len, within --kv-cache-memory 600 KiB"
+    assert size.max_seq_len == 256 and size.reason == "--max-seq-len, within --kv-cache-memory 750 KiB"
     with pytest.raises(
-        ValueError, match="--max-seq-len 400 does not fit in --kv-cache-memory 600 KiB.*holds 300"
+        ValueError, match="--max-seq-len 400 does not fit in --kv-cache-memory 750 KiB.*holds 300"
     ):
         size_kv_cache(BackendConfig(rows=4, max_seq_len=400, kv_cache_memory=budget), CONFIG, torch.float32)
 
@@ -75,11 +84,11 @@ def test_the_default_models_line_gives_its_arithmetic():
     )  # fmt: skip
     line = size_kv_cache(BackendConfig(), smollm2, torch.bfloat16).summary()  # the default mode's cache
     assert line.startswith(
-        "KV cache: 32 rows x 2048 positions, bfloat16, 1440 MiB "
+        "KV cache: 32 rows and 1 for embedding inputs x 2048 positions, bfloat16, 1485 MiB "
         "(22.5 KiB a position a row: 2 x 30 layers x 3 KV heads x 64 x 2 bytes); the default"
     )
     line = size_kv_cache(BackendConfig(), smollm2, torch.float32).summary()  # the exact mode's
-    assert line.startswith("KV cache: 32 rows x 2048 positions, float32, 2880 MiB (45 KiB a position a row")
+    assert line.startswith("KV cache: 32 rows and 1 for embedding inputs x 2048 positions, float32, 2970 MiB")
 
 
 @pytest.fixture(scope="module")
@@ -94,16 +103,16 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def test_a_loaded_engine_keeps_its_cache_within_the_budget_and_logs_its_size(tiny_model_dir, caplog):
-    budget = 3 * 2**19 + 1000  # a little over 1.5 MiB
+    budget = 9 * 384 * POSITION + 1000  # 8 user rows and the embedding row of 384 positions, and a little
     config = BackendConfig(model=str(tiny_model_dir), rows=8, kv_cache_memory=budget, dtype="float32")
     with caplog.at_level(logging.INFO, logger="backend"):
         engine = Engine.load(config)
     cache = [tensor for layer in engine.runner.cache.layers for tensor in (layer.keys, layer.values)]
     allocated = sum(tensor.numel() * tensor.element_size() for tensor in cache)
-    assert engine.max_seq_len == 384 and allocated == 8 * 384 * POSITION <= budget
+    assert engine.max_seq_len == 384 and allocated == 9 * 384 * POSITION <= budget
     assert (
-        "KV cache: 8 rows x 384 positions, float32, 1.5 MiB (512 bytes a position a row: "
-        "2 x 2 layers x 2 KV heads x 16 x 4 bytes); the most that fit in --kv-cache-memory 1.5 MiB"
+        "KV cache: 8 rows and 1 for embedding inputs x 384 positions, float32, 1.7 MiB (512 bytes a position "
+        "a row: 2 x 2 layers x 2 KV heads x 16 x 4 bytes); the most that fit in --kv-cache-memory 1.7 MiB"
     ) in caplog.messages
 
 

@@ -52,7 +52,7 @@ def replay_decode_steps(
             tensor.copy_(saved)
         with torch.inference_mode():
             cache.plan_step(layout)
-            replayed = runner(input_ids, positions, layout, cache, keep)
+            replayed, _ = runner(input_ids, positions, layout, cache, keep)
         torch.testing.assert_close(replayed, logits, atol=logits_tolerance, rtol=logits_tolerance)
         for tensor, expected in zip(cache.keys + cache.values, after, strict=True):
             torch.testing.assert_close(tensor, expected, atol=cache_tolerance, rtol=cache_tolerance)
@@ -77,7 +77,9 @@ def test_compiled_decode_steps_give_the_eager_steps_logits_and_cache_writes():
     assert {(3, 3), (2, 3), (1, 3)} <= shapes and any(layout.has_free_rows for _, _, layout, *_ in steps)
 
     compiled = DecoderRunner(model, compile_decode=True)
-    cache = RowCache(KVShape.of(model.config), 4, 64, engine.runner.cache_dtype, engine.device)
+    cache = RowCache(
+        KVShape.of(model.config), 4, 64, engine.runner.cache_dtype, engine.device, spare_rows=1
+    )  # as the engine\'s: its embedding row too
     replay_decode_steps(compiled, cache, steps, logits_tolerance=1e-4, cache_tolerance=1e-5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did compile
 

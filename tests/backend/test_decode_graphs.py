@@ -61,7 +61,9 @@ def test_static_shape_steps_give_the_eager_steps_logits_and_cache_writes():
     assert {(1, True, False), (3, False, False), (3, True, True), (5, False, False)} <= shapes
 
     runner = DecoderRunner(model)
-    cache = RowCache(KVShape.of(model.config), 6, MAX_SEQ_LEN, engine.runner.cache_dtype, engine.device)
+    cache = RowCache(
+        KVShape.of(model.config), 6, MAX_SEQ_LEN, engine.runner.cache_dtype, engine.device, spare_rows=1
+    )  # as the engine\'s: its embedding row too
     runner.use_graphs(cache, capture=False)
     last = MAX_SEQ_LEN - 1  # where padding queries write: a position no query reads
     for input_ids, positions, layout, keep, before, logits, after in steps:
@@ -70,7 +72,7 @@ def test_static_shape_steps_give_the_eager_steps_logits_and_cache_writes():
         assert runner.plan.path(layout).layers is GRAPH
         with torch.inference_mode():
             cache.plan_step(layout)
-            static_logits = runner(input_ids, positions, layout, cache, keep)
+            static_logits, _ = runner(input_ids, positions, layout, cache, keep)
         torch.testing.assert_close(static_logits, logits, atol=1e-5, rtol=1e-5)
         for tensor, expected in zip(cache.keys + cache.values, after, strict=True):
             # Padded rows change how the matrix products block their sums: the last bit may differ.
@@ -175,7 +177,7 @@ def test_a_replayed_step_and_its_sampling_make_the_host_wait_for_nothing_on_cuda
     try:
         with torch.inference_mode():
             engine.runner.cache.plan_step(layout)
-            logits = engine.runner.decoder(input_ids, positions, layout, engine.runner.cache, keep)
+            logits, _ = engine.runner.decoder(input_ids, positions, layout, engine.runner.cache, keep)
             tokens = sample(logits[:1].expand(3, -1).float(), batch)
     finally:
         torch.cuda.set_sync_debug_mode("default")

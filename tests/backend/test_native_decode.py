@@ -55,7 +55,9 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
         return call(self, hidden, *args)
 
     monkeypatch.setattr(NativeDecode, "__call__", counting)
-    cache = RowCache(KVShape.of(model.config), 20, 64, engine.runner.cache_dtype, engine.device)
+    cache = RowCache(
+        KVShape.of(model.config), 20, 64, engine.runner.cache_dtype, engine.device, spare_rows=1
+    )  # as the engine\'s: its embedding row too
     replay_decode_steps(runner, cache, steps, logits_tolerance=0, cache_tolerance=0)
     assert set(native_steps) == {rows for rows in shapes if rows < runner.native.rows_below}
 

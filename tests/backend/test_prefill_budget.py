@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from backend.engine.prefill_budget import EMBEDDING_FLOOR, FIRST_GUESS, FLOOR, STRETCH, PrefillBudget
+from backend.engine.prefill_budget import (
+    EMBEDDING_FLOOR,
+    EMBEDDING_QUERIES,
+    FIRST_GUESS,
+    FLOOR,
+    STRETCH,
+    PrefillBudget,
+)
 
 
 def test_a_configured_number_is_kept_whatever_the_steps_take():
@@ -89,6 +96,26 @@ def test_a_configured_budget_gives_embeddings_what_prompts_leave_of_it():
     budget.observe_embedding(1.0, tokens=10)  # slow, but a configured number is kept
     assert budget.embedding_tokens(3, prompt_tokens=20) == 44
     assert budget.embedding_tokens(3, prompt_tokens=64) == EMBEDDING_FLOOR
+
+
+def test_an_embedding_input_as_decode_queries_takes_as_many_as_keep_steps_within_the_stretch():
+    """On the CPU's loop an embedding chunk is more decode queries: their number goes up by one after a
+    step within STRETCH plain steps of the other queries, down below what it took after one past it."""
+    budget = PrefillBudget()
+    assert budget.embedding_queries(1, spare=31) == EMBEDDING_QUERIES  # nothing timed yet
+    budget.observe(0.010, decoding_rows=1, prompt_tokens=0)  # a plain step of one row: 10 ms
+    taken = []
+    for _ in range(12):  # each query costs 1 ms: up to 8 keep a step within 18 ms
+        queries = budget.embedding_queries(1, spare=31)
+        budget.observe_embedding_queries(0.010 + queries * 0.001, 1, queries, prompt_tokens=0)
+        taken.append(queries)
+    assert taken[:5] == [4, 5, 6, 7, 8] and set(taken[5:]) <= {7, 8, 9}  # then about the most that fit
+    assert budget.embedding_queries(1, spare=3) == 3  # never more than the step's spare queries
+    budget.observe_embedding_queries(0.010 + 2 * 0.001, 1, 2, prompt_tokens=0)  # an input's short end
+    assert budget.embedding_queries(1, spare=31) in (7, 8, 9)
+    budget.observe_embedding_queries(0.100, 1, 8, prompt_tokens=40)  # a prompt's chunk too: no sign
+    assert budget.embedding_queries(1, spare=31) in (7, 8, 9)
+    assert PrefillBudget(fixed=16).embedding_queries(1, spare=31) == 16  # a configured budget: its number
 
 
 def test_chunks_of_many_sizes_costing_per_token_alone_keep_the_budget_of_the_cost_per_token():

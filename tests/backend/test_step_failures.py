@@ -108,3 +108,26 @@ def test_a_row_whose_logits_are_not_finite_ends_with_an_error_and_the_others_go_
     for name, _ in healthy:
         assert text_of(pieces[name]) == text_of(expected[name])
         assert pieces[name][-1].finish_reason == "length"
+
+
+def test_an_embedding_input_that_breaks_the_step_fails_alone_beside_decoding_rows():
+    """The embedding chunk rides in the rows' own forward pass: where it breaks the step, it runs apart,
+    its request ends with an error, and the rows and the next embedding input go on as without it."""
+    alone = drive(
+        Engine(tiny_model(), MarkerTokenizer(), rows=4, max_seq_len=64),
+        [(0, Submit("a", (5, 6, 7), greedy()))],
+    )
+    engine = engine_that_breaks_on_poison()
+    pieces = drive(
+        engine,
+        [
+            (0, Submit("a", (5, 6, 7), greedy())),
+            (1, Submit("poisoned", (3, POISON, 4), SamplingParams(embedding="mean"))),
+            (1, Submit("healthy", (3, 4, 5), SamplingParams(embedding="mean"))),
+        ],
+    )
+    assert [p.finish_reason for p in pieces["poisoned"]] == ["error"]
+    assert "kernel failure" in pieces["poisoned"][0].error
+    assert pieces["healthy"][-1].finish_reason == "stop" and pieces["healthy"][-1].embedding is not None
+    assert text_of(pieces["a"]) == text_of(alone["a"]) and pieces["a"][-1].finish_reason == "length"
+    assert not engine.embedding_waiting and engine.embedding_job is None
