@@ -471,7 +471,8 @@ def quantize_weights(
     elif quantization != "none":
         count = quantize_model(model, quantization)
         log.info(
-            "quantized %d linear layers, weight-only: the projections to %s, the head to int8",
+            "quantized %d linear layers, weight-only: the projections (and a mixture's experts, "
+            "without copies for many rows) to %s, the head to int8",
             count,
             quantization,
         )

@@ -410,13 +410,16 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 def quantize_model(model: nn.Module, mode: str) -> int:
-    """Replace every quantizable linear layer by its `mode` ("int4" or "int8") version, and the head
-    by an int8 one; returns how many layers were replaced."""
+    """Replace every quantizable linear layer by its `mode` ("int4" or "int8") version, a mixture of
+    experts' weights by such layers too (quantized_experts.py), and the head by an int8 one; returns
+    how many layers were replaced."""
+    from backend.quant.quantized_experts import quantize_experts  # (it builds on this module)
+
     quantize = QUANTIZERS[mode]
     linears = quantizable_linears(model)
     for name, linear in linears.items():
         replace_module(model, name, quantize(linear))
-    return len(linears) + quantize_head(model)
+    return len(linears) + quantize_experts(model, quantize) + quantize_head(model)
 
 
 def quantize_head(model: nn.Module) -> int:

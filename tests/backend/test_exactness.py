@@ -154,11 +154,12 @@ def test_rows_stay_exact_when_free_rows_sit_between_them():
 def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives_transformers_logits(
     architecture, monkeypatch
 ):
-    """The default mode's path for an MoE model: 4-bit attention projections, the experts multiplied as
-    the layer's own module does, decode steps through `decode_layers` with the CPU's fused operations
-    where they build, rows decoding together: each step's logits are transformers' forward's over the
-    same quantized model, to 0.02 (its prompt-length products take another path, the 4-bit kernels'
-    for many rows; a Llama on its own path differs as much)."""
+    """The default mode's path for an MoE model: 4-bit attention projections and experts
+    (quantized_experts.py), the experts multiplied as the layer's own module does, decode steps through
+    `decode_layers` with the CPU's fused operations where they build, rows decoding together: each
+    step's logits are transformers' forward's over the same quantized model, to 0.03 (its prompt-length
+    products take another path, the 4-bit kernels' for many rows; a Llama on its own path differs by
+    0.02, and every expert's products round their activations too)."""
     from tests.backend.test_speculation import decode_steps_seen
 
     model = tiny_model(architecture, head_dim=64)
@@ -179,6 +180,6 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
             for (position, token, logits), text in zip(step, texts, strict=True):
                 assert text[position] == token
                 expected = model(input_ids=torch.tensor([text[: position + 1]])).logits[0, -1]
-                torch.testing.assert_close(logits.float(), expected, rtol=0, atol=0.02)
+                torch.testing.assert_close(logits.float(), expected, rtol=0, atol=0.03)
                 compared += 1
     assert compared >= 12

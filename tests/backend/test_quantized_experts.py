@@ -1,0 +1,78 @@
+"""A mixture of experts' weights in weight-only layers (backend/quant/quantized_experts.py): what
+`--quantize int4|int8` makes of Qwen3-MoE's and Mixtral's experts, which are nearly all of such a model."""
+
+import copy
+
+import pytest
+import torch
+
+from backend.engine.engine import Engine
+from backend.messages import SamplingParams, Submit
+from backend.quant.quantized_experts import QuantizedExperts, as_linear
+from backend.quant.quantized_linear import QUANTIZERS, quantize_model, resident_bytes
+from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
+
+MOE = ["qwen3_moe", "mixtral"]
+
+
+def experts_of(model) -> list:
+    return [layer.mlp.experts for layer in model.model.layers]
+
+
+@pytest.mark.parametrize("architecture", MOE)
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_quantized_experts_give_transformers_output_over_the_quantized_weights(architecture, mode):
+    """Each expert's projections become a weight-only layer, routed as transformers routes: for tokens
+    sent to several experts, the output is transformers' module's over the weights the layers hold
+    (to the kernels' rounding of activations to int8 a block)."""
+    model = tiny_model(architecture)
+    experts = experts_of(model)[0]
+    quantized = QuantizedExperts(experts, QUANTIZERS[mode])
+    reference = copy.deepcopy(experts)
+    with torch.no_grad():  # the weights the layers hold, as transformers' module's own
+        for name in ("gate_up_proj", "down_proj"):
+            held = [QUANTIZERS[mode](as_linear(w)).dense for w in getattr(experts, name)]
+            getattr(reference, name).copy_(torch.stack(held))
+        assert not torch.equal(reference.gate_up_proj, experts.gate_up_proj)  # rounded, so a real test
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(24, experts.hidden_dim, generator=generator)
+    chosen = torch.stack([torch.randperm(experts.num_experts, generator=generator)[:2] for _ in range(24)])
+    weights = torch.rand(24, 2, generator=generator)
+    with torch.no_grad():
+        expected, got = reference(hidden, chosen, weights), quantized(hidden, chosen, weights)
+    assert len({int(e) for e in chosen.flatten()}) == experts.num_experts  # every expert multiplied
+    scale = expected.abs().max()
+    torch.testing.assert_close(got, expected, atol=0.02 * scale, rtol=0)
+
+
+@pytest.mark.parametrize("architecture", MOE)
+def test_quantize_model_leaves_no_expert_in_floats_and_serves_generates_tokens(architecture):
+    """After `quantize_model` the experts hold at most a quarter of their float bytes (int4 and the
+    groups' scales, against float32), no dense copies, and the engine's greedy tokens are `generate`'s
+    on the same quantized model."""
+    model = tiny_model(architecture)
+    floats_before = resident_bytes(model)["floats"]
+    expert_bytes = sum(e.gate_up_proj.nbytes + e.down_proj.nbytes for e in experts_of(model))
+    replaced = quantize_model(model, "int4")
+    assert all(isinstance(e, QuantizedExperts) for e in experts_of(model))
+    config = model.config
+    experts = getattr(config, "num_experts", None) or config.num_local_experts
+    assert replaced >= 2 * experts * config.num_hidden_layers
+    assert resident_bytes(model)["floats"] <= floats_before - expert_bytes
+    layers = [layer for e in experts_of(model) for layer in [*e.gate_up, *e.down]]
+    assert all(layer.dense is None for layer in layers)
+    held = sum(t.nbytes for layer in layers for t in layer.buffers())
+    assert held <= expert_bytes / 4  # 4 bits a weight and a scale and zero a group, against float32's 32
+    prompt, params = (5, 9, 14, 3, 22), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=64, speculative_tokens=0)
+    text = text_of(drive(engine, [(0, Submit("r", prompt, params))])["r"])
+    assert MarkerTokenizer.ids(text) == reference_greedy(model, prompt, 12, engine.eos_ids)
+
+
+def test_experts_of_another_kind_stay_floats():
+    """gpt-oss's experts (biases, a clamped activation, gate and up interleaved) are not the plain
+    kind: they stay transformers' own module."""
+    model = tiny_model("gpt_oss")
+    kind = type(experts_of(model)[0])
+    quantize_model(model, "int4")
+    assert all(type(e) is kind for e in experts_of(model))
