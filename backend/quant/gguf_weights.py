@@ -20,6 +20,7 @@ made.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
-from backend.quant import block_weights, gguf_types
+from backend.quant import block_weights, gguf_types, quantized_experts
 from backend.quant.gguf_types import EightBitWeight, FourBitWeight
 from backend.quant.quantized_linear import (
     GROUP_SIZE,
@@ -57,7 +58,7 @@ FLOAT_TYPES = {kind.name for kind in gguf_types.FLOAT_TYPES}
 # layout, and transformers permutes them back. Other architectures' processors reshape tensors in
 # ways blocks do not follow, so their GGUF files are dequantized.
 ROW_ONLY_PROCESSORS = {"llama": LlamaTensorProcessor}
-PLAIN_ARCHITECTURES = {"qwen2"}  # stored as transformers names them
+PLAIN_ARCHITECTURES = {"qwen2", "qwen3", "qwen3moe"}  # stored as transformers names them
 
 # Beside a GGUF file's converted copy: its blocks as read, so that later starts need not parse the
 # file again (gguf's reader walks every field first, the tokenizer's 49,152 strings and 48,900 merges
@@ -65,14 +66,15 @@ PLAIN_ARCHITECTURES = {"qwen2"}  # stored as transformers names them
 BLOCKS_CACHE = "gguf_blocks.safetensors"
 HEAD_KEY = ":head"  # the head's tensors in that copy (no module name starts with a colon)
 # A copy's layout: a copy written by a version that served fewer types is read past and replaced.
-BLOCKS_CACHE_VERSION = "2"
+BLOCKS_CACHE_VERSION = "3"
 
 
 @dataclass(frozen=True)
 class GGUFBlocks:
     """What of a GGUF file is served from its own blocks."""
 
-    layers: dict[str, FourBitWeight | EightBitWeight]  # the quantizable linear layers', by module name
+    # the quantizable linear layers', by module name; a mixture's experts' by `expert_key`
+    layers: dict[str, FourBitWeight | EightBitWeight]
     head: FourBitWeight | EightBitWeight | None  # the output head's (the embedding's, where tied)
     types: Counter  # how many tensors of each type the file holds, for the start-up log
     head_type: str
@@ -139,7 +141,62 @@ def parse_gguf_blocks(path: Path, model: nn.Module) -> GGUFBlocks:
         rows = processor.process(weights=np.asarray(tensor.data), name=tensor.name).weights
         layers[module] = gguf_types.unpack(rows, tensor.tensor_type)
         kinds[module] = tensor.tensor_type.name
+    for experts in gguf_experts(tensors, model).values():
+        for key, (weight, kind) in experts.items():
+            layers[key], kinds[key] = weight, kind
     return GGUFBlocks(layers, head, types, head_type, kinds)
+
+
+def expert_key(module: str, projection: str, expert: int) -> str:
+    """Where an expert's weight is kept among `GGUFBlocks.layers`: "model.layers.0.mlp.experts.down.3"."""
+    return f"{module}.{projection}.{expert}"
+
+
+def gguf_experts(tensors: dict, model: nn.Module) -> dict[str, dict[str, tuple]]:
+    """Each plain experts' module's weights as the file's blocks (quantized_experts.py), by module name:
+    llama.cpp's `blk.N.ffn_{gate,up,down}_exps` tensors, [experts, rows, inputs], split by expert, gate
+    and up joined as transformers' `gate_up_proj` joins them. A layer whose experts are stored as floats,
+    or whose gate and up differ in kind of blocks, is left out (its experts stay floats)."""
+    found = {}
+    for index, layer in enumerate(model.model.layers):
+        experts = getattr(getattr(layer, "mlp", None), "experts", None)
+        if experts is None or not quantized_experts.takes(experts):
+            continue
+        parts = [tensors.get(f"blk.{index}.ffn_{part}_exps.weight") for part in ("gate", "up", "down")]
+        if any(t is None or not gguf_types.served(t.tensor_type, int(t.shape[0])) for t in parts):
+            continue
+        gate, up, down = (split_experts(t, experts.num_experts) for t in parts)
+        if type(gate[0]) is not type(up[0]):
+            continue
+        module = next(name for name, m in model.named_modules() if m is experts)
+        kinds = [t.tensor_type.name for t in parts]
+        gate_kind = kinds[0] if kinds[0] == kinds[1] else f"{kinds[0]}/{kinds[1]}"
+        found[module] = {
+            **{
+                expert_key(module, "gate_up", e): (join(g, u), gate_kind)
+                for e, (g, u) in enumerate(zip(gate, up, strict=True))
+            },
+            **{expert_key(module, "down", e): (d, kinds[2]) for e, d in enumerate(down)},
+        }
+    return found
+
+
+def split_experts(tensor, count: int) -> list[FourBitWeight | EightBitWeight]:
+    """A [experts, rows, inputs] tensor's blocks as one weight an expert."""
+    data = np.asarray(tensor.data)
+    whole = gguf_types.unpack(data.reshape(-1, data.shape[-1]), tensor.tensor_type)
+    pieces = [torch.chunk(t, count) for t in fields_of(whole)]
+    return [type(whole)(*parts) for parts in zip(*pieces, strict=True)]
+
+
+def join(first: FourBitWeight | EightBitWeight, second: FourBitWeight | EightBitWeight):
+    """Two weights over the same inputs as one, `first`'s outputs first."""
+    pairs = zip(fields_of(first), fields_of(second), strict=True)
+    return type(first)(*(torch.cat(pair) for pair in pairs))
+
+
+def fields_of(weight: FourBitWeight | EightBitWeight) -> list[torch.Tensor]:
+    return [getattr(weight, field.name) for field in dataclasses.fields(weight)]
 
 
 def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
@@ -202,7 +259,10 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
     blocks = read_gguf_blocks(path, model, cache_dir)
     linears = quantizable_linears(model)
     served = Counter()
+    experts = serve_experts(model, blocks, served)
     for name, weight in blocks.layers.items():
+        if name not in linears:  # an expert's, served above
+            continue
         if weight.q.shape != linears[name].weight.shape or weight.q.shape[1] % GROUP_SIZE:
             raise ValueError(
                 f"GGUF tensor for {name} has shape {tuple(weight.q.shape)}, the model expects "
@@ -213,18 +273,56 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
         served[how] += 1
     head = serve_head(model, blocks)
     log.info(
-        "GGUF %s (tensor types %s): %d linear layers served from the file's blocks (%s), %d dequantized "
+        "GGUF %s (tensor types %s): %d linear layers%s served from the file's blocks (%s), %d dequantized "
         "(with the embeddings and norms) to %s; output head (%s) %s",
         path.name,
         ", ".join(f"{kind} x{count}" for kind, count in sorted(blocks.types.items())),
         len(blocks.layers),
+        f" (a mixture's {experts} experts' projections among them)" if experts else "",
         ", ".join(f"{how} x{count}" for how, count in sorted(served.items())) or "none",
-        len(linears) - len(blocks.layers),
+        len(linears) + experts - len(blocks.layers),
         next(model.parameters()).dtype,
         blocks.head_type,
         head,
     )
     return len(blocks.layers) + (head != "as floats")
+
+
+def serve_experts(model: nn.Module, blocks: GGUFBlocks, served: Counter) -> int:
+    """Serve each plain experts' module from the file's blocks where `blocks` has its experts'
+    (`gguf_experts`), counting how in `served`; returns how many expert layers the model has (two an
+    expert of each plain experts' module), whether served so or left as floats."""
+    count = 0
+    for module_name, module in list(model.named_modules()):
+        if not quantized_experts.takes(module):
+            continue
+        count += 2 * module.num_experts
+        keys = [
+            expert_key(module_name, part, e)
+            for part in ("gate_up", "down")
+            for e in range(module.num_experts)
+        ]
+        if not all(key in blocks.layers for key in keys):
+            continue
+        layers = {}
+        for key in keys:
+            part, expert = key.rsplit(".", 2)[-2:]
+            floats = getattr(module, f"{part}_proj")[int(expert)]
+            weight = blocks.layers[key]
+            if weight.q.shape != floats.shape:
+                raise ValueError(
+                    f"GGUF experts for {key} have shape {tuple(weight.q.shape)}, the model expects "
+                    f"{tuple(floats.shape)}"
+                )
+            layers[key], how = served_layer(weight, quantized_experts.as_linear(floats), blocks.kinds[key])
+            served[how] += 1
+        gate_up = [layers[key] for key in keys[: module.num_experts]]
+        down = [layers[key] for key in keys[module.num_experts :]]
+        parent, _, child = module_name.rpartition(".")
+        setattr(
+            model.get_submodule(parent), child, quantized_experts.QuantizedExperts.of(module, gate_up, down)
+        )
+    return count
 
 
 def served_layer(

@@ -45,11 +45,24 @@ class QuantizedExperts(nn.Module):
     """transformers' experts' module with each expert's projections a weight-only layer."""
 
     def __init__(self, experts: nn.Module, quantize: Callable[[nn.Linear], WeightOnlyLinear]):
+        """`experts`' weights quantized by `quantize` (QUANTIZERS' int4 or int8)."""
         super().__init__()
         self.num_experts = experts.num_experts
         self.act_fn = experts.act_fn
         self.gate_up = nn.ModuleList(without_copy(quantize(as_linear(w))) for w in experts.gate_up_proj)
         self.down = nn.ModuleList(without_copy(quantize(as_linear(w))) for w in experts.down_proj)
+
+    @classmethod
+    def of(
+        cls, experts: nn.Module, gate_up: list[WeightOnlyLinear], down: list[WeightOnlyLinear]
+    ) -> QuantizedExperts:
+        """`experts` served by these layers, made elsewhere (a GGUF file's blocks, gguf_weights.py)."""
+        made = cls.__new__(cls)
+        nn.Module.__init__(made)
+        made.num_experts, made.act_fn = experts.num_experts, experts.act_fn
+        made.gate_up = nn.ModuleList(without_copy(layer) for layer in gate_up)
+        made.down = nn.ModuleList(without_copy(layer) for layer in down)
+        return made
 
     def forward(
         self,

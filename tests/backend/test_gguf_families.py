@@ -22,6 +22,7 @@ from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from backend.model.architectures import UnsupportedModel
 from backend.model.loader import LoadedModel, default_model_path
+from backend.quant.quantized_experts import QuantizedExperts
 from backend.quant.quantized_linear import Int4Linear, Int8Linear
 from tests.backend import gguf_files
 from tests.backend.gguf_files import q4_k_m, round_trip_offset_norms, write_tiny_gguf
@@ -36,6 +37,8 @@ from tests.backend.models import (
     tiny_model,
 )
 from tests.backend.test_falcon import SHAPES, tiny_falcon
+
+Q4_0 = GGMLQuantizationType.Q4_0
 
 
 def random_norms(model: torch.nn.Module) -> torch.nn.Module:
@@ -228,3 +231,26 @@ def test_a_gguf_file_with_a_type_the_gguf_package_cannot_read_is_refused_naming_
     )
     with pytest.raises(UnsupportedModel, match=r"tiny.gguf holds a tensor type .*Q1_0.*llama-quantize"):
         load_gguf(path, tmp_path)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_a_qwen3_file_is_served_from_its_own_blocks_experts_included(family, tmp_path):
+    """Qwen3 and Qwen3-MoE files (llama.cpp stores their rows as transformers does) through the default
+    mode: every projection from the file's Q4_0 blocks, and a Qwen3-MoE's experts too, each expert's
+    gate and up joined as transformers joins them (quantized_experts.py); a step of few rows gives the
+    logits of the same file dequantized to float32, and a later start, from the blocks' copy, serves
+    the same."""
+    model = random_norms(FAMILIES[family]())
+    path = write_tiny_gguf(tmp_path / f"tiny-{family}-Q4_0.gguf", model, default_model_path(), Q4_0)
+    exact = load_gguf(path, tmp_path).model
+    for start in ("first", "again"):
+        served = load_gguf(path, tmp_path, quantize="auto").model
+        assert not any(type(module) is torch.nn.Linear for module in served.model.layers.modules()), start
+        if family == "qwen3_moe":
+            experts = [layer.mlp.experts for layer in served.model.layers]
+            assert all(isinstance(e, QuantizedExperts) for e in experts), start
+            assert all(isinstance(layer, Int4Linear) for e in experts for layer in (*e.gate_up, *e.down))
+        ids = torch.tensor([[5], [17], [200], [31]])  # four rows of one token: a decode step's shape
+        with torch.inference_mode():
+            expected, got = exact(ids).logits.float(), served(ids).logits.float()
+        assert (got - expected).abs().max() < 0.03 * expected.abs().max(), start
