@@ -58,7 +58,14 @@ FLOAT_TYPES = {kind.name for kind in gguf_types.FLOAT_TYPES}
 # layout, and transformers permutes them back. Other architectures' processors reshape tensors in
 # ways blocks do not follow, so their GGUF files are dequantized.
 ROW_ONLY_PROCESSORS = {"llama": LlamaTensorProcessor}
-PLAIN_ARCHITECTURES = {"qwen2", "qwen3", "qwen3moe"}  # stored as transformers names them
+PLAIN_ARCHITECTURES = {
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "phi3",
+    "gemma2",
+    "gemma3",
+}  # rows as transformers has them
 
 # Beside a GGUF file's converted copy: its blocks as read, so that later starts need not parse the
 # file again (gguf's reader walks every field first, the tokenizer's 49,152 strings and 48,900 merges

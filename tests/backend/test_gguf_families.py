@@ -233,11 +233,12 @@ def test_a_gguf_file_with_a_type_the_gguf_package_cannot_read_is_refused_naming_
         load_gguf(path, tmp_path)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
-def test_a_qwen3_file_is_served_from_its_own_blocks_experts_included(family, tmp_path):
-    """Qwen3 and Qwen3-MoE files (llama.cpp stores their rows as transformers does) through the default
-    mode: every projection from the file's Q4_0 blocks, and a Qwen3-MoE's experts too, each expert's
-    gate and up joined as transformers joins them (quantized_experts.py); a step of few rows gives the
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text"])
+def test_a_file_whose_rows_need_no_permuting_is_served_from_its_own_blocks_experts_included(family, tmp_path):
+    """Qwen3, Qwen3-MoE, Phi-3 and Gemma files (llama.cpp stores their rows as transformers has them)
+    through the default mode: every projection from the file's Q4_0 blocks, a Qwen3-MoE's experts too,
+    each expert's gate and up joined as transformers joins them (quantized_experts.py); a step of few
+    rows gives the
     logits of the same file dequantized to float32, and a later start, from the blocks' copy, serves
     the same."""
     model = random_norms(FAMILIES[family]())
