@@ -43,9 +43,14 @@ class ApiWorker(JsonErrorPages, ThreadWorker):
         super().run()
 
     def handle_exit(self, sig, frame):
-        """SIGTERM. A signal handler: it only sets an event (starting a thread here could deadlock)."""
+        """SIGTERM. A signal handler: it only sets an event (starting a thread here could deadlock), and
+        wakes the event loop, which otherwise saw the exit at its next 1 s timeout (a queue put is safe
+        here: SimpleQueue's is reentrant, and the wake-up is a byte written to a pipe)."""
         super().handle_exit(sig, frame)
         self._exit_requested.set()
+        method_queue = getattr(self, "method_queue", None)
+        if method_queue is not None and method_queue.fileno() is not None:
+            method_queue.defer(lambda: None)
 
     def _end_requests_before_grace_ends(self) -> None:
         self._exit_requested.wait()
