@@ -43,7 +43,8 @@ from backend.engine.engine import Engine  # noqa: E402
 from backend.layers.row_cache import KVShape, pick_cache_dtype  # noqa: E402
 from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
 from backend.model.loader import LoadedModel, load_model, pick_device, pick_dtype  # noqa: E402
-from backend.quant.quantized_linear import QUANTIZERS, WeightOnlyLinear, quantize_model  # noqa: E402
+from backend.quant.quantize import quantize_model  # noqa: E402
+from backend.quant.quantized_linear import QUANTIZERS, WeightOnlyLinear  # noqa: E402
 from scripts.random_llama import SHAPES, default_tokenizer, random_llama  # noqa: E402
 
 PROMPTS = [

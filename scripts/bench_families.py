@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backend.engine.engine import Engine  # noqa: E402
 from backend.model.decoder_runner import DecoderRunner  # noqa: E402
 from backend.model.loader import pick_device, pick_dtype  # noqa: E402
-from backend.quant.quantized_linear import QUANTIZERS, quantize_model  # noqa: E402
+from backend.quant.quantize import quantize_model  # noqa: E402
+from backend.quant.quantized_linear import QUANTIZERS  # noqa: E402
 from scripts.bench_engine import PROMPTS, machine, time_engine, time_generate  # noqa: E402
 from scripts.random_llama import default_tokenizer  # noqa: E402
 

@@ -61,7 +61,8 @@ from backend.quant.calibration import (
 )
 from backend.quant.fp8_weights import is_fp8_checkpoint, serve_fp8_as_blocks
 from backend.quant.gguf_weights import serve_gguf_weights
-from backend.quant.quantized_linear import QUANTIZERS, quantize_model, resident_bytes
+from backend.quant.quantize import quantize_model
+from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from backend.utils.heap import give_back_freed_memory
 
 log = logging.getLogger(__name__)

@@ -409,19 +409,6 @@ def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def quantize_model(model: nn.Module, mode: str) -> int:
-    """Replace every quantizable linear layer by its `mode` ("int4" or "int8") version, a mixture of
-    experts' weights by such layers too (quantized_experts.py), and the head by an int8 one; returns
-    how many layers were replaced."""
-    from backend.quant.quantized_experts import quantize_experts  # (it builds on this module)
-
-    quantize = QUANTIZERS[mode]
-    linears = quantizable_linears(model)
-    for name, linear in linears.items():
-        replace_module(model, name, quantize(linear))
-    return len(linears) + quantize_experts(model, quantize) + quantize_head(model)
-
-
 def quantize_head(model: nn.Module) -> int:
     """The output head in int8, one scale per vocabulary entry, for the steps of few rows.
 

@@ -13,7 +13,7 @@ from backend.engine.engine import Engine
 from backend.layers.row_cache import KVShape, RowCache
 from backend.messages import SamplingParams, Submit
 from backend.model.decoder_runner import DecoderRunner
-from backend.quant.quantized_linear import quantize_model
+from backend.quant.quantize import quantize_model
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
 
 

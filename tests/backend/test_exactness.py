@@ -9,7 +9,7 @@ from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from backend.model.architectures import SUPPORTED
 from backend.model.decoder_runner import LLAMA_LAYER_TYPES
-from backend.quant.quantized_linear import quantize_model
+from backend.quant.quantize import quantize_model
 from tests.backend.models import (
     TINY_VOCAB,
     TINY_WINDOW,

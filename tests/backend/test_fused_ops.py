@@ -26,7 +26,7 @@ from backend.layers.step_layout import visibility
 from backend.messages import Submit
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.step_plan import FORWARD, LOOP
-from backend.quant.quantized_linear import quantize_model
+from backend.quant.quantize import quantize_model
 from backend.quant.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
 from tests.backend.test_compiled_decode import greedy, record_decode_steps, replay_decode_steps

@@ -7,7 +7,8 @@ import torch
 
 from backend.quant import calibration
 from backend.quant.calibration import HEAD_TIMED_OUTPUTS, dense_pays_at, dense_pays_from
-from backend.quant.quantized_linear import Int4Linear, Int8Linear, fuse_linears, quantize_model
+from backend.quant.quantize import quantize_model
+from backend.quant.quantized_linear import Int4Linear, Int8Linear, fuse_linears
 from tests.backend.models import tiny_model
 
 

@@ -5,7 +5,8 @@ import torch
 
 from backend.quant import calibration
 from backend.quant.calibration import copies_pay_off, drop_copies_blocks_match
-from backend.quant.quantized_linear import Int4Linear, Int8Linear, quantize_model
+from backend.quant.quantize import quantize_model
+from backend.quant.quantized_linear import Int4Linear, Int8Linear
 from tests.backend.models import tiny_model
 
 

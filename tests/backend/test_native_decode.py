@@ -9,7 +9,7 @@ from backend.layers.row_cache import KVShape, RowCache
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.native_decode import NativeDecode
 from backend.quant import block_weights
-from backend.quant.quantized_linear import quantize_model
+from backend.quant.quantize import quantize_model
 from tests.backend.models import MarkerTokenizer, tiny_model
 from tests.backend.test_compiled_decode import record_decode_steps, replay_decode_steps
 from tests.backend.test_fused_ops import drive_mixed_decode_steps

@@ -8,8 +8,9 @@ import torch
 
 from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
+from backend.quant.quantize import quantize_model
 from backend.quant.quantized_experts import QuantizedExperts, as_linear
-from backend.quant.quantized_linear import QUANTIZERS, quantize_model, resident_bytes
+from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
 MOE = ["qwen3_moe", "mixtral"]

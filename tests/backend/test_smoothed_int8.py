@@ -7,7 +7,8 @@ from backend.messages import BackendConfig
 from backend.model.loader import load_model
 from backend.quant import calibration
 from backend.quant.calibration import int8_multiplies_faster, smooth_many_rows_path  # the real one, kept
-from backend.quant.quantized_linear import DENSE_FROM_ROWS, Int4Linear, fuse_linears, quantize_model
+from backend.quant.quantize import quantize_model
+from backend.quant.quantized_linear import DENSE_FROM_ROWS, Int4Linear, fuse_linears
 from backend.quant.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
 from tests.backend.models import tiny_model
 
