@@ -12,13 +12,13 @@ from backend.model.loader import default_model_path, load_model
 from backend.quant import block_weights, gguf_weights
 from backend.quant.gguf_types import FourBitWeight, unpack_blocks, unpack_q8_0
 from backend.quant.gguf_weights import BLOCKS_CACHE, read_gguf_blocks, serve_gguf_weights
+from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import (
     DENSE_FROM_ROWS,
     GROUP_SIZE,
     Int4Linear,
     Int8Linear,
     fuse_linears,
-    quantize_model,
 )
 from tests.backend.k_quants import quantize
 from tests.backend.models import tiny_model, write_gguf_linears
