@@ -367,7 +367,7 @@ class Engine:
         if self.runner.embedding_row is None:
             return None
         if self.embedding_job is None and decoding_rows:
-            request = next((r for r in self.embedding_waiting.values()), None)
+            request = next(iter(self.embedding_waiting.values()), None)
             if request is not None:
                 job = EmbeddingJob(request.prompt_ids, request.params.embedding, self.runner.embedding_row)
                 self.embedding_job = (request, job)

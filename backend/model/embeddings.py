@@ -79,10 +79,9 @@ class EmbeddingJob:
         self.cached = 0  # the tokens embedded so far
         self.chunk_end = 0  # where this step's chunk ends
         self.as_queries = False  # this step's chunk as decode queries of its row (step_inputs.py)
+        self.scores_prompt = False  # (a PrefillingRow's: an input scores nothing)
         self.total: torch.Tensor | None = None  # the sum of every token's hidden state so far
         self.last: torch.Tensor | None = None
-
-    scores_prompt = False
 
     @property
     def left(self) -> int:

@@ -304,31 +304,25 @@ def serve_experts(model: nn.Module, blocks: GGUFBlocks, served: Counter) -> int:
         if not quantized_experts.takes(module):
             continue
         count += 2 * module.num_experts
-        keys = [
-            expert_key(module_name, part, e)
-            for part in ("gate_up", "down")
-            for e in range(module.num_experts)
-        ]
-        if not all(key in blocks.layers for key in keys):
+        parts = ("gate_up", "down")
+        keys = {
+            (part, e): expert_key(module_name, part, e) for part in parts for e in range(module.num_experts)
+        }
+        if not all(key in blocks.layers for key in keys.values()):
             continue
-        layers = {}
-        for key in keys:
-            part, expert = key.rsplit(".", 2)[-2:]
-            floats = getattr(module, f"{part}_proj")[int(expert)]
-            weight = blocks.layers[key]
+        layers = {part: [] for part in parts}
+        for (part, expert), key in keys.items():
+            floats, weight = getattr(module, f"{part}_proj")[expert], blocks.layers[key]
             if weight.q.shape != floats.shape:
                 raise ValueError(
                     f"GGUF experts for {key} have shape {tuple(weight.q.shape)}, the model expects "
                     f"{tuple(floats.shape)}"
                 )
-            layers[key], how = served_layer(weight, quantized_experts.as_linear(floats), blocks.kinds[key])
+            layer, how = served_layer(weight, quantized_experts.as_linear(floats), blocks.kinds[key])
+            layers[part].append(layer)
             served[how] += 1
-        gate_up = [layers[key] for key in keys[: module.num_experts]]
-        down = [layers[key] for key in keys[module.num_experts :]]
         parent, _, child = module_name.rpartition(".")
-        setattr(
-            model.get_submodule(parent), child, quantized_experts.QuantizedExperts.of(module, gate_up, down)
-        )
+        setattr(model.get_submodule(parent), child, quantized_experts.QuantizedExperts(module, **layers))
     return count
 
 

@@ -44,25 +44,22 @@ def as_linear(weight: torch.Tensor) -> nn.Linear:
 class QuantizedExperts(nn.Module):
     """transformers' experts' module with each expert's projections a weight-only layer."""
 
-    def __init__(self, experts: nn.Module, quantize: Callable[[nn.Linear], WeightOnlyLinear]):
-        """`experts`' weights quantized by `quantize` (QUANTIZERS' int4 or int8)."""
+    def __init__(self, experts: nn.Module, gate_up: list[WeightOnlyLinear], down: list[WeightOnlyLinear]):
+        """`experts` (transformers' module) served by these layers, one an expert each, without their
+        dense copies."""
         super().__init__()
         self.num_experts = experts.num_experts
         self.act_fn = experts.act_fn
-        self.gate_up = nn.ModuleList(without_copy(quantize(as_linear(w))) for w in experts.gate_up_proj)
-        self.down = nn.ModuleList(without_copy(quantize(as_linear(w))) for w in experts.down_proj)
+        self.gate_up = nn.ModuleList(without_copy(layer) for layer in gate_up)
+        self.down = nn.ModuleList(without_copy(layer) for layer in down)
 
     @classmethod
-    def of(
-        cls, experts: nn.Module, gate_up: list[WeightOnlyLinear], down: list[WeightOnlyLinear]
+    def quantized(
+        cls, experts: nn.Module, quantize: Callable[[nn.Linear], WeightOnlyLinear]
     ) -> QuantizedExperts:
-        """`experts` served by these layers, made elsewhere (a GGUF file's blocks, gguf_weights.py)."""
-        made = cls.__new__(cls)
-        nn.Module.__init__(made)
-        made.num_experts, made.act_fn = experts.num_experts, experts.act_fn
-        made.gate_up = nn.ModuleList(without_copy(layer) for layer in gate_up)
-        made.down = nn.ModuleList(without_copy(layer) for layer in down)
-        return made
+        """`experts`' weights quantized by `quantize` (QUANTIZERS' int4 or int8)."""
+        gate_up = [quantize(as_linear(weight)) for weight in experts.gate_up_proj]
+        return cls(experts, gate_up, [quantize(as_linear(weight)) for weight in experts.down_proj])
 
     def forward(
         self,
@@ -95,6 +92,6 @@ def quantize_experts(model: nn.Module, quantize: Callable[[nn.Linear], WeightOnl
     for name, module in list(model.named_modules()):
         if takes(module):
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, QuantizedExperts(module, quantize))
+            setattr(model.get_submodule(parent), child, QuantizedExperts.quantized(module, quantize))
             made += 2 * module.num_experts
     return made

@@ -28,7 +28,7 @@ def test_quantized_experts_give_transformers_output_over_the_quantized_weights(a
     (to the kernels' rounding of activations to int8 a block)."""
     model = tiny_model(architecture)
     experts = experts_of(model)[0]
-    quantized = QuantizedExperts(experts, QUANTIZERS[mode])
+    quantized = QuantizedExperts.quantized(experts, QUANTIZERS[mode])
     reference = copy.deepcopy(experts)
     with torch.no_grad():  # the weights the layers hold, as transformers' module's own
         for name in ("gate_up_proj", "down_proj"):
