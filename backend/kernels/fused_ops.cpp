@@ -572,17 +572,21 @@ at::Tensor scale_products(const at::Tensor& accumulated, const at::Tensor& row_s
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace fused_ops;
-  m.def("rms_norm", &rms_norm, "RMSNorm of each row");
-  m.def("add_rms_norm", &add_rms_norm, "hidden += delta in place; the sum's RMSNorm");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 * width]");
-  m.def("rotate_and_store", &rotate_and_store, "rotary embedding of queries and keys, keys and values into the cache");
-  m.def("decode_attention", &decode_attention, "each decode query over its own row of the cache");
+  // Every loop runs without the interpreter's lock: none touches a Python object, and a step holding it
+  // kept the backend's other threads (the outbox's feeder, sending the last step's tokens) waiting a whole
+  // step.
+  const auto released = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("rms_norm", &rms_norm, "RMSNorm of each row", released);
+  m.def("add_rms_norm", &add_rms_norm, "hidden += delta in place; the sum's RMSNorm", released);
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 * width]", released);
+  m.def("rotate_and_store", &rotate_and_store, "rotary embedding of queries and keys, keys and values into the cache", released);
+  m.def("decode_attention", &decode_attention, "each decode query over its own row of the cache", released);
   m.def("attention_supports", &attention_supports, "whether decode_attention has a loop for this head size and group");
-  m.def("nucleus_draw", &nucleus_draw, "each row's draw from its nucleus (sampler.py's nucleus_cut and race)");
-  m.def("quantize_rows", &quantize_rows, "smoothed rows to int8, a scale a row");
-  m.def("scale_products", &scale_products, "int32 products times row and weight scales");
+  m.def("nucleus_draw", &nucleus_draw, "each row's draw from its nucleus (sampler.py's nucleus_cut and race)", released);
+  m.def("quantize_rows", &quantize_rows, "smoothed rows to int8, a scale a row", released);
+  m.def("scale_products", &scale_products, "int32 products times row and weight scales", released);
   m.def("block_matmul_kernel", &block_matmul_kernel, "what block_matmul multiplies by here: AVX-512 VNNI, AVX2 or ''");
-  m.def("block_matmul", &block_matmul, "few rows times weights in blocks of 32 (block_weights.py)");
-  m.def("block_matmul_avx2", &block_matmul_avx2, "block_matmul by its AVX2 kernel (tests, timings)");
-  m.def("decode_layers", &decode_layers, "a decode step's layers in one call (decoder_runner.NativeDecode)");
+  m.def("block_matmul", &block_matmul, "few rows times weights in blocks of 32 (block_weights.py)", released);
+  m.def("block_matmul_avx2", &block_matmul_avx2, "block_matmul by its AVX2 kernel (tests, timings)", released);
+  m.def("decode_layers", &decode_layers, "a decode step's layers in one call (decoder_runner.NativeDecode)", released);
 }
