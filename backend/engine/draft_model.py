@@ -60,6 +60,7 @@ class _Chunk:  # step_inputs.PrefillingRow: a row's tokens past what its draft r
     chunk_end: int
     prompt_ids: tuple[int, ...]
     scores_prompt: bool = False
+    as_queries: bool = False  # a chunk of the draft's pass of chunks alone
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ class Row:
     generated: list[int] = field(default_factory=list)
     cached: int = 0  # tokens whose keys and values are in this row of the cache
     chunk_end: int = 0  # while prefilling: where this step's chunk of the prompt ends
+    as_queries: bool = False  # this step's chunk as decode queries of the row (engine._prompts_as_queries)
     cancelled: bool = False
     finish_reason: FinishReason | None = None
     # Log-probabilities not yet sent: the prompt's (set at prefill), the tokens' since the last piece.

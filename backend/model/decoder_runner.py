@@ -45,7 +45,7 @@ from transformers.cache_utils import CacheLayerMixin
 from backend.layers.attention import attend
 from backend.layers.decode_ops import EAGER, DecodeOps, Norm, decode_ops, rotate
 from backend.layers.row_cache import KVShape, RowCache
-from backend.layers.step_layout import StepLayout
+from backend.layers.step_layout import LOOP_PROMPT_TOKENS, StepLayout
 from backend.model.architectures import sliding_window
 from backend.model.decode_graphs import DecodeGraphs
 from backend.model.native_decode import NativeDecode
@@ -265,7 +265,7 @@ class DecoderRunner:
     def replan(self) -> None:
         """What each step shape runs (step_plan.py), from the settings above; the dispatch reads it."""
         self.plan = plan_runner(
-            self.rows,
+            self.rows + (LOOP_PROMPT_TOKENS if self.reads_own_positions else 0),
             graphs=self.graphs is not None,
             native_below=self.native.rows_below if self.native is not None else 0,
             loop_below=self.decode_below,
@@ -352,15 +352,16 @@ class DecoderRunner:
         layers = self.plan.path(layout).layers
         if layers is GRAPH:
             return self.graphs.run(input_ids, positions, layout), None
-        # A decode step keeps every token's logits, in pack order, but an embedding input's queries (the
-        # last): their normed states instead. The head stays out of the compiled graph: it changes
-        # kernels with the number of rows, each change a graph of its own.
+        # A decode step keeps the logits of its decoding rows' queries, in pack order, but not those of a
+        # prompt's tokens before its last, nor an embedding input's (the last): their normed states
+        # instead. The head stays out of the compiled graph: it changes kernels with the number of
+        # rows, each change a graph of its own.
         if layers is NATIVE or layers in DECODE_LAYERS:
             step = self._native_step if layers is NATIVE else self._decode_step
             normed = step(input_ids, positions, layout, cache)
-            if embedded is None:
-                return self.head(normed), None
-            return self.head(normed[: embedded.start]), normed[embedded.start : embedded.stop]
+            states = None if embedded is None else normed[embedded.start : embedded.stop]
+            kept = normed if keep.shape[0] == normed.shape[0] else normed.index_select(0, keep)
+            return self.head(kept), states
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))  # [1, 1, tokens, head_dim]
         for layer, qkv, head_norms, gate_up, cache_layer in zip(

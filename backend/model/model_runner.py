@@ -69,6 +69,12 @@ class ModelRunner:
         return self.decoder.plan if self.decoder is not None else self._transformers_plan
 
     @property
+    def most_queries(self) -> int:
+        """The most decode queries a step may have: its rows' tokens, drafts and, where each query reads its
+        own positions, short prompts' tokens and an embedding input's (the step plan goes that far)."""
+        return len(self.plan.decode)
+
+    @property
     def reads_own_positions(self) -> bool:
         """Whether decode queries attend each over its own row up to its position (the CPU's loop)."""
         return self.decoder is not None and self.decoder.reads_own_positions

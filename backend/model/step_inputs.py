@@ -63,7 +63,9 @@ class PrefillingRow(Protocol):
     index: int
     cached: int
     chunk_end: int
-    as_queries: bool  # an embedding input's chunk: as decode queries where they read their own rows
+    # Its chunk as decode queries of its row, where they read their own rows (never a row scoring its
+    # prompt: only the last token's logits are kept).
+    as_queries: bool
 
     @property
     def prompt_ids(self) -> tuple[int, ...]: ...
@@ -125,17 +127,32 @@ def pack(
     token_ids: list[int] = []
     query_rows: list[int] = []  # the row of each decode query
     decode_positions: list[int] = []
+    keep: list[int] = []
     kept_at: dict[int, range] = {}  # each decoding row's places among the kept logits
+    completing: list[int] = []  # the rows whose chunk ends their prompt, in pack order
+    completes_at: list[int] = []  # their places among the kept logits
     as_queries = [row for row in decoding if reads_own_positions or not row.draft]
-    for row in as_queries:
-        length = 1 + len(row.draft)
-        kept_at[row.index] = range(len(token_ids), len(token_ids) + length)
-        token_ids += (row.next_input, *row.draft)
-        query_rows += [row.index] * length
-        decode_positions += range(row.position, row.position + length)
+    queried = {row.index for row in prefilling if reads_own_positions and row.as_queries}
+    in_row_order = sorted([*as_queries, *(row for row in prefilling if row.index in queried)], key=row_index)
+    for row in in_row_order:  # decode queries come in row order: a short prompt's chunk among them
+        if row.index not in queried:
+            length = 1 + len(row.draft)
+            kept_at[row.index] = range(len(keep), len(keep) + length)
+            keep += range(len(token_ids), len(token_ids) + length)
+            token_ids += (row.next_input, *row.draft)
+            query_rows += [row.index] * length
+            decode_positions += range(row.position, row.position + length)
+            continue
+        past, end = row.cached, row.chunk_end
+        token_ids += row.prompt_ids[past:end]
+        query_rows += [row.index] * (end - past)
+        decode_positions += range(past, end)
+        if end == len(row.prompt_ids):  # its last token's logits: the row samples its first token
+            completing.append(row.index)
+            completes_at.append(len(keep))
+            keep.append(len(token_ids) - 1)
     positions = list(decode_positions)
     chunks: list[PromptChunk] = []
-    keep = list(range(len(token_ids)))
     embedded = None
     if embedding is not None and embedding.as_queries and reads_own_positions:
         past, end = embedding.cached, embedding.chunk_end
@@ -152,10 +169,11 @@ def pack(
             positions += range(past, past + length)
             kept_at[row.index] = range(len(keep), len(keep) + length)
             keep += range(start, start + length)
-    sample_from = [place for row in decoding for place in kept_at[row.index]]
-    completing: list[int] = []
+    sample_from = [place for row in decoding for place in kept_at[row.index]] + completes_at
     scores: list[PromptScores] = []
     for row in prefilling:
+        if row.index in queried:
+            continue
         past, end = row.cached, row.chunk_end
         start, length, completes = len(token_ids), end - past, end == len(row.prompt_ids)
         chunks.append(PromptChunk(row.index, start, length, past, chunk_visibility(past, length, device)))
@@ -178,7 +196,7 @@ def pack(
         token_ids += embedding.prompt_ids[past:end]
         positions += range(past, end)
         embedded = range(start, start + length)
-    check(query_rows, decode_positions, keep, sample_from, len(query_rows) - len(embedded or ()))
+    check(query_rows, decode_positions, keep, sample_from)
     decode_rows = query_rows[-1] + 1 if query_rows else 0
     visible, alone = decode_visibility(as_queries, decode_rows, device, visibility_dtype, reads_own_positions)
     layout = StepLayout(
@@ -203,13 +221,11 @@ def pack(
     )
 
 
-def check(
-    rows: list[int],
-    positions: list[int],
-    keep: list[int],
-    sample_from: list[int],
-    kept_queries: int | None = None,  # the decode queries whose logits are kept: all but an embedding's
-) -> None:
+def row_index(row: DecodingRow | PrefillingRow) -> int:
+    return row.index
+
+
+def check(rows: list[int], positions: list[int], keep: list[int], sample_from: list[int]) -> None:
     """The invariants `StepInputs` states, on the host lists (a few comparisons a query): a step that broke
     one would sample another row's logits, so it fails here instead, with the reason."""
     for (row, position), (next_row, next_position) in zip(
@@ -219,11 +235,8 @@ def check(
             raise ValueError(
                 f"decode queries must come in row order, a row's at consecutive positions: {rows}"
             )
-    kept_queries = len(rows) if kept_queries is None else kept_queries
-    if any(a >= b for a, b in zip(keep, keep[1:], strict=False)) or keep[:kept_queries] != list(
-        range(kept_queries)
-    ):
-        raise ValueError("the kept places must ascend and begin with every decode query")
+    if any(a >= b for a, b in zip(keep, keep[1:], strict=False)):
+        raise ValueError("the kept places must ascend")
     if any(not 0 <= i < len(keep) for i in sample_from):
         raise ValueError("a sampling row's logits must be among the kept ones")
 

@@ -302,6 +302,9 @@ def test_steps_with_prompts_and_long_rows_attend_by_the_loops(fused, monkeypatch
         model, MarkerTokenizer(), rows=4, max_seq_len=256, max_prefill_tokens=512, speculative_tokens=0
     )
     assert with_loops.runner.reads_own_positions
+    # Short prompts as chunks, as they go where a step has no room for them as decode queries
+    # (test_prompt_queries.py has them as queries).
+    with_loops._prompts_as_queries = lambda prefilling, queries: 0
     without = Engine(
         model, MarkerTokenizer(), rows=4, max_seq_len=256, max_prefill_tokens=512, speculative_tokens=0
     )

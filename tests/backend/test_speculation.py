@@ -284,15 +284,22 @@ needs_blocks = pytest.mark.skipif(
 
 
 def decode_steps_seen(engine, monkeypatch) -> list[list[tuple[int, int, torch.Tensor]]]:
-    """Each step's decode queries as the engine runs them: position, token and logits (a step's kept
-    logits begin with its decode queries')."""
+    """Each step's decode queries whose logits it keeps, as the engine runs them: position, token and
+    logits (a short prompt's tokens as decode queries keep their last's only)."""
     steps = []
     forward = engine._forward
 
     def recording(inputs):
         logits = forward(inputs)
         positions, tokens = inputs.layout.positions.tolist(), inputs.token_ids.tolist()
-        steps.append([(p, tokens[query], logits[query].clone()) for query, p in enumerate(positions)])
+        kept = {place: i for i, place in enumerate(inputs.keep.tolist())}
+        steps.append(
+            [
+                (p, tokens[query], logits[kept[query]].clone())
+                for query, p in enumerate(positions)
+                if query in kept
+            ]
+        )
         return logits
 
     monkeypatch.setattr(engine, "_forward", recording)

@@ -35,6 +35,7 @@ class Prefilling:
     chunk_end: int
     prompt_ids: tuple[int, ...]
     scores_prompt: bool = False
+    as_queries: bool = False
 
 
 def test_a_pack_is_decode_queries_then_chunks_and_keeps_what_samples():
@@ -87,14 +88,34 @@ def test_drafts_are_more_queries_of_their_row_where_each_reads_its_own_positions
     assert batch.sample_from.tolist() == [1, 2, 3, 0, 4]  # row 0's three, row 2's, row 1's
 
 
+def test_a_short_prompts_chunk_as_queries_goes_in_row_order_and_keeps_its_last_tokens_logits():
+    """Chunks marked `as_queries` (engine._prompts_as_queries) are decode queries of their rows, among
+    the decoding rows' in row order, at their positions; a chunk that ends its prompt keeps its last
+    token's logits, one in the middle none, and the step has no prompt chunk left."""
+    decoding = [Decoding(0, 7, 70), Decoding(3, 3, 30)]
+    prefilling = [
+        Prefilling(2, 0, 3, (11, 12, 13), as_queries=True),
+        Prefilling(1, 2, 4, (21, 22, 23, 24, 25, 26), as_queries=True),
+    ]
+    inputs = pack(decoding, prefilling, CPU, torch.float32, reads_own_positions=True)
+    assert inputs.token_ids.tolist() == [70, 23, 24, 11, 12, 13, 30]
+    assert inputs.positions.tolist() == [7, 2, 3, 0, 1, 2, 3]
+    assert inputs.layout.decode_index.tolist() == [0, 1, 1, 2, 2, 2, 3] and inputs.layout.prompts == ()
+    assert inputs.keep.tolist() == [0, 5, 6]
+    assert inputs.sample_from.tolist() == [0, 2, 1] and inputs.completing == (2,)  # rows 0, 3, then 2
+    by_batch = pack(decoding, prefilling, CPU, torch.float32, reads_own_positions=False)
+    assert [chunk.row for chunk in by_batch.layout.prompts] == [2, 1]  # no loop: chunks, as before
+
+
 def test_queries_out_of_order_or_apart_are_refused():
     with pytest.raises(ValueError, match="in row order"):
         check([2, 1], [1, 1], [0, 1], [0, 1])
     with pytest.raises(ValueError, match="consecutive positions"):
         check([1, 1], [1, 1], [0, 1], [0, 1])  # one row's queries at one position
     check([1, 1, 3], [4, 5, 1], [0, 1, 2], [0, 1, 2])  # a row's draft: consecutive, then the next row
-    with pytest.raises(ValueError, match="begin with every decode query"):
-        check([0], [1], [1], [0])
+    check([0, 0, 0], [0, 1, 2], [2], [0])  # a prompt's chunk as queries: its last token's logits kept
+    with pytest.raises(ValueError, match="must ascend"):
+        check([0, 1], [1, 1], [1, 0], [0])
     with pytest.raises(ValueError, match="among the kept"):
         check([0], [1], [0], [0, 1])
 

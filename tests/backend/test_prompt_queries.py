@@ -1,0 +1,92 @@
+"""Short prompts as decode queries (engine._prompts_as_queries, step_inputs.pack): where each decode query
+reads its own row up to its own position (the CPU's loop), a prompt's chunk of up to LOOP_PROMPT_TOKENS
+tokens is more decode queries of its row, so that the step that admits it stays a decode step instead of
+paying the prompts' path, which every decoding row waited on."""
+
+import pytest
+import torch
+
+from backend.engine.engine import Engine
+from backend.layers.step_layout import LOOP_PROMPT_TOKENS
+from backend.messages import SamplingParams, Submit
+from backend.quant import block_weights
+from tests.backend.models import MarkerTokenizer, drive, text_of
+from tests.backend.test_native_decode import served_like_the_default
+
+pytestmark = pytest.mark.skipif(
+    not block_weights.available(torch.device("cpu")),
+    reason="this CPU has no AVX2 (or no compiler): no CPU attention loop, so prompts go as chunks",
+)
+
+PREFIX = tuple(range(7, 47))  # 40 tokens that two prompts share
+
+
+@pytest.fixture(scope="module")
+def model():
+    return served_like_the_default(dtype=torch.float32)
+
+
+def greedy(prompt: tuple[int, ...], request_id: str, **params) -> Submit:
+    return Submit(request_id, prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **params))
+
+
+def run(model, arrivals, as_queries: bool = True):
+    """Every request's pieces, and each step's (decode queries, prompt chunks, logits kept), from an
+    engine whose prompt chunks go as queries where they may (or never, the path before)."""
+    engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=256, speculative_tokens=0)
+    assert engine.runner.reads_own_positions
+    if not as_queries:
+        engine._prompts_as_queries = lambda prefilling, queries: 0
+    forward, steps = engine._forward, []
+
+    def recording(inputs):
+        logits = forward(inputs)
+        steps.append((inputs.layout.decode_queries, len(inputs.layout.prompts), logits.shape[0]))
+        return logits
+
+    engine._forward = recording
+    return drive(engine, arrivals), steps
+
+
+def test_a_short_prompt_beside_decoding_rows_is_more_decode_queries_and_gives_the_chunks_tokens(model):
+    """The step that admits a 12-token prompt beside two decoding rows carries no prompt chunk: 14 decode
+    queries, of which 3 logits are kept (the rows' and the prompt's last token's). Every request's greedy
+    tokens are those the prompts' path gives."""
+    arrivals = [
+        (0, greedy((3, 4, 5), "a")),
+        (0, greedy((6, 5, 4, 3), "b")),
+        (3, greedy(tuple(range(9, 21)), "new")),
+    ]
+    pieces, steps = run(model, arrivals)
+    before, _ = run(model, arrivals, as_queries=False)
+    assert (2 + 12, 0, 3) in steps
+    assert all(prompt_chunks == 0 for _, prompt_chunks, _ in steps)
+    assert {request: text_of(p) for request, p in pieces.items()} == {
+        request: text_of(p) for request, p in before.items()
+    }
+
+
+def test_the_rest_of_a_prompt_after_its_cached_prefix_goes_as_queries_at_its_positions(model):
+    """A prompt whose first 40 tokens another row holds: its last 5 go as queries at positions 40-44 of
+    its own row, and its tokens are those it gets through the prompts' path."""
+    first, second = greedy(PREFIX + (60, 61), "first"), greedy(PREFIX + (70, 71, 72, 73, 74), "second")
+    arrivals = [(0, first), (6, second)]
+    pieces, steps = run(model, arrivals)
+    before, _ = run(model, arrivals, as_queries=False)
+    assert (1 + 5, 0, 2) in steps  # the first row's query, and the second prompt's 5 past its prefix
+    assert pieces["second"][-1].cached_tokens == len(PREFIX)
+    assert text_of(pieces["second"]) == text_of(before["second"])
+
+
+def test_a_long_prompt_or_one_scored_goes_as_a_chunk(model):
+    """Past LOOP_PROMPT_TOKENS a prompt takes the prompts' path; so does one whose every token's logits
+    are asked for (prompt_logprobs), which gets them."""
+    long = tuple(range(5, 6 + LOOP_PROMPT_TOKENS))
+    arrivals = [
+        (0, greedy((3, 4, 5), "a")),
+        (2, greedy(long, "long")),
+        (4, greedy((8, 9, 10), "scored", prompt_logprobs=1)),
+    ]
+    pieces, steps = run(model, arrivals)
+    assert sum(prompt_chunks for _, prompt_chunks, _ in steps) == 2
+    assert len(pieces["scored"][0].prompt_logprobs) == 3
