@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import http.cookiejar
 import logging
 import re
@@ -213,4 +214,6 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
     def http_error(error: HTTPException):
         return error_response(error.code or 500, error.description or error.name)
 
+    # What the app holds lives as long as it: out of the cycle collector's sight (docs/frontend.md).
+    gc.freeze()
     return app

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import time
 
 import pytest
 from flask import Flask
@@ -72,6 +74,22 @@ def test_not_ready_is_503_with_retry_after() -> None:
         assert int(response.headers["Retry-After"]) >= 1
         assert response.get_json()["status_code"] == 503
     assert client.get("/health").status_code == 200
+
+
+def test_once_ready_what_the_worker_loaded_is_out_of_the_cycle_collectors_sight() -> None:
+    """docs/frontend.md, "The cycle collector": a full collection read the tokenizers, templates and
+    transformers' modules each time (60 ms during a flood); once the backend is ready they are frozen."""
+    gc.unfreeze()
+    app = create_app(ServerConfig(backend=BackendConfig(mock=True)))
+    router = app.extensions["router"]
+    try:
+        assert router.wait_ready(30)
+        deadline = time.monotonic() + 10  # frozen just after ready is announced
+        while gc.get_freeze_count() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gc.get_freeze_count() > 0
+    finally:
+        router.stop()
 
 
 def test_config_travels_through_the_environment() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from proxy.app import create_app
@@ -15,6 +17,14 @@ def app_and_pool(echo_upstream):
     pool = app.extensions["upstreams"]
     yield app, pool
     pool.stop()
+
+
+def test_what_the_app_holds_is_out_of_the_cycle_collectors_sight(echo_upstream):
+    """As the inference server's worker (docs/frontend.md, "The cycle collector")."""
+    gc.unfreeze()
+    app = create_app(ProxyConfig(upstreams=(echo_upstream.url,)), secret=SECRET)
+    app.extensions["upstreams"].stop()
+    assert gc.get_freeze_count() > 0
 
 
 def in_flight(pool) -> int:
