@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import multiprocessing.sharedctypes
 import multiprocessing.synchronize
 import os
 import platform
@@ -32,6 +33,8 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_proxy import ROOT, SECRET, percentile, start  # noqa: E402
 
+Counted = multiprocessing.sharedctypes.Synchronized  # a multiprocessing.Value
+
 CHAT_TOKENS = 16
 FLOOD_TOKENS = 250
 
@@ -40,15 +43,22 @@ def bearer(team: str) -> dict[str, str]:
     return {"Authorization": "Bearer " + jwt.encode({"team_id": team, "token_id": team}, SECRET, "HS256")}
 
 
-def first_event(url: str, model: str, headers: dict[str, str], prompt: str, tokens: int) -> float:
-    """Seconds to the first event of one streamed completion (read to its end)."""
+def first_event(
+    url: str, model: str, headers: dict[str, str], prompt: str, tokens: int, events: Counted | None = None
+) -> float:
+    """Seconds to the first event of one streamed completion (read to its end), each event counted in
+    `events` if given."""
     body = {"model": model, "prompt": prompt, "max_tokens": tokens, "stream": True, "ignore_eos": True}
     started, first = time.perf_counter(), None
     with requests.post(f"{url}/v1/completions", json=body, headers=headers, stream=True, timeout=900) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if first is None and line.startswith(b"data: "):
-                first = time.perf_counter() - started
+            if line.startswith(b"data: "):
+                if first is None:
+                    first = time.perf_counter() - started
+                if events is not None:
+                    with events.get_lock():
+                        events.value += 1
     return first
 
 
@@ -64,24 +74,29 @@ def chat_round(url: str, model: str, streams: int, requests_each: int) -> list[f
 
 
 def flood(
-    url: str, model: str, clients: int, stop: multiprocessing.synchronize.Event
+    url: str, model: str, clients: int, stop: multiprocessing.synchronize.Event, events: Counted
 ) -> multiprocessing.Process:
-    """`clients` threads sending long completions back to back until `stop` is set, in a process of their
-    own: in this one, their reading of 28 streams took the interpreter's lock from the chat team's
-    clients, whose first events then waited on the client, not on the server."""
-    process = multiprocessing.Process(target=flood_clients, args=(url, model, clients, stop), daemon=True)
+    """`clients` threads sending long completions back to back until `stop` is set, counting their events
+    in `events`, in a process of their own: in this one, their reading of 28 streams took the
+    interpreter's lock from the chat team's clients, whose first events then waited on the client, not
+    on the server."""
+    process = multiprocessing.Process(
+        target=flood_clients, args=(url, model, clients, stop, events), daemon=True
+    )
     process.start()
     return process
 
 
-def flood_clients(url: str, model: str, clients: int, stop: multiprocessing.synchronize.Event) -> None:
+def flood_clients(
+    url: str, model: str, clients: int, stop: multiprocessing.synchronize.Event, events: Counted
+) -> None:
     headers = bearer("flood")
 
     def client(i: int) -> None:
         prompt = f"Story {i}: tell me about the history of ships."
         while not stop.is_set():
             try:
-                first_event(url, model, headers, prompt, FLOOD_TOKENS)
+                first_event(url, model, headers, prompt, FLOOD_TOKENS, events)
             except requests.RequestException:
                 time.sleep(0.5)  # a 503 past the queue: the flood goes on
 
@@ -109,18 +124,20 @@ def main() -> None:
     server_args = ["--rows", "32", "--max-queue", "64"]
     server, server_url = start("inference_api", server_args, "/ready", {}, root=args.tree)
     proxy, proxy_url = start("proxy", ["--upstream", server_url], "/ready", bearer("chat"))
-    stop = multiprocessing.Event()
+    stop, events = multiprocessing.Event(), multiprocessing.Value("q", 0)
     try:
         model = requests.get(f"{server_url}/ready", timeout=10).json()["model"]
         chat_round(proxy_url, model, args.chat_streams, 1)  # warm up
         idle = chat_round(proxy_url, model, args.chat_streams, args.requests)
-        flooding = flood(proxy_url, model, args.flood, stop)
+        flooding = flood(proxy_url, model, args.flood, stop, events)
         deadline = time.monotonic() + 120
         # Until the flood holds every row it may and queues more (28 of 32 rows while the chat team,
         # seen a moment ago, counts as present).
         while metric(server_url, "inference_queue_depth") < 1 and time.monotonic() < deadline:
             time.sleep(0.5)
+        started, events_before = time.monotonic(), events.value
         flooded = chat_round(proxy_url, model, args.chat_streams, args.requests)
+        flood_rate = (events.value - events_before) / (time.monotonic() - started)
         rows_during = metric(server_url, "inference_active_rows")
     finally:
         stop.set()
@@ -141,6 +158,7 @@ def main() -> None:
     for name, times in (("idle server", idle), ("during the flood", flooded)):
         print(f"| {name} | {statistics.median(times) * 1000:.0f} | {percentile(times, 0.99) * 1000:.0f} |")
     print(f"\np99 during the flood / idle p99: {percentile(flooded, 0.99) / percentile(idle, 0.99):.2f}x")
+    print(f"the flood's events meanwhile: {flood_rate:.0f} a second")
 
 
 if __name__ == "__main__":

@@ -293,6 +293,8 @@ class Engine:
         try:
             # Finished rows were freed at the end of the last step; the rest decode or prefill.
             schedule = self.scheduler.schedule(self.rows, self.waiting, self._take_row)
+            if self._first_tokens_alone(schedule):
+                schedule = dataclasses.replace(schedule, decoding=[])  # they decode next step
             self.admitted = [row.request.request_id for row in schedule.admitted]
             prompt_tokens = schedule.prompt_tokens  # before the step takes them
             embedding = self._embedding_job(len(schedule.decoding))
@@ -375,6 +377,29 @@ class Engine:
                 job = EmbeddingJob(request.prompt_ids, request.params.embedding, self.runner.embedding_row)
                 self.embedding_job = (request, job)
         return None if self.embedding_job is None else self.embedding_job[1]
+
+    def _first_tokens_alone(self, schedule: Schedule) -> bool:
+        """Whether this step prefills its new prompts alone, the decoding rows waiting a step: where the
+        prompts are short (whole, as decode queries of their rows: a step of a few queries) and one is
+        a team's that holds fewer rows than another team. On a CPU a step's time grows with its rows, and
+        a flooding team's made every first token of another team's wait for a step of them all (34 ms
+        of 28 rows on the default model on 2 cores, against 8 for the prompt alone): the other team's
+        first token then waited on the flood's size (issue 35, docs/performance.md). Each such prompt
+        costs the decoding rows one short step; a lone team's, and the busiest team's own, go with the
+        rows. Not while an embedding input waits: with no row decoding it would go whole."""
+        if not (schedule.decoding and schedule.admitted and self.runner.reads_own_positions):
+            return False
+        if (
+            self.embedding_waiting
+            or self.embedding_job is not None
+            or schedule.prompt_tokens > LOOP_PROMPT_TOKENS
+        ):
+            return False
+        if any(row.chunk_end < len(row.prompt_ids) or row.scores_prompt for row in schedule.prefilling):
+            return False
+        held = collections.Counter(row.request.team for row in self.active_rows)
+        busiest = max(held.values())
+        return any(held[row.request.team] < busiest for row in schedule.admitted)
 
     def _prompts_as_queries(self, prefilling: list[Row], queries: int) -> int:
         """Mark the chunks that go as more decode queries of their rows in a step of `queries` (drafts

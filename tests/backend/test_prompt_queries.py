@@ -90,3 +90,40 @@ def test_a_long_prompt_or_one_scored_goes_as_a_chunk(model):
     pieces, steps = run(model, arrivals)
     assert sum(prompt_chunks for _, prompt_chunks, _ in steps) == 2
     assert len(pieces["scored"][0].prompt_logprobs) == 3
+
+
+def team_request(request_id: str, team: str, prompt: tuple[int, ...], tokens: int = 12) -> Submit:
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    return Submit(request_id, prompt, params, cache_scope=team, team=team)
+
+
+def rows_of_each_step(model, arrivals) -> tuple[dict, list[list[int]]]:
+    """Every request's pieces, and the rows of each step's decode queries."""
+    engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=256, speculative_tokens=0)
+    forward, steps = engine._forward, []
+
+    def recording(inputs):
+        steps.append(inputs.layout.decode_index.tolist())
+        return forward(inputs)
+
+    engine._forward = recording
+    return drive(engine, arrivals), steps
+
+
+def test_a_lighter_teams_new_prompt_gets_a_step_of_its_own_while_a_flooding_teams_rows_wait(model):
+    """Beside three rows of a flooding team, another team's short prompt is prefilled in a step of its
+    own (its queries alone); the flood's own next prompt, and prompts without teams, go with the rows.
+    Nobody's tokens change: the rows only wait a step."""
+    flood = [(0, team_request(f"flood{i}", "flood", (3 + i, 4, 5), tokens=20)) for i in range(3)]
+    chat = team_request("chat", "chat", tuple(range(9, 19)))
+    pieces, steps = rows_of_each_step(
+        model, [*flood, (4, chat), (8, team_request("flood3", "flood", (6, 7)))]
+    )
+    assert [3] * 10 in steps  # row 3 is the chat's: its 10 tokens, no flood row beside them
+    assert [0, 1, 2, 3, 4, 4] in steps  # the flood's next prompt goes with the rows
+    alone, _ = rows_of_each_step(model, flood)
+    assert all(text_of(pieces[f"flood{i}"]) == text_of(alone[f"flood{i}"]) for i in range(3))
+    _, untagged = rows_of_each_step(
+        model, [(0, greedy((3, 4, 5), "a")), (2, greedy(tuple(range(9, 19)), "b"))]
+    )
+    assert [1] * 10 not in untagged and [0] + [1] * 10 in untagged
