@@ -11,8 +11,11 @@ A decoding row's queries are its last token and, where it has a draft
 (engine/speculation.py), the draft's tokens at the positions after it:
 decode queries of the same row where each decode query reads its own row
 up to its own position (the CPU's loop), else a chunk of the row after the
-prompt chunks' places, as a prompt's next chunk is. The logits kept are
-those of every decode query and draft token, then, for each prompt chunk,
+prompt chunks' places, as a prompt's next chunk is. There, a short
+prompt's chunk the engine marks `as_queries` is decode queries of its row
+too, among the others in row order (engine._prompts_as_queries). The logits
+kept are those of every decoding row's query and draft token, and the last
+token's of a prompt whose chunk as queries ends it, then, for each prompt chunk,
 its last token's where the chunk ends its prompt (the row samples its
 first token in this step) or every token's where the row scores its
 prompt (`prompt_logprobs`). The rows that sample this step are the
@@ -90,9 +93,8 @@ class StepInputs:
 
     Invariants (`pack` keeps them; `check` tests them on the host lists, before the tensors):
     the decode queries come first, rows ascending, a row's at consecutive positions; `keep` is
-    ascending and starts with every decode query's place but an embedding input's; `sample_from`
-    indexes `keep`, one entry a sampled position: each decoding row's 1 + len(draft), in row order,
-    then one a completing row.
+    ascending; `sample_from` indexes `keep`, one entry a sampled position: each decoding row's
+    1 + len(draft), in row order, then one a completing row.
     """
 
     token_ids: torch.Tensor  # [tokens]
