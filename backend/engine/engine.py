@@ -134,6 +134,9 @@ class Engine:
         self.embedding_job: tuple[Submit, EmbeddingJob] | None = None  # an input embedded a chunk a step
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
+        self.last_step_alone = (
+            False  # whether the last step prefilled new prompts alone (_first_tokens_alone)
+        )
         self.ahead: StepAhead | None = None  # a decode step launched before the last one was read (ahead.py)
         self.steps_ahead = True  # decode steps go ahead where they can; False: never (for comparisons)
 
@@ -293,7 +296,8 @@ class Engine:
         try:
             # Finished rows were freed at the end of the last step; the rest decode or prefill.
             schedule = self.scheduler.schedule(self.rows, self.waiting, self._take_row)
-            if self._first_tokens_alone(schedule):
+            self.last_step_alone = not self.last_step_alone and self._first_tokens_alone(schedule)
+            if self.last_step_alone:
                 schedule = dataclasses.replace(schedule, decoding=[])  # they decode next step
             self.admitted = [row.request.request_id for row in schedule.admitted]
             prompt_tokens = schedule.prompt_tokens  # before the step takes them
@@ -385,8 +389,10 @@ class Engine:
         a flooding team's made every first token of another team's wait for a step of them all (34 ms
         of 28 rows on the default model on 2 cores, against 8 for the prompt alone): the other team's
         first token then waited on the flood's size (issue 35, docs/performance.md). Each such prompt
-        costs the decoding rows one short step; a lone team's, and the busiest team's own, go with the
-        rows. Not while an embedding input waits: with no row decoding it would go whole."""
+        costs the decoding rows one short step, and never two steps in a row (`step`): a team sending
+        a stream of tiny requests could otherwise keep the rows from decoding at all. A lone team's
+        prompts, and the busiest team's own, go with the rows. Not while an embedding input waits: with
+        no row decoding it would go whole."""
         if not (schedule.decoding and schedule.admitted and self.runner.reads_own_positions):
             return False
         if (

@@ -97,9 +97,12 @@ def team_request(request_id: str, team: str, prompt: tuple[int, ...], tokens: in
     return Submit(request_id, prompt, params, cache_scope=team, team=team)
 
 
-def rows_of_each_step(model, arrivals) -> tuple[dict, list[list[int]]]:
-    """Every request's pieces, and the rows of each step's decode queries."""
+def rows_of_each_step(model, arrivals, alone: bool = True) -> tuple[dict, list[list[int]]]:
+    """Every request's pieces, and the rows of each step's decode queries (with no prompt ever alone: the
+    steps before `_first_tokens_alone`)."""
     engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=256, speculative_tokens=0)
+    if not alone:
+        engine._first_tokens_alone = lambda schedule: False
     forward, steps = engine._forward, []
 
     def recording(inputs):
@@ -112,17 +115,20 @@ def rows_of_each_step(model, arrivals) -> tuple[dict, list[list[int]]]:
 
 def test_a_lighter_teams_new_prompt_gets_a_step_of_its_own_while_a_flooding_teams_rows_wait(model):
     """Beside three rows of a flooding team, another team's short prompt is prefilled in a step of its
-    own (its queries alone); the flood's own next prompt, and prompts without teams, go with the rows.
-    Nobody's tokens change: the rows only wait a step."""
+    own (its queries alone), but never in two steps in a row; the flood's own next prompt, and prompts
+    without teams, go with the rows. Nobody's tokens change: the rows only wait a step."""
     flood = [(0, team_request(f"flood{i}", "flood", (3 + i, 4, 5), tokens=20)) for i in range(3)]
-    chat = team_request("chat", "chat", tuple(range(9, 19)))
-    pieces, steps = rows_of_each_step(
-        model, [*flood, (4, chat), (8, team_request("flood3", "flood", (6, 7)))]
-    )
+    chat = [(4, team_request("chat", "chat", tuple(range(9, 19)))), (5, team_request("next", "chat", (8, 9)))]
+    arrivals = [*flood, *chat, (8, team_request("flood3", "flood", (6, 7)))]
+    pieces, steps = rows_of_each_step(model, arrivals)
     assert [3] * 10 in steps  # row 3 is the chat's: its 10 tokens, no flood row beside them
-    assert [0, 1, 2, 3, 4, 4] in steps  # the flood's next prompt goes with the rows
-    alone, _ = rows_of_each_step(model, flood)
-    assert all(text_of(pieces[f"flood{i}"]) == text_of(alone[f"flood{i}"]) for i in range(3))
+    assert [0, 1, 2, 3, 4, 4] in steps  # the team's next prompt, the step after, goes with the rows
+    assert [0, 1, 2, 3, 4, 5, 5] in steps  # and so does the flood's own next prompt
+    together, steps_together = rows_of_each_step(model, arrivals, alone=False)
+    assert [3] * 10 not in steps_together
+    assert {request: text_of(p) for request, p in pieces.items()} == {
+        request: text_of(p) for request, p in together.items()
+    }
     _, untagged = rows_of_each_step(
         model, [(0, greedy((3, 4, 5), "a")), (2, greedy(tuple(range(9, 19)), "b"))]
     )
