@@ -134,9 +134,8 @@ class Engine:
         self.embedding_job: tuple[Submit, EmbeddingJob] | None = None  # an input embedded a chunk a step
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
-        self.last_step_alone = (
-            False  # whether the last step prefilled new prompts alone (_first_tokens_alone)
-        )
+        # Whether the last step prefilled new prompts alone (_first_tokens_alone): the next one may not.
+        self.last_step_alone = False
         self.ahead: StepAhead | None = None  # a decode step launched before the last one was read (ahead.py)
         self.steps_ahead = True  # decode steps go ahead where they can; False: never (for comparisons)
 

@@ -137,22 +137,22 @@ def pack(
     queried = {row.index for row in prefilling if reads_own_positions and row.as_queries}
     in_row_order = sorted([*as_queries, *(row for row in prefilling if row.index in queried)], key=row_index)
     for row in in_row_order:  # decode queries come in row order: a short prompt's chunk among them
-        if row.index not in queried:
+        if row.index in queried:  # a prompt's chunk: its last token's logits if it ends the prompt
+            past, end = row.cached, row.chunk_end
+            token_ids += row.prompt_ids[past:end]
+            query_rows += [row.index] * (end - past)
+            decode_positions += range(past, end)
+            if end == len(row.prompt_ids):  # the row samples its first token
+                completing.append(row.index)
+                completes_at.append(len(keep))
+                keep.append(len(token_ids) - 1)
+        else:  # a decoding row: its token and its draft's, each kept
             length = 1 + len(row.draft)
             kept_at[row.index] = range(len(keep), len(keep) + length)
             keep += range(len(token_ids), len(token_ids) + length)
             token_ids += (row.next_input, *row.draft)
             query_rows += [row.index] * length
             decode_positions += range(row.position, row.position + length)
-            continue
-        past, end = row.cached, row.chunk_end
-        token_ids += row.prompt_ids[past:end]
-        query_rows += [row.index] * (end - past)
-        decode_positions += range(past, end)
-        if end == len(row.prompt_ids):  # its last token's logits: the row samples its first token
-            completing.append(row.index)
-            completes_at.append(len(keep))
-            keep.append(len(token_ids) - 1)
     positions = list(decode_positions)
     chunks: list[PromptChunk] = []
     embedded = None
