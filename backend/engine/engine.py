@@ -42,11 +42,13 @@ from backend.engine.speculation import DRAFT_TOKEN_COST, DRAFT_TOKENS, Speculato
 from backend.layers.grammar import GrammarError, Grammars, PendingMasks
 from backend.layers.logits_processors import LogitsProcessors
 from backend.layers.logprobs import token_logprobs
+from backend.layers.row_states import is_state_space
 from backend.layers.sampler import NOT_FINITE, SamplingBatch, sample
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS
 from backend.messages import BackendConfig, InvalidPart, Piece, SamplingParams, Submit, TokenLogprob
 from backend.model.cache_size import DEFAULT_MAX_SEQ_LEN, context_length
 from backend.model.embeddings import EmbeddingJob, EmbeddingModel, embed
+from backend.model.mamba import MambaRunner
 from backend.model.model_runner import ModelRunner
 from backend.model.step_inputs import StepInputs
 from backend.utils.heap import reuse_freed_memory
@@ -112,20 +114,28 @@ class Engine:
         self.eos_ids = eos_token_ids(model, tokenizer)
         # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.runner = ModelRunner(
-            model,
-            rows,
-            self.max_seq_len,
-            kv_cache_dtype,
-            compile_decode,
-            cuda_graphs,
-            embedding_row=embedding_model is None,
-        )
+        # A state-space model's rows are a recurrent state that cannot go back to an earlier position:
+        # no prefix to reuse, no rejected draft to drop (layers/row_states.py).
+        self.state_space = is_state_space(model.config)
+        if self.state_space:
+            self.runner = MambaRunner(model, rows, embedding_row=embedding_model is None)
+        else:
+            self.runner = ModelRunner(
+                model,
+                rows,
+                self.max_seq_len,
+                kv_cache_dtype,
+                compile_decode,
+                cuda_graphs,
+                embedding_row=embedding_model is None,
+            )
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
         self.speculator = self._speculator(speculative_tokens, prompt_lookup, rows, draft_model, cuda_graphs)
         self.rows: list[Row | None] = [None] * rows
-        self.prefixes = PrefixIndex(rows, prefix_reuse)
+        if prefix_reuse and self.state_space:
+            log.info("prefix reuse is off: a state-space model's row keeps no state of its prefixes")
+        self.prefixes = PrefixIndex(rows, prefix_reuse and not self.state_space)
         self.scheduler = Scheduler(self.prefill_budget, self.prefixes, self.max_seq_len)
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.matchers: dict[str, LLMatcher] = {}  # the grammar matcher of each waiting request with one
@@ -181,6 +191,11 @@ class Engine:
         `tokens` draft tokens at most a row and step, or (None) `DRAFT_TOKENS` with a draft model or
         where decode steps take a row's draft as more of its queries (the CPU's loop), and none elsewhere,
         where a draft makes its step one with a chunk, which costs more (speculation.py)."""
+        if self.state_space and (tokens or draft_model is not None):
+            log.warning(
+                "speculative decoding is off: a state-space model's rows cannot drop a rejected draft"
+            )
+            tokens, draft_model = 0, None
         if tokens is None:
             tokens = DRAFT_TOKENS if self.runner.reads_own_positions or draft_model is not None else 0
         if draft_model is None or not tokens:

@@ -37,6 +37,8 @@ SUPPORTED = {
     "smollm3": "SmolLM3",
     "falcon": "Falcon 7B, 40B and 180B, and Falcon-RW with its ALiBi positions",
     "gpt2": "GPT-2",
+    "mamba": "Mamba, a state-space model (each row a recurrent state instead of keys and values)",
+    "falcon_mamba": "Falcon-Mamba",
 }
 
 

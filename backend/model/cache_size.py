@@ -20,6 +20,7 @@ import torch
 from transformers import PretrainedConfig
 
 from backend.layers.row_cache import KVShape
+from backend.layers.row_states import StateShape
 from backend.messages import BackendConfig
 
 # The fewest positions a budget may leave a row: SmolLM2's chat template makes a one-word message 32
@@ -110,6 +111,48 @@ def size_kv_cache(config: BackendConfig, model_config: PretrainedConfig, dtype: 
         return CacheSize(shape, rows, context, dtype, reason, spare)
     reason = f"the most that fit in --kv-cache-memory {size_text(budget)}"
     return CacheSize(shape, rows, fitting, dtype, reason, spare)
+
+
+@dataclass(frozen=True)
+class StateSize:
+    """A state-space model's rows (layers/row_states.py): a fixed size a row, whatever its length."""
+
+    shape: StateShape
+    rows: int
+    max_seq_len: int
+    dtype: torch.dtype
+    spare_rows: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return self.shape.bytes(self.rows + self.spare_rows, self.dtype)
+
+    def summary(self) -> str:
+        rows = f"{self.rows} rows" + (
+            f" and {self.spare_rows} for embedding inputs" if self.spare_rows else ""
+        )
+        a_row = size_text(self.shape.bytes(1, self.dtype))
+        return (
+            f"recurrent state: {rows}, {size_text(self.bytes)} ({a_row} a row at any length: "
+            f"{self.shape.layers} layers x {self.shape.channels} channels x "
+            f"({self.shape.conv_kernel} inputs + {self.shape.state_size} states)); rows of up to "
+            f"{self.max_seq_len} tokens (--max-seq-len)"
+        )
+
+
+def size_row_states(config: BackendConfig, model_config: PretrainedConfig, dtype: torch.dtype) -> StateSize:
+    """A state-space model's rows: as long as --max-seq-len says (or the default), their state the same
+    size at any length. ValueError where --kv-cache-memory cannot hold it."""
+    shape, rows, spare = StateShape.of(model_config), config.rows, spare_rows(config)
+    length = min(config.max_seq_len or DEFAULT_MAX_SEQ_LEN, context_length(model_config))
+    size = StateSize(shape, rows, length, dtype, spare)
+    budget = config.kv_cache_memory
+    if budget is not None and size.bytes > budget:
+        raise ValueError(
+            f"--kv-cache-memory {size_text(budget)} does not hold the rows' recurrent states: {rows + spare} "
+            f"rows take {size_text(size.bytes)}. Give it more, or lower --rows."
+        )
+    return size
 
 
 def spare_rows(config: BackendConfig) -> int:

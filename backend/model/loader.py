@@ -45,9 +45,10 @@ from transformers import (
 
 from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
+from backend.layers.row_states import is_state_space
 from backend.messages import BackendConfig
 from backend.model.architectures import UnsupportedModel, check_own_code, check_supported
-from backend.model.cache_size import context_length, size_kv_cache
+from backend.model.cache_size import context_length, size_kv_cache, size_row_states
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed
 from backend.model.resources import check_resources
@@ -240,7 +241,8 @@ def load_model(config: BackendConfig) -> LoadedModel:
         model_config, longest, device, exact, config.compile_decode
     )
     cache_dtype = pick_cache_dtype(config.kv_cache_dtype, dtype, device, loop_attention)
-    cache_size = size_kv_cache(config, model_config, cache_dtype)
+    sizing = size_row_states if is_state_space(model_config) else size_kv_cache
+    cache_size = sizing(config, model_config, cache_dtype)
     max_seq_len = cache_size.max_seq_len
     check_resources(
         model_config,
@@ -395,9 +397,19 @@ def load_draft_model(config: BackendConfig, served: LoadedModel) -> LoadedModel:
     quantization): its guesses need speed, not exactness, since the served model verifies each; a row
     cache of as many positions as the served model's. Its guesses are token ids of the served model's
     vocabulary: a draft model whose tokenizer maps any text to other ids is refused."""
+    if is_state_space(served.model.config):
+        raise ValueError(
+            f"--draft-model: {served.name} is a state-space model, whose rows cannot go back to drop a "
+            "rejected guess: serve it without a draft model"
+        )
     log.info("loading the draft model %s", config.draft_model)
     as_served = dict(max_seq_len=served.max_seq_len, dtype="auto", quantize="auto")
     draft = load_model(replace(config, model=config.draft_model, **as_served))
+    if is_state_space(draft.model.config):
+        raise ValueError(
+            f"--draft-model {draft.name}: a state-space model cannot draft, its rows cannot go back to drop "
+            "a rejected guess"
+        )
     if draft.tokenizer.get_vocab() != served.tokenizer.get_vocab():
         raise ValueError(
             f"--draft-model {draft.name}: its vocabulary is not the served model's ({served.name}); a draft "

@@ -283,9 +283,11 @@ def measure_errors(
 
 
 def run_over(model: nn.Module, token_ids: list[int]) -> None:
-    """The model's forward pass over token_ids, in windows of CALIBRATION_WINDOW."""
+    """The model's forward pass over token_ids, in windows of CALIBRATION_WINDOW, without its head (not
+    calibrated, and a quantized one has no `weight` for the forward of a model that reads its dtype:
+    Mamba's)."""
     for start in range(0, len(token_ids), CALIBRATION_WINDOW):
-        model(torch.tensor([token_ids[start : start + CALIBRATION_WINDOW]], device=model.device))
+        model.base_model(torch.tensor([token_ids[start : start + CALIBRATION_WINDOW]], device=model.device))
 
 
 @torch.inference_mode()

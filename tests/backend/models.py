@@ -105,6 +105,18 @@ def tiny_model(
             **extras,
         )
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    elif architecture in ("mamba", "falcon_mamba"):  # state-space: a recurrent state a row
+        config = CONFIG_MAPPING[architecture](
+            hidden_size=64,
+            state_size=8,
+            num_hidden_layers=2,
+            conv_kernel=4,
+            # Tied embeddings make a random Mamba repeat its last input whatever its layers do: untied.
+            tie_word_embeddings=False,
+            **common,
+            **extras,
+        )
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     elif architecture in FAMILY_EXTRAS:
         config = CONFIG_MAPPING[architecture](**(llama_like | FAMILY_EXTRAS[architecture] | extras))
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -13,6 +13,7 @@ from transformers import (
     Gemma2Config,
     Gemma3Config,
     LlamaConfig,
+    Mamba2Config,
     MambaConfig,
     MistralConfig,
     Phi3Config,
@@ -25,6 +26,7 @@ from backend.model.loader import load_model
 from backend.process import BackendProcess, BackendStartError
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+MAMBA2 = dict(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, n_groups=1, vocab_size=512)
 
 
 @pytest.mark.parametrize(
@@ -38,7 +40,8 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
         (Gemma3Config(text_config=SMALL), None),  # multimodal: its text model is served
         (FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4), None),
         (FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=True), None),
-        (MambaConfig(hidden_size=64, num_hidden_layers=2), "'mamba' is not supported"),
+        (MambaConfig(hidden_size=64, num_hidden_layers=2), None),  # a recurrent state a row
+        (Mamba2Config(**MAMBA2), "'mamba2' is not supported"),
     ],
 )
 def test_check_supported(config, refused_for):
@@ -50,18 +53,18 @@ def test_check_supported(config, refused_for):
 
 
 def test_a_model_of_another_type_is_refused_at_start_up_with_the_reason(tmp_path):
-    from transformers import AutoTokenizer, MambaForCausalLM
+    from transformers import AutoTokenizer, Mamba2ForCausalLM
 
-    model = MambaForCausalLM(MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=512))
+    model = Mamba2ForCausalLM(Mamba2Config(**MAMBA2))
     model.save_pretrained(tmp_path / "state-space")
     AutoTokenizer.from_pretrained(
         load_model(BackendConfig(rows=1, max_seq_len=64)).tokenizer_path
     ).save_pretrained(tmp_path / "state-space")
-    with pytest.raises(UnsupportedModel, match="'mamba' is not supported"):
+    with pytest.raises(UnsupportedModel, match="'mamba2' is not supported"):
         load_model(BackendConfig(model=str(tmp_path / "state-space"), max_seq_len=256))
     backend = BackendProcess(BackendConfig(model=str(tmp_path / "state-space"), max_seq_len=256)).start()
     try:
-        with pytest.raises(BackendStartError, match="'mamba' is not supported.*gemma2"):
+        with pytest.raises(BackendStartError, match="'mamba2' is not supported.*gemma2"):
             backend.wait_ready(timeout=120)
     finally:
         backend.stop()

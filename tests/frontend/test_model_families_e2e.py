@@ -21,7 +21,7 @@ from tests.backend.test_falcon import SHAPES, tiny_falcon
 from tests.server_fixture import running_server
 
 # The families beyond Llama's layer (held to the default model end to end elsewhere): Qwen3 on the decoder
-# runner, the others on transformers' modules over the row attention.
+# runner, the others on transformers' modules over the row attention, Mamba's over its rows' states.
 FAMILIES = [
     "qwen3",
     "qwen3_moe",
@@ -36,6 +36,8 @@ FAMILIES = [
     "cohere2",
     "falcon",
     "falcon_rw",
+    "mamba",  # a recurrent state a row (model/mamba.py)
+    "falcon_mamba",
 ]
 MAX_TOKENS = 10
 

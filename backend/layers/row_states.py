@@ -1,0 +1,63 @@
+"""The recurrent state of a state-space model's rows: what a Mamba keeps of a row in place of keys and values.
+
+A Mamba layer carries two things from one token to the next, per row: the
+last `conv_kernel` inputs of its causal convolution, and its selective
+scan's state ([channels, state_size]). Both are fixed in size, whatever the
+row's length: a row of a state-space model costs the same at position 10
+as at 10,000, where a KV cache row grows with every position. They live in
+one preallocated tensor a layer and a kind, one row per user row (and the
+spare row that embedding inputs are prefilled in, as in the KV cache):
+
+    conv[layer]: [rows, channels, conv_kernel]   in the model's dtype
+    ssm[layer]:  [rows, channels, state_size]    in float32, as transformers keeps it
+
+A row's state holds all of its history or nothing: it cannot give back
+the state at an earlier position. So a state-space model's rows reuse no
+cached prefix and verify no speculative drafts (both need to go back to a
+position), and a new prompt's first chunk starts from zeros, whatever the
+row held before (model/mamba.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PretrainedConfig
+
+# The model types whose rows are a recurrent state (model/mamba.py runs them).
+STATE_SPACE_TYPES = ("mamba", "falcon_mamba")
+
+
+def is_state_space(config: PretrainedConfig) -> bool:
+    return config.get_text_config().model_type in STATE_SPACE_TYPES
+
+
+@dataclass(frozen=True)
+class StateShape:
+    layers: int
+    channels: int  # the mixer's inner width (intermediate_size)
+    conv_kernel: int
+    state_size: int
+
+    @classmethod
+    def of(cls, config: PretrainedConfig) -> StateShape:
+        config = config.get_text_config()
+        return cls(config.num_hidden_layers, config.intermediate_size, config.conv_kernel, config.state_size)
+
+    def bytes(self, rows: int, dtype: torch.dtype) -> int:
+        """Size of every layer's states for `rows` rows, the convolution's inputs in `dtype`."""
+        element = torch.finfo(dtype).bits // 8
+        per_row_layer = self.channels * (self.conv_kernel * element + self.state_size * 4)
+        return self.layers * rows * per_row_layer
+
+
+class RowStates:
+    """Every row's recurrent state, allocated once (zeros: a row's state before its first token)."""
+
+    def __init__(self, shape: StateShape, rows: int, dtype: torch.dtype, device: torch.device):
+        conv_size = (rows, shape.channels, shape.conv_kernel)
+        ssm_size = (rows, shape.channels, shape.state_size)
+        self.conv = [torch.zeros(conv_size, dtype=dtype, device=device) for _ in range(shape.layers)]
+        self.ssm = [torch.zeros(ssm_size, dtype=torch.float32, device=device) for _ in range(shape.layers)]
+        self.shape = shape

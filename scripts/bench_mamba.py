@@ -1,0 +1,81 @@
+#!/usr/bin/env python
+r"""A Mamba on the engine's row states against transformers' `generate`.
+
+    .venv/bin/python scripts/bench_mamba.py [--rows 1 32] [--max-tokens N] [--quantize int4|int8|none]
+        [--dtype D] [--model-type mamba|falcon_mamba]
+
+A model of random weights of mamba-130m's shape (24 layers, 768 wide, a state of 16 a channel) with the
+default model's tokenizer, quantized as `--quantize` says (int4 by default, as `--quantize int4` serves
+it). Engine tokens/s with 1 and 32 rows decoding (model/mamba.py), and transformers' `generate` one
+request at a time on the model before it is quantized (its forward cannot run a quantized head). Prints
+a markdown table and the machine. Random weights decode at the speed of real ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend.engine.engine import Engine  # noqa: E402
+from backend.model.loader import pick_device, pick_dtype  # noqa: E402
+from backend.quant.quantize import quantize_model  # noqa: E402
+from backend.quant.quantized_linear import QUANTIZERS  # noqa: E402
+from scripts.bench_engine import PROMPTS, machine, time_engine, time_generate  # noqa: E402
+from scripts.random_llama import default_tokenizer  # noqa: E402
+
+# state-spaces/mamba-130m-hf's shape
+SHAPE = dict(hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--quantize", choices=["none", *QUANTIZERS], default="int4")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--model-type", choices=["mamba", "falcon_mamba"], default="mamba")
+    parser.add_argument("--baseline-requests", type=int, default=2)
+    args = parser.parse_args()
+
+    tokenizer = default_tokenizer()
+    prompts = [tokenizer(text).input_ids for text in PROMPTS]
+    dtype = pick_dtype(args.dtype, pick_device("auto"))
+    config = CONFIG_MAPPING[args.model_type](
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **SHAPE,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    # Before quantizing: transformers' Mamba reads its head's `weight`, which a quantized head has not.
+    baseline = time_generate(model, prompts, args.baseline_requests, args.max_tokens)
+    if args.quantize in QUANTIZERS:
+        quantize_model(model, args.quantize)
+    engine = Engine(model, tokenizer, rows=max(args.rows), max_seq_len=512)
+    engine.warm_up()
+    lines = []
+    for active in args.rows:
+        time_engine(engine, prompts, active, 8)  # first-call costs of this shape off the clock
+        tokens_per_second, step = time_engine(engine, prompts, active, args.max_tokens)
+        lines.append(
+            f"| {args.model_type} | {active} | {tokens_per_second:.1f} | {step * 1000:.1f} | {baseline:.1f} |"
+        )
+    print(f"\n{args.quantize} weights, {dtype}, {args.max_tokens} tokens a request; {machine()}\n")
+    print(
+        "| model | rows | engine tokens/s | decode step ms | generate tokens/s (one request, unquantized) |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: |")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
