@@ -2,9 +2,10 @@
 r"""A Mamba on the engine's row states against transformers' `generate`.
 
     .venv/bin/python scripts/bench_mamba.py [--rows 1 32] [--max-tokens N] [--quantize int4|int8|none]
-        [--dtype D] [--model-type mamba|falcon_mamba]
+        [--dtype D] [--model-type mamba|falcon_mamba|mamba2]
 
-A model of random weights of mamba-130m's shape (24 layers, 768 wide, a state of 16 a channel) with the
+A model of random weights of mamba-130m's shape (24 layers, 768 wide, a state of 16 a channel; Mamba-2:
+mamba2-130m's, 24 heads of 64 with a state of 128) with the
 default model's tokenizer, quantized as `--quantize` says (int4 by default, as `--quantize int4` serves
 it). Engine tokens/s with 1 and 32 rows decoding (model/mamba.py), and transformers' `generate` one
 request at a time on the model before it is quantized (its forward cannot run a quantized head). Prints
@@ -29,8 +30,15 @@ from backend.quant.quantized_linear import QUANTIZERS  # noqa: E402
 from scripts.bench_engine import PROMPTS, machine, time_engine, time_generate  # noqa: E402
 from scripts.random_llama import default_tokenizer  # noqa: E402
 
-# state-spaces/mamba-130m-hf's shape
-SHAPE = dict(hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4)
+SHAPES = {
+    # state-spaces/mamba-130m-hf's
+    "mamba": dict(hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4),
+    "falcon_mamba": dict(hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4),
+    # mamba2-130m's: 24 heads of 64, one group, a state of 128
+    "mamba2": dict(
+        hidden_size=768, num_hidden_layers=24, state_size=128, num_heads=24, head_dim=64, n_groups=1, expand=2
+    ),
+}
 
 
 def main() -> None:
@@ -41,7 +49,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--quantize", choices=["none", *QUANTIZERS], default="int4")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--model-type", choices=["mamba", "falcon_mamba"], default="mamba")
+    parser.add_argument("--model-type", choices=sorted(SHAPES), default="mamba")
     parser.add_argument("--baseline-requests", type=int, default=2)
     args = parser.parse_args()
 
@@ -52,7 +60,7 @@ def main() -> None:
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **SHAPE,
+        **SHAPES[args.model_type],
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()

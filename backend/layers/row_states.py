@@ -8,8 +8,11 @@ as at 10,000, where a KV cache row grows with every position. They live in
 one preallocated tensor a layer and a kind, one row per user row (and the
 spare row that embedding inputs are prefilled in, as in the KV cache):
 
-    conv[layer]: [rows, channels, conv_kernel]   in the model's dtype
-    ssm[layer]:  [rows, channels, state_size]    in float32, as transformers keeps it
+    conv[layer]: [rows, conv_channels, conv_kernel]   in the model's dtype
+    ssm[layer]:  [rows, *ssm]                         in float32, as transformers keeps it
+
+(Mamba's scan state is [channels, state_size]; Mamba-2's, of heads that
+share a decay, [heads, head_dim, state_size].)
 
 A row's state holds all of its history or nothing: it cannot give back
 the state at an earlier position. So a state-space model's rows reuse no
@@ -20,13 +23,14 @@ row held before (model/mamba.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from transformers import PretrainedConfig
 
 # The model types whose rows are a recurrent state (model/mamba.py runs them).
-STATE_SPACE_TYPES = ("mamba", "falcon_mamba")
+STATE_SPACE_TYPES = ("mamba", "falcon_mamba", "mamba2")
 
 
 def is_state_space(config: PretrainedConfig) -> bool:
@@ -36,28 +40,40 @@ def is_state_space(config: PretrainedConfig) -> bool:
 @dataclass(frozen=True)
 class StateShape:
     layers: int
-    channels: int  # the mixer's inner width (intermediate_size)
+    conv_channels: int  # what the convolution mixes: Mamba's inner width, Mamba-2's and its B and C
     conv_kernel: int
-    state_size: int
+    ssm: tuple[
+        int, ...
+    ]  # a row's scan state: [channels, state_size]; Mamba-2's [heads, head_dim, state_size]
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> StateShape:
         config = config.get_text_config()
-        return cls(config.num_hidden_layers, config.intermediate_size, config.conv_kernel, config.state_size)
+        if config.model_type == "mamba2":
+            inner = int(config.expand * config.hidden_size)
+            conv_channels = inner + 2 * config.n_groups * config.state_size
+            ssm = (config.num_heads, config.head_dim, config.state_size)
+            return cls(config.num_hidden_layers, conv_channels, config.conv_kernel, ssm)
+        inner = config.intermediate_size
+        return cls(config.num_hidden_layers, inner, config.conv_kernel, (inner, config.state_size))
+
+    @property
+    def ssm_size(self) -> int:
+        return math.prod(self.ssm)
 
     def bytes(self, rows: int, dtype: torch.dtype) -> int:
         """Size of every layer's states for `rows` rows, the convolution's inputs in `dtype`."""
         element = torch.finfo(dtype).bits // 8
-        per_row_layer = self.channels * (self.conv_kernel * element + self.state_size * 4)
-        return self.layers * rows * per_row_layer
+        return self.layers * rows * (self.conv_channels * self.conv_kernel * element + self.ssm_size * 4)
 
 
 class RowStates:
     """Every row's recurrent state, allocated once (zeros: a row's state before its first token)."""
 
     def __init__(self, shape: StateShape, rows: int, dtype: torch.dtype, device: torch.device):
-        conv_size = (rows, shape.channels, shape.conv_kernel)
-        ssm_size = (rows, shape.channels, shape.state_size)
+        conv_size = (rows, shape.conv_channels, shape.conv_kernel)
         self.conv = [torch.zeros(conv_size, dtype=dtype, device=device) for _ in range(shape.layers)]
-        self.ssm = [torch.zeros(ssm_size, dtype=torch.float32, device=device) for _ in range(shape.layers)]
+        self.ssm = [
+            torch.zeros((rows, *shape.ssm), dtype=torch.float32, device=device) for _ in range(shape.layers)
+        ]
         self.shape = shape

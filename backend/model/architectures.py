@@ -39,6 +39,7 @@ SUPPORTED = {
     "gpt2": "GPT-2",
     "mamba": "Mamba, a state-space model (each row a recurrent state instead of keys and values)",
     "falcon_mamba": "Falcon-Mamba",
+    "mamba2": "Mamba-2 and Codestral Mamba",
 }
 
 

@@ -134,8 +134,8 @@ class StateSize:
         a_row = size_text(self.shape.bytes(1, self.dtype))
         return (
             f"recurrent state: {rows}, {size_text(self.bytes)} ({a_row} a row at any length: "
-            f"{self.shape.layers} layers x {self.shape.channels} channels x "
-            f"({self.shape.conv_kernel} inputs + {self.shape.state_size} states)); rows of up to "
+            f"{self.shape.layers} layers x ({self.shape.conv_channels} x {self.shape.conv_kernel} inputs + "
+            f"{self.shape.ssm_size} states)); rows of up to "
             f"{self.max_seq_len} tokens (--max-seq-len)"
         )
 

@@ -105,7 +105,9 @@ def tiny_model(
             **extras,
         )
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    elif architecture in ("mamba", "falcon_mamba"):  # state-space: a recurrent state a row
+    elif architecture in ("mamba", "falcon_mamba", "mamba2"):  # state-space: a recurrent state a row
+        # Mamba-2: 8 heads of 16 in two groups, scanned in chunks of 8 (prompts cross their bounds).
+        heads = dict(num_heads=8, head_dim=16, n_groups=2, chunk_size=8) if architecture == "mamba2" else {}
         config = CONFIG_MAPPING[architecture](
             hidden_size=64,
             state_size=8,
@@ -113,6 +115,7 @@ def tiny_model(
             conv_kernel=4,
             # Tied embeddings make a random Mamba repeat its last input whatever its layers do: untied.
             tie_word_embeddings=False,
+            **heads,
             **common,
             **extras,
         )

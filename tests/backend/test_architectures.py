@@ -18,6 +18,7 @@ from transformers import (
     MistralConfig,
     Phi3Config,
     Qwen2Config,
+    RwkvConfig,
 )
 
 from backend.messages import BackendConfig
@@ -26,7 +27,9 @@ from backend.model.loader import load_model
 from backend.process import BackendProcess, BackendStartError
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
-MAMBA2 = dict(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, n_groups=1, vocab_size=512)
+RWKV = dict(
+    hidden_size=64, num_hidden_layers=2, attention_hidden_size=64, intermediate_size=128, vocab_size=512
+)
 
 
 @pytest.mark.parametrize(
@@ -41,7 +44,8 @@ MAMBA2 = dict(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, n_g
         (FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4), None),
         (FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=True), None),
         (MambaConfig(hidden_size=64, num_hidden_layers=2), None),  # a recurrent state a row
-        (Mamba2Config(**MAMBA2), "'mamba2' is not supported"),
+        (Mamba2Config(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16), None),
+        (RwkvConfig(**RWKV), "'rwkv' is not supported"),
     ],
 )
 def test_check_supported(config, refused_for):
@@ -53,18 +57,18 @@ def test_check_supported(config, refused_for):
 
 
 def test_a_model_of_another_type_is_refused_at_start_up_with_the_reason(tmp_path):
-    from transformers import AutoTokenizer, Mamba2ForCausalLM
+    from transformers import AutoTokenizer, RwkvForCausalLM
 
-    model = Mamba2ForCausalLM(Mamba2Config(**MAMBA2))
+    model = RwkvForCausalLM(RwkvConfig(**RWKV))
     model.save_pretrained(tmp_path / "state-space")
     AutoTokenizer.from_pretrained(
         load_model(BackendConfig(rows=1, max_seq_len=64)).tokenizer_path
     ).save_pretrained(tmp_path / "state-space")
-    with pytest.raises(UnsupportedModel, match="'mamba2' is not supported"):
+    with pytest.raises(UnsupportedModel, match="'rwkv' is not supported"):
         load_model(BackendConfig(model=str(tmp_path / "state-space"), max_seq_len=256))
     backend = BackendProcess(BackendConfig(model=str(tmp_path / "state-space"), max_seq_len=256)).start()
     try:
-        with pytest.raises(BackendStartError, match="'mamba2' is not supported.*gemma2"):
+        with pytest.raises(BackendStartError, match="'rwkv' is not supported.*gemma2"):
             backend.wait_ready(timeout=120)
     finally:
         backend.stop()

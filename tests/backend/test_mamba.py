@@ -1,7 +1,7 @@
-"""Mamba and Falcon-Mamba, whose rows are a recurrent state instead of keys and values (model/mamba.py):
-greedy float32 decoding through the engine equals `model.generate` on each prompt alone (SPEC §5) with
-long prompts prefilled a chunk a step, each chunk from the state its row's last one left (rows joining
-mid-flight: test_exactness.py, which runs every served family)."""
+"""Mamba, Falcon-Mamba and Mamba-2, whose rows are a recurrent state instead of keys and values
+(model/mamba.py): greedy float32 decoding through the engine equals `model.generate` on each prompt alone
+(SPEC §5) with long prompts prefilled a chunk a step, each chunk from the state its row's last one left
+(rows joining mid-flight: test_exactness.py, which runs every served family)."""
 
 import random
 
@@ -97,7 +97,7 @@ def test_a_rows_state_takes_the_same_memory_at_any_length_and_what_the_start_up_
     short = size_row_states(BackendConfig(rows=4, max_seq_len=64), config, torch.float32)
     long = size_row_states(BackendConfig(rows=4, max_seq_len=1024), config, torch.float32)
     assert (short.max_seq_len, long.max_seq_len) == (64, 1024)
-    # 4 rows and the embedding row x 2 layers x 128 channels x (4 inputs + 8 states) x 4 bytes
+    # 4 rows and the embedding row x 2 layers x (128 channels x 4 inputs + 128 x 8 states) x 4 bytes
     assert short.bytes == long.bytes == 5 * 2 * 128 * (4 + 8) * 4
     assert short.summary().startswith("recurrent state: 4 rows and 1 for embedding inputs, 60 KiB")
     engine = Engine(tiny_model("mamba"), MarkerTokenizer(), rows=4, max_seq_len=64)

@@ -38,6 +38,7 @@ FAMILIES = [
     "falcon_rw",
     "mamba",  # a recurrent state a row (model/mamba.py)
     "falcon_mamba",
+    "mamba2",
 ]
 MAX_TOKENS = 10
 
