@@ -42,7 +42,7 @@ from backend.engine.speculation import DRAFT_TOKEN_COST, DRAFT_TOKENS, Speculato
 from backend.layers.grammar import GrammarError, Grammars, PendingMasks
 from backend.layers.logits_processors import LogitsProcessors
 from backend.layers.logprobs import token_logprobs
-from backend.layers.row_states import is_state_space
+from backend.layers.row_states import has_row_states, is_state_space
 from backend.layers.sampler import NOT_FINITE, SamplingBatch, sample
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS
 from backend.messages import BackendConfig, InvalidPart, Piece, SamplingParams, Submit, TokenLogprob
@@ -114,10 +114,10 @@ class Engine:
         self.eos_ids = eos_token_ids(model, tokenizer)
         # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        # A state-space model's rows are a recurrent state that cannot go back to an earlier position:
-        # no prefix to reuse, no rejected draft to drop (layers/row_states.py).
-        self.state_space = is_state_space(model.config)
-        if self.state_space:
+        # A state-space model's rows (and a hybrid's) are a recurrent state that cannot go back to an
+        # earlier position: no prefix to reuse, no rejected draft to drop (layers/row_states.py).
+        self.state_space = has_row_states(model.config)
+        if is_state_space(model.config):
             self.runner = MambaRunner(model, rows, embedding_row=embedding_model is None)
         else:
             self.runner = ModelRunner(

@@ -18,6 +18,7 @@ import torch
 from transformers import PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from backend.layers.row_states import state_layers
 from backend.layers.step_layout import StepLayout
 
 CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,16 +45,19 @@ def pick_cache_dtype(
 
 @dataclass(frozen=True)
 class KVShape:
-    layers: int
+    layers: int  # the layers that keep keys and values
     kv_heads: int
     head_dim: int
+    # A hybrid's layers that keep a recurrent state instead (row_states.py): no keys and values there.
+    without: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> KVShape:
         config = config.get_text_config()
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return cls(config.num_hidden_layers, key_value_heads(config), head_dim)
+        without = state_layers(config)
+        return cls(config.num_hidden_layers - len(without), key_value_heads(config), head_dim, without)
 
     def bytes(self, rows: int, max_seq_len: int, dtype: torch.dtype) -> int:
         """Size of keys and values of all layers."""
@@ -158,16 +162,16 @@ class RowCache(Cache):
         """`rows` user rows, then `spare_rows` more that no request decodes in (the row an embedding
         input is prefilled in a chunk at a time, engine.py)."""
         size = (rows + spare_rows, shape.kv_heads, max_seq_len, shape.head_dim)
-        # Zeros, not empty: masked positions still get multiplied by a zero
-        # attention weight, and 0 * NaN from uninitialised memory is NaN.
-        layers = [
-            RowCacheLayer(
-                self,
-                torch.zeros(size, dtype=dtype, device=device),
-                torch.zeros(size, dtype=dtype, device=device),
-            )
-            for _ in range(shape.layers)
-        ]
+        nothing = (rows + spare_rows, shape.kv_heads, 0, shape.head_dim)  # a hybrid's state layers'
+
+        def layer(index: int) -> RowCacheLayer:
+            # Zeros, not empty: masked positions still get multiplied by a zero
+            # attention weight, and 0 * NaN from uninitialised memory is NaN.
+            kept = nothing if index in shape.without else size
+            keys, values = (torch.zeros(kept, dtype=dtype, device=device) for _ in range(2))
+            return RowCacheLayer(self, keys, values)
+
+        layers = [layer(index) for index in range(shape.layers + len(shape.without))]
         super().__init__(layers=layers)
         # Every layer's tensors, for a forward pass that writes and reads them itself (decoder_runner).
         self.keys = [layer.keys for layer in layers]

@@ -31,10 +31,27 @@ from transformers import PretrainedConfig
 
 # The model types whose rows are a recurrent state (model/mamba.py runs them).
 STATE_SPACE_TYPES = ("mamba", "falcon_mamba", "mamba2")
+# Hybrids: Mamba-2 layers (their `layer_types` "linear_attention") among attention layers, whose rows
+# keep both a recurrent state and keys and values (model_runner.py, mamba.mix_over_rows).
+HYBRID_TYPES = ("bamba", "granitemoehybrid")
 
 
 def is_state_space(config: PretrainedConfig) -> bool:
+    """Whether every layer of the model is a state-space one (no attention)."""
     return config.get_text_config().model_type in STATE_SPACE_TYPES
+
+
+def has_row_states(config: PretrainedConfig) -> bool:
+    """Whether the model's rows keep a recurrent state, which cannot go back to an earlier position."""
+    return config.get_text_config().model_type in STATE_SPACE_TYPES + HYBRID_TYPES
+
+
+def state_layers(config: PretrainedConfig) -> tuple[int, ...]:
+    """The indices of the layers that keep a recurrent state (all of a state-space model's)."""
+    config = config.get_text_config()
+    if config.model_type in HYBRID_TYPES:
+        return tuple(i for i, kind in enumerate(config.layer_types) if kind == "linear_attention")
+    return tuple(range(config.num_hidden_layers)) if config.model_type in STATE_SPACE_TYPES else ()
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,11 @@ class StateShape:
     @classmethod
     def of(cls, config: PretrainedConfig) -> StateShape:
         config = config.get_text_config()
+        if config.model_type in HYBRID_TYPES:  # Mamba-2 layers, their sizes named mamba_*
+            inner = int(config.mamba_expand * config.hidden_size)
+            conv_channels = inner + 2 * config.mamba_n_groups * config.mamba_d_state
+            ssm = (config.mamba_n_heads, config.mamba_d_head, config.mamba_d_state)
+            return cls(len(state_layers(config)), conv_channels, config.mamba_d_conv, ssm)
         if config.model_type == "mamba2":
             inner = int(config.expand * config.hidden_size)
             conv_channels = inner + 2 * config.n_groups * config.state_size

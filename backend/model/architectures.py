@@ -8,11 +8,15 @@ mixtures of experts, fused projections, scaling multipliers, layers without rota
 the modules, and the row attention does what they ask of it beyond causal attention (sliding windows,
 soft-capped logits, attention sinks: layers/attention_features.py).
 
+State-space models (Mamba, Falcon-Mamba, Mamba-2) keep a recurrent state a row instead of keys and
+values, and run on their own runner (model/mamba.py); the hybrids (Bamba, Granite 4) run transformers'
+modules with both the row attention and their Mamba-2 mixers over the rows' states (mamba.mix_over_rows).
+
 A family joins this list only once it is proven token for token against transformers' `generate`
-(tests/backend/test_exactness.py runs the list); a model of any other type (state-space models,
-anything new), or Falcon with ALiBi positions, is refused at start-up with a message that names what is
-served (SPEC §5), rather than loaded and served wrong with no error. Falcon attends by itself, not
-through the interface: model/falcon.py gives its layers the row attention.
+(tests/backend/test_exactness.py runs the list); a model of any other type (RWKV, anything new) is
+refused at start-up with a message that names what is served (SPEC §5), rather than loaded and served
+wrong with no error. Falcon attends by itself, not through the interface: model/falcon.py gives its
+layers the row attention.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ SUPPORTED = {
     "mamba": "Mamba, a state-space model (each row a recurrent state instead of keys and values)",
     "falcon_mamba": "Falcon-Mamba",
     "mamba2": "Mamba-2 and Codestral Mamba",
+    "bamba": "Bamba, Mamba-2 layers among attention layers",
+    "granitemoehybrid": "Granite 4.0 hybrids (H-Micro, H-Tiny, H-Small)",
 }
 
 

@@ -45,7 +45,7 @@ from transformers import (
 
 from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
-from backend.layers.row_states import is_state_space
+from backend.layers.row_states import has_row_states, is_state_space
 from backend.messages import BackendConfig
 from backend.model.architectures import UnsupportedModel, check_own_code, check_supported
 from backend.model.cache_size import context_length, size_kv_cache, size_row_states
@@ -256,6 +256,8 @@ def load_model(config: BackendConfig) -> LoadedModel:
     )
 
     log.info("%s", cache_size.summary())
+    if has_row_states(model_config) and not is_state_space(model_config):  # a hybrid: both
+        log.info("%s", size_row_states(config, model_config, cache_dtype).summary())
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
     if gguf_file is not None:
         log.info("converting the GGUF file's weights: a first start only, about 30 s on 2 cores")

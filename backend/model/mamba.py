@@ -21,6 +21,10 @@ time step, B and C. Mamba-2 (`mix_mamba2`) scans heads that share a decay,
 its B and C convolved with its inputs, its output normed with the gate; its
 prompt chunks go through transformers' chunked scan, which takes a state.
 
+A hybrid (Bamba, Granite 4) runs transformers' modules over the row cache
+instead, its Mamba-2 mixers given `mix_mamba2` as their forward inside a
+step (`mix_over_rows`).
+
 A row's state cannot go back to an earlier position, so the engine reuses
 no prefixes and verifies no drafts for these models (engine.py).
 """
@@ -28,6 +32,7 @@ no prefixes and verifies no drafts for these models (engine.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -41,6 +46,7 @@ from transformers.models.mamba.modeling_mamba import (
 )
 from transformers.models.mamba2.modeling_mamba2 import mamba2_chunk_scan
 
+from backend.layers.attention import _current_layout
 from backend.layers.row_states import RowStates, StateShape
 from backend.layers.step_layout import PromptChunk, StepLayout
 from backend.model.step_inputs import DecodingRow, PrefillingRow, StepInputs, pack
@@ -229,6 +235,41 @@ def convolve(mixer: nn.Module, conv: torch.Tensor, inputs: torch.Tensor, layout:
         out = causal_conv1d_fn(full, weight, bias, mixer.activation)
         convolved[places] = out[0, :, -chunk.length :].T
     return convolved
+
+
+def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
+    """Make each Mamba-2 mixer of a hybrid model (Bamba, Granite 4) mix over the step's rows and their
+    `states` (a layer of them a mixer, in order) inside `attending_over`; outside a step (`generate`,
+    say) the mixer is transformers' own. The model's forward runs as it is around them: its attention
+    layers attend over the row cache, its mixers never read the cache they are passed."""
+    mixers = [module for module in model.modules() if module.__class__.__name__ in HYBRID_MIXERS]
+    if len(mixers) != states.shape.layers:
+        raise ValueError(f"{len(mixers)} Mamba-2 mixers in the model, states for {states.shape.layers}")
+    for index, mixer in enumerate(mixers):
+        mixer.__class__ = _over_rows(type(mixer))
+        mixer.row_states = (states.conv[index], states.ssm[index])
+
+
+# The Mamba-2 mixers of hybrid models: Mamba2Mixer's forward, each (transformers' classes, by name).
+HYBRID_MIXERS = ("BambaMixer", "GraniteMoeHybridMambaLayer")
+
+
+@functools.cache
+def _over_rows(mixer_class: type) -> type:
+    return type(f"{mixer_class.__name__}OverRows", (MixesOverRows, mixer_class), {})
+
+
+class MixesOverRows:
+    """A hybrid's Mamba-2 mixer over the step's rows, mixed in above the mixer's own class."""
+
+    row_states: tuple[torch.Tensor, torch.Tensor]  # this layer's (conv, ssm) of every row
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        layout = _current_layout.get(None)
+        if layout is None:  # not in an engine's step: transformers' mixer over its own cache
+            return super().forward(hidden_states, *args, **kwargs)
+        conv, ssm = self.row_states
+        return mix_mamba2(self, conv, ssm, hidden_states[0], layout)[None]
 
 
 @contextlib.contextmanager

@@ -20,8 +20,10 @@ from transformers import PreTrainedModel
 
 from backend.layers.attention import attending_over
 from backend.layers.row_cache import KVShape, RowCache, pick_cache_dtype
+from backend.layers.row_states import RowStates, StateShape, has_row_states
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.falcon import attend_over_rows
+from backend.model.mamba import mix_over_rows
 from backend.model.step_inputs import DecodingRow, PrefillingRow, StepInputs, pack
 from backend.model.step_plan import StepPlan, plan_transformers
 
@@ -49,11 +51,17 @@ class ModelRunner:
         self.decoder = DecoderRunner(model, compile_decode, rows) if supported else None
         if self.decoder is None and model.config.model_type == "falcon":
             attend_over_rows(model)  # Falcon attends by itself, not through transformers' interface
+        # A hybrid's Mamba-2 layers keep a recurrent state a row beside the attention layers' cache.
+        spare = int(embedding_row)
+        self.states = None
+        if has_row_states(model.config):
+            self.states = RowStates(StateShape.of(model.config), rows + spare, model.dtype, self.device)
+            mix_over_rows(model, self.states)
         self.cache_dtype = kv_cache_dtype or pick_cache_dtype(
             "auto", model.dtype, self.device, self.reads_own_positions
         )
         shape = KVShape.of(model.config)
-        self.cache = RowCache(shape, rows, max_seq_len, self.cache_dtype, self.device, int(embedding_row))
+        self.cache = RowCache(shape, rows, max_seq_len, self.cache_dtype, self.device, spare)
         self.embedding_row = rows if embedding_row else None
         self.embedded_states: torch.Tensor | None = None  # the last run's, at its inputs' `embedded`
         if compile_decode and self.decoder is None:

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from backend.layers.row_cache import KVShape
-from backend.layers.row_states import StateShape, is_state_space
+from backend.layers.row_states import StateShape, has_row_states, is_state_space
 
 GIB = 1024**3
 HEADROOM = 1.1  # activations, allocator slack, the Python process itself
@@ -56,10 +56,13 @@ def estimate_needs(
 ) -> Needs:
     element = torch.finfo(dtype).bits // 8
     weights = parameter_count(model_config) * element
-    if is_state_space(model_config):  # a fixed size a row, whatever its length
-        kv_cache = StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
-    else:
-        kv_cache = KVShape.of(model_config).bytes(rows, max_seq_len, cache_dtype or dtype)
+    kv_cache = (
+        0
+        if is_state_space(model_config)
+        else KVShape.of(model_config).bytes(rows, max_seq_len, cache_dtype or dtype)
+    )
+    if has_row_states(model_config):  # a fixed size a row, whatever its length
+        kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
     return Needs(weights, kv_cache, rows, max_seq_len)
 
 

@@ -25,6 +25,10 @@ TINY_EOS = TINY_VOCAB - 1
 # A sliding window this short comes into play within the tests' prompts.
 TINY_WINDOW = 8
 
+# A hybrid's Mamba-2 layers: 8 heads of 16 in two groups, a state of 8, scanned in chunks of 8 (prompts
+# cross their bounds).
+HYBRID_MAMBA = dict(mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8)
+
 # What each family's tiny config sets beyond the Llama-like sizes: its own features switched on where
 # a default would leave them off (granite's multipliers, a layer without rotary positions for smollm3),
 # experts small enough for a test (4, two of them chosen per token), a window layer beside a global one.
@@ -65,6 +69,20 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 150000.0},
     },
     "cohere2": {"sliding_window": TINY_WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+    # Hybrids: a Mamba-2 layer before an attention layer; Granite 4's with its multipliers and four
+    # experts, two chosen a token.
+    "bamba": {"attn_layer_indices": [1], **HYBRID_MAMBA},
+    "granitemoehybrid": {
+        "layer_types": ["linear_attention", "full_attention"],
+        **HYBRID_MAMBA,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "embedding_multiplier": 12.0,
+        "logits_scaling": 8.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.0625,
+        "tie_word_embeddings": False,
+    },
 }
 
 

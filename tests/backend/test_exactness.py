@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backend.engine.engine import Engine
-from backend.layers.row_states import STATE_SPACE_TYPES
+from backend.layers.row_states import HYBRID_TYPES, STATE_SPACE_TYPES
 from backend.messages import SamplingParams, Submit
 from backend.model.architectures import SUPPORTED
 from backend.model.decoder_runner import LLAMA_LAYER_TYPES
@@ -85,8 +85,9 @@ def test_a_window_within_the_context_stays_exact_off_the_decoder_runner():
     assert_matches_reference(engine, model, prompts, max_tokens=24, rng=rng)
 
 
-# A state-space model's rows reuse no prefix (layers/row_states.py): test_mamba.py chunks their prompts.
-@pytest.mark.parametrize("architecture", sorted(set(SUPPORTED) - set(STATE_SPACE_TYPES)))
+# A state-space model's rows (and a hybrid's) reuse no prefix (layers/row_states.py): test_mamba.py chunks
+# their prompts.
+@pytest.mark.parametrize("architecture", sorted(set(SUPPORTED) - set(STATE_SPACE_TYPES + HYBRID_TYPES)))
 def test_tiny_models_match_generate_with_prompts_in_chunks_and_prefixes_reused(architecture):
     """Prompts of 8-token chunks (a prefill budget of 8) that share a 20-token prefix, so that rows
     joining later copy it from a busy row or find it in a freed one, and a second turn that extends the

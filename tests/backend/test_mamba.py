@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from backend.engine.engine import Engine
-from backend.layers.row_states import STATE_SPACE_TYPES
+from backend.layers.row_cache import KVShape
+from backend.layers.row_states import HYBRID_TYPES, STATE_SPACE_TYPES, StateShape
 from backend.messages import BackendConfig, SamplingParams, Submit
 from backend.model.cache_size import size_row_states
 from backend.model.loader import load_draft_model
 from backend.model.mamba import MambaRunner
+from backend.model.resources import estimate_needs
 from backend.quant.calibration import measure_inputs
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import WeightOnlyLinear
@@ -30,7 +32,7 @@ from tests.backend.models import (
 from tests.backend.test_exactness import staggered_greedy_requests
 
 
-@pytest.mark.parametrize("model_type", STATE_SPACE_TYPES)
+@pytest.mark.parametrize("model_type", STATE_SPACE_TYPES + HYBRID_TYPES)
 def test_mamba_matches_generate_with_prompts_in_chunks(model_type):
     """Prompts prefilled 5 tokens a step, longer than the convolution's reach (4), so that a chunk's
     convolution and scan both start from what the row's last chunk left; a shared prefix is not
@@ -42,7 +44,7 @@ def test_mamba_matches_generate_with_prompts_in_chunks(model_type):
         shared + [rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 30))] for _ in range(8)
     ]
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=5)
-    assert isinstance(engine.runner, MambaRunner)
+    assert isinstance(engine.runner, MambaRunner) == (model_type in STATE_SPACE_TYPES)
     assert not engine.prefixes.enabled and not engine.speculator.enabled
     pieces = drive(engine, staggered_greedy_requests(prompts, 12, rng))
     for i, prompt in enumerate(prompts):
@@ -117,3 +119,15 @@ def test_a_draft_model_beside_or_of_a_state_space_model_is_refused_at_start(tmp_
         )
         with pytest.raises(ValueError, match="state-space model.*cannot go back to drop"):
             load_draft_model(config, loaded)
+
+
+def test_a_hybrids_rows_keep_keys_and_values_for_its_attention_layers_only_and_a_state_for_the_others():
+    model = tiny_model("granitemoehybrid")  # a Mamba-2 layer, then an attention layer
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=64)
+    assert [layer.keys.shape[2] for layer in engine.runner.cache.layers] == [0, 64]
+    states = engine.runner.states
+    assert len(states.conv) == len(states.ssm) == 1 and states.ssm[0].shape == (5, 8, 16, 8)
+    kv, state = KVShape.of(model.config), StateShape.of(model.config)
+    assert (kv.layers, kv.without, state.layers) == (1, (0,), 1)
+    needs = estimate_needs(model.config, torch.float32, rows=5, max_seq_len=64)
+    assert needs.kv_cache == kv.bytes(5, 64, torch.float32) + state.bytes(5, torch.float32)

@@ -39,6 +39,8 @@ FAMILIES = [
     "mamba",  # a recurrent state a row (model/mamba.py)
     "falcon_mamba",
     "mamba2",
+    "bamba",  # Mamba-2 layers among attention layers: a state and keys and values a row
+    "granitemoehybrid",
 ]
 MAX_TOKENS = 10
 
