@@ -18,7 +18,7 @@ import torch
 from transformers import PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from backend.layers.row_states import state_layers
+from backend.layers.row_states import attention_free_layers
 from backend.layers.step_layout import StepLayout
 
 CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -56,7 +56,7 @@ class KVShape:
         config = config.get_text_config()
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        without = state_layers(config)
+        without = attention_free_layers(config)
         return cls(config.num_hidden_layers - len(without), key_value_heads(config), head_dim, without)
 
     def bytes(self, rows: int, max_seq_len: int, dtype: torch.dtype) -> int:

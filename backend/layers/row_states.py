@@ -31,9 +31,10 @@ from transformers import PretrainedConfig
 
 # The model types whose rows are a recurrent state (model/mamba.py runs them).
 STATE_SPACE_TYPES = ("mamba", "falcon_mamba", "mamba2")
-# Hybrids: Mamba-2 layers (their `layer_types` "linear_attention") among attention layers, whose rows
-# keep both a recurrent state and keys and values (model_runner.py, mamba.mix_over_rows).
-HYBRID_TYPES = ("bamba", "granitemoehybrid")
+# Hybrids, whose rows keep both a recurrent state and keys and values (model_runner.py,
+# mamba.mix_over_rows): Mamba-2 layers (their `layer_types` "linear_attention") among attention layers,
+# or in every layer beside its attention (Falcon-H1's "hybrid" layers).
+HYBRID_TYPES = ("bamba", "granitemoehybrid", "falcon_h1")
 
 
 def is_state_space(config: PretrainedConfig) -> bool:
@@ -50,8 +51,16 @@ def state_layers(config: PretrainedConfig) -> tuple[int, ...]:
     """The indices of the layers that keep a recurrent state (all of a state-space model's)."""
     config = config.get_text_config()
     if config.model_type in HYBRID_TYPES:
-        return tuple(i for i, kind in enumerate(config.layer_types) if kind == "linear_attention")
+        return tuple(i for i, kind in enumerate(config.layer_types) if kind in ("linear_attention", "hybrid"))
     return tuple(range(config.num_hidden_layers)) if config.model_type in STATE_SPACE_TYPES else ()
+
+
+def attention_free_layers(config: PretrainedConfig) -> tuple[int, ...]:
+    """The indices of a hybrid's layers that keep no keys and values (its Mamba layers alone)."""
+    config = config.get_text_config()
+    if config.model_type not in HYBRID_TYPES:
+        return ()
+    return tuple(i for i, kind in enumerate(config.layer_types) if kind == "linear_attention")
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ class StateShape:
     def of(cls, config: PretrainedConfig) -> StateShape:
         config = config.get_text_config()
         if config.model_type in HYBRID_TYPES:  # Mamba-2 layers, their sizes named mamba_*
-            inner = int(config.mamba_expand * config.hidden_size)
+            inner = getattr(config, "mamba_d_ssm", None) or int(config.mamba_expand * config.hidden_size)
             conv_channels = inner + 2 * config.mamba_n_groups * config.mamba_d_state
             ssm = (config.mamba_n_heads, config.mamba_d_head, config.mamba_d_state)
             return cls(len(state_layers(config)), conv_channels, config.mamba_d_conv, ssm)

@@ -21,9 +21,9 @@ time step, B and C. Mamba-2 (`mix_mamba2`) scans heads that share a decay,
 its B and C convolved with its inputs, its output normed with the gate; its
 prompt chunks go through transformers' chunked scan, which takes a state.
 
-A hybrid (Bamba, Granite 4) runs transformers' modules over the row cache
-instead, its Mamba-2 mixers given `mix_mamba2` as their forward inside a
-step (`mix_over_rows`).
+A hybrid (Bamba, Granite 4, Falcon-H1) runs transformers' modules over
+the row cache instead, its Mamba-2 mixers given `mix_mamba2` as their
+forward inside a step (`mix_over_rows`).
 
 A row's state cannot go back to an earlier position, so the engine reuses
 no prefixes and verifies no drafts for these models (engine.py).
@@ -171,10 +171,16 @@ def mix_mamba2(
 ) -> torch.Tensor:
     """A Mamba-2 mixer over the pack, as transformers' Mamba2Mixer: its heads share a decay a head, its
     B and C come out of the convolution, its output is normed with the gate. transformers' chunked scan
-    takes a row's state to start from."""
+    takes a row's state to start from. Falcon-H1's mixer scales its input and projections
+    (`ssm_in_multiplier`, `mup_vector`) and may gate its output without the norm (`mamba_rms_norm`)."""
     inner, heads, head_dim = mixer.intermediate_size, mixer.num_heads, mixer.head_dim
     groups, state_size = mixer.n_groups, mixer.ssm_state_size
-    gate, mixed, time_step = mixer.in_proj(hidden).split([inner, mixer.conv_dim, heads], dim=-1)
+    if hasattr(mixer, "ssm_in_multiplier"):
+        hidden = hidden * mixer.ssm_in_multiplier
+    projected = mixer.in_proj(hidden)
+    if hasattr(mixer, "mup_vector"):
+        projected = projected * mixer.mup_vector.reshape(-1)  # kept as [1, 1, projections]
+    gate, mixed, time_step = projected.split([inner, mixer.conv_dim, heads], dim=-1)
     convolved = convolve(mixer, conv, mixed, layout)
     inputs, B, C = convolved.split([inner, groups * state_size, groups * state_size], dim=-1)
     A = -torch.exp(mixer.A_log.float())
@@ -211,7 +217,9 @@ def mix_mamba2(
         )
         ssm[chunk.row] = final[0]
         scanned[places] = out.reshape(length, inner)
-    return mixer.out_proj(mixer.norm(scanned, gate).to(hidden.dtype))
+    if getattr(mixer, "mamba_rms_norm", True):
+        return mixer.out_proj(mixer.norm(scanned, gate).to(hidden.dtype))
+    return mixer.out_proj((scanned * F.silu(gate)).to(hidden.dtype))
 
 
 def convolve(mixer: nn.Module, conv: torch.Tensor, inputs: torch.Tensor, layout: StepLayout) -> torch.Tensor:
@@ -238,10 +246,10 @@ def convolve(mixer: nn.Module, conv: torch.Tensor, inputs: torch.Tensor, layout:
 
 
 def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
-    """Make each Mamba-2 mixer of a hybrid model (Bamba, Granite 4) mix over the step's rows and their
-    `states` (a layer of them a mixer, in order) inside `attending_over`; outside a step (`generate`,
-    say) the mixer is transformers' own. The model's forward runs as it is around them: its attention
-    layers attend over the row cache, its mixers never read the cache they are passed."""
+    """Make each Mamba-2 mixer of a hybrid model (Bamba, Granite 4, Falcon-H1) mix over the step's rows
+    and their `states` (a layer of them a mixer, in order) inside `attending_over`; outside a step
+    (`generate`, say) the mixer is transformers' own. The model's forward runs as it is around them:
+    its attention layers attend over the row cache, its mixers never read the cache they are passed."""
     mixers = [module for module in model.modules() if module.__class__.__name__ in HYBRID_MIXERS]
     if len(mixers) != states.shape.layers:
         raise ValueError(f"{len(mixers)} Mamba-2 mixers in the model, states for {states.shape.layers}")
@@ -251,7 +259,7 @@ def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
 
 
 # The Mamba-2 mixers of hybrid models: Mamba2Mixer's forward, each (transformers' classes, by name).
-HYBRID_MIXERS = ("BambaMixer", "GraniteMoeHybridMambaLayer")
+HYBRID_MIXERS = ("BambaMixer", "GraniteMoeHybridMambaLayer", "FalconH1Mixer")
 
 
 @functools.cache

@@ -72,6 +72,24 @@ FAMILY_EXTRAS: dict[str, dict] = {
     # Hybrids: a Mamba-2 layer before an attention layer; Granite 4's with its multipliers and four
     # experts, two chosen a token.
     "bamba": {"attn_layer_indices": [1], **HYBRID_MAMBA},
+    # Falcon-H1: attention and a Mamba-2 mixer side by side in every layer, each scaled by its own
+    # multipliers (not 1, so that one left out gives other tokens); weights large enough that the mixer's
+    # output decides tokens beside the attention's
+    "falcon_h1": {
+        **HYBRID_MAMBA,
+        "initializer_range": 0.2,
+        "mamba_d_ssm": 128,
+        "embedding_multiplier": 1.5,
+        "lm_head_multiplier": 0.8,
+        "ssm_in_multiplier": 1.3,
+        "ssm_out_multiplier": 0.7,
+        "attention_in_multiplier": 1.2,
+        "attention_out_multiplier": 0.9,
+        "key_multiplier": 1.1,
+        "ssm_multipliers": [0.9, 1.1, 1.2, 0.8, 1.05],
+        "mlp_multipliers": [1.1, 0.9],
+        "tie_word_embeddings": False,
+    },
     "granitemoehybrid": {
         "layer_types": ["linear_attention", "full_attention"],
         **HYBRID_MAMBA,

@@ -41,6 +41,7 @@ FAMILIES = [
     "mamba2",
     "bamba",  # Mamba-2 layers among attention layers: a state and keys and values a row
     "granitemoehybrid",
+    "falcon_h1",
 ]
 MAX_TOKENS = 10
 
