@@ -33,8 +33,8 @@ from transformers import PretrainedConfig
 STATE_SPACE_TYPES = ("mamba", "falcon_mamba", "mamba2")
 # Hybrids, whose rows keep both a recurrent state and keys and values (model_runner.py,
 # mamba.mix_over_rows): Mamba-2 layers (their `layer_types` "linear_attention") among attention layers,
-# or in every layer beside its attention (Falcon-H1's "hybrid" layers).
-HYBRID_TYPES = ("bamba", "granitemoehybrid", "falcon_h1")
+# or in every layer beside its attention (Falcon-H1's "hybrid" layers); Jamba's are Mamba's.
+HYBRID_TYPES = ("bamba", "granitemoehybrid", "falcon_h1", "jamba")
 
 
 def is_state_space(config: PretrainedConfig) -> bool:
@@ -75,6 +75,9 @@ class StateShape:
     @classmethod
     def of(cls, config: PretrainedConfig) -> StateShape:
         config = config.get_text_config()
+        if config.model_type == "jamba":  # Mamba layers, their sizes named mamba_*
+            inner = config.mamba_expand * config.hidden_size
+            return cls(len(state_layers(config)), inner, config.mamba_d_conv, (inner, config.mamba_d_state))
         if config.model_type in HYBRID_TYPES:  # Mamba-2 layers, their sizes named mamba_*
             inner = getattr(config, "mamba_d_ssm", None) or int(config.mamba_expand * config.hidden_size)
             conv_channels = inner + 2 * config.mamba_n_groups * config.mamba_d_state

@@ -21,9 +21,9 @@ time step, B and C. Mamba-2 (`mix_mamba2`) scans heads that share a decay,
 its B and C convolved with its inputs, its output normed with the gate; its
 prompt chunks go through transformers' chunked scan, which takes a state.
 
-A hybrid (Bamba, Granite 4, Falcon-H1) runs transformers' modules over
-the row cache instead, its Mamba-2 mixers given `mix_mamba2` as their
-forward inside a step (`mix_over_rows`).
+A hybrid (Bamba, Granite 4, Falcon-H1, Jamba) runs transformers' modules
+over the row cache instead, its Mamba-2 mixers given `mix_mamba2` as their
+forward inside a step, Jamba's Mamba mixers `mix_mamba` (`mix_over_rows`).
 
 A row's state cannot go back to an earlier position, so the engine reuses
 no prefixes and verifies no drafts for these models (engine.py).
@@ -246,20 +246,21 @@ def convolve(mixer: nn.Module, conv: torch.Tensor, inputs: torch.Tensor, layout:
 
 
 def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
-    """Make each Mamba-2 mixer of a hybrid model (Bamba, Granite 4, Falcon-H1) mix over the step's rows
+    """Make each mixer of a hybrid model (Bamba, Granite 4, Falcon-H1, Jamba) mix over the step's rows
     and their `states` (a layer of them a mixer, in order) inside `attending_over`; outside a step
     (`generate`, say) the mixer is transformers' own. The model's forward runs as it is around them:
     its attention layers attend over the row cache, its mixers never read the cache they are passed."""
     mixers = [module for module in model.modules() if module.__class__.__name__ in HYBRID_MIXERS]
     if len(mixers) != states.shape.layers:
-        raise ValueError(f"{len(mixers)} Mamba-2 mixers in the model, states for {states.shape.layers}")
+        raise ValueError(f"{len(mixers)} Mamba mixers in the model, states for {states.shape.layers}")
     for index, mixer in enumerate(mixers):
         mixer.__class__ = _over_rows(type(mixer))
         mixer.row_states = (states.conv[index], states.ssm[index])
 
 
-# The Mamba-2 mixers of hybrid models: Mamba2Mixer's forward, each (transformers' classes, by name).
-HYBRID_MIXERS = ("BambaMixer", "GraniteMoeHybridMambaLayer", "FalconH1Mixer")
+# The mixers of hybrid models (transformers' classes, by name): Mamba2Mixer's forward, and Jamba's
+# FalconMambaMixer's (its norms with weights).
+HYBRID_MIXERS = ("BambaMixer", "GraniteMoeHybridMambaLayer", "FalconH1Mixer", "JambaMambaMixer")
 
 
 @functools.cache
@@ -268,7 +269,7 @@ def _over_rows(mixer_class: type) -> type:
 
 
 class MixesOverRows:
-    """A hybrid's Mamba-2 mixer over the step's rows, mixed in above the mixer's own class."""
+    """A hybrid's mixer over the step's rows, mixed in above the mixer's own class."""
 
     row_states: tuple[torch.Tensor, torch.Tensor]  # this layer's (conv, ssm) of every row
 
@@ -277,6 +278,8 @@ class MixesOverRows:
         if layout is None:  # not in an engine's step: transformers' mixer over its own cache
             return super().forward(hidden_states, *args, **kwargs)
         conv, ssm = self.row_states
+        if hasattr(self, "x_proj"):  # Jamba's Mamba mixer, with norms of its scan's time step, B and C
+            return mix_mamba(self, conv, ssm, hidden_states[0], layout, normed_scan=True)[None]
         return mix_mamba2(self, conv, ssm, hidden_states[0], layout)[None]
 
 

@@ -90,6 +90,19 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "mlp_multipliers": [1.1, 0.9],
         "tie_word_embeddings": False,
     },
+    # Jamba: a Mamba layer (with norms of its scan's time step, B and C), then an attention layer whose
+    # MLP is four experts, two chosen a token
+    "jamba": {
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "mamba_d_state": 8,
+        "initializer_range": 0.2,
+        "tie_word_embeddings": False,
+    },
     "granitemoehybrid": {
         "layer_types": ["linear_attention", "full_attention"],
         **HYBRID_MAMBA,

@@ -42,6 +42,7 @@ FAMILIES = [
     "bamba",  # Mamba-2 layers among attention layers: a state and keys and values a row
     "granitemoehybrid",
     "falcon_h1",
+    "jamba",
 ]
 MAX_TOKENS = 10
 
