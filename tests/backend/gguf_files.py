@@ -43,6 +43,7 @@ GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
     "gemma3_text": MODEL_ARCH.GEMMA3,
     "falcon": MODEL_ARCH.FALCON,
     "gpt2": MODEL_ARCH.GPT2,
+    "mamba": MODEL_ARCH.MAMBA,
 }
 
 Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32
@@ -257,6 +258,23 @@ def falcon_metadata(hparams: dict) -> Metadata:
     }
 
 
+def mamba_metadata(hparams: dict) -> Metadata:
+    """MambaModel.set_gguf_parameters: no attention, no feed-forward, a context of 2**20 (a Mamba has no
+    limit), the scan's sizes."""
+    return {
+        Keys.LLM.CONTEXT_LENGTH: 2**20,
+        Keys.LLM.EMBEDDING_LENGTH: hparams["hidden_size"],
+        Keys.LLM.FEED_FORWARD_LENGTH: 0,
+        Keys.Attention.HEAD_COUNT: 0,
+        Keys.LLM.BLOCK_COUNT: hparams["num_hidden_layers"],
+        Keys.SSM.CONV_KERNEL: hparams["conv_kernel"],
+        Keys.SSM.INNER_SIZE: hparams["intermediate_size"],
+        Keys.SSM.STATE_SIZE: hparams["state_size"],
+        Keys.SSM.TIME_STEP_RANK: hparams["time_step_rank"],
+        Keys.Attention.LAYERNORM_RMS_EPS: float(hparams["layer_norm_epsilon"]),
+    }
+
+
 def gpt2_metadata(hparams: dict) -> Metadata:
     return {
         Keys.LLM.BLOCK_COUNT: hparams["n_layer"],
@@ -279,6 +297,7 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
     "gemma3_text": gemma3_metadata,
     "falcon": falcon_metadata,
     "gpt2": gpt2_metadata,
+    "mamba": mamba_metadata,
 }
 
 
@@ -354,6 +373,17 @@ def qwen_moe_experts(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator
         yield name, tensor
 
 
+def mamba_scan(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """MambaModel.modify_tensors: A stored as -exp(A_log), the convolution's weight without its middle
+    axis of one."""
+    if name.endswith("A_log"):
+        yield name, -torch.exp(tensor)  # llama.cpp's name map gives it ssm_a
+    elif name.endswith("conv1d.weight"):
+        yield name, tensor.squeeze(1)
+    else:
+        yield name, tensor
+
+
 TENSOR_CHANGES: dict[str, Change] = {
     "llama": llama_rotary_rows,
     "mistral": llama_rotary_rows,
@@ -362,6 +392,7 @@ TENSOR_CHANGES: dict[str, Change] = {
     "gemma3_text": gemma_norms,
     "falcon": falcon_groups,
     "gpt2": gpt2_conv1d,
+    "mamba": mamba_scan,
 }
 
 

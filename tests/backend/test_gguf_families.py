@@ -90,6 +90,7 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     # Falcon-7B's layout: transformers reads every Falcon file as 7B's.
     "falcon": lambda: tiny_falcon(SHAPES["7b"]),
     "gpt2": tiny_gpt2,
+    "mamba": lambda: tiny_model("mamba"),  # rows of a recurrent state (model/mamba.py)
 }
 
 # llama.cpp writes Mistral as "llama", and transformers reads it back as Llama (the same layers) unless the
