@@ -33,8 +33,11 @@ from transformers import PretrainedConfig
 STATE_SPACE_TYPES = ("mamba", "falcon_mamba", "mamba2")
 # Hybrids, whose rows keep both a recurrent state and keys and values (model_runner.py,
 # mamba.mix_over_rows): Mamba-2 layers (their `layer_types` "linear_attention") among attention layers,
-# or in every layer beside its attention (Falcon-H1's "hybrid" layers); Jamba's are Mamba's.
-HYBRID_TYPES = ("bamba", "granitemoehybrid", "falcon_h1", "jamba")
+# or in every layer beside its attention (Falcon-H1's "hybrid" layers); Jamba's are Mamba's; Nemotron-H's
+# layers are each a Mamba-2 mixer, an attention, an MLP or experts.
+HYBRID_TYPES = ("bamba", "granitemoehybrid", "falcon_h1", "jamba", "nemotron_h")
+# The `layer_types` of a hybrid's layers that attend (and keep keys and values).
+ATTENDING_LAYERS = ("full_attention", "sliding_attention", "hybrid")
 
 
 def is_state_space(config: PretrainedConfig) -> bool:
@@ -56,11 +59,12 @@ def state_layers(config: PretrainedConfig) -> tuple[int, ...]:
 
 
 def attention_free_layers(config: PretrainedConfig) -> tuple[int, ...]:
-    """The indices of a hybrid's layers that keep no keys and values (its Mamba layers alone)."""
+    """The indices of a hybrid's layers that keep no keys and values (its Mamba layers, Nemotron-H's MLP
+    and experts' layers)."""
     config = config.get_text_config()
     if config.model_type not in HYBRID_TYPES:
         return ()
-    return tuple(i for i, kind in enumerate(config.layer_types) if kind == "linear_attention")
+    return tuple(i for i, kind in enumerate(config.layer_types) if kind not in ATTENDING_LAYERS)
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,11 @@ class StateShape:
         if config.model_type == "jamba":  # Mamba layers, their sizes named mamba_*
             inner = config.mamba_expand * config.hidden_size
             return cls(len(state_layers(config)), inner, config.mamba_d_conv, (inner, config.mamba_d_state))
+        if config.model_type == "nemotron_h":
+            inner = config.mamba_num_heads * config.mamba_head_dim
+            conv_channels = inner + 2 * config.n_groups * config.ssm_state_size
+            ssm = (config.mamba_num_heads, config.mamba_head_dim, config.ssm_state_size)
+            return cls(len(state_layers(config)), conv_channels, config.conv_kernel, ssm)
         if config.model_type in HYBRID_TYPES:  # Mamba-2 layers, their sizes named mamba_*
             inner = getattr(config, "mamba_d_ssm", None) or int(config.mamba_expand * config.hidden_size)
             conv_channels = inner + 2 * config.mamba_n_groups * config.mamba_d_state

@@ -9,9 +9,9 @@ the modules, and the row attention does what they ask of it beyond causal attent
 soft-capped logits, attention sinks: layers/attention_features.py).
 
 State-space models (Mamba, Falcon-Mamba, Mamba-2) keep a recurrent state a row instead of keys and
-values, and run on their own runner (model/mamba.py); the hybrids (Bamba, Granite 4, Falcon-H1, Jamba)
-run transformers' modules with both the row attention and their Mamba mixers over the rows' states
-(mamba.mix_over_rows).
+values, and run on their own runner (model/mamba.py); the hybrids (Bamba, Granite 4, Falcon-H1, Jamba,
+Nemotron-H) run transformers' modules with both the row attention and their Mamba mixers over the rows'
+states (mamba.mix_over_rows).
 
 A family joins this list only once it is proven token for token against transformers' `generate`
 (tests/backend/test_exactness.py runs the list); a model of any other type (RWKV, anything new) is
@@ -49,6 +49,7 @@ SUPPORTED = {
     "granitemoehybrid": "Granite 4.0 hybrids (H-Micro, H-Tiny, H-Small)",
     "falcon_h1": "Falcon-H1, attention and Mamba-2 side by side in each layer",
     "jamba": "Jamba, Mamba layers among attention layers, experts",
+    "nemotron_h": "Nemotron-H and Nemotron Nano 2, Mamba-2, attention, MLP and expert layers",
 }
 
 

@@ -21,9 +21,10 @@ time step, B and C. Mamba-2 (`mix_mamba2`) scans heads that share a decay,
 its B and C convolved with its inputs, its output normed with the gate; its
 prompt chunks go through transformers' chunked scan, which takes a state.
 
-A hybrid (Bamba, Granite 4, Falcon-H1, Jamba) runs transformers' modules
-over the row cache instead, its Mamba-2 mixers given `mix_mamba2` as their
-forward inside a step, Jamba's Mamba mixers `mix_mamba` (`mix_over_rows`).
+A hybrid (Bamba, Granite 4, Falcon-H1, Jamba, Nemotron-H) runs
+transformers' modules over the row cache instead, its Mamba-2 mixers given
+`mix_mamba2` as their forward inside a step, Jamba's Mamba mixers
+`mix_mamba` (`mix_over_rows`).
 
 A row's state cannot go back to an earlier position, so the engine reuses
 no prefixes and verifies no drafts for these models (engine.py).
@@ -246,10 +247,10 @@ def convolve(mixer: nn.Module, conv: torch.Tensor, inputs: torch.Tensor, layout:
 
 
 def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
-    """Make each mixer of a hybrid model (Bamba, Granite 4, Falcon-H1, Jamba) mix over the step's rows
-    and their `states` (a layer of them a mixer, in order) inside `attending_over`; outside a step
-    (`generate`, say) the mixer is transformers' own. The model's forward runs as it is around them:
-    its attention layers attend over the row cache, its mixers never read the cache they are passed."""
+    """Make each mixer of a hybrid model (Bamba, Granite 4, Falcon-H1, Jamba, Nemotron-H) mix over the
+    step's rows and their `states` (a layer of them a mixer, in order) inside `attending_over`; outside a
+    step (`generate`, say) the mixer is transformers' own. The model's forward runs as it is around
+    them: its attention layers attend over the row cache, its mixers never read the cache passed."""
     mixers = [module for module in model.modules() if module.__class__.__name__ in HYBRID_MIXERS]
     if len(mixers) != states.shape.layers:
         raise ValueError(f"{len(mixers)} Mamba mixers in the model, states for {states.shape.layers}")
@@ -260,7 +261,13 @@ def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
 
 # The mixers of hybrid models (transformers' classes, by name): Mamba2Mixer's forward, and Jamba's
 # FalconMambaMixer's (its norms with weights).
-HYBRID_MIXERS = ("BambaMixer", "GraniteMoeHybridMambaLayer", "FalconH1Mixer", "JambaMambaMixer")
+HYBRID_MIXERS = (
+    "BambaMixer",
+    "GraniteMoeHybridMambaLayer",
+    "FalconH1Mixer",
+    "NemotronHMamba2Mixer",
+    "JambaMambaMixer",
+)
 
 
 @functools.cache

@@ -103,6 +103,21 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "initializer_range": 0.2,
         "tie_word_embeddings": False,
     },
+    # Nemotron-H: a Mamba-2 layer, an attention layer, a layer of experts (four, two chosen a token,
+    # one shared) and an MLP layer
+    "nemotron_h": {
+        "layer_types": ["linear_attention", "full_attention", "moe", "mlp"],
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 16,
+        "n_groups": 2,
+        "ssm_state_size": 8,
+        "chunk_size": 8,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "moe_shared_expert_intermediate_size": 32,
+        "initializer_range": 0.2,
+    },
     "granitemoehybrid": {
         "layer_types": ["linear_attention", "full_attention"],
         **HYBRID_MAMBA,

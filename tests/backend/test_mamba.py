@@ -131,3 +131,10 @@ def test_a_hybrids_rows_keep_keys_and_values_for_its_attention_layers_only_and_a
     assert (kv.layers, kv.without, state.layers) == (1, (0,), 1)
     needs = estimate_needs(model.config, torch.float32, rows=5, max_seq_len=64)
     assert needs.kv_cache == kv.bytes(5, 64, torch.float32) + state.bytes(5, torch.float32)
+
+
+def test_nemotron_h_keeps_keys_and_values_for_its_attention_layer_alone():
+    """Its layers are each one kind: a Mamba-2 mixer (a state), attention (keys and values), experts, an
+    MLP (neither)."""
+    config = tiny_model("nemotron_h").config
+    assert KVShape.of(config).without == (0, 2, 3) and StateShape.of(config).layers == 1

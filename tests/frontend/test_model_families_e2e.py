@@ -43,6 +43,7 @@ FAMILIES = [
     "granitemoehybrid",
     "falcon_h1",
     "jamba",
+    "nemotron_h",
 ]
 MAX_TOKENS = 10
 
