@@ -32,6 +32,7 @@ SUPPORTED = {
     "qwen3": "Qwen3 dense models",
     "qwen3_moe": "Qwen3 mixture-of-experts models",
     "mixtral": "Mixtral",
+    "qwen2_moe": "Qwen1.5-MoE and Qwen2-57B-A14B",
     "phi3": "Phi-3, Phi-3.5 and Phi-4-mini",
     "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3, and the text of the multimodal ones",

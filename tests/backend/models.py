@@ -42,6 +42,14 @@ FAMILY_EXTRAS: dict[str, dict] = {
     "qwen3": {},
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    # Qwen2-MoE: experts and a shared expert behind a sigmoid gate; its attention has a window it does not
+    # use (Qwen2's)
+    "qwen2_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+    },
     "phi3": {},
     "olmo2": {},
     "granite": {
