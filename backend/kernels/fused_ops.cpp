@@ -568,6 +568,66 @@ at::Tensor scale_products(const at::Tensor& accumulated, const at::Tensor& row_s
   return out;
 }
 
+// One token of each decoding row through a Mamba-2 scan, the state advanced in place, in one pass over
+// it: state [rows, heads, head_dim, state_size] float32; x [rows, heads, head_dim]; dt and decay
+// [rows, heads] (the time step after its softplus, and exp(dt * A)); B and C [rows, heads, state_size];
+// D [heads]; all float32. Each state number is s * decay + (dt * B) * x, and the output of a head's
+// dimension its states times C, plus x * D. transformers' update (mamba.advance_mamba2 in PyTorch's
+// operations) reads and writes the state some five times over.
+at::Tensor ssm_update(at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& decay,
+                      const at::Tensor& B, const at::Tensor& C, const at::Tensor& D) {
+  const auto check = [](const at::Tensor& t, const char* name) {
+    check_cpu_contiguous(t, name);
+    TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32");
+  };
+  check(state, "state");
+  check(x, "x");
+  check(dt, "dt");
+  check(decay, "decay");
+  check(B, "B");
+  check(C, "C");
+  check(D, "D");
+  TORCH_CHECK(state.dim() == 4, "state must be [rows, heads, head_dim, state_size]");
+  const int64_t rows = state.size(0), heads = state.size(1), head_dim = state.size(2), n = state.size(3);
+  TORCH_CHECK(x.numel() == rows * heads * head_dim, "x must be [rows, heads, head_dim]");
+  TORCH_CHECK(dt.numel() == rows * heads && decay.numel() == rows * heads, "dt and decay must be [rows, heads]");
+  TORCH_CHECK(B.numel() == rows * heads * n && C.numel() == rows * heads * n, "B and C must be [rows, heads, state_size]");
+  TORCH_CHECK(D.numel() == heads, "D must be [heads]");
+  at::Tensor out = at::empty({rows, heads, head_dim}, x.options());
+  float* sp = state.data_ptr<float>();
+  const float *xp = x.data_ptr<float>(), *dtp = dt.data_ptr<float>(), *ap = decay.data_ptr<float>();
+  const float *bp = B.data_ptr<float>(), *cp = C.data_ptr<float>(), *dp = D.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> added(n);
+    for (int64_t rh = begin; rh < end; ++rh) {
+      const float a = ap[rh], skip = dp[rh % heads];
+      const float* b = bp + rh * n;
+      const float* c = cp + rh * n;
+      for (int64_t k = 0; k < n; ++k) added[k] = dtp[rh] * b[k];
+      for (int64_t p = 0; p < head_dim; ++p) {
+        const float xv = xp[rh * head_dim + p];
+        float* s = sp + (rh * head_dim + p) * n;
+        float partial[LANES] = {};
+        int64_t k = 0;
+        for (; k + LANES <= n; k += LANES) {
+          for (int64_t lane = 0; lane < LANES; ++lane) {
+            const float v = s[k + lane] * a + added[k + lane] * xv;
+            s[k + lane] = v;
+            partial[lane] += v * c[k + lane];
+          }
+        }
+        for (; k < n; ++k) {
+          s[k] = s[k] * a + added[k] * xv;
+          partial[0] += s[k] * c[k];
+        }
+        op[rh * head_dim + p] = sum_lanes(partial) + xv * skip;
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace fused_ops
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -588,5 +648,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_matmul_kernel", &block_matmul_kernel, "what block_matmul multiplies by here: AVX-512 VNNI, AVX2 or ''");
   m.def("block_matmul", &block_matmul, "few rows times weights in blocks of 32 (block_weights.py)", released);
   m.def("block_matmul_avx2", &block_matmul_avx2, "block_matmul by its AVX2 kernel (tests, timings)", released);
+  m.def("ssm_update", &ssm_update, "one token of each row through a Mamba-2 scan, its state in place", released);
   m.def("decode_layers", &decode_layers, "a decode step's layers in one call (decoder_runner.NativeDecode)", released);
 }

@@ -12,7 +12,8 @@ with the writes of keys and values into the cache, the attention of each
 decode query over its own row of the cache (PyTorch's kernel took a batch
 over the span's rows, a mask and a scatter of the queries around it), and,
 for the int8 path of many rows (smoothed_int8.py), the rounding of
-activations to int8 and the scaling of the products back.
+activations to int8 and the scaling of the products back; and a Mamba-2
+row's state advanced a token (model/mamba.py) in one pass over it.
 
 `EAGER` holds the same functions as PyTorch operations: the reference the
 tests hold the loops to, and what runs where the loops do not (a GPU,
@@ -102,6 +103,24 @@ class EagerOps:
         for cache, new in ((keys, key), (values, all_heads[:, heads + kv_heads :])):
             cache.view(-1, head_dim).index_copy_(0, slots, new.reshape(-1, head_dim).to(cache.dtype))
         return query.to(keys.dtype)
+
+    @staticmethod
+    def ssm_update(
+        state: torch.Tensor,  # [rows, heads, head_dim, state_size] float32, advanced in place
+        x: torch.Tensor,  # [rows, heads, head_dim]
+        dt: torch.Tensor,  # [rows, heads]: the time step, after its softplus
+        decay: torch.Tensor,  # [rows, heads]: exp(dt * A), float32
+        B: torch.Tensor,  # [rows, heads, state_size]
+        C: torch.Tensor,
+        D: torch.Tensor,  # [heads]
+    ) -> torch.Tensor:
+        """One token of each row through a Mamba-2 scan (model/mamba.py): transformers'
+        `mamba2_selective_state_update` value for value, [rows, heads, head_dim] in x's dtype."""
+        rows, heads, head_dim = x.shape
+        added = (dt[:, :, None, None] * B[:, :, None, :]) * x[..., None]
+        state.mul_(decay[:, :, None, None]).add_(added)
+        out = torch.bmm(state.to(C.dtype).view(rows * heads, head_dim, -1), C.reshape(rows * heads, -1, 1))
+        return (out.view(rows, heads, head_dim) + x * D[:, None]).to(x.dtype)
 
 
 def decode_attention(
@@ -197,6 +216,20 @@ class FusedOps:
         kv_heads: int,
     ) -> torch.Tensor:
         return self.extension.rotate_and_store(qkv, cos, sin, slots, keys, values, heads, kv_heads)
+
+    def ssm_update(
+        self,
+        state: torch.Tensor,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        decay: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        D: torch.Tensor,
+    ) -> torch.Tensor:
+        """As EagerOps.ssm_update, in one pass over the state (float32 throughout)."""
+        inputs = [t.float().contiguous() for t in (x, dt, decay, B, C, D)]
+        return self.extension.ssm_update(state, *inputs).to(x.dtype)
 
 
 EAGER = EagerOps()

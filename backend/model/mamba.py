@@ -48,10 +48,12 @@ from transformers.models.mamba.modeling_mamba import (
 from transformers.models.mamba2.modeling_mamba2 import mamba2_chunk_scan
 
 from backend.layers.attention import _current_layout
+from backend.layers.decode_ops import EAGER, DecodeOps, decode_ops
 from backend.layers.row_states import RowStates, StateShape
 from backend.layers.step_layout import PromptChunk, StepLayout
 from backend.model.step_inputs import DecodingRow, PrefillingRow, StepInputs, pack
 from backend.model.step_plan import DESCRIBED_CHUNK, StepPath, StepPlan, linear_paths
+from backend.quant.quantized_linear import WeightOnlyLinear
 
 LAYERS = "the rows' recurrent states, a Python loop over the layers (model/mamba.py)"
 NO_ATTENTION = "none (each row's state: its last inputs and its scan's state)"
@@ -76,6 +78,7 @@ class MambaRunner:
         self.embedding_row = rows if embedding_row else None
         self.embedded_states: torch.Tensor | None = None
         self.model_type = model.config.model_type
+        self.ops = state_ops(model)
         self.plan = plan_states(rows, model)
 
     @property
@@ -111,7 +114,7 @@ class MambaRunner:
         """One layer's mixer over the pack ([tokens, hidden]), its rows' states advanced."""
         conv, ssm = self.states.conv[layer], self.states.ssm[layer]
         if self.model_type == "mamba2":
-            return mix_mamba2(mixer, conv, ssm, hidden, layout)
+            return mix_mamba2(mixer, conv, ssm, hidden, layout, self.ops)
         return mix_mamba(mixer, conv, ssm, hidden, layout, normed_scan=self.model_type == "falcon_mamba")
 
 
@@ -168,7 +171,12 @@ def mix_mamba(
 
 
 def mix_mamba2(
-    mixer: nn.Module, conv: torch.Tensor, ssm: torch.Tensor, hidden: torch.Tensor, layout: StepLayout
+    mixer: nn.Module,
+    conv: torch.Tensor,
+    ssm: torch.Tensor,
+    hidden: torch.Tensor,
+    layout: StepLayout,
+    ops: DecodeOps = EAGER,
 ) -> torch.Tensor:
     """A Mamba-2 mixer over the pack, as transformers' Mamba2Mixer: its heads share a decay a head, its
     B and C come out of the convolution, its output is normed with the gate. transformers' chunked scan
@@ -198,6 +206,7 @@ def mix_mamba2(
                 C[:decoded].view(decoded, groups, state_size),
                 mixer.D,
                 mixer.dt_bias,
+                ops,
             ).view(decoded, inner)
     for chunk in layout.prompts:
         places, length = chunk_places(chunk), chunk.length
@@ -254,9 +263,11 @@ def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
     mixers = [module for module in model.modules() if module.__class__.__name__ in HYBRID_MIXERS]
     if len(mixers) != states.shape.layers:
         raise ValueError(f"{len(mixers)} Mamba mixers in the model, states for {states.shape.layers}")
+    ops = state_ops(model)
     for index, mixer in enumerate(mixers):
         mixer.__class__ = _over_rows(type(mixer))
         mixer.row_states = (states.conv[index], states.ssm[index])
+        mixer.row_ops = ops
 
 
 # The mixers of hybrid models (transformers' classes, by name): Mamba2Mixer's forward, and Jamba's
@@ -279,6 +290,7 @@ class MixesOverRows:
     """A hybrid's mixer over the step's rows, mixed in above the mixer's own class."""
 
     row_states: tuple[torch.Tensor, torch.Tensor]  # this layer's (conv, ssm) of every row
+    row_ops: DecodeOps  # what advances a decoding row's Mamba-2 state (`state_ops`)
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         layout = _current_layout.get(None)
@@ -287,7 +299,14 @@ class MixesOverRows:
         conv, ssm = self.row_states
         if hasattr(self, "x_proj"):  # Jamba's Mamba mixer, with norms of its scan's time step, B and C
             return mix_mamba(self, conv, ssm, hidden_states[0], layout, normed_scan=True)[None]
-        return mix_mamba2(self, conv, ssm, hidden_states[0], layout)[None]
+        return mix_mamba2(self, conv, ssm, hidden_states[0], layout, self.row_ops)[None]
+
+
+def state_ops(model: PreTrainedModel) -> DecodeOps:
+    """What advances the decoding rows' Mamba-2 states: the C++ extension's loop on a CPU, but in exact
+    mode (float32 weights, none quantized: transformers' arithmetic) and where it cannot be built."""
+    exact = model.dtype == torch.float32 and not any(isinstance(m, WeightOnlyLinear) for m in model.modules())
+    return decode_ops(model.device, exact, compiled=False)
 
 
 @contextlib.contextmanager
@@ -311,22 +330,20 @@ def advance_mamba2(
     C: torch.Tensor,
     D: torch.Tensor,  # [heads]
     time_bias: torch.Tensor,  # [heads]
+    ops: DecodeOps = EAGER,
 ) -> torch.Tensor:
-    """One token of each row through the scan: transformers' `mamba2_selective_state_update`, value for
-    value, with each head's decay computed once, not once for each of its head_dim x state_size numbers
-    (the same number, repeated), and the state advanced in place. That function's temporaries of the
-    state's size made a 32-row step of a Mamba-2 of 130M 370 ms on a 2-core CPU."""
-    rows, heads, head_dim = inputs.shape
-    per_group = heads // B.shape[1]
+    """One token of each row through the scan: transformers' `mamba2_selective_state_update`, with each
+    head's decay computed once, not once for each of its head_dim x state_size numbers (the same
+    number, repeated), and the state advanced in place: EAGER's operations value for value (exact
+    mode), or the C++ extension's loop in one pass over the state (decode_ops.FusedOps). That
+    function's temporaries of the state's size made a 32-row step of a Mamba-2 of 130M 370 ms on a
+    2-core CPU."""
+    per_group = inputs.shape[1] // B.shape[1]
     time_step = F.softplus(time_step + time_bias.to(time_step.dtype))  # [rows, heads]
     decay = torch.exp(time_step.float() * A.float())
     B = B.repeat_interleave(per_group, dim=1)  # [rows, heads, state_size]
     C = C.repeat_interleave(per_group, dim=1)
-    added = (time_step[:, :, None, None] * B[:, :, None, :]) * inputs[..., None]
-    state.mul_(decay[:, :, None, None]).add_(added)
-    out = torch.bmm(state.to(C.dtype).view(rows * heads, head_dim, -1), C.reshape(rows * heads, -1, 1))
-    out = out.view(rows, heads, head_dim)
-    return (out + inputs * D[:, None]).to(inputs.dtype)
+    return ops.ssm_update(state, inputs, time_step, decay, B, C, D)
 
 
 def scan_chunk(

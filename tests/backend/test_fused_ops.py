@@ -66,6 +66,24 @@ def test_norms_and_silu_mul_match_pytorch(fused, dtype, rows):
     torch.testing.assert_close(fused.silu_mul(gate_up), EAGER.silu_mul(gate_up), **tolerance(dtype))
 
 
+@pytest.mark.parametrize("shape", [(1, 4, 16, 8), (5, 24, 64, 128), (2, 3, 8, 20)])  # 20: a tail of 4
+def test_a_mamba_2_state_update_advances_the_state_in_place_as_pytorch_does(fused, shape):
+    """[rows, heads, head_dim, state_size]: the loop's one pass against EAGER's (transformers' update)."""
+    rows, heads, head_dim, size = shape
+    generator = torch.Generator().manual_seed(sum(shape))
+    state = torch.randn(shape, generator=generator)
+    x = torch.randn(rows, heads, head_dim, generator=generator)
+    dt, decay = torch.rand(rows, heads, generator=generator), torch.rand(rows, heads, generator=generator)
+    B, C = (torch.randn(rows, heads, size, generator=generator) for _ in range(2))
+    D = torch.randn(heads, generator=generator)
+    expected_state, got_state = state.clone(), state.clone()
+    expected = EAGER.ssm_update(expected_state, x, dt, decay, B, C, D)
+    got = fused.ssm_update(got_state, x, dt, decay, B, C, D)
+    assert not torch.equal(expected_state, state)  # advanced in place
+    torch.testing.assert_close(got_state, expected_state, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cache_dtype", DTYPES)
 def test_rotate_and_store_rotates_and_writes_only_its_slots(fused, dtype, cache_dtype):

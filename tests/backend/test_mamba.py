@@ -9,13 +9,15 @@ import pytest
 import torch
 
 from backend.engine.engine import Engine
+from backend.layers.decode_ops import EAGER, FusedOps
 from backend.layers.row_cache import KVShape
 from backend.layers.row_states import HYBRID_TYPES, STATE_SPACE_TYPES, StateShape
 from backend.messages import BackendConfig, SamplingParams, Submit
 from backend.model.cache_size import size_row_states
 from backend.model.loader import load_draft_model
-from backend.model.mamba import MambaRunner
+from backend.model.mamba import MambaRunner, state_ops
 from backend.model.resources import estimate_needs
+from backend.quant import block_weights
 from backend.quant.calibration import measure_inputs
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import WeightOnlyLinear
@@ -138,3 +140,34 @@ def test_nemotron_h_keeps_keys_and_values_for_its_attention_layer_alone():
     MLP (neither)."""
     config = tiny_model("nemotron_h").config
     assert KVShape.of(config).without == (0, 2, 3) and StateShape.of(config).layers == 1
+
+
+@pytest.mark.parametrize("model_type", ["mamba2", "granitemoehybrid"])
+def test_quantized_mamba_2_rows_advance_by_the_cpus_loop_and_give_its_pytorch_tokens(model_type, monkeypatch):
+    """Out of exact mode a decoding row's Mamba-2 state goes through the C++ loop in one pass
+    (decode_ops.FusedOps.ssm_update), the runner's own and a hybrid's: the greedy tokens of PyTorch's
+    operations, where exact mode keeps those (transformers' arithmetic)."""
+    if not block_weights.available(torch.device("cpu")):
+        pytest.skip("no C++ extension on this machine: every state goes through PyTorch's operations")
+    assert state_ops(tiny_model(model_type)) is EAGER  # float32, nothing quantized: exact
+    rng = random.Random(model_type)
+    prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(3, 30))] for _ in range(6)]
+    arrivals = staggered_greedy_requests(prompts, 16, rng)  # the same steps both times
+    texts = {}
+    for loop in (True, False):
+        model = tiny_model(model_type)
+        quantize_model(model, "int8")
+        if not loop:
+            monkeypatch.setattr("backend.model.mamba.decode_ops", lambda *args, **kwargs: EAGER)
+        engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128)
+        runner_ops = engine.runner.ops if model_type == "mamba2" else mixers_ops(engine.model)
+        assert isinstance(runner_ops, FusedOps) == loop
+        pieces = drive(engine, arrivals)
+        texts[loop] = {request: text_of(piece) for request, piece in pieces.items()}
+        monkeypatch.undo()
+    assert texts[True] == texts[False]
+
+
+def mixers_ops(model: torch.nn.Module) -> object:
+    (ops,) = {module.row_ops for module in model.modules() if hasattr(module, "row_ops")}
+    return ops
