@@ -115,7 +115,7 @@ class Engine:
         # The embedding's rows, which may be fewer than the tokenizer's ids (added tokens) or more.
         self.vocab_size = model.get_input_embeddings().num_embeddings
         # A state-space model's rows (and a hybrid's) are a recurrent state that cannot go back to an
-        # earlier position: no prefix to reuse, no rejected draft to drop (layers/row_states.py).
+        # earlier position: only a whole history to reuse, no rejected draft to drop (row_states.py).
         self.state_space = has_row_states(model.config)
         if is_state_space(model.config):
             self.runner = MambaRunner(model, rows, embedding_row=embedding_model is None)
@@ -134,8 +134,11 @@ class Engine:
         self.speculator = self._speculator(speculative_tokens, prompt_lookup, rows, draft_model, cuda_graphs)
         self.rows: list[Row | None] = [None] * rows
         if prefix_reuse and self.state_space:
-            log.info("prefix reuse is off: a state-space model's row keeps no state of its prefixes")
-        self.prefixes = PrefixIndex(rows, prefix_reuse and not self.state_space)
+            log.info(
+                "prefix reuse: a state-space model's row keeps the state of its whole history alone, "
+                "which a prompt that extends it reuses (a chat's next turn), never a part of it"
+            )
+        self.prefixes = PrefixIndex(rows, prefix_reuse, whole_only=self.state_space)
         self.scheduler = Scheduler(self.prefill_budget, self.prefixes, self.max_seq_len)
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.matchers: dict[str, LLMatcher] = {}  # the grammar matcher of each waiting request with one

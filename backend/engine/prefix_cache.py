@@ -16,6 +16,8 @@ queries attend over rows 0..n-1 of the cache, free ones included (see
 layers/attention.py), so a single stream pushed to row 31 would pay for 32 rows'
 attention each step. Keeping old prefixes longer by spreading requests
 over the rows (least recently used first) would cost every step that.
+A state-space model's row (and a hybrid's) keeps the state of its whole
+history, not of each prefix: it is reused whole or not at all (`whole_only`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,12 @@ class Placement:
 class PrefixIndex:
     """What each free row still holds, and for whom, and the choice of a row for each new prompt."""
 
-    def __init__(self, rows: int, enabled: bool = True):
+    def __init__(self, rows: int, enabled: bool = True, whole_only: bool = False):
+        """`whole_only`: a row's tokens are reused all or none, and never copied from a busy row: a
+        state-space model's row keeps a recurrent state of its whole history, not of each prefix
+        (layers/row_states.py), so only a prompt that extends it (a chat's next turn) finds it."""
         self.enabled = enabled
+        self.whole_only = whole_only
         # A free row's cached tokens, and the scope of the request that left them.
         self.retained: list[tuple[str, Sequence[int]]] = [("", ()) for _ in range(rows)]
 
@@ -62,10 +68,13 @@ class PrefixIndex:
             longest = len(prompt) - 1
 
             def shared(held: tuple[str, Sequence[int]]) -> int:
-                return common_prefix(held[1], prompt, longest) if held[0] == scope else 0
+                common = common_prefix(held[1], prompt, longest) if held[0] == scope else 0
+                return 0 if self.whole_only and common < len(held[1]) else common
 
             best_free = max(free, key=lambda row: shared(self.retained[row]))
             free_match = shared(self.retained[best_free])
+            if self.whole_only:
+                busy = {}
             best_busy = max(busy, key=lambda row: shared(busy[row]), default=None)
             busy_match = 0 if best_busy is None else shared(busy[best_busy])
             if busy_match > max(free_match, MIN_COPIED_PREFIX - 1):

@@ -15,10 +15,11 @@ spare row that embedding inputs are prefilled in, as in the KV cache):
 share a decay, [heads, head_dim, state_size].)
 
 A row's state holds all of its history or nothing: it cannot give back
-the state at an earlier position. So a state-space model's rows reuse no
-cached prefix and verify no speculative drafts (both need to go back to a
-position), and a new prompt's first chunk starts from zeros, whatever the
-row held before (model/mamba.py).
+the state at an earlier position. So a state-space model's rows are reused
+only by a prompt that extends a row's whole history (a chat's next turn,
+engine/prefix_cache.py's `whole_only`), verify no speculative drafts, and
+any other prompt's first chunk starts from zeros, whatever the row held
+before (model/mamba.py).
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ transformers' modules over the row cache instead, its Mamba-2 mixers given
 `mix_mamba2` as their forward inside a step, Jamba's Mamba mixers
 `mix_mamba` (`mix_over_rows`).
 
-A row's state cannot go back to an earlier position, so the engine reuses
-no prefixes and verifies no drafts for these models (engine.py).
+A row's state cannot go back to an earlier position, so the engine reuses a
+row's whole history only (a chat's next turn, `PrefixIndex.whole_only`) and
+verifies no drafts for these models (engine.py).
 """
 
 from __future__ import annotations

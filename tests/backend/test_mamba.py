@@ -47,12 +47,33 @@ def test_mamba_matches_generate_with_prompts_in_chunks(model_type):
     ]
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=5)
     assert isinstance(engine.runner, MambaRunner) == (model_type in STATE_SPACE_TYPES)
-    assert not engine.prefixes.enabled and not engine.speculator.enabled
+    assert engine.prefixes.whole_only and not engine.speculator.enabled
     pieces = drive(engine, staggered_greedy_requests(prompts, 12, rng))
     for i, prompt in enumerate(prompts):
         got = MarkerTokenizer.ids(text_of(pieces[f"r{i}"]))
         assert got == reference_greedy(model, prompt, 12, engine.eos_ids), f"prompt {i} diverged"
     assert all(piece.cached_tokens == 0 for request in pieces.values() for piece in request)
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "mamba2", "granitemoehybrid"])
+def test_a_chats_next_turn_reuses_its_rows_whole_history_and_a_part_of_it_is_never_reused(model_type):
+    """A row's state is that of its whole history: a second turn (the first turn's prompt and answer
+    and more) continues from it, prefilling only what is new; a prompt sharing only part of it starts
+    from zeros. Both give `generate`'s tokens on the prompt alone."""
+    model = tiny_model(model_type)
+    engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=128, max_prefill_tokens=8)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    first_prompt = list(range(5, 30))
+    first = drive(engine, [(0, Submit("first", tuple(first_prompt), greedy))])["first"]
+    history = first_prompt + MarkerTokenizer.ids(text_of(first))
+    turn = history + [7, 8, 9]
+    second = drive(engine, [(0, Submit("turn", tuple(turn), greedy))])["turn"]
+    assert second[-1].cached_tokens == len(history) - 1  # all it fed: its last token was never fed
+    assert MarkerTokenizer.ids(text_of(second)) == reference_greedy(model, turn, 12, engine.eos_ids)
+    part = turn[:10] + [11, 12]  # the start of the row's history only
+    third = drive(engine, [(0, Submit("part", tuple(part), greedy))])["part"]
+    assert third[-1].cached_tokens == 0
+    assert MarkerTokenizer.ids(text_of(third)) == reference_greedy(model, part, 12, engine.eos_ids)
 
 
 def test_speculative_decoding_asked_for_is_off_with_a_warning(caplog):
