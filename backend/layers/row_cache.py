@@ -48,7 +48,8 @@ class KVShape:
     layers: int  # the layers that keep keys and values
     kv_heads: int
     head_dim: int
-    # A hybrid's layers that keep a recurrent state instead (row_states.py): no keys and values there.
+    # A hybrid's layers that do not attend (its Mamba layers, Nemotron-H's MLP and expert layers,
+    # row_states.attention_free_layers): they keep no keys and values.
     without: tuple[int, ...] = ()
 
     @classmethod
@@ -162,7 +163,7 @@ class RowCache(Cache):
         """`rows` user rows, then `spare_rows` more that no request decodes in (the row an embedding
         input is prefilled in a chunk at a time, engine.py)."""
         size = (rows + spare_rows, shape.kv_heads, max_seq_len, shape.head_dim)
-        nothing = (rows + spare_rows, shape.kv_heads, 0, shape.head_dim)  # a hybrid's state layers'
+        nothing = (rows + spare_rows, shape.kv_heads, 0, shape.head_dim)  # layers that do not attend
 
         def layer(index: int) -> RowCacheLayer:
             # Zeros, not empty: masked positions still get multiplied by a zero

@@ -73,9 +73,8 @@ class StateShape:
     layers: int
     conv_channels: int  # what the convolution mixes: Mamba's inner width, Mamba-2's and its B and C
     conv_kernel: int
-    ssm: tuple[
-        int, ...
-    ]  # a row's scan state: [channels, state_size]; Mamba-2's [heads, head_dim, state_size]
+    # A row's scan state: Mamba's [channels, state_size], Mamba-2's [heads, head_dim, state_size].
+    ssm: tuple[int, ...]
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> StateShape:

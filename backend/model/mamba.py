@@ -134,7 +134,7 @@ def mix_mamba(
     time_step, B, C = torch.split(mixer.x_proj(convolved), sizes, dim=-1)
     if normed_scan:
         time_step, B, C = mixer.dt_layernorm(time_step), mixer.b_layernorm(B), mixer.c_layernorm(C)
-    time_step = mixer.dt_proj.weight @ time_step.T  # [channels, tokens], as transformers multiplies it
+    time_step = project_time_step(mixer.dt_proj, time_step)
     A = -torch.exp(mixer.A_log.float())
     time_bias = mixer.dt_proj.bias.float()
     scanned = torch.empty_like(convolved)
@@ -169,6 +169,15 @@ def mix_mamba(
         )
         scanned[places] = out[0].T
     return mixer.out_proj(scanned)
+
+
+def project_time_step(dt_proj: nn.Module, time_step: torch.Tensor) -> torch.Tensor:
+    """dt_proj's weight times the time step ([tokens, rank]), without its bias (the scan adds it), as
+    [channels, tokens], multiplied as transformers multiplies it; a quantized dt_proj (a rank of whole
+    groups: 160 in mamba-2.8b) by its layer, less its bias, as transformers does for quantized models."""
+    if type(dt_proj) is nn.Linear:
+        return dt_proj.weight @ time_step.T
+    return (dt_proj(time_step) - dt_proj.bias).T
 
 
 def mix_mamba2(

@@ -192,3 +192,17 @@ def test_quantized_mamba_2_rows_advance_by_the_cpus_loop_and_give_its_pytorch_to
 def mixers_ops(model: torch.nn.Module) -> object:
     (ops,) = {module.row_ops for module in model.modules() if hasattr(module, "row_ops")}
     return ops
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_a_mamba_whose_time_step_projection_is_quantized_too_serves(quantize):
+    """A time-step rank of whole groups (mamba-2.8b's 160; 32 here) makes dt_proj a quantizable layer,
+    without the `weight` the float path multiplies by: its layer multiplies, less its bias."""
+    model = tiny_model("mamba", time_step_rank=32)
+    quantize_model(model, quantize)
+    assert isinstance(model.backbone.layers[0].mixer.dt_proj, WeightOnlyLinear)
+    engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=64, max_prefill_tokens=5)
+    pieces = drive(
+        engine, [(0, Submit("r", tuple(range(5, 17)), SamplingParams(temperature=0, max_tokens=8)))]
+    )
+    assert len(MarkerTokenizer.ids(text_of(pieces["r"]))) == 8 and pieces["r"][-1].finish_reason == "length"
