@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import random
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
+import torch
 from transformers import AutoModelForCausalLM
 
 from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, reference_greedy, write_tiny_causal_lm
@@ -47,17 +49,33 @@ FAMILIES = [
 ]
 MAX_TOKENS = 10
 # Two families a test, their servers side by side: a server's start is most of a family's test (about
-# 5 s, mostly one core's), and this machine has two.
+# 5 s, mostly one core's), and this machine has two. Only the servers and their requests run in threads:
+# transformers' model building patches process-wide state (its weight initialisation, the meta device),
+# which two threads building at once left patched for the rest of the session.
 PAIRS = [FAMILIES[i : i + 2] for i in range(0, len(FAMILIES), 2)]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    directory: Path
+    model: torch.nn.Module  # the reference, transformers' own classes
+    prompts: list[list[int]]
 
 
 @pytest.mark.parametrize("families", PAIRS, ids=["+".join(pair) for pair in PAIRS])
 def test_the_family_gives_generates_tokens_through_the_api(families, tmp_path):
-    with ThreadPoolExecutor(len(families)) as pool:
-        list(pool.map(lambda family: check_family(family, tmp_path), families))
+    prepared = [prepare(family, tmp_path) for family in families]
+    with ThreadPoolExecutor(len(prepared)) as pool:
+        served = list(pool.map(complete_through_a_server, prepared))
+    for family, texts in zip(prepared, served, strict=True):
+        for prompt, text in zip(family.prompts, texts, strict=True):
+            expected = reference_greedy(family.model, prompt, MAX_TOKENS, {TINY_EOS})
+            assert MarkerTokenizer.ids(text) == expected, f"{family.name}: {prompt}"
 
 
-def check_family(family: str, tmp_path: Path) -> None:
+def prepare(family: str, tmp_path: Path) -> Family:
+    """The family's model directory, the reference model loaded from it, and six prompts sharing a prefix."""
     # Falcon-RW: Falcon with ALiBi positions (tests/backend/test_falcon.py's shape)
     built = tiny_falcon(SHAPES["rw"]) if family == "falcon_rw" else None
     directory = write_tiny_causal_lm(tmp_path / family, family, built)
@@ -67,8 +85,13 @@ def check_family(family: str, tmp_path: Path) -> None:
     prompts = [
         shared + [rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 20))] for _ in range(6)
     ]
+    return Family(family, directory, model, prompts)
+
+
+def complete_through_a_server(family: Family) -> list[str]:
+    """Each prompt's greedy completion from a server of the family's model directory, all at once."""
     options = "--dtype float32 --quantize none --rows 4 --max-seq-len 128 --max-prefill-tokens 8"
-    with running_server("--model", str(directory), *options.split(), ready_timeout=300) as server:
+    with running_server("--model", str(family.directory), *options.split(), ready_timeout=300) as server:
         name = requests.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["id"]
 
         def complete(prompt: list[int]) -> str:
@@ -77,8 +100,5 @@ def check_family(family: str, tmp_path: Path) -> None:
             assert response.status_code == 200, response.text
             return response.json()["choices"][0]["text"]
 
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            texts = list(pool.map(complete, prompts))
-    for prompt, text in zip(prompts, texts, strict=True):
-        expected = reference_greedy(model, prompt, MAX_TOKENS, {TINY_EOS})
-        assert MarkerTokenizer.ids(text) == expected, f"{family}: {prompt}"
+        with ThreadPoolExecutor(len(family.prompts)) as pool:
+            return list(pool.map(complete, family.prompts))
