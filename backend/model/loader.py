@@ -399,18 +399,18 @@ def load_draft_model(config: BackendConfig, served: LoadedModel) -> LoadedModel:
     quantization): its guesses need speed, not exactness, since the served model verifies each; a row
     cache of as many positions as the served model's. Its guesses are token ids of the served model's
     vocabulary: a draft model whose tokenizer maps any text to other ids is refused."""
-    if is_state_space(served.model.config):
+    if has_row_states(served.model.config):
         raise ValueError(
-            f"--draft-model: {served.name} is a state-space model, whose rows cannot go back to drop a "
-            "rejected guess: serve it without a draft model"
+            f"--draft-model: {served.name} is a state-space (or hybrid) model, whose rows cannot go back to "
+            "drop a rejected guess: serve it without a draft model"
         )
     log.info("loading the draft model %s", config.draft_model)
     as_served = dict(max_seq_len=served.max_seq_len, dtype="auto", quantize="auto")
     draft = load_model(replace(config, model=config.draft_model, **as_served))
-    if is_state_space(draft.model.config):
+    if has_row_states(draft.model.config):
         raise ValueError(
-            f"--draft-model {draft.name}: a state-space model cannot draft, its rows cannot go back to drop "
-            "a rejected guess"
+            f"--draft-model {draft.name}: a state-space (or hybrid) model cannot draft, its rows cannot go "
+            "back to drop a rejected guess"
         )
     if draft.tokenizer.get_vocab() != served.tokenizer.get_vocab():
         raise ValueError(

@@ -51,7 +51,7 @@ class ModelRunner:
         self.decoder = DecoderRunner(model, compile_decode, rows) if supported else None
         if self.decoder is None and model.config.model_type == "falcon":
             attend_over_rows(model)  # Falcon attends by itself, not through transformers' interface
-        # A hybrid's Mamba-2 layers keep a recurrent state a row beside the attention layers' cache.
+        # A hybrid's Mamba layers keep a recurrent state a row beside the attention layers' cache.
         spare = int(embedding_row)
         self.states = None
         if has_row_states(model.config):

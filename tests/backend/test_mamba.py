@@ -134,13 +134,14 @@ def test_a_rows_state_takes_the_same_memory_at_any_length_and_what_the_start_up_
 
 def test_a_draft_model_beside_or_of_a_state_space_model_is_refused_at_start(tmp_path):
     mamba = write_tiny_causal_lm(tmp_path / "mamba", "mamba", tiny_model("mamba"))
+    hybrid = write_tiny_causal_lm(tmp_path / "granite", "granitemoehybrid")
     llama = write_tiny_causal_lm(tmp_path / "llama", "llama")
-    for served, draft in ((mamba, llama), (llama, mamba)):
+    for served, draft in ((mamba, llama), (llama, mamba), (hybrid, llama), (llama, hybrid)):
         loaded = load_on_cpu(served, tmp_path)
         config = BackendConfig(
             model=str(served), draft_model=str(draft), device="cpu", cache_dir=str(tmp_path)
         )
-        with pytest.raises(ValueError, match="state-space model.*cannot go back to drop"):
+        with pytest.raises(ValueError, match=r"state-space \(or hybrid\) model.*cannot go back to drop"):
             load_draft_model(config, loaded)
 
 
