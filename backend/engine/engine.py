@@ -116,7 +116,7 @@ class Engine:
         self.vocab_size = model.get_input_embeddings().num_embeddings
         # A state-space model's rows (and a hybrid's) are a recurrent state that cannot go back to an
         # earlier position: only a whole history to reuse, no rejected draft to drop (row_states.py).
-        self.state_space = has_row_states(model.config)
+        self.rows_keep_state = has_row_states(model.config)
         if is_state_space(model.config):
             self.runner = MambaRunner(model, rows, embedding_row=embedding_model is None)
         else:
@@ -133,12 +133,12 @@ class Engine:
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
         self.speculator = self._speculator(speculative_tokens, prompt_lookup, rows, draft_model, cuda_graphs)
         self.rows: list[Row | None] = [None] * rows
-        if prefix_reuse and self.state_space:
+        if prefix_reuse and self.rows_keep_state:
             log.info(
-                "prefix reuse: a state-space model's row keeps the state of its whole history alone, "
-                "which a prompt that extends it reuses (a chat's next turn), never a part of it"
+                "prefix reuse: a state-space or hybrid model's row keeps the state of its whole history "
+                "alone, which a prompt that extends it reuses (a chat's next turn), never a part of it"
             )
-        self.prefixes = PrefixIndex(rows, prefix_reuse, whole_only=self.state_space)
+        self.prefixes = PrefixIndex(rows, prefix_reuse, whole_only=self.rows_keep_state)
         self.scheduler = Scheduler(self.prefill_budget, self.prefixes, self.max_seq_len)
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.matchers: dict[str, LLMatcher] = {}  # the grammar matcher of each waiting request with one
@@ -194,9 +194,10 @@ class Engine:
         `tokens` draft tokens at most a row and step, or (None) `DRAFT_TOKENS` with a draft model or
         where decode steps take a row's draft as more of its queries (the CPU's loop), and none elsewhere,
         where a draft makes its step one with a chunk, which costs more (speculation.py)."""
-        if self.state_space and (tokens or draft_model is not None):
+        if self.rows_keep_state and (tokens or draft_model is not None):
             log.warning(
-                "speculative decoding is off: a state-space model's rows cannot drop a rejected draft"
+                "speculative decoding is off: a state-space or hybrid model's rows cannot drop a "
+                "rejected draft"
             )
             tokens, draft_model = 0, None
         if tokens is None:
