@@ -5,12 +5,13 @@ r"""Each fast-path family on the decoder runner against the same model on transf
         [--quantize int4|int8|none] [--dtype D]
 
 For each family, a model of random weights of a ~0.5B checkpoint's shape (Qwen2.5-0.5B's for Llama-shaped
-layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE) with the default model's
-tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served, by default). Engine
-tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder runner), then on
-transformers' own modules over the row attention (what every other family takes), alternating the two at
-each row count so that drift in the machine falls on both; and transformers' `generate` one request at a
-time. Prints a markdown table and the machine. Random weights decode at the speed of real ones.
+layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE, Gemma 3 1B's for Gemma 3)
+with the default model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served,
+by default). Engine tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder
+runner), then on transformers' own modules over the row attention (what every other family takes),
+alternating the two at each row count so that drift in the machine falls on both; and transformers'
+`generate` one request at a time. Prints a markdown table and the machine. Random weights decode at the
+speed of real ones.
 """
 
 from __future__ import annotations
@@ -70,6 +71,21 @@ SHAPES = {
             num_attention_heads=16,
             num_key_value_heads=4,
             head_dim=128,
+        ),
+    ),
+    # Gemma 3 1B's layers: 26, 1152 wide, 4 heads of 256 sharing one KV head, five window layers (512
+    # positions) to a global one, its GELU MLP 6912 wide (0.7B with this tokenizer's vocabulary)
+    "gemma3": (
+        "gemma3_text",
+        dict(
+            hidden_size=1152,
+            intermediate_size=6912,
+            num_hidden_layers=26,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            sliding_window=512,
+            query_pre_attn_scalar=256,
         ),
     ),
 }

@@ -33,7 +33,7 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
     const int64_t* bit = &bits[4 * l];
     const at::Tensor qkv = block_matmul(normed, projection[0], bit[0]);
     const at::Tensor query = rotate_and_store(qkv, cos, sin, slots, keys[l], values[l], heads, kv_heads);
-    const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling);
+    const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling, 0);
     const at::Tensor output = block_matmul(attended.view({queries, -1}).to(hidden.scalar_type()), projection[1], bit[1]);
     normed = add_rms_norm(hidden, output, norms[1 + 2 * l], eps[1 + 2 * l]);
     const at::Tensor gate_up = block_matmul(normed, projection[2], bit[2]);

@@ -167,6 +167,36 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// [rows, 2 * width] -> gelu(first half, tanh approximation) * second half, [rows, width]: Gemma's MLP
+// (PyTorch's gelu(approximate="tanh"): 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))). tanh(u) is
+// 1 - 2 / (e^2u + 1), which gives 1 and -1 at the ends and keeps NaN.
+at::Tensor gelu_tanh_mul(const at::Tensor& gate_up) {
+  check_cpu_contiguous(gate_up, "gate_up");
+  const int64_t width = gate_up.size(-1) / 2, n = gate_up.numel() / std::max<int64_t>(2 * width, 1);
+  TORCH_CHECK(gate_up.size(-1) == 2 * width, "gate_up's last dimension must be even");
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() = width;
+  at::Tensor out = at::empty(shape, gate_up.options());
+  with_float_type(gate_up.scalar_type(), "gate_up", [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    const T* gp = gate_up.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    at::parallel_for(0, n, rows_per_task(width), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* gate = gp + r * 2 * width;
+        const T* up = gate + width;
+        for (int64_t i = 0; i < width; ++i) {
+          const float g = gate[i];
+          const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+          const float tanh_u = 1.f - 2.f / (vector_exp(2.f * u) + 1.f);
+          op[r * width + i] = static_cast<T>(0.5f * g * (1.f + tanh_u) * static_cast<float>(up[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
 // The rotary embedding of one head (transformers' rotate_half form): out = x * cos + rotate_half(x) * sin.
 template <typename T, typename C>
 void rotate_head(const T* x, const T* cos, const T* sin, C* out, int64_t head_dim) {
@@ -239,7 +269,7 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
 // that the compiler unrolls the loops over it and keeps a key or value row in registers (twice as
 // fast as a run-time size, and the head sizes of nearly all models); fused_ops.py sends others to
 // PyTorch's attention.
-constexpr int64_t HEAD_DIMS[] = {64, 128};
+constexpr int64_t HEAD_DIMS[] = {64, 128, 256};  // 256: Gemma 3's (270M to 12B)
 constexpr int64_t MAX_GROUP = 16;
 
 // The sum of v's LANES elements, halving the lanes each time: a tree the compiler turns into a few
@@ -300,11 +330,12 @@ void attend_group(const float* q, const C* k, const C* v, int64_t length, int64_
   }
 }
 
-// Each decode query over its own row of the cache, positions 0..its own: [queries, heads, head_dim]
-// in the cache's dtype. Query heads are grouped by the KV head they read (grouped-query attention).
+// Each decode query over its own row of the cache, positions 0..its own (with a window of W > 0, its last W
+// of them: position - W + 1..position, as a sliding-window layer reads): [queries, heads, head_dim] in the
+// cache's dtype. Query heads are grouped by the KV head they read (grouped-query attention).
 template <int64_t D>
 at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
-                               const int64_t* row_of, const int64_t* position_of, double scaling) {
+                               const int64_t* row_of, const int64_t* position_of, double scaling, int64_t window) {
   const int64_t kv_heads = keys.size(1), max_seq_len = keys.size(2);
   const int64_t queries = query.size(0), heads = query.size(1), group = heads / kv_heads;
   at::Tensor out = at::empty_like(query);
@@ -319,8 +350,10 @@ at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, 
       std::vector<float> scores;
       float q[MAX_GROUP * D];
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t i = task / kv_heads, h = task % kv_heads, length = position_of[i] + 1;
-        const int64_t at = (row_of[i] * kv_heads + h) * max_seq_len * D;
+        const int64_t i = task / kv_heads, h = task % kv_heads;
+        const int64_t start = window > 0 ? std::max<int64_t>(0, position_of[i] - window + 1) : 0;
+        const int64_t length = position_of[i] + 1 - start;
+        const int64_t at = ((row_of[i] * kv_heads + h) * max_seq_len + start) * D;
         const int64_t first = (i * heads + h * group) * D;  // the group's first query head
         for (int64_t j = 0; j < group * D; ++j) q[j] = static_cast<float>(qp[first + j]) * static_cast<float>(scaling);
         scores.resize(group * length);
@@ -336,7 +369,7 @@ bool attention_supports(int64_t head_dim, int64_t group) {
 }
 
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
-                            const at::Tensor& rows, const at::Tensor& positions, double scaling) {
+                            const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window) {
   for (const auto& [t, name] : {std::pair{&query, "query"}, {&keys, "keys"}, {&values, "values"}, {&rows, "rows"},
                                 {&positions, "positions"}}) {
     check_cpu_contiguous(*t, name);
@@ -360,8 +393,9 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
     TORCH_CHECK(row_of[i] >= 0 && row_of[i] < cache_rows && position_of[i] >= 0 && position_of[i] < max_seq_len,
                 "query ", i, " reads row ", row_of[i], " to position ", position_of[i], ", outside the cache");
   }
-  if (head_dim == 64) return decode_attention_of<64>(query, keys, values, row_of, position_of, scaling);
-  return decode_attention_of<128>(query, keys, values, row_of, position_of, scaling);
+  if (head_dim == 64) return decode_attention_of<64>(query, keys, values, row_of, position_of, scaling, window);
+  if (head_dim == 128) return decode_attention_of<128>(query, keys, values, row_of, position_of, scaling, window);
+  return decode_attention_of<256>(query, keys, values, row_of, position_of, scaling, window);
 }
 
 // The sampler's counter-based randomness (backend/layers/sampler.py, gumbel_noise), the same bits: Vigna's
@@ -639,6 +673,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of each row", released);
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta in place; the sum's RMSNorm", released);
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 * width]", released);
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu(gate, tanh approximation) * up of [rows, 2 * width]", released);
   m.def("rotate_and_store", &rotate_and_store, "rotary embedding of queries and keys, keys and values into the cache", released);
   m.def("decode_attention", &decode_attention, "each decode query over its own row of the cache", released);
   m.def("attention_supports", &attention_supports, "whether decode_attention has a loop for this head size and group");

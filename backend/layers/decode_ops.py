@@ -37,6 +37,10 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from backend.kernels.extension import extension
 
+# RMSNorms that scale by 1 + weight (Gemma's keep their weights as offsets from 1) and name their epsilon
+# `eps`; transformers' others scale by the weight and call it `variance_epsilon`.
+OFFSET_NORMS = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")
+
 
 @dataclass(frozen=True, slots=True)
 class Norm:
@@ -47,6 +51,11 @@ class Norm:
 
     @classmethod
     def of(cls, module: nn.Module) -> Norm:
+        """A module's norm; Gemma's as the weight it scales by, 1 + its own, computed in float32 as
+        Gemma's module computes it (and kept in the model's dtype, which the loops take: in bfloat16
+        that rounds the scale once, as a rounding of the output would)."""
+        if type(module).__name__ in OFFSET_NORMS:
+            return cls((1.0 + module.weight.float()).to(module.weight.dtype), module.eps)
         return cls(module.weight, module.variance_epsilon)
 
 
@@ -71,6 +80,13 @@ class EagerOps:
         return nn.functional.silu(gate) * up
 
     @staticmethod
+    def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        """[rows, 2 * width] (gate and up side by side) -> GELU(gate) * up, GELU's tanh approximation
+        (Gemma's MLP, transformers' `gelu_pytorch_tanh`)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return nn.functional.gelu(gate, approximate="tanh") * up
+
+    @staticmethod
     def attend(
         query: torch.Tensor,  # [queries, heads, head_dim]: one a decoding row, in the cache's dtype
         keys: torch.Tensor,  # the layer's cache, [rows, kv_heads, max_seq_len, head_dim]
@@ -80,8 +96,11 @@ class EagerOps:
         visible: torch.Tensor,  # [span rows, 1, 1, span]: the same, as a mask over the span's rows
         scaling: float,
         scatter: bool = False,
+        window: int | None = None,  # a sliding-window layer's: each reads its last `window` positions
     ) -> torch.Tensor:
         """Each query over its own row of the cache: [queries, heads, head_dim] (`decode_attention`)."""
+        if window is not None:
+            visible = within_window(visible, window)
         return decode_attention(query, keys, values, rows, visible, scaling, scatter)
 
     @staticmethod
@@ -162,6 +181,15 @@ def decode_attention(
     return attended[:, :, 0]
 
 
+def within_window(visible: torch.Tensor, window: int) -> torch.Tensor:
+    """A decode batch's visibility ([rows, 1, 1, span]: 0 over each row's positions 0..its end, -inf
+    after) narrowed to each row's last `window` positions (masking_utils' sliding window: a key is read
+    where key > end - window)."""
+    ends = (visible[:, 0, 0] == 0).sum(-1, keepdim=True) - 1  # [rows, 1]
+    hidden = torch.arange(visible.shape[-1], device=visible.device) <= ends - window
+    return visible.masked_fill(hidden[:, None, None], float("-inf"))
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The rotary embedding of transformers' `apply_rotary_pos_emb`, the same arithmetic, to one tensor."""
     half = x.shape[-1] // 2
@@ -188,6 +216,9 @@ class FusedOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.extension.silu_mul(gate_up)
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.extension.gelu_tanh_mul(gate_up)
+
     def attend(
         self,
         query: torch.Tensor,
@@ -198,11 +229,12 @@ class FusedOps:
         visible: torch.Tensor,
         scaling: float,
         scatter: bool = False,
+        window: int | None = None,
     ) -> torch.Tensor:
-        """As EagerOps.attend, from the rows and positions (a query reads its row's 0..position), for the
-        head sizes the loop is compiled for (`attention_supports`; the runner attends by EAGER's for the
-        rest, decided once in its step plan)."""
-        return self.extension.decode_attention(query, keys, values, rows, positions, scaling)
+        """As EagerOps.attend, from the rows and positions (a query reads its row's 0..position, or its
+        last `window` of them), for the head sizes the loop is compiled for (`attention_supports`; the
+        runner attends by EAGER's for the rest, decided once in its step plan)."""
+        return self.extension.decode_attention(query, keys, values, rows, positions, scaling, window or 0)
 
     def rotate_and_store(
         self,

@@ -1,9 +1,10 @@
 """Which model architectures the engine serves exactly, and a clear refusal for the rest.
 
-Llama, Mistral, Qwen2 and Qwen3 run on the compact decoder runner (model/decoder_runner.py) where their
-attention is plain causal attention; every other family here, and those with a sliding window that
-comes into play, runs transformers' own modules with the engine's row attention plugged in through
-transformers' attention interface (layers/attention.py). That is all their layers need: q and k norms,
+Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral and Gemma 3 run on the compact decoder runner
+(model/decoder_runner.py; the Llama-layer ones where their attention is plain causal attention); every
+other family here, and those with a sliding window that comes into play, runs transformers' own modules
+with the engine's row attention plugged in through transformers' attention interface
+(layers/attention.py). That is all their layers need: q and k norms,
 mixtures of experts, fused projections, scaling multipliers, layers without rotary positions live in
 the modules, and the row attention does what they ask of it beyond causal attention (sliding windows,
 soft-capped logits, attention sinks: layers/attention_features.py).

@@ -1,4 +1,5 @@
-"""The forward pass of a Llama-family decoder over the row cache, without transformers' module calls.
+"""The forward pass of a Llama-family decoder (and Gemma 3's) over the row cache, without transformers'
+module calls.
 
 transformers' model classes spend, per layer, more Python on keyword
 arguments, masks, hooks and output objects than a one-row decode step
@@ -10,7 +11,8 @@ layer is exactly
     x = x + down_proj(silu(gate_proj(norm(x))) * up_proj(norm(x)))
 
 (Qwen3's adds an RMSNorm of each head's query and key before the rotation: `HeadNorms`; Qwen3-MoE's
-and Mixtral's MLP is a mixture of experts, which the runner calls as the layer's own module: `experts`)
+and Mixtral's MLP is a mixture of experts, which the runner calls as the layer's own module: `experts`;
+Gemma 3's norms each sublayer's output too, has GELU for SiLU and window layers: `GEMMA_LAYER_TYPES`)
 
 this runner does the same arithmetic on the same modules' weights in fewer
 operations: transformers' rotary embedding, applied to queries and keys in
@@ -23,13 +25,14 @@ CPU, PyTorch's operations elsewhere and in exact mode. In exact mode (float32, n
 quantization) greedy output is token for token that of transformers'
 classes (tests/backend/test_exactness.py runs both). Any other
 architecture, or one of these with a feature the layer above does not have
-(a sliding window that comes into play, soft-capping), goes through transformers'
+(a Llama family's sliding window that comes into play, soft-capping), goes through transformers'
 forward as before (`DecoderRunner.supports`).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import re
 import types
@@ -43,6 +46,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import CacheLayerMixin
 
 from backend.layers.attention import attend
+from backend.layers.attention_features import AttentionFeatures
 from backend.layers.decode_ops import EAGER, DecodeOps, Norm, decode_ops, rotate
 from backend.layers.row_cache import KVShape, RowCache
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS, StepLayout
@@ -60,6 +64,16 @@ log = logging.getLogger(__name__)
 # and Mixtral (Mistral's) have a mixture of experts for an MLP: the layer's own module multiplies each
 # token by its chosen experts only (transformers' routing), called where the Llama MLP's products are.
 LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"}
+
+# Gemma 3's layer (its text model) is the Llama layer with a norm of the attention's output and of the
+# MLP's before each residual add (`DecodeLayer.attention_out_norm`, `mlp_out_norm`; the MLP's input norm is
+# `pre_feedforward_layernorm`), GELU's tanh form where Llama has SiLU, Qwen3's head norms, every norm
+# scaling by 1 + its weight (decode_ops.Norm.of), embeddings scaled by the square root of the hidden size
+# (its embedding module does it) and sliding-window layers among global ones, each kind with a rotary
+# base of its own (`rope_kinds`). Not its multimodal models' wrapper (model type `gemma3`), whose text
+# model sits one level further in: they take transformers' modules.
+GEMMA_LAYER_TYPES = {"gemma3_text"}
+RUNNER_TYPES = LLAMA_LAYER_TYPES | GEMMA_LAYER_TYPES
 
 # Decode steps of fewer rows than this run `decode_layers` (compiled with --compile); from here on the
 # linear layers multiply by their dense copies (quantized_linear.DENSE_FROM_ROWS) and the step is their
@@ -106,6 +120,10 @@ class DecodeLayer:
     down: Callable[[torch.Tensor], torch.Tensor] | None
     next_norm: Norm
     experts: Callable[[torch.Tensor], torch.Tensor] | None = None  # the layer's own MoE block, [rows, hidden]
+    window: int | None = None  # a sliding-window layer's: each query reads its last `window` positions
+    rotation: int = 0  # which of the runner's `rope_kinds` rotates its queries and keys
+    attention_out_norm: Norm | None = None  # Gemma's norms of the attention's and the MLP's outputs
+    mlp_out_norm: Norm | None = None
 
 
 def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -168,11 +186,23 @@ class DecoderRunner:
     runs a step of each shape is `plan` (step_plan.py), decided once from the settings.
     """
 
-    def __init__(self, model: PreTrainedModel, compile_decode: bool = False, rows: int = 32):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        compile_decode: bool = False,
+        rows: int = 32,
+        max_seq_len: int | None = None,
+    ):
+        """`max_seq_len`: the rows' length; a sliding window as long never comes into play."""
         self.rows = rows  # the most rows a step has: how far the step plan goes
         self.embed = model.model.embed_tokens
         self.rotary = model.model.rotary_emb
         self.layers = list(model.model.layers)
+        # Gemma 3's rotary module gives each kind of layer (window or global) cos and sin of its own base.
+        kinds = [layer.self_attn.layer_type for layer in self.layers] if rotates_by_kind(self.rotary) else []
+        self.rope_kinds: list[str | None] = sorted(set(kinds)) or [None]
+        self.sandwich = hasattr(self.layers[0], "pre_feedforward_layernorm")  # Gemma's norms (see above)
+        self.gelu = getattr(model.config, "hidden_activation", None) == "gelu_pytorch_tanh"
         self.norm = model.model.norm
         self.head = model.get_output_embeddings()
         attention = self.layers[0].self_attn
@@ -196,11 +226,19 @@ class DecoderRunner:
             DecodeLayer(
                 qkv=HeadNorms.after(qkv.few_rows_matmul(dtype), head_norms),
                 o=few_rows_matmul(layer.self_attn.o_proj, dtype),
-                mlp_norm=Norm.of(layer.post_attention_layernorm),
+                mlp_norm=Norm.of(
+                    layer.pre_feedforward_layernorm if self.sandwich else layer.post_attention_layernorm
+                ),
                 gate_up=gate_up.few_rows_matmul(dtype) if gate_up is not None else None,
                 down=few_rows_matmul(layer.mlp.down_proj, dtype) if gate_up is not None else None,
                 next_norm=next_norm,
                 experts=None if gate_up is not None else rows_through(layer.mlp),
+                window=window_in(layer.self_attn, max_seq_len),
+                rotation=self.rope_kinds.index(
+                    getattr(layer.self_attn, "layer_type", None) if kinds else None
+                ),
+                attention_out_norm=Norm.of(layer.post_attention_layernorm) if self.sandwich else None,
+                mlp_out_norm=Norm.of(layer.post_feedforward_layernorm) if self.sandwich else None,
             )
             for layer, qkv, head_norms, gate_up, next_norm in zip(
                 self.layers, self.qkv, self.head_norms, self.gate_up, next_norms, strict=True
@@ -240,8 +278,8 @@ class DecoderRunner:
         self.ops = ops
         # Where all of a decode step's work is the extension's, its layers are one C++ call.
         self.native = None
-        # decode_layers.cpp has no head norms, nor experts
-        if self.reads_own_positions and not any(self.head_norms) and self.dense:
+        # decode_layers.cpp has Llama's layer only: no head norms, experts, nor Gemma's layer
+        if self.reads_own_positions and not any(self.head_norms) and self.dense and not self.sandwich:
             self.native = NativeDecode.of(
                 self.ops,
                 [
@@ -260,6 +298,9 @@ class DecoderRunner:
         self.decode_below = DECODE_BELOW if self.ops is EAGER else float("inf")
         # The fused operations' attention where the loop takes the model's head size, else PyTorch's.
         self.attend = self.ops.attend if self.reads_own_positions else EAGER.attend
+        self.gated = (
+            self.ops.gelu_tanh_mul if self.gelu else self.ops.silu_mul
+        )  # the MLP's activation, times up
         self.replan()
 
     def replan(self) -> None:
@@ -313,6 +354,13 @@ class DecoderRunner:
     @staticmethod
     def supports(config: PretrainedConfig, max_seq_len: int) -> bool:
         """Whether the runner serves this model (else transformers' forward does)."""
+        if config.model_type in GEMMA_LAYER_TYPES:  # soft-capping (Gemma 2's) and embedding models' not
+            return (
+                getattr(config, "attn_logit_softcapping", None) is None
+                and getattr(config, "final_logit_softcapping", None) is None
+                and not getattr(config, "use_bidirectional_attention", False)
+                and config.hidden_activation == "gelu_pytorch_tanh"
+            )
         window = sliding_window(config)
         return (
             config.model_type in LLAMA_LAYER_TYPES
@@ -363,19 +411,23 @@ class DecoderRunner:
             kept = normed if keep.shape[0] == normed.shape[0] else normed.index_select(0, keep)
             return self.head(kept), states
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
-        cos, sin = (t[:, None] for t in self.rotary(hidden, positions[None]))  # [1, 1, tokens, head_dim]
-        for layer, qkv, head_norms, gate_up, cache_layer in zip(
-            self.layers, self.qkv, self.head_norms, self.gate_up, cache.layers, strict=True
+        # [1, 1, tokens, head_dim] each
+        rotations = [(cos[:, None], sin[:, None]) for cos, sin in self.rotations(hidden, positions)]
+        for layer, bound, qkv, head_norms, gate_up, cache_layer in zip(
+            self.layers, self.bound_layers, self.qkv, self.head_norms, self.gate_up, cache.layers, strict=True
         ):
             projected = HeadNorms.after(qkv, head_norms)(rms_norm(hidden, layer.input_layernorm))
-            attended = self._attention(projected, cos, sin, cache_layer, layout)
-            hidden = hidden + layer.self_attn.o_proj(attended)
-            normed = rms_norm(hidden, layer.post_attention_layernorm)
+            attended = self._attention(
+                projected, *rotations[bound.rotation], cache_layer, layout, bound.window
+            )
+            hidden = hidden + normed_output(layer.self_attn.o_proj(attended), bound.attention_out_norm)
+            normed = EAGER.norm(hidden, bound.mlp_norm)
             if gate_up is None:  # a mixture of experts: the layer's own module
-                hidden = hidden + layer.mlp(normed)
-                continue
-            gate, up = gate_up(normed).chunk(2, dim=-1)
-            hidden = hidden + layer.mlp.down_proj(nn.functional.silu(gate) * up)
+                mlp = layer.mlp(normed)
+            else:
+                gated = EAGER.gelu_tanh_mul if self.gelu else EAGER.silu_mul
+                mlp = layer.mlp.down_proj(gated(gate_up(normed)))
+            hidden = hidden + normed_output(mlp, bound.mlp_out_norm)
         states = None if embedded is None else rms_norm(hidden[0, embedded.start : embedded.stop], self.norm)
         return self.head(rms_norm(hidden[0, keep], self.norm)), states
 
@@ -386,6 +438,7 @@ class DecoderRunner:
         sin: torch.Tensor,
         cache_layer: CacheLayerMixin,
         layout: StepLayout,
+        window: int | None,
     ) -> torch.Tensor:
         tokens = qkv.shape[1]
         all_heads = qkv.view(1, tokens, -1, self.head_dim).transpose(
@@ -395,7 +448,8 @@ class DecoderRunner:
         query, key = query_and_key.split([self.heads, self.kv_heads], dim=1)
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
         by_position = self.attend if self.reads_own_positions else None
-        return attend(query, keys, values, layout, self.scaling, by_position).reshape(1, tokens, -1)
+        features = None if window is None else AttentionFeatures(window=window)
+        return attend(query, keys, values, layout, self.scaling, by_position, features).reshape(1, tokens, -1)
 
     def _decode_step(
         self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout, cache: RowCache
@@ -413,6 +467,15 @@ class DecoderRunner:
         cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
         slots, rows = cache.plan.decode_slots, layout.decode_index
         return self.native(hidden, cos, sin, slots, rows, positions, cache.keys, cache.values)
+
+    def rotations(
+        self, hidden: torch.Tensor, positions: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """cos and sin at these positions ([1, tokens, head_dim] each) for each of `rope_kinds`: one kind
+        but for Gemma 3's window and global layers."""
+        if self.rope_kinds == [None]:
+            return [self.rotary(hidden, positions[None])]
+        return [self.rotary(hidden, positions[None], layer_type=kind) for kind in self.rope_kinds]
 
     def decode_function(self, visible: torch.Tensor, cache: RowCache) -> tuple[Callable, torch.Tensor]:
         """`decode_layers` and its visibility, or with --compile its compiled copy and the visibility
@@ -439,24 +502,45 @@ class DecoderRunner:
         compiles."""
         ops, queries = self.ops, input_ids.shape[0]
         hidden = self.embed(input_ids)
-        cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
+        # [queries, 1, head_dim] each
+        rotations = [(cos[0, :, None], sin[0, :, None]) for cos, sin in self.rotations(hidden, positions)]
         normed = ops.norm(hidden, self.first_norm)
         for layer, layer_keys, layer_values in zip(self.bound_layers, keys, values, strict=True):
+            cos, sin = rotations[layer.rotation]
             query = ops.rotate_and_store(
                 layer.qkv(normed), cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
             )
             attended = self.attend(
-                query, layer_keys, layer_values, rows, positions, visible, self.scaling, scatter
+                query, layer_keys, layer_values, rows, positions, visible, self.scaling, scatter, layer.window
             )
-            hidden, normed = ops.add_norm(
-                hidden, layer.o(attended.view(queries, -1).to(hidden.dtype)), layer.mlp_norm
-            )
+            output = layer.o(attended.view(queries, -1).to(hidden.dtype))
+            if layer.attention_out_norm is not None:
+                output = ops.norm(output, layer.attention_out_norm)
+            hidden, normed = ops.add_norm(hidden, output, layer.mlp_norm)
             if layer.experts is not None:
                 mlp = layer.experts(normed)
             else:
-                mlp = layer.down(ops.silu_mul(layer.gate_up(normed)))
+                mlp = layer.down(self.gated(layer.gate_up(normed)))
+            if layer.mlp_out_norm is not None:
+                mlp = ops.norm(mlp, layer.mlp_out_norm)
             hidden, normed = ops.add_norm(hidden, mlp, layer.next_norm)
         return normed
+
+
+def rotates_by_kind(rotary: nn.Module) -> bool:
+    """Whether a rotary module gives each kind of layer a rotation of its own (Gemma 3's: `layer_type`)."""
+    return "layer_type" in inspect.signature(rotary.forward).parameters
+
+
+def window_in(attention: nn.Module, max_seq_len: int | None) -> int | None:
+    """An attention layer's sliding window where it comes into play within rows of `max_seq_len`."""
+    window = getattr(attention, "sliding_window", None)
+    return window if window is not None and (max_seq_len is None or window < max_seq_len) else None
+
+
+def normed_output(output: torch.Tensor, norm: Norm | None) -> torch.Tensor:
+    """A sublayer's output, through Gemma's norm of it where the layer has one."""
+    return output if norm is None else EAGER.norm(output, norm)
 
 
 def is_dense(mlp: nn.Module) -> bool:

@@ -48,7 +48,7 @@ class ModelRunner:
         self.model = model
         self.device = model.device
         supported = DecoderRunner.supports(model.config, max_seq_len)
-        self.decoder = DecoderRunner(model, compile_decode, rows) if supported else None
+        self.decoder = DecoderRunner(model, compile_decode, rows, max_seq_len) if supported else None
         if self.decoder is None and model.config.model_type == "falcon":
             attend_over_rows(model)  # Falcon attends by itself, not through transformers' interface
         # A hybrid's Mamba layers keep a recurrent state a row beside the attention layers' cache.

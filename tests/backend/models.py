@@ -203,6 +203,10 @@ def tiny_model(
         for name, parameter in model.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 parameter.uniform_(0.5, 1.5)
+            # Gemma 3's four norms a layer start as zeros (each scales by 1 + weight): the same scale for
+            # all, which would hide one applied in place of another.
+            elif architecture == "gemma3_text" and name.endswith("layernorm.weight"):
+                parameter.uniform_(-0.5, 0.5)
     return model.eval()
 
 

@@ -79,7 +79,8 @@ def test_static_shape_steps_give_the_eager_steps_logits_and_cache_writes():
             torch.testing.assert_close(tensor[:, :, :last], expected[:, :, :last], atol=1e-6, rtol=1e-5)
 
 
-def test_an_engine_on_static_shapes_writes_the_eager_engines_text():
+@pytest.mark.parametrize("architecture", ["llama", "gemma3_text"])  # Gemma 3: windows, two rotations
+def test_an_engine_on_static_shapes_writes_the_eager_engines_text(architecture):
     """Greedy and seeded sampling, rows joining and leaving mid-flight, a prompt long enough to change
     the span's bucket, and the cache full to its last position: the same pieces either way."""
     params = SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=40, ignore_eos=True)
@@ -91,7 +92,7 @@ def test_an_engine_on_static_shapes_writes_the_eager_engines_text():
     ]
     results = []
     for static in (False, True):
-        model = tiny_model("llama")
+        model = tiny_model(architecture)
         engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=MAX_SEQ_LEN)
         if static:
             engine.runner.decoder.use_graphs(engine.runner.cache, capture=False)

@@ -9,7 +9,7 @@ from backend.engine.engine import Engine
 from backend.layers.row_states import HYBRID_TYPES, STATE_SPACE_TYPES
 from backend.messages import SamplingParams, Submit
 from backend.model.architectures import SUPPORTED
-from backend.model.decoder_runner import LLAMA_LAYER_TYPES
+from backend.model.decoder_runner import RUNNER_TYPES
 from backend.quant.quantize import quantize_model
 from tests.backend.models import (
     TINY_VOCAB,
@@ -51,9 +51,9 @@ def test_tiny_models_match_generate_with_rows_joining_mid_flight(architecture):
     ]
     # 8 rows for 18 prompts: rows are also freed and refilled during the run.
     engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=128)
-    # Llama-family layers run through the decoder runner, the others through transformers' own modules
-    # over the row attention: both exact.
-    assert (engine.runner.decoder is not None) == (architecture in LLAMA_LAYER_TYPES)
+    # Llama-family and Gemma 3 layers run through the decoder runner, the others through transformers' own
+    # modules over the row attention: both exact.
+    assert (engine.runner.decoder is not None) == (architecture in RUNNER_TYPES)
     assert_matches_reference(engine, model, prompts, max_tokens=24, rng=rng)
 
 
@@ -163,14 +163,33 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
     step's logits are transformers' forward's over the same quantized model, to 0.03 (its prompt-length
     products take another path, the 4-bit kernels' for many rows; a Llama on its own path differs by
     0.02, and every expert's products round their activations too)."""
-    from tests.backend.test_speculation import decode_steps_seen
-
     model = tiny_model(architecture, head_dim=64)
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
     decoder = engine.runner.decoder
     assert decoder is not None and decoder.native is None  # decode_layers.cpp has no experts
     assert all(layer.experts is not None for layer in decoder.bound_layers)
+    assert_4_bit_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch)
+
+
+def test_gemma_3_on_the_decoder_runner_with_4_bit_projections_gives_transformers_logits(monkeypatch):
+    """Gemma 3 in the default mode: 4-bit projections, decode steps through `decode_layers` with the CPU's
+    fused operations (its GELU, its norms of 1 + weight, its window layer's attention by the CPU's loop,
+    each query over its last 8 positions), to transformers' forward's logits as the MoE's above."""
+    model = tiny_model("gemma3_text", head_dim=64)
+    quantize_model(model, "int4")
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
+    decoder = engine.runner.decoder
+    assert decoder is not None and decoder.native is None and decoder.reads_own_positions
+    assert [layer.window for layer in decoder.bound_layers] == [TINY_WINDOW, None]
+    assert_4_bit_decode_steps_give_transformers_logits(engine, model, "gemma3_text", monkeypatch)
+
+
+def assert_4_bit_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch):
+    """Three rows of 5-30 prompt tokens decoding 8 tokens together: each step's logits of every row are
+    transformers' forward's over the row's text so far, to 0.03."""
+    from tests.backend.test_speculation import decode_steps_seen
+
     steps = decode_steps_seen(engine, monkeypatch)
     rng = random.Random(f"{architecture} 4-bit")
     prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(5, 30))] for _ in range(3)]

@@ -64,6 +64,8 @@ def test_norms_and_silu_mul_match_pytorch(fused, dtype, rows):
 
     gate_up = torch.randn(rows, 2 * 1536, generator=generator).to(dtype)
     torch.testing.assert_close(fused.silu_mul(gate_up), EAGER.silu_mul(gate_up), **tolerance(dtype))
+    gate_up = gate_up * 4  # GELU's tanh reaches its ends: gates to about +-16
+    torch.testing.assert_close(fused.gelu_tanh_mul(gate_up), EAGER.gelu_tanh_mul(gate_up), **tolerance(dtype))
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 16, 8), (5, 24, 64, 128), (2, 3, 8, 20)])  # 20: a tail of 4
@@ -133,28 +135,40 @@ def test_shapes_the_loops_cannot_take_are_refused_with_the_reason(fused):
     no_kv_heads = torch.zeros(2, 0, 4, 64)
     one = torch.tensor([0])
     with pytest.raises(RuntimeError, match="at least one KV head"):
-        fused.extension.decode_attention(torch.zeros(1, 2, 64), no_kv_heads, no_kv_heads, one, one, 0.125)
+        fused.extension.decode_attention(torch.zeros(1, 2, 64), no_kv_heads, no_kv_heads, one, one, 0.125, 0)
 
 
-def test_silu_mul_takes_nan_and_infinities_as_pytorch_does(fused):
-    """silu(NaN) and silu(-inf) are NaN (-inf * sigmoid(-inf)), silu(inf) inf: the loop's exponential
-    keeps NaN and infinities as they are instead of clamping them (and casting NaN to an integer)."""
-    gate = torch.tensor([float("nan"), float("inf"), float("-inf"), 100.0, -100.0, 0.0, 1.5])
+def test_silu_mul_and_gelu_tanh_mul_take_nan_and_infinities_as_pytorch_does(fused):
+    """silu(NaN) and silu(-inf) are NaN (-inf * sigmoid(-inf)), silu(inf) inf, and so GELU's: the loop's
+    exponential keeps NaN and infinities as they are instead of clamping them (and casting NaN to an
+    integer)."""
+    gate = torch.tensor([float("nan"), float("inf"), float("-inf"), 100.0, -100.0, 0.0, 1.5, -3.0])
     gate_up = torch.cat([gate, torch.full_like(gate, 2.0)])[None]
     torch.testing.assert_close(fused.silu_mul(gate_up), EAGER.silu_mul(gate_up), equal_nan=True)
+    torch.testing.assert_close(fused.gelu_tanh_mul(gate_up), EAGER.gelu_tanh_mul(gate_up), equal_nan=True)
 
 
 @pytest.mark.parametrize("cache_dtype", DTYPES)
 @pytest.mark.parametrize(
     "heads, kv_heads, head_dim",
-    [(9, 3, 64), (4, 1, 128), (8, 8, 64), (32, 2, 64), (34, 2, 64), (6, 2, 80)],  # the last two: no loop
+    [
+        (9, 3, 64),
+        (4, 1, 128),
+        (4, 1, 256),
+        (8, 8, 64),
+        (32, 2, 64),
+        (34, 2, 64),
+        (6, 2, 80),
+    ],  # last two: no loop
 )
+@pytest.mark.parametrize("window", [None, 1, 12])
 def test_attention_reads_each_querys_own_row_up_to_its_position(
-    fused, cache_dtype, heads, kv_heads, head_dim
+    fused, cache_dtype, heads, kv_heads, head_dim, window
 ):
     """Queries of scattered rows (a free row among them, out of order) over cached spans of different
     lengths: the eager batch over the span's rows with its mask gives the same, for each head size and
-    query group the loop is compiled for; the others are refused, and a runner attends by PyTorch's."""
+    query group the loop is compiled for, and with a sliding window each query's last `window` positions
+    only; the others are refused, and a runner attends by PyTorch's."""
     max_seq_len = 48
     generator = torch.Generator().manual_seed(0)
     keys, values = (torch.randn(6, kv_heads, max_seq_len, head_dim, generator=generator) for _ in range(2))
@@ -167,10 +181,12 @@ def test_attention_reads_each_querys_own_row_up_to_its_position(
         with pytest.raises(RuntimeError, match="no loop for head size"):
             fused.attend(query, keys, values, rows, positions, visible, 0.125)
         return
-    expected = EAGER.attend(query, keys, values, rows, positions, visible, 0.125, scatter=True)
-    got = fused.attend(query, keys, values, rows, positions, visible, 0.125)
+    expected = EAGER.attend(query, keys, values, rows, positions, visible, 0.125, scatter=True, window=window)
+    got = fused.attend(query, keys, values, rows, positions, visible, 0.125, window=window)
     assert got.shape == expected.shape and got.dtype == cache_dtype
     torch.testing.assert_close(got, expected, **tolerance(cache_dtype))
+    if window is not None:  # a window that hides positions gives other outputs than none
+        assert not torch.allclose(got, fused.attend(query, keys, values, rows, positions, visible, 0.125))
     with pytest.raises(RuntimeError, match="outside the cache"):
         fused.attend(query, keys, values, rows, torch.tensor([40, 0, 48, 3]), visible, 0.125)
 
