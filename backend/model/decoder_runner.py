@@ -199,8 +199,9 @@ class DecoderRunner:
         self.rotary = model.model.rotary_emb
         self.layers = list(model.model.layers)
         # Gemma 3's rotary module gives each kind of layer (window or global) cos and sin of its own base.
-        kinds = [layer.self_attn.layer_type for layer in self.layers] if rotates_by_kind(self.rotary) else []
-        self.rope_kinds: list[str | None] = sorted(set(kinds)) or [None]
+        by_kind = rotates_by_kind(self.rotary)
+        kinds = [layer.self_attn.layer_type if by_kind else None for layer in self.layers]
+        self.rope_kinds: list[str | None] = sorted(set(kinds))  # [None]: one rotation for all
         self.sandwich = hasattr(self.layers[0], "pre_feedforward_layernorm")  # Gemma's norms (see above)
         self.gelu = getattr(model.config, "hidden_activation", None) == "gelu_pytorch_tanh"
         self.norm = model.model.norm
@@ -234,14 +235,12 @@ class DecoderRunner:
                 next_norm=next_norm,
                 experts=None if gate_up is not None else rows_through(layer.mlp),
                 window=window_in(layer.self_attn, max_seq_len),
-                rotation=self.rope_kinds.index(
-                    getattr(layer.self_attn, "layer_type", None) if kinds else None
-                ),
+                rotation=self.rope_kinds.index(kind),
                 attention_out_norm=Norm.of(layer.post_attention_layernorm) if self.sandwich else None,
                 mlp_out_norm=Norm.of(layer.post_feedforward_layernorm) if self.sandwich else None,
             )
-            for layer, qkv, head_norms, gate_up, next_norm in zip(
-                self.layers, self.qkv, self.head_norms, self.gate_up, next_norms, strict=True
+            for layer, qkv, head_norms, gate_up, next_norm, kind in zip(
+                self.layers, self.qkv, self.head_norms, self.gate_up, next_norms, kinds, strict=True
             )
         ]
         # The work between them (norms, rotation, attention, SiLU): C++ loops on a CPU, else PyTorch's
@@ -298,9 +297,8 @@ class DecoderRunner:
         self.decode_below = DECODE_BELOW if self.ops is EAGER else float("inf")
         # The fused operations' attention where the loop takes the model's head size, else PyTorch's.
         self.attend = self.ops.attend if self.reads_own_positions else EAGER.attend
-        self.gated = (
-            self.ops.gelu_tanh_mul if self.gelu else self.ops.silu_mul
-        )  # the MLP's activation, times up
+        # The MLP's activation of the gate, times up
+        self.gated = self.ops.gelu_tanh_mul if self.gelu else self.ops.silu_mul
         self.replan()
 
     def replan(self) -> None:
@@ -425,8 +423,8 @@ class DecoderRunner:
             if gate_up is None:  # a mixture of experts: the layer's own module
                 mlp = layer.mlp(normed)
             else:
-                gated = EAGER.gelu_tanh_mul if self.gelu else EAGER.silu_mul
-                mlp = layer.mlp.down_proj(gated(gate_up(normed)))
+                gated = EAGER.gelu_tanh_mul(gate_up(normed)) if self.gelu else EAGER.silu_mul(gate_up(normed))
+                mlp = layer.mlp.down_proj(gated)
             hidden = hidden + normed_output(mlp, bound.mlp_out_norm)
         states = None if embedded is None else rms_norm(hidden[0, embedded.start : embedded.stop], self.norm)
         return self.head(rms_norm(hidden[0, keep], self.norm)), states
