@@ -141,8 +141,10 @@ at::Tensor add_rms_norm(at::Tensor& hidden, const at::Tensor& delta, const at::T
   return out;
 }
 
-// [rows, 2 * width] -> silu(first half) * second half, [rows, width].
-at::Tensor silu_mul(const at::Tensor& gate_up) {
+// [rows, 2 * width] -> activation(first half) * second half, [rows, width]: an MLP's gate and up, side by
+// side; `activation` of a float, inlined in the loop.
+template <typename F>
+at::Tensor gated_mul(const at::Tensor& gate_up, F activation) {
   check_cpu_contiguous(gate_up, "gate_up");
   const int64_t width = gate_up.size(-1) / 2, n = gate_up.numel() / std::max<int64_t>(2 * width, 1);
   TORCH_CHECK(gate_up.size(-1) == 2 * width, "gate_up's last dimension must be even");
@@ -158,8 +160,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
         const T* gate = gp + r * 2 * width;
         const T* up = gate + width;
         for (int64_t i = 0; i < width; ++i) {
-          const float g = gate[i];
-          op[r * width + i] = static_cast<T>(g / (1.f + vector_exp(-g)) * static_cast<float>(up[i]));
+          op[r * width + i] = static_cast<T>(activation(static_cast<float>(gate[i])) * static_cast<float>(up[i]));
         }
       }
     });
@@ -167,34 +168,19 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
-// [rows, 2 * width] -> gelu(first half, tanh approximation) * second half, [rows, width]: Gemma's MLP
-// (PyTorch's gelu(approximate="tanh"): 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))). tanh(u) is
-// 1 - 2 / (e^2u + 1), which gives 1 and -1 at the ends and keeps NaN.
+// silu(gate) * up: Llama's MLP.
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  return gated_mul(gate_up, [](float g) { return g / (1.f + vector_exp(-g)); });
+}
+
+// gelu(gate, tanh approximation) * up: Gemma's MLP (PyTorch's gelu(approximate="tanh"):
+// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))). tanh(u) is 1 - 2 / (e^2u + 1), which gives 1 and -1
+// at the ends and keeps NaN.
 at::Tensor gelu_tanh_mul(const at::Tensor& gate_up) {
-  check_cpu_contiguous(gate_up, "gate_up");
-  const int64_t width = gate_up.size(-1) / 2, n = gate_up.numel() / std::max<int64_t>(2 * width, 1);
-  TORCH_CHECK(gate_up.size(-1) == 2 * width, "gate_up's last dimension must be even");
-  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
-  shape.back() = width;
-  at::Tensor out = at::empty(shape, gate_up.options());
-  with_float_type(gate_up.scalar_type(), "gate_up", [&](auto* type) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    const T* gp = gate_up.data_ptr<T>();
-    T* op = out.data_ptr<T>();
-    at::parallel_for(0, n, rows_per_task(width), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const T* gate = gp + r * 2 * width;
-        const T* up = gate + width;
-        for (int64_t i = 0; i < width; ++i) {
-          const float g = gate[i];
-          const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-          const float tanh_u = 1.f - 2.f / (vector_exp(2.f * u) + 1.f);
-          op[r * width + i] = static_cast<T>(0.5f * g * (1.f + tanh_u) * static_cast<float>(up[i]));
-        }
-      }
-    });
+  return gated_mul(gate_up, [](float g) {
+    const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return 0.5f * g * (2.f - 2.f / (vector_exp(2.f * u) + 1.f));
   });
-  return out;
 }
 
 // The rotary embedding of one head (transformers' rotate_half form): out = x * cos + rotate_half(x) * sin.
