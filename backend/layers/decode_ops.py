@@ -7,9 +7,9 @@ around them (docs/performance.md), each paying a dispatch and a pass over
 memory: an RMSNorm in bfloat16 is a composite of eight taking 13 us on
 576 numbers, the rotary embedding and the cache writes another fifteen a
 layer. `kernels/fused_ops.cpp` does each group in one loop: the RMSNorm (with the
-residual add before it), SiLU(gate) * up, the rotation of queries and keys
+residual add before it), SiLU(gate) * up (GELU's for Gemma 3), the rotation of queries and keys
 with the writes of keys and values into the cache, the attention of each
-decode query over its own row of the cache (PyTorch's kernel took a batch
+decode query over its own row of the cache, or its window of it (PyTorch's kernel took a batch
 over the span's rows, a mask and a scatter of the queries around it), and,
 for the int8 path of many rows (smoothed_int8.py), the rounding of
 activations to int8 and the scaling of the products back; and a Mamba-2
