@@ -47,7 +47,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from backend.layers.attention import attend
 from backend.layers.attention_features import AttentionFeatures
-from backend.layers.decode_ops import EAGER, DecodeOps, Norm, decode_ops, rotate
+from backend.layers.decode_ops import EAGER, DecodeOps, Norm, decode_ops, rotate, within_window
 from backend.layers.row_cache import KVShape, RowCache
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS, StepLayout
 from backend.model.architectures import sliding_window
@@ -475,6 +475,16 @@ class DecoderRunner:
             return [self.rotary(hidden, positions[None])]
         return [self.rotary(hidden, positions[None], layer_type=kind) for kind in self.rope_kinds]
 
+    def layer_reads(self, visible: torch.Tensor) -> list[tuple[torch.Tensor, int | None]]:
+        """What each layer's decode attention reads, (mask, window): the CPU's loop reads positions and
+        takes the window itself; PyTorch's kernel takes the mask narrowed to it, narrowed once a step for
+        all the layers of a window (Gemma 3 1B has 22 window layers)."""
+        if self.reads_own_positions:
+            return [(visible, layer.window) for layer in self.bound_layers]
+        windows = {layer.window for layer in self.bound_layers} - {None}
+        narrowed = {None: visible} | {window: within_window(visible, window) for window in windows}
+        return [(narrowed[layer.window], None) for layer in self.bound_layers]
+
     def decode_function(self, visible: torch.Tensor, cache: RowCache) -> tuple[Callable, torch.Tensor]:
         """`decode_layers` and its visibility, or with --compile its compiled copy and the visibility
         a compiled one takes (`graph_inputs`)."""
@@ -503,13 +513,15 @@ class DecoderRunner:
         # [queries, 1, head_dim] each
         rotations = [(cos[0, :, None], sin[0, :, None]) for cos, sin in self.rotations(hidden, positions)]
         normed = ops.norm(hidden, self.first_norm)
-        for layer, layer_keys, layer_values in zip(self.bound_layers, keys, values, strict=True):
+        for layer, (reads, window), layer_keys, layer_values in zip(
+            self.bound_layers, self.layer_reads(visible), keys, values, strict=True
+        ):
             cos, sin = rotations[layer.rotation]
             query = ops.rotate_and_store(
                 layer.qkv(normed), cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
             )
             attended = self.attend(
-                query, layer_keys, layer_values, rows, positions, visible, self.scaling, scatter, layer.window
+                query, layer_keys, layer_values, rows, positions, reads, self.scaling, scatter, window
             )
             output = layer.o(attended.view(queries, -1).to(hidden.dtype))
             if layer.attention_out_norm is not None:
