@@ -55,7 +55,10 @@ class Norm:
         Gemma's module computes it (and kept in the model's dtype, which the loops take: in bfloat16
         that rounds the scale once, as a rounding of the output would)."""
         if type(module).__name__ in OFFSET_NORMS:
-            return cls((1.0 + module.weight.float()).to(module.weight.dtype), module.eps)
+            # A parameter, as the module's own weight is: torch.compile takes a parameter's shape as fixed
+            # and a plain tensor's as symbols, which made compiling Gemma 3's decode step 8x slower.
+            scale = (1.0 + module.weight.float()).to(module.weight.dtype)
+            return cls(nn.Parameter(scale, requires_grad=False), module.eps)
         return cls(module.weight, module.variance_epsilon)
 
 

@@ -163,10 +163,11 @@ class HeadNorms:
 
     def __call__(self, qkv: torch.Tensor) -> torch.Tensor:
         """q, k and v side by side ([..., (heads + 2 kv_heads) * head_dim]) with q and k normed."""
-        all_heads = qkv.unflatten(-1, (-1, self.head_dim))
-        query, key, value = all_heads.split([self.heads, self.kv_heads, self.kv_heads], dim=-2)
-        normed = [EAGER.norm(query, self.query), EAGER.norm(key, self.key), value]
-        return torch.cat(normed, dim=-2).flatten(-2)
+        widths = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+        query, key, value = qkv.split(widths, dim=-1)
+        query = EAGER.norm(query.unflatten(-1, (self.heads, self.head_dim)), self.query).flatten(-2)
+        key = EAGER.norm(key.unflatten(-1, (self.kv_heads, self.head_dim)), self.key).flatten(-2)
+        return torch.cat([query, key, value], dim=-1)
 
 
 class DecoderRunner:

@@ -102,7 +102,8 @@ def test_an_engine_on_static_shapes_writes_the_eager_engines_text(architecture):
     assert results[0] == results[1]
 
 
-def test_with_compile_the_static_shape_step_is_the_compiled_one_and_writes_the_eager_text():
+@pytest.mark.parametrize("architecture", ["llama", "gemma3_text"])
+def test_with_compile_the_static_shape_step_is_the_compiled_one_and_writes_the_eager_text(architecture):
     """On a GPU `--compile` has the graphs capture the compiled step; here the same static step runs
     compiled without capture, over row buckets and two span buckets, with the eager engine's text."""
     arrivals = [(0, Submit(f"r{i}", (5 + i, 6, 7), greedy(3 + 4 * i))) for i in range(4)]
@@ -111,7 +112,11 @@ def test_with_compile_the_static_shape_step_is_the_compiled_one_and_writes_the_e
     results = []
     for static in (False, True):
         engine = Engine(
-            tiny_model("llama"), MarkerTokenizer(), rows=6, max_seq_len=MAX_SEQ_LEN, compile_decode=static
+            tiny_model(architecture),
+            MarkerTokenizer(),
+            rows=6,
+            max_seq_len=MAX_SEQ_LEN,
+            compile_decode=static,
         )
         if static:
             engine.runner.decoder.use_graphs(engine.runner.cache, capture=False)
