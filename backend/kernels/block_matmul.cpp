@@ -1,5 +1,5 @@
-// Few rows of activations times weights stored in blocks of 32 (4-bit or 8-bit, a scale each), by the CPU's
-// int8 dot products (AVX-512 VNNI, or AVX2), as llama.cpp multiplies its Q4_1 and Q8_0 files (backend/quant/block_weights.py
+// Few rows of activations times weights stored in blocks of 32 (4, 6 or 8 bits, a scale each), by the CPU's
+// int8 dot products (AVX-512 VNNI, or AVX2), as llama.cpp multiplies its Q4_1, Q6_K and Q8_0 files (backend/quant/block_weights.py
 // has the layout and says why; docs/performance.md measures it).
 //
 // Each block of 32 activations of a row becomes 32 int8 values and a float scale (round(x / d), d =
@@ -12,6 +12,10 @@
 // int32 lanes. The weights are stored so that each lane is one output channel: 16 channels side by side,
 // 4 consecutive inputs of each per 32-bit lane, so the sums need no shuffling and a block's scales are
 // one vector of 16.
+//
+// 6-bit weights (GGUF's Q6_K) are w = d * s * (u - 32) with u in 0..63, an int8 s for each 16 inputs and d
+// for the block: the two halves of a block sum apart, sum(u * q_x) - 32 * sum(q_x) each, and are weighed
+// by their s in int32 (exact) before the one float multiply by d * d_x.
 //
 // CPUs without AVX-512 VNNI but with AVX2 (AMD before Zen 4, Intel's desktop parts) take the same blocks
 // eight channels at a time: vpmaddubsw multiplies pairs of bytes into int16 sums and vpmaddwd adds those
@@ -54,8 +58,13 @@ constexpr int64_t ROWS_AT_ONCE_AVX2 = 4;
 constexpr int64_t CHUNKS_A_THREAD = 8;
 
 // Bytes of one block of 16 channels: their values, then their fp16 scales d (and, 4-bit, minimums m).
-// 8-bit blocks have m = -128 d (u = q + 128), so they store d alone.
-constexpr int64_t block_bytes(int64_t bits) { return bits == 4 ? 16 * 16 + 2 * 32 : 16 * 32 + 32; }
+// 8-bit blocks have m = -128 d (u = q + 128), so they store d alone. 6-bit blocks: the low nibbles as
+// 4-bit ones, two lines of the top two bits, d, then the 16 channels' s for inputs 0-15 and for 16-31.
+constexpr int64_t block_bytes(int64_t bits) {
+  return bits == 4 ? 16 * 16 + 2 * 32 : bits == 6 ? 16 * 16 + 128 + 32 + 32 : 16 * 32 + 32;
+}
+constexpr int64_t LOW_NIBBLES = 256, TOP_BITS = 128;  // a 6-bit block's values: where its d begins
+constexpr int32_t SIX_BIT_OFFSET = 32;               // 6-bit weights are s * d * (u - 32)
 
 // Four activations (int8) as one int32, to broadcast to every lane: copied, which compilers turn into one
 // load, since reading the int8 buffer through an int32_t pointer breaks strict aliasing (undefined behaviour).
@@ -65,12 +74,19 @@ inline int32_t four_values(const int8_t* p) {
   return four;
 }
 
-// Activations in blocks of 32: int8 values, and for each block d and d * sum(values).
+// Activations in blocks of 32: int8 values, and for each block d and d * sum(values); for 6-bit weights
+// also 32 * sum(values) of each half block (the u - 32 of their two s).
 struct QuantizedRows {
-  std::vector<int8_t> values;  // [rows, in]
-  std::vector<float> scales;   // [rows, in / 32]
-  std::vector<float> sums;     // [rows, in / 32]
+  std::vector<int8_t> values;      // [rows, in]
+  std::vector<float> scales;       // [rows, in / 32]
+  std::vector<float> sums;         // [rows, in / 32]
+  std::vector<int32_t> half_sums;  // [rows, in / 16], times SIX_BIT_OFFSET
 };
+
+QuantizedRows rows_of(int64_t rows, int64_t in) {
+  return {std::vector<int8_t>(rows * in), std::vector<float>(rows * in / BLOCK), std::vector<float>(rows * in / BLOCK),
+          std::vector<int32_t>(rows * in / 16)};
+}
 
 #ifdef BLOCK_MATMUL_VNNI
 
@@ -83,8 +99,7 @@ inline __m512 load16(const c10::BFloat16* p) {  // bfloat16 is the top half of a
 template <typename T>
 QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t in) {
   const int64_t blocks = in / BLOCK;
-  QuantizedRows out{std::vector<int8_t>(rows * in), std::vector<float>(rows * blocks),
-                    std::vector<float>(rows * blocks)};
+  QuantizedRows out = rows_of(rows, in);
   const __m512 sign = _mm512_set1_ps(-0.f), infinity = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   for (int64_t b = 0; b < rows * blocks; ++b) {
     const __m512 low = load16(x + b * BLOCK), high = load16(x + b * BLOCK + 16);
@@ -101,8 +116,11 @@ QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t in) {
     const __m512i q_high = _mm512_cvtps_epi32(_mm512_mul_ps(high, inverse));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out.values.data() + b * BLOCK), _mm512_cvtsepi32_epi8(q_low));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out.values.data() + b * BLOCK + 16), _mm512_cvtsepi32_epi8(q_high));
+    const int32_t low_sum = _mm512_reduce_add_epi32(q_low), high_sum = _mm512_reduce_add_epi32(q_high);
     out.scales[b] = scale;
-    out.sums[b] = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q_low, q_high)));
+    out.sums[b] = scale * static_cast<float>(low_sum + high_sum);
+    out.half_sums[2 * b] = SIX_BIT_OFFSET * low_sum;
+    out.half_sums[2 * b + 1] = SIX_BIT_OFFSET * high_sum;
   }
   return out;
 }
@@ -130,7 +148,7 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
     // u[j]: inputs 4j..4j+3 of the block for each of the 16 channels. 4-bit: byte i of a 64-byte line
     // holds u[2c] in its low nibble and u[2c + 1] in its high one.
     __m512i u[8];
-    if constexpr (BITS == 4) {
+    if constexpr (BITS == 4 || BITS == 6) {
       for (int c = 0; c < 4; ++c) {
         const __m512i line = _mm512_loadu_si512(weights + 64 * c);
         u[2 * c] = _mm512_and_si512(line, nibble);
@@ -139,10 +157,38 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
     } else {
       for (int j = 0; j < 8; ++j) u[j] = _mm512_loadu_si512(weights + 64 * j);
     }
-    const uint8_t* scales = weights + (BITS == 4 ? 256 : 512);
+    if constexpr (BITS == 6) {
+      // Bits 2i and 2i + 1 of top line h are bits 4 and 5 of u[4h + i].
+      const __m512i top_two = _mm512_set1_epi8(0x30);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i line = _mm512_loadu_si512(weights + LOW_NIBBLES + 64 * h);
+        const __m512i top[4] = {_mm512_slli_epi16(line, 4), _mm512_slli_epi16(line, 2), line, _mm512_srli_epi16(line, 2)};
+        for (int i = 0; i < 4; ++i) u[4 * h + i] = _mm512_or_si512(u[4 * h + i], _mm512_and_si512(top[i], top_two));
+      }
+    }
+    const uint8_t* scales = weights + (BITS == 4 ? 256 : BITS == 6 ? LOW_NIBBLES + TOP_BITS : 512);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
     const __m512 m = BITS == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
                                : _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
+    if constexpr (BITS == 6) {
+      const __m512i low_s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
+      const __m512i high_s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 48)));
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t row_block = (first + r) * blocks + b;
+        const int8_t* q = x.values.data() + row_block * BLOCK;
+        __m512i low = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(four_values(q)));
+        __m512i high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[4], _mm512_set1_epi32(four_values(q + 16)));
+        for (int j = 1; j < 4; ++j) {
+          low = _mm512_dpbusd_epi32(low, u[j], _mm512_set1_epi32(four_values(q + 4 * j)));
+          high = _mm512_dpbusd_epi32(high, u[4 + j], _mm512_set1_epi32(four_values(q + 16 + 4 * j)));
+        }
+        low = _mm512_mullo_epi32(_mm512_sub_epi32(low, _mm512_set1_epi32(x.half_sums[2 * row_block])), low_s);
+        high = _mm512_mullo_epi32(_mm512_sub_epi32(high, _mm512_set1_epi32(x.half_sums[2 * row_block + 1])), high_s);
+        const __m512 products = _mm512_cvtepi32_ps(_mm512_add_epi32(low, high));
+        sums[r] = _mm512_fmadd_ps(products, _mm512_mul_ps(d, _mm512_set1_ps(x.scales[row_block])), sums[r]);
+      }
+      continue;
+    }
     for (int64_t r = 0; r < count; ++r) {
       const int64_t row_block = (first + r) * blocks + b;
       const int8_t* q = x.values.data() + row_block * BLOCK;
@@ -187,8 +233,7 @@ inline int32_t sum_of(__m256i v) {
 template <typename T>
 QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
   const int64_t blocks = in / BLOCK;
-  QuantizedRows out{std::vector<int8_t>(rows * in), std::vector<float>(rows * blocks),
-                    std::vector<float>(rows * blocks)};
+  QuantizedRows out = rows_of(rows, in);
   const __m256 sign = _mm256_set1_ps(-0.f), infinity = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane order
   for (int64_t b = 0; b < rows * blocks; ++b) {
@@ -209,8 +254,10 @@ QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
                         _mm256_permutevar8x32_epi32(packed, in_order));
     // As quantize_rows: a NaN or an infinity makes the block's scale NaN, so that its row's products are.
     out.scales[b] = _mm256_movemask_ps(not_finite) == 0 ? top / 127.f : std::numeric_limits<float>::quiet_NaN();
-    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    out.sums[b] = out.scales[b] * static_cast<float>(sum_of(total));
+    const int32_t low_sum = sum_of(_mm256_add_epi32(q[0], q[1])), high_sum = sum_of(_mm256_add_epi32(q[2], q[3]));
+    out.sums[b] = out.scales[b] * static_cast<float>(low_sum + high_sum);
+    out.half_sums[2 * b] = SIX_BIT_OFFSET * low_sum;
+    out.half_sums[2 * b + 1] = SIX_BIT_OFFSET * high_sum;
   }
   return out;
 }
@@ -235,8 +282,8 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
     for (int64_t r = 0; r < count; ++r) sums[r] = _mm256_setzero_ps();
     const uint8_t* block = weights + 32 * half;
     for (int64_t b = 0; b < blocks; ++b, block += block_bytes(BITS)) {
-      __m256i u[8];  // 4-bit: u, 0..15; 8-bit: q = u - 128, signed
-      if constexpr (BITS == 4) {
+      __m256i u[8];  // 4-bit: u, 0..15; 6-bit: u, 0..63; 8-bit: q = u - 128, signed
+      if constexpr (BITS == 4 || BITS == 6) {
         for (int c = 0; c < 4; ++c) {
           const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * c));
           u[2 * c] = _mm256_and_si256(line, nibble);
@@ -247,7 +294,40 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
           u[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j)), offset);
         }
       }
-      const uint8_t* scales = block - 32 * half + (BITS == 4 ? 256 : 512) + 16 * half;
+      if constexpr (BITS == 6) {  // as multiply_group: bits 2i, 2i + 1 of top line h to bits 4, 5 of u[4h + i]
+        const __m256i top_two = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + LOW_NIBBLES + 64 * h));
+          const __m256i top[4] = {_mm256_slli_epi16(line, 4), _mm256_slli_epi16(line, 2), line, _mm256_srli_epi16(line, 2)};
+          for (int i = 0; i < 4; ++i) u[4 * h + i] = _mm256_or_si256(u[4 * h + i], _mm256_and_si256(top[i], top_two));
+        }
+      }
+      const uint8_t* scales = block - 32 * half + (BITS == 4 ? 256 : BITS == 6 ? LOW_NIBBLES + TOP_BITS : 512) + 16 * half;
+      if constexpr (BITS == 6) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+        const uint8_t* s = scales - 16 * half + 32 + 8 * half;  // this half's 8 channels' s, inputs 0-15
+        const __m256i low_s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)));
+        const __m256i high_s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 16)));
+        for (int64_t r = 0; r < count; ++r) {
+          const int64_t row_block = (first + r) * blocks + b;
+          const int8_t* q = x.values.data() + row_block * BLOCK;
+          // Two vpmaddubsw sums of 63 * 127 pairs still fit int16; three would not.
+          __m256i halves[2];
+          for (int h = 0; h < 2; ++h) {
+            __m256i sum = _mm256_setzero_si256();
+            for (int j = 4 * h; j < 4 * h + 4; j += 2) {
+              const __m256i pairs = _mm256_add_epi16(
+                  _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))),
+                  _mm256_maddubs_epi16(u[j + 1], _mm256_set1_epi32(four_values(q + 4 * j + 4))));
+              sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+            }
+            halves[h] = _mm256_sub_epi32(sum, _mm256_set1_epi32(x.half_sums[2 * row_block + h]));
+          }
+          const __m256i total = _mm256_add_epi32(_mm256_mullo_epi32(halves[0], low_s), _mm256_mullo_epi32(halves[1], high_s));
+          sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);
+        }
+        continue;
+      }
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
       const __m256 m = BITS == 4 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)))
                                  : _mm256_setzero_ps();
@@ -320,14 +400,18 @@ void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bit
   const int64_t rows = x.size(0), in = x.size(1);
 #ifdef BLOCK_MATMUL_AVX2
   if (avx2) {
-    const GroupProduct<T> product = bits == 4 ? multiply_group_avx2<4, T> : multiply_group_avx2<8, T>;
+    const GroupProduct<T> product = bits == 4   ? multiply_group_avx2<4, T>
+                                    : bits == 6 ? multiply_group_avx2<6, T>
+                                                : multiply_group_avx2<8, T>;
     multiply_groups(product, ROWS_AT_ONCE_AVX2, quantize_rows_avx2(values, rows, in), in, weights, bits, result);
     return;
   }
 #endif
 #ifdef BLOCK_MATMUL_VNNI
   if (!avx2) {
-    const GroupProduct<T> product = bits == 4 ? multiply_group<4, T> : multiply_group<8, T>;
+    const GroupProduct<T> product = bits == 4   ? multiply_group<4, T>
+                                    : bits == 6 ? multiply_group<6, T>
+                                                : multiply_group<8, T>;
     multiply_groups(product, ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights, bits, result);
     return;
   }
@@ -354,7 +438,7 @@ constexpr bool has_avx2_kernel() {
 }
 
 at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2) {
-  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8, not ", bits);
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8, not ", bits);
   TORCH_CHECK(x.device().is_cpu() && weights.device().is_cpu(), "block_matmul runs on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in]");
   TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),

@@ -14,9 +14,10 @@ of the default model's projections and head 1.0 ms against 0.9 with VNNI and
 2.8 with PyTorch's kernels, timed here on the EPYC):
 
     w = d * u + m, u in 0..15 (4-bit) or 0..255 (8-bit, m = -128 d),
-    one fp16 d (and 4-bit, one fp16 m) per block of 32 inputs of a channel.
+    one fp16 d (and 4-bit, one fp16 m) per block of 32 inputs of a channel;
+    6-bit: w = d * s * (u - 32), u in 0..63, an int8 s for each 16 inputs.
 
-GGUF's Q4_0, Q4_1 and Q8_0 blocks map onto these exactly. The activations'
+GGUF's Q4_0, Q4_1, Q6_K and Q8_0 blocks map onto these exactly. The activations'
 rounding costs a few times bfloat16's (tests/backend/test_block_weights.py)
 and the default model +0.3% perplexity (docs/performance.md).
 
@@ -25,9 +26,13 @@ Layout, for each group of 16 output channels and each block of 32 inputs
 values side by side, four consecutive inputs of one channel a 32-bit lane,
 so that a 64-byte line feeds one vpdpbusd; 4-bit values pack two lines
 into one (line 2c in the low nibbles, 2c + 1 in the high); then the 16
-channels' d, and (4-bit) their m, as fp16. A layer's blocks are a uint8
-tensor [out, in / 32 * bytes], 20 bytes a channel's block in 4 bits and 34
-in 8 (Q4_1's and Q8_0's own sizes), so that its first dimension is the
+channels' d, and (4-bit) their m, as fp16. 6-bit values keep their low
+nibbles so, then two lines of their top two bits (bits 2i and 2i + 1 of line
+h: those of line 4h + i), then d, then the 16 channels' s for inputs 0-15
+and for 16-31. A layer's blocks are a uint8 tensor [out, in / 32 * bytes],
+20 bytes a channel's block in 4 bits, 28 in 6 and 34 in 8 (Q4_1's and
+Q8_0's own sizes; Q6_K's d a block, not 256 inputs, costs 7 bits a
+weight against its 6.56), so that its first dimension is the
 layer's outputs: it slices and concatenates by whole groups of 16 like any
 weight (quantized_linear.fuse_linears).
 """
@@ -40,7 +45,8 @@ from backend.kernels import extension as kernels
 
 BLOCK = 32  # inputs a scale covers
 CHANNELS = 16  # output channels stored side by side, one a vector lane
-BYTES_PER_CHANNEL = {4: 20, 8: 34}  # a channel's share of a block: its values and scales
+BYTES_PER_CHANNEL = {4: 20, 6: 28, 8: 34}  # a channel's share of a block: its values and scales
+SIX_BIT_OFFSET = 32  # 6-bit weights are d * s * (u - 32)
 
 
 def available(device: torch.device) -> bool:
@@ -69,6 +75,23 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch
     return assemble(nibbles, [scale, zero - 8 * scale], q.shape)
 
 
+def pack_int6(q: torch.Tensor, sub_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q [out, in] values 0..63, sub_scale [out, in / 16] int8, scale [out, in / 32] (fp16 values), w =
+    scale * sub_scale * (q - 32) (GGUF's Q6_K), as 6-bit blocks: d = scale, s = sub_scale."""
+    lanes = interleave(q.to(torch.uint8))  # [groups, blocks, 8 lines, 64]
+    low = lanes & 0x0F
+    nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [groups, blocks, 4, 64]
+    top = (lanes >> 4).reshape(*lanes.shape[:2], 2, 4, 64)
+    shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
+    top_lines = (top << shifts).sum(dim=3, dtype=torch.uint8)  # [groups, blocks, 2, 64], no bits overlap
+    values = torch.cat([nibbles.flatten(2), top_lines.flatten(2)], dim=-1)
+    out_features, in_features = q.shape
+    groups, blocks = out_features // CHANNELS, in_features // BLOCK
+    s = sub_scale.to(torch.int8).reshape(groups, CHANNELS, blocks, 2).permute(0, 2, 3, 1)
+    s = s.contiguous().view(torch.uint8).reshape(groups, blocks, 2 * CHANNELS)
+    return assemble(values, [scale], q.shape, after=s)
+
+
 def pack_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """q [out, in] int8, scale [out, in / 32] (a block's) or [out] (a channel's), w = q * scale, as 8-bit
     blocks: u = q + 128, d = scale."""
@@ -85,15 +108,19 @@ def interleave(values: torch.Tensor) -> torch.Tensor:
     return lanes.permute(0, 2, 3, 1, 4).reshape(out_features // CHANNELS, in_features // BLOCK, 8, 64)
 
 
-def assemble(values: torch.Tensor, scales: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
-    """[out, bytes]: each block's values, then each of `scales` ([out, in / 32]) for its channels in fp16."""
+def assemble(
+    values: torch.Tensor, scales: list[torch.Tensor], shape: torch.Size, after: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[out, bytes]: each block's values, then each of `scales` ([out, in / 32]) for its channels in fp16,
+    then `after`'s bytes ([groups, blocks, n]) where given."""
     out_features, in_features = shape
     groups, blocks = out_features // CHANNELS, in_features // BLOCK
     halves = [
         s.to(torch.float16).reshape(groups, CHANNELS, blocks).transpose(1, 2).contiguous().view(torch.uint8)
         for s in scales
     ]
-    joined = torch.cat([values.reshape(groups, blocks, -1), *halves], dim=-1)
+    tail = [] if after is None else [after]
+    joined = torch.cat([values.reshape(groups, blocks, -1), *halves, *tail], dim=-1)
     return joined.reshape(out_features, -1).contiguous()
 
 
@@ -126,10 +153,16 @@ def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
     out_features = blocks.shape[0]
     groups, count = out_features // CHANNELS, in_features // BLOCK
     per_block = blocks.reshape(groups, count, -1)
-    value_bytes = 256 if bits == 4 else 512
-    raw = per_block[..., :value_bytes].reshape(groups, count, -1, 64)
-    lines = torch.stack([raw & 0x0F, raw >> 4], dim=3).flatten(2, 3) if bits == 4 else raw
+    value_bytes = {4: 256, 6: 384, 8: 512}[bits]
+    raw = per_block[..., : 512 if bits == 8 else 256].reshape(groups, count, -1, 64)
+    lines = torch.stack([raw & 0x0F, raw >> 4], dim=3).flatten(2, 3) if bits != 8 else raw
+    if bits == 6:
+        top = per_block[..., 256:384].reshape(groups, count, 2, 1, 64)
+        shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
+        lines = lines | (((top >> shifts) & 0x03) << 4).reshape(groups, count, 8, 64)
     u = lines.reshape(groups, count, 8, CHANNELS, 4).permute(0, 3, 1, 2, 4).reshape(out_features, in_features)
+    if bits == 6:
+        return dequantize_int6(u, per_block[..., value_bytes:])
     halves = per_block[..., value_bytes:].contiguous().view(torch.float16).float()  # [groups, count, 16k]
     by_channel = halves.reshape(groups, count, -1, CHANNELS).permute(0, 3, 1, 2)
     by_channel = by_channel.reshape(out_features, count, -1)  # d, and (4-bit) m
@@ -137,3 +170,24 @@ def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
     u = u.float().reshape(out_features, count, BLOCK)
     weights = u * d + by_channel[..., 1, None] if bits == 4 else (u - 128) * d  # 8-bit: q * d, exactly
     return weights.reshape(out_features, in_features)
+
+
+def dequantize_int6_values(q: torch.Tensor, sub_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float32 weights [out, in] of pack_int6's terms: scale * sub_scale * (q - 32)."""
+    out_features, in_features = q.shape
+    halves = (q.float() - SIX_BIT_OFFSET).reshape(out_features, -1, BLOCK // 2)
+    centred = halves * sub_scale.float()[..., None]
+    return (centred.reshape(out_features, -1, BLOCK) * scale.float()[..., None]).reshape(q.shape)
+
+
+def dequantize_int6(u: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """6-bit blocks' weights from their values u [out, in] and each block's d and s bytes [groups, blocks,
+    64]: d * s * (u - 32), exactly in float32 (an 11-bit d times a 7-bit s times a 6-bit value)."""
+    out_features, in_features = u.shape
+    groups, count = scales.shape[:2]
+    d = scales[..., : 2 * CHANNELS].contiguous().view(torch.float16).float()  # [groups, blocks, 16]
+    s = scales[..., 2 * CHANNELS :].contiguous().view(torch.int8).float().reshape(groups, count, 2, CHANNELS)
+    d = d.permute(0, 2, 1).reshape(out_features, count, 1, 1)
+    s = s.permute(0, 3, 1, 2).reshape(out_features, count, 2, 1)
+    centred = (u.float() - SIX_BIT_OFFSET).reshape(out_features, count, 2, BLOCK // 2)
+    return (d * s * centred).reshape(out_features, in_features)

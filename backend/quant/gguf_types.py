@@ -19,15 +19,19 @@ How each GGUF type becomes one of them:
         4-bit, exactly: scale = d * s, zero = 8 * scale - dmin * m (products exact in float32; the CPU's
         blocks keep d * s and -dmin * m in fp16, within 2^-11 of them).
 
-Every other type that the gguf package dequantizes (Q5_K and Q6_K, the 5-
-and 6-bit layers and heads of a Q4_K_M file; Q5_0, Q5_1, Q2_K, Q3_K, ...) is
+    Q6_K super-block of 256 (210 bytes): 128 bytes of low nibbles, 64 of top two bits, sixteen int8
+        scales s (one a 16 inputs), fp16 d; w = d * s * (q - 32), q in 0..63
+        6-bit, exactly (the CPU's 6-bit blocks keep d and s as they are; block_weights.py).
+
+Every other type that the gguf package dequantizes (Q5_K, the 5-bit layers
+of a Q5_K_M file; Q5_0, Q5_1, Q2_K, Q3_K, ...) is
 quantized again from its dequantized weights to 8-bit blocks of 32 with the
 block's largest magnitude at 127. That adds at most half a step of 1/127 of a
-block's largest weight, a quarter of a 6-bit step or less (Q6_K's steps are
-of 16 weights, scaled by its 8-bit scales), and keeps 8.5 bits a weight where
-bfloat16 would keep 16. PyTorch's kernels (CUDA, a CPU without AVX2) take a
-single scale a channel for 8-bit weights: there these layers are quantized
-again per channel (gguf_weights.served_layer).
+block's largest weight, an eighth of a 5-bit step or less, and keeps 8.5
+bits a weight where bfloat16 would keep 16. PyTorch's kernels (CUDA, a CPU
+without AVX2) take a single scale a channel for 8-bit weights and have no
+6-bit ones: there these layers and Q6_K's are quantized again per channel
+(gguf_weights.served_layer).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ BLOCK = 32  # the inputs an engine block's scale covers
 FOUR_BIT = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}  # bytes per block of 32
 Q8_0_BYTES = 34  # fp16 d, 32 int8 values
 Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit q
+Q6_K_BYTES = 210  # 128 bytes of low nibbles, 64 of top two bits, 16 int8 scales, fp16 d
+SUPER_BLOCK = 256  # the inputs of a K-quant's super-block
 K_SCALES = 12
 FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
 
@@ -63,13 +69,23 @@ class EightBitWeight:
     scale: torch.Tensor  # [out, in / 32] float32
 
 
+@dataclass(frozen=True)
+class SixBitWeight:
+    """w = scale * sub_scale * (q - 32): Q6_K's blocks, a scale a block of 32 inputs of an output channel
+    (its super-block's d, repeated) and an int8 sub_scale a 16."""
+
+    q: torch.Tensor  # [out, in] uint8, 0..63
+    sub_scale: torch.Tensor  # [out, in / 16] int8
+    scale: torch.Tensor  # [out, in / 32] float32, fp16 values
+
+
 def served(kind: GGMLQuantizationType, in_features: int) -> bool:
     """Whether a tensor of this type, rows of `in_features`, becomes engine blocks (floats do not)."""
     # Every other type: transformers loaded the file, so the gguf package dequantizes it.
     return kind not in FLOAT_TYPES and in_features % BLOCK == 0
 
 
-def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight | EightBitWeight:
+def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight | SixBitWeight | EightBitWeight:
     """[out, bytes] uint8 rows of `kind`'s blocks as the engine's weights."""
     if kind in FOUR_BIT:
         return unpack_blocks(rows, kind)
@@ -77,6 +93,8 @@ def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight | Eigh
         return unpack_q8_0(rows)
     if kind == GGMLQuantizationType.Q4_K:
         return unpack_q4_k(rows)
+    if kind == GGMLQuantizationType.Q6_K:
+        return unpack_q6_k(rows)
     return requantize_int8(quants.dequantize(np.ascontiguousarray(rows), kind))
 
 
@@ -113,6 +131,24 @@ def unpack_q4_k(rows: np.ndarray) -> FourBitWeight:
         torch.from_numpy(q.reshape(out_features, -1)),
         torch.from_numpy(scale.reshape(out_features, -1)),
         torch.from_numpy(zero.reshape(out_features, -1)),
+    )
+
+
+def unpack_q6_k(rows: np.ndarray) -> SixBitWeight:
+    """[out, super-blocks * 210] uint8 rows of Q6_K to q, sub_scale and scale. Each half of a super-block
+    (128 inputs) keeps input r's low nibble in byte r % 64 of its 64 (the high nibble from r = 64 on) and
+    its top two bits in byte r % 32 of its 32, at bits 2 (r // 32)."""
+    out_features = rows.shape[0]
+    blocks = np.ascontiguousarray(rows).reshape(-1, Q6_K_BYTES)
+    low = blocks[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    top = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
+    q = (low & 0x0F).reshape(-1, 2, 128) | ((top & 0x03) << 4).reshape(-1, 2, 128)
+    sub_scale = blocks[:, 192:208].copy().view(np.int8)
+    d = halves(blocks[:, 208:210])
+    return SixBitWeight(
+        torch.from_numpy(q.reshape(out_features, -1)),
+        torch.from_numpy(sub_scale.reshape(out_features, -1)),
+        torch.from_numpy(np.repeat(d, SUPER_BLOCK // BLOCK).reshape(out_features, -1)),
     )
 
 

@@ -5,16 +5,17 @@ layers stored quantized this module reads the blocks themselves and gives
 them to the weight-only layers (quantized_linear.py), whose kernels take
 the same kind of layout: 32 inputs of an output channel share a scale (and
 a zero). So the served model multiplies by the file's own weights (Q4_0,
-Q4_1, Q8_0 and Q4_K exactly, the other types as 8-bit blocks close to them:
-gguf_types.py), and reads a quarter (4-bit) or half (8-bit) of the bytes a
-bfloat16 copy would.
+Q4_1, Q8_0, Q4_K and Q6_K exactly, the other types as 8-bit blocks close to
+them: gguf_types.py), and reads a quarter (4-bit) to a half (8-bit) of the
+bytes a bfloat16 copy would.
 
-PyTorch's `_weight_int8pack_mm` takes one scale a channel only, so
-elsewhere (CUDA, a CPU without AVX2) 8-bit layers are quantized again to
-int8 per channel, from transformers' dequantized floats, and the log says
-so. An output head stored quantized (SmolLM2's Q8_0, a Q4_K_M file's Q6_K,
-tied to the embedding) goes the same way for few rows, and its dequantized
-floats serve many. Float tensors keep the dequantized weights transformers
+PyTorch's `_weight_int8pack_mm` takes one scale a channel only, and there
+is no 6-bit kernel but the blocks', so elsewhere (CUDA, a CPU without AVX2)
+8-bit and 6-bit layers are quantized again to int8 per channel, from
+transformers' dequantized floats, and the log says so. An output head
+stored quantized (SmolLM2's Q8_0, a Q4_K_M file's Q6_K, tied to the
+embedding) goes the same way for few rows, and its dequantized floats serve
+many. Float tensors keep the dequantized weights transformers
 made.
 """
 
@@ -37,10 +38,11 @@ from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
 from backend.quant import block_weights, gguf_types, quantized_experts
-from backend.quant.gguf_types import EightBitWeight, FourBitWeight
+from backend.quant.gguf_types import EightBitWeight, FourBitWeight, SixBitWeight
 from backend.quant.quantized_linear import (
     GROUP_SIZE,
     Int4Linear,
+    Int6Linear,
     Int8Linear,
     WeightOnlyLinear,
     fits_int4_kernels,
@@ -50,6 +52,8 @@ from backend.quant.quantized_linear import (
 )
 
 log = logging.getLogger(__name__)
+
+Weight = FourBitWeight | SixBitWeight | EightBitWeight
 
 FLOAT_TYPES = {kind.name for kind in gguf_types.FLOAT_TYPES}
 
@@ -73,7 +77,7 @@ PLAIN_ARCHITECTURES = {
 BLOCKS_CACHE = "gguf_blocks.safetensors"
 HEAD_KEY = ":head"  # the head's tensors in that copy (no module name starts with a colon)
 # A copy's layout: a copy written by a version that served fewer types is read past and replaced.
-BLOCKS_CACHE_VERSION = "3"
+BLOCKS_CACHE_VERSION = "4"
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,8 @@ class GGUFBlocks:
     """What of a GGUF file is served from its own blocks."""
 
     # the quantizable linear layers', by module name; a mixture's experts' by `expert_key`
-    layers: dict[str, FourBitWeight | EightBitWeight]
-    head: FourBitWeight | EightBitWeight | None  # the output head's (the embedding's, where tied)
+    layers: dict[str, Weight]
+    head: Weight | None  # the output head's (the embedding's, where tied)
     types: Counter  # how many tensors of each type the file holds, for the start-up log
     head_type: str
     kinds: dict[str, str]  # each served layer's GGUF type, by module name
@@ -188,7 +192,7 @@ def gguf_experts(tensors: dict, model: nn.Module) -> dict[str, dict[str, tuple]]
     return found
 
 
-def split_experts(tensor, count: int) -> list[FourBitWeight | EightBitWeight]:
+def split_experts(tensor, count: int) -> list[Weight]:
     """A [experts, rows, inputs] tensor's blocks as one weight an expert."""
     data = np.asarray(tensor.data)
     whole = gguf_types.unpack(data.reshape(-1, data.shape[-1]), tensor.tensor_type)
@@ -196,20 +200,20 @@ def split_experts(tensor, count: int) -> list[FourBitWeight | EightBitWeight]:
     return [type(whole)(*parts) for parts in zip(*pieces, strict=True)]
 
 
-def join(first: FourBitWeight | EightBitWeight, second: FourBitWeight | EightBitWeight):
+def join(first: Weight, second: Weight):
     """Two weights over the same inputs as one, `first`'s outputs first."""
     pairs = zip(fields_of(first), fields_of(second), strict=True)
     return type(first)(*(torch.cat(pair) for pair in pairs))
 
 
-def fields_of(weight: FourBitWeight | EightBitWeight) -> list[torch.Tensor]:
+def fields_of(weight: Weight) -> list[torch.Tensor]:
     return [getattr(weight, field.name) for field in dataclasses.fields(weight)]
 
 
 def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
     """Save what `parse_gguf_blocks` found, atomically (another process may be starting too); 4-bit q
     as two values a byte."""
-    tensors, four_bit = {}, []
+    tensors, four_bit, six_bit = {}, [], []
     named = {**found.layers, **({HEAD_KEY: found.head} if found.head is not None else {})}
     for name, weight in named.items():
         if isinstance(weight, FourBitWeight):
@@ -218,10 +222,14 @@ def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
             tensors[f"{name}.zero"] = weight.zero
         else:
             tensors[f"{name}.q"] = weight.q
+        if isinstance(weight, SixBitWeight):
+            six_bit.append(name)
+            tensors[f"{name}.sub_scale"] = weight.sub_scale
         tensors[f"{name}.scale"] = weight.scale
     metadata = {
         "layers": json.dumps(list(found.layers)),
         "four_bit": json.dumps(four_bit),
+        "six_bit": json.dumps(six_bit),
         "types": json.dumps(found.types),
         "head_type": found.head_type,
         "has_head": json.dumps(found.head is not None),
@@ -242,10 +250,12 @@ def load_gguf_blocks(source: Path) -> GGUFBlocks:
         metadata = file.metadata()
         if metadata.get("version") != BLOCKS_CACHE_VERSION:
             raise ValueError("written by an older version")
-        four_bit = set(json.loads(metadata["four_bit"]))
+        four_bit, six_bit = set(json.loads(metadata["four_bit"])), set(json.loads(metadata["six_bit"]))
 
-        def weight(name: str) -> FourBitWeight | EightBitWeight:
+        def weight(name: str) -> Weight:
             q, scale = file.get_tensor(f"{name}.q"), file.get_tensor(f"{name}.scale")
+            if name in six_bit:
+                return SixBitWeight(q, file.get_tensor(f"{name}.sub_scale"), scale)
             if name not in four_bit:
                 return EightBitWeight(q, scale)
             unpacked = torch.stack((q & 0x0F, q >> 4), dim=-1).reshape(q.shape[0], -1)
@@ -326,15 +336,18 @@ def serve_experts(model: nn.Module, blocks: GGUFBlocks, served: Counter) -> int:
     return count
 
 
-def served_layer(
-    weight: FourBitWeight | EightBitWeight, linear: nn.Linear, kind: str
-) -> tuple[WeightOnlyLinear, str]:
+def served_layer(weight: Weight, linear: nn.Linear, kind: str) -> tuple[WeightOnlyLinear, str]:
     """The weight-only layer serving `weight` (read from a tensor of GGUF type `kind`), and how (for the
     log). transformers dequantized these very blocks: its weights are the dense copy for many rows."""
     device, dense = linear.weight.device, linear.weight.detach()
     if isinstance(weight, FourBitWeight):
         q, scale, zero = (t.to(device) for t in (weight.q, weight.scale, weight.zero))
         return Int4Linear(q, scale, zero, linear.bias, dense=dense), f"{kind} as 4-bit"
+    if isinstance(weight, SixBitWeight) and Int6Linear.uses_blocks_for(weight.q.shape, device):
+        layer = Int6Linear(weight.q, weight.sub_scale, weight.scale, linear.bias, dense=dense)
+        return layer, f"{kind} as 6-bit"
+    if isinstance(weight, SixBitWeight):
+        return Int8Linear.quantize(linear, dense=dense), f"{kind} as int8 per channel"
     if block_weights.available(device):
         return Int8Linear(weight.q, weight.scale, linear.bias, dense=dense), eight_bit(kind)
     return Int8Linear.quantize(linear, dense=dense), f"{kind} as int8 per channel"
@@ -353,13 +366,15 @@ def serve_head(model: nn.Module, blocks: GGUFBlocks) -> str:
     if blocks.head is not None and serve_head_blocks(model, blocks.head):
         if isinstance(blocks.head, FourBitWeight):
             return "from its 4-bit blocks for few rows"
+        if isinstance(blocks.head, SixBitWeight):
+            return "from its 6-bit blocks for few rows"
         return f"from its blocks ({eight_bit(blocks.head_type)}) for few rows"
     if quantize_head(model):
         return "in int8 per channel for few rows"
     return "as floats"
 
 
-def serve_head_blocks(model: nn.Module, head_blocks: FourBitWeight | EightBitWeight) -> bool:
+def serve_head_blocks(model: nn.Module, head_blocks: Weight) -> bool:
     """Replace the output head by a layer of its blocks where the CPU multiplies blocks; returns whether it
     did."""
     head = model.get_output_embeddings()

@@ -1,4 +1,5 @@
-"""Weight-only quantized linear layers: 4-bit group-wise and 8-bit per channel, on CPU and CUDA.
+"""Weight-only quantized linear layers: 4-bit group-wise and 8-bit per channel, on CPU and CUDA, and
+GGUF Q6_K's 6-bit blocks on a CPU.
 
 A decode step with few rows is bound by reading the weights, and these
 layers read a quarter (int4) or half (int8) of what bfloat16 weights take.
@@ -303,6 +304,43 @@ class Int8Linear(WeightOnlyLinear):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
+
+
+class Int6Linear(WeightOnlyLinear):
+    """`nn.Linear` with GGUF Q6_K's 6-bit weights, w = scale * sub_scale * (q - 32), in blocks only: a CPU
+    with AVX-512 VNNI or AVX2 (PyTorch has no 6-bit kernel; gguf_weights.served_layer goes to int8 per
+    channel elsewhere)."""
+
+    dense_from_rows = Int8Linear.dense_from_rows  # as the 8-bit blocks it replaced, until timed
+    bits = 6
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        sub_scale: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        dense: torch.Tensor | None = None,
+    ):
+        """q: [out, in] integers 0..63; sub_scale: [out, in / 16] int8; scale: [out, in / GROUP_SIZE].
+        dense: as for Int4Linear."""
+        if not self.uses_blocks_for(q.shape, q.device):
+            raise ValueError("6-bit weights are multiplied in blocks only: a CPU with AVX-512 VNNI or AVX2")
+        if dense is None:
+            dense = block_weights.dequantize_int6_values(q, sub_scale, scale).to(self.compute_dtype)
+        super().__init__(bias, dense)
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("blocks", block_weights.pack_int6(q, sub_scale, scale), persistent=False)
+
+    @staticmethod
+    def uses_blocks_for(shape: torch.Size, device: torch.device) -> bool:
+        return block_weights.available(device) and block_weights.fits(*shape)
+
+    def kernel(self) -> tuple[Callable, tuple]:
+        return block_weights.matmul, (self.blocks, 6)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, 6-bit blocks (Q6_K)"
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ import torch
 
 from backend.kernels.extension import extension
 from backend.quant import block_weights
-from backend.quant.block_weights import BLOCK, dequantize, matmul, pack_int4, pack_int8
+from backend.quant.block_weights import BLOCK, dequantize, matmul, pack_int4, pack_int6, pack_int8
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
@@ -48,6 +48,30 @@ def int8_weights(out_features: int, in_features: int, per_block: bool, seed: int
     return pack_int8(q, scale), weight.reshape(out_features, in_features)
 
 
+def int6_weights(out_features: int, in_features: int, seed: int = 0):
+    """Q6_K's terms: w = scale * sub_scale * (q - 32), q in 0..63, an int8 sub_scale a 16 inputs (its
+    extremes -128 and 127 among them)."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 64, (out_features, in_features), generator=generator, dtype=torch.uint8)
+    sub_scale = torch.randint(-128, 128, (out_features, in_features // 16), generator=generator).to(
+        torch.int8
+    )
+    sub_scale[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
+    scale = fp16_exact(torch.rand(out_features, in_features // BLOCK, generator=generator) / 1000)
+    by_half = (sub_scale.float().reshape(out_features, -1, 2) * scale[..., None]).reshape(out_features, -1)
+    weight = (q.float() - 32).reshape(out_features, -1, 16) * by_half[..., None]
+    return pack_int6(q, sub_scale, scale), weight.reshape(out_features, in_features)
+
+
+def packed(bits: int, out_features: int, in_features: int, seed: int = 0):
+    """Blocks of `bits` (8: a scale a block) and the float weights they hold."""
+    if bits == 4:
+        return int4_weights(out_features, in_features, seed)
+    if bits == 6:
+        return int6_weights(out_features, in_features, seed)
+    return int8_weights(out_features, in_features, per_block=True, seed=seed)
+
+
 def rounded_per_block(x: torch.Tensor) -> torch.Tensor:
     """x as the kernel sees it: each block of 32 as int8 values times max|x| / 127."""
     blocks = x.double().reshape(x.shape[0], -1, BLOCK)
@@ -55,29 +79,26 @@ def rounded_per_block(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks / scale.clamp(min=1e-300)) * scale).reshape(x.shape)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 def test_blocks_hold_the_weights_they_were_packed_from(bits):
     out_features, in_features = 48, 5 * BLOCK
     for blocks, weight in (
-        [int4_weights(out_features, in_features)]
-        if bits == 4
+        [packed(bits, out_features, in_features)]
+        if bits != 8
         else [int8_weights(out_features, in_features, per_block) for per_block in (True, False)]
     ):
         assert blocks.dtype == torch.uint8
-        assert blocks.shape == (out_features, in_features // BLOCK * {4: 20, 8: 34}[bits])
+        assert blocks.shape == (out_features, in_features // BLOCK * {4: 20, 6: 28, 8: 34}[bits])
         assert torch.equal(dequantize(blocks, in_features), weight)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weights(bits, dtype, kernel):
     """Exact up to float32 sums (and the output's bfloat16 rounding), for row counts below, at and
     past the rows the kernels take at once (8 with AVX-512, 4 with AVX2)."""
     out_features, in_features = 96, 6 * BLOCK
-    if bits == 4:
-        blocks, weight = int4_weights(out_features, in_features)
-    else:
-        blocks, weight = int8_weights(out_features, in_features, per_block=True)
+    blocks, weight = packed(bits, out_features, in_features)
     generator = torch.Generator().manual_seed(1)
     for rows in (1, 3, 8, 9, 17):
         x = torch.randn(rows, in_features, generator=generator).to(dtype)
@@ -90,26 +111,26 @@ def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weigh
 
 
 @pytest.mark.skipif(block_weights.kernel(CPU) != "AVX-512 VNNI", reason="this CPU has the AVX2 kernel alone")
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 def test_the_avx2_kernel_gives_the_avx512_kernels_products(bits):
-    """The same int8 activations and integer sums: 4-bit products bit for bit; 8-bit ones sum q * x where
-    AVX-512 sums u * x and subtracts 128 * x, so they differ by float32 rounding alone."""
-    blocks = int4_weights(64, 9 * BLOCK)[0] if bits == 4 else int8_weights(64, 9 * BLOCK, per_block=True)[0]
+    """The same int8 activations and integer sums: 4-bit and 6-bit products bit for bit; 8-bit ones sum
+    q * x where AVX-512 sums u * x and subtracts 128 * x, so they differ by float32 rounding alone."""
+    blocks = packed(bits, 64, 9 * BLOCK)[0]
     x = torch.randn(11, 9 * BLOCK, generator=torch.Generator().manual_seed(3))
     avx512, avx2 = matmul(x, blocks, bits), extension().block_matmul_avx2(x, blocks, bits)
-    if bits == 4:
+    if bits != 8:
         assert torch.equal(avx2, avx512)
     else:
         assert (avx2 - avx512).abs().max() < 1e-6 * avx512.abs().max()
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_nan_activation_makes_every_product_of_its_row_nan(bits, dtype, kernel):
     """Wherever the NaN sits in its block (a lane of either half, the first or the last), its row's
     products are all NaN, as a float product's would be, not -128 times a finite scale in some channels;
     an infinite activation gives NaN too; the other rows' products are as without it."""
-    blocks = int4_weights(32, 4 * BLOCK)[0] if bits == 4 else int8_weights(32, 4 * BLOCK, per_block=True)[0]
+    blocks = packed(bits, 32, 4 * BLOCK)[0]
     x = torch.randn(5, 4 * BLOCK, generator=torch.Generator().manual_seed(4)).to(dtype)
     clean = kernel(x, blocks, bits)
     for column, bad in ((0, "nan"), (9, "nan"), (16, "nan"), (31, "nan"), (77, "nan"), (100, "inf")):
@@ -152,7 +173,7 @@ def test_compiled_code_calls_the_kernel_as_an_operator():
 
 def test_wrong_inputs_are_refused_with_the_reason():
     blocks, _ = int4_weights(32, 2 * BLOCK)
-    with pytest.raises(RuntimeError, match="bits must be 4 or 8"):
+    with pytest.raises(RuntimeError, match="bits must be 4, 6 or 8"):
         matmul(torch.randn(1, 2 * BLOCK), blocks, 5)
     with pytest.raises(RuntimeError, match="do not hold 8-bit blocks"):
         matmul(torch.randn(1, 2 * BLOCK), blocks, 8)

@@ -1,6 +1,6 @@
-"""Each GGUF type's blocks become the engine's weights: Q4_K exactly as 4-bit blocks, the other
-types as 8-bit blocks within half a step of 1/127 of each block's largest weight, against the gguf
-package's own dequantization (the reference transformers loads too)."""
+"""Each GGUF type's blocks become the engine's weights: Q4_K exactly as 4-bit blocks, Q6_K exactly as
+6-bit ones, the other types as 8-bit blocks within half a step of 1/127 of each block's largest
+weight, against the gguf package's own dequantization (the reference transformers loads too)."""
 
 import numpy as np
 import pytest
@@ -8,8 +8,15 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from backend.quant import block_weights
-from backend.quant.gguf_types import EightBitWeight, FourBitWeight, requantize_int8, served, unpack
-from backend.quant.quantized_linear import Int4Linear, Int8Linear
+from backend.quant.gguf_types import (
+    EightBitWeight,
+    FourBitWeight,
+    SixBitWeight,
+    requantize_int8,
+    served,
+    unpack,
+)
+from backend.quant.quantized_linear import Int4Linear, Int6Linear, Int8Linear
 from tests.backend.k_quants import quantize
 
 K_TYPES = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
@@ -73,11 +80,34 @@ def test_the_cpus_4_bit_blocks_hold_q4_k_within_fp16_rounding_of_its_scales():
     assert (layer(x) - reference).abs().max() < 0.02 * reference.abs().max()
 
 
+def test_q6_k_unpacks_to_exactly_the_weights_gguf_dequantizes():
+    """Each field where Q6_K puts it: low nibbles, top two bits, the sixteen int8 scales (negative ones
+    too) and d; the CPU's 6-bit blocks then hold those weights bit for bit, and multiply by them."""
+    w = weights(32, 768)
+    w[3, :16] *= -1  # a 16 whose largest magnitude is negative
+    rows = quantize(w, GGMLQuantizationType.Q6_K)
+    expected = torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType.Q6_K))
+    six_bit = unpack(rows, GGMLQuantizationType.Q6_K)
+    assert (
+        isinstance(six_bit, SixBitWeight) and six_bit.q.max() <= 63 and six_bit.sub_scale.dtype == torch.int8
+    )
+    assert torch.equal(
+        block_weights.dequantize_int6_values(six_bit.q, six_bit.sub_scale, six_bit.scale), expected
+    )
+    if not block_weights.available(torch.device("cpu")):
+        return
+    layer = Int6Linear(six_bit.q, six_bit.sub_scale, six_bit.scale, None)
+    assert torch.equal(block_weights.dequantize(layer.blocks, 768), expected)
+    assert layer.blocks.shape == (32, 768 // 32 * 28)  # 7 bits a weight
+    x = torch.randn(4, 768)
+    reference = x @ expected.T
+    assert (layer(x) - reference).abs().max() < 0.02 * reference.abs().max()
+
+
 @pytest.mark.parametrize(
     "kind",
     [
         GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
         GGMLQuantizationType.Q5_0,
         GGMLQuantizationType.Q5_1,
     ],
