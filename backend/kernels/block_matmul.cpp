@@ -1,4 +1,4 @@
-// Few rows of activations times weights stored in blocks of 32 (4, 6 or 8 bits, a scale each), by the CPU's
+// Few rows of activations times weights stored in blocks of 32 (4 to 8 bits, a scale each), by the CPU's
 // int8 dot products (AVX-512 VNNI, or AVX2), as llama.cpp multiplies its Q4_1, Q6_K and Q8_0 files (backend/quant/block_weights.py
 // has the layout and says why; docs/performance.md measures it).
 //
@@ -13,7 +13,7 @@
 // 4 consecutive inputs of each per 32-bit lane, so the sums need no shuffling and a block's scales are
 // one vector of 16.
 //
-// 6-bit weights (GGUF's Q6_K) are w = d * s * (u - 32) with u in 0..63, an int8 s for each 16 inputs and d
+// 5-bit weights (GGUF's Q5_0, Q5_1, Q5_K) are w = d * u + m as 4-bit ones, u in 0..31. 6-bit weights (GGUF's Q6_K) are w = d * s * (u - 32) with u in 0..63, an int8 s for each 16 inputs and d
 // for the block: the two halves of a block sum apart, sum(u * q_x) - 32 * sum(q_x) each, and are weighed
 // by their s in int32 (exact) before the one float multiply by d * d_x.
 //
@@ -57,13 +57,15 @@ constexpr int64_t ROWS_AT_ONCE_AVX2 = 4;
 // Pieces of a product a thread takes, on average: enough that a thread that lost its core leaves little.
 constexpr int64_t CHUNKS_A_THREAD = 8;
 
-// Bytes of one block of 16 channels: their values, then their fp16 scales d (and, 4-bit, minimums m).
-// 8-bit blocks have m = -128 d (u = q + 128), so they store d alone. 6-bit blocks: the low nibbles as
-// 4-bit ones, two lines of the top two bits, d, then the 16 channels' s for inputs 0-15 and for 16-31.
-constexpr int64_t block_bytes(int64_t bits) {
-  return bits == 4 ? 16 * 16 + 2 * 32 : bits == 6 ? 16 * 16 + 128 + 32 + 32 : 16 * 32 + 32;
-}
-constexpr int64_t LOW_NIBBLES = 256, TOP_BITS = 128;  // a 6-bit block's values: where its d begins
+// Bytes of one block of 16 channels: their values, then their fp16 scales d (and, 4-bit and 5-bit,
+// minimums m). 8-bit blocks have m = -128 d (u = q + 128), so they store d alone. 5-bit and 6-bit blocks
+// keep their values' low nibbles as 4-bit ones do, then one line of fifth bits (bit j of a byte: line j's)
+// or two of top two bits (bits 2i and 2i + 1 of line h: line 4h + i's); a 6-bit block then has d and the
+// 16 channels' s for inputs 0-15 and for 16-31.
+constexpr int64_t LOW_NIBBLES = 256;
+constexpr int64_t value_bytes(int64_t bits) { return bits == 8 ? 512 : LOW_NIBBLES + (bits - 4) * 64; }
+constexpr int64_t block_bytes(int64_t bits) { return value_bytes(bits) + (bits == 8 ? 32 : 64); }
+constexpr bool has_minimum(int64_t bits) { return bits == 4 || bits == 5; }
 constexpr int32_t SIX_BIT_OFFSET = 32;               // 6-bit weights are s * d * (u - 32)
 
 // Four activations (int8) as one int32, to broadcast to every lane: copied, which compilers turn into one
@@ -148,7 +150,7 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
     // u[j]: inputs 4j..4j+3 of the block for each of the 16 channels. 4-bit: byte i of a 64-byte line
     // holds u[2c] in its low nibble and u[2c + 1] in its high one.
     __m512i u[8];
-    if constexpr (BITS == 4 || BITS == 6) {
+    if constexpr (BITS != 8) {
       for (int c = 0; c < 4; ++c) {
         const __m512i line = _mm512_loadu_si512(weights + 64 * c);
         u[2 * c] = _mm512_and_si512(line, nibble);
@@ -156,6 +158,13 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
       }
     } else {
       for (int j = 0; j < 8; ++j) u[j] = _mm512_loadu_si512(weights + 64 * j);
+    }
+    if constexpr (BITS == 5) {  // bit j of the line is bit 4 of u[j]
+      const __m512i fifth = _mm512_set1_epi8(0x10), line = _mm512_loadu_si512(weights + LOW_NIBBLES);
+      const __m512i top[8] = {_mm512_slli_epi16(line, 4), _mm512_slli_epi16(line, 3), _mm512_slli_epi16(line, 2),
+                              _mm512_slli_epi16(line, 1), line,                        _mm512_srli_epi16(line, 1),
+                              _mm512_srli_epi16(line, 2), _mm512_srli_epi16(line, 3)};
+      for (int j = 0; j < 8; ++j) u[j] = _mm512_or_si512(u[j], _mm512_and_si512(top[j], fifth));
     }
     if constexpr (BITS == 6) {
       // Bits 2i and 2i + 1 of top line h are bits 4 and 5 of u[4h + i].
@@ -166,9 +175,9 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
         for (int i = 0; i < 4; ++i) u[4 * h + i] = _mm512_or_si512(u[4 * h + i], _mm512_and_si512(top[i], top_two));
       }
     }
-    const uint8_t* scales = weights + (BITS == 4 ? 256 : BITS == 6 ? LOW_NIBBLES + TOP_BITS : 512);
+    const uint8_t* scales = weights + value_bytes(BITS);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
-    const __m512 m = BITS == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
+    const __m512 m = has_minimum(BITS) ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
                                : _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
     if constexpr (BITS == 6) {
       const __m512i low_s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
@@ -282,8 +291,8 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
     for (int64_t r = 0; r < count; ++r) sums[r] = _mm256_setzero_ps();
     const uint8_t* block = weights + 32 * half;
     for (int64_t b = 0; b < blocks; ++b, block += block_bytes(BITS)) {
-      __m256i u[8];  // 4-bit: u, 0..15; 6-bit: u, 0..63; 8-bit: q = u - 128, signed
-      if constexpr (BITS == 4 || BITS == 6) {
+      __m256i u[8];  // 4-bit: u, 0..15; 5-bit: 0..31; 6-bit: 0..63; 8-bit: q = u - 128, signed
+      if constexpr (BITS != 8) {
         for (int c = 0; c < 4; ++c) {
           const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * c));
           u[2 * c] = _mm256_and_si256(line, nibble);
@@ -294,6 +303,14 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
           u[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j)), offset);
         }
       }
+      if constexpr (BITS == 5) {  // as multiply_group: bit j of the line to bit 4 of u[j]
+        const __m256i fifth = _mm256_set1_epi8(0x10);
+        const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + LOW_NIBBLES));
+        const __m256i top[8] = {_mm256_slli_epi16(line, 4), _mm256_slli_epi16(line, 3), _mm256_slli_epi16(line, 2),
+                                _mm256_slli_epi16(line, 1), line,                        _mm256_srli_epi16(line, 1),
+                                _mm256_srli_epi16(line, 2), _mm256_srli_epi16(line, 3)};
+        for (int j = 0; j < 8; ++j) u[j] = _mm256_or_si256(u[j], _mm256_and_si256(top[j], fifth));
+      }
       if constexpr (BITS == 6) {  // as multiply_group: bits 2i, 2i + 1 of top line h to bits 4, 5 of u[4h + i]
         const __m256i top_two = _mm256_set1_epi8(0x30);
         for (int h = 0; h < 2; ++h) {
@@ -302,7 +319,7 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
           for (int i = 0; i < 4; ++i) u[4 * h + i] = _mm256_or_si256(u[4 * h + i], _mm256_and_si256(top[i], top_two));
         }
       }
-      const uint8_t* scales = block - 32 * half + (BITS == 4 ? 256 : BITS == 6 ? LOW_NIBBLES + TOP_BITS : 512) + 16 * half;
+      const uint8_t* scales = block - 32 * half + value_bytes(BITS) + 16 * half;
       if constexpr (BITS == 6) {
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
         const uint8_t* s = scales - 16 * half + 32 + 8 * half;  // this half's 8 channels' s, inputs 0-15
@@ -329,19 +346,24 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
         continue;
       }
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
-      const __m256 m = BITS == 4 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)))
+      const __m256 m = has_minimum(BITS) ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)))
                                  : _mm256_setzero_ps();
       for (int64_t r = 0; r < count; ++r) {
         const int64_t row_block = (first + r) * blocks + b;
         const int8_t* q = x.values.data() + row_block * BLOCK;
         __m256i products;
-        if constexpr (BITS == 4) {
-          // Each vpmaddubsw sum is at most 2 * 15 * 127, so eight of them still fit in int16.
-          __m256i pairs = _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(four_values(q)));
-          for (int j = 1; j < 8; ++j) {
-            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))));
+        if constexpr (BITS == 4 || BITS == 5) {
+          // Each vpmaddubsw sum is at most 2 * 15 * 127 (4-bit) or 2 * 31 * 127 (5-bit), so eight (or four)
+          // of them still fit in int16.
+          constexpr int in_int16 = BITS == 4 ? 8 : 4;
+          products = _mm256_setzero_si256();
+          for (int j0 = 0; j0 < 8; j0 += in_int16) {
+            __m256i pairs = _mm256_maddubs_epi16(u[j0], _mm256_set1_epi32(four_values(q + 4 * j0)));
+            for (int j = j0 + 1; j < j0 + in_int16; ++j) {
+              pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))));
+            }
+            products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, ones));
           }
-          products = _mm256_madd_epi16(pairs, ones);
         } else {
           products = _mm256_setzero_si256();
           for (int j = 0; j < 8; ++j) {
@@ -351,7 +373,7 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
           }
         }
         sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);
-        if constexpr (BITS == 4) sums[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[row_block]), sums[r]);
+        if constexpr (has_minimum(BITS)) sums[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[row_block]), sums[r]);
       }
     }
     for (int64_t r = 0; r < count; ++r) store8(out + (first + r) * out_stride + 8 * half, sums[r]);
@@ -401,6 +423,7 @@ void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bit
 #ifdef BLOCK_MATMUL_AVX2
   if (avx2) {
     const GroupProduct<T> product = bits == 4   ? multiply_group_avx2<4, T>
+                                    : bits == 5 ? multiply_group_avx2<5, T>
                                     : bits == 6 ? multiply_group_avx2<6, T>
                                                 : multiply_group_avx2<8, T>;
     multiply_groups(product, ROWS_AT_ONCE_AVX2, quantize_rows_avx2(values, rows, in), in, weights, bits, result);
@@ -410,6 +433,7 @@ void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bit
 #ifdef BLOCK_MATMUL_VNNI
   if (!avx2) {
     const GroupProduct<T> product = bits == 4   ? multiply_group<4, T>
+                                    : bits == 5 ? multiply_group<5, T>
                                     : bits == 6 ? multiply_group<6, T>
                                                 : multiply_group<8, T>;
     multiply_groups(product, ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights, bits, result);
@@ -438,7 +462,7 @@ constexpr bool has_avx2_kernel() {
 }
 
 at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2) {
-  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8, not ", bits);
+  TORCH_CHECK((bits >= 4 && bits <= 6) || bits == 8, "bits must be 4, 5, 6 or 8, not ", bits);
   TORCH_CHECK(x.device().is_cpu() && weights.device().is_cpu(), "block_matmul runs on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in]");
   TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),

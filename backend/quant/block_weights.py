@@ -15,9 +15,10 @@ of the default model's projections and head 1.0 ms against 0.9 with VNNI and
 
     w = d * u + m, u in 0..15 (4-bit) or 0..255 (8-bit, m = -128 d),
     one fp16 d (and 4-bit, one fp16 m) per block of 32 inputs of a channel;
+    5-bit: w = d * u + m as 4-bit, u in 0..31;
     6-bit: w = d * s * (u - 32), u in 0..63, an int8 s for each 16 inputs.
 
-GGUF's Q4_0, Q4_1, Q6_K and Q8_0 blocks map onto these exactly. The activations'
+GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q6_K and Q8_0 blocks map onto these exactly. The activations'
 rounding costs a few times bfloat16's (tests/backend/test_block_weights.py)
 and the default model +0.3% perplexity (docs/performance.md).
 
@@ -26,13 +27,14 @@ Layout, for each group of 16 output channels and each block of 32 inputs
 values side by side, four consecutive inputs of one channel a 32-bit lane,
 so that a 64-byte line feeds one vpdpbusd; 4-bit values pack two lines
 into one (line 2c in the low nibbles, 2c + 1 in the high); then the 16
-channels' d, and (4-bit) their m, as fp16. 6-bit values keep their low
-nibbles so, then two lines of their top two bits (bits 2i and 2i + 1 of line
-h: those of line 4h + i), then d, then the 16 channels' s for inputs 0-15
-and for 16-31. A layer's blocks are a uint8 tensor [out, in / 32 * bytes],
-20 bytes a channel's block in 4 bits, 28 in 6 and 34 in 8 (Q4_1's and
-Q8_0's own sizes; Q6_K's d a block, not 256 inputs, costs 7 bits a
-weight against its 6.56), so that its first dimension is the
+channels' d, and (4-bit and 5-bit) their m, as fp16. 5-bit and 6-bit
+values keep their low nibbles so, then one line of fifth bits (bit j of a
+byte: line j's) or two lines of top two bits (bits 2i and 2i + 1 of line h:
+those of line 4h + i); a 6-bit block then has d and the 16 channels' s for
+inputs 0-15 and for 16-31. A layer's blocks are a uint8 tensor [out, in /
+32 * bytes], 20 bytes a channel's block in 4 bits, 24 in 5, 28 in 6 and 34
+in 8 (Q4_1's and Q8_0's own sizes; Q5_1's; Q6_K's d a block, not 256
+inputs, costs 7 bits a weight against its 6.56), so that its first dimension is the
 layer's outputs: it slices and concatenates by whole groups of 16 like any
 weight (quantized_linear.fuse_linears).
 """
@@ -45,7 +47,7 @@ from backend.kernels import extension as kernels
 
 BLOCK = 32  # inputs a scale covers
 CHANNELS = 16  # output channels stored side by side, one a vector lane
-BYTES_PER_CHANNEL = {4: 20, 6: 28, 8: 34}  # a channel's share of a block: its values and scales
+BYTES_PER_CHANNEL = {4: 20, 5: 24, 6: 28, 8: 34}  # a channel's share of a block: its values and scales
 SIX_BIT_OFFSET = 32  # 6-bit weights are d * s * (u - 32)
 
 
@@ -73,6 +75,18 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch
     lanes = interleave(q.to(torch.uint8))  # [groups, blocks, 8 lines, 64]
     nibbles = lanes[:, :, 0::2] | (lanes[:, :, 1::2] << 4)  # [groups, blocks, 4, 64]
     return assemble(nibbles, [scale, zero - 8 * scale], q.shape)
+
+
+def pack_int5(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """q [out, in] values 0..31, scale and minimum [out, in / 32] (fp16 values), w = scale * q + minimum
+    (GGUF's Q5_0, Q5_1, Q5_K), as 5-bit blocks: d = scale, m = minimum."""
+    lanes = interleave(q.to(torch.uint8))  # [groups, blocks, 8 lines, 64]
+    low = lanes & 0x0F
+    nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [groups, blocks, 4, 64]
+    shifts = torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)
+    fifth = ((lanes >> 4) << shifts).sum(dim=2, dtype=torch.uint8)  # [groups, blocks, 64], no bits overlap
+    values = torch.cat([nibbles.flatten(2), fifth], dim=-1)
+    return assemble(values, [scale, minimum], q.shape)
 
 
 def pack_int6(q: torch.Tensor, sub_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -153,9 +167,12 @@ def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
     out_features = blocks.shape[0]
     groups, count = out_features // CHANNELS, in_features // BLOCK
     per_block = blocks.reshape(groups, count, -1)
-    value_bytes = {4: 256, 6: 384, 8: 512}[bits]
+    value_bytes = {4: 256, 5: 320, 6: 384, 8: 512}[bits]
     raw = per_block[..., : 512 if bits == 8 else 256].reshape(groups, count, -1, 64)
     lines = torch.stack([raw & 0x0F, raw >> 4], dim=3).flatten(2, 3) if bits != 8 else raw
+    if bits == 5:
+        fifth = per_block[..., 256:320].reshape(groups, count, 1, 64)
+        lines = lines | (((fifth >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)) & 1) << 4)
     if bits == 6:
         top = per_block[..., 256:384].reshape(groups, count, 2, 1, 64)
         shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
@@ -168,7 +185,7 @@ def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
     by_channel = by_channel.reshape(out_features, count, -1)  # d, and (4-bit) m
     d = by_channel[..., 0, None]
     u = u.float().reshape(out_features, count, BLOCK)
-    weights = u * d + by_channel[..., 1, None] if bits == 4 else (u - 128) * d  # 8-bit: q * d, exactly
+    weights = u * d + by_channel[..., 1, None] if bits in (4, 5) else (u - 128) * d  # 8-bit: q * d, exactly
     return weights.reshape(out_features, in_features)
 
 

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from backend.quant.quantized_linear import Int6Linear, Int8Linear, WeightOnlyLinear, first_outputs
+from backend.quant.quantized_linear import BlocksLinear, Int8Linear, WeightOnlyLinear, first_outputs
 from backend.quant.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
 
 log = logging.getLogger(__name__)
@@ -177,12 +177,12 @@ def int8_multiplies_faster(layer: WeightOnlyLinear, rows: int = TIMED_ROWS) -> b
 
 
 def time_head_crossover(model: nn.Module) -> int | None:
-    """Set from how many rows an int8 (or 6-bit) head with a dense copy multiplies by that copy: the fewest of
-    HEAD_TIMED_ROWS at which the copy is at least as fast as the int8 kernel (else the most), timed on
-    its first HEAD_TIMED_OUTPUTS outputs (both take time in proportion to them; the whole head of
-    SmolLM2 took seconds). Returns the number, or None where the head has no such choice."""
+    """Set from how many rows an int8 (or 5-bit or 6-bit) head with a dense copy multiplies by that
+    copy: the fewest of HEAD_TIMED_ROWS at which the copy is at least as fast as the int8 kernel (else
+    the most), timed on its first HEAD_TIMED_OUTPUTS outputs (both take time in proportion to them;
+    the whole head of SmolLM2 took seconds). Returns the number, or None where the head has no such choice."""
     head = model.get_output_embeddings()
-    if not isinstance(head, (Int8Linear, Int6Linear)) or head.dense is None:
+    if not isinstance(head, (Int8Linear, BlocksLinear)) or head.dense is None:
         return None
     sample = first_outputs(head, min(HEAD_TIMED_OUTPUTS, head.out_features))
     head.dense_from_rows = dense_pays_from(sample, HEAD_TIMED_ROWS, head.dense.dtype)

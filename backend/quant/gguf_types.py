@@ -19,19 +19,23 @@ How each GGUF type becomes one of them:
         4-bit, exactly: scale = d * s, zero = 8 * scale - dmin * m (products exact in float32; the CPU's
         blocks keep d * s and -dmin * m in fp16, within 2^-11 of them).
 
+    Q5_0 block (22 bytes): fp16 d, 32 fifth bits (bit j: element j's), 16 bytes of low nibbles as Q4_0's;
+        w = d * (q - 16). Q5_1 (24 bytes): fp16 d, fp16 m, then the same; w = d * q + m.
+    Q5_K super-block of 256 (176 bytes): Q4_K's d, dmin, scales and mins, 32 bytes of fifth bits (bit i
+        of byte l: input 32 i + l's), 128 bytes of low nibbles as Q4_K's; w = d * s * q - dmin * m.
+        5-bit, exactly (Q5_K within fp16 rounding of d * s and dmin * m, as Q4_K).
     Q6_K super-block of 256 (210 bytes): 128 bytes of low nibbles, 64 of top two bits, sixteen int8
         scales s (one a 16 inputs), fp16 d; w = d * s * (q - 32), q in 0..63
         6-bit, exactly (the CPU's 6-bit blocks keep d and s as they are; block_weights.py).
 
-Every other type that the gguf package dequantizes (Q5_K, the 5-bit layers
-of a Q5_K_M file; Q5_0, Q5_1, Q2_K, Q3_K, ...) is
-quantized again from its dequantized weights to 8-bit blocks of 32 with the
-block's largest magnitude at 127. That adds at most half a step of 1/127 of a
-block's largest weight, an eighth of a 5-bit step or less, and keeps 8.5
-bits a weight where bfloat16 would keep 16. PyTorch's kernels (CUDA, a CPU
-without AVX2) take a single scale a channel for 8-bit weights and have no
-6-bit ones: there these layers and Q6_K's are quantized again per channel
-(gguf_weights.served_layer).
+Every other type that the gguf package dequantizes (Q2_K, Q3_K, the IQ
+types, ...) is quantized again from its dequantized weights to 8-bit blocks
+of 32 with the block's largest magnitude at 127. That adds at most half a
+step of 1/127 of a block's largest weight, and keeps 8.5 bits a weight where
+bfloat16 would keep 16. PyTorch's kernels (CUDA, a CPU without AVX2) take a
+single scale a channel for 8-bit weights and have no 5-bit or 6-bit ones:
+there these layers and the 5-bit and 6-bit types' are quantized again per
+channel (gguf_weights.served_layer).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ BLOCK = 32  # the inputs an engine block's scale covers
 FOUR_BIT = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}  # bytes per block of 32
 Q8_0_BYTES = 34  # fp16 d, 32 int8 values
 Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit q
+Q5_BYTES = {GGMLQuantizationType.Q5_0: 22, GGMLQuantizationType.Q5_1: 24}  # bytes per block of 32
+Q5_K_BYTES = 176  # Q4_K's 16 bytes of d, dmin, scales and mins, 32 of fifth bits, 128 of low nibbles
 Q6_K_BYTES = 210  # 128 bytes of low nibbles, 64 of top two bits, 16 int8 scales, fp16 d
 SUPER_BLOCK = 256  # the inputs of a K-quant's super-block
 K_SCALES = 12
@@ -70,6 +76,16 @@ class EightBitWeight:
 
 
 @dataclass(frozen=True)
+class FiveBitWeight:
+    """w = scale * q + minimum, a scale and minimum a block of 32 inputs of an output channel (Q5_0, Q5_1,
+    Q5_K)."""
+
+    q: torch.Tensor  # [out, in] uint8, 0..31
+    scale: torch.Tensor  # [out, in / 32] float32
+    minimum: torch.Tensor  # [out, in / 32] float32
+
+
+@dataclass(frozen=True)
 class SixBitWeight:
     """w = scale * sub_scale * (q - 32): Q6_K's blocks, a scale a block of 32 inputs of an output channel
     (its super-block's d, repeated) and an int8 sub_scale a 16."""
@@ -85,7 +101,7 @@ def served(kind: GGMLQuantizationType, in_features: int) -> bool:
     return kind not in FLOAT_TYPES and in_features % BLOCK == 0
 
 
-def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight | SixBitWeight | EightBitWeight:
+def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> Weight:
     """[out, bytes] uint8 rows of `kind`'s blocks as the engine's weights."""
     if kind in FOUR_BIT:
         return unpack_blocks(rows, kind)
@@ -93,6 +109,10 @@ def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight | SixB
         return unpack_q8_0(rows)
     if kind == GGMLQuantizationType.Q4_K:
         return unpack_q4_k(rows)
+    if kind in Q5_BYTES:
+        return unpack_q5(rows, kind)
+    if kind == GGMLQuantizationType.Q5_K:
+        return unpack_q5_k(rows)
     if kind == GGMLQuantizationType.Q6_K:
         return unpack_q6_k(rows)
     return requantize_int8(quants.dequantize(np.ascontiguousarray(rows), kind))
@@ -121,17 +141,59 @@ def unpack_q4_k(rows: np.ndarray) -> FourBitWeight:
     chunks of 64 inputs, 32 bytes each: the low nibbles the chunk's first 32, the high ones the next."""
     out_features = rows.shape[0]
     blocks = np.ascontiguousarray(rows).reshape(-1, Q4_K_BYTES)
-    d, dmin = halves(blocks[:, 0:2]), halves(blocks[:, 2:4])
-    scales, mins = quants.Q4_K.get_scale_min(blocks[:, 4 : 4 + K_SCALES])  # [super-blocks, 8] each, 0..63
-    scale = d[:, None] * scales.astype(np.float32)  # exact: an 11-bit d times a 6-bit integer
-    zero = 8 * scale - dmin[:, None] * mins.astype(np.float32)
-    packed = blocks[:, 4 + K_SCALES :].reshape(-1, 4, 1, 32)
-    q = (packed >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    scale, minimum = k_scales(blocks)
+    zero = 8 * scale + minimum
+    q = k_nibbles(blocks[:, 4 + K_SCALES :])
     return FourBitWeight(
         torch.from_numpy(q.reshape(out_features, -1)),
         torch.from_numpy(scale.reshape(out_features, -1)),
         torch.from_numpy(zero.reshape(out_features, -1)),
     )
+
+
+def unpack_q5(rows: np.ndarray, kind: GGMLQuantizationType) -> FiveBitWeight:
+    """[out, blocks * bytes] uint8 rows of Q5_0 or Q5_1 blocks to q, scale and minimum."""
+    block_bytes = Q5_BYTES[kind]
+    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, block_bytes)
+    d = halves(blocks[..., 0:2])
+    minimum = halves(blocks[..., 2:4]) if kind == GGMLQuantizationType.Q5_1 else -16 * d
+    packed = blocks[..., block_bytes - 16 :]
+    low = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [out, blocks, 32]
+    fifth_bits = blocks[..., block_bytes - 20 : block_bytes - 16].copy().view("<u4")  # [out, blocks, 1]
+    fifth = ((fifth_bits >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    q = (low | (fifth << 4)).reshape(rows.shape[0], -1)
+    return FiveBitWeight(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(minimum))
+
+
+def unpack_q5_k(rows: np.ndarray) -> FiveBitWeight:
+    """[out, super-blocks * 176] uint8 rows of Q5_K to q, scale and minimum a block of 32: Q4_K's low
+    nibbles and scales, and bit 4 of input 32 i + l in bit i of fifth-bit byte l."""
+    out_features = rows.shape[0]
+    blocks = np.ascontiguousarray(rows).reshape(-1, Q5_K_BYTES)
+    scale, minimum = k_scales(blocks)
+    fifth_bytes = blocks[:, 4 + K_SCALES : 4 + K_SCALES + 32].reshape(-1, 1, 32)
+    fifth = (fifth_bytes >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1  # [super-blocks, 8, 32]
+    q = k_nibbles(blocks[:, 4 + K_SCALES + 32 :]) | (fifth.reshape(-1, SUPER_BLOCK) << 4)
+    return FiveBitWeight(
+        torch.from_numpy(q.reshape(out_features, -1)),
+        torch.from_numpy(scale.reshape(out_features, -1)),
+        torch.from_numpy(minimum.reshape(out_features, -1)),
+    )
+
+
+def k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's and Q5_K's [super-blocks, bytes] to each block of 32's scale d * s and minimum -dmin * m,
+    [super-blocks, 8] each (exact in float32: an 11-bit d times a 6-bit integer)."""
+    d, dmin = halves(blocks[:, 0:2]), halves(blocks[:, 2:4])
+    scales, mins = quants.Q4_K.get_scale_min(blocks[:, 4 : 4 + K_SCALES])  # [super-blocks, 8] each, 0..63
+    return d[:, None] * scales.astype(np.float32), -dmin[:, None] * mins.astype(np.float32)
+
+
+def k_nibbles(packed: np.ndarray) -> np.ndarray:
+    """[super-blocks, 128] of Q4_K's or Q5_K's low nibbles to [super-blocks, 256] values: chunks of 64
+    inputs, 32 bytes each, the low nibbles the chunk's first 32, the high ones the next."""
+    chunks = packed.reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (chunks & 0x0F).reshape(-1, SUPER_BLOCK)
 
 
 def unpack_q6_k(rows: np.ndarray) -> SixBitWeight:
@@ -163,6 +225,9 @@ def requantize_int8(weights: np.ndarray) -> EightBitWeight:
     scale = scale.float()
     q = torch.round(blocks / torch.where(scale > 0, scale, 1.0)[..., None])
     return EightBitWeight(q.to(torch.int8).reshape(weights.shape), scale)
+
+
+Weight = FourBitWeight | FiveBitWeight | SixBitWeight | EightBitWeight
 
 
 def halves(pairs: np.ndarray) -> np.ndarray:

@@ -5,13 +5,13 @@ layers stored quantized this module reads the blocks themselves and gives
 them to the weight-only layers (quantized_linear.py), whose kernels take
 the same kind of layout: 32 inputs of an output channel share a scale (and
 a zero). So the served model multiplies by the file's own weights (Q4_0,
-Q4_1, Q8_0, Q4_K and Q6_K exactly, the other types as 8-bit blocks close to
-them: gguf_types.py), and reads a quarter (4-bit) to a half (8-bit) of the
-bytes a bfloat16 copy would.
+Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K and Q6_K exactly, the
+other types as 8-bit blocks close to them: gguf_types.py), and reads a
+quarter (4-bit) to a half (8-bit) of the bytes a bfloat16 copy would.
 
 PyTorch's `_weight_int8pack_mm` takes one scale a channel only, and there
-is no 6-bit kernel but the blocks', so elsewhere (CUDA, a CPU without AVX2)
-8-bit and 6-bit layers are quantized again to int8 per channel, from
+is no 5-bit or 6-bit kernel but the blocks', so elsewhere (CUDA, a CPU
+without AVX2) 5-, 6- and 8-bit layers are quantized again to int8 per channel, from
 transformers' dequantized floats, and the log says so. An output head
 stored quantized (SmolLM2's Q8_0, a Q4_K_M file's Q6_K, tied to the
 embedding) goes the same way for few rows, and its dequantized floats serve
@@ -38,11 +38,11 @@ from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
 from backend.quant import block_weights, gguf_types, quantized_experts
-from backend.quant.gguf_types import EightBitWeight, FourBitWeight, SixBitWeight
+from backend.quant.gguf_types import EightBitWeight, FiveBitWeight, FourBitWeight, SixBitWeight, Weight
 from backend.quant.quantized_linear import (
     GROUP_SIZE,
+    BlocksLinear,
     Int4Linear,
-    Int6Linear,
     Int8Linear,
     WeightOnlyLinear,
     fits_int4_kernels,
@@ -52,8 +52,6 @@ from backend.quant.quantized_linear import (
 )
 
 log = logging.getLogger(__name__)
-
-Weight = FourBitWeight | SixBitWeight | EightBitWeight
 
 FLOAT_TYPES = {kind.name for kind in gguf_types.FLOAT_TYPES}
 
@@ -213,7 +211,7 @@ def fields_of(weight: Weight) -> list[torch.Tensor]:
 def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
     """Save what `parse_gguf_blocks` found, atomically (another process may be starting too); 4-bit q
     as two values a byte."""
-    tensors, four_bit, six_bit = {}, [], []
+    tensors, four_bit, five_bit, six_bit = {}, [], [], []
     named = {**found.layers, **({HEAD_KEY: found.head} if found.head is not None else {})}
     for name, weight in named.items():
         if isinstance(weight, FourBitWeight):
@@ -222,6 +220,9 @@ def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
             tensors[f"{name}.zero"] = weight.zero
         else:
             tensors[f"{name}.q"] = weight.q
+        if isinstance(weight, FiveBitWeight):
+            five_bit.append(name)
+            tensors[f"{name}.minimum"] = weight.minimum
         if isinstance(weight, SixBitWeight):
             six_bit.append(name)
             tensors[f"{name}.sub_scale"] = weight.sub_scale
@@ -229,6 +230,7 @@ def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
     metadata = {
         "layers": json.dumps(list(found.layers)),
         "four_bit": json.dumps(four_bit),
+        "five_bit": json.dumps(five_bit),
         "six_bit": json.dumps(six_bit),
         "types": json.dumps(found.types),
         "head_type": found.head_type,
@@ -250,10 +252,14 @@ def load_gguf_blocks(source: Path) -> GGUFBlocks:
         metadata = file.metadata()
         if metadata.get("version") != BLOCKS_CACHE_VERSION:
             raise ValueError("written by an older version")
-        four_bit, six_bit = set(json.loads(metadata["four_bit"])), set(json.loads(metadata["six_bit"]))
+        four_bit, five_bit, six_bit = (
+            set(json.loads(metadata[key])) for key in ("four_bit", "five_bit", "six_bit")
+        )
 
         def weight(name: str) -> Weight:
             q, scale = file.get_tensor(f"{name}.q"), file.get_tensor(f"{name}.scale")
+            if name in five_bit:
+                return FiveBitWeight(q, scale, file.get_tensor(f"{name}.minimum"))
             if name in six_bit:
                 return SixBitWeight(q, file.get_tensor(f"{name}.sub_scale"), scale)
             if name not in four_bit:
@@ -343,10 +349,13 @@ def served_layer(weight: Weight, linear: nn.Linear, kind: str) -> tuple[WeightOn
     if isinstance(weight, FourBitWeight):
         q, scale, zero = (t.to(device) for t in (weight.q, weight.scale, weight.zero))
         return Int4Linear(q, scale, zero, linear.bias, dense=dense), f"{kind} as 4-bit"
-    if isinstance(weight, SixBitWeight) and Int6Linear.uses_blocks_for(weight.q.shape, device):
-        layer = Int6Linear(weight.q, weight.sub_scale, weight.scale, linear.bias, dense=dense)
-        return layer, f"{kind} as 6-bit"
-    if isinstance(weight, SixBitWeight):
+    if isinstance(weight, FiveBitWeight | SixBitWeight) and BlocksLinear.takes(weight.q.shape, device):
+        if isinstance(weight, FiveBitWeight):
+            layer = BlocksLinear.int5(weight.q, weight.scale, weight.minimum, linear.bias, dense)
+        else:
+            layer = BlocksLinear.int6(weight.q, weight.sub_scale, weight.scale, linear.bias, dense)
+        return layer, f"{kind} as {layer.bits}-bit"
+    if isinstance(weight, FiveBitWeight | SixBitWeight):
         return Int8Linear.quantize(linear, dense=dense), f"{kind} as int8 per channel"
     if block_weights.available(device):
         return Int8Linear(weight.q, weight.scale, linear.bias, dense=dense), eight_bit(kind)
@@ -366,8 +375,8 @@ def serve_head(model: nn.Module, blocks: GGUFBlocks) -> str:
     if blocks.head is not None and serve_head_blocks(model, blocks.head):
         if isinstance(blocks.head, FourBitWeight):
             return "from its 4-bit blocks for few rows"
-        if isinstance(blocks.head, SixBitWeight):
-            return "from its 6-bit blocks for few rows"
+        if isinstance(blocks.head, FiveBitWeight | SixBitWeight):
+            return f"from its {5 if isinstance(blocks.head, FiveBitWeight) else 6}-bit blocks for few rows"
         return f"from its blocks ({eight_bit(blocks.head_type)}) for few rows"
     if quantize_head(model):
         return "in int8 per channel for few rows"

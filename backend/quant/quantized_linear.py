@@ -1,5 +1,5 @@
 """Weight-only quantized linear layers: 4-bit group-wise and 8-bit per channel, on CPU and CUDA, and
-GGUF Q6_K's 6-bit blocks on a CPU.
+GGUF's 5-bit and 6-bit blocks on a CPU.
 
 A decode step with few rows is bound by reading the weights, and these
 layers read a quarter (int4) or half (int8) of what bfloat16 weights take.
@@ -306,41 +306,45 @@ class Int8Linear(WeightOnlyLinear):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
 
 
-class Int6Linear(WeightOnlyLinear):
-    """`nn.Linear` with GGUF Q6_K's 6-bit weights, w = scale * sub_scale * (q - 32), in blocks only: a CPU
-    with AVX-512 VNNI or AVX2 (PyTorch has no 6-bit kernel; gguf_weights.served_layer goes to int8 per
-    channel elsewhere)."""
+class BlocksLinear(WeightOnlyLinear):
+    """`nn.Linear` with weights of a GGUF type only the CPU's blocks take (block_weights.py): Q6_K's
+    6-bit blocks, and the 5-bit ones of Q5_0, Q5_1 and Q5_K. PyTorch has no 5-bit or 6-bit kernel:
+    elsewhere (CUDA, no AVX2) gguf_weights.served_layer serves these types as int8 a channel."""
 
-    dense_from_rows = Int8Linear.dense_from_rows  # as the 8-bit blocks it replaced, until timed
-    bits = 6
+    dense_from_rows = 6  # as 8-bit blocks (Int8Linear), until timed (calibration.time_head_crossover)
 
     def __init__(
-        self,
-        q: torch.Tensor,
-        sub_scale: torch.Tensor,
-        scale: torch.Tensor,
-        bias: torch.Tensor | None,
-        dense: torch.Tensor | None = None,
+        self, blocks: torch.Tensor, bits: int, bias: torch.Tensor | None, dense: torch.Tensor | None = None
     ):
-        """q: [out, in] integers 0..63; sub_scale: [out, in / 16] int8; scale: [out, in / GROUP_SIZE].
-        dense: as for Int4Linear."""
-        if not self.uses_blocks_for(q.shape, q.device):
-            raise ValueError("6-bit weights are multiplied in blocks only: a CPU with AVX-512 VNNI or AVX2")
+        """blocks: [out, in / 32 * bytes] of `bits`; dense: the same weights as floats, kept on the CPU
+        for many rows (None: bfloat16 made from the blocks)."""
+        in_features = blocks.shape[1] // block_weights.BYTES_PER_CHANNEL[bits] * block_weights.BLOCK
         if dense is None:
-            dense = block_weights.dequantize_int6_values(q, sub_scale, scale).to(self.compute_dtype)
+            dense = block_weights.dequantize(blocks, in_features).to(self.compute_dtype)
         super().__init__(bias, dense)
-        self.out_features, self.in_features = q.shape
-        self.register_buffer("blocks", block_weights.pack_int6(q, sub_scale, scale), persistent=False)
+        self.bits, self.out_features, self.in_features = bits, blocks.shape[0], in_features
+        self.register_buffer("blocks", blocks, persistent=False)
 
     @staticmethod
-    def uses_blocks_for(shape: torch.Size, device: torch.device) -> bool:
+    def takes(shape: torch.Size, device: torch.device) -> bool:
+        """Whether a layer of this [out, in] shape on `device` can be one (the CPU multiplies blocks)."""
         return block_weights.available(device) and block_weights.fits(*shape)
 
+    @classmethod
+    def int6(cls, q, sub_scale, scale, bias=None, dense=None) -> BlocksLinear:
+        """w = scale * sub_scale * (q - 32) (Q6_K): q [out, in] 0..63, sub_scale [out, in / 16] int8."""
+        return cls(block_weights.pack_int6(q, sub_scale, scale), 6, bias, dense)
+
+    @classmethod
+    def int5(cls, q, scale, minimum, bias=None, dense=None) -> BlocksLinear:
+        """w = scale * q + minimum (Q5_0, Q5_1, Q5_K): q [out, in] 0..31, scale and minimum [out, in / 32]."""
+        return cls(block_weights.pack_int5(q, scale, minimum), 5, bias, dense)
+
     def kernel(self) -> tuple[Callable, tuple]:
-        return block_weights.matmul, (self.blocks, 6)
+        return block_weights.matmul, (self.blocks, self.bits)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, 6-bit blocks (Q6_K)"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.bits}-bit blocks"
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -391,7 +395,7 @@ def bare_like(first: WeightOnlyLinear, out_features: int, biases: list) -> Weigh
     layer = type(first).__new__(type(first))
     nn.Module.__init__(layer)
     layer.in_features, layer.out_features = first.in_features, out_features
-    layer.dense_from_rows = first.dense_from_rows
+    layer.dense_from_rows, layer.bits = first.dense_from_rows, first.bits
     layer.bias = None if biases[0] is None else nn.Parameter(torch.cat(biases), requires_grad=False)
     for name in first.shared_buffers:
         layer.register_buffer(name, getattr(first, name), persistent=False)
@@ -406,6 +410,7 @@ def fusable(parts: list[nn.Module]) -> bool:
         isinstance(first, WeightOnlyLinear)
         and all(
             type(part) is type(first)
+            and part.bits == first.bits  # (BlocksLinear's differ)
             and part.in_features == first.in_features
             and (part.bias is None) == (first.bias is None)
             for part in parts

@@ -5,7 +5,7 @@ import torch
 
 from backend.kernels.extension import extension
 from backend.quant import block_weights
-from backend.quant.block_weights import BLOCK, dequantize, matmul, pack_int4, pack_int6, pack_int8
+from backend.quant.block_weights import BLOCK, dequantize, matmul, pack_int4, pack_int5, pack_int6, pack_int8
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
@@ -48,6 +48,16 @@ def int8_weights(out_features: int, in_features: int, per_block: bool, seed: int
     return pack_int8(q, scale), weight.reshape(out_features, in_features)
 
 
+def int5_weights(out_features: int, in_features: int, seed: int = 0):
+    """Q5_0's, Q5_1's and Q5_K's terms: w = scale * q + minimum, q in 0..31."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 32, (out_features, in_features), generator=generator, dtype=torch.uint8)
+    scale = fp16_exact(torch.rand(out_features, in_features // BLOCK, generator=generator) / 16)
+    minimum = fp16_exact(torch.randn(out_features, in_features // BLOCK, generator=generator) / 8)
+    weight = q.float().reshape(out_features, -1, BLOCK) * scale[..., None] + minimum[..., None]
+    return pack_int5(q, scale, minimum), weight.reshape(out_features, in_features)
+
+
 def int6_weights(out_features: int, in_features: int, seed: int = 0):
     """Q6_K's terms: w = scale * sub_scale * (q - 32), q in 0..63, an int8 sub_scale a 16 inputs (its
     extremes -128 and 127 among them)."""
@@ -67,6 +77,8 @@ def packed(bits: int, out_features: int, in_features: int, seed: int = 0):
     """Blocks of `bits` (8: a scale a block) and the float weights they hold."""
     if bits == 4:
         return int4_weights(out_features, in_features, seed)
+    if bits == 5:
+        return int5_weights(out_features, in_features, seed)
     if bits == 6:
         return int6_weights(out_features, in_features, seed)
     return int8_weights(out_features, in_features, per_block=True, seed=seed)
@@ -79,7 +91,7 @@ def rounded_per_block(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks / scale.clamp(min=1e-300)) * scale).reshape(x.shape)
 
 
-@pytest.mark.parametrize("bits", [4, 6, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_blocks_hold_the_weights_they_were_packed_from(bits):
     out_features, in_features = 48, 5 * BLOCK
     for blocks, weight in (
@@ -88,11 +100,11 @@ def test_blocks_hold_the_weights_they_were_packed_from(bits):
         else [int8_weights(out_features, in_features, per_block) for per_block in (True, False)]
     ):
         assert blocks.dtype == torch.uint8
-        assert blocks.shape == (out_features, in_features // BLOCK * {4: 20, 6: 28, 8: 34}[bits])
+        assert blocks.shape == (out_features, in_features // BLOCK * {4: 20, 5: 24, 6: 28, 8: 34}[bits])
         assert torch.equal(dequantize(blocks, in_features), weight)
 
 
-@pytest.mark.parametrize("bits", [4, 6, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weights(bits, dtype, kernel):
     """Exact up to float32 sums (and the output's bfloat16 rounding), for row counts below, at and
@@ -111,9 +123,9 @@ def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weigh
 
 
 @pytest.mark.skipif(block_weights.kernel(CPU) != "AVX-512 VNNI", reason="this CPU has the AVX2 kernel alone")
-@pytest.mark.parametrize("bits", [4, 6, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_the_avx2_kernel_gives_the_avx512_kernels_products(bits):
-    """The same int8 activations and integer sums: 4-bit and 6-bit products bit for bit; 8-bit ones sum
+    """The same int8 activations and integer sums: 4-, 5- and 6-bit products bit for bit; 8-bit ones sum
     q * x where AVX-512 sums u * x and subtracts 128 * x, so they differ by float32 rounding alone."""
     blocks = packed(bits, 64, 9 * BLOCK)[0]
     x = torch.randn(11, 9 * BLOCK, generator=torch.Generator().manual_seed(3))
@@ -124,7 +136,7 @@ def test_the_avx2_kernel_gives_the_avx512_kernels_products(bits):
         assert (avx2 - avx512).abs().max() < 1e-6 * avx512.abs().max()
 
 
-@pytest.mark.parametrize("bits", [4, 6, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_nan_activation_makes_every_product_of_its_row_nan(bits, dtype, kernel):
     """Wherever the NaN sits in its block (a lane of either half, the first or the last), its row's
@@ -173,8 +185,8 @@ def test_compiled_code_calls_the_kernel_as_an_operator():
 
 def test_wrong_inputs_are_refused_with_the_reason():
     blocks, _ = int4_weights(32, 2 * BLOCK)
-    with pytest.raises(RuntimeError, match="bits must be 4, 6 or 8"):
-        matmul(torch.randn(1, 2 * BLOCK), blocks, 5)
+    with pytest.raises(RuntimeError, match="bits must be 4, 5, 6 or 8"):
+        matmul(torch.randn(1, 2 * BLOCK), blocks, 7)
     with pytest.raises(RuntimeError, match="do not hold 8-bit blocks"):
         matmul(torch.randn(1, 2 * BLOCK), blocks, 8)
     with pytest.raises(RuntimeError, match="multiple of 32"):

@@ -24,7 +24,7 @@ from backend.model.architectures import UnsupportedModel
 from backend.model.loader import LoadedModel, default_model_path
 from backend.quant import block_weights
 from backend.quant.quantized_experts import QuantizedExperts
-from backend.quant.quantized_linear import Int4Linear, Int6Linear, Int8Linear
+from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear
 from tests.backend import gguf_files
 from tests.backend.gguf_files import q4_k_m, round_trip_offset_norms, write_tiny_gguf
 from tests.backend.models import (
@@ -200,7 +200,7 @@ def test_a_q4_k_m_file_is_served_from_its_own_blocks_and_gives_the_dequantized_m
     served = load_gguf(path, tmp_path, quantize="auto").model
     layers = dict(served.named_modules())
     assert isinstance(layers["model.layers.0.self_attn.q_proj"], Int4Linear)  # Q4_K
-    six_bit = Int6Linear if block_weights.available(torch.device("cpu")) else Int8Linear
+    six_bit = BlocksLinear if block_weights.available(torch.device("cpu")) else Int8Linear
     for name in ("model.layers.1.self_attn.v_proj", "model.layers.1.mlp.down_proj", "lm_head"):
         assert isinstance(layers[name], six_bit), name  # Q6_K
     assert not any(type(module) is torch.nn.Linear for module in served.modules())

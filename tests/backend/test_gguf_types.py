@@ -1,6 +1,7 @@
-"""Each GGUF type's blocks become the engine's weights: Q4_K exactly as 4-bit blocks, Q6_K exactly as
-6-bit ones, the other types as 8-bit blocks within half a step of 1/127 of each block's largest
-weight, against the gguf package's own dequantization (the reference transformers loads too)."""
+"""Each GGUF type's blocks become the engine's weights: Q4_K as 4-bit blocks, Q5_0, Q5_1 and Q5_K as
+5-bit ones, Q6_K as 6-bit ones, exactly (K-quants within fp16 rounding of their scales), the other
+types as 8-bit blocks within half a step of 1/127 of each block's largest weight, against the gguf
+package's own dequantization (the reference transformers loads too)."""
 
 import numpy as np
 import pytest
@@ -10,13 +11,14 @@ from gguf import GGMLQuantizationType, quants
 from backend.quant import block_weights
 from backend.quant.gguf_types import (
     EightBitWeight,
+    FiveBitWeight,
     FourBitWeight,
     SixBitWeight,
     requantize_int8,
     served,
     unpack,
 )
-from backend.quant.quantized_linear import Int4Linear, Int6Linear, Int8Linear
+from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear
 from tests.backend.k_quants import quantize
 
 K_TYPES = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
@@ -96,7 +98,7 @@ def test_q6_k_unpacks_to_exactly_the_weights_gguf_dequantizes():
     )
     if not block_weights.available(torch.device("cpu")):
         return
-    layer = Int6Linear(six_bit.q, six_bit.sub_scale, six_bit.scale, None)
+    layer = BlocksLinear.int6(six_bit.q, six_bit.sub_scale, six_bit.scale)
     assert torch.equal(block_weights.dequantize(layer.blocks, 768), expected)
     assert layer.blocks.shape == (32, 768 // 32 * 28)  # 7 bits a weight
     x = torch.randn(4, 768)
@@ -105,13 +107,33 @@ def test_q6_k_unpacks_to_exactly_the_weights_gguf_dequantizes():
 
 
 @pytest.mark.parametrize(
-    "kind",
-    [
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-    ],
+    "kind", [GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q5_K]
 )
+def test_5_bit_types_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
+    """Q5_0's and Q5_1's fifth bits in a 32-bit word, Q5_K's in 32 bytes beside Q4_K's nibbles: the CPU's
+    5-bit blocks hold Q5_0 and Q5_1 bit for bit, and Q5_K within fp16 rounding of d * s and dmin * m."""
+    w = weights(32, 768)
+    rows = quantize(w, kind)
+    expected = torch.from_numpy(quants.dequantize(rows, kind))
+    five_bit = unpack(rows, kind)
+    assert isinstance(five_bit, FiveBitWeight) and five_bit.q.max() == 31 and five_bit.q.min() == 0
+    rebuilt = five_bit.q.float().reshape(32, -1, 32) * five_bit.scale[..., None] + five_bit.minimum[..., None]
+    np.testing.assert_allclose(rebuilt.reshape(32, -1).numpy(), expected, rtol=0, atol=1e-7)
+    if not block_weights.available(torch.device("cpu")):
+        return
+    layer = BlocksLinear.int5(five_bit.q, five_bit.scale, five_bit.minimum)
+    served_weights = block_weights.dequantize(layer.blocks, 768)
+    if kind == GGMLQuantizationType.Q5_K:
+        bound = 2**-11 * (31 * five_bit.scale + five_bit.minimum.abs())
+        assert ((served_weights - expected).abs().reshape(32, -1, 32) <= bound[..., None] * 1.0001).all()
+    else:
+        assert torch.equal(served_weights, expected)
+    x = torch.randn(4, 768)
+    reference = x @ expected.T
+    assert (layer(x) - reference).abs().max() < 0.02 * reference.abs().max()
+
+
+@pytest.mark.parametrize("kind", [GGMLQuantizationType.TQ2_0, GGMLQuantizationType.MXFP4])
 def test_other_types_become_8_bit_blocks_within_half_a_step_of_each_blocks_largest_weight(kind):
     w = weights(32, 512)
     rows = quantize(w, kind)

@@ -16,8 +16,8 @@ from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import (
     DENSE_FROM_ROWS,
     GROUP_SIZE,
+    BlocksLinear,
     Int4Linear,
-    Int6Linear,
     Int8Linear,
     fuse_linears,
 )
@@ -274,7 +274,7 @@ def test_a_q4_k_m_files_k_quant_layers_are_served_from_their_blocks(tmp_path, mo
         x = torch.randn(3, 512)
         for name, weight in expected.items():
             layer = model.get_submodule(name)
-            six_bit = Int6Linear if blocks else Int8Linear
+            six_bit = BlocksLinear if blocks else Int8Linear
             assert type(layer) is (Int4Linear if "self_attn" in name else six_bit), name
             if blocks:
                 served = block_weights.dequantize(layer.blocks, weight.shape[1])
