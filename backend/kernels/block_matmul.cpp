@@ -13,9 +13,10 @@
 // 4 consecutive inputs of each per 32-bit lane, so the sums need no shuffling and a block's scales are
 // one vector of 16.
 //
-// 5-bit weights (GGUF's Q5_0, Q5_1, Q5_K) are w = d * u + m as 4-bit ones, u in 0..31. 6-bit weights (GGUF's Q6_K) are w = d * s * (u - 32) with u in 0..63, an int8 s for each 16 inputs and d
-// for the block: the two halves of a block sum apart, sum(u * q_x) - 32 * sum(q_x) each, and are weighed
-// by their s in int32 (exact) before the one float multiply by d * d_x.
+// 5-bit weights (GGUF's Q5_0, Q5_1, Q5_K) are w = d * u + m as 4-bit ones, u in 0..31. 6-bit weights
+// (GGUF's Q6_K) are w = d * s * (u - 32) with u in 0..63, an int8 s for each 16 inputs and d for the
+// block: the two halves of a block sum apart, sum(u * q_x) - 32 * sum(q_x) each (the sums start from the
+// second term), and are weighed by their s in int32 (exact) before the one float multiply by d * d_x.
 //
 // CPUs without AVX-512 VNNI but with AVX2 (AMD before Zen 4, Intel's desktop parts) take the same blocks
 // eight channels at a time: vpmaddubsw multiplies pairs of bytes into int16 sums and vpmaddwd adds those
@@ -77,12 +78,12 @@ inline int32_t four_values(const int8_t* p) {
 }
 
 // Activations in blocks of 32: int8 values, and for each block d and d * sum(values); for 6-bit weights
-// also 32 * sum(values) of each half block (the u - 32 of their two s).
+// also -32 * sum(values) of each half block (the u - 32 of their two s).
 struct QuantizedRows {
-  std::vector<int8_t> values;      // [rows, in]
-  std::vector<float> scales;       // [rows, in / 32]
-  std::vector<float> sums;         // [rows, in / 32]
-  std::vector<int32_t> half_sums;  // [rows, in / 16], times SIX_BIT_OFFSET
+  std::vector<int8_t> values;    // [rows, in]
+  std::vector<float> scales;     // [rows, in / 32]
+  std::vector<float> sums;       // [rows, in / 32]
+  std::vector<int32_t> offsets;  // [rows, in / 16]: -SIX_BIT_OFFSET times the half block's sum
 };
 
 QuantizedRows rows_of(int64_t rows, int64_t in) {
@@ -121,8 +122,8 @@ QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t in) {
     const int32_t low_sum = _mm512_reduce_add_epi32(q_low), high_sum = _mm512_reduce_add_epi32(q_high);
     out.scales[b] = scale;
     out.sums[b] = scale * static_cast<float>(low_sum + high_sum);
-    out.half_sums[2 * b] = SIX_BIT_OFFSET * low_sum;
-    out.half_sums[2 * b + 1] = SIX_BIT_OFFSET * high_sum;
+    out.offsets[2 * b] = -SIX_BIT_OFFSET * low_sum;
+    out.offsets[2 * b + 1] = -SIX_BIT_OFFSET * high_sum;
   }
   return out;
 }
@@ -185,14 +186,13 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
       for (int64_t r = 0; r < count; ++r) {
         const int64_t row_block = (first + r) * blocks + b;
         const int8_t* q = x.values.data() + row_block * BLOCK;
-        __m512i low = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_set1_epi32(four_values(q)));
-        __m512i high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[4], _mm512_set1_epi32(four_values(q + 16)));
-        for (int j = 1; j < 4; ++j) {
+        __m512i low = _mm512_set1_epi32(x.offsets[2 * row_block]), high = _mm512_set1_epi32(x.offsets[2 * row_block + 1]);
+        for (int j = 0; j < 4; ++j) {
           low = _mm512_dpbusd_epi32(low, u[j], _mm512_set1_epi32(four_values(q + 4 * j)));
           high = _mm512_dpbusd_epi32(high, u[4 + j], _mm512_set1_epi32(four_values(q + 16 + 4 * j)));
         }
-        low = _mm512_mullo_epi32(_mm512_sub_epi32(low, _mm512_set1_epi32(x.half_sums[2 * row_block])), low_s);
-        high = _mm512_mullo_epi32(_mm512_sub_epi32(high, _mm512_set1_epi32(x.half_sums[2 * row_block + 1])), high_s);
+        low = _mm512_mullo_epi32(low, low_s);
+        high = _mm512_mullo_epi32(high, high_s);
         const __m512 products = _mm512_cvtepi32_ps(_mm512_add_epi32(low, high));
         sums[r] = _mm512_fmadd_ps(products, _mm512_mul_ps(d, _mm512_set1_ps(x.scales[row_block])), sums[r]);
       }
@@ -265,8 +265,8 @@ QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
     out.scales[b] = _mm256_movemask_ps(not_finite) == 0 ? top / 127.f : std::numeric_limits<float>::quiet_NaN();
     const int32_t low_sum = sum_of(_mm256_add_epi32(q[0], q[1])), high_sum = sum_of(_mm256_add_epi32(q[2], q[3]));
     out.sums[b] = out.scales[b] * static_cast<float>(low_sum + high_sum);
-    out.half_sums[2 * b] = SIX_BIT_OFFSET * low_sum;
-    out.half_sums[2 * b + 1] = SIX_BIT_OFFSET * high_sum;
+    out.offsets[2 * b] = -SIX_BIT_OFFSET * low_sum;
+    out.offsets[2 * b + 1] = -SIX_BIT_OFFSET * high_sum;
   }
   return out;
 }
@@ -331,14 +331,14 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
           // Two vpmaddubsw sums of 63 * 127 pairs still fit int16; three would not.
           __m256i halves[2];
           for (int h = 0; h < 2; ++h) {
-            __m256i sum = _mm256_setzero_si256();
+            __m256i sum = _mm256_set1_epi32(x.offsets[2 * row_block + h]);
             for (int j = 4 * h; j < 4 * h + 4; j += 2) {
               const __m256i pairs = _mm256_add_epi16(
                   _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))),
                   _mm256_maddubs_epi16(u[j + 1], _mm256_set1_epi32(four_values(q + 4 * j + 4))));
               sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
             }
-            halves[h] = _mm256_sub_epi32(sum, _mm256_set1_epi32(x.half_sums[2 * row_block + h]));
+            halves[h] = sum;
           }
           const __m256i total = _mm256_add_epi32(_mm256_mullo_epi32(halves[0], low_s), _mm256_mullo_epi32(halves[1], high_s));
           sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);

@@ -23,7 +23,7 @@ from transformers import (
 
 from backend.messages import BackendConfig
 from backend.model.architectures import UnsupportedModel, check_supported
-from backend.model.loader import load_model
+from backend.model.loader import load_model, load_tokenizer
 from backend.process import BackendProcess, BackendStartError
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -57,13 +57,11 @@ def test_check_supported(config, refused_for):
 
 
 def test_a_model_of_another_type_is_refused_at_start_up_with_the_reason(tmp_path):
-    from transformers import AutoTokenizer, RwkvForCausalLM
+    from transformers import RwkvForCausalLM
 
     model = RwkvForCausalLM(RwkvConfig(**RWKV))
     model.save_pretrained(tmp_path / "state-space")
-    AutoTokenizer.from_pretrained(
-        load_model(BackendConfig(rows=1, max_seq_len=64)).tokenizer_path
-    ).save_pretrained(tmp_path / "state-space")
+    load_tokenizer(BackendConfig()).save_pretrained(tmp_path / "state-space")
     with pytest.raises(UnsupportedModel, match="'rwkv' is not supported"):
         load_model(BackendConfig(model=str(tmp_path / "state-space"), max_seq_len=256))
     backend = BackendProcess(BackendConfig(model=str(tmp_path / "state-space"), max_seq_len=256)).start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jsonschema
@@ -60,8 +61,8 @@ def posted(server, stream: bool = False, **asked) -> Any:
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "name": "get_time"}], ids=str)
 def test_a_forced_call_has_arguments_that_fit_the_tools_parameters(client, tool_choice):
-    for _ in range(3):  # sampled at temperature 1: each answer a different draw
-        response = client.responses.create(
+    def create(_: int) -> Any:
+        return client.responses.create(
             model=MODEL,
             input=ASK,
             tools=TOOLS,
@@ -69,6 +70,12 @@ def test_a_forced_call_has_arguments_that_fit_the_tools_parameters(client, tool_
             temperature=1.0,
             max_output_tokens=200,  # room for a long sampled string (test_anthropic_tools.py's forced call)
         )
+
+    with ThreadPoolExecutor(
+        3
+    ) as pool:  # sampled at temperature 1: each answer a different draw, side by side
+        responses = list(pool.map(create, range(3)))
+    for response in responses:
         assert response.status == "completed"
         [call] = response.output  # only the call: no empty message item before it
         assert call.type == "function_call" and call.status == "completed"
