@@ -106,6 +106,35 @@ def test_float_layers_and_mixed_kinds_do_not_fuse():
     assert fuse_linears([Int4Linear.quantize(linears[0]), Int8Linear.quantize(linears[1])]) is None
 
 
+@pytest.mark.skipif(
+    not block_weights.available(torch.device("cpu")), reason="5- and 6-bit layers are blocks only"
+)
+def test_5_and_6_bit_layers_fuse_with_their_own_kind_alone():
+    """A Q4_K_M file's value projection is Q6_K in some layers, beside Q4_K q and k: 6-bit blocks joined to
+    5-bit ones (one class, BlocksLinear) would be read with one size of block, so they stay apart; two
+    6-bit layers fuse and give their outputs side by side."""
+    generator = torch.Generator().manual_seed(4)
+
+    def six_bit(out_features: int) -> BlocksLinear:
+        q = torch.randint(0, 64, (out_features, 4 * GROUP_SIZE), generator=generator, dtype=torch.uint8)
+        sub_scale = torch.randint(-128, 128, (out_features, 8), generator=generator).to(torch.int8)
+        return BlocksLinear.int6(
+            q, sub_scale, torch.rand(out_features, 4, generator=generator).half().float() / 99
+        )
+
+    def five_bit(out_features: int) -> BlocksLinear:
+        q = torch.randint(0, 32, (out_features, 4 * GROUP_SIZE), generator=generator, dtype=torch.uint8)
+        scale, minimum = (torch.rand(out_features, 4, generator=generator).half().float() for _ in range(2))
+        return BlocksLinear.int5(q, scale / 30, -minimum)
+
+    assert fuse_linears([six_bit(32), five_bit(16)]) is None
+    parts = [six_bit(32), six_bit(48)]
+    fused = fuse_linears(parts)
+    assert fused is not None and fused.bits == 6 and fused.out_features == 80
+    x = torch.randn(3, 4 * GROUP_SIZE, generator=generator)
+    assert torch.equal(fused(x), torch.cat([part(x) for part in parts], dim=-1))
+
+
 def test_int4_layers_fuse_only_where_the_cpu_packing_blocks_line_up(weight_layout):
     def int4(out_features):
         return Int4Linear.quantize(torch.nn.Linear(GROUP_SIZE, out_features))
