@@ -376,7 +376,7 @@ def serve_head(model: nn.Module, blocks: GGUFBlocks) -> str:
         if isinstance(blocks.head, FourBitWeight):
             return "from its 4-bit blocks for few rows"
         if isinstance(blocks.head, FiveBitWeight | SixBitWeight):
-            return f"from its {5 if isinstance(blocks.head, FiveBitWeight) else 6}-bit blocks for few rows"
+            return f"from its {model.get_output_embeddings().bits}-bit blocks for few rows"
         return f"from its blocks ({eight_bit(blocks.head_type)}) for few rows"
     if quantize_head(model):
         return "in int8 per channel for few rows"

@@ -331,12 +331,26 @@ class BlocksLinear(WeightOnlyLinear):
         return block_weights.available(device) and block_weights.fits(*shape)
 
     @classmethod
-    def int6(cls, q, sub_scale, scale, bias=None, dense=None) -> BlocksLinear:
+    def int6(
+        cls,
+        q: torch.Tensor,
+        sub_scale: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        dense: torch.Tensor | None = None,
+    ) -> BlocksLinear:
         """w = scale * sub_scale * (q - 32) (Q6_K): q [out, in] 0..63, sub_scale [out, in / 16] int8."""
         return cls(block_weights.pack_int6(q, sub_scale, scale), 6, bias, dense)
 
     @classmethod
-    def int5(cls, q, scale, minimum, bias=None, dense=None) -> BlocksLinear:
+    def int5(
+        cls,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        minimum: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        dense: torch.Tensor | None = None,
+    ) -> BlocksLinear:
         """w = scale * q + minimum (Q5_0, Q5_1, Q5_K): q [out, in] 0..31, scale and minimum [out, in / 32]."""
         return cls(block_weights.pack_int5(q, scale, minimum), 5, bias, dense)
 

@@ -318,6 +318,41 @@ def test_a_q4_k_m_files_k_quant_layers_are_served_from_their_blocks(tmp_path, mo
         caplog.clear()
 
 
+def test_a_q5_k_m_files_5_bit_layers_are_served_from_their_blocks(tmp_path, monkeypatch, caplog):
+    """Q5_K layers (a Q5_K_M file's) and Q5_0 ones (llama-quantize's where a row is no whole K-quant
+    block): 5-bit blocks of the file's weights, Q5_0 bit for bit and Q5_K within fp16 rounding of its
+    scales, or int8 per channel without the CPU's blocks; read again from the copy at a second start."""
+    kinds = {"self_attn": GGMLQuantizationType.Q5_0, "mlp": GGMLQuantizationType.Q5_K}
+    wide = dict(hidden_size=256, intermediate_size=512, head_dim=64)
+    path = write_gguf_linears(tmp_path / "tiny-q5_k_m.gguf", tiny_model("llama", **wide), kinds)
+    blocks = block_weights.available(torch.device("cpu"))
+    for start in range(2):
+        model = tiny_model("llama", **wide)
+        expected = dequantized_like_transformers(model, kinds)
+        with monkeypatch.context() as patched, caplog.at_level("INFO"):
+            if start == 1:
+                patched.setattr(gguf_weights, "GGUFReader", lambda path: pytest.fail("parsed again"))
+            assert serve_gguf_weights(model, path, tmp_path) == 2 * 7
+        assert ("Q5_0 as 5-bit x8" if blocks else "Q5_0 as int8 per channel x8") in caplog.text
+        assert ("Q5_K as 5-bit x6" if blocks else "Q5_K as int8 per channel x6") in caplog.text
+        x = torch.randn(3, 512)
+        for name, weight in expected.items():
+            layer = model.get_submodule(name)
+            assert type(layer) is (BlocksLinear if blocks else Int8Linear), name
+            if blocks:
+                assert layer.bits == 5
+                served = block_weights.dequantize(layer.blocks, weight.shape[1])
+                largest = weight.abs().reshape(weight.shape[0], -1, GROUP_SIZE).amax(dim=-1, keepdim=True)
+                # Q5_K: 2^-11 of 31 d s (the block's range, at most twice its largest) and of dmin m
+                bound = 3 * 2**-11 * largest if "mlp" in name else 0 * largest
+                error = (served - weight).reshape(largest.shape[0], -1, GROUP_SIZE).abs()
+                assert (error <= bound * 1.001).all(), name
+            reference = x[:, : weight.shape[1]] @ weight.T
+            got = layer(x[:, : weight.shape[1]])
+            assert (got - reference).abs().max() < 2 * bf16_tolerance(reference), name
+        caplog.clear()
+
+
 def test_an_int8_layer_with_block_scales_needs_blocks(weight_layout):
     q = torch.randint(-127, 128, (16, 2 * GROUP_SIZE), dtype=torch.int8)
     scale = (torch.rand(16, 2) / 100).half().float()  # as a block stores it
