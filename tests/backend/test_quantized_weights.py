@@ -281,15 +281,35 @@ def test_a_gguf_files_q8_0_and_q4_0_layers_are_served_from_their_blocks(tmp_path
             assert (got - references[name]).abs().max() < bf16_tolerance(references[name]), name
 
 
-def test_a_q4_k_m_files_k_quant_layers_are_served_from_their_blocks(tmp_path, monkeypatch, caplog):
-    """A Llama file of Q4_K attention and Q6_K MLP layers, as a Q4_K_M file mixes them: Q4_K's blocks are
-    the file's weights exactly (within fp16 rounding of their scales, on the CPU's blocks), Q6_K's are
-    6-bit blocks of exactly its weights (or, without the CPU's blocks, int8 per channel). A second start
-    takes both from the copy, and the log names each."""
-    kinds = {"self_attn": GGMLQuantizationType.Q4_K, "mlp": GGMLQuantizationType.Q6_K}
+# How each K-quant layer of a file is served where the CPU multiplies blocks: its bits, and how far the
+# blocks' weights may be from the file's, in parts of each block's largest weight (Q4_K and Q5_K keep
+# d * s and dmin * m in fp16: 2^-11 of the block's range, at most twice its largest, and of its minimum).
+SERVED_AS = {
+    GGMLQuantizationType.Q4_K: (4, 3 * 2**-11),
+    GGMLQuantizationType.Q5_K: (5, 3 * 2**-11),
+    GGMLQuantizationType.Q5_0: (5, 0),
+    GGMLQuantizationType.Q6_K: (6, 0),
+}
+
+
+@pytest.mark.parametrize(
+    "attention, mlp",
+    [
+        (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K),
+        (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_K),
+    ],
+    ids=["q4_k_m", "q5_k_m"],
+)
+def test_a_k_quant_files_layers_are_served_from_their_blocks(attention, mlp, tmp_path, monkeypatch, caplog):
+    """Llama files mixing layer types as llama-quantize's mixes do: Q4_K beside Q6_K (Q4_K_M's), Q5_0 (its
+    type where a row is no whole K-quant block) beside Q5_K (Q5_K_M's). Each layer is blocks of the file's
+    weights (Q5_0 and Q6_K exactly, Q4_K and Q5_K within fp16 rounding of their scales); without the CPU's
+    blocks, Q4_K is PyTorch's int4 layer and the others int8 per channel. A second start takes them from
+    the copy, and the log names each."""
+    kinds = {"self_attn": attention, "mlp": mlp}
     # K-quants' rows are whole blocks of 256 (o_proj's too: 4 heads of 64)
     wide = dict(hidden_size=256, intermediate_size=512, head_dim=64)
-    path = write_gguf_linears(tmp_path / "tiny-q4_k_m.gguf", tiny_model("llama", **wide), kinds)
+    path = write_gguf_linears(tmp_path / "tiny.gguf", tiny_model("llama", **wide), kinds)
     blocks = block_weights.available(torch.device("cpu"))
     for start in range(2):
         model = tiny_model("llama", **wide)
@@ -298,55 +318,21 @@ def test_a_q4_k_m_files_k_quant_layers_are_served_from_their_blocks(tmp_path, mo
             if start == 1:
                 patched.setattr(gguf_weights, "GGUFReader", lambda path: pytest.fail("parsed again"))
             assert serve_gguf_weights(model, path, tmp_path) == 2 * 7
-        assert "Q4_K as 4-bit x8" in caplog.text
-        assert ("Q6_K as 6-bit x6" if blocks else "Q6_K as int8 per channel x6") in caplog.text
+        for kind, count in ((attention, 8), (mlp, 6)):
+            bits = SERVED_AS[kind][0]
+            how = f"{bits}-bit" if blocks or bits == 4 else "int8 per channel"
+            assert f"{kind.name} as {how} x{count}" in caplog.text
         x = torch.randn(3, 512)
         for name, weight in expected.items():
+            bits, tolerance = SERVED_AS[attention if "self_attn" in name else mlp]
             layer = model.get_submodule(name)
-            six_bit = BlocksLinear if blocks else Int8Linear
-            assert type(layer) is (Int4Linear if "self_attn" in name else six_bit), name
+            assert type(layer) is (Int4Linear if bits == 4 else BlocksLinear if blocks else Int8Linear), name
             if blocks:
+                assert layer.bits == bits
                 served = block_weights.dequantize(layer.blocks, weight.shape[1])
                 largest = weight.abs().reshape(weight.shape[0], -1, GROUP_SIZE).amax(dim=-1, keepdim=True)
-                # Q4_K: 2^-11 of 15 d s (the block's range, at most twice its largest) and of dmin m
-                bound = 3 * 2**-11 * largest if "self_attn" in name else 0 * largest
                 error = (served - weight).reshape(largest.shape[0], -1, GROUP_SIZE).abs()
-                assert (error <= bound * 1.001).all(), name
-            reference = x[:, : weight.shape[1]] @ weight.T
-            got = layer(x[:, : weight.shape[1]])
-            assert (got - reference).abs().max() < 2 * bf16_tolerance(reference), name
-        caplog.clear()
-
-
-def test_a_q5_k_m_files_5_bit_layers_are_served_from_their_blocks(tmp_path, monkeypatch, caplog):
-    """Q5_K layers (a Q5_K_M file's) and Q5_0 ones (llama-quantize's where a row is no whole K-quant
-    block): 5-bit blocks of the file's weights, Q5_0 bit for bit and Q5_K within fp16 rounding of its
-    scales, or int8 per channel without the CPU's blocks; read again from the copy at a second start."""
-    kinds = {"self_attn": GGMLQuantizationType.Q5_0, "mlp": GGMLQuantizationType.Q5_K}
-    wide = dict(hidden_size=256, intermediate_size=512, head_dim=64)
-    path = write_gguf_linears(tmp_path / "tiny-q5_k_m.gguf", tiny_model("llama", **wide), kinds)
-    blocks = block_weights.available(torch.device("cpu"))
-    for start in range(2):
-        model = tiny_model("llama", **wide)
-        expected = dequantized_like_transformers(model, kinds)
-        with monkeypatch.context() as patched, caplog.at_level("INFO"):
-            if start == 1:
-                patched.setattr(gguf_weights, "GGUFReader", lambda path: pytest.fail("parsed again"))
-            assert serve_gguf_weights(model, path, tmp_path) == 2 * 7
-        assert ("Q5_0 as 5-bit x8" if blocks else "Q5_0 as int8 per channel x8") in caplog.text
-        assert ("Q5_K as 5-bit x6" if blocks else "Q5_K as int8 per channel x6") in caplog.text
-        x = torch.randn(3, 512)
-        for name, weight in expected.items():
-            layer = model.get_submodule(name)
-            assert type(layer) is (BlocksLinear if blocks else Int8Linear), name
-            if blocks:
-                assert layer.bits == 5
-                served = block_weights.dequantize(layer.blocks, weight.shape[1])
-                largest = weight.abs().reshape(weight.shape[0], -1, GROUP_SIZE).amax(dim=-1, keepdim=True)
-                # Q5_K: 2^-11 of 31 d s (the block's range, at most twice its largest) and of dmin m
-                bound = 3 * 2**-11 * largest if "mlp" in name else 0 * largest
-                error = (served - weight).reshape(largest.shape[0], -1, GROUP_SIZE).abs()
-                assert (error <= bound * 1.001).all(), name
+                assert (error <= tolerance * largest * 1.001).all(), name
             reference = x[:, : weight.shape[1]] @ weight.T
             got = layer(x[:, : weight.shape[1]])
             assert (got - reference).abs().max() < 2 * bf16_tolerance(reference), name
