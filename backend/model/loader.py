@@ -306,6 +306,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
     log.info("timing this machine's kernels for each layer's path (every start, a few seconds)")
     drop_copies_blocks_match(model)  # where blocks multiply many rows as fast
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
+    drop_copies_blocks_match(model, paths=("dense",))  # the copies int8 would move too far, if no faster
     time_projection_crossover(model)
     time_head_crossover(model)
     log.info("kernels timed in %.1f s", time.perf_counter() - timing)

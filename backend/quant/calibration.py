@@ -71,53 +71,66 @@ def calibration_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return tokenizer(CALIBRATION_TEXT.read_text()).input_ids
 
 
-def drop_copies_blocks_match(model: nn.Module) -> int:
+def drop_copies_blocks_match(model: nn.Module, paths: tuple[str, ...] = ("dense", "int8")) -> int:
     """Drop the quantized projections' copies for many rows where their weights are in blocks and no copy
-    multiplies COPY_TIMED_ROWS rows COPY_MIN_SPEEDUP times faster than the blocks (`copies_pay_off`, timed
-    on the largest): there they cost memory, and the calibration of an int8 path a start, for nothing.
-    The head keeps its copy (where it is tied to the embedding, the copy is the embedding). Returns how
+    multiplies COPY_TIMED_ROWS rows COPY_MIN_SPEEDUP times faster than the blocks (`copies_pay_off`): there
+    they cost memory, and the calibration of an int8 path a start, for nothing. Decided for each group of
+    projections over one input in one kind of module (q, k, v and o; gate and up; down), timed on its
+    largest: on the AVX-512 EPYC a 1B model's down projections pay (int8 1.3x faster at 512 rows) where its
+    gate and up do not (docs/performance.md), and layers that fuse into one kernel call decide alike. The
+    head keeps its copy (where it is tied to the embedding, the copy is the embedding). `paths`: what a
+    copy may multiply by; after `smooth_many_rows_path`, the copies left are those int8 would move too far,
+    timed as themselves ("dense",): without AMX a bfloat16 copy is slower than the blocks. Returns how
     many layers dropped theirs."""
     head = model.get_output_embeddings()
-    layers = [
-        module
-        for module in model.modules()
-        if isinstance(module, WeightOnlyLinear)
-        and module is not head
-        and module.blocks is not None
-        and module.dense is not None
+    groups: dict[tuple[str, int], list[WeightOnlyLinear]] = {}
+    for name, module in model.named_modules():
+        if (
+            isinstance(module, WeightOnlyLinear)
+            and module is not head
+            and module.blocks is not None
+            and module.dense is not None
+        ):
+            parent = model.get_submodule(name.rpartition(".")[0])
+            groups.setdefault((type(parent).__name__, module.in_features), []).append(module)
+    dropped = [
+        layer
+        for layers in groups.values()
+        if not copies_pay_off(max(layers, key=lambda layer: layer.dense.numel()), paths=paths)
+        for layer in layers
     ]
-    if not layers or copies_pay_off(max(layers, key=lambda layer: layer.dense.numel())):
-        return 0
-    for layer in layers:
+    for layer in dropped:
         layer.dense = None
-    log.info(
-        "%d quantized projections multiply every number of rows in their blocks: no copy of theirs was "
-        "%.2fx faster at %d rows (timed)",
-        len(layers),
-        COPY_MIN_SPEEDUP,
-        COPY_TIMED_ROWS,
-    )
-    return len(layers)
+    if dropped:
+        log.info(
+            "%d of %d quantized projections multiply every number of rows in their blocks: no copy of theirs "
+            "was %.2fx faster at %d rows (timed, by kind of projection)",
+            len(dropped),
+            sum(len(layers) for layers in groups.values()),
+            COPY_MIN_SPEEDUP,
+            COPY_TIMED_ROWS,
+        )
+    return len(dropped)
 
 
 @torch.inference_mode()
-def copies_pay_off(layer: WeightOnlyLinear, rows: int = COPY_TIMED_ROWS) -> bool:
+def copies_pay_off(
+    layer: WeightOnlyLinear, rows: int = COPY_TIMED_ROWS, paths: tuple[str, ...] = ("dense", "int8")
+) -> bool:
     """Whether `rows` rows of random activations go through layer's dense copy, or an int8 version of it
-    (`smoothed_int8.py`, unsmoothed: as fast), COPY_MIN_SPEEDUP times faster than through its blocks."""
+    (`smoothed_int8.py`, unsmoothed: as fast), COPY_MIN_SPEEDUP times faster than through its blocks;
+    `paths`: which of the two may."""
     x = torch.randn(rows, layer.in_features, dtype=layer.dense.dtype)
     smoothing = torch.ones(layer.in_features)
-    weight_int8, weight_scales = quantize_smoothed(layer.dense, smoothing)
+    int8 = quantize_smoothed(layer.dense, smoothing) if "int8" in paths else None
     kernel, weights = layer.kernel()
-    times = median_seconds(
-        {
-            "blocks": lambda: kernel(x.to(layer.compute_dtype), *weights),
-            "dense": lambda: torch.nn.functional.linear(x, layer.dense),
-            "int8": lambda: smoothed_int8_matmul(x, weight_int8, weight_scales, smoothing),
-        },
-        rounds=3,
-        repeats=2,
-    )
-    return min(times["dense"], times["int8"]) * COPY_MIN_SPEEDUP <= times["blocks"]
+    copies = {
+        "dense": lambda: torch.nn.functional.linear(x, layer.dense),
+        "int8": lambda: smoothed_int8_matmul(x, *int8, smoothing),
+    }
+    blocks = {"blocks": lambda: kernel(x.to(layer.compute_dtype), *weights)}
+    times = median_seconds(blocks | {path: copies[path] for path in paths}, rounds=3, repeats=2)
+    return min(times[path] for path in paths) * COPY_MIN_SPEEDUP <= times["blocks"]
 
 
 def smooth_many_rows_path(model: nn.Module, token_ids: list[int]) -> int:

@@ -7,33 +7,49 @@ from backend.quant import calibration
 from backend.quant.calibration import copies_pay_off, drop_copies_blocks_match
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import Int4Linear, Int8Linear
+from backend.quant.smoothed_int8 import quantize_smoothed
 from tests.backend.models import tiny_model
 
 
-@pytest.mark.parametrize("pays", [False, True])
+@pytest.mark.parametrize("pays", ["none", "down", "all"])
 def test_projections_in_blocks_drop_their_copies_unless_a_copy_pays(monkeypatch, weight_layout, pays):
-    """Where the copies go, every number of rows is multiplied in blocks; the head keeps its copy; a
-    layout without blocks (PyTorch's kernels, slow for many rows) keeps every copy."""
+    """Decided for each kind of projection, timed once on its largest: q, k, v and o; gate and up; down.
+    Where the copies go, every number of rows is multiplied in blocks; the head keeps its copy; a layout
+    without blocks (PyTorch's kernels, slow for many rows) keeps every copy."""
     timed = []
 
-    def copies_pay(layer):
+    def copies_pay(layer, paths):
+        assert paths == ("dense", "int8")
         timed.append(layer)
-        return pays
+        return pays == "all" or (pays == "down" and layer is model.model.layers[0].mlp.down_proj)
 
     monkeypatch.setattr(calibration, "copies_pay_off", copies_pay)
-    model = tiny_model("llama")
+    model = tiny_model("llama")  # 2 layers; q and o 64 x 64, k and v 32 x 64, gate and up 128 x 64
     quantize_model(model, "int4")
     x = torch.randint(2, 500, (1, 40))  # more rows than any crossover: the path for many rows
     before = model(x).logits
+    layers = model.model.layers
     projections = [module for module in model.modules() if type(module) is Int4Linear]
-    largest = max(projections, key=lambda layer: layer.dense.numel())
-    drops = weight_layout == "blocks" and not pays
-    assert drop_copies_blocks_match(model) == (2 * 7 if drops else 0)
-    assert timed == ([largest] if weight_layout == "blocks" else [])
-    assert all((layer.dense is None) == drops for layer in projections)
+    keeps = (
+        {
+            "none": [],
+            "down": [layer.mlp.down_proj for layer in layers],
+            "all": projections,
+        }[pays]
+        if weight_layout == "blocks"
+        else projections
+    )
+    dropped = drop_copies_blocks_match(model)
+    assert dropped == len(projections) - len(keeps)
+    assert all((layer.dense is not None) == any(layer is kept for kept in keeps) for layer in projections)
+    if weight_layout == "blocks":  # the largest of each kind, the first layer's where sizes tie
+        first = layers[0]
+        assert timed == [first.self_attn.q_proj, first.mlp.gate_proj, first.mlp.down_proj]
+    else:
+        assert timed == []
     assert isinstance(model.lm_head, Int8Linear) and model.lm_head.dense is not None
-    if drops:
-        layer = projections[0]
+    if dropped:
+        layer = layers[0].self_attn.q_proj
         rows = torch.randn(40, layer.in_features)
         packed = layer.packed_matmul(rows.to(layer.compute_dtype)).float()
         assert torch.equal(layer(rows), packed)
@@ -49,3 +65,29 @@ def test_a_copy_is_kept_only_when_timed_faster_than_the_blocks(
     monkeypatch.setattr(calibration, "COPY_MIN_SPEEDUP", min_speedup)
     layer = Int4Linear.quantize(torch.nn.Linear(128, 256, bias=False))
     assert copies_pay_off(layer, rows=64) is expected
+
+
+def test_copies_that_int8_would_move_too_far_go_unless_they_pay_as_themselves(monkeypatch, weight_layout):
+    """After the int8 path replaced the copies it could, those left (int8 moved their outputs too far) are
+    timed as bfloat16 copies alone: without AMX slower than the blocks, they go."""
+    timed = []
+
+    def dense_pays(layer, paths):
+        timed.append(paths)
+        return False
+
+    monkeypatch.setattr(calibration, "copies_pay_off", dense_pays)
+    model = tiny_model("llama")
+    quantize_model(model, "int4")
+    gate = model.model.layers[0].mlp.gate_proj
+    smoothing = torch.ones(gate.in_features)
+    gate.use_smoothed_int8(*quantize_smoothed(gate.dense, smoothing), smoothing)  # as smooth_many_rows_path
+    dropped = drop_copies_blocks_match(model, paths=("dense",))
+    projections = [module for module in model.modules() if type(module) is Int4Linear]
+    if weight_layout != "blocks":
+        assert dropped == 0 and timed == []
+        return
+    assert timed and all(paths == ("dense",) for paths in timed)
+    assert dropped == len(projections) - 1
+    assert gate.dense_int8 is not None and gate.has_many_rows_path  # its int8 path stays
+    assert all(layer.dense is None for layer in projections)

@@ -108,7 +108,7 @@ def test_int8_goes_in_only_when_timed_faster(monkeypatch, min_speedup, expected)
 
 def test_the_default_model_multiplies_many_rows_in_int8_but_its_head(monkeypatch):
     # Where the projections are in blocks, their copies go if they do not pay (test_many_rows_copies.py).
-    monkeypatch.setattr(calibration, "copies_pay_off", lambda layer: True)
+    monkeypatch.setattr(calibration, "copies_pay_off", lambda layer, paths: True)
     model = load_model(BackendConfig(rows=1, max_seq_len=64)).model
     projections = [module for module in model.modules() if type(module) is Int4Linear]
     smoothed = [module for module in projections if module.dense_int8 is not None]
