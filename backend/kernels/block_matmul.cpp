@@ -67,7 +67,7 @@ constexpr int64_t LOW_NIBBLES = 256;
 constexpr int64_t value_bytes(int64_t bits) { return bits == 8 ? 512 : LOW_NIBBLES + (bits - 4) * 64; }
 constexpr int64_t block_bytes(int64_t bits) { return value_bytes(bits) + (bits == 8 ? 32 : 64); }
 constexpr bool has_minimum(int64_t bits) { return bits == 4 || bits == 5; }
-constexpr int32_t SIX_BIT_OFFSET = 32;               // 6-bit weights are s * d * (u - 32)
+constexpr int32_t SIX_BIT_OFFSET = 32;  // 6-bit weights are d * s * (u - 32)
 
 // Four activations (int8) as one int32, to broadcast to every lane: copied, which compilers turn into one
 // load, since reading the int8 buffer through an int32_t pointer breaks strict aliasing (undefined behaviour).
@@ -178,8 +178,6 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
     }
     const uint8_t* scales = weights + value_bytes(BITS);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
-    const __m512 m = has_minimum(BITS) ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
-                               : _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
     if constexpr (BITS == 6) {
       const __m512i low_s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
       const __m512i high_s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 48)));
@@ -198,6 +196,8 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
       }
       continue;
     }
+    const __m512 m = has_minimum(BITS) ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
+                                       : _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
     for (int64_t r = 0; r < count; ++r) {
       const int64_t row_block = (first + r) * blocks + b;
       const int8_t* q = x.values.data() + row_block * BLOCK;

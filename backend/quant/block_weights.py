@@ -190,21 +190,20 @@ def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
 
 
 def dequantize_int6_values(q: torch.Tensor, sub_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The float32 weights [out, in] of pack_int6's terms: scale * sub_scale * (q - 32)."""
-    out_features, in_features = q.shape
-    halves = (q.float() - SIX_BIT_OFFSET).reshape(out_features, -1, BLOCK // 2)
+    """The float32 weights [out, in] of pack_int6's terms: scale * sub_scale * (q - 32), exactly (an 11-bit
+    d times a 7-bit s times a 6-bit value)."""
+    halves = (q.float() - SIX_BIT_OFFSET).reshape(q.shape[0], -1, BLOCK // 2)
     centred = halves * sub_scale.float()[..., None]
-    return (centred.reshape(out_features, -1, BLOCK) * scale.float()[..., None]).reshape(q.shape)
+    return (centred.reshape(q.shape[0], -1, BLOCK) * scale.float()[..., None]).reshape(q.shape)
 
 
 def dequantize_int6(u: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """6-bit blocks' weights from their values u [out, in] and each block's d and s bytes [groups, blocks,
-    64]: d * s * (u - 32), exactly in float32 (an 11-bit d times a 7-bit s times a 6-bit value)."""
-    out_features, in_features = u.shape
+    64]."""
+    out_features = u.shape[0]
     groups, count = scales.shape[:2]
-    d = scales[..., : 2 * CHANNELS].contiguous().view(torch.float16).float()  # [groups, blocks, 16]
-    s = scales[..., 2 * CHANNELS :].contiguous().view(torch.int8).float().reshape(groups, count, 2, CHANNELS)
-    d = d.permute(0, 2, 1).reshape(out_features, count, 1, 1)
-    s = s.permute(0, 3, 1, 2).reshape(out_features, count, 2, 1)
-    centred = (u.float() - SIX_BIT_OFFSET).reshape(out_features, count, 2, BLOCK // 2)
-    return (d * s * centred).reshape(out_features, in_features)
+    d = scales[..., : 2 * CHANNELS].contiguous().view(torch.float16)  # [groups, blocks, 16]
+    s = scales[..., 2 * CHANNELS :].contiguous().view(torch.int8).reshape(groups, count, 2, CHANNELS)
+    scale = d.permute(0, 2, 1).reshape(out_features, count)
+    sub_scale = s.permute(0, 3, 1, 2).reshape(out_features, 2 * count)
+    return dequantize_int6_values(u, sub_scale, scale)
