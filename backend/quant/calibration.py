@@ -56,9 +56,13 @@ MAX_ERROR = 0.02
 TIMED_ROWS = 32  # a full decode batch, where the int8 path must pay off
 MIN_SPEEDUP = 1.1  # int8 replaces the dense copies only if it is clearly faster, not within noise
 # Beside blocks, a copy for many rows is kept only if it multiplies a long prompt's chunk of this many
-# rows this many times faster than the blocks do.
+# rows this many times faster than the blocks do. A copy holds 8 or 16 bits a weight beside the blocks'
+# 4.5 to 7: it doubles or triples what the layer keeps resident, for prompts alone (a decode step's 32
+# rows multiply as fast in 4-bit blocks as by the int8 path without AMX). On the AVX-512 EPYC the int8
+# path was 1.3-1.4x the 4-bit blocks at 512 rows, and its copies took a 1B Q4_K_M file's memory from
+# 1.1x llama-server's to 1.6x (docs/performance.md); with AMX a bfloat16 copy is 2-4x, and stays.
 COPY_TIMED_ROWS = 512
-COPY_MIN_SPEEDUP = 1.25
+COPY_MIN_SPEEDUP = 1.5
 # The row counts at which the head's kernels are timed against each other, fewest first.
 HEAD_TIMED_ROWS = (4, 6, 8, 12, 16, 24, 32, 48, 64)
 HEAD_TIMED_OUTPUTS = 8192
