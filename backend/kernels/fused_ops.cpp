@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -399,10 +400,12 @@ uint32_t lowbias32(uint32_t x) {
   return x ^ (x >> 16);
 }
 
-float gumbel_noise(uint32_t key, uint32_t token) {
-  const float u = (static_cast<float>(lowbias32(key ^ token) >> 9) + 0.5f) / 8388608.f;
-  return -std::log(-std::log(u));
+// The uniform number in (0, 1) the noise of token `token` is made of: 23 hashed bits and a half.
+float uniform(uint32_t key, uint32_t token) {
+  return (static_cast<float>(lowbias32(key ^ token) >> 9) + 0.5f) / 8388608.f;
 }
+
+float gumbel_noise(uint32_t key, uint32_t token) { return -std::log(-std::log(uniform(key, token))); }
 
 // Tokens this far below a row's best logit are left out of the first look for its nucleus: together
 // they hold at most vocab * e^-16 of the probability (0.5% over 49,152 tokens), and the look is
@@ -410,12 +413,66 @@ float gumbel_noise(uint32_t key, uint32_t token) {
 constexpr float NUCLEUS_LOOK = 16.f;
 // nucleus_draw's token for a row whose logits hold a NaN or a +inf (sampler.py: NOT_FINITE).
 constexpr int64_t NOT_FINITE = -1;
+// The looked-at logits are counted into this many buckets of equal width, best first: the nucleus takes
+// whole buckets while what they hold stays under top_p, and only the bucket where it ends is ranked.
+constexpr int64_t NUCLEUS_BUCKETS = 1024;
 
-// One row's draw (sampler.py: nucleus_cut, then race): the row's best tokens while the probability
-// ranked above each is under top_p, best first, and among them the Gumbel race, the noise of token t
-// hashed from (key, t). Both as sampler.py has them, so that a seed draws the same token here as by
-// PyTorch (a GPU, a machine without a compiler), where torch.topk orders tied tokens another way: the
-// noise goes by token id, not by place, and a tie stays or goes whole.
+// The least logit of a row's nucleus: its best tokens, best first, while the probability ranked above each
+// is under top_p (a tie stays or goes whole: the probability above a tie is what is above its first
+// token, sampler.py's probability_above). `lowest`: the least logit looked at; `best` and `mass` (the sum
+// of e^(logit - best)) the row's. NONE where the nucleus is empty (top_p 0).
+float nucleus_floor(const float* logits, int64_t vocab, float top_p, float best, float lowest, float mass) {
+  constexpr float NONE = -std::numeric_limits<float>::infinity();
+  const float width = best - lowest;
+  const float per_logit = width > 0.f && std::isfinite(width) ? NUCLEUS_BUCKETS / width : 0.f;
+  const auto bucket_of = [&](float logit) {
+    return std::min<int64_t>(NUCLEUS_BUCKETS - 1, static_cast<int64_t>((best - logit) * per_logit));
+  };
+  const auto looked_at = [&](float logit) { return logit >= lowest && logit > NONE; };
+  std::vector<float> held(NUCLEUS_BUCKETS, 0.f);
+  std::vector<int64_t> tokens(NUCLEUS_BUCKETS, 0);
+  for (int64_t token = 0; token < vocab; ++token) {
+    if (!looked_at(logits[token])) continue;
+    const int64_t bucket = bucket_of(logits[token]);
+    held[bucket] += vector_exp(logits[token] - best);
+    ++tokens[bucket];
+  }
+  // Whole buckets while the probability above each of their tokens is surely under top_p.
+  const float cut = top_p * mass;
+  float above = 0.f;
+  int64_t bucket = 0;
+  while (bucket < NUCLEUS_BUCKETS && above + held[bucket] < cut) above += held[bucket++];
+  // Then the tokens of the next buckets, ranked as (logit, -token), until the cut: a bucket's first token
+  // is past the last one's logit, so the nucleus ends there once what it holds reaches top_p.
+  float floor = bucket == NUCLEUS_BUCKETS ? lowest : NONE, previous = NONE;
+  std::vector<std::pair<float, int64_t>> ranked;
+  for (; bucket < NUCLEUS_BUCKETS && above < cut; ++bucket) {
+    if (tokens[bucket] == 0) continue;
+    ranked.clear();
+    for (int64_t token = 0; token < vocab; ++token) {
+      if (looked_at(logits[token]) && bucket_of(logits[token]) == bucket) ranked.emplace_back(logits[token], -token);
+    }
+    std::sort(ranked.begin(), ranked.end(), std::greater<>());
+    for (const auto& [logit, token] : ranked) {
+      if (logit != previous && above >= cut) return floor;
+      previous = floor = logit;
+      above += vector_exp(logit - best);
+    }
+  }
+  return floor;
+}
+
+// One row's draw (sampler.py: nucleus_cut, then race): among the row's nucleus (`nucleus_floor`), the
+// Gumbel race, the noise of token t hashed from (key, t). Both as sampler.py has them, so that a seed
+// draws the same token here as by PyTorch (a GPU, a machine without a compiler), where torch.topk orders
+// tied tokens another way: the noise goes by token id, not by place, and a tie stays or goes whole.
+//
+// A flat row's nucleus is most of the vocabulary (a random-weight model's: some 47,000 of 49,152 tokens),
+// and its noise two logarithms a token: 76 ms of a 32-row step where a heap ranked the whole nucleus
+// (docs/performance.md). So the nucleus is found by buckets, and the race skips the tokens that cannot
+// win: the noise -log(-log u) is at most -log(1 - u) (since -log u >= 1 - u), so a token with
+// 1 - u > e^(logit - winner) cannot beat the winner so far; tested with a margin of a nat and more
+// (rounding), from the best token on, it leaves a few tokens of a flat row to race in full.
 int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32_t key) {
   constexpr float NONE = -std::numeric_limits<float>::infinity();
   float largest[LANES];
@@ -433,42 +490,46 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
     return std::any_of(logits, logits + vocab, [](float logit) { return std::isnan(logit); }) ? NOT_FINITE : 0;
   }
   // The row's probability mass (unnormalized, the best token's 1), and that of the first look.
-  float floor = best - NUCLEUS_LOOK, total[LANES] = {}, looked[LANES] = {};
+  float lowest = best - NUCLEUS_LOOK, total[LANES] = {}, looked[LANES] = {};
   for (i = 0; i + LANES <= vocab; i += LANES) {
     for (int64_t lane = 0; lane < LANES; ++lane) {
       const float weight = vector_exp(logits[i + lane] - best);
       total[lane] += weight;
-      looked[lane] += logits[i + lane] >= floor ? weight : 0.f;
+      looked[lane] += logits[i + lane] >= lowest ? weight : 0.f;
     }
   }
   for (; i < vocab; ++i) {
     const float weight = vector_exp(logits[i] - best);
     total[0] += weight;
-    looked[0] += logits[i] >= floor ? weight : 0.f;
+    looked[0] += logits[i] >= lowest ? weight : 0.f;
   }
   const float mass = sum_lanes(total);
   if (std::isnan(mass)) return NOT_FINITE;  // a NaN among the logits (vector_exp keeps it)
-  if (sum_lanes(looked) < top_p * mass) floor = NONE;  // a flat row: its nucleus reaches further down
-  // Candidates as (logit, -token): the heap's order is the best logit first, the lower token on a tie.
-  std::vector<std::pair<float, int64_t>> heap;
-  for (int64_t token = 0; token < vocab; ++token) {
-    if (logits[token] >= floor && logits[token] > NONE) heap.emplace_back(logits[token], -token);
-  }
-  std::make_heap(heap.begin(), heap.end());
-  int64_t chosen = -heap.front().second;
-  float above = 0.f, winner = NONE, previous = NONE;
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end());
-    const auto [logit, token] = heap.back();
-    heap.pop_back();
-    // The probability above a tie is what is above its first token (sampler.py: probability_above).
-    if (logit != previous && above >= top_p) break;
-    previous = logit;
-    if (const float raced = logit + gumbel_noise(key, static_cast<uint32_t>(-token)); raced > winner) {
-      winner = raced;
-      chosen = -token;
+  if (sum_lanes(looked) < top_p * mass) {  // a flat row: its nucleus reaches further down, to the least logit
+    for (int64_t token = 0; token < vocab; ++token) {
+      if (logits[token] > NONE) lowest = std::min(lowest, logits[token]);
     }
-    above += vector_exp(logit - best) / mass;
+  }
+  const float floor = nucleus_floor(logits, vocab, top_p, best, lowest, mass);
+  // The race, from the best token (the lowest id of a tie): the winner is the greatest logit + noise, and
+  // of equal ones the greater logit, then the lower token, as a heap of the nucleus would meet them.
+  int64_t chosen = std::find(logits, logits + vocab, best) - logits;
+  if (!(floor > NONE)) return chosen;  // an empty nucleus (top_p 0) draws the best token
+  float winner = best + gumbel_noise(key, static_cast<uint32_t>(chosen)), chosen_logit = best;
+  const auto reach = [&] { return std::exp(best - winner + 1.f + 1e-6f * std::abs(winner)); };
+  float within = reach();  // 1 - u above e^(logit - best) times this: the token cannot win
+  for (int64_t token = 0; token < vocab; ++token) {
+    const float logit = logits[token];
+    if (!(logit >= floor) || token == chosen) continue;
+    const float beyond = 1.f - uniform(key, static_cast<uint32_t>(token));
+    if (beyond > within || beyond > vector_exp(logit - best) * within) continue;
+    const float raced = logit + gumbel_noise(key, static_cast<uint32_t>(token));
+    if (raced > winner || (raced == winner && (logit > chosen_logit || (logit == chosen_logit && token < chosen)))) {
+      winner = raced;
+      chosen = token;
+      chosen_logit = logit;
+      within = reach();
+    }
   }
   return chosen;
 }

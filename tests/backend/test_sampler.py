@@ -248,7 +248,9 @@ def test_a_flat_row_widens_its_own_nucleus_only():
 def test_the_cpus_nucleus_loop_draws_what_the_cut_and_race_draw():
     """fused_ops.cpp's nucleus_draw, which `sample` takes for nucleus rows on a CPU, against PyTorch's
     nucleus_cut and race: the same token for every seed and draw, on peaked rows and on rows with
-    tokens masked to -inf, which it never draws (rows with ties: test_tied_tokens_draw_the_same...)."""
+    tokens masked to -inf, which it never draws, and on flat rows (a random-weight model's), whose nucleus
+    is most of the vocabulary and whose race skips the tokens that cannot win (rows with ties:
+    test_tied_tokens_draw_the_same...)."""
     from backend.kernels.extension import extension
     from backend.layers.sampler import nucleus_cut, nucleus_loop, race
 
@@ -259,7 +261,9 @@ def test_the_cpus_nucleus_loop_draws_what_the_cut_and_race_draw():
     peaked = torch.randn(4, 49152) * 3
     masked = torch.randn(2, 5000) * 2
     masked[:, ::2] = float("-inf")
-    for logits, top_p in ((peaked, [0.95, 0.5, 0.99, 0.05]), (masked, [0.9, 0.999])):
+    flat = torch.randn(3, 49152) * 0.3
+    cases = ((peaked, [0.95, 0.5, 0.99, 0.05]), (masked, [0.9, 0.999]), (flat, [0.95, 0.6, 1.0]))
+    for logits, top_p in cases:
         top_p = torch.tensor(top_p)
         for counter in range(25):
             seeds = torch.randint(0, 2**62, (len(top_p),))
