@@ -52,6 +52,11 @@ from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
 from backend.model.loader import load_model, resolve_model  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+# How every request samples, on every server: llama-server's own defaults (top_k 40, min_p 0.05) sent
+# explicitly, so that both servers draw from the same distribution. Without them llama-server cut each
+# row to its best 40 tokens where this server drew from the whole nucleus: on a random-weight model's
+# flat rows about 47,000 tokens, 76 ms of a 200 ms 32-row step (docs/performance.md, 2026-11-28).
+SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
 # What an evaluation harness or a careful client adds to every request: the run "with logprobs and
 # penalties" sends these, to measure what they cost against the plain run.
 SCORED_FIELDS = {"logprobs": 5, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1}
@@ -141,8 +146,7 @@ def stream_one(
         "model": model,
         "prompt": PROMPT,
         "max_tokens": tokens,
-        "temperature": 0.8,
-        "top_p": 0.95,
+        **SAMPLING,
         "stream": True,
         "ignore_eos": True,
         **(extra or {}),
@@ -234,7 +238,7 @@ def ceiling(model: str | None, dtype: str, quantize: str, steps: int, rows: int 
     engine = Engine(loaded.model, loaded.tokenizer, rows=rows, max_seq_len=512)
     engine.warm_up()
     ids = tuple(loaded.tokenizer(PROMPT).input_ids)
-    params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=10_000, ignore_eos=True)
+    params = SamplingParams(**SAMPLING, max_tokens=10_000, ignore_eos=True)
     for i in range(rows):
         engine.submit(Submit(f"ceiling-{i}", ids, params))
     while engine.waiting:

@@ -7,7 +7,7 @@ What a first attempt at an inference server looks like: Flask's threaded
 server, one lock around the model, `model.generate` with a
 TextIteratorStreamer for each request in turn. It speaks just enough of
 `/v1/completions` (streaming SSE, `max_tokens`, `temperature`, `top_p`,
-`top_k`, `ignore_eos`) for scripts/benchmark.py to drive it like the real one.
+`top_k`, `min_p`, `ignore_eos`) for scripts/benchmark.py to drive it like the real one.
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ def create_app(model_spec: str | None, dtype: str) -> Flask:
         )
         if temperature > 0:
             settings.update(
-                temperature=temperature, top_p=float(body.get("top_p", 1.0)), top_k=int(body.get("top_k", 0))
+                temperature=temperature,
+                top_p=float(body.get("top_p", 1.0)),
+                top_k=int(body.get("top_k", 0)),
+                min_p=float(body.get("min_p", 0.0)) or None,
             )
 
         def generate():
