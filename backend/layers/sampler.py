@@ -158,9 +158,9 @@ def draw_with_cut(
 def nucleus_loop(device: torch.device) -> Callable | None:
     """On a CPU, the fused operations' loop for nucleus rows (fused_ops.cpp, `nucleus_draw`): the same
     cut and race as `nucleus_cut` and `race` (but for a rounding of the probabilities and the noise's
-    logarithms), one pass over a row and a heap of its best tokens instead of some forty PyTorch
-    operations, about half a millisecond of a one-row step (docs/performance.md). None elsewhere, and
-    where the extension is not built."""
+    logarithms), a few passes over a row and a ranking of where its nucleus ends instead of some forty
+    PyTorch operations, about half a millisecond of a one-row step (docs/performance.md). None elsewhere,
+    and where the extension is not built."""
     if device.type != "cpu":
         return None
     built = extension()

@@ -60,7 +60,7 @@ MIN_SPEEDUP = 1.1  # int8 replaces the dense copies only if it is clearly faster
 # 4.5 to 7: it doubles or triples what the layer keeps resident, for prompts alone (a decode step's 32
 # rows multiply as fast in 4-bit blocks as by the int8 path without AMX). On the AVX-512 EPYC the int8
 # path was 1.3-1.4x the 4-bit blocks at 512 rows, and its copies took a 1B Q4_K_M file's memory from
-# 1.1x llama-server's to 1.6x (docs/performance.md); with AMX a bfloat16 copy is 2-4x, and stays.
+# 1.2x llama-server's to 1.6x (docs/performance.md); with AMX a bfloat16 copy is 2-4x, and stays.
 COPY_TIMED_ROWS = 512
 COPY_MIN_SPEEDUP = 1.5
 # The row counts at which the head's kernels are timed against each other, fewest first.
