@@ -56,13 +56,14 @@ MAX_ERROR = 0.02
 TIMED_ROWS = 32  # a full decode batch, where the int8 path must pay off
 MIN_SPEEDUP = 1.1  # int8 replaces the dense copies only if it is clearly faster, not within noise
 # Beside blocks, a copy for many rows is kept only if it multiplies a long prompt's chunk of this many
-# rows this many times faster than the blocks do. A copy holds 8 or 16 bits a weight beside the blocks'
-# 4.5 to 7: it doubles or triples what the layer keeps resident, for prompts alone (a decode step's 32
-# rows multiply as fast in 4-bit blocks as by the int8 path without AMX). On the AVX-512 EPYC the int8
-# path was 1.3-1.4x the 4-bit blocks at 512 rows, and its copies took a 1B Q4_K_M file's memory from
-# 1.2x llama-server's to 1.6x (docs/performance.md); with AMX a bfloat16 copy is 2-4x, and stays.
+# rows this many times faster than the blocks do: it must at least halve the chunk's time. A copy holds 8
+# or 16 bits a weight beside the blocks' 4.5 to 7, 1.6 to 3 times what the layer keeps resident, for
+# prompts alone (a decode step's 32 rows multiply as fast in 4-bit blocks as by the int8 path without
+# AMX). On the AVX-512 EPYC the int8 path was 1.3-1.4x the 4-bit blocks at 512 rows and 1.6x the 6-bit
+# ones, and its copies took a 1B Q4_K_M file's memory from 1.2x llama-server's to 1.6x
+# (docs/performance.md); with AMX a bfloat16 copy is several times as fast, and stays.
 COPY_TIMED_ROWS = 512
-COPY_MIN_SPEEDUP = 1.5
+COPY_MIN_SPEEDUP = 2.0
 # The row counts at which the head's kernels are timed against each other, fewest first.
 HEAD_TIMED_ROWS = (4, 6, 8, 12, 16, 24, 32, 48, 64)
 HEAD_TIMED_OUTPUTS = 8192
@@ -79,12 +80,14 @@ def drop_copies_blocks_match(model: nn.Module, paths: tuple[str, ...] = ("dense"
     """Drop the quantized projections' copies for many rows where their weights are in blocks and no copy
     multiplies COPY_TIMED_ROWS rows COPY_MIN_SPEEDUP times faster than the blocks (`copies_pay_off`): there
     they cost memory, and the calibration of an int8 path a start, for nothing. Decided for each group of
-    projections over one input in one kind of module (q, k, v and o; gate and up; down), timed on its
-    largest: on the AVX-512 EPYC a 1B model's down projections pay (int8 1.3x faster at 512 rows) where its
-    gate and up do not (docs/performance.md), and layers that fuse into one kernel call decide alike. The
-    head keeps its copy (where it is tied to the embedding, the copy is the embedding). `paths`: what a
-    copy may multiply by; after `smooth_many_rows_path`, the copies left are those int8 would move too far,
-    timed as themselves ("dense",): without AMX a bfloat16 copy is slower than the blocks. Returns how
+    projections over one input in one kind of module (q, k, v and o; gate and up; down) and of one kind of
+    block (a Q4_K_M file's Q6_K down projections are slower in blocks than its Q4_K ones), timed on its
+    largest: on the AVX-512 EPYC the int8 path was 1.3x the 4-bit blocks at 512 rows for a 1B model's down
+    projections and 1.6x the 6-bit ones (docs/performance.md), and layers that fuse into one kernel call
+    decide alike. The head keeps its copy (where it is tied to the embedding, the copy is the embedding).
+    `paths`: what a copy may multiply by; after `smooth_many_rows_path`, the copies left are those int8
+    would move too far, timed as themselves ("dense",): without AMX a bfloat16 copy is slower than the
+    blocks. Returns how
     many layers dropped theirs."""
     head = model.get_output_embeddings()
     groups: dict[tuple[str, int], list[WeightOnlyLinear]] = {}
@@ -96,7 +99,7 @@ def drop_copies_blocks_match(model: nn.Module, paths: tuple[str, ...] = ("dense"
             and module.dense is not None
         ):
             parent = model.get_submodule(name.rpartition(".")[0])
-            groups.setdefault((type(parent).__name__, module.in_features), []).append(module)
+            groups.setdefault((type(parent).__name__, module.in_features, module.bits), []).append(module)
     dropped = [
         layer
         for layers in groups.values()

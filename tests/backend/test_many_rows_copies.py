@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from backend.quant import calibration
+from backend.quant import block_weights, calibration
 from backend.quant.calibration import copies_pay_off, drop_copies_blocks_match
 from backend.quant.quantize import quantize_model
-from backend.quant.quantized_linear import Int4Linear, Int8Linear
+from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear
 from backend.quant.smoothed_int8 import quantize_smoothed
 from tests.backend.models import tiny_model
 
@@ -91,3 +91,21 @@ def test_copies_that_int8_would_move_too_far_go_unless_they_pay_as_themselves(mo
     assert dropped == len(projections) - 1
     assert gate.dense_int8 is not None and gate.has_many_rows_path  # its int8 path stays
     assert all(layer.dense is None for layer in projections)
+
+
+@pytest.mark.skipif(not block_weights.available(torch.device("cpu")), reason="no 6-bit blocks on this CPU")
+def test_six_bit_projections_decide_apart_from_four_bit_ones(monkeypatch):
+    """A Q4_K_M file's Q6_K down projections sit beside its Q4_K ones and are slower in blocks: timed as a
+    kind of their own, their copies stay where the 4-bit ones' go."""
+    model = tiny_model("llama")
+    quantize_model(model, "int4")
+    second = model.model.layers[1].mlp
+    down = second.down_proj
+    q = torch.randint(0, 64, (down.out_features, down.in_features))
+    scale = torch.full((down.out_features, down.in_features // 32), 0.001)
+    sub_scale = torch.ones(down.out_features, down.in_features // 16, dtype=torch.int8)
+    second.down_proj = BlocksLinear.int6(q, sub_scale, scale)
+    monkeypatch.setattr(calibration, "copies_pay_off", lambda layer, paths: layer.bits == 6)
+    drop_copies_blocks_match(model)
+    assert second.down_proj.dense is not None
+    assert model.model.layers[0].mlp.down_proj.dense is None
