@@ -11,34 +11,61 @@
 
 namespace fused_ops {
 
+namespace {
+
+// x times `count` projections from `projection` on, their outputs side by side.
+at::Tensor project(const at::Tensor& x, const at::Tensor* projection, const int64_t* bits, int64_t count) {
+  if (count == 1) return block_matmul(x, projection[0], bits[0]);
+  std::vector<at::Tensor> outputs;
+  for (int64_t i = 0; i < count; ++i) outputs.push_back(block_matmul(x, projection[i], bits[i]));
+  return at::cat(outputs, 1);
+}
+
+}  // namespace
+
 // hidden: [queries, hidden] embeddings, this step's own (the residual adds write into it); cos, sin:
 // [queries, 1, head_dim]; slots, rows, positions: as rotate_and_store and decode_attention take them.
-// For layer l: keys[l], values[l] its cache; projections[4l .. 4l + 3] its q, k and v fused, o, gate and
-// up fused, and down, in blocks of bits[4l ..]; norms[1 + 2l] and norms[2 + 2l] the norms after its
-// attention and after its MLP (the next layer's input norm, or the model's final one), norms[0] the
-// first layer's input norm, each with its eps. Returns the final norm of the last layer's output.
+// For layer l: keys[l], values[l] its cache; its projections next in `projections`, in blocks of the same
+// place's bits: q, k and v in calls[2l] calls (one where they fused; a K-quant mix's Q4_K q and k beside
+// its Q6_K v are two), o, gate and up in calls[2l + 1], and down; norms[1 + 2l] and norms[2 + 2l] the
+// norms after its attention and after its MLP (the next layer's input norm, or the model's final one),
+// norms[0] the first layer's input norm, each with its eps. Returns the final norm of the last layer's
+// output.
 at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
                          std::vector<at::Tensor> values, const std::vector<at::Tensor>& projections,
-                         const std::vector<int64_t>& bits, const std::vector<at::Tensor>& norms,
+                         const std::vector<int64_t>& bits, const std::vector<int64_t>& calls,
+                         const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, int64_t heads, int64_t kv_heads, double scaling) {
   const size_t layers = keys.size();
-  TORCH_CHECK(values.size() == layers && projections.size() == 4 * layers && bits.size() == 4 * layers &&
-                  norms.size() == 1 + 2 * layers && eps.size() == norms.size(),
-              "decode_layers needs, for each layer, its cache, 4 projections and 2 norms (and one more norm)");
+  TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + 2 * layers &&
+                  eps.size() == norms.size(),
+              "decode_layers needs, for each layer, its cache, its calls' counts and 2 norms (and one more norm)");
+  size_t projection_count = 0;
+  for (size_t l = 0; l < layers; ++l) {
+    TORCH_CHECK(calls[2 * l] >= 1 && calls[2 * l + 1] >= 1, "a layer's q, k and v, and gate and up, take a call at least");
+    projection_count += calls[2 * l] + calls[2 * l + 1] + 2;
+  }
+  TORCH_CHECK(projections.size() == projection_count && bits.size() == projection_count,
+              "decode_layers needs the projections its calls' counts say, and their bits");
   const int64_t queries = hidden.size(0);
   at::Tensor normed = rms_norm(hidden, norms[0], eps[0]);
+  size_t next = 0;  // the layer's first projection
   for (size_t l = 0; l < layers; ++l) {
-    const at::Tensor* projection = &projections[4 * l];
-    const int64_t* bit = &bits[4 * l];
-    const at::Tensor qkv = block_matmul(normed, projection[0], bit[0]);
+    const at::Tensor* projection = &projections[next];
+    const int64_t* bit = &bits[next];
+    const int64_t qkv_calls = calls[2 * l], gate_up_calls = calls[2 * l + 1];
+    next += qkv_calls + gate_up_calls + 2;
+    const at::Tensor qkv = project(normed, projection, bit, qkv_calls);
     const at::Tensor query = rotate_and_store(qkv, cos, sin, slots, keys[l], values[l], heads, kv_heads);
     const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling, 0);
-    const at::Tensor output = block_matmul(attended.view({queries, -1}).to(hidden.scalar_type()), projection[1], bit[1]);
+    const int64_t o = qkv_calls, gate_up_first = o + 1, down = gate_up_first + gate_up_calls;
+    const at::Tensor output =
+        block_matmul(attended.view({queries, -1}).to(hidden.scalar_type()), projection[o], bit[o]);
     normed = add_rms_norm(hidden, output, norms[1 + 2 * l], eps[1 + 2 * l]);
-    const at::Tensor gate_up = block_matmul(normed, projection[2], bit[2]);
-    const at::Tensor down = block_matmul(silu_mul(gate_up), projection[3], bit[3]);
-    normed = add_rms_norm(hidden, down, norms[2 + 2 * l], eps[2 + 2 * l]);
+    const at::Tensor gate_up = project(normed, projection + gate_up_first, bit + gate_up_first, gate_up_calls);
+    const at::Tensor mlp = block_matmul(silu_mul(gate_up), projection[down], bit[down]);
+    normed = add_rms_norm(hidden, mlp, norms[2 + 2 * l], eps[2 + 2 * l]);
   }
   return normed;
 }

@@ -25,7 +25,8 @@ at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int
 at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
                          std::vector<at::Tensor> values, const std::vector<at::Tensor>& projections,
-                         const std::vector<int64_t>& bits, const std::vector<at::Tensor>& norms,
+                         const std::vector<int64_t>& bits, const std::vector<int64_t>& calls,
+                         const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, int64_t heads, int64_t kv_heads, double scaling);
 
 }  // namespace fused_ops

@@ -52,9 +52,9 @@ from backend.layers.row_cache import KVShape, RowCache
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS, StepLayout
 from backend.model.architectures import sliding_window
 from backend.model.decode_graphs import DecodeGraphs
-from backend.model.native_decode import NativeDecode
+from backend.model.native_decode import LayerProjections, NativeDecode
 from backend.model.step_plan import DECODE_LAYERS, GRAPH, NATIVE, plan_runner
-from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fuse_linears
+from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fusable, fuse_linears
 
 log = logging.getLogger(__name__)
 
@@ -85,24 +85,38 @@ class Projections:
     """Several linear layers over one input (q, k and v; gate and up), their outputs side by side.
 
     Weight-only quantized layers fuse into one kernel call (`fuse_linears`); float layers are called
-    one by one, which keeps exact mode's arithmetic that of transformers' modules.
+    one by one, which keeps exact mode's arithmetic that of transformers' modules. Where not all of them
+    fuse, the runs of consecutive ones that do are fused (a GGUF Q4_K_M file's Q4_K q and k beside its
+    Q6_K v): `groups`, each one call.
     """
 
     def __init__(self, *linears: nn.Module):
         self.linears = linears
         self.fused = fuse_linears(list(linears))
+        self.groups: list[nn.Module] = [self.fused] if self.fused is not None else fused_runs(linears)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused is None:
-            return torch.cat([linear(x) for linear in self.linears], dim=-1)
+            return torch.cat([group(x) for group in self.groups], dim=-1)
         return self.fused(x)
 
     def few_rows_matmul(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
         """The projections as one function of a decode step's [rows, in] activations (`few_rows_matmul`)."""
         if self.fused is not None:
             return few_rows_matmul(self.fused, dtype)
-        parts = [few_rows_matmul(linear, dtype) for linear in self.linears]
+        parts = [few_rows_matmul(group, dtype) for group in self.groups]
         return lambda x: torch.cat([part(x) for part in parts], dim=-1)
+
+
+def fused_runs(linears: tuple[nn.Module, ...]) -> list[nn.Module]:
+    """The layers with each run of consecutive ones that fuse (`fuse_linears`) made one, in order."""
+    groups: list[list[nn.Module]] = []
+    for linear in linears:
+        if groups and fusable(groups[-1] + [linear]):
+            groups[-1].append(linear)
+        else:
+            groups.append([linear])
+    return [group[0] if len(group) == 1 else fuse_linears(group) for group in groups]
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +297,7 @@ class DecoderRunner:
             self.native = NativeDecode.of(
                 self.ops,
                 [
-                    [qkv.fused, layer.self_attn.o_proj, gate_up.fused, layer.mlp.down_proj]
+                    LayerProjections(qkv.groups, layer.self_attn.o_proj, gate_up.groups, layer.mlp.down_proj)
                     for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True)
                 ],
                 [self.first_norm]

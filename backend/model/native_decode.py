@@ -28,12 +28,28 @@ from backend.quant.quantized_linear import WeightOnlyLinear
 
 
 @dataclass(frozen=True)
+class LayerProjections:
+    """A layer's projections as a decode step calls them: q, k and v in one call where they fused, else in
+    the calls of `Projections.groups` (a K-quant mix's Q4_K q and k beside its Q6_K v); o; gate and up
+    likewise; down."""
+
+    qkv: list[nn.Module]
+    o: nn.Module
+    gate_up: list[nn.Module]
+    down: nn.Module
+
+    def calls(self) -> list[nn.Module]:
+        return [*self.qkv, self.o, *self.gate_up, self.down]
+
+
+@dataclass(frozen=True)
 class NativeDecode:
     """What `decode_layers.cpp` takes besides a step's tensors, gathered once for a runner."""
 
     run: Callable[..., torch.Tensor]  # the extension's decode_layers
-    projections: list[torch.Tensor]  # each layer's qkv, o, gate_up and down blocks
+    projections: list[torch.Tensor]  # each layer's qkv, o, gate_up and down blocks (`LayerProjections.calls`)
     bits: list[int]
+    calls: list[int]  # each layer's number of calls for q, k and v, then for gate and up
     norms: list[torch.Tensor]  # the first input norm, then each layer's two: after attention, after MLP
     eps: list[float]
     heads: int
@@ -45,7 +61,7 @@ class NativeDecode:
     def of(
         cls,
         ops: DecodeOps,
-        layers: list[list[nn.Module]],  # each layer's projections: qkv and gate_up fused, o, down
+        layers: list[LayerProjections],
         norms: list[Norm],
         dtype: torch.dtype,
         heads: int,
@@ -53,7 +69,7 @@ class NativeDecode:
         scaling: float,
     ) -> NativeDecode | None:
         """The plan for these layers, or None where a step must run the Python loop."""
-        projections = [projection for layer in layers for projection in layer]
+        projections = [projection for layer in layers for projection in layer.calls()]
         in_blocks = all(
             isinstance(p, WeightOnlyLinear) and p.blocks is not None and p.bias is None for p in projections
         )
@@ -63,6 +79,7 @@ class NativeDecode:
             run=ops.extension.decode_layers,
             projections=[p.blocks for p in projections],
             bits=[block_weights.bits_of(p.blocks, p.in_features) for p in projections],
+            calls=[count for layer in layers for count in (len(layer.qkv), len(layer.gate_up))],
             norms=[norm.weight for norm in norms],
             eps=[norm.eps for norm in norms],
             heads=heads,
@@ -93,6 +110,7 @@ class NativeDecode:
             values,
             self.projections,
             self.bits,
+            self.calls,
             self.norms,
             self.eps,
             self.heads,

@@ -10,6 +10,7 @@ from backend.model.decoder_runner import DecoderRunner
 from backend.model.native_decode import NativeDecode
 from backend.quant import block_weights
 from backend.quant.quantize import quantize_model
+from backend.quant.quantized_linear import BlocksLinear
 from tests.backend.models import MarkerTokenizer, tiny_model
 from tests.backend.test_compiled_decode import record_decode_steps, replay_decode_steps
 from tests.backend.test_fused_ops import drive_mixed_decode_steps
@@ -20,23 +21,46 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def served_like_the_default(head_dim: int = 64, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+def served_like_the_default(
+    head_dim: int = 64, dtype: torch.dtype = torch.bfloat16, k_quant_mix: bool = False
+) -> torch.nn.Module:
     """A tiny model as the default mode serves one: bfloat16, 4-bit projections in blocks, int8 head;
-    its norms' weights random (a fresh model's are ones, and a loop that took one for another would pass)."""
+    its norms' weights random (a fresh model's are ones, and a loop that took one for another would pass).
+    `k_quant_mix`: each layer's v, up and down in 6-bit blocks, as a Q4_K_M file's Q6_K v and down sit
+    beside its Q4_K q, k and gate: neither q, k and v nor gate and up fuse into one call."""
     model = tiny_model("llama", head_dim=head_dim).to(dtype)
     generator = torch.Generator().manual_seed(5)
     for name, parameter in model.named_parameters():
         if "norm" in name:
             parameter.data.copy_(torch.rand(parameter.shape, generator=generator) + 0.5)
     quantize_model(model, "int4")
+    if k_quant_mix:
+        for layer in model.model.layers:
+            layer.self_attn.v_proj = six_bit_like(layer.self_attn.v_proj, generator)
+            layer.mlp.up_proj = six_bit_like(layer.mlp.up_proj, generator)
+            layer.mlp.down_proj = six_bit_like(layer.mlp.down_proj, generator)
     return model
 
 
-def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(monkeypatch):
+def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLinear:
+    """Random 6-bit blocks of `layer`'s shape, weights of about its size (some 0.03), without a copy for many
+    rows (as the loader leaves blocks where none pays)."""
+    out, inputs = layer.out_features, layer.in_features
+    q = torch.randint(0, 64, (out, inputs), generator=generator)
+    sub_scale = torch.randint(1, 8, (out, inputs // 16), generator=generator).to(torch.int8)
+    scale = torch.full((out, inputs // 32), 0.0003).half().float()
+    six_bit = BlocksLinear.int6(q, sub_scale, scale)
+    six_bit.dense = None
+    return six_bit
+
+
+@pytest.mark.parametrize("k_quant_mix", [False, True])
+def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(monkeypatch, k_quant_mix):
     """Every decode step of an engine running the Python loop, replayed through a runner with the
     native one from the same cache: the same logits and keys and values exactly, for one row, rows
-    with a free one among them, and a step of more rows than the native loop takes (the Python loop's)."""
-    model = served_like_the_default()
+    with a free one among them, and a step of more rows than the native loop takes (the Python loop's).
+    A K-quant mix's layers take q and k in one call and v in another, gate and up in two."""
+    model = served_like_the_default(k_quant_mix=k_quant_mix)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
     engine.runner.decoder.native = None  # the Python loop for every step
     engine.runner.decoder.replan()
@@ -44,6 +68,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     drive_mixed_decode_steps(engine)
     runner = DecoderRunner(model)
     assert runner.native is not None and runner.native.rows_below == 16
+    assert runner.native.calls == [2, 2] * len(model.model.layers) if k_quant_mix else [1, 1] * 2
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
     assert {1, 2, 3} <= shapes and max(shapes) >= runner.native.rows_below
     assert any(layout.has_free_rows for _, _, layout, *_ in steps)
