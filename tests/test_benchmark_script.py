@@ -124,3 +124,62 @@ def test_the_engine_benchmark_compares_graphs_with_eager_steps_and_counts_a_step
     assert [batch for batch, _ in static] == ["1", "2"] and all(float(rate) > 0 for _, rate in static)
     counts = re.findall(r"(eager|graphs): (\d+) PyTorch operations \(aten\) a 2-row step", output)
     assert [name for name, _ in counts] == ["eager", "graphs"] and all(int(n) > 50 for _, n in counts)
+
+
+FAKE_LLAMA_SERVER = '''#!{python}
+"""Stands in for llama.cpp's server, which CI does not build: /health, and /v1/completions streaming one
+text chunk a token, a few milliseconds apart."""
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        body = b'{{"status": "ok"}}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for _ in range(request["max_tokens"]):
+            time.sleep(0.005)
+            chunk = {{"choices": [{{"text": "a"}}]}}
+            self.wfile.write(f"data: {{json.dumps(chunk)}}\\n\\n".encode())
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\\n\\n")
+
+    def log_message(self, *args):
+        pass
+
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+def test_the_side_by_side_benchmark_measures_both_servers_in_turn(tmp_path):
+    """The real server (the default model) and a stand-in for llama-server, both up at once: every round
+    measures each, and the medians and their ratio come out."""
+    fake = tmp_path / "llama-server"
+    fake.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    fake.chmod(0o755)
+    output = run_script(
+        "bench_side_by_side.py", "--llama-server", str(fake), "--rounds", "2", "--tokens", "8",
+        "--prompt-words", "40",
+    )  # fmt: skip
+    assert len(re.findall(r"round \d this server: [\d.]+ tokens/s", output)) == 2
+    assert len(re.findall(r"round \d llama-server: [\d.]+ tokens/s", output)) == 2
+    figures = re.search(r"one stream: ([\d.]+) against llama-server's ([\d.]+) tokens/s \(([\d.]+)x", output)
+    assert figures, output
+    ours, theirs, ratio = map(float, figures.groups())
+    assert ours > 0 and theirs > 0 and abs(ours / theirs - ratio) < 0.01 + 0.01 * ratio
+    assert re.search(r"a fresh prompt's first token: [\d.]+ against [\d.]+ s", output)
