@@ -16,7 +16,6 @@ Prints each round and the medians, with the machine.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ from benchmark import (  # noqa: E402
     server_command,
     start,
     stop,
+    text_arrivals,
 )
 
 TEXT = ROOT / "scripts" / "perplexity_text.txt"
@@ -46,12 +46,7 @@ def stream_rate(url: str, model: str, tokens: int) -> float:
     """Tokens per second of one streamed request: its text chunks after the first, over the time since it."""
     body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, **SAMPLING}
     body |= {"stream": True, "ignore_eos": True}
-    arrivals = []
-    with requests.post(f"{url}/v1/completions", json=body, stream=True, timeout=600) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0].get("text"):
-                arrivals.append(time.perf_counter())
+    arrivals = text_arrivals(url, body)
     return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
 
 

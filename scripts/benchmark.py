@@ -152,6 +152,15 @@ def stream_one(
         **(extra or {}),
     }
     started = time.perf_counter()
+    arrivals = text_arrivals(url, body)
+    with lock:
+        level.tokens += len(arrivals)  # a chunk a token, for these requests (no stop sequences)
+        level.first_token.append(arrivals[0] - started)
+        level.between_tokens.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+
+
+def text_arrivals(url: str, body: dict) -> list[float]:
+    """When each text chunk of a streamed `/v1/completions` request arrived (time.perf_counter)."""
     arrivals = []
     with requests.post(f"{url}/v1/completions", json=body, stream=True, timeout=600) as response:
         response.raise_for_status()
@@ -159,10 +168,7 @@ def stream_one(
             # Only chunks that carry text count: servers differ in empty opening and closing chunks.
             if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0].get("text"):
                 arrivals.append(time.perf_counter())
-    with lock:
-        level.tokens += len(arrivals)  # a chunk a token, for these requests (no stop sequences)
-        level.first_token.append(arrivals[0] - started)
-        level.between_tokens.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+    return arrivals
 
 
 def closed_loop(
