@@ -12,6 +12,7 @@ import math
 import multiprocessing
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 
 from backend.engine.inbox import read_inbox
 from backend.engine.stop_matcher import StopMatcher
@@ -115,9 +116,9 @@ def refusal(request: Submit, max_seq_len: int) -> Piece | None:
     return Piece(request.request_id, "", "error", prompt_tokens, error=message, invalid="prompt_ids")
 
 
-def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiprocessing.Queue) -> None:
+def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Connection) -> None:
     max_seq_len = config.max_seq_len or MOCK_MAX_SEQ_LEN
-    outbox.put(
+    outbox.send(
         BackendReady(
             model_name="mock",
             rows=config.rows,
@@ -167,7 +168,7 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: mult
                     del rows[request_id]
             next_tick += interval
         if pieces or admitted or time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
-            outbox.put(StepOutput(pieces, admitted))
+            outbox.send(StepOutput(pieces, admitted))
             last_sent = time.monotonic()
 
 

@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import sys
 import time
+from multiprocessing.connection import Connection
 
 from backend.engine.engine import Engine
 from backend.engine.inbox import read_inbox
@@ -46,12 +47,12 @@ def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
     return engine, ready
 
 
-def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiprocessing.Queue) -> None:
+def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Connection) -> None:
     try:
         engine, ready = start_engine(config)
     except (InsufficientResources, ModelNotFound, OSError, ValueError) as error:
         log.error("backend cannot start: %s", error)
-        outbox.put(BackendFailed(str(error)))
+        outbox.send(BackendFailed(str(error)))
         sys.exit(1)
     log.info(
         "ready: %s, %d rows of %d tokens, %s on %s, KV cache in %s",
@@ -62,7 +63,7 @@ def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiproc
         ready.device,
         str(engine.runner.cache_dtype).removeprefix("torch."),
     )
-    outbox.put(ready)
+    outbox.send(ready)
     last_sent = time.monotonic()
     while True:
         # Idle: sleep on the inbox (waking for the heartbeat). Busy: take what is there and step.
@@ -79,5 +80,5 @@ def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: multiproc
             log.exception("decode step failed")
             pieces = engine.fail_all(f"generation failed: {error}")
         if pieces or engine.admitted or time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
-            outbox.put(StepOutput(pieces, engine.admitted))
+            outbox.send(StepOutput(pieces, engine.admitted))
             last_sent = time.monotonic()

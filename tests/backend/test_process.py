@@ -1,14 +1,16 @@
-"""The backend as the frontend sees it: a process behind two queues."""
+"""The backend as the frontend sees it: a process behind an inbox and an outbox."""
 
+import os
+import struct
 import subprocess
 import sys
 
 import psutil
 import pytest
 
-from backend.messages import BackendConfig, SamplingParams, StepOutput
+from backend.messages import BackendConfig, Piece, SamplingParams, StepOutput
 from backend.model.loader import pick_device, pick_dtype
-from backend.process import BackendDied, BackendProcess, BackendStartError
+from backend.process import BackendDied, BackendProcess, BackendStartError, _mp
 
 
 def collect(backend, request_ids, timeout=60):
@@ -135,3 +137,23 @@ def test_the_backend_exits_when_its_parent_is_killed():
     parent.kill()  # SIGKILL: no atexit, no multiprocessing clean-up
     parent.wait()
     backend.wait(timeout=10)  # raises psutil.TimeoutExpired if the orphan lives on
+
+
+def send_then_die_mid_message(outbox) -> None:
+    """A backend's last moments: one whole message, larger than a pipe's buffer, then the start of another."""
+    outbox.send(StepOutput([Piece("long", "x" * 300_000)]))
+    os.write(outbox.fileno(), struct.pack("!i", 1_000_000) + b"partial")  # a length, then 7 of its bytes
+    os._exit(3)
+
+
+def test_what_a_backend_sent_before_dying_is_read_and_the_message_it_died_in_is_its_death():
+    """The backend writes its outbox itself: a message larger than the pipe holds arrives whole, and one
+    cut short by its death is BackendDied, not a read that waits for ever for the rest."""
+    backend = BackendProcess(BackendConfig(mock=True))
+    backend.process = _mp.Process(target=send_then_die_mid_message, args=(backend._outbox_writer,))
+    backend.start()
+    message = backend.receive(timeout=30)
+    assert isinstance(message, StepOutput) and message.pieces[0].text == "x" * 300_000
+    with pytest.raises(BackendDied, match="exited with code 3"):
+        backend.receive(timeout=30)
+    backend.stop()
