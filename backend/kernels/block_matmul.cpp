@@ -79,9 +79,10 @@ inline int32_t four_values(const int8_t* p) {
 
 // Blocks ahead of the one being multiplied whose lines each step asks the memory for. A group's weights are
 // read once, in order, but the hardware's prefetcher starts over at each chunk a thread takes and at each
-// page: one row's products read 4-bit blocks at 38-51 GB/s. Asked 8 blocks (2.5 KB of 4-bit) ahead, the
-// 1B Llama's 4-bit projections took 1.14-1.22x less time at 1 row and 1.4-1.7x at 32 (6-bit: 1.04x and
-// 1.6x), the builds side by side in one process (docs/performance.md, 2026-11-28).
+// page: one row's products read 4-bit blocks at 38-51 GB/s, and 8 rows took 4x one row's time. Asked 8
+// blocks (2.5 KB of 4-bit) ahead, the 1B Llama's 4-bit projections ran 1.14-1.18x as fast at 1 row,
+// 2.6-2.9x at 8 and 1.4-1.5x at 32 (6-bit: 1.04x, 3.1x, 1.7x), the two builds in one process, in turn
+// (docs/performance.md, 2026-11-28).
 constexpr int64_t PREFETCH_BLOCKS = 8;
 
 template <int BITS>
