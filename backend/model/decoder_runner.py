@@ -92,19 +92,19 @@ class Projections:
 
     def __init__(self, *linears: nn.Module):
         self.linears = linears
-        self.fused = fuse_linears(list(linears))
-        self.groups: list[nn.Module] = [self.fused] if self.fused is not None else fused_runs(linears)
+        fused = fuse_linears(list(linears))
+        self.groups: list[nn.Module] = [fused] if fused is not None else fused_runs(linears)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused is None:
-            return torch.cat([group(x) for group in self.groups], dim=-1)
-        return self.fused(x)
+        if len(self.groups) == 1:
+            return self.groups[0](x)
+        return torch.cat([group(x) for group in self.groups], dim=-1)
 
     def few_rows_matmul(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
         """The projections as one function of a decode step's [rows, in] activations (`few_rows_matmul`)."""
-        if self.fused is not None:
-            return few_rows_matmul(self.fused, dtype)
         parts = [few_rows_matmul(group, dtype) for group in self.groups]
+        if len(parts) == 1:
+            return parts[0]
         return lambda x: torch.cat([part(x) for part in parts], dim=-1)
 
 
@@ -333,10 +333,10 @@ class DecoderRunner:
         """The linear layers a step multiplies by, in order, fused where they are."""
         modules: list[nn.Module] = []
         for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True):
-            modules += [qkv.fused] if qkv.fused is not None else list(qkv.linears)
+            modules += qkv.groups
             modules.append(layer.self_attn.o_proj)
             if gate_up is not None:  # (a mixture of experts multiplies as its module does)
-                modules += [gate_up.fused] if gate_up.fused is not None else list(gate_up.linears)
+                modules += gate_up.groups
                 modules.append(layer.mlp.down_proj)
         return modules
 

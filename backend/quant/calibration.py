@@ -87,10 +87,9 @@ def drop_copies_blocks_match(model: nn.Module, paths: tuple[str, ...] = ("dense"
     decide alike. The head keeps its copy (where it is tied to the embedding, the copy is the embedding).
     `paths`: what a copy may multiply by; after `smooth_many_rows_path`, the copies left are those int8
     would move too far, timed as themselves ("dense",): without AMX a bfloat16 copy is slower than the
-    blocks. Returns how
-    many layers dropped theirs."""
+    blocks. Returns how many layers dropped theirs."""
     head = model.get_output_embeddings()
-    groups: dict[tuple[str, int], list[WeightOnlyLinear]] = {}
+    groups: dict[tuple[str, int, int], list[WeightOnlyLinear]] = {}  # parent's type, in_features, bits
     for name, module in model.named_modules():
         if (
             isinstance(module, WeightOnlyLinear)
