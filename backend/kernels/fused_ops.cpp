@@ -565,6 +565,44 @@ at::Tensor nucleus_draw(const at::Tensor& logits, const at::Tensor& top_p, const
   return tokens;
 }
 
+// Each row's grammar mask on its logits, in place (grammar.py's PendingMasks.apply): logits [rows, vocab]
+// float32; bitmask [lines, words] int32, llguidance's, bit t of word w is token 32w + t, set where the token
+// is allowed; lines [rows] int64, the bitmask line of each row, or -1 for a row without a grammar. A token
+// whose bit is clear becomes -inf. PyTorch's operations unpacked every bit of every row into a tensor of
+// their own, some 4 ms of a 32-row step; here a word of allowed tokens is one comparison.
+void mask_disallowed(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& lines) {
+  check_cpu_contiguous(logits, "logits");
+  check_cpu_contiguous(bitmask, "bitmask");
+  check_cpu_contiguous(lines, "lines");
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat, "logits must be float32 [rows, vocab]");
+  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == at::kInt, "bitmask must be int32 [lines, words]");
+  TORCH_CHECK(lines.scalar_type() == at::kLong && lines.numel() == logits.size(0), "lines must be int64, one a row");
+  const int64_t rows = logits.size(0), vocab = logits.size(1), words = bitmask.size(1);
+  TORCH_CHECK(words * 32 >= vocab, "the bitmask has ", words * 32, " bits a line, fewer than the ", vocab, " logits");
+  const int64_t* line_of = lines.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(line_of[r] >= -1 && line_of[r] < bitmask.size(0), "row ", r, " names bitmask line ", line_of[r]);
+  }
+  float* lp = logits.data_ptr<float>();
+  const uint32_t* bp = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
+  constexpr float NONE = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, rows, rows_per_task(vocab), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      if (line_of[r] < 0) continue;
+      float* row = lp + r * vocab;
+      const uint32_t* bits = bp + line_of[r] * words;
+      for (int64_t w = 0; w * 32 < vocab; ++w) {
+        const uint32_t allowed = bits[w];
+        if (allowed == ~0u) continue;
+        const int64_t first = w * 32, count = std::min<int64_t>(32, vocab - first);
+        for (int64_t t = 0; t < count; ++t) {
+          if (!((allowed >> t) & 1u)) row[first + t] = NONE;
+        }
+      }
+    }
+  });
+}
+
 // Each row of x times smoothing, rounded to int8 with its own scale (largest magnitude / 127):
 // returns (int8 [rows, in], float32 scales [rows, 1]).
 std::tuple<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, const at::Tensor& smoothing) {
@@ -725,6 +763,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "each decode query over its own row of the cache", released);
   m.def("attention_supports", &attention_supports, "whether decode_attention has a loop for this head size and group");
   m.def("nucleus_draw", &nucleus_draw, "each row's draw from its nucleus (sampler.py's nucleus_cut and race)", released);
+  m.def("mask_disallowed", &mask_disallowed, "each row's grammar bitmask on its logits, in place", released);
   m.def("quantize_rows", &quantize_rows, "smoothed rows to int8, a scale a row", released);
   m.def("scale_products", &scale_products, "int32 products times row and weight scales", released);
   m.def("block_matmul_kernel", &block_matmul_kernel, "what block_matmul multiplies by here: AVX-512 VNNI, AVX2 or ''");

@@ -19,6 +19,7 @@ brings triton).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
@@ -26,6 +27,8 @@ import llguidance.hf
 import llguidance.torch
 import torch
 from transformers import PreTrainedTokenizerBase
+
+from backend.kernels.extension import extension
 
 # llguidance's default limits; errors without the parser's state and the whole grammar, which would
 # make a request's error message pages long.
@@ -50,15 +53,35 @@ class PendingMasks:
 
     def apply(self, logits: torch.Tensor, row_indexes: list[int]) -> None:
         """Set to -inf, in place, what each constrained row may not take; logits[i] is row_indexes[i]'s."""
-        at = [(i, self.rows[row]) for i, row in enumerate(row_indexes) if row in self.rows]
-        if not at:
+        lines = [self.rows.get(row, -1) for row in row_indexes]
+        if all(line < 0 for line in lines):
             return
         self.done.result()
-        positions = torch.tensor([i for i, _ in at], device=logits.device)
-        words = self.bitmask[[line for _, line in at]].to(logits.device)  # [rows, vocab / 32] int32
-        bits = (words.unsqueeze(-1) >> torch.arange(32, device=logits.device, dtype=torch.int32)) & 1
-        allowed = bits.reshape(len(at), -1)[:, : logits.shape[1]].bool()
-        logits[positions] = logits[positions].masked_fill(~allowed, float("-inf"))
+        loop = _mask_loop(logits)
+        if loop is not None:
+            loop(logits, self.bitmask, torch.tensor(lines))
+            return
+        positions = torch.tensor([i for i, line in enumerate(lines) if line >= 0], device=logits.device)
+        words = self.bitmask[[line for line in lines if line >= 0]].to(logits.device)  # [rows, vocab / 32]
+        # Each byte of the words (little-endian: token 8b + t is bit t of byte b) looked up as its 8 bits.
+        allowed = BYTE_BITS.to(logits.device)[words.view(torch.uint8).long()].reshape(len(positions), -1)
+        kept = logits[positions].masked_fill(~allowed[:, : logits.shape[1]], float("-inf"))
+        logits[positions] = kept
+
+
+# Bit t of each byte value b, as bools: [256, 8].
+BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()
+
+
+def _mask_loop(logits: torch.Tensor) -> Callable | None:
+    """The fused operations' loop (fused_ops.cpp, `mask_disallowed`) for float32 logits on a CPU: it
+    skips each word of allowed tokens where PyTorch's operations unpack every bit, some 4 ms of a 32-row
+    step of the default model (docs/performance.md). None elsewhere, and where the extension is not
+    built."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 or not logits.is_contiguous():
+        return None
+    built = extension()
+    return None if built is None else built.mask_disallowed
 
 
 NO_MASKS = PendingMasks({}, torch.empty(0), None)  # a step without a constrained row

@@ -6,6 +6,7 @@ import json
 import jsonschema
 import llguidance
 import pytest
+import torch
 
 from backend.messages import SamplingParams, Submit
 from inference_api.structured_output import json_schema_grammar
@@ -123,3 +124,44 @@ def test_a_grammar_complete_at_its_start_is_not_refused(default_engine):
     )
     [answer] = run(default_engine, {"r": ("Hello", empty)}).values()
     assert answer[-1].finish_reason == "stop" and text_of(answer) == ""
+
+
+def test_the_masks_loop_and_pytorchs_operations_set_to_minus_inf_exactly_the_tokens_a_mask_clears():
+    """PendingMasks.apply by the fused operations' loop (fused_ops.cpp, `mask_disallowed`: float32 logits
+    on a CPU) and by PyTorch's operations (a GPU, a machine without the extension), against each token's
+    bit read one at a time: on words that allow all, none and some of their tokens, a vocabulary that
+    ends inside a word, rows in another order than the mask's lines, and a row without a grammar, which
+    keeps its logits (a +inf and a NaN among them, kept as they are where allowed)."""
+    from concurrent.futures import Future
+
+    from backend.kernels.extension import extension
+    from backend.layers import grammar
+
+    vocab, words = 1000, 32  # 1,024 bits a line: the last word reaches past the vocabulary
+    generator = torch.Generator().manual_seed(3)
+    bitmask = torch.randint(-(2**31), 2**31, (5, words), dtype=torch.int32, generator=generator)
+    bitmask[0, :10], bitmask[1, 10:20] = -1, 0  # whole words allowed, whole words not
+    done = Future()
+    done.set_result(None)
+    masks = grammar.PendingMasks({7: 0, 2: 1, 9: 4}, bitmask, done)
+    row_indexes = [9, 3, 7, 2]  # row 3 has no grammar
+    logits = torch.randn(4, vocab, generator=generator)
+    logits[:, 5], logits[:, 6] = float("inf"), float("nan")
+    expected = logits.clone()
+    for i, row in enumerate(row_indexes):
+        if row in masks.rows:
+            line = bitmask[masks.rows[row]]
+            for token in range(vocab):
+                if not (int(line[token // 32]) >> (token % 32)) & 1:
+                    expected[i, token] = float("-inf")
+    assert 0 < torch.isinf(expected[[0, 2, 3]]).float().mean() < 1  # some tokens of each masked row, not all
+    assert extension() is not None and grammar._mask_loop(logits) is extension().mask_disallowed
+    by_the_loop = logits.clone()
+    masks.apply(by_the_loop, row_indexes)
+    by_pytorch = logits.clone()
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(grammar, "_mask_loop", lambda logits: None)
+        masks.apply(by_pytorch, row_indexes)
+    for got in (by_the_loop, by_pytorch):
+        assert torch.allclose(got, expected, equal_nan=True)
+        assert torch.equal(torch.isinf(got), torch.isinf(expected))
