@@ -39,7 +39,7 @@ from backend.engine.prefix_cache import Placement, PrefixIndex
 from backend.engine.row import Row
 from backend.engine.scheduler import Schedule, Scheduler
 from backend.engine.speculation import DRAFT_TOKEN_COST, DRAFT_TOKENS, Speculator, verified
-from backend.layers.grammar import GrammarError, Grammars, PendingMasks
+from backend.layers.grammar import GrammarError, Grammars, Masks
 from backend.layers.logits_processors import LogitsProcessors
 from backend.layers.logprobs import token_logprobs
 from backend.layers.row_states import has_row_states, is_state_space
@@ -574,8 +574,8 @@ class Engine:
         row changes before they have sampled."""
         inputs = self.runner.prepare(decoding, prefilling, embedding)
         sampling = decoding + [self.rows[index] for index in inputs.completing]
-        masks = self.grammars.start_masks([row.index for row in sampling])  # computed during the forward
         logits = self._forward(inputs)
+        masks = self.grammars.masks([row.index for row in sampling], self.device)  # a GPU's runs meanwhile
         embedded_states = self.runner.embedded_states
         prompt_scores = {
             score.row: self._prompt_logprobs(
@@ -604,7 +604,7 @@ class Engine:
         self,
         sampling_rows: list[Row],
         logits: torch.Tensor,
-        masks: PendingMasks,
+        masks: Masks,
         next_step: list[Row] | None = None,
     ) -> tuple[dict[int, int], dict[int, TokenLogprob]]:
         """Each sampled position's token from its logits ([positions, vocab], raw), through its row's

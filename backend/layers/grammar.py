@@ -2,25 +2,33 @@
 
 A request carries its grammar as llguidance's serialized form (the frontend
 builds it from `response_format` and friends, and refuses what llguidance
-cannot do). Each constrained row gets a matcher; each step, the matchers
-compute the bitmask of tokens their rows may take next (in llguidance's
-threads, which drop the GIL) while the model's forward pass runs, the
-sampler sees the masked tokens at -inf, and each row's matcher then consumes
-the token it drew. Unconstrained rows in the same step pay nothing.
+cannot do). Each constrained row gets a matcher; each step, once the model's
+forward pass is launched, the matchers compute the bitmask of tokens their
+rows may take next, the sampler sees the masked tokens at -inf, and each
+row's matcher then consumes the token it drew. Unconstrained rows in the same
+step pay nothing.
+
+Where the forward pass runs decides how the masks are computed. On a GPU it
+is launched and the host is free until the logits are read: the masks are
+computed meanwhile, in llguidance's threads. On a CPU the forward pass's
+threads hold every core, and each of its parallel regions waits for the
+slowest of them: masks computed beside the pass in another thread took a
+core from it, and 32 rows of the benchmark's JSON schema cost 4-5 ms a step
+that way, against 2.0-2.2 ms computed one row after another in the engine's
+thread once the pass is done (docs/performance.md).
 
 llguidance rather than xgrammar, by measurement on the default model
 (docs/backend.md): llguidance refuses a schema keyword it cannot enforce
 (`uniqueItems`, `not`, `if`/`then`: "Unimplemented keys: [...]") where
 xgrammar compiles the schema without it and lets anything through there;
 its mask takes about 12 µs a token (xgrammar: 1), which a step of tens of
-milliseconds does not notice, and it needs no other package (xgrammar
+milliseconds barely notices, and it needs no other package (xgrammar
 brings triton).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
 import llguidance.hf
@@ -39,13 +47,12 @@ class GrammarError(ValueError):
     """A grammar the matcher could not start from, or a token it could not take."""
 
 
-class PendingMasks:
-    """The token masks of one step's constrained rows, being computed while the forward pass runs."""
+class Masks:
+    """The token masks of one step's constrained rows."""
 
-    def __init__(self, rows: dict[int, int], bitmask: torch.Tensor, done: Future | None):
+    def __init__(self, rows: dict[int, int], bitmask: torch.Tensor):
         self.rows = rows  # row index -> its line in `bitmask`
         self.bitmask = bitmask
-        self.done = done
 
     @property
     def constrains(self) -> bool:
@@ -56,7 +63,6 @@ class PendingMasks:
         lines = [self.rows.get(row, -1) for row in row_indexes]
         if all(line < 0 for line in lines):
             return
-        self.done.result()
         loop = _mask_loop(logits)
         if loop is not None:
             loop(logits, self.bitmask, torch.tensor(lines))
@@ -75,7 +81,7 @@ BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()
 
 def _mask_loop(logits: torch.Tensor) -> Callable | None:
     """The fused operations' loop (fused_ops.cpp, `mask_disallowed`) for float32 logits on a CPU: it
-    skips each word of allowed tokens where PyTorch's operations unpack every bit, some 4 ms of a 32-row
+    skips each word of allowed tokens where PyTorch's operations unpack every bit, some 3 ms of a 32-row
     step of the default model (docs/performance.md). None elsewhere, and where the extension is not
     built."""
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or not logits.is_contiguous():
@@ -84,7 +90,7 @@ def _mask_loop(logits: torch.Tensor) -> Callable | None:
     return None if built is None else built.mask_disallowed
 
 
-NO_MASKS = PendingMasks({}, torch.empty(0), None)  # a step without a constrained row
+NO_MASKS = Masks({}, torch.empty(0))  # a step without a constrained row
 
 
 class Grammars:
@@ -99,8 +105,7 @@ class Grammars:
         self.rows = rows
         self.matchers: dict[int, llguidance.LLMatcher] = {}
         self._tokenizer: llguidance.LLTokenizer | None = None  # made at the first grammar (about 0.3 s)
-        self._executor: llguidance.LLExecutor | None = None
-        self._thread: ThreadPoolExecutor | None = None
+        self._executor: llguidance.LLExecutor | None = None  # its threads, while a GPU runs the pass
         self._bitmask: torch.Tensor | None = None
 
     def matcher(self, grammar: str | None) -> llguidance.LLMatcher | None:
@@ -131,19 +136,24 @@ class Grammars:
     def release(self, row: int) -> None:
         self.matchers.pop(row, None)
 
-    def start_masks(self, row_indexes: list[int]) -> PendingMasks:
-        """Begin computing the masks of the constrained rows among these (those about to sample)."""
+    def masks(self, row_indexes: list[int], device: torch.device) -> Masks:
+        """The masks of the constrained rows among these (those about to sample), for a forward pass on
+        `device`, launched already: on a GPU in llguidance's threads while the pass runs, on a CPU one
+        row after another in this thread, once its threads are done (the module's docstring says why)."""
         lines = {row: line for line, row in enumerate(r for r in row_indexes if r in self.matchers)}
         if not lines:
             return NO_MASKS
         if self._bitmask is None:
             self._bitmask = llguidance.torch.allocate_token_bitmask(self.rows, self.vocab_size)
-            self._executor = llguidance.LLExecutor()
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
         work = [(self.matchers[row], line) for row, line in lines.items()]
-        fill = llguidance.torch.fill_next_token_bitmask_par
-        done = self._thread.submit(fill, self._executor, work, self._bitmask)
-        return PendingMasks(lines, self._bitmask, done)
+        if device.type == "cpu":
+            for matcher, line in work:
+                llguidance.torch.fill_next_token_bitmask(matcher, self._bitmask, line)
+        else:
+            if self._executor is None:
+                self._executor = llguidance.LLExecutor()
+            llguidance.torch.fill_next_token_bitmask_par(self._executor, work, self._bitmask)
+        return Masks(lines, self._bitmask)
 
     def consume(self, row: int, token: int) -> bool:
         """The row drew this token; whether its grammar is now complete (it allows nothing more).

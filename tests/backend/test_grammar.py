@@ -127,13 +127,11 @@ def test_a_grammar_complete_at_its_start_is_not_refused(default_engine):
 
 
 def test_the_masks_loop_and_pytorchs_operations_set_to_minus_inf_exactly_the_tokens_a_mask_clears():
-    """PendingMasks.apply by the fused operations' loop (fused_ops.cpp, `mask_disallowed`: float32 logits
+    """Masks.apply by the fused operations' loop (fused_ops.cpp, `mask_disallowed`: float32 logits
     on a CPU) and by PyTorch's operations (a GPU, a machine without the extension), against each token's
     bit read one at a time: on words that allow all, none and some of their tokens, a vocabulary that
     ends inside a word, rows in another order than the mask's lines, and a row without a grammar, which
     keeps its logits (a +inf and a NaN among them, kept as they are where allowed)."""
-    from concurrent.futures import Future
-
     from backend.kernels.extension import extension
     from backend.layers import grammar
 
@@ -141,9 +139,7 @@ def test_the_masks_loop_and_pytorchs_operations_set_to_minus_inf_exactly_the_tok
     generator = torch.Generator().manual_seed(3)
     bitmask = torch.randint(-(2**31), 2**31, (5, words), dtype=torch.int32, generator=generator)
     bitmask[0, :10], bitmask[1, 10:20] = -1, 0  # whole words allowed, whole words not
-    done = Future()
-    done.set_result(None)
-    masks = grammar.PendingMasks({7: 0, 2: 1, 9: 4}, bitmask, done)
+    masks = grammar.Masks({7: 0, 2: 1, 9: 4}, bitmask)
     row_indexes = [9, 3, 7, 2]  # row 3 has no grammar
     logits = torch.randn(4, vocab, generator=generator)
     logits[:, 5], logits[:, 6] = float("inf"), float("nan")
@@ -165,3 +161,35 @@ def test_the_masks_loop_and_pytorchs_operations_set_to_minus_inf_exactly_the_tok
     for got in (by_the_loop, by_pytorch):
         assert torch.allclose(got, expected, equal_nan=True)
         assert torch.equal(torch.isinf(got), torch.isinf(expected))
+
+
+def test_masks_for_a_cpus_forward_pass_and_for_a_gpus_are_the_same(default_engine):
+    """A CPU's step computes its rows' masks one after another in the engine's thread, a GPU's in
+    llguidance's threads: both give each constrained row the mask of where its matcher stands (here
+    rows at three places in one schema, and a row without a grammar between them, which gets none)."""
+    from backend.layers.grammar import Grammars
+
+    engine = default_engine
+    grammars = Grammars(engine.tokenizer, engine.vocab_size, engine.eos_ids, 4)
+    text = engine.tokenizer.encode('{"name": "Ada", "age": 36, "colour": "red", "tags": []}')
+    for row, taken in ((0, 0), (2, 4), (3, 9)):
+        matcher = grammars.matcher(json_schema(PERSON))
+        assert all(matcher.consume_token(token) for token in text[:taken])
+        grammars.attach(row, matcher)
+    by_line = {}
+    for device in ("cpu", "cuda"):  # the device's type alone chooses; nothing runs on it
+        masks = grammars.masks([3, 1, 0, 2], torch.device(device))
+        assert masks.rows == {3: 0, 0: 1, 2: 2}
+        by_line[device] = masks.bitmask[:3].clone()
+        masks.bitmask.zero_()
+    assert torch.equal(by_line["cpu"], by_line["cuda"])
+    allowed = [
+        set(torch.nonzero(bits_of(line, engine.vocab_size)).flatten().tolist()) for line in by_line["cpu"]
+    ]
+    assert {engine.tokenizer.decode([token])[0] for token in allowed[1]} == {"{"}  # the object's start
+    assert len(set(map(frozenset, allowed))) == 3  # three places, three masks
+
+
+def bits_of(line: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A bitmask line's bits, token by token."""
+    return ((line.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:vocab]
