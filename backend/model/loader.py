@@ -51,6 +51,7 @@ from backend.model.architectures import UnsupportedModel, check_own_code, check_
 from backend.model.cache_size import context_length, size_kv_cache, size_row_states
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed
+from backend.model.gguf_parsing import each_gguf_file_parsed_once
 from backend.model.resources import check_resources
 from backend.quant import compressed_checkpoint, group_wise
 from backend.quant.calibration import (
@@ -208,6 +209,11 @@ def load_tokenizer(config: BackendConfig) -> PreTrainedTokenizerBase:
 
 def load_model(config: BackendConfig) -> LoadedModel:
     """Resolve, check resources, load (converting a GGUF file once), and place on the device."""
+    with each_gguf_file_parsed_once():
+        return _load_model(config)
+
+
+def _load_model(config: BackendConfig) -> LoadedModel:
     source = resolve_model(config.model)
     pick_quantization(config.quantize, source)  # a wrong --quantize is refused before anything loads
     device = pick_device(config.device)
@@ -260,7 +266,7 @@ def load_model(config: BackendConfig) -> LoadedModel:
         log.info("%s", size_row_states(config, model_config, cache_dtype).summary())
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
     if gguf_file is not None:
-        log.info("converting the GGUF file's weights: a first start only, about 30 s on 2 cores")
+        log.info("converting the GGUF file's weights: a first start only, about 6 s on 2 cores")
     if converted is not None and location == str(converted):
         # The tokenizer the GGUF file gave, as saved: its class, by name, would build its own pipeline
         # over the vocabulary instead (Gemma's replaces a byte-level one and fails), and the frontend

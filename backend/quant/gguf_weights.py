@@ -29,9 +29,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
-from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
+from gguf import MODEL_ARCH_NAMES
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -102,7 +103,7 @@ def tensor_processor(architecture: str, model: nn.Module) -> TensorProcessor | N
 def gguf_names(architecture: str, model: nn.Module) -> dict[str, str]:
     """GGUF tensor name ("blk.0.attn_q.weight") to module name, for the quantizable linear layers."""
     arch = next(key for key, value in MODEL_ARCH_NAMES.items() if value == architecture)
-    names = get_tensor_name_map(arch, model.config.get_text_config().num_hidden_layers)
+    names = gguf.get_tensor_name_map(arch, model.config.get_text_config().num_hidden_layers)
     mapped = {module: names.get_name(module) for module in quantizable_linears(model)}
     return {f"{gguf}.weight": module for module, gguf in mapped.items() if gguf is not None}
 
@@ -125,7 +126,7 @@ def read_gguf_blocks(path: Path, model: nn.Module, cache_dir: Path | None = None
 
 
 def parse_gguf_blocks(path: Path, model: nn.Module) -> GGUFBlocks:
-    reader = GGUFReader(str(path))
+    reader = gguf.GGUFReader(str(path))  # the one the load made already (model/gguf_parsing.py)
     types = Counter(tensor.tensor_type.name for tensor in reader.tensors)
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     head_tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")  # tied: the embedding

@@ -13,8 +13,18 @@ from backend.quant.gguf_weights import BLOCKS_CACHE
 from tests.backend.models import tiny_model
 
 
-def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_path):
+def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_path, monkeypatch):
+    """The first start converts the file, parsing it once where transformers' config, tokenizer and
+    weights would each parse it again (gguf_parsing.py); later starts load the converted copy, and the
+    default mode parses the file once more, for its 4-bit blocks."""
+    import gguf
+
+    parsed = []
+    make_reader = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *args: parsed.append(args) or make_reader(*args))
+    counting = gguf.GGUFReader
     first = load_model(BackendConfig(cache_dir=str(tmp_path), quantize="none"))
+    assert len(parsed) == 1 and gguf.GGUFReader is counting  # each part read the one parse; then as before
     source = resolve_model(None)
     converted = converted_dir(source, tmp_path)
     assert (converted / "model.safetensors").is_file()
@@ -23,8 +33,10 @@ def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_pa
     assert second.model.config.quantization_config is None  # not a GGUF load this time
     assert torch.equal(first.model.lm_head.weight, second.model.lm_head.weight)
     assert not (converted / BLOCKS_CACHE).exists()
+    assert len(parsed) == 1
     load_model(BackendConfig(cache_dir=str(tmp_path)))  # the default mode: the file's 4-bit blocks
     assert (converted / BLOCKS_CACHE).is_file()  # read from the file once, kept for later starts
+    assert len(parsed) == 2
 
 
 def test_a_local_directory_loads_as_is(tmp_path):

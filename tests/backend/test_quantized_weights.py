@@ -228,14 +228,14 @@ def test_the_gguf_files_blocks_are_read_once_then_from_their_copy(
         raise AssertionError("the GGUF file was parsed again")
 
     with monkeypatch.context() as patched:
-        patched.setattr(gguf_weights, "GGUFReader", no_parsing)
+        patched.setattr(gguf_weights.gguf, "GGUFReader", no_parsing)
         assert_same_blocks(read_gguf_blocks(default_model_path(), model, tmp_path), from_file)
 
     (tmp_path / BLOCKS_CACHE).write_bytes(b"not safetensors")
     assert_same_blocks(read_gguf_blocks(default_model_path(), model, tmp_path), from_file)
     assert "unreadable" in caplog.text
     with monkeypatch.context() as patched:  # replaced by a good copy
-        patched.setattr(gguf_weights, "GGUFReader", no_parsing)
+        patched.setattr(gguf_weights.gguf, "GGUFReader", no_parsing)
         assert_same_blocks(read_gguf_blocks(default_model_path(), model, tmp_path), from_file)
 
 
@@ -266,7 +266,7 @@ def test_a_gguf_files_q8_0_and_q4_0_layers_are_served_from_their_blocks(tmp_path
         references = {name: x[:, : weight.shape[1]] @ weight.T for name, weight in expected.items()}
         with monkeypatch.context() as patched:
             if start == 1:
-                patched.setattr(gguf_weights, "GGUFReader", lambda path: pytest.fail("parsed again"))
+                patched.setattr(gguf_weights.gguf, "GGUFReader", lambda path: pytest.fail("parsed again"))
             assert serve_gguf_weights(model, path, tmp_path) == 2 * 7  # the head is not in the file
         for name, weight in expected.items():
             layer = model.get_submodule(name)
@@ -316,7 +316,7 @@ def test_a_k_quant_files_layers_are_served_from_their_blocks(attention, mlp, tmp
         expected = dequantized_like_transformers(model, kinds)
         with monkeypatch.context() as patched, caplog.at_level("INFO"):
             if start == 1:
-                patched.setattr(gguf_weights, "GGUFReader", lambda path: pytest.fail("parsed again"))
+                patched.setattr(gguf_weights.gguf, "GGUFReader", lambda path: pytest.fail("parsed again"))
             assert serve_gguf_weights(model, path, tmp_path) == 2 * 7
         for kind, count in ((attention, 8), (mlp, 6)):
             bits = SERVED_AS[kind][0]

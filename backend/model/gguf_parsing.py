@@ -1,0 +1,43 @@
+"""Each GGUF file parsed once while a model loads, not once for every part of it that reads the file.
+
+transformers reads a GGUF file's config, tokenizer and weights through
+`gguf.GGUFReader`, each part parsing the whole file again: the default
+model's 49,152-token vocabulary and merges are 589,000 metadata fields, 3.4 s
+a parse, and a first start parsed it four times, then once more for the
+file's 4-bit blocks (quant/gguf_weights.py). Matching each weight's name
+built llama.cpp's table of tensor names again for every module (397 times,
+5 s). Together 18 of a first start's 25 s on 2 cores (docs/performance.md).
+While a model loads, `gguf.GGUFReader` and `gguf.get_tensor_name_map` (the
+names transformers' GGUF loader imports them by, when it runs) answer from
+what they made the first time: a reader maps its file read-only, and a table
+of names is only looked up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+
+import gguf
+
+
+@contextlib.contextmanager
+def each_gguf_file_parsed_once() -> Iterator[None]:
+    """Within it, a GGUF file opened again gives the reader made the first time (and a table of tensor
+    names asked for again, the one made then); `gguf` as it was after it."""
+    make_reader, make_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], gguf.GGUFReader] = {}
+
+    def reader(path: os.PathLike[str] | str, mode: str = "r") -> gguf.GGUFReader:
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = make_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(make_name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, make_name_map
