@@ -565,11 +565,11 @@ at::Tensor nucleus_draw(const at::Tensor& logits, const at::Tensor& top_p, const
   return tokens;
 }
 
-// Each row's grammar mask on its logits, in place (grammar.py's PendingMasks.apply): logits [rows, vocab]
+// Each row's grammar mask on its logits, in place (grammar.py's Masks.apply): logits [rows, vocab]
 // float32; bitmask [lines, words] int32, llguidance's, bit t of word w is token 32w + t, set where the token
 // is allowed; lines [rows] int64, the bitmask line of each row, or -1 for a row without a grammar. A token
 // whose bit is clear becomes -inf. PyTorch's operations unpacked every bit of every row into a tensor of
-// their own, some 4 ms of a 32-row step; here a word of allowed tokens is one comparison.
+// their own, 2.9 ms of a 32-row step; here a word of allowed tokens is one comparison (0.03 ms).
 void mask_disallowed(at::Tensor& logits, const at::Tensor& bitmask, const at::Tensor& lines) {
   check_cpu_contiguous(logits, "logits");
   check_cpu_contiguous(bitmask, "bitmask");

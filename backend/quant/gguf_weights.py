@@ -105,7 +105,7 @@ def gguf_names(architecture: str, model: nn.Module) -> dict[str, str]:
     arch = next(key for key, value in MODEL_ARCH_NAMES.items() if value == architecture)
     names = gguf.get_tensor_name_map(arch, model.config.get_text_config().num_hidden_layers)
     mapped = {module: names.get_name(module) for module in quantizable_linears(model)}
-    return {f"{gguf}.weight": module for module, gguf in mapped.items() if gguf is not None}
+    return {f"{name}.weight": module for module, name in mapped.items() if name is not None}
 
 
 def read_gguf_blocks(path: Path, model: nn.Module, cache_dir: Path | None = None) -> GGUFBlocks:
