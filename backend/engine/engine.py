@@ -59,6 +59,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Steps in a row that may give other teams their first tokens alone (`_first_tokens_alone`), the flooding
+# team's rows waiting: two, so that a prompt that came during the first (clients that ended together send
+# again together, a few milliseconds apart), or a first token that released no text, still gets its own
+# instead of a whole flood's step; the flood still decodes at least one step in three.
+MOST_STEPS_ALONE = 2
+# The most prompt tokens such a step takes: four chat prompts of 11 tokens each took 8-10 ms, against 30
+# for a step of the flood's 28 rows (the default model, 2 cores).
+PROMPT_TOKENS_ALONE = 2 * LOOP_PROMPT_TOKENS
+
 NOT_FINITE_ERROR = "generation failed: the model's logits are not finite (NaN or infinity)"
 
 
@@ -147,8 +156,7 @@ class Engine:
         self.embedding_job: tuple[Submit, EmbeddingJob] | None = None  # an input embedded a chunk a step
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
-        # Whether the last step prefilled new prompts alone (_first_tokens_alone): the next one may not.
-        self.last_step_alone = False
+        self.steps_alone = 0  # steps in a row for other teams' first tokens alone (_first_tokens_alone)
         self.ahead: StepAhead | None = None  # a decode step launched before the last one was read (ahead.py)
         self.steps_ahead = True  # decode steps go ahead where they can; False: never (for comparisons)
 
@@ -317,9 +325,9 @@ class Engine:
         try:
             # Finished rows were freed at the end of the last step; the rest decode or prefill.
             schedule = self.scheduler.schedule(self.rows, self.waiting, self._take_row)
-            self.last_step_alone = not self.last_step_alone and self._first_tokens_alone(schedule)
-            if self.last_step_alone:
-                schedule = dataclasses.replace(schedule, decoding=[])  # they decode next step
+            alone = self._first_tokens_alone(schedule) if self.steps_alone < MOST_STEPS_ALONE else None
+            self.steps_alone = 0 if alone is None else self.steps_alone + 1
+            schedule = schedule if alone is None else alone  # the rows left out go on next step
             self.admitted = [row.request.request_id for row in schedule.admitted]
             prompt_tokens = schedule.prompt_tokens  # before the step takes them
             embedding = self._embedding_job(len(schedule.decoding))
@@ -403,30 +411,43 @@ class Engine:
                 self.embedding_job = (request, job)
         return None if self.embedding_job is None else self.embedding_job[1]
 
-    def _first_tokens_alone(self, schedule: Schedule) -> bool:
-        """Whether this step prefills its new prompts alone, the decoding rows waiting a step: where the
-        prompts are short (whole, as decode queries of their rows: a step of a few queries) and one is
-        a team's that holds fewer rows than another team. On a CPU a step's time grows with its rows, and
-        a flooding team's made every first token of another team's wait for a step of them all (34 ms
-        of 28 rows on the default model on 2 cores, against 8 for the prompt alone): the other team's
-        first token then waited on the flood's size (issue 35, docs/performance.md). Each such prompt
-        costs the decoding rows one short step, and never two steps in a row (`step`): a team sending
-        a stream of tiny requests could otherwise keep the rows from decoding at all. A lone team's
-        prompts, and the busiest team's own, go with the rows. Not while an embedding input waits: with
-        no row decoding it would go whole."""
-        if not (schedule.decoding and schedule.admitted and self.runner.reads_own_positions):
-            return False
-        if (
-            self.embedding_waiting
-            or self.embedding_job is not None
-            or schedule.prompt_tokens > LOOP_PROMPT_TOKENS
-        ):
-            return False
-        if any(row.chunk_end < len(row.prompt_ids) or row.scores_prompt for row in schedule.prefilling):
-            return False
+    def _first_tokens_alone(self, schedule: Schedule) -> Schedule | None:
+        """This step's rows narrowed to other teams' first tokens, the rest waiting a step, or None where
+        there are none: the short new prompts (or last chunks) of teams holding fewer rows than another
+        (whole, as decode queries of their rows: a step of a few queries), and their rows whose first
+        token released no text (a part of a character, the start of a stop sequence), which would
+        otherwise show nothing until a whole flood's step had run.
+
+        On a CPU a step's time grows with its rows, and a flooding team's made every first token of
+        another team's wait for a step of them all (34 ms of 28 rows on the default model on 2 cores,
+        against 8 for the prompts alone): the other team's first token then waited on the flood's size
+        (issue 35, docs/performance.md). The flood's own new prompts, admitted in the same step, wait
+        with its rows (with them, the step took 48 ms). At most MOST_STEPS_ALONE such steps in a row
+        (`step`): a team sending a stream of tiny requests could otherwise keep the rows from decoding
+        at all. A lone team's rows, and the busiest team's, go together. Not while an embedding input
+        waits: with no row decoding it would go whole."""
+        if not (schedule.decoding and self.runner.reads_own_positions):
+            return None
+        if self.embedding_waiting or self.embedding_job is not None:
+            return None
         held = collections.Counter(row.request.team for row in self.active_rows)
         busiest = max(held.values())
-        return any(held[row.request.team] < busiest for row in schedule.admitted)
+        prompts, tokens = [], 0
+        for row in schedule.prefilling:
+            length = row.chunk_end - row.cached
+            if (
+                held[row.request.team] < busiest
+                and row.chunk_end == len(row.prompt_ids)
+                and length <= LOOP_PROMPT_TOKENS
+                and not row.scores_prompt
+                and tokens + length <= PROMPT_TOKENS_ALONE
+            ):
+                prompts.append(row)
+                tokens += length
+        unheard = [row for row in schedule.decoding if held[row.request.team] < busiest and row.unheard]
+        if not (prompts or unheard):
+            return None
+        return Schedule(unheard, prompts, schedule.admitted)
 
     def _prompts_as_queries(self, prefilling: list[Row], queries: int) -> int:
         """Mark the chunks that go as more decode queries of their rows in a step of `queries` (drafts

@@ -24,6 +24,7 @@ class Row:
     chunk_end: int = 0  # while prefilling: where this step's chunk of the prompt ends
     as_queries: bool = False  # this step's chunk as decode queries of the row (engine._prompts_as_queries)
     cancelled: bool = False
+    spoke: bool = False  # a piece of it has gone out
     finish_reason: FinishReason | None = None
     # Log-probabilities not yet sent: the prompt's (set at prefill), the tokens' since the last piece.
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
@@ -91,6 +92,12 @@ class Row:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def unheard(self) -> bool:
+        """Whether its first token released no text (a part of a character, the start of a stop
+        sequence): its client has seen nothing yet."""
+        return len(self.generated) == 1 and not self.spoke
 
     @property
     def scores_prompt(self) -> bool:
@@ -210,4 +217,5 @@ class Row:
         )
         self.pending_logprobs.clear()
         self.prompt_logprobs = None  # sent once, with the first piece
+        self.spoke = True
         return piece

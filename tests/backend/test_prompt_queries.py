@@ -3,6 +3,8 @@ reads its own row up to its own position (the CPU's loop), a prompt's chunk of u
 tokens is more decode queries of its row, so that the step that admits it stays a decode step instead of
 paying the prompts' path, which every decoding row waited on."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -102,7 +104,7 @@ def rows_of_each_step(model, arrivals, alone: bool = True) -> tuple[dict, list[l
     steps before `_first_tokens_alone`)."""
     engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=256, speculative_tokens=0)
     if not alone:
-        engine._first_tokens_alone = lambda schedule: False
+        engine._first_tokens_alone = lambda schedule: None
     forward, steps = engine._forward, []
 
     def recording(inputs):
@@ -114,18 +116,32 @@ def rows_of_each_step(model, arrivals, alone: bool = True) -> tuple[dict, list[l
 
 
 def test_a_lighter_teams_new_prompt_gets_a_step_of_its_own_while_a_flooding_teams_rows_wait(model):
-    """Beside three rows of a flooding team, another team's short prompt is prefilled in a step of its
-    own (its queries alone), but never in two steps in a row; the flood's own next prompt, and prompts
-    without teams, go with the rows. Nobody's tokens change: the rows only wait a step."""
-    flood = [(0, team_request(f"flood{i}", "flood", (3 + i, 4, 5), tokens=20)) for i in range(3)]
-    chat = [(4, team_request("chat", "chat", tuple(range(9, 19)))), (5, team_request("next", "chat", (8, 9)))]
-    arrivals = [*flood, *chat, (8, team_request("flood3", "flood", (6, 7)))]
+    """Beside four rows of a flooding team, another team's short prompt is prefilled in a step of its
+    own (its queries alone), and so is the next one that comes during that step, but never three steps
+    in a row; the flood's own prompt, come with one of the other team's, waits a step with the flood's
+    rows; prompts without teams go with the rows. Nobody's tokens change: the rows only wait."""
+    flood = [(0, team_request(f"flood{i}", "flood", (3 + i, 4, 5), tokens=20)) for i in range(4)]
+    chat = [
+        (4, team_request("chat", "chat", tuple(range(9, 19)))),
+        (5, team_request("next", "chat", (8, 9))),
+        (6, team_request("third", "chat", (8, 10), tokens=2)),
+    ]
+    arriving_together = [
+        (9, team_request("flood4", "flood", (6, 7))),
+        (9, team_request("fourth", "chat", (8, 11))),
+    ]
+    arrivals = [*flood, *chat, *arriving_together]
     pieces, steps = rows_of_each_step(model, arrivals)
-    assert [3] * 10 in steps  # row 3 is the chat's: its 10 tokens, no flood row beside them
-    assert [0, 1, 2, 3, 4, 4] in steps  # the team's next prompt, the step after, goes with the rows
-    assert [0, 1, 2, 3, 4, 5, 5] in steps  # and so does the flood's own next prompt
+    assert steps[4:7] == [
+        [4] * 10,  # row 4 is the chat's: its 10 tokens, no flood row beside them
+        [5, 5],  # the next, come meanwhile: a second step alone
+        [0, 1, 2, 3, 4, 5, 6, 6],  # the third waits for no more: it goes with the rows
+    ]
+    # "fourth" takes third's row, where its prompt's first token is cached: one query alone; the flood's
+    # own prompt, admitted in the same step, goes with the flood's rows after it.
+    assert steps[9:11] == [[6], [0, 1, 2, 3, 4, 5, 6, 7, 7]]
     together, steps_together = rows_of_each_step(model, arrivals, alone=False)
-    assert [3] * 10 not in steps_together
+    assert [4] * 10 not in steps_together and [6] not in steps_together
     assert {request: text_of(p) for request, p in pieces.items()} == {
         request: text_of(p) for request, p in together.items()
     }
@@ -133,3 +149,20 @@ def test_a_lighter_teams_new_prompt_gets_a_step_of_its_own_while_a_flooding_team
         model, [(0, greedy((3, 4, 5), "a")), (2, greedy(tuple(range(9, 19)), "b"))]
     )
     assert [1] * 10 not in untagged and [0] + [1] * 10 in untagged
+
+
+def test_a_lighter_teams_first_token_that_shows_no_text_gets_another_step_of_its_own(model):
+    """A first token whose text a stop sequence holds back (it may be that sequence's start) has shown
+    its client nothing: its row decodes alone once more, instead of waiting for the flood's step."""
+    flood = [(0, team_request(f"flood{i}", "flood", (3 + i, 4, 5), tokens=20)) for i in range(4)]
+    prompt = tuple(range(9, 19))
+    plain, _ = rows_of_each_step(model, [*flood, (4, team_request("chat", "chat", prompt))])
+    first = MarkerTokenizer.ids(text_of(plain["chat"]))[0]
+    held = team_request("chat", "chat", prompt)
+    held = dataclasses.replace(held, params=dataclasses.replace(held.params, stop=(f"<{first}>never",)))
+    pieces, steps = rows_of_each_step(model, [*flood, (4, held)])
+    assert steps[4:7] == [[4] * 10, [4], [0, 1, 2, 3, 4]]
+    assert pieces["chat"][0].completion_tokens == 2  # its first piece came with its second token
+    assert text_of(pieces["chat"]) == text_of(plain["chat"])
+    _, shown = rows_of_each_step(model, [*flood, (4, team_request("chat", "chat", prompt))])
+    assert steps != shown and shown[4:6] == [[4] * 10, [0, 1, 2, 3, 4]]  # shown at once: no second step
