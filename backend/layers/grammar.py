@@ -32,7 +32,6 @@ from collections.abc import Callable
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -144,15 +143,20 @@ class Grammars:
         if not lines:
             return NO_MASKS
         if self._bitmask is None:
-            self._bitmask = llguidance.torch.allocate_token_bitmask(self.rows, self.vocab_size)
+            # Pinned where a GPU will read it. (llguidance.torch has these few lines too, but importing it
+            # compiles a function with torch.compile, which we never call: 1.1 s of every start.)
+            words = (self.vocab_size + 31) // 32
+            pinned = torch.cuda.is_available()
+            self._bitmask = torch.full((self.rows, words), -1, dtype=torch.int32, pin_memory=pinned)
         work = [(self.matchers[row], line) for row, line in lines.items()]
+        line_bytes = self._bitmask.shape[1] * self._bitmask.element_size()
         if device.type == "cpu":
             for matcher, line in work:
-                llguidance.torch.fill_next_token_bitmask(matcher, self._bitmask, line)
+                matcher.unsafe_compute_mask_ptr(self._bitmask[line].data_ptr(), line_bytes)
         else:
             if self._executor is None:
                 self._executor = llguidance.LLExecutor()
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, work, self._bitmask)
+            self._executor.unsafe_compute_mask_ptr(work, self._bitmask.data_ptr(), line_bytes, self.rows)
         return Masks(lines, self._bitmask)
 
     def consume(self, row: int, token: int) -> bool:
