@@ -7,7 +7,7 @@ Starts an inference server on the default model (32 rows, a queue of 64) and the
 First the "chat" team alone: --chat-streams clients, each sending --requests short streamed
 completions back to back (16 tokens); then the same while the "flood" team keeps --flood clients busy,
 each sending 250-token completions back to back, more than the rows hold. Reports the chat team's time
-to the first event, median and p99, idle and flooded, and their ratio (issue 35's goal: the p99 within
+to the first event (median, p90, p99), idle and flooded, and their ratio (issue 35's goal: the p99 within
 2x the idle one). --tree runs the server from another checkout (an earlier commit), for a before and
 after measured by the same client.
 """
