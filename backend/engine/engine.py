@@ -432,11 +432,12 @@ class Engine:
             return None
         held = collections.Counter(row.request.team for row in self.active_rows)
         busiest = max(held.values())
+        lighter = {team for team, rows in held.items() if rows < busiest}
         prompts, tokens = [], 0
         for row in schedule.prefilling:
             length = row.chunk_end - row.cached
             if (
-                held[row.request.team] < busiest
+                row.request.team in lighter
                 and row.chunk_end == len(row.prompt_ids)
                 and length <= LOOP_PROMPT_TOKENS
                 and not row.scores_prompt
@@ -444,7 +445,7 @@ class Engine:
             ):
                 prompts.append(row)
                 tokens += length
-        unheard = [row for row in schedule.decoding if held[row.request.team] < busiest and row.unheard]
+        unheard = [row for row in schedule.decoding if row.request.team in lighter and row.unheard]
         if not (prompts or unheard):
             return None
         return Schedule(unheard, prompts, schedule.admitted)
