@@ -269,7 +269,10 @@ class DecoderRunner:
             # the experts' routing loops over the experts chosen: no whole graph to compile
             log.warning("--compile: a mixture-of-experts model's decode steps are not compiled")
         elif compile_decode:
-            # dynamic: one graph for every number of rows and span (torch.compile specializes size 1).
+            # One graph for every number of rows and span (torch.compile specializes size 1): those
+            # sizes alone are symbols (`step_sizes_dynamic`), the rest constants. With every size a
+            # symbol (dynamic=True), the weights' and heads' too, the default model's warm-up traced for
+            # over 11 minutes on a 2-core Xeon before it was stopped, against 2.8 now (docs/performance.md).
             # Without duck shapes, sizes that happen to be equal when it compiles (two rows and two KV
             # heads, say) are not assumed equal for ever, which would compile again at every new shape.
             fx_shapes.use_duck_shape = False
@@ -278,7 +281,7 @@ class DecoderRunner:
             torch._dynamo.config.specialize_float = True
             self.compiled_decode = torch.compile(
                 own_copy(self.decode_layers),
-                dynamic=True,
+                dynamic=None,
                 fullgraph=True,
                 # No shape assertions in the generated code either: ten Python calls a layer, every step.
                 options={"guard_filter_fn": only_step_input_guards, "size_asserts": False},
@@ -360,6 +363,8 @@ class DecoderRunner:
         generated kernels fuse the norms, rotations and residual adds) and the head; the queries'
         rows in any order, padding ones among them."""
         decode, visible = self.decode_function(visible, cache)
+        if decode is self.compiled_decode:
+            step_sizes_dynamic((input_ids, positions, rows, slots), visible)
         return self.head(
             decode(input_ids, positions, rows, slots, visible, cache.keys, cache.values, scatter=True)
         )
@@ -470,6 +475,8 @@ class DecoderRunner:
         """A step of decoding rows alone, up to the head: `decode_layers`, compiled where it was asked for."""
         decode, visible = self.decode_function(layout.visible, cache)
         slots = cache.plan.decode_slots  # where the general path writes too, computed once a step
+        if decode is self.compiled_decode:
+            step_sizes_dynamic((input_ids, positions, layout.decode_index, slots), visible)
         return decode(input_ids, positions, layout.decode_index, slots, visible, cache.keys, cache.values)
 
     def _native_step(
@@ -598,6 +605,16 @@ def graph_inputs(visible: torch.Tensor, cache: RowCache) -> torch.Tensor:
     free_row = torch.full_like(visible, float("-inf"))
     free_row[..., 0] = 0
     return torch.cat([visible, free_row])
+
+
+def step_sizes_dynamic(per_query: tuple[torch.Tensor, ...], visible: torch.Tensor) -> None:
+    """Mark what changes from step to step as the compiled `decode_layers`' only symbols: the number of
+    queries, and the visibility's rows and span. `maybe_`: a size of 1 is specialized (as
+    torch.compile does with every size 1) instead of raising."""
+    for tensor in per_query:
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+    torch._dynamo.maybe_mark_dynamic(visible, 0)
+    torch._dynamo.maybe_mark_dynamic(visible, 3)
 
 
 # What Dynamo checks before each call of a compiled `decode_layers` that can change between calls: the
