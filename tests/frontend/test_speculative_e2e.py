@@ -5,6 +5,7 @@ without it (`speculative: false`), and /metrics counts the draft tokens that sto
 from __future__ import annotations
 
 import re
+from difflib import SequenceMatcher
 from pathlib import Path
 
 import openai
@@ -58,10 +59,18 @@ def with_drafts_and_without(server: RunningServer, messages: list[dict], max_tok
     return plain.choices[0].message.content, streamed, drafted, accepted
 
 
+def longest_run_in_common(text: str, source: str) -> int:
+    """The length of the longest stretch of `text` found as it is in `source`. Not the rename itself:
+    greedy at bfloat16, the model renamed the class on one CPU and copied the file as it was on another,
+    and either way its answer repeats the prompt, which is what gives the drafts their chance."""
+    matcher = SequenceMatcher(None, text, source, autojunk=False)
+    return matcher.find_longest_match(0, len(text), 0, len(source)).size
+
+
 def test_an_edit_is_the_same_with_drafts_and_without_and_most_drafts_stand(default_mode_server) -> None:
     plain, streamed, drafted, accepted = with_drafts_and_without(default_mode_server, EDIT, 120)
     assert streamed == plain
-    assert "class NgramLookup" in streamed  # an edit, so that its text repeats the prompt's
+    assert longest_run_in_common(streamed, FILE) >= 200  # an edit's text repeats its prompt's
     assert accepted > 40 and accepted / drafted > 0.5
 
 
