@@ -362,9 +362,7 @@ class DecoderRunner:
         """What a decode graph captures: `decode_layers` (with --compile its compiled copy, whose
         generated kernels fuse the norms, rotations and residual adds) and the head; the queries'
         rows in any order, padding ones among them."""
-        decode, visible = self.decode_function(visible, cache)
-        if decode is self.compiled_decode:
-            step_sizes_dynamic((input_ids, positions, rows, slots), visible)
+        decode, visible = self.decode_function(visible, cache, (input_ids, positions, rows, slots))
         return self.head(
             decode(input_ids, positions, rows, slots, visible, cache.keys, cache.values, scatter=True)
         )
@@ -473,10 +471,9 @@ class DecoderRunner:
         self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout, cache: RowCache
     ) -> torch.Tensor:
         """A step of decoding rows alone, up to the head: `decode_layers`, compiled where it was asked for."""
-        decode, visible = self.decode_function(layout.visible, cache)
         slots = cache.plan.decode_slots  # where the general path writes too, computed once a step
-        if decode is self.compiled_decode:
-            step_sizes_dynamic((input_ids, positions, layout.decode_index, slots), visible)
+        per_query = (input_ids, positions, layout.decode_index, slots)
+        decode, visible = self.decode_function(layout.visible, cache, per_query)
         return decode(input_ids, positions, layout.decode_index, slots, visible, cache.keys, cache.values)
 
     def _native_step(
@@ -507,12 +504,16 @@ class DecoderRunner:
         narrowed = {None: visible} | {window: within_window(visible, window) for window in windows}
         return [(narrowed[layer.window], None) for layer in self.bound_layers]
 
-    def decode_function(self, visible: torch.Tensor, cache: RowCache) -> tuple[Callable, torch.Tensor]:
+    def decode_function(
+        self, visible: torch.Tensor, cache: RowCache, per_query: tuple[torch.Tensor, ...]
+    ) -> tuple[Callable, torch.Tensor]:
         """`decode_layers` and its visibility, or with --compile its compiled copy and the visibility
-        a compiled one takes (`graph_inputs`)."""
+        a compiled one takes (`graph_inputs`), with the step's sizes marked as its symbols."""
         if self.compiled_decode is None:
             return self.decode_layers, visible
-        return self.compiled_decode, graph_inputs(visible, cache)
+        visible = graph_inputs(visible, cache)
+        step_sizes_dynamic(per_query, visible)
+        return self.compiled_decode, visible
 
     def decode_layers(
         self,
