@@ -20,3 +20,14 @@ def default_mode_server() -> Iterator[RunningServer]:
     half a minute of the suite)."""
     with running_server("--rows", "4", ready_timeout=300) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def exact_mode_server() -> Iterator[RunningServer]:
+    """The default model in the exact mode, 8 rows: the OpenAI API tests' server and the other APIs'
+    (tests/compat), one start for both. Exact: seeded choices must come out the same whatever the batch
+    (SPEC §5), which the default mode's bfloat16 and 4-bit products, whose rounding depends on the batch's
+    shape, do not promise."""
+    options = "--rows 8 --max-seq-len 1024 --dtype float32 --quantize none"
+    with running_server(*options.split(), ready_timeout=300) as server:
+        yield server

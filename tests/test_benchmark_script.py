@@ -6,9 +6,6 @@ import sys
 
 import torch
 
-from backend.engine.engine import Engine
-from backend.messages import BackendConfig, SamplingParams
-from backend.model.loader import load_model
 from tests.conftest import ROOT
 
 
@@ -50,18 +47,6 @@ def test_the_engine_benchmark_reports_steps_and_their_bandwidth_floor():
     assert floor_ms > 0 and abs(step_ms / floor_ms - ratio) < 0.05 * ratio
 
 
-def test_a_random_llama_is_a_model_directory_the_engine_loads(tmp_path):
-    run_script("random_llama.py", "--out", str(tmp_path), "--size", "tiny")
-    loaded = load_model(BackendConfig(model=str(tmp_path), dtype="float32", rows=2, max_seq_len=64))
-    assert loaded.model.config.num_hidden_layers == 2 and loaded.model.dtype == torch.float32
-    assert loaded.model.config.vocab_size == len(loaded.tokenizer)  # the default model's tokenizer
-    engine = Engine(loaded.model, loaded.tokenizer, rows=2, max_seq_len=64)
-    texts = engine.generate(
-        ["Hello", "A longer prompt"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-    )
-    assert all(texts) and len(texts) == 2
-
-
 def test_perplexity_is_the_exponent_of_the_mean_loss_of_each_window():
     from scripts.perplexity import TEXT, perplexity
     from tests.backend.models import tiny_model
@@ -92,38 +77,6 @@ def test_a_report_replaces_its_own_block_only(tmp_path):
     text = page.read_text()
     assert text.count("middle") == 1 and text.count("tail") == 1 and text.count("intro") == 1
     assert "A2" in text and "A1" not in text and "B2" in text and "old b" not in text
-
-
-def test_the_engine_benchmark_compares_graphs_with_eager_steps_and_counts_a_steps_operations():
-    """On a CPU both engines run eager steps (graphs need CUDA); the table, the floor, transformers'
-    static-cache generate and the profile line are what the GPU run prints too, on a random Llama
-    built in the benchmark's process (quantized at load here, as --quantize int4 would on a GPU)."""
-    output = run_script(
-        "bench_engine.py",
-        "--rows",
-        "1",
-        "2",
-        "--max-tokens",
-        "4",
-        "--prompt-tokens",
-        "20",
-        "--random",
-        "tiny",
-        "--dtype",
-        "float32",
-        "--quantize",
-        "int4",
-        "--graphs",
-        "--profile",
-        "--transformers-static",
-    )
-    assert "random Llama tiny, torch.float32" in output
-    assert "| active rows | eager tokens/s | graphs tokens/s |" in output and "| 2 | " in output
-    assert "x the floor" in output
-    static = re.findall(r"transformers' generate, static cache, a batch of (\d): ([\d.]+) tokens/s", output)
-    assert [batch for batch, _ in static] == ["1", "2"] and all(float(rate) > 0 for _, rate in static)
-    counts = re.findall(r"(eager|graphs): (\d+) PyTorch operations \(aten\) a 2-row step", output)
-    assert [name for name, _ in counts] == ["eager", "graphs"] and all(int(n) > 50 for _, n in counts)
 
 
 FAKE_LLAMA_SERVER = '''#!{python}

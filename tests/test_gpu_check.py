@@ -1,9 +1,13 @@
 """scripts/gpu_check.sh stays runnable: a lent GPU machine gives 15 minutes in all, so the check it runs
-must not be debugged there. Here, without CUDA, it runs its parts on a tiny Llama and says so."""
+must not be debugged there. Here, without CUDA, it runs its parts on a tiny Llama and says so. Those parts
+are also this suite's run of the scripts they call with these options: bench_engine.py on a random Llama
+with graphs, a profile and transformers' static-cache baseline, and random_llama.py's model directory,
+which the HTTP part serves."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +35,15 @@ def test_the_gpu_check_runs_every_part_on_a_cpu_and_writes_its_figures(tmp_path)
     assert summary.rstrip().endswith("done")
     assert "token for token model.generate's" in (tmp_path / "exact.log").read_text()
     engine = (tmp_path / "engine_tiny.log").read_text()
-    assert "| 4 |" in engine and "transformers' generate, static cache, a batch of 4" in engine
-    assert "host, 10 steps (cProfile" in engine
+    # On a CPU both engines run eager steps (graphs need CUDA); the table, the floor, the baseline and
+    # the profile are what the GPU's run prints too.
+    assert "random Llama tiny, torch." in engine
+    assert "| active rows | eager tokens/s | graphs tokens/s |" in engine and "| 4 |" in engine
+    assert "x the floor" in engine and "host, 10 steps (cProfile" in engine
+    static = re.findall(r"transformers' generate, static cache, a batch of (\d): ([\d.]+) tokens/s", engine)
+    assert [batch for batch, _ in static] == ["4"] and float(static[0][1]) > 0
+    counts = re.findall(r"(eager|graphs): (\d+) PyTorch operations \(aten\) a \d-row step", engine)
+    assert [name for name, _ in counts] == ["eager", "graphs"] and all(int(n) > 50 for _, n in counts)
     report = (tmp_path / "http_report.md").read_text()
     assert "| 4 |" in report and "Engine ceiling" in report
     assert "backend ready" in (tmp_path / "server.log").read_text()

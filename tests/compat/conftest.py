@@ -1,5 +1,5 @@
 """The APIs beside OpenAI's chat and completions (Anthropic's Messages, OpenAI's Responses, Llama Stack's
-inference): the OpenAI tests' real server on the default model (one for this package) and a proxy in front
+inference): the OpenAI tests' real server on the default model (one for both packages) and a proxy in front
 of it, a mock server for the mechanics (validation, error shapes, cancellation), and the model's own
 tokenizer to count with."""
 

@@ -1,9 +1,9 @@
-"""One real server on the default model for the OpenAI API tests, and clients for it."""
+"""The OpenAI API tests' real server on the default model (the exact mode, tests/conftest.py, shared with
+tests/compat), and clients for it."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -11,18 +11,14 @@ import pytest
 from transformers import AutoTokenizer
 
 from backend.model.loader import converted_dir, resolve_model
-from tests.server_fixture import RunningServer, running_server
+from tests.server_fixture import RunningServer
 
 MODEL = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="package")
-def server() -> Iterator[RunningServer]:
-    # The exact mode: seeded choices must come out the same whatever the batch (SPEC §5), which the
-    # default mode's bfloat16 and 4-bit products, whose rounding depends on the batch's shape, do not promise.
-    options = "--rows 8 --max-seq-len 1024 --dtype float32 --quantize none"
-    with running_server(*options.split(), ready_timeout=300) as running:
-        yield running
+def server(exact_mode_server: RunningServer) -> RunningServer:
+    return exact_mode_server
 
 
 @pytest.fixture(scope="package")
