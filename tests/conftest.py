@@ -31,3 +31,18 @@ def exact_mode_server() -> Iterator[RunningServer]:
     options = "--rows 8 --max-seq-len 1024 --dtype float32 --quantize none"
     with running_server(*options.split(), ready_timeout=300) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model's tokenizer, read from its GGUF file and saved as the backend saves it
+    (transformers' save_pretrained): reading it from the GGUF file takes 7 s, so once a session."""
+    from transformers import AutoTokenizer  # inside: the frontend's tests import no torch
+
+    from backend.model.loader import resolve_model
+
+    source = resolve_model(None)
+    tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+    directory = tmp_path_factory.mktemp("default-tokenizer")
+    tokenizer.save_pretrained(directory)
+    return directory

