@@ -41,21 +41,32 @@ def drafts(server: RunningServer) -> tuple[float, float]:
     )
 
 
-def with_drafts_and_without(server: RunningServer, prompt: str, max_tokens: int) -> tuple:
-    """A greedy completion without drafts (`speculative: false`, which drafts nothing), then streamed
-    with them, through the official client: the two texts and the draft tokens checked and stood."""
+def with_drafts_and_without(server: RunningServer, prompt: str | list[dict], max_tokens: int) -> tuple:
+    """A greedy request without drafts (`speculative: false`, which drafts nothing), then streamed with
+    them, through the official client: a completion of a text prompt, or a chat of a list of messages.
+    The two texts and the draft tokens checked and stood."""
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=300)
-    ask = dict(model=MODEL, prompt=prompt, temperature=0, max_tokens=max_tokens)
+    chat = isinstance(prompt, list)
+    create = client.chat.completions.create if chat else client.completions.create
+    ask = {"model": MODEL, "temperature": 0, "max_tokens": max_tokens}
+    ask["messages" if chat else "prompt"] = prompt
     # Both requests below then find the prompt cached, whatever ran on this server before: a prompt
     # prefilled whole and one found cached round a near tie differently in the default mode's bfloat16.
-    client.completions.create(**{**ask, "max_tokens": 1})
+    create(**{**ask, "max_tokens": 1})
     before = drafts(server)
-    plain = client.completions.create(**ask, extra_body={"speculative": False})
+    plain = create(**ask, extra_body={"speculative": False})
     assert drafts(server) == before  # a request may turn it off
-    chunks = client.completions.create(**ask, stream=True)
-    streamed = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    chunks = create(**ask, stream=True)
+    streamed = "".join(text_of(chunk.choices[0], chat) for chunk in chunks if chunk.choices)
     drafted, accepted = (after - earlier for after, earlier in zip(drafts(server), before, strict=True))
-    return plain.choices[0].text, streamed, drafted, accepted
+    return text_of(plain.choices[0], chat), streamed, drafted, accepted
+
+
+def text_of(choice, chat: bool) -> str:
+    """A choice's text: a chat's message or delta content, a completion's text."""
+    if not chat:
+        return choice.text
+    return (choice.delta.content if hasattr(choice, "delta") else choice.message.content) or ""
 
 
 def copied_share(text: str, source: str) -> float:
