@@ -45,6 +45,19 @@ window.fetch = (url, options) => {
 };
 """
 
+# Records every text an answer is rendered with, as the page renders it: polling through the driver
+# takes several round trips a look, and on a busy machine missed most of a short answer's renders.
+RECORD_RENDERS = """
+window.shownTexts = [];
+new MutationObserver((records) => {
+  for (const record of records) {
+    if (record.target.closest(".message.assistant")) window.shownTexts.push(record.target.dataset.source);
+  }
+}).observe(document.getElementById("conversation"), {
+  subtree: true, attributes: true, attributeFilter: ["data-source"],
+});
+"""
+
 
 @contextmanager
 def chromium() -> Iterator[webdriver.Chrome]:
@@ -90,7 +103,7 @@ class ChatPage:
 
     def wait_loaded(self) -> None:
         wait_until(lambda: "loading" not in self.model_label(), 30, "the model name never loaded")
-        self.driver.execute_script(RECORD_REQUESTS)
+        self.driver.execute_script(RECORD_REQUESTS + RECORD_RENDERS)
 
     def element(self, element_id: str) -> WebElement:
         return self.driver.find_element(By.ID, element_id)
@@ -161,6 +174,10 @@ class ChatPage:
     def answer_error(self) -> str:
         errors = self.answers()[-1].find_elements(By.CLASS_NAME, "error")
         return errors[0].text if errors else ""
+
+    def shown_texts(self) -> list[str]:
+        """Every text an answer was rendered with since the page loaded, in order."""
+        return self.driver.execute_script("return window.shownTexts")
 
     def sent_bodies(self) -> list[dict]:
         return self.driver.execute_script("return window.sentBodies")
