@@ -343,10 +343,12 @@ def bench_model(args: argparse.Namespace) -> LoadedModel:
     device = pick_device("auto")
     dtype = pick_dtype(args.dtype, device)
     model = random_llama(args.random, tokenizer, dtype, device)
+    name = f"random Llama {args.random}"
     if args.quantize in QUANTIZERS:
         quantize_model(model, args.quantize)
+        name += f" ({args.quantize} weights)"
     cache_dtype = pick_cache_dtype("auto", dtype, device)
-    return LoadedModel(f"random Llama {args.random}", model, tokenizer, "", 512, cache_dtype)
+    return LoadedModel(name, model, tokenizer, "", 512, cache_dtype)
 
 
 def main() -> None:

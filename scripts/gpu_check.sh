@@ -55,7 +55,7 @@ stage() {
 }
 
 if "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    SIZE=1b ROWS=(1 8 32) TOKENS=128 DTYPE=bfloat16 HTTP_TOKENS=64 STREAMS=32
+    SIZE=1b ROWS=(1 8 32) TOKENS=128 DTYPE=bfloat16 HTTP_TOKENS=64 STREAMS=32 QUANTIZE=auto
     if [ -d "$WHEELS" ] && [ -n "$(ls "$WHEELS"/*.whl 2>/dev/null)" ]; then
         # The versions this project pins where the machine has others (transformers' internals change).
         stage install 120 "$OUT/check.log" "$PYTHON" -m pip install --quiet --no-index --no-deps \
@@ -65,9 +65,10 @@ if "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else
         echo "install: no wheels in $WHEELS: the machine's packages as they are" | tee -a "$SUMMARY"
     fi
 else
-    SIZE=tiny ROWS=(1 4) TOKENS=8 DTYPE=float32 HTTP_TOKENS=8 STREAMS=4
+    # The engine's part quantizes the tiny Llama at load: bench_engine.py's --quantize runs somewhere.
+    SIZE=tiny ROWS=(1 4) TOKENS=8 DTYPE=float32 HTTP_TOKENS=8 STREAMS=4 QUANTIZE=int4
     echo "no CUDA device: the CUDA parts are skipped (their tests skip themselves), a tiny Llama instead of" \
-        "the 1B, this environment's packages" | tee -a "$SUMMARY"
+        "the 1B, quantized to int4 for the engine's part, this environment's packages" | tee -a "$SUMMARY"
 fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 TOKENIZER_OPTION=()
@@ -90,7 +91,7 @@ stage greedy-exact 120 "$OUT/exact.log" "$PYTHON" scripts/check_greedy_exact.py 
 
 stage engine-$SIZE 300 "$OUT/engine_$SIZE.log" "$PYTHON" scripts/bench_engine.py --random "$SIZE" \
     "${TOKENIZER_OPTION[@]}" --graphs --profile --rows "${ROWS[@]}" --max-tokens "$TOKENS" \
-    --prompt-tokens 64 --transformers-static "${ROWS[-1]}"
+    --prompt-tokens 64 --transformers-static "${ROWS[-1]}" --dtype "$DTYPE" --quantize "$QUANTIZE"
 
 MODEL_DIR=$(mktemp -d)/llama-$SIZE
 stage write-model 120 "$OUT/http.log" "$PYTHON" scripts/random_llama.py --out "$MODEL_DIR" --size "$SIZE" \

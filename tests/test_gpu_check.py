@@ -1,8 +1,8 @@
 """scripts/gpu_check.sh stays runnable: a lent GPU machine gives 15 minutes in all, so the check it runs
 must not be debugged there. Here, without CUDA, it runs its parts on a tiny Llama and says so. Those parts
 are also this suite's run of the scripts they call with these options: bench_engine.py on a random Llama
-with graphs, a profile and transformers' static-cache baseline, and random_llama.py's model directory,
-which the HTTP part serves."""
+quantized to int4 at load, with graphs, a profile and transformers' static-cache baseline, and
+random_llama.py's model directory, which the HTTP part serves."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_the_gpu_check_runs_every_part_on_a_cpu_and_writes_its_figures(tmp_path)
     engine = (tmp_path / "engine_tiny.log").read_text()
     # On a CPU both engines run eager steps (graphs need CUDA); the table, the floor, the baseline and
     # the profile are what the GPU's run prints too.
-    assert "random Llama tiny, torch." in engine
+    assert "random Llama tiny (int4 weights), torch.float32" in engine
     assert "| active rows | eager tokens/s | graphs tokens/s |" in engine and "| 4 |" in engine
     assert "x the floor" in engine and "host, 10 steps (cProfile" in engine
     static = re.findall(r"transformers' generate, static cache, a batch of (\d): ([\d.]+) tokens/s", engine)
