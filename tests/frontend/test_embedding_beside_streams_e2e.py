@@ -25,6 +25,7 @@ from tests.server_fixture import RunningServer, running_server
 
 BUDGET = 64  # prompt tokens a step, fixed
 INPUT_WORDS = 900  # " word" is one token of the default model's vocabulary
+STREAM_TOKENS = 160
 MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -49,7 +50,9 @@ class Stream(threading.Thread):
         body = {
             "model": MODEL,
             "prompt": "Count to a thousand:",
-            "max_tokens": 600,
+            # Past the embedding's 15 chunks and the request's way in, with room to spare: a stream that
+            # ended first would count too few tokens during and fail the test, not pass it.
+            "max_tokens": STREAM_TOKENS,
             "ignore_eos": True,
             "stream": True,
         }
