@@ -14,8 +14,9 @@
    resident memory (API worker and backend) after the first 100 and after all.
 3. The raw ceiling: the engine in this process, no HTTP, decoding full
    batches of 32 rows over the positions the requests decode (--tokens steps
-   after the same prompt); the server's efficiency is its tokens/s at 32
-   streams over this.
+   after the same prompt), measured just before and just after the server's
+   32 streams (the engine idle while the server runs); the server's
+   efficiency is its tokens/s at 32 streams over their mean.
 4. The baseline: scripts/naive_server.py (`model.generate`, one request at a
    time) at concurrency 1 and 32.
 5. Writes docs/performance.md (a table, the machine) and PNG plots beside it.
@@ -56,6 +57,7 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a message in a 
 # explicitly, so that both servers draw from the same distribution. Without them llama-server cut each
 # row to its best 40 tokens where this server drew from the whole nucleus: on a random-weight model's
 # flat rows about 47,000 tokens, 76 ms of a 200 ms 32-row step (docs/performance.md, 2026-11-28).
+CEILING_SAMPLES = 3  # on each side of the server's 32 streams
 SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
 # What an evaluation harness or a careful client adds to every request: the run "with logprobs and
 # penalties" sends these, to measure what they cost against the plain run.
@@ -233,27 +235,49 @@ def memory_after_requests(url: str, model: str, pid: int) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
-def ceiling(model: str | None, dtype: str, quantize: str, steps: int, rows: int = 32) -> float:
-    """Tokens per second of the engine alone decoding `rows` full rows: no HTTP, no queues, no prefill.
-    The `steps` after the prompt are those a request of `steps` tokens decodes: attention reads more
-    positions with each, so fewer (20, until 2026-11-25) measured a ceiling no request could reach
-    (docs/performance.md)."""
-    loaded = load_model(
-        BackendConfig(model=model, dtype=dtype, quantize=quantize, rows=rows, max_seq_len=512)
-    )
-    engine = Engine(loaded.model, loaded.tokenizer, rows=rows, max_seq_len=512)
-    engine.warm_up()
-    ids = tuple(loaded.tokenizer(PROMPT).input_ids)
-    params = SamplingParams(**SAMPLING, max_tokens=10_000, ignore_eos=True)
-    for i in range(rows):
-        engine.submit(Submit(f"ceiling-{i}", ids, params))
-    while engine.waiting:
-        engine.step()
-    engine.step()
-    started = time.perf_counter()
-    for _ in tqdm(range(steps), desc=f"ceiling: {rows} rows, engine alone", unit="step"):
-        engine.step()
-    return rows * steps / (time.perf_counter() - started)
+class Ceiling:
+    """The engine in this process decoding full batches of `rows` rows: no HTTP, no queues, no prefill.
+
+    Loaded once and sampled just before and just after the server's 32 streams: on a shared 2-core
+    machine one sample of 64 steps moves by a tenth or more from the next (481 to 611 tokens/s in eight
+    in a row), and a single sample taken minutes after the server made the same server anywhere from 64%
+    to 102% of it (docs/performance.md)."""
+
+    def __init__(self, model: str | None, dtype: str, quantize: str, rows: int = 32):
+        loaded = load_model(
+            BackendConfig(model=model, dtype=dtype, quantize=quantize, rows=rows, max_seq_len=512)
+        )
+        self.rows = rows
+        self.engine = Engine(loaded.model, loaded.tokenizer, rows=rows, max_seq_len=512)
+        self.engine.warm_up()
+        self.prompt = tuple(loaded.tokenizer(PROMPT).input_ids)
+        self.measured: list[float] = []
+
+    def measure(self, steps: int, samples: int) -> None:
+        """`samples` measurements of the tokens per second over the `steps` decode steps a request of
+        `steps` tokens makes: attention reads more positions with each, so fewer (20, until 2026-11-25)
+        measured a ceiling no request could reach."""
+        for _ in range(samples):
+            self.measured.append(self._sample(steps))
+
+    def _sample(self, steps: int) -> float:
+        params = SamplingParams(**SAMPLING, max_tokens=steps + 2, ignore_eos=True)
+        for i in range(self.rows):
+            self.engine.submit(Submit(f"ceiling-{len(self.measured)}-{i}", self.prompt, params))
+        while self.engine.waiting:
+            self.engine.step()
+        self.engine.step()
+        started = time.perf_counter()
+        for _ in tqdm(range(steps), desc=f"ceiling: {self.rows} rows, engine alone", unit="step"):
+            self.engine.step()
+        tokens_per_second = self.rows * steps / (time.perf_counter() - started)
+        while self.engine.has_work:  # the rows' last token, then free for the next sample
+            self.engine.step()
+        return tokens_per_second
+
+    @property
+    def mean(self) -> float:
+        return sum(self.measured) / len(self.measured)
 
 
 def machine() -> str:
@@ -292,7 +316,8 @@ class Results:
     """Everything one run measured."""
 
     levels: list[Level]
-    ceiling: float
+    ceiling: float  # the mean of those measured
+    ceilings: list[float] = field(default_factory=list)  # the samples, before and after the 32 streams
     spread: Level | None = None
     scored: Level | None = None  # 32 streams, every request with SCORED_FIELDS
     constrained: Level | None = None  # 32 streams, every request with CONSTRAINED_FIELDS
@@ -397,7 +422,13 @@ def report(args, model: str, results: Results, plots: list[str]) -> str:
     lines += [
         "",
         f"Engine ceiling (32 full rows decoding the requests' {args.tokens} positions, no HTTP, same run):"
-        f" {results.ceiling:.1f} tokens/s.",
+        f" {results.ceiling:.1f} tokens/s"
+        + (
+            f", the mean of {len(results.ceilings)} samples of {args.tokens} steps, half just before and"
+            f" half just after the server's 32 streams ({', '.join(f'{c:.0f}' for c in results.ceilings)})."
+            if at_32
+            else f", the mean of {len(results.ceilings)} samples of {args.tokens} steps."
+        ),
     ]
     if at_32:
         lines.append(f"Server at 32 streams: {at_32.tokens_per_second / results.ceiling:.0%} of the ceiling.")
@@ -488,8 +519,9 @@ def server_command(args, port: int, max_seq_len: int = 512) -> list[str]:
     return command
 
 
-def measure_server(args, url: str, model: str, pid: int | None) -> Results:
-    """The closed-loop levels, then 32 streams with spread-out arrivals, then (optionally) memory."""
+def measure_server(args, url: str, model: str, pid: int | None, ceiling: Ceiling) -> Results:
+    """The closed-loop levels (32 streams between two measurements of the engine's ceiling), then 32
+    streams with spread-out arrivals, then (optionally) memory."""
     results = Results(levels=[], ceiling=float("nan"))
     # Warm up at the most streams measured: a GPU's first steps of each size pay one-off costs.
     closed_loop(url, model, max(args.concurrency), 1, 8, tqdm(disable=True))
@@ -497,7 +529,11 @@ def measure_server(args, url: str, model: str, pid: int | None) -> Results:
     with tqdm(total=total, desc="server", unit="req") as bar:
         for concurrency in args.concurrency:
             bar.set_postfix(concurrency=concurrency)
+            if concurrency == 32:
+                ceiling.measure(args.tokens, CEILING_SAMPLES)
             results.levels.append(closed_loop(url, model, concurrency, args.requests, args.tokens, bar))
+            if concurrency == 32:
+                ceiling.measure(args.tokens, CEILING_SAMPLES)
     at_32 = results.at(32)
     if at_32:
         with tqdm(
@@ -544,6 +580,7 @@ def main() -> None:
     parser.add_argument("--no-plots", action="store_true", help="the table alone (no matplotlib needed)")
     args = parser.parse_args()
 
+    ceiling = Ceiling(args.model, args.dtype, args.quantize)  # idle while the server runs
     server, url = None, args.url
     if url is None:
         port = free_port()
@@ -552,12 +589,15 @@ def main() -> None:
         server = start(server_command(args, port), f"{url}/ready", args.server_log)
     model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
     try:
-        results = measure_server(args, url, model, server.pid if server else None)
+        results = measure_server(args, url, model, server.pid if server else None, ceiling)
     finally:
         if server is not None:
             stop(server)
 
-    results.ceiling = ceiling(args.model, args.dtype, args.quantize, steps=args.tokens)
+    if not ceiling.measured:  # no level of 32 streams: measured alone
+        ceiling.measure(args.tokens, 2 * CEILING_SAMPLES)
+    results.ceiling, results.ceilings = ceiling.mean, ceiling.measured
+    del ceiling
     if not args.no_naive:
         port = free_port()
         command = [sys.executable, str(ROOT / "scripts" / "naive_server.py"), "--port", str(port)]
@@ -583,6 +623,7 @@ def main() -> None:
         json.dumps(
             {
                 "ceiling": results.ceiling,
+                "ceilings": results.ceilings,
                 "levels": {lv.concurrency: lv.tokens_per_second for lv in results.levels},
             }
         )

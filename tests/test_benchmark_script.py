@@ -32,6 +32,8 @@ def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
     assert "| 32, arrivals spread out | - |" in report  # measured for its latencies only
     assert "TTFT bound at 32 streams" in report
     assert "Engine ceiling (32 full rows" in report and "Naive server" in report
+    # sampled on both sides of the 32 streams, so that the machine's drift between them shows
+    assert "the mean of 6 samples of 4 steps, half just before and half just after" in report
     assert (tmp_path / "performance-throughput.png").stat().st_size > 1000
     assert (tmp_path / "performance-latency.png").stat().st_size > 1000
 
