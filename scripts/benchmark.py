@@ -57,8 +57,8 @@ PROMPT = "Write a long story about a lighthouse keeper who finds a message in a 
 # explicitly, so that both servers draw from the same distribution. Without them llama-server cut each
 # row to its best 40 tokens where this server drew from the whole nucleus: on a random-weight model's
 # flat rows about 47,000 tokens, 76 ms of a 200 ms 32-row step (docs/performance.md, 2026-11-28).
-CEILING_SAMPLES = 3  # on each side of the server's 32 streams
 SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
+CEILING_SAMPLES = 3  # the engine's ceiling, sampled on each side of the server's 32 streams
 # What an evaluation harness or a careful client adds to every request: the run "with logprobs and
 # penalties" sends these, to measure what they cost against the plain run.
 SCORED_FIELDS = {"logprobs": 5, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1}
@@ -597,7 +597,7 @@ def main() -> None:
     if not ceiling.measured:  # no level of 32 streams: measured alone
         ceiling.measure(args.tokens, 2 * CEILING_SAMPLES)
     results.ceiling, results.ceilings = ceiling.mean, ceiling.measured
-    del ceiling
+    del ceiling  # its model's memory back before the naive server and llama-server load theirs
     if not args.no_naive:
         port = free_port()
         command = [sys.executable, str(ROOT / "scripts" / "naive_server.py"), "--port", str(port)]
