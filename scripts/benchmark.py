@@ -275,10 +275,6 @@ class Ceiling:
             self.engine.step()
         return tokens_per_second
 
-    @property
-    def mean(self) -> float:
-        return sum(self.measured) / len(self.measured)
-
 
 def machine() -> str:
     cpu = platform.machine()
@@ -316,14 +312,17 @@ class Results:
     """Everything one run measured."""
 
     levels: list[Level]
-    ceiling: float  # the mean of those measured
-    ceilings: list[float] = field(default_factory=list)  # the samples, before and after the 32 streams
+    ceilings: list[float] = field(default_factory=list)  # the engine's samples, around the 32 streams
     spread: Level | None = None
     scored: Level | None = None  # 32 streams, every request with SCORED_FIELDS
     constrained: Level | None = None  # 32 streams, every request with CONSTRAINED_FIELDS
     naive: list[Level] = field(default_factory=list)
     llama: list[Level] = field(default_factory=list)
     memory: tuple[int, int] | None = None
+
+    @property
+    def ceiling(self) -> float:
+        return sum(self.ceilings) / len(self.ceilings)
 
     def at(self, concurrency: int, which: str = "levels") -> Level | None:
         return next((lv for lv in getattr(self, which) if lv.concurrency == concurrency), None)
@@ -522,7 +521,7 @@ def server_command(args, port: int, max_seq_len: int = 512) -> list[str]:
 def measure_server(args, url: str, model: str, pid: int | None, ceiling: Ceiling) -> Results:
     """The closed-loop levels (32 streams between two measurements of the engine's ceiling), then 32
     streams with spread-out arrivals, then (optionally) memory."""
-    results = Results(levels=[], ceiling=float("nan"))
+    results = Results(levels=[])
     # Warm up at the most streams measured: a GPU's first steps of each size pay one-off costs.
     closed_loop(url, model, max(args.concurrency), 1, 8, tqdm(disable=True))
     total = sum(c * args.requests for c in args.concurrency)
@@ -596,7 +595,7 @@ def main() -> None:
 
     if not ceiling.measured:  # no level of 32 streams: measured alone
         ceiling.measure(args.tokens, 2 * CEILING_SAMPLES)
-    results.ceiling, results.ceilings = ceiling.mean, ceiling.measured
+    results.ceilings = ceiling.measured
     del ceiling  # its model's memory back before the naive server and llama-server load theirs
     if not args.no_naive:
         port = free_port()

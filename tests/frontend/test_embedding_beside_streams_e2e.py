@@ -25,6 +25,8 @@ from tests.server_fixture import RunningServer, running_server
 
 BUDGET = 64  # prompt tokens a step, fixed
 INPUT_WORDS = 900  # " word" is one token of the default model's vocabulary
+# Past the embedding's 15 chunks and the request's way in, with room to spare (21 used here): a stream
+# that ended first would count too few tokens during and fail the test, not pass it.
 STREAM_TOKENS = 160
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -50,8 +52,6 @@ class Stream(threading.Thread):
         body = {
             "model": MODEL,
             "prompt": "Count to a thousand:",
-            # Past the embedding's 15 chunks and the request's way in, with room to spare: a stream that
-            # ended first would count too few tokens during and fail the test, not pass it.
             "max_tokens": STREAM_TOKENS,
             "ignore_eos": True,
             "stream": True,
