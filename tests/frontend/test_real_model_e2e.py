@@ -151,9 +151,11 @@ def responses_api(question: str, **body) -> tuple[str, dict]:
 
 def every_api() -> list[tuple[str, dict]]:
     """Greedy or seeded requests of each API, streamed and not, with their options: most share
-    SYSTEM's tokens, a prefix rows reuse, and STORY's repeats give prompt lookup its drafts."""
+    SYSTEM's tokens, a prefix a row may take from another's (as it does when they come a step apart),
+    and STORY's repeats give prompt lookup its drafts."""
     return [
-        native(text=STORY + "The keeper", max_tokens=24, temperature=0),
+        # 96 tokens: it goes on after the rest, in steps of a few rows, where drafts pay for themselves.
+        native(text=STORY + "The keeper", max_tokens=96, temperature=0),
         native(text="Über die Brücke 🐱", max_tokens=16, temperature=0.8, seed=7, stream=False),
         native(text="List three colours:\n1.", max_tokens=24, temperature=0, stop_sequence="3."),
         completion(prompt=STORY, max_tokens=16, temperature=0, n=2, logprobs=2, stream=True),
@@ -266,6 +268,7 @@ def embed(server: RunningServer) -> None:
 def test_every_api_at_once_with_clients_hanging_up_answers_as_alone(real_server: RunningServer) -> None:
     asks = every_api()
     together: dict[int, object] = {}
+    drafts_before = real_server.metric("inference_spec_decode_accepted_tokens_total")
 
     def ask(i: int) -> None:
         together[i] = post(real_server, *asks[i])
@@ -296,6 +299,8 @@ def test_every_api_at_once_with_clients_hanging_up_answers_as_alone(real_server:
     while real_server.metric("inference_active_rows") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert real_server.metric("inference_active_rows") == 0
+    # Drafts stood among the rest (STORY's): a full step gives none, a step of a few rows does.
+    assert real_server.metric("inference_spec_decode_accepted_tokens_total") > drafts_before
 
     for i, (path, body) in enumerate(asks):
         assert together[i] == post(real_server, path, body), f"{path} {body} differs from its request alone"
