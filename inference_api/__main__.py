@@ -12,7 +12,10 @@ import os
 import sys
 from pathlib import Path
 
+from jinja2 import TemplateError
+
 from backend.messages import BackendConfig
+from inference_api.chat_template import compile_template
 from inference_api.config import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_QUEUE,
@@ -21,6 +24,7 @@ from inference_api.config import (
     ServerConfig,
     parse_size,
 )
+from inference_api.reasoning import REASONING_PARSERS
 
 GUNICORN_CONF = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
 
@@ -61,6 +65,18 @@ def served_name(text: str) -> str:
     return text
 
 
+def chat_template_file(path: str) -> str:
+    """A template file that reads and compiles, as its absolute path (gunicorn may run elsewhere)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            compile_template(file.read())
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror}") from None
+    except (TemplateError, UnicodeDecodeError) as error:
+        raise argparse.ArgumentTypeError(f"{path} is not a Jinja template: {error}") from None
+    return os.path.abspath(path)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every option of `python -m inference_api` (docs/configuration.md lists each)."""
     parser = argparse.ArgumentParser(prog="python -m inference_api", description=__doc__.split("\n")[0])
@@ -77,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="the names requests may give the model (`model`, /predictions/NAME), the first the one "
         "responses and /ready report; /v1/models lists each (default: the model directory's name, "
         "the hub id, the GGUF file's stem, or mock)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        type=chat_template_file,
+        metavar="PATH",
+        help="a Jinja chat template file for chat requests instead of the model's own (vLLM's option)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default="auto",
+        help="chat answers' <think> blocks as reasoning_content: auto where the model has the tags as "
+        "tokens and its template writes them; deepseek_r1 or qwen3 (vLLM's names) always; none never",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT)
@@ -244,6 +273,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         step_timeout=args.step_timeout,
         embedding_pooling=args.embedding_pooling,
         served_model_names=tuple(dict.fromkeys(args.served_model_name)),  # in order, once each
+        chat_template=args.chat_template,
+        reasoning_parser=args.reasoning_parser,
     )
 
 

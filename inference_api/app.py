@@ -53,6 +53,8 @@ def create_app(config: ServerConfig | None = None) -> Flask:
         on_ready=lambda serving: _log_ready(config, serving),
         on_fatal=_exit_worker if config.exit_on_backend_failure else None,
         served_model_names=config.served_model_names,
+        chat_template=config.chat_template,
+        reasoning_parser=config.reasoning_parser,
     )
     app.extensions["metrics"] = metrics
     app.extensions["router"] = router

@@ -52,6 +52,9 @@ SPECIAL_TOKEN_NAMES = (
     "mask_token",
 )
 
+# What the server passes every template itself: a request's `chat_template_kwargs` may not set these.
+SERVER_SET_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt", *SPECIAL_TOKEN_NAMES)
+
 # Names a message's reasoning comes under; templates read `reasoning_content`, gpt-oss's reads `thinking`.
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -185,12 +188,16 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         documents: list[dict[str, Any]] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str:
+        """The conversation as the prompt's text; `extra`: the request's own variables for the template
+        (vLLM's `chat_template_kwargs`, such as Qwen3's `enable_thinking`), none of SERVER_SET_VARIABLES."""
         template = self.template
         if tools is not None and self.tool_use_template is not None:
             template = self.tool_use_template
         try:
             return template.render(
+                **(extra or {}),
                 messages=_as_template_sees(messages),
                 tools=tools,
                 documents=documents,
@@ -219,17 +226,22 @@ class UnusableChatTemplate(ChatTemplate):
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         documents: list[dict[str, Any]] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str:
         raise ChatTemplateError(f"the model has no usable chat template: {self.problem}")
 
 
-def load_chat_template(directory: str | None) -> ChatTemplate:
-    """The template saved beside the tokenizer, else the plain fallback; never raises for a bad template."""
+def load_chat_template(directory: str | None, chosen: str | None = None) -> ChatTemplate:
+    """The template saved beside the tokenizer, else the plain fallback; never raises for a bad template.
+    `chosen`: a template file the operator gives instead (--chat-template), rendered with the tokenizer's
+    special tokens; TemplateError if it does not compile."""
+    config = {} if directory is None else _read_json(os.path.join(directory, "tokenizer_config.json"))
+    special_tokens = special_tokens_of(config)
+    if chosen is not None:
+        return ChatTemplate(_read_text(chosen), special_tokens)
     if directory is None:
         return ChatTemplate(FALLBACK_TEMPLATE)
-    config = _read_json(os.path.join(directory, "tokenizer_config.json"))
     templates = _saved_templates(directory, config)
-    special_tokens = special_tokens_of(config)
     if not templates:
         return ChatTemplate(FALLBACK_TEMPLATE, special_tokens)
     if "default" not in templates:

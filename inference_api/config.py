@@ -39,6 +39,8 @@ class ServerConfig:
     # --served-model-name (vLLM's): the names requests may give the model, the first the one responses
     # report; () serves it under the backend's own name (the model directory's, the hub id, "mock")
     served_model_names: tuple[str, ...] = ()
+    chat_template: str | None = None  # --chat-template: a Jinja file used instead of the model's template
+    reasoning_parser: str = "auto"  # --reasoning-parser: how chat answers' thoughts are read (reasoning.py)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:
@@ -79,6 +81,8 @@ class ServerConfig:
             exit_on_backend_failure=_bool(env, "INFERENCE_EXIT_ON_BACKEND_FAILURE"),
             embedding_pooling=env.get("INFERENCE_EMBEDDING_POOLING", "mean"),
             served_model_names=tuple(env.get("INFERENCE_SERVED_MODEL_NAME", "").split()),
+            chat_template=env.get("INFERENCE_CHAT_TEMPLATE") or None,
+            reasoning_parser=env.get("INFERENCE_REASONING_PARSER") or "auto",
         )
 
     def to_env(self) -> dict[str, str]:
@@ -113,6 +117,8 @@ class ServerConfig:
             "INFERENCE_MAX_BODY_BYTES": str(self.max_body_bytes),
             "INFERENCE_EMBEDDING_POOLING": self.embedding_pooling,
             "INFERENCE_SERVED_MODEL_NAME": " ".join(self.served_model_names),
+            "INFERENCE_CHAT_TEMPLATE": self.chat_template or "",
+            "INFERENCE_REASONING_PARSER": self.reasoning_parser,
             "INFERENCE_HOST": self.host,
             "INFERENCE_PORT": str(self.port),
             "INFERENCE_RESTART_DELAY": repr(self.restart_delay),

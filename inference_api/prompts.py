@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.messages import InvalidParams
-from inference_api.chat_template import ChatTemplateError, UnusableChatTemplate
+from inference_api.chat_template import SERVER_SET_VARIABLES, ChatTemplateError, UnusableChatTemplate
 from inference_api.router import Serving
 from inference_api.tokenizer import PromptTokenizer
 from inference_api.tool_calls import ToolRequest, read_tool_calls, template_messages, tools_system_prompt
@@ -34,7 +34,10 @@ def chat_prompt_ids(
 ) -> list[int]:
     """`messages` through the model's chat template, as token ids."""
     messages = read_messages(data.get("messages"))
-    return chat_ids(messages, serving, "messages", add_generation_prompt, add_special_tokens)
+    kwargs = template_kwargs(data)
+    return chat_ids(
+        messages, serving, "messages", add_generation_prompt, add_special_tokens, template_kwargs=kwargs
+    )
 
 
 def chat_ids(
@@ -45,13 +48,15 @@ def chat_ids(
     add_special_tokens: bool = False,
     continuation: str = "",
     tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """{role, content} messages (roles system, user, assistant, tool) through the model's chat template, as
-    token ids; `continuation` follows the generation prompt: text the answer goes on from (a prefill)."""
+    token ids; `continuation` follows the generation prompt: text the answer goes on from (a prefill);
+    `template_kwargs`: the request's own variables for the template (`template_kwargs`)."""
     if isinstance(serving.chat_template, UnusableChatTemplate):  # nothing the request could change
         raise InvalidParams(param, f"the model has no usable chat template: {serving.chat_template.problem}")
     try:
-        text = serving.chat_template.render(messages, add_generation_prompt, tools)
+        text = serving.chat_template.render(messages, add_generation_prompt, tools, extra=template_kwargs)
     except ChatTemplateError as error:
         raise InvalidParams(param, f"the model's chat template refused the {param}: {error}") from None
     # The rendered template already holds its special tokens (apply_chat_template does the same).
@@ -64,6 +69,7 @@ def tool_chat_ids(
     serving: Serving,
     param: str,
     continuation: str = "",
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """A conversation with tools (assistant turns' calls, tool turns' results) and the tools offered, in
     OpenAI chat's shapes, through the chat template as `chat_ids`; a template that takes no tools gets
@@ -75,7 +81,25 @@ def tool_chat_ids(
         offered = tools.tools
     elif tools is not None:
         messages = with_system_text(messages, tools_system_prompt(tools.tools))
-    return chat_ids(messages, serving, param, continuation=continuation, tools=offered)
+    return chat_ids(
+        messages, serving, param, continuation=continuation, tools=offered, template_kwargs=template_kwargs
+    )
+
+
+def template_kwargs(data: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's `chat_template_kwargs`: the request's own variables for the chat template (Qwen3's and
+    SmolLM3's `enable_thinking`, say). A variable the server sets itself (the messages, the tools...) is
+    a 400: the server's would win, and the request would not get what it asked for."""
+    kwargs = data.get("chat_template_kwargs")
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise InvalidParams("chat_template_kwargs", "chat_template_kwargs must be an object")
+    for name in kwargs:
+        if name in SERVER_SET_VARIABLES:
+            message = f"chat_template_kwargs may not set {name!r}: the server passes it itself"
+            raise InvalidParams("chat_template_kwargs", message)
+    return dict(kwargs)
 
 
 def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:

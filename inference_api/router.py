@@ -30,6 +30,7 @@ from backend.messages import (
 from backend.process import BackendDied, BackendProcess, BackendStartError
 from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.metrics import Metrics
+from inference_api.reasoning import reads_reasoning
 from inference_api.request_stream import RequestStream
 from inference_api.tokenizer import PromptTokenizer, load_tokenizer
 
@@ -69,6 +70,7 @@ class Serving:
     names: tuple[str, ...] = ()  # --served-model-name; () serves the model under the backend's name
     # The --embedding-model's own tokenizer (BackendReady.embedding_model); None: the served model embeds
     embedding_tokenizer: PromptTokenizer | None = None
+    reads_reasoning: bool = False  # chat answers' `<think>` blocks become reasoning_content (reasoning.py)
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -116,9 +118,13 @@ class Router:
         on_ready: Callable[[Serving], None] | None = None,
         on_fatal: Callable[[str], None] | None = None,
         served_model_names: tuple[str, ...] = (),
+        chat_template: str | None = None,
+        reasoning_parser: str = "auto",
     ):
         self.backend_config = backend_config
         self.served_model_names = served_model_names
+        self.chat_template = chat_template  # --chat-template: a file instead of the model's template
+        self.reasoning_parser = reasoning_parser
         self.max_queue = max_queue
         self.metrics = metrics
         self.restart_delay = restart_delay
@@ -273,12 +279,15 @@ class Router:
     def _become_ready(self, backend: BackendProcess) -> None:
         ready = backend.wait_ready()
         embedding = ready.embedding_model
+        tokenizer = load_tokenizer(ready.tokenizer_path)
+        chat_template = load_chat_template(ready.tokenizer_path, self.chat_template)
         serving = Serving(
             ready,
-            load_tokenizer(ready.tokenizer_path),
-            load_chat_template(ready.tokenizer_path),
+            tokenizer,
+            chat_template,
             self.served_model_names,
             embedding_tokenizer=None if embedding is None else load_tokenizer(embedding.tokenizer_path),
+            reads_reasoning=reads_reasoning(self.reasoning_parser, tokenizer, chat_template.source),
         )
         if (clash := serving.name_clash()) is not None:
             raise BackendStartError(clash)

@@ -4,8 +4,7 @@ A client that sends `tools` expects a tool call; answering with free text as
 if the field were honoured would let it believe it got what it asked for
 (SPEC §4.2). A field with a value that asks for nothing (`tools: []`, `best_of`
 equal to `n`, checked where `n` is read, an empty `suffix`) is accepted. Fields that are accepted and
-have no effect here (`user`, `metadata`, `store`, `service_tier`,
-`reasoning_effort`) are listed in docs/frontend.md.
+have no effect here (`user`, `metadata`, `store`, `service_tier`) are listed in docs/frontend.md.
 
 Each API has its own table: the same name is served in one API and refused in
 another (`tools` and `logprobs`, served by chat, not by Llama Stack's inference),

@@ -43,7 +43,8 @@ OWN_VARIABLE = re.compile(r"\b(?:INFERENCE|PROXY)_[A-Z0-9_]*[A-Z0-9]\b")
 LOOKED_UP = re.compile(
     r"(?:(?<![\w.])environ|(?<![\w.])env|dotenv_values\([^)]*\))(?:\.get\(|\[)\s*[\"']([A-Z][A-Z0-9_]*)[\"']"
 )
-ALTERNATIVES = ("7", "9", "x")  # values to try where an option's effect must show
+# Values to try where an option's effect must show (a file for the options that take one).
+ALTERNATIVES = ("7", "9", "x", str(ROOT / "tests" / "frontend" / "chat_templates" / "Qwen-Qwen3-0.6B.jinja"))
 
 
 def load_run_stack():

@@ -25,9 +25,11 @@ from inference_api.prompts import (
     prompt_ids,
     prompt_list,
     read_messages,
+    template_kwargs,
     token_id_list,
     tool_chat_ids,
 )
+from inference_api.reasoning import opened_in_prompt
 from inference_api.router import Serving
 from inference_api.structured_output import GUIDED_FIELDS, grammar_field, read_grammar
 from inference_api.tokenizer import stop_token_ids_of
@@ -53,6 +55,8 @@ class OpenAIRequest:
     cache_salt: str | None = None  # vLLM's: only requests with the same salt (and team) share a prefix
     prompt_param: str = "prompt"  # where the prompt came from: prompt, or messages
     grammar_param: str | None = None  # where params.grammar came from (None: no grammar)
+    # chat with a reasoning model: whether its prompt opened the `<think>` block (None: not read for one)
+    thinking_opened: bool | None = None
 
     @property
     def logprobs(self) -> bool:
@@ -96,13 +100,26 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     reject_unsupported(data, "chat")
     parallel = read_bool(data, "parallel_tool_calls", True)
     tool_request = read_tool_request(data, serving.chat_template.source, parallel)
-    ids = tool_chat_ids(read_messages(data.get("messages")), tool_request, serving, "messages")
+    messages = read_messages(data.get("messages"))
+    ids = tool_chat_ids(messages, tool_request, serving, "messages", template_kwargs=_template_kwargs(data))
     request = _common(data, serving, [ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))
+    thinking = opened_in_prompt(ids, serving.tokenizer) if serving.reads_reasoning else None
+    request = replace(request, tools=tool_request, thinking_opened=thinking)
     params = with_tool_grammar(request.params, tool_request, request.grammar_param or "response_format")
     if params is request.params:
-        return replace(request, tools=tool_request)
+        return request
     grammar_param = "tool_choice" if tool_request.choice in ("function", "required") else "tools"
-    return replace(request, params=params, tools=tool_request, grammar_param=grammar_param)
+    return replace(request, params=params, grammar_param=grammar_param)
+
+
+def _template_kwargs(data: dict[str, Any]) -> dict[str, Any]:
+    """The request's variables for the chat template: `chat_template_kwargs`, and OpenAI's
+    `reasoning_effort` as gpt-oss's template reads it (a variable of that name)."""
+    kwargs = template_kwargs(data)
+    effort = read_string(data, "reasoning_effort")
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", effort)
+    return kwargs
 
 
 def _chat_logprobs(data: dict[str, Any]) -> int | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -34,6 +35,7 @@ from inference_api.generation import (
     start_choices,
     unknown_model,
 )
+from inference_api.reasoning import ReasoningReader
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolCallReader
 
@@ -117,20 +119,16 @@ class Completion:
     def opening(self, index: int) -> dict[str, Any] | None:
         return None
 
-    def choice(
-        self, index: int, text: str, finish_reason: str, logprobs: Any = None, tool_calls: list | None = None
-    ) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    def choice(self, index: int, output: Output, finish_reason: str) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": output.content,
+            "logprobs": output.logprobs,
+            "finish_reason": finish_reason,
+        }
 
-    def delta(
-        self,
-        index: int,
-        text: str,
-        finish_reason: str | None,
-        logprobs: Any = None,
-        tool_calls: list | None = None,
-    ) -> dict[str, Any]:
-        return self.choice(index, text, finish_reason, logprobs)  # a chunk's choice is a whole one's
+    def delta(self, index: int, output: Output, finish_reason: str | None) -> dict[str, Any]:
+        return self.choice(index, output, finish_reason)  # a chunk's choice is a whole one's
 
 
 class ChatCompletion:
@@ -155,28 +153,39 @@ class ChatCompletion:
             "finish_reason": None,
         }
 
-    def choice(
-        self, index: int, text: str, finish_reason: str, logprobs: Any = None, tool_calls: list | None = None
-    ) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        if tool_calls:  # as OpenAI's: content null unless the model also wrote text
-            message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
+    def choice(self, index: int, output: Output, finish_reason: str) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": output.content}
+        if output.reasoning:  # vLLM's and llama.cpp's field for a reasoning model's thoughts
+            message["reasoning_content"] = output.reasoning
+        if output.tool_calls:  # as OpenAI's: content null unless the model also wrote text
+            message |= {"content": output.content or None, "tool_calls": output.tool_calls}
             finish_reason = calls_finish_reason(finish_reason)
-        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": output.logprobs,
+            "finish_reason": finish_reason,
+        }
 
-    def delta(
-        self,
-        index: int,
-        text: str,
-        finish_reason: str | None,
-        logprobs: Any = None,
-        tool_calls: list | None = None,
-    ) -> dict[str, Any]:
-        delta: dict[str, Any] = {"content": text} if text else {}
-        if tool_calls:  # each whole, in one chunk, with its index among the calls
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
+    def delta(self, index: int, output: Output, finish_reason: str | None) -> dict[str, Any]:
+        delta: dict[str, Any] = {"reasoning_content": output.reasoning} if output.reasoning else {}
+        if output.content:
+            delta["content"] = output.content
+        if output.tool_calls:  # each whole, in one chunk, with its index among the calls
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(output.tool_calls)]
             finish_reason = calls_finish_reason(finish_reason)
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": output.logprobs, "finish_reason": finish_reason}
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a choice gives, whole or in a chunk: its thoughts (a reasoning model's), its content, its
+    logprobs in the endpoint's shape (None unless asked for), and its tool calls (at the end)."""
+
+    reasoning: str = ""
+    content: str = ""
+    logprobs: Any = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 class ChoiceOutput:
@@ -188,20 +197,29 @@ class ChoiceOutput:
     ):
         self.echo = openai_request.prompt_texts[index // openai_request.n] if openai_request.echo else ""
         self.writer = api.logprobs(openai_request, serving, index) if openai_request.logprobs else None
+        opened = openai_request.thinking_opened
+        self.thoughts = None if opened is None else ReasoningReader(opened)
         self.tools = ToolCallReader(openai_request.tools) if openai_request.tools else None
         self.tool_calls: list[dict[str, Any]] = []  # set at the last piece
 
-    def text(self, piece: Piece) -> str:
-        """The content this piece adds (with tools, text that may be a call is held back until the end,
-        then `tool_calls` holds the calls it was)."""
+    def text(self, piece: Piece) -> tuple[str, str]:
+        """The thoughts and the content this piece adds: a reasoning model's `<think>` block is its
+        thoughts (reasoning.py), and with tools, content that may be a call is held back until the end,
+        then `tool_calls` holds the calls it was."""
         text, self.echo = self.echo + piece.text, ""
+        reasoning = ""
+        if self.thoughts is not None:
+            reasoning, text = self.thoughts.feed(text)
+            if piece.finished:
+                more, rest = self.thoughts.finish()
+                reasoning, text = reasoning + more, text + rest
         if self.tools is None:
-            return text
+            return reasoning, text
         text = self.tools.feed(text)
         if piece.finished:
             rest, self.tool_calls = self.tools.finish()
             text += rest
-        return text
+        return reasoning, text
 
     def entries(self, piece: Piece) -> tuple:
         return (*(piece.prompt_logprobs or ()), *piece.logprobs)
@@ -266,6 +284,7 @@ def _whole(
     fields: ApiFields,
 ) -> Response:
     outputs = [ChoiceOutput(api, openai_request, serving, i) for i in range(len(choices.streams))]
+    thoughts: list[list[str]] = [[] for _ in choices.streams]
     texts: list[list[str]] = [[] for _ in choices.streams]
     entries: list[list] = [[] for _ in choices.streams]
     finish_reasons: list[str | None] = [None] * len(choices.streams)
@@ -273,26 +292,23 @@ def _whole(
         for index, piece in pieces:
             if piece.finish_reason == "error":  # a later choice's: no status has gone out yet
                 raise error_of(piece, fields)
-            texts[index].append(outputs[index].text(piece))
+            reasoning, text = outputs[index].text(piece)
+            thoughts[index].append(reasoning)
+            texts[index].append(text)
             entries[index] += outputs[index].entries(piece)
             finish_reasons[index] = piece.finish_reason
     finally:
         choices.close()
+    whole = [
+        Output("".join(thoughts[i]), "".join(parts), output.logprobs(tuple(entries[i])), output.tool_calls)
+        for i, (parts, output) in enumerate(zip(texts, outputs, strict=True))
+    ]
     return jsonify(
         id=response_id,
         object=api.object,
         created=int(time.time()),
         model=serving.model_name,
-        choices=[
-            api.choice(
-                i,
-                "".join(parts),
-                finish_reasons[i],
-                outputs[i].logprobs(tuple(entries[i])),
-                outputs[i].tool_calls,
-            )
-            for i, parts in enumerate(texts)
-        ],
+        choices=[api.choice(i, output, finish_reasons[i]) for i, output in enumerate(whole)],
         usage=usage.as_dict(),
     )
 
@@ -336,11 +352,10 @@ def _events(
                 kind = "invalid_request_error" if failed.status < 500 else "server_error"
                 yield sse_event({"error": {"message": failed.message, "type": kind, "param": failed.param}})
                 return
-            text, entries = outputs[index].text(piece), outputs[index].entries(piece)
-            if text or entries or piece.finished:
-                logprobs = outputs[index].logprobs(entries)
-                calls = outputs[index].tool_calls
-                yield chunk([api.delta(index, text, piece.finish_reason, logprobs, calls)])
+            (reasoning, text), entries = outputs[index].text(piece), outputs[index].entries(piece)
+            if reasoning or text or entries or piece.finished:
+                output = Output(reasoning, text, outputs[index].logprobs(entries), outputs[index].tool_calls)
+                yield chunk([api.delta(index, output, piece.finish_reason)])
         if openai_request.include_usage:
             yield chunk([], usage=usage.as_dict())
         yield DONE
