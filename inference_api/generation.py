@@ -29,6 +29,7 @@ from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.fields import parse_json_object
 from inference_api.metrics import team_of
+from inference_api.reasoning import ReasoningReader
 from inference_api.router import NotReady, QueueFull, Router, Serving
 from inference_api.tool_calls import ToolCallReader, ToolRequest
 
@@ -188,7 +189,9 @@ class Generation:
     (finish_reason "stop" or "length", and the stop sequence if one ended it) and its token counts.
     `fields`: the API's names for the 400s (start_choices). With `tools`, the text is read for calls
     (ToolCallReader): what may be a call is held back, and `tool_calls` holds the calls at the end, in
-    OpenAI chat's shape ({id, type, function: {name, arguments (a JSON string)}}).
+    OpenAI chat's shape ({id, type, function: {name, arguments (a JSON string)}}). With
+    `thinking_opened` (not None: a reasoning model's answer, reasoning.py), its thoughts come apart:
+    `parts()` gives them first, as ("reasoning", text), and `reasoning` holds them whole at the end.
     """
 
     def __init__(
@@ -197,13 +200,16 @@ class Generation:
         params: SamplingParams,
         fields: ApiFields = OPENAI_FIELDS,
         tools: ToolRequest | None = None,
+        thinking_opened: bool | None = None,
     ):
         self.choices, self._pieces = start_choices([(prompt_ids, params)], fields=fields)
         self.fields = fields
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
+        self._thoughts = None if thinking_opened is None else ReasoningReader(thinking_opened)
         self._reader = ToolCallReader(tools) if tools is not None else None
         self.tool_calls: list[dict[str, Any]] = []  # set at the end
+        self.reasoning = ""  # the thoughts so far
 
     @property
     def prompt_tokens(self) -> int:
@@ -218,14 +224,29 @@ class Generation:
         return self.choices.cached_tokens
 
     def deltas(self) -> Iterator[str]:
-        """The text as it comes, in non-empty pieces; GenerationFailed if the backend fails."""
+        """The text as it comes, in non-empty pieces, without the thoughts; GenerationFailed if the
+        backend fails."""
+        parts = self.parts()
+        try:
+            for kind, text in parts:
+                if kind == "text":
+                    yield text
+        finally:
+            parts.close()
+
+    def parts(self) -> Iterator[tuple[str, str]]:
+        """The answer as it comes, in non-empty pieces: ("reasoning", thoughts) then ("text", text);
+        GenerationFailed if the backend fails."""
         try:
             for _, piece in self._pieces:
                 if piece.finish_reason == "error":
                     raise GenerationFailed(error_of(piece, self.fields))
-                text = self._release(piece)
+                reasoning, text = self._release(piece)
+                if reasoning:
+                    self.reasoning += reasoning
+                    yield "reasoning", reasoning
                 if text:
-                    yield text
+                    yield "text", text
                 if self.finish_reason is not None:
                     return
         finally:
@@ -242,11 +263,18 @@ class Generation:
         """End the request; one still running is cancelled (its row frees at the next step)."""
         self.choices.close()
 
-    def _release(self, piece: Piece) -> str:
-        text = piece.text if self._reader is None else self._reader.feed(piece.text)
+    def _release(self, piece: Piece) -> tuple[str, str]:
+        reasoning, text = "", piece.text
+        if self._thoughts is not None:
+            reasoning, text = self._thoughts.feed(text)
+            if piece.finished:
+                more, rest = self._thoughts.finish()
+                reasoning, text = reasoning + more, text + rest
+        if self._reader is not None:
+            text = self._reader.feed(text)
         if piece.finished:
             self.finish_reason, self.stop_sequence = piece.finish_reason, piece.stop_sequence
             if self._reader is not None:
                 rest, self.tool_calls = self._reader.finish()
                 text += rest
-        return text
+        return reasoning, text

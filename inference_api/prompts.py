@@ -10,7 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from backend.messages import InvalidParams
-from inference_api.chat_template import SERVER_SET_VARIABLES, ChatTemplateError, UnusableChatTemplate
+from inference_api.chat_template import (
+    REASONING_FIELDS,
+    SERVER_SET_VARIABLES,
+    ChatTemplateError,
+    UnusableChatTemplate,
+)
 from inference_api.router import Serving
 from inference_api.tokenizer import PromptTokenizer
 from inference_api.tool_calls import ToolRequest, read_tool_calls, template_messages, tools_system_prompt
@@ -194,7 +199,8 @@ def read_messages(
     text_types: tuple[str, ...] = ("text",),
 ) -> list[dict[str, Any]]:
     """A non-empty list of {role, content} objects as the chat template takes them: each content as
-    one text (`text_content`), developer read as system. Other fields of a message are ignored."""
+    one text (`text_content`), developer read as system; an assistant's calls and thoughts
+    (`reasoning_content`), a tool message's call id. Other fields of a message are ignored."""
     if value is None:
         raise InvalidParams(param, f"{param} is required")
     if not isinstance(value, list) or not value:
@@ -219,6 +225,9 @@ def _message(message: Any, param: str, roles: tuple[str, ...], text_types: tuple
         shaped["tool_calls"] = read_tool_calls(message["tool_calls"], f"{param}.tool_calls")
     if role == "tool" and isinstance(message.get("tool_call_id"), str):
         shaped["tool_call_id"] = message["tool_call_id"]
+    # A reasoning model's thoughts in an earlier turn: its template decides whether they go in the prompt.
+    if role == "assistant":
+        shaped |= {name: message[name] for name in REASONING_FIELDS if isinstance(message.get(name), str)}
     return shaped
 
 

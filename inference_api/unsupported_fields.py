@@ -30,15 +30,6 @@ def _always(value: Any) -> bool:
     return True
 
 
-def _not_typed(kind: str) -> Callable[[Any], bool]:
-    """Anthropic's way of asking for nothing: an object {"type": kind}."""
-    return lambda value: not (isinstance(value, dict) and value.get("type") == kind)
-
-
-def _reasoning(value: Any) -> bool:
-    return not (isinstance(value, dict) and all(v in (None, "none") for v in value.values()))
-
-
 STATELESS = "this server keeps no responses (it is stateless): send the whole conversation as input"
 
 UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
@@ -54,7 +45,6 @@ UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
     },
     # Anthropic's Messages API.
     "messages": {
-        "thinking": Unsupported(_not_typed("disabled")),
         "mcp_servers": Unsupported(lambda value: value != []),
         "container": Unsupported(_always),
         "context_management": Unsupported(_always),
@@ -67,7 +57,6 @@ UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
         "conversation": Unsupported(_always, "{name} is not supported: " + STATELESS),
         "background": Unsupported(lambda value: value is not False),
         "prompt": Unsupported(_always),
-        "reasoning": Unsupported(_reasoning),
         "include": Unsupported(lambda value: value != []),
         "top_logprobs": Unsupported(lambda value: value != 0),
         "truncation": Unsupported(

@@ -146,7 +146,10 @@ ASKS_FOR_MORE = {
     "messages[1].content[0]": {
         "messages": [
             {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": [{"type": "thinking", "thinking": "Hm.", "signature": "s"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}}],
+            },
         ]
     },
     "messages[0].role": {"messages": [{"role": "system", "content": "Be brief."}]},

@@ -339,9 +339,13 @@ REFUSED = {
         },
     ),
     "call-in-the-prefill": ("messages[1].content[0]", {"messages": CALLED}),  # nothing could answer it
-    "thinking": (
+    "hosted-tool-call": (
         "messages[1].content[0]",
-        {"messages": [*HI, {"role": "assistant", "content": [{"type": "thinking", "thinking": "Hm."}]}, *HI]},
+        {"messages": [*HI, {"role": "assistant", "content": [{"type": "server_tool_use", "id": "s"}]}, *HI]},
+    ),
+    "thinking-not-text": (
+        "messages[1].content[0].thinking",
+        {"messages": [*HI, {"role": "assistant", "content": [{"type": "thinking", "thinking": 3}]}, *HI]},
     ),
     "call-in-a-user-turn": (
         "messages[0].content[0]",

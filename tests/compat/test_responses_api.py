@@ -103,7 +103,8 @@ ASKS_FOR_MORE = {
     "store": {"store": True},
     "previous_response_id": {"previous_response_id": "resp_0123"},
     "tools[0].type": {"tools": [{"type": "web_search"}]},
-    "reasoning": {"reasoning": {"effort": "high"}},
+    "reasoning": {"reasoning": {"effort": "high"}},  # the mock writes no thoughts
+    "reasoning.summary": {"reasoning": {"effort": "none", "summary": "auto"}},
     "text.format.type": {"text": {"format": {"type": "grammar"}}},
     "include": {"include": ["message.output_text.logprobs"]},
     "input[0].content[1]": {
@@ -120,7 +121,7 @@ ASKS_FOR_MORE = {
     "input[1].type": {
         "input": [
             {"role": "user", "content": "What is 2 + 2?"},
-            {"type": "reasoning", "summary": []},
+            {"type": "item_reference", "id": "rs_0123"},
         ]
     },
     "temperature": {"temperature": 2.5},

@@ -349,13 +349,14 @@ class CutGeneration:
 
     finish_reason = "length"
     prompt_tokens, completion_tokens, cached_tokens = 10, 30, 0
+    reasoning = ""  # no thoughts
     tool_calls = [
         {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
         {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": '{"b": "x'}},
     ]
 
-    def deltas(self) -> Iterator[str]:
-        yield from ("Let me ", "see.")
+    def parts(self) -> Iterator[tuple[str, str]]:
+        yield from (("text", "Let me "), ("text", "see."))
 
     def text(self) -> str:
         return "Let me see."
@@ -376,6 +377,7 @@ def test_only_the_cut_call_is_incomplete_and_each_event_is_as_documented():
         ],
         "tool_choice": "auto",
         "text": {"format": {"type": "text"}},
+        "reasoning": None,
     }
     asked = ResponsesRequest([], SamplingParams(), True, echoed)
     events = b"".join(ModelResponse(CutGeneration(), "m", asked).events()).decode()
@@ -483,7 +485,8 @@ REFUSED = {
             ]
         },
     ),
-    "reasoning-item": ("input[0].type", {"input": [{"type": "reasoning", "summary": []}]}),
+    "item-reference": ("input[0].type", {"input": [{"type": "item_reference", "id": "rs_0123"}]}),
+    "reasoning-item-parts": ("input[0].content", {"input": [{"type": "reasoning", "content": "Hm."}]}),
     "tool-role-message": ("input[0].role", {"input": [{"role": "tool", "content": "4"}]}),
 }
 

@@ -988,8 +988,8 @@ CHECKED_BODIES = {
     ),
     "messages-thinking": (
         "/v1/messages",
-        {**MESSAGES, "thinking": {"type": "enabled", "budget_tokens": 1024}},
-        "thinking",
+        {**MESSAGES, "thinking": {"type": "enabled"}},
+        "thinking.budget_tokens",
     ),
     "messages-output-format": (
         "/v1/messages",
@@ -1005,7 +1005,11 @@ CHECKED_BODIES = {
     ),
     "responses-conversation": ("/v1/responses", {**RESPONSES, "conversation": "conv_1"}, "conversation"),
     "responses-tools": ("/v1/responses", {**RESPONSES, "tools": [{"type": "web_search"}]}, "tools[0].type"),
-    "responses-reasoning": ("/v1/responses", {**RESPONSES, "reasoning": {"effort": "high"}}, "reasoning"),
+    "responses-reasoning": (
+        "/v1/responses",
+        {**RESPONSES, "reasoning": {"effort": "none", "summary": "auto"}},
+        "reasoning.summary",
+    ),
     "responses-json": (
         "/v1/responses",
         {**RESPONSES, "text": {"format": {"type": "json_schema", "name": "x"}}},
@@ -1026,7 +1030,7 @@ CHECKED_BODIES = {
     ),
     "responses-tool-output": (
         "/v1/responses",
-        {**RESPONSES, "input": [{"type": "reasoning", "summary": []}]},
+        {**RESPONSES, "input": [{"type": "item_reference", "id": "rs_0123"}]},
         "input[0].type",
     ),
     "responses-empty-input": ("/v1/responses", {**RESPONSES, "input": ""}, "input"),

@@ -1,11 +1,14 @@
-"""A reasoning model's thoughts apart from its answer (inference_api/reasoning.py), and the request's own
-variables for the chat template (`chat_template_kwargs`).
+"""A reasoning model's thoughts apart from its answer (inference_api/reasoning.py) on every chat API, and
+the request's own variables for the chat template (`chat_template_kwargs`, Anthropic's `thinking`,
+the Responses API's `reasoning`).
 
-The server runs the default model with Qwen3's real chat template (`--chat-template`) and
-`--reasoning-parser qwen3`. SmolLM2 does not think by itself, so the requests that need thoughts have
-them written under a `guided_regex`: the text is then known, while the tokens, the pieces they stream
-in and the tags split across them are the real tokenizer's. The official `openai` client reads the
-answers, as a user's code would (`reasoning_content` is one of its messages' extra fields).
+The server runs the default model in the exact mode with `--reasoning-parser qwen3` and Qwen3's real
+chat template, edited as Qwen3's Thinking-2507 and DeepSeek-R1-0528 templates are: with thinking on,
+the prompt opens the `<think>` block and the answer starts with thoughts. SmolLM2 does not think by
+itself: where a test needs the thoughts to end, a `guided_regex` writes them, so that the text is
+known while the tokens, the pieces they stream in and the tags split across them are the real
+tokenizer's; elsewhere its greedy text is all thoughts (the block is never closed). The official
+`openai` and `anthropic` clients read the answers, as a user's code would.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import re
 from collections.abc import Iterator
 
+import anthropic
 import openai
 import pytest
 import requests
@@ -25,11 +29,22 @@ from tests.conftest import ROOT
 from tests.frontend.test_openapi_e2e import documented
 from tests.server_fixture import RunningServer, running_server
 
-QWEN3_TEMPLATE = ROOT / "tests" / "frontend" / "chat_templates" / "Qwen-Qwen3-0.6B.jinja"
+TEMPLATES = ROOT / "tests" / "frontend" / "chat_templates"
+QWEN3_TEMPLATE = TEMPLATES / "Qwen-Qwen3-0.6B.jinja"
+# Qwen3's generation prompt, and the same opening the thoughts when thinking is on.
+QWEN3_PROMPT_END = """    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}"""
+OPENING_PROMPT_END = """    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- else %}
+        {{- '<think>\\n' }}
+    {%- endif %}"""
 MODEL = "SmolLM2-135M-Instruct"
 GREETING = [{"role": "user", "content": "Hi! Who are you?"}]
 THOUGHTS = "The user greets me.\n\nI greet them back."
 ANSWER = "Hello there! I am a small model."
+NO_THINKING = {"enable_thinking": False}
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -50,9 +65,14 @@ def forced(text: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    options = ["--chat-template", str(QWEN3_TEMPLATE), "--reasoning-parser", "qwen3", "--rows", "4"]
-    with running_server(*options, "--max-seq-len", "1024", ready_timeout=300) as running:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    source = QWEN3_TEMPLATE.read_text()
+    assert QWEN3_PROMPT_END in source
+    template = tmp_path_factory.mktemp("template") / "qwen3-thinking.jinja"
+    template.write_text(source.replace(QWEN3_PROMPT_END, OPENING_PROMPT_END))
+    options = ["--chat-template", str(template), "--reasoning-parser", "qwen3", "--rows", "4"]
+    exact = ["--dtype", "float32", "--quantize", "none", "--max-seq-len", "1024"]
+    with running_server(*options, *exact, ready_timeout=300) as running:
         yield running
 
 
@@ -61,8 +81,13 @@ def client(server: RunningServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
 
 
+@pytest.fixture(scope="module")
+def claude(server: RunningServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="not-needed", max_retries=0, timeout=120)
+
+
 def test_the_thoughts_come_apart_from_the_answer_whole_and_streamed(client):
-    text = f"<think>\n{THOUGHTS}\n</think>\n\n{ANSWER}"
+    text = f"{THOUGHTS}\n</think>\n\n{ANSWER}"  # the prompt opened the block
     request = dict(model=MODEL, messages=GREETING, max_tokens=96, temperature=0, extra_body=forced(text))
     message = client.chat.completions.create(**request).choices[0].message
     assert (message.reasoning_content, message.content) == (THOUGHTS, ANSWER)
@@ -90,7 +115,7 @@ def test_answers_with_thoughts_are_as_the_openapi_document_says(server, stream):
         "temperature": 0,
         "stream": stream,
         "chat_template_kwargs": {"enable_thinking": True},
-        **forced(f"<think>\n{THOUGHTS}\n</think>\n\n{ANSWER}"),
+        **forced(f"{THOUGHTS}\n</think>\n\n{ANSWER}"),
     }
     response = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
     documented(response, "post", "/v1/chat/completions")
@@ -98,7 +123,7 @@ def test_answers_with_thoughts_are_as_the_openapi_document_says(server, stream):
 
 
 def test_an_answer_cut_while_thinking_is_thoughts_only(client):
-    text = f"<think>\n{THOUGHTS}\n</think>\n\n{ANSWER}"
+    text = f"{THOUGHTS}\n</think>\n\n{ANSWER}"
     choice = client.chat.completions.create(
         model=MODEL, messages=GREETING, max_tokens=9, temperature=0, extra_body=forced(text)
     ).choices[0]
@@ -107,21 +132,24 @@ def test_an_answer_cut_while_thinking_is_thoughts_only(client):
     assert choice.message.reasoning_content and THOUGHTS.startswith(choice.message.reasoning_content)
 
 
-def test_an_answer_without_thoughts_is_all_content(client):
+def test_with_thinking_off_the_answer_is_content_unless_the_model_opens_a_block(client):
+    """Qwen3's `enable_thinking: false` closes an empty block in the prompt: the answer is content, but
+    a block the model opens itself is still its thoughts."""
+    request = dict(model=MODEL, messages=GREETING, max_tokens=96, temperature=0)
+    off = {"chat_template_kwargs": NO_THINKING}
     message = (
-        client.chat.completions.create(
-            model=MODEL, messages=GREETING, max_tokens=32, temperature=0, extra_body=forced(ANSWER)
-        )
-        .choices[0]
-        .message
+        client.chat.completions.create(**request, extra_body={**off, **forced(ANSWER)}).choices[0].message
     )
     assert message.content == ANSWER
     assert getattr(message, "reasoning_content", None) is None
+    own_block = forced(f"<think>\n{THOUGHTS}\n</think>\n\n{ANSWER}")
+    message = client.chat.completions.create(**request, extra_body={**off, **own_block}).choices[0].message
+    assert (message.reasoning_content, message.content) == (THOUGHTS, ANSWER)
 
 
 def test_thoughts_before_a_tool_call_are_reasoning_and_the_call_is_read(client):
     call = json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})
-    text = f"<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n{call}\n</tool_call>"
+    text = f"The user wants the weather.\n</think>\n\n<tool_call>\n{call}\n</tool_call>"
     choice = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Weather in Paris?"}],
@@ -139,9 +167,9 @@ def test_thoughts_before_a_tool_call_are_reasoning_and_the_call_is_read(client):
 
 
 def test_chat_template_kwargs_reach_the_template(client, server):
-    """Qwen3's `enable_thinking: false` closes an empty block in the prompt: the prompt the request is
-    answered from is /tokenize's for the same messages and kwargs, and longer than without them."""
-    off = {"enable_thinking": False}
+    """The prompt a request is answered from is /tokenize's for the same messages and kwargs: with
+    `enable_thinking: false`, longer than without, as it closes the block the prompt would open."""
+    off = NO_THINKING
 
     def tokenized(**fields) -> list[int]:
         response = requests.post(f"{server.url}/tokenize", json={"messages": GREETING, **fields}, timeout=30)
@@ -150,8 +178,9 @@ def test_chat_template_kwargs_reach_the_template(client, server):
 
     plain, thinking_off = tokenized(), tokenized(chat_template_kwargs=off)
     assert len(thinking_off) > len(plain)
-    detokenized = requests.post(f"{server.url}/detokenize", json={"tokens": thinking_off}, timeout=30).json()
-    assert detokenized["prompt"].endswith("<think>\n\n</think>\n\n")
+    for tokens, end in ((plain, "<think>\n"), (thinking_off, "<think>\n\n</think>\n\n")):
+        detokenized = requests.post(f"{server.url}/detokenize", json={"tokens": tokens}, timeout=30).json()
+        assert detokenized["prompt"].endswith("assistant\n" + end)  # <|im_start|>, a special token, left out
 
     completion = client.chat.completions.create(
         model=MODEL,
@@ -193,12 +222,120 @@ def test_a_template_that_refuses_the_kwargs_is_a_400_and_the_server_goes_on(clie
     assert "chat template refused" in raised.value.body["message"]
     message = (
         client.chat.completions.create(
-            model=MODEL, messages=GREETING, max_tokens=32, temperature=0, extra_body=forced(ANSWER)
+            model=MODEL,
+            messages=GREETING,
+            max_tokens=32,
+            temperature=0,
+            extra_body={"chat_template_kwargs": NO_THINKING, **forced(ANSWER)},
         )
         .choices[0]
         .message
     )
     assert message.content == ANSWER
+
+
+def test_anthropic_messages_give_the_thoughts_as_a_thinking_block_whole_and_streamed(claude, server):
+    asked = dict(model=MODEL, max_tokens=12, messages=GREETING, extra_body={"temperature": 0})
+    message = claude.messages.create(**asked)
+    thinking, text = message.content
+    assert thinking.type == "thinking" and thinking.thinking and "<think>" not in thinking.thinking
+    assert (text.type, text.text) == ("text", "")  # the 12 tokens were all thoughts
+    assert message.stop_reason == "max_tokens"
+    with claude.messages.stream(**asked) as stream:
+        kinds = [event.delta.type for event in stream if event.type == "content_block_delta"]
+        streamed = stream.get_final_message()
+    assert [block.model_dump() for block in streamed.content] == [
+        block.model_dump() for block in message.content
+    ]
+    assert kinds.count("thinking_delta") > 3
+    for stream in (False, True):
+        body = {"model": MODEL, "max_tokens": 12, "messages": GREETING, "temperature": 0, "stream": stream}
+        response = requests.post(f"{server.url}/v1/messages", json=body, timeout=120)
+        documented(response, "post", "/v1/messages")
+
+
+def test_anthropic_thinking_sets_the_templates_variable_and_thinking_blocks_go_back_to_it(claude):
+    def counted(**fields) -> int:
+        return claude.messages.count_tokens(model=MODEL, **{"messages": GREETING, **fields}).input_tokens
+
+    assert counted(thinking={"type": "disabled"}) > counted()  # the block closed in the prompt
+    assert counted(thinking={"type": "enabled", "budget_tokens": 1024}) == counted()
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
+        counted(thinking={"type": "enabled", "budget_tokens": 100})
+    # A tool-use loop sends the thoughts back: Qwen3's template keeps those after the last question.
+    weather = {
+        "name": "get_weather",
+        "description": "The weather.",
+        "input_schema": WEATHER_TOOL["function"]["parameters"],
+    }
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+    thought = {"type": "thinking", "thinking": "I should look the weather up.", "signature": ""}
+    result = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny."}],
+    }
+    question = {"role": "user", "content": "Weather in Paris?"}
+
+    def loop(*blocks) -> int:
+        return counted(
+            messages=[question, {"role": "assistant", "content": list(blocks)}, result], tools=[weather]
+        )
+
+    assert loop(thought, call) > loop(call)
+
+
+def test_the_responses_api_gives_the_thoughts_as_a_reasoning_item_whole_and_streamed(client, server):
+    asked = dict(model=MODEL, input="Hi! Who are you?", max_output_tokens=12, temperature=0)
+    response = client.responses.create(**asked)
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.status == "incomplete"
+    [part] = reasoning.content
+    assert part.type == "reasoning_text" and part.text and "<think>" not in part.text
+    assert (message.type, message.content[0].text) == ("message", "")
+    events = list(client.responses.create(**asked, stream=True))
+    deltas = [event.delta for event in events if event.type == "response.reasoning_text.delta"]
+    assert len(deltas) > 3 and "".join(deltas) == part.text
+    assert events[-1].response.output[0].content[0].text == part.text
+    items = [
+        (event.type, event.output_index) for event in events if event.type.startswith("response.output_item")
+    ]
+    assert items == [
+        (f"response.output_item.{step}", index) for index in (0, 1) for step in ("added", "done")
+    ]
+    for stream in (False, True):
+        answered = requests.post(f"{server.url}/v1/responses", json={**asked, "stream": stream}, timeout=120)
+        documented(answered, "post", "/v1/responses")
+
+
+def test_the_responses_apis_effort_none_turns_thinking_off_and_reasoning_items_go_back(client):
+    off = client.responses.create(
+        model=MODEL, input="Hi!", max_output_tokens=6, temperature=0, reasoning={"effort": "none"}
+    )
+    assert [item.type for item in off.output] == ["message"]
+    assert off.reasoning.effort == "none"
+
+    def prompt_tokens(*items) -> int:
+        conversation = [{"role": "user", "content": "Weather in Paris?"}, *items]
+        call = {
+            "type": "function_call",
+            "call_id": "c1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        }
+        output = {"type": "function_call_output", "call_id": "c1", "output": "Sunny."}
+        tool = {"type": "function", **WEATHER_TOOL["function"]}
+        answered = client.responses.create(
+            model=MODEL, input=[*conversation, call, output], tools=[tool], max_output_tokens=1, temperature=0
+        )
+        return answered.usage.input_tokens
+
+    thoughts = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "I should look it up."}],
+    }
+    assert prompt_tokens(thoughts) > prompt_tokens()
 
 
 def write_tokenizer(directory, added: list[str]):

@@ -4,9 +4,12 @@ as the chat template and the tool helpers take them (prompts.tool_chat_ids).
 A turn's content is a string or blocks: `text` blocks, joined; in an assistant turn `tool_use` blocks
 ({id, name, input}), the message's calls; in a user turn `tool_result` blocks ({tool_use_id, content,
 is_error}), each a `tool` message answering its call, before the turn's text (Anthropic puts the
-results first). Any other block (an image, a document, thinking) is a 400 naming it: this server
-serves text. A last assistant message is a prefill: its text follows the generation prompt and the
-answer goes on from it (Anthropic's clients send one to steer the start of an answer).
+results first). An assistant turn's `thinking` blocks (a reasoning model's thoughts, which Anthropic's
+clients send back in a tool-use loop) are its `reasoning_content`, which the chat template keeps or
+drops; `redacted_thinking` blocks, encrypted by Anthropic's API, are dropped. Any other block (an
+image, a document) is a 400 naming it: this server serves text. A last assistant message is a
+prefill: its text follows the generation prompt and the answer goes on from it (Anthropic's clients
+send one to steer the start of an answer).
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from backend.messages import InvalidParams
 from inference_api.prompts import text_content
 
 ROLES = ("user", "assistant")
-BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "tool_use")}
+BLOCKS = {
+    "user": ("text", "tool_result"),
+    "assistant": ("text", "tool_use", "thinking", "redacted_thinking"),
+}
 
 
 def read_conversation(system: Any, messages: Any) -> tuple[list[dict[str, Any]], str]:
@@ -62,6 +68,9 @@ def _assistant_turn(blocks: list[tuple[str, dict[str, Any]]], call_ids: set[str]
     calls = [_call(block, param) for param, block in blocks if block["type"] == "tool_use"]
     call_ids.update(call["id"] for call in calls)
     turn = {"role": "assistant", "content": _joined_text(blocks)}
+    thoughts = "".join(block["thinking"] for _, block in blocks if block["type"] == "thinking")
+    if thoughts:
+        turn["reasoning_content"] = thoughts
     return {**turn, "tool_calls": calls} if calls else turn
 
 
@@ -86,6 +95,8 @@ def _block(block: Any, param: str, role: str) -> dict[str, Any]:
         raise InvalidParams(param, f"{param} is {what}: this server takes {kinds} blocks in {role} turns")
     if kind == "text":
         _text(block, param)
+    if kind == "thinking" and not isinstance(block.get("thinking"), str):
+        raise InvalidParams(f"{param}.thinking", f"{param}.thinking must be a string")
     return block
 
 

@@ -17,6 +17,7 @@ from inference_api.apis.anthropic.conversation import read_conversation
 from inference_api.apis.anthropic.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
 from inference_api.prompts import MAX_TOP_K, completion_budget, tool_chat_ids
+from inference_api.reasoning import opened_in_prompt
 from inference_api.router import Serving
 from inference_api.tokenizer import stop_token_ids_of
 from inference_api.tool_calls import ToolRequest, with_tool_grammar
@@ -24,12 +25,14 @@ from inference_api.unsupported_fields import reject_unsupported
 
 # Anthropic documents no limit; each stop sequence costs a scan of the held-back text per piece.
 MAX_STOP_SEQUENCES = 16
+MIN_BUDGET = 1024  # thinking's budget_tokens, as Anthropic's API takes it
 
 
 @dataclass(frozen=True)
 class Prompt:
     ids: list[int]
     tools: ToolRequest | None  # the tools offered, and how the answer becomes calls
+    thinking_opened: bool | None = None  # a reasoning model's: whether the prompt opened its thoughts
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class MessagesRequest:
     params: SamplingParams
     stream: bool
     tools: ToolRequest | None = None  # the tools offered, and how the answer becomes calls
+    thinking_opened: bool | None = None  # as Prompt's
 
 
 def read_prompt(data: dict[str, Any], serving: Serving) -> Prompt:
@@ -45,7 +49,37 @@ def read_prompt(data: dict[str, Any], serving: Serving) -> Prompt:
     reject_unsupported(data, "messages")
     tools = read_tools(data, serving.chat_template.source)
     messages, prefill = read_conversation(data.get("system"), data.get("messages"))
-    return Prompt(tool_chat_ids(messages, tools, serving, "messages", continuation=prefill), tools)
+    kwargs = _thinking(data.get("thinking"), serving)
+    ids = tool_chat_ids(messages, tools, serving, "messages", continuation=prefill, template_kwargs=kwargs)
+    return Prompt(ids, tools, opened_in_prompt(ids, serving.tokenizer) if serving.reads_reasoning else None)
+
+
+def _thinking(value: Any, serving: Serving) -> dict[str, Any]:
+    """`thinking` as the chat template's `enable_thinking` (Qwen3's and SmolLM3's variable): disabled
+    turns thoughts off; enabled (with a budget_tokens of at least 1,024, as Anthropic's API takes) or
+    adaptive turns them on, and needs a model whose thoughts this server reads (a 400 elsewhere, where
+    no thinking block could come). The budget is not enforced: thoughts end where the model ends them,
+    or at max_tokens."""
+    if value is None:
+        return {}
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "disabled":
+        return {"enable_thinking": False}
+    if kind not in ("enabled", "adaptive"):
+        raise InvalidParams(
+            "thinking", 'thinking must be {"type": "enabled", "budget_tokens": N}, adaptive or disabled'
+        )
+    budget = value.get("budget_tokens")
+    if kind == "enabled" and (not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_BUDGET):
+        message = f"thinking.budget_tokens must be an integer of at least {MIN_BUDGET} with enabled"
+        raise InvalidParams("thinking.budget_tokens", message)
+    if not serving.reads_reasoning:
+        raise InvalidParams(
+            "thinking",
+            "thinking asks for thoughts, but the served model writes none that this server reads as thinking "
+            "blocks (a reasoning model's <think> block, --reasoning-parser); leave it out or disable it",
+        )
+    return {"enable_thinking": True}
 
 
 def parse_messages_request(data: dict[str, Any], serving: Serving) -> MessagesRequest:
@@ -65,4 +99,5 @@ def parse_messages_request(data: dict[str, Any], serving: Serving) -> MessagesRe
     )
     # No output format here (output_config is refused): the only grammar is the tools'.
     params = with_tool_grammar(params, prompt.tools, "output_config")
-    return MessagesRequest(prompt.ids, params, read_bool(data, "stream", False), prompt.tools)
+    stream = read_bool(data, "stream", False)
+    return MessagesRequest(prompt.ids, params, stream, prompt.tools, prompt.thinking_opened)

@@ -49,7 +49,7 @@ FIELDS = ApiFields(prompt_ids="messages", grammar="tools")  # the only grammar h
 def messages() -> Response:
     data, serving = read_request()
     parsed = parse_messages_request(data, serving)
-    generation = Generation(parsed.prompt_ids, parsed.params, FIELDS, tools=parsed.tools)
+    generation = Generation(parsed.prompt_ids, parsed.params, FIELDS, parsed.tools, parsed.thinking_opened)
     message = Message(generation, serving.model_name)
     if parsed.stream:
         return event_stream(message.events(), generation.close)
@@ -73,36 +73,46 @@ class Message:
 
     def whole(self) -> dict[str, Any]:
         text = self.generation.text()
+        reasoning = self.generation.reasoning
+        thinking = [_block("thinking", reasoning)] if reasoning else []
         calls = [tool_use_block(call) for call in self.generation.tool_calls]
         # A text block unless the answer is only calls (an empty answer keeps its empty text block).
-        content = [{"type": "text", "text": text}] if text or not calls else []
-        return {**self._opening(content + calls), **self._ending()}
+        content = [_block("text", text)] if text or not calls else []
+        return {**self._opening(thinking + content + calls), **self._ending()}
 
     def events(self) -> Iterator[bytes]:
         yield _event(
             "message_start", message={**self._opening([]), "stop_reason": None, "stop_sequence": None}
         )
         yield _event("ping")
-        # The text block opens with the first text, so that an answer that is only calls has none.
-        text_block = False
+        # Each block opens with its first delta: the thoughts' (if the model thought), then the text's,
+        # so that an answer that is only calls has no text block.
+        index, open_kind = 0, None
         try:
-            for text in self.generation.deltas():
-                if not text_block:
-                    yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-                    text_block = True
-                yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+            for kind, text in self.generation.parts():
+                if kind != open_kind:
+                    if open_kind is not None:
+                        yield _event("content_block_stop", index=index)
+                        index += 1
+                    yield _event("content_block_start", index=index, content_block=_block(kind, ""))
+                    open_kind = kind
+                yield _event("content_block_delta", index=index, delta=_delta(kind, text))
         except GenerationFailed as error:
             # Too late for a status: Anthropic's clients raise on an error event.
             yield sse_event(anthropic_error(500, str(error)), "error")
             return
         calls = [tool_use_block(call) for call in self.generation.tool_calls]
-        if not text_block and not calls:
-            yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-            text_block = True
-        if text_block:
-            yield _event("content_block_stop", index=0)
-        for index, call in enumerate(calls, start=int(text_block)):
-            yield from _tool_use_events(index, call)
+        if open_kind != "text" and not calls:  # an answer of no text and no calls: an empty text block
+            if open_kind is not None:
+                yield _event("content_block_stop", index=index)
+                index += 1
+            yield _event("content_block_start", index=index, content_block=_block("text", ""))
+            open_kind = "text"
+        if open_kind is not None:
+            yield _event("content_block_stop", index=index)
+            index += 1
+        for call_index, call in enumerate(calls, start=index):
+            yield from _tool_use_events(call_index, call)
         ending = self._ending()
         delta = {"stop_reason": ending["stop_reason"], "stop_sequence": ending["stop_sequence"]}
         yield _event("message_delta", delta=delta, usage=ending["usage"])
@@ -140,6 +150,22 @@ def _stop_reason(generation: Generation) -> str:
     if generation.stop_sequence:
         return "stop_sequence"
     return "tool_use" if generation.tool_calls else STOP_REASONS[generation.finish_reason]
+
+
+def _block(kind: str, text: str) -> dict[str, Any]:
+    """A text block, or a thinking block: a reasoning model's thoughts. Its signature, which Anthropic's
+    API signs the thoughts with so that they come back unaltered, is empty: this server signs nothing."""
+    if kind == "text":
+        return {"type": "text", "text": text}
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
+def _delta(kind: str, text: str) -> dict[str, Any]:
+    return (
+        {"type": "text_delta", "text": text}
+        if kind == "text"
+        else {"type": "thinking_delta", "thinking": text}
+    )
 
 
 def _tool_use_events(index: int, block: dict[str, Any]) -> Iterator[bytes]:

@@ -5,10 +5,14 @@ Input: message items (a string content, or `input_text` / `output_text` parts); 
 (call_id, name, arguments as a JSON string; id and status are ignored) and `function_call_output` items
 (call_id, output: a string or `input_text` parts). A run of function_call items, with the assistant
 message right before them, is one assistant turn with `tool_calls`, as chat has it and chat templates
-render it; each output is a `tool` message. Other item types (reasoning, item_reference, hosted tools'
-calls) are a 400 naming the item.
+render it; each output is a `tool` message. A `reasoning` item (a reasoning model's thoughts, which
+clients send back with the turn they led to) is that assistant turn's `reasoning_content`: its
+`reasoning_text` parts (else its summary's texts), which the chat template keeps or drops; its
+`encrypted_content` is OpenAI's, and ignored. Other item types (item_reference, hosted tools' calls) are
+a 400 naming the item.
 
-Output: a message item with one `output_text` part, if the model wrote text or made no call; then one
+Output: a `reasoning` item with one `reasoning_text` part, if the model thought (reasoning.py); a
+message item with one `output_text` part, if the model wrote text or made no call; then one
 `function_call` item per call.
 """
 
@@ -23,7 +27,7 @@ from inference_api.prompts import read_messages, text_content
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text")
-ITEM_TYPES = "message, function_call and function_call_output"
+ITEM_TYPES = "message, reasoning, function_call and function_call_output"
 
 
 def input_messages(value: Any) -> list[dict[str, Any]]:
@@ -63,6 +67,8 @@ def _as_message(item: Any, param: str, calls: set[str]) -> Any:
             raise InvalidParams(f"{param}.call_id", message)
         output = text_content(item.get("output"), f"{param}.output", ("input_text",))
         return {"role": "tool", "tool_call_id": call_id, "content": output}
+    if kind == "reasoning":  # thoughts alone, for now: joined to the assistant turn after them
+        return {"role": "assistant", "content": None, "reasoning_content": _thoughts(item, param)}
     raise InvalidParams(f"{param}.type", f"{param} is a {kind!r} item: this server takes {ITEM_TYPES} items")
 
 
@@ -82,12 +88,37 @@ def _arguments(item: dict[str, Any], param: str) -> str:
     return arguments
 
 
+def _thoughts(item: dict[str, Any], param: str) -> str:
+    """A reasoning item's thoughts: its reasoning_text parts, else its summary's summary_text parts."""
+    for field, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(field)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise InvalidParams(f"{param}.{field}", f"{param}.{field} must be a list of {part_type} parts")
+        text = text_content(parts, f"{param}.{field}", (part_type,)) if parts else ""
+        if text:
+            return text
+    return ""
+
+
+def _thoughts_only(message: dict[str, Any]) -> bool:
+    """A reasoning item's message, not yet joined to a turn."""
+    alone = message["role"] == "assistant" and not message["content"] and "tool_calls" not in message
+    return alone and "reasoning_content" in message
+
+
 def _joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each call joined to the assistant turn right before it (its text, or the calls before it)."""
+    """Each reasoning item's thoughts joined to the assistant turn right after them, and each call to the
+    assistant turn right before it (its text, or the calls before it). Thoughts that lead to no
+    assistant turn are left out: a turn of thoughts alone is not one the template could render."""
     joined: list[dict[str, Any]] = []
     for message in messages:
         previous = joined[-1] if joined else None
-        if "tool_calls" in message and previous is not None and previous["role"] == "assistant":
+        if previous is not None and _thoughts_only(previous) and message["role"] == "assistant":
+            thoughts = previous["reasoning_content"] + message.get("reasoning_content", "")
+            joined[-1] = {**message, "reasoning_content": thoughts}
+        elif "tool_calls" in message and previous is not None and previous["role"] == "assistant":
             joined[-1] = {
                 **previous,
                 "content": previous["content"] + message["content"],
@@ -95,7 +126,7 @@ def _joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         else:
             joined.append(message)
-    return joined
+    return [message for message in joined if not _thoughts_only(message)]
 
 
 def message_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
@@ -106,6 +137,16 @@ def message_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
 
 def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def reasoning_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
+    """The answer's thoughts as a reasoning item, whole (no summary); `text` None: opened, no part yet."""
+    content = [] if text is None else [reasoning_part(text)]
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def call_item(call: dict[str, Any], status: str) -> dict[str, Any]:

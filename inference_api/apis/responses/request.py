@@ -3,7 +3,8 @@
 `instructions` and `input` (a string, or items: messages, function calls and their outputs, items.py) go
 through the model's chat template as /v1/chat/completions renders messages, and `tools` and
 `tool_choice` (tools.py) as chat's are: the calls are decoded under the tools' grammar, and
-`text.format` (text_format.py) as chat's `response_format`. Nothing is stored, so `store: true`,
+`text.format` (text_format.py) as chat's `response_format`; `reasoning` as a reasoning model's template
+variables (`_reasoning`). Nothing is stored, so `store: true`,
 `previous_response_id` and `conversation` are 400s that say so (unsupported_fields.py), rather than
 answers that could not be looked up later.
 """
@@ -13,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backend.messages import SamplingParams
+from backend.messages import InvalidParams, SamplingParams
 from inference_api.apis.responses.items import input_messages
 from inference_api.apis.responses.text_format import read_text_format
 from inference_api.apis.responses.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_string
 from inference_api.generation import ApiFields
 from inference_api.prompts import CHAT_DEFAULT_MAX_TOKENS, completion_budget, tool_chat_ids
+from inference_api.reasoning import opened_in_prompt
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolRequest, with_tool_grammar
 from inference_api.unsupported_fields import reject_unsupported
@@ -33,6 +35,7 @@ class ResponsesRequest:
     echoed: dict[str, Any]  # what the response object repeats of the request
     tools: ToolRequest | None = None  # the tools offered, and how the answer becomes calls
     grammar_param: str | None = None  # where params.grammar came from (None: no grammar)
+    thinking_opened: bool | None = None  # a reasoning model's: whether the prompt opened its thoughts
 
     @property
     def fields(self) -> ApiFields:
@@ -47,7 +50,9 @@ def parse_responses_request(data: dict[str, Any], serving: Serving) -> Responses
     text_format = read_text_format(data.get("text"))
     instructions = read_string(data, "instructions")
     system = [{"role": "system", "content": instructions}] if instructions else []
-    prompt_ids = tool_chat_ids(system + input_messages(data.get("input")), tools.request, serving, "input")
+    reasoning, kwargs = _reasoning(data.get("reasoning"), serving)
+    messages = system + input_messages(data.get("input"))
+    prompt_ids = tool_chat_ids(messages, tools.request, serving, "input", template_kwargs=kwargs)
     max_output_tokens = read_integer(data, "max_output_tokens", None, 1, serving.backend.max_seq_len)
     params = SamplingParams(
         temperature=read_number(data, "temperature", 1.0, 0.0, 2.0),
@@ -69,11 +74,40 @@ def parse_responses_request(data: dict[str, Any], serving: Serving) -> Responses
         "user": user if isinstance(user, str) else None,
         **tools.echoed,
         "text": text_format.echoed,
+        "reasoning": reasoning,
     }
     grammar_param = _grammar_param(tools.request) if with_tools is not params else text_format.param
-    return ResponsesRequest(
-        prompt_ids, with_tools, read_bool(data, "stream", False), echoed, tools.request, grammar_param
-    )
+    stream = read_bool(data, "stream", False)
+    thinking = opened_in_prompt(prompt_ids, serving.tokenizer) if serving.reads_reasoning else None
+    return ResponsesRequest(prompt_ids, with_tools, stream, echoed, tools.request, grammar_param, thinking)
+
+
+def _reasoning(value: Any, serving: Serving) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """`reasoning` as the response echoes it, and as the chat template's variables: an effort of "none"
+    is `enable_thinking: false` (Qwen3's and SmolLM3's variable: no thoughts); another effort is passed
+    as `reasoning_effort` (gpt-oss's) with thinking on, and needs a model whose thoughts this server
+    reads (a 400 elsewhere, where no reasoning item could come). No summaries: the thoughts come whole."""
+    if value is None:
+        return None, {}
+    if not isinstance(value, dict):
+        raise InvalidParams("reasoning", 'reasoning must be an object such as {"effort": "low"}')
+    for name in ("summary", "generate_summary"):
+        if value.get(name) is not None:
+            message = f"reasoning.{name}: no summaries here; a reasoning model's thoughts come whole"
+            raise InvalidParams(f"reasoning.{name}", message)
+    effort = read_string(value, "effort")
+    echoed = {"effort": effort, "summary": None}
+    if effort is None:
+        return echoed, {}
+    if effort == "none":
+        return echoed, {"enable_thinking": False}
+    if not serving.reads_reasoning:
+        message = (
+            "reasoning asks for thoughts, but the served model writes none that this server reads (a "
+            'reasoning model\'s <think> block, --reasoning-parser); leave it out or give an effort of "none"'
+        )
+        raise InvalidParams("reasoning", message)
+    return echoed, {"reasoning_effort": effort, "enable_thinking": True}
 
 
 def _grammar_param(tools: ToolRequest) -> str:

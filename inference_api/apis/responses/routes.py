@@ -1,10 +1,14 @@
 """OpenAI's Responses API, stateless: POST /v1/responses, as one response object or as its typed events.
 
-The answer is a message item holding one `output_text` part, if the model wrote text or made no call,
-then one `function_call` item per tool call (items.py). Streamed, as OpenAI's (`event: <type>` and
+The answer is a reasoning item holding one `reasoning_text` part, if a reasoning model thought; a message
+item holding one `output_text` part, if the model wrote text or made no call; then one `function_call`
+item per tool call (items.py). Streamed, as OpenAI's (`event: <type>` and
 `data: {..., "sequence_number": n}`):
 
     response.created, response.in_progress,
+    the thoughts': response.output_item.added, response.content_part.added,
+        response.reasoning_text.delta..., response.reasoning_text.done, response.content_part.done,
+        response.output_item.done;
     the message's: response.output_item.added, response.content_part.added,
         response.output_text.delta..., response.output_text.done, response.content_part.done,
         response.output_item.done;
@@ -12,10 +16,10 @@ then one `function_call` item per tool call (items.py). Streamed, as OpenAI's (`
         response.function_call_arguments.done, response.output_item.done;
     response.completed (response.incomplete when max_output_tokens cut it)
 
-The message's events begin with its first text. A call is read from the text once the answer has ended
-(tool_calls.ToolCallReader), so its arguments come in one delta. A backend that fails mid-stream ends
-the stream with `response.failed`. Errors before the stream are OpenAI's error shape, as on every path
-under /v1/.
+The thoughts' events begin with their first text, the message's with its. A call is read from the text
+once the answer has ended (tool_calls.ToolCallReader), so its arguments come in one delta. A backend
+that fails mid-stream ends the stream with `response.failed`. Errors before the stream are OpenAI's
+error shape, as on every path under /v1/.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from inference_api.apis.responses.items import call_item, message_item, text_part
+from inference_api.apis.responses.items import (
+    call_item,
+    message_item,
+    reasoning_item,
+    reasoning_part,
+    text_part,
+)
 from inference_api.apis.responses.request import ResponsesRequest, parse_responses_request
 from inference_api.generation import Generation, GenerationFailed, event_stream, read_request, sse_event
 
@@ -39,7 +49,7 @@ bp = Blueprint("responses_api", __name__)
 def responses() -> Response:
     data, serving = read_request()
     asked = parse_responses_request(data, serving)
-    generation = Generation(asked.prompt_ids, asked.params, asked.fields, asked.tools)
+    generation = Generation(asked.prompt_ids, asked.params, asked.fields, asked.tools, asked.thinking_opened)
     answer = ModelResponse(generation, serving.model_name, asked)
     if asked.stream:
         return event_stream(answer.events(), generation.close)
@@ -55,6 +65,8 @@ class ModelResponse:
         self.echoed = responses_request.echoed
         self.id = "resp_" + uuid.uuid4().hex
         self.item_id = "msg_" + uuid.uuid4().hex
+        self.reasoning_id = "rs_" + uuid.uuid4().hex
+        self.message_index = 0  # the message item's place in the output: after the thoughts' item, if any
         self.created_at = int(time.time())
         self.sequence = itertools.count()
 
@@ -66,17 +78,29 @@ class ModelResponse:
     def whole(self) -> dict[str, Any]:
         text = self.generation.text()
         calls = self._calls()
+        thoughts = self._thoughts_item(text, calls)
         message = [message_item(self.item_id, self._message_status(calls), text)] if text or not calls else []
-        return self._response(self.status, message + calls, self._usage())
+        return self._response(self.status, thoughts + message + calls, self._usage())
 
     def events(self) -> Iterator[bytes]:
         opened = self._response("in_progress", [])
         yield self._event("response.created", response=opened)
         yield self._event("response.in_progress", response=opened)
-        texts = []
+        thinking, texts = False, []
         try:
-            for text in self.generation.deltas():
+            for kind, text in self.generation.parts():
+                if kind == "reasoning":
+                    if not thinking:
+                        yield from self._open_thoughts()
+                        thinking = True
+                    yield self._event("response.reasoning_text.delta", **self._thoughts_place(), delta=text)
+                    continue
                 if not texts:
+                    if thinking:  # the answer begins: the thoughts are whole
+                        thoughts = self.generation.reasoning
+                        yield from self._close_thoughts(
+                            reasoning_item(self.reasoning_id, "completed", thoughts)
+                        )
                     yield from self._open_message()
                 texts.append(text)
                 yield self._event("response.output_text.delta", **self._place(), delta=text, logprobs=[])
@@ -85,12 +109,14 @@ class ModelResponse:
             yield self._event("response.failed", response=failed)
             return
         calls = self._calls()
-        output = []
+        output = self._thoughts_item("".join(texts), calls)
+        if thinking and not texts:  # the thoughts' item is still open
+            yield from self._close_thoughts(output[0])
         if texts or not calls:  # an answer of calls only has no message item
             if not texts:
                 yield from self._open_message()
             output.append(message_item(self.item_id, self._message_status(calls), "".join(texts)))
-            yield from self._close_message(output[0])
+            yield from self._close_message(output[-1])
         for item in calls:
             yield from self._call_events(item, len(output))
             output.append(item)
@@ -108,17 +134,37 @@ class ModelResponse:
         """The message is what max_output_tokens cut unless calls came after it."""
         return "completed" if calls else self.status
 
+    def _thoughts_item(self, text: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The thoughts as the first item, if the model thought: what max_output_tokens cut if nothing
+        came after them."""
+        reasoning = self.generation.reasoning
+        if not reasoning:
+            return []
+        status = "completed" if text or calls else self.status
+        return [reasoning_item(self.reasoning_id, status, reasoning)]
+
+    def _open_thoughts(self) -> Iterator[bytes]:
+        item = reasoning_item(self.reasoning_id, "in_progress", None)
+        yield self._event("response.output_item.added", output_index=0, item=item)
+        yield self._event("response.content_part.added", **self._thoughts_place(), part=reasoning_part(""))
+        self.message_index = 1
+
+    def _close_thoughts(self, item: dict[str, Any]) -> Iterator[bytes]:
+        [part] = item["content"]
+        yield self._event("response.reasoning_text.done", **self._thoughts_place(), text=part["text"])
+        yield self._event("response.content_part.done", **self._thoughts_place(), part=part)
+        yield self._event("response.output_item.done", output_index=0, item=item)
+
     def _open_message(self) -> Iterator[bytes]:
-        yield self._event(
-            "response.output_item.added", output_index=0, item=message_item(self.item_id, "in_progress", None)
-        )
+        item = message_item(self.item_id, "in_progress", None)
+        yield self._event("response.output_item.added", output_index=self.message_index, item=item)
         yield self._event("response.content_part.added", **self._place(), part=text_part(""))
 
     def _close_message(self, item: dict[str, Any]) -> Iterator[bytes]:
         [part] = item["content"]
         yield self._event("response.output_text.done", **self._place(), text=part["text"], logprobs=[])
         yield self._event("response.content_part.done", **self._place(), part=part)
-        yield self._event("response.output_item.done", output_index=0, item=item)
+        yield self._event("response.output_item.done", output_index=self.message_index, item=item)
 
     def _call_events(self, item: dict[str, Any], index: int) -> Iterator[bytes]:
         place = {"item_id": item["id"], "output_index": index}
@@ -135,8 +181,12 @@ class ModelResponse:
         return sse_event({"type": kind, "sequence_number": next(self.sequence), **fields}, kind)
 
     def _place(self) -> dict[str, Any]:
-        """Where the text goes: the one part of the message item, the first item."""
-        return {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        """Where the text goes: the one part of the message item."""
+        return {"item_id": self.item_id, "output_index": self.message_index, "content_index": 0}
+
+    def _thoughts_place(self) -> dict[str, Any]:
+        """Where the thoughts go: the one part of the reasoning item, the first item."""
+        return {"item_id": self.reasoning_id, "output_index": 0, "content_index": 0}
 
     def _usage(self) -> dict[str, Any]:
         generation = self.generation
@@ -170,9 +220,8 @@ class ModelResponse:
             "output": output,
             "usage": usage,
             **self.echoed,
-            # Stateless, no reasoning: what the request could not have asked otherwise.
+            # Stateless: what the request could not have asked otherwise.
             "store": False,
             "previous_response_id": None,
-            "reasoning": None,
             "truncation": "disabled",
         }
