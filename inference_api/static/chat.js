@@ -23,8 +23,9 @@ const SAMPLING_FIELDS = ["temperature", "top_p", "top_k", "max_tokens"];
 const $ = (id) => document.getElementById(id);
 
 const state = {
-  // The conversation: {role, content} as the API takes it; an answer also keeps its statistics line
-  // (stats) or the error that cut it short (error).
+  // The conversation: {role, content} as the API takes it; an answer also keeps a reasoning model's
+  // thoughts (thoughts, shown, not sent back), its statistics line (stats) or the error that cut it
+  // short (error).
   turns: [],
   model: null, // the served model's id, from /v1/models
   controller: null, // the AbortController of the answer under way
@@ -153,6 +154,23 @@ function addMessage(role, text) {
   return element;
 }
 
+/** A reasoning model's thoughts, in a fold above its answer: open while it thinks, as plain text. */
+function setThoughts(element, thoughts) {
+  let fold = element.querySelector(".thoughts");
+  if (!fold) {
+    fold = document.createElement("details");
+    fold.className = "thoughts";
+    fold.open = element.classList.contains("streaming");
+    const summary = document.createElement("summary");
+    summary.textContent = "Thoughts";
+    const body = document.createElement("div");
+    body.className = "thinking";
+    fold.append(summary, body);
+    element.querySelector(".text").before(fold);
+  }
+  fold.querySelector(".thinking").textContent = thoughts;
+}
+
 function setText(element, text) {
   const body = element.querySelector(".text");
   body.dataset.source = text; // the text as written, which the rendered Markdown no longer spells out
@@ -181,6 +199,7 @@ class Answer {
     this.element = addMessage("assistant", "");
     this.element.classList.add("streaming");
     this.text = "";
+    this.thoughts = ""; // a reasoning model's (the API's reasoning_content), before its text
     this.started = performance.now();
     this.first = null; // when the first text arrived
     this.last = null;
@@ -189,14 +208,25 @@ class Answer {
     this.stats = null;
     this.error = null;
     this.pending = null; // a render to come (render)
+    this.closeThoughts = false; // at the next render: the answer has begun after thoughts
   }
 
   append(content) {
+    if (!this.text && this.thoughts) this.closeThoughts = true; // the answer begins: fold them away
+    this.text += content;
+    this.arrived();
+  }
+
+  think(thoughts) {
+    this.thoughts += thoughts;
+    this.arrived();
+  }
+
+  arrived() {
     const now = performance.now();
     this.first ??= now;
     this.last = now;
     this.pieces += 1;
-    this.text += content;
     // Rendered when the page is next free, once for every piece come by then: the whole text is
     // rendered again each time (an open code block or list closes later), and a long answer rendered
     // once a piece fell behind the stream on a busy machine, holding Stop's click back to the end.
@@ -206,6 +236,9 @@ class Answer {
   render() {
     clearTimeout(this.pending);
     this.pending = null;
+    if (this.thoughts) setThoughts(this.element, this.thoughts);
+    if (this.closeThoughts) this.element.querySelector(".thoughts").open = false;
+    this.closeThoughts = false;
     setText(this.element, this.text);
     scrollDown();
   }
@@ -236,6 +269,7 @@ class Answer {
 
   get turn() {
     const turn = { role: "assistant", content: this.text };
+    if (this.thoughts) turn.thoughts = this.thoughts;
     if (this.stats) turn.stats = this.stats;
     if (this.error) turn.error = this.error;
     return turn;
@@ -297,8 +331,9 @@ async function streamAnswer(answer, turns, signal) {
     const chunk = JSON.parse(data);
     if (chunk.error) throw new ReadableError(`The server could not finish the answer: ${chunk.error.message}`);
     if (chunk.usage) answer.usage = chunk.usage;
-    const content = chunk.choices?.[0]?.delta?.content;
-    if (content) answer.append(content);
+    const delta = chunk.choices?.[0]?.delta;
+    if (delta?.reasoning_content) answer.think(delta.reasoning_content);
+    if (delta?.content) answer.append(delta.content);
   }
   throw new ReadableError("The connection ended before the answer was complete.");
 }
@@ -335,11 +370,11 @@ async function send(event) {
     if (state.controller === controller) setBusy(null);
   }
   if (turns !== state.turns) return; // "New chat" came in between
-  if (answer.text) {
+  if (answer.text || answer.thoughts) {
     turns.push(answer.turn);
     saveConversation();
   } else {
-    // Nothing came: the turn is taken back and the prompt given back, whole and selected, so that
+    // Nothing came (neither text nor thoughts): the turn is taken back and the prompt given back, whole and selected, so that
     // Enter sends it again and typing replaces it (rather than adding to it).
     turns.pop();
     state.failed = [question, answer.element];
@@ -372,6 +407,7 @@ function showConversation(turns) {
   state.turns = turns;
   for (const turn of turns) {
     const element = addMessage(turn.role, turn.content);
+    if (typeof turn.thoughts === "string") setThoughts(element, turn.thoughts);
     if (turn.stats) addNote(element, "stats", turn.stats);
     if (turn.error) addNote(element, "error", turn.error);
   }

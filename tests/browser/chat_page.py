@@ -148,6 +148,16 @@ class ChatPage:
     def answer_text(self) -> str:
         return self.source(self.answers()[-1])
 
+    def answer_thoughts(self) -> tuple[str, bool] | None:
+        """The last answer's thoughts as shown, and whether their fold is open (None: it has none)."""
+        folds = self.answers()[-1].find_elements(By.CLASS_NAME, "thoughts")
+        if not folds:
+            return None
+        text = self.driver.execute_script(
+            "return arguments[0].querySelector('.thinking').textContent", folds[0]
+        )
+        return text, folds[0].get_attribute("open") is not None
+
     def answer_done(self) -> bool:
         return "streaming" not in self.answers()[-1].get_attribute("class")
 

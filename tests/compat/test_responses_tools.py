@@ -22,6 +22,7 @@ from backend.messages import SamplingParams
 from inference_api.apis.responses.items import input_messages
 from inference_api.apis.responses.request import ResponsesRequest
 from inference_api.apis.responses.routes import ModelResponse
+from inference_api.tokenizer import ByteTokenizer
 from tests.compat.conftest import MODEL
 from tests.compat.test_responses_api import client_of
 from tests.frontend.test_openapi_e2e import SPEC, documented, server_sent_events
@@ -380,12 +381,12 @@ def test_only_the_cut_call_is_incomplete_and_each_event_is_as_documented():
         "reasoning": None,
     }
     asked = ResponsesRequest([], SamplingParams(), True, echoed)
-    events = b"".join(ModelResponse(CutGeneration(), "m", asked).events()).decode()
+    events = b"".join(ModelResponse(CutGeneration(), "m", asked, ByteTokenizer()).events()).decode()
     data = [json.loads(data) for _, data in server_sent_events(events)]
     for event in data:
         Draft202012Validator(SPEC["components"]["schemas"]["ResponseStreamEvent"]).validate(event)
     final = data[-1]["response"]
-    whole = ModelResponse(CutGeneration(), "m", asked).whole()
+    whole = ModelResponse(CutGeneration(), "m", asked, ByteTokenizer()).whole()
     for response in (final, whole):
         assert response["status"] == "incomplete"
         assert [(item["type"], item["status"]) for item in response["output"]] == [

@@ -2,13 +2,11 @@
 the request's own variables for the chat template (`chat_template_kwargs`, Anthropic's `thinking`,
 the Responses API's `reasoning`).
 
-The server runs the default model in the exact mode with `--reasoning-parser qwen3` and Qwen3's real
-chat template, edited as Qwen3's Thinking-2507 and DeepSeek-R1-0528 templates are: with thinking on,
-the prompt opens the `<think>` block and the answer starts with thoughts. SmolLM2 does not think by
-itself: where a test needs the thoughts to end, a `guided_regex` writes them, so that the text is
-known while the tokens, the pieces they stream in and the tags split across them are the real
-tokenizer's; elsewhere its greedy text is all thoughts (the block is never closed). The official
-`openai` and `anthropic` clients read the answers, as a user's code would.
+The server (tests/reasoning_server.py) serves the default model with Qwen3's chat template edited to
+open the `<think>` block in the prompt: SmolLM2's greedy text is then all thoughts. Where a test needs
+the thoughts to end, a `guided_regex` writes them, so that the text is known while the tokens, the
+pieces they stream in and the tags split across them are the real tokenizer's. The official `openai`
+and `anthropic` clients read the answers, as a user's code would.
 """
 
 from __future__ import annotations
@@ -25,21 +23,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from inference_api.reasoning import REASONING_PARSERS, ReasoningReader, opened_in_prompt, reads_reasoning
 from inference_api.tokenizer import load_tokenizer
-from tests.conftest import ROOT
 from tests.frontend.test_openapi_e2e import documented
-from tests.server_fixture import RunningServer, running_server
+from tests.reasoning_server import TEMPLATES, reasoning_server
+from tests.server_fixture import RunningServer
 
-TEMPLATES = ROOT / "tests" / "frontend" / "chat_templates"
-QWEN3_TEMPLATE = TEMPLATES / "Qwen-Qwen3-0.6B.jinja"
-# Qwen3's generation prompt, and the same opening the thoughts when thinking is on.
-QWEN3_PROMPT_END = """    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\\n\\n</think>\\n\\n' }}
-    {%- endif %}"""
-OPENING_PROMPT_END = """    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\\n\\n</think>\\n\\n' }}
-    {%- else %}
-        {{- '<think>\\n' }}
-    {%- endif %}"""
 MODEL = "SmolLM2-135M-Instruct"
 GREETING = [{"role": "user", "content": "Hi! Who are you?"}]
 THOUGHTS = "The user greets me.\n\nI greet them back."
@@ -66,13 +53,7 @@ def forced(text: str) -> dict:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    source = QWEN3_TEMPLATE.read_text()
-    assert QWEN3_PROMPT_END in source
-    template = tmp_path_factory.mktemp("template") / "qwen3-thinking.jinja"
-    template.write_text(source.replace(QWEN3_PROMPT_END, OPENING_PROMPT_END))
-    options = ["--chat-template", str(template), "--reasoning-parser", "qwen3", "--rows", "4"]
-    exact = ["--dtype", "float32", "--quantize", "none", "--max-seq-len", "1024"]
-    with running_server(*options, *exact, ready_timeout=300) as running:
+    with reasoning_server(tmp_path_factory.mktemp("template")) as running:
         yield running
 
 
@@ -292,6 +273,8 @@ def test_the_responses_api_gives_the_thoughts_as_a_reasoning_item_whole_and_stre
     [part] = reasoning.content
     assert part.type == "reasoning_text" and part.text and "<think>" not in part.text
     assert (message.type, message.content[0].text) == ("message", "")
+    # The thoughts' tokens, counted again from their text: the 12 tokens but the tags' and spaces'.
+    assert 0 < response.usage.output_tokens_details.reasoning_tokens <= response.usage.output_tokens == 12
     events = list(client.responses.create(**asked, stream=True))
     deltas = [event.delta for event in events if event.type == "response.reasoning_text.delta"]
     assert len(deltas) > 3 and "".join(deltas) == part.text
@@ -352,8 +335,8 @@ def test_auto_reads_thoughts_where_the_tags_are_tokens_and_the_template_writes_t
     (tmp_path / "plain").mkdir()
     tags = write_tokenizer(tmp_path / "tags", ["<think>", "</think>"])
     plain = write_tokenizer(tmp_path / "plain", [])
-    thinking_template = QWEN3_TEMPLATE.read_text()
-    chatml = (ROOT / "tests" / "frontend" / "chat_templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    thinking_template = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    chatml = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
     assert reads_reasoning("auto", tags, thinking_template)
     assert not reads_reasoning("auto", tags, chatml)  # no thinking in the template
     assert not reads_reasoning("auto", plain, thinking_template)  # the tags are text, not tokens

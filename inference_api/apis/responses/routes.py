@@ -41,6 +41,7 @@ from inference_api.apis.responses.items import (
 )
 from inference_api.apis.responses.request import ResponsesRequest, parse_responses_request
 from inference_api.generation import Generation, GenerationFailed, event_stream, read_request, sse_event
+from inference_api.tokenizer import PromptTokenizer
 
 bp = Blueprint("responses_api", __name__)
 
@@ -50,7 +51,7 @@ def responses() -> Response:
     data, serving = read_request()
     asked = parse_responses_request(data, serving)
     generation = Generation(asked.prompt_ids, asked.params, asked.fields, asked.tools, asked.thinking_opened)
-    answer = ModelResponse(generation, serving.model_name, asked)
+    answer = ModelResponse(generation, serving.model_name, asked, serving.tokenizer)
     if asked.stream:
         return event_stream(answer.events(), generation.close)
     return jsonify(answer.whole())
@@ -59,9 +60,16 @@ def responses() -> Response:
 class ModelResponse:
     """One answer in the Responses API's shapes."""
 
-    def __init__(self, generation: Generation, model: str, responses_request: ResponsesRequest):
+    def __init__(
+        self,
+        generation: Generation,
+        model: str,
+        responses_request: ResponsesRequest,
+        tokenizer: PromptTokenizer,
+    ):
         self.generation = generation
         self.model = model
+        self.tokenizer = tokenizer  # counts the thoughts' tokens
         self.echoed = responses_request.echoed
         self.id = "resp_" + uuid.uuid4().hex
         self.item_id = "msg_" + uuid.uuid4().hex
@@ -197,9 +205,19 @@ class ModelResponse:
                 "cached_tokens": min(generation.cached_tokens, generation.prompt_tokens)
             },
             "output_tokens": generation.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": self._reasoning_tokens()},
             "total_tokens": generation.prompt_tokens + generation.completion_tokens,
         }
+
+    def _reasoning_tokens(self) -> int:
+        """The thoughts' tokens: their text encoded again (the tags and the whitespace around them, which
+        the text leaves out, not counted), within the answer's."""
+        reasoning = self.generation.reasoning
+        if not reasoning:
+            return 0
+        return min(
+            len(self.tokenizer.encode(reasoning, add_special_tokens=False)), self.generation.completion_tokens
+        )
 
     def _response(
         self,
