@@ -29,7 +29,7 @@ from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.fields import parse_json_object
 from inference_api.metrics import team_of
-from inference_api.reasoning import ReasoningReader
+from inference_api.reasoning import OPENED, ReasoningReader
 from inference_api.router import NotReady, QueueFull, Router, Serving
 from inference_api.tool_calls import ToolCallReader, ToolRequest
 
@@ -190,7 +190,7 @@ class Generation:
     `fields`: the API's names for the 400s (start_choices). With `tools`, the text is read for calls
     (ToolCallReader): what may be a call is held back, and `tool_calls` holds the calls at the end, in
     OpenAI chat's shape ({id, type, function: {name, arguments (a JSON string)}}). With
-    `thinking_opened` (not None: a reasoning model's answer, reasoning.py), its thoughts come apart:
+    `thinking` (not None: a reasoning model's answer, reasoning.prompt_end), its thoughts come apart:
     `parts()` gives them first, as ("reasoning", text), and `reasoning` holds them whole at the end.
     """
 
@@ -200,13 +200,13 @@ class Generation:
         params: SamplingParams,
         fields: ApiFields = OPENAI_FIELDS,
         tools: ToolRequest | None = None,
-        thinking_opened: bool | None = None,
+        thinking: str | None = None,
     ):
         self.choices, self._pieces = start_choices([(prompt_ids, params)], fields=fields)
         self.fields = fields
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
-        self._thoughts = None if thinking_opened is None else ReasoningReader(thinking_opened)
+        self._thoughts = None if thinking is None else ReasoningReader(thinking == OPENED)
         self._reader = ToolCallReader(tools) if tools is not None else None
         self.tool_calls: list[dict[str, Any]] = []  # set at the end
         self.reasoning = ""  # the thoughts so far
@@ -266,10 +266,7 @@ class Generation:
     def _release(self, piece: Piece) -> tuple[str, str]:
         reasoning, text = "", piece.text
         if self._thoughts is not None:
-            reasoning, text = self._thoughts.feed(text)
-            if piece.finished:
-                more, rest = self._thoughts.finish()
-                reasoning, text = reasoning + more, text + rest
+            reasoning, text = self._thoughts.read(text, piece.finished)
         if self._reader is not None:
             text = self._reader.feed(text)
         if piece.finished:

@@ -57,7 +57,7 @@ def chat_ids(
 ) -> list[int]:
     """{role, content} messages (roles system, user, assistant, tool) through the model's chat template, as
     token ids; `continuation` follows the generation prompt: text the answer goes on from (a prefill);
-    `template_kwargs`: the request's own variables for the template (`template_kwargs`)."""
+    `template_kwargs`: the request's own variables for the template (vLLM's chat_template_kwargs)."""
     if isinstance(serving.chat_template, UnusableChatTemplate):  # nothing the request could change
         raise InvalidParams(param, f"the model has no usable chat template: {serving.chat_template.problem}")
     try:

@@ -1,28 +1,45 @@
-"""A reasoning model's thoughts apart from its answer: chat's `reasoning_content`.
+"""A reasoning model's thoughts apart from its answer: chat's `reasoning_content`, Anthropic's thinking
+blocks, the Responses API's reasoning items.
 
 Qwen3, DeepSeek-R1 and SmolLM3 think between `<think>` and `</think>`, then answer. Left in the text,
 the thoughts reach a chat client's user and the next turn's prompt; so, as vLLM's `--reasoning-parser`
-and llama.cpp's `--reasoning-format` do, chat completions give them as `reasoning_content`, beside
-`content` (in a stream, deltas of either). A template may open the block itself (DeepSeek-R1's later
-ones end the prompt with `<think>`), or close it at once to turn thinking off (Qwen3's
-`enable_thinking: false` ends it with `<think>\n\n</think>`): the prompt's end says where the answer
-starts. The whitespace around the thoughts is the tags' layout, not the text's: it goes.
+and llama.cpp's `--reasoning-format` do, the chat APIs give them apart from the answer (chat
+completions as `reasoning_content` beside `content`; in a stream, deltas of either). A template may
+open the block itself (DeepSeek-R1's later ones end the prompt with `<think>`), or close it at once to
+turn thinking off (Qwen3's `enable_thinking: false` ends it with `<think>\n\n</think>`): the prompt's
+end says where the answer starts. The whitespace around the thoughts is the tags' layout, not the
+text's: it goes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from dataclasses import replace
 
 from backend.engine.stop_matcher import longest_partial_match
+from backend.messages import SamplingParams
+from inference_api.tokenizer import PromptTokenizer
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3")  # vLLM's names for `<think>` blocks
+REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3")  # the last two: vLLM's, both `<think>` blocks
 PROMPT_END_TOKENS = 8  # the prompt's last tokens, decoded, tell whether it opened the block
+OPENED, CLOSED, NEITHER = "opened", "closed", "neither"  # where a prompt leaves the thoughts (prompt_end)
+# Lark, for llguidance: the thoughts are any text up to the first `</think>`, then the answer's grammar
+# (`@ANSWER`, a grammar of its own, with its own lexer). The whitespace between is the tags' layout.
+THOUGHTS_THEN = r"""start: THOUGHTS WS? @ANSWER
+THOUGHTS: /(?s:.*)<\/think>/ & ~/(?s:.*)<\/think>(?s:.+)/
+WS: /[ \n]+/
+"""
+MAYBE_THOUGHTS_THEN = r"""start: (WS? BLOCK WS?)? @ANSWER
+BLOCK: /<think>(?s:.*)<\/think>/ & ~/(?s:.*)<\/think>(?s:.+)/
+WS: /[ \n]+/
+"""
 
 
-def reads_reasoning(parser: str, tokenizer: Any, template_source: str) -> bool:
+def reads_reasoning(parser: str, tokenizer: PromptTokenizer, template_source: str) -> bool:
     """Whether chat answers are read for `<think>` blocks: `auto` where the model has the tags as tokens
-    of their own and its chat template writes them (a reasoning model), vLLM's names always, `none` never."""
+    of their own and its chat template writes `</think>` (a reasoning model), vLLM's names always, `none`
+    never."""
     if parser != "auto":
         return parser != "none"
     if THINK_CLOSE not in template_source:
@@ -30,18 +47,45 @@ def reads_reasoning(parser: str, tokenizer: Any, template_source: str) -> bool:
     return all(len(tokenizer.encode(tag, add_special_tokens=False)) == 1 for tag in (THINK_OPEN, THINK_CLOSE))
 
 
-def opened_in_prompt(prompt_ids: list[int], tokenizer: Any) -> bool:
-    """Whether the prompt ends inside a `<think>` block, so that the answer starts with thoughts."""
+def prompt_end(prompt_ids: list[int], tokenizer: PromptTokenizer) -> str:
+    """Where a chat prompt leaves the thoughts: OPENED, it ends inside a `<think>` block (the answer
+    starts with thoughts); CLOSED, right after a block's `</think>` (as Qwen3's template closes an empty
+    one to turn thinking off: the answer is all answer); else NEITHER (the model may open one)."""
     end = tokenizer.decode(prompt_ids[-PROMPT_END_TOKENS:], skip_special_tokens=False).rstrip()
-    return end.endswith(THINK_OPEN)
+    if end.endswith(THINK_OPEN):
+        return OPENED
+    return CLOSED if end.endswith(THINK_CLOSE) else NEITHER
+
+
+def thoughts_first(params: SamplingParams, thinking: str | None, answer_grammar: bool) -> SamplingParams:
+    """`params` whose grammar, if it constrains the answer (`answer_grammar`: a JSON format or a forced
+    tool call, not a raw regex or grammar that constrains the text as written), waits for a reasoning
+    model's thoughts to end (`after_thoughts`), unless the prompt closed them (`thinking`: prompt_end;
+    None: not read)."""
+    if thinking in (None, CLOSED) or not answer_grammar or params.grammar is None:
+        return params
+    return replace(params, grammar=after_thoughts(params.grammar, thinking == OPENED))
+
+
+def after_thoughts(grammar: str, opened: bool) -> str:
+    """A grammar that constrains an answer (a JSON schema, a forced tool call), with a reasoning model's
+    thoughts free before it, as vLLM applies structured outputs once the reasoning ends: the rest of an
+    opened block, up to its `</think>`, or (`opened` False) a block the model may open first. Without
+    it, the answer's first token would be the grammar's, in the thoughts of a prompt that opened them."""
+    parsed = json.loads(grammar)
+    answer = parsed["grammars"][0]
+    answer["name"] = answer.get("name") or "answer"  # what the thoughts' rule hands over to
+    wrapper = (THOUGHTS_THEN if opened else MAYBE_THOUGHTS_THEN).replace("ANSWER", answer["name"])
+    parsed["grammars"] = [{"name": "thoughts_then_answer", "lark_grammar": wrapper}, *parsed["grammars"]]
+    return json.dumps(parsed)
 
 
 class ReasoningReader:
     """One answer's text, fed as it comes, as (reasoning, content) that can go out now; `finish` gives
     the rest. Text that could still be a tag, or whitespace the tags' layout may drop, is held back."""
 
-    def __init__(self, opened_in_prompt: bool = False):
-        self._state = "thoughts_start" if opened_in_prompt else "answer_start"
+    def __init__(self, opened: bool = False):
+        self._state = "thoughts_start" if opened else "answer_start"  # opened: by the prompt
         self._held = ""
 
     def feed(self, text: str) -> tuple[str, str]:
@@ -78,6 +122,14 @@ class ReasoningReader:
             else:
                 content, self._held = content + self._held, ""
                 return reasoning, content
+
+    def read(self, text: str, last: bool) -> tuple[str, str]:
+        """`feed`, and `finish` too with the answer's last text."""
+        reasoning, content = self.feed(text)
+        if not last:
+            return reasoning, content
+        more, rest = self.finish()
+        return reasoning + more, content + rest
 
     def finish(self) -> tuple[str, str]:
         """What is held back at the answer's end: an unfinished tag is text, as written."""

@@ -30,7 +30,7 @@ from backend.messages import (
 from backend.process import BackendDied, BackendProcess, BackendStartError
 from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.metrics import Metrics
-from inference_api.reasoning import reads_reasoning
+from inference_api.reasoning import prompt_end, reads_reasoning
 from inference_api.request_stream import RequestStream
 from inference_api.tokenizer import PromptTokenizer, load_tokenizer
 
@@ -100,6 +100,11 @@ class Serving:
                 "requests naming it could not tell the two models apart"
             )
         return None
+
+    def prompt_thinking(self, prompt_ids: list[int]) -> str | None:
+        """For a chat prompt: where it leaves a reasoning model's thoughts (reasoning.prompt_end); None
+        where answers are not read for thoughts."""
+        return prompt_end(prompt_ids, self.tokenizer) if self.reads_reasoning else None
 
     @property
     def token_id_limit(self) -> int:

@@ -12,16 +12,32 @@ and `anthropic` clients read the answers, as a user's code would.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import anthropic
+import llguidance
+import llguidance.hf
 import openai
 import pytest
 import requests
 from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoTokenizer
 
-from inference_api.reasoning import REASONING_PARSERS, ReasoningReader, opened_in_prompt, reads_reasoning
+from backend.model.loader import converted_dir, resolve_model
+from inference_api.reasoning import (
+    CLOSED,
+    NEITHER,
+    OPENED,
+    REASONING_PARSERS,
+    ReasoningReader,
+    after_thoughts,
+    prompt_end,
+    reads_reasoning,
+)
+from inference_api.structured_output import json_schema_grammar
 from inference_api.tokenizer import load_tokenizer
 from tests.frontend.test_openapi_e2e import documented
 from tests.reasoning_server import TEMPLATES, reasoning_server
@@ -321,6 +337,71 @@ def test_the_responses_apis_effort_none_turns_thinking_off_and_reasoning_items_g
     assert prompt_tokens(thoughts) > prompt_tokens()
 
 
+MOOD = {"type": "object", "properties": {"mood": {"enum": ["happy", "sad"]}}, "required": ["mood"]}
+
+
+def test_a_json_format_constrains_the_answer_after_the_thoughts(client):
+    """As vLLM applies structured outputs once the reasoning ends: the thoughts are free text (SmolLM2's
+    never end), and with thinking off the answer is the JSON at once."""
+    request = dict(model=MODEL, messages=[{"role": "user", "content": "How do you feel?"}], temperature=0)
+    mood = {"type": "json_schema", "json_schema": {"name": "mood", "schema": MOOD}}
+    thinking = client.chat.completions.create(**request, max_tokens=24, response_format=mood).choices[0]
+    assert thinking.finish_reason == "length" and thinking.message.content == ""
+    assert not thinking.message.reasoning_content.startswith("{")  # free text, not the schema's JSON
+    off = {"chat_template_kwargs": NO_THINKING}
+    answer = client.chat.completions.create(**request, max_tokens=24, response_format=mood, extra_body=off)
+    assert json.loads(answer.choices[0].message.content)["mood"] in ("happy", "sad")
+    assert getattr(answer.choices[0].message, "reasoning_content", None) is None
+
+
+def test_a_forced_tool_call_with_thinking_off_is_the_answer(client):
+    choice = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"chat_template_kwargs": NO_THINKING},
+    ).choices[0]
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    assert getattr(choice.message, "reasoning_content", None) is None
+
+
+@pytest.fixture(scope="module")
+def llguidance_tokenizer(server):
+    """The default model's tokenizer as the backend's grammars see it (from the server's converted copy)."""
+    tokenizer = AutoTokenizer.from_pretrained(
+        converted_dir(resolve_model(None), Path(os.environ["INFERENCE_CACHE_DIR"]))
+    )
+    return tokenizer, llguidance.hf.from_tokenizer(tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("opened", "text", "takes"),
+    [
+        (True, 'I think {"mood"\n</think>\n\n{"mood": "sad"}', True),
+        (True, 'Hm.</think>{"mood": "happy"}', True),
+        (True, "Hm.</think>\n\nhappy", False),  # after the thoughts, the schema's JSON only
+        (True, '{"mood": "sad"}', False),  # still thoughts: the block has not ended
+        (False, '{"mood": "sad"}', True),  # the model need not think
+        (False, '<think>\nHm.\n</think>\n\n{"mood": "sad"}', True),
+        (False, "<think>Hm.</think>sad", False),
+        (False, "Hm.", False),
+    ],
+)
+def test_the_thoughts_grammar_frees_the_thoughts_and_holds_the_answer(
+    llguidance_tokenizer, opened, text, takes
+):
+    tokenizer, tokens = llguidance_tokenizer
+    matcher = llguidance.LLMatcher(
+        tokens, after_thoughts(json_schema_grammar(MOOD, "schema"), opened), log_level=0
+    )
+    consumed = all(matcher.consume_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+    assert (consumed and matcher.is_accepting()) == takes
+
+
 def write_tokenizer(directory, added: list[str]):
     """A word-level tokenizer of a few words, `added` tokens of their own, as the frontend loads one."""
     tokenizer = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1, "<": 2, ">": 3}, unk_token="<unk>"))
@@ -345,16 +426,16 @@ def test_auto_reads_thoughts_where_the_tags_are_tokens_and_the_template_writes_t
         assert reads_reasoning(named, plain, chatml)
 
 
-def test_a_prompt_that_opens_the_block_starts_the_answer_in_thoughts(tmp_path):
+def test_the_prompts_end_says_where_the_answer_starts(tmp_path):
     tokenizer = write_tokenizer(tmp_path, ["<think>", "</think>", "\n"])
 
-    def opens(prompt: str) -> bool:
-        return opened_in_prompt(tokenizer.encode(prompt, add_special_tokens=False), tokenizer)
+    def end(prompt: str) -> str:
+        return prompt_end(tokenizer.encode(prompt, add_special_tokens=False), tokenizer)
 
-    assert opens("hello <think>\n")
-    assert not opens("hello <think>\n\n</think>\n")
-    assert not opens("hello")
-    reader = ReasoningReader(opened_in_prompt=True)
+    assert end("hello <think>\n") == OPENED
+    assert end("hello <think>\n\n</think>\n") == CLOSED
+    assert end("hello") == NEITHER
+    reader = ReasoningReader(opened=True)
     said = [reader.feed(piece) for piece in ("\nI plan", ".\n</thi", "nk>\n\nDone")] + [reader.finish()]
     assert ("".join(r for r, _ in said), "".join(c for _, c in said)) == ("I plan.", "Done")
 

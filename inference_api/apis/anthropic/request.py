@@ -17,7 +17,7 @@ from inference_api.apis.anthropic.conversation import read_conversation
 from inference_api.apis.anthropic.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
 from inference_api.prompts import MAX_TOP_K, completion_budget, tool_chat_ids
-from inference_api.reasoning import opened_in_prompt
+from inference_api.reasoning import thoughts_first
 from inference_api.router import Serving
 from inference_api.tokenizer import stop_token_ids_of
 from inference_api.tool_calls import ToolRequest, with_tool_grammar
@@ -32,7 +32,7 @@ MIN_BUDGET = 1024  # thinking's budget_tokens, as Anthropic's API takes it
 class Prompt:
     ids: list[int]
     tools: ToolRequest | None  # the tools offered, and how the answer becomes calls
-    thinking_opened: bool | None = None  # a reasoning model's: whether the prompt opened its thoughts
+    thinking: str | None = None  # where the prompt leaves a reasoning model's thoughts (None: not read)
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class MessagesRequest:
     params: SamplingParams
     stream: bool
     tools: ToolRequest | None = None  # the tools offered, and how the answer becomes calls
-    thinking_opened: bool | None = None  # as Prompt's
+    thinking: str | None = None  # as Prompt's
 
 
 def read_prompt(data: dict[str, Any], serving: Serving) -> Prompt:
@@ -51,7 +51,7 @@ def read_prompt(data: dict[str, Any], serving: Serving) -> Prompt:
     messages, prefill = read_conversation(data.get("system"), data.get("messages"))
     kwargs = _thinking(data.get("thinking"), serving)
     ids = tool_chat_ids(messages, tools, serving, "messages", continuation=prefill, template_kwargs=kwargs)
-    return Prompt(ids, tools, opened_in_prompt(ids, serving.tokenizer) if serving.reads_reasoning else None)
+    return Prompt(ids, tools, serving.prompt_thinking(ids))
 
 
 def _thinking(value: Any, serving: Serving) -> dict[str, Any]:
@@ -99,5 +99,7 @@ def parse_messages_request(data: dict[str, Any], serving: Serving) -> MessagesRe
     )
     # No output format here (output_config is refused): the only grammar is the tools'.
     params = with_tool_grammar(params, prompt.tools, "output_config")
+    forced = prompt.tools is not None and prompt.tools.choice in ("function", "required")
+    params = thoughts_first(params, prompt.thinking, forced)
     stream = read_bool(data, "stream", False)
-    return MessagesRequest(prompt.ids, params, stream, prompt.tools, prompt.thinking_opened)
+    return MessagesRequest(prompt.ids, params, stream, prompt.tools, prompt.thinking)

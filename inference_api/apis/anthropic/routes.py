@@ -49,7 +49,7 @@ FIELDS = ApiFields(prompt_ids="messages", grammar="tools")  # the only grammar h
 def messages() -> Response:
     data, serving = read_request()
     parsed = parse_messages_request(data, serving)
-    generation = Generation(parsed.prompt_ids, parsed.params, FIELDS, parsed.tools, parsed.thinking_opened)
+    generation = Generation(parsed.prompt_ids, parsed.params, FIELDS, parsed.tools, parsed.thinking)
     message = Message(generation, serving.model_name)
     if parsed.stream:
         return event_stream(message.events(), generation.close)

@@ -29,7 +29,7 @@ from inference_api.prompts import (
     token_id_list,
     tool_chat_ids,
 )
-from inference_api.reasoning import opened_in_prompt
+from inference_api.reasoning import thoughts_first
 from inference_api.router import Serving
 from inference_api.structured_output import GUIDED_FIELDS, grammar_field, read_grammar
 from inference_api.tokenizer import stop_token_ids_of
@@ -40,6 +40,9 @@ MAX_CHOICES = 16
 GRAMMAR_FIELDS = ("response_format", *GUIDED_FIELDS)
 SEED_MAX = 2**64 - 1
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions API
+# Grammars of JSON the answer is (a format, a forced call): a reasoning model thinks first (reasoning.py).
+# The others (vLLM's guided_regex, guided_choice, guided_grammar) constrain the text as written.
+ANSWER_GRAMMARS = ("response_format", "guided_json", "tool_choice")
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,8 @@ class OpenAIRequest:
     cache_salt: str | None = None  # vLLM's: only requests with the same salt (and team) share a prefix
     prompt_param: str = "prompt"  # where the prompt came from: prompt, or messages
     grammar_param: str | None = None  # where params.grammar came from (None: no grammar)
-    # chat with a reasoning model: whether its prompt opened the `<think>` block (None: not read for one)
-    thinking_opened: bool | None = None
+    # chat with a reasoning model: where its prompt leaves the thoughts (reasoning.prompt_end; None: not read)
+    thinking: str | None = None
 
     @property
     def logprobs(self) -> bool:
@@ -103,13 +106,13 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     messages = read_messages(data.get("messages"))
     ids = tool_chat_ids(messages, tool_request, serving, "messages", template_kwargs=_template_kwargs(data))
     request = _common(data, serving, [ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))
-    thinking = opened_in_prompt(ids, serving.tokenizer) if serving.reads_reasoning else None
-    request = replace(request, tools=tool_request, thinking_opened=thinking)
     params = with_tool_grammar(request.params, tool_request, request.grammar_param or "response_format")
-    if params is request.params:
-        return request
-    grammar_param = "tool_choice" if tool_request.choice in ("function", "required") else "tools"
-    return replace(request, params=params, grammar_param=grammar_param)
+    grammar_param = request.grammar_param
+    if params is not request.params:
+        grammar_param = "tool_choice" if tool_request.choice in ("function", "required") else "tools"
+    thinking = serving.prompt_thinking(ids)
+    params = thoughts_first(params, thinking, grammar_param in ANSWER_GRAMMARS)
+    return replace(request, params=params, tools=tool_request, grammar_param=grammar_param, thinking=thinking)
 
 
 def _template_kwargs(data: dict[str, Any]) -> dict[str, Any]:

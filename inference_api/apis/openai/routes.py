@@ -35,7 +35,7 @@ from inference_api.generation import (
     start_choices,
     unknown_model,
 )
-from inference_api.reasoning import ReasoningReader
+from inference_api.reasoning import OPENED, ReasoningReader
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolCallReader
 
@@ -197,8 +197,8 @@ class ChoiceOutput:
     ):
         self.echo = openai_request.prompt_texts[index // openai_request.n] if openai_request.echo else ""
         self.writer = api.logprobs(openai_request, serving, index) if openai_request.logprobs else None
-        opened = openai_request.thinking_opened
-        self.thoughts = None if opened is None else ReasoningReader(opened)
+        thinking = openai_request.thinking
+        self.thoughts = None if thinking is None else ReasoningReader(thinking == OPENED)
         self.tools = ToolCallReader(openai_request.tools) if openai_request.tools else None
         self.tool_calls: list[dict[str, Any]] = []  # set at the last piece
 
@@ -209,10 +209,7 @@ class ChoiceOutput:
         text, self.echo = self.echo + piece.text, ""
         reasoning = ""
         if self.thoughts is not None:
-            reasoning, text = self.thoughts.feed(text)
-            if piece.finished:
-                more, rest = self.thoughts.finish()
-                reasoning, text = reasoning + more, text + rest
+            reasoning, text = self.thoughts.read(text, piece.finished)
         if self.tools is None:
             return reasoning, text
         text = self.tools.feed(text)

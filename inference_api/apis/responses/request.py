@@ -21,10 +21,13 @@ from inference_api.apis.responses.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_string
 from inference_api.generation import ApiFields
 from inference_api.prompts import CHAT_DEFAULT_MAX_TOKENS, completion_budget, tool_chat_ids
-from inference_api.reasoning import opened_in_prompt
+from inference_api.reasoning import thoughts_first
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolRequest, with_tool_grammar
 from inference_api.unsupported_fields import reject_unsupported
+
+# Grammars of JSON the answer is (a format, a forced call): a reasoning model thinks first (reasoning.py).
+ANSWER_GRAMMARS = ("text.format", "text.format.schema", "tool_choice")
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class ResponsesRequest:
     echoed: dict[str, Any]  # what the response object repeats of the request
     tools: ToolRequest | None = None  # the tools offered, and how the answer becomes calls
     grammar_param: str | None = None  # where params.grammar came from (None: no grammar)
-    thinking_opened: bool | None = None  # a reasoning model's: whether the prompt opened its thoughts
+    thinking: str | None = None  # where the prompt leaves a reasoning model's thoughts (None: not read)
 
     @property
     def fields(self) -> ApiFields:
@@ -78,8 +81,9 @@ def parse_responses_request(data: dict[str, Any], serving: Serving) -> Responses
     }
     grammar_param = _grammar_param(tools.request) if with_tools is not params else text_format.param
     stream = read_bool(data, "stream", False)
-    thinking = opened_in_prompt(prompt_ids, serving.tokenizer) if serving.reads_reasoning else None
-    return ResponsesRequest(prompt_ids, with_tools, stream, echoed, tools.request, grammar_param, thinking)
+    thinking = serving.prompt_thinking(prompt_ids)
+    params = thoughts_first(with_tools, thinking, grammar_param in ANSWER_GRAMMARS)
+    return ResponsesRequest(prompt_ids, params, stream, echoed, tools.request, grammar_param, thinking)
 
 
 def _reasoning(value: Any, serving: Serving) -> tuple[dict[str, Any] | None, dict[str, Any]]:

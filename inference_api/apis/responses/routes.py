@@ -50,7 +50,7 @@ bp = Blueprint("responses_api", __name__)
 def responses() -> Response:
     data, serving = read_request()
     asked = parse_responses_request(data, serving)
-    generation = Generation(asked.prompt_ids, asked.params, asked.fields, asked.tools, asked.thinking_opened)
+    generation = Generation(asked.prompt_ids, asked.params, asked.fields, asked.tools, asked.thinking)
     answer = ModelResponse(generation, serving.model_name, asked, serving.tokenizer)
     if asked.stream:
         return event_stream(answer.events(), generation.close)
