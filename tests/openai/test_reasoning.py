@@ -40,6 +40,7 @@ from inference_api.reasoning import (
 from inference_api.structured_output import json_schema_grammar
 from inference_api.tokenizer import load_tokenizer
 from tests.frontend.test_openapi_e2e import documented
+from tests.openai.test_tool_calls import WEATHER
 from tests.reasoning_server import TEMPLATES, reasoning_server
 from tests.server_fixture import RunningServer
 
@@ -48,18 +49,6 @@ GREETING = [{"role": "user", "content": "Hi! Who are you?"}]
 THOUGHTS = "The user greets me.\n\nI greet them back."
 ANSWER = "Hello there! I am a small model."
 NO_THINKING = {"enable_thinking": False}
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 def forced(text: str) -> dict:
@@ -145,12 +134,12 @@ def test_with_thinking_off_the_answer_is_content_unless_the_model_opens_a_block(
 
 
 def test_thoughts_before_a_tool_call_are_reasoning_and_the_call_is_read(client):
-    call = json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})
+    call = json.dumps({"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}})
     text = f"The user wants the weather.\n</think>\n\n<tool_call>\n{call}\n</tool_call>"
     choice = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=[WEATHER_TOOL],
+        tools=[WEATHER],
         max_tokens=96,
         temperature=0,
         extra_body=forced(text),
@@ -160,7 +149,7 @@ def test_thoughts_before_a_tool_call_are_reasoning_and_the_call_is_read(client):
     assert choice.message.content is None
     [tool_call] = choice.message.tool_calls
     assert tool_call.function.name == "get_weather"
-    assert json.loads(tool_call.function.arguments) == {"city": "Paris"}
+    assert json.loads(tool_call.function.arguments) == {"city": "Paris", "unit": "celsius"}
 
 
 def test_chat_template_kwargs_reach_the_template(client, server):
@@ -263,7 +252,7 @@ def test_anthropic_thinking_sets_the_templates_variable_and_thinking_blocks_go_b
     weather = {
         "name": "get_weather",
         "description": "The weather.",
-        "input_schema": WEATHER_TOOL["function"]["parameters"],
+        "input_schema": WEATHER["function"]["parameters"],
     }
     call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
     thought = {"type": "thinking", "thinking": "I should look the weather up.", "signature": ""}
@@ -322,7 +311,7 @@ def test_the_responses_apis_effort_none_turns_thinking_off_and_reasoning_items_g
             "arguments": '{"city": "Paris"}',
         }
         output = {"type": "function_call_output", "call_id": "c1", "output": "Sunny."}
-        tool = {"type": "function", **WEATHER_TOOL["function"]}
+        tool = {"type": "function", **WEATHER["function"]}
         answered = client.responses.create(
             model=MODEL, input=[*conversation, call, output], tools=[tool], max_output_tokens=1, temperature=0
         )
@@ -358,7 +347,7 @@ def test_a_forced_tool_call_with_thinking_off_is_the_answer(client):
     choice = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=[WEATHER_TOOL],
+        tools=[WEATHER],
         tool_choice="required",
         max_tokens=40,
         temperature=0,
