@@ -57,6 +57,12 @@ def prompt_end(prompt_ids: list[int], tokenizer: PromptTokenizer) -> str:
     return CLOSED if end.endswith(THINK_CLOSE) else NEITHER
 
 
+def thought_tokens(thoughts: str, tokenizer: PromptTokenizer) -> int:
+    """The thoughts' tokens for `usage`: their text encoded again (the tags and the whitespace around
+    them, which the text leaves out, not counted)."""
+    return len(tokenizer.encode(thoughts, add_special_tokens=False)) if thoughts else 0
+
+
 def thoughts_first(params: SamplingParams, thinking: str | None, answer_grammar: bool) -> SamplingParams:
     """`params` whose grammar, if it constrains the answer (`answer_grammar`: a JSON format or a forced
     tool call, not a raw regex or grammar that constrains the text as written), waits for a reasoning

@@ -72,11 +72,15 @@ def claude(server: RunningServer) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server.url, api_key="not-needed", max_retries=0, timeout=120)
 
 
-def test_the_thoughts_come_apart_from_the_answer_whole_and_streamed(client):
+def test_the_thoughts_come_apart_from_the_answer_whole_and_streamed(client, llguidance_tokenizer):
     text = f"{THOUGHTS}\n</think>\n\n{ANSWER}"  # the prompt opened the block
     request = dict(model=MODEL, messages=GREETING, max_tokens=96, temperature=0, extra_body=forced(text))
-    message = client.chat.completions.create(**request).choices[0].message
+    completion = client.chat.completions.create(**request)
+    message = completion.choices[0].message
     assert (message.reasoning_content, message.content) == (THOUGHTS, ANSWER)
+    # The thoughts' tokens, counted again from their text (the tags not counted).
+    thought_tokens = len(llguidance_tokenizer[0].encode(THOUGHTS, add_special_tokens=False))
+    assert completion.usage.completion_tokens_details.reasoning_tokens == thought_tokens
 
     kinds, thoughts, answer = [], "", ""
     for chunk in client.chat.completions.create(**request, stream=True):
@@ -270,7 +274,9 @@ def test_anthropic_thinking_sets_the_templates_variable_and_thinking_blocks_go_b
     assert loop(thought, call) > loop(call)
 
 
-def test_the_responses_api_gives_the_thoughts_as_a_reasoning_item_whole_and_streamed(client, server):
+def test_the_responses_api_gives_the_thoughts_as_a_reasoning_item_whole_and_streamed(
+    client, server, llguidance_tokenizer
+):
     asked = dict(model=MODEL, input="Hi! Who are you?", max_output_tokens=12, temperature=0)
     response = client.responses.create(**asked)
     reasoning, message = response.output
@@ -278,8 +284,9 @@ def test_the_responses_api_gives_the_thoughts_as_a_reasoning_item_whole_and_stre
     [part] = reasoning.content
     assert part.type == "reasoning_text" and part.text and "<think>" not in part.text
     assert (message.type, message.content[0].text) == ("message", "")
-    # The thoughts' tokens, counted again from their text: the 12 tokens but the tags' and spaces'.
-    assert 0 < response.usage.output_tokens_details.reasoning_tokens <= response.usage.output_tokens == 12
+    # The thoughts' tokens, counted again from their text: the 12 tokens but any whitespace dropped.
+    thought_tokens = len(llguidance_tokenizer[0].encode(part.text, add_special_tokens=False))
+    assert response.usage.output_tokens_details.reasoning_tokens == thought_tokens <= 12
     events = list(client.responses.create(**asked, stream=True))
     deltas = [event.delta for event in events if event.type == "response.reasoning_text.delta"]
     assert len(deltas) > 3 and "".join(deltas) == part.text

@@ -35,7 +35,7 @@ from inference_api.generation import (
     start_choices,
     unknown_model,
 )
-from inference_api.reasoning import OPENED, ReasoningReader
+from inference_api.reasoning import OPENED, ReasoningReader, thought_tokens
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolCallReader
 
@@ -201,6 +201,7 @@ class ChoiceOutput:
         self.thoughts = None if thinking is None else ReasoningReader(thinking == OPENED)
         self.tools = ToolCallReader(openai_request.tools) if openai_request.tools else None
         self.tool_calls: list[dict[str, Any]] = []  # set at the last piece
+        self.reasoning = ""  # the thoughts so far
 
     def text(self, piece: Piece) -> tuple[str, str]:
         """The thoughts and the content this piece adds: a reasoning model's `<think>` block is its
@@ -210,6 +211,7 @@ class ChoiceOutput:
         reasoning = ""
         if self.thoughts is not None:
             reasoning, text = self.thoughts.read(text, piece.finished)
+            self.reasoning += reasoning
         if self.tools is None:
             return reasoning, text
         text = self.tools.feed(text)
@@ -231,7 +233,7 @@ def _answer(api: Completion | ChatCompletion) -> Response:
     fields = api_fields(openai_request)
     choices, pieces = start_choices(openai_request.choice_requests(), openai_request.cache_salt, fields)
     response_id = api.id_prefix + uuid.uuid4().hex
-    usage = Usage(openai_request, choices)
+    usage = Usage(openai_request, choices, serving)
     if openai_request.stream:
         events = _events(api, response_id, serving, openai_request, choices, pieces, usage, fields)
         if request.path.startswith(LLAMA_STACK_PREFIX + "/"):
@@ -252,14 +254,20 @@ def api_fields(openai_request: OpenAIRequest) -> ApiFields:
 
 
 class Usage:
-    """Prompt tokens once per prompt (however many choices), completion tokens of every choice."""
+    """Prompt tokens once per prompt (however many choices), completion tokens of every choice, and of
+    those a reasoning model's thoughts (counted where its answers are read for them)."""
 
-    def __init__(self, openai_request: OpenAIRequest, choices: Choices):
+    def __init__(self, openai_request: OpenAIRequest, choices: Choices, serving: Serving):
         self.prompt_tokens = sum(len(ids) for ids in openai_request.prompts)
         self.choices = choices
+        self.tokenizer = serving.tokenizer if openai_request.thinking is not None else None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, outputs: list[ChoiceOutput]) -> dict[str, Any]:
         completion = self.choices.completion_tokens
+        thoughts = {}
+        if self.tokenizer is not None:
+            counted = sum(thought_tokens(output.reasoning, self.tokenizer) for output in outputs)
+            thoughts = {"completion_tokens_details": {"reasoning_tokens": min(counted, completion)}}
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
@@ -267,6 +275,7 @@ class Usage:
             # As OpenAI counts them: prompt tokens served from the cache (prefix reuse). With n > 1,
             # each choice of a prompt is its own request, the first to arrive computes the prefix.
             "prompt_tokens_details": {"cached_tokens": min(self.choices.cached_tokens, self.prompt_tokens)},
+            **thoughts,
         }
 
 
@@ -306,7 +315,7 @@ def _whole(
         created=int(time.time()),
         model=serving.model_name,
         choices=[api.choice(i, output, finish_reasons[i]) for i, output in enumerate(whole)],
-        usage=usage.as_dict(),
+        usage=usage.as_dict(outputs),
     )
 
 
@@ -354,7 +363,7 @@ def _events(
                 output = Output(reasoning, text, outputs[index].logprobs(entries), outputs[index].tool_calls)
                 yield chunk([api.delta(index, output, piece.finish_reason)])
         if openai_request.include_usage:
-            yield chunk([], usage=usage.as_dict())
+            yield chunk([], usage=usage.as_dict(outputs))
         yield DONE
     finally:
         choices.close()

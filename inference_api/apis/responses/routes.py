@@ -41,6 +41,7 @@ from inference_api.apis.responses.items import (
 )
 from inference_api.apis.responses.request import ResponsesRequest, parse_responses_request
 from inference_api.generation import Generation, GenerationFailed, event_stream, read_request, sse_event
+from inference_api.reasoning import thought_tokens
 from inference_api.tokenizer import PromptTokenizer
 
 bp = Blueprint("responses_api", __name__)
@@ -210,13 +211,9 @@ class ModelResponse:
         }
 
     def _reasoning_tokens(self) -> int:
-        """The thoughts' tokens: their text encoded again (the tags and the whitespace around them, which
-        the text leaves out, not counted), within the answer's."""
-        reasoning = self.generation.reasoning
-        if not reasoning:
-            return 0
+        """The thoughts' tokens (reasoning.thought_tokens), within the answer's."""
         return min(
-            len(self.tokenizer.encode(reasoning, add_special_tokens=False)), self.generation.completion_tokens
+            thought_tokens(self.generation.reasoning, self.tokenizer), self.generation.completion_tokens
         )
 
     def _response(
