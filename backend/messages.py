@@ -80,6 +80,9 @@ class SamplingParams:
     # Speculative decoding where the server has it on (backend/engine/speculation.py); False: a token a
     # step for this request. Either way the output is the same; only the time it takes changes.
     speculative: bool = True
+    # The text leaves special tokens (<|im_end|>, a template's markers) out; False keeps their text in it
+    # (vLLM's skip_special_tokens), for a client that reads them.
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -19,8 +19,11 @@ class Decoder(Protocol):
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Decoder, prompt_ids: list[int] | tuple[int, ...]):
+    def __init__(
+        self, tokenizer: Decoder, prompt_ids: list[int] | tuple[int, ...], skip_special_tokens: bool = True
+    ):
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens  # False: special tokens' text is text too
         self.token_ids = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0  # start of the context window
         self.read_offset = len(self.token_ids)  # end of what has been released
@@ -37,4 +40,4 @@ class IncrementalDetokenizer:
         return full_text[len(prefix_text) :]
 
     def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)

@@ -43,7 +43,9 @@ class Row:
     def __post_init__(self) -> None:
         self.reused = self.cached  # prompt tokens found in the cache at admission (prefix_cache)
         params = self.request.params
-        self.detokenizer = IncrementalDetokenizer(self.tokenizer, self.request.prompt_ids)
+        self.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, self.request.prompt_ids, params.skip_special_tokens
+        )
         self.stop = StopMatcher(params.stop)
         # The sampler hashes (seed, tokens generated so far) into each draw (sampler.uniform).
         self.seed = params.seed % 2**63 if params.seed is not None else secrets.randbits(63)

@@ -125,6 +125,23 @@ def test_streamed_choices_and_usage_chunk(client):
     assert all(texts.values())
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_skip_special_tokens_false_keeps_their_text_in_the_answer(client, tokenizer, stream):
+    """vLLM's extension: the answer leaves special tokens out unless asked to keep them (a client that
+    reads a template's markers). <|im_start|> is a special token of the default model, not its EOS."""
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    asked = dict(model=MODEL, prompt="Hello", max_tokens=3, temperature=0, logit_bias={str(start): 100})
+
+    def text(**extra) -> str:
+        if not stream:
+            return client.completions.create(**asked, **extra).choices[0].text
+        chunks = client.completions.create(**asked, **extra, stream=True)
+        return "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+
+    assert text(extra_body={"skip_special_tokens": False}) == "<|im_start|>" * 3
+    assert text() == ""
+
+
 def test_top_k_extension_and_user_field_are_accepted(client):
     result = client.completions.create(
         model=MODEL, prompt="Hi", max_tokens=4, user="alice", extra_body={"top_k": 1}, temperature=1.5

@@ -176,6 +176,7 @@ def _common(
         + stop_token_ids_of(stop, serving.tokenizer),
         grammar=read_grammar(data, GRAMMAR_FIELDS),
         speculative=read_bool(data, "speculative", True),
+        skip_special_tokens=read_bool(data, "skip_special_tokens", True),
     )
     stream = read_bool(data, "stream", False)
     return OpenAIRequest(
