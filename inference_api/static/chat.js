@@ -374,8 +374,8 @@ async function send(event) {
     turns.push(answer.turn);
     saveConversation();
   } else {
-    // Nothing came (neither text nor thoughts): the turn is taken back and the prompt given back, whole and selected, so that
-    // Enter sends it again and typing replaces it (rather than adding to it).
+    // Nothing came (neither text nor thoughts): the turn is taken back and the prompt given back, whole
+    // and selected, so that Enter sends it again and typing replaces it (rather than adding to it).
     turns.pop();
     state.failed = [question, answer.element];
     prompt.value = text;
