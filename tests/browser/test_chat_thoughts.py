@@ -1,9 +1,11 @@
 """A reasoning model's thoughts on the chat page: streamed into a fold above the answer, open while the
-model thinks, kept with the conversation, and not sent back with the next message (the API's
-`reasoning_content`; tests/reasoning_server.py's server, whose greedy answers are all thoughts)."""
+model thinks and folded away when the answer begins, kept with the conversation, and not sent back with
+the next message (the API's `reasoning_content`; tests/reasoning_server.py's server, whose greedy
+answers are all thoughts unless a `guided_regex` ends them)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -50,3 +52,31 @@ def test_the_thoughts_stream_into_a_fold_and_stay_with_the_conversation(
         {"role": "user", "content": "Hi! Who are you?"},
         {"role": "assistant", "content": ""},
     ]
+
+
+# The page sends no guided_regex: this wraps its fetch to add one, so that the thoughts end and an
+# answer follows (the page's own code is what runs; only the request's body grows by a field).
+FORCE_TEXT = """
+const regex = arguments[0];
+const pageFetch = window.fetch;
+window.fetch = (url, options) => {
+  if (options && options.body && url.endsWith("/chat/completions")) {
+    options = { ...options, body: JSON.stringify({ ...JSON.parse(options.body), guided_regex: regex }) };
+  }
+  return pageFetch(url, options);
+};
+"""
+
+
+def test_the_fold_closes_when_the_answer_begins(
+    browser: webdriver.Chrome, thinking_server: RunningServer
+) -> None:
+    page = ChatPage(browser, thinking_server.url)
+    page.open()
+    browser.execute_script(FORCE_TEXT, re.escape("I should greet.\n</think>\n\nHello!"))
+    page.set_field("temperature", 0)
+    page.set_field("max_tokens", 40)
+    page.send("Hi!")
+    page.wait_answer_done()
+    assert page.answer_thoughts() == ("I should greet.", False)
+    assert page.answer_text() == "Hello!"
