@@ -132,6 +132,7 @@ def test_through_the_proxy_the_token_is_the_api_key(client, proxy):
 
 ASKS_FOR_MORE = {
     "thinking": {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+    "thinking.budget_tokens": {"thinking": {"type": "enabled", "budget_tokens": 10}},
     "messages[0].content[1]": {
         "messages": [
             {

@@ -75,3 +75,17 @@ def test_an_alias_that_is_the_embedding_models_name_is_refused():
     clash = Serving(ready, ByteTokenizer(), load_chat_template(None), ("smol", "tiny-bert"))
     assert "'tiny-bert' is both a --served-model-name and the --embedding-model's" in clash.name_clash()
     assert Serving(ready, ByteTokenizer(), load_chat_template(None), ("smol",)).name_clash() is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"reasoning_effort": 3}, "reasoning_effort"),
+        ({"chat_template_kwargs": "enable_thinking"}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs"),
+    ],
+)
+def test_the_templates_variables_that_cannot_be_taken_are_a_400_naming_them(fields, param):
+    with pytest.raises(InvalidParams) as refused:
+        parse_chat_request({"messages": [{"role": "user", "content": "hi"}], **fields}, serving(64))
+    assert refused.value.param == param

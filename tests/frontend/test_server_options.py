@@ -70,3 +70,18 @@ def test_speculative_decoding_options_travel_through_the_environment():
     )
     for config in (default, off):
         assert ServerConfig.from_env(config.to_env()) == config
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [(None, "cannot read {path}: "), ("{% if %}", "{path} is not a Jinja template: ")],
+    ids=["missing", "broken"],
+)
+def test_a_chat_template_that_does_not_read_or_compile_stops_the_command_line(tmp_path, capsys, source, says):
+    path = tmp_path / "template.jinja"
+    if source is not None:
+        path.write_text(source)
+    with pytest.raises(SystemExit) as exit:
+        parse_args(["--chat-template", str(path)])
+    assert exit.value.code == 2
+    assert "argument --chat-template: " + says.format(path=path) in capsys.readouterr().err
