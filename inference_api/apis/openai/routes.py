@@ -290,7 +290,6 @@ def _whole(
     fields: ApiFields,
 ) -> Response:
     outputs = [ChoiceOutput(api, openai_request, serving, i) for i in range(len(choices.streams))]
-    thoughts: list[list[str]] = [[] for _ in choices.streams]
     texts: list[list[str]] = [[] for _ in choices.streams]
     entries: list[list] = [[] for _ in choices.streams]
     finish_reasons: list[str | None] = [None] * len(choices.streams)
@@ -298,15 +297,14 @@ def _whole(
         for index, piece in pieces:
             if piece.finish_reason == "error":  # a later choice's: no status has gone out yet
                 raise error_of(piece, fields)
-            reasoning, text = outputs[index].text(piece)
-            thoughts[index].append(reasoning)
+            _, text = outputs[index].text(piece)  # the thoughts gather in outputs[index].reasoning
             texts[index].append(text)
             entries[index] += outputs[index].entries(piece)
             finish_reasons[index] = piece.finish_reason
     finally:
         choices.close()
     whole = [
-        Output("".join(thoughts[i]), "".join(parts), output.logprobs(tuple(entries[i])), output.tool_calls)
+        Output(output.reasoning, "".join(parts), output.logprobs(tuple(entries[i])), output.tool_calls)
         for i, (parts, output) in enumerate(zip(texts, outputs, strict=True))
     ]
     return jsonify(

@@ -75,7 +75,6 @@ class ModelResponse:
         self.id = "resp_" + uuid.uuid4().hex
         self.item_id = "msg_" + uuid.uuid4().hex
         self.reasoning_id = "rs_" + uuid.uuid4().hex
-        self.message_index = 0  # the message item's place in the output: after the thoughts' item, if any
         self.created_at = int(time.time())
         self.sequence = itertools.count()
 
@@ -106,10 +105,7 @@ class ModelResponse:
                     continue
                 if not texts:
                     if thinking:  # the answer begins: the thoughts are whole
-                        thoughts = self.generation.reasoning
-                        yield from self._close_thoughts(
-                            reasoning_item(self.reasoning_id, "completed", thoughts)
-                        )
+                        yield from self._close_thoughts(self._thoughts_item(text, [])[0])
                     yield from self._open_message()
                 texts.append(text)
                 yield self._event("response.output_text.delta", **self._place(), delta=text, logprobs=[])
@@ -156,13 +152,18 @@ class ModelResponse:
         item = reasoning_item(self.reasoning_id, "in_progress", None)
         yield self._event("response.output_item.added", output_index=0, item=item)
         yield self._event("response.content_part.added", **self._thoughts_place(), part=reasoning_part(""))
-        self.message_index = 1
 
     def _close_thoughts(self, item: dict[str, Any]) -> Iterator[bytes]:
         [part] = item["content"]
         yield self._event("response.reasoning_text.done", **self._thoughts_place(), text=part["text"])
         yield self._event("response.content_part.done", **self._thoughts_place(), part=part)
         yield self._event("response.output_item.done", output_index=0, item=item)
+
+    @property
+    def message_index(self) -> int:
+        """The message item's place in the output: after the thoughts' item, if the model thought (they
+        come whole before any text)."""
+        return 1 if self.generation.reasoning else 0
 
     def _open_message(self) -> Iterator[bytes]:
         item = message_item(self.item_id, "in_progress", None)
