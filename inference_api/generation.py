@@ -24,14 +24,14 @@ from typing import Any
 from flask import Response, current_app, request
 
 from backend.messages import InvalidParams, Piece, SamplingParams
+from inference_api.answers import answer_reader
 from inference_api.choices import Choices
 from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.fields import parse_json_object
 from inference_api.metrics import team_of
-from inference_api.reasoning import OPENED, ReasoningReader
 from inference_api.router import NotReady, QueueFull, Router, Serving
-from inference_api.tool_calls import ToolCallReader, ToolRequest
+from inference_api.tool_calls import ToolRequest
 
 
 @dataclass(frozen=True)
@@ -187,10 +187,10 @@ class GenerationFailed(RuntimeError):
 class Generation:
     """One request's answer as text: `deltas()` as it comes, or `text()` whole; then why it ended
     (finish_reason "stop" or "length", and the stop sequence if one ended it) and its token counts.
-    `fields`: the API's names for the 400s (start_choices). With `tools`, the text is read for calls
-    (ToolCallReader): what may be a call is held back, and `tool_calls` holds the calls at the end, in
-    OpenAI chat's shape ({id, type, function: {name, arguments (a JSON string)}}). With
-    `thinking` (not None: a reasoning model's answer, reasoning.prompt_end), its thoughts come apart:
+    `fields`: the API's names for the 400s (start_choices). The text is read as answers.py reads it:
+    with `tools`, for calls (what may be a call is held back, and `tool_calls` holds the calls at the
+    end, in OpenAI chat's shape: {id, type, function: {name, arguments (a JSON string)}}); with
+    `thinking` (not None: a reasoning model's answer, Serving.prompt_thinking), its thoughts come apart:
     `parts()` gives them first, as ("reasoning", text), and `reasoning` holds them whole at the end.
     """
 
@@ -206,10 +206,17 @@ class Generation:
         self.fields = fields
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
-        self._thoughts = None if thinking is None else ReasoningReader(thinking == OPENED)
-        self._reader = ToolCallReader(tools) if tools is not None else None
-        self.tool_calls: list[dict[str, Any]] = []  # set at the end
-        self.reasoning = ""  # the thoughts so far
+        self._answer = answer_reader(thinking, tools)
+
+    @property
+    def reasoning(self) -> str:
+        """The thoughts so far."""
+        return self._answer.reasoning
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The calls, once the answer has ended."""
+        return self._answer.tool_calls
 
     @property
     def prompt_tokens(self) -> int:
@@ -241,9 +248,10 @@ class Generation:
             for _, piece in self._pieces:
                 if piece.finish_reason == "error":
                     raise GenerationFailed(error_of(piece, self.fields))
-                reasoning, text = self._release(piece)
+                reasoning, text = self._answer.read(piece.text, piece.finished)
+                if piece.finished:
+                    self.finish_reason, self.stop_sequence = piece.finish_reason, piece.stop_sequence
                 if reasoning:
-                    self.reasoning += reasoning
                     yield "reasoning", reasoning
                 if text:
                     yield "text", text
@@ -262,16 +270,3 @@ class Generation:
     def close(self) -> None:
         """End the request; one still running is cancelled (its row frees at the next step)."""
         self.choices.close()
-
-    def _release(self, piece: Piece) -> tuple[str, str]:
-        reasoning, text = "", piece.text
-        if self._thoughts is not None:
-            reasoning, text = self._thoughts.read(text, piece.finished)
-        if self._reader is not None:
-            text = self._reader.feed(text)
-        if piece.finished:
-            self.finish_reason, self.stop_sequence = piece.finish_reason, piece.stop_sequence
-            if self._reader is not None:
-                rest, self.tool_calls = self._reader.finish()
-                text += rest
-        return reasoning, text

@@ -8,7 +8,8 @@ completions as `reasoning_content` beside `content`; in a stream, deltas of eith
 open the block itself (DeepSeek-R1's later ones end the prompt with `<think>`), or close it at once to
 turn thinking off (Qwen3's `enable_thinking: false` ends it with `<think>\n\n</think>`): the prompt's
 end says where the answer starts. The whitespace around the thoughts is the tags' layout, not the
-text's: it goes.
+text's: it goes. gpt-oss writes its thoughts as harmony messages on a channel of their own (harmony.py):
+its prompt's thinking is HARMONY, and answers.HarmonyReader reads them.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from dataclasses import replace
 
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import SamplingParams
-from inference_api.tokenizer import PromptTokenizer
+from inference_api.harmony import final_answer, places_answer, writes_harmony
+from inference_api.tokenizer import PromptTokenizer, are_tokens
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3")  # the last two: vLLM's, both `<think>` blocks
+# vLLM's names: the first two read `<think>` blocks, the last gpt-oss's harmony messages.
+REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3", "openai_gptoss")
+THINK_BLOCKS, HARMONY = "think_blocks", "harmony"  # how a model writes its thoughts (reasoning_format)
 PROMPT_END_TOKENS = 8  # the prompt's last tokens, decoded, tell whether it opened the block
 OPENED, CLOSED, NEITHER = "opened", "closed", "neither"  # where a prompt leaves the thoughts (prompt_end)
 # Lark, for llguidance: the thoughts are any text up to the first `</think>`, then the answer's grammar
@@ -36,15 +40,20 @@ WS: /[ \n]+/
 """
 
 
-def reads_reasoning(parser: str, tokenizer: PromptTokenizer, template_source: str) -> bool:
-    """Whether chat answers are read for `<think>` blocks: `auto` where the model has the tags as tokens
-    of their own and its chat template writes `</think>` (a reasoning model), vLLM's names always, `none`
-    never."""
+def reasoning_format(parser: str, tokenizer: PromptTokenizer, template_source: str) -> str | None:
+    """How chat answers are read for thoughts: THINK_BLOCKS, HARMONY, or None (not read). `auto` reads
+    harmony where the model writes it (harmony.writes_harmony), and `<think>` blocks where the model has
+    the tags as tokens of their own and its chat template writes `</think>` (a reasoning model); vLLM's
+    names always read their format, `none` nothing."""
+    if parser == "openai_gptoss":
+        return HARMONY
     if parser != "auto":
-        return parser != "none"
-    if THINK_CLOSE not in template_source:
-        return False
-    return all(len(tokenizer.encode(tag, add_special_tokens=False)) == 1 for tag in (THINK_OPEN, THINK_CLOSE))
+        return None if parser == "none" else THINK_BLOCKS
+    if writes_harmony(tokenizer, template_source):
+        return HARMONY
+    if THINK_CLOSE in template_source and are_tokens((THINK_OPEN, THINK_CLOSE), tokenizer):
+        return THINK_BLOCKS
+    return None
 
 
 def prompt_end(prompt_ids: list[int], tokenizer: PromptTokenizer) -> str:
@@ -66,8 +75,14 @@ def thought_tokens(thoughts: str, tokenizer: PromptTokenizer) -> int:
 def thoughts_first(params: SamplingParams, thinking: str | None, answer_grammar: bool) -> SamplingParams:
     """`params` whose grammar, if it constrains the answer (`answer_grammar`: a JSON format or a forced
     tool call, not a raw regex or grammar that constrains the text as written), waits for a reasoning
-    model's thoughts to end (`after_thoughts`), unless the prompt closed them (`thinking`: prompt_end;
-    None: not read)."""
+    model's thoughts to end (`after_thoughts`), unless the prompt closed them (`thinking`: prompt_end, or
+    HARMONY; None: not read). A harmony answer is read with its markers, and its answer's grammar is the
+    final message's (unless the tools' grammar placed it already)."""
+    if thinking == HARMONY:
+        params = replace(params, skip_special_tokens=False)
+        if answer_grammar and params.grammar is not None and not places_answer(params.grammar):
+            params = replace(params, grammar=final_answer(params.grammar))
+        return params
     if thinking in (None, CLOSED) or not answer_grammar or params.grammar is None:
         return params
     return replace(params, grammar=after_thoughts(params.grammar, thinking == OPENED))

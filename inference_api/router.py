@@ -30,9 +30,10 @@ from backend.messages import (
 from backend.process import BackendDied, BackendProcess, BackendStartError
 from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.metrics import Metrics
-from inference_api.reasoning import prompt_end, reads_reasoning
+from inference_api.reasoning import HARMONY, THINK_BLOCKS, prompt_end, reasoning_format
 from inference_api.request_stream import RequestStream
 from inference_api.tokenizer import PromptTokenizer, load_tokenizer
+from inference_api.tool_calls import tool_parser
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ class Serving:
     names: tuple[str, ...] = ()  # --served-model-name; () serves the model under the backend's name
     # The --embedding-model's own tokenizer (BackendReady.embedding_model); None: the served model embeds
     embedding_tokenizer: PromptTokenizer | None = None
-    reads_reasoning: bool = False  # chat answers' `<think>` blocks become reasoning_content (reasoning.py)
+    # How chat answers' thoughts are read apart (reasoning.reasoning_format): THINK_BLOCKS, HARMONY, None
+    reasoning_format: str | None = None
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -101,10 +103,22 @@ class Serving:
             )
         return None
 
+    @property
+    def reads_reasoning(self) -> bool:
+        """Whether chat answers' thoughts come apart from their content (reasoning_content)."""
+        return self.reasoning_format is not None
+
+    @property
+    def tool_parser(self) -> str:
+        """How chat answers are read for tool calls (tool_calls.tool_parser)."""
+        return tool_parser(self.chat_template.source, self.reasoning_format == HARMONY)
+
     def prompt_thinking(self, prompt_ids: list[int]) -> str | None:
-        """For a chat prompt: where it leaves a reasoning model's thoughts (reasoning.prompt_end); None
-        where answers are not read for thoughts."""
-        return prompt_end(prompt_ids, self.tokenizer) if self.reads_reasoning else None
+        """For a chat prompt: where it leaves a reasoning model's thoughts (reasoning.prompt_end), HARMONY
+        for a model that writes them as harmony messages; None where answers are not read for thoughts."""
+        if self.reasoning_format == THINK_BLOCKS:
+            return prompt_end(prompt_ids, self.tokenizer)
+        return self.reasoning_format
 
     @property
     def token_id_limit(self) -> int:
@@ -292,7 +306,7 @@ class Router:
             chat_template,
             self.served_model_names,
             embedding_tokenizer=None if embedding is None else load_tokenizer(embedding.tokenizer_path),
-            reads_reasoning=reads_reasoning(self.reasoning_parser, tokenizer, chat_template.source),
+            reasoning_format=reasoning_format(self.reasoning_parser, tokenizer, chat_template.source),
         )
         if (clash := serving.name_clash()) is not None:
             raise BackendStartError(clash)

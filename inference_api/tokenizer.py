@@ -42,6 +42,11 @@ def stop_token_ids_of(stop: tuple[str, ...], tokenizer: PromptTokenizer) -> tupl
     return tuple(i for i in ids if i is not None)
 
 
+def are_tokens(texts: tuple[str, ...], tokenizer: PromptTokenizer) -> bool:
+    """Whether each text is a token of its own (a tag the model writes whole, not spelled out)."""
+    return all(len(tokenizer.encode(text, add_special_tokens=False)) == 1 for text in texts)
+
+
 class ByteTokenizer:
     """For the mock backend, which has no vocabulary: one id per UTF-8 byte of the prompt."""
 

@@ -8,7 +8,7 @@ instead. How the answer becomes calls depends on `tool_choice`:
   call's arguments, valid for any model (cut by max_tokens, a call all the same, with what was written);
 - `required`: decoded under "one of the tools as {"name", "arguments"}", so it is one valid call (cut
   by max_tokens once its name is written, the same);
-- `auto`: the model chooses; its text is read in the format its template teaches (`PARSERS`): the
+- `auto`: the model chooses; its text is read in the format its template teaches (`tool_parser`): the
   Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, or Llama 3's bare JSON `{"name", "parameters"}`.
   The answer is decoded under "free text, or calls in that format" (`AUTO_HERMES`, `AUTO_LLAMA3`): text
   is free until the model opens a call, and from there the call is one of the tools with valid
@@ -16,6 +16,10 @@ instead. How the answer becomes calls depends on `tool_choice`:
   `response_format` keeps that grammar, and its calls are read from the text as written.
 - `none`: the tools are in the prompt, and the answer is text: in the Hermes format, decoded under
   "text with no `<tool_call>`" (`NONE_HERMES`).
+
+gpt-oss writes its calls as harmony messages to `functions.NAME` (harmony.py): a named function and
+`required` are decoded under "thoughts, then a call's message", `none` under "thoughts, then the final
+message", and `auto` is free (the model was trained on the format); answers.HarmonyReader reads them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
+from inference_api.harmony import call_grammar, final_answer
 from inference_api.structured_output import json_lark, json_schema_grammar, lark_grammar
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -69,13 +74,15 @@ class ToolRequest:
     tools: list[dict[str, Any]]  # as sent ({"type": "function", "function": {...}}), for the template
     choice: str  # "none", "auto", "required", or "function" (a named one)
     function: str | None = None  # the named function
-    parser: str = "hermes"  # how `auto` reads calls in the text (PARSERS)
+    parser: str = "hermes"  # how the answer holds calls (tool_parser)
     parallel: bool = True  # whether an answer may hold more than one call (parallel_tool_calls)
 
     @property
     def grammar(self) -> str | None:
         """What the answer is decoded under: the call itself for `required` and a named function, free
         text or calls in the template's format for `auto`, text that opens no call for `none`."""
+        if self.parser == "harmony":
+            return self._harmony_grammar()
         if self.choice == "function":
             return json_schema_grammar(parameters(self._tool(self.function)), "tool_choice")
         if self.choice == "required":
@@ -89,6 +96,14 @@ class ToolRequest:
         if self.parser == "hermes":  # none
             return lark_grammar(NONE_HERMES, "tools")
         return None  # none in Llama 3's format: a call would be a JSON answer, which text may be
+
+    def _harmony_grammar(self) -> str | None:
+        if self.choice == "none":
+            return final_answer(None)
+        if self.choice == "auto":
+            return None
+        names = [self.function] if self.choice == "function" else [_name(tool) for tool in self.tools]
+        return call_grammar({name: parameters(self._tool(name)) for name in names})
 
     def _tool(self, name: str) -> dict[str, Any]:
         return next(tool for tool in self.tools if tool["function"]["name"] == name)
@@ -108,11 +123,18 @@ class ToolRequest:
         }
 
 
-def read_tool_request(
-    data: dict[str, Any], template_source: str, parallel: bool = True
-) -> ToolRequest | None:
+def tool_parser(template_source: str, harmony: bool) -> str:
+    """How a model's answers hold calls: gpt-oss's harmony messages (`harmony`: the server reads them,
+    answers.HarmonyReader), Llama 3's JSON where its template has the python tag, else Hermes blocks."""
+    if harmony:
+        return "harmony"
+    return "llama3_json" if LLAMA3_PYTHON_TAG in template_source else "hermes"
+
+
+def read_tool_request(data: dict[str, Any], parser: str, parallel: bool = True) -> ToolRequest | None:
     """`tools` and `tool_choice` in OpenAI chat's shapes, checked (a 400 naming what is wrong); None
-    without tools. The other APIs put theirs in these shapes. `parallel`: more than one call allowed."""
+    without tools. The other APIs put theirs in these shapes. `parser`: how the answer holds calls
+    (tool_parser). `parallel`: more than one call allowed."""
     tools = data.get("tools")
     choice = data.get("tool_choice")
     if tools is None or tools == []:
@@ -121,7 +143,6 @@ def read_tool_request(
         return None
     tools = read_tool_list(tools, _tool, _name, "{type: function, function: {...}} objects")
     names = [_name(tool) for tool in tools]
-    parser = "llama3_json" if LLAMA3_PYTHON_TAG in template_source else "hermes"
     if choice is None or choice in ("none", "auto", "required"):
         return ToolRequest(tools, choice or "auto", parser=parser, parallel=parallel)
     function = (

@@ -32,10 +32,11 @@ from inference_api.reasoning import (
     NEITHER,
     OPENED,
     REASONING_PARSERS,
+    THINK_BLOCKS,
     ReasoningReader,
     after_thoughts,
     prompt_end,
-    reads_reasoning,
+    reasoning_format,
 )
 from inference_api.structured_output import json_schema_grammar
 from inference_api.tokenizer import load_tokenizer
@@ -414,12 +415,12 @@ def test_auto_reads_thoughts_where_the_tags_are_tokens_and_the_template_writes_t
     plain = write_tokenizer(tmp_path / "plain", [])
     thinking_template = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
     chatml = (TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
-    assert reads_reasoning("auto", tags, thinking_template)
-    assert not reads_reasoning("auto", tags, chatml)  # no thinking in the template
-    assert not reads_reasoning("auto", plain, thinking_template)  # the tags are text, not tokens
-    assert not reads_reasoning("none", tags, thinking_template)
-    for named in set(REASONING_PARSERS) - {"auto", "none"}:
-        assert reads_reasoning(named, plain, chatml)
+    assert reasoning_format("auto", tags, thinking_template) == THINK_BLOCKS
+    assert reasoning_format("auto", tags, chatml) is None  # no thinking in the template
+    assert reasoning_format("auto", plain, thinking_template) is None  # the tags are text, not tokens
+    assert reasoning_format("none", tags, thinking_template) is None
+    for named in set(REASONING_PARSERS) - {"auto", "none", "openai_gptoss"}:  # test_harmony.py: the last
+        assert reasoning_format(named, plain, chatml) == THINK_BLOCKS
 
 
 def test_the_prompts_end_says_where_the_answer_starts(tmp_path):

@@ -29,13 +29,13 @@ CHOICE_SHAPES = (
 SPACE = re.compile(r"[ \t\n\r]*")
 
 
-def read_tools(data: dict[str, Any], template_source: str) -> ToolRequest | None:
+def read_tools(data: dict[str, Any], parser: str) -> ToolRequest | None:
     """The request's `tools` and `tool_choice`, checked (a 400 naming Anthropic's field), as chat's
     ToolRequest; None without tools."""
     tools = data.get("tools")
     choice, parallel = _tool_choice(data.get("tool_choice"))
     chat = {"tools": None if tools is None else _tools(tools), "tool_choice": choice}
-    return read_tool_request(chat, template_source, parallel)
+    return read_tool_request(chat, parser, parallel)
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:

@@ -102,7 +102,7 @@ def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRe
 def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     reject_unsupported(data, "chat")
     parallel = read_bool(data, "parallel_tool_calls", True)
-    tool_request = read_tool_request(data, serving.chat_template.source, parallel)
+    tool_request = read_tool_request(data, serving.tool_parser, parallel)
     messages = read_messages(data.get("messages"))
     ids = tool_chat_ids(messages, tool_request, serving, "messages", template_kwargs=_template_kwargs(data))
     request = _common(data, serving, [ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))

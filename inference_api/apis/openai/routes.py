@@ -21,6 +21,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request
 
 from backend.messages import Piece
+from inference_api.answers import answer_reader
 from inference_api.apis.openai.logprobs import ChatLogprobs, CompletionLogprobs
 from inference_api.apis.openai.request import OpenAIRequest, parse_chat_request, parse_completion_request
 from inference_api.choices import Choices
@@ -35,9 +36,8 @@ from inference_api.generation import (
     start_choices,
     unknown_model,
 )
-from inference_api.reasoning import OPENED, ReasoningReader, thought_tokens
+from inference_api.reasoning import thought_tokens
 from inference_api.router import Serving
-from inference_api.tool_calls import ToolCallReader
 
 bp = Blueprint("openai_api", __name__, url_prefix="/v1")
 STARTED = int(time.time())
@@ -197,28 +197,24 @@ class ChoiceOutput:
     ):
         self.echo = openai_request.prompt_texts[index // openai_request.n] if openai_request.echo else ""
         self.writer = api.logprobs(openai_request, serving, index) if openai_request.logprobs else None
-        thinking = openai_request.thinking
-        self.thoughts = None if thinking is None else ReasoningReader(thinking == OPENED)
-        self.tools = ToolCallReader(openai_request.tools) if openai_request.tools else None
-        self.tool_calls: list[dict[str, Any]] = []  # set at the last piece
-        self.reasoning = ""  # the thoughts so far
+        self.answer = answer_reader(openai_request.thinking, openai_request.tools)
+
+    @property
+    def reasoning(self) -> str:
+        """The thoughts so far."""
+        return self.answer.reasoning
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The calls, once the last piece is read."""
+        return self.answer.tool_calls
 
     def text(self, piece: Piece) -> tuple[str, str]:
-        """The thoughts and the content this piece adds: a reasoning model's `<think>` block is its
-        thoughts (reasoning.py), and with tools, content that may be a call is held back until the end,
-        then `tool_calls` holds the calls it was."""
+        """The thoughts and the content this piece adds (answers.py): a reasoning model's thoughts come
+        apart, and with tools, content that may be a call is held back until the end, then `tool_calls`
+        holds the calls it was."""
         text, self.echo = self.echo + piece.text, ""
-        reasoning = ""
-        if self.thoughts is not None:
-            reasoning, text = self.thoughts.read(text, piece.finished)
-            self.reasoning += reasoning
-        if self.tools is None:
-            return reasoning, text
-        text = self.tools.feed(text)
-        if piece.finished:
-            rest, self.tool_calls = self.tools.finish()
-            text += rest
-        return reasoning, text
+        return self.answer.read(text, piece.finished)
 
     def entries(self, piece: Piece) -> tuple:
         return (*(piece.prompt_logprobs or ()), *piece.logprobs)

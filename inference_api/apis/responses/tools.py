@@ -32,14 +32,14 @@ class ResponsesTools:
     echoed: dict[str, Any]  # what the response object repeats: tools (normalized) and tool_choice
 
 
-def read_tools(data: dict[str, Any], template_source: str, parallel: bool) -> ResponsesTools:
+def read_tools(data: dict[str, Any], parser: str, parallel: bool) -> ResponsesTools:
     """The request's `tools` and `tool_choice`, checked (a 400 naming the Responses field), as chat's
     ToolRequest (None without tools). `parallel`: more than one call allowed (parallel_tool_calls)."""
     tools = _tools(data.get("tools"))
     choice = data.get("tool_choice")
     offered, chat_choice = _offered(choice, tools)
     chat = {"tools": [_chat_tool(tool) for tool in offered], "tool_choice": chat_choice}
-    request = read_tool_request(chat, template_source, parallel)
+    request = read_tool_request(chat, parser, parallel)
     echoed_choice = choice if choice is not None else ("auto" if tools else "none")
     return ResponsesTools(request, {"tools": tools, "tool_choice": echoed_choice})
 
