@@ -104,8 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--reasoning-parser",
         choices=REASONING_PARSERS,
         default="auto",
-        help="chat answers' <think> blocks as reasoning_content: auto where the model has the tags as "
-        "tokens and its template writes them; deepseek_r1 or qwen3 (vLLM's names) always; none never",
+        help="chat answers' thoughts as reasoning_content: auto reads gpt-oss's harmony messages where "
+        "the model writes them, and <think> blocks where the model has the tags as tokens and its template "
+        "writes them; deepseek_r1 or qwen3 (vLLM's names) always <think> blocks, openai_gptoss harmony; "
+        "none never",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT)

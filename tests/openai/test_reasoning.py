@@ -454,3 +454,15 @@ def test_the_reader_splits_the_same_however_the_text_is_cut(text, thoughts, cont
         reader = ReasoningReader()
         said = [reader.feed(text[i : i + size]) for i in range(0, len(text), size)] + [reader.finish()]
         assert ("".join(r for r, _ in said), "".join(c for _, c in said)) == (thoughts, content), size
+
+
+def test_llama_stacks_chat_completion_gives_the_answer_without_the_thoughts(client, server):
+    """Its message has no field for thoughts: the content is what chat's `content` is."""
+    # Greedy (Llama Stack's default strategy), the model's own text after the prompt opened the block
+    # is all thoughts: chat gives them as reasoning_content, Llama Stack's content none of them.
+    body = {"model_id": MODEL, "messages": GREETING, "sampling_params": {"max_tokens": 12}}
+    answered = requests.post(f"{server.url}/inference/chat_completion", json=body, timeout=120)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["completion_message"]["content"] == ""
+    thoughts = client.chat.completions.create(model=MODEL, messages=GREETING, max_tokens=12, temperature=0)
+    assert thoughts.choices[0].message.reasoning_content

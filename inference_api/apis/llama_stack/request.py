@@ -24,7 +24,7 @@ hidden size) and a `task_type` (the model embeds queries and documents alike).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from backend.messages import MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
@@ -38,6 +38,7 @@ from inference_api.prompts import (
     read_messages,
     text_content,
 )
+from inference_api.reasoning import thoughts_first
 from inference_api.router import Serving
 from inference_api.tokenizer import stop_token_ids_of
 from inference_api.unsupported_fields import reject_unsupported
@@ -52,6 +53,7 @@ class LlamaStackRequest:
     prompt_ids: list[int]
     params: SamplingParams
     stream: bool
+    thinking: str | None = None  # a chat prompt's, Serving.prompt_thinking: the thoughts are left out
 
 
 def model_field(data: dict[str, Any]) -> str:
@@ -73,7 +75,10 @@ def parse_chat_completion(data: dict[str, Any], serving: Serving) -> LlamaStackR
     if isinstance(messages, list):
         messages = [_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
     prompt_ids = chat_ids(read_messages(messages, roles=ROLES), serving, "messages")
-    return _request(data, serving, prompt_ids, "messages")
+    request = _request(data, serving, prompt_ids, "messages")
+    # Its message has no field for a reasoning model's thoughts: the content is the answer after them.
+    thinking = serving.prompt_thinking(prompt_ids)
+    return replace(request, params=thoughts_first(request.params, thinking, False), thinking=thinking)
 
 
 def _message(message: Any, param: str) -> Any:

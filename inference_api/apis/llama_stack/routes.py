@@ -125,9 +125,9 @@ def _answer(
 ) -> Response:
     data, serving = read_request(model_field=None)
     check_model(data, serving, model_field(data))
-    llama_stack_request = parse(data, serving)
-    generation = Generation(llama_stack_request.prompt_ids, llama_stack_request.params, api.fields)
-    if llama_stack_request.stream:
+    asked = parse(data, serving)
+    generation = Generation(asked.prompt_ids, asked.params, api.fields, thinking=asked.thinking)
+    if asked.stream:
         return event_stream(_events(api, generation), generation.close)
     text = generation.text()
     return jsonify(api.whole(text, _ending(generation)))
