@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from backend.messages import SamplingParams
 from inference_api.structured_output import json_lark
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
@@ -71,6 +72,20 @@ class Header:
         if self.recipient is None or not self.recipient.startswith(FUNCTIONS):
             return None
         return self.recipient[len(FUNCTIONS) :]
+
+
+def harmony_params(
+    params: SamplingParams, answer_grammar: bool, tokenizer: PromptTokenizer
+) -> SamplingParams:
+    """`params` for a harmony answer: decoded with its markers, ended at `<|return|>` and `<|call|>`
+    whatever the model's end tokens are (a GGUF file's may lack `<|call|>`: the model would go on to
+    write the call's result itself), and the answer's grammar, if it constrains the answer (a JSON
+    format), the final message's (`final_answer`; the tools' grammars place theirs)."""
+    ends = tuple(token for token in map(tokenizer.special_token_id, (RETURN, CALL)) if token is not None)
+    params = replace(params, skip_special_tokens=False, stop_token_ids=(*params.stop_token_ids, *ends))
+    if answer_grammar and params.grammar is not None and not places_answer(params.grammar):
+        params = replace(params, grammar=final_answer(params.grammar))
+    return params
 
 
 def places_answer(grammar: str) -> bool:

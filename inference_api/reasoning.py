@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import SamplingParams
-from inference_api.harmony import final_answer, places_answer, writes_harmony
+from inference_api.harmony import harmony_params, writes_harmony
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -72,17 +72,15 @@ def thought_tokens(thoughts: str, tokenizer: PromptTokenizer) -> int:
     return len(tokenizer.encode(thoughts, add_special_tokens=False)) if thoughts else 0
 
 
-def thoughts_first(params: SamplingParams, thinking: str | None, answer_grammar: bool) -> SamplingParams:
+def thoughts_first(
+    params: SamplingParams, thinking: str | None, answer_grammar: bool, tokenizer: PromptTokenizer
+) -> SamplingParams:
     """`params` whose grammar, if it constrains the answer (`answer_grammar`: a JSON format or a forced
     tool call, not a raw regex or grammar that constrains the text as written), waits for a reasoning
     model's thoughts to end (`after_thoughts`), unless the prompt closed them (`thinking`: prompt_end, or
-    HARMONY; None: not read). A harmony answer is read with its markers, and its answer's grammar is the
-    final message's (unless the tools' grammar placed it already)."""
+    HARMONY, harmony.harmony_params; None: not read)."""
     if thinking == HARMONY:
-        params = replace(params, skip_special_tokens=False)
-        if answer_grammar and params.grammar is not None and not places_answer(params.grammar):
-            params = replace(params, grammar=final_answer(params.grammar))
-        return params
+        return harmony_params(params, answer_grammar, tokenizer)
     if thinking in (None, CLOSED) or not answer_grammar or params.grammar is None:
         return params
     return replace(params, grammar=after_thoughts(params.grammar, thinking == OPENED))

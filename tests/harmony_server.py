@@ -1,7 +1,8 @@
 """A server whose model writes gpt-oss's harmony messages (inference_api/harmony.py), for the tests of the
 APIs that read them: the default model's weights, with a tokenizer whose special tokens 3 to 9 are
-renamed to harmony's markers, gpt-oss's real chat template, and `<|return|>` and `<|call|>` as its end
-tokens (as gpt-oss's generation_config.json has them). Served in the exact mode.
+renamed to harmony's markers, gpt-oss's real chat template, and `<|return|>` as its end token but not
+`<|call|>` (as a GGUF file's may have them; gpt-oss's generation_config.json has both, and the server
+ends harmony answers at either). Served in the exact mode.
 
 SmolLM2 writes no harmony by itself: a `guided_grammar` that names the markers (llguidance writes
 special tokens by name) makes it write the messages a test needs, so the text is known while the tokens,
@@ -33,7 +34,7 @@ MARKERS = {
     8: "<|call|>",
     9: "<|constrain|>",
 }
-END_TOKENS = [7, 8, 0]  # <|return|>, <|call|>, <|endoftext|>: gpt-oss's order
+END_TOKENS = [7, 0]  # <|return|>, <|endoftext|>
 
 
 def default_model_copy() -> Path:

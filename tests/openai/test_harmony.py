@@ -156,6 +156,23 @@ def test_a_message_to_a_function_is_a_tool_call_whole_and_streamed(client):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_a_call_ends_the_answer_though_the_model_does_not_call_its_marker_an_end_token(client):
+    """The model writes on, as if the call had been answered: the answer ends at `<|call|>` all the same
+    (harmony.harmony_params), and the result it made up is not read as its thoughts."""
+    made_up = '<|start|> "functions.get_weather to=assistant" <|channel|> "commentary" <|message|> "Sunny."'
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER],
+        max_tokens=96,
+        temperature=0,
+        extra_body={"guided_grammar": calls('{"city": "Paris"}') + " <|call|> " + made_up},
+    )
+    message = completion.choices[0].message
+    assert (message.reasoning_content, len(message.tool_calls)) == (THOUGHTS, 1)
+    assert completion.choices[0].finish_reason == "tool_calls"
+
+
 @pytest.mark.parametrize(
     "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
 )

@@ -100,6 +100,6 @@ def parse_messages_request(data: dict[str, Any], serving: Serving) -> MessagesRe
     # No output format here (output_config is refused): the only grammar is the tools'.
     params = with_tool_grammar(params, prompt.tools, "output_config")
     forced = prompt.tools is not None and prompt.tools.choice in ("function", "required")
-    params = thoughts_first(params, prompt.thinking, forced)
+    params = thoughts_first(params, prompt.thinking, forced, serving.tokenizer)
     stream = read_bool(data, "stream", False)
     return MessagesRequest(prompt.ids, params, stream, prompt.tools, prompt.thinking)

@@ -78,7 +78,9 @@ def parse_chat_completion(data: dict[str, Any], serving: Serving) -> LlamaStackR
     request = _request(data, serving, prompt_ids, "messages")
     # Its message has no field for a reasoning model's thoughts: the content is the answer after them.
     thinking = serving.prompt_thinking(prompt_ids)
-    return replace(request, params=thoughts_first(request.params, thinking, False), thinking=thinking)
+    return replace(
+        request, params=thoughts_first(request.params, thinking, False, serving.tokenizer), thinking=thinking
+    )
 
 
 def _message(message: Any, param: str) -> Any:

@@ -111,7 +111,7 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     if params is not request.params:
         grammar_param = "tool_choice" if tool_request.choice in ("function", "required") else "tools"
     thinking = serving.prompt_thinking(ids)
-    params = thoughts_first(params, thinking, grammar_param in ANSWER_GRAMMARS)
+    params = thoughts_first(params, thinking, grammar_param in ANSWER_GRAMMARS, serving.tokenizer)
     return replace(request, params=params, tools=tool_request, grammar_param=grammar_param, thinking=thinking)
 
 

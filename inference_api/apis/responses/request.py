@@ -82,7 +82,7 @@ def parse_responses_request(data: dict[str, Any], serving: Serving) -> Responses
     grammar_param = _grammar_param(tools.request) if with_tools is not params else text_format.param
     stream = read_bool(data, "stream", False)
     thinking = serving.prompt_thinking(prompt_ids)
-    params = thoughts_first(with_tools, thinking, grammar_param in ANSWER_GRAMMARS)
+    params = thoughts_first(with_tools, thinking, grammar_param in ANSWER_GRAMMARS, serving.tokenizer)
     return ResponsesRequest(prompt_ids, params, stream, echoed, tools.request, grammar_param, thinking)
 
 
