@@ -21,6 +21,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
+import openai
 import psutil
 import requests
 
@@ -35,6 +37,14 @@ class RunningServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def openai_client(self) -> openai.OpenAI:
+        """The official client, unchanged, pointed at the server."""
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+
+    def anthropic_client(self) -> anthropic.Anthropic:
+        """Anthropic's official client, unchanged, pointed at the server."""
+        return anthropic.Anthropic(base_url=self.url, api_key="not-needed", max_retries=0, timeout=120)
 
     def worker(self) -> psutil.Process:
         """gunicorn's one worker (the server's pid is gunicorn's master: `python -m` execs it)."""

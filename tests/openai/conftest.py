@@ -24,7 +24,7 @@ def server(exact_mode_server: RunningServer) -> RunningServer:
 @pytest.fixture(scope="package")
 def client(server: RunningServer) -> openai.OpenAI:
     """The official client, unchanged, pointed at the server."""
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+    return server.openai_client()
 
 
 @pytest.fixture(scope="package")

@@ -81,12 +81,12 @@ def server(model_directory: Path) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+    return server.openai_client()
 
 
 @pytest.fixture(scope="module")
 def claude(server: RunningServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key="not-needed", max_retries=0, timeout=120)
+    return server.anthropic_client()
 
 
 @pytest.fixture(scope="module")

@@ -65,12 +65,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0, timeout=120)
+    return server.openai_client()
 
 
 @pytest.fixture(scope="module")
 def claude(server: RunningServer) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key="not-needed", max_retries=0, timeout=120)
+    return server.anthropic_client()
 
 
 def test_the_thoughts_come_apart_from_the_answer_whole_and_streamed(client, llguidance_tokenizer):
