@@ -20,6 +20,7 @@ from inference_api.apis.llama_stack import routes as llama_stack_api
 from inference_api.apis.native import routes as native_api
 from inference_api.apis.openai import routes as openai_api
 from inference_api.apis.responses import routes as responses_api
+from inference_api.apis.tgi import routes as tgi_api
 from inference_api.client_watch import CLIENT_CLOSED_REQUEST, hang_up_in_flight
 from inference_api.config import ServerConfig
 from inference_api.errors import register_error_handlers
@@ -71,6 +72,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     app.register_blueprint(anthropic_api.bp)
     app.register_blueprint(responses_api.bp)
     app.register_blueprint(llama_stack_api.bp)
+    app.register_blueprint(tgi_api.bp)
     app.register_blueprint(embeddings.bp)
     # Llama Stack's client calls the OpenAI API under its own prefix: the same handlers, served there too.
     llama_stack_openai = openai_api.LLAMA_STACK_PREFIX

@@ -4,8 +4,9 @@ Native paths get {"status_code": N, "message": "..."} (SPEC §4.1); paths under
 /v1/ get OpenAI's {"error": {"message", "type", "param", "code"}} (SPEC §4.2),
 which the official openai client turns into its typed exceptions; Anthropic's
 /v1/messages gets Anthropic's {"type": "error", "error": {"type", "message"}},
-and Llama Stack's inference paths FastAPI's {"detail": "..."}, as Llama Stack's
-own server answers.
+Llama Stack's inference paths FastAPI's {"detail": "..."}, as Llama Stack's
+own server answers, and Text Generation Inference's paths TGI's {"error", "error_type"}, whose
+type its clients raise by.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class ApiError(Exception):
 OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize")
 ANTHROPIC_PATH = "/v1/messages"
 LLAMA_STACK_PREFIXES = ("/inference/", "/v1/inference/")
+TGI_PATHS = ("/generate", "/generate_stream", "/info")  # and POST /, either of the first two
 # Anthropic's error types by status; its clients pick their exception by the status alone.
 ANTHROPIC_ERROR_TYPES = {
     400: "invalid_request_error",
@@ -86,10 +88,18 @@ def error_body(path: str, status: int, message: str, param: str | None, code: st
         return anthropic_error(status, message)
     if path.startswith(LLAMA_STACK_PREFIXES):
         return {"detail": message}
+    if path in TGI_PATHS or (path == "/" and has_request_context() and request.method == "POST"):
+        return tgi_error(status, message)
     if path.startswith("/v1/") or path in OPENAI_STYLE_PATHS:
         kind = "invalid_request_error" if status < 500 else "server_error"
         return {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return {"status_code": status, "message": message}
+
+
+def tgi_error(status: int, message: str) -> dict[str, Any]:
+    """TGI's error body: huggingface_hub raises a ValidationError or an OverloadedError by its type."""
+    kind = "validation" if status < 500 else ("overloaded" if status == 503 else "generation")
+    return {"error": message, "error_type": kind}
 
 
 def anthropic_error(status: int, message: str) -> dict[str, Any]:

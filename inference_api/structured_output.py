@@ -46,9 +46,9 @@ def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
     if name == "response_format":
         return _response_format(value)
     if name in ("guided_json", "json_schema"):
-        return json_schema_grammar(_schema(value, name), name)
+        return schema_grammar(value, name)
     if name == "guided_regex":
-        return _checked(llguidance.LLMatcher.grammar_from_regex(_text(value, name)), name)
+        return regex_grammar(value, name)
     if name == "guided_choice":
         return choice_grammar(value, name)
     return lark_grammar(_text(value, name), name)  # guided_grammar
@@ -80,6 +80,16 @@ def closed_objects(schema: Any) -> Any:
     if isinstance(closed.get("properties"), dict) and not any(key in closed for key in OPEN_KEYWORDS):
         closed["additionalProperties"] = False
     return closed
+
+
+def schema_grammar(value: Any, param: str) -> str:
+    """JSON following a schema sent as an object or as a JSON string (`param`: where, for the 400s)."""
+    return json_schema_grammar(_schema(value, param), param)
+
+
+def regex_grammar(value: Any, param: str) -> str:
+    """Text matching a regex (`param`: where it was sent, for the 400s)."""
+    return _checked(llguidance.LLMatcher.grammar_from_regex(_text(value, param)), param)
 
 
 def json_schema_grammar(schema: dict[str, Any], param: str) -> str:
