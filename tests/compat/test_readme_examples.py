@@ -1,4 +1,4 @@
-"""README's curl examples of the Messages, Responses, Llama Stack and embeddings APIs, run as written
+"""README's curl examples of the Messages, Responses, Llama Stack, TGI and embeddings APIs, run as written
 through the proxy on the real default model, with a token in TOKEN; and every one of its curl examples
 against the mock served under the default model's name (`--served-model-name`)."""
 
@@ -54,6 +54,7 @@ def embeddings_text(output: str) -> str:
         ("/v1/responses", response_text),
         ("/inference/chat_completion", chat_events_text),
         ("/v1/embeddings", embeddings_text),
+        ("/generate", lambda output: json.loads(output)["generated_text"]),
     ],
 )
 def test_the_readme_example_works_through_the_proxy_as_written(proxy, marker, text_of):
@@ -114,4 +115,5 @@ def test_readme_has_a_curl_example_of_each_api():
         "/v1/responses",
         "/inference/chat_completion",
         "/v1/embeddings",
+        "/generate",
     } <= paths

@@ -93,6 +93,8 @@ PROTECTED = [
     ("GET", "/v1/models"),
     ("POST", "/v1/chat/completions"),
     ("POST", "/predictions/mock"),
+    ("POST", "/generate"),
+    ("GET", "/info"),
     ("GET", "/ready"),
     ("GET", "/metrics"),
     ("GET", "/static/../v1/models"),

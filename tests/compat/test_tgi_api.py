@@ -1,0 +1,144 @@
+"""Text Generation Inference's API (inference_api/apis/tgi) through its most used client, huggingface_hub's
+InferenceClient (what LangChain's HuggingFaceEndpoint calls), on the default model in the exact mode;
+raw HTTP where the client hides the shape, each answer checked against the OpenAPI document.
+
+The answers are held to the OpenAI API's on the same prompt: TGI's greedy text and its tokens' logprobs
+are the completions endpoint's, so that the new API adds a shape and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+from huggingface_hub import InferenceClient
+from huggingface_hub.errors import ValidationError
+
+from tests.compat.conftest import MODEL
+from tests.frontend.test_openapi_e2e import documented
+from tests.server_fixture import RunningServer
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> InferenceClient:
+    return InferenceClient(model=server.url, timeout=120)
+
+
+def completion(server: RunningServer, **fields) -> dict:
+    """The OpenAI completions endpoint's greedy answer to PROMPT, with each token's logprob."""
+    body = {"model": MODEL, "prompt": PROMPT, "temperature": 0, "logprobs": 0, **fields}
+    return requests.post(f"{server.url}/v1/completions", json=body, timeout=120).json()["choices"][0]
+
+
+def test_the_greedy_answer_and_its_details_are_the_completions_endpoints(client, server, tokenizer):
+    output = client.text_generation(PROMPT, max_new_tokens=8, details=True, decoder_input_details=True)
+    reference = completion(server, max_tokens=8)
+    assert output.generated_text == reference["text"]
+    details = output.details
+    assert (details.finish_reason, details.generated_tokens) == ("length", 8)
+    # To float32's rounding: scoring the input too computes its positions' logits in another shape.
+    logprobs = reference["logprobs"]["token_logprobs"]
+    assert [token.logprob for token in details.tokens] == pytest.approx(logprobs, abs=1e-4)
+    assert "".join(token.text for token in details.tokens) == output.generated_text
+    assert tokenizer.decode([token.id for token in details.tokens]) == output.generated_text
+    # The input's tokens: the first has no logprob, nothing predicts it.
+    assert [token.id for token in details.prefill] == tokenizer.encode(PROMPT)
+    assert details.prefill[0].logprob is None and all(token.logprob < 0 for token in details.prefill[1:])
+    assert client.text_generation(PROMPT, max_new_tokens=8) == output.generated_text
+
+
+def test_the_stream_is_a_token_an_event_and_ends_with_the_whole_text(client):
+    whole = client.text_generation(PROMPT, max_new_tokens=12, details=True)
+    events = list(client.text_generation(PROMPT, max_new_tokens=12, stream=True, details=True))
+    assert [event.index for event in events] == list(range(1, 13))
+    assert [event.token.id for event in events] == [token.id for token in whole.details.tokens]
+    assert events[-1].generated_text == "".join(event.token.text for event in events) == whole.generated_text
+    assert all(event.generated_text is None and event.details is None for event in events[:-1])
+    assert (events[-1].details.finish_reason, events[-1].details.generated_tokens) == ("length", 12)
+    assert "".join(client.text_generation(PROMPT, max_new_tokens=12, stream=True)) == whole.generated_text
+
+
+def test_why_the_answer_ended(client, server):
+    stopped = client.text_generation(PROMPT, max_new_tokens=20, stop=["."], details=True)
+    assert stopped.details.finish_reason == "stop_sequence" and "." not in stopped.generated_text
+    # SmolLM2 ends a chat turn with <|im_end|>, its end token: special, with no text.
+    turn = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+    ended = client.text_generation(turn, max_new_tokens=60, details=True)
+    assert ended.details.finish_reason == "eos_token"
+    last = ended.details.tokens[-1]
+    assert (last.special, last.text) == (True, "")
+
+
+def test_sampling_top_tokens_full_text_truncation_and_a_grammar(client, tokenizer):
+    sampled = [client.text_generation(PROMPT, max_new_tokens=10, do_sample=True, seed=7) for _ in range(2)]
+    assert sampled[0] == sampled[1]  # a seed draws the same
+    assert client.text_generation(PROMPT, max_new_tokens=10, do_sample=True, seed=8) != sampled[0]
+    alternatives = client.text_generation(PROMPT, max_new_tokens=3, top_n_tokens=3, details=True)
+    for token, top in zip(alternatives.details.tokens, alternatives.details.top_tokens, strict=True):
+        assert len(top) == 3 and top[0]["id"] == token.id  # greedy: the most likely is the one taken
+    full = client.text_generation(PROMPT, max_new_tokens=3, return_full_text=True)
+    assert full == PROMPT + client.text_generation(PROMPT, max_new_tokens=3)
+    truncated = client.text_generation(
+        PROMPT, max_new_tokens=1, truncate=2, decoder_input_details=True, details=True
+    )
+    assert [token.id for token in truncated.details.prefill] == tokenizer.encode(PROMPT)[-2:]
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+    }
+    answer = client.text_generation(PROMPT, max_new_tokens=30, grammar={"type": "json", "value": schema})
+    assert isinstance(json.loads(answer)["city"], str)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_route_answers_as_the_document_says(server, stream):
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 4, "details": True, "top_n_tokens": 2}}
+    path = "/generate_stream" if stream else "/generate"
+    documented(requests.post(f"{server.url}{path}", json=body, timeout=120), "post", path)
+    compat = requests.post(f"{server.url}/", json={**body, "stream": stream}, timeout=120)
+    documented(compat, "post", "/")
+    if not stream:  # TGI's `/` answers a list of one
+        assert (
+            compat.json()[0]["generated_text"]
+            == requests.post(f"{server.url}/generate", json=body, timeout=120).json()["generated_text"]
+        )
+    info = documented(requests.get(f"{server.url}/info", timeout=10), "get", "/info")
+    assert (info["model_id"], info["max_total_tokens"]) == (MODEL, 1024)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "names"),
+    [
+        ({"temperature": 0}, "parameters.temperature"),
+        ({"top_p": 1.5}, "parameters.top_p"),
+        ({"best_of": 2}, "parameters.best_of"),
+        ({"watermark": True}, "parameters.watermark"),
+        ({"typical_p": 0.5}, "parameters.typical_p"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "parameters.stop"),
+        ({"top_n_tokens": 6}, "parameters.top_n_tokens"),
+        ({"grammar": {"type": "lark", "value": "start: x"}}, "parameters.grammar"),
+        ({"grammar": {"type": "regex", "value": "(unclosed"}}, "parameters.grammar.value"),
+        ({"max_new_tokens": 5000}, "parameters.max_new_tokens"),
+    ],
+)
+def test_bad_parameters_are_a_validation_error_naming_them(server, parameters, names):
+    response = requests.post(
+        f"{server.url}/generate", json={"inputs": PROMPT, "parameters": parameters}, timeout=30
+    )
+    body = documented(response, "post", "/generate")
+    assert response.status_code == 400 and body["error_type"] == "validation"
+    assert body["error"].startswith(names), body
+
+
+def test_the_client_raises_its_validation_error_and_a_stream_takes_no_input_details(client, server):
+    with pytest.raises(ValidationError, match="temperature"):
+        client.text_generation(PROMPT, temperature=0.0)
+    body = {"inputs": PROMPT, "parameters": {"decoder_input_details": True}}
+    response = requests.post(f"{server.url}/generate_stream", json=body, timeout=30)
+    assert response.status_code == 400 and "decoder_input_details" in response.json()["error"]
+    missing = requests.post(f"{server.url}/generate", json={"parameters": {}}, timeout=30)
+    assert missing.status_code == 400 and missing.json()["error"].startswith("inputs")
