@@ -140,5 +140,17 @@ def test_the_client_raises_its_validation_error_and_a_stream_takes_no_input_deta
     body = {"inputs": PROMPT, "parameters": {"decoder_input_details": True}}
     response = requests.post(f"{server.url}/generate_stream", json=body, timeout=30)
     assert response.status_code == 400 and "decoder_input_details" in response.json()["error"]
+    too_long = requests.post(f"{server.url}/generate", json={"inputs": "hi " * 2000}, timeout=30)
+    assert too_long.status_code == 400 and "maximum context length" in too_long.json()["error"]
     missing = requests.post(f"{server.url}/generate", json={"parameters": {}}, timeout=30)
     assert missing.status_code == 400 and missing.json()["error"].startswith("inputs")
+
+
+def test_the_mock_streams_tokens_of_no_id(mock_server):
+    """The mock backend scores nothing: its tokens come with no id and no logprob, its text all the same."""
+    body = {"inputs": "hello", "parameters": {"max_new_tokens": 5, "details": True}}
+    response = requests.post(f"{mock_server.url}/generate_stream", json=body, timeout=30)
+    documented(response, "post", "/generate_stream")
+    events = [json.loads(line.removeprefix("data:")) for line in response.text.splitlines() if line]
+    assert len(events) == 5 and all(event["token"]["id"] is None for event in events)
+    assert events[-1]["generated_text"] == "".join(event["token"]["text"] for event in events) != ""

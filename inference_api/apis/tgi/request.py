@@ -11,7 +11,7 @@ read: TGI serves one model and its clients send none.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from backend.messages import MAX_LOGPROBS, MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
@@ -62,23 +62,17 @@ def parse_generate_request(data: dict[str, Any], serving: Serving, stream: bool 
     with within("parameters"):
         _refuse_not_built(parameters)
         truncate = read_integer(parameters, "truncate", None, 1, serving.backend.max_seq_len)
-        prompt_ids = serving.tokenizer.encode(inputs)
-        if truncate is not None:
-            prompt_ids = prompt_ids[-truncate:]  # TGI keeps the input's end
         max_new_tokens = read_integer(parameters, "max_new_tokens", None, 1, serving.backend.max_seq_len)
         details = read_bool(parameters, "details", False)
+        return_full_text = read_bool(parameters, "return_full_text", False)
         decoder_input_details = read_bool(parameters, "decoder_input_details", False)
         if decoder_input_details and stream:
-            raise InvalidParams(
-                "decoder_input_details", "decoder_input_details is not supported when streaming"
-            )
+            message = "decoder_input_details is not supported when streaming"
+            raise InvalidParams("decoder_input_details", message)
         top_n_tokens = read_integer(parameters, "top_n_tokens", 0, 0, min(MAX_TOP_N_TOKENS, MAX_LOGPROBS))
         stop = read_stop(parameters, "stop", MAX_STOP_SEQUENCES)
         params = SamplingParams(
             **_sampling(parameters),
-            max_tokens=completion_budget(
-                serving, len(prompt_ids), max_new_tokens, DEFAULT_MAX_NEW_TOKENS, "inputs"
-            ),
             stop=stop,
             stop_token_ids=stop_token_ids_of(stop, serving.tokenizer),
             seed=read_integer(parameters, "seed", None, 0, SEED_MAX),
@@ -91,14 +85,18 @@ def parse_generate_request(data: dict[str, Any], serving: Serving, stream: bool 
             logprobs=top_n_tokens,
             prompt_logprobs=0 if decoder_input_details else None,
         )
+    prompt_ids = serving.tokenizer.encode(inputs)
+    if truncate is not None:
+        prompt_ids = prompt_ids[-truncate:]  # TGI keeps the input's end
+    budget = completion_budget(serving, len(prompt_ids), max_new_tokens, DEFAULT_MAX_NEW_TOKENS, "inputs")
     return TgiRequest(
         inputs,
         prompt_ids,
-        params,
+        replace(params, max_tokens=budget),
         stream,
         details,
         decoder_input_details,
-        read_bool(parameters, "return_full_text", False),
+        return_full_text,
         top_n_tokens,
     )
 
@@ -114,7 +112,7 @@ def _sampling(parameters: dict[str, Any]) -> dict[str, Any]:
     (as TGI's server decides). TGI's ranges: a temperature over 0, a top_p in (0, 1], a top_k over 0."""
     temperature = read_number(parameters, "temperature", 1.0, 0.0, 100.0, low_open=True)
     top_p = read_number(parameters, "top_p", 1.0, 0.0, 1.0, low_open=True)
-    top_k = read_integer(parameters, "top_k", 0, 1, MAX_TOP_K) if parameters.get("top_k") is not None else 0
+    top_k = read_integer(parameters, "top_k", None, 1, MAX_TOP_K) or 0
     sampled = read_bool(parameters, "do_sample", False) or temperature != 1.0 or top_p < 1.0 or top_k > 0
     if not sampled:
         return {"temperature": 0.0, "top_p": 1.0, "top_k": 0}

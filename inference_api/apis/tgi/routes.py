@@ -22,7 +22,7 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify
 
-from backend.messages import Piece, TokenLogprob
+from backend.messages import Piece
 from inference_api.apis.tgi.request import (
     MAX_STOP_SEQUENCES,
     MAX_TOP_N_TOKENS,
@@ -130,30 +130,25 @@ class Answer:
         """The piece's stream events: one a token, the piece's text with its last token's."""
         if piece.prompt_logprobs is not None:
             self.prefill = [
-                self._token(entry, token_id=token_id)
+                self._token(token_id, entry and entry.logprob)
                 for token_id, entry in zip(self.asked.prompt_ids, piece.prompt_logprobs, strict=True)
             ]
         self.text += piece.text
         self.last = piece
-        entries = piece.logprobs or self._last_token()  # an end with no new token: the last again
+        # The mock backend scores nothing: its pieces come as tokens of no id and no logprob.
+        entries = piece.logprobs or ((None,) if piece.text or piece.finished else ())
         events = []
         for i, entry in enumerate(entries):
-            token = self._token(entry, text=piece.text if i == len(entries) - 1 else "")
-            top = [self._token(TokenLogprob(token_id, logprob)) for token_id, logprob in entry.top]
-            if piece.logprobs:
-                self.tokens.append(token)
-                self.top_tokens.append(top)
+            text = piece.text if i == len(entries) - 1 else ""
+            token = self._token(entry and entry.token_id, entry and entry.logprob, text)
+            top = [self._token(token_id, logprob) for token_id, logprob in (entry.top if entry else ())]
+            self.tokens.append(token)
+            self.top_tokens.append(top)
             event = {"index": len(self.tokens), "token": token, "top_tokens": top}
             events.append(event | {"generated_text": None, "details": None})
         if piece.finished and events:
             events[-1] |= {"generated_text": self.generated_text, "details": self.stream_details}
         return events
-
-    def _last_token(self) -> tuple[TokenLogprob, ...]:
-        if not self.tokens:
-            return ()
-        token = self.tokens[-1]
-        return (TokenLogprob(token["id"], token["logprob"]),)
 
     @property
     def generated_text(self) -> str:
@@ -191,15 +186,13 @@ class Answer:
             details["top_tokens"] = self.top_tokens
         return {"generated_text": self.generated_text, "details": details}
 
-    def _token(
-        self, entry: TokenLogprob | None, text: str | None = None, token_id: int | None = None
-    ) -> dict[str, Any]:
-        """A token as TGI writes one; `entry` None: the input's first, which nothing predicts."""
-        token_id = entry.token_id if entry is not None else token_id
-        written = self.tokenizer.token_text(token_id)
+    def _token(self, token_id: int | None, logprob: float | None, text: str | None = None) -> dict[str, Any]:
+        """A token as TGI writes one, its text its own unless given (`logprob` None: the input's first,
+        which nothing predicts; `token_id` None: the mock's)."""
+        written = "" if token_id is None else self.tokenizer.token_text(token_id)
         return {
             "id": token_id,
             "text": written if text is None else text,
-            "logprob": None if entry is None else entry.logprob,
-            "special": self.tokenizer.special_token_id(written) == token_id,
+            "logprob": logprob,
+            "special": token_id is not None and self.tokenizer.special_token_id(written) == token_id,
         }
