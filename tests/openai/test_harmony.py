@@ -95,6 +95,12 @@ def tokenizer(server: RunningServer, model_directory: Path):
     return AutoTokenizer.from_pretrained(model_directory / MODEL)
 
 
+@pytest.fixture(scope="module")
+def grammar_tokens(tokenizer) -> llguidance.LLTokenizer:
+    """The tokenizer as the backend's grammars see it (0.4 s to build: once)."""
+    return llguidance.hf.from_tokenizer(tokenizer)
+
+
 def test_the_analysis_is_the_thoughts_and_the_final_message_the_answer_whole_and_streamed(client, tokenizer):
     request = dict(
         model=MODEL,
@@ -381,14 +387,16 @@ def test_auto_reads_harmony_where_the_markers_are_tokens_and_the_template_writes
         ("call", "<|channel|>final<|message|>Oslo", False),
     ],
 )
-def test_the_grammars_put_the_answer_or_the_call_in_its_message(tokenizer, grammar, text, takes):
+def test_the_grammars_put_the_answer_or_the_call_in_its_message(
+    tokenizer, grammar_tokens, grammar, text, takes
+):
     parameters = WEATHER["function"]["parameters"]
     grammars = {
         "json": final_answer(json_schema_grammar(parameters, "schema")),
         "call": call_grammar({"get_weather": parameters}),
     }
     assert llguidance.LLMatcher.validate_grammar(grammars[grammar]) == ""
-    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tokenizer), grammars[grammar], log_level=0)
+    matcher = llguidance.LLMatcher(grammar_tokens, grammars[grammar], log_level=0)
     ids = tokenizer.encode(text, add_special_tokens=False)
     took = all(matcher.consume_token(token) for token in ids) and matcher.is_accepting()
     assert took == takes
