@@ -26,7 +26,7 @@ from inference_api.structured_output import json_lark
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
-CALL, RETURN, CONSTRAIN = "<|call|>", "<|return|>", "<|constrain|>"
+CALL, RETURN = "<|call|>", "<|return|>"
 # What ends a message's text: its end marker, an end token the stop did not take (ignore_eos), or a
 # next message's start the model wrote without ending this one.
 MESSAGE_ENDS = (END, CALL, RETURN, START)

@@ -36,7 +36,7 @@ SEED_MAX = 2**64 - 1
 # TGI's parameters that this server does not build, and the values that ask for nothing.
 NOT_BUILT = {
     "best_of": (None, 1),
-    "typical_p": (None, 1, 1.0),
+    "typical_p": (None, 1),
     "watermark": (None, False),
     "adapter_id": (None,),
 }
