@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from backend.messages import SamplingParams
-from inference_api.structured_output import json_lark
+from inference_api.structured_output import grammar_around, json_lark
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
@@ -98,12 +98,7 @@ def final_answer(grammar: str | None) -> str:
     or None for free text (no call: tool_choice none)."""
     if grammar is None:
         return _named_lark(FINAL_TEXT)
-    parsed = json.loads(grammar)
-    answer = parsed["grammars"][0]
-    answer["name"] = answer.get("name") or "answer"
-    wrapper = {"name": GRAMMAR_NAME, "lark_grammar": FINAL_THEN.replace("ANSWER", answer["name"])}
-    parsed["grammars"] = [wrapper, *parsed["grammars"]]
-    return json.dumps(parsed)
+    return grammar_around(grammar, FINAL_THEN, GRAMMAR_NAME)
 
 
 def call_grammar(functions: dict[str, dict[str, Any]]) -> str:

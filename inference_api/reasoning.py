@@ -14,12 +14,12 @@ its prompt's thinking is HARMONY, and answers.HarmonyReader reads them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import SamplingParams
 from inference_api.harmony import harmony_params, writes_harmony
+from inference_api.structured_output import grammar_around
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -91,12 +91,7 @@ def after_thoughts(grammar: str, opened: bool) -> str:
     thoughts free before it, as vLLM applies structured outputs once the reasoning ends: the rest of an
     opened block, up to its `</think>`, or (`opened` False) a block the model may open first. Without
     it, the answer's first token would be the grammar's, in the thoughts of a prompt that opened them."""
-    parsed = json.loads(grammar)
-    answer = parsed["grammars"][0]
-    answer["name"] = answer.get("name") or "answer"  # what the thoughts' rule hands over to
-    wrapper = (THOUGHTS_THEN if opened else MAYBE_THOUGHTS_THEN).replace("ANSWER", answer["name"])
-    parsed["grammars"] = [{"name": "thoughts_then_answer", "lark_grammar": wrapper}, *parsed["grammars"]]
-    return json.dumps(parsed)
+    return grammar_around(grammar, THOUGHTS_THEN if opened else MAYBE_THOUGHTS_THEN, "thoughts_then_answer")
 
 
 class ReasoningReader:

@@ -106,6 +106,17 @@ def json_lark(schema: dict[str, Any]) -> str:
     return "%json " + json.dumps({**closed_objects(schema), "x-guidance": JSON_LAYOUT}, ensure_ascii=False)
 
 
+def grammar_around(grammar: str, lark: str, name: str) -> str:
+    """`grammar` as a part of a Lark grammar of its own (`name`, the new start), which refers to it as
+    `@ANSWER`: a grammar that constrains an answer, after text the outer grammar allows before it."""
+    parsed = json.loads(grammar)
+    answer = parsed["grammars"][0]
+    answer["name"] = answer.get("name") or "answer"  # what the outer grammar hands over to
+    outer = {"name": name, "lark_grammar": lark.replace("ANSWER", answer["name"])}
+    parsed["grammars"] = [outer, *parsed["grammars"]]
+    return json.dumps(parsed)
+
+
 def lark_grammar(lark: str, param: str) -> str:
     """A Lark grammar, if llguidance can enforce it; else a 400 naming `param`."""
     return _checked(llguidance.LLMatcher.grammar_from_lark(lark), param)

@@ -81,8 +81,9 @@ def parse_generate_request(data: dict[str, Any], serving: Serving, stream: bool 
             ),
             frequency_penalty=read_number(parameters, "frequency_penalty", 0.0, -2.0, 2.0),
             grammar=_grammar(parameters.get("grammar")),
-            # Every token's id and logprob: TGI gives them with each streamed token.
-            logprobs=top_n_tokens,
+            # Each token's id and logprob, which TGI gives with each streamed token and in the details
+            # (a whole answer without details is its text: nothing more to compute at each step).
+            logprobs=top_n_tokens if stream or details else None,
             prompt_logprobs=0 if decoder_input_details else None,
         )
     prompt_ids = serving.tokenizer.encode(inputs)
