@@ -19,6 +19,7 @@ InvalidPart = Literal["prompt_ids", "grammar", "logit_bias", "stop_token_ids"]
 # A busy or idle backend sends a message (a StepOutput, empty if need be) at least this often, so
 # that the frontend can tell a backend that stopped stepping from one with nothing to say.
 HEARTBEAT_SECONDS = 1.0
+SCORE = "score"  # SamplingParams.embedding of a score request: a pair for the --rerank-model
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 MAX_REPETITION_PENALTY = 10.0
@@ -75,8 +76,12 @@ class SamplingParams:
     # regex, choice or Lark grammar) that every generated token must follow (backend/layers/grammar.py)
     grammar: str | None = None
     # An embedding request (backend/model/embeddings.py): the prompt's hidden states pooled ("mean" or
-    # "last") into one unit vector, sent as Piece.embedding; nothing is generated
-    embedding: str | None = None
+    # "last") into one unit vector, sent as Piece.embedding; nothing is generated. "score": the prompt is
+    # a (query, document) pair that the --rerank-model reads, and Piece.embedding is its one relevance score
+    embedding: str | None = None  # a pooling, or SCORE
+    # A score request's: where the pair's second text begins (token type 1 from there on, as the rerank
+    # model's tokenizer marks it); None: the tokenizer gives both texts one token type
+    pair_start: int | None = None
     # Speculative decoding where the server has it on (backend/engine/speculation.py); False: a token a
     # step for this request. Either way the output is the same; only the time it takes changes.
     speculative: bool = True
@@ -147,6 +152,9 @@ class BackendConfig:
     # A separate sentence-embedding model for /v1/embeddings (a directory or hub id that transformers'
     # AutoModel loads); None: the served model's own hidden states
     embedding_model: str | None = None
+    # A cross-encoder for /v1/rerank (a directory or hub id that transformers'
+    # AutoModelForSequenceClassification loads, with one label); None: no reranking
+    rerank_model: str | None = None
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     kv_cache_dtype: str = "auto"  # auto (float32 on a CPU, else dtype's) | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -231,13 +239,15 @@ class BackendReady:
     dtype: str
     vocab_size: int | None = None  # token ids the model's embedding takes; None for the mock
     embedding_model: EmbeddingModelReady | None = None  # None: the served model embeds
+    rerank_model: EmbeddingModelReady | None = None  # None: /v1/rerank is not served
 
 
 @dataclass(frozen=True)
 class EmbeddingModelReady:
-    """The separate sentence-embedding model (`--embedding-model`) that answers /v1/embeddings."""
+    """A separate model beside the served one: the sentence-embedding model (`--embedding-model`) that
+    answers /v1/embeddings, or the cross-encoder (`--rerank-model`) that answers /v1/rerank."""
 
-    name: str  # what an embeddings request's `model` names
+    name: str  # what its requests' `model` names
     tokenizer_path: str  # a directory with its tokenizer.json, as BackendReady.tokenizer_path
     max_tokens: int  # the most tokens an input may have (its max_position_embeddings)
     vocab_size: int  # token ids its embedding takes

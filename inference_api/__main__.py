@@ -222,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="/v1/embeddings from this sentence-embedding model (a directory or hub id that "
         "transformers' AutoModel loads, a BERT-like encoder say) instead of the served model",
     )
+    parser.add_argument(
+        "--rerank-model",
+        help="/v1/rerank from this cross-encoder (a directory or hub id that transformers' "
+        "AutoModelForSequenceClassification loads with one label, a BGE or MS MARCO reranker say)",
+    )
     parser.add_argument("--mock-tokens-per-second", type=positive_float, default=50.0)
     parser.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument(
@@ -238,13 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     args = build_parser().parse_args(argv)
-    model, embedding_model, draft_model = (
+    model, embedding_model, rerank_model, draft_model = (
         os.path.abspath(path) if path and os.path.exists(path) else path  # gunicorn may run elsewhere
-        for path in (args.model, args.embedding_model, args.draft_model)
+        for path in (args.model, args.embedding_model, args.rerank_model, args.draft_model)
     )
     backend = BackendConfig(
         model=model,
         embedding_model=embedding_model,
+        rerank_model=rerank_model,
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
         device=args.device,

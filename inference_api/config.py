@@ -48,6 +48,7 @@ class ServerConfig:
         backend = BackendConfig(
             model=env.get("INFERENCE_MODEL") or None,
             embedding_model=env.get("INFERENCE_EMBEDDING_MODEL") or None,
+            rerank_model=env.get("INFERENCE_RERANK_MODEL") or None,
             dtype=env.get("INFERENCE_DTYPE", "auto"),
             kv_cache_dtype=env.get("INFERENCE_KV_CACHE_DTYPE", "auto"),
             device=env.get("INFERENCE_DEVICE", "auto"),
@@ -94,6 +95,7 @@ class ServerConfig:
         return {
             "INFERENCE_MODEL": b.model or "",
             "INFERENCE_EMBEDDING_MODEL": b.embedding_model or "",
+            "INFERENCE_RERANK_MODEL": b.rerank_model or "",
             "INFERENCE_DTYPE": b.dtype,
             "INFERENCE_KV_CACHE_DTYPE": b.kv_cache_dtype,
             "INFERENCE_DEVICE": b.device,

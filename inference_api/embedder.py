@@ -46,8 +46,13 @@ def embed(inputs: list[list[int]], fields: ApiFields) -> list[tuple[float, ...]]
     """The vector of each input, in order (503 past the queue; 400 naming `fields.prompt_ids` for an
     input the backend refuses)."""
     params = SamplingParams(max_tokens=0, embedding=current_app.config["SERVER"].embedding_pooling)
-    choices, pieces = start_choices([(ids, params) for ids in inputs], fields=fields)
-    vectors: list[tuple[float, ...]] = [()] * len(inputs)
+    return pooled([(ids, params) for ids in inputs], fields)
+
+
+def pooled(requests: list[tuple[list[int], SamplingParams]], fields: ApiFields) -> list[tuple[float, ...]]:
+    """What the backend gives back for each embedding (or score) request, in order: its Piece.embedding."""
+    choices, pieces = start_choices(requests, fields=fields)
+    vectors: list[tuple[float, ...]] = [()] * len(requests)
     try:
         for index, piece in pieces:
             if piece.finish_reason == "error":

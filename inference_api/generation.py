@@ -82,33 +82,48 @@ def serving_now() -> Serving:
     return serving
 
 
+GENERATE, EMBEDDINGS, RERANK = "generate", "/v1/embeddings", "/v1/rerank"  # what a model answers
+
+
+def models_for(serving: Serving, endpoint: str) -> tuple[str, ...]:
+    """The names requests at `endpoint` may call a model by: the served model's at the generating
+    endpoints, the --embedding-model's (else the served model's) at /v1/embeddings, the --rerank-model's
+    at /v1/rerank."""
+    if endpoint == EMBEDDINGS:
+        return serving.embedding_names
+    return serving.rerank_names if endpoint == RERANK else serving.served_names
+
+
 def check_model(
     data: dict[str, Any],
     serving: Serving,
     name: str = "model",
     required: bool = True,
-    embeddings: bool = False,
+    endpoint: str = GENERATE,
 ) -> None:
-    """The request's `name` field must name the served model (`embeddings`: the model /v1/embeddings
-    answers with, the --embedding-model where there is one): 400 if it is missing, 404 if another."""
+    """The request's `name` field must name a model that answers at `endpoint` (models_for): 400 if it
+    is missing, 404 if another."""
     model = data.get(name)
     if model is None and not required:
         return
     if not isinstance(model, str) or not model:
         raise ApiError(400, f"{name} is required: a string naming the served model", param=name)
-    if model not in (serving.embedding_names if embeddings else serving.served_names):
-        raise ApiError(404, unknown_model(model, serving, embeddings), param=name, code="model_not_found")
+    if model not in models_for(serving, endpoint):
+        raise ApiError(404, unknown_model(model, serving, endpoint), param=name, code="model_not_found")
 
 
-def unknown_model(model: str, serving: Serving, embeddings: bool) -> str:
-    """Why `model` is refused: it is the server's other model (with --embedding-model, the embedding
-    model at a generating endpoint or the generating model at /v1/embeddings), or no model here."""
-    embedding = serving.backend.embedding_model
-    if embedding is not None and not embeddings and model == embedding.name:
-        return f"The model {model!r} serves /v1/embeddings only; this endpoint serves {served_names(serving)}"
-    if embedding is not None and embeddings and serving.serves(model):
-        return f"The model {model!r} does not serve embeddings; /v1/embeddings serves {embedding.name!r}"
-    also = f", and {embedding.name!r} for /v1/embeddings" if embedding is not None else ""
+def unknown_model(model: str, serving: Serving, endpoint: str = GENERATE) -> str:
+    """Why `model` is refused: it is one of the server's other models (the embedding model at a
+    generating endpoint, the generating model at /v1/embeddings, ...), or no model here."""
+    here = " or ".join(repr(name) for name in models_for(serving, endpoint))
+    where = "this endpoint" if endpoint == GENERATE else endpoint
+    if serving.serves(model):
+        return f"The model {model!r} does not serve {endpoint}; {where} serves {here}"
+    for other in (EMBEDDINGS, RERANK):
+        if model in models_for(serving, other):
+            return f"The model {model!r} serves {other} only; {where} serves {here}"
+    separate = ((serving.backend.embedding_model, EMBEDDINGS), (serving.backend.rerank_model, RERANK))
+    also = "".join(f", and {one.name!r} for {other}" for one, other in separate if one is not None)
     return f"The model {model!r} does not exist; this server serves {served_names(serving)}{also}"
 
 

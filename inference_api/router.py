@@ -32,7 +32,7 @@ from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.metrics import Metrics
 from inference_api.reasoning import HARMONY, THINK_BLOCKS, prompt_end, reasoning_format
 from inference_api.request_stream import RequestStream
-from inference_api.tokenizer import PromptTokenizer, load_tokenizer
+from inference_api.tokenizer import ModelTokenizer, PromptTokenizer, load_tokenizer
 from inference_api.tool_calls import tool_parser
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,8 @@ class Serving:
     names: tuple[str, ...] = ()  # --served-model-name; () serves the model under the backend's name
     # The --embedding-model's own tokenizer (BackendReady.embedding_model); None: the served model embeds
     embedding_tokenizer: PromptTokenizer | None = None
+    # The --rerank-model's own tokenizer (BackendReady.rerank_model), which joins a query and a document
+    rerank_tokenizer: ModelTokenizer | None = None
     # How chat answers' thoughts are read apart (reasoning.reasoning_format): THINK_BLOCKS, HARMONY, None
     reasoning_format: str | None = None
 
@@ -93,14 +95,29 @@ class Serving:
         embedding = self.backend.embedding_model
         return (embedding.name,) if embedding is not None else self.served_names
 
+    @property
+    def rerank_names(self) -> tuple[str, ...]:
+        """The names /v1/rerank answers to: the --rerank-model's; () where there is none."""
+        rerank = self.backend.rerank_model
+        return (rerank.name,) if rerank is not None else ()
+
     def name_clash(self) -> str | None:
-        """Why these names cannot be served apart (an alias that is also the embedding model's name)."""
-        embedding = self.backend.embedding_model
-        if embedding is not None and embedding.name in self.served_names:
-            return (
-                f"the name {embedding.name!r} is both a --served-model-name and the --embedding-model's: "
-                "requests naming it could not tell the two models apart"
-            )
+        """Why these names cannot be served apart (an alias that is also the embedding or rerank model's
+        name, or those two of one name)."""
+        names = [(name, "a --served-model-name") for name in self.served_names]
+        for model, option in (
+            (self.backend.embedding_model, "--embedding-model"),
+            (self.backend.rerank_model, "--rerank-model"),
+        ):
+            if model is None:
+                continue
+            taken = next((what for name, what in names if name == model.name), None)
+            if taken is not None:
+                return (
+                    f"the name {model.name!r} is both {taken} and the {option}'s: "
+                    "requests naming it could not tell the two models apart"
+                )
+            names.append((model.name, f"the {option}'s"))
         return None
 
     @property
@@ -297,7 +314,7 @@ class Router:
 
     def _become_ready(self, backend: BackendProcess) -> None:
         ready = backend.wait_ready()
-        embedding = ready.embedding_model
+        embedding, rerank = ready.embedding_model, ready.rerank_model
         tokenizer = load_tokenizer(ready.tokenizer_path)
         chat_template = load_chat_template(ready.tokenizer_path, self.chat_template)
         serving = Serving(
@@ -306,6 +323,7 @@ class Router:
             chat_template,
             self.served_model_names,
             embedding_tokenizer=None if embedding is None else load_tokenizer(embedding.tokenizer_path),
+            rerank_tokenizer=None if rerank is None else ModelTokenizer(rerank.tokenizer_path),
             reasoning_format=reasoning_format(self.reasoning_parser, tokenizer, chat_template.source),
         )
         if (clash := serving.name_clash()) is not None:

@@ -88,6 +88,12 @@ class ModelTokenizer:
         # chat template already holds its special tokens (as in apply_chat_template).
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], int | None]:
+        """Two texts joined as `tokenizer(first, second)` joins them (a cross-encoder's query and document),
+        and where the second's token type 1 begins (None where the tokenizer gives both one type)."""
+        encoding = self._tokenizer.encode(first, second)
+        return encoding.ids, encoding.type_ids.index(1) if 1 in encoding.type_ids else None
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 

@@ -45,9 +45,9 @@ from backend.layers.logprobs import token_logprobs
 from backend.layers.row_states import has_row_states, is_state_space
 from backend.layers.sampler import NOT_FINITE, SamplingBatch, sample
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS
-from backend.messages import BackendConfig, InvalidPart, Piece, SamplingParams, Submit, TokenLogprob
+from backend.messages import SCORE, BackendConfig, InvalidPart, Piece, SamplingParams, Submit, TokenLogprob
 from backend.model.cache_size import DEFAULT_MAX_SEQ_LEN, context_length
-from backend.model.embeddings import EmbeddingJob, EmbeddingModel, embed
+from backend.model.embeddings import EmbeddingJob, EmbeddingModel, embed, score
 from backend.model.mamba import MambaRunner
 from backend.model.model_runner import ModelRunner
 from backend.model.step_inputs import StepInputs
@@ -108,9 +108,11 @@ class Engine:
         speculative_tokens: int | None = None,
         prompt_lookup: tuple[int, int] = (2, 4),
         draft_model: PreTrainedModel | None = None,
+        rerank_model: EmbeddingModel | None = None,
     ):
-        if embedding_model is not None and embedding_model.name == name:
-            raise ValueError(f"the embedding model and the served model are both named {name!r}")
+        names = [name] + [model.name for model in (embedding_model, rerank_model) if model is not None]
+        if len(set(names)) < len(names):
+            raise ValueError(f"two of the server's models have one name: {', '.join(map(repr, names))}")
         self.name = name
         self.tokenizer_path: str | None = None  # set when loaded from a BackendConfig
         reuse_freed_memory()  # big per-step temporaries without a page fault per 4 KiB
@@ -153,6 +155,7 @@ class Engine:
         self.matchers: dict[str, LLMatcher] = {}  # the grammar matcher of each waiting request with one
         self.embedding_waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.embedding_model = embedding_model  # None: embedding requests pool the served model's states
+        self.rerank_model = rerank_model  # None: score requests are refused
         self.embedding_job: tuple[Submit, EmbeddingJob] | None = None  # an input embedded a chunk a step
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
@@ -163,13 +166,14 @@ class Engine:
     @classmethod
     def load(cls, config: BackendConfig) -> Engine:
         """Load the configured model (checking resources first) and warm it up."""
-        from backend.model.loader import load_draft_model, load_embedding_model, load_model
+        from backend.model.loader import load_draft_model, load_embedding_model, load_model, load_rerank_model
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         loaded = load_model(config)
         draft = load_draft_model(config, loaded) if config.draft_model else None
         embedding_model = load_embedding_model(config) if config.embedding_model else None
+        rerank_model = load_rerank_model(config) if config.rerank_model else None
         engine = cls(
             loaded.model,
             loaded.tokenizer,
@@ -185,6 +189,7 @@ class Engine:
             config.speculative_tokens,
             (config.prompt_lookup_min, config.prompt_lookup_max),
             draft.model if draft else None,
+            rerank_model,
         )
         engine.tokenizer_path = loaded.tokenizer_path
         engine.warm_up()
@@ -243,15 +248,18 @@ class Engine:
 
     def submit(self, request: Submit) -> None:
         prompt_tokens = len(request.prompt_ids)
-        # A separate embedding model takes its own token ids, up to its own length.
-        separate = self.embedding_model if request.params.embedding is not None else None
+        # A separate embedding or rerank model takes its own token ids, up to its own length.
+        separate = self._separate_model(request.params)
         vocab_size = separate.vocab_size if separate else self.vocab_size
         params = request.params
         if prompt_tokens == 0:
             self._reject(request, "the prompt is empty", "prompt_ids")
+        elif params.embedding == SCORE and separate is None:
+            self._reject(request, "this server has no rerank model (--rerank-model)", "prompt_ids")
         elif separate is not None and prompt_tokens > separate.max_tokens:
             limit = separate.max_tokens
-            message = f"the input has {prompt_tokens} tokens; the embedding model takes {limit}"
+            kind = "rerank" if params.embedding == SCORE else "embedding"
+            message = f"the input has {prompt_tokens} tokens; the {kind} model takes {limit}"
             self._reject(request, message, "prompt_ids")
         elif separate is None and prompt_tokens >= self.max_seq_len:
             # Not even equal: a row's last position is never filled (Row.position).
@@ -276,6 +284,13 @@ class Engine:
             self.embedding_waiting[request.request_id] = request
         else:
             self._wait(request)
+
+    def _separate_model(self, params: SamplingParams) -> EmbeddingModel | None:
+        """The model beside the served one that answers this request: the rerank model a score request's,
+        the embedding model (where there is one) an embedding request's; None: the served model."""
+        if params.embedding == SCORE:
+            return self.rerank_model
+        return self.embedding_model if params.embedding is not None else None
 
     def _wait(self, request: Submit) -> None:
         """Queue a request for a row, its grammar compiled now: a grammar the matcher refuses is
@@ -405,7 +420,8 @@ class Engine:
         if self.runner.embedding_row is None:
             return None
         if self.embedding_job is None and decoding_rows:
-            request = next(iter(self.embedding_waiting.values()), None)
+            waiting = self.embedding_waiting.values()
+            request = next((r for r in waiting if self._separate_model(r.params) is None), None)
             if request is not None:
                 job = EmbeddingJob(request.prompt_ids, request.params.embedding, self.runner.embedding_row)
                 self.embedding_job = (request, job)
@@ -509,32 +525,36 @@ class Engine:
     def _embed(self, decoding_rows: int, prompt_tokens: int) -> list[Piece]:
         """The step's embedding work outside its forward pass: with no row decoding, nobody waits, and
         the waiting inputs go whole, up to a whole row's worth; while rows decode, a separate embedding
-        model's within what the prefill budget leaves after the step's prompt chunks
+        or rerank model's within what the prefill budget leaves after the step's prompt chunks
         (prefill_budget.embedding_tokens), timed for the next steps' budgets (the served model's go
         into the step's own pass instead, `_embedding_job`)."""
         if not decoding_rows:
             return self._embed_waiting(max(self.prefill_budget.ceiling, self.max_seq_len))[0]
-        if self.embedding_model is None:
+        waiting = self.embedding_waiting.values()
+        if not any(self._separate_model(request.params) for request in waiting):
             return []
         started = time.perf_counter()
         pieces, tokens = self._embed_waiting(
-            self.prefill_budget.embedding_tokens(decoding_rows, prompt_tokens)
+            self.prefill_budget.embedding_tokens(decoding_rows, prompt_tokens), separate_only=True
         )
         self.prefill_budget.observe_embedding(time.perf_counter() - started, tokens)
         return pieces
 
-    def _embed_waiting(self, budget: int) -> tuple[list[Piece], int]:
-        """Embed waiting embedding inputs whole, oldest first, within `budget` tokens, in one batch a
-        pooling (a separate embedding model's first input even over the budget, alone: an encoder
-        embeds an input whole); not the one being embedded a chunk a step. A batch that fails ends its
-        requests with an error. Returns the pieces and the tokens embedded."""
+    def _embed_waiting(self, budget: int, separate_only: bool = False) -> tuple[list[Piece], int]:
+        """Embed (or score) waiting inputs whole, oldest first, within `budget` tokens, in one batch a
+        pooling (a separate model's first input even over the budget, alone: an encoder reads an input
+        whole); not the one being embedded a chunk a step, nor with `separate_only` the served model's.
+        A batch that fails ends its requests with an error. Returns the pieces and the tokens embedded."""
         pieces: list[Piece] = []
         batch, tokens = [], 0
         for request in list(self.embedding_waiting.values()):
+            separate = self._separate_model(request.params)
             if self.embedding_job is not None and request is self.embedding_job[0]:
                 continue
+            if separate_only and separate is None:
+                continue
             size = len(request.prompt_ids)
-            whole_alone = not batch and self.embedding_model is not None and budget > 0  # an encoder's
+            whole_alone = not batch and separate is not None and budget > 0  # an encoder's
             if tokens + size > budget and not whole_alone:
                 break
             batch.append(self.embedding_waiting.pop(request.request_id))
@@ -542,8 +562,7 @@ class Engine:
         for pooling in sorted({request.params.embedding for request in batch}):
             group = [request for request in batch if request.params.embedding == pooling]
             try:
-                model = self.embedding_model.model if self.embedding_model else self.model
-                vectors = embed(model, [request.prompt_ids for request in group], pooling).tolist()
+                vectors = self._pooled(group, pooling)
             except Exception as error:
                 log.exception("embedding %d prompts failed", len(group))
                 pieces += [embedding_failed(request, error) for request in group]
@@ -553,6 +572,14 @@ class Engine:
                 for request, vector in zip(group, vectors, strict=True)
             ]
         return pieces, tokens
+
+    def _pooled(self, group: list[Submit], pooling: str) -> list[list[float]]:
+        """Each request's vector: its pooled states, or (SCORE) its pair's one relevance score."""
+        if pooling == SCORE:
+            pairs = [(request.prompt_ids, request.params.pair_start) for request in group]
+            return score(self.rerank_model.model, pairs)[:, None].tolist()
+        model = self.embedding_model.model if self.embedding_model else self.model
+        return embed(model, [request.prompt_ids for request in group], pooling).tolist()
 
     def fail_all(self, message: str) -> list[Piece]:
         """A step raised past `_step_rows` (admission, not a row's forward pass): end every request in

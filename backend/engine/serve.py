@@ -21,6 +21,7 @@ from backend.messages import (
     StepOutput,
     Submit,
 )
+from backend.model.embeddings import EmbeddingModel
 from backend.model.loader import ModelNotFound
 from backend.model.resources import InsufficientResources
 
@@ -29,7 +30,6 @@ log = logging.getLogger(__name__)
 
 def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
     engine = Engine.load(config)
-    embedding = engine.embedding_model
     ready = BackendReady(
         model_name=engine.name,
         rows=config.rows,
@@ -38,13 +38,17 @@ def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
         device=str(engine.device),
         dtype=str(engine.dtype).removeprefix("torch."),
         vocab_size=engine.vocab_size,
-        embedding_model=None
-        if embedding is None
-        else EmbeddingModelReady(
-            embedding.name, embedding.tokenizer_path, embedding.max_tokens, embedding.vocab_size
-        ),
+        embedding_model=separate_model_ready(engine.embedding_model),
+        rerank_model=separate_model_ready(engine.rerank_model),
     )
     return engine, ready
+
+
+def separate_model_ready(model: EmbeddingModel | None) -> EmbeddingModelReady | None:
+    """What the frontend needs of a model beside the served one: its name, tokenizer and bounds."""
+    if model is None:
+        return None
+    return EmbeddingModelReady(model.name, model.tokenizer_path, model.max_tokens, model.vocab_size)
 
 
 def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Connection) -> None:

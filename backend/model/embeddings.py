@@ -13,6 +13,11 @@ decoding nobody waits: the inputs that wait go whole in one padded forward pass 
 With `--embedding-model` the vectors come from a separate model instead (a sentence-embedding
 model, often a BERT-like encoder): whatever transformers' AutoModel loads whose output has
 last_hidden_state, pooled the same way; the frontend tokenizes its inputs with its own tokenizer.
+
+With `--rerank-model` a cross-encoder scores (query, document) pairs for /v1/rerank: transformers'
+AutoModelForSequenceClassification with one label (BERT- and XLM-RoBERTa-like rerankers), each pair read
+whole as its tokenizer joins the two texts, its logit's sigmoid the relevance score (as vLLM and Text
+Embeddings Inference give it). Its requests are embedding requests whose pooling is messages.SCORE.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ DEFAULT_MAX_TOKENS = 512  # for a model whose config names no max_position_embed
 
 @dataclass(frozen=True)
 class EmbeddingModel:
-    """A separate model that answers embedding requests in place of the served one."""
+    """A separate model that answers embedding requests in place of the served one, or scores pairs."""
 
     name: str  # what an embeddings request's `model` names
     model: PreTrainedModel
@@ -55,17 +60,39 @@ def embed(model: PreTrainedModel, prompts: list[tuple[int, ...]], pooling: str) 
 
     `model` is a causal LM (its base, without the head, runs) or a base model itself (an AutoModel
     such as BertModel, which is its own base_model)."""
-    lengths = torch.tensor([len(prompt) for prompt in prompts], device=model.device)
-    input_ids = torch.zeros((len(prompts), int(lengths.max())), dtype=torch.long, device=model.device)
-    for i, prompt in enumerate(prompts):
-        input_ids[i, : len(prompt)] = torch.tensor(prompt, device=model.device)
-    mask = torch.arange(input_ids.shape[1], device=model.device) < lengths[:, None]  # right padding
+    input_ids, mask = padded(prompts, model.device)
+    lengths = mask.sum(dim=1)
     hidden = model.base_model(input_ids=input_ids, attention_mask=mask.long()).last_hidden_state.float()
     if pooling == "last":
         pooled = hidden[torch.arange(len(prompts), device=model.device), lengths - 1]
     else:
         pooled = (hidden * mask[..., None]).sum(dim=1) / lengths[:, None]
     return torch.nn.functional.normalize(pooled, dim=-1)
+
+
+def score(model: PreTrainedModel, pairs: list[tuple[tuple[int, ...], int | None]]) -> torch.Tensor:
+    """[pairs] relevance scores from 0 to 1, float32: each (query, document) pair's one logit from a
+    sequence-classification model, through a sigmoid. A pair is its token ids and where its second text
+    begins (token type 1 from there; None: one type throughout, as XLM-RoBERTa's tokenizer has it)."""
+    prompts = [prompt for prompt, _ in pairs]
+    input_ids, mask = padded(prompts, model.device)
+    types = torch.zeros_like(input_ids)
+    for i, (prompt, start) in enumerate(pairs):
+        if start is not None:
+            types[i, start : len(prompt)] = 1
+    inputs = {"input_ids": input_ids, "attention_mask": mask.long()}
+    if any(start is not None for _, start in pairs):
+        inputs["token_type_ids"] = types
+    return torch.sigmoid(model(**inputs).logits[:, 0].float())
+
+
+def padded(prompts: list[tuple[int, ...]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts' ids right-padded into one [prompts, longest] batch, and the mask of real tokens."""
+    lengths = torch.tensor([len(prompt) for prompt in prompts], device=device)
+    input_ids = torch.zeros((len(prompts), int(lengths.max())), dtype=torch.long, device=device)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, : len(prompt)] = torch.tensor(prompt, device=device)
+    return input_ids, torch.arange(input_ids.shape[1], device=device) < lengths[:, None]
 
 
 class EmbeddingJob:

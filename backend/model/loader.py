@@ -36,6 +36,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedModel,
@@ -50,7 +51,7 @@ from backend.messages import BackendConfig
 from backend.model.architectures import UnsupportedModel, check_own_code, check_supported
 from backend.model.cache_size import context_length, size_kv_cache, size_row_states
 from backend.model.decoder_runner import DecoderRunner
-from backend.model.embeddings import EmbeddingModel, embed
+from backend.model.embeddings import EmbeddingModel, embed, score
 from backend.model.gguf_parsing import each_gguf_file_parsed_once
 from backend.model.resources import check_resources
 from backend.quant import compressed_checkpoint, group_wise
@@ -431,28 +432,55 @@ def load_embedding_model(config: BackendConfig) -> EmbeddingModel:
     """The separate sentence-embedding model (`--embedding-model`), on the served model's device: whatever
     transformers' AutoModel loads (an encoder such as BERT, or a decoder's base), in float32 on a CPU
     (where its vectors are compared with transformers' own), else in the served model's dtype."""
-    source = resolve_model(config.embedding_model)
+    loaded = load_separate_model(config, config.embedding_model, "--embedding-model", AutoModel)
+    try:  # refused at start-up, not at every request; and the first request pays no first-call costs
+        with torch.inference_mode():
+            embed(loaded.model, [(0,)], "mean")
+    except Exception as error:
+        raise ValueError(
+            f"--embedding-model {loaded.name}: its {type(loaded.model).__name__} cannot embed "
+            f"(it needs input_ids and attention_mask alone, and last_hidden_state out): {error}"
+        ) from None
+    return loaded
+
+
+def load_rerank_model(config: BackendConfig) -> EmbeddingModel:
+    """The cross-encoder (`--rerank-model`) that scores /v1/rerank's pairs, loaded as the embedding model
+    is: what AutoModelForSequenceClassification loads, with one label (a relevance logit); a classifier
+    of several labels is refused, since its logits are no one relevance score."""
+    loaded = load_separate_model(
+        config, config.rerank_model, "--rerank-model", AutoModelForSequenceClassification
+    )
+    labels = loaded.model.config.num_labels
+    if labels != 1:
+        raise ValueError(
+            f"--rerank-model {loaded.name}: its head has {labels} labels; a reranker (a cross-encoder) "
+            "has one, the pair's relevance logit"
+        )
+    with torch.inference_mode():  # the first request pays no first-call costs
+        score(loaded.model, [((0, 0), 1)])
+    return loaded
+
+
+def load_separate_model(
+    config: BackendConfig, location: str | None, option: str, model_class: type
+) -> EmbeddingModel:
+    """A model beside the served one (`option` names it), on the served model's device, with the
+    tokenizer directory the frontend reads its inputs with and the most tokens an input may have."""
+    source = resolve_model(location)
     if source.is_gguf:
-        raise ValueError("--embedding-model takes a transformers model directory or hub id, not a GGUF file")
+        raise ValueError(f"{option} takes a transformers model directory or hub id, not a GGUF file")
     device = pick_device(config.device)
     dtype = torch.float32 if device.type == "cpu" else pick_dtype(config.dtype, device)
     token = None if Path(source.location).is_dir() else hub_token()
-    log.info("loading the embedding model %s (%s on %s)", source.name, dtype, device)
+    log.info("loading the %s model %s (%s on %s)", option.removeprefix("--"), source.name, dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(source.location, token=token)
-    model = AutoModel.from_pretrained(source.location, token=token, dtype=dtype).to(device)
+    model = model_class.from_pretrained(source.location, token=token, dtype=dtype).to(device)
     has_fast_tokenizer = Path(source.location, "tokenizer.json").is_file()
     root = cache_root(config)
     tokenizer_path = source.location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
     # transformers' stand-in for "no limit" is a huge integer
     limit = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else None
-    try:  # refused at start-up, not at every request; and the first request pays no first-call costs
-        with torch.inference_mode():
-            embed(model, [(0,)], "mean")
-    except Exception as error:
-        raise ValueError(
-            f"--embedding-model {source.name}: its {type(model).__name__} cannot embed "
-            f"(it needs input_ids and attention_mask alone, and last_hidden_state out): {error}"
-        ) from None
     return EmbeddingModel.of(source.name, model, tokenizer_path, limit)
 
 

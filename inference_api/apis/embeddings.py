@@ -20,7 +20,7 @@ from flask import Blueprint, Response, jsonify
 
 from backend.messages import InvalidParams
 from inference_api.embedder import embed, embedding_ids
-from inference_api.generation import ApiFields, check_model, read_request
+from inference_api.generation import EMBEDDINGS, ApiFields, check_model, read_request
 from inference_api.prompts import prompt_list
 
 bp = Blueprint("embeddings_api", __name__, url_prefix="/v1")
@@ -31,7 +31,7 @@ FIELDS = ApiFields(prompt_ids="input", count="input")
 @bp.post("/embeddings")
 def embeddings() -> Response:
     data, serving = read_request(model_field=None)
-    check_model(data, serving, embeddings=True)
+    check_model(data, serving, endpoint=EMBEDDINGS)
     inputs = embedding_ids(prompt_list(data.get("input"), "input"), serving, "input")
     encoding = data.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):

@@ -11,6 +11,7 @@ from transformers import (
     CONFIG_MAPPING,
     AutoModelForCausalLM,
     BertConfig,
+    BertForSequenceClassification,
     BertModel,
     BertTokenizerFast,
     FalconConfig,
@@ -245,9 +246,11 @@ TINY_BERT_WORDS = ("the", "cat", "sat", "on", "mat", "stock", "markets", "fell",
 TINY_BERT_POSITIONS = 64
 
 
-def write_tiny_bert(directory: Path) -> Path:
+def write_tiny_bert(directory: Path, reranker: bool = False) -> Path:
     """A sentence-embedding model directory, built offline: a two-layer random BertModel (64 positions)
-    and a WordPiece tokenizer of a few words, letters and their `##` pieces, saved as transformers does."""
+    and a WordPiece tokenizer of a few words, letters and their `##` pieces, saved as transformers does.
+    `reranker`: a cross-encoder instead, BertForSequenceClassification with one label, whose tokenizer
+    joins a pair as BERT's does ([CLS] query [SEP] document [SEP], the document's tokens of type 1)."""
     letters = "abcdefghijklmnopqrstuvwxyz"
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *TINY_BERT_WORDS, *letters, *".,!?"]
     vocab = {token: i for i, token in enumerate(dict.fromkeys(tokens + [f"##{c}" for c in letters]))}
@@ -269,7 +272,13 @@ def write_tiny_bert(directory: Path) -> Path:
         intermediate_size=64,
         max_position_embeddings=TINY_BERT_POSITIONS,
     )
-    BertModel(config).save_pretrained(directory)
+    if reranker:
+        # BERT's initial weights (std 0.02) give every pair about the same logit: wider ones tell them apart.
+        config.num_labels, config.initializer_range = 1, 0.5
+        model = BertForSequenceClassification(config)
+    else:
+        model = BertModel(config)
+    model.save_pretrained(directory)
     BertTokenizerFast(tokenizer_object=tokenizer).save_pretrained(directory)
     return directory
 

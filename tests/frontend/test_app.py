@@ -95,11 +95,18 @@ def test_once_ready_what_the_worker_loaded_is_out_of_the_cycle_collectors_sight(
 def test_config_travels_through_the_environment() -> None:
     options = "--mock --rows 3 --max-queue 0 --port 9001 --max-seq-len 512 --dtype float32 --restart-delay 2"
     options += " --torch-threads 1 --kv-cache-dtype bfloat16 --embedding-pooling last"
-    options += " --embedding-model org/embedder"
+    options += " --embedding-model org/embedder --rerank-model org/reranker"
     config = parse_args(options.split())
-    assert config.backend.embedding_model == "org/embedder"
+    assert config.backend.embedding_model == "org/embedder" and config.backend.rerank_model == "org/reranker"
     assert ServerConfig.from_env(config.to_env()) == config
     assert config.backend.torch_threads == 1
     assert config.backend.kv_cache_dtype == "bfloat16" and config.embedding_pooling == "last"
     assert config.threads == 3 + 0 + 8
     assert ServerConfig.from_env({}).backend.rows == 32
+
+
+def test_a_server_without_a_rerank_model_answers_rerank_with_a_404_naming_the_option(app: Flask) -> None:
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        response = app.test_client().post(path, json={"query": "a", "documents": ["b"]})
+        assert response.status_code == 404
+        assert "--rerank-model" in response.get_json()["error"]["message"]

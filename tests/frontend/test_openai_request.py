@@ -67,7 +67,7 @@ def test_echo_with_max_tokens_0_returns_the_prompt_and_scores_it_only_with_logpr
     assert failure.value.param == "max_tokens"
 
 
-def test_an_alias_that_is_the_embedding_models_name_is_refused():
+def test_an_alias_that_is_the_embedding_or_rerank_models_name_is_refused():
     from backend.messages import EmbeddingModelReady
 
     embedder = EmbeddingModelReady("tiny-bert", tokenizer_path="/nowhere", max_tokens=64, vocab_size=100)
@@ -75,6 +75,11 @@ def test_an_alias_that_is_the_embedding_models_name_is_refused():
     clash = Serving(ready, ByteTokenizer(), load_chat_template(None), ("smol", "tiny-bert"))
     assert "'tiny-bert' is both a --served-model-name and the --embedding-model's" in clash.name_clash()
     assert Serving(ready, ByteTokenizer(), load_chat_template(None), ("smol",)).name_clash() is None
+    # The rerank model's name, too, must be its own: neither an alias nor the embedding model's.
+    reranker = EmbeddingModelReady("tiny-bert", tokenizer_path="/nowhere", max_tokens=64, vocab_size=100)
+    both = BackendReady("mock", 2, 64, None, "cpu", "-", embedding_model=embedder, rerank_model=reranker)
+    clash = Serving(both, ByteTokenizer(), load_chat_template(None), ("smol",))
+    assert "'tiny-bert' is both the --embedding-model's and the --rerank-model's" in clash.name_clash()
 
 
 @pytest.mark.parametrize(

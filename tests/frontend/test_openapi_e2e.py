@@ -550,6 +550,9 @@ ERRORS = {
         404,
     ),
     "model-unknown": ("get", "/v1/models/x", {}, 404),
+    "rerank-no-rerank-model": ("post", "/v1/rerank", {"json": {"query": "a", "documents": ["b"]}}, 404),
+    "rerank-at-root-no-rerank-model": ("post", "/rerank", {"json": {"query": "a", "documents": ["b"]}}, 404),
+    "rerank-wrong-method": ("get", "/v2/rerank", {}, 405),
     "llama-openai-chat-unknown-model": (
         "post",
         "/v1/openai/v1/chat/completions",

@@ -36,6 +36,7 @@ from inference_api.apis.llama_stack.request import (
 )
 from inference_api.embedder import embed
 from inference_api.generation import (
+    EMBEDDINGS,
     ApiFields,
     Generation,
     GenerationFailed,
@@ -68,7 +69,7 @@ def chat_completion() -> Response:
 @bp.post("/v1/inference/embeddings")
 def embeddings() -> Response:
     data, serving = read_request(model_field=None)
-    check_model(data, serving, model_field(data), embeddings=True)
+    check_model(data, serving, model_field(data), endpoint=EMBEDDINGS)
     vectors = embed(parse_embeddings(data, serving), EMBEDDING_FIELDS)
     return jsonify(embeddings=[list(vector) for vector in vectors])
 

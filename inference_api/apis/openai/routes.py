@@ -49,7 +49,7 @@ DONE = b"data: [DONE]\n\n"
 @bp.get("/models")
 def models() -> Response:
     """The model once under each served name (vLLM's --served-model-name), the one responses report first,
-    then the --embedding-model, for /v1/embeddings only."""
+    then the --embedding-model, for /v1/embeddings only, and the --rerank-model, for /v1/rerank only."""
     return jsonify(object="list", data=_models(serving_now()))
 
 
@@ -60,7 +60,7 @@ def retrieve_model(model: str) -> Response:
     for entry in _models(serving):
         if entry["id"] == model:
             return jsonify(entry)
-    message = unknown_model(model, serving, embeddings=False)
+    message = unknown_model(model, serving)
     raise ApiError(404, message, param="model", code="model_not_found")
 
 
@@ -70,12 +70,16 @@ def _models(serving: Serving) -> list[dict[str, Any]]:
     embedding = backend.embedding_model
     if embedding is not None:  # max_model_len: an input's tokens
         models.append(_model(embedding.name, embedding.name, embedding.max_tokens, "embedding"))
+    rerank = backend.rerank_model
+    if rerank is not None:  # max_model_len: a query's and a document's tokens together
+        models.append(_model(rerank.name, rerank.name, rerank.max_tokens, "rerank"))
     return models
 
 
 def _model(name: str, root: str, max_model_len: int, model_type: str) -> dict[str, Any]:
     """OpenAI's model object (with vLLM's root and max_model_len), and what Llama Stack's client reads
-    of one: an identifier, its type (an llm or an embedding model), the provider and its name for it."""
+    of one: an identifier, its type (an llm, an embedding or a rerank model), the provider and its name
+    for it."""
     return {
         "id": name,
         "object": "model",

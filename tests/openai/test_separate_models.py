@@ -1,8 +1,10 @@
-"""`--embedding-model`: /v1/embeddings from a separate sentence-embedding model, with the official
-openai client, on one server of two tiny random models (a Llama that generates, a BERT that embeds)."""
+"""`--embedding-model` and `--rerank-model`: /v1/embeddings from a separate sentence-embedding model, with
+the official openai client, and /v1/rerank from a cross-encoder, on one server of three tiny random models
+(a Llama that generates, a BERT that embeds, a BERT that scores pairs)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,15 +12,20 @@ import openai
 import pytest
 import requests
 import torch
-from transformers import AutoModel, AutoTokenizer
+from jsonschema import Draft202012Validator
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
 from backend.messages import BackendConfig
 from backend.model.loader import load_model
 from tests.backend.models import TINY_BERT_POSITIONS, tiny_model, write_tiny_bert
+from tests.conftest import ROOT
 from tests.server_fixture import RunningServer, running_server
 
 CHAT_MODEL = "tiny-llama"
 EMBEDDING_MODEL = "tiny-bert"
+RERANK_MODEL = "tiny-reranker"
+QUERY = "where did the cat sit?"
+DOCUMENTS = ["Stock markets fell sharply today!", "The cat sat on the mat.", "a cat", "mat"]
 TEXTS = ["The cat sat on the mat.", "Stock markets fell sharply today!", "a cat"]
 
 
@@ -33,12 +40,14 @@ def models(tmp_path_factory) -> Path:
     )
     tokenizer.save_pretrained(root / CHAT_MODEL)
     write_tiny_bert(root / EMBEDDING_MODEL)
+    write_tiny_bert(root / RERANK_MODEL, reranker=True)
     return root
 
 
 @pytest.fixture(scope="module")
 def server(models: Path) -> Iterator[RunningServer]:
     options = ["--model", str(models / CHAT_MODEL), "--embedding-model", str(models / EMBEDDING_MODEL)]
+    options += ["--rerank-model", str(models / RERANK_MODEL), "--max-queue", "6"]
     options += ["--rows", "2", "--max-seq-len", "128", "--dtype", "float32", "--quantize", "none"]
     with running_server(*options, ready_timeout=300) as running:
         yield running
@@ -96,6 +105,15 @@ def test_each_model_answers_its_own_endpoints_only(client):
     assert raised.value.body["code"] == "model_not_found" and CHAT_MODEL in raised.value.body["message"]
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model=EMBEDDING_MODEL, prompt="Hello", max_tokens=3)
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.embeddings.create(model=RERANK_MODEL, input="a cat")
+    assert "serves /v1/rerank only" in raised.value.body["message"]
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.completions.create(model=RERANK_MODEL, prompt="Hello", max_tokens=3)
+    assert "serves /v1/rerank only" in raised.value.body["message"]
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.completions.create(model="gpt-4", prompt="Hello", max_tokens=3)
+    assert f"and {RERANK_MODEL!r} for /v1/rerank" in raised.value.body["message"]
     # The served model still generates.
     chat = client.chat.completions.create(
         model=CHAT_MODEL,
@@ -108,15 +126,16 @@ def test_each_model_answers_its_own_endpoints_only(client):
 
 def test_the_models_list_names_both(client, server):
     listed = {model.id: model for model in client.models.list().data}
-    assert set(listed) == {CHAT_MODEL, EMBEDDING_MODEL}
+    assert set(listed) == {CHAT_MODEL, EMBEDDING_MODEL, RERANK_MODEL}
     raw = requests.get(f"{server.url}/v1/models", timeout=10).json()["data"]
     assert {m["id"]: m["max_model_len"] for m in raw} == {
         CHAT_MODEL: 128,
         EMBEDDING_MODEL: TINY_BERT_POSITIONS,
+        RERANK_MODEL: TINY_BERT_POSITIONS,
     }
     # Llama Stack's model type: which model its inference.embeddings takes.
     types = {m["identifier"]: m["model_type"] for m in raw}
-    assert types == {CHAT_MODEL: "llm", EMBEDDING_MODEL: "embedding"}
+    assert types == {CHAT_MODEL: "llm", EMBEDDING_MODEL: "embedding", RERANK_MODEL: "rerank"}
 
 
 def test_llama_stacks_embeddings_are_the_embedding_models(client, server):
@@ -129,3 +148,80 @@ def test_llama_stacks_embeddings_are_the_embedding_models(client, server):
     too_long = {"model_id": EMBEDDING_MODEL, "contents": [" ".join(["a"] * TINY_BERT_POSITIONS)]}
     refused = requests.post(f"{server.url}/v1/inference/embeddings", json=too_long, timeout=60)
     assert refused.status_code == 400 and refused.json()["detail"].startswith("contents[0] has ")
+
+
+def rerank_reference(directory: Path) -> list[float]:
+    """Each document's score as transformers gives it alone: the sigmoid of the pair's one logit."""
+    model = AutoModelForSequenceClassification.from_pretrained(directory).eval()
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    with torch.no_grad():
+        logits = [
+            model(**tokenizer(QUERY, document, return_tensors="pt")).logits[0, 0] for document in DOCUMENTS
+        ]
+    return [torch.sigmoid(logit).item() for logit in logits]
+
+
+def rerank(server: RunningServer, path: str = "/v1/rerank", **fields) -> requests.Response:
+    return requests.post(
+        f"{server.url}{path}", json={"query": QUERY, "documents": DOCUMENTS} | fields, timeout=60
+    )
+
+
+def test_rerank_scores_each_document_as_transformers_does_the_most_relevant_first(server, models):
+    expected = rerank_reference(models / RERANK_MODEL)
+    answer = rerank(server, model=RERANK_MODEL)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    documented = json.loads((ROOT / "inference_api" / "openapi.json").read_text())["components"]["schemas"]
+    Draft202012Validator(documented["Reranked"]).validate(body)
+    assert body["model"] == RERANK_MODEL and body["id"].startswith("rerank-")
+    order = sorted(range(len(DOCUMENTS)), key=lambda i: -expected[i])
+    assert [result["index"] for result in body["results"]] == order
+    for result in body["results"]:
+        assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=1e-6)
+        assert result["document"] == {"text": DOCUMENTS[result["index"]]}
+    tokenizer = AutoTokenizer.from_pretrained(models / RERANK_MODEL)
+    pairs = sum(len(tokenizer(QUERY, document).input_ids) for document in DOCUMENTS)
+    assert body["usage"] == {"prompt_tokens": pairs, "total_tokens": pairs}
+    # Jina's and Cohere's other paths, structured documents, top_n and no documents back: the same scores.
+    objects = [{"text": document, "title": "ignored"} for document in DOCUMENTS]
+    for path in ("/rerank", "/v2/rerank"):
+        short = rerank(server, path, documents=objects, top_n=2, return_documents=False).json()
+        assert short["results"] == [
+            {k: v for k, v in r.items() if k != "document"} for r in body["results"][:2]
+        ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"query": ""}, "query"),
+        ({"query": None}, "query"),
+        ({"documents": []}, "documents"),
+        ({"documents": "a cat"}, "documents"),
+        ({"documents": ["a cat", 7]}, "documents[1]"),
+        ({"documents": ["a cat", {"title": "no text"}]}, "documents[1].text"),
+        ({"top_n": 0}, "top_n"),
+        ({"return_documents": "yes"}, "return_documents"),
+        ({"documents": ["a cat", " ".join(["a"] * TINY_BERT_POSITIONS)]}, "documents[1]"),  # too long
+        ({"documents": ["a cat"] * 9}, "documents"),  # 2 rows and a queue of 6 hold 8 requests
+    ],
+)
+def test_rerank_requests_the_server_cannot_take_are_a_400_naming_the_field(server, fields, param):
+    answer = rerank(server, **fields)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        (CHAT_MODEL, f"does not serve /v1/rerank; /v1/rerank serves {RERANK_MODEL!r}"),
+        (EMBEDDING_MODEL, f"serves /v1/embeddings only; /v1/rerank serves {RERANK_MODEL!r}"),
+        ("bge-reranker", f"does not exist; this server serves {CHAT_MODEL!r}, and {EMBEDDING_MODEL!r} for"),
+    ],
+)
+def test_rerank_naming_another_model_is_a_404_saying_why(server, model, why):
+    answer = rerank(server, model=model)
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "model_not_found"
+    assert why in answer.json()["error"]["message"]
