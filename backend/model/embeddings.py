@@ -81,7 +81,8 @@ def score(model: PreTrainedModel, pairs: list[tuple[tuple[int, ...], int | None]
         if start is not None:
             types[i, start : len(prompt)] = 1
     inputs = {"input_ids": input_ids, "attention_mask": mask.long()}
-    if any(start is not None for _, start in pairs):
+    # A model of one token type (XLM-RoBERTa's) has no second type to read, whatever a tokenizer says.
+    if any(start is not None for _, start in pairs) and getattr(model.config, "type_vocab_size", 2) > 1:
         inputs["token_type_ids"] = types
     return torch.sigmoid(model(**inputs).logits[:, 0].float())
 

@@ -9,6 +9,8 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
     BertForSequenceClassification,
+    XLMRobertaConfig,
+    XLMRobertaForSequenceClassification,
 )
 
 from backend.engine.engine import Engine
@@ -119,3 +121,27 @@ def test_a_classifier_of_several_labels_is_refused_as_a_reranker(tmp_path):
 def test_the_rerank_model_needs_a_name_of_its_own(reranker):
     with pytest.raises(ValueError, match="tiny-reranker"):
         Engine(tiny_model("llama"), MarkerTokenizer(), rows=1, name="tiny-reranker", rerank_model=reranker[1])
+
+
+def test_a_model_of_one_token_type_reads_a_pair_as_one_sequence():
+    """XLM-RoBERTa's rerankers (BGE's) have one token type: a pair marked with two is read as one, as
+    transformers reads it without token_type_ids, rather than indexing past the type embedding."""
+    config = XLMRobertaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=40,
+        type_vocab_size=1,
+        num_labels=1,
+    )
+    torch.manual_seed(0)
+    model = XLMRobertaForSequenceClassification(config).eval()
+    pairs = [((0, 5, 6, 2, 2, 7, 2), 4), ((0, 8, 2, 2, 9, 10, 11, 2), 3)]
+    with torch.no_grad():
+        scores = score(model, pairs).tolist()
+        expected = [
+            torch.sigmoid(model(input_ids=torch.tensor([ids])).logits[0, 0]).item() for ids, _ in pairs
+        ]
+    assert scores == pytest.approx(expected, abs=1e-6)
