@@ -49,7 +49,7 @@ class ApiError(Exception):
 
 
 # vLLM's extensions beside /v1/, which answer errors in OpenAI's shape as vLLM's do.
-OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize", "/rerank", "/v2/rerank")
+OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/score")
 ANTHROPIC_PATH = "/v1/messages"
 LLAMA_STACK_PREFIXES = ("/inference/", "/v1/inference/")
 TGI_PATHS = ("/generate", "/generate_stream", "/info")  # and POST /, either of the first two

@@ -7,8 +7,8 @@
 - llama_stack/: Llama Stack's inference API (completion, chat completion, embeddings);
 - native/: the native API, POST /predictions/<model> (SPEC §4.1);
 - tgi/: Text Generation Inference's /generate, /generate_stream, POST / and /info;
-- embeddings.py: /v1/embeddings; rerank.py: /v1/rerank, /rerank, /v2/rerank; tokenize.py: /tokenize and
-  /detokenize.
+- embeddings.py: /v1/embeddings; rerank.py: /v1/rerank (/rerank, /v2/rerank), /v1/score;
+- tokenize.py: /tokenize and /detokenize.
 
 Llama Stack's client also calls openai/ and embeddings.py at /v1/openai/v1/ (app.py registers them there).
 

@@ -1,6 +1,7 @@
 """`POST /v1/rerank` (and `/rerank`, `/v2/rerank`): Jina's and Cohere's rerank API, as vLLM and llama.cpp's
 server serve it. Each document's relevance to the query, scored by the `--rerank-model` (a cross-encoder
 that reads the query and the document together, backend/model/embeddings.py), the most relevant first.
+vLLM's `POST /v1/score` (and `/score`) scores pairs of texts with it too, in the order given.
 
 `query` is a string; `documents` a list of strings or of objects with a `text` (Jina's and Cohere's
 structured documents), each one backend request, so no more than the rows and the queue hold together;
@@ -12,6 +13,7 @@ model's relevance logit, from 0 to 1. A server without `--rerank-model` answers 
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -26,39 +28,95 @@ from inference_api.router import Serving
 
 bp = Blueprint("rerank_api", __name__)
 
-FIELDS = ApiFields(prompt_ids="documents", count="documents")
+RERANK_FIELDS = ApiFields(prompt_ids="documents", count="documents")
+SCORE_FIELDS = ApiFields(prompt_ids="text_2", count="text_2")
 
 
 @bp.post("/rerank")
 @bp.post("/v1/rerank")
 @bp.post("/v2/rerank")
 def rerank() -> Response:
-    data, serving = read_request(model_field=None)
-    if serving.rerank_tokenizer is None:
-        raise ApiError(404, "this server has no rerank model: start it with --rerank-model (a cross-encoder)")
-    check_model(data, serving, required=False, endpoint=RERANK)
+    data, serving = read_rerank_request()
     query = read_string(data, "query", required=True, non_empty=True)
     documents = read_documents(data.get("documents"))
     top_n = read_integer(data, "top_n", None, 1, 1 << 31) or len(documents)
     return_documents = read_bool(data, "return_documents", True)
     pairs = [pair_ids(serving, query, document, f"documents[{i}]") for i, document in enumerate(documents)]
-    scores = pooled(
-        [(ids, SamplingParams(max_tokens=0, embedding=SCORE, pair_start=start)) for ids, start in pairs],
-        FIELDS,
-    )
-    ranked = sorted(range(len(documents)), key=lambda i: -scores[i][0])[:top_n]
+    scores = pair_scores(pairs, RERANK_FIELDS)
     results = [
-        {"index": i, "relevance_score": scores[i][0]}
-        | ({"document": {"text": documents[i]}} if return_documents else {})
-        for i in ranked
+        {"index": i, "relevance_score": scores[i]}
+        for i in sorted(range(len(pairs)), key=lambda i: -scores[i])
     ]
-    tokens = sum(len(ids) for ids, _ in pairs)
+    for result in results if return_documents else ():
+        result["document"] = {"text": documents[result["index"]]}
     return jsonify(
         id=f"rerank-{uuid.uuid4().hex}",
         model=serving.rerank_names[0],
-        results=results,
-        usage={"prompt_tokens": tokens, "total_tokens": tokens},
+        results=results[:top_n],
+        usage=usage(pairs),
     )
+
+
+@bp.post("/score")
+@bp.post("/v1/score")
+def score() -> Response:
+    """vLLM's score API: `text_1` against `text_2`, each a string or a list of them; one text against
+    each of a list, or two lists of one length pair by pair. Each pair's score, in the pairs' order."""
+    data, serving = read_rerank_request()
+    firsts, seconds = read_texts(data, "text_1"), read_texts(data, "text_2")
+    if len(firsts) == 1:
+        firsts = firsts * len(seconds)
+    if len(firsts) != len(seconds):
+        message = f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: it takes one, or as many"
+        raise InvalidParams("text_1", message)
+    pairs = [
+        pair_ids(serving, *texts, f"text_2[{i}]") for i, texts in enumerate(zip(firsts, seconds, strict=True))
+    ]
+    scores = pair_scores(pairs, SCORE_FIELDS)
+    return jsonify(
+        id=f"score-{uuid.uuid4().hex}",
+        object="list",
+        created=int(time.time()),
+        model=serving.rerank_names[0],
+        data=[{"index": i, "object": "score", "score": value} for i, value in enumerate(scores)],
+        usage=usage(pairs),
+    )
+
+
+def read_rerank_request() -> tuple[dict[str, Any], Serving]:
+    """The request and what is served: a 404 on a server without a rerank model, or for a `model` that
+    is not it (it may be left out)."""
+    data, serving = read_request(model_field=None)
+    if serving.rerank_tokenizer is None:
+        raise ApiError(404, "this server has no rerank model: start it with --rerank-model (a cross-encoder)")
+    check_model(data, serving, required=False, endpoint=RERANK)
+    return data, serving
+
+
+def pair_scores(pairs: list[tuple[list[int], int | None]], fields: ApiFields) -> list[float]:
+    """Each pair's score from the rerank model, in order: each pair a backend request."""
+    requests = [
+        (ids, SamplingParams(max_tokens=0, embedding=SCORE, pair_start=start)) for ids, start in pairs
+    ]
+    return [vector[0] for vector in pooled(requests, fields)]
+
+
+def usage(pairs: list[tuple[list[int], int | None]]) -> dict[str, int]:
+    tokens = sum(len(ids) for ids, _ in pairs)
+    return {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+def read_texts(data: dict[str, Any], name: str) -> list[str]:
+    """`text_1` or `text_2`: a non-empty string, or a non-empty list of them."""
+    value = data.get(name)
+    if isinstance(value, list) and value:
+        return [
+            read_string({f"{name}[{i}]": text}, f"{name}[{i}]", required=True, non_empty=True)
+            for i, text in enumerate(value)
+        ]
+    if isinstance(value, list):
+        raise InvalidParams(name, f"{name} must not be empty")
+    return [read_string(data, name, required=True, non_empty=True)]
 
 
 def read_documents(value: Any) -> list[str]:

@@ -553,6 +553,8 @@ ERRORS = {
     "rerank-no-rerank-model": ("post", "/v1/rerank", {"json": {"query": "a", "documents": ["b"]}}, 404),
     "rerank-at-root-no-rerank-model": ("post", "/rerank", {"json": {"query": "a", "documents": ["b"]}}, 404),
     "rerank-wrong-method": ("get", "/v2/rerank", {}, 405),
+    "score-no-rerank-model": ("post", "/v1/score", {"json": {"text_1": "a", "text_2": "b"}}, 404),
+    "score-wrong-method": ("get", "/score", {}, 405),
     "llama-openai-chat-unknown-model": (
         "post",
         "/v1/openai/v1/chat/completions",

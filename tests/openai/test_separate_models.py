@@ -24,6 +24,8 @@ from tests.server_fixture import RunningServer, running_server
 CHAT_MODEL = "tiny-llama"
 EMBEDDING_MODEL = "tiny-bert"
 RERANK_MODEL = "tiny-reranker"
+# The answers' schemas in the server's description of itself
+DOCUMENTED = json.loads((ROOT / "inference_api" / "openapi.json").read_text())["components"]["schemas"]
 QUERY = "where did the cat sit?"
 DOCUMENTS = ["Stock markets fell sharply today!", "The cat sat on the mat.", "a cat", "mat"]
 TEXTS = ["The cat sat on the mat.", "Stock markets fell sharply today!", "a cat"]
@@ -172,8 +174,7 @@ def test_rerank_scores_each_document_as_transformers_does_the_most_relevant_firs
     answer = rerank(server, model=RERANK_MODEL)
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    documented = json.loads((ROOT / "inference_api" / "openapi.json").read_text())["components"]["schemas"]
-    Draft202012Validator(documented["Reranked"]).validate(body)
+    Draft202012Validator(DOCUMENTED["Reranked"]).validate(body)
     assert body["model"] == RERANK_MODEL and body["id"].startswith("rerank-")
     order = sorted(range(len(DOCUMENTS)), key=lambda i: -expected[i])
     assert [result["index"] for result in body["results"]] == order
@@ -225,3 +226,30 @@ def test_rerank_naming_another_model_is_a_404_saying_why(server, model, why):
     answer = rerank(server, model=model)
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "model_not_found"
     assert why in answer.json()["error"]["message"]
+
+
+def test_vllms_score_api_scores_pairs_in_their_order_as_rerank_does(server, models):
+    expected = rerank_reference(models / RERANK_MODEL)
+    one_against_many = {"model": RERANK_MODEL, "text_1": QUERY, "text_2": DOCUMENTS}
+    pair_by_pair = {"text_1": [QUERY] * 2, "text_2": DOCUMENTS[:2]}
+    for path, body, scores in [
+        ("/v1/score", one_against_many, expected),
+        ("/score", pair_by_pair, expected[:2]),
+        ("/v1/score", {"text_1": QUERY, "text_2": DOCUMENTS[3]}, expected[3:]),
+    ]:
+        answer = requests.post(f"{server.url}{path}", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+        Draft202012Validator(DOCUMENTED["Scores"]).validate(answer.json())
+        data = answer.json()["data"]
+        assert [(item["index"], item["object"]) for item in data] == [
+            (i, "score") for i in range(len(scores))
+        ]
+        assert [item["score"] for item in data] == pytest.approx(scores, abs=1e-6)
+    for body, param in [
+        ({"text_1": [QUERY] * 2, "text_2": DOCUMENTS}, "text_1"),  # two against four
+        ({"text_1": QUERY, "text_2": []}, "text_2"),
+        ({"text_1": QUERY}, "text_2"),
+        ({"text_1": QUERY, "text_2": ["a cat", " ".join(["a"] * TINY_BERT_POSITIONS)]}, "text_2[1]"),
+    ]:
+        answer = requests.post(f"{server.url}/v1/score", json=body, timeout=60)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
