@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import cohere
 import openai
 import pytest
 import requests
@@ -253,3 +254,20 @@ def test_vllms_score_api_scores_pairs_in_their_order_as_rerank_does(server, mode
     ]:
         answer = requests.post(f"{server.url}/v1/score", json=body, timeout=60)
         assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+
+
+def test_coheres_clients_rerank_through_both_of_its_paths(server, models):
+    expected = rerank_reference(models / RERANK_MODEL)
+    order = sorted(range(len(DOCUMENTS)), key=lambda i: -expected[i])
+    v2 = cohere.ClientV2(api_key="not-needed", base_url=server.url, timeout=60)
+    ranked = v2.rerank(model=RERANK_MODEL, query=QUERY, documents=DOCUMENTS, top_n=3)
+    assert [result.index for result in ranked.results] == order[:3]
+    assert [result.relevance_score for result in ranked.results] == pytest.approx(
+        [expected[i] for i in order[:3]], abs=1e-6
+    )
+    v1 = cohere.Client(api_key="not-needed", base_url=server.url, timeout=60)
+    documents = [{"text": document} for document in DOCUMENTS]
+    ranked = v1.rerank(model=RERANK_MODEL, query=QUERY, documents=documents, return_documents=True)
+    assert [(result.index, result.document.text) for result in ranked.results] == [
+        (i, DOCUMENTS[i]) for i in order
+    ]
