@@ -125,6 +125,39 @@ def test_streamed_choices_and_usage_chunk(client):
     assert all(texts.values())
 
 
+def test_continuous_usage_stats_put_the_counts_so_far_in_every_chunk(client):
+    """vLLM's extension: with include_usage, every chunk carries the tokens so far, not null."""
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    final = chunks[-1]
+    assert final.choices == [] and final.usage.completion_tokens == 6
+    counts = [chunk.usage.completion_tokens for chunk in chunks]
+    # The role's chunk goes once the first token is in: it counts that one.
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-2] == 6
+    assert {chunk.usage.prompt_tokens for chunk in chunks} == {final.usage.prompt_tokens}
+    assert all(
+        chunk.usage.total_tokens == chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+        for chunk in chunks
+    )
+    # Without include_usage it asks for nothing, as in vLLM.
+    plain = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=2,
+        stream=True,
+        stream_options={"continuous_usage_stats": True},
+    )
+    assert all(chunk.usage is None for chunk in plain)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_skip_special_tokens_false_keeps_their_text_in_the_answer(client, tokenizer, stream):
     """vLLM's extension: the answer leaves special tokens out unless asked to keep them (a client that

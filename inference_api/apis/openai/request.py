@@ -17,7 +17,7 @@ from backend.messages import (
     InvalidParams,
     SamplingParams,
 )
-from inference_api.fields import read_bool, read_integer, read_number, read_stop, read_string
+from inference_api.fields import read_bool, read_integer, read_number, read_stop, read_string, within
 from inference_api.prompts import (
     CHAT_DEFAULT_MAX_TOKENS,
     MAX_TOP_K,
@@ -58,6 +58,8 @@ class OpenAIRequest:
     cache_salt: str | None = None  # vLLM's: only requests with the same salt (and team) share a prefix
     prompt_param: str = "prompt"  # where the prompt came from: prompt, or messages
     grammar_param: str | None = None  # where params.grammar came from (None: no grammar)
+    # vLLM's stream_options.continuous_usage_stats: the usage so far in every chunk (with include_usage)
+    continuous_usage: bool = False
     # chat with a reasoning model: where its prompt leaves the thoughts (reasoning.prompt_end; None: not read)
     thinking: str | None = None
 
@@ -179,12 +181,14 @@ def _common(
         skip_special_tokens=read_bool(data, "skip_special_tokens", True),
     )
     stream = read_bool(data, "stream", False)
+    include_usage, continuous_usage = _stream_options(data.get("stream_options"), stream)
     return OpenAIRequest(
         prompts=prompts,
         n=read_integer(data, "n", 1, 1, MAX_CHOICES),
         params=params,
         stream=stream,
-        include_usage=_include_usage(data.get("stream_options"), stream),
+        include_usage=include_usage,
+        continuous_usage=continuous_usage,
         cache_salt=read_string(data, "cache_salt", non_empty=True),
         prompt_param=prompt_param,
         grammar_param=grammar_field(data, GRAMMAR_FIELDS),
@@ -211,11 +215,14 @@ def _logit_bias(value: Any, vocab: int) -> tuple[tuple[int, float], ...]:
     return tuple(biases)
 
 
-def _include_usage(options: Any, stream: bool) -> bool:
+def _stream_options(options: Any, stream: bool) -> tuple[bool, bool]:
+    """include_usage, and vLLM's continuous_usage_stats, which counts only with include_usage (as vLLM's)."""
     if options is None:
-        return False
+        return False, False
     if not stream:
         raise InvalidParams("stream_options", "stream_options is only allowed with stream: true")
     if not isinstance(options, dict):
         raise InvalidParams("stream_options", "stream_options must be an object")
-    return read_bool(options, "include_usage", False)
+    with within("stream_options"):
+        include_usage = read_bool(options, "include_usage", False)
+        return include_usage, include_usage and read_bool(options, "continuous_usage_stats", False)

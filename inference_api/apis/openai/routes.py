@@ -278,6 +278,15 @@ class Usage:
             **thoughts,
         }
 
+    def so_far(self) -> dict[str, int]:
+        """The counts of a stream's chunk (vLLM's continuous_usage_stats): its tokens so far."""
+        completion = self.choices.completion_tokens
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
 
 def _whole(
     api: Completion | ChatCompletion,
@@ -339,6 +348,7 @@ def _events(
             "model": serving.model_name,
             "choices": choice_list,
             **extra,
+            **({"usage": usage.so_far()} if openai_request.continuous_usage else {}),
             **fields,
         }
         return sse_event(body)
