@@ -77,7 +77,7 @@ class SamplingParams:
     grammar: str | None = None
     # An embedding request (backend/model/embeddings.py): the prompt's hidden states pooled ("mean" or
     # "last") into one unit vector, sent as Piece.embedding; nothing is generated. "score": the prompt is
-    # a (query, document) pair that the --rerank-model reads, and Piece.embedding is its one relevance score
+    # a (query, document) pair that the --rerank-model reads, and Piece.embedding is its one relevance logit
     embedding: str | None = None  # a pooling, or SCORE
     # A score request's: where the pair's second text begins (token type 1 from there on, as the rerank
     # model's tokenizer marks it); None: the tokenizer gives both texts one token type

@@ -16,8 +16,9 @@ last_hidden_state, pooled the same way; the frontend tokenizes its inputs with i
 
 With `--rerank-model` a cross-encoder scores (query, document) pairs for /v1/rerank: transformers'
 AutoModelForSequenceClassification with one label (BERT- and XLM-RoBERTa-like rerankers), each pair read
-whole as its tokenizer joins the two texts, its logit's sigmoid the relevance score (as vLLM and Text
-Embeddings Inference give it). Its requests are embedding requests whose pooling is messages.SCORE.
+whole as its tokenizer joins the two texts, its one logit sent back (the APIs' relevance score is its
+sigmoid, as vLLM and Text Embeddings Inference give it). Its requests are embedding requests whose
+pooling is messages.SCORE.
 """
 
 from __future__ import annotations
@@ -71,9 +72,10 @@ def embed(model: PreTrainedModel, prompts: list[tuple[int, ...]], pooling: str) 
 
 
 def score(model: PreTrainedModel, pairs: list[tuple[tuple[int, ...], int | None]]) -> torch.Tensor:
-    """[pairs] relevance scores from 0 to 1, float32: each (query, document) pair's one logit from a
-    sequence-classification model, through a sigmoid. A pair is its token ids and where its second text
-    begins (token type 1 from there; None: one type throughout, as XLM-RoBERTa's tokenizer has it)."""
+    """[pairs] relevance logits, float32: each (query, document) pair's one logit from a
+    sequence-classification model (the APIs give its sigmoid, or the logit itself where asked). A pair
+    is its token ids and where its second text begins (token type 1 from there; None: one type
+    throughout, as XLM-RoBERTa's tokenizer has it)."""
     prompts = [prompt for prompt, _ in pairs]
     input_ids, mask = padded(prompts, model.device)
     types = torch.zeros_like(input_ids)
@@ -84,7 +86,7 @@ def score(model: PreTrainedModel, pairs: list[tuple[tuple[int, ...], int | None]
     # A model of one token type (XLM-RoBERTa's) has no second type to read, whatever a tokenizer says.
     if any(start is not None for _, start in pairs) and getattr(model.config, "type_vocab_size", 2) > 1:
         inputs["token_type_ids"] = types
-    return torch.sigmoid(model(**inputs).logits[:, 0].float())
+    return model(**inputs).logits[:, 0].float()
 
 
 def padded(prompts: list[tuple[int, ...]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

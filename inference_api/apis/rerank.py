@@ -1,7 +1,8 @@
 """`POST /v1/rerank` (and `/rerank`, `/v2/rerank`): Jina's and Cohere's rerank API, as vLLM and llama.cpp's
 server serve it. Each document's relevance to the query, scored by the `--rerank-model` (a cross-encoder
 that reads the query and the document together, backend/model/embeddings.py), the most relevant first.
-vLLM's `POST /v1/score` (and `/score`) scores pairs of texts with it too, in the order given.
+vLLM's `POST /v1/score` (and `/score`) scores pairs of texts with it too, in the order given; and a body
+with `texts` in place of `documents` at /rerank (TEI's path) is Text Embeddings Inference's (`tei_rerank`).
 
 `query` is a string; `documents` a list of strings or of objects with a `text` (Jina's and Cohere's
 structured documents), each one backend request, so no more than the rows and the queue hold together;
@@ -13,11 +14,12 @@ model's relevance logit, from 0 to 1. A server without `--rerank-model` answers 
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 
 from backend.messages import SCORE, InvalidParams, SamplingParams
 from inference_api.embedder import pooled
@@ -30,6 +32,7 @@ bp = Blueprint("rerank_api", __name__)
 
 RERANK_FIELDS = ApiFields(prompt_ids="documents", count="documents")
 SCORE_FIELDS = ApiFields(prompt_ids="text_2", count="text_2")
+TEI_FIELDS = ApiFields(prompt_ids="texts", count="texts")
 
 
 @bp.post("/rerank")
@@ -38,11 +41,13 @@ SCORE_FIELDS = ApiFields(prompt_ids="text_2", count="text_2")
 def rerank() -> Response:
     data, serving = read_rerank_request()
     query = read_string(data, "query", required=True, non_empty=True)
+    if request.path == "/rerank" and "texts" in data and "documents" not in data:
+        return tei_rerank(data, serving, query)
     documents = read_documents(data.get("documents"))
     top_n = read_integer(data, "top_n", None, 1, 1 << 31) or len(documents)
     return_documents = read_bool(data, "return_documents", True)
     pairs = [pair_ids(serving, query, document, f"documents[{i}]") for i, document in enumerate(documents)]
-    scores = pair_scores(pairs, RERANK_FIELDS)
+    scores = [sigmoid(logit) for logit in pair_logits(pairs, RERANK_FIELDS)]
     results = [
         {"index": i, "relevance_score": scores[i]}
         for i in sorted(range(len(pairs)), key=lambda i: -scores[i])
@@ -72,7 +77,7 @@ def score() -> Response:
     pairs = [
         pair_ids(serving, *texts, f"text_2[{i}]") for i, texts in enumerate(zip(firsts, seconds, strict=True))
     ]
-    scores = pair_scores(pairs, SCORE_FIELDS)
+    scores = [sigmoid(logit) for logit in pair_logits(pairs, SCORE_FIELDS)]
     return jsonify(
         id=f"score-{uuid.uuid4().hex}",
         object="list",
@@ -93,8 +98,31 @@ def read_rerank_request() -> tuple[dict[str, Any], Serving]:
     return data, serving
 
 
-def pair_scores(pairs: list[tuple[list[int], int | None]], fields: ApiFields) -> list[float]:
-    """Each pair's score from the rerank model, in order: each pair a backend request."""
+def tei_rerank(data: dict[str, Any], serving: Serving, query: str) -> Response:
+    """Text Embeddings Inference's /rerank, which Haystack's, LlamaIndex's and LangChain's TEI rerankers
+    call: `texts` in place of `documents`, `raw_scores` (the logits), `return_text`; a bare list of
+    {"index", "score", "text"}, the most relevant first. `truncate` is not needed: no pair is cut short,
+    and one too long is a 400 naming it."""
+    texts = read_documents(data.get("texts"), "texts")
+    raw_scores = read_bool(data, "raw_scores", False)
+    return_text = read_bool(data, "return_text", False)
+    pairs = [pair_ids(serving, query, text, f"texts[{i}]") for i, text in enumerate(texts)]
+    logits = pair_logits(pairs, TEI_FIELDS)
+    scores = logits if raw_scores else [sigmoid(logit) for logit in logits]
+    ranked = sorted(range(len(pairs)), key=lambda i: -scores[i])
+    return jsonify(
+        [{"index": i, "score": scores[i]} | ({"text": texts[i]} if return_text else {}) for i in ranked]
+    )
+
+
+def sigmoid(logit: float) -> float:
+    """A relevance logit as a score from 0 to 1, by a form whose exp stays at most 1 (a large negative
+    logit's exp(-logit) would overflow)."""
+    return 1 / (1 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1 + math.exp(logit))
+
+
+def pair_logits(pairs: list[tuple[list[int], int | None]], fields: ApiFields) -> list[float]:
+    """Each pair's relevance logit from the rerank model, in order: each pair a backend request."""
     requests = [
         (ids, SamplingParams(max_tokens=0, embedding=SCORE, pair_start=start)) for ids, start in pairs
     ]
@@ -119,13 +147,13 @@ def read_texts(data: dict[str, Any], name: str) -> list[str]:
     return [read_string(data, name, required=True, non_empty=True)]
 
 
-def read_documents(value: Any) -> list[str]:
-    """`documents`: a non-empty list of strings, or of objects whose `text` is one."""
+def read_documents(value: Any, field: str = "documents") -> list[str]:
+    """`documents` (or TEI's `texts`): a non-empty list of strings, or of objects whose `text` is one."""
     if not isinstance(value, list) or not value:
-        raise InvalidParams("documents", "documents is required: a non-empty list of strings")
+        raise InvalidParams(field, f"{field} is required: a non-empty list of strings")
     texts = []
     for i, document in enumerate(value):
-        name = f"documents[{i}]"
+        name = f"{field}[{i}]"
         if isinstance(document, dict):
             with within(name):
                 texts.append(read_string(document, "text", required=True, non_empty=True))

@@ -46,11 +46,11 @@ def pair(tokenizer, document: str) -> tuple[tuple[int, ...], int | None]:
 
 
 def alone(directory, document: str) -> float:
-    """The pair's score computed by itself, straight from transformers: the sigmoid of its logit."""
+    """The pair's relevance logit computed by itself, straight from transformers."""
     model = AutoModelForSequenceClassification.from_pretrained(directory).eval()
     with torch.no_grad():
         logit = model(**AutoTokenizer.from_pretrained(directory)(QUERY, document, return_tensors="pt")).logits
-    return torch.sigmoid(logit[0, 0]).item()
+    return logit[0, 0].item()
 
 
 def test_each_pair_of_a_padded_batch_scores_as_it_does_alone(reranker):
@@ -61,12 +61,12 @@ def test_each_pair_of_a_padded_batch_scores_as_it_does_alone(reranker):
     with torch.no_grad():
         scores = score(loaded.model, pairs).tolist()
     expected = [alone(directory, document) for document in DOCUMENTS]
-    assert scores == pytest.approx(expected, abs=1e-6)
-    assert max(expected) - min(expected) > 0.1  # the documents are told apart
+    assert scores == pytest.approx(expected, abs=1e-5)
+    assert max(expected) - min(expected) > 0.5  # the documents are told apart
     # The document's token type counts: read as the query's type, each pair scores otherwise.
     with torch.no_grad():
         untyped = score(loaded.model, [(ids, None) for ids, _ in pairs]).tolist()
-    assert all(abs(a - b) > 1e-4 for a, b in zip(untyped, expected, strict=True))
+    assert all(abs(a - b) > 1e-3 for a, b in zip(untyped, expected, strict=True))
 
 
 def test_pairs_are_scored_while_the_served_model_generates(reranker):
@@ -88,7 +88,7 @@ def test_pairs_are_scored_while_the_served_model_generates(reranker):
     for i, document in enumerate(DOCUMENTS):
         (piece,) = pieces[f"s{i}"]
         assert piece.finish_reason == "stop" and len(piece.embedding) == 1
-        assert piece.embedding[0] == pytest.approx(alone(directory, document), abs=1e-6)
+        assert piece.embedding[0] == pytest.approx(alone(directory, document), abs=1e-5)
     (embedded,) = pieces["e"]
     assert len(embedded.embedding) == model.config.hidden_size
     assert MarkerTokenizer.ids(text_of(pieces["g"])) == reference_greedy(model, (3, 4, 5), 8, engine.eos_ids)
@@ -141,7 +141,5 @@ def test_a_model_of_one_token_type_reads_a_pair_as_one_sequence():
     pairs = [((0, 5, 6, 2, 2, 7, 2), 4), ((0, 8, 2, 2, 9, 10, 11, 2), 3)]
     with torch.no_grad():
         scores = score(model, pairs).tolist()
-        expected = [
-            torch.sigmoid(model(input_ids=torch.tensor([ids])).logits[0, 0]).item() for ids, _ in pairs
-        ]
+        expected = [model(input_ids=torch.tensor([ids])).logits[0, 0].item() for ids, _ in pairs]
     assert scores == pytest.approx(expected, abs=1e-6)

@@ -153,15 +153,16 @@ def test_llama_stacks_embeddings_are_the_embedding_models(client, server):
     assert refused.status_code == 400 and refused.json()["detail"].startswith("contents[0] has ")
 
 
-def rerank_reference(directory: Path) -> list[float]:
-    """Each document's score as transformers gives it alone: the sigmoid of the pair's one logit."""
+def rerank_reference(directory: Path, raw: bool = False) -> list[float]:
+    """Each document's score as transformers gives it alone: the sigmoid of the pair's one logit (`raw`:
+    the logit)."""
     model = AutoModelForSequenceClassification.from_pretrained(directory).eval()
     tokenizer = AutoTokenizer.from_pretrained(directory)
     with torch.no_grad():
         logits = [
             model(**tokenizer(QUERY, document, return_tensors="pt")).logits[0, 0] for document in DOCUMENTS
         ]
-    return [torch.sigmoid(logit).item() for logit in logits]
+    return [(logit if raw else torch.sigmoid(logit)).item() for logit in logits]
 
 
 def rerank(server: RunningServer, path: str = "/v1/rerank", **fields) -> requests.Response:
@@ -189,9 +190,11 @@ def test_rerank_scores_each_document_as_transformers_does_the_most_relevant_firs
     objects = [{"text": document, "title": "ignored"} for document in DOCUMENTS]
     for path in ("/rerank", "/v2/rerank"):
         short = rerank(server, path, documents=objects, top_n=2, return_documents=False).json()
-        assert short["results"] == [
-            {k: v for k, v in r.items() if k != "document"} for r in body["results"][:2]
-        ]
+        assert [sorted(result) for result in short["results"]] == [["index", "relevance_score"]] * 2
+        assert [r["index"] for r in short["results"]] == order[:2]
+        assert [r["relevance_score"] for r in short["results"]] == pytest.approx(
+            [expected[i] for i in order[:2]], abs=1e-6
+        )
 
 
 @pytest.mark.parametrize(
@@ -271,3 +274,27 @@ def test_coheres_clients_rerank_through_both_of_its_paths(server, models):
     assert [(result.index, result.document.text) for result in ranked.results] == [
         (i, DOCUMENTS[i]) for i in order
     ]
+
+
+def test_text_embeddings_inferences_rerank_body_gets_its_own_answer(server, models):
+    """TEI's /rerank, as Haystack's, LlamaIndex's and LangChain's TEI rerankers call it: `texts`, and a
+    bare list back; `raw_scores` gives the logits, `return_text` the texts."""
+    logits = rerank_reference(models / RERANK_MODEL, raw=True)
+    order = sorted(range(len(DOCUMENTS)), key=lambda i: -logits[i])
+    asked = {"query": QUERY, "texts": DOCUMENTS}
+    answer = requests.post(f"{server.url}/rerank", json=asked, timeout=60)
+    assert answer.status_code == 200, answer.text
+    Draft202012Validator(DOCUMENTED["TeiReranked"]).validate(answer.json())
+    assert [item["index"] for item in answer.json()] == order
+    expected = rerank_reference(models / RERANK_MODEL)
+    assert [item["score"] for item in answer.json()] == pytest.approx([expected[i] for i in order], abs=1e-6)
+    raw = requests.post(
+        f"{server.url}/rerank", json=asked | {"raw_scores": True, "return_text": True}, timeout=60
+    )
+    assert [(item["index"], item["text"]) for item in raw.json()] == [(i, DOCUMENTS[i]) for i in order]
+    assert [item["score"] for item in raw.json()] == pytest.approx([logits[i] for i in order], abs=1e-5)
+    refused = requests.post(f"{server.url}/rerank", json={"query": QUERY, "texts": ["a cat", 3]}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "texts[1]"
+    # Only at TEI's own path: /v1/rerank takes Jina's and Cohere's body alone.
+    elsewhere = requests.post(f"{server.url}/v1/rerank", json=asked, timeout=60)
+    assert elsewhere.status_code == 400 and elsewhere.json()["error"]["param"] == "documents"
