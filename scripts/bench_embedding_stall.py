@@ -1,15 +1,19 @@
 #!/usr/bin/env python
 """How much an embeddings request stalls another client's stream: its gaps between tokens, idle and
-while /v1/embeddings runs.
+while /v1/embeddings runs (or /v1/rerank, with --rerank-model).
 
     .venv/bin/python scripts/bench_embedding_stall.py [--inputs 32] [--input-tokens 900] [--tree DIR]
+                                                      [--rerank-model DIR [--random-reranker]]
 
 Starts an inference server on the default model, streams one long completion and records the time
 between its events; first alone, then while a second client sends one /v1/embeddings request of
 --inputs inputs of about --input-tokens tokens each. Reports the stream's inter-token gap median,
 p99 and maximum in both phases, and how long the embeddings took (issue 35's goal: the p99 during
 the embeddings within 2x the idle one). --tree runs the server from another checkout, for a before
-and after measured by the same client.
+and after measured by the same client. With --rerank-model the server also loads that cross-encoder,
+and the second client sends one /v1/rerank request of --inputs documents instead; --random-reranker
+first writes there a random one of ms-marco-MiniLM-L-6-v2's shape (6 layers of 384, 512 positions),
+whose tokenizer spells words letter by letter: its time is a real one's, its scores are noise.
 """
 
 from __future__ import annotations
@@ -60,6 +64,47 @@ def embed(url: str, model: str, inputs: int, words: int) -> tuple[float, int]:
     return time.perf_counter() - started, response.json()["usage"]["prompt_tokens"]
 
 
+def rerank(url: str, inputs: int, words: int) -> tuple[float, int]:
+    """Seconds one rerank request of `inputs` documents took, and its pairs' tokens."""
+    documents = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(words)) for i in range(inputs)]
+    started = time.perf_counter()
+    body = {"query": "where were the ships built?", "documents": documents, "return_documents": False}
+    response = requests.post(f"{url}/v1/rerank", json=body, timeout=1800)
+    response.raise_for_status()
+    return time.perf_counter() - started, response.json()["usage"]["prompt_tokens"]
+
+
+def write_random_reranker(directory: Path) -> None:
+    """A random cross-encoder of ms-marco-MiniLM-L-6-v2's shape, with a WordPiece tokenizer of letters."""
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters)]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        max_position_embeddings=512,
+        num_labels=1,
+    )
+    BertForSequenceClassification(config).save_pretrained(directory)
+    BertTokenizerFast(tokenizer_object=tokenizer, model_max_length=512).save_pretrained(directory)
+
+
 def describe(gaps: list[float]) -> str:
     return (
         f"{statistics.median(gaps) * 1000:.0f} | {percentile(gaps, 0.99) * 1000:.0f} | {max(gaps) * 1000:.0f}"
@@ -73,9 +118,16 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=32)
     parser.add_argument("--input-tokens", type=int, default=900, help="about this many tokens an input")
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout the server runs from")
+    parser.add_argument("--rerank-model", type=Path, help="send /v1/rerank to this cross-encoder instead")
+    parser.add_argument("--random-reranker", action="store_true", help="first write a random one there")
     args = parser.parse_args()
+    options = ["--rows", "4"]
+    if args.rerank_model is not None:
+        if args.random_reranker:
+            write_random_reranker(args.rerank_model)
+        options += ["--rerank-model", str(args.rerank_model.resolve())]
 
-    server, url = start("inference_api", ["--rows", "4"], "/ready", {}, root=args.tree)
+    server, url = start("inference_api", options, "/ready", {}, root=args.tree)
     try:
         model = requests.get(f"{url}/ready", timeout=10).json()["model"]
         stream_gaps(url, model, 8)  # warm up
@@ -89,7 +141,10 @@ def main() -> None:
         streamer = threading.Thread(target=streaming)
         streamer.start()
         time.sleep(2)  # the stream is decoding
-        took.append(embed(url, model, args.inputs, args.input_tokens * 10 // 11))  # about 1.1 tokens a word
+        if args.rerank_model is None:
+            took.append(embed(url, model, args.inputs, args.input_tokens * 10 // 11))  # 1.1 tokens a word
+        else:  # a word of the random reranker's is its letters, about 6 tokens
+            took.append(rerank(url, args.inputs, args.input_tokens // 6))
         stop.set()
         streamer.join()
     finally:
@@ -99,12 +154,13 @@ def main() -> None:
     print(f"\nserver from {args.tree}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     seconds, tokens = took[0]
     average = tokens / args.inputs
-    print(f"embeddings: {args.inputs} inputs of {average:.0f} tokens on average, {seconds:.1f} s\n")
+    what = "embeddings" if args.rerank_model is None else "rerank"
+    print(f"{what}: {args.inputs} inputs of {average:.0f} tokens on average, {seconds:.1f} s\n")
     print("| the stream | gap p50 (ms) | p99 (ms) | max (ms) |")
     print("| --- | ---: | ---: | ---: |")
     print(f"| alone | {describe(idle)} |")
-    print(f"| during the embeddings | {describe(during)} |")
-    print(f"\np99 during the embeddings / idle p99: {percentile(during, 0.99) / percentile(idle, 0.99):.2f}x")
+    print(f"| during the {what} | {describe(during)} |")
+    print(f"\np99 during the {what} / idle p99: {percentile(during, 0.99) / percentile(idle, 0.99):.2f}x")
 
 
 if __name__ == "__main__":
