@@ -574,7 +574,7 @@ class Engine:
         return pieces, tokens
 
     def _pooled(self, group: list[Submit], pooling: str) -> list[list[float]]:
-        """Each request's vector: its pooled states, or (SCORE) its pair's one relevance score."""
+        """Each request's vector: its pooled states, or (SCORE) its pair's one relevance logit."""
         if pooling == SCORE:
             pairs = [(request.prompt_ids, request.params.pair_start) for request in group]
             return score(self.rerank_model.model, pairs)[:, None].tolist()

@@ -36,7 +36,7 @@ DEFAULT_MAX_TOKENS = 512  # for a model whose config names no max_position_embed
 class EmbeddingModel:
     """A separate model that answers embedding requests in place of the served one, or scores pairs."""
 
-    name: str  # what an embeddings request's `model` names
+    name: str  # what its requests' `model` names
     model: PreTrainedModel
     tokenizer_path: str  # a directory with its tokenizer.json, for the frontend
     max_tokens: int  # the most tokens an input may have: its position embeddings
