@@ -75,23 +75,10 @@ def rerank(url: str, inputs: int, words: int) -> tuple[float, int]:
 
 
 def write_random_reranker(directory: Path) -> None:
-    """A random cross-encoder of ms-marco-MiniLM-L-6-v2's shape, with a WordPiece tokenizer of letters."""
-    import torch
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+    """A random cross-encoder of ms-marco-MiniLM-L-6-v2's shape, whose tokenizer spells words by letter."""
+    from random_bert import write_random_bert
+    from transformers import BertConfig
 
-    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *(f"##{c}" for c in letters)]
-    vocab = {token: i for i, token in enumerate(tokens)}
-    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )
-    torch.manual_seed(0)
     config = BertConfig(
         vocab_size=30522,
         hidden_size=384,
@@ -99,10 +86,8 @@ def write_random_reranker(directory: Path) -> None:
         num_attention_heads=12,
         intermediate_size=1536,
         max_position_embeddings=512,
-        num_labels=1,
     )
-    BertForSequenceClassification(config).save_pretrained(directory)
-    BertTokenizerFast(tokenizer_object=tokenizer, model_max_length=512).save_pretrained(directory)
+    write_random_bert(directory, config, reranker=True)
 
 
 def describe(gaps: list[float]) -> str:

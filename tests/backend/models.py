@@ -6,19 +6,18 @@ import re
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     CONFIG_MAPPING,
     AutoModelForCausalLM,
     BertConfig,
-    BertForSequenceClassification,
-    BertModel,
-    BertTokenizerFast,
     FalconConfig,
     GPT2Config,
     GPT2LMHeadModel,
     PreTrainedTokenizerFast,
 )
+
+from scripts.random_bert import write_random_bert
 
 TINY_VOCAB = 512
 TINY_EOS = TINY_VOCAB - 1
@@ -251,36 +250,17 @@ def write_tiny_bert(directory: Path, reranker: bool = False) -> Path:
     and a WordPiece tokenizer of a few words, letters and their `##` pieces, saved as transformers does.
     `reranker`: a cross-encoder instead, BertForSequenceClassification with one label, whose tokenizer
     joins a pair as BERT's does ([CLS] query [SEP] document [SEP], the document's tokens of type 1)."""
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *TINY_BERT_WORDS, *letters, *".,!?"]
-    vocab = {token: i for i, token in enumerate(dict.fromkeys(tokens + [f"##{c}" for c in letters]))}
-    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )
-    tokenizer.decoder = decoders.WordPiece()
-    torch.manual_seed(0)
     config = BertConfig(
-        vocab_size=len(vocab),
+        vocab_size=0,  # the tokenizer's
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=TINY_BERT_POSITIONS,
-    )
-    if reranker:
         # BERT's initial weights (std 0.02) give every pair about the same logit: wider ones tell them apart.
-        config.num_labels, config.initializer_range = 1, 0.5
-        model = BertForSequenceClassification(config)
-    else:
-        model = BertModel(config)
-    model.save_pretrained(directory)
-    BertTokenizerFast(tokenizer_object=tokenizer).save_pretrained(directory)
-    return directory
+        initializer_range=0.5 if reranker else 0.02,
+    )
+    return write_random_bert(directory, config, TINY_BERT_WORDS, reranker)
 
 
 class MarkerTokenizer:
