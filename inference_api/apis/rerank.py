@@ -30,10 +30,6 @@ from inference_api.router import Serving
 
 bp = Blueprint("rerank_api", __name__)
 
-RERANK_FIELDS = ApiFields(prompt_ids="documents", count="documents")
-SCORE_FIELDS = ApiFields(prompt_ids="text_2", count="text_2")
-TEI_FIELDS = ApiFields(prompt_ids="texts", count="texts")
-
 
 @bp.post("/rerank")
 @bp.post("/v1/rerank")
@@ -46,19 +42,13 @@ def rerank() -> Response:
     documents = read_documents(data.get("documents"))
     top_n = read_integer(data, "top_n", None, 1, 1 << 31) or len(documents)
     return_documents = read_bool(data, "return_documents", True)
-    pairs = [pair_ids(serving, query, document, f"documents[{i}]") for i, document in enumerate(documents)]
-    scores = [sigmoid(logit) for logit in pair_logits(pairs, RERANK_FIELDS)]
-    results = [
-        {"index": i, "relevance_score": scores[i]}
-        for i in sorted(range(len(pairs)), key=lambda i: -scores[i])
-    ]
+    logits, tokens = pair_logits(serving, [(query, document) for document in documents], "documents")
+    scores = [sigmoid(logit) for logit in logits]
+    results = [{"index": i, "relevance_score": scores[i]} for i in most_relevant_first(scores)[:top_n]]
     for result in results if return_documents else ():
         result["document"] = {"text": documents[result["index"]]}
     return jsonify(
-        id=f"rerank-{uuid.uuid4().hex}",
-        model=serving.rerank_names[0],
-        results=results[:top_n],
-        usage=usage(pairs),
+        id=f"rerank-{uuid.uuid4().hex}", model=serving.rerank_names[0], results=results, usage=usage(tokens)
     )
 
 
@@ -74,17 +64,14 @@ def score() -> Response:
     if len(firsts) != len(seconds):
         message = f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: it takes one, or as many"
         raise InvalidParams("text_1", message)
-    pairs = [
-        pair_ids(serving, *texts, f"text_2[{i}]") for i, texts in enumerate(zip(firsts, seconds, strict=True))
-    ]
-    scores = [sigmoid(logit) for logit in pair_logits(pairs, SCORE_FIELDS)]
+    logits, tokens = pair_logits(serving, list(zip(firsts, seconds, strict=True)), "text_2")
     return jsonify(
         id=f"score-{uuid.uuid4().hex}",
         object="list",
         created=int(time.time()),
         model=serving.rerank_names[0],
-        data=[{"index": i, "object": "score", "score": value} for i, value in enumerate(scores)],
-        usage=usage(pairs),
+        data=[{"index": i, "object": "score", "score": sigmoid(logit)} for i, logit in enumerate(logits)],
+        usage=usage(tokens),
     )
 
 
@@ -106,13 +93,25 @@ def tei_rerank(data: dict[str, Any], serving: Serving, query: str) -> Response:
     texts = read_documents(data.get("texts"), "texts")
     raw_scores = read_bool(data, "raw_scores", False)
     return_text = read_bool(data, "return_text", False)
-    pairs = [pair_ids(serving, query, text, f"texts[{i}]") for i, text in enumerate(texts)]
-    logits = pair_logits(pairs, TEI_FIELDS)
+    logits, _ = pair_logits(serving, [(query, text) for text in texts], "texts")
     scores = logits if raw_scores else [sigmoid(logit) for logit in logits]
-    ranked = sorted(range(len(pairs)), key=lambda i: -scores[i])
-    return jsonify(
-        [{"index": i, "score": scores[i]} | ({"text": texts[i]} if return_text else {}) for i in ranked]
-    )
+    results = [{"index": i, "score": scores[i]} for i in most_relevant_first(scores)]
+    for result in results if return_text else ():
+        result["text"] = texts[result["index"]]
+    return jsonify(results)
+
+
+def pair_logits(serving: Serving, texts: list[tuple[str, str]], field: str) -> tuple[list[float], int]:
+    """Each pair of texts' relevance logit from the rerank model, in order, each pair a backend request
+    (a 400 naming `field[i]` for one the model cannot take), and the pairs' tokens."""
+    pairs = [pair_ids(serving, first, second, f"{field}[{i}]") for i, (first, second) in enumerate(texts)]
+    requests = [(ids, SamplingParams(max_tokens=0, embedding=SCORE, pair_start=at)) for ids, at in pairs]
+    vectors = pooled(requests, ApiFields(prompt_ids=field, count=field))
+    return [vector[0] for vector in vectors], sum(len(ids) for ids, _ in pairs)
+
+
+def most_relevant_first(scores: list[float]) -> list[int]:
+    return sorted(range(len(scores)), key=lambda i: -scores[i])
 
 
 def sigmoid(logit: float) -> float:
@@ -121,16 +120,7 @@ def sigmoid(logit: float) -> float:
     return 1 / (1 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1 + math.exp(logit))
 
 
-def pair_logits(pairs: list[tuple[list[int], int | None]], fields: ApiFields) -> list[float]:
-    """Each pair's relevance logit from the rerank model, in order: each pair a backend request."""
-    requests = [
-        (ids, SamplingParams(max_tokens=0, embedding=SCORE, pair_start=start)) for ids, start in pairs
-    ]
-    return [vector[0] for vector in pooled(requests, fields)]
-
-
-def usage(pairs: list[tuple[list[int], int | None]]) -> dict[str, int]:
-    tokens = sum(len(ids) for ids, _ in pairs)
+def usage(tokens: int) -> dict[str, int]:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
 
