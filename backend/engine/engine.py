@@ -34,6 +34,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from backend.engine.ahead import StepAhead, decodes_again, next_step_rows
 from backend.engine.draft_model import DraftModel
+from backend.engine.encoder_pass import EncoderPass, embedding_failed
 from backend.engine.prefill_budget import PrefillBudget
 from backend.engine.prefix_cache import Placement, PrefixIndex
 from backend.engine.row import Row
@@ -47,7 +48,7 @@ from backend.layers.sampler import NOT_FINITE, SamplingBatch, sample
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS
 from backend.messages import SCORE, BackendConfig, InvalidPart, Piece, SamplingParams, Submit, TokenLogprob
 from backend.model.cache_size import DEFAULT_MAX_SEQ_LEN, context_length
-from backend.model.embeddings import EmbeddingJob, EmbeddingModel, embed, score
+from backend.model.embeddings import EmbeddingJob, EmbeddingModel, embed
 from backend.model.mamba import MambaRunner
 from backend.model.model_runner import ModelRunner
 from backend.model.step_inputs import StepInputs
@@ -69,11 +70,6 @@ MOST_STEPS_ALONE = 2
 PROMPT_TOKENS_ALONE = 2 * LOOP_PROMPT_TOKENS
 
 NOT_FINITE_ERROR = "generation failed: the model's logits are not finite (NaN or infinity)"
-
-
-def embedding_failed(request: Submit, error: Exception) -> Piece:
-    message = f"embedding failed: {error}"
-    return Piece(request.request_id, "", "error", len(request.prompt_ids), error=message)
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -157,6 +153,7 @@ class Engine:
         self.embedding_model = embedding_model  # None: embedding requests pool the served model's states
         self.rerank_model = rerank_model  # None: score requests are refused
         self.embedding_job: tuple[Submit, EmbeddingJob] | None = None  # an input embedded a chunk a step
+        self.encoder_pass: EncoderPass | None = None  # a separate model's inputs, read a few layers a step
         self.undelivered: list[Piece] = []  # answers decided outside a step (rejections, cancels)
         self.admitted: list[str] = []  # the requests that took a row in the last step
         self.steps_alone = 0  # steps in a row for other teams' first tokens alone (_first_tokens_alone)
@@ -277,6 +274,7 @@ class Engine:
         elif (
             request.request_id in self.waiting
             or request.request_id in self.embedding_waiting
+            or (self.encoder_pass is not None and self.encoder_pass.holds(request.request_id))
             or self._row_of(request.request_id) is not None
         ):  # the frontend's fault, not the request's
             self._reject(request, f"request id {request.request_id!r} is already in use")
@@ -313,14 +311,21 @@ class Engine:
             if self.embedding_job is not None and self.embedding_job[0].request_id == request_id:
                 self.embedding_job = None  # and its cache with it
             self.undelivered.append(Piece(request_id, "", "cancelled"))
+        elif self.encoder_pass is not None and self.encoder_pass.holds(request_id):
+            self.encoder_pass.cancelled.add(request_id)  # (the pass goes on for the others)
+            self.undelivered.append(Piece(request_id, "", "cancelled"))
         elif (row := self._row_of(request_id)) is not None:
             row.cancelled = True
 
     @property
     def has_work(self) -> bool:
         return bool(
-            self.waiting or self.embedding_waiting or self.undelivered or self.active_rows or self.ahead
+            self.waiting or self.embeddings_pending or self.undelivered or self.active_rows or self.ahead
         )
+
+    @property
+    def embeddings_pending(self) -> bool:
+        return bool(self.embedding_waiting or self.embedding_job is not None or self.encoder_pass is not None)
 
     @property
     def active_rows(self) -> list[Row]:
@@ -348,7 +353,7 @@ class Engine:
             embedding = self._embedding_job(len(schedule.decoding))
             if schedule or embedding is not None:
                 pieces += self._run(schedule, embedding)
-            if self.embedding_waiting:
+            if self.embedding_waiting or self.encoder_pass is not None:
                 pieces += self._embed(len(schedule.decoding), prompt_tokens)
         except BaseException:
             self.undelivered = pieces + self.undelivered  # decided before the failure: sent next step
@@ -444,7 +449,7 @@ class Engine:
         waits: with no row decoding it would go whole."""
         if not (schedule.decoding and self.runner.reads_own_positions):
             return None
-        if self.embedding_waiting or self.embedding_job is not None:
+        if self.embeddings_pending:
             return None
         held = collections.Counter(row.request.team for row in self.active_rows)
         busiest = max(held.values())
@@ -523,46 +528,44 @@ class Engine:
         return piece
 
     def _embed(self, decoding_rows: int, prompt_tokens: int) -> list[Piece]:
-        """The step's embedding work outside its forward pass: with no row decoding, nobody waits, and
-        the waiting inputs go whole, up to a whole row's worth; while rows decode, a separate embedding
-        or rerank model's within what the prefill budget leaves after the step's prompt chunks
-        (prefill_budget.embedding_tokens), timed for the next steps' budgets (the served model's go
-        into the step's own pass instead, `_embedding_job`)."""
+        """The step's embedding work outside its forward pass. With no row decoding, nobody waits: the
+        served model's waiting inputs go whole up to a row's worth of tokens, and a separate model's
+        pass as many layers as that pays for. While rows decode, the served model's go into the step's
+        own pass instead (`_embedding_job`), and a separate embedding or rerank model's pass goes as
+        many layers as what the prefill budget leaves after the step's prompt chunks pays for
+        (prefill_budget.embedding_tokens), timed for the next steps' budgets."""
         if not decoding_rows:
-            return self._embed_waiting(max(self.prefill_budget.ceiling, self.max_seq_len))[0]
-        waiting = self.embedding_waiting.values()
-        if not any(self._separate_model(request.params) for request in waiting):
+            whole = max(self.prefill_budget.ceiling, self.max_seq_len)  # a row's worth
+            return self._embed_waiting(whole) + self._encode(whole)[0]
+        if self.encoder_pass is None and not any(
+            self._separate_model(request.params) for request in self.embedding_waiting.values()
+        ):
             return []
         started = time.perf_counter()
-        pieces, tokens = self._embed_waiting(
-            self.prefill_budget.embedding_tokens(decoding_rows, prompt_tokens), separate_only=True
-        )
+        pieces, tokens = self._encode(self.prefill_budget.embedding_tokens(decoding_rows, prompt_tokens))
         self.prefill_budget.observe_embedding(time.perf_counter() - started, tokens)
         return pieces
 
-    def _embed_waiting(self, budget: int, separate_only: bool = False) -> tuple[list[Piece], int]:
-        """Embed (or score) waiting inputs whole, oldest first, within `budget` tokens, in one batch a
-        pooling (a separate model's first input even over the budget, alone: an encoder reads an input
-        whole); not the one being embedded a chunk a step, nor with `separate_only` the served model's.
-        A batch that fails ends its requests with an error. Returns the pieces and the tokens embedded."""
+    def _embed_waiting(self, budget: int) -> list[Piece]:
+        """Embed the served model's waiting inputs whole, oldest first, within `budget` tokens, in one
+        batch a pooling; not the one being embedded a chunk a step. A batch that fails ends its requests
+        with an error."""
         pieces: list[Piece] = []
         batch, tokens = [], 0
         for request in list(self.embedding_waiting.values()):
-            separate = self._separate_model(request.params)
+            if self._separate_model(request.params) is not None:
+                continue
             if self.embedding_job is not None and request is self.embedding_job[0]:
                 continue
-            if separate_only and separate is None:
-                continue
             size = len(request.prompt_ids)
-            whole_alone = not batch and separate is not None and budget > 0  # an encoder's
-            if tokens + size > budget and not whole_alone:
+            if tokens + size > budget:
                 break
             batch.append(self.embedding_waiting.pop(request.request_id))
             tokens += size
         for pooling in sorted({request.params.embedding for request in batch}):
             group = [request for request in batch if request.params.embedding == pooling]
             try:
-                vectors = self._pooled(group, pooling)
+                vectors = embed(self.model, [request.prompt_ids for request in group], pooling).tolist()
             except Exception as error:
                 log.exception("embedding %d prompts failed", len(group))
                 pieces += [embedding_failed(request, error) for request in group]
@@ -571,15 +574,29 @@ class Engine:
                 Piece(request.request_id, "", "stop", len(request.prompt_ids), embedding=tuple(vector))
                 for request, vector in zip(group, vectors, strict=True)
             ]
-        return pieces, tokens
+        return pieces
 
-    def _pooled(self, group: list[Submit], pooling: str) -> list[list[float]]:
-        """Each request's vector: its pooled states, or (SCORE) its pair's one relevance logit."""
-        if pooling == SCORE:
-            pairs = [(request.prompt_ids, request.params.pair_start) for request in group]
-            return score(self.rerank_model.model, pairs)[:, None].tolist()
-        model = self.embedding_model.model if self.embedding_model else self.model
-        return embed(model, [request.prompt_ids for request in group], pooling).tolist()
+    def _encode(self, budget: int) -> tuple[list[Piece], int]:
+        """Advance a separate model's pass by what `budget` tokens pay for, begun on the oldest of its
+        waiting inputs if none is under way; the pass's answers once it is done, and the tokens the
+        step's part of it was worth."""
+        if self.encoder_pass is None:
+            waiting = [r for r in self.embedding_waiting.values() if self._separate_model(r.params)]
+            if not waiting:
+                return [], 0
+            model = self._separate_model(waiting[0].params)
+            mine = [request for request in waiting if self._separate_model(request.params) is model]
+            ceiling = max(self.prefill_budget.ceiling, self.max_seq_len)
+            self.encoder_pass = EncoderPass.of_waiting(model, mine, budget, ceiling)
+            for request in self.encoder_pass.requests:
+                del self.embedding_waiting[request.request_id]
+        tokens = self.encoder_pass.advance(budget)
+        if not self.encoder_pass.staged.done:
+            return [], tokens
+        if (error := self.encoder_pass.staged.error) is not None:
+            log.error("a pass of %d inputs failed", len(self.encoder_pass.requests), exc_info=error)
+        pieces, self.encoder_pass = self.encoder_pass.pieces(), None
+        return pieces, tokens
 
     def fail_all(self, message: str) -> list[Piece]:
         """A step raised past `_step_rows` (admission, not a row's forward pass): end every request in
@@ -717,6 +734,7 @@ class Engine:
             and len(rows) == len(self.active_rows)
             and not (self.waiting and None in self.rows)
             and not self.embedding_waiting
+            and self.encoder_pass is None
             and all(decodes_again(row) for row in rows)
         )
 

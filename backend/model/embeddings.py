@@ -13,6 +13,7 @@ decoding nobody waits: the inputs that wait go whole in one padded forward pass 
 With `--embedding-model` the vectors come from a separate model instead (a sentence-embedding
 model, often a BERT-like encoder): whatever transformers' AutoModel loads whose output has
 last_hidden_state, pooled the same way; the frontend tokenizes its inputs with its own tokenizer.
+A separate model's pass reads its inputs whole and goes a few layers a step (engine/encoder_pass.py).
 
 With `--rerank-model` a cross-encoder scores (query, document) pairs for /v1/rerank: transformers'
 AutoModelForSequenceClassification with one label (BERT- and XLM-RoBERTa-like rerankers), each pair read
@@ -102,7 +103,7 @@ class EmbeddingJob:
     """One input embedded by the served model a chunk a step, prefilled in the cache's embedding row
     beside the rows' own chunks (a `PrefillingRow` of step_inputs.py): each chunk reads the earlier ones
     from that row, as one pass over the whole input would, and the pooled states add up as it goes.
-    (An encoder's tokens each read every other, so a separate embedding model embeds an input whole.)"""
+    (An encoder's tokens each read every other, so a separate model's pass goes by layers instead.)"""
 
     def __init__(self, prompt: tuple[int, ...], pooling: str, row: int):
         self.prompt_ids, self.pooling, self.index = prompt, pooling, row

@@ -94,6 +94,55 @@ def test_pairs_are_scored_while_the_served_model_generates(reranker):
     assert MarkerTokenizer.ids(text_of(pieces["g"])) == reference_greedy(model, (3, 4, 5), 8, engine.eos_ids)
 
 
+def decoding_engine(loaded, budget: int) -> Engine:
+    """An engine whose one row decodes a long greedy stream, past its prompt's step: its steps then
+    give a separate model's pass what `budget` tokens pay for."""
+    engine = Engine(
+        tiny_model("llama"),
+        MarkerTokenizer(),
+        rows=1,
+        max_seq_len=128,
+        max_prefill_tokens=budget,
+        rerank_model=loaded,
+    )
+    engine.submit(Submit("g", (3, 4, 5), SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)))
+    engine.step()
+    return engine
+
+
+def test_while_rows_decode_a_pair_goes_a_layer_a_step_and_scores_as_it_does_alone(reranker):
+    directory, loaded = reranker
+    engine = decoding_engine(loaded, budget=8)
+    ids, start = pair(AutoTokenizer.from_pretrained(directory), DOCUMENTS[0])
+    assert len(ids) > 8 and loaded.model.config.num_hidden_layers == 2
+    engine.submit(Submit("s", ids, SamplingParams(embedding=SCORE, pair_start=start)))
+    first = engine.step()
+    assert [p.request_id for p in first] == ["g"]  # the stream's token, and the pair's first layer
+    assert engine.encoder_pass.staged.layers_run == 1
+    second = {p.request_id: p for p in engine.step()}
+    assert set(second) == {"g", "s"} and engine.encoder_pass is None
+    assert second["s"].embedding[0] == pytest.approx(alone(directory, DOCUMENTS[0]), abs=1e-5)
+
+
+def test_a_pair_cancelled_during_its_pass_ends_at_once_and_the_others_of_the_pass_score(reranker):
+    directory, loaded = reranker
+    engine = decoding_engine(loaded, budget=24)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    for i, document in enumerate(DOCUMENTS[2:]):
+        ids, start = pair(tokenizer, document)
+        engine.submit(Submit(f"s{i}", ids, SamplingParams(embedding=SCORE, pair_start=start)))
+    engine.step()
+    assert [request.request_id for request in engine.encoder_pass.requests] == ["s0", "s1"]
+    assert not engine.encoder_pass.staged.done
+    engine.submit(Submit("s1", (2, 3), SamplingParams(embedding=SCORE)))  # its id is in use
+    engine.cancel("s0")
+    pieces = drive(engine, [])
+    assert [p.finish_reason for p in pieces["s0"]] == ["cancelled"]
+    assert [p.finish_reason for p in pieces["s1"]] == ["error", "stop"]
+    assert "already in use" in pieces["s1"][0].error
+    assert pieces["s1"][1].embedding[0] == pytest.approx(alone(directory, DOCUMENTS[3]), abs=1e-5)
+
+
 def test_score_requests_are_bounded_by_the_rerank_model_and_refused_without_one(reranker):
     _, loaded = reranker
     engine = Engine(tiny_model("llama"), MarkerTokenizer(), rows=1, max_seq_len=128, rerank_model=loaded)
