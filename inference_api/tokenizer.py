@@ -88,11 +88,40 @@ class ModelTokenizer:
         # chat template already holds its special tokens (as in apply_chat_template).
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_pair(self, first: str, second: str) -> tuple[list[int], int | None]:
+    def encode_pair(
+        self,
+        first: str,
+        second: str,
+        most: int | None = None,
+        second_most: int | None = None,
+        direction: str = "right",
+    ) -> tuple[list[int], int | None]:
         """Two texts joined as `tokenizer(first, second)` joins them (a cross-encoder's query and document),
-        and where the second's token type 1 begins (None where the tokenizer gives both one type)."""
-        encoding = self._tokenizer.encode(first, second)
+        and where the second's token type 1 begins (None where the tokenizer gives both one type).
+
+        `second_most` cuts the second text to that many tokens; `most` the pair to that many in all, its
+        special tokens with them, as transformers' and Text Embeddings Inference's "longest_first" cuts
+        it: the longer text down to what the shorter leaves, and where both are longer than half, each to
+        half. The tokens go from each text's end (`direction` "left": from its start)."""
+        if most is None and second_most is None:
+            encoding = self._tokenizer.encode(first, second)
+        else:
+            texts = [self._tokenizer.encode(text, add_special_tokens=False) for text in (first, second)]
+            lengths = [
+                len(texts[0]),
+                len(texts[1]) if second_most is None else min(len(texts[1]), second_most),
+            ]
+            if most is not None:
+                lengths = longest_first(lengths, most - self.pair_special_tokens)
+            for text, length in zip(texts, lengths, strict=True):
+                text.truncate(length, direction=direction)
+            encoding = self._tokenizer.post_process(texts[0], texts[1])
         return encoding.ids, encoding.type_ids.index(1) if 1 in encoding.type_ids else None
+
+    @property
+    def pair_special_tokens(self) -> int:
+        """The special tokens joining a pair adds ([CLS], [SEP] and [SEP] for BERT)."""
+        return self._tokenizer.num_special_tokens_to_add(True)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -102,6 +131,18 @@ class ModelTokenizer:
 
     def special_token_id(self, text: str) -> int | None:
         return self._special_ids.get(text)
+
+
+def longest_first(lengths: list[int], most: int) -> list[int]:
+    """Two texts' lengths cut to `most` tokens in all: the longer one's down to what the shorter leaves
+    (never below the shorter), and where that is not enough, `most` shared in halves (the second the
+    odd token)."""
+    shorter, longer = sorted(lengths)
+    if shorter + longer <= most:
+        return lengths
+    most = max(0, most)
+    cut = [most // 2, most - most // 2] if shorter > most // 2 else [shorter, most - shorter]
+    return cut if lengths[0] <= lengths[1] else cut[::-1]
 
 
 def load_tokenizer(directory: str | None) -> PromptTokenizer:

@@ -8,8 +8,10 @@ with `texts` in place of `documents` at /rerank (TEI's path) is Text Embeddings 
 structured documents), each one backend request, so no more than the rows and the queue hold together;
 `top_n` keeps the first N results (default: all); `return_documents` (default true, as Jina and vLLM)
 sends each document back with its score. `model` may be left out; given, it must name the rerank model.
-A pair longer than the rerank model takes is a 400 naming its document. Scores are the sigmoid of the
-model's relevance logit, from 0 to 1. A server without `--rerank-model` answers 404.
+A pair longer than the rerank model takes is a 400 naming its document, unless the request asks for it
+cut (`Truncation`): vLLM's `truncate_prompt_tokens` (here and at /v1/score), Cohere's
+`max_tokens_per_doc`, TEI's `truncate` and `truncation_direction`. Scores are the sigmoid of the model's
+relevance logit, from 0 to 1. A server without `--rerank-model` answers 404.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -42,7 +45,10 @@ def rerank() -> Response:
     documents = read_documents(data.get("documents"))
     top_n = read_integer(data, "top_n", None, 1, 1 << 31) or len(documents)
     return_documents = read_bool(data, "return_documents", True)
-    logits, tokens = pair_logits(serving, [(query, document) for document in documents], "documents")
+    truncation = Truncation.vllm(data, serving)
+    truncation.document_most = read_integer(data, "max_tokens_per_doc", None, 1, 1 << 31)  # Cohere's
+    pairs = [(query, document) for document in documents]
+    logits, tokens = pair_logits(serving, pairs, "documents", truncation)
     scores = [sigmoid(logit) for logit in logits]
     results = [{"index": i, "relevance_score": scores[i]} for i in most_relevant_first(scores)[:top_n]]
     for result in results if return_documents else ():
@@ -64,7 +70,8 @@ def score() -> Response:
     if len(firsts) != len(seconds):
         message = f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: it takes one, or as many"
         raise InvalidParams("text_1", message)
-    logits, tokens = pair_logits(serving, list(zip(firsts, seconds, strict=True)), "text_2")
+    pairs = list(zip(firsts, seconds, strict=True))
+    logits, tokens = pair_logits(serving, pairs, "text_2", Truncation.vllm(data, serving))
     return jsonify(
         id=f"score-{uuid.uuid4().hex}",
         object="list",
@@ -88,12 +95,15 @@ def read_rerank_request() -> tuple[dict[str, Any], Serving]:
 def tei_rerank(data: dict[str, Any], serving: Serving, query: str) -> Response:
     """Text Embeddings Inference's /rerank, which Haystack's, LlamaIndex's and LangChain's TEI rerankers
     call: `texts` in place of `documents`, `raw_scores` (the logits), `return_text`; a bare list of
-    {"index", "score", "text"}, the most relevant first. `truncate` is not needed: no pair is cut short,
-    and one too long is a 400 naming it."""
+    {"index", "score", "text"}, the most relevant first. `truncate` cuts a pair too long for the model
+    (else a 400 naming it), from the end of its texts or, with `truncation_direction` "left", from their
+    start."""
     texts = read_documents(data.get("texts"), "texts")
     raw_scores = read_bool(data, "raw_scores", False)
     return_text = read_bool(data, "return_text", False)
-    logits, _ = pair_logits(serving, [(query, text) for text in texts], "texts")
+    logits, _ = pair_logits(
+        serving, [(query, text) for text in texts], "texts", Truncation.tei(data, serving)
+    )
     scores = logits if raw_scores else [sigmoid(logit) for logit in logits]
     results = [{"index": i, "score": scores[i]} for i in most_relevant_first(scores)]
     for result in results if return_text else ():
@@ -101,10 +111,52 @@ def tei_rerank(data: dict[str, Any], serving: Serving, query: str) -> Response:
     return jsonify(results)
 
 
-def pair_logits(serving: Serving, texts: list[tuple[str, str]], field: str) -> tuple[list[float], int]:
+@dataclass
+class Truncation:
+    """How a request asks its pairs cut: to `most` tokens in all (longest first, ModelTokenizer.encode_pair),
+    each document to `document_most`, from the texts' ends or (`direction` "left") their starts. None:
+    not cut, a pair too long being a 400."""
+
+    most: int | None = None
+    document_most: int | None = None
+    direction: str = "right"
+    asked_by: str = "truncate_prompt_tokens: -1"  # what cuts a pair to fit, in the request's API
+
+    @classmethod
+    def vllm(cls, data: dict[str, Any], serving: Serving) -> Truncation:
+        """vLLM's `truncate_prompt_tokens`: a pair cut to that many tokens; -1, to the rerank model's own."""
+        most = serving.backend.rerank_model.max_tokens
+        tokens = read_integer(data, "truncate_prompt_tokens", None, -1, most)
+        if tokens == -1:
+            return cls(most)
+        # Fewer would leave the texts no token at all beside the pair's special tokens.
+        least = serving.rerank_tokenizer.pair_special_tokens + 2
+        if tokens is not None and tokens < least:
+            message = f"truncate_prompt_tokens must be -1 or from {least} to {most}, got {tokens}"
+            raise InvalidParams("truncate_prompt_tokens", message)
+        return cls(tokens)
+
+    @classmethod
+    def tei(cls, data: dict[str, Any], serving: Serving) -> Truncation:
+        """Text Embeddings Inference's `truncate` (to the model's tokens) and `truncation_direction`
+        ("right", the default, or "left"; TEI spells them "Right" and "Left")."""
+        direction = read_string(data, "truncation_direction") or "right"
+        if direction.lower() not in ("right", "left"):
+            message = f'truncation_direction must be "right" or "left", got {direction!r}'
+            raise InvalidParams("truncation_direction", message)
+        most = serving.backend.rerank_model.max_tokens if read_bool(data, "truncate", False) else None
+        return cls(most, direction=direction.lower(), asked_by="truncate: true")
+
+
+def pair_logits(
+    serving: Serving, texts: list[tuple[str, str]], field: str, truncation: Truncation
+) -> tuple[list[float], int]:
     """Each pair of texts' relevance logit from the rerank model, in order, each pair a backend request
     (a 400 naming `field[i]` for one the model cannot take), and the pairs' tokens."""
-    pairs = [pair_ids(serving, first, second, f"{field}[{i}]") for i, (first, second) in enumerate(texts)]
+    pairs = [
+        pair_ids(serving, first, second, f"{field}[{i}]", truncation)
+        for i, (first, second) in enumerate(texts)
+    ]
     requests = [(ids, SamplingParams(max_tokens=0, embedding=SCORE, pair_start=at)) for ids, at in pairs]
     vectors = pooled(requests, ApiFields(prompt_ids=field, count=field))
     return [vector[0] for vector in vectors], sum(len(ids) for ids, _ in pairs)
@@ -152,13 +204,17 @@ def read_documents(value: Any, field: str = "documents") -> list[str]:
     return texts
 
 
-def pair_ids(serving: Serving, query: str, document: str, param: str) -> tuple[list[int], int | None]:
-    """The query and the document as the rerank model's tokenizer joins them, and where the document's
-    token type begins; a 400 naming `param` for a pair longer than the model takes."""
+def pair_ids(
+    serving: Serving, query: str, document: str, param: str, truncation: Truncation
+) -> tuple[list[int], int | None]:
+    """The query and the document as the rerank model's tokenizer joins them (cut as the request asks),
+    and where the document's token type begins; a 400 naming `param` for a pair longer than the model
+    takes."""
     tokenizer, model = serving.rerank_tokenizer, serving.backend.rerank_model
-    ids, start = tokenizer.encode_pair(query, document)
+    ids, start = tokenizer.encode_pair(
+        query, document, truncation.most, truncation.document_most, truncation.direction
+    )
     if len(ids) > (most := model.max_tokens):
-        raise InvalidParams(
-            param, f"{param} and the query have {len(ids)} tokens; the rerank model takes {most}"
-        )
+        message = f"{param} and the query have {len(ids)} tokens; the rerank model takes {most}"
+        raise InvalidParams(param, f"{message} ({truncation.asked_by} cuts it to fit)")
     return ids, start

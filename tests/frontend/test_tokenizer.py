@@ -74,3 +74,30 @@ def test_the_frontend_never_imports_torch(saved_tokenizer: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "no torch" in result.stdout
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_pair_is_cut_longest_first_as_transformers_cuts_it(tmp_path: Path, side: str) -> None:
+    """A rerank pair cut to fit (truncate_prompt_tokens, TEI's truncate): the ids and token types that
+    transformers' tokenizer(query, document, truncation=True, max_length=...) gives, from either end."""
+    from transformers import AutoTokenizer
+
+    from tests.backend.models import write_tiny_bert
+
+    directory = write_tiny_bert(tmp_path / "reranker", reranker=True)
+    reference = AutoTokenizer.from_pretrained(directory, truncation_side=side)
+    ours = ModelTokenizer(str(directory))
+    assert ours.pair_special_tokens == 3  # [CLS] query [SEP] document [SEP]
+    short, long = "the cat sat", "stock markets fell sharply today on the mat"
+    # The longer text alone cut, both cut to halves (an odd one and an even one), nothing cut.
+    for first, second in [(short, long), (long, short), (long, long + " a cat")]:
+        for most in (12, 17, 18, 60):
+            expected = reference(first, second, truncation=True, max_length=most)
+            assert len(expected.input_ids) == min(most, len(reference(first, second).input_ids))
+            ids, start = ours.encode_pair(first, second, most, direction=side)
+            assert ids == expected.input_ids, (first, second, most)
+            assert start == expected.token_type_ids.index(1)
+    # Cohere's max_tokens_per_doc: the document alone cut to that many tokens.
+    query_tokens = len(reference(short).input_ids)  # with [CLS] and [SEP]
+    expected = reference(short, long, truncation="only_second", max_length=query_tokens + 4 + 1)
+    assert ours.encode_pair(short, long, second_most=4, direction=side)[0] == expected.input_ids

@@ -153,14 +153,17 @@ def test_llama_stacks_embeddings_are_the_embedding_models(client, server):
     assert refused.status_code == 400 and refused.json()["detail"].startswith("contents[0] has ")
 
 
-def rerank_reference(directory: Path, raw: bool = False) -> list[float]:
+def rerank_reference(
+    directory: Path, raw: bool = False, documents: list[str] = DOCUMENTS, side: str = "right", **cut
+) -> list[float]:
     """Each document's score as transformers gives it alone: the sigmoid of the pair's one logit (`raw`:
-    the logit)."""
+    the logit); `cut`, the tokenizer's truncation options (from the texts' `side`)."""
     model = AutoModelForSequenceClassification.from_pretrained(directory).eval()
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory, truncation_side=side)
     with torch.no_grad():
         logits = [
-            model(**tokenizer(QUERY, document, return_tensors="pt")).logits[0, 0] for document in DOCUMENTS
+            model(**tokenizer(QUERY, document, return_tensors="pt", **cut)).logits[0, 0]
+            for document in documents
         ]
     return [(logit if raw else torch.sigmoid(logit)).item() for logit in logits]
 
@@ -298,3 +301,53 @@ def test_text_embeddings_inferences_rerank_body_gets_its_own_answer(server, mode
     # Only at TEI's own path: /v1/rerank takes Jina's and Cohere's body alone.
     elsewhere = requests.post(f"{server.url}/v1/rerank", json=asked, timeout=60)
     assert elsewhere.status_code == 400 and elsewhere.json()["error"]["param"] == "documents"
+
+
+def test_a_pair_too_long_is_cut_where_the_request_asks_as_transformers_cuts_it(server, models):
+    """vLLM's truncate_prompt_tokens (-1: to the model's positions), Cohere's max_tokens_per_doc and TEI's
+    truncate with truncation_direction: each pair scores as transformers' tokenizer cuts it."""
+    long = " ".join(["the cat sat on the mat"] * 20)  # 120 words, past the model's 64 positions
+    documents = [long, "a cat"]
+    query_tokens = len(AutoTokenizer.from_pretrained(models / RERANK_MODEL)(QUERY).input_ids)
+    reranker = models / RERANK_MODEL
+    for body, path, expected in [
+        ({"truncate_prompt_tokens": -1}, "/v1/rerank", {"truncation": True, "max_length": 64}),
+        ({"truncate_prompt_tokens": 20}, "/v1/rerank", {"truncation": True, "max_length": 20}),
+        (
+            {"max_tokens_per_doc": 5},
+            "/v2/rerank",
+            {"truncation": "only_second", "max_length": query_tokens + 6},
+        ),
+    ]:
+        answer = rerank(server, path, documents=documents, **body)
+        assert answer.status_code == 200, answer.text
+        scores = rerank_reference(reranker, documents=documents, **expected)
+        assert {r["index"]: r["relevance_score"] for r in answer.json()["results"]} == pytest.approx(
+            dict(enumerate(scores)), abs=1e-6
+        ), body
+    score = requests.post(
+        f"{server.url}/v1/score",
+        json={"text_1": QUERY, "text_2": documents, "truncate_prompt_tokens": -1},
+        timeout=60,
+    )
+    scores = rerank_reference(reranker, documents=documents, truncation=True, max_length=64)
+    assert [item["score"] for item in score.json()["data"]] == pytest.approx(scores, abs=1e-6)
+    tei = {"query": QUERY, "texts": documents, "truncate": True, "truncation_direction": "Left"}
+    answer = requests.post(f"{server.url}/rerank", json=tei | {"raw_scores": True}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    logits = rerank_reference(reranker, True, documents, "left", truncation=True, max_length=64)
+    assert {r["index"]: r["score"] for r in answer.json()} == pytest.approx(dict(enumerate(logits)), abs=1e-5)
+    # Without a cut the pair is refused, and the message says what would cut it.
+    refused = rerank(server, documents=documents).json()["error"]
+    assert refused["param"] == "documents[0]" and "truncate_prompt_tokens: -1" in refused["message"]
+    refused = requests.post(f"{server.url}/rerank", json={"query": QUERY, "texts": documents}, timeout=60)
+    assert "truncate: true" in refused.json()["error"]["message"]
+    for path, fields, param in [
+        ("/v1/rerank", {"truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),  # no room for the texts
+        ("/v1/rerank", {"truncate_prompt_tokens": 65}, "truncate_prompt_tokens"),
+        ("/v2/rerank", {"max_tokens_per_doc": 0}, "max_tokens_per_doc"),
+    ]:
+        answer = rerank(server, path, **fields)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+    answer = requests.post(f"{server.url}/rerank", json=tei | {"truncation_direction": "up"}, timeout=60)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "truncation_direction"
