@@ -124,17 +124,20 @@ class Truncation:
 
     @classmethod
     def vllm(cls, data: dict[str, Any], serving: Serving) -> Truncation:
-        """vLLM's `truncate_prompt_tokens`: a pair cut to that many tokens; -1, to the rerank model's own."""
+        """vLLM's `truncate_prompt_tokens`: a pair cut to that many tokens (-1: to the rerank model's own),
+        from the texts' start, as vLLM's "left truncation" keeps their last tokens."""
         most = serving.backend.rerank_model.max_tokens
         tokens = read_integer(data, "truncate_prompt_tokens", None, -1, most)
+        if tokens is None:
+            return cls()
         if tokens == -1:
-            return cls(most)
+            return cls(most, direction="left")
         # Fewer would leave the texts no token at all beside the pair's special tokens.
         least = serving.rerank_tokenizer.pair_special_tokens + 2
-        if tokens is not None and tokens < least:
+        if tokens < least:
             message = f"truncate_prompt_tokens must be -1 or from {least} to {most}, got {tokens}"
             raise InvalidParams("truncate_prompt_tokens", message)
-        return cls(tokens)
+        return cls(tokens, direction="left")
 
     @classmethod
     def tei(cls, data: dict[str, Any], serving: Serving) -> Truncation:

@@ -311,8 +311,17 @@ def test_a_pair_too_long_is_cut_where_the_request_asks_as_transformers_cuts_it(s
     query_tokens = len(AutoTokenizer.from_pretrained(models / RERANK_MODEL)(QUERY).input_ids)
     reranker = models / RERANK_MODEL
     for body, path, expected in [
-        ({"truncate_prompt_tokens": -1}, "/v1/rerank", {"truncation": True, "max_length": 64}),
-        ({"truncate_prompt_tokens": 20}, "/v1/rerank", {"truncation": True, "max_length": 20}),
+        # vLLM's "left truncation": the texts' last tokens kept
+        (
+            {"truncate_prompt_tokens": -1},
+            "/v1/rerank",
+            {"side": "left", "truncation": True, "max_length": 64},
+        ),
+        (
+            {"truncate_prompt_tokens": 20},
+            "/v1/rerank",
+            {"side": "left", "truncation": True, "max_length": 20},
+        ),
         (
             {"max_tokens_per_doc": 5},
             "/v2/rerank",
@@ -330,13 +339,16 @@ def test_a_pair_too_long_is_cut_where_the_request_asks_as_transformers_cuts_it(s
         json={"text_1": QUERY, "text_2": documents, "truncate_prompt_tokens": -1},
         timeout=60,
     )
-    scores = rerank_reference(reranker, documents=documents, truncation=True, max_length=64)
+    scores = rerank_reference(reranker, documents=documents, side="left", truncation=True, max_length=64)
     assert [item["score"] for item in score.json()["data"]] == pytest.approx(scores, abs=1e-6)
-    tei = {"query": QUERY, "texts": documents, "truncate": True, "truncation_direction": "Left"}
-    answer = requests.post(f"{server.url}/rerank", json=tei | {"raw_scores": True}, timeout=60)
-    assert answer.status_code == 200, answer.text
-    logits = rerank_reference(reranker, True, documents, "left", truncation=True, max_length=64)
-    assert {r["index"]: r["score"] for r in answer.json()} == pytest.approx(dict(enumerate(logits)), abs=1e-5)
+    tei = {"query": QUERY, "texts": documents, "truncate": True}
+    for direction, side in [(None, "right"), ("Left", "left")]:
+        asked = tei | {"raw_scores": True, "truncation_direction": direction}
+        answer = requests.post(f"{server.url}/rerank", json=asked, timeout=60)
+        assert answer.status_code == 200, answer.text
+        logits = rerank_reference(reranker, True, documents, side, truncation=True, max_length=64)
+        scores = {r["index"]: r["score"] for r in answer.json()}
+        assert scores == pytest.approx(dict(enumerate(logits)), abs=1e-5), direction
     # Without a cut the pair is refused, and the message says what would cut it.
     refused = rerank(server, documents=documents).json()["error"]
     assert refused["param"] == "documents[0]" and "truncate_prompt_tokens: -1" in refused["message"]
