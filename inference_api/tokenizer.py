@@ -20,6 +20,11 @@ class PromptTokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
+    def encode_cut(self, text: str, most: int, direction: str) -> list[int]:
+        """`encode(text)` cut to `most` tokens with its special tokens, as transformers' tokenizer(text,
+        truncation=True, max_length=most) cuts it: from the text's end, or (`direction` "left") its start."""
+        ...
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
     def token_text(self, token_id: int) -> str:
@@ -55,6 +60,10 @@ class ByteTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
+    def encode_cut(self, text: str, most: int, direction: str) -> list[int]:
+        ids = self.encode(text)
+        return ids[-most:] if direction == "left" else ids[:most]
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return bytes(ids).decode("utf-8", errors="replace")
 
@@ -87,6 +96,13 @@ class ModelTokenizer:
         # add_special_tokens=True applies the post-processor, as tokenizer(text) does; a rendered
         # chat template already holds its special tokens (as in apply_chat_template).
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_cut(self, text: str, most: int, direction: str) -> list[int]:
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        encoding.truncate(
+            max(0, most - self._tokenizer.num_special_tokens_to_add(False)), direction=direction
+        )
+        return self._tokenizer.post_process(encoding).ids
 
     def encode_pair(
         self,

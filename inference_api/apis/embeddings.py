@@ -7,8 +7,9 @@ other model's name is a 404, as is the embedding model's at the generating endpo
 `input` is a string, a list of strings, a list of token ids or a list of those, at most 32 of
 them (embedder.MAX_INPUTS); `encoding_format` is `float` (default) or `base64` (little-endian
 float32, as OpenAI's); `dimensions` is refused, since the model's hidden size is the only one there
-is; `user` is accepted and ignored. Llama Stack's client calls the same handler at
-/v1/openai/v1/embeddings (app.py).
+is; `user` is accepted and ignored. An input longer than the model takes is a 400, unless vLLM's
+`truncate_prompt_tokens` asks it cut: to that many tokens (-1: to the model's), its last ones kept.
+Llama Stack's client calls the same handler at /v1/openai/v1/embeddings (app.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import struct
 from flask import Blueprint, Response, jsonify
 
 from backend.messages import InvalidParams
-from inference_api.embedder import embed, embedding_ids
+from inference_api.embedder import Cut, embed, embedding_ids
+from inference_api.fields import read_integer
 from inference_api.generation import EMBEDDINGS, ApiFields, check_model, read_request
 from inference_api.prompts import prompt_list
 
@@ -32,7 +34,8 @@ FIELDS = ApiFields(prompt_ids="input", count="input")
 def embeddings() -> Response:
     data, serving = read_request(model_field=None)
     check_model(data, serving, endpoint=EMBEDDINGS)
-    inputs = embedding_ids(prompt_list(data.get("input"), "input"), serving, "input")
+    cut = Cut(read_integer(data, "truncate_prompt_tokens", None, -1, 1 << 31))  # vLLM's
+    inputs = embedding_ids(prompt_list(data.get("input"), "input"), serving, "input", cut)
     encoding = data.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
         raise InvalidParams("encoding_format", 'encoding_format must be "float" or "base64"')

@@ -90,7 +90,7 @@ def test_embeddings_are_one_unit_vector_per_content_as_v1_embeddings_gives_them(
         ("contents[1]", {"contents": ["hi", {"type": "image", "image": {"url": {"uri": "a.png"}}}]}),
         ("output_dimension", {"contents": ["hi"], "output_dimension": 64}),
         ("task_type", {"contents": ["hi"], "task_type": "query"}),
-        ("text_truncation", {"contents": ["hi"], "text_truncation": "end"}),
+        ("text_truncation", {"contents": ["hi"], "text_truncation": "middle"}),
     ],
 )
 def test_what_embeddings_do_not_build_is_a_400_naming_it(llama, field, asked):

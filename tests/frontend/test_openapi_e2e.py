@@ -540,7 +540,7 @@ ERRORS = {
     "llama-embeddings-truncated": (
         "post",
         "/v1/inference/embeddings",
-        {"json": {**LLAMA_EMBEDDINGS, "text_truncation": "end"}},
+        {"json": {**LLAMA_EMBEDDINGS, "text_truncation": "middle"}},
         400,
     ),
     "llama-embeddings-unknown-model": (

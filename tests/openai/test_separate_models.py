@@ -61,10 +61,12 @@ def client(server: RunningServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0, timeout=60)
 
 
-def reference(directory: Path, text: str) -> torch.Tensor:
-    """The text's mean-pooled, normalised last hidden states, as transformers computes them alone."""
+def reference(directory: Path, text: str, side: str = "right", **cut) -> torch.Tensor:
+    """The text's mean-pooled, normalised last hidden states, as transformers computes them alone; `cut`,
+    the tokenizer's truncation options (from the text's `side`)."""
     model = AutoModel.from_pretrained(directory).eval()
-    ids = AutoTokenizer.from_pretrained(directory)(text, return_tensors="pt").input_ids
+    tokenizer = AutoTokenizer.from_pretrained(directory, truncation_side=side)
+    ids = tokenizer(text, return_tensors="pt", **cut).input_ids
     with torch.no_grad():
         hidden = model(input_ids=ids).last_hidden_state[0]
     return torch.nn.functional.normalize(hidden.mean(dim=0), dim=-1)
@@ -151,6 +153,48 @@ def test_llama_stacks_embeddings_are_the_embedding_models(client, server):
     too_long = {"model_id": EMBEDDING_MODEL, "contents": [" ".join(["a"] * TINY_BERT_POSITIONS)]}
     refused = requests.post(f"{server.url}/v1/inference/embeddings", json=too_long, timeout=60)
     assert refused.status_code == 400 and refused.json()["detail"].startswith("contents[0] has ")
+
+
+def test_an_input_too_long_is_cut_where_the_request_asks_as_transformers_cuts_it(client, server, models):
+    """vLLM's truncate_prompt_tokens at /v1/embeddings (the last tokens kept) and Llama Stack's
+    text_truncation: the vectors of the text as transformers' tokenizer cuts it, its special tokens kept."""
+    long = " ".join(["the cat sat on the mat", "stock markets fell sharply today"] * 8)  # past 64 positions
+    directory = models / EMBEDDING_MODEL
+    for cut, side, most in [(-1, "left", TINY_BERT_POSITIONS), (10, "left", 10)]:
+        item = client.embeddings.create(
+            model=EMBEDDING_MODEL, input=long, extra_body={"truncate_prompt_tokens": cut}
+        )
+        expected = reference(directory, long, side, truncation=True, max_length=most)
+        torch.testing.assert_close(torch.tensor(item.data[0].embedding), expected, atol=1e-5, rtol=1e-4)
+        assert item.usage.prompt_tokens == most
+    for truncation, side in [("end", "right"), ("start", "left")]:
+        asked = {"model_id": EMBEDDING_MODEL, "contents": [long], "text_truncation": truncation}
+        answer = requests.post(f"{server.url}/v1/inference/embeddings", json=asked, timeout=60)
+        assert answer.status_code == 200, answer.text
+        expected = reference(directory, long, side, truncation=True, max_length=TINY_BERT_POSITIONS)
+        torch.testing.assert_close(
+            torch.tensor(answer.json()["embeddings"][0]), expected, atol=1e-5, rtol=1e-4
+        )
+    # Token ids are cut as they are.
+    ids = AutoTokenizer.from_pretrained(directory)(long).input_ids
+    item = client.embeddings.create(
+        model=EMBEDDING_MODEL, input=[ids], extra_body={"truncate_prompt_tokens": 12}
+    )
+    assert item.usage.prompt_tokens == 12
+    # Without a cut the input is refused, and the message says what would cut it.
+    for cut in (0, TINY_BERT_POSITIONS + 1, None):
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.embeddings.create(
+                model=EMBEDDING_MODEL, input=long, extra_body={"truncate_prompt_tokens": cut}
+            )
+        assert raised.value.body["param"] == ("input" if cut is None else "truncate_prompt_tokens")
+    assert "truncate_prompt_tokens: -1 cuts it to fit" in raised.value.body["message"]
+    refused = requests.post(
+        f"{server.url}/v1/inference/embeddings",
+        json={"model_id": EMBEDDING_MODEL, "contents": [long]},
+        timeout=60,
+    )
+    assert 'text_truncation: "end" cuts it to fit' in refused.json()["detail"]
 
 
 def rerank_reference(

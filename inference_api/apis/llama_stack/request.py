@@ -16,10 +16,11 @@ default, and the first releases' strategy, a name with its values beside it
 (`"strategy": "top_p", "temperature": T`), is read too. Errors name nested
 fields by their path (`sampling_params.strategy.top_k`).
 
-Embeddings take `contents`, a list of strings or text items, and refuse what
-is not built: another `text_truncation` than "none" (a content too long is a
-400, as "none" says), an `output_dimension` (the vectors have the model's
-hidden size) and a `task_type` (the model embeds queries and documents alike).
+Embeddings take `contents`, a list of strings or text items, and
+`text_truncation` ("none", the default: a content too long is a 400; "start"
+or "end": cut from there to what the model takes), and refuse what is not
+built: an `output_dimension` (the vectors have the model's hidden size) and a
+`task_type` (the model embeds queries and documents alike).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from backend.messages import MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
-from inference_api.embedder import embedding_ids
+from inference_api.embedder import Cut, embedding_ids
 from inference_api.fields import read_bool, read_integer, read_number, read_object, read_stop, within
 from inference_api.prompts import (
     CHAT_DEFAULT_MAX_TOKENS,
@@ -147,10 +148,21 @@ def _strategy(sampling: dict[str, Any]) -> tuple[float, float, int]:
         raise InvalidParams("type", f"type must be greedy, top_p or top_k, got {kind!r}")
 
 
+# text_truncation: "start" cuts a content too long from its start, "end" from its end, to what the model
+# takes; "none" leaves it a 400.
+NOT_CUT_HINT = 'text_truncation: "end" cuts it to fit'
+TEXT_TRUNCATIONS = {
+    "none": Cut(field="text_truncation", hint=NOT_CUT_HINT),
+    "start": Cut(-1, "left", "text_truncation"),
+    "end": Cut(-1, "right", "text_truncation"),
+}
+
+
 def parse_embeddings(data: dict[str, Any], serving: Serving) -> list[list[int]]:
     """The token ids of each of `contents`, for the model that embeds."""
-    if data.get("text_truncation") not in (None, "none"):
-        message = 'text_truncation other than "none" is not supported: a content too long is a 400'
+    truncation = data.get("text_truncation") or "none"
+    if truncation not in TEXT_TRUNCATIONS:
+        message = f'text_truncation must be "none", "start" or "end", got {truncation!r}'
         raise InvalidParams("text_truncation", message)
     if data.get("output_dimension") is not None:
         message = "output_dimension is not supported: the vectors have the model's hidden size"
@@ -162,7 +174,7 @@ def parse_embeddings(data: dict[str, Any], serving: Serving) -> list[list[int]]:
     if not isinstance(contents, list) or not contents:
         raise InvalidParams("contents", "contents is required: a list of strings or text items to embed")
     texts = [_content_text(content, f"contents[{i}]") for i, content in enumerate(contents)]
-    return embedding_ids(texts, serving, "contents")
+    return embedding_ids(texts, serving, "contents", TEXT_TRUNCATIONS[truncation])
 
 
 def _content_text(content: Any, param: str) -> str:
