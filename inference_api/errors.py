@@ -52,7 +52,8 @@ class ApiError(Exception):
 OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/score")
 ANTHROPIC_PATH = "/v1/messages"
 LLAMA_STACK_PREFIXES = ("/inference/", "/v1/inference/")
-TGI_PATHS = ("/generate", "/generate_stream", "/info")  # and POST /, either of the first two
+# and POST /, either of the first two; Text Embeddings Inference's /embed answers in TGI's shape too
+TGI_PATHS = ("/generate", "/generate_stream", "/info", "/embed")
 # Anthropic's error types by status; its clients pick their exception by the status alone.
 ANTHROPIC_ERROR_TYPES = {
     400: "invalid_request_error",

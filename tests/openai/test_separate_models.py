@@ -197,6 +197,35 @@ def test_an_input_too_long_is_cut_where_the_request_asks_as_transformers_cuts_it
     assert 'text_truncation: "end" cuts it to fit' in refused.json()["detail"]
 
 
+def test_text_embeddings_inferences_embed_gives_the_embedding_models_vectors(client, server, models):
+    """TEI's /embed, as LlamaIndex's TextEmbeddingsInference calls it: `inputs`, `truncate` and
+    `truncation_direction`; a bare list of vectors back, errors in TEI's shape."""
+    answer = requests.post(f"{server.url}/embed", json={"inputs": TEXTS}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    expected = client.embeddings.create(model=EMBEDDING_MODEL, input=TEXTS).data
+    assert len(answer.json()) == len(TEXTS)
+    for vector, item in zip(answer.json(), expected, strict=True):
+        assert vector == pytest.approx(item.embedding, abs=1e-6)
+    one = requests.post(f"{server.url}/embed", json={"inputs": TEXTS[0], "normalize": True}, timeout=60)
+    assert one.json()[0] == pytest.approx(expected[0].embedding, abs=1e-6)
+    long = " ".join(["the cat sat on the mat", "stock markets fell sharply today"] * 8)
+    for direction, side in [(None, "right"), ("Left", "left")]:
+        asked = {"inputs": [long], "truncate": True, "truncation_direction": direction}
+        answer = requests.post(f"{server.url}/embed", json=asked, timeout=60)
+        assert answer.status_code == 200, answer.text
+        reference_vector = reference(models / EMBEDDING_MODEL, long, side, truncation=True, max_length=64)
+        torch.testing.assert_close(torch.tensor(answer.json()[0]), reference_vector, atol=1e-5, rtol=1e-4)
+    for asked, says in [
+        ({"inputs": [long]}, "truncate: true cuts it to fit"),
+        ({"inputs": TEXTS, "normalize": False}, "normalize must be true"),
+        ({"inputs": TEXTS, "truncate": True, "truncation_direction": "up"}, "truncation_direction"),
+        ({"inputs": []}, "inputs"),
+    ]:
+        refused = requests.post(f"{server.url}/embed", json=asked, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error_type"] == "validation", refused.text
+        assert says in refused.json()["error"]
+
+
 def rerank_reference(
     directory: Path, raw: bool = False, documents: list[str] = DOCUMENTS, side: str = "right", **cut
 ) -> list[float]:
