@@ -1,6 +1,6 @@
-"""A long /v1/embeddings input does not freeze the streams beside it: through the real server on the
-default model in the exact mode (float32), with a prefill budget fixed at 64 tokens so that the count of
-steps does not depend on the machine's speed.
+"""A long /v1/embeddings input, or a /v1/rerank of long pairs, does not freeze the streams beside it:
+through the real server on the default model in the exact mode (float32), with a prefill budget fixed at
+64 tokens so that the count of steps does not depend on the machine's speed.
 
 Before, a step embedded every waiting input whole (at least one, whatever its length), so a 900-token
 input was one long step and a client streaming beside it got no token until it ended (issue 35: 32
@@ -20,7 +20,9 @@ from collections.abc import Iterator
 
 import pytest
 import requests
+from transformers import BertConfig
 
+from scripts.random_bert import write_random_bert
 from tests.server_fixture import RunningServer, running_server
 
 BUDGET = 64  # prompt tokens a step, fixed
@@ -29,15 +31,29 @@ INPUT_WORDS = 900  # " word" is one token of the default model's vocabulary
 # that ended first would count too few tokens during and fail the test, not pass it.
 STREAM_TOKENS = 160
 MODEL = "SmolLM2-135M-Instruct"
+WORDS = ("the", "cat", "sat", "on", "mat", "where", "did")
+
+
+RERANK_LAYERS = 4
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
+def server(tmp_path_factory) -> Iterator[RunningServer]:
     # The exact mode: the vector embedded in chunks must be the one embedded whole, which the default
     # mode promises only up to its rounding, and for this input (one word 900 times) that rounding moved
     # the cosine anywhere from 0.997 to 0.77 from one start of the server to the next.
     options = f"--dtype float32 --quantize none --rows 2 --max-seq-len 1024 --max-prefill-tokens {BUDGET}"
-    with running_server(*options.split(), ready_timeout=600) as running:
+    # A random cross-encoder of 4 layers and 512 positions beside it, whose words are one token each.
+    reranker = tmp_path_factory.mktemp("models") / "reranker"
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=RERANK_LAYERS,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
+    write_random_bert(reranker, config, WORDS, reranker=True)
+    with running_server(*options.split(), "--rerank-model", str(reranker), ready_timeout=600) as running:
         yield running
 
 
@@ -101,3 +117,38 @@ def test_a_stream_gets_tokens_while_a_long_input_is_embedded(server):
     beside, whole = (response.json()["data"][0]["embedding"], alone.json()["data"][0]["embedding"])
     cosine = sum(a * b for a, b in zip(beside, whole, strict=True))  # both unit vectors
     assert cosine > 0.9999, cosine
+
+
+def test_a_stream_gets_tokens_while_a_rerank_goes_a_layer_a_step(server):
+    """A cross-encoder reads a pair whole, so its pass goes by layers instead (backend/model/staged_pass.py):
+    with 64 tokens a step, a 360-token pair's pass goes a layer a step, each step decoding the stream's
+    row. Whole, a pair was one step, and the stream got a token a pair."""
+    stream = Stream(server)
+    stream.start()
+    deadline = time.monotonic() + 120
+    while len(stream.arrivals) < 5:
+        assert stream.is_alive() and time.monotonic() < deadline, (
+            f"the stream never started: {stream.refused}"
+        )
+        time.sleep(0.01)
+    documents = [" ".join(["the cat sat on the mat"] * 60 + list(WORDS[:i])) for i in range(8)]
+    body = {"query": "where did the cat sit", "documents": documents, "return_documents": False}
+    sent = time.monotonic()
+    response = requests.post(f"{server.url}/v1/rerank", json=body, timeout=300)
+    answered = time.monotonic()
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] > len(documents) * RERANK_LAYERS * BUDGET
+
+    during = sum(sent < arrival < answered for arrival in stream.arrivals)
+    # A step for each layer of each pair: 32 here, where whole pairs gave 8; half leaves room for the
+    # steps that end with the answer still on its way.
+    assert during >= len(documents) * RERANK_LAYERS // 2, f"{during} tokens streamed during the rerank"
+    stream.join(timeout=300)
+    assert stream.finish_reason == "length"
+
+    # Idle, the pairs go together in one padded pass: the same scores.
+    alone = requests.post(f"{server.url}/v1/rerank", json=body, timeout=300)
+    scores = {r["index"]: r["relevance_score"] for r in response.json()["results"]}
+    assert {r["index"]: r["relevance_score"] for r in alone.json()["results"]} == pytest.approx(
+        scores, abs=1e-6
+    )
