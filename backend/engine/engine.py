@@ -312,7 +312,10 @@ class Engine:
                 self.embedding_job = None  # and its cache with it
             self.undelivered.append(Piece(request_id, "", "cancelled"))
         elif self.encoder_pass is not None and self.encoder_pass.holds(request_id):
-            self.encoder_pass.cancelled.add(request_id)  # (the pass goes on for the others)
+            self.encoder_pass.cancelled.add(request_id)  # the pass goes on for the others, if any
+            if len(self.encoder_pass.cancelled) == len(self.encoder_pass.requests):
+                self.encoder_pass.staged.abandon()
+                self.encoder_pass = None
             self.undelivered.append(Piece(request_id, "", "cancelled"))
         elif (row := self._row_of(request_id)) is not None:
             row.cancelled = True

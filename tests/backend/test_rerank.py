@@ -143,6 +143,22 @@ def test_a_pair_cancelled_during_its_pass_ends_at_once_and_the_others_of_the_pas
     assert pieces["s1"][1].embedding[0] == pytest.approx(alone(directory, DOCUMENTS[3]), abs=1e-5)
 
 
+def test_a_pass_whose_pairs_are_all_cancelled_ends_there(reranker):
+    directory, loaded = reranker
+    engine = decoding_engine(loaded, budget=8)
+    ids, start = pair(AutoTokenizer.from_pretrained(directory), DOCUMENTS[0])
+    engine.submit(Submit("s", ids, SamplingParams(embedding=SCORE, pair_start=start)))
+    engine.step()
+    staged = engine.encoder_pass.staged
+    assert staged.layers_run == 1 and not staged.done
+    engine.cancel("s")
+    assert engine.encoder_pass is None and staged.done and staged.layers_run == 1  # its thread ended
+    assert [(p.request_id, p.finish_reason) for p in engine.step() if p.request_id == "s"] == [
+        ("s", "cancelled")
+    ]
+    assert not any(layer._forward_pre_hooks for layer in loaded.model.bert.encoder.layer)
+
+
 def test_score_requests_are_bounded_by_the_rerank_model_and_refused_without_one(reranker):
     _, loaded = reranker
     engine = Engine(tiny_model("llama"), MarkerTokenizer(), rows=1, max_seq_len=128, rerank_model=loaded)
