@@ -48,15 +48,13 @@ format: install-dev
 # The browser tests drive Debian's chromium and chromedriver: installed here if missing. The project's
 # modules compiled first: each of the suite's servers and scripts imports them in a fresh process, and
 # where PYTHONDONTWRITEBYTECODE is set (as on the machines CI runs on) each compiled them again: 1.2 s
-# a backend process. Then pytest workers, each given whole files (a module's server stays on one
-# worker) and each on one core: on CI's 2 cores two took 820 s against 1,387 s in one process, the runs
-# one after the other; with torch's default (every core, in each worker and each server) two were slower
-# than one. Three: much of the suite waits on servers starting and answering, and the third worker's
-# files run meanwhile (773 s against 863 s for two, 2026-11-29).
+# a backend process. Then two pytest workers, each given whole files (a module's server stays on one
+# worker) and each on one core: on CI's 2 cores 820 s against 1,387 s in one process, the runs one after
+# the other; with torch's default (every core, in each worker and each server) two were slower than one.
 test: install-dev lint
 	bash scripts/install_browser.sh
 	$(PY) -m compileall -q backend inference_api proxy scripts
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 3 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
 
 # The API server (internal, 127.0.0.1:8000) on the default model and the JWT proxy in front
 # (127.0.0.1:8080); prints the URL and a curl line with a fresh token once the model is loaded.
