@@ -78,6 +78,15 @@ def read_bool(data: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+def read_truncation_direction(data: dict[str, Any], name: str = "truncation_direction") -> str:
+    """Text Embeddings Inference's `truncation_direction`: "right" (the default: an input cut from its end)
+    or "left" (from its start), in either case ("Right" and "Left" as TEI spells them)."""
+    direction = read_string(data, name) or "right"
+    if direction.lower() not in ("right", "left"):
+        raise InvalidParams(name, f'{name} must be "right" or "left", got {direction!r}')
+    return direction.lower()
+
+
 def read_stop(data: dict[str, Any], name: str, max_count: int = 4) -> tuple[str, ...]:
     """A string or a list of at most max_count non-empty strings."""
     value = data.get(name)

@@ -27,7 +27,7 @@ from flask import Blueprint, Response, jsonify, request
 from backend.messages import SCORE, InvalidParams, SamplingParams
 from inference_api.embedder import pooled
 from inference_api.errors import ApiError
-from inference_api.fields import read_bool, read_integer, read_string, within
+from inference_api.fields import read_bool, read_integer, read_string, read_truncation_direction, within
 from inference_api.generation import RERANK, ApiFields, check_model, read_request
 from inference_api.router import Serving
 
@@ -143,12 +143,9 @@ class Truncation:
     def tei(cls, data: dict[str, Any], serving: Serving) -> Truncation:
         """Text Embeddings Inference's `truncate` (to the model's tokens) and `truncation_direction`
         ("right", the default, or "left"; TEI spells them "Right" and "Left")."""
-        direction = read_string(data, "truncation_direction") or "right"
-        if direction.lower() not in ("right", "left"):
-            message = f'truncation_direction must be "right" or "left", got {direction!r}'
-            raise InvalidParams("truncation_direction", message)
+        direction = read_truncation_direction(data)
         most = serving.backend.rerank_model.max_tokens if read_bool(data, "truncate", False) else None
-        return cls(most, direction=direction.lower(), asked_by="truncate: true")
+        return cls(most, direction=direction, asked_by="truncate: true")
 
 
 def pair_logits(

@@ -15,7 +15,7 @@ from flask import Blueprint, Response, jsonify
 
 from backend.messages import InvalidParams
 from inference_api.embedder import Cut, embed, embedding_ids
-from inference_api.fields import read_bool, read_string
+from inference_api.fields import read_bool, read_truncation_direction
 from inference_api.generation import ApiFields, read_request
 from inference_api.prompts import prompt_list
 
@@ -32,11 +32,7 @@ def tei_embed() -> Response:
     if data.get("dimensions") is not None:
         message = "dimensions is not supported: the vectors have the model's hidden size"
         raise InvalidParams("dimensions", message)
-    direction = (read_string(data, "truncation_direction") or "right").lower()
-    if direction not in ("right", "left"):
-        message = f'truncation_direction must be "right" or "left", got {data["truncation_direction"]!r}'
-        raise InvalidParams("truncation_direction", message)
     truncate = -1 if read_bool(data, "truncate", False) else None
-    cut = Cut(truncate, direction, "truncate", "truncate: true cuts it to fit")
+    cut = Cut(truncate, read_truncation_direction(data), "truncate", "truncate: true cuts it to fit")
     inputs = embedding_ids(prompt_list(data.get("inputs"), "inputs"), serving, "inputs", cut)
     return jsonify([list(vector) for vector in embed(inputs, FIELDS)])
