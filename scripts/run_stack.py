@@ -30,6 +30,7 @@ option of `python -m proxy`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shlex
@@ -186,6 +187,10 @@ def wait_ready(
 
 
 def stop_all(processes: list[subprocess.Popen]) -> None:
+    """Each piece's own shutdown first (SIGTERM to its gunicorn master), then whatever is left of its
+    process group: a worker or backend that outlived its master (a master killed while it booted, a
+    backend still loading when its worker exited) would otherwise hold this script's output open, and
+    whoever reads it to the end, for ever."""
     for process in processes:
         if process.poll() is None:
             process.terminate()
@@ -194,6 +199,14 @@ def stop_all(processes: list[subprocess.Popen]) -> None:
             process.wait(30)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait()
+        end_group(process.pid)
+
+
+def end_group(group: int) -> None:
+    """SIGKILL to what is left of a session this script started (its leader's pid names it)."""
+    with contextlib.suppress(ProcessLookupError):  # nothing left: the usual case
+        os.killpg(group, signal.SIGKILL)
 
 
 def main() -> None:

@@ -5,11 +5,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import psutil
 import requests
 
 from scripts.jwt_util import encode
+from scripts.run_stack import stop_all
 from tests.server_fixture import ROOT, free_port
 
 
@@ -61,7 +63,7 @@ def test_the_printed_curl_line_streams_through_the_proxy(tmp_path):
 
 def run_to_the_end(tmp_path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", JWT_SECRET="s" * 32)
-    return subprocess.run(
+    result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "run_stack.py"), *args],
         cwd=tmp_path,
         env=env,
@@ -69,6 +71,37 @@ def run_to_the_end(tmp_path, *args: str, timeout: float = 120) -> subprocess.Com
         text=True,
         timeout=timeout,
     )
+    left = started_in(tmp_path)
+    assert left == [], f"left running after the run ended: {[p.cmdline() for p in left]}"
+    return result
+
+
+def started_in(folder) -> list[psutil.Process]:
+    """Processes still running in `folder`, as every process the run starts does (none other does)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.cwd() == str(folder) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_stopping_a_piece_ends_what_outlived_its_leader(tmp_path):
+    """A worker left behind by its master (killed while it booted, say) would hold `make run`'s output
+    open, and a reader waiting for its end would wait for ever."""
+    piece = subprocess.Popen(
+        ["bash", "-c", "sleep 300 & echo $! > straggler; exec sleep 300"],
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    while not (tmp_path / "straggler").exists() or not (tmp_path / "straggler").read_text().strip():
+        time.sleep(0.05)
+    straggler = psutil.Process(int((tmp_path / "straggler").read_text()))
+    stop_all([piece])
+    assert piece.returncode is not None
+    straggler.wait(10)  # raises psutil.TimeoutExpired if it was left running
 
 
 def test_a_port_in_use_is_a_clear_error_before_anything_starts(tmp_path):
