@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -39,6 +40,8 @@ class Row:
     accepted_drafts: int = 0
     recently_stood: float = 0.0
     recently_missed: float = 0.0
+    # steps since the row last drafted (speculation.PROBE_AFTER); a new row never did: as if forever
+    undrafted_steps: float = math.inf
 
     def __post_init__(self) -> None:
         self.reused = self.cached  # prompt tokens found in the cache at admission (prefix_cache)

@@ -51,6 +51,12 @@ DRAFT_TOKENS = 8
 # What a draft token adds to a step, as a share of a one-row step's time: on the default model on a 2-core
 # AVX2 CPU a one-row step took 24 ms and each more query of its row 4 to 6 ms (docs/backend.md).
 DRAFT_TOKEN_COST = 0.2
+# A row that drafts nothing for this many steps, and one that never drafted, drafts one token: a probe. Its
+# record starts at one half, and where a token's share of the step is that much or more (a draft model
+# whose guess costs half a step, prompt lookup in a full step) no draft would ever be tried, however
+# well it would have fared: the probes let a row learn that its drafts stand (a probe that misses costs
+# its share of one step in PROBE_AFTER).
+PROBE_AFTER = 32
 # How much of a row's draft record each step keeps: half of it after some 30 steps, so that a row whose drafts
 # missed (free text) drafts again a token or two now and then, and takes long drafts if its text comes to
 # repeat itself.
@@ -102,7 +108,7 @@ class Speculator:
             row.forget(KEPT_A_STEP)
             room = min(self.tokens, spare - drafted, row.draft_room)
             drafts = row.lookup is not None or (self.draft_model is not None and row.may_speculate)
-            length = draft_length(row.draft_acceptance, share, room) if drafts and room > 0 else 0
+            length = self._length(row, share, room) if drafts and room > 0 else 0
             if length and self.draft_model is not None:
                 guessing.append((row, Guessing(row.index, row.tokens, length)))
                 drafted += length  # the room it takes, whatever the guesses come to
@@ -115,6 +121,16 @@ class Speculator:
                 row.draft = draft
             drafted = sum(len(row.draft) for row in decoding)
         return drafted
+
+    @staticmethod
+    def _length(row: Row, share: float, room: int) -> int:
+        """How long a draft the row gets: as long as its record pays for, else a probe of one token if it
+        has not drafted for PROBE_AFTER steps."""
+        length = draft_length(row.draft_acceptance, share, room)
+        if not length and row.undrafted_steps >= PROBE_AFTER:
+            length = 1
+        row.undrafted_steps = 0 if length else row.undrafted_steps + 1
+        return length
 
     def token_share(self, rows: int) -> float:
         """What a draft token costs, in tokens of a step of `rows` rows: the step makes one token a row in

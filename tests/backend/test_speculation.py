@@ -10,7 +10,8 @@ import torch
 
 from backend.engine.engine import Engine
 from backend.engine.prompt_lookup import PromptLookup
-from backend.engine.speculation import Speculator, draft_length, verified
+from backend.engine.row import Row
+from backend.engine.speculation import PROBE_AFTER, Speculator, draft_length, verified
 from backend.messages import SamplingParams, Submit
 from backend.quant import block_weights
 from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
@@ -59,6 +60,38 @@ def test_a_draft_is_as_long_as_its_tokens_chances_pay_for_their_share_of_the_ste
     speculator = Speculator(8, 2, 4, step_queries=32)
     shares = [speculator.token_share(rows) for rows in (1, 4, 32)]
     assert shares[0] == pytest.approx(0.2) and shares == sorted(shares) and shares[-1] < 1
+
+
+def test_a_row_probes_with_one_token_where_its_record_would_never_pay():
+    """Where a draft token's share of the step is one half or more (a draft model whose guess costs half a
+    step, as on an AVX2 CPU), a record starting at one half would never draft: a new row drafts one
+    token, then as long as its record pays; one whose probe missed drafts again PROBE_AFTER steps on."""
+    speculator = Speculator(8, 1, 2, step_queries=32)
+    speculator.cost = 0.6  # at one row, a draft token's share of the step
+    looping = (5, 6, 7) * 3
+    row, lengths = looking_up(speculator, looping), []
+    for _ in range(40):
+        speculator.draft([row])
+        lengths.append(len(row.draft))
+        row.took_draft(len(row.draft))  # every guess stands: the text loops
+        row.generated += [*row.draft, looping[(len(row.tokens) + len(row.draft)) % 3]]
+    assert lengths[0] == 1 and lengths[1:] == sorted(lengths[1:]) and 1 < lengths[-1] <= 8, lengths
+    missing, probes = looking_up(speculator, looping), []
+    for step in range(2 * PROBE_AFTER + 3):
+        speculator.draft([missing])
+        if missing.draft:
+            probes.append(step)
+        missing.took_draft(0)  # none stands
+        missing.generated.append(9)
+    assert probes == [0, PROBE_AFTER + 1, 2 * PROBE_AFTER + 2]
+
+
+def looking_up(speculator: Speculator, prompt: tuple[int, ...]) -> Row:
+    """A greedy row past its prompt, with its prompt lookup."""
+    request = Submit("r", prompt, SamplingParams(temperature=0, max_tokens=200))
+    row = Row(0, request, MarkerTokenizer(), frozenset(), 256, cached=len(prompt))
+    row.lookup = speculator.lookup_for(row)
+    return row
 
 
 def always_drafting(engine: Engine) -> Engine:
