@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, Response, current_app, has_request_context, jsonify, request
+from flask import Flask, Response, current_app, g, has_request_context, jsonify, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
 from backend.messages import InvalidParams
@@ -52,7 +52,8 @@ class ApiError(Exception):
 OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/score")
 ANTHROPIC_PATH = "/v1/messages"
 LLAMA_STACK_PREFIXES = ("/inference/", "/v1/inference/")
-# and POST /, either of the first two; Text Embeddings Inference's /embed answers in TGI's shape too
+# and POST /, either of the first two; Text Embeddings Inference's /embed answers in TGI's shape too, and its
+# body at /rerank (answer_errors_as_tgi)
 TGI_PATHS = ("/generate", "/generate_stream", "/info", "/embed")
 # Anthropic's error types by status; its clients pick their exception by the status alone.
 ANTHROPIC_ERROR_TYPES = {
@@ -91,10 +92,18 @@ def error_body(path: str, status: int, message: str, param: str | None, code: st
         return {"detail": message}
     if path in TGI_PATHS or (path == "/" and has_request_context() and request.method == "POST"):
         return tgi_error(status, message)
+    if has_request_context() and g.get("tgi_errors", False):  # a TEI body at a shared path
+        return tgi_error(status, message)
     if path.startswith("/v1/") or path in OPENAI_STYLE_PATHS:
         kind = "invalid_request_error" if status < 500 else "server_error"
         return {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return {"status_code": status, "message": message}
+
+
+def answer_errors_as_tgi() -> None:
+    """This request's errors in TGI's shape from here on: a body of Text Embeddings Inference at a path
+    that other APIs' bodies share (/rerank, also vLLM's and Jina's), known once the body is read."""
+    g.tgi_errors = True
 
 
 def tgi_error(status: int, message: str) -> dict[str, Any]:

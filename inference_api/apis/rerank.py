@@ -26,7 +26,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from backend.messages import SCORE, InvalidParams, SamplingParams
 from inference_api.embedder import pooled
-from inference_api.errors import ApiError
+from inference_api.errors import ApiError, answer_errors_as_tgi
 from inference_api.fields import read_bool, read_integer, read_string, read_truncation_direction, within
 from inference_api.generation import RERANK, ApiFields, check_model, read_request
 from inference_api.router import Serving
@@ -39,8 +39,11 @@ bp = Blueprint("rerank_api", __name__)
 @bp.post("/v2/rerank")
 def rerank() -> Response:
     data, serving = read_rerank_request()
+    tei = request.path == "/rerank" and "texts" in data and "documents" not in data
+    if tei:
+        answer_errors_as_tgi()
     query = read_string(data, "query", required=True, non_empty=True)
-    if request.path == "/rerank" and "texts" in data and "documents" not in data:
+    if tei:
         return tei_rerank(data, serving, query)
     documents = read_documents(data.get("documents"))
     top_n = read_integer(data, "top_n", None, 1, 1 << 31) or len(documents)
