@@ -90,14 +90,22 @@ def error_body(path: str, status: int, message: str, param: str | None, code: st
         return anthropic_error(status, message)
     if path.startswith(LLAMA_STACK_PREFIXES):
         return {"detail": message}
-    if path in TGI_PATHS or (path == "/" and has_request_context() and request.method == "POST"):
-        return tgi_error(status, message)
-    if has_request_context() and g.get("tgi_errors", False):  # a TEI body at a shared path
+    if tgi_shaped(path):
         return tgi_error(status, message)
     if path.startswith("/v1/") or path in OPENAI_STYLE_PATHS:
         kind = "invalid_request_error" if status < 500 else "server_error"
         return {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return {"status_code": status, "message": message}
+
+
+def tgi_shaped(path: str) -> bool:
+    """Whether a request's errors are TGI's: at TGI's and TEI's paths, POST / (TGI's generate; GET / is
+    the chat page), and a TEI body at a path other APIs share (answer_errors_as_tgi)."""
+    if path in TGI_PATHS:
+        return True
+    if not has_request_context():
+        return False
+    return (path == "/" and request.method == "POST") or g.get("tgi_errors", False)
 
 
 def answer_errors_as_tgi() -> None:

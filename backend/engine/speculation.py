@@ -125,7 +125,7 @@ class Speculator:
     @staticmethod
     def _length(row: Row, share: float, room: int) -> int:
         """How long a draft the row gets: as long as its record pays for, else a probe of one token if it
-        has not drafted for PROBE_AFTER steps."""
+        has not drafted for PROBE_AFTER steps; counts the row's steps without one."""
         length = draft_length(row.draft_acceptance, share, room)
         if not length and row.undrafted_steps >= PROBE_AFTER:
             length = 1
