@@ -63,9 +63,12 @@ run: install
 	$(PY) scripts/run_stack.py $(ARGS)
 
 # A team's token for the proxy, signed with JWT_SECRET from the environment or .env (as the proxy
-# reads it): make token TEAM=research [HOURS=24] [TOKEN_ID=alice-laptop]
-token: install
+# reads it): make token TEAM=research [HOURS=24] [TOKEN_ID=alice-laptop]. It prints the token alone, so
+# that TOKEN=$$(make token TEAM=research) works: an install it needs first (after a pull changed
+# requirements.txt) writes to standard error.
+token:
 	@test -n "$(TEAM)" || { echo "usage: make token TEAM=name [HOURS=24] [TOKEN_ID=id]" >&2; exit 2; }
+	@$(MAKE) --no-print-directory --question install || $(MAKE) --no-print-directory install >&2
 	@$(PY) scripts/jwt_util.py token --team "$(TEAM)" --hours "$(HOURS)" $(if $(TOKEN_ID),--token-id "$(TOKEN_ID)")
 
 # With LLAMA_SERVER=/path/to/llama-server, llama.cpp's server runs side by side on the same GGUF file.

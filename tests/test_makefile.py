@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import jwt
 
@@ -55,6 +56,23 @@ def test_make_token_signs_with_the_secret_the_proxy_reads():
     assert jwt.decode(named.stdout.strip(), SECRET, algorithms=["HS256"])["token_id"] == "alice-laptop"
 
 
+def test_make_token_prints_the_token_alone_when_it_installs_first(tmp_path):
+    """After a pull that changed requirements.txt, `make token` installs again before it mints: what the
+    install prints (make's commands, pip's output) goes to standard error, so that TOKEN=$(make token
+    TEAM=...) is the token. pip here is a stand-in that prints, and the stamp a fresh one."""
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\nif [ "$1 $2" = "-m pip" ]; then echo "pip: $*"; exit 0; fi\nexec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    fresh = [f"PY={python}", f"STAMP={tmp_path / 'stamp'}"]
+    minted = make("token", "TEAM=research", *fresh, env={"JWT_SECRET": SECRET})
+    assert minted.returncode == 0, minted.stderr
+    assert "pip: -m pip install --quiet -r requirements.txt" in minted.stderr  # it did install first
+    assert minted.stdout.count("\n") == 1
+    assert jwt.decode(minted.stdout.strip(), SECRET, algorithms=["HS256"])["team_id"] == "research"
+
+
 def test_make_token_without_a_team_says_how_to_call_it():
     refused = make("token", env={"JWT_SECRET": SECRET})
     assert refused.returncode != 0 and "usage: make token TEAM=" in refused.stderr
@@ -65,7 +83,8 @@ def test_make_run_installs_the_serving_set_alone_and_make_test_adds_the_rest():
     for target in ("run", "token"):
         serving = make("-n", target, "TEAM=t", *fresh)
         assert serving.returncode == 0, serving.stderr
-        assert "-r requirements.txt" in serving.stdout and "requirements-dev" not in serving.stdout
+        commands = serving.stdout + serving.stderr  # `make token`'s install writes to standard error
+        assert "-r requirements.txt" in commands and "requirements-dev" not in commands
     for target in ("test", "lint", "bench"):
         testing = make("-n", target, *fresh)
         assert testing.returncode == 0, testing.stderr
