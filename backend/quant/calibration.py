@@ -64,6 +64,11 @@ MIN_SPEEDUP = 1.1  # int8 replaces the dense copies only if it is clearly faster
 # (docs/performance.md); with AMX a bfloat16 copy is several times as fast, and stays.
 COPY_TIMED_ROWS = 512
 COPY_MIN_SPEEDUP = 2.0
+# A copy's path is timed in rounds only if its first call took at most this many times what it must beat
+# (the blocks' first call over COPY_MIN_SPEEDUP): a first call's one-off costs are not that large, and
+# without VNNI int8 products (torch._int_mm) ran 20x slower than float32's, 0.34 s a call at 512 rows of
+# SmolLM2's projections on the AVX2 EPYC, and their rounds were 6.6 s of a start's 8 s of timing.
+COPY_HOPELESS = 4.0
 # The row counts at which the head's kernels are timed against each other, fewest first.
 HEAD_TIMED_ROWS = (4, 6, 8, 12, 16, 24, 32, 48, 64)
 HEAD_TIMED_OUTPUTS = 8192
@@ -125,7 +130,8 @@ def copies_pay_off(
 ) -> bool:
     """Whether `rows` rows of random activations go through layer's dense copy, or an int8 version of it
     (`smoothed_int8.py`, unsmoothed: as fast), COPY_MIN_SPEEDUP times faster than through its blocks;
-    `paths`: which of the two may."""
+    `paths`: which of the two may. A path whose first call shows it cannot (COPY_HOPELESS) is not timed
+    further."""
     x = torch.randn(rows, layer.in_features, dtype=layer.dense.dtype)
     smoothing = torch.ones(layer.in_features)
     int8 = quantize_smoothed(layer.dense, smoothing) if "int8" in paths else None
@@ -134,9 +140,14 @@ def copies_pay_off(
         "dense": lambda: torch.nn.functional.linear(x, layer.dense),
         "int8": lambda: smoothed_int8_matmul(x, *int8, smoothing),
     }
-    blocks = {"blocks": lambda: kernel(x.to(layer.compute_dtype), *weights)}
-    times = median_seconds(blocks | {path: copies[path] for path in paths}, rounds=3, repeats=2)
-    return min(times[path] for path in paths) * COPY_MIN_SPEEDUP <= times["blocks"]
+    calls = {"blocks": lambda: kernel(x.to(layer.compute_dtype), *weights)}
+    calls.update((path, copies[path]) for path in paths)
+    first = {name: seconds(call, repeats=1) for name, call in calls.items()}  # these warm them up, too
+    contenders = [path for path in paths if first[path] * COPY_MIN_SPEEDUP <= COPY_HOPELESS * first["blocks"]]
+    if not contenders:
+        return False
+    times = median_seconds({name: calls[name] for name in ("blocks", *contenders)}, 3, 2, warmed=True)
+    return min(times[path] for path in contenders) * COPY_MIN_SPEEDUP <= times["blocks"]
 
 
 def smooth_many_rows_path(model: nn.Module, token_ids: list[int]) -> int:
@@ -254,11 +265,13 @@ def dense_pays_at(layer: WeightOnlyLinear, rows: int, dtype: torch.dtype) -> boo
     return times["dense"] <= times["packed"]
 
 
-def median_seconds(calls: dict[str, Callable[[], object]], rounds: int, repeats: int) -> dict[str, float]:
+def median_seconds(
+    calls: dict[str, Callable[[], object]], rounds: int, repeats: int, warmed: bool = False
+) -> dict[str, float]:
     """Each call's median time over `rounds` rounds that take the calls in turn (a noisy neighbour then
     slows all alike), each timing over `repeats` calls, after a first untimed call of each (which may
-    allocate or pick a kernel)."""
-    for call in calls.values():
+    allocate or pick a kernel) unless the caller has `warmed` them."""
+    for call in calls.values() if not warmed else ():
         call()
     times = {name: [] for name in calls}
     for _ in range(rounds):

@@ -1,5 +1,7 @@
 """Beside blocks, the quantized projections' copies for many rows go unless they pay (calibration.py)."""
 
+import time
+
 import pytest
 import torch
 
@@ -65,6 +67,25 @@ def test_a_copy_is_kept_only_when_timed_faster_than_the_blocks(
     monkeypatch.setattr(calibration, "COPY_MIN_SPEEDUP", min_speedup)
     layer = Int4Linear.quantize(torch.nn.Linear(128, 256, bias=False))
     assert copies_pay_off(layer, rows=64) is expected
+
+
+def test_a_copy_whose_first_call_shows_it_cannot_pay_is_not_timed_again(monkeypatch, weight_layout):
+    """As int8 products are without VNNI (20x slower than float32's): its one call is all it costs."""
+    real, int8_calls = calibration.smoothed_int8_matmul, []
+
+    def slow_int8(*args):
+        int8_calls.append(None)
+        time.sleep(0.2)  # far more than the blocks take for 64 rows of 128 inputs
+        return real(*args)
+
+    monkeypatch.setattr(calibration, "smoothed_int8_matmul", slow_int8)
+    layer = Int4Linear.quantize(torch.nn.Linear(128, 256, bias=False))
+    copies_pay_off(layer, rows=64)  # the float32 copy still timed against the blocks, either way
+    assert len(int8_calls) == 1
+    monkeypatch.setattr(
+        calibration, "COPY_MIN_SPEEDUP", 1e-3
+    )  # where even a slow copy would pay, it is timed
+    assert copies_pay_off(layer, rows=64, paths=("int8",)) is True and len(int8_calls) > 2
 
 
 def test_copies_that_int8_would_move_too_far_go_unless_they_pay_as_themselves(monkeypatch, weight_layout):
