@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from backend.messages import BackendConfig
+from backend.model import loader
 from backend.model.loader import load_model
 from backend.quant import calibration
 from backend.quant.calibration import int8_multiplies_faster, smooth_many_rows_path  # the real one, kept
@@ -109,6 +110,10 @@ def test_int8_goes_in_only_when_timed_faster(monkeypatch, min_speedup, expected)
 def test_the_default_model_multiplies_many_rows_in_int8_but_its_head(monkeypatch):
     # Where the projections are in blocks, their copies go if they do not pay (test_many_rows_copies.py).
     monkeypatch.setattr(calibration, "copies_pay_off", lambda layer, paths: True)
+    # The calibration text's first 128 tokens, not its 570: without VNNI, int8 products run 20x slower
+    # than float32's, and the whole text took 70 s of this suite on an AVX2 CPU.
+    whole_text = loader.calibration_token_ids
+    monkeypatch.setattr(loader, "calibration_token_ids", lambda tokenizer: whole_text(tokenizer)[:128])
     model = load_model(BackendConfig(rows=1, max_seq_len=64)).model
     projections = [module for module in model.modules() if type(module) is Int4Linear]
     smoothed = [module for module in projections if module.dense_int8 is not None]
