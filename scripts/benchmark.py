@@ -544,8 +544,9 @@ def measure_server(args, url: str, model: str, pid: int | None, ceiling: Ceiling
                 url, model, 32, args.requests, args.tokens, bar, extra=CONSTRAINED_FIELDS
             )
         one_request = at_32.seconds / args.requests
-        with tqdm(total=32 * 3, desc="server: 32 streams, arrivals spread out", unit="req") as bar:
-            results.spread = closed_loop(url, model, 32, 3, args.tokens, bar, spread=one_request)
+        spread = args.spread_requests
+        with tqdm(total=32 * spread, desc="server: 32 streams, arrivals spread out", unit="req") as bar:
+            results.spread = closed_loop(url, model, 32, spread, args.tokens, bar, spread=one_request)
         results.spread.seconds = 0.0  # its clients start late on purpose: no throughput figure
     if args.memory and pid is not None:
         results.memory = memory_after_requests(url, model, pid)
@@ -569,6 +570,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--requests", type=int, default=2, help="requests per client at each level")
+    parser.add_argument(
+        "--spread-requests", type=int, default=3, help="requests per client, 32 with arrivals spread out"
+    )
     parser.add_argument("--url", help="benchmark a running server instead of starting one")
     add_model_options(parser)
     parser.add_argument("--torch-threads", type=int, help="the server's CPU threads for the model")
@@ -578,6 +582,7 @@ def main() -> None:
     parser.add_argument("--server-log", type=Path, help="the started server's output, to this file")
     parser.add_argument("--no-plots", action="store_true", help="the table alone (no matplotlib needed)")
     args = parser.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)  # before the measuring, not after it
 
     ceiling = Ceiling(args.model, args.dtype, args.quantize)  # idle while the server runs
     server, url = None, args.url
