@@ -1,16 +1,15 @@
 """The backend as the frontend sees it: a process behind an inbox and an outbox."""
 
-import os
-import struct
 import subprocess
 import sys
 
 import psutil
 import pytest
 
-from backend.messages import BackendConfig, Piece, SamplingParams, StepOutput
+from backend.messages import BackendConfig, SamplingParams, StepOutput
 from backend.model.loader import pick_device, pick_dtype
 from backend.process import BackendDied, BackendProcess, BackendStartError, _mp
+from tests.backend.dying_backend import send_then_die_mid_message
 
 
 def collect(backend, request_ids, timeout=60):
@@ -137,13 +136,6 @@ def test_the_backend_exits_when_its_parent_is_killed():
     parent.kill()  # SIGKILL: no atexit, no multiprocessing clean-up
     parent.wait()
     backend.wait(timeout=10)  # raises psutil.TimeoutExpired if the orphan lives on
-
-
-def send_then_die_mid_message(outbox) -> None:
-    """A backend's last moments: one whole message, larger than a pipe's buffer, then the start of another."""
-    outbox.send(StepOutput([Piece("long", "x" * 300_000)]))
-    os.write(outbox.fileno(), struct.pack("!i", 1_000_000) + b"partial")  # a length, then 7 of its bytes
-    os._exit(3)
 
 
 def test_what_a_backend_sent_before_dying_is_read_and_the_message_it_died_in_is_its_death():
