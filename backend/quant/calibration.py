@@ -271,8 +271,9 @@ def median_seconds(
     """Each call's median time over `rounds` rounds that take the calls in turn (a noisy neighbour then
     slows all alike), each timing over `repeats` calls, after a first untimed call of each (which may
     allocate or pick a kernel) unless the caller has `warmed` them."""
-    for call in calls.values() if not warmed else ():
-        call()
+    if not warmed:
+        for call in calls.values():
+            call()
     times = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
