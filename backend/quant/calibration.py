@@ -146,7 +146,8 @@ def copies_pay_off(
     contenders = [path for path in paths if first[path] * COPY_MIN_SPEEDUP <= COPY_HOPELESS * first["blocks"]]
     if not contenders:
         return False
-    times = median_seconds({name: calls[name] for name in ("blocks", *contenders)}, 3, 2, warmed=True)
+    timed = {name: calls[name] for name in ("blocks", *contenders)}
+    times = median_seconds(timed, rounds=3, repeats=2, warmed=True)
     return min(times[path] for path in contenders) * COPY_MIN_SPEEDUP <= times["blocks"]
 
 
