@@ -74,13 +74,16 @@ def closed_by_peer(connection: socket.socket) -> bool:
         return True
 
 
-def stream(url: str) -> list[float]:
-    """Arrival times of the chunks of one streamed answer, which must be whole."""
+def stream(url: str, answering: threading.Semaphore | None = None) -> list[float]:
+    """Arrival times of the chunks of one streamed answer, which must be whole. `answering` is
+    released once the proxy has taken the connection and the answer's headers have come."""
     started = time.monotonic()
     response = requests.post(
         f"{url}/predictions/mock", json=PROMPT, headers=bearer(), stream=True, timeout=(5, 10)
     )
     assert response.status_code == 200, response.text
+    if answering is not None:
+        answering.release()
     arrivals, text = [], b""
     for chunk in response.iter_content(chunk_size=None):
         arrivals.append(time.monotonic() - started)
@@ -198,9 +201,14 @@ def test_the_probe_port_answers_health_while_every_connection_streams(mock_serve
     args = ("--max-connections", "4", "--health-port", str(health_port))
     with running_proxy(mock_server.url, args=args) as proxy:
         probe = f"http://127.0.0.1:{health_port}"
+        answering = threading.Semaphore(0)
         with ThreadPoolExecutor(4) as pool:
-            streams = [pool.submit(stream, proxy.url) for _ in range(4)]  # the mock's 4 rows, 1 s each
-            time.sleep(0.3)
+            # the mock's 4 rows, 1 s each
+            streams = [pool.submit(stream, proxy.url, answering) for _ in range(4)]
+            # Every stream holds its connection before the fifth asks (a sleep was not enough on a
+            # loaded machine: a stream not yet connected left the fifth a place).
+            for _ in streams:
+                assert answering.acquire(timeout=5), "a stream was not answered"
             assert not any(s.done() for s in streams)
             # All four connections stream: a fifth waits to be accepted, /health on the main port too...
             with pytest.raises(requests.Timeout):
