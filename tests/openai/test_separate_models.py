@@ -13,6 +13,7 @@ import openai
 import pytest
 import requests
 import torch
+from huggingface_hub import InferenceClient
 from jsonschema import Draft202012Validator
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -208,6 +209,11 @@ def test_text_embeddings_inferences_embed_gives_the_embedding_models_vectors(cli
         assert vector == pytest.approx(item.embedding, abs=1e-6)
     one = requests.post(f"{server.url}/embed", json={"inputs": TEXTS[0], "normalize": True}, timeout=60)
     assert one.json()[0] == pytest.approx(expected[0].embedding, abs=1e-6)
+    # huggingface_hub's client posts its feature_extraction to the URL it is given: /embed, not / (TGI's
+    # generate there).
+    vectors = InferenceClient(model=f"{server.url}/embed", timeout=60).feature_extraction(TEXTS[1])
+    assert vectors.shape == (1, len(expected[1].embedding))
+    assert vectors[0].tolist() == pytest.approx(expected[1].embedding, abs=1e-6)
     long = " ".join(["the cat sat on the mat", "stock markets fell sharply today"] * 8)
     for direction, side in [(None, "right"), ("Left", "left")]:
         asked = {"inputs": [long], "truncate": True, "truncation_direction": direction}
