@@ -15,13 +15,15 @@ from typing import Any
 
 from backend.engine.stop_matcher import longest_partial_match
 from inference_api.harmony import MAX_HEADER, MESSAGE, MESSAGE_ENDS, START, Header
-from inference_api.reasoning import HARMONY, OPENED, ReasoningReader
+from inference_api.reasoning import HARMONY, HARMONY_PREFILLED, OPENED, ReasoningReader
 from inference_api.tool_calls import ToolCallReader, ToolRequest, new_call
 
 
 def answer_reader(thinking: str | None, tools: ToolRequest | None) -> AnswerReader | HarmonyReader:
     """The reader for an answer to a prompt whose thoughts are `thinking` (None: not read apart)."""
-    return HarmonyReader(tools) if thinking == HARMONY else AnswerReader(thinking, tools)
+    if thinking in (HARMONY, HARMONY_PREFILLED):
+        return HarmonyReader(tools, prefilled=thinking == HARMONY_PREFILLED)
+    return AnswerReader(thinking, tools)
 
 
 class AnswerReader:
@@ -54,13 +56,14 @@ class HarmonyReader:
     `commentary` the content, a message to `functions.NAME` a call of the request's tools (a message to
     another recipient, a tool of the model's own, is thoughts too). A header is held back until its
     `<|message|>`; a message's text goes out as it comes. Two messages of one kind are set apart by a
-    blank line."""
+    blank line. `prefilled`: the prompt opened the final message (a prefill), and the text goes on in it."""
 
-    def __init__(self, tools: ToolRequest | None):
+    def __init__(self, tools: ToolRequest | None, prefilled: bool = False):
         self._calls_offered = tools is not None and tools.choice != "none"
         self._parallel = tools is None or tools.parallel
         self._held = ""  # text not read yet: a header, or what may be the start of a message's end
-        self._header: Header | None = None  # the message being read; None between messages
+        # the message being read; None between messages
+        self._header: Header | None = Header("final", None) if prefilled else None
         self._first_text = True  # whether the message has given no text yet
         self._no_harmony = False  # the model writes none: its text is the content, as written
         self._kinds_said: set[str] = set()  # the kinds of text given so far

@@ -46,6 +46,8 @@ THOUGHT: /(?s:.*)/
 FINAL_THEN = 'start: thoughts* <|channel|> "final" <|message|> @ANSWER\n' + THOUGHTS
 FINAL_TEXT = 'start: thoughts* <|channel|> "final" <|message|> TEXT?\nTEXT: /(?s:.+)/\n' + THOUGHTS
 GRAMMAR_NAME = "harmony_messages"  # marks a grammar that already places the answer in its message
+# What opens the answer's own message after the prompt's `<|start|>assistant`: a prefill follows it.
+ANSWER_OPENED = CHANNEL + "final" + MESSAGE
 
 
 def writes_harmony(tokenizer: PromptTokenizer, template_source: str) -> bool:
@@ -72,6 +74,12 @@ class Header:
         if self.recipient is None or not self.recipient.startswith(FUNCTIONS):
             return None
         return self.recipient[len(FUNCTIONS) :]
+
+
+def prefilled_answer(prefill: str) -> str:
+    """A prefill (text the answer goes on from) as gpt-oss writes an answer: in the final message, which
+    the prompt opens. Right after `<|start|>assistant` it would be read as the message's header."""
+    return ANSWER_OPENED + prefill
 
 
 def harmony_params(

@@ -16,6 +16,8 @@ from inference_api.chat_template import (
     ChatTemplateError,
     UnusableChatTemplate,
 )
+from inference_api.harmony import prefilled_answer
+from inference_api.reasoning import HARMONY
 from inference_api.router import Serving
 from inference_api.tokenizer import PromptTokenizer
 from inference_api.tool_calls import ToolRequest, read_tool_calls, template_messages, tools_system_prompt
@@ -56,7 +58,8 @@ def chat_ids(
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """{role, content} messages (roles system, user, assistant, tool) through the model's chat template, as
-    token ids; `continuation` follows the generation prompt: text the answer goes on from (a prefill);
+    token ids; `continuation` follows the generation prompt: text the answer goes on from (a prefill; in
+    the final message that it opens, for a model that writes harmony);
     `template_kwargs`: the request's own variables for the template (vLLM's chat_template_kwargs)."""
     if isinstance(serving.chat_template, UnusableChatTemplate):  # nothing the request could change
         raise InvalidParams(param, f"the model has no usable chat template: {serving.chat_template.problem}")
@@ -64,6 +67,8 @@ def chat_ids(
         text = serving.chat_template.render(messages, add_generation_prompt, tools, extra=template_kwargs)
     except ChatTemplateError as error:
         raise InvalidParams(param, f"the model's chat template refused the {param}: {error}") from None
+    if continuation and serving.reasoning_format == HARMONY:
+        continuation = prefilled_answer(continuation)
     # The rendered template already holds its special tokens (apply_chat_template does the same).
     return serving.tokenizer.encode(text + continuation, add_special_tokens=add_special_tokens)
 

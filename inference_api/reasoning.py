@@ -28,6 +28,9 @@ REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3", "openai_gptoss")
 THINK_BLOCKS, HARMONY = "think_blocks", "harmony"  # how a model writes its thoughts (reasoning_format)
 PROMPT_END_TOKENS = 8  # the prompt's last tokens, decoded, tell whether it opened the block
 OPENED, CLOSED, NEITHER = "opened", "closed", "neither"  # where a prompt leaves the thoughts (prompt_end)
+# A harmony prompt that a prefill ends inside the final message (harmony.prefilled_answer): the answer
+# goes on in that message, past any thoughts.
+HARMONY_PREFILLED = "harmony_prefilled"
 # Lark, for llguidance: the thoughts are any text up to the first `</think>`, then the answer's grammar
 # (`@ANSWER`, a grammar of its own, with its own lexer). The whitespace between is the tags' layout.
 THOUGHTS_THEN = r"""start: THOUGHTS WS? @ANSWER
@@ -78,7 +81,10 @@ def thoughts_first(
     """`params` whose grammar, if it constrains the answer (`answer_grammar`: a JSON format or a forced
     tool call, not a raw regex or grammar that constrains the text as written), waits for a reasoning
     model's thoughts to end (`after_thoughts`), unless the prompt closed them (`thinking`: prompt_end, or
-    HARMONY, harmony.harmony_params; None: not read)."""
+    HARMONY, harmony.harmony_params; None: not read). A prefilled harmony prompt is already in the
+    final message, where no grammar that places the answer or a call could start: it has none."""
+    if thinking == HARMONY_PREFILLED:
+        return harmony_params(replace(params, grammar=None), False, tokenizer)
     if thinking == HARMONY:
         return harmony_params(params, answer_grammar, tokenizer)
     if thinking in (None, CLOSED) or not answer_grammar or params.grammar is None:

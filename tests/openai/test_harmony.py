@@ -267,6 +267,35 @@ def test_anthropic_messages_give_a_forced_tool_use_whole_and_streamed(claude):
     assert [(block.name, block.input) for block in streamed.content] == [(block.name, block.input)]
 
 
+def test_an_anthropic_prefill_goes_on_in_the_final_message(claude, client, tokenizer):
+    """A last assistant message is a prefill: in the final message, which the prompt opens (right after
+    `<|start|>assistant` it would be the header), and the answer goes on in it as content."""
+    prefill = "Hello! I am"
+    asked = [*GREETING, {"role": "assistant", "content": prefill}]
+    answer = claude.messages.create(model=MODEL, max_tokens=12, messages=asked, extra_body={"temperature": 0})
+    opened = tokenizer.apply_chat_template(GREETING, add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.encode(opened + "<|channel|>final<|message|>" + prefill, add_special_tokens=False)
+    assert answer.usage.input_tokens == len(prompt)
+    # What the model writes after that prompt, markers and all, read as the rest of the final message.
+    raw = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=12, temperature=0, extra_body={"skip_special_tokens": False}
+    )
+    reader = HarmonyReader(None, prefilled=True)
+    reasoning, content = reader.read(raw.choices[0].text, True)
+    assert content and [(block.type, block.text) for block in answer.content] == [("text", content)]
+    # A forced tool_use cannot come in the final message: a 400 naming tool_choice.
+    weather = {
+        "name": "get_weather",
+        "description": "The weather.",
+        "input_schema": WEATHER["function"]["parameters"],
+    }
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(
+            model=MODEL, max_tokens=12, messages=asked, tools=[weather], tool_choice={"type": "any"}
+        )
+    assert refused.value.body["error"]["message"].startswith("tool_choice any or tool forces a tool_use")
+
+
 def test_the_responses_api_gives_a_forced_call_or_a_json_answer(client):
     """The Responses API takes no grammar of the request's own either: a forced call, and a JSON answer
     in the final message (text.format), show that its answers are read as harmony."""
@@ -345,6 +374,12 @@ def test_a_call_with_no_tools_offered_is_thoughts_and_a_long_header_is_no_harmon
     assert reader.read(ROLE_HEADER_CALL, True) == ('{"city": "Rome"}', "") and reader.tool_calls == []
     text = "x" * 300
     assert HarmonyReader(None).read(text, False) == ("", text)  # past 256 characters, no header
+
+
+def test_a_prefilled_answer_is_read_as_the_final_messages_text_from_its_first_character():
+    text = "sunny.<|end|><|start|>assistant<|channel|>final<|message|>Yes."
+    assert HarmonyReader(None, prefilled=True).read(text, True) == ("", "sunny.\n\nYes.")
+    assert HarmonyReader(None).read(text, True) == ("", "Yes.")  # without: its text would be a header
 
 
 def test_auto_reads_harmony_where_the_markers_are_tokens_and_the_template_writes_channels(

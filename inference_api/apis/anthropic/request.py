@@ -17,7 +17,7 @@ from inference_api.apis.anthropic.conversation import read_conversation
 from inference_api.apis.anthropic.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
 from inference_api.prompts import MAX_TOP_K, completion_budget, tool_chat_ids
-from inference_api.reasoning import thoughts_first
+from inference_api.reasoning import HARMONY_PREFILLED, thoughts_first
 from inference_api.router import Serving
 from inference_api.tokenizer import stop_token_ids_of
 from inference_api.tool_calls import ToolRequest, with_tool_grammar
@@ -51,7 +51,7 @@ def read_prompt(data: dict[str, Any], serving: Serving) -> Prompt:
     messages, prefill = read_conversation(data.get("system"), data.get("messages"))
     kwargs = _thinking(data.get("thinking"), serving)
     ids = tool_chat_ids(messages, tools, serving, "messages", continuation=prefill, template_kwargs=kwargs)
-    return Prompt(ids, tools, serving.prompt_thinking(ids))
+    return Prompt(ids, tools, serving.prompt_thinking(ids, prefilled=bool(prefill)))
 
 
 def _thinking(value: Any, serving: Serving) -> dict[str, Any]:
@@ -100,6 +100,12 @@ def parse_messages_request(data: dict[str, Any], serving: Serving) -> MessagesRe
     # No output format here (output_config is refused): the only grammar is the tools'.
     params = with_tool_grammar(params, prompt.tools, "output_config")
     forced = prompt.tools is not None and prompt.tools.choice in ("function", "required")
+    if forced and prompt.thinking == HARMONY_PREFILLED:
+        raise InvalidParams(
+            "tool_choice",
+            "tool_choice any or tool forces a tool_use, but the last assistant message is a prefill, which "
+            "puts the answer in the model's final message (harmony), where no tool_use can come",
+        )
     params = thoughts_first(params, prompt.thinking, forced, serving.tokenizer)
     stream = read_bool(data, "stream", False)
     return MessagesRequest(prompt.ids, params, stream, prompt.tools, prompt.thinking)
