@@ -294,6 +294,17 @@ def test_an_anthropic_prefill_goes_on_in_the_final_message(claude, client, token
             model=MODEL, max_tokens=12, messages=asked, tools=[weather], tool_choice={"type": "any"}
         )
     assert refused.value.body["error"]["message"].startswith("tool_choice any or tool forces a tool_use")
+    # tool_choice none keeps no grammar: one that opens the final message would write its markers into it.
+    unforced = claude.messages.create(
+        model=MODEL,
+        max_tokens=12,
+        messages=asked,
+        tools=[weather],
+        tool_choice={"type": "none"},
+        extra_body={"temperature": 0},
+    )
+    [block] = unforced.content
+    assert block.type == "text" and block.text and "<|" not in block.text
 
 
 def test_the_responses_api_gives_a_forced_call_or_a_json_answer(client):
