@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import SamplingParams
-from inference_api.harmony import harmony_params, writes_harmony
+from inference_api.harmony import harmony_params, places_answer, writes_harmony
 from inference_api.structured_output import grammar_around
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
@@ -82,9 +82,12 @@ def thoughts_first(
     tool call, not a raw regex or grammar that constrains the text as written), waits for a reasoning
     model's thoughts to end (`after_thoughts`), unless the prompt closed them (`thinking`: prompt_end, or
     HARMONY, harmony.harmony_params; None: not read). A prefilled harmony prompt is already in the
-    final message, where no grammar that places the answer or a call could start: it has none."""
+    final message, where a grammar that places the answer in a message (tool_choice none's) could not
+    start: it goes, and a grammar of the text as written stays (a forced one is the API's 400)."""
     if thinking == HARMONY_PREFILLED:
-        return harmony_params(replace(params, grammar=None), False, tokenizer)
+        if params.grammar is not None and places_answer(params.grammar):
+            params = replace(params, grammar=None)
+        return harmony_params(params, False, tokenizer)
     if thinking == HARMONY:
         return harmony_params(params, answer_grammar, tokenizer)
     if thinking in (None, CLOSED) or not answer_grammar or params.grammar is None:

@@ -267,9 +267,10 @@ def test_anthropic_messages_give_a_forced_tool_use_whole_and_streamed(claude):
     assert [(block.name, block.input) for block in streamed.content] == [(block.name, block.input)]
 
 
-def test_an_anthropic_prefill_goes_on_in_the_final_message(claude, client, tokenizer):
-    """A last assistant message is a prefill: in the final message, which the prompt opens (right after
-    `<|start|>assistant` it would be the header), and the answer goes on in it as content."""
+def test_a_prefill_goes_on_in_the_final_message_through_anthropic_and_chat(claude, client, tokenizer):
+    """A last assistant message is a prefill (Anthropic's, chat's continue_final_message): in the final
+    message, which the prompt opens (right after `<|start|>assistant` it would be the header), and the
+    answer goes on in it as content."""
     prefill = "Hello! I am"
     asked = [*GREETING, {"role": "assistant", "content": prefill}]
     answer = claude.messages.create(model=MODEL, max_tokens=12, messages=asked, extra_body={"temperature": 0})
@@ -283,6 +284,23 @@ def test_an_anthropic_prefill_goes_on_in_the_final_message(claude, client, token
     reader = HarmonyReader(None, prefilled=True)
     reasoning, content = reader.read(raw.choices[0].text, True)
     assert content and [(block.type, block.text) for block in answer.content] == [("text", content)]
+    continued = client.chat.completions.create(
+        model=MODEL,
+        messages=asked,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    assert (continued.choices[0].message.content, continued.usage.prompt_tokens) == (content, len(prompt))
+    with pytest.raises(openai.BadRequestError) as refused:  # a JSON answer has a message of its own
+        client.chat.completions.create(
+            model=MODEL,
+            messages=asked,
+            max_tokens=12,
+            response_format={"type": "json_object"},
+            extra_body={"continue_final_message": True, "add_generation_prompt": False},
+        )
+    assert refused.value.body["param"] == "response_format"
     # A forced tool_use cannot come in the final message: a 400 naming tool_choice.
     weather = {
         "name": "get_weather",

@@ -183,6 +183,33 @@ def test_top_k_extension_and_user_field_are_accepted(client):
     assert result.choices[0].text == greedy.choices[0].text  # top_k 1 is greedy whatever the temperature
 
 
+def test_continue_final_message_goes_on_from_the_last_assistant_text(client, tokenizer):
+    """vLLM's continue_final_message: the prompt is the conversation before the last message, its
+    generation prompt, then that message's text, and the answer is what the model writes after it."""
+    prefill = "The first colour is"
+    messages = [*MESSAGES, {"role": "assistant", "content": prefill}]
+    asked = {"continue_final_message": True, "add_generation_prompt": False}
+    answer = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=8, extra_body=asked
+    )
+    opened = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    prompt = opened + prefill
+    assert answer.usage.prompt_tokens == len(tokenizer(prompt, add_special_tokens=False).input_ids)
+    written = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=8)
+    assert answer.choices[0].message.content == written.choices[0].text != ""
+    refusals = [
+        ({"continue_final_message": True}, "add_generation_prompt"),  # vLLM's 400 too: both would be true
+        ({"add_generation_prompt": False}, "add_generation_prompt"),  # the answer would not be its own turn
+    ]
+    for fields, param in refusals:
+        with pytest.raises(openai.BadRequestError) as failure:
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, extra_body=fields)
+        assert failure.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as failure:  # nothing of the assistant's to go on from
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, extra_body=asked)
+    assert failure.value.body["param"] == "messages[0]"
+
+
 BAD_REQUESTS = {
     "messages[0].role": dict(messages=[{"role": "wizard", "content": "hi"}]),
     "messages": dict(messages=[]),

@@ -29,7 +29,7 @@ from inference_api.prompts import (
     token_id_list,
     tool_chat_ids,
 )
-from inference_api.reasoning import thoughts_first
+from inference_api.reasoning import HARMONY_PREFILLED, thoughts_first
 from inference_api.router import Serving
 from inference_api.structured_output import GUIDED_FIELDS, grammar_field, read_grammar
 from inference_api.tokenizer import stop_token_ids_of
@@ -105,16 +105,51 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     reject_unsupported(data, "chat")
     parallel = read_bool(data, "parallel_tool_calls", True)
     tool_request = read_tool_request(data, serving.tool_parser, parallel)
-    messages = read_messages(data.get("messages"))
-    ids = tool_chat_ids(messages, tool_request, serving, "messages", template_kwargs=_template_kwargs(data))
+    messages, prefill = _final_message(data, read_messages(data.get("messages")))
+    kwargs = _template_kwargs(data)
+    ids = tool_chat_ids(
+        messages, tool_request, serving, "messages", continuation=prefill, template_kwargs=kwargs
+    )
     request = _common(data, serving, [ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))
     params = with_tool_grammar(request.params, tool_request, request.grammar_param or "response_format")
     grammar_param = request.grammar_param
     if params is not request.params:
         grammar_param = "tool_choice" if tool_request.choice in ("function", "required") else "tools"
-    thinking = serving.prompt_thinking(ids)
+    thinking = serving.prompt_thinking(ids, prefilled=bool(prefill))
+    if thinking == HARMONY_PREFILLED and grammar_param in ANSWER_GRAMMARS:
+        raise InvalidParams(
+            grammar_param,
+            f"{grammar_param} puts the answer in a message of its own, but continue_final_message goes on "
+            "in the final message the last assistant message opened (the model writes harmony)",
+        )
     params = thoughts_first(params, thinking, grammar_param in ANSWER_GRAMMARS, serving.tokenizer)
     return replace(request, params=params, tools=tool_request, grammar_param=grammar_param, thinking=thinking)
+
+
+def _final_message(data: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """vLLM's `continue_final_message` (with `add_generation_prompt: false`, as it asks): the last message,
+    an assistant's text, is a prefill that the answer goes on from (the messages before it, and its
+    text); else the messages as they are, and no prefill."""
+    if not read_bool(data, "continue_final_message", False):
+        if not read_bool(data, "add_generation_prompt", True):
+            raise InvalidParams(
+                "add_generation_prompt",
+                "add_generation_prompt false is taken with continue_final_message true only (the answer "
+                "goes on from the last assistant message); a chat answer starts its own turn",
+            )
+        return messages, ""
+    if read_bool(data, "add_generation_prompt", True):
+        raise InvalidParams(
+            "add_generation_prompt",
+            "continue_final_message goes on from the last message: set add_generation_prompt to false",
+        )
+    last = messages[-1]
+    at = f"messages[{len(messages) - 1}]"
+    if last["role"] != "assistant" or "tool_calls" in last or not last["content"]:
+        raise InvalidParams(
+            at, "continue_final_message goes on from the last message, which must be an assistant's text"
+        )
+    return messages[:-1], last["content"]
 
 
 def _template_kwargs(data: dict[str, Any]) -> dict[str, Any]:
