@@ -130,19 +130,21 @@ def _final_message(data: dict[str, Any], messages: list[dict[str, Any]]) -> tupl
     """vLLM's `continue_final_message` (with `add_generation_prompt: false`, as it asks): the last message,
     an assistant's text, is a prefill that the answer goes on from (the messages before it, and its
     text); else the messages as they are, and no prefill."""
-    if not read_bool(data, "continue_final_message", False):
-        if not read_bool(data, "add_generation_prompt", True):
-            raise InvalidParams(
-                "add_generation_prompt",
-                "add_generation_prompt false is taken with continue_final_message true only (the answer "
-                "goes on from the last assistant message); a chat answer starts its own turn",
-            )
-        return messages, ""
-    if read_bool(data, "add_generation_prompt", True):
+    continues = read_bool(data, "continue_final_message", False)
+    generation_prompt = read_bool(data, "add_generation_prompt", True)
+    if continues and generation_prompt:
         raise InvalidParams(
             "add_generation_prompt",
             "continue_final_message goes on from the last message: set add_generation_prompt to false",
         )
+    if not continues and not generation_prompt:
+        raise InvalidParams(
+            "add_generation_prompt",
+            "add_generation_prompt false is taken with continue_final_message true only (the answer "
+            "goes on from the last assistant message); a chat answer starts its own turn",
+        )
+    if not continues:
+        return messages, ""
     last = messages[-1]
     at = f"messages[{len(messages) - 1}]"
     if last["role"] != "assistant" or "tool_calls" in last or not last["content"]:
