@@ -16,6 +16,7 @@ from inference_api.chat_template import (
     ChatTemplateError,
     UnusableChatTemplate,
 )
+from inference_api.fields import read_bool
 from inference_api.harmony import prefilled_answer
 from inference_api.reasoning import HARMONY
 from inference_api.router import Serving
@@ -33,18 +34,29 @@ class ContextLengthExceeded(InvalidParams):
     code = "context_length_exceeded"
 
 
-def chat_prompt_ids(
-    data: dict[str, Any],
-    serving: Serving,
-    add_generation_prompt: bool = True,
-    add_special_tokens: bool = False,
-) -> list[int]:
-    """`messages` through the model's chat template, as token ids."""
-    messages = read_messages(data.get("messages"))
-    kwargs = template_kwargs(data)
-    return chat_ids(
-        messages, serving, "messages", add_generation_prompt, add_special_tokens, template_kwargs=kwargs
-    )
+def final_message(
+    data: dict[str, Any], messages: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], str, bool]:
+    """vLLM's `add_generation_prompt` and `continue_final_message`, read together: the messages, the
+    prefill the answer goes on from ("" for none) and whether the generation prompt follows them. With
+    `continue_final_message` (and `add_generation_prompt: false`, as vLLM asks) the last message, an
+    assistant's text, is that prefill: the messages before it, the generation prompt, then its text."""
+    continues = read_bool(data, "continue_final_message", False)
+    generation_prompt = read_bool(data, "add_generation_prompt", True)
+    if continues and generation_prompt:
+        raise InvalidParams(
+            "add_generation_prompt",
+            "continue_final_message goes on from the last message: set add_generation_prompt to false",
+        )
+    if not continues:
+        return messages, "", generation_prompt
+    last = messages[-1]
+    if last["role"] != "assistant" or "tool_calls" in last or not last["content"]:
+        raise InvalidParams(
+            f"messages[{len(messages) - 1}]",
+            "continue_final_message goes on from the last message, which must be an assistant's text",
+        )
+    return messages[:-1], last["content"], True
 
 
 def chat_ids(
@@ -80,6 +92,8 @@ def tool_chat_ids(
     param: str,
     continuation: str = "",
     template_kwargs: dict[str, Any] | None = None,
+    add_generation_prompt: bool = True,
+    add_special_tokens: bool = False,
 ) -> list[int]:
     """A conversation with tools (assistant turns' calls, tool turns' results) and the tools offered, in
     OpenAI chat's shapes, through the chat template as `chat_ids`; a template that takes no tools gets
@@ -92,7 +106,14 @@ def tool_chat_ids(
     elif tools is not None:
         messages = with_system_text(messages, tools_system_prompt(tools.tools))
     return chat_ids(
-        messages, serving, param, continuation=continuation, tools=offered, template_kwargs=template_kwargs
+        messages,
+        serving,
+        param,
+        add_generation_prompt,
+        add_special_tokens,
+        continuation=continuation,
+        tools=offered,
+        template_kwargs=template_kwargs,
     )
 
 

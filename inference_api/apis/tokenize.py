@@ -1,12 +1,16 @@
 """vLLM's `/tokenize` and `/detokenize`: the served model's tokenizer over HTTP.
 
     POST /tokenize    {"prompt": "...", "add_special_tokens": true}
-                      {"messages": [...], "add_generation_prompt": true}
+                      {"messages": [...], "add_generation_prompt": true, "tools": [...]}
+                      {"messages": [..., assistant], "continue_final_message": true,
+                       "add_generation_prompt": false}
                    -> {"count": n, "max_model_len": L, "tokens": [...], "token_strs": [...] | null}
     POST /detokenize  {"tokens": [...]} -> {"prompt": "..."}
 
-`model`, when given, must name the served model. Messages go through the
-model's chat template as /v1/chat/completions renders them.
+`model`, when given, must name the served model. Messages (with their tools,
+chat_template_kwargs and a final message to continue) go through the model's
+chat template as /v1/chat/completions renders them, so that the count is the
+prompt's that chat would answer from.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from flask import Blueprint, Response, jsonify
 from backend.messages import InvalidParams
 from inference_api.fields import read_bool, read_string
 from inference_api.generation import read_request
-from inference_api.prompts import chat_prompt_ids, token_id_list
+from inference_api.prompts import final_message, read_messages, template_kwargs, token_id_list, tool_chat_ids
+from inference_api.tool_calls import read_tool_request
 
 bp = Blueprint("tokenize_api", __name__)
 
@@ -25,9 +30,17 @@ bp = Blueprint("tokenize_api", __name__)
 def tokenize() -> Response:
     data, serving = read_request(model_required=False)
     if data.get("messages") is not None:
-        add_generation_prompt = read_bool(data, "add_generation_prompt", True)
-        add_special_tokens = read_bool(data, "add_special_tokens", False)
-        tokens = chat_prompt_ids(data, serving, add_generation_prompt, add_special_tokens)
+        messages, prefill, generation_prompt = final_message(data, read_messages(data["messages"]))
+        tokens = tool_chat_ids(
+            messages,
+            read_tool_request(data, serving.tool_parser),
+            serving,
+            "messages",
+            continuation=prefill,
+            template_kwargs=template_kwargs(data),
+            add_generation_prompt=generation_prompt,
+            add_special_tokens=read_bool(data, "add_special_tokens", False),
+        )
     else:
         prompt = read_string(data, "prompt", required=True)
         tokens = serving.tokenizer.encode(

@@ -327,6 +327,11 @@ LLAMA_EMBEDDINGS = {
     "text_truncation": "none",
 }
 TOKENIZE_CHAT = {"messages": CHAT["messages"], "add_generation_prompt": False, "add_special_tokens": True}
+TOKENIZE_CONTINUED = {
+    "messages": [*CHAT["messages"], {"role": "assistant", "content": "Once"}],
+    "continue_final_message": True,
+    "add_generation_prompt": False,
+}
 
 # (method, path, request arguments), each answered 200 straight from the server
 SUCCESSES = {
@@ -377,6 +382,7 @@ SUCCESSES = {
         {"json": {"model": "mock", "input": "hello", "encoding_format": "base64"}},
     ),
     "tokenize-chat": ("post", "/tokenize", {"json": TOKENIZE_CHAT}),
+    "tokenize-continued": ("post", "/tokenize", {"json": TOKENIZE_CONTINUED}),
     "detokenize": ("post", "/detokenize", {"json": {"model": "mock", "tokens": [104, 105, 255]}}),
     "detokenize-nothing": ("post", "/detokenize", {"json": {"tokens": []}}),
     "messages": ("post", "/v1/messages", {"json": MESSAGES}),
@@ -496,6 +502,12 @@ ERRORS = {
     ),
     "tokenize-malformed-json": ("post", "/tokenize", {"data": b"{"}, 400),
     "tokenize-nothing": ("post", "/tokenize", {"json": {"model": "mock"}}, 400),
+    "tokenize-continued-and-opened": (
+        "post",
+        "/tokenize",
+        {"json": {**TOKENIZE_CONTINUED, "add_generation_prompt": True}},
+        400,
+    ),
     "detokenize-past-vocab": ("post", "/detokenize", {"json": {"tokens": [104, 256]}}, 400),
     "tokenize-unknown-model": ("post", "/tokenize", {"json": {**TOKENIZE, "model": "x"}}, 404),
     "detokenize-unknown-model": ("post", "/detokenize", {"json": {"model": "x", "tokens": [104]}}, 404),

@@ -202,6 +202,44 @@ def test_tokenize_and_detokenize_as_vllm_shapes_them(server, tokenizer):
     assert wrong_model.status_code == 404
 
 
+def test_tokenize_gives_the_prompt_chat_answers_from(server, client, tokenizer):
+    """/tokenize takes chat's own fields (tools, a final message to continue, no generation prompt), so
+    that its count is the prompt_tokens chat reports for the same request, as vLLM's does."""
+
+    def tokenized(**fields) -> list[int]:
+        response = requests.post(f"{server.url}/tokenize", json=fields, timeout=30)
+        assert response.status_code == 200, response.text
+        return response.json()["tokens"]
+
+    def template_ids(add_generation_prompt: bool, after: str = "") -> list[int]:
+        text = tokenizer.apply_chat_template(
+            MESSAGES, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+        return tokenizer(text + after, add_special_tokens=False).input_ids
+
+    prefill = "The capital is"
+    continued = {
+        "messages": [*MESSAGES, {"role": "assistant", "content": prefill}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
+    assert tokenized(**continued) == template_ids(True, prefill)
+    assert tokenized(messages=MESSAGES, add_generation_prompt=False) == template_ids(False)
+    tool = {"type": "function", "function": {"name": "capital_of", "parameters": {"type": "object"}}}
+    with_tools = {"messages": MESSAGES, "tools": [tool]}
+    assert len(tokenized(**with_tools)) > len(template_ids(True))  # the tools are in the prompt
+    for fields in (continued, with_tools):
+        others = {name: value for name, value in fields.items() if name != "messages"}
+        answer = client.chat.completions.create(
+            model=MODEL, messages=fields["messages"], max_tokens=1, extra_body=others
+        )
+        assert answer.usage.prompt_tokens == len(tokenized(**fields))
+    both = requests.post(
+        f"{server.url}/tokenize", json={**continued, "add_generation_prompt": True}, timeout=30
+    )
+    assert both.status_code == 400 and both.json()["error"]["param"] == "add_generation_prompt"
+
+
 def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):
     plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
     neutral = client.completions.create(

@@ -22,6 +22,7 @@ from inference_api.prompts import (
     CHAT_DEFAULT_MAX_TOKENS,
     MAX_TOP_K,
     completion_budget,
+    final_message,
     prompt_ids,
     prompt_list,
     read_messages,
@@ -105,7 +106,7 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     reject_unsupported(data, "chat")
     parallel = read_bool(data, "parallel_tool_calls", True)
     tool_request = read_tool_request(data, serving.tool_parser, parallel)
-    messages, prefill = _final_message(data, read_messages(data.get("messages")))
+    messages, prefill = _chat_messages(data)
     kwargs = _template_kwargs(data)
     ids = tool_chat_ids(
         messages, tool_request, serving, "messages", continuation=prefill, template_kwargs=kwargs
@@ -126,32 +127,17 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     return replace(request, params=params, tools=tool_request, grammar_param=grammar_param, thinking=thinking)
 
 
-def _final_message(data: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
-    """vLLM's `continue_final_message` (with `add_generation_prompt: false`, as it asks): the last message,
-    an assistant's text, is a prefill that the answer goes on from (the messages before it, and its
-    text); else the messages as they are, and no prefill."""
-    continues = read_bool(data, "continue_final_message", False)
-    generation_prompt = read_bool(data, "add_generation_prompt", True)
-    if continues and generation_prompt:
-        raise InvalidParams(
-            "add_generation_prompt",
-            "continue_final_message goes on from the last message: set add_generation_prompt to false",
-        )
-    if not continues and not generation_prompt:
+def _chat_messages(data: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The messages and the prefill the answer goes on from (prompts.final_message); a chat answer always
+    follows a generation prompt, so `add_generation_prompt: false` alone is a 400."""
+    messages, prefill, generation_prompt = final_message(data, read_messages(data.get("messages")))
+    if not generation_prompt:
         raise InvalidParams(
             "add_generation_prompt",
             "add_generation_prompt false is taken with continue_final_message true only (the answer "
             "goes on from the last assistant message); a chat answer starts its own turn",
         )
-    if not continues:
-        return messages, ""
-    last = messages[-1]
-    at = f"messages[{len(messages) - 1}]"
-    if last["role"] != "assistant" or "tool_calls" in last or not last["content"]:
-        raise InvalidParams(
-            at, "continue_final_message goes on from the last message, which must be an assistant's text"
-        )
-    return messages[:-1], last["content"]
+    return messages, prefill
 
 
 def _template_kwargs(data: dict[str, Any]) -> dict[str, Any]:
