@@ -1,10 +1,11 @@
 """What a request asks its output to follow: a JSON schema, any JSON object, a regex, a choice or a Lark
 grammar, as the llguidance grammar the backend decodes under (backend/layers/grammar.py).
 
-OpenAI's `response_format` (`json_object`, `json_schema`), vLLM's `guided_json`, `guided_regex`,
-`guided_choice` and `guided_grammar`, and the native API's `json_schema`. A grammar llguidance cannot
-enforce (a schema keyword it does not implement, a regex it cannot parse) is a 400 naming the field and
-what is wrong, never an answer that silently follows less than was asked.
+OpenAI's `response_format` (`json_object`, `json_schema`); vLLM's `structured_outputs` (`json`,
+`json_object`, `regex`, `choice`, `grammar`) and the `guided_json`, `guided_regex`, `guided_choice` and
+`guided_grammar` fields it replaced (vLLM 0.12 takes only the former); the native API's `json_schema`.
+A grammar llguidance cannot enforce (a schema keyword it does not implement, a regex it cannot parse) is
+a 400 naming the field and what is wrong, never an answer that silently follows less than was asked.
 
 An object schema that lists `properties` and says nothing of other keys allows none (`closed_objects`),
 as vLLM's default grammar engine (xgrammar, strict) reads schemas: read as JSON Schema says, the model
@@ -25,14 +26,22 @@ from backend.messages import InvalidParams
 # One spacing only, as `json.dumps` writes it: a model free to add whitespace anywhere may spend its
 # whole budget on it (small models at temperature 1 do).
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+GUIDED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+# vLLM's `structured_outputs` constraints, each read as the guided_* field of the same kind.
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+# Its options that ask for what this server does anyway (no fallback, compact JSON, closed objects):
+# taken, with no effect.
+STRUCTURED_OPTIONS = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties")
 
 
 def grammar_field(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
-    """Which of `fields` the request constrains its output with (None: none); a 400 if more than one."""
+    """Which of `fields` the request constrains its output with (None: none), `structured_outputs.KIND`
+    for vLLM's object of constraints; a 400 if more than one is given."""
     given = [name for name in fields if data.get(name) is not None]
     if len(given) > 1:
         raise InvalidParams(given[1], f"{given[0]} and {given[1]} cannot be combined: give one")
+    if given == ["structured_outputs"]:
+        return f"structured_outputs.{_structured_kind(data['structured_outputs'])}"
     return given[0] if given else None
 
 
@@ -42,16 +51,47 @@ def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
     name = grammar_field(data, fields)
     if name is None:
         return None
-    value = data[name]
+    value = data[name] if name in data else data["structured_outputs"][name.partition(".")[2]]
     if name == "response_format":
         return _response_format(value)
-    if name in ("guided_json", "json_schema"):
+    if name == "structured_outputs.json_object":
+        if value is not True:
+            raise InvalidParams(name, f"{name} must be true (or left out)")
+        return json_schema_grammar({"type": "object"}, name)
+    if name in ("guided_json", "json_schema", "structured_outputs.json"):
         return schema_grammar(value, name)
-    if name == "guided_regex":
+    if name in ("guided_regex", "structured_outputs.regex"):
         return regex_grammar(value, name)
-    if name == "guided_choice":
+    if name in ("guided_choice", "structured_outputs.choice"):
         return choice_grammar(value, name)
-    return lark_grammar(_text(value, name), name)  # guided_grammar
+    return lark_grammar(_text(value, name), name)  # guided_grammar, structured_outputs.grammar
+
+
+def _structured_kind(value: Any) -> str:
+    """The one constraint vLLM's `structured_outputs` object gives (a 400 for none, two, or one this
+    server does not build: `structural_tag`, `whitespace_pattern`, or an option unknown to vLLM)."""
+    if not isinstance(value, dict):
+        raise InvalidParams("structured_outputs", 'structured_outputs must be an object, as {"json": {...}}')
+    for key in value:
+        if key not in (*STRUCTURED_KINDS, *STRUCTURED_OPTIONS) and value[key] is not None:
+            raise InvalidParams(
+                f"structured_outputs.{key}", f"structured_outputs.{key} is not supported by this server"
+            )
+    given = [kind for kind in STRUCTURED_KINDS if value.get(kind) not in (None, False)]
+    if not given:
+        kinds = ", ".join(STRUCTURED_KINDS[:-1])
+        raise InvalidParams("structured_outputs", f"structured_outputs must give one of {kinds}")
+    if len(given) > 1:
+        name = f"structured_outputs.{given[1]}"
+        raise InvalidParams(
+            name, f"structured_outputs.{given[0]} and {given[1]} cannot be combined: give one"
+        )
+    if given == ["structural_tag"]:
+        raise InvalidParams(
+            "structured_outputs.structural_tag",
+            "structured_outputs.structural_tag is not supported by this server",
+        )
+    return given[0]
 
 
 # Where a schema holds other schemas: one (`not`), a list of them (`anyOf`), or a map of them by name

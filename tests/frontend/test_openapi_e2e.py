@@ -922,6 +922,26 @@ CHECKED_BODIES = {
     "chat-guided-choice": ("/v1/chat/completions", {**CHAT, "guided_choice": ["yes", "no"]}, None),
     "chat-guided-choice-empty": ("/v1/chat/completions", {**CHAT, "guided_choice": []}, "guided_choice"),
     "chat-guided-regex-empty": ("/v1/chat/completions", {**CHAT, "guided_regex": ""}, "guided_regex"),
+    "chat-structured-choice": (
+        "/v1/chat/completions",
+        {**CHAT, "structured_outputs": {"choice": ["yes", "no"], "disable_fallback": True}},
+        None,
+    ),
+    "chat-structured-nothing": (
+        "/v1/chat/completions",
+        {**CHAT, "structured_outputs": {}},
+        "structured_outputs",
+    ),
+    "chat-structured-json-object-string": (
+        "/v1/chat/completions",
+        {**CHAT, "structured_outputs": {"json_object": "yes"}},
+        "structured_outputs.json_object",
+    ),
+    "chat-structured-tag": (
+        "/v1/chat/completions",
+        {**CHAT, "structured_outputs": {"structural_tag": "{}"}},
+        "structured_outputs.structural_tag",
+    ),
     "chat-tools": (
         "/v1/chat/completions",
         {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},

@@ -345,6 +345,9 @@ def test_a_json_format_constrains_the_answer_after_the_thoughts(client):
     thinking = client.chat.completions.create(**request, max_tokens=24, response_format=mood).choices[0]
     assert thinking.finish_reason == "length" and thinking.message.content == ""
     assert not thinking.message.reasoning_content.startswith("{")  # free text, not the schema's JSON
+    vllms = {"structured_outputs": {"json": MOOD}}  # vLLM's field for the same: it waits for the thoughts too
+    same = client.chat.completions.create(**request, max_tokens=24, extra_body=vllms).choices[0]
+    assert same.message.reasoning_content == thinking.message.reasoning_content
     off = {"chat_template_kwargs": NO_THINKING}
     answer = client.chat.completions.create(**request, max_tokens=24, response_format=mood, extra_body=off)
     assert json.loads(answer.choices[0].message.content)["mood"] in ("happy", "sad")

@@ -171,3 +171,53 @@ def test_two_ways_of_constraining_at_once_is_a_400(client):
             extra_body={"guided_regex": "a+"},
         )
     assert raised.value.body["param"] == "guided_regex"
+
+
+def test_vllms_structured_outputs_constrain_as_the_guided_fields_they_replaced(client):
+    """vLLM 0.12 takes only `structured_outputs` ({"json": ...}, {"regex": ...}, ...): each kind decodes
+    under the same grammar as the guided_* field of that kind, which a greedy answer shows token for
+    token, on completions and on chat."""
+    prompt = "The first moon landing was on (YYYY-MM-DD): "
+    pairs = [
+        ({"choice": [" purple", " green"]}, {"guided_choice": [" purple", " green"]}),
+        ({"regex": r"\d{4}-\d{2}-\d{2}"}, {"guided_regex": r"\d{4}-\d{2}-\d{2}"}),
+        (
+            {"grammar": 'start: "19" DIGIT DIGIT\nDIGIT: /[0-9]/'},
+            {"guided_grammar": 'start: "19" /[0-9]{2}/'},
+        ),
+    ]
+    for new, old in pairs:
+        ask = dict(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+        answer = client.completions.create(**ask, extra_body={"structured_outputs": new}).choices[0].text
+        assert answer == client.completions.create(**ask, extra_body=old).choices[0].text
+    assert answer.startswith("19") and len(answer) == 4  # the constraint, not the model's free text
+    ask = dict(model=MODEL, messages=MESSAGES, max_tokens=200, temperature=0)
+    person = client.chat.completions.create(**ask, extra_body={"structured_outputs": {"json": PERSON_SCHEMA}})
+    jsonschema.validate(json.loads(person.choices[0].message.content), PERSON_SCHEMA)
+    guided = client.chat.completions.create(**ask, extra_body={"guided_json": PERSON_SCHEMA})
+    assert person.choices[0].message.content == guided.choices[0].message.content
+    ask["messages"] = [{"role": "user", "content": "Give the name and age of a person as a JSON object."}]
+    anything = client.chat.completions.create(**ask, extra_body={"structured_outputs": {"json_object": True}})
+    assert isinstance(json.loads(anything.choices[0].message.content), dict)
+    formatted = client.chat.completions.create(**ask, response_format={"type": "json_object"})
+    assert anything.choices[0].message.content == formatted.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("structured_outputs", "named"),
+    [
+        ({}, "structured_outputs"),
+        ([{"regex": "a+"}], "structured_outputs"),
+        ({"regex": "a+", "choice": ["a"]}, "structured_outputs.choice"),
+        ({"structural_tag": '{"type": "structural_tag"}'}, "structured_outputs.structural_tag"),
+        ({"regex": "a+", "whitespace_pattern": " "}, "structured_outputs.whitespace_pattern"),
+        ({"json": {"type": "array", "uniqueItems": True}}, "structured_outputs.json"),
+        ({"json_object": "yes"}, "structured_outputs.json_object"),
+    ],
+)
+def test_structured_outputs_that_cannot_be_followed_is_a_400_naming_it(client, structured_outputs, named):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, extra_body={"structured_outputs": structured_outputs}
+        )
+    assert raised.value.body["param"] == named

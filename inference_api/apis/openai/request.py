@@ -43,7 +43,13 @@ SEED_MAX = 2**64 - 1
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions API
 # Grammars of JSON the answer is (a format, a forced call): a reasoning model thinks first (reasoning.py).
 # The others (vLLM's guided_regex, guided_choice, guided_grammar) constrain the text as written.
-ANSWER_GRAMMARS = ("response_format", "guided_json", "tool_choice")
+ANSWER_GRAMMARS = (
+    "response_format",
+    "guided_json",
+    "structured_outputs.json",
+    "structured_outputs.json_object",
+    "tool_choice",
+)
 
 
 @dataclass(frozen=True)
