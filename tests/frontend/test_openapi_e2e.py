@@ -787,6 +787,7 @@ def varied(base: dict, fields: dict[str, dict], field: str, value: Any) -> dict:
 # the document must keep a range for each.
 STEERING_RANGED = {"presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"}
 OPENAI_RANGED = {"temperature", "top_k", "top_p", "max_tokens", "max_completion_tokens", "seed", "n"}
+OPENAI_RANGED |= {"truncate_prompt_tokens"}
 OPENAI_RANGED |= STEERING_RANGED
 # (path, a good body to vary one field of, the fields with ranges)
 RANGE_CHECKS = {
@@ -850,6 +851,12 @@ CHECKED_BODIES = {
     "completion-logprobs-boolean": ("/v1/completions", {**COMPLETION, "logprobs": True}, "logprobs"),
     "completion-echo-number": ("/v1/completions", {**COMPLETION, "echo": 1}, "echo"),
     "completion-suffix": ("/v1/completions", {**COMPLETION, "suffix": " the end"}, "suffix"),
+    "completion-truncate-to-nothing": (
+        "/v1/completions",
+        {**COMPLETION, "truncate_prompt_tokens": 0},
+        "truncate_prompt_tokens",
+    ),
+    "completion-truncate-to-fit": ("/v1/completions", {**COMPLETION, "truncate_prompt_tokens": -1}, None),
     "completion-guided-regex": ("/v1/completions", {**COMPLETION, "guided_regex": "[a-z]+"}, None),
     "completion-guided-json-text": (
         "/v1/completions",

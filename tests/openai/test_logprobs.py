@@ -240,6 +240,28 @@ def test_tokenize_gives_the_prompt_chat_answers_from(server, client, tokenizer):
     assert both.status_code == 400 and both.json()["error"]["param"] == "add_generation_prompt"
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, tokenizer):
+    """vLLM's truncate_prompt_tokens: k keeps a prompt's last k tokens (its text, as sent, comes back cut
+    under echo), and -1 the last that leave the answer room in the 1,024-token context, where the whole
+    prompt is a 400."""
+    ids = tokenizer(PROMPT).input_ids
+    ask = dict(model=MODEL, max_tokens=4, temperature=0)
+    cut = client.completions.create(**ask, prompt=PROMPT, echo=True, extra_body={"truncate_prompt_tokens": 3})
+    assert cut.usage.prompt_tokens == 3
+    assert cut.choices[0].text == client.completions.create(**ask, prompt=ids[-3:], echo=True).choices[0].text
+    assert cut.choices[0].text.startswith(tokenizer.decode(ids[-3:]))
+    chat = client.chat.completions.create(**ask, messages=MESSAGES, extra_body={"truncate_prompt_tokens": 5})
+    assert chat.usage.prompt_tokens == 5
+    long_prompt = "one two three " * 400
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(**ask, prompt=long_prompt)
+    fitted = client.completions.create(**ask, prompt=long_prompt, extra_body={"truncate_prompt_tokens": -1})
+    assert fitted.usage.prompt_tokens == 1024 - 4
+    with pytest.raises(openai.BadRequestError) as zero:
+        client.completions.create(**ask, prompt=PROMPT, extra_body={"truncate_prompt_tokens": 0})
+    assert zero.value.body["param"] == "truncate_prompt_tokens"
+
+
 def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):
     plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
     neutral = client.completions.create(

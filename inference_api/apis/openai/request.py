@@ -101,9 +101,11 @@ def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRe
         raise InvalidParams("best_of", "best_of other than n is not supported by this server")
     if not echo:
         return openai_request
-    texts = tuple(
-        text if isinstance(text, str) else serving.tokenizer.decode(ids, skip_special_tokens=False)
-        for text, ids in zip(sent, prompts, strict=True)
+    texts = tuple(  # the prompt as sent, unless it was cut (truncate_prompt_tokens) or came as ids
+        text
+        if isinstance(text, str) and ids == sent_ids
+        else serving.tokenizer.decode(ids, skip_special_tokens=False)
+        for text, sent_ids, ids in zip(sent, prompts, openai_request.prompts, strict=True)
     )
     return replace(openai_request, echo=True, prompt_texts=texts)
 
@@ -176,12 +178,13 @@ def _common(
     echo: bool = False,
 ) -> OpenAIRequest:
     context = serving.backend.max_seq_len
-    longest = max(len(ids) for ids in prompts)
     # max_tokens 0 only scores an echoed prompt (what lm-evaluation-harness asks for log-likelihoods).
     fewest = 0 if echo else 1
     max_tokens = read_integer(data, "max_completion_tokens", None, 1, context)
     if max_tokens is None:
         max_tokens = read_integer(data, "max_tokens", None, fewest, context)
+    prompts = _truncated(data, prompts, context, default_max_tokens if max_tokens is None else max_tokens)
+    longest = max(len(ids) for ids in prompts)
     max_tokens = completion_budget(serving, longest, max_tokens, default_max_tokens, prompt_param)
     top_k = read_integer(data, "top_k", -1, -1, MAX_TOP_K)
     stop = read_stop(data, "stop")
@@ -222,6 +225,22 @@ def _common(
         prompt_param=prompt_param,
         grammar_param=grammar_field(data, GRAMMAR_FIELDS),
     )
+
+
+def _truncated(data: dict[str, Any], prompts: list[list[int]], context: int, answer: int) -> list[list[int]]:
+    """vLLM's `truncate_prompt_tokens`: each prompt's last k tokens (cut from its start, as vLLM cuts),
+    or with -1 the last that leave room in the context for the answer (`answer`: max_tokens, or the
+    endpoint's default); the prompts as they are without it."""
+    keep = read_integer(data, "truncate_prompt_tokens", None, -1, context)
+    if keep is None:
+        return prompts
+    if keep == 0:
+        raise InvalidParams(
+            "truncate_prompt_tokens", f"truncate_prompt_tokens must be -1 or from 1 to {context}, got 0"
+        )
+    if keep == -1:
+        keep = context - min(max(answer, 1), context - 1)
+    return [ids[-keep:] for ids in prompts]
 
 
 def _logit_bias(value: Any, vocab: int) -> tuple[tuple[int, float], ...]:
