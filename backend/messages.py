@@ -88,6 +88,8 @@ class SamplingParams:
     # The text leaves special tokens (<|im_end|>, a template's markers) out; False keeps their text in it
     # (vLLM's skip_special_tokens), for a client that reads them.
     skip_special_tokens: bool = True
+    # The stop string that ended the text ends it (vLLM's include_stop_str_in_output); by default it is cut.
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -77,7 +77,8 @@ class MockRow:
     generated: int = 0
 
     def __post_init__(self) -> None:
-        self.stop = StopMatcher(self.request.params.stop)
+        params = self.request.params
+        self.stop = StopMatcher(params.stop, params.include_stop_str_in_output)
 
     def next_piece(self) -> Piece:
         if self.request.params.embedding is not None:

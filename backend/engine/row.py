@@ -49,7 +49,7 @@ class Row:
         self.detokenizer = IncrementalDetokenizer(
             self.tokenizer, self.request.prompt_ids, params.skip_special_tokens
         )
-        self.stop = StopMatcher(params.stop)
+        self.stop = StopMatcher(params.stop, params.include_stop_str_in_output)
         # The sampler hashes (seed, tokens generated so far) into each draw (sampler.uniform).
         self.seed = params.seed % 2**63 if params.seed is not None else secrets.randbits(63)
 

@@ -1,15 +1,17 @@
 """Stop sequences matched on text across token boundaries, with hold-back.
 
 Text that could be the beginning of a stop sequence is held back until the
-next piece shows whether it is one; the stop sequence itself is never sent.
+next piece shows whether it is one; the stop sequence itself is sent only
+where the request asks (`include`), as the text's last characters.
 """
 
 from __future__ import annotations
 
 
 class StopMatcher:
-    def __init__(self, stops: tuple[str, ...] | list[str]):
+    def __init__(self, stops: tuple[str, ...] | list[str], include: bool = False):
         self.stops = tuple(s for s in stops if s)
+        self.include = include  # the stop sequence ends the text sent (else the text ends before it)
         self.held = ""  # text received but not yet released
         self.stopped = False
         self.matched: str | None = None  # the stop sequence that ended the text (Piece.stop_sequence)
@@ -25,7 +27,8 @@ class StopMatcher:
         if found:
             # The earliest; of several at the same place, the one listed first (min keeps the first).
             match_at, self.matched = min(found, key=lambda match: match[0])
-            released, self.held = self.held[:match_at], ""
+            end = match_at + len(self.matched) if self.include else match_at
+            released, self.held = self.held[:end], ""
             self.stopped = True
             return released
         keep = longest_partial_match(self.held, self.stops)

@@ -22,6 +22,13 @@ def test_a_possible_start_is_held_back_then_released_when_it_is_not_a_stop():
     assert not matcher.stopped
 
 
+def test_a_stop_asked_for_in_the_output_ends_it_and_what_followed_it_is_cut():
+    matcher = StopMatcher(["###"], include=True)
+    released = feed_all(matcher, ["Hello #", "#", "# world"])
+    assert "".join(released) == "Hello ###" and matcher.matched == "###"
+    assert matcher.feed("more") == ""
+
+
 def test_the_earliest_of_several_stops_wins_and_is_named():
     matcher = StopMatcher(["END", "."])
     assert matcher.feed("one. two END") == "one"

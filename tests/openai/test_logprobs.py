@@ -262,6 +262,25 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, tokenizer)
     assert zero.value.body["param"] == "truncate_prompt_tokens"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_stop_str_in_output_ends_the_text_with_the_stop(client, stream):
+    """vLLM's include_stop_str_in_output: the text ends with the stop string it stopped at (by default
+    it ends before it), streamed and not; what the model wrote after the stop is cut either way."""
+    ask = dict(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0)
+    free = client.completions.create(**ask, extra_body={"ignore_eos": True}).choices[0].text
+    stop = free.split()[1]  # a word the answer goes on past
+    at = free.index(stop)
+
+    def text(**extra) -> str:
+        if not stream:
+            return client.completions.create(**ask, stop=[stop], extra_body=extra).choices[0].text
+        chunks = client.completions.create(**ask, stop=[stop], stream=True, extra_body=extra)
+        return "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+
+    assert text() == free[:at]
+    assert text(include_stop_str_in_output=True) == free[: at + len(stop)]
+
+
 def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):
     plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
     neutral = client.completions.create(

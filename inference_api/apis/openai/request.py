@@ -211,6 +211,7 @@ def _common(
         grammar=read_grammar(data, GRAMMAR_FIELDS),
         speculative=read_bool(data, "speculative", True),
         skip_special_tokens=read_bool(data, "skip_special_tokens", True),
+        include_stop_str_in_output=read_bool(data, "include_stop_str_in_output", False),
     )
     stream = read_bool(data, "stream", False)
     include_usage, continuous_usage = _stream_options(data.get("stream_options"), stream)
