@@ -48,8 +48,9 @@ class ApiError(Exception):
         self.code = code
 
 
-# vLLM's extensions beside /v1/, which answer errors in OpenAI's shape as vLLM's do.
-OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/score")
+# vLLM's extensions beside /v1/, which answer errors in OpenAI's shape as vLLM's do, and llama.cpp's
+# /completion, whose server answers in that shape too.
+OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/score", "/completion")
 ANTHROPIC_PATH = "/v1/messages"
 LLAMA_STACK_PREFIXES = ("/inference/", "/v1/inference/")
 # and POST /, either of the first two; Text Embeddings Inference's /embed answers in TGI's shape too, and its

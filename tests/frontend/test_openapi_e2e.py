@@ -343,6 +343,12 @@ SUCCESSES = {
     "style": ("get", "/static/chat.css", {}),
     "models": ("get", "/v1/models", {}),
     "native-stream": ("post", "/predictions/mock", {"json": NATIVE}),
+    "llamacpp-completion": ("post", "/completion", {"json": {"prompt": "hello", "n_predict": 4}}),
+    "llamacpp-completion-stream": (
+        "post",
+        "/completion",
+        {"json": {"prompt": "hello", "n_predict": 4, "stop": ["x"], "stream": True}},
+    ),
     "native": ("post", "/predictions/mock", {"json": {**NATIVE, "stream": False}}),
     "completion": ("post", "/v1/completions", {"json": COMPLETION}),
     "completion-stream": ("post", "/v1/completions", {"json": {**COMPLETION, **STREAMED}}),

@@ -1,0 +1,1 @@
+"""llama.cpp server's own API: POST /completion."""

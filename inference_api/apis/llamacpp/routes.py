@@ -1,0 +1,150 @@
+"""llama.cpp server's own completion API, for the scripts and tools written against llama-server:
+
+    POST /completion   {"prompt", "n_predict", ...}  ->  {"content", "stop": true, "stop_type", ...}
+                       stream: data: {"content", "tokens", "stop": false} a piece, then the whole
+                       answer's fields with "stop": true in the last event
+
+Whole, the answer has llama-server's fields: `content`, `tokens` (with `return_tokens`), `stop_type`
+(`eos`, `word` for a stop string, with `stopping_word`, or `limit`), `tokens_predicted`,
+`tokens_evaluated`, `tokens_cached`, `generation_settings`, `timings` (measured here, in the request
+thread: the prompt's time is the wait for the first piece), and with `n_probs` the
+`completion_probabilities` of each token. Errors are OpenAI's shape, as llama-server's are.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Blueprint, Response, jsonify
+
+from backend.messages import Piece, TokenLogprob
+from inference_api.apis.llamacpp.request import LlamaCppRequest, parse_completion_request
+from inference_api.generation import ApiFields, error_of, event_stream, read_request, sse_event, start_choices
+from inference_api.router import Serving
+
+bp = Blueprint("llamacpp_api", __name__)
+
+FIELDS = ApiFields(prompt_ids="prompt", grammar="grammar", stop_token_ids="stop", count="prompt")
+
+
+@bp.post("/completion")
+def completion() -> Response:
+    started = time.perf_counter()
+    data, serving = read_request(model_field=None)
+    asked = parse_completion_request(data, serving)
+    choices, pieces = start_choices([(asked.prompt_ids, asked.params)], fields=FIELDS)
+    answer = Answer(asked, serving, started)
+    if asked.stream:
+        return event_stream(_events(answer, pieces), choices.close)
+    try:
+        for _, piece in pieces:
+            if piece.finish_reason == "error":  # no status has gone out yet
+                raise error_of(piece, FIELDS)
+            answer.read(piece)
+    finally:
+        choices.close()
+    return jsonify(answer.whole())
+
+
+def _events(answer: Answer, pieces: Iterator[tuple[int, Piece]]) -> Iterator[bytes]:
+    for _, piece in pieces:
+        if piece.finish_reason == "error":
+            yield sse_event({"error": {"code": 500, "message": piece.error, "type": "server_error"}})
+            return
+        event = answer.read(piece)
+        if event is not None:
+            yield sse_event(event)
+
+
+class Answer:
+    """One request's answer as it comes: `read` each piece (its stream event, if any), then `whole()`."""
+
+    def __init__(self, asked: LlamaCppRequest, serving: Serving, started: float):
+        self.asked = asked
+        self.serving = serving
+        self.started = started
+        self.first_piece = time.perf_counter()  # start_choices has waited for it: the prompt is done
+        self.text = ""
+        self.tokens: list[int] = []
+        self.probabilities: list[dict[str, Any]] = []
+        self.last: Piece | None = None
+
+    def read(self, piece: Piece) -> dict[str, Any] | None:
+        self.text += piece.text
+        self.last = piece
+        ids = [entry.token_id for entry in piece.logprobs]
+        self.tokens += ids
+        probabilities = [self._probability(entry) for entry in piece.logprobs] if self.asked.n_probs else []
+        self.probabilities += probabilities
+        if piece.finished:
+            return {**self.whole(), "content": piece.text, "tokens": ids} | self._probabilities(probabilities)
+        if not piece.text and not ids:
+            return None
+        event = {"index": 0, "content": piece.text, "tokens": ids, "stop": False, "id_slot": 0}
+        return event | self._counts() | self._probabilities(probabilities)
+
+    def whole(self) -> dict[str, Any]:
+        last, params = self.last, self.asked.params
+        predicted_ms = 1000 * (time.perf_counter() - self.first_piece)
+        prompt_ms = 1000 * (self.first_piece - self.started)
+        answer = {
+            "index": 0,
+            "content": self.text,
+            "tokens": self.tokens if self.asked.return_tokens else [],
+            "id_slot": 0,
+            "stop": True,
+            "model": self.serving.model_name,
+            **self._counts(),
+            "tokens_cached": last.cached_tokens,
+            "generation_settings": {
+                "n_ctx": self.serving.backend.max_seq_len,
+                "n_predict": params.max_tokens,
+                "seed": -1 if params.seed is None else params.seed,
+                "temperature": params.temperature,
+                "top_k": params.top_k,
+                "top_p": params.top_p,
+                "min_p": params.min_p,
+                "repeat_penalty": params.repetition_penalty,
+                "presence_penalty": params.presence_penalty,
+                "frequency_penalty": params.frequency_penalty,
+                "stop": list(params.stop),
+                "ignore_eos": params.ignore_eos,
+                "n_probs": self.asked.n_probs,
+            },
+            "prompt": self.serving.tokenizer.decode(self.asked.prompt_ids, skip_special_tokens=False),
+            "has_new_line": "\n" in self.text,
+            "truncated": False,  # a prompt and answer that would not fit are a 400, never cut
+            "stop_type": self._stop_type(),
+            "stopping_word": last.stop_sequence or "",
+            "timings": {
+                "prompt_n": last.prompt_tokens - last.cached_tokens,
+                "prompt_ms": prompt_ms,
+                "prompt_per_second": 1000 * max(last.prompt_tokens - last.cached_tokens, 0) / prompt_ms,
+                "predicted_n": last.completion_tokens,
+                "predicted_ms": predicted_ms,
+                "predicted_per_second": 1000 * last.completion_tokens / predicted_ms if predicted_ms else 0.0,
+            },
+        }
+        return answer | self._probabilities(self.probabilities)
+
+    def _counts(self) -> dict[str, int]:
+        return {"tokens_predicted": self.last.completion_tokens, "tokens_evaluated": self.last.prompt_tokens}
+
+    def _stop_type(self) -> str:
+        if self.last.finish_reason == "length":
+            return "limit"
+        return "word" if self.last.stop_sequence is not None else "eos"
+
+    def _probabilities(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"completion_probabilities": entries} if self.asked.n_probs else {}
+
+    def _probability(self, entry: TokenLogprob) -> dict[str, Any]:
+        """A token as llama-server lists one with `n_probs`: its logprob, and the most likely in its place."""
+        top = [self._token(token_id, logprob) for token_id, logprob in entry.top[: self.asked.n_probs]]
+        return {**self._token(entry.token_id, entry.logprob), "top_logprobs": top}
+
+    def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.serving.tokenizer.token_text(token_id)
+        return {"id": token_id, "token": text, "logprob": logprob, "bytes": list(text.encode())}

@@ -1,0 +1,108 @@
+"""llama.cpp server's own /completion (inference_api/apis/llamacpp), over raw HTTP as its scripts call it,
+on the default model in the exact mode. The answers are held to the OpenAI completions endpoint's on the
+same prompt (greedy text, token ids and logprobs), so that the API adds a shape and nothing else."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from tests.compat.conftest import MODEL
+from tests.frontend.test_openapi_e2e import documented
+from tests.server_fixture import RunningServer
+
+PROMPT = "The capital of France is"
+GREEDY = {"prompt": PROMPT, "temperature": 0, "n_predict": 8}
+
+
+def llama(server: RunningServer, **fields) -> requests.Response:
+    return requests.post(f"{server.url}/completion", json=fields, timeout=120)
+
+
+def openai_completion(server: RunningServer, **fields) -> dict:
+    body = {"model": MODEL, "prompt": PROMPT, "temperature": 0, "logprobs": 2, **fields}
+    return requests.post(f"{server.url}/v1/completions", json=body, timeout=120).json()["choices"][0]
+
+
+def test_a_greedy_answer_is_the_completions_endpoints_with_llama_servers_fields(server, tokenizer):
+    answer = documented(llama(server, **GREEDY, return_tokens=True, n_probs=2), "post", "/completion")
+    reference = openai_completion(server, max_tokens=8)
+    assert answer["content"] == reference["text"] and answer["stop"] is True
+    assert tokenizer.decode(answer["tokens"]) == answer["content"]
+    assert answer["tokens_predicted"] == len(answer["tokens"]) == 8 and answer["stop_type"] == "limit"
+    assert answer["tokens_evaluated"] == len(tokenizer(PROMPT).input_ids)
+    assert answer["generation_settings"]["n_predict"] == 8 and answer["timings"]["predicted_n"] == 8
+    probabilities = answer["completion_probabilities"]
+    assert [entry["logprob"] for entry in probabilities] == pytest.approx(
+        reference["logprobs"]["token_logprobs"], abs=1e-4
+    )
+    assert [len(entry["top_logprobs"]) for entry in probabilities] == [2] * 8
+    assert [entry["top_logprobs"][0]["id"] for entry in probabilities] == answer["tokens"]  # greedy
+
+
+def test_the_stream_is_the_whole_answer_a_piece_an_event_and_the_last_says_why_it_ended(server):
+    whole = llama(server, **{**GREEDY, "n_predict": 20, "stop": ["."]}).json()
+    response = requests.post(
+        f"{server.url}/completion",
+        json={**GREEDY, "n_predict": 20, "stop": ["."], "stream": True},
+        stream=True,
+    )
+    documented(response, "post", "/completion")
+    events = [
+        json.loads(line[len(b"data: ") :]) for line in response.iter_lines() if line.startswith(b"data: ")
+    ]
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    assert "".join(event["content"] for event in events) == whole["content"]
+    assert [event["stop"] for event in events] == [False] * (len(events) - 1) + [True]
+    assert whole["stop_type"] == events[-1]["stop_type"] == "word" and whole["stopping_word"] == "."
+    assert sum(len(event["tokens"]) for event in events) == whole["tokens_predicted"]
+
+
+def test_a_gbnf_grammar_and_a_json_schema_constrain_the_answer(server):
+    grammar = 'root ::= " " answer\nanswer ::= "yes" | "no"'
+    answered = llama(
+        server, prompt="Is Paris in France? Answer yes or no:", n_predict=8, grammar=grammar
+    ).json()
+    assert answered["content"] in (" yes", " no") and answered["stop_type"] == "eos"
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+    }
+    shaped = llama(server, prompt="The capital of France as JSON:", n_predict=40, json_schema=schema).json()
+    assert set(json.loads(shaped["content"])) == {"city"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"mirostat": 2}, "mirostat"),
+        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"grammar": "root ::= ("}, "grammar"),
+        ({"grammar": 'root ::= "a"', "json_schema": {}}, "json_schema"),
+        ({"logit_bias": [[10**9, 1.0]]}, "logit_bias"),
+        ({"n_predict": -2}, "n_predict"),
+        ({"n_predict": 10**6}, "n_predict"),
+    ],
+)
+def test_what_cannot_be_served_is_a_400_naming_it(server, fields, named):
+    response = llama(server, **{**GREEDY, **fields})
+    assert response.status_code == 400
+    assert named in response.json()["error"]["message"]
+
+
+def test_a_banned_token_is_never_chosen_and_the_prompt_may_come_as_token_ids(server, tokenizer):
+    ids = tokenizer(PROMPT).input_ids
+    free = llama(server, prompt=ids, temperature=0, n_predict=1, return_tokens=True).json()
+    assert free["content"] == llama(server, **{**GREEDY, "n_predict": 1}).json()["content"]
+    banned = llama(
+        server,
+        prompt=ids,
+        temperature=0,
+        n_predict=1,
+        return_tokens=True,
+        logit_bias=[[free["tokens"][0], False]],
+    )
+    assert banned.json()["tokens"] != free["tokens"]
