@@ -51,7 +51,8 @@ def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
     name = grammar_field(data, fields)
     if name is None:
         return None
-    value = data[name] if name in data else data["structured_outputs"][name.partition(".")[2]]
+    field, _, kind = name.partition(".")  # structured_outputs.KIND: that key of the object
+    value = data[field][kind] if field == "structured_outputs" else data[name]
     if name == "response_format":
         return _response_format(value)
     if name == "structured_outputs.json_object":
