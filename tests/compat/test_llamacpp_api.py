@@ -81,6 +81,8 @@ def test_a_gbnf_grammar_and_a_json_schema_constrain_the_answer(server):
         ({"mirostat": 2}, "mirostat"),
         ({"prompt": ["one", "two"]}, "prompt"),
         ({"grammar": "root ::= ("}, "grammar"),
+        ({"grammar": "root ::= undefined"}, "grammar"),
+        ({"grammar": "root ::= a\na ::= root"}, "grammar"),  # no text can follow it
         ({"grammar": 'root ::= "a"', "json_schema": {}}, "json_schema"),
         ({"logit_bias": [[10**9, 1.0]]}, "logit_bias"),
         ({"n_predict": -2}, "n_predict"),

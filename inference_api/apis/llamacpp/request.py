@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
+from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from backend.messages import MAX_LOGPROBS, MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
@@ -130,6 +130,6 @@ def _grammar(data: dict[str, Any]) -> str | None:
         raise InvalidParams("grammar", "grammar must be a GBNF grammar (a string)")
     try:
         lark = gbnf_to_lark(grammar)
-    except (GbnfToLarkError, ValueError) as error:
+    except Exception as error:  # the converter raises a bare Exception too (a rule never defined)
         raise InvalidParams("grammar", f"grammar is not a GBNF grammar this server reads: {error}") from None
     return lark_grammar(lark, "grammar")
