@@ -160,6 +160,20 @@ def start_choices(
     return choices, chain([first], pieces)
 
 
+def read_all(
+    choices: Choices, pieces: Iterator[tuple[int, Piece]], fields: ApiFields, read: Callable[[Piece], object]
+) -> None:
+    """Each piece of an answer sent whole, to `read`, then the requests end: a piece that ends in an
+    error (no status has gone out yet) raises it as the API's error (error_of)."""
+    try:
+        for _, piece in pieces:
+            if piece.finish_reason == "error":
+                raise error_of(piece, fields)
+            read(piece)
+    finally:
+        choices.close()
+
+
 def check_capacity(router: Router, count: int, param: str) -> None:
     """A 400 naming `param` for an API call of more requests than the rows and the queue hold together:
     on an idle server it would still meet a full queue, and a 503 would have its client retry for ever."""

@@ -21,7 +21,7 @@ from flask import Blueprint, Response, jsonify
 
 from backend.messages import Piece, TokenLogprob
 from inference_api.apis.llamacpp.request import LlamaCppRequest, parse_completion_request
-from inference_api.generation import ApiFields, error_of, event_stream, read_request, sse_event, start_choices
+from inference_api.generation import ApiFields, event_stream, read_all, read_request, sse_event, start_choices
 from inference_api.router import Serving
 
 bp = Blueprint("llamacpp_api", __name__)
@@ -38,13 +38,7 @@ def completion() -> Response:
     answer = Answer(asked, serving, started)
     if asked.stream:
         return event_stream(_events(answer, pieces), choices.close)
-    try:
-        for _, piece in pieces:
-            if piece.finish_reason == "error":  # no status has gone out yet
-                raise error_of(piece, FIELDS)
-            answer.read(piece)
-    finally:
-        choices.close()
+    read_all(choices, pieces, FIELDS, answer.read)
     return jsonify(answer.whole())
 
 

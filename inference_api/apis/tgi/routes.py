@@ -31,8 +31,8 @@ from inference_api.apis.tgi.request import (
 )
 from inference_api.generation import (
     ApiFields,
-    error_of,
     event_stream,
+    read_all,
     read_request,
     serving_now,
     sse_event,
@@ -95,13 +95,7 @@ def _answer(stream: bool | None) -> Response:
     answer = Answer(asked, serving)
     if asked.stream:
         return event_stream(_events(answer, pieces), choices.close)
-    try:
-        for _, piece in pieces:
-            if piece.finish_reason == "error":  # no status has gone out yet
-                raise error_of(piece, FIELDS)
-            answer.read(piece)
-    finally:
-        choices.close()
+    read_all(choices, pieces, FIELDS, answer.read)
     return jsonify([answer.whole()] if stream is None else answer.whole())
 
 
