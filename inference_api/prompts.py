@@ -59,6 +59,25 @@ def final_message(
     return messages[:-1], last["content"], True
 
 
+def chat_text(
+    messages: list[dict[str, Any]],
+    serving: Serving,
+    param: str,
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> str:
+    """{role, content} messages (roles system, user, assistant, tool) through the model's chat template,
+    as text; `template_kwargs`: the request's own variables for the template (vLLM's
+    chat_template_kwargs). A template that refuses them is a 400 naming `param`."""
+    if isinstance(serving.chat_template, UnusableChatTemplate):  # nothing the request could change
+        raise InvalidParams(param, f"the model has no usable chat template: {serving.chat_template.problem}")
+    try:
+        return serving.chat_template.render(messages, add_generation_prompt, tools, extra=template_kwargs)
+    except ChatTemplateError as error:
+        raise InvalidParams(param, f"the model's chat template refused the {param}: {error}") from None
+
+
 def chat_ids(
     messages: list[dict[str, Any]],
     serving: Serving,
@@ -69,16 +88,9 @@ def chat_ids(
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
-    """{role, content} messages (roles system, user, assistant, tool) through the model's chat template, as
-    token ids; `continuation` follows the generation prompt: text the answer goes on from (a prefill; in
-    the final message that it opens, for a model that writes harmony);
-    `template_kwargs`: the request's own variables for the template (vLLM's chat_template_kwargs)."""
-    if isinstance(serving.chat_template, UnusableChatTemplate):  # nothing the request could change
-        raise InvalidParams(param, f"the model has no usable chat template: {serving.chat_template.problem}")
-    try:
-        text = serving.chat_template.render(messages, add_generation_prompt, tools, extra=template_kwargs)
-    except ChatTemplateError as error:
-        raise InvalidParams(param, f"the model's chat template refused the {param}: {error}") from None
+    """`chat_text` as token ids; `continuation` follows the generation prompt: text the answer goes on
+    from (a prefill; in the final message that it opens, for a model that writes harmony)."""
+    text = chat_text(messages, serving, param, add_generation_prompt, tools, template_kwargs)
     if continuation and serving.reasoning_format == HARMONY:
         continuation = prefilled_answer(continuation)
     # The rendered template already holds its special tokens (apply_chat_template does the same).
@@ -96,15 +108,8 @@ def tool_chat_ids(
     add_special_tokens: bool = False,
 ) -> list[int]:
     """A conversation with tools (assistant turns' calls, tool turns' results) and the tools offered, in
-    OpenAI chat's shapes, through the chat template as `chat_ids`; a template that takes no tools gets
-    them in the system message, in the format the answer is read in (tool_calls.py)."""
-    source = serving.chat_template.source
-    messages = template_messages(messages, source)
-    offered = None
-    if tools is not None and serving.chat_template.takes_tools:
-        offered = tools.tools
-    elif tools is not None:
-        messages = with_system_text(messages, tools_system_prompt(tools.tools))
+    OpenAI chat's shapes, through the chat template as `chat_ids` (`with_tools`)."""
+    messages, offered = with_tools(messages, tools, serving)
     return chat_ids(
         messages,
         serving,
@@ -115,6 +120,20 @@ def tool_chat_ids(
         tools=offered,
         template_kwargs=template_kwargs,
     )
+
+
+def with_tools(
+    messages: list[dict[str, Any]], tools: ToolRequest | None, serving: Serving
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Messages in OpenAI chat's shapes as the chat template takes them, and the tools it is given; a
+    template that takes no tools gets them in the system message, in the format the answer is read in
+    (tool_calls.py)."""
+    messages = template_messages(messages, serving.chat_template.source)
+    if tools is not None and serving.chat_template.takes_tools:
+        return messages, tools.tools
+    if tools is not None:
+        messages = with_system_text(messages, tools_system_prompt(tools.tools))
+    return messages, None
 
 
 def template_kwargs(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""llama.cpp server's own /completion (inference_api/apis/llamacpp), over raw HTTP as its scripts call it,
-on the default model in the exact mode. The answers are held to the OpenAI completions endpoint's on the
-same prompt (greedy text, token ids and logprobs), so that the API adds a shape and nothing else."""
+"""llama.cpp server's own /completion, /apply-template and /props (inference_api/apis/llamacpp), over raw
+HTTP as its scripts call them, on the default model in the exact mode. The answers are held to the
+OpenAI API's on the same prompt (greedy text, token ids and logprobs), so that the API adds a shape and
+nothing else."""
 
 from __future__ import annotations
 
@@ -108,3 +109,39 @@ def test_a_banned_token_is_never_chosen_and_the_prompt_may_come_as_token_ids(ser
         logit_bias=[[free["tokens"][0], False]],
     )
     assert banned.json()["tokens"] != free["tokens"]
+
+
+def test_apply_template_renders_the_chat_and_props_describe_the_server(server, tokenizer):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    rendered = documented(
+        requests.post(f"{server.url}/apply-template", json={"messages": messages}, timeout=30),
+        "post",
+        "/apply-template",
+    )
+    assert rendered["prompt"] == tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    prefilled = llama(server, prompt=rendered["prompt"] + "The capital", temperature=0, n_predict=4).json()
+    chat = requests.post(
+        f"{server.url}/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "messages": [*messages, {"role": "assistant", "content": "The capital"}],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "temperature": 0,
+            "max_tokens": 4,
+        },
+        timeout=60,
+    ).json()
+    assert prefilled["content"] == chat["choices"][0]["message"]["content"]
+    tool = {"type": "function", "function": {"name": "capital_of", "parameters": {"type": "object"}}}
+    with_tools = requests.post(
+        f"{server.url}/apply-template", json={"messages": messages, "tools": [tool]}, timeout=30
+    ).json()
+    assert "capital_of" in with_tools["prompt"]
+    refused = requests.post(f"{server.url}/apply-template", json={"messages": []}, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
+    props = documented(requests.get(f"{server.url}/props", timeout=30), "get", "/props")
+    assert props["total_slots"] == 8 and props["default_generation_settings"]["n_ctx"] == 1024
+    assert props["model_path"] == MODEL and props["chat_template"] == tokenizer.chat_template

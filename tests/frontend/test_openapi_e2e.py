@@ -344,6 +344,8 @@ SUCCESSES = {
     "models": ("get", "/v1/models", {}),
     "native-stream": ("post", "/predictions/mock", {"json": NATIVE}),
     "llamacpp-completion": ("post", "/completion", {"json": {"prompt": "hello", "n_predict": 4}}),
+    "llamacpp-apply-template": ("post", "/apply-template", {"json": {"messages": CHAT["messages"]}}),
+    "llamacpp-props": ("get", "/props", {}),
     "llamacpp-completion-stream": (
         "post",
         "/completion",

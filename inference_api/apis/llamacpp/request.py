@@ -24,6 +24,8 @@ from inference_api.router import Serving
 from inference_api.structured_output import lark_grammar, schema_grammar
 from inference_api.tokenizer import stop_token_ids_of
 
+# llama-server's sampling defaults, which /props reports as well.
+DEFAULTS = {"n_predict": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": -1}
 MAX_STOP_WORDS = 16
 SEED_MAX = 2**32 - 1  # llama.cpp's seeds are 32-bit; -1 (its default) is a random one
 # llama.cpp's parameters that this server does not build, and the values that ask for nothing.
@@ -59,19 +61,21 @@ def parse_completion_request(data: dict[str, Any], serving: Serving) -> LlamaCpp
         raise InvalidParams("prompt", "prompt must be one prompt (a string or token ids): send one a request")
     ids = prompt_ids(prompt, serving, "prompt")
     context = serving.backend.max_seq_len
-    n_predict = read_integer(data, "n_predict", -1, -1, context)
+    n_predict = read_integer(data, "n_predict", DEFAULTS["n_predict"], -1, context)
     stream = read_bool(data, "stream", False)
     n_probs = read_integer(data, "n_probs", 0, 0, MAX_LOGPROBS)
     return_tokens = read_bool(data, "return_tokens", False)
     read_bool(data, "cache_prompt", True)  # checked, and always so: the prompt cache is the server's
     stop = read_stop(data, "stop", MAX_STOP_WORDS)
-    seed = read_integer(data, "seed", -1, -1, SEED_MAX)
-    top_k = read_integer(data, "top_k", 40, -MAX_TOP_K, MAX_TOP_K)
+    seed = read_integer(data, "seed", DEFAULTS["seed"], -1, SEED_MAX)
+    top_k = read_integer(data, "top_k", DEFAULTS["top_k"], -MAX_TOP_K, MAX_TOP_K)
     params = SamplingParams(
-        temperature=max(0.0, read_number(data, "temperature", 0.8, -100.0, 100.0)),  # below 0: greedy
+        temperature=max(
+            0.0, read_number(data, "temperature", DEFAULTS["temperature"], -100.0, 100.0)
+        ),  # below 0: greedy
         top_k=max(top_k, 0),  # 0 or below: no cut
-        top_p=read_number(data, "top_p", 0.95, 0.0, 1.0, low_open=True),
-        min_p=read_number(data, "min_p", 0.05, 0.0, 1.0),
+        top_p=read_number(data, "top_p", DEFAULTS["top_p"], 0.0, 1.0, low_open=True),
+        min_p=read_number(data, "min_p", DEFAULTS["min_p"], 0.0, 1.0),
         max_tokens=_budget(serving, len(ids), n_predict),
         stop=stop,
         stop_token_ids=stop_token_ids_of(stop, serving.tokenizer),

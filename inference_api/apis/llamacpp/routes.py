@@ -1,8 +1,10 @@
-"""llama.cpp server's own completion API, for the scripts and tools written against llama-server:
+"""llama.cpp server's own API, for the scripts and tools written against llama-server:
 
-    POST /completion   {"prompt", "n_predict", ...}  ->  {"content", "stop": true, "stop_type", ...}
-                       stream: data: {"content", "tokens", "stop": false} a piece, then the whole
-                       answer's fields with "stop": true in the last event
+    POST /completion      {"prompt", "n_predict", ...}  ->  {"content", "stop": true, "stop_type", ...}
+                          stream: data: {"content", "tokens", "stop": false} a piece, then the whole
+                          answer's fields with "stop": true in the last event
+    POST /apply-template  {"messages", "tools"?}  ->  {"prompt"}: the chat template's text, as chat renders it
+    GET  /props           the context, the rows (its slots), the model, the chat template and the defaults
 
 Whole, the answer has llama-server's fields: `content`, `tokens` (with `return_tokens`), `stop_type`
 (`eos`, `word` for a stop string, with `stopping_word`, or `limit`), `tokens_predicted`,
@@ -20,9 +22,19 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from backend.messages import Piece, TokenLogprob
-from inference_api.apis.llamacpp.request import LlamaCppRequest, parse_completion_request
-from inference_api.generation import ApiFields, event_stream, read_all, read_request, sse_event, start_choices
+from inference_api.apis.llamacpp.request import DEFAULTS, LlamaCppRequest, parse_completion_request
+from inference_api.generation import (
+    ApiFields,
+    event_stream,
+    read_all,
+    read_request,
+    serving_now,
+    sse_event,
+    start_choices,
+)
+from inference_api.prompts import chat_text, read_messages, template_kwargs, with_tools
 from inference_api.router import Serving
+from inference_api.tool_calls import read_tool_request
 
 bp = Blueprint("llamacpp_api", __name__)
 
@@ -40,6 +52,32 @@ def completion() -> Response:
         return event_stream(_events(answer, pieces), choices.close)
     read_all(choices, pieces, FIELDS, answer.read)
     return jsonify(answer.whole())
+
+
+@bp.post("/apply-template")
+def apply_template() -> Response:
+    """The messages (and tools) as /v1/chat/completions renders them, as text to edit and send to
+    /completion (a prefill, say)."""
+    data, serving = read_request(model_field=None)
+    messages = read_messages(data.get("messages"))
+    tools = read_tool_request(data, serving.tool_parser)
+    messages, offered = with_tools(messages, tools, serving)
+    text = chat_text(messages, serving, "messages", tools=offered, template_kwargs=template_kwargs(data))
+    return jsonify(prompt=text)
+
+
+@bp.get("/props")
+def props() -> Response:
+    serving = serving_now()
+    backend = serving.backend
+    return jsonify(
+        default_generation_settings={"n_ctx": backend.max_seq_len, "params": DEFAULTS},
+        total_slots=backend.rows,
+        model_path=serving.model_name,
+        chat_template=serving.chat_template.source or "",
+        modalities={"vision": False, "audio": False},
+        build_info="inference-server",
+    )
 
 
 def _events(answer: Answer, pieces: Iterator[tuple[int, Piece]]) -> Iterator[bytes]:
