@@ -291,6 +291,7 @@ class Piece:
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     cached_tokens: int = 0  # prompt tokens not computed: their keys and values were in the cache
     stop_sequence: str | None = None  # the stop string that ended the request (Anthropic's stop_sequence)
+    stop_token_id: int | None = None  # the stop_token_ids token that ended the request (vLLM's stop_reason)
     embedding: tuple[float, ...] | None = None  # an embedding request's vector
     # With finish_reason "error": the part of the request at fault when the request itself is (a prompt
     # too long, a grammar no text can follow); None when the server failed it (a retry may succeed).

@@ -27,6 +27,7 @@ class Row:
     cancelled: bool = False
     spoke: bool = False  # a piece of it has gone out
     finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None  # the stop_token_ids token that ended it (Piece.stop_token_id)
     # Log-probabilities not yet sent: the prompt's (set at prefill), the tokens' since the last piece.
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -175,6 +176,8 @@ class Row:
             self.pending_logprobs.append(logprob)
         if (token_id in self.eos_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
             self.finish_reason = "stop"
+            if not (token_id in self.eos_ids and not params.ignore_eos):  # an end token is no stop token
+                self.stop_token_id = token_id
             return self.stop.flush()
         text = self.stop.feed(self.detokenizer.add(token_id))
         if self.stop.stopped:
@@ -217,6 +220,7 @@ class Row:
             prompt_logprobs=self.prompt_logprobs,
             cached_tokens=self.reused,
             stop_sequence=self.stop.matched,
+            stop_token_id=self.stop_token_id,
             draft_tokens=self.drafted,
             accepted_draft_tokens=self.accepted_drafts,
         )

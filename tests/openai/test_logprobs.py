@@ -281,6 +281,24 @@ def test_include_stop_str_in_output_ends_the_text_with_the_stop(client, stream):
     assert text(include_stop_str_in_output=True) == free[: at + len(stop)]
 
 
+def test_stop_reason_names_the_stop_string_or_stop_token_that_ended_a_choice(client, tokenizer):
+    """vLLM's stop_reason, beside finish_reason: the stop string (whole and in the last chunk), the stop
+    token's id, or null for max_tokens and an end token."""
+    ask = dict(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, logprobs=0)
+    free = client.completions.create(**ask, extra_body={"ignore_eos": True}).choices[0]
+    assert free.finish_reason == "length" and free.stop_reason is None
+    stop = free.text.split()[1]
+    by_string = client.completions.create(**ask, stop=[stop]).choices[0]
+    assert by_string.finish_reason == "stop" and by_string.stop_reason == stop
+    chunks = list(client.completions.create(**ask, stop=[stop], stream=True))
+    assert [c.choices[0].stop_reason for c in chunks if c.choices][-1] == stop
+    second = tokenizer(free.logprobs.tokens[1], add_special_tokens=False).input_ids[0]
+    by_token = client.completions.create(**ask, extra_body={"stop_token_ids": [second]}).choices[0]
+    assert by_token.finish_reason == "stop" and by_token.stop_reason == second
+    ended = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=60, temperature=0)
+    assert ended.choices[0].finish_reason == "stop" and ended.choices[0].stop_reason is None  # <|im_end|>
+
+
 def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):
     plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
     neutral = client.completions.create(

@@ -129,6 +129,7 @@ class Completion:
             "text": output.content,
             "logprobs": output.logprobs,
             "finish_reason": finish_reason,
+            "stop_reason": output.stop_reason,
         }
 
     def delta(self, index: int, output: Output, finish_reason: str | None) -> dict[str, Any]:
@@ -169,6 +170,7 @@ class ChatCompletion:
             "message": message,
             "logprobs": output.logprobs,
             "finish_reason": finish_reason,
+            "stop_reason": output.stop_reason,
         }
 
     def delta(self, index: int, output: Output, finish_reason: str | None) -> dict[str, Any]:
@@ -178,7 +180,13 @@ class ChatCompletion:
         if output.tool_calls:  # each whole, in one chunk, with its index among the calls
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(output.tool_calls)]
             finish_reason = calls_finish_reason(finish_reason)
-        return {"index": index, "delta": delta, "logprobs": output.logprobs, "finish_reason": finish_reason}
+        return {
+            "index": index,
+            "delta": delta,
+            "logprobs": output.logprobs,
+            "finish_reason": finish_reason,
+            "stop_reason": output.stop_reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -190,6 +198,7 @@ class Output:
     content: str = ""
     logprobs: Any = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token that ended it, at the end
 
 
 class ChoiceOutput:
@@ -202,6 +211,9 @@ class ChoiceOutput:
         self.echo = openai_request.prompt_texts[index // openai_request.n] if openai_request.echo else ""
         self.writer = api.logprobs(openai_request, serving, index) if openai_request.logprobs else None
         self.answer = answer_reader(openai_request.thinking, openai_request.tools)
+        # The stop strings that are special tokens, which end a row as stop tokens (stop_token_ids_of)
+        special = ((serving.tokenizer.special_token_id(stop), stop) for stop in openai_request.params.stop)
+        self.stop_strings = {token_id: stop for token_id, stop in special if token_id is not None}
 
     @property
     def reasoning(self) -> str:
@@ -219,6 +231,13 @@ class ChoiceOutput:
         holds the calls it was."""
         text, self.echo = self.echo + piece.text, ""
         return self.answer.read(text, piece.finished)
+
+    def stop_reason(self, piece: Piece) -> str | int | None:
+        """vLLM's stop_reason: the stop string that ended the choice (one that is a special token's text
+        too), else the stop token, else None (an end token, max_tokens, or not ended yet)."""
+        if piece.stop_sequence is not None or piece.stop_token_id is None:
+            return piece.stop_sequence
+        return self.stop_strings.get(piece.stop_token_id, piece.stop_token_id)
 
     def entries(self, piece: Piece) -> tuple:
         return (*(piece.prompt_logprobs or ()), *piece.logprobs)
@@ -302,6 +321,7 @@ def _whole(
     texts: list[list[str]] = [[] for _ in choices.streams]
     entries: list[list] = [[] for _ in choices.streams]
     finish_reasons: list[str | None] = [None] * len(choices.streams)
+    stop_reasons: list[str | int | None] = [None] * len(choices.streams)
     try:
         for index, piece in pieces:
             if piece.finish_reason == "error":  # a later choice's: no status has gone out yet
@@ -310,10 +330,17 @@ def _whole(
             texts[index].append(text)
             entries[index] += outputs[index].entries(piece)
             finish_reasons[index] = piece.finish_reason
+            stop_reasons[index] = outputs[index].stop_reason(piece)
     finally:
         choices.close()
     whole = [
-        Output(output.reasoning, "".join(parts), output.logprobs(tuple(entries[i])), output.tool_calls)
+        Output(
+            output.reasoning,
+            "".join(parts),
+            output.logprobs(tuple(entries[i])),
+            output.tool_calls,
+            stop_reasons[i],
+        )
         for i, (parts, output) in enumerate(zip(texts, outputs, strict=True))
     ]
     return jsonify(
@@ -368,7 +395,10 @@ def _events(
                 return
             (reasoning, text), entries = outputs[index].text(piece), outputs[index].entries(piece)
             if reasoning or text or entries or piece.finished:
-                output = Output(reasoning, text, outputs[index].logprobs(entries), outputs[index].tool_calls)
+                choice = outputs[index]
+                output = Output(
+                    reasoning, text, choice.logprobs(entries), choice.tool_calls, choice.stop_reason(piece)
+                )
                 yield chunk([api.delta(index, output, piece.finish_reason)])
         if openai_request.include_usage:
             yield chunk([], usage=usage.as_dict(outputs))
