@@ -45,6 +45,13 @@ def test_each_stream_ends_with_its_apis_error_event(stalling_server: RunningServ
         )
         llama_lines = llama.iter_lines(decode_unicode=True)
         assert json.loads(next(llama_lines).removeprefix("data: "))["event"]["event_type"] == "start"
+        llamacpp = requests.post(
+            f"{url}/completion",
+            json={"prompt": "a long answer", "n_predict": 2000, "stream": True},
+            stream=True,
+        )
+        llamacpp_lines = llamacpp.iter_lines(decode_unicode=True)
+        assert json.loads(next(llamacpp_lines).removeprefix("data: "))["stop"] is False
 
         stalled = requests.post(f"{url}/v1/completions", json={"model": "mock", "prompt": STALL}, timeout=30)
         assert stalled.status_code == 503
@@ -59,3 +66,7 @@ def test_each_stream_ends_with_its_apis_error_event(stalling_server: RunningServ
         assert "no step" in last.response.error.message
         last_line = [line for line in llama_lines if line][-1]
         assert "no step" in json.loads(last_line.removeprefix("data: "))["error"]["message"]
+        llamacpp_error = json.loads([line for line in llamacpp_lines if line][-1].removeprefix("data: "))[
+            "error"
+        ]
+        assert llamacpp_error["code"] == 503 and "no step" in llamacpp_error["message"]

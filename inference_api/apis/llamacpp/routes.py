@@ -25,6 +25,7 @@ from backend.messages import Piece, TokenLogprob
 from inference_api.apis.llamacpp.request import DEFAULTS, LlamaCppRequest, parse_completion_request
 from inference_api.generation import (
     ApiFields,
+    error_of,
     event_stream,
     read_all,
     read_request,
@@ -82,8 +83,10 @@ def props() -> Response:
 
 def _events(answer: Answer, pieces: Iterator[tuple[int, Piece]]) -> Iterator[bytes]:
     for _, piece in pieces:
-        if piece.finish_reason == "error":
-            yield sse_event({"error": {"code": 500, "message": piece.error, "type": "server_error"}})
+        if piece.finish_reason == "error":  # too late for a status: llama-server's error event
+            failed = error_of(piece, FIELDS)
+            kind = "invalid_request_error" if failed.status < 500 else "server_error"
+            yield sse_event({"error": {"code": failed.status, "message": failed.message, "type": kind}})
             return
         event = answer.read(piece)
         if event is not None:
@@ -153,7 +156,9 @@ class Answer:
             "timings": {
                 "prompt_n": last.prompt_tokens - last.cached_tokens,
                 "prompt_ms": prompt_ms,
-                "prompt_per_second": 1000 * max(last.prompt_tokens - last.cached_tokens, 0) / prompt_ms,
+                "prompt_per_second": 1000 * (last.prompt_tokens - last.cached_tokens) / prompt_ms
+                if prompt_ms
+                else 0.0,
                 "predicted_n": last.completion_tokens,
                 "predicted_ms": predicted_ms,
                 "predicted_per_second": 1000 * last.completion_tokens / predicted_ms if predicted_ms else 0.0,
