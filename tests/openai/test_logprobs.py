@@ -299,6 +299,37 @@ def test_stop_reason_names_the_stop_string_or_stop_token_that_ended_a_choice(cli
     assert ended.choices[0].finish_reason == "stop" and ended.choices[0].stop_reason is None  # <|im_end|>
 
 
+def test_return_tokens_as_token_ids_names_each_token_by_its_id(client, tokenizer, reference_model):
+    """vLLM's return_tokens_as_token_ids: the logprobs name tokens `token_id:{id}` (alternatives too),
+    while offsets and bytes stay those of the text."""
+    asked = {"return_tokens_as_token_ids": True}
+    prompt_ids = tokenizer(PROMPT).input_ids
+    generated = greedy_ids(reference_model, prompt_ids, 4)
+    completion = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2, extra_body=asked
+    ).choices[0]
+    logprobs = completion.logprobs
+    assert logprobs.tokens == [f"token_id:{token_id}" for token_id in generated]
+    assert all(name.startswith("token_id:") for top in logprobs.top_logprobs for name in top)
+    texts = [tokenizer.decode([token_id]) for token_id in generated]
+    assert logprobs.text_offset == [sum(len(text) for text in texts[:i]) for i in range(4)]
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=1,
+        extra_body=asked,
+    ).choices[0]
+    chat_generated = greedy_ids(reference_model, chat_prompt_ids(tokenizer), 4)
+    entries = chat.logprobs.content
+    assert [entry.token for entry in entries] == [f"token_id:{t}" for t in chat_generated[: len(entries)]]
+    assert [bytes(entry.bytes).decode() for entry in entries] == [
+        tokenizer.decode([t]) for t in chat_generated[: len(entries)]
+    ]
+
+
 def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):
     plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
     neutral = client.completions.create(

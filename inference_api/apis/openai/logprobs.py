@@ -12,7 +12,9 @@ text. Chat (`logprobs: true, top_logprobs: N`):
     {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
 
 A streamed response carries the entries of each chunk's tokens in the
-chunk; their offsets run on from the chunk before.
+chunk; their offsets run on from the chunk before. With vLLM's
+`return_tokens_as_token_ids` a token is named `token_id:{id}`, so that one
+that is not whole text (part of a character) is known exactly.
 """
 
 from __future__ import annotations
@@ -27,11 +29,26 @@ from inference_api.tokenizer import PromptTokenizer
 LOWEST_LOGPROB = -9999.0
 
 
+class TokenNames:
+    """How the logprobs name a token: its text, or (`as_ids`) `token_id:{id}`, as vLLM's
+    return_tokens_as_token_ids asks."""
+
+    def __init__(self, tokenizer: PromptTokenizer, as_ids: bool = False):
+        self.tokenizer = tokenizer
+        self.as_ids = as_ids
+
+    def text(self, token_id: int) -> str:
+        return self.tokenizer.token_text(token_id)
+
+    def name(self, token_id: int) -> str:
+        return f"token_id:{token_id}" if self.as_ids else self.text(token_id)
+
+
 class CompletionLogprobs:
     """One choice's legacy logprobs, chunk by chunk."""
 
-    def __init__(self, tokenizer: PromptTokenizer, prompt_ids: list[int] | None = None):
-        self.tokenizer = tokenizer
+    def __init__(self, names: TokenNames, prompt_ids: list[int] | None = None):
+        self.names = names
         self.offset = 0  # characters of the choice's text so far
         self.first_prompt_token = prompt_ids[0] if prompt_ids else None
 
@@ -40,23 +57,23 @@ class CompletionLogprobs:
         tokens, logprobs, tops, offsets = [], [], [], []
         for entry in entries:
             if entry is None:  # the echoed prompt's first token
-                token, logprob, top = self.tokenizer.token_text(self.first_prompt_token), None, None
+                token_id, logprob, top = self.first_prompt_token, None, None
             else:
-                token, logprob = self.tokenizer.token_text(entry.token_id), finite(entry.logprob)
-                top = {self.tokenizer.token_text(t): finite(v) for t, v in entry.top}
-            tokens.append(token)
+                token_id, logprob = entry.token_id, finite(entry.logprob)
+                top = {self.names.name(t): finite(v) for t, v in entry.top}
+            tokens.append(self.names.name(token_id))
             logprobs.append(logprob)
             tops.append(top)
             offsets.append(self.offset)
-            self.offset += len(token)
+            self.offset += len(self.names.text(token_id))  # characters of the text, however it is named
         return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
 class ChatLogprobs:
     """One choice's chat logprobs, chunk by chunk."""
 
-    def __init__(self, tokenizer: PromptTokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, names: TokenNames):
+        self.names = names
 
     def shape(self, entries: tuple[TokenLogprob, ...]) -> dict[str, Any]:
         return {"content": [self._token(entry.token_id, entry.logprob, entry.top) for entry in entries]}
@@ -64,8 +81,8 @@ class ChatLogprobs:
     def _token(
         self, token_id: int, logprob: float, top: tuple[tuple[int, float], ...] | None
     ) -> dict[str, Any]:
-        text = self.tokenizer.token_text(token_id)
-        entry = {"token": text, "logprob": finite(logprob), "bytes": list(text.encode("utf-8"))}
+        text = self.names.text(token_id)
+        entry = {"token": self.names.name(token_id), "logprob": finite(logprob), "bytes": list(text.encode())}
         if top is not None:
             entry["top_logprobs"] = [self._token(t, v, None) for t, v in top]
         return entry

@@ -69,6 +69,8 @@ class OpenAIRequest:
     continuous_usage: bool = False
     # chat with a reasoning model: where its prompt leaves the thoughts (reasoning.prompt_end; None: not read)
     thinking: str | None = None
+    # vLLM's return_tokens_as_token_ids: the logprobs name each token `token_id:{id}`, not by its text
+    tokens_as_ids: bool = False
 
     @property
     def logprobs(self) -> bool:
@@ -223,6 +225,7 @@ def _common(
         include_usage=include_usage,
         continuous_usage=continuous_usage,
         cache_salt=read_string(data, "cache_salt", non_empty=True),
+        tokens_as_ids=read_bool(data, "return_tokens_as_token_ids", False),
         prompt_param=prompt_param,
         grammar_param=grammar_field(data, GRAMMAR_FIELDS),
     )

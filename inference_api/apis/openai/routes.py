@@ -22,7 +22,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from backend.messages import Piece
 from inference_api.answers import answer_reader
-from inference_api.apis.openai.logprobs import ChatLogprobs, CompletionLogprobs
+from inference_api.apis.openai.logprobs import ChatLogprobs, CompletionLogprobs, TokenNames
 from inference_api.apis.openai.request import OpenAIRequest, parse_chat_request, parse_completion_request
 from inference_api.choices import Choices
 from inference_api.errors import ApiError
@@ -118,7 +118,8 @@ class Completion:
 
     def logprobs(self, openai_request: OpenAIRequest, serving: Serving, index: int) -> CompletionLogprobs:
         prompt = openai_request.prompts[index // openai_request.n]
-        return CompletionLogprobs(serving.tokenizer, prompt if openai_request.echo else None)
+        names = TokenNames(serving.tokenizer, openai_request.tokens_as_ids)
+        return CompletionLogprobs(names, prompt if openai_request.echo else None)
 
     def opening(self, index: int) -> dict[str, Any] | None:
         return None
@@ -147,7 +148,7 @@ class ChatCompletion:
         return parse_chat_request(data, serving)
 
     def logprobs(self, openai_request: OpenAIRequest, serving: Serving, index: int) -> ChatLogprobs:
-        return ChatLogprobs(serving.tokenizer)
+        return ChatLogprobs(TokenNames(serving.tokenizer, openai_request.tokens_as_ids))
 
     def opening(self, index: int) -> dict[str, Any] | None:
         """The first chunk of each choice names the role, as OpenAI's do."""
