@@ -174,10 +174,10 @@ class Row:
         self.generated.append(token_id)
         if logprob is not None:
             self.pending_logprobs.append(logprob)
-        if (token_id in self.eos_ids and not params.ignore_eos) or token_id in params.stop_token_ids:
+        ends = token_id in self.eos_ids and not params.ignore_eos
+        if ends or token_id in params.stop_token_ids:
             self.finish_reason = "stop"
-            if not (token_id in self.eos_ids and not params.ignore_eos):  # an end token is no stop token
-                self.stop_token_id = token_id
+            self.stop_token_id = None if ends else token_id  # an end token is no stop token (stop_reason)
             return self.stop.flush()
         text = self.stop.feed(self.detokenizer.add(token_id))
         if self.stop.stopped:
