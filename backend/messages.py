@@ -269,6 +269,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+    rank: int = 1  # among the vocabulary, as vLLM ranks: the tokens at least as likely, itself included
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,18 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, tops: list[int]) 
     widest = max(tops, default=0)
     for start in range(0, logits.shape[0], CHUNK):
         logprobs = logits[start : start + CHUNK].float().log_softmax(dim=-1)
-        chosen = logprobs.gather(-1, tokens[start : start + CHUNK, None])[:, 0]
+        chosen = logprobs.gather(-1, tokens[start : start + CHUNK, None])
+        ranks = (logprobs >= chosen).sum(dim=-1)
         top_values, top_ids = logprobs.topk(widest, dim=-1)
-        for token, logprob, ids, values, top in zip(
+        for token, logprob, rank, ids, values, top in zip(
             tokens[start : start + CHUNK].tolist(),
-            chosen.tolist(),
+            chosen[:, 0].tolist(),
+            ranks.tolist(),
             top_ids.tolist(),
             top_values.tolist(),
             tops[start : start + CHUNK],
             strict=True,
         ):
-            entries.append(TokenLogprob(token, logprob, tuple(zip(ids[:top], values[:top], strict=True))))
+            alternatives = tuple(zip(ids[:top], values[:top], strict=True))
+            entries.append(TokenLogprob(token, logprob, alternatives, rank))
     return entries

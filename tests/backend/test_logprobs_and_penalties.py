@@ -44,6 +44,7 @@ def test_greedy_logprobs_are_the_models_log_softmax_with_the_top_alternatives():
     for i, entry in enumerate(entries):
         expected = reference[len(PROMPT) - 1 + i]
         assert entry.token_id == int(expected.argmax())  # greedy: the top token was chosen
+        assert entry.rank == 1
         assert entry.logprob == pytest.approx(float(expected[entry.token_id]), abs=1e-4)
         top_values, top_ids = expected.topk(3)
         assert [t for t, _ in entry.top] == top_ids.tolist()
@@ -75,6 +76,9 @@ def test_prompt_scoring_without_generating_gives_every_prompt_token_after_the_fi
         assert entry.token_id == PROMPT[i + 1]
         assert entry.logprob == pytest.approx(float(reference[i, PROMPT[i + 1]]), abs=1e-4)
         assert len(entry.top) == 2
+        # vLLM's rank: the tokens at least as likely as the prompt's, itself included
+        sorted_ids = reference[i].argsort(descending=True).tolist()
+        assert entry.rank == sorted_ids.index(PROMPT[i + 1]) + 1
     assert pieces["other"][-1].completion_tokens == 3  # a request in the same step was not disturbed
 
 

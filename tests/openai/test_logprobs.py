@@ -7,6 +7,7 @@ import pytest
 import requests
 import torch
 
+from tests.frontend.test_openapi_e2e import documented
 from tests.openai.conftest import MODEL
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -328,6 +329,82 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(client, tokenizer
     assert [bytes(entry.bytes).decode() for entry in entries] == [
         tokenizer.decode([t]) for t in chat_generated[: len(entries)]
     ]
+
+
+def assert_vllm_prompt_logprobs(scores, prompt_ids: list[int], top: int, reference, tokenizer) -> None:
+    """vLLM's prompt_logprobs against transformers' forward: null for the first token, then each
+    token's own score and vocabulary rank, and the `top` most likely ranked 1 to top."""
+    assert len(scores) == len(prompt_ids) and scores[0] is None
+    for i, token_id in enumerate(prompt_ids[1:]):
+        expected = reference[i]
+        top_values, top_ids = expected.topk(top)
+        assert set(scores[i + 1]) == {str(t) for t in (token_id, *top_ids.tolist())}
+        own = scores[i + 1][str(token_id)]
+        assert own["logprob"] == pytest.approx(float(expected[token_id]), abs=1e-4)
+        assert own["rank"] == int((expected >= expected[token_id]).sum())  # as likely or more, itself too
+        assert own["decoded_token"] == tokenizer.decode([token_id])
+        for rank, (t, value) in enumerate(zip(top_ids.tolist(), top_values.tolist(), strict=True), 1):
+            if t != token_id:
+                assert scores[i + 1][str(t)]["logprob"] == pytest.approx(value, abs=1e-4)
+                assert scores[i + 1][str(t)]["rank"] == rank
+
+
+def test_prompt_logprobs_score_each_prompt_token_as_vllm_shapes_them(client, tokenizer, reference_model):
+    """vLLM's prompt_logprobs: on each completion choice, and once beside a chat's choices; the text
+    and the choice's own logprobs are what they are without it."""
+    prompt_ids = tokenizer(PROMPT).input_ids
+    ask = dict(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
+    plain = client.completions.create(**ask).choices[0]
+    scored = client.completions.create(**ask, n=2, extra_body={"prompt_logprobs": 2})
+    reference = log_softmax_along(reference_model, prompt_ids)
+    for choice in scored.choices:
+        assert choice.text == plain.text and choice.logprobs is None
+        assert_vllm_prompt_logprobs(choice.prompt_logprobs, prompt_ids, 2, reference, tokenizer)
+    assert "prompt_logprobs" not in plain.model_extra  # not asked for: not there
+
+    chat_ids = chat_prompt_ids(tokenizer)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=2, extra_body={"prompt_logprobs": 0}
+    )
+    assert chat.usage.prompt_tokens == len(chat_ids)
+    chat_reference = log_softmax_along(reference_model, chat_ids)
+    assert_vllm_prompt_logprobs(chat.prompt_logprobs, chat_ids, 0, chat_reference, tokenizer)
+
+
+def test_prompt_logprobs_beside_an_echos_logprobs_give_each_its_own_alternatives(client, tokenizer):
+    """Echo with logprobs 1 scores the prompt in the choice's logprobs with one alternative a token,
+    while prompt_logprobs 3 asks the same scores with three."""
+    result = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1, extra_body={"prompt_logprobs": 3}
+    )
+    prompt_ids = tokenizer(PROMPT).input_ids
+    echoed, scores = result.choices[0].logprobs, result.choices[0].prompt_logprobs
+    assert echoed.top_logprobs[0] is None and all(len(top) == 1 for top in echoed.top_logprobs[1:])
+    assert len(scores) == len(prompt_ids) and scores[0] is None
+    for token_id, logprob, scored in zip(prompt_ids[1:], echoed.token_logprobs[1:], scores[1:], strict=True):
+        assert 3 <= len(scored) <= 4  # the prompt's token, and the three most likely (it may be one)
+        assert scored[str(token_id)]["logprob"] == pytest.approx(logprob, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "fields", [{"prompt_logprobs": 21}, {"prompt_logprobs": -1}, {"prompt_logprobs": 1, "stream": True}]
+)
+def test_prompt_logprobs_out_of_range_or_streamed_are_a_400(server, fields):
+    for path, body in (("completions", {"prompt": PROMPT}), ("chat/completions", {"messages": MESSAGES})):
+        response = requests.post(
+            f"{server.url}/v1/{path}", json={"model": MODEL, "max_tokens": 2, **body, **fields}, timeout=60
+        )
+        assert response.status_code == 400, response.text
+        assert documented(response, "post", f"/v1/{path}")["error"]["param"] == "prompt_logprobs"
+
+
+def test_answers_with_prompt_logprobs_are_as_the_openapi_document_says(server):
+    for path, body in (("completions", {"prompt": PROMPT}), ("chat/completions", {"messages": MESSAGES})):
+        ask = {"model": MODEL, "max_tokens": 2, "prompt_logprobs": 1, **body}
+        response = requests.post(f"{server.url}/v1/{path}", json=ask, timeout=60)
+        assert response.status_code == 200, response.text
+        answer = documented(response, "post", f"/v1/{path}")
+        assert "prompt_logprobs" in (answer if path == "chat/completions" else answer["choices"][0])
 
 
 def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):

@@ -15,6 +15,14 @@ A streamed response carries the entries of each chunk's tokens in the
 chunk; their offsets run on from the chunk before. With vLLM's
 `return_tokens_as_token_ids` a token is named `token_id:{id}`, so that one
 that is not whole text (part of a character) is known exactly.
+
+vLLM's `prompt_logprobs: N` (a completion's choice, or a chat response)
+scores the prompt in vLLM's own shape, a map for each prompt token:
+
+    [null, {"1234": {"logprob", "rank", "decoded_token"}, ...}, ...]
+
+the prompt's token (ranked among the whole vocabulary) and the N most
+likely in its place (ranked 1 to N).
 """
 
 from __future__ import annotations
@@ -47,8 +55,9 @@ class TokenNames:
 class CompletionLogprobs:
     """One choice's legacy logprobs, chunk by chunk."""
 
-    def __init__(self, names: TokenNames, prompt_ids: list[int] | None = None):
+    def __init__(self, names: TokenNames, top: int, prompt_ids: list[int] | None = None):
         self.names = names
+        self.top = top  # alternatives a token: an echoed prompt's entries may carry more (prompt_logprobs)
         self.offset = 0  # characters of the choice's text so far
         self.first_prompt_token = prompt_ids[0] if prompt_ids else None
 
@@ -60,7 +69,7 @@ class CompletionLogprobs:
                 token_id, logprob, top = self.first_prompt_token, None, None
             else:
                 token_id, logprob = entry.token_id, finite(entry.logprob)
-                top = {self.names.name(t): finite(v) for t, v in entry.top}
+                top = {self.names.name(t): finite(v) for t, v in entry.top[: self.top]}
             tokens.append(self.names.name(token_id))
             logprobs.append(logprob)
             tops.append(top)
@@ -86,6 +95,28 @@ class ChatLogprobs:
         if top is not None:
             entry["top_logprobs"] = [self._token(t, v, None) for t, v in top]
         return entry
+
+
+class PromptLogprobs:
+    """vLLM's prompt_logprobs: each prompt token's score and the `top` most likely tokens in its place."""
+
+    def __init__(self, names: TokenNames, top: int):
+        self.names = names
+        self.top = top
+
+    def shape(self, entries: tuple[TokenLogprob | None, ...]) -> list[dict[str, Any] | None]:
+        return [None if entry is None else self._position(entry) for entry in entries]
+
+    def _position(self, entry: TokenLogprob) -> dict[str, Any]:
+        """The prompt's token (with its rank in the vocabulary) and the alternatives ranked by their
+        place, as vLLM gives them; a token among both is given once."""
+        scores = {str(entry.token_id): self._score(entry.token_id, entry.logprob, entry.rank)}
+        for rank, (token_id, logprob) in enumerate(entry.top[: self.top], start=1):
+            scores.setdefault(str(token_id), self._score(token_id, logprob, rank))
+        return scores
+
+    def _score(self, token_id: int, logprob: float, rank: int) -> dict[str, Any]:
+        return {"logprob": finite(logprob), "rank": rank, "decoded_token": self.names.text(token_id)}
 
 
 def finite(logprob: float) -> float:

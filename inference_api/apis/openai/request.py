@@ -71,10 +71,17 @@ class OpenAIRequest:
     thinking: str | None = None
     # vLLM's return_tokens_as_token_ids: the logprobs name each token `token_id:{id}`, not by its text
     tokens_as_ids: bool = False
+    # vLLM's prompt_logprobs: this many alternatives beside each prompt token's own score (None: not asked)
+    prompt_logprobs: int | None = None
 
     @property
     def logprobs(self) -> bool:
         return self.params.logprobs is not None
+
+    @property
+    def echo_logprobs(self) -> bool:
+        """Completions' echo with logprobs: the prompt's tokens come first in the choice's logprobs."""
+        return self.echo and self.logprobs
 
     def choice_requests(self) -> list[tuple[list[int], SamplingParams]]:
         """One backend request per choice, in OpenAI's order (prompt by prompt, n each).
@@ -190,6 +197,10 @@ def _common(
     max_tokens = completion_budget(serving, longest, max_tokens, default_max_tokens, prompt_param)
     top_k = read_integer(data, "top_k", -1, -1, MAX_TOP_K)
     stop = read_stop(data, "stop")
+    stream = read_bool(data, "stream", False)
+    prompt_logprobs = read_integer(data, "prompt_logprobs", None, 0, MAX_LOGPROBS)
+    if prompt_logprobs is not None and stream:  # as vLLM: they come whole, in the response's body
+        raise InvalidParams("prompt_logprobs", "prompt_logprobs are not available when stream is true")
     params = SamplingParams(
         temperature=read_number(data, "temperature", 1.0, 0.0, 2.0),
         top_p=read_number(data, "top_p", 1.0, 0.0, 1.0, low_open=True),
@@ -199,7 +210,7 @@ def _common(
         seed=read_integer(data, "seed", None, 0, SEED_MAX),
         ignore_eos=read_bool(data, "ignore_eos", False),
         logprobs=logprobs,
-        prompt_logprobs=logprobs if echo and logprobs is not None else None,
+        prompt_logprobs=_prompt_scores(logprobs if echo else None, prompt_logprobs),
         presence_penalty=read_number(data, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=read_number(data, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=read_number(
@@ -215,7 +226,6 @@ def _common(
         skip_special_tokens=read_bool(data, "skip_special_tokens", True),
         include_stop_str_in_output=read_bool(data, "include_stop_str_in_output", False),
     )
-    stream = read_bool(data, "stream", False)
     include_usage, continuous_usage = _stream_options(data.get("stream_options"), stream)
     return OpenAIRequest(
         prompts=prompts,
@@ -226,9 +236,17 @@ def _common(
         continuous_usage=continuous_usage,
         cache_salt=read_string(data, "cache_salt", non_empty=True),
         tokens_as_ids=read_bool(data, "return_tokens_as_token_ids", False),
+        prompt_logprobs=prompt_logprobs,
         prompt_param=prompt_param,
         grammar_param=grammar_field(data, GRAMMAR_FIELDS),
     )
+
+
+def _prompt_scores(echoed: int | None, asked: int | None) -> int | None:
+    """The backend's prompt_logprobs: the alternatives the widest of an echo's logprobs and vLLM's
+    prompt_logprobs needs (each takes its own count from them); None when neither scores the prompt."""
+    counts = [count for count in (echoed, asked) if count is not None]
+    return max(counts) if counts else None
 
 
 def _truncated(data: dict[str, Any], prompts: list[list[int]], context: int, answer: int) -> list[list[int]]:

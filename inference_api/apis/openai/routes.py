@@ -22,7 +22,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from backend.messages import Piece
 from inference_api.answers import answer_reader
-from inference_api.apis.openai.logprobs import ChatLogprobs, CompletionLogprobs, TokenNames
+from inference_api.apis.openai.logprobs import ChatLogprobs, CompletionLogprobs, PromptLogprobs, TokenNames
 from inference_api.apis.openai.request import OpenAIRequest, parse_chat_request, parse_completion_request
 from inference_api.choices import Choices
 from inference_api.errors import ApiError
@@ -119,22 +119,29 @@ class Completion:
     def logprobs(self, openai_request: OpenAIRequest, serving: Serving, index: int) -> CompletionLogprobs:
         prompt = openai_request.prompts[index // openai_request.n]
         names = TokenNames(serving.tokenizer, openai_request.tokens_as_ids)
-        return CompletionLogprobs(names, prompt if openai_request.echo else None)
+        echoed = prompt if openai_request.echo else None
+        return CompletionLogprobs(names, openai_request.params.logprobs, echoed)
 
     def opening(self, index: int) -> dict[str, Any] | None:
         return None
 
     def choice(self, index: int, output: Output, finish_reason: str) -> dict[str, Any]:
-        return {
+        choice = {
             "index": index,
             "text": output.content,
             "logprobs": output.logprobs,
             "finish_reason": finish_reason,
             "stop_reason": output.stop_reason,
         }
+        if output.prompt_logprobs is not None:  # vLLM's, on each choice of a completion
+            choice["prompt_logprobs"] = output.prompt_logprobs
+        return choice
 
     def delta(self, index: int, output: Output, finish_reason: str | None) -> dict[str, Any]:
         return self.choice(index, output, finish_reason)  # a chunk's choice is a whole one's
+
+    def response_fields(self, outputs: list[Output]) -> dict[str, Any]:
+        return {}
 
 
 class ChatCompletion:
@@ -174,6 +181,11 @@ class ChatCompletion:
             "stop_reason": output.stop_reason,
         }
 
+    def response_fields(self, outputs: list[Output]) -> dict[str, Any]:
+        """vLLM gives a chat's prompt_logprobs once, beside the choices (every choice has one prompt)."""
+        scores = outputs[0].prompt_logprobs if outputs else None
+        return {} if scores is None else {"prompt_logprobs": scores}
+
     def delta(self, index: int, output: Output, finish_reason: str | None) -> dict[str, Any]:
         delta: dict[str, Any] = {"reasoning_content": output.reasoning} if output.reasoning else {}
         if output.content:
@@ -200,6 +212,7 @@ class Output:
     logprobs: Any = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     stop_reason: str | int | None = None  # vLLM's: the stop string or stop token that ended it, at the end
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # vLLM's, when asked for (never streamed)
 
 
 class ChoiceOutput:
@@ -211,6 +224,12 @@ class ChoiceOutput:
     ):
         self.echo = openai_request.prompt_texts[index // openai_request.n] if openai_request.echo else ""
         self.writer = api.logprobs(openai_request, serving, index) if openai_request.logprobs else None
+        self.echo_scores = openai_request.echo_logprobs  # the prompt's scores lead the choice's logprobs
+        self.prompt_scores = None  # vLLM's prompt_logprobs, in its shape, once the first piece is read
+        self.prompt_writer = None
+        if openai_request.prompt_logprobs is not None:
+            names = TokenNames(serving.tokenizer)
+            self.prompt_writer = PromptLogprobs(names, openai_request.prompt_logprobs)
         self.answer = answer_reader(openai_request.thinking, openai_request.tools)
         # The stop strings that are special tokens, which end a row as stop tokens (stop_token_ids_of)
         special = ((serving.tokenizer.special_token_id(stop), stop) for stop in openai_request.params.stop)
@@ -241,7 +260,12 @@ class ChoiceOutput:
         return self.stop_strings.get(piece.stop_token_id, piece.stop_token_id)
 
     def entries(self, piece: Piece) -> tuple:
-        return (*(piece.prompt_logprobs or ()), *piece.logprobs)
+        """The logprobs entries of the piece's tokens, the echoed prompt's first; prompt scores that only
+        vLLM's prompt_logprobs asked for are kept apart (`prompt_scores`)."""
+        if piece.prompt_logprobs is not None and self.prompt_writer is not None:
+            self.prompt_scores = self.prompt_writer.shape(piece.prompt_logprobs)
+        prompt = piece.prompt_logprobs if self.echo_scores and piece.prompt_logprobs else ()
+        return (*prompt, *piece.logprobs)
 
     def logprobs(self, entries: tuple) -> dict[str, Any] | None:
         return None if self.writer is None else self.writer.shape(entries)
@@ -341,6 +365,7 @@ def _whole(
             output.logprobs(tuple(entries[i])),
             output.tool_calls,
             stop_reasons[i],
+            output.prompt_scores,
         )
         for i, (parts, output) in enumerate(zip(texts, outputs, strict=True))
     ]
@@ -351,6 +376,7 @@ def _whole(
         model=serving.model_name,
         choices=[api.choice(i, output, finish_reasons[i]) for i, output in enumerate(whole)],
         usage=usage.as_dict(outputs),
+        **api.response_fields(whole),
     )
 
 
