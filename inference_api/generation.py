@@ -44,6 +44,7 @@ class ApiFields:
     grammar: str | None = None  # the field the request's grammar came from
     logit_bias: str = "logit_bias"
     stop_token_ids: str = "stop_token_ids"
+    allowed_token_ids: str = "allowed_token_ids"
     count: str = "n"
 
 

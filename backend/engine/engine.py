@@ -271,6 +271,12 @@ class Engine:
         elif not self._in_vocabulary(params.stop_token_ids):
             message = f"stop_token_ids names token ids outside the vocabulary of {self.vocab_size}"
             self._reject(request, message, "stop_token_ids")
+        elif not self._in_vocabulary(params.allowed_token_ids):
+            message = f"allowed_token_ids names token ids outside the vocabulary of {self.vocab_size}"
+            self._reject(request, message, "allowed_token_ids")
+        elif self._only_held_back(params):
+            message = "allowed_token_ids allows only end tokens, which min_tokens holds back"
+            self._reject(request, message, "allowed_token_ids")
         elif (
             request.request_id in self.waiting
             or request.request_id in self.embedding_waiting
@@ -842,6 +848,11 @@ class Engine:
             counters=[len(row.generated) + offset for row, offset in zip(rows, ahead, strict=True)],
             min_p=[p.min_p for p in params],
         )
+
+    def _only_held_back(self, params: SamplingParams) -> bool:
+        """Whether min_tokens holds back every token allowed_token_ids leaves: nothing could be sampled."""
+        ends = self.eos_ids | set(params.stop_token_ids)
+        return bool(params.min_tokens and params.allowed_token_ids) and set(params.allowed_token_ids) <= ends
 
     def _in_vocabulary(self, tokens: Iterable[int]) -> bool:
         return all(0 <= token < self.vocab_size for token in tokens)

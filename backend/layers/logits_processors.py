@@ -4,6 +4,7 @@ As OpenAI and vLLM define them, for a row whose generated tokens hold t
 c[t] times and whose prompt is P:
 
     logit_bias          l[t] += bias[t]
+    allowed_token_ids   l[t] = -inf for every t not in the list
     min_tokens          l[t] = -inf for EOS and stop_token_ids while fewer tokens were generated
     repetition_penalty  l[t] = l[t] / r if l[t] > 0 else l[t] * r, for t in P or with c[t] > 0
     frequency_penalty   l[t] -= f * c[t]
@@ -15,7 +16,8 @@ vocabulary of tens of thousands, so they work on each row's token history
 admission and with every step's tokens): gather those logits, change them,
 scatter them back. A pass over [rows, vocab] costs about half a
 millisecond on a small CPU; the history is a hundred times smaller. Biases
-are a dense [rows, vocab] table, added only to the rows that have one. The
+are a dense [rows, vocab] table, added only to the rows that have one (a
+row with allowed_token_ids has -inf in it for every other token). The
 tensors are made at the first penalized request: a server whose clients
 send none pays nothing.
 """
@@ -43,9 +45,12 @@ class LogitsProcessors:
             self.bias = torch.zeros(self.rows, self.vocab, dtype=torch.float32, device=self.device)
         self.history[row, : len(prompt_ids)] = torch.tensor(prompt_ids, device=self.device)
         self.bias[row].zero_()
-        if params.logit_bias:
+        if params.allowed_token_ids:
+            self.bias[row].fill_(float("-inf"))
+            self.bias[row, list(params.allowed_token_ids)] = 0.0
+        if params.logit_bias:  # added: a token allowed_token_ids leaves out stays out
             ids, biases = zip(*params.logit_bias, strict=True)
-            self.bias[row, list(ids)] = torch.tensor(biases, device=self.device)
+            self.bias[row, list(ids)] += torch.tensor(biases, device=self.device)
 
     def record(self, rows: list[int], positions: list[int], tokens: torch.Tensor) -> None:
         """Write penalized rows' new tokens (in the order of `rows`) at their positions."""
@@ -73,7 +78,7 @@ class LogitsProcessors:
             logits.index_copy_(0, index, x)
 
     def _add_biases(self, x: torch.Tensor, rows: list[int], params: list[SamplingParams]) -> None:
-        biased = [i for i, p in enumerate(params) if p.logit_bias]
+        biased = [i for i, p in enumerate(params) if p.logit_bias or p.allowed_token_ids]
         if biased:
             index = torch.tensor(biased, device=x.device)
             row_index = torch.tensor([rows[i] for i in biased], device=self.device)

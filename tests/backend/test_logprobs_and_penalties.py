@@ -182,3 +182,39 @@ def test_out_of_vocabulary_bias_and_stop_ids_are_rejected():
     params = SamplingParams(logit_bias=((TINY_VOCAB + 5, 1.0),))
     [piece] = run(engine, ("bad", PROMPT, params))["bad"]
     assert piece.finish_reason == "error" and "vocabulary" in piece.error
+
+
+def test_allowed_token_ids_are_the_only_tokens_a_row_samples_and_greedy_takes_the_best_of_them():
+    """vLLM's allowed_token_ids, sampled and greedy, beside a row without it in the same steps; a bias
+    of +100 on a token the list leaves out does not let it in."""
+    engine, model = engine_and_model()
+    allowed = (11, 23, 57, 301)
+    sampled = SamplingParams(
+        temperature=1.5, max_tokens=24, ignore_eos=True, seed=5, allowed_token_ids=allowed, logprobs=0
+    )
+    reference = reference_log_softmax(model, list(PROMPT))[-1]
+    outside = int(reference.argmax())  # the model's own best, which the list leaves out
+    allowed = tuple(t for t in allowed if t != outside)
+    greedy = SamplingParams(
+        temperature=0, max_tokens=1, allowed_token_ids=allowed, logit_bias=((outside, 100.0),), logprobs=0
+    )
+    plain = SamplingParams(temperature=0, max_tokens=1, logprobs=0)
+    pieces = run(engine, ("sampled", PROMPT, sampled), ("greedy", PROMPT, greedy), ("plain", PROMPT, plain))
+    tokens = [entry.token_id for entry in logprobs_of(pieces["sampled"])]
+    assert len(tokens) == 24 and set(tokens) <= set(allowed) and len(set(tokens)) > 1
+    best_allowed = max(allowed, key=lambda t: float(reference[t]))
+    assert [entry.token_id for entry in logprobs_of(pieces["greedy"])] == [best_allowed]
+    assert [entry.token_id for entry in logprobs_of(pieces["plain"])] == [outside]
+
+
+def test_allowed_token_ids_outside_the_vocabulary_or_only_held_back_ends_are_refused():
+    engine, _ = engine_and_model()
+    outside = SamplingParams(allowed_token_ids=(5, TINY_VOCAB))
+    ends_only = SamplingParams(allowed_token_ids=(TINY_EOS,), min_tokens=2)
+    pieces = run(engine, ("outside", PROMPT, outside), ("ends", PROMPT, ends_only))
+    for request_id in ("outside", "ends"):
+        [piece] = pieces[request_id]
+        assert piece.finish_reason == "error" and piece.invalid == "allowed_token_ids", piece.error
+    with pytest.raises(InvalidParams) as error:
+        SamplingParams(allowed_token_ids=(5,), grammar='{"grammars": []}')
+    assert error.value.param == "allowed_token_ids"

@@ -795,7 +795,7 @@ def varied(base: dict, fields: dict[str, dict], field: str, value: Any) -> dict:
 # the document must keep a range for each.
 STEERING_RANGED = {"presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"}
 OPENAI_RANGED = {"temperature", "top_k", "top_p", "max_tokens", "max_completion_tokens", "seed", "n"}
-OPENAI_RANGED |= {"truncate_prompt_tokens"}
+OPENAI_RANGED |= {"truncate_prompt_tokens", "prompt_logprobs"}
 OPENAI_RANGED |= STEERING_RANGED
 # (path, a good body to vary one field of, the fields with ranges)
 RANGE_CHECKS = {
@@ -865,6 +865,17 @@ CHECKED_BODIES = {
         "truncate_prompt_tokens",
     ),
     "completion-truncate-to-fit": ("/v1/completions", {**COMPLETION, "truncate_prompt_tokens": -1}, None),
+    "completion-prompt-logprobs-streamed": (
+        "/v1/completions",
+        {**COMPLETION, "prompt_logprobs": 1, "stream": True},
+        "prompt_logprobs",
+    ),
+    "completion-allowed-token-ids": ("/v1/completions", {**COMPLETION, "allowed_token_ids": [5, 9]}, None),
+    "completion-allowed-token-ids-empty": (
+        "/v1/completions",
+        {**COMPLETION, "allowed_token_ids": []},
+        "allowed_token_ids",
+    ),
     "completion-guided-regex": ("/v1/completions", {**COMPLETION, "guided_regex": "[a-z]+"}, None),
     "completion-guided-json-text": (
         "/v1/completions",

@@ -407,6 +407,37 @@ def test_answers_with_prompt_logprobs_are_as_the_openapi_document_says(server):
         assert "prompt_logprobs" in (answer if path == "chat/completions" else answer["choices"][0])
 
 
+def test_allowed_token_ids_are_the_only_tokens_an_answer_has(client, tokenizer):
+    """vLLM's allowed_token_ids, on completions (sampled) and chat (greedy): every token is one of them."""
+    allowed = [tokenizer(word, add_special_tokens=False).input_ids[0] for word in (" yes", " no", " maybe")]
+    extra = {"allowed_token_ids": allowed, "return_tokens_as_token_ids": True}
+    completion = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1, seed=3, logprobs=0, extra_body=extra
+    ).choices[0]
+    ids = [int(name.removeprefix("token_id:")) for name in completion.logprobs.tokens]
+    assert len(ids) == 8 and set(ids) <= set(allowed)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True, extra_body=extra
+    ).choices[0]
+    chat_ids = [int(entry.token.removeprefix("token_id:")) for entry in chat.logprobs.content]
+    assert len(chat_ids) == 3 and set(chat_ids) <= set(allowed)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"allowed_token_ids": []},
+        {"allowed_token_ids": [-1]},
+        {"allowed_token_ids": [10**9]},
+        {"allowed_token_ids": [5], "response_format": {"type": "json_object"}},
+    ],
+)
+def test_allowed_token_ids_that_allow_nothing_or_fight_a_grammar_are_a_400(client, fields):
+    with pytest.raises(openai.BadRequestError) as failure:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, extra_body=fields)
+    assert failure.value.body["param"] == "allowed_token_ids"
+
+
 def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):
     plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
     neutral = client.completions.create(

@@ -221,6 +221,7 @@ def _common(
         min_tokens=read_integer(data, "min_tokens", 0, 0, max_tokens),
         stop_token_ids=token_id_list(data.get("stop_token_ids"), serving.token_id_limit, "stop_token_ids")
         + stop_token_ids_of(stop, serving.tokenizer),
+        allowed_token_ids=_allowed_token_ids(data.get("allowed_token_ids"), serving.token_id_limit),
         grammar=read_grammar(data, GRAMMAR_FIELDS),
         speculative=read_bool(data, "speculative", True),
         skip_special_tokens=read_bool(data, "skip_special_tokens", True),
@@ -247,6 +248,14 @@ def _prompt_scores(echoed: int | None, asked: int | None) -> int | None:
     prompt_logprobs needs (each takes its own count from them); None when neither scores the prompt."""
     counts = [count for count in (echoed, asked) if count is not None]
     return max(counts) if counts else None
+
+
+def _allowed_token_ids(value: Any, vocab: int) -> tuple[int, ...]:
+    """vLLM's allowed_token_ids: the only tokens the answer may have, a list of at least one id."""
+    ids = token_id_list(value, vocab, "allowed_token_ids")
+    if value is not None and not ids:
+        raise InvalidParams("allowed_token_ids", "allowed_token_ids must name at least one token id")
+    return ids
 
 
 def _truncated(data: dict[str, Any], prompts: list[list[int]], context: int, answer: int) -> list[list[int]]:
