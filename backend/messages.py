@@ -14,7 +14,9 @@ from typing import Literal
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 # What of a request the backend refused as the request's own fault (Piece.invalid), named as in Submit and
 # SamplingParams: no retry can mend it, so each API answers a 400 naming its own field for that part.
-InvalidPart = Literal["prompt_ids", "grammar", "logit_bias", "stop_token_ids", "allowed_token_ids"]
+InvalidPart = Literal[
+    "prompt_ids", "grammar", "logit_bias", "stop_token_ids", "allowed_token_ids", "bad_words"
+]
 
 # A busy or idle backend sends a message (a StepOutput, empty if need be) at least this often, so
 # that the frontend can tell a backend that stopped stepping from one with nothing to say.
@@ -71,6 +73,8 @@ class SamplingParams:
     min_p: float = 0.0  # 0..1: tokens below min_p times the top token's probability are cut
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, -100..100) added to its logit
     allowed_token_ids: tuple[int, ...] = ()  # vLLM's: only these may be generated (empty: any token)
+    # vLLM's bad_words, as token ids: a sequence's last token is never generated right after the others
+    bad_words: tuple[tuple[int, ...], ...] = ()
     min_tokens: int = 0  # no EOS (nor stop_token_ids) before this many tokens
     stop_token_ids: tuple[int, ...] = ()  # tokens that end generation, like EOS
     # Constrained decoding: an llguidance grammar (serialized; the frontend makes it from a JSON schema,
@@ -128,9 +132,12 @@ class SamplingParams:
             )
         if self.min_tokens < 0:
             raise InvalidParams("min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
-        if self.allowed_token_ids and self.grammar is not None:
-            # Both masks at once could leave no token at all: a step with nothing to sample.
-            raise InvalidParams("allowed_token_ids", "allowed_token_ids cannot be combined with a grammar")
+        for name in ("allowed_token_ids", "bad_words"):
+            if getattr(self, name) and self.grammar is not None:
+                # Both masks at once could leave no token at all: a step with nothing to sample.
+                raise InvalidParams(name, f"{name} cannot be combined with a grammar")
+        if any(not words for words in self.bad_words):
+            raise InvalidParams("bad_words", "each of bad_words must be at least one token")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidParams("stop", "stop sequences must be non-empty strings")
 
@@ -147,6 +154,7 @@ class SamplingParams:
             or self.repetition_penalty != 1
             or self.logit_bias
             or self.allowed_token_ids
+            or self.bad_words
             or self.min_tokens
         )
 

@@ -45,6 +45,7 @@ class ApiFields:
     logit_bias: str = "logit_bias"
     stop_token_ids: str = "stop_token_ids"
     allowed_token_ids: str = "allowed_token_ids"
+    bad_words: str = "bad_words"
     count: str = "n"
 
 

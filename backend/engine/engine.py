@@ -271,6 +271,9 @@ class Engine:
         elif not self._in_vocabulary(params.stop_token_ids):
             message = f"stop_token_ids names token ids outside the vocabulary of {self.vocab_size}"
             self._reject(request, message, "stop_token_ids")
+        elif not self._in_vocabulary(token for words in params.bad_words for token in words):
+            message = f"bad_words has token ids outside the vocabulary of {self.vocab_size}"
+            self._reject(request, message, "bad_words")
         elif not self._in_vocabulary(params.allowed_token_ids):
             message = f"allowed_token_ids names token ids outside the vocabulary of {self.vocab_size}"
             self._reject(request, message, "allowed_token_ids")
@@ -706,7 +709,7 @@ class Engine:
                 [rows[i].index for i in penalized],
                 [rows[i].request.params for i in penalized],
                 [len(rows[i].prompt_ids) for i in penalized],
-                [len(rows[i].generated) for i in penalized],
+                [rows[i].generated for i in penalized],
                 self.eos_ids,
             )
         masks.apply(processed, [row.index for row in rows])

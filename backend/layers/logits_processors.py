@@ -5,6 +5,7 @@ c[t] times and whose prompt is P:
 
     logit_bias          l[t] += bias[t]
     allowed_token_ids   l[t] = -inf for every t not in the list
+    bad_words           l[t] = -inf for a word's last token t when the row's last tokens are its others
     min_tokens          l[t] = -inf for EOS and stop_token_ids while fewer tokens were generated
     repetition_penalty  l[t] = l[t] / r if l[t] > 0 else l[t] * r, for t in P or with c[t] > 0
     frequency_penalty   l[t] -= f * c[t]
@@ -65,14 +66,16 @@ class LogitsProcessors:
         rows: list[int],  # ...their rows of the cache...
         params: list[SamplingParams],
         prompt_lengths: list[int],
-        generated: list[int],  # ...and how many tokens each has generated so far
+        generated_ids: list[Sequence[int]],  # ...and the tokens each has generated so far
         end_ids: frozenset[int],  # EOS: what min_tokens holds back, with each row's stop_token_ids
     ) -> None:
         every_row = len(positions) == logits.shape[0]  # then the logits change in place, uncopied
         index = torch.tensor(positions, device=logits.device)
         x = logits if every_row else logits.index_select(0, index)
+        generated = [len(ids) for ids in generated_ids]
         self._add_biases(x, rows, params)
         self._hold_back_ends(x, params, generated, end_ids)
+        self._ban_bad_words(x, params, generated_ids)
         self._penalize_seen(x, rows, params, prompt_lengths, generated)
         if not every_row:
             logits.index_copy_(0, index, x)
@@ -97,6 +100,22 @@ class LogitsProcessors:
         ]
         if early:
             at = torch.tensor(early, device=x.device)
+            x.index_put_((at[:, 0], at[:, 1]), torch.tensor(float("-inf"), device=x.device))
+
+    @staticmethod
+    def _ban_bad_words(
+        x: torch.Tensor, params: list[SamplingParams], generated_ids: list[Sequence[int]]
+    ) -> None:
+        """vLLM's rule: a word's last token is banned where the generated tokens end with its others (a
+        one-token word, always); the prompt does not count."""
+        banned = [
+            (i, words[-1])
+            for i, (p, ids) in enumerate(zip(params, generated_ids, strict=True))
+            for words in p.bad_words
+            if len(words) == 1 or (len(ids) >= len(words) - 1 and tuple(ids[1 - len(words) :]) == words[:-1])
+        ]
+        if banned:
+            at = torch.tensor(banned, device=x.device)
             x.index_put_((at[:, 0], at[:, 1]), torch.tensor(float("-inf"), device=x.device))
 
     def _penalize_seen(

@@ -115,7 +115,7 @@ def test_penalties_follow_their_formulas_per_row():
     processors.record([0], [4], torch.tensor([9]))  # row 0 generated 7, 7, 9
     logits = torch.full((3, TINY_VOCAB), 2.0)
     logits[:, 3] = -2.0
-    processors.apply(logits, [0, 2], [0, 1], [frequency, repetition], [2, 1], [3, 1], frozenset())
+    processors.apply(logits, [0, 2], [0, 1], [frequency, repetition], [2, 1], [[7, 7, 9], [4]], frozenset())
     expected_frequency = torch.full((TINY_VOCAB,), 2.0)
     expected_frequency[3] = -2.0
     expected_frequency[7] -= 0.5 * 2 + 0.25
@@ -218,3 +218,32 @@ def test_allowed_token_ids_outside_the_vocabulary_or_only_held_back_ends_are_ref
     with pytest.raises(InvalidParams) as error:
         SamplingParams(allowed_token_ids=(5,), grammar='{"grammars": []}')
     assert error.value.param == "allowed_token_ids"
+
+
+def test_bad_words_ban_a_words_last_token_right_after_its_others_and_the_prompt_does_not_count():
+    engine, model = engine_and_model()
+    greedy = dict(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    free = [e.token_id for e in logprobs_of(run(engine, ("free", PROMPT, SamplingParams(**greedy)))["free"])]
+    two_tokens = SamplingParams(**greedy, bad_words=((free[2], free[3]),))
+    one_token = SamplingParams(**greedy, bad_words=((free[0],),))
+    across_the_prompt = SamplingParams(**greedy, bad_words=((PROMPT[-1], free[0]),))
+    after_another = SamplingParams(**greedy, bad_words=(((free[2] + 1) % TINY_VOCAB, free[3]),))
+    requests = {"two": two_tokens, "one": one_token, "prompt": across_the_prompt, "another": after_another}
+    pieces = run(engine, *((name, PROMPT, params) for name, params in requests.items()))
+    tokens = {name: [e.token_id for e in logprobs_of(found)] for name, found in pieces.items()}
+    assert tokens["prompt"] == tokens["another"] == free
+    assert tokens["two"][:3] == free[:3]
+    reference = reference_log_softmax(model, [*PROMPT, *free[:3]])[-1]
+    reference[free[3]] = float("-inf")
+    assert tokens["two"][3] == int(reference.argmax())
+    assert tokens["one"][0] != free[0] and free[0] not in tokens["one"]
+
+
+def test_bad_words_outside_the_vocabulary_are_refused():
+    engine, _ = engine_and_model()
+    [piece] = run(engine, ("bad", PROMPT, SamplingParams(bad_words=((5, TINY_VOCAB + 1),))))["bad"]
+    assert piece.finish_reason == "error" and piece.invalid == "bad_words"
+    for words in (((),), ((5,),)):
+        with pytest.raises(InvalidParams) as error:
+            SamplingParams(bad_words=words, grammar='{"grammars": []}' if words == ((5,),) else None)
+        assert error.value.param == "bad_words"

@@ -871,6 +871,8 @@ CHECKED_BODIES = {
         "prompt_logprobs",
     ),
     "completion-allowed-token-ids": ("/v1/completions", {**COMPLETION, "allowed_token_ids": [5, 9]}, None),
+    "completion-bad-words": ("/v1/completions", {**COMPLETION, "bad_words": ["hello", "big world"]}, None),
+    "completion-bad-words-blank": ("/v1/completions", {**COMPLETION, "bad_words": [" "]}, "bad_words"),
     "completion-allowed-token-ids-empty": (
         "/v1/completions",
         {**COMPLETION, "allowed_token_ids": []},

@@ -438,6 +438,34 @@ def test_allowed_token_ids_that_allow_nothing_or_fight_a_grammar_are_a_400(clien
     assert failure.value.body["param"] == "allowed_token_ids"
 
 
+def test_bad_words_keep_a_word_out_of_the_answer(client):
+    """vLLM's bad_words through completions and chat: the word the greedy answer has is never written,
+    and the text goes on without it."""
+    ask = dict(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0)
+    assert "Paris" in client.completions.create(**ask).choices[0].text
+    banned = client.completions.create(**ask, extra_body={"bad_words": ["Paris"]}).choices[0]
+    assert "Paris" not in banned.text and banned.finish_reason == "length"
+    chat = dict(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0)
+    assert "Paris" in client.chat.completions.create(**chat).choices[0].message.content
+    answer = client.chat.completions.create(**chat, extra_body={"bad_words": ["Paris"]}).choices[0]
+    assert "Paris" not in answer.message.content and answer.message.content
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"bad_words": "Paris"},
+        {"bad_words": [" "]},
+        {"bad_words": ["Paris", 3]},
+        {"bad_words": ["Paris"], "response_format": {"type": "json_object"}},
+    ],
+)
+def test_bad_words_that_are_not_words_or_fight_a_grammar_are_a_400(client, fields):
+    with pytest.raises(openai.BadRequestError) as failure:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, extra_body=fields)
+    assert failure.value.body["param"] == "bad_words"
+
+
 def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):
     plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
     neutral = client.completions.create(

@@ -33,13 +33,14 @@ from inference_api.prompts import (
 from inference_api.reasoning import HARMONY_PREFILLED, thoughts_first
 from inference_api.router import Serving
 from inference_api.structured_output import GUIDED_FIELDS, grammar_field, read_grammar
-from inference_api.tokenizer import stop_token_ids_of
+from inference_api.tokenizer import PromptTokenizer, stop_token_ids_of
 from inference_api.tool_calls import ToolRequest, read_tool_request, with_tool_grammar
 from inference_api.unsupported_fields import reject_unsupported
 
 MAX_CHOICES = 16
 GRAMMAR_FIELDS = ("response_format", *GUIDED_FIELDS)
 SEED_MAX = 2**64 - 1
+MAX_BAD_WORDS = 300  # as many as logit_bias's entries: each is checked at every step of its row
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions API
 # Grammars of JSON the answer is (a format, a forced call): a reasoning model thinks first (reasoning.py).
 # The others (vLLM's guided_regex, guided_choice, guided_grammar) constrain the text as written.
@@ -222,6 +223,7 @@ def _common(
         stop_token_ids=token_id_list(data.get("stop_token_ids"), serving.token_id_limit, "stop_token_ids")
         + stop_token_ids_of(stop, serving.tokenizer),
         allowed_token_ids=_allowed_token_ids(data.get("allowed_token_ids"), serving.token_id_limit),
+        bad_words=_bad_words(data.get("bad_words"), serving.tokenizer),
         grammar=read_grammar(data, GRAMMAR_FIELDS),
         speculative=read_bool(data, "speculative", True),
         skip_special_tokens=read_bool(data, "skip_special_tokens", True),
@@ -256,6 +258,25 @@ def _allowed_token_ids(value: Any, vocab: int) -> tuple[int, ...]:
     if value is not None and not ids:
         raise InvalidParams("allowed_token_ids", "allowed_token_ids must name at least one token id")
     return ids
+
+
+def _bad_words(value: Any, tokenizer: PromptTokenizer) -> tuple[tuple[int, ...], ...]:
+    """vLLM's bad_words as token ids, as vLLM tokenizes them: each word as it would start the text, and
+    after a space where that is another token of the same length (a word in the middle of text)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(word, str) and word.strip() for word in value):
+        raise InvalidParams("bad_words", "bad_words must be a list of words (strings with more than spaces)")
+    if len(value) > MAX_BAD_WORDS:
+        raise InvalidParams("bad_words", f"bad_words takes at most {MAX_BAD_WORDS} words, got {len(value)}")
+    sequences = []
+    for word in value:
+        alone = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        sequences.append(alone)
+        if spaced[0] != alone[0] and len(spaced) == len(alone):
+            sequences.append(spaced)
+    return tuple(sequences)
 
 
 def _truncated(data: dict[str, Any], prompts: list[list[int]], context: int, answer: int) -> list[list[int]]:
