@@ -32,10 +32,29 @@ def _always(value: Any) -> bool:
 
 STATELESS = "this server keeps no responses (it is stateless): send the whole conversation as input"
 
+# vLLM's fields of both OpenAI endpoints that ask for what is not built here: a vLLM client sending one
+# would otherwise get sampling for its beam search, or the server's own template for its request's.
+VLLM_UNBUILT = {
+    "use_beam_search": Unsupported(lambda value: value is not False),
+    "logits_processors": Unsupported(lambda value: value != []),
+    "guided_whitespace_pattern": Unsupported(_always),
+    "priority": Unsupported(
+        lambda value: value != 0, "{name} other than 0 is not supported: requests are served in turn"
+    ),
+}
+
 UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
     # The legacy completions API (and best_of other than n, in openai_request.py).
-    "completions": {"suffix": Unsupported(lambda value: value != "")},
+    "completions": {"suffix": Unsupported(lambda value: value != ""), **VLLM_UNBUILT},
     "chat": {
+        **VLLM_UNBUILT,
+        "chat_template": Unsupported(
+            _always,
+            "{name} in a request is not supported: the template is the server's (--chat-template), as "
+            "on vLLM without --trust-request-chat-template",
+        ),
+        "documents": Unsupported(lambda value: value != []),
+        "echo": Unsupported(lambda value: value is not False),  # vLLM's chat echo
         "functions": Unsupported(lambda value: value != []),
         "function_call": Unsupported(lambda value: value != "none"),
         "audio": Unsupported(_always),

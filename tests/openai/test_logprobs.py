@@ -156,6 +156,13 @@ def test_frequency_penalty_breaks_a_repetition(client):
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"min_p": 1.5}, "min_p"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"chat_template": "{{ messages[0].content }}"}, "chat_template"),
+        ({"documents": [{"text": "a"}]}, "documents"),
+        ({"echo": True}, "echo"),
+        ({"priority": 1}, "priority"),
+        ({"logits_processors": ["my.module.Processor"]}, "logits_processors"),
+        ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
     ],
 )
 def test_unsupported_or_bad_chat_fields_are_a_400_naming_them(client, fields, param):
@@ -166,7 +173,13 @@ def test_unsupported_or_bad_chat_fields_are_a_400_naming_them(client, fields, pa
 
 @pytest.mark.parametrize(
     "fields, param",
-    [({"suffix": "end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"max_tokens": 0}, "max_tokens")],
+    [
+        ({"suffix": "end"}, "suffix"),
+        ({"best_of": 3}, "best_of"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"priority": -5}, "priority"),
+    ],
 )
 def test_unsupported_completion_fields_are_a_400_naming_them(client, fields, param):
     with pytest.raises(openai.BadRequestError) as failure:
@@ -175,6 +188,8 @@ def test_unsupported_completion_fields_are_a_400_naming_them(client, fields, par
 
 
 def test_fields_that_ask_for_nothing_are_accepted(client):
+    nothing = {"use_beam_search": False, "priority": 0, "documents": [], "echo": False}
+    nothing["logits_processors"] = []
     result = client.chat.completions.create(
         model=MODEL,
         messages=MESSAGES,
@@ -183,6 +198,7 @@ def test_fields_that_ask_for_nothing_are_accepted(client):
         tools=[],
         metadata={"a": "b"},
         store=False,
+        extra_body=nothing,
     )
     assert result.choices[0].finish_reason in ("stop", "length")
 
