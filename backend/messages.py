@@ -95,6 +95,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # The stop string that ended the text ends it (vLLM's include_stop_str_in_output); by default it is cut.
     include_stop_str_in_output: bool = False
+    # Each piece names the tokens it follows from (Piece.token_ids; vLLM's return_token_ids).
+    token_ids: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -303,6 +305,9 @@ class Piece:
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    # With SamplingParams.token_ids: the ids of the tokens generated since the last piece (text held
+    # back by a stop sequence included, as the logprobs entries), so a request's add up to its tokens.
+    token_ids: tuple[int, ...] = ()
     cached_tokens: int = 0  # prompt tokens not computed: their keys and values were in the cache
     stop_sequence: str | None = None  # the stop string that ended the request (Anthropic's stop_sequence)
     stop_token_id: int | None = None  # the stop_token_ids token that ended the request (vLLM's stop_reason)

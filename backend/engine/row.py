@@ -26,6 +26,7 @@ class Row:
     as_queries: bool = False  # this step's chunk as decode queries of the row (engine._prompts_as_queries)
     cancelled: bool = False
     spoke: bool = False  # a piece of it has gone out
+    told: int = 0  # generated tokens whose ids a piece carried (SamplingParams.token_ids)
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None  # the stop_token_ids token that ended it (Piece.stop_token_id)
     # Log-probabilities not yet sent: the prompt's (set at prefill), the tokens' since the last piece.
@@ -209,6 +210,13 @@ class Row:
         self.finish_reason = reason
         return self._piece(text)
 
+    def _new_token_ids(self) -> tuple[int, ...]:
+        """The tokens generated since the last piece, when the request asks for its ids."""
+        if not self.request.params.token_ids:
+            return ()
+        new, self.told = tuple(self.generated[self.told :]), len(self.generated)
+        return new
+
     def _piece(self, text: str) -> Piece:
         piece = Piece(
             self.request.request_id,
@@ -218,6 +226,7 @@ class Row:
             completion_tokens=len(self.generated),
             logprobs=tuple(self.pending_logprobs),
             prompt_logprobs=self.prompt_logprobs,
+            token_ids=self._new_token_ids(),
             cached_tokens=self.reused,
             stop_sequence=self.stop.matched,
             stop_token_id=self.stop_token_id,

@@ -247,3 +247,15 @@ def test_bad_words_outside_the_vocabulary_are_refused():
         with pytest.raises(InvalidParams) as error:
             SamplingParams(bad_words=words, grammar='{"grammars": []}' if words == ((5,),) else None)
         assert error.value.param == "bad_words"
+
+
+def test_pieces_name_their_tokens_when_asked_and_add_up_to_the_requests():
+    """SamplingParams.token_ids (vLLM's return_token_ids): each piece carries the ids of the tokens since
+    the last one, which add up to the logprobs' tokens; a request that does not ask gets none."""
+    engine, _ = engine_and_model()
+    asked = SamplingParams(temperature=1.0, seed=2, max_tokens=9, ignore_eos=True, logprobs=0, token_ids=True)
+    plain = SamplingParams(temperature=1.0, seed=2, max_tokens=9, ignore_eos=True)
+    pieces = run(engine, ("asked", PROMPT, asked), ("plain", PROMPT, plain))
+    named = [token for piece in pieces["asked"] for token in piece.token_ids]
+    assert named == [entry.token_id for entry in logprobs_of(pieces["asked"])] and len(named) == 9
+    assert all(piece.token_ids == () for piece in pieces["plain"])

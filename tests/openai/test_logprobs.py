@@ -414,13 +414,20 @@ def test_prompt_logprobs_out_of_range_or_streamed_are_a_400(server, fields):
         assert documented(response, "post", f"/v1/{path}")["error"]["param"] == "prompt_logprobs"
 
 
-def test_answers_with_prompt_logprobs_are_as_the_openapi_document_says(server):
+def test_answers_with_prompt_logprobs_and_token_ids_are_as_the_openapi_document_says(server):
     for path, body in (("completions", {"prompt": PROMPT}), ("chat/completions", {"messages": MESSAGES})):
-        ask = {"model": MODEL, "max_tokens": 2, "prompt_logprobs": 1, **body}
+        ask = {"model": MODEL, "max_tokens": 2, "prompt_logprobs": 1, "return_token_ids": True, **body}
         response = requests.post(f"{server.url}/v1/{path}", json=ask, timeout=60)
         assert response.status_code == 200, response.text
         answer = documented(response, "post", f"/v1/{path}")
-        assert "prompt_logprobs" in (answer if path == "chat/completions" else answer["choices"][0])
+        prompt_fields = answer if path == "chat/completions" else answer["choices"][0]
+        assert "prompt_logprobs" in prompt_fields and "prompt_token_ids" in prompt_fields
+        assert "token_ids" in answer["choices"][0]
+        del ask["prompt_logprobs"]
+        streamed = requests.post(f"{server.url}/v1/{path}", json={**ask, "stream": True}, timeout=60)
+        chunks = documented(streamed, "post", f"/v1/{path}")
+        first = chunks[0] if path == "chat/completions" else chunks[0]["choices"][0]
+        assert first["prompt_token_ids"]
 
 
 def test_allowed_token_ids_are_the_only_tokens_an_answer_has(client, tokenizer):
@@ -480,6 +487,38 @@ def test_bad_words_that_are_not_words_or_fight_a_grammar_are_a_400(client, field
     with pytest.raises(openai.BadRequestError) as failure:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, extra_body=fields)
     assert failure.value.body["param"] == "bad_words"
+
+
+def test_return_token_ids_gives_the_prompts_and_the_answers_ids_whole_and_streamed(
+    client, tokenizer, reference_model
+):
+    """vLLM's return_token_ids: a completion choice's prompt_token_ids and token_ids (a stream's prompt
+    ids on its first chunk, the ids of each chunk's tokens on it); chat's prompt ids beside the choices
+    (a stream's on the chunk that opens the choice)."""
+    prompt_ids = tokenizer(PROMPT).input_ids
+    generated = greedy_ids(reference_model, prompt_ids, 6)
+    extra = {"return_token_ids": True, "ignore_eos": True}
+    ask = dict(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, extra_body=extra)
+    whole = client.completions.create(**ask).choices[0]
+    assert whole.prompt_token_ids == prompt_ids and whole.token_ids == generated
+    chunks = [chunk for chunk in client.completions.create(stream=True, **ask) if chunk.choices]
+    assert chunks[0].choices[0].prompt_token_ids == prompt_ids
+    assert all(chunk.choices[0].prompt_token_ids is None for chunk in chunks[1:])
+    assert [token for chunk in chunks for token in chunk.choices[0].token_ids] == generated
+    assert "token_ids" not in client.completions.create(**{**ask, "extra_body": {}}).choices[0].model_extra
+
+    chat_ids = chat_prompt_ids(tokenizer)
+    chat_ask = dict(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0, extra_body=extra)
+    chat = client.chat.completions.create(**chat_ask)
+    answer_ids = chat.choices[0].token_ids
+    assert chat.prompt_token_ids == chat_ids and len(answer_ids) == chat.usage.completion_tokens
+    assert answer_ids == greedy_ids(reference_model, chat_ids, 8)[: len(answer_ids)]
+    assert tokenizer.decode(answer_ids, skip_special_tokens=True) == chat.choices[0].message.content
+    streamed = list(client.chat.completions.create(stream=True, **chat_ask))
+    assert streamed[0].prompt_token_ids == chat_ids
+    assert [
+        t for chunk in streamed if chunk.choices for t in chunk.choices[0].model_extra.get("token_ids") or []
+    ] == (answer_ids)
 
 
 def test_min_p_and_penalties_leave_greedy_text_alone_when_neutral(client):

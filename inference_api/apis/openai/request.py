@@ -72,6 +72,8 @@ class OpenAIRequest:
     thinking: str | None = None
     # vLLM's return_tokens_as_token_ids: the logprobs name each token `token_id:{id}`, not by its text
     tokens_as_ids: bool = False
+    # vLLM's return_token_ids: the prompt's token ids and each choice's generated ones beside the text
+    return_token_ids: bool = False
     # vLLM's prompt_logprobs: this many alternatives beside each prompt token's own score (None: not asked)
     prompt_logprobs: int | None = None
 
@@ -228,6 +230,7 @@ def _common(
         speculative=read_bool(data, "speculative", True),
         skip_special_tokens=read_bool(data, "skip_special_tokens", True),
         include_stop_str_in_output=read_bool(data, "include_stop_str_in_output", False),
+        token_ids=read_bool(data, "return_token_ids", False),
     )
     include_usage, continuous_usage = _stream_options(data.get("stream_options"), stream)
     return OpenAIRequest(
@@ -239,6 +242,7 @@ def _common(
         continuous_usage=continuous_usage,
         cache_salt=read_string(data, "cache_salt", non_empty=True),
         tokens_as_ids=read_bool(data, "return_tokens_as_token_ids", False),
+        return_token_ids=params.token_ids,
         prompt_logprobs=prompt_logprobs,
         prompt_param=prompt_param,
         grammar_param=grammar_field(data, GRAMMAR_FIELDS),

@@ -135,12 +135,17 @@ class Completion:
         }
         if output.prompt_logprobs is not None:  # vLLM's, on each choice of a completion
             choice["prompt_logprobs"] = output.prompt_logprobs
+        if output.token_ids is not None:  # vLLM's return_token_ids (the prompt's: in a stream's first chunk)
+            choice |= {"prompt_token_ids": output.prompt_token_ids, "token_ids": output.token_ids}
         return choice
 
     def delta(self, index: int, output: Output, finish_reason: str | None) -> dict[str, Any]:
         return self.choice(index, output, finish_reason)  # a chunk's choice is a whole one's
 
     def response_fields(self, outputs: list[Output]) -> dict[str, Any]:
+        return {}
+
+    def opening_fields(self, output: ChoiceOutput) -> dict[str, Any]:
         return {}
 
 
@@ -173,18 +178,26 @@ class ChatCompletion:
         if output.tool_calls:  # as OpenAI's: content null unless the model also wrote text
             message |= {"content": output.content or None, "tool_calls": output.tool_calls}
             finish_reason = calls_finish_reason(finish_reason)
-        return {
+        choice = {
             "index": index,
             "message": message,
             "logprobs": output.logprobs,
             "finish_reason": finish_reason,
             "stop_reason": output.stop_reason,
         }
+        return choice if output.token_ids is None else {**choice, "token_ids": output.token_ids}
 
     def response_fields(self, outputs: list[Output]) -> dict[str, Any]:
-        """vLLM gives a chat's prompt_logprobs once, beside the choices (every choice has one prompt)."""
-        scores = outputs[0].prompt_logprobs if outputs else None
-        return {} if scores is None else {"prompt_logprobs": scores}
+        """vLLM gives a chat's prompt_logprobs and prompt_token_ids once, beside the choices (every choice
+        has one prompt)."""
+        first = outputs[0] if outputs else Output()
+        fields = {"prompt_logprobs": first.prompt_logprobs, "prompt_token_ids": first.prompt_token_ids}
+        return {name: value for name, value in fields.items() if value is not None}
+
+    def opening_fields(self, output: ChoiceOutput) -> dict[str, Any]:
+        """A stream's prompt_token_ids, as vLLM's, on the chunk that opens a choice."""
+        prompt_ids = output.prompt_ids_once()
+        return {} if prompt_ids is None else {"prompt_token_ids": prompt_ids}
 
     def delta(self, index: int, output: Output, finish_reason: str | None) -> dict[str, Any]:
         delta: dict[str, Any] = {"reasoning_content": output.reasoning} if output.reasoning else {}
@@ -193,13 +206,14 @@ class ChatCompletion:
         if output.tool_calls:  # each whole, in one chunk, with its index among the calls
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(output.tool_calls)]
             finish_reason = calls_finish_reason(finish_reason)
-        return {
+        chunk = {
             "index": index,
             "delta": delta,
             "logprobs": output.logprobs,
             "finish_reason": finish_reason,
             "stop_reason": output.stop_reason,
         }
+        return chunk if output.token_ids is None else {**chunk, "token_ids": output.token_ids}
 
 
 @dataclass(frozen=True)
@@ -213,6 +227,9 @@ class Output:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     stop_reason: str | int | None = None  # vLLM's: the stop string or stop token that ended it, at the end
     prompt_logprobs: list[dict[str, Any] | None] | None = None  # vLLM's, when asked for (never streamed)
+    # vLLM's return_token_ids: the generated tokens' ids (None: not asked for), and the prompt's
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class ChoiceOutput:
@@ -226,6 +243,9 @@ class ChoiceOutput:
         self.writer = api.logprobs(openai_request, serving, index) if openai_request.logprobs else None
         self.echo_scores = openai_request.echo_logprobs  # the prompt's scores lead the choice's logprobs
         self.prompt_scores = None  # vLLM's prompt_logprobs, in its shape, once the first piece is read
+        asks_ids = openai_request.return_token_ids
+        self.prompt_ids = openai_request.prompts[index // openai_request.n] if asks_ids else None
+        self.prompt_ids_given = False
         self.prompt_writer = None
         if openai_request.prompt_logprobs is not None:
             names = TokenNames(serving.tokenizer)
@@ -269,6 +289,17 @@ class ChoiceOutput:
 
     def logprobs(self, entries: tuple) -> dict[str, Any] | None:
         return None if self.writer is None else self.writer.shape(entries)
+
+    def token_ids(self, token_ids: tuple[int, ...]) -> list[int] | None:
+        """The ids of the tokens behind a chunk or a whole choice, when the request asks for them."""
+        return None if self.prompt_ids is None else list(token_ids)
+
+    def prompt_ids_once(self) -> list[int] | None:
+        """The prompt's ids the first time a stream asks (its chunks after the first leave them out)."""
+        if self.prompt_ids is None or self.prompt_ids_given:
+            return None
+        self.prompt_ids_given = True
+        return self.prompt_ids
 
 
 def _answer(api: Completion | ChatCompletion) -> Response:
@@ -347,6 +378,7 @@ def _whole(
     entries: list[list] = [[] for _ in choices.streams]
     finish_reasons: list[str | None] = [None] * len(choices.streams)
     stop_reasons: list[str | int | None] = [None] * len(choices.streams)
+    token_ids: list[tuple[int, ...]] = [() for _ in choices.streams]
     try:
         for index, piece in pieces:
             if piece.finish_reason == "error":  # a later choice's: no status has gone out yet
@@ -354,6 +386,7 @@ def _whole(
             _, text = outputs[index].text(piece)  # the thoughts gather in outputs[index].reasoning
             texts[index].append(text)
             entries[index] += outputs[index].entries(piece)
+            token_ids[index] += piece.token_ids
             finish_reasons[index] = piece.finish_reason
             stop_reasons[index] = outputs[index].stop_reason(piece)
     finally:
@@ -366,6 +399,8 @@ def _whole(
             output.tool_calls,
             stop_reasons[i],
             output.prompt_scores,
+            output.token_ids(token_ids[i]),
+            output.prompt_ids,
         )
         for i, (parts, output) in enumerate(zip(texts, outputs, strict=True))
     ]
@@ -412,7 +447,7 @@ def _events(
         for index in range(len(choices.streams)):
             opening = api.opening(index)
             if opening is not None:
-                yield chunk([opening])
+                yield chunk([opening], **api.opening_fields(outputs[index]))
         for index, piece in pieces:
             if piece.finish_reason == "error":
                 # Too late for a status: OpenAI's clients raise on an error event.
@@ -421,10 +456,16 @@ def _events(
                 yield sse_event({"error": {"message": failed.message, "type": kind, "param": failed.param}})
                 return
             (reasoning, text), entries = outputs[index].text(piece), outputs[index].entries(piece)
-            if reasoning or text or entries or piece.finished:
+            if reasoning or text or entries or piece.token_ids or piece.finished:
                 choice = outputs[index]
                 output = Output(
-                    reasoning, text, choice.logprobs(entries), choice.tool_calls, choice.stop_reason(piece)
+                    reasoning,
+                    text,
+                    choice.logprobs(entries),
+                    choice.tool_calls,
+                    choice.stop_reason(piece),
+                    token_ids=choice.token_ids(piece.token_ids),
+                    prompt_token_ids=choice.prompt_ids_once(),
                 )
                 yield chunk([api.delta(index, output, piece.finish_reason)])
         if openai_request.include_usage:
