@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,7 +242,6 @@ class ChoiceOutput:
         self.echo = openai_request.prompt_texts[index // openai_request.n] if openai_request.echo else ""
         self.writer = api.logprobs(openai_request, serving, index) if openai_request.logprobs else None
         self.echo_scores = openai_request.echo_logprobs  # the prompt's scores lead the choice's logprobs
-        self.prompt_scores = None  # vLLM's prompt_logprobs, in its shape, once the first piece is read
         asks_ids = openai_request.return_token_ids
         self.prompt_ids = openai_request.prompts[index // openai_request.n] if asks_ids else None
         self.prompt_ids_given = False
@@ -280,17 +279,22 @@ class ChoiceOutput:
         return self.stop_strings.get(piece.stop_token_id, piece.stop_token_id)
 
     def entries(self, piece: Piece) -> tuple:
-        """The logprobs entries of the piece's tokens, the echoed prompt's first; prompt scores that only
-        vLLM's prompt_logprobs asked for are kept apart (`prompt_scores`)."""
-        if piece.prompt_logprobs is not None and self.prompt_writer is not None:
-            self.prompt_scores = self.prompt_writer.shape(piece.prompt_logprobs)
+        """The logprobs entries of the piece's tokens, the echoed prompt's first (scores that only vLLM's
+        prompt_logprobs asked for are `prompt_scores`)."""
         prompt = piece.prompt_logprobs if self.echo_scores and piece.prompt_logprobs else ()
         return (*prompt, *piece.logprobs)
+
+    def prompt_scores(self, piece: Piece) -> list[dict[str, Any] | None] | None:
+        """vLLM's prompt_logprobs in its shape, from the piece that carries the prompt's scores (the first)
+        when the request asks for them; None from the others."""
+        if piece.prompt_logprobs is None or self.prompt_writer is None:
+            return None
+        return self.prompt_writer.shape(piece.prompt_logprobs)
 
     def logprobs(self, entries: tuple) -> dict[str, Any] | None:
         return None if self.writer is None else self.writer.shape(entries)
 
-    def token_ids(self, token_ids: tuple[int, ...]) -> list[int] | None:
+    def token_ids(self, token_ids: Sequence[int]) -> list[int] | None:
         """The ids of the tokens behind a chunk or a whole choice, when the request asks for them."""
         return None if self.prompt_ids is None else list(token_ids)
 
@@ -378,7 +382,8 @@ def _whole(
     entries: list[list] = [[] for _ in choices.streams]
     finish_reasons: list[str | None] = [None] * len(choices.streams)
     stop_reasons: list[str | int | None] = [None] * len(choices.streams)
-    token_ids: list[tuple[int, ...]] = [() for _ in choices.streams]
+    token_ids: list[list[int]] = [[] for _ in choices.streams]
+    prompt_scores: list[list[dict[str, Any] | None] | None] = [None] * len(choices.streams)
     try:
         for index, piece in pieces:
             if piece.finish_reason == "error":  # a later choice's: no status has gone out yet
@@ -387,6 +392,8 @@ def _whole(
             texts[index].append(text)
             entries[index] += outputs[index].entries(piece)
             token_ids[index] += piece.token_ids
+            if piece.prompt_logprobs is not None:  # the choice's first piece
+                prompt_scores[index] = outputs[index].prompt_scores(piece)
             finish_reasons[index] = piece.finish_reason
             stop_reasons[index] = outputs[index].stop_reason(piece)
     finally:
@@ -398,7 +405,7 @@ def _whole(
             output.logprobs(tuple(entries[i])),
             output.tool_calls,
             stop_reasons[i],
-            output.prompt_scores,
+            prompt_scores[i],
             output.token_ids(token_ids[i]),
             output.prompt_ids,
         )
