@@ -10,6 +10,7 @@ fast tokenizers are built on, from the tokenizer.json the backend saved.
 from __future__ import annotations
 
 import os
+from functools import cached_property
 from typing import Protocol
 
 from tokenizers import Tokenizer
@@ -33,6 +34,15 @@ class PromptTokenizer(Protocol):
 
     def special_token_id(self, text: str) -> int | None:
         """The id of the special token whose text this is (`<|im_end|>`), else None."""
+        ...
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the token, special or not, whose text this is whole (`▁<PRE>`), else None."""
+        ...
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text` as plain text, special tokens' texts in it spelled out as any other text, with no special
+        tokens added: code that holds `<|endoftext|>`, say, stays code (llama.cpp's parse_special false)."""
         ...
 
 
@@ -72,6 +82,12 @@ class ByteTokenizer:
 
     def special_token_id(self, text: str) -> int | None:
         return None
+
+    def token_id(self, text: str) -> int | None:
+        return None
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.encode(text)
 
 
 class ModelTokenizer:
@@ -147,6 +163,20 @@ class ModelTokenizer:
 
     def special_token_id(self, text: str) -> int | None:
         return self._special_ids.get(text)
+
+    def token_id(self, text: str) -> int | None:
+        return self._tokenizer.token_to_id(text)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self._plain_text.encode(text, add_special_tokens=False).ids
+
+    @cached_property
+    def _plain_text(self) -> Tokenizer:
+        """A copy that splits special tokens' texts as text: the setting is the tokenizer's, not a call's,
+        and request threads share this one."""
+        plain = Tokenizer.from_str(self._tokenizer.to_str())
+        plain.encode_special_tokens = True
+        return plain
 
 
 def longest_first(lengths: list[int], most: int) -> list[int]:

@@ -3,7 +3,7 @@
 A client that sends `tools` expects a tool call; answering with free text as
 if the field were honoured would let it believe it got what it asked for
 (SPEC §4.2). A field with a value that asks for nothing (`tools: []`, `best_of`
-equal to `n`, checked where `n` is read, an empty `suffix`) is accepted. Fields that are accepted and
+equal to `n`, checked where `n` is read) is accepted. Fields that are accepted and
 have no effect here (`user`, `metadata`, `store`, `service_tier`) are listed in docs/frontend.md.
 
 Each API has its own table: the same name is served in one API and refused in
@@ -45,7 +45,7 @@ VLLM_UNBUILT = {
 
 UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
     # The legacy completions API (and best_of other than n, in openai_request.py).
-    "completions": {"suffix": Unsupported(lambda value: value != ""), **VLLM_UNBUILT},
+    "completions": VLLM_UNBUILT,
     "chat": {
         **VLLM_UNBUILT,
         "chat_template": Unsupported(

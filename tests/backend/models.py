@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     CONFIG_MAPPING,
     AutoModelForCausalLM,
@@ -336,6 +336,44 @@ def write_tiny_causal_lm(directory: Path, architecture: str, model: torch.nn.Mod
     # EOS the only special token: any other id the model draws must show in the text.
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=f"<{TINY_EOS}>").save_pretrained(directory)
     return directory
+
+
+# Qwen2.5-Coder's special tokens, its fill-in-the-middle ones among them; the last is the EOS.
+CODE_SPECIAL_TOKENS = (
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<|endoftext|>",
+)
+
+
+def write_tiny_code_model(directory: Path) -> Path:
+    """A model directory the server loads as it would Qwen2.5-Coder's, built offline: a tiny random Qwen2
+    and a byte-level BPE tokenizer (GPT-2's byte alphabet, merges of the bytes code is made of most) that
+    ends with Qwen2.5-Coder's special tokens, so that any text tokenizes and its fill-in-the-middle
+    tokens are found by their texts as in the real one."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {symbol: i for i, symbol in enumerate(alphabet)}
+    common = [_byte_symbol(c) for c in " \n\tetaoinsrdlcu()=:"]
+    merges = [(a, b) for a in common for b in common][: TINY_VOCAB - len(alphabet) - len(CODE_SPECIAL_TOKENS)]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(text, special=True) for text in CODE_SPECIAL_TOKENS])
+    assert tokenizer.get_vocab_size() == TINY_VOCAB and tokenizer.token_to_id("<|endoftext|>") == TINY_EOS
+    tiny_model("qwen2").save_pretrained(directory)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>").save_pretrained(directory)
+    return directory
+
+
+def _byte_symbol(character: str) -> str:
+    """The symbol GPT-2's byte-level alphabet writes this (one-byte) character as."""
+    return pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str(character)[0][0]
 
 
 def load_on_cpu(model: Path, tmp_path: Path, quantize: str = "none"):

@@ -1,7 +1,8 @@
 """llama.cpp server's own /completion, /apply-template and /props (inference_api/apis/llamacpp), over raw
 HTTP as its scripts call them, on the default model in the exact mode. The answers are held to the
 OpenAI API's on the same prompt (greedy text, token ids and logprobs), so that the API adds a shape and
-nothing else."""
+nothing else; what editors' plugins add to end an answer early (n_indent, t_max_predict_ms) and to pick
+its fields, to the same answer without them. /infill: tests/compat/test_fill_in_middle.py."""
 
 from __future__ import annotations
 
@@ -88,12 +89,78 @@ def test_a_gbnf_grammar_and_a_json_schema_constrain_the_answer(server):
         ({"logit_bias": [[10**9, 1.0]]}, "logit_bias"),
         ({"n_predict": -2}, "n_predict"),
         ({"n_predict": 10**6}, "n_predict"),
+        ({"n_indent": -1}, "n_indent"),
+        ({"t_max_predict_ms": "soon"}, "t_max_predict_ms"),
+        ({"t_max_prompt_ms": -5}, "t_max_prompt_ms"),
+        ({"response_fields": [1]}, "response_fields"),
     ],
 )
 def test_what_cannot_be_served_is_a_400_naming_it(server, fields, named):
     response = llama(server, **{**GREEDY, **fields})
     assert response.status_code == 400
     assert named in response.json()["error"]["message"]
+
+
+CODE = {"prompt": "def fib(n):\n    if n < 2:\n", "temperature": 0, "n_predict": 48}
+
+
+def indented_part(text: str, n_indent: int) -> str:
+    """The text up to the first line after its first with fewer than n_indent spaces or tabs, that
+    line's indentation kept (llama-server's n_indent cut). A line is judged once it has a character
+    past its indentation: a line break (a blank line) counts; the text's last line may have none yet."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines[1:], start=1):
+        indentation = len(line) - len(line.lstrip(" \t"))
+        judged = i < len(lines) - 1 or indentation < len(line)
+        if judged and indentation < n_indent:
+            return "\n".join(lines[:i]) + "\n" + line[:indentation]
+    return text
+
+
+def test_n_indent_ends_the_answer_at_a_line_indented_less(server):
+    """What an editor asks for inside a function's body: its lines, not the code after it. The first
+    line is the rest of the cursor's own, never judged."""
+    free = llama(server, **CODE).json()
+    expected = indented_part(free["content"], 4)
+    assert expected != free["content"] and expected.count("\n") >= 2  # the model went on past the body
+    cut = documented(llama(server, **CODE, n_indent=4), "post", "/completion")
+    assert cut["content"] == expected and cut["stop_type"] == "limit"
+    assert cut["tokens_predicted"] < free["tokens_predicted"]
+    streamed = requests.post(
+        f"{server.url}/completion", json={**CODE, "n_indent": 4, "stream": True}, stream=True, timeout=120
+    )
+    events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith(b"data: ")]
+    assert "".join(event["content"] for event in events) == expected and events[-1]["stop_type"] == "limit"
+
+
+def test_t_max_predict_ms_ends_the_answer_at_a_line_break_once_its_time_is_up(server):
+    free = llama(server, **CODE).json()
+    hurried = llama(server, **CODE, t_max_predict_ms=1).json()
+    assert free["content"].startswith(hurried["content"]) and hurried["stop_type"] == "limit"
+    assert "\n" in hurried["content"] and hurried["content"].count("\n") < free["content"].count("\n")
+    assert hurried["tokens_predicted"] < free["tokens_predicted"]
+    patient = llama(server, **CODE, t_max_predict_ms=60_000).json()  # a minute: never reached
+    assert patient["content"] == free["content"] and patient["stop_type"] == free["stop_type"]
+
+
+def test_response_fields_give_those_fields_keyed_by_their_paths(server):
+    paths = ["content", "timings/predicted_n", "generation_settings/n_predict", "absent", "timings/absent"]
+    whole = llama(server, **GREEDY).json()
+    picked = documented(llama(server, **GREEDY, response_fields=paths), "post", "/completion")
+    assert picked == {
+        "content": whole["content"],
+        "timings/predicted_n": 8,
+        "generation_settings/n_predict": 8,
+    }
+    streamed = requests.post(
+        f"{server.url}/completion",
+        json={**GREEDY, "response_fields": paths, "stream": True},
+        stream=True,
+        timeout=120,
+    )
+    events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith(b"data: ")]
+    assert set(events[-1]) == {"content", "timings/predicted_n", "generation_settings/n_predict"}
+    assert all(event["stop"] is False for event in events[:-1])  # the pieces stay whole
 
 
 def test_a_banned_token_is_never_chosen_and_the_prompt_may_come_as_token_ids(server, tokenizer):

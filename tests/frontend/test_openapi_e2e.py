@@ -496,6 +496,10 @@ ERRORS = {
         400,
     ),
     "completion-best-of-over-n": ("post", "/v1/completions", {"json": {**COMPLETION, "best_of": 2}}, 400),
+    # The mock's vocabulary (bytes) has no fill-in-the-middle tokens.
+    "completion-suffix-unfillable": ("post", "/v1/completions", {"json": {**COMPLETION, "suffix": "end"}}, 400),
+    "infill-unfillable": ("post", "/infill", {"json": {"input_prefix": "a", "input_suffix": "b"}}, 400),
+    "infill-wrong-method": ("get", "/infill", {}, 405),
     "chat-logit-bias-past-vocab": (
         "post",
         "/v1/chat/completions",
@@ -858,7 +862,6 @@ CHECKED_BODIES = {
     "completion-logprobs-null": ("/v1/completions", {**COMPLETION, "logprobs": None}, None),
     "completion-logprobs-boolean": ("/v1/completions", {**COMPLETION, "logprobs": True}, "logprobs"),
     "completion-echo-number": ("/v1/completions", {**COMPLETION, "echo": 1}, "echo"),
-    "completion-suffix": ("/v1/completions", {**COMPLETION, "suffix": " the end"}, "suffix"),
     "completion-truncate-to-nothing": (
         "/v1/completions",
         {**COMPLETION, "truncate_prompt_tokens": 0},

@@ -3,6 +3,8 @@
     POST /completion      {"prompt", "n_predict", ...}  ->  {"content", "stop": true, "stop_type", ...}
                           stream: data: {"content", "tokens", "stop": false} a piece, then the whole
                           answer's fields with "stop": true in the last event
+    POST /infill          {"input_prefix", "input_suffix", "input_extra"?, "prompt"?, ...}  ->  as
+                          /completion: the code that fills the gap (a code model's: fill_in_middle.py)
     POST /apply-template  {"messages", "tools"?}  ->  {"prompt"}: the chat template's text, as chat renders it
     GET  /props           the context, the rows (its slots), the model, the chat template and the defaults
 
@@ -11,6 +13,12 @@ Whole, the answer has llama-server's fields: `content`, `tokens` (with `return_t
 `tokens_evaluated`, `tokens_cached`, `generation_settings`, `timings` (measured here, in the request
 thread: the prompt's time is the wait for the first piece), and with `n_probs` the
 `completion_probabilities` of each token. Errors are OpenAI's shape, as llama-server's are.
+
+Editors' plugins end an answer early on both routes: with `n_indent`, at a line after the first that is
+indented less (cut before its text); with `t_max_predict_ms`, at a piece with a line break in the answer
+once that long has passed since its first token. Either ends it with `stop_type` "limit", and the row
+is freed. `response_fields` gives only those fields of the whole answer (streamed, of its last event),
+each keyed by its path, as llama-server does.
 """
 
 from __future__ import annotations
@@ -22,7 +30,12 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from backend.messages import Piece, TokenLogprob
-from inference_api.apis.llamacpp.request import DEFAULTS, LlamaCppRequest, parse_completion_request
+from inference_api.apis.llamacpp.request import (
+    DEFAULTS,
+    LlamaCppRequest,
+    parse_completion_request,
+    parse_infill_request,
+)
 from inference_api.generation import (
     ApiFields,
     error_of,
@@ -38,6 +51,7 @@ from inference_api.router import Serving
 from inference_api.tool_calls import read_tool_request
 
 bp = Blueprint("llamacpp_api", __name__)
+MISSING = object()  # a response_fields path the answer does not have
 
 FIELDS = ApiFields(prompt_ids="prompt", grammar="grammar", stop_token_ids="stop", count="prompt")
 
@@ -46,13 +60,25 @@ FIELDS = ApiFields(prompt_ids="prompt", grammar="grammar", stop_token_ids="stop"
 def completion() -> Response:
     started = time.perf_counter()
     data, serving = read_request(model_field=None)
-    asked = parse_completion_request(data, serving)
+    return _answer(parse_completion_request(data, serving), serving, started)
+
+
+@bp.post("/infill")
+def infill() -> Response:
+    """The middle between `input_prefix` and `input_suffix`, which llama.vim and llama.vscode ask for as
+    one types."""
+    started = time.perf_counter()
+    data, serving = read_request(model_field=None)
+    return _answer(parse_infill_request(data, serving), serving, started)
+
+
+def _answer(asked: LlamaCppRequest, serving: Serving, started: float) -> Response:
     choices, pieces = start_choices([(asked.prompt_ids, asked.params)], fields=FIELDS)
     answer = Answer(asked, serving, started)
     if asked.stream:
-        return event_stream(_events(answer, pieces), choices.close)
-    read_all(choices, pieces, FIELDS, answer.read)
-    return jsonify(answer.whole())
+        return event_stream(_events(answer, answer.until_ended(pieces)), choices.close)
+    read_all(choices, answer.until_ended(pieces), FIELDS, answer.read)
+    return jsonify(answer.fields(answer.whole()))
 
 
 @bp.post("/apply-template")
@@ -105,20 +131,59 @@ class Answer:
         self.tokens: list[int] = []
         self.probabilities: list[dict[str, Any]] = []
         self.last: Piece | None = None
+        self.limited = False  # ended early by n_indent or t_max_predict_ms
 
     def read(self, piece: Piece) -> dict[str, Any] | None:
-        self.text += piece.text
+        text = self._within_limits(piece.text)
+        self.text += text
         self.last = piece
         ids = [entry.token_id for entry in piece.logprobs]
         self.tokens += ids
         probabilities = [self._probability(entry) for entry in piece.logprobs] if self.asked.n_probs else []
         self.probabilities += probabilities
-        if piece.finished:
-            return {**self.whole(), "content": piece.text, "tokens": ids} | self._probabilities(probabilities)
-        if not piece.text and not ids:
+        if piece.finished or self.limited:
+            last = {**self.whole(), "content": text, "tokens": ids} | self._probabilities(probabilities)
+            return self.fields(last)
+        if not text and not ids:
             return None
-        event = {"index": 0, "content": piece.text, "tokens": ids, "stop": False, "id_slot": 0}
+        event = {"index": 0, "content": text, "tokens": ids, "stop": False, "id_slot": 0}
         return event | self._counts() | self._probabilities(probabilities)
+
+    def until_ended(self, pieces: Iterator[tuple[int, Piece]]) -> Iterator[tuple[int, Piece]]:
+        """The pieces up to the one that ends the answer: its last, or the one a limit ends it at (the
+        request's row is freed when the route closes its choices)."""
+        for item in pieces:
+            yield item
+            if self.limited:
+                return
+
+    def fields(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """llama-server's `response_fields`: only the fields at these paths ("timings/prompt_n"), each
+        keyed by its path; the answer whole without them."""
+        if not self.asked.response_fields:
+            return answer
+        picked = {}
+        for path in self.asked.response_fields:
+            value: Any = answer
+            for key in path.split("/"):
+                value = value.get(key, MISSING) if isinstance(value, dict) else MISSING
+            if value is not MISSING:
+                picked[path] = value
+        return picked
+
+    def _within_limits(self, text: str) -> str:
+        """The piece's text that the answer keeps: with n_indent, none after a line (not the first) that
+        begins with less indentation, that line's indentation kept (llama-server's cut); with
+        t_max_predict_ms, all of it, and the answer ends here if it has a line break by then."""
+        if self.asked.n_indent:
+            cut = short_indent(self.text + text, self.asked.n_indent, max(0, self.text.rfind("\n")))
+            if cut is not None:
+                self.limited = True
+                return text[: cut - len(self.text)]
+        limit = self.asked.t_max_predict_ms
+        if limit and "\n" in self.text + text and time.perf_counter() - self.first_piece > limit / 1000:
+            self.limited = True
+        return text
 
     def whole(self) -> dict[str, Any]:
         last, params = self.last, self.asked.params
@@ -170,7 +235,7 @@ class Answer:
         return {"tokens_predicted": self.last.completion_tokens, "tokens_evaluated": self.last.prompt_tokens}
 
     def _stop_type(self) -> str:
-        if self.last.finish_reason == "length":
+        if self.last.finish_reason == "length" or self.limited:
             return "limit"
         return "word" if self.last.stop_sequence is not None else "eos"
 
@@ -185,3 +250,21 @@ class Answer:
     def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
         text = self.serving.tokenizer.token_text(token_id)
         return {"id": token_id, "token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def short_indent(text: str, n_indent: int, start: int = 0) -> int | None:
+    """Where the text of the first line after `text`'s first that has fewer than `n_indent` spaces or tabs
+    before it begins (looking from the line break at or after `start`), else None; a line of nothing but
+    spaces and tabs so far is not judged yet. A blank line is indented by none."""
+    line_break = text.find("\n", start)
+    while line_break != -1:
+        begins = line_break + 1
+        at = begins
+        while at < len(text) and text[at] in " \t":
+            at += 1
+        if at == len(text):
+            return None
+        if at - begins < n_indent:
+            return at
+        line_break = text.find("\n", begins)
+    return None

@@ -18,6 +18,7 @@ from backend.messages import (
     SamplingParams,
 )
 from inference_api.fields import read_bool, read_integer, read_number, read_stop, read_string, within
+from inference_api.fill_in_middle import fill_prompt, required_fill_tokens
 from inference_api.prompts import (
     CHAT_DEFAULT_MAX_TOKENS,
     MAX_TOP_K,
@@ -76,6 +77,8 @@ class OpenAIRequest:
     return_token_ids: bool = False
     # vLLM's prompt_logprobs: this many alternatives beside each prompt token's own score (None: not asked)
     prompt_logprobs: int | None = None
+    # completions' suffix: the fill-in-the-middle tokens that end a middle as an end token (no stop_reason)
+    fill_ends: tuple[int, ...] = ()
 
     @property
     def logprobs(self) -> bool:
@@ -104,13 +107,12 @@ class OpenAIRequest:
 def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     reject_unsupported(data, "completions")
     sent = prompt_list(data.get("prompt"))
+    suffix = read_string(data, "suffix")
+    if suffix:
+        return _fill_request(data, serving, sent, suffix)
     prompts = [prompt_ids(prompt, serving, f"prompt[{i}]") for i, prompt in enumerate(sent)]
     echo = read_bool(data, "echo", False)
-    logprobs = read_integer(data, "logprobs", None, 0, MAX_LOGPROBS)
-    openai_request = _common(data, serving, prompts, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS, logprobs, echo)
-    best_of = read_integer(data, "best_of", None, 1, MAX_CHOICES)
-    if best_of is not None and best_of != openai_request.n:  # the best of more samples: not built
-        raise InvalidParams("best_of", "best_of other than n is not supported by this server")
+    openai_request = _completion_request(data, serving, prompts, echo)
     if not echo:
         return openai_request
     texts = tuple(  # the prompt as sent, unless it was cut (truncate_prompt_tokens) or came as ids
@@ -120,6 +122,47 @@ def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRe
         for text, sent_ids, ids in zip(sent, prompts, openai_request.prompts, strict=True)
     )
     return replace(openai_request, echo=True, prompt_texts=texts)
+
+
+def _completion_request(
+    data: dict[str, Any], serving: Serving, prompts: list[list[int]], echo: bool
+) -> OpenAIRequest:
+    logprobs = read_integer(data, "logprobs", None, 0, MAX_LOGPROBS)
+    openai_request = _common(data, serving, prompts, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS, logprobs, echo)
+    best_of = read_integer(data, "best_of", None, 1, MAX_CHOICES)
+    if best_of is not None and best_of != openai_request.n:  # the best of more samples: not built
+        raise InvalidParams("best_of", "best_of other than n is not supported by this server")
+    return openai_request
+
+
+def _fill_request(
+    data: dict[str, Any], serving: Serving, sent: list[str | list[int]], suffix: str
+) -> OpenAIRequest:
+    """Completions with a `suffix`: each prompt is the code before a gap and the suffix the code after it,
+    and the completion fills the gap (a code model's fill-in-the-middle, fill_in_middle.py). Both are
+    plain text; a prompt may be token ids (the prefix's) and may be "" (a gap at the file's start)."""
+    tokenizer = serving.tokenizer
+    tokens = required_fill_tokens(tokenizer, "suffix")
+    for name, asks_nothing in (("echo", False), ("truncate_prompt_tokens", None)):
+        if data.get(name, asks_nothing) != asks_nothing:  # an echo would hide the gap's frame; a cut, cut it
+            raise InvalidParams(name, f"{name} cannot be combined with suffix")
+    after = tokenizer.encode_text(suffix)
+    prompts = [
+        fill_prompt(tokenizer, tokens, _prefix_ids(prompt, serving, f"prompt[{i}]"), after)
+        for i, prompt in enumerate(sent)
+    ]
+    openai_request = _completion_request(data, serving, prompts, echo=False)
+    params = openai_request.params
+    ends = tuple(token for token in tokens.ends if token not in params.stop_token_ids)
+    return replace(
+        openai_request, params=replace(params, stop_token_ids=params.stop_token_ids + ends), fill_ends=ends
+    )
+
+
+def _prefix_ids(prompt: str | list[int], serving: Serving, item: str) -> list[int]:
+    if isinstance(prompt, str):
+        return serving.tokenizer.encode_text(prompt)
+    return prompt_ids(prompt, serving, item)
 
 
 def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:

@@ -253,6 +253,7 @@ class ChoiceOutput:
         # The stop strings that are special tokens, which end a row as stop tokens (stop_token_ids_of)
         special = ((serving.tokenizer.special_token_id(stop), stop) for stop in openai_request.params.stop)
         self.stop_strings = {token_id: stop for token_id, stop in special if token_id is not None}
+        self.fill_ends = openai_request.fill_ends
 
     @property
     def reasoning(self) -> str:
@@ -273,8 +274,9 @@ class ChoiceOutput:
 
     def stop_reason(self, piece: Piece) -> str | int | None:
         """vLLM's stop_reason: the stop string that ended the choice (one that is a special token's text
-        too), else the stop token, else None (an end token, max_tokens, or not ended yet)."""
-        if piece.stop_sequence is not None or piece.stop_token_id is None:
+        too), else the stop token, else None (an end token, a token that ends a suffix's middle as one,
+        max_tokens, or not ended yet)."""
+        if piece.stop_sequence is not None or piece.stop_token_id in (None, *self.fill_ends):
             return piece.stop_sequence
         return self.stop_strings.get(piece.stop_token_id, piece.stop_token_id)
 
