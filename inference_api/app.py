@@ -19,6 +19,7 @@ from inference_api.apis.anthropic import routes as anthropic_api
 from inference_api.apis.llama_stack import routes as llama_stack_api
 from inference_api.apis.llamacpp import routes as llamacpp_api
 from inference_api.apis.native import routes as native_api
+from inference_api.apis.ollama import routes as ollama_api
 from inference_api.apis.openai import routes as openai_api
 from inference_api.apis.responses import routes as responses_api
 from inference_api.apis.tgi import routes as tgi_api
@@ -75,6 +76,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     app.register_blueprint(llama_stack_api.bp)
     app.register_blueprint(tgi_api.bp)
     app.register_blueprint(llamacpp_api.bp)
+    app.register_blueprint(ollama_api.bp)
     app.register_blueprint(embeddings.bp)
     app.register_blueprint(rerank.bp)
     app.register_blueprint(tei_embed.bp)

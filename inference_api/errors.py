@@ -54,6 +54,7 @@ OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/sco
 OPENAI_STYLE_PATHS += ("/completion", "/infill", "/apply-template", "/props")
 ANTHROPIC_PATH = "/v1/messages"
 LLAMA_STACK_PREFIXES = ("/inference/", "/v1/inference/")
+OLLAMA_PREFIX = "/api/"
 # and POST /, either of the first two; Text Embeddings Inference's /embed answers in TGI's shape too, and its
 # body at /rerank (answer_errors_as_tgi)
 TGI_PATHS = ("/generate", "/generate_stream", "/info", "/embed")
@@ -92,6 +93,8 @@ def error_body(path: str, status: int, message: str, param: str | None, code: st
         return anthropic_error(status, message)
     if path.startswith(LLAMA_STACK_PREFIXES):
         return {"detail": message}
+    if path.startswith(OLLAMA_PREFIX):
+        return {"error": message}
     if tgi_shaped(path):
         return tgi_error(status, message)
     if path.startswith("/v1/") or path in OPENAI_STYLE_PATHS:

@@ -237,6 +237,7 @@ class Generation:
         self.fields = fields
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
+        self.token_ids: list[int] = []  # the answer's tokens so far, with SamplingParams.token_ids
         self._answer = answer_reader(thinking, tools)
 
     @property
@@ -279,6 +280,7 @@ class Generation:
             for _, piece in self._pieces:
                 if piece.finish_reason == "error":
                     raise GenerationFailed(error_of(piece, self.fields))
+                self.token_ids += piece.token_ids
                 reasoning, text = self._answer.read(piece.text, piece.finished)
                 if piece.finished:
                     self.finish_reason, self.stop_sequence = piece.finish_reason, piece.stop_sequence

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 
 import anthropic
+import ollama
 import openai
 import pytest
 import requests
@@ -22,7 +23,7 @@ LONG = {"model": "mock", "messages": [{"role": "user", "content": "a long answer
 def stalling_server() -> Iterator[RunningServer]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("INFERENCE_MOCK_STALL_TEXT", STALL)
-        options = "--mock --rows 4 --mock-tokens-per-second 20 --step-timeout 2 --restart-delay 0.5"
+        options = "--mock --rows 6 --mock-tokens-per-second 20 --step-timeout 2 --restart-delay 0.5"
         with running_server(*options.split()) as server:
             yield server
 
@@ -52,6 +53,8 @@ def test_each_stream_ends_with_its_apis_error_event(stalling_server: RunningServ
         )
         llamacpp_lines = llamacpp.iter_lines(decode_unicode=True)
         assert json.loads(next(llamacpp_lines).removeprefix("data: "))["stop"] is False
+        ollama_parts = iter(ollama.Client(host=url).chat(**LONG, options={"num_predict": 2000}, stream=True))
+        assert next(ollama_parts).done is False
 
         stalled = requests.post(f"{url}/v1/completions", json={"model": "mock", "prompt": STALL}, timeout=30)
         assert stalled.status_code == 503
@@ -70,3 +73,7 @@ def test_each_stream_ends_with_its_apis_error_event(stalling_server: RunningServ
             "error"
         ]
         assert llamacpp_error["code"] == 503 and "no step" in llamacpp_error["message"]
+        with pytest.raises(ollama.ResponseError) as ended:  # the client raises the {"error"} line
+            for _ in ollama_parts:
+                pass
+        assert "no step" in ended.value.error

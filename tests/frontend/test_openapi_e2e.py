@@ -88,6 +88,11 @@ def matches(response: requests.Response, spec: dict) -> Any:
             Draft202012Validator(content["x-event-data"]).validate(chunk)
             assert name is None or name == chunk["type"], (name, chunk)  # a typed event is named by its type
         return chunks
+    if media_type == "application/x-ndjson":  # Ollama's streams: a JSON object a line
+        lines = [json.loads(line) for line in response.text.splitlines()]
+        for line in lines:
+            Draft202012Validator(content["x-line-data"]).validate(line)
+        return lines
     return response.text
 
 
@@ -333,6 +338,24 @@ TOKENIZE_CONTINUED = {
     "add_generation_prompt": False,
 }
 
+OLLAMA_OPTIONS = {"temperature": 0.5, "top_k": 20, "num_predict": 4, "stop": ["x"], "num_ctx": 4096}
+OLLAMA_GENERATE = {"model": "mock", "prompt": "hello", "system": "Be brief.", "options": OLLAMA_OPTIONS}
+OLLAMA_CHAT = {
+    "model": "mock",
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "w", "arguments": {"c": "P"}}}],
+        },
+        {"role": "tool", "content": "18 C", "tool_name": "w"},
+    ],
+    "options": OLLAMA_OPTIONS,
+    "keep_alive": "5m",
+}
+OLLAMA_EMBED = {"model": "mock", "input": ["hello", "hi"]}
+
 # (method, path, request arguments), each answered 200 straight from the server
 SUCCESSES = {
     "health": ("get", "/health", {}),
@@ -346,6 +369,18 @@ SUCCESSES = {
     "llamacpp-completion": ("post", "/completion", {"json": {"prompt": "hello", "n_predict": 4}}),
     "llamacpp-apply-template": ("post", "/apply-template", {"json": {"messages": CHAT["messages"]}}),
     "llamacpp-props": ("get", "/props", {}),
+    "ollama-version": ("get", "/api/version", {}),
+    "ollama-tags": ("get", "/api/tags", {}),
+    "ollama-ps": ("get", "/api/ps", {}),
+    "ollama-show": ("post", "/api/show", {"json": {"model": "mock:latest"}}),
+    "ollama-generate": ("post", "/api/generate", {"json": {**OLLAMA_GENERATE, "stream": False}}),
+    "ollama-generate-stream": ("post", "/api/generate", {"json": OLLAMA_GENERATE}),
+    "ollama-generate-load": ("post", "/api/generate", {"json": {"model": "mock"}}),
+    "ollama-chat": ("post", "/api/chat", {"json": {**OLLAMA_CHAT, "stream": False}}),
+    "ollama-chat-stream": ("post", "/api/chat", {"json": OLLAMA_CHAT}),
+    "ollama-chat-json": ("post", "/api/chat", {"json": {**OLLAMA_CHAT, "format": "json", "stream": False}}),
+    "ollama-embed": ("post", "/api/embed", {"json": OLLAMA_EMBED}),
+    "ollama-embeddings": ("post", "/api/embeddings", {"json": {"model": "mock", "prompt": "hello"}}),
     "llamacpp-completion-stream": (
         "post",
         "/completion",
@@ -497,7 +532,12 @@ ERRORS = {
     ),
     "completion-best-of-over-n": ("post", "/v1/completions", {"json": {**COMPLETION, "best_of": 2}}, 400),
     # The mock's vocabulary (bytes) has no fill-in-the-middle tokens.
-    "completion-suffix-unfillable": ("post", "/v1/completions", {"json": {**COMPLETION, "suffix": "end"}}, 400),
+    "completion-suffix-unfillable": (
+        "post",
+        "/v1/completions",
+        {"json": {**COMPLETION, "suffix": "end"}},
+        400,
+    ),
     "infill-unfillable": ("post", "/infill", {"json": {"input_prefix": "a", "input_suffix": "b"}}, 400),
     "infill-wrong-method": ("get", "/infill", {}, 405),
     "chat-logit-bias-past-vocab": (
@@ -573,6 +613,26 @@ ERRORS = {
         {"json": {**LLAMA_EMBEDDINGS, "model_id": "x"}},
         404,
     ),
+    "ollama-unknown-model": ("post", "/api/chat", {"json": {**OLLAMA_CHAT, "model": "x"}}, 404),
+    "ollama-show-unknown-model": ("post", "/api/show", {"json": {"model": "x"}}, 404),
+    "ollama-bad-option": (
+        "post",
+        "/api/generate",
+        {"json": {**OLLAMA_GENERATE, "options": {"top_p": 0}}},
+        400,
+    ),
+    "ollama-malformed-json": ("post", "/api/chat", {"data": b"{"}, 400),
+    "ollama-unfillable": ("post", "/api/generate", {"json": {**OLLAMA_GENERATE, "suffix": "x"}}, 400),
+    "ollama-think-without-thoughts": ("post", "/api/chat", {"json": {**OLLAMA_CHAT, "think": True}}, 400),
+    "ollama-embed-dimensions": (
+        "post",
+        "/api/embed",
+        {"json": {"model": "mock", "input": "a", "dimensions": 8}},
+        400,
+    ),
+    "ollama-wrong-method": ("get", "/api/chat", {}, 405),
+    "ollama-tags-wrong-method": ("post", "/api/tags", {}, 405),
+    "ollama-too-large": ("post", "/api/generate", {"data": TOO_BIG}, 413),
     "model-unknown": ("get", "/v1/models/x", {}, 404),
     "rerank-no-rerank-model": ("post", "/v1/rerank", {"json": {"query": "a", "documents": ["b"]}}, 404),
     "rerank-at-root-no-rerank-model": ("post", "/rerank", {"json": {"query": "a", "documents": ["b"]}}, 404),
