@@ -123,6 +123,16 @@ def test_chat_answers_as_chat_completions_and_a_model_may_carry_its_tag(server, 
     assert answer.prompt_eval_count == reference["usage"]["prompt_tokens"]
 
 
+def test_a_last_assistant_message_is_continued(server, client):
+    """Ollama's templates go on from a last assistant message: a prefill, as vLLM's continue_final_message."""
+    messages = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "The capital"}]
+    answer = client.chat(model=MODEL, messages=messages, options=GREEDY)
+    continued = {"continue_final_message": True, "add_generation_prompt": False}
+    reference = openai_chat(server, messages, **continued)
+    assert answer.message.content == reference["choices"][0]["message"]["content"]
+    assert answer.prompt_eval_count == reference["usage"]["prompt_tokens"]
+
+
 def test_a_conversation_with_calls_reads_as_chats_and_the_answer_calls_the_tool(server, client):
     """Ollama's calls carry their arguments as objects, and its tool messages name the tool."""
     answer = client.chat(

@@ -11,7 +11,8 @@ batch are the server's. What is not built (mirostat, tfs_z, typical_p, images, a
 /api/generate renders `prompt` (and `system`) through the model's chat template as a user's message, as
 Ollama does, unless `raw`; `context` (an earlier answer's) goes before it, and `suffix` fills in the
 middle on a code model (fill_in_middle.py). /api/chat takes Ollama's messages (`tool_calls` with
-arguments as objects, `thinking`, `tool_name`) and `tools` as chat's; `format` is "json" or a JSON
+arguments as objects, `thinking`, `tool_name`; a last assistant's text is continued, a prefill, as
+Ollama's templates continue it) and `tools` as chat's; `format` is "json" or a JSON
 schema; `think` turns a reasoning model's thoughts on or off (the chat template's `enable_thinking`, and
 `reasoning_effort` for "low", "medium" or "high"), and asks for a model that has them.
 """
@@ -81,9 +82,13 @@ def parse_chat(data: dict[str, Any], serving: Serving) -> OllamaRequest:
     _refuse_not_built(data)
     tools = read_tool_request({"tools": data.get("tools")}, serving.tool_parser)
     messages = read_messages(_openai_messages(data.get("messages")), roles=ROLES)
+    last = messages[-1]
+    prefill = ""
+    if last["role"] == "assistant" and last["content"] and "tool_calls" not in last:
+        messages, prefill = messages[:-1], last["content"]  # Ollama goes on from it, as its templates do
     kwargs = _think(data, serving)
-    ids = tool_chat_ids(messages, tools, serving, "messages", template_kwargs=kwargs)
-    return _request(data, serving, ids, "messages", tools, serving.prompt_thinking(ids))
+    ids = tool_chat_ids(messages, tools, serving, "messages", continuation=prefill, template_kwargs=kwargs)
+    return _request(data, serving, ids, "messages", tools, serving.prompt_thinking(ids, bool(prefill)))
 
 
 def _request(
