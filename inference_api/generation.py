@@ -23,7 +23,7 @@ from typing import Any
 
 from flask import Response, current_app, request
 
-from backend.messages import InvalidParams, Piece, SamplingParams
+from backend.messages import InvalidParams, Piece, SamplingParams, TokenLogprob
 from inference_api.answers import answer_reader
 from inference_api.choices import Choices
 from inference_api.client_watch import ClientWatch
@@ -238,6 +238,7 @@ class Generation:
         self.finish_reason: str | None = None
         self.stop_sequence: str | None = None
         self.token_ids: list[int] = []  # the answer's tokens so far, with SamplingParams.token_ids
+        self.logprobs: list[TokenLogprob] = []  # the answer's tokens' so far, with SamplingParams.logprobs
         self._answer = answer_reader(thinking, tools)
 
     @property
@@ -281,6 +282,7 @@ class Generation:
                 if piece.finish_reason == "error":
                     raise GenerationFailed(error_of(piece, self.fields))
                 self.token_ids += piece.token_ids
+                self.logprobs += piece.logprobs
                 reasoning, text = self._answer.read(piece.text, piece.finished)
                 if piece.finished:
                     self.finish_reason, self.stop_sequence = piece.finish_reason, piece.stop_sequence

@@ -93,6 +93,23 @@ def test_a_raw_prompt_is_continued_as_completions_continues_it(server, client):
     assert answer.done_reason == "length" and answer.eval_count == 12
 
 
+def test_logprobs_are_the_completions_endpoints_whole_and_streamed(server, client):
+    fields = {"model": MODEL, "prompt": "The capital of France is", "raw": True, "options": GREEDY}
+    answer = client.generate(**fields, logprobs=True, top_logprobs=2)
+    body = {"model": MODEL, "prompt": fields["prompt"], "temperature": 0, "max_tokens": 12, "logprobs": 2}
+    reference = requests.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+    expected = reference["choices"][0]["logprobs"]
+    assert [entry.token for entry in answer.logprobs] == expected["tokens"]
+    assert [entry.logprob for entry in answer.logprobs] == pytest.approx(expected["token_logprobs"], abs=1e-4)
+    assert [len(entry.top_logprobs) for entry in answer.logprobs] == [2] * 12
+    assert all(entry.top_logprobs[0].token == entry.token for entry in answer.logprobs)  # greedy
+    parts = list(client.generate(**fields, logprobs=True, stream=True))
+    streamed = [entry for part in parts for entry in part.logprobs or []]
+    assert [entry.token for entry in streamed] == expected["tokens"]
+    assert all(entry.top_logprobs == [] for entry in streamed)  # top_logprobs 0: none beside it
+    assert client.generate(**fields).logprobs is None  # not asked, none
+
+
 def test_the_context_goes_before_the_next_prompt(client, tokenizer):
     first = client.generate(model=MODEL, prompt=QUESTION, options=GREEDY)
     second = client.generate(model=MODEL, prompt="And of Italy?", context=first.context, options=GREEDY)
@@ -212,6 +229,8 @@ def test_the_model_list_show_and_ps_describe_the_served_model(server, client):
         ),
         (lambda c: c.generate(model=MODEL, prompt="hi " * 2000), 400, "context length"),
         (lambda c: c.chat(model=MODEL, messages=[{"role": "wizard", "content": "hi"}]), 400, "role"),
+        (lambda c: c.generate(model=MODEL, prompt="hi", top_logprobs=3), 400, "top_logprobs"),
+        (lambda c: c.generate(model=MODEL, prompt="hi", logprobs=True, top_logprobs=21), 400, "top_logprobs"),
     ],
 )
 def test_bad_requests_are_the_clients_response_errors(client, call, status, says):

@@ -379,6 +379,12 @@ SUCCESSES = {
     "ollama-chat": ("post", "/api/chat", {"json": {**OLLAMA_CHAT, "stream": False}}),
     "ollama-chat-stream": ("post", "/api/chat", {"json": OLLAMA_CHAT}),
     "ollama-chat-json": ("post", "/api/chat", {"json": {**OLLAMA_CHAT, "format": "json", "stream": False}}),
+    "ollama-chat-logprobs": (
+        "post",
+        "/api/chat",
+        {"json": {**OLLAMA_CHAT, "logprobs": True, "top_logprobs": 2, "stream": False}},
+    ),
+    "ollama-logprobs-stream": ("post", "/api/generate", {"json": {**OLLAMA_GENERATE, "logprobs": True}}),
     "ollama-embed": ("post", "/api/embed", {"json": OLLAMA_EMBED}),
     "ollama-embeddings": ("post", "/api/embeddings", {"json": {"model": "mock", "prompt": "hello"}}),
     "llamacpp-completion-stream": (

@@ -6,7 +6,8 @@ the logits of every token of the prompt and the answer (vLLM's definition) rathe
 `repeat_last_n`, so it applies only when asked (Ollama's default is 1.1). Options that set up a runner
 (num_ctx, num_gpu, num_thread, use_mmap...) are taken with no effect: the context, the device and the
 batch are the server's. What is not built (mirostat, tfs_z, typical_p, images, a request's own
-`template`, logprobs) is a 400 naming it unless it asks for nothing.
+`template`) is a 400 naming it unless it asks for nothing. `logprobs` gives each token's logprob, with
+the `top_logprobs` most likely in its place (0 to 20).
 
 /api/generate renders `prompt` (and `system`) through the model's chat template as a user's message, as
 Ollama does, unless `raw`; `context` (an earlier answer's) goes before it, and `suffix` fills in the
@@ -23,7 +24,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from backend.messages import MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
+from backend.messages import MAX_LOGPROBS, MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
 from inference_api.fields import read_bool, read_integer, read_number, read_stop, read_string
 from inference_api.fill_in_middle import fill_prompt, required_fill_tokens
 from inference_api.prompts import MAX_TOP_K, completion_budget, read_messages, token_id_list, tool_chat_ids
@@ -37,7 +38,7 @@ ROLES = ("system", "user", "assistant", "tool")
 SEED_MAX = 2**64 - 1
 EFFORTS = ("low", "medium", "high")  # gpt-oss's reasoning efforts, which Ollama's `think` may name
 # Ollama's fields and options this server does not build, and the values that ask for nothing.
-NOT_BUILT = {"template": (None, ""), "images": (None, []), "logprobs": (None, False)}
+NOT_BUILT = {"template": (None, ""), "images": (None, [])}
 NOT_BUILT_OPTIONS = {"mirostat": (None, 0), "tfs_z": (None, 1, 1.0), "typical_p": (None, 1, 1.0)}
 
 
@@ -125,6 +126,7 @@ def _request(
         presence_penalty=read_number(options, "options.presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=read_number(options, "options.frequency_penalty", 0.0, -2.0, 2.0),
         grammar=_format(data.get("format")),
+        logprobs=_logprobs(data),
         token_ids=True,  # /api/generate's `context`: the prompt's tokens and the answer's
     )
     formatted = params.grammar is not None  # a JSON answer, which a reasoning model gives after its thoughts
@@ -132,6 +134,16 @@ def _request(
         with_tool_grammar(params, tools, "format"), thinking, formatted, serving.tokenizer
     )
     return OllamaRequest(ids, params, read_bool(data, "stream", True), tools, thinking)
+
+
+def _logprobs(data: dict[str, Any]) -> int | None:
+    """How many alternatives each token's logprob comes with (None: no logprobs)."""
+    top = read_integer(data, "top_logprobs", None, 0, MAX_LOGPROBS)
+    if not read_bool(data, "logprobs", False):
+        if top:
+            raise InvalidParams("top_logprobs", "top_logprobs needs logprobs true")
+        return None
+    return top or 0
 
 
 def _refuse_not_built(data: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from backend.messages import InvalidParams
+from backend.messages import InvalidParams, TokenLogprob
 from inference_api.apis.ollama.request import OllamaRequest, parse_chat, parse_generate
 from inference_api.embedder import Cut, embed, embedding_ids
 from inference_api.fields import read_bool
@@ -47,6 +47,7 @@ from inference_api.generation import (
 )
 from inference_api.prompts import prompt_list
 from inference_api.router import Serving
+from inference_api.tokenizer import PromptTokenizer
 
 bp = Blueprint("ollama_api", __name__, url_prefix="/api")
 
@@ -104,7 +105,7 @@ def generate() -> Response:
     asked = parse_generate(data, serving)
     if asked is None:
         return jsonify(model=model, created_at=_time(), response="", done=True, done_reason="load")
-    return _answer(GenerateAnswer(model, asked), GENERATE_FIELDS, started)
+    return _answer(GenerateAnswer(model, asked), GENERATE_FIELDS, started, serving.tokenizer)
 
 
 @bp.post("/chat")
@@ -115,7 +116,7 @@ def chat() -> Response:
     if data.get("messages") in (None, []):
         message = {"role": "assistant", "content": ""}
         return jsonify(model=model, created_at=_time(), message=message, done=True, done_reason="load")
-    return _answer(ChatAnswer(model, parse_chat(data, serving)), CHAT_FIELDS, started)
+    return _answer(ChatAnswer(model, parse_chat(data, serving)), CHAT_FIELDS, started, serving.tokenizer)
 
 
 @bp.post("/embed")
@@ -185,12 +186,15 @@ class ChatAnswer:
         return self.piece(*whole, calls) | {"done": True, "done_reason": generation.finish_reason} | stats
 
 
-def _answer(shape: GenerateAnswer | ChatAnswer, fields: ApiFields, started: float) -> Response:
+def _answer(
+    shape: GenerateAnswer | ChatAnswer, fields: ApiFields, started: float, tokenizer: PromptTokenizer
+) -> Response:
     asked = shape.asked
     generation = Generation(asked.prompt_ids, asked.params, fields, asked.tools, asked.thinking)
     first_piece = time.perf_counter()  # Generation waited for it: the prompt is done
+    logprobs = Logprobs(generation, tokenizer) if asked.params.logprobs is not None else None
     if asked.stream:
-        lines = _lines(shape, generation, started, first_piece)
+        lines = _lines(shape, generation, started, first_piece, logprobs)
         response = Response(lines, content_type="application/x-ndjson")
         response.call_on_close(generation.close)
         return response
@@ -200,20 +204,51 @@ def _answer(shape: GenerateAnswer | ChatAnswer, fields: ApiFields, started: floa
             parts[kind] += text
     except GenerationFailed as failed:
         raise failed.error from None
-    stats = _stats(generation, started, first_piece)
-    return jsonify(shape.last(generation, stats, (parts["reasoning"], parts["text"])))
+    answer = shape.last(
+        generation, _stats(generation, started, first_piece), (parts["reasoning"], parts["text"])
+    )
+    return jsonify(answer | (logprobs.new() if logprobs else {}))
 
 
 def _lines(
-    shape: GenerateAnswer | ChatAnswer, generation: Generation, started: float, first_piece: float
+    shape: GenerateAnswer | ChatAnswer,
+    generation: Generation,
+    started: float,
+    first_piece: float,
+    logprobs: Logprobs | None,
 ) -> Iterator[bytes]:
     try:
         for kind, text in generation.parts():
-            yield _line(shape.piece(text if kind == "reasoning" else "", text if kind == "text" else ""))
+            piece = shape.piece(text if kind == "reasoning" else "", text if kind == "text" else "")
+            yield _line(piece | (logprobs.new() if logprobs else {}))
     except GenerationFailed as failed:
         yield _line({"error": str(failed)})
         return
-    yield _line(shape.last(generation, _stats(generation, started, first_piece)))
+    last = shape.last(generation, _stats(generation, started, first_piece))
+    yield _line(last | (logprobs.new() if logprobs else {}))
+
+
+class Logprobs:
+    """The answer's tokens' logprobs in Ollama's shape, each line with those that came since the last
+    (text held back, a call's say, comes later than its tokens' logprobs)."""
+
+    def __init__(self, generation: Generation, tokenizer: PromptTokenizer):
+        self.generation = generation
+        self.tokenizer = tokenizer
+        self.sent = 0
+
+    def new(self) -> dict[str, Any]:
+        entries = self.generation.logprobs[self.sent :]
+        self.sent += len(entries)
+        return {"logprobs": [self._entry(entry) for entry in entries]}
+
+    def _entry(self, entry: TokenLogprob) -> dict[str, Any]:
+        top = [self._token(token, logprob) for token, logprob in entry.top]
+        return self._token(entry.token_id, entry.logprob) | {"top_logprobs": top}
+
+    def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.tokenizer.token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
 
 def _stats(generation: Generation, started: float, first_piece: float) -> dict[str, int]:
