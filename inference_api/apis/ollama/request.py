@@ -76,7 +76,7 @@ def parse_generate(data: dict[str, Any], serving: Serving) -> OllamaRequest | No
         ids, ends = tool_chat_ids(messages, None, serving, "prompt", template_kwargs=kwargs), ()
         thinking = serving.prompt_thinking(ids)
     ids = context + ids
-    return _request(data, serving, ids, "prompt", thinking=thinking, ends=ends)
+    return _request(data, serving, ids, "prompt", thinking=thinking, ends=ends, token_ids=True)
 
 
 def parse_chat(data: dict[str, Any], serving: Serving) -> OllamaRequest:
@@ -100,7 +100,10 @@ def _request(
     tools: ToolRequest | None = None,
     thinking: str | None = None,
     ends: tuple[int, ...] = (),
+    token_ids: bool = False,
 ) -> OllamaRequest:
+    """`ends`: tokens that end the answer as an end token does (a middle's); `token_ids`: the answer's
+    token ids come back (generate's `context`)."""
     options = _options(data.get("options"))
     context = serving.backend.max_seq_len
     num_predict = read_integer(options, "options.num_predict", -1, -2, context)
@@ -127,7 +130,7 @@ def _request(
         frequency_penalty=read_number(options, "options.frequency_penalty", 0.0, -2.0, 2.0),
         grammar=_format(data.get("format")),
         logprobs=_logprobs(data),
-        token_ids=True,  # /api/generate's `context`: the prompt's tokens and the answer's
+        token_ids=token_ids,
     )
     formatted = params.grammar is not None  # a JSON answer, which a reasoning model gives after its thoughts
     params = thoughts_first(
