@@ -1,7 +1,8 @@
-"""Ollama's API (inference_api/apis/ollama) through Ollama's own Python client, unchanged, on the default
-model in the exact mode, straight and through the proxy with the team's token as a header. Each answer
-is held to the OpenAI API's on the same prompt (greedy text, token counts, embeddings), so that the API
-adds its shapes and nothing else; the mock answers what needs no model."""
+"""Ollama's API (inference_api/apis/ollama) through Ollama's own Python client and LangChain's
+ChatOllama, unchanged, on the default model in the exact mode, straight and through the proxy with the
+team's token as a header. Each answer is held to the OpenAI API's on the same prompt (greedy text, token
+counts, embeddings), so that the API adds its shapes and nothing else. (A stream cut by a failing
+backend: tests/compat/test_mid_stream_failures.py; the shapes against openapi.json: its e2e test.)"""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import json
 import ollama
 import pytest
 import requests
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_ollama import ChatOllama, OllamaEmbeddings
 
 from tests.compat.conftest import MODEL
 from tests.proxy.conftest import bearer
@@ -163,6 +166,30 @@ def test_a_conversation_with_calls_reads_as_chats_and_the_answer_calls_the_tool(
     assert json.loads(reference["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {
         "city": "Berlin"
     }
+
+
+def test_langchains_chat_ollama_answers_calls_and_embeds_as_the_client(server, client):
+    """LangChain's Ollama integration (langchain-ollama), unchanged: its messages and tool calls in
+    Ollama's shapes, its stream, its embeddings."""
+    chat = ChatOllama(model=MODEL, base_url=server.url, temperature=0, num_predict=12)
+    reply = chat.invoke(QUESTION)
+    expected = client.chat(model=MODEL, messages=[{"role": "user", "content": QUESTION}], options=GREEDY)
+    assert reply.content == expected.message.content
+    assert "".join(chunk.content for chunk in chat.stream(QUESTION)) == reply.content
+    talk = []
+    for i, message in enumerate(WEATHER_TALK):
+        if message["role"] == "user":
+            talk.append(HumanMessage(message["content"]))
+        elif message["role"] == "assistant":
+            arguments = message["tool_calls"][0]["function"]["arguments"]
+            talk.append(AIMessage("", tool_calls=[{"name": "get_weather", "args": arguments, "id": f"c{i}"}]))
+        else:
+            talk.append(ToolMessage(message["content"], tool_call_id=f"c{i - 1}"))
+    tools = ChatOllama(model=MODEL, base_url=server.url, temperature=0, num_predict=60).bind_tools([WEATHER])
+    [call] = tools.invoke(talk).tool_calls
+    assert call["name"] == "get_weather" and call["args"] == {"city": "Berlin"}
+    vector = OllamaEmbeddings(model=MODEL, base_url=server.url).embed_query("hello")
+    assert vector == pytest.approx(client.embed(model=MODEL, input="hello").embeddings[0], abs=1e-5)
 
 
 def test_format_holds_the_answer_to_json_or_a_schema(client):
