@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 
 from tests.backend.models import write_tiny_code_model
 from tests.frontend.test_openapi_e2e import documented
+from tests.proxy.conftest import bearer, running_proxy
 from tests.server_fixture import RunningServer, running_server
 
 MODEL = "tiny-coder"
@@ -174,6 +175,73 @@ def test_completions_suffix_fills_the_gap_through_the_openai_client(server, voca
     )
     assert ended.choices[0].finish_reason == "stop" and ended.choices[0].text == ""
     assert ended.choices[0].model_extra["stop_reason"] is None
+
+
+# llama.vim's request as it sends it (its plugin/llama.vim, llama.vscode's is the same), and the
+# request that fills the server's cache with the ring of other files' chunks while one types.
+LLAMA_VIM = {
+    "id_slot": 0,
+    "input_prefix": PREFIX,
+    "input_suffix": SUFFIX,
+    "input_extra": FILES,
+    "prompt": "re",
+    "n_predict": 16,
+    "stop": [],
+    "n_indent": 4,
+    "top_k": 40,
+    "top_p": 0.90,
+    "samplers": ["top_k", "top_p", "infill"],
+    "stream": False,
+    "cache_prompt": True,
+    "t_max_prompt_ms": 500,
+    "t_max_predict_ms": 1000,
+    "response_fields": [
+        "content",
+        "timings/prompt_n",
+        "timings/prompt_ms",
+        "timings/prompt_per_token_ms",
+        "timings/prompt_per_second",
+        "timings/predicted_n",
+        "timings/predicted_ms",
+        "timings/predicted_per_token_ms",
+        "timings/predicted_per_second",
+        "truncated",
+        "tokens_cached",
+    ],
+}
+LLAMA_VIM_RING = {
+    "id_slot": 0,
+    "input_prefix": "",
+    "input_suffix": "",
+    "input_extra": FILES,
+    "prompt": "",
+    "n_predict": 0,
+    "temperature": 0.0,
+    "samplers": [],
+    "stream": False,
+    "cache_prompt": True,
+    "t_max_prompt_ms": 1,
+    "t_max_predict_ms": 1,
+    "response_fields": [""],
+}
+
+
+def test_llama_vims_requests_are_answered_through_the_proxy(server, vocabulary):
+    """The editor's key is the team's token; it reads the fields it named, keyed by their paths."""
+    with running_proxy(server.url) as proxy:
+        ring = requests.post(f"{proxy.url}/infill", json=LLAMA_VIM_RING, headers=bearer(), timeout=60)
+        assert ring.status_code == 200 and ring.json() == {}  # "" names no field
+        answer = requests.post(f"{proxy.url}/infill", json=LLAMA_VIM, headers=bearer(), timeout=60)
+        refused = requests.post(f"{proxy.url}/infill", json=LLAMA_VIM, timeout=60)
+    assert answer.status_code == 200 and refused.status_code == 401
+    picked = answer.json()
+    assert set(picked) == set(LLAMA_VIM["response_fields"])
+    assert picked["truncated"] is False and isinstance(picked["content"], str)
+    timings = {path.removeprefix("timings/"): value for path, value in picked.items() if "/" in path}
+    assert timings["predicted_n"] <= 16 and timings["prompt_n"] + picked["tokens_cached"] > 0
+    per_token = timings["predicted_ms"] / timings["predicted_n"]
+    assert timings["predicted_per_token_ms"] == pytest.approx(per_token)
+    assert timings["prompt_per_token_ms"] * timings["prompt_per_second"] == pytest.approx(1000)
 
 
 @pytest.mark.parametrize(

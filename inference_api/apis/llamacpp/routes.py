@@ -218,16 +218,9 @@ class Answer:
             "truncated": False,  # a prompt and answer that would not fit are a 400, never cut
             "stop_type": self._stop_type(),
             "stopping_word": last.stop_sequence or "",
-            "timings": {
-                "prompt_n": last.prompt_tokens - last.cached_tokens,
-                "prompt_ms": prompt_ms,
-                "prompt_per_second": 1000 * (last.prompt_tokens - last.cached_tokens) / prompt_ms
-                if prompt_ms
-                else 0.0,
-                "predicted_n": last.completion_tokens,
-                "predicted_ms": predicted_ms,
-                "predicted_per_second": 1000 * last.completion_tokens / predicted_ms if predicted_ms else 0.0,
-            },
+            "timings": _timings(
+                last.prompt_tokens - last.cached_tokens, prompt_ms, last.completion_tokens, predicted_ms
+            ),
         }
         return answer | self._probabilities(self.probabilities)
 
@@ -250,6 +243,20 @@ class Answer:
     def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
         text = self.serving.tokenizer.token_text(token_id)
         return {"id": token_id, "token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def _timings(prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: float) -> dict[str, float]:
+    """llama-server's timings: each phase's tokens, its time, and both ways of dividing them."""
+    return {
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1000 * prompt_n / prompt_ms if prompt_ms else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": 1000 * predicted_n / predicted_ms if predicted_ms else 0.0,
+    }
 
 
 def short_indent(text: str, n_indent: int, start: int = 0) -> int | None:
