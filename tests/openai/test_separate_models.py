@@ -1,6 +1,6 @@
 """`--embedding-model` and `--rerank-model`: /v1/embeddings from a separate sentence-embedding model, with
-the official openai client, and /v1/rerank from a cross-encoder, on one server of three tiny random models
-(a Llama that generates, a BERT that embeds, a BERT that scores pairs)."""
+the official openai client (and Ollama's), and /v1/rerank from a cross-encoder, on one server of three
+tiny random models (a Llama that generates, a BERT that embeds, a BERT that scores pairs)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cohere
+import ollama
 import openai
 import pytest
 import requests
@@ -154,6 +155,20 @@ def test_llama_stacks_embeddings_are_the_embedding_models(client, server):
     too_long = {"model_id": EMBEDDING_MODEL, "contents": [" ".join(["a"] * TINY_BERT_POSITIONS)]}
     refused = requests.post(f"{server.url}/v1/inference/embeddings", json=too_long, timeout=60)
     assert refused.status_code == 400 and refused.json()["detail"].startswith("contents[0] has ")
+
+
+def test_ollamas_api_lists_shows_and_embeds_with_the_embedding_model(client, server):
+    ollama_client = ollama.Client(host=server.url, timeout=60)
+    assert [model.model for model in ollama_client.list().models] == [CHAT_MODEL, EMBEDDING_MODEL]
+    assert ollama_client.show(EMBEDDING_MODEL).capabilities == ["embedding"]
+    assert ollama_client.show(f"{CHAT_MODEL}:latest").capabilities == ["completion", "tools"]
+    vectors = ollama_client.embed(model=EMBEDDING_MODEL, input=TEXTS[:2]).embeddings
+    expected = client.embeddings.create(model=EMBEDDING_MODEL, input=TEXTS[:2]).data
+    for vector, item in zip(vectors, expected, strict=True):
+        assert vector == pytest.approx(item.embedding, abs=1e-6)
+    with pytest.raises(ollama.ResponseError) as failure:  # the embedding model does not chat
+        ollama_client.chat(model=EMBEDDING_MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert failure.value.status_code == 404 and "/v1/embeddings only" in failure.value.error
 
 
 def test_an_input_too_long_is_cut_where_the_request_asks_as_transformers_cuts_it(client, server, models):

@@ -79,19 +79,24 @@ def running() -> Response:
 
 @bp.post("/show")
 def show() -> Response:
+    """What a listed model can do: the served model completion and tools (insert with fill-in-the-middle
+    tokens, thinking for a reasoning model); a separate --embedding-model embedding only."""
     data, serving = read_request(model_field=None)
-    name = _model(data, serving, "model" if "model" in data else "name")
-    capabilities = ["completion", "tools"]  # tools on any model: its calls decode under their grammar
-    if fill_tokens(serving.tokenizer) is not None:
-        capabilities.append("insert")
-    if serving.reads_reasoning:
-        capabilities.append("thinking")
+    field = "model" if "model" in data else "name"
+    embedding = serving.backend.embedding_model
+    if embedding is not None and data.get(field) in (embedding.name, f"{embedding.name}:latest"):
+        name, template, context, capabilities = embedding.name, "", embedding.max_tokens, ["embedding"]
+    else:
+        name, template = _model(data, serving, field), serving.chat_template.source or ""
+        context, capabilities = serving.backend.max_seq_len, ["completion", "tools"]  # tools: any model's
+        capabilities += ["insert"] if fill_tokens(serving.tokenizer) is not None else []
+        capabilities += ["thinking"] if serving.reads_reasoning else []
     return jsonify(
         modelfile=f"# served by inference-server\nFROM {name}\n",
         parameters="",
-        template=serving.chat_template.source or "",
+        template=template,
         details=_details(serving),
-        model_info={"general.name": name, "general.context_length": serving.backend.max_seq_len},
+        model_info={"general.name": name, "general.context_length": context},
         capabilities=capabilities,
         modified_at=_time(STARTED),
     )

@@ -143,8 +143,8 @@ def _fill_request(
     plain text; a prompt may be token ids (the prefix's) and may be "" (a gap at the file's start)."""
     tokenizer = serving.tokenizer
     tokens = required_fill_tokens(tokenizer, "suffix")
-    for name, asks_nothing in (("echo", False), ("truncate_prompt_tokens", None)):
-        if data.get(name, asks_nothing) != asks_nothing:  # an echo would hide the gap's frame; a cut, cut it
+    for name in ("echo", "truncate_prompt_tokens"):
+        if data.get(name) not in (None, False):  # an echo would hide the gap's frame; a cut, cut it
             raise InvalidParams(name, f"{name} cannot be combined with suffix")
     after = tokenizer.encode_text(suffix)
     prompts = [
