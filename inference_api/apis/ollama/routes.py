@@ -158,12 +158,16 @@ def embedding() -> Response:
     return jsonify(embedding=list(embed(inputs, ApiFields(prompt_ids="prompt", count="prompt"))[0]))
 
 
-class GenerateAnswer:
-    """/api/generate's shapes: `response` and `thinking`, and the tokens as `context` at the end."""
+class Shape:
+    """An answer's shapes to the request it answers, under the model's name as the request gave it."""
 
     def __init__(self, model: str, asked: OllamaRequest):
         self.model = model
         self.asked = asked
+
+
+class GenerateAnswer(Shape):
+    """/api/generate's shapes: `response` and `thinking`, and the tokens as `context` at the end."""
 
     def piece(self, reasoning: str, text: str) -> dict[str, Any]:
         thought = {"thinking": reasoning} if reasoning else {}
@@ -174,12 +178,8 @@ class GenerateAnswer:
         return answer | {"context": self.asked.prompt_ids + generation.token_ids} | stats
 
 
-class ChatAnswer:
+class ChatAnswer(Shape):
     """/api/chat's shapes: an assistant's `message`, its calls in `tool_calls` at the end."""
-
-    def __init__(self, model: str, asked: OllamaRequest):
-        self.model = model
-        self.asked = asked
 
     def piece(self, reasoning: str, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         message = {"role": "assistant", "content": text}
@@ -197,7 +197,7 @@ def _answer(
     asked = shape.asked
     generation = Generation(asked.prompt_ids, asked.params, fields, asked.tools, asked.thinking)
     first_piece = time.perf_counter()  # Generation waited for it: the prompt is done
-    logprobs = Logprobs(generation, tokenizer) if asked.params.logprobs is not None else None
+    logprobs = Logprobs(generation, tokenizer, asked=asked.params.logprobs is not None)
     if asked.stream:
         lines = _lines(shape, generation, started, first_piece, logprobs)
         response = Response(lines, content_type="application/x-ndjson")
@@ -212,7 +212,7 @@ def _answer(
     answer = shape.last(
         generation, _stats(generation, started, first_piece), (parts["reasoning"], parts["text"])
     )
-    return jsonify(answer | (logprobs.new() if logprobs else {}))
+    return jsonify(answer | logprobs.new())
 
 
 def _lines(
@@ -220,29 +220,32 @@ def _lines(
     generation: Generation,
     started: float,
     first_piece: float,
-    logprobs: Logprobs | None,
+    logprobs: Logprobs,
 ) -> Iterator[bytes]:
     try:
         for kind, text in generation.parts():
             piece = shape.piece(text if kind == "reasoning" else "", text if kind == "text" else "")
-            yield _line(piece | (logprobs.new() if logprobs else {}))
+            yield _line(piece | logprobs.new())
     except GenerationFailed as failed:
         yield _line({"error": str(failed)})
         return
     last = shape.last(generation, _stats(generation, started, first_piece))
-    yield _line(last | (logprobs.new() if logprobs else {}))
+    yield _line(last | logprobs.new())
 
 
 class Logprobs:
     """The answer's tokens' logprobs in Ollama's shape, each line with those that came since the last
-    (text held back, a call's say, comes later than its tokens' logprobs)."""
+    (text held back, a call's say, comes later than its tokens' logprobs); none unless `asked`."""
 
-    def __init__(self, generation: Generation, tokenizer: PromptTokenizer):
+    def __init__(self, generation: Generation, tokenizer: PromptTokenizer, asked: bool):
         self.generation = generation
         self.tokenizer = tokenizer
+        self.asked = asked
         self.sent = 0
 
     def new(self) -> dict[str, Any]:
+        if not self.asked:
+            return {}
         entries = self.generation.logprobs[self.sent :]
         self.sent += len(entries)
         return {"logprobs": [self._entry(entry) for entry in entries]}
