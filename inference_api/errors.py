@@ -51,7 +51,7 @@ class ApiError(Exception):
 # vLLM's extensions beside /v1/, which answer errors in OpenAI's shape as vLLM's do, and llama.cpp's own
 # paths, whose server answers in that shape too.
 OPENAI_STYLE_PATHS = ("/tokenize", "/detokenize", "/rerank", "/v2/rerank", "/score")
-OPENAI_STYLE_PATHS += ("/completion", "/infill", "/apply-template", "/props")
+OPENAI_STYLE_PATHS += ("/completion", "/infill", "/apply-template", "/props", "/embedding", "/embeddings")
 ANTHROPIC_PATH = "/v1/messages"
 LLAMA_STACK_PREFIXES = ("/inference/", "/v1/inference/")
 OLLAMA_PREFIX = "/api/"

@@ -9,8 +9,10 @@ fast tokenizers are built on, from the tokenizer.json the backend saved.
 
 from __future__ import annotations
 
+import json
 import os
-from functools import cached_property
+import re
+from functools import cache, cached_property
 from typing import Protocol
 
 from tokenizers import Tokenizer
@@ -40,9 +42,16 @@ class PromptTokenizer(Protocol):
         """The id of the token, special or not, whose text this is whole (`▁<PRE>`), else None."""
         ...
 
-    def encode_text(self, text: str) -> list[int]:
-        """`text` as plain text, special tokens' texts in it spelled out as any other text, with no special
-        tokens added: code that holds `<|endoftext|>`, say, stays code (llama.cpp's parse_special false)."""
+    def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """`text` as plain text, special tokens' texts in it spelled out as any other text: code that holds
+        `<|endoftext|>`, say, stays code (llama.cpp's parse_special false). No special tokens are added
+        unless asked (`add_special_tokens`: the BOS, say, that `encode` adds)."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: its text's, or, for a token that is part of a character (a
+        byte-level BPE token, a SentencePiece byte such as `<0xC3>`), the bytes its text alone cannot
+        show (llama.cpp's piece)."""
         ...
 
 
@@ -86,8 +95,11 @@ class ByteTokenizer:
     def token_id(self, text: str) -> int | None:
         return None
 
-    def encode_text(self, text: str) -> list[int]:
+    def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.encode(text)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id])
 
 
 class ModelTokenizer:
@@ -167,8 +179,33 @@ class ModelTokenizer:
     def token_id(self, text: str) -> int | None:
         return self._tokenizer.token_to_id(text)
 
-    def encode_text(self, text: str) -> list[int]:
-        return self._plain_text.encode(text, add_special_tokens=False).ids
+    def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._plain_text.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        piece = self._tokenizer.id_to_token(token_id)
+        kinds = self._decoder_kinds
+        if piece is None or piece in self._added:
+            return self.token_text(token_id).encode()
+        if "ByteLevel" in kinds:  # each character a byte: the space before a word is "Ġ"
+            byte_of = byte_level_bytes()
+            if all(character in byte_of for character in piece):
+                return bytes(byte_of[character] for character in piece)
+        if "ByteFallback" in kinds and (byte := SENTENCEPIECE_BYTE.fullmatch(piece)):
+            return bytes([int(byte[1], 16)])
+        if kinds & {"Metaspace", "Replace"}:  # SentencePiece's: decoding one token alone drops its space
+            return piece.replace(METASPACE, " ").encode()
+        return self.token_text(token_id).encode()
+
+    @cached_property
+    def _decoder_kinds(self) -> set[str]:
+        """The kinds of step the tokenizer's decoder takes (`ByteLevel`; `Replace`, `ByteFallback`, ...)."""
+        decoder = json.loads(self._tokenizer.to_str()).get("decoder") or {}
+        return {step.get("type") for step in decoder.get("decoders") or [decoder]}
+
+    @cached_property
+    def _added(self) -> set[str]:
+        return {token.content for token in self._tokenizer.get_added_tokens_decoder().values()}
 
     @cached_property
     def _plain_text(self) -> Tokenizer:
@@ -177,6 +214,19 @@ class ModelTokenizer:
         plain = Tokenizer.from_str(self._tokenizer.to_str())
         plain.encode_special_tokens = True
         return plain
+
+
+METASPACE = "\u2581"  # SentencePiece's space
+SENTENCEPIECE_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a byte-fallback token
+
+
+@cache
+def byte_level_bytes() -> dict[str, int]:
+    """The byte each character of a byte-level BPE vocabulary (GPT-2's, Llama 3's, Qwen's) stands for:
+    the printable bytes as themselves, the rest as the characters from U+0100 on, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [byte for byte in range(256) if byte not in printable]
+    return {chr(byte): byte for byte in printable} | {chr(256 + i): byte for i, byte in enumerate(others)}
 
 
 def longest_first(lengths: list[int], most: int) -> list[int]:

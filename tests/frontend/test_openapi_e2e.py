@@ -369,6 +369,10 @@ SUCCESSES = {
     "llamacpp-completion": ("post", "/completion", {"json": {"prompt": "hello", "n_predict": 4}}),
     "llamacpp-apply-template": ("post", "/apply-template", {"json": {"messages": CHAT["messages"]}}),
     "llamacpp-props": ("get", "/props", {}),
+    "llamacpp-tokenize": ("post", "/tokenize", {"json": {"content": "héllo", "with_pieces": True}}),
+    "llamacpp-tokenize-ids": ("post", "/tokenize", {"json": {"content": "hi", "add_special": True}}),
+    "llamacpp-embedding": ("post", "/embedding", {"json": {"content": "hello"}}),
+    "llamacpp-embeddings": ("post", "/embeddings", {"json": {"input": ["hello", [104, 105]]}}),
     "ollama-version": ("get", "/api/version", {}),
     "ollama-tags": ("get", "/api/tags", {}),
     "ollama-ps": ("get", "/api/ps", {}),
@@ -546,6 +550,8 @@ ERRORS = {
     ),
     "infill-unfillable": ("post", "/infill", {"json": {"input_prefix": "a", "input_suffix": "b"}}, 400),
     "infill-wrong-method": ("get", "/infill", {}, 405),
+    "llamacpp-embedding-wrong-method": ("get", "/embedding", {}, 405),
+    "llamacpp-embeddings-too-large": ("post", "/embeddings", {"data": TOO_BIG}, 413),
     "chat-logit-bias-past-vocab": (
         "post",
         "/v1/chat/completions",
@@ -676,7 +682,12 @@ def test_tokenize_detokenize_and_echo_answer_what_the_document_says(server: Runn
     chat = requests.post(f"{server.url}/tokenize", json={"messages": CHAT["messages"]}, timeout=10)
     assert documented(chat, "post", "/tokenize")["token_strs"] is None
     detokenized = requests.post(f"{server.url}/detokenize", json={"tokens": tokenized["tokens"]}, timeout=10)
-    assert documented(detokenized, "post", "/detokenize") == {"prompt": "héllo"}
+    assert documented(detokenized, "post", "/detokenize") == {"prompt": "héllo", "content": "héllo"}
+    # llama-server's shape: a piece is text, or bytes where the token is part of a character
+    pieces = requests.post(f"{server.url}/tokenize", json={"content": "hé", "with_pieces": True}, timeout=10)
+    assert documented(pieces, "post", "/tokenize") == {
+        "tokens": [{"id": 104, "piece": "h"}, {"id": 195, "piece": [195]}, {"id": 169, "piece": [169]}]
+    }
 
     scored = requests.post(
         f"{server.url}/v1/completions",
@@ -1071,6 +1082,12 @@ CHECKED_BODIES = {
         {"messages": CHAT["messages"], "add_generation_prompt": "no"},
         "add_generation_prompt",
     ),
+    "tokenize-content": ("/tokenize", {"content": "hi", "parse_special": False, "with_pieces": True}, None),
+    "tokenize-content-number": ("/tokenize", {"content": 5}, "content"),
+    "tokenize-pieces-string": ("/tokenize", {"content": "x", "with_pieces": "yes"}, "with_pieces"),
+    "embedding-content": ("/embedding", {"content": ["a", [104, 105]]}, None),
+    "embedding-nothing": ("/embedding", {"model": "mock"}, "content"),
+    "embeddings-empty-input": ("/embeddings", {"input": [], "content": "a"}, "input"),
     "detokenize-negative": ("/detokenize", {"tokens": [-1]}, "tokens"),
     "detokenize-string": ("/detokenize", {"tokens": "hi"}, "tokens"),
     "detokenize-nothing": ("/detokenize", {"model": "mock"}, "tokens"),

@@ -101,3 +101,36 @@ def test_a_pair_is_cut_longest_first_as_transformers_cuts_it(tmp_path: Path, sid
     query_tokens = len(reference(short).input_ids)  # with [CLS] and [SEP]
     expected = reference(short, long, truncation="only_second", max_length=query_tokens + 4 + 1)
     assert ours.encode_pair(short, long, second_most=4, direction=side)[0] == expected.input_ids
+
+
+def test_each_tokens_bytes_join_into_the_texts_even_where_a_token_is_part_of_a_character(
+    saved_tokenizer: Path,
+) -> None:
+    """llama-server's pieces: a byte-level vocabulary's (the default model's) tokens give back the bytes
+    their characters stand for, an emoji's three tokens each a part of its four bytes."""
+    tokenizer = ModelTokenizer(str(saved_tokenizer))
+    for text in TEXTS:
+        ids = tokenizer.encode(text)
+        assert b"".join(tokenizer.token_bytes(token) for token in ids) == text.encode(), text
+    parts = [tokenizer.token_bytes(token) for token in tokenizer.encode("🎉")]
+    assert len(parts) > 1 and b"".join(parts) == "🎉".encode()
+    assert "\ufffd" in tokenizer.token_text(tokenizer.encode("🎉")[0])  # its text alone cannot say it
+    assert tokenizer.token_bytes(tokenizer.special_token_id("<|im_end|>")) == b"<|im_end|>"
+
+
+def test_a_sentencepiece_vocabularys_tokens_keep_their_space_and_byte_tokens_their_byte(tmp_path: Path) -> None:
+    """Llama 2's and Mistral's kind: "▁" is the space, which decoding a token alone strips, and a
+    character outside the vocabulary falls back to tokens such as <0xC3>."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    vocab = {"<unk>": 0, "\u2581": 1, "h": 2, "\u2581h": 3} | {f"<0x{b:02X}>": 4 + b for b in range(256)}
+    tokenizer = Tokenizer(models.BPE(vocab, [("\u2581", "h")], unk_token="<unk>", byte_fallback=True))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    ours = ModelTokenizer(str(tmp_path))
+    ids = ours.encode("hé h")
+    assert [ours.token_bytes(token) for token in ids] == [b" h", b"\xc3", b"\xa9", b" h"]
+    assert ours.token_text(ids[0]) == "h"  # alone, decoding strips the space

@@ -7,6 +7,9 @@
                           /completion: the code that fills the gap (a code model's: fill_in_middle.py)
     POST /apply-template  {"messages", "tools"?}  ->  {"prompt"}: the chat template's text, as chat renders it
     GET  /props           the context, the rows (its slots), the model, the chat template and the defaults
+    POST /embedding       {"content" (or "input"): a text, ids, or a list of them}  ->
+                          [{"index", "embedding": [vector]}]: each input's vector, as /v1/embeddings makes
+                          it (also at /embeddings)
 
 Whole, the answer has llama-server's fields: `content`, `tokens` (with `return_tokens`), `stop_type`
 (`eos`, `word` for a stop string, with `stopping_word`, or `limit`), `tokens_predicted`,
@@ -36,6 +39,7 @@ from inference_api.apis.llamacpp.request import (
     parse_completion_request,
     parse_infill_request,
 )
+from inference_api.embedder import embed, embedding_ids
 from inference_api.generation import (
     ApiFields,
     error_of,
@@ -46,7 +50,7 @@ from inference_api.generation import (
     sse_event,
     start_choices,
 )
-from inference_api.prompts import chat_text, read_messages, template_kwargs, with_tools
+from inference_api.prompts import chat_text, prompt_list, read_messages, template_kwargs, with_tools
 from inference_api.router import Serving
 from inference_api.tool_calls import read_tool_request
 
@@ -91,6 +95,18 @@ def apply_template() -> Response:
     messages, offered = with_tools(messages, tools, serving)
     text = chat_text(messages, serving, "messages", tools=offered, template_kwargs=template_kwargs(data))
     return jsonify(prompt=text)
+
+
+@bp.post("/embedding")
+@bp.post("/embeddings")
+def embedding() -> Response:
+    """Each input's vector, by the model /v1/embeddings answers with, in llama-server's own shape: a list of
+    one vector (the pooled one) an input. `model` is not read, as llama-server serves one."""
+    data, serving = read_request(model_field=None)
+    field = "input" if data.get("input") is not None else "content"  # OpenAI's name first, as llama-server
+    inputs = embedding_ids(prompt_list(data.get(field), field), serving, field)
+    vectors = embed(inputs, ApiFields(prompt_ids=field, count=field))
+    return jsonify([{"index": i, "embedding": [list(vector)]} for i, vector in enumerate(vectors)])
 
 
 @bp.get("/props")
