@@ -118,14 +118,15 @@ def test_each_tokens_bytes_join_into_the_texts_even_where_a_token_is_part_of_a_c
     assert tokenizer.token_bytes(tokenizer.special_token_id("<|im_end|>")) == b"<|im_end|>"
 
 
-def test_a_sentencepiece_vocabularys_tokens_keep_their_space_and_byte_tokens_their_byte(tmp_path: Path) -> None:
+def test_sentencepiece_tokens_keep_their_space_and_byte_tokens_their_byte(tmp_path: Path) -> None:
     """Llama 2's and Mistral's kind: "▁" is the space, which decoding a token alone strips, and a
     character outside the vocabulary falls back to tokens such as <0xC3>."""
     from tokenizers import Tokenizer, decoders, models, normalizers
 
     vocab = {"<unk>": 0, "\u2581": 1, "h": 2, "\u2581h": 3} | {f"<0x{b:02X}>": 4 + b for b in range(256)}
     tokenizer = Tokenizer(models.BPE(vocab, [("\u2581", "h")], unk_token="<unk>", byte_fallback=True))
-    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    space = normalizers.Replace(" ", "\u2581")
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), space])
     tokenizer.decoder = decoders.Sequence(
         [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
