@@ -1,4 +1,5 @@
-"""llama.cpp server's own /completion, /apply-template and /props (inference_api/apis/llamacpp), over raw
+"""llama.cpp server's own /completion, /apply-template, /props, /tokenize, /detokenize and /embedding
+(inference_api/apis/llamacpp, apis/tokenize.py), over raw
 HTTP as its scripts call them, on the default model in the exact mode. The answers are held to the
 OpenAI API's on the same prompt (greedy text, token ids and logprobs), so that the API adds a shape and
 nothing else; what editors' plugins add to end an answer early (n_indent, t_max_predict_ms) and to pick
@@ -212,3 +213,41 @@ def test_apply_template_renders_the_chat_and_props_describe_the_server(server, t
     props = documented(requests.get(f"{server.url}/props", timeout=30), "get", "/props")
     assert props["total_slots"] == 8 and props["default_generation_settings"]["n_ctx"] == 1024
     assert props["model_path"] == MODEL and props["chat_template"] == tokenizer.chat_template
+
+
+def test_tokenize_detokenize_and_embedding_in_llama_servers_shapes(server, tokenizer):
+    """/tokenize's ids are the model tokenizer's, special tokens' texts read as those tokens unless
+    parse_special is false; each piece's bytes join into the text, an emoji's parts as bytes; /detokenize
+    gives the text back, special tokens' texts included; /embedding's vector is /v1/embeddings'."""
+
+    def tokenized(**fields) -> list:
+        return documented(
+            requests.post(f"{server.url}/tokenize", json=fields, timeout=30), "post", "/tokenize"
+        )["tokens"]
+
+    text = "<|im_start|>user\nA party 🎉"
+    assert tokenized(content=text) == tokenizer(text, add_special_tokens=False).input_ids
+    assert tokenized(content=text, add_special=True) == tokenizer(text).input_ids
+    plain = tokenized(content=text, parse_special=False)
+    assert tokenizer.convert_tokens_to_ids("<|im_start|>") not in plain
+    assert tokenizer.decode(plain) == text and len(plain) > len(tokenized(content=text))
+    pieces = tokenized(content=text, with_pieces=True)
+    assert [piece["id"] for piece in pieces] == tokenized(content=text)
+    assert pieces[0] == {"id": tokenizer.convert_tokens_to_ids("<|im_start|>"), "piece": "<|im_start|>"}
+    parts = [piece["piece"] for piece in pieces]
+    assert any(isinstance(part, list) for part in parts)  # the emoji's tokens are parts of its bytes
+    joined = b"".join(bytes(part) if isinstance(part, list) else part.encode() for part in parts)
+    assert joined == text.encode()
+
+    back = requests.post(f"{server.url}/detokenize", json={"tokens": tokenized(content=text)}, timeout=30)
+    assert documented(back, "post", "/detokenize") == {"prompt": text, "content": text}
+
+    inputs = ["A party", "The capital of France"]
+    vectors = requests.post(f"{server.url}/embedding", json={"content": inputs}, timeout=60)
+    reference = requests.post(
+        f"{server.url}/v1/embeddings", json={"model": MODEL, "input": inputs}, timeout=60
+    )
+    answer = documented(vectors, "post", "/embedding")
+    assert [entry["index"] for entry in answer] == [0, 1]
+    for entry, expected in zip(answer, reference.json()["data"], strict=True):
+        assert entry["embedding"] == [pytest.approx(expected["embedding"], abs=1e-5)]

@@ -65,6 +65,28 @@ def test_chat_logprobs_are_the_models_log_softmax_streamed_and_not(client, token
         assert streamed_entry.logprob == pytest.approx(entry.logprob, abs=1e-4)
 
 
+def test_a_token_that_is_part_of_a_character_has_the_bytes_of_that_part(client, tokenizer):
+    """OpenAI's `bytes` are what a token stands for, so that an emoji's tokens' bytes join into it: the
+    first of its tokens (made the only one allowed) gives the first bytes of the emoji, where its text
+    alone is a replacement character."""
+    emoji = "\U0001f389".encode()
+    first = tokenizer(emoji.decode(), add_special_tokens=False).input_ids[0]
+    assert tokenizer.decode([first]) == "\ufffd"
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=1,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=1,
+        extra_body={"allowed_token_ids": [first]},
+    )
+    [entry] = chat.choices[0].logprobs.content
+    assert 0 < len(entry.bytes) < len(emoji) and emoji.startswith(bytes(entry.bytes))
+    top = entry.top_logprobs[0]  # the model's choice without the mask: a whole word
+    assert bytes(top.bytes).decode() == top.token
+
+
 def test_completion_logprobs_in_the_legacy_shape_streamed_and_not(client, tokenizer, reference_model):
     request = dict(
         model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6, logprobs=2, extra_body={"ignore_eos": True}
@@ -212,7 +234,7 @@ def test_tokenize_and_detokenize_as_vllm_shapes_them(server, tokenizer):
     chat = requests.post(f"{server.url}/tokenize", json={"messages": MESSAGES}, timeout=30).json()
     assert chat["tokens"] == chat_prompt_ids(tokenizer)
     text = requests.post(f"{server.url}/detokenize", json={"tokens": tokens["tokens"]}, timeout=30).json()
-    assert text == {"prompt": PROMPT}
+    assert text == {"prompt": PROMPT, "content": PROMPT}  # vLLM's name and llama-server's
     bad = requests.post(f"{server.url}/detokenize", json={"tokens": [10**9]}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     wrong_model = requests.post(f"{server.url}/tokenize", json={"model": "gpt-4", "prompt": "hi"}, timeout=30)

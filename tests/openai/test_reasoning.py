@@ -171,7 +171,7 @@ def test_chat_template_kwargs_reach_the_template(client, server):
     assert len(thinking_off) > len(plain)
     for tokens, end in ((plain, "<think>\n"), (thinking_off, "<think>\n\n</think>\n\n")):
         detokenized = requests.post(f"{server.url}/detokenize", json={"tokens": tokens}, timeout=30).json()
-        assert detokenized["prompt"].endswith("assistant\n" + end)  # <|im_start|>, a special token, left out
+        assert detokenized["prompt"].endswith("<|im_start|>assistant\n" + end)  # special tokens' texts kept
 
     completion = client.chat.completions.create(
         model=MODEL,

@@ -257,8 +257,9 @@ class Answer:
         return {**self._token(entry.token_id, entry.logprob), "top_logprobs": top}
 
     def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text = self.serving.tokenizer.token_text(token_id)
-        return {"id": token_id, "token": text, "logprob": logprob, "bytes": list(text.encode())}
+        tokenizer = self.serving.tokenizer
+        text, token_bytes = tokenizer.token_text(token_id), list(tokenizer.token_bytes(token_id))
+        return {"id": token_id, "token": text, "logprob": logprob, "bytes": token_bytes}
 
 
 def _timings(prompt_n: int, prompt_ms: float, predicted_n: int, predicted_ms: float) -> dict[str, float]:

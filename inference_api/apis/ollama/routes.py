@@ -255,8 +255,8 @@ class Logprobs:
         return self._token(entry.token_id, entry.logprob) | {"top_logprobs": top}
 
     def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text = self.tokenizer.token_text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        text, token_bytes = self.tokenizer.token_text(token_id), list(self.tokenizer.token_bytes(token_id))
+        return {"token": text, "logprob": logprob, "bytes": token_bytes}
 
 
 def _stats(generation: Generation, started: float, first_piece: float) -> dict[str, int]:

@@ -90,8 +90,8 @@ class ChatLogprobs:
     def _token(
         self, token_id: int, logprob: float, top: tuple[tuple[int, float], ...] | None
     ) -> dict[str, Any]:
-        text = self.names.text(token_id)
-        entry = {"token": self.names.name(token_id), "logprob": finite(logprob), "bytes": list(text.encode())}
+        token_bytes = list(self.names.tokenizer.token_bytes(token_id))  # a part of a character's, too
+        entry = {"token": self.names.name(token_id), "logprob": finite(logprob), "bytes": token_bytes}
         if top is not None:
             entry["top_logprobs"] = [self._token(t, v, None) for t, v in top]
         return entry
