@@ -28,6 +28,7 @@ from inference_api.config import ServerConfig
 from inference_api.errors import register_error_handlers
 from inference_api.metrics import Metrics
 from inference_api.router import Router, Serving
+from inference_api.vllm_metrics import VllmMetrics
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
         chat_template=config.chat_template,
         reasoning_parser=config.reasoning_parser,
     )
+    metrics.registry.register(VllmMetrics(metrics, router))
     app.extensions["metrics"] = metrics
     app.extensions["router"] = router
 

@@ -89,6 +89,13 @@ class Metrics:
             ["team"],
             registry=r,
         )
+        self.finished_requests = Counter(
+            "inference_requests_finished",
+            "Backend requests ended, by why: stop (an end token or stop string), length (max_tokens or the "
+            "context), error, or abort (the client went away, or the request was cancelled, first)",
+            ["finished_reason"],
+            registry=r,
+        )
         self.backend_ready = Gauge(
             "inference_backend_ready", "1 when the backend serves requests", registry=r
         )

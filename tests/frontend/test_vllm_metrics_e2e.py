@@ -1,0 +1,109 @@
+"""/metrics under vLLM's names too (inference_api/vllm_metrics.py), as its dashboards, autoscalers and the
+Gateway API Inference Extension's endpoint picker read them: each the same figure as this server's own
+metric, labelled with the served model's name, parsed by prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from backend.mock import mock_text
+from tests.server_fixture import RunningServer, running_server
+
+NAME = "team-model"  # --served-model-name: vLLM's model_name label is the name clients call it by
+ROWS = 4
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    options = f"--mock --rows {ROWS} --mock-tokens-per-second 200 --served-model-name {NAME}"
+    with running_server(*options.split()) as running:
+        yield running
+
+
+def samples(server: RunningServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics, keyed by its name and its labels, as Prometheus reads them."""
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def vllm(found: dict, name: str, **labels: str) -> float:
+    return found[(name, tuple(sorted({**labels, "model_name": NAME}.items())))]
+
+
+def own(found: dict, name: str, **labels: str) -> float:
+    return found[(name, tuple(sorted(labels.items())))]
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def completion(server: RunningServer, **fields) -> requests.Response:
+    body = {"model": NAME, "prompt": "hello there", "max_tokens": 8, **fields}
+    return requests.post(f"{server.url}/v1/completions", json=body, timeout=30)
+
+
+def test_a_busy_row_and_a_waiting_one_are_vllms_running_waiting_and_kv_cache_in_use(server):
+    """One long stream holds a row: running 1, a quarter of the KV cache (one slot of four) in use."""
+    with requests.post(
+        f"{server.url}/v1/completions",
+        json={"model": NAME, "prompt": "a long one", "max_tokens": 2000, "stream": True},
+        stream=True,
+        timeout=30,
+    ) as stream:
+        next(stream.iter_lines())
+        found = samples(server)
+        assert vllm(found, "vllm:num_requests_running") == own(found, "inference_active_rows") == 1
+        assert vllm(found, "vllm:num_requests_waiting") == own(found, "inference_queue_depth") == 0
+        assert vllm(found, "vllm:kv_cache_usage_perc") == 1 / ROWS
+    wait_for(lambda: vllm(samples(server), "vllm:num_requests_running") == 0)
+    assert vllm(samples(server), "vllm:kv_cache_usage_perc") == 0
+
+
+def test_tokens_latencies_and_finished_requests_are_the_servers_own_figures(server):
+    text = mock_text(tuple(b"hello there"), 8)
+    assert completion(server).json()["choices"][0]["finish_reason"] == "length"
+    assert completion(server, stop=[text[3:6]]).json()["choices"][0]["finish_reason"] == "stop"
+    with requests.post(
+        f"{server.url}/v1/completions",
+        json={"model": NAME, "prompt": "hang up", "max_tokens": 2000, "stream": True},
+        stream=True,
+        timeout=30,
+    ) as stream:
+        next(stream.iter_lines())  # then the client hangs up
+    wait_for(lambda: own(samples(server), "inference_requests_finished_total", finished_reason="abort") >= 1)
+
+    found = samples(server)
+    for reason in ("length", "stop", "abort"):
+        counted = own(found, "inference_requests_finished_total", finished_reason=reason)
+        assert vllm(found, "vllm:request_success_total", finished_reason=reason) == counted >= 1
+    pairs = {
+        "vllm:prompt_tokens_total": "inference_prompt_tokens_total",
+        "vllm:prefix_cache_queries_total": "inference_prompt_tokens_total",
+        "vllm:generation_tokens_total": "inference_generated_tokens_total",
+        "vllm:prefix_cache_hits_total": "inference_prompt_tokens_cached_total",
+        "vllm:spec_decode_num_draft_tokens_total": "inference_spec_decode_draft_tokens_total",
+        "vllm:time_to_first_token_seconds_count": "inference_time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_sum": "inference_inter_token_latency_seconds_sum",
+        "vllm:e2e_request_latency_seconds_count": "inference_end_to_end_latency_seconds_count",
+    }
+    for theirs, ours in pairs.items():
+        assert vllm(found, theirs) == own(found, ours), theirs
+    assert own(found, "inference_prompt_tokens_total") >= 3 * len("hello")
+    assert own(found, "inference_generated_tokens_total") >= 8 + 1
+    assert vllm(found, "vllm:time_to_first_token_seconds_bucket", le="+Inf") == own(
+        found, "inference_time_to_first_token_seconds_bucket", le="+Inf"
+    )
+    assert vllm(found, "vllm:num_preemptions_total") == 0
