@@ -77,6 +77,38 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 150000.0},
     },
     "cohere2": {"sliding_window": TINY_WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+    # Window layers beside global ones; StarCoder 2's window is every layer's
+    "ministral": {"sliding_window": TINY_WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+    "olmo3": {"sliding_window": TINY_WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+    "exaone4": {"sliding_window": TINY_WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+    "starcoder2": {"sliding_window": TINY_WINDOW, "tie_word_embeddings": False},
+    # Gemma's and Cohere's tied embeddings would make a random model repeat its input (above): untied
+    "gemma": {"tie_word_embeddings": False, "initializer_range": 0.2},
+    "cohere": {"tie_word_embeddings": False},
+    "phi": {"partial_rotary_factor": 0.5},  # rotary positions on half of each head, as Phi-2's
+    "stablelm": {"partial_rotary_factor": 0.25},
+    "nemotron": {},
+    "glm": {},
+    "glm4": {},
+    "olmo": {},
+    "ernie4_5": {},
+    "seed_oss": {},
+    "arcee": {},
+    "helium": {},
+    "hunyuan_v1_dense": {},
+    "apertus": {},
+    # Experts: four, two chosen a token; GLM-4.5's first layer dense, its second of experts
+    "granitemoe": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
+    "phimoe": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "glm4_moe": {
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+    },
     # Hybrids: a Mamba-2 layer before an attention layer; Granite 4's with its multipliers and four
     # experts, two chosen a token.
     "bamba": {"attn_layer_indices": [1], **HYBRID_MAMBA},
