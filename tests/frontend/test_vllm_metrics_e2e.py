@@ -55,15 +55,18 @@ def completion(server: RunningServer, **fields) -> requests.Response:
     return requests.post(f"{server.url}/v1/completions", json=body, timeout=30)
 
 
-def test_a_busy_row_and_a_waiting_one_are_vllms_running_waiting_and_kv_cache_in_use(server):
-    """One long stream holds a row: running 1, a quarter of the KV cache (one slot of four) in use."""
-    with requests.post(
-        f"{server.url}/v1/completions",
-        json={"model": NAME, "prompt": "a long one", "max_tokens": 2000, "stream": True},
-        stream=True,
-        timeout=30,
-    ) as stream:
-        next(stream.iter_lines())
+def long_stream(server: RunningServer) -> requests.Response:
+    """A stream of 2,000 tokens (10 s), once its first event has come: its row is busy."""
+    body = {"model": NAME, "prompt": "a long one", "max_tokens": 2000, "stream": True}
+    stream = requests.post(f"{server.url}/v1/completions", json=body, stream=True, timeout=30)
+    next(stream.iter_lines())
+    return stream
+
+
+def test_a_busy_row_is_vllms_running_request_and_its_share_of_the_kv_cache(server):
+    """One long stream holds a row: running 1, none waiting, a quarter of the KV cache (one slot of four)
+    in use; none once it ends."""
+    with long_stream(server):
         found = samples(server)
         assert vllm(found, "vllm:num_requests_running") == own(found, "inference_active_rows") == 1
         assert vllm(found, "vllm:num_requests_waiting") == own(found, "inference_queue_depth") == 0
@@ -76,14 +79,12 @@ def test_tokens_latencies_and_finished_requests_are_the_servers_own_figures(serv
     text = mock_text(tuple(b"hello there"), 8)
     assert completion(server).json()["choices"][0]["finish_reason"] == "length"
     assert completion(server, stop=[text[3:6]]).json()["choices"][0]["finish_reason"] == "stop"
-    with requests.post(
-        f"{server.url}/v1/completions",
-        json={"model": NAME, "prompt": "hang up", "max_tokens": 2000, "stream": True},
-        stream=True,
-        timeout=30,
-    ) as stream:
-        next(stream.iter_lines())  # then the client hangs up
-    wait_for(lambda: own(samples(server), "inference_requests_finished_total", finished_reason="abort") >= 1)
+    aborted = samples(server).get(("inference_requests_finished_total", (("finished_reason", "abort"),)), 0)
+    with long_stream(server):
+        pass  # the client hangs up
+    wait_for(
+        lambda: own(samples(server), "inference_requests_finished_total", finished_reason="abort") > aborted
+    )
 
     found = samples(server)
     for reason in ("length", "stop", "abort"):
