@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# Tokens of one request: 1, 2, 5 of each power of ten, as vLLM's
+TOKEN_COUNT_BUCKETS = tuple(step * 10**power for power in range(6) for step in (1, 2, 5))
 # What the proxy's X-Team-ID can hold (RFC 3986's unreserved characters, percent-encoding the rest),
 # cut to the proxy's own label length (proxy/metrics.py): a label that matches the proxy's.
 TEAM_HEADER = re.compile(r"[A-Za-z0-9._~%-]+")
@@ -55,6 +57,18 @@ class Metrics:
             "inference_end_to_end_latency_seconds",
             "From admission by the frontend to the end of the request",
             buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
+        self.request_prompt_tokens = Histogram(
+            "inference_request_prompt_tokens",
+            "Prompt tokens of each backend request, as it ends",
+            buckets=TOKEN_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.request_generation_tokens = Histogram(
+            "inference_request_generation_tokens",
+            "Tokens generated for each backend request, as it ends",
+            buckets=TOKEN_COUNT_BUCKETS,
             registry=r,
         )
         self.queue_depth = Gauge("inference_queue_depth", "Requests waiting for a row", registry=r)

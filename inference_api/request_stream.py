@@ -91,6 +91,8 @@ class RequestStream:
         # Counted here rather than at the last piece, so that cancelled requests count what they got.
         self._metrics.generated_tokens.inc(self.completion_tokens)
         self._metrics.count_team_usage(self.team, self.prompt_tokens, self.completion_tokens)
+        self._metrics.request_prompt_tokens.observe(self.prompt_tokens)
+        self._metrics.request_generation_tokens.observe(self.completion_tokens)
         ended = self.finish_reason if self.finish_reason in ("stop", "length", "error") else "abort"
         self._metrics.finished_requests.labels(finished_reason=ended).inc()
         self._on_close(self)

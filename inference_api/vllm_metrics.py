@@ -36,6 +36,8 @@ class VllmMetrics(Collector):
             (m.time_to_first_token, ("vllm:time_to_first_token_seconds",)),
             (m.inter_token_latency, ("vllm:inter_token_latency_seconds",)),
             (m.request_latency, ("vllm:e2e_request_latency_seconds",)),
+            (m.request_prompt_tokens, ("vllm:request_prompt_tokens",)),
+            (m.request_generation_tokens, ("vllm:request_generation_tokens",)),
         )
 
     def collect(self) -> Iterator[Metric]:

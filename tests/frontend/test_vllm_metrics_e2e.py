@@ -77,7 +77,15 @@ def test_a_busy_row_is_vllms_running_request_and_its_share_of_the_kv_cache(serve
 
 def test_tokens_latencies_and_finished_requests_are_the_servers_own_figures(server):
     text = mock_text(tuple(b"hello there"), 8)
+    before = samples(server)
     assert completion(server).json()["choices"][0]["finish_reason"] == "length"
+    after = samples(server)
+    for name, tokens in (
+        ("vllm:request_prompt_tokens", len(b"hello there")),
+        ("vllm:request_generation_tokens", 8),
+    ):
+        assert vllm(after, f"{name}_count") - vllm(before, f"{name}_count") == 1
+        assert vllm(after, f"{name}_sum") - vllm(before, f"{name}_sum") == tokens
     assert completion(server, stop=[text[3:6]]).json()["choices"][0]["finish_reason"] == "stop"
     aborted = samples(server).get(("inference_requests_finished_total", (("finished_reason", "abort"),)), 0)
     with long_stream(server):
@@ -99,6 +107,8 @@ def test_tokens_latencies_and_finished_requests_are_the_servers_own_figures(serv
         "vllm:time_to_first_token_seconds_count": "inference_time_to_first_token_seconds_count",
         "vllm:inter_token_latency_seconds_sum": "inference_inter_token_latency_seconds_sum",
         "vllm:e2e_request_latency_seconds_count": "inference_end_to_end_latency_seconds_count",
+        "vllm:request_prompt_tokens_sum": "inference_request_prompt_tokens_sum",
+        "vllm:request_generation_tokens_count": "inference_request_generation_tokens_count",
     }
     for theirs, ours in pairs.items():
         assert vllm(found, theirs) == own(found, ours), theirs
