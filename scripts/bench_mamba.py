@@ -38,6 +38,21 @@ SHAPES = {
     "mamba2": dict(
         hidden_size=768, num_hidden_layers=24, state_size=128, num_heads=24, head_dim=64, n_groups=1, expand=2
     ),
+    # A hybrid of Gated DeltaNets at ~0.6B, Qwen3.5's kinds of layers: 24, 1024 wide, three Gated DeltaNet
+    # layers (16 key and 16 value heads of 128, a state of 128 x 128 a head) to one gated attention layer
+    # (8 heads of 256, 2 KV heads), a 3584-wide MLP
+    "qwen3_5_text": dict(
+        hidden_size=1024,
+        intermediate_size=3584,
+        num_hidden_layers=24,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+    ),
 }
 
 

@@ -12,7 +12,8 @@ spare row that embedding inputs are prefilled in, as in the KV cache):
     ssm[layer]:  [rows, *ssm]                         in float32, as transformers keeps it
 
 (Mamba's scan state is [channels, state_size]; Mamba-2's, of heads that
-share a decay, [heads, head_dim, state_size].)
+share a decay, [heads, head_dim, state_size]; a Gated DeltaNet's, a matrix
+a value head that maps keys to values, [value_heads, key_dim, value_dim].)
 
 A row's state holds all of its history or nothing: it cannot give back
 the state at an earlier position. So a state-space model's rows are reused
@@ -33,10 +34,12 @@ from transformers import PretrainedConfig
 # The model types whose rows are a recurrent state (model/mamba.py runs them).
 STATE_SPACE_TYPES = ("mamba", "falcon_mamba", "mamba2")
 # Hybrids, whose rows keep both a recurrent state and keys and values (model_runner.py,
-# mamba.mix_over_rows): Mamba-2 layers (their `layer_types` "linear_attention") among attention layers,
+# model/hybrid.py): Mamba-2 layers (their `layer_types` "linear_attention") among attention layers,
 # or in every layer beside its attention (Falcon-H1's "hybrid" layers); Jamba's are Mamba's; Nemotron-H's
-# layers are each a Mamba-2 mixer, an attention, an MLP or experts.
-HYBRID_TYPES = ("bamba", "granitemoehybrid", "falcon_h1", "jamba", "nemotron_h")
+# layers are each a Mamba-2 mixer, an attention, an MLP or experts. Qwen3-Next's and Qwen3.5's
+# "linear_attention" layers are Gated DeltaNets instead (GATED_DELTA_TYPES, model/gated_delta.py).
+GATED_DELTA_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+HYBRID_TYPES = ("bamba", "granitemoehybrid", "falcon_h1", "jamba", "nemotron_h", *GATED_DELTA_TYPES)
 # The `layer_types` of a hybrid's layers that attend (and keep keys and values).
 ATTENDING_LAYERS = ("full_attention", "sliding_attention", "hybrid")
 
@@ -71,14 +74,26 @@ def attention_free_layers(config: PretrainedConfig) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class StateShape:
     layers: int
-    conv_channels: int  # what the convolution mixes: Mamba's inner width, Mamba-2's and its B and C
+    # What the convolution mixes: Mamba's inner width, Mamba-2's and its B and C, a Gated DeltaNet's
+    # queries, keys and values.
+    conv_channels: int
     conv_kernel: int
-    # A row's scan state: Mamba's [channels, state_size], Mamba-2's [heads, head_dim, state_size].
+    # A row's scan state: Mamba's [channels, state_size], Mamba-2's [heads, head_dim, state_size], a Gated
+    # DeltaNet's [value_heads, key_dim, value_dim].
     ssm: tuple[int, ...]
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> StateShape:
         config = config.get_text_config()
+        if config.model_type in GATED_DELTA_TYPES:
+            heads, key_dim, value_dim = (
+                config.linear_num_value_heads,
+                config.linear_key_head_dim,
+                config.linear_value_head_dim,
+            )
+            conv_channels = 2 * config.linear_num_key_heads * key_dim + heads * value_dim
+            ssm = (heads, key_dim, value_dim)
+            return cls(len(state_layers(config)), conv_channels, config.linear_conv_kernel_dim, ssm)
         if config.model_type == "jamba":  # Mamba layers, their sizes named mamba_*
             inner = config.mamba_expand * config.hidden_size
             return cls(len(state_layers(config)), inner, config.mamba_d_conv, (inner, config.mamba_d_state))

@@ -12,7 +12,7 @@ soft-capped logits, attention sinks: layers/attention_features.py).
 State-space models (Mamba, Falcon-Mamba, Mamba-2) keep a recurrent state a row instead of keys and
 values, and run on their own runner (model/mamba.py); the hybrids (Bamba, Granite 4, Falcon-H1, Jamba,
 Nemotron-H) run transformers' modules with both the row attention and their Mamba mixers over the rows'
-states (mamba.mix_over_rows).
+states (model/hybrid.py).
 
 A family joins this list only once it is proven token for token against transformers' `generate`
 (tests/backend/test_exactness.py runs the list); a model of any other type (RWKV, anything new) is
@@ -74,6 +74,9 @@ SUPPORTED = {
     "falcon_h1": "Falcon-H1, attention and Mamba-2 side by side in each layer",
     "jamba": "Jamba, Mamba layers among attention layers, experts",
     "nemotron_h": "Nemotron-H and Nemotron Nano 2, Mamba-2, attention, MLP and expert layers",
+    "qwen3_next": "Qwen3-Next, Gated DeltaNet layers among gated attention layers, experts",
+    "qwen3_5_text": "Qwen3.5 dense models (their text), Gated DeltaNet layers among gated attention layers",
+    "qwen3_5_moe_text": "Qwen3.5 mixture-of-experts models (their text)",
 }
 
 

@@ -24,7 +24,7 @@ prompt chunks go through transformers' chunked scan, which takes a state.
 A hybrid (Bamba, Granite 4, Falcon-H1, Jamba, Nemotron-H) runs
 transformers' modules over the row cache instead, its Mamba-2 mixers given
 `mix_mamba2` as their forward inside a step, Jamba's Mamba mixers
-`mix_mamba` (`mix_over_rows`).
+`mix_mamba` (model/hybrid.py).
 
 A row's state cannot go back to an earlier position, so the engine reuses a
 row's whole history only (a chat's next turn, `PrefixIndex.whole_only`) and
@@ -34,7 +34,6 @@ verifies no drafts for these models (engine.py).
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -48,7 +47,6 @@ from transformers.models.mamba.modeling_mamba import (
 )
 from transformers.models.mamba2.modeling_mamba2 import mamba2_chunk_scan
 
-from backend.layers.attention import _current_layout
 from backend.layers.decode_ops import EAGER, DecodeOps, decode_ops
 from backend.layers.row_states import RowStates, StateShape
 from backend.layers.step_layout import PromptChunk, StepLayout
@@ -263,53 +261,6 @@ def convolve(mixer: nn.Module, conv: torch.Tensor, inputs: torch.Tensor, layout:
         out = causal_conv1d_fn(full, weight, bias, mixer.activation)
         convolved[places] = out[0, :, -chunk.length :].T
     return convolved
-
-
-def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
-    """Make each mixer of a hybrid model (Bamba, Granite 4, Falcon-H1, Jamba, Nemotron-H) mix over the
-    step's rows and their `states` (a layer of them a mixer, in order) inside `attending_over`; outside a
-    step (`generate`, say) the mixer is transformers' own. The model's forward runs as it is around
-    them: its attention layers attend over the row cache, its mixers never read the cache passed."""
-    mixers = [module for module in model.modules() if module.__class__.__name__ in HYBRID_MIXERS]
-    if len(mixers) != states.shape.layers:
-        raise ValueError(f"{len(mixers)} Mamba mixers in the model, states for {states.shape.layers}")
-    ops = state_ops(model)
-    for index, mixer in enumerate(mixers):
-        mixer.__class__ = _over_rows(type(mixer))
-        mixer.row_states = (states.conv[index], states.ssm[index])
-        mixer.row_ops = ops
-
-
-# The mixers of hybrid models (transformers' classes, by name): Mamba2Mixer's forward, and Jamba's
-# FalconMambaMixer's (its norms with weights).
-HYBRID_MIXERS = (
-    "BambaMixer",
-    "GraniteMoeHybridMambaLayer",
-    "FalconH1Mixer",
-    "NemotronHMamba2Mixer",
-    "JambaMambaMixer",
-)
-
-
-@functools.cache
-def _over_rows(mixer_class: type) -> type:
-    return type(f"{mixer_class.__name__}OverRows", (MixesOverRows, mixer_class), {})
-
-
-class MixesOverRows:
-    """A hybrid's mixer over the step's rows, mixed in above the mixer's own class."""
-
-    row_states: tuple[torch.Tensor, torch.Tensor]  # this layer's (conv, ssm) of every row
-    row_ops: DecodeOps  # what advances a decoding row's Mamba-2 state (`state_ops`)
-
-    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        layout = _current_layout.get(None)
-        if layout is None:  # not in an engine's step: transformers' mixer over its own cache
-            return super().forward(hidden_states, *args, **kwargs)
-        conv, ssm = self.row_states
-        if hasattr(self, "x_proj"):  # Jamba's Mamba mixer, with norms of its scan's time step, B and C
-            return mix_mamba(self, conv, ssm, hidden_states[0], layout, normed_scan=True)[None]
-        return mix_mamba2(self, conv, ssm, hidden_states[0], layout, self.row_ops)[None]
 
 
 def state_ops(model: PreTrainedModel) -> DecodeOps:

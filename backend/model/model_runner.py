@@ -23,7 +23,7 @@ from backend.layers.row_cache import KVShape, RowCache, pick_cache_dtype
 from backend.layers.row_states import RowStates, StateShape, has_row_states
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.falcon import attend_over_rows
-from backend.model.mamba import mix_over_rows
+from backend.model.hybrid import mix_over_rows
 from backend.model.step_inputs import DecodingRow, PrefillingRow, StepInputs, pack
 from backend.model.step_plan import StepPlan, plan_transformers
 

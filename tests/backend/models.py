@@ -29,6 +29,17 @@ TINY_WINDOW = 8
 # cross their bounds).
 HYBRID_MAMBA = dict(mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8)
 
+# A Gated DeltaNet layer, then an attention layer (Qwen3-Next's and Qwen3.5's kinds).
+GATED_DELTA = dict(
+    layer_types=["linear_attention", "full_attention"],
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+)
+TINY_EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
 # What each family's tiny config sets beyond the Llama-like sizes: its own features switched on where
 # a default would leave them off (granite's multipliers, a layer without rotary positions for smollm3),
 # experts small enough for a test (4, two of them chosen per token), a window layer beside a global one.
@@ -158,6 +169,12 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "moe_shared_expert_intermediate_size": 32,
         "initializer_range": 0.2,
     },
+    # Qwen3-Next and Qwen3.5: a Gated DeltaNet layer (four value heads over two key heads, as the real
+    # ones group them) before a gated attention layer; Qwen3-Next's and Qwen3.5-MoE's MLPs four experts,
+    # two chosen a token, beside a shared one
+    "qwen3_next": {**GATED_DELTA, **TINY_EXPERTS, "shared_expert_intermediate_size": 32},
+    "qwen3_5_text": GATED_DELTA,
+    "qwen3_5_moe_text": {**GATED_DELTA, **TINY_EXPERTS, "shared_expert_intermediate_size": 32},
     "granitemoehybrid": {
         "layer_types": ["linear_attention", "full_attention"],
         **HYBRID_MAMBA,
@@ -239,6 +256,25 @@ def tiny_model(
             # all, which would hide one applied in place of another.
             elif architecture == "gemma3_text" and name.endswith("layernorm.weight"):
                 parameter.uniform_(-0.5, 0.5)
+            # A Gated DeltaNet's decays start anywhere in exp(-16..-0.01) a token: most heads would forget
+            # a row's past within a token or two, which would hide a state carried wrong between steps.
+            elif name.endswith("linear_attn.A_log"):
+                parameter.copy_(torch.empty_like(parameter).uniform_(0.01, 0.2).log())
+    return model.eval()
+
+
+def tiny_qwen3_5_multimodal() -> torch.nn.Module:
+    """A Qwen3.5 checkpoint as Qwen publishes one: Qwen3_5ForConditionalGeneration, the tiny text model of
+    `tiny_model("qwen3_5_text")` (its weights) beside a one-block vision tower, saved under the composite
+    model's names (model.language_model.*, model.visual.*)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = tiny_model("qwen3_5_text")
+    text_config = {k: v for k, v in text.config.to_dict().items() if k not in ("architectures", "model_type")}
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text_config, vision_config=vision))
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.lm_head.load_state_dict(text.lm_head.state_dict())
     return model.eval()
 
 

@@ -18,6 +18,7 @@ from transformers import (
     MistralConfig,
     Phi3Config,
     Qwen2Config,
+    Qwen3_5Config,
     RwkvConfig,
 )
 
@@ -41,6 +42,7 @@ RWKV = dict(
         (Phi3Config(**SMALL, sliding_window=64), None),
         (Gemma2Config(**SMALL), None),
         (Gemma3Config(text_config=SMALL), None),  # multimodal: its text model is served
+        (Qwen3_5Config(text_config=SMALL), None),  # so is Qwen3.5's, Gated DeltaNets among attention layers
         (FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4), None),
         (FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=True), None),
         (MambaConfig(hidden_size=64, num_hidden_layers=2), None),  # a recurrent state a row

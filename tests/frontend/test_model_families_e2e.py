@@ -26,7 +26,14 @@ from transformers import AutoModelForCausalLM
 from backend.engine.engine import Engine
 from backend.engine.serve import start_engine
 from backend.messages import BackendConfig, SamplingParams, Submit
-from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, reference_greedy, write_tiny_causal_lm
+from tests.backend.models import (
+    TINY_EOS,
+    TINY_VOCAB,
+    MarkerTokenizer,
+    reference_greedy,
+    tiny_qwen3_5_multimodal,
+    write_tiny_causal_lm,
+)
 from tests.backend.test_falcon import SHAPES, tiny_falcon
 from tests.server_fixture import running_server
 
@@ -76,6 +83,12 @@ FAMILIES = [
     "mamba2",
     "granitemoehybrid",
     "jamba",
+    # Served from 2026-12-02: Gated DeltaNet layers over the rows' states (model/gated_delta.py); Qwen3.5
+    # both as its text model alone and as Qwen publishes it, a vision tower beside (its text served)
+    "qwen3_next",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+    "qwen3_5",
 ]
 MAX_TOKENS = 10
 EXACT = dict(dtype="float32", quantize="none", rows=4, max_seq_len=128, max_prefill_tokens=8)
@@ -118,9 +131,11 @@ def assert_generates_tokens(family: Family, texts: list[str]) -> None:
 def prepare(family: str, tmp_path: Path) -> Family:
     """The family's model directory, the reference model loaded from it, and six prompts sharing a prefix."""
     # Falcon-RW: Falcon with ALiBi positions (tests/backend/test_falcon.py's shape)
-    built = tiny_falcon(SHAPES["rw"]) if family == "falcon_rw" else None
+    # Qwen3.5 as published: the multimodal model, whose own `generate` is then the reference
+    build = {"falcon_rw": lambda: tiny_falcon(SHAPES["rw"]), "qwen3_5": tiny_qwen3_5_multimodal}.get(family)
+    built = build() if build is not None else None
     directory = write_tiny_causal_lm(tmp_path / family, family, built)
-    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    model = built.eval() if built is not None else AutoModelForCausalLM.from_pretrained(directory).eval()
     rng = random.Random(family)
     shared = [rng.randrange(2, TINY_EOS) for _ in range(12)]
     prompts = [

@@ -1,0 +1,94 @@
+"""Qwen3-Next's and Qwen3.5's Gated DeltaNet layers over the rows' recurrent states (layers/row_states.py).
+
+Three of every four layers of these hybrids are "linear attention": a Gated
+DeltaNet keeps, for each value head, one [key_dim, value_dim] matrix that
+maps keys to values. Each token decays it (its gate), corrects what it
+predicts for the token's key towards the token's value (the delta rule, at
+the token's rate beta), and reads it with the token's query. Before that, a
+short causal convolution mixes each token's queries, keys and values with
+the row's last few, as Mamba's does. Both are a row's whole history in a
+fixed size, like a Mamba's state: the engine keeps them as it keeps those
+(row_states.RowStates: `conv` the convolution's last inputs, `ssm` the
+matrices), reuses a row's whole history only and verifies no drafts.
+
+A step runs the layer over the pack as model/hybrid.py runs a Mamba mixer:
+
+- the decoding rows' states advance one token together through transformers'
+  recurrent form of the rule (`torch_recurrent_gated_delta_rule`, which takes
+  a batch of states);
+- a prompt chunk starts from its row's state, or from zeros where it starts
+  its prompt, through transformers' chunked form (`torch_chunk_gated_delta_rule`,
+  which takes a state to start from and gives the last one).
+
+Each operation is the one transformers' class runs, in the same order and dtype, so that exact mode
+gives `generate`'s tokens (tests/backend/test_exactness.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.models.qwen3_5.modeling_qwen3_5 import (
+    torch_chunk_gated_delta_rule,
+    torch_recurrent_gated_delta_rule,
+)
+
+from backend.layers.step_layout import StepLayout
+from backend.model.mamba import chunk_places, convolve, decoding_states
+
+# transformers' classes of these layers, by name (Qwen3-Next's, Qwen3.5's and Qwen3.5-MoE's).
+GATED_DELTA_MIXERS = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
+
+
+def mix_gated_delta(
+    mixer: nn.Module, conv: torch.Tensor, state: torch.Tensor, hidden: torch.Tensor, layout: StepLayout
+) -> torch.Tensor:
+    """A Gated DeltaNet over the pack ([tokens, hidden]), its rows' `conv` inputs and `state` matrices
+    ([rows, value_heads, key_dim, value_dim], float32) advanced."""
+    mixed, gate, b, a = project(mixer, hidden)
+    convolved = convolve(mixer, conv, mixed, layout)
+    query, key, value = convolved.split([mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
+    query = query.unflatten(-1, (-1, mixer.head_k_dim))  # [tokens, key_heads, key_dim]
+    key = key.unflatten(-1, (-1, mixer.head_k_dim))
+    value = value.unflatten(-1, (-1, mixer.head_v_dim))  # [tokens, value_heads, value_dim]
+    beta = b.sigmoid()
+    decay = -mixer.A_log.float().exp() * nn.functional.softplus(a.float() + mixer.dt_bias)
+    attended = torch.empty_like(value)
+    decoded = layout.decode_queries
+    if decoded:  # each decoding row a batch of one token
+        rows = slice(0, decoded)
+        with decoding_states(state, layout) as states:
+            out, last = torch_recurrent_gated_delta_rule(
+                *(part[rows, None] for part in (query, key, value, decay, beta)),
+                initial_state=states,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            )
+            states.copy_(last)
+        attended[rows] = out[:, 0]
+    for chunk in layout.prompts:
+        places = chunk_places(chunk)
+        out, state[chunk.row] = torch_chunk_gated_delta_rule(
+            *(part[None, places] for part in (query, key, value, decay, beta)),
+            initial_state=state[chunk.row, None] if chunk.past else None,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
+        attended[places] = out[0]
+    normed = mixer.norm(attended.reshape(-1, mixer.head_v_dim), gate.reshape(-1, mixer.head_v_dim))
+    return mixer.out_proj(normed.reshape(hidden.shape[0], -1))
+
+
+def project(mixer: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The layer's projections of the pack: its queries, keys and values as the convolution takes them
+    ([tokens, channels]), its output gate ([tokens, value_heads, value_dim]) and its b and a ([tokens,
+    value_heads]: the update's rate and the decay's step). Qwen3-Next projects them in two fused
+    matrices, their heads interleaved by key head; Qwen3.5 in four."""
+    if hasattr(mixer, "in_proj_qkvz"):
+        query, key, value, gate, b, a = mixer.fix_query_key_value_ordering(
+            mixer.in_proj_qkvz(hidden)[None], mixer.in_proj_ba(hidden)[None]
+        )
+        mixed = torch.cat([part[0].flatten(1) for part in (query, key, value)], dim=-1)
+        return mixed, gate[0], b[0], a[0]
+    gate = mixer.in_proj_z(hidden).unflatten(-1, (-1, mixer.head_v_dim))
+    return mixer.in_proj_qkv(hidden), gate, mixer.in_proj_b(hidden), mixer.in_proj_a(hidden)
