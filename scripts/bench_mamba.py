@@ -1,15 +1,17 @@
 #!/usr/bin/env python
-r"""A Mamba on the engine's row states against transformers' `generate`.
+r"""A Mamba (or a hybrid of Gated DeltaNets) on the engine's row states against transformers' `generate`.
 
     .venv/bin/python scripts/bench_mamba.py [--rows 1 32] [--max-tokens N] [--quantize int4|int8|none]
-        [--dtype D] [--model-type mamba|falcon_mamba|mamba2]
+        [--dtype D] [--model-type mamba|falcon_mamba|mamba2|qwen3_5_text] [--pytorch-states]
 
 A model of random weights of mamba-130m's shape (24 layers, 768 wide, a state of 16 a channel; Mamba-2:
-mamba2-130m's, 24 heads of 64 with a state of 128) with the
+mamba2-130m's, 24 heads of 64 with a state of 128; Qwen3.5's kinds of layers at 0.6B: SHAPES) with the
 default model's tokenizer, quantized as `--quantize` says (int4 by default, as `--quantize int4` serves
 it). Engine tokens/s with 1 and 32 rows decoding (model/mamba.py), and transformers' `generate` one
 request at a time on the model before it is quantized (its forward cannot run a quantized head). Prints
-a markdown table and the machine. Random weights decode at the speed of real ones.
+a markdown table and the machine. Random weights decode at the speed of real ones. `--pytorch-states`:
+the same model again with its decoding rows' states advanced by PyTorch's operations instead of the
+CPU's loop (decode_ops.FusedOps), timed in turn.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM
@@ -24,6 +27,7 @@ from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.engine.engine import Engine  # noqa: E402
+from backend.layers.decode_ops import EAGER  # noqa: E402
 from backend.model.loader import pick_device, pick_dtype  # noqa: E402
 from backend.quant.quantize import quantize_model  # noqa: E402
 from backend.quant.quantized_linear import QUANTIZERS  # noqa: E402
@@ -66,6 +70,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--model-type", choices=sorted(SHAPES), default="mamba")
     parser.add_argument("--baseline-requests", type=int, default=2)
+    parser.add_argument(
+        "--pytorch-states",
+        action="store_true",
+        help="also time the same model with its decoding rows' states advanced by PyTorch's operations "
+        "(decode_ops.EAGER) instead of the CPU's loop, each row count on both in turn",
+    )
     args = parser.parse_args()
 
     tokenizer = default_tokenizer()
@@ -77,27 +87,50 @@ def main() -> None:
         eos_token_id=tokenizer.eos_token_id,
         **SHAPES[args.model_type],
     )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     # Before quantizing: transformers' Mamba reads its head's `weight`, which a quantized head has not.
-    baseline = time_generate(model, prompts, args.baseline_requests, args.max_tokens)
+    baseline = time_generate(random_model(config, dtype), prompts, args.baseline_requests, args.max_tokens)
+    # A model each: a hybrid's mixers keep the states of the one engine built over them.
+    engines = {"loop": engine_of(config, dtype, args, tokenizer)}
+    if args.pytorch_states:
+        with mock.patch("backend.model.mamba.decode_ops", lambda *_, **__: EAGER):
+            engines["pytorch"] = engine_of(config, dtype, args, tokenizer)
+    lines = []
+    for active in args.rows:
+        for engine in engines.values():
+            time_engine(engine, prompts, active, 8)  # first-call costs of this shape off the clock
+        measured = {
+            name: time_engine(engine, prompts, active, args.max_tokens) for name, engine in engines.items()
+        }
+        tokens_per_second, step = measured["loop"]
+        line = f"| {args.model_type} | {active} | {tokens_per_second:.1f} | {step * 1000:.1f} |"
+        if args.pytorch_states:
+            pytorch, pytorch_step = measured["pytorch"]
+            line += f" {pytorch:.1f} | {pytorch_step * 1000:.1f} | {tokens_per_second / pytorch:.2f}x |"
+        lines.append(f"{line} {baseline:.1f} |")
+    print(f"\n{args.quantize} weights, {dtype}, {args.max_tokens} tokens a request; {machine()}\n")
+    header = "| model | rows | engine tokens/s | decode step ms |"
+    if args.pytorch_states:
+        header += " with PyTorch's state updates tokens/s | step ms | loop's gain |"
+    print(f"{header} generate tokens/s (one request, unquantized) |")
+    print(
+        "| --- | ---: | ---: | ---: |" + (" ---: | ---: | ---: |" if args.pytorch_states else "") + " ---: |"
+    )
+    print("\n".join(lines))
+
+
+def random_model(config, dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+def engine_of(config, dtype: torch.dtype, args: argparse.Namespace, tokenizer) -> Engine:
+    """The engine over the model of random weights, quantized as `--quantize` says, warmed up."""
+    model = random_model(config, dtype)
     if args.quantize in QUANTIZERS:
         quantize_model(model, args.quantize)
     engine = Engine(model, tokenizer, rows=max(args.rows), max_seq_len=512)
     engine.warm_up()
-    lines = []
-    for active in args.rows:
-        time_engine(engine, prompts, active, 8)  # first-call costs of this shape off the clock
-        tokens_per_second, step = time_engine(engine, prompts, active, args.max_tokens)
-        lines.append(
-            f"| {args.model_type} | {active} | {tokens_per_second:.1f} | {step * 1000:.1f} | {baseline:.1f} |"
-        )
-    print(f"\n{args.quantize} weights, {dtype}, {args.max_tokens} tokens a request; {machine()}\n")
-    print(
-        "| model | rows | engine tokens/s | decode step ms | generate tokens/s (one request, unquantized) |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: |")
-    print("\n".join(lines))
+    return engine
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ decode query over its own row of the cache, or its window of it (PyTorch's kerne
 over the span's rows, a mask and a scatter of the queries around it), and,
 for the int8 path of many rows (smoothed_int8.py), the rounding of
 activations to int8 and the scaling of the products back; and a Mamba-2
-row's state advanced a token (model/mamba.py) in one pass over it.
+row's state advanced a token (model/mamba.py) in one pass over it, a Gated
+DeltaNet's (model/gated_delta.py) in two.
 
 `EAGER` holds the same functions as PyTorch operations: the reference the
 tests hold the loops to, and what runs where the loops do not (a GPU,
@@ -144,6 +145,24 @@ class EagerOps:
         out = torch.bmm(state.to(C.dtype).view(rows * heads, head_dim, -1), C.reshape(rows * heads, -1, 1))
         return (out.view(rows, heads, head_dim) + x * D[:, None]).to(x.dtype)
 
+    @staticmethod
+    def gated_delta_update(
+        state: torch.Tensor,  # [rows, heads, key_dim, value_dim] float32, advanced in place
+        query: torch.Tensor,  # [rows, heads, key_dim] float32, normed and scaled
+        key: torch.Tensor,  # [rows, heads, key_dim] float32, normed
+        value: torch.Tensor,  # [rows, heads, value_dim] float32
+        decay: torch.Tensor,  # [rows, heads]: the decay's factor (exp'd), float32
+        beta: torch.Tensor,  # [rows, heads] float32
+    ) -> torch.Tensor:
+        """One token of each row through a Gated DeltaNet (model/gated_delta.py): transformers'
+        `torch_recurrent_gated_delta_rule` value for value, less two of its copies of every state;
+        [rows, heads, value_dim] float32."""
+        state.mul_(decay[..., None, None])
+        predicted = (state * key[..., None]).sum(dim=-2)
+        delta = (value - predicted) * beta[..., None]
+        state.add_(key[..., None] * delta[..., None, :])
+        return (state * query[..., None]).sum(dim=-2)
+
 
 def decode_attention(
     query: torch.Tensor,  # [queries, heads, head_dim]: one a decoding row, in the cache's dtype
@@ -265,6 +284,19 @@ class FusedOps:
         """As EagerOps.ssm_update, in one pass over the state (float32 throughout)."""
         inputs = [t.float().contiguous() for t in (x, dt, decay, B, C, D)]
         return self.extension.ssm_update(state, *inputs).to(x.dtype)
+
+    def gated_delta_update(
+        self,
+        state: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        decay: torch.Tensor,
+        beta: torch.Tensor,
+    ) -> torch.Tensor:
+        """As EagerOps.gated_delta_update, in two passes over each head's state."""
+        inputs = [t.contiguous() for t in (query, key, value, decay, beta)]
+        return self.extension.gated_delta_update(state, *inputs)
 
 
 EAGER = EagerOps()

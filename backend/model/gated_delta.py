@@ -13,9 +13,11 @@ matrices), reuses a row's whole history only and verifies no drafts.
 
 A step runs the layer over the pack as model/hybrid.py runs a Mamba mixer:
 
-- the decoding rows' states advance one token together through transformers'
-  recurrent form of the rule (`torch_recurrent_gated_delta_rule`, which takes
-  a batch of states);
+- the decoding rows' states advance one token together: transformers'
+  recurrent form of the rule (`torch_recurrent_gated_delta_rule`) value for
+  value in exact mode (decode_ops.EagerOps.gated_delta_update), else the
+  CPU's loop, in two passes over each head's state where PyTorch's
+  operations made some eight (decode_ops.FusedOps);
 - a prompt chunk starts from its row's state, or from zeros where it starts
   its prompt, through transformers' chunked form (`torch_chunk_gated_delta_rule`,
   which takes a state to start from and gives the last one).
@@ -28,11 +30,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.models.qwen3_5.modeling_qwen3_5 import (
-    torch_chunk_gated_delta_rule,
-    torch_recurrent_gated_delta_rule,
-)
+from transformers.models.qwen3_5.modeling_qwen3_5 import l2norm, torch_chunk_gated_delta_rule
 
+from backend.layers.decode_ops import EAGER, DecodeOps
 from backend.layers.step_layout import StepLayout
 from backend.model.mamba import chunk_places, convolve, decoding_states
 
@@ -41,10 +41,16 @@ GATED_DELTA_MIXERS = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5
 
 
 def mix_gated_delta(
-    mixer: nn.Module, conv: torch.Tensor, state: torch.Tensor, hidden: torch.Tensor, layout: StepLayout
+    mixer: nn.Module,
+    conv: torch.Tensor,
+    state: torch.Tensor,
+    hidden: torch.Tensor,
+    layout: StepLayout,
+    ops: DecodeOps = EAGER,
 ) -> torch.Tensor:
     """A Gated DeltaNet over the pack ([tokens, hidden]), its rows' `conv` inputs and `state` matrices
-    ([rows, value_heads, key_dim, value_dim], float32) advanced."""
+    ([rows, value_heads, key_dim, value_dim], float32) advanced; `ops` advances the decoding rows'
+    (mamba.state_ops: the CPU's loop, but in exact mode)."""
     mixed, gate, b, a = project(mixer, hidden)
     convolved = convolve(mixer, conv, mixed, layout)
     query, key, value = convolved.split([mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
@@ -55,17 +61,10 @@ def mix_gated_delta(
     decay = -mixer.A_log.float().exp() * nn.functional.softplus(a.float() + mixer.dt_bias)
     attended = torch.empty_like(value)
     decoded = layout.decode_queries
-    if decoded:  # each decoding row a batch of one token
-        rows = slice(0, decoded)
+    if decoded:
+        token = [part[:decoded] for part in (query, key, value, decay, beta)]
         with decoding_states(state, layout) as states:
-            out, last = torch_recurrent_gated_delta_rule(
-                *(part[rows, None] for part in (query, key, value, decay, beta)),
-                initial_state=states,
-                output_final_state=True,
-                use_qk_l2norm_in_kernel=True,
-            )
-            states.copy_(last)
-        attended[rows] = out[:, 0]
+            attended[:decoded] = ops.gated_delta_update(states, *for_update(*token)).to(value.dtype)
     for chunk in layout.prompts:
         places = chunk_places(chunk)
         out, state[chunk.row] = torch_chunk_gated_delta_rule(
@@ -77,6 +76,25 @@ def mix_gated_delta(
         attended[places] = out[0]
     normed = mixer.norm(attended.reshape(-1, mixer.head_v_dim), gate.reshape(-1, mixer.head_v_dim))
     return mixer.out_proj(normed.reshape(hidden.shape[0], -1))
+
+
+def for_update(
+    query: torch.Tensor,  # [rows, key_heads, key_dim]
+    key: torch.Tensor,
+    value: torch.Tensor,  # [rows, value_heads, value_dim]
+    decay: torch.Tensor,  # [rows, value_heads], its log
+    beta: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """A token's query, key, value, decay and beta as `DecodeOps.gated_delta_update` takes them: what
+    transformers' `torch_recurrent_gated_delta_rule` does to them before its loop, the same operations
+    (each key head's query and key repeated for its value heads, float32, normed, the query scaled),
+    and the decay's factor."""
+    group = value.shape[1] // key.shape[1]
+    if group > 1:
+        query, key = (part.repeat_interleave(group, dim=1) for part in (query, key))
+    query, key, value, decay, beta = (part.float() for part in (query, key, value, decay, beta))
+    query, key = l2norm(query, dim=-1, eps=1e-6), l2norm(key, dim=-1, eps=1e-6)
+    return query / (query.shape[-1] ** 0.5), key, value, decay.exp(), beta
 
 
 def project(mixer: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -56,7 +56,7 @@ class MixesOverRows:
     """A hybrid's mixer over the step's rows, mixed in above the mixer's own class."""
 
     row_states: tuple[torch.Tensor, torch.Tensor]  # this layer's (conv, ssm) of every row
-    row_ops: DecodeOps  # what advances a decoding row's Mamba-2 state (mamba.state_ops)
+    row_ops: DecodeOps  # what advances a decoding row's Mamba-2 or Gated DeltaNet state (mamba.state_ops)
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         layout = _current_layout.get(None)
@@ -64,7 +64,7 @@ class MixesOverRows:
             return super().forward(hidden_states, *args, **kwargs)
         conv, ssm = self.row_states
         if hasattr(self, "head_k_dim"):  # a Gated DeltaNet: a matrix a value head, keys to values
-            return mix_gated_delta(self, conv, ssm, hidden_states[0], layout)[None]
+            return mix_gated_delta(self, conv, ssm, hidden_states[0], layout, self.row_ops)[None]
         if hasattr(self, "x_proj"):  # Jamba's Mamba mixer, with norms of its scan's time step, B and C
             return mix_mamba(self, conv, ssm, hidden_states[0], layout, normed_scan=True)[None]
         return mix_mamba2(self, conv, ssm, hidden_states[0], layout, self.row_ops)[None]

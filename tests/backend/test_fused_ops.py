@@ -86,6 +86,39 @@ def test_a_mamba_2_state_update_advances_the_state_in_place_as_pytorch_does(fuse
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(1, 2, 16, 8), (6, 16, 128, 128), (3, 4, 16, 20)])
+def test_a_gated_deltanet_state_update_advances_the_state_in_place_as_transformers_does(fused, shape):
+    """[rows, heads, key_dim, value_dim]: EAGER's update is transformers' recurrent rule bit for bit (exact
+    mode's), the loop's two passes the same to float32's rounding, the states advanced in place."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
+
+    from backend.model.gated_delta import for_update
+
+    rows, heads, key_dim, value_dim = shape
+    generator = torch.Generator().manual_seed(sum(shape))
+    state = torch.randn(shape, generator=generator)
+    query, key = (torch.randn(rows, heads // 2 or 1, key_dim, generator=generator) for _ in range(2))
+    value = torch.randn(rows, heads, value_dim, generator=generator)
+    decay = -torch.rand(rows, heads, generator=generator)  # its log, as the layer gives it
+    beta = torch.rand(rows, heads, generator=generator)
+    reference, last = torch_recurrent_gated_delta_rule(
+        *(part[:, None] for part in (query, key, value, decay, beta)),
+        initial_state=state,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    prepared = for_update(query, key, value, decay, beta)
+    eager_state, fused_state = state.clone(), state.clone()
+    torch.testing.assert_close(
+        EAGER.gated_delta_update(eager_state, *prepared), reference[:, 0], atol=0, rtol=0
+    )
+    torch.testing.assert_close(eager_state, last, atol=0, rtol=0)
+    got = fused.gated_delta_update(fused_state, *prepared)
+    assert not torch.equal(fused_state, state)  # advanced in place
+    torch.testing.assert_close(fused_state, last, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, reference[:, 0], atol=1e-4, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cache_dtype", DTYPES)
 def test_rotate_and_store_rotates_and_writes_only_its_slots(fused, dtype, cache_dtype):

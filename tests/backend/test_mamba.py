@@ -164,11 +164,12 @@ def test_nemotron_h_keeps_keys_and_values_for_its_attention_layer_alone():
     assert KVShape.of(config).without == (0, 2, 3) and StateShape.of(config).layers == 1
 
 
-@pytest.mark.parametrize("model_type", ["mamba2", "granitemoehybrid"])
+@pytest.mark.parametrize("model_type", ["mamba2", "granitemoehybrid", "qwen3_5_text"])
 def test_quantized_mamba_2_rows_advance_by_the_cpus_loop_and_give_its_pytorch_tokens(model_type, monkeypatch):
     """Out of exact mode a decoding row's Mamba-2 state goes through the C++ loop in one pass
-    (decode_ops.FusedOps.ssm_update), the runner's own and a hybrid's: the greedy tokens of PyTorch's
-    operations, where exact mode keeps those (transformers' arithmetic)."""
+    (decode_ops.FusedOps.ssm_update), the runner's own and a hybrid's, and a Gated DeltaNet's in two
+    (`gated_delta_update`): the greedy tokens of PyTorch's operations, where exact mode keeps those
+    (transformers' arithmetic)."""
     if not block_weights.available(torch.device("cpu")):
         pytest.skip("no C++ extension on this machine: every state goes through PyTorch's operations")
     assert state_ops(tiny_model(model_type)) is EAGER  # float32, nothing quantized: exact
