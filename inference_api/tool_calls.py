@@ -9,7 +9,8 @@ instead. How the answer becomes calls depends on `tool_choice`:
 - `required`: decoded under "one of the tools as {"name", "arguments"}", so it is one valid call (cut
   by max_tokens once its name is written, the same);
 - `auto`: the model chooses; its text is read in the format its template teaches (`tool_parser`): the
-  Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, or Llama 3's bare JSON `{"name", "parameters"}`.
+  Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, Qwen3-Coder's and Qwen3.5's XML in those blocks
+  (xml_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
   The answer is decoded under "free text, or calls in that format" (`AUTO_HERMES`, `AUTO_LLAMA3`): text
   is free until the model opens a call, and from there the call is one of the tools with valid
   arguments, so that no half-written call comes back as text. A request that also sets a
@@ -35,6 +36,7 @@ from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
 from inference_api.harmony import call_grammar, final_answer
 from inference_api.structured_output import json_lark, json_schema_grammar, lark_grammar
+from inference_api.xml_tool_calls import call_lark, read_calls, template_writes_xml_calls
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOOLS = 128  # as OpenAI's: every tool is in the prompt and in the calls' grammar
@@ -48,14 +50,16 @@ LLAMA3_PYTHON_TAG = "<|python_tag|>"
 # them (one call only, unless parallel). The text and the first `<tool_call>` are one lexeme (OPEN):
 # llguidance's lexer is greedy, so a TEXT lexeme followed by the literal would end before the tag's last
 # byte and refuse it.
-AUTO_HERMES = """start: TEXT | OPEN call_body{more}
+AUTO_TAGGED = """start: TEXT | OPEN call_body{more}
 more: (WS? "<tool_call>" call_body)*
 call_body: WS? call WS? "</tool_call>"
-call: {call}
 WS: /[ \\n]+/
 TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/
 OPEN: /(?s:.*)<tool_call>/ & ~/(?s:.*)<tool_call>(?s:.+)/
 """
+AUTO_HERMES = AUTO_TAGGED + "call: {call}\n"
+# The formats whose calls are `<tool_call>` blocks: Hermes's JSON in them, Qwen3-Coder's XML.
+TAGGED = ("hermes", "qwen3_coder")
 # `none` in the Hermes format: text that opens no call (the tools are in the prompt, and a small model
 # offered them writes `<tool_call>` blocks whatever tool_choice says).
 NONE_HERMES = """start: TEXT?
@@ -87,13 +91,15 @@ class ToolRequest:
             return json_schema_grammar(parameters(self._tool(self.function)), "tool_choice")
         if self.choice == "required":
             return json_schema_grammar(self._one_call("arguments"), "tools")
+        more = " more" if self.parallel else ""  # the calls after the first
         if self.choice == "auto" and self.parser == "hermes":
-            more = " more" if self.parallel else ""  # the calls after the first
             lark = AUTO_HERMES.format(call=json_lark(self._one_call("arguments")), more=more)
             return lark_grammar(lark, "tools")
+        if self.choice == "auto" and self.parser == "qwen3_coder":
+            return lark_grammar(AUTO_TAGGED.format(more=more) + call_lark(self.tools), "tools")
         if self.choice == "auto":
             return lark_grammar(AUTO_LLAMA3.format(call=json_lark(self._one_call("parameters"))), "tools")
-        if self.parser == "hermes":  # none
+        if self.parser in TAGGED:  # none
             return lark_grammar(NONE_HERMES, "tools")
         return None  # none in Llama 3's format: a call would be a JSON answer, which text may be
 
@@ -125,9 +131,12 @@ class ToolRequest:
 
 def tool_parser(template_source: str, harmony: bool) -> str:
     """How a model's answers hold calls: gpt-oss's harmony messages (`harmony`: the server reads them,
-    answers.HarmonyReader), Llama 3's JSON where its template has the python tag, else Hermes blocks."""
+    answers.HarmonyReader), Qwen3-Coder's and Qwen3.5's XML where the template writes `<function=...>`
+    (xml_tool_calls.py), Llama 3's JSON where it has the python tag, else Hermes blocks."""
     if harmony:
         return "harmony"
+    if template_writes_xml_calls(template_source):
+        return "qwen3_coder"
     return "llama3_json" if LLAMA3_PYTHON_TAG in template_source else "hermes"
 
 
@@ -336,7 +345,7 @@ class ToolCallReader:
         return self.text[self.sent : self.call_start], calls if self.request.parallel else calls[:1]
 
     def _find_call_start(self) -> None:
-        if self.request.parser == "hermes":
+        if self.request.parser in TAGGED:
             at = self.text.find(HERMES_OPEN)
             self.call_start = at if at >= 0 else None
             return
@@ -349,7 +358,7 @@ class ToolCallReader:
 
     def _held_back(self) -> int:
         """How much of the end might begin a call (not sent until the next text says)."""
-        if self.request.parser != "hermes":  # Llama 3, undecided: the answer is only whitespace so far
+        if self.request.parser not in TAGGED:  # Llama 3, undecided: the answer is only whitespace so far
             return len(self.text)
         return longest_partial_match(self.text, (HERMES_OPEN,))
 
@@ -359,6 +368,9 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
+        if self.request.parser == "qwen3_coder":
+            calls = read_calls(text, self.request.tools)
+            return None if calls is None else [new_call(name, arguments) for name, arguments in calls]
         if self.request.parser == "hermes":
             pattern = re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)"
             calls = [_hermes_call(block) for block in re.findall(pattern, text, re.S)]

@@ -129,3 +129,87 @@ def test_none_is_text_that_opens_no_call():
     grammar = ToolRequest(WEATHER_TOOLS, "none").grammar
     assert follows(grammar, "It is sunny in Paris.") and follows(grammar, "")
     assert not follows(grammar, f"Let me check. <tool_call>{PARIS}</tool_call>")
+
+
+# Qwen3-Coder's and Qwen3.5's XML calls (xml_tool_calls.py): a string parameter as text, the others JSON
+FORECAST_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_forecast",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                    "hours": {"type": "array", "items": {"type": "integer"}},
+                },
+                "required": ["city", "days"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+    },
+]
+XML = ToolRequest(FORECAST_TOOLS, "auto", parser="qwen3_coder")
+
+
+def xml_call(function: str, **parameters: str) -> str:
+    written = "".join(f"<parameter={name}>\n{value}\n</parameter>\n" for name, value in parameters.items())
+    return f"<tool_call>\n<function={function}>\n{written}</function>\n</tool_call>"
+
+
+def test_the_xml_format_is_found_in_a_template_that_writes_it():
+    from inference_api.tool_calls import tool_parser
+
+    template = "{{- '<tool_call>\\n<function=' + call.name + '>\\n' }}{{- '<parameter=' + name + '>' }}"
+    assert tool_parser(template, harmony=False) == "qwen3_coder"
+    assert tool_parser("{{- '<tool_call>\\n' + call | tojson }}", harmony=False) == "hermes"
+
+
+def test_xml_calls_stream_after_text_and_read_each_value_as_its_schema_says():
+    call = xml_call("get_forecast", city="San\nFrancisco", days="3", unit="celsius", hours="[9, 12]")
+    pieces = [
+        "Let me look. <tool",
+        "_call>\n<function=get_forecast>",
+        call.removeprefix("<tool_call>\n<function=get_forecast>"),
+    ]
+    released, [forecast] = read(XML, pieces)
+    assert "".join(released) == "Let me look. " and released[1] == ""
+    assert forecast["function"]["name"] == "get_forecast"
+    arguments = json.loads(forecast["function"]["arguments"])
+    assert arguments == {"city": "San\nFrancisco", "days": 3, "unit": "celsius", "hours": [9, 12]}
+    _, calls = read(XML, [call + "\n" + xml_call("get_time")])
+    assert [c["function"]["name"] for c in calls] == ["get_forecast", "get_time"]
+    assert calls[1]["function"]["arguments"] == "{}"
+
+
+def test_auto_in_the_xml_format_is_text_or_whole_calls_of_the_tools_with_their_required_parameters():
+    grammar = XML.grammar
+    assert follows(grammar, "It is sunny, <b>often</b>.")
+    assert follows(grammar, "Let me look.\n" + xml_call("get_forecast", city="Paris", days="2"))
+    assert follows(grammar, xml_call("get_forecast", city="Oslo\nNorway", days="1", unit="fahrenheit"))
+    assert follows(grammar, xml_call("get_time") + "\n" + xml_call("get_time"))
+    assert not follows(grammar, xml_call("get_date"))  # not a tool
+    assert not follows(grammar, xml_call("get_forecast", city="Paris"))  # days is required
+    assert not follows(grammar, xml_call("get_forecast", city="Paris", days="two"))  # an integer
+    assert not follows(grammar, xml_call("get_forecast", city="Paris", days="2", unit="kelvin"))
+    assert not follows(grammar, xml_call("get_time") + " and some text after")
+    assert not follows(grammar, "<tool_call>\n<function=get_time>\n")  # a call cannot be left open
+    single = ToolRequest(FORECAST_TOOLS, "auto", parser="qwen3_coder", parallel=False)
+    assert not follows(single.grammar, xml_call("get_time") + xml_call("get_time"))
+    assert not follows(
+        ToolRequest(FORECAST_TOOLS, "none", parser="qwen3_coder").grammar, xml_call("get_time")
+    )
+
+
+def test_an_xml_call_cut_by_max_tokens_keeps_what_was_written_and_one_cut_before_its_name_is_text():
+    _, [cut] = read(XML, ["<tool_call>\n<function=get_forecast>\n<parameter=city>\nPar"])
+    assert cut["function"]["name"] == "get_forecast" and json.loads(cut["function"]["arguments"]) == {
+        "city": "Par"
+    }
+    released, calls = read(XML, ["Sure. <tool_call>\n<func"])
+    assert calls == [] and "".join(released) == "Sure. <tool_call>\n<func"
