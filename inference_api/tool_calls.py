@@ -9,8 +9,8 @@ instead. How the answer becomes calls depends on `tool_choice`:
 - `required`: decoded under "one of the tools as {"name", "arguments"}", so it is one valid call (cut
   by max_tokens once its name is written, the same);
 - `auto`: the model chooses; its text is read in the format its template teaches (`tool_parser`): the
-  Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, Qwen3-Coder's and Qwen3.5's XML in those blocks
-  (xml_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
+  Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, Qwen3-Coder's, Qwen3.5's or GLM-4.5's XML in those
+  blocks (xml_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
   The answer is decoded under "free text, or calls in that format" (`AUTO_HERMES`, `AUTO_LLAMA3`): text
   is free until the model opens a call, and from there the call is one of the tools with valid
   arguments, so that no half-written call comes back as text. A request that also sets a
@@ -36,7 +36,7 @@ from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
 from inference_api.harmony import call_grammar, final_answer
 from inference_api.structured_output import json_lark, json_schema_grammar, lark_grammar
-from inference_api.xml_tool_calls import call_lark, read_calls, template_writes_xml_calls
+from inference_api.xml_tool_calls import GLM45, QWEN3_CODER, call_lark, read_calls, template_format
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOOLS = 128  # as OpenAI's: every tool is in the prompt and in the calls' grammar
@@ -58,8 +58,9 @@ TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/
 OPEN: /(?s:.*)<tool_call>/ & ~/(?s:.*)<tool_call>(?s:.+)/
 """
 AUTO_HERMES = AUTO_TAGGED + "call: {call}\n"
-# The formats whose calls are `<tool_call>` blocks: Hermes's JSON in them, Qwen3-Coder's XML.
-TAGGED = ("hermes", "qwen3_coder")
+# The formats whose calls are `<tool_call>` blocks: Hermes's JSON in them, or XML (xml_tool_calls.py).
+XML_FORMATS = {form.name: form for form in (QWEN3_CODER, GLM45)}
+TAGGED = ("hermes", *XML_FORMATS)
 # `none` in the Hermes format: text that opens no call (the tools are in the prompt, and a small model
 # offered them writes `<tool_call>` blocks whatever tool_choice says).
 NONE_HERMES = """start: TEXT?
@@ -95,8 +96,9 @@ class ToolRequest:
         if self.choice == "auto" and self.parser == "hermes":
             lark = AUTO_HERMES.format(call=json_lark(self._one_call("arguments")), more=more)
             return lark_grammar(lark, "tools")
-        if self.choice == "auto" and self.parser == "qwen3_coder":
-            return lark_grammar(AUTO_TAGGED.format(more=more) + call_lark(self.tools), "tools")
+        if self.choice == "auto" and self.parser in XML_FORMATS:
+            lark = AUTO_TAGGED.format(more=more) + call_lark(self.tools, XML_FORMATS[self.parser])
+            return lark_grammar(lark, "tools")
         if self.choice == "auto":
             return lark_grammar(AUTO_LLAMA3.format(call=json_lark(self._one_call("parameters"))), "tools")
         if self.parser in TAGGED:  # none
@@ -131,12 +133,13 @@ class ToolRequest:
 
 def tool_parser(template_source: str, harmony: bool) -> str:
     """How a model's answers hold calls: gpt-oss's harmony messages (`harmony`: the server reads them,
-    answers.HarmonyReader), Qwen3-Coder's and Qwen3.5's XML where the template writes `<function=...>`
-    (xml_tool_calls.py), Llama 3's JSON where it has the python tag, else Hermes blocks."""
+    answers.HarmonyReader), XML where the template writes Qwen3-Coder's `<function=...>` or GLM-4.5's
+    `<arg_key>` (xml_tool_calls.py), Llama 3's JSON where it has the python tag, else Hermes blocks."""
     if harmony:
         return "harmony"
-    if template_writes_xml_calls(template_source):
-        return "qwen3_coder"
+    xml = template_format(template_source)
+    if xml is not None:
+        return xml.name
     return "llama3_json" if LLAMA3_PYTHON_TAG in template_source else "hermes"
 
 
@@ -368,8 +371,8 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
-        if self.request.parser == "qwen3_coder":
-            calls = read_calls(text, self.request.tools)
+        if self.request.parser in XML_FORMATS:
+            calls = read_calls(text, self.request.tools, XML_FORMATS[self.request.parser])
             return None if calls is None else [new_call(name, arguments) for name, arguments in calls]
         if self.request.parser == "hermes":
             pattern = re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)"

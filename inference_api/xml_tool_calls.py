@@ -1,48 +1,79 @@
-"""Qwen3-Coder's and Qwen3.5's tool calls: XML, not JSON (tool_calls.py's `qwen3_coder` format).
+"""Tool calls written as XML, not JSON: Qwen3-Coder's and Qwen3.5's, and GLM-4.5's (tool_calls.py's
+`qwen3_coder` and `glm45` formats).
 
-Their chat templates teach calls as
+Their chat templates teach calls in `<tool_call>` blocks as
 
-    <tool_call>
-    <function=get_weather>
-    <parameter=city>
-    Paris
-    </parameter>
-    <parameter=days>
+    <tool_call>                       <tool_call>get_weather
+    <function=get_weather>            <arg_key>city</arg_key>
+    <parameter=city>                  <arg_value>Paris</arg_value>
+    Paris                             <arg_key>days</arg_key>
+    </parameter>                      <arg_value>3</arg_value>
+    <parameter=days>                  </tool_call>
     3
     </parameter>
     </function>
     </tool_call>
 
-a parameter's value as plain text when its schema says it is a string, else as JSON (a number, a
-boolean, an object or an array), as vLLM's `qwen3_coder` parser reads them. `call_lark` is a call in
-that format as a Lark rule, so that `auto` decodes a started call as one of the tools with each of its
-required parameters, in its schema's order, every value its schema's kind (the Hermes format's grammar
-does the same in JSON); `read_calls` reads the calls back into OpenAI's shape (arguments a JSON string).
+(Qwen3-Coder's on the left, GLM-4.5's on the right), a value as plain text when its schema says it is
+a string, else as JSON (a number, a boolean, an object or an array), as vLLM's `qwen3_coder` and
+`glm45` parsers read them. `call_lark` is a call in a format as Lark rules, so that `auto` decodes a
+started call as one of the tools with each of its required parameters, in its schema's order, every
+value its schema's kind (the Hermes format's grammar does the same in JSON); `read_calls` reads the
+calls back into OpenAI's shape (arguments a JSON string).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from inference_api.structured_output import json_lark
 
-# A string value: everything up to its closing tag, which is part of the lexeme. llguidance's lexer is
-# greedy: a text lexeme before a literal "</parameter>" would end before the tag's last byte and refuse
-# it (as tool_calls.AUTO_HERMES's OPEN).
-TEXT_VALUE = r"/(?s:.*)<\/parameter>/ & ~/(?s:.*)<\/parameter>(?s:.+)/"
-FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.S)
-PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|\Z)", re.S)
+
+@dataclass(frozen=True)
+class XmlFormat:
+    name: str  # tool_calls.py's name for it
+    function_open: str  # how a call opens, around "{name}"
+    function_close: str
+    parameter_open: str  # how a parameter opens, around "{name}" (GLM-4.5's: its key, then its value's tag)
+    parameter_close: str
+    function: re.Pattern  # a block's function name and the rest of it
+    parameter: re.Pattern  # each of its parameters' name and value
 
 
-def template_writes_xml_calls(template_source: str) -> bool:
-    """Whether a chat template teaches (and writes) calls in this format."""
-    return "<function=" in template_source and "<parameter=" in template_source
+QWEN3_CODER = XmlFormat(
+    "qwen3_coder",
+    "<function={name}>",
+    "</function>",
+    "<parameter={name}>",
+    "</parameter>",
+    re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.S),
+    re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|\Z)", re.S),
+)
+GLM45 = XmlFormat(
+    "glm45",
+    "{name}",
+    "",
+    "<arg_key>{name}</arg_key>\n<arg_value>",
+    "</arg_value>",
+    re.compile(r"\A\s*([^<\s]+)(.*)", re.S),
+    re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|\Z)", re.S),
+)
 
 
-def call_lark(tools: list[dict[str, Any]]) -> str:
-    """Rules of a Lark grammar whose `call` is one call of any of the tools in this format (without its
+def template_format(template_source: str) -> XmlFormat | None:
+    """The XML format a chat template teaches (and writes its calls in), if any."""
+    if "<function=" in template_source and "<parameter=" in template_source:
+        return QWEN3_CODER
+    if "<arg_key>" in template_source and "<arg_value>" in template_source:
+        return GLM45
+    return None
+
+
+def call_lark(tools: list[dict[str, Any]], form: XmlFormat) -> str:
+    """Rules of a Lark grammar whose `call` is one call of any of the tools in the format (without its
     `<tool_call>` tags: the caller's grammar puts them around it)."""
     rules = ["call: " + " | ".join(f"function_{i}" for i in range(len(tools)))]
     for i, tool in enumerate(tools):
@@ -53,21 +84,33 @@ def call_lark(tools: list[dict[str, Any]]) -> str:
         parts = []
         for j, (name, property_schema) in enumerate(properties.items()):
             parts.append(f"parameter_{i}_{j}" + ("" if name in required else "?"))
-            rules.append(_parameter_rule(f"{i}_{j}", name, property_schema))
-        body = " ".join([json.dumps(f"<function={function['name']}>"), "WS?", *parts, '"</function>"'])
+            rules.append(_parameter_rule(f"{i}_{j}", name, property_schema, form))
+        opening = _literals(form.function_open.format(name=function["name"]))
+        closing = [_literals(form.function_close)] if form.function_close else []
+        body = " ".join([opening, "WS?", *parts, *closing])
         rules.append(f"function_{i}: {body}")
     return "\n".join(rules)
 
 
-def _parameter_rule(index: str, name: str, schema: dict[str, Any]) -> str:
-    opening = json.dumps(f"<parameter={name}>")
-    closing = '"</parameter>" WS?'
+def _parameter_rule(index: str, name: str, schema: dict[str, Any], form: XmlFormat) -> str:
+    opening = _literals(form.parameter_open.format(name=name))
+    closing = f"{json.dumps(form.parameter_close)} WS?"
     if _choices(schema):
         choices = " | ".join(json.dumps(choice) for choice in _choices(schema))
         return f"parameter_{index}: {opening} WS? CHOICE_{index} WS? {closing}\nCHOICE_{index}: {choices}"
     if is_text(schema):
-        return f"parameter_{index}: {opening} TEXT_VALUE_{index} WS?\nTEXT_VALUE_{index}: {TEXT_VALUE}"
+        # A string: everything up to its closing tag, which is part of the lexeme. llguidance's lexer is
+        # greedy: a text lexeme before a literal closing tag would end before the tag's last byte and
+        # refuse it (as tool_calls.AUTO_HERMES's OPEN).
+        tag = re.escape(form.parameter_close).replace("/", "\\/")
+        text = f"/(?s:.*){tag}/ & ~/(?s:.*){tag}(?s:.+)/"
+        return f"parameter_{index}: {opening} TEXT_VALUE_{index} WS?\nTEXT_VALUE_{index}: {text}"
     return f"parameter_{index}: {opening} WS? value_{index} WS? {closing}\nvalue_{index}: {json_lark(schema)}"
+
+
+def _literals(written: str) -> str:
+    """A format's fixed text as Lark literals, each line break in it any run of whitespace (WS)."""
+    return " WS? ".join(json.dumps(line) for line in written.split("\n"))
 
 
 def is_text(schema: Any) -> bool:
@@ -83,19 +126,19 @@ def _choices(schema: Any) -> list[str]:
     return []
 
 
-def read_calls(text: str, tools: list[dict[str, Any]]) -> list[tuple[str, str]] | None:
+def read_calls(text: str, tools: list[dict[str, Any]], form: XmlFormat) -> list[tuple[str, str]] | None:
     """The calls in `<tool_call>` blocks' contents (`text`, from the first block's tag on), each (name,
     arguments as a JSON string); a call cut by max_tokens keeps what was written of it. None where a
     block holds no function's name (cut before it, or not a call)."""
     blocks = re.findall(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, re.S)
     calls = []
     for block in blocks:
-        found = FUNCTION.search(block)
+        found = form.function.search(block)
         if found is None:
             return None
         name, body = found[1].strip(), found[2]
         schemas = _properties(tools, name)
-        written = ((key.strip(), value) for key, value in PARAMETER.findall(body))
+        written = ((key.strip(), value) for key, value in form.parameter.findall(body))
         arguments = {key: _value(value, schemas.get(key)) for key, value in written}
         calls.append((name, json.dumps(arguments, ensure_ascii=False)))
     return calls

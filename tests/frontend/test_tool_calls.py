@@ -213,3 +213,33 @@ def test_an_xml_call_cut_by_max_tokens_keeps_what_was_written_and_one_cut_before
     }
     released, calls = read(XML, ["Sure. <tool_call>\n<func"])
     assert calls == [] and "".join(released) == "Sure. <tool_call>\n<func"
+
+
+GLM = ToolRequest(FORECAST_TOOLS, "auto", parser="glm45")
+
+
+def glm_call(function: str, **parameters: str) -> str:
+    written = "".join(
+        f"<arg_key>{name}</arg_key>\n<arg_value>{value}</arg_value>\n" for name, value in parameters.items()
+    )
+    return f"<tool_call>{function}\n{written}</tool_call>"
+
+
+def test_glm_4_5s_xml_calls_are_found_in_its_template_read_and_held_to_the_tools():
+    from inference_api.tool_calls import tool_parser
+
+    template = "{{- '<tool_call>' + name }}{{- '<arg_key>' + key + '</arg_key>\\n<arg_value>' }}"
+    assert tool_parser(template, harmony=False) == "glm45"
+    call = glm_call("get_forecast", city="San\nFrancisco", days="3", hours="[9, 12]")
+    released, [forecast] = read(GLM, ["Let me look. <tool", call.removeprefix("<tool")])
+    assert "".join(released) == "Let me look. "
+    assert forecast["function"]["name"] == "get_forecast"
+    arguments = json.loads(forecast["function"]["arguments"])
+    assert arguments == {"city": "San\nFrancisco", "days": 3, "hours": [9, 12]}
+    grammar = GLM.grammar
+    assert follows(grammar, "Let me look.\n" + call) and follows(grammar, glm_call("get_time"))
+    assert follows(grammar, glm_call("get_forecast", city="Oslo", days="1", unit="celsius"))
+    assert not follows(grammar, glm_call("get_date"))
+    assert not follows(grammar, glm_call("get_forecast", city="Paris"))  # days is required
+    assert not follows(grammar, glm_call("get_forecast", city="Paris", days="two"))
+    assert not follows(grammar, glm_call("get_forecast", city="Paris", days="2", unit="kelvin"))
