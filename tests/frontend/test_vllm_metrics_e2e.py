@@ -4,6 +4,7 @@ metric, labelled with the served model's name, parsed by prometheus_client's own
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -55,12 +56,18 @@ def completion(server: RunningServer, **fields) -> requests.Response:
     return requests.post(f"{server.url}/v1/completions", json=body, timeout=30)
 
 
-def long_stream(server: RunningServer) -> requests.Response:
-    """A stream of 2,000 tokens (10 s), once its first event has come: its row is busy."""
+@contextlib.contextmanager
+def long_stream(server: RunningServer) -> Iterator[None]:
+    """A stream of 2,000 tokens (10 s), once its first event has come: its row is busy until the block
+    ends, and the client hangs up. Its lines' iterator is kept to the end: dropped after the first line,
+    it closed the connection (urllib3 closes it when its reading generator exits early), and the row
+    was freed at the server's next write, racing the test's look at /metrics."""
     body = {"model": NAME, "prompt": "a long one", "max_tokens": 2000, "stream": True}
-    stream = requests.post(f"{server.url}/v1/completions", json=body, stream=True, timeout=30)
-    next(stream.iter_lines())
-    return stream
+    with requests.post(f"{server.url}/v1/completions", json=body, stream=True, timeout=30) as stream:
+        lines = stream.iter_lines()
+        next(lines)
+        yield
+        del lines
 
 
 def test_a_busy_row_is_vllms_running_request_and_its_share_of_the_kv_cache(server):
