@@ -36,9 +36,9 @@ STATE_SPACE_TYPES = ("mamba", "falcon_mamba", "mamba2")
 # Hybrids, whose rows keep both a recurrent state and keys and values (model_runner.py,
 # model/hybrid.py): Mamba-2 layers (their `layer_types` "linear_attention") among attention layers,
 # or in every layer beside its attention (Falcon-H1's "hybrid" layers); Jamba's are Mamba's; Nemotron-H's
-# layers are each a Mamba-2 mixer, an attention, an MLP or experts. Qwen3-Next's and Qwen3.5's
-# "linear_attention" layers are Gated DeltaNets instead (GATED_DELTA_TYPES, model/gated_delta.py).
-GATED_DELTA_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+# layers are each a Mamba-2 mixer, an attention, an MLP or experts. Qwen3-Next's, Qwen3.5's and OLMo's
+# hybrid's "linear_attention" layers are Gated DeltaNets instead (GATED_DELTA_TYPES, model/gated_delta.py).
+GATED_DELTA_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid")
 HYBRID_TYPES = ("bamba", "granitemoehybrid", "falcon_h1", "jamba", "nemotron_h", *GATED_DELTA_TYPES)
 # The `layer_types` of a hybrid's layers that attend (and keep keys and values).
 ATTENDING_LAYERS = ("full_attention", "sliding_attention", "hybrid")

@@ -77,6 +77,7 @@ SUPPORTED = {
     "qwen3_next": "Qwen3-Next, Gated DeltaNet layers among gated attention layers, experts",
     "qwen3_5_text": "Qwen3.5 dense models (their text), Gated DeltaNet layers among gated attention layers",
     "qwen3_5_moe_text": "Qwen3.5 mixture-of-experts models (their text)",
+    "olmo_hybrid": "OLMo's hybrid, Gated DeltaNet layers among attention layers",
 }
 
 

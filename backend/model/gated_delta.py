@@ -1,4 +1,5 @@
-"""Qwen3-Next's and Qwen3.5's Gated DeltaNet layers over the rows' recurrent states (layers/row_states.py).
+"""Qwen3-Next's, Qwen3.5's and OLMo's hybrid's Gated DeltaNet layers over the rows' recurrent states
+(layers/row_states.py).
 
 Three of every four layers of these hybrids are "linear attention": a Gated
 DeltaNet keeps, for each value head, one [key_dim, value_dim] matrix that
@@ -36,8 +37,13 @@ from backend.layers.decode_ops import EAGER, DecodeOps
 from backend.layers.step_layout import StepLayout
 from backend.model.mamba import chunk_places, convolve, decoding_states
 
-# transformers' classes of these layers, by name (Qwen3-Next's, Qwen3.5's and Qwen3.5-MoE's).
-GATED_DELTA_MIXERS = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
+# transformers' classes of these layers, by name (Qwen3-Next's, Qwen3.5's, Qwen3.5-MoE's and OLMo's hybrid's).
+GATED_DELTA_MIXERS = (
+    "Qwen3NextGatedDeltaNet",
+    "Qwen3_5GatedDeltaNet",
+    "Qwen3_5MoeGatedDeltaNet",
+    "OlmoHybridGatedDeltaNet",
+)
 
 
 def mix_gated_delta(
@@ -58,6 +64,8 @@ def mix_gated_delta(
     key = key.unflatten(-1, (-1, mixer.head_k_dim))
     value = value.unflatten(-1, (-1, mixer.head_v_dim))  # [tokens, value_heads, value_dim]
     beta = b.sigmoid()
+    if getattr(mixer, "allow_neg_eigval", False):  # OLMo's: a rate of 0..2, an update that may overshoot
+        beta = beta * 2.0
     decay = -mixer.A_log.float().exp() * nn.functional.softplus(a.float() + mixer.dt_bias)
     attended = torch.empty_like(value)
     decoded = layout.decode_queries
@@ -74,8 +82,10 @@ def mix_gated_delta(
             use_qk_l2norm_in_kernel=True,
         )
         attended[places] = out[0]
-    normed = mixer.norm(attended.reshape(-1, mixer.head_v_dim), gate.reshape(-1, mixer.head_v_dim))
-    return mixer.out_proj(normed.reshape(hidden.shape[0], -1))
+    olmo = hasattr(mixer, "o_proj")  # OLMo's names for the norm and the output projection
+    norm, out_proj = (mixer.o_norm, mixer.o_proj) if olmo else (mixer.norm, mixer.out_proj)
+    normed = norm(attended.reshape(-1, mixer.head_v_dim), gate.reshape(-1, mixer.head_v_dim))
+    return out_proj(normed.reshape(hidden.shape[0], -1))
 
 
 def for_update(
@@ -101,7 +111,11 @@ def project(mixer: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The layer's projections of the pack: its queries, keys and values as the convolution takes them
     ([tokens, channels]), its output gate ([tokens, value_heads, value_dim]) and its b and a ([tokens,
     value_heads]: the update's rate and the decay's step). Qwen3-Next projects them in two fused
-    matrices, their heads interleaved by key head; Qwen3.5 in four."""
+    matrices, their heads interleaved by key head; Qwen3.5 in four; OLMo's hybrid in six."""
+    if hasattr(mixer, "g_proj"):
+        mixed = torch.cat([mixer.q_proj(hidden), mixer.k_proj(hidden), mixer.v_proj(hidden)], dim=-1)
+        gate = mixer.g_proj(hidden).unflatten(-1, (-1, mixer.head_v_dim))
+        return mixed, gate, mixer.b_proj(hidden), mixer.a_proj(hidden)
     if hasattr(mixer, "in_proj_qkvz"):
         query, key, value, gate, b, a = mixer.fix_query_key_value_ordering(
             mixer.in_proj_qkvz(hidden)[None], mixer.in_proj_ba(hidden)[None]

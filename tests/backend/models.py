@@ -175,6 +175,9 @@ FAMILY_EXTRAS: dict[str, dict] = {
     "qwen3_next": {**GATED_DELTA, **TINY_EXPERTS, "shared_expert_intermediate_size": 32},
     "qwen3_5_text": GATED_DELTA,
     "qwen3_5_moe_text": {**GATED_DELTA, **TINY_EXPERTS, "shared_expert_intermediate_size": 32},
+    # OLMo's hybrid: its rate may reach 2 (`linear_allow_neg_eigval`), so that a rate left at 0..1 gives
+    # other tokens
+    "olmo_hybrid": {**GATED_DELTA, "linear_allow_neg_eigval": True},
     "granitemoehybrid": {
         "layer_types": ["linear_attention", "full_attention"],
         **HYBRID_MAMBA,

@@ -84,11 +84,13 @@ FAMILIES = [
     "granitemoehybrid",
     "jamba",
     # Served from 2026-12-02: Gated DeltaNet layers over the rows' states (model/gated_delta.py); Qwen3.5
-    # both as its text model alone and as Qwen publishes it, a vision tower beside (its text served)
+    # both as its text model alone and as Qwen publishes it, a vision tower beside (its text served); OLMo's
+    # hybrid
     "qwen3_next",
     "qwen3_5_text",
     "qwen3_5_moe_text",
     "qwen3_5",
+    "olmo_hybrid",
 ]
 MAX_TOKENS = 10
 EXACT = dict(dtype="float32", quantize="none", rows=4, max_seq_len=128, max_prefill_tokens=8)
