@@ -123,6 +123,43 @@ def closed_objects(schema: Any) -> Any:
     return closed
 
 
+DEFINITIONS = ("$defs", "definitions")  # where a schema keeps the subschemas its `$ref`s point to
+
+
+def definitions_under(schema: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
+    """`schema` to be placed inside another one (a tool's parameters in a call's schema), and the
+    definitions its `$ref`s point to, for that one's root `$defs`: renamed with `prefix` (two tools may
+    define one name each their own way), its references to them rewritten. Pydantic's schemas of nested
+    models refer to `#/$defs/Model`, which inside another schema would point at that one's root."""
+    if not isinstance(schema, dict):
+        return schema, {}
+    pointers = {
+        f"#/{where}/{name}": f"#/$defs/{prefix}{name}"
+        for where in DEFINITIONS
+        for name in schema.get(where) or {}
+    }
+
+    def rewritten(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                key: pointers.get(value, value)
+                if key == "$ref" and isinstance(value, str)
+                else rewritten(value)
+                for key, value in node.items()
+            }
+        if isinstance(node, list):
+            return [rewritten(item) for item in node]
+        return node
+
+    body = {key: value for key, value in schema.items() if key not in DEFINITIONS}
+    moved = {
+        f"{prefix}{name}": rewritten(definition)
+        for where in DEFINITIONS
+        for name, definition in (schema.get(where) or {}).items()
+    }
+    return rewritten(body), moved
+
+
 def schema_grammar(value: Any, param: str) -> str:
     """JSON following a schema sent as an object or as a JSON string (`param`: where, for the 400s)."""
     return json_schema_grammar(_schema(value, param), param)

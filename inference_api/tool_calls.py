@@ -35,7 +35,7 @@ from typing import Any
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
 from inference_api.harmony import call_grammar, final_answer
-from inference_api.structured_output import json_lark, json_schema_grammar, lark_grammar
+from inference_api.structured_output import definitions_under, json_lark, json_schema_grammar, lark_grammar
 from inference_api.xml_tool_calls import GLM45, QWEN3_CODER, call_lark, read_calls, template_format
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -117,18 +117,21 @@ class ToolRequest:
         return next(tool for tool in self.tools if tool["function"]["name"] == name)
 
     def _one_call(self, arguments: str) -> dict[str, Any]:
-        """One call of any of the tools, as `{"name": ..., arguments: {...}}` (the name first)."""
-        return {
-            "anyOf": [
+        """One call of any of the tools, as `{"name": ..., arguments: {...}}` (the name first); the
+        definitions each tool's parameters refer to moved to this schema's root (definitions_under)."""
+        calls, definitions = [], {}
+        for i, tool in enumerate(self.tools):
+            schema, moved = definitions_under(parameters(tool), f"tool{i}_")
+            definitions |= moved
+            calls.append(
                 {
                     "type": "object",
-                    "properties": {"name": {"const": tool["function"]["name"]}, arguments: parameters(tool)},
+                    "properties": {"name": {"const": tool["function"]["name"]}, arguments: schema},
                     "required": ["name", arguments],
                     "additionalProperties": False,
                 }
-                for tool in self.tools
-            ]
-        }
+            )
+        return {"anyOf": calls, **({"$defs": definitions} if definitions else {})}
 
 
 def tool_parser(template_source: str, harmony: bool) -> str:

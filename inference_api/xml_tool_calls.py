@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from inference_api.structured_output import json_lark
+from inference_api.structured_output import DEFINITIONS, json_lark
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,13 @@ def call_lark(tools: list[dict[str, Any]], form: XmlFormat) -> str:
         schema = function.get("parameters") or {}
         properties = schema.get("properties") or {}
         required = set(schema.get("required") or ())
+        # Each value a JSON schema of its own: the definitions the tool's `$ref`s point to, at its root.
+        definitions = {where: schema[where] for where in DEFINITIONS if where in schema}
         parts = []
         for j, (name, property_schema) in enumerate(properties.items()):
             parts.append(f"parameter_{i}_{j}" + ("" if name in required else "?"))
-            rules.append(_parameter_rule(f"{i}_{j}", name, property_schema, form))
+            value_schema = {**_resolved(property_schema, schema), **definitions}
+            rules.append(_parameter_rule(f"{i}_{j}", name, value_schema, form))
         opening = _literals(form.function_open.format(name=function["name"]))
         closing = [_literals(form.function_close)] if form.function_close else []
         body = " ".join([opening, "WS?", *parts, *closing])
@@ -147,8 +150,22 @@ def read_calls(text: str, tools: list[dict[str, Any]], form: XmlFormat) -> list[
 def _properties(tools: list[dict[str, Any]], name: str) -> dict[str, Any]:
     for tool in tools:
         if tool["function"]["name"] == name:
-            return (tool["function"].get("parameters") or {}).get("properties") or {}
+            schema = tool["function"].get("parameters") or {}
+            return {key: _resolved(value, schema) for key, value in (schema.get("properties") or {}).items()}
     return {}
+
+
+def _resolved(schema: Any, root: dict[str, Any]) -> dict[str, Any]:
+    """A parameter's schema, its `$ref` to one of the tool's definitions followed (a string or a choice
+    among strings is then written as text, as the template teaches, whether given there or by name)."""
+    for _ in range(8):  # a definition that is itself a reference, but no cycle
+        if not isinstance(schema, dict):
+            return {}
+        where, _, name = str(schema.get("$ref", "")).removeprefix("#/").partition("/")
+        if where not in DEFINITIONS or name not in (root.get(where) or {}):
+            return schema
+        schema = root[where][name]
+    return schema
 
 
 def _value(written: str, schema: Any) -> Any:

@@ -243,3 +243,39 @@ def test_glm_4_5s_xml_calls_are_found_in_its_template_read_and_held_to_the_tools
     assert not follows(grammar, glm_call("get_forecast", city="Paris"))  # days is required
     assert not follows(grammar, glm_call("get_forecast", city="Paris", days="two"))
     assert not follows(grammar, glm_call("get_forecast", city="Paris", days="2", unit="kelvin"))
+
+
+def nested_tool(name: str, item: dict) -> dict:
+    """A tool whose parameters refer to a definition, as pydantic writes a nested model's schema."""
+    parameters = {
+        "type": "object",
+        "$defs": {"Item": item},
+        "properties": {"item": {"$ref": "#/$defs/Item"}, "note": {"type": "string"}},
+        "required": ["item"],
+    }
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+# Two tools that each define "Item", their own way
+NESTED = [
+    nested_tool("add", {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+    nested_tool("tag", {"type": "string"}),
+]
+
+
+def test_tools_whose_parameters_refer_to_definitions_are_enforced_in_every_format():
+    """A call's grammar puts each tool's parameters inside a schema of its own, where `#/$defs/Item` would
+    point at that one's root: the definitions go with them, each tool's kept apart."""
+
+    def hermes(name: str, item: str) -> str:
+        return f'<tool_call>{{"name": "{name}", "arguments": {{"item": {item}}}}}</tool_call>'
+
+    grammar = ToolRequest(NESTED, "auto").grammar
+    assert follows(grammar, hermes("add", '{"n": 1}')) and follows(grammar, hermes("tag", '"red"'))
+    assert not follows(grammar, hermes("add", '"red"')) and not follows(grammar, hermes("tag", '{"n": 1}'))
+    required = ToolRequest(NESTED, "required").grammar
+    assert follows(required, '{"name": "add", "arguments": {"item": {"n": 2}}}')
+    assert not follows(required, '{"name": "add", "arguments": {"item": {"n": "two"}}}')
+    xml = ToolRequest(NESTED, "auto", parser="qwen3_coder").grammar
+    assert follows(xml, xml_call("add", item='{"n": 1}')) and follows(xml, xml_call("tag", item="red"))
+    assert not follows(xml, xml_call("add", item='{"n": "a"}'))
