@@ -7,6 +7,7 @@ import json
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from tests.openai.conftest import MODEL
@@ -212,3 +213,30 @@ def test_an_auto_call_the_model_starts_is_always_whole_and_valid(client, tokeniz
         assert choice.finish_reason == "tool_calls" and not choice.message.content
         [call] = choice.message.tool_calls
         jsonschema.validate(json.loads(call.function.arguments), schema_of(call.function.name))
+
+
+def test_a_pydantic_tool_with_a_nested_model_gets_arguments_the_model_validates(client):
+    """`openai.pydantic_function_tool` of a model with a nested one: its schema refers to `#/$defs/...`,
+    which `required`'s grammar (every tool in one schema) and `auto`'s both take."""
+
+    class Address(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=20)
+        country: str = pydantic.Field(max_length=20)
+
+    class ShipOrder(pydantic.BaseModel):
+        order_id: int = pydantic.Field(ge=1, le=9999)
+        address: Address
+
+    tool = openai.pydantic_function_tool(ShipOrder)
+    assert "$defs" in tool["function"]["parameters"]
+    ask = [{"role": "user", "content": "Ship order 42 to Paris, France."}]
+
+    def create(choice: str):
+        return client.chat.completions.create(
+            model=MODEL, messages=ask, tools=[tool, TIME], tool_choice=choice, temperature=0, max_tokens=120
+        )
+
+    assert create("auto").choices[0].finish_reason in ("tool_calls", "stop", "length")  # not a 400
+    [call] = create("required").choices[0].message.tool_calls
+    assert call.function.name == "ShipOrder"
+    ShipOrder.model_validate_json(call.function.arguments)
