@@ -3,9 +3,10 @@ attention layers over the row cache (layers/attention.py), their recurrent mixer
 (layers/row_states.py).
 
 Bamba, Granite 4, Falcon-H1 and Nemotron-H mix with Mamba-2 layers (mamba.mix_mamba2), Jamba with
-Mamba's (mamba.mix_mamba), Qwen3-Next and Qwen3.5 with Gated DeltaNets (gated_delta.py). Each mixer
-object keeps its class's weights and gets a class above its own whose forward, inside an engine's step,
-mixes the pack over its layer's states; outside one (`generate`, say) it is transformers' own.
+Mamba's (mamba.mix_mamba), Qwen3-Next, Qwen3.5 and OLMo's hybrid with Gated DeltaNets (gated_delta.py).
+Each mixer object keeps its class's weights and gets a class above its own whose forward, inside an
+engine's step, mixes the pack over its layer's states; outside one (`generate`, say) it is
+transformers' own.
 """
 
 from __future__ import annotations
