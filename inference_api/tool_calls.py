@@ -36,7 +36,7 @@ from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
 from inference_api.harmony import call_grammar, final_answer
 from inference_api.structured_output import definitions_under, json_lark, json_schema_grammar, lark_grammar
-from inference_api.xml_tool_calls import GLM45, QWEN3_CODER, call_lark, read_calls, template_format
+from inference_api.xml_tool_calls import GLM45, QWEN3_CODER, call_lark, read_call, template_format
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOOLS = 128  # as OpenAI's: every tool is in the prompt and in the calls' grammar
@@ -374,18 +374,23 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
-        if self.request.parser in XML_FORMATS:
-            calls = read_calls(text, self.request.tools, XML_FORMATS[self.request.parser])
-            return None if calls is None else [new_call(name, arguments) for name, arguments in calls]
-        if self.request.parser == "hermes":
+        if self.request.parser in TAGGED:
             pattern = re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)"
-            calls = [_hermes_call(block) for block in re.findall(pattern, text, re.S)]
+            calls = [self._tagged_call(block) for block in re.findall(pattern, text, re.S)]
             return None if None in calls else [call for found in calls for call in found]
         try:
             call = json.loads(text.strip().removeprefix(LLAMA3_PYTHON_TAG))
             return [new_call(call["name"], json.dumps(call.get("parameters", {}), ensure_ascii=False))]
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
+
+    def _tagged_call(self, block: str) -> list[dict[str, Any]] | None:
+        """A `<tool_call>` block's call, in JSON (Hermes) or XML."""
+        form = XML_FORMATS.get(self.request.parser)
+        if form is None:
+            return _hermes_call(block)
+        found = read_call(block, self.request.tools, form)
+        return None if found is None else [new_call(*found)]
 
 
 def _hermes_call(block: str) -> list[dict[str, Any]] | None:

@@ -18,8 +18,8 @@ Their chat templates teach calls in `<tool_call>` blocks as
 a string, else as JSON (a number, a boolean, an object or an array), as vLLM's `qwen3_coder` and
 `glm45` parsers read them. `call_lark` is a call in a format as Lark rules, so that `auto` decodes a
 started call as one of the tools with each of its required parameters, in its schema's order, every
-value its schema's kind (the Hermes format's grammar does the same in JSON); `read_calls` reads the
-calls back into OpenAI's shape (arguments a JSON string).
+value its schema's kind (the Hermes format's grammar does the same in JSON); `read_call` reads a
+call back into OpenAI's shape (arguments a JSON string).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _parameter_rule(index: str, name: str, schema: dict[str, Any], form: XmlForm
     if _choices(schema):
         choices = " | ".join(json.dumps(choice) for choice in _choices(schema))
         return f"parameter_{index}: {opening} WS? CHOICE_{index} WS? {closing}\nCHOICE_{index}: {choices}"
-    if is_text(schema):
+    if _is_text(schema):
         # A string: everything up to its closing tag, which is part of the lexeme. llguidance's lexer is
         # greedy: a text lexeme before a literal closing tag would end before the tag's last byte and
         # refuse it (as tool_calls.AUTO_HERMES's OPEN).
@@ -116,7 +116,7 @@ def _literals(written: str) -> str:
     return " WS? ".join(json.dumps(line) for line in written.split("\n"))
 
 
-def is_text(schema: Any) -> bool:
+def _is_text(schema: Any) -> bool:
     """Whether a parameter's value is written as plain text: a string, or a choice among strings."""
     return bool(_choices(schema)) or (isinstance(schema, dict) and schema.get("type") == "string")
 
@@ -129,22 +129,18 @@ def _choices(schema: Any) -> list[str]:
     return []
 
 
-def read_calls(text: str, tools: list[dict[str, Any]], form: XmlFormat) -> list[tuple[str, str]] | None:
-    """The calls in `<tool_call>` blocks' contents (`text`, from the first block's tag on), each (name,
-    arguments as a JSON string); a call cut by max_tokens keeps what was written of it. None where a
-    block holds no function's name (cut before it, or not a call)."""
-    blocks = re.findall(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, re.S)
-    calls = []
-    for block in blocks:
-        found = form.function.search(block)
-        if found is None:
-            return None
-        name, body = found[1].strip(), found[2]
-        schemas = _properties(tools, name)
-        written = ((key.strip(), value) for key, value in form.parameter.findall(body))
-        arguments = {key: _value(value, schemas.get(key)) for key, value in written}
-        calls.append((name, json.dumps(arguments, ensure_ascii=False)))
-    return calls
+def read_call(block: str, tools: list[dict[str, Any]], form: XmlFormat) -> tuple[str, str] | None:
+    """A `<tool_call>` block's call (what is between its tags) as (name, arguments as a JSON string); a
+    call cut by max_tokens keeps what was written of it. None where the block holds no function's name
+    (cut before it, or not a call)."""
+    found = form.function.search(block)
+    if found is None:
+        return None
+    name, body = found[1].strip(), found[2]
+    schemas = _properties(tools, name)
+    written = ((key.strip(), value) for key, value in form.parameter.findall(body))
+    arguments = {key: _value(value, schemas.get(key)) for key, value in written}
+    return name, json.dumps(arguments, ensure_ascii=False)
 
 
 def _properties(tools: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -175,7 +171,7 @@ def _value(written: str, schema: Any) -> Any:
     text = written.removeprefix("\n").removesuffix("\n")
     if _choices(schema):
         return text.strip()
-    if is_text(schema):
+    if _is_text(schema):
         return text
     try:
         return json.loads(text)

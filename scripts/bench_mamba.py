@@ -88,12 +88,13 @@ def main() -> None:
         **SHAPES[args.model_type],
     )
     # Before quantizing: transformers' Mamba reads its head's `weight`, which a quantized head has not.
-    baseline = time_generate(random_model(config, dtype), prompts, args.baseline_requests, args.max_tokens)
+    model = random_model(config, dtype)
+    baseline = time_generate(model, prompts, args.baseline_requests, args.max_tokens)
     # A model each: a hybrid's mixers keep the states of the one engine built over them.
-    engines = {"loop": engine_of(config, dtype, args, tokenizer)}
+    engines = {"loop": engine_over(model, args, tokenizer)}
     if args.pytorch_states:
         with mock.patch("backend.model.mamba.decode_ops", lambda *_, **__: EAGER):
-            engines["pytorch"] = engine_of(config, dtype, args, tokenizer)
+            engines["pytorch"] = engine_over(random_model(config, dtype), args, tokenizer)
     lines = []
     for active in args.rows:
         for engine in engines.values():
@@ -123,9 +124,8 @@ def random_model(config, dtype: torch.dtype) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
-def engine_of(config, dtype: torch.dtype, args: argparse.Namespace, tokenizer) -> Engine:
-    """The engine over the model of random weights, quantized as `--quantize` says, warmed up."""
-    model = random_model(config, dtype)
+def engine_over(model: torch.nn.Module, args: argparse.Namespace, tokenizer) -> Engine:
+    """The engine over the model, quantized as `--quantize` says, warmed up."""
     if args.quantize in QUANTIZERS:
         quantize_model(model, args.quantize)
     engine = Engine(model, tokenizer, rows=max(args.rows), max_seq_len=512)

@@ -34,6 +34,11 @@ void check_cpu_contiguous(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
+void check_cpu_float(const at::Tensor& t, const char* name) {
+  check_cpu_contiguous(t, name);
+  TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32");
+}
+
 // Calls f with a null pointer of the C++ type of dtype (float32 or bfloat16), for dispatch on it.
 template <typename F>
 void with_float_type(at::ScalarType dtype, const char* name, F&& f) {
@@ -695,17 +700,13 @@ at::Tensor scale_products(const at::Tensor& accumulated, const at::Tensor& row_s
 // operations) reads and writes the state some five times over.
 at::Tensor ssm_update(at::Tensor& state, const at::Tensor& x, const at::Tensor& dt, const at::Tensor& decay,
                       const at::Tensor& B, const at::Tensor& C, const at::Tensor& D) {
-  const auto check = [](const at::Tensor& t, const char* name) {
-    check_cpu_contiguous(t, name);
-    TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32");
-  };
-  check(state, "state");
-  check(x, "x");
-  check(dt, "dt");
-  check(decay, "decay");
-  check(B, "B");
-  check(C, "C");
-  check(D, "D");
+  check_cpu_float(state, "state");
+  check_cpu_float(x, "x");
+  check_cpu_float(dt, "dt");
+  check_cpu_float(decay, "decay");
+  check_cpu_float(B, "B");
+  check_cpu_float(C, "C");
+  check_cpu_float(D, "D");
   TORCH_CHECK(state.dim() == 4, "state must be [rows, heads, head_dim, state_size]");
   const int64_t rows = state.size(0), heads = state.size(1), head_dim = state.size(2), n = state.size(3);
   TORCH_CHECK(x.numel() == rows * heads * head_dim, "x must be [rows, heads, head_dim]");
@@ -757,16 +758,12 @@ at::Tensor ssm_update(at::Tensor& state, const at::Tensor& x, const at::Tensor& 
 // (decode_ops.EagerOps.gated_delta_update) made some eight over every row's, most of them allocating.
 at::Tensor gated_delta_update(at::Tensor& state, const at::Tensor& query, const at::Tensor& key,
                               const at::Tensor& value, const at::Tensor& decay, const at::Tensor& beta) {
-  const auto check = [](const at::Tensor& t, const char* name) {
-    check_cpu_contiguous(t, name);
-    TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32");
-  };
-  check(state, "state");
-  check(query, "query");
-  check(key, "key");
-  check(value, "value");
-  check(decay, "decay");
-  check(beta, "beta");
+  check_cpu_float(state, "state");
+  check_cpu_float(query, "query");
+  check_cpu_float(key, "key");
+  check_cpu_float(value, "value");
+  check_cpu_float(decay, "decay");
+  check_cpu_float(beta, "beta");
   TORCH_CHECK(state.dim() == 4, "state must be [rows, heads, key_dim, value_dim]");
   const int64_t rows = state.size(0), heads = state.size(1), key_dim = state.size(2), value_dim = state.size(3);
   TORCH_CHECK(query.numel() == rows * heads * key_dim && key.numel() == rows * heads * key_dim,
