@@ -11,8 +11,7 @@ just the rows and positions each query may see: nothing is copied.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PretrainedConfig
@@ -45,29 +44,82 @@ def pick_cache_dtype(
 
 @dataclass(frozen=True)
 class KVShape:
-    layers: int  # the layers that keep keys and values
-    kv_heads: int
-    head_dim: int
-    # A hybrid's layers that do not attend (its Mamba layers, Nemotron-H's MLP and expert layers,
-    # row_states.attention_free_layers): they keep no keys and values.
-    without: tuple[int, ...] = ()
+    """What each layer keeps a position: (kv_heads, head_dim), or None for a layer that keeps no keys
+    and values: a hybrid's layers that do not attend (its Mamba layers, Nemotron-H's MLP and expert layers,
+    row_states.attention_free_layers) and Gemma 4's layers that read an earlier layer's (`reading_earlier`).
+    Most models' layers are all alike; Gemma 4's global layers have wider heads than its window layers."""
+
+    kept: tuple[tuple[int, int] | None, ...]
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> KVShape:
         config = config.get_text_config()
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        without = attention_free_layers(config)
-        return cls(config.num_hidden_layers - len(without), key_value_heads(config), head_dim, without)
+        without = set(attention_free_layers(config)) | set(reading_earlier(config))
+
+        def layer_shape(layer: PretrainedConfig) -> tuple[int, int]:
+            heads = layer.num_attention_heads
+            return key_value_heads(layer), getattr(layer, "head_dim", None) or layer.hidden_size // heads
+
+        layers = range(config.num_hidden_layers)
+        return cls(tuple(None if i in without else layer_shape(config.per_layer_config[i]) for i in layers))
+
+    @property
+    def layers(self) -> int:
+        """The layers that keep keys and values."""
+        return sum(shape is not None for shape in self.kept)
+
+    @property
+    def without(self) -> tuple[int, ...]:
+        """The layers that keep none."""
+        return tuple(i for i, shape in enumerate(self.kept) if shape is None)
+
+    @property
+    def alike(self) -> bool:
+        """Whether every layer that keeps keys and values keeps them in one shape."""
+        return len(set(filter(None, self.kept))) == 1
+
+    @property
+    def uniform(self) -> tuple[int, int]:
+        """(kv_heads, head_dim) of every layer that keeps keys and values; ValueError where they differ (a
+        runner that writes all layers with one index needs them alike)."""
+        if not self.alike:
+            raise ValueError(f"the layers keep keys and values of {len(set(filter(None, self.kept)))} shapes")
+        return next(filter(None, self.kept))
+
+    @property
+    def kv_heads(self) -> int:
+        return self.uniform[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.uniform[1]
 
     def bytes(self, rows: int, max_seq_len: int, dtype: torch.dtype) -> int:
         """Size of keys and values of all layers."""
         element = torch.finfo(dtype).bits // 8
-        return 2 * self.layers * rows * self.kv_heads * max_seq_len * self.head_dim * element
+        widths = sum(kv_heads * head_dim for kv_heads, head_dim in filter(None, self.kept))
+        return 2 * widths * rows * max_seq_len * element
 
     def positions_within(self, memory: int, rows: int, dtype: torch.dtype) -> int:
         """The most positions a row whose keys and values, in every row, fit in `memory` bytes."""
         return memory // self.bytes(rows, 1, dtype)
+
+    def describe(self) -> str:
+        """The keys' (or values') widths a position, for the start-up log: "30 layers x 4 KV heads x 64",
+        or where layers differ "(25 layers x 8 KV heads x 256 + 5 layers x 2 KV heads x 512)"."""
+        shapes = [shape for shape in self.kept if shape is not None]
+        counts = {shape: shapes.count(shape) for shape in dict.fromkeys(shapes)}
+        text = " + ".join(
+            f"{n} layer{'s' * (n != 1)} x {heads} KV heads x {dim}" for (heads, dim), n in counts.items()
+        )
+        return text if len(counts) == 1 else f"({text})"
+
+
+def reading_earlier(config: PretrainedConfig) -> tuple[int, ...]:
+    """The layers that attend over an earlier layer's keys and values instead of keeping their own (Gemma
+    4's last `num_kv_shared_layers`, each reading the last earlier layer of its kind): they keep none."""
+    modes = getattr(config, "kv_sharing_modes", None) or ()
+    return tuple(i for i, mode in enumerate(modes) if mode == "reuse")
 
 
 def key_value_heads(config: PretrainedConfig) -> int:
@@ -100,25 +152,29 @@ class StepWrite:
     """
 
     layout: StepLayout
-    kv_heads: int
     max_seq_len: int
+    _slots: dict[int, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
-    @cached_property
-    def decode_slots(self) -> torch.Tensor:
-        """[decode queries * kv_heads] indices of (row, head, position) in a layer viewed as [-1, head_dim].
+    def decode_slots(self, kv_heads: int) -> torch.Tensor:
+        """[decode queries * kv_heads] indices of (row, head, position) in a layer of `kv_heads` heads viewed
+        as [-1, head_dim].
 
-        Every layer's cache has the same shape, so one index serves all of a
-        step's writes; `index_copy_` with it is a few times faster than
-        advanced-index assignment, which mattered at 60 writes a step.
+        Computed once a step for each width of layer (one for all layers in most models) and kept:
+        `index_copy_` with it is a few times faster than advanced-index assignment, which mattered at 60
+        writes a step.
         """
-        return cache_slots(self.layout.decode_index, self.layout.positions, self.kv_heads, self.max_seq_len)
+        if kv_heads not in self._slots:
+            self._slots[kv_heads] = cache_slots(
+                self.layout.decode_index, self.layout.positions, kv_heads, self.max_seq_len
+            )
+        return self._slots[kv_heads]
 
     def write(self, cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         n = self.layout.decode_queries
         if n:
-            head_dim = cache.shape[-1]
+            kv_heads, head_dim = cache.shape[1], cache.shape[-1]
             decoded = new[0, :, :n].transpose(0, 1).reshape(-1, head_dim)  # [n * kv_heads, head_dim]
-            cache.view(-1, head_dim).index_copy_(0, self.decode_slots, decoded.to(cache.dtype))
+            cache.view(-1, head_dim).index_copy_(0, self.decode_slots(kv_heads), decoded.to(cache.dtype))
         for chunk in self.layout.prompts:
             cache[chunk.row, :, chunk.past : chunk.past + chunk.length] = new[
                 0, :, chunk.start : chunk.start + chunk.length
@@ -162,23 +218,24 @@ class RowCache(Cache):
     ):
         """`rows` user rows, then `spare_rows` more that no request decodes in (the row an embedding
         input is prefilled in a chunk at a time, engine.py)."""
-        size = (rows + spare_rows, shape.kv_heads, max_seq_len, shape.head_dim)
-        nothing = (rows + spare_rows, shape.kv_heads, 0, shape.head_dim)  # layers that do not attend
+        nothing = (0, 0)  # a layer that keeps no keys and values: no positions
 
-        def layer(index: int) -> RowCacheLayer:
+        def layer(kept: tuple[int, int] | None) -> RowCacheLayer:
+            kv_heads, head_dim = kept or nothing
+            size = (rows + spare_rows, kv_heads, max_seq_len if kept else 0, head_dim)
             # Zeros, not empty: masked positions still get multiplied by a zero
             # attention weight, and 0 * NaN from uninitialised memory is NaN.
-            kept = nothing if index in shape.without else size
-            keys, values = (torch.zeros(kept, dtype=dtype, device=device) for _ in range(2))
+            keys, values = (torch.zeros(size, dtype=dtype, device=device) for _ in range(2))
             return RowCacheLayer(self, keys, values)
 
-        layers = [layer(index) for index in range(shape.layers + len(shape.without))]
+        layers = [layer(kept) for kept in shape.kept]
         super().__init__(layers=layers)
         # Every layer's tensors, for a forward pass that writes and reads them itself (decoder_runner).
         self.keys = [layer.keys for layer in layers]
         self.values = [layer.values for layer in layers]
         self.rows = rows  # the user rows: decode steps and their graphs span these only
-        self.kv_heads = shape.kv_heads
+        # Where all layers are alike (all but Gemma 4): for the runners that write every layer with one index.
+        self.kv_heads = shape.kv_heads if shape.alike else None
         self.max_seq_len = max_seq_len
         self.plan: StepWrite | None = None
 
@@ -190,4 +247,4 @@ class RowCache(Cache):
 
     def plan_step(self, layout: StepLayout) -> None:
         """The next forward pass writes its keys and values where this layout says."""
-        self.plan = StepWrite(layout, self.kv_heads, self.max_seq_len)
+        self.plan = StepWrite(layout, self.max_seq_len)

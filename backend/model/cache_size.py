@@ -57,8 +57,8 @@ class CacheSize:
         )
         return (
             f"KV cache: {rows} x {self.max_seq_len} positions, {dtype}, {size_text(self.bytes)} "
-            f"({size_text(position)} a position a row: 2 x {self.shape.layers} layers x "
-            f"{self.shape.kv_heads} KV heads x {self.shape.head_dim} x {element} bytes); {self.reason}"
+            f"({size_text(position)} a position a row: 2 x {self.shape.describe()} x {element} bytes); "
+            f"{self.reason}"
         )
 
 

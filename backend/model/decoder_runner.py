@@ -471,7 +471,7 @@ class DecoderRunner:
         self, input_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout, cache: RowCache
     ) -> torch.Tensor:
         """A step of decoding rows alone, up to the head: `decode_layers`, compiled where it was asked for."""
-        slots = cache.plan.decode_slots  # where the general path writes too, computed once a step
+        slots = cache.plan.decode_slots(cache.kv_heads)  # where the general path writes too, once a step
         per_query = (input_ids, positions, layout.decode_index, slots)
         decode, visible = self.decode_function(layout.visible, cache, per_query)
         return decode(input_ids, positions, layout.decode_index, slots, visible, cache.keys, cache.values)
@@ -482,7 +482,7 @@ class DecoderRunner:
         """The same step, up to the head, by decode_layers.cpp: `decode_layers`' loop in one C++ call."""
         hidden = self.embed(input_ids)
         cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
-        slots, rows = cache.plan.decode_slots, layout.decode_index
+        slots, rows = cache.plan.decode_slots(cache.kv_heads), layout.decode_index
         return self.native(hidden, cos, sin, slots, rows, positions, cache.keys, cache.values)
 
     def rotations(

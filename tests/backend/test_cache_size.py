@@ -91,6 +91,23 @@ def test_the_default_models_line_gives_its_arithmetic():
     assert line.startswith("KV cache: 32 rows and 1 for embedding inputs x 2048 positions, float32, 2970 MiB")
 
 
+def test_layers_of_other_widths_and_layers_keeping_none_are_counted_as_they_are():
+    """Gemma 4's global layers keep wider keys than its window layers, and its last layers keep none (they
+    read the last earlier layer of their kind's): the line and the bytes count each layer as it is."""
+    from transformers import Gemma4TextConfig
+
+    gemma4 = Gemma4TextConfig(
+        num_hidden_layers=10, num_attention_heads=8, num_key_value_heads=2, head_dim=256, global_head_dim=512,
+        layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 2, num_kv_shared_layers=4,
+    )  # fmt: skip
+    size = size_kv_cache(BackendConfig(max_seq_len=1024), gemma4, torch.bfloat16)
+    # Layers 0-5 keep theirs, five window layers and one global one; 6-9 read layers 3's and 4's
+    assert size.shape.without == (6, 7, 8, 9)
+    assert size.bytes == 33 * 1024 * 2 * (5 * 2 * 256 + 2 * 512) * 2
+    widths = "(5 layers x 2 KV heads x 256 + 1 layer x 2 KV heads x 512)"
+    assert f"a row: 2 x {widths} x 2 bytes)" in size.summary()
+
+
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     """The tiny Llama saved as a model directory, with the default model's tokenizer."""
