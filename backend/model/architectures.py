@@ -37,6 +37,7 @@ SUPPORTED = {
     "phi3": "Phi-3, Phi-3.5 and Phi-4-mini",
     "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3, and the text of the multimodal ones",
+    "gemma4_text": "Gemma 4 (its text), with per-layer embeddings, layers sharing keys and values, experts",
     "gpt_oss": "gpt-oss",
     "cohere2": "Command R7B and other Cohere 2 models",
     "olmo2": "OLMo 2",
@@ -93,6 +94,13 @@ def check_supported(config: PretrainedConfig) -> None:
         raise UnsupportedModel(
             f"model type {model_type!r} is not supported: the engine serves exactly only "
             + "; ".join(f"{name} ({families})" for name, families in SUPPORTED.items())
+        )
+    # EmbeddingGemma (Gemma 3's layers), and Gemma 4's "all": every token reads every other, which a
+    # generator's rows, read up to each query's position, do not do.
+    if getattr(config, "use_bidirectional_attention", None) in (True, "all"):
+        raise UnsupportedModel(
+            f"this {model_type} model attends both ways (use_bidirectional_attention), as an embedding model "
+            "does, not causally as a generator: serve it beside a generator with --embedding-model"
         )
 
 

@@ -81,6 +81,27 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "layer_types": ["sliding_attention", "full_attention"],
         "tie_word_embeddings": False,
     },
+    # Gemma 4: window layers beside global ones with wider heads (32, of one key head whose keys are its
+    # values); a per-layer embedding into each layer; the last two layers attend over the keys and values of
+    # the last earlier layer of their kind, and have MLPs twice as wide; experts beside each MLP
+    "gemma4_text": {
+        "num_hidden_layers": 4,
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "global_head_dim": 32,
+        "attention_k_eq_v": True,
+        "num_global_key_value_heads": 1,
+        "vocab_size_per_layer_input": TINY_VOCAB,
+        "hidden_size_per_layer_input": 8,
+        "num_kv_shared_layers": 2,
+        "use_double_wide_mlp": True,
+        "enable_moe_block": True,
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 32,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": False,
+    },
     "gpt_oss": {  # alternates window and global layers; every layer has its sinks
         "sliding_window": TINY_WINDOW,
         "num_local_experts": 4,
@@ -253,7 +274,10 @@ def tiny_model(
     # one in place of the other, or none, would give other tokens.
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if name.endswith(("q_norm.weight", "k_norm.weight")):
+            # (Gemma 4's every norm scales by its weight, ones to start with: random too.)
+            if name.endswith(("q_norm.weight", "k_norm.weight")) or (
+                architecture == "gemma4_text" and "norm" in name
+            ):
                 parameter.uniform_(0.5, 1.5)
             # Gemma 3's four norms a layer start as zeros (each scales by 1 + weight): the same scale for
             # all, which would hide one applied in place of another.
@@ -276,6 +300,23 @@ def tiny_qwen3_5_multimodal() -> torch.nn.Module:
     text_config = {k: v for k, v in text.config.to_dict().items() if k not in ("architectures", "model_type")}
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
     model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text_config, vision_config=vision))
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.lm_head.load_state_dict(text.lm_head.state_dict())
+    return model.eval()
+
+
+def tiny_gemma4_multimodal() -> torch.nn.Module:
+    """A Gemma 4 checkpoint as Google publishes one: Gemma4ForConditionalGeneration, the tiny text model of
+    `tiny_model("gemma4_text")` (its weights) beside a one-layer vision tower, saved under the composite
+    model's names (model.language_model.*, model.vision_tower.*)."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    text = tiny_model("gemma4_text")
+    text_config = {k: v for k, v in text.config.to_dict().items() if k not in ("architectures", "model_type")}
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    vision |= dict(num_key_value_heads=2, head_dim=16)
+    config = Gemma4Config(text_config=text_config, vision_config=vision, tie_word_embeddings=False)
+    model = Gemma4ForConditionalGeneration(config)
     model.model.language_model.load_state_dict(text.model.state_dict())
     model.lm_head.load_state_dict(text.lm_head.state_dict())
     return model.eval()

@@ -12,6 +12,9 @@ from transformers import (
     FalconConfig,
     Gemma2Config,
     Gemma3Config,
+    Gemma3TextConfig,
+    Gemma4Config,
+    Gemma4TextConfig,
     LlamaConfig,
     Mamba2Config,
     MambaConfig,
@@ -43,6 +46,10 @@ RWKV = dict(
         (Gemma2Config(**SMALL), None),
         (Gemma3Config(text_config=SMALL), None),  # multimodal: its text model is served
         (Qwen3_5Config(text_config=SMALL), None),  # so is Qwen3.5's, Gated DeltaNets among attention layers
+        (Gemma4Config(text_config=SMALL), None),  # and Gemma 4's
+        # An embedding model's layers, every token reading every other: not a generator's
+        (Gemma3TextConfig(**SMALL, use_bidirectional_attention=True), "attends both ways"),
+        (Gemma4TextConfig(**SMALL, use_bidirectional_attention="all"), "attends both ways"),
         (FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4), None),
         (FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=True), None),
         (MambaConfig(hidden_size=64, num_hidden_layers=2), None),  # a recurrent state a row

@@ -1,5 +1,6 @@
 """A mixture of experts' weights in weight-only layers (backend/quant/quantized_experts.py): what
-`--quantize int4|int8` makes of Qwen3-MoE's and Mixtral's experts, which are nearly all of such a model."""
+`--quantize int4|int8` makes of Qwen3-MoE's, Mixtral's and Gemma 4's experts, which are nearly all of such
+a model."""
 
 import copy
 
@@ -13,11 +14,12 @@ from backend.quant.quantized_experts import QuantizedExperts, as_linear
 from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
-MOE = ["qwen3_moe", "mixtral"]
+MOE = ["qwen3_moe", "mixtral", "gemma4_text"]
 
 
 def experts_of(model) -> list:
-    return [layer.mlp.experts for layer in model.model.layers]
+    """Each layer's experts: in its MLP, or beside it (Gemma 4's)."""
+    return [getattr(layer, "experts", None) or layer.mlp.experts for layer in model.model.layers]
 
 
 @pytest.mark.parametrize("architecture", MOE)

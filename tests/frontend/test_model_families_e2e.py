@@ -31,6 +31,7 @@ from tests.backend.models import (
     TINY_VOCAB,
     MarkerTokenizer,
     reference_greedy,
+    tiny_gemma4_multimodal,
     tiny_qwen3_5_multimodal,
     write_tiny_causal_lm,
 )
@@ -91,6 +92,10 @@ FAMILIES = [
     "qwen3_5_moe_text",
     "qwen3_5",
     "olmo_hybrid",
+    # Served from 2026-12-03: Gemma 4, its text model alone and as Google publishes it (a vision tower
+    # beside): global layers wider than its window layers, layers attending over earlier ones' keys and values
+    "gemma4_text",
+    "gemma4",
 ]
 MAX_TOKENS = 10
 EXACT = dict(dtype="float32", quantize="none", rows=4, max_seq_len=128, max_prefill_tokens=8)
@@ -134,7 +139,12 @@ def prepare(family: str, tmp_path: Path) -> Family:
     """The family's model directory, the reference model loaded from it, and six prompts sharing a prefix."""
     # Falcon-RW: Falcon with ALiBi positions (tests/backend/test_falcon.py's shape)
     # Qwen3.5 as published: the multimodal model, whose own `generate` is then the reference
-    build = {"falcon_rw": lambda: tiny_falcon(SHAPES["rw"]), "qwen3_5": tiny_qwen3_5_multimodal}.get(family)
+    # Gemma 4 too
+    build = {
+        "falcon_rw": lambda: tiny_falcon(SHAPES["rw"]),
+        "qwen3_5": tiny_qwen3_5_multimodal,
+        "gemma4": tiny_gemma4_multimodal,
+    }.get(family)
     built = build() if build is not None else None
     directory = write_tiny_causal_lm(tmp_path / family, family, built)
     model = built.eval() if built is not None else AutoModelForCausalLM.from_pretrained(directory).eval()
