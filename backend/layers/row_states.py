@@ -38,8 +38,12 @@ STATE_SPACE_TYPES = ("mamba", "falcon_mamba", "mamba2")
 # or in every layer beside its attention (Falcon-H1's "hybrid" layers); Jamba's are Mamba's; Nemotron-H's
 # layers are each a Mamba-2 mixer, an attention, an MLP or experts. Qwen3-Next's, Qwen3.5's and OLMo's
 # hybrid's "linear_attention" layers are Gated DeltaNets instead (GATED_DELTA_TYPES, model/gated_delta.py).
+# LFM2's "conv" layers are a short convolution alone, no scan (SHORT_CONV_TYPES, model/short_conv.py).
 GATED_DELTA_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid")
-HYBRID_TYPES = ("bamba", "granitemoehybrid", "falcon_h1", "jamba", "nemotron_h", *GATED_DELTA_TYPES)
+SHORT_CONV_TYPES = ("lfm2", "lfm2_moe")
+HYBRID_TYPES = (
+    "bamba", "granitemoehybrid", "falcon_h1", "jamba", "nemotron_h", *GATED_DELTA_TYPES, *SHORT_CONV_TYPES
+)  # fmt: skip
 # The `layer_types` of a hybrid's layers that attend (and keep keys and values).
 ATTENDING_LAYERS = ("full_attention", "sliding_attention", "hybrid")
 
@@ -58,7 +62,8 @@ def state_layers(config: PretrainedConfig) -> tuple[int, ...]:
     """The indices of the layers that keep a recurrent state (all of a state-space model's)."""
     config = config.get_text_config()
     if config.model_type in HYBRID_TYPES:
-        return tuple(i for i, kind in enumerate(config.layer_types) if kind in ("linear_attention", "hybrid"))
+        recurrent = ("linear_attention", "hybrid", "conv")
+        return tuple(i for i, kind in enumerate(config.layer_types) if kind in recurrent)
     return tuple(range(config.num_hidden_layers)) if config.model_type in STATE_SPACE_TYPES else ()
 
 
@@ -79,7 +84,7 @@ class StateShape:
     conv_channels: int
     conv_kernel: int
     # A row's scan state: Mamba's [channels, state_size], Mamba-2's [heads, head_dim, state_size], a Gated
-    # DeltaNet's [value_heads, key_dim, value_dim].
+    # DeltaNet's [value_heads, key_dim, value_dim]; LFM2's short convolutions have none ([0]).
     ssm: tuple[int, ...]
 
     @classmethod
@@ -94,6 +99,8 @@ class StateShape:
             conv_channels = 2 * config.linear_num_key_heads * key_dim + heads * value_dim
             ssm = (heads, key_dim, value_dim)
             return cls(len(state_layers(config)), conv_channels, config.linear_conv_kernel_dim, ssm)
+        if config.model_type in SHORT_CONV_TYPES:  # a convolution over the hidden size, no scan: no state
+            return cls(len(state_layers(config)), config.hidden_size, config.conv_L_cache, (0,))
         if config.model_type == "jamba":  # Mamba layers, their sizes named mamba_*
             inner = config.mamba_expand * config.hidden_size
             return cls(len(state_layers(config)), inner, config.mamba_d_conv, (inner, config.mamba_d_state))

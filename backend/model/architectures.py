@@ -79,6 +79,8 @@ SUPPORTED = {
     "qwen3_5_text": "Qwen3.5 dense models (their text), Gated DeltaNet layers among gated attention layers",
     "qwen3_5_moe_text": "Qwen3.5 mixture-of-experts models (their text)",
     "olmo_hybrid": "OLMo's hybrid, Gated DeltaNet layers among attention layers",
+    "lfm2": "LFM2, short convolution layers among attention layers",
+    "lfm2_moe": "LFM2 mixture-of-experts models",
 }
 
 

@@ -3,7 +3,8 @@ attention layers over the row cache (layers/attention.py), their recurrent mixer
 (layers/row_states.py).
 
 Bamba, Granite 4, Falcon-H1 and Nemotron-H mix with Mamba-2 layers (mamba.mix_mamba2), Jamba with
-Mamba's (mamba.mix_mamba), Qwen3-Next, Qwen3.5 and OLMo's hybrid with Gated DeltaNets (gated_delta.py).
+Mamba's (mamba.mix_mamba), Qwen3-Next, Qwen3.5 and OLMo's hybrid with Gated DeltaNets (gated_delta.py),
+LFM2 with short convolutions (short_conv.py).
 Each mixer object keeps its class's weights and gets a class above its own whose forward, inside an
 engine's step, mixes the pack over its layer's states; outside one (`generate`, say) it is
 transformers' own.
@@ -21,9 +22,10 @@ from backend.layers.decode_ops import DecodeOps
 from backend.layers.row_states import RowStates
 from backend.model.gated_delta import GATED_DELTA_MIXERS, mix_gated_delta
 from backend.model.mamba import mix_mamba, mix_mamba2, state_ops
+from backend.model.short_conv import SHORT_CONV_MIXERS, is_short_conv, mix_short_conv
 
 # The mixers of hybrid models (transformers' classes, by name): Mamba2Mixer's forward, Jamba's
-# FalconMambaMixer's (its norms with weights), and the Gated DeltaNets.
+# FalconMambaMixer's (its norms with weights), the Gated DeltaNets and LFM2's short convolutions.
 HYBRID_MIXERS = (
     "BambaMixer",
     "GraniteMoeHybridMambaLayer",
@@ -31,6 +33,7 @@ HYBRID_MIXERS = (
     "NemotronHMamba2Mixer",
     "JambaMambaMixer",
     *GATED_DELTA_MIXERS,
+    *SHORT_CONV_MIXERS,
 )
 
 
@@ -64,6 +67,8 @@ class MixesOverRows:
         if layout is None:  # not in an engine's step: transformers' mixer over its own cache
             return super().forward(hidden_states, *args, **kwargs)
         conv, ssm = self.row_states
+        if is_short_conv(self):  # LFM2's: a convolution alone, no scan
+            return mix_short_conv(self, conv, hidden_states[0], layout)[None]
         if hasattr(self, "head_k_dim"):  # a Gated DeltaNet: a matrix a value head, keys to values
             return mix_gated_delta(self, conv, ssm, hidden_states[0], layout, self.row_ops)[None]
         if hasattr(self, "x_proj"):  # Jamba's Mamba mixer, with norms of its scan's time step, B and C

@@ -242,13 +242,15 @@ def mix_mamba2(
 
 def convolve(mixer: nn.Module, conv: torch.Tensor, inputs: torch.Tensor, layout: StepLayout) -> torch.Tensor:
     """The causal convolution of every token ([tokens, channels]) over its row's last inputs, which the
-    rows then keep in `conv`."""
-    weight, bias, kernel = mixer.conv1d.weight.squeeze(1), mixer.conv1d.bias, conv.shape[-1]
+    rows then keep in `conv`; then the mixer's activation, where it has one (LFM2's has none)."""
+    layer = getattr(mixer, "conv1d", None) or mixer.conv  # LFM2's name for it
+    weight, bias, kernel = layer.weight.squeeze(1), layer.bias, conv.shape[-1]
+    activation = getattr(mixer, "activation", None)
     convolved = torch.empty_like(inputs)
     decoded = layout.decode_queries
     if decoded:
         with decoding_states(conv, layout) as state:
-            out = causal_conv1d_update(inputs[:decoded, :, None], state, weight, bias, mixer.activation)
+            out = causal_conv1d_update(inputs[:decoded, :, None], state, weight, bias, activation)
         convolved[:decoded] = out[:, :, 0]
     for chunk in layout.prompts:
         places = chunk_places(chunk)
@@ -258,7 +260,7 @@ def convolve(mixer: nn.Module, conv: torch.Tensor, inputs: torch.Tensor, layout:
         else:  # a prompt's start: zeros before it, as transformers pads a short prompt's state
             full = F.pad(segment, (max(kernel - chunk.length, 0), 0))
         conv[chunk.row] = full[0, :, -kernel:]
-        out = causal_conv1d_fn(full, weight, bias, mixer.activation)
+        out = causal_conv1d_fn(full, weight, bias, activation)
         convolved[places] = out[0, :, -chunk.length :].T
     return convolved
 

@@ -1,5 +1,5 @@
 """A mixture of experts' weights in the weight-only layers' blocks (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE,
-Gemma 4).
+Gemma 4, LFM2-MoE).
 
 transformers keeps every expert of a layer in two float tensors, `gate_up_proj` [experts, 2 x
 intermediate, hidden] and `down_proj` [experts, hidden, intermediate], and multiplies each token by its
@@ -23,7 +23,14 @@ from torch import nn
 from backend.quant.quantized_linear import WeightOnlyLinear, fits_int4_kernels
 
 # The experts' modules whose forward is transformers' plain one (above), by class name.
-PLAIN_EXPERTS = {"Qwen3MoeExperts", "Qwen2MoeExperts", "MixtralExperts", "OlmoeExperts", "Gemma4TextExperts"}
+PLAIN_EXPERTS = {
+    "Qwen3MoeExperts",
+    "Qwen2MoeExperts",
+    "MixtralExperts",
+    "OlmoeExperts",
+    "Gemma4TextExperts",
+    "Lfm2MoeExperts",
+}
 
 
 def takes(module: nn.Module) -> bool:

@@ -199,6 +199,21 @@ FAMILY_EXTRAS: dict[str, dict] = {
     # OLMo's hybrid: its rate may reach 2 (`linear_allow_neg_eigval`), so that a rate left at 0..1 gives
     # other tokens
     "olmo_hybrid": {**GATED_DELTA, "linear_allow_neg_eigval": True},
+    # LFM2: a short convolution layer (its kernel of 3 reaching past a token) before an attention layer,
+    # weights large enough that the convolution's output decides tokens; LFM2-MoE's second layer's MLP four
+    # experts, two chosen a token, its first dense
+    "lfm2": {
+        "layer_types": ["conv", "full_attention"],
+        "initializer_range": 0.2,
+        "tie_word_embeddings": False,
+    },
+    "lfm2_moe": {
+        "layer_types": ["conv", "full_attention"],
+        **TINY_EXPERTS,
+        "num_dense_layers": 1,
+        "initializer_range": 0.2,
+        "tie_word_embeddings": False,
+    },
     "granitemoehybrid": {
         "layer_types": ["linear_attention", "full_attention"],
         **HYBRID_MAMBA,

@@ -1,6 +1,6 @@
 """A mixture of experts' weights in weight-only layers (backend/quant/quantized_experts.py): what
-`--quantize int4|int8` makes of Qwen3-MoE's, Mixtral's and Gemma 4's experts, which are nearly all of such
-a model."""
+`--quantize int4|int8` makes of Qwen3-MoE's, Mixtral's, Gemma 4's and LFM2-MoE's experts, which are nearly
+all of such a model."""
 
 import copy
 
@@ -14,12 +14,12 @@ from backend.quant.quantized_experts import QuantizedExperts, as_linear
 from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
-MOE = ["qwen3_moe", "mixtral", "gemma4_text"]
+MOE = ["qwen3_moe", "mixtral", "gemma4_text", "lfm2_moe"]
 
 
 def experts_of(model) -> list:
-    """Each layer's experts: in its MLP, or beside it (Gemma 4's)."""
-    return [getattr(layer, "experts", None) or layer.mlp.experts for layer in model.model.layers]
+    """Each layer's experts, where it has them: in its MLP, or beside it (Gemma 4's)."""
+    return [module for name, module in model.named_modules() if name.endswith(".experts")]
 
 
 @pytest.mark.parametrize("architecture", MOE)
@@ -60,7 +60,7 @@ def test_quantize_model_leaves_no_expert_in_floats_and_serves_generates_tokens(a
     assert all(isinstance(e, QuantizedExperts) for e in experts_of(model))
     config = model.config
     experts = getattr(config, "num_experts", None) or config.num_local_experts
-    assert replaced >= 2 * experts * config.num_hidden_layers
+    assert replaced >= 2 * experts * len(experts_of(model))
     assert resident_bytes(model)["floats"] <= floats_before - expert_bytes
     layers = [layer for e in experts_of(model) for layer in [*e.gate_up, *e.down]]
     assert all(layer.dense is None for layer in layers)

@@ -96,6 +96,9 @@ FAMILIES = [
     # beside): global layers wider than its window layers, layers attending over earlier ones' keys and values
     "gemma4_text",
     "gemma4",
+    # LFM2: short convolution layers over the rows' states (model/short_conv.py)
+    "lfm2",
+    "lfm2_moe",
 ]
 MAX_TOKENS = 10
 EXACT = dict(dtype="float32", quantize="none", rows=4, max_seq_len=128, max_prefill_tokens=8)
