@@ -37,6 +37,7 @@ SUPPORTED = {
     "phi3": "Phi-3, Phi-3.5 and Phi-4-mini",
     "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3, and the text of the multimodal ones",
+    "gemma3n_text": "Gemma 3n (its text), with per-layer embeddings and layers sharing keys and values",
     "gemma4_text": "Gemma 4 (its text), with per-layer embeddings, layers sharing keys and values, experts",
     "gpt_oss": "gpt-oss",
     "cohere2": "Command R7B and other Cohere 2 models",
@@ -82,6 +83,11 @@ SUPPORTED = {
     "lfm2": "LFM2, short convolution layers among attention layers",
     "lfm2_moe": "LFM2 mixture-of-experts models",
 }
+
+# Multimodal checkpoints whose towers transformers builds with a package the server does not install
+# (Gemma 3n's vision tower is a timm MobileNet): their text model alone is loaded (loader.load_text_alone),
+# its weights renamed from the composite's names by these patterns, the towers' left unread.
+TEXT_ALONE = {"gemma3n": {r"^model\.language_model\.": "model."}}
 
 
 class UnsupportedModel(ValueError):

@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from importlib.metadata import PackageNotFoundError, distribution
@@ -48,7 +48,7 @@ from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
 from backend.layers.row_states import has_row_states, is_state_space
 from backend.messages import BackendConfig
-from backend.model.architectures import UnsupportedModel, check_own_code, check_supported
+from backend.model.architectures import TEXT_ALONE, UnsupportedModel, check_own_code, check_supported
 from backend.model.cache_size import context_length, size_kv_cache, size_row_states
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed, score
@@ -331,6 +331,10 @@ def load_weights(
     """transformers' model, and what it read, from a checkpoint or a GGUF file. A GGUF file is converted
     in float32, whatever this start's dtype: the converted copy serves every later start, the exact
     mode's too, which must get the file's dequantized weights, not bfloat16's."""
+    if gguf_file is None:
+        config = AutoConfig.from_pretrained(location, token=token)
+        if config.model_type in TEXT_ALONE:
+            return load_text_alone(location, config, dtype, token)
     try:
         return AutoModelForCausalLM.from_pretrained(
             location,
@@ -353,6 +357,25 @@ def load_weights(
             f"{source.name} is a quantized checkpoint this server reads through a library that is not "
             f"installed here: {error}"
         ) from error
+
+
+def load_text_alone(
+    location: str, config: PretrainedConfig, dtype: torch.dtype, token: str | None
+) -> tuple[PreTrainedModel, dict]:
+    """The text model of a multimodal checkpoint (TEXT_ALONE), by its family's causal LM class; refused
+    where the renamed weights leave any of its parameters unread (they would be random)."""
+    text_config = config.get_text_config()
+    model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(text_config)].from_pretrained(
+        location,
+        config=text_config,
+        key_mapping=TEXT_ALONE[config.model_type],
+        token=token,
+        dtype=dtype,
+        attn_implementation=None,
+        output_loading_info=True,
+    )
+    refuse_unread(info["missing_keys"], f"the {config.model_type} checkpoint in {location}")
+    return model, info
 
 
 def load_read_itself(
@@ -380,13 +403,19 @@ def load_read_itself(
         attn_implementation=None,
         output_loading_info=True,
     )
-    if info["missing_keys"]:
-        missing = sorted(info["missing_keys"])
-        raise UnsupportedModel(
-            f"the {name} in {location} has no weights for {len(missing)} of the "
-            f"model's parameters ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})"
-        )
+    refuse_unread(info["missing_keys"], f"the {name} in {location}")
     return model, info, layers
+
+
+def refuse_unread(missing: Iterable[str], checkpoint: str) -> None:
+    """UnsupportedModel where loading left any of the model's parameters without weights (transformers
+    leaves them random, which would be served as nonsense)."""
+    missing = sorted(missing)
+    if missing:
+        raise UnsupportedModel(
+            f"{checkpoint} has no weights for {len(missing)} of the model's parameters "
+            f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})"
+        )
 
 
 def check_all_weights_read(missing: list[str], gguf_file: str) -> None:

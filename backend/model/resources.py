@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from backend.layers.row_cache import KVShape
 from backend.layers.row_states import StateShape, has_row_states, is_state_space
+from backend.model.architectures import TEXT_ALONE
 
 GIB = 1024**3
 HEADROOM = 1.1  # activations, allocator slack, the Python process itself
@@ -41,7 +42,10 @@ class Available:
 
 
 def parameter_count(model_config: PretrainedConfig) -> int:
-    """Parameters of the model the config describes, counted without allocating them."""
+    """Parameters of the model the config describes, counted without allocating them (a TEXT_ALONE
+    checkpoint's text model's: what is loaded of it)."""
+    if model_config.model_type in TEXT_ALONE:
+        model_config = model_config.get_text_config()
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(model_config)
     return sum(p.numel() for p in model.parameters())

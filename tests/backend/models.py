@@ -102,6 +102,23 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "final_logit_softcapping": 30.0,
         "tie_word_embeddings": False,
     },
+    # Gemma 3n: window layers beside a global one, a per-layer embedding into each layer, its residual
+    # stream in two (AltUp) with a low-rank path beside attention (Laurel); the last two layers attend over
+    # the keys and values of the last earlier layer of their kind; the first layer's MLP keeps its largest
+    # activations only (activation sparsity)
+    "gemma3n_text": {
+        "num_hidden_layers": 4,
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "vocab_size_per_layer_input": TINY_VOCAB,
+        "hidden_size_per_layer_input": 8,
+        "num_kv_shared_layers": 2,
+        "altup_num_inputs": 2,
+        "laurel_rank": 8,
+        "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0],
+        "intermediate_size": [128] * 4,
+        "tie_word_embeddings": False,
+    },
     "gpt_oss": {  # alternates window and global layers; every layer has its sinks
         "sliding_window": TINY_WINDOW,
         "num_local_experts": 4,
@@ -291,7 +308,7 @@ def tiny_model(
         for name, parameter in model.named_parameters():
             # (Gemma 4's every norm scales by its weight, ones to start with: random too.)
             if name.endswith(("q_norm.weight", "k_norm.weight")) or (
-                architecture == "gemma4_text" and "norm" in name
+                architecture in ("gemma4_text", "gemma3n_text") and "norm" in name
             ):
                 parameter.uniform_(0.5, 1.5)
             # Gemma 3's four norms a layer start as zeros (each scales by 1 + weight): the same scale for
@@ -335,6 +352,26 @@ def tiny_gemma4_multimodal() -> torch.nn.Module:
     model.model.language_model.load_state_dict(text.model.state_dict())
     model.lm_head.load_state_dict(text.lm_head.state_dict())
     return model.eval()
+
+
+def write_gemma3n_multimodal(directory: Path, text: torch.nn.Module) -> Path:
+    """Gemma 3n as Google publishes it, over a model directory of `text` (a tiny Gemma 3n text model):
+    Gemma3nForConditionalGeneration's config (its towers' defaults) and the text model's weights under the
+    composite's names (model.language_model.*), a tower's weight beside them. Written by hand: building
+    the composite model needs timm, for its vision tower."""
+    from safetensors.torch import save_file
+    from transformers import Gemma3nConfig
+
+    text_config = {k: v for k, v in text.config.to_dict().items() if k not in ("architectures", "model_type")}
+    config = Gemma3nConfig(text_config=text_config)
+    config.architectures = ["Gemma3nForConditionalGeneration"]
+    config.save_pretrained(directory)
+    weights = {
+        re.sub(r"^model\.", "model.language_model.", k): v.contiguous() for k, v in text.state_dict().items()
+    }
+    weights["model.vision_tower.timm_model.conv_stem.conv.weight"] = torch.zeros(8, 3, 3, 3)
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
 
 
 def write_gguf_linears(path: Path, model: torch.nn.Module, kinds: dict[str, object]) -> Path:

@@ -12,6 +12,7 @@ from transformers import (
     FalconConfig,
     Gemma2Config,
     Gemma3Config,
+    Gemma3nConfig,
     Gemma3TextConfig,
     Gemma4Config,
     Gemma4TextConfig,
@@ -47,6 +48,7 @@ RWKV = dict(
         (Gemma3Config(text_config=SMALL), None),  # multimodal: its text model is served
         (Qwen3_5Config(text_config=SMALL), None),  # so is Qwen3.5's, Gated DeltaNets among attention layers
         (Gemma4Config(text_config=SMALL), None),  # and Gemma 4's
+        (Gemma3nConfig(text_config=SMALL), None),  # and Gemma 3n's (its text model alone loaded)
         # An embedding model's layers, every token reading every other: not a generator's
         (Gemma3TextConfig(**SMALL, use_bidirectional_attention=True), "attends both ways"),
         (Gemma4TextConfig(**SMALL, use_bidirectional_attention="all"), "attends both ways"),

@@ -7,10 +7,11 @@ import torch
 
 from backend.layers.row_cache import pick_cache_dtype
 from backend.messages import BackendConfig
+from backend.model.architectures import UnsupportedModel
 from backend.model.loader import converted_dir, default_model_path, hub_token, load_model, resolve_model
 from backend.model.resources import GIB, Available, Needs, estimate_needs, shortfalls
 from backend.quant.gguf_weights import BLOCKS_CACHE
-from tests.backend.models import tiny_model
+from tests.backend.models import tiny_model, write_gemma3n_multimodal, write_tiny_causal_lm
 
 
 def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_path, monkeypatch):
@@ -37,6 +38,27 @@ def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_pa
     load_model(BackendConfig(cache_dir=str(tmp_path)))  # the default mode: the file's 4-bit blocks
     assert (converted / BLOCKS_CACHE).is_file()  # read from the file once, kept for later starts
     assert len(parsed) == 2
+
+
+def test_a_gemma_3n_checkpoint_loads_its_text_model_alone_and_is_refused_with_a_text_weight_missing(tmp_path):
+    """Gemma 3n as published: the text model is loaded by its own class from the composite's names (its
+    vision tower, which needs timm, is not built); a text weight missing is refused, not left random."""
+    from safetensors.torch import load_file, save_file
+
+    text = tiny_model("gemma3n_text")
+    directory = write_gemma3n_multimodal(
+        write_tiny_causal_lm(tmp_path / "gemma3n", "gemma3n_text", text), text
+    )
+    loaded = load_model(BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64))
+    assert type(loaded.model).__name__ == "Gemma3nForCausalLM"
+    assert torch.equal(
+        loaded.model.model.layers[1].self_attn.q_proj.weight, text.model.layers[1].self_attn.q_proj.weight
+    )
+    weights = load_file(directory / "model.safetensors")
+    del weights["model.language_model.layers.1.mlp.down_proj.weight"]
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UnsupportedModel, match=r"no weights for 1 .*model.layers.1.mlp.down_proj.weight"):
+        load_model(BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64))
 
 
 def test_a_local_directory_loads_as_is(tmp_path):

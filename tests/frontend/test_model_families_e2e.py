@@ -32,7 +32,9 @@ from tests.backend.models import (
     MarkerTokenizer,
     reference_greedy,
     tiny_gemma4_multimodal,
+    tiny_model,
     tiny_qwen3_5_multimodal,
+    write_gemma3n_multimodal,
     write_tiny_causal_lm,
 )
 from tests.backend.test_falcon import SHAPES, tiny_falcon
@@ -96,6 +98,10 @@ FAMILIES = [
     # beside): global layers wider than its window layers, layers attending over earlier ones' keys and values
     "gemma4_text",
     "gemma4",
+    # Gemma 3n, its text model alone and as Google publishes it (whose towers the loader leaves unread:
+    # the vision one needs timm)
+    "gemma3n_text",
+    "gemma3n",
     # LFM2: short convolution layers over the rows' states (model/short_conv.py)
     "lfm2",
     "lfm2_moe",
@@ -149,7 +155,11 @@ def prepare(family: str, tmp_path: Path) -> Family:
         "gemma4": tiny_gemma4_multimodal,
     }.get(family)
     built = build() if build is not None else None
-    directory = write_tiny_causal_lm(tmp_path / family, family, built)
+    if family == "gemma3n":  # the text model's weights and tokenizer, then the composite's config and names
+        built = tiny_model("gemma3n_text")
+        directory = write_gemma3n_multimodal(write_tiny_causal_lm(tmp_path / family, family, built), built)
+    else:
+        directory = write_tiny_causal_lm(tmp_path / family, family, built)
     model = built.eval() if built is not None else AutoModelForCausalLM.from_pretrained(directory).eval()
     rng = random.Random(family)
     shared = [rng.randrange(2, TINY_EOS) for _ in range(12)]
