@@ -309,6 +309,9 @@ class Piece:
     # back by a stop sequence included, as the logprobs entries), so a request's add up to its tokens.
     token_ids: tuple[int, ...] = ()
     cached_tokens: int = 0  # prompt tokens not computed: their keys and values were in the cache
+    # Seconds the request waited for a row, from its coming to the engine to its prefill's start (a row's
+    # pieces; None for an answer that took no row: an embedding, a rejection)
+    queued_seconds: float | None = None
     stop_sequence: str | None = None  # the stop string that ended the request (Anthropic's stop_sequence)
     stop_token_id: int | None = None  # the stop_token_ids token that ended the request (vLLM's stop_reason)
     embedding: tuple[float, ...] | None = None  # an embedding request's vector

@@ -73,6 +73,7 @@ def mock_text(prompt_ids: tuple[int, ...], n_tokens: int) -> str:
 @dataclass
 class MockRow:
     request: Submit
+    queued: float = 0.0  # seconds it waited for its row (Piece.queued_seconds)
     stop: StopMatcher = field(init=False)
     generated: int = 0
 
@@ -101,6 +102,7 @@ class MockRow:
             prompt_tokens=len(self.request.prompt_ids),
             completion_tokens=self.generated,
             stop_sequence=self.stop.matched,
+            queued_seconds=self.queued,
         )
 
 
@@ -131,7 +133,7 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Conn
     )
     interval = 1.0 / config.mock_tokens_per_second
     rows: dict[str, MockRow] = {}
-    waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
+    waiting: collections.OrderedDict[str, tuple[Submit, float]] = collections.OrderedDict()  # and its coming
     next_tick = last_sent = time.monotonic()
     while True:
         idle = not rows and not waiting
@@ -149,7 +151,7 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Conn
                 if (refused := refusal(message, max_seq_len)) is not None:
                     pieces.append(refused)
                 else:
-                    waiting[message.request_id] = message
+                    waiting[message.request_id] = message, time.monotonic()
             elif isinstance(message, Cancel):
                 cancelled = rows.pop(message.request_id, None) or waiting.pop(message.request_id, None)
                 if cancelled is not None:
@@ -158,8 +160,8 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Conn
             next_tick = time.monotonic()
         if time.monotonic() >= next_tick and (rows or waiting):
             while waiting and len(rows) < config.rows:
-                request_id, request = waiting.popitem(last=False)
-                rows[request_id] = MockRow(request)
+                request_id, (request, came) = waiting.popitem(last=False)
+                rows[request_id] = MockRow(request, time.monotonic() - came)
                 admitted.append(request_id)
             for request_id, row in list(rows.items()):
                 piece = row.next_piece()

@@ -47,6 +47,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.request_queue_time = Histogram(
+            "inference_request_queue_time_seconds",
+            "From a request's coming to the backend to its row: the wait for a free row",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.inter_token_latency = Histogram(
             "inference_inter_token_latency_seconds",
             "Time between generated tokens of one request",

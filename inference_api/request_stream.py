@@ -44,6 +44,7 @@ class RequestStream:
         self.team = team  # from the proxy's X-Team-ID (metrics.team_of); None without one
         self.completion_tokens = 0
         self.cached_tokens = 0  # prompt tokens the backend found in its cache
+        self.queued_seconds: float | None = None  # its wait for a row (Piece.queued_seconds)
         self.draft_tokens = self.accepted_draft_tokens = 0  # speculative decoding's, so far
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -113,6 +114,9 @@ class RequestStream:
         self.completion_tokens = max(self.completion_tokens, piece.completion_tokens)
         if piece.prompt_tokens:
             self.prompt_tokens = piece.prompt_tokens
+        if piece.queued_seconds is not None and self.queued_seconds is None:
+            self.queued_seconds = piece.queued_seconds
+            self._metrics.request_queue_time.observe(piece.queued_seconds)
         if piece.cached_tokens > self.cached_tokens:
             self._metrics.cached_prompt_tokens.inc(piece.cached_tokens - self.cached_tokens)
             self.cached_tokens = piece.cached_tokens

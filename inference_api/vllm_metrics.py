@@ -34,6 +34,7 @@ class VllmMetrics(Collector):
             (m.accepted_draft_tokens, ("vllm:spec_decode_num_accepted_tokens",)),
             (m.finished_requests, ("vllm:request_success",)),
             (m.time_to_first_token, ("vllm:time_to_first_token_seconds",)),
+            (m.request_queue_time, ("vllm:request_queue_time_seconds",)),
             (m.inter_token_latency, ("vllm:inter_token_latency_seconds",)),
             (m.request_latency, ("vllm:e2e_request_latency_seconds",)),
             (m.request_prompt_tokens, ("vllm:request_prompt_tokens",)),

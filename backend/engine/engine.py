@@ -148,6 +148,7 @@ class Engine:
         self.prefixes = PrefixIndex(rows, prefix_reuse, whole_only=self.rows_keep_state)
         self.scheduler = Scheduler(self.prefill_budget, self.prefixes, self.max_seq_len)
         self.waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
+        self.arrived: dict[str, float] = {}  # when each waiting request came (time.monotonic): its queue time
         self.matchers: dict[str, LLMatcher] = {}  # the grammar matcher of each waiting request with one
         self.embedding_waiting: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self.embedding_model = embedding_model  # None: embedding requests pool the served model's states
@@ -310,6 +311,7 @@ class Engine:
         if matcher is not None:
             self.matchers[request.request_id] = matcher
         self.waiting[request.request_id] = request
+        self.arrived[request.request_id] = time.monotonic()
 
     def cancel(self, request_id: str) -> None:
         """End a request; its row is freed at the next step."""
@@ -317,6 +319,7 @@ class Engine:
         if waiting is not None:
             del waiting[request_id]
             self.matchers.pop(request_id, None)
+            self.arrived.pop(request_id, None)
             if self.embedding_job is not None and self.embedding_job[0].request_id == request_id:
                 self.embedding_job = None  # and its cache with it
             self.undelivered.append(Piece(request_id, "", "cancelled"))
@@ -634,10 +637,12 @@ class Engine:
 
     def _take_row(self, request: Submit, place: Placement) -> Row:
         """A waiting request takes the free row the scheduler placed it in: its cached prefix copied
-        there first if another row holds it, its penalties' counts and its grammar set up."""
+        there first if another row holds it, its penalties' counts and its grammar set up, its time in
+        the queue noted."""
         if place.source is not None:
             self.runner.cache.copy_prefix(place.source, place.row, place.reused)
         row = Row(place.row, request, self.tokenizer, self.eos_ids, self.max_seq_len, cached=place.reused)
+        row.queued = time.monotonic() - self.arrived.pop(request.request_id, time.monotonic())
         row.lookup = self.speculator.lookup_for(row)
         self.processors.admit(place.row, request.params, request.prompt_ids)
         self.grammars.attach(place.row, self.matchers.pop(request.request_id, None))

@@ -22,6 +22,7 @@ class Row:
     max_seq_len: int
     generated: list[int] = field(default_factory=list)
     cached: int = 0  # tokens whose keys and values are in this row of the cache
+    queued: float = 0.0  # seconds from the request's coming to the engine to this row (Piece.queued_seconds)
     chunk_end: int = 0  # while prefilling: where this step's chunk of the prompt ends
     as_queries: bool = False  # this step's chunk as decode queries of the row (engine._prompts_as_queries)
     cancelled: bool = False
@@ -228,6 +229,7 @@ class Row:
             prompt_logprobs=self.prompt_logprobs,
             token_ids=self._new_token_ids(),
             cached_tokens=self.reused,
+            queued_seconds=self.queued,
             stop_sequence=self.stop.matched,
             stop_token_id=self.stop_token_id,
             draft_tokens=self.drafted,

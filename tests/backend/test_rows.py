@@ -99,12 +99,28 @@ def test_cancel_frees_the_row_at_the_next_step():
     assert {row.request.request_id for row in engine.active_rows} == {"b", "waiting"}
 
 
+def test_each_piece_says_how_long_its_request_waited_for_a_row():
+    """Four requests on two rows: the first two take rows at once, the others wait until those end, and
+    every piece of a request carries that wait (Piece.queued_seconds), which /metrics observes."""
+    engine = Engine(tiny_model(), MarkerTokenizer(), rows=2, max_seq_len=128)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    pieces = drive(engine, [(0, Submit(f"r{i}", (5, 6, 7), params)) for i in range(4)])
+    waits = {}
+    for request_id, got in pieces.items():
+        assert len({piece.queued_seconds for piece in got}) == 1 and got[0].queued_seconds is not None
+        waits[request_id] = got[0].queued_seconds
+    # The waiters' wait spans the first two's six steps; the first two's, none of them
+    assert min(waits["r2"], waits["r3"]) > 5 * max(waits["r0"], waits["r1"])
+    assert not engine.arrived  # nothing kept of the requests once they took rows
+
+
 def test_cancelling_a_waiting_request_answers_at_once():
     engine = Engine(tiny_model(), MarkerTokenizer(), rows=1, max_seq_len=64)
     engine.submit(Submit("busy", (3,), SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)))
     engine.submit(Submit("queued", (3,), SamplingParams(temperature=0, max_tokens=5)))
     engine.cancel("queued")
     assert [p.finish_reason for p in engine.step() if p.request_id == "queued"] == ["cancelled"]
+    assert "queued" not in engine.arrived
 
 
 def test_bad_requests_get_an_error_piece_and_do_not_disturb_others():

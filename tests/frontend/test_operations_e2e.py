@@ -17,6 +17,7 @@ from tests.server_fixture import RunningServer, running_server, start_server, st
 METRIC_NAMES = [
     "inference_requests_total",
     "inference_time_to_first_token_seconds_bucket",
+    "inference_request_queue_time_seconds_bucket",
     "inference_inter_token_latency_seconds_bucket",
     "inference_end_to_end_latency_seconds_bucket",
     "inference_queue_depth",
@@ -48,6 +49,7 @@ def test_metrics_has_every_metric(fast_server: RunningServer) -> None:
     assert 'inference_requests_total{endpoint="/predictions/<path:model>",status="200"}' in response.text
     assert fast_server.metric("inference_generated_tokens_total") >= 5
     assert fast_server.metric("inference_time_to_first_token_seconds_count") >= 1
+    assert fast_server.metric("inference_request_queue_time_seconds_count") >= 1
 
 
 def test_request_id_is_echoed_when_sane(fast_server: RunningServer) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -112,6 +113,8 @@ def test_tokens_latencies_and_finished_requests_are_the_servers_own_figures(serv
         "vllm:prefix_cache_hits_total": "inference_prompt_tokens_cached_total",
         "vllm:spec_decode_num_draft_tokens_total": "inference_spec_decode_draft_tokens_total",
         "vllm:time_to_first_token_seconds_count": "inference_time_to_first_token_seconds_count",
+        "vllm:request_queue_time_seconds_count": "inference_request_queue_time_seconds_count",
+        "vllm:request_queue_time_seconds_sum": "inference_request_queue_time_seconds_sum",
         "vllm:inter_token_latency_seconds_sum": "inference_inter_token_latency_seconds_sum",
         "vllm:e2e_request_latency_seconds_count": "inference_end_to_end_latency_seconds_count",
         "vllm:request_prompt_tokens_sum": "inference_request_prompt_tokens_sum",
@@ -125,3 +128,33 @@ def test_tokens_latencies_and_finished_requests_are_the_servers_own_figures(serv
         found, "inference_time_to_first_token_seconds_bucket", le="+Inf"
     )
     assert vllm(found, "vllm:num_preemptions_total") == 0
+
+
+def test_a_request_that_waits_for_a_row_is_vllms_queue_time(server):
+    """Every row busy with a long stream: a fifth request waits, counted as waiting, until the streams'
+    clients hang up; its wait, a second or more, is its queue time (the others' took none to speak of)."""
+    before = samples(server)
+    with contextlib.ExitStack() as streams, ThreadPoolExecutor(1) as pool:
+        for _ in range(ROWS):
+            streams.enter_context(long_stream(server))
+        waiting = pool.submit(completion, server, max_tokens=2)
+        wait_for(lambda: vllm(samples(server), "vllm:num_requests_waiting") == 1)
+        time.sleep(1.0)
+        streams.close()  # the clients hang up: their rows free at the server's next write
+        assert waiting.result().status_code == 200
+    wait_for(
+        lambda: (
+            vllm(samples(server), "vllm:request_queue_time_seconds_count")
+            - vllm(before, "vllm:request_queue_time_seconds_count")
+            == ROWS + 1
+        )
+    )
+    after = samples(server)
+    waited = vllm(after, "vllm:request_queue_time_seconds_sum") - vllm(
+        before, "vllm:request_queue_time_seconds_sum"
+    )
+    assert waited >= 1.0
+    quick = own(after, "inference_request_queue_time_seconds_bucket", le="0.25") - own(
+        before, "inference_request_queue_time_seconds_bucket", le="0.25"
+    )
+    assert quick == ROWS  # the streams took their rows at once; the fifth waited past 0.25 s
