@@ -146,6 +146,44 @@ FAMILY_EXTRAS: dict[str, dict] = {
     "helium": {},
     "hunyuan_v1_dense": {},
     "apertus": {},
+    # Served from 2026-12-03 (the window ones' window in play, experts four, two chosen a token)
+    "ministral3": {},
+    "minimax_m2": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "ernie4_5_moe": {"moe_num_experts": 4, "moe_k": 2},
+    "hunyuan_v1_moe": {"num_experts": 4, "moe_topk": 2},
+    "granitemoeshared": {"num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 32},
+    "solar_open": {"n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": 1},
+    "jetmoe": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "cohere2_moe": {
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        **TINY_EXPERTS,
+    },
+    "exaone_moe": {
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        **TINY_EXPERTS,
+        "first_k_dense_replace": 1,
+    },
+    "afmoe": {
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        **TINY_EXPERTS,
+        "num_dense_layers": 1,
+    },
+    "laguna": {
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        **TINY_EXPERTS,
+    },
+    # Granite's window models: every layer's sinks (random below), window layers beside global ones
+    "granite_swa": {"sliding_window": TINY_WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+    "granitemoe_swa": {
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    },
     # Experts: four, two chosen a token; GLM-4.5's first layer dense, its second of experts
     "granitemoe": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "olmoe": {"num_experts": 4, "num_experts_per_tok": 2},
@@ -317,6 +355,8 @@ def tiny_model(
                 parameter.uniform_(-0.5, 0.5)
             # A Gated DeltaNet's decays start anywhere in exp(-16..-0.01) a token: most heads would forget
             # a row's past within a token or two, which would hide a state carried wrong between steps.
+            elif name.endswith("self_attn.sinks") and architecture.startswith("granite"):  # zeros to start
+                parameter.uniform_(-1.0, 1.0)
             elif name.endswith("linear_attn.A_log"):
                 parameter.copy_(torch.empty_like(parameter).uniform_(0.01, 0.2).log())
     return model.eval()

@@ -102,6 +102,11 @@ FAMILIES = [
     # the vision one needs timm)
     "gemma3n_text",
     "gemma3n",
+    # Served from 2026-12-03 beside Gemma 4: families whose modules run exactly over the row attention as
+    # they are (test_exactness holds each); three here for the loader's path
+    "ministral3",
+    "minimax_m2",
+    "granitemoe_swa",
     # LFM2: short convolution layers over the rows' states (model/short_conv.py)
     "lfm2",
     "lfm2_moe",
