@@ -288,7 +288,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         model, info, checkpoint_layers = load_read_itself(location, model_config, read, name, dtype, token)
     else:
         # FP8 layers are dequantized into float32 and converted from it, not from bfloat16's rounding
-        model, info = load_weights(location, gguf_file, source, torch.float32 if fp8 else dtype, token)
+        weights_dtype = torch.float32 if fp8 else dtype
+        model, info = load_weights(location, gguf_file, source, model_config, weights_dtype, token)
     if gguf_file is not None:
         check_all_weights_read(info["missing_keys"], source.gguf_file)
     if gguf_file is not None and save_converted(model, tokenizer, converted):
@@ -326,15 +327,19 @@ def _load_model(config: BackendConfig) -> LoadedModel:
 
 
 def load_weights(
-    location: str, gguf_file: str | None, source: ModelSource, dtype: torch.dtype, token: str | None
+    location: str,
+    gguf_file: str | None,
+    source: ModelSource,
+    model_config: PretrainedConfig,
+    dtype: torch.dtype,
+    token: str | None,
 ) -> tuple[PreTrainedModel, dict]:
-    """transformers' model, and what it read, from a checkpoint or a GGUF file. A GGUF file is converted
-    in float32, whatever this start's dtype: the converted copy serves every later start, the exact
-    mode's too, which must get the file's dequantized weights, not bfloat16's."""
-    if gguf_file is None:
-        config = AutoConfig.from_pretrained(location, token=token)
-        if config.model_type in TEXT_ALONE:
-            return load_text_alone(location, config, dtype, token)
+    """transformers' model, and what it read, from a checkpoint or a GGUF file (a TEXT_ALONE checkpoint's
+    text model alone). A GGUF file is converted in float32, whatever this start's dtype: the converted
+    copy serves every later start, the exact mode's too, which must get the file's dequantized weights,
+    not bfloat16's."""
+    if gguf_file is None and model_config.model_type in TEXT_ALONE:
+        return load_text_alone(location, model_config, dtype, token)
     try:
         return AutoModelForCausalLM.from_pretrained(
             location,
