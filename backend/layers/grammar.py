@@ -178,10 +178,15 @@ class Grammars:
         return matcher.is_stopped()
 
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+        """llguidance's view of the tokenizer; GrammarError where it cannot make one (a tokenizer with
+        more tokens than the model's vocabulary), which refuses the request, not the backend's work."""
         if self._tokenizer is None:
-            self._tokenizer = llguidance.hf.from_tokenizer(
-                self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
-            )
+            try:
+                self._tokenizer = llguidance.hf.from_tokenizer(
+                    self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
+                )
+            except ValueError as error:
+                raise GrammarError(f"this model's tokenizer cannot be used for grammars: {error}") from error
         return self._tokenizer
 
 

@@ -193,3 +193,26 @@ def test_masks_for_a_cpus_forward_pass_and_for_a_gpus_are_the_same(default_engin
 def bits_of(line: torch.Tensor, vocab: int) -> torch.Tensor:
     """A bitmask line's bits, token by token."""
     return ((line.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten()[:vocab]
+
+
+def test_a_tokenizer_with_more_tokens_than_the_vocabulary_refuses_grammars_and_keeps_serving():
+    """A tokenizer one token larger than the model's vocabulary (a token added without resizing the
+    embeddings), which llguidance cannot take: a request with a grammar is refused as its own fault, and
+    the engine goes on serving the others (it had ended the backend process, every row's work lost)."""
+    from backend.engine.engine import Engine
+    from tests.backend.models import byte_tokenizer, tiny_model
+
+    tokenizer = byte_tokenizer(("<|endoftext|>",))
+    tokenizer.add_tokens(["<added>"])
+    assert len(tokenizer) == 513
+    engine = Engine(tiny_model("qwen2"), tokenizer, rows=2, max_seq_len=64)
+    grammar = llguidance.LLMatcher.grammar_from_lark('start: "ab"')
+    constrained = SamplingParams(temperature=0, max_tokens=5, grammar=grammar)
+    free = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    pieces = drive(
+        engine, [(0, Submit("constrained", (5, 6), constrained)), (0, Submit("free", (5, 6), free))]
+    )
+    [refused] = pieces["constrained"]
+    assert refused.finish_reason == "error" and refused.invalid == "grammar"
+    assert "tokenizer cannot be used for grammars" in refused.error
+    assert pieces["free"][-1].finish_reason == "length" and pieces["free"][-1].completion_tokens == 5
