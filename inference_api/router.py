@@ -128,7 +128,7 @@ class Serving:
     @property
     def tool_parser(self) -> str:
         """How chat answers are read for tool calls (tool_calls.tool_parser)."""
-        return tool_parser(self.chat_template.source, self.reasoning_format == HARMONY)
+        return tool_parser(self.chat_template.source, self.reasoning_format == HARMONY, self.tokenizer)
 
     def prompt_thinking(self, prompt_ids: list[int], prefilled: bool = False) -> str | None:
         """For a chat prompt: where it leaves a reasoning model's thoughts (reasoning.prompt_end), HARMONY

@@ -10,7 +10,8 @@ instead. How the answer becomes calls depends on `tool_choice`:
   by max_tokens once its name is written, the same);
 - `auto`: the model chooses; its text is read in the format its template teaches (`tool_parser`): the
   Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, Qwen3-Coder's, Qwen3.5's or GLM-4.5's XML in those
-  blocks (xml_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
+  blocks (xml_tool_calls.py), Gemma 4's notation between its `<|tool_call>` tokens
+  (gemma4_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
   The answer is decoded under "free text, or calls in that format" (`AUTO_HERMES`, `AUTO_LLAMA3`): text
   is free until the model opens a call, and from there the call is one of the tools with valid
   arguments, so that no half-written call comes back as text. A request that also sets a
@@ -34,8 +35,10 @@ from typing import Any
 
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
+from inference_api import gemma4_tool_calls as gemma4
 from inference_api.harmony import call_grammar, final_answer
 from inference_api.structured_output import definitions_under, json_lark, json_schema_grammar, lark_grammar
+from inference_api.tokenizer import PromptTokenizer
 from inference_api.xml_tool_calls import GLM45, QWEN3_CODER, call_lark, read_call, template_format
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -61,6 +64,15 @@ AUTO_HERMES = AUTO_TAGGED + "call: {call}\n"
 # The formats whose calls are `<tool_call>` blocks: Hermes's JSON in them, or XML (xml_tool_calls.py).
 XML_FORMATS = {form.name: form for form in (QWEN3_CODER, GLM45)}
 TAGGED = ("hermes", *XML_FORMATS)
+# `auto` in Gemma 4's (gemma4_tool_calls.py): text, or text then calls between its tags, which are special
+# tokens (named as such: no text lexeme can hold them, so TEXT needs no exclusion).
+GEMMA4 = "gemma4"
+AUTO_GEMMA4 = f"""start: TEXT | TEXT? gemma4_call{{more}}
+more: (WS? gemma4_call)*
+gemma4_call: {gemma4.OPEN} call {gemma4.CLOSE}
+WS: /[ \\n]+/
+TEXT: /(?s:.+)/
+"""
 # `none` in the Hermes format: text that opens no call (the tools are in the prompt, and a small model
 # offered them writes `<tool_call>` blocks whatever tool_choice says).
 NONE_HERMES = """start: TEXT?
@@ -96,6 +108,8 @@ class ToolRequest:
         if self.choice == "auto" and self.parser == "hermes":
             lark = AUTO_HERMES.format(call=json_lark(self._one_call("arguments")), more=more)
             return lark_grammar(lark, "tools")
+        if self.choice == "auto" and self.parser == GEMMA4:
+            return lark_grammar(AUTO_GEMMA4.format(more=more) + gemma4.call_lark(self.tools), "tools")
         if self.choice == "auto" and self.parser in XML_FORMATS:
             lark = AUTO_TAGGED.format(more=more) + call_lark(self.tools, XML_FORMATS[self.parser])
             return lark_grammar(lark, "tools")
@@ -134,12 +148,15 @@ class ToolRequest:
         return {"anyOf": calls, **({"$defs": definitions} if definitions else {})}
 
 
-def tool_parser(template_source: str, harmony: bool) -> str:
+def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer) -> str:
     """How a model's answers hold calls: gpt-oss's harmony messages (`harmony`: the server reads them,
-    answers.HarmonyReader), XML where the template writes Qwen3-Coder's `<function=...>` or GLM-4.5's
-    `<arg_key>` (xml_tool_calls.py), Llama 3's JSON where it has the python tag, else Hermes blocks."""
+    answers.HarmonyReader), Gemma 4's notation where the template writes its `<|tool_call>` token
+    (gemma4_tool_calls.py), XML where it writes Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>`
+    (xml_tool_calls.py), Llama 3's JSON where it has the python tag, else Hermes blocks."""
     if harmony:
         return "harmony"
+    if gemma4.writes_gemma4(template_source, tokenizer):
+        return GEMMA4
     xml = template_format(template_source)
     if xml is not None:
         return xml.name
@@ -179,6 +196,8 @@ def with_tool_grammar(params: SamplingParams, tools: ToolRequest | None, format_
     be both; with `auto`, the format's grammar, and calls are read from the text as written."""
     if tools is None:
         return params
+    if tools.parser == GEMMA4 and tools.choice == "auto":  # its calls' tags are special tokens: kept
+        params = replace(params, skip_special_tokens=False)
     if params.grammar is not None:
         if tools.choice in ("function", "required"):
             raise InvalidParams(
@@ -350,9 +369,14 @@ class ToolCallReader:
             return self.text[self.sent :], []
         return self.text[self.sent : self.call_start], calls if self.request.parallel else calls[:1]
 
+    @property
+    def _open(self) -> str:
+        """The tag a call opens with, in the tagged formats."""
+        return gemma4.OPEN if self.request.parser == GEMMA4 else HERMES_OPEN
+
     def _find_call_start(self) -> None:
-        if self.request.parser in TAGGED:
-            at = self.text.find(HERMES_OPEN)
+        if self.request.parser in (*TAGGED, GEMMA4):
+            at = self.text.find(self._open)
             self.call_start = at if at >= 0 else None
             return
         stripped = self.text.lstrip()
@@ -364,9 +388,9 @@ class ToolCallReader:
 
     def _held_back(self) -> int:
         """How much of the end might begin a call (not sent until the next text says)."""
-        if self.request.parser not in TAGGED:  # Llama 3, undecided: the answer is only whitespace so far
+        if self.request.parser not in (*TAGGED, GEMMA4):  # Llama 3, undecided: only whitespace so far
             return len(self.text)
-        return longest_partial_match(self.text, (HERMES_OPEN,))
+        return longest_partial_match(self.text, (self._open,))
 
     def _calls(self, text: str) -> list[dict[str, Any]] | None:
         choice = self.request.choice
@@ -374,6 +398,10 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
+        if self.request.parser == GEMMA4:
+            pattern = re.escape(gemma4.OPEN) + r"(.*?)(?:" + re.escape(gemma4.CLOSE) + r"|$)"
+            calls = [gemma4.read_call(block) for block in re.findall(pattern, text, re.S)]
+            return None if not calls or None in calls else [new_call(*call) for call in calls]
         if self.request.parser in TAGGED:
             pattern = re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)"
             calls = [self._tagged_call(block) for block in re.findall(pattern, text, re.S)]

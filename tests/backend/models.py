@@ -556,23 +556,34 @@ CODE_SPECIAL_TOKENS = (
 
 def write_tiny_code_model(directory: Path) -> Path:
     """A model directory the server loads as it would Qwen2.5-Coder's, built offline: a tiny random Qwen2
-    and a byte-level BPE tokenizer (GPT-2's byte alphabet, merges of the bytes code is made of most) that
-    ends with Qwen2.5-Coder's special tokens, so that any text tokenizes and its fill-in-the-middle
-    tokens are found by their texts as in the real one."""
+    and a byte-level BPE tokenizer (`write_tiny_byte_model`) that ends with Qwen2.5-Coder's special
+    tokens, so that its fill-in-the-middle tokens are found by their texts as in the real one."""
+    return write_tiny_byte_model(directory, CODE_SPECIAL_TOKENS)
+
+
+def write_tiny_byte_model(directory: Path, special_tokens: tuple[str, ...]) -> Path:
+    """A tiny random Qwen2 and `byte_tokenizer(special_tokens)`, the last of them the EOS (TINY_EOS)."""
+    tiny_model("qwen2").save_pretrained(directory)
+    byte_tokenizer(special_tokens).save_pretrained(directory)
+    return directory
+
+
+def byte_tokenizer(special_tokens: tuple[str, ...]) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer of TINY_VOCAB tokens (GPT-2's byte alphabet, merges of the bytes code
+    is made of most), so that any text tokenizes, which ends with these special tokens, the last of them
+    its EOS (TINY_EOS)."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {symbol: i for i, symbol in enumerate(alphabet)}
     common = [_byte_symbol(c) for c in " \n\tetaoinsrdlcu()=:"]
-    merges = [(a, b) for a in common for b in common][: TINY_VOCAB - len(alphabet) - len(CODE_SPECIAL_TOKENS)]
+    merges = [(a, b) for a in common for b in common][: TINY_VOCAB - len(alphabet) - len(special_tokens)]
     for a, b in merges:
         vocab[a + b] = len(vocab)
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(text, special=True) for text in CODE_SPECIAL_TOKENS])
-    assert tokenizer.get_vocab_size() == TINY_VOCAB and tokenizer.token_to_id("<|endoftext|>") == TINY_EOS
-    tiny_model("qwen2").save_pretrained(directory)
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>").save_pretrained(directory)
-    return directory
+    tokenizer.add_special_tokens([AddedToken(text, special=True) for text in special_tokens])
+    assert tokenizer.get_vocab_size() == TINY_VOCAB and tokenizer.token_to_id(special_tokens[-1]) == TINY_EOS
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=special_tokens[-1])
 
 
 def _byte_symbol(character: str) -> str:

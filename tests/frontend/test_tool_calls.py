@@ -2,6 +2,7 @@
 
 import json
 
+from inference_api.tokenizer import ByteTokenizer
 from inference_api.tool_calls import ToolCallReader, ToolRequest
 from tests.frontend.test_structured_output import follows
 
@@ -166,8 +167,8 @@ def test_the_xml_format_is_found_in_a_template_that_writes_it():
     from inference_api.tool_calls import tool_parser
 
     template = "{{- '<tool_call>\\n<function=' + call.name + '>\\n' }}{{- '<parameter=' + name + '>' }}"
-    assert tool_parser(template, harmony=False) == "qwen3_coder"
-    assert tool_parser("{{- '<tool_call>\\n' + call | tojson }}", harmony=False) == "hermes"
+    assert tool_parser(template, False, ByteTokenizer()) == "qwen3_coder"
+    assert tool_parser("{{- '<tool_call>\\n' + call | tojson }}", False, ByteTokenizer()) == "hermes"
 
 
 def test_xml_calls_stream_after_text_and_read_each_value_as_its_schema_says():
@@ -229,7 +230,7 @@ def test_glm_4_5s_xml_calls_are_found_in_its_template_read_and_held_to_the_tools
     from inference_api.tool_calls import tool_parser
 
     template = "{{- '<tool_call>' + name }}{{- '<arg_key>' + key + '</arg_key>\\n<arg_value>' }}"
-    assert tool_parser(template, harmony=False) == "glm45"
+    assert tool_parser(template, False, ByteTokenizer()) == "glm45"
     call = glm_call("get_forecast", city="San\nFrancisco", days="3", hours="[9, 12]")
     released, [forecast] = read(GLM, ["Let me look. <tool", call.removeprefix("<tool")])
     assert "".join(released) == "Let me look. "
@@ -279,3 +280,71 @@ def test_tools_whose_parameters_refer_to_definitions_are_enforced_in_every_forma
     xml = ToolRequest(NESTED, "auto", parser="qwen3_coder").grammar
     assert follows(xml, xml_call("add", item='{"n": 1}')) and follows(xml, xml_call("tag", item="red"))
     assert not follows(xml, xml_call("add", item='{"n": "a"}'))
+
+
+# Gemma 4's tags as special tokens (tests/openai/test_gemma4_tool_calls.py's tokenizer), its end of turn last
+GEMMA4_TOKENS = ("<|turn>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>", "<turn|>")
+GEMMA4 = ToolRequest(FORECAST_TOOLS, "auto", parser="gemma4")
+
+
+def gemma4_call(function: str, arguments: str) -> str:
+    return f"<|tool_call>call:{function}{{{arguments}}}<tool_call|>"
+
+
+def follows_gemma4(grammar: str, text: str) -> bool:
+    """Whether the grammar takes `text` whole, in a tokenizer whose Gemma 4 tags are special tokens."""
+    import llguidance.hf
+
+    from tests.backend.models import byte_tokenizer
+
+    tokenizer = byte_tokenizer(GEMMA4_TOKENS)
+    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tokenizer), grammar)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+
+def test_gemma_4s_calls_are_found_where_its_tags_are_tokens_read_and_held_to_the_tools():
+    from inference_api.tool_calls import tool_parser
+    from tests.backend.models import byte_tokenizer
+
+    template = "{{- '<|tool_call>call:' + call.name + '{' }}"
+    assert tool_parser(template, False, byte_tokenizer(GEMMA4_TOKENS)) == "gemma4"
+    assert tool_parser(template, False, ByteTokenizer()) == "hermes"  # its tags spelled out: not Gemma 4
+    call = gemma4_call("get_forecast", 'city:<|"|>San Francisco, {CA}<|"|>,days:3,hours:[9,12]')
+    released, [forecast] = read(GEMMA4, ["Let me look. <|tool", call.removeprefix("<|tool")])
+    assert "".join(released) == "Let me look. "
+    assert forecast["function"]["name"] == "get_forecast"
+    arguments = json.loads(forecast["function"]["arguments"])
+    assert arguments == {"city": "San Francisco, {CA}", "days": 3, "hours": [9, 12]}
+    grammar = GEMMA4.grammar
+    assert follows_gemma4(grammar, "It is sunny, <b>often</b>.")
+    assert follows_gemma4(grammar, "Let me look.\n" + call)
+    assert follows_gemma4(
+        grammar, gemma4_call("get_forecast", 'city:<|"|>Oslo<|"|>,days:1,unit:<|"|>celsius<|"|>')
+    )
+    assert follows_gemma4(grammar, gemma4_call("get_time", "") + gemma4_call("get_time", ""))
+    assert not follows_gemma4(grammar, gemma4_call("get_date", ""))  # not a tool
+    assert not follows_gemma4(grammar, gemma4_call("get_forecast", 'city:<|"|>Paris<|"|>'))  # days required
+    assert not follows_gemma4(grammar, gemma4_call("get_forecast", 'city:<|"|>Paris<|"|>,days:two'))
+    assert not follows_gemma4(grammar, gemma4_call("get_forecast", 'days:2,city:<|"|>Paris<|"|>'))  # order
+    kelvin = 'city:<|"|>Paris<|"|>,days:2,unit:<|"|>kelvin<|"|>'
+    assert not follows_gemma4(grammar, gemma4_call("get_forecast", kelvin))
+    assert not follows_gemma4(grammar, gemma4_call("get_time", "") + " and some text after")
+    assert not follows_gemma4(grammar, "<|tool_call>call:get_time{")  # a call cannot be left open
+
+
+def test_a_gemma_4_call_cut_by_max_tokens_keeps_what_was_written_and_its_tags_are_kept_in_the_text():
+    from backend.messages import SamplingParams
+    from inference_api.tool_calls import with_tool_grammar
+
+    _, [cut] = read(GEMMA4, ['<|tool_call>call:get_forecast{city:<|"|>Par'])
+    assert cut["function"]["name"] == "get_forecast"
+    assert json.loads(cut["function"]["arguments"]) == {"city": "Par"}
+    _, [bare] = read(GEMMA4, ['<|tool_call>call:get_forecast{city:<|"|>Paris<|"|>,days:1'])
+    assert json.loads(bare["function"]["arguments"]) == {"city": "Paris"}  # a number cut short: left out
+    released, calls = read(GEMMA4, ["Sure. <|tool_call>cal"])
+    assert calls == [] and "".join(released) == "Sure. <|tool_call>cal"
+    params = with_tool_grammar(SamplingParams(), GEMMA4, "response_format")
+    assert params.skip_special_tokens is False and params.grammar == GEMMA4.grammar
+    none = with_tool_grammar(SamplingParams(), ToolRequest(FORECAST_TOOLS, "none", parser="gemma4"), "x")
+    assert none.skip_special_tokens is True

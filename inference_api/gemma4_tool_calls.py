@@ -1,0 +1,168 @@
+"""Gemma 4's tool calls (tool_calls.py's `gemma4` format): neither JSON nor XML, but a compact notation
+of its own between special tokens,
+
+    <|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3,units:{metric:true}}<tool_call|>
+
+its keys bare, its strings between `<|"|>` tokens, its numbers, booleans and nulls as JSON writes them,
+its objects and arrays in braces and brackets, as vLLM's `gemma4` parser reads them. The three tags are
+special tokens, which a decoded answer leaves out unless it keeps them: an answer that may call keeps
+them (SamplingParams.skip_special_tokens false, as vLLM sets it), and its grammar names them as tokens
+(`<|tool_call>`), which llguidance matches by the tokenizer's vocabulary.
+
+`call_lark` is a call as Lark rules, one of the tools with each required parameter in its schema's
+order and each value its schema's kind (an object or an array any value in the notation); `read_call`
+reads one back into OpenAI's shape (arguments a JSON string), what was written of a call cut by
+max_tokens too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from inference_api.structured_output import json_lark
+from inference_api.tokenizer import PromptTokenizer, are_tokens
+
+OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+CALL = re.compile(r"\A\s*call:([\w.-]+)\{(.*)\Z", re.S)  # a block's function name and its arguments
+# Lark rules of any value in the notation, for an object's or an array's parameter.
+ANY_VALUE = f"""any_value: any_string | any_object | any_array | BARE
+any_string: {QUOTE} STRING {QUOTE}
+any_object: "{{" (KEY ":" any_value ("," KEY ":" any_value)*)? "}}"
+any_array: "[" (any_value ("," any_value)*)? "]"
+KEY: /[A-Za-z_][A-Za-z0-9_]*/
+BARE: /-?[0-9][0-9.eE+-]*|true|false|null/
+STRING: /(?s:.*)/
+"""
+
+
+def writes_gemma4(template_source: str, tokenizer: PromptTokenizer) -> bool:
+    """Whether a chat template teaches Gemma 4's calls, and the tokenizer has their tags as tokens."""
+    return (
+        OPEN in template_source and "call:" in template_source and are_tokens((OPEN, CLOSE, QUOTE), tokenizer)
+    )
+
+
+def call_lark(tools: list[dict[str, Any]]) -> str:
+    """Rules of a Lark grammar whose `call` is one call of any of the tools (without its tags, which the
+    caller's grammar puts around it), and `any_value`'s."""
+    rules = ["call: " + " | ".join(f"function_{i}" for i in range(len(tools)))]
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        schema = function.get("parameters") or {}
+        required = set(schema.get("required") or ())
+        parameters = list((schema.get("properties") or {}).items())
+        for j, (name, value_schema) in enumerate(parameters):
+            rules.append(f"parameter_{i}_{j}: {json.dumps(name + ':')} value_{i}_{j}")
+            rules.append(f"value_{i}_{j}: {_value(value_schema)}")
+        optional = [name not in required for name, _ in parameters]
+        rules.append(
+            f'function_{i}: {json.dumps("call:" + function["name"] + "{")} {_listed(i, optional)} "}}"'
+        )
+    return "\n".join(rules) + "\n" + ANY_VALUE
+
+
+def _listed(i: int, optional: list[bool], j: int = 0) -> str:
+    """The parameters of function i from the j-th on, as a Lark expression: in their schema's order, a
+    comma between two, the optional ones left out or not; the first one written has no comma before it."""
+    if j == len(optional):
+        return ""
+    here = " ".join(filter(None, [f"parameter_{i}_{j}", _after_comma(i, optional, j + 1)]))
+    if not optional[j]:
+        return here
+    later = _listed(i, optional, j + 1)  # this one left out: a later one opens the list
+    return f"({here} | {later})" if later else f"({here})?"
+
+
+def _after_comma(i: int, optional: list[bool], j: int) -> str:
+    """The parameters from the j-th on, after one already written: each after a comma."""
+    parts = [f'"," parameter_{i}_{k}' for k in range(j, len(optional))]
+    return " ".join(f"({part})?" if optional[k] else part for k, part in enumerate(parts, start=j))
+
+
+def _value(schema: Any) -> str:
+    """A parameter's value as the body of a Lark rule: a string between `<|"|>` tokens (one of its
+    `enum`'s where it has one), a number, boolean or null as JSON writes it, anything else any value."""
+    schema = schema if isinstance(schema, dict) else {}
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(choice, str) for choice in enum):
+        return f"{QUOTE} (" + " | ".join(json.dumps(choice) for choice in enum) + f") {QUOTE}"
+    kind = schema.get("type")
+    if kind == "string":
+        return f"{QUOTE} STRING {QUOTE}"
+    if kind in ("integer", "number", "boolean", "null"):
+        return json_lark(schema)
+    return "any_value"
+
+
+def read_call(block: str) -> tuple[str, str] | None:
+    """A call's block (what is between its tags) as (name, arguments as a JSON string); a call cut by
+    max_tokens keeps what was written of it. None where the block holds no `call:NAME{`."""
+    found = CALL.match(block)
+    if found is None:
+        return None
+    arguments, _ = _object(found[2], 0)
+    return found[1], json.dumps(arguments, ensure_ascii=False)
+
+
+def _object(text: str, at: int) -> tuple[dict[str, Any], int]:
+    """The pairs of an object from `at` (past its brace) up to its closing brace or the text's end; and
+    where it ended."""
+    pairs: dict[str, Any] = {}
+    while at < len(text):
+        at = _skip(text, at, " \n\t,")
+        if at >= len(text) or text[at] == "}":
+            return pairs, at + 1
+        colon = text.find(":", at)
+        if colon < 0:  # a key cut off: not a pair yet
+            return pairs, len(text)
+        key = text[at:colon].strip()
+        value, at = _item(text, _skip(text, colon + 1, " \n\t"), "}")
+        if value is not _CUT:
+            pairs[key] = value
+    return pairs, at
+
+
+def _array(text: str, at: int) -> tuple[list[Any], int]:
+    items: list[Any] = []
+    while at < len(text):
+        at = _skip(text, at, " \n\t,")
+        if at >= len(text) or text[at] == "]":
+            return items, at + 1
+        value, at = _item(text, at, "]")
+        if value is not _CUT:
+            items.append(value)
+    return items, at
+
+
+_CUT = object()  # a bare value the text ends inside (max_tokens): left out, as it may not be whole
+
+
+def _item(text: str, at: int, closer: str) -> tuple[Any, int]:
+    """The value at `at`, and where it ended."""
+    if text.startswith(QUOTE, at):
+        end = text.find(QUOTE, at + len(QUOTE))
+        if end < 0:  # cut inside the string: what was written
+            return text[at + len(QUOTE) :], len(text)
+        return text[at + len(QUOTE) : end], end + len(QUOTE)
+    if text.startswith("{", at):
+        return _object(text, at + 1)
+    if text.startswith("[", at):
+        return _array(text, at + 1)
+    end = at
+    while end < len(text) and text[end] not in "," + closer:
+        end += 1
+    if end == len(text):
+        return _CUT, end
+    written = text[at:end].strip()
+    try:
+        return json.loads(written), end
+    except ValueError:
+        return written, end
+
+
+def _skip(text: str, at: int, characters: str) -> int:
+    while at < len(text) and text[at] in characters:
+        at += 1
+    return at

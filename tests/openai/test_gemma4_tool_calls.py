@@ -1,0 +1,152 @@
+"""Gemma 4's tool calls (inference_api/gemma4_tool_calls.py) with the official openai client: a tiny random
+model whose byte-level tokenizer has Gemma 4's tags as special tokens, behind a chat template written
+here in Gemma 4's format (the model's own is not on this machine), so that the server reads the format
+from the template and the tokenizer as it would a Gemma 4's. An `auto` call the model starts is decoded
+under the calls' grammar, the tags kept in its text, and comes back as OpenAI's tool call; streamed, as
+deltas of the same call; and an answer that opens no call is text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import jsonschema
+import openai
+import pytest
+import requests
+
+from tests.backend.models import write_tiny_byte_model
+from tests.server_fixture import RunningServer, running_server
+
+# Gemma 4's tags as special tokens; the EOS last, under the name the tiny Qwen2's tokenizer class gives its
+# own (it would add one more)
+SPECIAL_TOKENS = (
+    "<|turn>",
+    "<|tool_call>",
+    "<tool_call|>",
+    '<|"|>',
+    "<|tool_response>",
+    "<turn|>",
+    "<|endoftext|>",
+)
+# Gemma 4's format, in a template of its own: the tools declared in the system turn, an assistant's calls
+# as <|tool_call>call:NAME{...}<tool_call|>, tool results after <|tool_response>.
+TEMPLATE = r"""{%- if tools %}
+{{- '<|turn>system\nYou can call these tools:\n' }}
+{%- for tool in tools %}{{- (tool | tojson) + '\n' }}{%- endfor %}
+{{- 'To call one, write <|tool_call>call:NAME{key:value}<tool_call|><turn|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls %}
+{{- '<|turn>model\n' }}
+{%- for call in message.tool_calls %}
+{{- '<|tool_call>call:' + call.function.name + '{' }}
+{%- for name, value in call.function.arguments | items %}
+{{- name + ':' + ('<|"|>' + value + '<|"|>' if value is string else value | tojson) }}
+{%- if not loop.last %}{{- ',' }}{%- endif %}
+{%- endfor %}
+{{- '}<tool_call|>' }}
+{%- endfor %}
+{{- '<turn|>\n' }}
+{%- elif message.role == 'tool' %}
+{{- '<|tool_response>' + message.content + '<turn|>\n' }}
+{%- else %}
+{{- '<|turn>' + message.role + '\n' + message.content + '<turn|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|turn>model\n' }}{%- endif %}"""
+# Values the grammar bounds (a count of days, a choice of strings, between `<|"|>` tokens): a bias that
+# opens calls cannot run a value on.
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in Paris.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "units": {"enum": ["metric", "imperial"]},
+            },
+            "required": ["days", "units"],
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris this week?"}]
+MODEL = "gemma4-format"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    directory = write_tiny_byte_model(tmp_path_factory.mktemp("gemma4-format"), SPECIAL_TOKENS)
+    template = directory / "gemma4-format.jinja"
+    template.write_text(TEMPLATE)
+    options = ["--model", str(directory), "--chat-template", str(template), "--served-model-name", MODEL]
+    exact = ["--dtype", "float32", "--quantize", "none", "--rows", "4", "--max-seq-len", "512"]
+    with running_server(*options, *exact, ready_timeout=300) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return server.openai_client()
+
+
+@pytest.fixture(scope="module")
+def opening(server: RunningServer) -> str:
+    """The id of the `<|tool_call>` token, which opens a call."""
+    tokens = requests.post(f"{server.url}/tokenize", json={"content": "<|tool_call>"}, timeout=30).json()
+    [token] = tokens["tokens"]
+    return str(token)
+
+
+def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(client, opening):
+    for seed in range(3):
+        completion = client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=[WEATHER],
+            temperature=1.0,
+            seed=seed,
+            max_tokens=100,
+            logit_bias={opening: 100},
+            parallel_tool_calls=False,
+            logprobs=True,  # the answer's tokens: the call as the model wrote it
+        )
+        choice = completion.choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        written = "".join(token.token for token in choice.logprobs.content)
+        assert written.startswith("<|tool_call>call:get_weather{days:") and '<|"|>' in written
+        assert written.endswith("<tool_call|>")
+        [call] = choice.message.tool_calls
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
+    request = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=100)
+    whole = client.chat.completions.create(**request, logit_bias={opening: 100}, parallel_tool_calls=False)
+    [expected] = whole.choices[0].message.tool_calls
+    name, arguments, finish = "", "", None
+    stream = client.chat.completions.create(
+        **request, logit_bias={opening: 100}, parallel_tool_calls=False, stream=True
+    )
+    for chunk in stream:
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            name += delta.function.name or ""
+            arguments += delta.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (name, json.loads(arguments), finish) == (
+        expected.function.name,
+        json.loads(expected.function.arguments),
+        "tool_calls",
+    )
+
+
+def test_an_answer_that_opens_no_call_is_text(client, opening):
+    completion = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=20, logit_bias={opening: -100}
+    )
+    choice = completion.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    assert "<|tool_call>" not in choice.message.content
