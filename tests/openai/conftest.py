@@ -3,6 +3,7 @@ tests/compat), and clients for it."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -41,3 +42,20 @@ def reference_model(server: RunningServer):
     from backend.model.loader import load_model
 
     return load_model(BackendConfig(dtype="float32", quantize="none", rows=1, max_seq_len=64)).model
+
+
+def assert_streamed_call_is_the_whole_ones(client: openai.OpenAI, request: dict) -> None:
+    """`request` (its answer a call), streamed: its deltas add up to the call the whole answer made."""
+    whole = client.chat.completions.create(**request)
+    [expected] = whole.choices[0].message.tool_calls
+    name, arguments, finish = "", "", None
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            name += delta.function.name or ""
+            arguments += delta.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (name, json.loads(arguments), finish) == (
+        expected.function.name,
+        json.loads(expected.function.arguments),
+        "tool_calls",
+    )

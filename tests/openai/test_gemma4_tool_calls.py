@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from tests.backend.models import write_tiny_byte_model
+from tests.openai.conftest import assert_streamed_call_is_the_whole_ones
 from tests.server_fixture import RunningServer, running_server
 
 # Gemma 4's tags as special tokens; the EOS last, under the name the tiny Qwen2's tokenizer class gives its
@@ -125,22 +126,8 @@ def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(cl
 
 def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
     request = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=100)
-    whole = client.chat.completions.create(**request, logit_bias={opening: 100}, parallel_tool_calls=False)
-    [expected] = whole.choices[0].message.tool_calls
-    name, arguments, finish = "", "", None
-    stream = client.chat.completions.create(
-        **request, logit_bias={opening: 100}, parallel_tool_calls=False, stream=True
-    )
-    for chunk in stream:
-        for delta in chunk.choices[0].delta.tool_calls or []:
-            name += delta.function.name or ""
-            arguments += delta.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
-    assert (name, json.loads(arguments), finish) == (
-        expected.function.name,
-        json.loads(expected.function.arguments),
-        "tool_calls",
-    )
+    bias = {"logit_bias": {opening: 100}, "parallel_tool_calls": False}
+    assert_streamed_call_is_the_whole_ones(client, {**request, **bias})
 
 
 def test_an_answer_that_opens_no_call_is_text(client, opening):

@@ -15,7 +15,7 @@ import openai
 import pytest
 import requests
 
-from tests.openai.conftest import MODEL
+from tests.openai.conftest import MODEL, assert_streamed_call_is_the_whole_ones
 from tests.server_fixture import RunningServer, running_server
 
 # Qwen3-Coder's format, in a template of its own: the tools in the system turn with the format's
@@ -113,21 +113,8 @@ def test_an_auto_call_the_model_starts_is_whole_xml_read_back_as_a_valid_call(cl
 
 def test_a_streamed_xml_call_comes_as_deltas_of_the_same_call(client, opening_bias):
     request = dict(model=MODEL, messages=ASK, tools=[ALARM], temperature=0, max_tokens=120)
-    whole = client.chat.completions.create(**request, logit_bias=opening_bias, parallel_tool_calls=False)
-    [expected] = whole.choices[0].message.tool_calls
-    name, arguments, finish = "", "", None
-    stream = client.chat.completions.create(
-        **request, logit_bias=opening_bias, parallel_tool_calls=False, stream=True
-    )
-    for chunk in stream:
-        for delta in chunk.choices[0].delta.tool_calls or []:
-            name += delta.function.name or ""
-            arguments += delta.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
-    assert (name, json.loads(arguments), finish) == (
-        expected.function.name,
-        json.loads(expected.function.arguments),
-        "tool_calls",
+    assert_streamed_call_is_the_whole_ones(
+        client, {**request, "logit_bias": opening_bias, "parallel_tool_calls": False}
     )
 
 
