@@ -105,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=REASONING_PARSERS,
         default="auto",
         help="chat answers' thoughts as reasoning_content: auto reads gpt-oss's harmony messages where "
-        "the model writes them, and <think> blocks where the model has the tags as tokens and its template "
-        "writes them; deepseek_r1 or qwen3 (vLLM's names) always <think> blocks, openai_gptoss harmony; "
-        "none never",
+        "the model writes them, and <think> blocks or Gemma 4's thought channel where the model has the "
+        "tags as tokens and its template writes them; deepseek_r1 or qwen3 (vLLM's names) always <think> "
+        "blocks, gemma4 the thought channel, openai_gptoss harmony; none never",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT)

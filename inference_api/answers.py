@@ -5,7 +5,7 @@ the content, and the tool calls (at the end).
     reasoning, content = reader.read(piece.text, piece.finished)
     ...  reader.reasoning, reader.tool_calls    # whole, once the last piece is read
 
-Most models write `<think>` blocks and calls in the text (AnswerReader); gpt-oss writes harmony
+Most models write thought blocks (`<think>`) and calls in the text (AnswerReader); gpt-oss writes harmony
 messages, each on its channel (HarmonyReader).
 """
 
@@ -15,11 +15,11 @@ from typing import Any
 
 from backend.engine.stop_matcher import longest_partial_match
 from inference_api.harmony import MAX_HEADER, MESSAGE, MESSAGE_ENDS, START, Header
-from inference_api.reasoning import HARMONY, HARMONY_PREFILLED, OPENED, ReasoningReader
+from inference_api.reasoning import HARMONY, HARMONY_PREFILLED, OPENED, Blocks, ReasoningReader, Thinking
 from inference_api.tool_calls import ToolCallReader, ToolRequest, new_call
 
 
-def answer_reader(thinking: str | None, tools: ToolRequest | None) -> AnswerReader | HarmonyReader:
+def answer_reader(thinking: Thinking | None, tools: ToolRequest | None) -> AnswerReader | HarmonyReader:
     """The reader for an answer to a prompt whose thoughts are `thinking` (None: not read apart)."""
     if thinking in (HARMONY, HARMONY_PREFILLED):
         return HarmonyReader(tools, prefilled=thinking == HARMONY_PREFILLED)
@@ -27,11 +27,12 @@ def answer_reader(thinking: str | None, tools: ToolRequest | None) -> AnswerRead
 
 
 class AnswerReader:
-    """Thoughts in a `<think>` block (reasoning.ReasoningReader), then calls in the content
+    """Thoughts in a block (reasoning.ReasoningReader), then calls in the content
     (tool_calls.ToolCallReader): what may be a call is held back until the end."""
 
-    def __init__(self, thinking: str | None, tools: ToolRequest | None):
-        self._thoughts = None if thinking is None else ReasoningReader(thinking == OPENED)
+    def __init__(self, thinking: Blocks | None, tools: ToolRequest | None):
+        opened = thinking is not None and thinking.where == OPENED
+        self._thoughts = None if thinking is None else ReasoningReader(opened, thinking.tags)
         self._calls = None if tools is None else ToolCallReader(tools)
         self.reasoning = ""  # the thoughts so far
         self.tool_calls: list[dict[str, Any]] = []  # set at the last text

@@ -30,6 +30,7 @@ from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
 from inference_api.fields import parse_json_object
 from inference_api.metrics import team_of
+from inference_api.reasoning import Thinking
 from inference_api.router import NotReady, QueueFull, Router, Serving
 from inference_api.tool_calls import ToolRequest
 
@@ -231,7 +232,7 @@ class Generation:
         params: SamplingParams,
         fields: ApiFields = OPENAI_FIELDS,
         tools: ToolRequest | None = None,
-        thinking: str | None = None,
+        thinking: Thinking | None = None,
     ):
         self.choices, self._pieces = start_choices([(prompt_ids, params)], fields=fields)
         self.fields = fields

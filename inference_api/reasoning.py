@@ -9,12 +9,15 @@ open the block itself (DeepSeek-R1's later ones end the prompt with `<think>`), 
 turn thinking off (Qwen3's `enable_thinking: false` ends it with `<think>\n\n</think>`): the prompt's
 end says where the answer starts. The whitespace around the thoughts is the tags' layout, not the
 text's: it goes. gpt-oss writes its thoughts as harmony messages on a channel of their own (harmony.py):
-its prompt's thinking is HARMONY, and answers.HarmonyReader reads them.
+its prompt's thinking is HARMONY, and answers.HarmonyReader reads them. Gemma 4 writes
+`<|channel>thought\n...<channel|>`, its tags special tokens: the answer is decoded with them kept
+(skip_special_tokens false, as for harmony), and a grammar names them as tokens.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import dataclass, replace
 
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import SamplingParams
@@ -22,10 +25,31 @@ from inference_api.harmony import harmony_params, places_answer, writes_harmony
 from inference_api.structured_output import grammar_around
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-# vLLM's names: the first two read `<think>` blocks, the last gpt-oss's harmony messages.
-REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3", "openai_gptoss")
-THINK_BLOCKS, HARMONY = "think_blocks", "harmony"  # how a model writes its thoughts (reasoning_format)
+
+@dataclass(frozen=True)
+class ThoughtTags:
+    """How a model sets its thoughts apart: `opening` and `close` around them, and `name`, text after
+    the opening tag that names them (Gemma 4's channel, `thought`). `special`: the tags are special
+    tokens, which a decoded answer leaves out unless it keeps them."""
+
+    opening: str
+    close: str
+    special: bool = False
+    name: str = ""
+
+    @property
+    def open(self) -> str:
+        return self.opening + self.name
+
+
+THINK_TAGS = ThoughtTags("<think>", "</think>")
+GEMMA4_TAGS = ThoughtTags("<|channel>", "<channel|>", special=True, name="thought")
+# vLLM's names: `deepseek_r1` and `qwen3` read `<think>` blocks, `gemma4` Gemma 4's thought channel,
+# `openai_gptoss` gpt-oss's harmony messages.
+REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3", "gemma4", "openai_gptoss")
+# How a model writes its thoughts (reasoning_format): in blocks between tags, or as harmony messages.
+THINK_BLOCKS, GEMMA4_THOUGHTS, HARMONY = "think_blocks", "gemma4_thoughts", "harmony"
+BLOCK_TAGS = {THINK_BLOCKS: THINK_TAGS, GEMMA4_THOUGHTS: GEMMA4_TAGS}
 PROMPT_END_TOKENS = 8  # the prompt's last tokens, decoded, tell whether it opened the block
 OPENED, CLOSED, NEITHER = "opened", "closed", "neither"  # where a prompt leaves the thoughts (prompt_end)
 # A harmony prompt that a prefill ends inside the final message (harmony.prefilled_answer): the answer
@@ -41,32 +65,58 @@ MAYBE_THOUGHTS_THEN = r"""start: (WS? BLOCK WS?)? @ANSWER
 BLOCK: /<think>(?s:.*)<\/think>/ & ~/(?s:.*)<\/think>(?s:.+)/
 WS: /[ \n]+/
 """
+# The same where the tags are special tokens, which llguidance matches by the vocabulary: text, which
+# holds none, up to the closing tag. {opening} and {close} are the tags, {name} the thoughts' name.
+SPECIAL_THOUGHTS_THEN = r"""start: THOUGHTS? {close} WS? @ANSWER
+THOUGHTS: /(?s:.+)/
+WS: /[ \n]+/
+"""
+SPECIAL_MAYBE_THOUGHTS_THEN = r"""start: (WS? {opening} {name} THOUGHTS? {close} WS?)? @ANSWER
+THOUGHTS: /(?s:.+)/
+WS: /[ \n]+/
+"""
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Where a chat prompt leaves the thought blocks of a model that writes them between `tags`:
+    `where` is OPENED, CLOSED or NEITHER (prompt_end)."""
+
+    tags: ThoughtTags
+    where: str
+
+
+# A chat prompt's thinking (Serving.prompt_thinking): Blocks, or HARMONY / HARMONY_PREFILLED.
+Thinking = Blocks | str
 
 
 def reasoning_format(parser: str, tokenizer: PromptTokenizer, template_source: str) -> str | None:
-    """How chat answers are read for thoughts: THINK_BLOCKS, HARMONY, or None (not read). `auto` reads
-    harmony where the model writes it (harmony.writes_harmony), and `<think>` blocks where the model has
-    the tags as tokens of their own and its chat template writes `</think>` (a reasoning model); vLLM's
-    names always read their format, `none` nothing."""
+    """How chat answers are read for thoughts: THINK_BLOCKS, GEMMA4_THOUGHTS, HARMONY, or None (not
+    read). `auto` reads harmony where the model writes it (harmony.writes_harmony), and blocks where the
+    model has their tags as tokens of their own and its chat template writes one of them (a reasoning
+    model's opens or closes a block, or takes one out of an earlier turn); vLLM's names always read their
+    format, `none` nothing."""
     if parser == "openai_gptoss":
         return HARMONY
     if parser != "auto":
-        return None if parser == "none" else THINK_BLOCKS
+        return {"none": None, "gemma4": GEMMA4_THOUGHTS}.get(parser, THINK_BLOCKS)
     if writes_harmony(tokenizer, template_source):
         return HARMONY
-    if THINK_CLOSE in template_source and are_tokens((THINK_OPEN, THINK_CLOSE), tokenizer):
-        return THINK_BLOCKS
+    for kind, tags in BLOCK_TAGS.items():
+        written = tags.opening in template_source or tags.close in template_source
+        if written and are_tokens((tags.opening, tags.close), tokenizer):
+            return kind
     return None
 
 
-def prompt_end(prompt_ids: list[int], tokenizer: PromptTokenizer) -> str:
-    """Where a chat prompt leaves the thoughts: OPENED, it ends inside a `<think>` block (the answer
-    starts with thoughts); CLOSED, right after a block's `</think>` (as Qwen3's template closes an empty
-    one to turn thinking off: the answer is all answer); else NEITHER (the model may open one)."""
+def prompt_end(prompt_ids: list[int], tokenizer: PromptTokenizer, tags: ThoughtTags = THINK_TAGS) -> str:
+    """Where a chat prompt leaves the thoughts: OPENED, it ends inside a block (the answer starts with
+    thoughts); CLOSED, right after a block's closing tag (as Qwen3's template closes an empty one to turn
+    thinking off: the answer is all answer); else NEITHER (the model may open one)."""
     end = tokenizer.decode(prompt_ids[-PROMPT_END_TOKENS:], skip_special_tokens=False).rstrip()
-    if end.endswith(THINK_OPEN):
+    if end.endswith(tags.open):
         return OPENED
-    return CLOSED if end.endswith(THINK_CLOSE) else NEITHER
+    return CLOSED if end.endswith(tags.close) else NEITHER
 
 
 def thought_tokens(thoughts: str, tokenizer: PromptTokenizer) -> int:
@@ -76,39 +126,51 @@ def thought_tokens(thoughts: str, tokenizer: PromptTokenizer) -> int:
 
 
 def thoughts_first(
-    params: SamplingParams, thinking: str | None, answer_grammar: bool, tokenizer: PromptTokenizer
+    params: SamplingParams, thinking: Thinking | None, answer_grammar: bool, tokenizer: PromptTokenizer
 ) -> SamplingParams:
     """`params` whose grammar, if it constrains the answer (`answer_grammar`: a JSON format or a forced
     tool call, not a raw regex or grammar that constrains the text as written), waits for a reasoning
-    model's thoughts to end (`after_thoughts`), unless the prompt closed them (`thinking`: prompt_end, or
-    HARMONY, harmony.harmony_params; None: not read). A prefilled harmony prompt is already in the
-    final message, where a grammar that places the answer in a message (tool_choice none's) could not
-    start: it goes, and a grammar of the text as written stays (a forced one is the API's 400)."""
+    model's thoughts to end (`after_thoughts`), unless the prompt closed them (`thinking`: Blocks, or
+    HARMONY, harmony.harmony_params; None: not read). Where the tags are special tokens, which no grammar
+    of the text could name, every grammar waits, and the answer keeps them. A prefilled harmony prompt
+    is already in the final message, where a grammar that places the answer in a message (tool_choice
+    none's) could not start: it goes, and a grammar of the text as written stays (a forced one is the
+    API's 400)."""
     if thinking == HARMONY_PREFILLED:
         if params.grammar is not None and places_answer(params.grammar):
             params = replace(params, grammar=None)
         return harmony_params(params, False, tokenizer)
     if thinking == HARMONY:
         return harmony_params(params, answer_grammar, tokenizer)
-    if thinking in (None, CLOSED) or not answer_grammar or params.grammar is None:
+    if thinking is None:
         return params
-    return replace(params, grammar=after_thoughts(params.grammar, thinking == OPENED))
+    if thinking.tags.special:
+        params = replace(params, skip_special_tokens=False)
+    if thinking.where == CLOSED or params.grammar is None or not (answer_grammar or thinking.tags.special):
+        return params
+    return replace(params, grammar=after_thoughts(params.grammar, thinking.where == OPENED, thinking.tags))
 
 
-def after_thoughts(grammar: str, opened: bool) -> str:
+def after_thoughts(grammar: str, opened: bool, tags: ThoughtTags = THINK_TAGS) -> str:
     """A grammar that constrains an answer (a JSON schema, a forced tool call), with a reasoning model's
     thoughts free before it, as vLLM applies structured outputs once the reasoning ends: the rest of an
-    opened block, up to its `</think>`, or (`opened` False) a block the model may open first. Without
+    opened block, up to its closing tag, or (`opened` False) a block the model may open first. Without
     it, the answer's first token would be the grammar's, in the thoughts of a prompt that opened them."""
-    return grammar_around(grammar, THOUGHTS_THEN if opened else MAYBE_THOUGHTS_THEN, "thoughts_then_answer")
+    if tags.special:
+        lark = SPECIAL_THOUGHTS_THEN if opened else SPECIAL_MAYBE_THOUGHTS_THEN
+        lark = lark.format(opening=tags.opening, close=tags.close, name=json.dumps(tags.name))
+    else:
+        lark = THOUGHTS_THEN if opened else MAYBE_THOUGHTS_THEN
+    return grammar_around(grammar, lark, "thoughts_then_answer")
 
 
 class ReasoningReader:
     """One answer's text, fed as it comes, as (reasoning, content) that can go out now; `finish` gives
     the rest. Text that could still be a tag, or whitespace the tags' layout may drop, is held back."""
 
-    def __init__(self, opened: bool = False):
+    def __init__(self, opened: bool = False, tags: ThoughtTags = THINK_TAGS):
         self._state = "thoughts_start" if opened else "answer_start"  # opened: by the prompt
+        self._open, self._close = tags.open, tags.close
         self._held = ""
 
     def feed(self, text: str) -> tuple[str, str]:
@@ -117,26 +179,26 @@ class ReasoningReader:
         while True:
             if self._state == "answer_start":  # a block opens here, or there is none
                 start = self._held.lstrip()
-                if not start or THINK_OPEN.startswith(start):
+                if not start or self._open.startswith(start):
                     return reasoning, content
-                if not start.startswith(THINK_OPEN):
+                if not start.startswith(self._open):
                     self._state = "content"
                     continue
-                self._held, self._state = start[len(THINK_OPEN) :], "thoughts_start"
+                self._held, self._state = start[len(self._open) :], "thoughts_start"
             elif self._state == "thoughts_start":
                 self._held = self._held.lstrip()
                 if not self._held:
                     return reasoning, content
                 self._state = "thoughts"
             elif self._state == "thoughts":
-                end = self._held.find(THINK_CLOSE)
+                end = self._held.find(self._close)
                 if end < 0:
-                    sure = self._held[: len(self._held) - longest_partial_match(self._held, (THINK_CLOSE,))]
-                    sure = sure.rstrip()  # whitespace before `</think>` would go
+                    sure = self._held[: len(self._held) - longest_partial_match(self._held, (self._close,))]
+                    sure = sure.rstrip()  # whitespace before the closing tag would go
                     reasoning, self._held = reasoning + sure, self._held[len(sure) :]
                     return reasoning, content
                 reasoning += self._held[:end].rstrip()
-                self._held, self._state = self._held[end + len(THINK_CLOSE) :], "answer_after_thoughts"
+                self._held, self._state = self._held[end + len(self._close) :], "answer_after_thoughts"
             elif self._state == "answer_after_thoughts":
                 self._held = self._held.lstrip()
                 if not self._held:

@@ -30,7 +30,15 @@ from backend.messages import (
 from backend.process import BackendDied, BackendProcess, BackendStartError
 from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.metrics import Metrics
-from inference_api.reasoning import HARMONY, HARMONY_PREFILLED, THINK_BLOCKS, prompt_end, reasoning_format
+from inference_api.reasoning import (
+    BLOCK_TAGS,
+    HARMONY,
+    HARMONY_PREFILLED,
+    Blocks,
+    Thinking,
+    prompt_end,
+    reasoning_format,
+)
 from inference_api.request_stream import RequestStream
 from inference_api.tokenizer import ModelTokenizer, PromptTokenizer, load_tokenizer
 from inference_api.tool_calls import tool_parser
@@ -73,7 +81,7 @@ class Serving:
     embedding_tokenizer: PromptTokenizer | None = None
     # The --rerank-model's own tokenizer (BackendReady.rerank_model), which joins a query and a document
     rerank_tokenizer: ModelTokenizer | None = None
-    # How chat answers' thoughts are read apart (reasoning.reasoning_format): THINK_BLOCKS, HARMONY, None
+    # How chat answers' thoughts are read apart (reasoning.reasoning_format): BLOCK_TAGS' kinds, HARMONY, None
     reasoning_format: str | None = None
 
     @property
@@ -130,12 +138,13 @@ class Serving:
         """How chat answers are read for tool calls (tool_calls.tool_parser)."""
         return tool_parser(self.chat_template.source, self.reasoning_format == HARMONY, self.tokenizer)
 
-    def prompt_thinking(self, prompt_ids: list[int], prefilled: bool = False) -> str | None:
-        """For a chat prompt: where it leaves a reasoning model's thoughts (reasoning.prompt_end), HARMONY
-        for a model that writes them as harmony messages (HARMONY_PREFILLED where a prefill ended the
-        prompt in the answer's message); None where answers are not read for thoughts."""
-        if self.reasoning_format == THINK_BLOCKS:
-            return prompt_end(prompt_ids, self.tokenizer)
+    def prompt_thinking(self, prompt_ids: list[int], prefilled: bool = False) -> Thinking | None:
+        """For a chat prompt: where it leaves a reasoning model's thought blocks (reasoning.Blocks),
+        HARMONY for a model that writes them as harmony messages (HARMONY_PREFILLED where a prefill ended
+        the prompt in the answer's message); None where answers are not read for thoughts."""
+        tags = BLOCK_TAGS.get(self.reasoning_format)
+        if tags is not None:
+            return Blocks(tags, prompt_end(prompt_ids, self.tokenizer, tags))
         if self.reasoning_format == HARMONY and prefilled:
             return HARMONY_PREFILLED
         return self.reasoning_format

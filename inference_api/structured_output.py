@@ -186,8 +186,9 @@ def json_lark(schema: dict[str, Any]) -> str:
 
 def grammar_around(grammar: str, lark: str, name: str) -> str:
     """`grammar` as a part of a Lark grammar of its own (`name`, the new start), which refers to it as
-    `@ANSWER`: a grammar that constrains an answer, after text the outer grammar allows before it."""
-    parsed = json.loads(grammar)
+    `@ANSWER`: a grammar that constrains an answer, after text the outer grammar allows before it. The
+    grammar is llguidance's JSON or Lark's text (lark_grammar's, which no JSON grammar starts as)."""
+    parsed = json.loads(grammar) if grammar.startswith("{") else {"grammars": [{"lark_grammar": grammar}]}
     answer = parsed["grammars"][0]
     answer["name"] = answer.get("name") or "answer"  # what the outer grammar hands over to
     outer = {"name": name, "lark_grammar": lark.replace("ANSWER", answer["name"])}

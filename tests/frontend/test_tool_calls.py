@@ -282,7 +282,7 @@ def test_tools_whose_parameters_refer_to_definitions_are_enforced_in_every_forma
     assert not follows(xml, xml_call("add", item='{"n": "a"}'))
 
 
-# Gemma 4's tags as special tokens (tests/openai/test_gemma4_tool_calls.py's tokenizer), its end of turn last
+# Gemma 4's tags as special tokens (tests/openai/test_gemma4_format.py's tokenizer), its end of turn last
 GEMMA4_TOKENS = ("<|turn>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>", "<turn|>")
 GEMMA4 = ToolRequest(FORECAST_TOOLS, "auto", parser="gemma4")
 

@@ -29,6 +29,8 @@ from transformers import AutoTokenizer
 from backend.model.loader import converted_dir, resolve_model
 from inference_api.reasoning import (
     CLOSED,
+    GEMMA4_TAGS,
+    GEMMA4_THOUGHTS,
     NEITHER,
     OPENED,
     REASONING_PARSERS,
@@ -402,6 +404,28 @@ def test_the_thoughts_grammar_frees_the_thoughts_and_holds_the_answer(
     assert (consumed and matcher.is_accepting()) == takes
 
 
+@pytest.mark.parametrize(
+    ("opened", "text", "takes"),
+    [
+        (False, '{"mood": "sad"}', True),
+        (False, '<|channel>thought\nHm, {"mood"<channel|>{"mood": "sad"}', True),
+        (False, '<|channel>thought\n<channel|>\n{"mood": "happy"}', True),
+        (False, "<|channel>thought\nHm.<channel|>sad", False),
+        (False, '<|channel>Hm.<channel|>{"mood": "sad"}', False),  # the channel is the thoughts' only
+        (True, 'Hm.<channel|>{"mood": "sad"}', True),
+        (True, '{"mood": "sad"}', False),  # still thoughts: the block has not ended
+    ],
+)
+def test_gemma_4s_thoughts_grammar_names_its_tags_as_tokens(opened, text, takes):
+    from tests.backend.models import byte_tokenizer
+
+    tokenizer = byte_tokenizer(("<|channel>", "<channel|>", "<turn|>"))
+    grammar = after_thoughts(json_schema_grammar(MOOD, "schema"), opened, GEMMA4_TAGS)
+    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tokenizer), grammar, log_level=0)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()) == takes
+
+
 def write_tokenizer(directory, added: list[str]):
     """A word-level tokenizer of a few words, `added` tokens of their own, as the frontend loads one."""
     tokenizer = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1, "<": 2, ">": 3}, unk_token="<unk>"))
@@ -422,8 +446,27 @@ def test_auto_reads_thoughts_where_the_tags_are_tokens_and_the_template_writes_t
     assert reasoning_format("auto", tags, chatml) is None  # no thinking in the template
     assert reasoning_format("auto", plain, thinking_template) is None  # the tags are text, not tokens
     assert reasoning_format("none", tags, thinking_template) is None
-    for named in set(REASONING_PARSERS) - {"auto", "none", "openai_gptoss"}:  # test_harmony.py: the last
+    for named in set(REASONING_PARSERS) - {
+        "auto",
+        "none",
+        "gemma4",
+        "openai_gptoss",
+    }:  # test_harmony.py: the last
         assert reasoning_format(named, plain, chatml) == THINK_BLOCKS
+    assert reasoning_format("gemma4", plain, chatml) == GEMMA4_THOUGHTS
+
+
+def test_auto_reads_gemma_4s_thought_channel_where_its_tags_are_tokens(tmp_path):
+    (tmp_path / "tags").mkdir()
+    (tmp_path / "think").mkdir()
+    tags = write_tokenizer(tmp_path / "tags", ["<|channel>", "<channel|>"])
+    think = write_tokenizer(tmp_path / "think", ["<think>", "</think>"])
+    gemma4 = (
+        "{{- '<|turn>model\n' }}{% if not enable_thinking %}{{- '<|channel>thought\n<channel|>' }}{% endif %}"
+    )
+    assert reasoning_format("auto", tags, gemma4) == GEMMA4_THOUGHTS
+    assert reasoning_format("auto", think, gemma4) is None  # the tags are text, not tokens
+    assert reasoning_format("auto", tags, "{{- '<|turn>model\n' }}") is None  # no thoughts in the template
 
 
 def test_the_prompts_end_says_where_the_answer_starts(tmp_path):
@@ -435,6 +478,16 @@ def test_the_prompts_end_says_where_the_answer_starts(tmp_path):
     assert end("hello <think>\n") == OPENED
     assert end("hello <think>\n\n</think>\n") == CLOSED
     assert end("hello") == NEITHER
+    from tests.backend.models import byte_tokenizer
+
+    gemma4 = byte_tokenizer(("<|channel>", "<channel|>", "<turn|>"))
+
+    def gemma4_end(prompt: str) -> str:
+        return prompt_end(gemma4.encode(prompt, add_special_tokens=False), gemma4, GEMMA4_TAGS)
+
+    assert gemma4_end("hello <|channel>thought\n") == OPENED
+    assert gemma4_end("hello <|channel>thought\n<channel|>") == CLOSED
+    assert gemma4_end("hello <think>\n") == NEITHER
     reader = ReasoningReader(opened=True)
     said = [reader.feed(piece) for piece in ("\nI plan", ".\n</thi", "nk>\n\nDone")] + [reader.finish()]
     assert ("".join(r for r, _ in said), "".join(c for _, c in said)) == ("I plan.", "Done")
@@ -453,8 +506,27 @@ def test_the_prompts_end_says_where_the_answer_starts(tmp_path):
     ],
 )
 def test_the_reader_splits_the_same_however_the_text_is_cut(text, thoughts, content):
+    assert_split_however_cut(ReasoningReader, text, thoughts, content)
+
+
+@pytest.mark.parametrize(
+    ("text", "thoughts", "content"),
+    [
+        ("<|channel>thought\nA.\n\nB.<channel|>Hi", "A.\n\nB.", "Hi"),
+        ("<|channel>thought\n<channel|>Hi", "", "Hi"),  # the empty block a closed prompt's model may write
+        ("<|channel>thoug", "", "<|channel>thoug"),
+        ("<|channel>thought\nA<chan", "A<chan", ""),
+        ("<think>A</think>Hi", "", "<think>A</think>Hi"),  # another model's tags are text
+    ],
+)
+def test_the_reader_splits_gemma_4s_thought_channel_however_the_text_is_cut(text, thoughts, content):
+    assert_split_however_cut(lambda: ReasoningReader(tags=GEMMA4_TAGS), text, thoughts, content)
+
+
+def assert_split_however_cut(new_reader, text: str, thoughts: str, content: str) -> None:
+    """The text, fed in pieces of every size from 1 up, comes apart into `thoughts` and `content`."""
     for size in range(1, len(text) + 1):
-        reader = ReasoningReader()
+        reader = new_reader()
         said = [reader.feed(text[i : i + size]) for i in range(0, len(text), size)] + [reader.finish()]
         assert ("".join(r for r, _ in said), "".join(c for _, c in said)) == (thoughts, content), size
 

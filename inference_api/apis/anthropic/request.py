@@ -17,7 +17,7 @@ from inference_api.apis.anthropic.conversation import read_conversation
 from inference_api.apis.anthropic.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
 from inference_api.prompts import MAX_TOP_K, completion_budget, tool_chat_ids
-from inference_api.reasoning import HARMONY_PREFILLED, thoughts_first
+from inference_api.reasoning import HARMONY_PREFILLED, Thinking, thoughts_first
 from inference_api.router import Serving
 from inference_api.tokenizer import stop_token_ids_of
 from inference_api.tool_calls import ToolRequest, with_tool_grammar
@@ -32,7 +32,7 @@ MIN_BUDGET = 1024  # thinking's budget_tokens, as Anthropic's API takes it
 class Prompt:
     ids: list[int]
     tools: ToolRequest | None  # the tools offered, and how the answer becomes calls
-    thinking: str | None = None  # where the prompt leaves a reasoning model's thoughts (None: not read)
+    thinking: Thinking | None = None  # where the prompt leaves a reasoning model's thoughts (None: not read)
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class MessagesRequest:
     params: SamplingParams
     stream: bool
     tools: ToolRequest | None = None  # the tools offered, and how the answer becomes calls
-    thinking: str | None = None  # as Prompt's
+    thinking: Thinking | None = None  # as Prompt's
 
 
 def read_prompt(data: dict[str, Any], serving: Serving) -> Prompt:

@@ -39,7 +39,7 @@ from inference_api.prompts import (
     read_messages,
     text_content,
 )
-from inference_api.reasoning import thoughts_first
+from inference_api.reasoning import Thinking, thoughts_first
 from inference_api.router import Serving
 from inference_api.tokenizer import stop_token_ids_of
 from inference_api.unsupported_fields import reject_unsupported
@@ -54,7 +54,7 @@ class LlamaStackRequest:
     prompt_ids: list[int]
     params: SamplingParams
     stream: bool
-    thinking: str | None = None  # a chat prompt's, Serving.prompt_thinking: the thoughts are left out
+    thinking: Thinking | None = None  # a chat prompt's, Serving.prompt_thinking: the thoughts are left out
 
 
 def model_field(data: dict[str, Any]) -> str:

@@ -28,7 +28,7 @@ from backend.messages import MAX_LOGPROBS, MAX_REPETITION_PENALTY, InvalidParams
 from inference_api.fields import read_bool, read_integer, read_number, read_stop, read_string
 from inference_api.fill_in_middle import fill_prompt, required_fill_tokens
 from inference_api.prompts import MAX_TOP_K, completion_budget, read_messages, token_id_list, tool_chat_ids
-from inference_api.reasoning import thoughts_first
+from inference_api.reasoning import Thinking, thoughts_first
 from inference_api.router import Serving
 from inference_api.structured_output import json_schema_grammar
 from inference_api.tokenizer import stop_token_ids_of
@@ -48,7 +48,7 @@ class OllamaRequest:
     params: SamplingParams
     stream: bool
     tools: ToolRequest | None = None  # chat's tools offered, and how the answer becomes calls
-    thinking: str | None = None  # where the prompt leaves a reasoning model's thoughts (None: not read)
+    thinking: Thinking | None = None  # where the prompt leaves a reasoning model's thoughts (None: not read)
 
 
 def parse_generate(data: dict[str, Any], serving: Serving) -> OllamaRequest | None:
@@ -98,7 +98,7 @@ def _request(
     ids: list[int],
     prompt_param: str,
     tools: ToolRequest | None = None,
-    thinking: str | None = None,
+    thinking: Thinking | None = None,
     ends: tuple[int, ...] = (),
     token_ids: bool = False,
 ) -> OllamaRequest:

@@ -31,7 +31,7 @@ from inference_api.prompts import (
     token_id_list,
     tool_chat_ids,
 )
-from inference_api.reasoning import HARMONY_PREFILLED, thoughts_first
+from inference_api.reasoning import HARMONY_PREFILLED, Thinking, thoughts_first
 from inference_api.router import Serving
 from inference_api.structured_output import GUIDED_FIELDS, grammar_field, read_grammar
 from inference_api.tokenizer import PromptTokenizer, stop_token_ids_of
@@ -70,7 +70,7 @@ class OpenAIRequest:
     # vLLM's stream_options.continuous_usage_stats: the usage so far in every chunk (with include_usage)
     continuous_usage: bool = False
     # chat with a reasoning model: where its prompt leaves the thoughts (reasoning.prompt_end; None: not read)
-    thinking: str | None = None
+    thinking: Thinking | None = None
     # vLLM's return_tokens_as_token_ids: the logprobs name each token `token_id:{id}`, not by its text
     tokens_as_ids: bool = False
     # vLLM's return_token_ids: the prompt's token ids and each choice's generated ones beside the text

@@ -21,7 +21,7 @@ from inference_api.apis.responses.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_string
 from inference_api.generation import ApiFields
 from inference_api.prompts import CHAT_DEFAULT_MAX_TOKENS, completion_budget, tool_chat_ids
-from inference_api.reasoning import thoughts_first
+from inference_api.reasoning import Thinking, thoughts_first
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolRequest, with_tool_grammar
 from inference_api.unsupported_fields import reject_unsupported
@@ -38,7 +38,7 @@ class ResponsesRequest:
     echoed: dict[str, Any]  # what the response object repeats of the request
     tools: ToolRequest | None = None  # the tools offered, and how the answer becomes calls
     grammar_param: str | None = None  # where params.grammar came from (None: no grammar)
-    thinking: str | None = None  # where the prompt leaves a reasoning model's thoughts (None: not read)
+    thinking: Thinking | None = None  # where the prompt leaves a reasoning model's thoughts (None: not read)
 
     @property
     def fields(self) -> ApiFields:

@@ -1,9 +1,13 @@
-"""Gemma 4's tool calls (inference_api/gemma4_tool_calls.py) with the official openai client: a tiny random
-model whose byte-level tokenizer has Gemma 4's tags as special tokens, behind a chat template written
-here in Gemma 4's format (the model's own is not on this machine), so that the server reads the format
-from the template and the tokenizer as it would a Gemma 4's. An `auto` call the model starts is decoded
-under the calls' grammar, the tags kept in its text, and comes back as OpenAI's tool call; streamed, as
-deltas of the same call; and an answer that opens no call is text."""
+"""Gemma 4's own format with the official openai client: its tool calls (inference_api/gemma4_tool_calls.py)
+and its thought channel (inference_api/reasoning.py). A tiny random model whose byte-level tokenizer has
+Gemma 4's tags as special tokens serves behind a chat template written here in Gemma 4's format (the
+model's own is not on this machine), so that the server reads the format from the template and the
+tokenizer as it would a Gemma 4's.
+
+An `auto` call the model starts is decoded under the calls' grammar, the tags kept in its text, and
+comes back as OpenAI's tool call; streamed, as deltas of the same call; and an answer that opens no call
+is text. Thoughts in `<|channel>thought\n...<channel|>` come back as `reasoning_content`, whole and
+streamed, and a JSON format holds the answer after them."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import jsonschema
 import openai
 import pytest
 import requests
+from openai.types.chat import ChatCompletion
 
 from tests.backend.models import write_tiny_byte_model
 from tests.openai.conftest import assert_streamed_call_is_the_whole_ones
@@ -23,6 +28,9 @@ from tests.server_fixture import RunningServer, running_server
 # own (it would add one more)
 SPECIAL_TOKENS = (
     "<|turn>",
+    "<|think|>",
+    "<|channel>",
+    "<channel|>",
     "<|tool_call>",
     "<tool_call|>",
     '<|"|>',
@@ -31,8 +39,11 @@ SPECIAL_TOKENS = (
     "<|endoftext|>",
 )
 # Gemma 4's format, in a template of its own: the tools declared in the system turn, an assistant's calls
-# as <|tool_call>call:NAME{...}<tool_call|>, tool results after <|tool_response>.
-TEMPLATE = r"""{%- if tools %}
+# as <|tool_call>call:NAME{...}<tool_call|>, tool results after <|tool_response>; with thinking on,
+# `<|think|>` in the system turn, and with it off an empty thought block closed in the prompt (as
+# DiffusionGemma's template closes one).
+TEMPLATE = r"""{%- if enable_thinking %}{{- '<|turn>system\n<|think|><turn|>\n' }}{%- endif %}
+{%- if tools %}
 {{- '<|turn>system\nYou can call these tools:\n' }}
 {%- for tool in tools %}{{- (tool | tojson) + '\n' }}{%- endfor %}
 {{- 'To call one, write <|tool_call>call:NAME{key:value}<tool_call|><turn|>\n' }}
@@ -55,7 +66,9 @@ TEMPLATE = r"""{%- if tools %}
 {{- '<|turn>' + message.role + '\n' + message.content + '<turn|>\n' }}
 {%- endif %}
 {%- endfor %}
-{%- if add_generation_prompt %}{{- '<|turn>model\n' }}{%- endif %}"""
+{%- if add_generation_prompt %}{{- '<|turn>model\n' }}
+{%- if enable_thinking is defined and not enable_thinking %}{{- '<|channel>thought\n<channel|>' }}{%- endif %}
+{%- endif %}"""
 # Values the grammar bounds (a count of days, a choice of strings, between `<|"|>` tokens): a bias that
 # opens calls cannot run a value on.
 WEATHER = {
@@ -137,3 +150,63 @@ def test_an_answer_that_opens_no_call_is_text(client, opening):
     choice = completion.choices[0]
     assert choice.message.tool_calls is None and choice.message.content
     assert "<|tool_call>" not in choice.message.content
+
+
+THINKING_ON = {"chat_template_kwargs": {"enable_thinking": True}}
+THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
+# The tags spelled in a raw grammar (llguidance's names for the special tokens), to write known thoughts.
+KNOWN_THOUGHTS = 'start: <|channel> "thought\\nClear sky.\\n\\nNo rain." <channel|> "Sunny."'
+
+
+def test_thoughts_in_the_thought_channel_come_apart_whole_and_streamed(client):
+    """With thinking off the prompt closes an empty block, and a model that writes one anyway (as Gemma
+    4's do) still has it read apart."""
+    request = dict(model=MODEL, messages=ASK, temperature=0, max_tokens=60)
+    forced = {**THINKING_OFF, "guided_grammar": KNOWN_THOUGHTS}
+    message = client.chat.completions.create(**request, extra_body=forced).choices[0].message
+    assert (message.reasoning_content, message.content) == ("Clear sky.\n\nNo rain.", "Sunny.")
+    thoughts, answer, kinds = "", "", []
+    for chunk in client.chat.completions.create(**request, extra_body=forced, stream=True):
+        delta = chunk.choices[0].delta
+        thoughts += getattr(delta, "reasoning_content", None) or ""
+        answer += delta.content or ""
+        kinds += [kind for kind in ("reasoning_content", "content") if getattr(delta, kind, None)]
+    assert (thoughts, answer) == ("Clear sky.\n\nNo rain.", "Sunny.")
+    assert kinds == sorted(kinds, key=lambda kind: kind == "content") and len(kinds) > 2
+
+
+@pytest.fixture(scope="module")
+def channel_bias(server: RunningServer) -> dict[str, int]:
+    """A bias that makes the model open the thought channel, and close it as soon as it may."""
+    tokens = requests.post(f"{server.url}/tokenize", json={"content": "<|channel><channel|>"}, timeout=30)
+    opening, closing = tokens.json()["tokens"]
+    return {str(opening): 100, str(closing): 100}
+
+
+def thought_first(client: openai.OpenAI, channel_bias: dict[str, int], **request) -> ChatCompletion:
+    """A greedy chat answer with thinking on, the model made to open the channel and close it at once;
+    what it wrote begins with the channel's tags, which grammars name as tokens."""
+    forced = dict(logit_bias=channel_bias, logprobs=True, extra_body=THINKING_ON)
+    completion = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, **forced, **request)
+    choice = completion.choices[0]
+    written = "".join(token.token for token in choice.logprobs.content)
+    assert written.startswith("<|channel>thought<channel|>")
+    assert "<" not in (choice.message.content or "") and not getattr(
+        choice.message, "reasoning_content", None
+    )
+    return completion
+
+
+def test_a_json_format_holds_the_answer_after_the_thoughts(client, channel_bias):
+    schema = {"type": "object", "properties": {"days": {"type": "integer"}}, "required": ["days"]}
+    json_format = {"type": "json_schema", "json_schema": {"name": "days", "schema": schema}}
+    completion = thought_first(client, channel_bias, max_tokens=40, response_format=json_format)
+    assert isinstance(json.loads(completion.choices[0].message.content)["days"], int)
+
+
+def test_with_tools_offered_the_model_may_think_before_it_answers(client, channel_bias):
+    """The `auto` calls' grammar waits for the thoughts too: without that, their special tags would be
+    out of the grammar and a model with tools offered could not think."""
+    completion = thought_first(client, channel_bias, max_tokens=30, tools=[WEATHER])
+    choice = completion.choices[0]
+    assert choice.message.content or choice.message.tool_calls
