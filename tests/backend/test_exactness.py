@@ -21,7 +21,9 @@ from tests.backend.models import (
     tiny_model,
 )
 
-PROMPT_COUNT = 18
+# 12 prompts of 16 tokens on 8 rows: rows join mid-flight, and are freed and refilled. The reference,
+# transformers' `generate` on each prompt alone, is 80% of the time, which is why not more.
+PROMPT_COUNT = 12
 
 
 def staggered_greedy_requests(prompts, max_tokens, rng):
@@ -49,12 +51,11 @@ def test_tiny_models_match_generate_with_rows_joining_mid_flight(architecture):
     prompts = [
         [rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 60))] for _ in range(PROMPT_COUNT)
     ]
-    # 8 rows for 18 prompts: rows are also freed and refilled during the run.
     engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=128)
     # Llama-family and Gemma 3 layers run through the decoder runner, the others through transformers' own
     # modules over the row attention: both exact.
     assert (engine.runner.decoder is not None) == (architecture in RUNNER_TYPES)
-    assert_matches_reference(engine, model, prompts, max_tokens=24, rng=rng)
+    assert_matches_reference(engine, model, prompts, max_tokens=16, rng=rng)
 
 
 def assert_chunked_prompts_sharing_a_prefix_match(model, reference, rng: random.Random) -> list[list[int]]:
@@ -115,22 +116,17 @@ def test_default_model_matches_generate_with_rows_joining_mid_flight(default_mod
         "Once upon a time, in a land far away, there lived a",
         "1, 2, 3, 4,",
         "Q: What is the boiling point of water?\nA:",
-        "The three primary colors are",
         "import numpy as np\n",
-        "Roses are red,",
         "<|im_start|>user\nWrite a haiku about rain.<|im_end|>\n<|im_start|>assistant\n",
-        "The quick brown fox",
         "In 1969, astronauts",
-        "To make a cup of tea, first",
         "SELECT * FROM",
         "Les fleurs du jardin sont",
-        "My favourite food is",
         "A long time ago the internet was a smaller place, and people who used it knew each other by name. "
         "They wrote long messages on bulletin boards and",
     ]
     prompts = [tokenizer(text).input_ids for text in texts]
     engine = Engine(model, MarkerTokenizer(tokenizer), rows=6, max_seq_len=256)
-    assert_matches_reference(engine, model, prompts, max_tokens=20, rng=random.Random(7))
+    assert_matches_reference(engine, model, prompts, max_tokens=16, rng=random.Random(7))
 
 
 def test_rows_stay_exact_when_free_rows_sit_between_them():
