@@ -25,6 +25,7 @@ from inference_api.config import (
     parse_size,
 )
 from inference_api.reasoning import REASONING_PARSERS
+from inference_api.tool_calls import TOOL_CALL_PARSERS
 
 GUNICORN_CONF = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
 
@@ -109,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
         "tags as tokens and its template writes them; deepseek_r1 or qwen3 (vLLM's names) always <think> "
         "blocks, gemma4 the thought channel, openai_gptoss harmony; none never",
     )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default="auto",
+        help="the format chat answers' tool calls are read in and held to (vLLM's names); auto: the one "
+        "the chat template teaches (Gemma 4's, Qwen3-Coder's or GLM-4.5's XML, Llama 3's JSON, else "
+        "Hermes); a gpt-oss's are harmony messages whatever this says",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
@@ -127,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="weight-only quantized linear layers; auto: a GGUF file's own 4-bit weights, else none. "
         "--dtype float32 --quantize none is the exact mode",
     )
-    parser.add_argument("--rows", type=positive_int, default=32, help="requests decoded together")
+    parser.add_argument(
+        "--rows", "--max-num-seqs", type=positive_int, default=32, help="requests decoded together"
+    )
     parser.add_argument(
         "--max-queue",
         type=non_negative_int,
@@ -136,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-seq-len",
+        "--max-model-len",
         type=positive_int,
         help="tokens per row (prompt + answer); default: the smaller of 2048 and the model's context",
     )
@@ -197,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-prefill-tokens",
+        "--max-num-batched-tokens",
         type=positive_int,
         help="prompt tokens a step prefills while rows decode, longer prompts a chunk a step (default: as "
         "many as keep a step within 1.8 times one without, measured as it runs, at most 512)",
@@ -283,6 +296,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         served_model_names=tuple(dict.fromkeys(args.served_model_name)),  # in order, once each
         chat_template=args.chat_template,
         reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
     )
 
 

@@ -59,6 +59,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
         served_model_names=config.served_model_names,
         chat_template=config.chat_template,
         reasoning_parser=config.reasoning_parser,
+        tool_call_parser=config.tool_call_parser,
     )
     metrics.registry.register(VllmMetrics(metrics, router))
     app.extensions["metrics"] = metrics

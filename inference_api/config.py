@@ -41,6 +41,7 @@ class ServerConfig:
     served_model_names: tuple[str, ...] = ()
     chat_template: str | None = None  # --chat-template: a Jinja file used instead of the model's template
     reasoning_parser: str = "auto"  # --reasoning-parser: how chat answers' thoughts are read (reasoning.py)
+    tool_call_parser: str = "auto"  # --tool-call-parser: how chat answers' calls are read (tool_calls.py)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:
@@ -84,6 +85,7 @@ class ServerConfig:
             served_model_names=tuple(env.get("INFERENCE_SERVED_MODEL_NAME", "").split()),
             chat_template=env.get("INFERENCE_CHAT_TEMPLATE") or None,
             reasoning_parser=env.get("INFERENCE_REASONING_PARSER") or "auto",
+            tool_call_parser=env.get("INFERENCE_TOOL_CALL_PARSER") or "auto",
         )
 
     def to_env(self) -> dict[str, str]:
@@ -121,6 +123,7 @@ class ServerConfig:
             "INFERENCE_SERVED_MODEL_NAME": " ".join(self.served_model_names),
             "INFERENCE_CHAT_TEMPLATE": self.chat_template or "",
             "INFERENCE_REASONING_PARSER": self.reasoning_parser,
+            "INFERENCE_TOOL_CALL_PARSER": self.tool_call_parser,
             "INFERENCE_HOST": self.host,
             "INFERENCE_PORT": str(self.port),
             "INFERENCE_RESTART_DELAY": repr(self.restart_delay),

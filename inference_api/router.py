@@ -29,6 +29,7 @@ from backend.messages import (
 )
 from backend.process import BackendDied, BackendProcess, BackendStartError
 from inference_api.chat_template import ChatTemplate, load_chat_template
+from inference_api.gemma4_tool_calls import CLOSE, OPEN, QUOTE
 from inference_api.metrics import Metrics
 from inference_api.reasoning import (
     BLOCK_TAGS,
@@ -40,8 +41,8 @@ from inference_api.reasoning import (
     reasoning_format,
 )
 from inference_api.request_stream import RequestStream
-from inference_api.tokenizer import ModelTokenizer, PromptTokenizer, load_tokenizer
-from inference_api.tool_calls import tool_parser
+from inference_api.tokenizer import ModelTokenizer, PromptTokenizer, are_tokens, load_tokenizer
+from inference_api.tool_calls import GEMMA4, tool_parser
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class Serving:
     rerank_tokenizer: ModelTokenizer | None = None
     # How chat answers' thoughts are read apart (reasoning.reasoning_format): BLOCK_TAGS' kinds, HARMONY, None
     reasoning_format: str | None = None
+    tool_call_parser: str = "auto"  # --tool-call-parser: a format for the calls, or auto (the template's)
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -136,7 +138,8 @@ class Serving:
     @property
     def tool_parser(self) -> str:
         """How chat answers are read for tool calls (tool_calls.tool_parser)."""
-        return tool_parser(self.chat_template.source, self.reasoning_format == HARMONY, self.tokenizer)
+        harmony = self.reasoning_format == HARMONY
+        return tool_parser(self.chat_template.source, harmony, self.tokenizer, self.tool_call_parser)
 
     def prompt_thinking(self, prompt_ids: list[int], prefilled: bool = False) -> Thinking | None:
         """For a chat prompt: where it leaves a reasoning model's thought blocks (reasoning.Blocks),
@@ -168,11 +171,13 @@ class Router:
         served_model_names: tuple[str, ...] = (),
         chat_template: str | None = None,
         reasoning_parser: str = "auto",
+        tool_call_parser: str = "auto",
     ):
         self.backend_config = backend_config
         self.served_model_names = served_model_names
         self.chat_template = chat_template  # --chat-template: a file instead of the model's template
         self.reasoning_parser = reasoning_parser
+        self.tool_call_parser = tool_call_parser
         self.max_queue = max_queue
         self.metrics = metrics
         self.restart_delay = restart_delay
@@ -337,9 +342,15 @@ class Router:
             embedding_tokenizer=None if embedding is None else load_tokenizer(embedding.tokenizer_path),
             rerank_tokenizer=None if rerank is None else ModelTokenizer(rerank.tokenizer_path),
             reasoning_format=reasoning_format(self.reasoning_parser, tokenizer, chat_template.source),
+            tool_call_parser=self.tool_call_parser,
         )
         if (clash := serving.name_clash()) is not None:
             raise BackendStartError(clash)
+        if serving.tool_parser == GEMMA4 and not are_tokens((OPEN, CLOSE, QUOTE), tokenizer):
+            raise BackendStartError(
+                "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call> and <tool_call|> "
+                "tokens, which this model's tokenizer does not have"
+            )
         with self._lock:
             self._serving = serving
         self.restart_reason = None

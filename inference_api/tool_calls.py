@@ -64,9 +64,11 @@ AUTO_HERMES = AUTO_TAGGED + "call: {call}\n"
 # The formats whose calls are `<tool_call>` blocks: Hermes's JSON in them, or XML (xml_tool_calls.py).
 XML_FORMATS = {form.name: form for form in (QWEN3_CODER, GLM45)}
 TAGGED = ("hermes", *XML_FORMATS)
+GEMMA4 = "gemma4"
+# --tool-call-parser's choices, vLLM's names: auto reads the chat template for the format (tool_parser).
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", *XML_FORMATS, GEMMA4)
 # `auto` in Gemma 4's (gemma4_tool_calls.py): text, or text then calls between its tags, which are special
 # tokens (named as such: no text lexeme can hold them, so TEXT needs no exclusion).
-GEMMA4 = "gemma4"
 AUTO_GEMMA4 = f"""start: TEXT | TEXT? gemma4_call{{more}}
 more: (WS? gemma4_call)*
 gemma4_call: {gemma4.OPEN} call {gemma4.CLOSE}
@@ -148,13 +150,16 @@ class ToolRequest:
         return {"anyOf": calls, **({"$defs": definitions} if definitions else {})}
 
 
-def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer) -> str:
+def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer, forced: str = "auto") -> str:
     """How a model's answers hold calls: gpt-oss's harmony messages (`harmony`: the server reads them,
-    answers.HarmonyReader), Gemma 4's notation where the template writes its `<|tool_call>` token
+    answers.HarmonyReader), else the `forced` one of TOOL_CALL_PARSERS (--tool-call-parser), else the
+    format the template teaches: Gemma 4's notation where it writes its `<|tool_call>` token
     (gemma4_tool_calls.py), XML where it writes Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>`
     (xml_tool_calls.py), Llama 3's JSON where it has the python tag, else Hermes blocks."""
     if harmony:
         return "harmony"
+    if forced != "auto":
+        return forced
     if gemma4.writes_gemma4(template_source, tokenizer):
         return GEMMA4
     xml = template_format(template_source)

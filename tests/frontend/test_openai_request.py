@@ -6,7 +6,7 @@ import pytest
 
 from backend.messages import BackendReady, InvalidParams
 from inference_api.apis.openai.request import parse_chat_request, parse_completion_request
-from inference_api.chat_template import load_chat_template
+from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.prompts import CHAT_DEFAULT_MAX_TOKENS
 from inference_api.router import Serving
 from inference_api.tokenizer import ByteTokenizer
@@ -80,6 +80,17 @@ def test_an_alias_that_is_the_embedding_or_rerank_models_name_is_refused():
     both = BackendReady("mock", 2, 64, None, "cpu", "-", embedding_model=embedder, rerank_model=reranker)
     clash = Serving(both, ByteTokenizer(), load_chat_template(None), ("smol",))
     assert "'tiny-bert' is both the --embedding-model's and the --rerank-model's" in clash.name_clash()
+
+
+def test_a_tool_call_parser_named_reads_calls_in_its_format_whatever_the_template_teaches():
+    ready = BackendReady("mock", 2, 64, None, "cpu", "-")
+    xml = ChatTemplate("{{- '<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>' }}")
+    assert Serving(ready, ByteTokenizer(), xml).tool_parser == "qwen3_coder"  # auto: the template's
+    for forced in ("hermes", "llama3_json", "glm45"):
+        assert Serving(ready, ByteTokenizer(), xml, tool_call_parser=forced).tool_parser == forced
+    # A model that writes harmony has its calls read as harmony messages, whatever is named.
+    harmony = Serving(ready, ByteTokenizer(), xml, reasoning_format="harmony", tool_call_parser="hermes")
+    assert harmony.tool_parser == "harmony"
 
 
 @pytest.mark.parametrize(

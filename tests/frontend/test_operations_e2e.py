@@ -137,6 +137,16 @@ def test_a_backend_that_cannot_start_stops_the_server(tmp_path: Path) -> None:
         stop_server(server)
 
 
+def test_a_tool_call_parser_the_tokenizer_cannot_read_stops_the_server(tmp_path: Path) -> None:
+    """Gemma 4's calls are between tokens of its own, which the mock's byte tokenizer does not have."""
+    server = start_server("--mock", "--tool-call-parser", "gemma4", log_path=tmp_path / "server.log")
+    try:
+        assert server.process.wait(120) == 4, server.log()[-3000:]
+        assert "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call>" in server.log()
+    finally:
+        stop_server(server)
+
+
 def wait_for_metric(server: RunningServer, name: str, value: float, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while server.metric(name) != value:

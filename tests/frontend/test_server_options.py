@@ -53,6 +53,15 @@ def test_both_options_travel_through_the_environment():
     assert ServerConfig.from_env(default.to_env()) == default
 
 
+def test_vllms_option_names_set_what_ours_do():
+    vllms = parse_args(["--max-model-len", "512", "--max-num-seqs", "3", "--max-num-batched-tokens", "64"])
+    ours = parse_args(["--max-seq-len", "512", "--rows", "3", "--max-prefill-tokens", "64"])
+    assert vllms == ours and ours.backend.rows == 3
+    named = parse_args(["--tool-call-parser", "glm45"])
+    assert named.tool_call_parser == "glm45" and parse_args([]).tool_call_parser == "auto"
+    assert ServerConfig.from_env(named.to_env()) == named
+
+
 def test_a_served_name_is_not_empty_and_has_no_spaces(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--served-model-name", "my model"])
