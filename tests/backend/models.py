@@ -39,6 +39,30 @@ GATED_DELTA = dict(
     linear_conv_kernel_dim=4,
 )
 TINY_EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# Families whose configs name their sizes their own way: GPT-NeoX's rotary positions on a quarter of each
+# head and its attention and MLP side by side (Pythia's); OPT's embeddings narrower than its layers,
+# projected in and out (OPT-350m's); GPT-BigCode's one key head for all queries (StarCoder's).
+OLDER_FAMILIES: dict[str, dict] = {
+    "gpt_neox": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        rotary_pct=0.25,
+        use_parallel_residual=True,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    ),
+    "opt": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        ffn_dim=128,
+        word_embed_proj_dim=32,
+        max_position_embeddings=512,
+    ),
+    "gpt_bigcode": dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, multi_query=True),
+}
 
 # What each family's tiny config sets beyond the Llama-like sizes: its own features switched on where
 # a default would leave them off (granite's multipliers, a layer without rotary positions for smollm3),
@@ -308,6 +332,9 @@ def tiny_model(
     )
     if architecture == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **common))
+    elif architecture in OLDER_FAMILIES:
+        config = CONFIG_MAPPING[architecture](**OLDER_FAMILIES[architecture], **common, **extras)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     elif architecture == "falcon":  # Falcon-40B's layout: two key heads, each shared by two query heads
         config = FalconConfig(
             hidden_size=64,

@@ -108,6 +108,18 @@ def test_layers_of_other_widths_and_layers_keeping_none_are_counted_as_they_are(
     assert f"a row: 2 x {widths} x 2 bytes)" in size.summary()
 
 
+def test_starcoders_one_key_head_is_kept_as_one():
+    """GPT-BigCode's `multi_query` (StarCoder's 48 query heads read one key head): a cache of 48 would
+    serve the same text, at 48 times the memory."""
+    from transformers import GPTBigCodeConfig
+
+    starcoder = GPTBigCodeConfig(n_embd=6144, n_layer=40, n_head=48, n_positions=8192, multi_query=True)
+    line = size_kv_cache(BackendConfig(max_seq_len=1024), starcoder, torch.bfloat16).summary()
+    assert "a row: 2 x 40 layers x 1 KV heads x 128 x 2 bytes)" in line
+    every_head = GPTBigCodeConfig(n_embd=64, n_layer=2, n_head=4, multi_query=False)
+    assert "2 layers x 4 KV heads x 16" in size_kv_cache(BackendConfig(), every_head, torch.float32).summary()
+
+
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     """The tiny Llama saved as a model directory, with the default model's tokenizer."""

@@ -110,6 +110,10 @@ FAMILIES = [
     # LFM2: short convolution layers over the rows' states (model/short_conv.py)
     "lfm2",
     "lfm2_moe",
+    # Served from 2026-12-03: GPT-NeoX (Pythia), OPT and GPT-BigCode (StarCoder, one key head)
+    "gpt_neox",
+    "opt",
+    "gpt_bigcode",
 ]
 MAX_TOKENS = 10
 EXACT = dict(dtype="float32", quantize="none", rows=4, max_seq_len=128, max_prefill_tokens=8)
