@@ -130,6 +130,22 @@ class Serving:
             names.append((model.name, f"the {option}'s"))
         return None
 
+    def unreadable(self) -> str | None:
+        """Why the parsers named for this model cannot read its answers: their tags, special tokens, are
+        not tokens of its tokenizer (no grammar could name them, no answer would hold them)."""
+        tags = BLOCK_TAGS.get(self.reasoning_format)
+        if tags is not None and tags.special and not are_tokens((tags.opening, tags.close), self.tokenizer):
+            return (
+                f"--reasoning-parser reads thoughts between {tags.opening} and {tags.close} tokens, which "
+                "this model's tokenizer does not have"
+            )
+        if self.tool_parser == GEMMA4 and not are_tokens((OPEN, CLOSE, QUOTE), self.tokenizer):
+            return (
+                "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call> and <tool_call|> "
+                "tokens, which this model's tokenizer does not have"
+            )
+        return None
+
     @property
     def reads_reasoning(self) -> bool:
         """Whether chat answers' thoughts come apart from their content (reasoning_content)."""
@@ -344,13 +360,9 @@ class Router:
             reasoning_format=reasoning_format(self.reasoning_parser, tokenizer, chat_template.source),
             tool_call_parser=self.tool_call_parser,
         )
-        if (clash := serving.name_clash()) is not None:
-            raise BackendStartError(clash)
-        if serving.tool_parser == GEMMA4 and not are_tokens((OPEN, CLOSE, QUOTE), tokenizer):
-            raise BackendStartError(
-                "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call> and <tool_call|> "
-                "tokens, which this model's tokenizer does not have"
-            )
+        for refusal in (serving.name_clash(), serving.unreadable()):
+            if refusal is not None:
+                raise BackendStartError(refusal)
         with self._lock:
             self._serving = serving
         self.restart_reason = None

@@ -137,12 +137,19 @@ def test_a_backend_that_cannot_start_stops_the_server(tmp_path: Path) -> None:
         stop_server(server)
 
 
-def test_a_tool_call_parser_the_tokenizer_cannot_read_stops_the_server(tmp_path: Path) -> None:
-    """Gemma 4's calls are between tokens of its own, which the mock's byte tokenizer does not have."""
-    server = start_server("--mock", "--tool-call-parser", "gemma4", log_path=tmp_path / "server.log")
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ("--tool-call-parser", "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call>"),
+        ("--reasoning-parser", "--reasoning-parser reads thoughts between <|channel> and <channel|> tokens"),
+    ],
+)
+def test_a_parser_the_tokenizer_cannot_read_stops_the_server(tmp_path: Path, option: str, says: str) -> None:
+    """Gemma 4's calls and thoughts are between tokens of its own, which the mock's byte tokenizer lacks."""
+    server = start_server("--mock", option, "gemma4", log_path=tmp_path / "server.log")
     try:
         assert server.process.wait(120) == 4, server.log()[-3000:]
-        assert "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call>" in server.log()
+        assert says in server.log()
     finally:
         stop_server(server)
 
