@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the chat template teaches (Gemma 4's, Qwen3-Coder's or GLM-4.5's XML, Llama 3's JSON, else "
         "Hermes); a gpt-oss's are harmony messages whatever this says",
     )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="taken so that vLLM's command lines start, with no effect: tool_choice auto needs nothing here",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=positive_int, default=DEFAULT_PORT)
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")

@@ -60,6 +60,8 @@ def test_vllms_option_names_set_what_ours_do():
     named = parse_args(["--tool-call-parser", "glm45"])
     assert named.tool_call_parser == "glm45" and parse_args([]).tool_call_parser == "auto"
     assert ServerConfig.from_env(named.to_env()) == named
+    # vLLM's tool-use command line: its flag taken, with no effect
+    assert parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "glm45"]) == named
 
 
 def test_a_served_name_is_not_empty_and_has_no_spaces(capsys):
