@@ -39,9 +39,12 @@ STRING: /(?s:.*)/
 
 def writes_gemma4(template_source: str, tokenizer: PromptTokenizer) -> bool:
     """Whether a chat template teaches Gemma 4's calls, and the tokenizer has their tags as tokens."""
-    return (
-        OPEN in template_source and "call:" in template_source and are_tokens((OPEN, CLOSE, QUOTE), tokenizer)
-    )
+    return OPEN in template_source and "call:" in template_source and has_tags(tokenizer)
+
+
+def has_tags(tokenizer: PromptTokenizer) -> bool:
+    """Whether the tokenizer has the calls' three tags as tokens of their own."""
+    return are_tokens((OPEN, CLOSE, QUOTE), tokenizer)
 
 
 def call_lark(tools: list[dict[str, Any]]) -> str:

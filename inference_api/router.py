@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 from backend.messages import (
     BackendConfig,
@@ -28,8 +29,8 @@ from backend.messages import (
     reserved_places,
 )
 from backend.process import BackendDied, BackendProcess, BackendStartError
+from inference_api import gemma4_tool_calls
 from inference_api.chat_template import ChatTemplate, load_chat_template
-from inference_api.gemma4_tool_calls import CLOSE, OPEN, QUOTE
 from inference_api.metrics import Metrics
 from inference_api.reasoning import (
     BLOCK_TAGS,
@@ -139,7 +140,7 @@ class Serving:
                 f"--reasoning-parser reads thoughts between {tags.opening} and {tags.close} tokens, which "
                 "this model's tokenizer does not have"
             )
-        if self.tool_parser == GEMMA4 and not are_tokens((OPEN, CLOSE, QUOTE), self.tokenizer):
+        if self.tool_parser == GEMMA4 and not gemma4_tool_calls.has_tags(self.tokenizer):
             return (
                 "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call> and <tool_call|> "
                 "tokens, which this model's tokenizer does not have"
@@ -151,9 +152,10 @@ class Serving:
         """Whether chat answers' thoughts come apart from their content (reasoning_content)."""
         return self.reasoning_format is not None
 
-    @property
+    @cached_property
     def tool_parser(self) -> str:
-        """How chat answers are read for tool calls (tool_calls.tool_parser)."""
+        """How chat answers are read for tool calls (tool_calls.tool_parser): the same for every request,
+        found once."""
         harmony = self.reasoning_format == HARMONY
         return tool_parser(self.chat_template.source, harmony, self.tokenizer, self.tool_call_parser)
 
