@@ -375,13 +375,16 @@ class ToolCallReader:
         return self.text[self.sent : self.call_start], calls if self.request.parallel else calls[:1]
 
     @property
-    def _open(self) -> str:
-        """The tag a call opens with, in the tagged formats."""
-        return gemma4.OPEN if self.request.parser == GEMMA4 else HERMES_OPEN
+    def _tags(self) -> tuple[str, str] | None:
+        """The tags a call is between (Hermes's, also the XML formats', or Gemma 4's); None for Llama 3's
+        bare JSON."""
+        if self.request.parser == GEMMA4:
+            return gemma4.OPEN, gemma4.CLOSE
+        return (HERMES_OPEN, HERMES_CLOSE) if self.request.parser in TAGGED else None
 
     def _find_call_start(self) -> None:
-        if self.request.parser in (*TAGGED, GEMMA4):
-            at = self.text.find(self._open)
+        if self._tags is not None:
+            at = self.text.find(self._tags[0])
             self.call_start = at if at >= 0 else None
             return
         stripped = self.text.lstrip()
@@ -393,9 +396,9 @@ class ToolCallReader:
 
     def _held_back(self) -> int:
         """How much of the end might begin a call (not sent until the next text says)."""
-        if self.request.parser not in (*TAGGED, GEMMA4):  # Llama 3, undecided: only whitespace so far
+        if self._tags is None:  # Llama 3, undecided: only whitespace so far
             return len(self.text)
-        return longest_partial_match(self.text, (self._open,))
+        return longest_partial_match(self.text, self._tags[:1])
 
     def _calls(self, text: str) -> list[dict[str, Any]] | None:
         choice = self.request.choice
@@ -403,12 +406,9 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
-        if self.request.parser == GEMMA4:
-            pattern = re.escape(gemma4.OPEN) + r"(.*?)(?:" + re.escape(gemma4.CLOSE) + r"|$)"
-            calls = [gemma4.read_call(block) for block in re.findall(pattern, text, re.S)]
-            return None if not calls or None in calls else [new_call(*call) for call in calls]
-        if self.request.parser in TAGGED:
-            pattern = re.escape(HERMES_OPEN) + r"(.*?)(?:" + re.escape(HERMES_CLOSE) + r"|$)"
+        if self._tags is not None:
+            opening, closing = self._tags
+            pattern = re.escape(opening) + r"(.*?)(?:" + re.escape(closing) + r"|$)"
             calls = [self._tagged_call(block) for block in re.findall(pattern, text, re.S)]
             return None if None in calls else [call for found in calls for call in found]
         try:
@@ -418,11 +418,14 @@ class ToolCallReader:
             return None
 
     def _tagged_call(self, block: str) -> list[dict[str, Any]] | None:
-        """A `<tool_call>` block's call, in JSON (Hermes) or XML."""
+        """A block's call: in JSON (Hermes), XML, or Gemma 4's notation."""
         form = XML_FORMATS.get(self.request.parser)
-        if form is None:
+        if self.request.parser == GEMMA4:
+            found = gemma4.read_call(block)
+        elif form is not None:
+            found = read_call(block, self.request.tools, form)
+        else:
             return _hermes_call(block)
-        found = read_call(block, self.request.tools, form)
         return None if found is None else [new_call(*found)]
 
 
