@@ -128,7 +128,7 @@ def with_tools(
     """Messages in OpenAI chat's shapes as the chat template takes them, and the tools it is given; a
     template that takes no tools gets them in the system message, in the format the answer is read in
     (tool_calls.py)."""
-    messages = template_messages(messages, serving.chat_template.source)
+    messages = template_messages(messages, serving.chat_template.source, serving.tool_parser)
     if tools is not None and serving.chat_template.takes_tools:
         return messages, tools.tools
     if tools is not None:

@@ -11,7 +11,8 @@ instead. How the answer becomes calls depends on `tool_choice`:
 - `auto`: the model chooses; its text is read in the format its template teaches (`tool_parser`): the
   Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, Qwen3-Coder's, Qwen3.5's or GLM-4.5's XML in those
   blocks (xml_tool_calls.py), Gemma 4's notation between its `<|tool_call>` tokens
-  (gemma4_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
+  (gemma4_tool_calls.py), Mistral's after its `[TOOL_CALLS]` token (mistral_tool_calls.py), or Llama 3's
+  bare JSON `{"name", "parameters"}`.
   The answer is decoded under "free text, or calls in that format" (`AUTO_HERMES`, `AUTO_LLAMA3`): text
   is free until the model opens a call, and from there the call is one of the tools with valid
   arguments, so that no half-written call comes back as text. A request that also sets a
@@ -36,7 +37,9 @@ from typing import Any
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
 from inference_api import gemma4_tool_calls as gemma4
+from inference_api import mistral_tool_calls as mistral
 from inference_api.harmony import call_grammar, final_answer
+from inference_api.mistral_tool_calls import MistralTags
 from inference_api.structured_output import definitions_under, json_lark, json_schema_grammar, lark_grammar
 from inference_api.tokenizer import PromptTokenizer
 from inference_api.xml_tool_calls import GLM45, QWEN3_CODER, call_lark, read_call, template_format
@@ -64,15 +67,21 @@ AUTO_HERMES = AUTO_TAGGED + "call: {call}\n"
 # The formats whose calls are `<tool_call>` blocks: Hermes's JSON in them, or XML (xml_tool_calls.py).
 XML_FORMATS = {form.name: form for form in (QWEN3_CODER, GLM45)}
 TAGGED = ("hermes", *XML_FORMATS)
-GEMMA4 = "gemma4"
+GEMMA4, MISTRAL = "gemma4", "mistral"
+# The formats whose tags are special tokens: an answer that may call keeps them in its text.
+SPECIAL_TAGS = (GEMMA4, MISTRAL)
 # --tool-call-parser's choices, vLLM's names: auto reads the chat template for the format (tool_parser).
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", *XML_FORMATS, GEMMA4)
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", *XML_FORMATS, GEMMA4, MISTRAL)
 # `auto` in Gemma 4's (gemma4_tool_calls.py): text, or text then calls between its tags, which are special
 # tokens (named as such: no text lexeme can hold them, so TEXT needs no exclusion).
 AUTO_GEMMA4 = f"""start: TEXT | TEXT? gemma4_call{{more}}
 more: (WS? gemma4_call)*
 gemma4_call: {gemma4.OPEN} call {gemma4.CLOSE}
 WS: /[ \\n]+/
+TEXT: /(?s:.+)/
+"""
+# `none` in a format whose calls open with a special token: text, which cannot hold one.
+NONE_SPECIAL = """start: TEXT?
 TEXT: /(?s:.+)/
 """
 # `none` in the Hermes format: text that opens no call (the tools are in the prompt, and a small model
@@ -95,6 +104,7 @@ class ToolRequest:
     function: str | None = None  # the named function
     parser: str = "hermes"  # how the answer holds calls (tool_parser)
     parallel: bool = True  # whether an answer may hold more than one call (parallel_tool_calls)
+    mistral: MistralTags | None = None  # the `mistral` format's tags, as this tokenizer has them
 
     @property
     def grammar(self) -> str | None:
@@ -112,6 +122,9 @@ class ToolRequest:
             return lark_grammar(lark, "tools")
         if self.choice == "auto" and self.parser == GEMMA4:
             return lark_grammar(AUTO_GEMMA4.format(more=more) + gemma4.call_lark(self.tools), "tools")
+        if self.choice == "auto" and self.parser == MISTRAL and self.mistral is not None:
+            lark = self.mistral.auto_lark(self.tools, self._one_call("arguments"), self.parallel)
+            return lark_grammar(lark, "tools")
         if self.choice == "auto" and self.parser in XML_FORMATS:
             lark = AUTO_TAGGED.format(more=more) + call_lark(self.tools, XML_FORMATS[self.parser])
             return lark_grammar(lark, "tools")
@@ -119,6 +132,8 @@ class ToolRequest:
             return lark_grammar(AUTO_LLAMA3.format(call=json_lark(self._one_call("parameters"))), "tools")
         if self.parser in TAGGED:  # none
             return lark_grammar(NONE_HERMES, "tools")
+        if self.parser in SPECIAL_TAGS:
+            return lark_grammar(NONE_SPECIAL, "tools")
         return None  # none in Llama 3's format: a call would be a JSON answer, which text may be
 
     def _harmony_grammar(self) -> str | None:
@@ -154,24 +169,30 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     """How a model's answers hold calls: gpt-oss's harmony messages (`harmony`: the server reads them,
     answers.HarmonyReader), else the `forced` one of TOOL_CALL_PARSERS (--tool-call-parser), else the
     format the template teaches: Gemma 4's notation where it writes its `<|tool_call>` token
-    (gemma4_tool_calls.py), XML where it writes Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>`
-    (xml_tool_calls.py), Llama 3's JSON where it has the python tag, else Hermes blocks."""
+    (gemma4_tool_calls.py), Mistral's where it writes its `[TOOL_CALLS]` token (mistral_tool_calls.py),
+    XML where it writes Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>` (xml_tool_calls.py),
+    Llama 3's JSON where it has the python tag, else Hermes blocks."""
     if harmony:
         return "harmony"
     if forced != "auto":
         return forced
     if gemma4.writes_gemma4(template_source, tokenizer):
         return GEMMA4
+    if mistral.writes_mistral(template_source, tokenizer):
+        return MISTRAL
     xml = template_format(template_source)
     if xml is not None:
         return xml.name
     return "llama3_json" if LLAMA3_PYTHON_TAG in template_source else "hermes"
 
 
-def read_tool_request(data: dict[str, Any], parser: str, parallel: bool = True) -> ToolRequest | None:
+def read_tool_request(
+    data: dict[str, Any], parser: str, parallel: bool = True, mistral: MistralTags | None = None
+) -> ToolRequest | None:
     """`tools` and `tool_choice` in OpenAI chat's shapes, checked (a 400 naming what is wrong); None
     without tools. The other APIs put theirs in these shapes. `parser`: how the answer holds calls
-    (tool_parser). `parallel`: more than one call allowed."""
+    (tool_parser). `parallel`: more than one call allowed. `mistral`: the tokenizer's tags for Mistral's
+    format (Serving.mistral_tags)."""
     tools = data.get("tools")
     choice = data.get("tool_choice")
     if tools is None or tools == []:
@@ -181,7 +202,7 @@ def read_tool_request(data: dict[str, Any], parser: str, parallel: bool = True) 
     tools = read_tool_list(tools, _tool, _name, "{type: function, function: {...}} objects")
     names = [_name(tool) for tool in tools]
     if choice is None or choice in ("none", "auto", "required"):
-        return ToolRequest(tools, choice or "auto", parser=parser, parallel=parallel)
+        return ToolRequest(tools, choice or "auto", parser=parser, parallel=parallel, mistral=mistral)
     function = (
         choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     )
@@ -192,7 +213,7 @@ def read_tool_request(data: dict[str, Any], parser: str, parallel: bool = True) 
         )
     if name not in names:
         raise InvalidParams("tool_choice", f"tool_choice names {name!r}, which is not one of the tools")
-    return ToolRequest(tools, "function", name, parser, parallel)
+    return ToolRequest(tools, "function", name, parser, parallel, mistral)
 
 
 def with_tool_grammar(params: SamplingParams, tools: ToolRequest | None, format_param: str) -> SamplingParams:
@@ -201,7 +222,7 @@ def with_tool_grammar(params: SamplingParams, tools: ToolRequest | None, format_
     be both; with `auto`, the format's grammar, and calls are read from the text as written."""
     if tools is None:
         return params
-    if tools.parser == GEMMA4 and tools.choice == "auto":  # its calls' tags are special tokens: kept
+    if tools.parser in SPECIAL_TAGS and tools.choice == "auto":  # the calls' tags are special tokens: kept
         params = replace(params, skip_special_tokens=False)
     if params.grammar is not None:
         if tools.choice in ("function", "required"):
@@ -282,10 +303,14 @@ def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
     )
 
 
-def template_messages(messages: list[dict[str, Any]], template_source: str) -> list[dict[str, Any]]:
+def template_messages(
+    messages: list[dict[str, Any]], template_source: str, parser: str = "hermes"
+) -> list[dict[str, Any]]:
     """Assistant turns with tool calls as the template takes them: `tool_calls` with their arguments as
-    objects (transformers' templates expect them so); for a template that knows no tool calls, the
-    calls written into the content in the Hermes format."""
+    objects (transformers' templates expect them so), their ids as Mistral's take them in its format;
+    for a template that knows no tool calls, the calls written into the content in the Hermes format."""
+    if parser == MISTRAL:
+        messages = mistral.history_ids(messages)
     knows_tool_calls = "tool_calls" in template_source
     shaped = []
     for message in messages:
@@ -330,9 +355,9 @@ def read_tool_calls(value: Any, param: str) -> list[dict[str, Any]]:
     return calls
 
 
-def new_call(name: str, arguments: str) -> dict[str, Any]:
+def new_call(name: str, arguments: str, call_id: str | None = None) -> dict[str, Any]:
     return {
-        "id": "call_" + uuid.uuid4().hex[:24],
+        "id": call_id or "call_" + uuid.uuid4().hex[:24],
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
@@ -376,15 +401,20 @@ class ToolCallReader:
 
     @property
     def _tags(self) -> tuple[str, str] | None:
-        """The tags a call is between (Hermes's, also the XML formats', or Gemma 4's); None for Llama 3's
-        bare JSON."""
+        """The tags a call is between (Hermes's, also the XML formats', or Gemma 4's); None for Mistral's,
+        which has no closing tag, and Llama 3's bare JSON."""
         if self.request.parser == GEMMA4:
             return gemma4.OPEN, gemma4.CLOSE
         return (HERMES_OPEN, HERMES_CLOSE) if self.request.parser in TAGGED else None
 
+    @property
+    def _opening(self) -> str | None:
+        """The tag that opens the calls; None for Llama 3's bare JSON."""
+        return mistral.OPEN if self.request.parser == MISTRAL else (self._tags or (None,))[0]
+
     def _find_call_start(self) -> None:
-        if self._tags is not None:
-            at = self.text.find(self._tags[0])
+        if self._opening is not None:
+            at = self.text.find(self._opening)
             self.call_start = at if at >= 0 else None
             return
         stripped = self.text.lstrip()
@@ -396,9 +426,9 @@ class ToolCallReader:
 
     def _held_back(self) -> int:
         """How much of the end might begin a call (not sent until the next text says)."""
-        if self._tags is None:  # Llama 3, undecided: only whitespace so far
+        if self._opening is None:  # Llama 3, undecided: only whitespace so far
             return len(self.text)
-        return longest_partial_match(self.text, self._tags[:1])
+        return longest_partial_match(self.text, (self._opening,))
 
     def _calls(self, text: str) -> list[dict[str, Any]] | None:
         choice = self.request.choice
@@ -406,6 +436,9 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
+        if self.request.parser == MISTRAL:
+            calls = mistral.read_calls(text)
+            return None if calls is None else [new_call(*call, mistral.new_call_id()) for call in calls]
         if self._tags is not None:
             opening, closing = self._tags
             pattern = re.escape(opening) + r"(.*?)(?:" + re.escape(closing) + r"|$)"

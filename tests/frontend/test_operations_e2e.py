@@ -138,15 +138,31 @@ def test_a_backend_that_cannot_start_stops_the_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("option", "says"),
+    ("option", "parser", "says"),
     [
-        ("--tool-call-parser", "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call>"),
-        ("--reasoning-parser", "--reasoning-parser reads thoughts between <|channel> and <channel|> tokens"),
+        (
+            "--tool-call-parser",
+            "gemma4",
+            "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call>",
+        ),
+        (
+            "--tool-call-parser",
+            "mistral",
+            "--tool-call-parser mistral reads calls after Mistral's [TOOL_CALLS]",
+        ),
+        (
+            "--reasoning-parser",
+            "gemma4",
+            "--reasoning-parser reads thoughts between <|channel> and <channel|>",
+        ),
     ],
 )
-def test_a_parser_the_tokenizer_cannot_read_stops_the_server(tmp_path: Path, option: str, says: str) -> None:
-    """Gemma 4's calls and thoughts are between tokens of its own, which the mock's byte tokenizer lacks."""
-    server = start_server("--mock", option, "gemma4", log_path=tmp_path / "server.log")
+def test_a_parser_the_tokenizer_cannot_read_stops_the_server(
+    tmp_path: Path, option: str, parser: str, says: str
+) -> None:
+    """Gemma 4's calls and thoughts, and Mistral's calls, are between or after tokens of their own, which
+    the mock's byte tokenizer lacks."""
+    server = start_server("--mock", option, parser, log_path=tmp_path / "server.log")
     try:
         assert server.process.wait(120) == 4, server.log()[-3000:]
         assert says in server.log()

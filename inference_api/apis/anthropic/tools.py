@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 from backend.messages import InvalidParams
+from inference_api.mistral_tool_calls import MistralTags
 from inference_api.structured_output import json_schema_grammar
 from inference_api.tool_calls import ToolRequest, name_and_description, read_tool_list, read_tool_request
 
@@ -29,13 +30,13 @@ CHOICE_SHAPES = (
 SPACE = re.compile(r"[ \t\n\r]*")
 
 
-def read_tools(data: dict[str, Any], parser: str) -> ToolRequest | None:
+def read_tools(data: dict[str, Any], parser: str, mistral: MistralTags | None = None) -> ToolRequest | None:
     """The request's `tools` and `tool_choice`, checked (a 400 naming Anthropic's field), as chat's
-    ToolRequest; None without tools."""
+    ToolRequest (`parser` and `mistral` as read_tool_request takes them); None without tools."""
     tools = data.get("tools")
     choice, parallel = _tool_choice(data.get("tool_choice"))
     chat = {"tools": None if tools is None else _tools(tools), "tool_choice": choice}
-    return read_tool_request(chat, parser, parallel)
+    return read_tool_request(chat, parser, parallel, mistral)
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,174 @@
+"""Mistral's tool calls with the official openai and anthropic clients (inference_api/mistral_tool_calls.py).
+A tiny random model whose byte-level tokenizer has Mistral's tags as special tokens (v11's, with `[ARGS]`)
+serves behind a chat template written here in Mistral's layout, which, as Mistral's own, refuses a call id
+that is not 9 letters and digits (the model's own template is not on this machine): the server reads the
+format from the template and the tokenizer as it would a Mistral Small 3.2's.
+
+An `auto` call the model starts is decoded under the calls' grammar, its tags kept in its text, and comes
+back as OpenAI's tool call with an id Mistral's template takes; streamed, as deltas of the same call; an
+answer that opens no call is text; and a conversation that goes on after a call, with another server's
+ids, reaches the template with ids it takes, the same for the call and its result."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+
+import jsonschema
+import openai
+import pytest
+import requests
+
+from tests.backend.models import write_tiny_byte_model
+from tests.openai.conftest import assert_streamed_call_is_the_whole_ones
+from tests.server_fixture import RunningServer, running_server
+
+# Mistral's tags as special tokens; the EOS last, under the name the tiny Qwen2's tokenizer class gives its
+# own (it would add one more)
+SPECIAL_TOKENS = (
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[CALL_ID]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "<|endoftext|>",
+)
+# Mistral's layout since its v11 tokenizers, as its templates write it: the tools before the last user
+# turn, each call as [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}, and a result after the id of its call.
+TEMPLATE = r"""{%- set user_messages = messages | selectattr("role", "equalto", "user") | list %}
+{%- for message in messages %}
+{%- if message.role == 'user' %}
+{%- if tools and message == user_messages[-1] %}
+{{- '[AVAILABLE_TOOLS]' + tools | tojson + '[/AVAILABLE_TOOLS]' }}
+{%- endif %}
+{{- '[INST]' + message.content + '[/INST]' }}
+{%- elif message.role == 'assistant' and message.tool_calls %}
+{%- for call in message.tool_calls %}
+{%- if call.id is not string or call.id | length != 9 %}
+{{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+{%- endif %}
+{{- '[TOOL_CALLS]' + call.function.name + '[CALL_ID]' + call.id }}
+{{- '[ARGS]' + call.function.arguments | tojson }}
+{%- endfor %}
+{{- '<|endoftext|>' }}
+{%- elif message.role == 'assistant' %}{{- message.content + '<|endoftext|>' }}
+{%- elif message.role == 'tool' %}
+{{- '[TOOL_RESULTS]' + message.tool_call_id + ':' + message.content + '[/TOOL_RESULTS]' }}
+{%- endif %}
+{%- endfor %}"""
+# Values the grammar bounds: a bias that opens calls cannot run a value on.
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in Paris.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "units": {"enum": ["metric", "imperial"]},
+            },
+            "required": ["days", "units"],
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris this week?"}]
+MODEL = "mistral-format"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    directory = write_tiny_byte_model(tmp_path_factory.mktemp("mistral-format"), SPECIAL_TOKENS)
+    template = directory / "mistral-format.jinja"
+    template.write_text(TEMPLATE)
+    options = ["--model", str(directory), "--chat-template", str(template), "--served-model-name", MODEL]
+    exact = ["--dtype", "float32", "--quantize", "none", "--rows", "4", "--max-seq-len", "512"]
+    with running_server(*options, *exact, ready_timeout=300) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return server.openai_client()
+
+
+@pytest.fixture(scope="module")
+def opening(server: RunningServer) -> str:
+    """The id of the `[TOOL_CALLS]` token, which opens a call."""
+    tokens = requests.post(f"{server.url}/tokenize", json={"content": "[TOOL_CALLS]"}, timeout=30).json()
+    [token] = tokens["tokens"]
+    return str(token)
+
+
+def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(client, opening):
+    for seed in range(3):
+        completion = client.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=[WEATHER],
+            temperature=1.0,
+            seed=seed,
+            max_tokens=60,
+            logit_bias={opening: 100},
+            parallel_tool_calls=False,
+            logprobs=True,  # the answer's tokens: the call as the model wrote it
+        )
+        choice = completion.choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        written = "".join(token.token for token in choice.logprobs.content)
+        assert written.startswith('[TOOL_CALLS]get_weather[ARGS]{"days": ')
+        [call] = choice.message.tool_calls
+        assert call.function.name == "get_weather" and re.fullmatch("[A-Za-z0-9]{9}", call.id)
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
+    request = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=60)
+    bias = {"logit_bias": {opening: 100}, "parallel_tool_calls": False}
+    assert_streamed_call_is_the_whole_ones(client, {**request, **bias})
+
+
+def test_an_answer_that_opens_no_call_is_text(client, opening):
+    completion = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=20, logit_bias={opening: -100}
+    )
+    choice = completion.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    assert "[TOOL_CALLS]" not in choice.message.content
+
+
+def test_a_conversation_goes_on_after_a_call_with_another_servers_ids(server, client, opening):
+    """An OpenAI-style id, which Mistral's template refuses, reaches it as 9 letters and digits, the same
+    in the call and in its result."""
+    call = {"id": "call_9f8e7d6c5b4a39281706f5e4", "type": "function"}
+    call["function"] = {"name": "get_weather", "arguments": '{"days": 2, "units": "metric"}'}
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "Sunny, 21 C."},
+    ]
+    answer = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], max_tokens=8)
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    body = {"model": MODEL, "messages": history, "tools": [WEATHER], "return_token_strs": True}
+    prompt = "".join(requests.post(f"{server.url}/tokenize", json=body, timeout=30).json()["token_strs"])
+    [(called, answered)] = re.findall(r"\[CALL_ID\](\w+)\[ARGS\].*\[TOOL_RESULTS\](\w+):Sunny", prompt)
+    assert called == answered and re.fullmatch("[A-Za-z0-9]{9}", called)
+
+
+def test_the_anthropic_client_goes_on_after_a_tool_use_with_its_result(server):
+    """Anthropic's tool_use ids (`toolu_...`) reach Mistral's template as ids it takes."""
+    anthropic = server.anthropic_client()
+    tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+    request = dict(model=MODEL, max_tokens=60, tools=[tool], extra_body={"temperature": 0})
+    first = anthropic.messages.create(**request, messages=ASK, tool_choice={"type": "any"})
+    [use] = [block for block in first.content if block.type == "tool_use"]
+    assert use.name == "get_weather" and not re.fullmatch("[A-Za-z0-9]{9}", use.id)
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C."}
+    history = [*ASK, {"role": "assistant", "content": first.content}, {"role": "user", "content": [result]}]
+    second = anthropic.messages.create(**{**request, "max_tokens": 8}, messages=history)
+    assert second.stop_reason in ("end_turn", "max_tokens", "tool_use")
