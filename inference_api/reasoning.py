@@ -10,8 +10,9 @@ turn thinking off (Qwen3's `enable_thinking: false` ends it with `<think>\n\n</t
 end says where the answer starts. The whitespace around the thoughts is the tags' layout, not the
 text's: it goes. gpt-oss writes its thoughts as harmony messages on a channel of their own (harmony.py):
 its prompt's thinking is HARMONY, and answers.HarmonyReader reads them. Gemma 4 writes
-`<|channel>thought\n...<channel|>`, its tags special tokens: the answer is decoded with them kept
-(skip_special_tokens false, as for harmony), and a grammar names them as tokens.
+`<|channel>thought\n...<channel|>`, and Mistral's reasoning models (Magistral, Ministral 3's) `[THINK]...
+[/THINK]`, their tags special tokens: the answer is decoded with them kept (skip_special_tokens false,
+as for harmony), and a grammar names them as tokens.
 """
 
 from __future__ import annotations
@@ -44,12 +45,15 @@ class ThoughtTags:
 
 THINK_TAGS = ThoughtTags("<think>", "</think>")
 GEMMA4_TAGS = ThoughtTags("<|channel>", "<channel|>", special=True, name="thought")
+MISTRAL_TAGS = ThoughtTags("[THINK]", "[/THINK]", special=True)
 # vLLM's names: `deepseek_r1` and `qwen3` read `<think>` blocks, `gemma4` Gemma 4's thought channel,
-# `openai_gptoss` gpt-oss's harmony messages.
-REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3", "gemma4", "openai_gptoss")
+# `mistral` Mistral's [THINK] blocks, `openai_gptoss` gpt-oss's harmony messages.
+REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3", "gemma4", "mistral", "openai_gptoss")
 # How a model writes its thoughts (reasoning_format): in blocks between tags, or as harmony messages.
-THINK_BLOCKS, GEMMA4_THOUGHTS, HARMONY = "think_blocks", "gemma4_thoughts", "harmony"
-BLOCK_TAGS = {THINK_BLOCKS: THINK_TAGS, GEMMA4_THOUGHTS: GEMMA4_TAGS}
+THINK_BLOCKS, GEMMA4_THOUGHTS, MISTRAL_THOUGHTS = "think_blocks", "gemma4_thoughts", "mistral_thoughts"
+HARMONY = "harmony"
+BLOCK_TAGS = {THINK_BLOCKS: THINK_TAGS, GEMMA4_THOUGHTS: GEMMA4_TAGS, MISTRAL_THOUGHTS: MISTRAL_TAGS}
+NAMED_FORMATS = {"none": None, "gemma4": GEMMA4_THOUGHTS, "mistral": MISTRAL_THOUGHTS}
 PROMPT_END_TOKENS = 8  # the prompt's last tokens, decoded, tell whether it opened the block
 OPENED, CLOSED, NEITHER = "opened", "closed", "neither"  # where a prompt leaves the thoughts (prompt_end)
 # A harmony prompt that a prefill ends inside the final message (harmony.prefilled_answer): the answer
@@ -66,12 +70,13 @@ BLOCK: /<think>(?s:.*)<\/think>/ & ~/(?s:.*)<\/think>(?s:.+)/
 WS: /[ \n]+/
 """
 # The same where the tags are special tokens, which llguidance matches by the vocabulary: text, which
-# holds none, up to the closing tag. {opening} and {close} are the tags, {name} the thoughts' name.
+# holds none, up to the closing tag. {opening} and {close} are the tags as tokens (token_name), {name}
+# the thoughts' name, if they have one.
 SPECIAL_THOUGHTS_THEN = r"""start: THOUGHTS? {close} WS? @ANSWER
 THOUGHTS: /(?s:.+)/
 WS: /[ \n]+/
 """
-SPECIAL_MAYBE_THOUGHTS_THEN = r"""start: (WS? {opening} {name} THOUGHTS? {close} WS?)? @ANSWER
+SPECIAL_MAYBE_THOUGHTS_THEN = r"""start: (WS? {opening}{name} THOUGHTS? {close} WS?)? @ANSWER
 THOUGHTS: /(?s:.+)/
 WS: /[ \n]+/
 """
@@ -99,7 +104,7 @@ def reasoning_format(parser: str, tokenizer: PromptTokenizer, template_source: s
     if parser == "openai_gptoss":
         return HARMONY
     if parser != "auto":
-        return {"none": None, "gemma4": GEMMA4_THOUGHTS}.get(parser, THINK_BLOCKS)
+        return NAMED_FORMATS.get(parser, THINK_BLOCKS)
     if writes_harmony(tokenizer, template_source):
         return HARMONY
     for kind, tags in BLOCK_TAGS.items():
@@ -148,20 +153,38 @@ def thoughts_first(
         params = replace(params, skip_special_tokens=False)
     if thinking.where == CLOSED or params.grammar is None or not (answer_grammar or thinking.tags.special):
         return params
-    return replace(params, grammar=after_thoughts(params.grammar, thinking.where == OPENED, thinking.tags))
+    grammar = after_thoughts(params.grammar, thinking.where == OPENED, thinking.tags, tokenizer)
+    return replace(params, grammar=grammar)
 
 
-def after_thoughts(grammar: str, opened: bool, tags: ThoughtTags = THINK_TAGS) -> str:
+def after_thoughts(
+    grammar: str, opened: bool, tags: ThoughtTags = THINK_TAGS, tokenizer: PromptTokenizer | None = None
+) -> str:
     """A grammar that constrains an answer (a JSON schema, a forced tool call), with a reasoning model's
     thoughts free before it, as vLLM applies structured outputs once the reasoning ends: the rest of an
     opened block, up to its closing tag, or (`opened` False) a block the model may open first. Without
-    it, the answer's first token would be the grammar's, in the thoughts of a prompt that opened them."""
+    it, the answer's first token would be the grammar's, in the thoughts of a prompt that opened them.
+    `tokenizer`: the one whose ids name special tags that are not `<...>` (token_name)."""
     if tags.special:
         lark = SPECIAL_THOUGHTS_THEN if opened else SPECIAL_MAYBE_THOUGHTS_THEN
-        lark = lark.format(opening=tags.opening, close=tags.close, name=json.dumps(tags.name))
+        name = f" {json.dumps(tags.name)}" if tags.name else ""
+        opening, close = (token_name(tag, tokenizer) for tag in (tags.opening, tags.close))
+        lark = lark.format(opening=opening, close=close, name=name)
     else:
         lark = THOUGHTS_THEN if opened else MAYBE_THOUGHTS_THEN
     return grammar_around(grammar, lark, "thoughts_then_answer")
+
+
+def token_name(tag: str, tokenizer: PromptTokenizer | None) -> str:
+    """A special token as a Lark grammar names it for llguidance: `<|channel>` by its text, which
+    llguidance takes where it is between angle brackets; any other (Mistral's `[THINK]`) by its id,
+    `<[id]>`."""
+    if tag.startswith("<") and tag.endswith(">"):
+        return tag
+    token_id = None if tokenizer is None else tokenizer.token_id(tag)
+    if token_id is None:
+        raise ValueError(f"{tag} is not a token of this tokenizer")  # Serving.unreadable refused it at start
+    return f"<[{token_id}]>"
 
 
 class ReasoningReader:

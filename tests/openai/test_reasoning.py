@@ -31,6 +31,8 @@ from inference_api.reasoning import (
     CLOSED,
     GEMMA4_TAGS,
     GEMMA4_THOUGHTS,
+    MISTRAL_TAGS,
+    MISTRAL_THOUGHTS,
     NEITHER,
     OPENED,
     REASONING_PARSERS,
@@ -426,6 +428,65 @@ def test_gemma_4s_thoughts_grammar_names_its_tags_as_tokens(opened, text, takes)
     assert (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()) == takes
 
 
+MISTRAL_TOKENS = ("[INST]", "[/INST]", "[THINK]", "[/THINK]", "</s>")
+
+
+@pytest.mark.parametrize(
+    ("opened", "text", "takes"),
+    [
+        (False, '{"mood": "sad"}', True),
+        (False, '[THINK]Hm, {"mood"[/THINK]{"mood": "sad"}', True),
+        (False, '[THINK][/THINK]\n{"mood": "happy"}', True),
+        (False, "[THINK]Hm.[/THINK]sad", False),
+        (False, '[/THINK]{"mood": "sad"}', False),  # a block closed that never opened
+        (True, 'Hm.[/THINK]{"mood": "sad"}', True),
+        (True, '{"mood": "sad"}', False),  # still thoughts: the block has not ended
+    ],
+)
+def test_mistrals_thoughts_grammar_names_its_tags_by_their_ids(tmp_path, opened, text, takes):
+    """Mistral's [THINK] tags are special tokens that llguidance cannot name by their text (it names
+    only `<...>` ones): the grammar names them by id."""
+    from tests.backend.models import byte_tokenizer
+
+    tokenizer = byte_tokenizer(MISTRAL_TOKENS)
+    tokenizer.save_pretrained(tmp_path)
+    grammar = after_thoughts(
+        json_schema_grammar(MOOD, "schema"), opened, MISTRAL_TAGS, load_tokenizer(str(tmp_path))
+    )
+    assert f"<[{tokenizer.convert_tokens_to_ids('[/THINK]')}]>" in grammar  # by id, not by its text
+    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tokenizer), grammar, log_level=0)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()) == takes
+
+
+def test_auto_reads_mistrals_think_blocks_where_its_tags_are_tokens_and_the_template_writes_them(tmp_path):
+    (tmp_path / "tags").mkdir()
+    (tmp_path / "think").mkdir()
+    tags = write_tokenizer(tmp_path / "tags", ["[THINK]", "[/THINK]"])
+    think = write_tokenizer(tmp_path / "think", ["<think>", "</think>"])
+    magistral = "{{- '[SYSTEM_PROMPT]Draft your thinking between [THINK] and [/THINK].[/SYSTEM_PROMPT]' }}"
+    assert reasoning_format("auto", tags, magistral) == MISTRAL_THOUGHTS
+    assert reasoning_format("auto", think, magistral) is None  # the tags are text, not tokens
+    assert reasoning_format("auto", tags, "{{- '[INST]' + message.content }}") is None  # no thoughts written
+    assert reasoning_format("mistral", think, magistral) == MISTRAL_THOUGHTS
+    assert prompt_end(tags.encode("hello [THINK]", add_special_tokens=False), tags, MISTRAL_TAGS) == OPENED
+    assert prompt_end(tags.encode("hello", add_special_tokens=False), tags, MISTRAL_TAGS) == NEITHER
+
+
+@pytest.mark.parametrize(
+    ("text", "thoughts", "content"),
+    [
+        ("[THINK]A.\n\nB.[/THINK]Hi", "A.\n\nB.", "Hi"),
+        ("[THINK][/THINK]\n\nHi", "", "Hi"),
+        ("[THIN", "", "[THIN"),
+        ("[THINK]A[/TH", "A[/TH", ""),
+        ("<think>A</think>Hi", "", "<think>A</think>Hi"),  # another model's tags are text
+    ],
+)
+def test_the_reader_splits_mistrals_think_blocks_however_the_text_is_cut(text, thoughts, content):
+    assert_split_however_cut(lambda: ReasoningReader(tags=MISTRAL_TAGS), text, thoughts, content)
+
+
 def write_tokenizer(directory, added: list[str]):
     """A word-level tokenizer of a few words, `added` tokens of their own, as the frontend loads one."""
     tokenizer = Tokenizer(models.WordLevel({"<unk>": 0, "hello": 1, "<": 2, ">": 3}, unk_token="<unk>"))
@@ -450,6 +511,7 @@ def test_auto_reads_thoughts_where_the_tags_are_tokens_and_the_template_writes_t
         "auto",
         "none",
         "gemma4",
+        "mistral",
         "openai_gptoss",
     }:  # test_harmony.py: the last
         assert reasoning_format(named, plain, chatml) == THINK_BLOCKS
