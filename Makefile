@@ -51,10 +51,11 @@ format: install-dev
 # a backend process. Then two pytest workers, each given whole files (a module's server stays on one
 # worker) and each on one core: on CI's 2 cores 820 s against 1,387 s in one process, the runs one after
 # the other; with torch's default (every core, in each worker and each server) two were slower than one.
+# The files in the collection's order, which puts the slowest first (tests/conftest.py).
 test: install-dev lint
 	bash scripts/install_browser.sh
 	$(PY) -m compileall -q backend inference_api proxy scripts
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # The API server (internal, 127.0.0.1:8000) on the default model and the JWT proxy in front
 # (127.0.0.1:8080); prints the URL and a curl line with a fresh token once the model is loaded.
