@@ -8,6 +8,7 @@ rounding, in bfloat16 to one bfloat16 rounding of the output (a relative 2^-8).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -391,13 +392,16 @@ def test_steps_with_prompts_and_long_rows_attend_by_the_loops(fused, monkeypatch
     assert sum(bool(layout.prompts and layout.decode_queries) for layout, _ in got) >= 3
 
 
-def test_a_start_gets_past_a_lock_a_killed_build_left(fused):
+def test_a_start_gets_past_a_lock_a_killed_build_left(fused, tmp_path):
     """The extension's directory (built by the fixture: a fresh machine's first build is that) holding the
     lock file of a build killed a moment ago: a start, in a process of its own as a server's is, finds
     no build running (no process holds `build_lock`), clears it and loads the extension instead of
-    waiting for ever. (In an empty directory of its own this test built everything again: half a minute
-    of the suite.)"""
-    directory = kernels.build_directory()
+    waiting for ever. The directory is a copy in extensions' root of its own (TORCH_EXTENSIONS_DIR): in
+    the shared one, a server another worker started at that moment cleared the lock first, and said so
+    in its own log. (In an empty directory this test built everything again: half a minute.)"""
+    built = kernels.build_directory()
+    directory = tmp_path / built.name
+    shutil.copytree(built, directory, ignore=shutil.ignore_patterns("lock", "build.flock"))
     lock = directory / "lock"
     lock.touch()
     script = (
@@ -410,11 +414,12 @@ def test_a_start_gets_past_a_lock_a_killed_build_left(fused):
         "fused, eager = decode_ops.FusedOps(built).norm(x, norm), decode_ops.EAGER.norm(x, norm)\n"
         "torch.testing.assert_close(fused, eager)\n"
     )
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path))
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env
     )
     assert result.returncode == 0, result.stderr
-    assert "left by a build that did not finish" in result.stderr
+    assert f"removing {lock}, left by a build that did not finish" in result.stderr
     assert "fused CPU operations ready in" in result.stderr
     assert not lock.exists() and list(directory.glob("*.so"))
 
