@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import openai
@@ -12,9 +14,43 @@ import pytest
 from transformers import AutoTokenizer
 
 from backend.model.loader import converted_dir, resolve_model
-from tests.server_fixture import RunningServer
+from tests.backend.models import write_tiny_byte_model
+from tests.server_fixture import RunningServer, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
+# A tool whose values the grammar bounds (a count of days, a choice of strings), for the formats' tests on a
+# tiny random model: a bias that opens calls cannot run a value on.
+BOUNDED_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in Paris.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "units": {"enum": ["metric", "imperial"]},
+            },
+            "required": ["days", "units"],
+        },
+    },
+}
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris this week?"}]
+
+
+@contextmanager
+def format_server(
+    directory: Path, special_tokens: tuple[str, ...], template: str, name: str
+) -> Iterator[RunningServer]:
+    """A tiny random model whose byte-level tokenizer has a format's tags as special tokens (the last the
+    EOS), behind a chat template in that format, served as `name` in the exact mode: the server reads the
+    format from the template and the tokenizer as it would the real model's."""
+    write_tiny_byte_model(directory, special_tokens)
+    (directory / "chat_template.jinja").write_text(template)
+    options = ["--model", str(directory), "--chat-template", str(directory / "chat_template.jinja")]
+    exact = ["--dtype", "float32", "--quantize", "none", "--rows", "4", "--max-seq-len", "512"]
+    with running_server(*options, "--served-model-name", name, *exact, ready_timeout=300) as running:
+        yield running
 
 
 @pytest.fixture(scope="package")

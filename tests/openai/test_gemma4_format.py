@@ -20,9 +20,13 @@ import pytest
 import requests
 from openai.types.chat import ChatCompletion
 
-from tests.backend.models import write_tiny_byte_model
-from tests.openai.conftest import assert_streamed_call_is_the_whole_ones
-from tests.server_fixture import RunningServer, running_server
+from tests.openai.conftest import (
+    BOUNDED_WEATHER,
+    WEATHER_QUESTION,
+    assert_streamed_call_is_the_whole_ones,
+    format_server,
+)
+from tests.server_fixture import RunningServer
 
 # Gemma 4's tags as special tokens; the EOS last, under the name the tiny Qwen2's tokenizer class gives its
 # own (it would add one more)
@@ -69,35 +73,12 @@ TEMPLATE = r"""{%- if enable_thinking %}{{- '<|turn>system\n<|think|><turn|>\n' 
 {%- if add_generation_prompt %}{{- '<|turn>model\n' }}
 {%- if enable_thinking is defined and not enable_thinking %}{{- '<|channel>thought\n<channel|>' }}{%- endif %}
 {%- endif %}"""
-# Values the grammar bounds (a count of days, a choice of strings, between `<|"|>` tokens): a bias that
-# opens calls cannot run a value on.
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in Paris.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-                "units": {"enum": ["metric", "imperial"]},
-            },
-            "required": ["days", "units"],
-        },
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather in Paris this week?"}]
 MODEL = "gemma4-format"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    directory = write_tiny_byte_model(tmp_path_factory.mktemp("gemma4-format"), SPECIAL_TOKENS)
-    template = directory / "gemma4-format.jinja"
-    template.write_text(TEMPLATE)
-    options = ["--model", str(directory), "--chat-template", str(template), "--served-model-name", MODEL]
-    exact = ["--dtype", "float32", "--quantize", "none", "--rows", "4", "--max-seq-len", "512"]
-    with running_server(*options, *exact, ready_timeout=300) as running:
+    with format_server(tmp_path_factory.mktemp(MODEL), SPECIAL_TOKENS, TEMPLATE, MODEL) as running:
         yield running
 
 
@@ -118,8 +99,8 @@ def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(cl
     for seed in range(3):
         completion = client.chat.completions.create(
             model=MODEL,
-            messages=ASK,
-            tools=[WEATHER],
+            messages=WEATHER_QUESTION,
+            tools=[BOUNDED_WEATHER],
             temperature=1.0,
             seed=seed,
             max_tokens=100,
@@ -134,18 +115,25 @@ def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(cl
         assert written.endswith("<tool_call|>")
         [call] = choice.message.tool_calls
         assert call.function.name == "get_weather"
-        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+        jsonschema.validate(json.loads(call.function.arguments), BOUNDED_WEATHER["function"]["parameters"])
 
 
 def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
-    request = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=100)
+    request = dict(
+        model=MODEL, messages=WEATHER_QUESTION, tools=[BOUNDED_WEATHER], temperature=0, max_tokens=100
+    )
     bias = {"logit_bias": {opening: 100}, "parallel_tool_calls": False}
     assert_streamed_call_is_the_whole_ones(client, {**request, **bias})
 
 
 def test_an_answer_that_opens_no_call_is_text(client, opening):
     completion = client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=20, logit_bias={opening: -100}
+        model=MODEL,
+        messages=WEATHER_QUESTION,
+        tools=[BOUNDED_WEATHER],
+        temperature=0,
+        max_tokens=20,
+        logit_bias={opening: -100},
     )
     choice = completion.choices[0]
     assert choice.message.tool_calls is None and choice.message.content
@@ -161,7 +149,7 @@ KNOWN_THOUGHTS = 'start: <|channel> "thought\\nClear sky.\\n\\nNo rain." <channe
 def test_thoughts_in_the_thought_channel_come_apart_whole_and_streamed(client):
     """With thinking off the prompt closes an empty block, and a model that writes one anyway (as Gemma
     4's do) still has it read apart."""
-    request = dict(model=MODEL, messages=ASK, temperature=0, max_tokens=60)
+    request = dict(model=MODEL, messages=WEATHER_QUESTION, temperature=0, max_tokens=60)
     forced = {**THINKING_OFF, "guided_grammar": KNOWN_THOUGHTS}
     message = client.chat.completions.create(**request, extra_body=forced).choices[0].message
     assert (message.reasoning_content, message.content) == ("Clear sky.\n\nNo rain.", "Sunny.")
@@ -187,7 +175,9 @@ def thought_first(client: openai.OpenAI, channel_bias: dict[str, int], **request
     """A greedy chat answer with thinking on, the model made to open the channel and close it at once;
     what it wrote begins with the channel's tags, which grammars name as tokens."""
     forced = dict(logit_bias=channel_bias, logprobs=True, extra_body=THINKING_ON)
-    completion = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, **forced, **request)
+    completion = client.chat.completions.create(
+        model=MODEL, messages=WEATHER_QUESTION, temperature=0, **forced, **request
+    )
     choice = completion.choices[0]
     written = "".join(token.token for token in choice.logprobs.content)
     assert written.startswith("<|channel>thought<channel|>")
@@ -207,6 +197,6 @@ def test_a_json_format_holds_the_answer_after_the_thoughts(client, channel_bias)
 def test_with_tools_offered_the_model_may_think_before_it_answers(client, channel_bias):
     """The `auto` calls' grammar waits for the thoughts too: without that, their special tags would be
     out of the grammar and a model with tools offered could not think."""
-    completion = thought_first(client, channel_bias, max_tokens=30, tools=[WEATHER])
+    completion = thought_first(client, channel_bias, max_tokens=30, tools=[BOUNDED_WEATHER])
     choice = completion.choices[0]
     assert choice.message.content or choice.message.tool_calls

@@ -24,9 +24,13 @@ import openai
 import pytest
 import requests
 
-from tests.backend.models import write_tiny_byte_model
-from tests.openai.conftest import assert_streamed_call_is_the_whole_ones
-from tests.server_fixture import RunningServer, running_server
+from tests.openai.conftest import (
+    BOUNDED_WEATHER,
+    WEATHER_QUESTION,
+    assert_streamed_call_is_the_whole_ones,
+    format_server,
+)
+from tests.server_fixture import RunningServer
 
 # Mistral's tags as special tokens; the EOS last, under the name the tiny Qwen2's tokenizer class gives its
 # own (it would add one more)
@@ -71,34 +75,12 @@ TEMPLATE = r"""{{- '[SYSTEM_PROMPT]Draft your thoughts between [THINK] and [/THI
 {%- endif %}
 {%- endfor %}
 {%- if enable_thinking is defined and not enable_thinking %}{{- '[THINK][/THINK]' }}{%- endif %}"""
-# Values the grammar bounds: a bias that opens calls cannot run a value on.
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in Paris.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-                "units": {"enum": ["metric", "imperial"]},
-            },
-            "required": ["days", "units"],
-        },
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather in Paris this week?"}]
 MODEL = "mistral-format"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    directory = write_tiny_byte_model(tmp_path_factory.mktemp("mistral-format"), SPECIAL_TOKENS)
-    template = directory / "mistral-format.jinja"
-    template.write_text(TEMPLATE)
-    options = ["--model", str(directory), "--chat-template", str(template), "--served-model-name", MODEL]
-    exact = ["--dtype", "float32", "--quantize", "none", "--rows", "4", "--max-seq-len", "512"]
-    with running_server(*options, *exact, ready_timeout=300) as running:
+    with format_server(tmp_path_factory.mktemp(MODEL), SPECIAL_TOKENS, TEMPLATE, MODEL) as running:
         yield running
 
 
@@ -125,8 +107,8 @@ def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(cl
     for seed in range(3):
         completion = client.chat.completions.create(
             model=MODEL,
-            messages=ASK,
-            tools=[WEATHER],
+            messages=WEATHER_QUESTION,
+            tools=[BOUNDED_WEATHER],
             temperature=1.0,
             seed=seed,
             max_tokens=60,
@@ -140,11 +122,13 @@ def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(cl
         assert written.startswith('[TOOL_CALLS]get_weather[ARGS]{"days": ')
         [call] = choice.message.tool_calls
         assert call.function.name == "get_weather" and re.fullmatch("[A-Za-z0-9]{9}", call.id)
-        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+        jsonschema.validate(json.loads(call.function.arguments), BOUNDED_WEATHER["function"]["parameters"])
 
 
 def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
-    request = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=60)
+    request = dict(
+        model=MODEL, messages=WEATHER_QUESTION, tools=[BOUNDED_WEATHER], temperature=0, max_tokens=60
+    )
     bias = {"logit_bias": {opening: 100}, "parallel_tool_calls": False}
     assert_streamed_call_is_the_whole_ones(client, {**request, **bias})
 
@@ -153,7 +137,12 @@ def test_an_answer_that_opens_no_call_is_text(server, client, opening):
     [think] = token_ids(server, "[THINK]")
     bias = {opening: -100, think: -100}  # neither a call nor thoughts
     completion = client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=20, logit_bias=bias
+        model=MODEL,
+        messages=WEATHER_QUESTION,
+        tools=[BOUNDED_WEATHER],
+        temperature=0,
+        max_tokens=20,
+        logit_bias=bias,
     )
     choice = completion.choices[0]
     assert choice.message.tool_calls is None and choice.message.content
@@ -166,13 +155,15 @@ def test_a_conversation_goes_on_after_a_call_with_another_servers_ids(server, cl
     call = {"id": "call_9f8e7d6c5b4a39281706f5e4", "type": "function"}
     call["function"] = {"name": "get_weather", "arguments": '{"days": 2, "units": "metric"}'}
     history = [
-        *ASK,
+        *WEATHER_QUESTION,
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call["id"], "content": "Sunny, 21 C."},
     ]
-    answer = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], max_tokens=8)
+    answer = client.chat.completions.create(
+        model=MODEL, messages=history, tools=[BOUNDED_WEATHER], max_tokens=8
+    )
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    body = {"model": MODEL, "messages": history, "tools": [WEATHER], "return_token_strs": True}
+    body = {"model": MODEL, "messages": history, "tools": [BOUNDED_WEATHER], "return_token_strs": True}
     prompt = "".join(requests.post(f"{server.url}/tokenize", json=body, timeout=30).json()["token_strs"])
     [(called, answered)] = re.findall(r"\[CALL_ID\](\w+)\[ARGS\].*\[TOOL_RESULTS\](\w+):Sunny", prompt)
     assert called == answered and re.fullmatch("[A-Za-z0-9]{9}", called)
@@ -181,14 +172,18 @@ def test_a_conversation_goes_on_after_a_call_with_another_servers_ids(server, cl
 def test_the_anthropic_client_goes_on_after_a_tool_use_with_its_result(server):
     """Anthropic's tool_use ids (`toolu_...`) reach Mistral's template as ids it takes."""
     anthropic = server.anthropic_client()
-    tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+    tool = {"name": "get_weather", "input_schema": BOUNDED_WEATHER["function"]["parameters"]}
     off = {"type": "disabled"}  # a random model asked to think first writes whitespace until max_tokens
     request = dict(model=MODEL, max_tokens=60, tools=[tool], thinking=off, extra_body={"temperature": 0})
-    first = anthropic.messages.create(**request, messages=ASK, tool_choice={"type": "any"})
+    first = anthropic.messages.create(**request, messages=WEATHER_QUESTION, tool_choice={"type": "any"})
     [use] = [block for block in first.content if block.type == "tool_use"]
     assert use.name == "get_weather" and not re.fullmatch("[A-Za-z0-9]{9}", use.id)
     result = {"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C."}
-    history = [*ASK, {"role": "assistant", "content": first.content}, {"role": "user", "content": [result]}]
+    history = [
+        *WEATHER_QUESTION,
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [result]},
+    ]
     second = anthropic.messages.create(**{**request, "max_tokens": 8}, messages=history)
     assert second.stop_reason in ("end_turn", "max_tokens", "tool_use")
 
@@ -204,7 +199,7 @@ def test_thoughts_between_the_think_tags_come_apart_whole_and_streamed(server, c
         f'start: <[{think}]> "Clear sky." <[{close}]> "Sunny."'  # the tags by id, as the server names them
     )
     forced = {**THINKING_OFF, "guided_grammar": known}
-    request = dict(model=MODEL, messages=ASK, temperature=0, max_tokens=40, extra_body=forced)
+    request = dict(model=MODEL, messages=WEATHER_QUESTION, temperature=0, max_tokens=40, extra_body=forced)
     message = client.chat.completions.create(**request).choices[0].message
     assert (message.reasoning_content, message.content) == ("Clear sky.", "Sunny.")
     thoughts, answer = "", ""
@@ -221,8 +216,8 @@ def test_with_tools_offered_the_model_may_think_before_it_answers(server, client
     think, close = token_ids(server, "[THINK][/THINK]")
     completion = client.chat.completions.create(
         model=MODEL,
-        messages=ASK,
-        tools=[WEATHER],
+        messages=WEATHER_QUESTION,
+        tools=[BOUNDED_WEATHER],
         temperature=0,
         max_tokens=30,
         logit_bias={think: 100, close: 100},
