@@ -50,8 +50,9 @@ format: install-dev
 # where PYTHONDONTWRITEBYTECODE is set (as on the machines CI runs on) each compiled them again: 1.2 s
 # a backend process. Then two pytest workers, each given whole files (a module's server stays on one
 # worker) and each on one core: on CI's 2 cores 820 s against 1,387 s in one process, the runs one after
-# the other; with torch's default (every core, in each worker and each server) two were slower than one.
-# The files in the collection's order, which puts the slowest first (tests/conftest.py).
+# the other; with torch's default (every core, in each worker and each server) two were slower than one,
+# and three workers were no faster than two (853 s against 864 s, 2026-12-03). The files in the
+# collection's order, which puts the slowest first (tests/conftest.py).
 test: install-dev lint
 	bash scripts/install_browser.sh
 	$(PY) -m compileall -q backend inference_api proxy scripts
