@@ -6,10 +6,12 @@ layouts of Mistral's tokenizers, as vLLM's `mistral` parser reads them:
     [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]         (before: Mistral 7B
                                     v0.3, Mixtral 8x22B, Mistral Nemo, Mistral Small 3.1)
 
-A tokenizer with `[ARGS]` as a token writes the first, any other the second. The tags are special tokens,
-which a decoded answer leaves out unless it keeps them (SamplingParams.skip_special_tokens false), and
-which no text grammar can spell: the calls' grammar names them by their ids (`<[id]>`, llguidance's
-syntax), so a format is made for one tokenizer (`MistralTags`).
+A tokenizer with `[ARGS]` as a token writes the first, any other the second. Granite 3 (tool_calls.py's
+`granite` format) writes the second after its own `<|tool_call|>` token, as vLLM's `granite` parser
+reads it. The tags are special tokens, which a decoded answer leaves out unless it keeps them
+(SamplingParams.skip_special_tokens false), and which no text grammar can spell: the calls' grammar
+names them by their ids (`<[id]>`, llguidance's syntax), so a format is made for one tokenizer
+(`CallTags`).
 
 Mistral's templates refuse a history whose call ids are not 9 letters and digits (mistral-common checks
 the same): calls read here get such ids, and `history_ids` turns another server's (OpenAI's `call_...`,
@@ -30,6 +32,7 @@ from inference_api.structured_output import json_lark
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
 OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+GRANITE_OPEN = "<|tool_call|>"
 ID_ALPHABET = string.ascii_letters + string.digits
 ID_LENGTH = 9
 # A listed call (before v11) cut by max_tokens after its name, as its grammar lays it out (JSON_LAYOUT's
@@ -38,22 +41,25 @@ CUT_LISTED_CALL = re.compile(r'\A\{"name": ("(?:[^"\\]|\\.)*"), "arguments": (.*
 # `auto`: text, or text then calls; the tags are special tokens, which no text lexeme holds.
 AUTO = """start: TEXT | TEXT? calls
 TEXT: /(?s:.+)/
-WS: /[ \\n]+/
 """
 
 
 @dataclass(frozen=True)
-class MistralTags:
-    """The ids of a tokenizer's `[TOOL_CALLS]` and (v11 and later) `[ARGS]` tokens."""
+class CallTags:
+    """The token the calls follow (`opening`, Mistral's `[TOOL_CALLS]` or Granite's `<|tool_call|>`) and its
+    id in a tokenizer, and (Mistral's v11 and later) the id of its `[ARGS]` token."""
 
+    opening: str
     open_id: int
-    args_id: int | None
+    args_id: int | None = None
 
     @classmethod
-    def of(cls, tokenizer: PromptTokenizer) -> MistralTags | None:
-        """The tokenizer's tags; None where `[TOOL_CALLS]` is not a token of its own."""
-        open_id = _token(OPEN, tokenizer)
-        return None if open_id is None else cls(open_id, _token(ARGS, tokenizer))
+    def of(cls, tokenizer: PromptTokenizer, opening: str = OPEN) -> CallTags | None:
+        """The tokenizer's tags; None where `opening` is not a token of its own."""
+        open_id = _token(opening, tokenizer)
+        if open_id is None:
+            return None
+        return cls(opening, open_id, _token(ARGS, tokenizer) if opening == OPEN else None)
 
     @property
     def named_calls(self) -> bool:
@@ -69,9 +75,11 @@ class MistralTags:
             rules = [f"calls: {calls}", f"named_call: <[{self.open_id}]> ({names})"]
             rules += [self._named_call(i, tool) for i, tool in enumerate(tools)]
         else:
-            more = ' ("," WS? listed_call)*' if parallel else ""
+            # One space at most after the tag (Mistral's " [", Granite's "["), JSON's between calls: a run
+            # of whitespace there would be free for a model to spend its tokens on.
+            more = ' (", " listed_call)*' if parallel else ""
             rules = [
-                f'calls: <[{self.open_id}]> WS? "[" listed_call{more} "]"',
+                f'calls: <[{self.open_id}]> " "? "[" listed_call{more} "]"',
                 f"listed_call: {json_lark(one_call)}",
             ]
         return AUTO + "\n".join(rules) + "\n"
@@ -88,21 +96,21 @@ def _token(text: str, tokenizer: PromptTokenizer) -> int | None:
     return tokenizer.token_id(text) if are_tokens((text,), tokenizer) else None
 
 
-def writes_mistral(template_source: str, tokenizer: PromptTokenizer) -> bool:
-    """Whether a chat template teaches Mistral's calls, and the tokenizer has their tag as a token."""
-    return OPEN in template_source and MistralTags.of(tokenizer) is not None
+def writes_calls(opening: str, template_source: str, tokenizer: PromptTokenizer) -> bool:
+    """Whether a chat template teaches calls after `opening`, and the tokenizer has it as a token."""
+    return opening in template_source and CallTags.of(tokenizer, opening) is not None
 
 
-def read_calls(text: str) -> list[tuple[str, str]] | None:
-    """The calls in `text` from its first `[TOOL_CALLS]` on, as (name, arguments as a JSON string); a
-    call cut by max_tokens keeps what was written of its arguments. None where they do not read as calls."""
-    blocks = text.split(OPEN)[1:]
+def read_calls(text: str, opening: str = OPEN) -> list[tuple[str, str]] | None:
+    """The calls in `text` from its first `opening` on, as (name, arguments as a JSON string); a call cut
+    by max_tokens keeps what was written of its arguments. None where they do not read as calls."""
+    blocks = text.split(opening)[1:]
     if not blocks:
         return None
-    if any(ARGS in block for block in blocks):
+    if opening == OPEN and any(ARGS in block for block in blocks):
         calls = [_named_call(block) for block in blocks]
         return None if None in calls else calls
-    return _listed_calls(OPEN.join(blocks))
+    return _listed_calls(opening.join(blocks))
 
 
 def _named_call(block: str) -> tuple[str, str] | None:

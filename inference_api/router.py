@@ -32,7 +32,7 @@ from backend.process import BackendDied, BackendProcess, BackendStartError
 from inference_api import gemma4_tool_calls
 from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.metrics import Metrics
-from inference_api.mistral_tool_calls import MistralTags
+from inference_api.mistral_tool_calls import CallTags
 from inference_api.reasoning import (
     BLOCK_TAGS,
     HARMONY,
@@ -44,7 +44,7 @@ from inference_api.reasoning import (
 )
 from inference_api.request_stream import RequestStream
 from inference_api.tokenizer import ModelTokenizer, PromptTokenizer, are_tokens, load_tokenizer
-from inference_api.tool_calls import GEMMA4, MISTRAL, tool_parser
+from inference_api.tool_calls import CALL_TAG_FORMATS, GEMMA4, tool_parser
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +146,10 @@ class Serving:
                 "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call> and <tool_call|> "
                 "tokens, which this model's tokenizer does not have"
             )
-        if self.tool_parser == MISTRAL and self.mistral_tags is None:
+        opening = CALL_TAG_FORMATS.get(self.tool_parser)
+        if opening is not None and self.call_tags is None:
             return (
-                "--tool-call-parser mistral reads calls after Mistral's [TOOL_CALLS] token, which this "
+                f"--tool-call-parser {self.tool_parser} reads calls after a {opening} token, which this "
                 "model's tokenizer does not have"
             )
         return None
@@ -166,9 +167,11 @@ class Serving:
         return tool_parser(self.chat_template.source, harmony, self.tokenizer, self.tool_call_parser)
 
     @cached_property
-    def mistral_tags(self) -> MistralTags | None:
-        """The tokenizer's tags for Mistral's calls, which their grammar names by id; None without them."""
-        return MistralTags.of(self.tokenizer)
+    def call_tags(self) -> CallTags | None:
+        """The tokenizer's tags for Mistral's or Granite's calls, which their grammar names by id; None
+        for another format, or without them."""
+        opening = CALL_TAG_FORMATS.get(self.tool_parser)
+        return None if opening is None else CallTags.of(self.tokenizer, opening)
 
     def prompt_thinking(self, prompt_ids: list[int], prefilled: bool = False) -> Thinking | None:
         """For a chat prompt: where it leaves a reasoning model's thought blocks (reasoning.Blocks),

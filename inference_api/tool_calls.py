@@ -11,8 +11,8 @@ instead. How the answer becomes calls depends on `tool_choice`:
 - `auto`: the model chooses; its text is read in the format its template teaches (`tool_parser`): the
   Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, Qwen3-Coder's, Qwen3.5's or GLM-4.5's XML in those
   blocks (xml_tool_calls.py), Gemma 4's notation between its `<|tool_call>` tokens
-  (gemma4_tool_calls.py), Mistral's after its `[TOOL_CALLS]` token (mistral_tool_calls.py), or Llama 3's
-  bare JSON `{"name", "parameters"}`.
+  (gemma4_tool_calls.py), Mistral's after its `[TOOL_CALLS]` token and Granite 3's after its
+  `<|tool_call|>` (mistral_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
   The answer is decoded under "free text, or calls in that format" (`AUTO_HERMES`, `AUTO_LLAMA3`): text
   is free until the model opens a call, and from there the call is one of the tools with valid
   arguments, so that no half-written call comes back as text. A request that also sets a
@@ -39,7 +39,7 @@ from backend.messages import InvalidParams, SamplingParams
 from inference_api import gemma4_tool_calls as gemma4
 from inference_api import mistral_tool_calls as mistral
 from inference_api.harmony import call_grammar, final_answer
-from inference_api.mistral_tool_calls import MistralTags
+from inference_api.mistral_tool_calls import CallTags
 from inference_api.structured_output import definitions_under, json_lark, json_schema_grammar, lark_grammar
 from inference_api.tokenizer import PromptTokenizer
 from inference_api.xml_tool_calls import GLM45, QWEN3_CODER, call_lark, read_call, template_format
@@ -67,11 +67,13 @@ AUTO_HERMES = AUTO_TAGGED + "call: {call}\n"
 # The formats whose calls are `<tool_call>` blocks: Hermes's JSON in them, or XML (xml_tool_calls.py).
 XML_FORMATS = {form.name: form for form in (QWEN3_CODER, GLM45)}
 TAGGED = ("hermes", *XML_FORMATS)
-GEMMA4, MISTRAL = "gemma4", "mistral"
+GEMMA4, MISTRAL, GRANITE = "gemma4", "mistral", "granite"
+# The formats whose calls follow a special token (mistral_tool_calls.CallTags), and its text.
+CALL_TAG_FORMATS = {MISTRAL: mistral.OPEN, GRANITE: mistral.GRANITE_OPEN}
 # The formats whose tags are special tokens: an answer that may call keeps them in its text.
-SPECIAL_TAGS = (GEMMA4, MISTRAL)
+SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS)
 # --tool-call-parser's choices, vLLM's names: auto reads the chat template for the format (tool_parser).
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", *XML_FORMATS, GEMMA4, MISTRAL)
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", *XML_FORMATS, GEMMA4, MISTRAL, GRANITE)
 # `auto` in Gemma 4's (gemma4_tool_calls.py): text, or text then calls between its tags, which are special
 # tokens (named as such: no text lexeme can hold them, so TEXT needs no exclusion).
 AUTO_GEMMA4 = f"""start: TEXT | TEXT? gemma4_call{{more}}
@@ -104,7 +106,7 @@ class ToolRequest:
     function: str | None = None  # the named function
     parser: str = "hermes"  # how the answer holds calls (tool_parser)
     parallel: bool = True  # whether an answer may hold more than one call (parallel_tool_calls)
-    mistral: MistralTags | None = None  # the `mistral` format's tags, as this tokenizer has them
+    call_tags: CallTags | None = None  # the `mistral` or `granite` format's tags, as this tokenizer has them
 
     @property
     def grammar(self) -> str | None:
@@ -122,8 +124,8 @@ class ToolRequest:
             return lark_grammar(lark, "tools")
         if self.choice == "auto" and self.parser == GEMMA4:
             return lark_grammar(AUTO_GEMMA4.format(more=more) + gemma4.call_lark(self.tools), "tools")
-        if self.choice == "auto" and self.parser == MISTRAL and self.mistral is not None:
-            lark = self.mistral.auto_lark(self.tools, self._one_call("arguments"), self.parallel)
+        if self.choice == "auto" and self.parser in CALL_TAG_FORMATS and self.call_tags is not None:
+            lark = self.call_tags.auto_lark(self.tools, self._one_call("arguments"), self.parallel)
             return lark_grammar(lark, "tools")
         if self.choice == "auto" and self.parser in XML_FORMATS:
             lark = AUTO_TAGGED.format(more=more) + call_lark(self.tools, XML_FORMATS[self.parser])
@@ -169,7 +171,8 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     """How a model's answers hold calls: gpt-oss's harmony messages (`harmony`: the server reads them,
     answers.HarmonyReader), else the `forced` one of TOOL_CALL_PARSERS (--tool-call-parser), else the
     format the template teaches: Gemma 4's notation where it writes its `<|tool_call>` token
-    (gemma4_tool_calls.py), Mistral's where it writes its `[TOOL_CALLS]` token (mistral_tool_calls.py),
+    (gemma4_tool_calls.py), Mistral's or Granite 3's where it writes their `[TOOL_CALLS]` or `<|tool_call|>`
+    token (mistral_tool_calls.py),
     XML where it writes Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>` (xml_tool_calls.py),
     Llama 3's JSON where it has the python tag, else Hermes blocks."""
     if harmony:
@@ -178,8 +181,9 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
         return forced
     if gemma4.writes_gemma4(template_source, tokenizer):
         return GEMMA4
-    if mistral.writes_mistral(template_source, tokenizer):
-        return MISTRAL
+    for name, opening in CALL_TAG_FORMATS.items():
+        if mistral.writes_calls(opening, template_source, tokenizer):
+            return name
     xml = template_format(template_source)
     if xml is not None:
         return xml.name
@@ -187,12 +191,12 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
 
 
 def read_tool_request(
-    data: dict[str, Any], parser: str, parallel: bool = True, mistral: MistralTags | None = None
+    data: dict[str, Any], parser: str, parallel: bool = True, call_tags: CallTags | None = None
 ) -> ToolRequest | None:
     """`tools` and `tool_choice` in OpenAI chat's shapes, checked (a 400 naming what is wrong); None
     without tools. The other APIs put theirs in these shapes. `parser`: how the answer holds calls
-    (tool_parser). `parallel`: more than one call allowed. `mistral`: the tokenizer's tags for Mistral's
-    format (Serving.mistral_tags)."""
+    (tool_parser). `parallel`: more than one call allowed. `call_tags`: the tokenizer's tags for Mistral's
+    or Granite's format (Serving.call_tags)."""
     tools = data.get("tools")
     choice = data.get("tool_choice")
     if tools is None or tools == []:
@@ -202,7 +206,7 @@ def read_tool_request(
     tools = read_tool_list(tools, _tool, _name, "{type: function, function: {...}} objects")
     names = [_name(tool) for tool in tools]
     if choice is None or choice in ("none", "auto", "required"):
-        return ToolRequest(tools, choice or "auto", parser=parser, parallel=parallel, mistral=mistral)
+        return ToolRequest(tools, choice or "auto", parser=parser, parallel=parallel, call_tags=call_tags)
     function = (
         choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     )
@@ -213,7 +217,7 @@ def read_tool_request(
         )
     if name not in names:
         raise InvalidParams("tool_choice", f"tool_choice names {name!r}, which is not one of the tools")
-    return ToolRequest(tools, "function", name, parser, parallel, mistral)
+    return ToolRequest(tools, "function", name, parser, parallel, call_tags)
 
 
 def with_tool_grammar(params: SamplingParams, tools: ToolRequest | None, format_param: str) -> SamplingParams:
@@ -410,7 +414,7 @@ class ToolCallReader:
     @property
     def _opening(self) -> str | None:
         """The tag that opens the calls; None for Llama 3's bare JSON."""
-        return mistral.OPEN if self.request.parser == MISTRAL else (self._tags or (None,))[0]
+        return CALL_TAG_FORMATS.get(self.request.parser) or (self._tags or (None,))[0]
 
     def _find_call_start(self) -> None:
         if self._opening is not None:
@@ -436,9 +440,14 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
-        if self.request.parser == MISTRAL:
-            calls = mistral.read_calls(text)
-            return None if calls is None else [new_call(*call, mistral.new_call_id()) for call in calls]
+        opening = CALL_TAG_FORMATS.get(self.request.parser)
+        if opening is not None:
+            calls = mistral.read_calls(text, opening)
+            if calls is None:
+                return None
+            if self.request.parser == MISTRAL:  # ids as Mistral's templates take them back
+                return [new_call(*call, mistral.new_call_id()) for call in calls]
+            return [new_call(*call) for call in calls]
         if self._tags is not None:
             opening, closing = self._tags
             pattern = re.escape(opening) + r"(.*?)(?:" + re.escape(closing) + r"|$)"

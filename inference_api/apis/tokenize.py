@@ -46,7 +46,7 @@ def tokenize() -> Response:
         messages, prefill, generation_prompt = final_message(data, read_messages(data["messages"]))
         tokens = tool_chat_ids(
             messages,
-            read_tool_request(data, serving.tool_parser, mistral=serving.mistral_tags),
+            read_tool_request(data, serving.tool_parser, call_tags=serving.call_tags),
             serving,
             "messages",
             continuation=prefill,

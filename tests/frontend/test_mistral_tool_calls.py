@@ -1,7 +1,8 @@
 """Mistral's tool calls (inference_api/mistral_tool_calls.py): found where the template writes its
 `[TOOL_CALLS]` token and the tokenizer has it, read in both of its tokenizers' layouts, held to the tools
 by a grammar that names its tags by id (through llguidance, with a tokenizer that has them as special
-tokens), and histories' call ids made as Mistral's templates take them."""
+tokens), and histories' call ids made as Mistral's templates take them. Granite 3's calls, the same list
+after its `<|tool_call|>` token."""
 
 import json
 from pathlib import Path
@@ -10,7 +11,15 @@ import llguidance.hf
 import pytest
 
 from backend.messages import SamplingParams
-from inference_api.mistral_tool_calls import ARGS, OPEN, MistralTags, history_id, history_ids, is_mistral_id
+from inference_api.mistral_tool_calls import (
+    ARGS,
+    GRANITE_OPEN,
+    OPEN,
+    CallTags,
+    history_id,
+    history_ids,
+    is_mistral_id,
+)
 from inference_api.tokenizer import ByteTokenizer, ModelTokenizer
 from inference_api.tool_calls import (
     ToolCallReader,
@@ -36,14 +45,14 @@ NAMED_TOKENS = (
 LISTED_TOKENS = ("[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", OPEN, "</s>")
 
 
-def tags(special_tokens: tuple[str, ...]) -> MistralTags:
+def tags(special_tokens: tuple[str, ...]) -> CallTags:
     tokenizer = byte_tokenizer(special_tokens)
     args = tokenizer.convert_tokens_to_ids(ARGS) if ARGS in special_tokens else None
-    return MistralTags(tokenizer.convert_tokens_to_ids(OPEN), args)
+    return CallTags(OPEN, tokenizer.convert_tokens_to_ids(OPEN), args)
 
 
-NAMED = ToolRequest(FORECAST_TOOLS, "auto", parser="mistral", mistral=tags(NAMED_TOKENS))
-LISTED = ToolRequest(FORECAST_TOOLS, "auto", parser="mistral", mistral=tags(LISTED_TOKENS))
+NAMED = ToolRequest(FORECAST_TOOLS, "auto", parser="mistral", call_tags=tags(NAMED_TOKENS))
+LISTED = ToolRequest(FORECAST_TOOLS, "auto", parser="mistral", call_tags=tags(LISTED_TOKENS))
 
 
 def follows(grammar: str, text: str, special_tokens: tuple[str, ...]) -> bool:
@@ -71,12 +80,12 @@ def test_the_format_is_found_where_the_template_writes_its_token_and_the_tokeniz
     template = "{{- '[TOOL_CALLS]' + tool_call.function.name + '[ARGS]' + arguments }}"
     named = saved(NAMED_TOKENS, tmp_path / "named")
     assert tool_parser(template, False, named) == "mistral"
-    assert MistralTags.of(named) == MistralTags(named.special_token_id(OPEN), named.special_token_id(ARGS))
-    assert MistralTags.of(named).named_calls
-    listed = MistralTags.of(saved(LISTED_TOKENS, tmp_path / "listed"))
+    assert CallTags.of(named) == CallTags(OPEN, named.special_token_id(OPEN), named.special_token_id(ARGS))
+    assert CallTags.of(named).named_calls
+    listed = CallTags.of(saved(LISTED_TOKENS, tmp_path / "listed"))
     assert listed is not None and not listed.named_calls
     assert tool_parser(template, False, ByteTokenizer()) == "hermes"  # the tag spelled out: not Mistral's
-    assert MistralTags.of(ByteTokenizer()) is None
+    assert CallTags.of(ByteTokenizer()) is None
 
 
 def test_named_calls_v11_and_later_are_read_and_held_to_the_tools():
@@ -101,7 +110,7 @@ def test_named_calls_v11_and_later_are_read_and_held_to_the_tools():
     assert not follows(grammar, OPEN + "get_forecast" + ARGS + '{"city": "Paris"}', NAMED_TOKENS)  # days
     assert not follows(grammar, forecast + " and text after", NAMED_TOKENS)
     assert not follows(grammar, OPEN + "get_forecast" + ARGS + '{"city": ', NAMED_TOKENS)  # left open
-    single = ToolRequest(FORECAST_TOOLS, "auto", parser="mistral", parallel=False, mistral=NAMED.mistral)
+    single = ToolRequest(FORECAST_TOOLS, "auto", parser="mistral", parallel=False, call_tags=NAMED.call_tags)
     assert follows(single.grammar, forecast, NAMED_TOKENS)
     assert not follows(single.grammar, forecast + OPEN + "get_time" + ARGS + "{}", NAMED_TOKENS)
 
@@ -140,7 +149,7 @@ def test_a_call_cut_by_max_tokens_keeps_what_was_written():
 def test_an_answer_that_may_call_keeps_the_tags_and_one_that_may_not_cannot_write_them():
     params = with_tool_grammar(SamplingParams(), NAMED, "response_format")
     assert params.skip_special_tokens is False and params.grammar == NAMED.grammar
-    none = ToolRequest(FORECAST_TOOLS, "none", parser="mistral", mistral=NAMED.mistral)
+    none = ToolRequest(FORECAST_TOOLS, "none", parser="mistral", call_tags=NAMED.call_tags)
     params = with_tool_grammar(SamplingParams(), none, "response_format")
     assert params.skip_special_tokens is True
     assert follows(params.grammar, "Just text.", NAMED_TOKENS)
@@ -170,3 +179,28 @@ def test_another_servers_call_ids_become_nine_letters_and_digits_the_same_for_th
     assert history_id("a1b2c3d4e") == "a1b2c3d4e"  # one of Mistral's own: kept
     assert template_messages(messages, "tool_calls", "mistral")[2]["tool_call_id"] == made
     assert template_messages(messages, "tool_calls", "hermes")[2]["tool_call_id"] == call_id
+
+
+GRANITE_TOKENS = ("<|start_of_role|>", "<|end_of_role|>", GRANITE_OPEN, "<|end_of_text|>")
+
+
+def test_granite_3s_calls_are_the_list_after_its_own_token(tmp_path):
+    template = "{{- '<|start_of_role|>assistant<|end_of_role|><|tool_call|>' + message.content }}"
+    tokenizer = saved(GRANITE_TOKENS, tmp_path)
+    assert tool_parser(template, False, tokenizer) == "granite"
+    assert tool_parser(template, False, ByteTokenizer()) == "hermes"  # the tag spelled out: not Granite's
+    tags = CallTags.of(tokenizer, GRANITE_OPEN)
+    assert tags == CallTags(GRANITE_OPEN, tokenizer.special_token_id(GRANITE_OPEN)) and not tags.named_calls
+    granite = ToolRequest(FORECAST_TOOLS, "auto", parser="granite", call_tags=tags)
+    time = '{"name": "get_time", "arguments": {}}'
+    content, [call] = read(granite, ["Sure.", GRANITE_OPEN + "[" + time + "]"])
+    assert content == "Sure." and call["function"]["name"] == "get_time"
+    assert call["id"].startswith("call_")  # Granite's templates take any id
+    assert follows(granite.grammar, GRANITE_OPEN + "[" + time + "]", GRANITE_TOKENS)
+    assert follows(granite.grammar, "No call needed.", GRANITE_TOKENS)
+    assert not follows(
+        granite.grammar, GRANITE_OPEN + '[{"name": "get_date", "arguments": {}}]', GRANITE_TOKENS
+    )
+    assert not follows(granite.grammar, GRANITE_OPEN + "[" + time + "] and text after", GRANITE_TOKENS)
+    params = with_tool_grammar(SamplingParams(), granite, "response_format")
+    assert params.skip_special_tokens is False

@@ -141,7 +141,8 @@ def test_a_backend_that_cannot_start_stops_the_server(tmp_path: Path) -> None:
 # start of what the server says of it.
 UNREADABLE = [
     ("--tool-call-parser", "gemma4", "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call>"),
-    ("--tool-call-parser", "mistral", "--tool-call-parser mistral reads calls after Mistral's [TOOL_CALLS]"),
+    ("--tool-call-parser", "mistral", "--tool-call-parser mistral reads calls after a [TOOL_CALLS] token"),
+    ("--tool-call-parser", "granite", "--tool-call-parser granite reads calls after a <|tool_call|> token"),
     ("--reasoning-parser", "gemma4", "--reasoning-parser reads thoughts between <|channel> and <channel|>"),
     ("--reasoning-parser", "mistral", "--reasoning-parser reads thoughts between [THINK] and [/THINK]"),
 ]
@@ -151,8 +152,8 @@ UNREADABLE = [
 def test_a_parser_the_tokenizer_cannot_read_stops_the_server(
     tmp_path: Path, option: str, parser: str, says: str
 ) -> None:
-    """Gemma 4's and Mistral's calls and thoughts are between or after tokens of their own, which the
-    mock's byte tokenizer lacks."""
+    """Gemma 4's and Mistral's calls and thoughts, and Granite's calls, are between or after tokens of
+    their own, which the mock's byte tokenizer lacks."""
     server = start_server("--mock", option, parser, log_path=tmp_path / "server.log")
     try:
         assert server.process.wait(120) == 4, server.log()[-3000:]

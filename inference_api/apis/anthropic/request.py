@@ -47,7 +47,7 @@ class MessagesRequest:
 def read_prompt(data: dict[str, Any], serving: Serving) -> Prompt:
     """The conversation and its tools through the chat template, as token ids."""
     reject_unsupported(data, "messages")
-    tools = read_tools(data, serving.tool_parser, serving.mistral_tags)
+    tools = read_tools(data, serving.tool_parser, serving.call_tags)
     messages, prefill = read_conversation(data.get("system"), data.get("messages"))
     kwargs = _thinking(data.get("thinking"), serving)
     ids = tool_chat_ids(messages, tools, serving, "messages", continuation=prefill, template_kwargs=kwargs)

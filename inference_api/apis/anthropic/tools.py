@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from backend.messages import InvalidParams
-from inference_api.mistral_tool_calls import MistralTags
+from inference_api.mistral_tool_calls import CallTags
 from inference_api.structured_output import json_schema_grammar
 from inference_api.tool_calls import ToolRequest, name_and_description, read_tool_list, read_tool_request
 
@@ -30,13 +30,13 @@ CHOICE_SHAPES = (
 SPACE = re.compile(r"[ \t\n\r]*")
 
 
-def read_tools(data: dict[str, Any], parser: str, mistral: MistralTags | None = None) -> ToolRequest | None:
+def read_tools(data: dict[str, Any], parser: str, call_tags: CallTags | None = None) -> ToolRequest | None:
     """The request's `tools` and `tool_choice`, checked (a 400 naming Anthropic's field), as chat's
-    ToolRequest (`parser` and `mistral` as read_tool_request takes them); None without tools."""
+    ToolRequest (`parser` and `call_tags` as read_tool_request takes them); None without tools."""
     tools = data.get("tools")
     choice, parallel = _tool_choice(data.get("tool_choice"))
     chat = {"tools": None if tools is None else _tools(tools), "tool_choice": choice}
-    return read_tool_request(chat, parser, parallel, mistral)
+    return read_tool_request(chat, parser, parallel, call_tags)
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:

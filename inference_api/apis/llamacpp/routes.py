@@ -91,7 +91,7 @@ def apply_template() -> Response:
     /completion (a prefill, say)."""
     data, serving = read_request(model_field=None)
     messages = read_messages(data.get("messages"))
-    tools = read_tool_request(data, serving.tool_parser, mistral=serving.mistral_tags)
+    tools = read_tool_request(data, serving.tool_parser, call_tags=serving.call_tags)
     messages, offered = with_tools(messages, tools, serving)
     text = chat_text(messages, serving, "messages", tools=offered, template_kwargs=template_kwargs(data))
     return jsonify(prompt=text)

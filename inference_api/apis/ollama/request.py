@@ -81,7 +81,7 @@ def parse_generate(data: dict[str, Any], serving: Serving) -> OllamaRequest | No
 
 def parse_chat(data: dict[str, Any], serving: Serving) -> OllamaRequest:
     _refuse_not_built(data)
-    tools = read_tool_request({"tools": data.get("tools")}, serving.tool_parser, mistral=serving.mistral_tags)
+    tools = read_tool_request({"tools": data.get("tools")}, serving.tool_parser, call_tags=serving.call_tags)
     messages = read_messages(_openai_messages(data.get("messages")), roles=ROLES)
     last = messages[-1]
     prefill = ""

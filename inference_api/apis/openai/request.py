@@ -168,7 +168,7 @@ def _prefix_ids(prompt: str | list[int], serving: Serving, item: str) -> list[in
 def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     reject_unsupported(data, "chat")
     parallel = read_bool(data, "parallel_tool_calls", True)
-    tool_request = read_tool_request(data, serving.tool_parser, parallel, serving.mistral_tags)
+    tool_request = read_tool_request(data, serving.tool_parser, parallel, serving.call_tags)
     messages, prefill = _chat_messages(data)
     kwargs = _template_kwargs(data)
     ids = tool_chat_ids(

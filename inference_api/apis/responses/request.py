@@ -49,7 +49,7 @@ class ResponsesRequest:
 def parse_responses_request(data: dict[str, Any], serving: Serving) -> ResponsesRequest:
     reject_unsupported(data, "responses")
     parallel = read_bool(data, "parallel_tool_calls", True)
-    tools = read_tools(data, serving.tool_parser, parallel, serving.mistral_tags)
+    tools = read_tools(data, serving.tool_parser, parallel, serving.call_tags)
     text_format = read_text_format(data.get("text"))
     instructions = read_string(data, "instructions")
     system = [{"role": "system", "content": instructions}] if instructions else []

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.messages import InvalidParams
-from inference_api.mistral_tool_calls import MistralTags
+from inference_api.mistral_tool_calls import CallTags
 from inference_api.structured_output import json_schema_grammar
 from inference_api.tool_calls import ToolRequest, name_and_description, read_tool_list, read_tool_request
 
@@ -34,16 +34,16 @@ class ResponsesTools:
 
 
 def read_tools(
-    data: dict[str, Any], parser: str, parallel: bool, mistral: MistralTags | None = None
+    data: dict[str, Any], parser: str, parallel: bool, call_tags: CallTags | None = None
 ) -> ResponsesTools:
     """The request's `tools` and `tool_choice`, checked (a 400 naming the Responses field), as chat's
     ToolRequest (None without tools). `parallel`: more than one call allowed (parallel_tool_calls);
-    `parser` and `mistral` as read_tool_request takes them."""
+    `parser` and `call_tags` as read_tool_request takes them."""
     tools = _tools(data.get("tools"))
     choice = data.get("tool_choice")
     offered, chat_choice = _offered(choice, tools)
     chat = {"tools": [_chat_tool(tool) for tool in offered], "tool_choice": chat_choice}
-    request = read_tool_request(chat, parser, parallel, mistral)
+    request = read_tool_request(chat, parser, parallel, call_tags)
     echoed_choice = choice if choice is not None else ("auto" if tools else "none")
     return ResponsesTools(request, {"tools": tools, "tool_choice": echoed_choice})
 
