@@ -9,8 +9,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import jsonschema
 import openai
 import pytest
+import requests
+from openai.types.chat import ChatCompletionMessageToolCall
 from transformers import AutoTokenizer
 
 from backend.model.loader import converted_dir, resolve_model
@@ -95,3 +98,41 @@ def assert_streamed_call_is_the_whole_ones(client: openai.OpenAI, request: dict)
         json.loads(expected.function.arguments),
         "tool_calls",
     )
+
+
+def token_ids(server: RunningServer, tags: str) -> list[str]:
+    """The ids of the tokens `tags` is made of (a format's tags, each a token of its own), as logit_bias
+    keys."""
+    response = requests.post(f"{server.url}/tokenize", json={"content": tags}, timeout=30)
+    return [str(token) for token in response.json()["tokens"]]
+
+
+def forced_weather_call(
+    client: openai.OpenAI, model: str, opening: str, **request
+) -> tuple[str, ChatCompletionMessageToolCall]:
+    """BOUNDED_WEATHER's call by a format_server's model made to open one (`opening`: the id of the tag
+    that opens a call, biased): what it wrote, its tags kept, and the one call read back, which must be
+    valid."""
+    completion = client.chat.completions.create(
+        model=model,
+        messages=WEATHER_QUESTION,
+        tools=[BOUNDED_WEATHER],
+        max_tokens=100,
+        logit_bias={opening: 100},
+        parallel_tool_calls=False,
+        logprobs=True,  # the answer's tokens: the call as the model wrote it
+        **request,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), BOUNDED_WEATHER["function"]["parameters"])
+    return "".join(token.token for token in choice.logprobs.content), call
+
+
+def assert_forced_call_streams_as_the_whole_one(client: openai.OpenAI, model: str, opening: str) -> None:
+    """`forced_weather_call`, greedy, streamed: deltas of the call the whole answer made."""
+    request = dict(model=model, messages=WEATHER_QUESTION, tools=[BOUNDED_WEATHER], temperature=0)
+    forced = {"max_tokens": 100, "logit_bias": {opening: 100}, "parallel_tool_calls": False}
+    assert_streamed_call_is_the_whole_ones(client, {**request, **forced})

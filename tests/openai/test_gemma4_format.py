@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import jsonschema
 import openai
 import pytest
 import requests
@@ -23,8 +22,10 @@ from openai.types.chat import ChatCompletion
 from tests.openai.conftest import (
     BOUNDED_WEATHER,
     WEATHER_QUESTION,
-    assert_streamed_call_is_the_whole_ones,
+    assert_forced_call_streams_as_the_whole_one,
+    forced_weather_call,
     format_server,
+    token_ids,
 )
 from tests.server_fixture import RunningServer
 
@@ -90,40 +91,19 @@ def client(server: RunningServer) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def opening(server: RunningServer) -> str:
     """The id of the `<|tool_call>` token, which opens a call."""
-    tokens = requests.post(f"{server.url}/tokenize", json={"content": "<|tool_call>"}, timeout=30).json()
-    [token] = tokens["tokens"]
-    return str(token)
+    [token] = token_ids(server, "<|tool_call>")
+    return token
 
 
 def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(client, opening):
     for seed in range(3):
-        completion = client.chat.completions.create(
-            model=MODEL,
-            messages=WEATHER_QUESTION,
-            tools=[BOUNDED_WEATHER],
-            temperature=1.0,
-            seed=seed,
-            max_tokens=100,
-            logit_bias={opening: 100},
-            parallel_tool_calls=False,
-            logprobs=True,  # the answer's tokens: the call as the model wrote it
-        )
-        choice = completion.choices[0]
-        assert choice.finish_reason == "tool_calls" and not choice.message.content
-        written = "".join(token.token for token in choice.logprobs.content)
+        written, _ = forced_weather_call(client, MODEL, opening, temperature=1.0, seed=seed)
         assert written.startswith("<|tool_call>call:get_weather{days:") and '<|"|>' in written
         assert written.endswith("<tool_call|>")
-        [call] = choice.message.tool_calls
-        assert call.function.name == "get_weather"
-        jsonschema.validate(json.loads(call.function.arguments), BOUNDED_WEATHER["function"]["parameters"])
 
 
 def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
-    request = dict(
-        model=MODEL, messages=WEATHER_QUESTION, tools=[BOUNDED_WEATHER], temperature=0, max_tokens=100
-    )
-    bias = {"logit_bias": {opening: 100}, "parallel_tool_calls": False}
-    assert_streamed_call_is_the_whole_ones(client, {**request, **bias})
+    assert_forced_call_streams_as_the_whole_one(client, MODEL, opening)
 
 
 def test_an_answer_that_opens_no_call_is_text(client, opening):

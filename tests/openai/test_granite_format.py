@@ -6,19 +6,16 @@ the template and the tokenizer as it would a Granite 3's."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
-import jsonschema
 import openai
 import pytest
-import requests
 
 from tests.openai.conftest import (
-    BOUNDED_WEATHER,
-    WEATHER_QUESTION,
-    assert_streamed_call_is_the_whole_ones,
+    assert_forced_call_streams_as_the_whole_one,
+    forced_weather_call,
     format_server,
+    token_ids,
 )
 from tests.server_fixture import RunningServer
 
@@ -58,34 +55,14 @@ def client(server: RunningServer) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def opening(server: RunningServer) -> str:
     """The id of the `<|tool_call|>` token, which opens the calls."""
-    tokens = requests.post(f"{server.url}/tokenize", json={"content": "<|tool_call|>"}, timeout=30).json()
-    [token] = tokens["tokens"]
-    return str(token)
+    [token] = token_ids(server, "<|tool_call|>")
+    return token
 
 
 def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(client, opening):
-    completion = client.chat.completions.create(
-        model=MODEL,
-        messages=WEATHER_QUESTION,
-        tools=[BOUNDED_WEATHER],
-        temperature=0,
-        max_tokens=100,
-        logit_bias={opening: 100},
-        parallel_tool_calls=False,
-        logprobs=True,  # the answer's tokens: the calls as the model wrote them
-    )
-    choice = completion.choices[0]
-    assert choice.finish_reason == "tool_calls" and not choice.message.content
-    written = "".join(token.token for token in choice.logprobs.content)
+    written, _ = forced_weather_call(client, MODEL, opening, temperature=0)
     assert written.startswith('<|tool_call|>[{"name": "get_weather", "arguments": {"days": ')
-    [call] = choice.message.tool_calls
-    assert call.function.name == "get_weather"
-    jsonschema.validate(json.loads(call.function.arguments), BOUNDED_WEATHER["function"]["parameters"])
 
 
 def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
-    request = dict(
-        model=MODEL, messages=WEATHER_QUESTION, tools=[BOUNDED_WEATHER], temperature=0, max_tokens=100
-    )
-    bias = {"logit_bias": {opening: 100}, "parallel_tool_calls": False}
-    assert_streamed_call_is_the_whole_ones(client, {**request, **bias})
+    assert_forced_call_streams_as_the_whole_one(client, MODEL, opening)
