@@ -41,6 +41,28 @@ BOUNDED_WEATHER = {
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris this week?"}]
 
 
+def format_fixtures(special_tokens: tuple[str, ...], template: str, name: str, opening_tag: str):
+    """A format test module's fixtures, for it to take as `server, client, opening = format_fixtures(...)`:
+    its `format_server`, the official client pointed at it, and `opening`, the id of the tag that opens a
+    call (a logit_bias key)."""
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+        with format_server(tmp_path_factory.mktemp(name), special_tokens, template, name) as running:
+            yield running
+
+    @pytest.fixture(scope="module")
+    def client(server: RunningServer) -> openai.OpenAI:
+        return server.openai_client()
+
+    @pytest.fixture(scope="module")
+    def opening(server: RunningServer) -> str:
+        [token] = token_ids(server, opening_tag)
+        return token
+
+    return server, client, opening
+
+
 @contextmanager
 def format_server(
     directory: Path, special_tokens: tuple[str, ...], template: str, name: str

@@ -12,7 +12,6 @@ streamed, and a JSON format holds the answer after them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import openai
 import pytest
@@ -24,8 +23,7 @@ from tests.openai.conftest import (
     WEATHER_QUESTION,
     assert_forced_call_streams_as_the_whole_one,
     forced_weather_call,
-    format_server,
-    token_ids,
+    format_fixtures,
 )
 from tests.server_fixture import RunningServer
 
@@ -77,22 +75,7 @@ TEMPLATE = r"""{%- if enable_thinking %}{{- '<|turn>system\n<|think|><turn|>\n' 
 MODEL = "gemma4-format"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with format_server(tmp_path_factory.mktemp(MODEL), SPECIAL_TOKENS, TEMPLATE, MODEL) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> openai.OpenAI:
-    return server.openai_client()
-
-
-@pytest.fixture(scope="module")
-def opening(server: RunningServer) -> str:
-    """The id of the `<|tool_call>` token, which opens a call."""
-    [token] = token_ids(server, "<|tool_call>")
-    return token
+server, client, opening = format_fixtures(SPECIAL_TOKENS, TEMPLATE, MODEL, "<|tool_call>")
 
 
 def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(client, opening):

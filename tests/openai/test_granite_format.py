@@ -6,18 +6,11 @@ the template and the tokenizer as it would a Granite 3's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import openai
-import pytest
-
 from tests.openai.conftest import (
     assert_forced_call_streams_as_the_whole_one,
     forced_weather_call,
-    format_server,
-    token_ids,
+    format_fixtures,
 )
-from tests.server_fixture import RunningServer
 
 # Granite's tags as special tokens; the EOS last, under the name the tiny Qwen2's tokenizer class gives its
 # own (it would add one more)
@@ -41,22 +34,7 @@ TEMPLATE = r"""{%- if tools %}
 MODEL = "granite-format"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with format_server(tmp_path_factory.mktemp(MODEL), SPECIAL_TOKENS, TEMPLATE, MODEL) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> openai.OpenAI:
-    return server.openai_client()
-
-
-@pytest.fixture(scope="module")
-def opening(server: RunningServer) -> str:
-    """The id of the `<|tool_call|>` token, which opens the calls."""
-    [token] = token_ids(server, "<|tool_call|>")
-    return token
+server, client, opening = format_fixtures(SPECIAL_TOKENS, TEMPLATE, MODEL, "<|tool_call|>")
 
 
 def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(client, opening):

@@ -16,10 +16,7 @@ think before it calls."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
-import openai
-import pytest
 import requests
 
 from tests.openai.conftest import (
@@ -27,10 +24,9 @@ from tests.openai.conftest import (
     WEATHER_QUESTION,
     assert_forced_call_streams_as_the_whole_one,
     forced_weather_call,
-    format_server,
+    format_fixtures,
     token_ids,
 )
-from tests.server_fixture import RunningServer
 
 # Mistral's tags as special tokens; the EOS last, under the name the tiny Qwen2's tokenizer class gives its
 # own (it would add one more)
@@ -78,22 +74,7 @@ TEMPLATE = r"""{{- '[SYSTEM_PROMPT]Draft your thoughts between [THINK] and [/THI
 MODEL = "mistral-format"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with format_server(tmp_path_factory.mktemp(MODEL), SPECIAL_TOKENS, TEMPLATE, MODEL) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> openai.OpenAI:
-    return server.openai_client()
-
-
-@pytest.fixture(scope="module")
-def opening(server: RunningServer) -> str:
-    """The id of the `[TOOL_CALLS]` token, which opens a call."""
-    [token] = token_ids(server, "[TOOL_CALLS]")
-    return token
+server, client, opening = format_fixtures(SPECIAL_TOKENS, TEMPLATE, MODEL, "[TOOL_CALLS]")
 
 
 def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(client, opening):
