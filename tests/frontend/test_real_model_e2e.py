@@ -89,11 +89,15 @@ def test_forty_concurrent_streams_are_complete_and_exact(real_server: RunningSer
         thread.join(900)
     assert not errors, errors
     assert len(texts) == CLIENTS  # every stream ended with the final chunk: a complete answer
-    assert "\ufffd" not in "".join(texts.values())
+    # No character split between two pieces, in the answers whose text is known: free sampling at 1.3 may
+    # pick a byte of a character and then no byte of its rest, which decodes to U+FFFD as transformers'
+    # tokenizer decodes it ("he eats sl\ufffd. However", once in a run).
+    exact = [i for i, body in enumerate(bodies) if "seed" in body or body.get("temperature") == 0]
+    assert "\ufffd" not in "".join(texts[i] for i in exact)
 
     # References, one request at a time on an otherwise idle server.
     for i, body in enumerate(bodies):
-        if "seed" in body or body.get("temperature") == 0:
+        if i in exact:
             reference = alone(real_server, body)
             assert reference["finish_reason"] in ("stop", "length")
             assert texts[i] == reference["text"], f"client {i} ({body}) differs from its request alone"
