@@ -196,7 +196,8 @@ class BackendConfig:
     cache_dir: str | None = None  # converted weights; None: $INFERENCE_CACHE_DIR or ~/.cache
     # Run a model's own configuration and tokenizer code (`auto_map`), as transformers' trust_remote_code:
     # code from the model's files, run as it is in the backend process. Its own modeling code is refused
-    # whatever this says (architectures.check_own_code).
+    # whatever this says, or not run where transformers has classes of its type
+    # (architectures.check_own_code).
     trust_remote_code: bool = False
     # CPU threads for torch; None: torch's default (every core). Fewer leaves cores to the HTTP
     # side: torch's threads wait for each other, so one descheduled thread stalls them all.

@@ -234,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the model's own configuration and tokenizer code (its auto_map), as transformers' "
         "trust_remote_code: code from the model's files, run in the backend process; its own modeling "
-        "code is refused either way",
+        "code is refused either way (a model of a type transformers has classes for, DeepSeek's say, is "
+        "served by those, none of its own modeling or configuration code run)",
     )
     parser.add_argument(
         "--embedding-model",

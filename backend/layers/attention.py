@@ -59,10 +59,13 @@ def row_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface over `attend`, with the layout of the step in progress and what
-    the layer asks for beyond causal attention (a window, soft-capping, sinks)."""
+    """transformers' attention interface over `attend` (or the layer's own `attend_rows`), with the layout
+    of the step in progress and what the layer asks for beyond causal attention (a window, soft-capping,
+    sinks)."""
     features = AttentionFeatures.asked(kwargs, positions=key.shape[2])
-    return attend(query, key, value, _current_layout.get(), scaling, features=features), None
+    # A layer that attends its own way over the row cache names it (model/latent_attention.py, DeepSeek's).
+    attend_rows = getattr(module, "attend_rows", attend)
+    return attend_rows(query, key, value, _current_layout.get(), scaling, features=features), None
 
 
 def attend(

@@ -47,13 +47,19 @@ class KVShape:
     """What each layer keeps a position: (kv_heads, head_dim), or None for a layer that keeps no keys
     and values: a hybrid's layers that do not attend (its Mamba layers, Nemotron-H's MLP and expert layers,
     row_states.attention_free_layers) and Gemma 4's layers that read an earlier layer's (`reading_earlier`).
-    Most models' layers are all alike; Gemma 4's global layers have wider heads than its window layers."""
+    Most models' layers are all alike; Gemma 4's global layers have wider heads than its window layers.
+    A latent-attention model's layers (DeepSeek's MLA) each keep one tensor, read as keys and as values
+    (`latent`): one head of its latent and its rotated key (latent_attention.py)."""
 
     kept: tuple[tuple[int, int] | None, ...]
+    latent: bool = False
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> KVShape:
         config = config.get_text_config()
+        width = latent_width(config)
+        if width is not None:
+            return cls(((1, width),) * config.num_hidden_layers, latent=True)
         without = set(attention_free_layers(config)) | set(reading_earlier(config))
 
         def layer_shape(layer: PretrainedConfig) -> tuple[int, int]:
@@ -94,11 +100,16 @@ class KVShape:
     def head_dim(self) -> int:
         return self.uniform[1]
 
+    @property
+    def tensors(self) -> int:
+        """The tensors a layer keeps: keys and values, or a latent-attention layer's one."""
+        return 1 if self.latent else 2
+
     def bytes(self, rows: int, max_seq_len: int, dtype: torch.dtype) -> int:
         """Size of keys and values of all layers."""
         element = torch.finfo(dtype).bits // 8
         widths = sum(kv_heads * head_dim for kv_heads, head_dim in filter(None, self.kept))
-        return 2 * widths * rows * max_seq_len * element
+        return self.tensors * widths * rows * max_seq_len * element
 
     def positions_within(self, memory: int, rows: int, dtype: torch.dtype) -> int:
         """The most positions a row whose keys and values, in every row, fit in `memory` bytes."""
@@ -106,13 +117,23 @@ class KVShape:
 
     def describe(self) -> str:
         """The keys' (or values') widths a position, for the start-up log: "30 layers x 4 KV heads x 64",
-        or where layers differ "(25 layers x 8 KV heads x 256 + 5 layers x 2 KV heads x 512)"."""
+        or where layers differ "(25 layers x 8 KV heads x 256 + 5 layers x 2 KV heads x 512)"; a latent
+        attention model's "27 latent layers x 576"."""
+        if self.latent:  # one tensor a layer, one head
+            return f"{len(self.kept)} latent layers x {self.kept[0][1]}"
         shapes = [shape for shape in self.kept if shape is not None]
         counts = {shape: shapes.count(shape) for shape in dict.fromkeys(shapes)}
         text = " + ".join(
             f"{n} layer{'s' * (n != 1)} x {heads} KV heads x {dim}" for (heads, dim), n in counts.items()
         )
         return text if len(counts) == 1 else f"({text})"
+
+
+def latent_width(config: PretrainedConfig) -> int | None:
+    """The width a latent-attention layer keeps a position (DeepSeek's MLA: its compressed keys and
+    values, `kv_lora_rank`, and the rotated key all heads share, `qk_rope_head_dim`); None for others."""
+    rank = getattr(config, "kv_lora_rank", None)
+    return None if rank is None else rank + config.qk_rope_head_dim
 
 
 def reading_earlier(config: PretrainedConfig) -> tuple[int, ...]:
@@ -206,6 +227,19 @@ class RowCacheLayer(CacheLayerMixin):
         return self.keys.shape[2]
 
 
+class LatentCacheLayer(RowCacheLayer):
+    """A latent-attention layer's one tensor [rows, 1, max_seq_len, latent + rotated key]: transformers'
+    layer (DeepSeek's MLA) hands `update` its normed latent and its rotated key, which go side by side; it
+    gets the whole tensor back as both, which latent_attention.py reads as keys and values."""
+
+    def __init__(self, owner: RowCache, latents: torch.Tensor):
+        super().__init__(owner, latents, latents)
+
+    def update(self, latent: torch.Tensor, rotated_key: torch.Tensor, *args, **kwargs):
+        both = self.owner.plan.write(self.keys, torch.cat((latent, rotated_key), dim=-1))
+        return both, both
+
+
 class RowCache(Cache):
     def __init__(
         self,
@@ -225,8 +259,8 @@ class RowCache(Cache):
             size = (rows + spare_rows, kv_heads, max_seq_len if kept else 0, head_dim)
             # Zeros, not empty: masked positions still get multiplied by a zero
             # attention weight, and 0 * NaN from uninitialised memory is NaN.
-            keys, values = (torch.zeros(size, dtype=dtype, device=device) for _ in range(2))
-            return RowCacheLayer(self, keys, values)
+            tensors = [torch.zeros(size, dtype=dtype, device=device) for _ in range(shape.tensors)]
+            return LatentCacheLayer(self, *tensors) if shape.latent else RowCacheLayer(self, *tensors)
 
         layers = [layer(kept) for kept in shape.kept]
         super().__init__(layers=layers)
@@ -243,7 +277,8 @@ class RowCache(Cache):
         """Positions 0..length-1 of one row into another, in every layer (prefix reuse)."""
         for layer in self.layers:
             layer.keys[target, :, :length] = layer.keys[source, :, :length]
-            layer.values[target, :, :length] = layer.values[source, :, :length]
+            if layer.values is not layer.keys:  # a latent layer's one tensor is both
+                layer.values[target, :, :length] = layer.values[source, :, :length]
 
     def plan_step(self, layout: StepLayout) -> None:
         """The next forward pass writes its keys and values where this layout says."""

@@ -18,12 +18,17 @@ A family joins this list only once it is proven token for token against transfor
 (tests/backend/test_exactness.py runs the list); a model of any other type (RWKV, anything new) is
 refused at start-up with a message that names what is served (SPEC §5), rather than loaded and served
 wrong with no error. Falcon attends by itself, not through the interface: model/falcon.py gives its
-layers the row attention.
+layers the row attention. Latent-attention layers (DeepSeek's MLA) attend through it with their cache's
+latents read as they are (model/latent_attention.py).
 """
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
+import logging
+
+from transformers import CONFIG_MAPPING, PretrainedConfig
+
+log = logging.getLogger(__name__)
 
 # model_type -> the families it covers (for the message)
 SUPPORTED = {
@@ -79,6 +84,11 @@ SUPPORTED = {
     "laguna": "Laguna, window layers beside global ones, experts",
     "granite_swa": "Granite window-attention models, attention sinks",
     "granitemoe_swa": "Granite window-attention mixture-of-experts models, attention sinks",
+    "deepseek_v2": "DeepSeek-V2, V2-Lite, V2.5 and DeepSeek-Coder-V2, latent attention, experts",
+    "deepseek_v3": "DeepSeek-V3, R1 and V3.1, latent attention, experts",
+    "glm4_moe_lite": "GLM-4.7-Flash, latent attention, experts",
+    "minicpm3": "MiniCPM3, latent attention",
+    "youtu": "Youtu-LLM, latent attention",
     "falcon": "Falcon 7B, 40B and 180B, and Falcon-RW with its ALiBi positions",
     "gpt2": "GPT-2",
     "gpt_neox": "GPT-NeoX-20B, Pythia, Dolly v2, RedPajama-INCITE and StableLM-Alpha",
@@ -128,13 +138,26 @@ def check_supported(config: PretrainedConfig) -> None:
         )
 
 
-def check_own_code(config_dict: dict, trust_remote_code: bool) -> None:
+def check_own_code(config_dict: dict, trust_remote_code: bool) -> bool:
     """Raise UnsupportedModel where the model's config.json maps transformers' Auto classes to code of its
     own (`auto_map`): its modeling code always, since the engine serves transformers' own classes,
     proven exact, with its row attention (a model's own class would attend as it likes); its
     configuration or tokenizer code unless the operator trusts it (--trust-remote-code), since it runs
-    in the backend process as it is."""
+    in the backend process as it is. Returns whether the model's own configuration code is to be read.
+
+    A model of a type transformers has classes for, and the engine serves, is served by those classes
+    whatever its `auto_map` says, as transformers and vLLM serve it: DeepSeek publishes V2 and V3 with
+    the modeling code they were written in, which transformers' classes of their type port. Its modeling
+    and configuration code is not run then, trusted or not; its tokenizer's runs only where trusted."""
     own = config_dict.get("auto_map") or {}
+    model_type = config_dict.get("model_type")
+    if own and model_type in SUPPORTED and model_type in CONFIG_MAPPING:
+        log.warning(
+            "the model ships its own code (%s): transformers' own %s classes serve it, not that code",
+            ", ".join(f"{n}: {c}" for n, c in sorted(own.items())),
+            model_type,
+        )
+        return False
     modeling = sorted(name for name in own if name.startswith("AutoModel"))
     if modeling:
         raise UnsupportedModel(
@@ -146,6 +169,7 @@ def check_own_code(config_dict: dict, trust_remote_code: bool) -> None:
             f"the model ships its own code ({', '.join(f'{n}: {c}' for n, c in sorted(own.items()))}), which "
             "runs only with --trust-remote-code: that runs the model's code as it is, in the backend process"
         )
+    return True
 
 
 def sliding_window(config: PretrainedConfig) -> int | None:

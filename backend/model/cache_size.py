@@ -52,12 +52,13 @@ class CacheSize:
         element = torch.finfo(self.dtype).bits // 8
         dtype = str(self.dtype).removeprefix("torch.")
         position = self.shape.bytes(1, 1, self.dtype)
+        widths = f"{self.shape.tensors} x {self.shape.describe()}"  # keys and values, or a latent
         rows = f"{self.rows} rows" + (
             f" and {self.spare_rows} for embedding inputs" if self.spare_rows else ""
         )
         return (
             f"KV cache: {rows} x {self.max_seq_len} positions, {dtype}, {size_text(self.bytes)} "
-            f"({size_text(position)} a position a row: 2 x {self.shape.describe()} x {element} bytes); "
+            f"({size_text(position)} a position a row: {widths} x {element} bytes); "
             f"{self.reason}"
         )
 

@@ -228,10 +228,13 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         location, gguf_file = str(converted), None
         log.info("loading %s from its converted copy in %s", source.name, location)
     trust = config.trust_remote_code
-    if gguf_file is None:  # before any of the model's own code could run
-        check_own_code(PretrainedConfig.get_config_dict(location, token=token)[0], trust)
+    # Checked before any of the model's own code could run; of a type transformers has classes for, its
+    # own configuration code is not read (its tokenizer's runs where trusted).
+    own_config = gguf_file is not None or check_own_code(
+        PretrainedConfig.get_config_dict(location, token=token)[0], trust
+    )
     model_config = AutoConfig.from_pretrained(
-        location, gguf_file=gguf_file, token=token, trust_remote_code=trust
+        location, gguf_file=gguf_file, token=token, trust_remote_code=trust and own_config
     )
     check_supported(model_config)  # before anything reads the config as a decoder's
     quantization_config = getattr(model_config, "quantization_config", None)
@@ -274,8 +277,9 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         # reads this tokenizer.json as it is.
         tokenizer = PreTrainedTokenizerFast.from_pretrained(location)
     else:
+        # The configuration read above: AutoTokenizer would read it again, the model's own code included.
         tokenizer = AutoTokenizer.from_pretrained(
-            location, gguf_file=gguf_file, token=token, trust_remote_code=trust
+            location, config=model_config, gguf_file=gguf_file, token=token, trust_remote_code=trust
         )
     checkpoint_layers = {}
     if group_wise_format is not None:

@@ -24,6 +24,7 @@ from backend.layers.row_states import RowStates, StateShape, has_row_states
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.falcon import attend_over_rows
 from backend.model.hybrid import mix_over_rows
+from backend.model.latent_attention import attend_over_latents
 from backend.model.step_inputs import DecodingRow, PrefillingRow, StepInputs, pack
 from backend.model.step_plan import StepPlan, plan_transformers
 
@@ -49,8 +50,11 @@ class ModelRunner:
         self.device = model.device
         supported = DecoderRunner.supports(model.config, max_seq_len)
         self.decoder = DecoderRunner(model, compile_decode, rows, max_seq_len) if supported else None
+        shape = KVShape.of(model.config)
         if self.decoder is None and model.config.model_type == "falcon":
             attend_over_rows(model)  # Falcon attends by itself, not through transformers' interface
+        if shape.latent:
+            attend_over_latents(model)  # DeepSeek's MLA: the cache keeps its latents, read as they are
         # A hybrid's Mamba layers keep a recurrent state a row beside the attention layers' cache.
         spare = int(embedding_row)
         self.states = None
@@ -60,7 +64,6 @@ class ModelRunner:
         self.cache_dtype = kv_cache_dtype or pick_cache_dtype(
             "auto", model.dtype, self.device, self.reads_own_positions
         )
-        shape = KVShape.of(model.config)
         self.cache = RowCache(shape, rows, max_seq_len, self.cache_dtype, self.device, spare)
         self.embedding_row = rows if embedding_row else None
         self.embedded_states: torch.Tensor | None = None  # the last run's, at its inputs' `embedded`

@@ -39,6 +39,25 @@ GATED_DELTA = dict(
     linear_conv_kernel_dim=4,
 )
 TINY_EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# A latent-attention layer (DeepSeek's MLA): a latent of 32 a token beside a rotated key of 8, expanded
+# into four heads' key parts of 16 and values of 12 (not 16: a value read as a key part would not fit).
+TINY_LATENT = dict(
+    kv_lora_rank=32,
+    q_lora_rank=24,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    head_dim=8,
+    num_key_value_heads=4,
+    initializer_range=0.15,
+)
+DEEPSEEK_EXPERTS = dict(
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+)
 # Families whose configs name their sizes their own way: GPT-NeoX's rotary positions on a quarter of each
 # head and its attention and MLP side by side (Pythia's); OPT's embeddings narrower than its layers,
 # projected in and out (OPT-350m's); GPT-BigCode's one key head for all queries (StarCoder's).
@@ -220,6 +239,14 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "n_group": 1,
         "topk_group": 1,
     },
+    # Latent attention (DeepSeek's MLA): DeepSeek-V2-Lite's queries straight from the hidden state, the
+    # others' through their own low rank; V2's complex rotation, V3's interleaved, MiniCPM3's not; the
+    # first layer dense, the second of experts where the family has them.
+    "deepseek_v2": TINY_LATENT | DEEPSEEK_EXPERTS | {"q_lora_rank": None, "topk_method": "greedy"},
+    "deepseek_v3": TINY_LATENT | DEEPSEEK_EXPERTS | {"n_group": 2, "topk_group": 1},
+    "glm4_moe_lite": TINY_LATENT | DEEPSEEK_EXPERTS | {"mlp_layer_types": ["dense", "sparse"]},
+    "minicpm3": TINY_LATENT | {"scale_emb": 1},
+    "youtu": TINY_LATENT,
     # Hybrids: a Mamba-2 layer before an attention layer; Granite 4's with its multipliers and four
     # experts, two chosen a token.
     "bamba": {"attn_layer_indices": [1], **HYBRID_MAMBA},

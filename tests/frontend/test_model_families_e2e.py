@@ -114,6 +114,11 @@ FAMILIES = [
     "gpt_neox",
     "opt",
     "gpt_bigcode",
+    # Served from 2026-12-03: latent attention (model/latent_attention.py), its latents cached and read as
+    # they are; DeepSeek-V2's complex rotation, V3's interleaved, GLM-4.7-Flash's MLP layers by type
+    "deepseek_v2",
+    "deepseek_v3",
+    "glm4_moe_lite",
 ]
 MAX_TOKENS = 10
 EXACT = dict(dtype="float32", quantize="none", rows=4, max_seq_len=128, max_prefill_tokens=8)
