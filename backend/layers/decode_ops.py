@@ -34,9 +34,9 @@ from types import ModuleType
 
 import torch
 from torch import nn
-from torch.nn.functional import scaled_dot_product_attention
 
 from backend.kernels.extension import extension
+from backend.layers.attention import one_query_each
 
 # RMSNorms that scale by 1 + weight (Gemma's keep their weights as offsets from 1) and name their epsilon
 # `eps`; transformers' others scale by the weight and call it `variance_epsilon`.
@@ -177,10 +177,10 @@ def decode_attention(
     head_dim]. Free rows of the span get a zero query, their output dropped (attention.attend).
     With as many queries as rows, query i is row i unless `scatter` says they may come in any order.
 
-    Eager, PyTorch's scaled-dot-product kernel; compiled, two matrix products and a softmax the
-    compiler fuses with the mask: one query a row is a matrix-vector product, which PyTorch's CPU
-    flash kernel took 23 us a layer for in the graph (two products: 14). Compiled, the free rows are
-    filled in whether there are any or not: one graph for both.
+    Eager, PyTorch's scaled-dot-product kernel (attention.one_query_each); compiled, two matrix
+    products and a softmax the compiler fuses with the mask: one query a row is a matrix-vector
+    product, which PyTorch's CPU flash kernel took 23 us a layer for in the graph (two products: 14).
+    Compiled, the free rows are filled in whether there are any or not: one graph for both.
     """
     span_rows, span, head_dim = visible.shape[0], visible.shape[-1], query.shape[-1]
     per_row = query[:, :, None]  # [queries, heads, 1, head_dim]
@@ -195,9 +195,7 @@ def decode_attention(
         scores = grouped @ span_keys.transpose(2, 3) * scaling + visible
         attended = (scores.softmax(dim=-1) @ span_values).view(span_rows, -1, 1, head_dim)
     else:
-        attended = scaled_dot_product_attention(
-            per_row, span_keys, span_values, attn_mask=visible, scale=scaling, enable_gqa=True
-        )
+        attended = one_query_each(per_row, span_keys, span_values, visible, scaling)
     if scatter:
         attended = attended.index_select(0, rows)
     return attended[:, :, 0]
