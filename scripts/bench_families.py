@@ -93,6 +93,14 @@ SHAPES = {
 
 def random_model(family: str, tokenizer, dtype: torch.dtype, quantize: str) -> torch.nn.Module:
     model_type, shape = SHAPES[family]
+    return random_model_of(model_type, shape, tokenizer, dtype, quantize)
+
+
+def random_model_of(
+    model_type: str, shape: dict, tokenizer, dtype: torch.dtype, quantize: str
+) -> torch.nn.Module:
+    """A model of random weights of the type and `shape` (its config's sizes), with the tokenizer's vocabulary
+    and special tokens, `quantize`d as --quantize would."""
     config = CONFIG_MAPPING[model_type](
         vocab_size=len(tokenizer),
         max_position_embeddings=2048,

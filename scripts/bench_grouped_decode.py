@@ -24,7 +24,6 @@ from unittest import mock
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
-from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -33,9 +32,9 @@ from backend.layers import attention  # noqa: E402
 from backend.messages import SamplingParams, Submit  # noqa: E402
 from backend.model.decoder_runner import DecoderRunner  # noqa: E402
 from backend.model.loader import pick_device, pick_dtype  # noqa: E402
-from backend.quant.quantize import quantize_model  # noqa: E402
 from backend.quant.quantized_linear import QUANTIZERS  # noqa: E402
 from scripts.bench_engine import machine  # noqa: E402
+from scripts.bench_families import random_model_of  # noqa: E402
 from scripts.random_llama import default_tokenizer  # noqa: E402
 
 SHAPES = {
@@ -74,22 +73,6 @@ SHAPES = {
 def repeated_keys(query, key, value, mask, scaling):
     """The step's attention as it was: PyTorch's `enable_gqa`."""
     return scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True)
-
-
-def random_model(family: str, tokenizer, dtype: torch.dtype, quantize: str) -> torch.nn.Module:
-    config = CONFIG_MAPPING[family](
-        vocab_size=len(tokenizer),
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **SHAPES[family],
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    if quantize in QUANTIZERS:
-        quantize_model(model, quantize)
-    return model
 
 
 def decode_step(engine: Engine, prompts: list[list[int]], rows: int, steps: int) -> float:
@@ -142,13 +125,13 @@ def main() -> None:
     ]
     table = []
     for family in args.families:
-        model = random_model(family, tokenizer, dtype, args.quantize)
+        model = random_model_of(family, SHAPES[family], tokenizer, dtype, args.quantize)
         with mock.patch.object(DecoderRunner, "supports", staticmethod(lambda config, max_seq_len: False)):
             engine = Engine(
                 model,
                 tokenizer,
                 rows=max(args.rows),
-                max_seq_len=args.prompt_tokens + 256,
+                max_seq_len=args.prompt_tokens + 256,  # within the model's 2,048
                 max_prefill_tokens=2048,  # prompts prefilled in few steps: the decode steps are timed
                 speculative_tokens=0,
             )
