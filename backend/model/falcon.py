@@ -32,21 +32,16 @@ from transformers.models.falcon.modeling_falcon import (
 
 from backend.layers.attention import _current_layout, attend
 from backend.layers.attention_features import AttentionFeatures
+from backend.model.mix_in import mix_in
 
 
 def attend_over_rows(model: torch.nn.Module) -> torch.nn.Module:
     """Make each of the model's Falcon attention layers attend through the engine's `attend` inside
     `attending_over` (the model runner's step); returns the model. Applying it twice changes nothing."""
     for module in model.modules():
-        if isinstance(module, FalconAttention) and not isinstance(module, AttendsOverRows):
-            module.__class__ = _over_rows(type(module))
+        if isinstance(module, FalconAttention):  # or FalconFlashAttention2, its fallback
+            mix_in(module, AttendsOverRows)
     return model
-
-
-@functools.cache
-def _over_rows(attention_class: type) -> type:
-    """The layer's own class (FalconAttention or FalconFlashAttention2, its fallback) under ours."""
-    return type(f"{attention_class.__name__}OverRows", (AttendsOverRows, attention_class), {})
 
 
 class AttendsOverRows:

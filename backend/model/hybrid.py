@@ -12,8 +12,6 @@ transformers' own.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from transformers import PreTrainedModel
 
@@ -22,6 +20,7 @@ from backend.layers.decode_ops import DecodeOps
 from backend.layers.row_states import RowStates
 from backend.model.gated_delta import GATED_DELTA_MIXERS, mix_gated_delta
 from backend.model.mamba import mix_mamba, mix_mamba2, state_ops
+from backend.model.mix_in import mix_in
 from backend.model.short_conv import SHORT_CONV_MIXERS, is_short_conv, mix_short_conv
 
 # The mixers of hybrid models (transformers' classes, by name): Mamba2Mixer's forward, Jamba's
@@ -46,14 +45,9 @@ def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
         raise ValueError(f"{len(mixers)} recurrent mixers in the model, states for {states.shape.layers}")
     ops = state_ops(model)
     for index, mixer in enumerate(mixers):
-        mixer.__class__ = _over_rows(type(mixer))
+        mix_in(mixer, MixesOverRows)
         mixer.row_states = (states.conv[index], states.ssm[index])
         mixer.row_ops = ops
-
-
-@functools.cache
-def _over_rows(mixer_class: type) -> type:
-    return type(f"{mixer_class.__name__}OverRows", (MixesOverRows, mixer_class), {})
 
 
 class MixesOverRows:

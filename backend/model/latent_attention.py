@@ -23,29 +23,21 @@ it) absorbs. Outside a step (`generate`, say) the layer is transformers' own.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from backend.layers.attention import _current_layout, attend
 from backend.layers.attention_features import AttentionFeatures
 from backend.layers.step_layout import StepLayout
+from backend.model.mix_in import mix_in
 
 
 def attend_over_latents(model: torch.nn.Module) -> torch.nn.Module:
     """Make each latent-attention layer of the model (one with `kv_b_proj` and `expand_kv`) attend over
     the row cache's latents within `attending_over`; returns the model. Applying it twice changes nothing."""
     for module in model.modules():
-        latent = hasattr(module, "kv_b_proj") and hasattr(module, "expand_kv")
-        if latent and not isinstance(module, AbsorbsLatents):
-            module.__class__ = _absorbing(type(module))
+        if hasattr(module, "kv_b_proj") and hasattr(module, "expand_kv"):
+            mix_in(module, AbsorbsLatents)
     return model
-
-
-@functools.cache
-def _absorbing(attention_class: type) -> type:
-    """The layer's own class under ours."""
-    return type(f"{attention_class.__name__}OverLatents", (AbsorbsLatents, attention_class), {})
 
 
 class AbsorbsLatents:
