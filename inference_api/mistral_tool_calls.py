@@ -119,7 +119,7 @@ def _named_call(block: str) -> tuple[str, str] | None:
     name = name.partition(CALL_ID)[0].strip()
     if not found or not name:
         return None
-    return name, _arguments(arguments.strip())
+    return name, json_arguments(arguments.strip())
 
 
 def _listed_calls(text: str) -> list[tuple[str, str]] | None:
@@ -141,7 +141,7 @@ def _listed_calls(text: str) -> list[tuple[str, str]] | None:
     return calls or None
 
 
-def _arguments(written: str) -> str:
+def json_arguments(written: str) -> str:
     """Arguments as a JSON string: re-serialized where whole, as written where cut."""
     try:
         return json.dumps(json.loads(written), ensure_ascii=False)

@@ -132,7 +132,7 @@ def with_tools(
     if tools is not None and serving.chat_template.takes_tools:
         return messages, tools.tools
     if tools is not None:
-        messages = with_system_text(messages, tools_system_prompt(tools.tools))
+        messages = with_system_text(messages, tools_system_prompt(tools.tools, tools.parser))
     return messages, None
 
 

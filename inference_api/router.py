@@ -29,8 +29,9 @@ from backend.messages import (
     reserved_places,
 )
 from backend.process import BackendDied, BackendProcess, BackendStartError
-from inference_api import gemma4_tool_calls
+from inference_api import deepseek_tool_calls, gemma4_tool_calls
 from inference_api.chat_template import ChatTemplate, load_chat_template
+from inference_api.deepseek_tool_calls import DeepSeekTags
 from inference_api.metrics import Metrics
 from inference_api.mistral_tool_calls import CallTags
 from inference_api.reasoning import (
@@ -44,7 +45,7 @@ from inference_api.reasoning import (
 )
 from inference_api.request_stream import RequestStream
 from inference_api.tokenizer import ModelTokenizer, PromptTokenizer, are_tokens, load_tokenizer
-from inference_api.tool_calls import CALL_TAG_FORMATS, GEMMA4, tool_parser
+from inference_api.tool_calls import CALL_TAG_FORMATS, DEEPSEEK_FORMATS, GEMMA4, tool_parser
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,11 @@ class Serving:
                 f"--tool-call-parser {self.tool_parser} reads calls after a {opening} token, which this "
                 "model's tokenizer does not have"
             )
+        if self.tool_parser in DEEPSEEK_FORMATS and self.call_tags is None:
+            return (
+                f"--tool-call-parser {self.tool_parser} reads calls between DeepSeek's "
+                f"{' '.join(deepseek_tool_calls.TAGS)} tokens, which this model's tokenizer does not have"
+            )
         return None
 
     @property
@@ -167,9 +173,11 @@ class Serving:
         return tool_parser(self.chat_template.source, harmony, self.tokenizer, self.tool_call_parser)
 
     @cached_property
-    def call_tags(self) -> CallTags | None:
-        """The tokenizer's tags for Mistral's or Granite's calls, which their grammar names by id; None
-        for another format, or without them."""
+    def call_tags(self) -> CallTags | DeepSeekTags | None:
+        """The tokenizer's tags for Mistral's, Granite's or DeepSeek's calls, which their grammar names by
+        id; None for another format, or without them."""
+        if self.tool_parser in DEEPSEEK_FORMATS:
+            return DeepSeekTags.of(self.tokenizer, self.tool_parser)
         opening = CALL_TAG_FORMATS.get(self.tool_parser)
         return None if opening is None else CallTags.of(self.tokenizer, opening)
 

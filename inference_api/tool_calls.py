@@ -12,7 +12,8 @@ instead. How the answer becomes calls depends on `tool_choice`:
   Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, Qwen3-Coder's, Qwen3.5's or GLM-4.5's XML in those
   blocks (xml_tool_calls.py), Gemma 4's notation between its `<|tool_call>` tokens
   (gemma4_tool_calls.py), Mistral's after its `[TOOL_CALLS]` token and Granite 3's after its
-  `<|tool_call|>` (mistral_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
+  `<|tool_call|>` (mistral_tool_calls.py), DeepSeek's between its `<｜tool▁calls▁begin｜>` tags
+  (deepseek_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
   The answer is decoded under "free text, or calls in that format" (`AUTO_HERMES`, `AUTO_LLAMA3`): text
   is free until the model opens a call, and from there the call is one of the tools with valid
   arguments, so that no half-written call comes back as text. A request that also sets a
@@ -36,8 +37,10 @@ from typing import Any
 
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
+from inference_api import deepseek_tool_calls as deepseek
 from inference_api import gemma4_tool_calls as gemma4
 from inference_api import mistral_tool_calls as mistral
+from inference_api.deepseek_tool_calls import DeepSeekTags
 from inference_api.harmony import call_grammar, final_answer
 from inference_api.mistral_tool_calls import CallTags
 from inference_api.structured_output import definitions_under, json_lark, json_schema_grammar, lark_grammar
@@ -70,10 +73,21 @@ TAGGED = ("hermes", *XML_FORMATS)
 GEMMA4, MISTRAL, GRANITE = "gemma4", "mistral", "granite"
 # The formats whose calls follow a special token (mistral_tool_calls.CallTags), and its text.
 CALL_TAG_FORMATS = {MISTRAL: mistral.OPEN, GRANITE: mistral.GRANITE_OPEN}
-# The formats whose tags are special tokens: an answer that may call keeps them in its text.
-SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS)
+DEEPSEEK_FORMATS = (deepseek.V3, deepseek.V31)
+# The formats whose tags are special tokens (DeepSeek's may be): an answer that may call keeps them in its
+# text.
+SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS)
 # --tool-call-parser's choices, vLLM's names: auto reads the chat template for the format (tool_parser).
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", *XML_FORMATS, GEMMA4, MISTRAL, GRANITE)
+TOOL_CALL_PARSERS = (
+    "auto",
+    "hermes",
+    "llama3_json",
+    *XML_FORMATS,
+    GEMMA4,
+    MISTRAL,
+    GRANITE,
+    *DEEPSEEK_FORMATS,
+)
 # `auto` in Gemma 4's (gemma4_tool_calls.py): text, or text then calls between its tags, which are special
 # tokens (named as such: no text lexeme can hold them, so TEXT needs no exclusion).
 AUTO_GEMMA4 = f"""start: TEXT | TEXT? gemma4_call{{more}}
@@ -106,7 +120,8 @@ class ToolRequest:
     function: str | None = None  # the named function
     parser: str = "hermes"  # how the answer holds calls (tool_parser)
     parallel: bool = True  # whether an answer may hold more than one call (parallel_tool_calls)
-    call_tags: CallTags | None = None  # the `mistral` or `granite` format's tags, as this tokenizer has them
+    # the `mistral`, `granite` or DeepSeek formats' tags, as this tokenizer has them
+    call_tags: CallTags | DeepSeekTags | None = None
 
     @property
     def grammar(self) -> str | None:
@@ -124,9 +139,11 @@ class ToolRequest:
             return lark_grammar(lark, "tools")
         if self.choice == "auto" and self.parser == GEMMA4:
             return lark_grammar(AUTO_GEMMA4.format(more=more) + gemma4.call_lark(self.tools), "tools")
-        if self.choice == "auto" and self.parser in CALL_TAG_FORMATS and self.call_tags is not None:
+        if self.choice == "auto" and isinstance(self.call_tags, CallTags):
             lark = self.call_tags.auto_lark(self.tools, self._one_call("arguments"), self.parallel)
             return lark_grammar(lark, "tools")
+        if self.choice == "auto" and isinstance(self.call_tags, DeepSeekTags):
+            return lark_grammar(self.call_tags.auto_lark(self.tools, self.parallel), "tools")
         if self.choice == "auto" and self.parser in XML_FORMATS:
             lark = AUTO_TAGGED.format(more=more) + call_lark(self.tools, XML_FORMATS[self.parser])
             return lark_grammar(lark, "tools")
@@ -134,6 +151,8 @@ class ToolRequest:
             return lark_grammar(AUTO_LLAMA3.format(call=json_lark(self._one_call("parameters"))), "tools")
         if self.parser in TAGGED:  # none
             return lark_grammar(NONE_HERMES, "tools")
+        if self.parser in DEEPSEEK_FORMATS:
+            return lark_grammar(deepseek.NONE, "tools")
         if self.parser in SPECIAL_TAGS:
             return lark_grammar(NONE_SPECIAL, "tools")
         return None  # none in Llama 3's format: a call would be a JSON answer, which text may be
@@ -172,9 +191,9 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     answers.HarmonyReader), else the `forced` one of TOOL_CALL_PARSERS (--tool-call-parser), else the
     format the template teaches: Gemma 4's notation where it writes its `<|tool_call>` token
     (gemma4_tool_calls.py), Mistral's or Granite 3's where it writes their `[TOOL_CALLS]` or `<|tool_call|>`
-    token (mistral_tool_calls.py),
-    XML where it writes Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>` (xml_tool_calls.py),
-    Llama 3's JSON where it has the python tag, else Hermes blocks."""
+    token (mistral_tool_calls.py), DeepSeek's where it writes its `<｜tool▁calls▁begin｜>`
+    (deepseek_tool_calls.py), XML where it writes Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>`
+    (xml_tool_calls.py), Llama 3's JSON where it has the python tag, else Hermes blocks."""
     if harmony:
         return "harmony"
     if forced != "auto":
@@ -184,6 +203,9 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     for name, opening in CALL_TAG_FORMATS.items():
         if mistral.writes_calls(opening, template_source, tokenizer):
             return name
+    deepseek_format = deepseek.template_format(template_source, tokenizer)
+    if deepseek_format is not None:
+        return deepseek_format
     xml = template_format(template_source)
     if xml is not None:
         return xml.name
@@ -191,12 +213,12 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
 
 
 def read_tool_request(
-    data: dict[str, Any], parser: str, parallel: bool = True, call_tags: CallTags | None = None
+    data: dict[str, Any], parser: str, parallel: bool = True, call_tags: CallTags | DeepSeekTags | None = None
 ) -> ToolRequest | None:
     """`tools` and `tool_choice` in OpenAI chat's shapes, checked (a 400 naming what is wrong); None
     without tools. The other APIs put theirs in these shapes. `parser`: how the answer holds calls
-    (tool_parser). `parallel`: more than one call allowed. `call_tags`: the tokenizer's tags for Mistral's
-    or Granite's format (Serving.call_tags)."""
+    (tool_parser). `parallel`: more than one call allowed. `call_tags`: the tokenizer's tags for Mistral's,
+    Granite's or DeepSeek's format (Serving.call_tags)."""
     tools = data.get("tools")
     choice = data.get("tool_choice")
     if tools is None or tools == []:
@@ -296,8 +318,11 @@ def _tool(tool: Any, param: str) -> dict[str, Any]:
     return tool
 
 
-def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
-    """For a template that takes no tools: the Hermes instructions, in a system message."""
+def tools_system_prompt(tools: list[dict[str, Any]], parser: str = "hermes") -> str:
+    """For a template that takes no tools: the instructions of the format the answer is read in
+    (`parser`), in a system message: DeepSeek's model card's for its formats, else the Hermes ones."""
+    if parser in DEEPSEEK_FORMATS:
+        return deepseek.tools_system_prompt(tools, fenced=parser == deepseek.V3)
     listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
     return (
         "You may call one or more functions to answer. The functions are, one JSON object a line:\n"
@@ -334,8 +359,24 @@ def hermes_call(function: dict[str, Any]) -> str:
     return f"{HERMES_OPEN}{json.dumps(call, ensure_ascii=False)}{HERMES_CLOSE}"
 
 
+class ArgumentsObject(dict):
+    """A call's arguments as chat templates take them: an object, whose items transformers' templates read
+    or which they write `| tojson`; DeepSeek's, which add it to text, get its JSON (a plain dict there
+    would fail the template), as does one that writes it as it is (rather than as Python's repr)."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, ensure_ascii=False)
+
+    def __add__(self, other: Any) -> Any:
+        return str(self) + other if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other: Any) -> Any:
+        return other + str(self) if isinstance(other, str) else NotImplemented
+
+
 def read_tool_calls(value: Any, param: str) -> list[dict[str, Any]]:
-    """An assistant message's `tool_calls` (OpenAI's shape, arguments a JSON string), arguments parsed."""
+    """An assistant message's `tool_calls` (OpenAI's shape, arguments a JSON string), arguments parsed (an
+    object as ArgumentsObject)."""
     if not isinstance(value, list):
         raise InvalidParams(param, f"{param} must be a list of tool calls")
     calls = []
@@ -353,6 +394,8 @@ def read_tool_calls(value: Any, param: str) -> list[dict[str, Any]]:
             raise InvalidParams(
                 f"{param}[{i}].function.arguments", "the arguments must be a JSON string"
             ) from None
+        if isinstance(parsed, dict):
+            parsed = ArgumentsObject(parsed)
         calls.append(
             {"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": parsed}}
         )
@@ -414,6 +457,8 @@ class ToolCallReader:
     @property
     def _opening(self) -> str | None:
         """The tag that opens the calls; None for Llama 3's bare JSON."""
+        if self.request.parser in DEEPSEEK_FORMATS:
+            return deepseek.CALLS_BEGIN
         return CALL_TAG_FORMATS.get(self.request.parser) or (self._tags or (None,))[0]
 
     def _find_call_start(self) -> None:
@@ -440,6 +485,9 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
+        if self.request.parser in DEEPSEEK_FORMATS:
+            calls = deepseek.read_calls(text, fenced=self.request.parser == deepseek.V3)
+            return None if calls is None else [new_call(*call) for call in calls]
         opening = CALL_TAG_FORMATS.get(self.request.parser)
         if opening is not None:
             calls = mistral.read_calls(text, opening)

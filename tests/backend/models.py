@@ -615,17 +615,23 @@ def write_tiny_code_model(directory: Path) -> Path:
     return write_tiny_byte_model(directory, CODE_SPECIAL_TOKENS)
 
 
-def write_tiny_byte_model(directory: Path, special_tokens: tuple[str, ...]) -> Path:
-    """A tiny random Qwen2 and `byte_tokenizer(special_tokens)`, the last of them the EOS (TINY_EOS)."""
-    tiny_model("qwen2").save_pretrained(directory)
-    byte_tokenizer(special_tokens).save_pretrained(directory)
+def write_tiny_byte_model(
+    directory: Path, special_tokens: tuple[str, ...], positions: int = 512, text_tags: tuple[str, ...] = ()
+) -> Path:
+    """A tiny random Qwen2 of `positions` positions and `byte_tokenizer(special_tokens, text_tags)`, the
+    last of them the EOS (TINY_EOS)."""
+    tiny_model("qwen2", max_position_embeddings=positions).save_pretrained(directory)
+    byte_tokenizer(special_tokens, text_tags).save_pretrained(directory)
     return directory
 
 
-def byte_tokenizer(special_tokens: tuple[str, ...]) -> PreTrainedTokenizerFast:
+def byte_tokenizer(
+    special_tokens: tuple[str, ...], text_tags: tuple[str, ...] = ()
+) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer of TINY_VOCAB tokens (GPT-2's byte alphabet, merges of the bytes code
     is made of most), so that any text tokenizes, which ends with these special tokens, the last of them
-    its EOS (TINY_EOS)."""
+    its EOS (TINY_EOS). Those of them in `text_tags` are tokens of their own that are not marked special
+    (as DeepSeek's and Qwen3's `<think>`), which a decoded answer keeps."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {symbol: i for i, symbol in enumerate(alphabet)}
     common = [_byte_symbol(c) for c in " \n\tetaoinsrdlcu()=:"]
@@ -635,7 +641,9 @@ def byte_tokenizer(special_tokens: tuple[str, ...]) -> PreTrainedTokenizerFast:
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(text, special=True) for text in special_tokens])
+    for text in special_tokens:  # one at a time, in order (add_special_tokens would mark all special)
+        add = tokenizer.add_tokens if text in text_tags else tokenizer.add_special_tokens
+        add([AddedToken(text, special=text not in text_tags)])
     assert tokenizer.get_vocab_size() == TINY_VOCAB and tokenizer.token_to_id(special_tokens[-1]) == TINY_EOS
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=special_tokens[-1])
 

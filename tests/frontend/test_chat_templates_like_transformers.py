@@ -51,6 +51,10 @@ SPECIAL_TOKENS: dict[str, dict[str, str]] = {
         "bos_token": "<｜begin▁of▁sentence｜>",
         "eos_token": "<｜end▁of▁sentence｜>",
     },
+    "deepseek-ai-DeepSeek-V3.1": {
+        "bos_token": "<｜begin▁of▁sentence｜>",
+        "eos_token": "<｜end▁of▁sentence｜>",
+    },
     "openai-gpt-oss-120b": {
         "bos_token": "<|startoftext|>",
         "eos_token": "<|return|>",
@@ -162,9 +166,13 @@ REFUSED = {
             "HuggingFaceTB-SmolLM2-135M-Instruct",
             "Qwen-Qwen3-0.6B",
             "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+            "deepseek-ai-DeepSeek-V3.1",
             "microsoft-Phi-3.5-mini-instruct",
         )
     ),
+    # DeepSeek-V3.1's adds a call's arguments to text, which an object (as transformers passes it) is not;
+    # the server passes one that is (tool_calls.ArgumentsObject).
+    ("deepseek-ai-DeepSeek-V3.1", "tool round trip then a new question"),
 }
 
 

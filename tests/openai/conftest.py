@@ -41,14 +41,22 @@ BOUNDED_WEATHER = {
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris this week?"}]
 
 
-def format_fixtures(special_tokens: tuple[str, ...], template: str, name: str, opening_tag: str):
+def format_fixtures(
+    special_tokens: tuple[str, ...],
+    template: str,
+    name: str,
+    opening_tag: str,
+    max_seq_len: int = 512,
+    text_tags: tuple[str, ...] = (),
+):
     """A format test module's fixtures, for it to take as `server, client, opening = format_fixtures(...)`:
     its `format_server`, the official client pointed at it, and `opening`, the id of the tag that opens a
     call (a logit_bias key)."""
 
     @pytest.fixture(scope="module")
     def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-        with format_server(tmp_path_factory.mktemp(name), special_tokens, template, name) as running:
+        directory = tmp_path_factory.mktemp(name)
+        with format_server(directory, special_tokens, template, name, max_seq_len, text_tags) as running:
             yield running
 
     @pytest.fixture(scope="module")
@@ -65,15 +73,21 @@ def format_fixtures(special_tokens: tuple[str, ...], template: str, name: str, o
 
 @contextmanager
 def format_server(
-    directory: Path, special_tokens: tuple[str, ...], template: str, name: str
+    directory: Path,
+    special_tokens: tuple[str, ...],
+    template: str,
+    name: str,
+    max_seq_len: int = 512,
+    text_tags: tuple[str, ...] = (),
 ) -> Iterator[RunningServer]:
     """A tiny random model whose byte-level tokenizer has a format's tags as special tokens (the last the
-    EOS), behind a chat template in that format, served as `name` in the exact mode: the server reads the
-    format from the template and the tokenizer as it would the real model's."""
-    write_tiny_byte_model(directory, special_tokens)
+    EOS; those in `text_tags` tokens not marked special), behind a chat template in that format, served
+    as `name` in the exact mode (rows of `max_seq_len` positions): the server reads the format from the
+    template and the tokenizer as it would the real model's."""
+    write_tiny_byte_model(directory, special_tokens, max_seq_len, text_tags)
     (directory / "chat_template.jinja").write_text(template)
     options = ["--model", str(directory), "--chat-template", str(directory / "chat_template.jinja")]
-    exact = ["--dtype", "float32", "--quantize", "none", "--rows", "4", "--max-seq-len", "512"]
+    exact = ["--dtype", "float32", "--quantize", "none", "--rows", "4", "--max-seq-len", str(max_seq_len)]
     with running_server(*options, "--served-model-name", name, *exact, ready_timeout=300) as running:
         yield running
 

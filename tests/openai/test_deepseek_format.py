@@ -1,0 +1,111 @@
+"""DeepSeek-V3.1's tool calls with the official openai client (inference_api/deepseek_tool_calls.py, the
+`deepseek_v31` format): `name<｜tool▁sep｜>{...}` between its tags. A tiny random model whose byte-level
+tokenizer has DeepSeek's tags as special tokens serves behind DeepSeek-V3.1's own chat template
+(tests/frontend/chat_templates), which takes no `tools` and adds a call's arguments to text: the server
+reads the format from the template and the tokenizer as it would DeepSeek-V3.1's, and lists the tools in
+the system prompt as V3.1's model card does.
+
+An `auto` call the model starts is decoded under the calls' grammar, its tags kept in its text, and comes
+back as OpenAI's tool call; streamed, as deltas of the same call; an answer that opens no call is text;
+and a conversation goes on after a call, which reaches the template with its arguments as JSON text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import requests
+
+from tests.openai.conftest import (
+    BOUNDED_WEATHER,
+    WEATHER_QUESTION,
+    assert_forced_call_streams_as_the_whole_one,
+    forced_weather_call,
+    format_fixtures,
+)
+
+# DeepSeek's turn, thought and tool tags as tokens of their own; the EOS last, under the name the tiny Qwen2's
+# tokenizer class gives its own (it would add one more)
+SPECIAL_TOKENS = (
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<think>",
+    "</think>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+    "<|endoftext|>",
+)
+THOUGHT_TAGS = ("<think>", "</think>")  # tokens of their own, not marked special, as DeepSeek's are
+TEMPLATE = (Path(__file__).parents[1] / "frontend/chat_templates/deepseek-ai-DeepSeek-V3.1.jinja").read_text()
+MODEL = "deepseek-v31-format"
+CALL = {"id": "call_9f8e7d6c5b4a39281706f5e4", "type": "function"}
+CALL["function"] = {"name": "get_weather", "arguments": '{"days": 2, "units": "metric"}'}
+AFTER_A_CALL = [
+    *WEATHER_QUESTION,
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": CALL["id"], "content": "Sunny, 21 C."},
+]
+
+
+# The system prompt that lists the tools takes some 500 of the byte-level tokens.
+OPENING = "<｜tool▁calls▁begin｜>"
+server, client, opening = format_fixtures(SPECIAL_TOKENS, TEMPLATE, MODEL, OPENING, 1024, THOUGHT_TAGS)
+
+
+def prompt_text(server, messages: list[dict], tools: list[dict], model: str = MODEL) -> str:
+    """The prompt a chat request of these messages and tools is answered from, as text."""
+    body = {"model": model, "messages": messages, "tools": tools, "return_token_strs": True}
+    return "".join(requests.post(f"{server.url}/tokenize", json=body, timeout=30).json()["token_strs"])
+
+
+def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(client, opening):
+    for seed in range(3):
+        written, call = forced_weather_call(client, MODEL, opening, temperature=1.0, seed=seed)
+        start = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        assert written.startswith(start + '{"days": ')
+        assert written.endswith("<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+
+
+def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
+    assert_forced_call_streams_as_the_whole_one(client, MODEL, opening)
+
+
+def test_an_answer_that_opens_no_call_is_text(client, opening):
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=WEATHER_QUESTION,
+        tools=[BOUNDED_WEATHER],
+        temperature=0,
+        max_tokens=20,
+        logit_bias={opening: -100},
+    )
+    choice = completion.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    assert "tool" not in choice.message.content
+
+
+def test_the_tools_are_listed_in_the_system_prompt_as_the_model_card_lists_them(server):
+    prompt = prompt_text(server, WEATHER_QUESTION, [BOUNDED_WEATHER])
+    parameters = json.dumps(BOUNDED_WEATHER["function"]["parameters"])
+    listing = f"### get_weather\nDescription: The weather in Paris.\n\nParameters: {parameters}\n"
+    system, user = prompt.split("<｜User｜>")
+    assert system.startswith("## Tools\nYou have access to the following tools:\n\n")  # (no BOS here)
+    assert listing in system and "<tool_call>" not in system
+    assert "<｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>" in prompt
+
+
+def test_a_conversation_goes_on_after_a_call_its_arguments_in_the_template_as_json(server, client):
+    """The template adds the arguments to text: a JSON object there, not a 400 for adding a dict."""
+    answer = client.chat.completions.create(
+        model=MODEL, messages=AFTER_A_CALL, tools=[BOUNDED_WEATHER], max_tokens=8
+    )
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    called = '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"days": 2, "units": "metric"}<｜tool▁call▁end｜>'
+    assert called + "<｜tool▁calls▁end｜>" in prompt_text(server, AFTER_A_CALL, [BOUNDED_WEATHER])
