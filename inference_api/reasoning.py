@@ -69,9 +69,10 @@ MAYBE_THOUGHTS_THEN = r"""start: (WS? BLOCK WS?)? @ANSWER
 BLOCK: /<think>(?s:.*)<\/think>/ & ~/(?s:.*)<\/think>(?s:.+)/
 WS: /[ \n]+/
 """
-# The same where the tags are special tokens, which llguidance matches by the vocabulary: text, which
-# holds none, up to the closing tag. {opening} and {close} are the tags as tokens (token_name), {name}
-# the thoughts' name, if they have one.
+# The same where the tags are tokens llguidance takes as special (tokenizer.are_grammar_tokens: Gemma 4's
+# and Mistral's, and `<think>` where it is a token, as in Qwen3's and DeepSeek-R1's tokenizers), which it
+# matches by the vocabulary: text, which holds none, up to the closing tag. {opening} and {close} are the
+# tags as tokens (token_name), {name} the thoughts' name, if they have one.
 SPECIAL_THOUGHTS_THEN = r"""start: THOUGHTS? {close} WS? @ANSWER
 THOUGHTS: /(?s:.+)/
 WS: /[ \n]+/
@@ -85,10 +86,13 @@ WS: /[ \n]+/
 @dataclass(frozen=True)
 class Blocks:
     """Where a chat prompt leaves the thought blocks of a model that writes them between `tags`:
-    `where` is OPENED, CLOSED or NEITHER (prompt_end)."""
+    `where` is OPENED, CLOSED or NEITHER (prompt_end). `tokens`: the tags are tokens that llguidance
+    takes as special (tokenizer.are_grammar_tokens), which a grammar names as tokens and no text of a
+    grammar holds."""
 
     tags: ThoughtTags
     where: str
+    tokens: bool = False
 
 
 # A chat prompt's thinking (Serving.prompt_thinking): Blocks, or HARMONY / HARMONY_PREFILLED.
@@ -140,7 +144,9 @@ def thoughts_first(
     of the text could name, every grammar waits, and the answer keeps them. A prefilled harmony prompt
     is already in the final message, where a grammar that places the answer in a message (tool_choice
     none's) could not start: it goes, and a grammar of the text as written stays (a forced one is the
-    API's 400)."""
+    API's 400). Where the tags are tokens that llguidance takes as special (Blocks.tokens: Qwen3's
+    `<think>` too, which the tokenizer does not mark special), no grammar's text could hold them either:
+    every grammar waits, naming them as tokens."""
     if thinking == HARMONY_PREFILLED:
         if params.grammar is not None and places_answer(params.grammar):
             params = replace(params, grammar=None)
@@ -151,21 +157,28 @@ def thoughts_first(
         return params
     if thinking.tags.special:
         params = replace(params, skip_special_tokens=False)
-    if thinking.where == CLOSED or params.grammar is None or not (answer_grammar or thinking.tags.special):
+    if thinking.where == CLOSED or params.grammar is None or not (answer_grammar or thinking.tokens):
         return params
-    grammar = after_thoughts(params.grammar, thinking.where == OPENED, thinking.tags, tokenizer)
+    grammar = after_thoughts(
+        params.grammar, thinking.where == OPENED, thinking.tags, tokenizer, thinking.tokens
+    )
     return replace(params, grammar=grammar)
 
 
 def after_thoughts(
-    grammar: str, opened: bool, tags: ThoughtTags = THINK_TAGS, tokenizer: PromptTokenizer | None = None
+    grammar: str,
+    opened: bool,
+    tags: ThoughtTags = THINK_TAGS,
+    tokenizer: PromptTokenizer | None = None,
+    tokens: bool | None = None,
 ) -> str:
     """A grammar that constrains an answer (a JSON schema, a forced tool call), with a reasoning model's
     thoughts free before it, as vLLM applies structured outputs once the reasoning ends: the rest of an
     opened block, up to its closing tag, or (`opened` False) a block the model may open first. Without
     it, the answer's first token would be the grammar's, in the thoughts of a prompt that opened them.
-    `tokenizer`: the one whose ids name special tags that are not `<...>` (token_name)."""
-    if tags.special:
+    `tokenizer`: the one whose ids name special tags that are not `<...>` (token_name). `tokens`: the
+    tags are tokens llguidance takes as special (Blocks.tokens; by default, where they are special)."""
+    if tags.special if tokens is None else tokens:
         lark = SPECIAL_THOUGHTS_THEN if opened else SPECIAL_MAYBE_THOUGHTS_THEN
         name = f" {json.dumps(tags.name)}" if tags.name else ""
         opening, close = (token_name(tag, tokenizer) for tag in (tags.opening, tags.close))

@@ -44,7 +44,13 @@ from inference_api.reasoning import (
     reasoning_format,
 )
 from inference_api.request_stream import RequestStream
-from inference_api.tokenizer import ModelTokenizer, PromptTokenizer, are_tokens, load_tokenizer
+from inference_api.tokenizer import (
+    ModelTokenizer,
+    PromptTokenizer,
+    are_grammar_tokens,
+    are_tokens,
+    load_tokenizer,
+)
 from inference_api.tool_calls import CALL_TAG_FORMATS, DEEPSEEK_FORMATS, GEMMA4, tool_parser
 
 log = logging.getLogger(__name__)
@@ -181,13 +187,19 @@ class Serving:
         opening = CALL_TAG_FORMATS.get(self.tool_parser)
         return None if opening is None else CallTags.of(self.tokenizer, opening)
 
+    @cached_property
+    def thought_tags_are_tokens(self) -> bool:
+        """Whether the thought blocks' tags are tokens that llguidance takes as special (Blocks.tokens)."""
+        tags = BLOCK_TAGS.get(self.reasoning_format)
+        return tags is not None and are_grammar_tokens((tags.opening, tags.close), self.tokenizer)
+
     def prompt_thinking(self, prompt_ids: list[int], prefilled: bool = False) -> Thinking | None:
         """For a chat prompt: where it leaves a reasoning model's thought blocks (reasoning.Blocks),
         HARMONY for a model that writes them as harmony messages (HARMONY_PREFILLED where a prefill ended
         the prompt in the answer's message); None where answers are not read for thoughts."""
         tags = BLOCK_TAGS.get(self.reasoning_format)
         if tags is not None:
-            return Blocks(tags, prompt_end(prompt_ids, self.tokenizer, tags))
+            return Blocks(tags, prompt_end(prompt_ids, self.tokenizer, tags), self.thought_tags_are_tokens)
         if self.reasoning_format == HARMONY and prefilled:
             return HARMONY_PREFILLED
         return self.reasoning_format

@@ -71,6 +71,17 @@ def are_tokens(texts: tuple[str, ...], tokenizer: PromptTokenizer) -> bool:
     return all(len(tokenizer.encode(text, add_special_tokens=False)) == 1 for text in texts)
 
 
+def are_grammar_tokens(texts: tuple[str, ...], tokenizer: PromptTokenizer) -> bool:
+    """Whether each text is a token that llguidance takes as a special token: a token of its own that the
+    tokenizer marks special, or whose text is between angle brackets, which llguidance takes as special
+    whatever the tokenizer marks (Qwen3's and DeepSeek-R1's `<think>`, Qwen's `<tool_call>`, which
+    are not marked). No text or string of a grammar holds such a token: a grammar names it as a token."""
+    return are_tokens(texts, tokenizer) and all(
+        tokenizer.special_token_id(text) is not None or (text.startswith("<") and text.endswith(">"))
+        for text in texts
+    )
+
+
 class ByteTokenizer:
     """For the mock backend, which has no vocabulary: one id per UTF-8 byte of the prompt."""
 

@@ -7,13 +7,15 @@ the system prompt as V3.1's model card does.
 
 An `auto` call the model starts is decoded under the calls' grammar, its tags kept in its text, and comes
 back as OpenAI's tool call; streamed, as deltas of the same call; an answer that opens no call is text;
-and a conversation goes on after a call, which reaches the template with its arguments as JSON text."""
+a conversation goes on after a call, which reaches the template with its arguments as JSON text; and
+thoughts the prompt opens end at the closing tag, a token, before a JSON answer."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import jsonschema
 import requests
 
 from tests.openai.conftest import (
@@ -22,6 +24,7 @@ from tests.openai.conftest import (
     assert_forced_call_streams_as_the_whole_one,
     forced_weather_call,
     format_fixtures,
+    token_ids,
 )
 
 # DeepSeek's turn, thought and tool tags as tokens of their own; the EOS last, under the name the tiny Qwen2's
@@ -109,3 +112,24 @@ def test_a_conversation_goes_on_after_a_call_its_arguments_in_the_template_as_js
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
     called = '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"days": 2, "units": "metric"}<｜tool▁call▁end｜>'
     assert called + "<｜tool▁calls▁end｜>" in prompt_text(server, AFTER_A_CALL, [BOUNDED_WEATHER])
+
+
+def test_thoughts_the_prompt_opened_end_at_the_closing_token_then_the_json_answer(server, client):
+    """V3.1's template opens the thoughts where thinking is on. Its `</think>` is a token llguidance
+    takes as special though the tokenizer does not mark it: the JSON grammar waits for it by name (a text
+    lexeme could never hold it, and the thoughts would never end)."""
+    [close] = token_ids(server, "</think>")
+    schema = BOUNDED_WEATHER["function"]["parameters"]
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=WEATHER_QUESTION,
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "weather", "schema": schema}},
+        logit_bias={close: 100},
+        logprobs=True,
+        extra_body={"chat_template_kwargs": {"thinking": True}},
+    )
+    choice = completion.choices[0]
+    assert choice.logprobs.content[0].token == "</think>"
+    jsonschema.validate(json.loads(choice.message.content), schema)

@@ -3,7 +3,7 @@ the `deepseek_v3` format): `function<｜tool▁sep｜>NAME` and the arguments fe
 The tiny random model of test_deepseek_format.py serves behind R1's own chat template
 (tests/frontend/chat_templates, DeepSeek-R1-Distill-Qwen-32B's, V3's layout), which writes calls fenced
 and takes no `tools`: the server reads the format from it, lists the tools in the system prompt in that
-layout, and reads a call the model writes."""
+layout, and reads a call the model writes, also after thoughts."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tests.openai.conftest import (
     assert_forced_call_streams_as_the_whole_one,
     forced_weather_call,
     format_fixtures,
+    token_ids,
 )
 from tests.openai.test_deepseek_format import SPECIAL_TOKENS, THOUGHT_TAGS, prompt_text
 
@@ -43,3 +44,25 @@ def test_the_tools_are_listed_in_the_system_prompt_in_the_fenced_layout(server):
     assert "### get_weather\nDescription: The weather in Paris.\n\nParameters: {" in system
     fenced = "function<｜tool▁sep｜>tool_call_name\n```json\ntool_call_arguments\n```<｜tool▁call▁end｜>"
     assert fenced in system
+
+
+def test_the_model_may_think_before_it_calls(server, client, opening):
+    """R1 may think first. Its `<think>` is a token llguidance takes as special though the tokenizer does
+    not mark it, which no text of the calls' grammar holds: the grammar waits for the thoughts, naming the
+    tags as tokens. Made to open a block, close it at once and call."""
+    think, close = token_ids(server, "<think></think>")
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=WEATHER_QUESTION,
+        tools=[BOUNDED_WEATHER],
+        temperature=0,
+        max_tokens=100,
+        logit_bias={think: 100, close: 100, opening: 50},
+        parallel_tool_calls=False,
+        logprobs=True,
+    )
+    choice = completion.choices[0]
+    written = "".join(token.token for token in choice.logprobs.content)
+    assert written.startswith("<think></think><｜tool▁calls▁begin｜>")
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    assert choice.message.tool_calls[0].function.name == "get_weather"
