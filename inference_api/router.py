@@ -51,7 +51,16 @@ from inference_api.tokenizer import (
     are_tokens,
     load_tokenizer,
 )
-from inference_api.tool_calls import CALL_TAG_FORMATS, DEEPSEEK_FORMATS, GEMMA4, tool_parser
+from inference_api.tool_calls import (
+    CALL_TAG_FORMATS,
+    DEEPSEEK_FORMATS,
+    GEMMA4,
+    HERMES_CLOSE,
+    HERMES_OPEN,
+    TAGGED,
+    BlockTokens,
+    tool_parser,
+)
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +188,13 @@ class Serving:
         return tool_parser(self.chat_template.source, harmony, self.tokenizer, self.tool_call_parser)
 
     @cached_property
-    def call_tags(self) -> CallTags | DeepSeekTags | None:
+    def call_tags(self) -> CallTags | DeepSeekTags | BlockTokens | None:
         """The tokenizer's tags for Mistral's, Granite's or DeepSeek's calls, which their grammar names by
-        id; None for another format, or without them."""
+        id, or BlockTokens where the `<tool_call>` blocks' tags are tokens that llguidance takes as
+        special; None for another format, or without them."""
+        blocks = (HERMES_OPEN, HERMES_CLOSE)
+        if self.tool_parser in TAGGED and are_grammar_tokens(blocks, self.tokenizer):
+            return BlockTokens(special=self.tokenizer.special_token_id(HERMES_OPEN) is not None)
         if self.tool_parser in DEEPSEEK_FORMATS:
             return DeepSeekTags.of(self.tokenizer, self.tool_parser)
         opening = CALL_TAG_FORMATS.get(self.tool_parser)

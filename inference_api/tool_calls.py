@@ -14,7 +14,7 @@ instead. How the answer becomes calls depends on `tool_choice`:
   (gemma4_tool_calls.py), Mistral's after its `[TOOL_CALLS]` token and Granite 3's after its
   `<|tool_call|>` (mistral_tool_calls.py), DeepSeek's between its `<｜tool▁calls▁begin｜>` tags
   (deepseek_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
-  The answer is decoded under "free text, or calls in that format" (`AUTO_HERMES`, `AUTO_LLAMA3`): text
+  The answer is decoded under "free text, or calls in that format" (`AUTO_TAGGED`, `AUTO_LLAMA3`): text
   is free until the model opens a call, and from there the call is one of the tools with valid
   arguments, so that no half-written call comes back as text. A request that also sets a
   `response_format` keeps that grammar, and its calls are read from the text as written.
@@ -66,7 +66,17 @@ WS: /[ \\n]+/
 TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/
 OPEN: /(?s:.*)<tool_call>/ & ~/(?s:.*)<tool_call>(?s:.+)/
 """
-AUTO_HERMES = AUTO_TAGGED + "call: {call}\n"
+# The same where `<tool_call>` and `</tool_call>` are tokens that llguidance takes as special (Qwen's,
+# though its tokenizers do not mark them: tokenizer.are_grammar_tokens), which no text lexeme or string
+# holds: named as tokens, the text not spelling them out either. Qwen's calls are `<tool_call>\n{...}\n
+# </tool_call>`: two spaces or line breaks at most around them (a run of them would be free for a model to
+# spend its tokens on).
+AUTO_TAG_TOKENS = """start: TEXT | TEXT? <tool_call> call_body{more}
+more: (WS? <tool_call> call_body)*
+call_body: WS? call WS? </tool_call>
+WS: /[ \\n]{{1,2}}/
+TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/
+"""
 # The formats whose calls are `<tool_call>` blocks: Hermes's JSON in them, or XML (xml_tool_calls.py).
 XML_FORMATS = {form.name: form for form in (QWEN3_CODER, GLM45)}
 TAGGED = ("hermes", *XML_FORMATS)
@@ -114,14 +124,23 @@ TEXT: /(?s:.+)/ & ~/[ \\n\\t]*\\{{(?s:.*)/
 
 
 @dataclass(frozen=True)
+class BlockTokens:
+    """The `<tool_call>` blocks' tags are tokens that llguidance takes as special (AUTO_TAG_TOKENS);
+    `special`: the tokenizer marks them so too, and a decoded answer leaves them out unless it keeps them."""
+
+    special: bool = False
+
+
+@dataclass(frozen=True)
 class ToolRequest:
     tools: list[dict[str, Any]]  # as sent ({"type": "function", "function": {...}}), for the template
     choice: str  # "none", "auto", "required", or "function" (a named one)
     function: str | None = None  # the named function
     parser: str = "hermes"  # how the answer holds calls (tool_parser)
     parallel: bool = True  # whether an answer may hold more than one call (parallel_tool_calls)
-    # the `mistral`, `granite` or DeepSeek formats' tags, as this tokenizer has them
-    call_tags: CallTags | DeepSeekTags | None = None
+    # the `mistral`, `granite` or DeepSeek formats' tags as this tokenizer has them, or whether the
+    # `<tool_call>` blocks' are tokens
+    call_tags: CallTags | DeepSeekTags | BlockTokens | None = None
 
     @property
     def grammar(self) -> str | None:
@@ -135,7 +154,7 @@ class ToolRequest:
             return json_schema_grammar(self._one_call("arguments"), "tools")
         more = " more" if self.parallel else ""  # the calls after the first
         if self.choice == "auto" and self.parser == "hermes":
-            lark = AUTO_HERMES.format(call=json_lark(self._one_call("arguments")), more=more)
+            lark = self._auto_tagged().format(more=more) + f"call: {json_lark(self._one_call('arguments'))}\n"
             return lark_grammar(lark, "tools")
         if self.choice == "auto" and self.parser == GEMMA4:
             return lark_grammar(AUTO_GEMMA4.format(more=more) + gemma4.call_lark(self.tools), "tools")
@@ -145,7 +164,7 @@ class ToolRequest:
         if self.choice == "auto" and isinstance(self.call_tags, DeepSeekTags):
             return lark_grammar(self.call_tags.auto_lark(self.tools, self.parallel), "tools")
         if self.choice == "auto" and self.parser in XML_FORMATS:
-            lark = AUTO_TAGGED.format(more=more) + call_lark(self.tools, XML_FORMATS[self.parser])
+            lark = self._auto_tagged().format(more=more) + call_lark(self.tools, XML_FORMATS[self.parser])
             return lark_grammar(lark, "tools")
         if self.choice == "auto":
             return lark_grammar(AUTO_LLAMA3.format(call=json_lark(self._one_call("parameters"))), "tools")
@@ -156,6 +175,10 @@ class ToolRequest:
         if self.parser in SPECIAL_TAGS:
             return lark_grammar(NONE_SPECIAL, "tools")
         return None  # none in Llama 3's format: a call would be a JSON answer, which text may be
+
+    def _auto_tagged(self) -> str:
+        """`auto`'s rules around `<tool_call>` blocks: their tags named as tokens where they are ones."""
+        return AUTO_TAG_TOKENS if isinstance(self.call_tags, BlockTokens) else AUTO_TAGGED
 
     def _harmony_grammar(self) -> str | None:
         if self.choice == "none":
@@ -213,7 +236,10 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
 
 
 def read_tool_request(
-    data: dict[str, Any], parser: str, parallel: bool = True, call_tags: CallTags | DeepSeekTags | None = None
+    data: dict[str, Any],
+    parser: str,
+    parallel: bool = True,
+    call_tags: CallTags | DeepSeekTags | BlockTokens | None = None,
 ) -> ToolRequest | None:
     """`tools` and `tool_choice` in OpenAI chat's shapes, checked (a 400 naming what is wrong); None
     without tools. The other APIs put theirs in these shapes. `parser`: how the answer holds calls
@@ -248,7 +274,8 @@ def with_tool_grammar(params: SamplingParams, tools: ToolRequest | None, format_
     be both; with `auto`, the format's grammar, and calls are read from the text as written."""
     if tools is None:
         return params
-    if tools.parser in SPECIAL_TAGS and tools.choice == "auto":  # the calls' tags are special tokens: kept
+    special_blocks = isinstance(tools.call_tags, BlockTokens) and tools.call_tags.special
+    if (tools.parser in SPECIAL_TAGS or special_blocks) and tools.choice == "auto":  # special tags: kept
         params = replace(params, skip_special_tokens=False)
     if params.grammar is not None:
         if tools.choice in ("function", "required"):

@@ -104,7 +104,7 @@ def _parameter_rule(index: str, name: str, schema: dict[str, Any], form: XmlForm
     if _is_text(schema):
         # A string: everything up to its closing tag, which is part of the lexeme. llguidance's lexer is
         # greedy: a text lexeme before a literal closing tag would end before the tag's last byte and
-        # refuse it (as tool_calls.AUTO_HERMES's OPEN).
+        # refuse it (as tool_calls.AUTO_TAGGED's OPEN).
         tag = re.escape(form.parameter_close).replace("/", "\\/")
         text = f"/(?s:.*){tag}/ & ~/(?s:.*){tag}(?s:.+)/"
         return f"parameter_{index}: {opening} TEXT_VALUE_{index} WS?\nTEXT_VALUE_{index}: {text}"

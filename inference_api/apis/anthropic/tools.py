@@ -18,9 +18,16 @@ import uuid
 from typing import Any
 
 from backend.messages import InvalidParams
+from inference_api.deepseek_tool_calls import DeepSeekTags
 from inference_api.mistral_tool_calls import CallTags
 from inference_api.structured_output import json_schema_grammar
-from inference_api.tool_calls import ToolRequest, name_and_description, read_tool_list, read_tool_request
+from inference_api.tool_calls import (
+    BlockTokens,
+    ToolRequest,
+    name_and_description,
+    read_tool_list,
+    read_tool_request,
+)
 
 SHAPE = "{name, description, input_schema}"
 CHAT_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -30,7 +37,9 @@ CHOICE_SHAPES = (
 SPACE = re.compile(r"[ \t\n\r]*")
 
 
-def read_tools(data: dict[str, Any], parser: str, call_tags: CallTags | None = None) -> ToolRequest | None:
+def read_tools(
+    data: dict[str, Any], parser: str, call_tags: CallTags | DeepSeekTags | BlockTokens | None = None
+) -> ToolRequest | None:
     """The request's `tools` and `tool_choice`, checked (a 400 naming Anthropic's field), as chat's
     ToolRequest (`parser` and `call_tags` as read_tool_request takes them); None without tools."""
     tools = data.get("tools")

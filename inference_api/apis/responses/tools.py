@@ -15,9 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.messages import InvalidParams
+from inference_api.deepseek_tool_calls import DeepSeekTags
 from inference_api.mistral_tool_calls import CallTags
 from inference_api.structured_output import json_schema_grammar
-from inference_api.tool_calls import ToolRequest, name_and_description, read_tool_list, read_tool_request
+from inference_api.tool_calls import (
+    BlockTokens,
+    ToolRequest,
+    name_and_description,
+    read_tool_list,
+    read_tool_request,
+)
 
 MODES = ("none", "auto", "required")
 SHAPE = '{"type": "function", "name", "parameters"}'
@@ -34,7 +41,10 @@ class ResponsesTools:
 
 
 def read_tools(
-    data: dict[str, Any], parser: str, parallel: bool, call_tags: CallTags | None = None
+    data: dict[str, Any],
+    parser: str,
+    parallel: bool,
+    call_tags: CallTags | DeepSeekTags | BlockTokens | None = None,
 ) -> ResponsesTools:
     """The request's `tools` and `tool_choice`, checked (a 400 naming the Responses field), as chat's
     ToolRequest (None without tools). `parallel`: more than one call allowed (parallel_tool_calls);
