@@ -58,6 +58,7 @@ from inference_api.tool_calls import (
     HERMES_CLOSE,
     HERMES_OPEN,
     TAGGED,
+    XML_FORMATS,
     BlockTokens,
     tool_parser,
 )
@@ -192,9 +193,12 @@ class Serving:
         """The tokenizer's tags for Mistral's, Granite's or DeepSeek's calls, which their grammar names by
         id, or BlockTokens where the `<tool_call>` blocks' tags are tokens that llguidance takes as
         special; None for another format, or without them."""
-        blocks = (HERMES_OPEN, HERMES_CLOSE)
-        if self.tool_parser in TAGGED and are_grammar_tokens(blocks, self.tokenizer):
-            return BlockTokens(special=self.tokenizer.special_token_id(HERMES_OPEN) is not None)
+        if self.tool_parser in TAGGED:
+            form = XML_FORMATS.get(self.tool_parser)
+            tags = (HERMES_OPEN, HERMES_CLOSE, *(form.tags if form else ()))
+            tokens = frozenset(tag for tag in tags if are_grammar_tokens((tag,), self.tokenizer))
+            special = self.tokenizer.special_token_id(HERMES_OPEN) is not None
+            return BlockTokens(tokens, special) if tokens else None
         if self.tool_parser in DEEPSEEK_FORMATS:
             return DeepSeekTags.of(self.tokenizer, self.tool_parser)
         opening = CALL_TAG_FORMATS.get(self.tool_parser)

@@ -125,10 +125,17 @@ TEXT: /(?s:.+)/ & ~/[ \\n\\t]*\\{{(?s:.*)/
 
 @dataclass(frozen=True)
 class BlockTokens:
-    """The `<tool_call>` blocks' tags are tokens that llguidance takes as special (AUTO_TAG_TOKENS);
-    `special`: the tokenizer marks them so too, and a decoded answer leaves them out unless it keeps them."""
+    """The tags of the `<tool_call>` formats that are tokens llguidance takes as special
+    (tokenizer.are_grammar_tokens), which their grammars name as tokens: the blocks' own (AUTO_TAG_TOKENS),
+    GLM-4.5's `<arg_key>` and the like (xml_tool_calls.call_lark). `special`: the tokenizer marks the
+    blocks' tags so too, and a decoded answer leaves them out unless it keeps them."""
 
+    tags: frozenset[str]
     special: bool = False
+
+    @property
+    def blocks(self) -> bool:
+        return HERMES_OPEN in self.tags and HERMES_CLOSE in self.tags
 
 
 @dataclass(frozen=True)
@@ -164,8 +171,9 @@ class ToolRequest:
         if self.choice == "auto" and isinstance(self.call_tags, DeepSeekTags):
             return lark_grammar(self.call_tags.auto_lark(self.tools, self.parallel), "tools")
         if self.choice == "auto" and self.parser in XML_FORMATS:
-            lark = self._auto_tagged().format(more=more) + call_lark(self.tools, XML_FORMATS[self.parser])
-            return lark_grammar(lark, "tools")
+            tokens = self.call_tags.tags if isinstance(self.call_tags, BlockTokens) else frozenset()
+            calls = call_lark(self.tools, XML_FORMATS[self.parser], tokens)
+            return lark_grammar(self._auto_tagged().format(more=more) + calls, "tools")
         if self.choice == "auto":
             return lark_grammar(AUTO_LLAMA3.format(call=json_lark(self._one_call("parameters"))), "tools")
         if self.parser in TAGGED:  # none
@@ -178,7 +186,8 @@ class ToolRequest:
 
     def _auto_tagged(self) -> str:
         """`auto`'s rules around `<tool_call>` blocks: their tags named as tokens where they are ones."""
-        return AUTO_TAG_TOKENS if isinstance(self.call_tags, BlockTokens) else AUTO_TAGGED
+        blocks = isinstance(self.call_tags, BlockTokens) and self.call_tags.blocks
+        return AUTO_TAG_TOKENS if blocks else AUTO_TAGGED
 
     def _harmony_grammar(self) -> str | None:
         if self.choice == "none":

@@ -41,6 +41,7 @@ class XmlFormat:
     parameter_close: str
     function: re.Pattern  # a block's function name and the rest of it
     parameter: re.Pattern  # each of its parameters' name and value
+    tags: tuple[str, ...] = ()  # its tags that a tokenizer may have as tokens of their own (GLM-4.5's does)
 
 
 QWEN3_CODER = XmlFormat(
@@ -60,6 +61,7 @@ GLM45 = XmlFormat(
     "</arg_value>",
     re.compile(r"\A\s*([^<\s]+)(.*)", re.S),
     re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|\Z)", re.S),
+    ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
 )
 
 
@@ -72,9 +74,11 @@ def template_format(template_source: str) -> XmlFormat | None:
     return None
 
 
-def call_lark(tools: list[dict[str, Any]], form: XmlFormat) -> str:
+def call_lark(tools: list[dict[str, Any]], form: XmlFormat, tokens: frozenset[str] = frozenset()) -> str:
     """Rules of a Lark grammar whose `call` is one call of any of the tools in the format (without its
-    `<tool_call>` tags: the caller's grammar puts them around it)."""
+    `<tool_call>` tags: the caller's grammar puts them around it). `tokens`: the format's tags that are
+    tokens llguidance takes as special (tokenizer.are_grammar_tokens), which the rules name as tokens:
+    no string or text of a grammar holds them."""
     rules = ["call: " + " | ".join(f"function_{i}" for i in range(len(tools)))]
     for i, tool in enumerate(tools):
         function = tool["function"]
@@ -87,17 +91,22 @@ def call_lark(tools: list[dict[str, Any]], form: XmlFormat) -> str:
         for j, (name, property_schema) in enumerate(properties.items()):
             parts.append(f"parameter_{i}_{j}" + ("" if name in required else "?"))
             value_schema = {**_resolved(property_schema, schema), **definitions}
-            rules.append(_parameter_rule(f"{i}_{j}", name, value_schema, form))
-        opening = _literals(form.function_open.format(name=function["name"]))
-        closing = [_literals(form.function_close)] if form.function_close else []
+            rules.append(_parameter_rule(f"{i}_{j}", name, value_schema, form, tokens))
+        opening = _literals(form.function_open.format(name=function["name"]), tokens)
+        closing = [_literals(form.function_close, tokens)] if form.function_close else []
         body = " ".join([opening, "WS?", *parts, *closing])
         rules.append(f"function_{i}: {body}")
     return "\n".join(rules)
 
 
-def _parameter_rule(index: str, name: str, schema: dict[str, Any], form: XmlFormat) -> str:
-    opening = _literals(form.parameter_open.format(name=name))
-    closing = f"{json.dumps(form.parameter_close)} WS?"
+def _parameter_rule(
+    index: str, name: str, schema: dict[str, Any], form: XmlFormat, tokens: frozenset[str]
+) -> str:
+    opening = _literals(form.parameter_open.format(name=name), tokens)
+    closing = f"{_literals(form.parameter_close, tokens)} WS?"
+    if _is_text(schema) and not _choices(schema) and form.parameter_close in tokens:
+        # A string up to its closing tag, a token no text lexeme holds: the lexeme ends where it comes.
+        return f"parameter_{index}: {opening} TEXT_VALUE_{index}? {closing}\nTEXT_VALUE_{index}: /(?s:.+)/"
     if _choices(schema):
         choices = " | ".join(json.dumps(choice) for choice in _choices(schema))
         return f"parameter_{index}: {opening} WS? CHOICE_{index} WS? {closing}\nCHOICE_{index}: {choices}"
@@ -111,9 +120,17 @@ def _parameter_rule(index: str, name: str, schema: dict[str, Any], form: XmlForm
     return f"parameter_{index}: {opening} WS? value_{index} WS? {closing}\nvalue_{index}: {json_lark(schema)}"
 
 
-def _literals(written: str) -> str:
-    """A format's fixed text as Lark literals, each line break in it any run of whitespace (WS)."""
-    return " WS? ".join(json.dumps(line) for line in written.split("\n"))
+def _literals(written: str, tokens: frozenset[str] = frozenset()) -> str:
+    """A format's fixed text as Lark literals, each line break in it any run of whitespace (WS), each of
+    its tags that is a token (`tokens`) named as one."""
+    return " WS? ".join(_line(line, tokens) for line in written.split("\n"))
+
+
+def _line(line: str, tokens: frozenset[str]) -> str:
+    if not tokens:
+        return json.dumps(line)
+    parts = re.split("(" + "|".join(re.escape(tag) for tag in sorted(tokens)) + ")", line)
+    return " ".join(part if part in tokens else json.dumps(part) for part in parts if part) or '""'
 
 
 def _is_text(schema: Any) -> bool:

@@ -1,6 +1,7 @@
 """Reading tool calls out of an answer as it streams (inference_api/tool_calls.py), in each format."""
 
 import json
+from dataclasses import replace
 
 from inference_api.tokenizer import ByteTokenizer
 from inference_api.tool_calls import ToolCallReader, ToolRequest
@@ -244,6 +245,38 @@ def test_glm_4_5s_xml_calls_are_found_in_its_template_read_and_held_to_the_tools
     assert not follows(grammar, glm_call("get_forecast", city="Paris"))  # days is required
     assert not follows(grammar, glm_call("get_forecast", city="Paris", days="two"))
     assert not follows(grammar, glm_call("get_forecast", city="Paris", days="2", unit="kelvin"))
+
+
+# GLM-4.5's tags as its tokenizer has them: tokens of their own, not marked special, which llguidance takes
+# as special all the same (tokenizer.are_grammar_tokens); its end of turn last
+GLM_TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+
+
+def follows_with_tags(grammar: str, text: str, tags: tuple[str, ...]) -> bool:
+    """Whether the grammar takes `text` whole, in a tokenizer with `tags` as tokens not marked special."""
+    import llguidance.hf
+
+    from tests.backend.models import byte_tokenizer
+
+    tokenizer = byte_tokenizer((*tags, "<|endoftext|>"), tags)
+    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tokenizer), grammar)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+
+def test_glm_4_5s_tags_are_named_as_tokens_where_they_are_ones():
+    """Its string values run up to the closing tag's token; a grammar that spelled the tags out would
+    refuse every call the model writes with its own tokens."""
+    from inference_api.tool_calls import BlockTokens
+
+    call = glm_call("get_forecast", city="San\nFrancisco", days="3", unit="celsius")
+    spelled, tokens = GLM.grammar, replace(GLM, call_tags=BlockTokens(frozenset(GLM_TAGS))).grammar
+    assert not follows_with_tags(spelled, "Let me look.\n" + call, GLM_TAGS)
+    assert follows_with_tags(tokens, "Let me look.\n" + call, GLM_TAGS)
+    assert follows_with_tags(tokens, call + "\n" + glm_call("get_time"), GLM_TAGS)
+    assert follows_with_tags(tokens, glm_call("get_forecast", city="", days="1"), GLM_TAGS)
+    assert not follows_with_tags(tokens, glm_call("get_forecast", city="Paris"), GLM_TAGS)  # days required
+    assert not follows_with_tags(tokens, glm_call("get_forecast", city="Paris", days="2", unit="K"), GLM_TAGS)
 
 
 def nested_tool(name: str, item: dict) -> dict:
