@@ -42,6 +42,10 @@ class PromptTokenizer(Protocol):
         """The id of the token, special or not, whose text this is whole (`▁<PRE>`), else None."""
         ...
 
+    def is_added(self, text: str) -> bool:
+        """Whether this text is a token added to the vocabulary (`added_tokens`), special or not."""
+        ...
+
     def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """`text` as plain text, special tokens' texts in it spelled out as any other text: code that holds
         `<|endoftext|>`, say, stays code (llama.cpp's parse_special false). No special tokens are added
@@ -73,11 +77,12 @@ def are_tokens(texts: tuple[str, ...], tokenizer: PromptTokenizer) -> bool:
 
 def are_grammar_tokens(texts: tuple[str, ...], tokenizer: PromptTokenizer) -> bool:
     """Whether each text is a token that llguidance takes as a special token: a token of its own that the
-    tokenizer marks special, or whose text is between angle brackets, which llguidance takes as special
-    whatever the tokenizer marks (Qwen3's and DeepSeek-R1's `<think>`, Qwen's `<tool_call>`, which
-    are not marked). No text or string of a grammar holds such a token: a grammar names it as a token."""
+    tokenizer marks special, or an added one whose text is between angle brackets, which llguidance takes
+    as special whatever the tokenizer marks (Qwen3's and DeepSeek-R1's `<think>`, Qwen's `<tool_call>`,
+    which are not marked). No text or string of a grammar holds such a token: a grammar names it as one."""
     return are_tokens(texts, tokenizer) and all(
-        tokenizer.special_token_id(text) is not None or (text.startswith("<") and text.endswith(">"))
+        tokenizer.special_token_id(text) is not None
+        or (tokenizer.is_added(text) and text.startswith("<") and text.endswith(">"))
         for text in texts
     )
 
@@ -105,6 +110,9 @@ class ByteTokenizer:
 
     def token_id(self, text: str) -> int | None:
         return None
+
+    def is_added(self, text: str) -> bool:
+        return False
 
     def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.encode(text)
@@ -189,6 +197,9 @@ class ModelTokenizer:
 
     def token_id(self, text: str) -> int | None:
         return self._tokenizer.token_to_id(text)
+
+    def is_added(self, text: str) -> bool:
+        return text in self._added
 
     def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self._plain_text.encode(text, add_special_tokens=add_special_tokens).ids

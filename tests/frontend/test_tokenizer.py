@@ -135,3 +135,25 @@ def test_sentencepiece_tokens_keep_their_space_and_byte_tokens_their_byte(tmp_pa
     ids = ours.encode("hé h")
     assert [ours.token_bytes(token) for token in ids] == [b" h", b"\xc3", b"\xa9", b" h"]
     assert ours.token_text(ids[0]) == "h"  # alone, decoding strips the space
+
+
+def test_grammar_tokens_are_special_or_added_between_angle_brackets_as_llguidance_takes_them(
+    tmp_path: Path,
+) -> None:
+    """llguidance takes an added `<...>` token as special whether the tokenizer marks it or not (Qwen3's
+    `<think>`): `are_grammar_tokens` says which tags a grammar must name as tokens, as llguidance does."""
+    import llguidance.hf
+
+    from inference_api.tokenizer import are_grammar_tokens
+    from tests.backend.models import byte_tokenizer
+
+    tokens = ("<think>", "[X]", "[THINK]", "<|endoftext|>")
+    hf = byte_tokenizer(tokens, text_tags=("<think>", "[X]"))
+    hf.save_pretrained(tmp_path)
+    ours, theirs = ModelTokenizer(str(tmp_path)), llguidance.hf.from_tokenizer(hf)
+    for text in (*tokens, "<b>", "ee"):  # "<b>" spelled out; "ee" a token of the BPE vocabulary
+        taken_as_special = len(hf.encode(text)) == 1 and theirs.is_special_token(hf.encode(text)[0])
+        assert are_grammar_tokens((text,), ours) == taken_as_special, text
+    assert are_grammar_tokens(("<think>", "[THINK]"), ours)
+    assert not are_grammar_tokens(("<think>", "[X]"), ours)
+    assert not are_grammar_tokens(("<think>",), ByteTokenizer())
