@@ -383,11 +383,19 @@ def template_messages(
         if not calls:
             shaped.append(message)
         elif knows_tool_calls:
-            shaped.append({**message, "tool_calls": calls})
+            shaped.append({**message, "tool_calls": [_arguments_object(call) for call in calls]})
         else:
             written = "".join(hermes_call(call["function"]) for call in calls)
             shaped.append({"role": message["role"], "content": message["content"] + written})
     return shaped
+
+
+def _arguments_object(call: dict[str, Any]) -> dict[str, Any]:
+    """A call with its arguments, where they are an object, as ArgumentsObject (whichever API sent it)."""
+    function = call["function"]
+    if not isinstance(function.get("arguments"), dict):
+        return call
+    return {**call, "function": {**function, "arguments": ArgumentsObject(function["arguments"])}}
 
 
 def hermes_call(function: dict[str, Any]) -> str:
@@ -411,8 +419,7 @@ class ArgumentsObject(dict):
 
 
 def read_tool_calls(value: Any, param: str) -> list[dict[str, Any]]:
-    """An assistant message's `tool_calls` (OpenAI's shape, arguments a JSON string), arguments parsed (an
-    object as ArgumentsObject)."""
+    """An assistant message's `tool_calls` (OpenAI's shape, arguments a JSON string), arguments parsed."""
     if not isinstance(value, list):
         raise InvalidParams(param, f"{param} must be a list of tool calls")
     calls = []
@@ -430,8 +437,6 @@ def read_tool_calls(value: Any, param: str) -> list[dict[str, Any]]:
             raise InvalidParams(
                 f"{param}[{i}].function.arguments", "the arguments must be a JSON string"
             ) from None
-        if isinstance(parsed, dict):
-            parsed = ArgumentsObject(parsed)
         calls.append(
             {"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": parsed}}
         )

@@ -14,7 +14,7 @@ import pytest
 from inference_api.chat_template import ChatTemplate
 from inference_api.deepseek_tool_calls import TAGS, V3, V31, DeepSeekTags
 from inference_api.tokenizer import ByteTokenizer, ModelTokenizer
-from inference_api.tool_calls import ToolRequest, read_tool_calls, tool_parser
+from inference_api.tool_calls import ToolRequest, read_tool_calls, template_messages, tool_parser
 from tests.backend.models import byte_tokenizer
 from tests.frontend.test_tool_calls import read
 from tests.openai.test_deepseek_format import SPECIAL_TOKENS, THOUGHT_TAGS
@@ -134,6 +134,6 @@ def test_arguments_reach_a_template_as_an_object_and_added_to_text_as_their_json
         "{% for m in messages %}{% for c in m.tool_calls %}{% set a = c.function.arguments %}"
         "{{ '[' + a + ']' }}|{{ a | tojson }}|{{ a }}|{{ a.city }}|{{ a + '!' }}{% endfor %}{% endfor %}"
     )
-    turn = {"role": "assistant", "content": "", "tool_calls": [call]}
-    rendered = ChatTemplate(source).render([turn], False)
+    turns = template_messages([{"role": "assistant", "content": "", "tool_calls": [call]}], source)
+    rendered = ChatTemplate(source).render(turns, False)
     assert rendered == '[{"city": "Zürich"}]|{"city": "Zürich"}|{"city": "Zürich"}|Zürich|{"city": "Zürich"}!'

@@ -133,3 +133,20 @@ def test_thoughts_the_prompt_opened_end_at_the_closing_token_then_the_json_answe
     choice = completion.choices[0]
     assert choice.logprobs.content[0].token == "</think>"
     jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+def test_the_anthropic_client_goes_on_after_a_tool_use_with_its_result(server):
+    """A tool_use's input reaches V3.1's template, which adds it to text, as JSON, as chat's calls do."""
+    anthropic = server.anthropic_client()
+    tool = {"name": "get_weather", "input_schema": BOUNDED_WEATHER["function"]["parameters"]}
+    request = dict(model=MODEL, max_tokens=60, tools=[tool], extra_body={"temperature": 0})
+    first = anthropic.messages.create(**request, messages=WEATHER_QUESTION, tool_choice={"type": "any"})
+    [use] = [block for block in first.content if block.type == "tool_use"]
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C."}
+    history = [
+        *WEATHER_QUESTION,
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [result]},
+    ]
+    second = anthropic.messages.create(**{**request, "max_tokens": 8}, messages=history)
+    assert second.stop_reason in ("end_turn", "max_tokens", "tool_use")
