@@ -21,10 +21,12 @@ import json
 import re
 from typing import Any
 
+from inference_api.call_rules import listed_parameters
 from inference_api.structured_output import json_lark
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
 OPEN, CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+COMMA = '","'  # between two parameters, as a Lark literal
 CALL = re.compile(r"\A\s*call:([\w.-]+)\{(.*)\Z", re.S)  # a block's function name and its arguments
 # Lark rules of any value in the notation, for an object's or an array's parameter.
 ANY_VALUE = f"""any_value: any_string | any_object | any_array | BARE
@@ -60,28 +62,9 @@ def call_lark(tools: list[dict[str, Any]]) -> str:
             rules.append(f"parameter_{i}_{j}: {json.dumps(name + ':')} value_{i}_{j}")
             rules.append(f"value_{i}_{j}: {_value(value_schema)}")
         optional = [name not in required for name, _ in parameters]
-        rules.append(
-            f'function_{i}: {json.dumps("call:" + function["name"] + "{")} {_listed(i, optional)} "}}"'
-        )
+        listed = listed_parameters(i, optional, COMMA)
+        rules.append(f'function_{i}: {json.dumps("call:" + function["name"] + "{")} {listed} "}}"')
     return "\n".join(rules) + "\n" + ANY_VALUE
-
-
-def _listed(i: int, optional: list[bool], j: int = 0) -> str:
-    """The parameters of function i from the j-th on, as a Lark expression: in their schema's order, a
-    comma between two, the optional ones left out or not; the first one written has no comma before it."""
-    if j == len(optional):
-        return ""
-    here = " ".join(filter(None, [f"parameter_{i}_{j}", _after_comma(i, optional, j + 1)]))
-    if not optional[j]:
-        return here
-    later = _listed(i, optional, j + 1)  # this one left out: a later one opens the list
-    return f"({here} | {later})" if later else f"({here})?"
-
-
-def _after_comma(i: int, optional: list[bool], j: int) -> str:
-    """The parameters from the j-th on, after one already written: each after a comma."""
-    parts = [f'"," parameter_{i}_{k}' for k in range(j, len(optional))]
-    return " ".join(f"({part})?" if optional[k] else part for k, part in enumerate(parts, start=j))
 
 
 def _value(schema: Any) -> str:

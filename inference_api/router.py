@@ -29,11 +29,12 @@ from backend.messages import (
     reserved_places,
 )
 from backend.process import BackendDied, BackendProcess, BackendStartError
-from inference_api import deepseek_tool_calls, gemma4_tool_calls
+from inference_api import deepseek_tool_calls, gemma4_tool_calls, pythonic_tool_calls
 from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.deepseek_tool_calls import DeepSeekTags
 from inference_api.metrics import Metrics
 from inference_api.mistral_tool_calls import CallTags
+from inference_api.pythonic_tool_calls import PythonicTags
 from inference_api.reasoning import (
     BLOCK_TAGS,
     HARMONY,
@@ -57,9 +58,11 @@ from inference_api.tool_calls import (
     GEMMA4,
     HERMES_CLOSE,
     HERMES_OPEN,
+    LFM2,
     TAGGED,
     XML_FORMATS,
     BlockTokens,
+    FormatTags,
     tool_parser,
 )
 
@@ -169,6 +172,11 @@ class Serving:
                 f"--tool-call-parser {self.tool_parser} reads calls after a {opening} token, which this "
                 "model's tokenizer does not have"
             )
+        if self.tool_parser == LFM2 and self.call_tags is None:
+            return (
+                f"--tool-call-parser lfm2 reads calls between {pythonic_tool_calls.OPEN} and "
+                f"{pythonic_tool_calls.CLOSE} tokens, which this model's tokenizer does not have"
+            )
         if self.tool_parser in DEEPSEEK_FORMATS and self.call_tags is None:
             return (
                 f"--tool-call-parser {self.tool_parser} reads calls between DeepSeek's "
@@ -189,9 +197,9 @@ class Serving:
         return tool_parser(self.chat_template.source, harmony, self.tokenizer, self.tool_call_parser)
 
     @cached_property
-    def call_tags(self) -> CallTags | DeepSeekTags | BlockTokens | None:
-        """The tokenizer's tags for Mistral's, Granite's or DeepSeek's calls, which their grammar names by
-        id, or BlockTokens where the `<tool_call>` blocks' tags are tokens that llguidance takes as
+    def call_tags(self) -> FormatTags | None:
+        """The tokenizer's tags for Mistral's, Granite's, DeepSeek's or LFM2's calls, which their grammar
+        names by id, or BlockTokens where the `<tool_call>` blocks' tags are tokens that llguidance takes as
         special; None for another format, or without them."""
         if self.tool_parser in TAGGED:
             form = XML_FORMATS.get(self.tool_parser)
@@ -201,6 +209,8 @@ class Serving:
             return BlockTokens(tokens, special) if tokens else None
         if self.tool_parser in DEEPSEEK_FORMATS:
             return DeepSeekTags.of(self.tokenizer, self.tool_parser)
+        if self.tool_parser == LFM2:
+            return PythonicTags.of(self.tokenizer)
         opening = CALL_TAG_FORMATS.get(self.tool_parser)
         return None if opening is None else CallTags.of(self.tokenizer, opening)
 

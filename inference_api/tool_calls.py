@@ -40,9 +40,11 @@ from backend.messages import InvalidParams, SamplingParams
 from inference_api import deepseek_tool_calls as deepseek
 from inference_api import gemma4_tool_calls as gemma4
 from inference_api import mistral_tool_calls as mistral
+from inference_api import pythonic_tool_calls as pythonic
 from inference_api.deepseek_tool_calls import DeepSeekTags
 from inference_api.harmony import call_grammar, final_answer
 from inference_api.mistral_tool_calls import CallTags
+from inference_api.pythonic_tool_calls import PythonicTags
 from inference_api.structured_output import definitions_under, json_lark, json_schema_grammar, lark_grammar
 from inference_api.tokenizer import PromptTokenizer
 from inference_api.xml_tool_calls import GLM45, QWEN3_CODER, call_lark, read_call, template_format
@@ -84,9 +86,10 @@ GEMMA4, MISTRAL, GRANITE = "gemma4", "mistral", "granite"
 # The formats whose calls follow a special token (mistral_tool_calls.CallTags), and its text.
 CALL_TAG_FORMATS = {MISTRAL: mistral.OPEN, GRANITE: mistral.GRANITE_OPEN}
 DEEPSEEK_FORMATS = (deepseek.V3, deepseek.V31)
+LFM2 = "lfm2"  # SGLang's name (pythonic_tool_calls.py)
 # The formats whose tags are special tokens (DeepSeek's may be): an answer that may call keeps them in its
 # text.
-SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS)
+SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS, LFM2)
 # --tool-call-parser's choices, vLLM's names: auto reads the chat template for the format (tool_parser).
 TOOL_CALL_PARSERS = (
     "auto",
@@ -97,6 +100,7 @@ TOOL_CALL_PARSERS = (
     MISTRAL,
     GRANITE,
     *DEEPSEEK_FORMATS,
+    LFM2,
 )
 # `auto` in Gemma 4's (gemma4_tool_calls.py): text, or text then calls between its tags, which are special
 # tokens (named as such: no text lexeme can hold them, so TEXT needs no exclusion).
@@ -138,6 +142,10 @@ class BlockTokens:
         return HERMES_OPEN in self.tags and HERMES_CLOSE in self.tags
 
 
+# A format's tags as a tokenizer has them, which its grammar names (Serving.call_tags).
+FormatTags = CallTags | DeepSeekTags | PythonicTags | BlockTokens
+
+
 @dataclass(frozen=True)
 class ToolRequest:
     tools: list[dict[str, Any]]  # as sent ({"type": "function", "function": {...}}), for the template
@@ -145,9 +153,9 @@ class ToolRequest:
     function: str | None = None  # the named function
     parser: str = "hermes"  # how the answer holds calls (tool_parser)
     parallel: bool = True  # whether an answer may hold more than one call (parallel_tool_calls)
-    # the `mistral`, `granite` or DeepSeek formats' tags as this tokenizer has them, or whether the
-    # `<tool_call>` blocks' are tokens
-    call_tags: CallTags | DeepSeekTags | BlockTokens | None = None
+    # the `mistral`, `granite`, DeepSeek or LFM2 formats' tags as this tokenizer has them, or which of the
+    # `<tool_call>` formats' are tokens
+    call_tags: FormatTags | None = None
 
     @property
     def grammar(self) -> str | None:
@@ -168,7 +176,7 @@ class ToolRequest:
         if self.choice == "auto" and isinstance(self.call_tags, CallTags):
             lark = self.call_tags.auto_lark(self.tools, self._one_call("arguments"), self.parallel)
             return lark_grammar(lark, "tools")
-        if self.choice == "auto" and isinstance(self.call_tags, DeepSeekTags):
+        if self.choice == "auto" and isinstance(self.call_tags, DeepSeekTags | PythonicTags):
             return lark_grammar(self.call_tags.auto_lark(self.tools, self.parallel), "tools")
         if self.choice == "auto" and self.parser in XML_FORMATS:
             tokens = self.call_tags.tags if isinstance(self.call_tags, BlockTokens) else frozenset()
@@ -223,9 +231,10 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     answers.HarmonyReader), else the `forced` one of TOOL_CALL_PARSERS (--tool-call-parser), else the
     format the template teaches: Gemma 4's notation where it writes its `<|tool_call>` token
     (gemma4_tool_calls.py), Mistral's or Granite 3's where it writes their `[TOOL_CALLS]` or `<|tool_call|>`
-    token (mistral_tool_calls.py), DeepSeek's where it writes its `<｜tool▁calls▁begin｜>`
-    (deepseek_tool_calls.py), XML where it writes Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>`
-    (xml_tool_calls.py), Llama 3's JSON where it has the python tag, else Hermes blocks."""
+    token (mistral_tool_calls.py), LFM2's where it writes its `<|tool_call_start|>` (pythonic_tool_calls.py),
+    DeepSeek's where it writes its `<｜tool▁calls▁begin｜>` (deepseek_tool_calls.py), XML where it writes
+    Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>` (xml_tool_calls.py), Llama 3's JSON where it
+    has the python tag, else Hermes blocks."""
     if harmony:
         return "harmony"
     if forced != "auto":
@@ -235,6 +244,8 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     for name, opening in CALL_TAG_FORMATS.items():
         if mistral.writes_calls(opening, template_source, tokenizer):
             return name
+    if pythonic.writes_lfm2(template_source, tokenizer):
+        return LFM2
     deepseek_format = deepseek.template_format(template_source, tokenizer)
     if deepseek_format is not None:
         return deepseek_format
@@ -248,12 +259,12 @@ def read_tool_request(
     data: dict[str, Any],
     parser: str,
     parallel: bool = True,
-    call_tags: CallTags | DeepSeekTags | BlockTokens | None = None,
+    call_tags: FormatTags | None = None,
 ) -> ToolRequest | None:
     """`tools` and `tool_choice` in OpenAI chat's shapes, checked (a 400 naming what is wrong); None
     without tools. The other APIs put theirs in these shapes. `parser`: how the answer holds calls
-    (tool_parser). `parallel`: more than one call allowed. `call_tags`: the tokenizer's tags for Mistral's,
-    Granite's or DeepSeek's format (Serving.call_tags)."""
+    (tool_parser). `parallel`: more than one call allowed. `call_tags`: the tokenizer's tags for the
+    format (Serving.call_tags)."""
     tools = data.get("tools")
     choice = data.get("tool_choice")
     if tools is None or tools == []:
@@ -500,6 +511,8 @@ class ToolCallReader:
         """The tag that opens the calls; None for Llama 3's bare JSON."""
         if self.request.parser in DEEPSEEK_FORMATS:
             return deepseek.CALLS_BEGIN
+        if self.request.parser == LFM2:
+            return pythonic.OPEN
         return CALL_TAG_FORMATS.get(self.request.parser) or (self._tags or (None,))[0]
 
     def _find_call_start(self) -> None:
@@ -526,8 +539,11 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
-        if self.request.parser in DEEPSEEK_FORMATS:
-            calls = deepseek.read_calls(text, fenced=self.request.parser == deepseek.V3)
+        if self.request.parser in (*DEEPSEEK_FORMATS, LFM2):
+            if self.request.parser == LFM2:
+                calls = pythonic.read_calls(text)
+            else:
+                calls = deepseek.read_calls(text, fenced=self.request.parser == deepseek.V3)
             return None if calls is None else [new_call(*call) for call in calls]
         opening = CALL_TAG_FORMATS.get(self.request.parser)
         if opening is not None:

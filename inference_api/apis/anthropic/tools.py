@@ -18,11 +18,9 @@ import uuid
 from typing import Any
 
 from backend.messages import InvalidParams
-from inference_api.deepseek_tool_calls import DeepSeekTags
-from inference_api.mistral_tool_calls import CallTags
 from inference_api.structured_output import json_schema_grammar
 from inference_api.tool_calls import (
-    BlockTokens,
+    FormatTags,
     ToolRequest,
     name_and_description,
     read_tool_list,
@@ -38,7 +36,9 @@ SPACE = re.compile(r"[ \t\n\r]*")
 
 
 def read_tools(
-    data: dict[str, Any], parser: str, call_tags: CallTags | DeepSeekTags | BlockTokens | None = None
+    data: dict[str, Any],
+    parser: str,
+    call_tags: FormatTags | None = None,
 ) -> ToolRequest | None:
     """The request's `tools` and `tool_choice`, checked (a 400 naming Anthropic's field), as chat's
     ToolRequest (`parser` and `call_tags` as read_tool_request takes them); None without tools."""

@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.messages import InvalidParams
-from inference_api.deepseek_tool_calls import DeepSeekTags
-from inference_api.mistral_tool_calls import CallTags
 from inference_api.structured_output import json_schema_grammar
 from inference_api.tool_calls import (
-    BlockTokens,
+    FormatTags,
     ToolRequest,
     name_and_description,
     read_tool_list,
@@ -44,7 +42,7 @@ def read_tools(
     data: dict[str, Any],
     parser: str,
     parallel: bool,
-    call_tags: CallTags | DeepSeekTags | BlockTokens | None = None,
+    call_tags: FormatTags | None = None,
 ) -> ResponsesTools:
     """The request's `tools` and `tool_choice`, checked (a 400 naming the Responses field), as chat's
     ToolRequest (None without tools). `parallel`: more than one call allowed (parallel_tool_calls);

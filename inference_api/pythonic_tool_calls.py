@@ -1,0 +1,158 @@
+"""LFM2's tool calls (tool_calls.py's `lfm2` format, SGLang's name): a Python list of calls between its
+two tags,
+
+    <|tool_call_start|>[get_weather(city='Paris', days=3), get_time()]<|tool_call_end|>
+
+each argument a keyword, its value a Python literal (LFM2's templates write a string between single
+quotes, an object as JSON, anything else as Python prints it), as SGLang's `lfm2` detector reads them.
+LFM2 and LFM2.5 are Liquid AI's small models for CPUs and devices.
+
+The tags are tokens of their own; the calls' grammar names them by id (`<[id]>`), so a format is made for
+one tokenizer (`PythonicTags`), and each call is one of the tools with its required parameters, in its
+schema's order, each value its schema's kind. `read_calls` reads them back with Python's own parser,
+evaluating literals only (`ast.literal_eval`): JSON's true, false and null are taken too.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from inference_api.call_rules import listed_parameters
+from inference_api.structured_output import json_lark
+from inference_api.tokenizer import PromptTokenizer, are_tokens
+
+OPEN, CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
+# `auto`: text, or text then the calls; the text cannot spell the opening tag out.
+AUTO = r"""start: TEXT | TEXT? calls
+TEXT: /(?s:.+)/ & ~/(?s:.*)<\|tool_call_start\|>(?s:.*)/
+"""
+# Any Python literal, for a parameter whose schema is an object, an array or anything else.
+ANY_VALUE = r"""py_value: PY_STRING | PY_NUMBER | PY_CONSTANT | py_list | py_dict
+py_list: "[" (py_value (", " py_value)*)? "]"
+py_dict: "{" (PY_STRING ": " py_value (", " PY_STRING ": " py_value)*)? "}"
+PY_STRING: /'([^'\\\n]|\\.)*'/ | /"([^"\\\n]|\\.)*"/
+PY_NUMBER: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/
+PY_CONSTANT: "True" | "False" | "None" | "true" | "false" | "null"
+"""
+# JSON's constants, which LFM2's templates write inside an object (`| tojson`), as Python's.
+JSON_CONSTANTS = {"true": True, "false": False, "null": None}
+
+
+def writes_lfm2(template_source: str, tokenizer: PromptTokenizer) -> bool:
+    """Whether a chat template writes LFM2's calls, and the tokenizer has their tags as tokens."""
+    return OPEN in template_source and are_tokens((OPEN, CLOSE), tokenizer)
+
+
+@dataclass(frozen=True)
+class PythonicTags:
+    """The ids of the calls' two tags in a tokenizer."""
+
+    open_id: int
+    close_id: int
+
+    @classmethod
+    def of(cls, tokenizer: PromptTokenizer) -> PythonicTags | None:
+        """The tokenizer's tags; None where they are not tokens of its own."""
+        if not are_tokens((OPEN, CLOSE), tokenizer):
+            return None
+        return cls(tokenizer.token_id(OPEN), tokenizer.token_id(CLOSE))
+
+    def auto_lark(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        """A Lark grammar of `auto`'s answers: text, or text then a list of calls of the tools (one only
+        unless `parallel`)."""
+        more = ' (", " call)*' if parallel else ""
+        rules = [
+            f'calls: <[{self.open_id}]> "[" call{more} "]" <[{self.close_id}]>',
+            "call: " + " | ".join(f"function_{i}" for i in range(len(tools))),
+        ]
+        for i, tool in enumerate(tools):
+            rules += _function_rules(i, tool["function"])
+        return AUTO + "\n".join(rules) + "\n" + ANY_VALUE
+
+
+def _function_rules(i: int, function: dict[str, Any]) -> list[str]:
+    """`function_i`: its name, then its parameters as keywords between parentheses."""
+    schema = function.get("parameters") or {}
+    required = set(schema.get("required") or ())
+    parameters = list((schema.get("properties") or {}).items())
+    rules = [
+        f"parameter_{i}_{j}: {json.dumps(name + '=')} {_value(value_schema)}"
+        for j, (name, value_schema) in enumerate(parameters)
+    ]
+    listed = listed_parameters(i, [name not in required for name, _ in parameters], '", "')
+    rules.append(f'function_{i}: {json.dumps(function["name"] + "(")} {listed} ")"')
+    return rules
+
+
+def _value(schema: Any) -> str:
+    """A parameter's value as the body of a Lark rule: a string in quotes (one of its `enum`'s where it
+    has one), a number as JSON writes it, a boolean or null as Python does, anything else any literal."""
+    schema = schema if isinstance(schema, dict) else {}
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(choice, str) for choice in enum):
+        quoted = [json.dumps(written) for choice in enum for written in (repr(choice), json.dumps(choice))]
+        return "(" + " | ".join(quoted) + ")"
+    kind = schema.get("type")
+    if kind == "string":
+        return "PY_STRING"
+    if kind in ("integer", "number"):
+        return json_lark(schema)
+    if kind == "boolean":
+        return '("True" | "False")'
+    if kind == "null":
+        return '"None"'
+    return "py_value"
+
+
+def read_calls(text: str) -> list[tuple[str, str]] | None:
+    """The calls in `text` from its first OPEN on, as (name, arguments as a JSON string); a call cut by
+    max_tokens keeps what it wrote where closing it makes it read, and is left out where it does not.
+    None where they do not read as calls."""
+    _, found, rest = text.partition(OPEN)
+    listed = rest.partition(CLOSE)[0].strip()
+    tree, cut = _parsed(listed) if found else (None, False)
+    if not isinstance(tree, ast.List):
+        return None
+    calls = [_call(node) for node in tree.elts]
+    if cut and calls and calls[-1] is None:
+        calls.pop()
+    return None if not calls or None in calls else calls
+
+
+def _parsed(listed: str) -> tuple[ast.expr | None, bool]:
+    """The list as Python's parser reads it, and whether it was cut short: then as it reads closed (in a
+    string, a call, the list), or closed after its last whole argument (cut in a keyword)."""
+    for written in (listed, listed.rpartition(", ")[0]):
+        for ending in ("", "]", ")]", "')]", '")]'):
+            try:
+                return ast.parse(written + ending, mode="eval").body, written + ending != listed
+            except SyntaxError:
+                continue
+    return None, True
+
+
+def _call(node: ast.expr) -> tuple[str, str] | None:
+    """A call of a function by its name with keyword arguments whose values are literals."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+        return None
+    if any(keyword.arg is None for keyword in node.keywords):  # **kwargs
+        return None
+    try:
+        arguments = {
+            keyword.arg: ast.literal_eval(_JsonConstants().visit(keyword.value)) for keyword in node.keywords
+        }
+    except ValueError:  # not a literal (another name, a call)
+        return None
+    return node.func.id, json.dumps(arguments, ensure_ascii=False)
+
+
+class _JsonConstants(ast.NodeTransformer):
+    """JSON's true, false and null as Python's constants; any other name is not a literal."""
+
+    def visit_Name(self, node: ast.Name) -> ast.Constant:
+        if node.id not in JSON_CONSTANTS:
+            raise ValueError(f"{node.id} is not a literal")
+        return ast.copy_location(ast.Constant(JSON_CONSTANTS[node.id]), node)

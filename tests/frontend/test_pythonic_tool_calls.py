@@ -1,0 +1,101 @@
+"""LFM2's Python calls (inference_api/pythonic_tool_calls.py): found in a template that writes them where
+the tokenizer has their tags, read back with Python's parser (literals only, JSON's constants too), whole,
+several, or cut by max_tokens, and held to the tools by the `auto` grammar."""
+
+from __future__ import annotations
+
+import json
+
+import llguidance
+import llguidance.hf
+import pytest
+
+from inference_api.pythonic_tool_calls import CLOSE, OPEN, PythonicTags, read_calls
+from inference_api.tokenizer import ByteTokenizer, ModelTokenizer
+from inference_api.tool_calls import ToolRequest, tool_parser
+from tests.backend.models import byte_tokenizer
+from tests.frontend.test_tool_calls import read
+
+TOKENIZER = byte_tokenizer(("<|im_start|>", OPEN, CLOSE, "<|endoftext|>"))
+FORECAST = {
+    "type": "function",
+    "function": {
+        "name": "get_forecast",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "hourly": {"type": "boolean"},
+                "options": {"type": "object"},
+            },
+            "required": ["city", "days"],
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+
+
+def request(parallel: bool = True) -> ToolRequest:
+    tags = PythonicTags(TOKENIZER.convert_tokens_to_ids(OPEN), TOKENIZER.convert_tokens_to_ids(CLOSE))
+    return ToolRequest([FORECAST, TIME], "auto", parser="lfm2", parallel=parallel, call_tags=tags)
+
+
+def follows(grammar: str, text: str) -> bool:
+    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(TOKENIZER), grammar)
+    ids = TOKENIZER.encode(text, add_special_tokens=False)
+    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+
+def test_the_format_is_read_from_the_template_where_the_tokenizer_has_the_tags(tmp_path):
+    TOKENIZER.save_pretrained(tmp_path)
+    template = '{{- "<|tool_call_start|>[" + calls | join(", ") + "]<|tool_call_end|>" }}'
+    assert tool_parser(template, False, ModelTokenizer(str(tmp_path))) == "lfm2"
+    assert tool_parser(template, False, ByteTokenizer()) == "hermes"  # its tags spelled out: not LFM2's
+    assert PythonicTags.of(ModelTokenizer(str(tmp_path))) == request().call_tags
+
+
+def test_calls_stream_after_text_and_are_read_as_python_literals():
+    answer = f"Let me look.{OPEN}[get_forecast(city='São Paulo', days=3, options={{\"metric\": true}}), "
+    answer += f'get_time(), get_forecast(city="Oslo", days=1, hourly=False)]{CLOSE}'
+    released, calls = read(request(), [answer[:15], answer[15:50], answer[50:]])
+    assert "".join(released) == "Let me look."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_forecast", {"city": "São Paulo", "days": 3, "options": {"metric": True}}),
+        ("get_time", {}),
+        ("get_forecast", {"city": "Oslo", "days": 1, "hourly": False}),
+    ]
+
+
+@pytest.mark.parametrize(
+    "written, expected",
+    [
+        ("[get_forecast(city='Par", [("get_forecast", {"city": "Par"})]),  # cut in a string
+        ("[get_forecast(city='Paris', da", [("get_forecast", {"city": "Paris"})]),  # cut in a keyword
+        ("[get_time(), get_fore", [("get_time", {})]),  # a call cut in its name: left out
+        ("[get_forecast(city=paris)]", None),  # a name is not a literal
+        ("[get_forecast('Paris')]", None),  # no keyword
+        ("[", None),
+    ],
+)
+def test_calls_cut_by_max_tokens_or_not_literals(written, expected):
+    calls = read_calls(OPEN + written)
+    got = None if calls is None else [(name, json.loads(arguments)) for name, arguments in calls]
+    assert got == expected
+
+
+def test_auto_is_text_or_text_then_calls_of_the_tools_with_their_parameters():
+    grammar = request().grammar
+    forecast = "get_forecast(city='Oslo', days=2, unit='celsius')"
+    assert follows(grammar, "It is sunny in 'Oslo' (2 days).")
+    assert follows(grammar, f"Let me look.{OPEN}[{forecast}]{CLOSE}")
+    assert follows(grammar, f"{OPEN}[{forecast}, get_time()]{CLOSE}")
+    everything = 'get_forecast(city="Oslo", days=7, hourly=True, options={"a": [1, None]})'
+    assert follows(grammar, f"{OPEN}[{everything}]{CLOSE}")
+    assert not follows(grammar, f"{OPEN}[get_date()]{CLOSE}")  # not a tool
+    assert not follows(grammar, f"{OPEN}[get_forecast(city='Oslo')]{CLOSE}")  # days required
+    assert not follows(grammar, f"{OPEN}[get_forecast(city='Oslo', days=9)]{CLOSE}")  # at most 7
+    assert not follows(grammar, f"{OPEN}[get_forecast(days=2, city='Oslo')]{CLOSE}")  # the schema's order
+    assert not follows(grammar, f"{OPEN}[get_forecast(city='Oslo', days=2, unit='kelvin')]{CLOSE}")
+    assert not follows(request(parallel=False).grammar, f"{OPEN}[{forecast}, get_time()]{CLOSE}")
