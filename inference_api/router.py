@@ -56,13 +56,12 @@ from inference_api.tool_calls import (
     CALL_TAG_FORMATS,
     DEEPSEEK_FORMATS,
     GEMMA4,
-    HERMES_CLOSE,
-    HERMES_OPEN,
     LFM2,
     TAGGED,
     XML_FORMATS,
     BlockTokens,
     FormatTags,
+    block_tags,
     tool_parser,
 )
 
@@ -203,9 +202,10 @@ class Serving:
         special; None for another format, or without them."""
         if self.tool_parser in TAGGED:
             form = XML_FORMATS.get(self.tool_parser)
-            tags = (HERMES_OPEN, HERMES_CLOSE, *(form.tags if form else ()))
+            opening, closing = block_tags(self.tool_parser)
+            tags = (opening, closing, *(form.tags if form else ()))
             tokens = frozenset(tag for tag in tags if are_grammar_tokens((tag,), self.tokenizer))
-            special = self.tokenizer.special_token_id(HERMES_OPEN) is not None
+            special = self.tokenizer.special_token_id(opening) is not None
             return BlockTokens(tokens, special) if tokens else None
         if self.tool_parser in DEEPSEEK_FORMATS:
             return DeepSeekTags.of(self.tokenizer, self.tool_parser)

@@ -47,7 +47,15 @@ from inference_api.mistral_tool_calls import CallTags
 from inference_api.pythonic_tool_calls import PythonicTags
 from inference_api.structured_output import definitions_under, json_lark, json_schema_grammar, lark_grammar
 from inference_api.tokenizer import PromptTokenizer
-from inference_api.xml_tool_calls import GLM45, QWEN3_CODER, call_lark, read_call, template_format
+from inference_api.xml_tool_calls import (
+    GLM45,
+    MINIMAX_M2,
+    QWEN3_CODER,
+    SEED_OSS,
+    call_lark,
+    read_call,
+    template_format,
+)
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOOLS = 128  # as OpenAI's: every tool is in the prompt and in the calls' grammar
@@ -60,27 +68,28 @@ LLAMA3_PYTHON_TAG = "<|python_tag|>"
 # `auto` in the Hermes format: text with no `<tool_call>` in it; or text, then calls, and nothing after
 # them (one call only, unless parallel). The text and the first `<tool_call>` are one lexeme (OPEN):
 # llguidance's lexer is greedy, so a TEXT lexeme followed by the literal would end before the tag's last
-# byte and refuse it.
+# byte and refuse it. {open} and {close} are the blocks' tags (an XML format's may be its own, as
+# Seed-OSS's `<seed:tool_call>`) as Lark literals, {open_regex} the opening one in a regex.
 AUTO_TAGGED = """start: TEXT | OPEN call_body{more}
-more: (WS? "<tool_call>" call_body)*
-call_body: WS? call WS? "</tool_call>"
+more: (WS? {open} call_body)*
+call_body: WS? call WS? {close}
 WS: /[ \\n]+/
-TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/
-OPEN: /(?s:.*)<tool_call>/ & ~/(?s:.*)<tool_call>(?s:.+)/
+TEXT: /(?s:.+)/ & ~/(?s:.*){open_regex}(?s:.*)/
+OPEN: /(?s:.*){open_regex}/ & ~/(?s:.*){open_regex}(?s:.+)/
 """
-# The same where `<tool_call>` and `</tool_call>` are tokens that llguidance takes as special (Qwen's,
+# The same where the blocks' tags are tokens that llguidance takes as special (Qwen's `<tool_call>`,
 # though its tokenizers do not mark them: tokenizer.are_grammar_tokens), which no text lexeme or string
 # holds: named as tokens, the text not spelling them out either. Qwen's calls are `<tool_call>\n{...}\n
 # </tool_call>`: two spaces or line breaks at most around them (a run of them would be free for a model to
 # spend its tokens on).
-AUTO_TAG_TOKENS = """start: TEXT | TEXT? <tool_call> call_body{more}
-more: (WS? <tool_call> call_body)*
-call_body: WS? call WS? </tool_call>
+AUTO_TAG_TOKENS = """start: TEXT | TEXT? {open} call_body{more}
+more: (WS? {open} call_body)*
+call_body: WS? call WS? {close}
 WS: /[ \\n]{{1,2}}/
-TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/
+TEXT: /(?s:.+)/ & ~/(?s:.*){open_regex}(?s:.*)/
 """
 # The formats whose calls are `<tool_call>` blocks: Hermes's JSON in them, or XML (xml_tool_calls.py).
-XML_FORMATS = {form.name: form for form in (QWEN3_CODER, GLM45)}
+XML_FORMATS = {form.name: form for form in (QWEN3_CODER, GLM45, SEED_OSS, MINIMAX_M2)}
 TAGGED = ("hermes", *XML_FORMATS)
 GEMMA4, MISTRAL, GRANITE = "gemma4", "mistral", "granite"
 # The formats whose calls follow a special token (mistral_tool_calls.CallTags), and its text.
@@ -117,7 +126,7 @@ TEXT: /(?s:.+)/
 # `none` in the Hermes format: text that opens no call (the tools are in the prompt, and a small model
 # offered them writes `<tool_call>` blocks whatever tool_choice says).
 NONE_HERMES = """start: TEXT?
-TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/
+TEXT: /(?s:.+)/ & ~/(?s:.*){open_regex}(?s:.*)/
 """
 # `auto` in Llama 3's: a call is the whole answer, a JSON object; text is anything that does not open one.
 AUTO_LLAMA3 = """start: TEXT | WS? call
@@ -137,9 +146,8 @@ class BlockTokens:
     tags: frozenset[str]
     special: bool = False
 
-    @property
-    def blocks(self) -> bool:
-        return HERMES_OPEN in self.tags and HERMES_CLOSE in self.tags
+    def has(self, *tags: str) -> bool:
+        return all(tag in self.tags for tag in tags)
 
 
 # A format's tags as a tokenizer has them, which its grammar names (Serving.call_tags).
@@ -169,7 +177,7 @@ class ToolRequest:
             return json_schema_grammar(self._one_call("arguments"), "tools")
         more = " more" if self.parallel else ""  # the calls after the first
         if self.choice == "auto" and self.parser == "hermes":
-            lark = self._auto_tagged().format(more=more) + f"call: {json_lark(self._one_call('arguments'))}\n"
+            lark = self._auto_tagged(more) + f"call: {json_lark(self._one_call('arguments'))}\n"
             return lark_grammar(lark, "tools")
         if self.choice == "auto" and self.parser == GEMMA4:
             return lark_grammar(AUTO_GEMMA4.format(more=more) + gemma4.call_lark(self.tools), "tools")
@@ -181,21 +189,24 @@ class ToolRequest:
         if self.choice == "auto" and self.parser in XML_FORMATS:
             tokens = self.call_tags.tags if isinstance(self.call_tags, BlockTokens) else frozenset()
             calls = call_lark(self.tools, XML_FORMATS[self.parser], tokens)
-            return lark_grammar(self._auto_tagged().format(more=more) + calls, "tools")
+            return lark_grammar(self._auto_tagged(more) + calls, "tools")
         if self.choice == "auto":
             return lark_grammar(AUTO_LLAMA3.format(call=json_lark(self._one_call("parameters"))), "tools")
         if self.parser in TAGGED:  # none
-            return lark_grammar(NONE_HERMES, "tools")
+            return lark_grammar(NONE_HERMES.format(open_regex=_in_regex(block_tags(self.parser)[0])), "tools")
         if self.parser in DEEPSEEK_FORMATS:
             return lark_grammar(deepseek.NONE, "tools")
         if self.parser in SPECIAL_TAGS:
             return lark_grammar(NONE_SPECIAL, "tools")
         return None  # none in Llama 3's format: a call would be a JSON answer, which text may be
 
-    def _auto_tagged(self) -> str:
-        """`auto`'s rules around `<tool_call>` blocks: their tags named as tokens where they are ones."""
-        blocks = isinstance(self.call_tags, BlockTokens) and self.call_tags.blocks
-        return AUTO_TAG_TOKENS if blocks else AUTO_TAGGED
+    def _auto_tagged(self, more: str) -> str:
+        """`auto`'s rules around the format's blocks: their tags named as tokens where they are ones."""
+        opening, closing = block_tags(self.parser)
+        tagged = dict(more=more, open_regex=_in_regex(opening))
+        if isinstance(self.call_tags, BlockTokens) and self.call_tags.has(opening, closing):
+            return AUTO_TAG_TOKENS.format(open=opening, close=closing, **tagged)
+        return AUTO_TAGGED.format(open=json.dumps(opening), close=json.dumps(closing), **tagged)
 
     def _harmony_grammar(self) -> str | None:
         if self.choice == "none":
@@ -224,6 +235,17 @@ class ToolRequest:
                 }
             )
         return {"anyOf": calls, **({"$defs": definitions} if definitions else {})}
+
+
+def block_tags(parser: str) -> tuple[str, str]:
+    """The tags around each call of a `<tool_call>` format (TAGGED): Hermes's, or an XML format's own."""
+    form = XML_FORMATS.get(parser)
+    return (form.block_open, form.block_close) if form is not None else (HERMES_OPEN, HERMES_CLOSE)
+
+
+def _in_regex(tag: str) -> str:
+    """A tag as it stands in a Lark regex (between slashes)."""
+    return re.escape(tag).replace("/", "\\/")
 
 
 def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer, forced: str = "auto") -> str:
@@ -504,7 +526,7 @@ class ToolCallReader:
         which has no closing tag, and Llama 3's bare JSON."""
         if self.request.parser == GEMMA4:
             return gemma4.OPEN, gemma4.CLOSE
-        return (HERMES_OPEN, HERMES_CLOSE) if self.request.parser in TAGGED else None
+        return block_tags(self.request.parser) if self.request.parser in TAGGED else None
 
     @property
     def _opening(self) -> str | None:

@@ -1,5 +1,5 @@
-"""Tool calls written as XML, not JSON: Qwen3-Coder's and Qwen3.5's, and GLM-4.5's (tool_calls.py's
-`qwen3_coder` and `glm45` formats).
+"""Tool calls written as XML, not JSON: Qwen3-Coder's and Qwen3.5's, GLM-4.5's, Seed-OSS's and MiniMax-M2's
+(tool_calls.py's `qwen3_coder`, `glm45`, `seed_oss` and `minimax_m2` formats).
 
 Their chat templates teach calls in `<tool_call>` blocks as
 
@@ -14,19 +14,21 @@ Their chat templates teach calls in `<tool_call>` blocks as
     </function>
     </tool_call>
 
-(Qwen3-Coder's on the left, GLM-4.5's on the right), a value as plain text when its schema says it is
-a string, else as JSON (a number, a boolean, an object or an array), as vLLM's `qwen3_coder` and
-`glm45` parsers read them. `call_lark` is a call in a format as Lark rules, so that `auto` decodes a
-started call as one of the tools with each of its required parameters, in its schema's order, every
-value its schema's kind (the Hermes format's grammar does the same in JSON); `read_call` reads a
-call back into OpenAI's shape (arguments a JSON string).
+(Qwen3-Coder's on the left, GLM-4.5's on the right). Seed-OSS writes Qwen3-Coder's calls between
+`<seed:tool_call>` tags; MiniMax-M2 writes `<invoke name="get_weather">` and `<parameter name="city">`
+between `<minimax:tool_call>` tags. A value is plain text when its schema says it is a string, else
+JSON (a number, a boolean, an object or an array), as vLLM's parsers of these names read them.
+`call_lark` is a call in a format as Lark rules, so that `auto` decodes a started call as one of the
+tools with each of its required parameters, in its schema's order, every value its schema's kind (the
+Hermes format's grammar does the same in JSON); `read_call` reads a call back into OpenAI's shape
+(arguments a JSON string).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inference_api.structured_output import DEFINITIONS, json_lark
@@ -34,7 +36,7 @@ from inference_api.structured_output import DEFINITIONS, json_lark
 
 @dataclass(frozen=True)
 class XmlFormat:
-    name: str  # tool_calls.py's name for it
+    name: str  # tool_calls.py's name for it (vLLM's)
     function_open: str  # how a call opens, around "{name}"
     function_close: str
     parameter_open: str  # how a parameter opens, around "{name}" (GLM-4.5's: its key, then its value's tag)
@@ -42,6 +44,8 @@ class XmlFormat:
     function: re.Pattern  # a block's function name and the rest of it
     parameter: re.Pattern  # each of its parameters' name and value
     tags: tuple[str, ...] = ()  # its tags that a tokenizer may have as tokens of their own (GLM-4.5's does)
+    block_open: str = "<tool_call>"  # the tags around each call
+    block_close: str = "</tool_call>"
 
 
 QWEN3_CODER = XmlFormat(
@@ -65,8 +69,28 @@ GLM45 = XmlFormat(
 )
 
 
+# Seed-OSS's: Qwen3-Coder's calls in blocks of its own.
+SEED_OSS = replace(
+    QWEN3_CODER, name="seed_oss", block_open="<seed:tool_call>", block_close="</seed:tool_call>"
+)
+MINIMAX_M2 = XmlFormat(
+    "minimax_m2",
+    '<invoke name="{name}">',
+    "</invoke>",
+    '<parameter name="{name}">',
+    "</parameter>",
+    re.compile(r'<invoke name="([^"\n]+)">(.*?)(?:</invoke>|\Z)', re.S),
+    re.compile(r'<parameter name="([^"\n]+)">(.*?)(?:</parameter>|\Z)', re.S),
+    block_open="<minimax:tool_call>",
+    block_close="</minimax:tool_call>",
+)
+
+
 def template_format(template_source: str) -> XmlFormat | None:
     """The XML format a chat template teaches (and writes its calls in), if any."""
+    for form in (SEED_OSS, MINIMAX_M2):  # by their blocks' tags, which no other format writes
+        if form.block_open in template_source:
+            return form
     if "<function=" in template_source and "<parameter=" in template_source:
         return QWEN3_CODER
     if "<arg_key>" in template_source and "<arg_value>" in template_source:

@@ -3,6 +3,8 @@
 import json
 from dataclasses import replace
 
+import pytest
+
 from inference_api.tokenizer import ByteTokenizer
 from inference_api.tool_calls import ToolCallReader, ToolRequest
 from tests.frontend.test_structured_output import follows
@@ -277,6 +279,47 @@ def test_glm_4_5s_tags_are_named_as_tokens_where_they_are_ones():
     assert follows_with_tags(tokens, glm_call("get_forecast", city="", days="1"), GLM_TAGS)
     assert not follows_with_tags(tokens, glm_call("get_forecast", city="Paris"), GLM_TAGS)  # days required
     assert not follows_with_tags(tokens, glm_call("get_forecast", city="Paris", days="2", unit="K"), GLM_TAGS)
+
+
+def seed_call(function: str, **parameters: str) -> str:
+    return xml_call(function, **parameters).replace("tool_call>", "seed:tool_call>")
+
+
+def minimax_call(function: str, **parameters: str) -> str:
+    written = "".join(f'<parameter name="{name}">{value}</parameter>\n' for name, value in parameters.items())
+    return f'<minimax:tool_call>\n<invoke name="{function}">\n{written}</invoke>\n</minimax:tool_call>'
+
+
+@pytest.mark.parametrize(
+    "parser, template, call",
+    [
+        ("seed_oss", "{{- '<seed:tool_call>\\n<function=' + name + '>\\n<parameter=' }}", seed_call),
+        ("minimax_m2", "{{- '<minimax:tool_call>\\n<invoke name=\"' + name + '\">' }}", minimax_call),
+    ],
+)
+def test_seed_oss_and_minimax_m2_write_xml_calls_in_blocks_of_their_own(parser, template, call):
+    """Seed-OSS's calls are Qwen3-Coder's (its template writes `<function=` too) in `<seed:tool_call>`
+    blocks; MiniMax-M2's `<invoke name=...>` in `<minimax:tool_call>` ones: found, read and held to the
+    tools."""
+    from inference_api.tool_calls import tool_parser
+
+    assert tool_parser(template, False, ByteTokenizer()) == parser
+    forecast = call("get_forecast", city="San\nFrancisco", days="3", hours="[9, 12]")
+    request = ToolRequest(FORECAST_TOOLS, "auto", parser=parser)
+    released, [read_back] = read(request, ["Let me look. <", forecast[1:]])
+    assert "".join(released) == "Let me look. "
+    arguments = json.loads(read_back["function"]["arguments"])
+    assert (read_back["function"]["name"], arguments) == (
+        "get_forecast",
+        {"city": "San\nFrancisco", "days": 3, "hours": [9, 12]},
+    )
+    grammar = request.grammar
+    assert follows(grammar, "Let me look.\n" + forecast)
+    assert follows(grammar, forecast + "\n" + call("get_time"))
+    assert not follows(grammar, call("get_forecast", city="Paris"))  # days is required
+    assert not follows(grammar, call("get_date"))
+    none = ToolRequest(FORECAST_TOOLS, "none", parser=parser).grammar
+    assert follows(none, "Sunny.") and not follows(none, forecast)
 
 
 def nested_tool(name: str, item: dict) -> dict:

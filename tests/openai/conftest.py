@@ -144,16 +144,16 @@ def token_ids(server: RunningServer, tags: str) -> list[str]:
 
 
 def forced_weather_call(
-    client: openai.OpenAI, model: str, opening: str, **request
+    client: openai.OpenAI, model: str, opening: str, max_tokens: int = 100, **request
 ) -> tuple[str, ChatCompletionMessageToolCall]:
     """BOUNDED_WEATHER's call by a format_server's model made to open one (`opening`: the id of the tag
     that opens a call, biased): what it wrote, its tags kept, and the one call read back, which must be
-    valid."""
+    valid (written in `max_tokens`, of a byte-level tokenizer's)."""
     completion = client.chat.completions.create(
         model=model,
         messages=WEATHER_QUESTION,
         tools=[BOUNDED_WEATHER],
-        max_tokens=100,
+        max_tokens=max_tokens,
         logit_bias={opening: 100},
         parallel_tool_calls=False,
         logprobs=True,  # the answer's tokens: the call as the model wrote it
@@ -167,8 +167,10 @@ def forced_weather_call(
     return "".join(token.token for token in choice.logprobs.content), call
 
 
-def assert_forced_call_streams_as_the_whole_one(client: openai.OpenAI, model: str, opening: str) -> None:
+def assert_forced_call_streams_as_the_whole_one(
+    client: openai.OpenAI, model: str, opening: str, max_tokens: int = 100
+) -> None:
     """`forced_weather_call`, greedy, streamed: deltas of the call the whole answer made."""
     request = dict(model=model, messages=WEATHER_QUESTION, tools=[BOUNDED_WEATHER], temperature=0)
-    forced = {"max_tokens": 100, "logit_bias": {opening: 100}, "parallel_tool_calls": False}
+    forced = {"max_tokens": max_tokens, "logit_bias": {opening: 100}, "parallel_tool_calls": False}
     assert_streamed_call_is_the_whole_ones(client, {**request, **forced})
