@@ -1,10 +1,10 @@
-"""LFM2's tool calls (tool_calls.py's `lfm2` format, SGLang's name): a Python list of calls between its
+"""LFM2's tool calls (tool_calls.py's `lfm2` format): a Python list of calls between its
 two tags,
 
     <|tool_call_start|>[get_weather(city='Paris', days=3), get_time()]<|tool_call_end|>
 
 each argument a keyword, its value a Python literal (LFM2's templates write a string between single
-quotes, an object as JSON, anything else as Python prints it), as SGLang's `lfm2` detector reads them.
+quotes, an object as JSON, anything else as Python prints it), as vLLM's `lfm2` parser reads them.
 LFM2 and LFM2.5 are Liquid AI's small models for CPUs and devices.
 
 The tags are tokens of their own; the calls' grammar names them by id (`<[id]>`), so a format is made for

@@ -29,9 +29,10 @@ from backend.messages import (
     reserved_places,
 )
 from backend.process import BackendDied, BackendProcess, BackendStartError
-from inference_api import deepseek_tool_calls, gemma4_tool_calls, pythonic_tool_calls
+from inference_api import deepseek_tool_calls, gemma4_tool_calls, listed_tool_calls, pythonic_tool_calls
 from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.deepseek_tool_calls import DeepSeekTags
+from inference_api.listed_tool_calls import ListTags
 from inference_api.metrics import Metrics
 from inference_api.mistral_tool_calls import CallTags
 from inference_api.pythonic_tool_calls import PythonicTags
@@ -57,6 +58,7 @@ from inference_api.tool_calls import (
     DEEPSEEK_FORMATS,
     GEMMA4,
     LFM2,
+    LIST_FORMATS,
     TAGGED,
     XML_FORMATS,
     BlockTokens,
@@ -171,6 +173,12 @@ class Serving:
                 f"--tool-call-parser {self.tool_parser} reads calls after a {opening} token, which this "
                 "model's tokenizer does not have"
             )
+        if self.tool_parser in LIST_FORMATS and self.call_tags is None:
+            opening, closing = listed_tool_calls.LISTS[self.tool_parser]
+            return (
+                f"--tool-call-parser {self.tool_parser} reads calls between {opening} and {closing} tokens, "
+                "which this model's tokenizer does not have"
+            )
         if self.tool_parser == LFM2 and self.call_tags is None:
             return (
                 f"--tool-call-parser lfm2 reads calls between {pythonic_tool_calls.OPEN} and "
@@ -211,6 +219,8 @@ class Serving:
             return DeepSeekTags.of(self.tokenizer, self.tool_parser)
         if self.tool_parser == LFM2:
             return PythonicTags.of(self.tokenizer)
+        if self.tool_parser in LIST_FORMATS:
+            return ListTags.of(self.tokenizer, self.tool_parser)
         opening = CALL_TAG_FORMATS.get(self.tool_parser)
         return None if opening is None else CallTags.of(self.tokenizer, opening)
 

@@ -39,10 +39,12 @@ from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
 from inference_api import deepseek_tool_calls as deepseek
 from inference_api import gemma4_tool_calls as gemma4
+from inference_api import listed_tool_calls as listed
 from inference_api import mistral_tool_calls as mistral
 from inference_api import pythonic_tool_calls as pythonic
 from inference_api.deepseek_tool_calls import DeepSeekTags
 from inference_api.harmony import call_grammar, final_answer
+from inference_api.listed_tool_calls import ListTags
 from inference_api.mistral_tool_calls import CallTags
 from inference_api.pythonic_tool_calls import PythonicTags
 from inference_api.structured_output import definitions_under, json_lark, json_schema_grammar, lark_grammar
@@ -95,10 +97,11 @@ GEMMA4, MISTRAL, GRANITE = "gemma4", "mistral", "granite"
 # The formats whose calls follow a special token (mistral_tool_calls.CallTags), and its text.
 CALL_TAG_FORMATS = {MISTRAL: mistral.OPEN, GRANITE: mistral.GRANITE_OPEN}
 DEEPSEEK_FORMATS = (deepseek.V3, deepseek.V31)
-LFM2 = "lfm2"  # SGLang's name (pythonic_tool_calls.py)
+LFM2 = "lfm2"  # pythonic_tool_calls.py
+LIST_FORMATS = tuple(listed.LISTS)  # a JSON list between tags of their own (listed_tool_calls.py)
 # The formats whose tags are special tokens (DeepSeek's may be): an answer that may call keeps them in its
 # text.
-SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS, LFM2)
+SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS, LFM2, *LIST_FORMATS)
 # --tool-call-parser's choices, vLLM's names: auto reads the chat template for the format (tool_parser).
 TOOL_CALL_PARSERS = (
     "auto",
@@ -110,6 +113,7 @@ TOOL_CALL_PARSERS = (
     GRANITE,
     *DEEPSEEK_FORMATS,
     LFM2,
+    *LIST_FORMATS,
 )
 # `auto` in Gemma 4's (gemma4_tool_calls.py): text, or text then calls between its tags, which are special
 # tokens (named as such: no text lexeme can hold them, so TEXT needs no exclusion).
@@ -151,7 +155,7 @@ class BlockTokens:
 
 
 # A format's tags as a tokenizer has them, which its grammar names (Serving.call_tags).
-FormatTags = CallTags | DeepSeekTags | PythonicTags | BlockTokens
+FormatTags = CallTags | DeepSeekTags | PythonicTags | ListTags | BlockTokens
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,8 @@ class ToolRequest:
             return lark_grammar(lark, "tools")
         if self.choice == "auto" and isinstance(self.call_tags, DeepSeekTags | PythonicTags):
             return lark_grammar(self.call_tags.auto_lark(self.tools, self.parallel), "tools")
+        if self.choice == "auto" and isinstance(self.call_tags, ListTags):
+            return lark_grammar(self.call_tags.auto_lark(self._one_call("arguments"), self.parallel), "tools")
         if self.choice == "auto" and self.parser in XML_FORMATS:
             tokens = self.call_tags.tags if isinstance(self.call_tags, BlockTokens) else frozenset()
             calls = call_lark(self.tools, XML_FORMATS[self.parser], tokens)
@@ -254,6 +260,7 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     format the template teaches: Gemma 4's notation where it writes its `<|tool_call>` token
     (gemma4_tool_calls.py), Mistral's or Granite 3's where it writes their `[TOOL_CALLS]` or `<|tool_call|>`
     token (mistral_tool_calls.py), LFM2's where it writes its `<|tool_call_start|>` (pythonic_tool_calls.py),
+    Jamba's or Nemotron Nano 2's where it writes `<tool_calls>` or `<TOOLCALL>` (listed_tool_calls.py),
     DeepSeek's where it writes its `<｜tool▁calls▁begin｜>` (deepseek_tool_calls.py), XML where it writes
     Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>` (xml_tool_calls.py), Llama 3's JSON where it
     has the python tag, else Hermes blocks."""
@@ -268,6 +275,9 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
             return name
     if pythonic.writes_lfm2(template_source, tokenizer):
         return LFM2
+    list_format = listed.template_format(template_source, tokenizer)
+    if list_format is not None:
+        return list_format
     deepseek_format = deepseek.template_format(template_source, tokenizer)
     if deepseek_format is not None:
         return deepseek_format
@@ -535,7 +545,14 @@ class ToolCallReader:
             return deepseek.CALLS_BEGIN
         if self.request.parser == LFM2:
             return pythonic.OPEN
+        if self.request.parser in LIST_FORMATS:
+            return listed.LISTS[self.request.parser][0]
         return CALL_TAG_FORMATS.get(self.request.parser) or (self._tags or (None,))[0]
+
+    @property
+    def _list_opening(self) -> str | None:
+        listed_tags = listed.LISTS.get(self.request.parser)
+        return None if listed_tags is None else listed_tags[0]
 
     def _find_call_start(self) -> None:
         if self._opening is not None:
@@ -567,7 +584,7 @@ class ToolCallReader:
             else:
                 calls = deepseek.read_calls(text, fenced=self.request.parser == deepseek.V3)
             return None if calls is None else [new_call(*call) for call in calls]
-        opening = CALL_TAG_FORMATS.get(self.request.parser)
+        opening = CALL_TAG_FORMATS.get(self.request.parser) or self._list_opening
         if opening is not None:
             calls = mistral.read_calls(text, opening)
             if calls is None:
