@@ -16,7 +16,7 @@ from inference_api.deepseek_tool_calls import TAGS, V3, V31, DeepSeekTags
 from inference_api.tokenizer import ByteTokenizer, ModelTokenizer
 from inference_api.tool_calls import ToolRequest, read_tool_calls, template_messages, tool_parser
 from tests.backend.models import byte_tokenizer
-from tests.frontend.test_tool_calls import read
+from tests.frontend.test_tool_calls import follows_in, read
 from tests.openai.test_deepseek_format import SPECIAL_TOKENS, THOUGHT_TAGS
 
 TOKENIZER = byte_tokenizer(SPECIAL_TOKENS, THOUGHT_TAGS)
@@ -50,10 +50,7 @@ def request(parser: str, parallel: bool = True) -> ToolRequest:
 
 
 def follows(grammar: str, text: str) -> bool:
-    """Whether the grammar takes `text` whole, in the tokenizer with DeepSeek's tags as tokens."""
-    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(TOKENIZER), grammar)
-    ids = TOKENIZER.encode(text, add_special_tokens=False)
-    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+    return follows_in(TOKENIZER, grammar, text)
 
 
 def test_the_layout_is_read_from_the_template_where_the_tokenizer_has_the_tags(tmp_path):

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 
-import llguidance
-import llguidance.hf
 import pytest
 
 from inference_api.listed_tool_calls import LISTS, ListTags
 from inference_api.tokenizer import ByteTokenizer, ModelTokenizer
 from inference_api.tool_calls import ToolRequest, tool_parser
 from tests.backend.models import byte_tokenizer
-from tests.frontend.test_tool_calls import FORECAST_TOOLS, read
+from tests.frontend.test_tool_calls import FORECAST_TOOLS, follows_in, read
 
 TAGS = tuple(tag for tags in LISTS.values() for tag in tags)
 TOKENIZER = byte_tokenizer((*TAGS, "<|endoftext|>"))
@@ -28,9 +26,7 @@ def request(parser: str, parallel: bool = True) -> ToolRequest:
 
 
 def follows(grammar: str, text: str) -> bool:
-    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(TOKENIZER), grammar)
-    ids = TOKENIZER.encode(text, add_special_tokens=False)
-    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+    return follows_in(TOKENIZER, grammar, text)
 
 
 def listed(parser: str, *calls: dict) -> str:

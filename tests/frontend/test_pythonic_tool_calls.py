@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 
-import llguidance
-import llguidance.hf
 import pytest
 
 from inference_api.pythonic_tool_calls import CLOSE, OPEN, PythonicTags, read_calls
 from inference_api.tokenizer import ByteTokenizer, ModelTokenizer
 from inference_api.tool_calls import ToolRequest, tool_parser
 from tests.backend.models import byte_tokenizer
-from tests.frontend.test_tool_calls import read
+from tests.frontend.test_tool_calls import follows_in, read
 
 TOKENIZER = byte_tokenizer(("<|im_start|>", OPEN, CLOSE, "<|endoftext|>"))
 FORECAST = {
@@ -43,9 +41,7 @@ def request(parallel: bool = True) -> ToolRequest:
 
 
 def follows(grammar: str, text: str) -> bool:
-    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(TOKENIZER), grammar)
-    ids = TOKENIZER.encode(text, add_special_tokens=False)
-    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+    return follows_in(TOKENIZER, grammar, text)
 
 
 def test_the_format_is_read_from_the_template_where_the_tokenizer_has_the_tags(tmp_path):

@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -254,16 +255,20 @@ def test_glm_4_5s_xml_calls_are_found_in_its_template_read_and_held_to_the_tools
 GLM_TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 
 
-def follows_with_tags(grammar: str, text: str, tags: tuple[str, ...]) -> bool:
-    """Whether the grammar takes `text` whole, in a tokenizer with `tags` as tokens not marked special."""
+def follows_in(tokenizer: Any, grammar: str, text: str) -> bool:
+    """Whether the grammar takes `text` whole, token by token, in this (transformers') tokenizer."""
     import llguidance.hf
 
-    from tests.backend.models import byte_tokenizer
-
-    tokenizer = byte_tokenizer((*tags, "<|endoftext|>"), tags)
     matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tokenizer), grammar)
     ids = tokenizer.encode(text, add_special_tokens=False)
     return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+
+def follows_with_tags(grammar: str, text: str, tags: tuple[str, ...]) -> bool:
+    """Whether the grammar takes `text` whole, in a tokenizer with `tags` as tokens not marked special."""
+    from tests.backend.models import byte_tokenizer
+
+    return follows_in(byte_tokenizer((*tags, "<|endoftext|>"), tags), grammar, text)
 
 
 def test_glm_4_5s_tags_are_named_as_tokens_where_they_are_ones():
@@ -369,14 +374,9 @@ def gemma4_call(function: str, arguments: str) -> str:
 
 def follows_gemma4(grammar: str, text: str) -> bool:
     """Whether the grammar takes `text` whole, in a tokenizer whose Gemma 4 tags are special tokens."""
-    import llguidance.hf
-
     from tests.backend.models import byte_tokenizer
 
-    tokenizer = byte_tokenizer(GEMMA4_TOKENS)
-    matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tokenizer), grammar)
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+    return follows_in(byte_tokenizer(GEMMA4_TOKENS), grammar, text)
 
 
 def test_gemma_4s_calls_are_found_where_its_tags_are_tokens_read_and_held_to_the_tools():

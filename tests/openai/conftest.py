@@ -174,3 +174,35 @@ def assert_forced_call_streams_as_the_whole_one(
     request = dict(model=model, messages=WEATHER_QUESTION, tools=[BOUNDED_WEATHER], temperature=0)
     forced = {"max_tokens": max_tokens, "logit_bias": {opening: 100}, "parallel_tool_calls": False}
     assert_streamed_call_is_the_whole_ones(client, {**request, **forced})
+
+
+def answer_without_a_call(client: openai.OpenAI, model: str, opening: str) -> str:
+    """A format_server's greedy answer to WEATHER_QUESTION, BOUNDED_WEATHER offered, made not to open a
+    call (`opening`, the id of its tag, biased away): text, which must not be read as calls."""
+    completion = client.chat.completions.create(
+        model=model,
+        messages=WEATHER_QUESTION,
+        tools=[BOUNDED_WEATHER],
+        temperature=0,
+        max_tokens=20,
+        logit_bias={opening: -100},
+    )
+    message = completion.choices[0].message
+    assert message.tool_calls is None and message.content
+    return message.content
+
+
+def prompt_after_a_call(server: RunningServer, model: str) -> str:
+    """The prompt a format_server's model answers after BOUNDED_WEATHER's call (days 2, units metric) and
+    its result, as text: what its template made of the call. The request is answered, too."""
+    call = {"id": "call_1", "type": "function"}
+    call["function"] = {"name": "get_weather", "arguments": '{"days": 2, "units": "metric"}'}
+    history = [
+        *WEATHER_QUESTION,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C."},
+    ]
+    request = dict(model=model, messages=history, tools=[BOUNDED_WEATHER])
+    assert server.openai_client().chat.completions.create(**request, max_tokens=8).choices[0].finish_reason
+    body = {**request, "return_token_strs": True}
+    return "".join(requests.post(f"{server.url}/tokenize", json=body, timeout=30).json()["token_strs"])

@@ -21,9 +21,11 @@ import requests
 from tests.openai.conftest import (
     BOUNDED_WEATHER,
     WEATHER_QUESTION,
+    answer_without_a_call,
     assert_forced_call_streams_as_the_whole_one,
     forced_weather_call,
     format_fixtures,
+    prompt_after_a_call,
     token_ids,
 )
 
@@ -48,14 +50,6 @@ SPECIAL_TOKENS = (
 THOUGHT_TAGS = ("<think>", "</think>")  # tokens of their own, not marked special, as DeepSeek's are
 TEMPLATE = (Path(__file__).parents[1] / "frontend/chat_templates/deepseek-ai-DeepSeek-V3.1.jinja").read_text()
 MODEL = "deepseek-v31-format"
-CALL = {"id": "call_9f8e7d6c5b4a39281706f5e4", "type": "function"}
-CALL["function"] = {"name": "get_weather", "arguments": '{"days": 2, "units": "metric"}'}
-AFTER_A_CALL = [
-    *WEATHER_QUESTION,
-    {"role": "assistant", "content": None, "tool_calls": [CALL]},
-    {"role": "tool", "tool_call_id": CALL["id"], "content": "Sunny, 21 C."},
-]
-
 
 # The system prompt that lists the tools takes some 500 of the byte-level tokens.
 OPENING = "<｜tool▁calls▁begin｜>"
@@ -81,17 +75,7 @@ def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
 
 
 def test_an_answer_that_opens_no_call_is_text(client, opening):
-    completion = client.chat.completions.create(
-        model=MODEL,
-        messages=WEATHER_QUESTION,
-        tools=[BOUNDED_WEATHER],
-        temperature=0,
-        max_tokens=20,
-        logit_bias={opening: -100},
-    )
-    choice = completion.choices[0]
-    assert choice.message.tool_calls is None and choice.message.content
-    assert "tool" not in choice.message.content
+    assert "tool" not in answer_without_a_call(client, MODEL, opening)
 
 
 def test_the_tools_are_listed_in_the_system_prompt_as_the_model_card_lists_them(server):
@@ -104,14 +88,10 @@ def test_the_tools_are_listed_in_the_system_prompt_as_the_model_card_lists_them(
     assert "<｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>" in prompt
 
 
-def test_a_conversation_goes_on_after_a_call_its_arguments_in_the_template_as_json(server, client):
+def test_a_conversation_goes_on_after_a_call_its_arguments_in_the_template_as_json(server):
     """The template adds the arguments to text: a JSON object there, not a 400 for adding a dict."""
-    answer = client.chat.completions.create(
-        model=MODEL, messages=AFTER_A_CALL, tools=[BOUNDED_WEATHER], max_tokens=8
-    )
-    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
     called = '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"days": 2, "units": "metric"}<｜tool▁call▁end｜>'
-    assert called + "<｜tool▁calls▁end｜>" in prompt_text(server, AFTER_A_CALL, [BOUNDED_WEATHER])
+    assert called + "<｜tool▁calls▁end｜>" in prompt_after_a_call(server, MODEL)
 
 
 def test_thoughts_the_prompt_opened_end_at_the_closing_token_then_the_json_answer(server, client):

@@ -21,6 +21,7 @@ from openai.types.chat import ChatCompletion
 from tests.openai.conftest import (
     BOUNDED_WEATHER,
     WEATHER_QUESTION,
+    answer_without_a_call,
     assert_forced_call_streams_as_the_whole_one,
     forced_weather_call,
     format_fixtures,
@@ -90,17 +91,7 @@ def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
 
 
 def test_an_answer_that_opens_no_call_is_text(client, opening):
-    completion = client.chat.completions.create(
-        model=MODEL,
-        messages=WEATHER_QUESTION,
-        tools=[BOUNDED_WEATHER],
-        temperature=0,
-        max_tokens=20,
-        logit_bias={opening: -100},
-    )
-    choice = completion.choices[0]
-    assert choice.message.tool_calls is None and choice.message.content
-    assert "<|tool_call>" not in choice.message.content
+    assert "<|tool_call>" not in answer_without_a_call(client, MODEL, opening)
 
 
 THINKING_ON = {"chat_template_kwargs": {"enable_thinking": True}}

@@ -13,14 +13,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import requests
-
 from tests.openai.conftest import (
-    BOUNDED_WEATHER,
-    WEATHER_QUESTION,
+    answer_without_a_call,
     assert_forced_call_streams_as_the_whole_one,
     forced_weather_call,
     format_fixtures,
+    prompt_after_a_call,
 )
 
 THOUGHT_TAGS = ("<think>", "</think>")  # tokens of their own, not marked special
@@ -55,30 +53,9 @@ def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
 
 
 def test_an_answer_that_opens_no_call_is_text(client, opening):
-    completion = client.chat.completions.create(
-        model=MODEL,
-        messages=WEATHER_QUESTION,
-        tools=[BOUNDED_WEATHER],
-        temperature=0,
-        max_tokens=20,
-        logit_bias={opening: -100},
-    )
-    choice = completion.choices[0]
-    assert choice.message.tool_calls is None and choice.message.content
+    assert "<|tool_call_start|>" not in answer_without_a_call(client, MODEL, opening)
 
 
-def test_a_call_in_the_history_goes_back_into_the_prompt_as_the_template_writes_it(server, client):
-    call = {"id": "call_1", "type": "function"}
-    call["function"] = {"name": "get_weather", "arguments": '{"days": 2, "units": "metric"}'}
-    history = [
-        *WEATHER_QUESTION,
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C."},
-    ]
-    answer = client.chat.completions.create(
-        model=MODEL, messages=history, tools=[BOUNDED_WEATHER], max_tokens=8
-    )
-    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    body = {"model": MODEL, "messages": history, "tools": [BOUNDED_WEATHER], "return_token_strs": True}
-    prompt = "".join(requests.post(f"{server.url}/tokenize", json=body, timeout=30).json()["token_strs"])
-    assert "<|tool_call_start|>[get_weather(days=2, units='metric')]<|tool_call_end|>" in prompt
+def test_a_call_in_the_history_goes_back_into_the_prompt_as_the_template_writes_it(server):
+    called = "<|tool_call_start|>[get_weather(days=2, units='metric')]<|tool_call_end|>"
+    assert called in prompt_after_a_call(server, MODEL)

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import re
 
-import requests
-
 from tests.openai.conftest import (
-    BOUNDED_WEATHER,
-    WEATHER_QUESTION,
     assert_forced_call_streams_as_the_whole_one,
     forced_weather_call,
     format_fixtures,
+    prompt_after_a_call,
 )
 
 TAG_TOKENS = ("<minimax:tool_call>", "</minimax:tool_call>", "<think>", "</think>")
@@ -61,17 +58,8 @@ def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
     assert_forced_call_streams_as_the_whole_one(client, MODEL, opening, CALL_TOKENS)
 
 
-def test_a_call_in_the_history_goes_back_into_the_prompt_in_the_format(server, client):
-    call = {"id": "call_1", "type": "function"}
-    call["function"] = {"name": "get_weather", "arguments": '{"days": 2, "units": "metric"}'}
-    history = [
-        *WEATHER_QUESTION,
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C."},
-    ]
-    request = dict(model=MODEL, messages=history, tools=[BOUNDED_WEATHER])
-    assert client.chat.completions.create(**request, max_tokens=8).choices[0].finish_reason
-    body = {**request, "return_token_strs": True}
-    prompt = "".join(requests.post(f"{server.url}/tokenize", json=body, timeout=30).json()["token_strs"])
+def test_a_call_in_the_history_goes_back_into_the_prompt_in_the_format(server):
     invoke = '<invoke name="get_weather">\n<parameter name="days">2</parameter>\n'
-    assert invoke + '<parameter name="units">metric</parameter>\n</invoke>' in prompt
+    assert invoke + '<parameter name="units">metric</parameter>\n</invoke>' in prompt_after_a_call(
+        server, MODEL
+    )
