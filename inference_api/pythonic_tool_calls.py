@@ -129,7 +129,7 @@ def _parsed(listed: str) -> tuple[ast.expr | None, bool]:
         for ending in ("", "]", ")]", "')]", '")]'):
             try:
                 return ast.parse(written + ending, mode="eval").body, written + ending != listed
-            except SyntaxError:
+            except (SyntaxError, ValueError, RecursionError):  # ValueError: a NUL in the text
                 continue
     return None, True
 
@@ -144,9 +144,9 @@ def _call(node: ast.expr) -> tuple[str, str] | None:
         arguments = {
             keyword.arg: ast.literal_eval(_JsonConstants().visit(keyword.value)) for keyword in node.keywords
         }
-    except ValueError:  # not a literal (another name, a call)
+        return node.func.id, json.dumps(arguments, ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError):  # not a literal (a name, a call), or not JSON's (a set)
         return None
-    return node.func.id, json.dumps(arguments, ensure_ascii=False)
 
 
 class _JsonConstants(ast.NodeTransformer):

@@ -72,6 +72,8 @@ def test_calls_stream_after_text_and_are_read_as_python_literals():
         ("[get_time(), get_fore", [("get_time", {})]),  # a call cut in its name: left out
         ("[get_forecast(city=paris)]", None),  # a name is not a literal
         ("[get_forecast('Paris')]", None),  # no keyword
+        ("[get_forecast(city={1, 2})]", None),  # a set, which JSON has not
+        ("[get_forecast(city='\x00')", None),  # a NUL, which Python's parser refuses
         ("[", None),
     ],
 )
