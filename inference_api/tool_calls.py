@@ -33,6 +33,7 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from backend.engine.stop_matcher import longest_partial_match
@@ -99,6 +100,14 @@ CALL_TAG_FORMATS = {MISTRAL: mistral.OPEN, GRANITE: mistral.GRANITE_OPEN}
 DEEPSEEK_FORMATS = (deepseek.V3, deepseek.V31)
 LFM2 = "lfm2"  # pythonic_tool_calls.py
 LIST_FORMATS = tuple(listed.LISTS)  # a JSON list between tags of their own (listed_tool_calls.py)
+# The formats whose calls are a list after an opening tag, read as Mistral's are, and that tag.
+LISTED_OPENINGS = CALL_TAG_FORMATS | {name: tags[0] for name, tags in listed.LISTS.items()}
+# The formats with readers of their own, and the tag that opens their calls.
+OWN_READERS = {
+    deepseek.V3: (deepseek.CALLS_BEGIN, partial(deepseek.read_calls, fenced=True)),
+    deepseek.V31: (deepseek.CALLS_BEGIN, partial(deepseek.read_calls, fenced=False)),
+    LFM2: (pythonic.OPEN, pythonic.read_calls),
+}
 # The formats whose tags are special tokens (DeepSeek's may be): an answer that may call keeps them in its
 # text.
 SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS, LFM2, *LIST_FORMATS)
@@ -541,18 +550,9 @@ class ToolCallReader:
     @property
     def _opening(self) -> str | None:
         """The tag that opens the calls; None for Llama 3's bare JSON."""
-        if self.request.parser in DEEPSEEK_FORMATS:
-            return deepseek.CALLS_BEGIN
-        if self.request.parser == LFM2:
-            return pythonic.OPEN
-        if self.request.parser in LIST_FORMATS:
-            return listed.LISTS[self.request.parser][0]
-        return CALL_TAG_FORMATS.get(self.request.parser) or (self._tags or (None,))[0]
-
-    @property
-    def _list_opening(self) -> str | None:
-        listed_tags = listed.LISTS.get(self.request.parser)
-        return None if listed_tags is None else listed_tags[0]
+        if self.request.parser in OWN_READERS:
+            return OWN_READERS[self.request.parser][0]
+        return LISTED_OPENINGS.get(self.request.parser) or (self._tags or (None,))[0]
 
     def _find_call_start(self) -> None:
         if self._opening is not None:
@@ -578,13 +578,10 @@ class ToolCallReader:
             return [new_call(self.request.function, text)]
         if choice == "required":
             return _required_call(text)
-        if self.request.parser in (*DEEPSEEK_FORMATS, LFM2):
-            if self.request.parser == LFM2:
-                calls = pythonic.read_calls(text)
-            else:
-                calls = deepseek.read_calls(text, fenced=self.request.parser == deepseek.V3)
+        if self.request.parser in OWN_READERS:
+            calls = OWN_READERS[self.request.parser][1](text)
             return None if calls is None else [new_call(*call) for call in calls]
-        opening = CALL_TAG_FORMATS.get(self.request.parser) or self._list_opening
+        opening = LISTED_OPENINGS.get(self.request.parser)
         if opening is not None:
             calls = mistral.read_calls(text, opening)
             if calls is None:
