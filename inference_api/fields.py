@@ -9,20 +9,20 @@ booleans are never numbers.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from backend.messages import InvalidParams
+from inference_api import json_text
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or InvalidParams("body", ...)."""
     try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        data = json_text.loads(body)
+    except ValueError as exc:  # UnicodeDecodeError is one
         raise InvalidParams("body", f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidParams("body", f"the request body must be a JSON object, got {_kind(data)}")

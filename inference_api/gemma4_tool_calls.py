@@ -21,6 +21,7 @@ import json
 import re
 from typing import Any
 
+from inference_api import json_text
 from inference_api.call_rules import listed_parameters
 from inference_api.structured_output import json_lark
 from inference_api.tokenizer import PromptTokenizer, are_tokens
@@ -84,12 +85,16 @@ def _value(schema: Any) -> str:
 
 def read_call(block: str) -> tuple[str, str] | None:
     """A call's block (what is between its tags) as (name, arguments as a JSON string); a call cut by
-    max_tokens keeps what was written of it. None where the block holds no `call:NAME{`."""
+    max_tokens keeps what was written of it. None where the block holds no `call:NAME{`, or nests past
+    Python's recursion limit (a model looping on `[`): no call then, its text kept."""
     found = CALL.match(block)
     if found is None:
         return None
-    arguments, _ = _object(found[2], 0)
-    return found[1], json.dumps(arguments, ensure_ascii=False)
+    try:
+        arguments, _ = _object(found[2], 0)
+        return found[1], json.dumps(arguments, ensure_ascii=False)
+    except RecursionError:
+        return None
 
 
 def _object(text: str, at: int) -> tuple[dict[str, Any], int]:
@@ -143,7 +148,7 @@ def _item(text: str, at: int, closer: str) -> tuple[Any, int]:
         return _CUT, end
     written = text[at:end].strip()
     try:
-        return json.loads(written), end
+        return json_text.loads(written), end
     except ValueError:
         return written, end
 

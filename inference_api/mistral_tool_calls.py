@@ -28,6 +28,7 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
+from inference_api import json_text
 from inference_api.structured_output import json_lark
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
@@ -126,11 +127,10 @@ def _listed_calls(text: str) -> list[tuple[str, str]] | None:
     """The list before v11: `[{"name": ..., "arguments": {...}}, ...]`, its last call maybe cut."""
     rest = text.strip().removeprefix("[")
     calls: list[tuple[str, str]] = []
-    decoder = json.JSONDecoder()
     while rest.strip() and not rest.strip().startswith("]"):
         rest = rest.lstrip(" \n,")
         try:
-            call, end = decoder.raw_decode(rest)
+            call, end = json_text.raw_decode(rest)
         except ValueError:
             cut = CUT_LISTED_CALL.match(rest)
             return calls + [(json.loads(cut[1]), cut[2])] if cut else (calls or None)
@@ -144,7 +144,7 @@ def _listed_calls(text: str) -> list[tuple[str, str]] | None:
 def json_arguments(written: str) -> str:
     """Arguments as a JSON string: re-serialized where whole, as written where cut."""
     try:
-        return json.dumps(json.loads(written), ensure_ascii=False)
+        return json.dumps(json_text.loads(written), ensure_ascii=False)
     except ValueError:
         return written
 

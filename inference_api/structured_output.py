@@ -22,6 +22,7 @@ from typing import Any
 import llguidance
 
 from backend.messages import InvalidParams
+from inference_api import json_text
 
 # One spacing only, as `json.dumps` writes it: a model free to add whitespace anywhere may spend its
 # whole budget on it (small models at temperature 1 do).
@@ -236,7 +237,7 @@ def _response_format(value: Any) -> str | None:
 def _schema(value: Any, param: str) -> dict[str, Any]:
     if isinstance(value, str):  # vLLM takes guided_json as a JSON string too
         try:
-            value = json.loads(value)
+            value = json_text.loads(value)
         except ValueError:
             raise InvalidParams(param, f"{param} is not valid JSON") from None
     if not isinstance(value, dict):

@@ -40,6 +40,7 @@ from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
 from inference_api import deepseek_tool_calls as deepseek
 from inference_api import gemma4_tool_calls as gemma4
+from inference_api import json_text
 from inference_api import listed_tool_calls as listed
 from inference_api import mistral_tool_calls as mistral
 from inference_api import pythonic_tool_calls as pythonic
@@ -484,7 +485,7 @@ def read_tool_calls(value: Any, param: str) -> list[dict[str, Any]]:
                 f"{param}[{i}]", f"{param}[{i}] must be {{id, type, function: {{name, arguments}}}}"
             )
         try:
-            parsed = json.loads(arguments)
+            parsed = json_text.loads(arguments)
         except ValueError:
             raise InvalidParams(
                 f"{param}[{i}].function.arguments", "the arguments must be a JSON string"
@@ -595,7 +596,7 @@ class ToolCallReader:
             calls = [self._tagged_call(block) for block in re.findall(pattern, text, re.S)]
             return None if None in calls else [call for found in calls for call in found]
         try:
-            call = json.loads(text.strip().removeprefix(LLAMA3_PYTHON_TAG))
+            call = json_text.loads(text.strip().removeprefix(LLAMA3_PYTHON_TAG))
             return [new_call(call["name"], json.dumps(call.get("parameters", {}), ensure_ascii=False))]
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
@@ -615,7 +616,7 @@ class ToolCallReader:
 def _hermes_call(block: str) -> list[dict[str, Any]] | None:
     """A `<tool_call>` block's call: whole, or cut by max_tokens after its name (as `required`'s)."""
     try:
-        call = json.loads(block)
+        call = json_text.loads(block)
         return [new_call(call["name"], json.dumps(call.get("arguments", {}), ensure_ascii=False))]
     except (ValueError, KeyError, TypeError, AttributeError):
         return _required_call(block.strip())
@@ -625,7 +626,7 @@ def _required_call(text: str) -> list[dict[str, Any]] | None:
     """`required`'s answer as the call it is; cut by max_tokens after the name, the call with what was
     written of its arguments; cut before it, none."""
     try:
-        call = json.loads(text)
+        call = json_text.loads(text)
         return [new_call(call["name"], json.dumps(call["arguments"], ensure_ascii=False))]
     except (ValueError, KeyError, TypeError):  # not whole JSON (a JSONDecodeError is a ValueError)
         cut = REQUIRED_CALL_CUT.match(text)

@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from inference_api import json_text
 from inference_api.structured_output import DEFINITIONS, json_lark
 
 
@@ -215,6 +216,6 @@ def _value(written: str, schema: Any) -> Any:
     if _is_text(schema):
         return text
     try:
-        return json.loads(text)
+        return json_text.loads(text)
     except ValueError:
         return text

@@ -23,7 +23,7 @@ def streams_of(path: str, body: bytes) -> int:
         return 1
     try:
         data = json.loads(body)
-    except ValueError:  # UnicodeDecodeError is one
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; too deep, a RecursionError
         return 1
     if not isinstance(data, dict):
         return 1

@@ -278,3 +278,19 @@ def test_through_the_proxy_the_team_token_is_a_header(proxy):
     with pytest.raises(ollama.ResponseError) as failure:
         ollama.Client(host=proxy.url, timeout=30).list()
     assert failure.value.status_code == 401
+
+
+@pytest.mark.parametrize("num_predict, arguments", [(21, {}), (23, {"city": "Berlin"})])
+def test_a_call_cut_by_num_predict_keeps_the_members_written_whole(server, client, num_predict, arguments):
+    """A call cut in its arguments (`{"city": "Ber` at 21 tokens, `{"city": "Berlin"` at 23): Ollama's
+    arguments are an object, so they are the members written whole before the cut, as Anthropic's `input`
+    is, where the chat completions API gives the JSON string as written."""
+    options = GREEDY | {"num_predict": num_predict}
+    answer = client.chat(model=MODEL, messages=WEATHER_TALK, tools=[WEATHER], options=options)
+    assert answer.done_reason == "length"
+    [call] = answer.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments == arguments
+    reference = openai_chat(server, openai_shaped(WEATHER_TALK), tools=[WEATHER], max_tokens=num_predict)
+    assert reference["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].startswith(
+        '{"city": "Ber'
+    )

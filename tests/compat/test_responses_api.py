@@ -126,6 +126,12 @@ ASKS_FOR_MORE = {
     },
     "temperature": {"temperature": 2.5},
     "max_output_tokens": {"max_output_tokens": 0},
+    "input[0].arguments": {  # nested past Python's recursion limit: once a 500
+        "input": [
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "[" * 100_000},
+            {"type": "function_call_output", "call_id": "c1", "output": "x"},
+        ]
+    },
 }
 
 

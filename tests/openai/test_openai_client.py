@@ -210,6 +210,11 @@ def test_continue_final_message_goes_on_from_the_last_assistant_text(client, tok
     assert failure.value.body["param"] == "messages[0]"
 
 
+DEEP_CALL = {
+    "role": "assistant",
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 100_000}}],
+}
+DEEP_CALL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "x"}
 BAD_REQUESTS = {
     "messages[0].role": dict(messages=[{"role": "wizard", "content": "hi"}]),
     "messages": dict(messages=[]),
@@ -220,6 +225,9 @@ BAD_REQUESTS = {
     "stop": dict(messages=MESSAGES, stop=["a", "b", "c", "d", "e"]),
     "seed": dict(messages=MESSAGES, seed="abc"),
     "stream_options": dict(messages=MESSAGES, stream_options={"include_usage": True}),
+    # JSON in a string nested past Python's recursion limit: once a 500
+    "messages[1].tool_calls[0].function.arguments": dict(messages=[*MESSAGES, DEEP_CALL, DEEP_CALL_RESULT]),
+    "guided_json": dict(messages=MESSAGES, extra_body={"guided_json": "[" * 100_000}),
 }
 
 

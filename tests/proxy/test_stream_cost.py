@@ -28,6 +28,6 @@ def test_streams_are_prompts_times_n(path, body, streams):
     assert streams_of(path, json.dumps(body).encode()) == streams
 
 
-@pytest.mark.parametrize("body", [b"", b"not json", b"\xff\xfe", b"[1, 2]", b"null"])
+@pytest.mark.parametrize("body", [b"", b"not json", b"\xff\xfe", b"[1, 2]", b"null", b"[" * 100_000])
 def test_a_body_the_server_would_refuse_counts_one(body):
     assert streams_of("/v1/completions", body) == 1

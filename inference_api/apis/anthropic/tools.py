@@ -12,12 +12,11 @@ text editor...) run on Anthropic's side: nothing here could run them, so they ar
 
 from __future__ import annotations
 
-import json
-import re
 import uuid
 from typing import Any
 
 from backend.messages import InvalidParams
+from inference_api.json_text import object_written
 from inference_api.structured_output import json_schema_grammar
 from inference_api.tool_calls import (
     FormatTags,
@@ -32,7 +31,6 @@ CHAT_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 CHOICE_SHAPES = (
     'tool_choice must be {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": ...} or {"type": "none"}'
 )
-SPACE = re.compile(r"[ \t\n\r]*")
 
 
 def read_tools(
@@ -103,45 +101,5 @@ def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
         "type": "tool_use",
         "id": "toolu_" + uuid.uuid4().hex[:24],
         "name": function["name"],
-        "input": tool_input(function["arguments"]),
+        "input": object_written(function["arguments"]),
     }
-
-
-def tool_input(arguments: str) -> dict[str, Any]:
-    """A call's arguments as the object Anthropic's `input` is: whole; or, for a call max_tokens cut, the
-    members written whole before the cut (a value cut short is left out rather than guessed)."""
-    try:
-        whole = json.loads(arguments)
-    except ValueError:
-        return _written_members(arguments)
-    return whole if isinstance(whole, dict) else {}
-
-
-def _written_members(text: str) -> dict[str, Any]:
-    """The members of a cut JSON object whose values are whole: ended by `,` or `}`, or at the cut a
-    value that ends itself (a string, an object, an array, a literal; not a number, which more digits
-    could have followed)."""
-    decoder = json.JSONDecoder()
-    members: dict[str, Any] = {}
-    at = SPACE.match(text).end()
-    if not text.startswith("{", at):
-        return members
-    at += 1
-    while True:
-        try:
-            key, at = decoder.raw_decode(text, SPACE.match(text, at).end())
-            at = SPACE.match(text, at).end()
-            if text[at] != ":" or not isinstance(key, str):
-                return members
-            value, at = decoder.raw_decode(text, SPACE.match(text, at + 1).end())
-        except (ValueError, IndexError):  # cut inside the member
-            return members
-        if at == len(text) and type(value) in (int, float):
-            return members
-        at = SPACE.match(text, at).end()
-        if text[at : at + 1] not in (",", "}", ""):
-            return members
-        members[key] = value
-        if at == len(text):
-            return members
-        at += 1

@@ -45,6 +45,7 @@ from inference_api.generation import (
     read_request,
     serving_now,
 )
+from inference_api.json_text import object_written
 from inference_api.prompts import prompt_list
 from inference_api.router import Serving
 from inference_api.tokenizer import PromptTokenizer
@@ -273,11 +274,12 @@ def _stats(generation: Generation, started: float, first_piece: float) -> dict[s
 
 
 def _ollama_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat's calls (arguments a JSON string) in Ollama's shape: arguments as an object."""
+    """Chat's calls (arguments a JSON string) in Ollama's shape: arguments as an object (of a call cut by
+    num_predict, the members written whole)."""
     functions = [call["function"] for call in calls]
     return [
-        {"function": {"index": i, "name": function["name"], "arguments": json.loads(function["arguments"])}}
-        for i, function in enumerate(functions)
+        {"function": {"index": i, "name": f["name"], "arguments": object_written(f["arguments"])}}
+        for i, f in enumerate(functions)
     ]
 
 

@@ -18,11 +18,11 @@ message item with one `output_text` part, if the model wrote text or made no cal
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 from backend.messages import InvalidParams
+from inference_api import json_text
 from inference_api.prompts import read_messages, text_content
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -82,7 +82,7 @@ def _string(item: dict[str, Any], name: str, param: str) -> str:
 def _arguments(item: dict[str, Any], param: str) -> str:
     arguments = item.get("arguments")
     try:
-        json.loads(arguments)
+        json_text.loads(arguments)
     except (TypeError, ValueError):
         raise InvalidParams(f"{param}.arguments", f"{param}.arguments must be a JSON string") from None
     return arguments
