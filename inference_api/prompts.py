@@ -18,6 +18,7 @@ from inference_api.chat_template import (
 )
 from inference_api.fields import read_bool
 from inference_api.harmony import prefilled_answer
+from inference_api.listed_tool_calls import takes_system_tools, with_system_tools
 from inference_api.reasoning import HARMONY
 from inference_api.router import Serving
 from inference_api.tokenizer import PromptTokenizer
@@ -126,9 +127,11 @@ def with_tools(
     messages: list[dict[str, Any]], tools: ToolRequest | None, serving: Serving
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Messages in OpenAI chat's shapes as the chat template takes them, and the tools it is given; a
-    template that takes no tools gets them in the system message, in the format the answer is read in
-    (tool_calls.py)."""
+    template that takes them in the system message's `tools` field (Phi-4-mini's) gets them there, one that
+    takes no tools in the system message's text, in the format the answer is read in (tool_calls.py)."""
     messages = template_messages(messages, serving.chat_template.source, serving.tool_parser)
+    if tools is not None and takes_system_tools(serving.chat_template.source):  # Phi-4-mini's
+        return with_system_tools(messages, tools.tools), None
     if tools is not None and serving.chat_template.takes_tools:
         return messages, tools.tools
     if tools is not None:

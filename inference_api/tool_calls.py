@@ -270,7 +270,9 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     format the template teaches: Gemma 4's notation where it writes its `<|tool_call>` token
     (gemma4_tool_calls.py), Mistral's or Granite 3's where it writes their `[TOOL_CALLS]` or `<|tool_call|>`
     token (mistral_tool_calls.py), LFM2's where it writes its `<|tool_call_start|>` (pythonic_tool_calls.py),
-    Jamba's or Nemotron Nano 2's where it writes `<tool_calls>` or `<TOOLCALL>` (listed_tool_calls.py),
+    Jamba's, Nemotron Nano 2's or Phi-4-mini's where it writes `<tool_calls>`, `<TOOLCALL>` or
+    `<|tool_call|>` with a tokenizer that has `<|/tool_call|>` too, or takes the tools in the system message
+    (listed_tool_calls.py),
     DeepSeek's where it writes its `<｜tool▁calls▁begin｜>` (deepseek_tool_calls.py), XML where it writes
     Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>` (xml_tool_calls.py), Llama 3's JSON where it
     has the python tag, else Hermes blocks."""
@@ -280,14 +282,14 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
         return forced
     if gemma4.writes_gemma4(template_source, tokenizer):
         return GEMMA4
+    list_format = listed.template_format(template_source, tokenizer)  # before Granite's: Phi's opens as it
+    if list_format is not None:
+        return list_format
     for name, opening in CALL_TAG_FORMATS.items():
         if mistral.writes_calls(opening, template_source, tokenizer):
             return name
     if pythonic.writes_lfm2(template_source, tokenizer):
         return LFM2
-    list_format = listed.template_format(template_source, tokenizer)
-    if list_format is not None:
-        return list_format
     deepseek_format = deepseek.template_format(template_source, tokenizer)
     if deepseek_format is not None:
         return deepseek_format
@@ -426,7 +428,8 @@ def template_messages(
 ) -> list[dict[str, Any]]:
     """Assistant turns with tool calls as the template takes them: `tool_calls` with their arguments as
     objects (transformers' templates expect them so), their ids as Mistral's take them in its format;
-    for a template that knows no tool calls, the calls written into the content in the Hermes format."""
+    for a template that knows no tool calls, the calls written into the content in the Hermes format (in
+    a JSON list format's, Phi-4-mini's, its own)."""
     if parser == MISTRAL:
         messages = mistral.history_ids(messages)
     knows_tool_calls = "tool_calls" in template_source
@@ -438,7 +441,11 @@ def template_messages(
         elif knows_tool_calls:
             shaped.append({**message, "tool_calls": [_arguments_object(call) for call in calls]})
         else:
-            written = "".join(hermes_call(call["function"]) for call in calls)
+            written = (
+                listed.written_calls(calls, parser)
+                if parser in LIST_FORMATS
+                else "".join(hermes_call(call["function"]) for call in calls)
+            )
             shaped.append({"role": message["role"], "content": message["content"] + written})
     return shaped
 

@@ -71,3 +71,15 @@ def test_auto_is_text_or_text_then_a_list_of_calls_of_the_tools(parser):
     assert not follows(grammar, listed(parser, {"name": "get_forecast", "arguments": {"city": "Oslo"}}))
     assert not follows(grammar, listed(parser, FORECAST) + " Done.")
     assert not follows(request(parser, parallel=False).grammar, listed(parser, FORECAST, TIME))
+
+
+def test_phi4_minis_template_which_takes_the_tools_in_the_system_message_is_read_as_its_format(tmp_path):
+    """Phi-4-mini's own template writes no tag: it reads the system message's `tools`. Granite 3's
+    `<|tool_call|>` opens Phi-4-mini's calls too: a tokenizer without `<|/tool_call|>` is Granite's."""
+    phi = "{{ '<|' + message['role'] + '|>' + message['content'] + '<|tool|>' + message['tools'] }}"
+    TOKENIZER.save_pretrained(tmp_path / "phi")
+    assert tool_parser(phi, False, ModelTokenizer(str(tmp_path / "phi"))) == "phi4_mini"
+    assert tool_parser(phi, False, ByteTokenizer()) == "hermes"
+    byte_tokenizer(("<|tool_call|>", "<|endoftext|>")).save_pretrained(tmp_path / "granite")
+    granite = "{{- '<|tool_call|>' + message.tool_calls | tojson }}"
+    assert tool_parser(granite, False, ModelTokenizer(str(tmp_path / "granite"))) == "granite"
