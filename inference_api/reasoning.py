@@ -31,12 +31,14 @@ from inference_api.tokenizer import PromptTokenizer, are_tokens
 class ThoughtTags:
     """How a model sets its thoughts apart: `opening` and `close` around them, and `name`, text after
     the opening tag that names them (Gemma 4's channel, `thought`). `special`: the tags are special
-    tokens, which a decoded answer leaves out unless it keeps them."""
+    tokens, which a decoded answer leaves out unless it keeps them. `answer`: special tokens of the model's
+    around its answer (Cohere's response tags), which the answer kept for the thoughts' tags leaves out."""
 
     opening: str
     close: str
     special: bool = False
     name: str = ""
+    answer: tuple[str, ...] = ()
 
     @property
     def open(self) -> str:
@@ -46,14 +48,29 @@ class ThoughtTags:
 THINK_TAGS = ThoughtTags("<think>", "</think>")
 GEMMA4_TAGS = ThoughtTags("<|channel>", "<channel|>", special=True, name="thought")
 MISTRAL_TAGS = ThoughtTags("[THINK]", "[/THINK]", special=True)
+# Command R7B's and Command A's plan (cohere_tool_calls.py), before a response between tags of its own.
+COHERE_TAGS = ThoughtTags(
+    "<|START_THINKING|>", "<|END_THINKING|>", special=True, answer=("<|START_RESPONSE|>", "<|END_RESPONSE|>")
+)
 # vLLM's names: `deepseek_r1` and `qwen3` read `<think>` blocks, `gemma4` Gemma 4's thought channel,
-# `mistral` Mistral's [THINK] blocks, `openai_gptoss` gpt-oss's harmony messages.
-REASONING_PARSERS = ("auto", "none", "deepseek_r1", "qwen3", "gemma4", "mistral", "openai_gptoss")
+# `mistral` Mistral's [THINK] blocks, `openai_gptoss` gpt-oss's harmony messages; SGLang's
+# `cohere_command4` Cohere's plans.
+REASONING_PARSERS = (
+    "auto", "none", "deepseek_r1", "qwen3", "gemma4", "mistral", "openai_gptoss", "cohere_command4"
+)  # fmt: skip
 # How a model writes its thoughts (reasoning_format): in blocks between tags, or as harmony messages.
 THINK_BLOCKS, GEMMA4_THOUGHTS, MISTRAL_THOUGHTS = "think_blocks", "gemma4_thoughts", "mistral_thoughts"
+COHERE_THOUGHTS = "cohere_thoughts"
 HARMONY = "harmony"
-BLOCK_TAGS = {THINK_BLOCKS: THINK_TAGS, GEMMA4_THOUGHTS: GEMMA4_TAGS, MISTRAL_THOUGHTS: MISTRAL_TAGS}
-NAMED_FORMATS = {"none": None, "gemma4": GEMMA4_THOUGHTS, "mistral": MISTRAL_THOUGHTS}
+BLOCK_TAGS = {
+    THINK_BLOCKS: THINK_TAGS,
+    GEMMA4_THOUGHTS: GEMMA4_TAGS,
+    MISTRAL_THOUGHTS: MISTRAL_TAGS,
+    COHERE_THOUGHTS: COHERE_TAGS,
+}
+NAMED_FORMATS = {
+    "none": None, "gemma4": GEMMA4_THOUGHTS, "mistral": MISTRAL_THOUGHTS, "cohere_command4": COHERE_THOUGHTS
+}  # fmt: skip
 PROMPT_END_TOKENS = 8  # the prompt's last tokens, decoded, tell whether it opened the block
 OPENED, CLOSED, NEITHER = "opened", "closed", "neither"  # where a prompt leaves the thoughts (prompt_end)
 # A harmony prompt that a prefill ends inside the final message (harmony.prefilled_answer): the answer
@@ -207,6 +224,7 @@ class ReasoningReader:
     def __init__(self, opened: bool = False, tags: ThoughtTags = THINK_TAGS):
         self._state = "thoughts_start" if opened else "answer_start"  # opened: by the prompt
         self._open, self._close = tags.open, tags.close
+        self._answer_tags = tags.answer
         self._held = ""
 
     def feed(self, text: str) -> tuple[str, str]:
@@ -241,7 +259,7 @@ class ReasoningReader:
                     return reasoning, content
                 self._state = "content"
             else:
-                content, self._held = content + self._held, ""
+                content, self._held = content + self._answer(self._held), ""
                 return reasoning, content
 
     def read(self, text: str, last: bool) -> tuple[str, str]:
@@ -258,5 +276,12 @@ class ReasoningReader:
         if self._state == "thoughts":
             return held.rstrip(), ""
         if self._state == "answer_start":
-            return "", held
+            return "", self._answer(held)
         return "", ""
+
+    def _answer(self, text: str) -> str:
+        """Text of the answer without the tags the model writes around it (ThoughtTags.answer), each a
+        token of its own, whose text comes whole."""
+        for tag in self._answer_tags:
+            text = text.replace(tag, "")
+        return text

@@ -29,8 +29,15 @@ from backend.messages import (
     reserved_places,
 )
 from backend.process import BackendDied, BackendProcess, BackendStartError
-from inference_api import deepseek_tool_calls, gemma4_tool_calls, listed_tool_calls, pythonic_tool_calls
+from inference_api import (
+    cohere_tool_calls,
+    deepseek_tool_calls,
+    gemma4_tool_calls,
+    listed_tool_calls,
+    pythonic_tool_calls,
+)
 from inference_api.chat_template import ChatTemplate, load_chat_template
+from inference_api.cohere_tool_calls import ActionTags
 from inference_api.deepseek_tool_calls import DeepSeekTags
 from inference_api.listed_tool_calls import ListTags
 from inference_api.metrics import Metrics
@@ -55,6 +62,7 @@ from inference_api.tokenizer import (
 )
 from inference_api.tool_calls import (
     CALL_TAG_FORMATS,
+    COHERE,
     DEEPSEEK_FORMATS,
     GEMMA4,
     LFM2,
@@ -184,6 +192,11 @@ class Serving:
                 f"--tool-call-parser lfm2 reads calls between {pythonic_tool_calls.OPEN} and "
                 f"{pythonic_tool_calls.CLOSE} tokens, which this model's tokenizer does not have"
             )
+        if self.tool_parser == COHERE and self.call_tags is None:
+            return (
+                f"--tool-call-parser {COHERE} reads calls and answers between Cohere's "
+                f"{' '.join(cohere_tool_calls.TAGS)} tokens, which this model's tokenizer does not have"
+            )
         if self.tool_parser in DEEPSEEK_FORMATS and self.call_tags is None:
             return (
                 f"--tool-call-parser {self.tool_parser} reads calls between DeepSeek's "
@@ -205,9 +218,9 @@ class Serving:
 
     @cached_property
     def call_tags(self) -> FormatTags | None:
-        """The tokenizer's tags for Mistral's, Granite's, DeepSeek's or LFM2's calls, which their grammar
-        names by id, or BlockTokens where the `<tool_call>` blocks' tags are tokens that llguidance takes as
-        special; None for another format, or without them."""
+        """The tokenizer's tags for Mistral's, Granite's, DeepSeek's, LFM2's, the JSON lists' or Cohere's
+        calls, which their grammar names by id, or BlockTokens where the `<tool_call>` blocks' tags are
+        tokens that llguidance takes as special; None for another format, or without them."""
         if self.tool_parser in TAGGED:
             form = XML_FORMATS.get(self.tool_parser)
             opening, closing = block_tags(self.tool_parser)
@@ -219,6 +232,8 @@ class Serving:
             return DeepSeekTags.of(self.tokenizer, self.tool_parser)
         if self.tool_parser == LFM2:
             return PythonicTags.of(self.tokenizer)
+        if self.tool_parser == COHERE:
+            return ActionTags.of(self.tokenizer)
         if self.tool_parser in LIST_FORMATS:
             return ListTags.of(self.tokenizer, self.tool_parser)
         opening = CALL_TAG_FORMATS.get(self.tool_parser)

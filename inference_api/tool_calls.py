@@ -38,12 +38,14 @@ from typing import Any
 
 from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
+from inference_api import cohere_tool_calls as cohere
 from inference_api import deepseek_tool_calls as deepseek
 from inference_api import gemma4_tool_calls as gemma4
 from inference_api import json_text
 from inference_api import listed_tool_calls as listed
 from inference_api import mistral_tool_calls as mistral
 from inference_api import pythonic_tool_calls as pythonic
+from inference_api.cohere_tool_calls import ActionTags
 from inference_api.deepseek_tool_calls import DeepSeekTags
 from inference_api.harmony import call_grammar, final_answer
 from inference_api.listed_tool_calls import ListTags
@@ -100,6 +102,7 @@ GEMMA4, MISTRAL, GRANITE = "gemma4", "mistral", "granite"
 CALL_TAG_FORMATS = {MISTRAL: mistral.OPEN, GRANITE: mistral.GRANITE_OPEN}
 DEEPSEEK_FORMATS = (deepseek.V3, deepseek.V31)
 LFM2 = "lfm2"  # pythonic_tool_calls.py
+COHERE = cohere.NAME  # cohere_tool_calls.py
 LIST_FORMATS = tuple(listed.LISTS)  # a JSON list between tags of their own (listed_tool_calls.py)
 # The formats whose calls are a list after an opening tag, read as Mistral's are, and that tag.
 LISTED_OPENINGS = CALL_TAG_FORMATS | {name: tags[0] for name, tags in listed.LISTS.items()}
@@ -108,10 +111,11 @@ OWN_READERS = {
     deepseek.V3: (deepseek.CALLS_BEGIN, partial(deepseek.read_calls, fenced=True)),
     deepseek.V31: (deepseek.CALLS_BEGIN, partial(deepseek.read_calls, fenced=False)),
     LFM2: (pythonic.OPEN, pythonic.read_calls),
+    COHERE: (cohere.ACTION_OPEN, cohere.read_calls),
 }
 # The formats whose tags are special tokens (DeepSeek's may be): an answer that may call keeps them in its
 # text.
-SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS, LFM2, *LIST_FORMATS)
+SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS, LFM2, *LIST_FORMATS, COHERE)
 # --tool-call-parser's choices, vLLM's names: auto reads the chat template for the format (tool_parser).
 TOOL_CALL_PARSERS = (
     "auto",
@@ -124,6 +128,7 @@ TOOL_CALL_PARSERS = (
     *DEEPSEEK_FORMATS,
     LFM2,
     *LIST_FORMATS,
+    COHERE,
 )
 # `auto` in Gemma 4's (gemma4_tool_calls.py): text, or text then calls between its tags, which are special
 # tokens (named as such: no text lexeme can hold them, so TEXT needs no exclusion).
@@ -165,7 +170,7 @@ class BlockTokens:
 
 
 # A format's tags as a tokenizer has them, which its grammar names (Serving.call_tags).
-FormatTags = CallTags | DeepSeekTags | PythonicTags | ListTags | BlockTokens
+FormatTags = CallTags | DeepSeekTags | PythonicTags | ListTags | ActionTags | BlockTokens
 
 
 @dataclass(frozen=True)
@@ -175,8 +180,8 @@ class ToolRequest:
     function: str | None = None  # the named function
     parser: str = "hermes"  # how the answer holds calls (tool_parser)
     parallel: bool = True  # whether an answer may hold more than one call (parallel_tool_calls)
-    # the `mistral`, `granite`, DeepSeek or LFM2 formats' tags as this tokenizer has them, or which of the
-    # `<tool_call>` formats' are tokens
+    # the `mistral`, `granite`, DeepSeek, LFM2, JSON lists' or Cohere's formats' tags as this tokenizer has
+    # them, or which of the `<tool_call>` formats' are tokens
     call_tags: FormatTags | None = None
 
     @property
@@ -198,7 +203,7 @@ class ToolRequest:
         if self.choice == "auto" and isinstance(self.call_tags, CallTags):
             lark = self.call_tags.auto_lark(self.tools, self._one_call("arguments"), self.parallel)
             return lark_grammar(lark, "tools")
-        if self.choice == "auto" and isinstance(self.call_tags, DeepSeekTags | PythonicTags):
+        if self.choice == "auto" and isinstance(self.call_tags, DeepSeekTags | PythonicTags | ActionTags):
             return lark_grammar(self.call_tags.auto_lark(self.tools, self.parallel), "tools")
         if self.choice == "auto" and isinstance(self.call_tags, ListTags):
             return lark_grammar(self.call_tags.auto_lark(self._one_call("arguments"), self.parallel), "tools")
@@ -212,6 +217,8 @@ class ToolRequest:
             return lark_grammar(NONE_HERMES.format(open_regex=_in_regex(block_tags(self.parser)[0])), "tools")
         if self.parser in DEEPSEEK_FORMATS:
             return lark_grammar(deepseek.NONE, "tools")
+        if isinstance(self.call_tags, ActionTags):  # a response, which opens with a tag of its own
+            return lark_grammar(self.call_tags.none_lark(), "tools")
         if self.parser in SPECIAL_TAGS:
             return lark_grammar(NONE_SPECIAL, "tools")
         return None  # none in Llama 3's format: a call would be a JSON answer, which text may be
@@ -273,7 +280,8 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     Jamba's, Nemotron Nano 2's or Phi-4-mini's where it writes `<tool_calls>`, `<TOOLCALL>` or
     `<|tool_call|>` with a tokenizer that has `<|/tool_call|>` too, or takes the tools in the system message
     (listed_tool_calls.py),
-    DeepSeek's where it writes its `<｜tool▁calls▁begin｜>` (deepseek_tool_calls.py), XML where it writes
+    DeepSeek's where it writes its `<｜tool▁calls▁begin｜>` (deepseek_tool_calls.py), Cohere's where it
+    writes its `<|START_ACTION|>` (cohere_tool_calls.py), XML where it writes
     Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>` (xml_tool_calls.py), Llama 3's JSON where it
     has the python tag, else Hermes blocks."""
     if harmony:
@@ -293,6 +301,8 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     deepseek_format = deepseek.template_format(template_source, tokenizer)
     if deepseek_format is not None:
         return deepseek_format
+    if cohere.writes_actions(template_source, tokenizer):
+        return COHERE
     xml = template_format(template_source)
     if xml is not None:
         return xml.name
@@ -538,14 +548,19 @@ class ToolCallReader:
         else:
             end = len(self.text) - self._held_back()
         released, self.sent = self.text[self.sent : max(end, self.sent)], max(end, self.sent)
-        return released
+        return self._content(released)
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """(content not yet sent, the tool calls)."""
         calls = None if self.call_start is None else self._calls(self.text[self.call_start :])
         if not calls:
-            return self.text[self.sent :], []
-        return self.text[self.sent : self.call_start], calls if self.request.parallel else calls[:1]
+            return self._content(self.text[self.sent :]), []
+        rest = self._content(self.text[self.sent : self.call_start])
+        return rest, calls if self.request.parallel else calls[:1]
+
+    def _content(self, text: str) -> str:
+        """Text as content: Cohere's without its response's tags (kept in the text, as the format's are)."""
+        return cohere.answer_text(text) if self.request.parser == COHERE else text
 
     @property
     def _tags(self) -> tuple[str, str] | None:

@@ -146,6 +146,8 @@ UNREADABLE = [
     ("--tool-call-parser", "deepseek_v31", "--tool-call-parser deepseek_v31 reads calls between DeepSeek's"),
     ("--tool-call-parser", "lfm2", "--tool-call-parser lfm2 reads calls between <|tool_call_start|> and"),
     ("--tool-call-parser", "jamba", "--tool-call-parser jamba reads calls between <tool_calls> and"),
+    ("--tool-call-parser", "cohere_command4", "--tool-call-parser cohere_command4 reads calls and answers"),
+    ("--reasoning-parser", "cohere_command4", "--reasoning-parser reads thoughts between <|START_THINKING|>"),
     ("--reasoning-parser", "gemma4", "--reasoning-parser reads thoughts between <|channel> and <channel|>"),
     ("--reasoning-parser", "mistral", "--reasoning-parser reads thoughts between [THINK] and [/THINK]"),
 ]
@@ -155,8 +157,8 @@ UNREADABLE = [
 def test_a_parser_the_tokenizer_cannot_read_stops_the_server(
     tmp_path: Path, option: str, parser: str, says: str
 ) -> None:
-    """Gemma 4's and Mistral's calls and thoughts, and Granite's, DeepSeek's, LFM2's and Jamba's calls, are
-    between or after tokens of their own, which the mock's byte tokenizer lacks."""
+    """Gemma 4's, Mistral's and Cohere's calls and thoughts, and Granite's, DeepSeek's, LFM2's and Jamba's
+    calls, are between or after tokens of their own, which the mock's byte tokenizer lacks."""
     server = start_server("--mock", option, parser, log_path=tmp_path / "server.log")
     try:
         assert server.process.wait(120) == 4, server.log()[-3000:]
