@@ -29,6 +29,7 @@ from transformers import AutoTokenizer
 from backend.model.loader import converted_dir, resolve_model
 from inference_api.reasoning import (
     CLOSED,
+    COHERE_THOUGHTS,
     GEMMA4_TAGS,
     GEMMA4_THOUGHTS,
     MISTRAL_TAGS,
@@ -513,9 +514,11 @@ def test_auto_reads_thoughts_where_the_tags_are_tokens_and_the_template_writes_t
         "gemma4",
         "mistral",
         "openai_gptoss",
-    }:  # test_harmony.py: the last
+        "cohere_command4",
+    }:  # test_harmony.py: gpt-oss's
         assert reasoning_format(named, plain, chatml) == THINK_BLOCKS
     assert reasoning_format("gemma4", plain, chatml) == GEMMA4_THOUGHTS
+    assert reasoning_format("cohere_command4", plain, chatml) == COHERE_THOUGHTS
 
 
 def test_auto_reads_gemma_4s_thought_channel_where_its_tags_are_tokens(tmp_path):
