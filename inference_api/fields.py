@@ -9,7 +9,9 @@ booleans are never numbers.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,12 +23,42 @@ from inference_api import json_text
 def parse_json_object(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or InvalidParams("body", ...)."""
     try:
-        data = json_text.loads(body)
+        # As json.loads reads bytes (UTF-8, -16 or -32; surrogates written raw pass), but with the text kept
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+        data = json_text.loads(text)
     except ValueError as exc:  # UnicodeDecodeError is one
         raise InvalidParams("body", f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidParams("body", f"the request body must be a JSON object, got {_kind(data)}")
+    if ESCAPED_SURROGATE.search(text) or not _encodes(text):
+        _check_unicode_within(data)
     return data
+
+
+# JSON may carry lone surrogates ("\ud800", or their UTF-8 bytes), which no tokenizer, template or socket
+# can encode. A body that has neither a surrogate's escape nor a raw surrogate holds none, and is not walked.
+ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _check_unicode_within(data: dict[str, Any]) -> None:
+    """InvalidParams naming the first string (key or value) in the body that holds a lone surrogate,
+    wherever it is nested: a field read later would otherwise fail to encode with a 500."""
+    unwalked: list[tuple[str, Any]] = [("", data)]
+    while unwalked:  # a loop, not recursion: the body may nest as deep as the JSON reader allows
+        path, value = unwalked.pop()
+        if isinstance(value, str):
+            _check_unicode(path, value)
+        elif isinstance(value, list):  # reversed, so that items pop in the order written
+            unwalked.extend((f"{path}[{index}]", item) for index, item in reversed(list(enumerate(value))))
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                if not _encodes(key):
+                    where = path or "body"
+                    message = (
+                        f"{path or 'the request body'} has a key that is not valid Unicode ({LONE_SURROGATE})"
+                    )
+                    raise InvalidParams(where, message)
+                unwalked.append((f"{path}.{key}" if path else key, item))
 
 
 def read_string(
@@ -41,7 +73,6 @@ def read_string(
         raise InvalidParams(name, f"{name} must be a string, got {_kind(value)}")
     if non_empty and not value:
         raise InvalidParams(name, f"{name} must not be empty")
-    _check_unicode(name, value)
     return value
 
 
@@ -99,8 +130,6 @@ def read_stop(data: dict[str, Any], name: str, max_count: int = 4) -> tuple[str,
         raise InvalidParams(name, f"{name} may hold at most {max_count} strings, got {len(items)}")
     if any(not item for item in items):
         raise InvalidParams(name, f"{name} must not contain an empty string")
-    for item in items:
-        _check_unicode(name, item)
     return tuple(items)
 
 
@@ -151,12 +180,20 @@ def _to_integer(name: str, value: Any) -> int:
     raise InvalidParams(name, f"{name} must be an integer, got {_kind(value)}")
 
 
+LONE_SURROGATE = "it holds a lone surrogate"
+
+
 def _check_unicode(name: str, text: str) -> None:
-    # JSON may carry lone surrogates ("\ud800"), which no tokenizer or socket can encode.
+    if not _encodes(text):
+        raise InvalidParams(name, f"{name} is not valid Unicode ({LONE_SURROGATE})")
+
+
+def _encodes(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidParams(name, f"{name} is not valid Unicode (it holds a lone surrogate)") from None
+        return False
+    return True
 
 
 def _kind(value: Any) -> str:

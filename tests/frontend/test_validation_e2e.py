@@ -3,6 +3,7 @@ naming the field, nothing reaching the backend, and a server that serves normall
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -29,6 +30,9 @@ BAD_BODIES = [
     pytest.param(with_field(text=123), "text", id="text-number"),
     pytest.param(with_field(text=["a"]), "text", id="text-list"),
     pytest.param(b'{"text": "\\ud800"}', "text", id="text-lone-surrogate"),
+    pytest.param(b'{"text": "\xed\xa0\x80"}', "text", id="text-surrogate-bytes"),  # json reads them too
+    pytest.param(with_field(stop_sequence=["ok", "\udc00"]), "stop_sequence[1]", id="stop-lone-surrogate"),
+    pytest.param(with_field(**{"\ud800": 1}), "request body has a key", id="key-lone-surrogate"),
     pytest.param(with_field(temperature="hot"), "temperature", id="temperature-word"),
     pytest.param(with_field(temperature=10.5), "temperature", id="temperature-over"),
     pytest.param(with_field(temperature=-0.1), "temperature", id="temperature-negative"),
@@ -147,3 +151,69 @@ def test_server_serves_normally_after_bad_input(fast_server: RunningServer) -> N
     assert response.status_code == 200
     assert response.json()["finish_reason"] == "length"
     assert requests.get(f"{fast_server.url}/ready", timeout=10).status_code == 200
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+# A lone surrogate nested where no field reader looks at each string (a tool's schema, an item of the
+# Responses input) once failed to encode deep in a template or grammar: a 500, or a stream cut short.
+NESTED_LONE_SURROGATES = [
+    pytest.param(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "tools": [TOOL], "tool_choice": "required"},
+        ("tools", 0, "function", "parameters", "properties"),
+        id="chat-tool-schema",
+    ),
+    pytest.param(
+        "/v1/responses",
+        {
+            "input": "hi",
+            "stream": True,
+            "text": {"format": {"type": "json_schema", "name": "n", "schema": {}}},
+        },
+        ("text", "format", "schema"),
+        id="responses-text-format-schema",
+    ),
+    pytest.param(
+        "/v1/responses",
+        {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]},
+        ("input", 0, "name"),
+        id="responses-input-call-name",
+    ),
+    pytest.param(
+        "/v1/messages",
+        {
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "input_schema": {"type": "object", "properties": {}}}],
+        },
+        ("tools", 0, "input_schema", "properties"),
+        id="anthropic-tool-schema",
+    ),
+    pytest.param(
+        "/api/chat",
+        {"messages": [{"role": "user", "content": "hi"}], "tools": [TOOL], "stream": False},
+        ("tools", 0, "function", "description"),
+        id="ollama-tool-description",
+    ),
+]
+
+
+@pytest.mark.parametrize("path, body, where", NESTED_LONE_SURROGATES)
+def test_a_lone_surrogate_anywhere_in_the_body_is_a_400_naming_where(
+    fast_server: RunningServer, path: str, body: dict, where: tuple
+) -> None:
+    *outer, last = where
+    body = copy.deepcopy(body)  # the cases share TOOL
+    container = body
+    for step in outer:
+        container = container[step]
+    container[last] = "\ud800" if last in ("name", "description") else {"\ud800": {"type": "string"}}
+    named = ".".join(str(step) for step in outer).replace(".0", "[0]")
+    named = f"{named}.{last}" if last in ("name", "description") else f"{named}.{last} has a key"
+    before = prompt_tokens_submitted(fast_server)
+    response = requests.post(
+        f"{fast_server.url}{path}", data=json.dumps({"model": "mock", **body}), timeout=10
+    )
+    assert response.status_code == 400, response.text
+    assert named in response.text and "lone surrogate" in response.text
+    assert prompt_tokens_submitted(fast_server) == before, "bad input reached the backend"
