@@ -116,10 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=TOOL_CALL_PARSERS,
         default="auto",
         help="the format chat answers' tool calls are read in and held to (vLLM's names); auto: the one "
-        "the chat template teaches (Gemma 4's, Mistral's, Granite 3's, DeepSeek's, LFM2's, Jamba's, "
-        "Nemotron Nano 2's, the XML of "
-        "Qwen3-Coder, GLM-4.5, Seed-OSS or MiniMax-M2, Llama 3's JSON, else Hermes); a gpt-oss's are "
-        "harmony messages whatever this says",
+        "the chat template teaches (Gemma 4's, FunctionGemma's, Mistral's, Granite 3's, DeepSeek's, LFM2's, "
+        "Jamba's, Nemotron Nano 2's, Phi-4-mini's, Cohere's, the XML of Qwen3-Coder, GLM-4.5, Seed-OSS or "
+        "MiniMax-M2, Llama 3's JSON, else Hermes); a gpt-oss's are harmony messages whatever this says",
     )
     parser.add_argument(
         "--enable-auto-tool-choice",

@@ -32,7 +32,6 @@ from backend.process import BackendDied, BackendProcess, BackendStartError
 from inference_api import (
     cohere_tool_calls,
     deepseek_tool_calls,
-    gemma4_tool_calls,
     listed_tool_calls,
     pythonic_tool_calls,
 )
@@ -64,9 +63,9 @@ from inference_api.tool_calls import (
     CALL_TAG_FORMATS,
     COHERE,
     DEEPSEEK_FORMATS,
-    GEMMA4,
     LFM2,
     LIST_FORMATS,
+    NOTATIONS,
     TAGGED,
     XML_FORMATS,
     BlockTokens,
@@ -170,10 +169,11 @@ class Serving:
                 f"--reasoning-parser reads thoughts between {tags.opening} and {tags.close} tokens, which "
                 "this model's tokenizer does not have"
             )
-        if self.tool_parser == GEMMA4 and not gemma4_tool_calls.has_tags(self.tokenizer):
+        notation = NOTATIONS.get(self.tool_parser)
+        if notation is not None and not notation.has_tags(self.tokenizer):
             return (
-                "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call> and <tool_call|> "
-                "tokens, which this model's tokenizer does not have"
+                f"--tool-call-parser {notation.name} reads calls between {notation.family}'s {notation.open} "
+                f"and {notation.close} tokens, which this model's tokenizer does not have"
             )
         opening = CALL_TAG_FORMATS.get(self.tool_parser)
         if opening is not None and self.call_tags is None:

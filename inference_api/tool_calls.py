@@ -97,7 +97,8 @@ TEXT: /(?s:.+)/ & ~/(?s:.*){open_regex}(?s:.*)/
 # The formats whose calls are `<tool_call>` blocks: Hermes's JSON in them, or XML (xml_tool_calls.py).
 XML_FORMATS = {form.name: form for form in (QWEN3_CODER, GLM45, SEED_OSS, MINIMAX_M2)}
 TAGGED = ("hermes", *XML_FORMATS)
-GEMMA4, MISTRAL, GRANITE = "gemma4", "mistral", "granite"
+MISTRAL, GRANITE = "mistral", "granite"
+NOTATIONS = gemma4.NOTATIONS  # Gemma 4's and FunctionGemma's notation (gemma4_tool_calls.py)
 # The formats whose calls follow a special token (mistral_tool_calls.CallTags), and its text.
 CALL_TAG_FORMATS = {MISTRAL: mistral.OPEN, GRANITE: mistral.GRANITE_OPEN}
 DEEPSEEK_FORMATS = (deepseek.V3, deepseek.V31)
@@ -115,14 +116,14 @@ OWN_READERS = {
 }
 # The formats whose tags are special tokens (DeepSeek's may be): an answer that may call keeps them in its
 # text.
-SPECIAL_TAGS = (GEMMA4, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS, LFM2, *LIST_FORMATS, COHERE)
+SPECIAL_TAGS = (*NOTATIONS, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS, LFM2, *LIST_FORMATS, COHERE)
 # --tool-call-parser's choices, vLLM's names: auto reads the chat template for the format (tool_parser).
 TOOL_CALL_PARSERS = (
     "auto",
     "hermes",
     "llama3_json",
     *XML_FORMATS,
-    GEMMA4,
+    *NOTATIONS,
     MISTRAL,
     GRANITE,
     *DEEPSEEK_FORMATS,
@@ -130,11 +131,12 @@ TOOL_CALL_PARSERS = (
     *LIST_FORMATS,
     COHERE,
 )
-# `auto` in Gemma 4's (gemma4_tool_calls.py): text, or text then calls between its tags, which are special
-# tokens (named as such: no text lexeme can hold them, so TEXT needs no exclusion).
-AUTO_GEMMA4 = f"""start: TEXT | TEXT? gemma4_call{{more}}
-more: (WS? gemma4_call)*
-gemma4_call: {gemma4.OPEN} call {gemma4.CLOSE}
+# `auto` in Gemma 4's or FunctionGemma's notation (gemma4_tool_calls.py): text, or text then calls between
+# its tags, which are special tokens (named as such: no text lexeme can hold them, so TEXT needs no
+# exclusion).
+AUTO_NOTATION = """start: TEXT | TEXT? tagged_call{more}
+more: (WS? tagged_call)*
+tagged_call: {open} call {close}
 WS: /[ \\n]+/
 TEXT: /(?s:.+)/
 """
@@ -198,8 +200,10 @@ class ToolRequest:
         if self.choice == "auto" and self.parser == "hermes":
             lark = self._auto_tagged(more) + f"call: {json_lark(self._one_call('arguments'))}\n"
             return lark_grammar(lark, "tools")
-        if self.choice == "auto" and self.parser == GEMMA4:
-            return lark_grammar(AUTO_GEMMA4.format(more=more) + gemma4.call_lark(self.tools), "tools")
+        if self.choice == "auto" and self.parser in NOTATIONS:
+            notation = NOTATIONS[self.parser]
+            auto = AUTO_NOTATION.format(more=more, open=notation.open, close=notation.close)
+            return lark_grammar(auto + gemma4.call_lark(self.tools, notation), "tools")
         if self.choice == "auto" and isinstance(self.call_tags, CallTags):
             lark = self.call_tags.auto_lark(self.tools, self._one_call("arguments"), self.parallel)
             return lark_grammar(lark, "tools")
@@ -274,22 +278,22 @@ def _in_regex(tag: str) -> str:
 def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer, forced: str = "auto") -> str:
     """How a model's answers hold calls: gpt-oss's harmony messages (`harmony`: the server reads them,
     answers.HarmonyReader), else the `forced` one of TOOL_CALL_PARSERS (--tool-call-parser), else the
-    format the template teaches: Gemma 4's notation where it writes its `<|tool_call>` token
-    (gemma4_tool_calls.py), Mistral's or Granite 3's where it writes their `[TOOL_CALLS]` or `<|tool_call|>`
-    token (mistral_tool_calls.py), LFM2's where it writes its `<|tool_call_start|>` (pythonic_tool_calls.py),
-    Jamba's, Nemotron Nano 2's or Phi-4-mini's where it writes `<tool_calls>`, `<TOOLCALL>` or
-    `<|tool_call|>` with a tokenizer that has `<|/tool_call|>` too, or takes the tools in the system message
-    (listed_tool_calls.py),
-    DeepSeek's where it writes its `<｜tool▁calls▁begin｜>` (deepseek_tool_calls.py), Cohere's where it
-    writes its `<|START_ACTION|>` (cohere_tool_calls.py), XML where it writes
-    Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>` (xml_tool_calls.py), Llama 3's JSON where it
-    has the python tag, else Hermes blocks."""
+    format the template teaches: Gemma 4's or FunctionGemma's notation where it writes its `<|tool_call>` or
+    `<start_function_call>` token (gemma4_tool_calls.py); Jamba's, Nemotron Nano 2's or Phi-4-mini's where
+    it writes `<tool_calls>`, `<TOOLCALL>` or `<|tool_call|>` with a tokenizer that has `<|/tool_call|>`
+    too, or takes the tools in the system message (listed_tool_calls.py); Mistral's or Granite 3's where it
+    writes their `[TOOL_CALLS]` or `<|tool_call|>` token (mistral_tool_calls.py); LFM2's where it writes its
+    `<|tool_call_start|>` (pythonic_tool_calls.py); DeepSeek's where it writes its `<｜tool▁calls▁begin｜>`
+    (deepseek_tool_calls.py); Cohere's where it writes its `<|START_ACTION|>` (cohere_tool_calls.py); XML
+    where it writes Qwen3-Coder's `<function=...>` or GLM-4.5's `<arg_key>` (xml_tool_calls.py); Llama 3's
+    JSON where it has the python tag; else Hermes blocks."""
     if harmony:
         return "harmony"
     if forced != "auto":
         return forced
-    if gemma4.writes_gemma4(template_source, tokenizer):
-        return GEMMA4
+    for notation in NOTATIONS.values():
+        if notation.is_taught(template_source, tokenizer):
+            return notation.name
     list_format = listed.template_format(template_source, tokenizer)  # before Granite's: Phi's opens as it
     if list_format is not None:
         return list_format
@@ -564,10 +568,11 @@ class ToolCallReader:
 
     @property
     def _tags(self) -> tuple[str, str] | None:
-        """The tags a call is between (Hermes's, also the XML formats', or Gemma 4's); None for Mistral's,
+        """The tags a call is between (Hermes's, also the XML formats', or a notation's); None for Mistral's,
         which has no closing tag, and Llama 3's bare JSON."""
-        if self.request.parser == GEMMA4:
-            return gemma4.OPEN, gemma4.CLOSE
+        notation = NOTATIONS.get(self.request.parser)
+        if notation is not None:
+            return notation.open, notation.close
         return block_tags(self.request.parser) if self.request.parser in TAGGED else None
 
     @property
@@ -624,10 +629,10 @@ class ToolCallReader:
             return None
 
     def _tagged_call(self, block: str) -> list[dict[str, Any]] | None:
-        """A block's call: in JSON (Hermes), XML, or Gemma 4's notation."""
+        """A block's call: in JSON (Hermes), XML, or Gemma 4's or FunctionGemma's notation."""
         form = XML_FORMATS.get(self.request.parser)
-        if self.request.parser == GEMMA4:
-            found = gemma4.read_call(block)
+        if self.request.parser in NOTATIONS:
+            found = gemma4.read_call(block, NOTATIONS[self.request.parser])
         elif form is not None:
             found = read_call(block, self.request.tools, form)
         else:

@@ -81,4 +81,4 @@ def test_the_own_notations_readers_keep_a_call_nested_too_deeply_as_written_or_a
         f"<function=f>\n<parameter=a>\n{DEEP}\n</parameter>\n</function>", TOOLS, QWEN3_CODER
     )
     assert xml_call == ("f", json.dumps({"a": DEEP}))
-    assert gemma4.read_call("call:f{a:" + DEEP) is None
+    assert gemma4.read_call("call:f{a:" + DEEP, gemma4.GEMMA4) is None

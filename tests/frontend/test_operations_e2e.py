@@ -141,6 +141,11 @@ def test_a_backend_that_cannot_start_stops_the_server(tmp_path: Path) -> None:
 # start of what the server says of it.
 UNREADABLE = [
     ("--tool-call-parser", "gemma4", "--tool-call-parser gemma4 reads calls between Gemma 4's <|tool_call>"),
+    (
+        "--tool-call-parser",
+        "functiongemma",
+        "--tool-call-parser functiongemma reads calls between FunctionGemma's <start_function_call>",
+    ),
     ("--tool-call-parser", "mistral", "--tool-call-parser mistral reads calls after a [TOOL_CALLS] token"),
     ("--tool-call-parser", "granite", "--tool-call-parser granite reads calls after a <|tool_call|> token"),
     ("--tool-call-parser", "deepseek_v31", "--tool-call-parser deepseek_v31 reads calls between DeepSeek's"),
@@ -157,8 +162,9 @@ UNREADABLE = [
 def test_a_parser_the_tokenizer_cannot_read_stops_the_server(
     tmp_path: Path, option: str, parser: str, says: str
 ) -> None:
-    """Gemma 4's, Mistral's and Cohere's calls and thoughts, and Granite's, DeepSeek's, LFM2's and Jamba's
-    calls, are between or after tokens of their own, which the mock's byte tokenizer lacks."""
+    """Gemma 4's, Mistral's and Cohere's calls and thoughts, and FunctionGemma's, Granite's, DeepSeek's,
+    LFM2's and Jamba's calls, are between or after tokens of their own, which the mock's byte tokenizer
+    lacks."""
     server = start_server("--mock", option, parser, log_path=tmp_path / "server.log")
     try:
         assert server.process.wait(120) == 4, server.log()[-3000:]

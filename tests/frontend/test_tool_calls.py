@@ -363,64 +363,99 @@ def test_tools_whose_parameters_refer_to_definitions_are_enforced_in_every_forma
     assert not follows(xml, xml_call("add", item='{"n": "a"}'))
 
 
-# Gemma 4's tags as special tokens (tests/openai/test_gemma4_format.py's tokenizer), its end of turn last
-GEMMA4_TOKENS = ("<|turn>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>", "<turn|>")
-GEMMA4 = ToolRequest(FORECAST_TOOLS, "auto", parser="gemma4")
+# Gemma 4's and FunctionGemma's tags as special tokens (as tests/openai/test_gemma4_format.py's and
+# test_functiongemma_format.py's tokenizers have them), each end of turn last
+NOTATION_TOKENS = {
+    "gemma4": ("<|turn>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>", "<turn|>"),
+    "functiongemma": (
+        "<start_of_turn>",
+        "<start_function_call>",
+        "<end_function_call>",
+        "<escape>",
+        "<start_function_response>",
+        "<end_of_turn>",
+    ),
+}
+NOTATION_FORMATS = pytest.mark.parametrize("parser", list(NOTATION_TOKENS))
 
 
-def gemma4_call(function: str, arguments: str) -> str:
-    return f"<|tool_call>call:{function}{{{arguments}}}<tool_call|>"
+def notation_call(parser: str, function: str, arguments: str) -> str:
+    """A call in the parser's notation, each `§` in `arguments` its string tag."""
+    from inference_api.gemma4_tool_calls import NOTATIONS
+
+    notation = NOTATIONS[parser]
+    written = arguments.replace("§", notation.quote)
+    return f"{notation.open}call:{function}{{{written}}}{notation.close}"
 
 
-def follows_gemma4(grammar: str, text: str) -> bool:
-    """Whether the grammar takes `text` whole, in a tokenizer whose Gemma 4 tags are special tokens."""
+def follows_notation(parser: str, grammar: str, text: str) -> bool:
+    """Whether the grammar takes `text` whole, in a tokenizer whose notation tags are special tokens."""
     from tests.backend.models import byte_tokenizer
 
-    return follows_in(byte_tokenizer(GEMMA4_TOKENS), grammar, text)
+    return follows_in(byte_tokenizer(NOTATION_TOKENS[parser]), grammar, text)
 
 
-def test_gemma_4s_calls_are_found_where_its_tags_are_tokens_read_and_held_to_the_tools():
+@NOTATION_FORMATS
+def test_gemma_4s_and_functiongemmas_calls_are_found_where_their_tags_are_tokens_read_and_held_to_the_tools(
+    parser: str,
+):
     from inference_api.tool_calls import tool_parser
     from tests.backend.models import byte_tokenizer
 
-    template = "{{- '<|tool_call>call:' + call.name + '{' }}"
-    assert tool_parser(template, False, byte_tokenizer(GEMMA4_TOKENS)) == "gemma4"
-    assert tool_parser(template, False, ByteTokenizer()) == "hermes"  # its tags spelled out: not Gemma 4
-    call = gemma4_call("get_forecast", 'city:<|"|>San Francisco, {CA}<|"|>,days:3,hours:[9,12]')
-    released, [forecast] = read(GEMMA4, ["Let me look. <|tool", call.removeprefix("<|tool")])
+    opening = NOTATION_TOKENS[parser][1]
+    template = "{{- '" + opening + "call:' + call.name + '{' }}"
+    for tokens_of, tokens in NOTATION_TOKENS.items():  # each found only with its own tags as tokens
+        assert tool_parser(template, False, byte_tokenizer(tokens)) == (
+            parser if tokens_of == parser else "hermes"
+        )
+    assert tool_parser(template, False, ByteTokenizer()) == "hermes"  # its tags spelled out
+    call = notation_call(parser, "get_forecast", "city:§San Francisco, {CA}§,days:3,hours:[9,12]")
+    request = ToolRequest(FORECAST_TOOLS, "auto", parser=parser)
+    released, [forecast] = read(request, ["Let me look. " + call[:3], call[3:]])
     assert "".join(released) == "Let me look. "
     assert forecast["function"]["name"] == "get_forecast"
     arguments = json.loads(forecast["function"]["arguments"])
     assert arguments == {"city": "San Francisco, {CA}", "days": 3, "hours": [9, 12]}
-    grammar = GEMMA4.grammar
-    assert follows_gemma4(grammar, "It is sunny, <b>often</b>.")
-    assert follows_gemma4(grammar, "Let me look.\n" + call)
-    assert follows_gemma4(
-        grammar, gemma4_call("get_forecast", 'city:<|"|>Oslo<|"|>,days:1,unit:<|"|>celsius<|"|>')
+    grammar = request.grammar
+    assert follows_notation(parser, grammar, "It is sunny, <b>often</b>.")
+    assert follows_notation(parser, grammar, "Let me look.\n" + call)
+    assert follows_notation(
+        parser, grammar, notation_call(parser, "get_forecast", "city:§Oslo§,days:1,unit:§celsius§")
     )
-    assert follows_gemma4(grammar, gemma4_call("get_time", "") + gemma4_call("get_time", ""))
-    assert not follows_gemma4(grammar, gemma4_call("get_date", ""))  # not a tool
-    assert not follows_gemma4(grammar, gemma4_call("get_forecast", 'city:<|"|>Paris<|"|>'))  # days required
-    assert not follows_gemma4(grammar, gemma4_call("get_forecast", 'city:<|"|>Paris<|"|>,days:two'))
-    assert not follows_gemma4(grammar, gemma4_call("get_forecast", 'days:2,city:<|"|>Paris<|"|>'))  # order
-    kelvin = 'city:<|"|>Paris<|"|>,days:2,unit:<|"|>kelvin<|"|>'
-    assert not follows_gemma4(grammar, gemma4_call("get_forecast", kelvin))
-    assert not follows_gemma4(grammar, gemma4_call("get_time", "") + " and some text after")
-    assert not follows_gemma4(grammar, "<|tool_call>call:get_time{")  # a call cannot be left open
+    twice = notation_call(parser, "get_time", "") + notation_call(parser, "get_time", "")
+    assert follows_notation(parser, grammar, twice)
+    assert not follows_notation(parser, grammar, notation_call(parser, "get_date", ""))  # not a tool
+    for arguments in (
+        "city:§Paris§",  # days required
+        "city:§Paris§,days:two",
+        "days:2,city:§Paris§",  # order
+        "city:§Paris§,days:2,unit:§kelvin§",
+    ):
+        assert not follows_notation(parser, grammar, notation_call(parser, "get_forecast", arguments))
+    assert not follows_notation(
+        parser, grammar, notation_call(parser, "get_time", "") + " and some text after"
+    )
+    left_open = notation_call(parser, "get_time", "").removesuffix("}" + NOTATION_TOKENS[parser][2])
+    assert not follows_notation(parser, grammar, left_open)  # a call cannot be left open
 
 
-def test_a_gemma_4_call_cut_by_max_tokens_keeps_what_was_written_and_its_tags_are_kept_in_the_text():
+@NOTATION_FORMATS
+def test_a_notations_call_cut_by_max_tokens_keeps_what_was_written_and_its_tags_are_kept_in_the_text(
+    parser: str,
+):
     from backend.messages import SamplingParams
     from inference_api.tool_calls import with_tool_grammar
 
-    _, [cut] = read(GEMMA4, ['<|tool_call>call:get_forecast{city:<|"|>Par'])
+    request = ToolRequest(FORECAST_TOOLS, "auto", parser=parser)
+    call = notation_call(parser, "get_forecast", "city:§Paris§,days:1")
+    _, [cut] = read(request, [call[: call.index("Paris") + 3]])
     assert cut["function"]["name"] == "get_forecast"
     assert json.loads(cut["function"]["arguments"]) == {"city": "Par"}
-    _, [bare] = read(GEMMA4, ['<|tool_call>call:get_forecast{city:<|"|>Paris<|"|>,days:1'])
+    _, [bare] = read(request, [call.removesuffix("}" + NOTATION_TOKENS[parser][2])])
     assert json.loads(bare["function"]["arguments"]) == {"city": "Paris"}  # a number cut short: left out
-    released, calls = read(GEMMA4, ["Sure. <|tool_call>cal"])
-    assert calls == [] and "".join(released) == "Sure. <|tool_call>cal"
-    params = with_tool_grammar(SamplingParams(), GEMMA4, "response_format")
-    assert params.skip_special_tokens is False and params.grammar == GEMMA4.grammar
-    none = with_tool_grammar(SamplingParams(), ToolRequest(FORECAST_TOOLS, "none", parser="gemma4"), "x")
+    released, calls = read(request, ["Sure. " + call[: call.index("call:") + 3]])
+    assert calls == [] and "".join(released) == "Sure. " + call[: call.index("call:") + 3]
+    params = with_tool_grammar(SamplingParams(), request, "response_format")
+    assert params.skip_special_tokens is False and params.grammar == request.grammar
+    none = with_tool_grammar(SamplingParams(), ToolRequest(FORECAST_TOOLS, "none", parser=parser), "x")
     assert none.skip_special_tokens is True
