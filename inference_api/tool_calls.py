@@ -117,6 +117,11 @@ OWN_READERS = {
 # The formats whose tags are special tokens (DeepSeek's may be): an answer that may call keeps them in its
 # text.
 SPECIAL_TAGS = (*NOTATIONS, *CALL_TAG_FORMATS, *DEEPSEEK_FORMATS, LFM2, *LIST_FORMATS, COHERE)
+# vLLM's other names for formats read here under the names below, so that its command lines start: its
+# glm47 reads GLM-4.7's calls, GLM-4.5's but for the name written straight before the first <arg_key> and
+# a call with no arguments (which glm45's grammar and reader take too); qwen3_xml Qwen3-Coder's XML;
+# llama4_json Llama 3's JSON.
+PARSER_ALIASES = {"glm47": "glm45", "qwen3_xml": "qwen3_coder", "llama4_json": "llama3_json"}
 # --tool-call-parser's choices, vLLM's names: auto reads the chat template for the format (tool_parser).
 TOOL_CALL_PARSERS = (
     "auto",
@@ -130,6 +135,7 @@ TOOL_CALL_PARSERS = (
     LFM2,
     *LIST_FORMATS,
     COHERE,
+    *PARSER_ALIASES,
 )
 # `auto` in Gemma 4's or FunctionGemma's notation (gemma4_tool_calls.py): text, or text then calls between
 # its tags, which are special tokens (named as such: no text lexeme can hold them, so TEXT needs no
@@ -290,7 +296,7 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     if harmony:
         return "harmony"
     if forced != "auto":
-        return forced
+        return PARSER_ALIASES.get(forced, forced)
     for notation in NOTATIONS.values():
         if notation.is_taught(template_source, tokenizer):
             return notation.name

@@ -62,6 +62,8 @@ def test_vllms_option_names_set_what_ours_do():
     assert ServerConfig.from_env(named.to_env()) == named
     # vLLM's tool-use command line: its flag taken, with no effect
     assert parse_args(["--enable-auto-tool-choice", "--tool-call-parser", "glm45"]) == named
+    for alias in ("glm47", "qwen3_xml", "llama4_json"):  # vLLM's other names, read as ours (PARSER_ALIASES)
+        assert parse_args(["--tool-call-parser", alias]).tool_call_parser == alias
 
 
 def test_a_served_name_is_not_empty_and_has_no_spaces(capsys):

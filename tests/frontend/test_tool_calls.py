@@ -250,6 +250,23 @@ def test_glm_4_5s_xml_calls_are_found_in_its_template_read_and_held_to_the_tools
     assert not follows(grammar, glm_call("get_forecast", city="Paris", days="2", unit="kelvin"))
 
 
+def test_glm_4_7s_calls_its_name_straight_before_its_first_key_are_glm_4_5s_under_vllms_glm47_too():
+    from inference_api.tool_calls import tool_parser
+
+    for alias, name in {"glm47": "glm45", "qwen3_xml": "qwen3_coder", "llama4_json": "llama3_json"}.items():
+        assert tool_parser("", False, ByteTokenizer(), forced=alias) == name
+    glm_4_7 = (
+        "<tool_call>get_forecast<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>days</arg_key>"
+    )
+    glm_4_7 += "<arg_value>2</arg_value></tool_call>"
+    _, [forecast] = read(GLM, [glm_4_7])
+    assert forecast["function"]["name"] == "get_forecast"
+    assert json.loads(forecast["function"]["arguments"]) == {"city": "Oslo", "days": 2}
+    _, [bare] = read(GLM, ["<tool_call>get_time</tool_call>"])  # no arguments
+    assert (bare["function"]["name"], json.loads(bare["function"]["arguments"])) == ("get_time", {})
+    assert follows(GLM.grammar, glm_4_7) and follows(GLM.grammar, "<tool_call>get_time</tool_call>")
+
+
 # GLM-4.5's tags as its tokenizer has them: tokens of their own, not marked special, which llguidance takes
 # as special all the same (tokenizer.are_grammar_tokens); its end of turn last
 GLM_TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
