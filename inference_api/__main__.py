@@ -107,9 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="chat answers' thoughts as reasoning_content: auto reads gpt-oss's harmony messages where "
         "the model writes them, and <think> blocks, Gemma 4's thought channel or Mistral's [THINK] blocks "
-        "where the model has the tags as tokens and its template writes them; deepseek_r1 or qwen3 (vLLM's "
-        "names) always <think> blocks, gemma4 the thought channel, mistral [THINK] blocks, openai_gptoss "
-        "harmony; none never",
+        "where the model has the tags as tokens and its template writes them; deepseek_r1, qwen3, glm45, "
+        "olmo3 or deepseek_v3 (vLLM's names) always <think> blocks, gemma4 the thought channel, mistral "
+        "[THINK] blocks, cohere_command4 Cohere's plans, openai_gptoss harmony; none never",
     )
     parser.add_argument(
         "--tool-call-parser",

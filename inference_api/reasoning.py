@@ -52,11 +52,13 @@ MISTRAL_TAGS = ThoughtTags("[THINK]", "[/THINK]", special=True)
 COHERE_TAGS = ThoughtTags(
     "<|START_THINKING|>", "<|END_THINKING|>", special=True, answer=("<|START_RESPONSE|>", "<|END_RESPONSE|>")
 )
-# vLLM's names: `deepseek_r1` and `qwen3` read `<think>` blocks, `gemma4` Gemma 4's thought channel,
-# `mistral` Mistral's [THINK] blocks, `openai_gptoss` gpt-oss's harmony messages; SGLang's
+# vLLM's names: `deepseek_r1` and `qwen3` read `<think>` blocks (and `glm45`, `olmo3` and `deepseek_v3`,
+# its names for GLM-4.5's, OLMo 3's and DeepSeek-V3.1's, which write them too), `gemma4` Gemma 4's thought
+# channel, `mistral` Mistral's [THINK] blocks, `openai_gptoss` gpt-oss's harmony messages; SGLang's
 # `cohere_command4` Cohere's plans.
 REASONING_PARSERS = (
-    "auto", "none", "deepseek_r1", "qwen3", "gemma4", "mistral", "openai_gptoss", "cohere_command4"
+    "auto", "none", "deepseek_r1", "qwen3", "glm45", "olmo3", "deepseek_v3", "gemma4", "mistral",
+    "openai_gptoss", "cohere_command4",
 )  # fmt: skip
 # How a model writes its thoughts (reasoning_format): in blocks between tags, or as harmony messages.
 THINK_BLOCKS, GEMMA4_THOUGHTS, MISTRAL_THOUGHTS = "think_blocks", "gemma4_thoughts", "mistral_thoughts"
