@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the format chat answers' tool calls are read in and held to (vLLM's names); auto: the one "
         "the chat template teaches (Gemma 4's, FunctionGemma's, Mistral's, Granite 3's, DeepSeek's, LFM2's, "
         "Jamba's, Nemotron Nano 2's, Phi-4-mini's, Cohere's, the XML of Qwen3-Coder, GLM-4.5, Seed-OSS or "
-        "MiniMax-M2, Llama 3's JSON, else Hermes); a gpt-oss's are harmony messages whatever this says",
+        "MiniMax-M2, Llama 3's JSON, else Hermes); pythonic (never guessed) Llama 3.2's Python list of "
+        "calls; a gpt-oss's are harmony messages whatever this says",
     )
     parser.add_argument(
         "--enable-auto-tool-choice",

@@ -3,6 +3,10 @@ two tags,
 
     <|tool_call_start|>[get_weather(city='Paris', days=3), get_time()]<|tool_call_end|>
 
+and vLLM's `pythonic` format (`BARE`): the same list as the whole answer, no tags, as Llama 3.2's
+lightweight models and ToolACE write it behind a template that asks for it (vLLM's
+`tool_chat_template_llama3.2_pythonic.jinja`); an answer that does not open with `[` is text.
+
 each argument a keyword, its value a Python literal (LFM2's templates write a string between single
 quotes, an object as JSON, anything else as Python prints it), as vLLM's `lfm2` parser reads them.
 LFM2 and LFM2.5 are Liquid AI's small models for CPUs and devices.
@@ -25,6 +29,12 @@ from inference_api.structured_output import json_lark
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
 OPEN, CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
+BARE = "pythonic"  # the format's name (vLLM's) where the list is the whole answer
+# `pythonic`'s `auto`: text that does not open a list, or the list of calls (and whitespace before it).
+AUTO_BARE = r"""start: TEXT | WS? calls
+WS: /[ \n]+/
+TEXT: /(?s:.+)/ & ~/[ \n\t]*\[(?s:.*)/
+"""
 # `auto`: text, or text then the calls; the text cannot spell the opening tag out.
 AUTO = r"""start: TEXT | TEXT? calls
 TEXT: /(?s:.+)/ & ~/(?s:.*)<\|tool_call_start\|>(?s:.*)/
@@ -63,14 +73,25 @@ class PythonicTags:
     def auto_lark(self, tools: list[dict[str, Any]], parallel: bool) -> str:
         """A Lark grammar of `auto`'s answers: text, or text then a list of calls of the tools (one only
         unless `parallel`)."""
-        more = ' (", " call)*' if parallel else ""
-        rules = [
-            f'calls: <[{self.open_id}]> "[" call{more} "]" <[{self.close_id}]>',
-            "call: " + " | ".join(f"function_{i}" for i in range(len(tools))),
-        ]
-        for i, tool in enumerate(tools):
-            rules += _function_rules(i, tool["function"])
-        return AUTO + "\n".join(rules) + "\n" + ANY_VALUE
+        return AUTO + _list_rules(tools, parallel, f"<[{self.open_id}]> ", f" <[{self.close_id}]>")
+
+
+def bare_auto_lark(tools: list[dict[str, Any]], parallel: bool) -> str:
+    """`pythonic`'s Lark grammar of `auto`'s answers: text, or a list of calls of the tools (one only
+    unless `parallel`) as the whole answer."""
+    return AUTO_BARE + _list_rules(tools, parallel)
+
+
+def _list_rules(tools: list[dict[str, Any]], parallel: bool, before: str = "", after: str = "") -> str:
+    """`calls`: a list of calls of the tools between `before` and `after`; and the rules it needs."""
+    more = ' (", " call)*' if parallel else ""
+    rules = [
+        f'calls: {before}"[" call{more} "]"{after}',
+        "call: " + " | ".join(f"function_{i}" for i in range(len(tools))),
+    ]
+    for i, tool in enumerate(tools):
+        rules += _function_rules(i, tool["function"])
+    return "\n".join(rules) + "\n" + ANY_VALUE
 
 
 def _function_rules(i: int, function: dict[str, Any]) -> list[str]:
@@ -112,8 +133,13 @@ def read_calls(text: str) -> list[tuple[str, str]] | None:
     max_tokens keeps what it wrote where closing it makes it read, and is left out where it does not.
     None where they do not read as calls."""
     _, found, rest = text.partition(OPEN)
-    listed = rest.partition(CLOSE)[0].strip()
-    tree, cut = _parsed(listed) if found else (None, False)
+    return read_list(rest.partition(CLOSE)[0]) if found else None
+
+
+def read_list(listed: str) -> list[tuple[str, str]] | None:
+    """The calls of a Python list of calls (`pythonic`'s whole answer, LFM2's between its tags), as
+    `read_calls` reads them."""
+    tree, cut = _parsed(listed.strip())
     if not isinstance(tree, ast.List):
         return None
     calls = [_call(node) for node in tree.elts]

@@ -13,7 +13,8 @@ instead. How the answer becomes calls depends on `tool_choice`:
   blocks (xml_tool_calls.py), Gemma 4's notation between its `<|tool_call>` tokens
   (gemma4_tool_calls.py), Mistral's after its `[TOOL_CALLS]` token and Granite 3's after its
   `<|tool_call|>` (mistral_tool_calls.py), DeepSeek's between its `<｜tool▁calls▁begin｜>` tags
-  (deepseek_tool_calls.py), or Llama 3's bare JSON `{"name", "parameters"}`.
+  (deepseek_tool_calls.py), Llama 3's bare JSON `{"name", "parameters"}`, or a bare Python list of calls
+  (`pythonic`, pythonic_tool_calls.py).
   The answer is decoded under "free text, or calls in that format" (`AUTO_TAGGED`, `AUTO_LLAMA3`): text
   is free until the model opens a call, and from there the call is one of the tools with valid
   arguments, so that no half-written call comes back as text. A request that also sets a
@@ -103,6 +104,9 @@ NOTATIONS = gemma4.NOTATIONS  # Gemma 4's and FunctionGemma's notation (gemma4_t
 CALL_TAG_FORMATS = {MISTRAL: mistral.OPEN, GRANITE: mistral.GRANITE_OPEN}
 DEEPSEEK_FORMATS = (deepseek.V3, deepseek.V31)
 LFM2 = "lfm2"  # pythonic_tool_calls.py
+PYTHONIC = pythonic.BARE  # a Python list of calls as the whole answer (pythonic_tool_calls.py)
+# The formats whose calls are the whole answer, no tags, and how such an answer opens.
+BARE_OPENINGS = {"llama3_json": ("{", LLAMA3_PYTHON_TAG), PYTHONIC: ("[",)}
 COHERE = cohere.NAME  # cohere_tool_calls.py
 LIST_FORMATS = tuple(listed.LISTS)  # a JSON list between tags of their own (listed_tool_calls.py)
 # The formats whose calls are a list after an opening tag, read as Mistral's are, and that tag.
@@ -127,6 +131,7 @@ TOOL_CALL_PARSERS = (
     "auto",
     "hermes",
     "llama3_json",
+    PYTHONIC,
     *XML_FORMATS,
     *NOTATIONS,
     MISTRAL,
@@ -221,6 +226,8 @@ class ToolRequest:
             tokens = self.call_tags.tags if isinstance(self.call_tags, BlockTokens) else frozenset()
             calls = call_lark(self.tools, XML_FORMATS[self.parser], tokens)
             return lark_grammar(self._auto_tagged(more) + calls, "tools")
+        if self.choice == "auto" and self.parser == PYTHONIC:
+            return lark_grammar(pythonic.bare_auto_lark(self.tools, self.parallel), "tools")
         if self.choice == "auto":
             return lark_grammar(AUTO_LLAMA3.format(call=json_lark(self._one_call("parameters"))), "tools")
         if self.parser in TAGGED:  # none
@@ -583,7 +590,7 @@ class ToolCallReader:
 
     @property
     def _opening(self) -> str | None:
-        """The tag that opens the calls; None for Llama 3's bare JSON."""
+        """The tag that opens the calls; None for Llama 3's bare JSON and `pythonic`'s bare list."""
         if self.request.parser in OWN_READERS:
             return OWN_READERS[self.request.parser][0]
         return LISTED_OPENINGS.get(self.request.parser) or (self._tags or (None,))[0]
@@ -594,15 +601,16 @@ class ToolCallReader:
             self.call_start = at if at >= 0 else None
             return
         stripped = self.text.lstrip()
-        if stripped:  # Llama 3: a call is the whole answer, or there is none
-            if stripped.startswith(("{", LLAMA3_PYTHON_TAG[: len(stripped)])):
+        if stripped:  # Llama 3, `pythonic`: the calls are the whole answer, or there are none
+            openings = BARE_OPENINGS.get(self.request.parser, BARE_OPENINGS["llama3_json"])
+            if stripped.startswith(tuple(opening[: len(stripped)] for opening in openings)):
                 self.call_start = len(self.text) - len(stripped)
             else:
                 self.no_call = True
 
     def _held_back(self) -> int:
         """How much of the end might begin a call (not sent until the next text says)."""
-        if self._opening is None:  # Llama 3, undecided: only whitespace so far
+        if self._opening is None:  # Llama 3, `pythonic`, undecided: only whitespace so far
             return len(self.text)
         return longest_partial_match(self.text, (self._opening,))
 
@@ -628,6 +636,9 @@ class ToolCallReader:
             pattern = re.escape(opening) + r"(.*?)(?:" + re.escape(closing) + r"|$)"
             calls = [self._tagged_call(block) for block in re.findall(pattern, text, re.S)]
             return None if None in calls else [call for found in calls for call in found]
+        if self.request.parser == PYTHONIC:
+            calls = pythonic.read_list(text)
+            return None if calls is None else [new_call(*call) for call in calls]
         try:
             call = json_text.loads(text.strip().removeprefix(LLAMA3_PYTHON_TAG))
             return [new_call(call["name"], json.dumps(call.get("parameters", {}), ensure_ascii=False))]

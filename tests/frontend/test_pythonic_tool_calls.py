@@ -1,6 +1,7 @@
 """LFM2's Python calls (inference_api/pythonic_tool_calls.py): found in a template that writes them where
 the tokenizer has their tags, read back with Python's parser (literals only, JSON's constants too), whole,
-several, or cut by max_tokens, and held to the tools by the `auto` grammar."""
+several, or cut by max_tokens, and held to the tools by the `auto` grammar; and vLLM's `pythonic` format,
+the same list as the whole answer with no tags."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from inference_api.pythonic_tool_calls import CLOSE, OPEN, PythonicTags, read_calls
+from inference_api.pythonic_tool_calls import CLOSE, OPEN, PythonicTags, read_calls, read_list
 from inference_api.tokenizer import ByteTokenizer, ModelTokenizer
 from inference_api.tool_calls import ToolRequest, tool_parser
 from tests.backend.models import byte_tokenizer
@@ -97,3 +98,40 @@ def test_auto_is_text_or_text_then_calls_of_the_tools_with_their_parameters():
     assert not follows(grammar, f"{OPEN}[get_forecast(days=2, city='Oslo')]{CLOSE}")  # the schema's order
     assert not follows(grammar, f"{OPEN}[get_forecast(city='Oslo', days=2, unit='kelvin')]{CLOSE}")
     assert not follows(request(parallel=False).grammar, f"{OPEN}[{forecast}, get_time()]{CLOSE}")
+
+
+BARE = ToolRequest([FORECAST, TIME], "auto", parser="pythonic")
+
+
+def test_bare_calls_are_the_whole_answer_and_an_answer_that_opens_no_list_is_text_at_once():
+    answer = "  [get_forecast(city='Oslo', days=2, hourly=true), get_time()]"
+    released, calls = read(BARE, [answer[:1], answer[1:3], answer[3:30], answer[30:]])
+    assert "".join(released).strip() == ""  # the whitespace before the list, never the list
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_forecast", {"city": "Oslo", "days": 2, "hourly": True}),
+        ("get_time", {}),
+    ]
+    released, calls = read(BARE, ["It is ", "[sunny] in Oslo."])  # text first: all of it text, at once
+    assert released[:2] == ["It is ", "[sunny] in Oslo."] and calls == []
+    released, calls = read(BARE, ["[sunny] in Oslo."])  # a list, but not of calls: text
+    assert ("".join(released), calls) == ("[sunny] in Oslo.", [])
+    assert [(name, json.loads(arguments)) for name, arguments in read_list("[get_forecast(city='Par")] == [
+        ("get_forecast", {"city": "Par"})
+    ]
+    assert tool_parser("{{- tools | tojson }}", False, ByteTokenizer(), forced="pythonic") == "pythonic"
+
+
+def test_bare_auto_is_text_that_opens_no_list_or_a_list_of_calls_of_the_tools():
+    grammar = BARE.grammar
+    forecast = "get_forecast(city='Oslo', days=2, unit='celsius')"
+    assert follows(grammar, "It is sunny in 'Oslo' [2 days].")
+    assert follows(grammar, f"[{forecast}]") and follows(grammar, f"\n[{forecast}, get_time()]")
+    assert not follows(grammar, "[sunny]")  # an answer that opens a list is calls
+    later = f"Let me look. [{forecast}]"  # calls are the whole answer: a list after text is text
+    released, calls = read(BARE, [later])
+    assert follows(grammar, later) and ("".join(released), calls) == (later, [])
+    assert not follows(grammar, f"[{forecast}] Done.")
+    assert not follows(grammar, "[get_date()]")  # not a tool
+    assert not follows(grammar, "[get_forecast(city='Oslo', days=9)]")  # at most 7
+    single = ToolRequest([FORECAST, TIME], "auto", parser="pythonic", parallel=False).grammar
+    assert follows(single, f"[{forecast}]") and not follows(single, f"[{forecast}, get_time()]")

@@ -48,6 +48,7 @@ def format_fixtures(
     opening_tag: str,
     max_seq_len: int = 512,
     text_tags: tuple[str, ...] = (),
+    options: tuple[str, ...] = (),
 ):
     """A format test module's fixtures, for it to take as `server, client, opening = format_fixtures(...)`:
     its `format_server`, the official client pointed at it, and `opening`, the id of the tag that opens a
@@ -56,7 +57,9 @@ def format_fixtures(
     @pytest.fixture(scope="module")
     def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         directory = tmp_path_factory.mktemp(name)
-        with format_server(directory, special_tokens, template, name, max_seq_len, text_tags) as running:
+        with format_server(
+            directory, special_tokens, template, name, max_seq_len, text_tags, options
+        ) as running:
             yield running
 
     @pytest.fixture(scope="module")
@@ -79,16 +82,17 @@ def format_server(
     name: str,
     max_seq_len: int = 512,
     text_tags: tuple[str, ...] = (),
+    options: tuple[str, ...] = (),
 ) -> Iterator[RunningServer]:
     """A tiny random model whose byte-level tokenizer has a format's tags as special tokens (the last the
     EOS; those in `text_tags` tokens not marked special), behind a chat template in that format, served
-    as `name` in the exact mode (rows of `max_seq_len` positions): the server reads the format from the
-    template and the tokenizer as it would the real model's."""
+    as `name` in the exact mode (rows of `max_seq_len` positions), with the server's `options`: the server
+    reads the format from the template and the tokenizer as it would the real model's."""
     write_tiny_byte_model(directory, special_tokens, max_seq_len, text_tags)
     (directory / "chat_template.jinja").write_text(template)
-    options = ["--model", str(directory), "--chat-template", str(directory / "chat_template.jinja")]
+    model = ["--model", str(directory), "--chat-template", str(directory / "chat_template.jinja")]
     exact = ["--dtype", "float32", "--quantize", "none", "--rows", "4", "--max-seq-len", str(max_seq_len)]
-    with running_server(*options, "--served-model-name", name, *exact, ready_timeout=300) as running:
+    with running_server(*model, "--served-model-name", name, *exact, *options, ready_timeout=300) as running:
         yield running
 
 
