@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,11 @@ PY_CONSTANT: "True" | "False" | "None" | "true" | "false" | "null"
 """
 # JSON's constants, which LFM2's templates write inside an object (`| tojson`), as Python's.
 JSON_CONSTANTS = {"true": True, "false": False, "null": None}
+# A tool's or a parameter's name as a call writes it: anything up to what follows a name.
+_NAME = re.compile(r"[^\s(),=\[\]{}'\"]+")
+OPENERS = {"(": ")", "[": "]", "{": "}"}
+_CUT = object()  # a call max_tokens cut before its arguments
+_NOT_LITERAL = object()
 
 
 def writes_lfm2(template_source: str, tokenizer: PromptTokenizer) -> bool:
@@ -138,41 +144,114 @@ def read_calls(text: str) -> list[tuple[str, str]] | None:
 
 def read_list(listed: str) -> list[tuple[str, str]] | None:
     """The calls of a Python list of calls (`pythonic`'s whole answer, LFM2's between its tags), as
-    `read_calls` reads them."""
-    tree, cut = _parsed(listed.strip())
-    if not isinstance(tree, ast.List):
+    `read_calls` reads them. Read by hand, not by Python's parser: a tool's name or a parameter's may be
+    no Python name (`get-weather`, `user-id`, `from`), which the grammar writes all the same; each value
+    is a literal, which Python's parser reads (`_literal`)."""
+    text = listed.strip()
+    if not text.startswith("["):
         return None
-    calls = [_call(node) for node in tree.elts]
-    if cut and calls and calls[-1] is None:
-        calls.pop()
-    return None if not calls or None in calls else calls
+    calls: list[tuple[str, str]] = []
+    at = 1
+    while True:
+        at = _skip(text, at)
+        if at == len(text):  # cut between calls
+            break
+        if text[at] == "]":  # the end, with nothing after it
+            return (calls or None) if not text[at + 1 :].strip() else None
+        read = _call(text, at)
+        if read is _CUT:  # a call cut before its arguments: left out
+            break
+        if read is None:
+            return None
+        call, at = read
+        calls.append(call)
+        at = _skip(text, at)
+        if text.startswith(",", at):
+            at += 1
+        elif at < len(text) and text[at] != "]":
+            return None
+    return calls or None
 
 
-def _parsed(listed: str) -> tuple[ast.expr | None, bool]:
-    """The list as Python's parser reads it, and whether it was cut short: then as it reads closed (in a
-    string, a call, the list), or closed after its last whole argument (cut in a keyword)."""
-    for written in (listed, listed.rpartition(", ")[0]):
-        for ending in ("", "]", ")]", "')]", '")]'):
-            try:
-                return ast.parse(written + ending, mode="eval").body, written + ending != listed
-            except (SyntaxError, ValueError, RecursionError):  # ValueError: a NUL in the text
-                continue
-    return None, True
-
-
-def _call(node: ast.expr) -> tuple[str, str] | None:
-    """A call of a function by its name with keyword arguments whose values are literals."""
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+def _call(text: str, at: int) -> tuple[tuple[str, str], int] | object | None:
+    """The call at `at` and where it ends (the text's end where max_tokens cut it: then with what was
+    written of its arguments); _CUT where it was cut before its parenthesis, None where it is no call."""
+    name = _NAME.match(text, at)
+    if name is None:
         return None
-    if any(keyword.arg is None for keyword in node.keywords):  # **kwargs
+    at = _skip(text, name.end())
+    if at == len(text):
+        return _CUT
+    if text[at] != "(":
         return None
+    arguments: dict[str, Any] = {}
+    at += 1
+    while True:
+        at = _skip(text, at)
+        if at == len(text):
+            break
+        if text[at] == ")":
+            return (name[0], json.dumps(arguments, ensure_ascii=False)), at + 1
+        key = _NAME.match(text, at)
+        if key is None:  # a positional argument, **kwargs: no call of ours
+            return None
+        at = _skip(text, key.end())
+        if at == len(text):  # cut in the keyword: left out
+            break
+        if text[at] != "=":
+            return None
+        end, closing = _value_end(text, at + 1)
+        value = _literal(text[at + 1 : end] + closing)
+        if end == len(text):  # cut in the value: kept where closing it makes it read
+            if value is not _NOT_LITERAL:
+                arguments[key[0]] = value
+            break
+        if value is _NOT_LITERAL:  # not a literal (a name, a call), or not JSON's (a set)
+            return None
+        arguments[key[0]] = value
+        at = end + 1 if text[end] == "," else end
+    return (name[0], json.dumps(arguments, ensure_ascii=False)), len(text)
+
+
+def _value_end(text: str, at: int) -> tuple[int, str]:
+    """Where the value at `at` ends (at the `,` or `)` after it, outside its strings and brackets; the
+    text's end where it was cut), and what would close it there (its open string and brackets)."""
+    closers: list[str] = []
+    quote = ""
+    index = at
+    while index < len(text):
+        character = text[index]
+        if quote:
+            if character == "\\":
+                index += 1
+            elif character == quote:
+                quote = ""
+        elif character in "'\"":
+            quote = character
+        elif character in OPENERS:
+            closers.append(OPENERS[character])
+        elif closers and character == closers[-1]:
+            closers.pop()
+        elif not closers and character in ",)":
+            return index, ""
+        index += 1
+    return len(text), quote + "".join(reversed(closers))
+
+
+def _literal(written: str) -> Any:
+    """A value as Python writes it (JSON's true, false and null too), if it is JSON's; else _NOT_LITERAL."""
     try:
-        arguments = {
-            keyword.arg: ast.literal_eval(_JsonConstants().visit(keyword.value)) for keyword in node.keywords
-        }
-        return node.func.id, json.dumps(arguments, ensure_ascii=False)
-    except (ValueError, TypeError, RecursionError):  # not a literal (a name, a call), or not JSON's (a set)
-        return None
+        value = ast.literal_eval(_JsonConstants().visit(ast.parse(written.strip(), mode="eval").body))
+        json.dumps(value)
+        return value
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):  # ValueError: a NUL too
+        return _NOT_LITERAL
+
+
+def _skip(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \n\t":
+        at += 1
+    return at
 
 
 class _JsonConstants(ast.NodeTransformer):

@@ -76,6 +76,11 @@ def test_calls_stream_after_text_and_are_read_as_python_literals():
         ("[get_forecast(city={1, 2})]", None),  # a set, which JSON has not
         ("[get_forecast(city='\x00')", None),  # a NUL, which Python's parser refuses
         ("[", None),
+        (
+            "[get_forecast(city='Oslo', options={'a': [1",
+            [("get_forecast", {"city": "Oslo", "options": {"a": [1]}})],
+        ),
+        ("[get_time()] and more", None),  # text after the list
     ],
 )
 def test_calls_cut_by_max_tokens_or_not_literals(written, expected):
@@ -135,3 +140,26 @@ def test_bare_auto_is_text_that_opens_no_list_or_a_list_of_calls_of_the_tools():
     assert not follows(grammar, "[get_forecast(city='Oslo', days=9)]")  # at most 7
     single = ToolRequest([FORECAST, TIME], "auto", parser="pythonic", parallel=False).grammar
     assert follows(single, f"[{forecast}]") and not follows(single, f"[{forecast}, get_time()]")
+
+
+def test_names_that_are_no_python_names_are_written_and_read_back_as_the_grammar_has_them():
+    """OpenAI's names take `-` and a leading digit, and a schema's properties any name (`from`, a Python
+    keyword): the grammar writes them as they are, so the reader must read them so, not as Python."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get-user",
+            "parameters": {
+                "type": "object",
+                "properties": {"user-id": {"type": "integer"}, "from": {"type": "string"}},
+                "required": ["user-id", "from"],
+            },
+        },
+    }
+    call = "[get-user(user-id=7, from='the team')]"
+    assert follows_in(TOKENIZER, ToolRequest([tool], "auto", parser="pythonic").grammar, call)
+    for parser, answer in (("pythonic", call), ("lfm2", OPEN + call + CLOSE)):
+        tags = request().call_tags if parser == "lfm2" else None
+        _, [read_back] = read(ToolRequest([tool], "auto", parser=parser, call_tags=tags), [answer])
+        assert read_back["function"]["name"] == "get-user"
+        assert json.loads(read_back["function"]["arguments"]) == {"user-id": 7, "from": "the team"}
