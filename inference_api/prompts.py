@@ -248,7 +248,8 @@ def read_messages(
 ) -> list[dict[str, Any]]:
     """A non-empty list of {role, content} objects as the chat template takes them: each content as
     one text (`text_content`), developer read as system; an assistant's calls and thoughts
-    (`reasoning_content`), a tool message's call id. Other fields of a message are ignored."""
+    (`reasoning_content`), a tool message's call id and function name. Other fields of a message are
+    ignored."""
     if value is None:
         raise InvalidParams(param, f"{param} is required")
     if not isinstance(value, list) or not value:
@@ -273,6 +274,8 @@ def _message(message: Any, param: str, roles: tuple[str, ...], text_types: tuple
         shaped["tool_calls"] = read_tool_calls(message["tool_calls"], f"{param}.tool_calls")
     if role == "tool" and isinstance(message.get("tool_call_id"), str):
         shaped["tool_call_id"] = message["tool_call_id"]
+    if role == "tool" and isinstance(message.get("name"), str) and message["name"]:  # the function's name
+        shaped["name"] = message["name"]
     # A reasoning model's thoughts in an earlier turn: its template decides whether they go in the prompt.
     if role == "assistant":
         shaped |= {name: message[name] for name in REASONING_FIELDS if isinstance(message.get(name), str)}

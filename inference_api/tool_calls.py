@@ -456,14 +456,20 @@ def template_messages(
     """Assistant turns with tool calls as the template takes them: `tool_calls` with their arguments as
     objects (transformers' templates expect them so), their ids as Mistral's take them in its format;
     for a template that knows no tool calls, the calls written into the content in the Hermes format (in
-    a JSON list format's, Phi-4-mini's, its own)."""
+    a JSON list format's, Phi-4-mini's, its own). A tool turn without a `name` gets that of the function
+    whose call it answers (by `tool_call_id`): templates that write results by name (FunctionGemma's,
+    Gemma 4's; transformers' convention) need it, and OpenAI's tool messages carry only the id."""
     if parser == MISTRAL:
         messages = mistral.history_ids(messages)
     knows_tool_calls = "tool_calls" in template_source
+    called: dict[str, str] = {}  # each call's id, and the function it called
     shaped = []
     for message in messages:
         calls = message.get("tool_calls")
-        if not calls:
+        called |= {call["id"]: call["function"]["name"] for call in calls or () if call.get("id")}
+        if message["role"] == "tool" and "name" not in message and message.get("tool_call_id") in called:
+            shaped.append({**message, "name": called[message["tool_call_id"]]})
+        elif not calls:
             shaped.append(message)
         elif knows_tool_calls:
             shaped.append({**message, "tool_calls": [_arguments_object(call) for call in calls]})

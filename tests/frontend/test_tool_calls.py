@@ -476,3 +476,30 @@ def test_a_notations_call_cut_by_max_tokens_keeps_what_was_written_and_its_tags_
     assert params.skip_special_tokens is False and params.grammar == request.grammar
     none = with_tool_grammar(SamplingParams(), ToolRequest(FORECAST_TOOLS, "none", parser=parser), "x")
     assert none.skip_special_tokens is True
+
+
+def test_a_tool_turn_gets_the_name_of_the_function_whose_call_it_answers():
+    """Templates that write a result by its function's name (FunctionGemma's, Gemma 4's) get it, though
+    OpenAI's tool messages carry only the call's id; a name the request gave is kept, one given through
+    Ollama's `tool_name` too."""
+    from inference_api.apis.ollama.request import _openai_messages
+    from inference_api.prompts import read_messages
+    from inference_api.tool_calls import template_messages
+
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "get_forecast", "arguments": "{}"}},
+        {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+    ]
+    messages = read_messages(
+        [
+            {"role": "user", "content": "Weather and time?"},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "c2", "content": "noon"},
+            {"role": "tool", "tool_call_id": "c1", "content": "rain", "name": "forecast"},
+            {"role": "tool", "tool_call_id": "c9", "content": "?"},  # answers no call: no name
+        ]
+    )
+    shaped = template_messages(messages, "{{ message.tool_calls }}")
+    assert [turn.get("name") for turn in shaped[2:]] == ["get_time", "forecast", None]
+    ollama = read_messages(_openai_messages([{"role": "tool", "content": "noon", "tool_name": "get_time"}]))
+    assert ollama[0]["name"] == "get_time"

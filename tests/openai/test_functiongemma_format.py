@@ -11,7 +11,8 @@ it would FunctionGemma's (google/functiongemma-270m-it, a Gemma 3 270M, which th
 
 An `auto` call the model starts is decoded under the calls' grammar, the tags kept in its text, and comes
 back as OpenAI's tool call; streamed, as deltas of the same call; an answer that opens no call is text;
-and a call in the history goes back to the template as its arguments, which it writes in the notation."""
+and a call in the history goes back to the template as its arguments, which it writes in the notation,
+its result by the function's name."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ SPECIAL_TOKENS = (
 )
 # FunctionGemma's format, in a template of its own: each tool declared in the developer turn, an
 # assistant's calls in the notation, each string between <escape> tokens, a result after
-# <start_function_response>.
+# <start_function_response> by its function's name (which OpenAI's tool messages do not carry: the
+# server gives it).
 TEMPLATE = r"""{%- if tools %}
 {{- '<start_of_turn>developer\nYou are a model that can do function calling with the following functions' }}
 {%- for tool in tools %}
@@ -62,7 +64,7 @@ TEMPLATE = r"""{%- if tools %}
 {{- '}<end_function_call>' }}
 {%- endfor %}
 {%- elif message.role == 'tool' %}
-{{- '<start_function_response>response:{value:<escape>' + message.content + '<escape>}' }}
+{{- '<start_function_response>response:' + message.name + '{value:<escape>' + message.content + '<escape>}' }}
 {{- '<end_function_response><end_of_turn>\n' }}
 {%- else %}
 {{- '<start_of_turn>' + ('model' if message.role == 'assistant' else message.role) + '\n' }}
@@ -95,4 +97,5 @@ def test_an_answer_that_opens_no_call_is_text(client, opening):
 def test_a_call_in_the_history_is_written_back_in_the_notation(server):
     written = prompt_after_a_call(server, MODEL)
     call = "<start_function_call>call:get_weather{days:2,units:<escape>metric<escape>}<end_function_call>"
-    assert call in written and "<start_function_response>response:" in written
+    result = "<start_function_response>response:get_weather{value:<escape>Sunny, 21 C.<escape>}"
+    assert call in written and result in written

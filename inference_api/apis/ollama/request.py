@@ -206,6 +206,8 @@ def _openai_messages(value: Any) -> Any:
             calls = message.get("tool_calls")
             if isinstance(calls, list):
                 message = {**message, "tool_calls": [_openai_call(call) for call in calls]}
+            if message.get("role") == "tool" and "tool_name" in message:  # the function it answers
+                message = {**message, "name": message["tool_name"]}
         shaped.append(message)
     return shaped
 
