@@ -466,8 +466,8 @@ def template_messages(
     shaped = []
     for message in messages:
         calls = message.get("tool_calls")
-        called |= {call["id"]: call["function"]["name"] for call in calls or () if call.get("id")}
-        if message["role"] == "tool" and "name" not in message and message.get("tool_call_id") in called:
+        called |= {call["id"]: call["function"].get("name") for call in calls or () if call.get("id")}
+        if message["role"] == "tool" and "name" not in message and called.get(message.get("tool_call_id")):
             shaped.append({**message, "name": called[message["tool_call_id"]]})
         elif not calls:
             shaped.append(message)
