@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from inference_api import json_text
+from inference_api.mistral_tool_calls import listed_calls
 from inference_api.structured_output import json_lark
 from inference_api.tokenizer import PromptTokenizer, are_tokens
 
@@ -104,17 +104,4 @@ def read_calls(text: str) -> list[tuple[str, str]] | None:
     action cut by max_tokens keeps what was written of its parameters. None where they do not read as
     actions."""
     listed = text.split(ACTION_OPEN, 1)[1].split(ACTION_CLOSE, 1)[0]
-    rest = listed.strip().removeprefix("[")
-    calls: list[tuple[str, str]] = []
-    while rest.strip() and not rest.strip().startswith("]"):
-        rest = rest.lstrip(" \n\t,")
-        try:
-            action, end = json_text.raw_decode(rest)
-        except ValueError:
-            cut = CUT_ACTION.match(rest)
-            return calls + [(json.loads(cut[1]), cut[2])] if cut else (calls or None)
-        if not isinstance(action, dict) or not isinstance(action.get("tool_name"), str):
-            return None
-        calls.append((action["tool_name"], json.dumps(action.get("parameters", {}), ensure_ascii=False)))
-        rest = rest[end:]
-    return calls or None
+    return listed_calls(listed, "tool_name", "parameters", CUT_ACTION)

@@ -111,7 +111,7 @@ def read_calls(text: str, opening: str = OPEN) -> list[tuple[str, str]] | None:
     if opening == OPEN and any(ARGS in block for block in blocks):
         calls = [_named_call(block) for block in blocks]
         return None if None in calls else calls
-    return _listed_calls(opening.join(blocks))
+    return listed_calls(opening.join(blocks))
 
 
 def _named_call(block: str) -> tuple[str, str] | None:
@@ -123,20 +123,24 @@ def _named_call(block: str) -> tuple[str, str] | None:
     return name, json_arguments(arguments.strip())
 
 
-def _listed_calls(text: str) -> list[tuple[str, str]] | None:
-    """The list before v11: `[{"name": ..., "arguments": {...}}, ...]`, its last call maybe cut."""
+def listed_calls(
+    text: str, name: str = "name", arguments: str = "arguments", cut: re.Pattern = CUT_LISTED_CALL
+) -> list[tuple[str, str]] | None:
+    """A JSON list of calls, `[{"name": ..., "arguments": {...}}, ...]` (the list before v11; `name` and
+    `arguments` its keys, Cohere's actions' `tool_name` and `parameters`), its last call maybe cut by
+    max_tokens: `cut` reads that one's name and what was written of its arguments."""
     rest = text.strip().removeprefix("[")
     calls: list[tuple[str, str]] = []
     while rest.strip() and not rest.strip().startswith("]"):
-        rest = rest.lstrip(" \n,")
+        rest = rest.lstrip(" \n\t,")
         try:
             call, end = json_text.raw_decode(rest)
         except ValueError:
-            cut = CUT_LISTED_CALL.match(rest)
-            return calls + [(json.loads(cut[1]), cut[2])] if cut else (calls or None)
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            written = cut.match(rest)
+            return calls + [(json.loads(written[1]), written[2])] if written else (calls or None)
+        if not isinstance(call, dict) or not isinstance(call.get(name), str):
             return None
-        calls.append((call["name"], json.dumps(call.get("arguments", {}), ensure_ascii=False)))
+        calls.append((call[name], json.dumps(call.get(arguments, {}), ensure_ascii=False)))
         rest = rest[end:]
     return calls or None
 
