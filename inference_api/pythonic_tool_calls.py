@@ -50,8 +50,10 @@ PY_CONSTANT: "True" | "False" | "None" | "true" | "false" | "null"
 """
 # JSON's constants, which LFM2's templates write inside an object (`| tojson`), as Python's.
 JSON_CONSTANTS = {"true": True, "false": False, "null": None}
-# A tool's or a parameter's name as a call writes it: anything up to what follows a name.
+# A tool's name as a call writes it: anything up to what follows a name; a parameter's, spaces inside it
+# too ("first name": a schema's may have them), up to its `=`.
 _NAME = re.compile(r"[^\s(),=\[\]{}'\"]+")
+_KEY = re.compile(r"[^(),=\[\]{}'\"]+")
 OPENERS = {"(": ")", "[": "]", "{": "}"}
 _CUT = object()  # a call max_tokens cut before its arguments
 _NOT_LITERAL = object()
@@ -192,7 +194,7 @@ def _call(text: str, at: int) -> tuple[tuple[str, str], int] | object | None:
             break
         if text[at] == ")":
             return (name[0], json.dumps(arguments, ensure_ascii=False)), at + 1
-        key = _NAME.match(text, at)
+        key = _KEY.match(text, at)
         if key is None:  # a positional argument, **kwargs: no call of ours
             return None
         at = _skip(text, key.end())
@@ -204,11 +206,11 @@ def _call(text: str, at: int) -> tuple[tuple[str, str], int] | object | None:
         value = _literal(text[at + 1 : end] + closing)
         if end == len(text):  # cut in the value: kept where closing it makes it read
             if value is not _NOT_LITERAL:
-                arguments[key[0]] = value
+                arguments[key[0].rstrip()] = value
             break
         if value is _NOT_LITERAL:  # not a literal (a name, a call), or not JSON's (a set)
             return None
-        arguments[key[0]] = value
+        arguments[key[0].rstrip()] = value
         at = end + 1 if text[end] == "," else end
     return (name[0], json.dumps(arguments, ensure_ascii=False)), len(text)
 
@@ -239,12 +241,15 @@ def _value_end(text: str, at: int) -> tuple[int, str]:
 
 
 def _literal(written: str) -> Any:
-    """A value as Python writes it (JSON's true, false and null too), if it is JSON's; else _NOT_LITERAL."""
+    """A value as Python writes it (JSON's true, false and null too), if it is JSON's; else _NOT_LITERAL.
+    A NUL or a carriage return the model wrote inside a string (the grammar's strings take any character
+    but the line feed) is read as its escape: Python's parser takes neither there."""
+    source = written.strip().replace("\x00", "\\x00").replace("\r", "\\r")
     try:
-        value = ast.literal_eval(_JsonConstants().visit(ast.parse(written.strip(), mode="eval").body))
+        value = ast.literal_eval(_JsonConstants().visit(ast.parse(source, mode="eval").body))
         json.dumps(value)
         return value
-    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):  # ValueError: a NUL too
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
         return _NOT_LITERAL
 
 

@@ -74,7 +74,10 @@ def test_calls_stream_after_text_and_are_read_as_python_literals():
         ("[get_forecast(city=paris)]", None),  # a name is not a literal
         ("[get_forecast('Paris')]", None),  # no keyword
         ("[get_forecast(city={1, 2})]", None),  # a set, which JSON has not
-        ("[get_forecast(city='\x00')", None),  # a NUL, which Python's parser refuses
+        (
+            "[get_forecast(city='\x00\r')",
+            [("get_forecast", {"city": "\x00\r"})],
+        ),  # which Python's parser refuses
         ("[", None),
         (
             "[get_forecast(city='Oslo', options={'a': [1",
@@ -156,10 +159,12 @@ def test_names_that_are_no_python_names_are_written_and_read_back_as_the_grammar
             },
         },
     }
-    call = "[get-user(user-id=7, from='the team')]"
+    tool["function"]["parameters"]["properties"]["first name"] = {"type": "string"}  # spaces too
+    call = "[get-user(user-id=7, from='the team', first name='Ada')]"
     assert follows_in(TOKENIZER, ToolRequest([tool], "auto", parser="pythonic").grammar, call)
     for parser, answer in (("pythonic", call), ("lfm2", OPEN + call + CLOSE)):
         tags = request().call_tags if parser == "lfm2" else None
         _, [read_back] = read(ToolRequest([tool], "auto", parser=parser, call_tags=tags), [answer])
         assert read_back["function"]["name"] == "get-user"
-        assert json.loads(read_back["function"]["arguments"]) == {"user-id": 7, "from": "the team"}
+        arguments = json.loads(read_back["function"]["arguments"])
+        assert arguments == {"user-id": 7, "from": "the team", "first name": "Ada"}
