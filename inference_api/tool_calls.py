@@ -11,7 +11,7 @@ instead. How the answer becomes calls depends on `tool_choice`:
 - `auto`: the model chooses; its text is read in the format its template teaches (`tool_parser`): the
   Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, Qwen3-Coder's, Qwen3.5's or GLM-4.5's XML in those
   blocks (xml_tool_calls.py), Gemma 4's notation between its `<|tool_call>` tokens
-  (gemma4_tool_calls.py), Mistral's after its `[TOOL_CALLS]` token and Granite 3's after its
+  (notation_tool_calls.py), Mistral's after its `[TOOL_CALLS]` token and Granite 3's after its
   `<|tool_call|>` (mistral_tool_calls.py), DeepSeek's between its `<｜tool▁calls▁begin｜>` tags
   (deepseek_tool_calls.py), Llama 3's bare JSON `{"name", "parameters"}`, or a bare Python list of calls
   (`pythonic`, pythonic_tool_calls.py).
@@ -41,8 +41,7 @@ from backend.engine.stop_matcher import longest_partial_match
 from backend.messages import InvalidParams, SamplingParams
 from inference_api import cohere_tool_calls as cohere
 from inference_api import deepseek_tool_calls as deepseek
-from inference_api import gemma4_tool_calls as gemma4
-from inference_api import json_text
+from inference_api import json_text, notation_tool_calls
 from inference_api import listed_tool_calls as listed
 from inference_api import mistral_tool_calls as mistral
 from inference_api import pythonic_tool_calls as pythonic
@@ -99,7 +98,7 @@ TEXT: /(?s:.+)/ & ~/(?s:.*){open_regex}(?s:.*)/
 XML_FORMATS = {form.name: form for form in (QWEN3_CODER, GLM45, SEED_OSS, MINIMAX_M2)}
 TAGGED = ("hermes", *XML_FORMATS)
 MISTRAL, GRANITE = "mistral", "granite"
-NOTATIONS = gemma4.NOTATIONS  # Gemma 4's and FunctionGemma's notation (gemma4_tool_calls.py)
+NOTATIONS = notation_tool_calls.NOTATIONS  # Gemma 4's and FunctionGemma's notation (notation_tool_calls.py)
 # The formats whose calls follow a special token (mistral_tool_calls.CallTags), and its text.
 CALL_TAG_FORMATS = {MISTRAL: mistral.OPEN, GRANITE: mistral.GRANITE_OPEN}
 DEEPSEEK_FORMATS = (deepseek.V3, deepseek.V31)
@@ -142,7 +141,7 @@ TOOL_CALL_PARSERS = (
     COHERE,
     *PARSER_ALIASES,
 )
-# `auto` in Gemma 4's or FunctionGemma's notation (gemma4_tool_calls.py): text, or text then calls between
+# `auto` in Gemma 4's or FunctionGemma's notation (notation_tool_calls.py): text, or text then calls between
 # its tags, which are special tokens (named as such: no text lexeme can hold them, so TEXT needs no
 # exclusion).
 AUTO_NOTATION = """start: TEXT | TEXT? tagged_call{more}
@@ -214,7 +213,7 @@ class ToolRequest:
         if self.choice == "auto" and self.parser in NOTATIONS:
             notation = NOTATIONS[self.parser]
             auto = AUTO_NOTATION.format(more=more, open=notation.open, close=notation.close)
-            return lark_grammar(auto + gemma4.call_lark(self.tools, notation), "tools")
+            return lark_grammar(auto + notation_tool_calls.call_lark(self.tools, notation), "tools")
         if self.choice == "auto" and isinstance(self.call_tags, CallTags):
             lark = self.call_tags.auto_lark(self.tools, self._one_call("arguments"), self.parallel)
             return lark_grammar(lark, "tools")
@@ -292,7 +291,7 @@ def tool_parser(template_source: str, harmony: bool, tokenizer: PromptTokenizer,
     """How a model's answers hold calls: gpt-oss's harmony messages (`harmony`: the server reads them,
     answers.HarmonyReader), else the `forced` one of TOOL_CALL_PARSERS (--tool-call-parser), else the
     format the template teaches: Gemma 4's or FunctionGemma's notation where it writes its `<|tool_call>` or
-    `<start_function_call>` token (gemma4_tool_calls.py); Jamba's, Nemotron Nano 2's or Phi-4-mini's where
+    `<start_function_call>` token (notation_tool_calls.py); Jamba's, Nemotron Nano 2's or Phi-4-mini's where
     it writes `<tool_calls>`, `<TOOLCALL>` or `<|tool_call|>` with a tokenizer that has `<|/tool_call|>`
     too, or takes the tools in the system message (listed_tool_calls.py); Mistral's or Granite 3's where it
     writes their `[TOOL_CALLS]` or `<|tool_call|>` token (mistral_tool_calls.py); LFM2's where it writes its
@@ -655,7 +654,7 @@ class ToolCallReader:
         """A block's call: in JSON (Hermes), XML, or Gemma 4's or FunctionGemma's notation."""
         form = XML_FORMATS.get(self.request.parser)
         if self.request.parser in NOTATIONS:
-            found = gemma4.read_call(block, NOTATIONS[self.request.parser])
+            found = notation_tool_calls.read_call(block, NOTATIONS[self.request.parser])
         elif form is not None:
             found = read_call(block, self.request.tools, form)
         else:

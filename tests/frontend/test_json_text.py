@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from inference_api import gemma4_tool_calls as gemma4
 from inference_api import json_text
 from inference_api import mistral_tool_calls as mistral
+from inference_api import notation_tool_calls as notation
 from inference_api.tool_calls import ToolCallReader, ToolRequest
 from inference_api.xml_tool_calls import QWEN3_CODER, read_call
 
@@ -81,4 +81,4 @@ def test_the_own_notations_readers_keep_a_call_nested_too_deeply_as_written_or_a
         f"<function=f>\n<parameter=a>\n{DEEP}\n</parameter>\n</function>", TOOLS, QWEN3_CODER
     )
     assert xml_call == ("f", json.dumps({"a": DEEP}))
-    assert gemma4.read_call("call:f{a:" + DEEP, gemma4.GEMMA4) is None
+    assert notation.read_call("call:f{a:" + DEEP, notation.GEMMA4) is None

@@ -398,7 +398,7 @@ NOTATION_FORMATS = pytest.mark.parametrize("parser", list(NOTATION_TOKENS))
 
 def notation_call(parser: str, function: str, arguments: str) -> str:
     """A call in the parser's notation, each `§` in `arguments` its string tag."""
-    from inference_api.gemma4_tool_calls import NOTATIONS
+    from inference_api.notation_tool_calls import NOTATIONS
 
     notation = NOTATIONS[parser]
     written = arguments.replace("§", notation.quote)

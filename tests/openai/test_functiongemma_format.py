@@ -1,4 +1,4 @@
-"""FunctionGemma's tool calls with the official openai client (inference_api/gemma4_tool_calls.py, the
+"""FunctionGemma's tool calls with the official openai client (inference_api/notation_tool_calls.py, the
 `functiongemma` format): Gemma 4's notation under FunctionGemma's own tags,
 
     <start_function_call>call:get_weather{days:2,units:<escape>metric<escape>}<end_function_call>

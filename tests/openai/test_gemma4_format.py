@@ -1,4 +1,4 @@
-"""Gemma 4's own format with the official openai client: its tool calls (inference_api/gemma4_tool_calls.py)
+"""Gemma 4's own format with the official openai client: its tool calls (inference_api/notation_tool_calls.py)
 and its thought channel (inference_api/reasoning.py). A tiny random model whose byte-level tokenizer has
 Gemma 4's tags as special tokens serves behind a chat template written here in Gemma 4's format (the
 model's own is not on this machine), so that the server reads the format from the template and the
