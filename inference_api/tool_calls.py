@@ -10,7 +10,7 @@ instead. How the answer becomes calls depends on `tool_choice`:
   by max_tokens once its name is written, the same);
 - `auto`: the model chooses; its text is read in the format its template teaches (`tool_parser`): the
   Hermes/Qwen `<tool_call>{...}</tool_call>` blocks, Qwen3-Coder's, Qwen3.5's or GLM-4.5's XML in those
-  blocks (xml_tool_calls.py), Gemma 4's notation between its `<|tool_call>` tokens
+  blocks (xml_tool_calls.py), Gemma 4's and FunctionGemma's notation between their tags
   (notation_tool_calls.py), Mistral's after its `[TOOL_CALLS]` token and Granite 3's after its
   `<|tool_call|>` (mistral_tool_calls.py), DeepSeek's between its `<｜tool▁calls▁begin｜>` tags
   (deepseek_tool_calls.py), Llama 3's bare JSON `{"name", "parameters"}`, or a bare Python list of calls
