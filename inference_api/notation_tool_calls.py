@@ -33,26 +33,34 @@ from inference_api.tokenizer import PromptTokenizer, are_tokens
 
 @dataclass(frozen=True)
 class Notation:
-    """A model's tags for the notation: a call's two, and the one around each string."""
+    """A model's tags for the notation: a call's two, the one around each string, and the one its
+    templates write after a turn's calls, where their results follow (the model writes it too: the end of
+    its calls, a stop for vLLM's users)."""
 
     name: str  # the format's name (--tool-call-parser)
     open: str
     close: str
     quote: str
+    response: str
     family: str  # the models', for messages
 
     def has_tags(self, tokenizer: PromptTokenizer) -> bool:
-        """Whether the tokenizer has the three tags as tokens of their own."""
-        return are_tokens((self.open, self.close, self.quote), tokenizer)
+        """Whether the tokenizer has the four tags as tokens of their own."""
+        return are_tokens((self.open, self.close, self.quote, self.response), tokenizer)
 
     def is_taught(self, template_source: str, tokenizer: PromptTokenizer) -> bool:
         """Whether a chat template teaches these calls, and the tokenizer has their tags as tokens."""
         return self.open in template_source and "call:" in template_source and self.has_tags(tokenizer)
 
 
-GEMMA4 = Notation("gemma4", "<|tool_call>", "<tool_call|>", '<|"|>', "Gemma 4")
+GEMMA4 = Notation("gemma4", "<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>", "Gemma 4")
 FUNCTIONGEMMA = Notation(
-    "functiongemma", "<start_function_call>", "<end_function_call>", "<escape>", "FunctionGemma"
+    "functiongemma",
+    "<start_function_call>",
+    "<end_function_call>",
+    "<escape>",
+    "<start_function_response>",
+    "FunctionGemma",
 )
 NOTATIONS = {notation.name: notation for notation in (GEMMA4, FUNCTIONGEMMA)}
 COMMA = '","'  # between two parameters, as a Lark literal

@@ -143,10 +143,12 @@ TOOL_CALL_PARSERS = (
 )
 # `auto` in Gemma 4's or FunctionGemma's notation (notation_tool_calls.py): text, or text then calls between
 # its tags, which are special tokens (named as such: no text lexeme can hold them, so TEXT needs no
-# exclusion).
-AUTO_NOTATION = """start: TEXT | TEXT? tagged_call{more}
+# exclusion); after the calls, the tag its results would follow, which ends the answer where the model
+# writes it, as it learnt to.
+AUTO_NOTATION = """start: TEXT | TEXT? tagged_call{more} results?
 more: (WS? tagged_call)*
 tagged_call: {open} call {close}
+results: {response}
 WS: /[ \\n]+/
 TEXT: /(?s:.+)/
 """
@@ -212,7 +214,8 @@ class ToolRequest:
             return lark_grammar(lark, "tools")
         if self.choice == "auto" and self.parser in NOTATIONS:
             notation = NOTATIONS[self.parser]
-            auto = AUTO_NOTATION.format(more=more, open=notation.open, close=notation.close)
+            tags = dict(open=notation.open, close=notation.close, response=notation.response)
+            auto = AUTO_NOTATION.format(more=more, **tags)
             return lark_grammar(auto + notation_tool_calls.call_lark(self.tools, notation), "tools")
         if self.choice == "auto" and isinstance(self.call_tags, CallTags):
             lark = self.call_tags.auto_lark(self.tools, self._one_call("arguments"), self.parallel)

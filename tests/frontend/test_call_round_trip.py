@@ -49,7 +49,8 @@ OPENINGS = {
 }
 # Every format's tags as special tokens of one byte-level tokenizer; the EOS last
 TAGS = (
-    *("<tool_call>", "</tool_call>", "<|tool_call>", "<tool_call|>", '<|"|>', "<start_function_call>"),
+    *("<tool_call>", "</tool_call>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>"),
+    *("<start_function_call>", "<start_function_response>"),
     *("<end_function_call>", "<escape>", "[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|/tool_call|>"),
     *(
         "<tool_calls>",

@@ -441,6 +441,12 @@ def test_gemma_4s_and_functiongemmas_calls_are_found_where_their_tags_are_tokens
     )
     twice = notation_call(parser, "get_time", "") + notation_call(parser, "get_time", "")
     assert follows_notation(parser, grammar, twice)
+    response = NOTATION_TOKENS[parser][4]  # the tag results follow, which the model writes after its calls
+    assert follows_notation(parser, grammar, twice + response)
+    assert not follows_notation(parser, grammar, twice + response + notation_call(parser, "get_time", ""))
+    assert not follows_notation(parser, grammar, "Sunny." + response)  # only after calls
+    _, calls = read(request, [call + response])
+    assert [found["function"]["name"] for found in calls] == ["get_forecast"]
     assert not follows_notation(parser, grammar, notation_call(parser, "get_date", ""))  # not a tool
     for arguments in (
         "city:§Paris§",  # days required

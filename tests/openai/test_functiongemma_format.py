@@ -19,11 +19,14 @@ from __future__ import annotations
 import json
 
 from tests.openai.conftest import (
+    BOUNDED_WEATHER,
+    WEATHER_QUESTION,
     answer_without_a_call,
     assert_forced_call_streams_as_the_whole_one,
     forced_weather_call,
     format_fixtures,
     prompt_after_a_call,
+    token_ids,
 )
 
 # FunctionGemma's tags as special tokens; the EOS last, under the name the tiny Qwen2's tokenizer class
@@ -82,7 +85,9 @@ def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(cl
     for seed in range(3):
         written, call = forced_weather_call(client, MODEL, opening, temperature=1.0, seed=seed)
         assert written.startswith("<start_function_call>call:get_weather{days:")
-        assert "units:<escape>" in written and written.endswith("<end_function_call>")
+        # the call, then the tag results follow (the model may write it: its answer ends there), or the EOS
+        ending = written.rpartition("<end_function_call>")[2]
+        assert "units:<escape>" in written and ending in ("", "<start_function_response>", "<|endoftext|>")
         assert json.loads(call.function.arguments)["units"] in ("metric", "imperial")
 
 
@@ -99,3 +104,24 @@ def test_a_call_in_the_history_is_written_back_in_the_notation(server):
     call = "<start_function_call>call:get_weather{days:2,units:<escape>metric<escape>}<end_function_call>"
     result = "<start_function_response>response:get_weather{value:<escape>Sunny, 21 C.<escape>}"
     assert call in written and result in written
+
+
+def test_the_tag_results_follow_ends_the_answer_after_its_calls(server, client, opening):
+    """FunctionGemma writes <start_function_response> after its calls (its template puts the results
+    there), which vLLM's users add as a stop: the `auto` grammar takes it after the calls, and it ends the
+    answer there."""
+    [response] = token_ids(server, "<start_function_response>")
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=WEATHER_QUESTION,
+        tools=[BOUNDED_WEATHER],
+        max_tokens=100,
+        logit_bias={opening: 100, response: 100},
+        parallel_tool_calls=False,  # else the biased opening tag would go on with more calls
+        logprobs=True,
+    )
+    choice = completion.choices[0]
+    written = "".join(token.token for token in choice.logprobs.content)
+    assert written.endswith("<end_function_call><start_function_response>"), written
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    assert not choice.message.content

@@ -83,7 +83,9 @@ def test_an_auto_call_the_model_starts_is_whole_and_read_back_as_a_valid_call(cl
     for seed in range(3):
         written, _ = forced_weather_call(client, MODEL, opening, temperature=1.0, seed=seed)
         assert written.startswith("<|tool_call>call:get_weather{days:") and '<|"|>' in written
-        assert written.endswith("<tool_call|>")
+        # the call, then the tag results follow (the model may write it: its answer ends there), or the EOS
+        ending = written.rpartition("<tool_call|>")[2]
+        assert ending in ("", "<|tool_response>", "<|endoftext|>"), written
 
 
 def test_a_streamed_call_comes_as_deltas_of_the_same_call(client, opening):
