@@ -49,14 +49,22 @@ class XmlFormat:
     block_close: str = "</tool_call>"
 
 
+def _named(opening: str, closing: str) -> re.Pattern:
+    """A tag written as `opening` (its name where "{name}" is) read back: the name, and what follows up to
+    `closing` or the text's end (a call max_tokens cut)."""
+    before, after = opening.split("{name}")
+    name = f"([^{re.escape(after[0])}\\n]+)"  # up to the character that ends the name in the tag
+    return re.compile(f"{re.escape(before)}{name}{re.escape(after)}(.*?)(?:{re.escape(closing)}|\\Z)", re.S)
+
+
 QWEN3_CODER = XmlFormat(
     "qwen3_coder",
     "<function={name}>",
     "</function>",
     "<parameter={name}>",
     "</parameter>",
-    re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.S),
-    re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|\Z)", re.S),
+    _named("<function={name}>", "</function>"),
+    _named("<parameter={name}>", "</parameter>"),
 )
 GLM45 = XmlFormat(
     "glm45",
@@ -80,8 +88,8 @@ MINIMAX_M2 = XmlFormat(
     "</invoke>",
     '<parameter name="{name}">',
     "</parameter>",
-    re.compile(r'<invoke name="([^"\n]+)">(.*?)(?:</invoke>|\Z)', re.S),
-    re.compile(r'<parameter name="([^"\n]+)">(.*?)(?:</parameter>|\Z)', re.S),
+    _named('<invoke name="{name}">', "</invoke>"),
+    _named('<parameter name="{name}">', "</parameter>"),
     block_open="<minimax:tool_call>",
     block_close="</minimax:tool_call>",
 )
