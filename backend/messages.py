@@ -90,6 +90,10 @@ class SamplingParams:
     # Speculative decoding where the server has it on (backend/engine/speculation.py); False: a token a
     # step for this request. Either way the output is the same; only the time it takes changes.
     speculative: bool = True
+    # OpenAI's Predicted Outputs: tokens the answer is expected to be, most of them (a file sent back edited),
+    # drafted from where the answer stands in them (backend/engine/prediction.py) where the row drafts at
+    # all. Like `speculative`, it changes when the answer comes, never what it is.
+    prediction: tuple[int, ...] = ()
     # The text leaves special tokens (<|im_end|>, a template's markers) out; False keeps their text in it
     # (vLLM's skip_special_tokens), for a client that reads them.
     skip_special_tokens: bool = True
@@ -322,6 +326,9 @@ class Piece:
     # Speculative decoding, so far in the request: the draft tokens its steps checked, and those that stood.
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    # Of those, the draft tokens taken from the request's prediction, and those of them that stood.
+    predicted_tokens: int = 0
+    accepted_predicted_tokens: int = 0
 
     @property
     def finished(self) -> bool:

@@ -643,7 +643,7 @@ class Engine:
             self.runner.cache.copy_prefix(place.source, place.row, place.reused)
         row = Row(place.row, request, self.tokenizer, self.eos_ids, self.max_seq_len, cached=place.reused)
         row.queued = time.monotonic() - self.arrived.pop(request.request_id, time.monotonic())
-        row.lookup = self.speculator.lookup_for(row)
+        self.speculator.admit(row)
         self.processors.admit(place.row, request.params, request.prompt_ids)
         self.grammars.attach(place.row, self.matchers.pop(request.request_id, None))
         return row

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from backend.engine.detokenizer import Decoder, IncrementalDetokenizer
+from backend.engine.prediction import Prediction
 from backend.engine.prompt_lookup import PromptLookup
 from backend.engine.stop_matcher import StopMatcher
 from backend.messages import FinishReason, InvalidPart, Piece, Submit, TokenLogprob
@@ -41,6 +42,12 @@ class Row:
     draft: tuple[int, ...] = ()
     drafted: int = 0
     accepted_drafts: int = 0
+    # The request's prediction where it may draft (prediction.py); whether this step's draft came from it;
+    # so far, the draft tokens it gave and those that stood.
+    prediction: Prediction | None = None
+    draft_predicted: bool = False
+    predicted: int = 0
+    accepted_predicted: int = 0
     recently_stood: float = 0.0
     recently_missed: float = 0.0
     # steps since the row last drafted (speculation.PROBE_AFTER); a new row never did: as if forever
@@ -134,6 +141,9 @@ class Row:
         """This step's draft was verified: `stood` of its tokens stood."""
         self.drafted += len(self.draft)
         self.accepted_drafts += stood
+        if self.draft_predicted:
+            self.predicted += len(self.draft)
+            self.accepted_predicted += stood
         self.recently_stood += stood
         self.recently_missed += stood < len(self.draft)
 
@@ -234,6 +244,8 @@ class Row:
             stop_token_id=self.stop_token_id,
             draft_tokens=self.drafted,
             accepted_draft_tokens=self.accepted_drafts,
+            predicted_tokens=self.predicted,
+            accepted_predicted_tokens=self.accepted_predicted,
         )
         self.pending_logprobs.clear()
         self.prompt_logprobs = None  # sent once, with the first piece
