@@ -62,6 +62,12 @@ class Choices:
     def completion_tokens(self) -> int:
         return sum(stream.completion_tokens for stream in self.streams)
 
+    @property
+    def prediction_tokens(self) -> tuple[int, int]:
+        """The draft tokens the request's prediction gave its choices, and those of them that stood."""
+        streams = self.streams
+        return sum(s.predicted_tokens for s in streams), sum(s.accepted_predicted_tokens for s in streams)
+
     def close(self) -> None:
         """End every choice; those still running are cancelled (their rows free at the next step)."""
         for stream in self.streams:

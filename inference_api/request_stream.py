@@ -46,6 +46,7 @@ class RequestStream:
         self.cached_tokens = 0  # prompt tokens the backend found in its cache
         self.queued_seconds: float | None = None  # its wait for a row (Piece.queued_seconds)
         self.draft_tokens = self.accepted_draft_tokens = 0  # speculative decoding's, so far
+        self.predicted_tokens = self.accepted_predicted_tokens = 0  # of those, the request's prediction's
         self.finish_reason: str | None = None
         self.error: str | None = None
         # Set by the router thread when the backend says the request took a row (or with its first
@@ -124,6 +125,8 @@ class RequestStream:
             self._metrics.draft_tokens.inc(piece.draft_tokens - self.draft_tokens)
             self._metrics.accepted_draft_tokens.inc(piece.accepted_draft_tokens - self.accepted_draft_tokens)
             self.draft_tokens, self.accepted_draft_tokens = piece.draft_tokens, piece.accepted_draft_tokens
+            self.predicted_tokens = piece.predicted_tokens
+            self.accepted_predicted_tokens = piece.accepted_predicted_tokens
         if piece.finished:
             self.finish_reason = piece.finish_reason
             self.error = piece.error

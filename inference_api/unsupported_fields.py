@@ -59,7 +59,6 @@ UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
         "function_call": Unsupported(lambda value: value != "none"),
         "audio": Unsupported(_always),
         "modalities": Unsupported(lambda value: value != ["text"]),
-        "prediction": Unsupported(_always),
         "web_search_options": Unsupported(_always),
     },
     # Anthropic's Messages API.

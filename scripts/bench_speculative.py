@@ -10,7 +10,10 @@
    - edit: rewrite a 300-token Python file with one name changed, whose answer repeats most of it;
    - free: a short story, whose text rarely repeats itself.
    Reports each kind's tokens per second (completion tokens over the request's time, first token
-   included) and the ratio, and the draft tokens that stood (/metrics).
+   included) and the ratio, and the draft tokens that stood (/metrics). Each a third way too, with a
+   `prediction` (OpenAI's Predicted Outputs): the edit with the file, as an editor's client sends it;
+   the story with its own greedy text, got first (a prediction right to the token, found nowhere in
+   the prompt: how far one stream goes when every draft stands).
 2. At --streams concurrent clients, each sending free-writing requests back to back for a fixed time,
    with and without speculation: the step is full there, and speculation must not slow it.
 3. With --llama-server, llama.cpp's server on the same GGUF file, with its n-gram speculation
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -119,6 +123,12 @@ def serving(command: list[str], url: str, log: Path, ready: str = "/ready"):
 
 def chat(url: str, kind: str, extra: dict) -> tuple[int, float]:
     """One greedy chat request: its completion tokens and seconds."""
+    tokens, seconds, _ = answer(url, kind, extra)
+    return tokens, seconds
+
+
+def answer(url: str, kind: str, extra: dict) -> tuple[int, float, str]:
+    """One greedy chat request: its completion tokens, seconds and text."""
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": REQUESTS[kind]}],
@@ -129,16 +139,27 @@ def chat(url: str, kind: str, extra: dict) -> tuple[int, float]:
     started = time.perf_counter()
     response = requests.post(f"{url}/v1/chat/completions", json=body, timeout=600)
     response.raise_for_status()
-    return response.json()["usage"]["completion_tokens"], time.perf_counter() - started
+    seconds, answered = time.perf_counter() - started, response.json()
+    return answered["usage"]["completion_tokens"], seconds, answered["choices"][0]["message"]["content"]
 
 
-def one_stream(url: str, variants: dict[str, dict], rounds: int) -> dict[tuple[str, str], list[float]]:
-    """Tokens per second of each (kind, variant), the variants alternating request by request."""
+def predictions(url: str) -> Callable[[str], dict]:
+    """Each kind's `prediction` field: the file for the edit, the story's own greedy text for the story."""
+    texts = {"edit": CODE, "free": answer(url, "free", {"speculative": False})[2]}
+    return lambda kind: {"prediction": {"type": "content", "content": texts[kind]}}
+
+
+def one_stream(
+    url: str, variants: dict[str, dict | Callable[[str], dict]], rounds: int
+) -> dict[tuple[str, str], list[float]]:
+    """Tokens per second of each (kind, variant), the variants alternating request by request; a variant
+    that is a function gives each kind's fields."""
     speeds: dict[tuple[str, str], list[float]] = {}
     for kind in REQUESTS:
-        chat(url, kind, next(iter(variants.values())))  # the prompt's first prefill off the clock
+        extras = {name: extra(kind) if callable(extra) else extra for name, extra in variants.items()}
+        chat(url, kind, next(iter(extras.values())))  # the prompt's first prefill off the clock
         for _ in range(rounds):
-            for variant, extra in variants.items():
+            for variant, extra in extras.items():
                 tokens, seconds = chat(url, kind, extra)
                 speeds.setdefault((kind, variant), []).append(tokens / seconds)
     return speeds
@@ -241,7 +262,8 @@ def main() -> None:
     lines += [f"Served: {served}.", ""]
     with serving(command, url, Path("/tmp/bench_speculative_server.log")):
         before = drafts(url)
-        ours = one_stream(url, {"on": {}, "off": {"speculative": False}}, args.rounds)
+        variants = {"on": {}, "off": {"speculative": False}, "predicted": predictions(url)}
+        ours = one_stream(url, variants, args.rounds)
         drafted, accepted = (a - b for a, b in zip(drafts(url), before, strict=True))
         before = drafts(url)
         full = many_streams(url, {"off": {"speculative": False}, "on": {}}, args.streams, args.stream_seconds)
@@ -249,18 +271,15 @@ def main() -> None:
         full_drafted, full_accepted = (a - b for a, b in zip(drafts(url), before, strict=True))
     rows = []
     for kind in REQUESTS:
-        on, off = median(ours[kind, "on"]), median(ours[kind, "off"])
-        rows.append([kind, "1", f"{off:.1f}", f"{on:.1f}", f"{on / off:.2f}x"])
+        on, off, predicted = (median(ours[kind, variant]) for variant in ("on", "off", "predicted"))
+        ratios = [f"{on / off:.2f}x", f"{predicted:.1f}", f"{predicted / off:.2f}x"]
+        rows.append([kind, "1", f"{off:.1f}", f"{on:.1f}", *ratios])
+    full_ratio = f"{full_on / full_off:.2f}x"
     rows.append(
-        [
-            "free, 64 tokens",
-            str(args.streams),
-            f"{full_off:.1f}",
-            f"{full_on:.1f}",
-            f"{full_on / full_off:.2f}x",
-        ]
+        ["free, 64 tokens", str(args.streams), f"{full_off:.1f}", f"{full_on:.1f}", full_ratio, "-", "-"]
     )
-    lines += table(["request", "streams", "plain tok/s", "with drafts", "ratio"], rows)
+    header = ["request", "streams", "plain tok/s", "with drafts", "ratio", "with a prediction", "ratio"]
+    lines += table(header, rows)
     share = accepted / max(drafted, 1)
     lines += ["", f"Draft tokens at one stream: {drafted:.0f} checked, {accepted:.0f} stood ({share:.0%})."]
     lines += [f"At {args.streams} streams: {full_drafted:.0f} checked, {full_accepted:.0f} stood."]

@@ -1068,7 +1068,28 @@ CHECKED_BODIES = {
     "chat-prediction": (
         "/v1/chat/completions",
         {**CHAT, "prediction": {"type": "content", "content": "x"}},
+        None,
+    ),
+    "chat-prediction-parts": (
+        "/v1/chat/completions",
+        {**CHAT, "prediction": {"type": "content", "content": [{"type": "text", "text": "x"}]}},
+        None,
+    ),
+    "chat-prediction-type": (
+        "/v1/chat/completions",
+        {**CHAT, "prediction": {"type": "text", "content": "x"}},
         "prediction",
+    ),
+    "chat-prediction-text": ("/v1/chat/completions", {**CHAT, "prediction": "x"}, "prediction"),
+    "chat-prediction-no-content": (
+        "/v1/chat/completions",
+        {**CHAT, "prediction": {"type": "content"}},
+        "prediction.content",
+    ),
+    "chat-prediction-image": (
+        "/v1/chat/completions",
+        {**CHAT, "prediction": {"type": "content", "content": [{"type": "image_url", "image_url": {}}]}},
+        "prediction.content[0]",
     ),
     "chat-web-search": ("/v1/chat/completions", {**CHAT, "web_search_options": {}}, "web_search_options"),
     "tokenize-empty-prompt": ("/tokenize", {"prompt": ""}, None),

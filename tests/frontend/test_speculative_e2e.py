@@ -1,6 +1,7 @@
 """REAL MODEL: speculative decoding (prompt lookup) as a client meets it, on the default model in the
 default mode, where it is on: a completion that repeats its prompt comes out the same with it and without
-it (`speculative: false`), and /metrics counts the draft tokens that stood."""
+it (`speculative: false`), and /metrics counts the draft tokens that stood; a chat's answer is the same
+with a prediction of it (OpenAI's Predicted Outputs), whose usage counts the predicted tokens."""
 
 from __future__ import annotations
 
@@ -91,3 +92,47 @@ def test_speculative_must_be_a_boolean(default_mode_server) -> None:
     )
     assert response.status_code == 400 and "speculative" in response.json()["error"]["message"]
     assert response.json()["error"]["param"] == "speculative"
+
+
+# A chat asking for an edit of a short file, as an editor's client asks one, its prediction the file.
+SNIPPET = "".join(FILE.splitlines(keepends=True)[16:30])
+EDIT = [{"role": "user", "content": f"Rename `propose` to `guess` in this code:\n\n```python\n{SNIPPET}```"}]
+
+
+def test_a_chat_with_a_prediction_is_the_answer_without_and_counts_its_tokens(default_mode_server) -> None:
+    """OpenAI's Predicted Outputs through the official client: the answer is the same with a prediction
+    (its own text, then that text cut and garbled in its middle, as text parts, streamed) as without any
+    drafts; the usage counts the prediction's tokens that stood, and those that did not."""
+    client = default_mode_server.openai_client()
+    # 200 tokens whatever the model makes of the edit (the default mode's greedy text may change from one
+    # start of the server to the next: see REPEAT)
+    ask = {"model": MODEL, "messages": EDIT, "temperature": 0, "max_tokens": 200}
+    client.chat.completions.create(**{**ask, "max_tokens": 1})  # the prompt cached for each below
+    plain = client.chat.completions.create(**ask, extra_body={"speculative": False, "ignore_eos": True})
+    answer = plain.choices[0].message.content
+    assert plain.usage.completion_tokens == 200
+    assert plain.usage.completion_tokens_details is None  # no prediction, no counts of one
+    ask["extra_body"] = {"ignore_eos": True}
+    predicted = client.chat.completions.create(**ask, prediction={"type": "content", "content": answer})
+    assert predicted.choices[0].message.content == answer
+    details = predicted.usage.completion_tokens_details
+    # all but a step's own token (a draft is at most 8 of a step's 9) and the first steps'
+    assert details.accepted_prediction_tokens > 0.7 * plain.usage.completion_tokens
+    assert details.rejected_prediction_tokens < 10
+    middle = len(answer) // 2
+    garbled = [
+        {"type": "text", "text": answer[:middle]},
+        {"type": "text", "text": "zq xv" + answer[middle + 30 :]},
+    ]
+    chunks = list(
+        client.chat.completions.create(
+            **ask,
+            prediction={"type": "content", "content": garbled},
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == answer
+    details = chunks[-1].usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0.5 * plain.usage.completion_tokens
+    assert details.rejected_prediction_tokens > 0  # the garbled stretch

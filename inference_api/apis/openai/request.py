@@ -28,6 +28,7 @@ from inference_api.prompts import (
     prompt_list,
     read_messages,
     template_kwargs,
+    text_content,
     token_id_list,
     tool_chat_ids,
 )
@@ -187,7 +188,24 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
             "in the final message the last assistant message opened (the model writes harmony)",
         )
     params = thoughts_first(params, thinking, grammar_param in ANSWER_GRAMMARS, serving.tokenizer)
+    params = replace(params, prediction=_prediction(data.get("prediction"), serving))
     return replace(request, params=params, tools=tool_request, grammar_param=grammar_param, thinking=thinking)
+
+
+def _prediction(value: Any, serving: Serving) -> tuple[int, ...]:
+    """OpenAI's Predicted Outputs, `{"type": "content", "content": text or text parts}`: the text the answer
+    is expected to be, mostly, as tokens the backend drafts from (backend/engine/prediction.py); as many as
+    a row holds."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or value.get("type") != "content":
+        raise InvalidParams("prediction", 'prediction must be {"type": "content", "content": ...}')
+    if not isinstance(value.get("content"), str | list):
+        raise InvalidParams(
+            "prediction.content", "prediction.content must be a string or a list of text parts"
+        )
+    text = text_content(value["content"], "prediction.content")
+    return tuple(serving.tokenizer.encode_text(text)[: serving.backend.max_seq_len])
 
 
 def _chat_messages(data: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:

@@ -342,22 +342,28 @@ class Usage:
         self.prompt_tokens = sum(len(ids) for ids in openai_request.prompts)
         self.choices = choices
         self.tokenizer = serving.tokenizer if openai_request.thinking is not None else None
+        self.predicted = bool(openai_request.params.prediction)
 
     def as_dict(self, outputs: list[ChoiceOutput]) -> dict[str, Any]:
         completion = self.choices.completion_tokens
-        thoughts = {}
+        details = {}
         if self.tokenizer is not None:
             counted = sum(thought_tokens(output.reasoning, self.tokenizer) for output in outputs)
-            thoughts = {"completion_tokens_details": {"reasoning_tokens": min(counted, completion)}}
-        return {
+            details["reasoning_tokens"] = min(counted, completion)
+        if self.predicted:
+            # OpenAI's Predicted Outputs: the prediction's tokens that stood in the answer and those
+            # that did not, of those drafted (backend/engine/prediction.py).
+            drafted, stood = self.choices.prediction_tokens
+            details |= {"accepted_prediction_tokens": stood, "rejected_prediction_tokens": drafted - stood}
+        usage = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
             # As OpenAI counts them: prompt tokens served from the cache (prefix reuse). With n > 1,
             # each choice of a prompt is its own request, the first to arrive computes the prefix.
             "prompt_tokens_details": {"cached_tokens": min(self.choices.cached_tokens, self.prompt_tokens)},
-            **thoughts,
         }
+        return usage | ({"completion_tokens_details": details} if details else {})
 
     def so_far(self) -> dict[str, int]:
         """The counts of a stream's chunk (vLLM's continuous_usage_stats): its tokens so far."""
