@@ -15,7 +15,9 @@
    the story with its own greedy text, got first (a prediction right to the token, found nowhere in
    the prompt: how far one stream goes when every draft stands).
 2. At --streams concurrent clients, each sending free-writing requests back to back for a fixed time,
-   with and without speculation: the step is full there, and speculation must not slow it.
+   with and without speculation: the step is full there, and speculation must not slow it. Then the
+   edit at --edit-streams clients, each of the three ways: a step of a few rows, where a draft costs
+   more of it than at one stream, and a row with a prediction starts with a better record.
 3. With --llama-server, llama.cpp's server on the same GGUF file, with its n-gram speculation
    (`--spec-type ngram-simple`, the same lookup and draft lengths) and without, on the same requests.
 
@@ -165,8 +167,15 @@ def one_stream(
     return speeds
 
 
-def many_streams(url: str, variants: dict[str, dict], streams: int, seconds: float) -> dict[str, float]:
-    """Tokens per second of `streams` clients sending free-writing requests back to back, for each
+def many_streams(
+    url: str,
+    variants: dict[str, dict],
+    streams: int,
+    seconds: float,
+    kind: str = "free",
+    max_tokens: int = 64,
+) -> dict[str, float]:
+    """Tokens per second of `streams` clients sending requests of a kind back to back, for each
     variant: the variants take turns, twice, half the time each, so that neither meets the machine's
     quieter or busier minute alone."""
     tokens = dict.fromkeys(variants, 0)
@@ -177,7 +186,7 @@ def many_streams(url: str, variants: dict[str, dict], streams: int, seconds: flo
 
             def client(i: int, extra: dict = extra, done: list = done, stop: float = stop) -> None:
                 while time.monotonic() < stop:
-                    done[i] += chat(url, "free", {**extra, "max_tokens": 64})[0]
+                    done[i] += chat(url, kind, {**extra, "max_tokens": max_tokens})[0]
 
             started = time.monotonic()
             threads = [threading.Thread(target=client, args=(i,)) for i in range(streams)]
@@ -241,7 +250,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", type=int, default=32)
-    parser.add_argument("--stream-seconds", type=float, default=60, help="at --streams, for each variant")
+    parser.add_argument("--edit-streams", type=int, default=8, help="clients of the edit, all at once")
+    parser.add_argument(
+        "--stream-seconds", type=float, default=60, help="at --streams and --edit-streams, for each variant"
+    )
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary, for the same requests")
     parser.add_argument("--draft-model", help="our server drafts with this model instead of prompt lookup")
     parser.add_argument(
@@ -269,6 +281,12 @@ def main() -> None:
         full = many_streams(url, {"off": {"speculative": False}, "on": {}}, args.streams, args.stream_seconds)
         full_on, full_off = full["on"], full["off"]
         full_drafted, full_accepted = (a - b for a, b in zip(drafts(url), before, strict=True))
+        edits = {variant: variants[variant] for variant in ("off", "on")} | {
+            "predicted": variants["predicted"]("edit")
+        }
+        edit_speeds = many_streams(
+            url, edits, args.edit_streams, args.stream_seconds, "edit", MAX_TOKENS["edit"]
+        )
     rows = []
     for kind in REQUESTS:
         on, off, predicted = (median(ours[kind, variant]) for variant in ("on", "off", "predicted"))
@@ -278,6 +296,9 @@ def main() -> None:
     rows.append(
         ["free, 64 tokens", str(args.streams), f"{full_off:.1f}", f"{full_on:.1f}", full_ratio, "-", "-"]
     )
+    off, on, predicted = (edit_speeds[variant] for variant in ("off", "on", "predicted"))
+    ratios = [f"{on / off:.2f}x", f"{predicted:.1f}", f"{predicted / off:.2f}x"]
+    rows.append(["edit", str(args.edit_streams), f"{off:.1f}", f"{on:.1f}", *ratios])
     header = ["request", "streams", "plain tok/s", "with drafts", "ratio", "with a prediction", "ratio"]
     lines += table(header, rows)
     share = accepted / max(drafted, 1)
