@@ -42,14 +42,14 @@ class Row:
     draft: tuple[int, ...] = ()
     drafted: int = 0
     accepted_drafts: int = 0
+    recently_stood: float = 0.0
+    recently_missed: float = 0.0
     # The request's prediction where it may draft (prediction.py); whether this step's draft came from it;
     # so far, the draft tokens it gave and those that stood.
     prediction: Prediction | None = None
     draft_predicted: bool = False
     predicted: int = 0
     accepted_predicted: int = 0
-    recently_stood: float = 0.0
-    recently_missed: float = 0.0
     # steps since the row last drafted (speculation.PROBE_AFTER); a new row never did: as if forever
     undrafted_steps: float = math.inf
 

@@ -7,9 +7,9 @@ or, with `--draft-model`, a small model's guesses (draft_model.py);
 before either, where the request sent a prediction of its answer (OpenAI's
 Predicted Outputs), the prediction's tokens from where the answer stands in
 it (prediction.py). The step feeds each such row [its last token, draft...]
-at consecutive positions: on a CPU as more decode queries of the same row, each reading
-its row up to its own position, elsewhere as a chunk of the row, as a
-prompt's next chunk runs (model/step_inputs.py). Every position's logits
+at consecutive positions: on a CPU as more decode queries of the same row,
+each reading its row up to its own position, elsewhere as a chunk of the
+row, as a prompt's next chunk runs (model/step_inputs.py). Every position's logits
 are then sampled as plain decoding would sample them there, with the
 row's own settings and the draw number of the token it would be
 (sampler.py: a draw is a function of the logits, the seed and that
