@@ -216,13 +216,15 @@ def prompt_ids(
     param: str = "prompt",
     tokenizer: PromptTokenizer | None = None,
     vocab: int | None = None,
+    add_special_tokens: bool = True,
 ) -> list[int]:
-    """One prompt (`item` of the `param` field) as token ids: a string tokenized, or ids checked; by the
-    served model's tokenizer and vocabulary unless given others (a separate embedding model's)."""
+    """One prompt (`item` of the `param` field) as token ids: a string tokenized (with the tokens the
+    tokenizer adds around a text, such as a BOS, unless `add_special_tokens` is false), or ids checked; by
+    the served model's tokenizer and vocabulary unless given others (a separate embedding model's)."""
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidParams(param, f"{param} must not be empty")
-        ids = (tokenizer or serving.tokenizer).encode(prompt)
+        ids = (tokenizer or serving.tokenizer).encode(prompt, add_special_tokens=add_special_tokens)
         if not ids:
             raise InvalidParams(param, f"{param} gives no tokens")
         return ids

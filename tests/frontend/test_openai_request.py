@@ -9,7 +9,7 @@ from inference_api.apis.openai.request import parse_chat_request, parse_completi
 from inference_api.chat_template import ChatTemplate, load_chat_template
 from inference_api.prompts import CHAT_DEFAULT_MAX_TOKENS
 from inference_api.router import Serving
-from inference_api.tokenizer import ByteTokenizer
+from inference_api.tokenizer import ByteTokenizer, ModelTokenizer
 
 
 def serving(max_seq_len: int) -> Serving:
@@ -105,3 +105,50 @@ def test_the_templates_variables_that_cannot_be_taken_are_a_400_naming_them(fiel
     with pytest.raises(InvalidParams) as refused:
         parse_chat_request({"messages": [{"role": "user", "content": "hi"}], **fields}, serving(64))
     assert refused.value.param == param
+
+
+def bos_serving(directory) -> Serving:
+    """A word-level tokenizer that puts a BOS (<s>, id 1) before every text, as Llama's and Gemma's do, and a
+    template that writes its own BOS first."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, processors
+
+    words = ["<unk>", "<s>", "hi", "there", "user:", "assistant:"]
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([AddedToken("<s>", special=True)])
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "template.jinja").write_text(
+        "<s>{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}assistant:"
+    )
+    ready = BackendReady(
+        "bos", rows=2, max_seq_len=64, tokenizer_path=str(directory), device="cpu", dtype="-"
+    )
+    return Serving(
+        ready,
+        ModelTokenizer(str(directory)),
+        load_chat_template(str(directory), chosen=str(directory / "template.jinja")),
+    )
+
+
+def test_add_special_tokens_puts_the_tokenizers_bos_before_a_prompt_as_vllm_does(tmp_path):
+    """Completions: a text prompt gets the BOS the tokenizer adds unless add_special_tokens is false (a
+    prompt that writes its own); ids are taken as they are. Chat: the template's BOS alone unless it is
+    true."""
+    serving = bos_serving(tmp_path)
+
+    def completion_ids(**fields) -> list[list[int]]:
+        return parse_completion_request({"model": "bos", **fields}, serving).prompts
+
+    assert completion_ids(prompt="hi there") == [[1, 2, 3]]
+    assert completion_ids(prompt="hi there", add_special_tokens=False) == [[2, 3]]
+    assert completion_ids(prompt="<s> hi", add_special_tokens=False) == [[1, 2]]  # not <s> <s> hi
+    assert completion_ids(prompt=[2, 3], add_special_tokens=True) == [[2, 3]]
+    messages = [{"role": "user", "content": "hi"}]
+    chat_ids = parse_chat_request({"model": "bos", "messages": messages}, serving).prompts
+    assert chat_ids == [[1, 4, 2, 5]]
+    with_bos = parse_chat_request({"model": "bos", "messages": messages, "add_special_tokens": True}, serving)
+    assert with_bos.prompts == [[1, 1, 4, 2, 5]]
+    with pytest.raises(InvalidParams) as failure:
+        completion_ids(prompt="hi", add_special_tokens="no")
+    assert failure.value.param == "add_special_tokens"

@@ -1092,6 +1092,18 @@ CHECKED_BODIES = {
         "prediction.content[0]",
     ),
     "chat-web-search": ("/v1/chat/completions", {**CHAT, "web_search_options": {}}, "web_search_options"),
+    "chat-special-tokens": ("/v1/chat/completions", {**CHAT, "add_special_tokens": True}, None),
+    "chat-special-tokens-word": (
+        "/v1/chat/completions",
+        {**CHAT, "add_special_tokens": "yes"},
+        "add_special_tokens",
+    ),
+    "completion-special-tokens": ("/v1/completions", {**COMPLETION, "add_special_tokens": False}, None),
+    "completion-special-tokens-number": (
+        "/v1/completions",
+        {**COMPLETION, "add_special_tokens": 0},
+        "add_special_tokens",
+    ),
     "tokenize-empty-prompt": ("/tokenize", {"prompt": ""}, None),
     "tokenize-messages-win": ("/tokenize", {"prompt": 5, "messages": CHAT["messages"]}, None),
     "tokenize-prompt-number": ("/tokenize", {"prompt": 5}, "prompt"),

@@ -111,7 +111,12 @@ def parse_completion_request(data: dict[str, Any], serving: Serving) -> OpenAIRe
     suffix = read_string(data, "suffix")
     if suffix:
         return _fill_request(data, serving, sent, suffix)
-    prompts = [prompt_ids(prompt, serving, f"prompt[{i}]") for i, prompt in enumerate(sent)]
+    # vLLM's add_special_tokens: false leaves out the BOS a text prompt that writes its own would have twice
+    special = read_bool(data, "add_special_tokens", True)
+    prompts = [
+        prompt_ids(prompt, serving, f"prompt[{i}]", add_special_tokens=special)
+        for i, prompt in enumerate(sent)
+    ]
     echo = read_bool(data, "echo", False)
     openai_request = _completion_request(data, serving, prompts, echo)
     if not echo:
@@ -173,7 +178,14 @@ def parse_chat_request(data: dict[str, Any], serving: Serving) -> OpenAIRequest:
     messages, prefill = _chat_messages(data)
     kwargs = _template_kwargs(data)
     ids = tool_chat_ids(
-        messages, tool_request, serving, "messages", continuation=prefill, template_kwargs=kwargs
+        messages,
+        tool_request,
+        serving,
+        "messages",
+        continuation=prefill,
+        template_kwargs=kwargs,
+        # vLLM's: the tokens the tokenizer adds around a text (a BOS) over those the template writes
+        add_special_tokens=read_bool(data, "add_special_tokens", False),
     )
     request = _common(data, serving, [ids], "messages", CHAT_DEFAULT_MAX_TOKENS, _chat_logprobs(data))
     params = with_tool_grammar(request.params, tool_request, request.grammar_param or "response_format")
