@@ -281,9 +281,7 @@ def main() -> None:
         full = many_streams(url, {"off": {"speculative": False}, "on": {}}, args.streams, args.stream_seconds)
         full_on, full_off = full["on"], full["off"]
         full_drafted, full_accepted = (a - b for a, b in zip(drafts(url), before, strict=True))
-        edits = {variant: variants[variant] for variant in ("off", "on")} | {
-            "predicted": variants["predicted"]("edit")
-        }
+        edits = {"off": variants["off"], "on": variants["on"], "predicted": variants["predicted"]("edit")}
         edit_speeds = many_streams(
             url, edits, args.edit_streams, args.stream_seconds, "edit", MAX_TOKENS["edit"]
         )
