@@ -213,6 +213,9 @@ class BackendConfig:
     # A small model of the served model's tokenizer whose greedy guesses are the drafts, in place of prompt
     # lookup (backend/engine/draft_model.py); a directory, GGUF file or hub id, loaded as `model` is
     draft_model: str | None = None
+    # LoRA adapters served beside the model, rows of each in one step (backend/model/lora.py): (name, a
+    # directory PEFT saved)
+    lora_modules: tuple[tuple[str, str], ...] = ()
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     mock: bool = False
@@ -236,6 +239,8 @@ class Submit:
     # The team the proxy vouches for ("" without one): rows are shared fairly between teams
     # (backend/engine/scheduler.py).
     team: str = ""
+    # The LoRA adapter (--lora-modules) the request's `model` names; "": the base model.
+    adapter: str = ""
 
 
 @dataclass(frozen=True)
@@ -262,6 +267,7 @@ class BackendReady:
     vocab_size: int | None = None  # token ids the model's embedding takes; None for the mock
     embedding_model: EmbeddingModelReady | None = None  # None: the served model embeds
     rerank_model: EmbeddingModelReady | None = None  # None: /v1/rerank is not served
+    adapters: tuple[str, ...] = ()  # the LoRA adapters' names (--lora-modules), which requests' `model` names
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from backend.layers.step_layout import LOOP_PROMPT_TOKENS
 from backend.messages import SCORE, BackendConfig, InvalidPart, Piece, SamplingParams, Submit, TokenLogprob
 from backend.model.cache_size import DEFAULT_MAX_SEQ_LEN, context_length
 from backend.model.embeddings import EmbeddingJob, EmbeddingModel, embed
+from backend.model.lora import AdapterError, Adapters, load_adapters
 from backend.model.mamba import MambaRunner
 from backend.model.model_runner import ModelRunner
 from backend.model.step_inputs import StepInputs
@@ -70,6 +71,14 @@ MOST_STEPS_ALONE = 2
 PROMPT_TOKENS_ALONE = 2 * LOOP_PROMPT_TOKENS
 
 NOT_FINITE_ERROR = "generation failed: the model's logits are not finite (NaN or infinity)"
+
+
+def with_adapters_scope(request: Submit) -> Submit:
+    """The request with its LoRA adapter in its cache scope: a prefix's keys and values are those of the
+    adapter that computed them, which another adapter, or the base model, cannot reuse."""
+    if not request.adapter:
+        return request
+    return dataclasses.replace(request, cache_scope=f"{request.cache_scope}\0lora:{request.adapter}")
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -105,7 +114,9 @@ class Engine:
         prompt_lookup: tuple[int, int] = (2, 4),
         draft_model: PreTrainedModel | None = None,
         rerank_model: EmbeddingModel | None = None,
+        adapters: Adapters | None = None,
     ):
+        """`adapters`: LoRA adapters already loaded onto the model's layers (`load_adapters`)."""
         names = [name] + [model.name for model in (embedding_model, rerank_model) if model is not None]
         if len(set(names)) < len(names):
             raise ValueError(f"two of the server's models have one name: {', '.join(map(repr, names))}")
@@ -124,7 +135,10 @@ class Engine:
         # A state-space model's rows (and a hybrid's) are a recurrent state that cannot go back to an
         # earlier position: only a whole history to reuse, no rejected draft to drop (row_states.py).
         self.rows_keep_state = has_row_states(model.config)
+        self.adapters = adapters
         if is_state_space(model.config):
+            if adapters is not None:
+                raise AdapterError("LoRA adapters are not served on a state-space model")
             self.runner = MambaRunner(model, rows, embedding_row=embedding_model is None)
         else:
             self.runner = ModelRunner(
@@ -135,6 +149,7 @@ class Engine:
                 compile_decode,
                 cuda_graphs,
                 embedding_row=embedding_model is None,
+                adapters=adapters,
             )
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
@@ -169,6 +184,7 @@ class Engine:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         loaded = load_model(config)
+        adapters = load_adapters(loaded.model, config.lora_modules)
         draft = load_draft_model(config, loaded) if config.draft_model else None
         embedding_model = load_embedding_model(config) if config.embedding_model else None
         rerank_model = load_rerank_model(config) if config.rerank_model else None
@@ -188,6 +204,7 @@ class Engine:
             (config.prompt_lookup_min, config.prompt_lookup_max),
             draft.model if draft else None,
             rerank_model,
+            adapters,
         )
         engine.tokenizer_path = loaded.tokenizer_path
         engine.warm_up()
@@ -288,10 +305,18 @@ class Engine:
             or self._row_of(request.request_id) is not None
         ):  # the frontend's fault, not the request's
             self._reject(request, f"request id {request.request_id!r} is already in use")
+        elif request.adapter and request.adapter not in self.adapter_names:
+            self._reject(request, f"no LoRA adapter {request.adapter!r} is loaded")
+        elif request.adapter and params.embedding is not None:
+            self._reject(request, f"the LoRA adapter {request.adapter!r} does not embed: the base model does")
         elif params.embedding is not None:
             self.embedding_waiting[request.request_id] = request
         else:
-            self._wait(request)
+            self._wait(with_adapters_scope(request))
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        return self.adapters.names if self.adapters is not None else ()
 
     def _separate_model(self, params: SamplingParams) -> EmbeddingModel | None:
         """The model beside the served one that answers this request: the rerank model a score request's,
@@ -643,6 +668,8 @@ class Engine:
             self.runner.cache.copy_prefix(place.source, place.row, place.reused)
         row = Row(place.row, request, self.tokenizer, self.eos_ids, self.max_seq_len, cached=place.reused)
         row.queued = time.monotonic() - self.arrived.pop(request.request_id, time.monotonic())
+        if self.adapters is not None:
+            self.runner.use_adapter(place.row, self.adapters.slots.get(request.adapter, 0))
         self.speculator.admit(row)
         self.processors.admit(place.row, request.params, request.prompt_ids)
         self.grammars.attach(place.row, self.matchers.pop(request.request_id, None))

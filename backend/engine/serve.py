@@ -40,6 +40,7 @@ def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
         vocab_size=engine.vocab_size,
         embedding_model=separate_model_ready(engine.embedding_model),
         rerank_model=separate_model_ready(engine.rerank_model),
+        adapters=engine.adapters.names if engine.adapters is not None else (),
     )
     return engine, ready
 

@@ -52,8 +52,9 @@ from backend.layers.row_cache import KVShape, RowCache
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS, StepLayout
 from backend.model.architectures import sliding_window
 from backend.model.decode_graphs import DecodeGraphs
+from backend.model.lora import LayerChanges, LoraLinear, lora_batch_of, unwrapped
 from backend.model.native_decode import LayerProjections, NativeDecode
-from backend.model.step_plan import DECODE_LAYERS, GRAPH, NATIVE, plan_runner
+from backend.model.step_plan import DECODE_LAYERS, GRAPH, LOOP, NATIVE, plan_runner
 from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fusable, fuse_linears
 
 log = logging.getLogger(__name__)
@@ -88,24 +89,36 @@ class Projections:
     one by one, which keeps exact mode's arithmetic that of transformers' modules. Where not all of them
     fuse, the runs of consecutive ones that do are fused (a GGUF Q4_K_M file's Q4_K q and k beside its
     Q6_K v): `groups`, each one call.
+
+    Layers that LoRA adapters change (lora.py) fuse as their base layers do, the adapters' changes added to
+    the output after (`changes`), so that a step without an adapter's row runs as it would without
+    adapters loaded.
     """
 
     def __init__(self, *linears: nn.Module):
         self.linears = linears
-        fused = fuse_linears(list(linears))
-        self.groups: list[nn.Module] = [fused] if fused is not None else fused_runs(linears)
+        bases = tuple(unwrapped(linear) for linear in linears)
+        fused = fuse_linears(list(bases))
+        self.groups: list[nn.Module] = [fused] if fused is not None else fused_runs(bases)
+        self.changes = LayerChanges.of(linears)  # None: no adapter changes them
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.groups) == 1:
-            return self.groups[0](x)
-        return torch.cat([group(x) for group in self.groups], dim=-1)
+            output = self.groups[0](x)
+        else:
+            output = torch.cat([group(x) for group in self.groups], dim=-1)
+        return output if self.changes is None else self.changes(x, output)
 
     def few_rows_matmul(self, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
         """The projections as one function of a decode step's [rows, in] activations (`few_rows_matmul`)."""
         parts = [few_rows_matmul(group, dtype) for group in self.groups]
-        if len(parts) == 1:
-            return parts[0]
-        return lambda x: torch.cat([part(x) for part in parts], dim=-1)
+
+        def matmul(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([part(x) for part in parts], dim=-1)
+
+        whole = parts[0] if len(parts) == 1 else matmul
+        changes = self.changes
+        return whole if changes is None else lambda x: changes(x, whole(x))
 
 
 def fused_runs(linears: tuple[nn.Module, ...]) -> list[nn.Module]:
@@ -143,7 +156,10 @@ class DecodeLayer:
 def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     """A linear layer as one function of [rows, in] activations in `dtype` (the model's), giving `dtype`
     back, as its module would: the weight-only layers' kernels with their weights bound, or
-    `nn.functional.linear` with a float layer's."""
+    `nn.functional.linear` with a float layer's; a layer LoRA adapters change, its base's, changed after."""
+    if isinstance(linear, LoraLinear):
+        base, changes = few_rows_matmul(linear.base, dtype), linear.changes
+        return lambda x: changes(x, base(x))
     if isinstance(linear, WeightOnlyLinear):
         return linear.few_rows_matmul(dtype)
     if type(linear) is nn.Linear and linear.weight.dtype == dtype:
@@ -221,6 +237,7 @@ class DecoderRunner:
         self.gelu = getattr(model.config, "hidden_activation", None) == "gelu_pytorch_tanh"
         self.norm = model.model.norm
         self.head = model.get_output_embeddings()
+        self.lora = lora_batch_of(model)  # the step's LoRA adapters' tokens (lora.py); None: no adapters
         attention = self.layers[0].self_attn
         self.scaling = attention.scaling
         self.head_dim = attention.head_dim
@@ -300,7 +317,12 @@ class DecoderRunner:
             self.native = NativeDecode.of(
                 self.ops,
                 [
-                    LayerProjections(qkv.groups, layer.self_attn.o_proj, gate_up.groups, layer.mlp.down_proj)
+                    LayerProjections(
+                        qkv.groups,
+                        unwrapped(layer.self_attn.o_proj),
+                        gate_up.groups,
+                        unwrapped(layer.mlp.down_proj),
+                    )
                     for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True)
                 ],
                 [self.first_norm]
@@ -337,10 +359,10 @@ class DecoderRunner:
         modules: list[nn.Module] = []
         for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True):
             modules += qkv.groups
-            modules.append(layer.self_attn.o_proj)
+            modules.append(unwrapped(layer.self_attn.o_proj))
             if gate_up is not None:  # (a mixture of experts multiplies as its module does)
                 modules += gate_up.groups
-                modules.append(layer.mlp.down_proj)
+                modules.append(unwrapped(layer.mlp.down_proj))
         return modules
 
     def use_graphs(self, cache: RowCache, capture: bool = True) -> DecodeGraphs:
@@ -414,6 +436,8 @@ class DecoderRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The logits at `keep` ([kept, vocab]) and the final norm's output at `embedded` (or None)."""
         layers = self.plan.path(layout).layers
+        if layers is NATIVE and self.lora is not None and self.lora.segments:
+            layers = LOOP  # decode_layers.cpp multiplies by the base layers alone: an adapter's rows are here
         if layers is GRAPH:
             return self.graphs.run(input_ids, positions, layout), None
         # A decode step keeps the logits of its decoding rows' queries, in pack order, but not those of a

@@ -25,6 +25,7 @@ from backend.model.decoder_runner import DecoderRunner
 from backend.model.falcon import attend_over_rows
 from backend.model.hybrid import mix_over_rows
 from backend.model.latent_attention import attend_over_latents
+from backend.model.lora import Adapters
 from backend.model.step_inputs import DecodingRow, PrefillingRow, StepInputs, pack
 from backend.model.step_plan import StepPlan, plan_transformers
 
@@ -43,11 +44,21 @@ class ModelRunner:
         compile_decode: bool = False,
         cuda_graphs: bool = True,
         embedding_row: bool = False,
+        adapters: Adapters | None = None,
     ):
         """`embedding_row`: a spare row of the cache (index `rows`) that embedding inputs are prefilled
-        in, a chunk a step beside the rows' (engine.py)."""
+        in, a chunk a step beside the rows' (engine.py). `adapters`: the LoRA adapters loaded onto the
+        model's layers (lora.py), which rows take by `use_adapter`."""
         self.model = model
         self.device = model.device
+        self.adapters = adapters
+        self.row_adapters = [0] * (rows + int(embedding_row))  # each row's adapter slot, 0: the base model
+        graphs = cuda_graphs and self.device.type == "cuda"
+        if adapters is not None and (compile_decode or graphs):
+            # Which tokens take which adapter changes every step: no one graph of the step to capture.
+            what = "--compile" if compile_decode else "CUDA graphs"
+            log.warning("%s: not with LoRA adapters loaded, whose steps run eagerly", what)
+            compile_decode = cuda_graphs = False
         supported = DecoderRunner.supports(model.config, max_seq_len)
         self.decoder = DecoderRunner(model, compile_decode, rows, max_seq_len) if supported else None
         shape = KVShape.of(model.config)
@@ -98,7 +109,14 @@ class ModelRunner:
     ) -> StepInputs:
         """The step's inputs: `decoding` in row order, then `prefilling`, each with its chunk set, then
         `embedding`'s chunk (its index the embedding row)."""
-        return pack(decoding, prefilling, self.device, self.cache_dtype, self.reads_own_positions, embedding)
+        adapters = self.row_adapters if any(self.row_adapters) else None
+        return pack(
+            decoding, prefilling, self.device, self.cache_dtype, self.reads_own_positions, embedding, adapters
+        )
+
+    def use_adapter(self, row: int, slot: int) -> None:
+        """The row's tokens take this LoRA adapter's changes from its next step (0: none)."""
+        self.row_adapters[row] = slot
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """The forward pass over the cache: the logits at the kept places, [kept, vocab]. Where the
@@ -106,6 +124,8 @@ class ModelRunner:
         ([tokens, hidden], the base model's output: after the final norm)."""
         self.cache.plan_step(inputs.layout)
         self.embedded_states = None
+        if self.adapters is not None:
+            self.adapters.batch.segments = inputs.adapters
         if self.decoder is not None:
             logits, self.embedded_states = self.decoder(
                 inputs.token_ids, inputs.positions, inputs.layout, self.cache, inputs.keep, inputs.embedded

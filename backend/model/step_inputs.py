@@ -42,6 +42,7 @@ from typing import Protocol
 import torch
 
 from backend.layers.step_layout import LongRow, PromptChunk, StepLayout, long_rows, visibility
+from backend.model.lora import adapter_segments
 from backend.utils.host_lists import to_device
 
 
@@ -105,6 +106,8 @@ class StepInputs:
     completing: tuple[int, ...]  # the rows whose chunk ends their prompt, in pack order
     prompt_scores: tuple[PromptScores, ...]
     embedded: range | None = None  # the places of an embedding input's chunk, whose hidden states it needs
+    # The tokens of each LoRA adapter's rows, as (slot, places; None: all), for the wrapped layers (lora.py)
+    adapters: tuple[tuple[int, torch.Tensor | None], ...] = ()
 
     @property
     def decode_queries(self) -> int:
@@ -118,9 +121,11 @@ def pack(
     visibility_dtype: torch.dtype,
     reads_own_positions: bool,
     embedding: PrefillingRow | None = None,
+    row_adapters: Sequence[int] | None = None,
 ) -> StepInputs:
     """The step's inputs for these rows: `decoding` in row order, `prefilling` each with its chunk set,
-    and `embedding`'s chunk, whose hidden states the step gives back instead of logits.
+    and `embedding`'s chunk, whose hidden states the step gives back instead of logits. `row_adapters`:
+    each row's LoRA adapter slot (0: none), where some row has one.
 
     `reads_own_positions`: the decode queries attend each over its own row up to its position (the
     CPU's loop); otherwise they attend as a batch over the span's rows, padded to the longest, and the
@@ -211,6 +216,10 @@ def pack(
         alone,
     )
     in_order = sample_from == list(range(len(keep)))
+    adapters = ()
+    if row_adapters is not None:  # each packed token's row: the decode queries', then each chunk's
+        token_rows = query_rows + [chunk.row for chunk in chunks for _ in range(chunk.length)]
+        adapters = adapter_segments(token_rows, row_adapters, device)
     return StepInputs(
         token_ids=to_device(token_ids, device, torch.long),
         positions=to_device(positions, device, torch.long),
@@ -220,6 +229,7 @@ def pack(
         completing=tuple(completing),
         prompt_scores=tuple(scores),
         embedded=embedded,
+        adapters=adapters,
     )
 
 

@@ -1,0 +1,157 @@
+"""LoRA adapters served beside the base model (backend/model/lora.py): rows of different adapters, and of
+none, decode in one step, each as PEFT's model with its adapter alone would."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+import torch
+
+from backend.engine.engine import Engine
+from backend.messages import BackendConfig, SamplingParams, Submit
+from backend.model.lora import AdapterError, LoraLinear, load_adapters
+from tests.backend.lora_files import default_model_shapes, write_lora_adapter
+from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+def engine_with_adapters(base: torch.nn.Module, adapters: dict[str, object], **options) -> Engine:
+    """An engine on a copy of `base` with these (name: directory) adapters loaded."""
+    model = copy.deepcopy(base)
+    loaded = load_adapters(model, [(name, str(path)) for name, path in adapters.items()])
+    return Engine(model, MarkerTokenizer(), rows=8, max_seq_len=128, adapters=loaded, **options)
+
+
+# Llama's layers through the decoder runner, Qwen3's with its head norms, Falcon's (fused query, key and
+# value) through transformers' own modules.
+SOME_LAYERS = {"llama": ["q_proj", "v_proj", "down_proj"], "qwen3": ["k_proj", "o_proj", "up_proj"]}
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3", "falcon"])
+def test_rows_of_two_adapters_and_of_none_decode_together_as_pefts_model_alone(tmp_path, architecture):
+    base = tiny_model(architecture)
+    references = {
+        "": base,
+        # One adapter of some layers, q, k and v each with its own, and one of every linear layer, rsLoRA
+        "some": write_lora_adapter(tmp_path / "some", base, SOME_LAYERS.get(architecture, "all-linear")),
+        "every": write_lora_adapter(tmp_path / "every", base, rank=8, seed=2, use_rslora=True),
+    }
+    engine = engine_with_adapters(base, {"some": tmp_path / "some", "every": tmp_path / "every"})
+    rng = random.Random(architecture)
+    prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 40))] for _ in range(9)]
+    names = ["", "some", "every"] * 3
+    arrivals = [
+        (i // 2, Submit(f"r{i}", tuple(prompt), GREEDY, adapter=name))
+        for i, (prompt, name) in enumerate(zip(prompts, names, strict=True))
+    ]
+    pieces = drive(engine, arrivals)
+    for i, (prompt, name) in enumerate(zip(prompts, names, strict=True)):
+        expected = reference_greedy(references[name], prompt, GREEDY.max_tokens, engine.eos_ids)
+        assert MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == expected, f"r{i} ({name or 'base'})"
+    # The adapters change the answers (else the test would show nothing)
+    first = [reference_greedy(references[name], prompts[0], 12, engine.eos_ids) for name in names[:3]]
+    assert first[0] != first[1] and first[0] != first[2]
+
+
+def test_a_prefix_is_reused_by_its_own_adapters_rows_only(tmp_path):
+    base = tiny_model("llama")
+    reference = write_lora_adapter(tmp_path / "a", base, seed=3)
+    engine = engine_with_adapters(base, {"a": tmp_path / "a"})
+    prompt = tuple(range(10, 50))
+    cached, answers = [], []
+    for i, adapter in enumerate(["", "", "a", "a"]):  # one after the other: each finds the last's row
+        pieces = drive(engine, [(0, Submit(f"r{i}", prompt, GREEDY, adapter=adapter))])[f"r{i}"]
+        cached.append(pieces[-1].cached_tokens)
+        answers.append(MarkerTokenizer.ids(text_of(pieces)))
+    # The base model's keys and values are not the adapter's: the first adapter row prefills it all.
+    assert cached[1] > 0 and cached[2] == 0 and cached[3] > 0
+    assert answers[0] == answers[1] == reference_greedy(base, prompt, GREEDY.max_tokens, engine.eos_ids)
+    assert answers[2] == answers[3] == reference_greedy(reference, prompt, GREEDY.max_tokens, engine.eos_ids)
+
+
+def test_requests_for_an_adapter_not_loaded_or_to_embed_are_refused(tmp_path):
+    base = tiny_model("llama")
+    write_lora_adapter(tmp_path / "a", base)
+    engine = engine_with_adapters(base, {"a": tmp_path / "a"})
+    pieces = drive(
+        engine,
+        [
+            (0, Submit("other", (5, 6), GREEDY, adapter="b")),
+            (0, Submit("embed", (5, 6), SamplingParams(embedding="mean"), adapter="a")),
+        ],
+    )
+    assert pieces["other"][-1].error == "no LoRA adapter 'b' is loaded"
+    assert "does not embed" in pieces["embed"][-1].error
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"use_dora": True}, "DoRA"),
+        ({"bias": "lora_only"}, "trained biases"),
+        ({"modules_to_save": ["lm_head"]}, "whole modules saved beside the adapter"),
+        ({"fan_in_fan_out": True}, "fan_in_fan_out"),
+        ({"peft_type": "IA3"}, "a IA3 adapter; only LoRA adapters are served"),
+    ],
+)
+def test_an_adapter_of_what_is_not_served_is_refused_with_the_reason(tmp_path, change, reason):
+    base = tiny_model("llama")
+    write_lora_adapter(tmp_path / "a", base)
+    config_path = tmp_path / "a" / "adapter_config.json"
+    config_path.write_text(json.dumps(json.loads(config_path.read_text()) | change))
+    with pytest.raises(AdapterError, match=f"LoRA adapter 'a' .*{reason}"):
+        load_adapters(copy.deepcopy(base), [("a", str(tmp_path / "a"))])
+
+
+def test_adapters_of_the_head_or_of_another_model_or_no_adapter_at_all_are_refused(tmp_path):
+    base = tiny_model("llama")
+    write_lora_adapter(tmp_path / "head", base, ["lm_head"])
+    write_lora_adapter(tmp_path / "wider", tiny_model("llama", head_dim=32), ["q_proj"])
+    (tmp_path / "empty").mkdir()
+    refusals = {
+        "head": "lm_head: LoRA of the embeddings or the head is not served",
+        "wider": "A is .* where the model's layer takes .*: an adapter of another model",
+        "empty": "no adapter_config.json there",
+    }
+    for name, reason in refusals.items():
+        model = copy.deepcopy(base)
+        with pytest.raises(AdapterError, match=reason):
+            load_adapters(model, [(name, str(tmp_path / name))])
+    write_lora_adapter(tmp_path / "q", base, ["q_proj"])
+    with pytest.raises(AdapterError, match="names the adapter 'q' twice"):
+        load_adapters(copy.deepcopy(base), [("q", str(tmp_path / "q")), ("q", str(tmp_path / "q"))])
+
+
+@pytest.fixture(scope="module")
+def default_model_adapter(tmp_path_factory):
+    """An adapter of the default model's shapes that changes every linear layer."""
+    directory = tmp_path_factory.mktemp("adapters")
+    shapes = default_model_shapes()  # PEFT adapts nn.Linear layers, not the quantized ones
+    write_lora_adapter(directory / "story", shapes, rank=16, scale=0.05, seed=4)
+    return (("story", str(directory / "story")),)
+
+
+def test_the_default_models_quantized_rows_of_an_adapter_decode_beside_others_as_alone(default_model_adapter):
+    """In the default mode (the GGUF file's blocks): a step of the base model's rows alone keeps the
+    native decode; an adapter's rows decode beside them (a step of the layers in Python, the adapter's
+    products added), each as it does alone. (The base model's rows round by the step's path in this
+    mode, as by its number of rows: only the exact mode promises them the same text in any step.)"""
+    engine = Engine.load(BackendConfig(lora_modules=default_model_adapter, rows=8, max_seq_len=512))
+    assert engine.runner.decoder.native is not None  # steps without an adapter's row run it
+    assert isinstance(engine.model.model.layers[0].self_attn.q_proj, LoraLinear)
+    chat = [{"role": "user", "content": "Write a short story about a lighthouse."}]
+    text = engine.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    prompt = tuple(engine.tokenizer(text, add_special_tokens=False).input_ids)
+    params = SamplingParams(temperature=0, max_tokens=24)
+    alone = {}
+    for adapter in ("", "story"):
+        pieces = drive(engine, [(0, Submit("alone", prompt, params, adapter=adapter))])
+        alone[adapter] = text_of(pieces["alone"])
+    assert alone["story"] != alone[""]
+    together = [(0, Submit(f"{a}-{i}", prompt, params, adapter=a)) for i in range(3) for a in ("", "story")]
+    pieces = drive(engine, together)
+    assert [text_of(pieces[f"story-{i}"]) for i in range(3)] == [alone["story"]] * 3
