@@ -129,6 +129,7 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Conn
             tokenizer_path=None,
             device="none",
             dtype="none",
+            adapters=tuple(name for name, _ in config.lora_modules),  # answered as the model is
         )
     )
     interval = 1.0 / config.mock_tokens_per_second

@@ -112,8 +112,9 @@ class BackendProcess:
         params: SamplingParams,
         cache_scope: str = "",
         team: str = "",
+        adapter: str = "",
     ) -> None:
-        self.inbox.put(Submit(request_id, tuple(prompt_ids), params, cache_scope, team))
+        self.inbox.put(Submit(request_id, tuple(prompt_ids), params, cache_scope, team, adapter))
 
     def cancel(self, request_id: str) -> None:
         self.inbox.put(Cancel(request_id))

@@ -8,6 +8,7 @@ process's pid and signals reach gunicorn's master directly.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -64,6 +65,22 @@ def served_name(text: str) -> str:
     if not text or any(c.isspace() for c in text):
         raise argparse.ArgumentTypeError(f"a model name is non-empty and has no spaces, got {text!r}")
     return text
+
+
+def lora_module(text: str) -> tuple[str, str]:
+    """vLLM's --lora-modules value: NAME=PATH, or its JSON form {"name": ..., "path": ...}; the path
+    absolute where it exists (gunicorn may run elsewhere)."""
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+            name, path = value["name"], value["path"]
+        except (ValueError, KeyError, TypeError):
+            raise argparse.ArgumentTypeError(f'expected {{"name": ..., "path": ...}}, got {text!r}') from None
+    else:
+        name, _, path = text.partition("=")
+    if not isinstance(name, str) or not isinstance(path, str) or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return served_name(name), os.path.abspath(path) if os.path.exists(path) else path
 
 
 def chat_template_file(path: str) -> str:
@@ -202,6 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
         "of its family), loaded in the default mode whatever --dtype and --quantize say (docs/backend.md)",
     )
     parser.add_argument(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        type=lora_module,
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters (directories PEFT saved) served beside the model, each under its NAME: a "
+        "request whose `model` names one is answered with it, in the same steps as the others' rows; "
+        '/v1/models lists them (docs/backend.md, "LoRA adapters")',
+    )
+    parser.add_argument(
         "--prompt-lookup-min",
         type=positive_int,
         default=2,
@@ -292,6 +320,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         draft_model=draft_model,
         prompt_lookup_min=args.prompt_lookup_min,
         prompt_lookup_max=args.prompt_lookup_max,
+        lora_modules=tuple(args.lora_modules),
     )
     return ServerConfig(
         backend=backend,

@@ -22,14 +22,16 @@ class Choices:
         requests: list[tuple[list[int], SamplingParams]],
         team: str | None = None,
         cache_salt: str | None = None,
+        adapter: str = "",
     ):
         """Open every request, or none: on NotReady or QueueFull the ones already opened are closed.
-        `team`, `cache_salt`: whose usage they are and whose cached prefixes they share (Router.open)."""
+        `team`, `cache_salt`: whose usage they are and whose cached prefixes they share; `adapter`: the
+        LoRA adapter that answers them (Router.open)."""
         self._pieces: queue.Queue[Piece] = queue.Queue()
         self.streams: list[RequestStream] = []
         try:
             for prompt_ids, params in requests:
-                self.streams.append(router.open(prompt_ids, params, self._pieces, team, cache_salt))
+                self.streams.append(router.open(prompt_ids, params, self._pieces, team, cache_salt, adapter))
         except BaseException:
             self.close()
             raise

@@ -8,6 +8,7 @@ one channel that survives the exec and the fork.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -68,6 +69,7 @@ class ServerConfig:
             draft_model=env.get("INFERENCE_DRAFT_MODEL") or None,
             prompt_lookup_min=_int(env, "INFERENCE_PROMPT_LOOKUP_MIN", 2),
             prompt_lookup_max=_int(env, "INFERENCE_PROMPT_LOOKUP_MAX", 4),
+            lora_modules=_lora_modules(env, "INFERENCE_LORA_MODULES"),
             mock=_bool(env, "INFERENCE_MOCK"),
             mock_tokens_per_second=float(env.get("INFERENCE_MOCK_TOKENS_PER_SECOND", "50")),
             mock_stall_text=env.get("INFERENCE_MOCK_STALL_TEXT") or None,
@@ -115,6 +117,7 @@ class ServerConfig:
             "INFERENCE_DRAFT_MODEL": b.draft_model or "",
             "INFERENCE_PROMPT_LOOKUP_MIN": str(b.prompt_lookup_min),
             "INFERENCE_PROMPT_LOOKUP_MAX": str(b.prompt_lookup_max),
+            "INFERENCE_LORA_MODULES": json.dumps([list(module) for module in b.lora_modules]),
             "INFERENCE_MOCK": "1" if b.mock else "0",
             "INFERENCE_MOCK_TOKENS_PER_SECOND": repr(b.mock_tokens_per_second),
             "INFERENCE_MAX_QUEUE": str(self.max_queue),
@@ -178,6 +181,20 @@ def _size(env: Mapping[str, str], name: str) -> int | None:
         return parse_size(value)
     except ValueError as error:
         raise ValueError(f"{name} must be {error}") from None
+
+
+def _lora_modules(env: Mapping[str, str], name: str) -> tuple[tuple[str, str], ...]:
+    """--lora-modules as `to_env` writes them: a JSON list of [name, path] pairs."""
+    try:
+        pairs = json.loads(env.get(name) or "[]")
+        if isinstance(pairs, list) and all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(part, str) for part in pair)
+            for pair in pairs
+        ):
+            return tuple((adapter, path) for adapter, path in pairs)
+    except ValueError:
+        pass
+    raise ValueError(f'{name} must be a JSON list of [name, path] pairs, as [["sql", "/adapters/sql"]]')
 
 
 def _bool(env: Mapping[str, str], name: str) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from flask import Response, current_app, request
+from flask import Response, current_app, g, request
 
 from backend.messages import InvalidParams, Piece, SamplingParams, TokenLogprob
 from inference_api.answers import answer_reader
@@ -94,7 +94,7 @@ def models_for(serving: Serving, endpoint: str) -> tuple[str, ...]:
     at /v1/rerank."""
     if endpoint == EMBEDDINGS:
         return serving.embedding_names
-    return serving.rerank_names if endpoint == RERANK else serving.served_names
+    return serving.rerank_names if endpoint == RERANK else serving.generating_names
 
 
 def check_model(
@@ -113,6 +113,12 @@ def check_model(
         raise ApiError(400, f"{name} is required: a string naming the served model", param=name)
     if model not in models_for(serving, endpoint):
         raise ApiError(404, unknown_model(model, serving, endpoint), param=name, code="model_not_found")
+    g.adapter = model if model in serving.backend.adapters else ""  # the request's answers come from it
+
+
+def answering_model(serving: Serving) -> str:
+    """The model name an answer reports: the LoRA adapter the request named, else the model's."""
+    return g.get("adapter") or serving.model_name
 
 
 def unknown_model(model: str, serving: Serving, endpoint: str = GENERATE) -> str:
@@ -132,7 +138,7 @@ def unknown_model(model: str, serving: Serving, endpoint: str = GENERATE) -> str
 
 def served_names(serving: Serving) -> str:
     """The names an unknown model's error offers instead: 'a', or 'a' or 'b'."""
-    return " or ".join(repr(name) for name in serving.served_names)
+    return " or ".join(repr(name) for name in serving.generating_names)
 
 
 def start_choices(
@@ -147,7 +153,7 @@ def start_choices(
     router = current_app.extensions["router"]
     check_capacity(router, len(requests), fields.count)
     try:
-        choices = Choices(router, requests, team_of(request.headers), cache_salt)
+        choices = Choices(router, requests, team_of(request.headers), cache_salt, g.get("adapter", ""))
     except NotReady:
         raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY) from None
     except QueueFull as full:

@@ -127,7 +127,12 @@ class Serving:
         return self.served_names[0]
 
     def serves(self, name: str) -> bool:
-        return name in self.served_names
+        return name in self.generating_names
+
+    @property
+    def generating_names(self) -> tuple[str, ...]:
+        """The names the generating endpoints answer to: the model's, then its LoRA adapters'."""
+        return self.served_names + self.backend.adapters
 
     @property
     def embedding_names(self) -> tuple[str, ...]:
@@ -145,6 +150,11 @@ class Serving:
         """Why these names cannot be served apart (an alias that is also the embedding or rerank model's
         name, or those two of one name)."""
         names = [(name, "a --served-model-name") for name in self.served_names]
+        for adapter in self.backend.adapters:
+            taken = next((what for name, what in names if name == adapter), None)
+            if taken is not None:
+                return f"the name {adapter!r} is both {taken} and a --lora-modules adapter's"
+            names.append((adapter, "a --lora-modules adapter's"))
         for model, option in (
             (self.backend.embedding_model, "--embedding-model"),
             (self.backend.rerank_model, "--rerank-model"),
@@ -349,12 +359,14 @@ class Router:
         pieces: queue.Queue[Piece] | None = None,
         team: str | None = None,
         cache_salt: str | None = None,
+        adapter: str = "",
     ) -> RequestStream:
         """Admit a request and submit it to the backend; raise NotReady or QueueFull (both 503).
 
         `pieces`: a queue shared with other requests of the same API call, instead of its own.
         `team`: whose usage it is, for the metrics (metrics.team_of), and whose cached prefixes it may
-        reuse, those of requests with the same `cache_salt` (`cache_scope`).
+        reuse, those of requests with the same `cache_salt` (`cache_scope`). `adapter`: the LoRA
+        adapter its `model` names ("": the model itself).
         """
         with self._lock:
             if self._serving is None or self._backend is None:
@@ -369,7 +381,7 @@ class Router:
             self._streams[stream.request_id] = stream
             # Under the lock, so that a backend that dies cannot miss a request submitted meanwhile.
             scope = cache_scope(team, cache_salt)
-            self._backend.submit(stream.request_id, prompt_ids, params, scope, team or "")
+            self._backend.submit(stream.request_id, prompt_ids, params, scope, team or "", adapter)
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return stream
 
@@ -459,7 +471,7 @@ class Router:
         log.info(
             "backend ready: model %s served as %s, %d rows of %d tokens, %s %s",
             ready.model_name,
-            ", ".join(serving.served_names),
+            ", ".join(serving.generating_names),
             ready.rows,
             ready.max_seq_len,
             ready.device,

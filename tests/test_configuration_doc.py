@@ -43,8 +43,10 @@ OWN_VARIABLE = re.compile(r"\b(?:INFERENCE|PROXY)_[A-Z0-9_]*[A-Z0-9]\b")
 LOOKED_UP = re.compile(
     r"(?:(?<![\w.])environ|(?<![\w.])env|dotenv_values\([^)]*\))(?:\.get\(|\[)\s*[\"']([A-Z][A-Z0-9_]*)[\"']"
 )
-# Values to try where an option's effect must show (a file for the options that take one).
-ALTERNATIVES = ("7", "9", "x", str(ROOT / "tests" / "frontend" / "chat_templates" / "Qwen-Qwen3-0.6B.jinja"))
+# Values to try where an option's effect must show (a file for the options that take one; --lora-modules'
+# NAME=PATH, and its variable's JSON).
+TEMPLATE = ROOT / "tests" / "frontend" / "chat_templates" / "Qwen-Qwen3-0.6B.jinja"
+ALTERNATIVES = ("7", "9", "x", str(TEMPLATE), "a=x", '[["a", "x"]]')
 
 
 def load_run_stack():

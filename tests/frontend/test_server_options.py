@@ -98,3 +98,26 @@ def test_a_chat_template_that_does_not_read_or_compile_stops_the_command_line(tm
         parse_args(["--chat-template", str(path)])
     assert exit.value.code == 2
     assert "argument --chat-template: " + says.format(path=path) in capsys.readouterr().err
+
+
+def test_lora_modules_take_vllms_two_forms_and_travel_through_the_environment(tmp_path, capsys):
+    (tmp_path / "sql adapter").mkdir()
+    config = parse_args(
+        [
+            "--lora-modules",
+            f"sql={tmp_path / 'sql adapter'}",
+            '{"name": "chat", "path": "org/chat-lora", "base_model_name": "m"}',
+            "--lora-modules",
+            "third=relative/dir",
+        ]
+    )
+    assert config.backend.lora_modules == (
+        ("sql", str(tmp_path / "sql adapter")),
+        ("chat", "org/chat-lora"),
+        ("third", "relative/dir"),
+    )
+    assert ServerConfig.from_env(config.to_env()) == config
+    for wrong in ("no-path", "=path", "my adapter=path", '{"name": "x"}'):
+        with pytest.raises(SystemExit):
+            parse_args(["--lora-modules", wrong])
+        assert "--lora-modules" in capsys.readouterr().err

@@ -34,6 +34,7 @@ from inference_api.generation import (
     ApiFields,
     Generation,
     GenerationFailed,
+    answering_model,
     event_stream,
     read_request,
     sse_event,
@@ -50,7 +51,7 @@ def messages() -> Response:
     data, serving = read_request()
     parsed = parse_messages_request(data, serving)
     generation = Generation(parsed.prompt_ids, parsed.params, FIELDS, parsed.tools, parsed.thinking)
-    message = Message(generation, serving.model_name)
+    message = Message(generation, answering_model(serving))
     if parsed.stream:
         return event_stream(message.events(), generation.close)
     return jsonify(message.whole())

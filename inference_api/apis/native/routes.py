@@ -41,7 +41,8 @@ def predictions(model: str) -> Response:
     check_context(len(prompt_ids), native.params.max_tokens, serving.backend.max_seq_len)
 
     params = replace(native.params, stop_token_ids=stop_token_ids_of(native.params.stop, serving.tokenizer))
-    stream = open_stream(router, prompt_ids, params)
+    adapter = model if model in serving.backend.adapters else ""  # a LoRA adapter's name
+    stream = open_stream(router, prompt_ids, params, adapter)
     try:
         # Wait for the first piece before answering, so that a backend that dies before it
         # still gets the client a status code rather than a cut connection.
@@ -58,9 +59,11 @@ def predictions(model: str) -> Response:
     return json_response(stream, first, prefix)
 
 
-def open_stream(router: Router, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+def open_stream(
+    router: Router, prompt_ids: list[int], params: SamplingParams, adapter: str = ""
+) -> RequestStream:
     try:
-        return router.open(prompt_ids, params, team=team_of(request.headers))
+        return router.open(prompt_ids, params, team=team_of(request.headers), adapter=adapter)
     except NotReady:
         raise unavailable("the model is not loaded yet", RETRY_AFTER_NOT_READY) from None
     except QueueFull as full:

@@ -294,9 +294,10 @@ def _model(data: dict[str, Any], serving: Serving, name: str = "model", endpoint
 
 
 def _names(serving: Serving) -> list[str]:
-    """Every model the server answers for: the served names, and a separate embedding model's."""
+    """Every model the server answers for: the served names, the LoRA adapters', and a separate embedding
+    model's."""
     embedding = serving.backend.embedding_model
-    return [*serving.served_names, *([embedding.name] if embedding is not None else [])]
+    return [*serving.generating_names, *([embedding.name] if embedding is not None else [])]
 
 
 def _listed(name: str, serving: Serving) -> dict[str, Any]:

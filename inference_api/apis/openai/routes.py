@@ -28,6 +28,7 @@ from inference_api.choices import Choices
 from inference_api.errors import ApiError
 from inference_api.generation import (
     ApiFields,
+    answering_model,
     error_of,
     event_stream,
     read_request,
@@ -67,6 +68,8 @@ def retrieve_model(model: str) -> Response:
 def _models(serving: Serving) -> list[dict[str, Any]]:
     backend = serving.backend
     models = [_model(name, backend.model_name, backend.max_seq_len, "llm") for name in serving.served_names]
+    for adapter in backend.adapters:  # vLLM's entry of a LoRA adapter: its parent the model it changes
+        models.append(_model(adapter, adapter, backend.max_seq_len, "llm") | {"parent": serving.model_name})
     embedding = backend.embedding_model
     if embedding is not None:  # max_model_len: an input's tokens
         models.append(_model(embedding.name, embedding.name, embedding.max_tokens, "embedding"))
@@ -316,7 +319,9 @@ def _answer(api: Completion | ChatCompletion) -> Response:
     response_id = api.id_prefix + uuid.uuid4().hex
     usage = Usage(openai_request, choices, serving)
     if openai_request.stream:
-        events = _events(api, response_id, serving, openai_request, choices, pieces, usage, fields)
+        # The model the answer names is read here: the events are written after the request's context
+        model = answering_model(serving)
+        events = _events(api, response_id, model, serving, openai_request, choices, pieces, usage, fields)
         if request.path.startswith(LLAMA_STACK_PREFIX + "/"):
             events = _without_done(events)
         return event_stream(events, choices.close)
@@ -423,7 +428,7 @@ def _whole(
         id=response_id,
         object=api.object,
         created=int(time.time()),
-        model=serving.model_name,
+        model=answering_model(serving),
         choices=[api.choice(i, output, finish_reasons[i]) for i, output in enumerate(whole)],
         usage=usage.as_dict(outputs),
         **api.response_fields(whole),
@@ -433,6 +438,7 @@ def _whole(
 def _events(
     api: Completion | ChatCompletion,
     response_id: str,
+    model: str,
     serving: Serving,
     openai_request: OpenAIRequest,
     choices: Choices,
@@ -449,7 +455,7 @@ def _events(
             "id": response_id,
             "object": api.chunk_object,
             "created": created,
-            "model": serving.model_name,
+            "model": model,
             "choices": choice_list,
             **extra,
             **({"usage": usage.so_far()} if openai_request.continuous_usage else {}),

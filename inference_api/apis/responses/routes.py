@@ -40,7 +40,14 @@ from inference_api.apis.responses.items import (
     text_part,
 )
 from inference_api.apis.responses.request import ResponsesRequest, parse_responses_request
-from inference_api.generation import Generation, GenerationFailed, event_stream, read_request, sse_event
+from inference_api.generation import (
+    Generation,
+    GenerationFailed,
+    answering_model,
+    event_stream,
+    read_request,
+    sse_event,
+)
 from inference_api.reasoning import thought_tokens
 from inference_api.tokenizer import PromptTokenizer
 
@@ -52,7 +59,7 @@ def responses() -> Response:
     data, serving = read_request()
     asked = parse_responses_request(data, serving)
     generation = Generation(asked.prompt_ids, asked.params, asked.fields, asked.tools, asked.thinking)
-    answer = ModelResponse(generation, serving.model_name, asked, serving.tokenizer)
+    answer = ModelResponse(generation, answering_model(serving), asked, serving.tokenizer)
     if asked.stream:
         return event_stream(answer.events(), generation.close)
     return jsonify(answer.whole())

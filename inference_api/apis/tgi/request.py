@@ -5,8 +5,9 @@ TGI samples only when asked: `do_sample`, or any of `temperature`, `top_k`, `top
 reshape the distribution; else the answer is greedy. `max_new_tokens` defaults to 100, `stop` takes
 up to 4 strings, `truncate` keeps the input's last tokens, and `grammar` is `{"type": "json", "value":
 schema}` or `{"type": "regex", "value": pattern}`. What TGI has and this server does not (`best_of`
-over 1, `typical_p` under 1, `watermark`, LoRA's `adapter_id`) is a 400 naming it. `model` is not
-read: TGI serves one model and its clients send none.
+over 1, `typical_p` under 1, `watermark`) is a 400 naming it. `model` is not read: TGI serves one
+model and its clients send none; `adapter_id` names a LoRA adapter (--lora-modules) that answers, as
+TGI's multi-LoRA serving does (routes.py).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ NOT_BUILT = {
     "best_of": (None, 1),
     "typical_p": (None, 1),
     "watermark": (None, False),
-    "adapter_id": (None,),
 }
 
 

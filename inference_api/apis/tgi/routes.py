@@ -31,6 +31,7 @@ from inference_api.apis.tgi.request import (
 )
 from inference_api.generation import (
     ApiFields,
+    check_model,
     event_stream,
     read_all,
     read_request,
@@ -90,6 +91,9 @@ def info() -> Response:
 def _answer(stream: bool | None) -> Response:
     """`stream` None: as the body says, and a whole answer in a list (TGI's `/`)."""
     data, serving = read_request(model_field=None)
+    parameters = data.get("parameters")
+    if isinstance(parameters, dict) and parameters.get("adapter_id") is not None:
+        check_model(parameters, serving, "adapter_id")  # a LoRA adapter's name, or the model's
     asked = parse_generate_request(data, serving, stream)
     choices, pieces = start_choices([(asked.prompt_ids, asked.params)], fields=FIELDS)
     answer = Answer(asked, serving)
