@@ -436,7 +436,7 @@ class DecoderRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The logits at `keep` ([kept, vocab]) and the final norm's output at `embedded` (or None)."""
         layers = self.plan.path(layout).layers
-        if layers is NATIVE and self.lora is not None and self.lora.segments:
+        if layers is NATIVE and self.lora is not None and self.lora.step is not None:
             layers = LOOP  # decode_layers.cpp multiplies by the base layers alone: an adapter's rows are here
         if layers is GRAPH:
             return self.graphs.run(input_ids, positions, layout), None

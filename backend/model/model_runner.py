@@ -125,7 +125,7 @@ class ModelRunner:
         self.cache.plan_step(inputs.layout)
         self.embedded_states = None
         if self.adapters is not None:
-            self.adapters.batch.segments = inputs.adapters
+            self.adapters.batch.use(inputs.adapters)
         if self.decoder is not None:
             logits, self.embedded_states = self.decoder(
                 inputs.token_ids, inputs.positions, inputs.layout, self.cache, inputs.keep, inputs.embedded

@@ -42,7 +42,7 @@ from typing import Protocol
 import torch
 
 from backend.layers.step_layout import LongRow, PromptChunk, StepLayout, long_rows, visibility
-from backend.model.lora import adapter_segments
+from backend.model.lora import StepAdapters, adapter_slots
 from backend.utils.host_lists import to_device
 
 
@@ -106,8 +106,7 @@ class StepInputs:
     completing: tuple[int, ...]  # the rows whose chunk ends their prompt, in pack order
     prompt_scores: tuple[PromptScores, ...]
     embedded: range | None = None  # the places of an embedding input's chunk, whose hidden states it needs
-    # The tokens of each LoRA adapter's rows, as (slot, places; None: all), for the wrapped layers (lora.py)
-    adapters: tuple[tuple[int, torch.Tensor | None], ...] = ()
+    adapters: StepAdapters | None = None  # its tokens' LoRA adapters (lora.py); None: no token has one
 
     @property
     def decode_queries(self) -> int:
@@ -216,10 +215,10 @@ def pack(
         alone,
     )
     in_order = sample_from == list(range(len(keep)))
-    adapters = ()
+    adapters = None
     if row_adapters is not None:  # each packed token's row: the decode queries', then each chunk's
         token_rows = query_rows + [chunk.row for chunk in chunks for _ in range(chunk.length)]
-        adapters = adapter_segments(token_rows, row_adapters, device)
+        adapters = adapter_slots(token_rows, row_adapters, device)
     return StepInputs(
         token_ids=to_device(token_ids, device, torch.long),
         positions=to_device(positions, device, torch.long),

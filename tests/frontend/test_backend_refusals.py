@@ -20,8 +20,8 @@ def refusing(app: Flask, monkeypatch: pytest.MonkeyPatch) -> Flask:
     backend = app.extensions["router"]._backend
     submit = backend.submit
 
-    def submit_emptied(request_id, prompt_ids, params, cache_scope="", team=""):
-        submit(request_id, (), params, cache_scope, team)
+    def submit_emptied(request_id, prompt_ids, params, cache_scope="", team="", adapter=""):
+        submit(request_id, (), params, cache_scope, team, adapter)
 
     monkeypatch.setattr(backend, "submit", submit_emptied)
     return app
