@@ -38,8 +38,10 @@ class RequestStream:
         on_close: Callable[[RequestStream], None],
         pieces: queue.Queue[Piece] | None = None,
         team: str | None = None,
+        adapter: str = "",
     ):
         self.request_id = request_id  # the backend's id, unique per request (not the client's X-Request-ID)
+        self.adapter = adapter  # the LoRA adapter that answers it ("": the model)
         self.prompt_tokens = prompt_tokens
         self.team = team  # from the proxy's X-Team-ID (metrics.team_of); None without one
         self.completion_tokens = 0

@@ -376,7 +376,7 @@ class Router:
                 raise QueueFull
             self._check_team_share(team, places)
             stream = RequestStream(
-                uuid.uuid4().hex, len(prompt_ids), self.metrics, self._close_stream, pieces, team
+                uuid.uuid4().hex, len(prompt_ids), self.metrics, self._close_stream, pieces, team, adapter
             )
             self._streams[stream.request_id] = stream
             # Under the lock, so that a backend that dies cannot miss a request submitted meanwhile.
@@ -406,6 +406,14 @@ class Router:
     def waiting_requests(self) -> int:
         with self._lock:
             return sum(not stream.admitted for stream in self._streams.values())
+
+    def adapters_in_use(self) -> tuple[list[str], list[str]]:
+        """The LoRA adapters of the requests in rows, and of those waiting for one, each once, sorted."""
+        with self._lock:
+            streams = list(self._streams.values())
+        running = sorted({stream.adapter for stream in streams if stream.adapter and stream.admitted})
+        waiting = sorted({stream.adapter for stream in streams if stream.adapter and not stream.admitted})
+        return running, waiting
 
     def _close_stream(self, stream: RequestStream) -> None:
         with self._lock:

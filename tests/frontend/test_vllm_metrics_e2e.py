@@ -18,12 +18,14 @@ from tests.server_fixture import RunningServer, running_server
 
 NAME = "team-model"  # --served-model-name: vLLM's model_name label is the name clients call it by
 ROWS = 4
+ADAPTERS = ("sql", "chat")  # --lora-modules: the mock answers them as the model, without loading them
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    options = f"--mock --rows {ROWS} --mock-tokens-per-second 200 --served-model-name {NAME}"
-    with running_server(*options.split()) as running:
+    options = f"--mock --rows {ROWS} --mock-tokens-per-second 200 --served-model-name {NAME}".split()
+    adapters = [f"{name}=/adapters/{name}" for name in ADAPTERS]
+    with running_server(*options, "--lora-modules", *adapters) as running:
         yield running
 
 
@@ -58,12 +60,12 @@ def completion(server: RunningServer, **fields) -> requests.Response:
 
 
 @contextlib.contextmanager
-def long_stream(server: RunningServer) -> Iterator[None]:
+def long_stream(server: RunningServer, model: str = NAME) -> Iterator[None]:
     """A stream of 2,000 tokens (10 s), once its first event has come: its row is busy until the block
     ends, and the client hangs up. Its lines' iterator is kept to the end: dropped after the first line,
     it closed the connection (urllib3 closes it when its reading generator exits early), and the row
     was freed at the server's next write, racing the test's look at /metrics."""
-    body = {"model": NAME, "prompt": "a long one", "max_tokens": 2000, "stream": True}
+    body = {"model": model, "prompt": "a long one", "max_tokens": 2000, "stream": True}
     with requests.post(f"{server.url}/v1/completions", json=body, stream=True, timeout=30) as stream:
         lines = stream.iter_lines()
         next(lines)
@@ -158,3 +160,28 @@ def test_a_request_that_waits_for_a_row_is_vllms_queue_time(server):
         before, "inference_request_queue_time_seconds_bucket", le="0.25"
     )
     assert quick == ROWS  # the streams took their rows at once; the fifth waited past 0.25 s
+
+
+def lora_info(server: RunningServer) -> tuple[dict[str, str], float]:
+    """vllm:lora_requests_info's one sample: its labels and its value."""
+    text = requests.get(f"{server.url}/metrics", timeout=10).text
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:lora_requests_info")
+    (sample,) = family.samples
+    return sample.labels, sample.value
+
+
+def test_the_adapters_of_the_running_and_the_waiting_requests_are_vllms_lora_info(server):
+    """The endpoint picker's LoRA affinity reads which adapters run where: each adapter once, the
+    model's own requests in neither list, max_lora every adapter loaded, the value the time."""
+    labels, value = lora_info(server)
+    assert labels == {"max_lora": "2", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+    assert abs(value - time.time()) < 60
+    with contextlib.ExitStack() as streams, ThreadPoolExecutor(1) as pool:
+        for model in ("sql", "sql", "chat", NAME):  # every row busy
+            streams.enter_context(long_stream(server, model))
+        waiting = pool.submit(completion, server, model="sql", max_tokens=2)
+        wait_for(lambda: lora_info(server)[0]["waiting_lora_adapters"] == "sql")
+        assert lora_info(server)[0]["running_lora_adapters"] == "chat,sql"
+        streams.close()
+        assert waiting.result().status_code == 200
+    wait_for(lambda: lora_info(server)[0]["running_lora_adapters"] == "")
