@@ -7,7 +7,6 @@ import copy
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
 
 
 def write_lora_adapter(
@@ -18,11 +17,13 @@ def write_lora_adapter(
     scale: float = 0.3,
     seed: int = 0,
     **config,
-) -> PeftModel:
+) -> torch.nn.Module:
     """A LoRA adapter of `model` (left as it is) saved in `directory`; the returned PEFT model, the
     adapter on a copy of `model`, is the reference its outputs are checked against. `scale`: the
     standard deviation of B's entries (0: an adapter that changes nothing); `config`: LoraConfig's
     other fields (use_rslora, alpha_pattern...)."""
+    from peft import LoraConfig, get_peft_model  # here: importing PEFT takes 2.7 s of each worker's start
+
     lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=target_modules, **config)
     peft_model = get_peft_model(copy.deepcopy(model), lora)
     generator = torch.Generator().manual_seed(seed)
