@@ -902,6 +902,8 @@ class Engine:
         unless its request failed (they may be half written)."""
         self.rows[row.index] = None
         self.grammars.release(row.index)
+        if self.adapters is not None:  # else packing every later step would look up its tokens' adapters
+            self.runner.use_adapter(row.index, 0)
         kept = () if row.finish_reason == "error" else row.cached_tokens
         self.prefixes.release(row.index, row.request.cache_scope, kept)
 
