@@ -216,6 +216,12 @@ class BackendConfig:
     # LoRA adapters served beside the model, rows of each in one step (backend/model/lora.py): (name, a
     # directory PEFT saved)
     lora_modules: tuple[tuple[str, str], ...] = ()
+    # Adapters may be loaded and unloaded while the server runs (--allow-runtime-lora, vLLM's
+    # /v1/load_lora_adapter): every linear layer is wrapped for them at start
+    runtime_lora: bool = False
+    # Adapters loaded while running, loaded again by a backend restarted after a crash; unlike
+    # lora_modules, one that no longer loads is left out with an error in the log
+    lora_modules_loaded: tuple[tuple[str, str], ...] = ()
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     mock: bool = False
@@ -249,6 +255,23 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class LoadAdapter:
+    """Load the LoRA adapter in `path` (a directory PEFT saved) under `name`, between two steps."""
+
+    request_id: str
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    """Serve the adapter `name` no more: its waiting requests end with an error, its rows finish."""
+
+    request_id: str
+    name: str
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
@@ -279,6 +302,16 @@ class EmbeddingModelReady:
     tokenizer_path: str  # a directory with its tokenizer.json, as BackendReady.tokenizer_path
     max_tokens: int  # the most tokens an input may have (its max_position_embeddings)
     vocab_size: int  # token ids its embedding takes
+
+
+@dataclass(frozen=True)
+class AdaptersChanged:
+    """The answer to LoadAdapter or UnloadAdapter: the adapters served now, or why nothing changed."""
+
+    request_id: str
+    adapters: tuple[str, ...]
+    error: str | None = None
+    not_found: bool = False  # the error is an unknown adapter's (a 404)
 
 
 @dataclass(frozen=True)

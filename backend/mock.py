@@ -18,13 +18,16 @@ from backend.engine.inbox import read_inbox
 from backend.engine.stop_matcher import StopMatcher
 from backend.messages import (
     HEARTBEAT_SECONDS,
+    AdaptersChanged,
     BackendConfig,
     BackendReady,
     Cancel,
+    LoadAdapter,
     Piece,
     Shutdown,
     StepOutput,
     Submit,
+    UnloadAdapter,
 )
 
 MOCK_MAX_SEQ_LEN = 4096
@@ -119,8 +122,29 @@ def refusal(request: Submit, max_seq_len: int) -> Piece | None:
     return Piece(request.request_id, "", "error", prompt_tokens, error=message, invalid="prompt_ids")
 
 
+def mock_adapters_change(
+    adapters: list[str], change: LoadAdapter | UnloadAdapter, runtime: bool
+) -> AdaptersChanged:
+    """A LoRA adapter loaded or unloaded as the engine would, by name alone: the mock answers every
+    request as the model, reading no weights."""
+    error = None
+    if not runtime:
+        error = "adapters are loaded and unloaded while running only with --allow-runtime-lora"
+    elif isinstance(change, LoadAdapter) and change.name in adapters:
+        error = f"a LoRA adapter named {change.name!r} is already loaded"
+    elif isinstance(change, UnloadAdapter) and change.name not in adapters:
+        error = f"no LoRA adapter {change.name!r} is loaded"
+    elif isinstance(change, LoadAdapter):
+        adapters.append(change.name)
+    else:
+        adapters.remove(change.name)
+    unknown = isinstance(change, UnloadAdapter) and runtime and error is not None
+    return AdaptersChanged(change.request_id, tuple(adapters), error, not_found=unknown)
+
+
 def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Connection) -> None:
     max_seq_len = config.max_seq_len or MOCK_MAX_SEQ_LEN
+    adapters = [name for name, _ in config.lora_modules + config.lora_modules_loaded]  # answered as the model
     outbox.send(
         BackendReady(
             model_name="mock",
@@ -129,7 +153,7 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Conn
             tokenizer_path=None,
             device="none",
             dtype="none",
-            adapters=tuple(name for name, _ in config.lora_modules),  # answered as the model is
+            adapters=tuple(adapters),
         )
     )
     interval = 1.0 / config.mock_tokens_per_second
@@ -157,6 +181,8 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Conn
                 cancelled = rows.pop(message.request_id, None) or waiting.pop(message.request_id, None)
                 if cancelled is not None:
                     pieces.append(Piece(message.request_id, "", "cancelled"))
+            elif isinstance(message, LoadAdapter | UnloadAdapter):
+                outbox.send(mock_adapters_change(adapters, message, config.runtime_lora))
         if idle and waiting:
             next_tick = time.monotonic()
         if time.monotonic() >= next_tick and (rows or waiting):

@@ -230,6 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
         '/v1/models lists them (docs/backend.md, "LoRA adapters")',
     )
     parser.add_argument(
+        "--allow-runtime-lora",
+        action="store_true",
+        help="LoRA adapters may be loaded and unloaded while the server runs, by POST /v1/load_lora_adapter "
+        "and /v1/unload_lora_adapter (vLLM's, with VLLM_ALLOW_RUNTIME_LORA_UPDATING): the operator's "
+        "endpoints, which the proxy does not forward",
+    )
+    parser.add_argument(
         "--prompt-lookup-min",
         type=positive_int,
         default=2,
@@ -321,6 +328,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         prompt_lookup_min=args.prompt_lookup_min,
         prompt_lookup_max=args.prompt_lookup_max,
         lora_modules=tuple(args.lora_modules),
+        runtime_lora=args.allow_runtime_lora,
     )
     return ServerConfig(
         backend=backend,

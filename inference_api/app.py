@@ -14,7 +14,7 @@ import uuid
 from flask import Flask, Response, current_app, g, request
 
 from inference_api import openapi, ops, page
-from inference_api.apis import embeddings, rerank, tei_embed, tokenize
+from inference_api.apis import embeddings, lora_adapters, rerank, tei_embed, tokenize
 from inference_api.apis.anthropic import routes as anthropic_api
 from inference_api.apis.llama_stack import routes as llama_stack_api
 from inference_api.apis.llamacpp import routes as llamacpp_api
@@ -83,6 +83,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     app.register_blueprint(embeddings.bp)
     app.register_blueprint(rerank.bp)
     app.register_blueprint(tei_embed.bp)
+    app.register_blueprint(lora_adapters.bp)
     # Llama Stack's client calls the OpenAI API under its own prefix: the same handlers, served there too.
     llama_stack_openai = openai_api.LLAMA_STACK_PREFIX
     app.register_blueprint(openai_api.bp, url_prefix=llama_stack_openai, name="llama_stack_openai")

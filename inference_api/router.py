@@ -10,6 +10,7 @@ submit a prompt and `RequestStream.close` to end it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import queue
@@ -20,12 +21,15 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from backend.messages import (
+    AdaptersChanged,
     BackendConfig,
     BackendReady,
+    LoadAdapter,
     Piece,
     SamplingParams,
     Shutdown,
     StepOutput,
+    UnloadAdapter,
     reserved_places,
 )
 from backend.process import BackendDied, BackendProcess, BackendStartError
@@ -75,6 +79,11 @@ from inference_api.tool_calls import (
 )
 
 log = logging.getLogger(__name__)
+
+# The longest a request thread waits for the backend to load or unload an adapter: it does so between two
+# steps, in a second or two; a backend that hangs meanwhile is killed after step_timeout, which ends the
+# wait sooner.
+ADAPTER_CHANGE_SECONDS = 600.0
 
 
 def cache_scope(team: str | None, cache_salt: str | None) -> str:
@@ -272,6 +281,20 @@ class Serving:
         return min(self.tokenizer.vocab_size, self.backend.vocab_size or self.tokenizer.vocab_size)
 
 
+def adapters_after(config: BackendConfig, change: LoadAdapter | UnloadAdapter | None) -> BackendConfig:
+    """The backend's configuration with an adapter loaded or unloaded while running, for a restart."""
+    if isinstance(change, LoadAdapter):
+        loaded = (*config.lora_modules_loaded, (change.name, change.path))
+        return dataclasses.replace(config, lora_modules_loaded=loaded)
+    if isinstance(change, UnloadAdapter):
+        return dataclasses.replace(
+            config,
+            lora_modules=tuple(module for module in config.lora_modules if module[0] != change.name),
+            lora_modules_loaded=tuple(m for m in config.lora_modules_loaded if m[0] != change.name),
+        )
+    return config
+
+
 class Router:
     def __init__(
         self,
@@ -304,6 +327,9 @@ class Router:
         self._streams: dict[str, RequestStream] = {}
         self._serving: Serving | None = None
         self._backend: BackendProcess | None = None
+        # LoRA adapters being loaded or unloaded (--allow-runtime-lora): each change, and where its answer
+        # goes (None: the backend stopped before answering)
+        self._adapter_changes: dict[str, tuple[LoadAdapter | UnloadAdapter, queue.Queue]] = {}
         self._ready = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self.router_thread, name="router", daemon=True)
@@ -384,6 +410,27 @@ class Router:
             self._backend.submit(stream.request_id, prompt_ids, params, scope, team or "", adapter)
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return stream
+
+    def change_adapters(self, change: LoadAdapter | UnloadAdapter) -> AdaptersChanged:
+        """Load or unload a LoRA adapter (--allow-runtime-lora) and wait for the backend's answer; the
+        names requests may call change with it. NotReady (a 503) where no backend is ready, or where it
+        stopped before answering."""
+        answer: queue.Queue[AdaptersChanged | None] = queue.Queue(1)
+        with self._lock:
+            if self._serving is None or self._backend is None:
+                raise NotReady
+            self._adapter_changes[change.request_id] = change, answer
+            self._backend.inbox.put(change)
+        try:
+            changed = answer.get(timeout=ADAPTER_CHANGE_SECONDS)
+        except queue.Empty:
+            changed = None
+        finally:
+            with self._lock:
+                self._adapter_changes.pop(change.request_id, None)
+        if changed is None:
+            raise NotReady
+        return changed
 
     def _check_team_share(self, team: str | None, places: int) -> None:
         """A team (behind the proxy) may not take the places kept for other teams: one that queued a
@@ -506,6 +553,8 @@ class Router:
             if isinstance(message, StepOutput):
                 self._admit(message.admitted)
                 self._deliver(message.pieces)
+            elif isinstance(message, AdaptersChanged):
+                self._adapters_changed(message)
             else:
                 log.warning("ignoring %s from a running backend", type(message).__name__)
 
@@ -527,6 +576,20 @@ class Router:
                     del self._streams[piece.request_id]
                 stream.deliver(piece)
 
+    def _adapters_changed(self, changed: AdaptersChanged) -> None:
+        """The backend loaded or unloaded an adapter (or could not): requests may name the adapters it
+        serves now, and a backend restarted after a crash serves them too."""
+        with self._lock:
+            change, answer = self._adapter_changes.get(changed.request_id, (None, None))
+            if changed.error is None and self._serving is not None:
+                backend = dataclasses.replace(self._serving.backend, adapters=changed.adapters)
+                self._serving = dataclasses.replace(self._serving, backend=backend)
+                self.backend_config = adapters_after(self.backend_config, change)
+        if changed.error is None:
+            log.info("LoRA adapters served now: %s", ", ".join(changed.adapters) or "none")
+        if answer is not None:
+            answer.put(changed)
+
     def _end_backend(self, backend: BackendProcess, reason: str) -> None:
         """Not ready any more; every request in flight ends with an error saying why."""
         self._ready.clear()
@@ -535,8 +598,11 @@ class Router:
             self._serving = None
             self._backend = None
             streams, self._streams = self._streams, {}
+            changes, self._adapter_changes = self._adapter_changes, {}
         for stream in streams.values():
             stream.deliver(Piece(stream.request_id, "", "error", error=reason))
+        for _, answer in changes.values():
+            answer.put(None)
         backend.stop()
 
     def _fail(self, message: str) -> None:

@@ -40,6 +40,11 @@ METRICS_ELSEWHERE = (
     "own on its probe port (--health-port)"
 )
 
+# The inference server's endpoints for its operator: a team's token must not load a file of the server's
+# disk as an adapter, nor unload another team's (--allow-runtime-lora).
+OPERATOR_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+OPERATOR_ONLY = "{path} is the operator's, not forwarded by the proxy: call the inference server directly"
+
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -160,6 +165,9 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
             # Forwarded, an inference server's would show every team's usage to any token.
             ticket.release()
             return error_response(404, METRICS_ELSEWHERE, {"X-Request-ID": request_id})
+        if re.sub("/+", "/", request.path).rstrip("/") in OPERATOR_PATHS:  # however the path is spelled
+            ticket.release()
+            return error_response(403, OPERATOR_ONLY.format(path=request.path), {"X-Request-ID": request_id})
         try:
             response = pass_on(caller, started, request_id)
         except BaseException:

@@ -73,12 +73,13 @@ PROMPT_TOKENS_ALONE = 2 * LOOP_PROMPT_TOKENS
 NOT_FINITE_ERROR = "generation failed: the model's logits are not finite (NaN or infinity)"
 
 
-def with_adapters_scope(request: Submit) -> Submit:
-    """The request with its LoRA adapter in its cache scope: a prefix's keys and values are those of the
-    adapter that computed them, which another adapter, or the base model, cannot reuse."""
-    if not request.adapter:
+def with_adapters_scope(request: Submit, slot: int) -> Submit:
+    """The request with its LoRA adapter's slot in its cache scope: a prefix's keys and values are those
+    of the adapter that computed them, which another adapter, the base model, or a later adapter of the
+    same name (another slot, lora.Adapters) cannot reuse."""
+    if not slot:
         return request
-    return dataclasses.replace(request, cache_scope=f"{request.cache_scope}\0lora:{request.adapter}")
+    return dataclasses.replace(request, cache_scope=f"{request.cache_scope}\0lora:{slot}")
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -184,7 +185,12 @@ class Engine:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         loaded = load_model(config)
-        adapters = load_adapters(loaded.model, config.lora_modules)
+        adapters = load_adapters(loaded.model, config.lora_modules, config.runtime_lora)
+        for name, path in config.lora_modules_loaded:  # before a restart; gone since, it is no error
+            try:
+                adapters.add(name, path)
+            except AdapterError as error:
+                log.error("%s: not loaded again", error)
         draft = load_draft_model(config, loaded) if config.draft_model else None
         embedding_model = load_embedding_model(config) if config.embedding_model else None
         rerank_model = load_rerank_model(config) if config.rerank_model else None
@@ -312,11 +318,35 @@ class Engine:
         elif params.embedding is not None:
             self.embedding_waiting[request.request_id] = request
         else:
-            self._wait(with_adapters_scope(request))
+            self._wait(with_adapters_scope(request, self._adapter_slot(request)))
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
         return self.adapters.names if self.adapters is not None else ()
+
+    def _adapter_slot(self, request: Submit) -> int:
+        """The slot of the request's LoRA adapter, 0 for the model's own."""
+        return self.adapters.slots[request.adapter] if request.adapter else 0
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load a LoRA adapter while serving (--allow-runtime-lora); AdapterError says why it is not."""
+        if self.adapters is None or not self.adapters.runtime:
+            raise AdapterError("adapters are loaded while running only with --allow-runtime-lora")
+        self.adapters.add(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """Serve a LoRA adapter no more: its waiting requests end with an error, its rows finish with
+        its weights, which go with the last of them (`_free`). AdapterError where it is not loaded."""
+        if self.adapters is None or not self.adapters.runtime:
+            raise AdapterError("adapters are unloaded while running only with --allow-runtime-lora")
+        slot = self.adapters.retire(name)
+        for request in [request for request in self.waiting.values() if request.adapter == name]:
+            del self.waiting[request.request_id]
+            self.matchers.pop(request.request_id, None)
+            self.arrived.pop(request.request_id, None)
+            self._reject(request, f"the LoRA adapter {name!r} was unloaded")
+        if slot not in self.runner.row_adapters:
+            self.adapters.drop(slot)
 
     def _separate_model(self, params: SamplingParams) -> EmbeddingModel | None:
         """The model beside the served one that answers this request: the rerank model a score request's,
@@ -669,7 +699,7 @@ class Engine:
         row = Row(place.row, request, self.tokenizer, self.eos_ids, self.max_seq_len, cached=place.reused)
         row.queued = time.monotonic() - self.arrived.pop(request.request_id, time.monotonic())
         if self.adapters is not None:
-            self.runner.use_adapter(place.row, self.adapters.slots.get(request.adapter, 0))
+            self.runner.use_adapter(place.row, self._adapter_slot(request))
         self.speculator.admit(row)
         self.processors.admit(place.row, request.params, request.prompt_ids)
         self.grammars.attach(place.row, self.matchers.pop(request.request_id, None))
@@ -903,7 +933,10 @@ class Engine:
         self.rows[row.index] = None
         self.grammars.release(row.index)
         if self.adapters is not None:  # else packing every later step would look up its tokens' adapters
+            slot = self.runner.row_adapters[row.index]
             self.runner.use_adapter(row.index, 0)
+            if slot in self.adapters.retired and slot not in self.runner.row_adapters:
+                self.adapters.drop(slot)  # its last row: the unloaded adapter's weights go
         kept = () if row.finish_reason == "error" else row.cached_tokens
         self.prefixes.release(row.index, row.request.cache_scope, kept)
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import multiprocessing
 import queue
 
-from backend.messages import Cancel, Shutdown, Submit
+from backend.messages import Cancel, LoadAdapter, Shutdown, Submit, UnloadAdapter
+
+InboxMessage = Submit | Cancel | LoadAdapter | UnloadAdapter | Shutdown
 
 
-def read_inbox(inbox: multiprocessing.Queue, timeout: float | None) -> list[Submit | Cancel | Shutdown]:
+def read_inbox(inbox: multiprocessing.Queue, timeout: float | None) -> list[InboxMessage]:
     """Everything waiting on the inbox.
 
     `timeout` is how long to wait for the first message: None waits for ever

@@ -12,17 +12,21 @@ from backend.engine.engine import Engine
 from backend.engine.inbox import read_inbox
 from backend.messages import (
     HEARTBEAT_SECONDS,
+    AdaptersChanged,
     BackendConfig,
     BackendFailed,
     BackendReady,
     Cancel,
     EmbeddingModelReady,
+    LoadAdapter,
     Shutdown,
     StepOutput,
     Submit,
+    UnloadAdapter,
 )
 from backend.model.embeddings import EmbeddingModel
 from backend.model.loader import ModelNotFound
+from backend.model.lora import AdapterError
 from backend.model.resources import InsufficientResources
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,19 @@ def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
         adapters=engine.adapters.names if engine.adapters is not None else (),
     )
     return engine, ready
+
+
+def change_adapters(engine: Engine, change: LoadAdapter | UnloadAdapter) -> AdaptersChanged:
+    """Load or unload a LoRA adapter between two steps; the adapters served after, or why not."""
+    try:
+        if isinstance(change, LoadAdapter):
+            engine.load_adapter(change.name, change.path)
+        else:
+            engine.unload_adapter(change.name)
+    except AdapterError as error:
+        unknown = isinstance(change, UnloadAdapter) and change.name not in engine.adapter_names
+        return AdaptersChanged(change.request_id, engine.adapter_names, str(error), not_found=unknown)
+    return AdaptersChanged(change.request_id, engine.adapter_names)
 
 
 def separate_model_ready(model: EmbeddingModel | None) -> EmbeddingModelReady | None:
@@ -79,6 +96,8 @@ def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Connectio
                 engine.submit(message)
             elif isinstance(message, Cancel):
                 engine.cancel(message.request_id)
+            elif isinstance(message, LoadAdapter | UnloadAdapter):
+                outbox.send(change_adapters(engine, message))
         try:
             pieces = engine.step()
         except Exception as error:  # a bad step must not take every other request down with it

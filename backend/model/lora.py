@@ -6,9 +6,11 @@ low-rank product: a layer's output for input x becomes
 
     base(x) + B(A(x)) * scaling        (A: [rank, in], B: [out, rank], scaling = alpha / rank)
 
-Every adapter is loaded at start and kept beside the base weights, which
-stay as they are (quantized or not): each targeted layer is wrapped once
-(`LoraLinear`) and adds, for each token of the step, its adapter's product
+Adapters are loaded at start, and with --allow-runtime-lora while the
+server runs (vLLM's /v1/load_lora_adapter), each kept beside the base
+weights, which stay as they are (quantized or not): each targeted layer
+(every linear layer but the head, where adapters may come later) is wrapped
+once (`LoraLinear`) and adds, for each token of the step, its adapter's product
 (`LayerChanges`, every adapter's matrices of a group of layers in one
 product, each token keeping its own adapter's part). Which adapter each
 token has is the step's `token_slots` (`adapter_slots`, from each row's
@@ -16,6 +18,12 @@ adapter), set before the forward pass on the batch the wrapped layers share:
 rows of different adapters, and rows of the base model, decode in one step,
 as punica's and vLLM's multi-LoRA batches do. A step without an adapter's
 row costs one check a layer.
+
+An adapter loaded or unloaded while running restacks every layer's
+matrices between two steps (`Adapters.add`, `Adapters.drop`). Slots are
+never given twice: an unloaded adapter's rows finish with its weights, which
+go when the last of them ends, and a later adapter of the same name is
+another slot, whose cached prefixes are its own.
 
 Served: LoRA of linear layers (attention and dense MLP projections) with
 rsLoRA's scaling, rank_pattern and alpha_pattern. Refused at start with the
@@ -40,6 +48,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from backend.quant.quantized_linear import WeightOnlyLinear
 from backend.utils.host_lists import to_device
 
 log = logging.getLogger(__name__)
@@ -70,6 +79,8 @@ class LoraBatch:
 
     step: StepAdapters | None = None
     token_column: torch.Tensor | None = None  # the step's token_slots as a column, [tokens, 1]
+    # Every layers' changes made of these layers: restacked when an adapter comes or goes
+    changes: list[LayerChanges] = field(default_factory=list)
 
     def use(self, step: StepAdapters | None) -> None:
         self.step = step
@@ -83,6 +94,9 @@ class LoraWeights:
     down: torch.Tensor  # A: [rank, in]
     up: torch.Tensor  # B: [out, rank]
     scaling: float
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> LoraWeights:
+        return LoraWeights(self.down.to(device, dtype), self.up.to(device, dtype), self.scaling)
 
 
 class LoraLinear(nn.Module):
@@ -98,8 +112,8 @@ class LoraLinear(nn.Module):
 
     @functools.cached_property
     def changes(self) -> LayerChanges:
-        """Its adapters' changes, stacked once every adapter is loaded (at the first step)."""
-        return LayerChanges.of([self])
+        """Its adapters' changes (made at the first step, restacked as adapters come and go)."""
+        return LayerChanges([self])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.changes(x, self.base(x))
@@ -117,21 +131,26 @@ class LayerChanges:
     adapter reads that adapter's matrices alone (reading all four adapters' gave one row 0.6x the
     speed, 2-core EPYC), one of several those of the adapters between them too."""
 
-    def __init__(self, batch: LoraBatch, down: torch.Tensor, up: torch.Tensor, column_slots: list[int]):
-        self.batch = batch
-        self.down = down  # the A matrices, transposed: [in, ranks]
-        self.up = up  # the B matrices, scaled, transposed: [ranks, outputs]
-        self.column_slots = column_slots  # the adapter of each column, in slot order
-        self.slots = torch.tensor(column_slots, device=down.device)
-        # (lowest, highest) adapter of a step: the views of the columns between them, or None
-        self.views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = {}
+    def __init__(self, layers: Sequence[nn.Module]):
+        """`layers`: one LoraLinear at least."""
+        self.layers = tuple(layers)
+        self.batch = next(layer.batch for layer in layers if isinstance(layer, LoraLinear))
+        self.batch.changes.append(self)
+        self.restack()
 
     @classmethod
     def of(cls, layers: Sequence[nn.Module]) -> LayerChanges | None:
-        """The changes to these layers' outputs side by side; None where no adapter changes any."""
+        """The changes to these layers' outputs side by side; None where none is wrapped for adapters."""
+        return cls(layers) if any(isinstance(layer, LoraLinear) for layer in layers) else None
+
+    def restack(self) -> None:
+        """Every adapter's matrices of these layers stacked as they are now."""
+        layers = self.layers
         changed = [layer for layer in layers if isinstance(layer, LoraLinear)]
-        if not changed:
-            return None
+        # (lowest, highest) adapter of a step: the views of the columns between them, or None
+        self.views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = {}
+        self.column_slots: list[int] = []  # the adapter of each column, in slot order
+        self.down = self.up = self.slots = None  # None: no adapter changes these layers
         downs, ups, column_slots = [], [], []
         for slot in sorted({slot for layer in changed for slot in layer.adapters}):
             blocks = []  # the adapter's B of each layer, its rank's columns, its layer's output rows
@@ -142,12 +161,15 @@ class LayerChanges:
                     blocks.append(weights.up * weights.scaling)
                     column_slots += [slot] * weights.down.shape[0]
                 else:  # a layer this adapter leaves alone: its outputs' rows of B are zeros
-                    blocks.append(weights_like(changed[0], features_of(unwrapped(layer))[1]))
+                    blocks.append(weights_like(changed, features_of(unwrapped(layer))[1]))
             ups.append(torch.block_diag(*blocks).t())  # [its ranks, every layer's outputs]
+        if not downs:
+            return
         # transposed once: torch.mm of [tokens, in] by [in, ranks] takes 60% of linear's time at a row
-        down = torch.cat(downs).t().contiguous()
-        up = torch.cat(ups).contiguous()
-        return cls(changed[0].batch, down, up, column_slots)
+        self.down = torch.cat(downs).t().contiguous()  # the A matrices, transposed: [in, ranks]
+        self.up = torch.cat(ups).contiguous()  # the B matrices, scaled, transposed: [ranks, outputs]
+        self.column_slots = column_slots
+        self.slots = torch.tensor(column_slots, device=self.down.device)
 
     def __call__(self, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         """The layers' `output` for `x` with the step's adapters' changes added, for their tokens."""
@@ -168,6 +190,8 @@ class LayerChanges:
     def views_of(self, lowest: int, highest: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The A columns, B rows and column slots of the adapters from `lowest` to `highest`, kept for
         the next step of the same adapters; None where none of them changes these layers."""
+        if self.down is None:
+            return None
         key = (lowest, highest)
         if key not in self.views:
             start = bisect.bisect_left(self.column_slots, lowest)
@@ -178,9 +202,9 @@ class LayerChanges:
         return self.views[key]
 
 
-def weights_like(layer: LoraLinear, rows: int) -> torch.Tensor:
+def weights_like(layers: Sequence[LoraLinear], rows: int) -> torch.Tensor:
     """B's rows for a layer an adapter leaves alone: zeros of no rank, in the adapters' dtype and device."""
-    some = next(iter(layer.adapters.values())).up
+    some = next(weights.up for layer in layers for weights in layer.adapters.values())
     return some.new_zeros(rows, 0)
 
 
@@ -201,48 +225,110 @@ def features_of(module: nn.Module) -> tuple[int, int]:
     raise AdapterError(f"{type(module).__name__} is not a linear layer")
 
 
-@dataclass
 class Adapters:
     """The adapters a model serves: each name's slot (1, 2, ...; 0 is the base model), and the batch
     its wrapped layers read."""
 
-    slots: dict[str, int] = field(default_factory=dict)
-    batch: LoraBatch = field(default_factory=LoraBatch)
+    def __init__(self, model: nn.Module, runtime: bool = False):
+        """`runtime`: adapters may come and go while the model serves (--allow-runtime-lora): every
+        linear layer of the decoder is wrapped now, before the runners read the model's layers."""
+        self.model = model
+        self.slots: dict[str, int] = {}
+        self.retired: set[int] = set()  # unloaded adapters' slots, whose weights their last rows still use
+        self.batch = LoraBatch()
+        self.runtime = runtime
+        self.next_slot = 1
+        parameter = next(model.parameters())
+        # A CPU multiplies a few rows by a rank-16 matrix in bfloat16 in 3-4 times float32's time (82
+        # against 23 us for one row through a 576-by-1,536 layer, 2-core EPYC): the products are float32.
+        self.device = parameter.device
+        self.dtype = torch.float32 if self.device.type == "cpu" else parameter.dtype
+        self.wrapped: dict[str, LoraLinear] = {}
+        if runtime:
+            for module_name in adaptable_layers(model):
+                self.wrapped[module_name] = wrap(model, module_name, self.batch)
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self.slots)
 
-
-def load_adapters(model: nn.Module, specs: Sequence[tuple[str, str]]) -> Adapters | None:
-    """Every (name, directory) adapter loaded onto `model`'s layers, on its device (in its dtype, but
-    float32 on a CPU); None where there are none. An adapter that cannot be served raises AdapterError
-    naming it."""
-    if not specs:
-        return None
-    adapters = Adapters()
-    dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
-    # A CPU multiplies a few rows by a rank-16 matrix in bfloat16 in 3-4 times float32's time (82 against
-    # 23 us for one row through a 576-by-1,536 layer, 2-core EPYC): the products are float32 there.
-    dtype = torch.float32 if device.type == "cpu" else dtype
-    wrapped: dict[str, LoraLinear] = {}
-    for slot, (name, path) in enumerate(specs, start=1):
-        if name in adapters.slots:
-            raise AdapterError(f"--lora-modules names the adapter {name!r} twice")
+    def add(self, name: str, path: str) -> int:
+        """The adapter in `path` loaded under `name`, its slot returned; AdapterError naming it where it
+        cannot be served, with nothing changed."""
+        if name in self.slots:
+            raise AdapterError(f"a LoRA adapter named {name!r} is already loaded")
         try:
             changes = read_adapter(Path(path))
+            layers = {module_name: self._layer(module_name) for module_name in changes}
             for module_name, weights in changes.items():
-                layer = wrapped.get(module_name) or wrap(model, module_name, adapters.batch)
-                wrapped[module_name] = layer
-                check_shapes(module_name, layer, weights)
-                layer.adapters[slot] = LoraWeights(
-                    weights.down.to(device, dtype), weights.up.to(device, dtype), weights.scaling
-                )
+                check_shapes(module_name, layers[module_name], weights)
         except AdapterError as error:
             raise AdapterError(f"LoRA adapter {name!r} ({path}): {error}") from None
-        adapters.slots[name] = slot
-        ranks = sorted({w.down.shape[0] for w in changes.values()})
+        slot, self.next_slot = self.next_slot, self.next_slot + 1
+        for module_name, weights in changes.items():
+            layers[module_name].adapters[slot] = weights.to(self.device, self.dtype)
+        self.slots[name] = slot
+        self._restack()
+        ranks = sorted({weights.down.shape[0] for weights in changes.values()})
         log.info("LoRA adapter %r: %d layers, rank %s, from %s", name, len(changes), ranks, path)
+        return slot
+
+    def retire(self, name: str) -> int:
+        """The adapter's name no longer served; its slot, whose weights stay until `drop`."""
+        if name not in self.slots:
+            raise AdapterError(f"no LoRA adapter {name!r} is loaded")
+        slot = self.slots.pop(name)
+        self.retired.add(slot)
+        return slot
+
+    def drop(self, slot: int) -> None:
+        """A retired adapter's weights gone, once no row uses them."""
+        self.retired.discard(slot)
+        for layer in self.wrapped.values():
+            layer.adapters.pop(slot, None)
+        self._restack()
+        log.info("LoRA adapter of slot %d unloaded", slot)
+
+    def _layer(self, module_name: str) -> LoraLinear:
+        """The wrapped layer `module_name`: wrapped now at start, where it must have been before at run
+        time (the runners bound the model's layers)."""
+        layer = self.wrapped.get(module_name)
+        if layer is not None:
+            return layer
+        if self.runtime:
+            raise AdapterError(f"it changes {module_name}, which the model has not as a linear layer")
+        self.wrapped[module_name] = wrap(self.model, module_name, self.batch)
+        return self.wrapped[module_name]
+
+    def _restack(self) -> None:
+        for changes in self.batch.changes:
+            changes.restack()
+
+
+def adaptable_layers(model: nn.Module) -> list[str]:
+    """The names of the linear layers an adapter may change: all but the output head (PEFT's
+    "all-linear"), which the runners and transformers' modules call as layers."""
+    head = model.get_output_embeddings()
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, (nn.Linear, WeightOnlyLinear)) and module is not head and name
+    ]
+
+
+def load_adapters(
+    model: nn.Module, specs: Sequence[tuple[str, str]], runtime: bool = False
+) -> Adapters | None:
+    """Every (name, directory) adapter loaded onto `model`'s layers, on its device (in its dtype, but
+    float32 on a CPU); None where there are none and none may come (`runtime`). An adapter that cannot
+    be served raises AdapterError naming it."""
+    if not specs and not runtime:
+        return None
+    adapters = Adapters(model, runtime)
+    for name, path in specs:
+        if name in adapters.slots:
+            raise AdapterError(f"--lora-modules names the adapter {name!r} twice")
+        adapters.add(name, path)
     return adapters
 
 
@@ -251,12 +337,20 @@ def read_adapter(directory: Path) -> dict[str, LoraWeights]:
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise AdapterError(f"no {CONFIG_FILE} there: a LoRA adapter is a directory PEFT saved")
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise AdapterError(f"{CONFIG_FILE} cannot be read: {error}") from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"{CONFIG_FILE} is not a JSON object")
     check_config(config)
     weights_path = directory / WEIGHTS_FILE
     if not weights_path.is_file():
         raise AdapterError(f"no {WEIGHTS_FILE} there (a pickled adapter_model.bin is not loaded)")
-    tensors = load_file(weights_path)
+    try:
+        tensors = load_file(weights_path)
+    except Exception as error:  # safetensors' own error type, an OSError: a file that is not one
+        raise AdapterError(f"{WEIGHTS_FILE} cannot be read: {error}") from None
     changes: dict[str, LoraWeights] = {}
     for key, down in tensors.items():
         if not key.endswith(".lora_A.weight"):

@@ -9,6 +9,7 @@
 - tgi/: Text Generation Inference's /generate, /generate_stream, POST / and /info;
 - embeddings.py: /v1/embeddings; rerank.py: /v1/rerank (/rerank, /v2/rerank), /v1/score;
 - tokenize.py: /tokenize and /detokenize.
+- lora_adapters.py: vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (--allow-runtime-lora).
 
 Llama Stack's client also calls openai/ and embeddings.py at /v1/openai/v1/ (app.py registers them there).
 

@@ -14,7 +14,15 @@ from backend.engine.engine import Engine
 from backend.messages import BackendConfig, SamplingParams, Submit
 from backend.model.lora import AdapterError, LoraLinear, load_adapters
 from tests.backend.lora_files import default_model_shapes, write_lora_adapter
-from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
+from tests.backend.models import (
+    TINY_VOCAB,
+    MarkerTokenizer,
+    drive,
+    reference_greedy,
+    text_of,
+    tiny_model,
+    write_tiny_causal_lm,
+)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
@@ -155,3 +163,130 @@ def test_the_default_models_quantized_rows_of_an_adapter_decode_beside_others_as
     together = [(0, Submit(f"{a}-{i}", prompt, params, adapter=a)) for i in range(3) for a in ("", "story")]
     pieces = drive(engine, together)
     assert [text_of(pieces[f"story-{i}"]) for i in range(3)] == [alone["story"]] * 3
+
+
+def runtime_engine(base: torch.nn.Module) -> Engine:
+    """An engine on a copy of `base` that loads adapters while it serves (--allow-runtime-lora)."""
+    model = copy.deepcopy(base)
+    adapters = load_adapters(model, [], runtime=True)
+    return Engine(model, MarkerTokenizer(), rows=8, max_seq_len=128, adapters=adapters)
+
+
+def test_adapters_loaded_and_unloaded_while_serving_answer_as_pefts_model_and_leave_nothing(tmp_path):
+    base = tiny_model("llama")
+    first = write_lora_adapter(tmp_path / "first", base, seed=5)
+    second = write_lora_adapter(tmp_path / "second", base, ["q_proj", "down_proj"], rank=8, seed=6)
+    engine = runtime_engine(base)
+    prompt = tuple(range(10, 40))
+    expected = {
+        model: reference_greedy(model, prompt, GREEDY.max_tokens, engine.eos_ids)
+        for model in (base, first, second)
+    }
+
+    def answer(pieces: list) -> list[int]:
+        return MarkerTokenizer.ids(text_of(pieces))
+
+    engine.load_adapter("a", str(tmp_path / "first"))
+    engine.submit(Submit("a-running", prompt, GREEDY, adapter="a"))
+    engine.submit(Submit("base", prompt, GREEDY))
+    pieces: dict[str, list] = {}
+    for _ in range(3):  # both rows prefilled and decoding
+        for piece in engine.step():
+            pieces.setdefault(piece.request_id, []).append(piece)
+    assert all(row is not None for row in engine.rows[:2])
+    engine.submit(Submit("a-waiting", prompt, GREEDY, adapter="a"))
+    engine.unload_adapter("a")  # the waiting request ends; the running row finishes with the weights
+    assert engine.adapter_names == ()
+    for name, more in drive(engine, []).items():
+        pieces.setdefault(name, []).extend(more)
+    assert answer(pieces["a-running"]) == expected[first]
+    assert answer(pieces["base"]) == expected[base]
+    assert pieces["a-waiting"][-1].error == "the LoRA adapter 'a' was unloaded"
+    # The last row of the unloaded adapter gone, its weights went with it.
+    wrapped = [module for module in engine.model.modules() if isinstance(module, LoraLinear)]
+    assert len(wrapped) == 7 * len(engine.model.model.layers)  # every linear layer but the head
+    assert all(not layer.adapters for layer in wrapped) and not engine.adapters.retired
+
+    # The same name again, another adapter: its rows reuse none of the first one's cached prefix.
+    engine.load_adapter("a", str(tmp_path / "second"))
+    again = drive(engine, [(0, Submit("a-again", prompt, GREEDY, adapter="a"))])["a-again"]
+    assert answer(again) == expected[second] and again[-1].cached_tokens == 0
+    assert expected[second] != expected[first] != expected[base]
+
+
+def test_an_adapter_that_cannot_load_while_serving_changes_nothing(tmp_path):
+    base = tiny_model("llama")
+    write_lora_adapter(tmp_path / "wider", tiny_model("llama", head_dim=32), ["q_proj", "o_proj"])
+    write_lora_adapter(tmp_path / "good", base, seed=7)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "adapter_config.json").write_text("{not json")
+    engine = runtime_engine(base)
+    engine.load_adapter("good", str(tmp_path / "good"))
+    refusals = {
+        "wider": "an adapter of another model",
+        "broken": "adapter_config.json cannot be read",
+        "missing": "no adapter_config.json there",
+        "good": "a LoRA adapter named 'good' is already loaded",
+    }
+    for name, reason in refusals.items():
+        with pytest.raises(AdapterError, match=reason):
+            engine.load_adapter(name, str(tmp_path / name))
+    with pytest.raises(AdapterError, match="no LoRA adapter 'other' is loaded"):
+        engine.unload_adapter("other")
+    assert engine.adapter_names == ("good",)
+    slots = {
+        slot
+        for module in engine.model.modules()
+        if isinstance(module, LoraLinear)
+        for slot in module.adapters
+    }
+    assert slots == {engine.adapters.slots["good"]}  # no layer kept a refused adapter's weights
+    prompt = tuple(range(5, 25))
+    pieces = drive(engine, [(0, Submit("base", prompt, GREEDY))])["base"]
+    assert MarkerTokenizer.ids(text_of(pieces)) == reference_greedy(base, prompt, 12, engine.eos_ids)
+
+
+def test_only_a_server_started_for_it_loads_adapters_while_serving(tmp_path):
+    base = tiny_model("llama")
+    write_lora_adapter(tmp_path / "a", base)
+    engine = engine_with_adapters(base, {"a": tmp_path / "a"})
+    with pytest.raises(AdapterError, match="only with --allow-runtime-lora"):
+        engine.load_adapter("b", str(tmp_path / "a"))
+    with pytest.raises(AdapterError, match="only with --allow-runtime-lora"):
+        engine.unload_adapter("a")
+
+
+@pytest.mark.parametrize("architecture", ["qwen3_moe", "deepseek_v2", "falcon", "gemma3_text", "gpt_neox"])
+def test_every_linear_layer_wrapped_for_adapters_to_come_leaves_the_models_rows_as_they_were(architecture):
+    """With --allow-runtime-lora every linear layer is wrapped at start, mixtures of experts' routers and
+    latent attention's projections included: the model's own rows decode as transformers' model does."""
+    base = tiny_model(architecture)
+    engine = runtime_engine(base)
+    assert any(isinstance(module, LoraLinear) for module in engine.model.modules())
+    rng = random.Random(architecture)
+    prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 30))] for _ in range(3)]
+    pieces = drive(engine, [(i, Submit(f"r{i}", tuple(p), GREEDY)) for i, p in enumerate(prompts)])
+    for i, prompt in enumerate(prompts):
+        expected = reference_greedy(base, prompt, GREEDY.max_tokens, engine.eos_ids)
+        assert MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == expected, f"r{i}"
+
+
+def test_a_restarted_backend_loads_again_what_was_loaded_while_running_and_skips_what_is_gone(
+    tmp_path, caplog
+):
+    """The frontend gives a backend restarted after a crash the adapters loaded while running: one whose
+    directory went meanwhile is left out with an error in the log, the server serves on."""
+    base = tiny_model("llama")
+    write_tiny_causal_lm(tmp_path / "model", "llama", base)
+    reference = write_lora_adapter(tmp_path / "a", base, seed=8)
+    loaded = (("gone", str(tmp_path / "gone")), ("a", str(tmp_path / "a")))
+    config = BackendConfig(
+        model=str(tmp_path / "model"), rows=2, max_seq_len=64, dtype="float32", quantize="none",
+        runtime_lora=True, lora_modules_loaded=loaded, cache_dir=str(tmp_path / "cache"),
+    )  # fmt: skip
+    engine = Engine.load(config)
+    assert engine.adapter_names == ("a",)
+    assert "LoRA adapter 'gone'" in caplog.text and "not loaded again" in caplog.text
+    prompt = tuple(range(3, 20))
+    pieces = drive(engine, [(0, Submit("a", prompt, GREEDY, adapter="a"))])["a"]
+    assert MarkerTokenizer.ids(text_of(pieces)) == reference_greedy(reference, prompt, 12, engine.eos_ids)

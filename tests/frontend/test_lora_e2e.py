@@ -2,7 +2,7 @@
 mode (whose rows' text is the same in any step, SPEC §5): a request whose `model` names an adapter is
 answered with it, beside the model's own requests in the same steps; /v1/models lists the adapters with
 the model as their parent, as vLLM's does; TGI's `adapter_id` and the native API's model path name them
-too."""
+too; vLLM's endpoints load and unload them while the server runs."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def server(adapters: dict[str, Path]) -> Iterator[RunningServer]:
     modules = [f"{name}={path}" for name, path in adapters.items()]
     exact = ["--rows", "4", "--max-seq-len", "1024", "--dtype", "float32", "--quantize", "none"]
-    with running_server(*exact, "--lora-modules", *modules, ready_timeout=300) as running:
+    runtime = "--allow-runtime-lora"  # and adapters loaded while it runs
+    with running_server(*exact, "--lora-modules", *modules, runtime, ready_timeout=300) as running:
         yield running
 
 
@@ -119,3 +120,38 @@ def test_an_adapter_named_as_the_model_stops_the_server(tmp_path: Path):
         assert "the name 'chat' is both a --served-model-name and a --lora-modules adapter's" in server.log()
     finally:
         stop_server(server)
+
+
+def test_an_adapter_loaded_while_serving_answers_at_once_and_one_unloaded_is_gone(server, adapters):
+    """vLLM's runtime endpoints (--allow-runtime-lora), as the inference gateway's LoRA syncer calls them."""
+    client = server.openai_client()
+    story, _ = chat(client, "story")
+    load = {"lora_name": "tales", "lora_path": str(adapters["story"])}
+    loaded = requests.post(f"{server.url}/v1/load_lora_adapter", json=load, timeout=60)
+    assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'tales' added successfully."
+    listed = {
+        entry["id"]: entry for entry in requests.get(f"{server.url}/v1/models", timeout=10).json()["data"]
+    }
+    assert list(listed) == [MODEL, "zero", "story", "tales"] and listed["tales"]["parent"] == MODEL
+    assert chat(client, "tales", stream=True) == (story, "tales")  # the story adapter's weights, at once
+
+    refusals = [
+        (load, 400, "a LoRA adapter named 'tales' is already loaded"),
+        ({"lora_name": MODEL, "lora_path": load["lora_path"]}, 400, "is the served model's"),
+        (
+            {"lora_name": "sql", "lora_path": str(adapters["story"].parent)},
+            400,
+            "no adapter_config.json there",
+        ),
+        ({"lora_name": "sql"}, 400, "lora_path is required"),
+    ]
+    for body, status, message in refusals:
+        refused = requests.post(f"{server.url}/v1/load_lora_adapter", json=body, timeout=60)
+        assert refused.status_code == status and message in refused.json()["error"]["message"], refused.text
+    unloaded = requests.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "tales"}, timeout=60)
+    assert unloaded.status_code == 200 and "'tales' removed" in unloaded.text
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="tales", messages=CHAT, max_tokens=4)
+    again = requests.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "tales"}, timeout=60)
+    assert again.status_code == 404 and "no LoRA adapter 'tales' is loaded" in again.text
+    assert chat(client, "story") == (story, "story")  # the others as they were

@@ -109,6 +109,7 @@ def server_sent_events(body: str) -> list[tuple[str | None, str]]:
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
     options = "--mock --rows 2 --max-queue 14 --mock-tokens-per-second 1000 --max-body-bytes 65536"
+    options += " --allow-runtime-lora"  # the mock loads and unloads adapters by name
     with running_server(*options.split()) as running:
         yield running
 
@@ -146,6 +147,7 @@ def test_the_server_serves_this_document(server: RunningServer) -> None:
 
 
 NATIVE = {"text": "hello", "max_tokens": 4}
+LORA_ADAPTER = {"lora_name": "sql", "lora_path": "/adapters/sql"}
 COMPLETION = {"model": "mock", "prompt": "hello", "max_tokens": 4}
 CHAT = {"model": "mock", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 STREAMED = {"stream": True, "stream_options": {"include_usage": True}, "n": 2}
@@ -501,6 +503,9 @@ SUCCESSES = {
         "/v1/openai/v1/embeddings",
         {"json": {"model": "mock", "input": "hi"}},
     ),
+    # In this order: the adapter loaded, then unloaded.
+    "load-lora-adapter": ("post", "/v1/load_lora_adapter", {"json": LORA_ADAPTER}),
+    "unload-lora-adapter": ("post", "/v1/unload_lora_adapter", {"json": {"lora_name": "sql"}}),
 }
 
 
@@ -658,6 +663,13 @@ ERRORS = {
         404,
     ),
     "llama-openai-chat-wrong-method": ("get", "/v1/openai/v1/chat/completions", {}, 405),
+    "load-lora-adapter-named-as-the-model": (
+        "post",
+        "/v1/load_lora_adapter",
+        {"json": {**LORA_ADAPTER, "lora_name": "mock"}},
+        400,
+    ),
+    "unload-lora-adapter-not-loaded": ("post", "/v1/unload_lora_adapter", {"json": {"lora_name": "x"}}, 404),
 }
 
 
@@ -787,6 +799,7 @@ def test_the_proxys_answers_are_as_documented(proxy: RunningProxy) -> None:
         ("post", "/v1/messages", {"headers": {"x-api-key": "garbage"}, "json": MESSAGES}, 401),
         ("post", "/v1/responses", {"headers": bearer(), "json": RESPONSES}, 200),
         ("post", "/inference/completion", {"headers": {"x-api-key": token()}, "data": too_big}, 413),
+        ("post", "/v1/load_lora_adapter", {"headers": bearer(), "json": LORA_ADAPTER}, 403),
     ]
     for method, path, arguments, status in cases:
         response = requests.request(method, f"{proxy.url}{path}", timeout=10, **arguments)

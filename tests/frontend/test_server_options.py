@@ -109,8 +109,10 @@ def test_lora_modules_take_vllms_two_forms_and_travel_through_the_environment(tm
             '{"name": "chat", "path": "org/chat-lora", "base_model_name": "m"}',
             "--lora-modules",
             "third=relative/dir",
+            "--allow-runtime-lora",
         ]
     )
+    assert config.backend.runtime_lora and not parse_args([]).backend.runtime_lora
     assert config.backend.lora_modules == (
         ("sql", str(tmp_path / "sql adapter")),
         ("chat", "org/chat-lora"),

@@ -5,10 +5,13 @@ metric, labelled with the served model's name, parsed by prometheus_client's own
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,7 +28,7 @@ ADAPTERS = ("sql", "chat")  # --lora-modules: the mock answers them as the model
 def server() -> Iterator[RunningServer]:
     options = f"--mock --rows {ROWS} --mock-tokens-per-second 200 --served-model-name {NAME}".split()
     adapters = [f"{name}=/adapters/{name}" for name in ADAPTERS]
-    with running_server(*options, "--lora-modules", *adapters) as running:
+    with running_server(*options, "--lora-modules", *adapters, "--allow-runtime-lora") as running:
         yield running
 
 
@@ -185,3 +188,31 @@ def test_the_adapters_of_the_running_and_the_waiting_requests_are_vllms_lora_inf
         streams.close()
         assert waiting.result().status_code == 200
     wait_for(lambda: lora_info(server)[0]["running_lora_adapters"] == "")
+
+
+def test_an_adapter_loaded_and_unloaded_while_running_counts_in_max_lora(server):
+    """The mock loads and unloads adapters by name, as the engine does, for the frontend's tests."""
+    load = {"lora_name": "docs", "lora_path": "/adapters/docs"}
+    assert requests.post(f"{server.url}/v1/load_lora_adapter", json=load, timeout=10).status_code == 200
+    assert lora_info(server)[0]["max_lora"] == "3"
+    assert completion(server, model="docs", max_tokens=2).status_code == 200
+    unload = requests.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "sql"}, timeout=10)
+    assert unload.status_code == 200  # one loaded at start, unloaded as well
+    models = [entry["id"] for entry in requests.get(f"{server.url}/v1/models", timeout=10).json()["data"]]
+    assert models == [NAME, "chat", "docs"] and lora_info(server)[0]["max_lora"] == "2"
+    assert completion(server, model="sql", max_tokens=2).status_code == 404
+    assert requests.post(f"{server.url}/v1/load_lora_adapter", json=load, timeout=10).status_code == 400
+    # A backend restarted after a crash serves the adapters as they were changed, not as at start.
+    old_pid = server.backend_pid()
+    os.kill(old_pid, signal.SIGKILL)
+    wait_for(lambda: restarted(server, old_pid), timeout=60)
+    models = [entry["id"] for entry in requests.get(f"{server.url}/v1/models", timeout=10).json()["data"]]
+    assert models == [NAME, "chat", "docs"]
+
+
+def restarted(server: RunningServer, old_pid: int) -> bool:
+    """A new backend answers."""
+    try:
+        return server.backend_pid() != old_pid and completion(server).status_code == 200
+    except (AssertionError, psutil.Error):  # no backend process at this moment, or one just gone
+        return False

@@ -81,6 +81,18 @@ def test_an_unexpired_token_passes(proxy):
     assert response.status_code == 200
 
 
+def test_loading_or_unloading_an_adapter_is_not_forwarded_whatever_the_token(proxy, mock_server):
+    """A team must not load a directory of the server's disk, nor unload another team's adapter: the
+    operator calls the inference server itself, which answers only with --allow-runtime-lora."""
+    body = {"lora_name": "sql", "lora_path": "/adapters/sql"}
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "//v1/load_lora_adapter/"):
+        refused = requests.post(f"{proxy.url}{path}", json=body, headers=bearer(), timeout=10)
+        assert refused.status_code == 403 and "the operator's" in refused.json()["message"], path
+        assert requests.post(f"{proxy.url}{path}", json=body, timeout=10).status_code == 401
+    direct = requests.post(f"{mock_server.url}/v1/load_lora_adapter", json=body, timeout=10)
+    assert direct.status_code == 404 and "--allow-runtime-lora" in direct.json()["error"]["message"]
+
+
 def test_health_needs_no_token(proxy):
     assert requests.get(f"{proxy.url}/health", timeout=10).status_code == 200
 
