@@ -4,11 +4,14 @@ decode at, side by side in one process.
 
     .venv/bin/python scripts/bench_lora.py [--rows 1 8 32] [--rounds 2] [--rank 16] [--adapters 4]
 
-Loads the default model twice in the default mode: alone, and with --adapters LoRA adapters of every
-linear layer (written here by PEFT, random, of --rank). Then, for each number of rows, greedy decoding
-of 64 tokens a row (the same 40-token prompt, speculation off), in turns so that each meets the machine
-at the same moments:
+Loads the default model three times in the default mode: alone; ready for adapters while it runs
+(--allow-runtime-lora: every linear layer wrapped) with none loaded; and ready with --adapters LoRA
+adapters of every linear layer (written here by PEFT, random, of --rank) loaded as the server loads
+them while it runs, each load timed (the pause every stream takes), and one more loaded and unloaded.
+Then, for each number of rows, greedy decoding of 64 tokens a row (the same 40-token prompt,
+speculation off), in turns so that each meets the machine at the same moments:
 - the model alone;
+- the model ready for adapters, none loaded, its own rows;
 - the model with adapters loaded, its own rows (no adapter's in the step);
 - every row one adapter's;
 - the rows shared among the adapters and the model (a step of several adapters' segments).
@@ -67,6 +70,13 @@ def decode(engine: Engine, adapters: list[str]) -> float:
     return len(adapters) * TOKENS / (time.perf_counter() - started)
 
 
+def timed(change, *arguments) -> float:
+    """Milliseconds an adapter's load or unload takes (the engine steps none meanwhile)."""
+    started = time.perf_counter()
+    change(*arguments)
+    return (time.perf_counter() - started) * 1000
+
+
 def cpu_name() -> str:
     """The CPU's model name, where Linux says it."""
     try:
@@ -91,12 +101,16 @@ def main() -> None:
 
     rows = max(args.rows)
     alone = Engine.load(BackendConfig(rows=rows))
+    ready = Engine.load(BackendConfig(rows=rows, runtime_lora=True))
+    served = Engine.load(BackendConfig(rows=rows, runtime_lora=True))
     with tempfile.TemporaryDirectory() as directory:
-        modules = write_adapters(alone.model.config, Path(directory), args.adapters, args.rank)
-        served = Engine.load(BackendConfig(rows=rows, lora_modules=tuple(modules)))
-    names = [name for name, _ in modules]
+        modules = write_adapters(alone.model.config, Path(directory), args.adapters + 1, args.rank)
+        loads = [timed(served.load_adapter, name, path) for name, path in modules]
+        unload = timed(served.unload_adapter, modules[-1][0])  # no row has it: its weights go at once
+    names = [name for name, _ in modules[:-1]]
     variants = {
         "model alone": lambda n: decode(alone, [""] * n),
+        "ready for adapters, none loaded": lambda n: decode(ready, [""] * n),
         "adapters loaded, the model's rows": lambda n: decode(served, [""] * n),
         "one adapter's rows": lambda n: decode(served, [names[0]] * n),
         "rows shared among the adapters and the model": lambda n: decode(
@@ -121,6 +135,9 @@ def main() -> None:
             value = statistics.median(results[(name, count)])
             cells.append(f"{value:.0f}" + ("" if name == "model alone" else f" ({value / base:.2f}x)"))
         print(f"| {count} | " + " | ".join(cells) + " |")
+    each = ", ".join(f"{ms:.0f}" for ms in loads)
+    print(f"\nLoading an adapter while serving (the 1st to the {len(loads)}th): {each} ms;", end=" ")
+    print(f"unloading one: {unload:.0f} ms")
 
 
 if __name__ == "__main__":
