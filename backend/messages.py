@@ -222,6 +222,10 @@ class BackendConfig:
     # Adapters loaded while running, loaded again by a backend restarted after a crash; unlike
     # lora_modules, one that no longer loads is left out with an error in the log
     lora_modules_loaded: tuple[tuple[str, str], ...] = ()
+    # The most adapters loaded at once (--max-loras) and the highest rank one may have (--max-lora-rank);
+    # None: no limit
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     mock: bool = False

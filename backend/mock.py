@@ -123,15 +123,18 @@ def refusal(request: Submit, max_seq_len: int) -> Piece | None:
 
 
 def mock_adapters_change(
-    adapters: list[str], change: LoadAdapter | UnloadAdapter, runtime: bool
+    adapters: list[str], change: LoadAdapter | UnloadAdapter, config: BackendConfig
 ) -> AdaptersChanged:
     """A LoRA adapter loaded or unloaded as the engine would, by name alone: the mock answers every
     request as the model, reading no weights."""
     error = None
+    runtime = config.runtime_lora
     if not runtime:
         error = "adapters are loaded and unloaded while running only with --allow-runtime-lora"
     elif isinstance(change, LoadAdapter) and change.name in adapters:
         error = f"a LoRA adapter named {change.name!r} is already loaded"
+    elif isinstance(change, LoadAdapter) and len(adapters) >= (config.max_loras or math.inf):
+        error = f"{len(adapters)} LoRA adapters are loaded, the most --max-loras allows"
     elif isinstance(change, UnloadAdapter) and change.name not in adapters:
         error = f"no LoRA adapter {change.name!r} is loaded"
     elif isinstance(change, LoadAdapter):
@@ -182,7 +185,7 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Conn
                 if cancelled is not None:
                     pieces.append(Piece(message.request_id, "", "cancelled"))
             elif isinstance(message, LoadAdapter | UnloadAdapter):
-                outbox.send(mock_adapters_change(adapters, message, config.runtime_lora))
+                outbox.send(mock_adapters_change(adapters, message, config))
         if idle and waiting:
             next_tick = time.monotonic()
         if time.monotonic() >= next_tick and (rows or waiting):

@@ -230,6 +230,25 @@ def build_parser() -> argparse.ArgumentParser:
         '/v1/models lists them (docs/backend.md, "LoRA adapters")',
     )
     parser.add_argument(
+        "--max-loras",
+        type=positive_int,
+        metavar="N",
+        help="the most LoRA adapters loaded at once: more at start stop the server, a load past it while "
+        "running is a 400 (default: no limit)",
+    )
+    parser.add_argument(
+        "--max-lora-rank",
+        type=positive_int,
+        metavar="N",
+        help="the highest rank a LoRA adapter may have; one of a higher rank is refused (default: no limit)",
+    )
+    parser.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="taken so that vLLM's command lines start, with no effect: --lora-modules and "
+        "--allow-runtime-lora need nothing more here",
+    )
+    parser.add_argument(
         "--allow-runtime-lora",
         action="store_true",
         help="LoRA adapters may be loaded and unloaded while the server runs, by POST /v1/load_lora_adapter "
@@ -329,6 +348,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         prompt_lookup_max=args.prompt_lookup_max,
         lora_modules=tuple(args.lora_modules),
         runtime_lora=args.allow_runtime_lora,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
     )
     return ServerConfig(
         backend=backend,

@@ -63,20 +63,22 @@ class VllmMetrics(Collector):
         )
         preemptions.add_metric([serving.model_name], 0)
         yield preemptions
-        if serving.backend.adapters:
-            yield self._lora_requests(len(serving.backend.adapters))
+        backend = self._router.backend_config
+        if serving.backend.adapters or backend.runtime_lora:
+            yield self._lora_requests(backend.max_loras or len(serving.backend.adapters))
 
-    def _lora_requests(self, loaded: int) -> Metric:
+    def _lora_requests(self, most: int) -> Metric:
         """vLLM's vllm:lora_requests_info: which adapters' requests are in rows and which wait, as the
         endpoint picker's LoRA affinity reads them (a request goes where its adapter already runs). Its
-        value is the time, as vLLM's; max_lora is every adapter loaded, since all stay resident."""
+        value is the time, as vLLM's; max_lora is --max-loras, else every adapter loaded (all stay
+        resident)."""
         running, waiting = self._router.adapters_in_use()
         info = GaugeMetricFamily(
             "vllm:lora_requests_info",
             "LoRA adapters of the running and the waiting requests",
             labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
         )
-        info.add_metric([str(loaded), ",".join(waiting), ",".join(running)], time.time())
+        info.add_metric([str(most), ",".join(waiting), ",".join(running)], time.time())
         return info
 
 

@@ -185,7 +185,9 @@ class Engine:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         loaded = load_model(config)
-        adapters = load_adapters(loaded.model, config.lora_modules, config.runtime_lora)
+        adapters = load_adapters(
+            loaded.model, config.lora_modules, config.runtime_lora, config.max_loras, config.max_lora_rank
+        )
         for name, path in config.lora_modules_loaded:  # before a restart; gone since, it is no error
             try:
                 adapters.add(name, path)

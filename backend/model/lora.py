@@ -229,10 +229,20 @@ class Adapters:
     """The adapters a model serves: each name's slot (1, 2, ...; 0 is the base model), and the batch
     its wrapped layers read."""
 
-    def __init__(self, model: nn.Module, runtime: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        runtime: bool = False,
+        most: int | None = None,
+        highest_rank: int | None = None,
+    ):
         """`runtime`: adapters may come and go while the model serves (--allow-runtime-lora): every
-        linear layer of the decoder is wrapped now, before the runners read the model's layers."""
+        linear layer of the decoder is wrapped now, before the runners read the model's layers. `most`:
+        the most adapters loaded at once (--max-loras); `highest_rank`: the highest rank an adapter may
+        have (--max-lora-rank); None: no limit."""
         self.model = model
+        self.most = most
+        self.highest_rank = highest_rank
         self.slots: dict[str, int] = {}
         self.retired: set[int] = set()  # unloaded adapters' slots, whose weights their last rows still use
         self.batch = LoraBatch()
@@ -257,8 +267,13 @@ class Adapters:
         cannot be served, with nothing changed."""
         if name in self.slots:
             raise AdapterError(f"a LoRA adapter named {name!r} is already loaded")
+        if self.most is not None and len(self.slots) >= self.most:
+            raise AdapterError(f"{len(self.slots)} LoRA adapters are loaded, the most --max-loras allows")
         try:
             changes = read_adapter(Path(path))
+            rank = max(weights.down.shape[0] for weights in changes.values())
+            if self.highest_rank is not None and rank > self.highest_rank:
+                raise AdapterError(f"rank {rank}, over --max-lora-rank {self.highest_rank}")
             layers = {module_name: self._layer(module_name) for module_name in changes}
             for module_name, weights in changes.items():
                 check_shapes(module_name, layers[module_name], weights)
@@ -317,14 +332,18 @@ def adaptable_layers(model: nn.Module) -> list[str]:
 
 
 def load_adapters(
-    model: nn.Module, specs: Sequence[tuple[str, str]], runtime: bool = False
+    model: nn.Module,
+    specs: Sequence[tuple[str, str]],
+    runtime: bool = False,
+    most: int | None = None,
+    highest_rank: int | None = None,
 ) -> Adapters | None:
     """Every (name, directory) adapter loaded onto `model`'s layers, on its device (in its dtype, but
     float32 on a CPU); None where there are none and none may come (`runtime`). An adapter that cannot
-    be served raises AdapterError naming it."""
+    be served raises AdapterError naming it; `most` and `highest_rank` as `Adapters` takes them."""
     if not specs and not runtime:
         return None
-    adapters = Adapters(model, runtime)
+    adapters = Adapters(model, runtime, most, highest_rank)
     for name, path in specs:
         if name in adapters.slots:
             raise AdapterError(f"--lora-modules names the adapter {name!r} twice")

@@ -290,3 +290,26 @@ def test_a_restarted_backend_loads_again_what_was_loaded_while_running_and_skips
     prompt = tuple(range(3, 20))
     pieces = drive(engine, [(0, Submit("a", prompt, GREEDY, adapter="a"))])["a"]
     assert MarkerTokenizer.ids(text_of(pieces)) == reference_greedy(reference, prompt, 12, engine.eos_ids)
+
+
+def test_max_loras_and_max_lora_rank_refuse_adapters_past_them_at_start_and_while_running(tmp_path):
+    base = tiny_model("llama")
+    write_lora_adapter(tmp_path / "four", base, rank=4, seed=1)
+    write_lora_adapter(tmp_path / "other", base, ["q_proj"], rank=4, seed=2)
+    write_lora_adapter(tmp_path / "eight", base, rank=8, seed=3)
+    model = copy.deepcopy(base)
+    with pytest.raises(AdapterError, match="rank 8, over --max-lora-rank 4"):
+        load_adapters(model, [("eight", str(tmp_path / "eight"))], highest_rank=4)
+    specs = [("four", str(tmp_path / "four")), ("other", str(tmp_path / "other"))]
+    with pytest.raises(AdapterError, match="1 LoRA adapters are loaded, the most --max-loras allows"):
+        load_adapters(copy.deepcopy(base), specs, most=1)
+    model = copy.deepcopy(base)
+    adapters = load_adapters(model, specs[:1], runtime=True, most=1, highest_rank=4)
+    engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=64, adapters=adapters)
+    with pytest.raises(AdapterError, match="the most --max-loras allows"):
+        engine.load_adapter("other", str(tmp_path / "other"))
+    engine.unload_adapter("four")
+    with pytest.raises(AdapterError, match="over --max-lora-rank 4"):
+        engine.load_adapter("eight", str(tmp_path / "eight"))
+    engine.load_adapter("other", str(tmp_path / "other"))  # a place again, once one is unloaded
+    assert engine.adapter_names == ("other",)

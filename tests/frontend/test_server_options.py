@@ -110,9 +110,16 @@ def test_lora_modules_take_vllms_two_forms_and_travel_through_the_environment(tm
             "--lora-modules",
             "third=relative/dir",
             "--allow-runtime-lora",
+            "--enable-lora",  # vLLM's, with no effect here
+            "--max-loras",
+            "4",
+            "--max-lora-rank",
+            "64",
         ]
     )
     assert config.backend.runtime_lora and not parse_args([]).backend.runtime_lora
+    assert (config.backend.max_loras, config.backend.max_lora_rank) == (4, 64)
+    assert (parse_args([]).backend.max_loras, parse_args([]).backend.max_lora_rank) == (None, None)
     assert config.backend.lora_modules == (
         ("sql", str(tmp_path / "sql adapter")),
         ("chat", "org/chat-lora"),

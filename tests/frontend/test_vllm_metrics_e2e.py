@@ -28,7 +28,8 @@ ADAPTERS = ("sql", "chat")  # --lora-modules: the mock answers them as the model
 def server() -> Iterator[RunningServer]:
     options = f"--mock --rows {ROWS} --mock-tokens-per-second 200 --served-model-name {NAME}".split()
     adapters = [f"{name}=/adapters/{name}" for name in ADAPTERS]
-    with running_server(*options, "--lora-modules", *adapters, "--allow-runtime-lora") as running:
+    runtime = ["--allow-runtime-lora", "--max-loras", "3"]
+    with running_server(*options, "--lora-modules", *adapters, *runtime) as running:
         yield running
 
 
@@ -177,7 +178,7 @@ def test_the_adapters_of_the_running_and_the_waiting_requests_are_vllms_lora_inf
     """The endpoint picker's LoRA affinity reads which adapters run where: each adapter once, the
     model's own requests in neither list, max_lora every adapter loaded, the value the time."""
     labels, value = lora_info(server)
-    assert labels == {"max_lora": "2", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+    assert labels == {"max_lora": "3", "running_lora_adapters": "", "waiting_lora_adapters": ""}
     assert abs(value - time.time()) < 60
     with contextlib.ExitStack() as streams, ThreadPoolExecutor(1) as pool:
         for model in ("sql", "sql", "chat", NAME):  # every row busy
@@ -190,16 +191,18 @@ def test_the_adapters_of_the_running_and_the_waiting_requests_are_vllms_lora_inf
     wait_for(lambda: lora_info(server)[0]["running_lora_adapters"] == "")
 
 
-def test_an_adapter_loaded_and_unloaded_while_running_counts_in_max_lora(server):
+def test_adapters_load_and_unload_while_running_up_to_max_loras(server):
     """The mock loads and unloads adapters by name, as the engine does, for the frontend's tests."""
     load = {"lora_name": "docs", "lora_path": "/adapters/docs"}
     assert requests.post(f"{server.url}/v1/load_lora_adapter", json=load, timeout=10).status_code == 200
-    assert lora_info(server)[0]["max_lora"] == "3"
     assert completion(server, model="docs", max_tokens=2).status_code == 200
+    more = {"lora_name": "more", "lora_path": "/adapters/more"}
+    past = requests.post(f"{server.url}/v1/load_lora_adapter", json=more, timeout=10)
+    assert past.status_code == 400 and "the most --max-loras allows" in past.json()["error"]["message"]
     unload = requests.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "sql"}, timeout=10)
     assert unload.status_code == 200  # one loaded at start, unloaded as well
     models = [entry["id"] for entry in requests.get(f"{server.url}/v1/models", timeout=10).json()["data"]]
-    assert models == [NAME, "chat", "docs"] and lora_info(server)[0]["max_lora"] == "2"
+    assert models == [NAME, "chat", "docs"] and lora_info(server)[0]["max_lora"] == "3"
     assert completion(server, model="sql", max_tokens=2).status_code == 404
     assert requests.post(f"{server.url}/v1/load_lora_adapter", json=load, timeout=10).status_code == 400
     # A backend restarted after a crash serves the adapters as they were changed, not as at start.
