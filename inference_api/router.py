@@ -424,10 +424,7 @@ class Router:
         try:
             changed = answer.get(timeout=ADAPTER_CHANGE_SECONDS)
         except queue.Empty:
-            changed = None
-        finally:
-            with self._lock:
-                self._adapter_changes.pop(change.request_id, None)
+            changed = None  # the change stays listed: an answer that comes later still takes effect
         if changed is None:
             raise NotReady
         return changed
@@ -580,7 +577,7 @@ class Router:
         """The backend loaded or unloaded an adapter (or could not): requests may name the adapters it
         serves now, and a backend restarted after a crash serves them too."""
         with self._lock:
-            change, answer = self._adapter_changes.get(changed.request_id, (None, None))
+            change, answer = self._adapter_changes.pop(changed.request_id, (None, None))
             if changed.error is None and self._serving is not None:
                 backend = dataclasses.replace(self._serving.backend, adapters=changed.adapters)
                 self._serving = dataclasses.replace(self._serving, backend=backend)
