@@ -550,8 +550,9 @@ class _Encoding:
 
 
 def reference_greedy(model, prompt_ids, max_tokens: int, eos_ids) -> list[int]:
-    """What `model.generate` gives for this prompt alone, greedy, without its EOS token."""
-    input_ids = torch.tensor([list(prompt_ids)])
+    """What `model.generate` gives for this prompt alone, greedy, without its EOS token (on the model's
+    device)."""
+    input_ids = torch.tensor([list(prompt_ids)], device=next(model.parameters()).device)
     output = model.generate(
         input_ids,
         attention_mask=torch.ones_like(input_ids),

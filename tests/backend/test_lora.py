@@ -313,3 +313,24 @@ def test_max_loras_and_max_lora_rank_refuse_adapters_past_them_at_start_and_whil
         engine.load_adapter("eight", str(tmp_path / "eight"))
     engine.load_adapter("other", str(tmp_path / "other"))  # a place again, once one is unloaded
     assert engine.adapter_names == ("other",)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device")
+def test_rows_of_an_adapter_loaded_while_serving_and_of_none_decode_as_pefts_model_on_cuda(tmp_path):
+    """The LoRA products on a GPU (scripts/gpu_check.sh runs it where one is lent): float32 rows of an
+    adapter loaded while serving and of the model, in one step, each as PEFT's model alone there."""
+    base = tiny_model("llama")
+    reference = write_lora_adapter(tmp_path / "a", base, seed=9).cuda()
+    engine = runtime_engine(base.cuda())
+    engine.load_adapter("a", str(tmp_path / "a"))
+    rng = random.Random(9)
+    prompts = [tuple(rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 30))) for _ in range(4)]
+    names = ["a", "", "a", ""]
+    arrivals = [
+        (i, Submit(f"r{i}", prompt, GREEDY, adapter=name))
+        for i, (prompt, name) in enumerate(zip(prompts, names, strict=True))
+    ]
+    pieces = drive(engine, arrivals)
+    for i, (prompt, name) in enumerate(zip(prompts, names, strict=True)):
+        expected = reference_greedy(reference if name else base, prompt, GREEDY.max_tokens, engine.eos_ids)
+        assert MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == expected, f"r{i} ({name or 'base'})"
