@@ -188,10 +188,10 @@ class Engine:
         adapters = load_adapters(
             loaded.model, config.lora_modules, config.runtime_lora, config.max_loras, config.max_lora_rank
         )
-        for name, path in config.lora_modules_loaded:  # before a restart; gone since, it is no error
+        for name, path in config.lora_modules_loaded if adapters is not None else ():  # before a restart
             try:
                 adapters.add(name, path)
-            except AdapterError as error:
+            except AdapterError as error:  # gone since: the server serves on without it
                 log.error("%s: not loaded again", error)
         draft = load_draft_model(config, loaded) if config.draft_model else None
         embedding_model = load_embedding_model(config) if config.embedding_model else None
