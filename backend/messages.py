@@ -265,6 +265,7 @@ class LoadAdapter:
     request_id: str
     name: str
     path: str
+    replace: bool = False  # in place of an adapter of that name (vLLM's load_inplace)
 
 
 @dataclass(frozen=True)

@@ -132,13 +132,16 @@ def mock_adapters_change(
     if not runtime:
         error = "adapters are loaded and unloaded while running only with --allow-runtime-lora"
     elif isinstance(change, LoadAdapter) and change.name in adapters:
-        error = f"a LoRA adapter named {change.name!r} is already loaded"
+        if not change.replace:
+            error = f"a LoRA adapter named {change.name!r} is already loaded"
     elif isinstance(change, LoadAdapter) and len(adapters) >= (config.max_loras or math.inf):
         error = f"{len(adapters)} LoRA adapters are loaded, the most --max-loras allows"
     elif isinstance(change, UnloadAdapter) and change.name not in adapters:
         error = f"no LoRA adapter {change.name!r} is loaded"
-    elif isinstance(change, LoadAdapter):
+    elif isinstance(change, LoadAdapter) and change.name not in adapters:
         adapters.append(change.name)
+    elif isinstance(change, LoadAdapter):
+        pass  # reloaded in place: the mock reads no weights
     else:
         adapters.remove(change.name)
     unknown = isinstance(change, UnloadAdapter) and runtime and error is not None

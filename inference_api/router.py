@@ -283,16 +283,17 @@ class Serving:
 
 def adapters_after(config: BackendConfig, change: LoadAdapter | UnloadAdapter | None) -> BackendConfig:
     """The backend's configuration with an adapter loaded or unloaded while running, for a restart."""
+    if change is None:
+        return config
+    without = dataclasses.replace(  # an adapter unloaded, or the one a load in place replaced
+        config,
+        lora_modules=tuple(module for module in config.lora_modules if module[0] != change.name),
+        lora_modules_loaded=tuple(m for m in config.lora_modules_loaded if m[0] != change.name),
+    )
     if isinstance(change, LoadAdapter):
-        loaded = (*config.lora_modules_loaded, (change.name, change.path))
-        return dataclasses.replace(config, lora_modules_loaded=loaded)
-    if isinstance(change, UnloadAdapter):
-        return dataclasses.replace(
-            config,
-            lora_modules=tuple(module for module in config.lora_modules if module[0] != change.name),
-            lora_modules_loaded=tuple(m for m in config.lora_modules_loaded if m[0] != change.name),
-        )
-    return config
+        loaded = (*without.lora_modules_loaded, (change.name, change.path))
+        return dataclasses.replace(without, lora_modules_loaded=loaded)
+    return without
 
 
 class Router:

@@ -82,6 +82,13 @@ def with_adapters_scope(request: Submit, slot: int) -> Submit:
     return dataclasses.replace(request, cache_scope=f"{request.cache_scope}\0lora:{slot}")
 
 
+def rescoped(request: Submit, old_slot: int, new_slot: int) -> Submit:
+    """A waiting request of an adapter reloaded in place, scoped to the new one's slot: the old one's
+    cached prefixes are not its."""
+    scope = request.cache_scope.replace(f"\0lora:{old_slot}", f"\0lora:{new_slot}")
+    return dataclasses.replace(request, cache_scope=scope)
+
+
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """Every id the model or its tokenizer calls end-of-sequence."""
     ids: set[int] = set()
@@ -330,11 +337,21 @@ class Engine:
         """The slot of the request's LoRA adapter, 0 for the model's own."""
         return self.adapters.slots[request.adapter] if request.adapter else 0
 
-    def load_adapter(self, name: str, path: str) -> None:
-        """Load a LoRA adapter while serving (--allow-runtime-lora); AdapterError says why it is not."""
+    def load_adapter(self, name: str, path: str, replace: bool = False) -> None:
+        """Load a LoRA adapter while serving (--allow-runtime-lora); AdapterError says why it is not.
+        `replace`: in place of the one of that name (vLLM's load_inplace), whose rows finish with its
+        weights while the waiting requests take the new one."""
         if self.adapters is None or not self.adapters.runtime:
             raise AdapterError("adapters are loaded while running only with --allow-runtime-lora")
-        self.adapters.add(name, path)
+        old = self.adapters.slots.get(name) if replace else None
+        new = self.adapters.add(name, path, replace)
+        if old is None:
+            return
+        for request_id, request in list(self.waiting.items()):
+            if request.adapter == name:
+                self.waiting[request_id] = rescoped(request, old, new)
+        if old not in self.runner.row_adapters:
+            self.adapters.drop(old)
 
     def unload_adapter(self, name: str) -> None:
         """Serve a LoRA adapter no more: its waiting requests end with an error, its rows finish with

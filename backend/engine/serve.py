@@ -53,7 +53,7 @@ def change_adapters(engine: Engine, change: LoadAdapter | UnloadAdapter) -> Adap
     """Load or unload a LoRA adapter between two steps; the adapters served after, or why not."""
     try:
         if isinstance(change, LoadAdapter):
-            engine.load_adapter(change.name, change.path)
+            engine.load_adapter(change.name, change.path, change.replace)
         else:
             engine.unload_adapter(change.name)
     except AdapterError as error:

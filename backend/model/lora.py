@@ -262,12 +262,14 @@ class Adapters:
     def names(self) -> tuple[str, ...]:
         return tuple(self.slots)
 
-    def add(self, name: str, path: str) -> int:
+    def add(self, name: str, path: str, replace: bool = False) -> int:
         """The adapter in `path` loaded under `name`, its slot returned; AdapterError naming it where it
-        cannot be served, with nothing changed."""
-        if name in self.slots:
+        cannot be served, with nothing changed. `replace`: an adapter already loaded under `name` (vLLM's
+        load_inplace) is retired once this one is loaded, its slot's weights kept until `drop`."""
+        replaced = self.slots.get(name) if replace else None
+        if name in self.slots and replaced is None:
             raise AdapterError(f"a LoRA adapter named {name!r} is already loaded")
-        if self.most is not None and len(self.slots) >= self.most:
+        if self.most is not None and len(self.slots) - (replaced is not None) >= self.most:
             raise AdapterError(f"{len(self.slots)} LoRA adapters are loaded, the most --max-loras allows")
         try:
             changes = read_adapter(Path(path))
@@ -283,6 +285,8 @@ class Adapters:
         for module_name, weights in changes.items():
             layers[module_name].adapters[slot] = weights.to(self.device, self.dtype)
         self.slots[name] = slot
+        if replaced is not None:
+            self.retired.add(replaced)
         self._restack()
         ranks = sorted({weights.down.shape[0] for weights in changes.values()})
         log.info("LoRA adapter %r: %d layers, rank %s, from %s", name, len(changes), ranks, path)

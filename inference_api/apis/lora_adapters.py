@@ -1,13 +1,15 @@
 """vLLM's endpoints that load and unload LoRA adapters while the server runs (--allow-runtime-lora; vLLM's
 VLLM_ALLOW_RUNTIME_LORA_UPDATING), which the inference gateway's LoRA syncer calls:
 
-    POST /v1/load_lora_adapter    {"lora_name": "sql", "lora_path": "/adapters/sql"}
+    POST /v1/load_lora_adapter    {"lora_name": "sql", "lora_path": "/adapters/sql", "load_inplace": false}
     POST /v1/unload_lora_adapter  {"lora_name": "sql"}
 
 200 with a line of text, as vLLM's. A loaded adapter is answered at once by
 requests whose `model` names it, beside the other rows; an unloaded one's
 waiting requests end with an error and its rows finish with its weights
-(docs/backend.md, "LoRA adapters"). 400 for a name already served (the
+(docs/backend.md, "LoRA adapters"); `load_inplace` replaces the adapter of
+that name, whose rows finish with it while the waiting requests take the
+new one. 400 for a name already served (the
 model's, another adapter's) and for an adapter that cannot be served (the
 reason named); 404 for unloading one that is not loaded, and for both
 endpoints on a server started without the option. They are the operator's:
@@ -23,7 +25,7 @@ from flask import Blueprint, Response, current_app
 
 from backend.messages import AdaptersChanged, LoadAdapter, UnloadAdapter
 from inference_api.errors import RETRY_AFTER_NOT_READY, ApiError, unavailable
-from inference_api.fields import read_string
+from inference_api.fields import read_bool, read_string
 from inference_api.generation import read_request
 from inference_api.router import NotReady, Router, Serving
 
@@ -40,11 +42,14 @@ def load_lora_adapter() -> Response:
     data, serving = _read_change()
     name = read_string(data, "lora_name", required=True, non_empty=True)
     path = read_string(data, "lora_path", required=True, non_empty=True)
-    if name in serving.backend.adapters:
-        raise ApiError(400, f"a LoRA adapter named {name!r} is already loaded", param="lora_name")
-    if name in serving.generating_names + serving.embedding_names + serving.rerank_names:
+    in_place = read_bool(data, "load_inplace", False)
+    loaded = name in serving.backend.adapters
+    if loaded and not in_place:
+        message = f"a LoRA adapter named {name!r} is already loaded (load_inplace: true replaces it)"
+        raise ApiError(400, message, param="lora_name")
+    if not loaded and name in serving.generating_names + serving.embedding_names + serving.rerank_names:
         raise ApiError(400, f"the name {name!r} is the served model's: requests could not tell them apart")
-    _change(LoadAdapter(uuid.uuid4().hex, name, path), "lora_path")
+    _change(LoadAdapter(uuid.uuid4().hex, name, path, replace=in_place), "lora_path")
     return Response(f"Success: LoRA adapter '{name}' added successfully.", mimetype="text/plain")
 
 

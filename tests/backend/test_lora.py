@@ -334,3 +334,39 @@ def test_rows_of_an_adapter_loaded_while_serving_and_of_none_decode_as_pefts_mod
     for i, (prompt, name) in enumerate(zip(prompts, names, strict=True)):
         expected = reference_greedy(reference if name else base, prompt, GREEDY.max_tokens, engine.eos_ids)
         assert MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == expected, f"r{i} ({name or 'base'})"
+
+
+def test_an_adapter_reloaded_in_place_serves_its_waiting_requests_while_its_rows_finish_with_the_old(
+    tmp_path,
+):
+    """vLLM's load_inplace: a new version under the same name, without a moment the name is not served."""
+    base = tiny_model("llama")
+    first = write_lora_adapter(tmp_path / "first", base, seed=10)
+    second = write_lora_adapter(tmp_path / "second", base, seed=11)
+    engine = runtime_engine(base)
+    prompt = tuple(range(30, 60))
+    engine.load_adapter("a", str(tmp_path / "first"))
+    engine.submit(Submit("running", prompt, GREEDY, adapter="a"))
+    pieces: dict[str, list] = {}
+    for _ in range(3):
+        for piece in engine.step():
+            pieces.setdefault(piece.request_id, []).append(piece)
+    engine.submit(Submit("waiting", prompt, GREEDY, adapter="a"))
+    with pytest.raises(AdapterError, match="already loaded"):
+        engine.load_adapter("a", str(tmp_path / "second"))
+    engine.load_adapter("a", str(tmp_path / "second"), replace=True)
+    assert engine.adapter_names == ("a",)
+    for name, more in drive(engine, []).items():
+        pieces.setdefault(name, []).extend(more)
+    answers = {name: MarkerTokenizer.ids(text_of(pieces[name])) for name in ("running", "waiting")}
+    assert answers["running"] == reference_greedy(first, prompt, GREEDY.max_tokens, engine.eos_ids)
+    assert answers["waiting"] == reference_greedy(second, prompt, GREEDY.max_tokens, engine.eos_ids)
+    assert pieces["waiting"][-1].cached_tokens == 0  # the first version's prefix is not the second's
+    assert answers["running"] != answers["waiting"]
+    slots = {
+        slot
+        for module in engine.model.modules()
+        if isinstance(module, LoraLinear)
+        for slot in module.adapters
+    }
+    assert slots == {engine.adapters.slots["a"]} and not engine.adapters.retired

@@ -148,6 +148,11 @@ def test_an_adapter_loaded_while_serving_answers_at_once_and_one_unloaded_is_gon
     for body, status, message in refusals:
         refused = requests.post(f"{server.url}/v1/load_lora_adapter", json=body, timeout=60)
         assert refused.status_code == status and message in refused.json()["error"]["message"], refused.text
+    # A new version under the same name (vLLM's load_inplace): the adapter that changes nothing
+    in_place = {"lora_name": "tales", "lora_path": str(adapters["zero"]), "load_inplace": True}
+    replaced = requests.post(f"{server.url}/v1/load_lora_adapter", json=in_place, timeout=60)
+    assert replaced.status_code == 200, replaced.text
+    assert chat(client, "tales") == (chat(client, MODEL)[0], "tales")
     unloaded = requests.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "tales"}, timeout=60)
     assert unloaded.status_code == 200 and "'tales' removed" in unloaded.text
     with pytest.raises(openai.NotFoundError):
