@@ -264,8 +264,9 @@ class Adapters:
 
     def add(self, name: str, path: str, replace: bool = False) -> int:
         """The adapter in `path` loaded under `name`, its slot returned; AdapterError naming it where it
-        cannot be served, with nothing changed. `replace`: an adapter already loaded under `name` (vLLM's
-        load_inplace) is retired once this one is loaded, its slot's weights kept until `drop`."""
+        cannot be served, with nothing changed that a step reads. `replace`: an adapter already loaded
+        under `name` (vLLM's load_inplace) is retired once this one is loaded, its slot's weights kept
+        until `drop`."""
         replaced = self.slots.get(name) if replace else None
         if name in self.slots and replaced is None:
             raise AdapterError(f"a LoRA adapter named {name!r} is already loaded")

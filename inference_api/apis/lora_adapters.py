@@ -6,15 +6,15 @@ VLLM_ALLOW_RUNTIME_LORA_UPDATING), which the inference gateway's LoRA syncer cal
 
 200 with a line of text, as vLLM's. A loaded adapter is answered at once by
 requests whose `model` names it, beside the other rows; an unloaded one's
-waiting requests end with an error and its rows finish with its weights
-(docs/backend.md, "LoRA adapters"); `load_inplace` replaces the adapter of
-that name, whose rows finish with it while the waiting requests take the
-new one. 400 for a name already served (the
-model's, another adapter's) and for an adapter that cannot be served (the
-reason named); 404 for unloading one that is not loaded, and for both
-endpoints on a server started without the option. They are the operator's:
-the proxy does not forward them, where any team could unload another's
-adapter or read a directory of the server's disk.
+waiting requests end with an error and its rows finish with its weights;
+`load_inplace` replaces the adapter of that name, whose rows finish with it
+while the waiting requests take the new one (docs/backend.md, "LoRA
+adapters"). 400 for a name already served (the model's, another adapter's)
+and for an adapter that cannot be served (the reason named); 404 for
+unloading one that is not loaded, and for both endpoints on a server started
+without the option. They are the operator's: the proxy does not forward them,
+where any team could unload another's adapter or read a directory of the
+server's disk.
 """
 
 from __future__ import annotations
