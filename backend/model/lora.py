@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # how PEFT's saved keys start: the wrapped model's own names follow
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name: a hub repository, where no directory is
 
 
 class AdapterError(ValueError):
@@ -262,18 +263,19 @@ class Adapters:
     def names(self) -> tuple[str, ...]:
         return tuple(self.slots)
 
-    def add(self, name: str, path: str, replace: bool = False) -> int:
+    def add(self, name: str, path: str, replace: bool = False, download: bool = False) -> int:
         """The adapter in `path` loaded under `name`, its slot returned; AdapterError naming it where it
         cannot be served, with nothing changed that a step reads. `replace`: an adapter already loaded
         under `name` (vLLM's load_inplace) is retired once this one is loaded, its slot's weights kept
-        until `drop`."""
+        until `drop`. `download`: a hub id in `path` is downloaded (at start; while serving, a download
+        would pause every stream)."""
         replaced = self.slots.get(name) if replace else None
         if name in self.slots and replaced is None:
             raise AdapterError(f"a LoRA adapter named {name!r} is already loaded")
         if self.most is not None and len(self.slots) - (replaced is not None) >= self.most:
             raise AdapterError(f"{len(self.slots)} LoRA adapters are loaded, the most --max-loras allows")
         try:
-            changes = read_adapter(Path(path))
+            changes = read_adapter(adapter_directory(path, download))
             rank = max(weights.down.shape[0] for weights in changes.values())
             if self.highest_rank is not None and rank > self.highest_rank:
                 raise AdapterError(f"rank {rank}, over --max-lora-rank {self.highest_rank}")
@@ -352,8 +354,30 @@ def load_adapters(
     for name, path in specs:
         if name in adapters.slots:
             raise AdapterError(f"--lora-modules names the adapter {name!r} twice")
-        adapters.add(name, path)
+        adapters.add(name, path, download=True)
     return adapters
+
+
+def adapter_directory(path: str, download: bool) -> Path:
+    """Where an adapter's files are: `path` where it is a directory; else, where `download`, the hub
+    repository it names (as vLLM's --lora-modules take them), downloaded as a model is (with HF_TOKEN)."""
+    directory = Path(path)
+    if directory.is_dir() or not HUB_ID.fullmatch(path):
+        return directory
+    if not download:
+        raise AdapterError(
+            "not a directory on the server's disk (a hub id is downloaded at start, in --lora-modules; "
+            f"while serving, download it first: hf download {path} --local-dir DIR)"
+        )
+    from huggingface_hub import snapshot_download
+
+    from backend.model.loader import hub_token
+
+    try:
+        files = snapshot_download(path, token=hub_token(), allow_patterns=[CONFIG_FILE, WEIGHTS_FILE])
+    except Exception as error:  # not found, gated, offline: huggingface_hub's errors, each its own type
+        raise AdapterError(f"no directory there, and no hub repository to download: {error}") from None
+    return Path(files)
 
 
 def read_adapter(directory: Path) -> dict[str, LoraWeights]:

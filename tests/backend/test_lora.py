@@ -370,3 +370,34 @@ def test_an_adapter_reloaded_in_place_serves_its_waiting_requests_while_its_rows
         for slot in module.adapters
     }
     assert slots == {engine.adapters.slots["a"]} and not engine.adapters.retired
+
+
+def test_an_adapter_named_by_its_hub_id_is_downloaded_at_start_and_refused_while_serving(
+    tmp_path, monkeypatch
+):
+    """As vLLM's --lora-modules take them: `org/name` where no such directory is. Here the hub's cache
+    holds the repository (written as huggingface_hub lays it out) and the hub is offline."""
+    from huggingface_hub import constants
+
+    base = tiny_model("llama")
+    reference = write_lora_adapter(tmp_path / "saved", base, seed=12)
+    repository = tmp_path / "hub" / "models--team--story-lora"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repository / "snapshots").mkdir(parents=True)
+    (tmp_path / "saved").rename(repository / "snapshots" / commit)
+    (repository / "refs").mkdir()
+    (repository / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)  # where no directory team/story-lora is
+
+    model = copy.deepcopy(base)
+    adapters = load_adapters(model, [("story", "team/story-lora")], runtime=True)
+    engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=64, adapters=adapters)
+    prompt = tuple(range(7, 30))
+    pieces = drive(engine, [(0, Submit("story", prompt, GREEDY, adapter="story"))])["story"]
+    assert MarkerTokenizer.ids(text_of(pieces)) == reference_greedy(reference, prompt, 12, engine.eos_ids)
+    with pytest.raises(AdapterError, match="download it first: hf download team/story-lora --local-dir DIR"):
+        engine.load_adapter("again", "team/story-lora")
+    with pytest.raises(AdapterError, match="no directory there, and no hub repository to download"):
+        load_adapters(copy.deepcopy(base), [("none", "team/no-such-lora")])
