@@ -159,6 +159,8 @@ def test_the_resource_message_is_the_start_up_checks(monkeypatch, tmp_path):
         ("backend/model/loader.py", "does not exist"),
         ("scripts/run_stack.py", "before it was ready"),
         ("backend/model/cache_size.py", "a row needs"),
+        ("inference_api/apis/lora_adapters.py", "only on a server started with --allow-runtime-lora"),
+        ("proxy/app.py", "is the operator's, not forwarded by the proxy: call the inference server directly"),
     ],
 )
 def test_each_quoted_fragment_is_in_the_code(path, fragment):
@@ -169,3 +171,17 @@ def test_each_quoted_fragment_is_in_the_code(path, fragment):
 def test_the_retry_after_figures_are_the_servers():
     assert f"`Retry-After: {RETRY_AFTER_NOT_READY}`" in page()
     assert f"`Retry-After: {RETRY_AFTER_QUEUE_FULL}`" in page()
+
+
+def test_the_lora_refusals_are_the_engines():
+    from backend.model.lora import AdapterError, Adapters, LoraBatch, LoraLinear, LoraWeights, check_shapes
+    from tests.backend.models import tiny_model
+
+    layer = LoraLinear(torch.nn.Linear(576, 576, bias=False), LoraBatch())
+    wider = LoraWeights(torch.zeros(16, 2048), torch.zeros(2048, 16), 2.0)
+    with pytest.raises(AdapterError) as shapes:
+        check_shapes("model.layers.0.self_attn.q_proj", layer, wider)
+    assert f"LoRA adapter 'sql' (/adapters/sql): {shapes.value}" in page()
+    with pytest.raises(AdapterError) as hub_id:
+        Adapters(tiny_model("llama"), runtime=True).add("sql", "team/sql-lora")
+    assert str(hub_id.value) in " ".join(page().split())
