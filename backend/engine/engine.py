@@ -187,14 +187,19 @@ class Engine:
     @classmethod
     def load(cls, config: BackendConfig) -> Engine:
         """Load the configured model (checking resources first) and warm it up."""
-        from backend.model.loader import load_draft_model, load_embedding_model, load_model, load_rerank_model
+        from backend.model.loader import (
+            hub_token,
+            load_draft_model,
+            load_embedding_model,
+            load_model,
+            load_rerank_model,
+        )
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         loaded = load_model(config)
-        adapters = load_adapters(
-            loaded.model, config.lora_modules, config.runtime_lora, config.max_loras, config.max_lora_rank
-        )
+        limits = (config.max_loras, config.max_lora_rank)
+        adapters = load_adapters(loaded.model, config.lora_modules, config.runtime_lora, *limits, hub_token())
         for name, path in config.lora_modules_loaded if adapters is not None else ():  # before a restart
             try:
                 adapters.add(name, path)

@@ -236,12 +236,14 @@ class Adapters:
         runtime: bool = False,
         most: int | None = None,
         highest_rank: int | None = None,
+        hub_token: str | None = None,
     ):
         """`runtime`: adapters may come and go while the model serves (--allow-runtime-lora): every
         linear layer of the decoder is wrapped now, before the runners read the model's layers. `most`:
         the most adapters loaded at once (--max-loras); `highest_rank`: the highest rank an adapter may
-        have (--max-lora-rank); None: no limit."""
+        have (--max-lora-rank); None: no limit. `hub_token`: for adapters named by hub id (HF_TOKEN)."""
         self.model = model
+        self.hub_token = hub_token
         self.most = most
         self.highest_rank = highest_rank
         self.slots: dict[str, int] = {}
@@ -275,7 +277,7 @@ class Adapters:
         if self.most is not None and len(self.slots) - (replaced is not None) >= self.most:
             raise AdapterError(f"{len(self.slots)} LoRA adapters are loaded, the most --max-loras allows")
         try:
-            changes = read_adapter(adapter_directory(path, download))
+            changes = read_adapter(adapter_directory(path, download, self.hub_token))
             rank = max(weights.down.shape[0] for weights in changes.values())
             if self.highest_rank is not None and rank > self.highest_rank:
                 raise AdapterError(f"rank {rank}, over --max-lora-rank {self.highest_rank}")
@@ -344,13 +346,14 @@ def load_adapters(
     runtime: bool = False,
     most: int | None = None,
     highest_rank: int | None = None,
+    hub_token: str | None = None,
 ) -> Adapters | None:
     """Every (name, directory) adapter loaded onto `model`'s layers, on its device (in its dtype, but
     float32 on a CPU); None where there are none and none may come (`runtime`). An adapter that cannot
-    be served raises AdapterError naming it; `most` and `highest_rank` as `Adapters` takes them."""
+    be served raises AdapterError naming it; the others as `Adapters` takes them."""
     if not specs and not runtime:
         return None
-    adapters = Adapters(model, runtime, most, highest_rank)
+    adapters = Adapters(model, runtime, most, highest_rank, hub_token)
     for name, path in specs:
         if name in adapters.slots:
             raise AdapterError(f"--lora-modules names the adapter {name!r} twice")
@@ -358,9 +361,9 @@ def load_adapters(
     return adapters
 
 
-def adapter_directory(path: str, download: bool) -> Path:
+def adapter_directory(path: str, download: bool, token: str | None = None) -> Path:
     """Where an adapter's files are: `path` where it is a directory; else, where `download`, the hub
-    repository it names (as vLLM's --lora-modules take them), downloaded as a model is (with HF_TOKEN)."""
+    repository it names (as vLLM's --lora-modules take them), downloaded as a model is (with `token`)."""
     directory = Path(path)
     if directory.is_dir() or not HUB_ID.fullmatch(path):
         return directory
@@ -371,10 +374,8 @@ def adapter_directory(path: str, download: bool) -> Path:
         )
     from huggingface_hub import snapshot_download
 
-    from backend.model.loader import hub_token
-
     try:
-        files = snapshot_download(path, token=hub_token(), allow_patterns=[CONFIG_FILE, WEIGHTS_FILE])
+        files = snapshot_download(path, token=token, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE])
     except Exception as error:  # not found, gated, offline: huggingface_hub's errors, each its own type
         raise AdapterError(f"no directory there, and no hub repository to download: {error}") from None
     return Path(files)
