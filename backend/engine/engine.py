@@ -355,8 +355,7 @@ class Engine:
         for request_id, request in list(self.waiting.items()):
             if request.adapter == name:
                 self.waiting[request_id] = rescoped(request, old, new)
-        if old not in self.runner.row_adapters:
-            self.adapters.drop(old)
+        self._drop_if_unused(old)
 
     def unload_adapter(self, name: str) -> None:
         """Serve a LoRA adapter no more: its waiting requests end with an error, its rows finish with
@@ -365,12 +364,20 @@ class Engine:
             raise AdapterError("adapters are unloaded while running only with --allow-runtime-lora")
         slot = self.adapters.retire(name)
         for request in [request for request in self.waiting.values() if request.adapter == name]:
-            del self.waiting[request.request_id]
-            self.matchers.pop(request.request_id, None)
-            self.arrived.pop(request.request_id, None)
+            self._unqueue(self.waiting, request.request_id)
             self._reject(request, f"the LoRA adapter {name!r} was unloaded")
-        if slot not in self.runner.row_adapters:
+        self._drop_if_unused(slot)
+
+    def _drop_if_unused(self, slot: int) -> None:
+        """An unloaded (or replaced) adapter's weights go once no row has it."""
+        if slot in self.adapters.retired and slot not in self.runner.row_adapters:
             self.adapters.drop(slot)
+
+    def _unqueue(self, line: collections.OrderedDict[str, Submit], request_id: str) -> None:
+        """A request out of its waiting line, with its compiled grammar and its arrival time."""
+        del line[request_id]
+        self.matchers.pop(request_id, None)
+        self.arrived.pop(request_id, None)
 
     def _separate_model(self, params: SamplingParams) -> EmbeddingModel | None:
         """The model beside the served one that answers this request: the rerank model a score request's,
@@ -396,9 +403,7 @@ class Engine:
         """End a request; its row is freed at the next step."""
         waiting = next((line for line in (self.waiting, self.embedding_waiting) if request_id in line), None)
         if waiting is not None:
-            del waiting[request_id]
-            self.matchers.pop(request_id, None)
-            self.arrived.pop(request_id, None)
+            self._unqueue(waiting, request_id)
             if self.embedding_job is not None and self.embedding_job[0].request_id == request_id:
                 self.embedding_job = None  # and its cache with it
             self.undelivered.append(Piece(request_id, "", "cancelled"))
@@ -959,8 +964,7 @@ class Engine:
         if self.adapters is not None:  # else packing every later step would look up its tokens' adapters
             slot = self.runner.row_adapters[row.index]
             self.runner.use_adapter(row.index, 0)
-            if slot in self.adapters.retired and slot not in self.runner.row_adapters:
-                self.adapters.drop(slot)  # its last row: the unloaded adapter's weights go
+            self._drop_if_unused(slot)  # its last row: an unloaded adapter's weights go
         kept = () if row.finish_reason == "error" else row.cached_tokens
         self.prefixes.release(row.index, row.request.cache_scope, kept)
 
