@@ -105,14 +105,17 @@ def test_the_refusals_of_quantized_checkpoints_are_the_engines(quantization_conf
     assert str(refused.value) in page()
 
 
-def test_the_act_order_refusal_is_the_engines():
+def test_the_damaged_g_idx_refusal_is_the_engines():
+    """The page's example: a layer of 4096 inputs in 32 groups of 128 whose g_idx names group 1000."""
+    g_idx = torch.arange(4096, dtype=torch.int32) // 128
+    g_idx[7] = 1000
     layer = {
-        "qweight": torch.zeros(4, 16, dtype=torch.int32),
-        "qzeros": torch.zeros(1, 2, dtype=torch.int32),
-        "scales": torch.ones(1, 16, dtype=torch.float16),
-        "g_idx": torch.zeros(32, dtype=torch.int32).flip(0) + torch.arange(32, dtype=torch.int32) % 2,
+        "qweight": torch.zeros(4096 // 8, 16, dtype=torch.int32),
+        "qzeros": torch.zeros(32, 2, dtype=torch.int32),
+        "scales": torch.ones(32, 16, dtype=torch.float16),
+        "g_idx": g_idx,
     }
-    fmt = GroupWiseFormat("gptq", 32, True)
+    fmt = GroupWiseFormat("gptq", 128, True)
     with pytest.raises(UnsupportedCheckpoint) as refused:
         unpack_layer(layer, fmt, "model.layers.0.mlp.down_proj")
     assert str(refused.value).removeprefix("model.layers.0.mlp.down_proj: ") in page()

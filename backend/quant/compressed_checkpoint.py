@@ -30,8 +30,10 @@ the reference), which are the dense copy for many rows, as for GPTQ and AWQ (gro
         fp16 in fp16's range; otherwise within 2^-11 of z * scale).
     8-bit integers, symmetric, a scale a channel or a layer: an Int8Linear of the checkpoint's own q
         and scale (exact in the blocks where fp16 holds the scale, as it does bfloat16 ones in its range).
-    FP8, and 8-bit integers in groups: 8-bit blocks of 32 converted once from the dequantized weights
-        where the CPU multiplies blocks (as fp8_weights.py), else the dequantized floats.
+    FP8, 8-bit integers in groups, and groups in act order (actorder "group": weight_g_idx gives each
+        input's group, so 32 consecutive inputs share no scale): 8-bit blocks of 32 converted once from
+        the dequantized weights where the CPU multiplies blocks (as fp8_weights.py), else the
+        dequantized floats.
 
 Activations stay floats: a w8a8 or FP8-dynamic checkpoint's quantized inputs (int8 or FP8 a token,
 scaled as they come, or a static input_scale) are a speed feature of GPU kernels, not part of the
@@ -39,7 +41,7 @@ weights; the log says so.
 
 Refused, naming what: other formats (sparse-24-bitmask, marlin-24, nvfp4-pack-quantized, the MX
 ones, "mixed-precision" with a group of no format), weights of other bit widths and types, 4-bit
-groups that are no whole number of 32 inputs, act-order groups permuted by weight_g_idx, sparsity,
+groups that are no whole number of 32 inputs, act-order groups of unequal sizes, sparsity,
 transforms (rotations applied as the model runs), a quantized KV cache or outputs, targets by any
 class but Linear, and checkpoints not saved compressed.
 """
@@ -219,11 +221,14 @@ class CompressedLayer:
     values: torch.Tensor  # [out, in]: signed integers (int8), or float8 e4m3
     scale: torch.Tensor  # as stored: [out, groups], [out, 1], [1] or [out blocks, in blocks]
     zero: torch.Tensor | None  # [out, groups] signed integers, where asymmetric
+    g_idx: torch.Tensor | None = None  # [in] int64, each input's group, where in act order
 
     def spread(self, tensor: torch.Tensor) -> torch.Tensor:
         """A scale or zero point over every weight, [out, in] float32."""
         out_features, in_features = self.values.shape
         tensor = tensor.float()
+        if self.scheme.strategy == "group" and self.g_idx is not None:
+            return tensor[:, self.g_idx]
         if self.scheme.strategy == "group":
             return tensor.repeat_interleave(self.scheme.group_size, dim=1)[:, :in_features]
         if self.scheme.strategy == "block":
@@ -242,7 +247,7 @@ class CompressedLayer:
     def four_bit(self) -> FourBitWeight | None:
         """A 4-bit layer in Int4Linear's terms, w = (u - 8) * scale + zero, u = q + 8 in 0..15, each block of
         32 inputs its group's scale and zero = -z * scale."""
-        if self.scheme.type != "int" or self.scheme.bits != 4:
+        if self.scheme.type != "int" or self.scheme.bits != 4 or self.g_idx is not None:
             return None
         out_features, in_features = self.values.shape
         per_block = self.values.shape[1] // BLOCK
@@ -259,7 +264,7 @@ class CompressedLayer:
         """A symmetric 8-bit integer layer as Int8Linear takes it, w = q * scale: q and a scale a channel
         ([out]) or, in groups of a multiple of 32, a block ([out, in / 32])."""
         scheme = self.scheme
-        if scheme.type != "int" or scheme.bits != 8 or not scheme.symmetric:
+        if scheme.type != "int" or scheme.bits != 8 or not scheme.symmetric or self.g_idx is not None:
             return None
         out_features, in_features = self.values.shape
         if scheme.strategy in ("channel", "tensor"):
@@ -303,15 +308,29 @@ def unpack_layer(tensors: dict[str, torch.Tensor], scheme: WeightScheme, name: s
         )
     if scheme.bits == 4 and in_features % BLOCK:
         raise UnsupportedCheckpoint(f"{name}: {in_features} inputs, not whole blocks of 32")
-    if "weight_g_idx" in tensors:
-        consecutive = torch.arange(in_features, dtype=torch.int32) // (scheme.group_size or in_features)
-        if not torch.equal(tensors["weight_g_idx"].to(torch.int32), consecutive):
-            raise UnsupportedCheckpoint(
-                f"{name}: an act-order (actorder 'group') checkpoint whose groups are not consecutive "
-                "inputs (weight_g_idx); the engine's blocks need each 32 consecutive inputs to share a "
-                "scale (quantize with actorder 'weight' or none, or serve the unquantized model)"
-            )
-    return CompressedLayer(scheme, values, scale, zero)
+    g_idx = act_order_groups(tensors, scheme, in_features, scale.shape[-1], name)
+    return CompressedLayer(scheme, values, scale, zero, g_idx)
+
+
+def act_order_groups(
+    tensors: dict[str, torch.Tensor], scheme: WeightScheme, in_features: int, groups: int, name: str
+) -> torch.Tensor | None:
+    """Each input's group where `weight_g_idx` puts inputs in other groups than consecutive ones; None
+    where there is none, it is consecutive, or it holds -1 (the library's mark of column order)."""
+    if "weight_g_idx" not in tensors or scheme.strategy != "group":
+        return None
+    g_idx = tensors["weight_g_idx"].to(torch.int64)
+    if (g_idx == -1).any() or torch.equal(g_idx, torch.arange(len(g_idx)) // scheme.group_size):
+        return None
+    # The library sorts the inputs by group and takes each group_size of them as a group: the groups must
+    # be of that size for that to be input i's scale being group g_idx[i]'s.
+    readable = g_idx.shape == (in_features,) and g_idx.min() >= 0 and g_idx.max() < groups
+    if not readable or (g_idx.bincount(minlength=groups) != scheme.group_size).any():
+        raise UnsupportedCheckpoint(
+            f"{name}: act-order groups (weight_g_idx) of other sizes than {scheme.group_size} inputs, or "
+            f"out of its {groups} groups"
+        )
+    return g_idx
 
 
 def read_checkpoint(
@@ -378,7 +397,8 @@ def serve_compressed(model: nn.Module, layers: dict[str, CompressedLayer], fmt: 
         elif blocks:
             converted = requantize_int8(layer.dequantize().numpy())
             replace_module(model, name, Int8Linear(converted.q, converted.scale, linear.bias, dense=dense))
-            served["8-bit blocks converted once from the dequantized weights"] += 1
+            why = " (act-order groups)" if layer.g_idx is not None else ""
+            served[f"8-bit blocks converted once from the dequantized weights{why}"] += 1
         else:
             served["dequantized floats"] += 1
     inputs = (

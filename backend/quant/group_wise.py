@@ -24,10 +24,18 @@ otherwise). The model itself is built from the dequantized weights, in
 the start's dtype (the exact mode's float32 is the reference), which are
 the dense copy for many rows, as a GGUF file's are.
 
+GPTQ's act-order checkpoints (`desc_act`, as many published "-GPTQ"
+repositories were quantized) number each input's group in g_idx in the
+order of the inputs' importance, so 32 consecutive inputs fall in several groups and
+share no scale: such a layer cannot be the engine's 4-bit blocks. It is
+converted once, from the weights the library dequantizes (scales[g_idx] *
+(q - z[g_idx]), in float32), to 8-bit blocks of 32 where the CPU multiplies
+blocks (a byte a weight, within half a step of 1/127 of each block's
+largest weight), else served as those dequantized floats; the log says how
+many.
+
 Refused, with the reason: other bit widths, groups that are no whole
-number of 32 inputs, GPTQ's act-order checkpoints whose groups are not
-consecutive inputs (g_idx permuted), and other packings (AWQ's "gemv",
-GPTQ's "marlin").
+number of 32 inputs, and other packings (AWQ's "gemv", GPTQ's "marlin").
 """
 
 from __future__ import annotations
@@ -41,8 +49,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from backend.quant.gguf_types import BLOCK, FourBitWeight
-from backend.quant.quantized_linear import Int4Linear, fits_int4_kernels, replace_module
+from backend.quant import block_weights
+from backend.quant.gguf_types import BLOCK, FourBitWeight, requantize_int8
+from backend.quant.quantized_linear import Int4Linear, Int8Linear, fits_int4_kernels, replace_module
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,21 @@ PARTS = ("qweight", "qzeros", "scales", "g_idx")
 
 class UnsupportedCheckpoint(ValueError):
     """A quantized checkpoint this server does not serve; the message says why."""
+
+
+@dataclass(frozen=True)
+class ActOrderLayer:
+    """A layer quantized in act order: input i's scale and zero are those of group g_idx[i]."""
+
+    q: torch.Tensor  # [in, out] uint8, 0..15
+    scales: torch.Tensor  # [groups, out] float32
+    zeros: torch.Tensor  # [groups, out] float32, z
+    g_idx: torch.Tensor  # [in] int64
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weights [out, in] as GPTQModel's dequantize_weight gives them."""
+        weights = self.scales[self.g_idx] * (self.q.float() - self.zeros[self.g_idx])
+        return weights.T.contiguous()
 
 
 @dataclass(frozen=True)
@@ -114,9 +138,11 @@ def awq_columns(values: torch.Tensor) -> torch.Tensor:
     return values.reshape(values.shape[0], -1, 8)[:, :, AWQ_REVERSE_ORDER].reshape(values.shape)
 
 
-def unpack_layer(tensors: dict[str, torch.Tensor], fmt: GroupWiseFormat, name: str) -> FourBitWeight:
+def unpack_layer(
+    tensors: dict[str, torch.Tensor], fmt: GroupWiseFormat, name: str
+) -> FourBitWeight | ActOrderLayer:
     """One layer's `qweight`, `qzeros`, `scales` (and GPTQ's `g_idx`) as Int4Linear's q, scale and zero
-    a block of 32 inputs."""
+    a block of 32 inputs; an ActOrderLayer where g_idx puts inputs in other groups than consecutive ones."""
     scales = tensors["scales"].float()  # [groups, out]
     out_features = scales.shape[1]
     qzeros = tensors["qzeros"]
@@ -136,21 +162,25 @@ def unpack_layer(tensors: dict[str, torch.Tensor], fmt: GroupWiseFormat, name: s
             "of 32"
         )
     groups = torch.arange(in_features, dtype=torch.int32) // group_size
-    if "g_idx" in tensors and not torch.equal(tensors["g_idx"].to(torch.int32), groups):
-        raise UnsupportedCheckpoint(
-            f"{name}: a GPTQ act-order (desc_act) checkpoint whose groups are not consecutive inputs; "
-            "the engine's blocks need each 32 consecutive inputs to share a scale (quantize with "
-            "desc_act=False, or serve the unquantized model)"
-        )
     z = zeros.float()
+    if "g_idx" in tensors and not torch.equal(tensors["g_idx"].to(torch.int32), groups):
+        g_idx = tensors["g_idx"].to(torch.int64)
+        if g_idx.shape != (in_features,) or g_idx.min() < 0 or g_idx.max() >= scales.shape[0]:
+            raise UnsupportedCheckpoint(
+                f"{name}: g_idx of shape {tuple(g_idx.shape)} and groups {g_idx.min()}..{g_idx.max()} "
+                f"for {in_features} inputs in {scales.shape[0]} groups"
+            )
+        return ActOrderLayer(q, scales, z, g_idx)
     blocks_per_group = group_size // BLOCK
     scale = scales.repeat_interleave(blocks_per_group, dim=0).T.contiguous()  # [out, in / 32]
     zero = ((8 - z) * scales).repeat_interleave(blocks_per_group, dim=0).T.contiguous()
     return FourBitWeight(q.T.contiguous(), scale, zero)
 
 
-def dequantize(weight: FourBitWeight) -> torch.Tensor:
+def dequantize(weight: FourBitWeight | ActOrderLayer) -> torch.Tensor:
     """The float32 weights [out, in] a layer's q, scale and zero hold."""
+    if isinstance(weight, ActOrderLayer):
+        return weight.dequantize()
     blocks = (weight.q.float() - 8).reshape(weight.q.shape[0], -1, BLOCK) * weight.scale[..., None]
     return (blocks + weight.zero[..., None]).reshape(weight.q.shape)
 
@@ -166,7 +196,7 @@ def checkpoint_files(location: str) -> list[Path]:
 
 def read_checkpoint(
     location: str, fmt: GroupWiseFormat, dtype: torch.dtype
-) -> tuple[dict[str, torch.Tensor], dict[str, FourBitWeight]]:
+) -> tuple[dict[str, torch.Tensor], dict[str, FourBitWeight | ActOrderLayer]]:
     """The checkpoint's state dict with each quantized layer's weight dequantized to `dtype` (what the
     model is built from), and those layers' 4-bit weights by module name."""
     state_dict: dict[str, torch.Tensor] = {}
@@ -186,24 +216,41 @@ def read_checkpoint(
     return state_dict, layers
 
 
-def serve_group_wise(model: nn.Module, layers: dict[str, FourBitWeight], fmt: GroupWiseFormat) -> int:
-    """Replace each quantized layer by an Int4Linear of the checkpoint's own values, its dequantized
-    weights the dense copy for many rows. Returns how many."""
-    served = 0
+def serve_group_wise(
+    model: nn.Module, layers: dict[str, FourBitWeight | ActOrderLayer], fmt: GroupWiseFormat
+) -> int:
+    """Replace each quantized layer by an Int4Linear of the checkpoint's own values (an act-order one by
+    8-bit blocks converted from its dequantized weights, where the CPU has blocks), its dequantized
+    weights the dense copy for many rows. Returns how many layers are served quantized."""
+    repacked = converted = 0
     for name, weight in layers.items():
         linear = model.get_submodule(name)
         if not fits_int4_kernels(linear):  # outputs no whole tile of 16: its dequantized floats serve
             continue
         device = linear.weight.device
+        dense = linear.weight.detach()
+        if isinstance(weight, ActOrderLayer):
+            if not block_weights.available(device):
+                continue
+            eight_bit = requantize_int8(weight.dequantize().numpy())
+            replace_module(model, name, Int8Linear(eight_bit.q, eight_bit.scale, linear.bias, dense=dense))
+            converted += 1
+            continue
         q, scale, zero = (t.to(device) for t in (weight.q, weight.scale, weight.zero))
-        replace_module(model, name, Int4Linear(q, scale, zero, linear.bias, dense=linear.weight.detach()))
-        served += 1
-    log.info(
-        "%s checkpoint: %d linear layers repacked into 4-bit blocks of 32 inputs (groups of %s), "
-        "their dequantized weights kept for many rows; %d served as dequantized floats",
-        fmt.method.upper(),
-        served,
-        fmt.group_size or "a whole channel",
-        len(layers) - served,
+        replace_module(model, name, Int4Linear(q, scale, zero, linear.bias, dense=dense))
+        repacked += 1
+    act_order = (
+        f"{converted} in act order (groups permuted by g_idx) converted once to 8-bit blocks of 32, "
+        if converted
+        else ""
     )
-    return served
+    log.info(
+        "%s checkpoint: %d linear layers repacked into 4-bit blocks of 32 inputs (groups of %s), %stheir "
+        "dequantized weights kept for many rows; %d served as dequantized floats",
+        fmt.method.upper(),
+        repacked,
+        fmt.group_size or "a whole channel",
+        act_order,
+        len(layers) - repacked - converted,
+    )
+    return repacked + converted

@@ -7,7 +7,9 @@ libraries pack them:
 
     GPTQ: qweight int32 [in / 8, out], value k of word (i, j) input 8i + k at bits 4k; qzeros int32
           [groups, out / 8], value k of word (g, j) output 8j + k; scales fp16 [groups, out]; g_idx
-          int32 [in]. Format "gptq" (v1) stores each qzeros word less 0x11111111.
+          int32 [in], each input's group: consecutive inputs, or in act order (desc_act) a group of
+          the inputs GPTQ took together (here a random order's). Format "gptq" (v1) stores each qzeros
+          word less 0x11111111.
     AWQ (GEMM): qweight int32 [in, out / 8] and qzeros [groups, out / 8], value k of a word output
           8j + AWQ_ORDER[k]; scales fp16 [groups, out].
 
@@ -19,6 +21,7 @@ zeros[g_idx])), AutoAWQ's `awq.utils.packing_utils.dequantize_gemm` (unpack, rev
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,12 +61,23 @@ def as_int32(words: torch.Tensor) -> torch.Tensor:
     return (words & 0xFFFFFFFF).to(torch.uint32).view(torch.int32)
 
 
-def gptq_layer(weight: torch.Tensor, group_size: int, symmetric: bool, v1: bool) -> dict[str, torch.Tensor]:
-    q, z, scale = round_to_int4(weight, group_size, symmetric)
+def gptq_layer(
+    weight: torch.Tensor, group_size: int, symmetric: bool, v1: bool, act_order: bool = False
+) -> dict[str, torch.Tensor]:
+    """In act order, the inputs are grouped in a random order (GPTQ's is by their activations' size) and
+    stored in their own: q row i is input i, of group g_idx[i]. Layers of one shape share the order, as
+    q, k and v, which see the same activations, do in GPTQ."""
+    in_features = weight.shape[1]
+    shuffle = torch.Generator().manual_seed(weight.shape[0] * in_features)
+    order = torch.randperm(in_features, generator=shuffle) if act_order else torch.arange(in_features)
+    q_in_order, z, scale = round_to_int4(weight[:, order], group_size, symmetric)
+    q = torch.empty_like(q_in_order)
+    q[order] = q_in_order
+    g_idx = torch.empty(in_features, dtype=torch.int32)
+    g_idx[order] = torch.arange(in_features, dtype=torch.int32) // group_size
     qzeros = pack(z, dim=1)
     if v1:
         qzeros = as_int32(qzeros.to(torch.int64) - 0x11111111)
-    g_idx = torch.arange(weight.shape[1], dtype=torch.int32) // group_size
     return {"qweight": pack(q, dim=0), "qzeros": qzeros, "scales": scale, "g_idx": g_idx}
 
 
@@ -106,11 +120,17 @@ def autoawq_dequantize(tensors: dict[str, torch.Tensor], group_size: int) -> tor
 
 
 def write_group_wise_checkpoint(
-    directory: Path, method: str, group_size: int = 32, symmetric: bool = True, packing: str = "gptq"
+    directory: Path,
+    method: str,
+    group_size: int = 32,
+    symmetric: bool = True,
+    packing: str = "gptq",
+    act_order: Callable[[str], bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """A model directory the server loads: `tiny_model("llama")` (with the marker tokenizer of
-    `write_tiny_causal_lm`) whose projections are stored as `method` ("gptq" or "awq") packs them.
-    Returns each quantized layer's weights as the library dequantizes them, by module name."""
+    `write_tiny_causal_lm`) whose projections are stored as `method` ("gptq" or "awq") packs them
+    (GPTQ's in act order where `act_order` is true of the module's name). Returns each quantized layer's
+    weights as the library dequantizes them, by module name."""
     write_tiny_causal_lm(directory, "llama")
     model = tiny_model("llama")
     tensors, expected = {}, {}
@@ -122,7 +142,8 @@ def write_group_wise_checkpoint(
             tensors[name] = parameter.contiguous()
             continue
         if method == "gptq":
-            layer = gptq_layer(parameter, group_size, symmetric, v1=packing == "gptq")
+            in_act_order = act_order is not None and act_order(module_name)
+            layer = gptq_layer(parameter, group_size, symmetric, v1=packing == "gptq", act_order=in_act_order)
             expected[module_name] = gptqmodel_dequantize(layer, v1=packing == "gptq")
         else:
             layer = awq_layer(parameter, group_size)
@@ -135,7 +156,7 @@ def write_group_wise_checkpoint(
             quant_method="gptq",
             bits=4,
             group_size=group_size,
-            desc_act=False,
+            desc_act=act_order is not None,
             sym=symmetric,
             checkpoint_format=packing,
         )

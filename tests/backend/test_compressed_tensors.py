@@ -196,18 +196,77 @@ def test_checkpoints_the_engine_does_not_read_are_refused_naming_the_format(chan
         load(tmp_path / "w4a16-group-symmetric", tmp_path)
 
 
-def test_an_act_order_checkpoint_whose_groups_are_permuted_is_refused(tmp_path):
-    """actorder "group" stores each input's group (weight_g_idx): permuted, a block of 32 inputs would need
-    several scales."""
-    write(tmp_path, "w4a16-group-symmetric")
+def library_act_order_dequantize(
+    values: torch.Tensor, scale: torch.Tensor, g_idx: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """compressed-tensors' dequantization of an actorder "group" layer, which the library wrote up to 0.19
+    (the installed one can no longer): quantization/lifecycle/forward.py's `_process_quantization` sorts
+    the inputs by g_idx, takes each `group_size` of them as a group with its scale, and sorts them back."""
+    order = torch.argsort(g_idx)
+    groups = values.float().index_select(-1, order).unflatten(-1, (-1, group_size))
+    return (groups * scale.float().unsqueeze(-1)).flatten(-2).index_select(-1, torch.argsort(order))
+
+
+def write_act_order_layer(tensors: dict, module: str, weight: torch.Tensor) -> torch.Tensor:
+    """`module` stored in act order (int4 symmetric, groups of 32 of a random order's inputs, its
+    weight_g_idx), packed by the library's pack_to_int32; the weights the library reads back from it."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    out_features, in_features = weight.shape
+    order = torch.randperm(in_features, generator=torch.Generator().manual_seed(in_features))
+    g_idx = torch.empty(in_features, dtype=torch.int64)
+    g_idx[order] = torch.arange(in_features) // 32
+    largest = torch.zeros(out_features, in_features // 32).index_reduce_(
+        1, g_idx, weight.abs(), "amax", include_self=True
+    )
+    scale = (largest / 7).clamp(min=1e-6).to(torch.bfloat16)
+    values = torch.round(weight / scale.float()[:, g_idx]).clamp(-8, 7).to(torch.int8)
+    tensors[f"{module}.weight_packed"] = pack_to_int32(values, 4)
+    tensors[f"{module}.weight_scale"] = scale
+    tensors[f"{module}.weight_g_idx"] = g_idx.to(torch.int32)
+    return library_act_order_dequantize(values, scale, g_idx, 32)
+
+
+def test_act_order_layers_are_read_as_the_library_does_and_served_by_8_bit_blocks(tmp_path, caplog):
+    """actorder "group" stores each input's group (weight_g_idx): a block of 32 consecutive inputs spans
+    several groups' scales, so the layer is converted once to 8-bit blocks of its dequantized weights."""
+    expected = write(tmp_path, "w4a16-group-symmetric")
     path = tmp_path / "w4a16-group-symmetric" / "model.safetensors"
     tensors = load_file(path)
     in_features = 128
-    g_idx = torch.arange(in_features, dtype=torch.int32) // 32
-    tensors["model.layers.0.mlp.down_proj.weight_g_idx"] = g_idx  # consecutive: read
-    tensors["model.layers.1.mlp.down_proj.weight_g_idx"] = g_idx[
-        torch.randperm(in_features, generator=torch.Generator().manual_seed(0))
-    ]
+    tensors["model.layers.0.mlp.down_proj.weight_g_idx"] = torch.arange(in_features, dtype=torch.int32) // 32
+    scattered = "model.layers.1.mlp.down_proj"
+    expected[scattered] = write_act_order_layer(tensors, scattered, expected[scattered])
     save_file(tensors, path, metadata={"format": "pt"})
-    with pytest.raises(UnsupportedCheckpoint, match="layers.1.mlp.down_proj: an act-order"):
+
+    exact = load(tmp_path / "w4a16-group-symmetric", tmp_path, quantize="none").model
+    for module, weight in expected.items():
+        assert torch.equal(exact.get_submodule(module).weight, weight), module
+    with caplog.at_level("INFO"):
+        served = load(tmp_path / "w4a16-group-symmetric", tmp_path).model
+    if not block_weights.available(torch.device("cpu")):
+        return
+    assert isinstance(served.get_submodule("model.layers.0.mlp.down_proj"), Int4Linear)  # consecutive
+    layer = served.get_submodule(scattered)
+    assert isinstance(layer, Int8Linear)
+    assert (
+        "4-bit blocks of the checkpoint's groups x13, 8-bit blocks converted once from the dequantized "
+        "weights (act-order groups) x1" in caplog.text
+    )
+    weight = expected[scattered]
+    error = (block_weights.dequantize(layer.blocks, in_features) - weight).reshape(-1, 32).abs()
+    assert (error <= weight.reshape(-1, 32).abs().amax(dim=-1, keepdim=True) / 127 * 0.51).all()
+
+
+def test_act_order_groups_of_unequal_sizes_are_refused(tmp_path):
+    """The library takes each group_size inputs of the sorted order as a group: with groups of other sizes
+    its scales would fall on other inputs than g_idx says, so such a layer is refused, not guessed."""
+    write(tmp_path, "w4a16-group-symmetric")
+    path = tmp_path / "w4a16-group-symmetric" / "model.safetensors"
+    tensors = load_file(path)
+    g_idx = torch.arange(128, dtype=torch.int32) // 32
+    g_idx[0] = 1  # group 0 has 31 inputs, group 1 has 33
+    tensors["model.layers.1.mlp.down_proj.weight_g_idx"] = g_idx
+    save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(UnsupportedCheckpoint, match="layers.1.mlp.down_proj: act-order groups"):
         load(tmp_path / "w4a16-group-symmetric", tmp_path)

@@ -1,7 +1,8 @@
 """Quantized checkpoints as people download them, through the real server and the official `openai`
 client: a GPTQ checkpoint (written to GPTQModel's packing, tests/backend/group_wise_files.py) and a
-Q4_K_M GGUF file (tests/backend/gguf_files.py), each served in the default mode from its own 4-bit blocks,
-greedy completions against `generate` on the same weights dequantized."""
+Q4_K_M GGUF file (tests/backend/gguf_files.py), each served in the default mode from its own 4-bit blocks
+(the GPTQ checkpoint's act-order layers from 8-bit blocks of theirs), greedy completions against
+`generate` on the same weights dequantized."""
 
 from __future__ import annotations
 
@@ -44,8 +45,16 @@ def marker_ids_match(text: str, ids: list[int]) -> bool:
 
 
 def test_a_gptq_checkpoint_is_served_from_its_blocks(tmp_path):
+    """Its down projections quantized in act order (desc_act: their groups' inputs scattered), the other
+    layers in groups of consecutive inputs: both kinds in one model."""
     directory = tmp_path / "tiny-GPTQ-Int4"
-    expected = write_group_wise_checkpoint(directory, "gptq", group_size=32, symmetric=True)
+    expected = write_group_wise_checkpoint(
+        directory,
+        "gptq",
+        group_size=32,
+        symmetric=True,
+        act_order=lambda module: module.endswith("down_proj"),
+    )
     reference = tiny_model("llama")
     for module, weight in expected.items():
         reference.get_submodule(module).weight.data = weight
