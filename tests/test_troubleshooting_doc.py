@@ -97,7 +97,7 @@ def test_the_refusals_of_models_are_the_engines():
 
 @pytest.mark.parametrize(
     "quantization_config",
-    [{"quant_method": "gptq", "bits": 8, "group_size": 128}],
+    [{"quant_method": "gptq", "bits": 3, "group_size": 128}],
 )
 def test_the_refusals_of_quantized_checkpoints_are_the_engines(quantization_config):
     with pytest.raises(UnsupportedCheckpoint) as refused:
@@ -115,7 +115,7 @@ def test_the_damaged_g_idx_refusal_is_the_engines():
         "scales": torch.ones(32, 16, dtype=torch.float16),
         "g_idx": g_idx,
     }
-    fmt = GroupWiseFormat("gptq", 128, True)
+    fmt = GroupWiseFormat("gptq", 4, 128, True)
     with pytest.raises(UnsupportedCheckpoint) as refused:
         unpack_layer(layer, fmt, "model.layers.0.mlp.down_proj")
     assert str(refused.value).removeprefix("model.layers.0.mlp.down_proj: ") in page()

@@ -7,7 +7,7 @@ model is saved once as safetensors in the cache directory and loaded from
 there on later starts; the linear layers stored quantized are then served
 from the file's own blocks (gguf_weights.py) unless `--quantize none`. A
 GPTQ or AWQ checkpoint is read by this server itself (transformers would
-need GPTQModel or AutoAWQ and their CUDA kernels), its 4-bit layers
+need GPTQModel or AutoAWQ and their CUDA kernels), its 4- and 8-bit layers
 repacked into the engine's blocks (group_wise.py), and so is a
 compressed-tensors one (compressed_checkpoint.py), before transformers
 could look for that library.

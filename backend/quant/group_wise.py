@@ -1,47 +1,52 @@
-"""Group-wise int4 checkpoints, GPTQ's and AWQ's, repacked once at load into the engine's 4-bit weights.
+"""Group-wise checkpoints, GPTQ's and AWQ's, repacked once at load into the engine's 4- and 8-bit blocks.
 
-A "-GPTQ-Int4" or "-AWQ" repository keeps, for each quantized linear layer,
-its 4-bit values and a scale and zero point for every `group_size` inputs
-of an output channel (128 mostly):
+A "-GPTQ-Int4", "-GPTQ-Int8" or "-AWQ" repository keeps, for each quantized
+linear layer, its 4-bit (GPTQ: or 8-bit) values and a scale and zero point
+for every `group_size` inputs of an output channel (128 mostly):
 
-    w = scale * (q - z), q and z in 0..15
+    w = scale * (q - z), q and z in 0..15 (0..255 for 8 bits)
 
-    GPTQ: qweight int32 [in / 8, out], eight q of one output down the inputs, value k at bits 4k;
-          qzeros int32 [groups, out / 8], eight z along the outputs; scales fp16 [groups, out];
-          g_idx int32 [in], each input's group. Its first format ("gptq", most checkpoints)
-          stores each qzeros word less 0x11111111 (every z less one, borrows and all), which
-          GPTQModel adds back on loading; "gptq_v2" stores z.
-    AWQ ("gemm"): qweight int32 [in, out / 8] and qzeros int32 [groups, out / 8], eight values along
-          the outputs in the order 0 2 4 6 1 3 5 7; scales fp16 [groups, out].
+    GPTQ: qweight int32 [in / 8, out], eight q of one output down the inputs, value k at bits 4k
+          (8 bits: [in / 4, out], four, value k at bits 8k); qzeros int32 [groups, out / 8], eight z
+          along the outputs (8 bits: four); scales fp16 [groups, out]; g_idx int32 [in], each
+          input's group. Its first format ("gptq", most checkpoints) stores each qzeros word less
+          0x11111111 (0x01010101 for 8 bits: every z less one, borrows and all), which GPTQModel adds
+          back on loading; "gptq_v2" stores z.
+    AWQ ("gemm", 4 bits only): qweight int32 [in, out / 8] and qzeros int32 [groups, out / 8], eight
+          values along the outputs in the order 0 2 4 6 1 3 5 7; scales fp16 [groups, out].
 
 transformers reads neither without GPTQModel or AutoAWQ, which build CUDA
-kernels; this module reads the tensors itself. In Int4Linear's terms (w =
-(q - 8) * scale + zero, a scale a block of 32 inputs) each group is
-group_size / 32 blocks with its scale and zero = (8 - z) * scale: the same
-weights, exactly in float32 (the CPU's blocks keep z * scale in fp16:
-exact for symmetric checkpoints, where z is 8; within 2^-11 of it
-otherwise). The model itself is built from the dequantized weights, in
-the start's dtype (the exact mode's float32 is the reference), which are
-the dense copy for many rows, as a GGUF file's are.
+kernels; this module reads the tensors itself. The model is built from the
+dequantized weights, in the start's dtype (the exact mode's float32 is the
+reference), which are the dense copy for many rows, as a GGUF file's are.
+Then each layer is:
 
-GPTQ's act-order checkpoints (`desc_act`, as many published "-GPTQ"
-repositories were quantized) number each input's group in g_idx in the
-order of the inputs' importance, so 32 consecutive inputs fall in several groups and
-share no scale: such a layer cannot be the engine's 4-bit blocks. It is
-converted once, from the weights the library dequantizes (scales[g_idx] *
-(q - z[g_idx]), in float32), to 8-bit blocks of 32 where the CPU multiplies
-blocks (a byte a weight, within half a step of 1/127 of each block's
-largest weight), else served as those dequantized floats; the log says how
-many.
+    4-bit, groups of consecutive inputs: an Int4Linear (w = (q - 8) * scale + zero, a scale a block of
+        32 inputs) of group_size / 32 blocks a group with its scale and zero = (8 - z) * scale: the
+        same weights, exactly in float32 (the CPU's blocks keep z * scale in fp16: exact for
+        symmetric checkpoints, where z is 8; within 2^-11 of it otherwise).
+    8-bit, symmetric (every z 128), consecutive groups: an Int8Linear of the checkpoint's own q - 128
+        and its fp16 scales, a block of 32 each, exactly the library's weights.
+    in act order (GPTQ's `desc_act`, as many published "-GPTQ" repositories were quantized: g_idx
+        numbers the inputs' groups in the order of their importance, so 32 consecutive inputs fall
+        in several groups and share no scale), and 8-bit with zero points: 8-bit blocks of 32
+        converted once from the weights the library dequantizes (scales[g_idx] * (q - z[g_idx]), in
+        float32), a byte a weight within half a step of 1/127 of each block's largest weight.
 
-Refused, with the reason: other bit widths, groups that are no whole
-number of 32 inputs, and other packings (AWQ's "gemv", GPTQ's "marlin").
+Where the CPU has no blocks (and on a GPU) only the 4-bit layers of
+consecutive groups are served quantized (PyTorch's int4 kernel); the others
+are their dequantized floats. The log says how many are served each way.
+
+Refused, with the reason: other bit widths (AWQ's 8), groups that are no
+whole number of 32 inputs, a g_idx naming groups the layer has not, and
+other packings (AWQ's "gemv", GPTQ's "marlin").
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,25 +71,15 @@ class UnsupportedCheckpoint(ValueError):
 
 
 @dataclass(frozen=True)
-class ActOrderLayer:
-    """A layer quantized in act order: input i's scale and zero are those of group g_idx[i]."""
-
-    q: torch.Tensor  # [in, out] uint8, 0..15
-    scales: torch.Tensor  # [groups, out] float32
-    zeros: torch.Tensor  # [groups, out] float32, z
-    g_idx: torch.Tensor  # [in] int64
-
-    def dequantize(self) -> torch.Tensor:
-        """The float32 weights [out, in] as GPTQModel's dequantize_weight gives them."""
-        weights = self.scales[self.g_idx] * (self.q.float() - self.zeros[self.g_idx])
-        return weights.T.contiguous()
-
-
-@dataclass(frozen=True)
 class GroupWiseFormat:
     method: str  # "gptq" or "awq"
+    bits: int  # 4, or 8 (GPTQ's)
     group_size: int  # inputs a scale and zero cover; 0: all of a layer's (one group a channel)
-    zeros_less_one: bool  # GPTQ's first format: each qzeros word is stored less 0x11111111
+    zeros_less_one: bool  # GPTQ's first format: each qzeros value is stored less one
+
+    def describe(self) -> str:
+        groups = f"groups of {self.group_size}" if self.group_size else "a group a channel"
+        return f"{self.bits}-bit, {groups}"
 
 
 def checkpoint_format(quantization_config: dict | None) -> GroupWiseFormat | None:
@@ -94,10 +89,9 @@ def checkpoint_format(quantization_config: dict | None) -> GroupWiseFormat | Non
         return None
     method = quantization_config["quant_method"]
     bits = quantization_config.get("bits", quantization_config.get("w_bit"))
-    if bits != 4:
-        raise UnsupportedCheckpoint(
-            f"a {method.upper()} checkpoint of {bits} bits: only 4-bit ones are served"
-        )
+    if bits not in ((4, 8) if method == "gptq" else (4,)):
+        served = "4- and 8-bit ones are" if method == "gptq" else "4-bit ones are"
+        raise UnsupportedCheckpoint(f"a {method.upper()} checkpoint of {bits} bits: only {served} served")
     group_size = quantization_config.get("group_size", quantization_config.get("q_group_size", 128))
     if group_size == -1:
         group_size = 0
@@ -113,23 +107,24 @@ def checkpoint_format(quantization_config: dict | None) -> GroupWiseFormat | Non
                 f"an AWQ checkpoint packed as {version!r} (zero points: "
                 f"{quantization_config.get('zero_point', True)}): only AutoAWQ's GEMM packing is read"
             )
-        return GroupWiseFormat("awq", group_size, False)
+        return GroupWiseFormat("awq", bits, group_size, False)
     packing = quantization_config.get("checkpoint_format", "gptq")
     if packing not in ("gptq", "gptq_v2"):
         raise UnsupportedCheckpoint(
             f"a GPTQ checkpoint packed as {packing!r}: only 'gptq' and 'gptq_v2' are read"
         )
-    return GroupWiseFormat("gptq", group_size, packing == "gptq")
+    return GroupWiseFormat("gptq", bits, group_size, packing == "gptq")
 
 
-def unpack_nibbles(packed: torch.Tensor, dim: int) -> torch.Tensor:
-    """int32 [n, m] of eight 4-bit values each, value k at bits 4k, to uint8 values: [8n, m] down `dim`
-    0 (value k of row i is row 8i + k), [n, 8m] along `dim` 1."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+def unpack_words(packed: torch.Tensor, dim: int, bits: int = 4) -> torch.Tensor:
+    """int32 [n, m] of 32 / bits values each, value k at bits k * bits, to uint8 values: [32n / bits, m]
+    down `dim` 0 (value k of row i is row (32 / bits) i + k), [n, 32m / bits] along `dim` 1."""
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    mask = (1 << bits) - 1
     if dim == 0:
-        values = (packed[:, None, :] >> shifts[None, :, None]) & 0xF
+        values = (packed[:, None, :] >> shifts[None, :, None]) & mask
         return values.reshape(-1, packed.shape[1]).to(torch.uint8)
-    values = (packed[:, :, None] >> shifts[None, None, :]) & 0xF
+    values = (packed[:, :, None] >> shifts[None, None, :]) & mask
     return values.reshape(packed.shape[0], -1).to(torch.uint8)
 
 
@@ -138,22 +133,64 @@ def awq_columns(values: torch.Tensor) -> torch.Tensor:
     return values.reshape(values.shape[0], -1, 8)[:, :, AWQ_REVERSE_ORDER].reshape(values.shape)
 
 
-def unpack_layer(
-    tensors: dict[str, torch.Tensor], fmt: GroupWiseFormat, name: str
-) -> FourBitWeight | ActOrderLayer:
-    """One layer's `qweight`, `qzeros`, `scales` (and GPTQ's `g_idx`) as Int4Linear's q, scale and zero
-    a block of 32 inputs; an ActOrderLayer where g_idx puts inputs in other groups than consecutive ones."""
+@dataclass(frozen=True)
+class GroupWiseLayer:
+    """One quantized layer as the checkpoint stores it, unpacked: w[o, i] = s (q[i, o] - z), the scale s and
+    zero z of output o in group g_idx[i] (consecutive inputs, or in act order any)."""
+
+    bits: int
+    q: torch.Tensor  # [in, out] uint8
+    scales: torch.Tensor  # [groups, out] float32
+    zeros: torch.Tensor  # [groups, out] float32
+    g_idx: torch.Tensor  # [in] int64
+    group_size: int
+
+    @property
+    def consecutive(self) -> bool:
+        """Whether each group is `group_size` consecutive inputs (no act order)."""
+        return torch.equal(self.g_idx, torch.arange(len(self.g_idx)) // self.group_size)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weights [out, in] as GPTQModel's dequantize_weight and AutoAWQ's dequantize_gemm give
+        them (scales[g_idx] * (q - zeros[g_idx]))."""
+        weights = self.scales[self.g_idx] * (self.q.float() - self.zeros[self.g_idx])
+        return weights.T.contiguous()
+
+    def by_block(self, per_group: torch.Tensor) -> torch.Tensor:
+        """[groups, out] to [out, in / 32], each block of 32 inputs its group's."""
+        return per_group.repeat_interleave(self.group_size // BLOCK, dim=0).T.contiguous()
+
+    def four_bit(self) -> FourBitWeight | None:
+        """A 4-bit layer of consecutive groups in Int4Linear's terms: each block of 32 inputs its group's
+        scale, and zero = (8 - z) * scale."""
+        if self.bits != 4 or not self.consecutive:
+            return None
+        zero = self.by_block((8 - self.zeros) * self.scales)
+        return FourBitWeight(self.q.T.contiguous(), self.by_block(self.scales), zero)
+
+    def eight_bit(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A symmetric 8-bit layer of consecutive groups (every z 128) as Int8Linear takes it, w = (q - 128)
+        * scale: int8 [out, in] and each block's scale [out, in / 32]."""
+        if self.bits != 8 or not self.consecutive or not bool((self.zeros == 128).all()):
+            return None
+        signed = (self.q.to(torch.int16) - 128).to(torch.int8).T.contiguous()
+        return signed, self.by_block(self.scales)
+
+
+def unpack_layer(tensors: dict[str, torch.Tensor], fmt: GroupWiseFormat, name: str) -> GroupWiseLayer:
+    """One layer's `qweight`, `qzeros`, `scales` (and GPTQ's `g_idx`) unpacked."""
     scales = tensors["scales"].float()  # [groups, out]
     out_features = scales.shape[1]
     qzeros = tensors["qzeros"]
-    if fmt.zeros_less_one:  # as GPTQModel's convert_gptq_v1_to_v2_format: the words, modulo 2^32
-        qzeros = ((qzeros.to(torch.int64) + 0x11111111) & 0xFFFFFFFF).to(torch.uint32).view(torch.int32)
+    if fmt.zeros_less_one:  # as GPTQModel's convert_gptq_v1_to_v2_format: one more in each value, mod 2^32
+        ones = sum(1 << shift for shift in range(0, 32, fmt.bits))  # 0x11111111 for 4 bits
+        qzeros = ((qzeros.to(torch.int64) + ones) & 0xFFFFFFFF).to(torch.uint32).view(torch.int32)
     if fmt.method == "gptq":
-        q = unpack_nibbles(tensors["qweight"], dim=0)  # [in, out]
-        zeros = unpack_nibbles(qzeros, dim=1)[:, :out_features]
+        q = unpack_words(tensors["qweight"], 0, fmt.bits)  # [in, out]
+        zeros = unpack_words(qzeros, 1, fmt.bits)[:, :out_features]
     else:
-        q = awq_columns(unpack_nibbles(tensors["qweight"], dim=1))
-        zeros = awq_columns(unpack_nibbles(qzeros, dim=1))[:, :out_features]
+        q = awq_columns(unpack_words(tensors["qweight"], 1))
+        zeros = awq_columns(unpack_words(qzeros, 1))[:, :out_features]
     in_features = q.shape[0]
     group_size = fmt.group_size or in_features
     if in_features % BLOCK or in_features % group_size or scales.shape[0] != in_features // group_size:
@@ -161,26 +198,17 @@ def unpack_layer(
             f"{name}: {in_features} inputs in {scales.shape[0]} groups of {group_size}: not whole blocks "
             "of 32"
         )
-    groups = torch.arange(in_features, dtype=torch.int32) // group_size
-    z = zeros.float()
-    if "g_idx" in tensors and not torch.equal(tensors["g_idx"].to(torch.int32), groups):
-        g_idx = tensors["g_idx"].to(torch.int64)
-        if g_idx.shape != (in_features,) or g_idx.min() < 0 or g_idx.max() >= scales.shape[0]:
-            raise UnsupportedCheckpoint(
-                f"{name}: g_idx of shape {tuple(g_idx.shape)} and groups {g_idx.min()}..{g_idx.max()} "
-                f"for {in_features} inputs in {scales.shape[0]} groups"
-            )
-        return ActOrderLayer(q, scales, z, g_idx)
-    blocks_per_group = group_size // BLOCK
-    scale = scales.repeat_interleave(blocks_per_group, dim=0).T.contiguous()  # [out, in / 32]
-    zero = ((8 - z) * scales).repeat_interleave(blocks_per_group, dim=0).T.contiguous()
-    return FourBitWeight(q.T.contiguous(), scale, zero)
+    g_idx = tensors.get("g_idx", torch.arange(in_features) // group_size).to(torch.int64)
+    if g_idx.shape != (in_features,) or g_idx.min() < 0 or g_idx.max() >= scales.shape[0]:
+        raise UnsupportedCheckpoint(
+            f"{name}: g_idx of shape {tuple(g_idx.shape)} and groups {g_idx.min()}..{g_idx.max()} "
+            f"for {in_features} inputs in {scales.shape[0]} groups"
+        )
+    return GroupWiseLayer(fmt.bits, q, scales, zeros.float(), g_idx, group_size)
 
 
-def dequantize(weight: FourBitWeight | ActOrderLayer) -> torch.Tensor:
-    """The float32 weights [out, in] a layer's q, scale and zero hold."""
-    if isinstance(weight, ActOrderLayer):
-        return weight.dequantize()
+def dequantize(weight: FourBitWeight) -> torch.Tensor:
+    """The float32 weights [out, in] a layer's 4-bit q, scale and zero hold."""
     blocks = (weight.q.float() - 8).reshape(weight.q.shape[0], -1, BLOCK) * weight.scale[..., None]
     return (blocks + weight.zero[..., None]).reshape(weight.q.shape)
 
@@ -196,9 +224,9 @@ def checkpoint_files(location: str) -> list[Path]:
 
 def read_checkpoint(
     location: str, fmt: GroupWiseFormat, dtype: torch.dtype
-) -> tuple[dict[str, torch.Tensor], dict[str, FourBitWeight | ActOrderLayer]]:
+) -> tuple[dict[str, torch.Tensor], dict[str, GroupWiseLayer]]:
     """The checkpoint's state dict with each quantized layer's weight dequantized to `dtype` (what the
-    model is built from), and those layers' 4-bit weights by module name."""
+    model is built from), and those layers as stored, by module name."""
     state_dict: dict[str, torch.Tensor] = {}
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for path in checkpoint_files(location):
@@ -212,45 +240,42 @@ def read_checkpoint(
     layers = {}
     for module, tensors in parts.items():
         layers[module] = unpack_layer(tensors, fmt, module)
-        state_dict[f"{module}.weight"] = dequantize(layers[module]).to(dtype)
+        state_dict[f"{module}.weight"] = layers[module].dequantize().to(dtype)
     return state_dict, layers
 
 
-def serve_group_wise(
-    model: nn.Module, layers: dict[str, FourBitWeight | ActOrderLayer], fmt: GroupWiseFormat
-) -> int:
-    """Replace each quantized layer by an Int4Linear of the checkpoint's own values (an act-order one by
-    8-bit blocks converted from its dequantized weights, where the CPU has blocks), its dequantized
-    weights the dense copy for many rows. Returns how many layers are served quantized."""
-    repacked = converted = 0
-    for name, weight in layers.items():
+def serve_group_wise(model: nn.Module, layers: dict[str, GroupWiseLayer], fmt: GroupWiseFormat) -> Counter:
+    """Replace each quantized layer by a weight-only one of the checkpoint's values (module docstring),
+    its dequantized weights the dense copy for many rows. Returns how many were served each way."""
+    device = next(model.parameters()).device
+    blocks = block_weights.available(device)
+    served = Counter()
+    for name, layer in layers.items():
         linear = model.get_submodule(name)
         if not fits_int4_kernels(linear):  # outputs no whole tile of 16: its dequantized floats serve
+            served["dequantized floats"] += 1
             continue
-        device = linear.weight.device
         dense = linear.weight.detach()
-        if isinstance(weight, ActOrderLayer):
-            if not block_weights.available(device):
-                continue
-            eight_bit = requantize_int8(weight.dequantize().numpy())
-            replace_module(model, name, Int8Linear(eight_bit.q, eight_bit.scale, linear.bias, dense=dense))
-            converted += 1
-            continue
-        q, scale, zero = (t.to(device) for t in (weight.q, weight.scale, weight.zero))
-        replace_module(model, name, Int4Linear(q, scale, zero, linear.bias, dense=dense))
-        repacked += 1
-    act_order = (
-        f"{converted} in act order (groups permuted by g_idx) converted once to 8-bit blocks of 32, "
-        if converted
-        else ""
-    )
+        four_bit, eight_bit = layer.four_bit(), layer.eight_bit()
+        if four_bit is not None:
+            q, scale, zero = (t.to(device) for t in (four_bit.q, four_bit.scale, four_bit.zero))
+            replace_module(model, name, Int4Linear(q, scale, zero, linear.bias, dense=dense))
+            served["4-bit blocks of the checkpoint's groups"] += 1
+        elif eight_bit is not None and blocks:
+            replace_module(model, name, Int8Linear(*eight_bit, linear.bias, dense=dense))
+            served["8-bit blocks of the checkpoint's values"] += 1
+        elif blocks:
+            converted = requantize_int8(layer.dequantize().numpy())
+            replace_module(model, name, Int8Linear(converted.q, converted.scale, linear.bias, dense=dense))
+            why = "act-order groups" if not layer.consecutive else "zero points"
+            served[f"8-bit blocks converted once from the dequantized weights ({why})"] += 1
+        else:
+            served["dequantized floats"] += 1
     log.info(
-        "%s checkpoint: %d linear layers repacked into 4-bit blocks of 32 inputs (groups of %s), %stheir "
-        "dequantized weights kept for many rows; %d served as dequantized floats",
+        "%s checkpoint (%s): %d linear layers served as %s, their dequantized weights kept for many rows",
         fmt.method.upper(),
-        repacked,
-        fmt.group_size or "a whole channel",
-        act_order,
-        len(layers) - repacked - converted,
+        fmt.describe(),
+        len(layers),
+        ", ".join(f"{how} x{count}" for how, count in served.most_common()),
     )
-    return repacked + converted
+    return served

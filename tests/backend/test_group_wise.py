@@ -27,13 +27,44 @@ from tests.backend.models import (
     write_tiny_causal_lm,
 )
 
-CHECKPOINTS = {  # name: (method, group size, symmetric, packing)
-    "gptq-v1-symmetric": ("gptq", 32, True, "gptq"),
-    "gptq-v1-asymmetric": ("gptq", 64, False, "gptq"),
-    "gptq-v2-asymmetric": ("gptq", 32, False, "gptq_v2"),
-    "awq": ("awq", 64, False, "gemm"),
+
+def every_layer(module: str) -> bool:
+    return True
+
+
+CHECKPOINTS = {  # name: write_group_wise_checkpoint's options
+    "gptq-v1-symmetric": dict(method="gptq", group_size=32, symmetric=True, packing="gptq"),
+    "gptq-v1-asymmetric": dict(method="gptq", group_size=64, symmetric=False, packing="gptq"),
+    "gptq-v2-asymmetric": dict(method="gptq", group_size=32, symmetric=False, packing="gptq_v2"),
+    "awq": dict(method="awq", group_size=64, symmetric=False, packing="gemm"),
+    "gptq-v1-act-order": dict(
+        method="gptq", group_size=32, symmetric=False, packing="gptq", act_order=every_layer
+    ),
+    "gptq-8-bit-v1-symmetric": dict(method="gptq", group_size=64, symmetric=True, packing="gptq", bits=8),
+    "gptq-8-bit-v2-asymmetric": dict(
+        method="gptq", group_size=32, symmetric=False, packing="gptq_v2", bits=8
+    ),
 }
-ACT_ORDER = "gptq-v1-act-order"  # desc_act, groups of 32, asymmetric
+ACT_ORDER = "gptq-v1-act-order"
+FOUR_BIT = "4-bit blocks of the checkpoint's groups x14"
+CONVERTED = "8-bit blocks converted once from the dequantized weights ({}) x14"
+SERVED = {  # name: (layer type, the log's format and how its layers were served)
+    "gptq-v1-symmetric": (Int4Linear, "GPTQ checkpoint (4-bit, groups of 32)", FOUR_BIT),
+    "gptq-v1-asymmetric": (Int4Linear, "GPTQ checkpoint (4-bit, groups of 64)", FOUR_BIT),
+    "gptq-v2-asymmetric": (Int4Linear, "GPTQ checkpoint (4-bit, groups of 32)", FOUR_BIT),
+    "awq": (Int4Linear, "AWQ checkpoint (4-bit, groups of 64)", FOUR_BIT),
+    ACT_ORDER: (Int8Linear, "GPTQ checkpoint (4-bit, groups of 32)", CONVERTED.format("act-order groups")),
+    "gptq-8-bit-v1-symmetric": (
+        Int8Linear,
+        "GPTQ checkpoint (8-bit, groups of 64)",
+        "8-bit blocks of the checkpoint's values x14",
+    ),
+    "gptq-8-bit-v2-asymmetric": (
+        Int8Linear,
+        "GPTQ checkpoint (8-bit, groups of 32)",
+        CONVERTED.format("zero points"),
+    ),
+}
 
 
 def load(directory, tmp_path, quantize: str = "auto"):
@@ -41,14 +72,10 @@ def load(directory, tmp_path, quantize: str = "auto"):
 
 
 def write(tmp_path, name: str):
-    if name == ACT_ORDER:
-        every_layer = lambda module: True  # noqa: E731
-        return write_group_wise_checkpoint(tmp_path / name, "gptq", 32, False, "gptq", act_order=every_layer)
-    method, group_size, symmetric, packing = CHECKPOINTS[name]
-    return write_group_wise_checkpoint(tmp_path / name, method, group_size, symmetric, packing)
+    return write_group_wise_checkpoint(tmp_path / name, **CHECKPOINTS[name])
 
 
-@pytest.mark.parametrize("name", [*sorted(CHECKPOINTS), ACT_ORDER])
+@pytest.mark.parametrize("name", sorted(CHECKPOINTS))
 def test_the_exact_mode_builds_the_model_from_the_weights_the_library_dequantizes(name, tmp_path):
     expected = write(tmp_path, name)
     model = load(tmp_path / name, tmp_path, quantize="none").model
@@ -57,81 +84,63 @@ def test_the_exact_mode_builds_the_model_from_the_weights_the_library_dequantize
         assert torch.equal(model.get_submodule(module).weight, weight), module
 
 
+@pytest.mark.skipif(not block_weights.available(torch.device("cpu")), reason="needs the CPU's blocks")
 @pytest.mark.parametrize("name", sorted(CHECKPOINTS))
 def test_each_layer_is_served_from_the_checkpoints_values_in_the_engines_blocks(name, tmp_path, caplog):
     """The 4-bit layers' weights are the library's to 0 error in float32 (q, scale and zero unpacked); in
     the CPU's blocks, which keep z * scale in fp16, to 0 for symmetric checkpoints (z = 8) and within 2^-11
-    of z * scale otherwise."""
+    of z * scale otherwise. Symmetric 8-bit ones are the library's exactly (q - 128 and its fp16 scales).
+    Act-order layers (no 4-bit block of 32 has one scale: their groups' inputs are scattered) and 8-bit
+    ones with zero points are converted from the library's weights, within half a step of 1/127 of each
+    block's largest weight."""
     expected = write(tmp_path, name)
-    method, group_size, symmetric, _ = CHECKPOINTS[name]
+    kind, fmt, served_as = SERVED[name]
     with caplog.at_level("INFO"):
         model = load(tmp_path / name, tmp_path).model
-    assert f"{method.upper()} checkpoint: 14 linear layers repacked" in caplog.text
+    assert f"{fmt}: 14 linear layers served as {served_as}, their dequantized weights" in caplog.text
     x = torch.randn(3, 128)
     for module, weight in expected.items():
         layer = model.get_submodule(module)
-        assert isinstance(layer, Int4Linear), module
-        if layer.blocks is not None:
-            served = block_weights.dequantize(layer.blocks, weight.shape[1])
-            if symmetric:
-                assert torch.equal(served, weight), module
-            else:
-                # z * scale is at most a group's range, at most twice its largest weight
-                assert (served - weight).abs().max() <= 2 * weight.abs().max() * 2**-11, module
+        assert isinstance(layer, kind), module
+        served = block_weights.dequantize(layer.blocks, weight.shape[1])
+        if "converted" in served_as:
+            largest = weight.reshape(weight.shape[0], -1, 32).abs().amax(dim=-1, keepdim=True)
+            error = (served - weight).reshape(weight.shape[0], -1, 32).abs()
+            assert (error <= largest / 127 * 0.51).all(), module
+        elif CHECKPOINTS[name]["symmetric"]:
+            assert torch.equal(served, weight), module
+        else:
+            # z * scale is at most a group's range, at most twice its largest weight
+            assert (served - weight).abs().max() <= 2 * weight.abs().max() * 2**-11, module
         reference = x[:, : weight.shape[1]] @ weight.T
         got = layer(x[:, : weight.shape[1]])
         assert (got - reference).abs().max() < 0.02 * reference.abs().max(), module
 
 
 def test_unpacking_gives_the_librarys_weights_exactly_in_float32(tmp_path):
-    """Below the blocks: group_wise's own q, scale and zero, for every checkpoint kind."""
-    for name in [*CHECKPOINTS, ACT_ORDER]:
+    """Below the blocks: group_wise's own unpacking, and the 4-bit blocks' q, scale and zero, for every
+    checkpoint kind; an act-order checkpoint's groups are scattered indeed."""
+    for name in CHECKPOINTS:
         expected = write(tmp_path, name)
         fmt = checkpoint_format(
             json.loads((tmp_path / name / "config.json").read_text())["quantization_config"]
         )
         _, layers = group_wise.read_checkpoint(str(tmp_path / name), fmt, torch.float32)
         assert layers.keys() == expected.keys()
-        for module, weight in layers.items():
-            assert torch.equal(group_wise.dequantize(weight), expected[module]), (name, module)
+        for module, layer in layers.items():
+            assert torch.equal(layer.dequantize(), expected[module]), (name, module)
+            assert layer.consecutive == (name != ACT_ORDER), (name, module)
+            four_bit = layer.four_bit()
+            if four_bit is not None:
+                assert torch.equal(group_wise.dequantize(four_bit), expected[module]), (name, module)
+            assert (four_bit is not None) == (SERVED[name][2] == FOUR_BIT), (name, module)
 
 
-def test_act_order_layers_are_served_by_8_bit_blocks_of_the_librarys_weights(tmp_path, caplog):
-    """Their groups' inputs are scattered (g_idx), so no 4-bit block of 32 has one scale: each layer is
-    converted once from the library's dequantized weights, within half a step of 1/127 of each block's
-    largest weight, and said so in the log."""
-    expected = write(tmp_path, ACT_ORDER)
-    g_idx = group_wise.read_checkpoint(
-        str(tmp_path / ACT_ORDER),
-        checkpoint_format(
-            json.loads((tmp_path / ACT_ORDER / "config.json").read_text())["quantization_config"]
-        ),
-        torch.float32,
-    )[1]["model.layers.0.mlp.down_proj"].g_idx
-    assert not torch.equal(g_idx, torch.arange(len(g_idx)) // 32)  # the groups really are scattered
-    with caplog.at_level("INFO"):
-        model = load(tmp_path / ACT_ORDER, tmp_path).model
-    if not block_weights.available(torch.device("cpu")):
-        assert "0 linear layers repacked" in caplog.text and "14 served as dequantized floats" in caplog.text
-        return
-    assert (
-        "GPTQ checkpoint: 0 linear layers repacked into 4-bit blocks of 32 inputs (groups of 32), 14 in act "
-        "order (groups permuted by g_idx) converted once to 8-bit blocks of 32" in caplog.text
-    )
-    for module, weight in expected.items():
-        layer = model.get_submodule(module)
-        assert isinstance(layer, Int8Linear), module
-        served = block_weights.dequantize(layer.blocks, weight.shape[1])
-        largest = weight.reshape(weight.shape[0], -1, 32).abs().amax(dim=-1, keepdim=True)
-        error = (served - weight).reshape(largest.shape[0], -1, 32).abs()
-        assert (error <= largest / 127 * 0.51).all(), module
-
-
-@pytest.mark.parametrize("name", ["gptq-v1-symmetric", ACT_ORDER])
+@pytest.mark.parametrize("name", ["gptq-v1-symmetric", ACT_ORDER, "gptq-8-bit-v1-symmetric"])
 def test_a_served_gptq_checkpoint_gives_the_greedy_tokens_of_its_dequantized_model(name, tmp_path):
-    """Symmetric GPTQ (its blocks are exactly the library's weights), and act order (8-bit blocks of
-    them): the engine, rows joining and leaving, against `generate` on the exact mode's model of the
-    same checkpoint."""
+    """Symmetric GPTQ of 4 and 8 bits (its blocks are exactly the library's weights), and act order (8-bit
+    blocks of them): the engine, rows joining and leaving, against `generate` on the exact mode's model of
+    the same checkpoint."""
     write(tmp_path, name)
     served = load(tmp_path / name, tmp_path).model
     exact = load(tmp_path / name, tmp_path, quantize="none").model
@@ -150,7 +159,8 @@ def test_a_served_gptq_checkpoint_gives_the_greedy_tokens_of_its_dequantized_mod
 @pytest.mark.parametrize(
     ("quantization_config", "reason"),
     [
-        ({"quant_method": "gptq", "bits": 8, "group_size": 128}, "GPTQ checkpoint of 8 bits"),
+        ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "GPTQ checkpoint of 3 bits: only 4- and 8"),
+        ({"quant_method": "awq", "bits": 8, "group_size": 128}, "AWQ checkpoint of 8 bits: only 4-bit"),
         ({"quant_method": "gptq", "bits": 4, "group_size": 48}, "groups of 48 inputs"),
         ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "packed as 'gemv'"),
         ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}, "'marlin'"),
