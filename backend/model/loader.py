@@ -8,9 +8,10 @@ there on later starts; the linear layers stored quantized are then served
 from the file's own blocks (gguf_weights.py) unless `--quantize none`. A
 GPTQ or AWQ checkpoint is read by this server itself (transformers would
 need GPTQModel or AutoAWQ and their CUDA kernels), its 4- and 8-bit layers
-repacked into the engine's blocks (group_wise.py), and so is a
-compressed-tensors one (compressed_checkpoint.py), before transformers
-could look for that library.
+repacked into the engine's blocks (group_wise.py), and so are a
+compressed-tensors one (compressed_checkpoint.py) and a bitsandbytes one
+(bitsandbytes_checkpoint.py), before transformers could look for those
+libraries.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed, score
 from backend.model.gguf_parsing import each_gguf_file_parsed_once
 from backend.model.resources import check_resources
-from backend.quant import compressed_checkpoint, group_wise
+from backend.quant import bitsandbytes_checkpoint, compressed_checkpoint, group_wise
 from backend.quant.calibration import (
     calibration_token_ids,
     drop_copies_blocks_match,
@@ -186,8 +187,8 @@ def cpu_multiplies_bf16() -> bool:
 
 
 def pick_quantization(requested: str, source: ModelSource, quantized_checkpoint: bool = False) -> str:
-    """`auto` serves a GGUF file's or a GPTQ, AWQ, compressed-tensors or FP8 checkpoint's own quantized
-    weights, and anything else as it is."""
+    """`auto` serves a GGUF file's or a GPTQ, AWQ, compressed-tensors, bitsandbytes or FP8 checkpoint's own
+    quantized weights, and anything else as it is."""
     if requested not in ("auto", "none", *QUANTIZERS):
         raise ValueError(f"--quantize must be auto, none, int4 or int8, not {requested!r}")
     if requested != "auto":
@@ -240,8 +241,9 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     quantization_config = getattr(model_config, "quantization_config", None)
     group_wise_format = group_wise.checkpoint_format(quantization_config)
     compressed_format = compressed_checkpoint.checkpoint_format(quantization_config)
+    bnb_format = bitsandbytes_checkpoint.checkpoint_format(quantization_config)
     fp8 = is_fp8_checkpoint(quantization_config)
-    read_itself = group_wise_format is not None or compressed_format is not None
+    read_itself = any(fmt is not None for fmt in (group_wise_format, compressed_format, bnb_format))
     quantization = pick_quantization(config.quantize, source, read_itself or fp8)
     exact = quantization == "none" and dtype == torch.float32
     # The fused CPU operations are built here (once a machine) where the runner will use them: the
@@ -290,6 +292,10 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         name = "compressed-tensors checkpoint"
         read = partial(compressed_checkpoint.read_checkpoint, fmt=compressed_format, dtype=dtype)
         model, info, checkpoint_layers = load_read_itself(location, model_config, read, name, dtype, token)
+    elif bnb_format is not None:
+        name = "bitsandbytes checkpoint"
+        read = partial(bitsandbytes_checkpoint.read_checkpoint, fmt=bnb_format, dtype=dtype)
+        model, info, checkpoint_layers = load_read_itself(location, model_config, read, name, dtype, token)
     else:
         # FP8 layers are dequantized into float32 and converted from it, not from bfloat16's rounding
         weights_dtype = torch.float32 if fp8 else dtype
@@ -307,6 +313,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         serve_fp8_as_blocks(model, quantization_config)
     elif quantization == "checkpoint" and compressed_format is not None:
         compressed_checkpoint.serve_compressed(model, checkpoint_layers, compressed_format)
+    elif quantization == "checkpoint" and bnb_format is not None:
+        bitsandbytes_checkpoint.serve_bitsandbytes(model, checkpoint_layers, bnb_format)
     elif quantization == "checkpoint":
         group_wise.serve_group_wise(model, checkpoint_layers, group_wise_format)
     else:

@@ -7,7 +7,8 @@ weights in blocks of 32 as llama.cpp stores
 them (block_weights.py), the int8 path of many rows (smoothed_int8.py),
 reading a GGUF file's blocks (gguf_weights.py, each type's in
 gguf_types.py), GPTQ and AWQ checkpoints (group_wise.py), compressed-tensors
-checkpoints (compressed_checkpoint.py), and the measurements made
+checkpoints (compressed_checkpoint.py), bitsandbytes checkpoints
+(bitsandbytes_checkpoint.py), and the measurements made
 at load time that choose between those paths (calibration.py).
 
 May import: backend.kernels, backend.utils and backend.messages.

@@ -193,18 +193,12 @@ def test_a_g_idx_naming_groups_the_layer_has_not_is_refused(tmp_path):
 
 
 def test_a_checkpoint_whose_library_is_not_installed_is_refused_naming_it(tmp_path):
-    """transformers loads bitsandbytes checkpoints through their own library, which this server does not
-    install: a clear refusal at start, not a traceback. (compressed-tensors checkpoints are read without
-    theirs: tests/backend/test_compressed_tensors.py.)"""
+    """transformers loads HQQ checkpoints through their own library, which this server does not install:
+    a clear refusal at start, not a traceback. (compressed-tensors and bitsandbytes checkpoints are read
+    without theirs: tests/backend/test_compressed_tensors.py, tests/backend/test_bitsandbytes.py.)"""
     directory = write_tiny_causal_lm(tmp_path / "quantized", "llama")
     config = json.loads((directory / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "bitsandbytes",
-        "load_in_4bit": True,
-        "bnb_4bit_quant_type": "nf4",
-    }
+    config["quantization_config"] = {"quant_method": "hqq", "quant_config": {"nbits": 4, "group_size": 64}}
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(
-        UnsupportedModel, match="through a library that is not installed here: .*bitsandbytes"
-    ):
+    with pytest.raises(UnsupportedModel, match="through a library that is not installed here: .*hqq"):
         load(directory, tmp_path)

@@ -1,8 +1,9 @@
 """Quantized checkpoints as people download them, through the real server and the official `openai`
 client: a GPTQ checkpoint (written to GPTQModel's packing, tests/backend/group_wise_files.py) and a
 Q4_K_M GGUF file (tests/backend/gguf_files.py), each served in the default mode from its own 4-bit blocks
-(the GPTQ checkpoint's act-order layers from 8-bit blocks of theirs), greedy completions against
-`generate` on the same weights dequantized."""
+(the GPTQ checkpoint's act-order layers from 8-bit blocks of theirs), and a "-bnb-4bit" checkpoint that
+bitsandbytes wrote (tests/backend/bitsandbytes_files.py) from 8-bit blocks of its NF4 weights; greedy
+completions against `generate` on the same weights dequantized."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from openai import OpenAI
 
 from backend.messages import BackendConfig
 from backend.model.loader import default_model_path, load_model
+from tests.backend.bitsandbytes_files import write_bitsandbytes_checkpoint
 from tests.backend.gguf_files import q4_k_m, write_tiny_gguf
 from tests.backend.group_wise_files import write_group_wise_checkpoint
 from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, reference_greedy, tiny_model
@@ -59,6 +61,14 @@ def test_a_gptq_checkpoint_is_served_from_its_blocks(tmp_path):
     for module, weight in expected.items():
         reference.get_submodule(module).weight.data = weight
     # int8 activations may tip a near-tie of the random model; a layer read wrong tips them all
+    assert completions_agreeing(str(directory), reference, marker_ids_match, {TINY_EOS}) >= 8
+
+
+def test_a_bnb_4bit_checkpoint_is_served_from_8_bit_blocks_of_its_weights(tmp_path):
+    directory = tmp_path / "tiny-bnb-4bit"
+    write_bitsandbytes_checkpoint(directory, "nf4-double-quant")
+    exact = BackendConfig(model=str(directory), dtype="float32", quantize="none", cache_dir=str(tmp_path))
+    reference = load_model(exact).model  # the library's weights (tests/backend/test_bitsandbytes.py)
     assert completions_agreeing(str(directory), reference, marker_ids_match, {TINY_EOS}) >= 8
 
 

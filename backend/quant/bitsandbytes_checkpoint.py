@@ -1,0 +1,205 @@
+"""bitsandbytes checkpoints ("-bnb-4bit" repositories, Unsloth's among them, and "load_in_8bit" ones),
+read by this server itself: the library is not needed to serve them.
+
+transformers saves a model that bitsandbytes quantized with, for each quantized linear layer:
+
+    4-bit (NF4 or FP4): weight uint8 [n / 2, 1] (or another dtype's bytes, `bnb_4bit_quant_storage`),
+        two 4-bit codes a byte, the first weight's in the high nibble, the layer's weights in row-major
+        order; weight.quant_map float32 [16], the value of each code; weight.absmax, the largest
+        magnitude of each `blocksize` (64) weights: float32, or with double quantization
+        (`bnb_4bit_use_double_quant`) uint8 codes of weight.nested_quant_map [256], each 256 of them
+        scaled by a float32 of weight.nested_absmax, plus nested_offset; weight.quant_state.
+        bitsandbytes__nf4 (or __fp4): the rest as JSON bytes (quant_type, blocksize, dtype, shape,
+        nested_blocksize, nested_offset).
+    8-bit (LLM.int8): weight int8 [out, in]; SCB float32 [out], each row's largest magnitude;
+        weight_format, 0 for rows.
+
+and dequantizes them (functional.py's dequantize_4bit and int8_vectorwise_dequant, the default backend's
+code) as
+
+    4-bit: w = quant_map[code] * absmax[i / blocksize], in float32 (absmax itself nested_quant_map[a] *
+        nested_absmax[j / nested_blocksize] + nested_offset where double quantized)
+    8-bit: w = weight * SCB * (1 / 127 in float32)
+
+The model is built from those weights in the start's dtype (the exact mode's float32 is the
+reference), which are the dense copy for many rows. Then:
+
+    4-bit: NF4's and FP4's 16 values are spaced unevenly, which the engine's 4-bit blocks (16 even
+        steps) cannot hold: 8-bit blocks of 32 converted once from the float32 weights, where the CPU
+        multiplies blocks (as fp8_weights.py: within half a step of 1/127 of each block's largest
+        weight, a byte a weight), else the dequantized floats.
+    8-bit: an Int8Linear of the checkpoint's own int8 weights and SCB / 127 a channel (fp16 in the
+        CPU's blocks, within 2^-11 of it; PyTorch's int8 kernel where there are none, GPUs included).
+
+LLM.int8's split of outlier activations (threshold 6.0) is how its kernel keeps int8 activations
+accurate; the weights are these either way, and activations stay floats here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from backend.quant import block_weights
+from backend.quant.gguf_types import requantize_int8
+from backend.quant.group_wise import UnsupportedCheckpoint, checkpoint_files
+from backend.quant.quantized_linear import Int8Linear, fits_int4_kernels, replace_module
+
+log = logging.getLogger(__name__)
+
+METHOD = "bitsandbytes"
+FOUR_BIT_STATE = ".weight.quant_state.bitsandbytes__"  # then "nf4" or "fp4"
+FOUR_BIT_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
+ROWS = 0  # weight_format of LLM.int8's row-major weights (the others are old GPU tile layouts)
+INVERSE_127 = 7.874015718698502e-3  # the library's float32 1 / 127
+
+
+@dataclass(frozen=True)
+class BitsAndBytesFormat:
+    bits: int  # 4 or 8
+    quant_type: str  # "nf4", "fp4" or "int8"
+
+    def describe(self) -> str:
+        return self.quant_type.upper() if self.bits == 4 else "LLM.int8"
+
+
+def checkpoint_format(quantization_config: dict | None) -> BitsAndBytesFormat | None:
+    """The format of a checkpoint whose config.json has this `quantization_config`: None where it is no
+    bitsandbytes checkpoint."""
+    if not quantization_config or quantization_config.get("quant_method") != METHOD:
+        return None
+    if quantization_config.get("load_in_4bit"):
+        return BitsAndBytesFormat(4, str(quantization_config.get("bnb_4bit_quant_type", "fp4")))
+    if quantization_config.get("load_in_8bit"):
+        return BitsAndBytesFormat(8, "int8")
+    raise UnsupportedCheckpoint("a bitsandbytes checkpoint quantized neither to 4 nor to 8 bits")
+
+
+@dataclass(frozen=True)
+class FourBitLayer:
+    """One NF4 or FP4 layer as stored, its absmax already dequantized."""
+
+    codes: torch.Tensor  # uint8 [n / 2], two codes a byte, the first in the high nibble
+    quant_map: torch.Tensor  # float32 [16]
+    absmax: torch.Tensor  # float32 [blocks]
+    blocksize: int
+    shape: tuple[int, int]
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weights [out, in] as the library's dequantize_4bit gives them before its cast."""
+        codes = torch.stack([self.codes >> 4, self.codes & 0xF], dim=1).reshape(-1).long()
+        count = self.shape[0] * self.shape[1]
+        values = self.quant_map[codes[:count]]
+        block = torch.arange(count) // self.blocksize
+        return (values * self.absmax[block]).reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class EightBitLayer:
+    """One LLM.int8 layer as stored."""
+
+    q: torch.Tensor  # int8 [out, in]
+    row_max: torch.Tensor  # float32 [out] (SCB)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weights [out, in] as the library's int8_vectorwise_dequant gives them."""
+        return self.q * self.row_max.view(-1, 1) * INVERSE_127
+
+    def scale(self) -> torch.Tensor:
+        return self.row_max * INVERSE_127
+
+
+def four_bit_layer(parts: dict[str, torch.Tensor], state: dict, name: str) -> FourBitLayer:
+    """A 4-bit layer from its tensors (`weight`, `absmax`, `quant_map`, ...) and its JSON state."""
+    if state.get("quant_type") not in ("nf4", "fp4") or len(state.get("shape") or ()) != 2:
+        raise UnsupportedCheckpoint(
+            f"{name}: a bitsandbytes 4-bit layer of type {state.get('quant_type')!r} and shape "
+            f"{state.get('shape')}: only NF4 and FP4 linear layers are read"
+        )
+    absmax = parts["absmax"]
+    if "nested_absmax" in parts:  # double quantization: absmax as 8-bit codes, blocks of their own
+        blocks = torch.arange(absmax.numel()) // int(state["nested_blocksize"])
+        nested = parts["nested_quant_map"].float()[absmax.long()] * parts["nested_absmax"].float()[blocks]
+        absmax = nested + float(state["nested_offset"])
+    codes = parts["weight"].contiguous().view(torch.uint8).reshape(-1)
+    shape = (int(state["shape"][0]), int(state["shape"][1]))
+    return FourBitLayer(codes, parts["quant_map"].float(), absmax.float(), int(state["blocksize"]), shape)
+
+
+def read_checkpoint(
+    location: str, fmt: BitsAndBytesFormat, dtype: torch.dtype
+) -> tuple[dict[str, torch.Tensor], dict[str, FourBitLayer | EightBitLayer]]:
+    """The checkpoint's state dict with each quantized layer's weight dequantized to `dtype` (what the
+    model is built from), and those layers as stored, by module name."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path in checkpoint_files(location):
+        with safe_open(path, framework="pt") as file:
+            for key in file.keys():  # noqa: SIM118 (a safetensors file is no dict)
+                tensors[key] = file.get_tensor(key)
+    layers: dict[str, FourBitLayer | EightBitLayer] = {}
+    for key in [key for key in tensors if FOUR_BIT_STATE in key]:
+        module = key.split(FOUR_BIT_STATE)[0]
+        state = json.loads(bytes(tensors.pop(key).tolist()).decode("utf-8"))
+        parts = {"weight": tensors.pop(f"{module}.weight")}
+        parts |= {
+            p: tensors.pop(f"{module}.weight.{p}")
+            for p in FOUR_BIT_PARTS
+            if f"{module}.weight.{p}" in tensors
+        }
+        layers[module] = four_bit_layer(parts, state, module)
+    for key in [key for key in tensors if key.endswith(".SCB")]:
+        module = key.removesuffix(".SCB")
+        layout = tensors.pop(f"{module}.weight_format", torch.tensor(ROWS))
+        if int(layout) != ROWS:
+            raise UnsupportedCheckpoint(
+                f"{module}: LLM.int8 weights in the GPU tile layout {int(layout)}: only row-major ones "
+                "are read"
+            )
+        layers[module] = EightBitLayer(
+            tensors.pop(f"{module}.weight").to(torch.int8), tensors.pop(key).float()
+        )
+    if not layers:
+        raise UnsupportedCheckpoint(f"a bitsandbytes {fmt.describe()} checkpoint with no quantized layers")
+    for module, layer in layers.items():
+        tensors[f"{module}.weight"] = layer.dequantize().to(dtype)
+    return tensors, layers
+
+
+def serve_bitsandbytes(
+    model: nn.Module, layers: dict[str, FourBitLayer | EightBitLayer], fmt: BitsAndBytesFormat
+) -> Counter:
+    """Replace each quantized layer by a weight-only one (module docstring), its dequantized weights the
+    dense copy for many rows. Returns how many were served each way."""
+    device = next(model.parameters()).device
+    blocks = block_weights.available(device)
+    served = Counter()
+    for name, layer in layers.items():
+        linear = model.get_submodule(name)
+        if type(linear) is not nn.Linear or not fits_int4_kernels(linear):
+            served["dequantized floats"] += 1
+            continue
+        dense = linear.weight.detach()
+        if isinstance(layer, EightBitLayer):
+            q, scale = layer.q.to(device), layer.scale().to(device)
+            replace_module(model, name, Int8Linear(q, scale, linear.bias, dense=dense))
+            served["8-bit weights of the checkpoint's values, a scale a channel"] += 1
+        elif blocks:
+            converted = requantize_int8(layer.dequantize().numpy())
+            replace_module(model, name, Int8Linear(converted.q, converted.scale, linear.bias, dense=dense))
+            served[f"8-bit blocks converted once from the dequantized {fmt.describe()} weights"] += 1
+        else:
+            served["dequantized floats"] += 1
+    log.info(
+        "bitsandbytes checkpoint (%s): %d linear layers served as %s, their dequantized weights kept for "
+        "many rows; activations stay floats",
+        fmt.describe(),
+        len(layers),
+        ", ".join(f"{how} x{count}" for how, count in served.most_common()),
+    )
+    return served
