@@ -81,8 +81,8 @@ def main() -> None:
     for name, dtype, quantize, weights in MODES:
         # The loader times the copies for many rows against blocks, and the int8 path against the dense
         # copies, and keeps the faster; here each is scored whichever this CPU would keep.
-        calibration.copies_pay_off = lambda layer, keep=weights != "packed": keep
-        calibration.int8_multiplies_faster = lambda layer, int8=weights == "int8": int8
+        calibration.copies_pay_off = lambda layer, *_, keep=weights != "packed", **__: keep
+        calibration.int8_multiplies_faster = lambda layer, *_, int8=weights == "int8", **__: int8
         loaded = load_model(
             BackendConfig(model=args.model, dtype=dtype, quantize=quantize, rows=1, max_seq_len=64)
         )

@@ -50,6 +50,17 @@ def test_the_engine_benchmark_reports_steps_and_their_bandwidth_floor():
     assert floor_ms > 0 and abs(step_ms / floor_ms - ratio) < 0.05 * ratio
 
 
+def test_the_perplexity_script_scores_every_mode_against_the_exact_one(tmp_path):
+    from scripts.perplexity import MODES
+    from tests.backend.models import write_tiny_causal_lm
+
+    directory = write_tiny_causal_lm(tmp_path / "tiny", "llama")
+    output = run_script("perplexity.py", "--model", str(directory), "--window", "64")
+    rows = re.findall(r"^\| (.+) \| torch\.\w+ \| ([\d.]+) \| ([+-][\d.]+)% \|$", output, re.MULTILINE)
+    assert [name for name, _, _ in rows] == [name for name, *_ in MODES], output
+    assert rows[0][2] == "+0.00" and all(float(value) > 1 for _, value, _ in rows)
+
+
 def test_perplexity_is_the_exponent_of_the_mean_loss_of_each_window():
     from scripts.perplexity import TEXT, perplexity
     from tests.backend.models import tiny_model
