@@ -93,11 +93,16 @@ class FourBitLayer:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] as the library's dequantize_4bit gives them before its cast."""
-        codes = torch.stack([self.codes >> 4, self.codes & 0xF], dim=1).reshape(-1).long()
         count = self.shape[0] * self.shape[1]
-        values = self.quant_map[codes[:count]]
-        block = torch.arange(count) // self.blocksize
-        return (values * self.absmax[block]).reshape(self.shape)
+        codes = torch.stack([self.codes >> 4, self.codes & 0xF], dim=1).reshape(-1)[:count]
+        values = self.quant_map[codes.int()]
+        whole = count // self.blocksize  # blocks; a last one may be short
+        weights = torch.empty(count)
+        cut = whole * self.blocksize
+        weights[:cut] = (values[:cut].view(whole, self.blocksize) * self.absmax[:whole, None]).reshape(-1)
+        if cut < count:
+            weights[cut:] = values[cut:] * self.absmax[whole]
+        return weights.reshape(self.shape)
 
 
 @dataclass(frozen=True)

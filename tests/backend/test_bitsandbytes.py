@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from backend.quant import block_weights
-from backend.quant.bitsandbytes_checkpoint import checkpoint_format
+from backend.quant.bitsandbytes_checkpoint import checkpoint_format, four_bit_layer
 from backend.quant.group_wise import UnsupportedCheckpoint
 from backend.quant.quantized_linear import Int8Linear
 from tests.backend.bitsandbytes_files import SCHEMES, write_bitsandbytes_checkpoint
@@ -113,3 +113,21 @@ def test_a_checkpoint_quantized_to_neither_width_is_refused(tmp_path):
     with pytest.raises(UnsupportedCheckpoint, match="quantized neither to 4 nor to 8 bits"):
         load(tmp_path / "nf4-double-quant", tmp_path)
     assert checkpoint_format({"quant_method": "gptq"}) is None
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_a_layer_whose_last_block_is_short_is_read_as_the_library_reads_it(quant_type):
+    """150 weights in blocks of 64: the last block has 22, and double quantization's absmax codes are
+    fewer than its blocks of 256."""
+    from bitsandbytes import functional
+
+    weight = torch.randn(3, 50)
+    packed, state = functional.quantize_4bit(
+        weight, blocksize=64, quant_type=quant_type, compress_statistics=True
+    )
+    stored = state.as_dict(packed=True)  # as save_pretrained writes it
+    state_key = next(key for key in stored if key.startswith("quant_state."))
+    json_state = json.loads(bytes(stored.pop(state_key).tolist()).decode("utf-8"))
+    layer = four_bit_layer({"weight": packed, **stored}, json_state, "layer")
+    state.dtype = torch.float32
+    assert torch.equal(layer.dequantize(), functional.dequantize_4bit(packed, state))
