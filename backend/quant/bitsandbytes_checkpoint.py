@@ -25,9 +25,9 @@ The model is built from those weights in the start's dtype (the exact mode's flo
 reference), which are the dense copy for many rows. Then:
 
     4-bit: NF4's and FP4's 16 values are spaced unevenly, which the engine's 4-bit blocks (16 even
-        steps) cannot hold: 8-bit blocks of 32 converted once from the float32 weights, where the CPU
-        multiplies blocks (as fp8_weights.py: within half a step of 1/127 of each block's largest
-        weight, a byte a weight), else the dequantized floats.
+        steps) cannot hold: 8-bit blocks of 32 converted once, where the CPU multiplies blocks (a byte
+        a weight), each block's scale the one its codes round nearest at (`FourBitLayer.eight_bit`),
+        else the dequantized floats.
     8-bit: an Int8Linear of the checkpoint's own int8 weights and SCB / 127 a channel (fp16 in the
         CPU's blocks, within 2^-11 of it; PyTorch's int8 kernel where there are none, GPUs included).
 
@@ -47,7 +47,7 @@ from safetensors import safe_open
 from torch import nn
 
 from backend.quant import block_weights
-from backend.quant.gguf_types import requantize_int8
+from backend.quant.gguf_types import BLOCK, EightBitWeight
 from backend.quant.group_wise import UnsupportedCheckpoint, checkpoint_files
 from backend.quant.quantized_linear import Int8Linear, fits_int4_kernels, replace_module
 
@@ -58,6 +58,12 @@ FOUR_BIT_STATE = ".weight.quant_state.bitsandbytes__"  # then "nf4" or "fp4"
 FOUR_BIT_PARTS = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 ROWS = 0  # weight_format of LLM.int8's row-major weights (the others are old GPU tile layouts)
 INVERSE_127 = 7.874015718698502e-3  # the library's float32 1 / 127
+# A block's largest weight at 100..127 times its scale: the one whose grid its codes fall nearest. NF4's
+# 16 values fit no one grid well: on SmolLM2's NF4 checkpoint the served model's perplexity was +0.60%
+# from the file's dequantized weights' where the plain conversion (the largest at 127) gave +1.36%
+# (docs/performance.md, 2026-12-04).
+LARGEST_STEPS = torch.arange(100, 128, dtype=torch.float32)
+BLOCKS_AT_ONCE = 1 << 18  # 32-weight blocks whose errors are weighed in one pass (bounds the memory)
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,50 @@ class FourBitLayer:
         if cut < count:
             weights[cut:] = values[cut:] * self.absmax[whole]
         return weights.reshape(self.shape)
+
+    def eight_bit(self) -> EightBitWeight:
+        """These weights in 8-bit blocks of 32, each block's scale its largest weight / s, s of LARGEST_STEPS
+        the one at which its weights round least far. A block's weights are absmax times its codes' values,
+        so the error at s is found from how many of each code it holds, not from every weight."""
+        out_features, in_features = self.shape
+        count = out_features * in_features
+        codes = torch.stack([self.codes >> 4, self.codes & 0xF], dim=1).reshape(-1)[:count].long()
+        codes = codes.reshape(-1, BLOCK)
+        absmax = self.absmax.repeat_interleave(self.blocksize // BLOCK)[: len(codes)]  # each block's own
+        q = torch.empty_like(codes, dtype=torch.int8)
+        scale = torch.empty(len(codes))
+        for first in range(0, len(codes), BLOCKS_AT_ONCE):
+            part = slice(first, first + BLOCKS_AT_ONCE)
+            q[part], scale[part] = self.blocks_in_eight_bits(codes[part], absmax[part])
+        return EightBitWeight(q.reshape(self.shape), scale.reshape(out_features, in_features // BLOCK))
+
+    def blocks_in_eight_bits(
+        self, codes: torch.Tensor, absmax: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[blocks, 32] codes and each block's absmax to int8 values and each block's fp16 scale."""
+        values = self.quant_map
+        largest = values.abs()[codes].amax(dim=1)  # of the code values, [blocks]
+        counts = torch.zeros(len(codes), 16).scatter_add_(
+            1, codes, torch.ones_like(codes, dtype=torch.float32)
+        )
+        errors = torch.empty(len(codes), len(LARGEST_STEPS))
+        for value in largest.unique():  # at most 16: the blocks whose largest code is this one share a grid
+            steps = LARGEST_STEPS / value.clamp(min=1e-30)  # a code value's steps at each s
+            scaled = values[:, None] * steps  # [16, s]
+            grid_errors = ((scaled - torch.round(scaled)) / steps).square()
+            blocks = largest == value
+            errors[blocks] = counts[blocks] @ grid_errors
+        best = LARGEST_STEPS[errors.argmin(dim=1)]
+        wanted = largest * absmax / best
+        # In fp16, as the blocks keep it, rounded up where it rounded down, so that no weight passes 127 of it
+        scale = wanted.half()
+        scale = torch.where(
+            scale.float() < wanted, torch.nextafter(scale, torch.full_like(scale, 1.0)), scale
+        )
+        scale = scale.float()
+        weights = values[codes] * absmax[:, None]
+        q = torch.round(weights / torch.where(scale > 0, scale, 1.0)[:, None]).clamp(-127, 127)
+        return q.to(torch.int8), scale
 
 
 @dataclass(frozen=True)
@@ -195,7 +245,7 @@ def serve_bitsandbytes(
             replace_module(model, name, Int8Linear(q, scale, linear.bias, dense=dense))
             served["8-bit weights of the checkpoint's values, a scale a channel"] += 1
         elif blocks:
-            converted = requantize_int8(layer.dequantize().numpy())
+            converted = layer.eight_bit()
             replace_module(model, name, Int8Linear(converted.q, converted.scale, linear.bias, dense=dense))
             served[f"8-bit blocks converted once from the dequantized {fmt.describe()} weights"] += 1
         else:
