@@ -202,3 +202,33 @@ def test_a_checkpoint_whose_library_is_not_installed_is_refused_naming_it(tmp_pa
     (directory / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModel, match="through a library that is not installed here: .*hqq"):
         load(directory, tmp_path)
+
+
+def each_layer_on(device: str, name: str, tmp_path) -> None:
+    """Load `name` in the default mode on `device` and hold each quantized layer's product to the library's
+    weights': 4-bit groups of consecutive inputs as Int4Linear (PyTorch's int4 kernel on CUDA), the others
+    as their dequantized weights where the device has no blocks."""
+    from backend.messages import BackendConfig
+    from backend.model.loader import load_model
+
+    expected = write(tmp_path, name)
+    config = BackendConfig(
+        model=str(tmp_path / name), device=device, rows=4, max_seq_len=128, cache_dir=str(tmp_path / "cache")
+    )
+    model = load_model(config).model
+    x = torch.randn(3, 128, device=device, dtype=model.dtype)
+    for module, weight in expected.items():
+        layer = model.get_submodule(module)
+        if not block_weights.available(torch.device(device)):
+            kind = Int4Linear if SERVED[name][2] == FOUR_BIT else torch.nn.Linear
+            assert type(layer) is kind, module
+        inputs = x[:, : weight.shape[1]].contiguous()
+        reference = inputs.float() @ weight.to(device).T
+        got = layer(inputs).float()
+        assert (got - reference).abs().max() < 0.03 * reference.abs().max(), module
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device")
+@pytest.mark.parametrize("name", sorted(CHECKPOINTS))
+def test_each_layer_of_a_checkpoint_served_on_cuda_multiplies_by_the_librarys_weights(name, tmp_path):
+    each_layer_on("cuda", name, tmp_path)
