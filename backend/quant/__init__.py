@@ -8,7 +8,8 @@ them (block_weights.py), the int8 path of many rows (smoothed_int8.py),
 reading a GGUF file's blocks (gguf_weights.py, each type's in
 gguf_types.py), GPTQ and AWQ checkpoints (group_wise.py), compressed-tensors
 checkpoints (compressed_checkpoint.py), bitsandbytes checkpoints
-(bitsandbytes_checkpoint.py), and the measurements made
+(bitsandbytes_checkpoint.py), the layers of those three served in one loop
+(checkpoint_layers.py), and the measurements made
 at load time that choose between those paths (calibration.py).
 
 May import: backend.kernels, backend.utils and backend.messages.

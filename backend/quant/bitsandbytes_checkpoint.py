@@ -46,10 +46,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from backend.quant import block_weights
-from backend.quant.gguf_types import BLOCK, EightBitWeight
+from backend.quant.checkpoint_layers import described, serve_layers
+from backend.quant.gguf_types import BLOCK, EightBitWeight, requantize_int8
 from backend.quant.group_wise import UnsupportedCheckpoint, checkpoint_files
-from backend.quant.quantized_linear import Int8Linear, fits_int4_kernels, replace_module
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +95,17 @@ class FourBitLayer:
     absmax: torch.Tensor  # float32 [blocks]
     blocksize: int
     shape: tuple[int, int]
+    quant_type: str  # "nf4" or "fp4"
+
+    @property
+    def conversion(self) -> str:
+        return f"the dequantized {self.quant_type.upper()} weights"
+
+    def four_bit(self) -> None:  # 16 uneven values: no 4-bit block holds them
+        return None
+
+    def eight_bit(self) -> None:
+        return None
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] as the library's dequantize_4bit gives them before its cast."""
@@ -110,7 +120,7 @@ class FourBitLayer:
             weights[cut:] = values[cut:] * self.absmax[whole]
         return weights.reshape(self.shape)
 
-    def eight_bit(self) -> EightBitWeight:
+    def converted(self) -> EightBitWeight:
         """These weights in 8-bit blocks of 32, each block's scale its largest weight / s, s of LARGEST_STEPS
         the one at which its weights round least far. A block's weights are absmax times its codes' values,
         so the error at s is found from how many of each code it holds, not from every weight."""
@@ -166,8 +176,17 @@ class EightBitLayer:
         """The float32 weights [out, in] as the library's int8_vectorwise_dequant gives them."""
         return self.q * self.row_max.view(-1, 1) * INVERSE_127
 
-    def scale(self) -> torch.Tensor:
-        return self.row_max * INVERSE_127
+    conversion = "the dequantized weights"
+
+    def four_bit(self) -> None:
+        return None
+
+    def eight_bit(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Its own int8 values and each row's scale, SCB / 127."""
+        return self.q, self.row_max * INVERSE_127
+
+    def converted(self) -> EightBitWeight:  # not taken: its own values serve wherever int8 does
+        return requantize_int8(self.dequantize().numpy())
 
 
 def four_bit_layer(parts: dict[str, torch.Tensor], state: dict, name: str) -> FourBitLayer:
@@ -184,7 +203,8 @@ def four_bit_layer(parts: dict[str, torch.Tensor], state: dict, name: str) -> Fo
         absmax = nested + float(state["nested_offset"])
     codes = parts["weight"].contiguous().view(torch.uint8).reshape(-1)
     shape = (int(state["shape"][0]), int(state["shape"][1]))
-    return FourBitLayer(codes, parts["quant_map"].float(), absmax.float(), int(state["blocksize"]), shape)
+    quant_map, blocksize = parts["quant_map"].float(), int(state["blocksize"])
+    return FourBitLayer(codes, quant_map, absmax.float(), blocksize, shape, state["quant_type"])
 
 
 def read_checkpoint(
@@ -231,30 +251,12 @@ def serve_bitsandbytes(
 ) -> Counter:
     """Replace each quantized layer by a weight-only one (module docstring), its dequantized weights the
     dense copy for many rows. Returns how many were served each way."""
-    device = next(model.parameters()).device
-    blocks = block_weights.available(device)
-    served = Counter()
-    for name, layer in layers.items():
-        linear = model.get_submodule(name)
-        if type(linear) is not nn.Linear or not fits_int4_kernels(linear):
-            served["dequantized floats"] += 1
-            continue
-        dense = linear.weight.detach()
-        if isinstance(layer, EightBitLayer):
-            q, scale = layer.q.to(device), layer.scale().to(device)
-            replace_module(model, name, Int8Linear(q, scale, linear.bias, dense=dense))
-            served["8-bit weights of the checkpoint's values, a scale a channel"] += 1
-        elif blocks:
-            converted = layer.eight_bit()
-            replace_module(model, name, Int8Linear(converted.q, converted.scale, linear.bias, dense=dense))
-            served[f"8-bit blocks converted once from the dequantized {fmt.describe()} weights"] += 1
-        else:
-            served["dequantized floats"] += 1
+    served = serve_layers(model, layers)
     log.info(
         "bitsandbytes checkpoint (%s): %d linear layers served as %s, their dequantized weights kept for "
         "many rows; activations stay floats",
         fmt.describe(),
         len(layers),
-        ", ".join(f"{how} x{count}" for how, count in served.most_common()),
+        described(served),
     )
     return served

@@ -57,10 +57,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from backend.quant import block_weights
-from backend.quant.gguf_types import BLOCK, FourBitWeight, requantize_int8
+from backend.quant.checkpoint_layers import described, serve_layers
+from backend.quant.gguf_types import BLOCK, EightBitWeight, FourBitWeight, requantize_int8
 from backend.quant.group_wise import UnsupportedCheckpoint, checkpoint_files
-from backend.quant.quantized_linear import Int4Linear, Int8Linear, fits_int4_kernels, replace_module
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +273,13 @@ class CompressedLayer:
             return self.values, scale
         return None
 
+    @property
+    def conversion(self) -> str:
+        return "the dequantized weights" + (" (act-order groups)" if self.g_idx is not None else "")
+
+    def converted(self) -> EightBitWeight:
+        return requantize_int8(self.dequantize().numpy())
+
 
 def unpack_words(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     """int32 [rows, n] of 32 / bits values each, value k at bits k * bits and stored as q + 2^(bits - 1),
@@ -363,44 +369,10 @@ def read_checkpoint(
     return tensors, layers
 
 
-def is_module(model: nn.Module, name: str) -> bool:
-    try:
-        model.get_submodule(name)
-    except AttributeError:
-        return False
-    return True
-
-
 def serve_compressed(model: nn.Module, layers: dict[str, CompressedLayer], fmt: CompressedFormat) -> Counter:
     """Replace each quantized layer by a weight-only one of the checkpoint's values (module docstring),
     its dequantized weights the dense copy for many rows. Returns how many were served each way."""
-    device = next(model.parameters()).device
-    blocks = block_weights.available(device)
-    served = Counter()
-    for name, layer in layers.items():
-        # A layer the model holds otherwise (experts that transformers fuses into one tensor) keeps the
-        # dequantized floats it was built from.
-        linear = model.get_submodule(name) if is_module(model, name) else None
-        if type(linear) is not nn.Linear or not fits_int4_kernels(linear):
-            served["dequantized floats"] += 1
-            continue
-        dense = linear.weight.detach()
-        four_bit, eight_bit = layer.four_bit(), layer.eight_bit()
-        if four_bit is not None:
-            q, scale, zero = (t.to(device) for t in (four_bit.q, four_bit.scale, four_bit.zero))
-            replace_module(model, name, Int4Linear(q, scale, zero, linear.bias, dense=dense))
-            served["4-bit blocks of the checkpoint's groups"] += 1
-        elif eight_bit is not None and (blocks or eight_bit[1].dim() == 1):
-            q, scale = (t.to(device) for t in eight_bit)
-            replace_module(model, name, Int8Linear(q, scale, linear.bias, dense=dense))
-            served["8-bit blocks of the checkpoint's values"] += 1
-        elif blocks:
-            converted = requantize_int8(layer.dequantize().numpy())
-            replace_module(model, name, Int8Linear(converted.q, converted.scale, linear.bias, dense=dense))
-            why = " (act-order groups)" if layer.g_idx is not None else ""
-            served[f"8-bit blocks converted once from the dequantized weights{why}"] += 1
-        else:
-            served["dequantized floats"] += 1
+    served = serve_layers(model, layers)
     inputs = (
         f"activations stay floats (weight-only; the checkpoint's {', '.join(fmt.activations)} input "
         "quantization is not applied)"
@@ -412,7 +384,7 @@ def serve_compressed(model: nn.Module, layers: dict[str, CompressedLayer], fmt: 
         "kept for many rows; %s",
         fmt.describe(),
         len(layers),
-        ", ".join(f"{how} x{count}" for how, count in served.most_common()),
+        described(served),
         inputs,
     )
     return served

@@ -54,9 +54,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from backend.quant import block_weights
-from backend.quant.gguf_types import BLOCK, FourBitWeight, requantize_int8
-from backend.quant.quantized_linear import Int4Linear, Int8Linear, fits_int4_kernels, replace_module
+from backend.quant.checkpoint_layers import described, serve_layers
+from backend.quant.gguf_types import BLOCK, EightBitWeight, FourBitWeight, requantize_int8
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +175,13 @@ class GroupWiseLayer:
         signed = (self.q.to(torch.int16) - 128).to(torch.int8).T.contiguous()
         return signed, self.by_block(self.scales)
 
+    @property
+    def conversion(self) -> str:
+        return f"the dequantized weights ({'zero points' if self.consecutive else 'act-order groups'})"
+
+    def converted(self) -> EightBitWeight:
+        return requantize_int8(self.dequantize().numpy())
+
 
 def unpack_layer(tensors: dict[str, torch.Tensor], fmt: GroupWiseFormat, name: str) -> GroupWiseLayer:
     """One layer's `qweight`, `qzeros`, `scales` (and GPTQ's `g_idx`) unpacked."""
@@ -247,35 +253,12 @@ def read_checkpoint(
 def serve_group_wise(model: nn.Module, layers: dict[str, GroupWiseLayer], fmt: GroupWiseFormat) -> Counter:
     """Replace each quantized layer by a weight-only one of the checkpoint's values (module docstring),
     its dequantized weights the dense copy for many rows. Returns how many were served each way."""
-    device = next(model.parameters()).device
-    blocks = block_weights.available(device)
-    served = Counter()
-    for name, layer in layers.items():
-        linear = model.get_submodule(name)
-        if not fits_int4_kernels(linear):  # outputs no whole tile of 16: its dequantized floats serve
-            served["dequantized floats"] += 1
-            continue
-        dense = linear.weight.detach()
-        four_bit, eight_bit = layer.four_bit(), layer.eight_bit()
-        if four_bit is not None:
-            q, scale, zero = (t.to(device) for t in (four_bit.q, four_bit.scale, four_bit.zero))
-            replace_module(model, name, Int4Linear(q, scale, zero, linear.bias, dense=dense))
-            served["4-bit blocks of the checkpoint's groups"] += 1
-        elif eight_bit is not None and blocks:
-            replace_module(model, name, Int8Linear(*eight_bit, linear.bias, dense=dense))
-            served["8-bit blocks of the checkpoint's values"] += 1
-        elif blocks:
-            converted = requantize_int8(layer.dequantize().numpy())
-            replace_module(model, name, Int8Linear(converted.q, converted.scale, linear.bias, dense=dense))
-            why = "act-order groups" if not layer.consecutive else "zero points"
-            served[f"8-bit blocks converted once from the dequantized weights ({why})"] += 1
-        else:
-            served["dequantized floats"] += 1
+    served = serve_layers(model, layers)
     log.info(
         "%s checkpoint (%s): %d linear layers served as %s, their dequantized weights kept for many rows",
         fmt.method.upper(),
         fmt.describe(),
         len(layers),
-        ", ".join(f"{how} x{count}" for how, count in served.most_common()),
+        described(served),
     )
     return served

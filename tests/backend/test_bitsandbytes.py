@@ -24,7 +24,7 @@ from tests.backend.models import TINY_VOCAB, MarkerTokenizer, drive, load_on_cpu
 SERVED = {  # name: the log's format and how its layers were served
     "nf4-double-quant": ("NF4", "8-bit blocks converted once from the dequantized NF4 weights x14"),
     "fp4": ("FP4", "8-bit blocks converted once from the dequantized FP4 weights x14"),
-    "int8": ("LLM.int8", "8-bit weights of the checkpoint's values, a scale a channel x14"),
+    "int8": ("LLM.int8", "8-bit blocks of the checkpoint's values x14"),
 }
 
 

@@ -1,0 +1,89 @@
+"""A quantized checkpoint's layers, as its reader unpacked them, served as the engine's weight-only layers.
+
+GPTQ and AWQ (group_wise.py), compressed-tensors (compressed_checkpoint.py) and bitsandbytes
+(bitsandbytes_checkpoint.py) checkpoints each unpack a layer into what it stores; each such layer says
+whether its own values are 4-bit blocks or 8-bit weights the engine multiplies as they are, and how it
+converts otherwise. One loop then serves them all, the same way:
+
+    its own 4-bit values in groups of consecutive inputs: an Int4Linear (blocks on a CPU that has them,
+        PyTorch's int4 kernel elsewhere)
+    its own 8-bit values: an Int8Linear, where the device multiplies their scales (a block's on a CPU
+        with blocks; a channel's anywhere)
+    anything else, on a CPU with blocks: 8-bit blocks converted once (the layer's `converted`)
+    else: the dequantized weights the model was built from
+
+each keeping those dequantized weights as its dense copy for many rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from backend.quant import block_weights
+from backend.quant.gguf_types import EightBitWeight, FourBitWeight
+from backend.quant.quantized_linear import Int4Linear, Int8Linear, fits_int4_kernels, replace_module
+
+FOUR_BIT = "4-bit blocks of the checkpoint's groups"
+EIGHT_BIT = "8-bit blocks of the checkpoint's values"
+FLOATS = "dequantized floats"
+
+
+class StoredLayer(Protocol):
+    conversion: str  # what `converted` starts from, for the log ("the dequantized weights", ...)
+
+    def four_bit(self) -> FourBitWeight | None:
+        """Its own values as 4-bit blocks, where they are 4-bit in groups of consecutive inputs."""
+
+    def eight_bit(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Its own values as int8 [out, in] and a scale a channel ([out]) or a block ([out, in / 32])."""
+
+    def converted(self) -> EightBitWeight:
+        """8-bit blocks of 32 converted once from its weights."""
+
+
+def serve_layers(model: nn.Module, layers: dict[str, StoredLayer]) -> Counter:
+    """Replace each of `layers` (module docstring); how many were served each way, for the log."""
+    device = next(model.parameters()).device
+    blocks = block_weights.available(device)
+    served = Counter()
+    for name, layer in layers.items():
+        # A layer the model holds otherwise (experts that transformers fuses into one tensor) keeps the
+        # dequantized floats it was built from; so does one whose outputs are no whole tile of 16.
+        linear = model.get_submodule(name) if is_module(model, name) else None
+        if type(linear) is not nn.Linear or not fits_int4_kernels(linear):
+            served[FLOATS] += 1
+            continue
+        dense = linear.weight.detach()
+        four_bit, eight_bit = layer.four_bit(), layer.eight_bit()
+        if four_bit is not None:
+            q, scale, zero = (t.to(device) for t in (four_bit.q, four_bit.scale, four_bit.zero))
+            replace_module(model, name, Int4Linear(q, scale, zero, linear.bias, dense=dense))
+            served[FOUR_BIT] += 1
+        elif eight_bit is not None and (blocks or eight_bit[1].dim() == 1):
+            q, scale = (t.to(device) for t in eight_bit)
+            replace_module(model, name, Int8Linear(q, scale, linear.bias, dense=dense))
+            served[EIGHT_BIT] += 1
+        elif blocks:
+            converted = layer.converted()
+            replace_module(model, name, Int8Linear(converted.q, converted.scale, linear.bias, dense=dense))
+            served[f"8-bit blocks converted once from {layer.conversion}"] += 1
+        else:
+            served[FLOATS] += 1
+    return served
+
+
+def described(served: Counter) -> str:
+    """ "4-bit blocks of the checkpoint's groups x196, ...", for the log."""
+    return ", ".join(f"{how} x{count}" for how, count in served.most_common())
+
+
+def is_module(model: nn.Module, name: str) -> bool:
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
