@@ -43,12 +43,11 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from backend.quant.checkpoint_layers import described, serve_layers
 from backend.quant.gguf_types import BLOCK, EightBitWeight, requantize_int8
-from backend.quant.group_wise import UnsupportedCheckpoint, checkpoint_files
+from backend.quant.group_wise import UnsupportedCheckpoint, read_tensors
 
 log = logging.getLogger(__name__)
 
@@ -212,11 +211,7 @@ def read_checkpoint(
 ) -> tuple[dict[str, torch.Tensor], dict[str, FourBitLayer | EightBitLayer]]:
     """The checkpoint's state dict with each quantized layer's weight dequantized to `dtype` (what the
     model is built from), and those layers as stored, by module name."""
-    tensors: dict[str, torch.Tensor] = {}
-    for path in checkpoint_files(location):
-        with safe_open(path, framework="pt") as file:
-            for key in file.keys():  # noqa: SIM118 (a safetensors file is no dict)
-                tensors[key] = file.get_tensor(key)
+    tensors = read_tensors(location)
     layers: dict[str, FourBitLayer | EightBitLayer] = {}
     for key in [key for key in tensors if FOUR_BIT_STATE in key]:
         module = key.split(FOUR_BIT_STATE)[0]

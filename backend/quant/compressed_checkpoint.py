@@ -54,12 +54,11 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from backend.quant.checkpoint_layers import described, serve_layers
 from backend.quant.gguf_types import BLOCK, EightBitWeight, FourBitWeight, requantize_int8
-from backend.quant.group_wise import UnsupportedCheckpoint, checkpoint_files
+from backend.quant.group_wise import UnsupportedCheckpoint, read_tensors
 
 log = logging.getLogger(__name__)
 
@@ -344,11 +343,7 @@ def read_checkpoint(
 ) -> tuple[dict[str, torch.Tensor], dict[str, CompressedLayer]]:
     """The checkpoint's state dict with each quantized layer's weight dequantized to `dtype` (what the
     model is built from), and those layers as stored, by module name."""
-    tensors: dict[str, torch.Tensor] = {}
-    for path in checkpoint_files(location):
-        with safe_open(path, framework="pt") as file:
-            for key in file.keys():  # noqa: SIM118 (a safetensors file is no dict)
-                tensors[key] = file.get_tensor(key)
+    tensors = read_tensors(location)
     quantized = [key.removesuffix(".weight_scale") for key in tensors if key.endswith(".weight_scale")]
     layers = {}
     for module in quantized:

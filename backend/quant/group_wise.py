@@ -228,6 +228,16 @@ def checkpoint_files(location: str) -> list[Path]:
     return sorted(directory.glob("*.safetensors"))
 
 
+def read_tensors(location: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory's safetensors files, by name."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path in checkpoint_files(location):
+        with safe_open(path, framework="pt") as file:
+            for key in file.keys():  # noqa: SIM118 (a safetensors file is no dict)
+                tensors[key] = file.get_tensor(key)
+    return tensors
+
+
 def read_checkpoint(
     location: str, fmt: GroupWiseFormat, dtype: torch.dtype
 ) -> tuple[dict[str, torch.Tensor], dict[str, GroupWiseLayer]]:

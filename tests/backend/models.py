@@ -584,6 +584,26 @@ def text_of(pieces: list) -> str:
     return "".join(piece.text for piece in pieces)
 
 
+def greedy_agreements(served: torch.nn.Module, exact: torch.nn.Module, seed: int) -> int:
+    """Of five random prompts (1 to 39 tokens), how many the engine on `served` (4 rows, joining and
+    leaving) answers greedily with the 10 tokens `generate` gives on `exact`: a quantized checkpoint's
+    served model against its exact mode's."""
+    import random
+
+    from backend.engine.engine import Engine  # inside: this module builds models without the engine
+    from backend.messages import SamplingParams, Submit
+
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 40))] for _ in range(5)]
+    engine = Engine(served, MarkerTokenizer(), rows=4, max_seq_len=128)
+    greedy = SamplingParams(temperature=0, max_tokens=10)
+    pieces = drive(engine, [(i, Submit(f"r{i}", tuple(p), greedy)) for i, p in enumerate(prompts)])
+    return sum(
+        MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == reference_greedy(exact, p, 10, engine.eos_ids)
+        for i, p in enumerate(prompts)
+    )
+
+
 def write_tiny_causal_lm(directory: Path, architecture: str, model: torch.nn.Module | None = None) -> Path:
     """A model directory the server loads, built offline: `tiny_model(architecture)` (or `model`) and a
     word-level tokenizer whose token `i` is the marker "<i>", so that a completion's text shows its exact
