@@ -176,15 +176,20 @@ def test_the_retry_after_figures_are_the_servers():
     assert f"`Retry-After: {RETRY_AFTER_QUEUE_FULL}`" in page()
 
 
-def test_the_lora_refusals_are_the_engines():
-    from backend.model.lora import AdapterError, Adapters, LoraBatch, LoraLinear, LoraWeights, check_shapes
-    from tests.backend.models import tiny_model
+def test_the_lora_refusals_are_the_engines(tmp_path):
+    from huggingface_hub import constants
+
+    from backend.model.lora import AdapterError, LoraBatch, LoraLinear, LoraWeights, check_shapes
+    from backend.utils.hub import DownloadFailed, download_adapter
 
     layer = LoraLinear(torch.nn.Linear(576, 576, bias=False), LoraBatch())
     wider = LoraWeights(torch.zeros(16, 2048), torch.zeros(2048, 16), 2.0)
     with pytest.raises(AdapterError) as shapes:
         check_shapes("model.layers.0.self_attn.q_proj", layer, wider)
     assert f"LoRA adapter 'sql' (/adapters/sql): {shapes.value}" in page()
-    with pytest.raises(AdapterError) as hub_id:
-        Adapters(tiny_model("llama"), runtime=True).add("sql", "team/sql-lora")
-    assert str(hub_id.value) in " ".join(page().split())
+    with pytest.MonkeyPatch.context() as hub, pytest.raises(DownloadFailed) as hub_id:
+        hub.setattr(constants, "HF_HUB_OFFLINE", True)
+        hub.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # empty
+        download_adapter("team/sql-lora", None)
+    why = str(hub_id.value).partition(": ")[0]  # then huggingface_hub's own words
+    assert f"LoRA adapter 'sql' (team/sql-lora): {why}: ..." in page()

@@ -188,12 +188,12 @@ class Engine:
     def load(cls, config: BackendConfig) -> Engine:
         """Load the configured model (checking resources first) and warm it up."""
         from backend.model.loader import (
-            hub_token,
             load_draft_model,
             load_embedding_model,
             load_model,
             load_rerank_model,
         )
+        from backend.utils.hub import hub_token
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)

@@ -30,7 +30,6 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import torch
-from dotenv import dotenv_values
 from huggingface_hub import snapshot_download
 from transformers import (
     MODEL_FOR_CAUSAL_LM_MAPPING,
@@ -68,6 +67,7 @@ from backend.quant.gguf_weights import serve_gguf_weights
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from backend.utils.heap import give_back_freed_memory
+from backend.utils.hub import hub_token
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +158,6 @@ def converted_dir(source: ModelSource, root: Path) -> Path:
     identity = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERSION}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return root / "converted" / f"{source.name}-{key}"
-
-
-def hub_token() -> str | None:
-    """HF_TOKEN from the environment, else from a .env file in the working directory."""
-    return os.environ.get("HF_TOKEN") or dotenv_values(".env").get("HF_TOKEN") or None
 
 
 def pick_device(requested: str) -> torch.device:

@@ -50,13 +50,12 @@ from torch import nn
 
 from backend.quant.quantized_linear import WeightOnlyLinear
 from backend.utils.host_lists import to_device
+from backend.utils.hub import ADAPTER_FILES, DownloadFailed, download_adapter, names_hub_repository
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE, WEIGHTS_FILE = ADAPTER_FILES
 PEFT_PREFIX = "base_model.model."  # how PEFT's saved keys start: the wrapped model's own names follow
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name: a hub repository, where no directory is
 
 
 class AdapterError(ValueError):
@@ -364,21 +363,17 @@ def load_adapters(
 def adapter_directory(path: str, download: bool, token: str | None = None) -> Path:
     """Where an adapter's files are: `path` where it is a directory; else, where `download`, the hub
     repository it names (as vLLM's --lora-modules take them), downloaded as a model is (with `token`)."""
-    directory = Path(path)
-    if directory.is_dir() or not HUB_ID.fullmatch(path):
-        return directory
-    if not download:
+    if not names_hub_repository(path):
+        return Path(path)
+    if not download:  # /v1/load_lora_adapter downloads it in the frontend first: a step must not wait
         raise AdapterError(
-            "not a directory on the server's disk (a hub id is downloaded at start, in --lora-modules; "
-            f"while serving, download it first: hf download {path} --local-dir DIR)"
+            "not a directory on the server's disk (a hub id is downloaded at start, in --lora-modules, "
+            f"or by /v1/load_lora_adapter; else download it first: hf download {path} --local-dir DIR)"
         )
-    from huggingface_hub import snapshot_download
-
     try:
-        files = snapshot_download(path, token=token, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE])
-    except Exception as error:  # not found, gated, offline: huggingface_hub's errors, each its own type
-        raise AdapterError(f"no directory there, and no hub repository to download: {error}") from None
-    return Path(files)
+        return download_adapter(path, token)
+    except DownloadFailed as error:
+        raise AdapterError(str(error)) from None
 
 
 def read_adapter(directory: Path) -> dict[str, LoraWeights]:

@@ -9,8 +9,13 @@ requests whose `model` names it, beside the other rows; an unloaded one's
 waiting requests end with an error and its rows finish with its weights;
 `load_inplace` replaces the adapter of that name, whose rows finish with it
 while the waiting requests take the new one (docs/backend.md, "LoRA
-adapters"). 400 for a name already served (the model's, another adapter's)
-and for an adapter that cannot be served (the reason named); 404 for
+adapters"). `lora_path` is a directory on the server's disk or, where no
+such directory is, a hub id (`org/name`), downloaded here, in the request's
+own thread, before the backend is asked to load it: no decode step waits
+on the network (huggingface_hub's cache, `HF_TOKEN` and `HF_HUB_OFFLINE` as
+for the model). 400 for a name already served (the model's, another
+adapter's) and for an adapter that cannot be served or had (the reason
+named); 404 for
 unloading one that is not loaded, and for both endpoints on a server started
 without the option. They are the operator's: the proxy does not forward them,
 where any team could unload another's adapter or read a directory of the
@@ -24,6 +29,7 @@ import uuid
 from flask import Blueprint, Response, current_app
 
 from backend.messages import AdaptersChanged, LoadAdapter, UnloadAdapter
+from backend.utils.hub import DownloadFailed, download_adapter, hub_token, names_hub_repository
 from inference_api.errors import RETRY_AFTER_NOT_READY, ApiError, unavailable
 from inference_api.fields import read_bool, read_string
 from inference_api.generation import read_request
@@ -49,6 +55,11 @@ def load_lora_adapter() -> Response:
         raise ApiError(400, message, param="lora_name")
     if not loaded and name in serving.generating_names + serving.embedding_names + serving.rerank_names:
         raise ApiError(400, f"the name {name!r} is the served model's: requests could not tell them apart")
+    if names_hub_repository(path):
+        try:
+            path = str(download_adapter(path, hub_token()))
+        except DownloadFailed as error:
+            raise ApiError(400, f"LoRA adapter {name!r} ({path}): {error}", param="lora_path") from None
     _change(LoadAdapter(uuid.uuid4().hex, name, path, replace=in_place), "lora_path")
     return Response(f"Success: LoRA adapter '{name}' added successfully.", mimetype="text/plain")
 

@@ -8,9 +8,10 @@ import torch
 from backend.layers.row_cache import pick_cache_dtype
 from backend.messages import BackendConfig
 from backend.model.architectures import UnsupportedModel
-from backend.model.loader import converted_dir, default_model_path, hub_token, load_model, resolve_model
+from backend.model.loader import converted_dir, default_model_path, load_model, resolve_model
 from backend.model.resources import GIB, Available, Needs, estimate_needs, shortfalls
 from backend.quant.gguf_weights import BLOCKS_CACHE
+from backend.utils.hub import hub_token
 from tests.backend.models import tiny_model, write_gemma3n_multimodal, write_tiny_causal_lm
 
 

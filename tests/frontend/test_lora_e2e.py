@@ -7,6 +7,7 @@ too; vLLM's endpoints load and unload them while the server runs."""
 from __future__ import annotations
 
 import concurrent.futures
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,12 +37,27 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(adapters: dict[str, Path]) -> Iterator[RunningServer]:
+def hub_cache(adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A hub cache, laid out as huggingface_hub writes one, holding the story adapter as team/story-lora."""
+    cache = tmp_path_factory.mktemp("hub")
+    repository = cache / "models--team--story-lora"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(adapters["story"], repository / "snapshots" / commit)
+    (repository / "refs").mkdir()
+    (repository / "refs" / "main").write_text(commit)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def server(adapters: dict[str, Path], hub_cache: Path) -> Iterator[RunningServer]:
     modules = [f"{name}={path}" for name, path in adapters.items()]
     exact = ["--rows", "4", "--max-seq-len", "1024", "--dtype", "float32", "--quantize", "none"]
     runtime = "--allow-runtime-lora"  # and adapters loaded while it runs
-    with running_server(*exact, "--lora-modules", *modules, runtime, ready_timeout=300) as running:
-        yield running
+    with pytest.MonkeyPatch.context() as environment:  # the hub: this cache alone, no network
+        environment.setenv("HF_HUB_CACHE", str(hub_cache))
+        environment.setenv("HF_HUB_OFFLINE", "1")
+        with running_server(*exact, "--lora-modules", *modules, runtime, ready_timeout=300) as running:
+            yield running
 
 
 def chat(client: openai.OpenAI, model: str, stream: bool = False) -> tuple[str, str]:
@@ -160,3 +176,25 @@ def test_an_adapter_loaded_while_serving_answers_at_once_and_one_unloaded_is_gon
     again = requests.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "tales"}, timeout=60)
     assert again.status_code == 404 and "no LoRA adapter 'tales' is loaded" in again.text
     assert chat(client, "story") == (story, "story")  # the others as they were
+
+
+def test_an_adapter_named_by_its_hub_id_is_downloaded_then_served_while_serving(server):
+    """vLLM's lora_path may name a hub repository: the request's own thread downloads it (here from the hub
+    cache, the hub offline), and the backend loads the files as it does a directory's."""
+    client = server.openai_client()
+    story, _ = chat(client, "story")
+    load = {"lora_name": "from-hub", "lora_path": "team/story-lora"}
+    loaded = requests.post(f"{server.url}/v1/load_lora_adapter", json=load, timeout=60)
+    assert loaded.status_code == 200, loaded.text
+    assert chat(client, "from-hub") == (story, "from-hub")
+    missing = {"lora_name": "nowhere", "lora_path": "team/no-such-lora"}
+    refused = requests.post(f"{server.url}/v1/load_lora_adapter", json=missing, timeout=60)
+    message = refused.json()["error"]["message"]
+    assert (
+        refused.status_code == 400
+        and "'nowhere' (team/no-such-lora): no directory there, and no hub" in message
+    )
+    unloaded = requests.post(
+        f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "from-hub"}, timeout=60
+    )
+    assert unloaded.status_code == 200, unloaded.text
