@@ -77,7 +77,7 @@ def serve_layers(model: nn.Module, layers: dict[str, StoredLayer]) -> Counter:
 
 
 def described(served: Counter) -> str:
-    """ "4-bit blocks of the checkpoint's groups x196, ...", for the log."""
+    """The log's words for how layers were served: 4-bit blocks of the checkpoint's groups x196, ..."""
     return ", ".join(f"{how} x{count}" for how, count in served.most_common())
 
 
