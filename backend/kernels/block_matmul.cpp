@@ -18,6 +18,10 @@
 // block: the two halves of a block sum apart, sum(u * q_x) - 32 * sum(q_x) each (the sums start from the
 // second term), and are weighed by their s in int32 (exact) before the one float multiply by d * d_x.
 //
+// K-quants (Q4_K, Q5_K, Q6_K) keep d (and m) for a super-block of 256 inputs, and each block's multiples
+// of them in a byte: there a block's d and m are the super-block's times those (exact in float32), and the
+// rest is as above. A super-block layout is told from blocks of 32 by its size.
+//
 // CPUs without AVX-512 VNNI but with AVX2 (AMD before Zen 4, Intel's desktop parts) take the same blocks
 // eight channels at a time: vpmaddubsw multiplies pairs of bytes into int16 sums and vpmaddwd adds those
 // into int32. vpmaddubsw saturates at 32767, which 8-bit weights (u up to 255) would reach, so there the
@@ -69,6 +73,19 @@ constexpr int64_t block_bytes(int64_t bits) { return value_bytes(bits) + (bits =
 constexpr bool has_minimum(int64_t bits) { return bits == 4 || bits == 5; }
 constexpr int32_t SIX_BIT_OFFSET = 32;  // 6-bit weights are d * s * (u - 32)
 
+// GGUF's K-quants keep one fp16 d (and minimum) for a channel's super-block of 256 inputs, and for each
+// block of 32 in it 6-bit multiples s and m of those (Q4_K, Q5_K), or two int8 s (Q6_K). Super-blocks keep
+// them so: the 16 channels' fp16 d (and, 4-bit and 5-bit, minimum) first, then the 8 blocks, each its
+// values and 32 bytes: the 16 channels' s, then their m (uint8; 6-bit: s for inputs 0-15, then 16-31, int8).
+// 148, 180 and 210 bytes a channel's 256 inputs where blocks of 32 take 160, 192 and 224: what one row's
+// product reads.
+constexpr int64_t BLOCKS_A_SUPER_BLOCK = 8;
+constexpr int64_t header_bytes(int64_t bits) { return has_minimum(bits) ? 64 : 32; }
+constexpr int64_t stride(int64_t bits, bool super) { return super ? value_bytes(bits) + 32 : block_bytes(bits); }
+constexpr int64_t super_block_bytes(int64_t bits) {
+  return header_bytes(bits) + BLOCKS_A_SUPER_BLOCK * stride(bits, true);
+}
+
 // Four activations (int8) as one int32, to broadcast to every lane: copied, which compilers turn into one
 // load, since reading the int8 buffer through an int32_t pointer breaks strict aliasing (undefined behaviour).
 inline int32_t four_values(const int8_t* p) {
@@ -85,10 +102,10 @@ inline int32_t four_values(const int8_t* p) {
 // (docs/performance.md, 2026-11-28).
 constexpr int64_t PREFETCH_BLOCKS = 8;
 
-template <int BITS>
+template <int64_t STRIDE>  // a block's bytes
 inline void prefetch_ahead(const uint8_t* block) {
-  const uint8_t* ahead = block + PREFETCH_BLOCKS * block_bytes(BITS);
-  for (int64_t line = 0; line < block_bytes(BITS); line += 64) __builtin_prefetch(ahead + line, 0, 3);
+  const uint8_t* ahead = block + PREFETCH_BLOCKS * STRIDE;
+  for (int64_t line = 0; line < STRIDE; line += 64) __builtin_prefetch(ahead + line, 0, 3);
 }
 
 // Activations in blocks of 32: int8 values, and for each block d and d * sum(values); for 6-bit weights
@@ -153,49 +170,73 @@ inline void store16(c10::BFloat16* out, __m512 v) {
 #endif
 }
 
-// Rows [first, first + count) of x times one group of 16 output channels, whose blocks start at `weights`.
-template <int BITS, typename T>
+// u[j]: inputs 4j..4j+3 of the block at `weights` for each of its 16 channels, 0..2^BITS - 1. 4-bit: byte i
+// of a 64-byte line holds u[2c] in its low nibble and u[2c + 1] in its high one.
+template <int BITS>
+inline void unpack_values(const uint8_t* weights, __m512i u[8]) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  if constexpr (BITS != 8) {
+    for (int c = 0; c < 4; ++c) {
+      const __m512i line = _mm512_loadu_si512(weights + 64 * c);
+      u[2 * c] = _mm512_and_si512(line, nibble);
+      u[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(line, 4), nibble);
+    }
+  } else {
+    for (int j = 0; j < 8; ++j) u[j] = _mm512_loadu_si512(weights + 64 * j);
+  }
+  if constexpr (BITS == 5) {  // bit j of the line is bit 4 of u[j]
+    const __m512i fifth = _mm512_set1_epi8(0x10), line = _mm512_loadu_si512(weights + LOW_NIBBLES);
+    const __m512i top[8] = {_mm512_slli_epi16(line, 4), _mm512_slli_epi16(line, 3), _mm512_slli_epi16(line, 2),
+                            _mm512_slli_epi16(line, 1), line,                        _mm512_srli_epi16(line, 1),
+                            _mm512_srli_epi16(line, 2), _mm512_srli_epi16(line, 3)};
+    for (int j = 0; j < 8; ++j) u[j] = _mm512_or_si512(u[j], _mm512_and_si512(top[j], fifth));
+  }
+  if constexpr (BITS == 6) {
+    // Bits 2i and 2i + 1 of top line h are bits 4 and 5 of u[4h + i].
+    const __m512i top_two = _mm512_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i line = _mm512_loadu_si512(weights + LOW_NIBBLES + 64 * h);
+      const __m512i top[4] = {_mm512_slli_epi16(line, 4), _mm512_slli_epi16(line, 2), line, _mm512_srli_epi16(line, 2)};
+      for (int i = 0; i < 4; ++i) u[4 * h + i] = _mm512_or_si512(u[4 * h + i], _mm512_and_si512(top[i], top_two));
+    }
+  }
+}
+
+// 16 bytes (one a channel) as floats: a super-block's blocks' multiples of its d and minimum.
+inline __m512 bytes_as_floats(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Rows [first, first + count) of x times one group of 16 output channels, whose blocks start at `weights`:
+// blocks of 32 with their own fp16 scales, or (SUPER) super-blocks of 256 whose blocks keep multiples of
+// the super-block's.
+template <int BITS, bool SUPER, typename T>
 void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
                     T* out, int64_t out_stride) {
   const int64_t blocks = in / BLOCK;
   __m512 sums[ROWS_AT_ONCE];
   for (int64_t r = 0; r < count; ++r) sums[r] = _mm512_setzero_ps();
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  for (int64_t b = 0; b < blocks; ++b, weights += block_bytes(BITS)) {
-    prefetch_ahead<BITS>(weights);
-    // u[j]: inputs 4j..4j+3 of the block for each of the 16 channels. 4-bit: byte i of a 64-byte line
-    // holds u[2c] in its low nibble and u[2c + 1] in its high one.
+  __m512 super_d = _mm512_setzero_ps(), super_minimum = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    if constexpr (SUPER) {
+      if (b % BLOCKS_A_SUPER_BLOCK == 0) {
+        super_d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights)));
+        if constexpr (has_minimum(BITS)) {
+          super_minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights + 32)));
+        }
+        weights += header_bytes(BITS);
+      }
+    }
+    prefetch_ahead<stride(BITS, SUPER)>(weights);
     __m512i u[8];
-    if constexpr (BITS != 8) {
-      for (int c = 0; c < 4; ++c) {
-        const __m512i line = _mm512_loadu_si512(weights + 64 * c);
-        u[2 * c] = _mm512_and_si512(line, nibble);
-        u[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(line, 4), nibble);
-      }
-    } else {
-      for (int j = 0; j < 8; ++j) u[j] = _mm512_loadu_si512(weights + 64 * j);
-    }
-    if constexpr (BITS == 5) {  // bit j of the line is bit 4 of u[j]
-      const __m512i fifth = _mm512_set1_epi8(0x10), line = _mm512_loadu_si512(weights + LOW_NIBBLES);
-      const __m512i top[8] = {_mm512_slli_epi16(line, 4), _mm512_slli_epi16(line, 3), _mm512_slli_epi16(line, 2),
-                              _mm512_slli_epi16(line, 1), line,                        _mm512_srli_epi16(line, 1),
-                              _mm512_srli_epi16(line, 2), _mm512_srli_epi16(line, 3)};
-      for (int j = 0; j < 8; ++j) u[j] = _mm512_or_si512(u[j], _mm512_and_si512(top[j], fifth));
-    }
-    if constexpr (BITS == 6) {
-      // Bits 2i and 2i + 1 of top line h are bits 4 and 5 of u[4h + i].
-      const __m512i top_two = _mm512_set1_epi8(0x30);
-      for (int h = 0; h < 2; ++h) {
-        const __m512i line = _mm512_loadu_si512(weights + LOW_NIBBLES + 64 * h);
-        const __m512i top[4] = {_mm512_slli_epi16(line, 4), _mm512_slli_epi16(line, 2), line, _mm512_srli_epi16(line, 2)};
-        for (int i = 0; i < 4; ++i) u[4 * h + i] = _mm512_or_si512(u[4 * h + i], _mm512_and_si512(top[i], top_two));
-      }
-    }
+    unpack_values<BITS>(weights, u);
     const uint8_t* scales = weights + value_bytes(BITS);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+    weights += stride(BITS, SUPER);
     if constexpr (BITS == 6) {
-      const __m512i low_s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)));
-      const __m512i high_s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 48)));
+      const __m512 d = SUPER ? super_d : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+      const uint8_t* s = SUPER ? scales : scales + 32;  // the 16 channels' s for inputs 0-15, then 16-31
+      const __m512i low_s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+      const __m512i high_s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
       for (int64_t r = 0; r < count; ++r) {
         const int64_t row_block = (first + r) * blocks + b;
         const int8_t* q = x.values.data() + row_block * BLOCK;
@@ -211,8 +252,15 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
       }
       continue;
     }
-    const __m512 m = has_minimum(BITS) ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
-                                       : _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
+    __m512 d, m;
+    if constexpr (SUPER) {  // d * s and the minimum times m, exactly (an 11-bit d times a 6-bit s)
+      d = _mm512_mul_ps(super_d, bytes_as_floats(scales));
+      m = _mm512_mul_ps(super_minimum, bytes_as_floats(scales + 16));
+    } else {
+      d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+      m = has_minimum(BITS) ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
+                            : _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
+    }
     for (int64_t r = 0; r < count; ++r) {
       const int64_t row_block = (first + r) * blocks + b;
       const int8_t* q = x.values.data() + row_block * BLOCK;
@@ -293,52 +341,77 @@ inline void store8(c10::BFloat16* out, __m256 v) {
   for (int i = 0; i < 8; ++i) out[i] = c10::BFloat16(values[i]);  // rounded to nearest even
 }
 
+// As unpack_values, for the 8 channels whose bytes start at `values` (32h of each 64-byte line: channels
+// 8h..8h+7). 8-bit values come signed, q = u - 128.
+template <int BITS>
+inline void unpack_values_avx2(const uint8_t* values, __m256i u[8]) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F), offset = _mm256_set1_epi8(static_cast<char>(0x80));
+  if constexpr (BITS != 8) {
+    for (int c = 0; c < 4; ++c) {
+      const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 64 * c));
+      u[2 * c] = _mm256_and_si256(line, nibble);
+      u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(line, 4), nibble);
+    }
+  } else {
+    for (int j = 0; j < 8; ++j) {
+      u[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 64 * j)), offset);
+    }
+  }
+  if constexpr (BITS == 5) {  // as unpack_values: bit j of the line to bit 4 of u[j]
+    const __m256i fifth = _mm256_set1_epi8(0x10);
+    const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + LOW_NIBBLES));
+    const __m256i top[8] = {_mm256_slli_epi16(line, 4), _mm256_slli_epi16(line, 3), _mm256_slli_epi16(line, 2),
+                            _mm256_slli_epi16(line, 1), line,                        _mm256_srli_epi16(line, 1),
+                            _mm256_srli_epi16(line, 2), _mm256_srli_epi16(line, 3)};
+    for (int j = 0; j < 8; ++j) u[j] = _mm256_or_si256(u[j], _mm256_and_si256(top[j], fifth));
+  }
+  if constexpr (BITS == 6) {  // as unpack_values: bits 2i, 2i + 1 of top line h to bits 4, 5 of u[4h + i]
+    const __m256i top_two = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + LOW_NIBBLES + 64 * h));
+      const __m256i top[4] = {_mm256_slli_epi16(line, 4), _mm256_slli_epi16(line, 2), line, _mm256_srli_epi16(line, 2)};
+      for (int i = 0; i < 4; ++i) u[4 * h + i] = _mm256_or_si256(u[4 * h + i], _mm256_and_si256(top[i], top_two));
+    }
+  }
+}
+
+inline __m256 halves_as_floats(const uint8_t* p) {  // 8 fp16 values
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m256 bytes_as_floats_avx2(const uint8_t* p) {  // 8 uint8 values
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 // As multiply_group, for rows [first, first + count) (count <= ROWS_AT_ONCE_AVX2), one half of the 16
-// channels at a time: bytes 32h..32h+31 of each 64-byte line are channels 8h..8h+7.
-template <int BITS, typename T>
+// channels at a time: bytes 32h..32h+31 of each 64-byte line are channels 8h..8h+7, and so are the 16h-th
+// bytes of the fp16 scales and the 8h-th of the byte ones.
+template <int BITS, bool SUPER, typename T>
 void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
                          T* out, int64_t out_stride) {
   const int64_t blocks = in / BLOCK;
-  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int half = 0; half < 2; ++half) {
     __m256 sums[ROWS_AT_ONCE_AVX2];
     for (int64_t r = 0; r < count; ++r) sums[r] = _mm256_setzero_ps();
-    const uint8_t* block = weights + 32 * half;
-    for (int64_t b = 0; b < blocks; ++b, block += block_bytes(BITS)) {
-      if (half == 0) prefetch_ahead<BITS>(block);  // the second half finds the lines in the cache
+    __m256 super_d = _mm256_setzero_ps(), super_minimum = _mm256_setzero_ps();
+    const uint8_t* block = weights;
+    for (int64_t b = 0; b < blocks; ++b) {
+      if constexpr (SUPER) {
+        if (b % BLOCKS_A_SUPER_BLOCK == 0) {
+          super_d = halves_as_floats(block + 16 * half);
+          if constexpr (has_minimum(BITS)) super_minimum = halves_as_floats(block + 32 + 16 * half);
+          block += header_bytes(BITS);
+        }
+      }
+      if (half == 0) prefetch_ahead<stride(BITS, SUPER)>(block);  // the second half finds the lines in the cache
       __m256i u[8];  // 4-bit: u, 0..15; 5-bit: 0..31; 6-bit: 0..63; 8-bit: q = u - 128, signed
-      if constexpr (BITS != 8) {
-        for (int c = 0; c < 4; ++c) {
-          const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * c));
-          u[2 * c] = _mm256_and_si256(line, nibble);
-          u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(line, 4), nibble);
-        }
-      } else {
-        for (int j = 0; j < 8; ++j) {
-          u[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j)), offset);
-        }
-      }
-      if constexpr (BITS == 5) {  // as multiply_group: bit j of the line to bit 4 of u[j]
-        const __m256i fifth = _mm256_set1_epi8(0x10);
-        const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + LOW_NIBBLES));
-        const __m256i top[8] = {_mm256_slli_epi16(line, 4), _mm256_slli_epi16(line, 3), _mm256_slli_epi16(line, 2),
-                                _mm256_slli_epi16(line, 1), line,                        _mm256_srli_epi16(line, 1),
-                                _mm256_srli_epi16(line, 2), _mm256_srli_epi16(line, 3)};
-        for (int j = 0; j < 8; ++j) u[j] = _mm256_or_si256(u[j], _mm256_and_si256(top[j], fifth));
-      }
-      if constexpr (BITS == 6) {  // as multiply_group: bits 2i, 2i + 1 of top line h to bits 4, 5 of u[4h + i]
-        const __m256i top_two = _mm256_set1_epi8(0x30);
-        for (int h = 0; h < 2; ++h) {
-          const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + LOW_NIBBLES + 64 * h));
-          const __m256i top[4] = {_mm256_slli_epi16(line, 4), _mm256_slli_epi16(line, 2), line, _mm256_srli_epi16(line, 2)};
-          for (int i = 0; i < 4; ++i) u[4 * h + i] = _mm256_or_si256(u[4 * h + i], _mm256_and_si256(top[i], top_two));
-        }
-      }
-      const uint8_t* scales = block - 32 * half + value_bytes(BITS) + 16 * half;
+      unpack_values_avx2<BITS>(block + 32 * half, u);
+      const uint8_t* scales = block + value_bytes(BITS);
+      block += stride(BITS, SUPER);
       if constexpr (BITS == 6) {
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
-        const uint8_t* s = scales - 16 * half + 32 + 8 * half;  // this half's 8 channels' s, inputs 0-15
+        const __m256 d = SUPER ? super_d : halves_as_floats(scales + 16 * half);
+        const uint8_t* s = (SUPER ? scales : scales + 32) + 8 * half;  // this half's 8 channels' s, inputs 0-15
         const __m256i low_s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)));
         const __m256i high_s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 16)));
         for (int64_t r = 0; r < count; ++r) {
@@ -361,9 +434,14 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
         }
         continue;
       }
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
-      const __m256 m = has_minimum(BITS) ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32)))
-                                 : _mm256_setzero_ps();
+      __m256 d, m;
+      if constexpr (SUPER) {
+        d = _mm256_mul_ps(super_d, bytes_as_floats_avx2(scales + 8 * half));
+        m = _mm256_mul_ps(super_minimum, bytes_as_floats_avx2(scales + 16 + 8 * half));
+      } else {
+        d = halves_as_floats(scales + 16 * half);
+        m = has_minimum(BITS) ? halves_as_floats(scales + 32 + 16 * half) : _mm256_setzero_ps();
+      }
       for (int64_t r = 0; r < count; ++r) {
         const int64_t row_block = (first + r) * blocks + b;
         const int8_t* q = x.values.data() + row_block * BLOCK;
@@ -411,10 +489,10 @@ using GroupProduct = void (*)(const uint8_t* weights, const QuantizedRows& x, in
 // 22% slower with halves and 12% slower this way (docs/performance.md).
 template <typename T>
 void multiply_groups(GroupProduct<T> product, int64_t rows_at_once, const QuantizedRows& x, int64_t in,
-                     const at::Tensor& weights, int64_t bits, at::Tensor& result) {
+                     const at::Tensor& weights, at::Tensor& result) {
   const int64_t rows = result.size(0), out = result.size(1);
   const uint8_t* w = weights.data_ptr<uint8_t>();
-  const int64_t group_bytes = in / BLOCK * block_bytes(bits);
+  const int64_t group_bytes = weights.size(1) * CHANNELS;
   T* o = result.data_ptr<T>();
   const int64_t groups = out / CHANNELS;
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), groups);
@@ -431,28 +509,36 @@ void multiply_groups(GroupProduct<T> product, int64_t rows_at_once, const Quanti
   });
 }
 
-// x times the blocks into result, by the AVX-512 VNNI kernel or, with `avx2`, the AVX2 one.
+// x times the blocks (in super-blocks where `super`) into result, by the AVX-512 VNNI kernel or, with
+// `avx2`, the AVX2 one.
 template <typename T>
-void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2, at::Tensor& result) {
+void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool super, bool avx2,
+                     at::Tensor& result) {
   const T* values = x.data_ptr<T>();
   const int64_t rows = x.size(0), in = x.size(1);
 #ifdef BLOCK_MATMUL_AVX2
   if (avx2) {
-    const GroupProduct<T> product = bits == 4   ? multiply_group_avx2<4, T>
-                                    : bits == 5 ? multiply_group_avx2<5, T>
-                                    : bits == 6 ? multiply_group_avx2<6, T>
-                                                : multiply_group_avx2<8, T>;
-    multiply_groups(product, ROWS_AT_ONCE_AVX2, quantize_rows_avx2(values, rows, in), in, weights, bits, result);
+    const GroupProduct<T> product = super ? (bits == 4   ? multiply_group_avx2<4, true, T>
+                                             : bits == 5 ? multiply_group_avx2<5, true, T>
+                                                         : multiply_group_avx2<6, true, T>)
+                                    : bits == 4 ? multiply_group_avx2<4, false, T>
+                                    : bits == 5 ? multiply_group_avx2<5, false, T>
+                                    : bits == 6 ? multiply_group_avx2<6, false, T>
+                                                : multiply_group_avx2<8, false, T>;
+    multiply_groups(product, ROWS_AT_ONCE_AVX2, quantize_rows_avx2(values, rows, in), in, weights, result);
     return;
   }
 #endif
 #ifdef BLOCK_MATMUL_VNNI
   if (!avx2) {
-    const GroupProduct<T> product = bits == 4   ? multiply_group<4, T>
-                                    : bits == 5 ? multiply_group<5, T>
-                                    : bits == 6 ? multiply_group<6, T>
-                                                : multiply_group<8, T>;
-    multiply_groups(product, ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights, bits, result);
+    const GroupProduct<T> product = super ? (bits == 4   ? multiply_group<4, true, T>
+                                             : bits == 5 ? multiply_group<5, true, T>
+                                                         : multiply_group<6, true, T>)
+                                    : bits == 4 ? multiply_group<4, false, T>
+                                    : bits == 5 ? multiply_group<5, false, T>
+                                    : bits == 6 ? multiply_group<6, false, T>
+                                                : multiply_group<8, false, T>;
+    multiply_groups(product, ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights, result);
     return;
   }
 #endif
@@ -485,17 +571,21 @@ at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, 
               "weights must be contiguous uint8 [out, in / 32 * bytes]");
   const int64_t rows = x.size(0), in = x.size(1), out = weights.size(0);
   TORCH_CHECK(in % BLOCK == 0 && out % CHANNELS == 0, "in must be a multiple of 32 and out of 16");
-  TORCH_CHECK(weights.size(1) * CHANNELS == in / BLOCK * block_bytes(bits), "weights do not hold ", bits,
-              "-bit blocks of ", in, " inputs");
+  // The layout, by the bytes a group of 16 channels takes (the two never take the same).
+  const int64_t group_bytes = weights.size(1) * CHANNELS;
+  const bool super = bits != 8 && in % (BLOCKS_A_SUPER_BLOCK * BLOCK) == 0 &&
+                     group_bytes == in / (BLOCKS_A_SUPER_BLOCK * BLOCK) * super_block_bytes(bits);
+  TORCH_CHECK(super || group_bytes == in / BLOCK * block_bytes(bits), "weights do not hold ", bits,
+              "-bit blocks or super-blocks of ", in, " inputs");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be float32 or bfloat16, not ", x.scalar_type());
   at::Tensor result = at::empty({rows, out}, x.options());
   // Nothing to compute (no rows, or no output channels, which would share 0 groups among 0 threads).
   if (result.numel() == 0) return result;
   if (x.scalar_type() == at::kFloat) {
-    multiply_blocks<float>(x, weights, bits, avx2, result);
+    multiply_blocks<float>(x, weights, bits, super, avx2, result);
   } else {
-    multiply_blocks<c10::BFloat16>(x, weights, bits, avx2, result);
+    multiply_blocks<c10::BFloat16>(x, weights, bits, super, avx2, result);
   }
   return result;
 }
@@ -508,8 +598,8 @@ namespace fused_ops {
 // "" where it has neither (then there are no blocks).
 std::string block_matmul_kernel() { return has_vnni_kernel() ? "AVX-512 VNNI" : has_avx2_kernel() ? "AVX2" : ""; }
 
-// x [rows, in] (float32 or bfloat16) times weights [out, in / 32 * bytes a channel's block] (block_weights.py's
-// layout) -> [rows, out] in x's dtype; by AVX-512 VNNI where the CPU has it, else by AVX2.
+// x [rows, in] (float32 or bfloat16) times weights [out, bytes a channel's blocks or super-blocks take]
+// (block_weights.py's layouts) -> [rows, out] in x's dtype; by AVX-512 VNNI where the CPU has it, else by AVX2.
 at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits) {
   TORCH_CHECK(has_vnni_kernel() || has_avx2_kernel(), "block_matmul needs a CPU with AVX-512 VNNI or AVX2");
   return checked_block_matmul(x, weights, bits, !has_vnni_kernel());

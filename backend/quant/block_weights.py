@@ -33,10 +33,21 @@ byte: line j's) or two lines of top two bits (bits 2i and 2i + 1 of line h:
 those of line 4h + i); a 6-bit block then has d and the 16 channels' s for
 inputs 0-15 and for 16-31. A layer's blocks are a uint8 tensor [out, in /
 32 * bytes], 20 bytes a channel's block in 4 bits, 24 in 5, 28 in 6 and 34
-in 8 (Q4_1's and Q8_0's own sizes; Q5_1's; Q6_K's d a block, not 256
-inputs, costs 7 bits a weight against its 6.56), so that its first dimension is the
-layer's outputs: it slices and concatenates by whole groups of 16 like any
-weight (quantized_linear.fuse_linears).
+in 8 (Q4_1's and Q8_0's own sizes; Q5_1's), so that its first dimension is
+the layer's outputs: it slices and concatenates by whole groups of 16 like
+any weight (quantized_linear.fuse_linears).
+
+GGUF's K-quants keep their scales by super-blocks of 256 inputs: one fp16 d
+(and minimum) a channel's super-block, and for each block of 32 in it 6-bit
+multiples s and m of those (Q4_K, Q5_K: w = d * s * u + minimum * m), or
+two int8 s (Q6_K: w = d * s * (u - 32)). Their layers keep them so, in
+super-blocks: for each group of 16 channels and each 256 inputs, the 16
+channels' d (and minimum) in fp16, then the 8 blocks, each its values as
+above and 32 bytes: the channels' s, then their m (one byte each; Q6_K: s
+for inputs 0-15, then for 16-31). 148, 180 and 210 bytes a channel's 256
+inputs (Q4_K's own 144 keeps s and m in 6 bits) where blocks of 32 with
+fp16 scales of their own took 160, 192 and 224: fewer bytes for one row's
+product to read, and exactly the file's weights (fp16 d * s rounded them).
 """
 
 from __future__ import annotations
@@ -48,6 +59,10 @@ from backend.kernels import extension as kernels
 BLOCK = 32  # inputs a scale covers
 CHANNELS = 16  # output channels stored side by side, one a vector lane
 BYTES_PER_CHANNEL = {4: 20, 5: 24, 6: 28, 8: 34}  # a channel's share of a block: its values and scales
+SUPER_BLOCK = 256  # inputs of a K-quant's super-block
+BLOCKS_A_SUPER_BLOCK = SUPER_BLOCK // BLOCK
+BYTES_PER_CHANNEL_SUPER = {4: 148, 5: 180, 6: 210}  # a channel's share of a super-block
+VALUE_BYTES = {4: 256, 5: 320, 6: 384, 8: 512}  # a block's values, 16 channels
 SIX_BIT_OFFSET = 32  # 6-bit weights are d * s * (u - 32)
 
 
@@ -72,38 +87,74 @@ def fits(out_features: int, in_features: int) -> bool:
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """q [out, in] values 0..15, scale and zero [out, in / 32], w = (q - 8) * scale + zero (Int4Linear's
     terms), as 4-bit blocks: d = scale, m = zero - 8 * scale."""
-    lanes = interleave(q.to(torch.uint8))  # [groups, blocks, 8 lines, 64]
-    nibbles = lanes[:, :, 0::2] | (lanes[:, :, 1::2] << 4)  # [groups, blocks, 4, 64]
-    return assemble(nibbles, [scale, zero - 8 * scale], q.shape)
+    return assemble(value_lines(q, 4), [scale, zero - 8 * scale], q.shape)
 
 
 def pack_int5(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
     """q [out, in] values 0..31, scale and minimum [out, in / 32] (fp16 values), w = scale * q + minimum
-    (GGUF's Q5_0, Q5_1, Q5_K), as 5-bit blocks: d = scale, m = minimum."""
-    lanes = interleave(q.to(torch.uint8))  # [groups, blocks, 8 lines, 64]
-    low = lanes & 0x0F
-    nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [groups, blocks, 4, 64]
-    shifts = torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)
-    fifth = ((lanes >> 4) << shifts).sum(dim=2, dtype=torch.uint8)  # [groups, blocks, 64], no bits overlap
-    values = torch.cat([nibbles.flatten(2), fifth], dim=-1)
-    return assemble(values, [scale, minimum], q.shape)
+    (GGUF's Q5_0 and Q5_1), as 5-bit blocks: d = scale, m = minimum."""
+    return assemble(value_lines(q, 5), [scale, minimum], q.shape)
 
 
 def pack_int6(q: torch.Tensor, sub_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """q [out, in] values 0..63, sub_scale [out, in / 16] int8, scale [out, in / 32] (fp16 values), w =
-    scale * sub_scale * (q - 32) (GGUF's Q6_K), as 6-bit blocks: d = scale, s = sub_scale."""
-    lanes = interleave(q.to(torch.uint8))  # [groups, blocks, 8 lines, 64]
-    low = lanes & 0x0F
-    nibbles = low[:, :, 0::2] | (low[:, :, 1::2] << 4)  # [groups, blocks, 4, 64]
-    top = (lanes >> 4).reshape(*lanes.shape[:2], 2, 4, 64)
-    shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
-    top_lines = (top << shifts).sum(dim=3, dtype=torch.uint8)  # [groups, blocks, 2, 64], no bits overlap
-    values = torch.cat([nibbles.flatten(2), top_lines.flatten(2)], dim=-1)
+    scale * sub_scale * (q - 32), as 6-bit blocks: d = scale, s = sub_scale."""
+    return assemble(value_lines(q, 6), [scale], q.shape, after=channel_bytes(sub_scale.to(torch.int8), 2))
+
+
+def pack_super_blocks(
+    q: torch.Tensor,
+    bits: int,
+    d: torch.Tensor,
+    s: torch.Tensor,
+    minimum: torch.Tensor | None = None,
+    m: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """K-quants' terms as super-blocks: q [out, in] values 0..2^bits - 1, d (and minimum) [out, in / 256]
+    (fp16 values), and 4-bit and 5-bit (Q4_K, Q5_K) w = d * s * q + minimum * m with s and m [out, in /
+    32] 0..255; 6-bit (Q6_K) w = d * s * (q - 32) with s [out, in / 16] int8."""
     out_features, in_features = q.shape
-    groups, blocks = out_features // CHANNELS, in_features // BLOCK
-    s = sub_scale.to(torch.int8).reshape(groups, CHANNELS, blocks, 2).permute(0, 2, 3, 1)
-    s = s.contiguous().view(torch.uint8).reshape(groups, blocks, 2 * CHANNELS)
-    return assemble(values, [scale], q.shape, after=s)
+    groups, supers = out_features // CHANNELS, in_features // SUPER_BLOCK
+    if bits == 6:
+        block_tail = channel_bytes(s.to(torch.int8), 2)
+        header = [d]
+    else:
+        block_tail = torch.cat([channel_bytes(s.to(torch.uint8), 1), channel_bytes(m.to(torch.uint8), 1)], -1)
+        header = [d, minimum]
+    blocks = torch.cat([value_lines(q, bits), block_tail], dim=-1)  # [groups, blocks, bytes]
+    halves = [channel_bytes(h.to(torch.float16), 1) for h in header]  # [groups, supers, 32] each
+    joined = torch.cat([*halves, blocks.reshape(groups, supers, -1)], dim=-1)
+    return joined.reshape(out_features, -1).contiguous()
+
+
+def value_lines(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """q [out, in] values 0..2^bits - 1 as each block's value bytes, [groups, blocks, bytes]: 8-bit the 8
+    lines; else the low nibbles of lines 2c and 2c + 1 in one, then (5-bit) a line of fifth bits or (6-bit)
+    two of top two bits."""
+    lanes = interleave(q.to(torch.uint8))  # [groups, blocks, 8 lines, 64]
+    if bits == 8:
+        return lanes.flatten(2)
+    low = lanes & 0x0F
+    nibbles = (low[:, :, 0::2] | (low[:, :, 1::2] << 4)).flatten(2)  # [groups, blocks, 256]
+    if bits == 5:
+        shifts = torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)
+        fifth = ((lanes >> 4) << shifts).sum(dim=2, dtype=torch.uint8)  # [groups, blocks, 64], no overlap
+        return torch.cat([nibbles, fifth], dim=-1)
+    if bits == 6:
+        top = (lanes >> 4).reshape(*lanes.shape[:2], 2, 4, 64)
+        shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
+        top_lines = (top << shifts).sum(dim=3, dtype=torch.uint8)  # [groups, blocks, 2, 64], no bits overlap
+        return torch.cat([nibbles, top_lines.flatten(2)], dim=-1)
+    return nibbles
+
+
+def channel_bytes(values: torch.Tensor, per_block: int) -> torch.Tensor:
+    """[out, n * per_block] values of one dtype to [groups, n, bytes]: for each of the n, its per_block
+    values of the group's 16 channels, value by value, the channels side by side."""
+    out_features = values.shape[0]
+    groups, count = out_features // CHANNELS, values.shape[1] // per_block
+    by_channel = values.reshape(groups, CHANNELS, count, per_block).permute(0, 2, 3, 1).contiguous()
+    return by_channel.view(torch.uint8).reshape(groups, count, -1)
 
 
 def pack_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -138,9 +189,21 @@ def assemble(
     return joined.reshape(out_features, -1).contiguous()
 
 
+def layout_of(blocks: torch.Tensor, in_features: int) -> tuple[int, bool]:
+    """The blocks' bits, and whether they are in super-blocks, by the bytes a channel takes (the layouts
+    never take the same for the same inputs)."""
+    per_channel = blocks.shape[1]
+    for bits, size in BYTES_PER_CHANNEL.items():
+        if per_channel == in_features // BLOCK * size:
+            return bits, False
+    for bits, size in BYTES_PER_CHANNEL_SUPER.items():
+        if in_features % SUPER_BLOCK == 0 and per_channel == in_features // SUPER_BLOCK * size:
+            return bits, True
+    raise ValueError(f"{per_channel} bytes a channel are no blocks of {in_features} inputs")
+
+
 def bits_of(blocks: torch.Tensor, in_features: int) -> int:
-    per_channel = blocks.shape[1] // (in_features // BLOCK)
-    return next(bits for bits, size in BYTES_PER_CHANNEL.items() if size == per_channel)
+    return layout_of(blocks, in_features)[0]
 
 
 def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int) -> torch.Tensor:
@@ -163,11 +226,41 @@ def _(x: torch.Tensor, blocks: torch.Tensor, bits: int) -> torch.Tensor:
 
 def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
     """The float32 weights [out, in] the blocks hold: what `matmul` multiplies by (for tests and checks)."""
-    bits = bits_of(blocks, in_features)
+    bits, super_blocks = layout_of(blocks, in_features)
     out_features = blocks.shape[0]
     groups, count = out_features // CHANNELS, in_features // BLOCK
-    per_block = blocks.reshape(groups, count, -1)
-    value_bytes = {4: 256, 5: 320, 6: 384, 8: 512}[bits]
+    if super_blocks:
+        header_bytes = 32 if bits == 6 else 64
+        per_super = blocks.reshape(groups, in_features // SUPER_BLOCK, -1)
+        # [out, supers] d, or d and minimum in turn: [out, 2 supers]
+        header = from_channel_bytes(per_super[..., :header_bytes], torch.float16, 1).float()
+        per_block = per_super[..., header_bytes:].reshape(groups, count, -1)
+    else:
+        per_block = blocks.reshape(groups, count, -1)
+    u = values_of(per_block, bits).reshape(out_features, in_features)
+    tail = per_block[..., VALUE_BYTES[bits] :]
+    if bits == 6:
+        sub_scale = from_channel_bytes(tail[..., -2 * CHANNELS :], torch.int8, 2)  # [out, 2 count]
+        if super_blocks:
+            scale = header.repeat_interleave(BLOCKS_A_SUPER_BLOCK, dim=1)
+        else:
+            scale = from_channel_bytes(tail[..., : 2 * CHANNELS], torch.float16, 1)
+        return dequantize_int6_values(u, sub_scale, scale)
+    if super_blocks:  # d * s and minimum * m
+        d_and_minimum = header.reshape(out_features, -1, 2).repeat_interleave(BLOCKS_A_SUPER_BLOCK, dim=1)
+        s_and_m = from_channel_bytes(tail, torch.uint8, 1).reshape(out_features, count, 2).float()
+        d, m = d_and_minimum[..., 0] * s_and_m[..., 0], d_and_minimum[..., 1] * s_and_m[..., 1]
+    else:  # 8-bit: d, and m = -128 d
+        halves = from_channel_bytes(tail, torch.float16, 1).float().reshape(out_features, count, -1)
+        d = halves[..., 0]
+        m = halves[..., 1] if bits in (4, 5) else -128 * d
+    weights = u.float().reshape(out_features, count, BLOCK) * d[..., None] + m[..., None]
+    return weights.reshape(out_features, in_features)
+
+
+def values_of(per_block: torch.Tensor, bits: int) -> torch.Tensor:
+    """Each block's values from its bytes [groups, blocks, bytes]: [groups * 16 channels, blocks * 32]."""
+    groups, count = per_block.shape[:2]
     raw = per_block[..., : 512 if bits == 8 else 256].reshape(groups, count, -1, 64)
     lines = torch.stack([raw & 0x0F, raw >> 4], dim=3).flatten(2, 3) if bits != 8 else raw
     if bits == 5:
@@ -177,16 +270,15 @@ def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
         top = per_block[..., 256:384].reshape(groups, count, 2, 1, 64)
         shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
         lines = lines | (((top >> shifts) & 0x03) << 4).reshape(groups, count, 8, 64)
-    u = lines.reshape(groups, count, 8, CHANNELS, 4).permute(0, 3, 1, 2, 4).reshape(out_features, in_features)
-    if bits == 6:
-        return dequantize_int6(u, per_block[..., value_bytes:])
-    halves = per_block[..., value_bytes:].contiguous().view(torch.float16).float()  # [groups, count, 16k]
-    by_channel = halves.reshape(groups, count, -1, CHANNELS).permute(0, 3, 1, 2)
-    by_channel = by_channel.reshape(out_features, count, -1)  # d, and (4-bit) m
-    d = by_channel[..., 0, None]
-    u = u.float().reshape(out_features, count, BLOCK)
-    weights = u * d + by_channel[..., 1, None] if bits in (4, 5) else (u - 128) * d  # 8-bit: q * d, exactly
-    return weights.reshape(out_features, in_features)
+    return lines.reshape(groups, count, 8, CHANNELS, 4).permute(0, 3, 1, 2, 4).reshape(groups * CHANNELS, -1)
+
+
+def from_channel_bytes(data: torch.Tensor, dtype: torch.dtype, per_block: int) -> torch.Tensor:
+    """channel_bytes undone: [groups, n, bytes] to [out, n * per_block] values of `dtype` (where each n
+    holds several fields of the same dtype, one after the other, they come out one after the other too)."""
+    groups, count = data.shape[:2]
+    values = data.contiguous().view(dtype).reshape(groups, count, -1, CHANNELS)
+    return values.permute(0, 3, 1, 2).reshape(groups * CHANNELS, -1)
 
 
 def dequantize_int6_values(q: torch.Tensor, sub_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -195,15 +287,3 @@ def dequantize_int6_values(q: torch.Tensor, sub_scale: torch.Tensor, scale: torc
     halves = (q.float() - SIX_BIT_OFFSET).reshape(q.shape[0], -1, BLOCK // 2)
     centred = halves * sub_scale.float()[..., None]
     return (centred.reshape(q.shape[0], -1, BLOCK) * scale.float()[..., None]).reshape(q.shape)
-
-
-def dequantize_int6(u: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """6-bit blocks' weights from their values u [out, in] and each block's d and s bytes [groups, blocks,
-    64]."""
-    out_features = u.shape[0]
-    groups, count = scales.shape[:2]
-    d = scales[..., : 2 * CHANNELS].contiguous().view(torch.float16)  # [groups, blocks, 16]
-    s = scales[..., 2 * CHANNELS :].contiguous().view(torch.int8).reshape(groups, count, 2, CHANNELS)
-    scale = d.permute(0, 2, 1).reshape(out_features, count)
-    sub_scale = s.permute(0, 3, 1, 2).reshape(out_features, 2 * count)
-    return dequantize_int6_values(u, sub_scale, scale)

@@ -94,7 +94,7 @@ def drop_copies_blocks_match(model: nn.Module, paths: tuple[str, ...] = ("dense"
     would move too far, timed as themselves ("dense",): without AMX a bfloat16 copy is slower than the
     blocks. Returns how many layers dropped theirs."""
     head = model.get_output_embeddings()
-    groups: dict[tuple[str, int, int], list[WeightOnlyLinear]] = {}  # parent's type, in_features, bits
+    groups: dict[tuple[str, int, str], list[WeightOnlyLinear]] = {}  # parent's type, in_features, layout
     for name, module in model.named_modules():
         if (
             isinstance(module, WeightOnlyLinear)
@@ -103,7 +103,7 @@ def drop_copies_blocks_match(model: nn.Module, paths: tuple[str, ...] = ("dense"
             and module.dense is not None
         ):
             parent = model.get_submodule(name.rpartition(".")[0])
-            groups.setdefault((type(parent).__name__, module.in_features, module.bits), []).append(module)
+            groups.setdefault((type(parent).__name__, module.in_features, module.layout()), []).append(module)
     dropped = [
         layer
         for layers in groups.values()

@@ -1,12 +1,14 @@
 """A GGUF tensor's quantized blocks as the weights the engine's layers take.
 
-The engine's layers (quantized_linear.py) take two kinds of weights, each
-with a scale for every block of 32 inputs of an output channel:
+The engine's layers (quantized_linear.py) take weights with a scale for
+every block of 32 inputs of an output channel:
 
     4-bit: w = (q - 8) * scale + zero, q in 0..15   (Int4Linear)
     8-bit: w = q * scale, q in -127..127            (Int8Linear)
 
-How each GGUF type becomes one of them:
+and, where the CPU multiplies blocks (BlocksLinear, block_weights.py), 5-bit
+and 6-bit blocks, and K-quants' super-blocks of 256 inputs with the scales
+as the file keeps them. How each GGUF type becomes one of them:
 
     Q4_1 block (20 bytes): fp16 d, fp16 m, 16 bytes of 4-bit q; w = d * q + m
     Q4_0 block (18 bytes): fp16 d,          16 bytes of 4-bit q; w = d * (q - 8)
@@ -16,17 +18,18 @@ How each GGUF type becomes one of them:
         8-bit, exactly.
     Q4_K super-block of 256 (144 bytes): fp16 d and dmin, then for each of its eight blocks of 32 a
         6-bit scale s and a 6-bit min m (12 bytes), then 4-bit q; w = d * s * q - dmin * m
-        4-bit, exactly: scale = d * s, zero = 8 * scale - dmin * m (products exact in float32; the CPU's
-        blocks keep d * s and -dmin * m in fp16, within 2^-11 of them).
+        The CPU's 4-bit super-blocks, exactly (block_weights.py: d, -dmin, s and m as they are); elsewhere
+        4-bit, exactly: scale = d * s, zero = 8 * scale - dmin * m (products exact in float32).
 
     Q5_0 block (22 bytes): fp16 d, 32 fifth bits (bit j: element j's), 16 bytes of low nibbles as Q4_0's;
         w = d * (q - 16). Q5_1 (24 bytes): fp16 d, fp16 m, then the same; w = d * q + m.
+        5-bit, exactly.
     Q5_K super-block of 256 (176 bytes): Q4_K's d, dmin, scales and mins, 32 bytes of fifth bits (bit i
         of byte l: input 32 i + l's), 128 bytes of low nibbles as Q4_K's; w = d * s * q - dmin * m.
-        5-bit, exactly (Q5_K within fp16 rounding of d * s and dmin * m, as Q4_K).
+        The CPU's 5-bit super-blocks, exactly, as Q4_K.
     Q6_K super-block of 256 (210 bytes): 128 bytes of low nibbles, 64 of top two bits, sixteen int8
         scales s (one a 16 inputs), fp16 d; w = d * s * (q - 32), q in 0..63
-        6-bit, exactly (the CPU's 6-bit blocks keep d and s as they are; block_weights.py).
+        The CPU's 6-bit super-blocks, exactly (d and s as they are).
 
 Every other type that the gguf package dequantizes (Q2_K, Q3_K, the IQ
 types, ...) is quantized again from its dequantized weights to 8-bit blocks
@@ -41,6 +44,7 @@ channel (gguf_weights.served_layer).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -86,13 +90,64 @@ class FiveBitWeight:
 
 
 @dataclass(frozen=True)
+class SuperBlockWeight:
+    """w = d * s * q + minimum * m: Q4_K's and Q5_K's super-blocks, d and minimum (the file's -dmin) a
+    super-block of 256 inputs of an output channel, s and m (0..63) a block of 32 in it."""
+
+    q: torch.Tensor  # [out, in] uint8, 0..2^bits - 1
+    d: torch.Tensor  # [out, in / 256] float32, fp16 values
+    minimum: torch.Tensor  # [out, in / 256] float32, fp16 values
+    s: torch.Tensor  # [out, in / 32] uint8
+    m: torch.Tensor  # [out, in / 32] uint8
+    bits: ClassVar[int]
+
+    def super_block_terms(self) -> tuple:
+        """What block_weights.pack_super_blocks takes."""
+        return self.q, self.bits, self.d, self.s, self.minimum, self.m
+
+    def scale(self) -> torch.Tensor:
+        """d * s, [out, in / 32]: exact in float32 (an 11-bit d times a 6-bit s)."""
+        return self.d.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1) * self.s.float()
+
+    def block_minimum(self) -> torch.Tensor:
+        return self.minimum.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1) * self.m.float()
+
+    def per_block(self) -> FourBitWeight | FiveBitWeight:
+        """The same weights with a scale and minimum a block of 32, for the layers of devices that take no
+        super-blocks."""
+        raise NotImplementedError
+
+
+class FourBitSuperBlocks(SuperBlockWeight):  # Q4_K
+    bits = 4
+
+    def per_block(self) -> FourBitWeight:
+        scale = self.scale()
+        return FourBitWeight(self.q, scale, 8 * scale + self.block_minimum())
+
+
+class FiveBitSuperBlocks(SuperBlockWeight):  # Q5_K
+    bits = 5
+
+    def per_block(self) -> FiveBitWeight:
+        return FiveBitWeight(self.q, self.scale(), self.block_minimum())
+
+
+@dataclass(frozen=True)
 class SixBitWeight:
-    """w = scale * sub_scale * (q - 32): Q6_K's blocks, a scale a block of 32 inputs of an output channel
-    (its super-block's d, repeated) and an int8 sub_scale a 16."""
+    """w = d * sub_scale * (q - 32): Q6_K's super-blocks, d a super-block of 256 inputs of an output
+    channel, and an int8 sub_scale a 16 inputs."""
 
     q: torch.Tensor  # [out, in] uint8, 0..63
     sub_scale: torch.Tensor  # [out, in / 16] int8
-    scale: torch.Tensor  # [out, in / 32] float32, fp16 values
+    d: torch.Tensor  # [out, in / 256] float32, fp16 values
+
+    def super_block_terms(self) -> tuple:
+        return self.q, 6, self.d, self.sub_scale
+
+    def scale(self) -> torch.Tensor:
+        """d for each block of 32, [out, in / 32]."""
+        return self.d.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1)
 
 
 def served(kind: GGMLQuantizationType, in_features: int) -> bool:
@@ -136,19 +191,12 @@ def unpack_q8_0(rows: np.ndarray) -> EightBitWeight:
     return EightBitWeight(torch.from_numpy(q), torch.from_numpy(halves(blocks[..., 0:2])))
 
 
-def unpack_q4_k(rows: np.ndarray) -> FourBitWeight:
-    """[out, super-blocks * 144] uint8 rows of Q4_K to q, scale and zero a block of 32. Its q are in
-    chunks of 64 inputs, 32 bytes each: the low nibbles the chunk's first 32, the high ones the next."""
-    out_features = rows.shape[0]
+def unpack_q4_k(rows: np.ndarray) -> FourBitSuperBlocks:
+    """[out, super-blocks * 144] uint8 rows of Q4_K to q and its super-blocks' terms. Its q are in chunks
+    of 64 inputs, 32 bytes each: the low nibbles the chunk's first 32, the high ones the next."""
     blocks = np.ascontiguousarray(rows).reshape(-1, Q4_K_BYTES)
-    scale, minimum = k_scales(blocks)
-    zero = 8 * scale + minimum
     q = k_nibbles(blocks[:, 4 + K_SCALES :])
-    return FourBitWeight(
-        torch.from_numpy(q.reshape(out_features, -1)),
-        torch.from_numpy(scale.reshape(out_features, -1)),
-        torch.from_numpy(zero.reshape(out_features, -1)),
-    )
+    return FourBitSuperBlocks(*k_terms(q, blocks, rows.shape[0]))
 
 
 def unpack_q5(rows: np.ndarray, kind: GGMLQuantizationType) -> FiveBitWeight:
@@ -165,28 +213,23 @@ def unpack_q5(rows: np.ndarray, kind: GGMLQuantizationType) -> FiveBitWeight:
     return FiveBitWeight(torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(minimum))
 
 
-def unpack_q5_k(rows: np.ndarray) -> FiveBitWeight:
-    """[out, super-blocks * 176] uint8 rows of Q5_K to q, scale and minimum a block of 32: Q4_K's low
-    nibbles and scales, and bit 4 of input 32 i + l in bit i of fifth-bit byte l."""
-    out_features = rows.shape[0]
+def unpack_q5_k(rows: np.ndarray) -> FiveBitSuperBlocks:
+    """[out, super-blocks * 176] uint8 rows of Q5_K to q and its super-blocks' terms: Q4_K's low nibbles
+    and scales, and bit 4 of input 32 i + l in bit i of fifth-bit byte l."""
     blocks = np.ascontiguousarray(rows).reshape(-1, Q5_K_BYTES)
-    scale, minimum = k_scales(blocks)
     fifth_bytes = blocks[:, 4 + K_SCALES : 4 + K_SCALES + 32].reshape(-1, 1, 32)
     fifth = (fifth_bytes >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1  # [super-blocks, 8, 32]
     q = k_nibbles(blocks[:, 4 + K_SCALES + 32 :]) | (fifth.reshape(-1, SUPER_BLOCK) << 4)
-    return FiveBitWeight(
-        torch.from_numpy(q.reshape(out_features, -1)),
-        torch.from_numpy(scale.reshape(out_features, -1)),
-        torch.from_numpy(minimum.reshape(out_features, -1)),
-    )
+    return FiveBitSuperBlocks(*k_terms(q, blocks, rows.shape[0]))
 
 
-def k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K's and Q5_K's [super-blocks, bytes] to each block of 32's scale d * s and minimum -dmin * m,
-    [super-blocks, 8] each (exact in float32: an 11-bit d times a 6-bit integer)."""
+def k_terms(q: np.ndarray, blocks: np.ndarray, out_features: int) -> list[torch.Tensor]:
+    """Q4_K's and Q5_K's values q [super-blocks, 256] and [super-blocks, bytes] to SuperBlockWeight's
+    terms: q, d, minimum (-dmin), s and m, each [out, ...]."""
     d, dmin = halves(blocks[:, 0:2]), halves(blocks[:, 2:4])
-    scales, mins = quants.Q4_K.get_scale_min(blocks[:, 4 : 4 + K_SCALES])  # [super-blocks, 8] each, 0..63
-    return d[:, None] * scales.astype(np.float32), -dmin[:, None] * mins.astype(np.float32)
+    s, m = quants.Q4_K.get_scale_min(blocks[:, 4 : 4 + K_SCALES])  # [super-blocks, 8] each, 0..63
+    terms = (q, d, -dmin, s.astype(np.uint8), m.astype(np.uint8))
+    return [torch.from_numpy(np.ascontiguousarray(t).reshape(out_features, -1)) for t in terms]
 
 
 def k_nibbles(packed: np.ndarray) -> np.ndarray:
@@ -210,7 +253,7 @@ def unpack_q6_k(rows: np.ndarray) -> SixBitWeight:
     return SixBitWeight(
         torch.from_numpy(q.reshape(out_features, -1)),
         torch.from_numpy(sub_scale.reshape(out_features, -1)),
-        torch.from_numpy(np.repeat(d, SUPER_BLOCK // BLOCK).reshape(out_features, -1)),
+        torch.from_numpy(d.reshape(out_features, -1)),
     )
 
 
@@ -227,7 +270,7 @@ def requantize_int8(weights: np.ndarray) -> EightBitWeight:
     return EightBitWeight(q.to(torch.int8).reshape(weights.shape), scale)
 
 
-Weight = FourBitWeight | FiveBitWeight | SixBitWeight | EightBitWeight
+Weight = FourBitWeight | FiveBitWeight | SuperBlockWeight | SixBitWeight | EightBitWeight
 
 
 def halves(pairs: np.ndarray) -> np.ndarray:

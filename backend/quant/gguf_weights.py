@@ -39,7 +39,16 @@ from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
 from backend.quant import block_weights, gguf_types, quantized_experts
-from backend.quant.gguf_types import EightBitWeight, FiveBitWeight, FourBitWeight, SixBitWeight, Weight
+from backend.quant.gguf_types import (
+    EightBitWeight,
+    FiveBitSuperBlocks,
+    FiveBitWeight,
+    FourBitSuperBlocks,
+    FourBitWeight,
+    SixBitWeight,
+    SuperBlockWeight,
+    Weight,
+)
 from backend.quant.quantized_linear import (
     GROUP_SIZE,
     BlocksLinear,
@@ -76,7 +85,21 @@ PLAIN_ARCHITECTURES = {
 BLOCKS_CACHE = "gguf_blocks.safetensors"
 HEAD_KEY = ":head"  # the head's tensors in that copy (no module name starts with a colon)
 # A copy's layout: a copy written by a version that served fewer types is read past and replaced.
-BLOCKS_CACHE_VERSION = "4"
+BLOCKS_CACHE_VERSION = "5"
+# The weights a file's cached blocks hold, by name, and their fields (4-bit values packed two a byte).
+WEIGHT_KINDS = {
+    kind.__name__: kind
+    for kind in (
+        FourBitWeight,
+        FiveBitWeight,
+        EightBitWeight,
+        FourBitSuperBlocks,
+        FiveBitSuperBlocks,
+        SixBitWeight,
+    )
+}
+WEIGHT_FIELDS = {kind: [field.name for field in dataclasses.fields(kind)] for kind in WEIGHT_KINDS.values()}
+FOUR_BIT_VALUES = (FourBitWeight, FourBitSuperBlocks)
 
 
 @dataclass(frozen=True)
@@ -210,29 +233,19 @@ def fields_of(weight: Weight) -> list[torch.Tensor]:
 
 
 def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
-    """Save what `parse_gguf_blocks` found, atomically (another process may be starting too); 4-bit q
-    as two values a byte."""
-    tensors, four_bit, five_bit, six_bit = {}, [], [], []
+    """Save what `parse_gguf_blocks` found, atomically (another process may be starting too): each
+    weight's fields and its kind, 4-bit q as two values a byte."""
+    tensors, kinds = {}, {}
     named = {**found.layers, **({HEAD_KEY: found.head} if found.head is not None else {})}
     for name, weight in named.items():
-        if isinstance(weight, FourBitWeight):
-            four_bit.append(name)
-            tensors[f"{name}.q"] = weight.q[:, 0::2] | weight.q[:, 1::2] << 4
-            tensors[f"{name}.zero"] = weight.zero
-        else:
-            tensors[f"{name}.q"] = weight.q
-        if isinstance(weight, FiveBitWeight):
-            five_bit.append(name)
-            tensors[f"{name}.minimum"] = weight.minimum
-        if isinstance(weight, SixBitWeight):
-            six_bit.append(name)
-            tensors[f"{name}.sub_scale"] = weight.sub_scale
-        tensors[f"{name}.scale"] = weight.scale
+        kinds[name] = type(weight).__name__
+        for field, tensor in zip(WEIGHT_FIELDS[type(weight)], fields_of(weight), strict=True):
+            if field == "q" and isinstance(weight, FOUR_BIT_VALUES):
+                tensor = tensor[:, 0::2] | tensor[:, 1::2] << 4
+            tensors[f"{name}.{field}"] = tensor.contiguous()
     metadata = {
         "layers": json.dumps(list(found.layers)),
-        "four_bit": json.dumps(four_bit),
-        "five_bit": json.dumps(five_bit),
-        "six_bit": json.dumps(six_bit),
+        "weight_kinds": json.dumps(kinds),
         "types": json.dumps(found.types),
         "head_type": found.head_type,
         "has_head": json.dumps(found.head is not None),
@@ -253,20 +266,15 @@ def load_gguf_blocks(source: Path) -> GGUFBlocks:
         metadata = file.metadata()
         if metadata.get("version") != BLOCKS_CACHE_VERSION:
             raise ValueError("written by an older version")
-        four_bit, five_bit, six_bit = (
-            set(json.loads(metadata[key])) for key in ("four_bit", "five_bit", "six_bit")
-        )
+        kinds = {name: WEIGHT_KINDS[kind] for name, kind in json.loads(metadata["weight_kinds"]).items()}
 
         def weight(name: str) -> Weight:
-            q, scale = file.get_tensor(f"{name}.q"), file.get_tensor(f"{name}.scale")
-            if name in five_bit:
-                return FiveBitWeight(q, scale, file.get_tensor(f"{name}.minimum"))
-            if name in six_bit:
-                return SixBitWeight(q, file.get_tensor(f"{name}.sub_scale"), scale)
-            if name not in four_bit:
-                return EightBitWeight(q, scale)
-            unpacked = torch.stack((q & 0x0F, q >> 4), dim=-1).reshape(q.shape[0], -1)
-            return FourBitWeight(unpacked, scale, file.get_tensor(f"{name}.zero"))
+            kind = kinds[name]
+            values = {field: file.get_tensor(f"{name}.{field}") for field in WEIGHT_FIELDS[kind]}
+            if issubclass(kind, FOUR_BIT_VALUES):
+                q = values["q"]
+                values["q"] = torch.stack((q & 0x0F, q >> 4), dim=-1).reshape(q.shape[0], -1)
+            return kind(**values)
 
         layers = {name: weight(name) for name in json.loads(metadata["layers"])}
         head = weight(HEAD_KEY) if json.loads(metadata["has_head"]) else None
@@ -347,15 +355,18 @@ def served_layer(weight: Weight, linear: nn.Linear, kind: str) -> tuple[WeightOn
     """The weight-only layer serving `weight` (read from a tensor of GGUF type `kind`), and how (for the
     log). transformers dequantized these very blocks: its weights are the dense copy for many rows."""
     device, dense = linear.weight.device, linear.weight.detach()
+    blocks_here = BlocksLinear.takes(weight.q.shape, device)
+    if isinstance(weight, SuperBlockWeight | SixBitWeight) and blocks_here:
+        layer = BlocksLinear.super_blocks_of(weight, linear.bias, dense)
+        return layer, f"{kind} as {layer.layout()}"
+    if isinstance(weight, SuperBlockWeight):  # no super-blocks here: Q4_K as int4 groups, Q5_K as below
+        weight = weight.per_block()
     if isinstance(weight, FourBitWeight):
         q, scale, zero = (t.to(device) for t in (weight.q, weight.scale, weight.zero))
         return Int4Linear(q, scale, zero, linear.bias, dense=dense), f"{kind} as 4-bit"
-    if isinstance(weight, FiveBitWeight | SixBitWeight) and BlocksLinear.takes(weight.q.shape, device):
-        if isinstance(weight, FiveBitWeight):
-            layer = BlocksLinear.int5(weight.q, weight.scale, weight.minimum, linear.bias, dense)
-        else:
-            layer = BlocksLinear.int6(weight.q, weight.sub_scale, weight.scale, linear.bias, dense)
-        return layer, f"{kind} as {layer.bits}-bit"
+    if isinstance(weight, FiveBitWeight) and blocks_here:
+        layer = BlocksLinear.int5(weight.q, weight.scale, weight.minimum, linear.bias, dense)
+        return layer, f"{kind} as {layer.layout()}"
     if isinstance(weight, FiveBitWeight | SixBitWeight):
         return Int8Linear.quantize(linear, dense=dense), f"{kind} as int8 per channel"
     if block_weights.available(device):
@@ -374,11 +385,9 @@ def serve_head(model: nn.Module, blocks: GGUFBlocks) -> str:
     if blocks.head_type in FLOAT_TYPES:
         return "as floats"
     if blocks.head is not None and serve_head_blocks(model, blocks.head):
-        if isinstance(blocks.head, FourBitWeight):
-            return "from its 4-bit blocks for few rows"
-        if isinstance(blocks.head, FiveBitWeight | SixBitWeight):
-            return f"from its {model.get_output_embeddings().bits}-bit blocks for few rows"
-        return f"from its blocks ({eight_bit(blocks.head_type)}) for few rows"
+        if isinstance(blocks.head, EightBitWeight):
+            return f"from its blocks ({eight_bit(blocks.head_type)}) for few rows"
+        return f"from its {model.get_output_embeddings().layout()} for few rows"
     if quantize_head(model):
         return "in int8 per channel for few rows"
     return "as floats"

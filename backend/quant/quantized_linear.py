@@ -1,5 +1,5 @@
 """Weight-only quantized linear layers: 4-bit group-wise and 8-bit per channel, on CPU and CUDA, and
-GGUF's 5-bit and 6-bit blocks on a CPU.
+GGUF's 5-bit blocks and K-quants' super-blocks on a CPU.
 
 A decode step with few rows is bound by reading the weights, and these
 layers read a quarter (int4) or half (int8) of what bfloat16 weights take.
@@ -44,12 +44,16 @@ path for many rows pays on the machine it runs on
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from backend.quant import block_weights
 from backend.quant.smoothed_int8 import smoothed_int8_matmul
+
+if TYPE_CHECKING:
+    from backend.quant.gguf_types import SuperBlockWeight
 
 GROUP_SIZE = 32  # GGUF's block size, and the finest group the kernels take
 
@@ -133,8 +137,12 @@ class WeightOnlyLinear(nn.Module):
                 else f"dense {dtype_name(self.dense.dtype)} copy"
             )
         if getattr(self, "blocks", None) is not None:
-            return f"{self.bits}-bit blocks ({block_weights.kernel(self.blocks.device)})"
+            return f"{self.layout()} ({block_weights.kernel(self.blocks.device)})"
         return f"PyTorch's int{self.bits} kernel"
+
+    def layout(self) -> str:
+        """How the packed weights are kept, as the logs name it."""
+        return f"{self.bits}-bit blocks"
 
     def many_rows_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """[rows, in] @ W.T by the path for many rows: the int8 path where the loader calibrated one,
@@ -307,22 +315,28 @@ class Int8Linear(WeightOnlyLinear):
 
 
 class BlocksLinear(WeightOnlyLinear):
-    """`nn.Linear` with weights of a GGUF type only the CPU's blocks take (block_weights.py): Q6_K's
-    6-bit blocks, and the 5-bit ones of Q5_0, Q5_1 and Q5_K. PyTorch has no 5-bit or 6-bit kernel:
-    elsewhere (CUDA, no AVX2) gguf_weights.served_layer serves these types as int8 a channel."""
+    """`nn.Linear` with weights of a GGUF type only the CPU's blocks take (block_weights.py): the
+    K-quants' super-blocks (Q4_K, Q5_K, Q6_K), and the 5-bit blocks of Q5_0 and Q5_1. PyTorch has no
+    kernel for these: elsewhere (CUDA, no AVX2) gguf_weights.served_layer serves Q4_K as int4 groups and
+    the rest as int8 a channel."""
 
     dense_from_rows = 6  # as 8-bit blocks (Int8Linear), until timed (calibration.time_head_crossover)
 
     def __init__(
-        self, blocks: torch.Tensor, bits: int, bias: torch.Tensor | None, dense: torch.Tensor | None = None
+        self,
+        blocks: torch.Tensor,
+        in_features: int,
+        bias: torch.Tensor | None,
+        dense: torch.Tensor | None = None,
     ):
-        """blocks: [out, in / 32 * bytes] of `bits`; dense: the same weights as floats, kept on the CPU
-        for many rows (None: bfloat16 made from the blocks)."""
-        in_features = blocks.shape[1] // block_weights.BYTES_PER_CHANNEL[bits] * block_weights.BLOCK
+        """blocks: [out, bytes a channel] of `in_features` inputs, in either of block_weights.py's layouts;
+        dense: the same weights as floats, kept on the CPU for many rows (None: bfloat16 made from the
+        blocks)."""
         if dense is None:
             dense = block_weights.dequantize(blocks, in_features).to(self.compute_dtype)
         super().__init__(bias, dense)
-        self.bits, self.out_features, self.in_features = bits, blocks.shape[0], in_features
+        self.bits, self.super_blocks = block_weights.layout_of(blocks, in_features)
+        self.out_features, self.in_features = blocks.shape[0], in_features
         self.register_buffer("blocks", blocks, persistent=False)
 
     @staticmethod
@@ -339,8 +353,18 @@ class BlocksLinear(WeightOnlyLinear):
         bias: torch.Tensor | None = None,
         dense: torch.Tensor | None = None,
     ) -> BlocksLinear:
-        """w = scale * sub_scale * (q - 32) (Q6_K): q [out, in] 0..63, sub_scale [out, in / 16] int8."""
-        return cls(block_weights.pack_int6(q, sub_scale, scale), 6, bias, dense)
+        """w = scale * sub_scale * (q - 32): q [out, in] 0..63, sub_scale [out, in / 16] int8, scale [out,
+        in / 32], in blocks of 32."""
+        return cls(block_weights.pack_int6(q, sub_scale, scale), q.shape[1], bias, dense)
+
+    @classmethod
+    def super_blocks_of(
+        cls, weight: SuperBlockWeight, bias: torch.Tensor | None = None, dense: torch.Tensor | None = None
+    ) -> BlocksLinear:
+        """A K-quant's weight (Q4_K, Q5_K, Q6_K) in super-blocks: exactly its weights."""
+        return cls(
+            block_weights.pack_super_blocks(*weight.super_block_terms()), weight.q.shape[1], bias, dense
+        )
 
     @classmethod
     def int5(
@@ -351,14 +375,17 @@ class BlocksLinear(WeightOnlyLinear):
         bias: torch.Tensor | None = None,
         dense: torch.Tensor | None = None,
     ) -> BlocksLinear:
-        """w = scale * q + minimum (Q5_0, Q5_1, Q5_K): q [out, in] 0..31, scale and minimum [out, in / 32]."""
-        return cls(block_weights.pack_int5(q, scale, minimum), 5, bias, dense)
+        """w = scale * q + minimum (Q5_0, Q5_1): q [out, in] 0..31, scale and minimum [out, in / 32]."""
+        return cls(block_weights.pack_int5(q, scale, minimum), q.shape[1], bias, dense)
 
     def kernel(self) -> tuple[Callable, tuple]:
         return block_weights.matmul, (self.blocks, self.bits)
 
+    def layout(self) -> str:
+        return f"{self.bits}-bit {'super-blocks' if self.super_blocks else 'blocks'}"
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.bits}-bit blocks"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.layout()}"
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -410,6 +437,8 @@ def bare_like(first: WeightOnlyLinear, out_features: int, biases: list) -> Weigh
     nn.Module.__init__(layer)
     layer.in_features, layer.out_features = first.in_features, out_features
     layer.dense_from_rows, layer.bits = first.dense_from_rows, first.bits
+    if hasattr(first, "super_blocks"):
+        layer.super_blocks = first.super_blocks
     layer.bias = None if biases[0] is None else nn.Parameter(torch.cat(biases), requires_grad=False)
     for name in first.shared_buffers:
         layer.register_buffer(name, getattr(first, name), persistent=False)
@@ -425,6 +454,7 @@ def fusable(parts: list[nn.Module]) -> bool:
         and all(
             type(part) is type(first)
             and part.bits == first.bits  # (BlocksLinear's differ)
+            and getattr(part, "super_blocks", False) == getattr(first, "super_blocks", False)
             and part.in_features == first.in_features
             and (part.bias is None) == (first.bias is None)
             for part in parts

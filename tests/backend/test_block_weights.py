@@ -1,11 +1,23 @@
-"""Weights in blocks of 32 multiplied by the CPU's int8 dot products (block_weights.py, block_matmul.cpp)."""
+"""Weights in blocks of 32, and K-quants' super-blocks of 256, multiplied by the CPU's int8 dot products
+(block_weights.py, block_matmul.cpp)."""
 
 import pytest
 import torch
 
 from backend.kernels.extension import extension
 from backend.quant import block_weights
-from backend.quant.block_weights import BLOCK, dequantize, matmul, pack_int4, pack_int5, pack_int6, pack_int8
+from backend.quant.block_weights import (
+    BLOCK,
+    SUPER_BLOCK,
+    dequantize,
+    layout_of,
+    matmul,
+    pack_int4,
+    pack_int5,
+    pack_int6,
+    pack_int8,
+    pack_super_blocks,
+)
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
@@ -73,8 +85,44 @@ def int6_weights(out_features: int, in_features: int, seed: int = 0):
     return pack_int6(q, sub_scale, scale), weight.reshape(out_features, in_features)
 
 
-def packed(bits: int, out_features: int, in_features: int, seed: int = 0):
-    """Blocks of `bits` (8: a scale a block) and the float weights they hold."""
+def super_block_weights(bits: int, out_features: int, in_features: int, seed: int = 0):
+    """K-quants' terms in super-blocks: Q4_K's and Q5_K's w = d * s * q + minimum * m (s and m 0..63, the
+    file's 6 bits), Q6_K's w = d * s * (q - 32) with an int8 s a 16 inputs (-128 and 127 among them)."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 2**bits, (out_features, in_features), generator=generator, dtype=torch.uint8)
+    supers = (out_features, in_features // SUPER_BLOCK)
+    d = fp16_exact(torch.rand(supers, generator=generator) / (1000 if bits == 6 else 100))
+    if bits == 6:
+        s = torch.randint(-128, 128, (out_features, in_features // 16), generator=generator).to(torch.int8)
+        s[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
+        by_16 = d.repeat_interleave(SUPER_BLOCK // 16, dim=1) * s.float()
+        weight = (q.float() - 32).reshape(out_features, -1, 16) * by_16[..., None]
+        return pack_super_blocks(q, 6, d, s), weight.reshape(out_features, in_features)
+    s, m = (torch.randint(0, 64, (out_features, in_features // BLOCK), generator=generator) for _ in "sm")
+    s[0, 0], m[0, 0] = 63, 63
+    minimum = -fp16_exact(torch.rand(supers, generator=generator) / 50)
+    scale = d.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1) * s
+    low = minimum.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1) * m
+    weight = q.float().reshape(out_features, -1, BLOCK) * scale[..., None] + low[..., None]
+    return pack_super_blocks(q, bits, d, s, minimum, m), weight.reshape(out_features, in_features)
+
+
+# (bits, in super-blocks): the CPU's layouts
+LAYOUTS = [(4, False), (5, False), (6, False), (8, False), (4, True), (5, True), (6, True)]
+LAYOUT_IDS = [f"{bits}-bit{' super' if super_blocks else ''}" for bits, super_blocks in LAYOUTS]
+
+
+def inputs_of(layout: tuple[int, bool], blocks: int) -> int:
+    """Inputs of about `blocks` blocks that the layout takes (whole super-blocks for super-blocks)."""
+    return 2 * SUPER_BLOCK if layout[1] else blocks * BLOCK
+
+
+def packed(bits: int | tuple[int, bool], out_features: int, in_features: int, seed: int = 0):
+    """Blocks of `bits` (8: a scale a block), or of a layout, and the float weights they hold."""
+    if isinstance(bits, tuple):
+        bits, super_blocks = bits
+        if super_blocks:
+            return super_block_weights(bits, out_features, in_features, seed)
     if bits == 4:
         return int4_weights(out_features, in_features, seed)
     if bits == 5:
@@ -91,6 +139,19 @@ def rounded_per_block(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks / scale.clamp(min=1e-300)) * scale).reshape(x.shape)
 
 
+@pytest.mark.parametrize("bits", [4, 5, 6])
+def test_super_blocks_hold_the_weights_they_were_packed_from(bits):
+    """148, 180 and 210 bytes a channel's 256 inputs (Q4_K, Q5_K, Q6_K: 144, 176 and 210 in the file),
+    where blocks of 32 take 160, 192 and 224; told apart from blocks of 32 by their size."""
+    out_features, in_features = 48, 3 * SUPER_BLOCK
+    blocks, weight = super_block_weights(bits, out_features, in_features)
+    assert blocks.dtype == torch.uint8
+    assert blocks.shape == (out_features, 3 * {4: 148, 5: 180, 6: 210}[bits])
+    assert layout_of(blocks, in_features) == (bits, True)
+    assert layout_of(packed(bits, out_features, in_features)[0], in_features) == (bits, False)
+    assert torch.equal(dequantize(blocks, in_features), weight)
+
+
 @pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_blocks_hold_the_weights_they_were_packed_from(bits):
     out_features, in_features = 48, 5 * BLOCK
@@ -104,18 +165,18 @@ def test_blocks_hold_the_weights_they_were_packed_from(bits):
         assert torch.equal(dequantize(blocks, in_features), weight)
 
 
-@pytest.mark.parametrize("bits", [4, 5, 6, 8])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weights(bits, dtype, kernel):
+def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weights(layout, dtype, kernel):
     """Exact up to float32 sums (and the output's bfloat16 rounding), for row counts below, at and
-    past the rows the kernels take at once (8 with AVX-512, 4 with AVX2)."""
-    out_features, in_features = 96, 6 * BLOCK
-    blocks, weight = packed(bits, out_features, in_features)
+    past the rows the kernels take at once (8 with AVX-512, 4 with AVX2); super-blocks too."""
+    out_features, in_features = 96, inputs_of(layout, 6)
+    blocks, weight = packed(layout, out_features, in_features)
     generator = torch.Generator().manual_seed(1)
     for rows in (1, 3, 8, 9, 17):
         x = torch.randn(rows, in_features, generator=generator).to(dtype)
         x[0, :BLOCK] = 0  # a block of zeros: no scale to divide by
-        got = kernel(x, blocks, bits)
+        got = kernel(x, blocks, layout[0])
         assert got.dtype == dtype and got.shape == (rows, out_features)
         expected = rounded_per_block(x) @ weight.double().T
         tolerance = (1e-5 if dtype == torch.float32 else 2**-8) * expected.abs().max().item()
@@ -123,12 +184,13 @@ def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weigh
 
 
 @pytest.mark.skipif(block_weights.kernel(CPU) != "AVX-512 VNNI", reason="this CPU has the AVX2 kernel alone")
-@pytest.mark.parametrize("bits", [4, 5, 6, 8])
-def test_the_avx2_kernel_gives_the_avx512_kernels_products(bits):
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_the_avx2_kernel_gives_the_avx512_kernels_products(layout):
     """The same int8 activations and integer sums: 4-, 5- and 6-bit products bit for bit; 8-bit ones sum
     q * x where AVX-512 sums u * x and subtracts 128 * x, so they differ by float32 rounding alone."""
-    blocks = packed(bits, 64, 9 * BLOCK)[0]
-    x = torch.randn(11, 9 * BLOCK, generator=torch.Generator().manual_seed(3))
+    bits, in_features = layout[0], inputs_of(layout, 9)
+    blocks = packed(layout, 64, in_features)[0]
+    x = torch.randn(11, in_features, generator=torch.Generator().manual_seed(3))
     avx512, avx2 = matmul(x, blocks, bits), extension().block_matmul_avx2(x, blocks, bits)
     if bits != 8:
         assert torch.equal(avx2, avx512)
@@ -136,14 +198,16 @@ def test_the_avx2_kernel_gives_the_avx512_kernels_products(bits):
         assert (avx2 - avx512).abs().max() < 1e-6 * avx512.abs().max()
 
 
-@pytest.mark.parametrize("bits", [4, 5, 6, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8, (4, True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_nan_activation_makes_every_product_of_its_row_nan(bits, dtype, kernel):
     """Wherever the NaN sits in its block (a lane of either half, the first or the last), its row's
     products are all NaN, as a float product's would be, not -128 times a finite scale in some channels;
     an infinite activation gives NaN too; the other rows' products are as without it."""
-    blocks = packed(bits, 32, 4 * BLOCK)[0]
-    x = torch.randn(5, 4 * BLOCK, generator=torch.Generator().manual_seed(4)).to(dtype)
+    in_features = SUPER_BLOCK if isinstance(bits, tuple) else 4 * BLOCK
+    blocks = packed(bits, 32, in_features)[0]
+    bits = bits[0] if isinstance(bits, tuple) else bits
+    x = torch.randn(5, in_features, generator=torch.Generator().manual_seed(4)).to(dtype)
     clean = kernel(x, blocks, bits)
     for column, bad in ((0, "nan"), (9, "nan"), (16, "nan"), (31, "nan"), (77, "nan"), (100, "inf")):
         poisoned = x.clone()
@@ -193,3 +257,6 @@ def test_wrong_inputs_are_refused_with_the_reason():
         matmul(torch.randn(1, 2 * BLOCK + 1), blocks, 4)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         matmul(torch.randn(1, 2 * BLOCK).half(), blocks, 4)
+    six_bit_super_blocks, _ = super_block_weights(6, 32, SUPER_BLOCK)
+    with pytest.raises(RuntimeError, match="do not hold 4-bit blocks or super-blocks of 256 inputs"):
+        matmul(torch.randn(1, SUPER_BLOCK), six_bit_super_blocks, 4)

@@ -24,7 +24,7 @@ from backend.model.architectures import UnsupportedModel
 from backend.model.loader import LoadedModel, default_model_path
 from backend.quant import block_weights
 from backend.quant.quantized_experts import QuantizedExperts
-from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear
+from backend.quant.quantized_linear import Int4Linear, Int8Linear
 from tests.backend import gguf_files
 from tests.backend.gguf_files import q4_k_m, round_trip_offset_norms, write_tiny_gguf
 from tests.backend.models import (
@@ -199,10 +199,12 @@ def test_a_q4_k_m_file_is_served_from_its_own_blocks_and_gives_the_dequantized_m
     exact = load_gguf(path, tmp_path).model
     served = load_gguf(path, tmp_path, quantize="auto").model
     layers = dict(served.named_modules())
-    assert isinstance(layers["model.layers.0.self_attn.q_proj"], Int4Linear)  # Q4_K
-    six_bit = BlocksLinear if block_weights.available(torch.device("cpu")) else Int8Linear
-    for name in ("model.layers.1.self_attn.v_proj", "model.layers.1.mlp.down_proj", "lm_head"):
-        assert isinstance(layers[name], six_bit), name  # Q6_K
+    blocks = block_weights.available(torch.device("cpu"))
+    q_proj = layers["model.layers.0.self_attn.q_proj"]  # Q4_K
+    assert q_proj.layout() == "4-bit super-blocks" if blocks else isinstance(q_proj, Int4Linear)
+    for name in ("model.layers.1.self_attn.v_proj", "model.layers.1.mlp.down_proj", "lm_head"):  # Q6_K
+        layer = layers[name]
+        assert layer.layout() == "6-bit super-blocks" if blocks else isinstance(layer, Int8Linear), name
     assert not any(type(module) is torch.nn.Linear for module in served.modules())
     ids = torch.tensor([[5], [17], [200], [31]])  # four rows of one token: a decode step's shape
     with torch.inference_mode():

@@ -281,14 +281,13 @@ def test_a_gguf_files_q8_0_and_q4_0_layers_are_served_from_their_blocks(tmp_path
             assert (got - references[name]).abs().max() < bf16_tolerance(references[name]), name
 
 
-# How each K-quant layer of a file is served where the CPU multiplies blocks: its bits, and how far the
-# blocks' weights may be from the file's, in parts of each block's largest weight (Q4_K and Q5_K keep
-# d * s and dmin * m in fp16: 2^-11 of the block's range, at most twice its largest, and of its minimum).
+# How each type of a file's layers is served where the CPU multiplies blocks: exactly, its bits in super-
+# blocks or in blocks of 32.
 SERVED_AS = {
-    GGMLQuantizationType.Q4_K: (4, 3 * 2**-11),
-    GGMLQuantizationType.Q5_K: (5, 3 * 2**-11),
-    GGMLQuantizationType.Q5_0: (5, 0),
-    GGMLQuantizationType.Q6_K: (6, 0),
+    GGMLQuantizationType.Q4_K: "4-bit super-blocks",
+    GGMLQuantizationType.Q5_K: "5-bit super-blocks",
+    GGMLQuantizationType.Q5_0: "5-bit blocks",
+    GGMLQuantizationType.Q6_K: "6-bit super-blocks",
 }
 
 
@@ -300,17 +299,18 @@ SERVED_AS = {
     ],
     ids=["q4_k_m", "q5_k_m"],
 )
-def test_a_k_quant_files_layers_are_served_from_their_blocks(attention, mlp, tmp_path, monkeypatch, caplog):
+def test_a_k_quant_files_layers_are_served_from_their_blocks(
+    attention, mlp, weight_layout, tmp_path, monkeypatch, caplog
+):
     """Llama files mixing layer types as llama-quantize's mixes do: Q4_K beside Q6_K (Q4_K_M's), Q5_0 (its
-    type where a row is no whole K-quant block) beside Q5_K (Q5_K_M's). Each layer is blocks of the file's
-    weights (Q5_0 and Q6_K exactly, Q4_K and Q5_K within fp16 rounding of their scales); without the CPU's
-    blocks, Q4_K is PyTorch's int4 layer and the others int8 per channel. A second start takes them from
-    the copy, and the log names each."""
+    type where a row is no whole K-quant block) beside Q5_K (Q5_K_M's). Each layer is blocks of exactly the
+    file's weights, the K-quants' in super-blocks; without the CPU's blocks, Q4_K is PyTorch's int4 layer
+    and the others int8 per channel. A second start takes them from the copy, and the log names each."""
     kinds = {"self_attn": attention, "mlp": mlp}
     # K-quants' rows are whole blocks of 256 (o_proj's too: 4 heads of 64)
     wide = dict(hidden_size=256, intermediate_size=512, head_dim=64)
     path = write_gguf_linears(tmp_path / "tiny.gguf", tiny_model("llama", **wide), kinds)
-    blocks = block_weights.available(torch.device("cpu"))
+    blocks = weight_layout == "blocks"
     for start in range(2):
         model = tiny_model("llama", **wide)
         expected = dequantized_like_transformers(model, kinds)
@@ -319,20 +319,18 @@ def test_a_k_quant_files_layers_are_served_from_their_blocks(attention, mlp, tmp
                 patched.setattr(gguf_weights.gguf, "GGUFReader", lambda path: pytest.fail("parsed again"))
             assert serve_gguf_weights(model, path, tmp_path) == 2 * 7
         for kind, count in ((attention, 8), (mlp, 6)):
-            bits = SERVED_AS[kind][0]
-            how = f"{bits}-bit" if blocks or bits == 4 else "int8 per channel"
+            four_bit = kind == GGMLQuantizationType.Q4_K
+            how = SERVED_AS[kind] if blocks else "4-bit" if four_bit else "int8 per channel"
             assert f"{kind.name} as {how} x{count}" in caplog.text
         x = torch.randn(3, 512)
         for name, weight in expected.items():
-            bits, tolerance = SERVED_AS[attention if "self_attn" in name else mlp]
+            kind = attention if "self_attn" in name else mlp
             layer = model.get_submodule(name)
-            assert type(layer) is (Int4Linear if bits == 4 else BlocksLinear if blocks else Int8Linear), name
             if blocks:
-                assert layer.bits == bits
-                served = block_weights.dequantize(layer.blocks, weight.shape[1])
-                largest = weight.abs().reshape(weight.shape[0], -1, GROUP_SIZE).amax(dim=-1, keepdim=True)
-                error = (served - weight).reshape(largest.shape[0], -1, GROUP_SIZE).abs()
-                assert (error <= tolerance * largest * 1.001).all(), name
+                assert type(layer) is BlocksLinear and layer.layout() == SERVED_AS[kind], name
+                assert torch.equal(block_weights.dequantize(layer.blocks, weight.shape[1]), weight), name
+            else:
+                assert type(layer) is (Int4Linear if kind == GGMLQuantizationType.Q4_K else Int8Linear), name
             reference = x[:, : weight.shape[1]] @ weight.T
             got = layer(x[:, : weight.shape[1]])
             assert (got - reference).abs().max() < 2 * bf16_tolerance(reference), name
