@@ -9,6 +9,7 @@ from backend.layers.row_cache import KVShape, RowCache
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.native_decode import NativeDecode
 from backend.quant import block_weights
+from backend.quant.gguf_types import SixBitWeight
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import BlocksLinear
 from tests.backend.models import MarkerTokenizer, tiny_model
@@ -26,9 +27,11 @@ def served_like_the_default(
 ) -> torch.nn.Module:
     """A tiny model as the default mode serves one: bfloat16, 4-bit projections in blocks, int8 head;
     its norms' weights random (a fresh model's are ones, and a loop that took one for another would pass).
-    `k_quant_mix`: each layer's v, up and down in 6-bit blocks, as a Q4_K_M file's Q6_K v and down sit
-    beside its Q4_K q, k and gate: neither q, k and v nor gate and up fuse into one call."""
-    model = tiny_model("llama", head_dim=head_dim).to(dtype)
+    `k_quant_mix`: each layer's v, up and down in 6-bit super-blocks, as a Q4_K_M file's Q6_K v and down
+    sit beside its Q4_K q, k and gate (rows of 256 inputs and more): neither q, k and v nor gate and up
+    fuse into one call."""
+    wide = dict(hidden_size=256, intermediate_size=512) if k_quant_mix else {}
+    model = tiny_model("llama", head_dim=head_dim, **wide).to(dtype)
     generator = torch.Generator().manual_seed(5)
     for name, parameter in model.named_parameters():
         if "norm" in name:
@@ -43,13 +46,14 @@ def served_like_the_default(
 
 
 def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLinear:
-    """Random 6-bit blocks of `layer`'s shape, weights of about its size (some 0.03), without a copy for many
-    rows (as the loader leaves blocks where none pays)."""
+    """Random 6-bit super-blocks (Q6_K's) of `layer`'s shape, weights of about its size (some 0.03), without a
+    copy for many rows (as the loader leaves blocks where none pays)."""
     out, inputs = layer.out_features, layer.in_features
-    q = torch.randint(0, 64, (out, inputs), generator=generator)
+    q = torch.randint(0, 64, (out, inputs), generator=generator, dtype=torch.uint8)
     sub_scale = torch.randint(1, 8, (out, inputs // 16), generator=generator).to(torch.int8)
-    scale = torch.full((out, inputs // 32), 0.0003).half().float()
-    six_bit = BlocksLinear.int6(q, sub_scale, scale)
+    d = torch.full((out, inputs // 256), 0.0003).half().float()
+    six_bit = BlocksLinear.super_blocks_of(SixBitWeight(q, sub_scale, d))
+    assert six_bit.super_blocks
     six_bit.dense = None
     return six_bit
 
