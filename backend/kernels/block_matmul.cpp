@@ -69,21 +69,32 @@ constexpr int64_t CHUNKS_A_THREAD = 8;
 // 16 channels' s for inputs 0-15 and for 16-31.
 constexpr int64_t LOW_NIBBLES = 256;
 constexpr int64_t value_bytes(int64_t bits) { return bits == 8 ? 512 : LOW_NIBBLES + (bits - 4) * 64; }
-constexpr int64_t block_bytes(int64_t bits) { return value_bytes(bits) + (bits == 8 ? 32 : 64); }
-constexpr bool has_minimum(int64_t bits) { return bits == 4 || bits == 5; }
 constexpr int32_t SIX_BIT_OFFSET = 32;  // 6-bit weights are d * s * (u - 32)
+
+// GGUF's IQ4_NL and IQ4_XS weights are d * t[u]: u in 0..15 picks one of 16 int8 values t, denser near 0
+// than a 4-bit grid. Their blocks (`table`) keep u as 4-bit ones do and d alone, and the kernels look the
+// values up (vpshufb) and multiply them as 8-bit ones: t + 128 unsigned with m = -128 d (AVX-512), or t
+// signed (AVX2).
+constexpr int8_t TABLE_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+constexpr bool has_minimum(int64_t bits, bool table = false) { return (bits == 4 || bits == 5) && !table; }
+// A block's fp16 d, and m (4-bit and 5-bit) or the 16 channels' two int8 s (6-bit), after its values.
+constexpr int64_t block_bytes(int64_t bits, bool table = false) {
+  return value_bytes(bits) + (bits == 8 || table ? 32 : 64);
+}
 
 // GGUF's K-quants keep one fp16 d (and minimum) for a channel's super-block of 256 inputs, and for each
 // block of 32 in it 6-bit multiples s and m of those (Q4_K, Q5_K), or two int8 s (Q6_K). Super-blocks keep
 // them so: the 16 channels' fp16 d (and, 4-bit and 5-bit, minimum) first, then the 8 blocks, each its
 // values and 32 bytes: the 16 channels' s, then their m (uint8; 6-bit: s for inputs 0-15, then 16-31, int8).
 // 148, 180 and 210 bytes a channel's 256 inputs where blocks of 32 take 160, 192 and 224: what one row's
-// product reads.
+// product reads. IQ4_XS's (a table's) blocks keep 16 bytes, the channels' s as int8.
 constexpr int64_t BLOCKS_A_SUPER_BLOCK = 8;
-constexpr int64_t header_bytes(int64_t bits) { return has_minimum(bits) ? 64 : 32; }
-constexpr int64_t stride(int64_t bits, bool super) { return super ? value_bytes(bits) + 32 : block_bytes(bits); }
-constexpr int64_t super_block_bytes(int64_t bits) {
-  return header_bytes(bits) + BLOCKS_A_SUPER_BLOCK * stride(bits, true);
+constexpr int64_t header_bytes(int64_t bits, bool table) { return has_minimum(bits, table) ? 64 : 32; }
+constexpr int64_t stride(int64_t bits, bool super, bool table) {
+  return super ? value_bytes(bits) + (table ? 16 : 32) : block_bytes(bits, table);
+}
+constexpr int64_t super_block_bytes(int64_t bits, bool table) {
+  return header_bytes(bits, table) + BLOCKS_A_SUPER_BLOCK * stride(bits, true, table);
 }
 
 // Four activations (int8) as one int32, to broadcast to every lane: copied, which compilers turn into one
@@ -172,7 +183,7 @@ inline void store16(c10::BFloat16* out, __m512 v) {
 
 // u[j]: inputs 4j..4j+3 of the block at `weights` for each of its 16 channels, 0..2^BITS - 1. 4-bit: byte i
 // of a 64-byte line holds u[2c] in its low nibble and u[2c + 1] in its high one.
-template <int BITS>
+template <int BITS, bool TABLE>
 inline void unpack_values(const uint8_t* weights, __m512i u[8]) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   if constexpr (BITS != 8) {
@@ -180,6 +191,12 @@ inline void unpack_values(const uint8_t* weights, __m512i u[8]) {
       const __m512i line = _mm512_loadu_si512(weights + 64 * c);
       u[2 * c] = _mm512_and_si512(line, nibble);
       u[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(line, 4), nibble);
+    }
+    if constexpr (TABLE) {  // u = t[u] + 128, unsigned
+      alignas(16) uint8_t unsigned_values[16];
+      for (int i = 0; i < 16; ++i) unsigned_values[i] = static_cast<uint8_t>(TABLE_VALUES[i] + 128);
+      const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(unsigned_values)));
+      for (int j = 0; j < 8; ++j) u[j] = _mm512_shuffle_epi8(values, u[j]);
     }
   } else {
     for (int j = 0; j < 8; ++j) u[j] = _mm512_loadu_si512(weights + 64 * j);
@@ -210,7 +227,7 @@ inline __m512 bytes_as_floats(const uint8_t* p) {
 // Rows [first, first + count) of x times one group of 16 output channels, whose blocks start at `weights`:
 // blocks of 32 with their own fp16 scales, or (SUPER) super-blocks of 256 whose blocks keep multiples of
 // the super-block's.
-template <int BITS, bool SUPER, typename T>
+template <int BITS, bool SUPER, bool TABLE, typename T>
 void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
                     T* out, int64_t out_stride) {
   const int64_t blocks = in / BLOCK;
@@ -221,17 +238,17 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
     if constexpr (SUPER) {
       if (b % BLOCKS_A_SUPER_BLOCK == 0) {
         super_d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights)));
-        if constexpr (has_minimum(BITS)) {
+        if constexpr (has_minimum(BITS, TABLE)) {
           super_minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights + 32)));
         }
-        weights += header_bytes(BITS);
+        weights += header_bytes(BITS, TABLE);
       }
     }
-    prefetch_ahead<stride(BITS, SUPER)>(weights);
+    prefetch_ahead<stride(BITS, SUPER, TABLE)>(weights);
     __m512i u[8];
-    unpack_values<BITS>(weights, u);
+    unpack_values<BITS, TABLE>(weights, u);
     const uint8_t* scales = weights + value_bytes(BITS);
-    weights += stride(BITS, SUPER);
+    weights += stride(BITS, SUPER, TABLE);
     if constexpr (BITS == 6) {
       const __m512 d = SUPER ? super_d : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
       const uint8_t* s = SUPER ? scales : scales + 32;  // the 16 channels' s for inputs 0-15, then 16-31
@@ -253,7 +270,12 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
       continue;
     }
     __m512 d, m;
-    if constexpr (SUPER) {  // d * s and the minimum times m, exactly (an 11-bit d times a 6-bit s)
+    if constexpr (TABLE) {  // as 8-bit: m = -128 d; IQ4_XS's d * s (s signed), exactly
+      d = SUPER ? _mm512_mul_ps(super_d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)))))
+                : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+      m = _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
+    } else if constexpr (SUPER) {  // d * s and the minimum times m, exactly (an 11-bit d times a 6-bit s)
       d = _mm512_mul_ps(super_d, bytes_as_floats(scales));
       m = _mm512_mul_ps(super_minimum, bytes_as_floats(scales + 16));
     } else {
@@ -343,7 +365,7 @@ inline void store8(c10::BFloat16* out, __m256 v) {
 
 // As unpack_values, for the 8 channels whose bytes start at `values` (32h of each 64-byte line: channels
 // 8h..8h+7). 8-bit values come signed, q = u - 128.
-template <int BITS>
+template <int BITS, bool TABLE>
 inline void unpack_values_avx2(const uint8_t* values, __m256i u[8]) {
   const __m256i nibble = _mm256_set1_epi8(0x0F), offset = _mm256_set1_epi8(static_cast<char>(0x80));
   if constexpr (BITS != 8) {
@@ -351,6 +373,10 @@ inline void unpack_values_avx2(const uint8_t* values, __m256i u[8]) {
       const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 64 * c));
       u[2 * c] = _mm256_and_si256(line, nibble);
       u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(line, 4), nibble);
+    }
+    if constexpr (TABLE) {  // u = t[u], signed, as 8-bit ones here
+      const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(TABLE_VALUES)));
+      for (int j = 0; j < 8; ++j) u[j] = _mm256_shuffle_epi8(table, u[j]);
     }
   } else {
     for (int j = 0; j < 8; ++j) {
@@ -386,7 +412,7 @@ inline __m256 bytes_as_floats_avx2(const uint8_t* p) {  // 8 uint8 values
 // As multiply_group, for rows [first, first + count) (count <= ROWS_AT_ONCE_AVX2), one half of the 16
 // channels at a time: bytes 32h..32h+31 of each 64-byte line are channels 8h..8h+7, and so are the 16h-th
 // bytes of the fp16 scales and the 8h-th of the byte ones.
-template <int BITS, bool SUPER, typename T>
+template <int BITS, bool SUPER, bool TABLE, typename T>
 void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
                          T* out, int64_t out_stride) {
   const int64_t blocks = in / BLOCK;
@@ -400,15 +426,15 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
       if constexpr (SUPER) {
         if (b % BLOCKS_A_SUPER_BLOCK == 0) {
           super_d = halves_as_floats(block + 16 * half);
-          if constexpr (has_minimum(BITS)) super_minimum = halves_as_floats(block + 32 + 16 * half);
-          block += header_bytes(BITS);
+          if constexpr (has_minimum(BITS, TABLE)) super_minimum = halves_as_floats(block + 32 + 16 * half);
+          block += header_bytes(BITS, TABLE);
         }
       }
-      if (half == 0) prefetch_ahead<stride(BITS, SUPER)>(block);  // the second half finds the lines in the cache
-      __m256i u[8];  // 4-bit: u, 0..15; 5-bit: 0..31; 6-bit: 0..63; 8-bit: q = u - 128, signed
-      unpack_values_avx2<BITS>(block + 32 * half, u);
+      if (half == 0) prefetch_ahead<stride(BITS, SUPER, TABLE)>(block);  // the second half finds the lines in the cache
+      __m256i u[8];  // 4-bit: u, 0..15; 5-bit: 0..31; 6-bit: 0..63; 8-bit: q = u - 128, and a table's t[u], signed
+      unpack_values_avx2<BITS, TABLE>(block + 32 * half, u);
       const uint8_t* scales = block + value_bytes(BITS);
-      block += stride(BITS, SUPER);
+      block += stride(BITS, SUPER, TABLE);
       if constexpr (BITS == 6) {
         const __m256 d = SUPER ? super_d : halves_as_floats(scales + 16 * half);
         const uint8_t* s = (SUPER ? scales : scales + 32) + 8 * half;  // this half's 8 channels' s, inputs 0-15
@@ -435,7 +461,12 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
         continue;
       }
       __m256 d, m;
-      if constexpr (SUPER) {
+      if constexpr (TABLE) {
+        d = SUPER ? _mm256_mul_ps(super_d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8 * half)))))
+                  : halves_as_floats(scales + 16 * half);
+        m = _mm256_setzero_ps();
+      } else if constexpr (SUPER) {
         d = _mm256_mul_ps(super_d, bytes_as_floats_avx2(scales + 8 * half));
         m = _mm256_mul_ps(super_minimum, bytes_as_floats_avx2(scales + 16 + 8 * half));
       } else {
@@ -446,7 +477,7 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
         const int64_t row_block = (first + r) * blocks + b;
         const int8_t* q = x.values.data() + row_block * BLOCK;
         __m256i products;
-        if constexpr (BITS == 4 || BITS == 5) {
+        if constexpr ((BITS == 4 || BITS == 5) && !TABLE) {
           // Each vpmaddubsw sum is at most 2 * 15 * 127 (4-bit) or 2 * 31 * 127 (5-bit), so eight (or four)
           // of them still fit in int16.
           constexpr int in_int16 = BITS == 4 ? 8 : 4;
@@ -467,7 +498,7 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
           }
         }
         sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);
-        if constexpr (has_minimum(BITS)) sums[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[row_block]), sums[r]);
+        if constexpr (has_minimum(BITS, TABLE)) sums[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[row_block]), sums[r]);
       }
     }
     for (int64_t r = 0; r < count; ++r) store8(out + (first + r) * out_stride + 8 * half, sums[r]);
@@ -509,36 +540,60 @@ void multiply_groups(GroupProduct<T> product, int64_t rows_at_once, const Quanti
   });
 }
 
-// x times the blocks (in super-blocks where `super`) into result, by the AVX-512 VNNI kernel or, with
-// `avx2`, the AVX2 one.
+// The layouts of blocks, told apart by their size: blocks of 32 or super-blocks of 256, of values or of a
+// table's indices.
+struct Layout {
+  bool super;
+  bool table;
+};
+
+// Each kernel's products by layout, for `product_of`.
+#ifdef BLOCK_MATMUL_VNNI
+struct Vnni {
+  template <int BITS, bool SUPER, bool TABLE, typename T>
+  static constexpr GroupProduct<T> product = multiply_group<BITS, SUPER, TABLE, T>;
+};
+#endif
+#ifdef BLOCK_MATMUL_AVX2
+struct Avx2 {
+  template <int BITS, bool SUPER, bool TABLE, typename T>
+  static constexpr GroupProduct<T> product = multiply_group_avx2<BITS, SUPER, TABLE, T>;
+};
+#endif
+
+template <typename Kernel, typename T>
+GroupProduct<T> product_of(int64_t bits, Layout layout) {
+  if (layout.table) {
+    return layout.super ? Kernel::template product<4, true, true, T> : Kernel::template product<4, false, true, T>;
+  }
+  if (layout.super) {
+    return bits == 4   ? Kernel::template product<4, true, false, T>
+           : bits == 5 ? Kernel::template product<5, true, false, T>
+                       : Kernel::template product<6, true, false, T>;
+  }
+  return bits == 4   ? Kernel::template product<4, false, false, T>
+         : bits == 5 ? Kernel::template product<5, false, false, T>
+         : bits == 6 ? Kernel::template product<6, false, false, T>
+                     : Kernel::template product<8, false, false, T>;
+}
+
+// x times the blocks into result, by the AVX-512 VNNI kernel or, with `avx2`, the AVX2 one.
 template <typename T>
-void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool super, bool avx2,
+void multiply_blocks(const at::Tensor& x, const at::Tensor& weights, int64_t bits, Layout layout, bool avx2,
                      at::Tensor& result) {
   const T* values = x.data_ptr<T>();
   const int64_t rows = x.size(0), in = x.size(1);
 #ifdef BLOCK_MATMUL_AVX2
   if (avx2) {
-    const GroupProduct<T> product = super ? (bits == 4   ? multiply_group_avx2<4, true, T>
-                                             : bits == 5 ? multiply_group_avx2<5, true, T>
-                                                         : multiply_group_avx2<6, true, T>)
-                                    : bits == 4 ? multiply_group_avx2<4, false, T>
-                                    : bits == 5 ? multiply_group_avx2<5, false, T>
-                                    : bits == 6 ? multiply_group_avx2<6, false, T>
-                                                : multiply_group_avx2<8, false, T>;
-    multiply_groups(product, ROWS_AT_ONCE_AVX2, quantize_rows_avx2(values, rows, in), in, weights, result);
+    multiply_groups(product_of<Avx2, T>(bits, layout), ROWS_AT_ONCE_AVX2, quantize_rows_avx2(values, rows, in), in,
+                    weights, result);
     return;
   }
 #endif
 #ifdef BLOCK_MATMUL_VNNI
   if (!avx2) {
-    const GroupProduct<T> product = super ? (bits == 4   ? multiply_group<4, true, T>
-                                             : bits == 5 ? multiply_group<5, true, T>
-                                                         : multiply_group<6, true, T>)
-                                    : bits == 4 ? multiply_group<4, false, T>
-                                    : bits == 5 ? multiply_group<5, false, T>
-                                    : bits == 6 ? multiply_group<6, false, T>
-                                                : multiply_group<8, false, T>;
-    multiply_groups(product, ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights, result);
+    multiply_groups(product_of<Vnni, T>(bits, layout), ROWS_AT_ONCE, quantize_rows(values, rows, in), in, weights,
+                    result);
     return;
   }
 #endif
@@ -571,21 +626,28 @@ at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, 
               "weights must be contiguous uint8 [out, in / 32 * bytes]");
   const int64_t rows = x.size(0), in = x.size(1), out = weights.size(0);
   TORCH_CHECK(in % BLOCK == 0 && out % CHANNELS == 0, "in must be a multiple of 32 and out of 16");
-  // The layout, by the bytes a group of 16 channels takes (the two never take the same).
-  const int64_t group_bytes = weights.size(1) * CHANNELS;
-  const bool super = bits != 8 && in % (BLOCKS_A_SUPER_BLOCK * BLOCK) == 0 &&
-                     group_bytes == in / (BLOCKS_A_SUPER_BLOCK * BLOCK) * super_block_bytes(bits);
-  TORCH_CHECK(super || group_bytes == in / BLOCK * block_bytes(bits), "weights do not hold ", bits,
-              "-bit blocks or super-blocks of ", in, " inputs");
+  // The layout, by the bytes a group of 16 channels takes (no two take the same for the same inputs).
+  const int64_t group_bytes = weights.size(1) * CHANNELS, super_blocks = in / (BLOCKS_A_SUPER_BLOCK * BLOCK);
+  const auto takes = [&](Layout layout) {
+    if ((layout.super && (bits == 8 || in % (BLOCKS_A_SUPER_BLOCK * BLOCK) != 0)) || (layout.table && bits != 4)) {
+      return false;
+    }
+    return group_bytes == (layout.super ? super_blocks * super_block_bytes(bits, layout.table)
+                                        : in / BLOCK * block_bytes(bits, layout.table));
+  };
+  const Layout layouts[] = {{false, false}, {true, false}, {false, true}, {true, true}};
+  const Layout* layout = std::find_if(std::begin(layouts), std::end(layouts), takes);
+  TORCH_CHECK(layout != std::end(layouts), "weights do not hold ", bits, "-bit blocks or super-blocks of ", in,
+              " inputs");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be float32 or bfloat16, not ", x.scalar_type());
   at::Tensor result = at::empty({rows, out}, x.options());
   // Nothing to compute (no rows, or no output channels, which would share 0 groups among 0 threads).
   if (result.numel() == 0) return result;
   if (x.scalar_type() == at::kFloat) {
-    multiply_blocks<float>(x, weights, bits, super, avx2, result);
+    multiply_blocks<float>(x, weights, bits, *layout, avx2, result);
   } else {
-    multiply_blocks<c10::BFloat16>(x, weights, bits, super, avx2, result);
+    multiply_blocks<c10::BFloat16>(x, weights, bits, *layout, avx2, result);
   }
   return result;
 }

@@ -48,9 +48,19 @@ for inputs 0-15, then for 16-31). 148, 180 and 210 bytes a channel's 256
 inputs (Q4_K's own 144 keeps s and m in 6 bits) where blocks of 32 with
 fp16 scales of their own took 160, 192 and 224: fewer bytes for one row's
 product to read, and exactly the file's weights (fp16 d * s rounded them).
+
+GGUF's IQ4_NL and IQ4_XS weights are d * t[u]: u in 0..15 picks one of 16
+int8 values t (TABLE_VALUES), denser near 0 than a 4-bit grid. Their
+blocks (`table`) keep u as 4-bit blocks do and d alone: IQ4_NL's blocks of
+32 an fp16 d (18 bytes a channel's 32, as in the file), IQ4_XS's
+super-blocks of 256 the fp16 d first and for each block of 32 an int8 s
+(w = d * s * t[u]; 138 bytes a channel's 256 where the file takes 136).
+The kernels look the values up and multiply them as 8-bit ones.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -58,11 +68,41 @@ from backend.kernels import extension as kernels
 
 BLOCK = 32  # inputs a scale covers
 CHANNELS = 16  # output channels stored side by side, one a vector lane
-BYTES_PER_CHANNEL = {4: 20, 5: 24, 6: 28, 8: 34}  # a channel's share of a block: its values and scales
 SUPER_BLOCK = 256  # inputs of a K-quant's super-block
 BLOCKS_A_SUPER_BLOCK = SUPER_BLOCK // BLOCK
-BYTES_PER_CHANNEL_SUPER = {4: 148, 5: 180, 6: 210}  # a channel's share of a super-block
 VALUE_BYTES = {4: 256, 5: 320, 6: 384, 8: 512}  # a block's values, 16 channels
+# IQ4_NL's and IQ4_XS's values, by index
+TABLE_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+class Layout(NamedTuple):
+    """How a layer's blocks are kept: values of `bits`, in blocks of 32 or super-blocks of 256, their own or
+    a table's indices."""
+
+    bits: int
+    super_blocks: bool = False
+    table: bool = False
+
+    def name(self) -> str:
+        kind = "super-blocks" if self.super_blocks else "blocks"
+        return f"{self.bits}-bit {'table ' if self.table else ''}{kind}"
+
+    def inputs_a_unit(self) -> int:
+        return SUPER_BLOCK if self.super_blocks else BLOCK
+
+
+# A channel's bytes in each layout, a block of 32 inputs or a super-block of 256: its values and scales.
+CHANNEL_BYTES = {
+    Layout(4): 20,
+    Layout(5): 24,
+    Layout(6): 28,
+    Layout(8): 34,
+    Layout(4, super_blocks=True): 148,
+    Layout(5, super_blocks=True): 180,
+    Layout(6, super_blocks=True): 210,
+    Layout(4, table=True): 18,
+    Layout(4, super_blocks=True, table=True): 138,
+}
 SIX_BIT_OFFSET = 32  # 6-bit weights are d * s * (u - 32)
 
 
@@ -102,6 +142,12 @@ def pack_int6(q: torch.Tensor, sub_scale: torch.Tensor, scale: torch.Tensor) -> 
     return assemble(value_lines(q, 6), [scale], q.shape, after=channel_bytes(sub_scale.to(torch.int8), 2))
 
 
+def pack_table(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """w = d * TABLE_VALUES[q] (IQ4_NL): q [out, in] 0..15, d [out, in / 32] (fp16 values), as a table's
+    blocks."""
+    return assemble(value_lines(q, 4), [d], q.shape)
+
+
 def pack_super_blocks(
     q: torch.Tensor,
     bits: int,
@@ -109,14 +155,16 @@ def pack_super_blocks(
     s: torch.Tensor,
     minimum: torch.Tensor | None = None,
     m: torch.Tensor | None = None,
+    table: bool = False,
 ) -> torch.Tensor:
     """K-quants' terms as super-blocks: q [out, in] values 0..2^bits - 1, d (and minimum) [out, in / 256]
     (fp16 values), and 4-bit and 5-bit (Q4_K, Q5_K) w = d * s * q + minimum * m with s and m [out, in /
-    32] 0..255; 6-bit (Q6_K) w = d * s * (q - 32) with s [out, in / 16] int8."""
+    32] 0..255; 6-bit (Q6_K) w = d * s * (q - 32) with s [out, in / 16] int8. `table` (IQ4_XS): w = d * s *
+    TABLE_VALUES[q], s [out, in / 32] int8."""
     out_features, in_features = q.shape
     groups, supers = out_features // CHANNELS, in_features // SUPER_BLOCK
-    if bits == 6:
-        block_tail = channel_bytes(s.to(torch.int8), 2)
+    if bits == 6 or table:
+        block_tail = channel_bytes(s.to(torch.int8), 2 if bits == 6 else 1)
         header = [d]
     else:
         block_tail = torch.cat([channel_bytes(s.to(torch.uint8), 1), channel_bytes(m.to(torch.uint8), 1)], -1)
@@ -189,17 +237,13 @@ def assemble(
     return joined.reshape(out_features, -1).contiguous()
 
 
-def layout_of(blocks: torch.Tensor, in_features: int) -> tuple[int, bool]:
-    """The blocks' bits, and whether they are in super-blocks, by the bytes a channel takes (the layouts
-    never take the same for the same inputs)."""
-    per_channel = blocks.shape[1]
-    for bits, size in BYTES_PER_CHANNEL.items():
-        if per_channel == in_features // BLOCK * size:
-            return bits, False
-    for bits, size in BYTES_PER_CHANNEL_SUPER.items():
-        if in_features % SUPER_BLOCK == 0 and per_channel == in_features // SUPER_BLOCK * size:
-            return bits, True
-    raise ValueError(f"{per_channel} bytes a channel are no blocks of {in_features} inputs")
+def layout_of(blocks: torch.Tensor, in_features: int) -> Layout:
+    """The blocks' layout, by the bytes a channel takes (no two take the same for the same inputs)."""
+    for layout, size in CHANNEL_BYTES.items():
+        unit = layout.inputs_a_unit()
+        if in_features % unit == 0 and blocks.shape[1] == in_features // unit * size:
+            return layout
+    raise ValueError(f"{blocks.shape[1]} bytes a channel are no blocks of {in_features} inputs")
 
 
 def bits_of(blocks: torch.Tensor, in_features: int) -> int:
@@ -226,11 +270,11 @@ def _(x: torch.Tensor, blocks: torch.Tensor, bits: int) -> torch.Tensor:
 
 def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
     """The float32 weights [out, in] the blocks hold: what `matmul` multiplies by (for tests and checks)."""
-    bits, super_blocks = layout_of(blocks, in_features)
+    bits, super_blocks, table = layout_of(blocks, in_features)
     out_features = blocks.shape[0]
     groups, count = out_features // CHANNELS, in_features // BLOCK
     if super_blocks:
-        header_bytes = 32 if bits == 6 else 64
+        header_bytes = 32 if bits == 6 or table else 64
         per_super = blocks.reshape(groups, in_features // SUPER_BLOCK, -1)
         # [out, supers] d, or d and minimum in turn: [out, 2 supers]
         header = from_channel_bytes(per_super[..., :header_bytes], torch.float16, 1).float()
@@ -239,6 +283,14 @@ def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
         per_block = blocks.reshape(groups, count, -1)
     u = values_of(per_block, bits).reshape(out_features, in_features)
     tail = per_block[..., VALUE_BYTES[bits] :]
+    if table:  # d, or the super-block's d times s
+        if super_blocks:
+            s = from_channel_bytes(tail, torch.int8, 1).float()
+            d = header.repeat_interleave(BLOCKS_A_SUPER_BLOCK, dim=1) * s
+        else:
+            d = from_channel_bytes(tail, torch.float16, 1).float()
+        values = torch.tensor(TABLE_VALUES, dtype=torch.float32)[u.long()]
+        return (values.reshape(out_features, count, BLOCK) * d[..., None]).reshape(out_features, in_features)
     if bits == 6:
         sub_scale = from_channel_bytes(tail[..., -2 * CHANNELS :], torch.int8, 2)  # [out, 2 count]
         if super_blocks:

@@ -30,9 +30,13 @@ as the file keeps them. How each GGUF type becomes one of them:
     Q6_K super-block of 256 (210 bytes): 128 bytes of low nibbles, 64 of top two bits, sixteen int8
         scales s (one a 16 inputs), fp16 d; w = d * s * (q - 32), q in 0..63
         The CPU's 6-bit super-blocks, exactly (d and s as they are).
+    IQ4_NL block (18 bytes): fp16 d, 16 bytes of 4-bit indices into a table t of 16 int8 values (byte j:
+        input j's low, j + 16's high); w = d * t[q]. IQ4_XS super-block of 256 (136 bytes): fp16 d, each
+        block's 6-bit s + 32, then each block's indices as IQ4_NL's; w = d * s * t[q].
+        The CPU's table blocks and super-blocks, exactly.
 
-Every other type that the gguf package dequantizes (Q2_K, Q3_K, the IQ
-types, ...) is quantized again from its dequantized weights to 8-bit blocks
+Every other type that the gguf package dequantizes (Q2_K, Q3_K, the other
+IQ types, ...) is quantized again from its dequantized weights to 8-bit blocks
 of 32 with the block's largest magnitude at 127. That adds at most half a
 step of 1/127 of a block's largest weight, and keeps 8.5 bits a weight where
 bfloat16 would keep 16. PyTorch's kernels (CUDA, a CPU without AVX2) take a
@@ -50,6 +54,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
 
+from backend.quant import block_weights
+
 BLOCK = 32  # the inputs an engine block's scale covers
 FOUR_BIT = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}  # bytes per block of 32
 Q8_0_BYTES = 34  # fp16 d, 32 int8 values
@@ -57,6 +63,8 @@ Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 by
 Q5_BYTES = {GGMLQuantizationType.Q5_0: 22, GGMLQuantizationType.Q5_1: 24}  # bytes per block of 32
 Q5_K_BYTES = 176  # Q4_K's 16 bytes of d, dmin, scales and mins, 32 of fifth bits, 128 of low nibbles
 Q6_K_BYTES = 210  # 128 bytes of low nibbles, 64 of top two bits, 16 int8 scales, fp16 d
+IQ4_NL_BYTES = 18  # fp16 d, 16 bytes of 4-bit indices
+IQ4_XS_BYTES = 136  # fp16 d, 2 + 4 bytes of 6-bit scales, 128 bytes of 4-bit indices
 SUPER_BLOCK = 256  # the inputs of a K-quant's super-block
 K_SCALES = 12
 FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
@@ -101,9 +109,9 @@ class SuperBlockWeight:
     m: torch.Tensor  # [out, in / 32] uint8
     bits: ClassVar[int]
 
-    def super_block_terms(self) -> tuple:
-        """What block_weights.pack_super_blocks takes."""
-        return self.q, self.bits, self.d, self.s, self.minimum, self.m
+    def blocks(self) -> torch.Tensor:
+        """The CPU's super-blocks of these weights, exactly."""
+        return block_weights.pack_super_blocks(self.q, self.bits, self.d, self.s, self.minimum, self.m)
 
     def scale(self) -> torch.Tensor:
         """d * s, [out, in / 32]: exact in float32 (an 11-bit d times a 6-bit s)."""
@@ -142,12 +150,36 @@ class SixBitWeight:
     sub_scale: torch.Tensor  # [out, in / 16] int8
     d: torch.Tensor  # [out, in / 256] float32, fp16 values
 
-    def super_block_terms(self) -> tuple:
-        return self.q, 6, self.d, self.sub_scale
+    def blocks(self) -> torch.Tensor:
+        return block_weights.pack_super_blocks(self.q, 6, self.d, self.sub_scale)
 
     def scale(self) -> torch.Tensor:
         """d for each block of 32, [out, in / 32]."""
         return self.d.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1)
+
+
+@dataclass(frozen=True)
+class TableWeight:
+    """w = d * TABLE_VALUES[q]: IQ4_NL's blocks, d a block of 32 inputs of an output channel."""
+
+    q: torch.Tensor  # [out, in] uint8, 0..15
+    d: torch.Tensor  # [out, in / 32] float32, fp16 values
+
+    def blocks(self) -> torch.Tensor:
+        return block_weights.pack_table(self.q, self.d)
+
+
+@dataclass(frozen=True)
+class TableSuperBlocks:
+    """w = d * s * TABLE_VALUES[q]: IQ4_XS's super-blocks, d a super-block of 256 inputs of an output
+    channel, s (-32..31) a block of 32 in it."""
+
+    q: torch.Tensor  # [out, in] uint8, 0..15
+    d: torch.Tensor  # [out, in / 256] float32, fp16 values
+    s: torch.Tensor  # [out, in / 32] int8
+
+    def blocks(self) -> torch.Tensor:
+        return block_weights.pack_super_blocks(self.q, 4, self.d, self.s, table=True)
 
 
 def served(kind: GGMLQuantizationType, in_features: int) -> bool:
@@ -170,6 +202,10 @@ def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> Weight:
         return unpack_q5_k(rows)
     if kind == GGMLQuantizationType.Q6_K:
         return unpack_q6_k(rows)
+    if kind == GGMLQuantizationType.IQ4_NL:
+        return unpack_iq4_nl(rows)
+    if kind == GGMLQuantizationType.IQ4_XS:
+        return unpack_iq4_xs(rows)
     return requantize_int8(quants.dequantize(np.ascontiguousarray(rows), kind))
 
 
@@ -257,6 +293,34 @@ def unpack_q6_k(rows: np.ndarray) -> SixBitWeight:
     )
 
 
+def unpack_iq4_nl(rows: np.ndarray) -> TableWeight:
+    """[out, blocks * 18] uint8 rows of IQ4_NL (fp16 d, then 16 bytes: input j's index in the low nibble
+    of byte j, input j + 16's in its high one) to q and d."""
+    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, IQ4_NL_BYTES)
+    packed = blocks[..., 2:]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows.shape[0], -1)
+    return TableWeight(torch.from_numpy(q), torch.from_numpy(halves(blocks[..., 0:2])))
+
+
+def unpack_iq4_xs(rows: np.ndarray) -> TableSuperBlocks:
+    """[out, super-blocks * 136] uint8 rows of IQ4_XS to q, d and s: fp16 d, then block i's s + 32 in 6
+    bits (its low four in nibble i % 2 of byte i // 2 of 4 bytes, its top two in bits 2i and 2i + 1 of a
+    uint16 before them), then each block's 16 bytes of indices as IQ4_NL's."""
+    out_features = rows.shape[0]
+    blocks = np.ascontiguousarray(rows).reshape(-1, IQ4_XS_BYTES)
+    high = blocks[:, 2:4].copy().view("<u2")  # [super-blocks, 1]
+    low = blocks[:, 4:8, None] >> np.array([0, 4], dtype=np.uint8)  # [super-blocks, 4, 2]
+    top = (high >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [super-blocks, 8]
+    s = ((low.reshape(-1, 8) & 0x0F) | (top.astype(np.uint8) << 4)).astype(np.int8) - 32
+    packed = blocks[:, 8:].reshape(-1, 8, 16)
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [super-blocks, 8, 32]
+    return TableSuperBlocks(
+        torch.from_numpy(q.reshape(out_features, -1)),
+        torch.from_numpy(halves(blocks[:, 0:2]).reshape(out_features, -1)),
+        torch.from_numpy(s.reshape(out_features, -1)),
+    )
+
+
 def requantize_int8(weights: np.ndarray) -> EightBitWeight:
     """[out, in] float weights to 8-bit blocks of 32, each block's largest magnitude at 127."""
     blocks = torch.from_numpy(np.asarray(weights, dtype=np.float32)).reshape(weights.shape[0], -1, BLOCK)
@@ -270,7 +334,9 @@ def requantize_int8(weights: np.ndarray) -> EightBitWeight:
     return EightBitWeight(q.to(torch.int8).reshape(weights.shape), scale)
 
 
-Weight = FourBitWeight | FiveBitWeight | SuperBlockWeight | SixBitWeight | EightBitWeight
+# The weights the CPU's blocks take as they are (block_weights.py), and all of them.
+InBlocksWeight = SuperBlockWeight | SixBitWeight | TableWeight | TableSuperBlocks
+Weight = FourBitWeight | FiveBitWeight | EightBitWeight | InBlocksWeight
 
 
 def halves(pairs: np.ndarray) -> np.ndarray:

@@ -45,8 +45,11 @@ from backend.quant.gguf_types import (
     FiveBitWeight,
     FourBitSuperBlocks,
     FourBitWeight,
+    InBlocksWeight,
     SixBitWeight,
     SuperBlockWeight,
+    TableSuperBlocks,
+    TableWeight,
     Weight,
 )
 from backend.quant.quantized_linear import (
@@ -96,10 +99,12 @@ WEIGHT_KINDS = {
         FourBitSuperBlocks,
         FiveBitSuperBlocks,
         SixBitWeight,
+        TableWeight,
+        TableSuperBlocks,
     )
 }
 WEIGHT_FIELDS = {kind: [field.name for field in dataclasses.fields(kind)] for kind in WEIGHT_KINDS.values()}
-FOUR_BIT_VALUES = (FourBitWeight, FourBitSuperBlocks)
+FOUR_BIT_VALUES = (FourBitWeight, FourBitSuperBlocks, TableWeight, TableSuperBlocks)
 
 
 @dataclass(frozen=True)
@@ -356,8 +361,8 @@ def served_layer(weight: Weight, linear: nn.Linear, kind: str) -> tuple[WeightOn
     log). transformers dequantized these very blocks: its weights are the dense copy for many rows."""
     device, dense = linear.weight.device, linear.weight.detach()
     blocks_here = BlocksLinear.takes(weight.q.shape, device)
-    if isinstance(weight, SuperBlockWeight | SixBitWeight) and blocks_here:
-        layer = BlocksLinear.super_blocks_of(weight, linear.bias, dense)
+    if isinstance(weight, InBlocksWeight) and blocks_here:
+        layer = BlocksLinear.of(weight, linear.bias, dense)
         return layer, f"{kind} as {layer.layout()}"
     if isinstance(weight, SuperBlockWeight):  # no super-blocks here: Q4_K as int4 groups, Q5_K as below
         weight = weight.per_block()
@@ -367,7 +372,7 @@ def served_layer(weight: Weight, linear: nn.Linear, kind: str) -> tuple[WeightOn
     if isinstance(weight, FiveBitWeight) and blocks_here:
         layer = BlocksLinear.int5(weight.q, weight.scale, weight.minimum, linear.bias, dense)
         return layer, f"{kind} as {layer.layout()}"
-    if isinstance(weight, FiveBitWeight | SixBitWeight):
+    if isinstance(weight, FiveBitWeight | SixBitWeight | TableWeight | TableSuperBlocks):
         return Int8Linear.quantize(linear, dense=dense), f"{kind} as int8 per channel"
     if block_weights.available(device):
         return Int8Linear(weight.q, weight.scale, linear.bias, dense=dense), eight_bit(kind)

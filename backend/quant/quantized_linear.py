@@ -53,7 +53,7 @@ from backend.quant import block_weights
 from backend.quant.smoothed_int8 import smoothed_int8_matmul
 
 if TYPE_CHECKING:
-    from backend.quant.gguf_types import SuperBlockWeight
+    from backend.quant.gguf_types import InBlocksWeight
 
 GROUP_SIZE = 32  # GGUF's block size, and the finest group the kernels take
 
@@ -316,9 +316,9 @@ class Int8Linear(WeightOnlyLinear):
 
 class BlocksLinear(WeightOnlyLinear):
     """`nn.Linear` with weights of a GGUF type only the CPU's blocks take (block_weights.py): the
-    K-quants' super-blocks (Q4_K, Q5_K, Q6_K), and the 5-bit blocks of Q5_0 and Q5_1. PyTorch has no
-    kernel for these: elsewhere (CUDA, no AVX2) gguf_weights.served_layer serves Q4_K as int4 groups and
-    the rest as int8 a channel."""
+    K-quants' super-blocks (Q4_K, Q5_K, Q6_K), IQ4_NL's and IQ4_XS's table blocks, and the 5-bit blocks of
+    Q5_0 and Q5_1. PyTorch has no kernel for these: elsewhere (CUDA, no AVX2) gguf_weights.served_layer
+    serves Q4_K as int4 groups and the rest as int8 a channel."""
 
     dense_from_rows = 6  # as 8-bit blocks (Int8Linear), until timed (calibration.time_head_crossover)
 
@@ -335,7 +335,8 @@ class BlocksLinear(WeightOnlyLinear):
         if dense is None:
             dense = block_weights.dequantize(blocks, in_features).to(self.compute_dtype)
         super().__init__(bias, dense)
-        self.bits, self.super_blocks = block_weights.layout_of(blocks, in_features)
+        self.blocks_layout = block_weights.layout_of(blocks, in_features)
+        self.bits, self.super_blocks = self.blocks_layout.bits, self.blocks_layout.super_blocks
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.register_buffer("blocks", blocks, persistent=False)
 
@@ -358,13 +359,12 @@ class BlocksLinear(WeightOnlyLinear):
         return cls(block_weights.pack_int6(q, sub_scale, scale), q.shape[1], bias, dense)
 
     @classmethod
-    def super_blocks_of(
-        cls, weight: SuperBlockWeight, bias: torch.Tensor | None = None, dense: torch.Tensor | None = None
+    def of(
+        cls, weight: InBlocksWeight, bias: torch.Tensor | None = None, dense: torch.Tensor | None = None
     ) -> BlocksLinear:
-        """A K-quant's weight (Q4_K, Q5_K, Q6_K) in super-blocks: exactly its weights."""
-        return cls(
-            block_weights.pack_super_blocks(*weight.super_block_terms()), weight.q.shape[1], bias, dense
-        )
+        """A GGUF weight that only blocks take as it is (the K-quants' super-blocks, IQ4's table): exactly
+        its weights."""
+        return cls(weight.blocks(), weight.q.shape[1], bias, dense)
 
     @classmethod
     def int5(
@@ -382,7 +382,7 @@ class BlocksLinear(WeightOnlyLinear):
         return block_weights.matmul, (self.blocks, self.bits)
 
     def layout(self) -> str:
-        return f"{self.bits}-bit {'super-blocks' if self.super_blocks else 'blocks'}"
+        return self.blocks_layout.name()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.layout()}"
@@ -437,8 +437,8 @@ def bare_like(first: WeightOnlyLinear, out_features: int, biases: list) -> Weigh
     nn.Module.__init__(layer)
     layer.in_features, layer.out_features = first.in_features, out_features
     layer.dense_from_rows, layer.bits = first.dense_from_rows, first.bits
-    if hasattr(first, "super_blocks"):
-        layer.super_blocks = first.super_blocks
+    if isinstance(first, BlocksLinear):
+        layer.blocks_layout, layer.super_blocks = first.blocks_layout, first.super_blocks
     layer.bias = None if biases[0] is None else nn.Parameter(torch.cat(biases), requires_grad=False)
     for name in first.shared_buffers:
         layer.register_buffer(name, getattr(first, name), persistent=False)
@@ -454,7 +454,7 @@ def fusable(parts: list[nn.Module]) -> bool:
         and all(
             type(part) is type(first)
             and part.bits == first.bits  # (BlocksLinear's differ)
-            and getattr(part, "super_blocks", False) == getattr(first, "super_blocks", False)
+            and getattr(part, "blocks_layout", None) == getattr(first, "blocks_layout", None)
             and part.in_features == first.in_features
             and (part.bias is None) == (first.bias is None)
             for part in parts

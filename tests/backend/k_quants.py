@@ -8,6 +8,13 @@ but blocks of the same layout, checked against the gguf package's dequantization
     Q5_K: the same with 5-bit q, the fifth bits in 32 bytes before the low nibbles.
     Q6_K, per 256 inputs: 128 bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales s (one a
         16 inputs), fp16 d; w = d * s * (q - 32).
+
+And IQ4_NL's and IQ4_XS's (block_iq4_nl, block_iq4_xs), whose 4-bit q index 16 int8 values t:
+
+    IQ4_NL, per 32 inputs: fp16 d, 16 bytes of q (input j's in the low nibble of byte j, j + 16's in its
+        high one); w = d * t[q].
+    IQ4_XS, per 256 inputs: fp16 d, each 32's 6-bit s + 32 (top two bits in a uint16, low four in 4
+        bytes), then each 32's q as IQ4_NL's; w = d * s * t[q].
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ def quantize(weights: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
         GGMLQuantizationType.Q4_K: lambda w: scaled_with_min(w, 15),
         GGMLQuantizationType.Q5_K: lambda w: scaled_with_min(w, 31),
         GGMLQuantizationType.Q6_K: q6_k,
+        GGMLQuantizationType.IQ4_NL: iq4_nl,
+        GGMLQuantizationType.IQ4_XS: iq4_xs,
     }
     if kind not in writers:
         return quants.quantize(weights, kind)
@@ -89,5 +98,44 @@ def q6_k(supers: np.ndarray) -> np.ndarray:
     high = np.bitwise_or.reduce(high, axis=2).astype(np.uint8)  # [n, 2, 32]
     return np.concatenate(
         [low.reshape(-1, 128), high.reshape(-1, 64), scales.astype(np.int8).view(np.uint8), as_bytes(d)],
+        axis=-1,
+    )
+
+
+def nearest_indices(scaled: np.ndarray) -> np.ndarray:
+    """Each value's nearest of IQ4_NL's 16 table values, as indices."""
+    table = np.array(quants.IQ4_NL.kvalues, dtype=np.float32)
+    return np.abs(scaled[..., None] - table).argmin(axis=-1).astype(np.uint8)
+
+
+def index_bytes(q: np.ndarray) -> np.ndarray:
+    """[..., 32] indices to [..., 16] bytes: input j's in the low nibble of byte j, j + 16's in its high."""
+    return q[..., :16] | (q[..., 16:] << 4)
+
+
+def iq4_nl(supers: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks of [n, 256] weights: each 32's largest magnitude at 127 of the table."""
+    blocks = supers.reshape(-1, 32)
+    d = fp16(np.abs(blocks).max(axis=-1) / 127)
+    q = nearest_indices(blocks / np.maximum(d.astype(np.float32), 1e-30)[:, None])
+    return np.concatenate([as_bytes(d), index_bytes(q)], axis=-1)
+
+
+def iq4_xs(supers: np.ndarray) -> np.ndarray:
+    """IQ4_XS blocks of [n, 256] weights: each 32's scale d * s, s in -32..31, its largest magnitude near
+    127 of the table."""
+    blocks = supers.reshape(-1, 8, 32)
+    wanted = np.abs(blocks).max(axis=-1) / 127  # [n, 8]
+    d = fp16(wanted.max(axis=-1) / 31)
+    s = np.clip(np.round(wanted / np.maximum(d.astype(np.float32), 1e-30)[:, None]), -32, 31).astype(np.int8)
+    scale = d.astype(np.float32)[:, None] * s
+    q = nearest_indices(blocks / np.where(scale == 0, 1, scale)[..., None])  # [n, 8, 32]
+    stored = (s.astype(np.int16) + 32).astype(np.uint8)  # 0..63
+    high = np.bitwise_or.reduce(
+        (stored >> 4).astype(np.uint16) << (2 * np.arange(8, dtype=np.uint16)), axis=1
+    )
+    low = (stored[:, 0::2] & 0x0F) | ((stored[:, 1::2] & 0x0F) << 4)  # [n, 4]
+    return np.concatenate(
+        [as_bytes(d), high.astype("<u2").reshape(-1, 1).view(np.uint8), low, index_bytes(q).reshape(-1, 128)],
         axis=-1,
     )

@@ -9,6 +9,8 @@ from backend.quant import block_weights
 from backend.quant.block_weights import (
     BLOCK,
     SUPER_BLOCK,
+    TABLE_VALUES,
+    Layout,
     dequantize,
     layout_of,
     matmul,
@@ -17,6 +19,7 @@ from backend.quant.block_weights import (
     pack_int6,
     pack_int8,
     pack_super_blocks,
+    pack_table,
 )
 
 CPU = torch.device("cpu")
@@ -107,21 +110,46 @@ def super_block_weights(bits: int, out_features: int, in_features: int, seed: in
     return pack_super_blocks(q, bits, d, s, minimum, m), weight.reshape(out_features, in_features)
 
 
-# (bits, in super-blocks): the CPU's layouts
-LAYOUTS = [(4, False), (5, False), (6, False), (8, False), (4, True), (5, True), (6, True)]
-LAYOUT_IDS = [f"{bits}-bit{' super' if super_blocks else ''}" for bits, super_blocks in LAYOUTS]
+def table_weights(super_blocks: bool, out_features: int, in_features: int, seed: int = 0):
+    """IQ4_NL's terms, w = d * t[q] with d a block's, or IQ4_XS's, w = d * s * t[q] with d a super-block's and
+    s (-32..31) a block's; q indices into TABLE_VALUES, every one of them among them."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (out_features, in_features), generator=generator, dtype=torch.uint8)
+    q[0, :16] = torch.arange(16)
+    values = torch.tensor(TABLE_VALUES, dtype=torch.float32)[q.long()].reshape(out_features, -1, BLOCK)
+    unit = SUPER_BLOCK if super_blocks else BLOCK
+    d = fp16_exact(torch.randn(out_features, in_features // unit, generator=generator) / 1000)
+    if not super_blocks:
+        return pack_table(q, d), (values * d[..., None]).reshape(out_features, in_features)
+    s = torch.randint(-32, 32, (out_features, in_features // BLOCK), generator=generator).to(torch.int8)
+    s[0, :2] = torch.tensor([-32, 31], dtype=torch.int8)
+    scale = d.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1) * s.float()
+    weight = (values * scale[..., None]).reshape(out_features, in_features)
+    return pack_super_blocks(q, 4, d, s, table=True), weight
 
 
-def inputs_of(layout: tuple[int, bool], blocks: int) -> int:
+# The CPU's layouts: blocks of 32 of each bits, the K-quants' super-blocks, IQ4_NL's and IQ4_XS's tables.
+LAYOUTS = [
+    *(Layout(bits) for bits in (4, 5, 6, 8)),
+    *(Layout(bits, super_blocks=True) for bits in (4, 5, 6)),
+    Layout(4, table=True),
+    Layout(4, super_blocks=True, table=True),
+]
+LAYOUT_IDS = [layout.name().replace(" ", "-") for layout in LAYOUTS]
+
+
+def inputs_of(layout: Layout, blocks: int) -> int:
     """Inputs of about `blocks` blocks that the layout takes (whole super-blocks for super-blocks)."""
-    return 2 * SUPER_BLOCK if layout[1] else blocks * BLOCK
+    return 2 * SUPER_BLOCK if layout.super_blocks else blocks * BLOCK
 
 
-def packed(bits: int | tuple[int, bool], out_features: int, in_features: int, seed: int = 0):
+def packed(bits: int | Layout, out_features: int, in_features: int, seed: int = 0):
     """Blocks of `bits` (8: a scale a block), or of a layout, and the float weights they hold."""
-    if isinstance(bits, tuple):
-        bits, super_blocks = bits
-        if super_blocks:
+    if isinstance(bits, Layout):
+        layout, bits = bits, bits.bits
+        if layout.table:
+            return table_weights(layout.super_blocks, out_features, in_features, seed)
+        if layout.super_blocks:
             return super_block_weights(bits, out_features, in_features, seed)
     if bits == 4:
         return int4_weights(out_features, in_features, seed)
@@ -147,8 +175,18 @@ def test_super_blocks_hold_the_weights_they_were_packed_from(bits):
     blocks, weight = super_block_weights(bits, out_features, in_features)
     assert blocks.dtype == torch.uint8
     assert blocks.shape == (out_features, 3 * {4: 148, 5: 180, 6: 210}[bits])
-    assert layout_of(blocks, in_features) == (bits, True)
-    assert layout_of(packed(bits, out_features, in_features)[0], in_features) == (bits, False)
+    assert layout_of(blocks, in_features) == Layout(bits, super_blocks=True)
+    assert layout_of(packed(bits, out_features, in_features)[0], in_features) == Layout(bits)
+    assert torch.equal(dequantize(blocks, in_features), weight)
+
+
+@pytest.mark.parametrize("super_blocks", [False, True], ids=["IQ4_NL", "IQ4_XS"])
+def test_table_blocks_hold_the_weights_they_were_packed_from(super_blocks):
+    """18 bytes a channel's 32 inputs (IQ4_NL's own size) and 138 a channel's 256 (IQ4_XS: 136)."""
+    out_features, in_features = 48, 3 * SUPER_BLOCK
+    blocks, weight = table_weights(super_blocks, out_features, in_features)
+    assert blocks.shape == (out_features, 3 * 138 if super_blocks else in_features // BLOCK * 18)
+    assert layout_of(blocks, in_features) == Layout(4, super_blocks=super_blocks, table=True)
     assert torch.equal(dequantize(blocks, in_features), weight)
 
 
@@ -176,7 +214,7 @@ def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weigh
     for rows in (1, 3, 8, 9, 17):
         x = torch.randn(rows, in_features, generator=generator).to(dtype)
         x[0, :BLOCK] = 0  # a block of zeros: no scale to divide by
-        got = kernel(x, blocks, layout[0])
+        got = kernel(x, blocks, layout.bits)
         assert got.dtype == dtype and got.shape == (rows, out_features)
         expected = rounded_per_block(x) @ weight.double().T
         tolerance = (1e-5 if dtype == torch.float32 else 2**-8) * expected.abs().max().item()
@@ -186,27 +224,28 @@ def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weigh
 @pytest.mark.skipif(block_weights.kernel(CPU) != "AVX-512 VNNI", reason="this CPU has the AVX2 kernel alone")
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_the_avx2_kernel_gives_the_avx512_kernels_products(layout):
-    """The same int8 activations and integer sums: 4-, 5- and 6-bit products bit for bit; 8-bit ones sum
-    q * x where AVX-512 sums u * x and subtracts 128 * x, so they differ by float32 rounding alone."""
-    bits, in_features = layout[0], inputs_of(layout, 9)
+    """The same int8 activations and integer sums: 4-, 5- and 6-bit products bit for bit; 8-bit ones (and a
+    table's, multiplied as 8-bit ones) sum q * x where AVX-512 sums u * x and subtracts 128 * x, so they
+    differ by float32 rounding alone."""
+    bits, in_features = layout.bits, inputs_of(layout, 9)
     blocks = packed(layout, 64, in_features)[0]
     x = torch.randn(11, in_features, generator=torch.Generator().manual_seed(3))
     avx512, avx2 = matmul(x, blocks, bits), extension().block_matmul_avx2(x, blocks, bits)
-    if bits != 8:
+    if bits != 8 and not layout.table:
         assert torch.equal(avx2, avx512)
     else:
         assert (avx2 - avx512).abs().max() < 1e-6 * avx512.abs().max()
 
 
-@pytest.mark.parametrize("bits", [4, 5, 6, 8, (4, True)])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8, Layout(4, super_blocks=True), Layout(4, table=True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_nan_activation_makes_every_product_of_its_row_nan(bits, dtype, kernel):
     """Wherever the NaN sits in its block (a lane of either half, the first or the last), its row's
     products are all NaN, as a float product's would be, not -128 times a finite scale in some channels;
     an infinite activation gives NaN too; the other rows' products are as without it."""
-    in_features = SUPER_BLOCK if isinstance(bits, tuple) else 4 * BLOCK
+    in_features = SUPER_BLOCK if isinstance(bits, Layout) else 4 * BLOCK
     blocks = packed(bits, 32, in_features)[0]
-    bits = bits[0] if isinstance(bits, tuple) else bits
+    bits = bits.bits if isinstance(bits, Layout) else bits
     x = torch.randn(5, in_features, generator=torch.Generator().manual_seed(4)).to(dtype)
     clean = kernel(x, blocks, bits)
     for column, bad in ((0, "nan"), (9, "nan"), (16, "nan"), (31, "nan"), (77, "nan"), (100, "inf")):

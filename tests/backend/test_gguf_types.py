@@ -15,6 +15,8 @@ from backend.quant.gguf_types import (
     FourBitWeight,
     SixBitWeight,
     SuperBlockWeight,
+    TableSuperBlocks,
+    TableWeight,
     requantize_int8,
     served,
     unpack,
@@ -93,7 +95,7 @@ def test_the_cpus_super_blocks_hold_each_k_quant_bit_for_bit(kind):
     w = weights(32, 768)
     rows = quantize(w, kind)
     expected = torch.from_numpy(quants.dequantize(rows, kind))
-    layer = BlocksLinear.super_blocks_of(unpack(rows, kind))
+    layer = BlocksLinear.of(unpack(rows, kind))
     assert layer.super_blocks and layer.layout() == f"{layer.bits}-bit super-blocks"
     assert layer.blocks.shape == (32, 3 * {4: 148, 5: 180, 6: 210}[layer.bits])
     assert torch.equal(block_weights.dequantize(layer.blocks, 768), expected)
@@ -126,6 +128,41 @@ def test_5_bit_types_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
     if not block_weights.available(torch.device("cpu")):
         return
     layer = BlocksLinear.int5(five_bit.q, five_bit.scale, five_bit.minimum)
+    assert torch.equal(block_weights.dequantize(layer.blocks, 768), expected)
+    x = torch.randn(4, 768)
+    reference = x @ expected.T
+    assert (layer(x) - reference).abs().max() < 0.02 * reference.abs().max()
+
+
+IQ4_TYPES = [GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.IQ4_XS]
+
+
+@pytest.mark.parametrize("kind", IQ4_TYPES, ids=lambda kind: kind.name)
+def test_iq4_types_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
+    """The test files' IQ4 blocks hold the weights within 12% of each row's largest (the table's widest gap
+    is 23 of 127, and its positive values end at 113), so their fields sit where the format puts them;
+    unpacked, their indices, d and (IQ4_XS) 6-bit s rebuild the gguf package's weights exactly, and so do
+    the CPU's table blocks, 18 bytes a channel's 32 (IQ4_NL) or 138 its 256 (IQ4_XS: 136 in the file)."""
+    w = weights(32, 768)
+    rows = quantize(w, kind)
+    expected = torch.from_numpy(quants.dequantize(rows, kind))
+    assert (np.abs(expected.numpy() - w) <= 0.12 * np.abs(w).max(axis=1, keepdims=True)).all()
+    unpacked = unpack(rows, kind)
+    values = torch.tensor(quants.IQ4_NL.kvalues, dtype=torch.float32)[unpacked.q.long()]
+    if kind == GGMLQuantizationType.IQ4_XS:
+        assert isinstance(unpacked, TableSuperBlocks) and unpacked.s.min() >= -32 and unpacked.s.max() <= 31
+        scale = unpacked.d.repeat_interleave(8, dim=1) * unpacked.s.float()
+    else:
+        assert isinstance(unpacked, TableWeight)
+        scale = unpacked.d
+    assert torch.equal((values.reshape(32, -1, 32) * scale[..., None]).reshape(32, -1), expected)
+    if not block_weights.available(torch.device("cpu")):
+        return
+    layer = BlocksLinear.of(unpacked)
+    assert layer.layout() == (
+        "4-bit table super-blocks" if kind == GGMLQuantizationType.IQ4_XS else "4-bit table blocks"
+    )
+    assert layer.blocks.shape == (32, 3 * 138 if kind == GGMLQuantizationType.IQ4_XS else 24 * 18)
     assert torch.equal(block_weights.dequantize(layer.blocks, 768), expected)
     x = torch.randn(4, 768)
     reference = x @ expected.T

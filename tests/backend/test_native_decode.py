@@ -52,7 +52,7 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
     q = torch.randint(0, 64, (out, inputs), generator=generator, dtype=torch.uint8)
     sub_scale = torch.randint(1, 8, (out, inputs // 16), generator=generator).to(torch.int8)
     d = torch.full((out, inputs // 256), 0.0003).half().float()
-    six_bit = BlocksLinear.super_blocks_of(SixBitWeight(q, sub_scale, d))
+    six_bit = BlocksLinear.of(SixBitWeight(q, sub_scale, d))
     assert six_bit.super_blocks
     six_bit.dense = None
     return six_bit
