@@ -75,7 +75,10 @@ constexpr int32_t SIX_BIT_OFFSET = 32;  // 6-bit weights are d * s * (u - 32)
 // than a 4-bit grid. Their blocks (`table`) keep u as 4-bit ones do and d alone, and the kernels look the
 // values up (vpshufb) and multiply them as 8-bit ones: t + 128 unsigned with m = -128 d (AVX-512), or t
 // signed (AVX2).
-constexpr int8_t TABLE_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+alignas(16) constexpr int8_t TABLE_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                  1,    13,   25,  38,  53,  69,  89,  113};
+alignas(16) constexpr uint8_t TABLE_VALUES_PLUS_128[16] = {1,   24,  45,  63,  79,  93,  106, 118,
+                                                           129, 141, 153, 166, 181, 197, 217, 241};
 constexpr bool has_minimum(int64_t bits, bool table = false) { return (bits == 4 || bits == 5) && !table; }
 // A block's fp16 d, and m (4-bit and 5-bit) or the 16 channels' two int8 s (6-bit), after its values.
 constexpr int64_t block_bytes(int64_t bits, bool table = false) {
@@ -193,9 +196,8 @@ inline void unpack_values(const uint8_t* weights, __m512i u[8]) {
       u[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(line, 4), nibble);
     }
     if constexpr (TABLE) {  // u = t[u] + 128, unsigned
-      alignas(16) uint8_t unsigned_values[16];
-      for (int i = 0; i < 16; ++i) unsigned_values[i] = static_cast<uint8_t>(TABLE_VALUES[i] + 128);
-      const __m512i values = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(unsigned_values)));
+      const __m512i values =
+          _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(TABLE_VALUES_PLUS_128)));
       for (int j = 0; j < 8; ++j) u[j] = _mm512_shuffle_epi8(values, u[j]);
     }
   } else {
@@ -375,7 +377,7 @@ inline void unpack_values_avx2(const uint8_t* values, __m256i u[8]) {
       u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(line, 4), nibble);
     }
     if constexpr (TABLE) {  // u = t[u], signed, as 8-bit ones here
-      const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(TABLE_VALUES)));
+      const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(TABLE_VALUES)));
       for (int j = 0; j < 8; ++j) u[j] = _mm256_shuffle_epi8(table, u[j]);
     }
   } else {
