@@ -228,10 +228,7 @@ def assemble(
     then `after`'s bytes ([groups, blocks, n]) where given."""
     out_features, in_features = shape
     groups, blocks = out_features // CHANNELS, in_features // BLOCK
-    halves = [
-        s.to(torch.float16).reshape(groups, CHANNELS, blocks).transpose(1, 2).contiguous().view(torch.uint8)
-        for s in scales
-    ]
+    halves = [channel_bytes(s.to(torch.float16), 1) for s in scales]
     tail = [] if after is None else [after]
     joined = torch.cat([values.reshape(groups, blocks, -1), *halves, *tail], dim=-1)
     return joined.reshape(out_features, -1).contiguous()

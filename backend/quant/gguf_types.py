@@ -115,30 +115,26 @@ class SuperBlockWeight:
 
     def scale(self) -> torch.Tensor:
         """d * s, [out, in / 32]: exact in float32 (an 11-bit d times a 6-bit s)."""
-        return self.d.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1) * self.s.float()
+        return each_block(self.d) * self.s.float()
 
     def block_minimum(self) -> torch.Tensor:
-        return self.minimum.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1) * self.m.float()
+        return each_block(self.minimum) * self.m.float()
 
     def per_block(self) -> FourBitWeight | FiveBitWeight:
         """The same weights with a scale and minimum a block of 32, for the layers of devices that take no
         super-blocks."""
-        raise NotImplementedError
+        scale, minimum = self.scale(), self.block_minimum()
+        if self.bits == 4:
+            return FourBitWeight(self.q, scale, 8 * scale + minimum)
+        return FiveBitWeight(self.q, scale, minimum)
 
 
 class FourBitSuperBlocks(SuperBlockWeight):  # Q4_K
     bits = 4
 
-    def per_block(self) -> FourBitWeight:
-        scale = self.scale()
-        return FourBitWeight(self.q, scale, 8 * scale + self.block_minimum())
-
 
 class FiveBitSuperBlocks(SuperBlockWeight):  # Q5_K
     bits = 5
-
-    def per_block(self) -> FiveBitWeight:
-        return FiveBitWeight(self.q, self.scale(), self.block_minimum())
 
 
 @dataclass(frozen=True)
@@ -155,7 +151,7 @@ class SixBitWeight:
 
     def scale(self) -> torch.Tensor:
         """d for each block of 32, [out, in / 32]."""
-        return self.d.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1)
+        return each_block(self.d)
 
 
 @dataclass(frozen=True)
@@ -180,6 +176,11 @@ class TableSuperBlocks:
 
     def blocks(self) -> torch.Tensor:
         return block_weights.pack_super_blocks(self.q, 4, self.d, self.s, table=True)
+
+
+def each_block(per_super_block: torch.Tensor) -> torch.Tensor:
+    """[out, in / 256] values of each super-block to [out, in / 32], each repeated for its blocks of 32."""
+    return per_super_block.repeat_interleave(SUPER_BLOCK // BLOCK, dim=1)
 
 
 def served(kind: GGMLQuantizationType, in_features: int) -> bool:

@@ -372,7 +372,7 @@ def served_layer(weight: Weight, linear: nn.Linear, kind: str) -> tuple[WeightOn
     if isinstance(weight, FiveBitWeight) and blocks_here:
         layer = BlocksLinear.int5(weight.q, weight.scale, weight.minimum, linear.bias, dense)
         return layer, f"{kind} as {layer.layout()}"
-    if isinstance(weight, FiveBitWeight | SixBitWeight | TableWeight | TableSuperBlocks):
+    if isinstance(weight, FiveBitWeight | InBlocksWeight):  # no kernel of PyTorch's takes these
         return Int8Linear.quantize(linear, dense=dense), f"{kind} as int8 per channel"
     if block_weights.available(device):
         return Int8Linear(weight.q, weight.scale, linear.bias, dense=dense), eight_bit(kind)

@@ -336,9 +336,16 @@ class BlocksLinear(WeightOnlyLinear):
             dense = block_weights.dequantize(blocks, in_features).to(self.compute_dtype)
         super().__init__(bias, dense)
         self.blocks_layout = block_weights.layout_of(blocks, in_features)
-        self.bits, self.super_blocks = self.blocks_layout.bits, self.blocks_layout.super_blocks
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.register_buffer("blocks", blocks, persistent=False)
+
+    @property
+    def bits(self) -> int:
+        return self.blocks_layout.bits
+
+    @property
+    def super_blocks(self) -> bool:
+        return self.blocks_layout.super_blocks
 
     @staticmethod
     def takes(shape: torch.Size, device: torch.device) -> bool:
@@ -436,9 +443,9 @@ def bare_like(first: WeightOnlyLinear, out_features: int, biases: list) -> Weigh
     layer = type(first).__new__(type(first))
     nn.Module.__init__(layer)
     layer.in_features, layer.out_features = first.in_features, out_features
-    layer.dense_from_rows, layer.bits = first.dense_from_rows, first.bits
-    if isinstance(first, BlocksLinear):
-        layer.blocks_layout, layer.super_blocks = first.blocks_layout, first.super_blocks
+    layer.dense_from_rows = first.dense_from_rows
+    if isinstance(first, BlocksLinear):  # (the others' bits are their class's)
+        layer.blocks_layout = first.blocks_layout
     layer.bias = None if biases[0] is None else nn.Parameter(torch.cat(biases), requires_grad=False)
     for name in first.shared_buffers:
         layer.register_buffer(name, getattr(first, name), persistent=False)
@@ -453,7 +460,7 @@ def fusable(parts: list[nn.Module]) -> bool:
         isinstance(first, WeightOnlyLinear)
         and all(
             type(part) is type(first)
-            and part.bits == first.bits  # (BlocksLinear's differ)
+            # BlocksLinear's layouts differ (the others' bits are their class's)
             and getattr(part, "blocks_layout", None) == getattr(first, "blocks_layout", None)
             and part.in_features == first.in_features
             and (part.bias is None) == (first.bias is None)
