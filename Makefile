@@ -88,12 +88,16 @@ bench-proxy: install
 GPU_WHEELS := transformers==5.23.0 tokenizers==0.23.3 regex flask==3.1.3 werkzeug==3.1.9 itsdangerous \
 	blinker gunicorn==27.0.1 pyjwt==2.15.1 gguf==0.19.0 python-dotenv==1.2.4 prometheus-client==0.26.0 \
 	llguidance==1.9.1 psutil==7.2.2 tqdm==4.70.1
+GPU_TEST_CLIENTS := openai==3.51.0 anthropic==2.12.0 pydantic==2.14.3
 GPU_PLATFORMS := manylinux2014_x86_64 manylinux_2_17_x86_64 manylinux_2_28_x86_64 manylinux_2_31_x86_64 \
 	manylinux_2_12_x86_64 manylinux2010_x86_64
 
 gpu-folder: install
 	$(PY) -m pip download --quiet --only-binary :all: --python-version 3.12 --no-deps \
 		$(addprefix --platform ,$(GPU_PLATFORMS)) -d .gpu/wheels $(GPU_WHEELS)
+	# The test clients tests/conftest.py imports, with their dependencies: the CUDA tests run under it.
+	$(PY) -m pip download --quiet --only-binary :all: --python-version 3.12 \
+		$(addprefix --platform ,$(GPU_PLATFORMS)) -d .gpu/wheels $(GPU_TEST_CLIENTS)
 	$(PY) -c "from scripts.random_llama import default_tokenizer; default_tokenizer().save_pretrained('.gpu/tokenizer')"
 
 clean:

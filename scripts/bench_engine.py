@@ -27,8 +27,11 @@ For the GPU benchmark's 1B Llama of random weights, see scripts/random_llama.py.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
 import platform
+import pstats
 import statistics
 import sys
 import time
@@ -266,10 +269,6 @@ def profile_step(engine: Engine, prompts: list[list[int]], active: int, steps: i
     on a GPU, else PyTorch operations on the CPU; the host's waits for the GPU; on a GPU, how much of
     the step the GPU was busy and the kernels that took most of it; then where the host's Python
     spent a step (cProfile), the functions that took most of it."""
-    import cProfile
-    import io
-    import pstats
-
     from torch.profiler import ProfilerActivity, profile
 
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=3 * steps + 8, ignore_eos=True)
@@ -313,10 +312,20 @@ def profile_step(engine: Engine, prompts: list[list[int]], active: int, steps: i
     else:
         operations = sum(1 for e in events if e.name.startswith("aten::"))
         summary = f"{operations / steps:.0f} PyTorch operations (aten) a {active}-row step"
-    text = io.StringIO()
-    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(12)
-    lines = [line for line in text.getvalue().splitlines() if line.strip()][-13:]
-    return summary + f"\n  host, {steps} steps (cProfile, by own time):\n    " + "\n    ".join(lines)
+    return summary + host_profile(host, steps)
+
+
+def host_profile(host: cProfile.Profile, steps: int) -> str:
+    """Where the host's Python spent `steps` steps: the functions that took most by their own time, then
+    by their time with what they called (which step of the engine's takes it), and the time a step."""
+    stats = pstats.Stats(host)
+    report = f"\n  host, {steps} steps: {stats.total_tt / steps * 1000:.2f} ms a step in Python (cProfile)"
+    for order, count in (("tottime", 12), ("cumulative", 30)):
+        text = io.StringIO()
+        pstats.Stats(host, stream=text).sort_stats(order).print_stats(count)
+        lines = [line for line in text.getvalue().splitlines() if line.strip()][-(count + 1) :]
+        report += f"\n  by {order}:\n    " + "\n    ".join(lines)
+    return report
 
 
 def bench_config(args: argparse.Namespace) -> BackendConfig:

@@ -1,6 +1,8 @@
 """Real text from the default model: stop sequences, multi-byte characters, seeds."""
 
+import copy
 import random
+from unittest import mock
 
 from backend.messages import SamplingParams, Submit
 from tests.backend.models import drive, reference_greedy, text_of
@@ -58,6 +60,28 @@ def test_emoji_split_over_byte_tokens_is_never_sent_in_halves(default_engine):
     pieces = [detokenizer.add(token) for token in emoji_ids]
     assert "".join(pieces) == "🍣🍜🎉"
     assert all(REPLACEMENT_CHAR not in piece for piece in pieces)
+
+
+def test_the_detokenizers_decode_is_the_tokenizers_whichever_call_it_makes(default_engine):
+    """The detokenizer calls the Rust tokenizer's decode straight where transformers' wrapper adds
+    nothing to it (the default tokenizer), and the wrapper where it would clean up spaces; either way
+    the text is the tokenizer's own, special tokens kept or skipped."""
+    from backend.engine.detokenizer import IncrementalDetokenizer, decode_function
+
+    tokenizer = default_engine.tokenizer
+    ids = tokenizer("Hello, world! 🍣 It's <|im_end|> done .").input_ids + [tokenizer.eos_token_id]
+    direct = decode_function(tokenizer)
+    assert IncrementalDetokenizer(tokenizer, []).decode.__code__ is direct.__code__
+    with mock.patch.object(type(tokenizer), "decode", side_effect=AssertionError("the wrapper")):
+        texts = [direct(ids, skip) for skip in (True, False)]
+    assert texts == [tokenizer.decode(ids, skip_special_tokens=skip) for skip in (True, False)]
+    assert texts[0] != texts[1]
+
+    cleaning = copy.copy(tokenizer)
+    cleaning.clean_up_tokenization_spaces = True
+    with mock.patch.object(type(tokenizer), "decode", return_value="from the wrapper") as wrapper:
+        assert decode_function(cleaning)(ids, True) == "from the wrapper"
+    wrapper.assert_called_once_with(ids, skip_special_tokens=True)
 
 
 def test_a_seeded_request_gives_the_same_text_alone_and_beside_31_others(default_engine):
