@@ -39,7 +39,8 @@ def test_the_gpu_check_runs_every_part_on_a_cpu_and_writes_its_figures(tmp_path)
     # the profile are what the GPU's run prints too.
     assert "random Llama tiny (int4 weights), torch.float32" in engine
     assert "| active rows | eager tokens/s | graphs tokens/s |" in engine and "| 4 |" in engine
-    assert "x the floor" in engine and "host, 10 steps (cProfile" in engine
+    assert "x the floor" in engine and re.search(r"host, 10 steps: [\d.]+ ms a step in Python", engine)
+    assert "by tottime:" in engine and "by cumulative:" in engine and "engine.py" in engine
     static = re.findall(r"transformers' generate, static cache, a batch of (\d): ([\d.]+) tokens/s", engine)
     assert [batch for batch, _ in static] == ["4"] and float(static[0][1]) > 0
     counts = re.findall(r"(eager|graphs): (\d+) PyTorch operations \(aten\) a \d-row step", engine)
