@@ -137,7 +137,7 @@ def nucleus_cut(
 
 
 def draw_with_cut(
-    scaled: torch.Tensor, top_p: list[float], top_k: list[int], seeds: torch.Tensor, counters: torch.Tensor
+    scaled: torch.Tensor, top_p: list[float], top_k: list[int], seeds: list[int], counters: list[int]
 ) -> torch.Tensor:
     """The draws of rows with a cut, all a nucleus alone (top_k 0: by the CPU's loop where there is one)
     or all top-k (then maybe top-p), among their candidates."""
@@ -145,13 +145,15 @@ def draw_with_cut(
     top_p_tensor = to_device(top_p, device, torch.float32)
     nucleus_only = not any(top_k)
     if nucleus_only and (draw := nucleus_loop(device)) is not None:
-        return draw(scaled.contiguous(), top_p_tensor, seeds, counters)  # NOT_FINITE by the loop itself
+        # The loop hashes each row's key from its seed and counter, and gives NOT_FINITE, itself.
+        seeds_tensor, counters_tensor = (to_device(ints, device, torch.long) for ints in (seeds, counters))
+        return draw(scaled.contiguous(), top_p_tensor, seeds_tensor, counters_tensor)
     if nucleus_only:
         values, token_ids = nucleus_cut(scaled, top_p_tensor)
     else:
         top_k_tensor = to_device(top_k, device, torch.long)
         values, token_ids = top_k_top_p(scaled, top_k_tensor, top_p_tensor, max(top_k))
-    raced = race(values, seeds, counters, token_ids)
+    raced = race(values, row_keys(seeds, counters, device), token_ids)
     return unless_not_finite(raced.values, token_ids.gather(-1, raced.indices.unsqueeze(-1)).squeeze(-1))
 
 
@@ -180,7 +182,7 @@ def min_p_cut(values: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def race(
-    values: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, token_ids: torch.Tensor | None = None
+    values: torch.Tensor, keys: torch.Tensor, token_ids: torch.Tensor | None = None
 ) -> torch.return_types.max:
     """Each row's draw from softmax(values): the max of values + Gumbel noise (NaN or +inf exactly where
     the winner's value is: the noise is finite) and its index, the draw; -inf never wins.
@@ -189,20 +191,30 @@ def race(
     column where None, over the whole vocabulary), not its place: tied tokens come in another order from
     torch.topk than from fused_ops.cpp's loop, and a token must draw the same noise either way."""
     tokens = values.shape[-1] if token_ids is None else token_ids
-    return (values + gumbel_noise(seeds, counters, tokens)).max(dim=-1)
+    return (values + gumbel_noise(keys, tokens)).max(dim=-1)
 
 
-def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, tokens: int | torch.Tensor) -> torch.Tensor:
-    """Gumbel noise, -log(-log(u)), u hashed from (seed, counter) of the row and a token id: `tokens` the
-    ids, [width] or [rows, width], or a width (the ids 0 to width - 1); [rows, width].
+def row_keys(seeds: list[int], counters: list[int], device: torch.device) -> torch.Tensor:
+    """Each row's key for its draw at `counters` (the tokens it has generated), [rows] int32 on `device`:
+    31 bits of splitmix64(splitmix64(seed) + counter), hashed on the host, where the numbers are, since on
+    a GPU the same hash over [rows] tensors was some 25 kernels a step, each launched from Python."""
+    keys = [
+        splitmix64_of(splitmix64_of(seed) + counter) >> 33
+        for seed, counter in zip(seeds, counters, strict=True)
+    ]
+    return to_device(keys, device, torch.int32)
 
-    A row's key comes from splitmix64 over its seed and counter; each token's
-    uniform number from a 32-bit integer hash (Chris Wellons' lowbias32) of
-    key ^ token, cheap enough for a whole vocabulary.
+
+def gumbel_noise(keys: torch.Tensor, tokens: int | torch.Tensor) -> torch.Tensor:
+    """Gumbel noise, -log(-log(u)), u hashed from the row's key (`row_keys`: from its seed and counter)
+    and a token id: `tokens` the ids, [width] or [rows, width], or a width (the ids 0 to width - 1);
+    [rows, width].
+
+    Each token's uniform number comes from a 32-bit integer hash (Chris
+    Wellons' lowbias32) of key ^ token, cheap enough for a whole vocabulary.
     """
-    keys = logical_right_shift(splitmix64(splitmix64(seeds) + counters), 33).to(torch.int32)  # 31 bits
     if isinstance(tokens, int):
-        tokens = torch.arange(tokens, device=seeds.device, dtype=torch.int32)
+        tokens = torch.arange(tokens, device=keys.device, dtype=torch.int32)
     bits = lowbias32(keys.unsqueeze(-1) ^ tokens.to(torch.int32))
     # 23 bits, in (0, 1) in float32 too: with 24, the largest, 1 - 2**-25, rounds to 1.0, whose noise is
     # +inf: that token won the race whatever its logit (once in 2**24 columns: 0.3% of draws over a
@@ -211,12 +223,15 @@ def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, tokens: int | torc
     return -torch.log(-torch.log(u))
 
 
-def splitmix64(x: torch.Tensor) -> torch.Tensor:
-    """Sebastiano Vigna's splitmix64 finalizer on int64 tensors (their multiply wraps as uint64's does)."""
-    z = x + signed(0x9E3779B97F4A7C15, 64)
-    z = (z ^ logical_right_shift(z, 30)) * signed(0xBF58476D1CE4E5B9, 64)
-    z = (z ^ logical_right_shift(z, 27)) * signed(0x94D049BB133111EB, 64)
-    return z ^ logical_right_shift(z, 31)
+UINT64 = 2**64 - 1
+
+
+def splitmix64_of(x: int) -> int:
+    """Sebastiano Vigna's splitmix64 finalizer on a Python integer, as uint64 arithmetic wraps."""
+    z = (x + 0x9E3779B97F4A7C15) & UINT64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & UINT64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & UINT64
+    return z ^ (z >> 31)
 
 
 def lowbias32(x: torch.Tensor) -> torch.Tensor:
@@ -264,13 +279,12 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         temperature = to_device([batch.temperature[r] for r in rows], device, torch.float32)
         every_row = len(rows) == logits.shape[0]  # then no copy of the [rows, vocab] logits
         scaled = apply_temperature(logits if every_row else logits.index_select(0, index), temperature)
-        seeds = to_device([batch.seeds[r] for r in rows], device, torch.long)
-        counters = to_device([batch.counters[r] for r in rows], device, torch.long)
+        seeds, counters = [batch.seeds[r] for r in rows], [batch.counters[r] for r in rows]
         min_p = [batch.min_p[r] for r in rows] if batch.min_p else []
         if any(min_p):
             scaled = min_p_cut(scaled, to_device(min_p, device, torch.float32))
         if rows is whole:
-            raced = race(scaled, seeds, counters)
+            raced = race(scaled, row_keys(seeds, counters, device))
             chosen = unless_not_finite(raced.values, raced.indices)
         else:
             chosen = draw_with_cut(

@@ -11,8 +11,9 @@ from backend.layers.sampler import (
     apply_temperature,
     gumbel_noise,
     lowbias32,
+    row_keys,
     sample,
-    splitmix64,
+    splitmix64_of,
     top_k_top_p,
 )
 
@@ -86,8 +87,8 @@ def test_the_hashes_wrap_around_as_unsigned_integers_do():
         return x ^ (x >> 16)
 
     inputs = [0, 1, 7, 2**31 - 1, 2**30 + 12345]
-    assert [v % 2**64 for v in splitmix64(torch.tensor(inputs + [2**63 - 1])).tolist()] == [
-        splitmix64_reference(x) for x in inputs + [2**63 - 1]
+    assert [splitmix64_of(x) for x in inputs + [2**63 - 1, 2**64 + 5]] == [
+        splitmix64_reference(x) for x in inputs + [2**63 - 1, 5]
     ]
     assert [v % 2**32 for v in lowbias32(torch.tensor(inputs, dtype=torch.int32)).tolist()] == [
         lowbias32_reference(x) for x in inputs
@@ -95,8 +96,8 @@ def test_the_hashes_wrap_around_as_unsigned_integers_do():
 
 
 def test_the_noise_is_gumbel_distributed_across_rows_and_columns():
-    seeds = torch.arange(400) * 7919
-    noise = gumbel_noise(seeds, torch.zeros_like(seeds), 100).flatten()
+    seeds = [i * 7919 for i in range(400)]
+    noise = gumbel_noise(row_keys(seeds, [0] * 400, torch.device("cpu")), 100).flatten()
     uniform = torch.exp(-torch.exp(-noise))  # the Gumbel CDF: uniform if the noise is Gumbel
     histogram = torch.histc(uniform, bins=10, min=0, max=1) / len(uniform)
     assert (histogram - 0.1).abs().max() < 0.01
@@ -108,9 +109,9 @@ def test_the_noise_is_finite_everywhere():
     be infinite noise: a column that wins whatever its logit, a masked token too)."""
     bits = torch.tensor([-1, 2**31 - 1, 0, -(2**31)], dtype=torch.int32)  # all ones, and the extremes
     with mock.patch("backend.layers.sampler.lowbias32", return_value=bits):
-        assert torch.isfinite(gumbel_noise(torch.tensor([0]), torch.tensor([0]), 4)).all()
+        assert torch.isfinite(gumbel_noise(torch.tensor([0], dtype=torch.int32), 4)).all()
     # Seed 19 at its 30th draw hashed column 18,701 to the largest number once, which then won.
-    assert torch.isfinite(gumbel_noise(torch.tensor([19]), torch.tensor([30]), 49152)).all()
+    assert torch.isfinite(gumbel_noise(row_keys([19], [30], torch.device("cpu")), 49152)).all()
 
 
 def test_a_row_with_one_token_left_always_draws_it():
@@ -269,7 +270,8 @@ def test_the_cpus_nucleus_loop_draws_what_the_cut_and_race_draw():
             seeds = torch.randint(0, 2**62, (len(top_p),))
             counters = torch.full((len(top_p),), counter)
             values, token_ids = nucleus_cut(logits, top_p)
-            winner = race(values, seeds, counters, token_ids).indices
+            keys = row_keys(seeds.tolist(), counters.tolist(), logits.device)
+            winner = race(values, keys, token_ids).indices
             expected = token_ids.gather(-1, winner.unsqueeze(-1)).squeeze(-1)
             got = draw(logits, top_p, seeds, counters)
             assert torch.equal(got, expected)
