@@ -38,6 +38,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
+    FineGrainedFP8Config,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -294,7 +295,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     else:
         # FP8 layers are dequantized into float32 and converted from it, not from bfloat16's rounding
         weights_dtype = torch.float32 if fp8 else dtype
-        model, info = load_weights(location, gguf_file, source, model_config, weights_dtype, token)
+        model, info = load_weights(location, gguf_file, source, model_config, weights_dtype, token, fp8)
     if gguf_file is not None:
         check_all_weights_read(info["missing_keys"], source.gguf_file)
     if gguf_file is not None and save_converted(model, tokenizer, converted):
@@ -340,18 +341,26 @@ def load_weights(
     model_config: PretrainedConfig,
     dtype: torch.dtype,
     token: str | None,
+    fp8: bool = False,
 ) -> tuple[PreTrainedModel, dict]:
     """transformers' model, and what it read, from a checkpoint or a GGUF file (a TEXT_ALONE checkpoint's
     text model alone). A GGUF file is converted in float32, whatever this start's dtype: the converted
     copy serves every later start, the exact mode's too, which must get the file's dequantized weights,
-    not bfloat16's."""
+    not bfloat16's.
+
+    An FP8 checkpoint's layers are dequantized as they load, on any device (`fp8_weights`). Where torch
+    sees a GPU with FP8, transformers would keep them as its FP8Linear, whose kernels it downloads from
+    the hub at the first product (a server with no network fails there), and whose float8 weights the
+    model's `.to(dtype)` turns into floats without their scales: wrong products, and no error."""
     if gguf_file is None and model_config.model_type in TEXT_ALONE:
         return load_text_alone(location, model_config, dtype, token)
+    dequantized = {"quantization_config": FineGrainedFP8Config(dequantize=True)} if fp8 else {}
     try:
         return AutoModelForCausalLM.from_pretrained(
             location,
             gguf_file=gguf_file,
             token=token,
+            **dequantized,
             dtype=torch.float32 if gguf_file is not None else dtype,
             attn_implementation=None,  # sdpa where the family has it, else eager (Gemma 2, gpt-oss): the
             # engine attends with its own (attention.py); this one is what a forward outside a step uses

@@ -9,7 +9,10 @@ inputs, the block's largest weight at 127), which read a byte a weight as
 the file does and multiply by int8 dot products: within half a step of 1/127
 of each block's largest weight of the checkpoint's, where e4m3 itself
 rounds every weight to 1/16 of its power of two. The exact mode keeps the
-dequantized floats. On a GPU the layers stay transformers' own.
+dequantized floats, and so does a GPU for now: the loader has transformers
+dequantize the layers on any device (loader.load_weights says why), and the
+GPU multiplies them in the model's dtype, twice FP8's bytes. FP8 products on
+a GPU that has them (`torch._scaled_mm`) are not built yet.
 """
 
 from __future__ import annotations

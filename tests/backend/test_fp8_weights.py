@@ -1,9 +1,13 @@
 """An FP8 checkpoint on a CPU: the exact mode serves the weights transformers dequantizes, the default mode
 converts each FP8 layer once to 8-bit blocks within half a step of 1/127 of each block's largest weight."""
 
+from unittest import mock
+
 import pytest
 import torch
 
+from backend.messages import BackendConfig
+from backend.model.loader import load_model
 from backend.quant import block_weights
 from backend.quant.quantized_linear import Int8Linear
 from tests.backend.fp8_files import write_fp8_checkpoint
@@ -40,3 +44,33 @@ def test_the_default_mode_converts_each_fp8_layer_to_8_bit_blocks(tmp_path, capl
         reference = x[:, : weight.shape[1]] @ weight.T
         assert (layer(x[:, : weight.shape[1]]) - reference).abs().max() < 0.02 * reference.abs().max()
     assert type(model.lm_head) is torch.nn.Linear  # not in FP8 in the checkpoint
+
+
+def test_where_torch_sees_a_gpu_with_fp8_the_layers_still_load_as_their_dequantized_weights(tmp_path):
+    """transformers keeps an FP8 checkpoint's layers as its FP8Linear where it finds a GPU with FP8, whose
+    kernels it would download at the first product, and whose float8 weights the model's `.to(dtype)`
+    turned into floats without their scales. The loader has them dequantized on any device."""
+    expected = write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
+    with (
+        mock.patch("torch.cuda.is_available", return_value=True),
+        mock.patch("torch.cuda.get_device_capability", return_value=(9, 0)),
+    ):
+        model = load(tmp_path / "tiny-FP8", tmp_path, "none")
+    for module, weight in expected.items():
+        layer = model.get_submodule(module)
+        assert type(layer) is torch.nn.Linear and torch.equal(layer.weight, weight), module
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device")
+def test_an_fp8_checkpoint_on_cuda_multiplies_by_its_dequantized_weights(tmp_path):
+    expected = write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
+    config = BackendConfig(
+        model=str(tmp_path / "tiny-FP8"), device="cuda", rows=4, max_seq_len=128, cache_dir=str(tmp_path)
+    )
+    model = load_model(config).model
+    x = torch.randn(3, 384, device="cuda", dtype=model.dtype)
+    for module, weight in expected.items():
+        inputs = x[:, : weight.shape[1]].contiguous()
+        reference = inputs.float() @ weight.to("cuda").T
+        got = model.get_submodule(module)(inputs).float()
+        assert (got - reference).abs().max() < 0.03 * reference.abs().max(), module
