@@ -390,8 +390,9 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
   return decode_attention_of<256>(query, keys, values, row_of, position_of, scaling, window);
 }
 
-// The sampler's counter-based randomness (backend/layers/sampler.py, row_keys and gumbel_noise), the same bits: Vigna's
-// splitmix64 finalizer, Wellons' lowbias32, and the Gumbel noise -log(-log(u)) of a 23-bit uniform u.
+// The sampler's counter-based randomness (backend/layers/sampler.py, row_keys and gumbel_noise), the same
+// bits: Vigna's splitmix64 finalizer, Wellons' lowbias32, and the Gumbel noise -log(-log(u)) of a 23-bit
+// uniform u.
 uint64_t splitmix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -352,9 +352,9 @@ def load_weights(
     sees a GPU with FP8, transformers would keep them as its FP8Linear, whose kernels it downloads from
     the hub at the first product (a server with no network fails there), and whose float8 weights the
     model's `.to(dtype)` turns into floats without their scales: wrong products, and no error."""
-    if gguf_file is None and model_config.model_type in TEXT_ALONE:
-        return load_text_alone(location, model_config, dtype, token)
     dequantized = {"quantization_config": FineGrainedFP8Config(dequantize=True)} if fp8 else {}
+    if gguf_file is None and model_config.model_type in TEXT_ALONE:
+        return load_text_alone(location, model_config, dtype, token, dequantized)
     try:
         return AutoModelForCausalLM.from_pretrained(
             location,
@@ -381,7 +381,7 @@ def load_weights(
 
 
 def load_text_alone(
-    location: str, config: PretrainedConfig, dtype: torch.dtype, token: str | None
+    location: str, config: PretrainedConfig, dtype: torch.dtype, token: str | None, options: dict
 ) -> tuple[PreTrainedModel, dict]:
     """The text model of a multimodal checkpoint (TEXT_ALONE), by its family's causal LM class; refused
     where the renamed weights leave any of its parameters unread (they would be random)."""
@@ -391,6 +391,7 @@ def load_text_alone(
         config=text_config,
         key_mapping=TEXT_ALONE[config.model_type],
         token=token,
+        **options,
         dtype=dtype,
         attn_implementation=None,
         output_loading_info=True,
