@@ -262,6 +262,37 @@ def compare_engines(args: argparse.Namespace, option: str, name: str) -> None:
     if args.profile:
         for label, engine in engines.items():
             print(f"{label}: {profile_step(engine, prompts, args.rows[-1])}")
+    if args.first_tokens:
+        print_first_tokens(engines[name], prompts)
+
+
+# Prompt lengths no step of the benchmark has run before (its prompts are --prompt-tokens long).
+FRESH_LENGTHS = (37, 61, 93, 130, 201)
+
+
+def first_token_seconds(engine: Engine, prompt: list[int]) -> float:
+    """The time from submitting `prompt` alone to its first token's piece (the engine idle before)."""
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    started = time.perf_counter()
+    engine.submit(Submit(f"first-{time.perf_counter_ns()}", tuple(prompt), params))
+    while engine.has_work:
+        engine.step()
+    return time.perf_counter() - started
+
+
+def print_first_tokens(engine: Engine, prompts: list[list[int]]) -> None:
+    """Each fresh prompt length's first token alone, the first time a step of that length runs and then
+    again: where the first is much slower, the device builds something for each new shape (a GPU's
+    attention or matrix-product plans), which every request of a new length would wait for. Each prompt
+    starts at its own place in the benchmark's tokens, so that the prefix cache holds none of it."""
+    tokens = [token for prompt in prompts for token in prompt]
+    print("\n| prompt tokens | first token, first time (ms) | again (ms) |\n| ---: | ---: | ---: |")
+    for i, length in enumerate(FRESH_LENGTHS):
+        first, again = (
+            first_token_seconds(engine, (tokens[start:] + tokens)[:length])
+            for start in (2 * i + 1, 2 * i + 2)
+        )
+        print(f"| {length} | {first * 1000:.1f} | {again * 1000:.1f} |")
 
 
 def profile_step(engine: Engine, prompts: list[list[int]], active: int, steps: int = 10) -> str:
@@ -397,6 +428,12 @@ def main() -> None:
         "--profile",
         action="store_true",
         help="with --compile or --graphs: kernels (GPU) or operations (CPU) a step, and host waits",
+    )
+    parser.add_argument(
+        "--first-tokens",
+        action="store_true",
+        help="with --compile or --graphs: then the first token of prompts of lengths not run before, each "
+        "alone, the first time and again",
     )
     parser.add_argument(
         "--transformers-static",

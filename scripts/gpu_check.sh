@@ -91,7 +91,7 @@ stage greedy-exact 120 "$OUT/exact.log" "$PYTHON" scripts/check_greedy_exact.py 
     --max-tokens 32 "${TOKENIZER_OPTION[@]}"
 
 stage engine-$SIZE 300 "$OUT/engine_$SIZE.log" "$PYTHON" scripts/bench_engine.py --random "$SIZE" \
-    "${TOKENIZER_OPTION[@]}" --graphs --profile --rows "${ROWS[@]}" --max-tokens "$TOKENS" \
+    "${TOKENIZER_OPTION[@]}" --graphs --profile --first-tokens --rows "${ROWS[@]}" --max-tokens "$TOKENS" \
     --prompt-tokens 64 --transformers-static "${ROWS[-1]}" --dtype "$DTYPE" --quantize "$QUANTIZE"
 
 MODEL_DIR=$(mktemp -d)/llama-$SIZE

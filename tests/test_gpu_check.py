@@ -45,6 +45,8 @@ def test_the_gpu_check_runs_every_part_on_a_cpu_and_writes_its_figures(tmp_path)
     assert [batch for batch, _ in static] == ["4"] and float(static[0][1]) > 0
     counts = re.findall(r"(eager|graphs): (\d+) PyTorch operations \(aten\) a \d-row step", engine)
     assert [name for name, _ in counts] == ["eager", "graphs"] and all(int(n) > 50 for _, n in counts)
+    first_tokens = re.findall(r"^\| (\d+) \| ([\d.]+) \| ([\d.]+) \|$", engine, re.MULTILINE)
+    assert [int(length) for length, _, _ in first_tokens] == [37, 61, 93, 130, 201], engine
     report = (tmp_path / "http_report.md").read_text()
     assert "| 4 |" in report and "Engine ceiling" in report
     assert "backend ready" in (tmp_path / "server.log").read_text()
