@@ -40,8 +40,7 @@ class IncrementalDetokenizer:
     def __init__(
         self, tokenizer: Decoder, prompt_ids: list[int] | tuple[int, ...], skip_special_tokens: bool = True
     ):
-        self.tokenizer = tokenizer
-        self.decode = decode_function(tokenizer)
+        self.decode = decode_function(tokenizer)  # the tokenizer's decode, by its fastest call
         self.skip_special_tokens = skip_special_tokens  # False: special tokens' text is text too
         self.token_ids = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0  # start of the context window
