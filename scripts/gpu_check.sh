@@ -85,7 +85,8 @@ TOKENIZER_OPTION=()
 stage cuda-tests 180 "$OUT/check.log" "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= -k cuda \
     tests/backend/test_decode_graphs.py tests/backend/test_steps_ahead.py tests/backend/test_host_lists.py \
     tests/backend/test_draft_model.py tests/backend/test_lora.py \
-    tests/backend/test_quantized_weights.py tests/backend/test_group_wise.py tests/backend/test_fp8_weights.py
+    tests/backend/test_quantized_weights.py tests/backend/test_group_wise.py tests/backend/test_fp8_weights.py \
+    tests/backend/test_fp8_linear.py
 
 stage greedy-exact 120 "$OUT/exact.log" "$PYTHON" scripts/check_greedy_exact.py --size "$SIZE" \
     --max-tokens 32 "${TOKENIZER_OPTION[@]}"

@@ -12,6 +12,11 @@ packed weights for steps of few rows and, for many, by its dense copy or,
 on a CPU where that is faster, as int8 activations times int8 weights (see
 backend/quant/quantized_linear.py and backend/quant/calibration.py); all three are
 scored, whatever this machine would pick. Prints a markdown table and the machine it ran on.
+
+    .venv/bin/python scripts/perplexity.py --model DIR --fp8-products
+
+scores an FP8 checkpoint also as a GPU with FP8 arithmetic serves it (backend/quant/fp8_linear.py:
+e4m3 weights a channel, activations e4m3 a row), by `torch._scaled_mm` run on this CPU.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -33,7 +41,7 @@ from scripts.bench_engine import machine  # noqa: E402
 
 TEXT = Path(__file__).with_name("perplexity_text.txt")
 
-# (name, dtype, quantize, which weights a quantized layer multiplies by: packed | int8 | dense)
+# (name, dtype, quantize, which weights a quantized layer multiplies by: packed | int8 | dense | fp8)
 MODES = [
     ("float32, dequantized (exact mode, the reference)", "float32", "none", "dense"),
     ("default: the file's 4-bit weights, bf16 (packed: few rows; all, in blocks)", "auto", "auto", "packed"),
@@ -43,6 +51,18 @@ MODES = [
     ("--quantize int8 (packed)", "auto", "int8", "packed"),
     ("--quantize int4 (packed)", "auto", "int4", "packed"),
 ]
+FP8_PRODUCTS = ("FP8 products, as on a GPU with FP8 (`_scaled_mm` on this CPU)", "bfloat16", "auto", "fp8")
+
+
+@contextmanager
+def as_on_an_fp8_gpu() -> Iterator[None]:
+    """The loader's choice of FP8 products (fp8_linear.fp8_products) made true on this CPU, whose
+    `torch._scaled_mm` then runs them: an FP8 checkpoint's layers served as a GPU with FP8 serves them."""
+    with (
+        mock.patch("backend.quant.fp8_weights.fp8_products", return_value=True),
+        mock.patch("backend.quant.checkpoint_layers.fp8_products", return_value=True),
+    ):
+        yield
 
 
 @torch.inference_mode()
@@ -73,19 +93,23 @@ def main() -> None:
     )
     parser.add_argument("--model", default=None, help="path or hub id (default: SmolLM2-135M-Instruct GGUF)")
     parser.add_argument("--window", type=int, default=1024)
+    parser.add_argument(
+        "--fp8-products", action="store_true", help="an FP8 checkpoint: score its FP8 products too"
+    )
     args = parser.parse_args()
 
     rows = []
     reference = None
     token_count = 0
-    for name, dtype, quantize, weights in MODES:
+    for name, dtype, quantize, weights in MODES + [FP8_PRODUCTS] * args.fp8_products:
         # The loader times the copies for many rows against blocks, and the int8 path against the dense
         # copies, and keeps the faster; here each is scored whichever this CPU would keep.
         calibration.copies_pay_off = lambda layer, *_, keep=weights != "packed", **__: keep
         calibration.int8_multiplies_faster = lambda layer, *_, int8=weights == "int8", **__: int8
-        loaded = load_model(
-            BackendConfig(model=args.model, dtype=dtype, quantize=quantize, rows=1, max_seq_len=64)
-        )
+        with as_on_an_fp8_gpu() if weights == "fp8" else mock.patch.dict({}):
+            loaded = load_model(
+                BackendConfig(model=args.model, dtype=dtype, quantize=quantize, rows=1, max_seq_len=64)
+            )
         if weights == "packed":
             hold_to_packed_weights(loaded.model)
         token_ids = loaded.tokenizer(TEXT.read_text()).input_ids

@@ -61,6 +61,21 @@ def test_the_perplexity_script_scores_every_mode_against_the_exact_one(tmp_path)
     assert rows[0][2] == "+0.00" and all(float(value) > 1 for _, value, _ in rows)
 
 
+def test_the_perplexity_script_scores_an_fp8_checkpoints_fp8_products(tmp_path):
+    from tests.backend.fp8_files import write_fp8_checkpoint
+
+    write_fp8_checkpoint(tmp_path / "tiny-FP8", hidden_size=256, intermediate_size=384, head_dim=64)
+    output = run_script(
+        "perplexity.py", "--model", str(tmp_path / "tiny-FP8"), "--window", "64", "--fp8-products"
+    )
+    rows = dict(re.findall(r"^\| (.+?) \| torch\.\w+ \| ([\d.]+) \| [+-][\d.]+% \|$", output, re.MULTILINE))
+    fp8, exact = (
+        float(rows["FP8 products, as on a GPU with FP8 (`_scaled_mm` on this CPU)"]),
+        float(rows["float32, dequantized (exact mode, the reference)"]),
+    )
+    assert abs(fp8 / exact - 1) < 0.05, output  # (a random model's, near its vocabulary's 512 either way)
+
+
 def test_perplexity_is_the_exponent_of_the_mean_loss_of_each_window():
     from scripts.perplexity import TEXT, perplexity
     from tests.backend.models import tiny_model

@@ -63,7 +63,7 @@ from backend.quant.calibration import (
     time_head_crossover,
     time_projection_crossover,
 )
-from backend.quant.fp8_weights import is_fp8_checkpoint, serve_fp8_as_blocks
+from backend.quant.fp8_weights import is_fp8_checkpoint, serve_fp8
 from backend.quant.gguf_weights import serve_gguf_weights
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
@@ -303,17 +303,17 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     # The frontend reads tokenizer.json with the `tokenizers` library (no torch there).
     has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
     tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
+    if quantization == "checkpoint" and fp8:  # from the float32 weights, before the cast
+        serve_fp8(model, quantization_config, device, dtype)
     model = model.to(device=device, dtype=dtype)
     has_converted_copy = converted is not None and location == str(converted)
-    if quantization == "checkpoint" and fp8:
-        serve_fp8_as_blocks(model, quantization_config)
-    elif quantization == "checkpoint" and compressed_format is not None:
+    if quantization == "checkpoint" and compressed_format is not None:
         compressed_checkpoint.serve_compressed(model, checkpoint_layers, compressed_format)
     elif quantization == "checkpoint" and bnb_format is not None:
         bitsandbytes_checkpoint.serve_bitsandbytes(model, checkpoint_layers, bnb_format)
-    elif quantization == "checkpoint":
+    elif quantization == "checkpoint" and group_wise_format is not None:
         group_wise.serve_group_wise(model, checkpoint_layers, group_wise_format)
-    else:
+    elif quantization != "checkpoint":  # (an FP8 checkpoint's layers are served above)
         quantize_weights(model, source, quantization, converted if has_converted_copy else None)
     # The fused CPU operations, built now where they will run (with --compile too), so that the int8
     # path below is timed as it will run.

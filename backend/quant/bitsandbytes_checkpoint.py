@@ -106,6 +106,9 @@ class FourBitLayer:
     def eight_bit(self) -> None:
         return None
 
+    def fp8(self) -> None:
+        return None
+
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] as the library's dequantize_4bit gives them before its cast."""
         count = self.shape[0] * self.shape[1]
@@ -178,6 +181,9 @@ class EightBitLayer:
     conversion = "the dequantized weights"
 
     def four_bit(self) -> None:
+        return None
+
+    def fp8(self) -> None:
         return None
 
     def eight_bit(self) -> tuple[torch.Tensor, torch.Tensor]:

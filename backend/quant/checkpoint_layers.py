@@ -5,6 +5,8 @@ GPTQ and AWQ (group_wise.py), compressed-tensors (compressed_checkpoint.py) and 
 whether its own values are 4-bit blocks or 8-bit weights the engine multiplies as they are, and how it
 converts otherwise. One loop then serves them all, the same way:
 
+    its own FP8 values, a scale a channel or a tensor, on a GPU with FP8 arithmetic: an Fp8Linear
+        (fp8_linear.py: FP8 products, the activations quantized to e4m3 a row)
     its own 4-bit values in groups of consecutive inputs: an Int4Linear (blocks on a CPU that has them,
         PyTorch's int4 kernel elsewhere)
     its own 8-bit values: an Int8Linear, where the device multiplies their scales (a block's on a CPU
@@ -12,7 +14,7 @@ converts otherwise. One loop then serves them all, the same way:
     anything else, on a CPU with blocks: 8-bit blocks converted once (the layer's `converted`)
     else: the dequantized weights the model was built from
 
-each keeping those dequantized weights as its dense copy for many rows.
+each weight-only layer keeping those dequantized weights as its dense copy for many rows.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ import torch
 from torch import nn
 
 from backend.quant import block_weights
+from backend.quant.fp8_linear import Fp8Linear, fits_fp8_products, fp8_products
 from backend.quant.gguf_types import EightBitWeight, FourBitWeight
 from backend.quant.quantized_linear import Int4Linear, Int8Linear, fits_int4_kernels, replace_module
 
 FOUR_BIT = "4-bit blocks of the checkpoint's groups"
 EIGHT_BIT = "8-bit blocks of the checkpoint's values"
+FP8_PRODUCTS = "FP8 products of the checkpoint's values, activations e4m3 a row"
 FLOATS = "dequantized floats"
 
 
@@ -40,6 +44,10 @@ class StoredLayer(Protocol):
 
     def eight_bit(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Its own values as int8 [out, in] and a scale a channel ([out]) or a block ([out, in / 32])."""
+
+    def fp8(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Its own values as float8 e4m3 [out, in] and a scale a channel ([out]), where they are FP8 with
+        a scale a channel or a tensor."""
 
     def converted(self) -> EightBitWeight:
         """8-bit blocks of 32 converted once from its weights."""
@@ -58,8 +66,12 @@ def serve_layers(model: nn.Module, layers: dict[str, StoredLayer]) -> Counter:
             served[FLOATS] += 1
             continue
         dense = linear.weight.detach()
-        four_bit, eight_bit = layer.four_bit(), layer.eight_bit()
-        if four_bit is not None:
+        fp8, four_bit, eight_bit = layer.fp8(), layer.four_bit(), layer.eight_bit()
+        if fp8 is not None and fp8_products(device, dense.dtype) and fits_fp8_products(*dense.shape):
+            values, scale = (t.to(device) for t in fp8)
+            replace_module(model, name, Fp8Linear(values, scale, linear.bias))
+            served[FP8_PRODUCTS] += 1
+        elif four_bit is not None:
             q, scale, zero = (t.to(device) for t in (four_bit.q, four_bit.scale, four_bit.zero))
             replace_module(model, name, Int4Linear(q, scale, zero, linear.bias, dense=dense))
             served[FOUR_BIT] += 1

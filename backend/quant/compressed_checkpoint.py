@@ -30,14 +30,17 @@ the reference), which are the dense copy for many rows, as for GPTQ and AWQ (gro
         fp16 in fp16's range; otherwise within 2^-11 of z * scale).
     8-bit integers, symmetric, a scale a channel or a layer: an Int8Linear of the checkpoint's own q
         and scale (exact in the blocks where fp16 holds the scale, as it does bfloat16 ones in its range).
-    FP8, 8-bit integers in groups, and groups in act order (actorder "group": weight_g_idx gives each
-        input's group, so 32 consecutive inputs share no scale): 8-bit blocks of 32 converted once from
-        the dequantized weights where the CPU multiplies blocks (as fp8_weights.py), else the
-        dequantized floats.
+    FP8 with a scale a channel or a tensor, on a GPU with FP8 arithmetic: an Fp8Linear of the
+        checkpoint's own values and scales (fp8_linear.py), its activations quantized to e4m3 a row
+        as the checkpoint's FP8-dynamic scheme says.
+    FP8 elsewhere, 8-bit integers in groups, and groups in act order (actorder "group": weight_g_idx
+        gives each input's group, so 32 consecutive inputs share no scale): 8-bit blocks of 32
+        converted once from the dequantized weights where the CPU multiplies blocks (as
+        fp8_weights.py), else the dequantized floats.
 
-Activations stay floats: a w8a8 or FP8-dynamic checkpoint's quantized inputs (int8 or FP8 a token,
-scaled as they come, or a static input_scale) are a speed feature of GPU kernels, not part of the
-weights; the log says so.
+Activations stay floats but in FP8 products: a w8a8 or FP8-dynamic checkpoint's quantized inputs (int8
+or FP8 a token, scaled as they come, or a static input_scale) are a speed feature of GPU kernels, not
+part of the weights; the log says so.
 
 Refused, naming what: other formats (sparse-24-bitmask, marlin-24, nvfp4-pack-quantized, the MX
 ones, "mixed-precision" with a group of no format), weights of other bit widths and types, 4-bit
@@ -56,7 +59,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from backend.quant.checkpoint_layers import described, serve_layers
+from backend.quant.checkpoint_layers import FP8_PRODUCTS, described, serve_layers
 from backend.quant.gguf_types import BLOCK, EightBitWeight, FourBitWeight, requantize_int8
 from backend.quant.group_wise import UnsupportedCheckpoint, read_tensors
 
@@ -272,6 +275,13 @@ class CompressedLayer:
             return self.values, scale
         return None
 
+    def fp8(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """An FP8 layer with a scale a channel or a tensor as Fp8Linear takes it: its values and a scale
+        a channel."""
+        if self.scheme.type != "float" or self.scheme.strategy not in ("channel", "tensor"):
+            return None
+        return self.values, self.scale.float().reshape(-1).expand(self.values.shape[0]).contiguous()
+
     @property
     def conversion(self) -> str:
         return "the dequantized weights" + (" (act-order groups)" if self.g_idx is not None else "")
@@ -374,6 +384,10 @@ def serve_compressed(model: nn.Module, layers: dict[str, CompressedLayer], fmt: 
         if fmt.activations
         else "activations stay floats"
     )
+    if served[FP8_PRODUCTS] == len(layers):
+        inputs = "activations quantized to e4m3 a row as they come"
+    elif served[FP8_PRODUCTS]:
+        inputs = f"{inputs}, but the FP8 products' (e4m3 a row)"
     log.info(
         "compressed-tensors checkpoint (%s): %s linear layers served as %s, their dequantized weights "
         "kept for many rows; %s",

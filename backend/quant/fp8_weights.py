@@ -1,27 +1,29 @@
-"""FP8 checkpoints ("-FP8" repositories, transformers' `fp8` quantization) served on a CPU as 8-bit blocks.
+"""FP8 checkpoints ("-FP8" repositories, transformers' `fp8` quantization): FP8 products on a GPU that has
+them, 8-bit blocks on a CPU.
 
-Such a checkpoint keeps each linear layer's weights as float8 e4m3 (3
-mantissa bits) with a float32 scale for every 128 x 128 of them. A CPU has no
-FP8 arithmetic, and transformers, finding no GPU, dequantizes the layers to
-floats at load. The default mode then converts each of them once to the
-engine's 8-bit blocks (gguf_types.requantize_int8: a scale a block of 32
-inputs, the block's largest weight at 127), which read a byte a weight as
-the file does and multiply by int8 dot products: within half a step of 1/127
-of each block's largest weight of the checkpoint's, where e4m3 itself
-rounds every weight to 1/16 of its power of two. The exact mode keeps the
-dequantized floats, and so does a GPU for now: the loader has transformers
-dequantize the layers on any device (loader.load_weights says why), and the
-GPU multiplies them in the model's dtype, twice FP8's bytes. FP8 products on
-a GPU that has them (`torch._scaled_mm`) are not built yet.
+Such a checkpoint keeps each linear layer's weights as float8 e4m3 (3 mantissa bits) with a float32 scale
+for every 128 x 128 of them. The loader has transformers dequantize them to float32 as they load, on any
+device (loader.load_weights says why), and `serve_fp8` replaces them before the model is cast to its
+dtype, so that each is converted from those float32 weights, not from bfloat16's rounding of them:
+
+    a GPU with FP8 arithmetic (fp8_linear.fp8_products): an Fp8Linear, each output channel's weights
+        quantized once to e4m3 with a scale of their own (`_scaled_mm` takes a scale a channel, not one
+        a 128 x 128), the activations quantized to e4m3 a row as they come: the file's bytes a weight.
+    a CPU that multiplies blocks: 8-bit blocks (gguf_types.requantize_int8: a scale a block of 32 inputs,
+        the block's largest weight at 127), within half a step of 1/127 of each block's largest weight,
+        where e4m3 itself rounds every weight to 1/16 of its power of two; a byte a weight, as in the file.
+    anywhere else, and in the exact mode: the dequantized weights, in the model's dtype.
 """
 
 from __future__ import annotations
 
 import logging
 
+import torch
 from torch import nn
 
 from backend.quant import block_weights
+from backend.quant.fp8_linear import Fp8Linear, fits_fp8_products, fp8_products
 from backend.quant.gguf_types import requantize_int8
 from backend.quant.quantized_linear import Int8Linear, quantizable_linears, replace_module
 
@@ -32,16 +34,29 @@ def is_fp8_checkpoint(quantization_config: dict | None) -> bool:
     return bool(quantization_config) and quantization_config.get("quant_method") == "fp8"
 
 
-def serve_fp8_as_blocks(model: nn.Module, quantization_config: dict) -> int:
-    """Replace the layers the checkpoint stored in FP8 (its linear layers but those it names as kept) by
-    8-bit blocks of their dequantized weights, where the CPU multiplies blocks; returns how many."""
+def serve_fp8(model: nn.Module, quantization_config: dict, device: torch.device, dtype: torch.dtype) -> int:
+    """Replace the layers the checkpoint stored in FP8 (its linear layers but those it names as kept), the
+    model still in float32 on the host, by what serves them on `device` in `dtype` (module docstring);
+    returns how many were replaced."""
     kept = quantization_config.get("modules_to_not_convert") or []
     linears = {
         name: linear
         for name, linear in quantizable_linears(model).items()
         if not any(name == module or name.startswith(f"{module}.") for module in kept)
     }
-    device = next(model.parameters()).device
+    if fp8_products(device, dtype):
+        fits = {name: linear for name, linear in linears.items() if fits_fp8_products(*linear.weight.shape)}
+        for name, linear in fits.items():
+            replace_module(model, name, Fp8Linear.of_weights(linear.weight.to(device), linear.bias))
+        log.info(
+            "FP8 checkpoint: %d linear layers served as FP8 products on %s (e4m3 weights, a scale a channel, "
+            "quantized once from the 128 x 128 blocks' weights; activations e4m3 a row)%s",
+            len(fits),
+            device,
+            f", {len(linears) - len(fits)} as dequantized floats (sizes no multiple of 16)"
+            * (fits != linears),
+        )
+        return len(fits)
     if not block_weights.available(device):
         log.info("FP8 checkpoint: %d linear layers served as dequantized floats on %s", len(linears), device)
         return 0

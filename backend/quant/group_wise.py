@@ -167,6 +167,9 @@ class GroupWiseLayer:
         zero = self.by_block((8 - self.zeros) * self.scales)
         return FourBitWeight(self.q.T.contiguous(), self.by_block(self.scales), zero)
 
+    def fp8(self) -> None:  # integers
+        return None
+
     def eight_bit(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A symmetric 8-bit layer of consecutive groups (every z 128) as Int8Linear takes it, w = (q - 128)
         * scale: int8 [out, in] and each block's scale [out, in / 32]."""

@@ -1,0 +1,257 @@
+"""FP8 products (fp8_linear.py): float8 e4m3 weights a channel times e4m3 activations a row by
+`torch._scaled_mm`, which PyTorch runs on a CPU too, so the layer and the loader's choice of it are tested
+here as a GPU with FP8 arithmetic would run them; the CUDA test at the end runs them on one."""
+
+import json
+import random
+from unittest import mock
+
+import pytest
+import torch
+
+from backend.engine.engine import Engine
+from backend.messages import BackendConfig, SamplingParams, Submit
+from backend.model.loader import load_model
+from backend.model.lora import load_adapters
+from backend.quant.fp8_linear import FP8, FP8_MAX, Fp8Linear, fp8_products
+from backend.quant.quantized_linear import resident_bytes
+from scripts.perplexity import as_on_an_fp8_gpu
+from tests.backend.compressed_tensors_files import write_compressed_checkpoint
+from tests.backend.fp8_files import write_fp8_checkpoint
+from tests.backend.lora_files import write_lora_adapter
+from tests.backend.models import MarkerTokenizer, drive, text_of
+
+WIDE = dict(hidden_size=256, intermediate_size=384, head_dim=64)  # several 128 x 128 blocks a layer
+
+
+def e4m3_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] as the layer quantizes its inputs: e4m3 with each row's largest value at 448."""
+    scale = x.float().abs().amax(dim=-1, keepdim=True) / FP8_MAX
+    return (x.float() / scale).to(FP8).float() * scale
+
+
+def test_of_weights_keeps_each_channel_within_e4m3s_rounding_of_its_weights():
+    weight = torch.randn(48, 64) * torch.logspace(-3, 1, 48)[:, None]  # channels of very unequal sizes
+    layer = Fp8Linear.of_weights(weight, None)
+    largest = weight.abs().amax(dim=-1)
+    assert torch.equal(layer.scale, largest / FP8_MAX)
+    assert torch.equal(layer.weight.float().abs().amax(dim=-1), torch.full((48,), FP8_MAX))
+    # e4m3 keeps 3 bits after the leading one: within 1/16 of each weight, normals and subnormals alike
+    error = (layer.dequantized() - weight).abs()
+    assert (error <= weight.abs() / 16 + layer.scale[:, None] * 2**-10).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_layer_multiplies_its_inputs_in_e4m3_a_row_by_its_e4m3_weights(dtype):
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 64), torch.randn(96)
+    layer = Fp8Linear.of_weights(weight, bias).to(dtype)
+    x = (torch.randn(2, 5, 64) * torch.logspace(-2, 2, 5)[:, None]).to(dtype)  # rows of unequal sizes
+    got = layer(x)
+    assert got.shape == (2, 5, 96) and got.dtype == dtype
+    expected = e4m3_rows(x.reshape(10, 64)) @ layer.dequantized().T + bias.to(dtype).float()
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-7
+    assert (got.reshape(10, 96).float() - expected).abs().max() <= tolerance * expected.abs().max()
+    # and near the float layer's products: each operand within e4m3's 1/16
+    reference = x.reshape(10, 64).float() @ weight.T + bias
+    assert (
+        (got.reshape(10, 96).float() - reference)
+        .abs()
+        .amax(dim=-1)
+        .le(0.1 * reference.abs().amax(dim=-1))
+        .all()
+    )
+
+
+def test_the_models_cast_to_its_dtype_keeps_the_weights_and_their_scales():
+    """Module.to(dtype) casts every floating tensor, float8 included: transformers' own FP8 layers lost
+    their scales so. This layer keeps its weights and scales as their bits."""
+    layer = Fp8Linear.of_weights(torch.randn(32, 48), torch.randn(32))
+    weight, scale = layer.weight.clone(), layer.scale.clone()
+    model = torch.nn.Sequential(layer).to(torch.bfloat16)
+    assert model[0].weight.dtype == FP8 and torch.equal(model[0].weight.float(), weight.float())
+    assert model[0].scale.dtype == torch.float32 and torch.equal(model[0].scale, scale)
+    assert model[0].bias.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("device", "capability", "dtype", "expected"),
+    [
+        ("cuda", (9, 0), torch.bfloat16, True),  # Hopper
+        ("cuda", (8, 9), torch.bfloat16, True),  # Ada
+        ("cuda", (8, 0), torch.bfloat16, False),  # Ampere: no FP8 tensor cores
+        ("cuda", (9, 0), torch.float16, False),  # a scale a row gives bfloat16 alone
+        ("cpu", (9, 0), torch.bfloat16, False),
+    ],
+)
+def test_fp8_products_where_the_gpu_multiplies_fp8(device, capability, dtype, expected):
+    with mock.patch("torch.cuda.get_device_capability", return_value=capability):
+        assert fp8_products(torch.device(device), dtype) is expected
+
+
+def load_as_on_an_fp8_gpu(directory, tmp_path):
+    """The model loaded as on a GPU with FP8 arithmetic, in bfloat16: the choice of FP8 products made
+    true on this CPU, whose `_scaled_mm` then runs them."""
+    config = BackendConfig(
+        model=str(directory), dtype="bfloat16", device="cpu", rows=4, max_seq_len=128, cache_dir=str(tmp_path)
+    )
+    with as_on_an_fp8_gpu():
+        return load_model(config).model
+
+
+def greedy_shortfalls(model, exact, seed: int) -> list[float]:
+    """Through the engine (4 rows, joining and leaving), greedy: at each token, how far its logit under
+    `exact` falls short of `exact`'s greedy token's."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(2, 511) for _ in range(rng.randrange(1, 40))] for _ in range(5)]
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128)
+    greedy = SamplingParams(temperature=0, max_tokens=10)
+    pieces = drive(engine, [(i, Submit(f"r{i}", tuple(p), greedy)) for i, p in enumerate(prompts)])
+    shortfalls = []
+    for i, prompt in enumerate(prompts):
+        tokens = MarkerTokenizer.ids(text_of(pieces[f"r{i}"]))
+        assert len(tokens) == 10
+        with torch.no_grad():
+            logits = exact(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+        shortfalls += (logits.amax(dim=-1) - logits[torch.arange(10), tokens]).tolist()
+    return shortfalls
+
+
+def test_an_fp8_checkpoint_on_a_gpu_with_fp8_is_served_by_fp8_products(tmp_path, caplog):
+    """transformers' `fp8` checkpoint: each layer quantized once from its float32 weights (a scale for
+    every 128 x 128) to e4m3 a channel; the engine serves the model, its greedy tokens the exact model's
+    or near ties of it."""
+    expected = write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
+    with caplog.at_level("INFO"):
+        model = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
+    assert "FP8 checkpoint: 14 linear layers served as FP8 products on cpu" in caplog.text
+    for module, weight in expected.items():
+        layer = model.get_submodule(module)
+        assert isinstance(layer, Fp8Linear), module
+        assert torch.equal(layer.weight, Fp8Linear.of_weights(weight, None).weight), module  # not bf16's
+    assert type(model.lm_head) is torch.nn.Linear
+    assert resident_bytes(model)["quantized"] == sum(
+        w.numel() * 1 + w.shape[0] * 4 for w in expected.values()
+    )
+    exact = load_model(
+        BackendConfig(
+            model=str(tmp_path / "tiny-FP8"),
+            dtype="float32",
+            quantize="none",
+            device="cpu",
+            rows=4,
+            max_seq_len=128,
+            cache_dir=str(tmp_path),
+        )
+    ).model
+    shortfalls = greedy_shortfalls(model, exact, seed=3)
+    # e4m3 activations move these random models' logits by a few hundredths (each layer's arithmetic is
+    # held exactly above): the chosen token is the exact model's or a near tie (0.01-0.08 short in three
+    # seeds); a wrong layer misses by whole units
+    assert sum(s == 0 for s in shortfalls) >= 40 and max(shortfalls) <= 0.15, shortfalls
+
+
+def test_a_compressed_tensors_fp8_checkpoint_multiplies_by_its_own_values(tmp_path, caplog):
+    """FP8-dynamic (a scale a channel) and a scale a tensor: the checkpoint's e4m3 values and scales as
+    they are, so the layer's weights are the library's dequantized ones exactly."""
+    for name in ("fp8-dynamic", "fp8-tensor"):
+        expected = write_compressed_checkpoint(tmp_path / name, name)
+        with caplog.at_level("INFO"):
+            model = load_as_on_an_fp8_gpu(tmp_path / name, tmp_path)
+        assert "14 linear layers served as FP8 products of the checkpoint's values" in caplog.text
+        assert "activations quantized to e4m3 a row as they come" in caplog.text
+        for module, weight in expected.items():
+            layer = model.get_submodule(module)
+            assert isinstance(layer, Fp8Linear) and torch.equal(layer.dequantized(), weight), module
+        x = torch.randn(3, 128, dtype=torch.bfloat16)
+        for module, weight in expected.items():
+            inputs = x[:, : weight.shape[1]]
+            reference = e4m3_rows(inputs) @ weight.T
+            got = model.get_submodule(module)(inputs).float()
+            assert (got - reference).abs().max() <= 2**-7 * reference.abs().max(), module
+        caplog.clear()
+
+
+def test_rows_of_a_lora_adapter_over_fp8_products_decode_beside_the_base_models(tmp_path):
+    """An adapter's changes added to FP8 products' outputs: its rows near PEFT's model of the file's
+    weights (greedy, near ties as above), the base model's rows as with no adapter loaded."""
+    write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
+    exact = load_model(
+        BackendConfig(
+            model=str(tmp_path / "tiny-FP8"),
+            dtype="float32",
+            quantize="none",
+            device="cpu",
+            rows=4,
+            max_seq_len=128,
+            cache_dir=str(tmp_path),
+        )
+    ).model
+    peft_model = write_lora_adapter(tmp_path / "adapter", exact, ["q_proj", "v_proj", "down_proj"], scale=1.0)
+    plain = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
+    served = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
+    adapters = load_adapters(served, [("a", str(tmp_path / "adapter"))])
+    assert isinstance(served.model.layers[0].self_attn.q_proj.base, Fp8Linear)
+    rng = random.Random(9)
+    prompts = [[rng.randrange(2, 511) for _ in range(rng.randrange(1, 40))] for _ in range(6)]
+    greedy = SamplingParams(temperature=0, max_tokens=10)
+
+    def tokens(model, names, **options):
+        engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, **options)
+        submits = [
+            Submit(f"r{i}", tuple(p), greedy, adapter=n)
+            for i, (p, n) in enumerate(zip(prompts, names, strict=True))
+        ]
+        pieces = drive(engine, list(enumerate(submits)))
+        return [MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) for i in range(len(prompts))]
+
+    names = ["a", ""] * 3
+    mixed = tokens(served, names, adapters=adapters)
+    alone = tokens(plain, [""] * 6)
+    assert [mixed[i] for i in (1, 3, 5)] == [alone[i] for i in (1, 3, 5)]
+    for i in (0, 2, 4):
+        with torch.no_grad():
+            logits = peft_model(torch.tensor([prompts[i] + mixed[i]])).logits[0, len(prompts[i]) - 1 : -1]
+        short = logits.amax(dim=-1) - logits[torch.arange(10), mixed[i]]
+        assert short.max() <= 0.15, (i, short)
+    assert [mixed[i] for i in (0, 2, 4)] != [alone[i] for i in (0, 2, 4)]  # the adapter changes them
+
+
+def test_a_checkpoint_whose_config_keeps_layers_as_floats_serves_those_as_floats(tmp_path):
+    write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
+    config_path = tmp_path / "tiny-FP8" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"]["modules_to_not_convert"] = ["model.layers.1.mlp"]
+    config_path.write_text(json.dumps(config))
+    model = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
+    assert isinstance(model.model.layers[1].self_attn.q_proj, Fp8Linear)
+    assert type(model.model.layers[1].mlp.down_proj) is torch.nn.Linear
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not fp8_products(torch.device("cuda"), torch.bfloat16),
+    reason="a CUDA GPU with FP8 arithmetic",
+)
+def test_cuda_fp8_products_through_decode_graphs(tmp_path):
+    """On a GPU with FP8: the checkpoint's layers are FP8 products there, and the engine's greedy tokens
+    with decode graphs are those without them (the layer's activations quantized inside the graph)."""
+    write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
+    tokens = {}
+    for graphs in (True, False):
+        config = BackendConfig(
+            model=str(tmp_path / "tiny-FP8"),
+            device="cuda",
+            rows=4,
+            max_seq_len=128,
+            cache_dir=str(tmp_path),
+            cuda_graphs=graphs,
+        )
+        model = load_model(config).model
+        assert isinstance(model.model.layers[0].self_attn.q_proj, Fp8Linear)
+        engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, cuda_graphs=graphs)
+        greedy = SamplingParams(temperature=0, max_tokens=10)
+        rng = random.Random(5)
+        prompts = [[rng.randrange(2, 511) for _ in range(rng.randrange(1, 40))] for _ in range(5)]
+        pieces = drive(engine, [(i, Submit(f"r{i}", tuple(p), greedy)) for i, p in enumerate(prompts)])
+        tokens[graphs] = [MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) for i in range(5)]
+    assert tokens[True] == tokens[False]
