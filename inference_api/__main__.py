@@ -156,9 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument(
         "--quantize",
-        choices=["auto", "none", "int4", "int8"],
+        choices=["auto", "none", "int4", "int8", "fp8"],
         default="auto",
-        help="weight-only quantized linear layers; auto: a GGUF file's own 4-bit weights, else none. "
+        help="quantized linear layers; auto: a GGUF file's or quantized checkpoint's own weights, else "
+        "none; int4 and int8 weight-only; fp8 FP8 products on a GPU with FP8. "
         "--dtype float32 --quantize none is the exact mode",
     )
     parser.add_argument(

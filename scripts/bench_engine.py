@@ -46,8 +46,9 @@ from backend.engine.engine import Engine  # noqa: E402
 from backend.layers.row_cache import KVShape, pick_cache_dtype  # noqa: E402
 from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
 from backend.model.loader import LoadedModel, load_model, pick_device, pick_dtype  # noqa: E402
-from backend.quant.quantize import quantize_model  # noqa: E402
-from backend.quant.quantized_linear import QUANTIZERS, WeightOnlyLinear  # noqa: E402
+from backend.quant.fp8_linear import Fp8Linear  # noqa: E402
+from backend.quant.quantize import QUANTIZE_MODES, quantize_model  # noqa: E402
+from backend.quant.quantized_linear import WeightOnlyLinear  # noqa: E402
 from scripts.random_llama import SHAPES, default_tokenizer, random_llama  # noqa: E402
 
 PROMPTS = [
@@ -109,6 +110,8 @@ def step_bytes(model: PreTrainedModel, rows: int, span: int, cache_dtype: torch.
             buffers = dict(module.named_buffers(recurse=False))  # those set to None are left out
             many_rows = [buffers.pop(name) for name in module.many_rows_buffers if name in buffers]
             tensors += many_rows if many_rows and rows >= module.dense_from_rows else buffers.values()
+        elif isinstance(module, Fp8Linear):  # its weights and scales are buffers, kept as their bits
+            tensors += list(module.buffers(recurse=False))
         read.update({t.data_ptr(): t.numel() * t.element_size() for t in tensors})
     return sum(read.values()), KVShape.of(model.config).bytes(rows, span, cache_dtype)
 
@@ -376,7 +379,7 @@ def bench_prompts(loaded: LoadedModel, tokens: int | None) -> list[list[int]]:
 def bench_model(args: argparse.Namespace) -> LoadedModel:
     """The model to time: --model's (or the default) as the server loads it, or with --random a Llama
     of random weights of that shape built in this process (scripts/random_llama.py), on the device
-    and in the dtype the server would pick, quantized at load if --quantize says int4 or int8."""
+    and in the dtype the server would pick, quantized at load if --quantize says int4, int8 or fp8."""
     if not args.random:
         return load_model(bench_config(args))
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else default_tokenizer()
@@ -384,7 +387,7 @@ def bench_model(args: argparse.Namespace) -> LoadedModel:
     dtype = pick_dtype(args.dtype, device)
     model = random_llama(args.random, tokenizer, dtype, device)
     name = f"random Llama {args.random}"
-    if args.quantize in QUANTIZERS:
+    if args.quantize in QUANTIZE_MODES:
         quantize_model(model, args.quantize)
         name += f" ({args.quantize} weights)"
     cache_dtype = pick_cache_dtype("auto", dtype, device)

@@ -13,7 +13,8 @@
 #    waits of a step, and transformers' compiled static-cache generate at a batch of 32 as the baseline;
 # 5. scripts/benchmark.py: the server through HTTP at 32 streams against the engine's own ceiling;
 # 6. in the time left, the engine on the 1B with --compile (the compiled decode step, captured) against
-#    it without, then on a random 8B Llama at 1 and 32 rows against the weight-read floor.
+#    it without, then on a random 8B Llama at 1 and 32 rows against the weight-read floor, then the 8B
+#    and the 1B with --quantize fp8 (FP8 products).
 #
 # Each part runs under its own time limit, so that one that hangs or breaks leaves the others' figures;
 # every result and log goes under $OUT, and $OUT/summary.txt says how each part ended. On a machine
@@ -109,12 +110,17 @@ fi
 rm -rf "$MODEL_DIR"
 
 # In the time left: --compile (the compiled decode step, captured), which no lease has had time for yet
-# (it is first), then the 8B, measured on an H200 on 2026-12-04.
+# (it is first), then the 8B, measured on an H200 on 2026-12-04, then FP8 products, never run on a GPU.
 if [ "$SIZE" = 1b ]; then
     stage compile-1b 200 "$OUT/compile_1b.log" "$PYTHON" scripts/bench_engine.py --random 1b \
         "${TOKENIZER_OPTION[@]}" --compile --rows 1 32 --max-tokens 128 --prompt-tokens 64
     stage engine-8b 300 "$OUT/engine_8b.log" "$PYTHON" scripts/bench_engine.py --random 8b \
         "${TOKENIZER_OPTION[@]}" --graphs --profile --rows 1 32 --max-tokens 64 --prompt-tokens 64
+    # FP8 products (--quantize fp8): a byte a weight read where bfloat16 reads two
+    stage fp8-8b 240 "$OUT/fp8_8b.log" "$PYTHON" scripts/bench_engine.py --random 8b --quantize fp8 \
+        "${TOKENIZER_OPTION[@]}" --graphs --rows 1 32 --max-tokens 64 --prompt-tokens 64
+    stage fp8-1b 180 "$OUT/fp8_1b.log" "$PYTHON" scripts/bench_engine.py --random 1b --quantize fp8 \
+        "${TOKENIZER_OPTION[@]}" --graphs --rows 1 32 --max-tokens 128 --prompt-tokens 64
 fi
 echo "done" | tee -a "$SUMMARY"
 # A lent machine returns at most 8 files from $OUT, and the check writes ten: GPU_CHECK_BUNDLE=1 packs every

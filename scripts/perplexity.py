@@ -61,6 +61,7 @@ def as_on_an_fp8_gpu() -> Iterator[None]:
     with (
         mock.patch("backend.quant.fp8_weights.fp8_products", return_value=True),
         mock.patch("backend.quant.checkpoint_layers.fp8_products", return_value=True),
+        mock.patch("backend.model.loader.fp8_products", return_value=True),  # --quantize fp8's check
     ):
         yield
 

@@ -63,10 +63,11 @@ from backend.quant.calibration import (
     time_head_crossover,
     time_projection_crossover,
 )
+from backend.quant.fp8_linear import fp8_products
 from backend.quant.fp8_weights import is_fp8_checkpoint, serve_fp8
 from backend.quant.gguf_weights import serve_gguf_weights
-from backend.quant.quantize import quantize_model
-from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
+from backend.quant.quantize import QUANTIZE_MODES, quantize_model
+from backend.quant.quantized_linear import resident_bytes
 from backend.utils.heap import give_back_freed_memory
 from backend.utils.hub import hub_token
 
@@ -185,8 +186,8 @@ def cpu_multiplies_bf16() -> bool:
 def pick_quantization(requested: str, source: ModelSource, quantized_checkpoint: bool = False) -> str:
     """`auto` serves a GGUF file's or a GPTQ, AWQ, compressed-tensors, bitsandbytes or FP8 checkpoint's own
     quantized weights, and anything else as it is."""
-    if requested not in ("auto", "none", *QUANTIZERS):
-        raise ValueError(f"--quantize must be auto, none, int4 or int8, not {requested!r}")
+    if requested not in ("auto", "none", *QUANTIZE_MODES):
+        raise ValueError(f"--quantize must be auto, none, int4, int8 or fp8, not {requested!r}")
     if requested != "auto":
         return requested
     if quantized_checkpoint:
@@ -241,6 +242,12 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     fp8 = is_fp8_checkpoint(quantization_config)
     read_itself = any(fmt is not None for fmt in (group_wise_format, compressed_format, bnb_format))
     quantization = pick_quantization(config.quantize, source, read_itself or fp8)
+    if quantization == "fp8" and not fp8_products(device, dtype):
+        raise ValueError(
+            "--quantize fp8 needs a GPU with FP8 arithmetic (compute capability 8.9 or later: Ada, Hopper, "
+            f"Blackwell) and bfloat16, not {device} in {str(dtype).removeprefix('torch.')}: "
+            "--quantize int8 reads as few bytes a weight everywhere"
+        )
     exact = quantization == "none" and dtype == torch.float32
     # The fused CPU operations are built here (once a machine) where the runner will use them: the
     # cache's dtype depends on whether their loop attends.
@@ -565,10 +572,17 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, source: ModelSource, root
 def quantize_weights(
     model: PreTrainedModel, source: ModelSource, quantization: str, converted: Path | None = None
 ) -> None:
-    """Swap the linear layers for weight-only quantized ones: the GGUF file's own blocks (read once,
-    then kept beside its `converted` copy), or int4/int8."""
+    """Swap the linear layers for quantized ones: the GGUF file's own blocks (read once, then kept
+    beside its `converted` copy), int4/int8 weight-only, or FP8 products."""
     if quantization == "gguf":  # pick_quantization chooses it for GGUF files only
         serve_gguf_weights(model, Path(source.location) / source.gguf_file, converted)
+    elif quantization == "fp8":
+        count = quantize_model(model, quantization)
+        log.info(
+            "quantized %d linear layers to FP8 products: e4m3 weights a channel, activations e4m3 a row "
+            "(the head and any experts stay floats)",
+            count,
+        )
     elif quantization != "none":
         count = quantize_model(model, quantization)
         log.info(

@@ -1,23 +1,33 @@
-"""`--quantize int4|int8`: a float model's weights made weight-only quantized at load.
+"""`--quantize int4|int8|fp8`: a float model's weights made quantized at load.
 
-Its linear layers (quantized_linear.py), a mixture of experts' weights (quantized_experts.py) and the
-output head (int8, for the steps of few rows).
+int4 and int8: its linear layers weight-only (quantized_linear.py), a mixture of experts' weights
+(quantized_experts.py) and the output head (int8, for the steps of few rows). fp8, on a GPU with FP8
+arithmetic (fp8_linear.py): its linear layers as FP8 products, e4m3 weights a channel and activations
+e4m3 a row, as vLLM's `--quantization fp8` serves a float model; the head and any experts stay floats.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
+from backend.quant.fp8_linear import Fp8Linear, fits_fp8_products
 from backend.quant.quantized_experts import quantize_experts
 from backend.quant.quantized_linear import QUANTIZERS, quantizable_linears, quantize_head, replace_module
 
+QUANTIZE_MODES = (*QUANTIZERS, "fp8")
+
 
 def quantize_model(model: nn.Module, mode: str) -> int:
-    """Replace every quantizable linear layer by its `mode` ("int4" or "int8") version, a mixture of
-    experts' weights by such layers too, and the head by an int8 one; returns how many layers were
-    replaced."""
-    quantize = QUANTIZERS[mode]
+    """Replace every quantizable linear layer by its `mode` ("int4", "int8" or "fp8") version, and for int4
+    and int8 a mixture of experts' weights by such layers too and the head by an int8 one; returns how
+    many layers were replaced."""
     linears = quantizable_linears(model)
+    if mode == "fp8":
+        fits = {name: linear for name, linear in linears.items() if fits_fp8_products(*linear.weight.shape)}
+        for name, linear in fits.items():
+            replace_module(model, name, Fp8Linear.of_weights(linear.weight, linear.bias))
+        return len(fits)
+    quantize = QUANTIZERS[mode]
     for name, linear in linears.items():
         replace_module(model, name, quantize(linear))
     return len(linears) + quantize_experts(model, quantize) + quantize_head(model)

@@ -14,12 +14,13 @@ from backend.messages import BackendConfig, SamplingParams, Submit
 from backend.model.loader import load_model
 from backend.model.lora import load_adapters
 from backend.quant.fp8_linear import FP8, FP8_MAX, Fp8Linear, fp8_products
+from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import resident_bytes
 from scripts.perplexity import as_on_an_fp8_gpu
 from tests.backend.compressed_tensors_files import write_compressed_checkpoint
 from tests.backend.fp8_files import write_fp8_checkpoint
 from tests.backend.lora_files import write_lora_adapter
-from tests.backend.models import MarkerTokenizer, drive, text_of
+from tests.backend.models import MarkerTokenizer, drive, text_of, tiny_model, write_tiny_causal_lm
 
 WIDE = dict(hidden_size=256, intermediate_size=384, head_dim=64)  # several 128 x 128 blocks a layer
 
@@ -89,11 +90,17 @@ def test_fp8_products_where_the_gpu_multiplies_fp8(device, capability, dtype, ex
         assert fp8_products(torch.device(device), dtype) is expected
 
 
-def load_as_on_an_fp8_gpu(directory, tmp_path):
+def load_as_on_an_fp8_gpu(directory, tmp_path, quantize: str = "auto"):
     """The model loaded as on a GPU with FP8 arithmetic, in bfloat16: the choice of FP8 products made
     true on this CPU, whose `_scaled_mm` then runs them."""
     config = BackendConfig(
-        model=str(directory), dtype="bfloat16", device="cpu", rows=4, max_seq_len=128, cache_dir=str(tmp_path)
+        model=str(directory),
+        dtype="bfloat16",
+        quantize=quantize,
+        device="cpu",
+        rows=4,
+        max_seq_len=128,
+        cache_dir=str(tmp_path),
     )
     with as_on_an_fp8_gpu():
         return load_model(config).model
@@ -215,6 +222,45 @@ def test_rows_of_a_lora_adapter_over_fp8_products_decode_beside_the_base_models(
         short = logits.amax(dim=-1) - logits[torch.arange(10), mixed[i]]
         assert short.max() <= 0.15, (i, short)
     assert [mixed[i] for i in (0, 2, 4)] != [alone[i] for i in (0, 2, 4)]  # the adapter changes them
+
+
+def test_quantize_fp8_serves_a_float_models_layers_as_fp8_products(tmp_path, caplog):
+    """`--quantize fp8` (vLLM's `--quantization fp8`): any float model's projections quantized at load to
+    e4m3 a channel, the head left in floats; the engine's greedy tokens the float model's or near ties."""
+    directory = write_tiny_causal_lm(tmp_path / "tiny", "llama", tiny_model("llama", **WIDE))
+    with caplog.at_level("INFO"):
+        model = load_as_on_an_fp8_gpu(directory, tmp_path, quantize="fp8")
+    assert "quantized 14 linear layers to FP8 products" in caplog.text
+    exact = tiny_model("llama", **WIDE)
+    for name, module in exact.named_modules():
+        if type(module) is torch.nn.Linear and name != "lm_head":
+            served = model.get_submodule(name)
+            assert isinstance(served, Fp8Linear), name
+            # from the bfloat16 model's weights, as loaded
+            assert torch.equal(served.weight, Fp8Linear.of_weights(module.weight.bfloat16(), None).weight)
+    assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight.dtype == torch.bfloat16
+    shortfalls = greedy_shortfalls(model, exact, seed=4)
+    assert sum(s == 0 for s in shortfalls) >= 40 and max(shortfalls) <= 0.15, shortfalls
+
+
+def test_the_engine_benchmark_counts_fp8_layers_bytes_in_a_steps_weight_read():
+    from scripts.bench_engine import step_bytes
+
+    model = tiny_model("llama", **WIDE)
+    before, _ = step_bytes(model, 1, 1, torch.float32)
+    weights = [m.weight for n, m in model.named_modules() if type(m) is torch.nn.Linear and n != "lm_head"]
+    assert quantize_model(model, "fp8") == len(weights) == 14
+    after, _ = step_bytes(model, 1, 1, torch.float32)
+    assert after == before - sum(w.numel() * 4 for w in weights) + sum(
+        w.numel() + 4 * w.shape[0] for w in weights
+    )
+
+
+def test_quantize_fp8_is_refused_where_the_device_has_no_fp8_arithmetic(tmp_path):
+    directory = write_tiny_causal_lm(tmp_path / "tiny", "llama")
+    config = BackendConfig(model=str(directory), quantize="fp8", device="cpu", rows=4, max_seq_len=128)
+    with pytest.raises(ValueError, match=r"--quantize fp8 needs a GPU with FP8 arithmetic .* not cpu in"):
+        load_model(config)
 
 
 def test_a_checkpoint_whose_config_keeps_layers_as_floats_serves_those_as_floats(tmp_path):

@@ -176,7 +176,7 @@ def test_the_default_mode_caches_keys_and_values_in_its_own_dtype_where_the_loop
 
 
 def test_an_unknown_quantization_is_refused_before_loading():
-    with pytest.raises(ValueError, match="--quantize must be auto, none, int4 or int8, not 'int3'"):
+    with pytest.raises(ValueError, match="--quantize must be auto, none, int4, int8 or fp8, not 'int3'"):
         load_model(BackendConfig(quantize="int3", rows=1, max_seq_len=64))
 
 
