@@ -64,6 +64,14 @@ def test_the_layer_multiplies_its_inputs_in_e4m3_a_row_by_its_e4m3_weights(dtype
     )
 
 
+def test_a_row_of_zeros_gives_the_bias_not_nans():
+    layer = Fp8Linear.of_weights(torch.randn(32, 48), torch.randn(32))
+    x = torch.zeros(3, 48)
+    x[1] = torch.randn(48)
+    out = layer(x)
+    assert torch.equal(out[0], layer.bias) and torch.equal(out[2], layer.bias) and out.isfinite().all()
+
+
 def test_the_models_cast_to_its_dtype_keeps_the_weights_and_their_scales():
     """Module.to(dtype) casts every floating tensor, float8 included: transformers' own FP8 layers lost
     their scales so. This layer keeps its weights and scales as their bits."""
