@@ -311,7 +311,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
     tokenizer_path = location if has_fast_tokenizer else save_tokenizer(tokenizer, source, root)
     if quantization == "checkpoint" and fp8:  # from the float32 weights, before the cast
-        serve_fp8(model, quantization_config, device, dtype)
+        files = checkpoint_directory(location, token) if fp8_products(device, dtype) else None
+        serve_fp8(model, quantization_config, device, dtype, files)
     model = model.to(device=device, dtype=dtype)
     has_converted_copy = converted is not None and location == str(converted)
     if quantization == "checkpoint" and compressed_format is not None:
@@ -418,8 +419,7 @@ def load_read_itself(
     """A GPTQ, AWQ or compressed-tensors checkpoint's model, built from the dequantized weights in `dtype`
     that `read_checkpoint` gives with its quantized layers (without the quantization config, which would
     send transformers to GPTQModel, AutoAWQ or compressed-tensors), what it read, and those layers."""
-    if not Path(location).is_dir():  # a hub id: its files, as transformers would download them
-        location = snapshot_download(location, token=token, allow_patterns=["*.json", "*.safetensors"])
+    location = str(checkpoint_directory(location, token))
     state_dict, layers = read_checkpoint(location)
     config = copy.deepcopy(model_config)
     del config.quantization_config
@@ -434,6 +434,13 @@ def load_read_itself(
     )
     refuse_unread(info["missing_keys"], f"the {name} in {location}")
     return model, info, layers
+
+
+def checkpoint_directory(location: str, token: str | None) -> Path:
+    """A checkpoint's local directory: a hub id's files as transformers downloads them (its cache)."""
+    if Path(location).is_dir():
+        return Path(location)
+    return Path(snapshot_download(location, token=token, allow_patterns=["*.json", "*.safetensors"]))
 
 
 def refuse_unread(missing: Iterable[str], checkpoint: str) -> None:

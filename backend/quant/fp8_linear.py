@@ -6,9 +6,12 @@ tensor cores, at twice bfloat16's rate, so such a layer is served as vLLM serves
 
     weights: e4m3 with a float32 scale an output channel, the checkpoint's own values where it has a
         scale a channel or a tensor (compressed-tensors' FP8), else quantized once from its dequantized
-        weights (transformers' `fp8`, a scale for every 128 x 128: `of_weights`)
+        weights (`of_weights`)
     activations: quantized to e4m3 as they come, a scale a row (its largest value at 448)
     product: `torch._scaled_mm` with both scales, accumulated in float32, out in bfloat16
+
+and a checkpoint with a scale for every 128 x 128 weights (transformers' `fp8`) in those very blocks
+(`Fp8BlockLinear`, below).
 
 The weights and scales are kept as their bits (uint8, int32): the model's `.to(dtype)` casts every
 floating tensor, float8 included, and would turn them into floats without their scales, the trap
@@ -18,6 +21,7 @@ decode graphs capture the layer as they capture any other.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -27,6 +31,7 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 # cuBLAS's FP8 products take inner and output sizes in multiples of 16
 FP8_ALIGNMENT = 16
+BLOCK = 128  # the side of the weights' blocks that torch's blockwise FP8 product takes
 
 
 def fp8_products(device: torch.device, dtype: torch.dtype) -> bool:
@@ -95,3 +100,102 @@ class Fp8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, FP8 e4m3 a channel"
+
+
+class Fp8BlockLinear(Fp8Linear):
+    """An FP8 layer of a checkpoint with a scale for every 128 x 128 weights (DeepSeek's and Qwen's "-FP8"
+    files), served with those very weights and scales: its inputs quantized to e4m3 with a scale for
+    every 128 of a row, and the product `torch.nn.functional.scaled_mm`'s blockwise one (BlockWise1x128
+    by BlockWise128x128, which cuBLAS runs on Hopper). w = weight * scale[out / 128, in / 128].
+
+    Requantizing such a layer to a scale a channel rounds every weight a second time: +1.8% perplexity
+    on SmolLM2 where its own blocks gave +0.2% (docs/performance.md, "FP8 products"). Where the GPU's
+    blockwise product fails the start's check (`blockwise_products_work`), the loader does that instead.
+    Off CUDA the product is computed in float32 from the same e4m3 values and scales (`emulated`), the
+    reference the check holds the GPU's to, and what the tests run on a CPU."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        """weight: [out, in] float8 e4m3, both multiples of 128; scale: [out / 128, in / 128], float32."""
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = weight.shape
+        blocks = (self.out_features // BLOCK, self.in_features // BLOCK)
+        if self.out_features % BLOCK or self.in_features % BLOCK or tuple(scale.shape) != blocks:
+            raise ValueError(f"{tuple(weight.shape)} weights in {tuple(scale.shape)} blocks of {BLOCK}")
+        scale = scale.to(device=weight.device, dtype=torch.float32)
+        # cuBLAS takes the weights' scales with the inner blocks a multiple of 4 (padding never read)
+        padded = nn.functional.pad(scale, (0, -blocks[1] % 4))
+        self.register_buffer("weight_bits", weight.to(FP8).contiguous().view(torch.uint8), persistent=False)
+        self.register_buffer("scale_bits", padded.contiguous().view(torch.int32), persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    @property
+    def scale(self) -> torch.Tensor:
+        return self.scale_bits.view(torch.float32)[:, : self.in_features // BLOCK]
+
+    def dequantized(self) -> torch.Tensor:
+        spread = self.scale.repeat_interleave(BLOCK, dim=0).repeat_interleave(BLOCK, dim=1)
+        return self.weight.float() * spread
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        rows = flat.shape[0]
+        if rows % 4:  # cuBLAS's blockwise products take the rows' scales a multiple of 4 rows long
+            flat = nn.functional.pad(flat, (0, 0, 0, -rows % 4))
+        x8, x_scale = quantize_groups(flat)
+        out = self.product(x8, x_scale, x.dtype)[:rows]
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def product(self, x8: torch.Tensor, x_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """x8 [rows, in] e4m3 with a scale a 128 of a row [rows, in / 128] times the weights, in `dtype`."""
+        if x8.device.type != "cuda":
+            return self.emulated(x8, x_scale).to(dtype)
+        return nn.functional.scaled_mm(
+            x8,
+            self.weight.t(),
+            x_scale.t().contiguous().t(),  # rows' scales column-major, as cuBLAS reads them
+            nn.functional.ScalingType.BlockWise1x128,
+            self.scale_bits.view(torch.float32).t(),
+            nn.functional.ScalingType.BlockWise128x128,
+            output_dtype=dtype,
+        )
+
+    def emulated(self, x8: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+        """The product in float32 from the same e4m3 values and scales: [rows, out]."""
+        inputs = (x8.float().view(x8.shape[0], -1, BLOCK) * x_scale[..., None]).view(x8.shape)
+        return inputs @ self.dequantized().T
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, FP8 e4m3 in 128 x 128 blocks"
+        )
+
+
+def quantize_groups(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, in] to e4m3 with a scale for every 128 of a row (its largest value at 448): the values and
+    the scales, [rows, in / 128] float32."""
+    groups = flat.view(flat.shape[0], -1, BLOCK)
+    largest = torch.linalg.vector_norm(groups, math.inf, dim=-1, dtype=torch.float32)
+    x_scale = largest.div_(FP8_MAX).clamp_(min=1e-12)
+    return (groups / x_scale[..., None]).to(FP8).view(flat.shape), x_scale
+
+
+@functools.cache
+def blockwise_products_work(device: torch.device) -> str | None:
+    """None where this device's blockwise FP8 product gives its float32 emulation's (within bfloat16's
+    rounding) on a random layer of 256 x 512 and 5 rows; else what went wrong, for the log. cuBLAS runs
+    it on Hopper from CUDA 12.9 on; nothing here can check it without one, so every start does."""
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(256, 512, generator=generator) * 64).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    scale = torch.rand(2, 4, generator=generator) * 0.01 + 0.001
+    layer = Fp8BlockLinear(weight, scale, None).to(device)
+    x = torch.randn(5, 512, generator=generator).to(device=device, dtype=torch.bfloat16)
+    try:
+        got = layer(x).float()
+    except (RuntimeError, NotImplementedError, ValueError) as error:
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    x8, x_scale = quantize_groups(nn.functional.pad(x, (0, 0, 0, 3)))
+    expected = layer.emulated(x8, x_scale)[:5]
+    error = ((got - expected).abs().max() / expected.abs().max()).item()
+    return None if error < 2**-6 else f"its products were {error:.3g} of their largest off the emulation's"

@@ -6,9 +6,12 @@ for every 128 x 128 of them. The loader has transformers dequantize them to floa
 device (loader.load_weights says why), and `serve_fp8` replaces them before the model is cast to its
 dtype, so that each is converted from those float32 weights, not from bfloat16's rounding of them:
 
-    a GPU with FP8 arithmetic (fp8_linear.fp8_products): an Fp8Linear, each output channel's weights
-        quantized once to e4m3 with a scale of their own (`_scaled_mm` takes a scale a channel, not one
-        a 128 x 128), the activations quantized to e4m3 a row as they come: the file's bytes a weight.
+    a GPU with FP8 arithmetic (fp8_linear.fp8_products): an Fp8BlockLinear of the file's own e4m3
+        weights and 128 x 128 scales, read from its files, where the GPU's blockwise product passes the
+        start's check (fp8_linear.blockwise_products_work); else an Fp8Linear, each output channel's
+        weights quantized once to e4m3 with a scale of their own (`_scaled_mm` takes a scale a channel,
+        not one a 128 x 128), the activations quantized to e4m3 a row as they come: the file's bytes a
+        weight either way.
     a CPU that multiplies blocks: 8-bit blocks (gguf_types.requantize_int8: a scale a block of 32 inputs,
         the block's largest weight at 127), within half a step of 1/127 of each block's largest weight,
         where e4m3 itself rounds every weight to 1/16 of its power of two; a byte a weight, as in the file.
@@ -18,13 +21,24 @@ dtype, so that each is converted from those float32 weights, not from bfloat16's
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from backend.quant import block_weights
-from backend.quant.fp8_linear import Fp8Linear, fits_fp8_products, fp8_products
+from backend.quant.fp8_linear import (
+    BLOCK,
+    FP8,
+    Fp8BlockLinear,
+    Fp8Linear,
+    blockwise_products_work,
+    fits_fp8_products,
+    fp8_products,
+)
 from backend.quant.gguf_types import requantize_int8
+from backend.quant.group_wise import checkpoint_files
 from backend.quant.quantized_linear import Int8Linear, quantizable_linears, replace_module
 
 log = logging.getLogger(__name__)
@@ -34,10 +48,16 @@ def is_fp8_checkpoint(quantization_config: dict | None) -> bool:
     return bool(quantization_config) and quantization_config.get("quant_method") == "fp8"
 
 
-def serve_fp8(model: nn.Module, quantization_config: dict, device: torch.device, dtype: torch.dtype) -> int:
+def serve_fp8(
+    model: nn.Module,
+    quantization_config: dict,
+    device: torch.device,
+    dtype: torch.dtype,
+    checkpoint_dir: Path | None = None,
+) -> int:
     """Replace the layers the checkpoint stored in FP8 (its linear layers but those it names as kept), the
     model still in float32 on the host, by what serves them on `device` in `dtype` (module docstring);
-    returns how many were replaced."""
+    returns how many were replaced. `checkpoint_dir`: where its files are, to read the FP8 blocks from."""
     kept = quantization_config.get("modules_to_not_convert") or []
     linears = {
         name: linear
@@ -45,18 +65,7 @@ def serve_fp8(model: nn.Module, quantization_config: dict, device: torch.device,
         if not any(name == module or name.startswith(f"{module}.") for module in kept)
     }
     if fp8_products(device, dtype):
-        fits = {name: linear for name, linear in linears.items() if fits_fp8_products(*linear.weight.shape)}
-        for name, linear in fits.items():
-            replace_module(model, name, Fp8Linear.of_weights(linear.weight.to(device), linear.bias))
-        log.info(
-            "FP8 checkpoint: %d linear layers served as FP8 products on %s (e4m3 weights, a scale a channel, "
-            "quantized once from the 128 x 128 blocks' weights; activations e4m3 a row)%s",
-            len(fits),
-            device,
-            f", {len(linears) - len(fits)} as dequantized floats (sizes no multiple of 16)"
-            * (fits != linears),
-        )
-        return len(fits)
+        return serve_fp8_products(model, linears, quantization_config, device, checkpoint_dir)
     if not block_weights.available(device):
         log.info("FP8 checkpoint: %d linear layers served as dequantized floats on %s", len(linears), device)
         return 0
@@ -72,3 +81,69 @@ def serve_fp8(model: nn.Module, quantization_config: dict, device: torch.device,
         block_weights.kernel(device),
     )
     return len(linears)
+
+
+def serve_fp8_products(
+    model: nn.Module,
+    linears: dict[str, nn.Linear],
+    quantization_config: dict,
+    device: torch.device,
+    checkpoint_dir: Path | None,
+) -> int:
+    """The FP8 layers as FP8 products: in the file's own 128 x 128 blocks where it has them and the GPU's
+    blockwise product works, else e4m3 a channel quantized once from the dequantized weights."""
+    blocks, why_not = {}, None
+    if list(quantization_config.get("weight_block_size") or []) != [BLOCK, BLOCK]:
+        why_not = f"its blocks are {quantization_config.get('weight_block_size')}, not {BLOCK} x {BLOCK}"
+    elif checkpoint_dir is None:
+        why_not = "its files were not found"
+    else:
+        why_not = blockwise_products_work(device)
+    if why_not is None:
+        in_blocks = [name for name, linear in linears.items() if linear.weight.shape[0] % BLOCK == 0]
+        in_blocks = [name for name in in_blocks if linears[name].weight.shape[1] % BLOCK == 0]
+        for name, (weight, scale) in read_fp8_blocks(checkpoint_dir, in_blocks).items():
+            blocks[name] = Fp8BlockLinear(weight.to(device), scale.to(device), linears[name].bias)
+    channels = {
+        name: linear
+        for name, linear in linears.items()
+        if name not in blocks and fits_fp8_products(*linear.weight.shape)
+    }
+    for name, layer in blocks.items():
+        replace_module(model, name, layer)
+    for name, linear in channels.items():
+        replace_module(model, name, Fp8Linear.of_weights(linear.weight.to(device), linear.bias))
+    served = [
+        f"{len(blocks)} in the file's {BLOCK} x {BLOCK} blocks (activations e4m3 a {BLOCK} of a row)"
+        * bool(blocks),
+        f"{len(channels)} as e4m3 a channel quantized once from the blocks' weights (activations e4m3 a row)"
+        * bool(channels),
+        f"{len(linears) - len(blocks) - len(channels)} as dequantized floats (sizes no multiple of 16)"
+        * (len(blocks) + len(channels) < len(linears)),
+    ]
+    log.info(
+        "FP8 checkpoint: %d linear layers served as FP8 products on %s, %s%s",
+        len(blocks) + len(channels),
+        device,
+        "; ".join(part for part in served if part),
+        f" (not in blocks: {why_not})" if why_not and channels else "",
+    )
+    return len(blocks) + len(channels)
+
+
+def read_fp8_blocks(checkpoint_dir: Path, names: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each named layer's e4m3 weights and its scale for every 128 x 128 (`weight_scale_inv`, which the
+    weights are multiplied by) as the checkpoint's files hold them."""
+    wanted = {f"{name}.{part}": (name, part) for name in names for part in ("weight", "weight_scale_inv")}
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for path in checkpoint_files(str(checkpoint_dir)):
+        with safe_open(path, framework="pt") as file:
+            for key in file.keys():  # noqa: SIM118 (a safetensors file is no dict)
+                if key in wanted:
+                    name, part = wanted[key]
+                    parts.setdefault(name, {})[part] = file.get_tensor(key)
+    return {
+        name: (tensors["weight"], tensors["weight_scale_inv"])
+        for name, tensors in parts.items()
+        if len(tensors) == 2 and tensors["weight"].dtype == FP8
+    }

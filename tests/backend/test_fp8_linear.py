@@ -13,7 +13,14 @@ from backend.engine.engine import Engine
 from backend.messages import BackendConfig, SamplingParams, Submit
 from backend.model.loader import load_model
 from backend.model.lora import load_adapters
-from backend.quant.fp8_linear import FP8, FP8_MAX, Fp8Linear, fp8_products
+from backend.quant.fp8_linear import (
+    FP8,
+    FP8_MAX,
+    Fp8BlockLinear,
+    Fp8Linear,
+    blockwise_products_work,
+    fp8_products,
+)
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import resident_bytes
 from scripts.perplexity import as_on_an_fp8_gpu
@@ -132,38 +139,90 @@ def greedy_shortfalls(model, exact, seed: int) -> list[float]:
     return shortfalls
 
 
-def test_an_fp8_checkpoint_on_a_gpu_with_fp8_is_served_by_fp8_products(tmp_path, caplog):
-    """transformers' `fp8` checkpoint: each layer quantized once from its float32 weights (a scale for
-    every 128 x 128) to e4m3 a channel; the engine serves the model, its greedy tokens the exact model's
-    or near ties of it."""
+def exact_model(directory, tmp_path):
+    config = BackendConfig(
+        model=str(directory), dtype="float32", quantize="none", device="cpu", rows=4, max_seq_len=128,
+        cache_dir=str(tmp_path),
+    )  # fmt: skip
+    return load_model(config).model
+
+
+def test_an_fp8_checkpoint_on_a_gpu_with_fp8_is_served_in_its_own_blocks(tmp_path, caplog):
+    """transformers' `fp8` checkpoint (a scale for every 128 x 128): each layer the file's own e4m3 weights
+    and scales, exactly; the engine serves the model, its greedy tokens the exact model's or near ties."""
     expected = write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
     with caplog.at_level("INFO"):
         model = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
-    assert "FP8 checkpoint: 14 linear layers served as FP8 products on cpu" in caplog.text
+    assert "FP8 checkpoint: 14 linear layers served as FP8 products on cpu, 14 in the file's 128 x 128" in (
+        caplog.text
+    )
     for module, weight in expected.items():
         layer = model.get_submodule(module)
-        assert isinstance(layer, Fp8Linear), module
-        assert torch.equal(layer.weight, Fp8Linear.of_weights(weight, None).weight), module  # not bf16's
+        assert isinstance(layer, Fp8BlockLinear) and torch.equal(layer.dequantized(), weight), module
     assert type(model.lm_head) is torch.nn.Linear
-    assert resident_bytes(model)["quantized"] == sum(
-        w.numel() * 1 + w.shape[0] * 4 for w in expected.values()
-    )
-    exact = load_model(
-        BackendConfig(
-            model=str(tmp_path / "tiny-FP8"),
-            dtype="float32",
-            quantize="none",
-            device="cpu",
-            rows=4,
-            max_seq_len=128,
-            cache_dir=str(tmp_path),
-        )
-    ).model
-    shortfalls = greedy_shortfalls(model, exact, seed=3)
+    scales = sum(w.shape[0] // 128 * 4 * 4 for w in expected.values())  # inner blocks padded to 4
+    assert resident_bytes(model)["quantized"] == sum(w.numel() for w in expected.values()) + scales
+    shortfalls = greedy_shortfalls(model, exact_model(tmp_path / "tiny-FP8", tmp_path), seed=3)
     # e4m3 activations move these random models' logits by a few hundredths (each layer's arithmetic is
-    # held exactly above): the chosen token is the exact model's or a near tie (0.01-0.08 short in three
-    # seeds); a wrong layer misses by whole units
+    # held exactly below): the chosen token is the exact model's or a near tie; a wrong layer misses by
+    # whole units
     assert sum(s == 0 for s in shortfalls) >= 40 and max(shortfalls) <= 0.15, shortfalls
+
+
+def test_where_the_gpus_blockwise_product_fails_its_check_the_layers_go_a_channel(tmp_path, caplog):
+    """Each quantized once from its float32 weights (not bfloat16's) to e4m3 a channel, the reason
+    logged."""
+    expected = write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
+    reason = "RuntimeError: no blockwise product here"
+    with (
+        caplog.at_level("INFO"),
+        mock.patch("backend.quant.fp8_weights.blockwise_products_work", return_value=reason),
+    ):
+        model = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
+    assert "14 as e4m3 a channel quantized once from the blocks' weights" in caplog.text
+    assert f"(not in blocks: {reason})" in caplog.text
+    for module, weight in expected.items():
+        layer = model.get_submodule(module)
+        assert type(layer) is Fp8Linear, module
+        assert torch.equal(layer.weight, Fp8Linear.of_weights(weight, None).weight), module
+    shortfalls = greedy_shortfalls(model, exact_model(tmp_path / "tiny-FP8", tmp_path), seed=3)
+    assert sum(s == 0 for s in shortfalls) >= 40 and max(shortfalls) <= 0.15, shortfalls
+
+
+def test_the_block_layer_multiplies_inputs_in_e4m3_a_128_of_a_row_by_its_blocks():
+    torch.manual_seed(1)
+    weight = (torch.randn(256, 384) * 50).clamp(-448, 448).to(FP8)
+    scale = torch.rand(2, 3) * 0.01 + 0.001
+    layer = Fp8BlockLinear(weight, scale, torch.randn(256)).to(torch.bfloat16)
+    spread = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    assert torch.equal(layer.dequantized(), weight.float() * spread) and layer.scale.dtype == torch.float32
+    x = torch.randn(5, 384) * torch.tensor([1.0, 100.0, 0.01]).repeat_interleave(128)  # unequal groups
+    got = layer(x.to(torch.bfloat16).reshape(1, 5, 384))
+    assert got.shape == (1, 5, 256)
+    groups = x.to(torch.bfloat16).float().reshape(5, 3, 128)
+    group_scale = groups.abs().amax(dim=-1, keepdim=True) / FP8_MAX
+    inputs = ((groups / group_scale).to(FP8).float() * group_scale).reshape(5, 384)
+    expected = inputs @ layer.dequantized().T + layer.bias.float()
+    assert (got[0].float() - expected).abs().max() <= 2**-7 * expected.abs().max()
+    with pytest.raises(ValueError, match="blocks of 128"):
+        Fp8BlockLinear(weight[:200], scale, None)
+
+
+def test_the_start_checks_the_gpus_blockwise_product_against_its_emulation():
+    blockwise_products_work.cache_clear()
+    assert blockwise_products_work(torch.device("cpu")) is None  # off CUDA the emulation is the product
+    blockwise_products_work.cache_clear()
+    wrong = lambda self, x8, x_scale, dtype: self.emulated(x8, x_scale).to(dtype) * 1.05  # noqa: E731
+    with mock.patch.object(Fp8BlockLinear, "product", wrong):
+        assert "off the emulation's" in blockwise_products_work(torch.device("cpu"))
+    blockwise_products_work.cache_clear()
+
+    def failing(self, x8, x_scale, dtype):
+        raise RuntimeError("Invalid scaling configuration.\nmore")
+
+    with mock.patch.object(Fp8BlockLinear, "product", failing):
+        assert blockwise_products_work(torch.device("cpu")) == "RuntimeError: Invalid scaling configuration."
+    blockwise_products_work.cache_clear()
 
 
 def test_a_compressed_tensors_fp8_checkpoint_multiplies_by_its_own_values(tmp_path, caplog):
@@ -191,17 +250,7 @@ def test_rows_of_a_lora_adapter_over_fp8_products_decode_beside_the_base_models(
     """An adapter's changes added to FP8 products' outputs: its rows near PEFT's model of the file's
     weights (greedy, near ties as above), the base model's rows as with no adapter loaded."""
     write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
-    exact = load_model(
-        BackendConfig(
-            model=str(tmp_path / "tiny-FP8"),
-            dtype="float32",
-            quantize="none",
-            device="cpu",
-            rows=4,
-            max_seq_len=128,
-            cache_dir=str(tmp_path),
-        )
-    ).model
+    exact = exact_model(tmp_path / "tiny-FP8", tmp_path)
     peft_model = write_lora_adapter(tmp_path / "adapter", exact, ["q_proj", "v_proj", "down_proj"], scale=1.0)
     plain = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
     served = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
@@ -280,6 +329,16 @@ def test_a_checkpoint_whose_config_keeps_layers_as_floats_serves_those_as_floats
     model = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
     assert isinstance(model.model.layers[1].self_attn.q_proj, Fp8Linear)
     assert type(model.model.layers[1].mlp.down_proj) is torch.nn.Linear
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="a Hopper GPU"
+)
+def test_cuda_blockwise_fp8_products_give_their_emulations_on_hopper():
+    """cuBLAS's blockwise FP8 product (BlockWise1x128 by BlockWise128x128) runs on Hopper: the start's
+    check passes there, else the checkpoints' layers go a channel (the reason is this assertion's)."""
+    blockwise_products_work.cache_clear()
+    assert blockwise_products_work(torch.device("cuda")) is None
 
 
 @pytest.mark.skipif(
