@@ -21,6 +21,7 @@ dtype, so that each is converted from those float32 weights, not from bfloat16's
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from safetensors import safe_open
 from torch import nn
 
 from backend.quant import block_weights
+from backend.quant.checkpoint_layers import described
 from backend.quant.fp8_linear import (
     BLOCK,
     FP8,
@@ -83,6 +85,11 @@ def serve_fp8(
     return len(linears)
 
 
+IN_BLOCKS = f"the file's {BLOCK} x {BLOCK} blocks, activations e4m3 a {BLOCK} of a row"
+A_CHANNEL = "e4m3 a channel quantized once from the blocks' weights, activations e4m3 a row"
+FLOATS = "dequantized floats (sizes no multiple of 16)"
+
+
 def serve_fp8_products(
     model: nn.Module,
     linears: dict[str, nn.Linear],
@@ -92,43 +99,41 @@ def serve_fp8_products(
 ) -> int:
     """The FP8 layers as FP8 products: in the file's own 128 x 128 blocks where it has them and the GPU's
     blockwise product works, else e4m3 a channel quantized once from the dequantized weights."""
-    blocks, why_not = {}, None
-    if list(quantization_config.get("weight_block_size") or []) != [BLOCK, BLOCK]:
-        why_not = f"its blocks are {quantization_config.get('weight_block_size')}, not {BLOCK} x {BLOCK}"
-    elif checkpoint_dir is None:
-        why_not = "its files were not found"
-    else:
-        why_not = blockwise_products_work(device)
+    why_not = why_not_in_blocks(quantization_config, device, checkpoint_dir)
+    blocks = {}
     if why_not is None:
-        in_blocks = [name for name, linear in linears.items() if linear.weight.shape[0] % BLOCK == 0]
-        in_blocks = [name for name in in_blocks if linears[name].weight.shape[1] % BLOCK == 0]
-        for name, (weight, scale) in read_fp8_blocks(checkpoint_dir, in_blocks).items():
+        whole = [name for name, linear in linears.items() if all(n % BLOCK == 0 for n in linear.weight.shape)]
+        for name, (weight, scale) in read_fp8_blocks(checkpoint_dir, whole).items():
             blocks[name] = Fp8BlockLinear(weight.to(device), scale.to(device), linears[name].bias)
-    channels = {
-        name: linear
-        for name, linear in linears.items()
-        if name not in blocks and fits_fp8_products(*linear.weight.shape)
-    }
-    for name, layer in blocks.items():
-        replace_module(model, name, layer)
-    for name, linear in channels.items():
-        replace_module(model, name, Fp8Linear.of_weights(linear.weight.to(device), linear.bias))
-    served = [
-        f"{len(blocks)} in the file's {BLOCK} x {BLOCK} blocks (activations e4m3 a {BLOCK} of a row)"
-        * bool(blocks),
-        f"{len(channels)} as e4m3 a channel quantized once from the blocks' weights (activations e4m3 a row)"
-        * bool(channels),
-        f"{len(linears) - len(blocks) - len(channels)} as dequantized floats (sizes no multiple of 16)"
-        * (len(blocks) + len(channels) < len(linears)),
-    ]
+    served = Counter()
+    for name, linear in linears.items():
+        if name in blocks:
+            replace_module(model, name, blocks[name])
+            served[IN_BLOCKS] += 1
+        elif fits_fp8_products(*linear.weight.shape):
+            replace_module(model, name, Fp8Linear.of_weights(linear.weight.to(device), linear.bias))
+            served[A_CHANNEL] += 1
+        else:
+            served[FLOATS] += 1
     log.info(
-        "FP8 checkpoint: %d linear layers served as FP8 products on %s, %s%s",
-        len(blocks) + len(channels),
+        "FP8 checkpoint: %d linear layers on %s served as %s%s",
+        len(linears),
         device,
-        "; ".join(part for part in served if part),
-        f" (not in blocks: {why_not})" if why_not and channels else "",
+        described(served),
+        f" (not in blocks: {why_not})" if why_not and served[A_CHANNEL] else "",
     )
-    return len(blocks) + len(channels)
+    return served[IN_BLOCKS] + served[A_CHANNEL]
+
+
+def why_not_in_blocks(
+    quantization_config: dict, device: torch.device, checkpoint_dir: Path | None
+) -> str | None:
+    """None where the checkpoint's layers can be served in its own blocks, else why not."""
+    if list(quantization_config.get("weight_block_size") or []) != [BLOCK, BLOCK]:
+        return f"its blocks are {quantization_config.get('weight_block_size')}, not {BLOCK} x {BLOCK}"
+    if checkpoint_dir is None:
+        return "its files were not found"
+    return blockwise_products_work(device)
 
 
 def read_fp8_blocks(checkpoint_dir: Path, names: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -153,9 +153,7 @@ def test_an_fp8_checkpoint_on_a_gpu_with_fp8_is_served_in_its_own_blocks(tmp_pat
     expected = write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
     with caplog.at_level("INFO"):
         model = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
-    assert "FP8 checkpoint: 14 linear layers served as FP8 products on cpu, 14 in the file's 128 x 128" in (
-        caplog.text
-    )
+    assert "FP8 checkpoint: 14 linear layers on cpu served as the file's 128 x 128 blocks" in caplog.text
     for module, weight in expected.items():
         layer = model.get_submodule(module)
         assert isinstance(layer, Fp8BlockLinear) and torch.equal(layer.dequantized(), weight), module
@@ -179,7 +177,9 @@ def test_where_the_gpus_blockwise_product_fails_its_check_the_layers_go_a_channe
         mock.patch("backend.quant.fp8_weights.blockwise_products_work", return_value=reason),
     ):
         model = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
-    assert "14 as e4m3 a channel quantized once from the blocks' weights" in caplog.text
+    assert "served as e4m3 a channel quantized once from the blocks' weights, activations e4m3 a row x14" in (
+        caplog.text
+    )
     assert f"(not in blocks: {reason})" in caplog.text
     for module, weight in expected.items():
         layer = model.get_submodule(module)
