@@ -46,7 +46,7 @@ from backend.engine.engine import Engine  # noqa: E402
 from backend.layers.row_cache import KVShape, pick_cache_dtype  # noqa: E402
 from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
 from backend.model.loader import LoadedModel, load_model, pick_device, pick_dtype  # noqa: E402
-from backend.quant.fp8_linear import Fp8Linear  # noqa: E402
+from backend.quant.fp8_linear import Fp8Layer  # noqa: E402
 from backend.quant.quantize import QUANTIZE_MODES, quantize_model  # noqa: E402
 from backend.quant.quantized_linear import WeightOnlyLinear  # noqa: E402
 from scripts.random_llama import SHAPES, default_tokenizer, random_llama  # noqa: E402
@@ -110,7 +110,7 @@ def step_bytes(model: PreTrainedModel, rows: int, span: int, cache_dtype: torch.
             buffers = dict(module.named_buffers(recurse=False))  # those set to None are left out
             many_rows = [buffers.pop(name) for name in module.many_rows_buffers if name in buffers]
             tensors += many_rows if many_rows and rows >= module.dense_from_rows else buffers.values()
-        elif isinstance(module, Fp8Linear):  # its weights and scales are buffers, kept as their bits
+        elif isinstance(module, Fp8Layer):  # its weights and scales are buffers, kept as their bits
             tensors += list(module.buffers(recurse=False))
         read.update({t.data_ptr(): t.numel() * t.element_size() for t in tensors})
     return sum(read.values()), KVShape.of(model.config).bytes(rows, span, cache_dtype)

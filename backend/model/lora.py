@@ -48,7 +48,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from backend.quant.fp8_linear import Fp8Linear
+from backend.quant.fp8_linear import Fp8Layer
 from backend.quant.quantized_linear import WeightOnlyLinear
 from backend.utils.host_lists import to_device
 from backend.utils.hub import ADAPTER_FILES, DownloadFailed, download_adapter, names_hub_repository
@@ -336,7 +336,7 @@ def adaptable_layers(model: nn.Module) -> list[str]:
     return [
         name
         for name, module in model.named_modules()
-        if isinstance(module, (nn.Linear, WeightOnlyLinear, Fp8Linear)) and module is not head and name
+        if isinstance(module, (nn.Linear, WeightOnlyLinear, Fp8Layer)) and module is not head and name
     ]
 
 

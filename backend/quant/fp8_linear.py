@@ -46,18 +46,29 @@ def fits_fp8_products(out_features: int, in_features: int) -> bool:
     return out_features % FP8_ALIGNMENT == 0 and in_features % FP8_ALIGNMENT == 0
 
 
-class Fp8Linear(nn.Module):
+class Fp8Layer(nn.Module):
+    """What the FP8 layers share: e4m3 weights [out, in] and float32 scales, kept as their bits."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        scale = scale.to(device=weight.device, dtype=torch.float32)
+        self.register_buffer("weight_bits", weight.to(FP8).contiguous().view(torch.uint8), persistent=False)
+        self.register_buffer("scale_bits", scale.contiguous().view(torch.int32), persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.weight_bits.view(FP8)
+
+
+class Fp8Linear(Fp8Layer):
     """`nn.Linear` of float8 e4m3 weights with a scale an output channel, its inputs quantized to e4m3 a
     row as they come: w = weight * scale[out], x = x8 * x_scale[row]."""
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         """weight: [out, in] float8 e4m3; scale: [out] (or one for the whole tensor), float32."""
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        scale = scale.to(device=weight.device, dtype=torch.float32).reshape(-1).expand(self.out_features)
-        self.register_buffer("weight_bits", weight.to(FP8).contiguous().view(torch.uint8), persistent=False)
-        self.register_buffer("scale_bits", scale.contiguous().view(torch.int32), persistent=False)
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        super().__init__(weight, scale.reshape(-1).expand(weight.shape[0]), bias)
 
     @classmethod
     def of_weights(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Fp8Linear:
@@ -65,10 +76,6 @@ class Fp8Linear(nn.Module):
         weight = weight.detach().float()
         scale = (weight.abs().amax(dim=-1) / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
         return cls((weight / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale, bias)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.weight_bits.view(FP8)
 
     @property
     def scale(self) -> torch.Tensor:
@@ -102,7 +109,7 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, FP8 e4m3 a channel"
 
 
-class Fp8BlockLinear(Fp8Linear):
+class Fp8BlockLinear(Fp8Layer):
     """An FP8 layer of a checkpoint with a scale for every 128 x 128 weights (DeepSeek's and Qwen's "-FP8"
     files), served with those very weights and scales: its inputs quantized to e4m3 with a scale for
     every 128 of a row, and the product `torch.nn.functional.scaled_mm`'s blockwise one (BlockWise1x128
@@ -116,17 +123,12 @@ class Fp8BlockLinear(Fp8Linear):
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         """weight: [out, in] float8 e4m3, both multiples of 128; scale: [out / 128, in / 128], float32."""
-        nn.Module.__init__(self)
-        self.out_features, self.in_features = weight.shape
-        blocks = (self.out_features // BLOCK, self.in_features // BLOCK)
-        if self.out_features % BLOCK or self.in_features % BLOCK or tuple(scale.shape) != blocks:
+        out_features, in_features = weight.shape
+        blocks = (out_features // BLOCK, in_features // BLOCK)
+        if out_features % BLOCK or in_features % BLOCK or tuple(scale.shape) != blocks:
             raise ValueError(f"{tuple(weight.shape)} weights in {tuple(scale.shape)} blocks of {BLOCK}")
-        scale = scale.to(device=weight.device, dtype=torch.float32)
         # cuBLAS takes the weights' scales with the inner blocks a multiple of 4 (padding never read)
-        padded = nn.functional.pad(scale, (0, -blocks[1] % 4))
-        self.register_buffer("weight_bits", weight.to(FP8).contiguous().view(torch.uint8), persistent=False)
-        self.register_buffer("scale_bits", padded.contiguous().view(torch.int32), persistent=False)
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        super().__init__(weight, nn.functional.pad(scale.float(), (0, -blocks[1] % 4)), bias)
 
     @property
     def scale(self) -> torch.Tensor:

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from backend.quant import block_weights
-from backend.quant.fp8_linear import Fp8Linear
+from backend.quant.fp8_linear import Fp8Layer
 from backend.quant.smoothed_int8 import smoothed_int8_matmul
 
 if TYPE_CHECKING:
@@ -536,7 +536,7 @@ def resident_bytes(model: nn.Module) -> dict[str, int]:
             if tensor.device.type == "meta" or storage.data_ptr() in seen:
                 continue
             seen.add(storage.data_ptr())
-            if not isinstance(module, (WeightOnlyLinear, Fp8Linear)) or name == "bias":
+            if not isinstance(module, (WeightOnlyLinear, Fp8Layer)) or name == "bias":
                 totals["floats"] += storage.nbytes()
             elif name in getattr(module, "many_rows_buffers", ()):
                 totals["copies for many rows"] += storage.nbytes()

@@ -17,6 +17,7 @@ from backend.quant.fp8_linear import (
     FP8,
     FP8_MAX,
     Fp8BlockLinear,
+    Fp8Layer,
     Fp8Linear,
     blockwise_products_work,
     fp8_products,
@@ -255,7 +256,7 @@ def test_rows_of_a_lora_adapter_over_fp8_products_decode_beside_the_base_models(
     plain = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
     served = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
     adapters = load_adapters(served, [("a", str(tmp_path / "adapter"))])
-    assert isinstance(served.model.layers[0].self_attn.q_proj.base, Fp8Linear)
+    assert isinstance(served.model.layers[0].self_attn.q_proj.base, Fp8BlockLinear)
     rng = random.Random(9)
     prompts = [[rng.randrange(2, 511) for _ in range(rng.randrange(1, 40))] for _ in range(6)]
     greedy = SamplingParams(temperature=0, max_tokens=10)
@@ -327,7 +328,7 @@ def test_a_checkpoint_whose_config_keeps_layers_as_floats_serves_those_as_floats
     config["quantization_config"]["modules_to_not_convert"] = ["model.layers.1.mlp"]
     config_path.write_text(json.dumps(config))
     model = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
-    assert isinstance(model.model.layers[1].self_attn.q_proj, Fp8Linear)
+    assert isinstance(model.model.layers[1].self_attn.q_proj, Fp8BlockLinear)
     assert type(model.model.layers[1].mlp.down_proj) is torch.nn.Linear
 
 
@@ -360,7 +361,7 @@ def test_cuda_fp8_products_through_decode_graphs(tmp_path):
             cuda_graphs=graphs,
         )
         model = load_model(config).model
-        assert isinstance(model.model.layers[0].self_attn.q_proj, Fp8Linear)
+        assert isinstance(model.model.layers[0].self_attn.q_proj, Fp8Layer)
         engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, cuda_graphs=graphs)
         greedy = SamplingParams(temperature=0, max_tokens=10)
         rng = random.Random(5)

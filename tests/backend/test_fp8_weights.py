@@ -9,7 +9,7 @@ import torch
 from backend.messages import BackendConfig
 from backend.model.loader import load_model
 from backend.quant import block_weights
-from backend.quant.fp8_linear import Fp8Linear, fp8_products
+from backend.quant.fp8_linear import Fp8Layer, fp8_products
 from backend.quant.gguf_types import requantize_int8
 from backend.quant.quantized_linear import Int8Linear
 from tests.backend.fp8_files import write_fp8_checkpoint
@@ -95,7 +95,7 @@ def test_an_fp8_checkpoint_on_cuda_multiplies_near_its_dequantized_weights(tmp_p
     x = torch.randn(3, 384, device="cuda", dtype=model.dtype)
     for module, weight in expected.items():
         layer = model.get_submodule(module)
-        assert isinstance(layer, Fp8Linear) is products, module
+        assert isinstance(layer, Fp8Layer) is products, module
         inputs = x[:, : weight.shape[1]].contiguous()
         reference = inputs.float() @ weight.to("cuda").T
         got = layer(inputs).float()
