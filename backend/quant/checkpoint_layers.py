@@ -5,8 +5,8 @@ GPTQ and AWQ (group_wise.py), compressed-tensors (compressed_checkpoint.py) and 
 whether its own values are 4-bit blocks or 8-bit weights the engine multiplies as they are, and how it
 converts otherwise. One loop then serves them all, the same way:
 
-    its own FP8 values, a scale a channel or a tensor, on a GPU with FP8 arithmetic: an Fp8Linear
-        (fp8_linear.py: FP8 products, the activations quantized to e4m3 a row)
+    its own FP8 values, a scale a channel or a tensor or a 128 x 128, on a GPU with FP8 arithmetic: an
+        Fp8Linear or Fp8BlockLinear (fp8_linear.py: FP8 products, the activations quantized to e4m3)
     its own 4-bit values in groups of consecutive inputs: an Int4Linear (blocks on a CPU that has them,
         PyTorch's int4 kernel elsewhere)
     its own 8-bit values: an Int8Linear, where the device multiplies their scales (a block's on a CPU
@@ -26,13 +26,23 @@ import torch
 from torch import nn
 
 from backend.quant import block_weights
-from backend.quant.fp8_linear import Fp8Linear, fits_fp8_products, fp8_products
+from backend.quant.fp8_linear import (
+    Fp8BlockLinear,
+    Fp8Layer,
+    Fp8Linear,
+    blockwise_products_work,
+    fits_fp8_products,
+    fp8_products,
+)
 from backend.quant.gguf_types import EightBitWeight, FourBitWeight
 from backend.quant.quantized_linear import Int4Linear, Int8Linear, fits_int4_kernels, replace_module
 
 FOUR_BIT = "4-bit blocks of the checkpoint's groups"
 EIGHT_BIT = "8-bit blocks of the checkpoint's values"
-FP8_PRODUCTS = "FP8 products of the checkpoint's values, activations e4m3 a row"
+FP8_PRODUCTS = "FP8 products"
+FP8_OWN = f"{FP8_PRODUCTS} of the checkpoint's values, activations e4m3 a row"
+FP8_BLOCKS = f"{FP8_PRODUCTS} of the checkpoint's values in 128 x 128 blocks, activations e4m3 a 128 of a row"
+FP8_A_CHANNEL = f"{FP8_PRODUCTS}, e4m3 a channel converted once from the blocks' weights, activations a row"
 FLOATS = "dequantized floats"
 
 
@@ -46,8 +56,8 @@ class StoredLayer(Protocol):
         """Its own values as int8 [out, in] and a scale a channel ([out]) or a block ([out, in / 32])."""
 
     def fp8(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Its own values as float8 e4m3 [out, in] and a scale a channel ([out]), where they are FP8 with
-        a scale a channel or a tensor."""
+        """Its own values as float8 e4m3 [out, in] and a scale a channel ([out]) or a 128 x 128 ([out /
+        128, in / 128]), where they are FP8 so."""
 
     def converted(self) -> EightBitWeight:
         """8-bit blocks of 32 converted once from its weights."""
@@ -68,9 +78,9 @@ def serve_layers(model: nn.Module, layers: dict[str, StoredLayer]) -> Counter:
         dense = linear.weight.detach()
         fp8, four_bit, eight_bit = layer.fp8(), layer.four_bit(), layer.eight_bit()
         if fp8 is not None and fp8_products(device, dense.dtype) and fits_fp8_products(*dense.shape):
-            values, scale = (t.to(device) for t in fp8)
-            replace_module(model, name, Fp8Linear(values, scale, linear.bias))
-            served[FP8_PRODUCTS] += 1
+            how, layer = fp8_layer(*fp8, linear.bias, device)
+            replace_module(model, name, layer)
+            served[how] += 1
         elif four_bit is not None:
             q, scale, zero = (t.to(device) for t in (four_bit.q, four_bit.scale, four_bit.zero))
             replace_module(model, name, Int4Linear(q, scale, zero, linear.bias, dense=dense))
@@ -86,6 +96,20 @@ def serve_layers(model: nn.Module, layers: dict[str, StoredLayer]) -> Counter:
         else:
             served[FLOATS] += 1
     return served
+
+
+def fp8_layer(
+    values: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, device: torch.device
+) -> tuple[str, Fp8Layer]:
+    """An FP8 layer of these e4m3 values and scales, a channel's ([out]) or a 128 x 128's ([out / 128,
+    in / 128]): in its blocks where the GPU's blockwise product works, else converted to a channel's."""
+    values, scale = values.to(device), scale.to(device)
+    if scale.dim() == 1:
+        return FP8_OWN, Fp8Linear(values, scale, bias)
+    in_blocks = Fp8BlockLinear(values, scale, bias)
+    if blockwise_products_work(device) is None:
+        return FP8_BLOCKS, in_blocks
+    return FP8_A_CHANNEL, Fp8Linear.of_weights(in_blocks.dequantized(), bias)
 
 
 def described(served: Counter) -> str:

@@ -30,9 +30,9 @@ the reference), which are the dense copy for many rows, as for GPTQ and AWQ (gro
         fp16 in fp16's range; otherwise within 2^-11 of z * scale).
     8-bit integers, symmetric, a scale a channel or a layer: an Int8Linear of the checkpoint's own q
         and scale (exact in the blocks where fp16 holds the scale, as it does bfloat16 ones in its range).
-    FP8 with a scale a channel or a tensor, on a GPU with FP8 arithmetic: an Fp8Linear of the
-        checkpoint's own values and scales (fp8_linear.py), its activations quantized to e4m3 a row
-        as the checkpoint's FP8-dynamic scheme says.
+    FP8 with a scale a channel or a tensor, or in 128 x 128 blocks, on a GPU with FP8 arithmetic: an
+        Fp8Linear (Fp8BlockLinear) of the checkpoint's own values and scales (fp8_linear.py), its
+        activations quantized to e4m3 a row (a 128 of a row) as the checkpoint's dynamic scheme says.
     FP8 elsewhere, 8-bit integers in groups, and groups in act order (actorder "group": weight_g_idx
         gives each input's group, so 32 consecutive inputs share no scale): 8-bit blocks of 32
         converted once from the dequantized weights where the CPU multiplies blocks (as
@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from backend.quant.checkpoint_layers import FP8_PRODUCTS, described, serve_layers
+from backend.quant.fp8_linear import BLOCK as FP8_BLOCK
 from backend.quant.gguf_types import BLOCK, EightBitWeight, FourBitWeight, requantize_int8
 from backend.quant.group_wise import UnsupportedCheckpoint, read_tensors
 
@@ -276,11 +277,16 @@ class CompressedLayer:
         return None
 
     def fp8(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """An FP8 layer with a scale a channel or a tensor as Fp8Linear takes it: its values and a scale
-        a channel."""
-        if self.scheme.type != "float" or self.scheme.strategy not in ("channel", "tensor"):
+        """An FP8 layer as the FP8 layers take it: its values and a scale a channel, or in 128 x 128
+        blocks a scale a block [out / 128, in / 128]."""
+        if self.scheme.type != "float":
             return None
-        return self.values, self.scale.float().reshape(-1).expand(self.values.shape[0]).contiguous()
+        if self.scheme.strategy in ("channel", "tensor"):
+            return self.values, self.scale.float().reshape(-1).expand(self.values.shape[0]).contiguous()
+        whole = all(size % FP8_BLOCK == 0 for size in self.values.shape)
+        if self.scheme.strategy == "block" and self.scheme.block == (FP8_BLOCK, FP8_BLOCK) and whole:
+            return self.values, self.scale.float()
+        return None
 
     @property
     def conversion(self) -> str:
@@ -384,10 +390,11 @@ def serve_compressed(model: nn.Module, layers: dict[str, CompressedLayer], fmt: 
         if fmt.activations
         else "activations stay floats"
     )
-    if served[FP8_PRODUCTS] == len(layers):
-        inputs = "activations quantized to e4m3 a row as they come"
-    elif served[FP8_PRODUCTS]:
-        inputs = f"{inputs}, but the FP8 products' (e4m3 a row)"
+    fp8 = sum(count for how, count in served.items() if how.startswith(FP8_PRODUCTS))
+    if fp8 == len(layers):
+        inputs = "activations quantized to e4m3 as they come"
+    elif fp8:
+        inputs = f"{inputs}, but the FP8 products' (e4m3 as they come)"
     log.info(
         "compressed-tensors checkpoint (%s): %s linear layers served as %s, their dequantized weights "
         "kept for many rows; %s",

@@ -41,6 +41,11 @@ SCHEMES = {  # name: (weights, input activations); the library picks each one's 
     "w8a8-channel": (int_weights(8, "channel"), dict(type="int", **DYNAMIC_TOKENS)),
     "fp8-dynamic": (dict(num_bits=8, type="float", strategy="channel"), dict(type="float", **DYNAMIC_TOKENS)),
     "fp8-tensor": (dict(num_bits=8, type="float", strategy="tensor"), dict(type="float", **DYNAMIC_TOKENS)),
+    # llm-compressor's FP8_BLOCK: a scale for every 128 x 128 weights, inputs a scale a 128 of a token
+    "fp8-block": (
+        dict(num_bits=8, type="float", strategy="block", block_structure=[128, 128]),
+        dict(num_bits=8, type="float", strategy="group", group_size=128, dynamic=True, symmetric=True),
+    ),
 }
 FORMATS = {
     "w4a16-group-symmetric": "pack-quantized",
@@ -50,7 +55,10 @@ FORMATS = {
     "w8a8-channel": "int-quantized",
     "fp8-dynamic": "float-quantized",
     "fp8-tensor": "float-quantized",
+    "fp8-block": "float-quantized",
 }
+# The sizes of the model each scheme is written over, where not tiny_model's own
+SIZES = {"fp8-block": dict(hidden_size=256, intermediate_size=384, head_dim=64)}
 
 
 def observe(weight: torch.Tensor, args: QuantizationArgs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +68,10 @@ def observe(weight: torch.Tensor, args: QuantizationArgs) -> tuple[torch.Tensor,
         return groups.amin(dim=-1), groups.amax(dim=-1)
     if args.strategy == "channel":
         return weight.amin(dim=-1, keepdim=True), weight.amax(dim=-1, keepdim=True)
+    if args.strategy == "block":
+        rows, columns = args.block_structure
+        blocks = weight.unflatten(0, (-1, rows)).unflatten(-1, (-1, columns))
+        return blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
     return weight.amin().reshape(1), weight.amax().reshape(1)
 
 
@@ -69,7 +81,7 @@ def write_compressed_checkpoint(directory: Path, scheme: str) -> dict[str, torch
     each quantized layer's weights as the library dequantizes them with its scales in float32, by module
     name."""
     weights, inputs = SCHEMES[scheme]
-    model = tiny_model("llama").to(torch.bfloat16)
+    model = tiny_model("llama", **SIZES.get(scheme, {})).to(torch.bfloat16)
     group = QuantizationScheme(
         targets=["Linear"],
         weights=QuantizationArgs(**weights),

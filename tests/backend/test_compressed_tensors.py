@@ -84,6 +84,7 @@ SERVED = {  # name: (layer type, the log's scheme and how its layers were served
     "w8a8-channel": (Int8Linear, "int8, a scale a channel, symmetric", EIGHT_BIT),
     "fp8-dynamic": (Int8Linear, "FP8, a scale a channel, symmetric", CONVERTED),
     "fp8-tensor": (Int8Linear, "FP8, a scale a layer, symmetric", CONVERTED),
+    "fp8-block": (Int8Linear, "FP8, 128 x 128 blocks, symmetric", CONVERTED),
 }
 
 
@@ -100,7 +101,7 @@ def test_each_layer_is_served_from_the_checkpoints_values_in_the_engines_blocks(
     assert f"compressed-tensors checkpoint ({scheme}): 14 linear layers served as {served}," in caplog.text
     if SCHEMES[name][1] is not None:
         assert "activations stay floats (weight-only; the checkpoint's" in caplog.text
-    x = torch.randn(3, 128)
+    x = torch.randn(3, 384)  # (the widest layers of the schemes above)
     for module, weight in expected.items():
         layer = model.get_submodule(module)
         assert isinstance(layer, kind), module

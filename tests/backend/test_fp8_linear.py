@@ -226,25 +226,57 @@ def test_the_start_checks_the_gpus_blockwise_product_against_its_emulation():
     blockwise_products_work.cache_clear()
 
 
-def test_a_compressed_tensors_fp8_checkpoint_multiplies_by_its_own_values(tmp_path, caplog):
-    """FP8-dynamic (a scale a channel) and a scale a tensor: the checkpoint's e4m3 values and scales as
-    they are, so the layer's weights are the library's dequantized ones exactly."""
-    for name in ("fp8-dynamic", "fp8-tensor"):
-        expected = write_compressed_checkpoint(tmp_path / name, name)
-        with caplog.at_level("INFO"):
-            model = load_as_on_an_fp8_gpu(tmp_path / name, tmp_path)
-        assert "14 linear layers served as FP8 products of the checkpoint's values" in caplog.text
-        assert "activations quantized to e4m3 a row as they come" in caplog.text
-        for module, weight in expected.items():
-            layer = model.get_submodule(module)
-            assert isinstance(layer, Fp8Linear) and torch.equal(layer.dequantized(), weight), module
-        x = torch.randn(3, 128, dtype=torch.bfloat16)
-        for module, weight in expected.items():
-            inputs = x[:, : weight.shape[1]]
-            reference = e4m3_rows(inputs) @ weight.T
-            got = model.get_submodule(module)(inputs).float()
-            assert (got - reference).abs().max() <= 2**-7 * reference.abs().max(), module
-        caplog.clear()
+def e4m3_groups(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] as the block layer quantizes its inputs: e4m3 with each 128 of a row's largest at 448."""
+    return e4m3_rows(x.reshape(-1, 128)).reshape(x.shape)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "served"),
+    [
+        ("fp8-dynamic", Fp8Linear, "FP8 products of the checkpoint's values, activations e4m3 a row x14"),
+        ("fp8-tensor", Fp8Linear, "FP8 products of the checkpoint's values, activations e4m3 a row x14"),
+        ("fp8-block", Fp8BlockLinear, "FP8 products of the checkpoint's values in 128 x 128 blocks"),
+    ],
+)
+def test_a_compressed_tensors_fp8_checkpoint_multiplies_by_its_own_values(
+    name, kind, served, tmp_path, caplog
+):
+    """FP8-dynamic (a scale a channel), a scale a tensor and FP8_BLOCK (a 128 x 128): the checkpoint's
+    e4m3 values and scales as they are, so the layer's weights are the library's dequantized ones
+    exactly; its inputs e4m3 a row, or a 128 of a row in blocks."""
+    expected = write_compressed_checkpoint(tmp_path / name, name)
+    with caplog.at_level("INFO"):
+        model = load_as_on_an_fp8_gpu(tmp_path / name, tmp_path)
+    assert f"14 linear layers served as {served}" in caplog.text
+    assert "activations quantized to e4m3 as they come" in caplog.text
+    for module, weight in expected.items():
+        layer = model.get_submodule(module)
+        assert type(layer) is kind and torch.equal(layer.dequantized(), weight), module
+    x = torch.randn(3, 384, dtype=torch.bfloat16)
+    for module, weight in expected.items():
+        inputs = x[:, : weight.shape[1]]
+        reference = (e4m3_groups if kind is Fp8BlockLinear else e4m3_rows)(inputs) @ weight.T
+        got = model.get_submodule(module)(inputs).float()
+        assert (got - reference).abs().max() <= 2**-7 * reference.abs().max(), module
+
+
+def test_a_compressed_tensors_fp8_block_checkpoint_goes_a_channel_where_the_blockwise_product_fails(
+    tmp_path, caplog
+):
+    expected = write_compressed_checkpoint(tmp_path / "fp8-block", "fp8-block")
+    with (
+        caplog.at_level("INFO"),
+        mock.patch("backend.quant.checkpoint_layers.blockwise_products_work", return_value="no"),
+    ):
+        model = load_as_on_an_fp8_gpu(tmp_path / "fp8-block", tmp_path)
+    assert "FP8 products, e4m3 a channel converted once from the blocks' weights, activations a row x14" in (
+        caplog.text
+    )
+    for module, weight in expected.items():
+        layer = model.get_submodule(module)
+        assert type(layer) is Fp8Linear, module
+        assert torch.equal(layer.weight, Fp8Linear.of_weights(weight, None).weight), module
 
 
 def test_rows_of_a_lora_adapter_over_fp8_products_decode_beside_the_base_models(tmp_path):
