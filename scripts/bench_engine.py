@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import logging
 import os
 import platform
 import pstats
@@ -447,6 +448,8 @@ def main() -> None:
         "sizes (default: each row count) with its static cache (compiled on a GPU), greedy",
     )
     args = parser.parse_args()
+    # How the loader served each layer (quantized, in blocks, FP8 products...), on standard error
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     if args.compile or args.graphs:
         option, name = ("compile_decode", "compiled") if args.compile else ("cuda_graphs", "graphs")
         compare_engines(args, option, name)

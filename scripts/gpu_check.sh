@@ -14,7 +14,7 @@
 # 5. scripts/benchmark.py: the server through HTTP at 32 streams against the engine's own ceiling;
 # 6. in the time left, the engine on the 1B with --compile (the compiled decode step, captured) against
 #    it without, then on a random 8B Llama at 1 and 32 rows against the weight-read floor, then the 8B
-#    and the 1B with --quantize fp8 (FP8 products).
+#    with --quantize fp8 (FP8 products) and the 1B written as an FP8 checkpoint in 128 x 128 blocks.
 #
 # Each part runs under its own time limit, so that one that hangs or breaks leaves the others' figures;
 # every result and log goes under $OUT, and $OUT/summary.txt says how each part ended. On a machine
@@ -119,8 +119,14 @@ if [ "$SIZE" = 1b ]; then
     # FP8 products (--quantize fp8): a byte a weight read where bfloat16 reads two
     stage fp8-8b 240 "$OUT/fp8_8b.log" "$PYTHON" scripts/bench_engine.py --random 8b --quantize fp8 \
         "${TOKENIZER_OPTION[@]}" --graphs --rows 1 32 --max-tokens 64 --prompt-tokens 64
-    stage fp8-1b 180 "$OUT/fp8_1b.log" "$PYTHON" scripts/bench_engine.py --random 1b --quantize fp8 \
-        "${TOKENIZER_OPTION[@]}" --graphs --rows 1 32 --max-tokens 128 --prompt-tokens 64
+    # an FP8 checkpoint in 128 x 128 blocks, as "-FP8" files are, through the loader (its start's check
+    # of the blockwise product, then the layers in the file's blocks or a channel's: engine log)
+    FP8_DIR=$(mktemp -d)/llama-1b-fp8
+    stage write-fp8-1b 120 "$OUT/fp8_1b.log" "$PYTHON" scripts/random_llama.py --out "$FP8_DIR" --size 1b \
+        --fp8 "${TOKENIZER_OPTION[@]}"
+    stage fp8-1b 180 "$OUT/fp8_1b.log" "$PYTHON" scripts/bench_engine.py --model "$FP8_DIR" --dtype bfloat16 \
+        --graphs --rows 1 32 --max-tokens 128 --prompt-tokens 64
+    rm -rf "$FP8_DIR"
 fi
 echo "done" | tee -a "$SUMMARY"
 # A lent machine returns at most 8 files from $OUT, and the check writes ten: GPU_CHECK_BUNDLE=1 packs every
