@@ -674,16 +674,16 @@ def _byte_symbol(character: str) -> str:
     return pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str(character)[0][0]
 
 
-def load_on_cpu(model: Path, tmp_path: Path, quantize: str = "none"):
-    """`load_model` of a model file or directory as the tests load one: float32 on the CPU, where
-    `generate` runs too, 4 rows of 128 positions, the cache (a GGUF file's converted copy) in `tmp_path`;
-    `quantize` "none" is the exact mode."""
+def load_on_cpu(model: Path, tmp_path: Path, quantize: str = "none", dtype: str = "float32"):
+    """`load_model` of a model file or directory as the tests load one: float32 (or `dtype`) on the CPU,
+    where `generate` runs too, 4 rows of 128 positions, the cache (a GGUF file's converted copy) in
+    `tmp_path`; `quantize` "none" is the exact mode."""
     from backend.messages import BackendConfig
     from backend.model.loader import load_model
 
     config = BackendConfig(
         model=str(model),
-        dtype="float32",
+        dtype=dtype,
         quantize=quantize,
         device="cpu",
         rows=4,

@@ -28,7 +28,14 @@ from scripts.perplexity import as_on_an_fp8_gpu
 from tests.backend.compressed_tensors_files import write_compressed_checkpoint
 from tests.backend.fp8_files import write_fp8_checkpoint
 from tests.backend.lora_files import write_lora_adapter
-from tests.backend.models import MarkerTokenizer, drive, text_of, tiny_model, write_tiny_causal_lm
+from tests.backend.models import (
+    MarkerTokenizer,
+    drive,
+    load_on_cpu,
+    text_of,
+    tiny_model,
+    write_tiny_causal_lm,
+)
 
 WIDE = dict(hidden_size=256, intermediate_size=384, head_dim=64)  # several 128 x 128 blocks a layer
 
@@ -109,17 +116,8 @@ def test_fp8_products_where_the_gpu_multiplies_fp8(device, capability, dtype, ex
 def load_as_on_an_fp8_gpu(directory, tmp_path, quantize: str = "auto"):
     """The model loaded as on a GPU with FP8 arithmetic, in bfloat16: the choice of FP8 products made
     true on this CPU, whose `_scaled_mm` then runs them."""
-    config = BackendConfig(
-        model=str(directory),
-        dtype="bfloat16",
-        quantize=quantize,
-        device="cpu",
-        rows=4,
-        max_seq_len=128,
-        cache_dir=str(tmp_path),
-    )
     with as_on_an_fp8_gpu():
-        return load_model(config).model
+        return load_on_cpu(directory, tmp_path, quantize, dtype="bfloat16").model
 
 
 def greedy_shortfalls(model, exact, seed: int) -> list[float]:
@@ -141,11 +139,7 @@ def greedy_shortfalls(model, exact, seed: int) -> list[float]:
 
 
 def exact_model(directory, tmp_path):
-    config = BackendConfig(
-        model=str(directory), dtype="float32", quantize="none", device="cpu", rows=4, max_seq_len=128,
-        cache_dir=str(tmp_path),
-    )  # fmt: skip
-    return load_model(config).model
+    return load_on_cpu(directory, tmp_path).model
 
 
 def test_an_fp8_checkpoint_on_a_gpu_with_fp8_is_served_in_its_own_blocks(tmp_path, caplog):
