@@ -78,8 +78,8 @@ def serve_layers(model: nn.Module, layers: dict[str, StoredLayer]) -> Counter:
         dense = linear.weight.detach()
         fp8, four_bit, eight_bit = layer.fp8(), layer.four_bit(), layer.eight_bit()
         if fp8 is not None and fp8_products(device, dense.dtype) and fits_fp8_products(*dense.shape):
-            how, layer = fp8_layer(*fp8, linear.bias, device)
-            replace_module(model, name, layer)
+            how, fp8_linear = fp8_layer(*fp8, linear.bias, device)
+            replace_module(model, name, fp8_linear)
             served[how] += 1
         elif four_bit is not None:
             q, scale, zero = (t.to(device) for t in (four_bit.q, four_bit.scale, four_bit.zero))
