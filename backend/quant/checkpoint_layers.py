@@ -29,8 +29,9 @@ from backend.quant import block_weights
 from backend.quant.fp8_linear import (
     Fp8BlockLinear,
     Fp8Layer,
-    Fp8Linear,
     blockwise_products_work,
+    channel_layer,
+    e4m3_channels,
     fits_fp8_products,
     fp8_products,
 )
@@ -40,9 +41,6 @@ from backend.quant.quantized_linear import Int4Linear, Int8Linear, fits_int4_ker
 FOUR_BIT = "4-bit blocks of the checkpoint's groups"
 EIGHT_BIT = "8-bit blocks of the checkpoint's values"
 FP8_PRODUCTS = "FP8 products"
-FP8_OWN = f"{FP8_PRODUCTS} of the checkpoint's values, activations e4m3 a row"
-FP8_BLOCKS = f"{FP8_PRODUCTS} of the checkpoint's values in 128 x 128 blocks, activations e4m3 a 128 of a row"
-FP8_A_CHANNEL = f"{FP8_PRODUCTS}, e4m3 a channel converted once from the blocks' weights, activations a row"
 FLOATS = "dequantized floats"
 
 
@@ -102,14 +100,17 @@ def fp8_layer(
     values: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, device: torch.device
 ) -> tuple[str, Fp8Layer]:
     """An FP8 layer of these e4m3 values and scales, a channel's ([out]) or a 128 x 128's ([out / 128,
-    in / 128]): in its blocks where the GPU's blockwise product works, else converted to a channel's."""
+    in / 128]), and how it is served, for the log: in its blocks where the GPU's blockwise product works,
+    else converted to a channel's (fp8_linear.channel_layer)."""
     values, scale = values.to(device), scale.to(device)
     if scale.dim() == 1:
-        return FP8_OWN, Fp8Linear(values, scale, bias)
+        layer = channel_layer(values, scale, bias)
+        return f"{FP8_PRODUCTS} of the checkpoint's values, {layer.served_as}", layer
     in_blocks = Fp8BlockLinear(values, scale, bias)
     if blockwise_products_work(device) is None:
-        return FP8_BLOCKS, in_blocks
-    return FP8_A_CHANNEL, Fp8Linear.of_weights(in_blocks.dequantized(), bias)
+        return f"{FP8_PRODUCTS} of the checkpoint's values, {in_blocks.served_as}", in_blocks
+    layer = channel_layer(*e4m3_channels(in_blocks.dequantized()), bias)
+    return f"{FP8_PRODUCTS} converted once from the blocks' weights to {layer.served_as}", layer
 
 
 def described(served: Counter) -> str:

@@ -70,12 +70,12 @@ class Fp8Linear(Fp8Layer):
         """weight: [out, in] float8 e4m3; scale: [out] (or one for the whole tensor), float32."""
         super().__init__(weight, scale.reshape(-1).expand(weight.shape[0]), bias)
 
+    served_as = "e4m3 a channel, activations e4m3 a row"
+
     @classmethod
     def of_weights(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Fp8Linear:
         """Quantized once from float weights [out, in]: each channel's largest weight at 448."""
-        weight = weight.detach().float()
-        scale = (weight.abs().amax(dim=-1) / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
-        return cls((weight / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale, bias)
+        return cls(*e4m3_channels(weight), bias)
 
     @property
     def scale(self) -> torch.Tensor:
@@ -110,32 +110,62 @@ class Fp8Linear(Fp8Layer):
 
 
 class Fp8BlockLinear(Fp8Layer):
-    """An FP8 layer of a checkpoint with a scale for every 128 x 128 weights (DeepSeek's and Qwen's "-FP8"
-    files), served with those very weights and scales: its inputs quantized to e4m3 with a scale for
-    every 128 of a row, and the product `torch.nn.functional.scaled_mm`'s blockwise one (BlockWise1x128
-    by BlockWise128x128, which cuBLAS runs on Hopper). w = weight * scale[out / 128, in / 128].
+    """An FP8 layer whose inputs are quantized to e4m3 with a scale for every 128 of a row, multiplied by
+    `torch.nn.functional.scaled_mm`'s blockwise product (which cuBLAS runs on Hopper), its weights with
 
-    Requantizing such a layer to a scale a channel rounds every weight a second time: +1.8% perplexity
-    on SmolLM2 where its own blocks gave +0.2% (docs/performance.md, "FP8 products"). Where the GPU's
-    blockwise product fails the start's check (`blockwise_products_work`), the loader does that instead.
-    Off CUDA the product is computed in float32 from the same e4m3 values and scales (`emulated`), the
-    reference the check holds the GPU's to, and what the tests run on a CPU."""
+        a scale for every 128 x 128 of them (DeepSeek's and Qwen's "-FP8" files, served with their very
+            weights and scales; BlockWise1x128 by BlockWise128x128): w = weight * scale[out / 128, in / 128]
+        or a scale a channel, as a scale for every 128 inputs of a channel (BlockWise1x128 by
+            BlockWise1x128; `of_channels`): w = weight * scale[out, in / 128]
+
+    Requantizing a 128 x 128 layer to a scale a channel rounds every weight a second time: +1.8%
+    perplexity on SmolLM2 where its own blocks gave +0.2%; and a scale for every 128 of a row rounds
+    inputs nearer than one a row (+0.6% where a row's gave +1.2%; docs/performance.md, "FP8 products").
+    Where the GPU's blockwise product fails the start's check (`blockwise_products_work`), the loader
+    serves an Fp8Linear instead. Off CUDA the product is computed in float32 from the same e4m3 values
+    and scales (`emulated`), the reference the check holds the GPU's to, and what the tests run on a CPU."""
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
-        """weight: [out, in] float8 e4m3, both multiples of 128; scale: [out / 128, in / 128], float32."""
+        """weight: [out, in] float8 e4m3, in a multiple of 128; scale: [out / 128, in / 128] (out too a
+        multiple of 128) or [out, in / 128], float32."""
         out_features, in_features = weight.shape
-        blocks = (out_features // BLOCK, in_features // BLOCK)
-        if out_features % BLOCK or in_features % BLOCK or tuple(scale.shape) != blocks:
-            raise ValueError(f"{tuple(weight.shape)} weights in {tuple(scale.shape)} blocks of {BLOCK}")
-        # cuBLAS takes the weights' scales with the inner blocks a multiple of 4 (padding never read)
-        super().__init__(weight, nn.functional.pad(scale.float(), (0, -blocks[1] % 4)), bias)
+        inner = in_features // BLOCK
+        if (
+            in_features % BLOCK == 0
+            and out_features % BLOCK == 0
+            and scale.shape == (out_features // BLOCK, inner)
+        ):
+            rows_a_scale = BLOCK
+            # cuBLAS takes these scales with the inner blocks a multiple of 4 (padding never read)
+            stored = nn.functional.pad(scale.float(), (0, -inner % 4))
+        elif in_features % BLOCK == 0 and scale.shape == (out_features, inner):
+            rows_a_scale = 1
+            stored = scale.float().t()  # kept transposed: cuBLAS reads a row's scales column-major
+        else:
+            raise ValueError(f"{tuple(weight.shape)} weights with {tuple(scale.shape)} scales of 128 inputs")
+        super().__init__(weight, stored, bias)
+        self.rows_a_scale = rows_a_scale
+
+    @classmethod
+    def of_channels(
+        cls, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> Fp8BlockLinear:
+        """e4m3 weights [out, in] with a scale a channel ([out]), that scale for every 128 of its inputs."""
+        out_features, in_features = weight.shape
+        return cls(weight, scale.float().reshape(-1, 1).expand(out_features, in_features // BLOCK), bias)
+
+    @property
+    def served_as(self) -> str:
+        weights = f"{BLOCK} x {BLOCK} blocks" if self.rows_a_scale == BLOCK else "e4m3 a channel"
+        return f"{weights}, activations e4m3 a {BLOCK} of a row"
 
     @property
     def scale(self) -> torch.Tensor:
-        return self.scale_bits.view(torch.float32)[:, : self.in_features // BLOCK]
+        stored = self.scale_bits.view(torch.float32)
+        return stored[:, : self.in_features // BLOCK] if self.rows_a_scale == BLOCK else stored.t()
 
     def dequantized(self) -> torch.Tensor:
-        spread = self.scale.repeat_interleave(BLOCK, dim=0).repeat_interleave(BLOCK, dim=1)
+        spread = self.scale.repeat_interleave(self.rows_a_scale, dim=0).repeat_interleave(BLOCK, dim=1)
         return self.weight.float() * spread
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,8 +188,10 @@ class Fp8BlockLinear(Fp8Layer):
             self.weight.t(),
             x_scale.t().contiguous().t(),  # rows' scales column-major, as cuBLAS reads them
             nn.functional.ScalingType.BlockWise1x128,
-            self.scale_bits.view(torch.float32).t(),
-            nn.functional.ScalingType.BlockWise128x128,
+            self.scale_bits.view(torch.float32).t(),  # [in / 128 (padded), out / 128], or [out, in / 128]
+            nn.functional.ScalingType.BlockWise128x128
+            if self.rows_a_scale == BLOCK
+            else nn.functional.ScalingType.BlockWise1x128,
             output_dtype=dtype,
         )
 
@@ -169,9 +201,24 @@ class Fp8BlockLinear(Fp8Layer):
         return inputs @ self.dequantized().T
 
     def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, FP8 e4m3 in 128 x 128 blocks"
-        )
+        return f"in_features={self.in_features}, out_features={self.out_features}, FP8 {self.served_as}"
+
+
+def e4m3_channels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float weights [out, in] quantized once to e4m3 with a float32 scale a channel (its largest weight
+    at 448): the values and the scales [out]."""
+    weight = weight.detach().float()
+    scale = (weight.abs().amax(dim=-1) / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    return (weight / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def channel_layer(weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> Fp8Layer:
+    """An FP8 layer of e4m3 weights [out, in] with a scale a channel ([out]), on their device: its inputs a
+    scale for every 128 of a row (Fp8BlockLinear) where `in` is a multiple of 128 and the device's
+    blockwise product passes the start's check, else a scale a row (Fp8Linear)."""
+    if weight.shape[1] % BLOCK == 0 and blockwise_products_work(weight.device, rows_a_scale=1) is None:
+        return Fp8BlockLinear.of_channels(weight, scale, bias)
+    return Fp8Linear(weight, scale, bias)
 
 
 def quantize_groups(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,13 +231,14 @@ def quantize_groups(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @functools.cache
-def blockwise_products_work(device: torch.device) -> str | None:
-    """None where this device's blockwise FP8 product gives its float32 emulation's (within bfloat16's
+def blockwise_products_work(device: torch.device, rows_a_scale: int = BLOCK) -> str | None:
+    """None where this device's blockwise FP8 product, the weights' scales a 128 x 128 (`rows_a_scale`
+    128) or a channel's for every 128 inputs (1), gives its float32 emulation's (within bfloat16's
     rounding) on a random layer of 256 x 512 and 5 rows; else what went wrong, for the log. cuBLAS runs
     it on Hopper from CUDA 12.9 on; nothing here can check it without one, so every start does."""
     generator = torch.Generator().manual_seed(0)
     weight = (torch.randn(256, 512, generator=generator) * 64).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    scale = torch.rand(2, 4, generator=generator) * 0.01 + 0.001
+    scale = torch.rand(256 // rows_a_scale, 4, generator=generator) * 0.01 + 0.001
     layer = Fp8BlockLinear(weight, scale, None).to(device)
     x = torch.randn(5, 512, generator=generator).to(device=device, dtype=torch.bfloat16)
     try:

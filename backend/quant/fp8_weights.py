@@ -34,8 +34,9 @@ from backend.quant.fp8_linear import (
     BLOCK,
     FP8,
     Fp8BlockLinear,
-    Fp8Linear,
     blockwise_products_work,
+    channel_layer,
+    e4m3_channels,
     fits_fp8_products,
     fp8_products,
 )
@@ -85,8 +86,6 @@ def serve_fp8(
     return len(linears)
 
 
-IN_BLOCKS = f"the file's {BLOCK} x {BLOCK} blocks, activations e4m3 a {BLOCK} of a row"
-A_CHANNEL = "e4m3 a channel quantized once from the blocks' weights, activations e4m3 a row"
 FLOATS = "dequantized floats (sizes no multiple of 16)"
 
 
@@ -105,14 +104,16 @@ def serve_fp8_products(
         whole = [name for name, linear in linears.items() if all(n % BLOCK == 0 for n in linear.weight.shape)]
         for name, (weight, scale) in read_fp8_blocks(checkpoint_dir, whole).items():
             blocks[name] = Fp8BlockLinear(weight.to(device), scale.to(device), linears[name].bias)
-    served = Counter()
+    served, converted = Counter(), 0
     for name, linear in linears.items():
         if name in blocks:
             replace_module(model, name, blocks[name])
-            served[IN_BLOCKS] += 1
+            served[f"the file's {blocks[name].served_as}"] += 1
         elif fits_fp8_products(*linear.weight.shape):
-            replace_module(model, name, Fp8Linear.of_weights(linear.weight.to(device), linear.bias))
-            served[A_CHANNEL] += 1
+            layer = channel_layer(*e4m3_channels(linear.weight.to(device)), linear.bias)
+            replace_module(model, name, layer)
+            served[f"{layer.served_as}, converted once from the blocks' weights"] += 1
+            converted += 1
         else:
             served[FLOATS] += 1
     log.info(
@@ -120,9 +121,9 @@ def serve_fp8_products(
         len(linears),
         device,
         described(served),
-        f" (not in blocks: {why_not})" if why_not and served[A_CHANNEL] else "",
+        f" (not in blocks: {why_not})" if why_not and converted else "",
     )
-    return served[IN_BLOCKS] + served[A_CHANNEL]
+    return len(linears) - served[FLOATS]
 
 
 def why_not_in_blocks(

@@ -3,14 +3,15 @@
 int4 and int8: its linear layers weight-only (quantized_linear.py), a mixture of experts' weights
 (quantized_experts.py) and the output head (int8, for the steps of few rows). fp8, on a GPU with FP8
 arithmetic (fp8_linear.py): its linear layers as FP8 products, e4m3 weights a channel and activations
-e4m3 a row, as vLLM's `--quantization fp8` serves a float model; the head and any experts stay floats.
+e4m3 a 128 of a row (or a row: fp8_linear.channel_layer), as vLLM's `--quantization fp8` serves a float
+model; the head and any experts stay floats.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from backend.quant.fp8_linear import Fp8Linear, fits_fp8_products
+from backend.quant.fp8_linear import channel_layer, e4m3_channels, fits_fp8_products
 from backend.quant.quantized_experts import quantize_experts
 from backend.quant.quantized_linear import QUANTIZERS, quantizable_linears, quantize_head, replace_module
 
@@ -25,7 +26,7 @@ def quantize_model(model: nn.Module, mode: str) -> int:
     if mode == "fp8":
         fits = {name: linear for name, linear in linears.items() if fits_fp8_products(*linear.weight.shape)}
         for name, linear in fits.items():
-            replace_module(model, name, Fp8Linear.of_weights(linear.weight, linear.bias))
+            replace_module(model, name, channel_layer(*e4m3_channels(linear.weight), linear.bias))
         return len(fits)
     quantize = QUANTIZERS[mode]
     for name, linear in linears.items():

@@ -2,6 +2,7 @@
 `torch._scaled_mm`, which PyTorch runs on a CPU too, so the layer and the loader's choice of it are tested
 here as a GPU with FP8 arithmetic would run them; the CUDA test at the end runs them on one."""
 
+import contextlib
 import json
 import random
 from unittest import mock
@@ -20,6 +21,7 @@ from backend.quant.fp8_linear import (
     Fp8Layer,
     Fp8Linear,
     blockwise_products_work,
+    e4m3_channels,
     fp8_products,
 )
 from backend.quant.quantize import quantize_model
@@ -113,6 +115,17 @@ def test_fp8_products_where_the_gpu_multiplies_fp8(device, capability, dtype, ex
         assert fp8_products(torch.device(device), dtype) is expected
 
 
+@contextlib.contextmanager
+def blockwise_products_fail(reason: str):
+    """The start's check of the GPU's blockwise product failing, for both layouts of weights' scales."""
+    with (
+        mock.patch("backend.quant.fp8_linear.blockwise_products_work", return_value=reason),
+        mock.patch("backend.quant.fp8_weights.blockwise_products_work", return_value=reason),
+        mock.patch("backend.quant.checkpoint_layers.blockwise_products_work", return_value=reason),
+    ):
+        yield
+
+
 def load_as_on_an_fp8_gpu(directory, tmp_path, quantize: str = "auto"):
     """The model loaded as on a GPU with FP8 arithmetic, in bfloat16: the choice of FP8 products made
     true on this CPU, whose `_scaled_mm` then runs them."""
@@ -167,13 +180,11 @@ def test_where_the_gpus_blockwise_product_fails_its_check_the_layers_go_a_channe
     logged."""
     expected = write_fp8_checkpoint(tmp_path / "tiny-FP8", **WIDE)
     reason = "RuntimeError: no blockwise product here"
-    with (
-        caplog.at_level("INFO"),
-        mock.patch("backend.quant.fp8_weights.blockwise_products_work", return_value=reason),
-    ):
+    with caplog.at_level("INFO"), blockwise_products_fail(reason):
         model = load_as_on_an_fp8_gpu(tmp_path / "tiny-FP8", tmp_path)
-    assert "served as e4m3 a channel quantized once from the blocks' weights, activations e4m3 a row x14" in (
-        caplog.text
+    assert (
+        "served as e4m3 a channel, activations e4m3 a row, converted once from the blocks' weights x14"
+        in (caplog.text)
     )
     assert f"(not in blocks: {reason})" in caplog.text
     for module, weight in expected.items():
@@ -199,13 +210,26 @@ def test_the_block_layer_multiplies_inputs_in_e4m3_a_128_of_a_row_by_its_blocks(
     inputs = ((groups / group_scale).to(FP8).float() * group_scale).reshape(5, 384)
     expected = inputs @ layer.dequantized().T + layer.bias.float()
     assert (got[0].float() - expected).abs().max() <= 2**-7 * expected.abs().max()
-    with pytest.raises(ValueError, match="blocks of 128"):
+    with pytest.raises(ValueError, match="scales of 128 inputs"):
         Fp8BlockLinear(weight[:200], scale, None)
+
+
+def test_a_channels_scale_for_every_128_inputs_multiplies_as_the_channel_layer_with_inputs_in_groups():
+    torch.manual_seed(2)
+    values, scale = e4m3_channels(torch.randn(48, 256))
+    layer = Fp8BlockLinear.of_channels(values, scale, None)
+    assert layer.rows_a_scale == 1 and torch.equal(
+        layer.dequantized(), Fp8Linear(values, scale, None).dequantized()
+    )
+    x = torch.randn(3, 256) * torch.tensor([0.01, 10.0]).repeat_interleave(128)
+    expected = e4m3_groups(x) @ layer.dequantized().T
+    assert (layer(x).float() - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
 def test_the_start_checks_the_gpus_blockwise_product_against_its_emulation():
     blockwise_products_work.cache_clear()
     assert blockwise_products_work(torch.device("cpu")) is None  # off CUDA the emulation is the product
+    assert blockwise_products_work(torch.device("cpu"), rows_a_scale=1) is None
     blockwise_products_work.cache_clear()
     wrong = lambda self, x8, x_scale, dtype: self.emulated(x8, x_scale).to(dtype) * 1.05  # noqa: E731
     with mock.patch.object(Fp8BlockLinear, "product", wrong):
@@ -226,32 +250,31 @@ def e4m3_groups(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("name", "kind", "served"),
+    ("name", "served"),
     [
-        ("fp8-dynamic", Fp8Linear, "FP8 products of the checkpoint's values, activations e4m3 a row x14"),
-        ("fp8-tensor", Fp8Linear, "FP8 products of the checkpoint's values, activations e4m3 a row x14"),
-        ("fp8-block", Fp8BlockLinear, "FP8 products of the checkpoint's values in 128 x 128 blocks"),
+        # tiny_model's: q, k, v, o, gate and up take 64 inputs, down 128 (a 128 of a row)
+        ("fp8-dynamic", "e4m3 a channel, activations e4m3 a row x12"),
+        ("fp8-tensor", "e4m3 a channel, activations e4m3 a 128 of a row x2"),
+        ("fp8-block", "128 x 128 blocks, activations e4m3 a 128 of a row x14"),  # (a wider model)
     ],
 )
-def test_a_compressed_tensors_fp8_checkpoint_multiplies_by_its_own_values(
-    name, kind, served, tmp_path, caplog
-):
+def test_a_compressed_tensors_fp8_checkpoint_multiplies_by_its_own_values(name, served, tmp_path, caplog):
     """FP8-dynamic (a scale a channel), a scale a tensor and FP8_BLOCK (a 128 x 128): the checkpoint's
     e4m3 values and scales as they are, so the layer's weights are the library's dequantized ones
-    exactly; its inputs e4m3 a row, or a 128 of a row in blocks."""
+    exactly; its inputs e4m3 a 128 of a row where it takes whole 128s, else a row."""
     expected = write_compressed_checkpoint(tmp_path / name, name)
     with caplog.at_level("INFO"):
         model = load_as_on_an_fp8_gpu(tmp_path / name, tmp_path)
-    assert f"14 linear layers served as {served}" in caplog.text
+    assert f"FP8 products of the checkpoint's values, {served}" in caplog.text
     assert "activations quantized to e4m3 as they come" in caplog.text
-    for module, weight in expected.items():
-        layer = model.get_submodule(module)
-        assert type(layer) is kind and torch.equal(layer.dequantized(), weight), module
     x = torch.randn(3, 384, dtype=torch.bfloat16)
     for module, weight in expected.items():
+        layer = model.get_submodule(module)
+        assert isinstance(layer, Fp8Layer) and torch.equal(layer.dequantized(), weight), module
+        assert isinstance(layer, Fp8BlockLinear) is (weight.shape[1] % 128 == 0), module
         inputs = x[:, : weight.shape[1]]
-        reference = (e4m3_groups if kind is Fp8BlockLinear else e4m3_rows)(inputs) @ weight.T
-        got = model.get_submodule(module)(inputs).float()
+        reference = (e4m3_groups if isinstance(layer, Fp8BlockLinear) else e4m3_rows)(inputs) @ weight.T
+        got = layer(inputs).float()
         assert (got - reference).abs().max() <= 2**-7 * reference.abs().max(), module
 
 
@@ -259,13 +282,11 @@ def test_a_compressed_tensors_fp8_block_checkpoint_goes_a_channel_where_the_bloc
     tmp_path, caplog
 ):
     expected = write_compressed_checkpoint(tmp_path / "fp8-block", "fp8-block")
-    with (
-        caplog.at_level("INFO"),
-        mock.patch("backend.quant.checkpoint_layers.blockwise_products_work", return_value="no"),
-    ):
+    with caplog.at_level("INFO"), blockwise_products_fail("no"):
         model = load_as_on_an_fp8_gpu(tmp_path / "fp8-block", tmp_path)
-    assert "FP8 products, e4m3 a channel converted once from the blocks' weights, activations a row x14" in (
-        caplog.text
+    assert (
+        "FP8 products converted once from the blocks' weights to e4m3 a channel, activations e4m3 a row"
+        in (caplog.text)
     )
     for module, weight in expected.items():
         layer = model.get_submodule(module)
@@ -319,9 +340,11 @@ def test_quantize_fp8_serves_a_float_models_layers_as_fp8_products(tmp_path, cap
     for name, module in exact.named_modules():
         if type(module) is torch.nn.Linear and name != "lm_head":
             served = model.get_submodule(name)
-            assert isinstance(served, Fp8Linear), name
+            # every one takes whole 128s of inputs: a channel's scale for every 128 of them
+            assert isinstance(served, Fp8BlockLinear) and served.rows_a_scale == 1, name
             # from the bfloat16 model's weights, as loaded
-            assert torch.equal(served.weight, Fp8Linear.of_weights(module.weight.bfloat16(), None).weight)
+            values, scale = e4m3_channels(module.weight.bfloat16())
+            assert torch.equal(served.weight, values) and torch.equal(served.scale[:, 0], scale), name
     assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight.dtype == torch.bfloat16
     shortfalls = greedy_shortfalls(model, exact, seed=4)
     assert sum(s == 0 for s in shortfalls) >= 40 and max(shortfalls) <= 0.15, shortfalls
@@ -335,9 +358,8 @@ def test_the_engine_benchmark_counts_fp8_layers_bytes_in_a_steps_weight_read():
     weights = [m.weight for n, m in model.named_modules() if type(m) is torch.nn.Linear and n != "lm_head"]
     assert quantize_model(model, "fp8") == len(weights) == 14
     after, _ = step_bytes(model, 1, 1, torch.float32)
-    assert after == before - sum(w.numel() * 4 for w in weights) + sum(
-        w.numel() + 4 * w.shape[0] for w in weights
-    )
+    scales = sum(4 * w.shape[0] * (w.shape[1] // 128) for w in weights)  # a channel's for every 128 inputs
+    assert after == before - sum(w.numel() * 4 for w in weights) + sum(w.numel() for w in weights) + scales
 
 
 def test_quantize_fp8_is_refused_where_the_device_has_no_fp8_arithmetic(tmp_path):
@@ -362,10 +384,12 @@ def test_a_checkpoint_whose_config_keeps_layers_as_floats_serves_those_as_floats
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9, reason="a Hopper GPU"
 )
 def test_cuda_blockwise_fp8_products_give_their_emulations_on_hopper():
-    """cuBLAS's blockwise FP8 product (BlockWise1x128 by BlockWise128x128) runs on Hopper: the start's
-    check passes there, else the checkpoints' layers go a channel (the reason is this assertion's)."""
+    """cuBLAS's blockwise FP8 products (BlockWise1x128 by BlockWise128x128, and by BlockWise1x128) run on
+    Hopper: the start's checks pass there, else the layers go by `_scaled_mm` a row (the reasons are this
+    assertion's)."""
     blockwise_products_work.cache_clear()
-    assert blockwise_products_work(torch.device("cuda")) is None
+    verdicts = {rows: blockwise_products_work(torch.device("cuda"), rows) for rows in (128, 1)}
+    assert verdicts == {128: None, 1: None}  # else the reasons, by the weights' scales' rows
 
 
 @pytest.mark.skipif(
