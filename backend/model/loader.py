@@ -586,8 +586,9 @@ def quantize_weights(
     elif quantization == "fp8":
         count = quantize_model(model, quantization)
         log.info(
-            "quantized %d linear layers to FP8 products: e4m3 weights a channel, activations e4m3 a 128 of "
-            "a row where the GPU's blockwise product works, else a row (the head and any experts stay floats)",
+            "quantized %d linear layers to FP8 products: e4m3 weights a channel, activations e4m3 a 128 "
+            "of a row where the GPU's blockwise product works, else a row (the head and any experts stay "
+            "floats)",
             count,
         )
     elif quantization != "none":
