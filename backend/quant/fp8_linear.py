@@ -6,7 +6,7 @@ tensor cores, at twice bfloat16's rate, so such a layer is served as vLLM serves
 
     weights: e4m3 with a float32 scale an output channel, the checkpoint's own values where it has a
         scale a channel or a tensor (compressed-tensors' FP8), else quantized once from its dequantized
-        weights (`of_weights`)
+        weights (`e4m3_channels`)
     activations: quantized to e4m3 as they come, a scale a row (its largest value at 448)
     product: `torch._scaled_mm` with both scales, accumulated in float32, out in bfloat16
 
@@ -72,11 +72,6 @@ class Fp8Linear(Fp8Layer):
 
     served_as = "e4m3 a channel, activations e4m3 a row"
 
-    @classmethod
-    def of_weights(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Fp8Linear:
-        """Quantized once from float weights [out, in]: each channel's largest weight at 448."""
-        return cls(*e4m3_channels(weight), bias)
-
     @property
     def scale(self) -> torch.Tensor:
         return self.scale_bits.view(torch.float32)
@@ -86,14 +81,8 @@ class Fp8Linear(Fp8Layer):
         return self.weight.float() * self.scale[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Each row's largest value at 448: one reduction, two operations on a column of a value a row,
-        # one division and one cast, in as few kernels as they take (each a launch in a decode step). A
-        # row's largest value divided by its scale rounds to 448 at most (e4m3 reaches NaN from 480 up), so
-        # no clamp; an all-zero row gets a scale of 1e-12 and zeros, not 0 / 0.
         flat = x.reshape(-1, self.in_features)
-        largest = torch.linalg.vector_norm(flat, math.inf, dim=-1, keepdim=True, dtype=torch.float32)
-        x_scale = largest.div_(FP8_MAX).clamp_(min=1e-12)
-        x8 = (flat / x_scale).to(FP8)
+        x8, x_scale = quantize_groups(flat, self.in_features)  # a scale a row: [rows, 1]
         bias = None if self.bias is None else self.bias.to(x.dtype)
         out = torch._scaled_mm(
             x8,
@@ -221,10 +210,15 @@ def channel_layer(weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor 
     return Fp8Linear(weight, scale, bias)
 
 
-def quantize_groups(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[rows, in] to e4m3 with a scale for every 128 of a row (its largest value at 448): the values and
-    the scales, [rows, in / 128] float32."""
-    groups = flat.view(flat.shape[0], -1, BLOCK)
+def quantize_groups(flat: torch.Tensor, group: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, in] to e4m3 with a scale for every `group` of a row (its largest value at 448): the values
+    and the scales, [rows, in / group] float32.
+
+    One reduction, two operations on the scales, one division and one cast, in as few kernels as they
+    take (each a launch in a decode step). A group's largest value divided by its scale rounds to 448 at
+    most (e4m3 reaches NaN from 480 up), so no clamp; an all-zero group gets a scale of 1e-12 and zeros,
+    not 0 / 0."""
+    groups = flat.view(flat.shape[0], -1, group)
     largest = torch.linalg.vector_norm(groups, math.inf, dim=-1, dtype=torch.float32)
     x_scale = largest.div_(FP8_MAX).clamp_(min=1e-12)
     return (groups / x_scale[..., None]).to(FP8).view(flat.shape), x_scale

@@ -48,9 +48,9 @@ def e4m3_rows(x: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).to(FP8).float() * scale
 
 
-def test_of_weights_keeps_each_channel_within_e4m3s_rounding_of_its_weights():
+def test_e4m3_channels_keeps_each_channel_within_e4m3s_rounding_of_its_weights():
     weight = torch.randn(48, 64) * torch.logspace(-3, 1, 48)[:, None]  # channels of very unequal sizes
-    layer = Fp8Linear.of_weights(weight, None)
+    layer = Fp8Linear(*e4m3_channels(weight), None)
     largest = weight.abs().amax(dim=-1)
     assert torch.equal(layer.scale, largest / FP8_MAX)
     assert torch.equal(layer.weight.float().abs().amax(dim=-1), torch.full((48,), FP8_MAX))
@@ -63,7 +63,7 @@ def test_of_weights_keeps_each_channel_within_e4m3s_rounding_of_its_weights():
 def test_the_layer_multiplies_its_inputs_in_e4m3_a_row_by_its_e4m3_weights(dtype):
     torch.manual_seed(0)
     weight, bias = torch.randn(96, 64), torch.randn(96)
-    layer = Fp8Linear.of_weights(weight, bias).to(dtype)
+    layer = Fp8Linear(*e4m3_channels(weight), bias).to(dtype)
     x = (torch.randn(2, 5, 64) * torch.logspace(-2, 2, 5)[:, None]).to(dtype)  # rows of unequal sizes
     got = layer(x)
     assert got.shape == (2, 5, 96) and got.dtype == dtype
@@ -82,7 +82,7 @@ def test_the_layer_multiplies_its_inputs_in_e4m3_a_row_by_its_e4m3_weights(dtype
 
 
 def test_a_row_of_zeros_gives_the_bias_not_nans():
-    layer = Fp8Linear.of_weights(torch.randn(32, 48), torch.randn(32))
+    layer = Fp8Linear(*e4m3_channels(torch.randn(32, 48)), torch.randn(32))
     x = torch.zeros(3, 48)
     x[1] = torch.randn(48)
     out = layer(x)
@@ -92,7 +92,7 @@ def test_a_row_of_zeros_gives_the_bias_not_nans():
 def test_the_models_cast_to_its_dtype_keeps_the_weights_and_their_scales():
     """Module.to(dtype) casts every floating tensor, float8 included: transformers' own FP8 layers lost
     their scales so. This layer keeps its weights and scales as their bits."""
-    layer = Fp8Linear.of_weights(torch.randn(32, 48), torch.randn(32))
+    layer = Fp8Linear(*e4m3_channels(torch.randn(32, 48)), torch.randn(32))
     weight, scale = layer.weight.clone(), layer.scale.clone()
     model = torch.nn.Sequential(layer).to(torch.bfloat16)
     assert model[0].weight.dtype == FP8 and torch.equal(model[0].weight.float(), weight.float())
@@ -190,7 +190,7 @@ def test_where_the_gpus_blockwise_product_fails_its_check_the_layers_go_a_channe
     for module, weight in expected.items():
         layer = model.get_submodule(module)
         assert type(layer) is Fp8Linear, module
-        assert torch.equal(layer.weight, Fp8Linear.of_weights(weight, None).weight), module
+        assert torch.equal(layer.weight, Fp8Linear(*e4m3_channels(weight), None).weight), module
     shortfalls = greedy_shortfalls(model, exact_model(tmp_path / "tiny-FP8", tmp_path), seed=3)
     assert sum(s == 0 for s in shortfalls) >= 40 and max(shortfalls) <= 0.15, shortfalls
 
@@ -291,7 +291,7 @@ def test_a_compressed_tensors_fp8_block_checkpoint_goes_a_channel_where_the_bloc
     for module, weight in expected.items():
         layer = model.get_submodule(module)
         assert type(layer) is Fp8Linear, module
-        assert torch.equal(layer.weight, Fp8Linear.of_weights(weight, None).weight), module
+        assert torch.equal(layer.weight, Fp8Linear(*e4m3_channels(weight), None).weight), module
 
 
 def test_rows_of_a_lora_adapter_over_fp8_products_decode_beside_the_base_models(tmp_path):
