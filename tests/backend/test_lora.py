@@ -146,23 +146,32 @@ def default_model_adapter(tmp_path_factory):
 def test_the_default_models_quantized_rows_of_an_adapter_decode_beside_others_as_alone(default_model_adapter):
     """In the default mode (the GGUF file's blocks): a step of the base model's rows alone keeps the
     native decode; an adapter's rows decode beside them (a step of the layers in Python, the adapter's
-    products added), each as it does alone. (The base model's rows round by the step's path in this
-    mode, as by its number of rows: only the exact mode promises them the same text in any step.)"""
+    products added), each as it does alone, but for near ties. (Only the exact mode promises the same
+    text in any step: here a float32 product of one row rounds otherwise than one of several, MKL's
+    gemv against its gemm, and bfloat16 logits near 20 are 0.125 apart, so two tokens tie exactly.)"""
     engine = Engine.load(BackendConfig(lora_modules=default_model_adapter, rows=8, max_seq_len=512))
     assert engine.runner.decoder.native is not None  # steps without an adapter's row run it
     assert isinstance(engine.model.model.layers[0].self_attn.q_proj, LoraLinear)
     chat = [{"role": "user", "content": "Write a short story about a lighthouse."}]
     text = engine.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     prompt = tuple(engine.tokenizer(text, add_special_tokens=False).input_ids)
-    params = SamplingParams(temperature=0, max_tokens=24)
+    params = SamplingParams(temperature=0, max_tokens=24, logprobs=5)
     alone = {}
     for adapter in ("", "story"):
         pieces = drive(engine, [(0, Submit("alone", prompt, params, adapter=adapter))])
-        alone[adapter] = text_of(pieces["alone"])
-    assert alone["story"] != alone[""]
+        alone[adapter] = [entry for piece in pieces["alone"] for entry in piece.logprobs]
+    assert [e.token_id for e in alone["story"]] != [e.token_id for e in alone[""]]
     together = [(0, Submit(f"{a}-{i}", prompt, params, adapter=a)) for i in range(3) for a in ("", "story")]
     pieces = drive(engine, together)
-    assert [text_of(pieces[f"story-{i}"]) for i in range(3)] == [alone["story"]] * 3
+    rows = [[entry for piece in pieces[f"story-{i}"] for entry in piece.logprobs] for i in range(3)]
+    assert rows[0] == rows[1] == rows[2]  # one step's rows of the same input: the same arithmetic
+    tokens = [(a.token_id, b.token_id) for a, b in zip(alone["story"], rows[0], strict=True)]
+    first = next((k for k, (a, b) in enumerate(tokens) if a != b), None)
+    if first is not None:  # a near tie in both runs (bfloat16 logits two steps apart at most): the base
+        # model's own first token, where this adapter tips a tie, is 0.75 behind in the adapter's logits
+        ahead = [dict(run[first].top) for run in (alone["story"], rows[0])]
+        gaps = [abs(top.get(tokens[first][0], -99) - top.get(tokens[first][1], 99)) for top in ahead]
+        assert max(gaps) <= 0.3, (first, ahead)
 
 
 def runtime_engine(base: torch.nn.Module) -> Engine:
