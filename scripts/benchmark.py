@@ -563,6 +563,15 @@ def measure_other(name: str, command: list[str], ready_url: str, url: str, model
         stop(process)
 
 
+def more_than_one(value: str) -> int:
+    """--spread-requests: each spread client's first request meets a server still filling up and is not
+    counted (closed_loop), so one request a client would measure nothing."""
+    number = int(value)
+    if number < 2:
+        raise argparse.ArgumentTypeError(f"{number}: at least 2, as each client's first is not counted")
+    return number
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -571,7 +580,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--requests", type=int, default=2, help="requests per client at each level")
     parser.add_argument(
-        "--spread-requests", type=int, default=3, help="requests per client, 32 with arrivals spread out"
+        "--spread-requests",
+        type=more_than_one,
+        default=3,
+        help="requests per client, 32 with arrivals spread out (each client's first is not counted)",
     )
     parser.add_argument("--url", help="benchmark a running server instead of starting one")
     add_model_options(parser)

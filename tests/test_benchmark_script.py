@@ -25,18 +25,33 @@ def run_script(name: str, *args: str) -> str:
 def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
     out = tmp_path / "report" / "performance.md"  # in a folder not there yet
     run_script(
-        "benchmark.py", "--concurrency", "1", "32", "--requests", "1", "--spread-requests", "1",
+        "benchmark.py", "--concurrency", "1", "32", "--requests", "1", "--spread-requests", "2",
         "--tokens", "4", "--out", str(out),
     )  # fmt: skip
     report = out.read_text()
     assert "| 1 | " in report and "| 32 | " in report
-    assert "| 32, arrivals spread out | - |" in report  # measured for its latencies only
+    # measured for its latencies only, which each client's second request gives
+    spread = r"^\| 32, arrivals spread out \| - \| \d+ \| \d+ \| \d+ \| \d+ \|$"
+    assert re.search(spread, report, re.MULTILINE), report
     assert "TTFT bound at 32 streams" in report
     assert "Engine ceiling (32 full rows" in report and "Naive server" in report
     # sampled on both sides of the 32 streams, so that the machine's drift between them shows
     assert "the mean of 6 samples of 4 steps, half just before and half just after" in report
     assert (out.parent / "performance-throughput.png").stat().st_size > 1000
     assert (out.parent / "performance-latency.png").stat().st_size > 1000
+
+
+def test_spread_arrivals_take_two_requests_a_client_at_least():
+    """Each spread client's first request is not counted: with one, the row would be all NaN."""
+    import argparse
+
+    import pytest
+
+    from scripts.benchmark import more_than_one
+
+    assert more_than_one("2") == 2
+    with pytest.raises(argparse.ArgumentTypeError, match="at least 2"):
+        more_than_one("1")
 
 
 def test_the_engine_benchmark_reports_steps_and_their_bandwidth_floor():
