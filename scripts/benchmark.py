@@ -43,6 +43,7 @@ from pathlib import Path
 import psutil
 import requests
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,10 +90,43 @@ class Level:
     seconds: float = 0.0
     first_token: list[float] = field(default_factory=list)
     between_tokens: list[float] = field(default_factory=list)
+    # The server's own means over the level, in seconds, by histogram (`server_means`); empty where the
+    # server has no such /metrics (another server, or one behind --url that does not export them).
+    server_means: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds
+
+
+# The server's histograms of where a first token's time goes (inference_api/metrics.py).
+FIRST_TOKEN_HISTOGRAMS = ("inference_time_to_first_token_seconds", "inference_request_queue_time_seconds")
+
+
+def histogram_totals(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each of FIRST_TOKEN_HISTOGRAMS in the server's /metrics; {} where it has none."""
+    try:
+        response = requests.get(f"{url}/metrics", timeout=10)
+    except requests.RequestException:
+        return {}
+    if response.status_code != 200:
+        return {}
+    totals = {}
+    for family in text_string_to_metric_families(response.text):
+        if family.name in FIRST_TOKEN_HISTOGRAMS:
+            samples = {sample.name: sample.value for sample in family.samples}
+            totals[family.name] = (samples[family.name + "_sum"], samples[family.name + "_count"])
+    return totals
+
+
+def server_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict:
+    """Each histogram's mean over what it observed between two `histogram_totals`."""
+    means = {}
+    for name, (total, count) in after.items():
+        earlier_total, earlier_count = before.get(name, (0.0, 0.0))
+        if count > earlier_count:
+            means[name] = (total - earlier_total) / (count - earlier_count)
+    return means
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -400,6 +434,18 @@ def time_to_first_token_bound(results: Results) -> list[str]:
     ]
 
 
+def where_first_tokens_wait(level: Level) -> list[str]:
+    """The server's own account of a first token's time at this level (/metrics), beside the clients'."""
+    first, queued = (level.server_means.get(name) for name in FIRST_TOKEN_HISTOGRAMS)
+    if first is None or queued is None:
+        return []
+    return [
+        f"Its first tokens by its own /metrics at {level.concurrency} streams: {first * 1000:.0f} ms on "
+        f"average from the frontend's admission, {queued * 1000:.0f} ms of it waiting for a row "
+        f"(the clients' TTFT p50 {percentile(level.first_token, 0.5) * 1000:.0f} ms)."
+    ]
+
+
 def report(args, model: str, results: Results, plots: list[str]) -> str:
     lines = [
         f"`scripts/benchmark.py` on {machine()};",
@@ -431,6 +477,7 @@ def report(args, model: str, results: Results, plots: list[str]) -> str:
     ]
     if at_32:
         lines.append(f"Server at 32 streams: {at_32.tokens_per_second / results.ceiling:.0%} of the ceiling.")
+        lines += where_first_tokens_wait(at_32)
     if at_32 and results.scored:
         lines.append(
             f"32 streams with `{json.dumps(SCORED_FIELDS)}` on every request: "
@@ -530,7 +577,9 @@ def measure_server(args, url: str, model: str, pid: int | None, ceiling: Ceiling
             bar.set_postfix(concurrency=concurrency)
             if concurrency == 32:
                 ceiling.measure(args.tokens, CEILING_SAMPLES)
+            before = histogram_totals(url)
             results.levels.append(closed_loop(url, model, concurrency, args.requests, args.tokens, bar))
+            results.levels[-1].server_means = server_means(before, histogram_totals(url))
             if concurrency == 32:
                 ceiling.measure(args.tokens, CEILING_SAMPLES)
     at_32 = results.at(32)

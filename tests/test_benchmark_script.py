@@ -34,6 +34,8 @@ def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
     spread = r"^\| 32, arrivals spread out \| - \| \d+ \| \d+ \| \d+ \| \d+ \|$"
     assert re.search(spread, report, re.MULTILINE), report
     assert "TTFT bound at 32 streams" in report
+    waits = re.search(r"its own /metrics at 32 streams: (\d+) ms on average .*, (\d+) ms of it", report)
+    assert waits and int(waits[1]) >= int(waits[2]), report  # the wait for a row is a part of the whole
     assert "Engine ceiling (32 full rows" in report and "Naive server" in report
     # sampled on both sides of the 32 streams, so that the machine's drift between them shows
     assert "the mean of 6 samples of 4 steps, half just before and half just after" in report
