@@ -102,7 +102,8 @@ EDIT = [{"role": "user", "content": f"Rename `propose` to `guess` in this code:\
 def test_a_chat_with_a_prediction_is_the_answer_without_and_counts_its_tokens(default_mode_server) -> None:
     """OpenAI's Predicted Outputs through the official client: the answer is the same with a prediction
     (its own text, then that text cut and garbled in its middle, as text parts, streamed) as without any
-    drafts; the usage counts the prediction's tokens that stood, and those that did not."""
+    drafts; the usage counts the prediction's tokens that stood, and those that did not (a prediction
+    wrong after the answer's first words)."""
     client = default_mode_server.openai_client()
     # 200 tokens whatever the model makes of the edit (the default mode's greedy text may change from one
     # start of the server to the next: see REPEAT)
@@ -135,4 +136,12 @@ def test_a_chat_with_a_prediction_is_the_answer_without_and_counts_its_tokens(de
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == answer
     details = chunks[-1].usage.completion_tokens_details
     assert details.accepted_prediction_tokens > 0.5 * plain.usage.completion_tokens
-    assert details.rejected_prediction_tokens > 0  # the garbled stretch
+    # The garbled stretch is drafted only where the answer stands just before it: one that repeats itself,
+    # as 200 greedy tokens of a small model may, is found again past it and never drafts it. A prediction
+    # wrong after the answer's first words is drafted wrong at once: the first step drafts 8 tokens on.
+    opening = answer[: answer.index(" ", 12)]
+    wrong = client.chat.completions.create(
+        **{**ask, "max_tokens": 16}, prediction={"type": "content", "content": opening + " zq xv zq xv zq xv"}
+    )
+    assert answer.startswith(wrong.choices[0].message.content)
+    assert wrong.usage.completion_tokens_details.rejected_prediction_tokens > 0
