@@ -584,6 +584,11 @@ def text_of(pieces: list) -> str:
     return "".join(piece.text for piece in pieces)
 
 
+def logprobs_of(pieces: list) -> list:
+    """A request's logprobs entries, a token each, from its pieces."""
+    return [entry for piece in pieces for entry in piece.logprobs]
+
+
 def greedy_agreements(served: torch.nn.Module, exact: torch.nn.Module, seed: int) -> int:
     """Of five random prompts (1 to 39 tokens), how many the engine on `served` (4 rows, joining and
     leaving) answers greedily with the 10 tokens `generate` gives on `exact`: a quantized checkpoint's

@@ -9,7 +9,7 @@ from backend.engine.engine import Engine
 from backend.layers.logits_processors import LogitsProcessors
 from backend.layers.sampler import SamplingBatch, sample
 from backend.messages import InvalidParams, SamplingParams, Submit
-from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, drive, tiny_model
+from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, drive, logprobs_of, tiny_model
 
 PROMPT = (5, 17, 42, 99, 7, 300)
 
@@ -21,10 +21,6 @@ def engine_and_model(rows: int = 4):
 
 def run(engine, *requests: tuple[str, tuple[int, ...], SamplingParams]) -> dict[str, list]:
     return drive(engine, [(0, Submit(request_id, prompt, params)) for request_id, prompt, params in requests])
-
-
-def logprobs_of(pieces) -> list:
-    return [entry for piece in pieces for entry in piece.logprobs]
 
 
 def reference_log_softmax(model, ids: list[int]) -> torch.Tensor:

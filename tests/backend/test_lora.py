@@ -18,6 +18,7 @@ from tests.backend.models import (
     TINY_VOCAB,
     MarkerTokenizer,
     drive,
+    logprobs_of,
     reference_greedy,
     text_of,
     tiny_model,
@@ -159,11 +160,11 @@ def test_the_default_models_quantized_rows_of_an_adapter_decode_beside_others_as
     alone = {}
     for adapter in ("", "story"):
         pieces = drive(engine, [(0, Submit("alone", prompt, params, adapter=adapter))])
-        alone[adapter] = [entry for piece in pieces["alone"] for entry in piece.logprobs]
+        alone[adapter] = logprobs_of(pieces["alone"])
     assert [e.token_id for e in alone["story"]] != [e.token_id for e in alone[""]]
     together = [(0, Submit(f"{a}-{i}", prompt, params, adapter=a)) for i in range(3) for a in ("", "story")]
     pieces = drive(engine, together)
-    rows = [[entry for piece in pieces[f"story-{i}"] for entry in piece.logprobs] for i in range(3)]
+    rows = [logprobs_of(pieces[f"story-{i}"]) for i in range(3)]
     assert rows[0] == rows[1] == rows[2]  # one step's rows of the same input: the same arithmetic
     tokens = [(a.token_id, b.token_id) for a, b in zip(alone["story"], rows[0], strict=True)]
     first = next((k for k, (a, b) in enumerate(tokens) if a != b), None)
