@@ -5,6 +5,7 @@ with a prediction of it (OpenAI's Predicted Outputs), whose usage counts the pre
 
 from __future__ import annotations
 
+import math
 import re
 from difflib import SequenceMatcher
 from pathlib import Path
@@ -117,8 +118,12 @@ def test_a_chat_with_a_prediction_is_the_answer_without_and_counts_its_tokens(de
     predicted = client.chat.completions.create(**ask, prediction={"type": "content", "content": answer})
     assert predicted.choices[0].message.content == answer
     details = predicted.usage.completion_tokens_details
-    # all but a step's own token (a draft is at most 8 of a step's 9) and the first steps'
-    assert details.accepted_prediction_tokens > 0.7 * plain.usage.completion_tokens
+    # The most that can stand: the server's 4 rows are a step's 4 queries, so the one row decoding drafts
+    # 3 tokens a step beside its own, and the first token comes from the prefill: 149 of 200 (measured so
+    # on three starts where the answer's text tokenizes anew as the tokens it was made of; where it does
+    # not in a place or two, a miss there costs a step or two: 140 with 2 rejected).
+    most = (200 - 1) - math.ceil((200 - 1) / 4)
+    assert most >= details.accepted_prediction_tokens > 0.85 * most
     assert details.rejected_prediction_tokens < 10
     middle = len(answer) // 2
     garbled = [
@@ -135,7 +140,7 @@ def test_a_chat_with_a_prediction_is_the_answer_without_and_counts_its_tokens(de
     )
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == answer
     details = chunks[-1].usage.completion_tokens_details
-    assert details.accepted_prediction_tokens > 0.5 * plain.usage.completion_tokens
+    assert details.accepted_prediction_tokens > 0.6 * most  # but for the garbled stretch
     # The garbled stretch is drafted only where the answer stands just before it: one that repeats itself,
     # as 200 greedy tokens of a small model may, is found again past it and never drafts it. A prediction
     # wrong after the answer's first words is drafted wrong at once: the first step drafts 8 tokens on.
