@@ -30,7 +30,7 @@ def server() -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=300)
+    return server.openai_client(timeout=300)
 
 
 def post(server: RunningServer, path: str, body: dict) -> requests.Response:

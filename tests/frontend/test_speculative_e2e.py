@@ -10,7 +10,6 @@ import re
 from difflib import SequenceMatcher
 from pathlib import Path
 
-import openai
 import pytest
 import requests
 
@@ -47,7 +46,7 @@ def with_drafts_and_without(server: RunningServer, prompt: str | list[dict], max
     """A greedy request without drafts (`speculative: false`, which drafts nothing), then streamed with
     them, through the official client: a completion of a text prompt, or a chat of a list of messages.
     The two texts and the draft tokens checked and stood."""
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=300)
+    client = server.openai_client(timeout=300)
     chat = isinstance(prompt, list)
     create = client.chat.completions.create if chat else client.completions.create
     ask = {"model": MODEL, "temperature": 0, "max_tokens": max_tokens}

@@ -60,7 +60,7 @@ def server(models: Path) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-needed", max_retries=0, timeout=60)
+    return server.openai_client(timeout=60)
 
 
 def reference(directory: Path, text: str, side: str = "right", **cut) -> torch.Tensor:
