@@ -337,17 +337,50 @@ def profile_step(engine: Engine, prompts: list[list[int]], active: int, steps: i
         busy: dict[str, float] = {}
         for kernel in kernels:
             busy[kernel.name] = busy.get(kernel.name, 0.0) + kernel.time_range.elapsed_us() / 1000 / steps
-        top = sorted(busy.items(), key=lambda item: -item[1])[:6]
         summary = (
             f"{len(kernels) / steps:.0f} kernels from {launches / steps:.0f} launches and "
-            f"{waits / steps:.1f} host waits a {active}-row step; the GPU busy "
-            f"{sum(busy.values()):.2f} ms of a {wall * 1000:.2f} ms step (profiled); most time: "
-            + "; ".join(f"{name[:60]} {ms:.3f} ms" for name, ms in top)
+            f"{waits / steps:.1f} host waits a {active}-row step; " + busy_summary(busy, wall * 1000)
         )
     else:
         operations = sum(1 for e in events if e.name.startswith("aten::"))
         summary = f"{operations / steps:.0f} PyTorch operations (aten) a {active}-row step"
     return summary + host_profile(host, steps)
+
+
+# What a CUDA kernel's name says it does, first match wins (flash and memory-efficient attention's kernels
+# are CUTLASS's too); "other" are elementwise operations and reductions (norms, rotations, activations).
+KERNEL_KINDS = (
+    ("attention", ("fmha", "flash", "attention", "attn")),
+    ("matrix products", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "splitk", "triton_tem")),
+    ("sampling", ("sort", "topk", "radix", "softmax", "multinomial", "cumsum", "scan", "distribution")),
+    ("compiled (triton)", ("triton_",)),  # --compile's fused kernels, whose names say "_to_copy" too
+    ("copies", ("memcpy", "memset", "copy", "catarray", "index", "scatter", "gather")),
+)
+
+
+def busy_summary(busy: dict[str, float], step_ms: float) -> str:
+    """A step's GPU time from its kernels' (ms a step, by kernel name): in all, by kind, and the
+    kernels that took most of it."""
+    top = sorted(busy.items(), key=lambda item: -item[1])[:6]
+    kinds = kernel_kinds(busy)
+    return (
+        f"the GPU busy {sum(busy.values()):.2f} ms of a {step_ms:.2f} ms step (profiled); by kind: "
+        + "; ".join(f"{kind} {ms:.3f} ms ({count} kernels)" for kind, ms, count in kinds)
+        + "; most time: "
+        + "; ".join(f"{name[:60]} {ms:.3f} ms" for name, ms in top)
+    )
+
+
+def kernel_kinds(busy: dict[str, float]) -> list[tuple[str, float, int]]:
+    """The GPU's busy time of a step by what its kernels do (KERNEL_KINDS): (kind, ms, how many kernels
+    by name), most first, so that a step's time over the weight-read floor says whether its products are
+    slow or the time goes around them."""
+    kinds: dict[str, list[float]] = {}
+    for name, ms in busy.items():
+        lowered = name.lower()
+        kind = next((kind for kind, words in KERNEL_KINDS if any(w in lowered for w in words)), "other")
+        kinds.setdefault(kind, []).append(ms)
+    return sorted(((kind, sum(times), len(times)) for kind, times in kinds.items()), key=lambda k: -k[1])
 
 
 def host_profile(host: cProfile.Profile, steps: int) -> str:

@@ -67,6 +67,36 @@ def test_the_engine_benchmark_reports_steps_and_their_bandwidth_floor():
     assert floor_ms > 0 and abs(step_ms / floor_ms - ratio) < 0.05 * ratio
 
 
+def test_a_profiled_steps_kernels_are_summed_by_what_they_do():
+    """bench_engine's kinds of CUDA kernels (a GPU's profile only, so not run here end to end), on names
+    as torch.profiler reports them on an H200."""
+    from scripts.bench_engine import busy_summary, kernel_kinds
+
+    busy = {
+        "nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNN": 2.0,
+        "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>()": 1.5,
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<>::Params)": 0.5,
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float>(float*)": 0.25,
+        "void at::native::bitonicSortKVInPlace<2, -1, 16, 16, float, long>(T5, T6)": 0.25,
+        "Memcpy HtoD (Pinned -> Device)": 0.125,
+        "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<>>(long, T3)": 0.125,
+        "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": 0.5,
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int)": 1.0,
+    }
+    assert kernel_kinds(busy) == [
+        ("matrix products", 3.5, 2),
+        ("other", 1.0, 1),
+        ("attention", 0.5, 1),
+        ("sampling", 0.5, 2),
+        ("compiled (triton)", 0.5, 1),
+        ("copies", 0.25, 2),
+    ]
+    summary = busy_summary(busy, step_ms=7.5)
+    assert summary.startswith("the GPU busy 6.25 ms of a 7.50 ms step (profiled); by kind: ")
+    assert "matrix products 3.500 ms (2 kernels); other 1.000 ms (1 kernels)" in summary
+    assert "; most time: nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNN 2.000 ms; void cutlass" in summary
+
+
 def test_the_perplexity_script_scores_every_mode_against_the_exact_one(tmp_path):
     from scripts.perplexity import MODES
     from tests.backend.models import write_tiny_causal_lm
