@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anthropic
-import httpx
 import openai
 import psutil
 import requests
@@ -37,7 +36,7 @@ class RunningServer:
     process: subprocess.Popen
     log_path: Path
     # The official clients made for this server, closed before it stops (see stop_server)
-    clients: list[httpx.Client | openai.OpenAI | anthropic.Anthropic] = field(default_factory=list)
+    clients: list[openai.OpenAI | anthropic.Anthropic] = field(default_factory=list)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -142,7 +142,7 @@ def test_a_chat_with_a_prediction_is_the_answer_without_and_counts_its_tokens(de
     assert details.accepted_prediction_tokens > 0.6 * most  # but for the garbled stretch
     # The garbled stretch is drafted only where the answer stands just before it: one that repeats itself,
     # as 200 greedy tokens of a small model may, is found again past it and never drafts it. A prediction
-    # wrong after the answer's first words is drafted wrong at once: the first step drafts 8 tokens on.
+    # wrong after the answer's first words is drafted wrong at once: the first steps draft past them.
     opening = answer[: answer.index(" ", 12)]
     wrong = client.chat.completions.create(
         **{**ask, "max_tokens": 16}, prediction={"type": "content", "content": opening + " zq xv zq xv zq xv"}
