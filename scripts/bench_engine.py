@@ -365,7 +365,7 @@ def busy_summary(busy: dict[str, float], step_ms: float) -> str:
     kinds = kernel_kinds(busy)
     return (
         f"the GPU busy {sum(busy.values()):.2f} ms of a {step_ms:.2f} ms step (profiled); by kind: "
-        + "; ".join(f"{kind} {ms:.3f} ms ({count} kernels)" for kind, ms, count in kinds)
+        + "; ".join(f"{kind} {ms:.3f} ms ({count} kernel names)" for kind, ms, count in kinds)
         + "; most time: "
         + "; ".join(f"{name[:60]} {ms:.3f} ms" for name, ms in top)
     )

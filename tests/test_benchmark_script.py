@@ -93,7 +93,7 @@ def test_a_profiled_steps_kernels_are_summed_by_what_they_do():
     ]
     summary = busy_summary(busy, step_ms=7.5)
     assert summary.startswith("the GPU busy 6.25 ms of a 7.50 ms step (profiled); by kind: ")
-    assert "matrix products 3.500 ms (2 kernels); other 1.000 ms (1 kernels)" in summary
+    assert "matrix products 3.500 ms (2 kernel names); other 1.000 ms (1 kernel names)" in summary
     assert "; most time: nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNN 2.000 ms; void cutlass" in summary
 
 
