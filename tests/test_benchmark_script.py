@@ -1,9 +1,11 @@
 """The benchmark scripts run end to end (tiny settings): the figures are the scripts' job, not a test's."""
 
+import argparse
 import re
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import ROOT
@@ -45,10 +47,6 @@ def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
 
 def test_spread_arrivals_take_two_requests_a_client_at_least():
     """Each spread client's first request is not counted: with one, the row would be all NaN."""
-    import argparse
-
-    import pytest
-
     from scripts.benchmark import more_than_one
 
     assert more_than_one("2") == 2
