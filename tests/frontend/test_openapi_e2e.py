@@ -624,6 +624,12 @@ ERRORS = {
         {"json": {**LLAMA_EMBEDDINGS, "text_truncation": "middle"}},
         400,
     ),
+    "llama-embeddings-truncated-by-a-list": (
+        "post",
+        "/v1/inference/embeddings",
+        {"json": {**LLAMA_EMBEDDINGS, "text_truncation": ["end"]}},
+        400,
+    ),
     "llama-embeddings-unknown-model": (
         "post",
         "/inference/embeddings",

@@ -161,7 +161,7 @@ TEXT_TRUNCATIONS = {
 def parse_embeddings(data: dict[str, Any], serving: Serving) -> list[list[int]]:
     """The token ids of each of `contents`, for the model that embeds."""
     truncation = data.get("text_truncation") or "none"
-    if truncation not in TEXT_TRUNCATIONS:
+    if not isinstance(truncation, str) or truncation not in TEXT_TRUNCATIONS:  # a list is no dict key
         message = f'text_truncation must be "none", "start" or "end", got {truncation!r}'
         raise InvalidParams("text_truncation", message)
     if data.get("output_dimension") is not None:
