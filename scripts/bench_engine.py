@@ -497,11 +497,12 @@ def main() -> None:
     print(f"\n{loaded.name}, {engine.dtype}, {args.max_tokens} tokens per request; {machine()}\n")
     print("| active rows | tokens/s | decode step (ms) | vs generate one at a time |")
     print("| ---: | ---: | ---: | ---: |")
-    print(f"| generate, 1 request at a time | {baseline:.1f} | | 1.0x |")
+    if args.baseline_requests:  # --baseline-requests 0: the engine alone
+        print(f"| generate, 1 request at a time | {baseline:.1f} | | 1.0x |")
     for active in args.rows:
         tokens_per_second, step = time_engine(engine, prompts, active, args.max_tokens)
-        speedup = tokens_per_second / baseline
-        print(f"| {active} | {tokens_per_second:.1f} | {step * 1000:.1f} | {speedup:.1f}x |")
+        speedup = f"{tokens_per_second / baseline:.1f}x" if baseline else "-"
+        print(f"| {active} | {tokens_per_second:.1f} | {step * 1000:.1f} | {speedup} |")
     mean_span = max(len(p) for p in prompts) + args.max_tokens // 2
     print_floor(loaded, engine, args.rows[-1], mean_span, step)
     if not args.random and not (args.dtype == "float32" and args.quantize == "none"):  # how far from exact
