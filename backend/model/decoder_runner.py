@@ -18,7 +18,9 @@ this runner does the same arithmetic on the same modules' weights in fewer
 operations: transformers' rotary embedding, applied to queries and keys in
 one rotation; each RMSNorm as PyTorch's single `rms_norm` (bit for bit in
 float32); q, k and v (and gate and up) as one fused kernel call where the
-layers are weight-only quantized (`quantized_linear.fuse_linears`); and the
+layers are weight-only quantized (`quantized_linear.fuse_linears`), and as one
+matrix product of their joined weights where they are float layers outside exact
+mode (`join_float_linears`); and the
 engine's attention (`layers/attention.attend`). A decode step's work between
 its matrix products is `DecoderRunner.ops` (layers/decode_ops.py): C++ loops on a
 CPU, PyTorch's operations elsewhere and in exact mode. In exact mode (float32, no
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
 import re
 import types
@@ -85,20 +88,21 @@ DECODE_BELOW = DENSE_FROM_ROWS
 class Projections:
     """Several linear layers over one input (q, k and v; gate and up), their outputs side by side.
 
-    Weight-only quantized layers fuse into one kernel call (`fuse_linears`); float layers are called
-    one by one, which keeps exact mode's arithmetic that of transformers' modules. Where not all of them
-    fuse, the runs of consecutive ones that do are fused (a GGUF Q4_K_M file's Q4_K q and k beside its
-    Q6_K v): `groups`, each one call.
+    Weight-only quantized layers fuse into one kernel call (`fuse_linears`); float layers into one matrix
+    product of their joined weights where `join_floats` (`join_float_linears`: outside exact mode), else
+    they are called one by one, which keeps exact mode's arithmetic that of transformers' modules. Where
+    not all of them fuse, the runs of consecutive ones that do are fused (a GGUF Q4_K_M file's Q4_K q and
+    k beside its Q6_K v): `groups`, each one call.
 
     Layers that LoRA adapters change (lora.py) fuse as their base layers do, the adapters' changes added to
     the output after (`changes`), so that a step without an adapter's row runs as it would without
     adapters loaded.
     """
 
-    def __init__(self, *linears: nn.Module):
+    def __init__(self, *linears: nn.Module, join_floats: bool = False):
         self.linears = linears
         bases = tuple(unwrapped(linear) for linear in linears)
-        fused = fuse_linears(list(bases))
+        fused = fuse_linears(list(bases)) or (join_float_linears(list(bases)) if join_floats else None)
         self.groups: list[nn.Module] = [fused] if fused is not None else fused_runs(bases)
         self.changes = LayerChanges.of(linears)  # None: no adapter changes them
 
@@ -130,6 +134,50 @@ def fused_runs(linears: tuple[nn.Module, ...]) -> list[nn.Module]:
         else:
             groups.append([linear])
     return [group[0] if len(group) == 1 else fuse_linears(group) for group in groups]
+
+
+def join_float_linears(parts: list[nn.Module]) -> nn.Linear | None:
+    """One float linear layer whose output is the parts' outputs side by side (q, k and v; gate and up),
+    or None unless they are plain linear layers of one dtype and device over the same input, with biases
+    all or none. On a GPU each product is a kernel launch and one of few rows reads its weights below the
+    memory's rate where it is small (an 8B Llama's k and v, 8 MB each): one product of the joined weights
+    does both better. The joined weights round differently from the parts' own products (another shape,
+    another kernel), so exact mode keeps the parts. The parts keep working, on views of the joined
+    weights, which are not stored twice (`rows_joined`)."""
+    first = parts[0]
+    if len(parts) < 2 or not all(
+        type(part) is nn.Linear
+        and part.in_features == first.in_features
+        and part.weight.dtype == first.weight.dtype
+        and part.weight.device == first.weight.device
+        and (part.bias is None) == (first.bias is None)
+        for part in parts
+    ):
+        return None
+    out_features = sum(part.out_features for part in parts)
+    joined = nn.Linear(first.in_features, out_features, bias=first.bias is not None, device="meta")
+    joined.weight = nn.Parameter(rows_joined([part.weight for part in parts]), requires_grad=False)
+    if first.bias is not None:
+        joined.bias = nn.Parameter(rows_joined([part.bias for part in parts]), requires_grad=False)
+    return joined
+
+
+def rows_joined(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors one after another along their first dimension, each of them made a view of its rows
+    of the result; where they already are that (joined for another runner of the same model: the
+    benchmarks build several engines on one), the same memory again, not a copy."""
+    first = tensors[0].detach()
+    shape = (sum(t.shape[0] for t in tensors), *first.shape[1:])
+    if all(t.is_contiguous() for t in tensors) and all(
+        t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        and t.storage_offset() == before.storage_offset() + before.numel()
+        for before, t in itertools.pairwise(tensors)
+    ):
+        return first.as_strided(shape, first.stride(), first.storage_offset())
+    joined = torch.cat([t.detach() for t in tensors])
+    for tensor, piece in zip(tensors, joined.split([t.shape[0] for t in tensors]), strict=True):
+        tensor.data = piece
+    return joined
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,16 +291,23 @@ class DecoderRunner:
         self.head_dim = attention.head_dim
         self.heads = model.config.num_attention_heads
         self.kv_heads = model.config.num_key_value_heads
+        dtype = self.norm.weight.dtype  # the model's: what the modules give back
+        # Exact mode: float32 products as transformers' modules make them, one layer at a time.
+        exact = dtype == torch.float32 and not any(
+            isinstance(layer.self_attn.q_proj, WeightOnlyLinear) for layer in self.layers
+        )
         self.qkv = [
-            Projections(a.q_proj, a.k_proj, a.v_proj) for a in (layer.self_attn for layer in self.layers)
+            Projections(a.q_proj, a.k_proj, a.v_proj, join_floats=not exact)
+            for a in (layer.self_attn for layer in self.layers)
         ]
         # A mixture-of-experts layer (no gate_proj of its own) has none: its MLP is its module
         self.gate_up = [
-            Projections(layer.mlp.gate_proj, layer.mlp.up_proj) if is_dense(layer.mlp) else None
+            Projections(layer.mlp.gate_proj, layer.mlp.up_proj, join_floats=not exact)
+            if is_dense(layer.mlp)
+            else None
             for layer in self.layers
         ]
         self.head_norms = [HeadNorms.of(layer.self_attn, self.heads, self.kv_heads) for layer in self.layers]
-        dtype = self.norm.weight.dtype  # the model's: what the modules give back
         next_norms = [Norm.of(layer.input_layernorm) for layer in self.layers[1:]] + [Norm.of(self.norm)]
         self.first_norm = Norm.of(self.layers[0].input_layernorm)
         self.bound_layers = [
@@ -277,9 +332,6 @@ class DecoderRunner:
         ]
         # The work between them (norms, rotation, attention, SiLU): C++ loops on a CPU, else PyTorch's
         # operations (layers/decode_ops.py).
-        exact = dtype == torch.float32 and not any(
-            isinstance(p.linears[0], WeightOnlyLinear) for p in self.qkv
-        )
         self.dense = all(gate_up is not None for gate_up in self.gate_up)
         self.compiled_decode = None
         if compile_decode and not self.dense:
