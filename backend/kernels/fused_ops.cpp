@@ -400,14 +400,14 @@ uint64_t splitmix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-uint32_t lowbias32(uint32_t x) {
+inline uint32_t lowbias32(uint32_t x) {
   x = (x ^ (x >> 16)) * 0x7FEB352Du;
   x = (x ^ (x >> 15)) * 0x846CA68Bu;
   return x ^ (x >> 16);
 }
 
 // The uniform number in (0, 1) the noise of token `token` is made of: 23 hashed bits and a half.
-float uniform(uint32_t key, uint32_t token) {
+inline float uniform(uint32_t key, uint32_t token) {
   return (static_cast<float>(lowbias32(key ^ token) >> 9) + 0.5f) / 8388608.f;
 }
 
@@ -566,6 +566,100 @@ at::Tensor nucleus_draw(const at::Tensor& logits, const at::Tensor& top_p, const
     for (int64_t r = begin; r < end; ++r) {
       const uint64_t mixed = splitmix64(splitmix64(static_cast<uint64_t>(sp[r])) + static_cast<uint64_t>(cp[r]));
       out[r] = nucleus_draw_row(lp + r * vocab, vocab, pp[r], static_cast<uint32_t>(mixed >> 33));
+    }
+  });
+  return tokens;
+}
+
+// The least 1 - u a token's noise is made of (`uniform`'s largest u is 1 - 2^-24), so its noise is at most
+// -log of it, 16.64: a token whose logit is further than that below the winner's value cannot win.
+constexpr float LEAST_BEYOND = 0.5f / 8388608.f;
+
+// Tokens a chunk of the whole-vocabulary race checks at once: its checks are branch-free, so that the
+// compiler vectorizes them, and a chunk only where one of its tokens passes is looked at token by token.
+constexpr int64_t RACE_CHUNK = 64;
+
+// One row's draw from its whole vocabulary (sampler.py's race with no cut: top_p 1 and no top_k, what
+// OpenAI's API asks by default). The race as nucleus_draw_row's, from the best token, skipping the
+// tokens that cannot win: the noise of token t is at most -log(1 - u), so 1 - u above e^(logit - winner)
+// rules it out (a nat of margin for rounding), and a logit too far below for any u to pass rules out a
+// chunk without hashing it. Only the tokens let through draw their noise, two logarithms each, where
+// PyTorch's race hashes every token and takes two logarithms of each.
+int64_t race_draw_row(const float* logits, int64_t vocab, uint32_t key) {
+  constexpr float NONE = -std::numeric_limits<float>::infinity();
+  float largest[LANES];
+  int32_t nan[LANES] = {};
+  std::fill(largest, largest + LANES, NONE);
+  int64_t i = 0;
+  for (; i + LANES <= vocab; i += LANES) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
+      largest[lane] = std::max(largest[lane], logits[i + lane]);
+      nan[lane] |= logits[i + lane] != logits[i + lane];
+    }
+  }
+  for (; i < vocab; ++i) {
+    largest[0] = std::max(largest[0], logits[i]);
+    nan[0] |= logits[i] != logits[i];
+  }
+  const float best = *std::max_element(largest, largest + LANES);
+  if (std::any_of(nan, nan + LANES, [](int32_t any) { return any != 0; })) return NOT_FINITE;
+  if (best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
+  if (!(best > NONE)) return 0;  // every token -inf: what the race over them gives
+  int64_t chosen = std::find(logits, logits + vocab, best) - logits;
+  float winner = best + gumbel_noise(key, static_cast<uint32_t>(chosen)), chosen_logit = best;
+  // A token can win only where 1 - u <= e^(logit - reach); none below `floor`, whatever its u.
+  float reach = 0.f, floor = 0.f;
+  const auto raise = [&] {
+    reach = winner - 1.f - 1e-6f * std::abs(winner);
+    floor = reach + std::log(LEAST_BEYOND);
+  };
+  raise();
+  const auto may_race = [&](int64_t token) {
+    const float logit = logits[token];
+    if (token == chosen || 1.f - uniform(key, static_cast<uint32_t>(token)) > vector_exp(logit - reach)) return;
+    const float raced = logit + gumbel_noise(key, static_cast<uint32_t>(token));
+    if (raced > winner || (raced == winner && (logit > chosen_logit || (logit == chosen_logit && token < chosen)))) {
+      winner = raced;
+      chosen = token;
+      chosen_logit = logit;
+      raise();
+    }
+  };
+  for (i = 0; i + RACE_CHUNK <= vocab; i += RACE_CHUNK) {
+    int32_t near = 0, through = 0;
+    for (int64_t lane = 0; lane < RACE_CHUNK; ++lane) near |= logits[i + lane] >= floor;
+    if (!near) continue;
+    for (int64_t lane = 0; lane < RACE_CHUNK; ++lane) {
+      through |= 1.f - uniform(key, static_cast<uint32_t>(i + lane)) <= vector_exp(logits[i + lane] - reach);
+    }
+    if (!through) continue;
+    for (int64_t token = i; token < i + RACE_CHUNK; ++token) may_race(token);
+  }
+  for (; i < vocab; ++i) may_race(i);
+  return chosen;
+}
+
+// Each row's draw from its whole vocabulary: logits [rows, vocab] float32, already divided by the row's
+// temperature; seeds and counters one a row. Returns [rows] token ids, those sampler.py's race gives but
+// for a rounding of the noise's logarithms, and NOT_FINITE (-1) for a row with a NaN or a +inf.
+at::Tensor race_draw(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& counters) {
+  for (const auto& [t, name] : {std::pair{&logits, "logits"}, {&seeds, "seeds"}, {&counters, "counters"}}) {
+    check_cpu_contiguous(*t, name);
+  }
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat, "logits must be float32 [rows, vocab]");
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(seeds.scalar_type() == at::kLong && counters.scalar_type() == at::kLong && seeds.numel() == rows &&
+                  counters.numel() == rows,
+              "seeds and counters must be int64, one a row");
+  at::Tensor tokens = at::empty({rows}, logits.options().dtype(at::kLong));
+  const float* lp = logits.data_ptr<float>();
+  const int64_t* sp = seeds.data_ptr<int64_t>();
+  const int64_t* cp = counters.data_ptr<int64_t>();
+  int64_t* out = tokens.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint64_t mixed = splitmix64(splitmix64(static_cast<uint64_t>(sp[r])) + static_cast<uint64_t>(cp[r]));
+      out[r] = race_draw_row(lp + r * vocab, vocab, static_cast<uint32_t>(mixed >> 33));
     }
   });
   return tokens;
@@ -823,6 +917,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "each decode query over its own row of the cache", released);
   m.def("attention_supports", &attention_supports, "whether decode_attention has a loop for this head size and group");
   m.def("nucleus_draw", &nucleus_draw, "each row's draw from its nucleus (sampler.py's nucleus_cut and race)", released);
+  m.def("race_draw", &race_draw, "each row's draw from its whole vocabulary (sampler.py's race)", released);
   m.def("mask_disallowed", &mask_disallowed, "each row's grammar bitmask on its logits, in place", released);
   m.def("quantize_rows", &quantize_rows, "smoothed rows to int8, a scale a row", released);
   m.def("scale_products", &scale_products, "int32 products times row and weight scales", released);

@@ -157,6 +157,30 @@ def draw_with_cut(
     return unless_not_finite(raced.values, token_ids.gather(-1, raced.indices.unsqueeze(-1)).squeeze(-1))
 
 
+def draw_whole(scaled: torch.Tensor, seeds: list[int], counters: list[int]) -> torch.Tensor:
+    """The draws of rows with no cut, each from its whole vocabulary: by the CPU's loop where there is
+    one (`race_loop`), else the race over every token."""
+    device = scaled.device
+    if (draw := race_loop(device)) is not None:
+        # The loop hashes each row's key from its seed and counter, and gives NOT_FINITE, itself.
+        seeds_tensor, counters_tensor = (to_device(ints, device, torch.long) for ints in (seeds, counters))
+        return draw(scaled.contiguous(), seeds_tensor, counters_tensor)
+    raced = race(scaled, row_keys(seeds, counters, device))
+    return unless_not_finite(raced.values, raced.indices)
+
+
+def race_loop(device: torch.device) -> Callable | None:
+    """On a CPU, the fused operations' loop for rows with no cut (fused_ops.cpp, `race_draw`): `race`'s
+    draw over the whole vocabulary (but for a rounding of the noise's logarithms), the noise drawn only
+    for the tokens that could still win, where `race` hashes every token and takes two logarithms of
+    each: 32 rows of 49,152 tokens 18.7 ms of PyTorch's operations (docs/performance.md). None
+    elsewhere (a GPU races every token in a few kernels), and where the extension is not built."""
+    if device.type != "cpu":
+        return None
+    built = extension()
+    return None if built is None else built.race_draw
+
+
 def nucleus_loop(device: torch.device) -> Callable | None:
     """On a CPU, the fused operations' loop for nucleus rows (fused_ops.cpp, `nucleus_draw`): the same
     cut and race as `nucleus_cut` and `race` (but for a rounding of the probabilities and the noise's
@@ -284,8 +308,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if any(min_p):
             scaled = min_p_cut(scaled, to_device(min_p, device, torch.float32))
         if rows is whole:
-            raced = race(scaled, row_keys(seeds, counters, device))
-            chosen = unless_not_finite(raced.values, raced.indices)
+            chosen = draw_whole(scaled, seeds, counters)
         else:
             chosen = draw_with_cut(
                 scaled, [batch.top_p[r] for r in rows], [batch.top_k[r] for r in rows], seeds, counters

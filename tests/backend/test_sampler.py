@@ -300,6 +300,35 @@ def test_the_cpus_nucleus_loop_looks_further_where_its_first_look_falls_short():
     assert max(others) <= 5000
 
 
+def test_the_cpus_race_loop_draws_what_the_race_over_the_whole_vocabulary_draws():
+    """fused_ops.cpp's race_draw, which `sample` takes on a CPU for rows with no cut (OpenAI's defaults),
+    against PyTorch's race over every token: the same token for every seed and draw, on peaked, flat
+    and masked rows, and where the best token holds a third of the mass and 49,151 tokens 12 below it the
+    rest, so that the loop must not skip the many tokens far below, each unlikely, that win together."""
+    from backend.kernels.extension import extension
+    from backend.layers.sampler import race, race_loop
+
+    draw = race_loop(torch.device("cpu"))
+    assert draw is not None and draw is extension().race_draw
+    assert race_loop(torch.device("meta")) is None
+    torch.manual_seed(5)
+    masked = torch.randn(3, 5001) * 2  # and a width no whole number of the loop's chunks
+    masked[:, ::2] = float("-inf")
+    far_below = torch.cat([torch.zeros(2, 1), torch.full((2, 49151), -10.5)], dim=1)
+    cases = (torch.randn(4, 49152) * 3, torch.randn(3, 49152) * 0.3, masked, far_below)
+    best_won = 0
+    for logits in cases:
+        for counter in range(40):
+            seeds = torch.randint(0, 2**62, (len(logits),))
+            counters = torch.full((len(logits),), counter)
+            expected = race(logits, row_keys(seeds.tolist(), counters.tolist(), logits.device)).indices
+            drawn = draw(logits, seeds, counters)
+            assert torch.equal(drawn, expected)
+            best_won += int((drawn == 0).sum()) if logits is far_below else 0
+    assert far_below[0].softmax(-1)[0].item() == pytest.approx(0.425, abs=0.001)
+    assert 20 <= best_won <= 50  # of 80 draws: some 34, and the tokens far below won the rest
+
+
 def settings(rows, top_k, top_p, seeds=None, counters=None, temperature=1.0):
     seeds = seeds or list(range(rows))
     counters = counters or [0] * rows
@@ -307,13 +336,14 @@ def settings(rows, top_k, top_p, seeds=None, counters=None, temperature=1.0):
 
 
 def draws_by_every_path(logits, sampling, monkeypatch):
-    """`sample`'s draws by the CPU's nucleus loop, and by PyTorch's operations alone, as a GPU or a
-    machine without the C++ extension draws them."""
+    """`sample`'s draws by the CPU's loops (a nucleus's, the whole vocabulary's), and by PyTorch's
+    operations alone, as a GPU or a machine without the C++ extension draws them."""
     from backend.layers import sampler
 
     by_the_loop = sample(logits, sampling).tolist()
     with monkeypatch.context() as patched:
         patched.setattr(sampler, "nucleus_loop", lambda device: None)
+        patched.setattr(sampler, "race_loop", lambda device: None)
         by_pytorch = sample(logits, sampling).tolist()
     return by_the_loop, by_pytorch
 
