@@ -431,17 +431,30 @@ float nucleus_floor(const float* logits, int64_t vocab, float top_p, float best,
   constexpr float NONE = -std::numeric_limits<float>::infinity();
   const float width = best - lowest;
   const float per_logit = width > 0.f && std::isfinite(width) ? NUCLEUS_BUCKETS / width : 0.f;
-  const auto bucket_of = [&](float logit) {
-    return std::min<int64_t>(NUCLEUS_BUCKETS - 1, static_cast<int64_t>((best - logit) * per_logit));
-  };
-  const auto looked_at = [&](float logit) { return logit >= lowest && logit > NONE; };
+  // Each token's bucket (NUCLEUS_BUCKETS where it is not looked at) and weight, in one branch-free pass
+  // the compiler vectorizes; then the buckets' sums in token order, and a bucket's tokens found by its
+  // number. Computing the bucket and the exponential token by token, twice for a bucket's tokens, took
+  // most of a flat row's draw.
+  thread_local std::vector<int32_t> bucket_of_token;
+  thread_local std::vector<float> weight_of_token;
+  bucket_of_token.resize(vocab);
+  weight_of_token.resize(vocab);
+  int32_t* bucket_of = bucket_of_token.data();
+  float* weight = weight_of_token.data();
+  for (int64_t token = 0; token < vocab; ++token) {
+    const float logit = logits[token];
+    const bool looked_at = logit >= lowest && logit > NONE;
+    const float place = looked_at ? (best - logit) * per_logit : 0.f;
+    bucket_of[token] =
+        looked_at ? std::min<int32_t>(NUCLEUS_BUCKETS - 1, static_cast<int32_t>(place)) : NUCLEUS_BUCKETS;
+    weight[token] = vector_exp(logit - best);
+  }
   std::vector<float> held(NUCLEUS_BUCKETS, 0.f);
   std::vector<int64_t> tokens(NUCLEUS_BUCKETS, 0);
   for (int64_t token = 0; token < vocab; ++token) {
-    if (!looked_at(logits[token])) continue;
-    const int64_t bucket = bucket_of(logits[token]);
-    held[bucket] += vector_exp(logits[token] - best);
-    ++tokens[bucket];
+    if (bucket_of[token] == NUCLEUS_BUCKETS) continue;
+    held[bucket_of[token]] += weight[token];
+    ++tokens[bucket_of[token]];
   }
   // Whole buckets while the probability above each of their tokens is surely under top_p.
   const float cut = top_p * mass;
@@ -456,16 +469,96 @@ float nucleus_floor(const float* logits, int64_t vocab, float top_p, float best,
     if (tokens[bucket] == 0) continue;
     ranked.clear();
     for (int64_t token = 0; token < vocab; ++token) {
-      if (looked_at(logits[token]) && bucket_of(logits[token]) == bucket) ranked.emplace_back(logits[token], -token);
+      if (bucket_of[token] == bucket) ranked.emplace_back(logits[token], -token);
     }
     std::sort(ranked.begin(), ranked.end(), std::greater<>());
     for (const auto& [logit, token] : ranked) {
       if (logit != previous && above >= cut) return floor;
       previous = floor = logit;
-      above += vector_exp(logit - best);
+      above += weight[-token];
     }
   }
   return floor;
+}
+
+// The least 1 - u a token's noise is made of (`uniform`'s largest u is 1 - 2^-24), so its noise is at most
+// -log of it, 16.64: a token whose logit is further than that below the winner's value cannot win.
+constexpr float LEAST_BEYOND = 0.5f / 8388608.f;
+// Tokens the race checks at once: its checks are branch-free, so that the compiler vectorizes them, and a
+// chunk only where one of its tokens passes is looked at token by token.
+constexpr int64_t RACE_CHUNK = 64;
+
+// The Gumbel race among the tokens whose logit is at least `least` (a nucleus's floor; -inf for the whole
+// vocabulary), from token `first`, the best (the lowest id of a tie): the winner is the greatest logit +
+// noise, and of equal ones the greater logit, then the lower token, as a heap of the candidates would
+// meet them. It skips the tokens that cannot win: the noise -log(-log u) is at most -log(1 - u) (since
+// -log u >= 1 - u), so a token with 1 - u > e^(logit - winner) cannot beat the winner so far (tested with
+// a margin of a nat and more, for rounding), and a chunk whose logits all lie too far below for any u to
+// pass is skipped unhashed. Only the tokens let through draw their noise, two logarithms each: a flat
+// row races a handful of its tokens in full.
+int64_t race_from(const float* logits, int64_t vocab, uint32_t key, float least, int64_t first) {
+  int64_t chosen = first;
+  float chosen_logit = logits[first], winner = chosen_logit + gumbel_noise(key, static_cast<uint32_t>(first));
+  // A token can win only where 1 - u <= e^(logit - reach); none below `floor`, whatever its u.
+  float reach = 0.f, floor = 0.f;
+  const auto raise = [&] {
+    reach = winner - 1.f - 1e-6f * std::abs(winner);
+    floor = std::max(least, reach + std::log(LEAST_BEYOND));
+  };
+  raise();
+  const auto may_race = [&](int64_t token) {
+    const float logit = logits[token];
+    if (!(logit >= least) || token == chosen ||
+        1.f - uniform(key, static_cast<uint32_t>(token)) > vector_exp(logit - reach)) {
+      return;
+    }
+    const float raced = logit + gumbel_noise(key, static_cast<uint32_t>(token));
+    if (raced > winner || (raced == winner && (logit > chosen_logit || (logit == chosen_logit && token < chosen)))) {
+      winner = raced;
+      chosen = token;
+      chosen_logit = logit;
+      raise();
+    }
+  };
+  int64_t i = 0;
+  for (; i + RACE_CHUNK <= vocab; i += RACE_CHUNK) {
+    int32_t near = 0, through = 0;
+    for (int64_t lane = 0; lane < RACE_CHUNK; ++lane) near |= logits[i + lane] >= floor;
+    if (!near) continue;
+    for (int64_t lane = 0; lane < RACE_CHUNK; ++lane) {
+      through |= 1.f - uniform(key, static_cast<uint32_t>(i + lane)) <= vector_exp(logits[i + lane] - reach);
+    }
+    if (!through) continue;
+    for (int64_t token = i; token < i + RACE_CHUNK; ++token) may_race(token);
+  }
+  for (; i < vocab; ++i) may_race(i);
+  return chosen;
+}
+
+// One row's draw from its whole vocabulary (sampler.py's race with no cut: top_p 1 and no top_k, what
+// OpenAI's API asks by default): `race_from` the best token, over every token, where PyTorch's race hashes
+// every token and takes two logarithms of each.
+int64_t race_draw_row(const float* logits, int64_t vocab, uint32_t key) {
+  constexpr float NONE = -std::numeric_limits<float>::infinity();
+  float largest[LANES];
+  int32_t nan[LANES] = {};
+  std::fill(largest, largest + LANES, NONE);
+  int64_t i = 0;
+  for (; i + LANES <= vocab; i += LANES) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
+      largest[lane] = std::max(largest[lane], logits[i + lane]);
+      nan[lane] |= logits[i + lane] != logits[i + lane];
+    }
+  }
+  for (; i < vocab; ++i) {
+    largest[0] = std::max(largest[0], logits[i]);
+    nan[0] |= logits[i] != logits[i];
+  }
+  const float best = *std::max_element(largest, largest + LANES);
+  if (std::any_of(nan, nan + LANES, [](int32_t any) { return any != 0; })) return NOT_FINITE;
+  if (best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
+  if (!(best > NONE)) return 0;  // every token -inf: what the race over them gives
+  return race_from(logits, vocab, key, NONE, std::find(logits, logits + vocab, best) - logits);
 }
 
 // One row's draw (sampler.py: nucleus_cut, then race): among the row's nucleus (`nucleus_floor`), the
@@ -475,10 +568,8 @@ float nucleus_floor(const float* logits, int64_t vocab, float top_p, float best,
 //
 // A flat row's nucleus is most of the vocabulary (a random-weight model's: some 47,000 of 49,152 tokens),
 // and its noise two logarithms a token: 76 ms of a 32-row step where a heap ranked the whole nucleus
-// (docs/performance.md). So the nucleus is found by buckets, and the race skips the tokens that cannot
-// win: the noise -log(-log u) is at most -log(1 - u) (since -log u >= 1 - u), so a token with
-// 1 - u > e^(logit - winner) cannot beat the winner so far; tested with a margin of a nat and more
-// (rounding), from the best token on, it leaves a few tokens of a flat row to race in full.
+// (docs/performance.md). So the nucleus is found by buckets, and the race (`race_from`) skips the tokens
+// that cannot win.
 int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32_t key) {
   constexpr float NONE = -std::numeric_limits<float>::infinity();
   float largest[LANES];
@@ -517,27 +608,10 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
     }
   }
   const float floor = nucleus_floor(logits, vocab, top_p, best, lowest, mass);
-  // The race, from the best token (the lowest id of a tie): the winner is the greatest logit + noise, and
-  // of equal ones the greater logit, then the lower token, as a heap of the nucleus would meet them.
-  int64_t chosen = std::find(logits, logits + vocab, best) - logits;
-  if (!(floor > NONE)) return chosen;  // an empty nucleus (top_p 0) draws the best token
-  float winner = best + gumbel_noise(key, static_cast<uint32_t>(chosen)), chosen_logit = best;
-  const auto reach = [&] { return std::exp(best - winner + 1.f + 1e-6f * std::abs(winner)); };
-  float within = reach();  // 1 - u above e^(logit - best) times this: the token cannot win
-  for (int64_t token = 0; token < vocab; ++token) {
-    const float logit = logits[token];
-    if (!(logit >= floor) || token == chosen) continue;
-    const float beyond = 1.f - uniform(key, static_cast<uint32_t>(token));
-    if (beyond > within || beyond > vector_exp(logit - best) * within) continue;
-    const float raced = logit + gumbel_noise(key, static_cast<uint32_t>(token));
-    if (raced > winner || (raced == winner && (logit > chosen_logit || (logit == chosen_logit && token < chosen)))) {
-      winner = raced;
-      chosen = token;
-      chosen_logit = logit;
-      within = reach();
-    }
-  }
-  return chosen;
+  // The race, from the best token (the lowest id of a tie), among the nucleus.
+  const int64_t first = std::find(logits, logits + vocab, best) - logits;
+  if (!(floor > NONE)) return first;  // an empty nucleus (top_p 0) draws the best token
+  return race_from(logits, vocab, key, floor, first);
 }
 
 // Each row's draw from its nucleus: logits [rows, vocab] float32, already divided by the row's
@@ -569,74 +643,6 @@ at::Tensor nucleus_draw(const at::Tensor& logits, const at::Tensor& top_p, const
     }
   });
   return tokens;
-}
-
-// The least 1 - u a token's noise is made of (`uniform`'s largest u is 1 - 2^-24), so its noise is at most
-// -log of it, 16.64: a token whose logit is further than that below the winner's value cannot win.
-constexpr float LEAST_BEYOND = 0.5f / 8388608.f;
-
-// Tokens a chunk of the whole-vocabulary race checks at once: its checks are branch-free, so that the
-// compiler vectorizes them, and a chunk only where one of its tokens passes is looked at token by token.
-constexpr int64_t RACE_CHUNK = 64;
-
-// One row's draw from its whole vocabulary (sampler.py's race with no cut: top_p 1 and no top_k, what
-// OpenAI's API asks by default). The race as nucleus_draw_row's, from the best token, skipping the
-// tokens that cannot win: the noise of token t is at most -log(1 - u), so 1 - u above e^(logit - winner)
-// rules it out (a nat of margin for rounding), and a logit too far below for any u to pass rules out a
-// chunk without hashing it. Only the tokens let through draw their noise, two logarithms each, where
-// PyTorch's race hashes every token and takes two logarithms of each.
-int64_t race_draw_row(const float* logits, int64_t vocab, uint32_t key) {
-  constexpr float NONE = -std::numeric_limits<float>::infinity();
-  float largest[LANES];
-  int32_t nan[LANES] = {};
-  std::fill(largest, largest + LANES, NONE);
-  int64_t i = 0;
-  for (; i + LANES <= vocab; i += LANES) {
-    for (int64_t lane = 0; lane < LANES; ++lane) {
-      largest[lane] = std::max(largest[lane], logits[i + lane]);
-      nan[lane] |= logits[i + lane] != logits[i + lane];
-    }
-  }
-  for (; i < vocab; ++i) {
-    largest[0] = std::max(largest[0], logits[i]);
-    nan[0] |= logits[i] != logits[i];
-  }
-  const float best = *std::max_element(largest, largest + LANES);
-  if (std::any_of(nan, nan + LANES, [](int32_t any) { return any != 0; })) return NOT_FINITE;
-  if (best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
-  if (!(best > NONE)) return 0;  // every token -inf: what the race over them gives
-  int64_t chosen = std::find(logits, logits + vocab, best) - logits;
-  float winner = best + gumbel_noise(key, static_cast<uint32_t>(chosen)), chosen_logit = best;
-  // A token can win only where 1 - u <= e^(logit - reach); none below `floor`, whatever its u.
-  float reach = 0.f, floor = 0.f;
-  const auto raise = [&] {
-    reach = winner - 1.f - 1e-6f * std::abs(winner);
-    floor = reach + std::log(LEAST_BEYOND);
-  };
-  raise();
-  const auto may_race = [&](int64_t token) {
-    const float logit = logits[token];
-    if (token == chosen || 1.f - uniform(key, static_cast<uint32_t>(token)) > vector_exp(logit - reach)) return;
-    const float raced = logit + gumbel_noise(key, static_cast<uint32_t>(token));
-    if (raced > winner || (raced == winner && (logit > chosen_logit || (logit == chosen_logit && token < chosen)))) {
-      winner = raced;
-      chosen = token;
-      chosen_logit = logit;
-      raise();
-    }
-  };
-  for (i = 0; i + RACE_CHUNK <= vocab; i += RACE_CHUNK) {
-    int32_t near = 0, through = 0;
-    for (int64_t lane = 0; lane < RACE_CHUNK; ++lane) near |= logits[i + lane] >= floor;
-    if (!near) continue;
-    for (int64_t lane = 0; lane < RACE_CHUNK; ++lane) {
-      through |= 1.f - uniform(key, static_cast<uint32_t>(i + lane)) <= vector_exp(logits[i + lane] - reach);
-    }
-    if (!through) continue;
-    for (int64_t token = i; token < i + RACE_CHUNK; ++token) may_race(token);
-  }
-  for (; i < vocab; ++i) may_race(i);
-  return chosen;
 }
 
 // Each row's draw from its whole vocabulary: logits [rows, vocab] float32, already divided by the row's
