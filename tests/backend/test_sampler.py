@@ -329,6 +329,31 @@ def test_the_cpus_race_loop_draws_what_the_race_over_the_whole_vocabulary_draws(
     assert 20 <= best_won <= 50  # of 80 draws: some 34, and the tokens far below won the rest
 
 
+def test_top_k_rows_scale_and_cut_their_candidates_as_the_whole_row_would_be():
+    """A top-k row's temperature and min_p apply to its candidates alone (draw_top_k), not to its whole
+    vocabulary first: the same draws as the whole row divided, cut by min_p, then cut to its top-k and
+    top-p and raced, for rows of every setting side by side (no tied logits here: of tied tokens on
+    either side of a row's k, torch.topk keeps either)."""
+    from backend.layers.sampler import min_p_cut, race
+
+    torch.manual_seed(11)
+    logits = torch.randn(12, 3000) * 3
+    logits[2, ::3] = float("-inf")  # masked tokens, as a grammar leaves them
+    temperature = [0.3, 0.8, 1.0, 1.7] * 3
+    top_k = [1, 5, 40, 3000, 40, 100] * 2
+    top_p = [1.0, 0.9, 0.5, 0.95] * 3
+    min_p = [0.0, 0.05, 0.2] * 4
+    for counter in range(30):
+        seeds = [int(s) for s in torch.randint(0, 2**62, (12,))]
+        counters = [counter] * 12
+        drawn = sample(logits, SamplingBatch(temperature, top_k, top_p, seeds, counters, min_p)).tolist()
+        scaled = min_p_cut(apply_temperature(logits, torch.tensor(temperature)), torch.tensor(min_p))
+        values, token_ids = top_k_top_p(scaled, torch.tensor(top_k), torch.tensor(top_p))
+        winner = race(values, row_keys(seeds, counters, logits.device), token_ids).indices
+        assert drawn == token_ids.gather(-1, winner[:, None]).squeeze(-1).tolist()
+        assert drawn[2] % 3 != 0  # never a masked token
+
+
 def settings(rows, top_k, top_p, seeds=None, counters=None, temperature=1.0):
     seeds = seeds or list(range(rows))
     counters = counters or [0] * rows
