@@ -614,61 +614,61 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
   return race_from(logits, vocab, key, floor, first);
 }
 
+// The draws' inputs: logits [rows, vocab] float32, seeds and counters int64, one a row.
+void check_draw_inputs(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& counters) {
+  for (const auto& [t, name] : {std::pair{&logits, "logits"}, {&seeds, "seeds"}, {&counters, "counters"}}) {
+    check_cpu_contiguous(*t, name);
+  }
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat, "logits must be float32 [rows, vocab]");
+  const int64_t rows = logits.size(0);
+  TORCH_CHECK(seeds.scalar_type() == at::kLong && counters.scalar_type() == at::kLong && seeds.numel() == rows &&
+                  counters.numel() == rows,
+              "seeds and counters must be int64, one a row");
+}
+
+// Each row's draw by `draw_row(row, its logits, vocab, its key)`, the key hashed from the row's seed and
+// counter as sampler.py's row_keys hashes it: [rows] token ids.
+template <typename DrawRow>
+at::Tensor draw_rows(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& counters,
+                     DrawRow&& draw_row) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  at::Tensor tokens = at::empty({rows}, logits.options().dtype(at::kLong));
+  const float* lp = logits.data_ptr<float>();
+  const int64_t* sp = seeds.data_ptr<int64_t>();
+  const int64_t* cp = counters.data_ptr<int64_t>();
+  int64_t* out = tokens.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint64_t mixed = splitmix64(splitmix64(static_cast<uint64_t>(sp[r])) + static_cast<uint64_t>(cp[r]));
+      out[r] = draw_row(r, lp + r * vocab, vocab, static_cast<uint32_t>(mixed >> 33));
+    }
+  });
+  return tokens;
+}
+
 // Each row's draw from its nucleus: logits [rows, vocab] float32, already divided by the row's
 // temperature; top_p, seeds and counters one a row. Returns [rows] token ids, those sampler.py's
 // nucleus_cut and race give but for a rounding (its softmax and logarithms are PyTorch's), and
 // NOT_FINITE (-1) for a row with a NaN or a +inf.
 at::Tensor nucleus_draw(const at::Tensor& logits, const at::Tensor& top_p, const at::Tensor& seeds,
                         const at::Tensor& counters) {
-  for (const auto& [t, name] : {std::pair{&logits, "logits"}, {&top_p, "top_p"}, {&seeds, "seeds"},
-                                {&counters, "counters"}}) {
-    check_cpu_contiguous(*t, name);
-  }
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat, "logits must be float32 [rows, vocab]");
-  const int64_t rows = logits.size(0), vocab = logits.size(1);
-  TORCH_CHECK(top_p.scalar_type() == at::kFloat && top_p.numel() == rows, "top_p must be float32, one a row");
-  TORCH_CHECK(seeds.scalar_type() == at::kLong && counters.scalar_type() == at::kLong && seeds.numel() == rows &&
-                  counters.numel() == rows,
-              "seeds and counters must be int64, one a row");
-  at::Tensor tokens = at::empty({rows}, logits.options().dtype(at::kLong));
-  const float* lp = logits.data_ptr<float>();
+  check_draw_inputs(logits, seeds, counters);
+  check_cpu_contiguous(top_p, "top_p");
+  TORCH_CHECK(top_p.scalar_type() == at::kFloat && top_p.numel() == logits.size(0), "top_p must be float32, one a row");
   const float* pp = top_p.data_ptr<float>();
-  const int64_t* sp = seeds.data_ptr<int64_t>();
-  const int64_t* cp = counters.data_ptr<int64_t>();
-  int64_t* out = tokens.data_ptr<int64_t>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const uint64_t mixed = splitmix64(splitmix64(static_cast<uint64_t>(sp[r])) + static_cast<uint64_t>(cp[r]));
-      out[r] = nucleus_draw_row(lp + r * vocab, vocab, pp[r], static_cast<uint32_t>(mixed >> 33));
-    }
+  return draw_rows(logits, seeds, counters, [&](int64_t r, const float* row, int64_t vocab, uint32_t key) {
+    return nucleus_draw_row(row, vocab, pp[r], key);
   });
-  return tokens;
 }
 
 // Each row's draw from its whole vocabulary: logits [rows, vocab] float32, already divided by the row's
 // temperature; seeds and counters one a row. Returns [rows] token ids, those sampler.py's race gives but
 // for a rounding of the noise's logarithms, and NOT_FINITE (-1) for a row with a NaN or a +inf.
 at::Tensor race_draw(const at::Tensor& logits, const at::Tensor& seeds, const at::Tensor& counters) {
-  for (const auto& [t, name] : {std::pair{&logits, "logits"}, {&seeds, "seeds"}, {&counters, "counters"}}) {
-    check_cpu_contiguous(*t, name);
-  }
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat, "logits must be float32 [rows, vocab]");
-  const int64_t rows = logits.size(0), vocab = logits.size(1);
-  TORCH_CHECK(seeds.scalar_type() == at::kLong && counters.scalar_type() == at::kLong && seeds.numel() == rows &&
-                  counters.numel() == rows,
-              "seeds and counters must be int64, one a row");
-  at::Tensor tokens = at::empty({rows}, logits.options().dtype(at::kLong));
-  const float* lp = logits.data_ptr<float>();
-  const int64_t* sp = seeds.data_ptr<int64_t>();
-  const int64_t* cp = counters.data_ptr<int64_t>();
-  int64_t* out = tokens.data_ptr<int64_t>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const uint64_t mixed = splitmix64(splitmix64(static_cast<uint64_t>(sp[r])) + static_cast<uint64_t>(cp[r]));
-      out[r] = race_draw_row(lp + r * vocab, vocab, static_cast<uint32_t>(mixed >> 33));
-    }
+  check_draw_inputs(logits, seeds, counters);
+  return draw_rows(logits, seeds, counters, [](int64_t, const float* row, int64_t vocab, uint32_t key) {
+    return race_draw_row(row, vocab, key);
   });
-  return tokens;
 }
 
 // Each row's grammar mask on its logits, in place (grammar.py's Masks.apply): logits [rows, vocab]
