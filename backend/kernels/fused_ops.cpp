@@ -481,6 +481,27 @@ float nucleus_floor(const float* logits, int64_t vocab, float top_p, float best,
   return floor;
 }
 
+// A row's largest logit, and whether it holds a NaN (which std::max skips), in one pass the compiler
+// vectorizes: the draws' first look at a row.
+std::pair<float, bool> largest_logit(const float* logits, int64_t vocab) {
+  float largest[LANES];
+  int32_t nan[LANES] = {};
+  std::fill(largest, largest + LANES, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + LANES <= vocab; i += LANES) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
+      largest[lane] = std::max(largest[lane], logits[i + lane]);
+      nan[lane] |= logits[i + lane] != logits[i + lane];
+    }
+  }
+  for (; i < vocab; ++i) {
+    largest[0] = std::max(largest[0], logits[i]);
+    nan[0] |= logits[i] != logits[i];
+  }
+  return {*std::max_element(largest, largest + LANES),
+          std::any_of(nan, nan + LANES, [](int32_t any) { return any != 0; })};
+}
+
 // The least 1 - u a token's noise is made of (`uniform`'s largest u is 1 - 2^-24), so its noise is at most
 // -log of it, 16.64: a token whose logit is further than that below the winner's value cannot win.
 constexpr float LEAST_BEYOND = 0.5f / 8388608.f;
@@ -540,23 +561,8 @@ int64_t race_from(const float* logits, int64_t vocab, uint32_t key, float least,
 // every token and takes two logarithms of each.
 int64_t race_draw_row(const float* logits, int64_t vocab, uint32_t key) {
   constexpr float NONE = -std::numeric_limits<float>::infinity();
-  float largest[LANES];
-  int32_t nan[LANES] = {};
-  std::fill(largest, largest + LANES, NONE);
-  int64_t i = 0;
-  for (; i + LANES <= vocab; i += LANES) {
-    for (int64_t lane = 0; lane < LANES; ++lane) {
-      largest[lane] = std::max(largest[lane], logits[i + lane]);
-      nan[lane] |= logits[i + lane] != logits[i + lane];
-    }
-  }
-  for (; i < vocab; ++i) {
-    largest[0] = std::max(largest[0], logits[i]);
-    nan[0] |= logits[i] != logits[i];
-  }
-  const float best = *std::max_element(largest, largest + LANES);
-  if (std::any_of(nan, nan + LANES, [](int32_t any) { return any != 0; })) return NOT_FINITE;
-  if (best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
+  const auto [best, nan] = largest_logit(logits, vocab);
+  if (nan || best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
   if (!(best > NONE)) return 0;  // every token -inf: what the race over them gives
   return race_from(logits, vocab, key, NONE, std::find(logits, logits + vocab, best) - logits);
 }
@@ -572,23 +578,13 @@ int64_t race_draw_row(const float* logits, int64_t vocab, uint32_t key) {
 // that cannot win.
 int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32_t key) {
   constexpr float NONE = -std::numeric_limits<float>::infinity();
-  float largest[LANES];
-  std::fill(largest, largest + LANES, NONE);
-  int64_t i = 0;
-  for (; i + LANES <= vocab; i += LANES) {
-    for (int64_t lane = 0; lane < LANES; ++lane) largest[lane] = std::max(largest[lane], logits[i + lane]);
-  }
-  for (; i < vocab; ++i) largest[0] = std::max(largest[0], logits[i]);
-  const float best = *std::max_element(largest, largest + LANES);
-  // A +inf is the best; a NaN, which std::max skips, makes the mass below NaN: the checks cost nothing
-  // on top of the passes the draw makes anyway. A row of -inf and NaN alone is looked through again.
-  if (best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
-  if (!(best > NONE)) {  // nothing left to draw from: what the race over -inf gives, unless a NaN is there
-    return std::any_of(logits, logits + vocab, [](float logit) { return std::isnan(logit); }) ? NOT_FINITE : 0;
-  }
+  const auto [best, nan] = largest_logit(logits, vocab);
+  if (nan || best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
+  if (!(best > NONE)) return 0;  // nothing left to draw from: what the race over -inf gives
   // The row's probability mass (unnormalized, the best token's 1), and that of the first look.
   float lowest = best - NUCLEUS_LOOK, total[LANES] = {}, looked[LANES] = {};
-  for (i = 0; i + LANES <= vocab; i += LANES) {
+  int64_t i = 0;
+  for (; i + LANES <= vocab; i += LANES) {
     for (int64_t lane = 0; lane < LANES; ++lane) {
       const float weight = vector_exp(logits[i + lane] - best);
       total[lane] += weight;
@@ -601,7 +597,6 @@ int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32
     looked[0] += logits[i] >= lowest ? weight : 0.f;
   }
   const float mass = sum_lanes(total);
-  if (std::isnan(mass)) return NOT_FINITE;  // a NaN among the logits (vector_exp keeps it)
   if (sum_lanes(looked) < top_p * mass) {  // a flat row: its nucleus reaches further down, to the least logit
     for (int64_t token = 0; token < vocab; ++token) {
       if (logits[token] > NONE) lowest = std::min(lowest, logits[token]);

@@ -157,9 +157,7 @@ def draw_nucleus(
     device = scaled.device
     top_p_tensor = to_device(top_p, device, torch.float32)
     if (draw := nucleus_loop(device)) is not None:
-        # The loop hashes each row's key from its seed and counter, and gives NOT_FINITE, itself.
-        seeds_tensor, counters_tensor = (to_device(ints, device, torch.long) for ints in (seeds, counters))
-        return draw(scaled.contiguous(), top_p_tensor, seeds_tensor, counters_tensor)
+        return draw(scaled.contiguous(), top_p_tensor, *seeds_and_counters(seeds, counters, device))
     values, token_ids = nucleus_cut(scaled, top_p_tensor)
     return race_among(values, token_ids, seeds, counters)
 
@@ -199,11 +197,17 @@ def draw_whole(scaled: torch.Tensor, seeds: list[int], counters: list[int]) -> t
     one (`race_loop`), else the race over every token."""
     device = scaled.device
     if (draw := race_loop(device)) is not None:
-        # The loop hashes each row's key from its seed and counter, and gives NOT_FINITE, itself.
-        seeds_tensor, counters_tensor = (to_device(ints, device, torch.long) for ints in (seeds, counters))
-        return draw(scaled.contiguous(), seeds_tensor, counters_tensor)
+        return draw(scaled.contiguous(), *seeds_and_counters(seeds, counters, device))
     raced = race(scaled, row_keys(seeds, counters, device))
     return unless_not_finite(raced.values, raced.indices)
+
+
+def seeds_and_counters(
+    seeds: list[int], counters: list[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' seeds and counters for the CPU's loops, which hash each row's key from them (as
+    `row_keys` does) and give NOT_FINITE themselves."""
+    return to_device(seeds, device, torch.long), to_device(counters, device, torch.long)
 
 
 def race_loop(device: torch.device) -> Callable | None:
