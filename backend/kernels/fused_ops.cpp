@@ -273,27 +273,115 @@ inline float sum_lanes(float* v) {
   return v[0];
 }
 
-// One KV head's group of query heads over positions 0..length-1 of its keys and values ([length, D]
-// each): q is the group's queries, scaled, [group, D]; scores is room for [group, length]; out is
-// [group, D]. Each key and value row is read (and converted to float) once for the whole group.
-template <int64_t D, typename C>
-void attend_group(const float* q, const C* k, const C* v, int64_t length, int64_t group, float* scores, C* out) {
-  static_assert(D % LANES == 0);
-  float row[D];
-  for (int64_t t = 0; t < length; ++t) {
-    for (int64_t e = 0; e < D; ++e) row[e] = static_cast<float>(k[t * D + e]);
-    for (int64_t g = 0; g < group; ++g) {
-      float partial[LANES] = {};
-      for (int64_t e = 0; e < D; e += LANES) {
-        for (int64_t lane = 0; lane < LANES; ++lane) partial[lane] += q[g * D + e + lane] * row[e + lane];
-      }
-      scores[g * length + t] = sum_lanes(partial);
+// x and y each hold the partial sums of LANES / W positions, a segment of W lanes a position; z gets the same
+// positions' sums in segments of W / 2 lanes, x's first: each segment's two halves added, as sum_lanes adds them.
+template <int64_t W>
+inline void fold_pair(const float* x, const float* y, float* z) {
+  for (int64_t s = 0; s < LANES / W; ++s) {
+    for (int64_t j = 0; j < W / 2; ++j) {
+      z[s * W / 2 + j] = x[s * W + j] + x[s * W + W / 2 + j];
+      z[LANES / 2 + s * W / 2 + j] = y[s * W + j] + y[s * W + W / 2 + j];
     }
   }
-  float sums[MAX_GROUP];
-  for (int64_t g = 0; g < group; ++g) {
+}
+
+// partial holds W vectors of LANES lanes, a position's partial sums in each segment of W lanes; folds them
+// in place to W / 2 vectors, the same positions' in segments of W / 2.
+template <int64_t W>
+inline void fold_level(float* partial) {
+  for (int64_t i = 0; i < W / 2; ++i) {
+    float z[LANES];
+    fold_pair<W>(partial + 2 * i * LANES, partial + (2 * i + 1) * LANES, z);
+    std::memcpy(partial + i * LANES, z, sizeof z);
+  }
+}
+
+// partial: LANES positions' partial sums, LANES lanes each; folds them in place to their LANES sums, in
+// order, the same numbers as sum_lanes of each. Summing one position's lanes is a chain of shuffles for
+// each position; folding pairs of positions together shares each shuffle between them.
+inline void sum_positions(float* partial) {
+  static_assert(LANES == 16);
+  fold_level<16>(partial);
+  fold_level<8>(partial);
+  fold_level<4>(partial);
+  fold_level<2>(partial);
+}
+
+// A key or value row as float.
+template <int64_t D, typename C>
+inline void load_row(const C* from, float* row) {
+  for (int64_t e = 0; e < D; ++e) row[e] = static_cast<float>(from[e]);
+}
+
+// q . k's LANES partial sums for each of G query heads (q: [G, D]) and one key row.
+template <int64_t D, int64_t G>
+inline void partial_scores(const float* q, const float* row, float (*partial)[LANES]) {
+  for (int64_t g = 0; g < G; ++g) {
+    float p[LANES] = {};
+    for (int64_t e = 0; e < D; e += LANES) {
+      for (int64_t lane = 0; lane < LANES; ++lane) p[lane] += q[g * D + e + lane] * row[e + lane];
+    }
+    std::memcpy(partial[g], p, sizeof p);
+  }
+}
+
+// scores[g * length + t] = q[g] . k[t] for G query heads over keys 0..length-1 ([length, D]), LANES
+// positions at a time.
+template <int64_t D, int64_t G, typename C>
+void group_scores(const float* q, const C* k, int64_t length, float* scores) {
+  int64_t first = 0;
+  for (; first + LANES <= length; first += LANES) {
+    float partial[G][LANES][LANES];  // [head][position][lane]
+    for (int64_t t = 0; t < LANES; ++t) {
+      float row[D];
+      load_row<D>(k + (first + t) * D, row);
+      float of_row[G][LANES];
+      partial_scores<D, G>(q, row, of_row);
+      for (int64_t g = 0; g < G; ++g) std::memcpy(partial[g][t], of_row[g], sizeof of_row[g]);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      sum_positions(partial[g][0]);
+      std::memcpy(scores + g * length + first, partial[g][0], LANES * sizeof(float));
+    }
+  }
+  for (int64_t t = first; t < length; ++t) {
+    float row[D];
+    load_row<D>(k + t * D, row);
+    float of_row[G][LANES];
+    partial_scores<D, G>(q, row, of_row);
+    for (int64_t g = 0; g < G; ++g) scores[g * length + t] = sum_lanes(of_row[g]);
+  }
+}
+
+// A row's largest value, and whether it holds a NaN (which std::max skips), in one pass the compiler
+// vectorizes (std::max_element is a chain of compares and branches): the draws' first look at a row of
+// logits, and attention's at a row of scores.
+std::pair<float, bool> largest_of(const float* row, int64_t count) {
+  float largest[LANES];
+  int32_t nan[LANES] = {};
+  std::fill(largest, largest + LANES, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + LANES <= count; i += LANES) {
+    for (int64_t lane = 0; lane < LANES; ++lane) {
+      largest[lane] = std::max(largest[lane], row[i + lane]);
+      nan[lane] |= row[i + lane] != row[i + lane];
+    }
+  }
+  for (; i < count; ++i) {
+    largest[0] = std::max(largest[0], row[i]);
+    nan[0] |= row[i] != row[i];
+  }
+  return {*std::max_element(largest, largest + LANES),
+          std::any_of(nan, nan + LANES, [](int32_t any) { return any != 0; })};
+}
+
+// Each of G score rows of `length` turned into e^(score - its largest), in place; returns their sums.
+template <int64_t G>
+void exponentiate(float* scores, int64_t length, float* sums) {
+  for (int64_t g = 0; g < G; ++g) {
     float* s = scores + g * length;
-    const float largest = *std::max_element(s, s + length);
+    // A NaN score makes its row's every output NaN either way (through its sum): left out of the largest.
+    const float largest = largest_of(s, length).first;
     float partial[LANES] = {};
     int64_t t = 0;
     for (; t + LANES <= length; t += LANES) {
@@ -308,17 +396,51 @@ void attend_group(const float* q, const C* k, const C* v, int64_t length, int64_
     }
     sums[g] = sum_lanes(partial);
   }
-  float acc[MAX_GROUP * D];
-  std::fill(acc, acc + group * D, 0.f);
+}
+
+// G query heads of one KV head over positions 0..length-1 of its keys and values ([length, D] each): q is
+// their queries, scaled, [G, D]; scores is room for [G, length]; out is [G, D]. Each key and value row is
+// read (and converted to float) once for the G heads, which are a template argument so that their
+// running sums stay in registers.
+template <int64_t D, int64_t G, typename C>
+void attend_heads(const float* q, const C* k, const C* v, int64_t length, float* scores, C* out) {
+  group_scores<D, G>(q, k, length, scores);
+  float sums[G];
+  exponentiate<G>(scores, length, sums);
+  float acc[G * D] = {};
   for (int64_t t = 0; t < length; ++t) {
-    for (int64_t e = 0; e < D; ++e) row[e] = static_cast<float>(v[t * D + e]);
-    for (int64_t g = 0; g < group; ++g) {
+    float row[D];
+    load_row<D>(v + t * D, row);
+    for (int64_t g = 0; g < G; ++g) {
       const float weight = scores[g * length + t];
       for (int64_t e = 0; e < D; ++e) acc[g * D + e] += weight * row[e];
     }
   }
-  for (int64_t g = 0; g < group; ++g) {
+  for (int64_t g = 0; g < G; ++g) {
     for (int64_t e = 0; e < D; ++e) out[g * D + e] = static_cast<C>(acc[g * D + e] / sums[g]);
+  }
+}
+
+// The query heads one KV head serves (its group): up to MAX_HEADS_AT_ONCE of them at a time (nearly every
+// model's whole group: 1 to 8), so each of their keys and values is read once, or twice for a group of 9
+// to 16.
+constexpr int64_t MAX_HEADS_AT_ONCE = 8;
+
+template <int64_t D, typename C>
+void attend_group(const float* q, const C* k, const C* v, int64_t length, int64_t group, float* scores, C* out) {
+  for (int64_t done = 0; done < group; done += MAX_HEADS_AT_ONCE) {
+    const float* queries = q + done * D;
+    C* outputs = out + done * D;
+    switch (std::min(group - done, MAX_HEADS_AT_ONCE)) {
+      case 1: attend_heads<D, 1>(queries, k, v, length, scores, outputs); break;
+      case 2: attend_heads<D, 2>(queries, k, v, length, scores, outputs); break;
+      case 3: attend_heads<D, 3>(queries, k, v, length, scores, outputs); break;
+      case 4: attend_heads<D, 4>(queries, k, v, length, scores, outputs); break;
+      case 5: attend_heads<D, 5>(queries, k, v, length, scores, outputs); break;
+      case 6: attend_heads<D, 6>(queries, k, v, length, scores, outputs); break;
+      case 7: attend_heads<D, 7>(queries, k, v, length, scores, outputs); break;
+      default: attend_heads<D, 8>(queries, k, v, length, scores, outputs); break;
+    }
   }
 }
 
@@ -348,7 +470,7 @@ at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, 
         const int64_t at = ((row_of[i] * kv_heads + h) * max_seq_len + start) * D;
         const int64_t first = (i * heads + h * group) * D;  // the group's first query head
         for (int64_t j = 0; j < group * D; ++j) q[j] = static_cast<float>(qp[first + j]) * static_cast<float>(scaling);
-        scores.resize(group * length);
+        scores.resize(std::min(group, MAX_HEADS_AT_ONCE) * length);
         attend_group<D>(q, kp + at, vp + at, length, group, scores.data(), op + first);
       }
     });
@@ -481,27 +603,6 @@ float nucleus_floor(const float* logits, int64_t vocab, float top_p, float best,
   return floor;
 }
 
-// A row's largest logit, and whether it holds a NaN (which std::max skips), in one pass the compiler
-// vectorizes: the draws' first look at a row.
-std::pair<float, bool> largest_logit(const float* logits, int64_t vocab) {
-  float largest[LANES];
-  int32_t nan[LANES] = {};
-  std::fill(largest, largest + LANES, -std::numeric_limits<float>::infinity());
-  int64_t i = 0;
-  for (; i + LANES <= vocab; i += LANES) {
-    for (int64_t lane = 0; lane < LANES; ++lane) {
-      largest[lane] = std::max(largest[lane], logits[i + lane]);
-      nan[lane] |= logits[i + lane] != logits[i + lane];
-    }
-  }
-  for (; i < vocab; ++i) {
-    largest[0] = std::max(largest[0], logits[i]);
-    nan[0] |= logits[i] != logits[i];
-  }
-  return {*std::max_element(largest, largest + LANES),
-          std::any_of(nan, nan + LANES, [](int32_t any) { return any != 0; })};
-}
-
 // The least 1 - u a token's noise is made of (`uniform`'s largest u is 1 - 2^-24), so its noise is at most
 // -log of it, 16.64: a token whose logit is further than that below the winner's value cannot win.
 constexpr float LEAST_BEYOND = 0.5f / 8388608.f;
@@ -561,7 +662,7 @@ int64_t race_from(const float* logits, int64_t vocab, uint32_t key, float least,
 // every token and takes two logarithms of each.
 int64_t race_draw_row(const float* logits, int64_t vocab, uint32_t key) {
   constexpr float NONE = -std::numeric_limits<float>::infinity();
-  const auto [best, nan] = largest_logit(logits, vocab);
+  const auto [best, nan] = largest_of(logits, vocab);
   if (nan || best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
   if (!(best > NONE)) return 0;  // every token -inf: what the race over them gives
   return race_from(logits, vocab, key, NONE, std::find(logits, logits + vocab, best) - logits);
@@ -578,7 +679,7 @@ int64_t race_draw_row(const float* logits, int64_t vocab, uint32_t key) {
 // that cannot win.
 int64_t nucleus_draw_row(const float* logits, int64_t vocab, float top_p, uint32_t key) {
   constexpr float NONE = -std::numeric_limits<float>::infinity();
-  const auto [best, nan] = largest_logit(logits, vocab);
+  const auto [best, nan] = largest_of(logits, vocab);
   if (nan || best == std::numeric_limits<float>::infinity()) return NOT_FINITE;
   if (!(best > NONE)) return 0;  // nothing left to draw from: what the race over -inf gives
   // The row's probability mass (unnormalized, the best token's 1), and that of the first look.

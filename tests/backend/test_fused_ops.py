@@ -225,6 +225,25 @@ def test_attention_reads_each_querys_own_row_up_to_its_position(
         fused.attend(query, keys, values, rows, torch.tensor([40, 0, 48, 3]), visible, 0.125)
 
 
+@pytest.mark.parametrize("cache_dtype", DTYPES)
+def test_attention_takes_every_query_group_the_loop_has(fused, cache_dtype):
+    """Each group of 1 to 16 query heads a KV head is its own compiled loop (up to 8 heads at once; 9 to 16
+    in two passes over the keys): spans long enough for whole tiles of 16 positions and a rest, each
+    query the eager batch's numbers."""
+    max_seq_len, head_dim, kv_heads = 80, 64, 2
+    generator = torch.Generator().manual_seed(1)
+    keys, values = (torch.randn(3, kv_heads, max_seq_len, head_dim, generator=generator) for _ in range(2))
+    keys, values = keys.to(cache_dtype), values.to(cache_dtype)
+    rows, positions = torch.tensor([2, 0]), torch.tensor([70, 31])
+    row_positions = torch.zeros(3, dtype=torch.long).index_copy_(0, rows, positions)
+    visible = visibility(row_positions, int(positions.max()) + 1, cache_dtype)
+    for group in range(1, 17):
+        query = torch.randn(2, group * kv_heads, head_dim, generator=generator).to(cache_dtype)
+        expected = EAGER.attend(query, keys, values, rows, positions, visible, 0.125, scatter=True)
+        got = fused.attend(query, keys, values, rows, positions, visible, 0.125)
+        torch.testing.assert_close(got, expected, **tolerance(cache_dtype), msg=f"a group of {group}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_smoothed_int8_path_gives_the_same_numbers_fused(fused, dtype, monkeypatch):
     """Rounding to int8 and scaling back are the same float32 operations in either form: equal."""
