@@ -2,7 +2,7 @@
 r"""Time the engine alone (no HTTP, no queues) against `model.generate` one request at a time.
 
     .venv/bin/python scripts/bench_engine.py [--model M | --random 1b|8b] [--dtype D] [--max-tokens N]
-        [--prompt-tokens N] [--rows 1 8 32] [--compile | --graphs [--profile]]
+        [--prompt-tokens N] [--rows 1 8 32] [--speculative-tokens N] [--compile | --graphs [--profile]]
 
 On a GPU, issue 13's table in one command (a random 8B Llama, 128-token prompts, 256 new tokens,
 each row count eager and as CUDA graphs, with kernels and host waits a step):
@@ -13,7 +13,10 @@ each row count eager and as CUDA graphs, with kernels and host waits a step):
 For each number of active rows it submits that many requests of the same
 length (EOS ignored, so every row decodes exactly --max-tokens tokens), steps
 the engine until all finish, and reports generated tokens per second and the
-mean decode step time. The baseline is `model.generate` on one request at a
+mean decode step time (the steps while every row decodes). Decode steps over
+long context: `--prompt-tokens 2000 --max-tokens 256 --speculative-tokens 0`
+(the rows get room for both; without drafts, since prompt lookup finds them in
+the repeated prompts). The baseline is `model.generate` on one request at a
 time, the way a naive server would run. Prints a markdown table and the
 machine it ran on.
 
@@ -30,6 +33,7 @@ import argparse
 import cProfile
 import io
 import logging
+import math
 import os
 import platform
 import pstats
@@ -120,19 +124,26 @@ def step_bytes(model: PreTrainedModel, rows: int, span: int, cache_dtype: torch.
 def time_engine(
     engine: Engine, prompts: list[list[int]], active: int, max_tokens: int
 ) -> tuple[float, float]:
-    """Tokens per second and mean decode step (s) with `active` rows decoding together."""
+    """Tokens per second (prefill included) and mean decode step (s) with `active` rows decoding together:
+    the steps after every row's first token, when no prompt is left to prefill (a long prompt's takes
+    several steps; NaN where they never all decode at once: long prompts and few --max-tokens)."""
     params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=max_tokens, ignore_eos=True)
     for i in range(active):
         engine.submit(Submit(f"bench-{i}", tuple(prompts[i % len(prompts)]), params))
-    generated, step_times = 0, []
+    generated, step_times, all_decoding = 0, [], False
     start = time.perf_counter()
     while engine.has_work:
+        rows = engine.active_rows
+        all_decoding = all_decoding or (len(rows) == active and all(row.generated for row in rows))
         step_start = time.perf_counter()
         pieces = engine.step()
-        step_times.append(time.perf_counter() - step_start)
+        if all_decoding:
+            step_times.append(time.perf_counter() - step_start)
         generated += sum(p.completion_tokens for p in pieces if p.finished)
     elapsed = time.perf_counter() - start
-    return generated / elapsed, statistics.mean(step_times[1:] or step_times)
+    return generated / elapsed, statistics.mean(
+        step_times
+    ) if step_times else math.nan  # rows never all at once
 
 
 def time_generate(model, prompts: list[list[int]], requests: int, max_tokens: int) -> float:
@@ -231,7 +242,15 @@ def compare_engines(args: argparse.Namespace, option: str, name: str) -> None:
     engines = {}
     for label, on in (("eager", False), (name, True), ("not ahead", True)):
         started = time.perf_counter()
-        engine = Engine(loaded.model, loaded.tokenizer, max(args.rows), 512, loaded.name, **{option: on})
+        engine = Engine(
+            loaded.model,
+            loaded.tokenizer,
+            max(args.rows),
+            row_length(args),
+            loaded.name,
+            speculative_tokens=args.speculative_tokens,
+            **{option: on},
+        )
         if label == "not ahead":
             if option != "cuda_graphs" or not engine.runner.decodes_in_graphs:
                 continue
@@ -398,8 +417,19 @@ def host_profile(host: cProfile.Profile, steps: int) -> str:
 
 def bench_config(args: argparse.Namespace) -> BackendConfig:
     return BackendConfig(
-        model=args.model, dtype=args.dtype, quantize=args.quantize, rows=max(args.rows), max_seq_len=512
+        model=args.model,
+        dtype=args.dtype,
+        quantize=args.quantize,
+        rows=max(args.rows),
+        max_seq_len=row_length(args),
     )
+
+
+def row_length(args: argparse.Namespace) -> int:
+    """The rows' length: 512, or room for --prompt-tokens and --max-tokens in 512s (longer prompts were
+    refused by the engine, and the benchmark timed nothing)."""
+    needed = (args.prompt_tokens or 0) + args.max_tokens
+    return max(512, -(-needed // 512) * 512)
 
 
 def bench_prompts(loaded: LoadedModel, tokens: int | None) -> list[list[int]]:
@@ -425,7 +455,7 @@ def bench_model(args: argparse.Namespace) -> LoadedModel:
         quantize_model(model, args.quantize)
         name += f" ({args.quantize} weights)"
     cache_dtype = pick_cache_dtype("auto", dtype, device)
-    return LoadedModel(name, model, tokenizer, "", 512, cache_dtype)
+    return LoadedModel(name, model, tokenizer, "", row_length(args), cache_dtype)
 
 
 def main() -> None:
@@ -448,6 +478,13 @@ def main() -> None:
         help="with --random: a tokenizer directory (default: the default model's, from its package)",
     )
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=None,
+        help="draft tokens a row and step, as the server's option (default: the engine's; 0 is off, "
+        "which a decode step over long repeated prompts wants: prompt lookup finds its drafts there)",
+    )
     parser.add_argument("--baseline-requests", type=int, default=4)
     parser.add_argument(
         "--compile",
@@ -489,7 +526,14 @@ def main() -> None:
         return
 
     loaded = bench_model(args)
-    engine = Engine(loaded.model, loaded.tokenizer, rows=max(args.rows), max_seq_len=512, name=loaded.name)
+    engine = Engine(
+        loaded.model,
+        loaded.tokenizer,
+        rows=max(args.rows),
+        max_seq_len=row_length(args),
+        name=loaded.name,
+        speculative_tokens=args.speculative_tokens,
+    )
     engine.warm_up()
     prompts = bench_prompts(loaded, args.prompt_tokens)
 
@@ -508,10 +552,14 @@ def main() -> None:
     if not args.random and not (args.dtype == "float32" and args.quantize == "none"):  # how far from exact
         exact = load_model(
             BackendConfig(
-                model=args.model, dtype="float32", quantize="none", rows=len(PROMPTS), max_seq_len=512
+                model=args.model,
+                dtype="float32",
+                quantize="none",
+                rows=len(PROMPTS),
+                max_seq_len=row_length(args),
             )
         )
-        reference = Engine(exact.model, exact.tokenizer, rows=len(PROMPTS), max_seq_len=512)
+        reference = Engine(exact.model, exact.tokenizer, rows=len(PROMPTS), max_seq_len=row_length(args))
         ours = greedy_tokens(engine, prompts, args.max_tokens)
         print("\n" + departure(greedy_tokens(reference, prompts, args.max_tokens), ours))
 

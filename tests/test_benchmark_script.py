@@ -67,6 +67,20 @@ def test_the_engine_benchmark_reports_steps_and_their_bandwidth_floor():
     assert floor_ms > 0 and abs(step_ms / floor_ms - ratio) < 0.05 * ratio
 
 
+def test_the_engine_benchmark_takes_prompts_longer_than_its_rows_were():
+    """Rows were 512 positions whatever --prompt-tokens said: 600-token prompts were refused, the timings
+    were of nothing and the greedy comparison raised KeyError. Now the rows have room, and the decode
+    step is the steps where every row decodes (not the prefill's)."""
+    output = run_script(
+        "bench_engine.py",
+        *("--rows", "1", "--max-tokens", "4", "--prompt-tokens", "600"),
+        *("--baseline-requests", "0", "--speculative-tokens", "0"),
+    )
+    step = re.search(r"^\| 1 \| [\d.]+ \| ([\d.]+) \| - \|$", output, re.M)
+    assert step and float(step.group(1)) > 0, output
+    assert "(positions up to 602)" in output and "identical to float32" in output, output
+
+
 def test_a_profiled_steps_kernels_are_summed_by_what_they_do():
     """bench_engine's kinds of CUDA kernels (a GPU's profile only, so not run here end to end), on names
     as torch.profiler reports them on an H200."""
