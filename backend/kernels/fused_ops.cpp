@@ -307,9 +307,16 @@ inline void sum_positions(float* partial) {
   fold_level<2>(partial);
 }
 
-// A key or value row as float.
+// How far ahead of the key or value row being read attention asks the memory for the next ones' lines. A long
+// span's keys and values are read once a step, in order, layer after layer: tens of MB at a few thousand
+// positions, beyond the caches, which the hardware's prefetcher alone read at half the memory's rate.
+constexpr int64_t PREFETCH_BYTES = 2048;
+
+// A key or value row as float, asking for the row PREFETCH_BYTES ahead.
 template <int64_t D, typename C>
 inline void load_row(const C* from, float* row) {
+  const char* ahead = reinterpret_cast<const char*>(from) + PREFETCH_BYTES;
+  for (int64_t line = 0; line < D * static_cast<int64_t>(sizeof(C)); line += 64) __builtin_prefetch(ahead + line, 0, 3);
   for (int64_t e = 0; e < D; ++e) row[e] = static_cast<float>(from[e]);
 }
 
@@ -331,11 +338,11 @@ template <int64_t D, int64_t G, typename C>
 void group_scores(const float* q, const C* k, int64_t length, float* scores) {
   int64_t first = 0;
   for (; first + LANES <= length; first += LANES) {
-    float partial[G][LANES][LANES];  // [head][position][lane]
+    alignas(64) float partial[G][LANES][LANES];  // [head][position][lane]
     for (int64_t t = 0; t < LANES; ++t) {
-      float row[D];
+      alignas(64) float row[D];
       load_row<D>(k + (first + t) * D, row);
-      float of_row[G][LANES];
+      alignas(64) float of_row[G][LANES];
       partial_scores<D, G>(q, row, of_row);
       for (int64_t g = 0; g < G; ++g) std::memcpy(partial[g][t], of_row[g], sizeof of_row[g]);
     }
@@ -345,9 +352,9 @@ void group_scores(const float* q, const C* k, int64_t length, float* scores) {
     }
   }
   for (int64_t t = first; t < length; ++t) {
-    float row[D];
+    alignas(64) float row[D];
     load_row<D>(k + t * D, row);
-    float of_row[G][LANES];
+    alignas(64) float of_row[G][LANES];
     partial_scores<D, G>(q, row, of_row);
     for (int64_t g = 0; g < G; ++g) scores[g * length + t] = sum_lanes(of_row[g]);
   }
@@ -375,13 +382,14 @@ std::pair<float, bool> largest_of(const float* row, int64_t count) {
           std::any_of(nan, nan + LANES, [](int32_t any) { return any != 0; })};
 }
 
-// Each of G score rows of `length` turned into e^(score - its largest), in place; returns their sums.
+// Each of G score rows of `length` turned into e^(score - its largest), in place; gives their largest and
+// sums.
 template <int64_t G>
-void exponentiate(float* scores, int64_t length, float* sums) {
+void exponentiate(float* scores, int64_t length, float* largests, float* sums) {
   for (int64_t g = 0; g < G; ++g) {
     float* s = scores + g * length;
     // A NaN score makes its row's every output NaN either way (through its sum): left out of the largest.
-    const float largest = largest_of(s, length).first;
+    const float largest = largests[g] = largest_of(s, length).first;
     float partial[LANES] = {};
     int64_t t = 0;
     for (; t + LANES <= length; t += LANES) {
@@ -398,49 +406,112 @@ void exponentiate(float* scores, int64_t length, float* sums) {
   }
 }
 
+// What attending over a part of a span leaves for each query head: its values' sum weighted by
+// e^(score - largest), the largest score, and the weights' sum. Parts' are joined by `join_parts`; a whole
+// span's output is sum / weights.
+struct Attended {
+  float* sum;  // [heads, D]
+  float* largest;  // [heads]
+  float* weights;  // [heads]
+};
+
 // G query heads of one KV head over positions 0..length-1 of its keys and values ([length, D] each): q is
-// their queries, scaled, [G, D]; scores is room for [G, length]; out is [G, D]. Each key and value row is
-// read (and converted to float) once for the G heads, which are a template argument so that their
-// running sums stay in registers.
+// their queries, scaled, [G, D]; scores is room for [G, length]. Each key and value row is read (and
+// converted to float) once for the G heads, which are a template argument so that their running sums
+// stay in registers.
 template <int64_t D, int64_t G, typename C>
-void attend_heads(const float* q, const C* k, const C* v, int64_t length, float* scores, C* out) {
+void attend_heads(const float* q, const C* k, const C* v, int64_t length, float* scores, Attended to) {
   group_scores<D, G>(q, k, length, scores);
-  float sums[G];
-  exponentiate<G>(scores, length, sums);
-  float acc[G * D] = {};
+  exponentiate<G>(scores, length, to.largest, to.weights);
+  alignas(64) float acc[G * D] = {};
   for (int64_t t = 0; t < length; ++t) {
-    float row[D];
+    alignas(64) float row[D];
     load_row<D>(v + t * D, row);
     for (int64_t g = 0; g < G; ++g) {
       const float weight = scores[g * length + t];
       for (int64_t e = 0; e < D; ++e) acc[g * D + e] += weight * row[e];
     }
   }
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t e = 0; e < D; ++e) out[g * D + e] = static_cast<C>(acc[g * D + e] / sums[g]);
-  }
+  std::memcpy(to.sum, acc, sizeof acc);
 }
 
-// The query heads one KV head serves (its group): up to MAX_HEADS_AT_ONCE of them at a time (nearly every
+// The query heads one KV head serves (its group) are taken up to MAX_HEADS_AT_ONCE at a time (nearly every
 // model's whole group: 1 to 8), so each of their keys and values is read once, or twice for a group of 9
 // to 16.
 constexpr int64_t MAX_HEADS_AT_ONCE = 8;
 
 template <int64_t D, typename C>
-void attend_group(const float* q, const C* k, const C* v, int64_t length, int64_t group, float* scores, C* out) {
-  for (int64_t done = 0; done < group; done += MAX_HEADS_AT_ONCE) {
-    const float* queries = q + done * D;
-    C* outputs = out + done * D;
-    switch (std::min(group - done, MAX_HEADS_AT_ONCE)) {
-      case 1: attend_heads<D, 1>(queries, k, v, length, scores, outputs); break;
-      case 2: attend_heads<D, 2>(queries, k, v, length, scores, outputs); break;
-      case 3: attend_heads<D, 3>(queries, k, v, length, scores, outputs); break;
-      case 4: attend_heads<D, 4>(queries, k, v, length, scores, outputs); break;
-      case 5: attend_heads<D, 5>(queries, k, v, length, scores, outputs); break;
-      case 6: attend_heads<D, 6>(queries, k, v, length, scores, outputs); break;
-      case 7: attend_heads<D, 7>(queries, k, v, length, scores, outputs); break;
-      default: attend_heads<D, 8>(queries, k, v, length, scores, outputs); break;
+void attend(const float* q, const C* k, const C* v, int64_t length, int64_t heads, float* scores, Attended to) {
+  switch (heads) {
+    case 1: return attend_heads<D, 1>(q, k, v, length, scores, to);
+    case 2: return attend_heads<D, 2>(q, k, v, length, scores, to);
+    case 3: return attend_heads<D, 3>(q, k, v, length, scores, to);
+    case 4: return attend_heads<D, 4>(q, k, v, length, scores, to);
+    case 5: return attend_heads<D, 5>(q, k, v, length, scores, to);
+    case 6: return attend_heads<D, 6>(q, k, v, length, scores, to);
+    case 7: return attend_heads<D, 7>(q, k, v, length, scores, to);
+    default: return attend_heads<D, 8>(q, k, v, length, scores, to);
+  }
+}
+
+// Spans longer than this are attended in parts of at most this many positions, as even as can be, each its
+// own task, and the parts joined: one row's
+// handful of KV heads would keep as many threads busy, and the rest idle, a long step (one row of SmolLM2's
+// 3 KV heads on 2 threads: one thread had 2 heads, the other 1). A part's length depends on its span
+// alone, so a row's numbers do not change with the rows beside it.
+constexpr int64_t SPAN_PART = 512;
+
+// One piece of a step's attention: a query's heads from `head` on (up to MAX_HEADS_AT_ONCE, all of one KV
+// head), over positions start..start + length - 1 of that head's keys and values.
+struct AttentionTask {
+  int64_t query, kv_head, head, heads, start, length;
+  int64_t part, parts;  // which of its span's parts, of how many: a span's only part goes to the output at once
+  int64_t partial;      // else where its Attended go in the parts' room, in floats
+};
+
+// The tasks of a step, each span's parts one after another; `room` gets the floats the parts need.
+std::vector<AttentionTask> attention_tasks(int64_t queries, int64_t kv_heads, int64_t group, int64_t D,
+                                           const int64_t* position_of, int64_t window, int64_t* room) {
+  std::vector<AttentionTask> tasks;
+  *room = 0;
+  for (int64_t i = 0; i < queries; ++i) {
+    const int64_t start = window > 0 ? std::max<int64_t>(0, position_of[i] - window + 1) : 0;
+    const int64_t length = position_of[i] + 1 - start;
+    // Parts as even as can be (513 positions are 257 and 256), counted again from their length so that
+    // none is empty.
+    const int64_t fewest = (length + SPAN_PART - 1) / SPAN_PART;
+    const int64_t part_length = (length + fewest - 1) / fewest;
+    const int64_t parts = (length + part_length - 1) / part_length;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      for (int64_t head = h * group; head < (h + 1) * group; head += MAX_HEADS_AT_ONCE) {
+        const int64_t heads = std::min(MAX_HEADS_AT_ONCE, (h + 1) * group - head);
+        for (int64_t part = 0; part < parts; ++part) {
+          const int64_t from = start + part * part_length;
+          tasks.push_back({i, h, head, heads, from, std::min(part_length, length - part * part_length), part, parts, *room});
+          if (parts > 1) *room += heads * (D + 2);
+        }
+      }
     }
+  }
+  return tasks;
+}
+
+// The parts of one span (`count` tasks' Attended in a row, `heads` heads of D each) joined into its output:
+// each part's sums scaled by e^(its largest - the largest of all).
+template <int64_t D, typename C>
+void join_parts(const float* partial, int64_t count, int64_t heads, C* out) {
+  const int64_t stride = heads * (D + 2);
+  for (int64_t g = 0; g < heads; ++g) {
+    float largest = -std::numeric_limits<float>::infinity();
+    for (int64_t p = 0; p < count; ++p) largest = std::max(largest, partial[p * stride + heads * D + g]);
+    float acc[D] = {}, weights = 0.f;
+    for (int64_t p = 0; p < count; ++p) {
+      const float* part = partial + p * stride;
+      const float scale = std::exp(part[heads * D + g] - largest);
+      weights += part[heads * D + heads + g] * scale;
+      for (int64_t e = 0; e < D; ++e) acc[e] += part[g * D + e] * scale;
+    }
+    for (int64_t e = 0; e < D; ++e) out[g * D + e] = static_cast<C>(acc[e] / weights);
   }
 }
 
@@ -453,25 +524,43 @@ at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, 
   const int64_t kv_heads = keys.size(1), max_seq_len = keys.size(2);
   const int64_t queries = query.size(0), heads = query.size(1), group = heads / kv_heads;
   at::Tensor out = at::empty_like(query);
+  int64_t room = 0;
+  const std::vector<AttentionTask> tasks = attention_tasks(queries, kv_heads, group, D, position_of, window, &room);
+  std::vector<float> parts(room);
   with_float_type(keys.scalar_type(), "the cache", [&](auto* type) {
     using C = std::remove_pointer_t<decltype(type)>;
     const C* qp = query.data_ptr<C>();
     const C* kp = keys.data_ptr<C>();
     const C* vp = values.data_ptr<C>();
     C* op = out.data_ptr<C>();
-    // One task a query and KV head: its group of query heads over that head's keys and values.
-    at::parallel_for(0, queries * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
       std::vector<float> scores;
-      float q[MAX_GROUP * D];
-      for (int64_t task = begin; task < end; ++task) {
-        const int64_t i = task / kv_heads, h = task % kv_heads;
-        const int64_t start = window > 0 ? std::max<int64_t>(0, position_of[i] - window + 1) : 0;
-        const int64_t length = position_of[i] + 1 - start;
-        const int64_t at = ((row_of[i] * kv_heads + h) * max_seq_len + start) * D;
-        const int64_t first = (i * heads + h * group) * D;  // the group's first query head
-        for (int64_t j = 0; j < group * D; ++j) q[j] = static_cast<float>(qp[first + j]) * static_cast<float>(scaling);
-        scores.resize(std::min(group, MAX_HEADS_AT_ONCE) * length);
-        attend_group<D>(q, kp + at, vp + at, length, group, scores.data(), op + first);
+      alignas(64) float q[MAX_HEADS_AT_ONCE * D];
+      alignas(64) float whole[MAX_HEADS_AT_ONCE * (D + 2)];
+      for (int64_t n = begin; n < end; ++n) {
+        const AttentionTask& task = tasks[n];
+        const int64_t at = ((row_of[task.query] * kv_heads + task.kv_head) * max_seq_len + task.start) * D;
+        const int64_t first = (task.query * heads + task.head) * D;  // the task's first query head
+        for (int64_t j = 0; j < task.heads * D; ++j) q[j] = static_cast<float>(qp[first + j]) * static_cast<float>(scaling);
+        scores.resize(task.heads * task.length);
+        float* room_of = task.parts == 1 ? whole : parts.data() + task.partial;
+        const Attended to{room_of, room_of + task.heads * D, room_of + task.heads * (D + 1)};
+        attend<D>(q, kp + at, vp + at, task.length, task.heads, scores.data(), to);
+        if (task.parts == 1) {
+          for (int64_t g = 0; g < task.heads; ++g) {
+            for (int64_t e = 0; e < D; ++e) op[first + g * D + e] = static_cast<C>(to.sum[g * D + e] / to.weights[g]);
+          }
+        }
+      }
+    });
+    std::vector<const AttentionTask*> in_parts;  // each span in parts, by its first
+    for (const AttentionTask& task : tasks) {
+      if (task.parts > 1 && task.part == 0) in_parts.push_back(&task);
+    }
+    at::parallel_for(0, static_cast<int64_t>(in_parts.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s) {
+        const AttentionTask& task = *in_parts[s];
+        join_parts<D>(parts.data() + task.partial, task.parts, task.heads, op + (task.query * heads + task.head) * D);
       }
     });
   });

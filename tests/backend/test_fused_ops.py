@@ -244,6 +244,28 @@ def test_attention_takes_every_query_group_the_loop_has(fused, cache_dtype):
         torch.testing.assert_close(got, expected, **tolerance(cache_dtype), msg=f"a group of {group}")
 
 
+@pytest.mark.parametrize("cache_dtype", DTYPES)
+@pytest.mark.parametrize("heads, window", [(6, None), (6, 700), (24, None)])
+def test_attention_over_a_long_span_joins_its_parts(fused, cache_dtype, heads, window):
+    """A span of over 512 positions is attended in parts of 512, each its own task, then joined: spans of
+    one part and one position over, of several with a short last part, a window across parts, and a
+    group of 12 (two passes of heads, each in parts) give the eager batch's numbers, and a row alone
+    the same numbers as beside the others."""
+    max_seq_len, head_dim, kv_heads = 1300, 64, 2
+    generator = torch.Generator().manual_seed(2)
+    keys, values = (torch.randn(5, kv_heads, max_seq_len, head_dim, generator=generator) for _ in range(2))
+    keys, values = keys.to(cache_dtype), values.to(cache_dtype)
+    rows, positions = torch.tensor([3, 0, 4, 1, 2]), torch.tensor([1290, 511, 512, 1100, 40])
+    query = torch.randn(5, heads, head_dim, generator=generator).to(cache_dtype)
+    row_positions = torch.zeros(5, dtype=torch.long).index_copy_(0, rows, positions)
+    visible = visibility(row_positions, int(positions.max()) + 1, cache_dtype)
+    expected = EAGER.attend(query, keys, values, rows, positions, visible, 0.125, scatter=True, window=window)
+    got = fused.attend(query, keys, values, rows, positions, visible, 0.125, window=window)
+    torch.testing.assert_close(got, expected, **tolerance(cache_dtype))
+    alone = fused.attend(query[:1], keys, values, rows[:1], positions[:1], visible, 0.125, window=window)
+    assert torch.equal(alone, got[:1])  # a row's parts are its own: the same numbers beside other rows
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_smoothed_int8_path_gives_the_same_numbers_fused(fused, dtype, monkeypatch):
     """Rounding to int8 and scaling back are the same float32 operations in either form: equal."""
