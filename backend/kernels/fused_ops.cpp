@@ -455,10 +455,10 @@ void attend(const float* q, const C* k, const C* v, int64_t length, int64_t head
 }
 
 // Spans longer than this are attended in parts of at most this many positions, as even as can be, each its
-// own task, and the parts joined: one row's
-// handful of KV heads would keep as many threads busy, and the rest idle, a long step (one row of SmolLM2's
-// 3 KV heads on 2 threads: one thread had 2 heads, the other 1). A part's length depends on its span
-// alone, so a row's numbers do not change with the rows beside it.
+// own task, and the parts joined: else one row's handful of KV heads keeps as many threads busy, and the
+// rest idle, for a long step (one row of SmolLM2's 3 KV heads on 2 threads: one thread had 2 heads, the
+// other 1). A part's length depends on its span alone, so a row's numbers do not change with the rows
+// beside it.
 constexpr int64_t SPAN_PART = 512;
 
 // One piece of a step's attention: a query's heads from `head` on (up to MAX_HEADS_AT_ONCE, all of one KV
