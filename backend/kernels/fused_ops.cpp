@@ -546,11 +546,7 @@ at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, 
         float* room_of = task.parts == 1 ? whole : parts.data() + task.partial;
         const Attended to{room_of, room_of + task.heads * D, room_of + task.heads * (D + 1)};
         attend<D>(q, kp + at, vp + at, task.length, task.heads, scores.data(), to);
-        if (task.parts == 1) {
-          for (int64_t g = 0; g < task.heads; ++g) {
-            for (int64_t e = 0; e < D; ++e) op[first + g * D + e] = static_cast<C>(to.sum[g * D + e] / to.weights[g]);
-          }
-        }
+        if (task.parts == 1) join_parts<D>(whole, 1, task.heads, op + first);  // sum / weights
       }
     });
     std::vector<const AttentionTask*> in_parts;  // each span in parts, by its first
