@@ -94,9 +94,11 @@ def build() -> ModuleType:
             verbose=False,
         )
     log.info(
-        "fused CPU operations ready in %.1f s; quantized weights in blocks: %s",
+        "fused CPU operations ready in %.1f s; quantized weights in blocks: %s; attention's scores over a "
+        "bfloat16 cache: %s",
         time.perf_counter() - started,
         module.block_matmul_kernel() or "none (no AVX2: PyTorch's kernels)",
+        "AVX-512 BF16 dot products" if module.attention_by_dots() else "in float",
     )
     return module
 

@@ -17,7 +17,19 @@
 #include <functional>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
+
+// Attention over a bfloat16 cache is written for 512-bit vectors where the CPU has them (the compiler takes 256
+// bits), and with AVX-512 BF16's dot products (vdpbf16ps) multiplies the keys as they are stored, where the loop
+// otherwise converts each to float first.
+#ifdef __AVX512F__
+#define ATTENTION_AVX512 1
+#include <immintrin.h>
+#endif
+#if defined(ATTENTION_AVX512) && defined(__AVX512BF16__)
+#define ATTENTION_BF16_DOTS 1
+#endif
 
 namespace fused_ops {
 
@@ -360,6 +372,64 @@ void group_scores(const float* q, const C* k, int64_t length, float* scores) {
   }
 }
 
+#ifdef ATTENTION_BF16_DOTS
+// The sums of 16 vectors' lanes, one a lane: in[4 (t % 4) + t / 4]'s in lane t. Halving in steps as sum_lanes
+// does, each step two vectors' sums into one (a 256-bit half of each, then a 128-bit quarter, then pairs
+// within the quarters): 15 additions and 30 shuffles for 16 sums.
+inline __m512 sum_each(__m512 in[16]) {
+  for (int64_t i = 0; i < 8; ++i) {  // lanes 0-7: in[2i]'s halves added; 8-15: in[2i + 1]'s
+    const __m512 a = in[2 * i], b = in[2 * i + 1];
+    in[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  for (int64_t i = 0; i < 4; ++i) {  // quarter q: a position's 4 partial sums
+    const __m512 a = in[2 * i], b = in[2 * i + 1];
+    in[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+  }
+  for (int64_t i = 0; i < 2; ++i) {  // each quarter: two positions' 2 partial sums
+    const __m512 a = in[2 * i], b = in[2 * i + 1];
+    in[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(in[0], in[1], 0x88), _mm512_shuffle_ps(in[0], in[1], 0xDD));
+}
+
+// q . k for 32 * VECTORS bfloat16 values each: 16 lanes of partial sums, each lane two products of q's and
+// k's own values, exact, added in float.
+template <int64_t VECTORS>
+inline __m512 dot_lanes(const __m512bh* q, const BFloat16* k) {
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t v = 0; v < VECTORS; ++v) sum = _mm512_dpbf16_ps(sum, q[v], (__m512bh)_mm512_loadu_si512(k + 32 * v));
+  return sum;
+}
+
+// As group_scores, for bfloat16 queries and keys: scores[g * length + t] = scaling * (q[g] . k[t]). A key
+// row is never converted to float, which was half of the scores pass's work; q is unscaled (scaled, it
+// would be rounded again to bfloat16), and the sums are scaled instead.
+template <int64_t D, int64_t G>
+void group_scores_by_dots(const BFloat16* q, float scaling, const BFloat16* k, int64_t length, float* scores) {
+  constexpr int64_t VECTORS = D / 32;  // of 32 bfloat16 values a row
+  __m512bh qv[G][VECTORS];
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t v = 0; v < VECTORS; ++v) qv[g][v] = (__m512bh)_mm512_loadu_si512(q + g * D + 32 * v);
+  }
+  const __m512 scale = _mm512_set1_ps(scaling);
+  int64_t first = 0;
+  for (; first + LANES <= length; first += LANES) {
+    const char* block = reinterpret_cast<const char*>(k + first * D);
+    for (int64_t line = 0; line < LANES * D * 2; line += 64) __builtin_prefetch(block + PREFETCH_BYTES + line, 0, 3);
+    // Head after head over the block's 16 rows, which stay in the first-level cache: one head's 16 sums
+    // are 16 registers.
+    for (int64_t g = 0; g < G; ++g) {
+      __m512 partial[LANES];
+      for (int64_t t = 0; t < LANES; ++t) partial[4 * (t % 4) + t / 4] = dot_lanes<VECTORS>(qv[g], k + (first + t) * D);
+      _mm512_storeu_ps(scores + g * length + first, _mm512_mul_ps(sum_each(partial), scale));
+    }
+  }
+  for (int64_t t = first; t < length; ++t) {
+    for (int64_t g = 0; g < G; ++g) scores[g * length + t] = _mm512_reduce_add_ps(dot_lanes<VECTORS>(qv[g], k + t * D)) * scaling;
+  }
+}
+#endif
+
 // A row's largest value, and whether it holds a NaN (which std::max skips), in one pass the compiler
 // vectorizes (std::max_element is a chain of compares and branches): the draws' first look at a row of
 // logits, and attention's at a row of scores.
@@ -415,14 +485,75 @@ struct Attended {
   float* weights;  // [heads]
 };
 
-// G query heads of one KV head over positions 0..length-1 of its keys and values ([length, D] each): q is
-// their queries, scaled, [G, D]; scores is room for [G, length]. Each key and value row is read (and
-// converted to float) once for the G heads, which are a template argument so that their running sums
-// stay in registers.
-template <int64_t D, int64_t G, typename C>
-void attend_heads(const float* q, const C* k, const C* v, int64_t length, float* scores, Attended to) {
-  group_scores<D, G>(q, k, length, scores);
+#ifdef ATTENTION_AVX512
+// sum[g] = the sum over t of scores[g * length + t] * v[t] for G heads, bfloat16 values ([length, D]): the same
+// products and sums, in the same order, as the loop in float; written for 512-bit vectors, where the compiler
+// takes 256 (half the instructions, and the conversion to float a shift).
+template <int64_t D, int64_t G>
+void weighted_values(const float* scores, int64_t length, const BFloat16* v, float* sum) {
+  constexpr int64_t VECTORS = D / 16;
+  __m512 acc[G][VECTORS];
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t u = 0; u < VECTORS; ++u) acc[g][u] = _mm512_setzero_ps();
+  }
+  for (int64_t t = 0; t < length; ++t) {
+    const BFloat16* row = v + t * D;
+    const char* ahead = reinterpret_cast<const char*>(row) + PREFETCH_BYTES;
+    for (int64_t line = 0; line < D * 2; line += 64) __builtin_prefetch(ahead + line, 0, 3);
+    __m512 values[VECTORS];
+    for (int64_t u = 0; u < VECTORS; ++u) {
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * u));
+      values[u] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const __m512 weight = _mm512_set1_ps(scores[g * length + t]);
+      for (int64_t u = 0; u < VECTORS; ++u) acc[g][u] = _mm512_fmadd_ps(weight, values[u], acc[g][u]);
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t u = 0; u < VECTORS; ++u) _mm512_storeu_ps(sum + g * D + 16 * u, acc[g][u]);
+  }
+}
+#endif
+
+// A task's query heads, [heads, D]: scaled, as float; and as the query holds them, with the scaling, for dot
+// products of the cache's own type.
+template <typename C>
+struct Queries {
+  const float* scaled;
+  const C* own;
+  float scaling;
+};
+
+// Whether attention over a cache of C takes its scores by bfloat16 dot products: where the CPU has them,
+// unless the caller asks for the loop in float alone (decode_attention_in_float, for tests).
+template <typename C>
+constexpr bool scores_by_dots(bool dots) {
+#ifdef ATTENTION_BF16_DOTS
+  return dots && std::is_same_v<C, BFloat16>;
+#else
+  return false;
+#endif
+}
+
+// G query heads of one KV head over positions 0..length-1 of its keys and values ([length, D] each); scores
+// is room for [G, length]. Each key and value row is read (and the values converted to float) once for the G
+// heads, which are a template argument so that their running sums stay in registers.
+template <int64_t D, int64_t G, bool DOTS, typename C>
+void attend_heads(Queries<C> q, const C* k, const C* v, int64_t length, float* scores, Attended to) {
+#ifdef ATTENTION_BF16_DOTS
+  if constexpr (scores_by_dots<C>(DOTS)) {
+    group_scores_by_dots<D, G>(q.own, q.scaling, k, length, scores);
+  } else {
+    group_scores<D, G>(q.scaled, k, length, scores);
+  }
+#else
+  group_scores<D, G>(q.scaled, k, length, scores);
+#endif
   exponentiate<G>(scores, length, to.largest, to.weights);
+#ifdef ATTENTION_AVX512
+  if constexpr (std::is_same_v<C, BFloat16>) return weighted_values<D, G>(scores, length, v, to.sum);
+#endif
   alignas(64) float acc[G * D] = {};
   for (int64_t t = 0; t < length; ++t) {
     alignas(64) float row[D];
@@ -440,17 +571,17 @@ void attend_heads(const float* q, const C* k, const C* v, int64_t length, float*
 // to 16.
 constexpr int64_t MAX_HEADS_AT_ONCE = 8;
 
-template <int64_t D, typename C>
-void attend(const float* q, const C* k, const C* v, int64_t length, int64_t heads, float* scores, Attended to) {
+template <int64_t D, bool DOTS, typename C>
+void attend(Queries<C> q, const C* k, const C* v, int64_t length, int64_t heads, float* scores, Attended to) {
   switch (heads) {
-    case 1: return attend_heads<D, 1>(q, k, v, length, scores, to);
-    case 2: return attend_heads<D, 2>(q, k, v, length, scores, to);
-    case 3: return attend_heads<D, 3>(q, k, v, length, scores, to);
-    case 4: return attend_heads<D, 4>(q, k, v, length, scores, to);
-    case 5: return attend_heads<D, 5>(q, k, v, length, scores, to);
-    case 6: return attend_heads<D, 6>(q, k, v, length, scores, to);
-    case 7: return attend_heads<D, 7>(q, k, v, length, scores, to);
-    default: return attend_heads<D, 8>(q, k, v, length, scores, to);
+    case 1: return attend_heads<D, 1, DOTS>(q, k, v, length, scores, to);
+    case 2: return attend_heads<D, 2, DOTS>(q, k, v, length, scores, to);
+    case 3: return attend_heads<D, 3, DOTS>(q, k, v, length, scores, to);
+    case 4: return attend_heads<D, 4, DOTS>(q, k, v, length, scores, to);
+    case 5: return attend_heads<D, 5, DOTS>(q, k, v, length, scores, to);
+    case 6: return attend_heads<D, 6, DOTS>(q, k, v, length, scores, to);
+    case 7: return attend_heads<D, 7, DOTS>(q, k, v, length, scores, to);
+    default: return attend_heads<D, 8, DOTS>(q, k, v, length, scores, to);
   }
 }
 
@@ -518,7 +649,7 @@ void join_parts(const float* partial, int64_t count, int64_t heads, C* out) {
 // Each decode query over its own row of the cache, positions 0..its own (with a window of W > 0, its last W
 // of them: position - W + 1..position, as a sliding-window layer reads): [queries, heads, head_dim] in the
 // cache's dtype. Query heads are grouped by the KV head they read (grouped-query attention).
-template <int64_t D>
+template <int64_t D, bool DOTS>
 at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                                const int64_t* row_of, const int64_t* position_of, double scaling, int64_t window) {
   const int64_t kv_heads = keys.size(1), max_seq_len = keys.size(2);
@@ -541,11 +672,14 @@ at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, 
         const AttentionTask& task = tasks[n];
         const int64_t at = ((row_of[task.query] * kv_heads + task.kv_head) * max_seq_len + task.start) * D;
         const int64_t first = (task.query * heads + task.head) * D;  // the task's first query head
-        for (int64_t j = 0; j < task.heads * D; ++j) q[j] = static_cast<float>(qp[first + j]) * static_cast<float>(scaling);
+        if constexpr (!scores_by_dots<C>(DOTS)) {
+          for (int64_t j = 0; j < task.heads * D; ++j) q[j] = static_cast<float>(qp[first + j]) * static_cast<float>(scaling);
+        }
         scores.resize(task.heads * task.length);
         float* room_of = task.parts == 1 ? whole : parts.data() + task.partial;
         const Attended to{room_of, room_of + task.heads * D, room_of + task.heads * (D + 1)};
-        attend<D>(q, kp + at, vp + at, task.length, task.heads, scores.data(), to);
+        const Queries<C> of_task{q, qp + first, static_cast<float>(scaling)};
+        attend<D, DOTS>(of_task, kp + at, vp + at, task.length, task.heads, scores.data(), to);
         if (task.parts == 1) join_parts<D>(whole, 1, task.heads, op + first);  // sum / weights
       }
     });
@@ -567,8 +701,10 @@ bool attention_supports(int64_t head_dim, int64_t group) {
   return group <= MAX_GROUP && std::find(std::begin(HEAD_DIMS), std::end(HEAD_DIMS), head_dim) != std::end(HEAD_DIMS);
 }
 
-at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
-                            const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window) {
+// decode_attention, by bfloat16 dot products (`dots`, where the CPU has them) or in float alone.
+at::Tensor decode_attention_by(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                               const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window,
+                               bool dots) {
   for (const auto& [t, name] : {std::pair{&query, "query"}, {&keys, "keys"}, {&values, "values"}, {&rows, "rows"},
                                 {&positions, "positions"}}) {
     check_cpu_contiguous(*t, name);
@@ -592,9 +728,36 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
     TORCH_CHECK(row_of[i] >= 0 && row_of[i] < cache_rows && position_of[i] >= 0 && position_of[i] < max_seq_len,
                 "query ", i, " reads row ", row_of[i], " to position ", position_of[i], ", outside the cache");
   }
-  if (head_dim == 64) return decode_attention_of<64>(query, keys, values, row_of, position_of, scaling, window);
-  if (head_dim == 128) return decode_attention_of<128>(query, keys, values, row_of, position_of, scaling, window);
-  return decode_attention_of<256>(query, keys, values, row_of, position_of, scaling, window);
+  const auto of = [&](auto size, auto by_dots) {
+    return decode_attention_of<decltype(size)::value, decltype(by_dots)::value>(query, keys, values, row_of,
+                                                                                position_of, scaling, window);
+  };
+  const auto sized = [&](auto by_dots) {
+    if (head_dim == 64) return of(std::integral_constant<int64_t, 64>{}, by_dots);
+    if (head_dim == 128) return of(std::integral_constant<int64_t, 128>{}, by_dots);
+    return of(std::integral_constant<int64_t, 256>{}, by_dots);
+  };
+  return dots ? sized(std::true_type{}) : sized(std::false_type{});
+}
+
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                            const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window) {
+  return decode_attention_by(query, keys, values, rows, positions, scaling, window, true);
+}
+
+at::Tensor decode_attention_in_float(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                                     const at::Tensor& rows, const at::Tensor& positions, double scaling,
+                                     int64_t window) {
+  return decode_attention_by(query, keys, values, rows, positions, scaling, window, false);
+}
+
+// Whether decode_attention takes a bfloat16 cache's scores by dot products here (AVX-512 BF16).
+bool attention_by_dots() {
+#ifdef ATTENTION_BF16_DOTS
+  return true;
+#else
+  return false;
+#endif
 }
 
 // The sampler's counter-based randomness (backend/layers/sampler.py, row_keys and gumbel_noise), the same
@@ -1102,6 +1265,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu(gate, tanh approximation) * up of [rows, 2 * width]", released);
   m.def("rotate_and_store", &rotate_and_store, "rotary embedding of queries and keys, keys and values into the cache", released);
   m.def("decode_attention", &decode_attention, "each decode query over its own row of the cache", released);
+  m.def("decode_attention_in_float", &decode_attention_in_float,
+        "decode_attention without bfloat16 dot products, as CPUs without AVX-512 BF16 run it (tests, timings)", released);
+  m.def("attention_by_dots", &attention_by_dots, "whether decode_attention scores a bfloat16 cache by dot products here");
   m.def("attention_supports", &attention_supports, "whether decode_attention has a loop for this head size and group");
   m.def("nucleus_draw", &nucleus_draw, "each row's draw from its nucleus (sampler.py's nucleus_cut and race)", released);
   m.def("race_draw", &race_draw, "each row's draw from its whole vocabulary (sampler.py's race)", released);

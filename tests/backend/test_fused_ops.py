@@ -266,6 +266,46 @@ def test_attention_over_a_long_span_joins_its_parts(fused, cache_dtype, heads, w
     assert torch.equal(alone, got[:1])  # a row's parts are its own: the same numbers beside other rows
 
 
+def attention_in_float64(query, keys, values, rows, positions, scaling):
+    """Each query over its own row up to its position, in float64: [queries, heads, head_dim]."""
+    group = query.shape[1] // keys.shape[1]
+    out = []
+    for i, (row, position) in enumerate(zip(rows.tolist(), positions.tolist(), strict=True)):
+        k = keys[row, :, : position + 1].double().repeat_interleave(group, dim=0)  # [heads, span, head_dim]
+        v = values[row, :, : position + 1].double().repeat_interleave(group, dim=0)
+        weights = ((k @ query[i].double()[:, :, None])[..., 0] * scaling).softmax(dim=-1)
+        out.append((weights[:, None] @ v)[:, 0])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize(
+    "head_dim, kv_heads, group", [(64, 3, 3), (64, 1, 8), (128, 2, 4), (256, 1, 12), (64, 2, 1)]
+)
+def test_bfloat16_scores_by_dot_products_are_the_float_loops_to_its_rounding(
+    fused, head_dim, kv_heads, group
+):
+    """Where the CPU has AVX-512 BF16, a bfloat16 cache's scores are dot products of the stored values
+    (`attention_by_dots`): spans of one position, of a tile of 16 and one more, of tiles and a rest, and
+    in parts, each head of the group, agree with attention in float64 as closely as the loop in float
+    does (to the output's bfloat16 rounding), at a scaling that is not a power of two. Elsewhere the two
+    are one loop."""
+    extension = fused.extension
+    generator = torch.Generator().manual_seed(3)
+    keys, values = (
+        torch.randn(3, kv_heads, 1100, head_dim, generator=generator).bfloat16() for _ in range(2)
+    )
+    rows, positions = torch.tensor([2, 0, 1, 2, 1]), torch.tensor([0, 16, 37, 300, 1090])
+    query = torch.randn(5, group * kv_heads, head_dim, generator=generator).bfloat16()
+    scaling = head_dim**-0.5 * 1.3
+    by_dots = extension.decode_attention(query, keys, values, rows, positions, scaling, 0)
+    in_float = extension.decode_attention_in_float(query, keys, values, rows, positions, scaling, 0)
+    if not extension.attention_by_dots():
+        assert torch.equal(by_dots, in_float)
+    expected = attention_in_float64(query, keys, values, rows, positions, scaling)
+    for got in (by_dots, in_float):
+        torch.testing.assert_close(got.double(), expected, atol=4e-3, rtol=8e-3)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_smoothed_int8_path_gives_the_same_numbers_fused(fused, dtype, monkeypatch):
     """Rounding to int8 and scaling back are the same float32 operations in either form: equal."""
