@@ -306,6 +306,27 @@ def test_bfloat16_scores_by_dot_products_are_the_float_loops_to_its_rounding(
         torch.testing.assert_close(got.double(), expected, atol=4e-3, rtol=8e-3)
 
 
+def test_a_nan_key_makes_its_own_heads_nan_by_dot_products_as_in_float(fused):
+    """A NaN among a row's keys: the heads of its KV head, in each query of that row whose span holds it,
+    come out NaN by dot products as in float (a tile's and a rest's position), and nothing else does."""
+    extension = fused.extension
+    generator = torch.Generator().manual_seed(4)
+    keys, values = (torch.randn(2, 2, 64, 64, generator=generator).bfloat16() for _ in range(2))
+    keys[1, 0, 5, 17] = float("nan")
+    keys[1, 1, 40, 3] = float("nan")
+    rows, positions = torch.tensor([1, 0, 1, 1]), torch.tensor([20, 60, 4, 45])
+    query = torch.randn(4, 6, 64, generator=generator).bfloat16()
+    expected = torch.zeros(4, 6, dtype=torch.bool)
+    expected[0, :3] = expected[3, :3] = (
+        True  # row 1's queries that reach position 5 (a tile's), KV head 0's heads
+    )
+    expected[3, 3:] = True  # and position 40 (past the last whole tile), KV head 1's
+    for attend in (extension.decode_attention, extension.decode_attention_in_float):
+        got = attend(query, keys, values, rows, positions, 0.125, 0)
+        assert torch.equal(got.isnan().any(dim=-1), expected)
+        assert torch.equal(got.isnan().all(dim=-1), expected)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_smoothed_int8_path_gives_the_same_numbers_fused(fused, dtype, monkeypatch):
     """Rounding to int8 and scaling back are the same float32 operations in either form: equal."""
