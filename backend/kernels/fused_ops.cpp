@@ -536,20 +536,21 @@ constexpr bool scores_by_dots(bool dots) {
 #endif
 }
 
+// The scores of G query heads over keys 0..length-1, [G, length]: by dot products, or in float.
+template <int64_t D, int64_t G, bool DOTS, typename C>
+void scores_of(Queries<C> q, const C* k, int64_t length, float* scores) {
+#ifdef ATTENTION_BF16_DOTS
+  if constexpr (scores_by_dots<C>(DOTS)) return group_scores_by_dots<D, G>(q.own, q.scaling, k, length, scores);
+#endif
+  group_scores<D, G>(q.scaled, k, length, scores);
+}
+
 // G query heads of one KV head over positions 0..length-1 of its keys and values ([length, D] each); scores
 // is room for [G, length]. Each key and value row is read (and the values converted to float) once for the G
 // heads, which are a template argument so that their running sums stay in registers.
 template <int64_t D, int64_t G, bool DOTS, typename C>
 void attend_heads(Queries<C> q, const C* k, const C* v, int64_t length, float* scores, Attended to) {
-#ifdef ATTENTION_BF16_DOTS
-  if constexpr (scores_by_dots<C>(DOTS)) {
-    group_scores_by_dots<D, G>(q.own, q.scaling, k, length, scores);
-  } else {
-    group_scores<D, G>(q.scaled, k, length, scores);
-  }
-#else
-  group_scores<D, G>(q.scaled, k, length, scores);
-#endif
+  scores_of<D, G, DOTS>(q, k, length, scores);
   exponentiate<G>(scores, length, to.largest, to.weights);
 #ifdef ATTENTION_AVX512
   if constexpr (std::is_same_v<C, BFloat16>) return weighted_values<D, G>(scores, length, v, to.sum);
