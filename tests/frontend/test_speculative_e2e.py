@@ -114,16 +114,24 @@ def test_a_chat_with_a_prediction_is_the_answer_without_and_counts_its_tokens(de
     assert plain.usage.completion_tokens == 200
     assert plain.usage.completion_tokens_details is None  # no prediction, no counts of one
     ask["extra_body"] = {"ignore_eos": True}
+    before = drafts(default_mode_server)
     predicted = client.chat.completions.create(**ask, prediction={"type": "content", "content": answer})
     assert predicted.choices[0].message.content == answer
     details = predicted.usage.completion_tokens_details
+    drafted, stood = (
+        after - earlier for after, earlier in zip(drafts(default_mode_server), before, strict=True)
+    )
+    # The prediction's drafts are among those /metrics counts (prompt lookup drafts where it has none)
+    assert details.accepted_prediction_tokens <= stood
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens <= drafted
     # The most that can stand: the server's 4 rows are a step's 4 queries, so the one row decoding drafts
     # 3 tokens a step beside its own, and the first token comes from the prefill: 149 of 200 (measured so
-    # on two starts, where the answer's text tokenizes anew as the tokens it was made of; where it does
-    # not in a place or two, a miss there costs a step or two: 147 with 3 rejected, 140 with 2).
+    # on most starts, where the answer's text tokenizes anew as the tokens it was made of). Each place
+    # where it does not costs a step's draft, up to 3 tokens rejected: 147 with 3 rejected, 140 with 2,
+    # 138 with 15 (the default mode's greedy answer varies between starts, and with it those places).
     most = (200 - 1) - math.ceil((200 - 1) / 4)
     assert most >= details.accepted_prediction_tokens > 0.85 * most
-    assert details.rejected_prediction_tokens < 10
+    assert details.rejected_prediction_tokens < 0.15 * most
     middle = len(answer) // 2
     garbled = [
         {"type": "text", "text": answer[:middle]},
