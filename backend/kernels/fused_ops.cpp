@@ -516,6 +516,60 @@ void weighted_values(const float* scores, int64_t length, const BFloat16* v, flo
 }
 #endif
 
+#ifdef ATTENTION_AVX512
+// vector_exp of 16 lanes at once, by the same operations in the same order: the same numbers.
+inline __m512 exp_lanes(__m512 x) {
+  const __m512 low = _mm512_set1_ps(-87.3f);
+  // std::max(x, low) and std::min(that, 88.7f) as written, which keep a NaN: max_ps and min_ps give their
+  // second operand where either is NaN, and where both are equal.
+  const __m512 clamped = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(low, x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), clamped);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
+  const __m512 whole = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(clamped, clamped, _CMP_EQ_OQ), n);  // NaN's: 0
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(whole), _mm512_set1_epi32(127)), 23);
+  const __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, low, _CMP_LT_OQ), e, _mm512_setzero_ps());
+}
+
+// As exponentiate, 16 lanes a vector: the same numbers (each row's largest the same whatever the order it is
+// found in, its sums in the same lanes and order).
+template <int64_t G>
+void exponentiate_lanes(float* scores, int64_t length, float* largests, float* sums) {
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = scores + g * length;
+    __m512 most = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    int64_t t = 0;
+    for (; t + LANES <= length; t += LANES) most = _mm512_max_ps(_mm512_loadu_ps(s + t), most);  // NaN skipped
+    float largest = _mm512_reduce_max_ps(most);
+    for (; t < length; ++t) largest = std::max(largest, s[t]);
+    largests[g] = largest;
+    const __m512 shift = _mm512_set1_ps(largest);
+    __m512 sum = _mm512_setzero_ps();
+    for (t = 0; t + LANES <= length; t += LANES) {
+      const __m512 e = exp_lanes(_mm512_sub_ps(_mm512_loadu_ps(s + t), shift));
+      _mm512_storeu_ps(s + t, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    float partial[LANES];
+    _mm512_storeu_ps(partial, sum);
+    for (; t < length; ++t) {
+      s[t] = vector_exp(s[t] - largest);
+      partial[0] += s[t];
+    }
+    sums[g] = sum_lanes(partial);
+  }
+}
+#endif
+
 // A task's query heads, [heads, D]: scaled, as float; and as the query holds them, with the scaling, for dot
 // products of the cache's own type.
 template <typename C>
@@ -551,7 +605,11 @@ void scores_of(Queries<C> q, const C* k, int64_t length, float* scores) {
 template <int64_t D, int64_t G, bool DOTS, typename C>
 void attend_heads(Queries<C> q, const C* k, const C* v, int64_t length, float* scores, Attended to) {
   scores_of<D, G, DOTS>(q, k, length, scores);
+#ifdef ATTENTION_AVX512
+  exponentiate_lanes<G>(scores, length, to.largest, to.weights);
+#else
   exponentiate<G>(scores, length, to.largest, to.weights);
+#endif
 #ifdef ATTENTION_AVX512
   if constexpr (std::is_same_v<C, BFloat16>) return weighted_values<D, G>(scores, length, v, to.sum);
 #endif
