@@ -324,11 +324,16 @@ inline void sum_positions(float* partial) {
 // positions, beyond the caches, which the hardware's prefetcher alone read at half the memory's rate.
 constexpr int64_t PREFETCH_BYTES = 2048;
 
+// Asks the memory for the lines of `bytes` from PREFETCH_BYTES past `from`.
+inline void prefetch_ahead(const void* from, int64_t bytes) {
+  const char* ahead = static_cast<const char*>(from) + PREFETCH_BYTES;
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(ahead + line, 0, 3);
+}
+
 // A key or value row as float, asking for the row PREFETCH_BYTES ahead.
 template <int64_t D, typename C>
 inline void load_row(const C* from, float* row) {
-  const char* ahead = reinterpret_cast<const char*>(from) + PREFETCH_BYTES;
-  for (int64_t line = 0; line < D * static_cast<int64_t>(sizeof(C)); line += 64) __builtin_prefetch(ahead + line, 0, 3);
+  prefetch_ahead(from, D * static_cast<int64_t>(sizeof(C)));
   for (int64_t e = 0; e < D; ++e) row[e] = static_cast<float>(from[e]);
 }
 
@@ -414,8 +419,7 @@ void group_scores_by_dots(const BFloat16* q, float scaling, const BFloat16* k, i
   const __m512 scale = _mm512_set1_ps(scaling);
   int64_t first = 0;
   for (; first + LANES <= length; first += LANES) {
-    const char* block = reinterpret_cast<const char*>(k + first * D);
-    for (int64_t line = 0; line < LANES * D * 2; line += 64) __builtin_prefetch(block + PREFETCH_BYTES + line, 0, 3);
+    prefetch_ahead(k + first * D, LANES * D * 2);
     // Head after head over the block's 16 rows, which stay in the first-level cache: one head's 16 sums
     // are 16 registers.
     for (int64_t g = 0; g < G; ++g) {
@@ -498,8 +502,7 @@ void weighted_values(const float* scores, int64_t length, const BFloat16* v, flo
   }
   for (int64_t t = 0; t < length; ++t) {
     const BFloat16* row = v + t * D;
-    const char* ahead = reinterpret_cast<const char*>(row) + PREFETCH_BYTES;
-    for (int64_t line = 0; line < D * 2; line += 64) __builtin_prefetch(ahead + line, 0, 3);
+    prefetch_ahead(row, D * 2);
     __m512 values[VECTORS];
     for (int64_t u = 0; u < VECTORS; ++u) {
       const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * u));
@@ -514,9 +517,7 @@ void weighted_values(const float* scores, int64_t length, const BFloat16* v, flo
     for (int64_t u = 0; u < VECTORS; ++u) _mm512_storeu_ps(sum + g * D + 16 * u, acc[g][u]);
   }
 }
-#endif
 
-#ifdef ATTENTION_AVX512
 // vector_exp of 16 lanes at once, by the same operations in the same order: the same numbers.
 inline __m512 exp_lanes(__m512 x) {
   const __m512 low = _mm512_set1_ps(-87.3f);
@@ -607,11 +608,9 @@ void attend_heads(Queries<C> q, const C* k, const C* v, int64_t length, float* s
   scores_of<D, G, DOTS>(q, k, length, scores);
 #ifdef ATTENTION_AVX512
   exponentiate_lanes<G>(scores, length, to.largest, to.weights);
+  if constexpr (std::is_same_v<C, BFloat16>) return weighted_values<D, G>(scores, length, v, to.sum);
 #else
   exponentiate<G>(scores, length, to.largest, to.weights);
-#endif
-#ifdef ATTENTION_AVX512
-  if constexpr (std::is_same_v<C, BFloat16>) return weighted_values<D, G>(scores, length, v, to.sum);
 #endif
   alignas(64) float acc[G * D] = {};
   for (int64_t t = 0; t < length; ++t) {
