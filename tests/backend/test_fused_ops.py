@@ -317,9 +317,8 @@ def test_a_nan_key_makes_its_own_heads_nan_by_dot_products_as_in_float(fused):
     rows, positions = torch.tensor([1, 0, 1, 1]), torch.tensor([20, 60, 4, 45])
     query = torch.randn(4, 6, 64, generator=generator).bfloat16()
     expected = torch.zeros(4, 6, dtype=torch.bool)
-    expected[0, :3] = expected[3, :3] = (
-        True  # row 1's queries that reach position 5 (a tile's), KV head 0's heads
-    )
+    # row 1's queries that reach position 5 (a tile's): KV head 0's heads
+    expected[0, :3] = expected[3, :3] = True
     expected[3, 3:] = True  # and position 40 (past the last whole tile), KV head 1's
     for attend in (extension.decode_attention, extension.decode_attention_in_float):
         got = attend(query, keys, values, rows, positions, 0.125, 0)
