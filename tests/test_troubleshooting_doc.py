@@ -143,6 +143,28 @@ def test_the_resource_message_is_the_start_up_checks(monkeypatch, tmp_path):
     assert without_figures(str(short.value)) in without_figures(quoted)
 
 
+def test_the_resource_message_of_a_gguf_files_load_is_the_start_up_checks(monkeypatch, tmp_path):
+    monkeypatch.setattr(
+        resources, "measure_available", lambda device, path: resources.Available(0, 2**40, None)
+    )
+    tiny = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    with pytest.raises(resources.InsufficientResources) as short:
+        resources.check_resources(
+            tiny,
+            dtype=torch.bfloat16,
+            cache_dtype=torch.bfloat16,
+            device=torch.device("cpu"),
+            rows=1,
+            max_seq_len=64,
+            disk_path=tmp_path,
+            converting=True,
+            gguf_bytes=2**20,
+        )
+    assert "a GGUF file's weights as they load" in str(short.value)
+    quoted = "\n".join(line.removeprefix("    ") for line in page().splitlines())
+    assert without_figures(str(short.value)) in without_figures(quoted)
+
+
 @pytest.mark.parametrize(
     "path, fragment",
     [

@@ -162,6 +162,14 @@ def converted_dir(source: ModelSource, root: Path) -> Path:
     return root / "converted" / f"{source.name}-{key}"
 
 
+def gguf_loading_bytes(source: ModelSource, converting: bool, quantization: str) -> int | None:
+    """The GGUF file's size where its weights pass through float32 as they load (resources.py): at its
+    conversion, and at later starts of the default mode, which reads its blocks beside the weights."""
+    if not source.is_gguf or not (converting or quantization == "gguf"):
+        return None
+    return (Path(source.location) / source.gguf_file).stat().st_size
+
+
 def pick_device(requested: str) -> torch.device:
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -268,6 +276,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         max_seq_len=max_seq_len,
         disk_path=root,
         converting=gguf_file is not None,
+        gguf_bytes=gguf_loading_bytes(source, gguf_file is not None, quantization),
     )
 
     log.info("%s", cache_size.summary())

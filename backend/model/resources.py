@@ -20,6 +20,13 @@ from backend.model.architectures import TEXT_ALONE
 
 GIB = 1024**3
 HEADROOM = 1.1  # activations, allocator slack, the Python process itself
+# A GGUF file's weights take more while they load than once served. At the first start transformers
+# dequantizes the file into a float32 model, 4 bytes a parameter, which is saved as the converted copy and
+# then cast; at later starts the default mode holds the model's bfloat16 weights, the file's blocks and
+# the int8 copies it times beside them, until it drops what it does not keep. A Llama-3.2-1B-shaped Q4_K_M
+# file (1.07 billion parameters) on a CPU held at most 4.6-5.0 GiB of anonymous memory at its first start,
+# 4.1-4.4 at later ones and 2.4-2.5 once serving, where the weights count 2.0 GiB in bfloat16.
+GGUF_LOADING_BYTES = 5  # a parameter, at most, the process itself included
 
 
 class InsufficientResources(RuntimeError):
@@ -32,6 +39,8 @@ class Needs:
     kv_cache: int  # bytes of the preallocated KV cache
     rows: int
     max_seq_len: int
+    loading: int = 0  # bytes the weights take at their most while loading, where more than `weights`
+    converted: int = 0  # bytes of a GGUF file's converted copy: its float32 weights and its blocks
 
 
 @dataclass(frozen=True)
@@ -57,9 +66,13 @@ def estimate_needs(
     rows: int,
     max_seq_len: int,
     cache_dtype: torch.dtype | None = None,  # None: the weights' dtype
+    gguf_bytes: int | None = None,
 ) -> Needs:
+    """What serving takes; with `gguf_bytes` (the size of a GGUF file whose weights pass through float32
+    as they load: GGUF_LOADING_BYTES) also what loading and the converted copy take."""
     element = torch.finfo(dtype).bits // 8
-    weights = parameter_count(model_config) * element
+    parameters = parameter_count(model_config)
+    weights = parameters * element
     kv_cache = (
         0
         if is_state_space(model_config)
@@ -67,7 +80,11 @@ def estimate_needs(
     )
     if has_row_states(model_config):  # a fixed size a row, whatever its length
         kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
-    return Needs(weights, kv_cache, rows, max_seq_len)
+    if gguf_bytes is None:
+        return Needs(weights, kv_cache, rows, max_seq_len)
+    loading = parameters * GGUF_LOADING_BYTES
+    converted = parameters * 4 + gguf_bytes  # float32 weights, and the blocks at most the file's size
+    return Needs(weights, kv_cache, rows, max_seq_len, loading=loading, converted=converted)
 
 
 def shortfalls(needs: Needs, available: Available, on_gpu: bool, converting: bool) -> list[str]:
@@ -78,15 +95,23 @@ def shortfalls(needs: Needs, available: Available, on_gpu: bool, converting: boo
     )
     parts += f" {needs.kv_cache / GIB:.2f} GiB"
     both = needs.weights + needs.kv_cache
+    # The KV cache is made once the weights have loaded, and what loading held beyond them let go.
+    loading = (
+        f"a GGUF file's weights as they load (dequantized to float32 the first time, its blocks beside "
+        f"them later) {needs.loading / GIB:.2f} GiB"
+        if needs.loading > needs.weights
+        else f"weights {needs.weights / GIB:.2f} GiB while loading"
+    )
     if on_gpu:
         problems += _short("VRAM", *with_headroom(both, parts), available.vram or 0)
         # The weights pass through host memory on the way.
-        loading = f"weights {needs.weights / GIB:.2f} GiB while loading"
-        problems += _short("RAM", *with_headroom(needs.weights, loading), available.ram)
+        problems += _short("RAM", *with_headroom(max(needs.weights, needs.loading), loading), available.ram)
+    elif needs.loading > both:
+        problems += _short("RAM", *with_headroom(needs.loading, loading), available.ram)
     else:
         problems += _short("RAM", *with_headroom(both, parts), available.ram)
-    if converting:
-        problems += _short("disk", needs.weights, "the converted weights", available.disk)
+    if converting:  # a GGUF file's converted copy: float32 weights, and its blocks
+        problems += _short("disk", needs.converted or needs.weights, "the converted copy", available.disk)
     return problems
 
 
@@ -124,9 +149,11 @@ def check_resources(
     max_seq_len: int,
     disk_path: Path,
     converting: bool,
+    gguf_bytes: int | None = None,
 ) -> Needs:
-    """Raise InsufficientResources, saying what is short and by how much, before any loading."""
-    needs = estimate_needs(model_config, dtype, rows, max_seq_len, cache_dtype)
+    """Raise InsufficientResources, saying what is short and by how much, before any loading. `gguf_bytes`:
+    the size of a GGUF file whose weights pass through float32 as they load (estimate_needs)."""
+    needs = estimate_needs(model_config, dtype, rows, max_seq_len, cache_dtype, gguf_bytes)
     problems = shortfalls(needs, measure_available(device, disk_path), device.type == "cuda", converting)
     if problems:
         raise InsufficientResources(
