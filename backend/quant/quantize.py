@@ -29,6 +29,10 @@ def quantize_model(model: nn.Module, mode: str) -> int:
             replace_module(model, name, channel_layer(*e4m3_channels(linear.weight), linear.bias))
         return len(fits)
     quantize = QUANTIZERS[mode]
-    for name, linear in linears.items():
+    count = len(linears)
+    # Each float layer let go of as soon as its replacement is in (popped): held to the end, they kept
+    # every float weight beside its quantized layer and dense copy, a 1B's load at 6.3 GiB for 2.4 served.
+    while linears:
+        name, linear = linears.popitem()
         replace_module(model, name, quantize(linear))
-    return len(linears) + quantize_experts(model, quantize) + quantize_head(model)
+    return count + quantize_experts(model, quantize) + quantize_head(model)
