@@ -143,7 +143,7 @@ def test_the_resource_message_is_the_start_up_checks(monkeypatch, tmp_path):
     assert without_figures(str(short.value)) in without_figures(quoted)
 
 
-def test_the_resource_message_of_a_gguf_files_load_is_the_start_up_checks(monkeypatch, tmp_path):
+def test_the_resource_message_of_a_quantizing_load_is_the_start_up_checks(monkeypatch, tmp_path):
     monkeypatch.setattr(
         resources, "measure_available", lambda device, path: resources.Available(0, 2**40, None)
     )
@@ -158,9 +158,10 @@ def test_the_resource_message_of_a_gguf_files_load_is_the_start_up_checks(monkey
             max_seq_len=64,
             disk_path=tmp_path,
             converting=True,
+            quantizing=True,
             gguf_bytes=2**20,
         )
-    assert "a GGUF file's weights as they load" in str(short.value)
+    assert "weights as they load and are quantized" in str(short.value)
     quoted = "\n".join(line.removeprefix("    ") for line in page().splitlines())
     assert without_figures(str(short.value)) in without_figures(quoted)
 

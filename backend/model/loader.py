@@ -67,7 +67,7 @@ from backend.quant.fp8_linear import fp8_products
 from backend.quant.fp8_weights import is_fp8_checkpoint, serve_fp8
 from backend.quant.gguf_weights import serve_gguf_weights
 from backend.quant.quantize import QUANTIZE_MODES, quantize_model
-from backend.quant.quantized_linear import resident_bytes
+from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from backend.utils.heap import give_back_freed_memory
 from backend.utils.hub import hub_token
 
@@ -160,14 +160,6 @@ def converted_dir(source: ModelSource, root: Path) -> Path:
     identity = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERSION}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return root / "converted" / f"{source.name}-{key}"
-
-
-def gguf_loading_bytes(source: ModelSource, converting: bool, quantization: str) -> int | None:
-    """The GGUF file's size where its weights pass through float32 as they load (resources.py): at its
-    conversion, and at later starts of the default mode, which reads its blocks beside the weights."""
-    if not source.is_gguf or not (converting or quantization == "gguf"):
-        return None
-    return (Path(source.location) / source.gguf_file).stat().st_size
 
 
 def pick_device(requested: str) -> torch.device:
@@ -276,7 +268,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         max_seq_len=max_seq_len,
         disk_path=root,
         converting=gguf_file is not None,
-        gguf_bytes=gguf_loading_bytes(source, gguf_file is not None, quantization),
+        quantizing=gguf_file is not None or quantization in ("gguf", *QUANTIZERS),
+        gguf_bytes=(Path(source.location) / source.gguf_file).stat().st_size if gguf_file else None,
     )
 
     log.info("%s", cache_size.summary())

@@ -20,13 +20,15 @@ from backend.model.architectures import TEXT_ALONE
 
 GIB = 1024**3
 HEADROOM = 1.1  # activations, allocator slack, the Python process itself
-# A GGUF file's weights take more while they load than once served. At the first start transformers
-# dequantizes the file into a float32 model, 4 bytes a parameter, which is saved as the converted copy and
-# then cast; at later starts the default mode holds the model's bfloat16 weights, the file's blocks and
-# the int8 copies it times beside them, until it drops what it does not keep. A Llama-3.2-1B-shaped Q4_K_M
-# file (1.07 billion parameters) on a CPU held at most 4.6-5.0 GiB of anonymous memory at its first start,
-# 4.1-4.4 at later ones and 2.4-2.5 once serving, where the weights count 2.0 GiB in bfloat16.
-GGUF_LOADING_BYTES = 5  # a parameter, at most, the process itself included
+# Weights quantized as they load take more then than once served. A GGUF file's first start dequantizes
+# it into a float32 model, 4 bytes a parameter, saved as the converted copy and then cast; later starts of
+# the default mode hold the model's bfloat16 weights, the file's blocks and the int8 copies timed beside
+# them until what is not kept goes; `--quantize int4|int8` holds each layer's dense copy beside its
+# quantized weights and int8 copies the same way. A Llama-3.2-1B-shaped model (1.07 billion parameters)
+# on a CPU held at most, in anonymous memory: its Q4_K_M file 4.6-5.0 GiB at the first start and 4.1-4.4
+# at later ones, `--quantize int4` 4.6 and `int8` 5.6 from bfloat16, and 2.4-2.8 once serving, where the
+# weights count 2.0 GiB in bfloat16.
+QUANTIZING_BYTES = 5  # a parameter while loading, at most, the process itself included
 
 
 class InsufficientResources(RuntimeError):
@@ -39,7 +41,7 @@ class Needs:
     kv_cache: int  # bytes of the preallocated KV cache
     rows: int
     max_seq_len: int
-    loading: int = 0  # bytes the weights take at their most while loading, where more than `weights`
+    loading: int = 0  # bytes the weights take at their most while loading, where they are quantized
     converted: int = 0  # bytes of a GGUF file's converted copy: its float32 weights and its blocks
 
 
@@ -66,10 +68,12 @@ def estimate_needs(
     rows: int,
     max_seq_len: int,
     cache_dtype: torch.dtype | None = None,  # None: the weights' dtype
+    quantizing: bool = False,
     gguf_bytes: int | None = None,
 ) -> Needs:
-    """What serving takes; with `gguf_bytes` (the size of a GGUF file whose weights pass through float32
-    as they load: GGUF_LOADING_BYTES) also what loading and the converted copy take."""
+    """What serving takes; where the weights are `quantizing` as they load (QUANTIZING_BYTES), what loading
+    takes; and with `gguf_bytes` (a GGUF file's size, converted at this start) what its converted copy
+    takes on disk."""
     element = torch.finfo(dtype).bits // 8
     parameters = parameter_count(model_config)
     weights = parameters * element
@@ -80,10 +84,9 @@ def estimate_needs(
     )
     if has_row_states(model_config):  # a fixed size a row, whatever its length
         kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
-    if gguf_bytes is None:
-        return Needs(weights, kv_cache, rows, max_seq_len)
-    loading = parameters * GGUF_LOADING_BYTES
-    converted = parameters * 4 + gguf_bytes  # float32 weights, and the blocks at most the file's size
+    loading = parameters * QUANTIZING_BYTES if quantizing else 0
+    # float32 weights, and the blocks at most the file's size
+    converted = parameters * 4 + gguf_bytes if gguf_bytes is not None else 0
     return Needs(weights, kv_cache, rows, max_seq_len, loading=loading, converted=converted)
 
 
@@ -97,8 +100,8 @@ def shortfalls(needs: Needs, available: Available, on_gpu: bool, converting: boo
     both = needs.weights + needs.kv_cache
     # The KV cache is made once the weights have loaded, and what loading held beyond them let go.
     loading = (
-        f"a GGUF file's weights as they load (dequantized to float32 the first time, its blocks beside "
-        f"them later) {needs.loading / GIB:.2f} GiB"
+        f"weights as they load and are quantized (a GGUF file's in float32 the first time, the quantized "
+        f"layers beside the floats) {needs.loading / GIB:.2f} GiB"
         if needs.loading > needs.weights
         else f"weights {needs.weights / GIB:.2f} GiB while loading"
     )
@@ -149,11 +152,12 @@ def check_resources(
     max_seq_len: int,
     disk_path: Path,
     converting: bool,
+    quantizing: bool = False,
     gguf_bytes: int | None = None,
 ) -> Needs:
-    """Raise InsufficientResources, saying what is short and by how much, before any loading. `gguf_bytes`:
-    the size of a GGUF file whose weights pass through float32 as they load (estimate_needs)."""
-    needs = estimate_needs(model_config, dtype, rows, max_seq_len, cache_dtype, gguf_bytes)
+    """Raise InsufficientResources, saying what is short and by how much, before any loading. `quantizing`
+    and `gguf_bytes`: as estimate_needs takes them."""
+    needs = estimate_needs(model_config, dtype, rows, max_seq_len, cache_dtype, quantizing, gguf_bytes)
     problems = shortfalls(needs, measure_available(device, disk_path), device.type == "cuda", converting)
     if problems:
         raise InsufficientResources(

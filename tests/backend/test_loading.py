@@ -10,7 +10,7 @@ from backend.layers.row_cache import pick_cache_dtype
 from backend.messages import BackendConfig
 from backend.model.architectures import UnsupportedModel
 from backend.model.loader import converted_dir, default_model_path, load_model, resolve_model
-from backend.model.resources import GGUF_LOADING_BYTES, GIB, Available, Needs, estimate_needs, shortfalls
+from backend.model.resources import GIB, QUANTIZING_BYTES, Available, Needs, estimate_needs, shortfalls
 from backend.quant.gguf_weights import BLOCKS_CACHE
 from backend.utils.hub import hub_token
 from tests.backend.gguf_files import write_tiny_gguf
@@ -139,46 +139,49 @@ def test_shortfalls_say_what_is_short_and_by_how_much():
     assert len(gpu) == 1 and gpu[0].startswith("VRAM")
 
 
-def test_a_gguf_files_weights_are_counted_as_they_load_and_its_converted_copy_on_disk():
-    """A GGUF file's weights take GGUF_LOADING_BYTES a parameter as they load (float32 at the
-    conversion): the RAM that counts where that is more than serving takes, and the converted copy's
-    float32 weights and blocks on disk."""
+def test_weights_quantized_as_they_load_are_counted_so_and_a_gguf_files_copy_on_disk():
+    """Weights quantized as they load (a GGUF file's, `--quantize int4|int8`) take QUANTIZING_BYTES a
+    parameter then: the RAM that counts where that is more than serving takes; and a GGUF file's
+    converted copy takes its float32 weights and its blocks on disk."""
     model = tiny_model("llama")
     parameters = sum(p.numel() for p in model.parameters())
-    needs = estimate_needs(model.config, torch.bfloat16, rows=1, max_seq_len=64, gguf_bytes=1000)
+    needs = estimate_needs(
+        model.config, torch.bfloat16, rows=1, max_seq_len=64, quantizing=True, gguf_bytes=1000
+    )
     assert needs.weights == parameters * 2
-    assert needs.loading == parameters * GGUF_LOADING_BYTES
+    assert needs.loading == parameters * QUANTIZING_BYTES
     assert needs.converted == parameters * 4 + 1000
-    serving = needs.weights + needs.kv_cache
-    assert needs.loading > serving  # a tiny model's few rows: the load is the most it takes
+    assert needs.loading > needs.weights + needs.kv_cache  # a tiny model's few rows: loading is the most
     between = Available(ram=int(needs.loading * 1.05), disk=needs.converted, vram=None)
     (ram,) = shortfalls(needs, between, on_gpu=False, converting=True)
-    assert ram.startswith(
-        f"RAM: needs {int(needs.loading * 1.1) / GIB:.2f} GiB (a GGUF file's weights as they"
-    )
+    expected = f"RAM: needs {int(needs.loading * 1.1) / GIB:.2f} GiB (weights as they load and are quantized"
+    assert ram.startswith(expected)
     plain = estimate_needs(model.config, torch.bfloat16, rows=1, max_seq_len=64)
+    assert plain.loading == plain.converted == 0
     assert shortfalls(plain, between, on_gpu=False, converting=False) == []
     short_disk = Available(ram=100 * GIB, disk=needs.converted - 1, vram=None)
     (disk,) = shortfalls(needs, short_disk, on_gpu=False, converting=True)
     assert disk.startswith("disk: ") and "(the converted copy)" in disk
 
 
-def test_a_gguf_file_is_refused_where_its_load_would_not_fit_though_serving_would(tmp_path, monkeypatch):
-    """The loader counts a GGUF file's load at its conversion and at the default mode's later starts
-    (its blocks beside the weights), not where the exact mode reads the converted copy alone."""
+def test_a_load_that_quantizes_is_refused_where_it_would_not_fit_though_serving_would(tmp_path, monkeypatch):
+    """The loader counts the load where it quantizes: a GGUF file's conversion, the default mode's later
+    starts (its blocks beside the weights), `--quantize int4|int8`; not the exact mode reading the
+    converted copy alone."""
     from backend.model import resources
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_model("llama"), default_model_path())
     config = BackendConfig(model=str(path), dtype="float32", rows=1, max_seq_len=64, cache_dir=str(tmp_path))
-    needs = estimate_needs(tiny_model("llama").config, torch.float32, 1, 64, gguf_bytes=path.stat().st_size)
+    needs = estimate_needs(tiny_model("llama").config, torch.float32, 1, 64, quantizing=True)
     free = {"ram": int((needs.loading + needs.weights + needs.kv_cache) / 2 * 1.1)}  # between the two
     short = free["ram"]
     monkeypatch.setattr(
         resources, "measure_available", lambda device, disk: Available(free["ram"], GIB, None)
     )
-    for quantize in ("none", "auto"):  # the conversion, then a later start of the default mode
+    # the conversion, a later start of the default mode, then the converted copy quantized to int4, int8
+    for quantize in ("none", "auto", "int4", "int8"):
         free["ram"] = short
-        with pytest.raises(resources.InsufficientResources, match="a GGUF file's weights as they load"):
+        with pytest.raises(resources.InsufficientResources, match="weights as they load and are quantized"):
             load_model(dataclasses.replace(config, quantize=quantize))
         free["ram"] = 100 * GIB
         load_model(dataclasses.replace(config, quantize=quantize))
