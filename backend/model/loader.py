@@ -49,6 +49,7 @@ from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
 from backend.layers.row_states import has_row_states, is_state_space
 from backend.messages import BackendConfig
+from backend.model import gguf_mixtral
 from backend.model.architectures import TEXT_ALONE, UnsupportedModel, check_own_code, check_supported
 from backend.model.cache_size import context_length, size_kv_cache, size_row_states
 from backend.model.decoder_runner import DecoderRunner
@@ -234,6 +235,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     model_config = AutoConfig.from_pretrained(
         location, gguf_file=gguf_file, token=token, trust_remote_code=trust and own_config
     )
+    if gguf_file is not None and gguf_mixtral.has_experts(Path(location) / gguf_file):
+        model_config = gguf_mixtral.mixtral_config(Path(location) / gguf_file, model_config)
     check_supported(model_config)  # before anything reads the config as a decoder's
     quantization_config = getattr(model_config, "quantization_config", None)
     group_wise_format = group_wise.checkpoint_format(quantization_config)
@@ -365,6 +368,15 @@ def load_weights(
     dequantized = {"quantization_config": FineGrainedFP8Config(dequantize=True)} if fp8 else {}
     if gguf_file is None and model_config.model_type in TEXT_ALONE:
         return load_text_alone(location, model_config, dtype, token, dequantized)
+    if gguf_file is not None and model_config.model_type == "mixtral":  # transformers leaves its experts
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)].from_pretrained(
+            None,
+            config=model_config,
+            state_dict=gguf_mixtral.read_mixtral(Path(location) / gguf_file, model_config),
+            dtype=torch.float32,
+            attn_implementation=None,
+            output_loading_info=True,
+        )
     try:
         return AutoModelForCausalLM.from_pretrained(
             location,
@@ -458,8 +470,8 @@ def refuse_unread(missing: Iterable[str], checkpoint: str) -> None:
 
 def check_all_weights_read(missing: list[str], gguf_file: str) -> None:
     """Refuse a GGUF file whose tensors transformers' reader left some of the model's weights without: it
-    reads a Mixtral written as "llama" or a gpt-oss file with no error, their experts left at random
-    (tests/backend/test_gguf_families.py), which would be served as nonsense."""
+    reads a gpt-oss file with no error, its experts left at random (tests/backend/test_gguf_families.py),
+    which would be served as nonsense. (A Mixtral, written as "llama", gguf_mixtral.py reads.)"""
     if missing:
         raise UnsupportedModel(
             f"transformers' GGUF reader found no weights for {len(missing)} of the model's parameters in "

@@ -190,24 +190,38 @@ def expert_key(module: str, projection: str, expert: int) -> str:
     return f"{module}.{projection}.{expert}"
 
 
+def expert_tensors(tensors: dict, layer: int, part: str, count: int) -> list | None:
+    """The file's tensors of one projection ("gate", "up", "down") of a layer's experts: llama.cpp's one
+    stacked tensor, [experts, rows, inputs], or one an expert as its first Mixtral conversions wrote them
+    (`blk.N.ffn_gate.E.weight`); None where the file has neither."""
+    stacked = tensors.get(f"blk.{layer}.ffn_{part}_exps.weight")
+    if stacked is not None:
+        return [stacked]
+    each = [tensors.get(f"blk.{layer}.ffn_{part}.{expert}.weight") for expert in range(count)]
+    return each if all(tensor is not None for tensor in each) else None
+
+
 def gguf_experts(tensors: dict, model: nn.Module) -> dict[str, dict[str, tuple]]:
     """Each plain experts' module's weights as the file's blocks (quantized_experts.py), by module name:
-    llama.cpp's `blk.N.ffn_{gate,up,down}_exps` tensors, [experts, rows, inputs], split by expert, gate
-    and up joined as transformers' `gate_up_proj` joins them. A layer whose experts are stored as floats,
-    or whose gate and up differ in kind of blocks, is left out (its experts stay floats)."""
+    llama.cpp's `blk.N.ffn_{gate,up,down}_exps` tensors split by expert (or its tensors of one expert
+    each: `expert_tensors`), gate and up joined as transformers' `gate_up_proj` joins them. A layer whose
+    experts are stored as floats, or whose gate and up differ in kind of blocks, is left out (its experts
+    stay floats)."""
     found = {}
     for index, layer in enumerate(model.model.layers):
         experts = getattr(getattr(layer, "mlp", None), "experts", None)
         if experts is None or not quantized_experts.takes(experts):
             continue
-        parts = [tensors.get(f"blk.{index}.ffn_{part}_exps.weight") for part in ("gate", "up", "down")]
-        if any(t is None or not gguf_types.served(t.tensor_type, int(t.shape[0])) for t in parts):
+        parts = [expert_tensors(tensors, index, part, experts.num_experts) for part in ("gate", "up", "down")]
+        if any(ts is None or not all(served_tensor(t) for t in ts) for ts in parts):
             continue
-        gate, up, down = (split_experts(t, experts.num_experts) for t in parts)
+        if any(len({t.tensor_type for t in ts}) > 1 for ts in parts):  # a part's experts of two kinds
+            continue
+        gate, up, down = (each_expert(ts, experts.num_experts) for ts in parts)
         if type(gate[0]) is not type(up[0]):
             continue
         module = next(name for name, m in model.named_modules() if m is experts)
-        kinds = [t.tensor_type.name for t in parts]
+        kinds = [ts[0].tensor_type.name for ts in parts]
         gate_kind = kinds[0] if kinds[0] == kinds[1] else f"{kinds[0]}/{kinds[1]}"
         found[module] = {
             **{
@@ -217,6 +231,17 @@ def gguf_experts(tensors: dict, model: nn.Module) -> dict[str, dict[str, tuple]]
             **{expert_key(module, "down", e): (d, kinds[2]) for e, d in enumerate(down)},
         }
     return found
+
+
+def served_tensor(tensor) -> bool:
+    return gguf_types.served(tensor.tensor_type, int(tensor.shape[0]))  # ggml's shape: inputs first
+
+
+def each_expert(tensors: list, count: int) -> list[Weight]:
+    """A projection's weights, one an expert, from its one stacked tensor or its tensors of one expert."""
+    if len(tensors) == 1:
+        return split_experts(tensors[0], count)
+    return [gguf_types.unpack(np.asarray(tensor.data), tensor.tensor_type) for tensor in tensors]
 
 
 def split_experts(tensor, count: int) -> list[Weight]:

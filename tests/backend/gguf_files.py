@@ -35,6 +35,7 @@ from tests.backend.k_quants import quantize
 GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
     "llama": MODEL_ARCH.LLAMA,
     "mistral": MODEL_ARCH.LLAMA,
+    "mixtral": MODEL_ARCH.LLAMA,  # LlamaModel too, its experts stacked beside the layers
     "qwen2": MODEL_ARCH.QWEN2,
     "qwen3": MODEL_ARCH.QWEN3,
     "qwen3_moe": MODEL_ARCH.QWEN3MOE,
@@ -55,13 +56,15 @@ def write_tiny_gguf(
     tokenizer_source: Path,
     weight_type: GGMLQuantizationType | Callable[[str], GGMLQuantizationType] = GGMLQuantizationType.F32,
     leave_out: str | None = None,
+    one_tensor_an_expert: bool = False,
 ) -> Path:
     """Write `model` (a tiny float32 transformers causal LM of a family in GGUF_ARCHITECTURES) to `path` as
     a complete GGUF file, with the tokenizer of the GGUF file `tokenizer_source` cut to the model's
     vocabulary. `weight_type` Q8_0 stores the 2-D weights in Q8_0 blocks, as `--outtype q8_0` does;
     1-D ones (norms, biases) stay F32 as llama.cpp keeps them. A function of the GGUF tensor name gives
     each 2-D weight its own type, as llama-quantize's mixes do (`q4_k_m`). `leave_out`: a tensor's GGUF
-    name not to write (a file whose weights transformers finds some of: a Mixtral's experts, say)."""
+    name not to write (a file whose weights transformers finds some of). `one_tensor_an_expert`: experts
+    as llama.cpp's first Mixtral conversions wrote them (`blk.N.ffn_gate.E.weight`), not stacked."""
     hparams = model.config.to_dict()
     model_type = hparams["model_type"]
     if model_type not in GGUF_ARCHITECTURES:
@@ -81,7 +84,10 @@ def write_tiny_gguf(
     names = get_tensor_name_map(arch, hparams.get("num_hidden_layers") or hparams["n_layer"])
     for name, tensor in converted_tensors(model, hparams):
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if gguf_name != leave_out:
+        if one_tensor_an_expert and gguf_name.endswith("_exps.weight"):
+            for expert, weight in enumerate(tensor):
+                add_tensor(writer, gguf_name.replace("_exps.", f".{expert}."), weight, weight_type)
+        elif gguf_name != leave_out:
             add_tensor(writer, gguf_name, tensor, weight_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -289,6 +295,7 @@ def gpt2_metadata(hparams: dict) -> Metadata:
 METADATA: dict[str, Callable[[dict], Metadata]] = {
     "llama": llama_metadata,
     "mistral": llama_metadata,
+    "mixtral": llama_metadata,  # TextModel's expert counts among them
     "qwen2": text_model_metadata,
     "qwen3": text_model_metadata,
     "qwen3_moe": qwen3_moe_metadata,
@@ -373,6 +380,13 @@ def qwen_moe_experts(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator
         yield name, tensor
 
 
+def mixtral_experts(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """LlamaModel: the rows of q and k permuted, and each projection of a layer's experts stacked into one
+    tensor (w1 gate, w3 up, w2 down), as Qwen2MoeModel's are."""
+    for renamed, changed in llama_rotary_rows(name, tensor, hparams):
+        yield from qwen_moe_experts(renamed, changed, hparams)
+
+
 def mamba_scan(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
     """MambaModel.modify_tensors: A stored as -exp(A_log), the convolution's weight without its middle
     axis of one."""
@@ -387,6 +401,7 @@ def mamba_scan(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple
 TENSOR_CHANGES: dict[str, Change] = {
     "llama": llama_rotary_rows,
     "mistral": llama_rotary_rows,
+    "mixtral": mixtral_experts,
     "qwen3_moe": qwen_moe_experts,
     "gemma2": gemma_norms,
     "gemma3_text": gemma_norms,

@@ -26,7 +26,8 @@ SUPER = 256
 
 
 def quantize(weights: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
-    """[out, in] float32 weights to [out, bytes] uint8 rows of `kind`'s blocks."""
+    """[..., out, in] float32 weights (a mixture's stacked experts: [experts, out, in]) to [..., out,
+    bytes] uint8 rows of `kind`'s blocks."""
     writers = {
         GGMLQuantizationType.Q4_K: lambda w: scaled_with_min(w, 15),
         GGMLQuantizationType.Q5_K: lambda w: scaled_with_min(w, 31),
@@ -38,7 +39,7 @@ def quantize(weights: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
         return quants.quantize(weights, kind)
     rows = np.asarray(weights, dtype=np.float32)
     supers = rows.reshape(-1, SUPER)
-    return writers[kind](supers).reshape(rows.shape[0], -1)
+    return writers[kind](supers).reshape(*rows.shape[:-1], -1)
 
 
 def fp16(values: np.ndarray) -> np.ndarray:

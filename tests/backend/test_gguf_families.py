@@ -5,7 +5,8 @@ very weights it went in with, and the engine's greedy tokens on it equal `genera
 transformers reads these families from GGUF; of the other served ones it refuses OLMo 2, Cohere 2,
 Granite and SmolLM3 ("GGUF model with architecture ... is not supported yet"), reads Falcon-40B's
 layout as Falcon-7B's (a size mismatch), and loads Mixtral (a "llama" file with experts) and gpt-oss
-with their experts left out: random weights, and no error.
+with their experts left out: random weights, and no error. The loader reads a Mixtral's experts itself
+(model/gguf_mixtral.py) and refuses a file that leaves any weight unread.
 """
 
 import random
@@ -76,6 +77,7 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "qwen3": lambda: tiny_model("qwen3", head_dim=128),
     # Nor the experts' width (768: Qwen3-30B-A3B's), and the top-k weights renormalized, as llama.cpp does.
     "qwen3_moe": lambda: tiny_model("qwen3_moe", moe_intermediate_size=768, norm_topk_prob=True),
+    "mixtral": lambda: tiny_model("mixtral"),
     "phi3": lambda: tiny_model("phi3"),
     # llama.cpp writes Gemma's head tied (it drops lm_head), and transformers reads no soft-cap: Gemma 2's
     # released 50 and 30 are its defaults. Smaller weights than the family's tiny model, whose large ones
@@ -180,8 +182,8 @@ def test_q8_0_weights_load_as_the_gguf_package_dequantizes_them(tmp_path):
 
 
 def test_a_gguf_file_without_some_of_the_models_weights_is_refused(tmp_path):
-    """transformers reads a Mixtral written as "llama" (experts beside the layers) or a gpt-oss file with
-    no error, the experts it finds no names for left at random: the loader refuses, naming them."""
+    """transformers reads a file whose weights it finds no names for (a gpt-oss file's experts) with no
+    error, those weights left at random: the loader refuses, naming them."""
     path = write_tiny_gguf(
         tmp_path / "tiny.gguf", tiny_model("llama"), default_model_path(), leave_out="blk.1.ffn_down.weight"
     )
@@ -236,6 +238,32 @@ def test_a_gguf_file_with_a_type_the_gguf_package_cannot_read_is_refused_naming_
     )
     with pytest.raises(UnsupportedModel, match=r"tiny.gguf holds a tensor type .*Q1_0.*llama-quantize"):
         load_gguf(path, tmp_path)
+
+
+@pytest.mark.parametrize("one_tensor_an_expert", [False, True], ids=["stacked", "one-an-expert"])
+def test_a_mixtral_file_is_served_with_its_experts_from_their_blocks(one_tensor_an_expert, tmp_path):
+    """A Mixtral as llama.cpp writes it ("llama", experts stacked; or, as its first conversions, one
+    tensor an expert) loads as Mixtral with the very weights it went in with, and through the default
+    mode its experts and projections come from the file's Q4_0 blocks, a step of few rows giving the
+    logits of the same file dequantized to float32."""
+    model = random_norms(tiny_model("mixtral"))
+    floats = write_tiny_gguf(
+        tmp_path / "f32.gguf", model, default_model_path(), one_tensor_an_expert=one_tensor_an_expert
+    )
+    exact = load_gguf(floats, tmp_path).model
+    assert exact.config.model_type == "mixtral" and exact.config.num_local_experts == 4
+    assert_same_weights(exact, model.state_dict())
+    path = write_tiny_gguf(
+        tmp_path / "q4_0.gguf", model, default_model_path(), Q4_0, one_tensor_an_expert=one_tensor_an_expert
+    )
+    dequantized = load_gguf(path, tmp_path).model
+    served = load_gguf(path, tmp_path, quantize="auto").model
+    assert all(isinstance(layer.mlp.experts, QuantizedExperts) for layer in served.model.layers)
+    assert not any(type(module) is torch.nn.Linear for module in served.model.layers.modules())
+    ids = torch.tensor([[5], [17], [200], [31]])  # four rows of one token: a decode step's shape
+    with torch.inference_mode():
+        expected, got = dequantized(ids).logits.float(), served(ids).logits.float()
+    assert (got - expected).abs().max() < 0.03 * expected.abs().max()
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text"])

@@ -1,15 +1,16 @@
 """Quantized checkpoints as people download them, through the real server and the official `openai`
-client: a GPTQ checkpoint (written to GPTQModel's packing, tests/backend/group_wise_files.py) and a
-Q4_K_M GGUF file (tests/backend/gguf_files.py), each served in the default mode from its own 4-bit blocks
-(the GPTQ checkpoint's act-order layers from 8-bit blocks of theirs), and a "-bnb-4bit" checkpoint that
-bitsandbytes wrote (tests/backend/bitsandbytes_files.py) from 8-bit blocks of its NF4 weights; greedy
-completions against `generate` on the same weights dequantized."""
+client: a GPTQ checkpoint (written to GPTQModel's packing, tests/backend/group_wise_files.py) and
+Q4_K_M GGUF files (tests/backend/gguf_files.py: a Llama's, and a Mixtral's), each served in the default
+mode from its own 4-bit blocks (the GPTQ checkpoint's act-order layers from 8-bit blocks of theirs), and
+a "-bnb-4bit" checkpoint that bitsandbytes wrote (tests/backend/bitsandbytes_files.py) from 8-bit blocks
+of its NF4 weights; greedy completions against `generate` on the same weights dequantized."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
 
+import pytest
 import torch
 from openai import OpenAI
 
@@ -72,9 +73,10 @@ def test_a_bnb_4bit_checkpoint_is_served_from_8_bit_blocks_of_its_weights(tmp_pa
     assert completions_agreeing(str(directory), reference, marker_ids_match, {TINY_EOS}) >= 8
 
 
-def test_a_q4_k_m_gguf_file_is_served_from_its_blocks(tmp_path, monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "mixtral"])  # Mixtral: a "llama" file with experts
+def test_a_q4_k_m_gguf_file_is_served_from_its_blocks(family, tmp_path, monkeypatch):
     monkeypatch.setenv("INFERENCE_CACHE_DIR", str(tmp_path / "cache"))  # the server's converted copy
-    model = tiny_model("llama", hidden_size=256, intermediate_size=512, head_dim=64)
+    model = tiny_model(family, hidden_size=256, intermediate_size=512, head_dim=64)
     path = write_tiny_gguf(tmp_path / "tiny-Q4_K_M.gguf", model, default_model_path(), q4_k_m)
     exact = BackendConfig(
         model=str(path), dtype="float32", quantize="none", cache_dir=str(tmp_path / "exact")
