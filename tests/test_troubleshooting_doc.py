@@ -125,45 +125,40 @@ def without_figures(text: str) -> str:
     return re.sub(r"\d+(?:\.\d+)?", "N", text)
 
 
-def test_the_resource_message_is_the_start_up_checks(monkeypatch, tmp_path):
-    monkeypatch.setattr(resources, "measure_available", lambda device, path: resources.Available(0, 0, None))
-    tiny = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
-    with pytest.raises(resources.InsufficientResources) as short:
-        resources.check_resources(
-            tiny,
-            dtype=torch.float32,
-            cache_dtype=torch.float32,
-            device=torch.device("cpu"),
-            rows=1000,
-            max_seq_len=2048,
-            disk_path=tmp_path,
-            converting=False,
-        )
-    quoted = "\n".join(line.removeprefix("    ") for line in page().splitlines())
-    assert without_figures(str(short.value)) in without_figures(quoted)
-
-
-def test_the_resource_message_of_a_quantizing_load_is_the_start_up_checks(monkeypatch, tmp_path):
-    monkeypatch.setattr(
-        resources, "measure_available", lambda device, path: resources.Available(0, 2**40, None)
-    )
+def resource_message(tmp_path, rows: int, max_seq_len: int, **load) -> str:
+    """The start-up check's message for a tiny Llama, on the machine `measure_available` describes."""
     tiny = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     with pytest.raises(resources.InsufficientResources) as short:
         resources.check_resources(
             tiny,
             dtype=torch.bfloat16,
-            cache_dtype=torch.bfloat16,
+            cache_dtype=torch.float32,
             device=torch.device("cpu"),
-            rows=1,
-            max_seq_len=64,
+            rows=rows,
+            max_seq_len=max_seq_len,
             disk_path=tmp_path,
-            converting=True,
-            quantizing=True,
-            gguf_bytes=2**20,
+            **load,
         )
-    assert "weights as they load and are quantized" in str(short.value)
+    return str(short.value)
+
+
+@pytest.mark.parametrize(
+    "rows, max_seq_len, load",
+    [
+        (1000, 2048, {"converting": False}),  # the KV cache the most of it
+        (1, 64, {"converting": True, "quantizing": True, "gguf_bytes": 2**20}),  # the load the most
+    ],
+    ids=["serving", "quantizing-load"],
+)
+def test_the_resource_messages_are_the_start_up_checks(rows, max_seq_len, load, monkeypatch, tmp_path):
+    disk = 2**40  # only the RAM short: the message quoted has one line
+    monkeypatch.setattr(
+        resources, "measure_available", lambda device, path: resources.Available(0, disk, None)
+    )
+    message = resource_message(tmp_path, rows, max_seq_len, **load)
+    assert ("weights as they load and are quantized" in message) == load.get("quantizing", False)
     quoted = "\n".join(line.removeprefix("    ") for line in page().splitlines())
-    assert without_figures(str(short.value)) in without_figures(quoted)
+    assert without_figures(message) in without_figures(quoted)
 
 
 @pytest.mark.parametrize(
