@@ -16,7 +16,12 @@ from pathlib import Path
 import gguf
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, PretrainedConfig
-from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint, read_field
+from transformers.modeling_gguf_pytorch_utils import (
+    LlamaTensorProcessor,
+    TensorProcessor,
+    get_gguf_hf_weights_map,
+    read_field,
+)
 
 from backend.model.architectures import UnsupportedModel
 from backend.quant.gguf_weights import expert_tensors
@@ -46,13 +51,11 @@ def mixtral_config(path: Path, llama: PretrainedConfig) -> MixtralConfig:
 
 
 def read_mixtral(path: Path, config: MixtralConfig) -> dict[str, torch.Tensor]:
-    """Every weight of the Mixtral in `path`, in float32, by transformers' names."""
-    llama = LlamaConfig(**{key: value for key, value in config.to_dict().items() if key != "model_type"})
-    with torch.device("meta"):  # names and shapes only, for transformers' map of the file's tensor names
-        skeleton = LlamaForCausalLM(llama)
-    parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton)
-    weights = {name: tensor for name, tensor in parsed["tensors"].items() if ".mlp." not in name}
+    """Every weight of the Mixtral in `path`, in float32, by transformers' names: each tensor dequantized
+    once (transformers' own reader would dequantize the experts too, only to drop them)."""
     tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(path)).tensors}
+    names, processor = llama_names(config)
+    weights = {name: floats(tensors[key], processor) for key, name in names.items() if key in tensors}
     for layer in range(config.num_hidden_layers):
         prefix = f"model.layers.{layer}.mlp"
         weights[f"{prefix}.gate.weight"] = floats(tensors[f"blk.{layer}.ffn_gate_inp.weight"])
@@ -60,6 +63,18 @@ def read_mixtral(path: Path, config: MixtralConfig) -> dict[str, torch.Tensor]:
         weights[f"{prefix}.experts.gate_up_proj"] = torch.cat([gate, up], dim=1)
         weights[f"{prefix}.experts.down_proj"] = down
     return weights
+
+
+def llama_names(config: MixtralConfig) -> tuple[dict[str, str], TensorProcessor]:
+    """GGUF name to transformers name of the tensors a Llama of the same attention has (all but the
+    experts and router: transformers' map of llama.cpp's names), and the processor that undoes the
+    permutation of q's and k's rows."""
+    llama = LlamaConfig(**{key: value for key, value in config.to_dict().items() if key != "model_type"})
+    with torch.device("meta"):  # names and shapes only
+        skeleton = LlamaForCausalLM(llama)
+    processor = LlamaTensorProcessor(config=llama.to_dict())
+    names = get_gguf_hf_weights_map(skeleton, processor)
+    return {key: name for key, name in names.items() if ".mlp." not in name}, processor
 
 
 def experts(path: Path, tensors: dict, layer: int, part: str, count: int) -> torch.Tensor:
@@ -75,6 +90,9 @@ def experts(path: Path, tensors: dict, layer: int, part: str, count: int) -> tor
     return torch.stack([floats(tensor) for tensor in found])
 
 
-def floats(tensor) -> torch.Tensor:
-    """A GGUF tensor dequantized, in float32, rows first."""
-    return torch.from_numpy(gguf.dequantize(tensor.data, tensor.tensor_type).copy()).float()
+def floats(tensor, processor: TensorProcessor | None = None) -> torch.Tensor:
+    """A GGUF tensor dequantized (and changed as `processor` changes it), in float32, rows first."""
+    values = gguf.dequantize(tensor.data, tensor.tensor_type)
+    if processor is not None:
+        values = processor.process(weights=values, name=tensor.name).weights
+    return torch.from_numpy(values.copy()).float()
