@@ -28,7 +28,7 @@ HEADROOM = 1.1  # activations, allocator slack, the Python process itself
 # on a CPU held at most, in anonymous memory: its Q4_K_M file 4.6-5.0 GiB at the first start and 4.1-4.4
 # at later ones, `--quantize int4` 4.6 and `int8` 5.6 from bfloat16, and 2.4-2.8 once serving, where the
 # weights count 2.0 GiB in bfloat16.
-QUANTIZING_BYTES = 5  # a parameter while loading, at most, the process itself included
+QUANTIZING_BYTES = 5.5  # a parameter while loading: int8's 5.6 GiB within the headroom, the process included
 
 
 class InsufficientResources(RuntimeError):
@@ -84,7 +84,7 @@ def estimate_needs(
     )
     if has_row_states(model_config):  # a fixed size a row, whatever its length
         kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
-    loading = parameters * QUANTIZING_BYTES if quantizing else 0
+    loading = int(parameters * QUANTIZING_BYTES) if quantizing else 0
     # float32 weights, and the blocks at most the file's size
     converted = parameters * 4 + gguf_bytes if gguf_bytes is not None else 0
     return Needs(weights, kv_cache, rows, max_seq_len, loading=loading, converted=converted)

@@ -149,7 +149,7 @@ def test_weights_quantized_as_they_load_are_counted_so_and_a_gguf_files_copy_on_
         model.config, torch.bfloat16, rows=1, max_seq_len=64, quantizing=True, gguf_bytes=1000
     )
     assert needs.weights == parameters * 2
-    assert needs.loading == parameters * QUANTIZING_BYTES
+    assert needs.loading == int(parameters * QUANTIZING_BYTES)
     assert needs.converted == parameters * 4 + 1000
     assert needs.loading > needs.weights + needs.kv_cache  # a tiny model's few rows: loading is the most
     between = Available(ram=int(needs.loading * 1.05), disk=needs.converted, vram=None)
