@@ -98,19 +98,22 @@ def shortfalls(needs: Needs, available: Available, on_gpu: bool, converting: boo
     )
     parts += f" {needs.kv_cache / GIB:.2f} GiB"
     both = needs.weights + needs.kv_cache
-    # The KV cache is made once the weights have loaded, and what loading held beyond them let go.
-    loading = (
+    # The KV cache is made once the weights have loaded, and what loading held beyond them let go. On a GPU
+    # the layers are quantized there, after the move: the host holds more than the weights only while a
+    # GGUF file is converted.
+    loading = needs.loading if converting or not on_gpu else 0
+    held = (
         f"weights as they load and are quantized (a GGUF file's in float32 the first time, the quantized "
-        f"layers beside the floats) {needs.loading / GIB:.2f} GiB"
-        if needs.loading > needs.weights
+        f"layers beside the floats) {loading / GIB:.2f} GiB"
+        if loading > needs.weights
         else f"weights {needs.weights / GIB:.2f} GiB while loading"
     )
     if on_gpu:
         problems += _short("VRAM", *with_headroom(both, parts), available.vram or 0)
         # The weights pass through host memory on the way.
-        problems += _short("RAM", *with_headroom(max(needs.weights, needs.loading), loading), available.ram)
-    elif needs.loading > both:
-        problems += _short("RAM", *with_headroom(needs.loading, loading), available.ram)
+        problems += _short("RAM", *with_headroom(max(needs.weights, loading), held), available.ram)
+    elif loading > both:
+        problems += _short("RAM", *with_headroom(loading, held), available.ram)
     else:
         problems += _short("RAM", *with_headroom(both, parts), available.ram)
     if converting:  # a GGUF file's converted copy: float32 weights, and its blocks

@@ -162,6 +162,11 @@ def test_weights_quantized_as_they_load_are_counted_so_and_a_gguf_files_copy_on_
     short_disk = Available(ram=100 * GIB, disk=needs.converted - 1, vram=None)
     (disk,) = shortfalls(needs, short_disk, on_gpu=False, converting=True)
     assert disk.startswith("disk: ") and "(the converted copy)" in disk
+    # A GPU quantizes on the device, after the move: the host holds more only while a GGUF file converts.
+    gpu = Available(ram=int(needs.loading * 1.05), disk=needs.converted, vram=100 * GIB)
+    assert shortfalls(needs, gpu, on_gpu=True, converting=False) == []
+    (host,) = shortfalls(needs, gpu, on_gpu=True, converting=True)
+    assert host.startswith("RAM: ") and "weights as they load and are quantized" in host
 
 
 def test_a_load_that_quantizes_is_refused_where_it_would_not_fit_though_serving_would(tmp_path, monkeypatch):
