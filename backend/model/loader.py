@@ -368,16 +368,16 @@ def load_weights(
     dequantized = {"quantization_config": FineGrainedFP8Config(dequantize=True)} if fp8 else {}
     if gguf_file is None and model_config.model_type in TEXT_ALONE:
         return load_text_alone(location, model_config, dtype, token, dequantized)
-    if gguf_file is not None and model_config.model_type == "mixtral":  # transformers leaves its experts
-        return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)].from_pretrained(
-            None,
-            config=model_config,
-            state_dict=gguf_mixtral.read_mixtral(Path(location) / gguf_file, model_config),
-            dtype=torch.float32,
-            attn_implementation=None,
-            output_loading_info=True,
-        )
     try:
+        if gguf_file is not None and model_config.model_type == "mixtral":  # transformers leaves its experts
+            return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)].from_pretrained(
+                None,
+                config=model_config,
+                state_dict=gguf_mixtral.read_mixtral(Path(location) / gguf_file, model_config),
+                dtype=torch.float32,
+                attn_implementation=None,
+                output_loading_info=True,
+            )
         return AutoModelForCausalLM.from_pretrained(
             location,
             gguf_file=gguf_file,

@@ -216,7 +216,10 @@ def test_a_q4_k_m_file_is_served_from_its_own_blocks_and_gives_the_dequantized_m
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.75
 
 
-def test_a_gguf_file_with_a_type_the_gguf_package_cannot_read_is_refused_naming_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "mixtral"])  # Mixtral's experts read by gguf_mixtral.py
+def test_a_gguf_file_with_a_type_the_gguf_package_cannot_read_is_refused_naming_it(
+    family, tmp_path, monkeypatch
+):
     """Q1_0 (a 1-bit type newer than the gguf package's dequantizers): refused at start, the type named,
     not a traceback."""
     one_bit = GGMLQuantizationType.Q1_0
@@ -226,15 +229,15 @@ def test_a_gguf_file_with_a_type_the_gguf_package_cannot_read_is_refused_naming_
     def zeros_for_q1_0(data: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
         if kind != one_bit:
             return written(data, kind)
-        return np.zeros((data.shape[0], data.shape[1] // block * size), dtype=np.uint8)
+        return np.zeros((*data.shape[:-1], data.shape[-1] // block * size), dtype=np.uint8)
 
     monkeypatch.setattr(gguf_files, "quantize", zeros_for_q1_0)
-    model = tiny_model("llama", hidden_size=256, intermediate_size=512, head_dim=64)
+    model = tiny_model(family, hidden_size=256, intermediate_size=512, head_dim=64)
     path = write_tiny_gguf(
         tmp_path / "tiny.gguf",
         model,
         default_model_path(),
-        lambda name: one_bit if "ffn_up" in name else GGMLQuantizationType.Q8_0,
+        lambda name: one_bit if "ffn_up" in name else GGMLQuantizationType.Q8_0,  # Mixtral's ffn_up_exps
     )
     with pytest.raises(UnsupportedModel, match=r"tiny.gguf holds a tensor type .*Q1_0.*llama-quantize"):
         load_gguf(path, tmp_path)
