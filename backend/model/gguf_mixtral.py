@@ -33,9 +33,8 @@ LLAMA_ONLY = ("model_type", "architectures")  # of the configuration transformer
 def has_experts(path: Path) -> bool:
     """A "llama" file with experts: a Mixtral, as llama.cpp writes one."""
     reader = gguf.GGUFReader(str(path))
-    return read_field(reader, "general.architecture") == ["llama"] and bool(
-        read_field(reader, "llama.expert_count")
-    )
+    experts = read_field(reader, "llama.expert_count") or [0]  # a dense file may say 0
+    return read_field(reader, "general.architecture") == ["llama"] and experts[0] > 0
 
 
 def mixtral_config(path: Path, llama: PretrainedConfig) -> MixtralConfig:
