@@ -45,6 +45,21 @@ def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
     assert (out.parent / "performance-latency.png").stat().st_size > 1000
 
 
+def test_the_load_memory_script_gives_a_starts_peak_beside_what_the_check_required(tmp_path):
+    from backend.model.loader import default_model_path
+    from tests.backend.gguf_files import write_tiny_gguf
+    from tests.backend.models import tiny_model
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_model("llama"), default_model_path())
+    output = run_script("load_memory.py", "--model", str(path), "--dtype", "float32", "--starts", "1")
+    row = r"^\| 1 \(the conversion\) \| ([\d,]+) \| ([\d,]+) \| ([\d,]+) \|$"
+    figures = re.search(row, output, re.MULTILINE)
+    assert figures, output
+    peak, loaded, required = (float(figure.replace(",", "")) for figure in figures.groups())
+    assert peak >= loaded > 0 and required > 0, output
+    assert "machine: " in output
+
+
 def test_spread_arrivals_take_two_requests_a_client_at_least():
     """Each spread client's first request is not counted: with one, the row would be all NaN."""
     from scripts.benchmark import more_than_one

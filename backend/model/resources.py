@@ -26,8 +26,8 @@ HEADROOM = 1.1  # activations, allocator slack, the Python process itself
 # them until what is not kept goes; `--quantize int4|int8` holds each layer's dense copy beside its
 # quantized weights and int8 copies the same way. A Llama-3.2-1B-shaped model (1.07 billion parameters)
 # on a CPU held at most, in anonymous memory: its Q4_K_M file 4.6-5.0 GiB at the first start and 4.1-4.4
-# at later ones, `--quantize int4` 4.6 and `int8` 5.6 from bfloat16, and 2.4-2.8 once serving, where the
-# weights count 2.0 GiB in bfloat16.
+# at later ones, `--quantize int4` 4.6 and `int8` 4.6-5.6 from bfloat16, and 2.3-2.8 once serving, where
+# the weights count 2.0 GiB in bfloat16 (scripts/load_memory.py).
 QUANTIZING_BYTES = 5.5  # a parameter while loading: int8's 5.6 GiB within the headroom, the process included
 
 
@@ -93,32 +93,37 @@ def estimate_needs(
 def shortfalls(needs: Needs, available: Available, on_gpu: bool, converting: bool) -> list[str]:
     """One line per resource that is short, saying how much is needed, there and missing."""
     problems = []
-    parts = (
-        f"weights {needs.weights / GIB:.2f} GiB + KV cache for {needs.rows} rows x {needs.max_seq_len} tokens"
-    )
-    parts += f" {needs.kv_cache / GIB:.2f} GiB"
-    both = needs.weights + needs.kv_cache
-    # The KV cache is made once the weights have loaded, and what loading held beyond them let go. On a GPU
-    # the layers are quantized there, after the move: the host holds more than the weights only while a
-    # GGUF file is converted.
-    loading = needs.loading if converting or not on_gpu else 0
-    held = (
-        f"weights as they load and are quantized (a GGUF file's in float32 the first time, the quantized "
-        f"layers beside the floats) {loading / GIB:.2f} GiB"
-        if loading > needs.weights
-        else f"weights {needs.weights / GIB:.2f} GiB while loading"
-    )
     if on_gpu:
-        problems += _short("VRAM", *with_headroom(both, parts), available.vram or 0)
-        # The weights pass through host memory on the way.
-        problems += _short("RAM", *with_headroom(max(needs.weights, loading), held), available.ram)
-    elif loading > both:
-        problems += _short("RAM", *with_headroom(loading, held), available.ram)
-    else:
-        problems += _short("RAM", *with_headroom(both, parts), available.ram)
+        problems += _short(
+            "VRAM", *with_headroom(needs.weights + needs.kv_cache, serving(needs)), available.vram or 0
+        )
+    problems += _short("RAM", *ram_needed(needs, on_gpu, converting), available.ram)
     if converting:  # a GGUF file's converted copy: float32 weights, and its blocks
         problems += _short("disk", needs.converted or needs.weights, "the converted copy", available.disk)
     return problems
+
+
+def serving(needs: Needs) -> str:
+    """What serving holds: the weights and the KV cache, in words and figures."""
+    rows = f"{needs.rows} rows x {needs.max_seq_len} tokens"
+    return f"weights {needs.weights / GIB:.2f} GiB + KV cache for {rows} {needs.kv_cache / GIB:.2f} GiB"
+
+
+def ram_needed(needs: Needs, on_gpu: bool, converting: bool) -> tuple[int, str]:
+    """The host RAM a start needs, with HEADROOM, and what it is made of: the most of loading and of
+    serving. The KV cache is made once the weights have loaded, and what loading held beyond them let
+    go. On a GPU the weights pass through host memory on the way, and the layers are quantized on the
+    device, after the move: the host holds more than the weights only while a GGUF file is converted."""
+    loading = needs.loading if converting or not on_gpu else 0
+    if loading > (needs.weights if on_gpu else needs.weights + needs.kv_cache):
+        what = (
+            f"weights as they load and are quantized (a GGUF file's in float32 the first time, the "
+            f"quantized layers beside the floats) {loading / GIB:.2f} GiB"
+        )
+        return with_headroom(loading, what)
+    if on_gpu:
+        return with_headroom(needs.weights, f"weights {needs.weights / GIB:.2f} GiB while loading")
+    return with_headroom(needs.weights + needs.kv_cache, serving(needs))
 
 
 def with_headroom(total: int, parts: str) -> tuple[int, str]:
