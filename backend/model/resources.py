@@ -114,16 +114,20 @@ def ram_needed(needs: Needs, on_gpu: bool, converting: bool) -> tuple[int, str]:
     serving. The KV cache is made once the weights have loaded, and what loading held beyond them let
     go. On a GPU the weights pass through host memory on the way, and the layers are quantized on the
     device, after the move: the host holds more than the weights only while a GGUF file is converted."""
-    loading = needs.loading if converting or not on_gpu else 0
-    if loading > (needs.weights if on_gpu else needs.weights + needs.kv_cache):
-        what = (
-            f"weights as they load and are quantized (a GGUF file's in float32 the first time, the "
-            f"quantized layers beside the floats) {loading / GIB:.2f} GiB"
-        )
-        return with_headroom(loading, what)
     if on_gpu:
-        return with_headroom(needs.weights, f"weights {needs.weights / GIB:.2f} GiB while loading")
-    return with_headroom(needs.weights + needs.kv_cache, serving(needs))
+        held, what = needs.weights, f"weights {needs.weights / GIB:.2f} GiB while loading"
+    else:
+        held, what = needs.weights + needs.kv_cache, serving(needs)
+    loading = needs.loading if converting or not on_gpu else 0
+    if loading > held:
+        held, what = (
+            loading,
+            (
+                f"weights as they load and are quantized (a GGUF file's in float32 the first time, the "
+                f"quantized layers beside the floats) {loading / GIB:.2f} GiB"
+            ),
+        )
+    return with_headroom(held, what)
 
 
 def with_headroom(total: int, parts: str) -> tuple[int, str]:
