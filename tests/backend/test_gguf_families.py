@@ -269,6 +269,21 @@ def test_a_mixtral_file_is_served_with_its_experts_from_their_blocks(one_tensor_
     assert (got - expected).abs().max() < 0.03 * expected.abs().max()
 
 
+def test_a_mixtral_file_without_a_projection_of_its_experts_is_refused_naming_it(tmp_path):
+    """A file that says it has experts but lacks a layer's up projections of them, stacked or one an
+    expert: refused at start with the tensor named, not a traceback."""
+    path = write_tiny_gguf(
+        tmp_path / "tiny.gguf",
+        tiny_model("mixtral"),
+        default_model_path(),
+        leave_out="blk.1.ffn_up_exps.weight",
+    )
+    with pytest.raises(
+        UnsupportedModel, match=r"tiny.gguf says it has experts but holds no blk.1.ffn_up_exps"
+    ):
+        load_gguf(path, tmp_path)
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text"])
 def test_a_file_whose_rows_need_no_permuting_is_served_from_its_own_blocks_experts_included(family, tmp_path):
     """Qwen3, Qwen3-MoE, Phi-3 and Gemma files (llama.cpp stores their rows as transformers has them)
