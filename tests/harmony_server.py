@@ -50,7 +50,8 @@ def harmony_model(directory: Path) -> Path:
     source = default_model_copy()
     model = directory / "harmony-smollm2"
     model.mkdir()
-    (model / "model.safetensors").symlink_to(source / "model.safetensors")
+    for weights in source.glob("model*.safetensors*"):  # its shards and their index, or one file
+        (model / weights.name).symlink_to(weights)
     (model / "config.json").write_text((source / "config.json").read_text())
     generation = json.loads((source / "generation_config.json").read_text())
     (model / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": END_TOKENS}))

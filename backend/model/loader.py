@@ -49,11 +49,12 @@ from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
 from backend.layers.row_states import has_row_states, is_state_space
 from backend.messages import BackendConfig
-from backend.model import gguf_mixtral
+from backend.model import gguf_conversion, gguf_mixtral
 from backend.model.architectures import TEXT_ALONE, UnsupportedModel, check_own_code, check_supported
 from backend.model.cache_size import context_length, size_kv_cache, size_row_states
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed, score
+from backend.model.gguf_conversion import check_all_weights_read
 from backend.model.gguf_parsing import each_gguf_file_parsed_once
 from backend.model.resources import check_resources
 from backend.quant import bitsandbytes_checkpoint, compressed_checkpoint, group_wise
@@ -281,6 +282,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
     if gguf_file is not None:
         log.info("converting the GGUF file's weights: a first start only, about 6 s on 2 cores")
+        if convert_a_tensor_at_a_time(location, gguf_file, model_config, converted, trust):
+            location, gguf_file = str(converted), None  # then loaded as a later start loads it
     if converted is not None and location == str(converted):
         # The tokenizer the GGUF file gave, as saved: its class, by name, would build its own pipeline
         # over the vocabulary instead (Gemma's replaces a byte-level one and fails), and the frontend
@@ -391,15 +394,37 @@ def load_weights(
     except NotImplementedError as error:  # the gguf package reads no such tensor type ("... for Q1_0")
         if gguf_file is None:
             raise
-        raise UnsupportedModel(
-            f"{source.gguf_file} holds a tensor type this server cannot read ({error}): quantize the "
-            "model to another type (Q4_K_M, Q8_0, ...) with llama.cpp's llama-quantize"
-        ) from error
+        raise unreadable_type(source.gguf_file, error) from error
     except ImportError as error:  # a quantized checkpoint whose library is not installed (bitsandbytes, ...)
         raise UnsupportedModel(
             f"{source.name} is a quantized checkpoint this server reads through a library that is not "
             f"installed here: {error}"
         ) from error
+
+
+def unreadable_type(gguf_file: str, error: NotImplementedError) -> UnsupportedModel:
+    """The refusal of a GGUF file holding a tensor type the gguf package cannot dequantize."""
+    return UnsupportedModel(
+        f"{gguf_file} holds a tensor type this server cannot read ({error}): quantize the model to another "
+        "type (Q4_K_M, Q8_0, ...) with llama.cpp's llama-quantize"
+    )
+
+
+def convert_a_tensor_at_a_time(
+    location: str, gguf_file: str, model_config: PretrainedConfig, converted: Path, trust: bool
+) -> bool:
+    """Write the GGUF file's converted copy without the whole float32 model in memory, where its
+    architecture allows (gguf_conversion.py); returns whether the copy is there to load from."""
+    path = Path(location) / gguf_file
+    if not gguf_conversion.streams(path, model_config):
+        return False
+    tokenizer = AutoTokenizer.from_pretrained(
+        location, config=model_config, gguf_file=gguf_file, trust_remote_code=trust
+    )
+    try:
+        return gguf_conversion.write_converted(path, model_config, tokenizer, converted)
+    except NotImplementedError as error:  # the gguf package reads no such tensor type ("... for Q1_0")
+        raise unreadable_type(gguf_file, error) from error
 
 
 def load_text_alone(
@@ -465,18 +490,6 @@ def refuse_unread(missing: Iterable[str], checkpoint: str) -> None:
         raise UnsupportedModel(
             f"{checkpoint} has no weights for {len(missing)} of the model's parameters "
             f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''})"
-        )
-
-
-def check_all_weights_read(missing: list[str], gguf_file: str) -> None:
-    """Refuse a GGUF file whose tensors transformers' reader left some of the model's weights without: it
-    reads a gpt-oss file with no error, its experts left at random (tests/backend/test_gguf_families.py),
-    which would be served as nonsense. (A Mixtral, written as "llama", gguf_mixtral.py reads.)"""
-    if missing:
-        raise UnsupportedModel(
-            f"transformers' GGUF reader found no weights for {len(missing)} of the model's parameters in "
-            f"{gguf_file} ({', '.join(sorted(missing)[:4])}{', ...' if len(missing) > 4 else ''}): it does "
-            "not read this architecture's tensors; serve the model's safetensors checkpoint instead"
         )
 
 

@@ -9,6 +9,7 @@ with their experts left out: random weights, and no error. The loader reads a Mi
 (model/gguf_mixtral.py) and refuses a file that leaves any weight unread.
 """
 
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
+from backend.model import gguf_conversion, loader
 from backend.model.architectures import UnsupportedModel
 from backend.model.loader import LoadedModel, default_model_path
 from backend.quant import block_weights
@@ -189,6 +191,41 @@ def test_a_gguf_file_without_some_of_the_models_weights_is_refused(tmp_path):
     )
     with pytest.raises(UnsupportedModel, match=r"no weights for 1 .*model.layers.1.mlp.down_proj.weight"):
         load_gguf(path, tmp_path)
+    assert not list(tmp_path.glob("cache/converted/*"))  # no copy left for a later start to serve
+    with pytest.raises(UnsupportedModel, match=r"no weights for 1 "):
+        load_gguf(path, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "family, a_tensor_at_a_time", [("llama", True), ("gemma2", True), ("qwen3_moe", False)]
+)
+def test_a_first_start_writes_the_converted_copy_a_tensor_at_a_time_and_loads_it(
+    family, a_tensor_at_a_time, tmp_path, monkeypatch
+):
+    """The converted copy is written in float32 shards of at most SHARD_BYTES beside the largest tensor
+    (gguf_conversion.py), and the first start loads the model from it as a later start does: never the
+    whole float32 model in memory. A Qwen3-MoE file, whose experts transformers' processor assembles from
+    several tensors, is converted whole through transformers as before."""
+    monkeypatch.setattr(gguf_conversion, "SHARD_BYTES", 64 * 1024)
+    read_from, load_weights = [], loader.load_weights
+
+    def reading(location, gguf_file, *args, **kwargs):
+        read_from.append(gguf_file)
+        return load_weights(location, gguf_file, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "load_weights", reading)
+    model = random_norms(FAMILIES[family]())
+    path = write_tiny_gguf(tmp_path / f"tiny-{family}.gguf", model, default_model_path())
+    assert_same_weights(load_gguf(path, tmp_path).model, model.state_dict())
+    assert read_from == [None if a_tensor_at_a_time else path.name]
+    (copy,) = tmp_path.glob("cache/converted/*")
+    index = copy / gguf_conversion.INDEX_FILE
+    assert index.is_file() == a_tensor_at_a_time
+    if a_tensor_at_a_time:
+        shards = set(json.loads(index.read_text())["weight_map"].values())
+        largest = max(tensor.numel() * 4 for tensor in model.state_dict().values())
+        assert len(shards) > 2
+        assert all((copy / shard).stat().st_size < 64 * 1024 + largest + 16 * 1024 for shard in shards)
 
 
 def test_a_q4_k_m_file_is_served_from_its_own_blocks_and_gives_the_dequantized_models_logits(tmp_path):

@@ -8,6 +8,7 @@ import torch
 
 from backend.layers.row_cache import pick_cache_dtype
 from backend.messages import BackendConfig
+from backend.model import gguf_conversion
 from backend.model.architectures import UnsupportedModel
 from backend.model.loader import converted_dir, default_model_path, load_model, resolve_model
 from backend.model.resources import GIB, QUANTIZING_BYTES, Available, Needs, estimate_needs, shortfalls
@@ -31,7 +32,7 @@ def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_pa
     assert len(parsed) == 1 and gguf.GGUFReader is counting  # each part read the one parse; then as before
     source = resolve_model(None)
     converted = converted_dir(source, tmp_path)
-    assert (converted / "model.safetensors").is_file()
+    assert (converted / gguf_conversion.INDEX_FILE).is_file()  # written a tensor at a time, in shards
     assert first.tokenizer_path == str(converted)
     second = load_model(BackendConfig(cache_dir=str(tmp_path), quantize="none"))
     assert second.model.config.quantization_config is None  # not a GGUF load this time

@@ -166,7 +166,7 @@ def test_the_build_step_that_prepares_the_model_works_offline(tmp_path):
         [sys.executable, *command[1:]], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert list((tmp_path / "converted").glob("SmolLM2-135M-Instruct-*/model.safetensors"))
+    assert list((tmp_path / "converted").glob("SmolLM2-135M-Instruct-*/model.safetensors.index.json"))
 
 
 def test_the_image_copies_everything_its_commands_import():

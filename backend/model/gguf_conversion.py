@@ -1,0 +1,141 @@
+"""A GGUF file's converted copy written a tensor at a time, never the whole model in float32 in memory.
+
+The first start of a GGUF file saves its weights dequantized to float32 as safetensors (loader.py):
+later starts load that copy, and the exact mode needs the file's own dequantized weights. Through
+transformers' GGUF loader, the whole float32 model was in memory while it was converted: 4 bytes a
+parameter, 4.6 GiB of a 1B Q4_K_M file's first start where it serves in 2.4. Here each tensor is
+dequantized, changed as transformers' processor for its architecture changes it (the Llama rows'
+permutation undone, Gemma's norms less one), named by transformers' own map, and written to a shard of
+at most SHARD_BYTES; then the start loads the copy as a later start does. Architectures whose
+processor assembles a weight from several of the file's tensors (the experts of Qwen2-MoE, Qwen3-MoE,
+gpt-oss, MiniMax-M2; GPT-2's head) are converted through transformers as before (`streams`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import gguf
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
+from transformers.modeling_gguf_pytorch_utils import (
+    TENSOR_PROCESSORS,
+    TensorProcessor,
+    get_gguf_hf_weights_map,
+    read_field,
+)
+
+from backend.model.architectures import UnsupportedModel
+
+log = logging.getLogger(__name__)
+
+# Their processors write into the state dict they are given (several tensors into one weight).
+WHOLE_FILE_ARCHITECTURES = {"qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2", "gpt2"}
+SHARD_BYTES = 512 * 2**20  # float32 held at most before it is written
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def streams(path: Path, config: PretrainedConfig) -> bool:
+    """Whether `path` is converted here a tensor at a time (else through transformers, whole)."""
+    architecture = read_field(gguf.GGUFReader(str(path)), "general.architecture")[0]
+    return architecture not in WHOLE_FILE_ARCHITECTURES and config.model_type != "mixtral"
+
+
+def write_converted(
+    path: Path, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, target: Path
+) -> bool:
+    """Write `path`'s weights in float32, its configuration and `tokenizer` to `target`, atomically (a
+    staging directory renamed): a later start's converted copy. Refuses (UnsupportedModel) a file that
+    leaves any of the model's weights unread, before any copy is kept. False where the disk would not
+    take it (the caller converts in memory instead)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        with torch.device("meta"):  # names and shapes only
+            skeleton = AutoModelForCausalLM.from_config(config)
+        written = write_weights(path, config, skeleton, staging)
+        check_all_weights_read(sorted(set(weight_names(skeleton)) - written), path.name)
+        saved = copy.deepcopy(config)
+        saved.quantization_config = None  # the GGUF marker: transformers would look for the file again
+        saved.dtype = torch.float32
+        saved.architectures = [type(skeleton).__name__]  # as a model's own save_pretrained writes it
+        saved.save_pretrained(staging)
+        GenerationConfig.from_model_config(saved).save_pretrained(staging)  # as a model's save writes it
+        tokenizer.save_pretrained(staging)
+        staging.rename(target)
+    except OSError as error:  # a full disk, or another process converted it first
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            log.warning("could not write the converted model to %s: %s", target, error)
+            return False
+        return True
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info("saved the converted model to %s, a tensor at a time", target)
+    return True
+
+
+def write_weights(path: Path, config: PretrainedConfig, skeleton: nn.Module, directory: Path) -> set[str]:
+    """Each of the file's tensors that `skeleton` (the model, on the meta device) has a weight for, in
+    float32 safetensors shards with their index; returns the names written."""
+    reader = gguf.GGUFReader(str(path))
+    architecture = read_field(reader, "general.architecture")[0]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    names = get_gguf_hf_weights_map(skeleton, processor)
+    shapes = {name: tensor.shape for name, tensor in skeleton.state_dict().items()}
+    weight_map, shard, held = {}, {}, 0
+    for tensor in reader.tensors:
+        result = processor.process(weights=gguf.dequantize(tensor.data, tensor.tensor_type), name=tensor.name)
+        if result.name not in names:
+            continue
+        name = names[result.name]
+        weight = torch.from_numpy(result.weights.copy()).float()
+        if weight.shape != shapes[name]:
+            raise UnsupportedModel(
+                f"{path.name}: tensor {tensor.name} has shape {tuple(weight.shape)}, the model's {name} "
+                f"{tuple(shapes[name])}"
+            )
+        shard[name], held = weight, held + weight.nbytes
+        if held >= SHARD_BYTES:
+            save_shard(shard, directory, weight_map)
+            shard, held = {}, 0
+    if shard:
+        save_shard(shard, directory, weight_map)
+    (directory / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    return set(weight_map)
+
+
+def save_shard(shard: dict[str, torch.Tensor], directory: Path, weight_map: dict[str, str]) -> None:
+    """Write `shard` as the next shard, its names added to `weight_map`."""
+    name = f"model-{len(set(weight_map.values())) + 1:05d}.safetensors"
+    save_file(shard, directory / name, metadata={"format": "pt"})
+    weight_map.update(dict.fromkeys(shard, name))
+
+
+def weight_names(skeleton: nn.Module) -> Iterable[str]:
+    """The weights a model loads (a tied head's once, as its embedding): its parameters and persistent
+    buffers."""
+    yield from (name for name, _ in skeleton.named_parameters())
+    persistent = set(skeleton.state_dict())
+    yield from (name for name, _ in skeleton.named_buffers() if name in persistent)
+
+
+def check_all_weights_read(missing: list[str], gguf_file: str) -> None:
+    """Refuse a GGUF file whose tensors transformers' reader left some of the model's weights without: it
+    reads a gpt-oss file with no error, its experts left at random (tests/backend/test_gguf_families.py),
+    which would be served as nonsense. (A Mixtral, written as "llama", gguf_mixtral.py reads.)"""
+    if missing:
+        raise UnsupportedModel(
+            f"transformers' GGUF reader found no weights for {len(missing)} of the model's parameters in "
+            f"{gguf_file} ({', '.join(sorted(missing)[:4])}{', ...' if len(missing) > 4 else ''}): it does "
+            "not read this architecture's tensors; serve the model's safetensors checkpoint instead"
+        )
