@@ -26,6 +26,7 @@ import json
 import logging
 import os
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,16 +108,63 @@ WEIGHT_FIELDS = {kind: [field.name for field in dataclasses.fields(kind)] for ki
 FOUR_BIT_VALUES = (FourBitWeight, FourBitSuperBlocks, TableWeight, TableSuperBlocks)
 
 
+class PackedWeights(Mapping[str, Weight]):
+    """Weights by name, held as the blocks copy stores them (4-bit values two a byte) and unpacked as each
+    is asked for: all unpacked at once, a byte a value, they were 0.9 GiB of a 1B Q4_K_M file's load
+    beside the layers made of them. `pop` lets go of one once its layer is made."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, type[Weight]] = {}
+        self.fields: dict[str, dict[str, torch.Tensor]] = {}
+
+    def add(self, name: str, weight: Weight) -> None:
+        fields = dict(zip(WEIGHT_FIELDS[type(weight)], fields_of(weight), strict=True))
+        if isinstance(weight, FOUR_BIT_VALUES):
+            fields["q"] = fields["q"][:, 0::2] | fields["q"][:, 1::2] << 4
+        self.add_packed(name, type(weight), {field: t.contiguous() for field, t in fields.items()})
+
+    def add_packed(self, name: str, kind: type[Weight], fields: dict[str, torch.Tensor]) -> None:
+        self.kinds[name], self.fields[name] = kind, fields
+
+    def __getitem__(self, name: str) -> Weight:
+        kind, values = self.kinds[name], dict(self.fields[name])
+        if issubclass(kind, FOUR_BIT_VALUES):
+            q = values["q"]
+            values["q"] = torch.stack((q & 0x0F, q >> 4), dim=-1).reshape(q.shape[0], -1)
+        return kind(**values)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def pop(self, name: str, default: Weight | None = None) -> Weight | None:
+        if name not in self.fields:
+            return default
+        weight = self[name]
+        del self.kinds[name], self.fields[name]
+        return weight
+
+
 @dataclass(frozen=True)
 class GGUFBlocks:
     """What of a GGUF file is served from its own blocks."""
 
     # the quantizable linear layers', by module name; a mixture's experts' by `expert_key`
-    layers: dict[str, Weight]
-    head: Weight | None  # the output head's (the embedding's, where tied)
+    layers: PackedWeights
+    packed_head: PackedWeights  # the output head's (the embedding's, where tied) by HEAD_KEY, if served
     types: Counter  # how many tensors of each type the file holds, for the start-up log
     head_type: str
     kinds: dict[str, str]  # each served layer's GGUF type, by module name
+
+    @property
+    def head(self) -> Weight | None:
+        return self.packed_head.get(HEAD_KEY)
+
+    def take_head(self) -> Weight | None:
+        """The head's weight, let go of here (unpacked, it is a byte a value of the whole vocabulary)."""
+        return self.packed_head.pop(HEAD_KEY, None)
 
 
 def tensor_processor(architecture: str, model: nn.Module) -> TensorProcessor | None:
@@ -148,8 +196,10 @@ def read_gguf_blocks(path: Path, model: nn.Module, cache_dir: Path | None = None
                 "the cached GGUF blocks in %s are unreadable (%s): reading the GGUF file", cached, error
             )
     found = parse_gguf_blocks(path, model)
-    if cached is not None:
-        save_gguf_blocks(cached, found)
+    if cached is not None and save_gguf_blocks(cached, found):
+        # Read back as a later start reads it: mapped from the file, where the blocks just parsed were
+        # a third of a GiB of a 1B Q4_K_M file's first start, in memory beside everything else.
+        return load_gguf_blocks(cached)
     return found
 
 
@@ -159,29 +209,30 @@ def parse_gguf_blocks(path: Path, model: nn.Module) -> GGUFBlocks:
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     head_tensor = tensors.get("output.weight") or tensors.get("token_embd.weight")  # tied: the embedding
     head_type = head_tensor.tensor_type.name if head_tensor is not None else "F32"
-    head = None
+    head = PackedWeights()
     if head_tensor is not None and gguf_types.served(head_tensor.tensor_type, int(head_tensor.shape[0])):
-        head = gguf_types.unpack(np.asarray(head_tensor.data), head_tensor.tensor_type)
+        head.add(HEAD_KEY, gguf_types.unpack(np.asarray(head_tensor.data), head_tensor.tensor_type))
     architecture = read_field(reader, "general.architecture")[0]
     processor = tensor_processor(architecture, model)
     if processor is None:
         log.info(
             "GGUF architecture %r: its weights are dequantized (no block-preserving mapping)", architecture
         )
-        return GGUFBlocks({}, head, types, head_type, {})
+        return GGUFBlocks(PackedWeights(), head, types, head_type, {})
     to_module = gguf_names(architecture, model)
-    layers, kinds = {}, {}
+    layers, kinds = PackedWeights(), {}
     for tensor in reader.tensors:
         module = to_module.get(tensor.name)
         # gguf's shapes are ggml's: inputs first
         if module is None or not gguf_types.served(tensor.tensor_type, int(tensor.shape[0])):
             continue
         rows = processor.process(weights=np.asarray(tensor.data), name=tensor.name).weights
-        layers[module] = gguf_types.unpack(rows, tensor.tensor_type)
+        layers.add(module, gguf_types.unpack(rows, tensor.tensor_type))
         kinds[module] = tensor.tensor_type.name
     for experts in gguf_experts(tensors, model).values():
         for key, (weight, kind) in experts.items():
-            layers[key], kinds[key] = weight, kind
+            layers.add(key, weight)
+            kinds[key] = kind
     return GGUFBlocks(layers, head, types, head_type, kinds)
 
 
@@ -262,23 +313,18 @@ def fields_of(weight: Weight) -> list[torch.Tensor]:
     return [getattr(weight, field.name) for field in dataclasses.fields(weight)]
 
 
-def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
+def save_gguf_blocks(target: Path, found: GGUFBlocks) -> bool:
     """Save what `parse_gguf_blocks` found, atomically (another process may be starting too): each
-    weight's fields and its kind, 4-bit q as two values a byte."""
-    tensors, kinds = {}, {}
-    named = {**found.layers, **({HEAD_KEY: found.head} if found.head is not None else {})}
-    for name, weight in named.items():
-        kinds[name] = type(weight).__name__
-        for field, tensor in zip(WEIGHT_FIELDS[type(weight)], fields_of(weight), strict=True):
-            if field == "q" and isinstance(weight, FOUR_BIT_VALUES):
-                tensor = tensor[:, 0::2] | tensor[:, 1::2] << 4
-            tensors[f"{name}.{field}"] = tensor.contiguous()
+    weight's fields and its kind, 4-bit q as two values a byte. Returns whether it could."""
+    fields = {**found.layers.fields, **found.packed_head.fields}
+    tensors = {f"{name}.{field}": t for name, named in fields.items() for field, t in named.items()}
+    kinds = {name: kind.__name__ for name, kind in {**found.layers.kinds, **found.packed_head.kinds}.items()}
     metadata = {
         "layers": json.dumps(list(found.layers)),
         "weight_kinds": json.dumps(kinds),
         "types": json.dumps(found.types),
         "head_type": found.head_type,
-        "has_head": json.dumps(found.head is not None),
+        "has_head": json.dumps(HEAD_KEY in found.packed_head),
         "kinds": json.dumps(found.kinds),
         "version": BLOCKS_CACHE_VERSION,
     }
@@ -289,6 +335,8 @@ def save_gguf_blocks(target: Path, found: GGUFBlocks) -> None:
     except OSError as error:  # a full disk: later starts parse the file again
         staging.unlink(missing_ok=True)
         log.warning("could not cache the GGUF file's blocks in %s: %s", target, error)
+        return False
+    return True
 
 
 def load_gguf_blocks(source: Path) -> GGUFBlocks:
@@ -297,17 +345,16 @@ def load_gguf_blocks(source: Path) -> GGUFBlocks:
         if metadata.get("version") != BLOCKS_CACHE_VERSION:
             raise ValueError("written by an older version")
         kinds = {name: WEIGHT_KINDS[kind] for name, kind in json.loads(metadata["weight_kinds"]).items()}
-
-        def weight(name: str) -> Weight:
-            kind = kinds[name]
-            values = {field: file.get_tensor(f"{name}.{field}") for field in WEIGHT_FIELDS[kind]}
-            if issubclass(kind, FOUR_BIT_VALUES):
-                q = values["q"]
-                values["q"] = torch.stack((q & 0x0F, q >> 4), dim=-1).reshape(q.shape[0], -1)
-            return kind(**values)
-
-        layers = {name: weight(name) for name in json.loads(metadata["layers"])}
-        head = weight(HEAD_KEY) if json.loads(metadata["has_head"]) else None
+        layers = PackedWeights()
+        for name in [
+            *json.loads(metadata["layers"]),
+            *([HEAD_KEY] if json.loads(metadata["has_head"]) else []),
+        ]:
+            fields = {field: file.get_tensor(f"{name}.{field}") for field in WEIGHT_FIELDS[kinds[name]]}
+            layers.add_packed(name, kinds[name], fields)
+        head = PackedWeights()
+        if HEAD_KEY in layers:
+            head.add_packed(HEAD_KEY, layers.kinds.pop(HEAD_KEY), layers.fields.pop(HEAD_KEY))
     types = Counter(json.loads(metadata["types"]))
     return GGUFBlocks(layers, head, types, metadata["head_type"], json.loads(metadata["kinds"]))
 
@@ -319,35 +366,40 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
     replaced. `cache_dir`: where the blocks read from the file are kept for the next start (the file's
     converted copy)."""
     blocks = read_gguf_blocks(path, model, cache_dir)
+    count = len(blocks.layers)
     linears = quantizable_linears(model)
     served = Counter()
     experts = serve_experts(model, blocks, served)
-    for name, weight in blocks.layers.items():
-        if name not in linears:  # an expert's, served above
-            continue
-        if weight.q.shape != linears[name].weight.shape or weight.q.shape[1] % GROUP_SIZE:
-            raise ValueError(
-                f"GGUF tensor for {name} has shape {tuple(weight.q.shape)}, the model expects "
-                f"{tuple(linears[name].weight.shape)}"
-            )
-        layer, how = served_layer(weight, linears[name], blocks.kinds[name])
-        replace_module(model, name, layer)
-        served[how] += 1
+    for name in [name for name in blocks.layers if name in linears]:  # (an expert's are served above)
+        # Popped: its unpacked values gone once its layer is made (a local of this loop would hold them)
+        served[serve_projection(model, name, blocks.layers.pop(name), linears[name], blocks.kinds[name])] += 1
     head = serve_head(model, blocks)
     log.info(
         "GGUF %s (tensor types %s): %d linear layers%s served from the file's blocks (%s), %d dequantized "
         "(with the embeddings and norms) to %s; output head (%s) %s",
         path.name,
         ", ".join(f"{kind} x{count}" for kind, count in sorted(blocks.types.items())),
-        len(blocks.layers),
+        count,
         f" (a mixture's {experts} experts' projections among them)" if experts else "",
         ", ".join(f"{how} x{count}" for how, count in sorted(served.items())) or "none",
-        len(linears) + experts - len(blocks.layers),
+        len(linears) + experts - count,
         next(model.parameters()).dtype,
         blocks.head_type,
         head,
     )
-    return len(blocks.layers) + (head != "as floats")
+    return count + (head != "as floats")
+
+
+def serve_projection(model: nn.Module, name: str, weight: Weight, linear: nn.Linear, kind: str) -> str:
+    """Replace the projection `name` by the layer serving `weight` (of GGUF type `kind`); returns how."""
+    if weight.q.shape != linear.weight.shape or weight.q.shape[1] % GROUP_SIZE:
+        raise ValueError(
+            f"GGUF tensor for {name} has shape {tuple(weight.q.shape)}, the model expects "
+            f"{tuple(linear.weight.shape)}"
+        )
+    layer, how = served_layer(weight, linear, kind)
+    replace_module(model, name, layer)
+    return how
 
 
 def serve_experts(model: nn.Module, blocks: GGUFBlocks, served: Counter) -> int:
@@ -367,7 +419,7 @@ def serve_experts(model: nn.Module, blocks: GGUFBlocks, served: Counter) -> int:
             continue
         layers = {part: [] for part in parts}
         for (part, expert), key in keys.items():
-            floats, weight = getattr(module, f"{part}_proj")[expert], blocks.layers[key]
+            floats, weight = getattr(module, f"{part}_proj")[expert], blocks.layers.pop(key)
             if weight.q.shape != floats.shape:
                 raise ValueError(
                     f"GGUF experts for {key} have shape {tuple(weight.q.shape)}, the model expects "
@@ -414,8 +466,9 @@ def serve_head(model: nn.Module, blocks: GGUFBlocks) -> str:
     for many rows. Returns how, as the log says it."""
     if blocks.head_type in FLOAT_TYPES:
         return "as floats"
-    if blocks.head is not None and serve_head_blocks(model, blocks.head):
-        if isinstance(blocks.head, EightBitWeight):
+    head_blocks = blocks.take_head()
+    if head_blocks is not None and serve_head_blocks(model, head_blocks):
+        if isinstance(head_blocks, EightBitWeight):
             return f"from its blocks ({eight_bit(blocks.head_type)}) for few rows"
         return f"from its {model.get_output_embeddings().layout()} for few rows"
     if quantize_head(model):

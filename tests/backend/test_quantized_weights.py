@@ -10,8 +10,8 @@ from gguf import GGMLQuantizationType, quants
 
 from backend.messages import BackendConfig
 from backend.model.loader import default_model_path, load_model
-from backend.quant import block_weights, gguf_weights
-from backend.quant.gguf_types import FourBitWeight, unpack_blocks, unpack_q8_0
+from backend.quant import block_weights, gguf_weights, quantized_linear
+from backend.quant.gguf_types import FourBitSuperBlocks, FourBitWeight, unpack_blocks, unpack_q8_0
 from backend.quant.gguf_weights import BLOCKS_CACHE, read_gguf_blocks, serve_gguf_weights
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import (
@@ -23,8 +23,9 @@ from backend.quant.quantized_linear import (
     Int8Linear,
     fuse_linears,
 )
+from tests.backend.gguf_files import q4_k_m, write_tiny_gguf
 from tests.backend.k_quants import quantize
-from tests.backend.models import tiny_model, write_gguf_linears
+from tests.backend.models import load_on_cpu, tiny_model, write_gguf_linears
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -233,12 +234,42 @@ def test_the_gguf_files_blocks_are_read_once_then_from_their_copy(
         patched.setattr(gguf_weights.gguf, "GGUFReader", no_parsing)
         assert_same_blocks(read_gguf_blocks(default_model_path(), model, tmp_path), from_file)
 
-    (tmp_path / BLOCKS_CACHE).write_bytes(b"not safetensors")
+    # Damaged as a new file: `from_file`, read back from the copy, maps the one it replaces (as a running
+    # server does while a later start replaces it).
+    (tmp_path / "damaged").write_bytes(b"not safetensors")
+    (tmp_path / "damaged").replace(tmp_path / BLOCKS_CACHE)
     assert_same_blocks(read_gguf_blocks(default_model_path(), model, tmp_path), from_file)
     assert "unreadable" in caplog.text
     with monkeypatch.context() as patched:  # replaced by a good copy
         patched.setattr(gguf_weights.gguf, "GGUFReader", no_parsing)
         assert_same_blocks(read_gguf_blocks(default_model_path(), model, tmp_path), from_file)
+
+
+def test_the_blocks_are_held_packed_and_unpacked_a_layer_at_a_time_as_they_are_served(tmp_path, monkeypatch):
+    """The file's blocks are held as the copy keeps them (4-bit values two a byte), each layer's unpacked
+    only as it is served and let go before the next: all unpacked at once, a byte a value, they were
+    0.9 GiB of a 1B Q4_K_M file's load beside the layers made of them."""
+    model = tiny_model("llama", hidden_size=256, intermediate_size=512, head_dim=64)
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", model, default_model_path(), q4_k_m)
+    floats = load_on_cpu(path, tmp_path).model  # the exact mode: no layer served from blocks yet
+    blocks = read_gguf_blocks(path, floats, tmp_path)
+    four_bit = [name for name, kind in blocks.layers.kinds.items() if kind is FourBitSuperBlocks]
+    assert four_bit and all(
+        blocks.layers.fields[name]["q"].shape[1] * 2 == blocks.layers[name].q.shape[1] for name in four_bit
+    )
+    unpacked, served_layer = [], gguf_weights.served_layer
+
+    def serving(weight, linear, kind):
+        held = {id(buffer) for buffer in floats.buffers()}  # what a served layer keeps as it is
+        assert all(ref() is None or id(ref()) in held for ref in unpacked), (
+            "an earlier layer's values are held"
+        )
+        unpacked.append(weakref.ref(weight.q))
+        return served_layer(weight, linear, kind)
+
+    monkeypatch.setattr(gguf_weights, "served_layer", serving)
+    assert serve_gguf_weights(floats, path, tmp_path) == 2 * 7 + 1
+    assert len(unpacked) == 2 * 7 + 1  # the head's too
 
 
 def dequantized_like_transformers(model: torch.nn.Module, kinds: dict) -> dict[str, torch.Tensor]:
@@ -363,6 +394,21 @@ def test_the_default_mode_serves_the_gguf_weights_and_the_exact_mode_does_not(de
     assert isinstance(served.lm_head, Int8Linear)
     assert not any(isinstance(m, Int4Linear) for m in exact.modules())
     assert exact.dtype == torch.float32
+
+
+def test_int8_quantizes_a_tall_layer_a_few_channels_at_a_time_to_what_it_would_at_once(monkeypatch):
+    """Channels quantized QUANTIZE_ROWS at a time (a vocabulary's head in float32 at once held 3 GiB for a
+    moment): the same int8 weights, scales and dense copy, bit for bit, as the whole layer's at once."""
+    monkeypatch.setattr(quantized_linear, "QUANTIZE_ROWS", 48)  # not a divisor of 160: a short last chunk
+    linear = torch.nn.Linear(2 * GROUP_SIZE, 160, bias=False).to(torch.bfloat16)
+    weight = linear.weight.detach().float()
+    scale = (weight.abs().amax(dim=-1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    q = (weight / scale[:, None]).round().clamp(-127, 127)
+    at_once = Int8Linear(q, scale, None, (q * scale[:, None]).to(torch.bfloat16))
+    chunked = dict(Int8Linear.quantize(linear).named_buffers())
+    assert chunked.keys() == dict(at_once.named_buffers()).keys()
+    for name, buffer in at_once.named_buffers():  # the blocks (or int8 weights and scales), the dense copy
+        assert torch.equal(chunked[name], buffer), name
 
 
 @pytest.mark.parametrize("mode", ["int4", "int8"])
