@@ -48,7 +48,9 @@ from backend.quant.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul,
 log = logging.getLogger(__name__)
 
 CALIBRATION_TEXT = Path(__file__).with_name("calibration_text.txt")
-CALIBRATION_WINDOW = 512  # tokens a calibration forward pass takes at once
+# Tokens a calibration forward pass takes at once: the whole text (571 tokens of SmolLM2's), so that the
+# int8 weights of a group are settled as the pass goes (`smooth_within_error`).
+CALIBRATION_WINDOW = 1024
 # The relative error of a layer's output in int8 above which it keeps its dense copy. On SmolLM2
 # most down projections (whose input, SiLU(gate) * up, has the widest outliers) measure 1.3-3%, the
 # other projections 0.5-2%: at 2% perplexity is within 1% of float32 (docs/performance.md).
@@ -167,18 +169,11 @@ def smooth_many_rows_path(model: nn.Module, token_ids: list[int]) -> int:
         log.info("this CPU multiplies many rows faster by the dense copies than in int8: keeping them")
         return 0
     groups, ranges = measure_inputs(model, layers, token_ids)
-    candidates = {}
+    smoothings = {}
     for group in groups:
         weight_ranges = torch.stack([layer.dense.float().abs().amax(dim=0) for layer in group]).amax(dim=0)
-        smoothing = smoothing_factors(ranges[group[0]], weight_ranges)
-        for layer in group:
-            candidates[layer] = (*quantize_smoothed(layer.dense, smoothing), smoothing)
-    errors = measure_errors(model, candidates, token_ids)
-    smoothed = [group for group in groups if max(errors[layer] for layer in group) <= MAX_ERROR]
-    for group in smoothed:
-        for layer in group:
-            layer.use_smoothed_int8(*candidates[layer])
-    count = sum(len(group) for group in smoothed)
+        smoothings.update(dict.fromkeys(group, smoothing_factors(ranges[group[0]], weight_ranges)))
+    count = sum(len(group) for group in smooth_within_error(model, groups, smoothings, token_ids))
     log.info(
         "%d of %d quantized projections multiply many rows as int8 activations times int8 weights; "
         "the rest, whose outputs moved by more than %.0f%% in int8, by their dense copies",
@@ -291,37 +286,85 @@ def seconds(call: Callable[[], object], repeats: int) -> float:
 
 
 @torch.inference_mode()
-def measure_errors(
-    model: nn.Module, candidates: dict[nn.Module, tuple[torch.Tensor, ...]], token_ids: list[int]
-) -> dict[nn.Module, float]:
-    """Each layer's relative error on the calibration text with its int8 path: |y_int8 - y| / |y|."""
+def smooth_within_error(
+    model: nn.Module,
+    groups: list[list[nn.Module]],
+    smoothings: dict[nn.Module, torch.Tensor],
+    token_ids: list[int],
+) -> list[list[nn.Module]]:
+    """Give each group whose layers' relative errors on token_ids with their int8 path, |y_int8 - y| / |y|,
+    are all within MAX_ERROR that path (their dense copies go); returns those groups.
+
+    A layer's int8 weights are made as the pass first reaches it, and in the pass's last window each
+    group is settled as soon as its last layer is measured: smoothed, or its int8 weights let go. Made
+    for every layer before the pass, they were a byte a parameter beside the dense copies, the peak of a
+    1B Q4_K_M file's start (4.4 GiB where it serves in 2.4); so, where the text is one window, a start
+    holds one group's. A layer the text never reaches (an expert no token chose) is settled at the end,
+    its error taken as none, as before."""
+    candidates: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
     squared_errors: dict[nn.Module, float] = defaultdict(float)
     squared_norms: dict[nn.Module, float] = defaultdict(float)
+    group_of = {layer: index for index, group in enumerate(groups) for layer in group}
+    measured_last: dict[int, set[nn.Module]] = defaultdict(set)  # in the last window, by group
+    settled: dict[int, bool] = {}  # by group: whether smoothed
+    windows = calibration_windows(model, token_ids)
+
+    def int8_weights(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer not in candidates:
+            candidates[layer] = quantize_smoothed(layer.dense, smoothings[layer])
+        return candidates[layer]
+
+    def settle(index: int) -> None:
+        errors = [squared_errors[layer] / max(squared_norms[layer], 1e-30) for layer in groups[index]]
+        settled[index] = max(errors) ** 0.5 <= MAX_ERROR
+        for layer in groups[index]:
+            weights = int8_weights(layer) if settled[index] else None
+            candidates.pop(layer, None)
+            if weights is not None:
+                layer.use_smoothed_int8(*weights, smoothings[layer])
 
     def compare(layer: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        index = group_of[layer]
+        if index in settled:  # a layer the pass calls twice
+            return
         x = args[0].reshape(-1, layer.in_features)
         expected = output.reshape(-1, layer.out_features).float()
         if layer.bias is not None:
             expected = expected - layer.bias.float()
-        got = smoothed_int8_matmul(x, *candidates[layer])
+        got = smoothed_int8_matmul(x, *int8_weights(layer), smoothings[layer])
         squared_errors[layer] += (got - expected).square().sum().item()
         squared_norms[layer] += expected.square().sum().item()
+        if in_last_window:
+            measured_last[index].add(layer)
+            if len(measured_last[index]) == len(groups[index]):
+                settle(index)
 
-    hooks = [layer.register_forward_hook(compare) for layer in candidates]
+    in_last_window = False  # read by compare as the pass goes
+    hooks = [layer.register_forward_hook(compare) for layer in group_of]
     try:
-        run_over(model, token_ids)
+        for number, ids in enumerate(windows):
+            in_last_window = number == len(windows) - 1
+            run_over(model, ids)
     finally:
         for hook in hooks:
             hook.remove()
-    return {layer: (squared_errors[layer] / max(squared_norms[layer], 1e-30)) ** 0.5 for layer in candidates}
+    for index in range(len(groups)):
+        if index not in settled:
+            settle(index)
+    return [group for index, group in enumerate(groups) if settled[index]]
+
+
+def calibration_windows(model: nn.Module, token_ids: list[int]) -> list[list[int]]:
+    """token_ids in windows of CALIBRATION_WINDOW, or of the model's positions where it has fewer."""
+    positions = getattr(model.config.get_text_config(), "max_position_embeddings", None) or CALIBRATION_WINDOW
+    size = min(CALIBRATION_WINDOW, positions)
+    return [token_ids[start : start + size] for start in range(0, len(token_ids), size)]
 
 
 def run_over(model: nn.Module, token_ids: list[int]) -> None:
-    """The model's forward pass over token_ids, in windows of CALIBRATION_WINDOW, without its head (not
-    calibrated, and a quantized one has no `weight` for the forward of a model that reads its dtype:
-    Mamba's)."""
-    for start in range(0, len(token_ids), CALIBRATION_WINDOW):
-        model.base_model(torch.tensor([token_ids[start : start + CALIBRATION_WINDOW]], device=model.device))
+    """The model's forward pass over token_ids (one window), without its head (not calibrated, and a
+    quantized one has no `weight` for the forward of a model that reads its dtype: Mamba's)."""
+    model.base_model(torch.tensor([token_ids], device=model.device))
 
 
 @torch.inference_mode()
@@ -344,8 +387,8 @@ def measure_inputs(
 
     hooks = [layer.register_forward_pre_hook(record) for layer in layers]
     try:
-        for start in range(0, len(token_ids), CALIBRATION_WINDOW):
-            run_over(model, token_ids[start : start + CALIBRATION_WINDOW])
+        for window in calibration_windows(model, token_ids):
+            run_over(model, window)
             first_inputs = None
     finally:
         for hook in hooks:

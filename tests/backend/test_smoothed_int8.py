@@ -1,5 +1,7 @@
 """The int8 path for many rows: int8 activations times int8 weights, smoothed and calibrated at load time."""
 
+import weakref
+
 import pytest
 import torch
 
@@ -51,6 +53,32 @@ def calibrated_tiny_model() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor
     token_ids = torch.randint(2, 500, (64,), generator=torch.Generator().manual_seed(1)).tolist()
     assert smooth_many_rows_path(model, token_ids) == 2 * 7  # random weights: no outliers to refuse
     return model, x, before
+
+
+def test_calibration_holds_a_groups_int8_weights_at_a_time(monkeypatch):
+    """Each group of layers is settled as the calibration pass reaches its last layer: the int8 weights
+    made and not yet given to a layer are never more than a group's. Made for every layer before the
+    pass, they were a byte a parameter beside the dense copies, a 1B's load at its peak."""
+    model = tiny_model("llama")
+    quantize_model(model, "int4")
+    made, most_pending, quantize = [], [0], calibration.quantize_smoothed
+
+    def quantize_counting(dense: torch.Tensor, smoothing: torch.Tensor):
+        served = {
+            id(layer.dense_int8)
+            for layer in model.modules()
+            if getattr(layer, "dense_int8", None) is not None
+        }
+        pending = [weight for ref in made if (weight := ref()) is not None and id(weight) not in served]
+        most_pending[0] = max(most_pending[0], len(pending))
+        weight_int8, scales = quantize(dense, smoothing)
+        made.append(weakref.ref(weight_int8))
+        return weight_int8, scales
+
+    monkeypatch.setattr(calibration, "quantize_smoothed", quantize_counting)
+    token_ids = torch.randint(2, 500, (64,), generator=torch.Generator().manual_seed(1)).tolist()
+    assert smooth_many_rows_path(model, token_ids) == 2 * 7
+    assert len(made) == 2 * 7 and most_pending[0] == 2  # q and k made, v next; gate made, up next
 
 
 def test_calibration_gives_layers_that_read_one_input_one_smoothing():
