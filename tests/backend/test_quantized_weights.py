@@ -397,8 +397,8 @@ def test_the_default_mode_serves_the_gguf_weights_and_the_exact_mode_does_not(de
 
 
 def test_int8_quantizes_a_tall_layer_a_few_channels_at_a_time_to_what_it_would_at_once(monkeypatch):
-    """Channels quantized QUANTIZE_ROWS at a time (a vocabulary's head in float32 at once held 3 GiB for a
-    moment): the same int8 weights, scales and dense copy, bit for bit, as the whole layer's at once."""
+    """Channels quantized QUANTIZE_ROWS at a time (all at once, a 1B's head took a GiB more for a moment):
+    the same int8 weights, scales and dense copy, bit for bit, as the whole layer's at once."""
     monkeypatch.setattr(quantized_linear, "QUANTIZE_ROWS", 48)  # not a divisor of 160: a short last chunk
     linear = torch.nn.Linear(2 * GROUP_SIZE, 160, bias=False).to(torch.bfloat16)
     weight = linear.weight.detach().float()
