@@ -45,7 +45,7 @@ def one_start(args: argparse.Namespace) -> dict:
 
     def checked(*positional, **named) -> resources.Needs:
         needs = check_resources(*positional, **named)
-        required.append(resources.ram_needed(needs, named["device"].type == "cuda", named["converting"])[0])
+        required.append(resources.ram_needed(needs, named["device"].type == "cuda")[0])
         return needs
 
     check_resources, loader.check_resources = loader.check_resources, checked

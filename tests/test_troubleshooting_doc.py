@@ -146,9 +146,10 @@ def resource_message(tmp_path, rows: int, max_seq_len: int, **load) -> str:
     "rows, max_seq_len, load",
     [
         (1000, 2048, {"converting": False}),  # the KV cache the most of it
-        (1, 64, {"converting": True, "quantizing": True, "gguf_bytes": 2**20}),  # the load the most
+        (1, 64, {"converting": True, "quantizing": "gguf", "gguf_bytes": 2**20}),  # the load the most
+        (1, 64, {"converting": True, "converting_whole": True, "gguf_bytes": 2**20}),  # in memory
     ],
-    ids=["serving", "quantizing-load"],
+    ids=["serving", "quantizing-load", "whole-conversion"],
 )
 def test_the_resource_messages_are_the_start_up_checks(rows, max_seq_len, load, monkeypatch, tmp_path):
     disk = 2**40  # only the RAM short: the message quoted has one line
@@ -156,7 +157,8 @@ def test_the_resource_messages_are_the_start_up_checks(rows, max_seq_len, load, 
         resources, "measure_available", lambda device, path: resources.Available(0, disk, None)
     )
     message = resource_message(tmp_path, rows, max_seq_len, **load)
-    assert ("weights as they load and are quantized" in message) == load.get("quantizing", False)
+    assert ("weights as they load and are quantized" in message) == ("quantizing" in load)
+    assert ("converted in float32, in memory" in message) == ("converting_whole" in load)
     quoted = "\n".join(line.removeprefix("    ") for line in page().splitlines())
     assert without_figures(message) in without_figures(quoted)
 

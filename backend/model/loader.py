@@ -263,6 +263,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     sizing = size_row_states if is_state_space(model_config) else size_kv_cache
     cache_size = sizing(config, model_config, cache_dtype)
     max_seq_len = cache_size.max_seq_len
+    # A GGUF file is converted a tensor at a time where its architecture allows; else in memory, whole
+    streamed = gguf_file is not None and gguf_conversion.streams(Path(location, gguf_file), model_config)
     check_resources(
         model_config,
         dtype=dtype,
@@ -272,8 +274,9 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         max_seq_len=max_seq_len,
         disk_path=root,
         converting=gguf_file is not None,
-        quantizing=gguf_file is not None or quantization in ("gguf", *QUANTIZERS),
-        gguf_bytes=(Path(source.location) / source.gguf_file).stat().st_size if gguf_file else None,
+        quantizing=quantization if quantization in ("gguf", *QUANTIZERS) else None,
+        gguf_bytes=(Path(source.location) / gguf_file).stat().st_size if gguf_file else None,
+        converting_whole=gguf_file is not None and not streamed,
     )
 
     log.info("%s", cache_size.summary())
@@ -282,7 +285,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
     if gguf_file is not None:
         log.info("converting the GGUF file's weights: a first start only, about 6 s on 2 cores")
-        if convert_a_tensor_at_a_time(location, gguf_file, model_config, converted, trust):
+        if streamed and write_converted(location, gguf_file, model_config, converted, trust):
             location, gguf_file = str(converted), None  # then loaded as a later start loads it
     if converted is not None and location == str(converted):
         # The tokenizer the GGUF file gave, as saved: its class, by name, would build its own pipeline
@@ -410,14 +413,12 @@ def unreadable_type(gguf_file: str, error: NotImplementedError) -> UnsupportedMo
     )
 
 
-def convert_a_tensor_at_a_time(
+def write_converted(
     location: str, gguf_file: str, model_config: PretrainedConfig, converted: Path, trust: bool
 ) -> bool:
-    """Write the GGUF file's converted copy without the whole float32 model in memory, where its
-    architecture allows (gguf_conversion.py); returns whether the copy is there to load from."""
+    """Write the GGUF file's converted copy a tensor at a time (gguf_conversion.py), with its tokenizer;
+    returns whether the copy is there to load from."""
     path = Path(location) / gguf_file
-    if not gguf_conversion.streams(path, model_config):
-        return False
     tokenizer = AutoTokenizer.from_pretrained(
         location, config=model_config, gguf_file=gguf_file, trust_remote_code=trust
     )

@@ -20,15 +20,19 @@ from backend.model.architectures import TEXT_ALONE
 
 GIB = 1024**3
 HEADROOM = 1.1  # activations, allocator slack, the Python process itself
-# Weights quantized as they load take more then than once served. A GGUF file's first start dequantizes
-# it into a float32 model, 4 bytes a parameter, saved as the converted copy and then cast; later starts of
-# the default mode hold the model's bfloat16 weights, the file's blocks and the int8 copies timed beside
-# them until what is not kept goes; `--quantize int4|int8` holds each layer's dense copy beside its
-# quantized weights and int8 copies the same way. A Llama-3.2-1B-shaped model (1.07 billion parameters)
-# on a CPU held at most, in anonymous memory: its Q4_K_M file 4.6-5.0 GiB at the first start and 4.1-4.4
-# at later ones, `--quantize int4` 4.6 and `int8` 4.6-5.6 from bfloat16, and 2.3-2.8 once serving, where
-# the weights count 2.0 GiB in bfloat16 (scripts/load_memory.py).
-QUANTIZING_BYTES = 5.5  # a parameter while loading: int8's 5.6 GiB within the headroom, the process included
+# A load that quantizes the weights holds more than they serve in, for a while: a GGUF file's blocks, or the
+# quantized layers of `--quantize int4|int8`, beside the floats that become the dense copies, the head
+# quantized, the calibration pass. In bytes a parameter beyond the weights in their serving dtype (the
+# process itself included), from what a Llama-3.2-1B-shaped model (1.07 billion parameters, 2.0 GiB in
+# bfloat16) held at most in anonymous memory on this project's 2-core Xeon (scripts/load_memory.py,
+# 2026-12-05): its Q4_K_M file 3.9-4.1 GiB at the first start and 3.6-3.9 at later ones, `--quantize int4`
+# 4.2 and `int8` 4.8-5.2 from bfloat16 (int8's dense copies are new, beside its int8 weights), and 2.3-2.8
+# once serving. The figures with HEADROOM cover those.
+LOADING_BYTES = {"gguf": 2.0, "int4": 2.2, "int8": 3.2}
+# A GGUF file whose architecture's tensors are read together (gguf_conversion.streams: Qwen2/3-MoE,
+# gpt-oss, GPT-2, Mixtral) is converted in memory: its float32 model whole, 4.6 GiB of the 1B above
+# (converted so, before files were converted a tensor at a time), in bytes a parameter.
+WHOLE_CONVERSION_BYTES = 4.7
 
 
 class InsufficientResources(RuntimeError):
@@ -42,7 +46,8 @@ class Needs:
     rows: int
     max_seq_len: int
     loading: int = 0  # bytes the weights take at their most while loading, where they are quantized
-    converted: int = 0  # bytes of a GGUF file's converted copy: its float32 weights and its blocks
+    conversion: int = 0  # bytes a GGUF file converted in memory takes: its float32 model
+    converted: int = 0  # bytes of a GGUF file's converted copy on disk: its float32 weights and its blocks
 
 
 @dataclass(frozen=True)
@@ -68,12 +73,14 @@ def estimate_needs(
     rows: int,
     max_seq_len: int,
     cache_dtype: torch.dtype | None = None,  # None: the weights' dtype
-    quantizing: bool = False,
+    quantizing: str | None = None,
     gguf_bytes: int | None = None,
+    converting_whole: bool = False,
 ) -> Needs:
-    """What serving takes; where the weights are `quantizing` as they load (QUANTIZING_BYTES), what loading
-    takes; and with `gguf_bytes` (a GGUF file's size, converted at this start) what its converted copy
-    takes on disk."""
+    """What serving takes; where the weights are quantized as they load (`quantizing`: "gguf", "int4" or
+    "int8", LOADING_BYTES), what loading takes; with `gguf_bytes` (a GGUF file's size, converted at this
+    start) what its converted copy takes on disk; `converting_whole`: the file is converted in memory
+    (WHOLE_CONVERSION_BYTES)."""
     element = torch.finfo(dtype).bits // 8
     parameters = parameter_count(model_config)
     weights = parameters * element
@@ -84,10 +91,11 @@ def estimate_needs(
     )
     if has_row_states(model_config):  # a fixed size a row, whatever its length
         kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
-    loading = int(parameters * QUANTIZING_BYTES) if quantizing else 0
+    loading = weights + int(parameters * LOADING_BYTES[quantizing]) if quantizing else 0
+    conversion = int(parameters * WHOLE_CONVERSION_BYTES) if converting_whole else 0
     # float32 weights, and the blocks at most the file's size
     converted = parameters * 4 + gguf_bytes if gguf_bytes is not None else 0
-    return Needs(weights, kv_cache, rows, max_seq_len, loading=loading, converted=converted)
+    return Needs(weights, kv_cache, rows, max_seq_len, loading, conversion, converted)
 
 
 def shortfalls(needs: Needs, available: Available, on_gpu: bool, converting: bool) -> list[str]:
@@ -97,7 +105,7 @@ def shortfalls(needs: Needs, available: Available, on_gpu: bool, converting: boo
         problems += _short(
             "VRAM", *with_headroom(needs.weights + needs.kv_cache, serving(needs)), available.vram or 0
         )
-    problems += _short("RAM", *ram_needed(needs, on_gpu, converting), available.ram)
+    problems += _short("RAM", *ram_needed(needs, on_gpu), available.ram)
     if converting:  # a GGUF file's converted copy: float32 weights, and its blocks
         problems += _short("disk", needs.converted or needs.weights, "the converted copy", available.disk)
     return problems
@@ -109,24 +117,22 @@ def serving(needs: Needs) -> str:
     return f"weights {needs.weights / GIB:.2f} GiB + KV cache for {rows} {needs.kv_cache / GIB:.2f} GiB"
 
 
-def ram_needed(needs: Needs, on_gpu: bool, converting: bool) -> tuple[int, str]:
+def ram_needed(needs: Needs, on_gpu: bool) -> tuple[int, str]:
     """The host RAM a start needs, with HEADROOM, and what it is made of: the most of loading and of
     serving. The KV cache is made once the weights have loaded, and what loading held beyond them let
     go. On a GPU the weights pass through host memory on the way, and the layers are quantized on the
-    device, after the move: the host holds more than the weights only while a GGUF file is converted."""
+    device, after the move: the host holds more than the weights only while a GGUF file is converted in
+    memory."""
     if on_gpu:
         held, what = needs.weights, f"weights {needs.weights / GIB:.2f} GiB while loading"
     else:
         held, what = needs.weights + needs.kv_cache, serving(needs)
-    loading = needs.loading if converting or not on_gpu else 0
-    if loading > held:
-        held, what = (
-            loading,
-            (
-                f"weights as they load and are quantized (a GGUF file's in float32 the first time, the "
-                f"quantized layers beside the floats) {loading / GIB:.2f} GiB"
-            ),
-        )
+    if not on_gpu and needs.loading > held:
+        held = needs.loading
+        what = f"weights as they load and are quantized, beside the floats {held / GIB:.2f} GiB"
+    if needs.conversion > held:
+        held = needs.conversion
+        what = f"a GGUF file's weights converted in float32, in memory {held / GIB:.2f} GiB"
     return with_headroom(held, what)
 
 
@@ -164,12 +170,15 @@ def check_resources(
     max_seq_len: int,
     disk_path: Path,
     converting: bool,
-    quantizing: bool = False,
+    quantizing: str | None = None,
     gguf_bytes: int | None = None,
+    converting_whole: bool = False,
 ) -> Needs:
-    """Raise InsufficientResources, saying what is short and by how much, before any loading. `quantizing`
-    and `gguf_bytes`: as estimate_needs takes them."""
-    needs = estimate_needs(model_config, dtype, rows, max_seq_len, cache_dtype, quantizing, gguf_bytes)
+    """Raise InsufficientResources, saying what is short and by how much, before any loading. `quantizing`,
+    `gguf_bytes` and `converting_whole`: as estimate_needs takes them."""
+    needs = estimate_needs(
+        model_config, dtype, rows, max_seq_len, cache_dtype, quantizing, gguf_bytes, converting_whole
+    )
     problems = shortfalls(needs, measure_available(device, disk_path), device.type == "cuda", converting)
     if problems:
         raise InsufficientResources(

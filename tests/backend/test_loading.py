@@ -1,6 +1,7 @@
 """Finding and loading models; checking resources before loading."""
 
 import dataclasses
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,15 @@ from backend.messages import BackendConfig
 from backend.model import gguf_conversion
 from backend.model.architectures import UnsupportedModel
 from backend.model.loader import converted_dir, default_model_path, load_model, resolve_model
-from backend.model.resources import GIB, QUANTIZING_BYTES, Available, Needs, estimate_needs, shortfalls
+from backend.model.resources import (
+    GIB,
+    LOADING_BYTES,
+    WHOLE_CONVERSION_BYTES,
+    Available,
+    Needs,
+    estimate_needs,
+    shortfalls,
+)
 from backend.quant.gguf_weights import BLOCKS_CACHE
 from backend.utils.hub import hub_token
 from tests.backend.gguf_files import write_tiny_gguf
@@ -141,33 +150,41 @@ def test_shortfalls_say_what_is_short_and_by_how_much():
 
 
 def test_weights_quantized_as_they_load_are_counted_so_and_a_gguf_files_copy_on_disk():
-    """Weights quantized as they load (a GGUF file's, `--quantize int4|int8`) take QUANTIZING_BYTES a
-    parameter then: the RAM that counts where that is more than serving takes; and a GGUF file's
-    converted copy takes its float32 weights and its blocks on disk."""
+    """Weights quantized as they load (a GGUF file's blocks, `--quantize int4|int8`) take LOADING_BYTES a
+    parameter beyond themselves then: the RAM that counts where that is more than serving takes; a GGUF
+    file converted in memory its float32 model (WHOLE_CONVERSION_BYTES), on a GPU's host too; and a GGUF
+    file's converted copy takes its float32 weights and its blocks on disk."""
     model = tiny_model("llama")
     parameters = sum(p.numel() for p in model.parameters())
     needs = estimate_needs(
-        model.config, torch.bfloat16, rows=1, max_seq_len=64, quantizing=True, gguf_bytes=1000
+        model.config, torch.bfloat16, rows=1, max_seq_len=64, quantizing="int8", gguf_bytes=1000
     )
     assert needs.weights == parameters * 2
-    assert needs.loading == int(parameters * QUANTIZING_BYTES)
-    assert needs.converted == parameters * 4 + 1000
+    assert needs.loading == needs.weights + int(parameters * LOADING_BYTES["int8"])
+    assert needs.conversion == 0 and needs.converted == parameters * 4 + 1000
     assert needs.loading > needs.weights + needs.kv_cache  # a tiny model's few rows: loading is the most
     between = Available(ram=int(needs.loading * 1.05), disk=needs.converted, vram=None)
     (ram,) = shortfalls(needs, between, on_gpu=False, converting=True)
     expected = f"RAM: needs {int(needs.loading * 1.1) / GIB:.2f} GiB (weights as they load and are quantized"
     assert ram.startswith(expected)
     plain = estimate_needs(model.config, torch.bfloat16, rows=1, max_seq_len=64)
-    assert plain.loading == plain.converted == 0
+    assert plain.loading == plain.conversion == plain.converted == 0
     assert shortfalls(plain, between, on_gpu=False, converting=False) == []
     short_disk = Available(ram=100 * GIB, disk=needs.converted - 1, vram=None)
     (disk,) = shortfalls(needs, short_disk, on_gpu=False, converting=True)
     assert disk.startswith("disk: ") and "(the converted copy)" in disk
-    # A GPU quantizes on the device, after the move: the host holds more only while a GGUF file converts.
-    gpu = Available(ram=int(needs.loading * 1.05), disk=needs.converted, vram=100 * GIB)
-    assert shortfalls(needs, gpu, on_gpu=True, converting=False) == []
-    (host,) = shortfalls(needs, gpu, on_gpu=True, converting=True)
-    assert host.startswith("RAM: ") and "weights as they load and are quantized" in host
+    # A GPU quantizes on the device, after the move: its host holds the weights alone, but where a GGUF
+    # file is converted in memory.
+    whole = estimate_needs(
+        model.config, torch.bfloat16, 1, 64, quantizing="gguf", gguf_bytes=1000, converting_whole=True
+    )
+    assert whole.conversion == int(parameters * WHOLE_CONVERSION_BYTES) > whole.loading
+    gpu = Available(ram=int(whole.conversion * 1.05), disk=needs.converted, vram=100 * GIB)
+    assert shortfalls(needs, gpu, on_gpu=True, converting=True) == []
+    (host,) = shortfalls(whole, gpu, on_gpu=True, converting=True)
+    assert host.startswith(f"RAM: needs {int(whole.conversion * 1.1) / GIB:.2f} GiB (a GGUF file's weights")
+    (cpu,) = shortfalls(whole, gpu, on_gpu=False, converting=True)
+    assert "converted in float32, in memory" in cpu
 
 
 def test_a_load_that_quantizes_is_refused_where_it_would_not_fit_though_serving_would(tmp_path, monkeypatch):
@@ -178,21 +195,51 @@ def test_a_load_that_quantizes_is_refused_where_it_would_not_fit_though_serving_
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_model("llama"), default_model_path())
     config = BackendConfig(model=str(path), dtype="float32", rows=1, max_seq_len=64, cache_dir=str(tmp_path))
-    needs = estimate_needs(tiny_model("llama").config, torch.float32, 1, 64, quantizing=True)
+    needs = estimate_needs(tiny_model("llama").config, torch.float32, 1, 64, quantizing="int4")
     free = {"ram": int((needs.loading + needs.weights + needs.kv_cache) / 2 * 1.1)}  # between the two
     short = free["ram"]
     monkeypatch.setattr(
         resources, "measure_available", lambda device, disk: Available(free["ram"], GIB, None)
     )
-    # the conversion, a later start of the default mode, then the converted copy quantized to int4, int8
-    for quantize in ("none", "auto", "int4", "int8"):
+    # The exact mode's first start converts the file a tensor at a time, then reads its float32 copy alone
+    load_model(dataclasses.replace(config, quantize="none"))
+    # the default mode (the file's blocks beside the weights), then the converted copy quantized to int4, int8
+    for quantize in ("auto", "int4", "int8"):
         free["ram"] = short
         with pytest.raises(resources.InsufficientResources, match="weights as they load and are quantized"):
             load_model(dataclasses.replace(config, quantize=quantize))
         free["ram"] = 100 * GIB
         load_model(dataclasses.replace(config, quantize=quantize))
     free["ram"] = short
-    load_model(dataclasses.replace(config, quantize="none"))  # the exact mode reads its float32 copy alone
+    load_model(dataclasses.replace(config, quantize="none"))
+
+
+@pytest.mark.parametrize(
+    "model, in_memory",
+    [
+        (lambda: tiny_model("qwen3_moe", moe_intermediate_size=768, norm_topk_prob=True), True),
+        (lambda: tiny_model("llama"), False),
+    ],
+    ids=["qwen3_moe", "llama"],
+)
+def test_a_gguf_file_converted_in_memory_is_counted_so(model, in_memory, tmp_path, monkeypatch):
+    """A file whose tensors are read together (Qwen3-MoE's experts) is converted in memory, its float32
+    model whole: the check counts it. One converted a tensor at a time needs no more than it serves in."""
+    from backend.model import resources
+
+    model = model()
+    whole = estimate_needs(model.config, torch.float32, 1, 64, converting_whole=True)
+    assert whole.conversion > whole.weights + whole.kv_cache
+    ram = int(whole.conversion * 1.05)  # under the conversion with its headroom, over serving with it
+    monkeypatch.setattr(resources, "measure_available", lambda device, disk: Available(ram, GIB, None))
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", model, default_model_path())
+    config = BackendConfig(model=str(path), dtype="float32", quantize="none", rows=1, max_seq_len=64)
+    load = partial(load_model, dataclasses.replace(config, cache_dir=str(tmp_path)))
+    if in_memory:
+        with pytest.raises(resources.InsufficientResources, match="converted in float32, in memory"):
+            load()
+    else:
+        load()
 
 
 def test_torch_threads_are_set_before_loading():
