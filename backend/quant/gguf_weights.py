@@ -229,7 +229,7 @@ def parse_gguf_blocks(path: Path, model: nn.Module) -> GGUFBlocks:
         rows = processor.process(weights=np.asarray(tensor.data), name=tensor.name).weights
         layers.add(module, gguf_types.unpack(rows, tensor.tensor_type))
         kinds[module] = tensor.tensor_type.name
-    for experts in gguf_experts(tensors, model).values():
+    for experts in gguf_experts(tensors, model):
         for key, (weight, kind) in experts.items():
             layers.add(key, weight)
             kinds[key] = kind
@@ -252,13 +252,13 @@ def expert_tensors(tensors: dict, layer: int, part: str, count: int) -> list | N
     return each if all(tensor is not None for tensor in each) else None
 
 
-def gguf_experts(tensors: dict, model: nn.Module) -> dict[str, dict[str, tuple]]:
-    """Each plain experts' module's weights as the file's blocks (quantized_experts.py), by module name:
+def gguf_experts(tensors: dict, model: nn.Module) -> Iterator[dict[str, tuple]]:
+    """Each plain experts' module's weights as the file's blocks (quantized_experts.py), a module at a time
+    (its experts unpacked, a byte a value, while the caller packs them), by `expert_key`:
     llama.cpp's `blk.N.ffn_{gate,up,down}_exps` tensors split by expert (or its tensors of one expert
     each: `expert_tensors`), gate and up joined as transformers' `gate_up_proj` joins them. A layer whose
     experts are stored as floats, or whose gate and up differ in kind of blocks, is left out (its experts
     stay floats)."""
-    found = {}
     for index, layer in enumerate(model.model.layers):
         experts = getattr(getattr(layer, "mlp", None), "experts", None)
         if experts is None or not quantized_experts.takes(experts):
@@ -274,14 +274,13 @@ def gguf_experts(tensors: dict, model: nn.Module) -> dict[str, dict[str, tuple]]
         module = next(name for name, m in model.named_modules() if m is experts)
         kinds = [ts[0].tensor_type.name for ts in parts]
         gate_kind = kinds[0] if kinds[0] == kinds[1] else f"{kinds[0]}/{kinds[1]}"
-        found[module] = {
+        yield {
             **{
                 expert_key(module, "gate_up", e): (join(g, u), gate_kind)
                 for e, (g, u) in enumerate(zip(gate, up, strict=True))
             },
             **{expert_key(module, "down", e): (d, kinds[2]) for e, d in enumerate(down)},
         }
-    return found
 
 
 def served_tensor(tensor) -> bool:
