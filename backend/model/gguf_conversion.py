@@ -18,7 +18,7 @@ import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import gguf
@@ -52,35 +52,46 @@ def streams(path: Path, config: PretrainedConfig) -> bool:
 def write_converted(
     path: Path, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, target: Path
 ) -> bool:
-    """Write `path`'s weights in float32, its configuration and `tokenizer` to `target`, atomically (a
-    staging directory renamed): a later start's converted copy. Refuses (UnsupportedModel) a file that
-    leaves any of the model's weights unread, before any copy is kept. False where the disk would not
-    take it (the caller converts in memory instead)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
-    try:
-        with torch.device("meta"):  # names and shapes only
-            skeleton = AutoModelForCausalLM.from_config(config)
+    """Write `path`'s weights in float32, its configuration and `tokenizer` to `target` (`save_staged`): a
+    later start's converted copy. Refuses (UnsupportedModel) a file that leaves any of the model's weights
+    unread, before any copy is kept. False where the disk would not take it (the caller converts in
+    memory instead)."""
+    with torch.device("meta"):  # names and shapes only
+        skeleton = AutoModelForCausalLM.from_config(config)
+
+    def write(staging: Path) -> None:
         written = write_weights(path, config, skeleton, staging)
         check_all_weights_read(sorted(set(weight_names(skeleton)) - written), path.name)
         saved = copy.deepcopy(config)
         saved.quantization_config = None  # the GGUF marker: transformers would look for the file again
         saved.dtype = torch.float32
-        saved.architectures = [type(skeleton).__name__]  # as a model's own save_pretrained writes it
+        saved.architectures = [type(skeleton).__name__]  # as a model's own save_pretrained writes them
         saved.save_pretrained(staging)
-        GenerationConfig.from_model_config(saved).save_pretrained(staging)  # as a model's save writes it
+        GenerationConfig.from_model_config(saved).save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+
+    return save_staged(target, write)
+
+
+def save_staged(target: Path, write: Callable[[Path], None]) -> bool:
+    """Have `write` fill a staging directory beside `target`, then rename it `target`: no start ever
+    reads a copy half written, and one that fails leaves nothing. False where the disk would not take
+    it; True too where another process made `target` first."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        write(staging)
         staging.rename(target)
     except OSError as error:  # a full disk, or another process converted it first
         shutil.rmtree(staging, ignore_errors=True)
         if not (target / "config.json").is_file():
-            log.warning("could not write the converted model to %s: %s", target, error)
+            log.warning("could not cache the converted model in %s: %s", target, error)
             return False
         return True
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    log.info("saved the converted model to %s, a tensor at a time", target)
+    log.info("saved the converted model to %s", target)
     return True
 
 

@@ -22,8 +22,6 @@ import copy
 import hashlib
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -56,7 +54,7 @@ from backend.model.architectures import TEXT_ALONE, UnsupportedModel, check_own_
 from backend.model.cache_size import context_length, size_kv_cache, size_row_states
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed, score
-from backend.model.gguf_conversion import check_all_weights_read
+from backend.model.gguf_conversion import check_all_weights_read, save_staged
 from backend.model.gguf_parsing import each_gguf_file_parsed_once
 from backend.model.resources import check_resources
 from backend.quant import bitsandbytes_checkpoint, compressed_checkpoint, group_wise
@@ -580,24 +578,18 @@ def load_separate_model(
 
 
 def save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> bool:
-    """Save the dequantized model as safetensors, atomically, so later starts skip the conversion."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
-    try:
-        # The GGUF quantization marker would make transformers look for the GGUF file again.
-        model.config.quantization_config = None
-        if hasattr(model, "hf_quantizer"):
-            model.hf_quantizer = None
+    """Save the model converted in memory as safetensors (`save_staged`), so later starts skip the
+    conversion."""
+    # The GGUF quantization marker would make transformers look for the GGUF file again.
+    model.config.quantization_config = None
+    if hasattr(model, "hf_quantizer"):
+        model.hf_quantizer = None
+
+    def write(staging: Path) -> None:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        staging.rename(target)
-        log.info("saved the converted model to %s", target)
-    except OSError as error:  # a full disk, or another process converted it first
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (target / "config.json").is_file():
-            log.warning("could not cache the converted model in %s: %s", target, error)
-            return False
-    return True
+
+    return save_staged(target, write)
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, source: ModelSource, root: Path) -> str:
