@@ -25,9 +25,9 @@ HEADROOM = 1.1  # activations, allocator slack, the Python process itself
 # quantized, the calibration pass. In bytes a parameter beyond the weights in their serving dtype (the
 # process itself included), from what a Llama-3.2-1B-shaped model (1.07 billion parameters, 2.0 GiB in
 # bfloat16) held at most in anonymous memory on this project's 2-core Xeon (scripts/load_memory.py,
-# 2026-12-05): its Q4_K_M file 3.9-4.1 GiB at the first start and 3.6-3.9 at later ones, `--quantize int4`
-# 4.2 and `int8` 4.8-5.2 from bfloat16 (int8's dense copies are new, beside its int8 weights), and 2.3-2.8
-# once serving. The figures with HEADROOM cover those.
+# 2026-12-05, several runs each): its Q4_K_M file 3.5-4.1 GiB at the first start and 3.4-3.8 at later
+# ones, `--quantize int4` 3.7-4.1 and `int8` 3.9-5.1 from bfloat16 (int8's dense copies are new, beside
+# its int8 weights), and 2.3-2.8 once serving. The figures with HEADROOM cover those: 4.4, 4.6, 5.7 GiB.
 LOADING_BYTES = {"gguf": 2.0, "int4": 2.2, "int8": 3.2}
 # A GGUF file whose architecture's tensors are read together (gguf_conversion.streams: Qwen2/3-MoE,
 # gpt-oss, GPT-2, Mixtral) is converted in memory: its float32 model whole, 4.6 GiB of the 1B above
