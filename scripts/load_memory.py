@@ -94,16 +94,10 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="load-memory-") as cache:
         for start in range(args.starts):
-            command = [sys.executable, __file__, "--model", args.model, "--quantize", args.quantize]
-            command += [
-                "--dtype",
-                args.dtype,
-                "--rows",
-                str(args.rows),
-                "--max-seq-len",
-                str(args.max_seq_len),
-            ]
-            result = subprocess.run([*command, "--cache-dir", cache], capture_output=True, text=True)
+            options = {"--model": args.model, "--quantize": args.quantize, "--dtype": args.dtype}
+            options |= {"--rows": args.rows, "--max-seq-len": args.max_seq_len, "--cache-dir": cache}
+            command = [sys.executable, __file__, *(str(part) for pair in options.items() for part in pair)]
+            result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
                 sys.exit(f"start {start + 1} failed:\n{result.stderr[-3000:]}")
             figures = json.loads(result.stdout.strip().splitlines()[-1])

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import gguf
 import torch
+from gguf import ReaderTensor
 from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
@@ -105,11 +106,9 @@ def write_weights(path: Path, config: PretrainedConfig, skeleton: nn.Module, dir
     shapes = {name: tensor.shape for name, tensor in skeleton.state_dict().items()}
     weight_map, shard, held = {}, {}, 0
     for tensor in reader.tensors:
-        result = processor.process(weights=gguf.dequantize(tensor.data, tensor.tensor_type), name=tensor.name)
-        if result.name not in names:
+        if tensor.name not in names:  # (these processors keep a tensor's name)
             continue
-        name = names[result.name]
-        weight = torch.from_numpy(result.weights.copy()).float()
+        name, weight = names[tensor.name], floats(tensor, processor)
         if weight.shape != shapes[name]:
             raise UnsupportedModel(
                 f"{path.name}: tensor {tensor.name} has shape {tuple(weight.shape)}, the model's {name} "
@@ -123,6 +122,14 @@ def write_weights(path: Path, config: PretrainedConfig, skeleton: nn.Module, dir
         save_shard(shard, directory, weight_map)
     (directory / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     return set(weight_map)
+
+
+def floats(tensor: ReaderTensor, processor: TensorProcessor | None = None) -> torch.Tensor:
+    """A GGUF tensor dequantized (and changed as `processor` changes it), in float32, rows first."""
+    values = gguf.dequantize(tensor.data, tensor.tensor_type)
+    if processor is not None:
+        values = processor.process(weights=values, name=tensor.name).weights
+    return torch.from_numpy(values.copy()).float()
 
 
 def save_shard(shard: dict[str, torch.Tensor], directory: Path, weight_map: dict[str, str]) -> None:

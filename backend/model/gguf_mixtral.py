@@ -24,6 +24,7 @@ from transformers.modeling_gguf_pytorch_utils import (
 )
 
 from backend.model.architectures import UnsupportedModel
+from backend.model.gguf_conversion import floats
 from backend.quant.gguf_weights import expert_tensors
 
 PARTS = ("gate", "up", "down")  # llama.cpp's w1, w3 and w2
@@ -87,11 +88,3 @@ def experts(path: Path, tensors: dict, layer: int, part: str, count: int) -> tor
     if len(found) == 1:
         return floats(found[0])
     return torch.stack([floats(tensor) for tensor in found])
-
-
-def floats(tensor, processor: TensorProcessor | None = None) -> torch.Tensor:
-    """A GGUF tensor dequantized (and changed as `processor` changes it), in float32, rows first."""
-    values = gguf.dequantize(tensor.data, tensor.tensor_type)
-    if processor is not None:
-        values = processor.process(weights=values, name=tensor.name).weights
-    return torch.from_numpy(values.copy()).float()
