@@ -56,18 +56,20 @@ from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed, score
 from backend.model.gguf_conversion import check_all_weights_read, save_staged
 from backend.model.gguf_parsing import each_gguf_file_parsed_once
+from backend.model.lean_load import blocks_bytes, load_without, served_in_blocks, skeleton
 from backend.model.resources import check_resources
-from backend.quant import bitsandbytes_checkpoint, compressed_checkpoint, group_wise
+from backend.quant import bitsandbytes_checkpoint, block_weights, compressed_checkpoint, group_wise
 from backend.quant.calibration import (
     calibration_token_ids,
     drop_copies_blocks_match,
+    keep_dense_copies,
     smooth_many_rows_path,
     time_head_crossover,
     time_projection_crossover,
 )
 from backend.quant.fp8_linear import fp8_products
 from backend.quant.fp8_weights import is_fp8_checkpoint, serve_fp8
-from backend.quant.gguf_weights import serve_gguf_weights
+from backend.quant.gguf_weights import GGUFBlocks, read_gguf_blocks, serve_gguf_weights
 from backend.quant.quantize import QUANTIZE_MODES, quantize_model
 from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from backend.utils.heap import give_back_freed_memory
@@ -277,6 +279,11 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         quantizing=quantization if quantization in ("gguf", *QUANTIZERS) else None,
         gguf_bytes=(Path(source.location) / gguf_file).stat().st_size if gguf_file else None,
         converting_whole=gguf_file is not None and not streamed,
+        lean_blocks=(
+            blocks_bytes(Path(source.location) / source.gguf_file, converted)
+            if quantization == "gguf" and block_weights.available(device)
+            else None
+        ),
     )
 
     log.info("%s", cache_size.summary())
@@ -297,7 +304,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         tokenizer = AutoTokenizer.from_pretrained(
             location, config=model_config, gguf_file=gguf_file, token=token, trust_remote_code=trust
         )
-    checkpoint_layers = {}
+    checkpoint_layers, lean = {}, None
     if group_wise_format is not None:
         name = f"{group_wise_format.method.upper()} checkpoint"
         read = partial(group_wise.read_checkpoint, fmt=group_wise_format, dtype=dtype)
@@ -311,9 +318,14 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         read = partial(bitsandbytes_checkpoint.read_checkpoint, fmt=bnb_format, dtype=dtype)
         model, info, checkpoint_layers = load_read_itself(location, model_config, read, name, dtype, token)
     else:
-        # FP8 layers are dequantized into float32 and converted from it, not from bfloat16's rounding
-        weights_dtype = torch.float32 if fp8 else dtype
-        model, info = load_weights(location, gguf_file, source, model_config, weights_dtype, token, fp8)
+        if quantization == "gguf" and converted is not None and location == str(converted):
+            lean = load_lean(converted, source, model_config, dtype, device)
+        if lean is not None:
+            model, info, blocks, dense_on_demand = lean
+        else:
+            # FP8 layers are dequantized into float32 and converted from it, not from bfloat16's rounding
+            weights_dtype = torch.float32 if fp8 else dtype
+            model, info = load_weights(location, gguf_file, source, model_config, weights_dtype, token, fp8)
     if gguf_file is not None:
         check_all_weights_read(info["missing_keys"], source.gguf_file)
     if gguf_file is not None and save_converted(model, tokenizer, converted):
@@ -333,7 +345,11 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     elif quantization == "checkpoint" and group_wise_format is not None:
         group_wise.serve_group_wise(model, checkpoint_layers, group_wise_format)
     elif quantization != "checkpoint":  # (an FP8 checkpoint's layers are served above)
-        quantize_weights(model, source, quantization, converted if has_converted_copy else None)
+        if lean is not None:
+            gguf_path = Path(source.location) / source.gguf_file
+            serve_gguf_weights(model, gguf_path, converted, blocks, dense_on_demand)
+        else:
+            quantize_weights(model, source, quantization, converted if has_converted_copy else None)
     # The fused CPU operations, built now where they will run (with --compile too), so that the int8
     # path below is timed as it will run.
     decode_ops.decode_ops(device, exact=exact, compiled=False)
@@ -342,6 +358,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     drop_copies_blocks_match(model)  # where blocks multiply many rows as fast
     smooth_many_rows_path(model, calibration_token_ids(tokenizer))  # a CPU's dense copies become int8
     drop_copies_blocks_match(model, paths=("dense",))  # the copies int8 would move too far, if no faster
+    keep_dense_copies(model)  # those still made on demand (a lean load) that the steps above left
     time_projection_crossover(model)
     time_head_crossover(model)
     log.info("kernels timed in %.1f s", time.perf_counter() - timing)
@@ -403,6 +420,21 @@ def load_weights(
             f"{source.name} is a quantized checkpoint this server reads through a library that is not "
             f"installed here: {error}"
         ) from error
+
+
+def load_lean(
+    converted: Path, source: ModelSource, config: PretrainedConfig, dtype: torch.dtype, device: torch.device
+) -> tuple[PreTrainedModel, dict, GGUFBlocks, frozenset[str]] | None:
+    """A GGUF file's model from its converted copy without the floats of the layers its blocks serve
+    (model/lean_load.py), what it read, the blocks, and those layers; None where no layer is so served
+    here (a GPU, a CPU without AVX2) or the copy cannot be loaded so."""
+    names_and_shapes = skeleton(config)
+    blocks = read_gguf_blocks(Path(source.location) / source.gguf_file, names_and_shapes, converted)
+    layers = served_in_blocks(blocks, names_and_shapes, device)
+    loaded = load_without(converted, config, dtype, layers, names_and_shapes) if layers else None
+    if loaded is None:
+        return None
+    return *loaded, blocks, frozenset(layers)
 
 
 def unreadable_type(gguf_file: str, error: NotImplementedError) -> UnsupportedModel:

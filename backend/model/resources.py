@@ -20,15 +20,24 @@ from backend.model.architectures import TEXT_ALONE
 
 GIB = 1024**3
 HEADROOM = 1.1  # activations, allocator slack, the Python process itself
-# A load that quantizes the weights holds more than they serve in, for a while: a GGUF file's blocks, or the
-# quantized layers of `--quantize int4|int8`, beside the floats that become the dense copies, the head
-# quantized, the calibration pass. In bytes a parameter beyond the weights in their serving dtype (the
-# process itself included), from what a Llama-3.2-1B-shaped model (1.07 billion parameters, 2.0 GiB in
-# bfloat16) held at most in anonymous memory on this project's 2-core Xeon (scripts/load_memory.py,
-# 2026-12-05, several runs each): its Q4_K_M file 3.5-4.1 GiB at the first start and 3.4-3.8 at later
-# ones, `--quantize int4` 3.7-4.1 and `int8` 3.9-5.1 from bfloat16 (int8's dense copies are new, beside
-# its int8 weights), and 2.3-2.8 once serving. The figures with HEADROOM cover those: 4.4, 4.6, 5.7 GiB.
+# A load that quantizes the weights holds more than they serve in, for a while: the quantized layers of
+# `--quantize int4|int8` beside the floats that become the dense copies, the head quantized, the
+# calibration pass (and so did a GGUF file's blocks, where the CPU does not multiply them: "gguf"). In
+# bytes a parameter beyond the weights in their serving dtype (the process itself included), from what a
+# Llama-3.2-1B-shaped model (1.07 billion parameters, 2.0 GiB in bfloat16) held at most in anonymous
+# memory on this project's 2-core Xeon (scripts/load_memory.py, 2026-12-05, several runs each):
+# `--quantize int4` 3.7-4.1 GiB and `int8` 3.9-5.1 from bfloat16 (int8's dense copies are new, beside its
+# int8 weights), its Q4_K_M file 3.4-4.1 before its loads were lean, and 2.3-2.8 once serving. The
+# figures with HEADROOM cover those: 4.6, 5.7 and 4.4 GiB.
 LOADING_BYTES = {"gguf": 2.0, "int4": 2.2, "int8": 3.2}
+# A GGUF file served from its blocks on a CPU that multiplies them loads lean (model/lean_load.py): its
+# blocks (lean_load.blocks_bytes) beside the weights in their serving dtype (the dense copies, at most all
+# of them), and this many bytes a parameter more (the process, a layer's copy as it is made, the
+# calibration's passes). The 1B's Q4_K_M file then held at most 2.6-2.8 GiB where its copies went int8
+# (2.3 once loaded), and 3.4 in a run where every bfloat16 copy stayed (3.0 once loaded); the check
+# requires 3.57 GiB at its first start and 3.69 at later ones (whose blocks' copy is larger than the
+# file's quantized tensors).
+LEAN_LOADING_BYTES = 0.6
 # A GGUF file whose architecture's tensors are read together (gguf_conversion.streams: Qwen2/3-MoE,
 # gpt-oss, GPT-2, Mixtral) is converted in memory: its float32 model whole, 4.6 GiB of the 1B above
 # (converted so, before files were converted a tensor at a time), in bytes a parameter.
@@ -76,11 +85,13 @@ def estimate_needs(
     quantizing: str | None = None,
     gguf_bytes: int | None = None,
     converting_whole: bool = False,
+    lean_blocks: int | None = None,
 ) -> Needs:
     """What serving takes; where the weights are quantized as they load (`quantizing`: "gguf", "int4" or
     "int8", LOADING_BYTES), what loading takes; with `gguf_bytes` (a GGUF file's size, converted at this
     start) what its converted copy takes on disk; `converting_whole`: the file is converted in memory
-    (WHOLE_CONVERSION_BYTES)."""
+    (WHOLE_CONVERSION_BYTES); `lean_blocks`: what a GGUF file's blocks take, where its layers load lean
+    (LEAN_LOADING_BYTES)."""
     element = torch.finfo(dtype).bits // 8
     parameters = parameter_count(model_config)
     weights = parameters * element
@@ -91,7 +102,10 @@ def estimate_needs(
     )
     if has_row_states(model_config):  # a fixed size a row, whatever its length
         kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
-    loading = weights + int(parameters * LOADING_BYTES[quantizing]) if quantizing else 0
+    if quantizing == "gguf" and lean_blocks is not None:
+        loading = weights + lean_blocks + int(parameters * LEAN_LOADING_BYTES)
+    else:
+        loading = weights + int(parameters * LOADING_BYTES[quantizing]) if quantizing else 0
     conversion = int(parameters * WHOLE_CONVERSION_BYTES) if converting_whole else 0
     # float32 weights, and the blocks at most the file's size
     converted = parameters * 4 + gguf_bytes if gguf_bytes is not None else 0
@@ -173,11 +187,20 @@ def check_resources(
     quantizing: str | None = None,
     gguf_bytes: int | None = None,
     converting_whole: bool = False,
+    lean_blocks: int | None = None,
 ) -> Needs:
     """Raise InsufficientResources, saying what is short and by how much, before any loading. `quantizing`,
-    `gguf_bytes` and `converting_whole`: as estimate_needs takes them."""
+    `gguf_bytes`, `converting_whole` and `lean_blocks`: as estimate_needs takes them."""
     needs = estimate_needs(
-        model_config, dtype, rows, max_seq_len, cache_dtype, quantizing, gguf_bytes, converting_whole
+        model_config,
+        dtype,
+        rows,
+        max_seq_len,
+        cache_dtype,
+        quantizing,
+        gguf_bytes,
+        converting_whole,
+        lean_blocks,
     )
     problems = shortfalls(needs, measure_available(device, disk_path), device.type == "cuda", converting)
     if problems:

@@ -265,6 +265,20 @@ def _(x: torch.Tensor, blocks: torch.Tensor, bits: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], blocks.shape[0])
 
 
+# Channels dequantized at a time by `dense_copy`: their float32 steps stay in the cache. Whole layers at once
+# went 164 million weights a second on the 2-core Xeon, 256 channels at a time 440.
+DENSE_COPY_CHANNELS = 256
+
+
+def dense_copy(blocks: torch.Tensor, in_features: int, dtype: torch.dtype) -> torch.Tensor:
+    """The weights [out, in] the blocks hold, in `dtype`: `dequantize`'s, DENSE_COPY_CHANNELS at a time."""
+    out = torch.empty(blocks.shape[0], in_features, dtype=dtype)
+    for start in range(0, blocks.shape[0], DENSE_COPY_CHANNELS):
+        end = start + DENSE_COPY_CHANNELS
+        out[start:end] = dequantize(blocks[start:end], in_features)
+    return out
+
+
 def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
     """The float32 weights [out, in] the blocks hold: what `matmul` multiplies by (for tests and checks)."""
     bits, super_blocks, table = layout_of(blocks, in_features)

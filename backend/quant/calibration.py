@@ -44,6 +44,7 @@ from transformers import PreTrainedTokenizerBase
 
 from backend.quant.quantized_linear import BlocksLinear, Int8Linear, WeightOnlyLinear, first_outputs
 from backend.quant.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
+from backend.utils.heap import give_back_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,14 @@ def calibration_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return tokenizer(CALIBRATION_TEXT.read_text()).input_ids
 
 
+def keep_dense_copies(model: nn.Module) -> None:
+    """Keep the dense copies still made on demand (a GGUF file's lean load): those the calibration left
+    for many rows, made once now rather than at each pass."""
+    for module in model.modules():
+        if isinstance(module, WeightOnlyLinear):
+            module.keep_dense()
+
+
 def drop_copies_blocks_match(model: nn.Module, paths: tuple[str, ...] = ("dense", "int8")) -> int:
     """Drop the quantized projections' copies for many rows where their weights are in blocks and no copy
     multiplies COPY_TIMED_ROWS rows COPY_MIN_SPEEDUP times faster than the blocks (`copies_pay_off`): there
@@ -102,18 +111,18 @@ def drop_copies_blocks_match(model: nn.Module, paths: tuple[str, ...] = ("dense"
             isinstance(module, WeightOnlyLinear)
             and module is not head
             and module.blocks is not None
-            and module.dense is not None
+            and module.has_dense
         ):
             parent = model.get_submodule(name.rpartition(".")[0])
             groups.setdefault((type(parent).__name__, module.in_features, module.layout()), []).append(module)
     dropped = [
         layer
         for layers in groups.values()
-        if not copies_pay_off(max(layers, key=lambda layer: layer.dense.numel()), paths=paths)
+        if not copies_pay_off(max(layers, key=weight_count), paths=paths)
         for layer in layers
     ]
     for layer in dropped:
-        layer.dense = None
+        layer.drop_dense()
     if dropped:
         log.info(
             "%d of %d quantized projections multiply every number of rows in their blocks: no copy of theirs "
@@ -134,12 +143,13 @@ def copies_pay_off(
     (`smoothed_int8.py`, unsmoothed: as fast), COPY_MIN_SPEEDUP times faster than through its blocks;
     `paths`: which of the two may. A path whose first call shows it cannot (COPY_HOPELESS) is not timed
     further."""
-    x = torch.randn(rows, layer.in_features, dtype=layer.dense.dtype)
+    dense = layer.dense_weight()
+    x = torch.randn(rows, layer.in_features, dtype=dense.dtype)
     smoothing = torch.ones(layer.in_features)
-    int8 = quantize_smoothed(layer.dense, smoothing) if "int8" in paths else None
+    int8 = quantize_smoothed(dense, smoothing) if "int8" in paths else None
     kernel, weights = layer.kernel()
     copies = {
-        "dense": lambda: torch.nn.functional.linear(x, layer.dense),
+        "dense": lambda: torch.nn.functional.linear(x, dense),
         "int8": lambda: smoothed_int8_matmul(x, *int8, smoothing),
     }
     calls = {"blocks": lambda: kernel(x.to(layer.compute_dtype), *weights)}
@@ -161,17 +171,18 @@ def smooth_many_rows_path(model: nn.Module, token_ids: list[int]) -> int:
     layers = [
         module
         for module in model.modules()
-        if isinstance(module, WeightOnlyLinear) and module is not head and module.dense is not None
+        if isinstance(module, WeightOnlyLinear) and module is not head and module.has_dense
     ]
     if not layers:
         return 0
-    if not int8_multiplies_faster(max(layers, key=lambda layer: layer.dense.numel())):
+    if not int8_multiplies_faster(max(layers, key=weight_count)):
         log.info("this CPU multiplies many rows faster by the dense copies than in int8: keeping them")
         return 0
-    groups, ranges = measure_inputs(model, layers, token_ids)
+    groups, ranges, weight_ranges_of = measure_inputs(model, layers, token_ids)
+    give_back_freed_memory()  # the pass's activations, before the int8 weights are made above them
     smoothings = {}
     for group in groups:
-        weight_ranges = torch.stack([layer.dense.float().abs().amax(dim=0) for layer in group]).amax(dim=0)
+        weight_ranges = torch.stack([weight_ranges_of[layer] for layer in group]).amax(dim=0)
         smoothings.update(dict.fromkeys(group, smoothing_factors(ranges[group[0]], weight_ranges)))
     count = sum(len(group) for group in smooth_within_error(model, groups, smoothings, token_ids))
     log.info(
@@ -188,12 +199,13 @@ def smooth_many_rows_path(model: nn.Module, token_ids: list[int]) -> int:
 def int8_multiplies_faster(layer: WeightOnlyLinear, rows: int = TIMED_ROWS) -> bool:
     """Whether `rows` rows of random activations go through layer at least MIN_SPEEDUP times faster as
     int8 times int8 than through its dense copy (median of alternating timings; a few ms in all)."""
-    x = torch.randn(rows, layer.in_features, dtype=layer.dense.dtype, device=layer.dense.device)
-    smoothing = torch.ones(layer.in_features, device=layer.dense.device)
-    weight_int8, weight_scales = quantize_smoothed(layer.dense, smoothing)
+    dense = layer.dense_weight()
+    x = torch.randn(rows, layer.in_features, dtype=dense.dtype, device=dense.device)
+    smoothing = torch.ones(layer.in_features, device=dense.device)
+    weight_int8, weight_scales = quantize_smoothed(dense, smoothing)
     times = median_seconds(
         {
-            "dense": lambda: torch.nn.functional.linear(x, layer.dense),
+            "dense": lambda: torch.nn.functional.linear(x, dense),
             "int8": lambda: smoothed_int8_matmul(x, weight_int8, weight_scales, smoothing),
         },
         rounds=7,
@@ -300,7 +312,8 @@ def smooth_within_error(
     for every layer before the pass, they were a byte a parameter beside the dense copies, the peak of a
     1B Q4_K_M file's start (4.4 GiB where it serves in 2.4); so, where the text is one window, a start
     holds one group's. A layer the text never reaches (an expert no token chose) is settled at the end,
-    its error taken as none, as before."""
+    its error taken as none, as before. A layer whose dense copy is made on demand (a GGUF file's lean
+    load) holds one through its call (`HeldDense`) and keeps it only where its group is not smoothed."""
     candidates: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
     squared_errors: dict[nn.Module, float] = defaultdict(float)
     squared_norms: dict[nn.Module, float] = defaultdict(float)
@@ -311,7 +324,7 @@ def smooth_within_error(
 
     def int8_weights(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         if layer not in candidates:
-            candidates[layer] = quantize_smoothed(layer.dense, smoothings[layer])
+            candidates[layer] = quantize_smoothed(layer.dense_weight(), smoothings[layer])
         return candidates[layer]
 
     def settle(index: int) -> None:
@@ -322,16 +335,22 @@ def smooth_within_error(
             candidates.pop(layer, None)
             if weights is not None:
                 layer.use_smoothed_int8(*weights, smoothings[layer])
+            else:
+                layer.keep_dense()
+        give_back_freed_memory()  # the group's temporaries, under the int8 weights kept after them
 
     def compare(layer: nn.Module, args: tuple, output: torch.Tensor) -> None:
         index = group_of[layer]
         if index in settled:  # a layer the pass calls twice
+            held.release(layer)
             return
         x = args[0].reshape(-1, layer.in_features)
         expected = output.reshape(-1, layer.out_features).float()
         if layer.bias is not None:
             expected = expected - layer.bias.float()
-        got = smoothed_int8_matmul(x, *int8_weights(layer), smoothings[layer])
+        weights = int8_weights(layer)
+        held.release(layer)  # before `settle` may keep it
+        got = smoothed_int8_matmul(x, *weights, smoothings[layer])
         squared_errors[layer] += (got - expected).square().sum().item()
         squared_norms[layer] += expected.square().sum().item()
         if in_last_window:
@@ -340,7 +359,9 @@ def smooth_within_error(
                 settle(index)
 
     in_last_window = False  # read by compare as the pass goes
-    hooks = [layer.register_forward_hook(compare) for layer in group_of]
+    held = HeldDense()
+    hooks = [layer.register_forward_pre_hook(held.hold) for layer in group_of]
+    hooks += [layer.register_forward_hook(compare) for layer in group_of]
     try:
         for number, ids in enumerate(windows):
             in_last_window = number == len(windows) - 1
@@ -352,6 +373,29 @@ def smooth_within_error(
         if index not in settled:
             settle(index)
     return [group for index, group in enumerate(groups) if settled[index]]
+
+
+class HeldDense:
+    """Dense copies made on demand (a GGUF file's lean load: `WeightOnlyLinear.make_dense_on_demand`) held
+    from a layer's forward pre-hook to what its forward hook reads of it, so that a calibration pass makes
+    each layer's copy once, and holds one layer's at a time."""
+
+    def __init__(self) -> None:
+        self.layers: set[nn.Module] = set()
+
+    def hold(self, layer: nn.Module, args: tuple) -> None:
+        if layer.dense is None and layer.dense_on_demand is not None:
+            layer.dense = layer.dense_weight()
+            self.layers.add(layer)
+
+    def release(self, layer: nn.Module) -> None:
+        if layer in self.layers:
+            self.layers.discard(layer)
+            layer.dense = None
+
+
+def weight_count(layer: nn.Module) -> int:
+    return layer.in_features * layer.out_features
 
 
 def calibration_windows(model: nn.Module, token_ids: list[int]) -> list[list[int]]:
@@ -370,12 +414,15 @@ def run_over(model: nn.Module, token_ids: list[int]) -> None:
 @torch.inference_mode()
 def measure_inputs(
     model: nn.Module, layers: list[nn.Module], token_ids: list[int]
-) -> tuple[list[list[nn.Module]], dict[nn.Module, torch.Tensor]]:
+) -> tuple[list[list[nn.Module]], dict[nn.Module, torch.Tensor], dict[nn.Module, torch.Tensor]]:
     """Run the model over token_ids; return the layers grouped by the input they read (the same
-    tensor), and each layer's largest absolute input per channel."""
+    tensor), each layer's largest absolute input per channel, and its dense copy's largest absolute
+    weight per input channel (taken as the pass holds the copy, where it is made on demand)."""
     ranges: dict[nn.Module, torch.Tensor] = {}
+    weight_ranges: dict[nn.Module, torch.Tensor] = {}
     readers: dict[int, list[nn.Module]] = defaultdict(list)  # in the first window: input tensor -> layers
     first_inputs: list[torch.Tensor] | None = []  # kept, so that no other tensor takes their ids
+    held = HeldDense()
 
     def record(layer: nn.Module, args: tuple) -> None:
         x = args[0]
@@ -384,8 +431,15 @@ def measure_inputs(
         if first_inputs is not None:
             readers[id(x)].append(layer)
             first_inputs.append(x)
+        held.hold(layer, args)
+
+    def weigh(layer: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        if layer not in weight_ranges:
+            weight_ranges[layer] = layer.dense_weight().float().abs().amax(dim=0)
+        held.release(layer)
 
     hooks = [layer.register_forward_pre_hook(record) for layer in layers]
+    hooks += [layer.register_forward_hook(weigh) for layer in layers]
     try:
         for window in calibration_windows(model, token_ids):
             run_over(model, window)
@@ -393,6 +447,9 @@ def measure_inputs(
     finally:
         for hook in hooks:
             hook.remove()
+    for layer in layers:  # those the text never reached (an expert no token chose)
+        if layer not in weight_ranges:
+            weight_ranges[layer] = layer.dense_weight().float().abs().amax(dim=0)
     groups = list(readers.values())
     grouped = {layer for group in groups for layer in group}
-    return groups + [[layer] for layer in layers if layer not in grouped], ranges
+    return groups + [[layer] for layer in layers if layer not in grouped], ranges, weight_ranges

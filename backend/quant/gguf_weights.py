@@ -358,13 +358,21 @@ def load_gguf_blocks(source: Path) -> GGUFBlocks:
     return GGUFBlocks(layers, head, types, metadata["head_type"], json.loads(metadata["kinds"]))
 
 
-def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = None) -> int:
+def serve_gguf_weights(
+    model: nn.Module,
+    path: Path,
+    cache_dir: Path | None = None,
+    blocks: GGUFBlocks | None = None,
+    dense_on_demand: frozenset[str] = frozenset(),
+) -> int:
     """Replace the linear layers stored quantized in `path` by weight-only layers of those weights (or,
     for the types with no exact engine layout, 8-bit blocks close to them), and a head stored quantized
     by its blocks or an int8 copy; the rest keep their dequantized floats. Returns how many layers were
     replaced. `cache_dir`: where the blocks read from the file are kept for the next start (the file's
-    converted copy)."""
-    blocks = read_gguf_blocks(path, model, cache_dir)
+    converted copy); `blocks`: those blocks, where the caller has read them; `dense_on_demand`: the
+    layers loaded without their floats (model/lean_load.py), whose dense copies are made from their
+    blocks when asked for."""
+    blocks = blocks if blocks is not None else read_gguf_blocks(path, model, cache_dir)
     from_blocks = len(blocks.layers)
     linears = quantizable_linears(model)
     served = Counter()
@@ -372,6 +380,8 @@ def serve_gguf_weights(model: nn.Module, path: Path, cache_dir: Path | None = No
     for name in [name for name in blocks.layers if name in linears]:  # (an expert's are served above)
         # Popped: its unpacked values gone once its layer is made (a local of this loop would hold them)
         served[serve_projection(model, name, blocks.layers.pop(name), linears[name], blocks.kinds[name])] += 1
+        if name in dense_on_demand:
+            model.get_submodule(name).make_dense_on_demand(linears[name].weight.dtype)
     head = serve_head(model, blocks)
     log.info(
         "GGUF %s (tensor types %s): %d linear layers%s served from the file's blocks (%s), %d dequantized "

@@ -75,6 +75,9 @@ class WeightOnlyLinear(nn.Module):
     shared_buffers = ("smoothing",)
     # What a pass of dense_from_rows rows or more multiplies by (the dense copy, or its int8 path)
     many_rows_buffers = ("dense", "dense_int8", "dense_scales", "smoothing")
+    # Where a lean load let go of the dense copy: the dtype it is made in from the blocks when asked for
+    # (`dense_weight`), until the loader keeps it or drops it.
+    dense_on_demand: torch.dtype | None = None
 
     def __init__(self, bias: torch.Tensor | None, dense: torch.Tensor | None):
         super().__init__()
@@ -86,6 +89,36 @@ class WeightOnlyLinear(nn.Module):
         self.register_buffer("dense_scales", None, persistent=False)
         self.register_buffer("smoothing", None, persistent=False)
 
+    def make_dense_on_demand(self, dtype: torch.dtype) -> None:
+        """Hold no dense copy, but make one from the blocks (exactly their weights, in `dtype`) each time one
+        is asked for, until `keep_dense` or `drop_dense`: so that a GGUF file's load never holds every
+        layer's copy at once (gguf_weights.serve_gguf_weights)."""
+        if getattr(self, "blocks", None) is None:
+            raise ValueError("only a layer of blocks makes its dense copy on demand")
+        self.dense, self.dense_on_demand = None, dtype
+
+    @property
+    def has_dense(self) -> bool:
+        """Whether this layer has a dense copy for many rows, kept or made on demand."""
+        return self.dense is not None or self.dense_on_demand is not None
+
+    def dense_weight(self) -> torch.Tensor:
+        """The dense copy: the one kept, else one made from the blocks now (not kept)."""
+        if self.dense is not None:
+            return self.dense
+        if self.dense_on_demand is None:
+            raise ValueError("this layer has no dense copy")
+        return block_weights.dense_copy(self.blocks, self.in_features, self.dense_on_demand)
+
+    def keep_dense(self) -> None:
+        """Keep the dense copy made on demand from now on (the loader chose it for many rows)."""
+        if self.dense is None and self.dense_on_demand is not None:
+            self.dense = self.dense_weight()
+        self.dense_on_demand = None
+
+    def drop_dense(self) -> None:
+        self.dense, self.dense_on_demand = None, None
+
     def uses_blocks(self, device: torch.device) -> bool:
         """Whether this layer's weights are stored in blocks for `block_weights.matmul` (a CPU with
         AVX-512 VNNI or AVX2), or else packed for PyTorch's kernels."""
@@ -96,7 +129,7 @@ class WeightOnlyLinear(nn.Module):
     ) -> None:
         """Multiply many rows by these int8 weights (of W * s; s = 1 / smoothing), not the dense copy."""
         self.dense_int8, self.dense_scales, self.smoothing = weight_int8, scales, smoothing
-        self.dense = None
+        self.drop_dense()
 
     def can_be_followed(self) -> bool:
         """Whether another layer's weights may follow this one's in a fused layer (`fuse_linears`)."""
@@ -118,7 +151,7 @@ class WeightOnlyLinear(nn.Module):
 
     @property
     def has_many_rows_path(self) -> bool:
-        return self.dense is not None or self.dense_int8 is not None
+        return self.has_dense or self.dense_int8 is not None
 
     def many_rows_from(self) -> float:
         """From how many rows a pass multiplies by the path for many rows (the dense copy or its int8
@@ -150,7 +183,8 @@ class WeightOnlyLinear(nn.Module):
         else the dense copy; in x's dtype or the copy's."""
         if self.dense_int8 is not None:
             return smoothed_int8_matmul(x, self.dense_int8, self.dense_scales, self.smoothing, x.dtype)
-        return torch.nn.functional.linear(x.to(self.dense.dtype), self.dense)
+        dense = self.dense_weight()
+        return torch.nn.functional.linear(x.to(dense.dtype), dense)
 
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         kernel, weights = self.kernel()

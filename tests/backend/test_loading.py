@@ -11,9 +11,11 @@ from backend.layers.row_cache import pick_cache_dtype
 from backend.messages import BackendConfig
 from backend.model import gguf_conversion
 from backend.model.architectures import UnsupportedModel
+from backend.model.lean_load import blocks_bytes
 from backend.model.loader import converted_dir, default_model_path, load_model, resolve_model
 from backend.model.resources import (
     GIB,
+    LEAN_LOADING_BYTES,
     LOADING_BYTES,
     WHOLE_CONVERSION_BYTES,
     Available,
@@ -21,6 +23,7 @@ from backend.model.resources import (
     estimate_needs,
     shortfalls,
 )
+from backend.quant import block_weights
 from backend.quant.gguf_weights import BLOCKS_CACHE
 from backend.utils.hub import hub_token
 from tests.backend.gguf_files import write_tiny_gguf
@@ -167,6 +170,9 @@ def test_weights_quantized_as_they_load_are_counted_so_and_a_gguf_files_copy_on_
     (ram,) = shortfalls(needs, between, on_gpu=False, converting=True)
     expected = f"RAM: needs {int(needs.loading * 1.1) / GIB:.2f} GiB (weights as they load and are quantized"
     assert ram.startswith(expected)
+    lean = estimate_needs(model.config, torch.bfloat16, 1, 64, quantizing="gguf", lean_blocks=1000)
+    assert lean.loading == lean.weights + 1000 + int(parameters * LEAN_LOADING_BYTES)
+    assert lean.loading < needs.weights + int(parameters * LOADING_BYTES["gguf"])  # its floats too
     plain = estimate_needs(model.config, torch.bfloat16, rows=1, max_seq_len=64)
     assert plain.loading == plain.conversion == plain.converted == 0
     assert shortfalls(plain, between, on_gpu=False, converting=False) == []
@@ -189,29 +195,34 @@ def test_weights_quantized_as_they_load_are_counted_so_and_a_gguf_files_copy_on_
 
 def test_a_load_that_quantizes_is_refused_where_it_would_not_fit_though_serving_would(tmp_path, monkeypatch):
     """The loader counts the load where it quantizes: a GGUF file's conversion, the default mode's later
-    starts (its blocks beside the weights), `--quantize int4|int8`; not the exact mode reading the
-    converted copy alone."""
+    starts (on a CPU that multiplies blocks, lean: the file's blocks beside the weights; elsewhere its
+    floats too), `--quantize int4|int8`; not the exact mode reading the converted copy alone."""
+    from gguf import GGMLQuantizationType
+
     from backend.model import resources
 
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_model("llama"), default_model_path())
+    model = tiny_model("llama")
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", model, default_model_path(), GGMLQuantizationType.Q4_0)
     config = BackendConfig(model=str(path), dtype="float32", rows=1, max_seq_len=64, cache_dir=str(tmp_path))
-    needs = estimate_needs(tiny_model("llama").config, torch.float32, 1, 64, quantizing="int4")
-    free = {"ram": int((needs.loading + needs.weights + needs.kv_cache) / 2 * 1.1)}  # between the two
-    short = free["ram"]
+    lean = blocks_bytes(path, None) if block_weights.available(torch.device("cpu")) else None
+    assert lean is None or 0 < lean < path.stat().st_size  # its quantized tensors alone
+    free = {"ram": 100 * GIB}
     monkeypatch.setattr(
         resources, "measure_available", lambda device, disk: Available(free["ram"], GIB, None)
     )
     # The exact mode's first start converts the file a tensor at a time, then reads its float32 copy alone
     load_model(dataclasses.replace(config, quantize="none"))
-    # the default mode (the file's blocks beside the weights), then the converted copy quantized to int4, int8
-    for quantize in ("auto", "int4", "int8"):
-        free["ram"] = short
+    for quantize, quantizing in (("auto", "gguf"), ("int4", "int4"), ("int8", "int8")):
+        blocks = lean if quantizing == "gguf" else None
+        needs = estimate_needs(model.config, torch.float32, 1, 64, quantizing=quantizing, lean_blocks=blocks)
+        # between the load's need and serving's, with the headroom
+        free["ram"] = short = int((needs.loading + needs.weights + needs.kv_cache) / 2 * 1.1)
         with pytest.raises(resources.InsufficientResources, match="weights as they load and are quantized"):
             load_model(dataclasses.replace(config, quantize=quantize))
-        free["ram"] = 100 * GIB
+        free["ram"] = int(needs.loading * 1.1)  # the load's need, and no more
         load_model(dataclasses.replace(config, quantize=quantize))
-    free["ram"] = short
-    load_model(dataclasses.replace(config, quantize="none"))
+        free["ram"] = short
+        load_model(dataclasses.replace(config, quantize="none"))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,106 @@
+"""A GGUF file's converted copy loaded without the weights its blocks serve.
+
+The default mode serves a GGUF file's quantized linear layers from its own blocks (gguf_weights.py).
+Loaded from the float32 copy as transformers loads a checkpoint, every one of those layers was first a
+float tensor in the start's dtype, 2 bytes a parameter beside the blocks, and a 1B Q4_K_M file's start
+peaked at 3.4-3.8 GiB where it serves in 2.3-2.8. Here, on a CPU that multiplies blocks, those layers
+load as placeholders of their shape (one value, stride 0: no memory); their dense copies for many rows
+are made from the blocks when the loader's calibration asks for them, a layer at a time, and kept only
+where it chooses them (`WeightOnlyLinear.make_dense_on_demand`). The blocks hold exactly the file's
+weights, but for the types requantized to 8-bit blocks (Q2_K, Q3_K, ...: gguf_types.py), whose copies
+are then the blocks' weights, as their decode steps multiply by. Everything else (embeddings, norms, a
+layer of a shape blocks do not take) loads as before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import gguf
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, PretrainedConfig, PreTrainedModel
+
+from backend.model.gguf_conversion import INDEX_FILE
+from backend.quant.gguf_weights import BLOCKS_CACHE, FLOAT_TYPES, GGUFBlocks
+from backend.quant.quantized_linear import BlocksLinear, quantizable_linears
+
+log = logging.getLogger(__name__)
+
+SINGLE_FILE = "model.safetensors"  # a copy saved whole, through transformers (no index)
+
+
+def skeleton(config: PretrainedConfig) -> nn.Module:
+    """The model on the meta device: its module names and shapes, no memory."""
+    with torch.device("meta"):
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
+
+
+def served_in_blocks(blocks: GGUFBlocks, model: nn.Module, device: torch.device) -> set[str]:
+    """The linear layers (module names) that will be served from the file's blocks on this device (a CPU
+    with AVX2 or AVX-512 VNNI), where their dense copies can be made from the blocks."""
+    linears = quantizable_linears(model)
+    return {
+        name
+        for name in blocks.layers
+        if name in linears and BlocksLinear.takes(linears[name].weight.shape, device)
+    }
+
+
+def blocks_bytes(gguf_path: Path, converted: Path | None) -> int:
+    """What a GGUF file's blocks take in memory as they are served: their copy beside the converted one
+    where a start kept it (`gguf_weights.BLOCKS_CACHE`), else the file's quantized tensors (read from the
+    reader that the first start's conversion parses anyway: model/gguf_parsing.py)."""
+    cached = converted / BLOCKS_CACHE if converted is not None else None
+    if cached is not None and cached.is_file():
+        return cached.stat().st_size
+    reader = gguf.GGUFReader(str(gguf_path))
+    return sum(int(tensor.n_bytes) for tensor in reader.tensors if tensor.tensor_type.name not in FLOAT_TYPES)
+
+
+def copy_files(location: Path) -> dict[str, str]:
+    """The converted copy's weight names, with the file each is in."""
+    index = location / INDEX_FILE
+    if index.is_file():
+        return json.loads(index.read_text())["weight_map"]
+    with safe_open(location / SINGLE_FILE, framework="pt") as file:
+        return dict.fromkeys(file.keys(), SINGLE_FILE)
+
+
+def load_without(
+    location: Path, config: PretrainedConfig, dtype: torch.dtype, layers: set[str], names: nn.Module
+) -> tuple[PreTrainedModel, dict] | None:
+    """transformers' model of the converted copy in `location`, and what it read, with the weights of
+    `layers` (module names) as placeholders of their shape in `dtype`; None where the copy's names are
+    not those of the model's state dict (`names`, its `skeleton`): a family whose weights transformers
+    renames as it loads them, which a load from a state dict would not rename."""
+    files = copy_files(location)
+    if not set(files) <= set(names.state_dict()):
+        return None
+    shapes = {}
+    state_dict = {}
+    for file_name in sorted(set(files.values())):
+        with safe_open(location / file_name, framework="pt") as file:
+            for name in [name for name, in_file in files.items() if in_file == file_name]:
+                if name.removesuffix(".weight") in layers:
+                    shapes[name] = file.get_slice(name).get_shape()
+                    state_dict[name] = torch.zeros((), dtype=dtype).expand(*shapes[name])
+                else:  # as stored (float32): transformers casts it, or keeps it so (_keep_in_fp32_modules)
+                    state_dict[name] = file.get_tensor(name)
+    model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].from_pretrained(
+        None,
+        config=config,
+        state_dict=state_dict,
+        dtype=dtype,
+        attn_implementation=None,
+        output_loading_info=True,
+    )
+    log.info(
+        "loaded without the float weights of %d linear layers that the GGUF file's blocks serve "
+        "(their dense copies are made from the blocks as the calibration asks)",
+        len(shapes),
+    )
+    return model, info
