@@ -50,7 +50,7 @@ class InsufficientResources(RuntimeError):
 
 @dataclass(frozen=True)
 class Needs:
-    weights: int  # bytes of weights in the serving dtype
+    weights: int  # bytes of weights in the serving dtype (and a lean GGUF load's blocks beside them)
     kv_cache: int  # bytes of the preallocated KV cache
     rows: int
     max_seq_len: int
@@ -94,7 +94,9 @@ def estimate_needs(
     (LEAN_LOADING_BYTES)."""
     element = torch.finfo(dtype).bits // 8
     parameters = parameter_count(model_config)
-    weights = parameters * element
+    # A lean GGUF load serves its blocks beside the dense copies (at most all of them: a CPU whose
+    # bfloat16 products beat int8 keeps them all)
+    weights = parameters * element + (lean_blocks if quantizing == "gguf" and lean_blocks else 0)
     kv_cache = (
         0
         if is_state_space(model_config)
@@ -103,7 +105,7 @@ def estimate_needs(
     if has_row_states(model_config):  # a fixed size a row, whatever its length
         kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
     if quantizing == "gguf" and lean_blocks is not None:
-        loading = weights + lean_blocks + int(parameters * LEAN_LOADING_BYTES)
+        loading = weights + int(parameters * LEAN_LOADING_BYTES)
     else:
         loading = weights + int(parameters * LOADING_BYTES[quantizing]) if quantizing else 0
     conversion = int(parameters * WHOLE_CONVERSION_BYTES) if converting_whole else 0
