@@ -3,7 +3,8 @@
 The default mode serves a GGUF file's quantized linear layers from its own blocks (gguf_weights.py).
 Loaded from the float32 copy as transformers loads a checkpoint, every one of those layers was first a
 float tensor in the start's dtype, 2 bytes a parameter beside the blocks, and a 1B Q4_K_M file's start
-peaked at 3.4-3.8 GiB where it serves in 2.3-2.8. Here, on a CPU that multiplies blocks, those layers
+peaked at 3.9-4.1 GiB where it serves in 2.3 (2.6-2.8 loaded so: docs/backend.md, Loading). Here, on a
+CPU that multiplies blocks, those layers
 load as placeholders of their shape (one value, stride 0: no memory); their dense copies for many rows
 are made from the blocks when the loader's calibration asks for them, a layer at a time, and kept only
 where it chooses them (`WeightOnlyLinear.make_dense_on_demand`). The blocks hold exactly the file's
@@ -15,20 +16,17 @@ layer of a shape blocks do not take) loads as before.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import gguf
 import torch
 from safetensors import safe_open
 from torch import nn
-from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, PretrainedConfig, PreTrainedModel
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, PretrainedConfig
 
 from backend.model.gguf_conversion import INDEX_FILE
 from backend.quant.gguf_weights import BLOCKS_CACHE, FLOAT_TYPES, GGUFBlocks
 from backend.quant.quantized_linear import BlocksLinear, quantizable_linears
-
-log = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"  # a copy saved whole, through transformers (no index)
 
@@ -70,37 +68,22 @@ def copy_files(location: Path) -> dict[str, str]:
         return dict.fromkeys(file.keys(), SINGLE_FILE)
 
 
-def load_without(
-    location: Path, config: PretrainedConfig, dtype: torch.dtype, layers: set[str], names: nn.Module
-) -> tuple[PreTrainedModel, dict] | None:
-    """transformers' model of the converted copy in `location`, and what it read, with the weights of
-    `layers` (module names) as placeholders of their shape in `dtype`; None where the copy's names are
-    not those of the model's state dict (`names`, its `skeleton`): a family whose weights transformers
-    renames as it loads them, which a load from a state dict would not rename."""
+def state_dict_without(
+    location: Path, dtype: torch.dtype, layers: set[str], names: nn.Module
+) -> dict[str, torch.Tensor] | None:
+    """The converted copy in `location` as a state dict, the weights of `layers` (module names) as
+    placeholders of their shape in `dtype`; None where the copy's names are not those of the model's state
+    dict (`names`, its `skeleton`): a family whose weights transformers renames as it loads them, which a
+    load from a state dict would not rename."""
     files = copy_files(location)
     if not set(files) <= set(names.state_dict()):
         return None
-    shapes = {}
     state_dict = {}
     for file_name in sorted(set(files.values())):
         with safe_open(location / file_name, framework="pt") as file:
             for name in [name for name, in_file in files.items() if in_file == file_name]:
                 if name.removesuffix(".weight") in layers:
-                    shapes[name] = file.get_slice(name).get_shape()
-                    state_dict[name] = torch.zeros((), dtype=dtype).expand(*shapes[name])
+                    state_dict[name] = torch.zeros((), dtype=dtype).expand(*file.get_slice(name).get_shape())
                 else:  # as stored (float32): transformers casts it, or keeps it so (_keep_in_fp32_modules)
                     state_dict[name] = file.get_tensor(name)
-    model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].from_pretrained(
-        None,
-        config=config,
-        state_dict=state_dict,
-        dtype=dtype,
-        attn_implementation=None,
-        output_loading_info=True,
-    )
-    log.info(
-        "loaded without the float weights of %d linear layers that the GGUF file's blocks serve "
-        "(their dense copies are made from the blocks as the calibration asks)",
-        len(shapes),
-    )
-    return model, info
+    return state_dict

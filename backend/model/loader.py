@@ -56,7 +56,7 @@ from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed, score
 from backend.model.gguf_conversion import check_all_weights_read, save_staged
 from backend.model.gguf_parsing import each_gguf_file_parsed_once
-from backend.model.lean_load import blocks_bytes, load_without, served_in_blocks, skeleton
+from backend.model.lean_load import blocks_bytes, served_in_blocks, skeleton, state_dict_without
 from backend.model.resources import check_resources
 from backend.quant import bitsandbytes_checkpoint, block_weights, compressed_checkpoint, group_wise
 from backend.quant.calibration import (
@@ -393,14 +393,8 @@ def load_weights(
         return load_text_alone(location, model_config, dtype, token, dequantized)
     try:
         if gguf_file is not None and model_config.model_type == "mixtral":  # transformers leaves its experts
-            return MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)].from_pretrained(
-                None,
-                config=model_config,
-                state_dict=gguf_mixtral.read_mixtral(Path(location) / gguf_file, model_config),
-                dtype=torch.float32,
-                attn_implementation=None,
-                output_loading_info=True,
-            )
+            experts = gguf_mixtral.read_mixtral(Path(location) / gguf_file, model_config)
+            return model_from_state_dict(model_config, experts, torch.float32)
         return AutoModelForCausalLM.from_pretrained(
             location,
             gguf_file=gguf_file,
@@ -431,10 +425,16 @@ def load_lean(
     names_and_shapes = skeleton(config)
     blocks = read_gguf_blocks(Path(source.location) / source.gguf_file, names_and_shapes, converted)
     layers = served_in_blocks(blocks, names_and_shapes, device)
-    loaded = load_without(converted, config, dtype, layers, names_and_shapes) if layers else None
-    if loaded is None:
+    state_dict = state_dict_without(converted, dtype, layers, names_and_shapes) if layers else None
+    if state_dict is None:
         return None
-    return *loaded, blocks, frozenset(layers)
+    model, info = model_from_state_dict(config, state_dict, dtype)
+    log.info(
+        "loaded without the float weights of %d linear layers that the GGUF file's blocks serve (their "
+        "dense copies are made from the blocks as the calibration asks)",
+        len(layers),
+    )
+    return model, info, blocks, frozenset(layers)
 
 
 def unreadable_type(gguf_file: str, error: NotImplementedError) -> UnsupportedModel:
@@ -495,8 +495,17 @@ def load_read_itself(
     state_dict, layers = read_checkpoint(location)
     config = copy.deepcopy(model_config)
     del config.quantization_config
-    # The family's class itself: AutoModelForCausalLM wants a location to look for the model's code in.
-    model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].from_pretrained(
+    model, info = model_from_state_dict(config, state_dict, dtype)
+    refuse_unread(info["missing_keys"], f"the {name} in {location}")
+    return model, info, layers
+
+
+def model_from_state_dict(
+    config: PretrainedConfig, state_dict: dict[str, torch.Tensor], dtype: torch.dtype
+) -> tuple[PreTrainedModel, dict]:
+    """transformers' model of `config` with the weights of `state_dict` in `dtype`, and what it read. The
+    family's class itself: AutoModelForCausalLM wants a location to look for the model's code in."""
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].from_pretrained(
         None,
         config=config,
         state_dict=state_dict,
@@ -504,8 +513,6 @@ def load_read_itself(
         attn_implementation=None,
         output_loading_info=True,
     )
-    refuse_unread(info["missing_keys"], f"the {name} in {location}")
-    return model, info, layers
 
 
 def checkpoint_directory(location: str, token: str | None) -> Path:

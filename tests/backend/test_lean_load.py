@@ -22,16 +22,18 @@ pytestmark = pytest.mark.skipif(
 
 
 def spy_lean_loads(monkeypatch) -> list:
-    """Each (model, placeholder layers) `load_without` gives, as it gives it."""
-    loads, load_without = [], loader.load_without
+    """Each (model, placeholder layers) a lean load gives, as it gives it (before its layers are served)."""
+    loads, load_lean = [], loader.load_lean
 
-    def spying(location, config, dtype, layers, names):
-        loaded = load_without(location, config, dtype, layers, names)
+    def spying(*args):
+        loaded = load_lean(*args)
         if loaded is not None:
-            loads.append((loaded[0], set(layers)))
+            model, _, _, layers = loaded
+            loads.append((model, set(layers)))
+            assert set(placeholders(model)) == {f"{name}.weight" for name in layers}
         return loaded
 
-    monkeypatch.setattr(loader, "load_without", spying)
+    monkeypatch.setattr(loader, "load_lean", spying)
     return loads
 
 
