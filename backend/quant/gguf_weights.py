@@ -444,7 +444,8 @@ def serve_experts(model: nn.Module, blocks: GGUFBlocks, served: Counter) -> int:
 
 def served_layer(weight: Weight, linear: nn.Linear, kind: str) -> tuple[WeightOnlyLinear, str]:
     """The weight-only layer serving `weight` (read from a tensor of GGUF type `kind`), and how (for the
-    log). transformers dequantized these very blocks: its weights are the dense copy for many rows."""
+    log). transformers dequantized these very blocks: its weights are the dense copy for many rows (where
+    the model loaded lean, a placeholder, which `serve_gguf_weights` has made from the blocks instead)."""
     device, dense = linear.weight.device, linear.weight.detach()
     blocks_here = BlocksLinear.takes(weight.q.shape, device)
     if isinstance(weight, InBlocksWeight) and blocks_here:
