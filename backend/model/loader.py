@@ -267,6 +267,9 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     max_seq_len = cache_size.max_seq_len
     # A GGUF file is converted a tensor at a time where its architecture allows; else in memory, whole
     streamed = gguf_file is not None and gguf_conversion.streams(Path(location, gguf_file), model_config)
+    # and served from its blocks where the CPU multiplies them, its layers then loaded lean (lean_load.py)
+    lean_possible = quantization == "gguf" and block_weights.available(device)
+    gguf_path = Path(source.location) / source.gguf_file if source.is_gguf else None
     check_resources(
         model_config,
         dtype=dtype,
@@ -279,11 +282,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         quantizing=quantization if quantization in ("gguf", *QUANTIZERS) else None,
         gguf_bytes=(Path(source.location) / gguf_file).stat().st_size if gguf_file else None,
         converting_whole=gguf_file is not None and not streamed,
-        lean_blocks=(
-            blocks_bytes(Path(source.location) / source.gguf_file, converted)
-            if quantization == "gguf" and block_weights.available(device)
-            else None
-        ),
+        lean_blocks=blocks_bytes(gguf_path, converted) if lean_possible else None,
     )
 
     log.info("%s", cache_size.summary())
@@ -318,8 +317,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         read = partial(bitsandbytes_checkpoint.read_checkpoint, fmt=bnb_format, dtype=dtype)
         model, info, checkpoint_layers = load_read_itself(location, model_config, read, name, dtype, token)
     else:
-        if quantization == "gguf" and converted is not None and location == str(converted):
-            lean = load_lean(converted, source, model_config, dtype, device)
+        if lean_possible and location == str(converted):
+            lean = load_lean(gguf_path, converted, model_config, dtype, device)
         if lean is not None:
             model, info, blocks, dense_on_demand = lean
         else:
@@ -346,7 +345,6 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         group_wise.serve_group_wise(model, checkpoint_layers, group_wise_format)
     elif quantization != "checkpoint":  # (an FP8 checkpoint's layers are served above)
         if lean is not None:
-            gguf_path = Path(source.location) / source.gguf_file
             serve_gguf_weights(model, gguf_path, converted, blocks, dense_on_demand)
         else:
             quantize_weights(model, source, quantization, converted if has_converted_copy else None)
@@ -417,13 +415,13 @@ def load_weights(
 
 
 def load_lean(
-    converted: Path, source: ModelSource, config: PretrainedConfig, dtype: torch.dtype, device: torch.device
+    gguf_path: Path, converted: Path, config: PretrainedConfig, dtype: torch.dtype, device: torch.device
 ) -> tuple[PreTrainedModel, dict, GGUFBlocks, frozenset[str]] | None:
     """A GGUF file's model from its converted copy without the floats of the layers its blocks serve
     (model/lean_load.py), what it read, the blocks, and those layers; None where no layer is so served
-    here (a GPU, a CPU without AVX2) or the copy cannot be loaded so."""
+    here or the copy cannot be loaded so."""
     names_and_shapes = skeleton(config)
-    blocks = read_gguf_blocks(Path(source.location) / source.gguf_file, names_and_shapes, converted)
+    blocks = read_gguf_blocks(gguf_path, names_and_shapes, converted)
     layers = served_in_blocks(blocks, names_and_shapes, device)
     state_dict = state_dict_without(converted, dtype, layers, names_and_shapes) if layers else None
     if state_dict is None:
