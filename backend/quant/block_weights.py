@@ -280,7 +280,8 @@ def dense_copy(blocks: torch.Tensor, in_features: int, dtype: torch.dtype) -> to
 
 
 def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
-    """The float32 weights [out, in] the blocks hold: what `matmul` multiplies by (for tests and checks)."""
+    """The float32 weights [out, in] the blocks hold: what `matmul` multiplies by (the dense copies of a
+    lean load are made of it: `dense_copy`)."""
     bits, super_blocks, table = layout_of(blocks, in_features)
     out_features = blocks.shape[0]
     groups, count = out_features // CHANNELS, in_features // BLOCK
