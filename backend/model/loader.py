@@ -57,11 +57,12 @@ from backend.model.embeddings import EmbeddingModel, embed, score
 from backend.model.gguf_conversion import check_all_weights_read, save_staged
 from backend.model.gguf_parsing import each_gguf_file_parsed_once
 from backend.model.lean_load import blocks_bytes, served_in_blocks, skeleton, state_dict_without
-from backend.model.resources import check_resources
+from backend.model.resources import InsufficientResources, check_resources
 from backend.quant import bitsandbytes_checkpoint, block_weights, compressed_checkpoint, group_wise
 from backend.quant.calibration import (
     calibration_token_ids,
     drop_copies_blocks_match,
+    drop_dense_copies,
     keep_dense_copies,
     smooth_many_rows_path,
     time_head_crossover,
@@ -270,7 +271,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     # and served from its blocks where the CPU multiplies them, its layers then loaded lean (lean_load.py)
     lean_possible = quantization == "gguf" and block_weights.available(device)
     gguf_path = Path(source.location) / source.gguf_file if source.is_gguf else None
-    check_resources(
+    check = partial(
+        check_resources,
         model_config,
         dtype=dtype,
         cache_dtype=cache_dtype,
@@ -284,6 +286,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         converting_whole=gguf_file is not None and not streamed,
         lean_blocks=blocks_bytes(gguf_path, converted) if lean_possible else None,
     )
+    copies = check_room_for_copies(check, lean_possible)
 
     log.info("%s", cache_size.summary())
     if has_row_states(model_config) and not is_state_space(model_config):  # a hybrid: both
@@ -348,6 +351,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
             serve_gguf_weights(model, gguf_path, converted, blocks, dense_on_demand)
         else:
             quantize_weights(model, source, quantization, converted if has_converted_copy else None)
+    if not copies:
+        drop_dense_copies(model)
     # The fused CPU operations, built now where they will run (with --compile too), so that the int8
     # path below is timed as it will run.
     decode_ops.decode_ops(device, exact=exact, compiled=False)
@@ -412,6 +417,29 @@ def load_weights(
             f"{source.name} is a quantized checkpoint this server reads through a library that is not "
             f"installed here: {error}"
         ) from error
+
+
+def check_room_for_copies(check: Callable[..., object], lean_possible: bool) -> bool:
+    """Run the start-up check (`check_resources` with this start's figures); returns whether the RAM holds
+    the dense copies for many rows too. Where it does not, a lean GGUF load that fits without them goes on
+    without them, and says so (prompts then multiply in blocks: slower where the CPU's bfloat16 or int8
+    products beat them, as the calibration times); anything else short is refused as the check says."""
+    try:
+        check()
+        return True
+    except InsufficientResources as short:
+        if not lean_possible:
+            raise
+        try:
+            check(without_copies=True)
+        except InsufficientResources:
+            raise short from None
+        log.warning(
+            "%s\nThe layers served from the GGUF file's blocks keep no copies for many rows, which fit: "
+            "prompts multiply in blocks (slower on a CPU whose bfloat16 or int8 products beat them)",
+            str(short).splitlines()[1].strip(),
+        )
+        return False
 
 
 def load_lean(

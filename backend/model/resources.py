@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 from backend.layers.row_cache import KVShape
 from backend.layers.row_states import StateShape, has_row_states, is_state_space
 from backend.model.architectures import TEXT_ALONE
+from backend.quant.quantized_linear import quantizable_linears
 
 GIB = 1024**3
 HEADROOM = 1.1  # activations, allocator slack, the Python process itself
@@ -32,12 +33,13 @@ HEADROOM = 1.1  # activations, allocator slack, the Python process itself
 LOADING_BYTES = {"gguf": 2.0, "int4": 2.2, "int8": 3.2}
 # A GGUF file served from its blocks on a CPU that multiplies them loads lean (model/lean_load.py): its
 # blocks (lean_load.blocks_bytes) beside the weights in their serving dtype (the dense copies, at most all
-# of them), and this many bytes a parameter more (the process, a layer's copy as it is made, the
-# calibration's passes). The 1B's Q4_K_M file then held at most 2.6-2.8 GiB where its copies went int8
-# (2.3 once loaded), and 3.4 in a run where every bfloat16 copy stayed (3.0 once loaded); the check
-# requires 3.57 GiB at its first start and 3.69 at later ones (whose blocks' copy is larger than the
-# file's quantized tensors).
-LEAN_LOADING_BYTES = 0.6
+# of them; or none, where they do not fit: loader.check_room_for_copies), and this many bytes a parameter
+# more (the process, the head's blocks as they are packed, a layer's copy as it is made, the calibration's
+# passes). The 1B's Q4_K_M file then held at most 2.6-2.8 GiB where its copies went int8 (2.3 once
+# loaded), 3.4 in a run where every bfloat16 copy stayed (3.0 once loaded), and 1.6-1.7 without copies
+# (1.15 once loaded); the check requires 3.7 GiB at its first start, 3.8 at later ones (whose blocks'
+# copy is larger than the file's quantized tensors), and 1.8 without copies.
+LEAN_LOADING_BYTES = 0.7
 # A GGUF file whose architecture's tensors are read together (gguf_conversion.streams: Qwen2/3-MoE,
 # gpt-oss, GPT-2, Mixtral) is converted in memory: its float32 model whole, 4.6 GiB of the 1B above
 # (converted so, before files were converted a tensor at a time), in bytes a parameter.
@@ -69,11 +71,19 @@ class Available:
 def parameter_count(model_config: PretrainedConfig) -> int:
     """Parameters of the model the config describes, counted without allocating them (a TEXT_ALONE
     checkpoint's text model's: what is loaded of it)."""
+    return sum(p.numel() for p in skeleton(model_config).parameters())
+
+
+def projection_parameter_count(model_config: PretrainedConfig) -> int:
+    """Of those, the parameters of the linear layers a GGUF file's blocks may serve (all but the head)."""
+    return sum(linear.weight.numel() for linear in quantizable_linears(skeleton(model_config)).values())
+
+
+def skeleton(model_config: PretrainedConfig) -> torch.nn.Module:
     if model_config.model_type in TEXT_ALONE:
         model_config = model_config.get_text_config()
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config)
-    return sum(p.numel() for p in model.parameters())
+        return AutoModelForCausalLM.from_config(model_config)
 
 
 def estimate_needs(
@@ -86,17 +96,21 @@ def estimate_needs(
     gguf_bytes: int | None = None,
     converting_whole: bool = False,
     lean_blocks: int | None = None,
+    without_copies: bool = False,
 ) -> Needs:
     """What serving takes; where the weights are quantized as they load (`quantizing`: "gguf", "int4" or
     "int8", LOADING_BYTES), what loading takes; with `gguf_bytes` (a GGUF file's size, converted at this
     start) what its converted copy takes on disk; `converting_whole`: the file is converted in memory
     (WHOLE_CONVERSION_BYTES); `lean_blocks`: what a GGUF file's blocks take, where its layers load lean
-    (LEAN_LOADING_BYTES)."""
+    (LEAN_LOADING_BYTES); `without_copies`: a lean load whose layers keep no dense copies for many rows."""
     element = torch.finfo(dtype).bits // 8
     parameters = parameter_count(model_config)
-    # A lean GGUF load serves its blocks beside the dense copies (at most all of them: a CPU whose
-    # bfloat16 products beat int8 keeps them all)
-    weights = parameters * element + (lean_blocks if quantizing == "gguf" and lean_blocks else 0)
+    weights = parameters * element
+    if quantizing == "gguf" and lean_blocks is not None:
+        # A lean GGUF load serves its blocks beside the dense copies (at most all of them: a CPU whose
+        # bfloat16 products beat int8 keeps them all), or beside its floats alone, without copies
+        uncopied = projection_parameter_count(model_config) if without_copies else 0
+        weights += lean_blocks - uncopied * element
     kv_cache = (
         0
         if is_state_space(model_config)
@@ -190,9 +204,10 @@ def check_resources(
     gguf_bytes: int | None = None,
     converting_whole: bool = False,
     lean_blocks: int | None = None,
+    without_copies: bool = False,
 ) -> Needs:
     """Raise InsufficientResources, saying what is short and by how much, before any loading. `quantizing`,
-    `gguf_bytes`, `converting_whole` and `lean_blocks`: as estimate_needs takes them."""
+    `gguf_bytes`, `converting_whole`, `lean_blocks` and `without_copies`: as estimate_needs takes them."""
     needs = estimate_needs(
         model_config,
         dtype,
@@ -203,6 +218,7 @@ def check_resources(
         gguf_bytes,
         converting_whole,
         lean_blocks,
+        without_copies,
     )
     problems = shortfalls(needs, measure_available(device, disk_path), device.type == "cuda", converting)
     if problems:

@@ -88,6 +88,16 @@ def calibration_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return tokenizer(CALIBRATION_TEXT.read_text()).input_ids
 
 
+def drop_dense_copies(model: nn.Module) -> None:
+    """Let go of the projections' dense copies for many rows (kept or made on demand), where the RAM does
+    not hold them: many rows then multiply by the packed weights. The head keeps its floats (the
+    embedding, where tied)."""
+    head = model.get_output_embeddings()
+    for module in model.modules():
+        if isinstance(module, WeightOnlyLinear) and module is not head:
+            module.drop_dense()
+
+
 def keep_dense_copies(model: nn.Module) -> None:
     """Keep the dense copies still made on demand (a GGUF file's lean load): those the calibration left
     for many rows, made once now rather than at each pass."""

@@ -23,7 +23,7 @@ from backend.model.resources import (
     estimate_needs,
     shortfalls,
 )
-from backend.quant import block_weights
+from backend.quant import block_weights, calibration
 from backend.quant.gguf_weights import BLOCKS_CACHE
 from backend.utils.hub import hub_token
 from tests.backend.gguf_files import write_tiny_gguf
@@ -216,14 +216,65 @@ def test_a_load_that_quantizes_is_refused_where_it_would_not_fit_though_serving_
     for quantize, quantizing in (("auto", "gguf"), ("int4", "int4"), ("int8", "int8")):
         blocks = lean if quantizing == "gguf" else None
         needs = estimate_needs(model.config, torch.float32, 1, 64, quantizing=quantizing, lean_blocks=blocks)
-        # between the load's need and serving's, with the headroom
-        free["ram"] = short = int((needs.loading + needs.weights + needs.kv_cache) / 2 * 1.1)
+        # between the load's need and serving's, with the headroom (a lean load's without its copies for
+        # many rows, which it would go on without)
+        least = estimate_needs(
+            model.config, torch.float32, 1, 64, quantizing=quantizing, lean_blocks=blocks, without_copies=True
+        )
+        free["ram"] = short = int((least.loading + least.weights + least.kv_cache) / 2 * 1.1)
         with pytest.raises(resources.InsufficientResources, match="weights as they load and are quantized"):
             load_model(dataclasses.replace(config, quantize=quantize))
         free["ram"] = int(needs.loading * 1.1)  # the load's need, and no more
         load_model(dataclasses.replace(config, quantize=quantize))
-        free["ram"] = short
-        load_model(dataclasses.replace(config, quantize="none"))
+        if quantize != "auto":  # (a lean load without copies holds less than the exact mode serves in)
+            free["ram"] = short
+            load_model(dataclasses.replace(config, quantize="none"))
+
+
+@pytest.mark.skipif(
+    not block_weights.available(torch.device("cpu")),
+    reason="a lean load needs the CPU's blocks (AVX2 or AVX-512 VNNI)",
+)
+def test_a_gguf_file_whose_copies_for_many_rows_do_not_fit_is_served_from_its_blocks_alone(
+    tmp_path, monkeypatch, caplog
+):
+    """Where the RAM holds a lean GGUF load's blocks and floats but not the dense copies that the
+    calibration may keep beside them, the start goes on without the copies and says so; with less than
+    that, it is refused as before."""
+    from gguf import GGMLQuantizationType
+
+    from backend.model import resources
+    from backend.quant.quantized_linear import WeightOnlyLinear
+
+    model = tiny_model("llama")
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", model, default_model_path(), GGMLQuantizationType.Q4_0)
+    config = BackendConfig(model=str(path), dtype="float32", rows=1, max_seq_len=64, cache_dir=str(tmp_path))
+    load_model(config)  # the converted copy and the blocks' copy, which the later starts count
+    blocks = blocks_bytes(path, converted_dir(resolve_model(str(path)), tmp_path))
+    with_copies, without = (
+        resources.ram_needed(
+            estimate_needs(
+                model.config, torch.float32, 1, 64, quantizing="gguf", lean_blocks=blocks, without_copies=bare
+            ),
+            on_gpu=False,
+        )[0]
+        for bare in (False, True)
+    )
+    assert without < with_copies
+    free = {"ram": (with_copies + without) // 2}
+    monkeypatch.setattr(calibration, "COPY_MIN_SPEEDUP", 0.0)  # copies that would stay where they fit
+    monkeypatch.setattr(calibration, "int8_multiplies_faster", lambda layer: True)
+    monkeypatch.setattr(
+        resources, "measure_available", lambda device, disk: Available(free["ram"], GIB, None)
+    )
+    with caplog.at_level("WARNING", logger="backend.model.loader"):
+        served = load_model(config).model
+    assert "keep no copies for many rows" in caplog.text and "RAM: needs" in caplog.text
+    projections = [m for m in served.model.layers.modules() if isinstance(m, WeightOnlyLinear)]
+    assert projections and all(not m.has_many_rows_path for m in projections)
+    free["ram"] = without - 1
+    with pytest.raises(resources.InsufficientResources, match="weights as they load and are quantized"):
+        load_model(config)
 
 
 @pytest.mark.parametrize(
