@@ -22,19 +22,12 @@ import gguf
 import torch
 from safetensors import safe_open
 from torch import nn
-from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, PretrainedConfig
 
 from backend.model.gguf_conversion import INDEX_FILE
 from backend.quant.gguf_weights import BLOCKS_CACHE, FLOAT_TYPES, GGUFBlocks
 from backend.quant.quantized_linear import BlocksLinear, quantizable_linears
 
 SINGLE_FILE = "model.safetensors"  # a copy saved whole, through transformers (no index)
-
-
-def skeleton(config: PretrainedConfig) -> nn.Module:
-    """The model on the meta device: its module names and shapes, no memory."""
-    with torch.device("meta"):
-        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)](config)
 
 
 def served_in_blocks(blocks: GGUFBlocks, model: nn.Module, device: torch.device) -> set[str]:
@@ -73,8 +66,8 @@ def state_dict_without(
 ) -> dict[str, torch.Tensor] | None:
     """The converted copy in `location` as a state dict, the weights of `layers` (module names) as
     placeholders of their shape in `dtype`; None where the copy's names are not those of the model's state
-    dict (`names`, its `skeleton`): a family whose weights transformers renames as it loads them, which a
-    load from a state dict would not rename."""
+    dict (`names`, its `resources.skeleton`): a family whose weights transformers renames as it loads
+    them, which a load from a state dict would not rename."""
     files = copy_files(location)
     if not set(files) <= set(names.state_dict()):
         return None

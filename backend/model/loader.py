@@ -56,8 +56,8 @@ from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed, score
 from backend.model.gguf_conversion import check_all_weights_read, save_staged
 from backend.model.gguf_parsing import each_gguf_file_parsed_once
-from backend.model.lean_load import blocks_bytes, served_in_blocks, skeleton, state_dict_without
-from backend.model.resources import InsufficientResources, check_resources
+from backend.model.lean_load import blocks_bytes, served_in_blocks, state_dict_without
+from backend.model.resources import InsufficientResources, check_resources, skeleton
 from backend.quant import bitsandbytes_checkpoint, block_weights, compressed_checkpoint, group_wise
 from backend.quant.calibration import (
     calibration_token_ids,

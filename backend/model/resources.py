@@ -68,18 +68,9 @@ class Available:
     vram: int | None  # None on CPU
 
 
-def parameter_count(model_config: PretrainedConfig) -> int:
-    """Parameters of the model the config describes, counted without allocating them (a TEXT_ALONE
-    checkpoint's text model's: what is loaded of it)."""
-    return sum(p.numel() for p in skeleton(model_config).parameters())
-
-
-def projection_parameter_count(model_config: PretrainedConfig) -> int:
-    """Of those, the parameters of the linear layers a GGUF file's blocks may serve (all but the head)."""
-    return sum(linear.weight.numel() for linear in quantizable_linears(skeleton(model_config)).values())
-
-
 def skeleton(model_config: PretrainedConfig) -> torch.nn.Module:
+    """The model the config describes on the meta device: its names and shapes, nothing allocated (a
+    TEXT_ALONE checkpoint's text model: what is loaded of it)."""
     if model_config.model_type in TEXT_ALONE:
         model_config = model_config.get_text_config()
     with torch.device("meta"):
@@ -104,12 +95,14 @@ def estimate_needs(
     (WHOLE_CONVERSION_BYTES); `lean_blocks`: what a GGUF file's blocks take, where its layers load lean
     (LEAN_LOADING_BYTES); `without_copies`: a lean load whose layers keep no dense copies for many rows."""
     element = torch.finfo(dtype).bits // 8
-    parameters = parameter_count(model_config)
+    model = skeleton(model_config)
+    parameters = sum(p.numel() for p in model.parameters())
     weights = parameters * element
     if quantizing == "gguf" and lean_blocks is not None:
         # A lean GGUF load serves its blocks beside the dense copies (at most all of them: a CPU whose
         # bfloat16 products beat int8 keeps them all), or beside its floats alone, without copies
-        uncopied = projection_parameter_count(model_config) if without_copies else 0
+        projections = quantizable_linears(model).values()  # those the blocks may serve: all but the head
+        uncopied = sum(linear.weight.numel() for linear in projections) if without_copies else 0
         weights += lean_blocks - uncopied * element
     kv_cache = (
         0
