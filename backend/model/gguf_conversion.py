@@ -26,7 +26,7 @@ import torch
 from gguf import ReaderTensor
 from safetensors.torch import save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
 from transformers.modeling_gguf_pytorch_utils import (
     TENSOR_PROCESSORS,
     TensorProcessor,
@@ -34,6 +34,7 @@ from transformers.modeling_gguf_pytorch_utils import (
     read_field,
 )
 
+from backend.model import resources
 from backend.model.architectures import UnsupportedModel
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,7 @@ def write_converted(
     later start's converted copy. Refuses (UnsupportedModel) a file that leaves any of the model's weights
     unread, before any copy is kept. False where the disk would not take it (the caller converts in
     memory instead)."""
-    with torch.device("meta"):  # names and shapes only
-        skeleton = AutoModelForCausalLM.from_config(config)
+    skeleton = resources.skeleton(config)  # names and shapes only
 
     def write(staging: Path) -> None:
         written = write_weights(path, config, skeleton, staging)
