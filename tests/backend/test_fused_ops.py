@@ -342,6 +342,26 @@ def test_smoothed_int8_path_gives_the_same_numbers_fused(fused, dtype, monkeypat
     torch.testing.assert_close(with_loops, without, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_weights_are_rounded_to_int8_the_same_fused(fused, dtype, monkeypatch):
+    """quantize_smoothed rounds a layer's channels by the loop that rounds activation rows: the same int8
+    weights and scales as its PyTorch operations, a channel of zeros included."""
+    generator = torch.Generator().manual_seed(1)
+    dense = (torch.randn(96, 576, generator=generator) / 20).to(dtype)
+    dense[5] = 0
+    smoothing = torch.rand(576, generator=generator) + 0.5
+    with_loop = quantize_smoothed(dense, smoothing)
+    monkeypatch.setattr(kernels, "_extension", None)
+    monkeypatch.setattr(kernels, "_unavailable", "switched off by the test")
+    without = quantize_smoothed(dense, smoothing)
+    for got, expected in zip(with_loop, without, strict=True):
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    weight_int8, scales = without
+    assert weight_int8.abs().amax(dim=1)[[0, 1, 95]].eq(127).all()  # each channel's largest at the end
+    assert (weight_int8[5] == 0).all() and scales[5] > 0
+
+
 def test_smoothed_int8_rows_with_a_nan_give_nan_fused_as_in_pytorch(fused, monkeypatch):
     """A NaN activation: PyTorch's largest magnitude is NaN, and so the row's scale and products; the loop's
     maximum skipped it and cast NaN to an integer. Now its row is NaN too, the other rows untouched."""
