@@ -563,8 +563,9 @@ struct Avx2 {
 };
 #endif
 
+// The kernel's function for a layout: `Kernel::product<BITS, SUPER, TABLE, T>`.
 template <typename Kernel, typename T>
-GroupProduct<T> product_of(int64_t bits, Layout layout) {
+auto product_of(int64_t bits, Layout layout) {
   if (layout.table) {
     return layout.super ? Kernel::template product<4, true, true, T> : Kernel::template product<4, false, true, T>;
   }
@@ -620,15 +621,10 @@ constexpr bool has_avx2_kernel() {
 #endif
 }
 
-at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2) {
-  TORCH_CHECK((bits >= 4 && bits <= 6) || bits == 8, "bits must be 4, 5, 6 or 8, not ", bits);
-  TORCH_CHECK(x.device().is_cpu() && weights.device().is_cpu(), "block_matmul runs on the CPU");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in]");
-  TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
-              "weights must be contiguous uint8 [out, in / 32 * bytes]");
-  const int64_t rows = x.size(0), in = x.size(1), out = weights.size(0);
-  TORCH_CHECK(in % BLOCK == 0 && out % CHANNELS == 0, "in must be a multiple of 32 and out of 16");
-  // The layout, by the bytes a group of 16 channels takes (no two take the same for the same inputs).
+// The layout of weights [out, bytes a channel] holding `bits`-bit values of `in` inputs, by the bytes a
+// group of 16 channels takes (no two take the same for the same inputs).
+Layout layout_of(const at::Tensor& weights, int64_t in, int64_t bits) {
+  TORCH_CHECK(in % BLOCK == 0 && weights.size(0) % CHANNELS == 0, "in must be a multiple of 32 and out of 16");
   const int64_t group_bytes = weights.size(1) * CHANNELS, super_blocks = in / (BLOCKS_A_SUPER_BLOCK * BLOCK);
   const auto takes = [&](Layout layout) {
     if ((layout.super && (bits == 8 || in % (BLOCKS_A_SUPER_BLOCK * BLOCK) != 0)) || (layout.table && bits != 4)) {
@@ -641,17 +637,142 @@ at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, 
   const Layout* layout = std::find_if(std::begin(layouts), std::end(layouts), takes);
   TORCH_CHECK(layout != std::end(layouts), "weights do not hold ", bits, "-bit blocks or super-blocks of ", in,
               " inputs");
+  return *layout;
+}
+
+at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2) {
+  TORCH_CHECK((bits >= 4 && bits <= 6) || bits == 8, "bits must be 4, 5, 6 or 8, not ", bits);
+  TORCH_CHECK(x.device().is_cpu() && weights.device().is_cpu(), "block_matmul runs on the CPU");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in]");
+  TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
+              "weights must be contiguous uint8 [out, in / 32 * bytes]");
+  const int64_t rows = x.size(0), in = x.size(1), out = weights.size(0);
+  const Layout layout = layout_of(weights, in, bits);
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be float32 or bfloat16, not ", x.scalar_type());
   at::Tensor result = at::empty({rows, out}, x.options());
   // Nothing to compute (no rows, or no output channels, which would share 0 groups among 0 threads).
   if (result.numel() == 0) return result;
   if (x.scalar_type() == at::kFloat) {
-    multiply_blocks<float>(x, weights, bits, *layout, avx2, result);
+    multiply_blocks<float>(x, weights, bits, layout, avx2, result);
   } else {
-    multiply_blocks<c10::BFloat16>(x, weights, bits, *layout, avx2, result);
+    multiply_blocks<c10::BFloat16>(x, weights, bits, layout, avx2, result);
   }
   return result;
+}
+
+// Line `line` of a block's values, u for its 64 lanes (the layout above: lane 4c + k is input 4 line + k
+// of channel c): 4-bit to 6-bit lines 2i and 2i + 1 are the low and high nibbles of byte line i, a 5-bit
+// line's fifth bit is bit `line` of the fifth-bits line, and a 6-bit line 4h + i's top two bits are bits
+// 2i and 2i + 1 of top line h.
+template <int BITS>
+inline void line_values(const uint8_t* values, int64_t line, uint8_t u[64]) {
+  for (int64_t lane = 0; lane < 64; ++lane) {
+    if constexpr (BITS == 8) {
+      u[lane] = values[line * 64 + lane];
+    } else {
+      const uint8_t byte = values[line / 2 * 64 + lane];
+      uint8_t value = line % 2 == 0 ? byte & 0x0F : byte >> 4;
+      if constexpr (BITS == 5) value |= ((values[LOW_NIBBLES + lane] >> line) & 1) << 4;
+      if constexpr (BITS == 6) value |= ((values[LOW_NIBBLES + line / 4 * 64 + lane] >> (2 * (line % 4))) & 3) << 4;
+      u[lane] = value;
+    }
+  }
+}
+
+inline float half_at(const uint8_t* p, int64_t index) {
+  c10::Half value;
+  std::memcpy(&value, p + 2 * index, sizeof value);
+  return static_cast<float>(value);
+}
+
+// One block of a group of 16 channels to floats, out[c * in + i] for its 32 inputs i: `values` its value
+// bytes (its scales follow them), `d` and `minimum` its super-block's (K-quants; else unused). A line at a
+// time, over its 64 lanes, so that the compiler takes them in vectors. The arithmetic is
+// block_weights.dequantize_in_torch's, in its order, so the same to the last bit: w = u * d + m (d * s and
+// minimum * m first, for K-quants; u * d is exact, so a fused multiply-add rounds as the two steps do),
+// d * s * (u - 32) as ((u - 32) * s) * d, and table[u] * d.
+template <int BITS, bool SUPER, bool TABLE, typename T>
+void block_to_floats(const uint8_t* values, const float* d, const float* minimum, T* out, int64_t in) {
+  const uint8_t* scales = values + value_bytes(BITS);
+  float scale[64], offset[64] = {}, half_scale[2][64];  // by lane; 6-bit: s of inputs 0-15, 16-31
+  for (int64_t lane = 0; lane < 64; ++lane) {
+    const int64_t c = lane / 4;
+    if constexpr (TABLE) {
+      scale[lane] = SUPER ? d[c] * static_cast<float>(static_cast<int8_t>(scales[c])) : half_at(scales, c);
+    } else if constexpr (BITS == 6) {
+      const int8_t* s = reinterpret_cast<const int8_t*>(scales + (SUPER ? 0 : 2 * CHANNELS));
+      scale[lane] = SUPER ? d[c] : half_at(scales, c);
+      for (int64_t half = 0; half < 2; ++half) half_scale[half][lane] = static_cast<float>(s[half * CHANNELS + c]);
+    } else if constexpr (SUPER) {
+      scale[lane] = d[c] * static_cast<float>(scales[c]);
+      offset[lane] = minimum[c] * static_cast<float>(scales[CHANNELS + c]);
+    } else {
+      scale[lane] = half_at(scales, c);
+      offset[lane] = BITS == 8 ? -128.f * scale[lane] : half_at(scales, CHANNELS + c);
+    }
+  }
+  for (int64_t line = 0; line < 8; ++line) {
+    uint8_t u[64];
+    line_values<BITS>(values, line, u);
+    T w[64];
+    for (int64_t lane = 0; lane < 64; ++lane) {
+      float value;
+      if constexpr (TABLE) {
+        value = static_cast<float>(TABLE_VALUES[u[lane]]) * scale[lane];
+      } else if constexpr (BITS == 6) {
+        const float centred = static_cast<float>(static_cast<int32_t>(u[lane]) - SIX_BIT_OFFSET);
+        value = centred * half_scale[line / 4][lane] * scale[lane];
+      } else {
+        value = static_cast<float>(u[lane]) * scale[lane] + offset[lane];
+      }
+      w[lane] = static_cast<T>(value);
+    }
+    for (int64_t c = 0; c < CHANNELS; ++c) std::memcpy(out + c * in + line * 4, w + c * 4, 4 * sizeof(T));
+  }
+}
+
+// A group of 16 channels' blocks to floats: out [16, in].
+template <int BITS, bool SUPER, bool TABLE, typename T>
+void group_to_floats(const uint8_t* group, int64_t in, T* out) {
+  if constexpr (!SUPER) {
+    for (int64_t block = 0; block < in / BLOCK; ++block) {
+      block_to_floats<BITS, SUPER, TABLE>(group + block * block_bytes(BITS, TABLE), nullptr, nullptr, out + block * BLOCK, in);
+    }
+  } else {
+    constexpr int64_t inputs = BLOCKS_A_SUPER_BLOCK * BLOCK;
+    for (int64_t first = 0; first < in; first += inputs) {
+      const uint8_t* super_block = group + first / inputs * super_block_bytes(BITS, TABLE);
+      float d[CHANNELS], minimum[CHANNELS] = {};
+      for (int64_t c = 0; c < CHANNELS; ++c) {
+        d[c] = half_at(super_block, c);
+        if constexpr (has_minimum(BITS, TABLE)) minimum[c] = half_at(super_block, CHANNELS + c);
+      }
+      for (int64_t block = 0; block < BLOCKS_A_SUPER_BLOCK; ++block) {
+        const uint8_t* values = super_block + header_bytes(BITS, TABLE) + block * stride(BITS, true, TABLE);
+        block_to_floats<BITS, SUPER, TABLE>(values, d, minimum, out + first + block * BLOCK, in);
+      }
+    }
+  }
+}
+
+template <typename T>
+using GroupFloats = void (*)(const uint8_t* group, int64_t in, T* out);
+
+struct ToFloats {
+  template <int BITS, bool SUPER, bool TABLE, typename T>
+  static constexpr GroupFloats<T> product = group_to_floats<BITS, SUPER, TABLE, T>;
+};
+
+template <typename T>
+void blocks_to_floats(const at::Tensor& weights, int64_t bits, Layout layout, at::Tensor& out) {
+  const GroupFloats<T> group_floats = product_of<ToFloats, T>(bits, layout);
+  const uint8_t* blocks = weights.data_ptr<uint8_t>();
+  T* values = out.data_ptr<T>();
+  const int64_t in = out.size(1), group_bytes = weights.size(1) * CHANNELS;
+  at::parallel_for(0, weights.size(0) / CHANNELS, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) group_floats(blocks + g * group_bytes, in, values + g * CHANNELS * in);
+  });
 }
 
 }  // namespace
@@ -667,6 +788,26 @@ std::string block_matmul_kernel() { return has_vnni_kernel() ? "AVX-512 VNNI" : 
 at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits) {
   TORCH_CHECK(has_vnni_kernel() || has_avx2_kernel(), "block_matmul needs a CPU with AVX-512 VNNI or AVX2");
   return checked_block_matmul(x, weights, bits, !has_vnni_kernel());
+}
+
+// The weights that blocks [out, bytes a channel] of `bits`-bit values hold, written into out [out, in]
+// (float32 or bfloat16, rounded once from float32): block_weights.dequantize's values, a group of 16
+// channels a task, straight from the blocks to their places (PyTorch's operations took 2 s of the 1B
+// Q4_K_M file's start).
+void block_dequantize(const at::Tensor& weights, int64_t bits, at::Tensor& out) {
+  TORCH_CHECK((bits >= 4 && bits <= 6) || bits == 8, "bits must be 4, 5, 6 or 8, not ", bits);
+  TORCH_CHECK(weights.device().is_cpu() && out.device().is_cpu(), "block_dequantize runs on the CPU");
+  TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
+              "weights must be contiguous uint8 [out, in / 32 * bytes]");
+  TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.size(0) == weights.size(0),
+              "out must be a contiguous [out, in] of the weights' outputs");
+  const Layout layout = layout_of(weights, out.size(1), bits);
+  if (out.scalar_type() == at::kFloat) {
+    blocks_to_floats<float>(weights, bits, layout, out);
+  } else {
+    TORCH_CHECK(out.scalar_type() == at::kBFloat16, "out must be float32 or bfloat16, not ", out.scalar_type());
+    blocks_to_floats<c10::BFloat16>(weights, bits, layout, out);
+  }
 }
 
 // The same by the AVX2 kernel, wherever it is built (an AVX-512 CPU too): for its tests and timings.

@@ -21,6 +21,7 @@ bool attention_supports(int64_t head_dim, int64_t group);
 std::string block_matmul_kernel();
 at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits);
 at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int64_t bits);
+void block_dequantize(const at::Tensor& weights, int64_t bits, at::Tensor& out);
 
 at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,

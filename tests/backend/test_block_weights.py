@@ -4,6 +4,7 @@
 import pytest
 import torch
 
+from backend.kernels import extension as extension_module
 from backend.kernels.extension import extension
 from backend.quant import block_weights
 from backend.quant.block_weights import (
@@ -201,6 +202,27 @@ def test_blocks_hold_the_weights_they_were_packed_from(bits):
         assert blocks.dtype == torch.uint8
         assert blocks.shape == (out_features, in_features // BLOCK * {4: 20, 5: 24, 6: 28, 8: 34}[bits])
         assert torch.equal(dequantize(blocks, in_features), weight)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_the_loop_makes_the_weights_pytorchs_operations_make_from_any_bytes(layout, monkeypatch):
+    """dense_copy (and dequantize) write the floats in the extension's loop: bit for bit PyTorch's
+    operations' floats, rounded once to bfloat16, from packed weights and from random bytes (fp16 scales
+    of any value, NaN and infinities among them); and by those operations where the extension is not
+    built."""
+    out_features, in_features = 48, inputs_of(layout, 3)
+    blocks, weight = packed(layout, out_features, in_features)
+    noise = torch.randint(0, 256, blocks.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    for tried in (blocks, noise):
+        expected = block_weights.dequantize_in_torch(tried, in_features)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            got = block_weights.dense_copy(tried, in_features, dtype)
+            assert got.dtype == dtype and got.shape == (out_features, in_features)
+            torch.testing.assert_close(got, expected.to(dtype), atol=0, rtol=0, equal_nan=True)
+    assert torch.equal(dequantize(blocks, in_features), weight)
+    monkeypatch.setattr(extension_module, "_extension", None)
+    monkeypatch.setattr(extension_module, "_unavailable", "switched off by the test")
+    assert torch.equal(block_weights.dense_copy(blocks, in_features, torch.bfloat16), weight.bfloat16())
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
