@@ -37,8 +37,9 @@ LOADING_BYTES = {"gguf": 2.0, "int4": 2.2, "int8": 3.2}
 # more (the process, the head's blocks as they are packed, a layer's copy as it is made, the calibration's
 # passes). The 1B's Q4_K_M file then held at most 2.6-2.8 GiB where its copies went int8 (2.3 once
 # loaded), 3.4 in a run where every bfloat16 copy stayed (3.0 once loaded), and 1.6-1.7 without copies
-# (1.15 once loaded); the check requires 3.7 GiB at its first start, 3.8 at later ones (whose blocks'
-# copy is larger than the file's quantized tensors), and 1.8 without copies.
+# (1.15 once loaded), 1.3 since its head is packed a part at a time (block_weights.PACK_CHANNELS); the
+# check requires 3.7 GiB at its first start, 3.8 at later ones (whose blocks' copy is larger than the
+# file's quantized tensors), and 1.8 without copies.
 LEAN_LOADING_BYTES = 0.7
 # A GGUF file whose architecture's tensors are read together (gguf_conversion.streams: Qwen2/3-MoE,
 # gpt-oss, GPT-2, Mixtral) is converted in memory: its float32 model whole, 4.6 GiB of the 1B above

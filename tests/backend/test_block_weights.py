@@ -204,6 +204,24 @@ def test_blocks_hold_the_weights_they_were_packed_from(bits):
         assert torch.equal(dequantize(blocks, in_features), weight)
 
 
+@pytest.mark.parametrize("layout", [*LAYOUTS, "8-bit channels"], ids=[*LAYOUT_IDS, "8-bit-channels"])
+def test_channels_packed_a_part_at_a_time_are_the_layer_packed_whole(layout, monkeypatch):
+    """Packed PACK_CHANNELS output channels at a time (here 32 of 80: two parts and a half one), a layer's
+    blocks are those it packs to whole, and hold its weights."""
+    out_features = 80
+
+    def pack() -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(layout, Layout):
+            return packed(layout, out_features, inputs_of(layout, 3))
+        return int8_weights(out_features, 3 * BLOCK, per_block=False)
+
+    whole, weight = pack()
+    monkeypatch.setattr(block_weights, "PACK_CHANNELS", 32)
+    in_parts, _ = pack()
+    assert torch.equal(in_parts, whole)
+    assert torch.equal(dequantize(in_parts, weight.shape[1]), weight)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_the_loop_makes_the_weights_pytorchs_operations_make_from_any_bytes(layout, monkeypatch):
     """dense_copy (and dequantize) write the floats in the extension's loop: bit for bit PyTorch's
