@@ -308,8 +308,9 @@ def _(x: torch.Tensor, blocks: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def dense_copy(blocks: torch.Tensor, in_features: int, dtype: torch.dtype) -> torch.Tensor:
-    """The weights [out, in] the blocks hold, in `dtype` (float32 or bfloat16, rounded once): `dequantize`'s
-    values, written straight from the blocks by the extension's loop where it is built. A 1B Q4_K_M file's
+    """The weights [out, in] the blocks hold, in `dtype` (float32 and bfloat16 rounded once from float32,
+    another dtype from float32): `dequantize`'s values, written straight from the blocks by the extension's
+    loop where it is built. A 1B Q4_K_M file's
     lean start makes its projections' copies two or three times: PyTorch's operations, 256 channels at a
     time, made 440 million weights a second on the 2-core Xeon and took 4 s of that start."""
     extension = kernels.extension()
