@@ -622,8 +622,11 @@ constexpr bool has_avx2_kernel() {
 }
 
 // The layout of weights [out, bytes a channel] holding `bits`-bit values of `in` inputs, by the bytes a
-// group of 16 channels takes (no two take the same for the same inputs).
+// group of 16 channels takes (no two take the same for the same inputs); what they must be checked first.
 Layout layout_of(const at::Tensor& weights, int64_t in, int64_t bits) {
+  TORCH_CHECK((bits >= 4 && bits <= 6) || bits == 8, "bits must be 4, 5, 6 or 8, not ", bits);
+  TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
+              "weights must be contiguous uint8 [out, in / 32 * bytes]");
   TORCH_CHECK(in % BLOCK == 0 && weights.size(0) % CHANNELS == 0, "in must be a multiple of 32 and out of 16");
   const int64_t group_bytes = weights.size(1) * CHANNELS, super_blocks = in / (BLOCKS_A_SUPER_BLOCK * BLOCK);
   const auto takes = [&](Layout layout) {
@@ -641,11 +644,8 @@ Layout layout_of(const at::Tensor& weights, int64_t in, int64_t bits) {
 }
 
 at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2) {
-  TORCH_CHECK((bits >= 4 && bits <= 6) || bits == 8, "bits must be 4, 5, 6 or 8, not ", bits);
   TORCH_CHECK(x.device().is_cpu() && weights.device().is_cpu(), "block_matmul runs on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in]");
-  TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
-              "weights must be contiguous uint8 [out, in / 32 * bytes]");
   const int64_t rows = x.size(0), in = x.size(1), out = weights.size(0);
   const Layout layout = layout_of(weights, in, bits);
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
@@ -792,13 +792,10 @@ at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t 
 
 // The weights that blocks [out, bytes a channel] of `bits`-bit values hold, written into out [out, in]
 // (float32 or bfloat16, rounded once from float32): block_weights.dequantize's values, a group of 16
-// channels a task, straight from the blocks to their places (PyTorch's operations took 2 s of the 1B
+// channels a task, straight from the blocks to their places (PyTorch's operations took 4 s of the 1B
 // Q4_K_M file's start).
 void block_dequantize(const at::Tensor& weights, int64_t bits, at::Tensor& out) {
-  TORCH_CHECK((bits >= 4 && bits <= 6) || bits == 8, "bits must be 4, 5, 6 or 8, not ", bits);
   TORCH_CHECK(weights.device().is_cpu() && out.device().is_cpu(), "block_dequantize runs on the CPU");
-  TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
-              "weights must be contiguous uint8 [out, in / 32 * bytes]");
   TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.size(0) == weights.size(0),
               "out must be a contiguous [out, in] of the weights' outputs");
   const Layout layout = layout_of(weights, out.size(1), bits);
