@@ -62,10 +62,12 @@ COPY scripts scripts
 COPY gunicorn.conf.py gunicorn_json_errors.py .
 
 # The default model, converted from GGUF now, so that a container starts with no network
-# and no conversion (and the fused CPU operations built); then a user without root privileges to run it.
+# and no conversion (and the fused CPU operations built): for a GPU the whole float32 copy, for a CPU
+# without the layers its blocks serve. Then a user without root privileges to run it.
 # /models: where compose mounts the volume of downloaded models (MODEL=...), which takes this
 # directory's owner when it is created, so that the user can write to it.
-RUN python -m backend.prepare \
+RUN if [ "$DEVICE" = "cuda" ]; then whole=--full-copy; fi \
+ && python -m backend.prepare $whole \
  && useradd --create-home --uid 10001 app \
  && mkdir /models \
  && chown -R app /opt/models /models

@@ -2,6 +2,8 @@
 that the default model is converted from GGUF once per machine, not per test."""
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,3 +86,16 @@ def default_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("default-tokenizer")
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def whole_default_model_copy() -> Path:
+    """The default model's converted copy (safetensors, config and tokenizer.json) with every float weight,
+    what transformers loads as a checkpoint: made or completed now (`backend.prepare --full-copy`) where
+    no start has, or only a default-mode one, which leaves out the layers the blocks serve."""
+    from backend.model.gguf_conversion import omitted_weights  # inside: the frontend's tests import no torch
+    from backend.model.loader import converted_dir, resolve_model
+
+    converted = converted_dir(resolve_model(None), Path(os.environ["INFERENCE_CACHE_DIR"]))
+    if not (converted / "config.json").is_file() or omitted_weights(converted):
+        subprocess.run([sys.executable, "-m", "backend.prepare", "--full-copy"], check=True, cwd=ROOT)
+    return converted

@@ -12,15 +12,11 @@ the pieces they stream in and the markers between them are the engine's.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from backend.model.loader import converted_dir, resolve_model
-from tests.conftest import ROOT
+from tests.conftest import ROOT, whole_default_model_copy
 from tests.server_fixture import RunningServer, running_server
 
 TEMPLATE = ROOT / "tests" / "frontend" / "chat_templates" / "openai-gpt-oss-120b.jinja"
@@ -37,17 +33,9 @@ MARKERS = {
 END_TOKENS = [7, 0]  # <|return|>, <|endoftext|>
 
 
-def default_model_copy() -> Path:
-    """The default model's converted copy (safetensors and tokenizer.json), made now if no start has."""
-    converted = converted_dir(resolve_model(None), Path(os.environ["INFERENCE_CACHE_DIR"]))
-    if not (converted / "config.json").is_file():
-        subprocess.run([sys.executable, "-m", "backend.prepare"], check=True, cwd=ROOT)
-    return converted
-
-
 def harmony_model(directory: Path) -> Path:
     """The model directory: the default model's weights (linked), its tokenizer with harmony's markers."""
-    source = default_model_copy()
+    source = whole_default_model_copy()
     model = directory / "harmony-smollm2"
     model.mkdir()
     for weights in source.glob("model*.safetensors*"):  # its shards and their index, or one file

@@ -9,6 +9,12 @@ permutation undone, Gemma's norms less one), named by transformers' own map, and
 at most SHARD_BYTES; then the start loads the copy as a later start does. Architectures whose
 processor assembles a weight from several of the file's tensors (the experts of Qwen2-MoE, Qwen3-MoE,
 gpt-oss, MiniMax-M2; GPT-2's head) are converted through transformers as before (`streams`).
+
+A start that serves the file's blocks (lean_load.py) reads none of their layers' floats: its copy leaves
+them out (`omit`), the index naming them (`omitted_weights`). A 1B Q4_K_M file's copy was 4.3 GB of
+float32 for a 0.7 GB file, and writing it most of a first start. A later start that needs those floats
+(the exact mode, a GPU, --quantize int8) writes them into the copy first (`complete_copy`), exactly as
+the whole conversion would have.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -52,17 +59,22 @@ def streams(path: Path, config: PretrainedConfig) -> bool:
 
 
 def write_converted(
-    path: Path, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, target: Path
+    path: Path,
+    config: PretrainedConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    target: Path,
+    omit: frozenset[str] = frozenset(),
 ) -> bool:
-    """Write `path`'s weights in float32, its configuration and `tokenizer` to `target` (`save_staged`): a
-    later start's converted copy. Refuses (UnsupportedModel) a file that leaves any of the model's weights
-    unread, before any copy is kept. False where the disk would not take it (the caller converts in
-    memory instead)."""
+    """Write `path`'s weights in float32 (but those named in `omit`, which the blocks serve), its
+    configuration and `tokenizer` to `target` (`save_staged`): a later start's converted copy. Refuses
+    (UnsupportedModel) a file that leaves any of the model's weights unread, before any copy is kept.
+    False where the disk would not take it (the caller converts in memory instead)."""
     skeleton = resources.skeleton(config)  # names and shapes only
 
     def write(staging: Path) -> None:
-        written = write_weights(path, config, skeleton, staging)
-        check_all_weights_read(sorted(set(weight_names(skeleton)) - written), path.name)
+        weight_map = write_weights(path, config, skeleton, staging, lambda name: name not in omit)
+        check_all_weights_read(sorted(set(weight_names(skeleton)) - set(weight_map) - omit), path.name)
+        write_index(staging, weight_map, omitted=sorted(omit))
         saved = copy.deepcopy(config)
         saved.quantization_config = None  # the GGUF marker: transformers would look for the file again
         saved.dtype = torch.float32
@@ -71,6 +83,12 @@ def write_converted(
         GenerationConfig.from_model_config(saved).save_pretrained(staging)
         tokenizer.save_pretrained(staging)
 
+    if omit:
+        log.info(
+            "the converted copy leaves out the float weights of the %d layers the file's blocks serve (a "
+            "start that reads them writes them into it: the exact mode, a GPU, --quantize int8)",
+            len(omit),
+        )
     return save_staged(target, write)
 
 
@@ -96,17 +114,25 @@ def save_staged(target: Path, write: Callable[[Path], None]) -> bool:
     return True
 
 
-def write_weights(path: Path, config: PretrainedConfig, skeleton: nn.Module, directory: Path) -> set[str]:
-    """Each of the file's tensors that `skeleton` (the model, on the meta device) has a weight for, in
-    float32 safetensors shards with their index; returns the names written."""
+def write_weights(
+    path: Path,
+    config: PretrainedConfig,
+    skeleton: nn.Module,
+    directory: Path,
+    wanted: Callable[[str], bool],
+    weight_map: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Each of the file's tensors that `skeleton` (the model, on the meta device) has a weight for and
+    that is `wanted` (by its name there), in float32 safetensors shards numbered on from those of
+    `weight_map` (an index's: name to shard), which each shard written is added to; returns it."""
     reader = gguf.GGUFReader(str(path))
     architecture = read_field(reader, "general.architecture")[0]
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
     names = get_gguf_hf_weights_map(skeleton, processor)
     shapes = {name: tensor.shape for name, tensor in skeleton.state_dict().items()}
-    weight_map, shard, held = {}, {}, 0
+    weight_map, shard, held = {} if weight_map is None else weight_map, {}, 0
     for tensor in reader.tensors:
-        if tensor.name not in names:  # (these processors keep a tensor's name)
+        if tensor.name not in names or not wanted(names[tensor.name]):  # (processors keep tensors' names)
             continue
         name, weight = names[tensor.name], floats(tensor, processor)
         if weight.shape != shapes[name]:
@@ -120,8 +146,45 @@ def write_weights(path: Path, config: PretrainedConfig, skeleton: nn.Module, dir
             shard, held = {}, 0
     if shard:
         save_shard(shard, directory, weight_map)
-    (directory / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    return set(weight_map)
+    return weight_map
+
+
+def write_index(directory: Path, weight_map: dict[str, str], omitted: list[str]) -> None:
+    """The copy's index: where each weight is, and which it leaves to the file's blocks. Replaced whole (a
+    start may be reading it while another completes the copy)."""
+    index = {"metadata": {"omitted": omitted} if omitted else {}, "weight_map": weight_map}
+    staging = directory / f".{INDEX_FILE}.{os.getpid()}"
+    staging.write_text(json.dumps(index, indent=1))
+    staging.replace(directory / INDEX_FILE)
+
+
+def omitted_weights(directory: Path) -> list[str]:
+    """The weights a converted copy leaves to the GGUF file's blocks (none in a whole copy)."""
+    index = directory / INDEX_FILE
+    return json.loads(index.read_text())["metadata"].get("omitted", []) if index.is_file() else []
+
+
+def complete_copy(path: Path, config: PretrainedConfig, directory: Path) -> bool:
+    """Write the weights `directory`'s copy of `path` left to the blocks (`omitted_weights`) into it, as
+    the whole conversion writes them; returns whether it could (where the disk would not take them, the
+    shards written are removed). Another process may be completing the copy too, or loading it: each
+    shard and then the index appear whole, under the names both would give them."""
+    omitted = set(omitted_weights(directory))
+    if not omitted:
+        return True
+    log.info("writing the float weights of %d layers the blocks serve into %s", len(omitted), directory)
+    weight_map = json.loads((directory / INDEX_FILE).read_text())["weight_map"]
+    shards = set(weight_map.values())
+    completed = dict(weight_map)
+    try:
+        write_weights(path, config, resources.skeleton(config), directory, omitted.__contains__, completed)
+        write_index(directory, completed, omitted=[])
+    except OSError as error:  # a full disk
+        for shard in set(completed.values()) - shards:
+            (directory / shard).unlink(missing_ok=True)
+        log.warning("could not write the rest of the converted copy in %s: %s", directory, error)
+        return False
+    return True
 
 
 def floats(tensor: ReaderTensor, processor: TensorProcessor | None = None) -> torch.Tensor:
@@ -135,7 +198,13 @@ def floats(tensor: ReaderTensor, processor: TensorProcessor | None = None) -> to
 def save_shard(shard: dict[str, torch.Tensor], directory: Path, weight_map: dict[str, str]) -> None:
     """Write `shard` as the next shard, its names added to `weight_map`."""
     name = f"model-{len(set(weight_map.values())) + 1:05d}.safetensors"
-    save_file(shard, directory / name, metadata={"format": "pt"})
+    staging = directory / f".{name}.{os.getpid()}"  # (a process completing the copy too writes the same)
+    try:
+        save_file(shard, staging, metadata={"format": "pt"})
+        staging.replace(directory / name)
+    except OSError:
+        staging.unlink(missing_ok=True)
+        raise
     weight_map.update(dict.fromkeys(shard, name))
 
 

@@ -16,6 +16,7 @@ layer of a shape blocks do not take) loads as before.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import gguf
@@ -23,8 +24,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from backend.model.gguf_conversion import INDEX_FILE
-from backend.quant.gguf_weights import BLOCKS_CACHE, FLOAT_TYPES, GGUFBlocks
+from backend.model.gguf_conversion import INDEX_FILE, omitted_weights
+from backend.quant.gguf_weights import BLOCKS_CACHE, FLOAT_TYPES, GGUFBlocks, modules_in_blocks
 from backend.quant.quantized_linear import BlocksLinear, quantizable_linears
 
 SINGLE_FILE = "model.safetensors"  # a copy saved whole, through transformers (no index)
@@ -33,11 +34,21 @@ SINGLE_FILE = "model.safetensors"  # a copy saved whole, through transformers (n
 def served_in_blocks(blocks: GGUFBlocks, model: nn.Module, device: torch.device) -> set[str]:
     """The linear layers (module names) that will be served from the file's blocks on this device (a CPU
     with AVX2 or AVX-512 VNNI), where their dense copies can be made from the blocks."""
+    return blocks_take(blocks.layers, model, device)
+
+
+def weights_left_to_blocks(gguf_path: Path, model: nn.Module, device: torch.device) -> frozenset[str]:
+    """The weights (state dict names) of the layers that `served_in_blocks` will give, known before the
+    blocks are read: what a converted copy made for a lean start leaves out (gguf_conversion.py)."""
+    return frozenset(
+        f"{name}.weight" for name in blocks_take(modules_in_blocks(gguf_path, model), model, device)
+    )
+
+
+def blocks_take(names: Iterable[str], model: nn.Module, device: torch.device) -> set[str]:
     linears = quantizable_linears(model)
     return {
-        name
-        for name in blocks.layers
-        if name in linears and BlocksLinear.takes(linears[name].weight.shape, device)
+        name for name in names if name in linears and BlocksLinear.takes(linears[name].weight.shape, device)
     }
 
 
@@ -67,16 +78,17 @@ def state_dict_without(
     """The converted copy in `location` as a state dict, the weights of `layers` (module names) as
     placeholders of their shape in `dtype`; None where the copy's names are not those of the model's state
     dict (`names`, its `resources.skeleton`): a family whose weights transformers renames as it loads
-    them, which a load from a state dict would not rename."""
+    them, which a load from a state dict would not rename; or where the copy leaves out a weight not
+    among them (`omitted_weights`: made where the blocks served more layers)."""
     files = copy_files(location)
-    if not set(files) <= set(names.state_dict()):
+    shapes = {name: tensor.shape for name, tensor in names.state_dict().items()}
+    weights = {f"{layer}.weight" for layer in layers}  # (in the copy, or left out of it)
+    if not set(files) <= set(shapes) or not set(omitted_weights(location)) <= weights:
         return None
-    state_dict = {}
+    state_dict = {name: torch.zeros((), dtype=dtype).expand(*shapes[name]) for name in weights}
     for file_name in sorted(set(files.values())):
         with safe_open(location / file_name, framework="pt") as file:
             for name in [name for name, in_file in files.items() if in_file == file_name]:
-                if name.removesuffix(".weight") in layers:
-                    state_dict[name] = torch.zeros((), dtype=dtype).expand(*file.get_slice(name).get_shape())
-                else:  # as stored (float32): transformers casts it, or keeps it so (_keep_in_fp32_modules)
-                    state_dict[name] = file.get_tensor(name)
+                if name not in weights:  # as stored (float32): transformers casts it, or keeps it so
+                    state_dict[name] = file.get_tensor(name)  # (_keep_in_fp32_modules)
     return state_dict

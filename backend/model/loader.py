@@ -56,7 +56,7 @@ from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed, score
 from backend.model.gguf_conversion import check_all_weights_read, save_staged
 from backend.model.gguf_parsing import each_gguf_file_parsed_once
-from backend.model.lean_load import blocks_bytes, served_in_blocks, state_dict_without
+from backend.model.lean_load import blocks_bytes, served_in_blocks, state_dict_without, weights_left_to_blocks
 from backend.model.resources import InsufficientResources, check_resources, skeleton
 from backend.quant import bitsandbytes_checkpoint, block_weights, compressed_checkpoint, group_wise
 from backend.quant.calibration import (
@@ -271,6 +271,12 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     # and served from its blocks where the CPU multiplies them, its layers then loaded lean (lean_load.py)
     lean_possible = quantization == "gguf" and block_weights.available(device)
     gguf_path = Path(source.location) / source.gguf_file if source.is_gguf else None
+    # and whose first start then writes a copy without those layers' floats (gguf_conversion.py)
+    left_out = (
+        weights_left_to_blocks(gguf_path, skeleton(model_config), device)
+        if lean_possible and streamed
+        else frozenset()
+    )
     check = partial(
         check_resources,
         model_config,
@@ -285,6 +291,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         gguf_bytes=(Path(source.location) / gguf_file).stat().st_size if gguf_file else None,
         converting_whole=gguf_file is not None and not streamed,
         lean_blocks=blocks_bytes(gguf_path, converted) if lean_possible else None,
+        left_to_blocks=parameters_of(model_config, left_out),
     )
     copies = check_room_for_copies(check, lean_possible)
 
@@ -294,7 +301,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
     if gguf_file is not None:
         log.info("converting the GGUF file's weights: a first start only, about 6 s on 2 cores")
-        if streamed and write_converted(location, gguf_file, model_config, converted, trust):
+        if streamed and write_converted(location, gguf_file, model_config, converted, trust, left_out):
             location, gguf_file = str(converted), None  # then loaded as a later start loads it
     if converted is not None and location == str(converted):
         # The tokenizer the GGUF file gave, as saved: its class, by name, would build its own pipeline
@@ -320,11 +327,14 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         read = partial(bitsandbytes_checkpoint.read_checkpoint, fmt=bnb_format, dtype=dtype)
         model, info, checkpoint_layers = load_read_itself(location, model_config, read, name, dtype, token)
     else:
-        if lean_possible and location == str(converted):
+        from_copy = converted is not None and location == str(converted)
+        if lean_possible and from_copy:
             lean = load_lean(gguf_path, converted, model_config, dtype, device)
         if lean is not None:
             model, info, blocks, dense_on_demand = lean
         else:
+            if from_copy:  # this start reads the floats a lean start's copy leaves out: written now
+                complete_converted(gguf_path, model_config, converted)
             # FP8 layers are dequantized into float32 and converted from it, not from bfloat16's rounding
             weights_dtype = torch.float32 if fp8 else dtype
             model, info = load_weights(location, gguf_file, source, model_config, weights_dtype, token, fp8)
@@ -472,18 +482,42 @@ def unreadable_type(gguf_file: str, error: NotImplementedError) -> UnsupportedMo
 
 
 def write_converted(
-    location: str, gguf_file: str, model_config: PretrainedConfig, converted: Path, trust: bool
+    location: str,
+    gguf_file: str,
+    model_config: PretrainedConfig,
+    converted: Path,
+    trust: bool,
+    left_out: frozenset[str],
 ) -> bool:
-    """Write the GGUF file's converted copy a tensor at a time (gguf_conversion.py), with its tokenizer;
-    returns whether the copy is there to load from."""
+    """Write the GGUF file's converted copy a tensor at a time (gguf_conversion.py), with its tokenizer,
+    but for the weights `left_out` (the blocks serve them); returns whether the copy is there to load
+    from."""
     path = Path(location) / gguf_file
     tokenizer = AutoTokenizer.from_pretrained(
         location, config=model_config, gguf_file=gguf_file, trust_remote_code=trust
     )
     try:
-        return gguf_conversion.write_converted(path, model_config, tokenizer, converted)
+        return gguf_conversion.write_converted(path, model_config, tokenizer, converted, left_out)
     except NotImplementedError as error:  # the gguf package reads no such tensor type ("... for Q1_0")
         raise unreadable_type(gguf_file, error) from error
+
+
+def complete_converted(gguf_path: Path, model_config: PretrainedConfig, converted: Path) -> None:
+    """Write into the converted copy the weights it left to the blocks, which this start loads as floats
+    (the exact mode, a GPU, --quantize int8, a CPU whose blocks take fewer layers); refused where the
+    disk will not take them."""
+    if not gguf_conversion.complete_copy(gguf_path, model_config, converted):
+        raise InsufficientResources(
+            f"the converted copy in {converted} leaves out the float weights of the layers the GGUF file's "
+            "blocks serve, which this start needs, and the disk would not take them: free some disk "
+            "space, or serve the file in the default mode (--quantize auto) on a CPU"
+        )
+
+
+def parameters_of(model_config: PretrainedConfig, weights: Iterable[str]) -> int:
+    """How many parameters the named weights of the model hold."""
+    shapes = dict(skeleton(model_config).named_parameters())
+    return sum(shapes[name].numel() for name in weights)
 
 
 def load_text_alone(

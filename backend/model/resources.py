@@ -89,12 +89,14 @@ def estimate_needs(
     converting_whole: bool = False,
     lean_blocks: int | None = None,
     without_copies: bool = False,
+    left_to_blocks: int = 0,
 ) -> Needs:
     """What serving takes; where the weights are quantized as they load (`quantizing`: "gguf", "int4" or
     "int8", LOADING_BYTES), what loading takes; with `gguf_bytes` (a GGUF file's size, converted at this
     start) what its converted copy takes on disk; `converting_whole`: the file is converted in memory
     (WHOLE_CONVERSION_BYTES); `lean_blocks`: what a GGUF file's blocks take, where its layers load lean
-    (LEAN_LOADING_BYTES); `without_copies`: a lean load whose layers keep no dense copies for many rows."""
+    (LEAN_LOADING_BYTES); `without_copies`: a lean load whose layers keep no dense copies for many rows;
+    `left_to_blocks`: the parameters a converted copy leaves out, which the file's blocks serve."""
     element = torch.finfo(dtype).bits // 8
     model = skeleton(model_config)
     parameters = sum(p.numel() for p in model.parameters())
@@ -118,7 +120,7 @@ def estimate_needs(
         loading = weights + int(parameters * LOADING_BYTES[quantizing]) if quantizing else 0
     conversion = int(parameters * WHOLE_CONVERSION_BYTES) if converting_whole else 0
     # float32 weights, and the blocks at most the file's size
-    converted = parameters * 4 + gguf_bytes if gguf_bytes is not None else 0
+    converted = (parameters - left_to_blocks) * 4 + gguf_bytes if gguf_bytes is not None else 0
     return Needs(weights, kv_cache, rows, max_seq_len, loading, conversion, converted)
 
 
@@ -199,9 +201,11 @@ def check_resources(
     converting_whole: bool = False,
     lean_blocks: int | None = None,
     without_copies: bool = False,
+    left_to_blocks: int = 0,
 ) -> Needs:
     """Raise InsufficientResources, saying what is short and by how much, before any loading. `quantizing`,
-    `gguf_bytes`, `converting_whole`, `lean_blocks` and `without_copies`: as estimate_needs takes them."""
+    `gguf_bytes`, `converting_whole`, `lean_blocks`, `without_copies` and `left_to_blocks`: as
+    estimate_needs takes them."""
     needs = estimate_needs(
         model_config,
         dtype,
@@ -213,6 +217,7 @@ def check_resources(
         converting_whole,
         lean_blocks,
         without_copies,
+        left_to_blocks,
     )
     problems = shortfalls(needs, measure_available(device, disk_path), device.type == "cuda", converting)
     if problems:

@@ -33,7 +33,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
-from gguf import MODEL_ARCH_NAMES
+from gguf import MODEL_ARCH_NAMES, ReaderTensor
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -219,13 +219,8 @@ def parse_gguf_blocks(path: Path, model: nn.Module) -> GGUFBlocks:
             "GGUF architecture %r: its weights are dequantized (no block-preserving mapping)", architecture
         )
         return GGUFBlocks(PackedWeights(), head, types, head_type, {})
-    to_module = gguf_names(architecture, model)
     layers, kinds = PackedWeights(), {}
-    for tensor in reader.tensors:
-        module = to_module.get(tensor.name)
-        # gguf's shapes are ggml's: inputs first
-        if module is None or not gguf_types.served(tensor.tensor_type, int(tensor.shape[0])):
-            continue
+    for tensor, module in projections_in_blocks(reader, architecture, model):
         rows = processor.process(weights=np.asarray(tensor.data), name=tensor.name).weights
         layers.add(module, gguf_types.unpack(rows, tensor.tensor_type))
         kinds[module] = tensor.tensor_type.name
@@ -234,6 +229,28 @@ def parse_gguf_blocks(path: Path, model: nn.Module) -> GGUFBlocks:
             layers.add(key, weight)
             kinds[key] = kind
     return GGUFBlocks(layers, head, types, head_type, kinds)
+
+
+def projections_in_blocks(
+    reader: gguf.GGUFReader, architecture: str, model: nn.Module
+) -> Iterator[tuple[ReaderTensor, str]]:
+    """Each of the file's tensors that its blocks serve as a quantizable linear layer, with that layer's
+    module name (an architecture with a block-preserving mapping: `tensor_processor`)."""
+    to_module = gguf_names(architecture, model)
+    for tensor in reader.tensors:
+        module = to_module.get(tensor.name)
+        if module is not None and served_tensor(tensor):
+            yield tensor, module
+
+
+def modules_in_blocks(path: Path, model: nn.Module) -> set[str]:
+    """The quantizable linear layers (module names) whose weights `parse_gguf_blocks` takes from the file's
+    blocks, without reading them."""
+    reader = gguf.GGUFReader(str(path))  # the one the load made already (model/gguf_parsing.py)
+    architecture = read_field(reader, "general.architecture")[0]
+    if tensor_processor(architecture, model) is None:
+        return set()
+    return {module for _, module in projections_in_blocks(reader, architecture, model)}
 
 
 def expert_key(module: str, projection: str, expert: int) -> str:

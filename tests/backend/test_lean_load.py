@@ -2,13 +2,18 @@
 placeholders, their dense copies for many rows are made from the blocks one layer at a time while the
 calibration asks for them, and those it keeps are the file's own weights."""
 
+import errno
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from backend.model import loader
+from backend.model import gguf_conversion, loader
+from backend.model.gguf_conversion import omitted_weights
+from backend.model.lean_load import state_dict_without
 from backend.model.loader import default_model_path
+from backend.model.resources import InsufficientResources
 from backend.quant import block_weights, calibration
 from backend.quant.quantized_linear import WeightOnlyLinear, quantizable_linears
 from tests.backend.gguf_files import q4_k_m, write_tiny_gguf
@@ -126,3 +131,84 @@ def test_each_familys_file_loads_lean_and_serves_what_its_floats_serve(family, t
     with torch.inference_mode():
         for ids in (few, many):
             assert torch.equal(served(ids).logits, floats(ids).logits), (family, ids.shape)
+
+
+def copy_weights(converted: Path) -> dict[str, torch.Tensor]:
+    """Every weight a converted copy holds, from each of its shards."""
+    return {
+        name: t
+        for shard in sorted(converted.glob("model-*.safetensors"))
+        for name, t in load_file(shard).items()
+    }
+
+
+def the_copy(cache: Path) -> Path:
+    (converted,) = (cache / "converted").iterdir()
+    return converted
+
+
+def test_a_lean_first_start_leaves_its_blocks_layers_out_of_the_copy_and_a_start_that_reads_them_adds_them(
+    tmp_path, monkeypatch
+):
+    """A default-mode first start on a CPU that multiplies blocks writes a converted copy without the
+    floats of the layers the blocks serve (4 bytes a parameter on disk that no lean start reads), and
+    its disk check counts so; a later lean start loads from it alike. An exact-mode start first writes
+    them into it: the copy is then the whole conversion's, weight for weight, and serves as it does."""
+    path, original = q4_k_m_file(tmp_path)
+    projections = {f"{name}.weight" for name in quantizable_linears(original)}
+    checked, check_resources = [], loader.check_resources
+    monkeypatch.setattr(
+        loader, "check_resources", lambda *a, **k: checked.append(k) or check_resources(*a, **k)
+    )
+    calibrate_alike(monkeypatch)
+    lean = load_on_cpu(path, tmp_path, quantize="auto").model
+    converted = the_copy(tmp_path / "cache")
+    assert set(omitted_weights(converted)) == projections
+    assert not projections & copy_weights(converted).keys()
+    assert checked[0]["left_to_blocks"] == sum(original.get_parameter(name).numel() for name in projections)
+    loads = spy_lean_loads(monkeypatch)
+    again = load_on_cpu(path, tmp_path, quantize="auto").model
+    assert len(loads) == 1 and loads[0][1] == {name.removesuffix(".weight") for name in projections}
+    prompt = torch.arange(2, 50).reshape(1, -1)
+    with torch.inference_mode():
+        assert torch.equal(again(prompt).logits, lean(prompt).logits)
+    # A CPU whose blocks served fewer of the layers would load it as floats, once they are written
+    fewer = {name.removesuffix(".weight") for name in projections} - {"model.layers.0.mlp.down_proj"}
+    assert state_dict_without(converted, torch.float32, fewer, original) is None
+
+    exact = load_on_cpu(path, tmp_path).model
+    assert omitted_weights(converted) == []
+    whole = load_on_cpu(path, tmp_path / "whole").model  # an exact first start: the whole copy at once
+    completed, written_whole = copy_weights(converted), copy_weights(the_copy(tmp_path / "whole" / "cache"))
+    assert completed.keys() == written_whole.keys() >= projections
+    assert all(torch.equal(completed[name], written_whole[name]) for name in completed)
+    with torch.inference_mode():
+        assert torch.equal(exact(prompt).logits, whole(prompt).logits)
+
+
+def test_a_copy_the_disk_will_not_complete_is_refused_so_and_left_as_it_was(tmp_path, monkeypatch):
+    """Where the disk fills while the layers a lean start left out are written into its copy, the start
+    is refused, saying so; the shards written are removed, and the copy serves lean starts as before."""
+    path, _ = q4_k_m_file(tmp_path)
+    load_on_cpu(path, tmp_path, quantize="auto")
+    converted = the_copy(tmp_path / "cache")
+    before = {file.name: file.stat().st_size for file in converted.iterdir()}
+    save_file, saved = gguf_conversion.save_file, []
+
+    def filling(tensors: dict, filename: Path, metadata: dict) -> None:
+        if len(saved) == 2:  # the third shard finds the disk full, part written
+            Path(filename).write_bytes(b"part")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        saved.append(filename)
+        save_file(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(gguf_conversion, "SHARD_BYTES", 1)  # a shard a weight
+    monkeypatch.setattr(gguf_conversion, "save_file", filling)
+    with pytest.raises(InsufficientResources, match="the disk would not take them: free some disk space"):
+        load_on_cpu(path, tmp_path)
+    assert len(saved) == 2
+    assert {file.name: file.stat().st_size for file in converted.iterdir()} == before
+    monkeypatch.undo()
+    loads = spy_lean_loads(monkeypatch)
+    load_on_cpu(path, tmp_path, quantize="auto")
+    assert len(loads) == 1

@@ -156,7 +156,8 @@ def test_weights_quantized_as_they_load_are_counted_so_and_a_gguf_files_copy_on_
     """Weights quantized as they load (a GGUF file's blocks, `--quantize int4|int8`) take LOADING_BYTES a
     parameter beyond themselves then: the RAM that counts where that is more than serving takes; a GGUF
     file converted in memory its float32 model (WHOLE_CONVERSION_BYTES), on a GPU's host too; and a GGUF
-    file's converted copy takes its float32 weights and its blocks on disk."""
+    file's converted copy takes its float32 weights (but those its blocks serve, for a lean start) and its
+    blocks on disk."""
     model = tiny_model("llama")
     parameters = sum(p.numel() for p in model.parameters())
     needs = estimate_needs(
@@ -174,6 +175,17 @@ def test_weights_quantized_as_they_load_are_counted_so_and_a_gguf_files_copy_on_
     assert lean.weights == needs.weights + 1000  # its blocks serve beside the dense copies, at most all
     assert lean.loading == lean.weights + int(parameters * LEAN_LOADING_BYTES)
     assert lean.loading < needs.weights + int(parameters * LOADING_BYTES["gguf"])  # its floats too
+    # A copy made for a lean start leaves out the floats of the layers the blocks serve
+    left_out = estimate_needs(
+        model.config,
+        torch.bfloat16,
+        1,
+        64,
+        quantizing="gguf",
+        gguf_bytes=1000,
+        left_to_blocks=parameters // 3,
+    )
+    assert left_out.converted == (parameters - parameters // 3) * 4 + 1000
     plain = estimate_needs(model.config, torch.bfloat16, rows=1, max_seq_len=64)
     assert plain.loading == plain.conversion == plain.converted == 0
     assert shortfalls(plain, between, on_gpu=False, converting=False) == []

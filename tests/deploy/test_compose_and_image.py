@@ -15,7 +15,9 @@ import sys
 
 import pytest
 import yaml
+from transformers import AutoModelForCausalLM
 
+from backend.model.gguf_conversion import omitted_weights
 from inference_api.__main__ import parse_args as parse_api_args
 from proxy.__main__ import parse_args as parse_proxy_args
 from tests.conftest import ROOT
@@ -158,15 +160,31 @@ def test_the_image_default_command_is_the_compose_api_command():
 
 
 def test_the_build_step_that_prepares_the_model_works_offline(tmp_path):
-    prepare = next(line for line in dockerfile() if "backend.prepare" in line)
-    command = shlex.split(prepare.removeprefix("RUN ").split("&&")[0])
-    assert command == ["python", "-m", "backend.prepare"]
+    """The build step's shell, as the CPU image runs it, then as the CUDA one does: a converted copy
+    without the layers the default model's blocks serve on a CPU, then the whole copy a GPU reads, which
+    transformers loads with every weight read."""
+    run = next(line for line in dockerfile() if "backend.prepare" in line).removeprefix("RUN ")
+    steps = [step.strip() for step in run.split("&&")]
+    assert steps[1] == "python -m backend.prepare $whole"
+    prepare = " && ".join(steps[:2]).replace("python -m", f"{shlex.quote(sys.executable)} -m")
     env = dict(os.environ, INFERENCE_CACHE_DIR=str(tmp_path), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    result = subprocess.run(
-        [sys.executable, *command[1:]], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert list((tmp_path / "converted").glob("SmolLM2-135M-Instruct-*/model.safetensors.index.json"))
+    for device in ("cpu", "cuda"):
+        result = subprocess.run(
+            ["sh", "-c", prepare],
+            env=dict(env, DEVICE=device),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        (converted,) = (tmp_path / "converted").glob("SmolLM2-135M-Instruct-*")
+        # On a CPU, its 30 layers' 7 projections each (Q4_1), the blocks'; on a GPU, none
+        left_out = omitted_weights(converted)
+        assert len(left_out) == (30 * 7 if device == "cpu" else 0), device
+        assert all(name.endswith("_proj.weight") for name in left_out)
+    _, info = AutoModelForCausalLM.from_pretrained(converted, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
 
 
 def test_the_image_copies_everything_its_commands_import():

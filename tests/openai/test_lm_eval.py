@@ -8,14 +8,13 @@ the same scores and the same text. The tasks are local files, no download.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import lm_eval
 import pytest
 from lm_eval.tasks import TaskManager
 
-from backend.model.loader import converted_dir, resolve_model
+from tests.conftest import whole_default_model_copy
 from tests.openai.conftest import MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +43,7 @@ def per_sample(results: dict, task: str) -> list:
 
 def test_lm_eval_scores_through_the_server_equal_transformers_own(server, monkeypatch):
     monkeypatch.chdir(ROOT)  # the task files name their data relative to the repository
-    checkpoint = str(converted_dir(resolve_model(None), Path(os.environ["INFERENCE_CACHE_DIR"])))
+    checkpoint = str(whole_default_model_copy())  # transformers' own model: every float weight
     served = evaluate(
         "local-completions",
         {
