@@ -28,8 +28,9 @@ from inference_api.reasoning import HARMONY, reasoning_format
 from inference_api.structured_output import json_schema_grammar
 from inference_api.tokenizer import load_tokenizer
 from inference_api.tool_calls import ToolRequest
+from tests.conftest import whole_default_model_copy
 from tests.frontend.test_openapi_e2e import documented
-from tests.harmony_server import TEMPLATE, default_model_copy, harmony_server
+from tests.harmony_server import TEMPLATE, harmony_server
 from tests.server_fixture import RunningServer
 
 MODEL = "harmony-smollm2"
@@ -415,7 +416,7 @@ def test_auto_reads_harmony_where_the_markers_are_tokens_and_the_template_writes
     model_directory, server
 ):
     harmony = load_tokenizer(str(model_directory / MODEL))
-    plain = load_tokenizer(str(default_model_copy()))
+    plain = load_tokenizer(str(whole_default_model_copy()))
     template = TEMPLATE.read_text()
     chatml = (TEMPLATE.parent / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
     assert reasoning_format("auto", harmony, template) == HARMONY
