@@ -10,7 +10,8 @@ are made from the blocks when the loader's calibration asks for them, a layer at
 where it chooses them (`WeightOnlyLinear.make_dense_on_demand`). The blocks hold exactly the file's
 weights, but for the types requantized to 8-bit blocks (Q2_K, Q3_K, ...: gguf_types.py), whose copies
 are then the blocks' weights, as their decode steps multiply by. Everything else (embeddings, norms, a
-layer of a shape blocks do not take) loads as before.
+layer of a shape blocks do not take) loads as before. The copy a lean first start writes holds none of
+those layers' floats (gguf_conversion.py): their placeholders take the model's shapes.
 """
 
 from __future__ import annotations
