@@ -169,11 +169,13 @@ def complete_copy(path: Path, config: PretrainedConfig, directory: Path) -> bool
     the whole conversion writes them; returns whether it could (where the disk would not take them, the
     shards written are removed). Another process may be completing the copy too, or loading it: each
     shard and then the index appear whole, under the names both would give them."""
-    omitted = set(omitted_weights(directory))
+    index = directory / INDEX_FILE
+    read = json.loads(index.read_text()) if index.is_file() else {"metadata": {}}
+    omitted = set(read["metadata"].get("omitted", []))  # (the index read once: another start may replace it)
     if not omitted:
         return True
     log.info("writing the float weights of %d layers the blocks serve into %s", len(omitted), directory)
-    weight_map = json.loads((directory / INDEX_FILE).read_text())["weight_map"]
+    weight_map = read["weight_map"]
     shards = set(weight_map.values())
     completed = dict(weight_map)
     try:

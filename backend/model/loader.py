@@ -7,7 +7,7 @@ safetensors in the cache directory, written a tensor at a time where its
 architecture allows (gguf_conversion.py; else converted in memory at the
 first start), which starts load; the linear layers stored quantized are
 then served from the file's own blocks (gguf_weights.py) unless
-`--quantize none`. A
+`--quantize none` (and their floats left out of the copy until a start reads them). A
 GPTQ or AWQ checkpoint is read by this server itself (transformers would
 need GPTQModel or AutoAWQ and their CUDA kernels), its 4- and 8-bit layers
 repacked into the engine's blocks (group_wise.py), and so are a
@@ -514,8 +514,10 @@ def complete_converted(gguf_path: Path, model_config: PretrainedConfig, converte
         )
 
 
-def parameters_of(model_config: PretrainedConfig, weights: Iterable[str]) -> int:
+def parameters_of(model_config: PretrainedConfig, weights: frozenset[str]) -> int:
     """How many parameters the named weights of the model hold."""
+    if not weights:
+        return 0
     shapes = dict(skeleton(model_config).named_parameters())
     return sum(shapes[name].numel() for name in weights)
 
