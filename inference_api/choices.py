@@ -70,6 +70,10 @@ class Choices:
         streams = self.streams
         return sum(s.predicted_tokens for s in streams), sum(s.accepted_predicted_tokens for s in streams)
 
+    def waiting(self) -> bool:
+        """Whether a piece is already queued: reading the next one will not wait."""
+        return not self._pieces.empty()
+
     def close(self) -> None:
         """End every choice; those still running are cancelled (their rows free at the next step)."""
         for stream in self.streams:

@@ -197,14 +197,49 @@ def check_capacity(router: Router, count: int, param: str) -> None:
     )
 
 
-def event_stream(events: Iterator[bytes], close: Callable[[], None]) -> Response:
+def event_stream(
+    events: Iterator[bytes], close: Callable[[], None], waiting: Callable[[], bool] | None = None
+) -> Response:
     """Server-sent events, written as they are made; `close` ends the requests when the response ends
-    (a generator that never started runs no finally: the WSGI close() does it then)."""
+    (a generator that never started runs no finally: the WSGI close() does it then). With `waiting`
+    (whether a piece is already queued), the events are `coalesced`: `events` must then yield
+    NO_EVENT for each piece that makes none."""
+    if waiting is not None:
+        events = coalesced(events, waiting)
     response = Response(events, content_type="text/event-stream; charset=utf-8")
     response.call_on_close(close)
     response.headers["Cache-Control"] = "no-cache"
     response.headers["X-Accel-Buffering"] = "no"  # ask proxies in front not to buffer the stream
     return response
+
+
+def coalesced(events: Iterator[bytes], waiting: Callable[[], bool]) -> Iterator[bytes]:
+    """The events, those made while more pieces were already queued joined into one write.
+
+    Each write is a chunk of the response and a send to the client, the worker's dearest part of a
+    token at thousands a second (docs/performance.md, "The frontend at thousands of tokens a second").
+    A request thread that falls behind its steps finds several pieces waiting and writes them at once;
+    one that keeps up writes each as before. Nothing is held while the thread could wait: `events`
+    yields NO_EVENT after a piece that makes no event (text held back at a stop string's start, a tool
+    call's arguments being read), so that every piece read is a point where what is held goes out
+    unless the next piece is already there."""
+    held: list[bytes] = []
+    try:
+        for event in events:
+            if event:
+                held.append(event)
+            if held and not waiting():
+                yield b"".join(held)
+                held = []
+        if held:
+            yield b"".join(held)
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()  # a client gone mid-stream: the events' own finally runs now, not when collected
+
+
+NO_EVENT = b""  # what an events generator for `coalesced` yields for a piece that makes no event
 
 
 def sse_event(data: dict[str, Any], name: str | None = None) -> bytes:

@@ -71,6 +71,10 @@ class RequestStream:
         self.admitted = True
         self._pieces.put(piece)
 
+    def waiting(self) -> bool:
+        """Whether a piece is already queued: reading the next one will not wait."""
+        return not self._pieces.empty()
+
     def next_piece(self, while_waiting: Callable[[], None] | None = None) -> Piece:
         """The next piece, blocking until the backend has produced it; `while_waiting` is called
         meanwhile, at least every POLL_SECONDS, and with the piece (a client_watch.ClientWatch, which

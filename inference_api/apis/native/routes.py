@@ -11,7 +11,7 @@ from backend.messages import Piece, SamplingParams
 from inference_api.apis.native.request import check_context, parse_native_request
 from inference_api.client_watch import ClientWatch
 from inference_api.errors import RETRY_AFTER_NOT_READY, RETRY_AFTER_QUEUE_FULL, ApiError, unavailable
-from inference_api.generation import ApiFields, error_of, served_names
+from inference_api.generation import NO_EVENT, ApiFields, coalesced, error_of, served_names
 from inference_api.metrics import team_of
 from inference_api.request_stream import RequestStream
 from inference_api.router import NotReady, QueueFull, Router
@@ -71,7 +71,8 @@ def open_stream(
 
 
 def streaming_response(stream: RequestStream, first: Piece, prefix: str) -> Response:
-    response = Response(stream_body(stream, first, prefix), content_type="text/plain; charset=utf-8")
+    body = coalesced(stream_body(stream, first, prefix), stream.waiting)
+    response = Response(body, content_type="text/plain; charset=utf-8")
     # A generator that never started runs no finally: the WSGI close() ends the request then.
     response.call_on_close(stream.close)
     response.headers["X-Accel-Buffering"] = "no"  # ask proxies in front not to buffer the stream
@@ -79,7 +80,8 @@ def streaming_response(stream: RequestStream, first: Piece, prefix: str) -> Resp
 
 
 def stream_body(stream: RequestStream, first: Piece, prefix: str) -> Iterator[bytes]:
-    """The chunks of the response, each written by gunicorn as soon as it is yielded.
+    """The chunks of the response, each written by gunicorn as soon as it is yielded (those made while
+    more pieces wait, as one: `coalesced`, for which a piece of no text yields NO_EVENT).
 
     When the client hangs up, gunicorn's write fails and it closes this generator
     (GeneratorExit at the yield): the finally cancels the request.
@@ -91,8 +93,7 @@ def stream_body(stream: RequestStream, first: Piece, prefix: str) -> Iterator[by
         while True:
             if piece.finish_reason == "error":
                 raise StreamAborted(f"generation failed mid-stream: {piece.error}")
-            if piece.text:
-                yield piece.text.encode("utf-8")
+            yield piece.text.encode("utf-8") if piece.text else NO_EVENT
             if piece.finished:
                 return
             piece = stream.next_piece()

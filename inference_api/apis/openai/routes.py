@@ -27,6 +27,7 @@ from inference_api.apis.openai.request import OpenAIRequest, parse_chat_request,
 from inference_api.choices import Choices
 from inference_api.errors import ApiError
 from inference_api.generation import (
+    NO_EVENT,
     ApiFields,
     answering_model,
     error_of,
@@ -324,7 +325,7 @@ def _answer(api: Completion | ChatCompletion) -> Response:
         events = _events(api, response_id, model, serving, openai_request, choices, pieces, usage, fields)
         if request.path.startswith(LLAMA_STACK_PREFIX + "/"):
             events = _without_done(events)
-        return event_stream(events, choices.close)
+        return event_stream(events, choices.close, choices.waiting)
     return _whole(api, response_id, serving, openai_request, choices, pieces, usage, fields)
 
 
@@ -489,6 +490,8 @@ def _events(
                     prompt_token_ids=choice.prompt_ids_once(),
                 )
                 yield chunk([api.delta(index, output, piece.finish_reason)])
+            else:
+                yield NO_EVENT  # (coalesced: what it holds may go out before the next piece is awaited)
         if openai_request.include_usage:
             yield chunk([], usage=usage.as_dict(outputs))
         yield DONE

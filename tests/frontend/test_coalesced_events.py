@@ -1,0 +1,142 @@
+"""Events made while more pieces are already queued go out as one write (generation.coalesced), and none
+is held while the request thread could wait for the next piece."""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask
+
+from backend.messages import Piece
+from backend.mock import mock_text
+from inference_api.apis.openai import routes
+from inference_api.generation import NO_EVENT, coalesced
+
+
+def events_from(pieces: queue.Queue[str | None]) -> Iterator[bytes]:
+    """An event a piece, NO_EVENT for a piece of no text, until None. Waiting on an empty queue raises
+    queue.Empty after a second: a test whose events are held meanwhile fails instead of hanging."""
+    while (piece := pieces.get(timeout=1)) is not None:
+        yield f"data: {piece}\n\n".encode() if piece else NO_EVENT
+
+
+def queued(*pieces: str | None) -> queue.Queue[str | None]:
+    waiting: queue.Queue[str | None] = queue.Queue()
+    for piece in pieces:
+        waiting.put(piece)
+    return waiting
+
+
+def test_events_of_pieces_already_waiting_go_out_as_one_write_and_each_later_one_alone() -> None:
+    pieces = queued("a", "b", "c")
+    writes = coalesced(events_from(pieces), lambda: not pieces.empty())
+    assert next(writes) == b"data: a\n\ndata: b\n\ndata: c\n\n"
+    pieces.put("d")
+    assert next(writes) == b"data: d\n\n"
+    pieces.put(None)
+    assert list(writes) == []
+
+
+def test_a_piece_of_no_event_lets_the_held_ones_out_before_the_next_piece_is_awaited() -> None:
+    """The event of "a" is held while "" waits; "" makes no event and nothing waits after it: "a" goes
+    out then, not after the next piece (a stop string's held-back text, or a tool call's, can last many
+    steps)."""
+    pieces = queued("a", "")
+    writes = coalesced(events_from(pieces), lambda: not pieces.empty())
+    assert next(writes) == b"data: a\n\n"  # (held until a third piece, it would raise queue.Empty)
+    pieces.put("b")
+    pieces.put(None)
+    assert list(writes) == [b"data: b\n\n"]
+
+
+def test_closing_the_writes_closes_the_events_so_that_their_requests_end() -> None:
+    ended = []
+
+    def events() -> Iterator[bytes]:
+        try:
+            yield b"data: a\n\n"
+            yield b"data: b\n\n"
+        finally:
+            ended.append(True)
+
+    made = events()  # (held here, so that no garbage collection closes it instead)
+    writes = coalesced(made, lambda: False)
+    assert next(writes) == b"data: a\n\n"
+    writes.close()  # a client gone after the first write
+    assert ended == [True]
+
+
+def texts(writes: list[bytes]) -> list[str]:
+    events = b"".join(writes).decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""], events[-3:]
+    return [json.loads(event.removeprefix("data: "))["choices"][0]["text"] for event in events[:-2]]
+
+
+def test_a_reader_behind_the_steps_gets_the_waiting_events_in_fewer_writes_and_the_same_text(
+    app: Flask,
+) -> None:
+    body = {"model": "mock", "prompt": "same", "max_tokens": 40, "stream": True}
+    prompt_ids = tuple(b"same")  # (the mock model's tokens are the text's bytes)
+    response = app.test_client().post("/v1/completions", json=body, buffered=False)
+    writes = iter(response.response)
+    first = next(writes)
+    time.sleep(0.3)  # the mock makes 1,000 tokens a second: the other 39 wait in the queue by now
+    rest = list(writes)
+    response.close()
+    assert "".join(texts([first, *rest])) == mock_text(prompt_ids, 40)
+    assert len(texts(rest)) == 39 and len(rest) < 10, [write.count(b"data: ") for write in rest]
+
+
+def test_the_native_stream_of_a_reader_behind_the_steps_comes_in_fewer_writes_and_the_same_text(
+    app: Flask,
+) -> None:
+    response = app.test_client().post(
+        "/predictions/mock", json={"text": "same", "max_tokens": 40}, buffered=False
+    )
+    writes = iter(response.response)
+    first = next(writes)
+    time.sleep(0.3)
+    rest = list(writes)
+    response.close()
+    assert b"".join([first, *rest]).decode() == mock_text(tuple(b"same"), 40)
+    assert len(rest) < 10, rest
+
+
+def test_an_openai_stream_lets_its_events_out_at_a_piece_of_no_text(
+    app: Flask, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route's events mark a piece that makes no event (here text held back at a stop string's
+    start), so that the event before it goes out before the next piece is awaited."""
+    awaited_third = []
+
+    class Choices:
+        streams = [None]
+        queued = 1  # the second piece is there when the first one's event is made
+
+        def waiting(self) -> bool:
+            return self.queued > 0
+
+        def close(self) -> None:
+            pass
+
+    choices = Choices()
+
+    def pieces() -> Iterator[tuple[int, Piece]]:
+        yield 0, Piece("r", "Hello")
+        choices.queued = 0
+        yield 0, Piece("r", "", completion_tokens=2)  # held back: it may begin a stop string
+        awaited_third.append(True)
+        yield 0, Piece("r", " world", "length", completion_tokens=3)
+
+    monkeypatch.setattr(routes, "start_choices", lambda *args, **kwargs: (choices, pieces()))
+    body = {"model": "mock", "prompt": "hi", "max_tokens": 3, "stream": True}
+    response = app.test_client().post("/v1/completions", json=body, buffered=False)
+    writes = iter(response.response)
+    assert texts([next(writes), b"data: [DONE]\n\n"]) == ["Hello"]
+    assert not awaited_third  # the first write went out before the third piece was asked for
+    assert texts(list(writes)) == [" world"]
+    response.close()
