@@ -60,6 +60,17 @@ def test_the_load_memory_script_gives_a_starts_peak_beside_what_the_check_requir
     assert "machine: " in output
 
 
+def test_the_frontend_benchmark_gives_each_servers_tokens_and_its_workers_time_a_token():
+    output = run_script(
+        "bench_frontend.py", "--streams", "2", "--tokens", "64", "--rate", "1000", "--rounds", "2",
+        "--against", str(ROOT),
+    )  # fmt: skip
+    rows = re.findall(r"^\| (.+) \| ([\d,]+), ([\d,]+) \| (\d+), (\d+) \(median (\d+)\) \|$", output, re.M)
+    assert [row[0] for row in rows] == ["this checkout", str(ROOT)], output
+    for _, *figures in rows:
+        assert all(int(figure.replace(",", "")) > 0 for figure in figures), output
+
+
 def test_spread_arrivals_take_two_requests_a_client_at_least():
     """Each spread client's first request is not counted: with one, the row would be all NaN."""
     from scripts.benchmark import more_than_one
