@@ -11,7 +11,8 @@
 # 4. scripts/bench_engine.py on a random 1B Llama, bfloat16, at 1, 8 and 32 rows with decode steps as
 #    CUDA graphs launched ahead, as graphs not launched ahead, and eager, the kernels, launches and host
 #    waits of a step, and transformers' compiled static-cache generate at a batch of 32 as the baseline;
-# 5. scripts/benchmark.py: the server through HTTP at 32 streams against the engine's own ceiling;
+# 5. scripts/benchmark.py: the server through HTTP at 32 streams against the engine's own ceiling, and
+#    scripts/bench_frontend.py: the frontend worker's CPU time a token on this host, on the mock backend;
 # 6. in the time left, the engine on the 1B with --compile (the compiled decode step, captured) against
 #    it without, then on a random 8B Llama at 1 and 32 rows against the weight-read floor, then the 8B
 #    with --quantize fp8 (FP8 products) and the 1B written as an FP8 checkpoint in 128 x 128 blocks.
@@ -57,7 +58,7 @@ stage() {
 }
 
 if "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    SIZE=1b ROWS=(1 8 32) TOKENS=128 DTYPE=bfloat16 HTTP_TOKENS=64 STREAMS=32 QUANTIZE=auto
+    SIZE=1b ROWS=(1 8 32) TOKENS=128 DTYPE=bfloat16 HTTP_TOKENS=64 STREAMS=32 QUANTIZE=auto FRONTEND_RATE=500
     if [ -d "$WHEELS" ] && [ -n "$(ls "$WHEELS"/*.whl 2>/dev/null)" ]; then
         # The versions this project pins where the machine has others (transformers' internals change).
         stage install 120 "$OUT/check.log" "$PYTHON" -m pip install --quiet --no-index --no-deps \
@@ -68,7 +69,7 @@ if "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else
     fi
 else
     # The engine's part quantizes the tiny Llama at load: bench_engine.py's --quantize runs somewhere.
-    SIZE=tiny ROWS=(1 4) TOKENS=8 DTYPE=float32 HTTP_TOKENS=8 STREAMS=4 QUANTIZE=int4
+    SIZE=tiny ROWS=(1 4) TOKENS=8 DTYPE=float32 HTTP_TOKENS=8 STREAMS=4 QUANTIZE=int4 FRONTEND_RATE=1000
     echo "no CUDA device: the CUDA parts are skipped (their tests skip themselves), a tiny Llama instead of" \
         "the 1B, quantized to int4 for the engine's part, this environment's packages" | tee -a "$SUMMARY"
 fi
@@ -108,6 +109,10 @@ if [ "$SIZE" = 1b ]; then  # longer requests: the first token's wait weighs less
         --tokens 256 --out "$OUT/http_report_long.md" --server-log "$OUT/server.log"
 fi
 rm -rf "$MODEL_DIR"
+# What the frontend's worker carries on this host with no model behind it: its CPU time a token bounds
+# what HTTP can carry of the engine's figure (docs/performance.md, "The frontend at thousands of tokens")
+stage frontend 60 "$OUT/frontend.log" "$PYTHON" scripts/bench_frontend.py --streams "$STREAMS" \
+    --tokens "$HTTP_TOKENS" --rate "$FRONTEND_RATE" --rounds 3
 
 # In the time left: --compile (the compiled decode step, captured), which no lease has had time for yet
 # (it is first), then the 8B, measured on an H200 on 2026-12-04, then FP8 products, never run on a GPU.

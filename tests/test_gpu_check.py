@@ -30,7 +30,7 @@ def test_the_gpu_check_runs_every_part_on_a_cpu_and_writes_its_figures(tmp_path)
     summary = (tmp_path / "summary.txt").read_text()
     assert "no CUDA device: the CUDA parts are skipped" in summary
     assert "cuda-tests: skipped (GPU_CHECK_SKIP)" in summary
-    for part in ("greedy-exact", "engine-tiny", "write-model", "http-4"):
+    for part in ("greedy-exact", "engine-tiny", "write-model", "http-4", "frontend"):
         assert f"{part}: exit 0 after" in summary, summary
     assert summary.rstrip().endswith("done")
     assert "token for token model.generate's" in (tmp_path / "exact.log").read_text()
@@ -50,3 +50,6 @@ def test_the_gpu_check_runs_every_part_on_a_cpu_and_writes_its_figures(tmp_path)
     report = (tmp_path / "http_report.md").read_text()
     assert "| 4 |" in report and "Engine ceiling" in report
     assert "backend ready" in (tmp_path / "server.log").read_text()
+    assert re.search(
+        r"^\| this checkout \| [\d,]+, [\d,]+, [\d,]+ \| ", (tmp_path / "frontend.log").read_text(), re.M
+    )
