@@ -8,7 +8,8 @@ the backend's inbox; the backend answers on its outbox with one `BackendReady`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import operator
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -336,7 +337,7 @@ class TokenLogprob:
     rank: int = 1  # among the vocabulary, as vLLM ranks: the tokens at least as likely, itself included
 
 
-@dataclass(frozen=True)
+@dataclass
 class Piece:
     """New text for one request; the last piece of a request has a finish_reason.
 
@@ -344,6 +345,10 @@ class Piece:
     since the last piece (text held back by a stop sequence included), so a
     request's entries number its completion tokens; its first piece carries
     the prompt's (None for the first prompt token, which nothing predicts).
+
+    Not frozen, though nothing changes one once made: a frozen dataclass sets each field through
+    object.__setattr__, and every row makes a piece every step. 32 of them took 280 µs on the 2-core
+    EPYC, 100 plain: a GPU's 32-row step of a 1B is 2.5 ms of which the host's Python is the bound.
     """
 
     request_id: str
@@ -387,3 +392,23 @@ class StepOutput:
     # Requests that took a row in this step: they have left the queue, though their first piece
     # may come steps later (a long prefill, text held back at the start of a stop sequence).
     admitted: list[str] = field(default_factory=list)
+
+    def __reduce__(self) -> tuple:
+        """Pickled as each piece's values in PIECE_FIELDS' order, not as an object of 19 named fields:
+        a 32-row step's pickling took 114 µs in the backend and its unpickling 173 µs in the router
+        thread, 36 and 107 so (the 2-core EPYC)."""
+        return step_output, ([piece_values(piece) for piece in self.pieces], self.admitted)
+
+
+PIECE_FIELDS = tuple(piece_field.name for piece_field in fields(Piece))
+piece_values = operator.attrgetter(*PIECE_FIELDS)
+
+
+def step_output(values: list[tuple], admitted: list[str]) -> StepOutput:
+    """A StepOutput from its pickled form (StepOutput.__reduce__)."""
+    pieces = []
+    for one in values:
+        piece = object.__new__(Piece)
+        piece.__dict__.update(zip(PIECE_FIELDS, one, strict=True))
+        pieces.append(piece)
+    return StepOutput(pieces, admitted)
