@@ -347,8 +347,8 @@ class Piece:
     the prompt's (None for the first prompt token, which nothing predicts).
 
     Not frozen, though nothing changes one once made: a frozen dataclass sets each field through
-    object.__setattr__, and every row makes a piece every step. 32 of them took 280 µs on the 2-core
-    EPYC, 100 plain: a GPU's 32-row step of a 1B is 2.5 ms of which the host's Python is the bound.
+    object.__setattr__, and every row makes a piece every step. 32 of them took 230 µs on the 2-core
+    EPYC, 70 plain: a GPU's 32-row step of a 1B is 2.5 ms, and the host's Python bounds it.
     """
 
     request_id: str
@@ -395,8 +395,8 @@ class StepOutput:
 
     def __reduce__(self) -> tuple:
         """Pickled as each piece's values in PIECE_FIELDS' order, not as an object of 19 named fields:
-        a 32-row step's pickling took 114 µs in the backend and its unpickling 173 µs in the router
-        thread, 36 and 107 so (the 2-core EPYC)."""
+        a 32-row step's pickling took 100 µs in the backend and its unpickling 160-186 in the router
+        thread, 44-52 and 127-133 so (the 2-core EPYC)."""
         return step_output, ([piece_values(piece) for piece in self.pieces], self.admitted)
 
 

@@ -233,6 +233,10 @@ def coalesced(events: Iterator[bytes], waiting: Callable[[], bool]) -> Iterator[
                 held = []
         if held:
             yield b"".join(held)
+    except Exception:  # a failure mid-stream (the native API's StreamAborted): what came before it first
+        if held:
+            yield b"".join(held)
+        raise
     finally:
         close = getattr(events, "close", None)
         if close is not None:

@@ -53,6 +53,20 @@ def test_a_piece_of_no_event_lets_the_held_ones_out_before_the_next_piece_is_awa
     assert list(writes) == [b"data: b\n\n"]
 
 
+def test_events_held_when_the_events_fail_go_out_before_the_failure() -> None:
+    """The native API ends a stream that fails mid-way by raising (gunicorn cuts the connection): the
+    text made before the failure is still written first."""
+
+    def events() -> Iterator[bytes]:
+        yield b"a"
+        raise RuntimeError("generation failed mid-stream")
+
+    writes = coalesced(events(), lambda: True)  # (the failing piece was already waiting)
+    assert next(writes) == b"a"
+    with pytest.raises(RuntimeError, match="mid-stream"):
+        next(writes)
+
+
 def test_closing_the_writes_closes_the_events_so_that_their_requests_end() -> None:
     ended = []
 
