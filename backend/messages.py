@@ -348,7 +348,7 @@ class Piece:
 
     Not frozen, though nothing changes one once made: a frozen dataclass sets each field through
     object.__setattr__, and every row makes a piece every step. 32 of them took 230 µs on the 2-core
-    EPYC, 70 plain: a GPU's 32-row step of a 1B is 2.5 ms, and the host's Python bounds it.
+    EPYC, 70 plain: the H200's 32-row step of a 1B took 2.5 ms, 0.4 more than the GPU's work.
     """
 
     request_id: str
