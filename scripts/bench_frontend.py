@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--against", type=Path, help="another checkout's root, measured in turn")
     args = parser.parse_args()
 
-    roots = {"this checkout": ROOT} | ({f"{args.against}": args.against.resolve()} if args.against else {})
+    roots = {"this checkout": ROOT} | ({str(args.against): args.against.resolve()} if args.against else {})
     server_args = ["--mock", "--mock-tokens-per-second", str(args.rate), "--rows", str(args.streams)]
     servers = {name: start("inference_api", server_args, "/ready", {}, root) for name, root in roots.items()}
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in roots}
