@@ -244,6 +244,7 @@ def coalesced(events: Iterator[bytes], waiting: Callable[[], bool]) -> Iterator[
 
 
 NO_EVENT = b""  # what an events generator for `coalesced` yields for a piece that makes no event
+NO_PART = ("", "")  # what Generation.parts(marked=True) yields for a piece that makes no part
 
 
 def sse_event(data: dict[str, Any], name: str | None = None) -> bytes:
@@ -309,20 +310,24 @@ class Generation:
     def cached_tokens(self) -> int:
         return self.choices.cached_tokens
 
-    def deltas(self) -> Iterator[str]:
+    def deltas(self, marked: bool = False) -> Iterator[str]:
         """The text as it comes, in non-empty pieces, without the thoughts; GenerationFailed if the
-        backend fails."""
-        parts = self.parts()
+        backend fails. With `marked`, "" for each piece that makes no text (for `coalesced`)."""
+        parts = self.parts(marked)
         try:
             for kind, text in parts:
                 if kind == "text":
                     yield text
+                elif marked:
+                    yield ""
         finally:
             parts.close()
 
-    def parts(self) -> Iterator[tuple[str, str]]:
+    def parts(self, marked: bool = False) -> Iterator[tuple[str, str]]:
         """The answer as it comes, in non-empty pieces: ("reasoning", thoughts) then ("text", text);
-        GenerationFailed if the backend fails."""
+        GenerationFailed if the backend fails. With `marked`, NO_PART for each piece that makes none
+        (text held back at a stop string's start, a tool call being read): the events generator of a
+        `coalesced` stream yields NO_EVENT for it."""
         try:
             for _, piece in self._pieces:
                 if piece.finish_reason == "error":
@@ -336,6 +341,8 @@ class Generation:
                     yield "reasoning", reasoning
                 if text:
                     yield "text", text
+                elif marked and not reasoning:
+                    yield NO_PART
                 if self.finish_reason is not None:
                     return
         finally:

@@ -356,7 +356,7 @@ class CutGeneration:
         {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": '{"b": "x'}},
     ]
 
-    def parts(self) -> Iterator[tuple[str, str]]:
+    def parts(self, marked: bool = False) -> Iterator[tuple[str, str]]:
         yield from (("text", "Let me "), ("text", "see."))
 
     def text(self) -> str:

@@ -13,7 +13,10 @@ from flask import Flask
 
 from backend.messages import Piece
 from backend.mock import mock_text
+from inference_api import generation
+from inference_api.apis.llamacpp import routes as llamacpp_routes
 from inference_api.apis.openai import routes
+from inference_api.apis.tgi import routes as tgi_routes
 from inference_api.generation import NO_EVENT, coalesced
 
 
@@ -153,4 +156,106 @@ def test_an_openai_stream_lets_its_events_out_at_a_piece_of_no_text(
     assert texts([next(writes), b"data: [DONE]\n\n"]) == ["Hello"]
     assert not awaited_third  # the first write went out before the third piece was asked for
     assert texts(list(writes)) == [" world"]
+    response.close()
+
+
+def json_events(body: bytes) -> list[dict]:
+    """The JSON objects of a stream: server-sent events' data lines, or NDJSON's lines."""
+    lines = (line.removeprefix("data:").strip() for line in body.decode().splitlines())
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+STREAMS = {  # each API's streaming request for 40 tokens, and the text of one of its events
+    "anthropic": (
+        "/v1/messages",
+        {
+            "model": "mock",
+            "max_tokens": 40,
+            "messages": [{"role": "user", "content": "same"}],
+            "stream": True,
+        },
+        lambda event: event["delta"]["text"] if event["type"] == "content_block_delta" else "",
+    ),
+    "responses": (
+        "/v1/responses",
+        {"model": "mock", "input": "same", "max_output_tokens": 40, "stream": True},
+        lambda event: event["delta"] if event["type"] == "response.output_text.delta" else "",
+    ),
+    "llama-stack": (
+        "/inference/completion",
+        {"model_id": "mock", "content": "same", "sampling_params": {"max_tokens": 40}, "stream": True},
+        lambda event: event["delta"],
+    ),
+    "tgi": (
+        "/generate_stream",
+        {"inputs": "same", "parameters": {"max_new_tokens": 40}},
+        lambda event: event["token"]["text"],
+    ),
+    "llama.cpp": (
+        "/completion",
+        {"prompt": "same", "n_predict": 40, "stream": True},
+        lambda event: event["content"],
+    ),
+    "ollama": (
+        "/api/generate",
+        {"model": "mock", "prompt": "same", "options": {"num_predict": 40}},
+        lambda event: event["response"],
+    ),
+}
+
+
+@pytest.mark.parametrize("api", STREAMS)
+def test_every_streaming_api_writes_the_waiting_events_of_a_reader_behind_the_steps_at_once(
+    app: Flask, api: str
+) -> None:
+    path, body, text_of = STREAMS[api]
+    client = app.test_client()
+    whole = b"".join(client.post(path, json=body).response)
+    response = client.post(path, json=body, buffered=False)
+    writes = iter(response.response)
+    first = next(writes)
+    time.sleep(0.3)  # the mock makes 1,000 tokens a second: the rest wait in the queue by now
+    rest = list(writes)
+    response.close()
+    text = "".join(text_of(event) for event in json_events(b"".join([first, *rest])))
+    assert len(text) >= 40 and text == "".join(text_of(event) for event in json_events(whole))
+    assert len(rest) < 10, [len(json_events(write)) for write in rest]
+
+
+@pytest.mark.parametrize("api", STREAMS)
+def test_every_streaming_api_lets_its_events_out_at_a_piece_of_no_text(
+    app: Flask, monkeypatch: pytest.MonkeyPatch, api: str
+) -> None:
+    """As the OpenAI route's test above, for each other API: the piece held back makes no event, and
+    the events before it go out before the next piece is awaited."""
+    awaited_third = []
+
+    class Choices:
+        streams = [None]
+        queued = 1  # the second piece is there when the first one's events are made
+        prompt_tokens, completion_tokens, cached_tokens = 4, 3, 0
+
+        def waiting(self) -> bool:
+            return self.queued > 0
+
+        def close(self) -> None:
+            pass
+
+    choices = Choices()
+
+    def pieces() -> Iterator[tuple[int, Piece]]:
+        yield 0, Piece("r", "Hello", completion_tokens=1)
+        choices.queued = 0
+        yield 0, Piece("r", "", completion_tokens=2)  # held back: it may begin a stop string
+        awaited_third.append(True)
+        yield 0, Piece("r", " world", "length", completion_tokens=3)
+
+    for module in (generation, tgi_routes, llamacpp_routes):
+        monkeypatch.setattr(module, "start_choices", lambda *args, **kwargs: (choices, pieces()))
+    path, body, text_of = STREAMS[api]
+    response = app.test_client().post(path, json=body, buffered=False)
+    writes = iter(response.response)
+    assert "".join(text_of(event) for event in json_events(next(writes))) == "Hello"
+    assert not awaited_third  # the first write went out before the third piece was asked for
+    assert "".join(text_of(event) for event in json_events(b"".join(writes))) == " world"
     response.close()

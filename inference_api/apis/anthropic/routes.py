@@ -31,6 +31,7 @@ from inference_api.apis.anthropic.request import parse_messages_request, read_pr
 from inference_api.apis.anthropic.tools import tool_use_block
 from inference_api.errors import anthropic_error
 from inference_api.generation import (
+    NO_EVENT,
     ApiFields,
     Generation,
     GenerationFailed,
@@ -53,7 +54,7 @@ def messages() -> Response:
     generation = Generation(parsed.prompt_ids, parsed.params, FIELDS, parsed.tools, parsed.thinking)
     message = Message(generation, answering_model(serving))
     if parsed.stream:
-        return event_stream(message.events(), generation.close)
+        return event_stream(message.events(), generation.close, generation.choices.waiting)
     return jsonify(message.whole())
 
 
@@ -90,7 +91,10 @@ class Message:
         # so that an answer that is only calls has no text block.
         index, open_kind = 0, None
         try:
-            for kind, text in self.generation.parts():
+            for kind, text in self.generation.parts(marked=True):
+                if not kind:
+                    yield NO_EVENT
+                    continue
                 if kind != open_kind:
                     if open_kind is not None:
                         yield _event("content_block_stop", index=index)

@@ -37,6 +37,7 @@ from inference_api.apis.llama_stack.request import (
 from inference_api.embedder import embed
 from inference_api.generation import (
     EMBEDDINGS,
+    NO_EVENT,
     ApiFields,
     Generation,
     GenerationFailed,
@@ -129,7 +130,7 @@ def _answer(
     asked = parse(data, serving)
     generation = Generation(asked.prompt_ids, asked.params, api.fields, thinking=asked.thinking)
     if asked.stream:
-        return event_stream(_events(api, generation), generation.close)
+        return event_stream(_events(api, generation), generation.close, generation.choices.waiting)
     text = generation.text()
     return jsonify(api.whole(text, _ending(generation)))
 
@@ -138,8 +139,8 @@ def _events(api: Completion | ChatCompletion, generation: Generation) -> Iterato
     for event in api.opening():
         yield sse_event(event)
     try:
-        for text in generation.deltas():
-            yield sse_event(api.delta(text))
+        for text in generation.deltas(marked=True):
+            yield sse_event(api.delta(text)) if text else NO_EVENT
     except GenerationFailed as error:
         yield sse_event({"error": {"message": str(error)}})
         return

@@ -41,6 +41,7 @@ from inference_api.apis.llamacpp.request import (
 )
 from inference_api.embedder import embed, embedding_ids
 from inference_api.generation import (
+    NO_EVENT,
     ApiFields,
     error_of,
     event_stream,
@@ -80,7 +81,7 @@ def _answer(asked: LlamaCppRequest, serving: Serving, started: float) -> Respons
     choices, pieces = start_choices([(asked.prompt_ids, asked.params)], fields=FIELDS)
     answer = Answer(asked, serving, started)
     if asked.stream:
-        return event_stream(_events(answer, answer.until_ended(pieces)), choices.close)
+        return event_stream(_events(answer, answer.until_ended(pieces)), choices.close, choices.waiting)
     read_all(choices, answer.until_ended(pieces), FIELDS, answer.read)
     return jsonify(answer.fields(answer.whole()))
 
@@ -131,8 +132,7 @@ def _events(answer: Answer, pieces: Iterator[tuple[int, Piece]]) -> Iterator[byt
             yield sse_event({"error": {"code": failed.status, "message": failed.message, "type": kind}})
             return
         event = answer.read(piece)
-        if event is not None:
-            yield sse_event(event)
+        yield NO_EVENT if event is None else sse_event(event)
 
 
 class Answer:

@@ -37,10 +37,12 @@ from inference_api.fill_in_middle import fill_tokens
 from inference_api.generation import (
     EMBEDDINGS,
     GENERATE,
+    NO_EVENT,
     ApiFields,
     Generation,
     GenerationFailed,
     check_model,
+    coalesced,
     models_for,
     read_request,
     serving_now,
@@ -201,6 +203,7 @@ def _answer(
     logprobs = Logprobs(generation, tokenizer, asked=asked.params.logprobs is not None)
     if asked.stream:
         lines = _lines(shape, generation, started, first_piece, logprobs)
+        lines = coalesced(lines, generation.choices.waiting)  # each line a piece of no text makes none
         response = Response(lines, content_type="application/x-ndjson")
         response.call_on_close(generation.close)
         return response
@@ -224,7 +227,10 @@ def _lines(
     logprobs: Logprobs,
 ) -> Iterator[bytes]:
     try:
-        for kind, text in generation.parts():
+        for kind, text in generation.parts(marked=True):
+            if not kind:
+                yield NO_EVENT
+                continue
             piece = shape.piece(text if kind == "reasoning" else "", text if kind == "text" else "")
             yield _line(piece | logprobs.new())
     except GenerationFailed as failed:

@@ -41,6 +41,7 @@ from inference_api.apis.responses.items import (
 )
 from inference_api.apis.responses.request import ResponsesRequest, parse_responses_request
 from inference_api.generation import (
+    NO_EVENT,
     Generation,
     GenerationFailed,
     answering_model,
@@ -61,7 +62,7 @@ def responses() -> Response:
     generation = Generation(asked.prompt_ids, asked.params, asked.fields, asked.tools, asked.thinking)
     answer = ModelResponse(generation, answering_model(serving), asked, serving.tokenizer)
     if asked.stream:
-        return event_stream(answer.events(), generation.close)
+        return event_stream(answer.events(), generation.close, generation.choices.waiting)
     return jsonify(answer.whole())
 
 
@@ -103,7 +104,10 @@ class ModelResponse:
         yield self._event("response.in_progress", response=opened)
         thinking, texts = False, []
         try:
-            for kind, text in self.generation.parts():
+            for kind, text in self.generation.parts(marked=True):
+                if not kind:
+                    yield NO_EVENT
+                    continue
                 if kind == "reasoning":
                     if not thinking:
                         yield from self._open_thoughts()

@@ -30,6 +30,7 @@ from inference_api.apis.tgi.request import (
     parse_generate_request,
 )
 from inference_api.generation import (
+    NO_EVENT,
     ApiFields,
     check_model,
     event_stream,
@@ -98,7 +99,7 @@ def _answer(stream: bool | None) -> Response:
     choices, pieces = start_choices([(asked.prompt_ids, asked.params)], fields=FIELDS)
     answer = Answer(asked, serving)
     if asked.stream:
-        return event_stream(_events(answer, pieces), choices.close)
+        return event_stream(_events(answer, pieces), choices.close, choices.waiting)
     read_all(choices, pieces, FIELDS, answer.read)
     return jsonify([answer.whole()] if stream is None else answer.whole())
 
@@ -108,8 +109,11 @@ def _events(answer: Answer, pieces: Iterator[tuple[int, Piece]]) -> Iterator[byt
         if piece.finish_reason == "error":
             yield sse_event({"error": piece.error, "error_type": "generation"})
             return
-        for event in answer.read(piece):
+        events = answer.read(piece)
+        for event in events:
             yield sse_event(event)
+        if not events:
+            yield NO_EVENT  # (coalesced: what it holds may go out before the next piece is awaited)
 
 
 class Answer:
