@@ -4,6 +4,7 @@ import argparse
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,11 +25,24 @@ def run_script(name: str, *args: str) -> str:
     return result.stdout
 
 
-def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random two-layer Llama as a GGUF file, with the default model's tokenizer cut to its vocabulary
+    and room for 1,024 positions: the scripts' every step at once, not their figures. On the default
+    model these tests took 4 minutes of the suite's 2 cores."""
+    from backend.model.loader import default_model_path
+    from tests.backend.gguf_files import write_tiny_gguf
+    from tests.backend.models import tiny_model
+
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    return write_tiny_gguf(path, tiny_model("llama", max_position_embeddings=1024), default_model_path())
+
+
+def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path, tiny_gguf):
     out = tmp_path / "report" / "performance.md"  # in a folder not there yet
     run_script(
-        "benchmark.py", "--concurrency", "1", "32", "--requests", "1", "--spread-requests", "2",
-        "--tokens", "4", "--out", str(out),
+        "benchmark.py", "--model", str(tiny_gguf), "--concurrency", "1", "32", "--requests", "1",
+        "--spread-requests", "2", "--tokens", "4", "--out", str(out),
     )  # fmt: skip
     report = out.read_text()
     assert "| 1 | " in report and "| 32 | " in report
@@ -45,13 +59,8 @@ def test_the_benchmark_runs_and_writes_its_report_and_plots(tmp_path):
     assert (out.parent / "performance-latency.png").stat().st_size > 1000
 
 
-def test_the_load_memory_script_gives_a_starts_peak_beside_what_the_check_required(tmp_path):
-    from backend.model.loader import default_model_path
-    from tests.backend.gguf_files import write_tiny_gguf
-    from tests.backend.models import tiny_model
-
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny_model("llama"), default_model_path())
-    output = run_script("load_memory.py", "--model", str(path), "--dtype", "float32", "--starts", "1")
+def test_the_load_memory_script_gives_a_starts_peak_beside_what_the_check_required(tiny_gguf):
+    output = run_script("load_memory.py", "--model", str(tiny_gguf), "--dtype", "float32", "--starts", "1")
     row = r"^\| 1 \(the conversion\) \| ([\d,]+) \| ([\d,]+) \| ([\d,]+) \|$"
     figures = re.search(row, output, re.MULTILINE)
     assert figures, output
@@ -80,10 +89,11 @@ def test_spread_arrivals_take_two_requests_a_client_at_least():
         more_than_one("1")
 
 
-def test_the_engine_benchmark_reports_steps_and_their_bandwidth_floor():
+def test_the_engine_benchmark_reports_steps_and_their_bandwidth_floor(tiny_gguf):
     output = run_script(
-        "bench_engine.py", "--rows", "1", "2", "--max-tokens", "4", "--baseline-requests", "0"
-    )
+        "bench_engine.py", "--model", str(tiny_gguf), "--rows", "1", "2", "--max-tokens", "4",
+        "--baseline-requests", "0",
+    )  # fmt: skip
     # no baseline asked for: no generate row, and no ratio to it (it divided by zero)
     assert "generate, 1 request at a time" not in output
     assert re.search(r"^\| 1 \| [\d.]+ \| [\d.]+ \| - \|$", output, re.M) and "| 2 | " in output, output
@@ -93,13 +103,13 @@ def test_the_engine_benchmark_reports_steps_and_their_bandwidth_floor():
     assert floor_ms > 0 and abs(step_ms / floor_ms - ratio) < 0.05 * ratio
 
 
-def test_the_engine_benchmark_takes_prompts_longer_than_its_rows_were():
+def test_the_engine_benchmark_takes_prompts_longer_than_its_rows_were(tiny_gguf):
     """Rows were 512 positions whatever --prompt-tokens said: 600-token prompts were refused, the timings
     were of nothing and the greedy comparison raised KeyError. Now the rows have room, and the decode
     step is the steps where every row decodes (not the prefill's)."""
     output = run_script(
         "bench_engine.py",
-        *("--rows", "1", "--max-tokens", "4", "--prompt-tokens", "600"),
+        *("--model", str(tiny_gguf), "--rows", "1", "--max-tokens", "4", "--prompt-tokens", "600"),
         *("--baseline-requests", "0", "--speculative-tokens", "0"),
     )
     step = re.search(r"^\| 1 \| [\d.]+ \| ([\d.]+) \| - \|$", output, re.M)
