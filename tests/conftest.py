@@ -14,33 +14,40 @@ from tests.server_fixture import RunningServer, running_server
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("INFERENCE_CACHE_DIR", str(ROOT / ".cache"))
 
-# The files that take longest, longest first (each over 25 s of a worker's time on a 2-core EPYC,
-# 2026-12-03). `make test` hands whole files to its two workers in the collection's order
-# (--no-loadscope-reorder), so these go first and the short ones fill in at the end. xdist's own order
-# (most tests first) left the files of one to five tests, 45 to 80 s each, for last: one worker still on
-# them while the other had nothing left, 90 s of a 928 s run.
+# The files that take longest, longest first (each over 40 s of a worker's time in `make test` on a 2-core
+# AVX2 EPYC, 2026-12-05, its junit report's times). `make test` hands whole files to its two workers in
+# the collection's order (--no-loadscope-reorder), so these go first and the short ones fill in at the end.
+# xdist's own order (most tests first) left the files of one to five tests, 45 to 80 s each, for last: one
+# worker still on them while the other had nothing left, 90 s of a 928 s run.
 SLOWEST_FILES = (
-    "tests/test_benchmark_script.py",
-    "tests/frontend/test_real_model_e2e.py",
     "tests/backend/test_exactness.py",
-    "tests/backend/test_compiled_decode.py",
-    "tests/openai/test_logprobs.py",
-    "tests/backend/test_decode_graphs.py",
+    "tests/test_benchmark_script.py",
     "tests/openai/test_structured_outputs.py",
-    "tests/compat/test_anthropic_tools.py",
+    "tests/frontend/test_real_model_e2e.py",
+    "tests/openai/test_logprobs.py",
     "tests/test_gpu_check.py",
+    "tests/compat/test_anthropic_tools.py",
     "tests/openai/test_reasoning.py",
-    "tests/openai/test_tool_calls.py",
+    "tests/frontend/test_lora_e2e.py",
     "tests/openai/test_harmony.py",
     "tests/frontend/test_embedding_beside_streams_e2e.py",
+    "tests/frontend/test_model_families_e2e.py",
     "tests/backend/test_real_text.py",
     "tests/proxy/test_forwarding.py",
-    "tests/compat/test_responses_tools.py",
-    "tests/openai/test_xml_tool_calls.py",
-    "tests/backend/test_process.py",
-    "tests/openai/test_openai_client.py",
-    "tests/proxy/test_slow_clients.py",
     "tests/compat/test_ollama_api.py",
+    "tests/openai/test_tool_calls.py",
+    "tests/frontend/test_quantized_checkpoints_e2e.py",
+    "tests/backend/test_loading.py",
+    "tests/compat/test_responses_tools.py",
+    "tests/frontend/test_speculative_e2e.py",
+    "tests/backend/test_grammar.py",
+    "tests/deploy/test_compose_and_image.py",
+    "tests/browser/test_chat_page.py",
+    "tests/openai/test_openai_client.py",
+    "tests/frontend/test_operations_e2e.py",
+    "tests/openai/test_xml_tool_calls.py",
+    "tests/backend/test_decode_graphs.py",
+    "tests/backend/test_process.py",
 )
 
 
