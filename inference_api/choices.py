@@ -27,7 +27,7 @@ class Choices:
         """Open every request, or none: on NotReady or QueueFull the ones already opened are closed.
         `team`, `cache_salt`: whose usage they are and whose cached prefixes they share; `adapter`: the
         LoRA adapter that answers them (Router.open)."""
-        self._pieces: queue.Queue[Piece] = queue.Queue()
+        self._pieces: queue.SimpleQueue[Piece] = queue.SimpleQueue()
         self.streams: list[RequestStream] = []
         try:
             for prompt_ids, params in requests:

@@ -16,7 +16,7 @@ from inference_api.client_watch import POLL_SECONDS
 from inference_api.metrics import Metrics
 
 
-def wait_for_piece(pieces: queue.Queue[Piece], while_waiting: Callable[[], None] | None) -> Piece:
+def wait_for_piece(pieces: queue.SimpleQueue[Piece], while_waiting: Callable[[], None] | None) -> Piece:
     if while_waiting is None:
         return pieces.get()
     while True:
@@ -36,7 +36,7 @@ class RequestStream:
         prompt_tokens: int,
         metrics: Metrics,
         on_close: Callable[[RequestStream], None],
-        pieces: queue.Queue[Piece] | None = None,
+        pieces: queue.SimpleQueue[Piece] | None = None,
         team: str | None = None,
         adapter: str = "",
     ):
@@ -55,7 +55,9 @@ class RequestStream:
         # piece): from then on it counts as active, not waiting.
         self.admitted = False
         # Its own queue, or one shared by the choices of one API call (see choices.py).
-        self._pieces: queue.Queue[Piece] = pieces if pieces is not None else queue.Queue()
+        # A SimpleQueue (C, one lock): queue.Queue's put, with its Python Condition's notify, was a tenth
+        # of the worker's GIL-held time at thousands of tokens a second (docs/performance.md).
+        self._pieces: queue.SimpleQueue[Piece] = pieces if pieces is not None else queue.SimpleQueue()
         self._metrics = metrics
         self._on_close = on_close
         self._opened_at = time.monotonic()

@@ -383,7 +383,7 @@ class Router:
         self,
         prompt_ids: list[int],
         params: SamplingParams,
-        pieces: queue.Queue[Piece] | None = None,
+        pieces: queue.SimpleQueue[Piece] | None = None,
         team: str | None = None,
         cache_salt: str | None = None,
         adapter: str = "",
