@@ -36,12 +36,15 @@ def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_pa
     default mode parses the file once more, for its 4-bit blocks."""
     import gguf
 
+    from backend.model import gguf_parsing
+
     parsed = []
-    make_reader = gguf.GGUFReader
-    monkeypatch.setattr(gguf, "GGUFReader", lambda *args: parsed.append(args) or make_reader(*args))
-    counting = gguf.GGUFReader
+    make_reader, before = gguf_parsing.PlainArrayReader, gguf.GGUFReader
+    monkeypatch.setattr(
+        gguf_parsing, "PlainArrayReader", lambda *args: parsed.append(args) or make_reader(*args)
+    )
     first = load_model(BackendConfig(cache_dir=str(tmp_path), quantize="none"))
-    assert len(parsed) == 1 and gguf.GGUFReader is counting  # each part read the one parse; then as before
+    assert len(parsed) == 1 and gguf.GGUFReader is before  # each part read the one parse; then as before
     source = resolve_model(None)
     converted = converted_dir(source, tmp_path)
     assert (converted / gguf_conversion.INDEX_FILE).is_file()  # written a tensor at a time, in shards
