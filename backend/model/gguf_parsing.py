@@ -34,7 +34,7 @@ class PlainArrayReader(gguf.GGUFReader):
 
     def _get(
         self, offset: int, dtype: np.typing.DTypeLike, count: int = 1, override_order: str | None = None
-    ):
+    ) -> np.ndarray:
         ordered = byte_ordered(dtype, override_order or self.byte_order)
         return self.plain[offset : offset + ordered.itemsize * int(count)].view(ordered)
 

@@ -123,38 +123,43 @@ def test_the_native_stream_of_a_reader_behind_the_steps_comes_in_fewer_writes_an
     assert len(rest) < 10, rest
 
 
+class HeldBackChoices:
+    """One request's choices whose second piece, there already when the first one's events are made,
+    makes no text (held back: it may begin a stop string); `awaited_third` once the third is asked for."""
+
+    streams = [None]
+    prompt_tokens, completion_tokens, cached_tokens = 4, 3, 0
+
+    def __init__(self) -> None:
+        self.queued = 1
+        self.awaited_third = False
+
+    def waiting(self) -> bool:
+        return self.queued > 0
+
+    def close(self) -> None:
+        pass
+
+    def pieces(self) -> Iterator[tuple[int, Piece]]:
+        yield 0, Piece("r", "Hello", completion_tokens=1)
+        self.queued = 0
+        yield 0, Piece("r", "", completion_tokens=2)
+        self.awaited_third = True
+        yield 0, Piece("r", " world", "length", completion_tokens=3)
+
+
 def test_an_openai_stream_lets_its_events_out_at_a_piece_of_no_text(
     app: Flask, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The route's events mark a piece that makes no event (here text held back at a stop string's
     start), so that the event before it goes out before the next piece is awaited."""
-    awaited_third = []
-
-    class Choices:
-        streams = [None]
-        queued = 1  # the second piece is there when the first one's event is made
-
-        def waiting(self) -> bool:
-            return self.queued > 0
-
-        def close(self) -> None:
-            pass
-
-    choices = Choices()
-
-    def pieces() -> Iterator[tuple[int, Piece]]:
-        yield 0, Piece("r", "Hello")
-        choices.queued = 0
-        yield 0, Piece("r", "", completion_tokens=2)  # held back: it may begin a stop string
-        awaited_third.append(True)
-        yield 0, Piece("r", " world", "length", completion_tokens=3)
-
-    monkeypatch.setattr(routes, "start_choices", lambda *args, **kwargs: (choices, pieces()))
+    choices = HeldBackChoices()
+    monkeypatch.setattr(routes, "start_choices", lambda *args, **kwargs: (choices, choices.pieces()))
     body = {"model": "mock", "prompt": "hi", "max_tokens": 3, "stream": True}
     response = app.test_client().post("/v1/completions", json=body, buffered=False)
     writes = iter(response.response)
     assert texts([next(writes), b"data: [DONE]\n\n"]) == ["Hello"]
-    assert not awaited_third  # the first write went out before the third piece was asked for
+    assert not choices.awaited_third  # the first write went out before the third piece was asked for
     assert texts(list(writes)) == [" world"]
     response.close()
 
@@ -228,34 +233,13 @@ def test_every_streaming_api_lets_its_events_out_at_a_piece_of_no_text(
 ) -> None:
     """As the OpenAI route's test above, for each other API: the piece held back makes no event, and
     the events before it go out before the next piece is awaited."""
-    awaited_third = []
-
-    class Choices:
-        streams = [None]
-        queued = 1  # the second piece is there when the first one's events are made
-        prompt_tokens, completion_tokens, cached_tokens = 4, 3, 0
-
-        def waiting(self) -> bool:
-            return self.queued > 0
-
-        def close(self) -> None:
-            pass
-
-    choices = Choices()
-
-    def pieces() -> Iterator[tuple[int, Piece]]:
-        yield 0, Piece("r", "Hello", completion_tokens=1)
-        choices.queued = 0
-        yield 0, Piece("r", "", completion_tokens=2)  # held back: it may begin a stop string
-        awaited_third.append(True)
-        yield 0, Piece("r", " world", "length", completion_tokens=3)
-
+    choices = HeldBackChoices()
     for module in (generation, tgi_routes, llamacpp_routes):
-        monkeypatch.setattr(module, "start_choices", lambda *args, **kwargs: (choices, pieces()))
+        monkeypatch.setattr(module, "start_choices", lambda *args, **kwargs: (choices, choices.pieces()))
     path, body, text_of = STREAMS[api]
     response = app.test_client().post(path, json=body, buffered=False)
     writes = iter(response.response)
     assert "".join(text_of(event) for event in json_events(next(writes))) == "Hello"
-    assert not awaited_third  # the first write went out before the third piece was asked for
+    assert not choices.awaited_third  # the first write went out before the third piece was asked for
     assert "".join(text_of(event) for event in json_events(b"".join(writes))) == " world"
     response.close()

@@ -203,7 +203,7 @@ def _answer(
     logprobs = Logprobs(generation, tokenizer, asked=asked.params.logprobs is not None)
     if asked.stream:
         lines = _lines(shape, generation, started, first_piece, logprobs)
-        lines = coalesced(lines, generation.choices.waiting)  # each line a piece of no text makes none
+        lines = coalesced(lines, generation.choices.waiting)  # the lines of pieces already queued at once
         response = Response(lines, content_type="application/x-ndjson")
         response.call_on_close(generation.close)
         return response
