@@ -411,14 +411,133 @@ inline __m256 bytes_as_floats_avx2(const uint8_t* p) {  // 8 uint8 values
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
+// One half of the block at `block` (its channels 8 half..8 half + 7) times rows [first, first + count) of x,
+// added to sums[0..count): the products weighed by the block's scales (of a super-block, by super_d and
+// super_minimum, its header's).
+template <int BITS, bool SUPER, bool TABLE>
+__attribute__((always_inline)) inline void multiply_block_half(const uint8_t* block, int half, const QuantizedRows& x,
+                                                               int64_t first, int64_t count, int64_t blocks, int64_t b,
+                                                               __m256 super_d, __m256 super_minimum, __m256* sums) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i u[8];  // 4-bit: u, 0..15; 5-bit: 0..31; 6-bit: 0..63; 8-bit: q = u - 128, and a table's t[u], signed
+  unpack_values_avx2<BITS, TABLE>(block + 32 * half, u);
+  const uint8_t* scales = block + value_bytes(BITS);
+  if constexpr (BITS == 6) {
+    const __m256 d = SUPER ? super_d : halves_as_floats(scales + 16 * half);
+    const uint8_t* s = (SUPER ? scales : scales + 32) + 8 * half;  // this half's 8 channels' s, inputs 0-15
+    const __m256i low_s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)));
+    const __m256i high_s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 16)));
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t row_block = (first + r) * blocks + b;
+      const int8_t* q = x.values.data() + row_block * BLOCK;
+      // Two vpmaddubsw sums of 63 * 127 pairs still fit int16; three would not.
+      __m256i halves[2];
+      for (int h = 0; h < 2; ++h) {
+        __m256i sum = _mm256_set1_epi32(x.offsets[2 * row_block + h]);
+        for (int j = 4 * h; j < 4 * h + 4; j += 2) {
+          const __m256i pairs = _mm256_add_epi16(
+              _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))),
+              _mm256_maddubs_epi16(u[j + 1], _mm256_set1_epi32(four_values(q + 4 * j + 4))));
+          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+        }
+        halves[h] = sum;
+      }
+      const __m256i total = _mm256_add_epi32(_mm256_mullo_epi32(halves[0], low_s), _mm256_mullo_epi32(halves[1], high_s));
+      sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);
+    }
+    return;
+  }
+  __m256 d, m;
+  if constexpr (TABLE) {
+    d = SUPER ? _mm256_mul_ps(super_d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8 * half)))))
+              : halves_as_floats(scales + 16 * half);
+    m = _mm256_setzero_ps();
+  } else if constexpr (SUPER) {
+    d = _mm256_mul_ps(super_d, bytes_as_floats_avx2(scales + 8 * half));
+    m = _mm256_mul_ps(super_minimum, bytes_as_floats_avx2(scales + 16 + 8 * half));
+  } else {
+    d = halves_as_floats(scales + 16 * half);
+    m = has_minimum(BITS) ? halves_as_floats(scales + 32 + 16 * half) : _mm256_setzero_ps();
+  }
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t row_block = (first + r) * blocks + b;
+    const int8_t* q = x.values.data() + row_block * BLOCK;
+    __m256i products;
+    if constexpr ((BITS == 4 || BITS == 5) && !TABLE) {
+      // Each vpmaddubsw sum is at most 2 * 15 * 127 (4-bit) or 2 * 31 * 127 (5-bit), so eight (or four)
+      // of them still fit in int16.
+      constexpr int in_int16 = BITS == 4 ? 8 : 4;
+      products = _mm256_setzero_si256();
+      for (int j0 = 0; j0 < 8; j0 += in_int16) {
+        __m256i pairs = _mm256_maddubs_epi16(u[j0], _mm256_set1_epi32(four_values(q + 4 * j0)));
+        for (int j = j0 + 1; j < j0 + in_int16; ++j) {
+          pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))));
+        }
+        products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, ones));
+      }
+    } else {
+      products = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four_values(q + 4 * j)), u[j]);
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(u[j]), signed_x);
+        products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, ones));
+      }
+    }
+    sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);
+    if constexpr (has_minimum(BITS, TABLE)) sums[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[row_block]), sums[r]);
+  }
+}
+
+// A super-block's header for the half's 8 channels: their d and (4-bit and 5-bit) minimum.
+template <int BITS, bool TABLE>
+inline void read_super_header(const uint8_t* block, int half, __m256& super_d, __m256& super_minimum) {
+  super_d = halves_as_floats(block + 16 * half);
+  if constexpr (has_minimum(BITS, TABLE)) super_minimum = halves_as_floats(block + 32 + 16 * half);
+}
+
+// multiply_group_avx2 for row `row` alone, into out[0..16): both halves of each block in turn, one pass over
+// the group's blocks.
+template <int BITS, bool SUPER, bool TABLE, typename T>
+void multiply_row_in_one_pass(const uint8_t* weights, const QuantizedRows& x, int64_t row, int64_t in, T* out) {
+  const int64_t blocks = in / BLOCK;
+  __m256 sums[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 super_d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 super_minimum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const uint8_t* block = weights;
+  for (int64_t b = 0; b < blocks; ++b) {
+    if constexpr (SUPER) {
+      if (b % BLOCKS_A_SUPER_BLOCK == 0) {
+        for (int half = 0; half < 2; ++half) read_super_header<BITS, TABLE>(block, half, super_d[half], super_minimum[half]);
+        block += header_bytes(BITS, TABLE);
+      }
+    }
+    prefetch_ahead<stride(BITS, SUPER, TABLE)>(block);
+    for (int half = 0; half < 2; ++half) {
+      multiply_block_half<BITS, SUPER, TABLE>(block, half, x, row, 1, blocks, b, super_d[half], super_minimum[half],
+                                              &sums[half]);
+    }
+    block += stride(BITS, SUPER, TABLE);
+  }
+  for (int half = 0; half < 2; ++half) store8(out + 8 * half, sums[half]);
+}
+
 // As multiply_group, for rows [first, first + count) (count <= ROWS_AT_ONCE_AVX2), one half of the 16
 // channels at a time: bytes 32h..32h+31 of each 64-byte line are channels 8h..8h+7, and so are the 16h-th
-// bytes of the fp16 scales and the 8h-th of the byte ones.
+// bytes of the fp16 scales and the 8h-th of the byte ones. One row of 4-bit or 8-bit weights takes both
+// halves of each block in turn instead (multiply_row_in_one_pass): a pass over the group for each half
+// read each line twice, and one row's products, which do little with each weight, took 1.2-1.4x as long so
+// (layers of 8,192 x 2,048 from memory, the two builds in one process, on the AVX2 EPYC; docs/performance.md,
+// 2026-12-06). 5-bit and 6-bit rows, whose values take more registers to unpack, ran 0.86-0.98x as fast in
+// one pass, and more rows keep a half at a time: their accumulators and one half's values fill the 16
+// registers.
 template <int BITS, bool SUPER, bool TABLE, typename T>
 void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
                          T* out, int64_t out_stride) {
   const int64_t blocks = in / BLOCK;
-  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (BITS == 4 || BITS == 8) {
+    if (count == 1) return multiply_row_in_one_pass<BITS, SUPER, TABLE>(weights, x, first, in, out + first * out_stride);
+  }
   for (int half = 0; half < 2; ++half) {
     __m256 sums[ROWS_AT_ONCE_AVX2];
     for (int64_t r = 0; r < count; ++r) sums[r] = _mm256_setzero_ps();
@@ -427,81 +546,13 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
     for (int64_t b = 0; b < blocks; ++b) {
       if constexpr (SUPER) {
         if (b % BLOCKS_A_SUPER_BLOCK == 0) {
-          super_d = halves_as_floats(block + 16 * half);
-          if constexpr (has_minimum(BITS, TABLE)) super_minimum = halves_as_floats(block + 32 + 16 * half);
+          read_super_header<BITS, TABLE>(block, half, super_d, super_minimum);
           block += header_bytes(BITS, TABLE);
         }
       }
       if (half == 0) prefetch_ahead<stride(BITS, SUPER, TABLE)>(block);  // the second half finds the lines in the cache
-      __m256i u[8];  // 4-bit: u, 0..15; 5-bit: 0..31; 6-bit: 0..63; 8-bit: q = u - 128, and a table's t[u], signed
-      unpack_values_avx2<BITS, TABLE>(block + 32 * half, u);
-      const uint8_t* scales = block + value_bytes(BITS);
+      multiply_block_half<BITS, SUPER, TABLE>(block, half, x, first, count, blocks, b, super_d, super_minimum, sums);
       block += stride(BITS, SUPER, TABLE);
-      if constexpr (BITS == 6) {
-        const __m256 d = SUPER ? super_d : halves_as_floats(scales + 16 * half);
-        const uint8_t* s = (SUPER ? scales : scales + 32) + 8 * half;  // this half's 8 channels' s, inputs 0-15
-        const __m256i low_s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)));
-        const __m256i high_s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 16)));
-        for (int64_t r = 0; r < count; ++r) {
-          const int64_t row_block = (first + r) * blocks + b;
-          const int8_t* q = x.values.data() + row_block * BLOCK;
-          // Two vpmaddubsw sums of 63 * 127 pairs still fit int16; three would not.
-          __m256i halves[2];
-          for (int h = 0; h < 2; ++h) {
-            __m256i sum = _mm256_set1_epi32(x.offsets[2 * row_block + h]);
-            for (int j = 4 * h; j < 4 * h + 4; j += 2) {
-              const __m256i pairs = _mm256_add_epi16(
-                  _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))),
-                  _mm256_maddubs_epi16(u[j + 1], _mm256_set1_epi32(four_values(q + 4 * j + 4))));
-              sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
-            }
-            halves[h] = sum;
-          }
-          const __m256i total = _mm256_add_epi32(_mm256_mullo_epi32(halves[0], low_s), _mm256_mullo_epi32(halves[1], high_s));
-          sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);
-        }
-        continue;
-      }
-      __m256 d, m;
-      if constexpr (TABLE) {
-        d = SUPER ? _mm256_mul_ps(super_d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8 * half)))))
-                  : halves_as_floats(scales + 16 * half);
-        m = _mm256_setzero_ps();
-      } else if constexpr (SUPER) {
-        d = _mm256_mul_ps(super_d, bytes_as_floats_avx2(scales + 8 * half));
-        m = _mm256_mul_ps(super_minimum, bytes_as_floats_avx2(scales + 16 + 8 * half));
-      } else {
-        d = halves_as_floats(scales + 16 * half);
-        m = has_minimum(BITS) ? halves_as_floats(scales + 32 + 16 * half) : _mm256_setzero_ps();
-      }
-      for (int64_t r = 0; r < count; ++r) {
-        const int64_t row_block = (first + r) * blocks + b;
-        const int8_t* q = x.values.data() + row_block * BLOCK;
-        __m256i products;
-        if constexpr ((BITS == 4 || BITS == 5) && !TABLE) {
-          // Each vpmaddubsw sum is at most 2 * 15 * 127 (4-bit) or 2 * 31 * 127 (5-bit), so eight (or four)
-          // of them still fit in int16.
-          constexpr int in_int16 = BITS == 4 ? 8 : 4;
-          products = _mm256_setzero_si256();
-          for (int j0 = 0; j0 < 8; j0 += in_int16) {
-            __m256i pairs = _mm256_maddubs_epi16(u[j0], _mm256_set1_epi32(four_values(q + 4 * j0)));
-            for (int j = j0 + 1; j < j0 + in_int16; ++j) {
-              pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))));
-            }
-            products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, ones));
-          }
-        } else {
-          products = _mm256_setzero_si256();
-          for (int j = 0; j < 8; ++j) {
-            const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(four_values(q + 4 * j)), u[j]);
-            const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(u[j]), signed_x);
-            products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, ones));
-          }
-        }
-        sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);
-        if constexpr (has_minimum(BITS, TABLE)) sums[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[row_block]), sums[r]);
-      }
     }
     for (int64_t r = 0; r < count; ++r) store8(out + (first + r) * out_stride + 8 * half, sums[r]);
   }
