@@ -66,6 +66,12 @@ MIN_SPEEDUP = 1.1  # int8 replaces the dense copies only if it is clearly faster
 # ones, and its copies took a 1B Q4_K_M file's memory from 1.2x llama-server's to 1.6x
 # (docs/performance.md); with AMX a bfloat16 copy is several times as fast, and stays.
 COPY_TIMED_ROWS = 512
+# A projection of more weights than this is timed against its copies on its first outputs alone
+# (`timed_part`): at COPY_TIMED_ROWS rows both paths are arithmetic, not reads of the weights, and take
+# time in proportion to the outputs. Timed whole, the 1B Llama's three kinds of projection took 20 s of a
+# 28 s start on the AVX2 EPYC, 11 of them the int8 path's one call that shows it cannot pay; on their first
+# outputs 3.9 s, the blocks' time over the copy's within what it moves from run to run (docs/performance.md).
+COPY_TIMED_WEIGHTS = 2**21
 # The calibration gives the heap's freed pages back to the system (`malloc_trim`) each time the float32
 # weights it made since add up to this: left, they stayed resident under the int8 weights made after them,
 # 0.9 GiB of a 1B Q4_K_M file's load.
@@ -156,7 +162,8 @@ def copies_pay_off(
     """Whether `rows` rows of random activations go through layer's dense copy, or an int8 version of it
     (`smoothed_int8.py`, unsmoothed: as fast), COPY_MIN_SPEEDUP times faster than through its blocks;
     `paths`: which of the two may. A path whose first call shows it cannot (COPY_HOPELESS) is not timed
-    further."""
+    further. A layer of more than COPY_TIMED_WEIGHTS weights is timed on its first outputs (`timed_part`)."""
+    layer = timed_part(layer)
     dense = layer.dense_weight()
     x = torch.randn(rows, layer.in_features, dtype=dense.dtype)
     smoothing = torch.ones(layer.in_features)
@@ -175,6 +182,13 @@ def copies_pay_off(
     timed = {name: calls[name] for name in ("blocks", *contenders)}
     times = median_seconds(timed, rounds=3, repeats=2, warmed=True)
     return min(times[path] for path in contenders) * COPY_MIN_SPEEDUP <= times["blocks"]
+
+
+def timed_part(layer: WeightOnlyLinear) -> WeightOnlyLinear:
+    """`layer`, or where it holds more than COPY_TIMED_WEIGHTS weights, its first outputs that do not (a
+    multiple of 16, as blocks hold them)."""
+    outputs = max(16, COPY_TIMED_WEIGHTS // layer.in_features // 16 * 16)
+    return layer if outputs >= layer.out_features else first_outputs(layer, outputs)
 
 
 def smooth_many_rows_path(model: nn.Module, token_ids: list[int]) -> int:

@@ -478,8 +478,9 @@ def fuse_linears(parts: list[nn.Module]) -> WeightOnlyLinear | None:
 
 def first_outputs(layer: WeightOnlyLinear, count: int) -> WeightOnlyLinear:
     """A layer of `layer`'s first `count` outputs (a multiple of 16), on views of its weights: what
-    calibration times where the whole layer would take long."""
+    calibration times where the whole layer would take long; one made on demand makes its dense copy so."""
     part = bare_like(layer, count, [None if layer.bias is None else layer.bias[:count]])
+    part.dense_on_demand = layer.dense_on_demand
     for name, dim in layer.output_dims.items():
         tensor = getattr(layer, name)
         part.register_buffer(name, None if tensor is None else tensor.narrow(dim, 0, count), persistent=False)

@@ -88,6 +88,35 @@ def test_a_copy_whose_first_call_shows_it_cannot_pay_is_not_timed_again(monkeypa
     assert copies_pay_off(layer, rows=64, paths=("int8",)) is True and len(int8_calls) > 2
 
 
+@pytest.mark.skipif(not block_weights.available(torch.device("cpu")), reason="no blocks on this CPU")
+@pytest.mark.parametrize("lean", [False, True])
+def test_a_large_projection_is_timed_on_its_first_outputs(monkeypatch, lean):
+    """Both paths take time in proportion to the outputs at a prompt chunk's rows, so a layer of more
+    than COPY_TIMED_WEIGHTS weights is timed on its first outputs: the same weights, the copy made from
+    the blocks where a lean load left it to be made on demand."""
+    monkeypatch.setattr(calibration, "COPY_TIMED_WEIGHTS", 64 * 128)
+    layer = Int4Linear.quantize(torch.nn.Linear(128, 256, bias=False))
+    if lean:
+        layer.make_dense_on_demand(torch.float32)
+    whole = layer.dense_weight().clone()  # lean: made from the blocks
+    part = calibration.timed_part(layer)
+    assert (part.out_features, part.in_features) == (64, 128)
+    assert torch.equal(part.dense_weight(), whole[:64])
+    rows = torch.randn(8, 128)
+    assert torch.equal(part(rows), layer(rows)[:, :64])  # the blocks' products
+    small = Int4Linear.quantize(torch.nn.Linear(64, 128, bias=False))  # 64 x 128: at the limit, whole
+    assert calibration.timed_part(small) is small
+    real, timed_shapes = calibration.smoothed_int8_matmul, []
+
+    def int8_matmul(x, weights, *rest):
+        timed_shapes.append(tuple(weights.shape))
+        return real(x, weights, *rest)
+
+    monkeypatch.setattr(calibration, "smoothed_int8_matmul", int8_matmul)
+    copies_pay_off(layer, rows=64)
+    assert timed_shapes and set(timed_shapes) == {(64, 128)}
+
+
 def test_copies_that_int8_would_move_too_far_go_unless_they_pay_as_themselves(monkeypatch, weight_layout):
     """After the int8 path replaced the copies it could, those left (int8 moved their outputs too far) are
     timed as bfloat16 copies alone: without AMX slower than the blocks, they go."""
