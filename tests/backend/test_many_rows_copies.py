@@ -104,7 +104,7 @@ def test_a_large_projection_is_timed_on_its_first_outputs(monkeypatch, lean):
     assert torch.equal(part.dense_weight(), whole[:64])
     rows = torch.randn(8, 128)
     assert torch.equal(part(rows), layer(rows)[:, :64])  # the blocks' products
-    small = Int4Linear.quantize(torch.nn.Linear(64, 128, bias=False))  # 64 x 128: at the limit, whole
+    small = Int4Linear.quantize(torch.nn.Linear(64, 128, bias=False))  # 128 x 64: at the limit, whole
     assert calibration.timed_part(small) is small
     real, timed_shapes = calibration.smoothed_int8_matmul, []
 
