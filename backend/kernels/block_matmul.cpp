@@ -123,17 +123,20 @@ inline void prefetch_ahead(const uint8_t* block) {
 }
 
 // Activations in blocks of 32: int8 values, and for each block d and d * sum(values); for 6-bit weights
-// also -32 * sum(values) of each half block (the u - 32 of their two s).
+// also the sums of each half block (the u - 32 of their two s): -32 times each (AVX-512), or the two
+// side by side as int16 (AVX2, whose vpmaddwd weighs them by their s in one step).
 struct QuantizedRows {
-  std::vector<int8_t> values;    // [rows, in]
-  std::vector<float> scales;     // [rows, in / 32]
-  std::vector<float> sums;       // [rows, in / 32]
-  std::vector<int32_t> offsets;  // [rows, in / 16]: -SIX_BIT_OFFSET times the half block's sum
+  std::vector<int8_t> values;      // [rows, in]
+  std::vector<float> scales;       // [rows, in / 32]
+  std::vector<float> sums;         // [rows, in / 32]
+  std::vector<int32_t> offsets;    // [rows, in / 16]: -SIX_BIT_OFFSET times the half block's sum (AVX-512)
+  std::vector<int32_t> half_sums;  // [rows, in / 32]: the first half's sum, then the second's, int16 (AVX2)
 };
 
-QuantizedRows rows_of(int64_t rows, int64_t in) {
-  return {std::vector<int8_t>(rows * in), std::vector<float>(rows * in / BLOCK), std::vector<float>(rows * in / BLOCK),
-          std::vector<int32_t>(rows * in / 16)};
+QuantizedRows rows_of(int64_t rows, int64_t in, bool avx2) {
+  const int64_t blocks = rows * in / BLOCK;
+  return {std::vector<int8_t>(rows * in), std::vector<float>(blocks), std::vector<float>(blocks),
+          std::vector<int32_t>(avx2 ? 0 : 2 * blocks), std::vector<int32_t>(avx2 ? blocks : 0)};
 }
 
 #ifdef BLOCK_MATMUL_VNNI
@@ -147,7 +150,7 @@ inline __m512 load16(const c10::BFloat16* p) {  // bfloat16 is the top half of a
 template <typename T>
 QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t in) {
   const int64_t blocks = in / BLOCK;
-  QuantizedRows out = rows_of(rows, in);
+  QuantizedRows out = rows_of(rows, in, false);
   const __m512 sign = _mm512_set1_ps(-0.f), infinity = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   for (int64_t b = 0; b < rows * blocks; ++b) {
     const __m512 low = load16(x + b * BLOCK), high = load16(x + b * BLOCK + 16);
@@ -329,7 +332,7 @@ inline int32_t sum_of(__m256i v) {
 template <typename T>
 QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
   const int64_t blocks = in / BLOCK;
-  QuantizedRows out = rows_of(rows, in);
+  QuantizedRows out = rows_of(rows, in, true);
   const __m256 sign = _mm256_set1_ps(-0.f), infinity = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane order
   for (int64_t b = 0; b < rows * blocks; ++b) {
@@ -352,8 +355,8 @@ QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
     out.scales[b] = _mm256_movemask_ps(not_finite) == 0 ? top / 127.f : std::numeric_limits<float>::quiet_NaN();
     const int32_t low_sum = sum_of(_mm256_add_epi32(q[0], q[1])), high_sum = sum_of(_mm256_add_epi32(q[2], q[3]));
     out.sums[b] = out.scales[b] * static_cast<float>(low_sum + high_sum);
-    out.offsets[2 * b] = -SIX_BIT_OFFSET * low_sum;
-    out.offsets[2 * b + 1] = -SIX_BIT_OFFSET * high_sum;
+    // |sum| <= 16 * 127: each fits int16
+    out.half_sums[b] = static_cast<int32_t>(static_cast<uint16_t>(low_sum) | (static_cast<uint32_t>(high_sum) << 16));
   }
   return out;
 }
@@ -425,24 +428,27 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
   if constexpr (BITS == 6) {
     const __m256 d = SUPER ? super_d : halves_as_floats(scales + 16 * half);
     const uint8_t* s = (SUPER ? scales : scales + 32) + 8 * half;  // this half's 8 channels' s, inputs 0-15
-    const __m256i low_s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)));
-    const __m256i high_s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 16)));
+    const __m128i low_bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s));
+    const __m128i high_bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 16));
+    // vpmaddwd weighs the pairs' int16 sums by s, exactly: each channel's s in both int16 of its lane. And
+    // -32 s of the two halves side by side, by which one vpmaddwd gives the lane's offsets from the two
+    // half sums. The int32 sums weighed by two vpmulld (slow on AMD's Zen 1) instead, 8 and 32 rows took
+    // 1.14-1.18x as long on the AVX2 EPYC (docs/performance.md, 2026-12-06).
+    const __m256i low_s = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(low_bytes, low_bytes));
+    const __m256i high_s = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(high_bytes, high_bytes));
+    const __m256i offset_s = _mm256_slli_epi16(  // -32 s, |s| <= 128: fits int16
+        _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(low_bytes, high_bytes))), 5);
     for (int64_t r = 0; r < count; ++r) {
       const int64_t row_block = (first + r) * blocks + b;
       const int8_t* q = x.values.data() + row_block * BLOCK;
+      __m256i total = _mm256_madd_epi16(_mm256_set1_epi32(x.half_sums[row_block]), offset_s);
       // Two vpmaddubsw sums of 63 * 127 pairs still fit int16; three would not.
-      __m256i halves[2];
-      for (int h = 0; h < 2; ++h) {
-        __m256i sum = _mm256_set1_epi32(x.offsets[2 * row_block + h]);
-        for (int j = 4 * h; j < 4 * h + 4; j += 2) {
-          const __m256i pairs = _mm256_add_epi16(
-              _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))),
-              _mm256_maddubs_epi16(u[j + 1], _mm256_set1_epi32(four_values(q + 4 * j + 4))));
-          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
-        }
-        halves[h] = sum;
+      for (int j = 0; j < 8; j += 2) {
+        const __m256i pairs = _mm256_add_epi16(
+            _mm256_maddubs_epi16(u[j], _mm256_set1_epi32(four_values(q + 4 * j))),
+            _mm256_maddubs_epi16(u[j + 1], _mm256_set1_epi32(four_values(q + 4 * j + 4))));
+        total = _mm256_add_epi32(total, _mm256_madd_epi16(pairs, j < 4 ? low_s : high_s));
       }
-      const __m256i total = _mm256_add_epi32(_mm256_mullo_epi32(halves[0], low_s), _mm256_mullo_epi32(halves[1], high_s));
       sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);
     }
     return;

@@ -261,6 +261,24 @@ def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weigh
         assert (got.double() - expected).abs().max().item() < tolerance, rows
 
 
+@pytest.mark.parametrize("super_blocks", [False, True], ids=["Q6 blocks", "Q6_K super-blocks"])
+def test_six_bit_sums_at_their_bounds_are_exact(super_blocks, kernel):
+    """6-bit products at the integer sums' limits: u 63 or 0, s -128 or 127, every activation +-127 once
+    rounded. The AVX2 kernel sums pairs of vpmaddubsw sums in int16 (4 * 63 * 127 at most) and weighs a
+    half block's activation sum (16 * 127) by -32 s in int16: none may wrap."""
+    out_features, in_features = 32, 2 * SUPER_BLOCK
+    channel = torch.arange(out_features)[:, None]
+    q = torch.where(channel % 2 == 0, 63, 0).to(torch.uint8).expand(out_features, in_features).contiguous()
+    s = torch.where(channel % 4 < 2, -128, 127).to(torch.int8).expand(out_features, in_features // 16)
+    unit = SUPER_BLOCK if super_blocks else BLOCK
+    d = torch.full((out_features, in_features // unit), 2.0**-10)
+    blocks = pack_super_blocks(q, 6, d, s) if super_blocks else pack_int6(q, s.contiguous(), d)
+    weight = (q.float() - 32) * s.float().repeat_interleave(16, dim=1) * 2.0**-10
+    x = torch.stack([torch.full((in_features,), 127.0 * (-1) ** row) for row in range(5)])  # 4 + 1 rows
+    expected = x.double() @ weight.double().T  # x's blocks round to themselves: their scale is 1
+    assert (kernel(x, blocks, 6).double() - expected).abs().max() <= 1e-6 * expected.abs().min()
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_a_row_alone_gets_the_products_it_gets_among_others(layout, kernel):
     """One row (a stream's decode step) takes a pass of its own over the blocks (AVX2, 4-bit and 8-bit:
