@@ -433,7 +433,7 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
     // vpmaddwd weighs the pairs' int16 sums by s, exactly: each channel's s in both int16 of its lane. And
     // -32 s of the two halves side by side, by which one vpmaddwd gives the lane's offsets from the two
     // half sums. The int32 sums weighed by two vpmulld (slow on AMD's Zen 1) instead, 8 and 32 rows took
-    // 1.14-1.18x as long on the AVX2 EPYC (docs/performance.md, 2026-12-06).
+    // 1.10-1.18x as long on the AVX2 EPYC (docs/performance.md, 2026-12-06).
     const __m256i low_s = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(low_bytes, low_bytes));
     const __m256i high_s = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(high_bytes, high_bytes));
     const __m256i offset_s = _mm256_slli_epi16(  // -32 s, |s| <= 128: fits int16
