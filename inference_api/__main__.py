@@ -16,6 +16,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 
 from backend.messages import BackendConfig
+from backend.model.source import ModelNotFound, resolve_model
 from inference_api.chat_template import compile_template
 from inference_api.config import (
     DEFAULT_MAX_BODY_BYTES,
@@ -368,8 +369,28 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     )
 
 
+def check_models(config: ServerConfig) -> None:
+    """A model option naming a local file or directory that is not there stops the command line as an
+    option refused (status 2), before gunicorn starts: the backend would say so only after its 8 s of
+    importing torch. (The mock loads no model; parse_args alone checks no path, so that a manifest's
+    options parse where its volume is not mounted.)"""
+    backend = config.backend
+    if backend.mock:
+        return
+    options = {"--model": backend.model, "--draft-model": backend.draft_model}
+    options |= {"--embedding-model": backend.embedding_model, "--rerank-model": backend.rerank_model}
+    for option, value in options.items():
+        if value is None and option != "--model":  # no --model: the default model, checked too
+            continue
+        try:
+            resolve_model(value)
+        except ModelNotFound as error:
+            build_parser().error(f"argument {option}: {error}")
+
+
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
+    check_models(config)
     os.environ.update(config.to_env())
     command = [sys.executable, "-m", "gunicorn", "--config", str(GUNICORN_CONF)]
     os.execv(sys.executable, command)

@@ -48,7 +48,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backend.model.loader import resolve_model  # noqa: E402
+from backend.model.source import resolve_model  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 CODE = '''import math

@@ -51,7 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 from backend.engine.engine import Engine  # noqa: E402
 from backend.messages import BackendConfig, SamplingParams, Submit  # noqa: E402
-from backend.model.loader import load_model, resolve_model  # noqa: E402
+from backend.model.loader import load_model  # noqa: E402
+from backend.model.source import resolve_model  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 # How every request samples, on every server: llama-server's own defaults (top_k 40, min_p 0.05) sent

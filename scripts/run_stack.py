@@ -16,7 +16,8 @@ JWT_SECRET comes from the environment or .env; if there is none, one is
 generated and saved to .env so that tokens stay valid across restarts. If
 either piece fails, the other is stopped too and the reason is printed last
 (exit status 1); Ctrl-C stops both (status 0). Every other option goes to
-inference_api (`python -m inference_api --help`).
+inference_api (`python -m inference_api --help`), which checks them first:
+one it refuses stops this before either piece starts (status 2).
 
 The teams' settings (docs/proxy.md): where the working directory has a
 `teams/` folder, the proxy reads `teams/limits.toml` (per-team limits) and
@@ -47,8 +48,12 @@ from dotenv import dotenv_values
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
 
 from jwt_util import encode  # noqa: E402
+
+from inference_api.__main__ import check_models  # noqa: E402
+from inference_api.__main__ import parse_args as parse_api_options  # noqa: E402
 
 
 class PieceFailed(RuntimeError):
@@ -117,6 +122,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error(
             "the API listens on 127.0.0.1 behind the proxy; --proxy-host sets where the proxy listens"
         )
+    # What inference_api would refuse (a --model that is not there, say) stops this before either piece
+    # starts, with its message: a proxy stopped while it boots takes its 10 s graceful timeout to go.
+    check_models(parse_api_options(api_options))
     return args, api_options
 
 

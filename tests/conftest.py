@@ -86,7 +86,7 @@ def default_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (transformers' save_pretrained): reading it from the GGUF file takes 7 s, so once a session."""
     from transformers import AutoTokenizer  # inside: the frontend's tests import no torch
 
-    from backend.model.loader import resolve_model
+    from backend.model.source import resolve_model
 
     source = resolve_model(None)
     tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
@@ -100,7 +100,8 @@ def whole_default_model_copy() -> Path:
     what transformers loads as a checkpoint: made or completed now (`backend.prepare --full-copy`) where
     no start has, or only a default-mode one, which leaves out the layers the blocks serve."""
     from backend.model.gguf_conversion import omitted_weights  # inside: the frontend's tests import no torch
-    from backend.model.loader import converted_dir, resolve_model
+    from backend.model.loader import converted_dir
+    from backend.model.source import resolve_model
 
     converted = converted_dir(resolve_model(None), Path(os.environ["INFERENCE_CACHE_DIR"]))
     if not (converted / "config.json").is_file() or omitted_weights(converted):

@@ -30,7 +30,7 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random two-layer Llama as a GGUF file, with the default model's tokenizer cut to its vocabulary
     and room for 1,024 positions: the scripts' every step at once, not their figures. On the default
     model these tests took 4 minutes of the suite's 2 cores."""
-    from backend.model.loader import default_model_path
+    from backend.model.source import default_model_path
     from tests.backend.gguf_files import write_tiny_gguf
     from tests.backend.models import tiny_model
 

@@ -25,9 +25,9 @@ from backend.messages import (
     UnloadAdapter,
 )
 from backend.model.embeddings import EmbeddingModel
-from backend.model.loader import ModelNotFound
 from backend.model.lora import AdapterError
 from backend.model.resources import InsufficientResources
+from backend.model.source import ModelNotFound
 
 log = logging.getLogger(__name__)
 

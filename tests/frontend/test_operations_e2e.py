@@ -127,9 +127,14 @@ def test_backend_stops_with_the_server(tmp_path: Path) -> None:
 
 
 def test_a_backend_that_cannot_start_stops_the_server(tmp_path: Path) -> None:
-    # No mock: a model directory that does not exist. The backend fails to start, and the server
-    # exits with gunicorn's "app failed to load" code and a message, instead of never becoming ready.
-    server = start_server("--model", str(tmp_path / "no-such-model"), log_path=tmp_path / "server.log")
+    # No mock: a model directory of a type no transformers class is for (one that is not there stops the
+    # command line before gunicorn: tests/frontend/test_server_options.py). The backend fails to start,
+    # and the server exits with gunicorn's "app failed to load" code and a message, instead of never
+    # becoming ready.
+    model = tmp_path / "unknown-type"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "no-such-type"}')
+    server = start_server("--model", str(model), log_path=tmp_path / "server.log")
     try:
         assert server.process.wait(120) == 4, server.log()[-3000:]
         assert "the backend cannot start" in server.log()

@@ -15,7 +15,8 @@ import torch
 from openai import OpenAI
 
 from backend.messages import BackendConfig
-from backend.model.loader import default_model_path, load_model
+from backend.model.loader import load_model
+from backend.model.source import default_model_path
 from tests.backend.bitsandbytes_files import write_bitsandbytes_checkpoint
 from tests.backend.gguf_files import q4_k_m, write_tiny_gguf
 from tests.backend.group_wise_files import write_group_wise_checkpoint

@@ -3,7 +3,7 @@ environment that carries them to the gunicorn worker."""
 
 import pytest
 
-from inference_api.__main__ import parse_args
+from inference_api.__main__ import check_models, parse_args
 from inference_api.config import ServerConfig, parse_size
 
 
@@ -130,3 +130,38 @@ def test_lora_modules_take_vllms_two_forms_and_travel_through_the_environment(tm
         with pytest.raises(SystemExit):
             parse_args(["--lora-modules", wrong])
         assert "--lora-modules" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "names", "says"),
+    [
+        ("--model", "missing.gguf", "GGUF file {path} does not exist"),
+        ("--model", "missing", "model directory {path} does not exist"),
+        ("--model", "empty", "model directory {path} has no config.json: not a transformers model's"),
+        ("--draft-model", "missing", "model directory {path} does not exist"),
+        ("--embedding-model", "empty", "model directory {path} has no config.json"),
+        ("--rerank-model", "missing.gguf", "GGUF file {path} does not exist"),
+    ],
+)
+def test_a_model_that_is_not_there_stops_the_command_line(tmp_path, capsys, option, names, says):
+    """Before gunicorn starts: the backend would say so only after importing torch and transformers."""
+    (tmp_path / "empty").mkdir()
+    path = tmp_path / names
+    config = parse_args([option, str(path)])  # a manifest's options parse where its volume is not
+    with pytest.raises(SystemExit) as exit:
+        check_models(config)
+    assert exit.value.code == 2
+    assert f"argument {option}: " + says.format(path=path) in capsys.readouterr().err
+
+
+def test_models_the_command_line_cannot_check_are_left_to_the_backend(tmp_path):
+    """A hub id (the hub is asked only when the backend fetches it), a model directory with its
+    config.json, and any path under --mock, which loads no model."""
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text("{}")
+    for options in (
+        ["--model", "HuggingFaceTB/SmolLM2-135M-Instruct"],
+        ["--draft-model", str(tmp_path / "tiny")],
+        ["--mock", "--model", str(tmp_path / "missing")],
+    ):
+        check_models(parse_args(options))

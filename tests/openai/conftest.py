@@ -16,7 +16,8 @@ import requests
 from openai.types.chat import ChatCompletionMessageToolCall
 from transformers import AutoTokenizer
 
-from backend.model.loader import converted_dir, resolve_model
+from backend.model.loader import converted_dir
+from backend.model.source import resolve_model
 from tests.backend.models import write_tiny_byte_model
 from tests.server_fixture import RunningServer, running_server
 

@@ -26,7 +26,8 @@ import requests
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer
 
-from backend.model.loader import converted_dir, resolve_model
+from backend.model.loader import converted_dir
+from backend.model.source import resolve_model
 from inference_api.reasoning import (
     CLOSED,
     COHERE_THOUGHTS,
