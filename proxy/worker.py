@@ -16,6 +16,7 @@ cannot parse (400, 414, 431...), are JSON in the proxy's error shape, like every
 from __future__ import annotations
 
 import resource
+import signal
 import ssl
 import time
 from contextlib import contextmanager
@@ -94,6 +95,11 @@ class ProxyWorker(JsonErrorPages, GeventWorker):
     tls_files: tuple[str, str] | None = None
 
     def init_process(self):
+        # Until gunicorn installs this worker's own handlers (after gevent's patching, half a second), a
+        # stop ends it at once: the master's handlers, which a fork inherits, queued the signal where no
+        # one read it, and a proxy stopped while it booted waited out its graceful timeout (10 s).
+        for stop in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop, signal.SIG_DFL)
         config = ProxyConfig.from_env()
         self.header_timeout = config.header_timeout
         self.body_timeout = config.body_timeout

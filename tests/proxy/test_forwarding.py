@@ -4,9 +4,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import requests
 
 from backend.mock import mock_text
@@ -135,6 +137,29 @@ def test_the_proxy_refuses_to_start_without_a_secret_and_warns_about_a_short_one
     assert result.returncode != 0 and "JWT_SECRET is not set" in result.stderr
     with running_proxy(echo_upstream.url, secret="short") as proxy:
         assert "JWT_SECRET is 5 bytes" in proxy.log()
+
+
+def test_a_proxy_stopped_while_its_worker_boots_stops_at_once(tmp_path):
+    """SIGTERM to the master while its worker is still booting (gevent patching the standard library):
+    the worker, which had the master's handlers, lost the signal, and the master waited out its 10 s
+    graceful timeout before killing it (make run with a server refusing its options did so)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JWT_SECRET="s" * 32)
+    command = [sys.executable, "-m", "proxy", "--port", str(free_port()), "--upstream", "http://127.0.0.1:9"]
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        master = psutil.Process(process.pid)
+        deadline = time.monotonic() + 30
+        while not master.children() and time.monotonic() < deadline:  # forked, not yet booted
+            time.sleep(0.01)
+        assert master.children(), "no worker was forked"
+        stopping = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        assert time.monotonic() - stopping < 5, process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def test_requests_go_to_the_least_busy_upstream_and_survive_one_dying():
