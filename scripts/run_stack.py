@@ -123,7 +123,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             "the API listens on 127.0.0.1 behind the proxy; --proxy-host sets where the proxy listens"
         )
     # What inference_api would refuse (a --model that is not there, say) stops this before either piece
-    # starts, with its message: a proxy stopped while it boots takes its 10 s graceful timeout to go.
+    # starts, with its message last, instead of after a proxy started for nothing.
     check_models(parse_api_options(api_options))
     return args, api_options
 
