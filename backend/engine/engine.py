@@ -35,6 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from backend.engine.ahead import StepAhead, decodes_again, next_step_rows
 from backend.engine.draft_model import DraftModel
 from backend.engine.encoder_pass import EncoderPass, embedding_failed
+from backend.engine.grammar_builds import GrammarBuilds
 from backend.engine.prefill_budget import PrefillBudget
 from backend.engine.prefix_cache import Placement, PrefixIndex
 from backend.engine.row import Row
@@ -161,6 +162,7 @@ class Engine:
             )
         self.processors = LogitsProcessors(rows, self.max_seq_len, self.vocab_size, self.device)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.eos_ids, rows)
+        self.grammar_builds = GrammarBuilds(self.grammars)  # requests whose grammar is compiling
         self.speculator = self._speculator(speculative_tokens, prompt_lookup, rows, draft_model, cuda_graphs)
         self.rows: list[Row | None] = [None] * rows
         if prefix_reuse and self.rows_keep_state:
@@ -320,6 +322,7 @@ class Engine:
             self._reject(request, message, "allowed_token_ids")
         elif (
             request.request_id in self.waiting
+            or request.request_id in self.grammar_builds
             or request.request_id in self.embedding_waiting
             or (self.encoder_pass is not None and self.encoder_pass.holds(request.request_id))
             or self._row_of(request.request_id) is not None
@@ -352,9 +355,10 @@ class Engine:
         new = self.adapters.add(name, path, replace)
         if old is None:
             return
-        for request_id, request in list(self.waiting.items()):
-            if request.adapter == name:
-                self.waiting[request_id] = rescoped(request, old, new)
+        for line in (self.waiting, self.grammar_builds.requests):
+            for request_id, request in list(line.items()):
+                if request.adapter == name:
+                    line[request_id] = rescoped(request, old, new)
         self._drop_if_unused(old)
 
     def unload_adapter(self, name: str) -> None:
@@ -365,6 +369,9 @@ class Engine:
         slot = self.adapters.retire(name)
         for request in [request for request in self.waiting.values() if request.adapter == name]:
             self._unqueue(self.waiting, request.request_id)
+            self._reject(request, f"the LoRA adapter {name!r} was unloaded")
+        for request in [r for r in self.grammar_builds.requests.values() if r.adapter == name]:
+            self._unbuild(request.request_id)
             self._reject(request, f"the LoRA adapter {name!r} was unloaded")
         self._drop_if_unused(slot)
 
@@ -379,6 +386,11 @@ class Engine:
         self.matchers.pop(request_id, None)
         self.arrived.pop(request_id, None)
 
+    def _unbuild(self, request_id: str) -> None:
+        """A request whose grammar is compiling out of the engine, with its arrival time."""
+        self.grammar_builds.drop(request_id)
+        self.arrived.pop(request_id, None)
+
     def _separate_model(self, params: SamplingParams) -> EmbeddingModel | None:
         """The model beside the served one that answers this request: the rerank model a score request's,
         the embedding model (where there is one) an embedding request's; None: the served model."""
@@ -387,17 +399,26 @@ class Engine:
         return self.embedding_model if params.embedding is not None else None
 
     def _wait(self, request: Submit) -> None:
-        """Queue a request for a row, its grammar compiled now: a grammar the matcher refuses is
-        the request's error at once, not when a row frees up."""
-        try:
-            matcher = self.grammars.matcher(request.params.grammar)
-        except GrammarError as error:
-            self._reject(request, str(error), "grammar")
-            return
-        if matcher is not None:
-            self.matchers[request.request_id] = matcher
-        self.waiting[request.request_id] = request
+        """Queue a request for a row, once its grammar has compiled (in another thread, so that a big
+        one stalls no row: grammar_builds.py): a grammar the matcher refuses is the request's error as
+        soon as it is compiled, not when a row frees up."""
         self.arrived[request.request_id] = time.monotonic()
+        if request.params.grammar is None:
+            self.waiting[request.request_id] = request
+            return
+        self.grammar_builds.start(request)  # waits a little: the usual grammar is ready at once
+        self._queue_built()
+
+    def _queue_built(self) -> None:
+        """The requests whose grammar has compiled wait for a row; those it refused end with its error."""
+        for request, built in self.grammar_builds.finished():
+            if isinstance(built, GrammarError):
+                self.arrived.pop(request.request_id, None)
+                self._reject(request, str(built), "grammar")
+                continue
+            if built is not None:
+                self.matchers[request.request_id] = built
+            self.waiting[request.request_id] = request
 
     def cancel(self, request_id: str) -> None:
         """End a request; its row is freed at the next step."""
@@ -406,6 +427,9 @@ class Engine:
             self._unqueue(waiting, request_id)
             if self.embedding_job is not None and self.embedding_job[0].request_id == request_id:
                 self.embedding_job = None  # and its cache with it
+            self.undelivered.append(Piece(request_id, "", "cancelled"))
+        elif request_id in self.grammar_builds:
+            self._unbuild(request_id)
             self.undelivered.append(Piece(request_id, "", "cancelled"))
         elif self.encoder_pass is not None and self.encoder_pass.holds(request_id):
             self.encoder_pass.cancelled.add(request_id)  # the pass goes on for the others, if any
@@ -418,6 +442,11 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
+        return self._busy or bool(self.grammar_builds)
+
+    @property
+    def _busy(self) -> bool:
+        """Work for a step now (grammars compiling aside)."""
         return bool(
             self.waiting or self.embeddings_pending or self.undelivered or self.active_rows or self.ahead
         )
@@ -434,6 +463,10 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[Piece]:
+        if self.grammar_builds:
+            if not self._busy:  # nothing to step: sleep on the builds, not spin
+                self.grammar_builds.wait()
+            self._queue_built()
         pieces, self.undelivered = self.undelivered, []
         pieces += self._free_cancelled()
         if self.ahead is not None:  # the step launched ahead: its tokens, and maybe the next one launched

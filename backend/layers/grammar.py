@@ -28,6 +28,7 @@ brings triton).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import llguidance
@@ -104,13 +105,14 @@ class Grammars:
         self.rows = rows
         self.matchers: dict[int, llguidance.LLMatcher] = {}
         self._tokenizer: llguidance.LLTokenizer | None = None  # made at the first grammar (about 0.3 s)
+        self._tokenizer_made = threading.Lock()  # grammars compile in threads (engine/grammar_builds.py)
         self._executor: llguidance.LLExecutor | None = None  # its threads, while a GPU runs the pass
         self._bitmask: torch.Tensor | None = None
 
     def matcher(self, grammar: str | None) -> llguidance.LLMatcher | None:
         """A matcher at the start of this grammar (None for none); GrammarError if it cannot be used, or if
         no text can follow it (as `[^\\s\\S]`, or a rule that never ends: a row would stop at once as if
-        it were met)."""
+        it were met). Safe to call from several threads at once."""
         if grammar is None:
             return None
         matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0, limits=LIMITS)
@@ -180,14 +182,16 @@ class Grammars:
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
         """llguidance's view of the tokenizer; GrammarError where it cannot make one (a tokenizer with
         more tokens than the model's vocabulary), which refuses the request, not the backend's work."""
-        if self._tokenizer is None:
-            try:
-                self._tokenizer = llguidance.hf.from_tokenizer(
-                    self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
-                )
-            except ValueError as error:
-                raise GrammarError(f"this model's tokenizer cannot be used for grammars: {error}") from error
-        return self._tokenizer
+        with self._tokenizer_made:
+            if self._tokenizer is None:
+                try:
+                    self._tokenizer = llguidance.hf.from_tokenizer(
+                        self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
+                    )
+                except ValueError as error:
+                    message = f"this model's tokenizer cannot be used for grammars: {error}"
+                    raise GrammarError(message) from error
+            return self._tokenizer
 
 
 def _reason(matcher: llguidance.LLMatcher) -> str:
