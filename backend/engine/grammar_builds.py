@@ -4,8 +4,8 @@ A request's grammar is compiled before it waits for a row (a grammar the
 matcher refuses is its error at once). A usual schema compiles in 0.6 to
 2.5 ms, but a 50,000-value enum or a 2,000-way `anyOf` takes about 0.3 s,
 and compiled in the engine's thread it stopped every row's step for as
-long: a stream beside three such requests saw gaps of up to 381-417 ms
-against 28-34 alone (scripts/bench_grammar_stall.py, docs/performance.md).
+long: a stream beside three such requests saw gaps of up to 404-442 ms
+against 26-33 alone (scripts/bench_grammar_stall.py, docs/performance.md).
 llguidance releases the GIL while it compiles (another thread's longest
 wait: 9 ms), so a thread of its own lets the steps go on.
 

@@ -104,7 +104,7 @@ class Grammars:
         self.eos_ids = eos_ids
         self.rows = rows
         self.matchers: dict[int, llguidance.LLMatcher] = {}
-        self._tokenizer: llguidance.LLTokenizer | None = None  # made at the first grammar (about 0.3 s)
+        self._tokenizer: llguidance.LLTokenizer | None = None  # made at the first grammar (0.5 s)
         self._tokenizer_made = threading.Lock()  # grammars compile in threads (engine/grammar_builds.py)
         self._executor: llguidance.LLExecutor | None = None  # its threads, while a GPU runs the pass
         self._bitmask: torch.Tensor | None = None
