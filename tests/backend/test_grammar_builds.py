@@ -86,6 +86,21 @@ def test_a_grammar_refused_when_its_build_ends_fails_that_request_alone(engine, 
     assert not engine.arrived  # the refused request's arrival went with it
 
 
+def test_a_build_that_fails_past_llguidances_own_errors_fails_that_request_alone(engine, monkeypatch):
+    # As a panic of llguidance's would (pyo3's PanicException, a BaseException); in the engine's thread
+    # before, it ended the backend process and every row's work with it.
+    def failing(grammar: str | None):
+        raise RuntimeError("the compiler broke")
+
+    monkeypatch.setattr(engine.grammars, "matcher", failing)
+    broken = SamplingParams(temperature=0, max_tokens=5, grammar=ANSWER)
+    pieces = drive(engine, [(0, Submit("free", (5, 6), FREE)), (0, Submit("broken", (7, 8), broken))])
+    [refused] = pieces["broken"]
+    assert refused.finish_reason == "error" and refused.invalid == "grammar"
+    assert refused.error == "the grammar could not be compiled: the compiler broke"
+    assert pieces["free"][-1].finish_reason == "length"
+
+
 def test_a_request_cancelled_while_its_grammar_compiles_ends_at_once_and_never_takes_a_row(
     engine, monkeypatch
 ):
