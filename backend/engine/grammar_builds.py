@@ -66,7 +66,7 @@ class GrammarBuilds:
         build = self._pool.submit(self.grammars.matcher, request.params.grammar)
         self.requests[request.request_id] = request
         self._builds[request.request_id] = build
-        if not any(not other.done() for other in self._builds.values() if other is not build):
+        if all(other.done() for other in self._builds.values() if other is not build):
             concurrent.futures.wait([build], timeout=SUBMIT_WAIT_SECONDS)
 
     def wait(self, timeout: float = IDLE_WAIT_SECONDS) -> None:
