@@ -60,6 +60,10 @@ class GrammarBuilds:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self.requests
 
+    def make_tokenizer(self) -> concurrent.futures.Future:
+        """Make llguidance's view of the tokenizer in a build's thread (Grammars.make_tokenizer)."""
+        return self._pool.submit(self.grammars.make_tokenizer)
+
     def start(self, request: Submit) -> None:
         """Begin compiling the request's grammar, and wait up to `SUBMIT_WAIT_SECONDS` for it where no
         other build is under way (one that is would make each request behind it wait that long)."""

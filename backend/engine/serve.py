@@ -86,6 +86,9 @@ def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Connectio
         str(engine.runner.cache_dtype).removeprefix("torch."),
     )
     outbox.send(ready)
+    # Made now, while requests are few: made at the first grammar, it stalled every row (Grammars.
+    # make_tokenizer). Not before `ready`, which the 0.35 s it holds the GIL would hold up.
+    engine.grammar_builds.make_tokenizer()
     last_sent = time.monotonic()
     while True:
         # Idle: sleep on the inbox (waking for the heartbeat). Busy: take what is there and step.

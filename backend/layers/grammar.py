@@ -28,6 +28,7 @@ brings triton).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -41,6 +42,8 @@ from backend.kernels.extension import extension
 # llguidance's default limits; errors without the parser's state and the whole grammar, which would
 # make a request's error message pages long.
 LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+
+log = logging.getLogger(__name__)
 
 
 class GrammarError(ValueError):
@@ -104,7 +107,8 @@ class Grammars:
         self.eos_ids = eos_ids
         self.rows = rows
         self.matchers: dict[int, llguidance.LLMatcher] = {}
-        self._tokenizer: llguidance.LLTokenizer | None = None  # made at the first grammar (0.5 s)
+        self._tokenizer: llguidance.LLTokenizer | None = None  # made at start (`make_tokenizer`) or first use
+        self._tokenizer_error: str | None = None  # why it cannot be made, once tried
         self._tokenizer_made = threading.Lock()  # grammars compile in threads (engine/grammar_builds.py)
         self._executor: llguidance.LLExecutor | None = None  # its threads, while a GPU runs the pass
         self._bitmask: torch.Tensor | None = None
@@ -179,18 +183,29 @@ class Grammars:
             raise GrammarError(f"the grammar does not allow token {token}: {_reason(matcher)}")
         return matcher.is_stopped()
 
+    def make_tokenizer(self) -> None:
+        """Make llguidance's view of the tokenizer now, where it can be made (else each grammar's request
+        is refused with the reason). It takes 0.5 s on the default model's 49,152 tokens, 0.35 s of it
+        holding the GIL in llguidance's constructor: made at the first grammar, in a build's thread, it
+        stalled every row's step for as long, so a server makes it as soon as it is ready (serve.py)."""
+        try:
+            self._llg_tokenizer()
+        except GrammarError as error:
+            log.warning("%s", error)
+
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
         """llguidance's view of the tokenizer; GrammarError where it cannot make one (a tokenizer with
         more tokens than the model's vocabulary), which refuses the request, not the backend's work."""
         with self._tokenizer_made:
-            if self._tokenizer is None:
+            if self._tokenizer is None and self._tokenizer_error is None:
                 try:
                     self._tokenizer = llguidance.hf.from_tokenizer(
                         self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
                     )
                 except ValueError as error:
-                    message = f"this model's tokenizer cannot be used for grammars: {error}"
-                    raise GrammarError(message) from error
+                    self._tokenizer_error = f"this model's tokenizer cannot be used for grammars: {error}"
+            if self._tokenizer_error is not None:
+                raise GrammarError(self._tokenizer_error)
             return self._tokenizer
 
 

@@ -4,6 +4,8 @@ or unloaded meanwhile. Builds are held back with an event where the point is a b
 
 import copy
 import json
+import multiprocessing
+import queue
 import threading
 
 import llguidance
@@ -11,7 +13,8 @@ import pytest
 
 from backend.engine import grammar_builds
 from backend.engine.engine import Engine
-from backend.messages import SamplingParams, Submit
+from backend.engine.serve import serve
+from backend.messages import BackendConfig, BackendReady, SamplingParams, Shutdown, Submit
 from backend.model.lora import load_adapters
 from tests.backend.lora_files import write_lora_adapter
 from tests.backend.models import byte_tokenizer, drive, text_of, tiny_model
@@ -188,3 +191,56 @@ def test_a_big_schema_compiled_in_its_thread_constrains_its_row(engine, monkeypa
     pieces = drive(engine, [(0, Submit("free", (5, 6), FREE)), (0, Submit("enum", (7, 8), params))])
     assert json.loads(text_of(pieces["enum"])) in values
     assert pieces["free"][-1].finish_reason == "length"
+
+
+def test_a_backend_makes_the_grammars_tokenizer_as_soon_as_it_has_said_it_is_ready(engine, monkeypatch):
+    """llguidance's tokenizer holds the GIL for 0.35 s of its making: made at the first grammar, it
+    stalled every row, so the backend's loop makes it at start, once `ready` is sent (not to hold it up)."""
+    receiving, sending = multiprocessing.Pipe(duplex=False)
+    events, made = [], []
+    start_making = engine.grammar_builds.make_tokenizer
+
+    def make():
+        events.append("making the tokenizer")
+        made.append(start_making())
+        return made[-1]
+
+    class Outbox:
+        def send(self, message) -> None:
+            events.append(type(message).__name__)
+            sending.send(message)
+
+    monkeypatch.setattr(engine.grammar_builds, "make_tokenizer", make)
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, config: engine))
+    inbox: queue.Queue = queue.Queue()
+    backend = threading.Thread(target=serve, args=(BackendConfig(), inbox, Outbox()))
+    backend.start()
+    try:
+        assert receiving.poll(60) and isinstance(receiving.recv(), BackendReady)
+    finally:
+        inbox.put(Shutdown())
+        backend.join(timeout=60)
+    assert not backend.is_alive()
+    assert events[:2] == ["BackendReady", "making the tokenizer"]
+    made[0].result(timeout=60)
+    assert engine.grammars._tokenizer is not None
+
+
+def test_a_tokenizer_grammars_cannot_use_is_tried_once_and_each_grammar_is_refused_with_why(
+    monkeypatch, caplog
+):
+    tokenizer = byte_tokenizer(("<|endoftext|>",))
+    tokenizer.add_tokens(["<added>"])  # 513 tokens for the model's 512 embeddings: llguidance refuses it
+    engine = Engine(tiny_model("qwen2"), tokenizer, rows=2, max_seq_len=64)
+    tries = []
+    make = llguidance.hf.from_tokenizer
+    monkeypatch.setattr(
+        llguidance.hf, "from_tokenizer", lambda *args, **kw: tries.append(1) or make(*args, **kw)
+    )
+    engine.grammar_builds.make_tokenizer().result(timeout=60)  # as a backend does at start
+    assert "cannot be used for grammars" in caplog.text
+    constrained = SamplingParams(temperature=0, max_tokens=5, grammar=ANSWER)
+    pieces = drive(engine, [(0, Submit("a", (5, 6), constrained)), (0, Submit("b", (5, 6), constrained))])
+    for request_id in ("a", "b"):
+        assert "tokenizer cannot be used for grammars" in pieces[request_id][-1].error
+    assert len(tries) == 1
