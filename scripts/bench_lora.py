@@ -3,6 +3,7 @@
 decode at, side by side in one process.
 
     .venv/bin/python scripts/bench_lora.py [--rows 1 8 32] [--rounds 2] [--rank 16] [--adapters 4]
+    .venv/bin/python scripts/bench_lora.py --pauses-only [--rank 64] [--adapters 8]
 
 Loads the default model three times in the default mode: alone; ready for adapters while it runs
 (--allow-runtime-lora: every linear layer wrapped) with none loaded; and ready with --adapters LoRA
@@ -17,6 +18,8 @@ speculation off), in turns so that each meets the machine at the same moments:
 - the rows shared among the adapters and the model (a step of several adapters' segments).
 Reports the engine's tokens per second (each row's tokens over the wall time of the batch) and each
 against the model alone, as a markdown block for docs/performance.md, with the machine.
+--pauses-only: no decoding; the --adapters adapters loaded one after another, then unloaded in the
+same order, each load and unload timed (every stream's pause, which grows with the adapters loaded).
 """
 
 from __future__ import annotations
@@ -77,6 +80,19 @@ def timed(change, *arguments) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+def pauses(count: int, rank: int) -> None:
+    """Each of `count` adapters' load while serving, then each one's unload, in milliseconds."""
+    served = Engine.load(BackendConfig(rows=8, runtime_lora=True))
+    with tempfile.TemporaryDirectory() as directory:
+        modules = write_adapters(served.model.config, Path(directory), count, rank)
+        loads = [timed(served.load_adapter, name, path) for name, path in modules]
+        unloads = [timed(served.unload_adapter, name) for name, _ in modules]  # no row has it: at once
+    print(f"\n{count} LoRA adapters (rank {rank}, every linear layer) on the default model; {cpu_name()},")
+    print(f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    print("loading (the 1st to the last, ms): " + ", ".join(f"{ms:.0f}" for ms in loads))
+    print("unloading (the 1st loaded to the last, ms): " + ", ".join(f"{ms:.0f}" for ms in unloads))
+
+
 def cpu_name() -> str:
     """The CPU's model name, where Linux says it."""
     try:
@@ -97,7 +113,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--adapters", type=int, default=4)
+    parser.add_argument("--pauses-only", action="store_true", help="time loads and unloads alone")
     args = parser.parse_args()
+    if args.pauses_only:
+        pauses(args.adapters, args.rank)
+        return
 
     rows = max(args.rows)
     alone = Engine.load(BackendConfig(rows=rows))

@@ -235,6 +235,41 @@ def test_adapters_loaded_and_unloaded_while_serving_answer_as_pefts_model_and_le
     assert expected[second] != expected[first] != expected[base]
 
 
+def test_adapters_coming_and_going_in_any_order_stack_as_a_whole_restack_and_answer_as_peft(tmp_path):
+    """A load adds its adapter's columns after the others', an unload takes them out (not every layer's
+    matrices made again): with one of three unloaded from the middle and a fourth loaded, each layer's
+    stack is what stacking them all afresh gives, and rows of each adapter decode as PEFT's model."""
+    base = tiny_model("llama")
+    references = {
+        "": base,
+        "a": write_lora_adapter(tmp_path / "a", base, seed=1),
+        "b": write_lora_adapter(tmp_path / "b", base, ["k_proj", "up_proj"], rank=8, seed=2),
+        "c": write_lora_adapter(tmp_path / "c", base, ["q_proj", "down_proj"], rank=2, seed=3),
+        "d": write_lora_adapter(tmp_path / "d", base, ["v_proj", "o_proj", "gate_proj"], rank=6, seed=4),
+    }
+    engine = runtime_engine(base)
+    for name in "abc":
+        engine.load_adapter(name, str(tmp_path / name))
+    engine.unload_adapter("b")  # no row of it: its columns go now
+    engine.load_adapter("d", str(tmp_path / "d"))
+    assert engine.adapter_names == ("a", "c", "d")
+    for changes in engine.adapters.batch.changes:
+        stacked = (changes.down, changes.up, list(changes.column_slots))
+        changes.restack()
+        if changes.down is None:
+            assert stacked[0] is None
+            continue
+        assert torch.equal(stacked[0], changes.down) and torch.equal(stacked[1], changes.up)
+        assert stacked[2] == changes.column_slots and 2 not in stacked[2]  # b's slot
+    prompt = tuple(range(10, 40))
+    names = ["", "a", "c", "d"]
+    pieces = drive(engine, [(0, Submit(f"r-{name}", prompt, GREEDY, adapter=name)) for name in names])
+    answers = {name: MarkerTokenizer.ids(text_of(pieces[f"r-{name}"])) for name in names}
+    for name in names:
+        assert answers[name] == reference_greedy(references[name], prompt, GREEDY.max_tokens, engine.eos_ids)
+    assert len({tuple(answer) for answer in answers.values()}) == 4  # each adapter changes the answer
+
+
 def test_an_adapter_that_cannot_load_while_serving_changes_nothing(tmp_path):
     base = tiny_model("llama")
     write_lora_adapter(tmp_path / "wider", tiny_model("llama", head_dim=32), ["q_proj", "o_proj"])
