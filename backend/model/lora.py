@@ -157,8 +157,8 @@ class LayerChanges:
     def add(self, slot: int) -> None:
         """An adapter's matrices of these layers (where it changes them) stacked after the others': its
         slot is the highest yet (slots are never given twice). Only its columns are made, then joined to
-        the others': restacking every adapter's paused every row 607-701 ms at the eighth rank-64 adapter
-        of the default model, 228-269 ms so (2-core EPYC, docs/performance.md)."""
+        the others': restacking every adapter's paused every row 679-727 ms at the eighth rank-64 adapter
+        of the default model, 252-262 ms so (2-core EPYC, docs/performance.md)."""
         if self.column_slots and slot <= self.column_slots[-1]:
             raise ValueError(f"adapter slot {slot} is not above the slots stacked ({self.column_slots[-1]})")
         changed = [layer for layer in self.layers if isinstance(layer, LoraLinear)]
@@ -168,13 +168,15 @@ class LayerChanges:
         for layer in self.layers:
             weights = layer.adapters.get(slot) if isinstance(layer, LoraLinear) else None
             if weights is not None:
-                downs.append(weights.down)
-                blocks.append(weights.up * weights.scaling)
-            else:  # a layer this adapter leaves alone: its outputs' rows of B are zeros
-                blocks.append(weights_like(changed, features_of(unwrapped(layer))[1]))
-        # transposed once: torch.mm of [tokens, in] by [in, ranks] takes 60% of linear's time at a row
-        down = torch.cat(downs).t()  # the A matrices, transposed: [in, its ranks]
-        up = torch.block_diag(*blocks).t()  # the B matrices, scaled, transposed: [its ranks, every output]
+                downs.append(weights.down.t())
+                blocks.append((weights.up * weights.scaling).t())
+            else:  # a layer this adapter leaves alone: its outputs' columns of B transposed are zeros
+                blocks.append(weights_like(changed, features_of(unwrapped(layer))[1]).t())
+        # Transposed, as each step reads them (torch.mm of [tokens, in] by [in, ranks] took 60% of linear's
+        # time at a row the other way), in one copy: joined from the transposes (the block-diagonal of
+        # transposes is the transposed block-diagonal), not joined then copied transposed (half a load).
+        down = torch.cat(downs, dim=1)  # the A matrices, transposed: [in, its ranks]
+        up = torch.block_diag(*blocks)  # the B matrices, scaled, transposed: [its ranks, every output]
         self._stack(
             down if self.down is None else torch.cat((self.down, down), dim=1),
             up if self.up is None else torch.cat((self.up, up)),
@@ -182,16 +184,18 @@ class LayerChanges:
         )
 
     def remove(self, slot: int) -> None:
-        """An adapter's columns gone (its weights dropped from the layers)."""
-        kept = [column for column, column_slot in enumerate(self.column_slots) if column_slot != slot]
-        if len(kept) == len(self.column_slots):
+        """An adapter's columns gone (its weights dropped from the layers): in slot order, they are one
+        run, and the columns before and after it are joined."""
+        start = bisect.bisect_left(self.column_slots, slot)
+        stop = bisect.bisect_right(self.column_slots, slot)
+        if start == stop:
             return
-        if not kept:
-            self.restack()
+        if stop - start == len(self.column_slots):
+            self.restack()  # none left
             return
-        columns = torch.tensor(kept, device=self.down.device)
-        column_slots = [self.column_slots[column] for column in kept]
-        self._stack(self.down.index_select(1, columns), self.up.index_select(0, columns), column_slots)
+        down = torch.cat((self.down[:, :start], self.down[:, stop:]), dim=1)
+        up = torch.cat((self.up[:start], self.up[stop:]))
+        self._stack(down, up, self.column_slots[:start] + self.column_slots[stop:])
 
     def _stack(self, down: torch.Tensor, up: torch.Tensor, column_slots: list[int]) -> None:
         self.down = down.contiguous()  # [in, ranks]
