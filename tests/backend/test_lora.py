@@ -253,14 +253,6 @@ def test_adapters_coming_and_going_in_any_order_stack_as_a_whole_restack_and_ans
     engine.unload_adapter("b")  # no row of it: its columns go now
     engine.load_adapter("d", str(tmp_path / "d"))
     assert engine.adapter_names == ("a", "c", "d")
-    for changes in engine.adapters.batch.changes:
-        stacked = (changes.down, changes.up, list(changes.column_slots))
-        changes.restack()
-        if changes.down is None:
-            assert stacked[0] is None
-            continue
-        assert torch.equal(stacked[0], changes.down) and torch.equal(stacked[1], changes.up)
-        assert stacked[2] == changes.column_slots and 2 not in stacked[2]  # b's slot
     prompt = tuple(range(10, 40))
     names = ["", "a", "c", "d"]
     pieces = drive(engine, [(0, Submit(f"r-{name}", prompt, GREEDY, adapter=name)) for name in names])
@@ -268,6 +260,14 @@ def test_adapters_coming_and_going_in_any_order_stack_as_a_whole_restack_and_ans
     for name in names:
         assert answers[name] == reference_greedy(references[name], prompt, GREEDY.max_tokens, engine.eos_ids)
     assert len({tuple(answer) for answer in answers.values()}) == 4  # each adapter changes the answer
+    for changes in engine.adapters.batch.changes:
+        stacked = (changes.down, changes.up, list(changes.column_slots))
+        changes.restack()
+        if changes.down is None:
+            assert stacked[0] is None and stacked[1] is None
+            continue
+        assert torch.equal(stacked[0], changes.down) and torch.equal(stacked[1], changes.up)
+        assert stacked[2] == changes.column_slots and 2 not in stacked[2]  # b's slot
 
 
 def test_an_adapter_that_cannot_load_while_serving_changes_nothing(tmp_path):
