@@ -11,8 +11,7 @@ schema, for which an older server made llguidance's tokenizer), alone, then whil
 llguidance about a second to compile (a 50,000-value enum, or an `anyOf` of 2,000 objects). Reports the
 stream's gap median, p99 and maximum in each phase and how long each big-schema request took; then the
 median time, over 10 requests, to the first token of a request with a usual schema (the server otherwise
-idle). --tree runs the server from
-another checkout, for a before and after measured by the same client.
+idle). --tree runs the server from another checkout, for a before and after measured by the same client.
 """
 
 from __future__ import annotations

@@ -198,8 +198,8 @@ class LayerChanges:
         self._stack(down, up, self.column_slots[:start] + self.column_slots[stop:])
 
     def _stack(self, down: torch.Tensor, up: torch.Tensor, column_slots: list[int]) -> None:
-        self.down = down.contiguous()  # [in, ranks]
-        self.up = up.contiguous()  # [ranks, outputs]
+        """The stacks as they are now: `down` [in, ranks] and `up` [ranks, outputs], each a fresh join."""
+        self.down, self.up = down, up
         self.column_slots = column_slots
         self.slots = torch.tensor(column_slots, device=self.down.device)
         self.views = {}  # (lowest, highest) adapter of a step: the views of the columns between them, or None
