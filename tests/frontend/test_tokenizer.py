@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,57 @@ def test_the_frontend_never_imports_torch(saved_tokenizer: Path) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "no torch" in result.stdout
+
+
+LONGEST_PROMPT = "word " * 200_000  # 1 MB, a request body's limit: 200,001 tokens, 0.2-0.4 s to encode
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        lambda tokenizer, text: tokenizer.encode(text),
+        lambda tokenizer, text: tokenizer.encode_cut(text, 2048, "left"),
+        lambda tokenizer, text: tokenizer.encode_text(text),
+        lambda tokenizer, text: tokenizer.encode_pair(text[:1000], text),
+    ],
+    ids=["encode", "encode_cut", "encode_text", "encode_pair"],
+)
+def test_other_threads_run_while_a_long_prompt_is_encoded(saved_tokenizer: Path, encode) -> None:
+    """The frontend's router thread hands every stream its tokens: a request thread encoding a long
+    prompt must not hold the GIL the while (tokenizers' `encode` did, and each stream's next token
+    waited)."""
+    tokenizer = ModelTokenizer(str(saved_tokenizer))
+    encode(tokenizer, "warm up")
+    gaps, done = [], threading.Event()
+
+    def ticking() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=ticking)
+    ticker.start()
+    time.sleep(0.05)
+    started = time.perf_counter()
+    assert encode(tokenizer, LONGEST_PROMPT)
+    took = time.perf_counter() - started
+    done.set()
+    ticker.join()
+    assert max(gaps) < took / 3, f"another thread waited {max(gaps):.3f} s of the {took:.3f} s encoding"
+
+
+def test_a_long_prompt_encodes_as_transformers_encodes_it(saved_tokenizer: Path) -> None:
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(saved_tokenizer)
+    ours = ModelTokenizer(str(saved_tokenizer))
+    text = "héllo 日本語 🎉 naïve café <|im_start|> " * 2000
+    assert ours.encode(text) == reference(text)["input_ids"]
+    cut = reference(text, truncation=True, max_length=100)["input_ids"]
+    assert ours.encode_cut(text, 100, "right") == cut
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
