@@ -49,6 +49,12 @@ def run_backend(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Con
     if config.mock:
         from backend.mock import serve_mock as serve
     else:
+        from backend.utils.thread_binding import bind_compute_threads
+
+        # Before torch is imported (serve imports it)
+        places = bind_compute_threads(config.device, config.torch_threads)
+        if places is not None:
+            log.info("the model's threads are bound one to each core (OpenMP places %s)", places)
         from backend.engine.serve import serve
     serve(config, inbox, outbox)
     # Asked to stop: what it sent is in the pipe already, and the process ends without the interpreter's

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from backend.layers.grammar import GrammarError, Grammars
 from backend.messages import Submit
+from backend.utils.thread_binding import spread_this_thread
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher
@@ -52,7 +53,9 @@ class GrammarBuilds:
         self.requests: collections.OrderedDict[str, Submit] = collections.OrderedDict()
         self._builds: dict[str, concurrent.futures.Future] = {}
         workers = max(1, (os.cpu_count() or 1) // 2)
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="grammar")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            workers, thread_name_prefix="grammar", initializer=spread_this_thread
+        )
 
     def __bool__(self) -> bool:
         return bool(self.requests)

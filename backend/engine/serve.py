@@ -28,6 +28,7 @@ from backend.model.embeddings import EmbeddingModel
 from backend.model.lora import AdapterError
 from backend.model.resources import InsufficientResources
 from backend.model.source import ModelNotFound
+from backend.utils.thread_binding import hold_engine_thread
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ def serve(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Connectio
         log.error("backend cannot start: %s", error)
         outbox.send(BackendFailed(str(error)))
         sys.exit(1)
+    hold_engine_thread()  # on its core, as the pass's other threads are on theirs (a CPU's, if bound)
     log.info(
         "ready: %s, %d rows of %d tokens, %s on %s, KV cache in %s",
         ready.model_name,

@@ -1,5 +1,6 @@
 """The backend as the frontend sees it: a process behind an inbox and an outbox."""
 
+import os
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 from backend.messages import BackendConfig, SamplingParams, StepOutput
 from backend.model.loader import pick_device, pick_dtype
 from backend.process import BackendDied, BackendProcess, BackendStartError, _mp
+from backend.utils.thread_binding import PROCESS_CPUS, cores_of
 from tests.backend.dying_backend import send_then_die_mid_message
 
 
@@ -28,7 +30,9 @@ def collect(backend, request_ids, timeout=60):
 
 @pytest.fixture(scope="module")
 def model_backend():
-    backend = BackendProcess(BackendConfig(rows=4, max_seq_len=256)).start()
+    # One thread a core, as a server runs by default (the suite's OMP_NUM_THREADS=1 aside): bound to them.
+    threads = len(cores_of(PROCESS_CPUS))
+    backend = BackendProcess(BackendConfig(rows=4, max_seq_len=256, torch_threads=threads)).start()
     yield backend, backend.wait_ready(timeout=300)
     backend.stop()
 
@@ -54,6 +58,20 @@ def test_the_real_backend_serves_requests_over_its_queues(model_backend):
     assert "".join(p.text for p in pieces["paris"]).startswith(" Paris")
     assert pieces["paris"][-1].prompt_tokens == len(prompt)
     assert pieces["cut"][-1].finish_reason == "cancelled"
+
+
+@pytest.mark.skipif(len(cores_of(PROCESS_CPUS)) < 2, reason="one core: no thread to keep off another's")
+def test_the_backends_threads_hold_a_core_each(model_backend):
+    """The pass's threads bound to a core each (backend/utils/thread_binding.py), so that work beside
+    them on one core cannot stop the step for as long as it lasts; the other threads on every core."""
+    backend, _ = model_backend
+    process = psutil.Process(backend.process.pid)
+    cores = cores_of(PROCESS_CPUS)
+    assert os.sched_getaffinity(process.pid) == set(cores[0])  # the engine's thread, OpenMP's first
+    affinities = [os.sched_getaffinity(thread.id) for thread in process.threads()]
+    assert set(PROCESS_CPUS) in affinities  # the others, those the model's loading started among them
+    for core in cores[1:]:
+        assert set(core) in affinities, f"no thread bound to core {core} alone: {affinities}"
 
 
 def test_a_backend_short_of_memory_refuses_to_start_and_says_what_is_missing():
