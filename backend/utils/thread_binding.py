@@ -38,18 +38,13 @@ def bind_compute_threads(device: str, torch_threads: int | None) -> str | None:
     if not binds(device, torch_threads, len(cores)):
         return None
     places = ",".join("{" + ",".join(map(str, core)) + "}" for core in cores)
-    before = {name: os.environ.get(name) for name in ("OMP_PROC_BIND", "OMP_PLACES")}
-    os.environ.update(OMP_PROC_BIND="close", OMP_PLACES=places)
+    os.environ.update(OMP_PROC_BIND="close", OMP_PLACES=places)  # neither was set (`binds`)
     try:
         import torch
 
         torch.set_num_threads(len(cores))
     finally:  # read already; the processes this one starts (compile workers) are not bound by them
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        del os.environ["OMP_PROC_BIND"], os.environ["OMP_PLACES"]
     # This thread on every core while the model loads: the processes it starts take its affinity (the
     # C++ operations' compiler, torch's compile workers) and would all queue on the first core. The
     # pass's other threads, made at its first operation, are bound by OpenMP meanwhile.
