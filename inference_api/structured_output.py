@@ -3,7 +3,9 @@ grammar, as the llguidance grammar the backend decodes under (backend/layers/gra
 
 OpenAI's `response_format` (`json_object`, `json_schema`); vLLM's `structured_outputs` (`json`,
 `json_object`, `regex`, `choice`, `grammar`) and the `guided_json`, `guided_regex`, `guided_choice` and
-`guided_grammar` fields it replaced (vLLM 0.12 takes only the former); the native API's `json_schema`.
+`guided_grammar` fields it replaced (vLLM 0.12 takes only the former); the native API's `json_schema`;
+Text Generation Inference's grammars (`json`, `regex` and `json_schema`, in `value`), as its `grammar`
+parameter and as a chat's `response_format`, which its clients send.
 A grammar llguidance cannot enforce (a schema keyword it does not implement, a regex it cannot parse) is
 a 400 naming the field and what is wrong, never an answer that silently follows less than was asked.
 
@@ -30,6 +32,8 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 GUIDED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 # vLLM's `structured_outputs` constraints, each read as the guided_* field of the same kind.
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+# Text Generation Inference's kinds of grammar (tgi_grammar), as its `grammar` and chat `response_format`.
+TGI_GRAMMARS = ("json", "json_object", "regex", "json_schema")
 # Its options that ask for what this server does anyway (no fallback, compact JSON, closed objects):
 # taken, with no effect.
 STRUCTURED_OPTIONS = ("disable_fallback", "disable_any_whitespace", "disable_additional_properties")
@@ -213,8 +217,30 @@ def choice_grammar(choices: Any, param: str) -> str:
     return _checked(llguidance.LLMatcher.grammar_from_lark(lark), param)
 
 
+def tgi_grammar(value: Any, param: str) -> str:
+    """Text Generation Inference's grammar (`param`: its `grammar` parameter, or its chat's
+    `response_format`): `{"type": "json", "value": schema}` ("json_object" too, as TGI takes it),
+    `{"type": "regex", "value": pattern}` or `{"type": "json_schema", "value": {"schema": ...}}`."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in TGI_GRAMMARS or value.get("value") is None:
+        raise InvalidParams(param, f'{param} must be {{"type": "json" or "regex", "value": ...}}')
+    given, where = value["value"], f"{param}.value"
+    if kind == "regex":
+        return regex_grammar(given, where)
+    if kind == "json_schema":
+        if not isinstance(given, dict):
+            raise InvalidParams(where, f'{where} must be an object with a schema: {{"schema": {{...}}}}')
+        return schema_grammar(given.get("schema"), f"{where}.schema")
+    return schema_grammar(given, where)
+
+
 def _response_format(value: Any) -> str | None:
     kind = value.get("type") if isinstance(value, dict) else None
+    # TGI's form of a format, the grammar in `value`: its clients send it (huggingface_hub's InferenceClient
+    # sends a json_schema format as {"type": "json_object", "value": schema}), and read as OpenAI's
+    # json_object it would constrain the answer to any object, its schema silently dropped.
+    if kind in ("json", "regex") or (kind in TGI_GRAMMARS and value.get("value") is not None):
+        return tgi_grammar(value, "response_format")
     if kind == "text":
         return None
     if kind == "json_object":
@@ -230,7 +256,8 @@ def _response_format(value: Any) -> str | None:
     raise InvalidParams(
         "response_format",
         'response_format must be {"type": "text"}, {"type": "json_object"} or '
-        '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+        '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}} '
+        '(or TGI\'s {"type": "json" or "regex", "value": ...})',
     )
 
 

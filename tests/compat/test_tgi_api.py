@@ -9,6 +9,7 @@ are the completions endpoint's, so that the new API adds a shape and nothing els
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import requests
@@ -92,6 +93,72 @@ def test_sampling_top_tokens_full_text_truncation_and_a_grammar(client, tokenize
     }
     answer = client.text_generation(PROMPT, max_new_tokens=30, grammar={"type": "json", "value": schema})
     assert isinstance(json.loads(answer)["city"], str)
+
+
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}}, "required": ["city"]}
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        # huggingface_hub sends this as TGI's {"type": "json_object", "value": schema}
+        {"type": "json_schema", "json_schema": {"name": "place", "schema": CITY}},
+        {"type": "json", "value": CITY},
+    ],
+    ids=["openai-form-sent-as-json_object-and-value", "json"],
+)
+def test_a_chat_format_from_tgis_client_is_followed_with_its_schema(server, response_format):
+    """Read as OpenAI's json_object, a schema in TGI's `value` would be dropped: any object would do."""
+    chat = InferenceClient(base_url=server.url, timeout=120)
+    for seed in (1, 2):
+        answer = chat.chat_completion(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Name a place."}],
+            response_format=response_format,
+            max_tokens=20,
+            temperature=1.0,
+            seed=seed,
+        )
+        assert json.loads(answer.choices[0].message.content) in ({"city": "Paris"}, {"city": "Lyon"})
+
+
+def test_a_chat_regex_a_schema_in_value_and_a_grammar_as_json_object_in_tgis_form(server, client):
+    chat = InferenceClient(base_url=server.url, timeout=120)
+    year = chat.chat_completion(
+        model=MODEL,
+        messages=[{"role": "user", "content": "A year?"}],
+        response_format={"type": "regex", "value": "(19|20)[0-9]{2}"},
+        max_tokens=8,
+    )
+    assert re.fullmatch("(19|20)[0-9]{2}", year.choices[0].message.content)
+    body = {  # (huggingface_hub reads a json_schema format as OpenAI's, so sent raw)
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Name a place."}],
+        "response_format": {"type": "json_schema", "value": {"name": "place", "schema": CITY}},
+    }
+    place = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=120).json()
+    assert json.loads(place["choices"][0]["message"]["content"]) in ({"city": "Paris"}, {"city": "Lyon"})
+    answer = client.text_generation(PROMPT, max_new_tokens=20, grammar={"type": "json_object", "value": CITY})
+    assert json.loads(answer) in ({"city": "Paris"}, {"city": "Lyon"})
+
+
+@pytest.mark.parametrize(
+    ("response_format", "param"),
+    [
+        ({"type": "json"}, "response_format"),
+        ({"type": "regex", "value": "(unclosed"}, "response_format.value"),
+        ({"type": "json_schema", "value": "{}"}, "response_format.value"),
+        ({"type": "json_object", "value": {"type": "object", "uniqueItems": 3}}, "response_format.value"),
+    ],
+)
+def test_a_bad_chat_format_in_tgis_form_is_a_400_naming_it(server, response_format, param):
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": response_format,
+    }
+    response = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
 
 @pytest.mark.parametrize("stream", [False, True])

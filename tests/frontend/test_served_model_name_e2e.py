@@ -8,10 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 import requests
+from huggingface_hub import InferenceClient
 
 from tests.server_fixture import RunningServer, running_server
 
-NAMES = ("SmolLM2-135M-Instruct", "team/smol")
+# "dummy": the name huggingface_hub's InferenceClient sends a URL's chat when it is given no model
+NAMES = ("SmolLM2-135M-Instruct", "team/smol", "dummy")
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +56,20 @@ def test_openai_requests_naming_either_report_the_first(server, name):
     assert events[-1] == b"[DONE]" and chunks and {chunk["model"] for chunk in chunks} == {NAMES[0]}
 
 
+def test_tgis_client_given_no_model_is_answered_through_a_name_given_for_it(server):
+    """TGI ignores `model`; this server 404s a name it does not serve, so a TGI user names the client's
+    (docs/frontend.md, TGI's chat)."""
+    client = InferenceClient(base_url=server.url, timeout=10)
+    answer = client.chat_completion(messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    assert answer.model == NAMES[0] and answer.usage.completion_tokens == 3
+
+
 @pytest.mark.parametrize("name", ["mock", "smol", "SmolLM2-135M-Instruct-x"])
 def test_any_other_name_is_the_usual_404(server, name):
     native = requests.post(f"{server.url}/predictions/{name}", json={"text": "Hello"}, timeout=10)
     assert native.status_code == 404
     assert native.json()["message"] == (
-        f"model {name!r} not found; this server serves 'SmolLM2-135M-Instruct' or 'team/smol'"
+        f"model {name!r} not found; this server serves 'SmolLM2-135M-Instruct' or 'team/smol' or 'dummy'"
     )
     openai = requests.post(
         f"{server.url}/v1/completions", json={"model": name, "prompt": "Hello", "max_tokens": 3}, timeout=10

@@ -27,7 +27,7 @@ from inference_api.fields import (
 )
 from inference_api.prompts import MAX_TOP_K, completion_budget
 from inference_api.router import Serving
-from inference_api.structured_output import regex_grammar, schema_grammar
+from inference_api.structured_output import tgi_grammar
 from inference_api.tokenizer import stop_token_ids_of
 
 DEFAULT_MAX_NEW_TOKENS = 100  # TGI's
@@ -122,12 +122,5 @@ def _sampling(parameters: dict[str, Any]) -> dict[str, Any]:
 
 def _grammar(value: Any) -> str | None:
     """TGI's `grammar`: JSON following a schema (an object, or the schema as a JSON string), or text
-    matching a regex."""
-    if value is None:
-        return None
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind not in ("json", "regex"):
-        raise InvalidParams("grammar", 'grammar must be {"type": "json" or "regex", "value": ...}')
-    if kind == "regex":
-        return regex_grammar(value.get("value"), "grammar.value")
-    return schema_grammar(value.get("value"), "grammar.value")
+    matching a regex (structured_output.tgi_grammar)."""
+    return None if value is None else tgi_grammar(value, "grammar")
