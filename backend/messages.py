@@ -72,6 +72,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # -2..2, times how often it was generated
     repetition_penalty: float = 1.0  # > 0: logits of prompt and generated tokens divided (or times) by it
     min_p: float = 0.0  # 0..1: tokens below min_p times the top token's probability are cut
+    # Locally typical sampling (Meister et al. 2022; TGI's, llama.cpp's and transformers' typical_p), in
+    # (0, 1], 1 for no cut: of what the other cuts leave, the tokens whose surprise is nearest the
+    # distribution's entropy, as many as make up this much of its probability (backend/layers/sampler.py)
+    typical_p: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, -100..100) added to its logit
     allowed_token_ids: tuple[int, ...] = ()  # vLLM's: only these may be generated (empty: any token)
     # vLLM's bad_words, as token ids: a sequence's last token is never generated right after the others
@@ -131,6 +135,8 @@ class SamplingParams:
             )
         if not 0 <= self.min_p <= 1:
             raise InvalidParams("min_p", f"min_p must be from 0 to 1, got {self.min_p}")
+        if not 0 < self.typical_p <= 1:
+            raise InvalidParams("typical_p", f"typical_p must be in (0, 1], got {self.typical_p}")
         if len(self.logit_bias) > MAX_LOGIT_BIAS or any(
             not -100 <= bias <= 100 for _, bias in self.logit_bias
         ):

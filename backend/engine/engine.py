@@ -974,6 +974,7 @@ class Engine:
             seeds=[row.seed for row in rows],
             counters=[len(row.generated) + offset for row, offset in zip(rows, ahead, strict=True)],
             min_p=[p.min_p for p in params],
+            typical_p=[p.typical_p for p in params],
         )
 
     def _only_held_back(self, params: SamplingParams) -> bool:

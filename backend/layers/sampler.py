@@ -1,4 +1,5 @@
-"""Per-row sampling: greedy, temperature, top-k, top-p and seed, rows grouped by what they need.
+"""Per-row sampling: greedy, temperature, top-k, top-p, min-p, typical-p and seed, rows grouped by what
+they need.
 
 The functions are pure and work on a batch of rows ([rows, vocab]), so rows
 with different settings share one step. Randomness is counter-based: a row's
@@ -41,6 +42,7 @@ class SamplingBatch:
     seeds: list[int]  # each row's seed, 0 to 2**63 - 1 (unused for greedy rows)
     counters: list[int]  # each row's draw number: the tokens it has generated so far
     min_p: list[float] | None = None  # per row, 0 for no cut; None: no row has one
+    typical_p: list[float] | None = None  # per row, 1 for no cut; None: no row has one
 
     def rows(self, predicate) -> list[int]:
         """The sampled (not greedy) rows that `predicate` holds for."""
@@ -182,6 +184,46 @@ def draw_top_k(
         values = min_p_cut(values, to_device(min_p, device, torch.float32))
     values = cut_top_k_top_p(values, k_for_row, to_device(top_p, device, torch.float32))
     return race_among(values, token_ids, seeds, counters)
+
+
+def draw_typical(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    min_p: list[float],
+    top_p: list[float],
+    top_k: list[int],
+    typical_p: list[float],
+    seeds: list[int],
+    counters: list[int],
+) -> torch.Tensor:
+    """The draws of rows with a typical_p: their candidates cut as `draw_top_k` cuts them (the whole
+    vocabulary sorted for a row with no top-k), then `typical_cut` on what is left. PyTorch's operations
+    alone: no fused loop takes this cut, and few requests ask for it (TGI's and llama.cpp's clients)."""
+    device = logits.device
+    widest = max(top_k) if all(k > 0 for k in top_k) else logits.shape[-1]
+    values, token_ids, k_for_row = top_k_candidates(logits, to_device(top_k, device, torch.long), widest)
+    values = apply_temperature(values, temperature)
+    if any(min_p):
+        values = min_p_cut(values, to_device(min_p, device, torch.float32))
+    values = cut_top_k_top_p(values, k_for_row, to_device(top_p, device, torch.float32))
+    values = typical_cut(values, to_device(typical_p, device, torch.float32))
+    return race_among(values, token_ids, seeds, counters)
+
+
+def typical_cut(values: torch.Tensor, typical_p: torch.Tensor) -> torch.Tensor:
+    """Locally typical sampling (Meister et al. 2022), as transformers' TypicalLogitsWarper cuts: over each
+    row's candidates renormalized (`values`, -inf for those cut), a token's distance from the typical is
+    |-log p - H|, H the entropy; the nearest stay, as many as it takes for their probability to reach
+    typical_p, with every token as near as the last of them (a tie stays or goes whole, whatever order a
+    sort gives it) and the nearest one always."""
+    log_probs = values.log_softmax(dim=-1)
+    probs = log_probs.exp()
+    entropy = -(log_probs * probs).nansum(dim=-1, keepdim=True)  # a cut token's 0 * -inf is NaN: no part
+    distance = (-log_probs - entropy).abs()  # inf for a cut token
+    nearest, order = distance.sort(dim=-1)
+    mass = probs.gather(-1, order).cumsum(dim=-1)
+    last = (mass < typical_p.unsqueeze(-1)).sum(dim=-1, keepdim=True).clamp(max=values.shape[-1] - 1)
+    return values.masked_fill(distance > nearest.gather(-1, last), float("-inf"))
 
 
 def race_among(
@@ -332,12 +374,15 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         rows = logits if len(greedy) == logits.shape[0] else logits.index_select(0, index)
         best = rows.max(dim=-1)  # the argmax (the first of a tie too) and its logit
         tokens.index_copy_(0, index, unless_not_finite(best.values, best.indices))
+    typical_p = batch.typical_p or [1.0] * len(batch.temperature)
+    # Rows with a typical cut, whatever else they have: PyTorch's operations on their sorted candidates.
+    typical = batch.rows(lambda r: typical_p[r] < 1)
     # Rows with no cut draw from the whole vocabulary: no sort needed.
-    whole = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] >= 1)
+    whole = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] >= 1 and typical_p[r] >= 1)
     # Rows with a cut: top-k (then maybe top-p) among few candidates, or a nucleus alone.
-    with_k = batch.rows(lambda r: batch.top_k[r] > 0)
-    nucleus = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] < 1)
-    for rows in (whole, with_k, nucleus):
+    with_k = batch.rows(lambda r: batch.top_k[r] > 0 and typical_p[r] >= 1)
+    nucleus = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] < 1 and typical_p[r] >= 1)
+    for rows in (whole, with_k, nucleus, typical):
         if not rows:
             continue
         index = to_device(rows, device, torch.long)
@@ -350,6 +395,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         if rows is with_k:  # the candidates first, then their temperature and min_p cut
             top_k = [batch.top_k[r] for r in rows]
             chosen = draw_top_k(selected, temperature, min_p, top_p, top_k, seeds, counters)
+        elif rows is typical:
+            top_k, typical_ps = [batch.top_k[r] for r in rows], [typical_p[r] for r in rows]
+            chosen = draw_typical(selected, temperature, min_p, top_p, top_k, typical_ps, seeds, counters)
         else:
             scaled = apply_temperature(selected, temperature)
             if any(min_p):

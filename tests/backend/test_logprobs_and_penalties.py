@@ -173,6 +173,32 @@ def test_min_p_cuts_tokens_below_its_share_of_the_best():
     assert drawn == {0, 1}  # 0.1 and 0.05 of the best are under 0.2 of it; both others are drawn
 
 
+def test_a_row_with_a_tiny_typical_p_takes_the_token_nearest_the_entropy_each_step_whatever_its_seed():
+    """typical_p keeps the tokens whose surprise is nearest the distribution's entropy: at 0.001 that one
+    alone, so two seeds give the same tokens, each the nearest in the model's own distribution there, and
+    a row beside it without the cut draws from the whole vocabulary."""
+    engine, model = engine_and_model()
+    typical = [
+        SamplingParams(temperature=1.0, typical_p=0.001, seed=seed, max_tokens=8, ignore_eos=True, logprobs=0)
+        for seed in (1, 2)
+    ]
+    free = SamplingParams(temperature=1.0, seed=1, max_tokens=8, ignore_eos=True, logprobs=0)
+    pieces = run(engine, ("a", PROMPT, typical[0]), ("b", PROMPT, typical[1]), ("free", PROMPT, free))
+    tokens = {name: [entry.token_id for entry in logprobs_of(pieces[name])] for name in pieces}
+    assert tokens["a"] == tokens["b"] != tokens["free"] and len(tokens["a"]) == 8
+    reference = reference_log_softmax(model, [*PROMPT, *tokens["a"]])[len(PROMPT) - 1 : -1]
+    entropy = -(reference * reference.exp()).sum(-1, keepdim=True)
+    distance = (-reference - entropy).abs()
+    chosen = distance.gather(-1, torch.tensor(tokens["a"]).unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(chosen, distance.min(-1).values, atol=1e-4)
+
+
+def test_typical_p_must_be_over_0_and_at_most_1():
+    for typical_p in (0.0, -0.5, 1.5):
+        with pytest.raises(InvalidParams, match="typical_p"):
+            SamplingParams(typical_p=typical_p)
+
+
 def test_out_of_vocabulary_bias_and_stop_ids_are_rejected():
     engine, _ = engine_and_model()
     params = SamplingParams(logit_bias=((TINY_VOCAB + 5, 1.0),))

@@ -445,3 +445,75 @@ def test_a_row_whose_logits_are_not_finite_draws_not_finite(temperature, top_k, 
         assert draws[1:3] == [NOT_FINITE] * 2 and draws[4] == draws[6] == NOT_FINITE
         assert [draws[0], draws[3]] == expected and draws[3] % 2 == 1
         assert draws[5] != NOT_FINITE
+
+
+@pytest.mark.parametrize("typical_p", [0.2, 0.5, 0.9, 0.95])
+def test_the_typical_cut_keeps_what_transformers_typical_warper_keeps(typical_p):
+    """Rows of every sharpness, and a row with ties (tokens of equal probability stay or go together)."""
+    from transformers.generation.logits_process import TypicalLogitsWarper
+
+    from backend.layers.sampler import typical_cut
+
+    torch.manual_seed(9)
+    logits = torch.cat([torch.randn(40, 300) * scale for scale in (0.5, 1, 3, 8)])
+    logits[0, :100] = logits[0, 0]  # a hundred-way tie
+    warped = TypicalLogitsWarper(mass=typical_p)(None, logits.clone())
+    values, token_ids = logits.sort(dim=-1, descending=True)
+    ours = typical_cut(values, torch.full((len(logits),), typical_p))
+    for row in range(len(logits)):
+        expected = set(torch.isfinite(warped[row]).nonzero().flatten().tolist())
+        assert set(token_ids[row][torch.isfinite(ours[row])].tolist()) == expected, row
+
+
+def test_typical_rows_draw_from_their_cut_after_top_k_and_temperature_beside_other_rows():
+    """The typical cut takes what top-k and the temperature leave, renormalized (transformers' warpers in
+    that order); every token of that set is drawn and no other, and the rows beside draw as alone."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TypicalLogitsWarper,
+    )
+
+    torch.manual_seed(10)
+    logits = torch.randn(1, 200)
+    warped = logits.clone()
+    for warper in (TemperatureLogitsWarper(0.7), TopKLogitsWarper(40), TypicalLogitsWarper(mass=0.5)):
+        warped = warper(None, warped)
+    expected = set(torch.isfinite(warped[0]).nonzero().flatten().tolist())
+    crowd = torch.cat([torch.randn(2, 200), logits])
+    drawn, neighbours = set(), []
+    for n in range(3000):
+        sampling = SamplingBatch([1.0, 0.0, 0.7], [0, 0, 40], [0.9, 1.0, 1.0], [1, 2, 3], [n] * 3)
+        sampling.typical_p = [1.0, 1.0, 0.5]
+        draws = sample(crowd, sampling).tolist()
+        drawn.add(draws[2])
+        neighbours.append(draws[:2])
+    assert drawn == expected and 10 < len(expected) < 40
+    alone = [
+        sample(crowd[:2], SamplingBatch([1.0, 0.0], [0, 0], [0.9, 1.0], [1, 2], [n] * 2)).tolist()
+        for n in range(3000)
+    ]
+    assert neighbours == alone
+
+
+def test_a_typical_row_follows_the_renormalized_distribution_and_a_seed_repeats_it():
+    """Probabilities 0.4, 0.3, 0.2, 0.1: entropy 1.28 nats, distances from it 0.36, 0.08, 0.33, 1.02; at
+    typical_p 0.8 the three nearest (0.3, 0.2, 0.4: 0.9) stay, drawn in proportion 3:4:2 renormalized."""
+    logits = probs_to_logits([0.4, 0.3, 0.2, 0.1]).repeat(4000, 1)
+    sampling = batch(1.0, rows=4000, counters=list(range(4000)))
+    sampling.typical_p = [0.8] * 4000
+    draws = sample(logits, sampling).tolist()
+    assert sample(logits, sampling).tolist() == draws
+    for token, p in enumerate([0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0.0]):
+        assert math.isclose(draws.count(token) / len(draws), p, abs_tol=0.03), token
+
+
+def test_a_typical_row_whose_logits_are_not_finite_draws_not_finite():
+    from backend.layers.sampler import NOT_FINITE
+
+    logits = torch.randn(3, 100)
+    logits[0, 7] = float("nan")
+    logits[1, 3] = float("inf")
+    sampling = batch(1.0, rows=3)
+    sampling.typical_p = [0.5] * 3
+    assert sample(logits, sampling).tolist()[:2] == [NOT_FINITE] * 2

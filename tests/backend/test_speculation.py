@@ -296,13 +296,14 @@ def test_sampled_tokens_with_drafts_come_from_the_models_own_distribution(monkey
 def test_seeded_output_with_drafts_is_plain_decodings_token_for_token():
     """A draw is a function of the logits, the seed and the token's number (sampler.py), and each position
     is sampled with the number of the token it would be: a seeded request gives plain decoding's tokens,
-    with top-k, top-p and min-p cuts too."""
+    with top-k, top-p, min-p and typical-p cuts too."""
     model = markov_model()
     prompts = [CHAIN * 2, CHAIN[5:] + CHAIN, CHAIN[::2] * 3]
     for params in (
         SamplingParams(temperature=1, seed=7, max_tokens=40),
         SamplingParams(temperature=0.9, top_k=2, seed=8, max_tokens=40),
         SamplingParams(temperature=1.2, top_p=0.8, min_p=0.2, seed=9, max_tokens=40),
+        SamplingParams(temperature=1.1, top_k=3, typical_p=0.7, seed=10, max_tokens=40),
     ):
         texts, accepted = [], 0
         for tokens in (0, 5):

@@ -82,6 +82,7 @@ def test_a_gbnf_grammar_and_a_json_schema_constrain_the_answer(server):
     ("fields", "named"),
     [
         ({"mirostat": 2}, "mirostat"),
+        ({"typical_p": 0}, "typical_p"),
         ({"prompt": ["one", "two"]}, "prompt"),
         ({"grammar": "root ::= ("}, "grammar"),
         ({"grammar": "root ::= undefined"}, "grammar"),
@@ -100,6 +101,13 @@ def test_what_cannot_be_served_is_a_400_naming_it(server, fields, named):
     response = llama(server, **{**GREEDY, **fields})
     assert response.status_code == 400
     assert named in response.json()["error"]["message"]
+
+
+def test_typical_p_keeps_one_token_a_step_at_its_smallest_whatever_the_seed(server):
+    sampled = {"prompt": PROMPT, "n_predict": 12, "temperature": 1, "top_k": 0, "top_p": 1, "min_p": 0}
+    typical = {llama(server, **sampled, typical_p=0.001, seed=seed).json()["content"] for seed in (1, 2)}
+    free = {llama(server, **sampled, seed=seed).json()["content"] for seed in (1, 2)}
+    assert len(typical) == 1 and len(free) == 2
 
 
 CODE = {"prompt": "def fib(n):\n    if n < 2:\n", "temperature": 0, "n_predict": 48}

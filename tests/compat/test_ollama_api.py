@@ -242,12 +242,31 @@ def test_the_model_list_show_and_ps_describe_the_served_model(server, client):
     assert version.count(".") == 2
 
 
+def test_typical_p_keeps_one_token_a_step_at_its_smallest_whatever_the_seed(client):
+    sampled = {"num_predict": 12, "temperature": 1, "top_k": 0, "top_p": 1}
+    answers = {
+        typical_p: {
+            client.generate(
+                model=MODEL, prompt=QUESTION, options={**sampled, "typical_p": typical_p, "seed": seed}
+            ).response
+            for seed in (1, 2)
+        }
+        for typical_p in (0.001, 1)
+    }
+    assert len(answers[0.001]) == 1 and len(answers[1]) == 2
+
+
 @pytest.mark.parametrize(
     "call, status, says",
     [
         (lambda c: c.chat(model="llama3", messages=[{"role": "user", "content": "hi"}]), 404, "llama3"),
         (lambda c: c.generate(model=MODEL, prompt="hi", options={"top_p": 0}), 400, "options.top_p"),
         (lambda c: c.generate(model=MODEL, prompt="hi", options={"mirostat": 2}), 400, "options.mirostat"),
+        (
+            lambda c: c.generate(model=MODEL, prompt="hi", options={"typical_p": 1.5}),
+            400,
+            "options.typical_p",
+        ),
         (lambda c: c.generate(model=MODEL, prompt="hi", suffix="there"), 400, "fill-in-the-middle"),
         (
             lambda c: c.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}], think=True),

@@ -95,6 +95,23 @@ def test_sampling_top_tokens_full_text_truncation_and_a_grammar(client, tokenize
     assert isinstance(json.loads(answer)["city"], str)
 
 
+def test_typical_p_cuts_as_asked_and_langchains_defaults_sample_reproducibly(client):
+    """typical_p 0.001 keeps one token a step (the one nearest the entropy): every seed gives one text,
+    where without it two seeds differ. LangChain's HuggingFaceEndpoint sends typical_p 0.95 unless told
+    (its defaults below): a sampled answer, the same again with the same seed."""
+    typical = {
+        client.text_generation(PROMPT, max_new_tokens=12, typical_p=0.001, seed=seed) for seed in (1, 2)
+    }
+    free = {client.text_generation(PROMPT, max_new_tokens=12, do_sample=True, seed=seed) for seed in (1, 2)}
+    assert len(typical) == 1 and len(free) == 2
+    langchain_defaults = {"temperature": 0.8, "top_p": 0.95, "typical_p": 0.95, "do_sample": False}
+    answers = [
+        client.text_generation(PROMPT, max_new_tokens=12, watermark=False, seed=seed, **langchain_defaults)
+        for seed in (3, 3, 4)
+    ]
+    assert answers[0] == answers[1] != answers[2]  # sampled: another seed, another answer
+
+
 CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}}, "required": ["city"]}
 
 
@@ -184,7 +201,7 @@ def test_each_route_answers_as_the_document_says(server, stream):
         ({"top_p": 1.5}, "parameters.top_p"),
         ({"best_of": 2}, "parameters.best_of"),
         ({"watermark": True}, "parameters.watermark"),
-        ({"typical_p": 0.5}, "parameters.typical_p"),
+        ({"typical_p": 1.5}, "parameters.typical_p"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "parameters.stop"),
         ({"top_n_tokens": 6}, "parameters.top_n_tokens"),
         ({"grammar": {"type": "lark", "value": "start: x"}}, "parameters.grammar"),

@@ -1,11 +1,12 @@
 """llama.cpp server's `/completion` request, parsed and checked, to this server's SamplingParams.
 
 llama.cpp samples by default (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), `n_predict` -1
-goes on to the end of the context, `seed` -1 is a random one, `top_k` 0 and `top_p` 1 cut nothing.
+goes on to the end of the context, `seed` -1 is a random one, `top_k` 0, `top_p` 1 and `typical_p` 1 cut
+nothing (a typical cut is the last of them here, llama.cpp's second: backend/layers/sampler.py).
 `grammar` is GBNF (llama.cpp's grammar format, read by llguidance's converter) and `json_schema` a
 JSON schema. `repeat_penalty` divides the logits of every token of the prompt and the answer, as vLLM's
 `repetition_penalty` (llama.cpp's counts the last `repeat_last_n` only). What llama.cpp has and this
-server does not (mirostat, typical, DRY and XTC sampling, dynamic temperature, images, LoRA, sampling
+server does not (mirostat, DRY and XTC sampling, dynamic temperature, images, LoRA, sampling
 after the chain) is a 400 naming it unless it asks for nothing; `cache_prompt`, `id_slot` and
 `samplers` are taken with no effect (the prompt cache is always on, rows are not chosen by the client).
 
@@ -47,7 +48,6 @@ SEED_MAX = 2**32 - 1  # llama.cpp's seeds are 32-bit; -1 (its default) is a rand
 # llama.cpp's parameters that this server does not build, and the values that ask for nothing.
 NOT_BUILT = {
     "mirostat": (None, 0),
-    "typical_p": (None, 1, 1.0),
     "dry_multiplier": (None, 0, 0.0),
     "xtc_probability": (None, 0, 0.0),
     "dynatemp_range": (None, 0, 0.0),
@@ -110,6 +110,7 @@ def _request(
         top_k=max(top_k, 0),  # 0 or below: no cut
         top_p=read_number(data, "top_p", DEFAULTS["top_p"], 0.0, 1.0, low_open=True),
         min_p=read_number(data, "min_p", DEFAULTS["min_p"], 0.0, 1.0),
+        typical_p=read_number(data, "typical_p", 1.0, 0.0, 1.0, low_open=True),  # 1: no cut (its default)
         max_tokens=_budget(serving, len(ids), n_predict),
         stop=stop,
         stop_token_ids=tuple(dict.fromkeys(stop_token_ids_of(stop, serving.tokenizer) + ends)),

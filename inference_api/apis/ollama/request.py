@@ -1,13 +1,13 @@
 """Ollama's /api/generate and /api/chat requests, parsed and checked, to this server's SamplingParams.
 
 Ollama's defaults: `stream` true, and in `options` temperature 0.8, top_k 40, top_p 0.9, min_p 0,
-`num_predict` -1 (here: to the end of the context; -2 the same), a random seed. `repeat_penalty` divides
-the logits of every token of the prompt and the answer (vLLM's definition) rather than of Ollama's last
-`repeat_last_n`, so it applies only when asked (Ollama's default is 1.1). Options that set up a runner
-(num_ctx, num_gpu, num_thread, use_mmap...) are taken with no effect: the context, the device and the
-batch are the server's. What is not built (mirostat, tfs_z, typical_p, images, a request's own
-`template`) is a 400 naming it unless it asks for nothing. `logprobs` gives each token's logprob, with
-the `top_logprobs` most likely in its place (0 to 20).
+typical_p 1 (no cut), `num_predict` -1 (here: to the end of the context; -2 the same), a random seed.
+`repeat_penalty` divides the logits of every token of the prompt and the answer (vLLM's definition) rather
+than of Ollama's last `repeat_last_n`, so it applies only when asked (Ollama's default is 1.1). Options
+that set up a runner (num_ctx, num_gpu, num_thread, use_mmap...) are taken with no effect: the context,
+the device and the batch are the server's. What is not built (mirostat, tfs_z, images, a request's own
+`template`) is a 400 naming it unless it asks for nothing. `logprobs` gives each token's logprob, with the
+`top_logprobs` most likely in its place (0 to 20).
 
 /api/generate renders `prompt` (and `system`) through the model's chat template as a user's message, as
 Ollama does, unless `raw`; `context` (an earlier answer's) goes before it, and `suffix` fills in the
@@ -39,7 +39,7 @@ SEED_MAX = 2**64 - 1
 EFFORTS = ("low", "medium", "high")  # gpt-oss's reasoning efforts, which Ollama's `think` may name
 # Ollama's fields and options this server does not build, and the values that ask for nothing.
 NOT_BUILT = {"template": (None, ""), "images": (None, [])}
-NOT_BUILT_OPTIONS = {"mirostat": (None, 0), "tfs_z": (None, 1, 1.0), "typical_p": (None, 1, 1.0)}
+NOT_BUILT_OPTIONS = {"mirostat": (None, 0), "tfs_z": (None, 1, 1.0)}
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,7 @@ def _request(
         top_k=read_integer(options, "options.top_k", 40, 0, MAX_TOP_K),  # 0: no cut
         top_p=read_number(options, "options.top_p", 0.9, 0.0, 1.0, low_open=True),
         min_p=read_number(options, "options.min_p", 0.0, 0.0, 1.0),
+        typical_p=read_number(options, "options.typical_p", 1.0, 0.0, 1.0, low_open=True),  # 1: no cut
         max_tokens=max_tokens,
         stop=stop,
         stop_token_ids=tuple(dict.fromkeys(stop_token_ids_of(stop, serving.tokenizer) + ends)),

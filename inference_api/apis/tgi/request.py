@@ -5,7 +5,7 @@ TGI samples only when asked: `do_sample`, or any of `temperature`, `top_k`, `top
 reshape the distribution; else the answer is greedy. `max_new_tokens` defaults to 100, `stop` takes
 up to 4 strings, `truncate` keeps the input's last tokens, and `grammar` is `{"type": "json", "value":
 schema}` or `{"type": "regex", "value": pattern}`. What TGI has and this server does not (`best_of`
-over 1, `typical_p` under 1, `watermark`) is a 400 naming it. `model` is not read: TGI serves one
+over 1, `watermark`) is a 400 naming it. `model` is not read: TGI serves one
 model and its clients send none; `adapter_id` names a LoRA adapter (--lora-modules) that answers, as
 TGI's multi-LoRA serving does (routes.py).
 """
@@ -37,7 +37,6 @@ SEED_MAX = 2**64 - 1
 # TGI's parameters that this server does not build, and the values that ask for nothing.
 NOT_BUILT = {
     "best_of": (None, 1),
-    "typical_p": (None, 1),
     "watermark": (None, False),
 }
 
@@ -109,15 +108,17 @@ def _refuse_not_built(parameters: dict[str, Any]) -> None:
 
 
 def _sampling(parameters: dict[str, Any]) -> dict[str, Any]:
-    """temperature, top_p and top_k: greedy unless `do_sample` or a value that reshapes the distribution
-    (as TGI's server decides). TGI's ranges: a temperature over 0, a top_p in (0, 1], a top_k over 0."""
+    """temperature, top_p, top_k and typical_p: greedy unless `do_sample` or a value that reshapes the
+    distribution (as TGI's server decides). TGI's ranges: a temperature over 0, a top_p and a typical_p
+    in (0, 1], a top_k over 0. (LangChain's HuggingFaceEndpoint sends typical_p 0.95 unless told.)"""
     temperature = read_number(parameters, "temperature", 1.0, 0.0, 100.0, low_open=True)
     top_p = read_number(parameters, "top_p", 1.0, 0.0, 1.0, low_open=True)
     top_k = read_integer(parameters, "top_k", None, 1, MAX_TOP_K) or 0
-    sampled = read_bool(parameters, "do_sample", False) or temperature != 1.0 or top_p < 1.0 or top_k > 0
-    if not sampled:
+    typical_p = read_number(parameters, "typical_p", 1.0, 0.0, 1.0, low_open=True)
+    reshaped = temperature != 1.0 or top_p < 1.0 or top_k > 0 or typical_p < 1.0
+    if not (read_bool(parameters, "do_sample", False) or reshaped):
         return {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
-    return {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+    return {"temperature": temperature, "top_p": top_p, "top_k": top_k, "typical_p": typical_p}
 
 
 def _grammar(value: Any) -> str | None:
