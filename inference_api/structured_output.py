@@ -5,7 +5,8 @@ OpenAI's `response_format` (`json_object`, `json_schema`); vLLM's `structured_ou
 `json_object`, `regex`, `choice`, `grammar`) and the `guided_json`, `guided_regex`, `guided_choice` and
 `guided_grammar` fields it replaced (vLLM 0.12 takes only the former); the native API's `json_schema`;
 Text Generation Inference's grammars (`json`, `regex` and `json_schema`, in `value`), as its `grammar`
-parameter and as a chat's `response_format`, which its clients send.
+parameter and as a chat's `response_format`, which its clients send; llama.cpp server's `json_object`
+with a `schema`.
 A grammar llguidance cannot enforce (a schema keyword it does not implement, a regex it cannot parse) is
 a 400 naming the field and what is wrong, never an answer that silently follows less than was asked.
 
@@ -243,6 +244,9 @@ def _response_format(value: Any) -> str | None:
         return tgi_grammar(value, "response_format")
     if kind == "text":
         return None
+    if kind == "json_object" and value.get("schema") is not None:
+        # llama.cpp server's form of a schema (LangChain's ChatHuggingFace sends it): not any object
+        return schema_grammar(value["schema"], "response_format.schema")
     if kind == "json_object":
         return json_schema_grammar({"type": "object"}, "response_format")
     if kind == "json_schema":
@@ -257,7 +261,8 @@ def _response_format(value: Any) -> str | None:
         "response_format",
         'response_format must be {"type": "text"}, {"type": "json_object"} or '
         '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}} '
-        '(or TGI\'s {"type": "json" or "regex", "value": ...})',
+        '(or TGI\'s {"type": "json" or "regex", "value": ...}, or llama.cpp\'s {"type": "json_object", '
+        '"schema": {...}})',
     )
 
 

@@ -18,6 +18,7 @@ from tests.server_fixture import RunningServer
 
 PROMPT = "The capital of France is"
 GREEDY = {"prompt": PROMPT, "temperature": 0, "n_predict": 8}
+PLACE = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon"]}}, "required": ["city"]}
 
 
 def llama(server: RunningServer, **fields) -> requests.Response:
@@ -101,6 +102,28 @@ def test_what_cannot_be_served_is_a_400_naming_it(server, fields, named):
     response = llama(server, **{**GREEDY, **fields})
     assert response.status_code == 400
     assert named in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("schema", [PLACE, json.dumps(PLACE)])
+def test_a_chat_format_of_a_json_object_with_a_schema_follows_the_schema(server, schema):
+    """llama-server's OpenAI-compatible chat takes `{"type": "json_object", "schema": ...}`, as LangChain's
+    ChatHuggingFace sends a json_schema structured output: read as OpenAI's json_object alone, any object
+    would do."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Name a place."}],
+        "response_format": {"type": "json_object", "schema": schema},
+        "max_tokens": 20,
+    }
+    for seed in (1, 2):
+        answer = requests.post(f"{server.url}/v1/chat/completions", json={**body, "seed": seed}, timeout=120)
+        assert json.loads(answer.json()["choices"][0]["message"]["content"]) in (
+            {"city": "Paris"},
+            {"city": "Lyon"},
+        )
+    bad = {**body, "response_format": {"type": "json_object", "schema": {"type": "object", "uniqueItems": 3}}}
+    refused = requests.post(f"{server.url}/v1/chat/completions", json=bad, timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format.schema"
 
 
 def test_typical_p_keeps_one_token_a_step_at_its_smallest_whatever_the_seed(server):
