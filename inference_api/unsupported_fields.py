@@ -30,6 +30,8 @@ def _always(value: Any) -> bool:
     return True
 
 
+# What the Responses API's `include` may ask for here: the thoughts as encrypted_content (responses/items.py)
+SEALED_THOUGHTS = "reasoning.encrypted_content"
 STATELESS = "this server keeps no responses (it is stateless): send the whole conversation as input"
 
 # vLLM's fields of both OpenAI endpoints that ask for what is not built here: a vLLM client sending one
@@ -75,7 +77,10 @@ UNSUPPORTED: dict[str, dict[str, Unsupported]] = {
         "conversation": Unsupported(_always, "{name} is not supported: " + STATELESS),
         "background": Unsupported(lambda value: value is not False),
         "prompt": Unsupported(_always),
-        "include": Unsupported(lambda value: value != []),
+        "include": Unsupported(
+            lambda value: not isinstance(value, list) or any(v != SEALED_THOUGHTS for v in value),
+            '{name}: only "reasoning.encrypted_content" is supported (no logprobs nor hosted tools here)',
+        ),
         "top_logprobs": Unsupported(lambda value: value != 0),
         "truncation": Unsupported(
             lambda value: value != "disabled", '{name}: "auto" is not supported: a prompt too long is a 400'

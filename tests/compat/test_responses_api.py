@@ -104,7 +104,7 @@ ASKS_FOR_MORE = {
     "previous_response_id": {"previous_response_id": "resp_0123"},
     "tools[0].type": {"tools": [{"type": "web_search"}]},
     "reasoning": {"reasoning": {"effort": "high"}},  # the mock writes no thoughts
-    "reasoning.summary": {"reasoning": {"effort": "none", "summary": "auto"}},
+    "reasoning.summary": {"reasoning": {"effort": "none", "summary": "detailed"}},
     "text.format.type": {"text": {"format": {"type": "grammar"}}},
     "include": {"include": ["message.output_text.logprobs"]},
     "input[0].content[1]": {

@@ -1210,7 +1210,7 @@ CHECKED_BODIES = {
     "responses-tools": ("/v1/responses", {**RESPONSES, "tools": [{"type": "web_search"}]}, "tools[0].type"),
     "responses-reasoning": (
         "/v1/responses",
-        {**RESPONSES, "reasoning": {"effort": "none", "summary": "auto"}},
+        {**RESPONSES, "reasoning": {"effort": "none", "summary": "concise"}},
         "reasoning.summary",
     ),
     "responses-json": (
@@ -1222,7 +1222,7 @@ CHECKED_BODIES = {
     "responses-truncation": ("/v1/responses", {**RESPONSES, "truncation": "auto"}, "truncation"),
     "responses-include": (
         "/v1/responses",
-        {**RESPONSES, "include": ["reasoning.encrypted_content"]},
+        {**RESPONSES, "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]},
         "include",
     ),
     "responses-top-logprobs": ("/v1/responses", {**RESPONSES, "top_logprobs": 2}, "top_logprobs"),

@@ -340,6 +340,69 @@ def test_the_responses_apis_effort_none_turns_thinking_off_and_reasoning_items_g
     assert prompt_tokens(thoughts) > prompt_tokens()
 
 
+def test_the_thoughts_come_back_from_their_encrypted_content_where_include_asks_for_it(client, server):
+    """What Codex and other stateless agents send: store false, include reasoning.encrypted_content,
+    reasoning with summary auto. Nothing is stored here, so the item carries its thoughts themselves, and
+    an item sent back with that field alone (its text parts dropped) is the same turn to the template."""
+    asked = dict(
+        model=MODEL,
+        input="Weather in Paris?",
+        max_output_tokens=12,
+        temperature=0,
+        store=False,
+        include=["reasoning.encrypted_content"],
+        reasoning={"effort": "medium", "summary": "auto"},
+    )
+    reasoning = client.responses.create(**asked).output[0]
+    sealed = reasoning.encrypted_content
+    assert reasoning.type == "reasoning" and sealed.startswith("inference-server:thoughts:")
+    events = list(client.responses.create(**asked, stream=True))
+    done = [event.item for event in events if event.type == "response.output_item.done"]
+    assert done[0].encrypted_content == events[-1].response.output[0].encrypted_content == sealed
+    plain = client.responses.create(**{**asked, "include": []}).output[0]
+    assert plain.encrypted_content is None and plain.content == reasoning.content
+
+    def prompt_tokens(thoughts: dict | None) -> int | str:
+        """The input's tokens with these thoughts before a call (a turn whose thoughts the template keeps),
+        or the param of the 400."""
+        call = {
+            "type": "function_call",
+            "call_id": "c1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        }
+        output = {"type": "function_call_output", "call_id": "c1", "output": "Sunny."}
+        items = [
+            {"role": "user", "content": "Weather in Paris?"},
+            *([thoughts] if thoughts else []),
+            call,
+            output,
+        ]
+        tools = [{"type": "function", **WEATHER["function"]}]
+        body = {"model": MODEL, "input": items, "tools": tools, "max_output_tokens": 1, "temperature": 0}
+        answered = requests.post(f"{server.url}/v1/responses", json=body, timeout=120)
+        return answered.json()["usage"]["input_tokens"] if answered.ok else answered.json()["error"]["param"]
+
+    whole = {
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "Look it up."}],
+    }
+    sealed_only = {"type": "reasoning", "summary": [], "encrypted_content": sealed}
+    with_text = {**sealed_only, "content": [{"type": "reasoning_text", "text": reasoning.content[0].text}]}
+    assert prompt_tokens(sealed_only) == prompt_tokens(with_text) > prompt_tokens(None)
+    assert prompt_tokens({**whole, "encrypted_content": "gAAAAABo-opaque"}) == prompt_tokens(whole)
+    openais = {"type": "reasoning", "summary": [], "encrypted_content": "gAAAAABo-opaque"}
+    assert prompt_tokens(openais) == prompt_tokens(None)  # another server's: nothing to read
+    tampered = {**sealed_only, "encrypted_content": "inference-server:thoughts:%%%"}
+    assert prompt_tokens(tampered) == "input[1].encrypted_content"
+    for detailed in ({"summary": "detailed"}, {"generate_summary": "concise"}):
+        refused = requests.post(
+            f"{server.url}/v1/responses", json={**asked, "stream": False, "reasoning": detailed}, timeout=30
+        )
+        assert refused.status_code == 400 and refused.json()["error"]["param"].startswith("reasoning.")
+
+
 MOOD = {"type": "object", "properties": {"mood": {"enum": ["happy", "sad"]}}, "required": ["mood"]}
 
 

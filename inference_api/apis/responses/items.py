@@ -7,17 +7,21 @@ Input: message items (a string content, or `input_text` / `output_text` parts); 
 message right before them, is one assistant turn with `tool_calls`, as chat has it and chat templates
 render it; each output is a `tool` message. A `reasoning` item (a reasoning model's thoughts, which
 clients send back with the turn they led to) is that assistant turn's `reasoning_content`: its
-`reasoning_text` parts (else its summary's texts), which the chat template keeps or drops; its
-`encrypted_content` is OpenAI's, and ignored. Other item types (item_reference, hosted tools' calls) are
+`reasoning_text` parts (else its summary's texts, else its `encrypted_content` where this server
+wrote it: `sealed_thoughts`), which the chat template keeps or drops; OpenAI's `encrypted_content` is
+ignored. Other item types (item_reference, hosted tools' calls) are
 a 400 naming the item.
 
-Output: a `reasoning` item with one `reasoning_text` part, if the model thought (reasoning.py); a
+Output: a `reasoning` item with one `reasoning_text` part (and its `encrypted_content`, where the request's
+`include` asks for it), if the model thought (reasoning.py); a
 message item with one `output_text` part, if the model wrote text or made no call; then one
 `function_call` item per call.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import uuid
 from typing import Any
 
@@ -28,6 +32,11 @@ from inference_api.prompts import read_messages, text_content
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text")
 ITEM_TYPES = "message, reasoning, function_call and function_call_output"
+# What a reasoning item's `encrypted_content` holds where `include: ["reasoning.encrypted_content"]` asks
+# for it (Codex and other stateless agents always do): this server keeps nothing, so the thoughts
+# themselves, in base64 behind this mark, for a client that sends the item back with that field alone.
+# Not encrypted: the item's reasoning_text part, which the same client reads, holds the same text.
+SEALED_MARK = "inference-server:thoughts:"
 
 
 def input_messages(value: Any) -> list[dict[str, Any]]:
@@ -89,7 +98,8 @@ def _arguments(item: dict[str, Any], param: str) -> str:
 
 
 def _thoughts(item: dict[str, Any], param: str) -> str:
-    """A reasoning item's thoughts: its reasoning_text parts, else its summary's summary_text parts."""
+    """A reasoning item's thoughts: its reasoning_text parts, else its summary's summary_text parts, else
+    its encrypted_content where this server sealed them into it (OpenAI's own: nothing to read)."""
     for field, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(field)
         if parts is None:
@@ -99,7 +109,23 @@ def _thoughts(item: dict[str, Any], param: str) -> str:
         text = text_content(parts, f"{param}.{field}", (part_type,)) if parts else ""
         if text:
             return text
-    return ""
+    return unsealed_thoughts(item.get("encrypted_content"), f"{param}.encrypted_content")
+
+
+def sealed_thoughts(text: str) -> str:
+    """The thoughts as a reasoning item's encrypted_content (SEALED_MARK)."""
+    return SEALED_MARK + base64.b64encode(text.encode()).decode()
+
+
+def unsealed_thoughts(value: Any, param: str) -> str:
+    """The thoughts `sealed_thoughts` wrote; "" for an encrypted_content of another's (OpenAI's)."""
+    if not isinstance(value, str) or not value.startswith(SEALED_MARK):
+        return ""
+    try:
+        return base64.b64decode(value.removeprefix(SEALED_MARK), validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        message = f"{param} is not as this server wrote it: send it back unchanged"
+        raise InvalidParams(param, message) from None
 
 
 def _thoughts_only(message: dict[str, Any]) -> bool:
@@ -139,10 +165,12 @@ def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def reasoning_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
-    """The answer's thoughts as a reasoning item, whole (no summary); `text` None: opened, no part yet."""
+def reasoning_item(item_id: str, status: str, text: str | None, sealed: bool = False) -> dict[str, Any]:
+    """The answer's thoughts as a reasoning item, whole (no summary); `text` None: opened, no part yet;
+    `sealed`: with them as its encrypted_content too (`include: ["reasoning.encrypted_content"]`)."""
     content = [] if text is None else [reasoning_part(text)]
-    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+    item = {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+    return item | {"encrypted_content": sealed_thoughts(text)} if sealed and text is not None else item
 
 
 def reasoning_part(text: str) -> dict[str, Any]:

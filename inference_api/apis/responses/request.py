@@ -24,7 +24,7 @@ from inference_api.prompts import CHAT_DEFAULT_MAX_TOKENS, completion_budget, to
 from inference_api.reasoning import Thinking, thoughts_first
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolRequest, with_tool_grammar
-from inference_api.unsupported_fields import reject_unsupported
+from inference_api.unsupported_fields import SEALED_THOUGHTS, reject_unsupported
 
 # Grammars of JSON the answer is (a format, a forced call): a reasoning model thinks first (reasoning.py).
 ANSWER_GRAMMARS = ("text.format", "text.format.schema", "tool_choice")
@@ -39,6 +39,7 @@ class ResponsesRequest:
     tools: ToolRequest | None = None  # the tools offered, and how the answer becomes calls
     grammar_param: str | None = None  # where params.grammar came from (None: no grammar)
     thinking: Thinking | None = None  # where the prompt leaves a reasoning model's thoughts (None: not read)
+    sealed_thoughts: bool = False  # include: ["reasoning.encrypted_content"] (items.sealed_thoughts)
 
     @property
     def fields(self) -> ApiFields:
@@ -83,20 +84,31 @@ def parse_responses_request(data: dict[str, Any], serving: Serving) -> Responses
     stream = read_bool(data, "stream", False)
     thinking = serving.prompt_thinking(prompt_ids)
     params = thoughts_first(with_tools, thinking, grammar_param in ANSWER_GRAMMARS, serving.tokenizer)
-    return ResponsesRequest(prompt_ids, params, stream, echoed, tools.request, grammar_param, thinking)
+    return ResponsesRequest(
+        prompt_ids,
+        params,
+        stream,
+        echoed,
+        tools.request,
+        grammar_param,
+        thinking,
+        sealed_thoughts=SEALED_THOUGHTS in (data.get("include") or ()),  # (checked: only it, if anything)
+    )
 
 
 def _reasoning(value: Any, serving: Serving) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """`reasoning` as the response echoes it, and as the chat template's variables: an effort of "none"
     is `enable_thinking: false` (Qwen3's and SmolLM3's variable: no thoughts); another effort is passed
     as `reasoning_effort` (gpt-oss's) with thinking on, and needs a model whose thoughts this server
-    reads (a 400 elsewhere, where no reasoning item could come). No summaries: the thoughts come whole."""
+    reads (a 400 elsewhere, where no reasoning item could come). No summaries: the thoughts come whole, so
+    a `summary` of "auto" (the best the model has: Codex sends it) asks for nothing more, and "concise" or
+    "detailed" are a 400."""
     if value is None:
         return None, {}
     if not isinstance(value, dict):
         raise InvalidParams("reasoning", 'reasoning must be an object such as {"effort": "low"}')
     for name in ("summary", "generate_summary"):
-        if value.get(name) is not None:
+        if value.get(name) not in (None, "auto"):
             message = f"reasoning.{name}: no summaries here; a reasoning model's thoughts come whole"
             raise InvalidParams(f"reasoning.{name}", message)
     effort = read_string(value, "effort")

@@ -80,6 +80,7 @@ class ModelResponse:
         self.model = model
         self.tokenizer = tokenizer  # counts the thoughts' tokens
         self.echoed = responses_request.echoed
+        self.sealed_thoughts = responses_request.sealed_thoughts
         self.id = "resp_" + uuid.uuid4().hex
         self.item_id = "msg_" + uuid.uuid4().hex
         self.reasoning_id = "rs_" + uuid.uuid4().hex
@@ -157,7 +158,7 @@ class ModelResponse:
         if not reasoning:
             return []
         status = "completed" if text or calls else self.status
-        return [reasoning_item(self.reasoning_id, status, reasoning)]
+        return [reasoning_item(self.reasoning_id, status, reasoning, self.sealed_thoughts)]
 
     def _open_thoughts(self) -> Iterator[bytes]:
         item = reasoning_item(self.reasoning_id, "in_progress", None)
