@@ -199,6 +199,33 @@ def test_typical_p_must_be_over_0_and_at_most_1():
             SamplingParams(typical_p=typical_p)
 
 
+def test_logprobs_taken_a_few_positions_at_a_time_are_those_of_the_whole(monkeypatch):
+    """On a CPU token_logprobs takes as many positions as fit CPU_CHUNK_BYTES of float32 at once (3 here,
+    so that 50 cross many chunks): each entry is still its position's log_softmax, rank and best."""
+    from backend.layers import logprobs
+    from backend.layers.logprobs import positions_at_a_time, token_logprobs
+
+    torch.manual_seed(3)
+    logits = torch.randn(50, 1000) * 4
+    tokens = torch.randint(0, 1000, (50,))
+    tops = [i % 6 for i in range(50)]
+    monkeypatch.setattr(logprobs, "CPU_CHUNK_BYTES", 3 * 1000 * 4)
+    assert positions_at_a_time(logits) == 3
+    entries = token_logprobs(logits, tokens, tops)
+    reference = logits.log_softmax(-1)
+    for i, entry in enumerate(entries):
+        best = reference[i].topk(tops[i])
+        assert entry.token_id == tokens[i] and math.isclose(
+            entry.logprob, reference[i, tokens[i]], abs_tol=1e-5
+        )
+        assert entry.rank == int((reference[i] >= reference[i, tokens[i]]).sum())
+        assert [token for token, _ in entry.top] == best.indices.tolist()
+    monkeypatch.undo()
+    # The default model's 49,152 tokens: 21 positions in 4 MiB; a GPU's (here a meta tensor's) 256.
+    assert positions_at_a_time(torch.empty(1, 49152)) == 21
+    assert positions_at_a_time(torch.empty(1, 49152, device="meta")) == 256
+
+
 def test_out_of_vocabulary_bias_and_stop_ids_are_rejected():
     engine, _ = engine_and_model()
     params = SamplingParams(logit_bias=((TINY_VOCAB + 5, 1.0),))
