@@ -133,7 +133,19 @@ def unknown_model(model: str, serving: Serving, endpoint: str = GENERATE) -> str
             return f"The model {model!r} serves {other} only; {where} serves {here}"
     separate = ((serving.backend.embedding_model, EMBEDDINGS), (serving.backend.rerank_model, RERANK))
     also = "".join(f", and {one.name!r} for {other}" for one, other in separate if one is not None)
-    return f"The model {model!r} does not exist; this server serves {served_names(serving)}{also}"
+    return f"The model {model!r} does not exist; this server serves {served_names(serving)}{also}" + (
+        TGI_CLIENTS_HINT if model in TGI_CLIENTS_NAMES else ""
+    )
+
+
+# The names clients written for Text Generation Inference (which ignores `model`) send: its examples'
+# "tgi", and huggingface_hub's "dummy" (InferenceClient, LangChain's ChatHuggingFace, smolagents, given a
+# URL and no model). They are 404s as any other (docs/troubleshooting.md); the error says what to do.
+TGI_CLIENTS_NAMES = ("tgi", "dummy")
+TGI_CLIENTS_HINT = (
+    " (a client written for Text Generation Inference, which ignores the model, sends this name: give it"
+    " the served name, or start the server with --served-model-name adding this one)"
+)
 
 
 def served_names(serving: Serving) -> str:

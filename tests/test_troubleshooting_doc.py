@@ -188,6 +188,10 @@ def test_the_resource_messages_are_the_start_up_checks(rows, max_seq_len, load, 
         ("proxy/app.py", "is the operator's, not forwarded by the proxy: call the inference server directly"),
         ("inference_api/generation.py", " does not exist; this server serves "),
         ("inference_api/apis/native/routes.py", " not found; this server serves "),
+        (
+            "inference_api/generation.py",
+            "(a client written for Text Generation Inference, which ignores the model",
+        ),
     ],
 )
 def test_each_quoted_fragment_is_in_the_code(path, fragment):

@@ -62,6 +62,11 @@ def test_tgis_client_given_no_model_is_answered_through_a_name_given_for_it(serv
     client = InferenceClient(base_url=server.url, timeout=10)
     answer = client.chat_completion(messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
     assert answer.model == NAMES[0] and answer.usage.completion_tokens == 3
+    for name, hinted in (("tgi", True), ("smol", False)):
+        body = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+        refused = requests.post(f"{server.url}/v1/chat/completions", json=body, timeout=10)
+        message = refused.json()["error"]["message"]
+        assert refused.status_code == 404 and ("--served-model-name adding this one" in message) == hinted
 
 
 @pytest.mark.parametrize("name", ["mock", "smol", "SmolLM2-135M-Instruct-x"])
