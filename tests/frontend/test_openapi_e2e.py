@@ -893,7 +893,14 @@ def varied(base: dict, fields: dict[str, dict], field: str, value: Any) -> dict:
 
 # The fields SPEC §4.1 and §4.2 give ranges to, and those of the penalties and filters after them:
 # the document must keep a range for each.
-STEERING_RANGED = {"presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens"}
+STEERING_RANGED = {
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
+    "typical_p",
+    "min_tokens",
+}
 OPENAI_RANGED = {"temperature", "top_k", "top_p", "max_tokens", "max_completion_tokens", "seed", "n"}
 OPENAI_RANGED |= {"truncate_prompt_tokens", "prompt_logprobs"}
 OPENAI_RANGED |= STEERING_RANGED

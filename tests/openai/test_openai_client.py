@@ -183,6 +183,32 @@ def test_top_k_extension_and_user_field_are_accepted(client):
     assert result.choices[0].text == greedy.choices[0].text  # top_k 1 is greedy whatever the temperature
 
 
+def test_typical_p_extension_cuts_as_tgis_does(client):
+    """At 0.001 it keeps one token a step (the one nearest the entropy): every seed draws the same, where
+    without it two seeds differ. Chat and completions alike."""
+    sampled = dict(model=MODEL, max_tokens=12, temperature=1.0)
+    for typical_p, texts in ((0.001, 1), (None, 2)):
+        extra = {"typical_p": typical_p} if typical_p else {}
+        chats = {
+            client.chat.completions.create(
+                **sampled,
+                messages=[{"role": "user", "content": "Tell me a story."}],
+                seed=seed,
+                extra_body=extra,
+            )
+            .choices[0]
+            .message.content
+            for seed in (1, 2)
+        }
+        completions = {
+            client.completions.create(**sampled, prompt="Once upon a time", seed=seed, extra_body=extra)
+            .choices[0]
+            .text
+            for seed in (1, 2)
+        }
+        assert len(chats) == len(completions) == texts
+
+
 def test_continue_final_message_goes_on_from_the_last_assistant_text(client, tokenizer):
     """vLLM's continue_final_message: the prompt is the conversation before the last message, its
     generation prompt, then that message's text, and the answer is what the model writes after it."""

@@ -50,6 +50,7 @@ def parse_native_request(body: bytes) -> NativeRequest:
             data, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY, low_open=True
         ),
         min_p=read_number(data, "min_p", 0.0, 0.0, 1.0),
+        typical_p=read_number(data, "typical_p", 1.0, 0.0, 1.0, low_open=True),  # TGI's: 1 cuts nothing
         min_tokens=read_integer(data, "min_tokens", 0, 0, MAX_TOKENS_LIMIT),
         grammar=read_grammar(data, ("json_schema",)),  # the answer is JSON following this schema
         speculative=read_bool(data, "speculative", True),

@@ -293,6 +293,8 @@ def _common(
             data, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY, low_open=True
         ),
         min_p=read_number(data, "min_p", 0.0, 0.0, 1.0),
+        # TGI's and llama.cpp's, which clients of Aphrodite and TabbyAPI send here: 1 cuts nothing
+        typical_p=read_number(data, "typical_p", 1.0, 0.0, 1.0, low_open=True),
         logit_bias=_logit_bias(data.get("logit_bias"), serving.token_id_limit),
         min_tokens=read_integer(data, "min_tokens", 0, 0, max_tokens),
         stop_token_ids=token_id_list(data.get("stop_token_ids"), serving.token_id_limit, "stop_token_ids")
