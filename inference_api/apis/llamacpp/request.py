@@ -41,7 +41,15 @@ from inference_api.structured_output import lark_grammar, schema_grammar
 from inference_api.tokenizer import stop_token_ids_of
 
 # llama-server's sampling defaults, which /props reports as well.
-DEFAULTS = {"n_predict": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": -1}
+DEFAULTS = {
+    "n_predict": -1,
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "typical_p": 1.0,
+    "seed": -1,
+}
 MAX_STOP_WORDS = 16
 MAX_MILLISECONDS = 24 * 3600 * 1000  # a time limit of a day or more limits nothing
 SEED_MAX = 2**32 - 1  # llama.cpp's seeds are 32-bit; -1 (its default) is a random one
@@ -110,7 +118,7 @@ def _request(
         top_k=max(top_k, 0),  # 0 or below: no cut
         top_p=read_number(data, "top_p", DEFAULTS["top_p"], 0.0, 1.0, low_open=True),
         min_p=read_number(data, "min_p", DEFAULTS["min_p"], 0.0, 1.0),
-        typical_p=read_number(data, "typical_p", 1.0, 0.0, 1.0, low_open=True),  # 1: no cut (its default)
+        typical_p=read_number(data, "typical_p", DEFAULTS["typical_p"], 0.0, 1.0, low_open=True),  # 1: no cut
         max_tokens=_budget(serving, len(ids), n_predict),
         stop=stop,
         stop_token_ids=tuple(dict.fromkeys(stop_token_ids_of(stop, serving.tokenizer) + ends)),
