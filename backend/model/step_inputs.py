@@ -15,7 +15,8 @@ prompt chunks' places, as a prompt's next chunk is. There, a short
 prompt's chunk the engine marks `as_queries` is decode queries of its row
 too, among the others in row order (engine._prompts_as_queries). The logits
 kept are those of every decoding row's query and draft token, and the last
-token's of a prompt whose chunk as queries ends it, then, for each prompt chunk,
+token's of a prompt whose chunk as queries ends it (every token's where the row
+scores its prompt), then, for each prompt chunk,
 its last token's where the chunk ends its prompt (the row samples its
 first token in this step) or every token's where the row scores its
 prompt (`prompt_logprobs`). The rows that sample this step are the
@@ -137,19 +138,25 @@ def pack(
     kept_at: dict[int, range] = {}  # each decoding row's places among the kept logits
     completing: list[int] = []  # the rows whose chunk ends their prompt, in pack order
     completes_at: list[int] = []  # their places among the kept logits
+    scores: list[PromptScores] = []
     as_queries = [row for row in decoding if reads_own_positions or not row.draft]
     queried = {row.index for row in prefilling if reads_own_positions and row.as_queries}
     in_row_order = sorted([*as_queries, *(row for row in prefilling if row.index in queried)], key=row_index)
     for row in in_row_order:  # decode queries come in row order: a short prompt's chunk among them
         if row.index in queried:  # a prompt's chunk: its last token's logits if it ends the prompt
             past, end = row.cached, row.chunk_end
+            start, completes = len(token_ids), end == len(row.prompt_ids)
             token_ids += row.prompt_ids[past:end]
             query_rows += [row.index] * (end - past)
             decode_positions += range(past, end)
-            if end == len(row.prompt_ids):  # the row samples its first token
-                completing.append(row.index)
-                completes_at.append(len(keep))
+            if row.scores_prompt:  # every token's, as a chunk keeps them (a last token samples)
+                scores.append(PromptScores(row.index, len(keep), end - past - completes))
+                keep += range(start, len(token_ids))
+            elif completes:
                 keep.append(len(token_ids) - 1)
+            if completes:  # the row samples its first token
+                completing.append(row.index)
+                completes_at.append(len(keep) - 1)
         else:  # a decoding row: its token and its draft's, each kept
             length = 1 + len(row.draft)
             kept_at[row.index] = range(len(keep), len(keep) + length)
@@ -176,7 +183,6 @@ def pack(
             kept_at[row.index] = range(len(keep), len(keep) + length)
             keep += range(start, start + length)
     sample_from = [place for row in decoding for place in kept_at[row.index]] + completes_at
-    scores: list[PromptScores] = []
     for row in prefilling:
         if row.index in queried:
             continue

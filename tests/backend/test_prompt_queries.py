@@ -80,18 +80,27 @@ def test_the_rest_of_a_prompt_after_its_cached_prefix_goes_as_queries_at_its_pos
     assert text_of(pieces["second"]) == text_of(before["second"])
 
 
-def test_a_long_prompt_or_one_scored_goes_as_a_chunk(model):
-    """Past LOOP_PROMPT_TOKENS a prompt takes the prompts' path; so does one whose every token's logits
-    are asked for (prompt_logprobs), which gets them."""
+def test_a_long_prompt_goes_as_a_chunk_and_one_scored_as_queries_that_keep_every_logit(model):
+    """Past LOOP_PROMPT_TOKENS a prompt takes the prompts' path. One whose every token's logits are asked
+    for (prompt_logprobs) goes as queries too, which keep them all: its scores and its tokens are those
+    of the prompts' path, within a rounding (the CPU's loop adds up its attention in another order)."""
     long = tuple(range(5, 6 + LOOP_PROMPT_TOKENS))
     arrivals = [
         (0, greedy((3, 4, 5), "a")),
         (2, greedy(long, "long")),
-        (4, greedy((8, 9, 10), "scored", prompt_logprobs=1)),
+        (4, greedy((8, 9, 10, 11, 12, 13), "scored", prompt_logprobs=2)),
     ]
     pieces, steps = run(model, arrivals)
-    assert sum(prompt_chunks for _, prompt_chunks, _ in steps) == 2
-    assert len(pieces["scored"][0].prompt_logprobs) == 3
+    before, chunked = run(model, arrivals, as_queries=False)
+    assert sum(prompt_chunks for _, prompt_chunks, _ in steps) == 1  # the long prompt's
+    assert sum(prompt_chunks for _, prompt_chunks, _ in chunked) == 3  # and the first prompt's
+    scored, reference = pieces["scored"][0].prompt_logprobs, before["scored"][0].prompt_logprobs
+    assert scored[0] is None and len(scored) == len(reference) == 6
+    for entry, expected in zip(scored[1:], reference[1:], strict=True):
+        assert entry.token_id == expected.token_id and entry.rank == expected.rank
+        assert abs(entry.logprob - expected.logprob) < 1e-4
+        assert [token for token, _ in entry.top] == [token for token, _ in expected.top]
+    assert text_of(pieces["scored"]) == text_of(before["scored"])
 
 
 def team_request(request_id: str, team: str, prompt: tuple[int, ...], tokens: int = 12) -> Submit:
