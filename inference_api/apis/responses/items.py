@@ -7,15 +7,13 @@ Input: message items (a string content, or `input_text` / `output_text` parts); 
 message right before them, is one assistant turn with `tool_calls`, as chat has it and chat templates
 render it; each output is a `tool` message. A `reasoning` item (a reasoning model's thoughts, which
 clients send back with the turn they led to) is that assistant turn's `reasoning_content`: its
-`reasoning_text` parts (else its summary's texts, else its `encrypted_content` where this server
-wrote it: `sealed_thoughts`), which the chat template keeps or drops; OpenAI's `encrypted_content` is
-ignored. Other item types (item_reference, hosted tools' calls) are
-a 400 naming the item.
+`reasoning_text` parts (else its summary's texts, else its `encrypted_content` where this server wrote it:
+`sealed_thoughts`), which the chat template keeps or drops; OpenAI's `encrypted_content` is ignored. Other
+item types (item_reference, hosted tools' calls) are a 400 naming the item.
 
-Output: a `reasoning` item with one `reasoning_text` part (and its `encrypted_content`, where the request's
-`include` asks for it), if the model thought (reasoning.py); a
-message item with one `output_text` part, if the model wrote text or made no call; then one
-`function_call` item per call.
+Output: a `reasoning` item with one `reasoning_text` part (and its `encrypted_content`, where the
+request's `include` asks for it), if the model thought (reasoning.py); a message item with one
+`output_text` part, if the model wrote text or made no call; then one `function_call` item per call.
 """
 
 from __future__ import annotations
