@@ -4,6 +4,7 @@ grammar, as the llguidance grammar the backend decodes under (backend/layers/gra
 OpenAI's `response_format` (`json_object`, `json_schema`); vLLM's `structured_outputs` (`json`,
 `json_object`, `regex`, `choice`, `grammar`) and the `guided_json`, `guided_regex`, `guided_choice` and
 `guided_grammar` fields it replaced (vLLM 0.12 takes only the former); the native API's `json_schema`;
+llama.cpp server's `grammar` (GBNF) and `json_schema`, which its OpenAI-compatible endpoints take too;
 Text Generation Inference's grammars (`json`, `regex` and `json_schema`, in `value`), as its `grammar`
 parameter and as a chat's `response_format`, which its clients send; llama.cpp server's `json_object`
 with a `schema`.
@@ -23,6 +24,7 @@ import json
 from typing import Any
 
 import llguidance
+from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from backend.messages import InvalidParams
 from inference_api import json_text
@@ -31,6 +33,8 @@ from inference_api import json_text
 # whole budget on it (small models at temperature 1 do).
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 GUIDED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+# llama.cpp server's fields of its OpenAI-compatible endpoints too: a GBNF grammar, a JSON schema
+LLAMACPP_FIELDS = ("grammar", "json_schema")
 # vLLM's `structured_outputs` constraints, each read as the guided_* field of the same kind.
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 # Text Generation Inference's kinds of grammar (tgi_grammar), as its `grammar` and chat `response_format`.
@@ -43,12 +47,17 @@ STRUCTURED_OPTIONS = ("disable_fallback", "disable_any_whitespace", "disable_add
 def grammar_field(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
     """Which of `fields` the request constrains its output with (None: none), `structured_outputs.KIND`
     for vLLM's object of constraints; a 400 if more than one is given."""
-    given = [name for name in fields if data.get(name) is not None]
+    given = [name for name in fields if _given(data.get(name), name)]
     if len(given) > 1:
         raise InvalidParams(given[1], f"{given[0]} and {given[1]} cannot be combined: give one")
     if given == ["structured_outputs"]:
         return f"structured_outputs.{_structured_kind(data['structured_outputs'])}"
     return given[0] if given else None
+
+
+def _given(value: Any, name: str) -> bool:
+    """Whether a request gives this field: not null, and for llama.cpp's `grammar` not "" (its none)."""
+    return value is not None and not (name == "grammar" and value == "")
 
 
 def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
@@ -71,6 +80,8 @@ def read_grammar(data: dict[str, Any], fields: tuple[str, ...]) -> str | None:
         return regex_grammar(value, name)
     if name in ("guided_choice", "structured_outputs.choice"):
         return choice_grammar(value, name)
+    if name == "grammar":
+        return gbnf_grammar(value, name)
     return lark_grammar(_text(value, name), name)  # guided_grammar, structured_outputs.grammar
 
 
@@ -200,6 +211,17 @@ def grammar_around(grammar: str, lark: str, name: str) -> str:
     outer = {"name": name, "lark_grammar": lark.replace("ANSWER", answer["name"])}
     parsed["grammars"] = [outer, *parsed["grammars"]]
     return json.dumps(parsed)
+
+
+def gbnf_grammar(gbnf: Any, param: str) -> str:
+    """A GBNF grammar (llama.cpp's format), read by llguidance's converter; else a 400 naming `param`."""
+    if not isinstance(gbnf, str):
+        raise InvalidParams(param, f"{param} must be a GBNF grammar (a string)")
+    try:
+        lark = gbnf_to_lark(gbnf)
+    except Exception as error:  # the converter raises a bare Exception too (a rule never defined)
+        raise InvalidParams(param, f"{param} is not a GBNF grammar this server reads: {error}") from None
+    return lark_grammar(lark, param)
 
 
 def lark_grammar(lark: str, param: str) -> str:

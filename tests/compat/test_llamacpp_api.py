@@ -126,6 +126,37 @@ def test_a_chat_format_of_a_json_object_with_a_schema_follows_the_schema(server,
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format.schema"
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_llama_servers_grammar_and_json_schema_constrain_its_openai_endpoints_too(server, path):
+    """Code written for llama-server sends its `grammar` (GBNF) and `json_schema` to the OpenAI-compatible
+    endpoints too (llama-cpp-python's clients among them), where they were ignored: free text came back."""
+    body = {"model": MODEL, "max_tokens": 20}
+    body |= (
+        {"messages": [{"role": "user", "content": "Yes or no?"}]}
+        if "chat" in path
+        else {"prompt": "Yes or no?"}
+    )
+
+    def answer(**fields) -> requests.Response:
+        return requests.post(f"{server.url}{path}", json={**body, **fields}, timeout=120)
+
+    def text(response: requests.Response) -> str:
+        choice = response.json()["choices"][0]
+        return choice["message"]["content"] if "chat" in path else choice["text"]
+
+    for seed in (1, 2):
+        assert text(answer(grammar='root ::= "yes" | "no"', seed=seed)) in ("yes", "no")
+        assert json.loads(text(answer(json_schema=PLACE, seed=seed))) in ({"city": "Paris"}, {"city": "Lyon"})
+    assert answer(grammar="").status_code == 200  # llama-server's "no grammar"
+    for fields, named in (
+        ({"grammar": "root ::= ("}, "grammar"),
+        ({"grammar": 'root ::= "a"', "guided_regex": "a"}, "grammar"),
+        ({"json_schema": {"type": "object", "uniqueItems": 3}}, "json_schema"),
+    ):
+        refused = answer(**fields)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == named, refused.text
+
+
 def test_typical_p_keeps_one_token_a_step_at_its_smallest_whatever_the_seed(server):
     sampled = {"prompt": PROMPT, "n_predict": 12, "temperature": 1, "top_k": 0, "top_p": 1, "min_p": 0}
     typical = {llama(server, **sampled, typical_p=0.001, seed=seed).json()["content"] for seed in (1, 2)}

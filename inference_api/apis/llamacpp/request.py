@@ -23,8 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llguidance.gbnf_to_lark import gbnf_to_lark
-
 from backend.messages import MAX_LOGPROBS, MAX_REPETITION_PENALTY, InvalidParams, SamplingParams
 from inference_api.fields import read_bool, read_integer, read_number, read_stop, read_string
 from inference_api.fill_in_middle import (
@@ -37,7 +35,7 @@ from inference_api.fill_in_middle import (
 )
 from inference_api.prompts import MAX_TOP_K, completion_budget, prompt_ids, token_id_list
 from inference_api.router import Serving
-from inference_api.structured_output import lark_grammar, schema_grammar
+from inference_api.structured_output import gbnf_grammar, schema_grammar
 from inference_api.tokenizer import stop_token_ids_of
 
 # llama-server's sampling defaults, which /props reports as well.
@@ -234,12 +232,4 @@ def _grammar(data: dict[str, Any]) -> str | None:
         raise InvalidParams("json_schema", "grammar and json_schema cannot be combined: give one")
     if schema is not None:
         return schema_grammar(schema, "json_schema")
-    if grammar is None or grammar == "":
-        return None
-    if not isinstance(grammar, str):
-        raise InvalidParams("grammar", "grammar must be a GBNF grammar (a string)")
-    try:
-        lark = gbnf_to_lark(grammar)
-    except Exception as error:  # the converter raises a bare Exception too (a rule never defined)
-        raise InvalidParams("grammar", f"grammar is not a GBNF grammar this server reads: {error}") from None
-    return lark_grammar(lark, "grammar")
+    return None if grammar is None or grammar == "" else gbnf_grammar(grammar, "grammar")

@@ -34,13 +34,13 @@ from inference_api.prompts import (
 )
 from inference_api.reasoning import HARMONY_PREFILLED, Thinking, thoughts_first
 from inference_api.router import Serving
-from inference_api.structured_output import GUIDED_FIELDS, grammar_field, read_grammar
+from inference_api.structured_output import GUIDED_FIELDS, LLAMACPP_FIELDS, grammar_field, read_grammar
 from inference_api.tokenizer import PromptTokenizer, stop_token_ids_of
 from inference_api.tool_calls import ToolRequest, read_tool_request, with_tool_grammar
 from inference_api.unsupported_fields import reject_unsupported
 
 MAX_CHOICES = 16
-GRAMMAR_FIELDS = ("response_format", *GUIDED_FIELDS)
+GRAMMAR_FIELDS = ("response_format", *GUIDED_FIELDS, *LLAMACPP_FIELDS)
 SEED_MAX = 2**64 - 1
 MAX_BAD_WORDS = 300  # as many as logit_bias's entries: each is checked at every step of its row
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions API
@@ -51,6 +51,7 @@ ANSWER_GRAMMARS = (
     "guided_json",
     "structured_outputs.json",
     "structured_outputs.json_object",
+    "json_schema",
     "tool_choice",
 )
 
