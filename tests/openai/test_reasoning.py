@@ -309,6 +309,17 @@ def test_the_responses_api_gives_the_thoughts_as_a_reasoning_item_whole_and_stre
         documented(answered, "post", "/v1/responses")
 
 
+# A call of the weather tool and its output, as Responses items: thoughts before them lead to the call, a
+# turn whose thoughts the template keeps (it drops those of turns before the last user message).
+PARIS_CALL = {
+    "type": "function_call",
+    "call_id": "c1",
+    "name": "get_weather",
+    "arguments": '{"city": "Paris"}',
+}
+PARIS_OUTPUT = {"type": "function_call_output", "call_id": "c1", "output": "Sunny."}
+
+
 def test_the_responses_apis_effort_none_turns_thinking_off_and_reasoning_items_go_back(client):
     off = client.responses.create(
         model=MODEL, input="Hi!", max_output_tokens=6, temperature=0, reasoning={"effort": "none"}
@@ -318,16 +329,13 @@ def test_the_responses_apis_effort_none_turns_thinking_off_and_reasoning_items_g
 
     def prompt_tokens(*items) -> int:
         conversation = [{"role": "user", "content": "Weather in Paris?"}, *items]
-        call = {
-            "type": "function_call",
-            "call_id": "c1",
-            "name": "get_weather",
-            "arguments": '{"city": "Paris"}',
-        }
-        output = {"type": "function_call_output", "call_id": "c1", "output": "Sunny."}
         tool = {"type": "function", **WEATHER["function"]}
         answered = client.responses.create(
-            model=MODEL, input=[*conversation, call, output], tools=[tool], max_output_tokens=1, temperature=0
+            model=MODEL,
+            input=[*conversation, PARIS_CALL, PARIS_OUTPUT],
+            tools=[tool],
+            max_output_tokens=1,
+            temperature=0,
         )
         return answered.usage.input_tokens
 
@@ -365,18 +373,11 @@ def test_the_thoughts_come_back_from_their_encrypted_content_where_include_asks_
     def prompt_tokens(thoughts: dict | None) -> int | str:
         """The input's tokens with these thoughts before a call (a turn whose thoughts the template keeps),
         or the param of the 400."""
-        call = {
-            "type": "function_call",
-            "call_id": "c1",
-            "name": "get_weather",
-            "arguments": '{"city": "Paris"}',
-        }
-        output = {"type": "function_call_output", "call_id": "c1", "output": "Sunny."}
         items = [
             {"role": "user", "content": "Weather in Paris?"},
             *([thoughts] if thoughts else []),
-            call,
-            output,
+            PARIS_CALL,
+            PARIS_OUTPUT,
         ]
         tools = [{"type": "function", **WEATHER["function"]}]
         body = {"model": MODEL, "input": items, "tools": tools, "max_output_tokens": 1, "temperature": 0}
