@@ -4,10 +4,10 @@ grammar, as the llguidance grammar the backend decodes under (backend/layers/gra
 OpenAI's `response_format` (`json_object`, `json_schema`); vLLM's `structured_outputs` (`json`,
 `json_object`, `regex`, `choice`, `grammar`) and the `guided_json`, `guided_regex`, `guided_choice` and
 `guided_grammar` fields it replaced (vLLM 0.12 takes only the former); the native API's `json_schema`;
-llama.cpp server's `grammar` (GBNF) and `json_schema`, which its OpenAI-compatible endpoints take too;
-Text Generation Inference's grammars (`json`, `regex` and `json_schema`, in `value`), as its `grammar`
-parameter and as a chat's `response_format`, which its clients send; llama.cpp server's `json_object`
-with a `schema`.
+llama.cpp server's `grammar` (GBNF), `json_schema` and `response_format` of a `json_object` with a
+`schema`, which its OpenAI-compatible endpoints take too; Text Generation Inference's grammars (`json`,
+`regex` and `json_schema`, in `value`), as its `grammar` parameter and as a chat's `response_format`,
+which its clients send.
 A grammar llguidance cannot enforce (a schema keyword it does not implement, a regex it cannot parse) is
 a 400 naming the field and what is wrong, never an answer that silently follows less than was asked.
 

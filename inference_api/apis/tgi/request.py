@@ -1,13 +1,14 @@
 """Text Generation Inference's request (`{"inputs", "parameters", "stream"}`), parsed and checked as TGI's
 router checks it, to this server's SamplingParams.
 
-TGI samples only when asked: `do_sample`, or any of `temperature`, `top_k`, `top_p` set to cut or
-reshape the distribution; else the answer is greedy. `max_new_tokens` defaults to 100, `stop` takes
-up to 4 strings, `truncate` keeps the input's last tokens, and `grammar` is `{"type": "json", "value":
-schema}` or `{"type": "regex", "value": pattern}`. What TGI has and this server does not (`best_of`
-over 1, `watermark`) is a 400 naming it. `model` is not read: TGI serves one
-model and its clients send none; `adapter_id` names a LoRA adapter (--lora-modules) that answers, as
-TGI's multi-LoRA serving does (routes.py).
+TGI samples only when asked: `do_sample`, or any of `temperature`, `top_k`, `top_p`, `typical_p` set to
+cut or reshape the distribution; else the answer is greedy. `max_new_tokens` defaults to 100, `stop` takes
+up to 4 strings, `truncate` keeps the input's last tokens, `typical_p` cuts as TGI's does, and `grammar`
+is `{"type": "json" (or "json_object"), "value": schema}`, `{"type": "regex", "value": pattern}` or
+`{"type": "json_schema", "value": {"schema": ...}}`. What TGI has and this server does not (`best_of` over
+1, `watermark`) is a 400 naming it. `model` is not read: TGI serves one model and its clients send none;
+`adapter_id` names a LoRA adapter (--lora-modules) that answers, as TGI's multi-LoRA serving does
+(routes.py).
 """
 
 from __future__ import annotations
