@@ -172,33 +172,15 @@ def draw_top_k(
     top_k: list[int],
     seeds: list[int],
     counters: list[int],
+    typical_p: list[float] | None = None,
 ) -> torch.Tensor:
     """The draws of rows with a top-k (then maybe top-p), from their raw logits: the candidates first,
     then their temperature and min_p cut, which leave the same candidates in the same order (a division
     by a positive number, and a cut below the best token, which is a candidate) on [rows, k] instead of
-    [rows, vocab]: on a CPU those two passes over 32 rows of 49,152 were most of a step's sampling."""
-    device = logits.device
-    values, token_ids, k_for_row = top_k_candidates(logits, to_device(top_k, device, torch.long), max(top_k))
-    values = apply_temperature(values, temperature)
-    if any(min_p):
-        values = min_p_cut(values, to_device(min_p, device, torch.float32))
-    values = cut_top_k_top_p(values, k_for_row, to_device(top_p, device, torch.float32))
-    return race_among(values, token_ids, seeds, counters)
-
-
-def draw_typical(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    min_p: list[float],
-    top_p: list[float],
-    top_k: list[int],
-    typical_p: list[float],
-    seeds: list[int],
-    counters: list[int],
-) -> torch.Tensor:
-    """The draws of rows with a typical_p: their candidates cut as `draw_top_k` cuts them (the whole
-    vocabulary sorted for a row with no top-k), then `typical_cut` on what is left. PyTorch's operations
-    alone: no fused loop takes this cut, and few requests ask for it (TGI's and llama.cpp's clients)."""
+    [rows, vocab]: on a CPU those two passes over 32 rows of 49,152 were most of a step's sampling.
+    Rows with a `typical_p` come here too, top-k or not (a row with none sorts its whole vocabulary), and
+    `typical_cut` takes what the other cuts leave: no fused loop takes that cut, and few requests ask for
+    it (TGI's and llama.cpp's clients)."""
     device = logits.device
     widest = max(top_k) if all(k > 0 for k in top_k) else logits.shape[-1]
     values, token_ids, k_for_row = top_k_candidates(logits, to_device(top_k, device, torch.long), widest)
@@ -206,7 +188,8 @@ def draw_typical(
     if any(min_p):
         values = min_p_cut(values, to_device(min_p, device, torch.float32))
     values = cut_top_k_top_p(values, k_for_row, to_device(top_p, device, torch.float32))
-    values = typical_cut(values, to_device(typical_p, device, torch.float32))
+    if typical_p is not None:
+        values = typical_cut(values, to_device(typical_p, device, torch.float32))
     return race_among(values, token_ids, seeds, counters)
 
 
@@ -375,7 +358,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         best = rows.max(dim=-1)  # the argmax (the first of a tie too) and its logit
         tokens.index_copy_(0, index, unless_not_finite(best.values, best.indices))
     typical_p = batch.typical_p or [1.0] * len(batch.temperature)
-    # Rows with a typical cut, whatever else they have: PyTorch's operations on their sorted candidates.
+    # Rows with a typical cut, whatever else they have: their sorted candidates (draw_top_k).
     typical = batch.rows(lambda r: typical_p[r] < 1)
     # Rows with no cut draw from the whole vocabulary: no sort needed.
     whole = batch.rows(lambda r: batch.top_k[r] == 0 and batch.top_p[r] >= 1 and typical_p[r] >= 1)
@@ -392,12 +375,10 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         seeds, counters = [batch.seeds[r] for r in rows], [batch.counters[r] for r in rows]
         min_p = [batch.min_p[r] for r in rows] if batch.min_p else []
         top_p = [batch.top_p[r] for r in rows]
-        if rows is with_k:  # the candidates first, then their temperature and min_p cut
+        if rows is with_k or rows is typical:  # the candidates first, then their temperature and cuts
             top_k = [batch.top_k[r] for r in rows]
-            chosen = draw_top_k(selected, temperature, min_p, top_p, top_k, seeds, counters)
-        elif rows is typical:
-            top_k, typical_ps = [batch.top_k[r] for r in rows], [typical_p[r] for r in rows]
-            chosen = draw_typical(selected, temperature, min_p, top_p, top_k, typical_ps, seeds, counters)
+            typical_ps = [typical_p[r] for r in rows] if rows is typical else None
+            chosen = draw_top_k(selected, temperature, min_p, top_p, top_k, seeds, counters, typical_ps)
         else:
             scaled = apply_temperature(selected, temperature)
             if any(min_p):
