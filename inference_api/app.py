@@ -26,6 +26,7 @@ from inference_api.apis.tgi import routes as tgi_api
 from inference_api.client_watch import CLIENT_CLOSED_REQUEST, hang_up_in_flight
 from inference_api.config import ServerConfig
 from inference_api.errors import register_error_handlers
+from inference_api.json_answers import PiecewiseJSONProvider
 from inference_api.metrics import Metrics
 from inference_api.router import Router, Serving
 from inference_api.vllm_metrics import VllmMetrics
@@ -45,6 +46,7 @@ def create_app(config: ServerConfig | None = None) -> Flask:
     """
     config = config or ServerConfig.from_env()
     app = Flask(__name__, static_folder=None)  # the page blueprint serves /static/
+    app.json = PiecewiseJSONProvider(app)  # a big answer's writing lets the streams' tokens through
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.config["SERVER"] = config
     metrics = Metrics()
