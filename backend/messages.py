@@ -235,6 +235,11 @@ class BackendConfig:
     max_lora_rank: int | None = None
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    # The defaults of the sampling fields a request leaves out (backend/model/sampling_defaults.py): "auto"
+    # the model's generation_config.json, "vllm" none (the APIs' own), else a directory's file; the
+    # override's fields over them (--override-generation-config)
+    generation_config: str = "auto"
+    override_generation_config: tuple[tuple[str, float], ...] = ()
     mock: bool = False
     mock_tokens_per_second: float = 50.0
     # Tests only: the mock stops stepping for good at a prompt of this text (a hung backend).
@@ -303,6 +308,9 @@ class BackendReady:
     embedding_model: EmbeddingModelReady | None = None  # None: the served model embeds
     rerank_model: EmbeddingModelReady | None = None  # None: /v1/rerank is not served
     adapters: tuple[str, ...] = ()  # the LoRA adapters' names (--lora-modules), which requests' `model` names
+    # The defaults of the sampling fields a request leaves out (BackendConfig.generation_config): vLLM's
+    # names, max_tokens for max_new_tokens; empty: the APIs' own
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from backend.messages import (
     Submit,
     UnloadAdapter,
 )
+from backend.model.sampling_defaults import sampling_defaults
 
 MOCK_MAX_SEQ_LEN = 4096
 MOCK_WORDS = [
@@ -160,6 +161,10 @@ def serve_mock(config: BackendConfig, inbox: multiprocessing.Queue, outbox: Conn
             device="none",
             dtype="none",
             adapters=tuple(adapters),
+            # No model's file here: --override-generation-config's alone (or a directory's, named)
+            sampling_defaults=sampling_defaults(
+                None, config.generation_config, dict(config.override_generation_config)
+            ),
         )
     )
     interval = 1.0 / config.mock_tokens_per_second

@@ -16,6 +16,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 
 from backend.messages import BackendConfig
+from backend.model.sampling_defaults import checked
 from backend.model.source import ModelNotFound, resolve_model
 from inference_api.chat_template import compile_template
 from inference_api.config import (
@@ -58,6 +59,31 @@ def memory_size(text: str) -> int:
         return parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"must be {error}") from None
+
+
+def generation_config(text: str) -> str:
+    """vLLM's --generation-config: auto, vllm, or a directory with a generation_config.json (absolute:
+    gunicorn may run elsewhere)."""
+    if text in ("auto", "vllm"):
+        return text
+    if not (Path(text) / "generation_config.json").is_file():
+        expected = "auto, vllm or a directory with a generation_config.json"
+        raise argparse.ArgumentTypeError(f"{expected}, got {text!r}")
+    return str(Path(text).resolve())
+
+
+def generation_override(text: str) -> tuple[tuple[str, float], ...]:
+    """vLLM's --override-generation-config: a JSON object of sampling fields and their defaults."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object such as '{{\"temperature\": 0.6}}', got {text!r}")
+    try:
+        return tuple((name, checked(name, number)) for name, number in value.items())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def served_name(text: str) -> str:
@@ -118,6 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
         type=chat_template_file,
         metavar="PATH",
         help="a Jinja chat template file for chat requests instead of the model's own (vLLM's option)",
+    )
+    parser.add_argument(
+        "--generation-config",
+        type=generation_config,
+        default="auto",
+        metavar="auto|vllm|DIR",
+        help="the defaults of the sampling fields a request leaves out in the OpenAI, Responses and "
+        "Anthropic APIs (vLLM's option): auto, those the model's generation_config.json recommends "
+        "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens as max_tokens); vllm, the "
+        "APIs' own; or a directory's generation_config.json (default: auto)",
+    )
+    parser.add_argument(
+        "--override-generation-config",
+        type=generation_override,
+        metavar="JSON",
+        help="sampling defaults over --generation-config's, as a JSON object (vLLM's option): "
+        """'{"temperature": 0.6, "top_p": 0.95}'""",
     )
     parser.add_argument(
         "--reasoning-parser",
@@ -352,6 +395,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         runtime_lora=args.allow_runtime_lora,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
+        generation_config=args.generation_config,
+        override_generation_config=args.override_generation_config or (),
     )
     return ServerConfig(
         backend=backend,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from backend.messages import BackendConfig
+from backend.model.sampling_defaults import checked
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_QUEUE = 64
@@ -73,6 +74,8 @@ class ServerConfig:
             runtime_lora=_bool(env, "INFERENCE_ALLOW_RUNTIME_LORA"),
             max_loras=_int(env, "INFERENCE_MAX_LORAS", 0) or None,
             max_lora_rank=_int(env, "INFERENCE_MAX_LORA_RANK", 0) or None,
+            generation_config=env.get("INFERENCE_GENERATION_CONFIG") or "auto",
+            override_generation_config=_generation_override(env, "INFERENCE_OVERRIDE_GENERATION_CONFIG"),
             mock=_bool(env, "INFERENCE_MOCK"),
             mock_tokens_per_second=float(env.get("INFERENCE_MOCK_TOKENS_PER_SECOND", "50")),
             mock_stall_text=env.get("INFERENCE_MOCK_STALL_TEXT") or None,
@@ -124,6 +127,8 @@ class ServerConfig:
             "INFERENCE_ALLOW_RUNTIME_LORA": "1" if b.runtime_lora else "0",
             "INFERENCE_MAX_LORAS": str(b.max_loras or 0),
             "INFERENCE_MAX_LORA_RANK": str(b.max_lora_rank or 0),
+            "INFERENCE_GENERATION_CONFIG": b.generation_config,
+            "INFERENCE_OVERRIDE_GENERATION_CONFIG": json.dumps(dict(b.override_generation_config)),
             "INFERENCE_MOCK": "1" if b.mock else "0",
             "INFERENCE_MOCK_TOKENS_PER_SECOND": repr(b.mock_tokens_per_second),
             "INFERENCE_MAX_QUEUE": str(self.max_queue),
@@ -205,3 +210,15 @@ def _lora_modules(env: Mapping[str, str], name: str) -> tuple[tuple[str, str], .
 
 def _bool(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _generation_override(env: Mapping[str, str], name: str) -> tuple[tuple[str, float], ...]:
+    """--override-generation-config as `to_env` writes it: a JSON object of sampling fields, each checked
+    as the option checks it."""
+    try:
+        fields = json.loads(env.get(name) or "{}")
+        if isinstance(fields, dict):
+            return tuple((field_name, checked(field_name, value)) for field_name, value in fields.items())
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+    raise ValueError(f'{name} must be a JSON object of sampling fields, as {{"temperature": 0.6}}')

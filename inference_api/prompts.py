@@ -162,6 +162,16 @@ def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str
     return [{"role": "system", "content": text}, *messages]
 
 
+def model_sampling_defaults(serving: Serving) -> dict[str, float]:
+    """The model's recommended top_k, min_p and repetition_penalty (--generation-config) as SamplingParams
+    fields, for the APIs with no request fields of their own for them (the Responses and Anthropic APIs)."""
+    defaults = serving.backend.sampling_defaults
+    fields = {name: defaults[name] for name in ("top_k", "min_p", "repetition_penalty") if name in defaults}
+    if "top_k" in fields:
+        fields["top_k"] = max(int(fields["top_k"]), 0)  # -1 (vLLM's) or 0: no cut
+    return fields
+
+
 def completion_budget(
     serving: Serving, prompt_tokens: int, max_tokens: int | None, default: int, prompt_param: str
 ) -> int:

@@ -125,6 +125,11 @@ class Serving:
     reasoning_format: str | None = None
     tool_call_parser: str = "auto"  # --tool-call-parser: a format for the calls, or auto (the template's)
 
+    def sampling_default(self, name: str, api_default: float) -> float:
+        """The default of sampling field `name` (vLLM's names) where a request of the OpenAI, Responses or
+        Anthropic API leaves it out: the model's recommendation (--generation-config), else the API's."""
+        return self.backend.sampling_defaults.get(name, api_default)
+
     @property
     def served_names(self) -> tuple[str, ...]:
         """Every name requests may call the model by: /v1/models lists them in this order."""

@@ -44,9 +44,11 @@ LOOKED_UP = re.compile(
     r"(?:(?<![\w.])environ|(?<![\w.])env|dotenv_values\([^)]*\))(?:\.get\(|\[)\s*[\"']([A-Z][A-Z0-9_]*)[\"']"
 )
 # Values to try where an option's effect must show (a file for the options that take one; --lora-modules'
-# NAME=PATH, and its variable's JSON).
+# NAME=PATH, and its variable's JSON; a directory of Qwen3's generation_config.json and a JSON object of
+# sampling defaults for --generation-config and its override).
 TEMPLATE = ROOT / "tests" / "frontend" / "chat_templates" / "Qwen-Qwen3-0.6B.jinja"
-ALTERNATIVES = ("7", "9", "x", str(TEMPLATE), "a=x", '[["a", "x"]]')
+GENERATION_CONFIG = ROOT / "tests" / "frontend" / "generation_config"
+ALTERNATIVES = ("7", "9", "x", str(TEMPLATE), "a=x", '[["a", "x"]]', str(GENERATION_CONFIG), '{"top_k": 20}')
 
 
 def load_run_stack():

@@ -46,6 +46,7 @@ def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
         embedding_model=separate_model_ready(engine.embedding_model),
         rerank_model=separate_model_ready(engine.rerank_model),
         adapters=engine.adapters.names if engine.adapters is not None else (),
+        sampling_defaults=engine.sampling_defaults,
     )
     return engine, ready
 

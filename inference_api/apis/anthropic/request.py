@@ -16,7 +16,7 @@ from backend.messages import InvalidParams, SamplingParams
 from inference_api.apis.anthropic.conversation import read_conversation
 from inference_api.apis.anthropic.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
-from inference_api.prompts import MAX_TOP_K, completion_budget, tool_chat_ids
+from inference_api.prompts import MAX_TOP_K, completion_budget, model_sampling_defaults, tool_chat_ids
 from inference_api.reasoning import HARMONY_PREFILLED, Thinking, thoughts_first
 from inference_api.router import Serving
 from inference_api.tokenizer import stop_token_ids_of
@@ -89,13 +89,15 @@ def parse_messages_request(data: dict[str, Any], serving: Serving) -> MessagesRe
         raise InvalidParams("max_tokens", "max_tokens is required: the most tokens the answer may have")
     completion_budget(serving, len(prompt.ids), max_tokens, max_tokens, "messages")
     stop = read_stop(data, "stop_sequences", MAX_STOP_SEQUENCES)
+    defaults = model_sampling_defaults(serving)  # the model's top_k, min_p and repetition penalty
     params = SamplingParams(
-        temperature=read_number(data, "temperature", 1.0, 0.0, 1.0),
-        top_p=read_number(data, "top_p", 1.0, 0.0, 1.0, low_open=True),
-        top_k=read_integer(data, "top_k", 0, 0, MAX_TOP_K),  # 0: no top-k cut
+        temperature=read_number(data, "temperature", serving.sampling_default("temperature", 1.0), 0.0, 1.0),
+        top_p=read_number(data, "top_p", serving.sampling_default("top_p", 1.0), 0.0, 1.0, low_open=True),
+        top_k=read_integer(data, "top_k", defaults.pop("top_k", 0), 0, MAX_TOP_K),  # 0: no top-k cut
         max_tokens=max_tokens,
         stop=stop,
         stop_token_ids=stop_token_ids_of(stop, serving.tokenizer),
+        **defaults,
     )
     # No output format here (output_config is refused): the only grammar is the tools'.
     params = with_tool_grammar(params, prompt.tools, "output_config")

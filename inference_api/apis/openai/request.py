@@ -264,6 +264,7 @@ def _common(
     echo: bool = False,
 ) -> OpenAIRequest:
     context = serving.backend.max_seq_len
+    default_max_tokens = int(serving.sampling_default("max_tokens", default_max_tokens))
     # max_tokens 0 only scores an echoed prompt (what lm-evaluation-harness asks for log-likelihoods).
     fewest = 0 if echo else 1
     max_tokens = read_integer(data, "max_completion_tokens", None, 1, context)
@@ -272,15 +273,15 @@ def _common(
     prompts = _truncated(data, prompts, context, default_max_tokens if max_tokens is None else max_tokens)
     longest = max(len(ids) for ids in prompts)
     max_tokens = completion_budget(serving, longest, max_tokens, default_max_tokens, prompt_param)
-    top_k = read_integer(data, "top_k", -1, -1, MAX_TOP_K)
+    top_k = read_integer(data, "top_k", int(serving.sampling_default("top_k", -1)), -1, MAX_TOP_K)
     stop = read_stop(data, "stop")
     stream = read_bool(data, "stream", False)
     prompt_logprobs = read_integer(data, "prompt_logprobs", None, 0, MAX_LOGPROBS)
     if prompt_logprobs is not None and stream:  # as vLLM: they come whole, in the response's body
         raise InvalidParams("prompt_logprobs", "prompt_logprobs are not available when stream is true")
     params = SamplingParams(
-        temperature=read_number(data, "temperature", 1.0, 0.0, 2.0),
-        top_p=read_number(data, "top_p", 1.0, 0.0, 1.0, low_open=True),
+        temperature=read_number(data, "temperature", serving.sampling_default("temperature", 1.0), 0.0, 2.0),
+        top_p=read_number(data, "top_p", serving.sampling_default("top_p", 1.0), 0.0, 1.0, low_open=True),
         top_k=max(top_k, 0),  # -1 (as in vLLM) or 0: no top-k cut
         max_tokens=max_tokens,
         stop=stop,
@@ -291,9 +292,14 @@ def _common(
         presence_penalty=read_number(data, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=read_number(data, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=read_number(
-            data, "repetition_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY, low_open=True
+            data,
+            "repetition_penalty",
+            serving.sampling_default("repetition_penalty", 1.0),
+            0.0,
+            MAX_REPETITION_PENALTY,
+            low_open=True,
         ),
-        min_p=read_number(data, "min_p", 0.0, 0.0, 1.0),
+        min_p=read_number(data, "min_p", serving.sampling_default("min_p", 0.0), 0.0, 1.0),
         # TGI's and llama.cpp's, which clients of Aphrodite and TabbyAPI send here: 1 cuts nothing
         typical_p=read_number(data, "typical_p", 1.0, 0.0, 1.0, low_open=True),
         logit_bias=_logit_bias(data.get("logit_bias"), serving.token_id_limit),

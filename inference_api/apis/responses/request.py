@@ -20,7 +20,12 @@ from inference_api.apis.responses.text_format import read_text_format
 from inference_api.apis.responses.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_string
 from inference_api.generation import ApiFields
-from inference_api.prompts import CHAT_DEFAULT_MAX_TOKENS, completion_budget, tool_chat_ids
+from inference_api.prompts import (
+    CHAT_DEFAULT_MAX_TOKENS,
+    completion_budget,
+    model_sampling_defaults,
+    tool_chat_ids,
+)
 from inference_api.reasoning import Thinking, thoughts_first
 from inference_api.router import Serving
 from inference_api.tool_calls import ToolRequest, with_tool_grammar
@@ -58,13 +63,14 @@ def parse_responses_request(data: dict[str, Any], serving: Serving) -> Responses
     messages = system + input_messages(data.get("input"))
     prompt_ids = tool_chat_ids(messages, tools.request, serving, "input", template_kwargs=kwargs)
     max_output_tokens = read_integer(data, "max_output_tokens", None, 1, serving.backend.max_seq_len)
+    default_max_tokens = int(serving.sampling_default("max_tokens", CHAT_DEFAULT_MAX_TOKENS))
+    max_tokens = completion_budget(serving, len(prompt_ids), max_output_tokens, default_max_tokens, "input")
     params = SamplingParams(
-        temperature=read_number(data, "temperature", 1.0, 0.0, 2.0),
-        top_p=read_number(data, "top_p", 1.0, 0.0, 1.0, low_open=True),
-        max_tokens=completion_budget(
-            serving, len(prompt_ids), max_output_tokens, CHAT_DEFAULT_MAX_TOKENS, "input"
-        ),
+        temperature=read_number(data, "temperature", serving.sampling_default("temperature", 1.0), 0.0, 2.0),
+        top_p=read_number(data, "top_p", serving.sampling_default("top_p", 1.0), 0.0, 1.0, low_open=True),
+        max_tokens=max_tokens,
         grammar=text_format.grammar,
+        **model_sampling_defaults(serving),
     )
     with_tools = with_tool_grammar(params, tools.request, "text.format")
     metadata, user = data.get("metadata"), data.get("user")
