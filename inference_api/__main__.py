@@ -29,6 +29,7 @@ from inference_api.config import (
 )
 from inference_api.reasoning import REASONING_PARSERS
 from inference_api.tool_calls import TOOL_CALL_PARSERS
+from inference_api.vllm_options import VllmOptionError, without_vllm_options
 
 GUNICORN_CONF = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
 
@@ -238,15 +239,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--no-cuda-graphs",
+        "--enforce-eager",
         dest="cuda_graphs",
         action="store_false",
         help="on a GPU, run decode steps eagerly instead of as CUDA graphs captured at start-up",
     )
     parser.add_argument(
         "--no-prefix-reuse",
+        "--no-enable-prefix-caching",
         dest="prefix_reuse",
         action="store_false",
         help="prefill every prompt whole, even where a row holds its first tokens already",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        dest="enable_prefix_caching",
+        help="taken so that vLLM's command lines start, with no effect: prefixes are reused by default",
     )
     parser.add_argument(
         "--speculative-tokens",
@@ -363,7 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        argv = without_vllm_options(sys.argv[1:] if argv is None else argv)
+    except VllmOptionError as error:
+        parser.error(str(error))
+    args = parser.parse_args(argv)
     model, embedding_model, rerank_model, draft_model = (
         os.path.abspath(path) if path and os.path.exists(path) else path  # gunicorn may run elsewhere
         for path in (args.model, args.embedding_model, args.rerank_model, args.draft_model)

@@ -66,6 +66,42 @@ def test_vllms_option_names_set_what_ours_do():
         assert parse_args(["--tool-call-parser", alias]).tool_call_parser == alias
 
 
+def test_a_vllm_command_line_starts_as_its_options_say():
+    """A deployment's vLLM command line: its names for ours set what ours do, its flags for the defaults
+    change nothing, one device's parallelism is taken at 1, and the sampling defaults are vLLM's options."""
+    vllms = [
+        *("--model", "Qwen/Qwen3-0.6B", "--tensor-parallel-size", "1", "-pp=1", "--enforce-eager"),
+        *("--enable-prefix-caching", "--generation-config", "vllm", "--max-model-len", "4096"),
+    ]
+    ours = [
+        "--model",
+        "Qwen/Qwen3-0.6B",
+        "--no-cuda-graphs",
+        "--generation-config",
+        "vllm",
+        "--max-seq-len",
+        "4096",
+    ]
+    assert parse_args(vllms) == parse_args(ours)
+    assert parse_args(["--no-enable-prefix-caching"]) == parse_args(["--no-prefix-reuse"]) != parse_args([])
+    assert parse_args(["--enable-prefix-caching"]) == parse_args([])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2: a server runs its model on one device"),
+        (["-tp=4"], "-tp 4: a server runs its model on one device"),
+        (["--api-key", "secret"], "--api-key is vLLM's option, not taken: this server checks no key itself"),
+        (["--gpu-memory-utilization", "0.9"], "the KV cache is sized here by --kv-cache-memory SIZE"),
+    ],
+)
+def test_vllms_options_that_would_not_do_what_they_say_stop_the_start_saying_why(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_a_served_name_is_not_empty_and_has_no_spaces(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--served-model-name", "my model"])
