@@ -72,6 +72,7 @@ def test_a_vllm_command_line_starts_as_its_options_say():
     vllms = [
         *("--model", "Qwen/Qwen3-0.6B", "--tensor-parallel-size", "1", "-pp=1", "--enforce-eager"),
         *("--enable-prefix-caching", "--generation-config", "vllm", "--max-model-len", "4096"),
+        *("--disable-log-requests", "--disable-log-stats"),
     ]
     ours = [
         "--model",
