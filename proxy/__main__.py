@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from proxy.config import DEFAULT_PORT, DEFAULT_UPSTREAM, ProxyConfig, load_secret
+from proxy.cors import check_origins
 from proxy.limits import parse_team_limits
 from proxy.tls import server_context
 
@@ -87,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a PEM certificate (chain): TLS on the traffic port, with --keyfile",
     )
     parser.add_argument("--keyfile", metavar="PATH", help="the certificate's PEM private key, unencrypted")
+    parser.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        metavar="ORIGIN",
+        help="origins whose web pages browsers let call the API with a team's token (CORS), as "
+        "https://tools.example.com, or * for any (vLLM's option's name; default: none)",
+    )
     return parser
 
 
@@ -108,6 +116,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         team_limits=args.team_limits,
         certfile=args.certfile,
         keyfile=args.keyfile,
+        allowed_origins=tuple(args.allowed_origins or ()),
     )
 
 
@@ -115,6 +124,7 @@ def check_files(config: ProxyConfig) -> None:
     """Raise, with a message for the operator, on a file the worker could not use (not on one missing
     from --revoked-tokens or --team-limits: that is none yet, and the worker warns about it)."""
     config.check_tls()
+    check_origins(config.allowed_origins)
     if config.certfile:
         try:
             server_context(config.certfile, config.keyfile)

@@ -18,6 +18,7 @@ from werkzeug.wsgi import ClosingIterator
 
 from proxy.auth import AuthError, Caller, authenticate, needs_token
 from proxy.config import ProxyConfig, load_secret
+from proxy.cors import Cors
 from proxy.errors import error_body
 from proxy.forward import (
     UpstreamTimeout,
@@ -127,6 +128,16 @@ def create_app(config: ProxyConfig | None = None, secret: str | None = None) -> 
             if request.path == "/metrics":  # the proxy's own; on the traffic port, none
                 return Response(generate_latest(teams.metrics.registry), content_type=CONTENT_TYPE_LATEST)
             return error_response(404, "this port answers /health and /metrics only")
+
+    cors = Cors(config.allowed_origins)
+
+    @app.before_request
+    def answer_browsers_preflight():
+        return cors.preflight(request)  # before the token check: a preflight carries none
+
+    @app.after_request
+    def let_allowed_origins_read(response: Response) -> Response:
+        return cors.tag(response, request.headers.get("Origin"))
 
     @app.route("/", defaults={"path": ""}, methods=ALL_METHODS)
     @app.route("/<path:path>", methods=ALL_METHODS)

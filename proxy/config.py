@@ -63,6 +63,8 @@ class ProxyConfig:
     # TLS on the traffic port: a PEM certificate (chain) and its unencrypted key; None: plain HTTP.
     certfile: str | None = None
     keyfile: str | None = None
+    # Origins whose pages browsers let call the API (proxy/cors.py), "*" for any; (): none
+    allowed_origins: tuple[str, ...] = ()
 
     def to_env(self) -> dict[str, str]:
         return {
@@ -82,6 +84,7 @@ class ProxyConfig:
             "PROXY_TEAM_LIMITS": self.team_limits or "",
             "PROXY_CERTFILE": self.certfile or "",
             "PROXY_KEYFILE": self.keyfile or "",
+            "PROXY_ALLOWED_ORIGINS": " ".join(self.allowed_origins),
         }
 
     @classmethod
@@ -105,6 +108,7 @@ class ProxyConfig:
             team_limits=env.get("PROXY_TEAM_LIMITS") or None,
             certfile=env.get("PROXY_CERTFILE") or None,
             keyfile=env.get("PROXY_KEYFILE") or None,
+            allowed_origins=tuple(env.get("PROXY_ALLOWED_ORIGINS", "").split()),
         )
 
     def check_tls(self) -> None:
