@@ -191,6 +191,22 @@ def test_another_model_is_a_404_and_a_missing_max_tokens_a_400(mock_client, mock
     assert response.json()["error"]["message"].startswith("max_tokens is required")
 
 
+def test_a_max_tokens_past_the_context_says_what_fits_and_how_claude_code_asks_for_less(mock_client):
+    # Claude Code sends max_tokens 32000 on every request; the mock's rows hold 4096 positions.
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        mock_client.messages.create(
+            model="mock", max_tokens=32000, messages=[{"role": "user", "content": "hi"}]
+        )
+    message = refused.value.body["error"]["message"]
+    prompt_tokens = mock_client.messages.count_tokens(
+        model="mock", messages=[{"role": "user", "content": "hi"}]
+    ).input_tokens
+    assert f"max_tokens may be at most {4096 - prompt_tokens}; the request asks for 32000" in message
+    assert (
+        f"set it to {4096 - prompt_tokens} or less" in message and "CLAUDE_CODE_MAX_OUTPUT_TOKENS" in message
+    )
+
+
 def test_the_row_of_an_answer_ended_by_a_stop_sequence_is_freed_at_once(mock_client, mock_server):
     """The backend matches the stop sequence and names it: the row ends there, it does not go on to
     max_tokens (4,000 tokens would take the mock 20 s)."""

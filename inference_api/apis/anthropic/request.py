@@ -16,7 +16,13 @@ from backend.messages import InvalidParams, SamplingParams
 from inference_api.apis.anthropic.conversation import read_conversation
 from inference_api.apis.anthropic.tools import read_tools
 from inference_api.fields import read_bool, read_integer, read_number, read_stop
-from inference_api.prompts import MAX_TOP_K, completion_budget, model_sampling_defaults, tool_chat_ids
+from inference_api.prompts import (
+    MAX_TOP_K,
+    ContextLengthExceeded,
+    completion_budget,
+    model_sampling_defaults,
+    tool_chat_ids,
+)
 from inference_api.reasoning import HARMONY_PREFILLED, Thinking, thoughts_first
 from inference_api.router import Serving
 from inference_api.tokenizer import stop_token_ids_of
@@ -26,6 +32,7 @@ from inference_api.unsupported_fields import reject_unsupported
 # Anthropic documents no limit; each stop sequence costs a scan of the held-back text per piece.
 MAX_STOP_SEQUENCES = 16
 MIN_BUDGET = 1024  # thinking's budget_tokens, as Anthropic's API takes it
+MAX_INT32 = 2**31 - 1  # the most max_tokens read: past the context, the refusal says what fits
 
 
 @dataclass(frozen=True)
@@ -84,9 +91,19 @@ def _thinking(value: Any, serving: Serving) -> dict[str, Any]:
 
 def parse_messages_request(data: dict[str, Any], serving: Serving) -> MessagesRequest:
     prompt = read_prompt(data, serving)
-    max_tokens = read_integer(data, "max_tokens", None, 1, serving.backend.max_seq_len)
+    max_tokens = read_integer(data, "max_tokens", None, 1, MAX_INT32)  # past the context: said below
     if max_tokens is None:
         raise InvalidParams("max_tokens", "max_tokens is required: the most tokens the answer may have")
+    context, prompt_tokens = serving.backend.max_seq_len, len(prompt.ids)
+    left = context - prompt_tokens
+    if 0 < left < max_tokens:  # the client's fixed max_tokens, not the prompt, is what does not fit
+        raise ContextLengthExceeded(
+            "max_tokens",
+            f"This model's maximum context length is {context} tokens and the messages take "
+            f"{prompt_tokens}, so max_tokens may be at most {left}; the request asks for {max_tokens}. "
+            f"(Claude Code asks for 32000 unless CLAUDE_CODE_MAX_OUTPUT_TOKENS says fewer: set it to "
+            f"{left} or less, or serve a longer context with --max-seq-len.)",
+        )
     completion_budget(serving, len(prompt.ids), max_tokens, max_tokens, "messages")
     stop = read_stop(data, "stop_sequences", MAX_STOP_SEQUENCES)
     defaults = model_sampling_defaults(serving)  # the model's top_k, min_p and repetition penalty
