@@ -10,7 +10,7 @@ import random
 import pytest
 from flask import Flask
 
-from inference_api.json_answers import LONG_LIST, PiecewiseJSONProvider, dumps_in_pieces
+from inference_api.json_answers import LONG_LIST, SLICE, PiecewiseJSONProvider, dumps_in_pieces
 
 
 class RecordingEncoder(json.JSONEncoder):
@@ -60,6 +60,7 @@ VALUES = [
     {"point": Point(1, 2.5), "points": [Point(i, i / 2) for i in range(100)]},  # through Flask's default
     {1: "int key", 2: [0] * 100},  # keys that are not strings: the object goes to C whole
     [[[[[[[[list(range(70))]]]]]]]],  # deeper than the walk looks
+    {"data": [{"embedding": [i / 7 for i in range(2_500)], "index": i} for i in range(3)]},  # in slices
     prompt_logprobs_answer(300, 5),
 ]
 
@@ -83,6 +84,13 @@ def test_a_big_answers_longest_single_write_is_a_position_of_it():
     # Each write is one position's 21 scores (about 1.4 KB), never the list of them.
     assert max(len(piece) for piece in encoder.written) < 3_000
     assert len(encoder.written) >= 1_900
+
+
+def test_a_long_list_of_numbers_is_written_a_slice_a_call():
+    embedding = [i / 7 for i in range(2 * SLICE + 1)]
+    encoder = RecordingEncoder()
+    assert dumps_in_pieces(embedding, encoder) == json.dumps(embedding)
+    assert len(encoder.written) == 3  # not an element a call: each call's overhead is a number's writing
 
 
 def test_a_short_answer_is_written_in_a_few_calls():
