@@ -10,7 +10,13 @@ import random
 import pytest
 from flask import Flask
 
-from inference_api.json_answers import LONG_LIST, SLICE, PiecewiseJSONProvider, dumps_in_pieces
+from inference_api.json_answers import (
+    LONG_LIST,
+    OBJECTS_A_CALL,
+    SLICE,
+    PiecewiseJSONProvider,
+    dumps_in_pieces,
+)
 
 
 class RecordingEncoder(json.JSONEncoder):
@@ -81,16 +87,16 @@ def test_a_big_answers_longest_single_write_is_a_position_of_it():
     text = dumps_in_pieces(answer, encoder)
     assert text == json.dumps(answer, ensure_ascii=True, sort_keys=True, separators=(",", ":"))
     assert len(text) > 1_000_000
-    # Each write is one position's 21 scores (about 1.4 KB), never the list of them.
-    assert max(len(piece) for piece in encoder.written) < 3_000
-    assert len(encoder.written) >= 1_900
+    # Each write is 8 positions' 21 scores (about 1.4 KB a position), never the list of them.
+    assert max(len(piece) for piece in encoder.written) < OBJECTS_A_CALL * 2_000
+    assert len(encoder.written) >= 1_900 / OBJECTS_A_CALL
 
 
 def test_a_long_list_of_numbers_is_written_a_slice_a_call():
     embedding = [i / 7 for i in range(2 * SLICE + 1)]
     encoder = RecordingEncoder()
     assert dumps_in_pieces(embedding, encoder) == json.dumps(embedding)
-    assert len(encoder.written) == 3  # not an element a call: each call's overhead is a number's writing
+    assert len(encoder.written) == 3  # not a number a call: a call's own cost is a number's writing
 
 
 def test_a_short_answer_is_written_in_a_few_calls():
