@@ -75,6 +75,20 @@ def running_proxy(
             stop_server(proxy)  # the same SIGTERM-then-clean-up as the inference server
 
 
+def start_refused(*args: str, cwd: Path) -> str:
+    """`python -m proxy ARGS` with a good secret, which must refuse to start (exit 2): what it said."""
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        env={"JWT_SECRET": SECRET, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    return result.stderr
+
+
 def wait_for_tls(proxy: RunningProxy, cert: Path | bool, timeout: float) -> None:
     """`cert`: the one to trust, or False to check none."""
     deadline = time.monotonic() + timeout

@@ -4,16 +4,12 @@ origin say it may read them, and without the option nothing changes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 import requests
 
-from tests.proxy.conftest import SECRET, RunningProxy, bearer, running_proxy
-from tests.server_fixture import ROOT
+from tests.proxy.conftest import RunningProxy, bearer, running_proxy, start_refused
 
 TOOLS = "https://tools.example.com"
 OTHER = "https://elsewhere.example.com"
@@ -85,15 +81,6 @@ def test_without_the_option_a_preflight_needs_a_token_as_before(proxy):
     assert not any(name.startswith("Access-Control-") for name in answer.headers)
 
 
-def test_an_entry_that_is_not_an_origin_stops_the_start():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JWT_SECRET=SECRET)
-    result = subprocess.run(
-        [sys.executable, "-m", "proxy", "--allowed-origins", "tools.example.com/app"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    assert "--allowed-origins 'tools.example.com/app': an origin is scheme://host[:port]" in result.stderr
+def test_an_entry_that_is_not_an_origin_stops_the_start(tmp_path):
+    refusal = start_refused("--allowed-origins", "tools.example.com/app", cwd=tmp_path)
+    assert "--allowed-origins 'tools.example.com/app': an origin is scheme://host[:port]" in refusal

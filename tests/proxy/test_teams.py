@@ -16,7 +16,7 @@ import requests
 
 from proxy.limits import Limits, parse_team_limits
 from proxy.team_gate import Refused, TeamGate
-from tests.proxy.conftest import bearer, running_proxy, token
+from tests.proxy.conftest import bearer, running_proxy, start_refused, token
 from tests.server_fixture import free_port, running_server
 
 
@@ -283,24 +283,10 @@ def test_the_limits_file_names_what_is_wrong():
 
 
 def test_the_proxy_refuses_to_start_with_a_limits_file_it_cannot_read(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.proxy.conftest import SECRET
-    from tests.server_fixture import ROOT
-
     limits = tmp_path / "limits.toml"
     limits.write_text("[default]\nrequests_per_minute = -1\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "proxy", "--team-limits", str(limits)],
-        env={"JWT_SECRET": SECRET, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 2
-    assert "default.requests_per_minute must be a positive integer" in result.stderr
+    refusal = start_refused("--team-limits", str(limits), cwd=tmp_path)
+    assert "default.requests_per_minute must be a positive integer" in refusal
 
 
 def test_many_teams_at_once_each_get_their_own_limit(echo_upstream, tmp_path):

@@ -10,7 +10,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,8 +17,8 @@ import psutil
 import pytest
 import requests
 
-from tests.proxy.conftest import SECRET, bearer, running_proxy
-from tests.server_fixture import ROOT, free_port
+from tests.proxy.conftest import bearer, running_proxy, start_refused
+from tests.server_fixture import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -161,15 +160,7 @@ def test_what_gunicorn_rejects_is_answered_in_json_over_tls_too(tls_proxy, certi
     ],
 )
 def test_the_proxy_refuses_to_start_without_a_usable_certificate_and_key(args, message, tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "proxy", *args],
-        env={"JWT_SECRET": SECRET, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 2 and message in result.stderr
+    assert message in start_refused(*args, cwd=tmp_path)
 
 
 def served_certificate(url: str) -> bytes:
