@@ -68,11 +68,13 @@ def checked(name: str, value: Any) -> float:
         raise ValueError(f"{name} is not a sampling field this server takes from it ({', '.join(FIELDS)})")
     lowest, highest, open_low = FIELDS[name]
     integer = name in INTEGERS
-    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and value != int(value)):
+    number = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if not number or (integer and value != int(value)):
         raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if not (lowest < value if open_low else lowest <= value) or value > highest or math.isnan(value):
-        above = "over" if open_low else "from"
-        raise ValueError(f"{name} must be {above} {lowest:g} and at most {highest:g}, got {value!r}")
+    if not (lowest < value if open_low else lowest <= value) or value > highest:
+        bounds = f"{'over' if open_low else 'at least'} {lowest:g}"
+        bounds += f" and at most {highest:g}" if math.isfinite(highest) else ""
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
     return int(value) if integer else float(value)
 
 

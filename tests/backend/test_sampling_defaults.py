@@ -48,17 +48,20 @@ def test_a_models_value_out_of_range_is_left_out_and_said(caplog):
     config = GenerationConfig(temperature=3.5, top_p=0.8)
     with caplog.at_level(logging.WARNING, logger="backend"):
         assert sampling_defaults(config, "auto", {}) == {"top_p": 0.8}
-    assert "temperature must be from 0 and at most 2, got 3.5" in caplog.text
+    assert "temperature must be at least 0 and at most 2, got 3.5" in caplog.text
 
 
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("temperature", -0.1, "temperature must be from 0 and at most 2"),
+        ("temperature", -0.1, "temperature must be at least 0 and at most 2"),
+        ("temperature", float("nan"), "temperature must be a number"),
+        ("top_k", 1e400, "top_k must be an integer, got inf"),
+        ("top_k", -2, "top_k must be at least -1, got -2"),
         ("top_p", 0, "top_p must be over 0 and at most 1"),
         ("top_k", 2.5, "top_k must be an integer"),
         ("repetition_penalty", "1.1", "repetition_penalty must be a number"),
-        ("max_new_tokens", 0, "max_new_tokens must be from 1"),
+        ("max_new_tokens", 0, "max_new_tokens must be at least 1, got 0"),
         ("do_sample", True, "do_sample is not a sampling field this server takes from it"),
     ],
 )
