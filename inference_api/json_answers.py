@@ -41,15 +41,15 @@ class PiecewiseJSONProvider(DefaultJSONProvider):
 
 
 def dumps_in_pieces(obj: Any, encoder: json.JSONEncoder) -> str:
-    """`encoder.encode(obj)`, its long lists an element a call."""
+    """`encoder.encode(obj)`, its long lists a slice a call."""
     return "".join(_pieces(obj, encoder, 0))
 
 
 def _pieces(obj: Any, encoder: json.JSONEncoder, depth: int) -> list[str]:
     if isinstance(obj, list | tuple) and len(obj) > LONG_LIST:
         # A slice a call, written as a list whose brackets are the long list's own: numbers or strings (an
-        # embedding) SLICE a call, objects or lists (a position's logprobs) OBJECTS_A_CALL.
-        # An answer's long list holds one kind of item (prompt_logprobs: its first None, then objects)
+        # embedding) SLICE a call, objects or lists (a position's logprobs) OBJECTS_A_CALL. An answer's
+        # long list holds one kind of item, told by its ends (prompt_logprobs: a None, then objects).
         objects = isinstance(obj[0], CONTAINERS) or isinstance(obj[-1], CONTAINERS)
         size = OBJECTS_A_CALL if objects else SLICE
         slices = [encoder.encode(list(obj[i : i + size]))[1:-1] for i in range(0, len(obj), size)]
