@@ -96,9 +96,9 @@ def parse_messages_request(data: dict[str, Any], serving: Serving) -> MessagesRe
         raise InvalidParams("max_tokens", "max_tokens is required: the most tokens the answer may have")
     context, prompt_tokens = serving.backend.max_seq_len, len(prompt.ids)
     left = context - prompt_tokens
-    if 0 < left < max_tokens:  # the client's fixed max_tokens, not the prompt, is what does not fit
+    if 0 < left < max_tokens:  # (a prompt the context cannot hold at all: completion_budget's 400)
         raise ContextLengthExceeded(
-            "max_tokens",
+            "max_tokens" if max_tokens > context else "messages",  # what could never fit, or the two
             f"This model's maximum context length is {context} tokens and the messages take "
             f"{prompt_tokens}, so max_tokens may be at most {left}; the request asks for {max_tokens}. "
             f"(Claude Code asks for 32000 unless CLAUDE_CODE_MAX_OUTPUT_TOKENS says fewer: set it to "
