@@ -16,7 +16,6 @@ from pathlib import Path
 from jinja2 import TemplateError
 
 from backend.messages import BackendConfig
-from backend.model.sampling_defaults import checked
 from backend.model.source import ModelNotFound, resolve_model
 from inference_api.chat_template import compile_template
 from inference_api.config import (
@@ -25,6 +24,7 @@ from inference_api.config import (
     DEFAULT_PORT,
     DEFAULT_STEP_TIMEOUT,
     ServerConfig,
+    parse_generation_override,
     parse_size,
 )
 from inference_api.reasoning import REASONING_PARSERS
@@ -76,13 +76,7 @@ def generation_config(text: str) -> str:
 def generation_override(text: str) -> tuple[tuple[str, float], ...]:
     """vLLM's --override-generation-config: a JSON object of sampling fields and their defaults."""
     try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"a JSON object such as '{{\"temperature\": 0.6}}', got {text!r}")
-    try:
-        return tuple((name, checked(name, number)) for name, number in value.items())
+        return parse_generation_override(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

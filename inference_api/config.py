@@ -212,13 +212,21 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _generation_override(env: Mapping[str, str], name: str) -> tuple[tuple[str, float], ...]:
-    """--override-generation-config as `to_env` writes it: a JSON object of sampling fields, each checked
-    as the option checks it."""
+def parse_generation_override(text: str) -> tuple[tuple[str, float], ...]:
+    """--override-generation-config's JSON object of sampling fields, each checked; ValueError saying
+    what is wrong."""
     try:
-        fields = json.loads(env.get(name) or "{}")
-        if isinstance(fields, dict):
-            return tuple((field_name, checked(field_name, value)) for field_name, value in fields.items())
+        fields = json.loads(text)
+    except ValueError:
+        fields = None
+    if not isinstance(fields, dict):
+        raise ValueError(f'a JSON object of sampling fields such as {{"temperature": 0.6}}, got {text!r}')
+    return tuple((name, checked(name, value)) for name, value in fields.items())
+
+
+def _generation_override(env: Mapping[str, str], name: str) -> tuple[tuple[str, float], ...]:
+    """--override-generation-config as `to_env` writes it (its JSON), an error naming the variable."""
+    try:
+        return parse_generation_override(env.get(name) or "{}")
     except ValueError as error:
         raise ValueError(f"{name}: {error}") from None
-    raise ValueError(f'{name} must be a JSON object of sampling fields, as {{"temperature": 0.6}}')

@@ -131,8 +131,6 @@ class Engine:
             raise ValueError(f"two of the server's models have one name: {', '.join(map(repr, names))}")
         self.name = name
         self.tokenizer_path: str | None = None  # set when loaded from a BackendConfig
-        # The defaults of the sampling fields a request leaves out (BackendReady.sampling_defaults), set there
-        self.sampling_defaults: dict[str, float] = {}
         reuse_freed_memory()  # big per-step temporaries without a page fault per 4 KiB
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -197,7 +195,6 @@ class Engine:
             load_model,
             load_rerank_model,
         )
-        from backend.model.sampling_defaults import sampling_defaults
         from backend.utils.hub import hub_token
 
         if config.torch_threads:
@@ -232,9 +229,6 @@ class Engine:
             adapters,
         )
         engine.tokenizer_path = loaded.tokenizer_path
-        recommended = getattr(loaded.model, "generation_config", None)
-        override = dict(config.override_generation_config)
-        engine.sampling_defaults = sampling_defaults(recommended, config.generation_config, override)
         engine.warm_up()
         # What building the engine freed (the weights of layers fused into one, the warm-up's temporaries)
         # stays in the heap, whose thresholds the engine raised: about 400 MiB on a 1B-class model.

@@ -27,6 +27,7 @@ from backend.messages import (
 from backend.model.embeddings import EmbeddingModel
 from backend.model.lora import AdapterError
 from backend.model.resources import InsufficientResources
+from backend.model.sampling_defaults import sampling_defaults
 from backend.model.source import ModelNotFound
 from backend.utils.thread_binding import hold_engine_thread
 
@@ -46,7 +47,11 @@ def start_engine(config: BackendConfig) -> tuple[Engine, BackendReady]:
         embedding_model=separate_model_ready(engine.embedding_model),
         rerank_model=separate_model_ready(engine.rerank_model),
         adapters=engine.adapters.names if engine.adapters is not None else (),
-        sampling_defaults=engine.sampling_defaults,
+        sampling_defaults=sampling_defaults(
+            getattr(engine.model, "generation_config", None),
+            config.generation_config,
+            dict(config.override_generation_config),
+        ),
     )
     return engine, ready
 
