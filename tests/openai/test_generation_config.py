@@ -1,6 +1,6 @@
 """The sampling a model's generation_config.json recommends is the default of the fields a request leaves
-out, in the OpenAI, Responses and Anthropic APIs (--generation-config auto, as vLLM's), through the
-official clients; the request's own values win, and `vllm` leaves the model's out.
+out, in the OpenAI, Responses, Anthropic and Ollama APIs (--generation-config auto, as vLLM's), through
+the official clients; the request's own values win, and `vllm` leaves the model's out.
 
 A tiny random model whose file says temperature 0 (greedy) and max_new_tokens 5: a request that gives no
 temperature is greedy, the same text whatever its seed, and 5 tokens long."""
@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import ollama
 import pytest
 
 from tests.backend.models import write_tiny_byte_model
@@ -97,10 +98,27 @@ def test_the_responses_and_anthropic_apis_take_them_too(recommended):
     assert len({message.content[0].text if message.content else "" for message in messages}) == 1
 
 
+def ollama_chat(server: RunningServer, seed: int, **options) -> tuple[str, int]:
+    answer = ollama.Client(host=server.url, timeout=120).chat(
+        model=NAME, messages=QUESTION, options={"seed": seed, **options}
+    )
+    return answer.message.content, answer.eval_count
+
+
+def test_the_ollama_api_takes_them_as_a_modelfiles_parameters(recommended):
+    texts = {ollama_chat(recommended, seed) for seed in (1, 2, 3)}
+    assert len(texts) == 1, texts  # greedy, not Ollama's temperature 0.8
+    assert next(iter(texts))[1] <= 5  # num_predict 5, not to the end of the context (5 unless EOS)
+    assert len({ollama_chat(recommended, seed, temperature=1.0) for seed in (1, 2, 3)}) == 3
+
+
 def test_vllm_leaves_the_models_out_and_the_override_goes_over(apis_own):
     texts = {chat(apis_own, seed) for seed in (1, 2, 3)}
     assert len(texts) == 3, texts  # OpenAI's temperature 1
     assert {tokens for _, tokens in texts} == {3}
     response = apis_own.openai_client().responses.create(model=NAME, input="Say something.")
     assert response.temperature == 1.0
+    ollama_texts = {ollama_chat(apis_own, seed) for seed in (1, 2, 3)}
+    assert len(ollama_texts) == 3, ollama_texts  # Ollama's temperature 0.8
+    assert {tokens for _, tokens in ollama_texts} <= {1, 2, 3}  # the override's max_new_tokens
     assert "temperature" not in apis_own.log().split("sampling defaults for the fields", 1)[-1].split("\n")[0]

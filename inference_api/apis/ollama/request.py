@@ -2,6 +2,8 @@
 
 Ollama's defaults: `stream` true, and in `options` temperature 0.8, top_k 40, top_p 0.9, min_p 0,
 typical_p 1 (no cut), `num_predict` -1 (here: to the end of the context; -2 the same), a random seed.
+Where the model recommends its own (`--generation-config`: its generation_config.json), those win, as a
+model's Modelfile parameters win over Ollama's defaults (Qwen3's: temperature 0.6, top_k 20, top_p 0.95).
 `repeat_penalty` divides the logits of every token of the prompt and the answer (vLLM's definition) rather
 than of Ollama's last `repeat_last_n`, so it applies only when asked (Ollama's default is 1.1). Options
 that set up a runner (num_ctx, num_gpu, num_thread, use_mmap...) are taken with no effect: the context,
@@ -106,7 +108,8 @@ def _request(
     token ids come back (generate's `context`)."""
     options = _options(data.get("options"))
     context = serving.backend.max_seq_len
-    num_predict = read_integer(options, "options.num_predict", -1, -2, context)
+    recommended = _recommended(serving)
+    num_predict = read_integer(options, "options.num_predict", recommended["num_predict"], -2, context)
     if num_predict == 0:
         raise InvalidParams("options.num_predict", "options.num_predict must be -1, -2 or from 1 up")
     room = context - len(ids)  # as far as the context goes: Ollama would shift it, here the answer ends
@@ -115,17 +118,22 @@ def _request(
     stop = read_stop(options, "options.stop")
     seed = read_integer(options, "options.seed", -1, -(2**63), SEED_MAX)
     params = SamplingParams(
-        temperature=read_number(options, "options.temperature", 0.8, 0.0, 100.0),
-        top_k=read_integer(options, "options.top_k", 40, 0, MAX_TOP_K),  # 0: no cut
-        top_p=read_number(options, "options.top_p", 0.9, 0.0, 1.0, low_open=True),
-        min_p=read_number(options, "options.min_p", 0.0, 0.0, 1.0),
+        temperature=read_number(options, "options.temperature", recommended["temperature"], 0.0, 100.0),
+        top_k=read_integer(options, "options.top_k", recommended["top_k"], 0, MAX_TOP_K),  # 0: no cut
+        top_p=read_number(options, "options.top_p", recommended["top_p"], 0.0, 1.0, low_open=True),
+        min_p=read_number(options, "options.min_p", recommended["min_p"], 0.0, 1.0),
         typical_p=read_number(options, "options.typical_p", 1.0, 0.0, 1.0, low_open=True),  # 1: no cut
         max_tokens=max_tokens,
         stop=stop,
         stop_token_ids=tuple(dict.fromkeys(stop_token_ids_of(stop, serving.tokenizer) + ends)),
         seed=None if seed < 0 else seed,
         repetition_penalty=read_number(
-            options, "options.repeat_penalty", 1.0, 0.0, MAX_REPETITION_PENALTY, low_open=True
+            options,
+            "options.repeat_penalty",
+            recommended["repeat_penalty"],
+            0.0,
+            MAX_REPETITION_PENALTY,
+            low_open=True,
         ),
         presence_penalty=read_number(options, "options.presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=read_number(options, "options.frequency_penalty", 0.0, -2.0, 2.0),
@@ -154,6 +162,20 @@ def _refuse_not_built(data: dict[str, Any]) -> None:
     for name, asks_nothing in NOT_BUILT.items():
         if data.get(name) not in asks_nothing:
             raise InvalidParams(name, f"{name} is not supported by this server; leave it out")
+
+
+def _recommended(serving: Serving) -> dict[str, Any]:
+    """The defaults of the options a request leaves out: the model's recommendation where it makes one,
+    else Ollama's (vLLM's top_k -1, no cut, is Ollama's 0)."""
+    pick = serving.sampling_default
+    return {
+        "temperature": pick("temperature", 0.8),
+        "top_k": max(int(pick("top_k", 40)), 0),
+        "top_p": pick("top_p", 0.9),
+        "min_p": pick("min_p", 0.0),
+        "repeat_penalty": pick("repetition_penalty", 1.0),
+        "num_predict": int(pick("max_tokens", -1)),
+    }
 
 
 def _options(value: Any) -> dict[str, Any]:
