@@ -110,6 +110,9 @@ def test_the_ollama_api_takes_them_as_a_modelfiles_parameters(recommended):
     assert len(texts) == 1, texts  # greedy, not Ollama's temperature 0.8
     assert next(iter(texts))[1] <= 5  # num_predict 5, not to the end of the context (5 unless EOS)
     assert len({ollama_chat(recommended, seed, temperature=1.0) for seed in (1, 2, 3)}) == 3
+    shown = ollama.Client(host=recommended.url, timeout=30).show(NAME)  # as a Modelfile lists them
+    assert shown.parameters == f"{'temperature':<30} 0\n{'num_predict':<30} 5"
+    assert "PARAMETER temperature 0\nPARAMETER num_predict 5\n" in shown.modelfile
 
 
 def test_vllm_leaves_the_models_out_and_the_override_goes_over(apis_own):
@@ -121,4 +124,5 @@ def test_vllm_leaves_the_models_out_and_the_override_goes_over(apis_own):
     ollama_texts = {ollama_chat(apis_own, seed) for seed in (1, 2, 3)}
     assert len(ollama_texts) == 3, ollama_texts  # Ollama's temperature 0.8
     assert {tokens for _, tokens in ollama_texts} <= {1, 2, 3}  # the override's max_new_tokens
+    assert ollama.Client(host=apis_own.url, timeout=30).show(NAME).parameters == f"{'num_predict':<30} 3"
     assert "temperature" not in apis_own.log().split("sampling defaults for the fields", 1)[-1].split("\n")[0]

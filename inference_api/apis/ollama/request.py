@@ -164,18 +164,41 @@ def _refuse_not_built(data: dict[str, Any]) -> None:
             raise InvalidParams(name, f"{name} is not supported by this server; leave it out")
 
 
+# Ollama's options that the model's generation_config.json can recommend, and the sampling defaults' names
+OLLAMA_OPTIONS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repeat_penalty": "repetition_penalty",
+    "num_predict": "max_tokens",
+}
+OLLAMA_DEFAULTS = {
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.9,
+    "min_p": 0.0,
+    "repeat_penalty": 1.0,
+    "num_predict": -1,
+}
+
+
+def model_parameters(serving: Serving) -> dict[str, float | int]:
+    """The model's recommended sampling (--generation-config) in Ollama's names, as a Modelfile's
+    PARAMETER lines give them: only those it recommends (vLLM's top_k -1, no cut, is Ollama's 0)."""
+    recommended = serving.backend.sampling_defaults
+    parameters = {option: recommended[name] for option, name in OLLAMA_OPTIONS.items() if name in recommended}
+    if "top_k" in parameters:
+        parameters["top_k"] = max(int(parameters["top_k"]), 0)
+    if "num_predict" in parameters:
+        parameters["num_predict"] = int(parameters["num_predict"])
+    return parameters
+
+
 def _recommended(serving: Serving) -> dict[str, Any]:
     """The defaults of the options a request leaves out: the model's recommendation where it makes one,
-    else Ollama's (vLLM's top_k -1, no cut, is Ollama's 0)."""
-    pick = serving.sampling_default
-    return {
-        "temperature": pick("temperature", 0.8),
-        "top_k": max(int(pick("top_k", 40)), 0),
-        "top_p": pick("top_p", 0.9),
-        "min_p": pick("min_p", 0.0),
-        "repeat_penalty": pick("repetition_penalty", 1.0),
-        "num_predict": int(pick("max_tokens", -1)),
-    }
+    else Ollama's."""
+    return OLLAMA_DEFAULTS | model_parameters(serving)
 
 
 def _options(value: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from backend.messages import InvalidParams, TokenLogprob
-from inference_api.apis.ollama.request import OllamaRequest, parse_chat, parse_generate
+from inference_api.apis.ollama.request import OllamaRequest, model_parameters, parse_chat, parse_generate
 from inference_api.embedder import Cut, embed, embedding_ids
 from inference_api.fields import read_bool
 from inference_api.fill_in_middle import fill_tokens
@@ -94,9 +94,11 @@ def show() -> Response:
         context, capabilities = serving.backend.max_seq_len, ["completion", "tools"]  # tools: any model's
         capabilities += ["insert"] if fill_tokens(serving.tokenizer) is not None else []
         capabilities += ["thinking"] if serving.reads_reasoning else []
+    parameters = {} if "embedding" in capabilities else model_parameters(serving)
     return jsonify(
-        modelfile=f"# served by inference-server\nFROM {name}\n",
-        parameters="",
+        modelfile=f"# served by inference-server\nFROM {name}\n"
+        + "".join(f"PARAMETER {option} {value:g}\n" for option, value in parameters.items()),
+        parameters="\n".join(f"{option:<30} {value:g}" for option, value in parameters.items()),
         template=template,
         details=_details(serving),
         model_info={"general.name": name, "general.context_length": context},
