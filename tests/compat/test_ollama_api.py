@@ -14,6 +14,7 @@ import requests
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_ollama import ChatOllama, OllamaEmbeddings
 
+from inference_api.apis.ollama.routes import modelfile_number
 from tests.compat.conftest import MODEL
 from tests.proxy.conftest import bearer
 from tests.server_fixture import RunningServer
@@ -313,3 +314,13 @@ def test_a_call_cut_by_num_predict_keeps_the_members_written_whole(server, clien
     assert reference["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].startswith(
         '{"city": "Ber'
     )
+
+
+def test_show_writes_a_modelfiles_numbers_as_ollama_does():
+    assert [modelfile_number(value) for value in (0.0, 0.6, 20, 1_048_576, 1e-05)] == [
+        "0",
+        "0.6",
+        "20",
+        "1048576",
+        "1e-05",
+    ]

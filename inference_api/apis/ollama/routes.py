@@ -97,14 +97,21 @@ def show() -> Response:
     parameters = {} if "embedding" in capabilities else model_parameters(serving)
     return jsonify(
         modelfile=f"# served by inference-server\nFROM {name}\n"
-        + "".join(f"PARAMETER {option} {value:g}\n" for option, value in parameters.items()),
-        parameters="\n".join(f"{option:<30} {value:g}" for option, value in parameters.items()),
+        + "".join(f"PARAMETER {option} {modelfile_number(value)}\n" for option, value in parameters.items()),
+        parameters="\n".join(
+            f"{option:<30} {modelfile_number(value)}" for option, value in parameters.items()
+        ),
         template=template,
         details=_details(serving),
         model_info={"general.name": name, "general.context_length": context},
         capabilities=capabilities,
         modified_at=_time(STARTED),
     )
+
+
+def modelfile_number(value: float | int) -> str:
+    """As Go prints a Modelfile's number: 0.6, 0, 20, 1048576 (not Python's 1.04858e+06 of :g)."""
+    return str(value) if isinstance(value, int) else f"{value:.15g}"
 
 
 @bp.post("/generate")
