@@ -89,12 +89,13 @@ def show() -> Response:
     embedding = serving.backend.embedding_model
     if embedding is not None and data.get(field) in (embedding.name, f"{embedding.name}:latest"):
         name, template, context, capabilities = embedding.name, "", embedding.max_tokens, ["embedding"]
+        parameters = {}
     else:
         name, template = _model(data, serving, field), serving.chat_template.source or ""
         context, capabilities = serving.backend.max_seq_len, ["completion", "tools"]  # tools: any model's
         capabilities += ["insert"] if fill_tokens(serving.tokenizer) is not None else []
         capabilities += ["thinking"] if serving.reads_reasoning else []
-    parameters = {} if "embedding" in capabilities else model_parameters(serving)
+        parameters = model_parameters(serving)
     return jsonify(
         modelfile=f"# served by inference-server\nFROM {name}\n"
         + "".join(f"PARAMETER {option} {modelfile_number(value)}\n" for option, value in parameters.items()),
