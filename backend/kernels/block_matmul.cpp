@@ -13,6 +13,9 @@
 // 4 consecutive inputs of each per 32-bit lane, so the sums need no shuffling and a block's scales are
 // one vector of 16.
 //
+// Symmetric blocks (GGUF's Q4_0 and Q5_0) keep d alone: w = d * (u - 2^(bits - 1)), whose m = -2^(bits - 1)
+// d the kernels make from d, as they do 8-bit blocks' -128 d, so that a step reads 4.5 bits a weight, not 5.
+//
 // 5-bit weights (GGUF's Q5_0, Q5_1, Q5_K) are w = d * u + m as 4-bit ones, u in 0..31. 6-bit weights
 // (GGUF's Q6_K) are w = d * s * (u - 32) with u in 0..63, an int8 s for each 16 inputs and d for the
 // block: the two halves of a block sum apart, sum(u * q_x) - 32 * sum(q_x) each (the sums start from the
@@ -79,10 +82,17 @@ alignas(16) constexpr int8_t TABLE_VALUES[16] = {-127, -104, -83, -65, -49, -35,
                                                   1,    13,   25,  38,  53,  69,  89,  113};
 alignas(16) constexpr uint8_t TABLE_VALUES_PLUS_128[16] = {1,   24,  45,  63,  79,  93,  106, 118,
                                                            129, 141, 153, 166, 181, 197, 217, 241};
-constexpr bool has_minimum(int64_t bits, bool table = false) { return (bits == 4 || bits == 5) && !table; }
+// Whether blocks keep an fp16 m beside d: 4-bit and 5-bit ones but a table's and symmetric ones.
+constexpr bool has_minimum(int64_t bits, bool table = false, bool symmetric = false) {
+  return (bits == 4 || bits == 5) && !table && !symmetric;
+}
+// The m of a block without one, in units of -d: values u - 2^(bits - 1), or (8-bit, a table's) u - 128.
+constexpr float centre(int64_t bits, bool table) {
+  return table || bits == 8 ? 128.f : static_cast<float>(1 << (bits - 1));
+}
 // A block's fp16 d, and m (4-bit and 5-bit) or the 16 channels' two int8 s (6-bit), after its values.
-constexpr int64_t block_bytes(int64_t bits, bool table = false) {
-  return value_bytes(bits) + (bits == 8 || table ? 32 : 64);
+constexpr int64_t block_bytes(int64_t bits, bool table = false, bool symmetric = false) {
+  return value_bytes(bits) + (has_minimum(bits, table, symmetric) || bits == 6 ? 64 : 32);
 }
 
 // GGUF's K-quants keep one fp16 d (and minimum) for a channel's super-block of 256 inputs, and for each
@@ -93,8 +103,8 @@ constexpr int64_t block_bytes(int64_t bits, bool table = false) {
 // product reads. IQ4_XS's (a table's) blocks keep 16 bytes, the channels' s as int8.
 constexpr int64_t BLOCKS_A_SUPER_BLOCK = 8;
 constexpr int64_t header_bytes(int64_t bits, bool table) { return has_minimum(bits, table) ? 64 : 32; }
-constexpr int64_t stride(int64_t bits, bool super, bool table) {
-  return super ? value_bytes(bits) + (table ? 16 : 32) : block_bytes(bits, table);
+constexpr int64_t stride(int64_t bits, bool super, bool table, bool symmetric = false) {
+  return super ? value_bytes(bits) + (table ? 16 : 32) : block_bytes(bits, table, symmetric);
 }
 constexpr int64_t super_block_bytes(int64_t bits, bool table) {
   return header_bytes(bits, table) + BLOCKS_A_SUPER_BLOCK * stride(bits, true, table);
@@ -232,7 +242,7 @@ inline __m512 bytes_as_floats(const uint8_t* p) {
 // Rows [first, first + count) of x times one group of 16 output channels, whose blocks start at `weights`:
 // blocks of 32 with their own fp16 scales, or (SUPER) super-blocks of 256 whose blocks keep multiples of
 // the super-block's.
-template <int BITS, bool SUPER, bool TABLE, typename T>
+template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
 void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
                     T* out, int64_t out_stride) {
   const int64_t blocks = in / BLOCK;
@@ -249,11 +259,11 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
         weights += header_bytes(BITS, TABLE);
       }
     }
-    prefetch_ahead<stride(BITS, SUPER, TABLE)>(weights);
+    prefetch_ahead<stride(BITS, SUPER, TABLE, SYMMETRIC)>(weights);
     __m512i u[8];
     unpack_values<BITS, TABLE>(weights, u);
     const uint8_t* scales = weights + value_bytes(BITS);
-    weights += stride(BITS, SUPER, TABLE);
+    weights += stride(BITS, SUPER, TABLE, SYMMETRIC);
     if constexpr (BITS == 6) {
       const __m512 d = SUPER ? super_d : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
       const uint8_t* s = SUPER ? scales : scales + 32;  // the 16 channels' s for inputs 0-15, then 16-31
@@ -279,14 +289,15 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
       d = SUPER ? _mm512_mul_ps(super_d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)))))
                 : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
-      m = _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
+      m = _mm512_mul_ps(d, _mm512_set1_ps(-centre(BITS, TABLE)));
     } else if constexpr (SUPER) {  // d * s and the minimum times m, exactly (an 11-bit d times a 6-bit s)
       d = _mm512_mul_ps(super_d, bytes_as_floats(scales));
       m = _mm512_mul_ps(super_minimum, bytes_as_floats(scales + 16));
     } else {
       d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
-      m = has_minimum(BITS) ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
-                            : _mm512_mul_ps(d, _mm512_set1_ps(-128.f));
+      m = has_minimum(BITS, TABLE, SYMMETRIC)
+              ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)))
+              : _mm512_mul_ps(d, _mm512_set1_ps(-centre(BITS, TABLE)));
     }
     for (int64_t r = 0; r < count; ++r) {
       const int64_t row_block = (first + r) * blocks + b;
@@ -417,7 +428,7 @@ inline __m256 bytes_as_floats_avx2(const uint8_t* p) {  // 8 uint8 values
 // One half of the block at `block` (its channels 8 half..8 half + 7) times rows [first, first + count) of x,
 // added to sums[0..count): the products weighed by the block's scales (of a super-block, by super_d and
 // super_minimum, its header's).
-template <int BITS, bool SUPER, bool TABLE>
+template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC>
 __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* block, int half, const QuantizedRows& x,
                                                                int64_t first, int64_t count, int64_t blocks, int64_t b,
                                                                __m256 super_d, __m256 super_minimum, __m256* sums) {
@@ -464,7 +475,12 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
     m = _mm256_mul_ps(super_minimum, bytes_as_floats_avx2(scales + 16 + 8 * half));
   } else {
     d = halves_as_floats(scales + 16 * half);
-    m = has_minimum(BITS) ? halves_as_floats(scales + 32 + 16 * half) : _mm256_setzero_ps();
+    // 8-bit values come signed here (no m); symmetric ones unsigned, as 4-bit and 5-bit ones with an m.
+    if constexpr (SYMMETRIC) {
+      m = _mm256_mul_ps(d, _mm256_set1_ps(-centre(BITS, TABLE)));
+    } else {
+      m = has_minimum(BITS) ? halves_as_floats(scales + 32 + 16 * half) : _mm256_setzero_ps();
+    }
   }
   for (int64_t r = 0; r < count; ++r) {
     const int64_t row_block = (first + r) * blocks + b;
@@ -491,7 +507,9 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
       }
     }
     sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(products), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[row_block])), sums[r]);
-    if constexpr (has_minimum(BITS, TABLE)) sums[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[row_block]), sums[r]);
+    if constexpr (has_minimum(BITS, TABLE) || SYMMETRIC) {
+      sums[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.sums[row_block]), sums[r]);
+    }
   }
 }
 
@@ -504,7 +522,7 @@ inline void read_super_header(const uint8_t* block, int half, __m256& super_d, _
 
 // multiply_group_avx2 for row `row` alone, into out[0..16): both halves of each block in turn, one pass over
 // the group's blocks.
-template <int BITS, bool SUPER, bool TABLE, typename T>
+template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
 void multiply_row_in_one_pass(const uint8_t* weights, const QuantizedRows& x, int64_t row, int64_t in, T* out) {
   const int64_t blocks = in / BLOCK;
   __m256 sums[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -518,12 +536,12 @@ void multiply_row_in_one_pass(const uint8_t* weights, const QuantizedRows& x, in
         block += header_bytes(BITS, TABLE);
       }
     }
-    prefetch_ahead<stride(BITS, SUPER, TABLE)>(block);
+    prefetch_ahead<stride(BITS, SUPER, TABLE, SYMMETRIC)>(block);
     for (int half = 0; half < 2; ++half) {
-      multiply_block_half<BITS, SUPER, TABLE>(block, half, x, row, 1, blocks, b, super_d[half], super_minimum[half],
-                                              &sums[half]);
+      multiply_block_half<BITS, SUPER, TABLE, SYMMETRIC>(block, half, x, row, 1, blocks, b, super_d[half],
+                                                         super_minimum[half], &sums[half]);
     }
-    block += stride(BITS, SUPER, TABLE);
+    block += stride(BITS, SUPER, TABLE, SYMMETRIC);
   }
   for (int half = 0; half < 2; ++half) store8(out + 8 * half, sums[half]);
 }
@@ -537,12 +555,14 @@ void multiply_row_in_one_pass(const uint8_t* weights, const QuantizedRows& x, in
 // 2026-12-06). 5-bit and 6-bit rows, whose values take more registers to unpack, ran 0.86-0.98x as fast in
 // one pass, and more rows keep a half at a time: their accumulators and one half's values fill the 16
 // registers.
-template <int BITS, bool SUPER, bool TABLE, typename T>
+template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
 void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
                          T* out, int64_t out_stride) {
   const int64_t blocks = in / BLOCK;
   if constexpr (BITS == 4 || BITS == 8) {
-    if (count == 1) return multiply_row_in_one_pass<BITS, SUPER, TABLE>(weights, x, first, in, out + first * out_stride);
+    if (count == 1) {
+      return multiply_row_in_one_pass<BITS, SUPER, TABLE, SYMMETRIC>(weights, x, first, in, out + first * out_stride);
+    }
   }
   for (int half = 0; half < 2; ++half) {
     __m256 sums[ROWS_AT_ONCE_AVX2];
@@ -556,9 +576,11 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
           block += header_bytes(BITS, TABLE);
         }
       }
-      if (half == 0) prefetch_ahead<stride(BITS, SUPER, TABLE)>(block);  // the second half finds the lines in the cache
-      multiply_block_half<BITS, SUPER, TABLE>(block, half, x, first, count, blocks, b, super_d, super_minimum, sums);
-      block += stride(BITS, SUPER, TABLE);
+      // the second half finds the lines in the cache
+      if (half == 0) prefetch_ahead<stride(BITS, SUPER, TABLE, SYMMETRIC)>(block);
+      multiply_block_half<BITS, SUPER, TABLE, SYMMETRIC>(block, half, x, first, count, blocks, b, super_d,
+                                                         super_minimum, sums);
+      block += stride(BITS, SUPER, TABLE, SYMMETRIC);
     }
     for (int64_t r = 0; r < count; ++r) store8(out + (first + r) * out_stride + 8 * half, sums[r]);
   }
@@ -604,37 +626,43 @@ void multiply_groups(GroupProduct<T> product, int64_t rows_at_once, const Quanti
 struct Layout {
   bool super;
   bool table;
+  bool symmetric;  // blocks of 32 of 4 or 5 bits with d alone: w = d * (u - 2^(bits - 1))
 };
 
 // Each kernel's products by layout, for `product_of`.
 #ifdef BLOCK_MATMUL_VNNI
 struct Vnni {
-  template <int BITS, bool SUPER, bool TABLE, typename T>
-  static constexpr GroupProduct<T> product = multiply_group<BITS, SUPER, TABLE, T>;
+  template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+  static constexpr GroupProduct<T> product = multiply_group<BITS, SUPER, TABLE, SYMMETRIC, T>;
 };
 #endif
 #ifdef BLOCK_MATMUL_AVX2
 struct Avx2 {
-  template <int BITS, bool SUPER, bool TABLE, typename T>
-  static constexpr GroupProduct<T> product = multiply_group_avx2<BITS, SUPER, TABLE, T>;
+  template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+  static constexpr GroupProduct<T> product = multiply_group_avx2<BITS, SUPER, TABLE, SYMMETRIC, T>;
 };
 #endif
 
-// The kernel's function for a layout: `Kernel::product<BITS, SUPER, TABLE, T>`.
+// The kernel's function for a layout: `Kernel::product<BITS, SUPER, TABLE, SYMMETRIC, T>`.
 template <typename Kernel, typename T>
 auto product_of(int64_t bits, Layout layout) {
   if (layout.table) {
-    return layout.super ? Kernel::template product<4, true, true, T> : Kernel::template product<4, false, true, T>;
+    return layout.super ? Kernel::template product<4, true, true, false, T>
+                        : Kernel::template product<4, false, true, false, T>;
+  }
+  if (layout.symmetric) {
+    return bits == 4 ? Kernel::template product<4, false, false, true, T>
+                     : Kernel::template product<5, false, false, true, T>;
   }
   if (layout.super) {
-    return bits == 4   ? Kernel::template product<4, true, false, T>
-           : bits == 5 ? Kernel::template product<5, true, false, T>
-                       : Kernel::template product<6, true, false, T>;
+    return bits == 4   ? Kernel::template product<4, true, false, false, T>
+           : bits == 5 ? Kernel::template product<5, true, false, false, T>
+                       : Kernel::template product<6, true, false, false, T>;
   }
-  return bits == 4   ? Kernel::template product<4, false, false, T>
-         : bits == 5 ? Kernel::template product<5, false, false, T>
-         : bits == 6 ? Kernel::template product<6, false, false, T>
-                     : Kernel::template product<8, false, false, T>;
+  return bits == 4   ? Kernel::template product<4, false, false, false, T>
+         : bits == 5 ? Kernel::template product<5, false, false, false, T>
+         : bits == 6 ? Kernel::template product<6, false, false, false, T>
+                     : Kernel::template product<8, false, false, false, T>;
 }
 
 // x times the blocks into result, by the AVX-512 VNNI kernel or, with `avx2`, the AVX2 one.
@@ -678,33 +706,38 @@ constexpr bool has_avx2_kernel() {
 #endif
 }
 
-// The layout of weights [out, bytes a channel] holding `bits`-bit values of `in` inputs, by the bytes a
-// group of 16 channels takes (no two take the same for the same inputs); what they must be checked first.
-Layout layout_of(const at::Tensor& weights, int64_t in, int64_t bits) {
+// The layout of weights [out, bytes a channel] holding `bits`-bit values of `in` inputs, a table's indices
+// or not, by the bytes a group of 16 channels takes (no two take the same for the same inputs and table:
+// a table's blocks of 32 take what symmetric 4-bit ones do); what they must be checked first.
+Layout layout_of(const at::Tensor& weights, int64_t in, int64_t bits, bool table) {
   TORCH_CHECK((bits >= 4 && bits <= 6) || bits == 8, "bits must be 4, 5, 6 or 8, not ", bits);
   TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
               "weights must be contiguous uint8 [out, in / 32 * bytes]");
   TORCH_CHECK(in % BLOCK == 0 && weights.size(0) % CHANNELS == 0, "in must be a multiple of 32 and out of 16");
   const int64_t group_bytes = weights.size(1) * CHANNELS, super_blocks = in / (BLOCKS_A_SUPER_BLOCK * BLOCK);
+  TORCH_CHECK(!table || bits == 4, "a table's indices are 4-bit, not ", bits);
   const auto takes = [&](Layout layout) {
-    if ((layout.super && (bits == 8 || in % (BLOCKS_A_SUPER_BLOCK * BLOCK) != 0)) || (layout.table && bits != 4)) {
+    if ((layout.super && (bits == 8 || in % (BLOCKS_A_SUPER_BLOCK * BLOCK) != 0)) || layout.table != table ||
+        (layout.symmetric && bits != 4 && bits != 5)) {
       return false;
     }
     return group_bytes == (layout.super ? super_blocks * super_block_bytes(bits, layout.table)
-                                        : in / BLOCK * block_bytes(bits, layout.table));
+                                        : in / BLOCK * block_bytes(bits, layout.table, layout.symmetric));
   };
-  const Layout layouts[] = {{false, false}, {true, false}, {false, true}, {true, true}};
+  const Layout layouts[] = {{false, false, false}, {true, false, false}, {false, true, false},
+                            {true, true, false},   {false, false, true}};
   const Layout* layout = std::find_if(std::begin(layouts), std::end(layouts), takes);
-  TORCH_CHECK(layout != std::end(layouts), "weights do not hold ", bits, "-bit blocks or super-blocks of ", in,
-              " inputs");
+  TORCH_CHECK(layout != std::end(layouts), "weights do not hold ", bits, "-bit ", table ? "table " : "",
+              "blocks or super-blocks of ", in, " inputs");
   return *layout;
 }
 
-at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool avx2) {
+at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool table,
+                                bool avx2) {
   TORCH_CHECK(x.device().is_cpu() && weights.device().is_cpu(), "block_matmul runs on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in]");
   const int64_t rows = x.size(0), in = x.size(1), out = weights.size(0);
-  const Layout layout = layout_of(weights, in, bits);
+  const Layout layout = layout_of(weights, in, bits, table);
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be float32 or bfloat16, not ", x.scalar_type());
   at::Tensor result = at::empty({rows, out}, x.options());
@@ -749,7 +782,7 @@ inline float half_at(const uint8_t* p, int64_t index) {
 // block_weights.dequantize_in_torch's, in its order, so the same to the last bit: w = u * d + m (d * s and
 // minimum * m first, for K-quants; u * d is exact, so a fused multiply-add rounds as the two steps do),
 // d * s * (u - 32) as ((u - 32) * s) * d, and table[u] * d.
-template <int BITS, bool SUPER, bool TABLE, typename T>
+template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
 void block_to_floats(const uint8_t* values, const float* d, const float* minimum, T* out, int64_t in) {
   const uint8_t* scales = values + value_bytes(BITS);
   float scale[64], offset[64] = {}, half_scale[2][64];  // by lane; 6-bit: s of inputs 0-15, 16-31
@@ -766,7 +799,8 @@ void block_to_floats(const uint8_t* values, const float* d, const float* minimum
       offset[lane] = minimum[c] * static_cast<float>(scales[CHANNELS + c]);
     } else {
       scale[lane] = half_at(scales, c);
-      offset[lane] = BITS == 8 ? -128.f * scale[lane] : half_at(scales, CHANNELS + c);
+      offset[lane] = has_minimum(BITS, TABLE, SYMMETRIC) ? half_at(scales, CHANNELS + c)
+                                                         : -centre(BITS, TABLE) * scale[lane];
     }
   }
   for (int64_t line = 0; line < 8; ++line) {
@@ -790,11 +824,12 @@ void block_to_floats(const uint8_t* values, const float* d, const float* minimum
 }
 
 // A group of 16 channels' blocks to floats: out [16, in].
-template <int BITS, bool SUPER, bool TABLE, typename T>
+template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
 void group_to_floats(const uint8_t* group, int64_t in, T* out) {
   if constexpr (!SUPER) {
     for (int64_t block = 0; block < in / BLOCK; ++block) {
-      block_to_floats<BITS, SUPER, TABLE>(group + block * block_bytes(BITS, TABLE), nullptr, nullptr, out + block * BLOCK, in);
+      block_to_floats<BITS, SUPER, TABLE, SYMMETRIC>(group + block * block_bytes(BITS, TABLE, SYMMETRIC), nullptr,
+                                                     nullptr, out + block * BLOCK, in);
     }
   } else {
     constexpr int64_t inputs = BLOCKS_A_SUPER_BLOCK * BLOCK;
@@ -807,7 +842,7 @@ void group_to_floats(const uint8_t* group, int64_t in, T* out) {
       }
       for (int64_t block = 0; block < BLOCKS_A_SUPER_BLOCK; ++block) {
         const uint8_t* values = super_block + header_bytes(BITS, TABLE) + block * stride(BITS, true, TABLE);
-        block_to_floats<BITS, SUPER, TABLE>(values, d, minimum, out + first + block * BLOCK, in);
+        block_to_floats<BITS, SUPER, TABLE, SYMMETRIC>(values, d, minimum, out + first + block * BLOCK, in);
       }
     }
   }
@@ -817,8 +852,8 @@ template <typename T>
 using GroupFloats = void (*)(const uint8_t* group, int64_t in, T* out);
 
 struct ToFloats {
-  template <int BITS, bool SUPER, bool TABLE, typename T>
-  static constexpr GroupFloats<T> product = group_to_floats<BITS, SUPER, TABLE, T>;
+  template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+  static constexpr GroupFloats<T> product = group_to_floats<BITS, SUPER, TABLE, SYMMETRIC, T>;
 };
 
 template <typename T>
@@ -842,20 +877,21 @@ std::string block_matmul_kernel() { return has_vnni_kernel() ? "AVX-512 VNNI" : 
 
 // x [rows, in] (float32 or bfloat16) times weights [out, bytes a channel's blocks or super-blocks take]
 // (block_weights.py's layouts) -> [rows, out] in x's dtype; by AVX-512 VNNI where the CPU has it, else by AVX2.
-at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits) {
+// `table`: whether the values are indices into IQ4's table.
+at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool table) {
   TORCH_CHECK(has_vnni_kernel() || has_avx2_kernel(), "block_matmul needs a CPU with AVX-512 VNNI or AVX2");
-  return checked_block_matmul(x, weights, bits, !has_vnni_kernel());
+  return checked_block_matmul(x, weights, bits, table, !has_vnni_kernel());
 }
 
 // The weights that blocks [out, bytes a channel] of `bits`-bit values hold, written into out [out, in]
 // (float32 or bfloat16, rounded once from float32): block_weights.dequantize's values, a group of 16
 // channels a task, straight from the blocks to their places (PyTorch's operations took 4 s of the 1B
 // Q4_K_M file's start).
-void block_dequantize(const at::Tensor& weights, int64_t bits, at::Tensor& out) {
+void block_dequantize(const at::Tensor& weights, int64_t bits, bool table, at::Tensor& out) {
   TORCH_CHECK(weights.device().is_cpu() && out.device().is_cpu(), "block_dequantize runs on the CPU");
   TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.size(0) == weights.size(0),
               "out must be a contiguous [out, in] of the weights' outputs");
-  const Layout layout = layout_of(weights, out.size(1), bits);
+  const Layout layout = layout_of(weights, out.size(1), bits, table);
   if (out.scalar_type() == at::kFloat) {
     blocks_to_floats<float>(weights, bits, layout, out);
   } else {
@@ -865,9 +901,9 @@ void block_dequantize(const at::Tensor& weights, int64_t bits, at::Tensor& out) 
 }
 
 // The same by the AVX2 kernel, wherever it is built (an AVX-512 CPU too): for its tests and timings.
-at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int64_t bits) {
+at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool table) {
   TORCH_CHECK(has_avx2_kernel(), "block_matmul_avx2 needs a CPU with AVX2, FMA and F16C");
-  return checked_block_matmul(x, weights, bits, true);
+  return checked_block_matmul(x, weights, bits, table, true);
 }
 
 }  // namespace fused_ops

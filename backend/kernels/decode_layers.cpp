@@ -13,11 +13,12 @@ namespace fused_ops {
 
 namespace {
 
-// x times `count` projections from `projection` on, their outputs side by side.
-at::Tensor project(const at::Tensor& x, const at::Tensor* projection, const int64_t* bits, int64_t count) {
-  if (count == 1) return block_matmul(x, projection[0], bits[0]);
+// x times `count` projections from the `first`-th on, their outputs side by side.
+at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projections, const std::vector<int64_t>& bits,
+                   const std::vector<bool>& tables, size_t first, int64_t count) {
+  if (count == 1) return block_matmul(x, projections[first], bits[first], tables[first]);
   std::vector<at::Tensor> outputs;
-  for (int64_t i = 0; i < count; ++i) outputs.push_back(block_matmul(x, projection[i], bits[i]));
+  for (size_t i = first; i < first + count; ++i) outputs.push_back(block_matmul(x, projections[i], bits[i], tables[i]));
   return at::cat(outputs, 1);
 }
 
@@ -26,7 +27,7 @@ at::Tensor project(const at::Tensor& x, const at::Tensor* projection, const int6
 // hidden: [queries, hidden] embeddings, this step's own (the residual adds write into it); cos, sin:
 // [queries, 1, head_dim]; slots, rows, positions: as rotate_and_store and decode_attention take them.
 // For layer l: keys[l], values[l] its cache; its projections next in `projections`, in blocks of the same
-// place's bits: q, k and v in calls[2l] calls (one where they fused; a K-quant mix's Q4_K q and k beside
+// place's bits (and tables[i]: IQ4's table indices or not): q, k and v in calls[2l] calls (one where they fused; a K-quant mix's Q4_K q and k beside
 // its Q6_K v are two), o, gate and up in calls[2l + 1], and down; norms[1 + 2l] and norms[2 + 2l] the
 // norms after its attention and after its MLP (the next layer's input norm, or the model's final one),
 // norms[0] the first layer's input norm, each with its eps. Returns the final norm of the last layer's
@@ -34,8 +35,8 @@ at::Tensor project(const at::Tensor& x, const at::Tensor* projection, const int6
 at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
                          std::vector<at::Tensor> values, const std::vector<at::Tensor>& projections,
-                         const std::vector<int64_t>& bits, const std::vector<int64_t>& calls,
-                         const std::vector<at::Tensor>& norms,
+                         const std::vector<int64_t>& bits, const std::vector<bool>& tables,
+                         const std::vector<int64_t>& calls, const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, int64_t heads, int64_t kv_heads, double scaling) {
   const size_t layers = keys.size();
   TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + 2 * layers &&
@@ -46,25 +47,24 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
     TORCH_CHECK(calls[2 * l] >= 1 && calls[2 * l + 1] >= 1, "a layer's q, k and v, and gate and up, take a call at least");
     projection_count += calls[2 * l] + calls[2 * l + 1] + 2;
   }
-  TORCH_CHECK(projections.size() == projection_count && bits.size() == projection_count,
-              "decode_layers needs the projections its calls' counts say, and their bits");
+  TORCH_CHECK(projections.size() == projection_count && bits.size() == projection_count &&
+                  tables.size() == projection_count,
+              "decode_layers needs the projections its calls' counts say, and their bits and tables");
   const int64_t queries = hidden.size(0);
   at::Tensor normed = rms_norm(hidden, norms[0], eps[0]);
   size_t next = 0;  // the layer's first projection
   for (size_t l = 0; l < layers; ++l) {
-    const at::Tensor* projection = &projections[next];
-    const int64_t* bit = &bits[next];
     const int64_t qkv_calls = calls[2 * l], gate_up_calls = calls[2 * l + 1];
-    next += qkv_calls + gate_up_calls + 2;
-    const at::Tensor qkv = project(normed, projection, bit, qkv_calls);
+    const size_t o = next + qkv_calls, gate_up_first = o + 1, down = gate_up_first + gate_up_calls;
+    const at::Tensor qkv = project(normed, projections, bits, tables, next, qkv_calls);
+    next = down + 1;
     const at::Tensor query = rotate_and_store(qkv, cos, sin, slots, keys[l], values[l], heads, kv_heads);
     const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling, 0);
-    const int64_t o = qkv_calls, gate_up_first = o + 1, down = gate_up_first + gate_up_calls;
-    const at::Tensor output =
-        block_matmul(attended.view({queries, -1}).to(hidden.scalar_type()), projection[o], bit[o]);
+    const at::Tensor output = block_matmul(attended.view({queries, -1}).to(hidden.scalar_type()), projections[o],
+                                           bits[o], tables[o]);
     normed = add_rms_norm(hidden, output, norms[1 + 2 * l], eps[1 + 2 * l]);
-    const at::Tensor gate_up = project(normed, projection + gate_up_first, bit + gate_up_first, gate_up_calls);
-    const at::Tensor mlp = block_matmul(silu_mul(gate_up), projection[down], bit[down]);
+    const at::Tensor gate_up = project(normed, projections, bits, tables, gate_up_first, gate_up_calls);
+    const at::Tensor mlp = block_matmul(silu_mul(gate_up), projections[down], bits[down], tables[down]);
     normed = add_rms_norm(hidden, mlp, norms[2 + 2 * l], eps[2 + 2 * l]);
   }
   return normed;

@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from backend.layers.decode_ops import DecodeOps, FusedOps, Norm
-from backend.quant import block_weights
 from backend.quant.quantized_linear import WeightOnlyLinear
 
 
@@ -49,6 +48,7 @@ class NativeDecode:
     run: Callable[..., torch.Tensor]  # the extension's decode_layers
     projections: list[torch.Tensor]  # each layer's qkv, o, gate_up and down blocks (`LayerProjections.calls`)
     bits: list[int]
+    tables: list[bool]  # whether each projection's values are IQ4's table indices
     calls: list[int]  # each layer's number of calls for q, k and v, then for gate and up
     norms: list[torch.Tensor]  # the first input norm, then each layer's two: after attention, after MLP
     eps: list[float]
@@ -78,7 +78,8 @@ class NativeDecode:
         return cls(
             run=ops.extension.decode_layers,
             projections=[p.blocks for p in projections],
-            bits=[block_weights.bits_of(p.blocks, p.in_features) for p in projections],
+            bits=[p.blocks_layout.bits for p in projections],
+            tables=[p.blocks_layout.table for p in projections],
             calls=[count for layer in layers for count in (len(layer.qkv), len(layer.gate_up))],
             norms=[norm.weight for norm in norms],
             eps=[norm.eps for norm in norms],
@@ -110,6 +111,7 @@ class NativeDecode:
             values,
             self.projections,
             self.bits,
+            self.tables,
             self.calls,
             self.norms,
             self.eps,

@@ -16,9 +16,13 @@ of the default model's projections and head 1.0 ms against 0.9 with VNNI and
     w = d * u + m, u in 0..15 (4-bit) or 0..255 (8-bit, m = -128 d),
     one fp16 d (and 4-bit, one fp16 m) per block of 32 inputs of a channel;
     5-bit: w = d * u + m as 4-bit, u in 0..31;
+    symmetric 4-bit and 5-bit: d alone, m = -8 d or -16 d;
     6-bit: w = d * s * (u - 32), u in 0..63, an int8 s for each 16 inputs.
 
-GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q6_K and Q8_0 blocks map onto these exactly. The activations'
+GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q6_K and Q8_0 blocks map onto these exactly,
+Q4_0 and Q5_0 as symmetric blocks: 18 and 22 bytes a channel's 32 inputs,
+the file's own, where an m beside d took 20 and 24, and one row's product
+reads every byte (the 1B Q4_0 file's projections 580 MiB against 522). The activations'
 rounding costs a few times bfloat16's (tests/backend/test_block_weights.py)
 and the default model +0.3% perplexity (docs/performance.md).
 
@@ -27,7 +31,7 @@ Layout, for each group of 16 output channels and each block of 32 inputs
 values side by side, four consecutive inputs of one channel a 32-bit lane,
 so that a 64-byte line feeds one vpdpbusd; 4-bit values pack two lines
 into one (line 2c in the low nibbles, 2c + 1 in the high); then the 16
-channels' d, and (4-bit and 5-bit) their m, as fp16. 5-bit and 6-bit
+channels' d, and (4-bit and 5-bit, but symmetric ones) their m, as fp16. 5-bit and 6-bit
 values keep their low nibbles so, then one line of fifth bits (bit j of a
 byte: line j's) or two lines of top two bits (bits 2i and 2i + 1 of line h:
 those of line 4h + i); a 6-bit block then has d and the 16 channels' s for
@@ -79,15 +83,17 @@ TABLE_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
 
 class Layout(NamedTuple):
     """How a layer's blocks are kept: values of `bits`, in blocks of 32 or super-blocks of 256, their own or
-    a table's indices."""
+    a table's indices; `symmetric` blocks of 32 (4-bit and 5-bit) keep d alone, w = d * (u - 2^(bits - 1))."""
 
     bits: int
     super_blocks: bool = False
     table: bool = False
+    symmetric: bool = False
 
     def name(self) -> str:
         kind = "super-blocks" if self.super_blocks else "blocks"
-        return f"{self.bits}-bit {'table ' if self.table else ''}{kind}"
+        values = "table " if self.table else "symmetric " if self.symmetric else ""
+        return f"{self.bits}-bit {values}{kind}"
 
     def inputs_a_unit(self) -> int:
         return SUPER_BLOCK if self.super_blocks else BLOCK
@@ -104,6 +110,8 @@ CHANNEL_BYTES = {
     Layout(6, super_blocks=True): 210,
     Layout(4, table=True): 18,
     Layout(4, super_blocks=True, table=True): 138,
+    Layout(4, symmetric=True): 18,  # as a table's: told apart by `table`
+    Layout(5, symmetric=True): 22,
 }
 SIX_BIT_OFFSET = 32  # 6-bit weights are d * s * (u - 32)
 
@@ -167,8 +175,15 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch
 @by_channels
 def pack_int5(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
     """q [out, in] values 0..31, scale and minimum [out, in / 32] (fp16 values), w = scale * q + minimum
-    (GGUF's Q5_0 and Q5_1), as 5-bit blocks: d = scale, m = minimum."""
+    (GGUF's Q5_1, and Q5_K a block at a time), as 5-bit blocks: d = scale, m = minimum."""
     return assemble(value_lines(q, 5), [scale, minimum], q.shape)
+
+
+@by_channels
+def pack_symmetric(q: torch.Tensor, bits: int, d: torch.Tensor) -> torch.Tensor:
+    """w = d * (q - 2^(bits - 1)) (Q4_0, Q5_0): q [out, in] 0..2^bits - 1 (bits 4 or 5), d [out, in / 32]
+    (fp16 values), as symmetric blocks."""
+    return assemble(value_lines(q, bits), [d], q.shape)
 
 
 @by_channels
@@ -276,38 +291,42 @@ def assemble(
     return joined.reshape(out_features, -1).contiguous()
 
 
-def layout_of(blocks: torch.Tensor, in_features: int) -> Layout:
-    """The blocks' layout, by the bytes a channel takes (no two take the same for the same inputs)."""
+def layout_of(blocks: torch.Tensor, in_features: int, table: bool = False) -> Layout:
+    """The blocks' layout, by the bytes a channel takes and whether they hold a table's indices (no two
+    take the same for the same inputs and `table`)."""
     for layout, size in CHANNEL_BYTES.items():
         unit = layout.inputs_a_unit()
-        if in_features % unit == 0 and blocks.shape[1] == in_features // unit * size:
+        if (
+            layout.table == table
+            and in_features % unit == 0
+            and blocks.shape[1] == in_features // unit * size
+        ):
             return layout
     raise ValueError(f"{blocks.shape[1]} bytes a channel are no blocks of {in_features} inputs")
 
 
-def bits_of(blocks: torch.Tensor, in_features: int) -> int:
-    return layout_of(blocks, in_features)[0]
-
-
-def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int) -> torch.Tensor:
-    """x [rows, in] (float32 or bfloat16) @ the blocks' weights.T -> [rows, out] in x's dtype. Compiled
-    (torch.compile), as the custom operator `block_matmul_op` the compiler can place in its graph."""
+def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, table: bool = False) -> torch.Tensor:
+    """x [rows, in] (float32 or bfloat16) @ the blocks' weights.T -> [rows, out] in x's dtype (`table`:
+    IQ4's table indices). Compiled (torch.compile), as the custom operator `block_matmul_op` the compiler
+    can place in its graph."""
     if torch.compiler.is_compiling():
-        return block_matmul_op(x, blocks, bits)
-    return kernels.extension().block_matmul(x, blocks, bits)
+        return block_matmul_op(x, blocks, bits, table)
+    return kernels.extension().block_matmul(x, blocks, bits, table)
 
 
 @torch.library.custom_op("inference::block_matmul", mutates_args=())
-def block_matmul_op(x: torch.Tensor, blocks: torch.Tensor, bits: int) -> torch.Tensor:
-    return kernels.extension().block_matmul(x.contiguous(), blocks, bits)
+def block_matmul_op(x: torch.Tensor, blocks: torch.Tensor, bits: int, table: bool) -> torch.Tensor:
+    return kernels.extension().block_matmul(x.contiguous(), blocks, bits, table)
 
 
 @block_matmul_op.register_fake
-def _(x: torch.Tensor, blocks: torch.Tensor, bits: int) -> torch.Tensor:
+def _(x: torch.Tensor, blocks: torch.Tensor, bits: int, table: bool) -> torch.Tensor:
     return x.new_empty(x.shape[0], blocks.shape[0])
 
 
-def dense_copy(blocks: torch.Tensor, in_features: int, dtype: torch.dtype) -> torch.Tensor:
+def dense_copy(
+    blocks: torch.Tensor, in_features: int, dtype: torch.dtype, table: bool = False
+) -> torch.Tensor:
     """The weights [out, in] the blocks hold, in `dtype` (float32 and bfloat16 rounded once from float32,
     another dtype from float32): `dequantize`'s values, written straight from the blocks by the extension's
     loop where it is built. A 1B Q4_K_M file's
@@ -315,23 +334,23 @@ def dense_copy(blocks: torch.Tensor, in_features: int, dtype: torch.dtype) -> to
     time, made 440 million weights a second on the 2-core Xeon and took 4 s of that start."""
     extension = kernels.extension()
     if extension is None or blocks.device.type != "cpu":
-        return dequantize_in_torch(blocks, in_features).to(dtype)
+        return dequantize_in_torch(blocks, in_features, table).to(dtype)
     written = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32  # what the loop writes
     out = torch.empty(blocks.shape[0], in_features, dtype=written)
-    extension.block_dequantize(blocks.contiguous(), bits_of(blocks, in_features), out)
+    extension.block_dequantize(blocks.contiguous(), layout_of(blocks, in_features, table).bits, table, out)
     return out.to(dtype)
 
 
-def dequantize(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
+def dequantize(blocks: torch.Tensor, in_features: int, table: bool = False) -> torch.Tensor:
     """The float32 weights [out, in] the blocks hold: what `matmul` multiplies by (the dense copies of a
     lean load are made of it: `dense_copy`)."""
-    return dense_copy(blocks, in_features, torch.float32)
+    return dense_copy(blocks, in_features, torch.float32, table)
 
 
-def dequantize_in_torch(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
+def dequantize_in_torch(blocks: torch.Tensor, in_features: int, table: bool = False) -> torch.Tensor:
     """`dequantize` by PyTorch's operations: where the extension is not built, and the reference its loop
     is tested against."""
-    bits, super_blocks, table = layout_of(blocks, in_features)
+    bits, super_blocks, table, symmetric = layout_of(blocks, in_features, table)
     out_features = blocks.shape[0]
     groups, count = out_features // CHANNELS, in_features // BLOCK
     if super_blocks:
@@ -363,10 +382,10 @@ def dequantize_in_torch(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
         d_and_minimum = header.reshape(out_features, -1, 2).repeat_interleave(BLOCKS_A_SUPER_BLOCK, dim=1)
         s_and_m = from_channel_bytes(tail, torch.uint8, 1).reshape(out_features, count, 2).float()
         d, m = d_and_minimum[..., 0] * s_and_m[..., 0], d_and_minimum[..., 1] * s_and_m[..., 1]
-    else:  # 8-bit: d, and m = -128 d
+    else:  # d and m, or d alone: m = -128 d (8-bit), -8 d or -16 d (symmetric)
         halves = from_channel_bytes(tail, torch.float16, 1).float().reshape(out_features, count, -1)
         d = halves[..., 0]
-        m = halves[..., 1] if bits in (4, 5) else -128 * d
+        m = halves[..., 1] if bits in (4, 5) and not symmetric else -(2 ** (bits - 1)) * d
     weights = u.float().reshape(out_features, count, BLOCK) * d[..., None] + m[..., None]
     return weights.reshape(out_features, in_features)
 

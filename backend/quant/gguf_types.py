@@ -13,7 +13,8 @@ as the file keeps them. How each GGUF type becomes one of them:
     Q4_1 block (20 bytes): fp16 d, fp16 m, 16 bytes of 4-bit q; w = d * q + m
     Q4_0 block (18 bytes): fp16 d,          16 bytes of 4-bit q; w = d * (q - 8)
         byte j of the 16 holds element j in its low nibble and element j + 16 in its high one.
-        4-bit, exactly: scale = d, zero = m + 8d (Q4_1) or 0 (Q4_0).
+        4-bit, exactly: scale = d, zero = m + 8d (Q4_1) or 0 (Q4_0). Q4_0 where the CPU multiplies
+        blocks: its symmetric blocks, d alone as the file keeps it.
     Q8_0 block (34 bytes): fp16 d, 32 int8 q; w = d * q
         8-bit, exactly.
     Q4_K super-block of 256 (144 bytes): fp16 d and dmin, then for each of its eight blocks of 32 a
@@ -23,7 +24,7 @@ as the file keeps them. How each GGUF type becomes one of them:
 
     Q5_0 block (22 bytes): fp16 d, 32 fifth bits (bit j: element j's), 16 bytes of low nibbles as Q4_0's;
         w = d * (q - 16). Q5_1 (24 bytes): fp16 d, fp16 m, then the same; w = d * q + m.
-        5-bit, exactly.
+        5-bit, exactly: Q5_0 as symmetric blocks (d alone), Q5_1 with m.
     Q5_K super-block of 256 (176 bytes): Q4_K's d, dmin, scales and mins, 32 bytes of fifth bits (bit i
         of byte l: input 32 i + l's), 128 bytes of low nibbles as Q4_K's; w = d * s * q - dmin * m.
         The CPU's 5-bit super-blocks, exactly, as Q4_K.
@@ -98,6 +99,36 @@ class FiveBitWeight:
 
 
 @dataclass(frozen=True)
+class SymmetricWeight:
+    """w = d * (q - 2^(bits - 1)), d a block of 32 inputs of an output channel: Q4_0's and Q5_0's blocks,
+    which keep d alone."""
+
+    q: torch.Tensor  # [out, in] uint8, 0..2^bits - 1
+    d: torch.Tensor  # [out, in / 32] float32, fp16 values
+    bits: ClassVar[int]
+    table: ClassVar[bool] = False
+
+    def blocks(self) -> torch.Tensor:
+        """The CPU's symmetric blocks of these weights, exactly."""
+        return block_weights.pack_symmetric(self.q, self.bits, self.d)
+
+    def per_block(self) -> FourBitWeight | FiveBitWeight:
+        """The same weights with a zero or minimum beside each scale, for the layers of devices that take
+        no symmetric blocks."""
+        if self.bits == 4:
+            return FourBitWeight(self.q, self.d, torch.zeros_like(self.d))
+        return FiveBitWeight(self.q, self.d, -16 * self.d)
+
+
+class FourBitSymmetric(SymmetricWeight):  # Q4_0
+    bits = 4
+
+
+class FiveBitSymmetric(SymmetricWeight):  # Q5_0
+    bits = 5
+
+
+@dataclass(frozen=True)
 class SuperBlockWeight:
     """w = d * s * q + minimum * m: Q4_K's and Q5_K's super-blocks, d and minimum (the file's -dmin) a
     super-block of 256 inputs of an output channel, s and m (0..63) a block of 32 in it."""
@@ -108,6 +139,7 @@ class SuperBlockWeight:
     s: torch.Tensor  # [out, in / 32] uint8
     m: torch.Tensor  # [out, in / 32] uint8
     bits: ClassVar[int]
+    table: ClassVar[bool] = False
 
     def blocks(self) -> torch.Tensor:
         """The CPU's super-blocks of these weights, exactly."""
@@ -145,6 +177,7 @@ class SixBitWeight:
     q: torch.Tensor  # [out, in] uint8, 0..63
     sub_scale: torch.Tensor  # [out, in / 16] int8
     d: torch.Tensor  # [out, in / 256] float32, fp16 values
+    table: ClassVar[bool] = False
 
     def blocks(self) -> torch.Tensor:
         return block_weights.pack_super_blocks(self.q, 6, self.d, self.sub_scale)
@@ -160,6 +193,7 @@ class TableWeight:
 
     q: torch.Tensor  # [out, in] uint8, 0..15
     d: torch.Tensor  # [out, in / 32] float32, fp16 values
+    table: ClassVar[bool] = True
 
     def blocks(self) -> torch.Tensor:
         return block_weights.pack_table(self.q, self.d)
@@ -173,6 +207,7 @@ class TableSuperBlocks:
     q: torch.Tensor  # [out, in] uint8, 0..15
     d: torch.Tensor  # [out, in / 256] float32, fp16 values
     s: torch.Tensor  # [out, in / 32] int8
+    table: ClassVar[bool] = True
 
     def blocks(self) -> torch.Tensor:
         return block_weights.pack_super_blocks(self.q, 4, self.d, self.s, table=True)
@@ -191,6 +226,12 @@ def served(kind: GGMLQuantizationType, in_features: int) -> bool:
 
 def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> Weight:
     """[out, bytes] uint8 rows of `kind`'s blocks as the engine's weights."""
+    if kind == GGMLQuantizationType.Q4_0:
+        four_bit = unpack_blocks(rows, kind)
+        return FourBitSymmetric(four_bit.q, four_bit.scale)
+    if kind == GGMLQuantizationType.Q5_0:
+        five_bit = unpack_q5(rows, kind)
+        return FiveBitSymmetric(five_bit.q, five_bit.scale)
     if kind in FOUR_BIT:
         return unpack_blocks(rows, kind)
     if kind == GGMLQuantizationType.Q8_0:
@@ -336,7 +377,7 @@ def requantize_int8(weights: np.ndarray) -> EightBitWeight:
 
 
 # The weights the CPU's blocks take as they are (block_weights.py), and all of them.
-InBlocksWeight = SuperBlockWeight | SixBitWeight | TableWeight | TableSuperBlocks
+InBlocksWeight = SymmetricWeight | SuperBlockWeight | SixBitWeight | TableWeight | TableSuperBlocks
 Weight = FourBitWeight | FiveBitWeight | EightBitWeight | InBlocksWeight
 
 

@@ -7,7 +7,9 @@ the same kind of layout: 32 inputs of an output channel share a scale (and
 a zero). So the served model multiplies by the file's own weights (Q4_0,
 Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K and Q6_K exactly, the
 other types as 8-bit blocks close to them: gguf_types.py), and reads a
-quarter (4-bit) to a half (8-bit) of the bytes a bfloat16 copy would.
+quarter (4-bit) to a half (8-bit) of the bytes a bfloat16 copy would: on a
+CPU that multiplies blocks, the file's own bytes or nearly (Q4_0 and Q5_0
+as symmetric blocks, d alone as the file keeps it).
 
 PyTorch's `_weight_int8pack_mm` takes one scale a channel only, and there
 is no 5-bit or 6-bit kernel but the blocks', so elsewhere (CUDA, a CPU
@@ -43,12 +45,15 @@ from backend.quant import block_weights, gguf_types, quantized_experts
 from backend.quant.gguf_types import (
     EightBitWeight,
     FiveBitSuperBlocks,
+    FiveBitSymmetric,
     FiveBitWeight,
     FourBitSuperBlocks,
+    FourBitSymmetric,
     FourBitWeight,
     InBlocksWeight,
     SixBitWeight,
     SuperBlockWeight,
+    SymmetricWeight,
     TableSuperBlocks,
     TableWeight,
     Weight,
@@ -89,7 +94,7 @@ PLAIN_ARCHITECTURES = {
 BLOCKS_CACHE = "gguf_blocks.safetensors"
 HEAD_KEY = ":head"  # the head's tensors in that copy (no module name starts with a colon)
 # A copy's layout: a copy written by a version that served fewer types is read past and replaced.
-BLOCKS_CACHE_VERSION = "5"
+BLOCKS_CACHE_VERSION = "6"
 # The weights a file's cached blocks hold, by name, and their fields (4-bit values packed two a byte).
 WEIGHT_KINDS = {
     kind.__name__: kind
@@ -97,6 +102,8 @@ WEIGHT_KINDS = {
         FourBitWeight,
         FiveBitWeight,
         EightBitWeight,
+        FourBitSymmetric,
+        FiveBitSymmetric,
         FourBitSuperBlocks,
         FiveBitSuperBlocks,
         SixBitWeight,
@@ -105,7 +112,7 @@ WEIGHT_KINDS = {
     )
 }
 WEIGHT_FIELDS = {kind: [field.name for field in dataclasses.fields(kind)] for kind in WEIGHT_KINDS.values()}
-FOUR_BIT_VALUES = (FourBitWeight, FourBitSuperBlocks, TableWeight, TableSuperBlocks)
+FOUR_BIT_VALUES = (FourBitWeight, FourBitSymmetric, FourBitSuperBlocks, TableWeight, TableSuperBlocks)
 
 
 class PackedWeights(Mapping[str, Weight]):
@@ -468,7 +475,8 @@ def served_layer(weight: Weight, linear: nn.Linear, kind: str) -> tuple[WeightOn
     if isinstance(weight, InBlocksWeight) and blocks_here:
         layer = BlocksLinear.of(weight, linear.bias, dense)
         return layer, f"{kind} as {layer.layout()}"
-    if isinstance(weight, SuperBlockWeight):  # no super-blocks here: Q4_K as int4 groups, Q5_K as below
+    # No super-blocks or symmetric blocks here: Q4_K and Q4_0 as int4 groups, Q5_K and Q5_0 as below.
+    if isinstance(weight, SuperBlockWeight | SymmetricWeight):
         weight = weight.per_block()
     if isinstance(weight, FourBitWeight):
         q, scale, zero = (t.to(device) for t in (weight.q, weight.scale, weight.zero))

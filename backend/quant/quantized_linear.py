@@ -108,7 +108,9 @@ class WeightOnlyLinear(nn.Module):
             return self.dense
         if self.dense_on_demand is None:
             raise ValueError("this layer has no dense copy")
-        return block_weights.dense_copy(self.blocks, self.in_features, self.dense_on_demand)
+        return block_weights.dense_copy(
+            self.blocks, self.in_features, self.dense_on_demand, self.blocks_layout.table
+        )
 
     def keep_dense(self) -> None:
         """Keep the dense copy made on demand from now on (the loader chose it for many rows)."""
@@ -217,6 +219,7 @@ class Int4Linear(WeightOnlyLinear):
     """`nn.Linear` with 4-bit weights in groups of GROUP_SIZE inputs, each group its scale and zero."""
 
     bits = 4
+    blocks_layout = block_weights.Layout(4)  # where it keeps blocks
     output_dims = {**WeightOnlyLinear.output_dims, "packed": 0, "scales_and_zeros": 1}
 
     def can_be_followed(self) -> bool:
@@ -308,6 +311,7 @@ class Int8Linear(WeightOnlyLinear):
     # loader times a head's own switch (calibration.time_head_crossover); this is the default.
     dense_from_rows = 6
     bits = 8
+    blocks_layout = block_weights.Layout(8)  # where it keeps blocks
     output_dims = {**WeightOnlyLinear.output_dims, "weight_int8": 0, "scales": 0}
 
     def __init__(
@@ -365,9 +369,9 @@ class Int8Linear(WeightOnlyLinear):
 
 class BlocksLinear(WeightOnlyLinear):
     """`nn.Linear` with weights of a GGUF type only the CPU's blocks take (block_weights.py): the
-    K-quants' super-blocks (Q4_K, Q5_K, Q6_K), IQ4_NL's and IQ4_XS's table blocks, and the 5-bit blocks of
-    Q5_0 and Q5_1. PyTorch has no kernel for these: elsewhere (CUDA, no AVX2) gguf_weights.served_layer
-    serves Q4_K as int4 groups and the rest as int8 a channel."""
+    K-quants' super-blocks (Q4_K, Q5_K, Q6_K), IQ4_NL's and IQ4_XS's table blocks, the symmetric blocks of
+    Q4_0 and Q5_0, and the 5-bit blocks of Q5_1. PyTorch has no kernel for these: elsewhere (CUDA, no
+    AVX2) gguf_weights.served_layer serves Q4_K and Q4_0 as int4 groups and the rest as int8 a channel."""
 
     dense_from_rows = 6  # as 8-bit blocks (Int8Linear), until timed (calibration.time_head_crossover)
 
@@ -377,14 +381,15 @@ class BlocksLinear(WeightOnlyLinear):
         in_features: int,
         bias: torch.Tensor | None,
         dense: torch.Tensor | None = None,
+        table: bool = False,
     ):
-        """blocks: [out, bytes a channel] of `in_features` inputs, in either of block_weights.py's layouts;
-        dense: the same weights as floats, kept on the CPU for many rows (None: bfloat16 made from the
-        blocks)."""
+        """blocks: [out, bytes a channel] of `in_features` inputs, in either of block_weights.py's layouts
+        (`table`: IQ4's table indices); dense: the same weights as floats, kept on the CPU for many rows
+        (None: bfloat16 made from the blocks)."""
         if dense is None:
-            dense = block_weights.dequantize(blocks, in_features).to(self.compute_dtype)
+            dense = block_weights.dequantize(blocks, in_features, table).to(self.compute_dtype)
         super().__init__(bias, dense)
-        self.blocks_layout = block_weights.layout_of(blocks, in_features)
+        self.blocks_layout = block_weights.layout_of(blocks, in_features, table)
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.register_buffer("blocks", blocks, persistent=False)
 
@@ -418,9 +423,9 @@ class BlocksLinear(WeightOnlyLinear):
     def of(
         cls, weight: InBlocksWeight, bias: torch.Tensor | None = None, dense: torch.Tensor | None = None
     ) -> BlocksLinear:
-        """A GGUF weight that only blocks take as it is (the K-quants' super-blocks, IQ4's table): exactly
-        its weights."""
-        return cls(weight.blocks(), weight.q.shape[1], bias, dense)
+        """A GGUF weight that only blocks take as it is (the K-quants' super-blocks, IQ4's table, Q4_0's
+        and Q5_0's symmetric blocks): exactly its weights."""
+        return cls(weight.blocks(), weight.q.shape[1], bias, dense, weight.table)
 
     @classmethod
     def int5(
@@ -431,11 +436,12 @@ class BlocksLinear(WeightOnlyLinear):
         bias: torch.Tensor | None = None,
         dense: torch.Tensor | None = None,
     ) -> BlocksLinear:
-        """w = scale * q + minimum (Q5_0, Q5_1): q [out, in] 0..31, scale and minimum [out, in / 32]."""
+        """w = scale * q + minimum (Q5_1, and Q5_K per block): q [out, in] 0..31, scale and minimum [out,
+        in / 32]."""
         return cls(block_weights.pack_int5(q, scale, minimum), q.shape[1], bias, dense)
 
     def kernel(self) -> tuple[Callable, tuple]:
-        return block_weights.matmul, (self.blocks, self.bits)
+        return block_weights.matmul, (self.blocks, self.bits, self.blocks_layout.table)
 
     def layout(self) -> str:
         return self.blocks_layout.name()

@@ -20,6 +20,7 @@ from backend.quant.block_weights import (
     pack_int6,
     pack_int8,
     pack_super_blocks,
+    pack_symmetric,
     pack_table,
 )
 
@@ -35,7 +36,7 @@ def kernel(request):
     """The kernel `matmul` takes on this CPU (AVX-512 VNNI's where it has it), then the AVX2 one that CPUs
     without take, run here too."""
     if request.param == "AVX2":
-        return extension().block_matmul_avx2
+        return lambda x, blocks, bits, table=False: extension().block_matmul_avx2(x, blocks, bits, table)
     return matmul
 
 
@@ -72,6 +73,16 @@ def int5_weights(out_features: int, in_features: int, seed: int = 0):
     minimum = fp16_exact(torch.randn(out_features, in_features // BLOCK, generator=generator) / 8)
     weight = q.float().reshape(out_features, -1, BLOCK) * scale[..., None] + minimum[..., None]
     return pack_int5(q, scale, minimum), weight.reshape(out_features, in_features)
+
+
+def symmetric_weights(bits: int, out_features: int, in_features: int, seed: int = 0):
+    """Q4_0's and Q5_0's terms: w = d * (q - 2^(bits - 1)), d alone, q's extremes among the values."""
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 2**bits, (out_features, in_features), generator=generator, dtype=torch.uint8)
+    q[0, :2] = torch.tensor([0, 2**bits - 1], dtype=torch.uint8)
+    d = fp16_exact(torch.randn(out_features, in_features // BLOCK, generator=generator) / 16)
+    weight = (q.float() - 2 ** (bits - 1)).reshape(out_features, -1, BLOCK) * d[..., None]
+    return pack_symmetric(q, bits, d), weight.reshape(out_features, in_features)
 
 
 def int6_weights(out_features: int, in_features: int, seed: int = 0):
@@ -129,12 +140,14 @@ def table_weights(super_blocks: bool, out_features: int, in_features: int, seed:
     return pack_super_blocks(q, 4, d, s, table=True), weight
 
 
-# The CPU's layouts: blocks of 32 of each bits, the K-quants' super-blocks, IQ4_NL's and IQ4_XS's tables.
+# The CPU's layouts: blocks of 32 of each bits, the K-quants' super-blocks, IQ4_NL's and IQ4_XS's tables,
+# Q4_0's and Q5_0's symmetric blocks.
 LAYOUTS = [
     *(Layout(bits) for bits in (4, 5, 6, 8)),
     *(Layout(bits, super_blocks=True) for bits in (4, 5, 6)),
     Layout(4, table=True),
     Layout(4, super_blocks=True, table=True),
+    *(Layout(bits, symmetric=True) for bits in (4, 5)),
 ]
 LAYOUT_IDS = [layout.name().replace(" ", "-") for layout in LAYOUTS]
 
@@ -150,6 +163,8 @@ def packed(bits: int | Layout, out_features: int, in_features: int, seed: int = 
         layout, bits = bits, bits.bits
         if layout.table:
             return table_weights(layout.super_blocks, out_features, in_features, seed)
+        if layout.symmetric:
+            return symmetric_weights(bits, out_features, in_features, seed)
         if layout.super_blocks:
             return super_block_weights(bits, out_features, in_features, seed)
     if bits == 4:
@@ -187,8 +202,22 @@ def test_table_blocks_hold_the_weights_they_were_packed_from(super_blocks):
     out_features, in_features = 48, 3 * SUPER_BLOCK
     blocks, weight = table_weights(super_blocks, out_features, in_features)
     assert blocks.shape == (out_features, 3 * 138 if super_blocks else in_features // BLOCK * 18)
-    assert layout_of(blocks, in_features) == Layout(4, super_blocks=super_blocks, table=True)
+    assert layout_of(blocks, in_features, table=True) == Layout(4, super_blocks=super_blocks, table=True)
+    assert torch.equal(dequantize(blocks, in_features, table=True), weight)
+
+
+@pytest.mark.parametrize("bits", [4, 5])
+def test_symmetric_blocks_keep_d_alone_and_hold_the_weights_they_were_packed_from(bits):
+    """Q4_0's and Q5_0's own 18 and 22 bytes a channel's 32 inputs, where an m beside d took 20 and 24;
+    4-bit ones take as many bytes as IQ4_NL's table blocks, told apart by `table`."""
+    out_features, in_features = 48, 5 * BLOCK
+    blocks, weight = symmetric_weights(bits, out_features, in_features)
+    assert blocks.shape == (out_features, in_features // BLOCK * {4: 18, 5: 22}[bits])
+    assert layout_of(blocks, in_features) == Layout(bits, symmetric=True)
     assert torch.equal(dequantize(blocks, in_features), weight)
+    if bits == 4:
+        assert layout_of(blocks, in_features, table=True) == Layout(4, table=True)
+        assert not torch.equal(dequantize(blocks, in_features, table=True), weight)
 
 
 @pytest.mark.parametrize("bits", [4, 5, 6, 8])
@@ -219,7 +248,8 @@ def test_channels_packed_a_part_at_a_time_are_the_layer_packed_whole(layout, mon
     monkeypatch.setattr(block_weights, "PACK_CHANNELS", 32)
     in_parts, _ = pack()
     assert torch.equal(in_parts, whole)
-    assert torch.equal(dequantize(in_parts, weight.shape[1]), weight)
+    table = isinstance(layout, Layout) and layout.table
+    assert torch.equal(dequantize(in_parts, weight.shape[1], table), weight)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
@@ -232,15 +262,16 @@ def test_the_loop_makes_the_weights_pytorchs_operations_make_from_any_bytes(layo
     blocks, weight = packed(layout, out_features, in_features)
     noise = torch.randint(0, 256, blocks.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     for tried in (blocks, noise):
-        expected = block_weights.dequantize_in_torch(tried, in_features)
+        expected = block_weights.dequantize_in_torch(tried, in_features, layout.table)
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            got = block_weights.dense_copy(tried, in_features, dtype)
+            got = block_weights.dense_copy(tried, in_features, dtype, layout.table)
             assert got.dtype == dtype and got.shape == (out_features, in_features)
             torch.testing.assert_close(got, expected.to(dtype), atol=0, rtol=0, equal_nan=True)
-    assert torch.equal(dequantize(blocks, in_features), weight)
+    assert torch.equal(dequantize(blocks, in_features, layout.table), weight)
     monkeypatch.setattr(extension_module, "_extension", None)
     monkeypatch.setattr(extension_module, "_unavailable", "switched off by the test")
-    assert torch.equal(block_weights.dense_copy(blocks, in_features, torch.bfloat16), weight.bfloat16())
+    copy = block_weights.dense_copy(blocks, in_features, torch.bfloat16, layout.table)
+    assert torch.equal(copy, weight.bfloat16())
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
@@ -254,7 +285,7 @@ def test_the_kernel_multiplies_activations_rounded_per_block_by_the_blocks_weigh
     for rows in (1, 3, 8, 9, 17):
         x = torch.randn(rows, in_features, generator=generator).to(dtype)
         x[0, :BLOCK] = 0  # a block of zeros: no scale to divide by
-        got = kernel(x, blocks, layout.bits)
+        got = kernel(x, blocks, layout.bits, layout.table)
         assert got.dtype == dtype and got.shape == (rows, out_features)
         expected = rounded_per_block(x) @ weight.double().T
         tolerance = (1e-5 if dtype == torch.float32 else 2**-8) * expected.abs().max().item()
@@ -286,28 +317,33 @@ def test_a_row_alone_gets_the_products_it_gets_among_others(layout, kernel):
     out_features, in_features = 96, inputs_of(layout, 6)
     blocks = packed(layout, out_features, in_features)[0]
     x = torch.randn(6, in_features, generator=torch.Generator().manual_seed(4))
-    together = kernel(x, blocks, layout.bits)
+    together = kernel(x, blocks, layout.bits, layout.table)
     for row in range(len(x)):
-        assert torch.equal(kernel(x[row : row + 1], blocks, layout.bits), together[row : row + 1]), row
+        assert torch.equal(
+            kernel(x[row : row + 1], blocks, layout.bits, layout.table), together[row : row + 1]
+        ), row
 
 
 @pytest.mark.skipif(block_weights.kernel(CPU) != "AVX-512 VNNI", reason="this CPU has the AVX2 kernel alone")
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_the_avx2_kernel_gives_the_avx512_kernels_products(layout):
-    """The same int8 activations and integer sums: 4-, 5- and 6-bit products bit for bit; 8-bit ones (and a
-    table's, multiplied as 8-bit ones) sum q * x where AVX-512 sums u * x and subtracts 128 * x, so they
-    differ by float32 rounding alone."""
+    """The same int8 activations and integer sums: 4-, 5- and 6-bit products bit for bit (symmetric ones
+    too: both add m = -8 d or -16 d times x's sum); 8-bit ones (and a table's, multiplied as 8-bit ones)
+    sum q * x where AVX-512 sums u * x and subtracts 128 * x, so they differ by float32 rounding alone."""
     bits, in_features = layout.bits, inputs_of(layout, 9)
     blocks = packed(layout, 64, in_features)[0]
     x = torch.randn(9, in_features, generator=torch.Generator().manual_seed(3))  # 4 + 4 + 1 rows with AVX2
-    avx512, avx2 = matmul(x, blocks, bits), extension().block_matmul_avx2(x, blocks, bits)
+    avx512 = matmul(x, blocks, bits, layout.table)
+    avx2 = extension().block_matmul_avx2(x, blocks, bits, layout.table)
     if bits != 8 and not layout.table:
         assert torch.equal(avx2, avx512)
     else:
         assert (avx2 - avx512).abs().max() < 1e-6 * avx512.abs().max()
 
 
-@pytest.mark.parametrize("bits", [4, 5, 6, 8, Layout(4, super_blocks=True), Layout(4, table=True)])
+@pytest.mark.parametrize(
+    "bits", [4, 5, 6, 8, Layout(4, super_blocks=True), Layout(4, table=True), Layout(4, symmetric=True)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_nan_activation_makes_every_product_of_its_row_nan(bits, dtype, kernel):
     """Wherever the NaN sits in its block (a lane of either half, the first or the last), its row's
@@ -315,13 +351,13 @@ def test_a_nan_activation_makes_every_product_of_its_row_nan(bits, dtype, kernel
     an infinite activation gives NaN too; the other rows' products are as without it."""
     in_features = SUPER_BLOCK if isinstance(bits, Layout) else 4 * BLOCK
     blocks = packed(bits, 32, in_features)[0]
-    bits = bits.bits if isinstance(bits, Layout) else bits
+    bits, table = (bits.bits, bits.table) if isinstance(bits, Layout) else (bits, False)
     x = torch.randn(5, in_features, generator=torch.Generator().manual_seed(4)).to(dtype)
-    clean = kernel(x, blocks, bits)
+    clean = kernel(x, blocks, bits, table)
     for column, bad in ((0, "nan"), (9, "nan"), (16, "nan"), (31, "nan"), (77, "nan"), (100, "inf")):
         poisoned = x.clone()
         poisoned[2, column] = float(bad)
-        got = kernel(poisoned, blocks, bits)
+        got = kernel(poisoned, blocks, bits, table)
         assert got[2].isnan().all(), (column, bad)
         assert torch.equal(got[[0, 1, 3, 4]], clean[[0, 1, 3, 4]])
 
@@ -369,3 +405,7 @@ def test_wrong_inputs_are_refused_with_the_reason():
     six_bit_super_blocks, _ = super_block_weights(6, 32, SUPER_BLOCK)
     with pytest.raises(RuntimeError, match="do not hold 4-bit blocks or super-blocks of 256 inputs"):
         matmul(torch.randn(1, SUPER_BLOCK), six_bit_super_blocks, 4)
+    with pytest.raises(RuntimeError, match="a table's indices are 4-bit, not 5"):
+        matmul(torch.randn(1, 2 * BLOCK), symmetric_weights(5, 32, 2 * BLOCK)[0], 5, table=True)
+    with pytest.raises(RuntimeError, match="do not hold 4-bit table blocks"):  # 4-bit blocks with an m
+        matmul(torch.randn(1, 2 * BLOCK), blocks, 4, table=True)

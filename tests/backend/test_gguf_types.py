@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType, quants
 from backend.quant import block_weights
 from backend.quant.gguf_types import (
     EightBitWeight,
+    FiveBitSymmetric,
     FiveBitWeight,
     FourBitWeight,
     SixBitWeight,
@@ -117,17 +118,25 @@ def test_the_cpus_6_bit_blocks_of_32_hold_q6_k_bit_for_bit():
 
 @pytest.mark.parametrize("kind", [GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1])
 def test_5_bit_types_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
-    """Q5_0's and Q5_1's fifth bits in a 32-bit word: the CPU's 5-bit blocks hold them bit for bit."""
+    """Q5_0's and Q5_1's fifth bits in a 32-bit word: the CPU's 5-bit blocks hold them bit for bit, Q5_0's
+    symmetric ones with d alone (22 bytes a channel's 32, as in the file)."""
     w = weights(32, 768)
     rows = quantize(w, kind)
     expected = torch.from_numpy(quants.dequantize(rows, kind))
-    five_bit = unpack(rows, kind)
+    unpacked = unpack(rows, kind)
+    symmetric = kind == GGMLQuantizationType.Q5_0
+    assert isinstance(unpacked, FiveBitSymmetric if symmetric else FiveBitWeight)
+    five_bit = unpacked.per_block() if symmetric else unpacked
     assert isinstance(five_bit, FiveBitWeight) and five_bit.q.max() == 31 and five_bit.q.min() == 0
     rebuilt = five_bit.q.float().reshape(32, -1, 32) * five_bit.scale[..., None] + five_bit.minimum[..., None]
     np.testing.assert_allclose(rebuilt.reshape(32, -1).numpy(), expected, rtol=0, atol=1e-7)
     if not block_weights.available(torch.device("cpu")):
         return
-    layer = BlocksLinear.int5(five_bit.q, five_bit.scale, five_bit.minimum)
+    if symmetric:
+        layer = BlocksLinear.of(unpacked)
+        assert layer.layout() == "5-bit symmetric blocks" and layer.blocks.shape == (32, 24 * 22)
+    else:
+        layer = BlocksLinear.int5(five_bit.q, five_bit.scale, five_bit.minimum)
     assert torch.equal(block_weights.dequantize(layer.blocks, 768), expected)
     x = torch.randn(4, 768)
     reference = x @ expected.T
@@ -163,7 +172,7 @@ def test_iq4_types_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
         "4-bit table super-blocks" if kind == GGMLQuantizationType.IQ4_XS else "4-bit table blocks"
     )
     assert layer.blocks.shape == (32, 3 * 138 if kind == GGMLQuantizationType.IQ4_XS else 24 * 18)
-    assert torch.equal(block_weights.dequantize(layer.blocks, 768), expected)
+    assert torch.equal(block_weights.dequantize(layer.blocks, 768, table=True), expected)
     x = torch.randn(4, 768)
     reference = x @ expected.T
     assert (layer(x) - reference).abs().max() < 0.02 * reference.abs().max()

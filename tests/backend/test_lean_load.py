@@ -94,11 +94,11 @@ def test_a_calibration_pass_holds_one_copy_made_on_demand_at_a_time(tmp_path, mo
     calibrate_alike(monkeypatch, max_error=1.0)  # every int8 path is close enough
     held, dense_copy = [], block_weights.dense_copy
 
-    def counting(blocks, in_features, dtype):
+    def counting(blocks, in_features, dtype, table=False):
         ((model, _),) = loads
         modules = [m for m in model.modules() if isinstance(m, WeightOnlyLinear)]
         held.append(sum(m.dense is not None and m.dense_on_demand is not None for m in modules))
-        return dense_copy(blocks, in_features, dtype)
+        return dense_copy(blocks, in_features, dtype, table)
 
     monkeypatch.setattr(block_weights, "dense_copy", counting)
     served = load_on_cpu(path, tmp_path, quantize="auto").model

@@ -289,8 +289,9 @@ def dequantized_like_transformers(model: torch.nn.Module, kinds: dict) -> dict[s
 def test_a_gguf_files_q8_0_and_q4_0_layers_are_served_from_their_blocks(tmp_path, monkeypatch, weight_layout):
     """A Llama file mixing Q8_0 attention and Q4_0 MLP layers, q and k permuted as llama.cpp stores them:
     each layer is the file's weights exactly where the CPU multiplies blocks (Q8_0 with its scale a block
-    of 32); for PyTorch's int8 kernel, which takes a scale a channel, Q8_0 layers are quantized again.
-    Read once: a second start takes both kinds from the copy."""
+    of 32, Q4_0 in symmetric blocks: d alone, 18 bytes a channel's 32 as in the file); for PyTorch's
+    kernels, Q4_0 is its int4 layer and Q8_0 layers, which its int8 kernel takes with a scale a channel,
+    are quantized again. Read once: a second start takes both kinds from the copy."""
     kinds = {"self_attn": GGMLQuantizationType.Q8_0, "mlp": GGMLQuantizationType.Q4_0}
     path = write_gguf_linears(tmp_path / "tiny.gguf", tiny_model("llama"), kinds)
     for start in range(2):
@@ -304,9 +305,13 @@ def test_a_gguf_files_q8_0_and_q4_0_layers_are_served_from_their_blocks(tmp_path
             assert serve_gguf_weights(model, path, tmp_path) == 2 * 7  # the head is not in the file
         for name, weight in expected.items():
             layer = model.get_submodule(name)
-            assert type(layer) is (Int8Linear if "self_attn" in name else Int4Linear), name
+            four_bit = BlocksLinear if weight_layout == "blocks" else Int4Linear
+            assert type(layer) is (Int8Linear if "self_attn" in name else four_bit), name
             if weight_layout == "blocks":
                 assert torch.equal(block_weights.dequantize(layer.blocks, weight.shape[1]), weight), name
+                if "mlp" in name:
+                    assert layer.layout() == "4-bit symmetric blocks"
+                    assert layer.blocks.shape[1] == weight.shape[1] // 32 * 18, name
             elif type(layer) is Int8Linear:  # a scale a channel: close, not equal
                 served = layer.weight_int8.float() * layer.scales.float()[:, None]
                 assert not torch.equal(served, weight)
@@ -320,7 +325,7 @@ def test_a_gguf_files_q8_0_and_q4_0_layers_are_served_from_their_blocks(tmp_path
 SERVED_AS = {
     GGMLQuantizationType.Q4_K: "4-bit super-blocks",
     GGMLQuantizationType.Q5_K: "5-bit super-blocks",
-    GGMLQuantizationType.Q5_0: "5-bit blocks",
+    GGMLQuantizationType.Q5_0: "5-bit symmetric blocks",
     GGMLQuantizationType.Q6_K: "6-bit super-blocks",
     GGMLQuantizationType.IQ4_XS: "4-bit table super-blocks",
     GGMLQuantizationType.IQ4_NL: "4-bit table blocks",
@@ -366,7 +371,10 @@ def test_a_k_quant_files_layers_are_served_from_their_blocks(
             layer = model.get_submodule(name)
             if blocks:
                 assert type(layer) is BlocksLinear and layer.layout() == SERVED_AS[kind], name
-                assert torch.equal(block_weights.dequantize(layer.blocks, weight.shape[1]), weight), name
+                table = layer.blocks_layout.table
+                assert torch.equal(block_weights.dequantize(layer.blocks, weight.shape[1], table), weight), (
+                    name
+                )
             else:
                 assert type(layer) is (Int4Linear if kind == GGMLQuantizationType.Q4_K else Int8Linear), name
             reference = x[:, : weight.shape[1]] @ weight.T
