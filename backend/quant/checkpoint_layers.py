@@ -8,7 +8,8 @@ converts otherwise. One loop then serves them all, the same way:
     its own FP8 values, a scale a channel or a tensor or a 128 x 128, on a GPU with FP8 arithmetic: an
         Fp8Linear or Fp8BlockLinear (fp8_linear.py: FP8 products, the activations quantized to e4m3)
     its own 4-bit values in groups of consecutive inputs: an Int4Linear (blocks on a CPU that has them,
-        PyTorch's int4 kernel elsewhere)
+        PyTorch's int4 kernel elsewhere); a symmetric checkpoint's, on a CPU with blocks, a BlocksLinear
+        of symmetric blocks (d alone, as GGUF's Q4_0)
     its own 8-bit values: an Int8Linear, where the device multiplies their scales (a block's on a CPU
         with blocks; a channel's anywhere)
     anything else, on a CPU with blocks: 8-bit blocks converted once (the layer's `converted`)
@@ -36,9 +37,16 @@ from backend.quant.fp8_linear import (
     fp8_products,
 )
 from backend.quant.gguf_types import EightBitWeight, FourBitWeight
-from backend.quant.quantized_linear import Int4Linear, Int8Linear, fits_int4_kernels, replace_module
+from backend.quant.quantized_linear import (
+    BlocksLinear,
+    Int4Linear,
+    Int8Linear,
+    fits_int4_kernels,
+    replace_module,
+)
 
 FOUR_BIT = "4-bit blocks of the checkpoint's groups"
+SYMMETRIC_FOUR_BIT = "4-bit symmetric blocks of the checkpoint's groups"
 EIGHT_BIT = "8-bit blocks of the checkpoint's values"
 FP8_PRODUCTS = "FP8 products"
 FLOATS = "dequantized floats"
@@ -80,9 +88,9 @@ def serve_layers(model: nn.Module, layers: dict[str, StoredLayer]) -> Counter:
             replace_module(model, name, fp8_linear)
             served[how] += 1
         elif four_bit is not None:
-            q, scale, zero = (t.to(device) for t in (four_bit.q, four_bit.scale, four_bit.zero))
-            replace_module(model, name, Int4Linear(q, scale, zero, linear.bias, dense=dense))
-            served[FOUR_BIT] += 1
+            how, four_bit_linear = four_bit_layer(four_bit, linear.bias, dense, device)
+            replace_module(model, name, four_bit_linear)
+            served[how] += 1
         elif eight_bit is not None and (blocks or eight_bit[1].dim() == 1):
             q, scale = (t.to(device) for t in eight_bit)
             replace_module(model, name, Int8Linear(q, scale, linear.bias, dense=dense))
@@ -94,6 +102,18 @@ def serve_layers(model: nn.Module, layers: dict[str, StoredLayer]) -> Counter:
         else:
             served[FLOATS] += 1
     return served
+
+
+def four_bit_layer(
+    four_bit: FourBitWeight, bias: torch.Tensor | None, dense: torch.Tensor, device: torch.device
+) -> tuple[str, nn.Module]:
+    """A 4-bit layer of these weights and how it is served, for the log: a symmetric checkpoint's (every
+    zero 0) in symmetric blocks where the CPU multiplies blocks, d alone (4.5 bits a weight, not 5)."""
+    symmetric = four_bit.symmetric()
+    if symmetric is not None and BlocksLinear.takes(dense.shape, device):
+        return SYMMETRIC_FOUR_BIT, BlocksLinear.of(symmetric, bias, dense)
+    q, scale, zero = (t.to(device) for t in (four_bit.q, four_bit.scale, four_bit.zero))
+    return FOUR_BIT, Int4Linear(q, scale, zero, bias, dense=dense)
 
 
 def fp8_layer(

@@ -79,6 +79,13 @@ class FourBitWeight:
     scale: torch.Tensor  # [out, in / 32] float32
     zero: torch.Tensor  # [out, in / 32] float32
 
+    def symmetric(self) -> FourBitSymmetric | None:
+        """The same weights as Q4_0's, d alone, where every zero is 0 (w = (q - 8) * scale: symmetric GPTQ
+        and compressed-tensors checkpoints); else None."""
+        if bool((self.zero != 0).any()):
+            return None
+        return FourBitSymmetric(self.q, self.scale)
+
 
 @dataclass(frozen=True)
 class EightBitWeight:

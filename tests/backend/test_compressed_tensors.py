@@ -16,7 +16,7 @@ from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from backend.quant import block_weights, compressed_checkpoint
 from backend.quant.group_wise import UnsupportedCheckpoint
-from backend.quant.quantized_linear import Int4Linear, Int8Linear
+from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear
 from tests.backend.compressed_tensors_files import FORMATS, SCHEMES, write_compressed_checkpoint
 from tests.backend.models import MarkerTokenizer, drive, load_on_cpu, reference_greedy, text_of
 
@@ -71,13 +71,14 @@ def test_unpacking_gives_the_librarys_weights_exactly_in_float32(tmp_path):
                 assert torch.equal(dequantize(four_bit), expected[module]), (name, module)
 
 
-FOUR_BIT, EIGHT_BIT = (
+FOUR_BIT, SYMMETRIC, EIGHT_BIT = (
     "4-bit blocks of the checkpoint's groups x14",
+    "4-bit symmetric blocks of the checkpoint's groups x14",  # d alone, as GGUF's Q4_0
     "8-bit blocks of the checkpoint's values x14",
 )
 CONVERTED = "8-bit blocks converted once from the dequantized weights x14"
 SERVED = {  # name: (layer type, the log's scheme and how its layers were served)
-    "w4a16-group-symmetric": (Int4Linear, "int4, groups of 32, symmetric", FOUR_BIT),
+    "w4a16-group-symmetric": (BlocksLinear, "int4, groups of 32, symmetric", SYMMETRIC),
     "w4a16-group-asymmetric": (Int4Linear, "int4, groups of 64, asymmetric", FOUR_BIT),
     "w4a16-channel-asymmetric": (Int4Linear, "int4, a scale a channel, asymmetric", FOUR_BIT),
     "w8a16-channel": (Int8Linear, "int8, a scale a channel, symmetric", EIGHT_BIT),
@@ -247,12 +248,13 @@ def test_act_order_layers_are_read_as_the_library_does_and_served_by_8_bit_block
         served = load(tmp_path / "w4a16-group-symmetric", tmp_path).model
     if not block_weights.available(torch.device("cpu")):
         return
-    assert isinstance(served.get_submodule("model.layers.0.mlp.down_proj"), Int4Linear)  # consecutive
+    consecutive = served.get_submodule("model.layers.0.mlp.down_proj")
+    assert isinstance(consecutive, BlocksLinear) and consecutive.layout() == "4-bit symmetric blocks"
     layer = served.get_submodule(scattered)
     assert isinstance(layer, Int8Linear)
     assert (
-        "4-bit blocks of the checkpoint's groups x13, 8-bit blocks converted once from the dequantized "
-        "weights (act-order groups) x1" in caplog.text
+        "4-bit symmetric blocks of the checkpoint's groups x13, 8-bit blocks converted once from the "
+        "dequantized weights (act-order groups) x1" in caplog.text
     )
     weight = expected[scattered]
     error = (block_weights.dequantize(layer.blocks, in_features) - weight).reshape(-1, 32).abs()

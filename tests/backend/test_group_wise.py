@@ -12,7 +12,7 @@ import torch
 from backend.model.architectures import UnsupportedModel
 from backend.quant import block_weights, group_wise
 from backend.quant.group_wise import UnsupportedCheckpoint, checkpoint_format
-from backend.quant.quantized_linear import Int4Linear, Int8Linear
+from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear
 from tests.backend.group_wise_files import write_group_wise_checkpoint
 from tests.backend.models import greedy_agreements, load_on_cpu, write_tiny_causal_lm
 
@@ -36,9 +36,10 @@ CHECKPOINTS = {  # name: write_group_wise_checkpoint's options
 }
 ACT_ORDER = "gptq-v1-act-order"
 FOUR_BIT = "4-bit blocks of the checkpoint's groups x14"
+SYMMETRIC = "4-bit symmetric blocks of the checkpoint's groups x14"  # d alone, as GGUF's Q4_0
 CONVERTED = "8-bit blocks converted once from the dequantized weights ({}) x14"
 SERVED = {  # name: (layer type, the log's format and how its layers were served)
-    "gptq-v1-symmetric": (Int4Linear, "GPTQ checkpoint (4-bit, groups of 32)", FOUR_BIT),
+    "gptq-v1-symmetric": (BlocksLinear, "GPTQ checkpoint (4-bit, groups of 32)", SYMMETRIC),
     "gptq-v1-asymmetric": (Int4Linear, "GPTQ checkpoint (4-bit, groups of 64)", FOUR_BIT),
     "gptq-v2-asymmetric": (Int4Linear, "GPTQ checkpoint (4-bit, groups of 32)", FOUR_BIT),
     "awq": (Int4Linear, "AWQ checkpoint (4-bit, groups of 64)", FOUR_BIT),
@@ -122,7 +123,9 @@ def test_unpacking_gives_the_librarys_weights_exactly_in_float32(tmp_path):
             four_bit = layer.four_bit()
             if four_bit is not None:
                 assert torch.equal(group_wise.dequantize(four_bit), expected[module]), (name, module)
-            assert (four_bit is not None) == (SERVED[name][2] == FOUR_BIT), (name, module)
+            assert (four_bit is not None) == (SERVED[name][2] in (FOUR_BIT, SYMMETRIC)), (name, module)
+            if four_bit is not None:
+                assert (four_bit.symmetric() is not None) == CHECKPOINTS[name]["symmetric"], (name, module)
 
 
 @pytest.mark.parametrize("name", ["gptq-v1-symmetric", ACT_ORDER, "gptq-8-bit-v1-symmetric"])
@@ -201,7 +204,7 @@ def each_layer_on(device: str, name: str, tmp_path) -> None:
     for module, weight in expected.items():
         layer = model.get_submodule(module)
         if not block_weights.available(torch.device(device)):
-            kind = Int4Linear if SERVED[name][2] == FOUR_BIT else torch.nn.Linear
+            kind = Int4Linear if SERVED[name][2] in (FOUR_BIT, SYMMETRIC) else torch.nn.Linear
             assert type(layer) is kind, module
         inputs = x[:, : weight.shape[1]].contiguous()
         reference = inputs.float() @ weight.to(device).T
