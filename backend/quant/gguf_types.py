@@ -31,12 +31,16 @@ as the file keeps them. How each GGUF type becomes one of them:
     Q6_K super-block of 256 (210 bytes): 128 bytes of low nibbles, 64 of top two bits, sixteen int8
         scales s (one a 16 inputs), fp16 d; w = d * s * (q - 32), q in 0..63
         The CPU's 6-bit super-blocks, exactly (d and s as they are).
+    Q3_K super-block of 256 (110 bytes): 32 bytes of third bits, 64 of low two bits, sixteen 6-bit
+        scales s + 32 (one a 16 inputs) in 12 bytes, fp16 d; w = d * s * q, q in -4..3
+        The CPU's 6-bit super-blocks, exactly: q + 32 is a 6-bit value and s an int8 (6.56 bits a
+        weight where the file keeps 3.44; requantized to 8-bit blocks it took 8.5 and moved them).
     IQ4_NL block (18 bytes): fp16 d, 16 bytes of 4-bit indices into a table t of 16 int8 values (byte j:
         input j's low, j + 16's high); w = d * t[q]. IQ4_XS super-block of 256 (136 bytes): fp16 d, each
         block's 6-bit s + 32, then each block's indices as IQ4_NL's; w = d * s * t[q].
         The CPU's table blocks and super-blocks, exactly.
 
-Every other type that the gguf package dequantizes (Q2_K, Q3_K, the other
+Every other type that the gguf package dequantizes (Q2_K, the other
 IQ types, ...) is quantized again from its dequantized weights to 8-bit blocks
 of 32 with the block's largest magnitude at 127. That adds at most half a
 step of 1/127 of a block's largest weight, and keeps 8.5 bits a weight where
@@ -64,6 +68,7 @@ Q4_K_BYTES = 144  # fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 by
 Q5_BYTES = {GGMLQuantizationType.Q5_0: 22, GGMLQuantizationType.Q5_1: 24}  # bytes per block of 32
 Q5_K_BYTES = 176  # Q4_K's 16 bytes of d, dmin, scales and mins, 32 of fifth bits, 128 of low nibbles
 Q6_K_BYTES = 210  # 128 bytes of low nibbles, 64 of top two bits, 16 int8 scales, fp16 d
+Q3_K_BYTES = 110  # 32 bytes of third bits, 64 of low two bits, 12 of 6-bit scales, fp16 d
 IQ4_NL_BYTES = 18  # fp16 d, 16 bytes of 4-bit indices
 IQ4_XS_BYTES = 136  # fp16 d, 2 + 4 bytes of 6-bit scales, 128 bytes of 4-bit indices
 SUPER_BLOCK = 256  # the inputs of a K-quant's super-block
@@ -251,6 +256,8 @@ def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> Weight:
         return unpack_q5_k(rows)
     if kind == GGMLQuantizationType.Q6_K:
         return unpack_q6_k(rows)
+    if kind == GGMLQuantizationType.Q3_K:
+        return unpack_q3_k(rows)
     if kind == GGMLQuantizationType.IQ4_NL:
         return unpack_iq4_nl(rows)
     if kind == GGMLQuantizationType.IQ4_XS:
@@ -339,6 +346,28 @@ def unpack_q6_k(rows: np.ndarray) -> SixBitWeight:
         torch.from_numpy(q.reshape(out_features, -1)),
         torch.from_numpy(sub_scale.reshape(out_features, -1)),
         torch.from_numpy(d.reshape(out_features, -1)),
+    )
+
+
+def unpack_q3_k(rows: np.ndarray) -> SixBitWeight:
+    """[out, super-blocks * 110] uint8 rows of Q3_K to Q6_K's terms, q + 32 and its int8 scales: input e's
+    low two bits in byte 32 (e // 128) + e % 32 of its 64, at bits 2 (e % 128 // 32), its third bit in
+    byte e % 32 of its 32 at bit e // 32 (set: q = the low bits; clear: they less 4); scale i + 32's low
+    nibble in byte i % 8 (the high one from i = 8 on), its top two bits in byte 8 + i % 4 at bits 2 (i //
+    4)."""
+    out_features = rows.shape[0]
+    blocks = np.ascontiguousarray(rows).reshape(-1, Q3_K_BYTES)
+    third = blocks[:, :32].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    low = blocks[:, 32:96].reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
+    q = (low & 3).reshape(-1, 256) + 4 * (third & 1).reshape(-1, 256)  # q + 4, 0..7
+    packed = blocks[:, 96:108]
+    low_nibbles = packed[:, :8, None] >> np.array([0, 4], dtype=np.uint8)  # [super-blocks, 8, 2]
+    top = packed[:, None, 8:] >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 4, 1)  # [super-blocks, 4, 4]
+    biased = (low_nibbles.transpose(0, 2, 1).reshape(-1, 16) & 0x0F) | ((top.reshape(-1, 16) & 3) << 4)
+    return SixBitWeight(
+        torch.from_numpy((q + block_weights.SIX_BIT_OFFSET - 4).astype(np.uint8).reshape(out_features, -1)),
+        torch.from_numpy((biased.astype(np.int16) - 32).astype(np.int8).reshape(out_features, -1)),
+        torch.from_numpy(halves(blocks[:, 108:110]).reshape(out_features, -1)),
     )
 
 

@@ -8,6 +8,8 @@ but blocks of the same layout, checked against the gguf package's dequantization
     Q5_K: the same with 5-bit q, the fifth bits in 32 bytes before the low nibbles.
     Q6_K, per 256 inputs: 128 bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales s (one a
         16 inputs), fp16 d; w = d * s * (q - 32).
+    Q3_K, per 256 inputs: 32 bytes of third bits (hmask), 64 of low 2-bit pairs, 12 of sixteen 6-bit
+        scales s + 32 (one a 16 inputs), fp16 d; w = d * s * q, q in -4..3.
 
 And IQ4_NL's and IQ4_XS's (block_iq4_nl, block_iq4_xs), whose 4-bit q index 16 int8 values t:
 
@@ -32,6 +34,7 @@ def quantize(weights: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
         GGMLQuantizationType.Q4_K: lambda w: scaled_with_min(w, 15),
         GGMLQuantizationType.Q5_K: lambda w: scaled_with_min(w, 31),
         GGMLQuantizationType.Q6_K: q6_k,
+        GGMLQuantizationType.Q3_K: q3_k,
         GGMLQuantizationType.IQ4_NL: iq4_nl,
         GGMLQuantizationType.IQ4_XS: iq4_xs,
     }
@@ -101,6 +104,35 @@ def q6_k(supers: np.ndarray) -> np.ndarray:
         [low.reshape(-1, 128), high.reshape(-1, 64), scales.astype(np.int8).view(np.uint8), as_bytes(d)],
         axis=-1,
     )
+
+
+def q3_k(supers: np.ndarray) -> np.ndarray:
+    """Q3_K blocks of [n, 256] weights: each 16's largest magnitude at q = -4 of its scale, which is
+    negative where that weight is positive (q runs from -4 to 3)."""
+    blocks = supers.reshape(-1, 16, 16)
+    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    step = -largest / 4  # [n, 16]
+    d = fp16(np.abs(step).max(axis=-1) / 31)
+    magnitude = np.clip(np.ceil(np.abs(step) / np.maximum(d.astype(np.float32), 1e-30)[:, None]), 0, 31)
+    scales = np.sign(step) * magnitude
+    block_scale = d.astype(np.float32)[:, None] * scales
+    safe = np.where(block_scale == 0, 1.0, block_scale)[..., None]
+    q = np.clip(np.round(blocks / safe), -4, 3).astype(np.int8) + 4
+    u = q.astype(np.uint8).reshape(-1, 256)  # q + 4, 0..7
+    # Input e: its low two bits in byte 32 (e // 128) + e % 32 of qs, at bits 2 (e % 128 // 32); its third
+    # bit (set where q >= 0) in byte e % 32 of hmask, at bit e // 32.
+    low = (u & 3).reshape(-1, 2, 4, 32) << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+    qs = np.bitwise_or.reduce(low, axis=2).astype(np.uint8).reshape(-1, 64)
+    third = (u >> 2).reshape(-1, 8, 32) << np.arange(8, dtype=np.uint8)[None, :, None]
+    hmask = np.bitwise_or.reduce(third, axis=1).astype(np.uint8)
+    # Scale i + 32 (6 bits): its low nibble in byte i % 8 (the high nibble from i = 8 on), its top two bits
+    # in byte 8 + i % 4, at bits 2 (i // 4).
+    biased = (scales.astype(np.int16) + 32).astype(np.uint8)
+    packed = np.zeros((biased.shape[0], 12), dtype=np.uint8)
+    packed[:, :8] = (biased[:, :8] & 0x0F) | ((biased[:, 8:] & 0x0F) << 4)
+    top = (biased >> 4).reshape(-1, 4, 4) << (2 * np.arange(4, dtype=np.uint8))[None, :, None]
+    packed[:, 8:] = np.bitwise_or.reduce(top, axis=1)
+    return np.concatenate([hmask, qs, packed, as_bytes(d)], axis=-1)
 
 
 def nearest_indices(scaled: np.ndarray) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Each GGUF type's blocks become the engine's weights: the K-quants (Q4_K, Q5_K, Q6_K) as super-blocks,
+"""Each GGUF type's blocks become the engine's weights: the K-quants (Q4_K, Q5_K, Q6_K; Q3_K as Q6_K) as
+super-blocks,
 Q5_0 and Q5_1 as 5-bit blocks, exactly, the other types as 8-bit blocks within half a step of 1/127 of
 each block's largest weight, against the gguf package's own dequantization (the reference transformers
 loads too)."""
@@ -25,10 +26,19 @@ from backend.quant.gguf_types import (
 from backend.quant.quantized_linear import BlocksLinear, Int8Linear
 from tests.backend.k_quants import quantize
 
-K_TYPES = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
+K_TYPES = [
+    GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K,
+    GGMLQuantizationType.Q6_K,
+    GGMLQuantizationType.Q3_K,
+]
+SIGNED_SCALES = (GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q3_K)  # w = d * s * q, a 16 inputs' s
 # Largest error of the writer against the weights, in steps of the kind's largest block (its range over
-# 15 or 31 levels; Q6_K: its largest magnitude over 31): half a step, with room for fp16 scales.
+# 15 or 31 levels; Q6_K: its largest magnitude over 31): half a step, with room for fp16 scales. Q3_K's
+# q run from -4 to 3 (its step: the largest magnitude over 4), so a weight of the other sign near the
+# largest is a step away.
 HALF_STEP = 0.5 + 1e-2
+ONE_STEP = 1 + 1e-2
 
 
 def weights(rows: int, columns: int, seed: int = 0) -> np.ndarray:
@@ -41,9 +51,9 @@ def weights(rows: int, columns: int, seed: int = 0) -> np.ndarray:
 
 
 def largest_step(w: np.ndarray, kind: GGMLQuantizationType) -> float:
-    blocks = w.reshape(-1, 16 if kind == GGMLQuantizationType.Q6_K else 32)
-    if kind == GGMLQuantizationType.Q6_K:
-        return float(np.abs(blocks).max() / 31)
+    blocks = w.reshape(-1, 16 if kind in SIGNED_SCALES else 32)
+    if kind in SIGNED_SCALES:
+        return float(np.abs(blocks).max() / (31 if kind == GGMLQuantizationType.Q6_K else 4))
     levels = 15 if kind == GGMLQuantizationType.Q4_K else 31
     return float((blocks.max(axis=1) - np.minimum(blocks.min(axis=1), 0)).max() / levels)
 
@@ -54,23 +64,29 @@ def test_the_k_quant_blocks_written_for_tests_are_what_gguf_reads(kind):
     blocks hold the weights within half a step, so it packs each field where the format puts it."""
     w = weights(16, 512)
     back = quants.dequantize(quantize(w, kind), kind)
-    assert np.abs(back - w).max() <= HALF_STEP * largest_step(w, kind)
+    allowed = ONE_STEP if kind == GGMLQuantizationType.Q3_K else HALF_STEP
+    assert np.abs(back - w).max() <= allowed * largest_step(w, kind)
 
 
 @pytest.mark.parametrize("kind", K_TYPES)
 def test_k_quants_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
     """Each field where the K-quant puts it: Q4_K's and Q5_K's nibbles, fifth bits, 6-bit scales and mins
-    and their d and dmin; Q6_K's low nibbles, top two bits, sixteen int8 scales (negative ones too) and d.
-    The same weights with a scale a block of 32 (for devices with no super-blocks) too."""
+    and their d and dmin; Q6_K's low nibbles, top two bits, sixteen int8 scales (negative ones too) and d;
+    Q3_K's low two bits, third bits, sixteen 6-bit scales (negative ones too) and d, as Q6_K's terms (q +
+    32 from 28 to 35). The same weights with a scale a block of 32 (for devices with no super-blocks) too."""
     w = weights(32, 768)
     w[3, :16] *= -1  # a 16 whose largest magnitude is negative
     rows = quantize(w, kind)
     expected = quants.dequantize(rows, kind)
     unpacked = unpack(rows, kind)
-    if kind == GGMLQuantizationType.Q6_K:
+    if kind in SIGNED_SCALES:
         assert isinstance(unpacked, SixBitWeight) and unpacked.sub_scale.dtype == torch.int8
+        if kind == GGMLQuantizationType.Q3_K:  # its writer's scales take the sign of each 16's largest
+            assert (unpacked.sub_scale < 0).any() and (unpacked.sub_scale > 0).any()
         rebuilt = block_weights.dequantize_int6_values(unpacked.q, unpacked.sub_scale, unpacked.scale())
-        assert unpacked.q.max() == 63 and torch.equal(rebuilt, torch.from_numpy(expected))
+        assert torch.equal(rebuilt, torch.from_numpy(expected))
+        assert unpacked.q.max() == (63 if kind == GGMLQuantizationType.Q6_K else 35)
+        assert kind == GGMLQuantizationType.Q6_K or unpacked.q.min() == 28
         return
     assert isinstance(unpacked, SuperBlockWeight) and unpacked.q.max() == 2**unpacked.bits - 1
     assert unpacked.d.shape == unpacked.minimum.shape == (32, 3) and unpacked.s.shape == (32, 24)
@@ -86,6 +102,21 @@ def test_k_quants_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
         rebuilt = per_block.q.float().reshape(32, -1, 32) * per_block.scale[..., None]
         rebuilt = rebuilt + per_block.minimum[..., None]
     np.testing.assert_allclose(rebuilt.reshape(32, -1).numpy(), expected, rtol=0, atol=1e-7)
+
+
+def test_q3_k_blocks_of_any_bytes_unpack_to_the_weights_gguf_dequantizes():
+    """Every bit of a Q3_K block where the format puts it, whatever its value: random bytes (every scale
+    from -32 to 31, every third bit set or not) but for a finite d, as Q6_K's terms and as the CPU's
+    6-bit super-blocks, against the gguf package's dequantization."""
+    rows = np.random.default_rng(5).integers(0, 256, (32, 3 * 110), dtype=np.uint8)
+    rows.reshape(-1, 110)[:, 108:] = np.float16(2**-7).reshape(1).view(np.uint8)
+    expected = torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType.Q3_K))
+    unpacked = unpack(rows, GGMLQuantizationType.Q3_K)
+    assert unpacked.sub_scale.min() == -32 and unpacked.sub_scale.max() == 31
+    rebuilt = block_weights.dequantize_int6_values(unpacked.q, unpacked.sub_scale, unpacked.scale())
+    assert torch.equal(rebuilt, expected)
+    if block_weights.available(torch.device("cpu")):
+        assert torch.equal(block_weights.dequantize(unpacked.blocks(), 768), expected)
 
 
 @pytest.mark.skipif(not block_weights.available(torch.device("cpu")), reason="needs the CPU's blocks")
