@@ -22,7 +22,8 @@ of the default model's projections and head 1.0 ms against 0.9 with VNNI and
 GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q6_K and Q8_0 blocks map onto these exactly,
 Q4_0 and Q5_0 as symmetric blocks: 18 and 22 bytes a channel's 32 inputs,
 the file's own, where an m beside d took 20 and 24, and one row's product
-reads every byte (the 1B Q4_0 file's projections 580 MiB against 522). The activations'
+reads every byte (the 1B Q4_0 file's projections: 522 MiB, where they took
+580). The activations'
 rounding costs a few times bfloat16's (tests/backend/test_block_weights.py)
 and the default model +0.3% perplexity (docs/performance.md).
 
