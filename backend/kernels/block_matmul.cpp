@@ -15,6 +15,8 @@
 //
 // Symmetric blocks (GGUF's Q4_0 and Q5_0) keep d alone: w = d * (u - 2^(bits - 1)), whose m = -2^(bits - 1)
 // d the kernels make from d, as they do 8-bit blocks' -128 d, so that a step reads 4.5 bits a weight, not 5.
+// Symmetric 4-bit super-blocks (GGUF's Q3_K: u = q + 8, q in -4..3) are as 6-bit ones below, w = d * s * (u
+// - 8), an int8 s a 16 inputs.
 //
 // 5-bit weights (GGUF's Q5_0, Q5_1, Q5_K) are w = d * u + m as 4-bit ones, u in 0..31. 6-bit weights
 // (GGUF's Q6_K) are w = d * s * (u - 32) with u in 0..63, an int8 s for each 16 inputs and d for the
@@ -102,13 +104,18 @@ constexpr int64_t block_bytes(int64_t bits, bool table = false, bool symmetric =
 // 148, 180 and 210 bytes a channel's 256 inputs where blocks of 32 take 160, 192 and 224: what one row's
 // product reads. IQ4_XS's (a table's) blocks keep 16 bytes, the channels' s as int8.
 constexpr int64_t BLOCKS_A_SUPER_BLOCK = 8;
-constexpr int64_t header_bytes(int64_t bits, bool table) { return has_minimum(bits, table) ? 64 : 32; }
+constexpr int64_t header_bytes(int64_t bits, bool table, bool symmetric = false) {
+  return has_minimum(bits, table, symmetric) ? 64 : 32;
+}
 constexpr int64_t stride(int64_t bits, bool super, bool table, bool symmetric = false) {
   return super ? value_bytes(bits) + (table ? 16 : 32) : block_bytes(bits, table, symmetric);
 }
-constexpr int64_t super_block_bytes(int64_t bits, bool table) {
-  return header_bytes(bits, table) + BLOCKS_A_SUPER_BLOCK * stride(bits, true, table);
+constexpr int64_t super_block_bytes(int64_t bits, bool table, bool symmetric = false) {
+  return header_bytes(bits, table, symmetric) + BLOCKS_A_SUPER_BLOCK * stride(bits, true, table, symmetric);
 }
+// Blocks whose each 16 inputs have an int8 s, w = d * s * (u - centre): 6-bit ones (Q6_K) and symmetric
+// 4-bit super-blocks (Q3_K's values).
+constexpr bool has_signed_scales(int64_t bits, bool super, bool symmetric) { return bits == 6 || (super && symmetric); }
 
 // Four activations (int8) as one int32, to broadcast to every lane: copied, which compilers turn into one
 // load, since reading the int8 buffer through an int32_t pointer breaks strict aliasing (undefined behaviour).
@@ -253,10 +260,10 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
     if constexpr (SUPER) {
       if (b % BLOCKS_A_SUPER_BLOCK == 0) {
         super_d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights)));
-        if constexpr (has_minimum(BITS, TABLE)) {
+        if constexpr (has_minimum(BITS, TABLE, SYMMETRIC)) {
           super_minimum = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights + 32)));
         }
-        weights += header_bytes(BITS, TABLE);
+        weights += header_bytes(BITS, TABLE, SYMMETRIC);
       }
     }
     prefetch_ahead<stride(BITS, SUPER, TABLE, SYMMETRIC)>(weights);
@@ -264,7 +271,9 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
     unpack_values<BITS, TABLE>(weights, u);
     const uint8_t* scales = weights + value_bytes(BITS);
     weights += stride(BITS, SUPER, TABLE, SYMMETRIC);
-    if constexpr (BITS == 6) {
+    if constexpr (has_signed_scales(BITS, SUPER, SYMMETRIC)) {
+      // The rows' offsets are -32 times a half's sum: a quarter of them for 4-bit values (-8 times).
+      constexpr int32_t offset_divisor = SIX_BIT_OFFSET / static_cast<int32_t>(centre(BITS, TABLE));
       const __m512 d = SUPER ? super_d : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
       const uint8_t* s = SUPER ? scales : scales + 32;  // the 16 channels' s for inputs 0-15, then 16-31
       const __m512i low_s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
@@ -272,7 +281,8 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
       for (int64_t r = 0; r < count; ++r) {
         const int64_t row_block = (first + r) * blocks + b;
         const int8_t* q = x.values.data() + row_block * BLOCK;
-        __m512i low = _mm512_set1_epi32(x.offsets[2 * row_block]), high = _mm512_set1_epi32(x.offsets[2 * row_block + 1]);
+        __m512i low = _mm512_set1_epi32(x.offsets[2 * row_block] / offset_divisor);
+        __m512i high = _mm512_set1_epi32(x.offsets[2 * row_block + 1] / offset_divisor);
         for (int j = 0; j < 4; ++j) {
           low = _mm512_dpbusd_epi32(low, u[j], _mm512_set1_epi32(four_values(q + 4 * j)));
           high = _mm512_dpbusd_epi32(high, u[4 + j], _mm512_set1_epi32(four_values(q + 16 + 4 * j)));
@@ -436,7 +446,8 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
   __m256i u[8];  // 4-bit: u, 0..15; 5-bit: 0..31; 6-bit: 0..63; 8-bit: q = u - 128, and a table's t[u], signed
   unpack_values_avx2<BITS, TABLE>(block + 32 * half, u);
   const uint8_t* scales = block + value_bytes(BITS);
-  if constexpr (BITS == 6) {
+  if constexpr (has_signed_scales(BITS, SUPER, SYMMETRIC)) {
+    constexpr int centre_shift = BITS == 6 ? 5 : 3;  // -32 s, or (4-bit values) -8 s
     const __m256 d = SUPER ? super_d : halves_as_floats(scales + 16 * half);
     const uint8_t* s = (SUPER ? scales : scales + 32) + 8 * half;  // this half's 8 channels' s, inputs 0-15
     const __m128i low_bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s));
@@ -448,7 +459,8 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
     const __m256i low_s = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(low_bytes, low_bytes));
     const __m256i high_s = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(high_bytes, high_bytes));
     const __m256i offset_s = _mm256_slli_epi16(  // -32 s, |s| <= 128: fits int16
-        _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(low_bytes, high_bytes))), 5);
+        _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(low_bytes, high_bytes))),
+        centre_shift);
     for (int64_t r = 0; r < count; ++r) {
       const int64_t row_block = (first + r) * blocks + b;
       const int8_t* q = x.values.data() + row_block * BLOCK;
@@ -513,11 +525,11 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
   }
 }
 
-// A super-block's header for the half's 8 channels: their d and (4-bit and 5-bit) minimum.
-template <int BITS, bool TABLE>
+// A super-block's header for the half's 8 channels: their d and (4-bit and 5-bit, but symmetric) minimum.
+template <int BITS, bool TABLE, bool SYMMETRIC>
 inline void read_super_header(const uint8_t* block, int half, __m256& super_d, __m256& super_minimum) {
   super_d = halves_as_floats(block + 16 * half);
-  if constexpr (has_minimum(BITS, TABLE)) super_minimum = halves_as_floats(block + 32 + 16 * half);
+  if constexpr (has_minimum(BITS, TABLE, SYMMETRIC)) super_minimum = halves_as_floats(block + 32 + 16 * half);
 }
 
 // multiply_group_avx2 for row `row` alone, into out[0..16): both halves of each block in turn, one pass over
@@ -532,8 +544,10 @@ void multiply_row_in_one_pass(const uint8_t* weights, const QuantizedRows& x, in
   for (int64_t b = 0; b < blocks; ++b) {
     if constexpr (SUPER) {
       if (b % BLOCKS_A_SUPER_BLOCK == 0) {
-        for (int half = 0; half < 2; ++half) read_super_header<BITS, TABLE>(block, half, super_d[half], super_minimum[half]);
-        block += header_bytes(BITS, TABLE);
+        for (int half = 0; half < 2; ++half) {
+          read_super_header<BITS, TABLE, SYMMETRIC>(block, half, super_d[half], super_minimum[half]);
+        }
+        block += header_bytes(BITS, TABLE, SYMMETRIC);
       }
     }
     prefetch_ahead<stride(BITS, SUPER, TABLE, SYMMETRIC)>(block);
@@ -572,8 +586,8 @@ void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t
     for (int64_t b = 0; b < blocks; ++b) {
       if constexpr (SUPER) {
         if (b % BLOCKS_A_SUPER_BLOCK == 0) {
-          read_super_header<BITS, TABLE>(block, half, super_d, super_minimum);
-          block += header_bytes(BITS, TABLE);
+          read_super_header<BITS, TABLE, SYMMETRIC>(block, half, super_d, super_minimum);
+          block += header_bytes(BITS, TABLE, SYMMETRIC);
         }
       }
       // the second half finds the lines in the cache
@@ -651,8 +665,9 @@ auto product_of(int64_t bits, Layout layout) {
                         : Kernel::template product<4, false, true, false, T>;
   }
   if (layout.symmetric) {
-    return bits == 4 ? Kernel::template product<4, false, false, true, T>
-                     : Kernel::template product<5, false, false, true, T>;
+    return layout.super ? Kernel::template product<4, true, false, true, T>
+           : bits == 4  ? Kernel::template product<4, false, false, true, T>
+                        : Kernel::template product<5, false, false, true, T>;
   }
   if (layout.super) {
     return bits == 4   ? Kernel::template product<4, true, false, false, T>
@@ -717,15 +732,17 @@ Layout layout_of(const at::Tensor& weights, int64_t in, int64_t bits, bool table
   const int64_t group_bytes = weights.size(1) * CHANNELS, super_blocks = in / (BLOCKS_A_SUPER_BLOCK * BLOCK);
   TORCH_CHECK(!table || bits == 4, "a table's indices are 4-bit, not ", bits);
   const auto takes = [&](Layout layout) {
+    // Symmetric blocks of 32 hold 4 or 5 bits, symmetric super-blocks 4.
+    const bool symmetric_bits = layout.super ? bits == 4 : bits == 4 || bits == 5;
     if ((layout.super && (bits == 8 || in % (BLOCKS_A_SUPER_BLOCK * BLOCK) != 0)) || layout.table != table ||
-        (layout.symmetric && bits != 4 && bits != 5)) {
+        (layout.symmetric && !symmetric_bits)) {
       return false;
     }
-    return group_bytes == (layout.super ? super_blocks * super_block_bytes(bits, layout.table)
+    return group_bytes == (layout.super ? super_blocks * super_block_bytes(bits, layout.table, layout.symmetric)
                                         : in / BLOCK * block_bytes(bits, layout.table, layout.symmetric));
   };
   const Layout layouts[] = {{false, false, false}, {true, false, false}, {false, true, false},
-                            {true, true, false},   {false, false, true}};
+                            {true, true, false},   {false, false, true}, {true, false, true}};
   const Layout* layout = std::find_if(std::begin(layouts), std::end(layouts), takes);
   TORCH_CHECK(layout != std::end(layouts), "weights do not hold ", bits, "-bit ", table ? "table " : "",
               "blocks or super-blocks of ", in, " inputs");
@@ -790,7 +807,7 @@ void block_to_floats(const uint8_t* values, const float* d, const float* minimum
     const int64_t c = lane / 4;
     if constexpr (TABLE) {
       scale[lane] = SUPER ? d[c] * static_cast<float>(static_cast<int8_t>(scales[c])) : half_at(scales, c);
-    } else if constexpr (BITS == 6) {
+    } else if constexpr (has_signed_scales(BITS, SUPER, SYMMETRIC)) {
       const int8_t* s = reinterpret_cast<const int8_t*>(scales + (SUPER ? 0 : 2 * CHANNELS));
       scale[lane] = SUPER ? d[c] : half_at(scales, c);
       for (int64_t half = 0; half < 2; ++half) half_scale[half][lane] = static_cast<float>(s[half * CHANNELS + c]);
@@ -811,8 +828,8 @@ void block_to_floats(const uint8_t* values, const float* d, const float* minimum
       float value;
       if constexpr (TABLE) {
         value = static_cast<float>(TABLE_VALUES[u[lane]]) * scale[lane];
-      } else if constexpr (BITS == 6) {
-        const float centred = static_cast<float>(static_cast<int32_t>(u[lane]) - SIX_BIT_OFFSET);
+      } else if constexpr (has_signed_scales(BITS, SUPER, SYMMETRIC)) {
+        const float centred = static_cast<float>(static_cast<int32_t>(u[lane]) - centre(BITS, TABLE));
         value = centred * half_scale[line / 4][lane] * scale[lane];
       } else {
         value = static_cast<float>(u[lane]) * scale[lane] + offset[lane];
@@ -834,14 +851,15 @@ void group_to_floats(const uint8_t* group, int64_t in, T* out) {
   } else {
     constexpr int64_t inputs = BLOCKS_A_SUPER_BLOCK * BLOCK;
     for (int64_t first = 0; first < in; first += inputs) {
-      const uint8_t* super_block = group + first / inputs * super_block_bytes(BITS, TABLE);
+      const uint8_t* super_block = group + first / inputs * super_block_bytes(BITS, TABLE, SYMMETRIC);
       float d[CHANNELS], minimum[CHANNELS] = {};
       for (int64_t c = 0; c < CHANNELS; ++c) {
         d[c] = half_at(super_block, c);
-        if constexpr (has_minimum(BITS, TABLE)) minimum[c] = half_at(super_block, CHANNELS + c);
+        if constexpr (has_minimum(BITS, TABLE, SYMMETRIC)) minimum[c] = half_at(super_block, CHANNELS + c);
       }
       for (int64_t block = 0; block < BLOCKS_A_SUPER_BLOCK; ++block) {
-        const uint8_t* values = super_block + header_bytes(BITS, TABLE) + block * stride(BITS, true, TABLE);
+        const uint8_t* values =
+            super_block + header_bytes(BITS, TABLE, SYMMETRIC) + block * stride(BITS, true, TABLE, SYMMETRIC);
         block_to_floats<BITS, SUPER, TABLE, SYMMETRIC>(values, d, minimum, out + first + block * BLOCK, in);
       }
     }

@@ -49,8 +49,10 @@ two int8 s (Q6_K: w = d * s * (u - 32)). Their layers keep them so, in
 super-blocks: for each group of 16 channels and each 256 inputs, the 16
 channels' d (and minimum) in fp16, then the 8 blocks, each its values as
 above and 32 bytes: the channels' s, then their m (one byte each; Q6_K: s
-for inputs 0-15, then for 16-31). 148, 180 and 210 bytes a channel's 256
-inputs (Q4_K's own 144 keeps s and m in 6 bits) where blocks of 32 with
+for inputs 0-15, then for 16-31). Symmetric 4-bit super-blocks are as
+6-bit ones, w = d * s * (u - 8) with u 4-bit (GGUF's Q3_K, q + 8). 148, 180
+and 210 bytes a channel's 256 inputs, and 146 symmetric 4-bit (Q4_K's own
+144 keeps s and m in 6 bits) where blocks of 32 with
 fp16 scales of their own took 160, 192 and 224: fewer bytes for one row's
 product to read, and exactly the file's weights (fp16 d * s rounded them).
 
@@ -84,7 +86,8 @@ TABLE_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
 
 class Layout(NamedTuple):
     """How a layer's blocks are kept: values of `bits`, in blocks of 32 or super-blocks of 256, their own or
-    a table's indices; `symmetric` blocks of 32 (4-bit and 5-bit) keep d alone, w = d * (u - 2^(bits - 1))."""
+    a table's indices; `symmetric` blocks of 32 (4-bit and 5-bit) keep d alone, w = d * (u - 2^(bits - 1)),
+    and symmetric super-blocks (4-bit) a d and an int8 s a 16 inputs, w = d * s * (u - 8), as 6-bit ones."""
 
     bits: int
     super_blocks: bool = False
@@ -113,6 +116,7 @@ CHANNEL_BYTES = {
     Layout(4, super_blocks=True, table=True): 138,
     Layout(4, symmetric=True): 18,  # as a table's: told apart by `table`
     Layout(5, symmetric=True): 22,
+    Layout(4, super_blocks=True, symmetric=True): 146,
 }
 SIX_BIT_OFFSET = 32  # 6-bit weights are d * s * (u - 32)
 
@@ -210,15 +214,16 @@ def pack_super_blocks(
     minimum: torch.Tensor | None = None,
     m: torch.Tensor | None = None,
     table: bool = False,
+    symmetric: bool = False,
 ) -> torch.Tensor:
     """K-quants' terms as super-blocks: q [out, in] values 0..2^bits - 1, d (and minimum) [out, in / 256]
     (fp16 values), and 4-bit and 5-bit (Q4_K, Q5_K) w = d * s * q + minimum * m with s and m [out, in /
-    32] 0..255; 6-bit (Q6_K) w = d * s * (q - 32) with s [out, in / 16] int8. `table` (IQ4_XS): w = d * s *
-    TABLE_VALUES[q], s [out, in / 32] int8."""
+    32] 0..255; 6-bit (Q6_K) w = d * s * (q - 32) with s [out, in / 16] int8, and `symmetric` 4-bit (Q3_K)
+    w = d * s * (q - 8) so. `table` (IQ4_XS): w = d * s * TABLE_VALUES[q], s [out, in / 32] int8."""
     out_features, in_features = q.shape
     groups, supers = out_features // CHANNELS, in_features // SUPER_BLOCK
-    if bits == 6 or table:
-        block_tail = channel_bytes(s.to(torch.int8), 2 if bits == 6 else 1)
+    if bits == 6 or symmetric or table:
+        block_tail = channel_bytes(s.to(torch.int8), 1 if table else 2)  # an s a 32, or a 16
         header = [d]
     else:
         block_tail = torch.cat([channel_bytes(s.to(torch.uint8), 1), channel_bytes(m.to(torch.uint8), 1)], -1)
@@ -354,8 +359,9 @@ def dequantize_in_torch(blocks: torch.Tensor, in_features: int, table: bool = Fa
     bits, super_blocks, table, symmetric = layout_of(blocks, in_features, table)
     out_features = blocks.shape[0]
     groups, count = out_features // CHANNELS, in_features // BLOCK
+    signed_scales = bits == 6 or (super_blocks and symmetric)  # an int8 s a 16 inputs
     if super_blocks:
-        header_bytes = 32 if bits == 6 or table else 64
+        header_bytes = 32 if signed_scales or table else 64
         per_super = blocks.reshape(groups, in_features // SUPER_BLOCK, -1)
         # [out, supers] d, or d and minimum in turn: [out, 2 supers]
         header = from_channel_bytes(per_super[..., :header_bytes], torch.float16, 1).float()
@@ -372,13 +378,13 @@ def dequantize_in_torch(blocks: torch.Tensor, in_features: int, table: bool = Fa
             d = from_channel_bytes(tail, torch.float16, 1).float()
         values = torch.tensor(TABLE_VALUES, dtype=torch.float32)[u.long()]
         return (values.reshape(out_features, count, BLOCK) * d[..., None]).reshape(out_features, in_features)
-    if bits == 6:
+    if signed_scales:
         sub_scale = from_channel_bytes(tail[..., -2 * CHANNELS :], torch.int8, 2)  # [out, 2 count]
         if super_blocks:
             scale = header.repeat_interleave(BLOCKS_A_SUPER_BLOCK, dim=1)
         else:
             scale = from_channel_bytes(tail[..., : 2 * CHANNELS], torch.float16, 1)
-        return dequantize_int6_values(u, sub_scale, scale)
+        return dequantize_sub_scaled(u, sub_scale, scale, 2 ** (bits - 1))
     if super_blocks:  # d * s and minimum * m
         d_and_minimum = header.reshape(out_features, -1, 2).repeat_interleave(BLOCKS_A_SUPER_BLOCK, dim=1)
         s_and_m = from_channel_bytes(tail, torch.uint8, 1).reshape(out_features, count, 2).float()
@@ -414,9 +420,11 @@ def from_channel_bytes(data: torch.Tensor, dtype: torch.dtype, per_block: int) -
     return values.permute(0, 3, 1, 2).reshape(groups * CHANNELS, -1)
 
 
-def dequantize_int6_values(q: torch.Tensor, sub_scale: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def dequantize_sub_scaled(
+    q: torch.Tensor, sub_scale: torch.Tensor, scale: torch.Tensor, offset: int = SIX_BIT_OFFSET
+) -> torch.Tensor:
     """The float32 weights [out, in] of pack_int6's terms: scale * sub_scale * (q - 32), exactly (an 11-bit
-    d times a 7-bit s times a 6-bit value)."""
-    halves = (q.float() - SIX_BIT_OFFSET).reshape(q.shape[0], -1, BLOCK // 2)
+    d times a 7-bit s times a 6-bit value); symmetric 4-bit super-blocks' q - 8 (`offset` 8)."""
+    halves = (q.float() - offset).reshape(q.shape[0], -1, BLOCK // 2)
     centred = halves * sub_scale.float()[..., None]
     return (centred.reshape(q.shape[0], -1, BLOCK) * scale.float()[..., None]).reshape(q.shape)

@@ -33,8 +33,8 @@ as the file keeps them. How each GGUF type becomes one of them:
         The CPU's 6-bit super-blocks, exactly (d and s as they are).
     Q3_K super-block of 256 (110 bytes): 32 bytes of third bits, 64 of low two bits, sixteen 6-bit
         scales s + 32 (one a 16 inputs) in 12 bytes, fp16 d; w = d * s * q, q in -4..3
-        The CPU's 6-bit super-blocks, exactly: q + 32 is a 6-bit value and s an int8 (6.56 bits a
-        weight where the file keeps 3.44; requantized to 8-bit blocks it took 8.5 and moved them).
+        The CPU's symmetric 4-bit super-blocks, exactly, as Q6_K's with q + 8 for 4-bit values (4.56
+        bits a weight where the file keeps 3.44; requantized to 8-bit blocks it took 8.5 and moved).
     IQ4_NL block (18 bytes): fp16 d, 16 bytes of 4-bit indices into a table t of 16 int8 values (byte j:
         input j's low, j + 16's high); w = d * t[q]. IQ4_XS super-block of 256 (136 bytes): fp16 d, each
         block's 6-bit s + 32, then each block's indices as IQ4_NL's; w = d * s * t[q].
@@ -200,6 +200,25 @@ class SixBitWeight:
 
 
 @dataclass(frozen=True)
+class ThreeBitWeight:
+    """w = d * sub_scale * (q - 8): Q3_K's super-blocks, q the file's q + 8 (4..11), d a super-block of 256
+    inputs of an output channel, and an int8 sub_scale (-32..31) a 16 inputs."""
+
+    q: torch.Tensor  # [out, in] uint8, 4..11
+    sub_scale: torch.Tensor  # [out, in / 16] int8
+    d: torch.Tensor  # [out, in / 256] float32, fp16 values
+    table: ClassVar[bool] = False
+
+    def blocks(self) -> torch.Tensor:
+        """The CPU's symmetric 4-bit super-blocks of these weights, exactly."""
+        return block_weights.pack_super_blocks(self.q, 4, self.d, self.sub_scale, symmetric=True)
+
+    def scale(self) -> torch.Tensor:
+        """d for each block of 32, [out, in / 32]."""
+        return each_block(self.d)
+
+
+@dataclass(frozen=True)
 class TableWeight:
     """w = d * TABLE_VALUES[q]: IQ4_NL's blocks, d a block of 32 inputs of an output channel."""
 
@@ -349,8 +368,8 @@ def unpack_q6_k(rows: np.ndarray) -> SixBitWeight:
     )
 
 
-def unpack_q3_k(rows: np.ndarray) -> SixBitWeight:
-    """[out, super-blocks * 110] uint8 rows of Q3_K to Q6_K's terms, q + 32 and its int8 scales: input e's
+def unpack_q3_k(rows: np.ndarray) -> ThreeBitWeight:
+    """[out, super-blocks * 110] uint8 rows of Q3_K to q + 8 and its int8 scales: input e's
     low two bits in byte 32 (e // 128) + e % 32 of its 64, at bits 2 (e % 128 // 32), its third bit in
     byte e % 32 of its 32 at bit e // 32 (set: q = the low bits; clear: they less 4); scale i + 32's low
     nibble in byte i % 8 (the high one from i = 8 on), its top two bits in byte 8 + i % 4 at bits 2 (i //
@@ -359,13 +378,13 @@ def unpack_q3_k(rows: np.ndarray) -> SixBitWeight:
     blocks = np.ascontiguousarray(rows).reshape(-1, Q3_K_BYTES)
     third = blocks[:, :32].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
     low = blocks[:, 32:96].reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
-    q = (low & 3).reshape(-1, 256) + 4 * (third & 1).reshape(-1, 256)  # q + 4, 0..7
+    q = (low & 3).reshape(-1, 256) + 4 * (third & 1).reshape(-1, 256) + 4  # q + 8, 4..11
     packed = blocks[:, 96:108]
     low_nibbles = packed[:, :8, None] >> np.array([0, 4], dtype=np.uint8)  # [super-blocks, 8, 2]
     top = packed[:, None, 8:] >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 4, 1)  # [super-blocks, 4, 4]
     biased = (low_nibbles.transpose(0, 2, 1).reshape(-1, 16) & 0x0F) | ((top.reshape(-1, 16) & 3) << 4)
-    return SixBitWeight(
-        torch.from_numpy((q + block_weights.SIX_BIT_OFFSET - 4).astype(np.uint8).reshape(out_features, -1)),
+    return ThreeBitWeight(
+        torch.from_numpy(q.astype(np.uint8).reshape(out_features, -1)),
         torch.from_numpy((biased.astype(np.int16) - 32).astype(np.int8).reshape(out_features, -1)),
         torch.from_numpy(halves(blocks[:, 108:110]).reshape(out_features, -1)),
     )
@@ -413,7 +432,9 @@ def requantize_int8(weights: np.ndarray) -> EightBitWeight:
 
 
 # The weights the CPU's blocks take as they are (block_weights.py), and all of them.
-InBlocksWeight = SymmetricWeight | SuperBlockWeight | SixBitWeight | TableWeight | TableSuperBlocks
+InBlocksWeight = (
+    SymmetricWeight | SuperBlockWeight | SixBitWeight | ThreeBitWeight | TableWeight | TableSuperBlocks
+)
 Weight = FourBitWeight | FiveBitWeight | EightBitWeight | InBlocksWeight
 
 

@@ -56,6 +56,7 @@ from backend.quant.gguf_types import (
     SymmetricWeight,
     TableSuperBlocks,
     TableWeight,
+    ThreeBitWeight,
     Weight,
 )
 from backend.quant.quantized_linear import (
@@ -94,7 +95,7 @@ PLAIN_ARCHITECTURES = {
 BLOCKS_CACHE = "gguf_blocks.safetensors"
 HEAD_KEY = ":head"  # the head's tensors in that copy (no module name starts with a colon)
 # A copy's layout: a copy written by a version that served fewer types is read past and replaced.
-BLOCKS_CACHE_VERSION = "6"
+BLOCKS_CACHE_VERSION = "7"
 # The weights a file's cached blocks hold, by name, and their fields (4-bit values packed two a byte).
 WEIGHT_KINDS = {
     kind.__name__: kind
@@ -107,12 +108,20 @@ WEIGHT_KINDS = {
         FourBitSuperBlocks,
         FiveBitSuperBlocks,
         SixBitWeight,
+        ThreeBitWeight,
         TableWeight,
         TableSuperBlocks,
     )
 }
 WEIGHT_FIELDS = {kind: [field.name for field in dataclasses.fields(kind)] for kind in WEIGHT_KINDS.values()}
-FOUR_BIT_VALUES = (FourBitWeight, FourBitSymmetric, FourBitSuperBlocks, TableWeight, TableSuperBlocks)
+FOUR_BIT_VALUES = (
+    FourBitWeight,
+    FourBitSymmetric,
+    FourBitSuperBlocks,
+    ThreeBitWeight,
+    TableWeight,
+    TableSuperBlocks,
+)
 
 
 class PackedWeights(Mapping[str, Weight]):

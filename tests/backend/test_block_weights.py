@@ -100,19 +100,23 @@ def int6_weights(out_features: int, in_features: int, seed: int = 0):
     return pack_int6(q, sub_scale, scale), weight.reshape(out_features, in_features)
 
 
-def super_block_weights(bits: int, out_features: int, in_features: int, seed: int = 0):
+def super_block_weights(
+    bits: int, out_features: int, in_features: int, seed: int = 0, symmetric: bool = False
+):
     """K-quants' terms in super-blocks: Q4_K's and Q5_K's w = d * s * q + minimum * m (s and m 0..63, the
-    file's 6 bits), Q6_K's w = d * s * (q - 32) with an int8 s a 16 inputs (-128 and 127 among them)."""
+    file's 6 bits), Q6_K's w = d * s * (q - 32) with an int8 s a 16 inputs (-128 and 127 among them), and
+    symmetric 4-bit ones' (Q3_K's) w = d * s * (q - 8) so."""
     generator = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 2**bits, (out_features, in_features), generator=generator, dtype=torch.uint8)
     supers = (out_features, in_features // SUPER_BLOCK)
-    d = fp16_exact(torch.rand(supers, generator=generator) / (1000 if bits == 6 else 100))
-    if bits == 6:
+    d = fp16_exact(torch.rand(supers, generator=generator) / (1000 if bits == 6 or symmetric else 100))
+    if bits == 6 or symmetric:
         s = torch.randint(-128, 128, (out_features, in_features // 16), generator=generator).to(torch.int8)
         s[0, :2] = torch.tensor([-128, 127], dtype=torch.int8)
         by_16 = d.repeat_interleave(SUPER_BLOCK // 16, dim=1) * s.float()
-        weight = (q.float() - 32).reshape(out_features, -1, 16) * by_16[..., None]
-        return pack_super_blocks(q, 6, d, s), weight.reshape(out_features, in_features)
+        weight = (q.float() - 2 ** (bits - 1)).reshape(out_features, -1, 16) * by_16[..., None]
+        blocks = pack_super_blocks(q, bits, d, s, symmetric=symmetric)
+        return blocks, weight.reshape(out_features, in_features)
     s, m = (torch.randint(0, 64, (out_features, in_features // BLOCK), generator=generator) for _ in "sm")
     s[0, 0], m[0, 0] = 63, 63
     minimum = -fp16_exact(torch.rand(supers, generator=generator) / 50)
@@ -148,6 +152,7 @@ LAYOUTS = [
     Layout(4, table=True),
     Layout(4, super_blocks=True, table=True),
     *(Layout(bits, symmetric=True) for bits in (4, 5)),
+    Layout(4, super_blocks=True, symmetric=True),
 ]
 LAYOUT_IDS = [layout.name().replace(" ", "-") for layout in LAYOUTS]
 
@@ -163,10 +168,10 @@ def packed(bits: int | Layout, out_features: int, in_features: int, seed: int = 
         layout, bits = bits, bits.bits
         if layout.table:
             return table_weights(layout.super_blocks, out_features, in_features, seed)
+        if layout.super_blocks:
+            return super_block_weights(bits, out_features, in_features, seed, layout.symmetric)
         if layout.symmetric:
             return symmetric_weights(bits, out_features, in_features, seed)
-        if layout.super_blocks:
-            return super_block_weights(bits, out_features, in_features, seed)
     if bits == 4:
         return int4_weights(out_features, in_features, seed)
     if bits == 5:
@@ -183,15 +188,18 @@ def rounded_per_block(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks / scale.clamp(min=1e-300)) * scale).reshape(x.shape)
 
 
-@pytest.mark.parametrize("bits", [4, 5, 6])
+@pytest.mark.parametrize("bits", [4, 5, 6, "4, symmetric"])
 def test_super_blocks_hold_the_weights_they_were_packed_from(bits):
     """148, 180 and 210 bytes a channel's 256 inputs (Q4_K, Q5_K, Q6_K: 144, 176 and 210 in the file),
-    where blocks of 32 take 160, 192 and 224; told apart from blocks of 32 by their size."""
+    and 146 symmetric 4-bit (Q3_K's values, 110 in the file), where blocks of 32 take 160, 192 and 224;
+    told apart from blocks of 32 by their size."""
     out_features, in_features = 48, 3 * SUPER_BLOCK
-    blocks, weight = super_block_weights(bits, out_features, in_features)
+    symmetric = bits == "4, symmetric"
+    bits = 4 if symmetric else bits
+    blocks, weight = super_block_weights(bits, out_features, in_features, symmetric=symmetric)
     assert blocks.dtype == torch.uint8
-    assert blocks.shape == (out_features, 3 * {4: 148, 5: 180, 6: 210}[bits])
-    assert layout_of(blocks, in_features) == Layout(bits, super_blocks=True)
+    assert blocks.shape == (out_features, 3 * (146 if symmetric else {4: 148, 5: 180, 6: 210}[bits]))
+    assert layout_of(blocks, in_features) == Layout(bits, super_blocks=True, symmetric=symmetric)
     assert layout_of(packed(bits, out_features, in_features)[0], in_features) == Layout(bits)
     assert torch.equal(dequantize(blocks, in_features), weight)
 

@@ -1,4 +1,4 @@
-"""Each GGUF type's blocks become the engine's weights: the K-quants (Q4_K, Q5_K, Q6_K; Q3_K as Q6_K) as
+"""Each GGUF type's blocks become the engine's weights: the K-quants (Q3_K, Q4_K, Q5_K, Q6_K) as
 super-blocks,
 Q5_0 and Q5_1 as 5-bit blocks, exactly, the other types as 8-bit blocks within half a step of 1/127 of
 each block's largest weight, against the gguf package's own dequantization (the reference transformers
@@ -19,6 +19,7 @@ from backend.quant.gguf_types import (
     SuperBlockWeight,
     TableSuperBlocks,
     TableWeight,
+    ThreeBitWeight,
     requantize_int8,
     served,
     unpack,
@@ -72,21 +73,27 @@ def test_the_k_quant_blocks_written_for_tests_are_what_gguf_reads(kind):
 def test_k_quants_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
     """Each field where the K-quant puts it: Q4_K's and Q5_K's nibbles, fifth bits, 6-bit scales and mins
     and their d and dmin; Q6_K's low nibbles, top two bits, sixteen int8 scales (negative ones too) and d;
-    Q3_K's low two bits, third bits, sixteen 6-bit scales (negative ones too) and d, as Q6_K's terms (q +
-    32 from 28 to 35). The same weights with a scale a block of 32 (for devices with no super-blocks) too."""
+    Q3_K's low two bits, third bits, sixteen 6-bit scales (negative ones too) and d, as Q6_K's terms with
+    q + 8 (4..11) for q - 8. The same weights with a scale a block of 32 (for devices with no super-blocks)
+    too."""
     w = weights(32, 768)
     w[3, :16] *= -1  # a 16 whose largest magnitude is negative
     rows = quantize(w, kind)
     expected = quants.dequantize(rows, kind)
     unpacked = unpack(rows, kind)
     if kind in SIGNED_SCALES:
-        assert isinstance(unpacked, SixBitWeight) and unpacked.sub_scale.dtype == torch.int8
-        if kind == GGMLQuantizationType.Q3_K:  # its writer's scales take the sign of each 16's largest
+        six_bit = kind == GGMLQuantizationType.Q6_K
+        assert isinstance(unpacked, SixBitWeight if six_bit else ThreeBitWeight)
+        assert unpacked.sub_scale.dtype == torch.int8
+        if not six_bit:  # its writer's scales take the sign of each 16's largest
             assert (unpacked.sub_scale < 0).any() and (unpacked.sub_scale > 0).any()
-        rebuilt = block_weights.dequantize_int6_values(unpacked.q, unpacked.sub_scale, unpacked.scale())
+        offset = 32 if six_bit else 8
+        rebuilt = block_weights.dequantize_sub_scaled(
+            unpacked.q, unpacked.sub_scale, unpacked.scale(), offset
+        )
         assert torch.equal(rebuilt, torch.from_numpy(expected))
-        assert unpacked.q.max() == (63 if kind == GGMLQuantizationType.Q6_K else 35)
-        assert kind == GGMLQuantizationType.Q6_K or unpacked.q.min() == 28
+        assert unpacked.q.max() == (63 if six_bit else 11)
+        assert six_bit or unpacked.q.min() == 4
         return
     assert isinstance(unpacked, SuperBlockWeight) and unpacked.q.max() == 2**unpacked.bits - 1
     assert unpacked.d.shape == unpacked.minimum.shape == (32, 3) and unpacked.s.shape == (32, 24)
@@ -106,14 +113,14 @@ def test_k_quants_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
 
 def test_q3_k_blocks_of_any_bytes_unpack_to_the_weights_gguf_dequantizes():
     """Every bit of a Q3_K block where the format puts it, whatever its value: random bytes (every scale
-    from -32 to 31, every third bit set or not) but for a finite d, as Q6_K's terms and as the CPU's
-    6-bit super-blocks, against the gguf package's dequantization."""
+    from -32 to 31, every third bit set or not) but for a finite d, as q + 8 and its scales and as the
+    CPU's symmetric 4-bit super-blocks, against the gguf package's dequantization."""
     rows = np.random.default_rng(5).integers(0, 256, (32, 3 * 110), dtype=np.uint8)
     rows.reshape(-1, 110)[:, 108:] = np.float16(2**-7).reshape(1).view(np.uint8)
     expected = torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType.Q3_K))
     unpacked = unpack(rows, GGMLQuantizationType.Q3_K)
     assert unpacked.sub_scale.min() == -32 and unpacked.sub_scale.max() == 31
-    rebuilt = block_weights.dequantize_int6_values(unpacked.q, unpacked.sub_scale, unpacked.scale())
+    rebuilt = block_weights.dequantize_sub_scaled(unpacked.q, unpacked.sub_scale, unpacked.scale(), 8)
     assert torch.equal(rebuilt, expected)
     if block_weights.available(torch.device("cpu")):
         assert torch.equal(block_weights.dequantize(unpacked.blocks(), 768), expected)
@@ -123,13 +130,17 @@ def test_q3_k_blocks_of_any_bytes_unpack_to_the_weights_gguf_dequantizes():
 @pytest.mark.parametrize("kind", K_TYPES)
 def test_the_cpus_super_blocks_hold_each_k_quant_bit_for_bit(kind):
     """Served from super-blocks, a K-quant's layer holds exactly the file's weights (d, dmin and the 6-bit
-    scales as they are), in 148, 180 or 210 bytes a channel's 256 inputs, and multiplies by them."""
+    scales as they are), in 148, 180 or 210 bytes a channel's 256 inputs (Q3_K: 146, symmetric 4-bit),
+    and multiplies by them."""
     w = weights(32, 768)
     rows = quantize(w, kind)
     expected = torch.from_numpy(quants.dequantize(rows, kind))
     layer = BlocksLinear.of(unpack(rows, kind))
-    assert layer.super_blocks and layer.layout() == f"{layer.bits}-bit super-blocks"
-    assert layer.blocks.shape == (32, 3 * {4: 148, 5: 180, 6: 210}[layer.bits])
+    if kind == GGMLQuantizationType.Q3_K:
+        assert layer.layout() == "4-bit symmetric super-blocks" and layer.blocks.shape == (32, 3 * 146)
+    else:
+        assert layer.super_blocks and layer.layout() == f"{layer.bits}-bit super-blocks"
+        assert layer.blocks.shape == (32, 3 * {4: 148, 5: 180, 6: 210}[layer.bits])
     assert torch.equal(block_weights.dequantize(layer.blocks, 768), expected)
     x = torch.randn(4, 768)
     reference = x @ expected.T

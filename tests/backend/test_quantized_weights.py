@@ -327,7 +327,7 @@ SERVED_AS = {
     GGMLQuantizationType.Q5_K: "5-bit super-blocks",
     GGMLQuantizationType.Q5_0: "5-bit symmetric blocks",
     GGMLQuantizationType.Q6_K: "6-bit super-blocks",
-    GGMLQuantizationType.Q3_K: "6-bit super-blocks",  # q + 32 and its scales as Q6_K's
+    GGMLQuantizationType.Q3_K: "4-bit symmetric super-blocks",  # q + 8 and its scales as Q6_K's
     GGMLQuantizationType.IQ4_XS: "4-bit table super-blocks",
     GGMLQuantizationType.IQ4_NL: "4-bit table blocks",
 }
@@ -349,9 +349,9 @@ def test_a_k_quant_files_layers_are_served_from_their_blocks(
     """Llama files mixing layer types as llama-quantize's mixes do: Q4_K beside Q6_K (Q4_K_M's), Q5_0 (its
     type where a row is no whole K-quant block) beside Q5_K (Q5_K_M's), IQ4_XS beside IQ4_NL (IQ4_XS's
     own fallback), Q3_K beside Q4_K (Q3_K_M's). Each layer is blocks of exactly the file's weights, the
-    K-quants' in super-blocks (Q3_K's as Q6_K's), the IQ4 types' as a table's; without the CPU's blocks,
-    Q4_K is PyTorch's int4 layer and the others int8 per channel. A second start takes them from the
-    copy, and the log names each."""
+    K-quants' in super-blocks (Q3_K's symmetric, as Q6_K's), the IQ4 types' as a table's; without the
+    CPU's blocks, Q4_K is PyTorch's int4 layer and the others int8 per channel. A second start takes them
+    from the copy, and the log names each."""
     kinds = {"self_attn": attention, "mlp": mlp}
     # K-quants' rows are whole blocks of 256 (o_proj's too: 4 heads of 64)
     wide = dict(hidden_size=256, intermediate_size=512, head_dim=64)
