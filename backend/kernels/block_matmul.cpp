@@ -458,7 +458,7 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
     // 1.10-1.18x as long on the AVX2 EPYC (docs/performance.md, 2026-12-06).
     const __m256i low_s = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(low_bytes, low_bytes));
     const __m256i high_s = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(high_bytes, high_bytes));
-    const __m256i offset_s = _mm256_slli_epi16(  // -32 s, |s| <= 128: fits int16
+    const __m256i offset_s = _mm256_slli_epi16(  // -32 s (or -8 s), |s| <= 128: fits int16
         _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(low_bytes, high_bytes))),
         centre_shift);
     for (int64_t r = 0; r < count; ++r) {
