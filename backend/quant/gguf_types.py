@@ -182,40 +182,33 @@ class FiveBitSuperBlocks(SuperBlockWeight):  # Q5_K
 
 
 @dataclass(frozen=True)
-class SixBitWeight:
-    """w = d * sub_scale * (q - 32): Q6_K's super-blocks, d a super-block of 256 inputs of an output
-    channel, and an int8 sub_scale a 16 inputs."""
+class SubScaledWeight:
+    """w = d * sub_scale * (q - 2^(bits - 1)), d a super-block of 256 inputs of an output channel and an int8
+    sub_scale a 16 inputs: Q6_K's 6-bit values, and Q3_K's as 4-bit ones (the file's q + 8). The CPU's
+    6-bit super-blocks, or symmetric 4-bit ones, exactly."""
 
-    q: torch.Tensor  # [out, in] uint8, 0..63
+    q: torch.Tensor  # [out, in] uint8, 0..2^bits - 1
     sub_scale: torch.Tensor  # [out, in / 16] int8
     d: torch.Tensor  # [out, in / 256] float32, fp16 values
+    bits: ClassVar[int]  # the values' bits as the blocks keep them
     table: ClassVar[bool] = False
 
     def blocks(self) -> torch.Tensor:
-        return block_weights.pack_super_blocks(self.q, 6, self.d, self.sub_scale)
+        return block_weights.pack_super_blocks(
+            self.q, self.bits, self.d, self.sub_scale, symmetric=self.bits == 4
+        )
 
     def scale(self) -> torch.Tensor:
         """d for each block of 32, [out, in / 32]."""
         return each_block(self.d)
 
 
-@dataclass(frozen=True)
-class ThreeBitWeight:
-    """w = d * sub_scale * (q - 8): Q3_K's super-blocks, q the file's q + 8 (4..11), d a super-block of 256
-    inputs of an output channel, and an int8 sub_scale (-32..31) a 16 inputs."""
+class SixBitWeight(SubScaledWeight):  # Q6_K: q 0..63
+    bits = 6
 
-    q: torch.Tensor  # [out, in] uint8, 4..11
-    sub_scale: torch.Tensor  # [out, in / 16] int8
-    d: torch.Tensor  # [out, in / 256] float32, fp16 values
-    table: ClassVar[bool] = False
 
-    def blocks(self) -> torch.Tensor:
-        """The CPU's symmetric 4-bit super-blocks of these weights, exactly."""
-        return block_weights.pack_super_blocks(self.q, 4, self.d, self.sub_scale, symmetric=True)
-
-    def scale(self) -> torch.Tensor:
-        """d for each block of 32, [out, in / 32]."""
-        return each_block(self.d)
+class ThreeBitWeight(SubScaledWeight):  # Q3_K: the file's q + 8, 4..11, and its s, -32..31
+    bits = 4
 
 
 @dataclass(frozen=True)
@@ -432,9 +425,7 @@ def requantize_int8(weights: np.ndarray) -> EightBitWeight:
 
 
 # The weights the CPU's blocks take as they are (block_weights.py), and all of them.
-InBlocksWeight = (
-    SymmetricWeight | SuperBlockWeight | SixBitWeight | ThreeBitWeight | TableWeight | TableSuperBlocks
-)
+InBlocksWeight = SymmetricWeight | SuperBlockWeight | SubScaledWeight | TableWeight | TableSuperBlocks
 Weight = FourBitWeight | FiveBitWeight | EightBitWeight | InBlocksWeight
 
 
