@@ -27,6 +27,10 @@
 // of them in a byte: there a block's d and m are the super-block's times those (exact in float32), and the
 // rest is as above. A super-block layout is told from blocks of 32 by its size.
 //
+// 2-bit super-blocks (GGUF's Q2_K) keep an s and an m for each 16 inputs, w = d * s * u + minimum * m with
+// u in 0..3: each half of a block sums apart, sum(u * q_x) weighed by its s and the half's sum(q_x) by its
+// m, both in int32 (exact), then d * d_x and minimum * d_x weigh the two totals.
+//
 // CPUs without AVX-512 VNNI but with AVX2 (AMD before Zen 4, Intel's desktop parts) take the same blocks
 // eight channels at a time: vpmaddubsw multiplies pairs of bytes into int16 sums and vpmaddwd adds those
 // into int32. vpmaddubsw saturates at 32767, which 8-bit weights (u up to 255) would reach, so there the
@@ -73,7 +77,10 @@ constexpr int64_t CHUNKS_A_THREAD = 8;
 // or two of top two bits (bits 2i and 2i + 1 of line h: line 4h + i's); a 6-bit block then has d and the
 // 16 channels' s for inputs 0-15 and for 16-31.
 constexpr int64_t LOW_NIBBLES = 256;
-constexpr int64_t value_bytes(int64_t bits) { return bits == 8 ? 512 : LOW_NIBBLES + (bits - 4) * 64; }
+// 2-bit values are two lines, bits 2i and 2i + 1 of line h those of line 4h + i (as 6-bit top lines).
+constexpr int64_t value_bytes(int64_t bits) {
+  return bits == 8 ? 512 : bits == 2 ? 128 : LOW_NIBBLES + (bits - 4) * 64;
+}
 constexpr int32_t SIX_BIT_OFFSET = 32;  // 6-bit weights are d * s * (u - 32)
 
 // GGUF's IQ4_NL and IQ4_XS weights are d * t[u]: u in 0..15 picks one of 16 int8 values t, denser near 0
@@ -84,9 +91,10 @@ alignas(16) constexpr int8_t TABLE_VALUES[16] = {-127, -104, -83, -65, -49, -35,
                                                   1,    13,   25,  38,  53,  69,  89,  113};
 alignas(16) constexpr uint8_t TABLE_VALUES_PLUS_128[16] = {1,   24,  45,  63,  79,  93,  106, 118,
                                                            129, 141, 153, 166, 181, 197, 217, 241};
-// Whether blocks keep an fp16 m beside d: 4-bit and 5-bit ones but a table's and symmetric ones.
+// Whether blocks keep an fp16 m beside d: 4-bit and 5-bit ones but a table's and symmetric ones (and 2-bit
+// super-blocks, a minimum in their header).
 constexpr bool has_minimum(int64_t bits, bool table = false, bool symmetric = false) {
-  return (bits == 4 || bits == 5) && !table && !symmetric;
+  return (bits == 2 || bits == 4 || bits == 5) && !table && !symmetric;
 }
 // The m of a block without one, in units of -d: values u - 2^(bits - 1), or (8-bit, a table's) u - 128.
 constexpr float centre(int64_t bits, bool table) {
@@ -102,13 +110,14 @@ constexpr int64_t block_bytes(int64_t bits, bool table = false, bool symmetric =
 // them so: the 16 channels' fp16 d (and, 4-bit and 5-bit, minimum) first, then the 8 blocks, each its
 // values and 32 bytes: the 16 channels' s, then their m (uint8; 6-bit: s for inputs 0-15, then 16-31, int8).
 // 148, 180 and 210 bytes a channel's 256 inputs where blocks of 32 take 160, 192 and 224: what one row's
-// product reads. IQ4_XS's (a table's) blocks keep 16 bytes, the channels' s as int8.
+// product reads. IQ4_XS's (a table's) blocks keep 16 bytes, the channels' s as int8; 2-bit ones (Q2_K) 64:
+// the 16 channels' s for inputs 0-15, then for 16-31, then their m so (uint8), 100 bytes a channel's 256.
 constexpr int64_t BLOCKS_A_SUPER_BLOCK = 8;
 constexpr int64_t header_bytes(int64_t bits, bool table, bool symmetric = false) {
   return has_minimum(bits, table, symmetric) ? 64 : 32;
 }
 constexpr int64_t stride(int64_t bits, bool super, bool table, bool symmetric = false) {
-  return super ? value_bytes(bits) + (table ? 16 : 32) : block_bytes(bits, table, symmetric);
+  return super ? value_bytes(bits) + (table ? 16 : bits == 2 ? 64 : 32) : block_bytes(bits, table, symmetric);
 }
 constexpr int64_t super_block_bytes(int64_t bits, bool table, bool symmetric = false) {
   return header_bytes(bits, table, symmetric) + BLOCKS_A_SUPER_BLOCK * stride(bits, true, table, symmetric);
@@ -116,6 +125,11 @@ constexpr int64_t super_block_bytes(int64_t bits, bool table, bool symmetric = f
 // Blocks whose each 16 inputs have an int8 s, w = d * s * (u - centre): 6-bit ones (Q6_K) and symmetric
 // 4-bit super-blocks (Q3_K's values).
 constexpr bool has_signed_scales(int64_t bits, bool super, bool symmetric) { return bits == 6 || (super && symmetric); }
+
+// Two int16 values as one int32, the first in its low half (a lane's two int16 for vpmaddwd).
+inline int32_t two_int16(int32_t first, int32_t second) {
+  return static_cast<int32_t>(static_cast<uint16_t>(first) | (static_cast<uint32_t>(static_cast<uint16_t>(second)) << 16));
+}
 
 // Four activations (int8) as one int32, to broadcast to every lane: copied, which compilers turn into one
 // load, since reading the int8 buffer through an int32_t pointer breaks strict aliasing (undefined behaviour).
@@ -159,6 +173,19 @@ QuantizedRows rows_of(int64_t rows, int64_t in, bool avx2) {
 #ifdef BLOCK_MATMUL_VNNI
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+// 16 bytes (one a channel) as int32.
+inline __m512i bytes_as_ints(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Two lots of 16 bytes (one a channel), at p and p + 16, as each channel's two side by side in int16.
+inline __m512i byte_pairs_as_int16(const uint8_t* p) {
+  const __m128i first = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i second = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+  const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(first, second), _mm_unpacklo_epi8(first, second));
+  return _mm512_cvtepu8_epi16(pairs);
+}
 inline __m512 load16(const c10::BFloat16* p) {  // bfloat16 is the top half of a float32
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
@@ -209,7 +236,14 @@ inline void store16(c10::BFloat16* out, __m512 v) {
 template <int BITS, bool TABLE>
 inline void unpack_values(const uint8_t* weights, __m512i u[8]) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  if constexpr (BITS != 8) {
+  if constexpr (BITS == 2) {  // bits 2i and 2i + 1 of line h are u[4h + i]
+    const __m512i two = _mm512_set1_epi8(0x03);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i line = _mm512_loadu_si512(weights + 64 * h);
+      u[4 * h] = _mm512_and_si512(line, two);
+      for (int i = 1; i < 4; ++i) u[4 * h + i] = _mm512_and_si512(_mm512_srli_epi16(line, 2 * i), two);
+    }
+  } else if constexpr (BITS != 8) {
     for (int c = 0; c < 4; ++c) {
       const __m512i line = _mm512_loadu_si512(weights + 64 * c);
       u[2 * c] = _mm512_and_si512(line, nibble);
@@ -242,9 +276,7 @@ inline void unpack_values(const uint8_t* weights, __m512i u[8]) {
 }
 
 // 16 bytes (one a channel) as floats: a super-block's blocks' multiples of its d and minimum.
-inline __m512 bytes_as_floats(const uint8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
+inline __m512 bytes_as_floats(const uint8_t* p) { return _mm512_cvtepi32_ps(bytes_as_ints(p)); }
 
 // Rows [first, first + count) of x times one group of 16 output channels, whose blocks start at `weights`:
 // blocks of 32 with their own fp16 scales, or (SUPER) super-blocks of 256 whose blocks keep multiples of
@@ -271,6 +303,28 @@ void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t firs
     unpack_values<BITS, TABLE>(weights, u);
     const uint8_t* scales = weights + value_bytes(BITS);
     weights += stride(BITS, SUPER, TABLE, SYMMETRIC);
+    if constexpr (BITS == 2) {
+      const __m512i low_s = bytes_as_ints(scales), high_s = bytes_as_ints(scales + 16);
+      const __m512i m_pairs = byte_pairs_as_int16(scales + 32);  // each channel's two m
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t row_block = (first + r) * blocks + b;
+        const int8_t* q = x.values.data() + row_block * BLOCK;
+        __m512i low = _mm512_setzero_si512(), high = _mm512_setzero_si512();
+        for (int j = 0; j < 4; ++j) {
+          low = _mm512_dpbusd_epi32(low, u[j], _mm512_set1_epi32(four_values(q + 4 * j)));
+          high = _mm512_dpbusd_epi32(high, u[4 + j], _mm512_set1_epi32(four_values(q + 16 + 4 * j)));
+        }
+        const __m512i scaled = _mm512_add_epi32(_mm512_mullo_epi32(low, low_s), _mm512_mullo_epi32(high, high_s));
+        // The two half sums, int16 side by side, times each channel's two m
+        const int32_t halves = two_int16(x.offsets[2 * row_block] / -SIX_BIT_OFFSET,
+                                         x.offsets[2 * row_block + 1] / -SIX_BIT_OFFSET);
+        const __m512i minimums = _mm512_madd_epi16(_mm512_set1_epi32(halves), m_pairs);
+        const __m512 x_scale = _mm512_set1_ps(x.scales[row_block]);
+        sums[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled), _mm512_mul_ps(super_d, x_scale), sums[r]);
+        sums[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(minimums), _mm512_mul_ps(super_minimum, x_scale), sums[r]);
+      }
+      continue;
+    }
     if constexpr (has_signed_scales(BITS, SUPER, SYMMETRIC)) {
       // The rows' offsets are -32 times a half's sum: a quarter of them for 4-bit values (-8 times).
       constexpr int32_t offset_divisor = SIX_BIT_OFFSET / static_cast<int32_t>(centre(BITS, TABLE));
@@ -377,7 +431,7 @@ QuantizedRows quantize_rows_avx2(const T* x, int64_t rows, int64_t in) {
     const int32_t low_sum = sum_of(_mm256_add_epi32(q[0], q[1])), high_sum = sum_of(_mm256_add_epi32(q[2], q[3]));
     out.sums[b] = out.scales[b] * static_cast<float>(low_sum + high_sum);
     // |sum| <= 16 * 127: each fits int16
-    out.half_sums[b] = static_cast<int32_t>(static_cast<uint16_t>(low_sum) | (static_cast<uint32_t>(high_sum) << 16));
+    out.half_sums[b] = two_int16(low_sum, high_sum);
   }
   return out;
 }
@@ -394,7 +448,14 @@ inline void store8(c10::BFloat16* out, __m256 v) {
 template <int BITS, bool TABLE>
 inline void unpack_values_avx2(const uint8_t* values, __m256i u[8]) {
   const __m256i nibble = _mm256_set1_epi8(0x0F), offset = _mm256_set1_epi8(static_cast<char>(0x80));
-  if constexpr (BITS != 8) {
+  if constexpr (BITS == 2) {  // as unpack_values: bits 2i and 2i + 1 of line h are u[4h + i]
+    const __m256i two = _mm256_set1_epi8(0x03);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 64 * h));
+      u[4 * h] = _mm256_and_si256(line, two);
+      for (int i = 1; i < 4; ++i) u[4 * h + i] = _mm256_and_si256(_mm256_srli_epi16(line, 2 * i), two);
+    }
+  } else if constexpr (BITS != 8) {
     for (int c = 0; c < 4; ++c) {
       const __m256i line = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 64 * c));
       u[2 * c] = _mm256_and_si256(line, nibble);
@@ -443,9 +504,39 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
                                                                int64_t first, int64_t count, int64_t blocks, int64_t b,
                                                                __m256 super_d, __m256 super_minimum, __m256* sums) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i u[8];  // 4-bit: u, 0..15; 5-bit: 0..31; 6-bit: 0..63; 8-bit: q = u - 128, and a table's t[u], signed
+  __m256i u[8];  // 2-bit: u, 0..3; 4-bit: 0..15; 5-bit: 0..31; 6-bit: 0..63; 8-bit: q = u - 128, and a table's t[u], signed
   unpack_values_avx2<BITS, TABLE>(block + 32 * half, u);
   const uint8_t* scales = block + value_bytes(BITS);
+  if constexpr (BITS == 2) {
+    // As 6-bit ones below, each channel's s in both int16 of its lane, and its two m side by side: one
+    // vpmaddwd of the two half sums gives the lane's m term, as in the AVX-512 kernel.
+    const __m128i low_bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8 * half));
+    const __m128i high_bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 16 + 8 * half));
+    const __m256i low_s = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(low_bytes, low_bytes));
+    const __m256i high_s = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(high_bytes, high_bytes));
+    const __m128i low_m = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 32 + 8 * half));
+    const __m128i high_m = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 48 + 8 * half));
+    const __m256i m_pairs = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(low_m, high_m));
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t row_block = (first + r) * blocks + b;
+      const int8_t* q = x.values.data() + row_block * BLOCK;
+      // Four vpmaddubsw sums of 3 * 127 pairs fit int16 (a half's four lines)
+      __m256i scaled = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        __m256i pairs = _mm256_maddubs_epi16(u[4 * h], _mm256_set1_epi32(four_values(q + 16 * h)));
+        for (int j = 1; j < 4; ++j) {
+          const __m256i x_four = _mm256_set1_epi32(four_values(q + 16 * h + 4 * j));
+          pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[4 * h + j], x_four));
+        }
+        scaled = _mm256_add_epi32(scaled, _mm256_madd_epi16(pairs, h == 0 ? low_s : high_s));
+      }
+      const __m256i minimums = _mm256_madd_epi16(_mm256_set1_epi32(x.half_sums[row_block]), m_pairs);
+      const __m256 x_scale = _mm256_set1_ps(x.scales[row_block]);
+      sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_mul_ps(super_d, x_scale), sums[r]);
+      sums[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(minimums), _mm256_mul_ps(super_minimum, x_scale), sums[r]);
+    }
+    return;
+  }
   if constexpr (has_signed_scales(BITS, SUPER, SYMMETRIC)) {
     constexpr int centre_shift = BITS == 6 ? 5 : 3;  // -32 s, or (4-bit values) -8 s
     const __m256 d = SUPER ? super_d : halves_as_floats(scales + 16 * half);
@@ -566,14 +657,14 @@ void multiply_row_in_one_pass(const uint8_t* weights, const QuantizedRows& x, in
 // halves of each block in turn instead (multiply_row_in_one_pass): a pass over the group for each half
 // read each line twice, and one row's products, which do little with each weight, took 1.2-1.4x as long so
 // (layers of 8,192 x 2,048 from memory, the two builds in one process, on the AVX2 EPYC; docs/performance.md,
-// 2026-12-06). 5-bit and 6-bit rows, whose values take more registers to unpack, ran 0.86-0.98x as fast in
+// 2026-12-06); 2-bit values, as few to unpack, too. 5-bit and 6-bit rows, whose values take more registers to unpack, ran 0.86-0.98x as fast in
 // one pass, and more rows keep a half at a time: their accumulators and one half's values fill the 16
 // registers.
 template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
 void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
                          T* out, int64_t out_stride) {
   const int64_t blocks = in / BLOCK;
-  if constexpr (BITS == 4 || BITS == 8) {
+  if constexpr (BITS == 2 || BITS == 4 || BITS == 8) {
     if (count == 1) {
       return multiply_row_in_one_pass<BITS, SUPER, TABLE, SYMMETRIC>(weights, x, first, in, out + first * out_stride);
     }
@@ -670,7 +761,8 @@ auto product_of(int64_t bits, Layout layout) {
                         : Kernel::template product<5, false, false, true, T>;
   }
   if (layout.super) {
-    return bits == 4   ? Kernel::template product<4, true, false, false, T>
+    return bits == 2   ? Kernel::template product<2, true, false, false, T>
+           : bits == 4 ? Kernel::template product<4, true, false, false, T>
            : bits == 5 ? Kernel::template product<5, true, false, false, T>
                        : Kernel::template product<6, true, false, false, T>;
   }
@@ -725,7 +817,7 @@ constexpr bool has_avx2_kernel() {
 // or not, by the bytes a group of 16 channels takes (no two take the same for the same inputs and table:
 // a table's blocks of 32 take what symmetric 4-bit ones do); what they must be checked first.
 Layout layout_of(const at::Tensor& weights, int64_t in, int64_t bits, bool table) {
-  TORCH_CHECK((bits >= 4 && bits <= 6) || bits == 8, "bits must be 4, 5, 6 or 8, not ", bits);
+  TORCH_CHECK(bits == 2 || (bits >= 4 && bits <= 6) || bits == 8, "bits must be 2, 4, 5, 6 or 8, not ", bits);
   TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
               "weights must be contiguous uint8 [out, in / 32 * bytes]");
   TORCH_CHECK(in % BLOCK == 0 && weights.size(0) % CHANNELS == 0, "in must be a multiple of 32 and out of 16");
@@ -735,7 +827,7 @@ Layout layout_of(const at::Tensor& weights, int64_t in, int64_t bits, bool table
     // Symmetric blocks of 32 hold 4 or 5 bits, symmetric super-blocks 4.
     const bool symmetric_bits = layout.super ? bits == 4 : bits == 4 || bits == 5;
     if ((layout.super && (bits == 8 || in % (BLOCKS_A_SUPER_BLOCK * BLOCK) != 0)) || layout.table != table ||
-        (layout.symmetric && !symmetric_bits)) {
+        (layout.symmetric && !symmetric_bits) || (bits == 2 && !layout.super)) {
       return false;
     }
     return group_bytes == (layout.super ? super_blocks * super_block_bytes(bits, layout.table, layout.symmetric)
@@ -771,12 +863,14 @@ at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, 
 // Line `line` of a block's values, u for its 64 lanes (the layout above: lane 4c + k is input 4 line + k
 // of channel c): 4-bit to 6-bit lines 2i and 2i + 1 are the low and high nibbles of byte line i, a 5-bit
 // line's fifth bit is bit `line` of the fifth-bits line, and a 6-bit line 4h + i's top two bits are bits
-// 2i and 2i + 1 of top line h.
+// 2i and 2i + 1 of top line h, as a 2-bit line's two bits are.
 template <int BITS>
 inline void line_values(const uint8_t* values, int64_t line, uint8_t u[64]) {
   for (int64_t lane = 0; lane < 64; ++lane) {
     if constexpr (BITS == 8) {
       u[lane] = values[line * 64 + lane];
+    } else if constexpr (BITS == 2) {
+      u[lane] = (values[line / 4 * 64 + lane] >> (2 * (line % 4))) & 3;
     } else {
       const uint8_t byte = values[line / 2 * 64 + lane];
       uint8_t value = line % 2 == 0 ? byte & 0x0F : byte >> 4;
@@ -798,15 +892,21 @@ inline float half_at(const uint8_t* p, int64_t index) {
 // time, over its 64 lanes, so that the compiler takes them in vectors. The arithmetic is
 // block_weights.dequantize_in_torch's, in its order, so the same to the last bit: w = u * d + m (d * s and
 // minimum * m first, for K-quants; u * d is exact, so a fused multiply-add rounds as the two steps do),
-// d * s * (u - 32) as ((u - 32) * s) * d, and table[u] * d.
+// d * s * (u - 32) as ((u - 32) * s) * d, table[u] * d, and 2-bit u * (d * s) + minimum * m a 16 inputs.
 template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
 void block_to_floats(const uint8_t* values, const float* d, const float* minimum, T* out, int64_t in) {
   const uint8_t* scales = values + value_bytes(BITS);
-  float scale[64], offset[64] = {}, half_scale[2][64];  // by lane; 6-bit: s of inputs 0-15, 16-31
+  // By lane; 6-bit: s of inputs 0-15, 16-31 (2-bit: d * s and minimum * m of those)
+  float scale[64], offset[64] = {}, half_scale[2][64], half_offset[2][64];
   for (int64_t lane = 0; lane < 64; ++lane) {
     const int64_t c = lane / 4;
     if constexpr (TABLE) {
       scale[lane] = SUPER ? d[c] * static_cast<float>(static_cast<int8_t>(scales[c])) : half_at(scales, c);
+    } else if constexpr (BITS == 2) {
+      for (int64_t half = 0; half < 2; ++half) {
+        half_scale[half][lane] = d[c] * static_cast<float>(scales[half * CHANNELS + c]);
+        half_offset[half][lane] = minimum[c] * static_cast<float>(scales[(2 + half) * CHANNELS + c]);
+      }
     } else if constexpr (has_signed_scales(BITS, SUPER, SYMMETRIC)) {
       const int8_t* s = reinterpret_cast<const int8_t*>(scales + (SUPER ? 0 : 2 * CHANNELS));
       scale[lane] = SUPER ? d[c] : half_at(scales, c);
@@ -828,6 +928,8 @@ void block_to_floats(const uint8_t* values, const float* d, const float* minimum
       float value;
       if constexpr (TABLE) {
         value = static_cast<float>(TABLE_VALUES[u[lane]]) * scale[lane];
+      } else if constexpr (BITS == 2) {
+        value = static_cast<float>(u[lane]) * half_scale[line / 4][lane] + half_offset[line / 4][lane];
       } else if constexpr (has_signed_scales(BITS, SUPER, SYMMETRIC)) {
         const float centred = static_cast<float>(static_cast<int32_t>(u[lane]) - centre(BITS, TABLE));
         value = centred * half_scale[line / 4][lane] * scale[lane];

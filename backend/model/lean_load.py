@@ -8,7 +8,7 @@ CPU that multiplies blocks, those layers
 load as placeholders of their shape (one value, stride 0: no memory); their dense copies for many rows
 are made from the blocks when the loader's calibration asks for them, a layer at a time, and kept only
 where it chooses them (`WeightOnlyLinear.make_dense_on_demand`). The blocks hold exactly the file's
-weights, but for the types requantized to 8-bit blocks (Q2_K, the IQ2 and IQ3 types, ...:
+weights, but for the types requantized to 8-bit blocks (the IQ2 and IQ3 types, ...:
 gguf_types.py), whose copies are then the blocks' weights, as their decode steps multiply by.
 Everything else (embeddings, norms, a layer of a shape blocks do not take) loads as before. The copy
 a lean first start writes holds none of those layers' floats (gguf_conversion.py): their placeholders

@@ -17,7 +17,8 @@ of the default model's projections and head 1.0 ms against 0.9 with VNNI and
     one fp16 d (and 4-bit, one fp16 m) per block of 32 inputs of a channel;
     5-bit: w = d * u + m as 4-bit, u in 0..31;
     symmetric 4-bit and 5-bit: d alone, m = -8 d or -16 d;
-    6-bit: w = d * s * (u - 32), u in 0..63, an int8 s for each 16 inputs.
+    6-bit: w = d * s * (u - 32), u in 0..63, an int8 s for each 16 inputs;
+    2-bit (super-blocks alone): w = d * s * u + minimum * m, u in 0..3, a uint8 s and m for each 16 inputs.
 
 GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q6_K and Q8_0 blocks map onto these exactly,
 Q4_0 and Q5_0 as symmetric blocks: 18 and 22 bytes a channel's 32 inputs,
@@ -56,6 +57,16 @@ and 210 bytes a channel's 256 inputs, and 146 symmetric 4-bit (Q4_K's own
 fp16 scales of their own took 160, 192 and 224: fewer bytes for one row's
 product to read, and exactly the file's weights (fp16 d * s rounded them).
 
+GGUF's Q2_K (the low K-quant of Q2_K files and of big models squeezed into
+little memory) keeps a 4-bit s and a 4-bit m for each 16 inputs, w = d * s *
+q + minimum * m with q in 0..3 (minimum the file's -dmin). Its layers are
+2-bit super-blocks: Q4_K's header (d and minimum), then for each block of 32
+its values as two lines of 2-bit values (bits 2i and 2i + 1 of line h: those
+of line 4h + i, as 6-bit blocks keep their top two bits) and 64 bytes: the
+16 channels' s for inputs 0-15, then for 16-31, then their m so. 100 bytes a
+channel's 256 inputs (3.1 bits a weight; the file's 84), where requantized to
+8-bit blocks they took 272 and moved.
+
 GGUF's IQ4_NL and IQ4_XS weights are d * t[u]: u in 0..15 picks one of 16
 int8 values t (TABLE_VALUES), denser near 0 than a 4-bit grid. Their
 blocks (`table`) keep u as 4-bit blocks do and d alone: IQ4_NL's blocks of
@@ -79,7 +90,7 @@ BLOCK = 32  # inputs a scale covers
 CHANNELS = 16  # output channels stored side by side, one a vector lane
 SUPER_BLOCK = 256  # inputs of a K-quant's super-block
 BLOCKS_A_SUPER_BLOCK = SUPER_BLOCK // BLOCK
-VALUE_BYTES = {4: 256, 5: 320, 6: 384, 8: 512}  # a block's values, 16 channels
+VALUE_BYTES = {2: 128, 4: 256, 5: 320, 6: 384, 8: 512}  # a block's values, 16 channels
 # IQ4_NL's and IQ4_XS's values, by index
 TABLE_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
@@ -87,7 +98,8 @@ TABLE_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
 class Layout(NamedTuple):
     """How a layer's blocks are kept: values of `bits`, in blocks of 32 or super-blocks of 256, their own or
     a table's indices; `symmetric` blocks of 32 (4-bit and 5-bit) keep d alone, w = d * (u - 2^(bits - 1)),
-    and symmetric super-blocks (4-bit) a d and an int8 s a 16 inputs, w = d * s * (u - 8), as 6-bit ones."""
+    and symmetric super-blocks (4-bit) a d and an int8 s a 16 inputs, w = d * s * (u - 8), as 6-bit ones;
+    2-bit values come in super-blocks alone, an s and an m a 16 inputs."""
 
     bits: int
     super_blocks: bool = False
@@ -112,6 +124,7 @@ CHANNEL_BYTES = {
     Layout(4, super_blocks=True): 148,
     Layout(5, super_blocks=True): 180,
     Layout(6, super_blocks=True): 210,
+    Layout(2, super_blocks=True): 100,
     Layout(4, table=True): 18,
     Layout(4, super_blocks=True, table=True): 138,
     Layout(4, symmetric=True): 18,  # as a table's: told apart by `table`
@@ -219,10 +232,14 @@ def pack_super_blocks(
     """K-quants' terms as super-blocks: q [out, in] values 0..2^bits - 1, d (and minimum) [out, in / 256]
     (fp16 values), and 4-bit and 5-bit (Q4_K, Q5_K) w = d * s * q + minimum * m with s and m [out, in /
     32] 0..255; 6-bit (Q6_K) w = d * s * (q - 32) with s [out, in / 16] int8, and `symmetric` 4-bit (Q3_K)
-    w = d * s * (q - 8) so. `table` (IQ4_XS): w = d * s * TABLE_VALUES[q], s [out, in / 32] int8."""
+    w = d * s * (q - 8) so. `table` (IQ4_XS): w = d * s * TABLE_VALUES[q], s [out, in / 32] int8. 2-bit
+    (Q2_K): w = d * s * q + minimum * m, s and m [out, in / 16] 0..255."""
     out_features, in_features = q.shape
     groups, supers = out_features // CHANNELS, in_features // SUPER_BLOCK
-    if bits == 6 or symmetric or table:
+    if bits == 2:  # an s and an m a 16 inputs
+        block_tail = torch.cat([channel_bytes(s.to(torch.uint8), 2), channel_bytes(m.to(torch.uint8), 2)], -1)
+        header = [d, minimum]
+    elif bits == 6 or symmetric or table:
         block_tail = channel_bytes(s.to(torch.int8), 1 if table else 2)  # an s a 32, or a 16
         header = [d]
     else:
@@ -236,11 +253,13 @@ def pack_super_blocks(
 
 def value_lines(q: torch.Tensor, bits: int) -> torch.Tensor:
     """q [out, in] values 0..2^bits - 1 as each block's value bytes, [groups, blocks, bytes]: 8-bit the 8
-    lines; else the low nibbles of lines 2c and 2c + 1 in one, then (5-bit) a line of fifth bits or (6-bit)
-    two of top two bits."""
+    lines; 2-bit two lines, bits 2i and 2i + 1 of line h those of line 4h + i; else the low nibbles of lines
+    2c and 2c + 1 in one, then (5-bit) a line of fifth bits or (6-bit) two of top two bits (as 2-bit ones)."""
     lanes = interleave(q.to(torch.uint8))  # [groups, blocks, 8 lines, 64]
     if bits == 8:
         return lanes.flatten(2)
+    if bits == 2:
+        return two_bit_lines(lanes)
     low = lanes & 0x0F
     nibbles = (low[:, :, 0::2] | (low[:, :, 1::2] << 4)).flatten(2)  # [groups, blocks, 256]
     if bits == 5:
@@ -248,11 +267,16 @@ def value_lines(q: torch.Tensor, bits: int) -> torch.Tensor:
         fifth = ((lanes >> 4) << shifts).sum(dim=2, dtype=torch.uint8)  # [groups, blocks, 64], no overlap
         return torch.cat([nibbles, fifth], dim=-1)
     if bits == 6:
-        top = (lanes >> 4).reshape(*lanes.shape[:2], 2, 4, 64)
-        shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
-        top_lines = (top << shifts).sum(dim=3, dtype=torch.uint8)  # [groups, blocks, 2, 64], no bits overlap
-        return torch.cat([nibbles, top_lines.flatten(2)], dim=-1)
+        return torch.cat([nibbles, two_bit_lines(lanes >> 4)], dim=-1)
     return nibbles
+
+
+def two_bit_lines(lanes: torch.Tensor) -> torch.Tensor:
+    """[groups, blocks, 8 lines, 64] values 0..3 as two lines, [groups, blocks, 128]: bits 2i and 2i + 1 of
+    line h hold line 4h + i."""
+    pairs = lanes.reshape(*lanes.shape[:2], 2, 4, 64)
+    shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
+    return (pairs << shifts).sum(dim=3, dtype=torch.uint8).flatten(2)  # no bits overlap
 
 
 def channel_bytes(values: torch.Tensor, per_block: int) -> torch.Tensor:
@@ -361,7 +385,7 @@ def dequantize_in_torch(blocks: torch.Tensor, in_features: int, table: bool = Fa
     groups, count = out_features // CHANNELS, in_features // BLOCK
     signed_scales = bits == 6 or (super_blocks and symmetric)  # an int8 s a 16 inputs
     if super_blocks:
-        header_bytes = 32 if signed_scales or table else 64
+        header_bytes = 32 if signed_scales or table else 64  # d, or d and minimum
         per_super = blocks.reshape(groups, in_features // SUPER_BLOCK, -1)
         # [out, supers] d, or d and minimum in turn: [out, 2 supers]
         header = from_channel_bytes(per_super[..., :header_bytes], torch.float16, 1).float()
@@ -378,6 +402,13 @@ def dequantize_in_torch(blocks: torch.Tensor, in_features: int, table: bool = Fa
             d = from_channel_bytes(tail, torch.float16, 1).float()
         values = torch.tensor(TABLE_VALUES, dtype=torch.float32)[u.long()]
         return (values.reshape(out_features, count, BLOCK) * d[..., None]).reshape(out_features, in_features)
+    if bits == 2:  # d * s and minimum * m a 16 inputs
+        d_and_minimum = header.reshape(out_features, -1, 2).repeat_interleave(2 * BLOCKS_A_SUPER_BLOCK, dim=1)
+        s = from_channel_bytes(tail[..., : 2 * CHANNELS], torch.uint8, 2).float()
+        m = from_channel_bytes(tail[..., 2 * CHANNELS :], torch.uint8, 2).float()
+        d, minimum = d_and_minimum[..., 0] * s, d_and_minimum[..., 1] * m
+        sixteens = u.float().reshape(out_features, -1, BLOCK // 2) * d[..., None] + minimum[..., None]
+        return sixteens.reshape(out_features, in_features)
     if signed_scales:
         sub_scale = from_channel_bytes(tail[..., -2 * CHANNELS :], torch.int8, 2)  # [out, 2 count]
         if super_blocks:
@@ -400,16 +431,23 @@ def dequantize_in_torch(blocks: torch.Tensor, in_features: int, table: bool = Fa
 def values_of(per_block: torch.Tensor, bits: int) -> torch.Tensor:
     """Each block's values from its bytes [groups, blocks, bytes]: [groups * 16 channels, blocks * 32]."""
     groups, count = per_block.shape[:2]
-    raw = per_block[..., : 512 if bits == 8 else 256].reshape(groups, count, -1, 64)
-    lines = torch.stack([raw & 0x0F, raw >> 4], dim=3).flatten(2, 3) if bits != 8 else raw
+    raw = per_block[..., : VALUE_BYTES[bits] if bits in (2, 8) else 256].reshape(groups, count, -1, 64)
+    if bits == 2:
+        lines = from_two_bit_lines(raw)
+    else:
+        lines = torch.stack([raw & 0x0F, raw >> 4], dim=3).flatten(2, 3) if bits != 8 else raw
     if bits == 5:
         fifth = per_block[..., 256:320].reshape(groups, count, 1, 64)
         lines = lines | (((fifth >> torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8, 1)) & 1) << 4)
     if bits == 6:
-        top = per_block[..., 256:384].reshape(groups, count, 2, 1, 64)
-        shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
-        lines = lines | (((top >> shifts) & 0x03) << 4).reshape(groups, count, 8, 64)
+        lines = lines | (from_two_bit_lines(per_block[..., 256:384].reshape(groups, count, 2, 64)) << 4)
     return lines.reshape(groups, count, 8, CHANNELS, 4).permute(0, 3, 1, 2, 4).reshape(groups * CHANNELS, -1)
+
+
+def from_two_bit_lines(lines: torch.Tensor) -> torch.Tensor:
+    """two_bit_lines undone: [groups, blocks, 2, 64] to the 8 lines' values, [groups, blocks, 8, 64]."""
+    shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1)
+    return ((lines[:, :, :, None] >> shifts) & 0x03).flatten(2, 3)
 
 
 def from_channel_bytes(data: torch.Tensor, dtype: torch.dtype, per_block: int) -> torch.Tensor:

@@ -39,9 +39,13 @@ as the file keeps them. How each GGUF type becomes one of them:
         input j's low, j + 16's high); w = d * t[q]. IQ4_XS super-block of 256 (136 bytes): fp16 d, each
         block's 6-bit s + 32, then each block's indices as IQ4_NL's; w = d * s * t[q].
         The CPU's table blocks and super-blocks, exactly.
+    Q2_K super-block of 256 (84 bytes): sixteen bytes of a 4-bit s (low nibble) and a 4-bit m (high one),
+        one a 16 inputs, 64 bytes of 2-bit q, fp16 d and dmin; w = d * s * q - dmin * m, q in 0..3
+        The CPU's 2-bit super-blocks, exactly (d, -dmin, s and m as they are: 3.1 bits a weight where
+        requantized to 8-bit blocks it took 8.5 and moved).
 
-Every other type that the gguf package dequantizes (Q2_K, the other
-IQ types, ...) is quantized again from its dequantized weights to 8-bit blocks
+Every other type that the gguf package dequantizes (the IQ2 and IQ3
+types, ...) is quantized again from its dequantized weights to 8-bit blocks
 of 32 with the block's largest magnitude at 127. That adds at most half a
 step of 1/127 of a block's largest weight, and keeps 8.5 bits a weight where
 bfloat16 would keep 16. PyTorch's kernels (CUDA, a CPU without AVX2) take a
@@ -69,6 +73,7 @@ Q5_BYTES = {GGMLQuantizationType.Q5_0: 22, GGMLQuantizationType.Q5_1: 24}  # byt
 Q5_K_BYTES = 176  # Q4_K's 16 bytes of d, dmin, scales and mins, 32 of fifth bits, 128 of low nibbles
 Q6_K_BYTES = 210  # 128 bytes of low nibbles, 64 of top two bits, 16 int8 scales, fp16 d
 Q3_K_BYTES = 110  # 32 bytes of third bits, 64 of low two bits, 12 of 6-bit scales, fp16 d
+Q2_K_BYTES = 84  # 16 bytes of 4-bit scales and mins, 64 of 2-bit q, fp16 d, fp16 dmin
 IQ4_NL_BYTES = 18  # fp16 d, 16 bytes of 4-bit indices
 IQ4_XS_BYTES = 136  # fp16 d, 2 + 4 bytes of 6-bit scales, 128 bytes of 4-bit indices
 SUPER_BLOCK = 256  # the inputs of a K-quant's super-block
@@ -212,6 +217,22 @@ class ThreeBitWeight(SubScaledWeight):  # Q3_K: the file's q + 8, 4..11, and its
 
 
 @dataclass(frozen=True)
+class TwoBitWeight:
+    """w = d * s * q + minimum * m: Q2_K's super-blocks, d and minimum (the file's -dmin) a super-block of
+    256 inputs of an output channel, s and m (0..15) a 16 inputs in it. The CPU's 2-bit super-blocks."""
+
+    q: torch.Tensor  # [out, in] uint8, 0..3
+    d: torch.Tensor  # [out, in / 256] float32, fp16 values
+    minimum: torch.Tensor  # [out, in / 256] float32, fp16 values
+    s: torch.Tensor  # [out, in / 16] uint8
+    m: torch.Tensor  # [out, in / 16] uint8
+    table: ClassVar[bool] = False
+
+    def blocks(self) -> torch.Tensor:
+        return block_weights.pack_super_blocks(self.q, 2, self.d, self.s, self.minimum, self.m)
+
+
+@dataclass(frozen=True)
 class TableWeight:
     """w = d * TABLE_VALUES[q]: IQ4_NL's blocks, d a block of 32 inputs of an output channel."""
 
@@ -270,6 +291,8 @@ def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> Weight:
         return unpack_q6_k(rows)
     if kind == GGMLQuantizationType.Q3_K:
         return unpack_q3_k(rows)
+    if kind == GGMLQuantizationType.Q2_K:
+        return unpack_q2_k(rows)
     if kind == GGMLQuantizationType.IQ4_NL:
         return unpack_iq4_nl(rows)
     if kind == GGMLQuantizationType.IQ4_XS:
@@ -383,6 +406,24 @@ def unpack_q3_k(rows: np.ndarray) -> ThreeBitWeight:
     )
 
 
+def unpack_q2_k(rows: np.ndarray) -> TwoBitWeight:
+    """[out, super-blocks * 84] uint8 rows of Q2_K to q and its super-blocks' terms: input e's q in byte
+    32 (e // 128) + e % 32 of its 64, at bits 2 (e % 128 // 32); the 16 inputs i's s in the low nibble of
+    scale byte i, its m in the high one."""
+    out_features = rows.shape[0]
+    blocks = np.ascontiguousarray(rows).reshape(-1, Q2_K_BYTES)
+    scales = blocks[:, :16]
+    packed = blocks[:, 16:80].reshape(-1, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)
+    terms = (
+        (packed & 3).reshape(-1, SUPER_BLOCK),
+        halves(blocks[:, 80:82]),
+        -halves(blocks[:, 82:84]),
+        scales & 0x0F,
+        scales >> 4,
+    )
+    return TwoBitWeight(*(torch.from_numpy(np.ascontiguousarray(t).reshape(out_features, -1)) for t in terms))
+
+
 def unpack_iq4_nl(rows: np.ndarray) -> TableWeight:
     """[out, blocks * 18] uint8 rows of IQ4_NL (fp16 d, then 16 bytes: input j's index in the low nibble
     of byte j, input j + 16's in its high one) to q and d."""
@@ -425,7 +466,9 @@ def requantize_int8(weights: np.ndarray) -> EightBitWeight:
 
 
 # The weights the CPU's blocks take as they are (block_weights.py), and all of them.
-InBlocksWeight = SymmetricWeight | SuperBlockWeight | SubScaledWeight | TableWeight | TableSuperBlocks
+InBlocksWeight = (
+    SymmetricWeight | SuperBlockWeight | SubScaledWeight | TwoBitWeight | TableWeight | TableSuperBlocks
+)
 Weight = FourBitWeight | FiveBitWeight | EightBitWeight | InBlocksWeight
 
 

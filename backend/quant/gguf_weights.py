@@ -57,6 +57,7 @@ from backend.quant.gguf_types import (
     TableSuperBlocks,
     TableWeight,
     ThreeBitWeight,
+    TwoBitWeight,
     Weight,
 )
 from backend.quant.quantized_linear import (
@@ -95,7 +96,7 @@ PLAIN_ARCHITECTURES = {
 BLOCKS_CACHE = "gguf_blocks.safetensors"
 HEAD_KEY = ":head"  # the head's tensors in that copy (no module name starts with a colon)
 # A copy's layout: a copy written by a version that served fewer types is read past and replaced.
-BLOCKS_CACHE_VERSION = "7"
+BLOCKS_CACHE_VERSION = "8"
 # The weights a file's cached blocks hold, by name, and their fields (4-bit values packed two a byte).
 WEIGHT_KINDS = {
     kind.__name__: kind
@@ -109,6 +110,7 @@ WEIGHT_KINDS = {
         FiveBitSuperBlocks,
         SixBitWeight,
         ThreeBitWeight,
+        TwoBitWeight,
         TableWeight,
         TableSuperBlocks,
     )
@@ -119,6 +121,7 @@ FOUR_BIT_VALUES = (
     FourBitSymmetric,
     FourBitSuperBlocks,
     ThreeBitWeight,
+    TwoBitWeight,  # 2-bit values, kept as 4-bit ones
     TableWeight,
     TableSuperBlocks,
 )

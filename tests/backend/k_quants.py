@@ -10,6 +10,8 @@ but blocks of the same layout, checked against the gguf package's dequantization
         16 inputs), fp16 d; w = d * s * (q - 32).
     Q3_K, per 256 inputs: 32 bytes of third bits (hmask), 64 of low 2-bit pairs, 12 of sixteen 6-bit
         scales s + 32 (one a 16 inputs), fp16 d; w = d * s * q, q in -4..3.
+    Q2_K, per 256 inputs: sixteen bytes of a 4-bit s (low nibble) and m (high one), one a 16 inputs, 64
+        bytes of 2-bit q, fp16 d, fp16 dmin; w = d * s * q - dmin * m, q in 0..3.
 
 And IQ4_NL's and IQ4_XS's (block_iq4_nl, block_iq4_xs), whose 4-bit q index 16 int8 values t:
 
@@ -35,6 +37,7 @@ def quantize(weights: np.ndarray, kind: GGMLQuantizationType) -> np.ndarray:
         GGMLQuantizationType.Q5_K: lambda w: scaled_with_min(w, 31),
         GGMLQuantizationType.Q6_K: q6_k,
         GGMLQuantizationType.Q3_K: q3_k,
+        GGMLQuantizationType.Q2_K: q2_k,
         GGMLQuantizationType.IQ4_NL: iq4_nl,
         GGMLQuantizationType.IQ4_XS: iq4_xs,
     }
@@ -133,6 +136,25 @@ def q3_k(supers: np.ndarray) -> np.ndarray:
     top = (biased >> 4).reshape(-1, 4, 4) << (2 * np.arange(4, dtype=np.uint8))[None, :, None]
     packed[:, 8:] = np.bitwise_or.reduce(top, axis=1)
     return np.concatenate([hmask, qs, packed, as_bytes(d)], axis=-1)
+
+
+def q2_k(supers: np.ndarray) -> np.ndarray:
+    """Q2_K blocks of [n, 256] weights: each 16's range over the 3 steps above its min (at most 0), s
+    and m rounded up so that no weight falls outside it."""
+    blocks = supers.reshape(-1, 16, 16)
+    low = np.minimum(blocks.min(axis=-1), 0)
+    step = (blocks.max(axis=-1) - low) / 3  # [n, 16]
+    d, dmin = fp16(step.max(axis=-1) / 15), fp16(-low.min(axis=-1) / 15)
+    scales = np.clip(np.ceil(step / np.maximum(d.astype(np.float32), 1e-30)[:, None]), 0, 15)
+    mins = np.clip(np.ceil(-low / np.maximum(dmin.astype(np.float32), 1e-30)[:, None]), 0, 15)
+    block_scale = d.astype(np.float32)[:, None] * scales
+    block_min = dmin.astype(np.float32)[:, None] * mins
+    q = np.round((blocks + block_min[..., None]) / np.maximum(block_scale, 1e-30)[..., None])
+    u = np.clip(q, 0, 3).astype(np.uint8).reshape(-1, 2, 4, 32)
+    # Input e: byte 32 (e // 128) + e % 32 of qs, at bits 2 (e % 128 // 32)
+    qs = np.bitwise_or.reduce(u << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None], axis=2)
+    packed = scales.astype(np.uint8) | (mins.astype(np.uint8) << 4)
+    return np.concatenate([packed, qs.astype(np.uint8).reshape(-1, 64), as_bytes(d), as_bytes(dmin)], axis=-1)
 
 
 def nearest_indices(scaled: np.ndarray) -> np.ndarray:

@@ -104,11 +104,21 @@ def super_block_weights(
     bits: int, out_features: int, in_features: int, seed: int = 0, symmetric: bool = False
 ):
     """K-quants' terms in super-blocks: Q4_K's and Q5_K's w = d * s * q + minimum * m (s and m 0..63, the
-    file's 6 bits), Q6_K's w = d * s * (q - 32) with an int8 s a 16 inputs (-128 and 127 among them), and
-    symmetric 4-bit ones' (Q3_K's) w = d * s * (q - 8) so."""
+    file's 6 bits), Q6_K's w = d * s * (q - 32) with an int8 s a 16 inputs (-128 and 127 among them),
+    symmetric 4-bit ones' (Q3_K's) w = d * s * (q - 8) so, and 2-bit ones' (Q2_K's) w = d * s * q + minimum
+    * m with s and m a 16 inputs (0..255, the layout's bytes; Q2_K's take 4 bits)."""
     generator = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 2**bits, (out_features, in_features), generator=generator, dtype=torch.uint8)
     supers = (out_features, in_features // SUPER_BLOCK)
+    if bits == 2:
+        d = fp16_exact(torch.rand(supers, generator=generator) / 1000)
+        minimum = -fp16_exact(torch.rand(supers, generator=generator) / 1000)
+        s, m = (torch.randint(0, 256, (out_features, in_features // 16), generator=generator) for _ in "sm")
+        s[0, :2], m[0, :2] = torch.tensor([0, 255]), torch.tensor([255, 0])
+        scale = d.repeat_interleave(SUPER_BLOCK // 16, dim=1) * s
+        low = minimum.repeat_interleave(SUPER_BLOCK // 16, dim=1) * m
+        weight = q.float().reshape(out_features, -1, 16) * scale[..., None] + low[..., None]
+        return pack_super_blocks(q, 2, d, s, minimum, m), weight.reshape(out_features, in_features)
     d = fp16_exact(torch.rand(supers, generator=generator) / (1000 if bits == 6 or symmetric else 100))
     if bits == 6 or symmetric:
         s = torch.randint(-128, 128, (out_features, in_features // 16), generator=generator).to(torch.int8)
@@ -148,7 +158,7 @@ def table_weights(super_blocks: bool, out_features: int, in_features: int, seed:
 # Q4_0's and Q5_0's symmetric blocks.
 LAYOUTS = [
     *(Layout(bits) for bits in (4, 5, 6, 8)),
-    *(Layout(bits, super_blocks=True) for bits in (4, 5, 6)),
+    *(Layout(bits, super_blocks=True) for bits in (2, 4, 5, 6)),
     Layout(4, table=True),
     Layout(4, super_blocks=True, table=True),
     *(Layout(bits, symmetric=True) for bits in (4, 5)),
@@ -188,19 +198,20 @@ def rounded_per_block(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks / scale.clamp(min=1e-300)) * scale).reshape(x.shape)
 
 
-@pytest.mark.parametrize("bits", [4, 5, 6, "4, symmetric"])
+@pytest.mark.parametrize("bits", [2, 4, 5, 6, "4, symmetric"])
 def test_super_blocks_hold_the_weights_they_were_packed_from(bits):
     """148, 180 and 210 bytes a channel's 256 inputs (Q4_K, Q5_K, Q6_K: 144, 176 and 210 in the file),
-    and 146 symmetric 4-bit (Q3_K's values, 110 in the file), where blocks of 32 take 160, 192 and 224;
-    told apart from blocks of 32 by their size."""
+    146 symmetric 4-bit (Q3_K's values, 110 in the file) and 100 2-bit (Q2_K: 84), where blocks of 32
+    take 160, 192 and 224; told apart from blocks of 32 by their size."""
     out_features, in_features = 48, 3 * SUPER_BLOCK
     symmetric = bits == "4, symmetric"
     bits = 4 if symmetric else bits
     blocks, weight = super_block_weights(bits, out_features, in_features, symmetric=symmetric)
     assert blocks.dtype == torch.uint8
-    assert blocks.shape == (out_features, 3 * (146 if symmetric else {4: 148, 5: 180, 6: 210}[bits]))
+    assert blocks.shape == (out_features, 3 * (146 if symmetric else {2: 100, 4: 148, 5: 180, 6: 210}[bits]))
     assert layout_of(blocks, in_features) == Layout(bits, super_blocks=True, symmetric=symmetric)
-    assert layout_of(packed(bits, out_features, in_features)[0], in_features) == Layout(bits)
+    if bits != 2:  # 2-bit values come in super-blocks alone
+        assert layout_of(packed(bits, out_features, in_features)[0], in_features) == Layout(bits)
     assert torch.equal(dequantize(blocks, in_features), weight)
 
 
@@ -318,9 +329,25 @@ def test_six_bit_sums_at_their_bounds_are_exact(super_blocks, kernel):
     assert (kernel(x, blocks, 6).double() - expected).abs().max() <= 1e-6 * expected.abs().min()
 
 
+def test_two_bit_sums_at_their_bounds_are_exact(kernel):
+    """2-bit products at the integer sums' limits: u 3 or 0, s and m 255, every activation +-127 once
+    rounded. The AVX2 kernel sums a half block's four vpmaddubsw sums in int16 (16 * 3 * 127 at most), then
+    weighs them by s, and the half's activation sum (16 * 127) by m, in vpmaddwd: none may wrap."""
+    out_features, in_features = 32, 2 * SUPER_BLOCK
+    channel = torch.arange(out_features)[:, None]
+    q = torch.where(channel % 2 == 0, 3, 0).to(torch.uint8).expand(out_features, in_features).contiguous()
+    s = m = torch.full((out_features, in_features // 16), 255)
+    d, minimum = torch.full((out_features, 2), 2.0**-10), torch.full((out_features, 2), -(2.0**-12))
+    blocks = pack_super_blocks(q, 2, d, s, minimum, m)
+    weight = q.float() * 255 * 2.0**-10 - 255 * 2.0**-12
+    x = torch.stack([torch.full((in_features,), 127.0 * (-1) ** row) for row in range(5)])  # 4 + 1 rows
+    expected = x.double() @ weight.double().T  # x's blocks round to themselves: their scale is 1
+    assert (kernel(x, blocks, 2).double() - expected).abs().max() <= 1e-6 * expected.abs().min()
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_a_row_alone_gets_the_products_it_gets_among_others(layout, kernel):
-    """One row (a stream's decode step) takes a pass of its own over the blocks (AVX2, 4-bit and 8-bit:
+    """One row (a stream's decode step) takes a pass of its own over the blocks (AVX2, 2-, 4- and 8-bit:
     both halves of each block in turn), bit for bit the products the same row gets among others."""
     out_features, in_features = 96, inputs_of(layout, 6)
     blocks = packed(layout, out_features, in_features)[0]
@@ -335,7 +362,7 @@ def test_a_row_alone_gets_the_products_it_gets_among_others(layout, kernel):
 @pytest.mark.skipif(block_weights.kernel(CPU) != "AVX-512 VNNI", reason="this CPU has the AVX2 kernel alone")
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
 def test_the_avx2_kernel_gives_the_avx512_kernels_products(layout):
-    """The same int8 activations and integer sums: 4-, 5- and 6-bit products bit for bit (symmetric ones
+    """The same int8 activations and integer sums: 2- to 6-bit products bit for bit (symmetric ones
     too: both add m = -8 d or -16 d times x's sum); 8-bit ones (and a table's, multiplied as 8-bit ones)
     sum q * x where AVX-512 sums u * x and subtracts 128 * x, so they differ by float32 rounding alone."""
     bits, in_features = layout.bits, inputs_of(layout, 9)
@@ -350,7 +377,17 @@ def test_the_avx2_kernel_gives_the_avx512_kernels_products(layout):
 
 
 @pytest.mark.parametrize(
-    "bits", [4, 5, 6, 8, Layout(4, super_blocks=True), Layout(4, table=True), Layout(4, symmetric=True)]
+    "bits",
+    [
+        4,
+        5,
+        6,
+        8,
+        Layout(4, super_blocks=True),
+        Layout(2, super_blocks=True),
+        Layout(4, table=True),
+        Layout(4, symmetric=True),
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_nan_activation_makes_every_product_of_its_row_nan(bits, dtype, kernel):
@@ -402,7 +439,7 @@ def test_compiled_code_calls_the_kernel_as_an_operator():
 
 def test_wrong_inputs_are_refused_with_the_reason():
     blocks, _ = int4_weights(32, 2 * BLOCK)
-    with pytest.raises(RuntimeError, match="bits must be 4, 5, 6 or 8"):
+    with pytest.raises(RuntimeError, match="bits must be 2, 4, 5, 6 or 8"):
         matmul(torch.randn(1, 2 * BLOCK), blocks, 7)
     with pytest.raises(RuntimeError, match="do not hold 8-bit blocks"):
         matmul(torch.randn(1, 2 * BLOCK), blocks, 8)
@@ -413,6 +450,9 @@ def test_wrong_inputs_are_refused_with_the_reason():
     six_bit_super_blocks, _ = super_block_weights(6, 32, SUPER_BLOCK)
     with pytest.raises(RuntimeError, match="do not hold 4-bit blocks or super-blocks of 256 inputs"):
         matmul(torch.randn(1, SUPER_BLOCK), six_bit_super_blocks, 4)
+    # 2-bit values come in super-blocks alone: 2-bit blocks of 32 would take what 4-bit ones with an m do
+    with pytest.raises(RuntimeError, match="do not hold 2-bit blocks or super-blocks of 64 inputs"):
+        matmul(torch.randn(1, 2 * BLOCK), blocks, 2)
     with pytest.raises(RuntimeError, match="a table's indices are 4-bit, not 5"):
         matmul(torch.randn(1, 2 * BLOCK), symmetric_weights(5, 32, 2 * BLOCK)[0], 5, table=True)
     with pytest.raises(RuntimeError, match="do not hold 4-bit table blocks"):  # 4-bit blocks with an m

@@ -1,4 +1,4 @@
-"""Each GGUF type's blocks become the engine's weights: the K-quants (Q3_K, Q4_K, Q5_K, Q6_K) as
+"""Each GGUF type's blocks become the engine's weights: the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) as
 super-blocks,
 Q5_0 and Q5_1 as 5-bit blocks, exactly, the other types as 8-bit blocks within half a step of 1/127 of
 each block's largest weight, against the gguf package's own dequantization (the reference transformers
@@ -20,6 +20,7 @@ from backend.quant.gguf_types import (
     TableSuperBlocks,
     TableWeight,
     ThreeBitWeight,
+    TwoBitWeight,
     requantize_int8,
     served,
     unpack,
@@ -32,8 +33,10 @@ K_TYPES = [
     GGMLQuantizationType.Q5_K,
     GGMLQuantizationType.Q6_K,
     GGMLQuantizationType.Q3_K,
+    GGMLQuantizationType.Q2_K,
 ]
 SIGNED_SCALES = (GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q3_K)  # w = d * s * q, a 16 inputs' s
+SIXTEENS = (*SIGNED_SCALES, GGMLQuantizationType.Q2_K)  # a scale a 16 inputs
 # Largest error of the writer against the weights, in steps of the kind's largest block (its range over
 # 15 or 31 levels; Q6_K: its largest magnitude over 31): half a step, with room for fp16 scales. Q3_K's
 # q run from -4 to 3 (its step: the largest magnitude over 4), so a weight of the other sign near the
@@ -52,10 +55,10 @@ def weights(rows: int, columns: int, seed: int = 0) -> np.ndarray:
 
 
 def largest_step(w: np.ndarray, kind: GGMLQuantizationType) -> float:
-    blocks = w.reshape(-1, 16 if kind in SIGNED_SCALES else 32)
+    blocks = w.reshape(-1, 16 if kind in SIXTEENS else 32)
     if kind in SIGNED_SCALES:
         return float(np.abs(blocks).max() / (31 if kind == GGMLQuantizationType.Q6_K else 4))
-    levels = 15 if kind == GGMLQuantizationType.Q4_K else 31
+    levels = {GGMLQuantizationType.Q2_K: 3, GGMLQuantizationType.Q4_K: 15}.get(kind, 31)
     return float((blocks.max(axis=1) - np.minimum(blocks.min(axis=1), 0)).max() / levels)
 
 
@@ -74,13 +77,19 @@ def test_k_quants_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
     """Each field where the K-quant puts it: Q4_K's and Q5_K's nibbles, fifth bits, 6-bit scales and mins
     and their d and dmin; Q6_K's low nibbles, top two bits, sixteen int8 scales (negative ones too) and d;
     Q3_K's low two bits, third bits, sixteen 6-bit scales (negative ones too) and d, as Q6_K's terms with
-    q + 8 (4..11) for q - 8. The same weights with a scale a block of 32 (for devices with no super-blocks)
-    too."""
+    q + 8 (4..11) for q - 8; Q2_K's 2-bit q, sixteen 4-bit scales and mins, d and dmin. The same weights with
+    a scale a block of 32 (for devices with no super-blocks) too, where they have them."""
     w = weights(32, 768)
     w[3, :16] *= -1  # a 16 whose largest magnitude is negative
     rows = quantize(w, kind)
     expected = quants.dequantize(rows, kind)
     unpacked = unpack(rows, kind)
+    if kind == GGMLQuantizationType.Q2_K:
+        assert isinstance(unpacked, TwoBitWeight) and unpacked.q.max() == 3 and unpacked.q.min() == 0
+        assert unpacked.s.shape == unpacked.m.shape == (32, 48) and unpacked.d.shape == (32, 3)
+        assert unpacked.s.max() == 15 and unpacked.m.max() == 15
+        assert torch.equal(two_bit_weights(unpacked), torch.from_numpy(expected))
+        return
     if kind in SIGNED_SCALES:
         six_bit = kind == GGMLQuantizationType.Q6_K
         assert isinstance(unpacked, SixBitWeight if six_bit else ThreeBitWeight)
@@ -111,6 +120,30 @@ def test_k_quants_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
     np.testing.assert_allclose(rebuilt.reshape(32, -1).numpy(), expected, rtol=0, atol=1e-7)
 
 
+def two_bit_weights(weight: TwoBitWeight) -> torch.Tensor:
+    """TwoBitWeight's float32 weights: q * (d * s) + minimum * m, each 16 inputs' (d * s exact)."""
+    out_features = weight.q.shape[0]
+    scale = weight.d.repeat_interleave(16, dim=1) * weight.s.float()
+    low = weight.minimum.repeat_interleave(16, dim=1) * weight.m.float()
+    sixteens = weight.q.float().reshape(out_features, -1, 16) * scale[..., None] + low[..., None]
+    return sixteens.reshape(out_features, -1)
+
+
+def test_q2_k_blocks_of_any_bytes_unpack_to_the_weights_gguf_dequantizes():
+    """Every bit of a Q2_K block where the format puts it, whatever its value: random bytes (every scale
+    and min from 0 to 15, every q) but for a finite d and dmin, as its terms and as the CPU's 2-bit
+    super-blocks, against the gguf package's dequantization."""
+    rows = np.random.default_rng(6).integers(0, 256, (32, 3 * 84), dtype=np.uint8)
+    rows.reshape(-1, 84)[:, 80:82] = np.float16(2**-7).reshape(1).view(np.uint8)
+    rows.reshape(-1, 84)[:, 82:84] = np.float16(3 * 2**-9).reshape(1).view(np.uint8)
+    expected = torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType.Q2_K))
+    unpacked = unpack(rows, GGMLQuantizationType.Q2_K)
+    assert unpacked.s.min() == unpacked.m.min() == 0 and unpacked.s.max() == unpacked.m.max() == 15
+    assert torch.equal(two_bit_weights(unpacked), expected)
+    if block_weights.available(torch.device("cpu")):
+        assert torch.equal(block_weights.dequantize(unpacked.blocks(), 768), expected)
+
+
 def test_q3_k_blocks_of_any_bytes_unpack_to_the_weights_gguf_dequantizes():
     """Every bit of a Q3_K block where the format puts it, whatever its value: random bytes (every scale
     from -32 to 31, every third bit set or not) but for a finite d, as q + 8 and its scales and as the
@@ -130,14 +163,16 @@ def test_q3_k_blocks_of_any_bytes_unpack_to_the_weights_gguf_dequantizes():
 @pytest.mark.parametrize("kind", K_TYPES)
 def test_the_cpus_super_blocks_hold_each_k_quant_bit_for_bit(kind):
     """Served from super-blocks, a K-quant's layer holds exactly the file's weights (d, dmin and the 6-bit
-    scales as they are), in 148, 180 or 210 bytes a channel's 256 inputs (Q3_K: 146, symmetric 4-bit),
-    and multiplies by them."""
+    scales as they are), in 148, 180 or 210 bytes a channel's 256 inputs (Q3_K: 146, symmetric 4-bit;
+    Q2_K: 100, 2-bit), and multiplies by them."""
     w = weights(32, 768)
     rows = quantize(w, kind)
     expected = torch.from_numpy(quants.dequantize(rows, kind))
     layer = BlocksLinear.of(unpack(rows, kind))
     if kind == GGMLQuantizationType.Q3_K:
         assert layer.layout() == "4-bit symmetric super-blocks" and layer.blocks.shape == (32, 3 * 146)
+    elif kind == GGMLQuantizationType.Q2_K:
+        assert layer.layout() == "2-bit super-blocks" and layer.blocks.shape == (32, 3 * 100)
     else:
         assert layer.super_blocks and layer.layout() == f"{layer.bits}-bit super-blocks"
         assert layer.blocks.shape == (32, 3 * {4: 148, 5: 180, 6: 210}[layer.bits])
