@@ -1336,6 +1336,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_matmul", &block_matmul, "few rows times weights in blocks of 32 (block_weights.py)", released);
   m.def("block_matmul_avx2", &block_matmul_avx2, "block_matmul by its AVX2 kernel (tests, timings)", released);
   m.def("block_dequantize", &block_dequantize, "the weights blocks hold, into a float tensor (block_weights.py)", released);
+  m.def("block_rows", &block_rows, "some rows of the weights blocks hold, into a float tensor (an embedding's)", released);
   m.def("ssm_update", &ssm_update, "one token of each row through a Mamba-2 scan, its state in place", released);
   m.def("gated_delta_update", &gated_delta_update, "one token of each row through a Gated DeltaNet, its state in place", released);
   m.def("decode_layers", &decode_layers, "a decode step's layers in one call (decoder_runner.NativeDecode)", released);

@@ -22,6 +22,7 @@ std::string block_matmul_kernel();
 at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool table);
 at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool table);
 void block_dequantize(const at::Tensor& weights, int64_t bits, bool table, at::Tensor& out);
+void block_rows(const at::Tensor& weights, int64_t bits, bool table, const at::Tensor& ids, at::Tensor& out);
 
 at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,

@@ -59,6 +59,7 @@ from backend.model.lean_load import blocks_bytes, served_in_blocks, state_dict_w
 from backend.model.resources import InsufficientResources, check_resources, skeleton
 from backend.model.source import ModelSource, resolve_model
 from backend.quant import bitsandbytes_checkpoint, block_weights, compressed_checkpoint, group_wise
+from backend.quant.blocks_embedding import serve_from_tied_head
 from backend.quant.calibration import (
     calibration_token_ids,
     drop_copies_blocks_match,
@@ -315,6 +316,11 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     keep_dense_copies(model)  # those still made on demand (a lean load) that the steps above left
     time_projection_crossover(model)
     time_head_crossover(model)
+    if serve_from_tied_head(model, config.rows):
+        log.info(
+            "the input embedding, tied to the output head, looks its rows up in the head's blocks (the same "
+            "floats, which are let go); the head multiplies every number of rows by its blocks"
+        )
     log.info("kernels timed in %.1f s", time.perf_counter() - timing)
     give_back_freed_memory()
     log.info(

@@ -371,6 +371,34 @@ def dense_copy(
     return out.to(dtype)
 
 
+def rows(
+    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, table: bool = False
+) -> torch.Tensor:
+    """Rows `ids` ([n] int64) of the weights [out, in] the blocks hold, [n, in] in `dtype` (float32 or
+    bfloat16): `dense_copy`'s rows, written by the extension's loop (an embedding's: `BlocksEmbedding`).
+    Compiled, as the custom operator `block_rows_op`."""
+    if torch.compiler.is_compiling():
+        return block_rows_op(blocks, in_features, ids, dtype, table)
+    out = torch.empty(ids.shape[0], in_features, dtype=dtype)
+    bits = layout_of(blocks, in_features, table).bits
+    kernels.extension().block_rows(blocks, bits, table, ids.contiguous(), out)
+    return out
+
+
+@torch.library.custom_op("inference::block_rows", mutates_args=())
+def block_rows_op(
+    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, table: bool
+) -> torch.Tensor:
+    return rows(blocks, in_features, ids, dtype, table)
+
+
+@block_rows_op.register_fake
+def _(
+    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, table: bool
+) -> torch.Tensor:
+    return blocks.new_empty(ids.shape[0], in_features, dtype=dtype)
+
+
 def dequantize(blocks: torch.Tensor, in_features: int, table: bool = False) -> torch.Tensor:
     """The float32 weights [out, in] the blocks hold: what `matmul` multiplies by (the dense copies of a
     lean load are made of it: `dense_copy`)."""

@@ -270,34 +270,21 @@ def served(kind: GGMLQuantizationType, in_features: int) -> bool:
 
 
 def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> Weight:
-    """[out, bytes] uint8 rows of `kind`'s blocks as the engine's weights."""
-    if kind == GGMLQuantizationType.Q4_0:
-        four_bit = unpack_blocks(rows, kind)
-        return FourBitSymmetric(four_bit.q, four_bit.scale)
-    if kind == GGMLQuantizationType.Q5_0:
-        five_bit = unpack_q5(rows, kind)
-        return FiveBitSymmetric(five_bit.q, five_bit.scale)
-    if kind in FOUR_BIT:
-        return unpack_blocks(rows, kind)
-    if kind == GGMLQuantizationType.Q8_0:
-        return unpack_q8_0(rows)
-    if kind == GGMLQuantizationType.Q4_K:
-        return unpack_q4_k(rows)
-    if kind in Q5_BYTES:
-        return unpack_q5(rows, kind)
-    if kind == GGMLQuantizationType.Q5_K:
-        return unpack_q5_k(rows)
-    if kind == GGMLQuantizationType.Q6_K:
-        return unpack_q6_k(rows)
-    if kind == GGMLQuantizationType.Q3_K:
-        return unpack_q3_k(rows)
-    if kind == GGMLQuantizationType.Q2_K:
-        return unpack_q2_k(rows)
-    if kind == GGMLQuantizationType.IQ4_NL:
-        return unpack_iq4_nl(rows)
-    if kind == GGMLQuantizationType.IQ4_XS:
-        return unpack_iq4_xs(rows)
+    """[out, bytes] uint8 rows of `kind`'s blocks as the engine's weights: exactly the file's where the
+    type has an unpacking of its own (UNPACKINGS), else requantized to 8-bit blocks."""
+    if kind in UNPACKINGS:
+        return UNPACKINGS[kind](rows)
     return requantize_int8(quants.dequantize(np.ascontiguousarray(rows), kind))
+
+
+def unpack_q4_0(rows: np.ndarray) -> FourBitSymmetric:
+    four_bit = unpack_blocks(rows, GGMLQuantizationType.Q4_0)
+    return FourBitSymmetric(four_bit.q, four_bit.scale)
+
+
+def unpack_q5_0(rows: np.ndarray) -> FiveBitSymmetric:
+    five_bit = unpack_q5(rows, GGMLQuantizationType.Q5_0)
+    return FiveBitSymmetric(five_bit.q, five_bit.scale)
 
 
 def unpack_blocks(rows: np.ndarray, kind: GGMLQuantizationType) -> FourBitWeight:
@@ -450,6 +437,23 @@ def unpack_iq4_xs(rows: np.ndarray) -> TableSuperBlocks:
         torch.from_numpy(halves(blocks[:, 0:2]).reshape(out_features, -1)),
         torch.from_numpy(s.reshape(out_features, -1)),
     )
+
+
+# Each type whose blocks become the engine's weights exactly, and how.
+UNPACKINGS = {
+    GGMLQuantizationType.Q4_0: unpack_q4_0,
+    GGMLQuantizationType.Q4_1: lambda rows: unpack_blocks(rows, GGMLQuantizationType.Q4_1),
+    GGMLQuantizationType.Q5_0: unpack_q5_0,
+    GGMLQuantizationType.Q5_1: lambda rows: unpack_q5(rows, GGMLQuantizationType.Q5_1),
+    GGMLQuantizationType.Q8_0: unpack_q8_0,
+    GGMLQuantizationType.Q2_K: unpack_q2_k,
+    GGMLQuantizationType.Q3_K: unpack_q3_k,
+    GGMLQuantizationType.Q4_K: unpack_q4_k,
+    GGMLQuantizationType.Q5_K: unpack_q5_k,
+    GGMLQuantizationType.Q6_K: unpack_q6_k,
+    GGMLQuantizationType.IQ4_NL: unpack_iq4_nl,
+    GGMLQuantizationType.IQ4_XS: unpack_iq4_xs,
+}
 
 
 def requantize_int8(weights: np.ndarray) -> EightBitWeight:

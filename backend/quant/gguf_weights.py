@@ -510,7 +510,7 @@ def eight_bit(kind: str) -> str:
 def serve_head(model: nn.Module, blocks: GGUFBlocks) -> str:
     """Serve a head stored quantized from its blocks where the CPU multiplies blocks, else by an int8 copy
     with a scale a channel (PyTorch's int8 kernel takes no other); its float weights stay the dense copy
-    for many rows. Returns how, as the log says it."""
+    for many rows (blocks_embedding.py may let them go). Returns how, as the log says it."""
     if blocks.head_type in FLOAT_TYPES:
         return "as floats"
     head_blocks = blocks.take_head()

@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from backend.quant import block_weights
+from backend.quant.blocks_embedding import BlocksEmbedding
 from backend.quant.fp8_linear import Fp8Layer
 from backend.quant.smoothed_int8 import smoothed_int8_matmul
 
@@ -579,9 +580,10 @@ def quantize_head(model: nn.Module) -> int:
 def resident_bytes(model: nn.Module) -> dict[str, int]:
     """The bytes the model's weights hold, by what for (for the start-up log): "quantized" (the
     weight-only and FP8 layers' own weights and scales), "copies for many rows" (their dense or int8
-    copies, where kept) and "floats" (everything else: embeddings, norms, layers left as floats).
-    Storage shared by several tensors (a head tied to the embedding, a copy that is the embedding)
-    counts once."""
+    copies, where kept) and "floats" (everything else: embeddings, norms, layers left as floats); an
+    embedding whose rows come from blocks (`BlocksEmbedding`) holds quantized weights too. Storage shared
+    by several tensors (a head tied to the embedding, a copy that is the embedding, an embedding of the
+    head's blocks) counts once."""
     totals = dict.fromkeys(("quantized", "copies for many rows", "floats"), 0)
     seen = set()
     for module in model.modules():
@@ -591,7 +593,7 @@ def resident_bytes(model: nn.Module) -> dict[str, int]:
             if tensor.device.type == "meta" or storage.data_ptr() in seen:
                 continue
             seen.add(storage.data_ptr())
-            if not isinstance(module, (WeightOnlyLinear, Fp8Layer)) or name == "bias":
+            if not isinstance(module, (WeightOnlyLinear, Fp8Layer, BlocksEmbedding)) or name == "bias":
                 totals["floats"] += storage.nbytes()
             elif name in getattr(module, "many_rows_buffers", ()):
                 totals["copies for many rows"] += storage.nbytes()

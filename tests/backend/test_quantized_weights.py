@@ -12,6 +12,7 @@ from backend.messages import BackendConfig
 from backend.model.loader import load_model
 from backend.model.source import default_model_path
 from backend.quant import block_weights, gguf_weights, quantized_linear
+from backend.quant.blocks_embedding import BlocksEmbedding, serve_from_tied_head
 from backend.quant.gguf_types import FourBitSuperBlocks, FourBitWeight, unpack_blocks, unpack_q8_0
 from backend.quant.gguf_weights import BLOCKS_CACHE, read_gguf_blocks, serve_gguf_weights
 from backend.quant.quantize import quantize_model
@@ -166,8 +167,11 @@ def test_gguf_four_bit_blocks_unpack_to_the_weights_gguf_dequantizes(kind):
 
 def test_the_default_models_q4_1_layers_are_served_from_their_own_blocks(default_model):
     """Every projection, q and k included (llama.cpp permutes their rows), against transformers' own
-    dequantization of the same file."""
+    dequantization of the same file; the Q8_0 head tied to the embedding from its own blocks, and where the
+    CPU multiplies blocks (and the head's copy does not pay at a step's rows) the embedding's rows from
+    them too."""
     model = copy.deepcopy(default_model.model)  # the exact mode's, served here
+    embedding = model.get_input_embeddings().weight.detach().clone()
     dequantized = {
         name: module.weight.detach().clone()
         for name, module in model.named_modules()
@@ -181,13 +185,23 @@ def test_the_default_models_q4_1_layers_are_served_from_their_own_blocks(default
         assert isinstance(layer, Int4Linear), name
         reference = x[:, : weight.shape[1]] @ weight.T
         assert (layer(x[:, : weight.shape[1]]) - reference).abs().max() < bf16_tolerance(reference), name
-    # Q8_0 and tied to the embedding: its own blocks (or, without blocks, int8 per channel) for few rows,
-    # the embedding's floats for many.
+    # Its own blocks (or, without blocks, int8 per channel) for few rows, the embedding's floats for many
     assert isinstance(model.lm_head, Int8Linear)
-    embedding = model.get_input_embeddings().weight
-    assert model.lm_head.dense.data_ptr() == embedding.data_ptr()
-    if block_weights.available(torch.device("cpu")):  # the file's blocks exactly: no requantization
-        assert torch.equal(block_weights.dequantize(model.lm_head.blocks, embedding.shape[1]), embedding)
+    assert model.lm_head.dense.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    if not block_weights.available(torch.device("cpu")):
+        assert not serve_from_tied_head(model, 1)
+        return
+    # the file's blocks exactly (no requantization)
+    assert torch.equal(block_weights.dequantize(model.lm_head.blocks, embedding.shape[1]), embedding)
+    assert not serve_from_tied_head(model, model.lm_head.dense_from_rows)  # the copy pays at a step's rows
+    # a step of fewer rows than it pays from (not timed here): the embedding's floats go, its rows made
+    # from the same blocks, and the head multiplies every number of rows by them
+    assert serve_from_tied_head(model, model.lm_head.dense_from_rows - 1)
+    assert model.lm_head.dense is None and not model.lm_head.has_many_rows_path
+    served_embedding = model.get_input_embeddings()
+    assert isinstance(served_embedding, BlocksEmbedding) and served_embedding.blocks is model.lm_head.blocks
+    ids = torch.tensor([[0, 17, 49151, 17], [5, 6, 7, 8]])
+    assert torch.equal(served_embedding(ids), embedding[ids])
 
 
 def test_q8_0_blocks_unpack_to_the_weights_gguf_dequantizes():

@@ -1,0 +1,75 @@
+"""An input embedding whose rows come from the output head's blocks, where the two are tied.
+
+Most small models tie their output head to their input embedding (Llama 3.2 1B and 3B, Qwen2.5 up to
+3B, SmolLM2), and their GGUF files keep that one tensor quantized (a Q4_K_M file's Q6_K, SmolLM2's
+Q8_0). Where the CPU multiplies blocks the head is served from those blocks (gguf_weights.py), but the
+embedding kept the file's weights as floats as well: 2 bytes a weight beside the blocks' 0.8 to 1.1,
+the whole vocabulary (Llama 3.2 1B: 128,256 x 2,048, 501 MiB in bfloat16; SmolLM2: 54 MiB). llama.cpp
+keeps the embedding quantized and dequantizes the rows a step looks up; so does this module: a step's
+tokens' rows are written from the head's blocks (`block_weights.rows`), the same floats the embedding
+held, bit for bit (the blocks hold the file's weights exactly, and both round them once to the model's
+dtype). The head then multiplies every number of rows by its blocks: its dense copy was the embedding,
+which is kept where the loader timed the copy faster at the rows a decode step has (a CPU multiplying
+bfloat16 fast, say: on the AMD EPYC that measures this project, SmolLM2's Q8_0 head took 1.9 ms for
+32 rows in blocks against 3.5 by its bfloat16 copy, and 3.7 against 5.2 at 64).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from backend.quant import block_weights
+
+
+class BlocksEmbedding(nn.Module):
+    """nn.Embedding's lookup, from blocks [num_embeddings, bytes] of `embedding_dim` inputs a row."""
+
+    def __init__(self, blocks: torch.Tensor, embedding_dim: int, dtype: torch.dtype, table: bool = False):
+        super().__init__()
+        self.register_buffer("blocks", blocks, persistent=False)
+        self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
+        self.dtype, self.table = dtype, table
+        self.layout = block_weights.layout_of(blocks, embedding_dim, table)  # refuses blocks of other rows
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        written = self.dtype if self.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        rows = block_weights.rows(self.blocks, self.embedding_dim, ids.reshape(-1), written, self.table)
+        return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.layout.name()}"
+
+
+# Rows compared at a time when checking that the blocks hold the embedding's floats (bounds the memory)
+ROWS_CHECKED_AT_ONCE = 1024
+
+
+def serve_from_tied_head(model: nn.Module, rows: int) -> bool:
+    """Where the model's input embedding is its output head's weight (tied), the head multiplies by blocks
+    whose weights are exactly those floats (checked, row by row: a type requantized to 8-bit blocks
+    holds others), and its dense copy (those floats) would not multiply a decode step of up to `rows`
+    rows (the loader timed from how many rows it pays: `calibration.time_head_crossover`), make the
+    embedding a `BlocksEmbedding` of those blocks and let go of the floats. Returns whether it did."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    blocks, dense = getattr(head, "blocks", None), getattr(head, "dense", None)
+    if (
+        type(embedding) is not nn.Embedding
+        or blocks is None
+        or dense is None
+        or embedding.max_norm is not None
+    ):
+        return False
+    weight = embedding.weight
+    tied = weight.untyped_storage().data_ptr() == dense.untyped_storage().data_ptr()
+    if not tied or weight.shape != (head.out_features, head.in_features) or head.dense_from_rows <= rows:
+        return False
+    replacement = BlocksEmbedding(blocks, head.in_features, weight.dtype, head.blocks_layout.table)
+    with torch.inference_mode():
+        for first in range(0, weight.shape[0], ROWS_CHECKED_AT_ONCE):
+            ids = torch.arange(first, min(first + ROWS_CHECKED_AT_ONCE, weight.shape[0]))
+            if not torch.equal(replacement(ids), weight[ids]):
+                return False
+    model.set_input_embeddings(replacement)
+    head.drop_dense()
+    return True
