@@ -64,6 +64,7 @@ from backend.quant.calibration import (
     calibration_token_ids,
     drop_copies_blocks_match,
     drop_dense_copies,
+    drop_unpaid_head_copy,
     keep_dense_copies,
     smooth_many_rows_path,
     time_head_crossover,
@@ -320,6 +321,12 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         log.info(
             "the input embedding, tied to the output head, looks its rows up in the head's blocks (the same "
             "floats, which are let go); the head multiplies every number of rows by its blocks"
+        )
+    elif drop_unpaid_head_copy(model, config.rows):
+        log.info(
+            "the output head's dense copy is let go: it pays only past a step's %d rows, and the head "
+            "multiplies every number of rows by its packed weights",
+            config.rows,
         )
     log.info("kernels timed in %.1f s", time.perf_counter() - timing)
     give_back_freed_memory()

@@ -1,4 +1,4 @@
-"""An input embedding whose rows come from the output head's blocks, where the two are tied.
+"""An input embedding whose rows come from blocks: the output head's, where the two are tied, or its own.
 
 Most small models tie their output head to their input embedding (Llama 3.2 1B and 3B, Qwen2.5 up to
 3B, SmolLM2), and their GGUF files keep that one tensor quantized (a Q4_K_M file's Q6_K, SmolLM2's
@@ -12,6 +12,9 @@ dtype). The head then multiplies every number of rows by its blocks: its dense c
 which is kept where the loader timed the copy faster at the rows a decode step has (a CPU multiplying
 bfloat16 fast, say: on the AMD EPYC that measures this project, SmolLM2's Q8_0 head took 1.9 ms for
 32 rows in blocks against 3.5 by its bfloat16 copy, and 3.7 against 5.2 at 64).
+
+An untied embedding that the file keeps quantized (Llama 3.1 8B's Q4_K_M file: 128,256 x 4,096 in Q4_K,
+1 GiB in bfloat16) is served so from its own blocks (gguf_weights.serve_embedding).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class BlocksEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.layout.name()}"
 
 
-# Rows compared at a time when checking that the blocks hold the embedding's floats (bounds the memory)
+# Rows compared at a time when checking that blocks hold an embedding's floats (bounds the memory)
 ROWS_CHECKED_AT_ONCE = 1024
 
 
@@ -53,23 +56,37 @@ def serve_from_tied_head(model: nn.Module, rows: int) -> bool:
     embedding a `BlocksEmbedding` of those blocks and let go of the floats. Returns whether it did."""
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     blocks, dense = getattr(head, "blocks", None), getattr(head, "dense", None)
-    if (
-        type(embedding) is not nn.Embedding
-        or blocks is None
-        or dense is None
-        or embedding.max_norm is not None
-    ):
+    if blocks is None or dense is None or head.dense_from_rows <= rows:
+        return False
+    tied = type(embedding) is nn.Embedding and same_storage(embedding.weight, dense)
+    if not tied or not serve_from_blocks(model, blocks, head.blocks_layout.table):
+        return False
+    head.drop_dense()
+    return True
+
+
+def serve_from_blocks(model: nn.Module, blocks: torch.Tensor, table: bool = False) -> bool:
+    """Make the model's input embedding (an nn.Embedding) a `BlocksEmbedding` of `blocks` ([num_embeddings,
+    bytes]) where they hold exactly its floats (checked, row by row), and let go of those. Returns whether
+    it did."""
+    embedding = model.get_input_embeddings()
+    if type(embedding) is not nn.Embedding or embedding.max_norm is not None:
         return False
     weight = embedding.weight
-    tied = weight.untyped_storage().data_ptr() == dense.untyped_storage().data_ptr()
-    if not tied or weight.shape != (head.out_features, head.in_features) or head.dense_from_rows <= rows:
+    if blocks.shape[0] != weight.shape[0] or not block_weights.fits(*weight.shape):
         return False
-    replacement = BlocksEmbedding(blocks, head.in_features, weight.dtype, head.blocks_layout.table)
+    try:
+        replacement = BlocksEmbedding(blocks, weight.shape[1], weight.dtype, table)
+    except ValueError:  # blocks of another width
+        return False
     with torch.inference_mode():
         for first in range(0, weight.shape[0], ROWS_CHECKED_AT_ONCE):
             ids = torch.arange(first, min(first + ROWS_CHECKED_AT_ONCE, weight.shape[0]))
             if not torch.equal(replacement(ids), weight[ids]):
                 return False
     model.set_input_embeddings(replacement)
-    head.drop_dense()
     return True
+
+
+def same_storage(first: torch.Tensor, second: torch.Tensor) -> bool:
+    return first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()

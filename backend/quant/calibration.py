@@ -256,6 +256,22 @@ def time_head_crossover(model: nn.Module) -> int | None:
     return head.dense_from_rows
 
 
+def drop_unpaid_head_copy(model: nn.Module, rows: int) -> bool:
+    """Let go of the output head's dense copy where it would not multiply a decode step of up to `rows`
+    rows (the crossover `time_head_crossover` timed is past them) and holds floats of its own: a head
+    tied to the input embedding shares the embedding's, which stay for the lookups (or go with
+    blocks_embedding.serve_from_tied_head). The head then multiplies every number of rows by its packed
+    weights. Returns whether it let go."""
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if not isinstance(head, WeightOnlyLinear) or head.dense is None or head.dense_from_rows <= rows:
+        return False
+    weight = getattr(embedding, "weight", None)
+    if weight is not None and weight.untyped_storage().data_ptr() == head.dense.untyped_storage().data_ptr():
+        return False
+    head.drop_dense()
+    return True
+
+
 def time_projection_crossover(model: nn.Module) -> int | None:
     """Set from how many rows the quantized projections multiply by their path for many rows (the
     dense copies, or their int8 path): the fewest of PROJECTION_TIMED_ROWS at which it is at least as

@@ -41,7 +41,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
-from backend.quant import block_weights, gguf_types, quantized_experts
+from backend.quant import block_weights, blocks_embedding, gguf_types, quantized_experts
 from backend.quant.gguf_types import (
     EightBitWeight,
     FiveBitSuperBlocks,
@@ -95,8 +95,9 @@ PLAIN_ARCHITECTURES = {
 # among them: 5 of a 7.6 s load of the default model).
 BLOCKS_CACHE = "gguf_blocks.safetensors"
 HEAD_KEY = ":head"  # the head's tensors in that copy (no module name starts with a colon)
+EMBEDDING_KEY = ":embedding"  # an input embedding's of its own (not the head's), where its type is exact
 # A copy's layout: a copy written by a version that served fewer types is read past and replaced.
-BLOCKS_CACHE_VERSION = "8"
+BLOCKS_CACHE_VERSION = "9"
 # The weights a file's cached blocks hold, by name, and their fields (4-bit values packed two a byte).
 WEIGHT_KINDS = {
     kind.__name__: kind
@@ -172,7 +173,9 @@ class GGUFBlocks:
 
     # the quantizable linear layers', by module name; a mixture's experts' by `expert_key`
     layers: PackedWeights
-    packed_head: PackedWeights  # the output head's (the embedding's, where tied) by HEAD_KEY, if served
+    # the output head's (the embedding's, where tied) by HEAD_KEY, if served, and an untied embedding's by
+    # EMBEDDING_KEY where the file keeps it in a type unpacked exactly
+    packed_head: PackedWeights
     types: Counter  # how many tensors of each type the file holds, for the start-up log
     head_type: str
     kinds: dict[str, str]  # each served layer's GGUF type, by module name
@@ -184,6 +187,10 @@ class GGUFBlocks:
     def take_head(self) -> Weight | None:
         """The head's weight, let go of here (unpacked, it is a byte a value of the whole vocabulary)."""
         return self.packed_head.pop(HEAD_KEY, None)
+
+    def take_embedding(self) -> Weight | None:
+        """An untied input embedding's weight, let go of here as the head's."""
+        return self.packed_head.pop(EMBEDDING_KEY, None)
 
 
 def tensor_processor(architecture: str, model: nn.Module) -> TensorProcessor | None:
@@ -231,6 +238,9 @@ def parse_gguf_blocks(path: Path, model: nn.Module) -> GGUFBlocks:
     head = PackedWeights()
     if head_tensor is not None and gguf_types.served(head_tensor.tensor_type, int(head_tensor.shape[0])):
         head.add(HEAD_KEY, gguf_types.unpack(np.asarray(head_tensor.data), head_tensor.tensor_type))
+    embedding = tensors.get("token_embd.weight") if "output.weight" in tensors else None  # untied
+    if embedding is not None and embedding.tensor_type in gguf_types.UNPACKINGS and served_tensor(embedding):
+        head.add(EMBEDDING_KEY, gguf_types.unpack(np.asarray(embedding.data), embedding.tensor_type))
     architecture = read_field(reader, "general.architecture")[0]
     processor = tensor_processor(architecture, model)
     if processor is None:
@@ -360,6 +370,7 @@ def save_gguf_blocks(target: Path, found: GGUFBlocks) -> bool:
         "types": json.dumps(found.types),
         "head_type": found.head_type,
         "has_head": json.dumps(HEAD_KEY in found.packed_head),
+        "has_embedding": json.dumps(EMBEDDING_KEY in found.packed_head),
         "kinds": json.dumps(found.kinds),
         "version": BLOCKS_CACHE_VERSION,
     }
@@ -381,15 +392,13 @@ def load_gguf_blocks(source: Path) -> GGUFBlocks:
             raise ValueError("written by an older version")
         kinds = {name: WEIGHT_KINDS[kind] for name, kind in json.loads(metadata["weight_kinds"]).items()}
         layers = PackedWeights()
-        for name in [
-            *json.loads(metadata["layers"]),
-            *([HEAD_KEY] if json.loads(metadata["has_head"]) else []),
-        ]:
+        apart = [key for key in (HEAD_KEY, EMBEDDING_KEY) if json.loads(metadata[f"has_{key[1:]}"])]
+        for name in [*json.loads(metadata["layers"]), *apart]:
             fields = {field: file.get_tensor(f"{name}.{field}") for field in WEIGHT_FIELDS[kinds[name]]}
             layers.add_packed(name, kinds[name], fields)
         head = PackedWeights()
-        if HEAD_KEY in layers:
-            head.add_packed(HEAD_KEY, layers.kinds.pop(HEAD_KEY), layers.fields.pop(HEAD_KEY))
+        for key in apart:
+            head.add_packed(key, layers.kinds.pop(key), layers.fields.pop(key))
     types = Counter(json.loads(metadata["types"]))
     return GGUFBlocks(layers, head, types, metadata["head_type"], json.loads(metadata["kinds"]))
 
@@ -419,18 +428,21 @@ def serve_gguf_weights(
         if name in dense_on_demand:
             model.get_submodule(name).make_dense_on_demand(linears[name].weight.dtype)
     head = serve_head(model, blocks)
+    embedding = serve_embedding(model, blocks)
     log.info(
         "GGUF %s (tensor types %s): %d linear layers%s served from the file's blocks (%s), %d dequantized "
-        "(with the embeddings and norms) to %s; output head (%s) %s",
+        "(with the %s) to %s; output head (%s) %s%s",
         path.name,
         ", ".join(f"{kind} x{count}" for kind, count in sorted(blocks.types.items())),
         from_blocks,
         f" (a mixture's {experts} experts' projections among them)" if experts else "",
         ", ".join(f"{how} x{count}" for how, count in sorted(served.items())) or "none",
         len(linears) + experts - from_blocks,
+        "norms" if embedding else "embeddings and norms",
         next(model.parameters()).dtype,
         blocks.head_type,
         head,
+        f"; input embedding from its {embedding}" if embedding else "",
     )
     return from_blocks + (head != "as floats")
 
@@ -521,6 +533,37 @@ def serve_head(model: nn.Module, blocks: GGUFBlocks) -> str:
     if quantize_head(model):
         return "in int8 per channel for few rows"
     return "as floats"
+
+
+def serve_embedding(model: nn.Module, blocks: GGUFBlocks) -> str:
+    """An untied input embedding the file keeps quantized: its rows looked up in its own blocks where the
+    CPU multiplies blocks and they hold exactly the floats it was loaded with (blocks_embedding.py), which
+    are let go. Returns the blocks' layout, as the log names it, or "" where it keeps its floats."""
+    weight, embedding = blocks.take_embedding(), model.get_input_embeddings()
+    if (
+        weight is None
+        or type(embedding) is not nn.Embedding
+        or not block_weights.available(embedding.weight.device)
+    ):
+        return ""
+    packed = cpu_blocks(weight)
+    if packed is None or not blocks_embedding.serve_from_blocks(model, *packed):
+        return ""
+    return model.get_input_embeddings().layout.name()
+
+
+def cpu_blocks(weight: Weight) -> tuple[torch.Tensor, bool] | None:
+    """The CPU's blocks of a weight, and whether they hold a table's indices; None where its shape takes
+    none."""
+    if not block_weights.fits(*weight.q.shape):
+        return None
+    if isinstance(weight, InBlocksWeight):
+        return weight.blocks(), weight.table
+    if isinstance(weight, FourBitWeight):
+        return block_weights.pack_int4(weight.q, weight.scale, weight.zero), False
+    if isinstance(weight, FiveBitWeight):
+        return block_weights.pack_int5(weight.q, weight.scale, weight.minimum), False
+    return block_weights.pack_int8(weight.q, weight.scale), False
 
 
 def serve_head_blocks(model: nn.Module, head_blocks: Weight) -> bool:

@@ -468,12 +468,15 @@ def write_gemma3n_multimodal(directory: Path, text: torch.nn.Module) -> Path:
     return directory
 
 
-def write_gguf_linears(path: Path, model: torch.nn.Module, kinds: dict[str, object]) -> Path:
+def write_gguf_linears(
+    path: Path, model: torch.nn.Module, kinds: dict[str, object], embedding: object | None = None
+) -> Path:
     """A GGUF file of a tiny Llama's linear layers but its head, as llama.cpp's converter writes them:
     q and k with their rows permuted for its rotary layout, and each layer quantized by the gguf package
     to the type `kinds` gives by a part of its module name ("self_attn": GGMLQuantizationType.Q8_0), the
-    K-quants by tests/backend/k_quants.py.
-    Only what gguf_weights reads is there: no tokenizer, no embeddings."""
+    K-quants by tests/backend/k_quants.py. `embedding`: a type to write an untied model's input embedding
+    in (its head then in float32), as a file of a model with a head of its own.
+    Only what gguf_weights reads is there: no tokenizer, no norms."""
     from gguf import GGUFWriter, get_tensor_name_map
     from gguf.constants import MODEL_ARCH
 
@@ -492,6 +495,10 @@ def write_gguf_linears(path: Path, model: torch.nn.Module, kinds: dict[str, obje
                 weight = weight.reshape(count, 2, -1, weight.shape[1]).swapaxes(1, 2).reshape(weight.shape)
         kind = next(kind for part, kind in kinds.items() if part in module_name)
         writer.add_tensor(f"{names.get_name(module_name)}.weight", quantize(weight, kind), raw_dtype=kind)
+    if embedding is not None:
+        table = model.get_input_embeddings().weight.detach().numpy()
+        writer.add_tensor("token_embd.weight", quantize(table, embedding), raw_dtype=embedding)
+        writer.add_tensor("output.weight", model.get_output_embeddings().weight.detach().numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,15 +1,20 @@
 """An input embedding tied to a head served from blocks takes its rows from those blocks
 (blocks_embedding.py): the same floats, bit for bit, without the float copy."""
 
+import copy
+
 import pytest
 import torch
+from gguf import GGMLQuantizationType, quants
 from torch import nn
 
 from backend.quant import block_weights
 from backend.quant.block_weights import Layout, dense_copy
 from backend.quant.blocks_embedding import BlocksEmbedding, serve_from_tied_head
+from backend.quant.gguf_weights import serve_gguf_weights
 from backend.quant.quantized_linear import Int8Linear, resident_bytes
-from tests.backend.models import tiny_model
+from tests.backend.k_quants import quantize
+from tests.backend.models import tiny_model, write_gguf_linears
 from tests.backend.test_block_weights import LAYOUT_IDS, LAYOUTS, inputs_of, packed
 
 CPU = torch.device("cpu")
@@ -117,3 +122,53 @@ def test_blocks_of_another_width_are_refused():
     blocks, _ = packed(Layout(4), 32, 64)
     with pytest.raises(ValueError, match="no blocks of 96 inputs"):
         BlocksEmbedding(blocks, 96, torch.bfloat16)
+
+
+EMBEDDING_TYPES = [
+    GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q4_1,
+    GGMLQuantizationType.Q5_1,
+    GGMLQuantizationType.Q2_K,
+    GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q6_K,
+    GGMLQuantizationType.IQ4_XS,
+]
+
+
+@pytest.mark.parametrize("kind", EMBEDDING_TYPES, ids=lambda kind: kind.name)
+def test_an_untied_embedding_the_file_keeps_quantized_is_served_from_its_own_blocks(kind, tmp_path, caplog):
+    """A model with a head of its own whose file keeps the input embedding quantized (Llama 3.1 8B's
+    Q4_K_M: Q4_K): its rows from the embedding's own blocks, bit for bit the floats transformers loads
+    (the file's dequantized table), from the file and then from the copy of its blocks; the log says so."""
+    wide = dict(hidden_size=256, intermediate_size=512, head_dim=64)  # K-quants' rows are blocks of 256
+    model = tiny_model("llama", tie_word_embeddings=False, **wide)
+    kinds = {"self_attn": GGMLQuantizationType.Q8_0, "mlp": GGMLQuantizationType.Q8_0}
+    path = write_gguf_linears(tmp_path / "untied.gguf", model, kinds, embedding=kind)
+    table = model.get_input_embeddings().weight.detach().numpy()
+    with torch.no_grad():  # the floats a load from the file starts with
+        model.get_input_embeddings().weight.copy_(
+            torch.from_numpy(quants.dequantize(quantize(table, kind), kind))
+        )
+    ids = torch.tensor([[0, 511, 17], [16, 15, 17]])
+    expected = model.get_input_embeddings()(ids)
+    for start in range(2):  # the file, then the copy of its blocks beside it
+        served = copy.deepcopy(model)
+        with caplog.at_level("INFO"):
+            serve_gguf_weights(served, path, tmp_path)
+        embedding = served.get_input_embeddings()
+        assert isinstance(embedding, BlocksEmbedding), start
+        assert torch.equal(embedding(ids), expected)
+        said = f"output head (F32) as floats; input embedding from its {embedding.layout.name()}"
+        assert f"(with the norms) to torch.float32; {said}" in caplog.text
+        assert type(served.lm_head) is nn.Linear  # the head's float32: as the file keeps it
+        caplog.clear()
+
+
+def test_an_untied_embedding_whose_blocks_hold_other_floats_keeps_them(tmp_path):
+    """Floats that are not the blocks' (a model loaded from elsewhere than this file) stay as they are."""
+    model = tiny_model("llama", tie_word_embeddings=False)
+    kinds = {"self_attn": GGMLQuantizationType.Q8_0, "mlp": GGMLQuantizationType.Q8_0}
+    path = write_gguf_linears(tmp_path / "untied.gguf", model, kinds, embedding=GGMLQuantizationType.Q8_0)
+    serve_gguf_weights(model, path, tmp_path)  # the random floats, not the Q8_0 ones
+    assert type(model.get_input_embeddings()) is nn.Embedding

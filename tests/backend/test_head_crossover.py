@@ -61,6 +61,27 @@ def test_a_head_without_a_choice_is_left_alone():
     assert Int4Linear.dense_from_rows == model.model.layers[0].mlp.down_proj.dense_from_rows
 
 
+def test_a_heads_own_copy_goes_where_it_pays_only_past_a_steps_rows():
+    """An untied head's dense copy is let go where the timed crossover is past the rows a decode step has
+    (the packed weights then multiply every number of rows), kept where a step reaches it; a tied head's
+    copy is the embedding's floats, which stay."""
+    model = tiny_model("llama")  # untied
+    quantize_model(model, "int8")
+    head = model.lm_head
+    head.dense_from_rows = 6  # as timed
+    assert not calibration.drop_unpaid_head_copy(model, rows=6) and head.dense is not None
+    x = torch.randn(18, head.in_features)
+    assert calibration.drop_unpaid_head_copy(model, rows=5)
+    assert head.dense is None and not head.has_many_rows_path
+    kernel, weights = head.kernel()
+    assert torch.equal(head(x), kernel(x.to(head.compute_dtype), *weights).float())  # 18 rows, packed
+    tied = tiny_model("llama", tie_word_embeddings=True)
+    quantize_model(tied, "int8")
+    tied.lm_head.dense_from_rows = 6
+    assert tied.lm_head.dense.data_ptr() == tied.get_input_embeddings().weight.data_ptr()
+    assert not calibration.drop_unpaid_head_copy(tied, rows=5) and tied.lm_head.dense is not None
+
+
 @pytest.mark.parametrize(("slow", "pays"), [("packed", True), ("dense", False)])
 def test_the_timing_decides_both_ways(monkeypatch, slow, pays):
     """A path slowed by 20 ms a call loses, whichever it is: the timing, not a constant, decides."""
