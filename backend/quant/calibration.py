@@ -42,6 +42,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from backend.quant.blocks_embedding import same_storage
 from backend.quant.quantized_linear import BlocksLinear, Int8Linear, WeightOnlyLinear, first_outputs
 from backend.quant.smoothed_int8 import quantize_smoothed, smoothed_int8_matmul, smoothing_factors
 from backend.utils.heap import give_back_freed_memory
@@ -266,7 +267,7 @@ def drop_unpaid_head_copy(model: nn.Module, rows: int) -> bool:
     if not isinstance(head, WeightOnlyLinear) or head.dense is None or head.dense_from_rows <= rows:
         return False
     weight = getattr(embedding, "weight", None)
-    if weight is not None and weight.untyped_storage().data_ptr() == head.dense.untyped_storage().data_ptr():
+    if weight is not None and same_storage(weight, head.dense):
         return False
     head.drop_dense()
     return True
