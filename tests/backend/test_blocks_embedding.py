@@ -137,10 +137,14 @@ EMBEDDING_TYPES = [
 
 
 @pytest.mark.parametrize("kind", EMBEDDING_TYPES, ids=lambda kind: kind.name)
-def test_an_untied_embedding_the_file_keeps_quantized_is_served_from_its_own_blocks(kind, tmp_path, caplog):
+def test_an_untied_embedding_the_file_keeps_quantized_is_served_from_its_own_blocks(
+    kind, tmp_path, caplog, monkeypatch
+):
     """A model with a head of its own whose file keeps the input embedding quantized (Llama 3.1 8B's
     Q4_K_M: Q4_K): its rows from the embedding's own blocks, bit for bit the floats transformers loads
-    (the file's dequantized table), from the file and then from the copy of its blocks; the log says so."""
+    (the file's dequantized table), from the file and then from the copy of its blocks, packed a part of
+    its rows at a time (here 48 of 512); the log says so."""
+    monkeypatch.setattr(block_weights, "PACK_CHANNELS", 48)
     wide = dict(hidden_size=256, intermediate_size=512, head_dim=64)  # K-quants' rows are blocks of 256
     model = tiny_model("llama", tie_word_embeddings=False, **wide)
     kinds = {"self_attn": GGMLQuantizationType.Q8_0, "mlp": GGMLQuantizationType.Q8_0}
@@ -165,10 +169,17 @@ def test_an_untied_embedding_the_file_keeps_quantized_is_served_from_its_own_blo
         caplog.clear()
 
 
-def test_an_untied_embedding_whose_blocks_hold_other_floats_keeps_them(tmp_path):
-    """Floats that are not the blocks' (a model loaded from elsewhere than this file) stay as they are."""
-    model = tiny_model("llama", tie_word_embeddings=False)
+@pytest.mark.parametrize("vocab", [512, 500], ids=["other floats", "a vocabulary of no whole groups"])
+def test_an_untied_embedding_keeps_its_floats_where_its_blocks_do_not_serve_them(vocab, tmp_path):
+    """Floats that are not the blocks' (a model loaded from elsewhere than this file) stay as they are, and
+    so do those of a vocabulary that no blocks take (rows not a multiple of 16)."""
+    model = tiny_model("llama", tie_word_embeddings=False, vocab_size=vocab)
     kinds = {"self_attn": GGMLQuantizationType.Q8_0, "mlp": GGMLQuantizationType.Q8_0}
     path = write_gguf_linears(tmp_path / "untied.gguf", model, kinds, embedding=GGMLQuantizationType.Q8_0)
-    serve_gguf_weights(model, path, tmp_path)  # the random floats, not the Q8_0 ones
+    if vocab % 16:  # the floats the file holds: only the shape keeps them
+        table = model.get_input_embeddings().weight.detach().numpy()
+        dequantized = quants.dequantize(quantize(table, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
+        with torch.no_grad():
+            model.get_input_embeddings().weight.copy_(torch.from_numpy(dequantized))
+    serve_gguf_weights(model, path, tmp_path)  # (512: the random floats, not the Q8_0 ones)
     assert type(model.get_input_embeddings()) is nn.Embedding
