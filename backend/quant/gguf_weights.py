@@ -167,8 +167,13 @@ class PackedWeights(Mapping[str, Weight]):
         if name not in self.fields:
             return default
         weight = self[name]
-        del self.kinds[name], self.fields[name]
+        self.discard(name)
         return weight
+
+    def discard(self, name: str) -> None:
+        """Let go of a weight, not unpacked (where it has one)."""
+        self.kinds.pop(name, None)
+        self.fields.pop(name, None)
 
 
 def unpacked(kind: type[Weight], fields: dict[str, torch.Tensor]) -> Weight:
@@ -220,7 +225,7 @@ class GGUFBlocks:
                 blocks, _ = cpu_blocks(part)
                 whole[done : done + len(blocks)], done = blocks, done + len(blocks)
             found = whole, table
-        del self.packed_head.kinds[EMBEDDING_KEY], self.packed_head.fields[EMBEDDING_KEY]
+        self.packed_head.discard(EMBEDDING_KEY)
         return found
 
 
@@ -572,6 +577,7 @@ def serve_embedding(model: nn.Module, blocks: GGUFBlocks) -> str:
     are let go. Returns the blocks' layout, as the log names it, or "" where it keeps its floats."""
     embedding = model.get_input_embeddings()
     if type(embedding) is not nn.Embedding or not block_weights.available(embedding.weight.device):
+        blocks.packed_head.discard(EMBEDDING_KEY)
         return ""
     packed = blocks.take_embedding_blocks()
     if packed is None or not blocks_embedding.serve_from_blocks(model, *packed):
