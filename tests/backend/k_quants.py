@@ -59,24 +59,30 @@ def as_bytes(values: np.ndarray) -> np.ndarray:
 
 def scaled_with_min(supers: np.ndarray, top: int) -> np.ndarray:
     """Q4_K (top 15) or Q5_K (top 31) blocks of [n, 256] weights."""
-    blocks = supers.reshape(-1, 8, 32)
-    low = np.minimum(blocks.min(axis=-1), 0)
-    step = (blocks.max(axis=-1) - low) / top  # [n, 8]: each block's scale, and below its min
-    d, dmin = fp16(step.max(axis=-1) / 63), fp16(-low.min(axis=-1) / 63)
-    # rounded up, so that no weight falls outside its block's range
-    scales = np.clip(np.ceil(step / np.maximum(d.astype(np.float32), 1e-30)[:, None]), 0, 63)
-    mins = np.clip(np.ceil(-low / np.maximum(dmin.astype(np.float32), 1e-30)[:, None]), 0, 63)
-    block_scale = d.astype(np.float32)[:, None] * scales
-    block_min = dmin.astype(np.float32)[:, None] * mins
-    q = np.round((blocks + block_min[..., None]) / np.maximum(block_scale, 1e-30)[..., None])
-    q = np.clip(q, 0, top).astype(np.uint8).reshape(-1, 4, 2, 32)  # chunks of 64: two blocks of 32
+    d, dmin, scales, mins, q = scales_and_mins(supers.reshape(-1, 8, 32), top, 63)
+    q = q.reshape(-1, 4, 2, 32)  # chunks of 64: two blocks of 32
     nibbles = (q[:, :, 0] & 0x0F) | ((q[:, :, 1] & 0x0F) << 4)  # [n, 4, 32]
-    parts = [as_bytes(d), as_bytes(dmin), pack_scales(scales.astype(np.uint8), mins.astype(np.uint8))]
+    parts = [as_bytes(d), as_bytes(dmin), pack_scales(scales, mins)]
     if top == 31:  # bit 4 of input 32 i + l is bit i of byte l
         high = (q.reshape(-1, 8, 32) >> 4) << np.arange(8, dtype=np.uint8)[None, :, None]
         parts.append(np.bitwise_or.reduce(high, axis=1).astype(np.uint8))
     parts.append(nibbles.reshape(-1, 128))
     return np.concatenate(parts, axis=-1)
+
+
+def scales_and_mins(blocks: np.ndarray, levels: int, largest: int) -> tuple[np.ndarray, ...]:
+    """[n, blocks, inputs] weights as each block's range over `levels` steps above its min (at most 0):
+    each super-block's fp16 d and dmin, each block's scale and min multiples of them (0..largest, rounded
+    up so that no weight falls outside its block's range) and the weights' q (0..levels), uint8."""
+    low = np.minimum(blocks.min(axis=-1), 0)
+    step = (blocks.max(axis=-1) - low) / levels  # [n, blocks]: each block's scale, and below its min
+    d, dmin = fp16(step.max(axis=-1) / largest), fp16(-low.min(axis=-1) / largest)
+    scales = np.clip(np.ceil(step / np.maximum(d.astype(np.float32), 1e-30)[:, None]), 0, largest)
+    mins = np.clip(np.ceil(-low / np.maximum(dmin.astype(np.float32), 1e-30)[:, None]), 0, largest)
+    block_scale = d.astype(np.float32)[:, None] * scales
+    block_min = dmin.astype(np.float32)[:, None] * mins
+    q = np.round((blocks + block_min[..., None]) / np.maximum(block_scale, 1e-30)[..., None])
+    return d, dmin, scales.astype(np.uint8), mins.astype(np.uint8), np.clip(q, 0, levels).astype(np.uint8)
 
 
 def pack_scales(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
@@ -140,20 +146,12 @@ def q3_k(supers: np.ndarray) -> np.ndarray:
 
 def q2_k(supers: np.ndarray) -> np.ndarray:
     """Q2_K blocks of [n, 256] weights: each 16's range over the 3 steps above its min (at most 0), s
-    and m rounded up so that no weight falls outside it."""
-    blocks = supers.reshape(-1, 16, 16)
-    low = np.minimum(blocks.min(axis=-1), 0)
-    step = (blocks.max(axis=-1) - low) / 3  # [n, 16]
-    d, dmin = fp16(step.max(axis=-1) / 15), fp16(-low.min(axis=-1) / 15)
-    scales = np.clip(np.ceil(step / np.maximum(d.astype(np.float32), 1e-30)[:, None]), 0, 15)
-    mins = np.clip(np.ceil(-low / np.maximum(dmin.astype(np.float32), 1e-30)[:, None]), 0, 15)
-    block_scale = d.astype(np.float32)[:, None] * scales
-    block_min = dmin.astype(np.float32)[:, None] * mins
-    q = np.round((blocks + block_min[..., None]) / np.maximum(block_scale, 1e-30)[..., None])
-    u = np.clip(q, 0, 3).astype(np.uint8).reshape(-1, 2, 4, 32)
+    and m 4-bit."""
+    d, dmin, scales, mins, q = scales_and_mins(supers.reshape(-1, 16, 16), 3, 15)
+    u = q.reshape(-1, 2, 4, 32)
     # Input e: byte 32 (e // 128) + e % 32 of qs, at bits 2 (e % 128 // 32)
     qs = np.bitwise_or.reduce(u << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None], axis=2)
-    packed = scales.astype(np.uint8) | (mins.astype(np.uint8) << 4)
+    packed = scales | (mins << 4)
     return np.concatenate([packed, qs.astype(np.uint8).reshape(-1, 64), as_bytes(d), as_bytes(dmin)], axis=-1)
 
 
