@@ -130,7 +130,6 @@ constexpr bool has_signed_scales(int64_t bits, bool super, bool symmetric) { ret
 inline int32_t two_int16(int32_t first, int32_t second) {
   return static_cast<int32_t>(static_cast<uint16_t>(first) | (static_cast<uint32_t>(static_cast<uint16_t>(second)) << 16));
 }
-
 // Four activations (int8) as one int32, to broadcast to every lane: copied, which compilers turn into one
 // load, since reading the int8 buffer through an int32_t pointer breaks strict aliasing (undefined behaviour).
 inline int32_t four_values(const int8_t* p) {
@@ -520,7 +519,7 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
     for (int64_t r = 0; r < count; ++r) {
       const int64_t row_block = (first + r) * blocks + b;
       const int8_t* q = x.values.data() + row_block * BLOCK;
-      // Four vpmaddubsw sums of 3 * 127 pairs fit int16 (a half's four lines)
+      // A half's four vpmaddubsw sums (2 * 3 * 127 each at most) fit int16
       __m256i scaled = _mm256_setzero_si256();
       for (int h = 0; h < 2; ++h) {
         __m256i pairs = _mm256_maddubs_epi16(u[4 * h], _mm256_set1_epi32(four_values(q + 16 * h)));
@@ -653,11 +652,11 @@ void multiply_row_in_one_pass(const uint8_t* weights, const QuantizedRows& x, in
 
 // As multiply_group, for rows [first, first + count) (count <= ROWS_AT_ONCE_AVX2), one half of the 16
 // channels at a time: bytes 32h..32h+31 of each 64-byte line are channels 8h..8h+7, and so are the 16h-th
-// bytes of the fp16 scales and the 8h-th of the byte ones. One row of 4-bit or 8-bit weights takes both
-// halves of each block in turn instead (multiply_row_in_one_pass): a pass over the group for each half
+// bytes of the fp16 scales and the 8h-th of the byte ones. One row of 2-bit, 4-bit or 8-bit weights takes
+// both halves of each block in turn instead (multiply_row_in_one_pass): a pass over the group for each half
 // read each line twice, and one row's products, which do little with each weight, took 1.2-1.4x as long so
 // (layers of 8,192 x 2,048 from memory, the two builds in one process, on the AVX2 EPYC; docs/performance.md,
-// 2026-12-06); 2-bit values, as few to unpack, too. 5-bit and 6-bit rows, whose values take more registers to unpack, ran 0.86-0.98x as fast in
+// 2026-12-06). 5-bit and 6-bit rows, whose values take more registers to unpack, ran 0.86-0.98x as fast in
 // one pass, and more rows keep a half at a time: their accumulators and one half's values fill the 16
 // registers.
 template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
