@@ -117,6 +117,8 @@ K_QUANT_FALLBACKS = {
     GGMLQuantizationType.Q4_K: GGMLQuantizationType.Q5_0,
     GGMLQuantizationType.Q5_K: GGMLQuantizationType.Q5_1,
     GGMLQuantizationType.Q6_K: GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q3_K: GGMLQuantizationType.Q4_0,
+    GGMLQuantizationType.Q2_K: GGMLQuantizationType.Q4_0,
 }
 
 

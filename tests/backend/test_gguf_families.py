@@ -28,7 +28,7 @@ from backend.model.loader import LoadedModel
 from backend.model.source import default_model_path
 from backend.quant import block_weights
 from backend.quant.quantized_experts import QuantizedExperts
-from backend.quant.quantized_linear import Int4Linear, Int8Linear
+from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear
 from tests.backend import gguf_files
 from tests.backend.gguf_files import q4_k_m, round_trip_offset_norms, write_tiny_gguf
 from tests.backend.models import (
@@ -301,6 +301,41 @@ def test_a_mixtral_file_is_served_with_its_experts_from_their_blocks(one_tensor_
     served = load_gguf(path, tmp_path, quantize="auto").model
     assert all(isinstance(layer.mlp.experts, QuantizedExperts) for layer in served.model.layers)
     assert not any(type(module) is torch.nn.Linear for module in served.model.layers.modules())
+    ids = torch.tensor([[5], [17], [200], [31]])  # four rows of one token: a decode step's shape
+    with torch.inference_mode():
+        expected, got = dequantized(ids).logits.float(), served(ids).logits.float()
+    assert (got - expected).abs().max() < 0.03 * expected.abs().max()
+
+
+def q2_k_mix(name: str) -> GGMLQuantizationType:
+    """llama-quantize's Q2_K mix, in short: Q3_K for the value and down projections, Q2_K for the rest
+    (the experts' gate and up among them), the head Q6_K."""
+    if name.startswith(("output.", "token_embd.")):
+        return GGMLQuantizationType.Q6_K
+    if ".attn_v." in name or ".ffn_down" in name:
+        return GGMLQuantizationType.Q3_K
+    return GGMLQuantizationType.Q2_K
+
+
+def test_a_mixtral_files_q2_k_experts_are_served_from_their_own_super_blocks(tmp_path):
+    """A Q2_K file of a mixture (its experts' gate and up Q2_K, their down Q3_K): the default mode serves
+    every expert from the file's own super-blocks (2-bit, and symmetric 4-bit), a decode step giving the
+    logits of the same file dequantized to float32."""
+    wide = dict(hidden_size=256, intermediate_size=256, head_dim=64)  # rows of whole 256s
+    model = random_norms(tiny_model("mixtral", **wide))
+    path = write_tiny_gguf(tmp_path / "q2_k.gguf", model, default_model_path(), q2_k_mix)
+    dequantized = load_gguf(path, tmp_path).model
+    served = load_gguf(path, tmp_path, quantize="auto").model
+    experts = [layer.mlp.experts for layer in served.model.layers]
+    assert all(isinstance(module, QuantizedExperts) for module in experts)
+    if block_weights.available(torch.device("cpu")):
+        layouts = {
+            layer.layout()
+            for module in experts
+            for layer in module.modules()
+            if isinstance(layer, BlocksLinear)
+        }
+        assert layouts >= {"2-bit super-blocks", "4-bit symmetric super-blocks"}
     ids = torch.tensor([[5], [17], [200], [31]])  # four rows of one token: a decode step's shape
     with torch.inference_mode():
         expected, got = dequantized(ids).logits.float(), served(ids).logits.float()
