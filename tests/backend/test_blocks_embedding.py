@@ -1,5 +1,5 @@
-"""An input embedding tied to a head served from blocks takes its rows from those blocks
-(blocks_embedding.py): the same floats, bit for bit, without the float copy."""
+"""An input embedding takes its rows from blocks (blocks_embedding.py), a tied head's or, where the file
+keeps it quantized, its own: the same floats, bit for bit, without the float copy."""
 
 import copy
 
