@@ -371,30 +371,34 @@ def dense_copy(
     return out.to(dtype)
 
 
-def rows(
-    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, table: bool = False
+def rows(blocks: torch.Tensor, ids: torch.Tensor, layout: Layout, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `ids` ([n] int64) of the weights [out, in] the blocks of `layout` hold, [n, in] in `dtype`
+    (float32 or bfloat16): `dense_copy`'s rows, written by the extension's loop (an embedding's:
+    `BlocksEmbedding`, which knows its layout, so that a step does not look it up). Compiled, as the custom
+    operator `block_rows_op`."""
+    in_features = blocks.shape[1] // CHANNEL_BYTES[layout] * layout.inputs_a_unit()
+    write = block_rows_op if torch.compiler.is_compiling() else written_rows
+    return write(blocks, in_features, ids, dtype, layout.bits, layout.table)
+
+
+def written_rows(
+    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, bits: int, table: bool
 ) -> torch.Tensor:
-    """Rows `ids` ([n] int64) of the weights [out, in] the blocks hold, [n, in] in `dtype` (float32 or
-    bfloat16): `dense_copy`'s rows, written by the extension's loop (an embedding's: `BlocksEmbedding`).
-    Compiled, as the custom operator `block_rows_op`."""
-    if torch.compiler.is_compiling():
-        return block_rows_op(blocks, in_features, ids, dtype, table)
     out = torch.empty(ids.shape[0], in_features, dtype=dtype)
-    bits = layout_of(blocks, in_features, table).bits
     kernels.extension().block_rows(blocks, bits, table, ids.contiguous(), out)
     return out
 
 
 @torch.library.custom_op("inference::block_rows", mutates_args=())
 def block_rows_op(
-    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, table: bool
+    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, bits: int, table: bool
 ) -> torch.Tensor:
-    return rows(blocks, in_features, ids, dtype, table)
+    return written_rows(blocks, in_features, ids, dtype, bits, table)
 
 
 @block_rows_op.register_fake
 def _(
-    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, table: bool
+    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, bits: int, table: bool
 ) -> torch.Tensor:
     return blocks.new_empty(ids.shape[0], in_features, dtype=dtype)
 

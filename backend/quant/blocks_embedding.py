@@ -32,12 +32,12 @@ class BlocksEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("blocks", blocks, persistent=False)
         self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
-        self.dtype, self.table = dtype, table
+        self.dtype = dtype
+        self.written = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32  # the loop's
         self.layout = block_weights.layout_of(blocks, embedding_dim, table)  # refuses blocks of other rows
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        written = self.dtype if self.dtype in (torch.float32, torch.bfloat16) else torch.float32
-        rows = block_weights.rows(self.blocks, self.embedding_dim, ids.reshape(-1), written, self.table)
+        rows = block_weights.rows(self.blocks, ids.reshape(-1), self.layout, self.written)
         return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
