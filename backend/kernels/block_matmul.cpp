@@ -84,13 +84,19 @@ constexpr int64_t value_bytes(int64_t bits) {
 constexpr int32_t SIX_BIT_OFFSET = 32;  // 6-bit weights are d * s * (u - 32)
 
 // GGUF's IQ4_NL and IQ4_XS weights are d * t[u]: u in 0..15 picks one of 16 int8 values t, denser near 0
-// than a 4-bit grid. Their blocks (`table`) keep u as 4-bit ones do and d alone, and the kernels look the
-// values up (vpshufb) and multiply them as 8-bit ones: t + 128 unsigned with m = -128 d (AVX-512), or t
-// signed (AVX2).
-alignas(16) constexpr int8_t TABLE_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                                  1,    13,   25,  38,  53,  69,  89,  113};
-alignas(16) constexpr uint8_t TABLE_VALUES_PLUS_128[16] = {1,   24,  45,  63,  79,  93,  106, 118,
-                                                           129, 141, 153, 166, 181, 197, 217, 241};
+// than a 4-bit grid; MXFP4's (OCP's E2M1 values, doubled: llama.cpp's, gpt-oss's) are d * t[u] so too, d a
+// power of two. Their blocks (`table`: which table, block_weights.Table) keep u as 4-bit ones do and d
+// alone, and the kernels look the values up (vpshufb) and multiply them as 8-bit ones: t + 128 unsigned
+// with m = -128 d (AVX-512), or t signed (AVX2).
+constexpr int NO_TABLE = 0, IQ4_TABLE = 1, MXFP4_TABLE = 2;
+alignas(16) constexpr int8_t TABLE_VALUES[3][16] = {
+    {},
+    {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113},
+    {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}};
+alignas(16) constexpr uint8_t TABLE_VALUES_PLUS_128[3][16] = {
+    {},
+    {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241},
+    {128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116}};
 // Whether blocks keep an fp16 m beside d: 4-bit and 5-bit ones but a table's and symmetric ones (and 2-bit
 // super-blocks, a minimum in their header).
 constexpr bool has_minimum(int64_t bits, bool table = false, bool symmetric = false) {
@@ -232,7 +238,7 @@ inline void store16(c10::BFloat16* out, __m512 v) {
 
 // u[j]: inputs 4j..4j+3 of the block at `weights` for each of its 16 channels, 0..2^BITS - 1. 4-bit: byte i
 // of a 64-byte line holds u[2c] in its low nibble and u[2c + 1] in its high one.
-template <int BITS, bool TABLE>
+template <int BITS, int TABLE>
 inline void unpack_values(const uint8_t* weights, __m512i u[8]) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   if constexpr (BITS == 2) {  // bits 2i and 2i + 1 of line h are u[4h + i]
@@ -250,7 +256,7 @@ inline void unpack_values(const uint8_t* weights, __m512i u[8]) {
     }
     if constexpr (TABLE) {  // u = t[u] + 128, unsigned
       const __m512i values =
-          _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(TABLE_VALUES_PLUS_128)));
+          _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(TABLE_VALUES_PLUS_128[TABLE])));
       for (int j = 0; j < 8; ++j) u[j] = _mm512_shuffle_epi8(values, u[j]);
     }
   } else {
@@ -280,7 +286,7 @@ inline __m512 bytes_as_floats(const uint8_t* p) { return _mm512_cvtepi32_ps(byte
 // Rows [first, first + count) of x times one group of 16 output channels, whose blocks start at `weights`:
 // blocks of 32 with their own fp16 scales, or (SUPER) super-blocks of 256 whose blocks keep multiples of
 // the super-block's.
-template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+template <int BITS, bool SUPER, int TABLE, bool SYMMETRIC, typename T>
 void multiply_group(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
                     T* out, int64_t out_stride) {
   const int64_t blocks = in / BLOCK;
@@ -444,7 +450,7 @@ inline void store8(c10::BFloat16* out, __m256 v) {
 
 // As unpack_values, for the 8 channels whose bytes start at `values` (32h of each 64-byte line: channels
 // 8h..8h+7). 8-bit values come signed, q = u - 128.
-template <int BITS, bool TABLE>
+template <int BITS, int TABLE>
 inline void unpack_values_avx2(const uint8_t* values, __m256i u[8]) {
   const __m256i nibble = _mm256_set1_epi8(0x0F), offset = _mm256_set1_epi8(static_cast<char>(0x80));
   if constexpr (BITS == 2) {  // as unpack_values: bits 2i and 2i + 1 of line h are u[4h + i]
@@ -461,7 +467,7 @@ inline void unpack_values_avx2(const uint8_t* values, __m256i u[8]) {
       u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(line, 4), nibble);
     }
     if constexpr (TABLE) {  // u = t[u], signed, as 8-bit ones here
-      const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(TABLE_VALUES)));
+      const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(TABLE_VALUES[TABLE])));
       for (int j = 0; j < 8; ++j) u[j] = _mm256_shuffle_epi8(table, u[j]);
     }
   } else {
@@ -498,7 +504,7 @@ inline __m256 bytes_as_floats_avx2(const uint8_t* p) {  // 8 uint8 values
 // One half of the block at `block` (its channels 8 half..8 half + 7) times rows [first, first + count) of x,
 // added to sums[0..count): the products weighed by the block's scales (of a super-block, by super_d and
 // super_minimum, its header's).
-template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC>
+template <int BITS, bool SUPER, int TABLE, bool SYMMETRIC>
 __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* block, int half, const QuantizedRows& x,
                                                                int64_t first, int64_t count, int64_t blocks, int64_t b,
                                                                __m256 super_d, __m256 super_minimum, __m256* sums) {
@@ -616,7 +622,7 @@ __attribute__((always_inline)) inline void multiply_block_half(const uint8_t* bl
 }
 
 // A super-block's header for the half's 8 channels: their d and (4-bit and 5-bit, but symmetric) minimum.
-template <int BITS, bool TABLE, bool SYMMETRIC>
+template <int BITS, int TABLE, bool SYMMETRIC>
 inline void read_super_header(const uint8_t* block, int half, __m256& super_d, __m256& super_minimum) {
   super_d = halves_as_floats(block + 16 * half);
   if constexpr (has_minimum(BITS, TABLE, SYMMETRIC)) super_minimum = halves_as_floats(block + 32 + 16 * half);
@@ -624,7 +630,7 @@ inline void read_super_header(const uint8_t* block, int half, __m256& super_d, _
 
 // multiply_group_avx2 for row `row` alone, into out[0..16): both halves of each block in turn, one pass over
 // the group's blocks.
-template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+template <int BITS, bool SUPER, int TABLE, bool SYMMETRIC, typename T>
 void multiply_row_in_one_pass(const uint8_t* weights, const QuantizedRows& x, int64_t row, int64_t in, T* out) {
   const int64_t blocks = in / BLOCK;
   __m256 sums[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -659,7 +665,7 @@ void multiply_row_in_one_pass(const uint8_t* weights, const QuantizedRows& x, in
 // 2026-12-06). 5-bit and 6-bit rows, whose values take more registers to unpack, ran 0.86-0.98x as fast in
 // one pass, and more rows keep a half at a time: their accumulators and one half's values fill the 16
 // registers.
-template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+template <int BITS, bool SUPER, int TABLE, bool SYMMETRIC, typename T>
 void multiply_group_avx2(const uint8_t* weights, const QuantizedRows& x, int64_t first, int64_t count, int64_t in,
                          T* out, int64_t out_stride) {
   const int64_t blocks = in / BLOCK;
@@ -729,20 +735,20 @@ void multiply_groups(GroupProduct<T> product, int64_t rows_at_once, const Quanti
 // table's indices.
 struct Layout {
   bool super;
-  bool table;
+  int64_t table;  // NO_TABLE, or whose values the indices pick
   bool symmetric;  // blocks of 32 of 4 or 5 bits with d alone: w = d * (u - 2^(bits - 1))
 };
 
 // Each kernel's products by layout, for `product_of`.
 #ifdef BLOCK_MATMUL_VNNI
 struct Vnni {
-  template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+  template <int BITS, bool SUPER, int TABLE, bool SYMMETRIC, typename T>
   static constexpr GroupProduct<T> product = multiply_group<BITS, SUPER, TABLE, SYMMETRIC, T>;
 };
 #endif
 #ifdef BLOCK_MATMUL_AVX2
 struct Avx2 {
-  template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+  template <int BITS, bool SUPER, int TABLE, bool SYMMETRIC, typename T>
   static constexpr GroupProduct<T> product = multiply_group_avx2<BITS, SUPER, TABLE, SYMMETRIC, T>;
 };
 #endif
@@ -750,25 +756,26 @@ struct Avx2 {
 // The kernel's function for a layout: `Kernel::product<BITS, SUPER, TABLE, SYMMETRIC, T>`.
 template <typename Kernel, typename T>
 auto product_of(int64_t bits, Layout layout) {
-  if (layout.table) {
-    return layout.super ? Kernel::template product<4, true, true, false, T>
-                        : Kernel::template product<4, false, true, false, T>;
+  if (layout.table == IQ4_TABLE) {
+    return layout.super ? Kernel::template product<4, true, IQ4_TABLE, false, T>
+                        : Kernel::template product<4, false, IQ4_TABLE, false, T>;
   }
+  if (layout.table == MXFP4_TABLE) return Kernel::template product<4, false, MXFP4_TABLE, false, T>;
   if (layout.symmetric) {
-    return layout.super ? Kernel::template product<4, true, false, true, T>
-           : bits == 4  ? Kernel::template product<4, false, false, true, T>
-                        : Kernel::template product<5, false, false, true, T>;
+    return layout.super ? Kernel::template product<4, true, NO_TABLE, true, T>
+           : bits == 4  ? Kernel::template product<4, false, NO_TABLE, true, T>
+                        : Kernel::template product<5, false, NO_TABLE, true, T>;
   }
   if (layout.super) {
-    return bits == 2   ? Kernel::template product<2, true, false, false, T>
-           : bits == 4 ? Kernel::template product<4, true, false, false, T>
-           : bits == 5 ? Kernel::template product<5, true, false, false, T>
-                       : Kernel::template product<6, true, false, false, T>;
+    return bits == 2   ? Kernel::template product<2, true, NO_TABLE, false, T>
+           : bits == 4 ? Kernel::template product<4, true, NO_TABLE, false, T>
+           : bits == 5 ? Kernel::template product<5, true, NO_TABLE, false, T>
+                       : Kernel::template product<6, true, NO_TABLE, false, T>;
   }
-  return bits == 4   ? Kernel::template product<4, false, false, false, T>
-         : bits == 5 ? Kernel::template product<5, false, false, false, T>
-         : bits == 6 ? Kernel::template product<6, false, false, false, T>
-                     : Kernel::template product<8, false, false, false, T>;
+  return bits == 4   ? Kernel::template product<4, false, NO_TABLE, false, T>
+         : bits == 5 ? Kernel::template product<5, false, NO_TABLE, false, T>
+         : bits == 6 ? Kernel::template product<6, false, NO_TABLE, false, T>
+                     : Kernel::template product<8, false, NO_TABLE, false, T>;
 }
 
 // x times the blocks into result, by the AVX-512 VNNI kernel or, with `avx2`, the AVX2 one.
@@ -815,32 +822,34 @@ constexpr bool has_avx2_kernel() {
 // The layout of weights [out, bytes a channel] holding `bits`-bit values of `in` inputs, a table's indices
 // or not, by the bytes a group of 16 channels takes (no two take the same for the same inputs and table:
 // a table's blocks of 32 take what symmetric 4-bit ones do); what they must be checked first.
-Layout layout_of(const at::Tensor& weights, int64_t in, int64_t bits, bool table) {
+Layout layout_of(const at::Tensor& weights, int64_t in, int64_t bits, int64_t table) {
   TORCH_CHECK(bits == 2 || (bits >= 4 && bits <= 6) || bits == 8, "bits must be 2, 4, 5, 6 or 8, not ", bits);
   TORCH_CHECK(weights.scalar_type() == at::kByte && weights.dim() == 2 && weights.is_contiguous(),
               "weights must be contiguous uint8 [out, in / 32 * bytes]");
   TORCH_CHECK(in % BLOCK == 0 && weights.size(0) % CHANNELS == 0, "in must be a multiple of 32 and out of 16");
   const int64_t group_bytes = weights.size(1) * CHANNELS, super_blocks = in / (BLOCKS_A_SUPER_BLOCK * BLOCK);
+  TORCH_CHECK(table >= NO_TABLE && table <= MXFP4_TABLE, "no table ", table);
   TORCH_CHECK(!table || bits == 4, "a table's indices are 4-bit, not ", bits);
   const auto takes = [&](Layout layout) {
     // Symmetric blocks of 32 hold 4 or 5 bits, symmetric super-blocks 4.
     const bool symmetric_bits = layout.super ? bits == 4 : bits == 4 || bits == 5;
     if ((layout.super && (bits == 8 || in % (BLOCKS_A_SUPER_BLOCK * BLOCK) != 0)) || layout.table != table ||
-        (layout.symmetric && !symmetric_bits) || (bits == 2 && !layout.super)) {
+        (layout.symmetric && !symmetric_bits) || (bits == 2 && !layout.super) ||
+        (layout.super && layout.table == MXFP4_TABLE)) {  // MXFP4 comes in blocks of 32 alone
       return false;
     }
     return group_bytes == (layout.super ? super_blocks * super_block_bytes(bits, layout.table, layout.symmetric)
                                         : in / BLOCK * block_bytes(bits, layout.table, layout.symmetric));
   };
-  const Layout layouts[] = {{false, false, false}, {true, false, false}, {false, true, false},
-                            {true, true, false},   {false, false, true}, {true, false, true}};
+  const Layout layouts[] = {{false, NO_TABLE, false}, {true, NO_TABLE, false}, {false, table, false},
+                            {true, table, false},     {false, NO_TABLE, true}, {true, NO_TABLE, true}};
   const Layout* layout = std::find_if(std::begin(layouts), std::end(layouts), takes);
   TORCH_CHECK(layout != std::end(layouts), "weights do not hold ", bits, "-bit ", table ? "table " : "",
               "blocks or super-blocks of ", in, " inputs");
   return *layout;
 }
 
-at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool table,
+at::Tensor checked_block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, int64_t table,
                                 bool avx2) {
   TORCH_CHECK(x.device().is_cpu() && weights.device().is_cpu(), "block_matmul runs on the CPU");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [rows, in]");
@@ -892,7 +901,7 @@ inline float half_at(const uint8_t* p, int64_t index) {
 // block_weights.dequantize_in_torch's, in its order, so the same to the last bit: w = u * d + m (d * s and
 // minimum * m first, for K-quants; u * d is exact, so a fused multiply-add rounds as the two steps do),
 // d * s * (u - 32) as ((u - 32) * s) * d, table[u] * d, and 2-bit u * (d * s) + minimum * m a 16 inputs.
-template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+template <int BITS, bool SUPER, int TABLE, bool SYMMETRIC, typename T>
 void block_to_floats(const uint8_t* values, const float* d, const float* minimum, T* out, int64_t in) {
   const uint8_t* scales = values + value_bytes(BITS);
   // By lane; 6-bit: s of inputs 0-15, 16-31 (2-bit: d * s and minimum * m of those)
@@ -926,7 +935,7 @@ void block_to_floats(const uint8_t* values, const float* d, const float* minimum
     for (int64_t lane = 0; lane < 64; ++lane) {
       float value;
       if constexpr (TABLE) {
-        value = static_cast<float>(TABLE_VALUES[u[lane]]) * scale[lane];
+        value = static_cast<float>(TABLE_VALUES[TABLE][u[lane]]) * scale[lane];
       } else if constexpr (BITS == 2) {
         value = static_cast<float>(u[lane]) * half_scale[line / 4][lane] + half_offset[line / 4][lane];
       } else if constexpr (has_signed_scales(BITS, SUPER, SYMMETRIC)) {
@@ -942,7 +951,7 @@ void block_to_floats(const uint8_t* values, const float* d, const float* minimum
 }
 
 // A group of 16 channels' blocks to floats: out [16, in].
-template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+template <int BITS, bool SUPER, int TABLE, bool SYMMETRIC, typename T>
 void group_to_floats(const uint8_t* group, int64_t in, T* out) {
   if constexpr (!SUPER) {
     for (int64_t block = 0; block < in / BLOCK; ++block) {
@@ -971,7 +980,7 @@ template <typename T>
 using GroupFloats = void (*)(const uint8_t* group, int64_t in, T* out);
 
 struct ToFloats {
-  template <int BITS, bool SUPER, bool TABLE, bool SYMMETRIC, typename T>
+  template <int BITS, bool SUPER, int TABLE, bool SYMMETRIC, typename T>
   static constexpr GroupFloats<T> product = group_to_floats<BITS, SUPER, TABLE, SYMMETRIC, T>;
 };
 
@@ -1021,8 +1030,8 @@ std::string block_matmul_kernel() { return has_vnni_kernel() ? "AVX-512 VNNI" : 
 
 // x [rows, in] (float32 or bfloat16) times weights [out, bytes a channel's blocks or super-blocks take]
 // (block_weights.py's layouts) -> [rows, out] in x's dtype; by AVX-512 VNNI where the CPU has it, else by AVX2.
-// `table`: whether the values are indices into IQ4's table.
-at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool table) {
+// `table`: NO_TABLE, or the table whose values the blocks' indices pick (IQ4_TABLE, MXFP4_TABLE).
+at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, int64_t table) {
   TORCH_CHECK(has_vnni_kernel() || has_avx2_kernel(), "block_matmul needs a CPU with AVX-512 VNNI or AVX2");
   return checked_block_matmul(x, weights, bits, table, !has_vnni_kernel());
 }
@@ -1031,7 +1040,7 @@ at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t 
 // (float32 or bfloat16, rounded once from float32): block_weights.dequantize's values, a group of 16
 // channels a task, straight from the blocks to their places (PyTorch's operations took 4 s of the 1B
 // Q4_K_M file's start).
-void block_dequantize(const at::Tensor& weights, int64_t bits, bool table, at::Tensor& out) {
+void block_dequantize(const at::Tensor& weights, int64_t bits, int64_t table, at::Tensor& out) {
   TORCH_CHECK(weights.device().is_cpu() && out.device().is_cpu(), "block_dequantize runs on the CPU");
   TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.size(0) == weights.size(0),
               "out must be a contiguous [out, in] of the weights' outputs");
@@ -1047,7 +1056,7 @@ void block_dequantize(const at::Tensor& weights, int64_t bits, bool table, at::T
 // Rows `ids` (int64, each below the weights' outputs) of the weights that blocks [out, bytes a channel] of
 // `bits`-bit values hold, written into out [ids, in] (float32 or bfloat16, rounded once from float32):
 // `block_dequantize`'s values of those rows alone.
-void block_rows(const at::Tensor& weights, int64_t bits, bool table, const at::Tensor& ids, at::Tensor& out) {
+void block_rows(const at::Tensor& weights, int64_t bits, int64_t table, const at::Tensor& ids, at::Tensor& out) {
   TORCH_CHECK(weights.device().is_cpu() && ids.device().is_cpu() && out.device().is_cpu(), "block_rows runs on the CPU");
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(), "ids must be a contiguous int64 [n]");
   TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.size(0) == ids.size(0), "out must be a contiguous [ids, in]");
@@ -1066,7 +1075,7 @@ void block_rows(const at::Tensor& weights, int64_t bits, bool table, const at::T
 }
 
 // The same by the AVX2 kernel, wherever it is built (an AVX-512 CPU too): for its tests and timings.
-at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool table) {
+at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int64_t bits, int64_t table) {
   TORCH_CHECK(has_avx2_kernel(), "block_matmul_avx2 needs a CPU with AVX2, FMA and F16C");
   return checked_block_matmul(x, weights, bits, table, true);
 }

@@ -15,7 +15,7 @@ namespace {
 
 // x times `count` projections from the `first`-th on, their outputs side by side.
 at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projections, const std::vector<int64_t>& bits,
-                   const std::vector<bool>& tables, size_t first, int64_t count) {
+                   const std::vector<int64_t>& tables, size_t first, int64_t count) {
   if (count == 1) return block_matmul(x, projections[first], bits[first], tables[first]);
   std::vector<at::Tensor> outputs;
   for (size_t i = first; i < first + count; ++i) outputs.push_back(block_matmul(x, projections[i], bits[i], tables[i]));
@@ -27,7 +27,7 @@ at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projectio
 // hidden: [queries, hidden] embeddings, this step's own (the residual adds write into it); cos, sin:
 // [queries, 1, head_dim]; slots, rows, positions: as rotate_and_store and decode_attention take them.
 // For layer l: keys[l], values[l] its cache; its projections next in `projections`, in blocks of the same
-// place's bits (and tables[i]: IQ4's table indices or not): q, k and v in calls[2l] calls (one where they fused; a K-quant mix's Q4_K q and k beside
+// place's bits (and tables[i]: the table its values index, or none): q, k and v in calls[2l] calls (one where they fused; a K-quant mix's Q4_K q and k beside
 // its Q6_K v are two), o, gate and up in calls[2l + 1], and down; norms[1 + 2l] and norms[2 + 2l] the
 // norms after its attention and after its MLP (the next layer's input norm, or the model's final one),
 // norms[0] the first layer's input norm, each with its eps. Returns the final norm of the last layer's
@@ -35,7 +35,7 @@ at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projectio
 at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
                          std::vector<at::Tensor> values, const std::vector<at::Tensor>& projections,
-                         const std::vector<int64_t>& bits, const std::vector<bool>& tables,
+                         const std::vector<int64_t>& bits, const std::vector<int64_t>& tables,
                          const std::vector<int64_t>& calls, const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, int64_t heads, int64_t kv_heads, double scaling) {
   const size_t layers = keys.size();

@@ -19,15 +19,15 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
 bool attention_supports(int64_t head_dim, int64_t group);
 
 std::string block_matmul_kernel();
-at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool table);
-at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int64_t bits, bool table);
-void block_dequantize(const at::Tensor& weights, int64_t bits, bool table, at::Tensor& out);
-void block_rows(const at::Tensor& weights, int64_t bits, bool table, const at::Tensor& ids, at::Tensor& out);
+at::Tensor block_matmul(const at::Tensor& x, const at::Tensor& weights, int64_t bits, int64_t table);
+at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int64_t bits, int64_t table);
+void block_dequantize(const at::Tensor& weights, int64_t bits, int64_t table, at::Tensor& out);
+void block_rows(const at::Tensor& weights, int64_t bits, int64_t table, const at::Tensor& ids, at::Tensor& out);
 
 at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
                          std::vector<at::Tensor> values, const std::vector<at::Tensor>& projections,
-                         const std::vector<int64_t>& bits, const std::vector<bool>& tables,
+                         const std::vector<int64_t>& bits, const std::vector<int64_t>& tables,
                          const std::vector<int64_t>& calls,
                          const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, int64_t heads, int64_t kv_heads, double scaling);

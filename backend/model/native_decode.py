@@ -48,7 +48,7 @@ class NativeDecode:
     run: Callable[..., torch.Tensor]  # the extension's decode_layers
     projections: list[torch.Tensor]  # each layer's qkv, o, gate_up and down blocks (`LayerProjections.calls`)
     bits: list[int]
-    tables: list[bool]  # whether each projection's values are IQ4's table indices
+    tables: list[int]  # the table each projection's values index (block_weights.Table), or none
     calls: list[int]  # each layer's number of calls for q, k and v, then for gate and up
     norms: list[torch.Tensor]  # the first input norm, then each layer's two: after attention, after MLP
     eps: list[float]

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from backend.quant.checkpoint_layers import described, serve_layers
-from backend.quant.gguf_types import BLOCK, EightBitWeight, requantize_int8
+from backend.quant.gguf_types import BLOCK, EightBitWeight, fp16_at_least, requantize_int8
 from backend.quant.group_wise import UnsupportedCheckpoint, read_tensors
 
 log = logging.getLogger(__name__)
@@ -155,13 +155,7 @@ class FourBitLayer:
             blocks = largest == value
             errors[blocks] = counts[blocks] @ grid_errors
         best = LARGEST_STEPS[errors.argmin(dim=1)]
-        wanted = largest * absmax / best
-        # In fp16, as the blocks keep it, rounded up where it rounded down, so that no weight passes 127 of it
-        scale = wanted.half()
-        scale = torch.where(
-            scale.float() < wanted, torch.nextafter(scale, torch.full_like(scale, 1.0)), scale
-        )
-        scale = scale.float()
+        scale = fp16_at_least(largest * absmax / best)
         weights = values[codes] * absmax[:, None]
         q = torch.round(weights / torch.where(scale > 0, scale, 1.0)[:, None]).clamp(-127, 127)
         return q.to(torch.int8), scale

@@ -68,16 +68,22 @@ channel's 256 inputs (3.1 bits a weight; the file's 84), where requantized to
 8-bit blocks they took 272 and moved.
 
 GGUF's IQ4_NL and IQ4_XS weights are d * t[u]: u in 0..15 picks one of 16
-int8 values t (TABLE_VALUES), denser near 0 than a 4-bit grid. Their
-blocks (`table`) keep u as 4-bit blocks do and d alone: IQ4_NL's blocks of
-32 an fp16 d (18 bytes a channel's 32, as in the file), IQ4_XS's
+int8 values t (TABLE_VALUES[Table.IQ4]), denser near 0 than a 4-bit grid.
+Their blocks (`table`) keep u as 4-bit blocks do and d alone: IQ4_NL's
+blocks of 32 an fp16 d (18 bytes a channel's 32, as in the file), IQ4_XS's
 super-blocks of 256 the fp16 d first and for each block of 32 an int8 s
 (w = d * s * t[u]; 138 bytes a channel's 256 where the file takes 136).
+MXFP4's weights (gpt-oss's experts, GGUF's MXFP4) are OCP's 4-bit floats
+(E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) times a power of two
+a block of 32: t[u] * d with t those values doubled (TABLE_VALUES[Table.MXFP4])
+and d half the power of two, kept as IQ4_NL's blocks are (an fp16 d where the
+file keeps an 8-bit exponent: 18 bytes a channel's 32 where it takes 17).
 The kernels look the values up and multiply them as 8-bit ones.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Callable
 from typing import NamedTuple
@@ -91,24 +97,37 @@ CHANNELS = 16  # output channels stored side by side, one a vector lane
 SUPER_BLOCK = 256  # inputs of a K-quant's super-block
 BLOCKS_A_SUPER_BLOCK = SUPER_BLOCK // BLOCK
 VALUE_BYTES = {2: 128, 4: 256, 5: 320, 6: 384, 8: 512}  # a block's values, 16 channels
-# IQ4_NL's and IQ4_XS's values, by index
-TABLE_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+class Table(enum.IntEnum):
+    """Whose values a table's blocks index (block_matmul.cpp's numbers), or NONE: blocks of values."""
+
+    NONE = 0
+    IQ4 = 1  # GGUF's IQ4_NL and IQ4_XS
+    MXFP4 = 2  # OCP's E2M1 values doubled: GGUF's MXFP4, gpt-oss's checkpoints
+
+
+# Each table's values, by index
+TABLE_VALUES = {
+    Table.IQ4: (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113),
+    Table.MXFP4: (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
+}
 
 
 class Layout(NamedTuple):
     """How a layer's blocks are kept: values of `bits`, in blocks of 32 or super-blocks of 256, their own or
-    a table's indices; `symmetric` blocks of 32 (4-bit and 5-bit) keep d alone, w = d * (u - 2^(bits - 1)),
-    and symmetric super-blocks (4-bit) a d and an int8 s a 16 inputs, w = d * s * (u - 8), as 6-bit ones;
-    2-bit values come in super-blocks alone, an s and an m a 16 inputs."""
+    a table's indices (`table`: whose); `symmetric` blocks of 32 (4-bit and 5-bit) keep d alone, w = d *
+    (u - 2^(bits - 1)), and symmetric super-blocks (4-bit) a d and an int8 s a 16 inputs, w = d * s * (u -
+    8), as 6-bit ones; 2-bit values come in super-blocks alone, an s and an m a 16 inputs."""
 
     bits: int
     super_blocks: bool = False
-    table: bool = False
+    table: Table = Table.NONE
     symmetric: bool = False
 
     def name(self) -> str:
         kind = "super-blocks" if self.super_blocks else "blocks"
-        values = "table " if self.table else "symmetric " if self.symmetric else ""
+        values = TABLE_NAMES[self.table] if self.table else "symmetric " if self.symmetric else ""
         return f"{self.bits}-bit {values}{kind}"
 
     def inputs_a_unit(self) -> int:
@@ -125,13 +144,15 @@ CHANNEL_BYTES = {
     Layout(5, super_blocks=True): 180,
     Layout(6, super_blocks=True): 210,
     Layout(2, super_blocks=True): 100,
-    Layout(4, table=True): 18,
-    Layout(4, super_blocks=True, table=True): 138,
+    Layout(4, table=Table.IQ4): 18,
+    Layout(4, super_blocks=True, table=Table.IQ4): 138,
+    Layout(4, table=Table.MXFP4): 18,
     Layout(4, symmetric=True): 18,  # as a table's: told apart by `table`
     Layout(5, symmetric=True): 22,
     Layout(4, super_blocks=True, symmetric=True): 146,
 }
 SIX_BIT_OFFSET = 32  # 6-bit weights are d * s * (u - 32)
+TABLE_NAMES = {Table.IQ4: "table ", Table.MXFP4: "MXFP4 table "}  # as Layout.name says them
 
 
 def available(device: torch.device) -> bool:
@@ -213,8 +234,8 @@ def pack_int6(q: torch.Tensor, sub_scale: torch.Tensor, scale: torch.Tensor) -> 
 
 @by_channels
 def pack_table(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """w = d * TABLE_VALUES[q] (IQ4_NL): q [out, in] 0..15, d [out, in / 32] (fp16 values), as a table's
-    blocks."""
+    """w = d * TABLE_VALUES[table][q] (IQ4_NL, MXFP4): q [out, in] 0..15, d [out, in / 32] (fp16 values),
+    as a table's blocks (which table's, the layer keeps: their bytes are the same)."""
     return assemble(value_lines(q, 4), [d], q.shape)
 
 
@@ -232,7 +253,8 @@ def pack_super_blocks(
     """K-quants' terms as super-blocks: q [out, in] values 0..2^bits - 1, d (and minimum) [out, in / 256]
     (fp16 values), and 4-bit and 5-bit (Q4_K, Q5_K) w = d * s * q + minimum * m with s and m [out, in /
     32] 0..255; 6-bit (Q6_K) w = d * s * (q - 32) with s [out, in / 16] int8, and `symmetric` 4-bit (Q3_K)
-    w = d * s * (q - 8) so. `table` (IQ4_XS): w = d * s * TABLE_VALUES[q], s [out, in / 32] int8. 2-bit
+    w = d * s * (q - 8) so. `table` (IQ4_XS): w = d * s * TABLE_VALUES[Table.IQ4][q], s [out, in / 32] int8.
+    2-bit
     (Q2_K): w = d * s * q + minimum * m, s and m [out, in / 16] 0..255."""
     out_features, in_features = q.shape
     groups, supers = out_features // CHANNELS, in_features // SUPER_BLOCK
@@ -321,8 +343,8 @@ def assemble(
     return joined.reshape(out_features, -1).contiguous()
 
 
-def layout_of(blocks: torch.Tensor, in_features: int, table: bool = False) -> Layout:
-    """The blocks' layout, by the bytes a channel takes and whether they hold a table's indices (no two
+def layout_of(blocks: torch.Tensor, in_features: int, table: Table = Table.NONE) -> Layout:
+    """The blocks' layout, by the bytes a channel takes and the table whose indices they hold (no two
     take the same for the same inputs and `table`)."""
     for layout, size in CHANNEL_BYTES.items():
         unit = layout.inputs_a_unit()
@@ -335,27 +357,27 @@ def layout_of(blocks: torch.Tensor, in_features: int, table: bool = False) -> La
     raise ValueError(f"{blocks.shape[1]} bytes a channel are no blocks of {in_features} inputs")
 
 
-def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, table: bool = False) -> torch.Tensor:
+def matmul(x: torch.Tensor, blocks: torch.Tensor, bits: int, table: int = Table.NONE) -> torch.Tensor:
     """x [rows, in] (float32 or bfloat16) @ the blocks' weights.T -> [rows, out] in x's dtype (`table`:
-    IQ4's table indices). Compiled (torch.compile), as the custom operator `block_matmul_op` the compiler
-    can place in its graph."""
+    whose values their indices pick, a Table). Compiled (torch.compile), as the custom operator
+    `block_matmul_op` the compiler can place in its graph."""
     if torch.compiler.is_compiling():
         return block_matmul_op(x, blocks, bits, table)
     return kernels.extension().block_matmul(x, blocks, bits, table)
 
 
 @torch.library.custom_op("inference::block_matmul", mutates_args=())
-def block_matmul_op(x: torch.Tensor, blocks: torch.Tensor, bits: int, table: bool) -> torch.Tensor:
+def block_matmul_op(x: torch.Tensor, blocks: torch.Tensor, bits: int, table: int) -> torch.Tensor:
     return kernels.extension().block_matmul(x.contiguous(), blocks, bits, table)
 
 
 @block_matmul_op.register_fake
-def _(x: torch.Tensor, blocks: torch.Tensor, bits: int, table: bool) -> torch.Tensor:
+def _(x: torch.Tensor, blocks: torch.Tensor, bits: int, table: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], blocks.shape[0])
 
 
 def dense_copy(
-    blocks: torch.Tensor, in_features: int, dtype: torch.dtype, table: bool = False
+    blocks: torch.Tensor, in_features: int, dtype: torch.dtype, table: Table = Table.NONE
 ) -> torch.Tensor:
     """The weights [out, in] the blocks hold, in `dtype` (float32 and bfloat16 rounded once from float32,
     another dtype from float32): `dequantize`'s values, written straight from the blocks by the extension's
@@ -382,7 +404,7 @@ def rows(blocks: torch.Tensor, ids: torch.Tensor, layout: Layout, dtype: torch.d
 
 
 def written_rows(
-    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, bits: int, table: bool
+    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, bits: int, table: int
 ) -> torch.Tensor:
     out = torch.empty(ids.shape[0], in_features, dtype=dtype)
     kernels.extension().block_rows(blocks, bits, table, ids.contiguous(), out)
@@ -391,25 +413,25 @@ def written_rows(
 
 @torch.library.custom_op("inference::block_rows", mutates_args=())
 def block_rows_op(
-    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, bits: int, table: bool
+    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, bits: int, table: int
 ) -> torch.Tensor:
     return written_rows(blocks, in_features, ids, dtype, bits, table)
 
 
 @block_rows_op.register_fake
 def _(
-    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, bits: int, table: bool
+    blocks: torch.Tensor, in_features: int, ids: torch.Tensor, dtype: torch.dtype, bits: int, table: int
 ) -> torch.Tensor:
     return blocks.new_empty(ids.shape[0], in_features, dtype=dtype)
 
 
-def dequantize(blocks: torch.Tensor, in_features: int, table: bool = False) -> torch.Tensor:
+def dequantize(blocks: torch.Tensor, in_features: int, table: Table = Table.NONE) -> torch.Tensor:
     """The float32 weights [out, in] the blocks hold: what `matmul` multiplies by (the dense copies of a
     lean load are made of it: `dense_copy`)."""
     return dense_copy(blocks, in_features, torch.float32, table)
 
 
-def dequantize_in_torch(blocks: torch.Tensor, in_features: int, table: bool = False) -> torch.Tensor:
+def dequantize_in_torch(blocks: torch.Tensor, in_features: int, table: Table = Table.NONE) -> torch.Tensor:
     """`dequantize` by PyTorch's operations: where the extension is not built, and the reference its loop
     is tested against."""
     bits, super_blocks, table, symmetric = layout_of(blocks, in_features, table)
@@ -432,7 +454,7 @@ def dequantize_in_torch(blocks: torch.Tensor, in_features: int, table: bool = Fa
             d = header.repeat_interleave(BLOCKS_A_SUPER_BLOCK, dim=1) * s
         else:
             d = from_channel_bytes(tail, torch.float16, 1).float()
-        values = torch.tensor(TABLE_VALUES, dtype=torch.float32)[u.long()]
+        values = torch.tensor(TABLE_VALUES[table], dtype=torch.float32)[u.long()]
         return (values.reshape(out_features, count, BLOCK) * d[..., None]).reshape(out_features, in_features)
     if bits == 2:  # d * s and minimum * m a 16 inputs
         d_and_minimum = header.reshape(out_features, -1, 2).repeat_interleave(2 * BLOCKS_A_SUPER_BLOCK, dim=1)

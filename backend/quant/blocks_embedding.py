@@ -28,7 +28,13 @@ from backend.quant import block_weights
 class BlocksEmbedding(nn.Module):
     """nn.Embedding's lookup, from blocks [num_embeddings, bytes] of `embedding_dim` inputs a row."""
 
-    def __init__(self, blocks: torch.Tensor, embedding_dim: int, dtype: torch.dtype, table: bool = False):
+    def __init__(
+        self,
+        blocks: torch.Tensor,
+        embedding_dim: int,
+        dtype: torch.dtype,
+        table: block_weights.Table = block_weights.Table.NONE,
+    ):
         super().__init__()
         self.register_buffer("blocks", blocks, persistent=False)
         self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
@@ -65,7 +71,9 @@ def serve_from_tied_head(model: nn.Module, rows: int) -> bool:
     return True
 
 
-def serve_from_blocks(model: nn.Module, blocks: torch.Tensor, table: bool = False) -> bool:
+def serve_from_blocks(
+    model: nn.Module, blocks: torch.Tensor, table: block_weights.Table = block_weights.Table.NONE
+) -> bool:
     """Make the model's input embedding (an nn.Embedding) a `BlocksEmbedding` of `blocks` ([num_embeddings,
     bytes]) where they hold exactly its floats (checked, row by row), and let go of those. Returns whether
     it did."""

@@ -39,6 +39,11 @@ as the file keeps them. How each GGUF type becomes one of them:
         input j's low, j + 16's high); w = d * t[q]. IQ4_XS super-block of 256 (136 bytes): fp16 d, each
         block's 6-bit s + 32, then each block's indices as IQ4_NL's; w = d * s * t[q].
         The CPU's table blocks and super-blocks, exactly.
+    MXFP4 block (17 bytes): an 8-bit exponent e, 16 bytes of 4-bit indices as IQ4_NL's into E2M1's
+        values doubled (0, 1, 2, 3, 4, 6, 8, 12 and their negatives); w = 2^(e - 128) * t[q].
+        The CPU's table blocks of MXFP4's table, exactly: d = 2^(e - 128) in fp16, which holds every
+        power of two from 2^-24 to 2^15 (e 104 to 143; real weights' are 2^-10 or so). A tensor with a
+        block of nonzero values outside that is requantized to 8-bit blocks, as below.
     Q2_K super-block of 256 (84 bytes): sixteen bytes of a 4-bit s (low nibble) and a 4-bit m (high one),
         one a 16 inputs, 64 bytes of 2-bit q, fp16 d and dmin; w = d * s * q - dmin * m, q in 0..3
         The CPU's 2-bit super-blocks, exactly (d, -dmin, s and m as they are: 3.1 bits a weight where
@@ -64,6 +69,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from backend.quant import block_weights
+from backend.quant.block_weights import Table
 
 BLOCK = 32  # the inputs an engine block's scale covers
 FOUR_BIT = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}  # bytes per block of 32
@@ -76,6 +82,9 @@ Q3_K_BYTES = 110  # 32 bytes of third bits, 64 of low two bits, 12 of 6-bit scal
 Q2_K_BYTES = 84  # 16 bytes of 4-bit scales and mins, 64 of 2-bit q, fp16 d, fp16 dmin
 IQ4_NL_BYTES = 18  # fp16 d, 16 bytes of 4-bit indices
 IQ4_XS_BYTES = 136  # fp16 d, 2 + 4 bytes of 6-bit scales, 128 bytes of 4-bit indices
+MXFP4_BYTES = 17  # an 8-bit exponent, 16 bytes of 4-bit indices
+# d = 2^(e - 128) from MXFP4's exponent e, exactly in fp16 for these e (2^-24 to 2^15)
+MXFP4_EXPONENTS_IN_FP16 = range(104, 144)
 SUPER_BLOCK = 256  # the inputs of a K-quant's super-block
 K_SCALES = 12
 FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
@@ -123,7 +132,7 @@ class SymmetricWeight:
     q: torch.Tensor  # [out, in] uint8, 0..2^bits - 1
     d: torch.Tensor  # [out, in / 32] float32, fp16 values
     bits: ClassVar[int]
-    table: ClassVar[bool] = False
+    table: ClassVar[Table] = Table.NONE
 
     def blocks(self) -> torch.Tensor:
         """The CPU's symmetric blocks of these weights, exactly."""
@@ -156,7 +165,7 @@ class SuperBlockWeight:
     s: torch.Tensor  # [out, in / 32] uint8
     m: torch.Tensor  # [out, in / 32] uint8
     bits: ClassVar[int]
-    table: ClassVar[bool] = False
+    table: ClassVar[Table] = Table.NONE
 
     def blocks(self) -> torch.Tensor:
         """The CPU's super-blocks of these weights, exactly."""
@@ -196,7 +205,7 @@ class SubScaledWeight:
     sub_scale: torch.Tensor  # [out, in / 16] int8
     d: torch.Tensor  # [out, in / 256] float32, fp16 values
     bits: ClassVar[int]  # the values' bits as the blocks keep them
-    table: ClassVar[bool] = False
+    table: ClassVar[Table] = Table.NONE
 
     def blocks(self) -> torch.Tensor:
         return block_weights.pack_super_blocks(
@@ -226,7 +235,7 @@ class TwoBitWeight:
     minimum: torch.Tensor  # [out, in / 256] float32, fp16 values
     s: torch.Tensor  # [out, in / 16] uint8
     m: torch.Tensor  # [out, in / 16] uint8
-    table: ClassVar[bool] = False
+    table: ClassVar[Table] = Table.NONE
 
     def blocks(self) -> torch.Tensor:
         return block_weights.pack_super_blocks(self.q, 2, self.d, self.s, self.minimum, self.m)
@@ -234,25 +243,32 @@ class TwoBitWeight:
 
 @dataclass(frozen=True)
 class TableWeight:
-    """w = d * TABLE_VALUES[q]: IQ4_NL's blocks, d a block of 32 inputs of an output channel."""
+    """w = d * TABLE_VALUES[table][q]: IQ4_NL's blocks, d a block of 32 inputs of an output channel."""
 
     q: torch.Tensor  # [out, in] uint8, 0..15
     d: torch.Tensor  # [out, in / 32] float32, fp16 values
-    table: ClassVar[bool] = True
+    table: ClassVar[Table] = Table.IQ4
 
     def blocks(self) -> torch.Tensor:
         return block_weights.pack_table(self.q, self.d)
 
 
+class MXFP4Weight(TableWeight):
+    """w = d * TABLE_VALUES[Table.MXFP4][q]: MXFP4's blocks (E2M1 values doubled), d half a block's power
+    of two."""
+
+    table: ClassVar[Table] = Table.MXFP4
+
+
 @dataclass(frozen=True)
 class TableSuperBlocks:
-    """w = d * s * TABLE_VALUES[q]: IQ4_XS's super-blocks, d a super-block of 256 inputs of an output
-    channel, s (-32..31) a block of 32 in it."""
+    """w = d * s * TABLE_VALUES[Table.IQ4][q]: IQ4_XS's super-blocks, d a super-block of 256 inputs of an
+    output channel, s (-32..31) a block of 32 in it."""
 
     q: torch.Tensor  # [out, in] uint8, 0..15
     d: torch.Tensor  # [out, in / 256] float32, fp16 values
     s: torch.Tensor  # [out, in / 32] int8
-    table: ClassVar[bool] = True
+    table: ClassVar[Table] = Table.IQ4
 
     def blocks(self) -> torch.Tensor:
         return block_weights.pack_super_blocks(self.q, 4, self.d, self.s, table=True)
@@ -274,6 +290,8 @@ def unpack(rows: np.ndarray, kind: GGMLQuantizationType) -> Weight:
     type has an unpacking of its own (UNPACKINGS), else requantized to 8-bit blocks."""
     if kind in UNPACKINGS:
         return UNPACKINGS[kind](rows)
+    if kind == GGMLQuantizationType.MXFP4 and (exact := unpack_mxfp4(rows)) is not None:
+        return exact
     return requantize_int8(quants.dequantize(np.ascontiguousarray(rows), kind))
 
 
@@ -439,6 +457,21 @@ def unpack_iq4_xs(rows: np.ndarray) -> TableSuperBlocks:
     )
 
 
+def unpack_mxfp4(rows: np.ndarray) -> MXFP4Weight | None:
+    """[out, blocks * 17] uint8 rows of MXFP4 (an exponent e, then 16 bytes of indices as IQ4_NL's) to q
+    and d = 2^(e - 128); None where a block of nonzero values has a d that fp16 does not hold (a block
+    of zeros takes d = 0: its weights are 0 whatever d is)."""
+    blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, MXFP4_BYTES)
+    packed, e = blocks[..., 1:], blocks[..., 0].astype(np.int32)
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [out, blocks, 32]
+    in_fp16 = (e >= MXFP4_EXPONENTS_IN_FP16.start) & (e < MXFP4_EXPONENTS_IN_FP16.stop)
+    zeros = ((q & 0x07) == 0).all(axis=-1)  # indices 0 and 8: E2M1's +0 and -0
+    if not (in_fp16 | zeros).all():
+        return None
+    d = np.where(in_fp16, np.ldexp(np.float32(1), e - 128), 0).astype(np.float32)
+    return MXFP4Weight(torch.from_numpy(q.reshape(rows.shape[0], -1)), torch.from_numpy(d))
+
+
 # Each type whose blocks become the engine's weights exactly, and how.
 UNPACKINGS = {
     GGMLQuantizationType.Q4_0: unpack_q4_0,
@@ -459,17 +492,22 @@ UNPACKINGS = {
 def requantize_int8(weights: np.ndarray) -> EightBitWeight:
     """[out, in] float weights to 8-bit blocks of 32, each block's largest magnitude at 127."""
     blocks = torch.from_numpy(np.asarray(weights, dtype=np.float32)).reshape(weights.shape[0], -1, BLOCK)
-    wanted = blocks.abs().amax(dim=-1) / 127
-    # In fp16, as the CPU's blocks keep it, rounded up where it rounded down (a small block's subnormal
-    # scale can, by several percent) so that no weight falls outside -127..127 of it.
-    scale = wanted.to(torch.float16)
-    scale = torch.where(scale.float() < wanted, torch.nextafter(scale, torch.full_like(scale, 1.0)), scale)
-    scale = scale.float()
+    scale = fp16_at_least(blocks.abs().amax(dim=-1) / 127)
     q = torch.round(blocks / torch.where(scale > 0, scale, 1.0)[..., None])
     return EightBitWeight(q.to(torch.int8).reshape(weights.shape), scale)
 
 
-# The weights the CPU's blocks take as they are (block_weights.py), and all of them.
+def fp16_at_least(wanted: torch.Tensor) -> torch.Tensor:
+    """Each scale `wanted` in fp16, as the CPU's blocks keep it, rounded up where it rounded down (a small
+    block's subnormal scale can, by several percent; one over 2048 by a part in 2048), as float32: no
+    weight then falls outside -127..127 of it."""
+    scale = wanted.to(torch.float16)
+    up = torch.nextafter(scale, torch.full_like(scale, float("inf")))
+    return torch.where(scale.float() < wanted, up, scale).float()
+
+
+# The weights the CPU's blocks take as they are (block_weights.py), and all of them (MXFP4Weight a
+# TableWeight).
 InBlocksWeight = (
     SymmetricWeight | SuperBlockWeight | SubScaledWeight | TwoBitWeight | TableWeight | TableSuperBlocks
 )

@@ -51,6 +51,7 @@ from backend.quant.gguf_types import (
     FourBitSymmetric,
     FourBitWeight,
     InBlocksWeight,
+    MXFP4Weight,
     SixBitWeight,
     SuperBlockWeight,
     SymmetricWeight,
@@ -97,7 +98,7 @@ BLOCKS_CACHE = "gguf_blocks.safetensors"
 HEAD_KEY = ":head"  # the head's tensors in that copy (no module name starts with a colon)
 EMBEDDING_KEY = ":embedding"  # an input embedding's of its own (not the head's), where its type is exact
 # A copy's layout: a copy written by a version that served fewer types is read past and replaced.
-BLOCKS_CACHE_VERSION = "9"
+BLOCKS_CACHE_VERSION = "10"
 # The weights a file's cached blocks hold, by name, and their fields (4-bit values packed two a byte).
 WEIGHT_KINDS = {
     kind.__name__: kind
@@ -113,6 +114,7 @@ WEIGHT_KINDS = {
         ThreeBitWeight,
         TwoBitWeight,
         TableWeight,
+        MXFP4Weight,
         TableSuperBlocks,
     )
 }
@@ -206,11 +208,11 @@ class GGUFBlocks:
         """The head's weight, let go of here (unpacked, it is a byte a value of the whole vocabulary)."""
         return self.packed_head.pop(HEAD_KEY, None)
 
-    def take_embedding_blocks(self) -> tuple[torch.Tensor, bool] | None:
-        """An untied input embedding's weight as the CPU's blocks, and whether they hold a table's
-        indices (None where the file has none, or its shape takes none), let go of here. Unpacked and
-        packed block_weights.PACK_CHANNELS rows at a time: whole, its values a byte each raised an untied
-        1B file's peak by 23 MiB more, 0.5 GiB on an 8B's vocabulary."""
+    def take_embedding_blocks(self) -> tuple[torch.Tensor, block_weights.Table] | None:
+        """An untied input embedding's weight as the CPU's blocks, and the table whose indices they hold
+        (None where the file has none, or its shape takes none), let go of here. Unpacked and packed
+        block_weights.PACK_CHANNELS rows at a time: whole, its values a byte each raised an untied 1B
+        file's peak by 23 MiB more, 0.5 GiB on an 8B's vocabulary."""
         if EMBEDDING_KEY not in self.packed_head:
             return None
         rows = self.packed_head.fields[EMBEDDING_KEY]["q"].shape[0]
@@ -585,18 +587,18 @@ def serve_embedding(model: nn.Module, blocks: GGUFBlocks) -> str:
     return model.get_input_embeddings().layout.name()
 
 
-def cpu_blocks(weight: Weight) -> tuple[torch.Tensor, bool] | None:
-    """The CPU's blocks of a weight, and whether they hold a table's indices; None where its shape takes
+def cpu_blocks(weight: Weight) -> tuple[torch.Tensor, block_weights.Table] | None:
+    """The CPU's blocks of a weight, and the table whose indices they hold; None where its shape takes
     none."""
     if not block_weights.fits(*weight.q.shape):
         return None
     if isinstance(weight, InBlocksWeight):
         return weight.blocks(), weight.table
     if isinstance(weight, FourBitWeight):
-        return block_weights.pack_int4(weight.q, weight.scale, weight.zero), False
+        return block_weights.pack_int4(weight.q, weight.scale, weight.zero), block_weights.Table.NONE
     if isinstance(weight, FiveBitWeight):
-        return block_weights.pack_int5(weight.q, weight.scale, weight.minimum), False
-    return block_weights.pack_int8(weight.q, weight.scale), False
+        return block_weights.pack_int5(weight.q, weight.scale, weight.minimum), block_weights.Table.NONE
+    return block_weights.pack_int8(weight.q, weight.scale), block_weights.Table.NONE
 
 
 def serve_head_blocks(model: nn.Module, head_blocks: Weight) -> bool:

@@ -370,9 +370,10 @@ class Int8Linear(WeightOnlyLinear):
 
 class BlocksLinear(WeightOnlyLinear):
     """`nn.Linear` with weights of a GGUF type only the CPU's blocks take (block_weights.py): the
-    K-quants' super-blocks (Q4_K, Q5_K, Q6_K), IQ4_NL's and IQ4_XS's table blocks, the symmetric blocks of
-    Q4_0 and Q5_0, and the 5-bit blocks of Q5_1. PyTorch has no kernel for these: elsewhere (CUDA, no
-    AVX2) gguf_weights.served_layer serves Q4_K and Q4_0 as int4 groups and the rest as int8 a channel."""
+    K-quants' super-blocks (Q4_K, Q5_K, Q6_K), IQ4_NL's, IQ4_XS's and MXFP4's table blocks, the symmetric
+    blocks of Q4_0 and Q5_0, and the 5-bit blocks of Q5_1. PyTorch has no kernel for these: elsewhere
+    (CUDA, no AVX2) gguf_weights.served_layer serves Q4_K and Q4_0 as int4 groups and the rest as int8 a
+    channel."""
 
     dense_from_rows = 6  # as 8-bit blocks (Int8Linear), until timed (calibration.time_head_crossover)
 
@@ -382,11 +383,11 @@ class BlocksLinear(WeightOnlyLinear):
         in_features: int,
         bias: torch.Tensor | None,
         dense: torch.Tensor | None = None,
-        table: bool = False,
+        table: block_weights.Table = block_weights.Table.NONE,
     ):
         """blocks: [out, bytes a channel] of `in_features` inputs, in either of block_weights.py's layouts
-        (`table`: IQ4's table indices); dense: the same weights as floats, kept on the CPU for many rows
-        (None: bfloat16 made from the blocks)."""
+        (`table`: whose values their indices pick); dense: the same weights as floats, kept on the CPU for
+        many rows (None: bfloat16 made from the blocks)."""
         if dense is None:
             dense = block_weights.dequantize(blocks, in_features, table).to(self.compute_dtype)
         super().__init__(bias, dense)
@@ -424,8 +425,8 @@ class BlocksLinear(WeightOnlyLinear):
     def of(
         cls, weight: InBlocksWeight, bias: torch.Tensor | None = None, dense: torch.Tensor | None = None
     ) -> BlocksLinear:
-        """A GGUF weight that only blocks take as it is (the K-quants' super-blocks, IQ4's table, Q4_0's
-        and Q5_0's symmetric blocks): exactly its weights."""
+        """A GGUF weight that only blocks take as it is (the K-quants' super-blocks, IQ4's and MXFP4's
+        tables, Q4_0's and Q5_0's symmetric blocks): exactly its weights."""
         return cls(weight.blocks(), weight.q.shape[1], bias, dense, weight.table)
 
     @classmethod

@@ -12,6 +12,7 @@ from backend.quant.block_weights import (
     SUPER_BLOCK,
     TABLE_VALUES,
     Layout,
+    Table,
     dequantize,
     layout_of,
     matmul,
@@ -36,7 +37,7 @@ def kernel(request):
     """The kernel `matmul` takes on this CPU (AVX-512 VNNI's where it has it), then the AVX2 one that CPUs
     without take, run here too."""
     if request.param == "AVX2":
-        return lambda x, blocks, bits, table=False: extension().block_matmul_avx2(x, blocks, bits, table)
+        return lambda x, blocks, bits, table=Table.NONE: extension().block_matmul_avx2(x, blocks, bits, table)
     return matmul
 
 
@@ -136,15 +137,22 @@ def super_block_weights(
     return pack_super_blocks(q, bits, d, s, minimum, m), weight.reshape(out_features, in_features)
 
 
-def table_weights(super_blocks: bool, out_features: int, in_features: int, seed: int = 0):
+def table_weights(
+    super_blocks: bool, out_features: int, in_features: int, seed: int = 0, table: Table = Table.IQ4
+):
     """IQ4_NL's terms, w = d * t[q] with d a block's, or IQ4_XS's, w = d * s * t[q] with d a super-block's and
-    s (-32..31) a block's; q indices into TABLE_VALUES, every one of them among them."""
+    s (-32..31) a block's; q indices into the table's values, every one of them among them. MXFP4's (blocks
+    of 32): d a power of two, from 2^-24 (fp16's least) to 2^15, as its 8-bit exponents give them."""
     generator = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (out_features, in_features), generator=generator, dtype=torch.uint8)
     q[0, :16] = torch.arange(16)
-    values = torch.tensor(TABLE_VALUES, dtype=torch.float32)[q.long()].reshape(out_features, -1, BLOCK)
+    values = torch.tensor(TABLE_VALUES[table], dtype=torch.float32)[q.long()].reshape(out_features, -1, BLOCK)
     unit = SUPER_BLOCK if super_blocks else BLOCK
     d = fp16_exact(torch.randn(out_features, in_features // unit, generator=generator) / 1000)
+    if table == Table.MXFP4:
+        exponents = torch.randint(-14, -6, d.shape, generator=generator)
+        exponents[0, :2] = torch.tensor([-24, 15])
+        d = torch.ldexp(torch.ones(d.shape), exponents)
     if not super_blocks:
         return pack_table(q, d), (values * d[..., None]).reshape(out_features, in_features)
     s = torch.randint(-32, 32, (out_features, in_features // BLOCK), generator=generator).to(torch.int8)
@@ -154,13 +162,14 @@ def table_weights(super_blocks: bool, out_features: int, in_features: int, seed:
     return pack_super_blocks(q, 4, d, s, table=True), weight
 
 
-# The CPU's layouts: blocks of 32 of each bits, the K-quants' super-blocks, IQ4_NL's and IQ4_XS's tables,
-# Q4_0's and Q5_0's symmetric blocks.
+# The CPU's layouts: blocks of 32 of each bits, the K-quants' super-blocks, IQ4_NL's, IQ4_XS's and MXFP4's
+# tables, Q4_0's and Q5_0's symmetric blocks.
 LAYOUTS = [
     *(Layout(bits) for bits in (4, 5, 6, 8)),
     *(Layout(bits, super_blocks=True) for bits in (2, 4, 5, 6)),
-    Layout(4, table=True),
-    Layout(4, super_blocks=True, table=True),
+    Layout(4, table=Table.IQ4),
+    Layout(4, super_blocks=True, table=Table.IQ4),
+    Layout(4, table=Table.MXFP4),
     *(Layout(bits, symmetric=True) for bits in (4, 5)),
     Layout(4, super_blocks=True, symmetric=True),
 ]
@@ -177,7 +186,7 @@ def packed(bits: int | Layout, out_features: int, in_features: int, seed: int = 
     if isinstance(bits, Layout):
         layout, bits = bits, bits.bits
         if layout.table:
-            return table_weights(layout.super_blocks, out_features, in_features, seed)
+            return table_weights(layout.super_blocks, out_features, in_features, seed, layout.table)
         if layout.super_blocks:
             return super_block_weights(bits, out_features, in_features, seed, layout.symmetric)
         if layout.symmetric:
@@ -215,14 +224,22 @@ def test_super_blocks_hold_the_weights_they_were_packed_from(bits):
     assert torch.equal(dequantize(blocks, in_features), weight)
 
 
-@pytest.mark.parametrize("super_blocks", [False, True], ids=["IQ4_NL", "IQ4_XS"])
-def test_table_blocks_hold_the_weights_they_were_packed_from(super_blocks):
-    """18 bytes a channel's 32 inputs (IQ4_NL's own size) and 138 a channel's 256 (IQ4_XS: 136)."""
+@pytest.mark.parametrize(
+    "super_blocks, table",
+    [(False, Table.IQ4), (True, Table.IQ4), (False, Table.MXFP4)],
+    ids=["IQ4_NL", "IQ4_XS", "MXFP4"],
+)
+def test_table_blocks_hold_the_weights_they_were_packed_from(super_blocks, table):
+    """18 bytes a channel's 32 inputs (IQ4_NL's own size; MXFP4's 17) and 138 a channel's 256 (IQ4_XS:
+    136); the same bytes are another table's weights, told apart by `table`."""
     out_features, in_features = 48, 3 * SUPER_BLOCK
-    blocks, weight = table_weights(super_blocks, out_features, in_features)
+    blocks, weight = table_weights(super_blocks, out_features, in_features, table=table)
     assert blocks.shape == (out_features, 3 * 138 if super_blocks else in_features // BLOCK * 18)
-    assert layout_of(blocks, in_features, table=True) == Layout(4, super_blocks=super_blocks, table=True)
-    assert torch.equal(dequantize(blocks, in_features, table=True), weight)
+    assert layout_of(blocks, in_features, table) == Layout(4, super_blocks=super_blocks, table=table)
+    assert torch.equal(dequantize(blocks, in_features, table), weight)
+    if not super_blocks:
+        other = Table.IQ4 if table == Table.MXFP4 else Table.MXFP4
+        assert not torch.equal(dequantize(blocks, in_features, other), weight)
 
 
 @pytest.mark.parametrize("bits", [4, 5])
@@ -235,8 +252,8 @@ def test_symmetric_blocks_keep_d_alone_and_hold_the_weights_they_were_packed_fro
     assert layout_of(blocks, in_features) == Layout(bits, symmetric=True)
     assert torch.equal(dequantize(blocks, in_features), weight)
     if bits == 4:
-        assert layout_of(blocks, in_features, table=True) == Layout(4, table=True)
-        assert not torch.equal(dequantize(blocks, in_features, table=True), weight)
+        assert layout_of(blocks, in_features, Table.IQ4) == Layout(4, table=Table.IQ4)
+        assert not torch.equal(dequantize(blocks, in_features, Table.IQ4), weight)
 
 
 @pytest.mark.parametrize("bits", [4, 5, 6, 8])
@@ -267,7 +284,7 @@ def test_channels_packed_a_part_at_a_time_are_the_layer_packed_whole(layout, mon
     monkeypatch.setattr(block_weights, "PACK_CHANNELS", 32)
     in_parts, _ = pack()
     assert torch.equal(in_parts, whole)
-    table = isinstance(layout, Layout) and layout.table
+    table = layout.table if isinstance(layout, Layout) else Table.NONE
     assert torch.equal(dequantize(in_parts, weight.shape[1], table), weight)
 
 
@@ -385,7 +402,8 @@ def test_the_avx2_kernel_gives_the_avx512_kernels_products(layout):
         8,
         Layout(4, super_blocks=True),
         Layout(2, super_blocks=True),
-        Layout(4, table=True),
+        Layout(4, table=Table.IQ4),
+        Layout(4, table=Table.MXFP4),
         Layout(4, symmetric=True),
     ],
 )
@@ -396,7 +414,7 @@ def test_a_nan_activation_makes_every_product_of_its_row_nan(bits, dtype, kernel
     an infinite activation gives NaN too; the other rows' products are as without it."""
     in_features = SUPER_BLOCK if isinstance(bits, Layout) else 4 * BLOCK
     blocks = packed(bits, 32, in_features)[0]
-    bits, table = (bits.bits, bits.table) if isinstance(bits, Layout) else (bits, False)
+    bits, table = (bits.bits, bits.table) if isinstance(bits, Layout) else (bits, Table.NONE)
     x = torch.randn(5, in_features, generator=torch.Generator().manual_seed(4)).to(dtype)
     clean = kernel(x, blocks, bits, table)
     for column, bad in ((0, "nan"), (9, "nan"), (16, "nan"), (31, "nan"), (77, "nan"), (100, "inf")):
@@ -454,6 +472,12 @@ def test_wrong_inputs_are_refused_with_the_reason():
     with pytest.raises(RuntimeError, match="do not hold 2-bit blocks or super-blocks of 64 inputs"):
         matmul(torch.randn(1, 2 * BLOCK), blocks, 2)
     with pytest.raises(RuntimeError, match="a table's indices are 4-bit, not 5"):
-        matmul(torch.randn(1, 2 * BLOCK), symmetric_weights(5, 32, 2 * BLOCK)[0], 5, table=True)
+        matmul(torch.randn(1, 2 * BLOCK), symmetric_weights(5, 32, 2 * BLOCK)[0], 5, Table.IQ4)
     with pytest.raises(RuntimeError, match="do not hold 4-bit table blocks"):  # 4-bit blocks with an m
-        matmul(torch.randn(1, 2 * BLOCK), blocks, 4, table=True)
+        matmul(torch.randn(1, 2 * BLOCK), blocks, 4, Table.MXFP4)
+    with pytest.raises(RuntimeError, match="no table 3"):
+        matmul(torch.randn(1, 2 * BLOCK), blocks, 4, 3)
+    # MXFP4 comes in blocks of 32 alone: super-blocks of its values are refused
+    iq4_xs, _ = table_weights(True, 32, SUPER_BLOCK)
+    with pytest.raises(RuntimeError, match="do not hold 4-bit table blocks or super-blocks of 256"):
+        matmul(torch.randn(1, SUPER_BLOCK), iq4_xs, 4, Table.MXFP4)

@@ -317,25 +317,39 @@ def q2_k_mix(name: str) -> GGMLQuantizationType:
     return GGMLQuantizationType.Q2_K
 
 
-def test_a_mixtral_files_q2_k_experts_are_served_from_their_own_super_blocks(tmp_path):
-    """A Q2_K file of a mixture (its experts' gate and up Q2_K, their down Q3_K): the default mode serves
-    every expert from the file's own super-blocks (2-bit, and symmetric 4-bit), a decode step giving the
-    logits of the same file dequantized to float32."""
+def mxfp4_moe(name: str) -> GGMLQuantizationType:
+    """llama-quantize's MXFP4_MOE: a mixture's experts MXFP4 (as gpt-oss ships them), the rest Q8_0."""
+    return GGMLQuantizationType.MXFP4 if "_exps." in name else GGMLQuantizationType.Q8_0
+
+
+@pytest.mark.parametrize(
+    "mix, layouts",
+    [
+        (q2_k_mix, {"2-bit super-blocks", "4-bit symmetric super-blocks"}),
+        (mxfp4_moe, {"4-bit MXFP4 table blocks"}),
+    ],
+    ids=["q2_k", "mxfp4_moe"],
+)
+def test_a_mixtral_files_low_bit_experts_are_served_from_their_own_blocks(mix, layouts, tmp_path):
+    """A Q2_K file of a mixture (its experts' gate and up Q2_K, their down Q3_K), and an MXFP4_MOE one
+    (its experts MXFP4): the default mode serves every expert from the file's own blocks (2-bit and
+    symmetric 4-bit super-blocks; MXFP4's table's blocks), a decode step giving the logits of the same
+    file dequantized to float32."""
     wide = dict(hidden_size=256, intermediate_size=256, head_dim=64)  # rows of whole 256s
     model = random_norms(tiny_model("mixtral", **wide))
-    path = write_tiny_gguf(tmp_path / "q2_k.gguf", model, default_model_path(), q2_k_mix)
+    path = write_tiny_gguf(tmp_path / "mix.gguf", model, default_model_path(), mix)
     dequantized = load_gguf(path, tmp_path).model
     served = load_gguf(path, tmp_path, quantize="auto").model
     experts = [layer.mlp.experts for layer in served.model.layers]
     assert all(isinstance(module, QuantizedExperts) for module in experts)
     if block_weights.available(torch.device("cpu")):
-        layouts = {
+        served_as = {
             layer.layout()
             for module in experts
             for layer in module.modules()
             if isinstance(layer, BlocksLinear)
         }
-        assert layouts >= {"2-bit super-blocks", "4-bit symmetric super-blocks"}
+        assert served_as == layouts
     ids = torch.tensor([[5], [17], [200], [31]])  # four rows of one token: a decode step's shape
     with torch.inference_mode():
         expected, got = dequantized(ids).logits.float(), served(ids).logits.float()

@@ -15,6 +15,7 @@ from backend.quant.gguf_types import (
     FiveBitSymmetric,
     FiveBitWeight,
     FourBitWeight,
+    MXFP4Weight,
     SixBitWeight,
     SuperBlockWeight,
     TableSuperBlocks,
@@ -249,13 +250,64 @@ def test_iq4_types_unpack_to_exactly_the_weights_gguf_dequantizes(kind):
         "4-bit table super-blocks" if kind == GGMLQuantizationType.IQ4_XS else "4-bit table blocks"
     )
     assert layer.blocks.shape == (32, 3 * 138 if kind == GGMLQuantizationType.IQ4_XS else 24 * 18)
-    assert torch.equal(block_weights.dequantize(layer.blocks, 768, table=True), expected)
+    assert torch.equal(block_weights.dequantize(layer.blocks, 768, block_weights.Table.IQ4), expected)
     x = torch.randn(4, 768)
     reference = x @ expected.T
     assert (layer(x) - reference).abs().max() < 0.02 * reference.abs().max()
 
 
-@pytest.mark.parametrize("kind", [GGMLQuantizationType.TQ2_0, GGMLQuantizationType.MXFP4])
+def test_mxfp4_unpacks_to_exactly_the_weights_gguf_dequantizes():
+    """MXFP4 (gpt-oss's experts; the gguf package's own quantizer writes it): E2M1's values doubled,
+    times 2^(e - 128) a block of 32. Unpacked, its indices and d in fp16 rebuild the gguf package's weights
+    exactly, and so do the CPU's blocks of MXFP4's table, 18 bytes a channel's 32 (17 in the file)."""
+    w = weights(32, 768)
+    w[0, :32] *= 2**-12  # a block whose d is fp16's subnormal 2^-23 or so
+    rows = quantize(w, GGMLQuantizationType.MXFP4)
+    expected = torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType.MXFP4))
+    unpacked = unpack(rows, GGMLQuantizationType.MXFP4)
+    assert isinstance(unpacked, MXFP4Weight) and unpacked.table == block_weights.Table.MXFP4
+    assert unpacked.d[0, 0] < 2**-14  # below fp16's normals, held all the same
+    values = torch.tensor(quants.MXFP4.kvalues, dtype=torch.float32)[unpacked.q.long()]
+    assert torch.equal((values.reshape(32, -1, 32) * unpacked.d[..., None]).reshape(32, -1), expected)
+    if not block_weights.available(torch.device("cpu")):
+        return
+    layer = BlocksLinear.of(unpacked)
+    assert layer.layout() == "4-bit MXFP4 table blocks" and layer.blocks.shape == (32, 24 * 18)
+    assert torch.equal(block_weights.dequantize(layer.blocks, 768, block_weights.Table.MXFP4), expected)
+    x = torch.randn(4, 768)
+    reference = x @ expected.T
+    assert (layer(x) - reference).abs().max() < 0.02 * reference.abs().max()
+
+
+def test_an_mxfp4_tensor_with_a_power_of_two_fp16_does_not_hold_becomes_8_bit_blocks():
+    """An exponent below 104 (d under 2^-24) or over 143 (2^16): fp16 holds no such d, and the tensor is
+    requantized as the types without a layout of their own are. A block of zeros takes any exponent (a
+    zero block's is 0 as the gguf package writes it): its weights are 0 with d = 0."""
+    rows = quantize(weights(16, 256), GGMLQuantizationType.MXFP4)
+    zero_block = rows[1].reshape(-1, 17)[0]
+    zero_block[0], zero_block[1:] = 0, 0x80  # indices 0 and 8: +0 and -0
+    unpacked = unpack(rows, GGMLQuantizationType.MXFP4)
+    assert isinstance(unpacked, MXFP4Weight) and unpacked.d[1, 0] == 0
+    expected = torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType.MXFP4))
+    assert torch.equal(
+        unpacked.q.float()
+        .new_tensor(quants.MXFP4.kvalues)[unpacked.q.long()]
+        .reshape(16, -1, 32)
+        .mul(unpacked.d[..., None])
+        .reshape(16, -1),
+        expected,
+    )
+    for exponent in (103, 144):
+        out_of_range = rows.copy()
+        out_of_range[2, 0] = exponent
+        eight_bit = unpack(out_of_range, GGMLQuantizationType.MXFP4)
+        assert isinstance(eight_bit, EightBitWeight)
+        assert_within_half_a_step(
+            eight_bit, torch.from_numpy(quants.dequantize(out_of_range, GGMLQuantizationType.MXFP4))
+        )
+
+
+@pytest.mark.parametrize("kind", [GGMLQuantizationType.TQ2_0, GGMLQuantizationType.TQ1_0])
 def test_other_types_become_8_bit_blocks_within_half_a_step_of_each_blocks_largest_weight(kind):
     w = weights(32, 512)
     rows = quantize(w, kind)
@@ -286,6 +338,14 @@ def test_requantizing_a_block_of_tiny_weights_keeps_them_all_in_range():
     w[:, 1::2] *= -0.7
     nearest = torch.tensor(3.3e-5 / 127).to(torch.float16).float()
     assert 3.3e-5 / nearest > 127.5  # fp16's nearest scale would put the largest weight out of range
+    assert_within_half_a_step(requantize_int8(w), torch.from_numpy(w))
+
+
+def test_requantizing_a_block_of_huge_weights_rounds_its_scale_up_too():
+    """Past 2048 fp16's steps are 2 and more: 786,432 / 127 rounds down to 6,188, and the scale one step
+    up from there (not one step toward 1) keeps the largest weight within 127."""
+    w = np.full((16, 64), 786432.0, dtype=np.float32)
+    assert torch.tensor(786432.0 / 127).half().float() < 786432.0 / 127
     assert_within_half_a_step(requantize_int8(w), torch.from_numpy(w))
 
 

@@ -345,6 +345,7 @@ SERVED_AS = {
     GGMLQuantizationType.Q2_K: "2-bit super-blocks",
     GGMLQuantizationType.IQ4_XS: "4-bit table super-blocks",
     GGMLQuantizationType.IQ4_NL: "4-bit table blocks",
+    GGMLQuantizationType.MXFP4: "4-bit MXFP4 table blocks",
 }
 
 
@@ -356,17 +357,18 @@ SERVED_AS = {
         (GGMLQuantizationType.IQ4_XS, GGMLQuantizationType.IQ4_NL),
         (GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K),
         (GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K),
+        (GGMLQuantizationType.MXFP4, GGMLQuantizationType.IQ4_NL),
     ],
-    ids=["q4_k_m", "q5_k_m", "iq4_xs", "q3_k_m", "q2_k"],
+    ids=["q4_k_m", "q5_k_m", "iq4_xs", "q3_k_m", "q2_k", "mxfp4"],
 )
 def test_a_k_quant_files_layers_are_served_from_their_blocks(
     attention, mlp, weight_layout, tmp_path, monkeypatch, caplog
 ):
     """Llama files mixing layer types as llama-quantize's mixes do: Q4_K beside Q6_K (Q4_K_M's), Q5_0 (its
     type where a row is no whole K-quant block) beside Q5_K (Q5_K_M's), IQ4_XS beside IQ4_NL (IQ4_XS's
-    own fallback), Q3_K beside Q4_K (Q3_K_M's), Q2_K beside Q3_K (Q2_K's). Each layer is blocks of exactly
-    the file's weights, the K-quants' in super-blocks (Q3_K's symmetric, as Q6_K's), the IQ4 types' as a
-    table's; without the
+    own fallback), Q3_K beside Q4_K (Q3_K_M's), Q2_K beside Q3_K (Q2_K's), MXFP4 beside IQ4_NL (two tables'
+    blocks of the same bytes). Each layer is blocks of exactly the file's weights, the K-quants' in
+    super-blocks (Q3_K's symmetric, as Q6_K's), the IQ4 types' and MXFP4's as their tables'; without the
     CPU's blocks, Q4_K is PyTorch's int4 layer and the others int8 per channel. A second start takes them
     from the copy, and the log names each."""
     kinds = {"self_attn": attention, "mlp": mlp}
