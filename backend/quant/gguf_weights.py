@@ -506,7 +506,7 @@ def serve_experts(model: nn.Module, blocks: GGUFBlocks, served: Counter) -> int:
         if not quantized_experts.takes(module):
             continue
         count += 2 * module.num_experts
-        parts = ("gate_up", "down")
+        parts = quantized_experts.PARTS
         keys = {
             (part, e): expert_key(module_name, part, e) for part in parts for e in range(module.num_experts)
         }
@@ -514,13 +514,14 @@ def serve_experts(model: nn.Module, blocks: GGUFBlocks, served: Counter) -> int:
             continue
         layers = {part: [] for part in parts}
         for (part, expert), key in keys.items():
-            floats, weight = getattr(module, f"{part}_proj")[expert], blocks.layers.pop(key)
+            floats, weight = quantized_experts.expert_weight(module, part, expert), blocks.layers.pop(key)
             if weight.q.shape != floats.shape:
                 raise ValueError(
                     f"GGUF experts for {key} have shape {tuple(weight.q.shape)}, the model expects "
                     f"{tuple(floats.shape)}"
                 )
-            layer, how = served_layer(weight, quantized_experts.as_linear(floats), blocks.kinds[key])
+            linear = quantized_experts.as_linear(floats, quantized_experts.expert_bias(module, part, expert))
+            layer, how = served_layer(weight, linear, blocks.kinds[key])
             layers[part].append(layer)
             served[how] += 1
         parent, _, child = module_name.rpartition(".")

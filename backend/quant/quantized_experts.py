@@ -1,5 +1,5 @@
 """A mixture of experts' weights in the weight-only layers' blocks (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE,
-Gemma 4, LFM2-MoE).
+Gemma 4, LFM2-MoE, gpt-oss).
 
 transformers keeps every expert of a layer in two float tensors, `gate_up_proj` [experts, 2 x
 intermediate, hidden] and `down_proj` [experts, hidden, intermediate], and multiplies each token by its
@@ -9,8 +9,10 @@ the chosen experts in bfloat16. `QuantizedExperts` takes their place: one weight
 (quantized_linear.py) an expert and projection, the same routing as transformers' module. A decode
 step sends a few tokens to each chosen expert, so the layers keep no dense copy for many rows: an
 expert's copy would cost four times its 4-bit weights, and blocks multiply a prompt's tokens as fast
-(quantized_linear.py). Only the experts' module shape above is taken (`takes`); others (gpt-oss's,
-with biases and a clamped activation) stay floats.
+(quantized_linear.py). gpt-oss's experts differ: each projection is stored [in, out] (x @ W) with a
+bias, gate and up interleaved (gate j in column 2j, up j in 2j + 1), and their activation is clamped,
+(clamp(up) + 1) * g * sigmoid(alpha g) with g = clamp(gate); their layers take the transposed slices
+and the biases, and `ClampedSwiGLU` the activation. Other experts' modules stay floats (`takes`).
 """
 
 from __future__ import annotations
@@ -31,22 +33,73 @@ PLAIN_EXPERTS = {
     "Gemma4TextExperts",
     "Lfm2MoeExperts",
 }
+GPT_OSS_EXPERTS = "GptOssExperts"  # [in, out] weights, biases, gate and up interleaved, clamped
+PARTS = ("gate_up", "down")
 
 
 def takes(module: nn.Module) -> bool:
-    """Whether `module` is an experts' module of the plain kind whose projections the kernels take."""
-    if type(module).__name__ not in PLAIN_EXPERTS:
+    """Whether `module` is an experts' module of a kind served here whose projections the kernels take."""
+    if type(module).__name__ not in (*PLAIN_EXPERTS, GPT_OSS_EXPERTS):
         return False
-    return fits_int4_kernels(as_linear(module.gate_up_proj[0])) and fits_int4_kernels(
-        as_linear(module.down_proj[0])
-    )
+    return all(fits_int4_kernels(as_linear(expert_weight(module, part, 0))) for part in PARTS)
 
 
-def as_linear(weight: torch.Tensor) -> nn.Linear:
-    """An expert's [out, in] slice as a bias-free linear layer over it (no copy), for the quantizers."""
+def is_gpt_oss(module: nn.Module) -> bool:
+    return type(module).__name__ == GPT_OSS_EXPERTS
+
+
+def expert_weight(module: nn.Module, part: str, expert: int) -> torch.Tensor:
+    """Expert `expert`'s weight of projection `part` ("gate_up" or "down") as [out, in] (a view)."""
+    weight = getattr(module, f"{part}_proj")[expert]
+    return weight.T if is_gpt_oss(module) else weight
+
+
+def expert_bias(module: nn.Module, part: str, expert: int) -> torch.Tensor | None:
+    """Its bias (gpt-oss's), a copy: the module's stacked biases go with it."""
+    bias = getattr(module, f"{part}_proj_bias", None)
+    return None if bias is None else bias[expert].detach().clone()
+
+
+def as_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
+    """An expert's [out, in] slice as a linear layer over it (no copy but of a transposed slice), for the
+    quantizers."""
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-    linear.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    linear.weight = nn.Parameter(weight.detach().contiguous(), requires_grad=False)
+    linear.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
     return linear
+
+
+class PlainGLU(nn.Module):
+    """act(gate) * up, gate and up the two halves of an expert's gate_up output."""
+
+    def __init__(self, act_fn: nn.Module):
+        super().__init__()
+        self.act_fn = act_fn
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+
+class ClampedSwiGLU(nn.Module):
+    """gpt-oss's activation, as transformers' GptOssExperts computes it: gate and up interleaved, each
+    clamped to `limit` (gate from above only), (up + 1) * gate * sigmoid(alpha gate)."""
+
+    def __init__(self, alpha: float, limit: float):
+        super().__init__()
+        self.alpha, self.limit = alpha, limit
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate = gate_up[..., ::2].clamp(max=self.limit)
+        up = gate_up[..., 1::2].clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
+def activation_of(experts: nn.Module) -> nn.Module:
+    """The activation between an experts' module's gate_up and down projections (its floats not kept)."""
+    if is_gpt_oss(experts):
+        return ClampedSwiGLU(float(experts.alpha), float(experts.limit))
+    return PlainGLU(experts.act_fn)
 
 
 class QuantizedExperts(nn.Module):
@@ -57,7 +110,7 @@ class QuantizedExperts(nn.Module):
         dense copies."""
         super().__init__()
         self.num_experts = experts.num_experts
-        self.act_fn = experts.act_fn
+        self.activation = activation_of(experts)
         self.gate_up = nn.ModuleList(without_copy(layer) for layer in gate_up)
         self.down = nn.ModuleList(without_copy(layer) for layer in down)
 
@@ -66,8 +119,14 @@ class QuantizedExperts(nn.Module):
         cls, experts: nn.Module, quantize: Callable[[nn.Linear], WeightOnlyLinear]
     ) -> QuantizedExperts:
         """`experts`' weights quantized by `quantize` (QUANTIZERS' int4 or int8)."""
-        gate_up = [quantize(as_linear(weight)) for weight in experts.gate_up_proj]
-        return cls(experts, gate_up, [quantize(as_linear(weight)) for weight in experts.down_proj])
+        layers = {
+            part: [
+                quantize(as_linear(expert_weight(experts, part, e), expert_bias(experts, part, e)))
+                for e in range(experts.num_experts)
+            ]
+            for part in PARTS
+        }
+        return cls(experts, **layers)
 
     def forward(
         self,
@@ -81,8 +140,8 @@ class QuantizedExperts(nn.Module):
         chosen = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
         for expert in chosen[: self.num_experts].sum(dim=(-1, -2)).nonzero().flatten().tolist():
             slot, token = torch.where(chosen[expert])
-            gate, up = self.gate_up[expert](hidden_states[token]).chunk(2, dim=-1)
-            expert_out = self.down[expert](self.act_fn(gate) * up) * top_k_weights[token, slot, None]
+            hidden = self.activation(self.gate_up[expert](hidden_states[token]))
+            expert_out = self.down[expert](hidden) * top_k_weights[token, slot, None]
             out.index_add_(0, token, expert_out.to(out.dtype))
         return out
 

@@ -1,6 +1,6 @@
 """A mixture of experts' weights in weight-only layers (backend/quant/quantized_experts.py): what
-`--quantize int4|int8` makes of Qwen3-MoE's, Mixtral's, Gemma 4's and LFM2-MoE's experts, which are nearly
-all of such a model."""
+`--quantize int4|int8` makes of Qwen3-MoE's, Mixtral's, Gemma 4's, LFM2-MoE's and gpt-oss's experts, which
+are nearly all of such a model."""
 
 import copy
 
@@ -10,11 +10,11 @@ import torch
 from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
 from backend.quant.quantize import quantize_model
-from backend.quant.quantized_experts import QuantizedExperts, as_linear
+from backend.quant.quantized_experts import QuantizedExperts, as_linear, expert_weight, is_gpt_oss
 from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
-MOE = ["qwen3_moe", "mixtral", "gemma4_text", "lfm2_moe"]
+MOE = ["qwen3_moe", "mixtral", "gemma4_text", "lfm2_moe", "gpt_oss"]
 
 
 def experts_of(model) -> list:
@@ -27,23 +27,38 @@ def experts_of(model) -> list:
 def test_quantized_experts_give_transformers_output_over_the_quantized_weights(architecture, mode):
     """Each expert's projections become a weight-only layer, routed as transformers routes: for tokens
     sent to several experts, the output is transformers' module's over the weights the layers hold
-    (to the kernels' rounding of activations to int8 a block)."""
+    (to the kernels' rounding of activations to int8 a block). gpt-oss's: its [in, out] weights, biases
+    and clamped activation over interleaved gate and up, as its module computes them."""
     model = tiny_model(architecture)
     experts = experts_of(model)[0]
+    if is_gpt_oss(experts):  # biases and pre-activations large enough that the clamps bite
+        with torch.no_grad():
+            experts.gate_up_proj_bias.normal_(0, 4)
+            experts.down_proj_bias.normal_(0, 1)
+            experts.gate_up_proj.mul_(30)
     quantized = QuantizedExperts.quantized(experts, QUANTIZERS[mode])
     reference = copy.deepcopy(experts)
     with torch.no_grad():  # the weights the layers hold, as transformers' module's own
-        for name in ("gate_up_proj", "down_proj"):
-            held = [QUANTIZERS[mode](as_linear(w)).dense for w in getattr(experts, name)]
-            getattr(reference, name).copy_(torch.stack(held))
+        for part in ("gate_up", "down"):
+            held = [
+                QUANTIZERS[mode](as_linear(expert_weight(experts, part, e))).dense
+                for e in range(experts.num_experts)
+            ]
+            stacked = torch.stack(held)
+            getattr(reference, f"{part}_proj").copy_(
+                stacked.transpose(1, 2) if is_gpt_oss(experts) else stacked
+            )
         assert not torch.equal(reference.gate_up_proj, experts.gate_up_proj)  # rounded, so a real test
     generator = torch.Generator().manual_seed(1)
-    hidden = torch.randn(24, experts.hidden_dim, generator=generator)
+    hidden = torch.randn(24, expert_weight(experts, "gate_up", 0).shape[1], generator=generator)
     chosen = torch.stack([torch.randperm(experts.num_experts, generator=generator)[:2] for _ in range(24)])
     weights = torch.rand(24, 2, generator=generator)
     with torch.no_grad():
         expected, got = reference(hidden, chosen, weights), quantized(hidden, chosen, weights)
     assert len({int(e) for e in chosen.flatten()}) == experts.num_experts  # every expert multiplied
+    if is_gpt_oss(experts):  # the clamps bit: gate and up past the limit, both ways for up
+        gate_up = hidden @ reference.gate_up_proj[0] + reference.gate_up_proj_bias[0]
+        assert (gate_up[:, ::2] > experts.limit).any() and (gate_up[:, 1::2].abs() > experts.limit).any()
     scale = expected.abs().max()
     torch.testing.assert_close(got, expected, atol=0.02 * scale, rtol=0)
 
@@ -73,9 +88,11 @@ def test_quantize_model_leaves_no_expert_in_floats_and_serves_generates_tokens(a
 
 
 def test_experts_of_another_kind_stay_floats():
-    """gpt-oss's experts (biases, a clamped activation, gate and up interleaved) are not the plain
-    kind: they stay transformers' own module."""
-    model = tiny_model("gpt_oss")
-    kind = type(experts_of(model)[0])
+    """An experts' module of a class not known here (its forward may differ: biases, another activation)
+    stays transformers' own module, floats."""
+    model = tiny_model("mixtral")
+    other = type("SomeOtherExperts", (type(experts_of(model)[0]),), {})
+    for experts in experts_of(model):
+        experts.__class__ = other
     quantize_model(model, "int4")
-    assert all(type(e) is kind for e in experts_of(model))
+    assert all(type(e) is other for e in experts_of(model))
