@@ -13,7 +13,8 @@ need GPTQModel or AutoAWQ and their CUDA kernels), its 4- and 8-bit layers
 repacked into the engine's blocks (group_wise.py), and so are a
 compressed-tensors one (compressed_checkpoint.py) and a bitsandbytes one
 (bitsandbytes_checkpoint.py), before transformers could look for those
-libraries.
+libraries. gpt-oss's MXFP4 checkpoints are read here too (mxfp4_checkpoint.py):
+their experts served from their own 4-bit values, never held as floats.
 """
 
 from __future__ import annotations
@@ -58,7 +59,13 @@ from backend.model.gguf_parsing import each_gguf_file_parsed_once
 from backend.model.lean_load import blocks_bytes, served_in_blocks, state_dict_without, weights_left_to_blocks
 from backend.model.resources import InsufficientResources, check_resources, skeleton
 from backend.model.source import ModelSource, resolve_model
-from backend.quant import bitsandbytes_checkpoint, block_weights, compressed_checkpoint, group_wise
+from backend.quant import (
+    bitsandbytes_checkpoint,
+    block_weights,
+    compressed_checkpoint,
+    group_wise,
+    mxfp4_checkpoint,
+)
 from backend.quant.blocks_embedding import serve_from_tied_head
 from backend.quant.calibration import (
     calibration_token_ids,
@@ -132,8 +139,8 @@ def cpu_multiplies_bf16() -> bool:
 
 
 def pick_quantization(requested: str, source: ModelSource, quantized_checkpoint: bool = False) -> str:
-    """`auto` serves a GGUF file's or a GPTQ, AWQ, compressed-tensors, bitsandbytes or FP8 checkpoint's own
-    quantized weights, and anything else as it is."""
+    """`auto` serves a GGUF file's or a GPTQ, AWQ, compressed-tensors, bitsandbytes, FP8 or MXFP4
+    checkpoint's own quantized weights, and anything else as it is."""
     if requested not in ("auto", "none", *QUANTIZE_MODES):
         raise ValueError(f"--quantize must be auto, none, int4, int8 or fp8, not {requested!r}")
     if requested != "auto":
@@ -190,7 +197,10 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     compressed_format = compressed_checkpoint.checkpoint_format(quantization_config)
     bnb_format = bitsandbytes_checkpoint.checkpoint_format(quantization_config)
     fp8 = is_fp8_checkpoint(quantization_config)
-    read_itself = any(fmt is not None for fmt in (group_wise_format, compressed_format, bnb_format))
+    mxfp4 = mxfp4_checkpoint.is_mxfp4_checkpoint(quantization_config)
+    if mxfp4 and model_config.model_type != "gpt_oss":  # transformers' MXFP4 is gpt-oss's alone too
+        raise UnsupportedModel(f"an MXFP4 checkpoint of a {model_config.model_type} model: not served")
+    read_itself = mxfp4 or any(fmt is not None for fmt in (group_wise_format, compressed_format, bnb_format))
     quantization = pick_quantization(config.quantize, source, read_itself or fp8)
     if quantization == "fp8" and not fp8_products(device, dtype):
         raise ValueError(
@@ -209,6 +219,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     sizing = size_row_states if is_state_space(model_config) else size_kv_cache
     cache_size = sizing(config, model_config, cache_dtype)
     max_seq_len = cache_size.max_seq_len
+    # An MXFP4 checkpoint's experts served from its blocks where the CPU multiplies them, never floats
+    mxfp4_lean = mxfp4 and quantization == "checkpoint" and block_weights.available(device)
     # A GGUF file is converted a tensor at a time where its architecture allows; else in memory, whole
     streamed = gguf_file is not None and gguf_conversion.streams(Path(location, gguf_file), model_config)
     # and served from its blocks where the CPU multiplies them, its layers then loaded lean (lean_load.py)
@@ -235,6 +247,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         converting_whole=gguf_file is not None and not streamed,
         lean_blocks=blocks_bytes(gguf_path, converted) if lean_possible else None,
         left_to_blocks=parameters_of(model_config, left_out),
+        experts_in_blocks=mxfp4_checkpoint.expert_parameters(skeleton(model_config)) if mxfp4_lean else 0,
     )
     copies = check_room_for_copies(check, lean_possible)
 
@@ -269,6 +282,9 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         name = "bitsandbytes checkpoint"
         read = partial(bitsandbytes_checkpoint.read_checkpoint, fmt=bnb_format, dtype=dtype)
         model, info, checkpoint_layers = load_read_itself(location, model_config, read, name, dtype, token)
+    elif mxfp4:  # the experts' floats placeholders where the CPU's blocks will serve them
+        read = partial(mxfp4_checkpoint.read_checkpoint, dtype=dtype, placeholders=mxfp4_lean)
+        model, info, checkpoint_layers = load_read_itself(location, model_config, read, "MXFP4", dtype, token)
     else:
         from_copy = converted is not None and location == str(converted)
         if lean_possible and from_copy:
@@ -299,6 +315,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         bitsandbytes_checkpoint.serve_bitsandbytes(model, checkpoint_layers, bnb_format)
     elif quantization == "checkpoint" and group_wise_format is not None:
         group_wise.serve_group_wise(model, checkpoint_layers, group_wise_format)
+    elif quantization == "checkpoint" and mxfp4:
+        mxfp4_checkpoint.serve_mxfp4(model, checkpoint_layers)
     elif quantization != "checkpoint":  # (an FP8 checkpoint's layers are served above)
         if lean is not None:
             serve_gguf_weights(model, gguf_path, converted, blocks, dense_on_demand)

@@ -41,6 +41,9 @@ LOADING_BYTES = {"gguf": 2.0, "int4": 2.2, "int8": 3.2}
 # check requires 3.7 GiB at its first start, 3.8 at later ones (whose blocks' copy is larger than the
 # file's quantized tensors), and 1.8 without copies.
 LEAN_LOADING_BYTES = 0.7
+# An MXFP4 checkpoint's experts (mxfp4_checkpoint.py): 18 bytes a block of 32 weights as served (an fp16 d),
+# 17 as stored (an 8-bit exponent), all read before they are packed a projection at a time.
+MXFP4_BLOCK_BYTES, MXFP4_STORED_BYTES = 18, 17
 # A GGUF file whose architecture's tensors are read together (gguf_conversion.streams: Qwen2/3-MoE,
 # gpt-oss, GPT-2, Mixtral) is converted in memory: its float32 model whole, 4.6 GiB of the 1B above
 # (converted so, before files were converted a tensor at a time), in bytes a parameter.
@@ -90,13 +93,16 @@ def estimate_needs(
     lean_blocks: int | None = None,
     without_copies: bool = False,
     left_to_blocks: int = 0,
+    experts_in_blocks: int = 0,
 ) -> Needs:
     """What serving takes; where the weights are quantized as they load (`quantizing`: "gguf", "int4" or
     "int8", LOADING_BYTES), what loading takes; with `gguf_bytes` (a GGUF file's size, converted at this
     start) what its converted copy takes on disk; `converting_whole`: the file is converted in memory
     (WHOLE_CONVERSION_BYTES); `lean_blocks`: what a GGUF file's blocks take, where its layers load lean
     (LEAN_LOADING_BYTES); `without_copies`: a lean load whose layers keep no dense copies for many rows;
-    `left_to_blocks`: the parameters a converted copy leaves out, which the file's blocks serve."""
+    `left_to_blocks`: the parameters a converted copy leaves out, which the file's blocks serve;
+    `experts_in_blocks`: an MXFP4 checkpoint's experts' parameters, served from its blocks (18 bytes a 32)
+    and never held as floats, the stored blocks (17 bytes a 32) read beside them as they are packed."""
     element = torch.finfo(dtype).bits // 8
     model = skeleton(model_config)
     parameters = sum(p.numel() for p in model.parameters())
@@ -107,6 +113,7 @@ def estimate_needs(
         projections = quantizable_linears(model).values()  # those the blocks may serve: all but the head
         uncopied = sum(linear.weight.numel() for linear in projections) if without_copies else 0
         weights += lean_blocks - uncopied * element
+    weights -= experts_in_blocks * element - experts_in_blocks * MXFP4_BLOCK_BYTES // 32
     kv_cache = (
         0
         if is_state_space(model_config)
@@ -116,6 +123,8 @@ def estimate_needs(
         kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
     if quantizing == "gguf" and lean_blocks is not None:
         loading = weights + int(parameters * LEAN_LOADING_BYTES)
+    elif experts_in_blocks:
+        loading = weights + experts_in_blocks * MXFP4_STORED_BYTES // 32
     else:
         loading = weights + int(parameters * LOADING_BYTES[quantizing]) if quantizing else 0
     conversion = int(parameters * WHOLE_CONVERSION_BYTES) if converting_whole else 0
@@ -202,10 +211,11 @@ def check_resources(
     lean_blocks: int | None = None,
     without_copies: bool = False,
     left_to_blocks: int = 0,
+    experts_in_blocks: int = 0,
 ) -> Needs:
     """Raise InsufficientResources, saying what is short and by how much, before any loading. `quantizing`,
-    `gguf_bytes`, `converting_whole`, `lean_blocks`, `without_copies` and `left_to_blocks`: as
-    estimate_needs takes them."""
+    `gguf_bytes`, `converting_whole`, `lean_blocks`, `without_copies`, `left_to_blocks` and
+    `experts_in_blocks`: as estimate_needs takes them."""
     needs = estimate_needs(
         model_config,
         dtype,
@@ -218,6 +228,7 @@ def check_resources(
         lean_blocks,
         without_copies,
         left_to_blocks,
+        experts_in_blocks,
     )
     problems = shortfalls(needs, measure_available(device, disk_path), device.type == "cuda", converting)
     if problems:

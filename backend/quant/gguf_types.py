@@ -459,17 +459,24 @@ def unpack_iq4_xs(rows: np.ndarray) -> TableSuperBlocks:
 
 def unpack_mxfp4(rows: np.ndarray) -> MXFP4Weight | None:
     """[out, blocks * 17] uint8 rows of MXFP4 (an exponent e, then 16 bytes of indices as IQ4_NL's) to q
-    and d = 2^(e - 128); None where a block of nonzero values has a d that fp16 does not hold (a block
-    of zeros takes d = 0: its weights are 0 whatever d is)."""
+    and d (`mxfp4_weight`)."""
     blocks = np.ascontiguousarray(rows).reshape(rows.shape[0], -1, MXFP4_BYTES)
-    packed, e = blocks[..., 1:], blocks[..., 0].astype(np.int32)
-    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [out, blocks, 32]
+    packed = blocks[..., 1:]
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(rows.shape[0], -1)
+    return mxfp4_weight(torch.from_numpy(q), torch.from_numpy(np.ascontiguousarray(blocks[..., 0])))
+
+
+def mxfp4_weight(q: torch.Tensor, exponents: torch.Tensor) -> MXFP4Weight | None:
+    """MXFP4's indices q [out, in] (0..15) and each block's exponent e [out, in / 32] (uint8) as its
+    weights, d = 2^(e - 128); None where a block of nonzero values has a d that fp16 does not hold (a
+    block of zeros takes d = 0: its weights are 0 whatever d is)."""
+    e = exponents.to(torch.int32)
     in_fp16 = (e >= MXFP4_EXPONENTS_IN_FP16.start) & (e < MXFP4_EXPONENTS_IN_FP16.stop)
-    zeros = ((q & 0x07) == 0).all(axis=-1)  # indices 0 and 8: E2M1's +0 and -0
-    if not (in_fp16 | zeros).all():
+    zeros = ((q & 0x07) == 0).reshape(*e.shape, BLOCK).all(dim=-1)  # indices 0 and 8: E2M1's +0 and -0
+    if not bool((in_fp16 | zeros).all()):
         return None
-    d = np.where(in_fp16, np.ldexp(np.float32(1), e - 128), 0).astype(np.float32)
-    return MXFP4Weight(torch.from_numpy(q.reshape(rows.shape[0], -1)), torch.from_numpy(d))
+    powers = ((e - 1).clamp(min=1) << 23).view(torch.float32)  # 2^(e - 128), a float32's exponent bits
+    return MXFP4Weight(q, torch.where(in_fp16, powers, 0.0))
 
 
 # Each type whose blocks become the engine's weights exactly, and how.

@@ -1,0 +1,183 @@
+"""gpt-oss's MXFP4 checkpoints (openai/gpt-oss-20b and -120b: config.json's quant_method "mxfp4"), their
+experts served from their own 4-bit values.
+
+Such a checkpoint keeps every expert's projections in MXFP4 and the rest (attention, router, embeddings,
+head, the experts' biases) in bfloat16. An experts' projection is two tensors beside its bias:
+
+    `*.experts.gate_up_proj_blocks` uint8 [experts, out, in / 32, 16]: each block of 32 inputs' 4-bit
+        indices into E2M1's values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), input 2j's in the
+        low nibble of byte j and 2j + 1's in its high one
+    `*.experts.gate_up_proj_scales` uint8 [experts, out, in / 32]: each block's exponent e; w = value *
+        2^(e - 127)
+
+(`down_proj_*` the same; gate_up's outputs interleave gate and up). transformers serves these with
+triton kernels on a GPU; on a CPU, or without them, it dequantizes the experts to bfloat16 at load: 42
+GB of gpt-oss-20b, where the checkpoint holds 13. Here they are read by this module: each expert's
+projections are MXFP4's table blocks on a CPU that multiplies blocks (gguf_types.MXFP4Weight, exactly
+the checkpoint's weights: 4.5 bits a weight), served by `QuantizedExperts`, and the model is built
+without their floats (placeholders of their shape, as model/lean_load.py loads a GGUF file's layers).
+Elsewhere (a GPU, a CPU without AVX2), and in the exact mode, the model is built from the dequantized
+weights, and a GPU's experts are int8 a channel of them (gguf_weights.served_layer).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from backend.quant import block_weights, quantized_experts
+from backend.quant.gguf_types import BLOCK, Weight, mxfp4_weight, requantize_int8
+from backend.quant.gguf_weights import served_layer
+from backend.quant.group_wise import UnsupportedCheckpoint, checkpoint_files
+
+log = logging.getLogger(__name__)
+
+METHOD = "mxfp4"
+BLOCKS, SCALES = "_blocks", "_scales"  # an MXFP4 projection's two tensors, after its name
+E2M1_DOUBLED = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.float32)
+
+
+def is_mxfp4_checkpoint(quantization_config: dict | None) -> bool:
+    return bool(quantization_config) and quantization_config.get("quant_method") == METHOD
+
+
+def expert_parameters(model: nn.Module) -> int:
+    """The parameters of the model's experts' projections (of its skeleton: names and shapes), which an
+    MXFP4 checkpoint keeps in MXFP4 and this module serves from those blocks where they fit the kernels."""
+    return sum(
+        getattr(module, f"{part}_proj").numel()
+        for module in model.modules()
+        if quantized_experts.takes(module)
+        for part in quantized_experts.PARTS
+    )
+
+
+@dataclass(frozen=True)
+class MXFP4Projection:
+    """One experts' projection as stored: every expert's blocks and exponents."""
+
+    blocks: torch.Tensor  # uint8 [experts, out, in / 32, 16]
+    scales: torch.Tensor  # uint8 [experts, out, in / 32]
+
+    @property
+    def experts(self) -> int:
+        return self.blocks.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """An expert's weight's [out, in]."""
+        return self.blocks.shape[1], self.blocks.shape[2] * BLOCK
+
+    def fits(self) -> bool:
+        """Whether the kernels take an expert's weight of this shape (block_weights.fits)."""
+        return block_weights.fits(*self.shape)
+
+    def indices(self, expert: int) -> torch.Tensor:
+        """Expert `expert`'s 4-bit indices [out, in] (input 2j's in byte j's low nibble, 2j + 1's high)."""
+        packed = self.blocks[expert]
+        return torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+
+    def dequantize(self, expert: int) -> torch.Tensor:
+        """Expert `expert`'s float32 weights [out, in]: E2M1 value * 2^(e - 127), as transformers' own
+        dequantization gives them (the doubled value * 2^(e - 128), exactly)."""
+        values = E2M1_DOUBLED[self.indices(expert).long()].reshape(*self.scales[expert].shape, BLOCK)
+        exponents = self.scales[expert].to(torch.int32) - 128
+        return torch.ldexp(values, exponents[..., None]).reshape(values.shape[0], -1)
+
+    def weight(self, expert: int) -> Weight:
+        """Expert `expert`'s weights as the engine's: MXFP4's table blocks, exactly, where fp16 holds
+        every block's d; else 8-bit blocks close to them (gguf_types.mxfp4_weight)."""
+        exact = mxfp4_weight(self.indices(expert), self.scales[expert])
+        return exact if exact is not None else requantize_int8(self.dequantize(expert).numpy())
+
+
+def read_checkpoint(
+    location: str, dtype: torch.dtype, placeholders: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, MXFP4Projection]]:
+    """The checkpoint's state dict with each MXFP4 projection's weights as transformers' experts' module
+    keeps them ([experts, in, out]) in `dtype`: dequantized, or (`placeholders`: the CPU's blocks will
+    serve them) placeholders of that shape that hold no memory, for each module whose projections all
+    fit the kernels (`serve_mxfp4` serves those); and the projections as stored, by parameter name
+    ("model.layers.0.mlp.experts.gate_up_proj")."""
+    state_dict: dict[str, torch.Tensor] = {}
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for path in checkpoint_files(location):
+        with safe_open(path, framework="pt") as file:
+            for key in file.keys():  # noqa: SIM118 (a safetensors file is no dict)
+                for suffix in (BLOCKS, SCALES):
+                    if key.endswith(suffix):
+                        parts.setdefault(key.removesuffix(suffix), {})[suffix] = file.get_tensor(key)
+                        break
+                else:
+                    state_dict[key] = file.get_tensor(key)
+    projections = {name: projection_of(name, tensors) for name, tensors in parts.items()}
+    for name, projection in projections.items():
+        experts, (out_features, in_features) = projection.experts, projection.shape
+        shape = (experts, in_features, out_features)  # [experts, in, out]: gpt-oss's x @ W
+        if placeholders and module_fits(name.rpartition(".")[0], projections):
+            state_dict[name] = torch.zeros((), dtype=dtype).expand(shape)
+        else:
+            each = [projection.dequantize(e).T.to(dtype) for e in range(experts)]
+            state_dict[name] = torch.stack(each)
+    return state_dict, projections
+
+
+def projection_of(name: str, tensors: dict[str, torch.Tensor]) -> MXFP4Projection:
+    """The projection `name`'s blocks and exponents, refused where either is missing or they disagree."""
+    if set(tensors) != {BLOCKS, SCALES}:
+        missing = ({BLOCKS, SCALES} - set(tensors)).pop()
+        raise UnsupportedCheckpoint(f"an MXFP4 checkpoint whose {name} has no {name}{missing}")
+    blocks, scales = tensors[BLOCKS], tensors[SCALES]
+    if blocks.dtype != torch.uint8 or blocks.dim() != 4 or blocks.shape[3] != BLOCK // 2:
+        raise UnsupportedCheckpoint(
+            f"{name}{BLOCKS} is {blocks.dtype} {tuple(blocks.shape)}, not MXFP4's blocks"
+        )
+    if scales.dtype != torch.uint8 or scales.shape != blocks.shape[:3]:
+        raise UnsupportedCheckpoint(
+            f"{name}{SCALES} is {scales.dtype} {tuple(scales.shape)}, not one exponent for each of "
+            f"{name}{BLOCKS}'s {tuple(blocks.shape[:3])} blocks"
+        )
+    return MXFP4Projection(blocks, scales)
+
+
+def module_fits(module: str, projections: dict[str, MXFP4Projection]) -> bool:
+    """Whether every MXFP4 projection of the experts' module `module` fits the kernels."""
+    return all(p.fits() for name, p in projections.items() if name.rpartition(".")[0] == module)
+
+
+def serve_mxfp4(model: nn.Module, projections: dict[str, MXFP4Projection]) -> Counter:
+    """Replace each experts' module whose projections the checkpoint keeps in MXFP4, and which fit the
+    kernels, by a QuantizedExperts of those weights (module docstring), letting go of each projection as
+    it is served; returns how many layers were served each way, for the log. A module of a shape the
+    kernels do not take keeps the floats it was built from."""
+    served = Counter()
+    modules = {name.rpartition(".")[0] for name in projections}
+    for module_name in sorted(modules):
+        if not module_fits(module_name, projections):
+            continue
+        experts = model.get_submodule(module_name)
+        if not quantized_experts.takes(experts):  # (an MXFP4 checkpoint is gpt-oss's: loader.py checks)
+            raise UnsupportedCheckpoint(f"MXFP4 experts in a {type(experts).__name__}: not served")
+        layers = {part: [] for part in quantized_experts.PARTS}
+        for part in quantized_experts.PARTS:
+            projection = projections.pop(f"{module_name}.{part}_proj")
+            for expert in range(projection.experts):
+                floats = quantized_experts.expert_weight(experts, part, expert)
+                bias = quantized_experts.expert_bias(experts, part, expert)
+                weight = projection.weight(expert)
+                layer, how = served_layer(weight, quantized_experts.as_linear(floats, bias), "MXFP4")
+                layers[part].append(layer)
+                served[how] += 1
+        parent, _, child = module_name.rpartition(".")
+        setattr(model.get_submodule(parent), child, quantized_experts.QuantizedExperts(experts, **layers))
+    log.info(
+        "MXFP4 checkpoint: %d experts' projections served (%s), the rest as stored",
+        sum(served.values()),
+        ", ".join(f"{how} x{count}" for how, count in sorted(served.items())) or "none",
+    )
+    return served
