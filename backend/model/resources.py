@@ -41,9 +41,9 @@ LOADING_BYTES = {"gguf": 2.0, "int4": 2.2, "int8": 3.2}
 # check requires 3.7 GiB at its first start, 3.8 at later ones (whose blocks' copy is larger than the
 # file's quantized tensors), and 1.8 without copies.
 LEAN_LOADING_BYTES = 0.7
-# An MXFP4 checkpoint's experts (mxfp4_checkpoint.py): 18 bytes a block of 32 weights as served (an fp16 d),
-# 17 as stored (an 8-bit exponent), all read before they are packed a projection at a time.
-MXFP4_BLOCK_BYTES, MXFP4_STORED_BYTES = 18, 17
+# An MXFP4 checkpoint's experts (mxfp4_checkpoint.py): 18 bytes a block of 32 weights as served (an fp16
+# d; 17 as stored), read a projection at a time as they are packed.
+MXFP4_BLOCK_BYTES = 18
 # A GGUF file whose architecture's tensors are read together (gguf_conversion.streams: Qwen2/3-MoE,
 # gpt-oss, GPT-2, Mixtral) is converted in memory: its float32 model whole, 4.6 GiB of the 1B above
 # (converted so, before files were converted a tensor at a time), in bytes a parameter.
@@ -102,7 +102,7 @@ def estimate_needs(
     (LEAN_LOADING_BYTES); `without_copies`: a lean load whose layers keep no dense copies for many rows;
     `left_to_blocks`: the parameters a converted copy leaves out, which the file's blocks serve;
     `experts_in_blocks`: an MXFP4 checkpoint's experts' parameters, served from its blocks (18 bytes a 32)
-    and never held as floats, the stored blocks (17 bytes a 32) read beside them as they are packed."""
+    and never held as floats."""
     element = torch.finfo(dtype).bits // 8
     model = skeleton(model_config)
     parameters = sum(p.numel() for p in model.parameters())
@@ -123,8 +123,6 @@ def estimate_needs(
         kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
     if quantizing == "gguf" and lean_blocks is not None:
         loading = weights + int(parameters * LEAN_LOADING_BYTES)
-    elif experts_in_blocks:
-        loading = weights + experts_in_blocks * MXFP4_STORED_BYTES // 32
     else:
         loading = weights + int(parameters * LOADING_BYTES[quantizing]) if quantizing else 0
     conversion = int(parameters * WHOLE_CONVERSION_BYTES) if converting_whole else 0

@@ -15,7 +15,9 @@ triton kernels on a GPU; on a CPU, or without them, it dequantizes the experts t
 GB of gpt-oss-20b, where the checkpoint holds 13. Here they are read by this module: each expert's
 projections are MXFP4's table blocks on a CPU that multiplies blocks (gguf_types.MXFP4Weight, exactly
 the checkpoint's weights: 4.5 bits a weight), served by `QuantizedExperts`, and the model is built
-without their floats (placeholders of their shape, as model/lean_load.py loads a GGUF file's layers).
+without their floats (placeholders of their shape, as model/lean_load.py loads a GGUF file's layers);
+the stored blocks are read a projection at a time as they are packed (read all at once, they were
+another 10 GB beside gpt-oss-20b's served 13).
 Elsewhere (a GPU, a CPU without AVX2), and in the exact mode, the model is built from the dequantized
 weights, and a GPU's experts are int8 a channel of them (gguf_weights.served_layer).
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
@@ -64,19 +67,6 @@ class MXFP4Projection:
     blocks: torch.Tensor  # uint8 [experts, out, in / 32, 16]
     scales: torch.Tensor  # uint8 [experts, out, in / 32]
 
-    @property
-    def experts(self) -> int:
-        return self.blocks.shape[0]
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """An expert's weight's [out, in]."""
-        return self.blocks.shape[1], self.blocks.shape[2] * BLOCK
-
-    def fits(self) -> bool:
-        """Whether the kernels take an expert's weight of this shape (block_weights.fits)."""
-        return block_weights.fits(*self.shape)
-
     def indices(self, expert: int) -> torch.Tensor:
         """Expert `expert`'s 4-bit indices [out, in] (input 2j's in byte j's low nibble, 2j + 1's high)."""
         packed = self.blocks[expert]
@@ -96,61 +86,94 @@ class MXFP4Projection:
         return exact if exact is not None else requantize_int8(self.dequantize(expert).numpy())
 
 
+@dataclass(frozen=True)
+class StoredProjection:
+    """Where one experts' projection's blocks and exponents are, and their shape; read when asked for."""
+
+    path: Path  # the safetensors file holding both
+    name: str  # the parameter's: "model.layers.0.mlp.experts.gate_up_proj"
+    shape: tuple[int, int, int]  # the exponents': [experts, out, in / 32]
+
+    @property
+    def experts(self) -> int:
+        return self.shape[0]
+
+    @property
+    def weight_shape(self) -> tuple[int, int]:
+        """An expert's weight's [out, in]."""
+        return self.shape[1], self.shape[2] * BLOCK
+
+    def fits(self) -> bool:
+        """Whether the kernels take an expert's weight of this shape (block_weights.fits)."""
+        return block_weights.fits(*self.weight_shape)
+
+    def read(self) -> MXFP4Projection:
+        with safe_open(self.path, framework="pt") as file:
+            return MXFP4Projection(file.get_tensor(self.name + BLOCKS), file.get_tensor(self.name + SCALES))
+
+
 def read_checkpoint(
     location: str, dtype: torch.dtype, placeholders: bool
-) -> tuple[dict[str, torch.Tensor], dict[str, MXFP4Projection]]:
+) -> tuple[dict[str, torch.Tensor], dict[str, StoredProjection]]:
     """The checkpoint's state dict with each MXFP4 projection's weights as transformers' experts' module
     keeps them ([experts, in, out]) in `dtype`: dequantized, or (`placeholders`: the CPU's blocks will
     serve them) placeholders of that shape that hold no memory, for each module whose projections all
-    fit the kernels (`serve_mxfp4` serves those); and the projections as stored, by parameter name
-    ("model.layers.0.mlp.experts.gate_up_proj")."""
+    fit the kernels (`serve_mxfp4` serves those); and where the projections are, by parameter name
+    ("model.layers.0.mlp.experts.gate_up_proj"), read as they are served."""
     state_dict: dict[str, torch.Tensor] = {}
-    parts: dict[str, dict[str, torch.Tensor]] = {}
+    parts: dict[str, dict[str, tuple]] = {}
     for path in checkpoint_files(location):
         with safe_open(path, framework="pt") as file:
             for key in file.keys():  # noqa: SIM118 (a safetensors file is no dict)
-                for suffix in (BLOCKS, SCALES):
-                    if key.endswith(suffix):
-                        parts.setdefault(key.removesuffix(suffix), {})[suffix] = file.get_tensor(key)
-                        break
-                else:
+                suffix = next((suffix for suffix in (BLOCKS, SCALES) if key.endswith(suffix)), None)
+                if suffix is None:
                     state_dict[key] = file.get_tensor(key)
-    projections = {name: projection_of(name, tensors) for name, tensors in parts.items()}
+                    continue
+                stored = file.get_slice(key)  # its dtype and shape, not its bytes
+                parts.setdefault(key.removesuffix(suffix), {})[suffix] = (
+                    path,
+                    stored.get_dtype(),
+                    tuple(stored.get_shape()),
+                )
+    projections = {name: projection_of(name, stored) for name, stored in parts.items()}
     for name, projection in projections.items():
-        experts, (out_features, in_features) = projection.experts, projection.shape
-        shape = (experts, in_features, out_features)  # [experts, in, out]: gpt-oss's x @ W
+        out_features, in_features = projection.weight_shape
+        shape = (projection.experts, in_features, out_features)  # [experts, in, out]: gpt-oss's x @ W
         if placeholders and module_fits(name.rpartition(".")[0], projections):
             state_dict[name] = torch.zeros((), dtype=dtype).expand(shape)
         else:
-            each = [projection.dequantize(e).T.to(dtype) for e in range(experts)]
-            state_dict[name] = torch.stack(each)
+            read = projection.read()
+            state_dict[name] = torch.stack(
+                [read.dequantize(e).T.to(dtype) for e in range(projection.experts)]
+            )
     return state_dict, projections
 
 
-def projection_of(name: str, tensors: dict[str, torch.Tensor]) -> MXFP4Projection:
-    """The projection `name`'s blocks and exponents, refused where either is missing or they disagree."""
-    if set(tensors) != {BLOCKS, SCALES}:
-        missing = ({BLOCKS, SCALES} - set(tensors)).pop()
+def projection_of(name: str, stored: dict[str, tuple]) -> StoredProjection:
+    """Where the projection `name`'s blocks and exponents are (`stored`: each's file, safetensors dtype and
+    shape); refused where either is missing or they disagree."""
+    if set(stored) != {BLOCKS, SCALES}:
+        missing = ({BLOCKS, SCALES} - set(stored)).pop()
         raise UnsupportedCheckpoint(f"an MXFP4 checkpoint whose {name} has no {name}{missing}")
-    blocks, scales = tensors[BLOCKS], tensors[SCALES]
-    if blocks.dtype != torch.uint8 or blocks.dim() != 4 or blocks.shape[3] != BLOCK // 2:
+    (blocks_path, blocks_dtype, blocks), (scales_path, scales_dtype, scales) = stored[BLOCKS], stored[SCALES]
+    if blocks_dtype != "U8" or len(blocks) != 4 or blocks[3] != BLOCK // 2:
+        raise UnsupportedCheckpoint(f"{name}{BLOCKS} is {blocks_dtype} {blocks}, not MXFP4's blocks")
+    if scales_dtype != "U8" or scales != blocks[:3]:
         raise UnsupportedCheckpoint(
-            f"{name}{BLOCKS} is {blocks.dtype} {tuple(blocks.shape)}, not MXFP4's blocks"
+            f"{name}{SCALES} is {scales_dtype} {scales}, not one exponent for each of {name}{BLOCKS}'s "
+            f"{blocks[:3]} blocks"
         )
-    if scales.dtype != torch.uint8 or scales.shape != blocks.shape[:3]:
-        raise UnsupportedCheckpoint(
-            f"{name}{SCALES} is {scales.dtype} {tuple(scales.shape)}, not one exponent for each of "
-            f"{name}{BLOCKS}'s {tuple(blocks.shape[:3])} blocks"
-        )
-    return MXFP4Projection(blocks, scales)
+    if scales_path != blocks_path:  # (transformers' saves keep them together)
+        raise UnsupportedCheckpoint(f"{name}{BLOCKS} and {name}{SCALES} are in two files: not served")
+    return StoredProjection(blocks_path, name, scales)
 
 
-def module_fits(module: str, projections: dict[str, MXFP4Projection]) -> bool:
+def module_fits(module: str, projections: dict[str, StoredProjection]) -> bool:
     """Whether every MXFP4 projection of the experts' module `module` fits the kernels."""
     return all(p.fits() for name, p in projections.items() if name.rpartition(".")[0] == module)
 
 
-def serve_mxfp4(model: nn.Module, projections: dict[str, MXFP4Projection]) -> Counter:
+def serve_mxfp4(model: nn.Module, projections: dict[str, StoredProjection]) -> Counter:
     """Replace each experts' module whose projections the checkpoint keeps in MXFP4, and which fit the
     kernels, by a QuantizedExperts of those weights (module docstring), letting go of each projection as
     it is served; returns how many layers were served each way, for the log. A module of a shape the
@@ -165,8 +188,8 @@ def serve_mxfp4(model: nn.Module, projections: dict[str, MXFP4Projection]) -> Co
             raise UnsupportedCheckpoint(f"MXFP4 experts in a {type(experts).__name__}: not served")
         layers = {part: [] for part in quantized_experts.PARTS}
         for part in quantized_experts.PARTS:
-            projection = projections.pop(f"{module_name}.{part}_proj")
-            for expert in range(projection.experts):
+            projection = projections.pop(f"{module_name}.{part}_proj").read()
+            for expert in range(len(projection.blocks)):
                 floats = quantized_experts.expert_weight(experts, part, expert)
                 bias = quantized_experts.expert_bias(experts, part, expert)
                 weight = projection.weight(expert)

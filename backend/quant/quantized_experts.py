@@ -61,10 +61,10 @@ def expert_bias(module: nn.Module, part: str, expert: int) -> torch.Tensor | Non
 
 
 def as_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Linear:
-    """An expert's [out, in] slice as a linear layer over it (no copy but of a transposed slice), for the
-    quantizers."""
+    """An expert's [out, in] slice as a linear layer over it, for the quantizers: no copy (a copy of a
+    transposed slice of an MXFP4 checkpoint's placeholders would make floats the model never held)."""
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-    linear.weight = nn.Parameter(weight.detach().contiguous(), requires_grad=False)
+    linear.weight = nn.Parameter(weight.detach(), requires_grad=False)
     linear.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
     return linear
 

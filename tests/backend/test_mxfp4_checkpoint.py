@@ -3,6 +3,7 @@ builds the model from exactly the weights transformers' own dequantization gives
 serves each expert from blocks of exactly those weights, never holding the experts as floats."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ from backend.quant.group_wise import UnsupportedCheckpoint
 from backend.quant.quantized_experts import QuantizedExperts, expert_weight
 from backend.quant.quantized_linear import BlocksLinear, Int8Linear, resident_bytes
 from tests.backend.models import greedy_agreements, load_on_cpu, tiny_model, write_tiny_causal_lm
-from tests.backend.mxfp4_files import write_mxfp4_checkpoint
+from tests.backend.mxfp4_files import mxfp4_blocks, write_mxfp4_checkpoint
+from tests.conftest import ROOT
 
 BLOCKS = block_weights.available(torch.device("cpu"))
 
@@ -168,4 +170,26 @@ def test_the_start_check_counts_the_experts_as_served_not_as_floats():
     served = estimate_needs(config, torch.bfloat16, 1, 1024, experts_in_blocks=experts)
     assert as_floats.weights / GIB > 38
     assert 12.5 < served.weights / GIB < 14
-    assert served.loading - served.weights == experts * 17 // 32  # the stored blocks, read before packing
+
+
+def test_the_benchmarks_random_gpt_oss_is_an_mxfp4_checkpoint_the_server_serves(tmp_path):
+    """scripts/random_gpt_oss.py (the benchmarks' gpt-oss) quantizes as the gguf package's MXFP4 quantizer
+    does, and writes a checkpoint transformers reads as its own and the server serves from its blocks."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import random_gpt_oss
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    weights = torch.randn(3, 48, 256) * 0.02
+    blocks, scales = mxfp4_blocks(weights)
+    ours = [random_gpt_oss.mxfp4(expert) for expert in weights]
+    assert torch.equal(torch.stack([b for b, _ in ours]), blocks)
+    assert torch.equal(torch.stack([s for _, s in ours]), scales)
+    directory = random_gpt_oss.write_random_gpt_oss(tmp_path / "gpt-oss", layers=2, size="tiny")
+    reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    served = load_on_cpu(directory, tmp_path, quantize="auto").model
+    assert all(isinstance(module, QuantizedExperts) for module in experts_of(served)) == BLOCKS
+    ids = torch.tensor([[5, 17, 200, 31]])
+    with torch.inference_mode():
+        expected, got = reference(ids).logits, served(ids).logits
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()
