@@ -12,6 +12,10 @@ names transformers' GGUF loader imports them by, when it runs) answer from
 what they made the first time: a reader maps its file read-only, and a table
 of names is only looked up. And the parse itself reads plain numpy arrays
 over the file's mapping (`PlainArrayReader`), 1.6 s where gguf's reader took 7.
+
+Such a reader also withholds from `fields` the fields transformers reads wrong
+(`WITHHELD_PREFIXES`), keeping them in `withheld` for this server's own readers
+(`all_fields`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from collections.abc import Iterator
 
 import gguf
 import numpy as np
+
+# transformers 5.23 reads a gpt-oss file's rotary scaling fields by their first part (their key's length),
+# not their value, and fails on any file that has them (every gpt-oss file llama.cpp writes: YaRN) with
+# "only 0-dimensional arrays can be converted", its tokenizer too. model/gguf_gpt_oss.py reads them.
+WITHHELD_PREFIXES = ("gpt-oss.rope.scaling.",)
 
 
 class PlainArrayReader(gguf.GGUFReader):
@@ -58,7 +67,7 @@ def each_gguf_file_parsed_once() -> Iterator[None]:
     def reader(path: os.PathLike[str] | str, mode: str = "r") -> gguf.GGUFReader:
         key = (os.path.realpath(path), mode)
         if key not in readers:
-            readers[key] = PlainArrayReader(path, mode)
+            readers[key] = withholding(PlainArrayReader(path, mode))
         return readers[key]
 
     gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(make_name_map)
@@ -66,3 +75,16 @@ def each_gguf_file_parsed_once() -> Iterator[None]:
         yield
     finally:
         gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, make_name_map
+
+
+def withholding(reader: gguf.GGUFReader) -> gguf.GGUFReader:
+    """`reader` with the fields of WITHHELD_PREFIXES moved from `fields` to `withheld`."""
+    reader.withheld = {
+        key: reader.fields.pop(key) for key in list(reader.fields) if key.startswith(WITHHELD_PREFIXES)
+    }
+    return reader
+
+
+def all_fields(reader: gguf.GGUFReader) -> dict[str, gguf.ReaderField]:
+    """A reader's fields, those it withholds from transformers among them."""
+    return {**reader.fields, **getattr(reader, "withheld", {})}

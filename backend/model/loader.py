@@ -49,7 +49,7 @@ from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
 from backend.layers.row_states import has_row_states, is_state_space
 from backend.messages import BackendConfig
-from backend.model import gguf_conversion, gguf_mixtral
+from backend.model import gguf_conversion, gguf_gpt_oss, gguf_mixtral
 from backend.model.architectures import TEXT_ALONE, UnsupportedModel, check_own_code, check_supported
 from backend.model.cache_size import context_length, size_kv_cache, size_row_states
 from backend.model.decoder_runner import DecoderRunner
@@ -158,7 +158,8 @@ def load_tokenizer(config: BackendConfig) -> PreTrainedTokenizerBase:
     if converted is not None and (converted / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(converted)
     token = None if source.is_gguf or Path(source.location).is_dir() else hub_token()
-    return AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file, token=token)
+    with each_gguf_file_parsed_once():  # (a gpt-oss file's fields that transformers fails on withheld)
+        return AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file, token=token)
 
 
 def load_model(config: BackendConfig) -> LoadedModel:
@@ -191,6 +192,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     )
     if gguf_file is not None and gguf_mixtral.has_experts(Path(location) / gguf_file):
         model_config = gguf_mixtral.mixtral_config(Path(location) / gguf_file, model_config)
+    if gguf_file is not None and gguf_gpt_oss.is_gpt_oss(Path(location) / gguf_file):
+        model_config = gguf_gpt_oss.gpt_oss_config(Path(location) / gguf_file, model_config)
     check_supported(model_config)  # before anything reads the config as a decoder's
     quantization_config = getattr(model_config, "quantization_config", None)
     group_wise_format = group_wise.checkpoint_format(quantization_config)
@@ -225,6 +228,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     streamed = gguf_file is not None and gguf_conversion.streams(Path(location, gguf_file), model_config)
     # and served from its blocks where the CPU multiplies them, its layers then loaded lean (lean_load.py)
     lean_possible = quantization == "gguf" and block_weights.available(device)
+    # (a gpt-oss file's experts then load as placeholders: gguf_gpt_oss.py)
+    experts_from_blocks = lean_possible and gguf_file is not None
     gguf_path = Path(source.location) / source.gguf_file if source.is_gguf else None
     # and whose first start then writes a copy without those layers' floats (gguf_conversion.py)
     left_out = (
@@ -296,10 +301,17 @@ def _load_model(config: BackendConfig) -> LoadedModel:
                 complete_converted(gguf_path, model_config, converted)
             # FP8 layers are dequantized into float32 and converted from it, not from bfloat16's rounding
             weights_dtype = torch.float32 if fp8 else dtype
-            model, info = load_weights(location, gguf_file, source, model_config, weights_dtype, token, fp8)
+            model, info = load_weights(
+                location, gguf_file, source, model_config, weights_dtype, token, fp8, experts_from_blocks
+            )
     if gguf_file is not None:
         check_all_weights_read(info["missing_keys"], source.gguf_file)
-    if gguf_file is not None and save_converted(model, tokenizer, converted):
+    # (a gpt-oss file whose experts are placeholders is read from the file each start: no copy of them)
+    if (
+        gguf_file is not None
+        and not holds_placeholders(model)
+        and save_converted(model, tokenizer, converted)
+    ):
         location = str(converted)
     # The frontend reads tokenizer.json with the `tokenizers` library (no torch there).
     has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
@@ -363,9 +375,11 @@ def load_weights(
     dtype: torch.dtype,
     token: str | None,
     fp8: bool = False,
+    experts_in_blocks: bool = False,
 ) -> tuple[PreTrainedModel, dict]:
     """transformers' model, and what it read, from a checkpoint or a GGUF file (a TEXT_ALONE checkpoint's
-    text model alone). A GGUF file is converted in float32, whatever this start's dtype: the converted
+    text model alone; a gpt-oss file's experts placeholders where `experts_in_blocks`: the file's blocks
+    will serve them). A GGUF file is converted in float32, whatever this start's dtype: the converted
     copy serves every later start, the exact mode's too, which must get the file's dequantized weights,
     not bfloat16's.
 
@@ -380,6 +394,10 @@ def load_weights(
         if gguf_file is not None and model_config.model_type == "mixtral":  # transformers leaves its experts
             experts = gguf_mixtral.read_mixtral(Path(location) / gguf_file, model_config)
             return model_from_state_dict(model_config, experts, torch.float32)
+        if gguf_file is not None and model_config.model_type == "gpt_oss":  # and gpt-oss's
+            path = Path(location) / gguf_file
+            weights = gguf_gpt_oss.read_gpt_oss(path, model_config, experts_in_blocks)
+            return model_from_state_dict(model_config, weights, torch.float32)
         return AutoModelForCausalLM.from_pretrained(
             location,
             gguf_file=gguf_file,
@@ -648,6 +666,12 @@ def load_separate_model(
     # transformers' stand-in for "no limit" is a huge integer
     limit = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else None
     return EmbeddingModel.of(source.name, model, tokenizer_path, limit)
+
+
+def holds_placeholders(model: torch.nn.Module) -> bool:
+    """Whether some weight of the model is a placeholder of its shape (stride 0: a value for all), that
+    blocks are to serve."""
+    return any(0 in p.stride() and p.numel() > 1 for p in model.parameters())
 
 
 def save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> bool:

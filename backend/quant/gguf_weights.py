@@ -89,6 +89,7 @@ PLAIN_ARCHITECTURES = {
     "phi3",
     "gemma2",
     "gemma3",
+    "gpt-oss",
 }  # rows as transformers has them
 
 # Beside a GGUF file's converted copy: its blocks as read, so that later starts need not parse the
@@ -337,34 +338,58 @@ def expert_tensors(tensors: dict, layer: int, part: str, count: int) -> list | N
 
 
 def gguf_experts(tensors: dict, model: nn.Module) -> Iterator[dict[str, tuple]]:
-    """Each plain experts' module's weights as the file's blocks (quantized_experts.py), a module at a time
-    (its experts unpacked, a byte a value, while the caller packs them), by `expert_key`:
-    llama.cpp's `blk.N.ffn_{gate,up,down}_exps` tensors split by expert (or its tensors of one expert
-    each: `expert_tensors`), gate and up joined as transformers' `gate_up_proj` joins them. A layer whose
-    experts are stored as floats, or whose gate and up differ in kind of blocks, is left out (its experts
-    stay floats)."""
+    """Each experts' module's weights as the file's blocks (quantized_experts.py), a module at a time (its
+    experts unpacked, a byte a value, while the caller packs them), by `expert_key`: llama.cpp's
+    `blk.N.ffn_{gate,up,down}_exps` tensors split by expert (or its tensors of one expert each:
+    `expert_tensors`), gate and up joined as transformers' `gate_up_proj` joins them (gpt-oss's
+    interleaved), as 8-bit blocks where they unpack to two kinds. A layer whose experts are stored as
+    floats is left out (`experts_in_blocks`: its experts stay floats)."""
     for index, layer in enumerate(model.model.layers):
         experts = getattr(getattr(layer, "mlp", None), "experts", None)
         if experts is None or not quantized_experts.takes(experts):
             continue
+        if not experts_in_blocks(tensors, index, experts.num_experts):
+            continue
         parts = [expert_tensors(tensors, index, part, experts.num_experts) for part in ("gate", "up", "down")]
-        if any(ts is None or not all(served_tensor(t) for t in ts) for ts in parts):
-            continue
-        if any(len({t.tensor_type for t in ts}) > 1 for ts in parts):  # a part's experts of two kinds
-            continue
         gate, up, down = (each_expert(ts, experts.num_experts) for ts in parts)
-        if type(gate[0]) is not type(up[0]):
-            continue
+        together = interleave if quantized_experts.is_gpt_oss(experts) else join
         module = next(name for name, m in model.named_modules() if m is experts)
         kinds = [ts[0].tensor_type.name for ts in parts]
         gate_kind = kinds[0] if kinds[0] == kinds[1] else f"{kinds[0]}/{kinds[1]}"
         yield {
             **{
-                expert_key(module, "gate_up", e): (join(g, u), gate_kind)
+                expert_key(module, "gate_up", e): (together(*same_kind(g, u)), gate_kind)
                 for e, (g, u) in enumerate(zip(gate, up, strict=True))
             },
             **{expert_key(module, "down", e): (d, kinds[2]) for e, d in enumerate(down)},
         }
+
+
+def experts_in_blocks(tensors: dict, layer: int, count: int) -> bool:
+    """Whether `gguf_experts` serves the experts of layer `layer` from the file's blocks: each of its
+    projections stored quantized, each in one kind (what a model loaded without their floats relies on:
+    model/gguf_gpt_oss.py)."""
+    parts = [expert_tensors(tensors, layer, part, count) for part in ("gate", "up", "down")]
+    if any(ts is None or not all(served_tensor(t) for t in ts) for ts in parts):
+        return False
+    return all(len({t.tensor_type for t in ts}) == 1 for ts in parts)  # not a part's experts of two kinds
+
+
+def same_kind(first: Weight, second: Weight) -> tuple[Weight, Weight]:
+    """Two weights to be joined, as they are where they are of one kind, else both as 8-bit blocks close
+    to them (gate Q4_K beside up Q5_0, or MXFP4 beside MXFP4 requantized for its exponents)."""
+    if type(first) is type(second):
+        return first, second
+    return eight_bit_blocks(first), eight_bit_blocks(second)
+
+
+def eight_bit_blocks(weight: Weight) -> EightBitWeight:
+    if isinstance(weight, EightBitWeight):
+        return weight
+    blocks, table = cpu_blocks(weight) or (None, None)
+    if blocks is None:
+        raise ValueError(f"an expert's weight of shape {tuple(weight.q.shape)} takes no blocks")
+    return gguf_types.requantize_int8(block_weights.dequantize(blocks, weight.q.shape[1], table).numpy())
 
 
 def served_tensor(tensor) -> bool:
@@ -390,6 +415,13 @@ def join(first: Weight, second: Weight):
     """Two weights over the same inputs as one, `first`'s outputs first."""
     pairs = zip(fields_of(first), fields_of(second), strict=True)
     return type(first)(*(torch.cat(pair) for pair in pairs))
+
+
+def interleave(first: Weight, second: Weight):
+    """Two weights over the same inputs as one, their outputs taking turns (gpt-oss's gate_up: gate j at
+    2j, up j at 2j + 1)."""
+    pairs = zip(fields_of(first), fields_of(second), strict=True)
+    return type(first)(*(torch.stack(pair, dim=1).flatten(0, 1) for pair in pairs))
 
 
 def fields_of(weight: Weight) -> list[torch.Tensor]:
@@ -511,6 +543,10 @@ def serve_experts(model: nn.Module, blocks: GGUFBlocks, served: Counter) -> int:
             (part, e): expert_key(module_name, part, e) for part in parts for e in range(module.num_experts)
         }
         if not all(key in blocks.layers for key in keys.values()):
+            if any(0 in getattr(module, f"{part}_proj").stride() for part in parts):  # (never: a guard)
+                raise ValueError(
+                    f"{module_name}'s experts loaded without their floats, but no blocks serve them"
+                )
             continue
         layers = {part: [] for part in parts}
         for (part, expert), key in keys.items():

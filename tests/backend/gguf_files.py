@@ -45,6 +45,7 @@ GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
     "falcon": MODEL_ARCH.FALCON,
     "gpt2": MODEL_ARCH.GPT2,
     "mamba": MODEL_ARCH.MAMBA,
+    "gpt_oss": MODEL_ARCH.GPT_OSS,
 }
 
 Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32
@@ -143,8 +144,10 @@ def add_tensor(
     kind = weight_type if isinstance(weight_type, GGMLQuantizationType) else weight_type(name)
     if data.ndim == 2 and data.shape[-1] % 256 and kind in K_QUANT_FALLBACKS:
         kind = K_QUANT_FALLBACKS[kind]
-    # Rows that are no whole number of blocks stay F32 here (llama.cpp falls back to F16).
-    if kind == GGMLQuantizationType.F32 or data.ndim < 2 or data.shape[-1] % 32 or name.endswith(KEPT_F32):
+    # Rows that are no whole number of blocks stay F32 here (llama.cpp falls back to F16); so do biases
+    # (gpt-oss's experts' are 2-D: llama-quantize quantizes weights alone).
+    keep = data.ndim < 2 or data.shape[-1] % 32 or name.endswith((*KEPT_F32, ".bias"))
+    if kind == GGMLQuantizationType.F32 or keep:
         writer.add_tensor(name, data)
     else:
         writer.add_tensor(name, quantize(data, kind), raw_dtype=kind)
@@ -283,6 +286,21 @@ def mamba_metadata(hparams: dict) -> Metadata:
     }
 
 
+def gpt_oss_metadata(hparams: dict) -> Metadata:
+    """GptOssModel adds the window and each expert's width; TextModel its YaRN scaling, where it has one
+    (gpt-oss's own: 32 times its original 4,096 positions)."""
+    metadata = text_model_metadata(hparams) | {
+        Keys.Attention.SLIDING_WINDOW: hparams["sliding_window"],
+        Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: hparams["intermediate_size"],
+    }
+    rope = hparams.get("rope_parameters") or {}
+    if rope.get("rope_type") == "yarn":
+        metadata[Keys.Rope.SCALING_TYPE] = "yarn"
+        metadata[Keys.Rope.SCALING_FACTOR] = float(rope["factor"])
+        metadata[Keys.Rope.SCALING_ORIG_CTX_LEN] = rope["original_max_position_embeddings"]
+    return metadata
+
+
 def gpt2_metadata(hparams: dict) -> Metadata:
     return {
         Keys.LLM.BLOCK_COUNT: hparams["n_layer"],
@@ -307,6 +325,7 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
     "falcon": falcon_metadata,
     "gpt2": gpt2_metadata,
     "mamba": mamba_metadata,
+    "gpt_oss": gpt_oss_metadata,
 }
 
 
@@ -389,6 +408,28 @@ def mixtral_experts(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[
         yield from qwen_moe_experts(renamed, changed, hparams)
 
 
+def gpt_oss_experts(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """GptOssModel: the experts' [experts, in, out] weights as llama.cpp's [experts, out, in], gate_up's
+    interleaved outputs (gate j at 2j, up j at 2j + 1) split into gate and up, their biases too; the
+    attention sinks named as weights."""
+    base = name.rpartition(".")[0]
+    if name.endswith("mlp.experts.gate_up_proj"):
+        weights = tensor.transpose(-1, -2)
+        yield f"{base}.gate_proj.weight", weights[:, 0::2]
+        yield f"{base}.up_proj.weight", weights[:, 1::2]
+    elif name.endswith("mlp.experts.gate_up_proj_bias"):
+        yield f"{base}.gate_proj.bias", tensor[:, 0::2]
+        yield f"{base}.up_proj.bias", tensor[:, 1::2]
+    elif name.endswith("mlp.experts.down_proj"):
+        yield f"{name}.weight", tensor.transpose(-1, -2)
+    elif name.endswith("mlp.experts.down_proj_bias"):
+        yield f"{base}.down_proj.bias", tensor
+    elif name.endswith("self_attn.sinks"):
+        yield f"{name}.weight", tensor
+    else:
+        yield name, tensor
+
+
 def mamba_scan(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
     """MambaModel.modify_tensors: A stored as -exp(A_log), the convolution's weight without its middle
     axis of one."""
@@ -410,6 +451,7 @@ TENSOR_CHANGES: dict[str, Change] = {
     "falcon": falcon_groups,
     "gpt2": gpt2_conv1d,
     "mamba": mamba_scan,
+    "gpt_oss": gpt_oss_experts,
 }
 
 

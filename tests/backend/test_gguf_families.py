@@ -6,7 +6,8 @@ transformers reads these families from GGUF; of the other served ones it refuses
 Granite and SmolLM3 ("GGUF model with architecture ... is not supported yet"), reads Falcon-40B's
 layout as Falcon-7B's (a size mismatch), and loads Mixtral (a "llama" file with experts) and gpt-oss
 with their experts left out: random weights, and no error. The loader reads a Mixtral's experts itself
-(model/gguf_mixtral.py) and refuses a file that leaves any weight unread.
+(model/gguf_mixtral.py), and a gpt-oss file's with its window, head width and rotary scaling
+(model/gguf_gpt_oss.py), and refuses a file that leaves any weight unread.
 """
 
 import json
@@ -18,16 +19,16 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, GptOssConfig
 
 from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
-from backend.model import gguf_conversion, loader
+from backend.model import gguf_conversion, gguf_gpt_oss, loader
 from backend.model.architectures import UnsupportedModel
 from backend.model.loader import LoadedModel
 from backend.model.source import default_model_path
 from backend.quant import block_weights
-from backend.quant.quantized_experts import QuantizedExperts
+from backend.quant.quantized_experts import QuantizedExperts, expert_weight
 from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear
 from tests.backend import gguf_files
 from tests.backend.gguf_files import q4_k_m, round_trip_offset_norms, write_tiny_gguf
@@ -97,6 +98,9 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "falcon": lambda: tiny_falcon(SHAPES["7b"]),
     "gpt2": tiny_gpt2,
     "mamba": lambda: tiny_model("mamba"),  # rows of a recurrent state (model/mamba.py)
+    # Its window, head width and rotary scaling (gpt-oss's YaRN) are read by model/gguf_gpt_oss.py, its
+    # experts too.
+    "gpt_oss": lambda: tiny_model("gpt_oss", rope_parameters=GptOssConfig().rope_parameters),
 }
 
 # llama.cpp writes Mistral as "llama", and transformers reads it back as Llama (the same layers) unless the
@@ -354,6 +358,69 @@ def test_a_mixtral_files_low_bit_experts_are_served_from_their_own_blocks(mix, l
     with torch.inference_mode():
         expected, got = dequantized(ids).logits.float(), served(ids).logits.float()
     assert (got - expected).abs().max() < 0.03 * expected.abs().max()
+
+
+@pytest.mark.parametrize("rope", ["yarn", "default"])
+def test_a_gpt_oss_files_rotary_positions_are_the_models_own(rope, tmp_path):
+    """transformers reads any gpt-oss file's rotary scaling as gpt-oss-20b's YaRN (and with YaRN's
+    `truncate` on, which gpt-oss's is not): the loaded model's rotary frequencies and scaling are the
+    model's own, with YaRN and without."""
+    parameters = (
+        GptOssConfig().rope_parameters if rope == "yarn" else {"rope_type": "default", "rope_theta": 1e4}
+    )
+    model = tiny_model("gpt_oss", rope_parameters=parameters)
+    path = write_tiny_gguf(tmp_path / "gpt-oss.gguf", model, default_model_path())
+    loaded = load_gguf(path, tmp_path).model
+    assert torch.equal(loaded.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)
+    assert loaded.model.rotary_emb.attention_scaling == model.model.rotary_emb.attention_scaling
+    assert loaded.config.head_dim == 16 and loaded.config.sliding_window == model.config.sliding_window
+
+
+def test_a_gpt_oss_file_serves_its_mxfp4_experts_without_ever_holding_their_floats(tmp_path, monkeypatch):
+    """ggml-org's gpt-oss files keep the experts MXFP4 and the rest Q8_0 (`mxfp4_moe`). The default mode's
+    start reads the experts' floats as placeholders that hold no memory (gguf_gpt_oss.py: gpt-oss-20b's
+    are 77 GB in float32), writes no converted copy of them, and serves every expert from MXFP4's blocks
+    of exactly the file's weights, with their biases; a decode step's logits are those of the same file
+    dequantized to float32 (the exact mode), to the int8 rounding of activations."""
+    model = random_norms(tiny_model("gpt_oss"))
+    with torch.no_grad():  # experts that move the logits (random initialization's barely do)
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj.normal_(0, 0.3)
+            layer.mlp.experts.down_proj.normal_(0, 0.3)
+            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.5)
+    path = write_tiny_gguf(tmp_path / "gpt-oss.gguf", model, default_model_path(), mxfp4_moe)
+    strides, read = [], gguf_gpt_oss.read_gpt_oss
+
+    def reading(*args):
+        weights = read(*args)
+        strides.extend(
+            t.stride() for name, t in weights.items() if name.endswith(("gate_up_proj", "down_proj"))
+        )
+        return weights
+
+    monkeypatch.setattr(gguf_gpt_oss, "read_gpt_oss", reading)
+    served = load_gguf(path, tmp_path, quantize="auto").model
+    blocks = block_weights.available(torch.device("cpu"))
+    if blocks:  # (elsewhere the experts load as floats, and their copy is written)
+        assert strides == [(0, 0, 0)] * 4
+        assert not list((tmp_path / "cache").rglob("*.safetensors"))  # no copy of placeholders
+    exact = load_gguf(path, tmp_path).model
+    for index, layer in enumerate(served.model.layers):
+        experts, reference = layer.mlp.experts, exact.model.layers[index].mlp.experts
+        assert isinstance(experts, QuantizedExperts)
+        for part in ("gate_up", "down"):
+            for e, expert in enumerate(getattr(experts, part)):
+                assert torch.equal(expert.bias, getattr(reference, f"{part}_proj_bias")[e])
+                if blocks:
+                    assert expert.layout() == "4-bit MXFP4 table blocks"
+                    held = block_weights.dequantize(
+                        expert.blocks, expert.in_features, block_weights.Table.MXFP4
+                    )
+                    assert torch.equal(held, expert_weight(reference, part, e)), (index, part, e)
+    ids = torch.tensor([[5], [17], [200], [31]])  # four rows of one token: a decode step's shape
+    with torch.inference_mode():
+        expected, got = exact(ids).logits.float(), served(ids).logits.float()
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()
 
 
 def test_a_mixtral_file_without_a_projection_of_its_experts_is_refused_naming_it(tmp_path):

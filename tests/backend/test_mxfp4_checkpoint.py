@@ -16,7 +16,7 @@ from backend.quant import block_weights, mxfp4_checkpoint
 from backend.quant.group_wise import UnsupportedCheckpoint
 from backend.quant.quantized_experts import QuantizedExperts, expert_weight
 from backend.quant.quantized_linear import BlocksLinear, Int8Linear, resident_bytes
-from tests.backend.models import greedy_agreements, load_on_cpu, tiny_model, write_tiny_causal_lm
+from tests.backend.models import load_on_cpu, tiny_model, write_tiny_causal_lm
 from tests.backend.mxfp4_files import mxfp4_blocks, write_mxfp4_checkpoint
 from tests.conftest import ROOT
 
@@ -83,15 +83,18 @@ def test_each_expert_is_served_from_mxfp4_blocks_of_exactly_the_checkpoints_weig
     assert resident_bytes(model)["floats"] <= exact_floats - expert_floats
 
 
-def test_a_served_checkpoint_gives_the_greedy_tokens_of_its_dequantized_model(tmp_path):
-    """The engine, rows joining and leaving, against `generate` on the exact mode's model: gpt-oss's
-    routing, biases and clamped activation over the blocks' products."""
+def test_a_served_checkpoint_gives_the_logits_of_its_dequantized_model(tmp_path):
+    """A decode step's rows and a prompt's tokens through the served model give the exact mode's logits,
+    to the int8 rounding of activations: gpt-oss's routing, biases and clamped activation over the blocks'
+    products. (Greedy tokens are no test here: a tiny random model's logits are near ties.)"""
     write_mxfp4_checkpoint(tmp_path / "mxfp4", large_experts())
     served = load_on_cpu(tmp_path / "mxfp4", tmp_path, quantize="auto").model
     exact = load_on_cpu(tmp_path / "mxfp4", tmp_path, quantize="none").model
     assert all(isinstance(module, QuantizedExperts) for module in experts_of(served)) == BLOCKS
-    # int8 activations may tip one near-tie; an expert read wrong tips them all
-    assert greedy_agreements(served, exact, seed=3) >= 4
+    for ids in (torch.tensor([[5], [17], [200], [31]]), torch.tensor([[5, 17, 200, 31, 9, 44, 101, 7]])):
+        with torch.inference_mode():
+            expected, got = exact(ids).logits, served(ids).logits
+        assert (got - expected).abs().max() < 0.05 * expected.abs().max()
 
 
 def large_experts() -> torch.nn.Module:
