@@ -67,6 +67,7 @@ def gpt_oss_config(size: str, layers: int, vocab_size: int, bos: int | None, eos
         bos_token_id=bos,
         eos_token_id=eos,
         tie_word_embeddings=False,
+        architectures=["GptOssForCausalLM"],  # (llama.cpp's converter finds its class by it)
     )
 
 

@@ -260,7 +260,9 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     if has_row_states(model_config) and not is_state_space(model_config):  # a hybrid: both
         log.info("%s", size_row_states(config, model_config, cache_dtype).summary())
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
-    if gguf_file is not None:
+    if gguf_file is not None and model_config.model_type == "gpt_oss" and experts_from_blocks:
+        log.info("reading the GGUF file's weights, its experts left to their blocks: each start, no copy")
+    elif gguf_file is not None:
         log.info("converting the GGUF file's weights: a first start only, about 6 s on 2 cores")
         if streamed and write_converted(location, gguf_file, model_config, converted, trust, left_out):
             location, gguf_file = str(converted), None  # then loaded as a later start loads it
