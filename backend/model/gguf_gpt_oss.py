@@ -64,6 +64,17 @@ def gpt_oss_config(path: Path, config: PretrainedConfig) -> GptOssConfig:
     return GptOssConfig(**{key: value for key, value in read.items() if key != "model_type"})
 
 
+def experts_left_to_blocks(path: Path, config: GptOssConfig) -> int:
+    """The experts' parameters that `read_gpt_oss(experts_in_blocks=True)` leaves as placeholders (for the
+    start's check: they are never floats)."""
+    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(path)).tensors}
+    experts, width, hidden = config.num_local_experts, config.intermediate_size, config.hidden_size
+    served = [
+        gguf_weights.experts_in_blocks(tensors, layer, experts) for layer in range(config.num_hidden_layers)
+    ]
+    return sum(served) * experts * 3 * width * hidden
+
+
 def read_gpt_oss(
     path: Path, config: GptOssConfig, experts_in_blocks: bool = False
 ) -> dict[str, torch.Tensor]:

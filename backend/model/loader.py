@@ -228,8 +228,13 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     streamed = gguf_file is not None and gguf_conversion.streams(Path(location, gguf_file), model_config)
     # and served from its blocks where the CPU multiplies them, its layers then loaded lean (lean_load.py)
     lean_possible = quantization == "gguf" and block_weights.available(device)
-    # (a gpt-oss file's experts then load as placeholders: gguf_gpt_oss.py)
+    # (a gpt-oss file's experts then load as placeholders, and no copy is written: gguf_gpt_oss.py)
     experts_from_blocks = lean_possible and gguf_file is not None
+    gpt_oss_experts = (
+        gguf_gpt_oss.experts_left_to_blocks(Path(location, gguf_file), model_config)
+        if experts_from_blocks and model_config.model_type == "gpt_oss"
+        else 0
+    )
     gguf_path = Path(source.location) / source.gguf_file if source.is_gguf else None
     # and whose first start then writes a copy without those layers' floats (gguf_conversion.py)
     left_out = (
@@ -246,13 +251,15 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         rows=config.rows,
         max_seq_len=max_seq_len,
         disk_path=root,
-        converting=gguf_file is not None,
+        converting=gguf_file is not None and not gpt_oss_experts,
         quantizing=quantization if quantization in ("gguf", *QUANTIZERS) else None,
         gguf_bytes=(Path(source.location) / gguf_file).stat().st_size if gguf_file else None,
         converting_whole=gguf_file is not None and not streamed,
         lean_blocks=blocks_bytes(gguf_path, converted) if lean_possible else None,
         left_to_blocks=parameters_of(model_config, left_out),
-        experts_in_blocks=mxfp4_checkpoint.expert_parameters(skeleton(model_config)) if mxfp4_lean else 0,
+        experts_in_blocks=(
+            mxfp4_checkpoint.expert_parameters(skeleton(model_config)) if mxfp4_lean else gpt_oss_experts
+        ),
     )
     copies = check_room_for_copies(check, lean_possible)
 

@@ -101,19 +101,21 @@ def estimate_needs(
     (WHOLE_CONVERSION_BYTES); `lean_blocks`: what a GGUF file's blocks take, where its layers load lean
     (LEAN_LOADING_BYTES); `without_copies`: a lean load whose layers keep no dense copies for many rows;
     `left_to_blocks`: the parameters a converted copy leaves out, which the file's blocks serve;
-    `experts_in_blocks`: an MXFP4 checkpoint's experts' parameters, served from its blocks (18 bytes a 32)
-    and never held as floats."""
+    `experts_in_blocks`: experts' parameters served from blocks and never held as floats (an MXFP4
+    checkpoint's, at 18 bytes a 32; a gpt-oss GGUF file's, among `lean_blocks`)."""
     element = torch.finfo(dtype).bits // 8
     model = skeleton(model_config)
     parameters = sum(p.numel() for p in model.parameters())
-    weights = parameters * element
+    floats = parameters - experts_in_blocks  # the parameters loaded, or converted, as floats
+    weights = floats * element
     if quantizing == "gguf" and lean_blocks is not None:
         # A lean GGUF load serves its blocks beside the dense copies (at most all of them: a CPU whose
         # bfloat16 products beat int8 keeps them all), or beside its floats alone, without copies
         projections = quantizable_linears(model).values()  # those the blocks may serve: all but the head
         uncopied = sum(linear.weight.numel() for linear in projections) if without_copies else 0
         weights += lean_blocks - uncopied * element
-    weights -= experts_in_blocks * element - experts_in_blocks * MXFP4_BLOCK_BYTES // 32
+    else:
+        weights += experts_in_blocks * MXFP4_BLOCK_BYTES // 32
     kv_cache = (
         0
         if is_state_space(model_config)
@@ -122,10 +124,10 @@ def estimate_needs(
     if has_row_states(model_config):  # a fixed size a row, whatever its length
         kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
     if quantizing == "gguf" and lean_blocks is not None:
-        loading = weights + int(parameters * LEAN_LOADING_BYTES)
+        loading = weights + int(floats * LEAN_LOADING_BYTES)
     else:
         loading = weights + int(parameters * LOADING_BYTES[quantizing]) if quantizing else 0
-    conversion = int(parameters * WHOLE_CONVERSION_BYTES) if converting_whole else 0
+    conversion = int(floats * WHOLE_CONVERSION_BYTES) if converting_whole else 0
     # float32 weights, and the blocks at most the file's size
     converted = (parameters - left_to_blocks) * 4 + gguf_bytes if gguf_bytes is not None else 0
     return Needs(weights, kv_cache, rows, max_seq_len, loading, conversion, converted)

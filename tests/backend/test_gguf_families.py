@@ -400,6 +400,8 @@ def test_a_gpt_oss_file_serves_its_mxfp4_experts_without_ever_holding_their_floa
 
     monkeypatch.setattr(gguf_gpt_oss, "read_gpt_oss", reading)
     served = load_gguf(path, tmp_path, quantize="auto").model
+    # what the start's check counts as never floats: both layers' experts
+    assert gguf_gpt_oss.experts_left_to_blocks(path, served.config) == 2 * 4 * 3 * 128 * 64
     blocks = block_weights.available(torch.device("cpu"))
     if blocks:  # (elsewhere the experts load as floats, and their copy is written)
         assert strides == [(0, 0, 0)] * 4

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GptOssConfig
 
 from backend.model.architectures import UnsupportedModel
-from backend.model.resources import GIB, estimate_needs, skeleton
+from backend.model.resources import GIB, WHOLE_CONVERSION_BYTES, estimate_needs, skeleton
 from backend.quant import block_weights, mxfp4_checkpoint
 from backend.quant.group_wise import UnsupportedCheckpoint
 from backend.quant.quantized_experts import QuantizedExperts, expert_weight
@@ -173,6 +173,14 @@ def test_the_start_check_counts_the_experts_as_served_not_as_floats():
     served = estimate_needs(config, torch.bfloat16, 1, 1024, experts_in_blocks=experts)
     assert as_floats.weights / GIB > 38
     assert 12.5 < served.weights / GIB < 14
+    # Its GGUF file (model/gguf_gpt_oss.py): the experts among the file's blocks, the rest converted
+    blocks = 12 * GIB
+    gguf = dict(quantizing="gguf", lean_blocks=blocks, converting_whole=True)
+    whole = estimate_needs(config, torch.bfloat16, 1, 1024, **gguf)
+    lean = estimate_needs(config, torch.bfloat16, 1, 1024, **gguf, experts_in_blocks=experts)
+    others = sum(p.numel() for p in skeleton(config).parameters()) - experts
+    assert lean.weights == others * 2 + blocks and whole.weights > lean.weights + experts
+    assert lean.conversion == int(others * WHOLE_CONVERSION_BYTES) < whole.conversion / 5
 
 
 def test_the_benchmarks_random_gpt_oss_is_an_mxfp4_checkpoint_the_server_serves(tmp_path):
