@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 METHOD = "mxfp4"
 BLOCKS, SCALES = "_blocks", "_scales"  # an MXFP4 projection's two tensors, after its name
-E2M1_DOUBLED = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.float32)
+E2M1_DOUBLED = torch.tensor(block_weights.TABLE_VALUES[block_weights.Table.MXFP4], dtype=torch.float32)
 
 
 def is_mxfp4_checkpoint(quantization_config: dict | None) -> bool:
