@@ -140,8 +140,9 @@ class WeightOnlyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         few_rows = x.dim() == 2 and x.shape[0] < self.dense_from_rows
-        if few_rows and x.dtype == self.compute_dtype and self.bias is None:
-            return self.packed_matmul(x)  # a decode step's few rows (decoder_runner): no reshapes, no casts
+        if few_rows and x.dtype == self.compute_dtype:  # a decode step's few rows: no reshapes, no casts
+            out = self.packed_matmul(x)
+            return out if self.bias is None else out + self.bias
         flat = x.reshape(-1, self.in_features)
         if self.takes_many_rows_path(flat.shape[0]):
             out = self.many_rows_matmul(flat)
