@@ -76,12 +76,13 @@ def experts_left_to_blocks(path: Path, config: GptOssConfig) -> int:
 
 
 def read_gpt_oss(
-    path: Path, config: GptOssConfig, experts_in_blocks: bool = False
+    path: Path, config: GptOssConfig, experts_in_blocks: bool = False, dtype: torch.dtype = torch.float32
 ) -> dict[str, torch.Tensor]:
     """Every weight of the gpt-oss in `path`, in float32, by transformers' names (module docstring);
     `experts_in_blocks`: the experts' weights of each layer whose blocks the default mode will serve
     (`gguf_weights.experts_in_blocks`) are placeholders of their shape that hold no memory (gpt-oss-20b's
-    are 77 GB in float32), as an MXFP4 checkpoint's are (quant/mxfp4_checkpoint.py)."""
+    are 77 GB in float32), as an MXFP4 checkpoint's are (quant/mxfp4_checkpoint.py), in `dtype`: the
+    model's, or a cast would make them whole."""
     tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(path)).tensors}
     with torch.device("meta"):  # names and shapes only
         skeleton = GptOssForCausalLM(config)
@@ -102,7 +103,7 @@ def read_gpt_oss(
                 "down_proj": (width, config.hidden_size),
             }
             for name, shape in shapes.items():
-                weights[f"{prefix}.{name}"] = torch.zeros(()).expand(experts, *shape)
+                weights[f"{prefix}.{name}"] = torch.zeros((), dtype=dtype).expand(experts, *shape)
         else:
             gate, up, down = (part_of(path, tensors, layer, part, "weight") for part in PARTS)
             weights[f"{prefix}.gate_up_proj"] = interleaved(gate, up).transpose(1, 2)  # [experts, in, out]

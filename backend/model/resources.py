@@ -44,6 +44,10 @@ LEAN_LOADING_BYTES = 0.7
 # An MXFP4 checkpoint's experts (mxfp4_checkpoint.py): 18 bytes a block of 32 weights as served (an fp16
 # d; 17 as stored), read a projection at a time as they are packed.
 MXFP4_BLOCK_BYTES = 18
+# A gpt-oss GGUF file's experts (model/gguf_gpt_oss.py): read as the blocks copy keeps them (4-bit values two
+# a byte, a float32 d a 32) before their layers are made. Its 4-layer gpt-oss-20b-shaped file held 2.4 GiB
+# once loaded and peaked 1.7 GiB higher: 0.53 bytes an expert's weight.
+EXPERTS_READ_BYTES = 0.55
 # A GGUF file whose architecture's tensors are read together (gguf_conversion.streams: Qwen2/3-MoE,
 # gpt-oss, GPT-2, Mixtral) is converted in memory: its float32 model whole, 4.6 GiB of the 1B above
 # (converted so, before files were converted a tensor at a time), in bytes a parameter.
@@ -124,7 +128,7 @@ def estimate_needs(
     if has_row_states(model_config):  # a fixed size a row, whatever its length
         kv_cache += StateShape.of(model_config).bytes(rows, cache_dtype or dtype)
     if quantizing == "gguf" and lean_blocks is not None:
-        loading = weights + int(floats * LEAN_LOADING_BYTES)
+        loading = weights + int(floats * LEAN_LOADING_BYTES + experts_in_blocks * EXPERTS_READ_BYTES)
     else:
         loading = weights + int(parameters * LOADING_BYTES[quantizing]) if quantizing else 0
     conversion = int(floats * WHOLE_CONVERSION_BYTES) if converting_whole else 0

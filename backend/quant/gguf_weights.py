@@ -72,6 +72,7 @@ from backend.quant.quantized_linear import (
     quantize_head,
     replace_module,
 )
+from backend.utils.heap import give_back_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -292,10 +293,9 @@ def parse_gguf_blocks(path: Path, model: nn.Module) -> GGUFBlocks:
         rows = processor.process(weights=np.asarray(tensor.data), name=tensor.name).weights
         layers.add(module, gguf_types.unpack(rows, tensor.tensor_type))
         kinds[module] = tensor.tensor_type.name
-    for experts in gguf_experts(tensors, model):
-        for key, (weight, kind) in experts.items():
-            layers.add(key, weight)
-            kinds[key] = kind
+    for key, weight, kind in gguf_experts(tensors, model):
+        layers.add(key, weight)
+        kinds[key] = kind
     return GGUFBlocks(layers, head, types, head_type, kinds)
 
 
@@ -337,12 +337,13 @@ def expert_tensors(tensors: dict, layer: int, part: str, count: int) -> list | N
     return each if all(tensor is not None for tensor in each) else None
 
 
-def gguf_experts(tensors: dict, model: nn.Module) -> Iterator[dict[str, tuple]]:
-    """Each experts' module's weights as the file's blocks (quantized_experts.py), a module at a time (its
-    experts unpacked, a byte a value, while the caller packs them), by `expert_key`: llama.cpp's
-    `blk.N.ffn_{gate,up,down}_exps` tensors split by expert (or its tensors of one expert each:
-    `expert_tensors`), gate and up joined as transformers' `gate_up_proj` joins them (gpt-oss's
-    interleaved), as 8-bit blocks where they unpack to two kinds. A layer whose experts are stored as
+def gguf_experts(tensors: dict, model: nn.Module) -> Iterator[tuple[str, Weight, str]]:
+    """Each experts' module's weights as the file's blocks (quantized_experts.py), by `expert_key`, with
+    their GGUF type: llama.cpp's `blk.N.ffn_{gate,up,down}_exps` tensors split by expert (or its tensors
+    of one expert each: `expert_tensors`), gate and up joined as transformers' `gate_up_proj` joins them
+    (gpt-oss's interleaved), as 8-bit blocks where they unpack to two kinds. An expert's projection at a
+    time, unpacked (a byte a value) as the caller packs it: a module's whole, unpacked and joined, was 1.6
+    GB of a 4-layer gpt-oss-20b's start beside its 2 GB of blocks. A layer whose experts are stored as
     floats is left out (`experts_in_blocks`: its experts stay floats)."""
     for index, layer in enumerate(model.model.layers):
         experts = getattr(getattr(layer, "mlp", None), "experts", None)
@@ -351,18 +352,16 @@ def gguf_experts(tensors: dict, model: nn.Module) -> Iterator[dict[str, tuple]]:
         if not experts_in_blocks(tensors, index, experts.num_experts):
             continue
         parts = [expert_tensors(tensors, index, part, experts.num_experts) for part in ("gate", "up", "down")]
-        gate, up, down = (each_expert(ts, experts.num_experts) for ts in parts)
+        gate, up, down = (expert_rows(ts, experts.num_experts) for ts in parts)
         together = interleave if quantized_experts.is_gpt_oss(experts) else join
         module = next(name for name, m in model.named_modules() if m is experts)
         kinds = [ts[0].tensor_type.name for ts in parts]
         gate_kind = kinds[0] if kinds[0] == kinds[1] else f"{kinds[0]}/{kinds[1]}"
-        yield {
-            **{
-                expert_key(module, "gate_up", e): (together(*same_kind(g, u)), gate_kind)
-                for e, (g, u) in enumerate(zip(gate, up, strict=True))
-            },
-            **{expert_key(module, "down", e): (d, kinds[2]) for e, d in enumerate(down)},
-        }
+        for e, (g, u) in enumerate(zip(gate, up, strict=True)):
+            joined = together(*same_kind(gguf_types.unpack(*g), gguf_types.unpack(*u)))
+            yield expert_key(module, "gate_up", e), joined, gate_kind
+        for e, d in enumerate(down):
+            yield expert_key(module, "down", e), gguf_types.unpack(*d), kinds[2]
 
 
 def experts_in_blocks(tensors: dict, layer: int, count: int) -> bool:
@@ -396,19 +395,13 @@ def served_tensor(tensor) -> bool:
     return gguf_types.served(tensor.tensor_type, int(tensor.shape[0]))  # ggml's shape: inputs first
 
 
-def each_expert(tensors: list, count: int) -> list[Weight]:
-    """A projection's weights, one an expert, from its one stacked tensor or its tensors of one expert."""
+def expert_rows(tensors: list, count: int) -> list[tuple[np.ndarray, gguf.GGMLQuantizationType]]:
+    """A projection's stored rows and type, one an expert, from its one stacked tensor [experts, rows,
+    bytes] or its tensors of one expert: views of the file, nothing unpacked."""
     if len(tensors) == 1:
-        return split_experts(tensors[0], count)
-    return [gguf_types.unpack(np.asarray(tensor.data), tensor.tensor_type) for tensor in tensors]
-
-
-def split_experts(tensor, count: int) -> list[Weight]:
-    """A [experts, rows, inputs] tensor's blocks as one weight an expert."""
-    data = np.asarray(tensor.data)
-    whole = gguf_types.unpack(data.reshape(-1, data.shape[-1]), tensor.tensor_type)
-    pieces = [torch.chunk(t, count) for t in fields_of(whole)]
-    return [type(whole)(*parts) for parts in zip(*pieces, strict=True)]
+        data = np.asarray(tensors[0].data)
+        return [(rows, tensors[0].tensor_type) for rows in data.reshape(count, -1, data.shape[-1])]
+    return [(np.asarray(tensor.data), tensor.tensor_type) for tensor in tensors]
 
 
 def join(first: Weight, second: Weight):
@@ -488,6 +481,9 @@ def serve_gguf_weights(
     layers loaded without their floats (model/lean_load.py), whose dense copies are made from their
     blocks when asked for."""
     blocks = blocks if blocks is not None else read_gguf_blocks(path, model, cache_dir)
+    # The blocks' unpacked temporaries, given back before the layers are made beside the blocks (a 4-layer
+    # gpt-oss-20b's start peaked 0.4 GiB higher with them held)
+    give_back_freed_memory()
     from_blocks = len(blocks.layers)
     linears = quantizable_linears(model)
     served = Counter()
