@@ -506,7 +506,7 @@ def requantize_int8(weights: np.ndarray) -> EightBitWeight:
 
 def fp16_at_least(wanted: torch.Tensor) -> torch.Tensor:
     """Each scale `wanted` in fp16, as the CPU's blocks keep it, rounded up where it rounded down (a small
-    block's subnormal scale can, by several percent; one over 2048 by a part in 2048), as float32: no
+    block's subnormal scale can, by several percent; any other, by up to half its step), as float32: no
     weight then falls outside -127..127 of it."""
     scale = wanted.to(torch.float16)
     up = torch.nextafter(scale, torch.full_like(scale, float("inf")))
