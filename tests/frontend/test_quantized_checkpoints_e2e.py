@@ -1,9 +1,10 @@
 """Quantized checkpoints as people download them, through the real server and the official `openai`
 client: a GPTQ checkpoint (written to GPTQModel's packing, tests/backend/group_wise_files.py) and
 Q4_K_M GGUF files (tests/backend/gguf_files.py: a Llama's, and a Mixtral's), each served in the default
-mode from its own 4-bit blocks (the GPTQ checkpoint's act-order layers from 8-bit blocks of theirs), and
-a "-bnb-4bit" checkpoint that bitsandbytes wrote (tests/backend/bitsandbytes_files.py) from 8-bit blocks
-of its NF4 weights; greedy completions against `generate` on the same weights dequantized."""
+mode from its own 4-bit blocks (the GPTQ checkpoint's act-order layers from 8-bit blocks of theirs), a
+"-bnb-4bit" checkpoint that bitsandbytes wrote (tests/backend/bitsandbytes_files.py) from 8-bit blocks
+of its NF4 weights, and gpt-oss's MXFP4 experts, of its checkpoint and of its GGUF file, from their own
+blocks; greedy completions against `generate` on the same weights dequantized."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 from openai import OpenAI
 
 from backend.messages import BackendConfig
@@ -21,6 +23,7 @@ from tests.backend.bitsandbytes_files import write_bitsandbytes_checkpoint
 from tests.backend.gguf_files import q4_k_m, write_tiny_gguf
 from tests.backend.group_wise_files import write_group_wise_checkpoint
 from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, reference_greedy, tiny_model
+from tests.backend.mxfp4_files import write_mxfp4_checkpoint
 from tests.server_fixture import running_server
 
 MAX_TOKENS = 8
@@ -92,4 +95,50 @@ def test_a_q4_k_m_gguf_file_is_served_from_its_blocks(family, tmp_path, monkeypa
     # Fewer than GPTQ's: Q4_K's blocks keep d * s in fp16, and this random model's logits are near-ties
     # (on bfloat16 activations rounded to int8 a block; tests/backend/test_gguf_families.py holds the
     # logits to the file's). A layer read wrong agrees on none.
+    assert completions_agreeing(str(path), reference.model, same_text, eos_ids) >= 4
+
+
+def large_gpt_oss() -> torch.nn.Module:
+    """A tiny gpt-oss whose experts move its logits (random initialization's barely do)."""
+    model = tiny_model("gpt_oss")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj.normal_(0, 0.3)
+            layer.mlp.experts.down_proj.normal_(0, 0.3)
+            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.5)
+    return model
+
+
+def test_a_gpt_oss_mxfp4_checkpoint_is_served_from_its_own_blocks(tmp_path):
+    """openai/gpt-oss-20b's form (tests/backend/mxfp4_files.py): its experts from MXFP4 blocks of exactly
+    the checkpoint's weights, never held as floats."""
+    directory = tmp_path / "tiny-gpt-oss"
+    write_mxfp4_checkpoint(directory, large_gpt_oss())
+    exact = BackendConfig(model=str(directory), dtype="float32", quantize="none", cache_dir=str(tmp_path))
+    reference = load_model(exact).model  # transformers' dequantization of the same checkpoint
+    # a random model's near-ties tip on int8 activations; an expert read wrong agrees on none
+    assert completions_agreeing(str(directory), reference, marker_ids_match, {TINY_EOS}) >= 6
+
+
+def test_a_gpt_oss_gguf_file_is_served_from_its_mxfp4_blocks(tmp_path, monkeypatch):
+    """ggml-org's form (experts MXFP4, the rest Q8_0), which transformers cannot read: served from its
+    own blocks, the experts never held as floats (model/gguf_gpt_oss.py)."""
+    monkeypatch.setenv("INFERENCE_CACHE_DIR", str(tmp_path / "cache"))
+
+    def mix(name: str) -> GGMLQuantizationType:  # llama-quantize's MXFP4_MOE
+        return GGMLQuantizationType.MXFP4 if "_exps." in name else GGMLQuantizationType.Q8_0
+
+    path = write_tiny_gguf(tmp_path / "tiny-gpt-oss.gguf", large_gpt_oss(), default_model_path(), mix)
+    exact = BackendConfig(
+        model=str(path), dtype="float32", quantize="none", cache_dir=str(tmp_path / "exact")
+    )
+    reference = load_model(exact)
+
+    def same_text(text: str, ids: list[int]) -> bool:
+        return text == reference.tokenizer.decode(ids)
+
+    eos = reference.model.generation_config.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, list) else {eos}
+    # As the Q4_K_M files' (its attention Q8_0, activations int8 a block): 6 of 10 here, and 0 with its
+    # experts' gate and up joined rather than interleaved
     assert completions_agreeing(str(path), reference.model, same_text, eos_ids) >= 4
