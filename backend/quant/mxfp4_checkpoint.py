@@ -117,8 +117,8 @@ def read_checkpoint(
 ) -> tuple[dict[str, torch.Tensor], dict[str, StoredProjection]]:
     """The checkpoint's state dict with each MXFP4 projection's weights as transformers' experts' module
     keeps them ([experts, in, out]) in `dtype`: dequantized, or (`placeholders`: the CPU's blocks will
-    serve them) placeholders of that shape that hold no memory, for each module whose projections all
-    fit the kernels (`serve_mxfp4` serves those); and where the projections are, by parameter name
+    serve them) placeholders of that shape that hold no memory, for each module `serve_mxfp4` serves
+    (`module_served`); and where the projections are, by parameter name
     ("model.layers.0.mlp.experts.gate_up_proj"), read as they are served."""
     state_dict: dict[str, torch.Tensor] = {}
     parts: dict[str, dict[str, tuple]] = {}
@@ -139,7 +139,7 @@ def read_checkpoint(
     for name, projection in projections.items():
         out_features, in_features = projection.weight_shape
         shape = (projection.experts, in_features, out_features)  # [experts, in, out]: gpt-oss's x @ W
-        if placeholders and module_fits(name.rpartition(".")[0], projections):
+        if placeholders and module_served(name.rpartition(".")[0], projections):
             state_dict[name] = torch.zeros((), dtype=dtype).expand(shape)
         else:
             read = projection.read()
@@ -168,20 +168,22 @@ def projection_of(name: str, stored: dict[str, tuple]) -> StoredProjection:
     return StoredProjection(blocks_path, name, scales)
 
 
-def module_fits(module: str, projections: dict[str, StoredProjection]) -> bool:
-    """Whether every MXFP4 projection of the experts' module `module` fits the kernels."""
-    return all(p.fits() for name, p in projections.items() if name.rpartition(".")[0] == module)
+def module_served(module: str, projections: dict[str, StoredProjection]) -> bool:
+    """Whether `serve_mxfp4` serves the experts' module `module`: both its projections in MXFP4, each of a
+    shape the kernels take."""
+    names = [f"{module}.{part}_proj" for part in quantized_experts.PARTS]
+    return all(name in projections and projections[name].fits() for name in names)
 
 
 def serve_mxfp4(model: nn.Module, projections: dict[str, StoredProjection]) -> Counter:
     """Replace each experts' module whose projections the checkpoint keeps in MXFP4, and which fit the
     kernels, by a QuantizedExperts of those weights (module docstring), letting go of each projection as
-    it is served; returns how many layers were served each way, for the log. A module of a shape the
-    kernels do not take keeps the floats it was built from."""
+    it is served; returns how many layers were served each way, for the log. Any other module (of a shape
+    the kernels do not take, or with a projection stored otherwise) keeps the floats it was built from."""
     served = Counter()
     modules = {name.rpartition(".")[0] for name in projections}
     for module_name in sorted(modules):
-        if not module_fits(module_name, projections):
+        if not module_served(module_name, projections):  # (its floats are real: read_checkpoint)
             continue
         experts = model.get_submodule(module_name)
         if not quantized_experts.takes(experts):  # (an MXFP4 checkpoint is gpt-oss's: loader.py checks)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, GptOssConfig
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from backend.model.architectures import UnsupportedModel
 from backend.model.resources import GIB, WHOLE_CONVERSION_BYTES, estimate_needs, skeleton
@@ -204,3 +205,23 @@ def test_the_benchmarks_random_gpt_oss_is_an_mxfp4_checkpoint_the_server_serves(
     with torch.inference_mode():
         expected, got = reference(ids).logits, served(ids).logits
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+
+
+def test_experts_with_a_projection_stored_otherwise_keep_their_floats(tmp_path):
+    """A layer whose down projection the checkpoint keeps in bfloat16 (as transformers' MXFP4 quantizer
+    leaves a module it was told not to convert): that layer's experts stay transformers' module, built
+    from the stored floats and the dequantized gate_up; the other layer's are served from blocks."""
+    write_mxfp4_checkpoint(tmp_path / "mxfp4")
+    path = tmp_path / "mxfp4" / "model.safetensors"
+    tensors = load_file(path)
+    prefix = "model.layers.0.mlp.experts.down_proj"
+    blocks, scales = tensors.pop(f"{prefix}_blocks"), tensors.pop(f"{prefix}_scales")
+    tensors[prefix] = convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16)
+    save_file(tensors, path, metadata={"format": "pt"})
+    served = load_on_cpu(tmp_path / "mxfp4", tmp_path, quantize="auto").model
+    exact = load_on_cpu(tmp_path / "mxfp4", tmp_path, quantize="none").model
+    first, second = experts_of(served)
+    assert not isinstance(first, QuantizedExperts)
+    assert torch.equal(first.down_proj, experts_of(exact)[0].down_proj)
+    assert torch.equal(first.gate_up_proj, experts_of(exact)[0].gate_up_proj)
+    assert isinstance(second, QuantizedExperts) == BLOCKS
