@@ -25,6 +25,18 @@ from tests.backend.models import tiny_model, write_tiny_causal_lm
 PROJECTIONS = ("gate_up_proj", "down_proj")
 
 
+def weighty_gpt_oss(model: torch.nn.Module | None = None) -> torch.nn.Module:
+    """`tiny_model("gpt_oss")` (or `model`) with experts that move its logits (random initialization's
+    barely do): weights and biases large enough that an expert read wrong changes the greedy tokens."""
+    model = model if model is not None else tiny_model("gpt_oss")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj.normal_(0, 0.3)
+            layer.mlp.experts.down_proj.normal_(0, 0.3)
+            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.5)
+    return model
+
+
 def write_mxfp4_checkpoint(directory: Path, model: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
     """A model directory the server loads: `tiny_model("gpt_oss")` (or `model`) in bfloat16 with its
     experts in MXFP4. Returns each experts' projection's weights as transformers dequantizes them, in

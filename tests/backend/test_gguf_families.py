@@ -42,6 +42,7 @@ from tests.backend.models import (
     text_of,
     tiny_model,
 )
+from tests.backend.mxfp4_files import weighty_gpt_oss
 from tests.backend.test_falcon import SHAPES, tiny_falcon
 
 Q4_0 = GGMLQuantizationType.Q4_0
@@ -382,12 +383,7 @@ def test_a_gpt_oss_file_serves_its_mxfp4_experts_without_ever_holding_their_floa
     are 77 GB in float32), writes no converted copy of them, and serves every expert from MXFP4's blocks
     of exactly the file's weights, with their biases; a decode step's logits are those of the same file
     dequantized to float32 (the exact mode), to the int8 rounding of activations."""
-    model = random_norms(tiny_model("gpt_oss"))
-    with torch.no_grad():  # experts that move the logits (random initialization's barely do)
-        for layer in model.model.layers:
-            layer.mlp.experts.gate_up_proj.normal_(0, 0.3)
-            layer.mlp.experts.down_proj.normal_(0, 0.3)
-            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.5)
+    model = weighty_gpt_oss(random_norms(tiny_model("gpt_oss")))
     path = write_tiny_gguf(tmp_path / "gpt-oss.gguf", model, default_model_path(), mxfp4_moe)
     strides, read = [], gguf_gpt_oss.read_gpt_oss
 

@@ -17,8 +17,8 @@ from backend.quant import block_weights, mxfp4_checkpoint
 from backend.quant.group_wise import UnsupportedCheckpoint
 from backend.quant.quantized_experts import QuantizedExperts, expert_weight
 from backend.quant.quantized_linear import BlocksLinear, Int8Linear, resident_bytes
-from tests.backend.models import load_on_cpu, tiny_model, write_tiny_causal_lm
-from tests.backend.mxfp4_files import mxfp4_blocks, write_mxfp4_checkpoint
+from tests.backend.models import load_on_cpu, write_tiny_causal_lm
+from tests.backend.mxfp4_files import mxfp4_blocks, weighty_gpt_oss, write_mxfp4_checkpoint
 from tests.conftest import ROOT
 
 BLOCKS = block_weights.available(torch.device("cpu"))
@@ -88,7 +88,7 @@ def test_a_served_checkpoint_gives_the_logits_of_its_dequantized_model(tmp_path)
     """A decode step's rows and a prompt's tokens through the served model give the exact mode's logits,
     to the int8 rounding of activations: gpt-oss's routing, biases and clamped activation over the blocks'
     products. (Greedy tokens are no test here: a tiny random model's logits are near ties.)"""
-    write_mxfp4_checkpoint(tmp_path / "mxfp4", large_experts())
+    write_mxfp4_checkpoint(tmp_path / "mxfp4", weighty_gpt_oss())
     served = load_on_cpu(tmp_path / "mxfp4", tmp_path, quantize="auto").model
     exact = load_on_cpu(tmp_path / "mxfp4", tmp_path, quantize="none").model
     assert all(isinstance(module, QuantizedExperts) for module in experts_of(served)) == BLOCKS
@@ -96,18 +96,6 @@ def test_a_served_checkpoint_gives_the_logits_of_its_dequantized_model(tmp_path)
         with torch.inference_mode():
             expected, got = exact(ids).logits, served(ids).logits
         assert (got - expected).abs().max() < 0.05 * expected.abs().max()
-
-
-def large_experts() -> torch.nn.Module:
-    """A tiny gpt-oss whose experts move its logits (random initialization's barely do): weights and
-    biases large enough that a wrong expert changes the greedy tokens."""
-    model = tiny_model("gpt_oss")
-    with torch.no_grad():
-        for experts in experts_of(model):
-            experts.gate_up_proj.normal_(0, 0.3)
-            experts.down_proj.normal_(0, 0.3)
-            experts.gate_up_proj_bias.normal_(0, 0.5)
-    return model
 
 
 @pytest.mark.skipif(not BLOCKS, reason="needs the CPU's blocks")

@@ -23,7 +23,7 @@ from tests.backend.bitsandbytes_files import write_bitsandbytes_checkpoint
 from tests.backend.gguf_files import q4_k_m, write_tiny_gguf
 from tests.backend.group_wise_files import write_group_wise_checkpoint
 from tests.backend.models import TINY_EOS, TINY_VOCAB, MarkerTokenizer, reference_greedy, tiny_model
-from tests.backend.mxfp4_files import write_mxfp4_checkpoint
+from tests.backend.mxfp4_files import weighty_gpt_oss, write_mxfp4_checkpoint
 from tests.server_fixture import running_server
 
 MAX_TOKENS = 8
@@ -98,22 +98,11 @@ def test_a_q4_k_m_gguf_file_is_served_from_its_blocks(family, tmp_path, monkeypa
     assert completions_agreeing(str(path), reference.model, same_text, eos_ids) >= 4
 
 
-def large_gpt_oss() -> torch.nn.Module:
-    """A tiny gpt-oss whose experts move its logits (random initialization's barely do)."""
-    model = tiny_model("gpt_oss")
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.mlp.experts.gate_up_proj.normal_(0, 0.3)
-            layer.mlp.experts.down_proj.normal_(0, 0.3)
-            layer.mlp.experts.gate_up_proj_bias.normal_(0, 0.5)
-    return model
-
-
 def test_a_gpt_oss_mxfp4_checkpoint_is_served_from_its_own_blocks(tmp_path):
     """openai/gpt-oss-20b's form (tests/backend/mxfp4_files.py): its experts from MXFP4 blocks of exactly
     the checkpoint's weights, never held as floats."""
     directory = tmp_path / "tiny-gpt-oss"
-    write_mxfp4_checkpoint(directory, large_gpt_oss())
+    write_mxfp4_checkpoint(directory, weighty_gpt_oss())
     exact = BackendConfig(model=str(directory), dtype="float32", quantize="none", cache_dir=str(tmp_path))
     reference = load_model(exact).model  # transformers' dequantization of the same checkpoint
     # a random model's near-ties tip on int8 activations; an expert read wrong agrees on none
@@ -128,7 +117,7 @@ def test_a_gpt_oss_gguf_file_is_served_from_its_mxfp4_blocks(tmp_path, monkeypat
     def mix(name: str) -> GGMLQuantizationType:  # llama-quantize's MXFP4_MOE
         return GGMLQuantizationType.MXFP4 if "_exps." in name else GGMLQuantizationType.Q8_0
 
-    path = write_tiny_gguf(tmp_path / "tiny-gpt-oss.gguf", large_gpt_oss(), default_model_path(), mix)
+    path = write_tiny_gguf(tmp_path / "tiny-gpt-oss.gguf", weighty_gpt_oss(), default_model_path(), mix)
     exact = BackendConfig(
         model=str(path), dtype="float32", quantize="none", cache_dir=str(tmp_path / "exact")
     )
