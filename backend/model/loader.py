@@ -267,7 +267,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     if has_row_states(model_config) and not is_state_space(model_config):  # a hybrid: both
         log.info("%s", size_row_states(config, model_config, cache_dtype).summary())
     log.info("loading %s (%s, %s on %s)", source.name, "GGUF" if gguf_file else "safetensors", dtype, device)
-    if gguf_file is not None and model_config.model_type == "gpt_oss" and experts_from_blocks:
+    if gguf_file is not None and gpt_oss_experts:
         log.info("reading the GGUF file's weights, its experts left to their blocks: each start, no copy")
     elif gguf_file is not None:
         log.info("converting the GGUF file's weights: a first start only, about 6 s on 2 cores")
@@ -316,11 +316,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     if gguf_file is not None:
         check_all_weights_read(info["missing_keys"], source.gguf_file)
     # (a gpt-oss file whose experts are placeholders is read from the file each start: no copy of them)
-    if (
-        gguf_file is not None
-        and not holds_placeholders(model)
-        and save_converted(model, tokenizer, converted)
-    ):
+    if gguf_file is not None and not gpt_oss_experts and save_converted(model, tokenizer, converted):
         location = str(converted)
     # The frontend reads tokenizer.json with the `tokenizers` library (no torch there).
     has_fast_tokenizer = Path(location, "tokenizer.json").is_file()
@@ -679,12 +675,6 @@ def load_separate_model(
     # transformers' stand-in for "no limit" is a huge integer
     limit = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else None
     return EmbeddingModel.of(source.name, model, tokenizer_path, limit)
-
-
-def holds_placeholders(model: torch.nn.Module) -> bool:
-    """Whether some weight of the model is a placeholder of its shape (stride 0: a value for all), that
-    blocks are to serve."""
-    return any(0 in p.stride() and p.numel() > 1 for p in model.parameters())
 
 
 def save_converted(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> bool:

@@ -366,10 +366,13 @@ def gguf_experts(tensors: dict, model: nn.Module) -> Iterator[tuple[str, Weight,
 
 def experts_in_blocks(tensors: dict, layer: int, count: int) -> bool:
     """Whether `gguf_experts` serves the experts of layer `layer` from the file's blocks: each of its
-    projections stored quantized, each in one kind (what a model loaded without their floats relies on:
-    model/gguf_gpt_oss.py)."""
+    projections stored quantized, in rows the kernels take, each in one kind (what a model loaded without
+    their floats relies on: model/gguf_gpt_oss.py)."""
     parts = [expert_tensors(tensors, layer, part, count) for part in ("gate", "up", "down")]
     if any(ts is None or not all(served_tensor(t) for t in ts) for ts in parts):
+        return False
+    # (ggml's shapes: inputs first, then rows)
+    if not all(block_weights.fits(int(t.shape[1]), int(t.shape[0])) for ts in parts for t in ts):
         return False
     return all(len({t.tensor_type for t in ts}) == 1 for ts in parts)  # not a part's experts of two kinds
 
@@ -539,10 +542,6 @@ def serve_experts(model: nn.Module, blocks: GGUFBlocks, served: Counter) -> int:
             (part, e): expert_key(module_name, part, e) for part in parts for e in range(module.num_experts)
         }
         if not all(key in blocks.layers for key in keys.values()):
-            if any(0 in getattr(module, f"{part}_proj").stride() for part in parts):  # (never: a guard)
-                raise ValueError(
-                    f"{module_name}'s experts loaded without their floats, but no blocks serve them"
-                )
             continue
         layers = {part: [] for part in parts}
         for (part, expert), key in keys.items():
