@@ -421,6 +421,18 @@ def test_a_gpt_oss_file_serves_its_mxfp4_experts_without_ever_holding_their_floa
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()
 
 
+@pytest.mark.parametrize("missing", ["blk.1.ffn_up_exps.bias", "blk.0.ffn_down_exps.weight"])
+def test_a_gpt_oss_file_without_a_tensor_of_its_experts_is_refused_naming_it(missing, tmp_path):
+    """In the default mode (its experts' floats left to their blocks) as in the exact mode: refused at
+    start, the tensor named, never experts made up."""
+    path = write_tiny_gguf(
+        tmp_path / "gpt-oss.gguf", tiny_model("gpt_oss"), default_model_path(), mxfp4_moe, leave_out=missing
+    )
+    for quantize in ("auto", "none"):
+        with pytest.raises(UnsupportedModel, match=rf"gpt-oss.gguf is a gpt-oss file without {missing}"):
+            load_gguf(path, tmp_path, quantize)
+
+
 def test_a_mixtral_file_without_a_projection_of_its_experts_is_refused_naming_it(tmp_path):
     """A file that says it has experts but lacks a layer's up projections of them, stacked or one an
     expert: refused at start with the tensor named, not a traceback."""
