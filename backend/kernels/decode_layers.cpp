@@ -59,7 +59,7 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
     const at::Tensor qkv = project(normed, projections, bits, tables, next, qkv_calls);
     next = down + 1;
     const at::Tensor query = rotate_and_store(qkv, cos, sin, slots, keys[l], values[l], heads, kv_heads);
-    const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling, 0);
+    const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling, 0, std::nullopt);
     const at::Tensor output = block_matmul(attended.view({queries, -1}).to(hidden.scalar_type()), projections[o],
                                            bits[o], tables[o]);
     normed = add_rms_norm(hidden, output, norms[1 + 2 * l], eps[1 + 2 * l]);

@@ -686,14 +686,18 @@ std::vector<AttentionTask> attention_tasks(int64_t queries, int64_t kv_heads, in
 }
 
 // The parts of one span (`count` tasks' Attended in a row, `heads` heads of D each) joined into its output:
-// each part's sums scaled by e^(its largest - the largest of all).
+// each part's sums scaled by e^(its largest - the largest of all). With `sinks` (each of the heads' sink
+// logit, gpt-oss's), each head's sink is one more logit in the softmax's sum and none in the output: it
+// takes a share of the attention and gives nothing back. Without, the sums are as they were to the bit
+// (a sink of -inf adds e^-inf = 0).
 template <int64_t D, typename C>
-void join_parts(const float* partial, int64_t count, int64_t heads, C* out) {
+void join_parts(const float* partial, int64_t count, int64_t heads, const float* sinks, C* out) {
   const int64_t stride = heads * (D + 2);
   for (int64_t g = 0; g < heads; ++g) {
-    float largest = -std::numeric_limits<float>::infinity();
+    const float sink = sinks != nullptr ? sinks[g] : -std::numeric_limits<float>::infinity();
+    float largest = sink;
     for (int64_t p = 0; p < count; ++p) largest = std::max(largest, partial[p * stride + heads * D + g]);
-    float acc[D] = {}, weights = 0.f;
+    float acc[D] = {}, weights = std::exp(sink - largest);
     for (int64_t p = 0; p < count; ++p) {
       const float* part = partial + p * stride;
       const float scale = std::exp(part[heads * D + g] - largest);
@@ -706,10 +710,12 @@ void join_parts(const float* partial, int64_t count, int64_t heads, C* out) {
 
 // Each decode query over its own row of the cache, positions 0..its own (with a window of W > 0, its last W
 // of them: position - W + 1..position, as a sliding-window layer reads): [queries, heads, head_dim] in the
-// cache's dtype. Query heads are grouped by the KV head they read (grouped-query attention).
+// cache's dtype. Query heads are grouped by the KV head they read (grouped-query attention). `sinks`: each
+// query head's sink logit (join_parts), or none.
 template <int64_t D, bool DOTS>
 at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
-                               const int64_t* row_of, const int64_t* position_of, double scaling, int64_t window) {
+                               const int64_t* row_of, const int64_t* position_of, double scaling, int64_t window,
+                               const float* sinks) {
   const int64_t kv_heads = keys.size(1), max_seq_len = keys.size(2);
   const int64_t queries = query.size(0), heads = query.size(1), group = heads / kv_heads;
   at::Tensor out = at::empty_like(query);
@@ -738,7 +744,8 @@ at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, 
         const Attended to{room_of, room_of + task.heads * D, room_of + task.heads * (D + 1)};
         const Queries<C> of_task{q, qp + first, static_cast<float>(scaling)};
         attend<D, DOTS>(of_task, kp + at, vp + at, task.length, task.heads, scores.data(), to);
-        if (task.parts == 1) join_parts<D>(whole, 1, task.heads, op + first);  // sum / weights
+        const float* task_sinks = sinks != nullptr ? sinks + task.head : nullptr;
+        if (task.parts == 1) join_parts<D>(whole, 1, task.heads, task_sinks, op + first);  // sum / weights
       }
     });
     std::vector<const AttentionTask*> in_parts;  // each span in parts, by its first
@@ -748,7 +755,9 @@ at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, 
     at::parallel_for(0, static_cast<int64_t>(in_parts.size()), 1, [&](int64_t begin, int64_t end) {
       for (int64_t s = begin; s < end; ++s) {
         const AttentionTask& task = *in_parts[s];
-        join_parts<D>(parts.data() + task.partial, task.parts, task.heads, op + (task.query * heads + task.head) * D);
+        const float* task_sinks = sinks != nullptr ? sinks + task.head : nullptr;
+        join_parts<D>(parts.data() + task.partial, task.parts, task.heads, task_sinks,
+                      op + (task.query * heads + task.head) * D);
       }
     });
   });
@@ -762,7 +771,7 @@ bool attention_supports(int64_t head_dim, int64_t group) {
 // decode_attention, by bfloat16 dot products (`dots`, where the CPU has them) or in float alone.
 at::Tensor decode_attention_by(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                                const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window,
-                               bool dots) {
+                               const std::optional<at::Tensor>& sinks, bool dots) {
   for (const auto& [t, name] : {std::pair{&query, "query"}, {&keys, "keys"}, {&values, "values"}, {&rows, "rows"},
                                 {&positions, "positions"}}) {
     check_cpu_contiguous(*t, name);
@@ -786,9 +795,15 @@ at::Tensor decode_attention_by(const at::Tensor& query, const at::Tensor& keys, 
     TORCH_CHECK(row_of[i] >= 0 && row_of[i] < cache_rows && position_of[i] >= 0 && position_of[i] < max_seq_len,
                 "query ", i, " reads row ", row_of[i], " to position ", position_of[i], ", outside the cache");
   }
+  if (sinks.has_value()) {
+    check_cpu_contiguous(*sinks, "sinks");
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->dim() == 1 && sinks->size(0) == query.size(1),
+                "sinks must be float32, one a query head");
+  }
+  const float* sink_of = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   const auto of = [&](auto size, auto by_dots) {
     return decode_attention_of<decltype(size)::value, decltype(by_dots)::value>(query, keys, values, row_of,
-                                                                                position_of, scaling, window);
+                                                                                position_of, scaling, window, sink_of);
   };
   const auto sized = [&](auto by_dots) {
     if (head_dim == 64) return of(std::integral_constant<int64_t, 64>{}, by_dots);
@@ -799,14 +814,15 @@ at::Tensor decode_attention_by(const at::Tensor& query, const at::Tensor& keys, 
 }
 
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
-                            const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window) {
-  return decode_attention_by(query, keys, values, rows, positions, scaling, window, true);
+                            const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window,
+                            const std::optional<at::Tensor>& sinks) {
+  return decode_attention_by(query, keys, values, rows, positions, scaling, window, sinks, true);
 }
 
 at::Tensor decode_attention_in_float(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                                      const at::Tensor& rows, const at::Tensor& positions, double scaling,
-                                     int64_t window) {
-  return decode_attention_by(query, keys, values, rows, positions, scaling, window, false);
+                                     int64_t window, const std::optional<at::Tensor>& sinks) {
+  return decode_attention_by(query, keys, values, rows, positions, scaling, window, sinks, false);
 }
 
 // Whether decode_attention takes a bfloat16 cache's scores by dot products here (AVX-512 BF16).

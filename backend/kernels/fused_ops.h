@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
 
 namespace fused_ops {
@@ -15,7 +16,8 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
                             const at::Tensor& slots, at::Tensor& keys, at::Tensor& values, int64_t heads,
                             int64_t kv_heads);
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
-                            const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window);
+                            const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window,
+                            const std::optional<at::Tensor>& sinks);
 bool attention_supports(int64_t head_dim, int64_t group);
 
 std::string block_matmul_kernel();

@@ -37,6 +37,7 @@ from torch import nn
 
 from backend.kernels.extension import extension
 from backend.layers.attention import one_query_each
+from backend.layers.attention_features import AttentionFeatures, attention_with
 
 # RMSNorms that scale by 1 + weight (Gemma's keep their weights as offsets from 1) and name their epsilon
 # `eps`; transformers' others scale by the weight and call it `variance_epsilon`.
@@ -101,11 +102,12 @@ class EagerOps:
         scaling: float,
         scatter: bool = False,
         window: int | None = None,  # a sliding-window layer's: each reads its last `window` positions
+        sinks: torch.Tensor | None = None,  # [heads], float32: each head's sink logit (gpt-oss's)
     ) -> torch.Tensor:
         """Each query over its own row of the cache: [queries, heads, head_dim] (`decode_attention`)."""
         if window is not None:
             visible = within_window(visible, window)
-        return decode_attention(query, keys, values, rows, visible, scaling, scatter)
+        return decode_attention(query, keys, values, rows, visible, scaling, scatter, sinks)
 
     @staticmethod
     def rotate_and_store(
@@ -172,10 +174,12 @@ def decode_attention(
     visible: torch.Tensor,  # [span rows, 1, 1, span]
     scaling: float,
     scatter: bool = False,
+    sinks: torch.Tensor | None = None,  # [heads]: each head's sink logit
 ) -> torch.Tensor:
     """Each query over its own row of the cache, as one batch over the span's rows: [queries, heads,
     head_dim]. Free rows of the span get a zero query, their output dropped (attention.attend).
     With as many queries as rows, query i is row i unless `scatter` says they may come in any order.
+    With sinks, the matmuls of transformers' eager attention (attention_features.attention_with).
 
     Eager, PyTorch's scaled-dot-product kernel (attention.one_query_each); compiled, two matrix
     products and a softmax the compiler fuses with the mask: one query a row is a matrix-vector
@@ -189,7 +193,10 @@ def decode_attention(
     if scatter:
         per_row = per_row.new_zeros((span_rows, *per_row.shape[1:])).index_copy_(0, rows, per_row)
     span_keys, span_values = keys[:span_rows, :, :span], values[:span_rows, :, :span]
-    if compiling:
+    if sinks is not None:
+        features = AttentionFeatures(sinks=sinks)
+        attended = attention_with(per_row, span_keys, span_values, visible, scaling, features)
+    elif compiling:
         # Query heads grouped by the KV head they read, as `enable_gqa` groups them.
         grouped = per_row.view(span_rows, keys.shape[1], -1, head_dim)
         scores = grouped @ span_keys.transpose(2, 3) * scaling + visible
@@ -250,11 +257,14 @@ class FusedOps:
         scaling: float,
         scatter: bool = False,
         window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """As EagerOps.attend, from the rows and positions (a query reads its row's 0..position, or its
         last `window` of them), for the head sizes the loop is compiled for (`attention_supports`; the
         runner attends by EAGER's for the rest, decided once in its step plan)."""
-        return self.extension.decode_attention(query, keys, values, rows, positions, scaling, window or 0)
+        return self.extension.decode_attention(
+            query, keys, values, rows, positions, scaling, window or 0, sinks
+        )
 
     def rotate_and_store(
         self,

@@ -12,7 +12,8 @@ layer is exactly
 
 (Qwen3's adds an RMSNorm of each head's query and key before the rotation: `HeadNorms`; Qwen3-MoE's
 and Mixtral's MLP is a mixture of experts, which the runner calls as the layer's own module: `experts`;
-Gemma 3's norms each sublayer's output too, has GELU for SiLU and window layers: `GEMMA_LAYER_TYPES`)
+Gemma 3's norms each sublayer's output too, has GELU for SiLU and window layers: `GEMMA_LAYER_TYPES`;
+gpt-oss's has biases, window layers, sinks and experts: `GPT_OSS_LAYER_TYPES`)
 
 this runner does the same arithmetic on the same modules' weights in fewer
 operations: transformers' rotary embedding, applied to queries and keys in
@@ -77,7 +78,13 @@ LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral
 # base of its own (`rope_kinds`). Not its multimodal models' wrapper (model type `gemma3`), whose text
 # model sits one level further in: they take transformers' modules.
 GEMMA_LAYER_TYPES = {"gemma3_text"}
-RUNNER_TYPES = LLAMA_LAYER_TYPES | GEMMA_LAYER_TYPES
+
+# gpt-oss's layer is Qwen2's (biases on q, k and v, and on o) with Mixtral's MLP, a mixture of experts (its
+# module: router and experts, `experts`), window layers among global ones (Gemma 3's, one rotation for
+# both kinds), and each attention head's sink logit (`DecodeLayer.sinks`). Its rotary module gives cos and
+# sin of half the head's width, the rotation of the halves Llama's (`rotations` widens them).
+GPT_OSS_LAYER_TYPES = {"gpt_oss"}
+RUNNER_TYPES = LLAMA_LAYER_TYPES | GEMMA_LAYER_TYPES | GPT_OSS_LAYER_TYPES
 
 # Decode steps of fewer rows than this run `decode_layers` (compiled with --compile); from here on the
 # linear layers multiply by their dense copies (quantized_linear.DENSE_FROM_ROWS) and the step is their
@@ -199,6 +206,7 @@ class DecodeLayer:
     rotation: int = 0  # which of the runner's `rope_kinds` rotates its queries and keys
     attention_out_norm: Norm | None = None  # Gemma's norms of the attention's and the MLP's outputs
     mlp_out_norm: Norm | None = None
+    sinks: torch.Tensor | None = None  # [heads], float32: gpt-oss's sink logit of each attention head
 
 
 def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -325,6 +333,7 @@ class DecoderRunner:
                 rotation=self.rope_kinds.index(kind),
                 attention_out_norm=Norm.of(layer.post_attention_layernorm) if self.sandwich else None,
                 mlp_out_norm=Norm.of(layer.post_feedforward_layernorm) if self.sandwich else None,
+                sinks=sinks_of(layer.self_attn),
             )
             for layer, qkv, head_norms, gate_up, next_norm, kind in zip(
                 self.layers, self.qkv, self.head_norms, self.gate_up, next_norms, kinds, strict=True
@@ -444,6 +453,8 @@ class DecoderRunner:
     @staticmethod
     def supports(config: PretrainedConfig, max_seq_len: int) -> bool:
         """Whether the runner serves this model (else transformers' forward does)."""
+        if config.model_type in GPT_OSS_LAYER_TYPES:  # its windows and sinks are the runner's
+            return True
         if config.model_type in GEMMA_LAYER_TYPES:  # soft-capping (Gemma 2's) and embedding models' not
             return (
                 getattr(config, "attn_logit_softcapping", None) is None
@@ -509,13 +520,11 @@ class DecoderRunner:
             self.layers, self.bound_layers, self.qkv, self.head_norms, self.gate_up, cache.layers, strict=True
         ):
             projected = HeadNorms.after(qkv, head_norms)(rms_norm(hidden, layer.input_layernorm))
-            attended = self._attention(
-                projected, *rotations[bound.rotation], cache_layer, layout, bound.window
-            )
+            attended = self._attention(projected, *rotations[bound.rotation], cache_layer, layout, bound)
             hidden = hidden + normed_output(layer.self_attn.o_proj(attended), bound.attention_out_norm)
             normed = EAGER.norm(hidden, bound.mlp_norm)
             if gate_up is None:  # a mixture of experts: the layer's own module
-                mlp = layer.mlp(normed)
+                mlp = experts_output(layer.mlp(normed))
             else:
                 gated = EAGER.gelu_tanh_mul(gate_up(normed)) if self.gelu else EAGER.silu_mul(gate_up(normed))
                 mlp = layer.mlp.down_proj(gated)
@@ -530,7 +539,7 @@ class DecoderRunner:
         sin: torch.Tensor,
         cache_layer: CacheLayerMixin,
         layout: StepLayout,
-        window: int | None,
+        layer: DecodeLayer,  # its window and sinks
     ) -> torch.Tensor:
         tokens = qkv.shape[1]
         all_heads = qkv.view(1, tokens, -1, self.head_dim).transpose(
@@ -540,7 +549,9 @@ class DecoderRunner:
         query, key = query_and_key.split([self.heads, self.kv_heads], dim=1)
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
         by_position = self.attend if self.reads_own_positions else None
-        features = None if window is None else AttentionFeatures(window=window)
+        features = None
+        if layer.window is not None or layer.sinks is not None:
+            features = AttentionFeatures(window=layer.window, sinks=layer.sinks)
         return attend(query, keys, values, layout, self.scaling, by_position, features).reshape(1, tokens, -1)
 
     def _decode_step(
@@ -567,8 +578,16 @@ class DecoderRunner:
         """cos and sin at these positions ([1, tokens, head_dim] each) for each of `rope_kinds`: one kind
         but for Gemma 3's window and global layers."""
         if self.rope_kinds == [None]:
-            return [self.rotary(hidden, positions[None])]
+            return [self.full_width(*self.rotary(hidden, positions[None]))]
         return [self.rotary(hidden, positions[None], layer_type=kind) for kind in self.rope_kinds]
+
+    def full_width(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin over the head's whole width: gpt-oss's rotary module gives them over half of it,
+        each half of a query rotated by the same angles (its `_apply_rotary_emb`), which is Llama's
+        rotation (`rotate`) with them repeated. The same products and sums, so float32 stays exact."""
+        if cos.shape[-1] == self.head_dim:
+            return cos, sin
+        return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
     def layer_reads(self, visible: torch.Tensor) -> list[tuple[torch.Tensor, int | None]]:
         """What each layer's decode attention reads, (mask, window): the CPU's loop reads positions and
@@ -620,7 +639,16 @@ class DecoderRunner:
                 layer.qkv(normed), cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
             )
             attended = self.attend(
-                query, layer_keys, layer_values, rows, positions, reads, self.scaling, scatter, window
+                query,
+                layer_keys,
+                layer_values,
+                rows,
+                positions,
+                reads,
+                self.scaling,
+                scatter,
+                window,
+                layer.sinks,
             )
             output = layer.o(attended.view(queries, -1).to(hidden.dtype))
             if layer.attention_out_norm is not None:
@@ -659,7 +687,19 @@ def is_dense(mlp: nn.Module) -> bool:
 
 def rows_through(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """A [batch, tokens, hidden] module (transformers' MoE blocks) as a function of [rows, hidden]."""
-    return lambda x: module(x[None])[0]
+    return lambda x: experts_output(module(x[None]))[0]
+
+
+def experts_output(output: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """An MoE block's output: gpt-oss's gives its router's scores beside it."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+def sinks_of(attention: nn.Module) -> torch.Tensor | None:
+    """An attention layer's sink logits (gpt-oss's `sinks`, one a head) in float32, which the CPU's loop
+    takes (and the same tensor where they are float32 already), or None."""
+    sinks = getattr(attention, "sinks", None)
+    return None if sinks is None else sinks.detach().float().contiguous()
 
 
 def loop_attends(ops: DecodeOps, head_dim: int, group: int) -> bool:

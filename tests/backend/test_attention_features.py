@@ -30,8 +30,8 @@ from tests.backend.test_exactness import staggered_greedy_requests
 )
 def test_the_tiny_models_tell_a_feature_left_out(architecture, feature, monkeypatch):
     """Attention that ignored the feature would fail the exactness test: the tokens differ from
-    `generate`'s for most prompts (Gemma 3's on the decoder runner, which gives its layers their windows
-    itself, the others on transformers' modules)."""
+    `generate`'s for most prompts (Gemma 3's and gpt-oss's on the decoder runner, which gives their layers
+    their windows and sinks itself, Gemma 2's on transformers' modules)."""
     asked = AttentionFeatures.asked.__func__
 
     def without_feature(cls, kwargs, positions):
@@ -40,6 +40,8 @@ def test_the_tiny_models_tell_a_feature_left_out(architecture, feature, monkeypa
     monkeypatch.setattr(AttentionFeatures, "asked", classmethod(without_feature))
     if feature == "sliding_window":
         monkeypatch.setattr(decoder_runner, "window_in", lambda attention, max_seq_len: None)
+    if feature == "s_aux":
+        monkeypatch.setattr(decoder_runner, "sinks_of", lambda attention: None)
     model = tiny_model(architecture)
     rng = random.Random(architecture)
     prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(20, 60))] for _ in range(4)]

@@ -149,7 +149,7 @@ def test_rows_stay_exact_when_free_rows_sit_between_them():
         assert MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == expected, f"row {i} diverged"
 
 
-@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral", "gpt_oss"])
 def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives_transformers_logits(
     architecture, monkeypatch
 ):
@@ -158,13 +158,17 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
     `decode_layers` with the CPU's fused operations where they build, rows decoding together: each
     step's logits are transformers' forward's over the same quantized model, to 0.03 (its prompt-length
     products take another path, the 4-bit kernels' for many rows; a Llama on its own path differs by
-    0.02, and every expert's products round their activations too)."""
+    0.02, and every expert's products round their activations too). gpt-oss's window layer and every
+    layer's sinks are the CPU's loop's where it builds, its biases and half-width rotation the runner's."""
     model = tiny_model(architecture, head_dim=64)
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
     decoder = engine.runner.decoder
     assert decoder is not None and decoder.native is None  # decode_layers.cpp has no experts
     assert all(layer.experts is not None for layer in decoder.bound_layers)
+    if architecture == "gpt_oss":
+        assert [layer.window for layer in decoder.bound_layers] == [TINY_WINDOW, None]
+        assert all(layer.sinks is not None for layer in decoder.bound_layers) and decoder.reads_own_positions
     assert_4_bit_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch)
 
 

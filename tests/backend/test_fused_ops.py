@@ -169,7 +169,9 @@ def test_shapes_the_loops_cannot_take_are_refused_with_the_reason(fused):
     no_kv_heads = torch.zeros(2, 0, 4, 64)
     one = torch.tensor([0])
     with pytest.raises(RuntimeError, match="at least one KV head"):
-        fused.extension.decode_attention(torch.zeros(1, 2, 64), no_kv_heads, no_kv_heads, one, one, 0.125, 0)
+        fused.extension.decode_attention(
+            torch.zeros(1, 2, 64), no_kv_heads, no_kv_heads, one, one, 0.125, 0, None
+        )
 
 
 def test_silu_mul_and_gelu_tanh_mul_take_nan_and_infinities_as_pytorch_does(fused):
@@ -266,14 +268,57 @@ def test_attention_over_a_long_span_joins_its_parts(fused, cache_dtype, heads, w
     assert torch.equal(alone, got[:1])  # a row's parts are its own: the same numbers beside other rows
 
 
-def attention_in_float64(query, keys, values, rows, positions, scaling):
-    """Each query over its own row up to its position, in float64: [queries, heads, head_dim]."""
+@pytest.mark.parametrize("cache_dtype", DTYPES)
+@pytest.mark.parametrize("heads, window", [(6, None), (6, 700), (24, None), (24, 8)])
+def test_attention_sinks_take_their_share_in_the_loop_as_in_float64(fused, cache_dtype, heads, window):
+    """gpt-oss's sinks, one logit a query head in the softmax's sum and not in its output: the loop's
+    attention with them is attention in float64 with each head's sink beside its scores, over spans of one
+    position, of one part and of several (the sink joined once, with the parts), with a window, and a
+    group of 12 query heads (two passes, each its own heads' sinks); the eager path's too. Sinks large
+    enough to take most of the attention change the output; sinks of -inf give the loop's numbers without
+    sinks, to the bit."""
+    max_seq_len, head_dim, kv_heads = 1300, 64, 2
+    generator = torch.Generator().manual_seed(5)
+    keys, values = (torch.randn(5, kv_heads, max_seq_len, head_dim, generator=generator) for _ in range(2))
+    keys, values = keys.to(cache_dtype), values.to(cache_dtype)
+    rows, positions = torch.tensor([3, 0, 4, 1, 2]), torch.tensor([1290, 0, 512, 1100, 40])
+    query = torch.randn(5, heads, head_dim, generator=generator).to(cache_dtype)
+    sinks = torch.randn(heads, generator=generator) * 3  # some heads' sinks above their scores, some below
+    row_positions = torch.zeros(5, dtype=torch.long).index_copy_(0, rows, positions)
+    visible = visibility(row_positions, int(positions.max()) + 1, cache_dtype)
+    got = fused.attend(query, keys, values, rows, positions, visible, 0.125, window=window, sinks=sinks)
+    expected = attention_in_float64(query, keys, values, rows, positions, 0.125, sinks, window)
+    torch.testing.assert_close(got.double(), expected, **tolerance(cache_dtype))
+    eager = EAGER.attend(
+        query, keys, values, rows, positions, visible, 0.125, scatter=True, window=window, sinks=sinks
+    )
+    torch.testing.assert_close(eager.double(), expected, **tolerance(cache_dtype))
+    without = fused.attend(query, keys, values, rows, positions, visible, 0.125, window=window)
+    assert (got.float() - without.float()).abs().max() > 0.1
+    no_share = torch.full((heads,), float("-inf"))
+    assert torch.equal(
+        fused.attend(query, keys, values, rows, positions, visible, 0.125, window=window, sinks=no_share),
+        without,
+    )
+    for wrong in (sinks[:-1], sinks.double()):
+        with pytest.raises(RuntimeError, match="sinks must be float32, one a query head"):
+            fused.attend(query, keys, values, rows, positions, visible, 0.125, sinks=wrong)
+
+
+def attention_in_float64(query, keys, values, rows, positions, scaling, sinks=None, window=None):
+    """Each query over its own row up to its position (its last `window` of them), in float64, with each
+    head's sink logit in the softmax where there are sinks: [queries, heads, head_dim]."""
     group = query.shape[1] // keys.shape[1]
     out = []
     for i, (row, position) in enumerate(zip(rows.tolist(), positions.tolist(), strict=True)):
-        k = keys[row, :, : position + 1].double().repeat_interleave(group, dim=0)  # [heads, span, head_dim]
-        v = values[row, :, : position + 1].double().repeat_interleave(group, dim=0)
-        weights = ((k @ query[i].double()[:, :, None])[..., 0] * scaling).softmax(dim=-1)
+        start = 0 if window is None else max(0, position + 1 - window)
+        k = keys[row, :, start : position + 1].double().repeat_interleave(group, dim=0)  # [heads, span, dim]
+        v = values[row, :, start : position + 1].double().repeat_interleave(group, dim=0)
+        scores = (k @ query[i].double()[:, :, None])[..., 0] * scaling
+        if sinks is None:
+            weights = scores.softmax(dim=-1)
+        else:
+            weights = torch.cat([scores, sinks.double()[:, None]], dim=-1).softmax(dim=-1)[:, :-1]
         out.append((weights[:, None] @ v)[:, 0])
     return torch.stack(out)
 
@@ -297,8 +342,8 @@ def test_bfloat16_scores_by_dot_products_are_the_float_loops_to_its_rounding(
     rows, positions = torch.tensor([2, 0, 1, 2, 1]), torch.tensor([0, 16, 37, 300, 1090])
     query = torch.randn(5, group * kv_heads, head_dim, generator=generator).bfloat16()
     scaling = head_dim**-0.5 * 1.3
-    by_dots = extension.decode_attention(query, keys, values, rows, positions, scaling, 0)
-    in_float = extension.decode_attention_in_float(query, keys, values, rows, positions, scaling, 0)
+    by_dots = extension.decode_attention(query, keys, values, rows, positions, scaling, 0, None)
+    in_float = extension.decode_attention_in_float(query, keys, values, rows, positions, scaling, 0, None)
     if not extension.attention_by_dots():
         assert torch.equal(by_dots, in_float)
     expected = attention_in_float64(query, keys, values, rows, positions, scaling)
@@ -321,7 +366,7 @@ def test_a_nan_key_makes_its_own_heads_nan_by_dot_products_as_in_float(fused):
     expected[0, :3] = expected[3, :3] = True
     expected[3, 3:] = True  # and position 40 (past the last whole tile), KV head 1's
     for attend in (extension.decode_attention, extension.decode_attention_in_float):
-        got = attend(query, keys, values, rows, positions, 0.125, 0)
+        got = attend(query, keys, values, rows, positions, 0.125, 0, None)
         assert torch.equal(got.isnan().any(dim=-1), expected)
         assert torch.equal(got.isnan().all(dim=-1), expected)
 
