@@ -472,9 +472,14 @@ def mxfp4_weight(q: torch.Tensor, exponents: torch.Tensor) -> MXFP4Weight | None
     block of zeros takes d = 0: its weights are 0 whatever d is)."""
     e = exponents.to(torch.int32)
     in_fp16 = (e >= MXFP4_EXPONENTS_IN_FP16.start) & (e < MXFP4_EXPONENTS_IN_FP16.stop)
-    zeros = ((q & 0x07) == 0).reshape(*e.shape, BLOCK).all(dim=-1)  # indices 0 and 8: E2M1's +0 and -0
-    if not bool((in_fp16 | zeros).all()):
-        return None
+    outside = ~in_fp16
+    # Only the blocks outside are looked at: looking at every block's values took 2.4 s of a 4-layer
+    # gpt-oss-20b file's 23 s start, nearly all its blocks inside.
+    if bool(outside.any()):
+        # indices 0 and 8: E2M1's +0 and -0
+        zeros = ((q.reshape(*e.shape, BLOCK)[outside] & 0x07) == 0).all(dim=-1)
+        if not bool(zeros.all()):
+            return None
     powers = ((e - 1).clamp(min=1) << 23).view(torch.float32)  # 2^(e - 128), a float32's exponent bits
     return MXFP4Weight(q, torch.where(in_fp16, powers, 0.0))
 
