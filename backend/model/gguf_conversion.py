@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import gguf
+import numpy as np
 import torch
 from gguf import ReaderTensor
 from safetensors.torch import save_file
@@ -43,6 +44,7 @@ from transformers.modeling_gguf_pytorch_utils import (
 
 from backend.model import resources
 from backend.model.architectures import UnsupportedModel
+from backend.quant import gguf_types
 
 log = logging.getLogger(__name__)
 
@@ -191,10 +193,26 @@ def complete_copy(path: Path, config: PretrainedConfig, directory: Path) -> bool
 
 def floats(tensor: ReaderTensor, processor: TensorProcessor | None = None) -> torch.Tensor:
     """A GGUF tensor dequantized (and changed as `processor` changes it), in float32, rows first."""
-    values = gguf.dequantize(tensor.data, tensor.tensor_type)
+    if tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+        values = q8_0_floats(np.asarray(tensor.data))
+        if processor is None:
+            return values
+        values = values.numpy()
+    else:
+        values = gguf.dequantize(tensor.data, tensor.tensor_type)
     if processor is not None:
         values = processor.process(weights=values, name=tensor.name).weights
     return torch.from_numpy(values.copy()).float()
+
+
+def q8_0_floats(data: np.ndarray) -> torch.Tensor:
+    """Q8_0 blocks ([..., blocks * 34] bytes) as float32, [..., blocks * 32]: each value times its block's
+    fp16 scale in float32, as the gguf package's dequantization multiplies them (the same numbers), in
+    PyTorch's threads: the gguf package's numpy, and a copy of its output, took 5 s of a 4-layer
+    gpt-oss-20b file's 17 s start."""
+    weight = gguf_types.unpack_q8_0(data.reshape(-1, data.shape[-1]))
+    values = weight.q.float().unflatten(-1, (-1, gguf_types.BLOCK)) * weight.scale[..., None]
+    return values.reshape(*data.shape[:-1], -1)
 
 
 def save_shard(shard: dict[str, torch.Tensor], directory: Path, weight_map: dict[str, str]) -> None:

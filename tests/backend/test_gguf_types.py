@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
+from backend.model.gguf_conversion import q8_0_floats
 from backend.quant import block_weights
 from backend.quant.gguf_types import (
     EightBitWeight,
@@ -277,6 +278,21 @@ def test_mxfp4_unpacks_to_exactly_the_weights_gguf_dequantizes():
     x = torch.randn(4, 768)
     reference = x @ expected.T
     assert (layer(x) - reference).abs().max() < 0.02 * reference.abs().max()
+
+
+def test_q8_0_dequantized_by_the_servers_threads_is_the_gguf_packages_to_the_bit():
+    """A Q8_0 tensor's floats (`gguf_conversion.floats`: gpt-oss's and Mixtral's attention, output head and
+    embedding as a start reads them, every Q8_0 tensor a conversion writes) are each value times its block's
+    fp16 scale in float32: the gguf package's numbers exactly, for a matrix, experts stacked [experts,
+    rows, bytes], scales from subnormal to large, and a block of zeros."""
+    values = weights(48, 256) * np.exp2(np.arange(48) - 30.0)[:, None].astype(np.float32)
+    values[3, :32] = 0
+    rows = quants.quantize(values, GGMLQuantizationType.Q8_0)
+    for data in (rows, rows.reshape(4, 12, -1)):
+        got = q8_0_floats(data)
+        expected = quants.dequantize(data, GGMLQuantizationType.Q8_0)
+        assert got.dtype == torch.float32 and got.shape == expected.shape
+        assert torch.equal(got, torch.from_numpy(expected))
 
 
 def test_an_mxfp4_tensor_with_a_power_of_two_fp16_does_not_hold_becomes_8_bit_blocks():
