@@ -129,6 +129,40 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+// The RMSNorm of each query head with query_weight, and of each key head with key_weight, over the head's
+// width, in place in a step's q, k and v side by side ([rows, (heads + 2 kv_heads) * head_dim]; the values
+// untouched): Qwen3's and Gemma 3's norms of each head before the rotation. As PyTorch's operations on
+// the heads' views, a split, two norms and a join, they took 130 us a layer of a one-row bfloat16 step
+// (Qwen3-30B-A3B's shape: 32 query heads and 4 key heads of 128), 0.5 ms of a 4-layer model's 9.8.
+at::Tensor head_rms_norms(at::Tensor& qkv, const at::Tensor& query_weight, const at::Tensor& key_weight,
+                          int64_t heads, int64_t kv_heads, double query_eps, double key_eps) {
+  check_cpu_contiguous(qkv, "qkv");
+  check_cpu_contiguous(query_weight, "query_weight");
+  check_cpu_contiguous(key_weight, "key_weight");
+  const int64_t d = query_weight.numel(), width = qkv.size(-1);
+  TORCH_CHECK(heads > 0 && kv_heads > 0, "heads and kv_heads must be positive");
+  TORCH_CHECK(d > 0 && key_weight.numel() == d && width == (heads + 2 * kv_heads) * d,
+              "qkv must be [rows, (heads + 2 kv_heads) * head_dim], each weight [head_dim]");
+  TORCH_CHECK(query_weight.scalar_type() == qkv.scalar_type() && key_weight.scalar_type() == qkv.scalar_type(),
+              "qkv and the weights must have one dtype");
+  const int64_t rows = qkv.numel() / width, normed = heads + kv_heads;
+  with_float_type(qkv.scalar_type(), "qkv", [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    T* p = qkv.data_ptr<T>();
+    const T* qw = query_weight.data_ptr<T>();
+    const T* kw = key_weight.data_ptr<T>();
+    at::parallel_for(0, rows * normed, rows_per_task(d), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t row = i / normed, head = i % normed;
+        T* x = p + row * width + head * d;
+        const bool query = head < heads;
+        norm_row(x, query ? qw : kw, x, d, static_cast<float>(query ? query_eps : key_eps));
+      }
+    });
+  });
+  return qkv;
+}
+
 // hidden += delta (rounded to hidden's dtype, as `hidden + delta` would be), in place; returns the
 // sum's RMSNorm.
 at::Tensor add_rms_norm(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps) {
@@ -1335,6 +1369,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto released = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("rms_norm", &rms_norm, "RMSNorm of each row", released);
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta in place; the sum's RMSNorm", released);
+  m.def("head_rms_norms", &head_rms_norms, "each query and key head's RMSNorm, in place in q, k and v", released);
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 * width]", released);
   m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu(gate, tanh approximation) * up of [rows, 2 * width]", released);
   m.def("rotate_and_store", &rotate_and_store, "rotary embedding of queries and keys, keys and values into the cache", released);

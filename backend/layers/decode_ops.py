@@ -79,6 +79,17 @@ class EagerOps:
         return hidden, EagerOps.norm(hidden, norm)
 
     @staticmethod
+    def head_norms(qkv: torch.Tensor, query: Norm, key: Norm, heads: int, kv_heads: int) -> torch.Tensor:
+        """q, k and v side by side ([rows, (heads + 2 kv_heads) * head_dim]) with each query head normed by
+        `query` and each key head by `key` over the head's width (Qwen3's and Gemma 3's head norms)."""
+        head_dim = query.weight.shape[0]
+        widths = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+        queries, keys, values = qkv.split(widths, dim=-1)
+        queries = EagerOps.norm(queries.unflatten(-1, (heads, head_dim)), query).flatten(-2)
+        keys = EagerOps.norm(keys.unflatten(-1, (kv_heads, head_dim)), key).flatten(-2)
+        return torch.cat([queries, keys, values], dim=-1)
+
+    @staticmethod
     def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         """[rows, 2 * width] (gate and up side by side) -> SiLU(gate) * up."""
         gate, up = gate_up.chunk(2, dim=-1)
@@ -239,6 +250,14 @@ class FusedOps:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As EagerOps.add_norm, but the sum is written into `hidden` itself, which must be the step's own."""
         return hidden, self.extension.add_rms_norm(hidden, delta, norm.weight, norm.eps)
+
+    def head_norms(
+        self, qkv: torch.Tensor, query: Norm, key: Norm, heads: int, kv_heads: int
+    ) -> torch.Tensor:
+        """As EagerOps.head_norms, in place in `qkv` (a step's own: a projection's output)."""
+        return self.extension.head_rms_norms(
+            qkv.contiguous(), query.weight, key.weight, heads, kv_heads, query.eps, key.eps
+        )
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.extension.silu_mul(gate_up)

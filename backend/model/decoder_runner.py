@@ -195,7 +195,7 @@ class DecodeLayer:
     The layer's input norm is the layer before's `next_norm` (the model's final norm after the last
     layer), so that each residual add and the norm after it are one operation (decode_ops.add_norm)."""
 
-    qkv: Callable[[torch.Tensor], torch.Tensor]  # Qwen3's head norms applied (`HeadNorms.after`)
+    qkv: Callable[[torch.Tensor], torch.Tensor]
     o: Callable[[torch.Tensor], torch.Tensor]
     mlp_norm: Norm
     gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # None: a mixture of experts (`experts`)
@@ -207,6 +207,7 @@ class DecodeLayer:
     attention_out_norm: Norm | None = None  # Gemma's norms of the attention's and the MLP's outputs
     mlp_out_norm: Norm | None = None
     sinks: torch.Tensor | None = None  # [heads], float32: gpt-oss's sink logit of each attention head
+    head_norms: HeadNorms | None = None  # Qwen3's and Gemma 3's norms of each query and key head
 
 
 def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -232,13 +233,12 @@ class HeadNorms:
     key: Norm
     heads: int
     kv_heads: int
-    head_dim: int
 
     @classmethod
     def of(cls, attention: nn.Module, heads: int, kv_heads: int) -> HeadNorms | None:
         if getattr(attention, "q_norm", None) is None:
             return None
-        return cls(Norm.of(attention.q_norm), Norm.of(attention.k_norm), heads, kv_heads, attention.head_dim)
+        return cls(Norm.of(attention.q_norm), Norm.of(attention.k_norm), heads, kv_heads)
 
     @staticmethod
     def after(
@@ -247,13 +247,10 @@ class HeadNorms:
         """The q, k and v projection followed by the layer's head norms, where it has them."""
         return project if norms is None else lambda x: norms(project(x))
 
-    def __call__(self, qkv: torch.Tensor) -> torch.Tensor:
-        """q, k and v side by side ([..., (heads + 2 kv_heads) * head_dim]) with q and k normed."""
-        widths = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
-        query, key, value = qkv.split(widths, dim=-1)
-        query = EAGER.norm(query.unflatten(-1, (self.heads, self.head_dim)), self.query).flatten(-2)
-        key = EAGER.norm(key.unflatten(-1, (self.kv_heads, self.head_dim)), self.key).flatten(-2)
-        return torch.cat([query, key, value], dim=-1)
+    def __call__(self, qkv: torch.Tensor, ops: DecodeOps = EAGER) -> torch.Tensor:
+        """q, k and v side by side ([..., (heads + 2 kv_heads) * head_dim]) with q and k normed, by `ops`
+        (the CPU's loop normalizes them in place)."""
+        return ops.head_norms(qkv, self.query, self.key, self.heads, self.kv_heads)
 
 
 class DecoderRunner:
@@ -320,7 +317,7 @@ class DecoderRunner:
         self.first_norm = Norm.of(self.layers[0].input_layernorm)
         self.bound_layers = [
             DecodeLayer(
-                qkv=HeadNorms.after(qkv.few_rows_matmul(dtype), head_norms),
+                qkv=qkv.few_rows_matmul(dtype),
                 o=few_rows_matmul(layer.self_attn.o_proj, dtype),
                 mlp_norm=Norm.of(
                     layer.pre_feedforward_layernorm if self.sandwich else layer.post_attention_layernorm
@@ -334,6 +331,7 @@ class DecoderRunner:
                 attention_out_norm=Norm.of(layer.post_attention_layernorm) if self.sandwich else None,
                 mlp_out_norm=Norm.of(layer.post_feedforward_layernorm) if self.sandwich else None,
                 sinks=sinks_of(layer.self_attn),
+                head_norms=head_norms,
             )
             for layer, qkv, head_norms, gate_up, next_norm, kind in zip(
                 self.layers, self.qkv, self.head_norms, self.gate_up, next_norms, kinds, strict=True
@@ -635,8 +633,11 @@ class DecoderRunner:
             self.bound_layers, self.layer_reads(visible), keys, values, strict=True
         ):
             cos, sin = rotations[layer.rotation]
+            qkv = layer.qkv(normed)
+            if layer.head_norms is not None:
+                qkv = layer.head_norms(qkv, ops)
             query = ops.rotate_and_store(
-                layer.qkv(normed), cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
+                qkv, cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
             )
             attended = self.attend(
                 query,

@@ -69,6 +69,30 @@ def test_norms_and_silu_mul_match_pytorch(fused, dtype, rows):
     torch.testing.assert_close(fused.gelu_tanh_mul(gate_up), EAGER.gelu_tanh_mul(gate_up), **tolerance(dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, heads, kv_heads, head_dim", [(1, 32, 4, 128), (7, 4, 1, 256), (3, 2, 2, 20)])
+def test_head_norms_norm_each_query_and_key_head_in_place(fused, dtype, rows, heads, kv_heads, head_dim):
+    """Qwen3's and Gemma 3's norms of each query head and each key head (each kind its own weight and
+    epsilon), in place in q, k and v side by side: PyTorch's norms of the heads' views to one rounding,
+    the values untouched; shapes that are not q, k and v of those heads are refused."""
+    generator = torch.Generator().manual_seed(rows)
+    width = (heads + 2 * kv_heads) * head_dim
+    qkv = (torch.randn(rows, width, generator=generator) * 3).to(dtype)
+    query = Norm(torch.randn(head_dim, generator=generator).to(dtype), 1e-6)
+    key = Norm(torch.randn(head_dim, generator=generator).to(dtype), 0.5)  # an epsilon that shows
+    original = qkv.clone()
+    expected = EAGER.head_norms(original, query, key, heads, kv_heads)
+    got = fused.head_norms(qkv, query, key, heads, kv_heads)
+    assert got.data_ptr() == qkv.data_ptr()  # in place
+    torch.testing.assert_close(got, expected, **tolerance(dtype))
+    values = (heads + kv_heads) * head_dim
+    assert torch.equal(got[:, values:], original[:, values:])
+    swapped = EAGER.head_norms(original, key, query, heads, kv_heads)  # each kind's own weight and epsilon
+    assert not torch.allclose(got.float(), swapped.float(), atol=0.1)
+    with pytest.raises(RuntimeError, match="qkv must be"):
+        fused.head_norms(torch.zeros(rows, width + head_dim, dtype=dtype), query, key, heads, kv_heads)
+
+
 @pytest.mark.parametrize("shape", [(1, 4, 16, 8), (5, 24, 64, 128), (2, 3, 8, 20)])  # 20: a tail of 4
 def test_a_mamba_2_state_update_advances_the_state_in_place_as_pytorch_does(fused, shape):
     """[rows, heads, head_dim, state_size]: the loop's one pass against EAGER's (transformers' update)."""
