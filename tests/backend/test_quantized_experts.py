@@ -64,6 +64,29 @@ def test_quantized_experts_give_transformers_output_over_the_quantized_weights(a
 
 
 @pytest.mark.parametrize("architecture", MOE)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_token_through_its_experts_gives_the_masks_numbers_to_the_bit(architecture, dtype):
+    """A one-row decode step's token takes `one_token`, its chosen experts read off at once: the same
+    numbers as the masks' path (`by_masks`, transformers' loop) in float32 and bfloat16, its experts given
+    in any order (summed in ascending order, as the masks give them), with weights of another dtype than
+    the hidden states (Mixtral's float32 routing), and with transformers' index for no expert among them."""
+    model = tiny_model(architecture).to(dtype)
+    experts = experts_of(model)[0]
+    quantized = QuantizedExperts.quantized(experts, QUANTIZERS["int4"])
+    generator = torch.Generator().manual_seed(2)
+    width = expert_weight(experts, "gate_up", 0).shape[1]
+    for weights_dtype in (dtype, torch.float32):
+        for _ in range(8):
+            hidden = torch.randn(1, width, generator=generator).to(dtype)
+            chosen = torch.randperm(experts.num_experts + 1, generator=generator)[None, :3]
+            weights = torch.rand(1, 3, generator=generator).to(weights_dtype)
+            with torch.no_grad():
+                got = quantized(hidden, chosen, weights)
+                expected = quantized.by_masks(hidden, chosen, weights)
+            assert got.dtype == expected.dtype and torch.equal(got, expected), (chosen, weights_dtype)
+
+
+@pytest.mark.parametrize("architecture", MOE)
 def test_quantize_model_leaves_no_expert_in_floats_and_serves_generates_tokens(architecture):
     """After `quantize_model` the experts hold at most a quarter of their float bytes (int4 and the
     groups' scales, against float32), no dense copies, and the engine's greedy tokens are `generate`'s
