@@ -30,18 +30,22 @@ at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projectio
 // place's bits (and tables[i]: the table its values index, or none): q, k and v in calls[2l] calls (one where they fused; a K-quant mix's Q4_K q and k beside
 // its Q6_K v are two), o, gate and up in calls[2l + 1], and down; norms[1 + 2l] and norms[2 + 2l] the
 // norms after its attention and after its MLP (the next layer's input norm, or the model's final one),
-// norms[0] the first layer's input norm, each with its eps. Returns the final norm of the last layer's
-// output.
+// norms[0] the first layer's input norm, each with its eps; head_norms[2l] and head_norms[2l + 1] its norms
+// of each query and key head (Qwen3's), with head_eps, or none for every layer (head_norms empty). Returns
+// the final norm of the last layer's output.
 at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
                          std::vector<at::Tensor> values, const std::vector<at::Tensor>& projections,
                          const std::vector<int64_t>& bits, const std::vector<int64_t>& tables,
                          const std::vector<int64_t>& calls, const std::vector<at::Tensor>& norms,
-                         const std::vector<double>& eps, int64_t heads, int64_t kv_heads, double scaling) {
+                         const std::vector<double>& eps, const std::vector<at::Tensor>& head_norms,
+                         const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling) {
   const size_t layers = keys.size();
   TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + 2 * layers &&
                   eps.size() == norms.size(),
               "decode_layers needs, for each layer, its cache, its calls' counts and 2 norms (and one more norm)");
+  TORCH_CHECK((head_norms.empty() || head_norms.size() == 2 * layers) && head_eps.size() == head_norms.size(),
+              "decode_layers needs 2 head norms a layer, with their eps, or none");
   size_t projection_count = 0;
   for (size_t l = 0; l < layers; ++l) {
     TORCH_CHECK(calls[2 * l] >= 1 && calls[2 * l + 1] >= 1, "a layer's q, k and v, and gate and up, take a call at least");
@@ -56,7 +60,11 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
   for (size_t l = 0; l < layers; ++l) {
     const int64_t qkv_calls = calls[2 * l], gate_up_calls = calls[2 * l + 1];
     const size_t o = next + qkv_calls, gate_up_first = o + 1, down = gate_up_first + gate_up_calls;
-    const at::Tensor qkv = project(normed, projections, bits, tables, next, qkv_calls);
+    at::Tensor qkv = project(normed, projections, bits, tables, next, qkv_calls);
+    if (!head_norms.empty()) {
+      head_rms_norms(qkv, head_norms[2 * l], head_norms[2 * l + 1], heads, kv_heads, head_eps[2 * l],
+                     head_eps[2 * l + 1]);
+    }
     next = down + 1;
     const at::Tensor query = rotate_and_store(qkv, cos, sin, slots, keys[l], values[l], heads, kv_heads);
     const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling, 0, std::nullopt);

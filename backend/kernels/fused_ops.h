@@ -11,6 +11,8 @@ namespace fused_ops {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor add_rms_norm(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps);
+at::Tensor head_rms_norms(at::Tensor& qkv, const at::Tensor& query_weight, const at::Tensor& key_weight,
+                          int64_t heads, int64_t kv_heads, double query_eps, double key_eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& slots, at::Tensor& keys, at::Tensor& values, int64_t heads,
@@ -32,6 +34,7 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
                          const std::vector<int64_t>& bits, const std::vector<int64_t>& tables,
                          const std::vector<int64_t>& calls,
                          const std::vector<at::Tensor>& norms,
-                         const std::vector<double>& eps, int64_t heads, int64_t kv_heads, double scaling);
+                         const std::vector<double>& eps, const std::vector<at::Tensor>& head_norms,
+                         const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling);
 
 }  // namespace fused_ops

@@ -371,8 +371,14 @@ class DecoderRunner:
         self.ops = ops
         # Where all of a decode step's work is the extension's, its layers are one C++ call.
         self.native = None
-        # decode_layers.cpp has Llama's layer only: no head norms, experts, nor Gemma's layer
-        if self.reads_own_positions and not any(self.head_norms) and self.dense and not self.sandwich:
+        # decode_layers.cpp has Llama's layer, Qwen3's head norms with it: no experts, nor Gemma's layer
+        head_norms = [(norms.query, norms.key) for norms in self.head_norms if norms is not None]
+        if (
+            self.reads_own_positions
+            and len(head_norms) in (0, len(self.layers))
+            and self.dense
+            and not self.sandwich
+        ):
             self.native = NativeDecode.of(
                 self.ops,
                 [
@@ -390,6 +396,7 @@ class DecoderRunner:
                 self.heads,
                 self.kv_heads,
                 self.scaling,
+                head_norms or None,
             )
         # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
         # still took a fifth of the step as PyTorch's operations (docs/performance.md).

@@ -8,9 +8,10 @@ is `DecoderRunner.decode_layers`'s loop with the same functions in the same
 order, so its numbers are the Python loop's bit for bit
 (tests/backend/test_native_decode.py); it runs where every one of them is
 this extension's: a CPU with the fused operations and blocks (AVX-512 VNNI or AVX2), every
-projection in blocks, the attention loop for the model's head size, and
-activations in the kernels' dtype (bfloat16, the default mode's). Other
-steps, and other models, run the Python loop.
+projection in blocks (no biases), the attention loop for the model's head size, and
+activations in the kernels' dtype (bfloat16, the default mode's); Llama's layer, with Qwen3's norms
+of each query and key head where the model has them. Other steps, and other models, run the Python
+loop.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class NativeDecode:
     calls: list[int]  # each layer's number of calls for q, k and v, then for gate and up
     norms: list[torch.Tensor]  # the first input norm, then each layer's two: after attention, after MLP
     eps: list[float]
+    head_norms: list[torch.Tensor]  # each layer's norms of its query and key heads (Qwen3's), or none
+    head_eps: list[float]
     heads: int
     kv_heads: int
     scaling: float
@@ -67,8 +70,10 @@ class NativeDecode:
         heads: int,
         kv_heads: int,
         scaling: float,
+        head_norms: list[tuple[Norm, Norm]] | None = None,
     ) -> NativeDecode | None:
-        """The plan for these layers, or None where a step must run the Python loop."""
+        """The plan for these layers, or None where a step must run the Python loop. `head_norms`: each
+        layer's norms of its query and of its key heads, where the model has them (Qwen3's)."""
         projections = [projection for layer in layers for projection in layer.calls()]
         in_blocks = all(
             isinstance(p, WeightOnlyLinear) and p.blocks is not None and p.bias is None for p in projections
@@ -83,6 +88,8 @@ class NativeDecode:
             calls=[count for layer in layers for count in (len(layer.qkv), len(layer.gate_up))],
             norms=[norm.weight for norm in norms],
             eps=[norm.eps for norm in norms],
+            head_norms=[norm.weight for pair in head_norms or [] for norm in pair],
+            head_eps=[norm.eps for pair in head_norms or [] for norm in pair],
             heads=heads,
             kv_heads=kv_heads,
             scaling=scaling,
@@ -115,6 +122,8 @@ class NativeDecode:
             self.calls,
             self.norms,
             self.eps,
+            self.head_norms,
+            self.head_eps,
             self.heads,
             self.kv_heads,
             self.scaling,

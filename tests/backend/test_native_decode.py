@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def served_like_the_default(
-    head_dim: int = 64, dtype: torch.dtype = torch.bfloat16, k_quant_mix: bool = False
+    head_dim: int = 64, dtype: torch.dtype = torch.bfloat16, k_quant_mix: bool = False, family: str = "llama"
 ) -> torch.nn.Module:
     """A tiny model as the default mode serves one: bfloat16, 4-bit projections in blocks, int8 head;
     its norms' weights random (a fresh model's are ones, and a loop that took one for another would pass).
@@ -31,7 +31,7 @@ def served_like_the_default(
     sit beside its Q4_K q, k and gate (rows of 256 inputs and more): neither q, k and v nor gate and up
     fuse into one call."""
     wide = dict(hidden_size=256, intermediate_size=512) if k_quant_mix else {}
-    model = tiny_model("llama", head_dim=head_dim, **wide).to(dtype)
+    model = tiny_model(family, head_dim=head_dim, **wide).to(dtype)
     generator = torch.Generator().manual_seed(5)
     for name, parameter in model.named_parameters():
         if "norm" in name:
@@ -58,13 +58,16 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
     return six_bit
 
 
-@pytest.mark.parametrize("k_quant_mix", [False, True])
-def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(monkeypatch, k_quant_mix):
+@pytest.mark.parametrize("family, k_quant_mix", [("llama", False), ("llama", True), ("qwen3", False)])
+def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
+    monkeypatch, k_quant_mix, family
+):
     """Every decode step of an engine running the Python loop, replayed through a runner with the
     native one from the same cache: the same logits and keys and values exactly, for one row, rows
     with a free one among them, and a step of more rows than the native loop takes (the Python loop's).
-    A K-quant mix's layers take q and k in one call and v in another, gate and up in two."""
-    model = served_like_the_default(k_quant_mix=k_quant_mix)
+    A K-quant mix's layers take q and k in one call and v in another, gate and up in two. Qwen3's norms
+    of each query and key head (random weights) in both loops."""
+    model = served_like_the_default(k_quant_mix=k_quant_mix, family=family)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
     engine.runner.decoder.native = None  # the Python loop for every step
     engine.runner.decoder.replan()
@@ -72,6 +75,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     drive_mixed_decode_steps(engine)
     runner = DecoderRunner(model)
     assert runner.native is not None and runner.native.rows_below == 16
+    assert len(runner.native.head_norms) == (2 * len(model.model.layers) if family == "qwen3" else 0)
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
     assert runner.native.calls == calls * len(model.model.layers)
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
@@ -94,10 +98,10 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
 
 def test_the_native_loop_runs_only_where_all_of_a_steps_work_is_the_extensions(monkeypatch):
     assert DecoderRunner(served_like_the_default()).native is not None
-    # Qwen3 norms each head's query and key, which decode_layers.cpp does not: its Python loop does
-    qwen3 = tiny_model("qwen3", head_dim=64).to(torch.bfloat16)
-    quantize_model(qwen3, "int4")
-    assert DecoderRunner(qwen3).native is None
+    # Qwen2's biases on q, k and v, which decode_layers.cpp does not add: its Python loop does
+    qwen2 = tiny_model("qwen2", head_dim=64).to(torch.bfloat16)
+    quantize_model(qwen2, "int4")
+    assert DecoderRunner(qwen2).native is None
     # float32 activations: the Python loop rounds them to bfloat16 for the kernels, the native one would not
     assert DecoderRunner(served_like_the_default(dtype=torch.float32)).native is None
     assert DecoderRunner(served_like_the_default(head_dim=16)).native is None  # no attention loop for 16
