@@ -52,6 +52,7 @@ from transformers.cache_utils import CacheLayerMixin
 from backend.layers.attention import attend
 from backend.layers.attention_features import AttentionFeatures
 from backend.layers.decode_ops import EAGER, DecodeOps, Norm, decode_ops, rotate, within_window
+from backend.layers.float_router import routers_in_float32
 from backend.layers.row_cache import KVShape, RowCache
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS, StepLayout
 from backend.model.architectures import sliding_window
@@ -312,6 +313,8 @@ class DecoderRunner:
             else None
             for layer in self.layers
         ]
+        # A mixture's routers compute in float32 on a CPU (float_router.py)
+        routers_in_float32(self.layers)
         self.head_norms = [HeadNorms.of(layer.self_attn, self.heads, self.kv_heads) for layer in self.layers]
         next_norms = [Norm.of(layer.input_layernorm) for layer in self.layers[1:]] + [Norm.of(self.norm)]
         self.first_norm = Norm.of(self.layers[0].input_layernorm)
