@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from backend.kernels import extension as kernels
 from backend.quant.quantized_linear import WeightOnlyLinear, fits_int4_kernels
 
 # The experts' modules whose forward is transformers' plain one (above), by class name.
@@ -70,13 +71,20 @@ def as_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Line
 
 
 class PlainGLU(nn.Module):
-    """act(gate) * up, gate and up the two halves of an expert's gate_up output."""
+    """act(gate) * up, gate and up the two halves of an expert's gate_up output; SiLU's on a CPU by the
+    C++ extension's loop (`silu_mul`, one rounding where PyTorch's three operations round after each):
+    a one-row step calls it for every chosen expert of every layer."""
 
     def __init__(self, act_fn: nn.Module):
         super().__init__()
         self.act_fn = act_fn
+        self.silu = type(act_fn).__name__ in ("SiLU", "SiLUActivation")
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.silu and gate_up.is_cpu and gate_up.is_contiguous():
+            built = kernels.extension()
+            if built is not None:
+                return built.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.act_fn(gate) * up
 
@@ -113,6 +121,7 @@ class QuantizedExperts(nn.Module):
         self.activation = activation_of(experts)
         self.gate_up = nn.ModuleList(without_copy(layer) for layer in gate_up)
         self.down = nn.ModuleList(without_copy(layer) for layer in down)
+        self.bound: dict[torch.dtype, tuple[list[Callable], list[Callable]]] = {}  # `few_rows`
 
     @classmethod
     def quantized(
@@ -160,15 +169,30 @@ class QuantizedExperts(nn.Module):
         order the masks give them (ascending), each output weighted and added in the same dtypes; the
         same numbers without the masks, gathers and scatters around each expert, which took about a
         tenth of a one-row step of Qwen3-30B-A3B's shape (8 experts a token)."""
+        gate_up, down = self.few_rows(hidden_states.dtype)
         out = torch.zeros_like(hidden_states)
         experts = top_k_index[0].tolist()
         for slot in sorted(range(len(experts)), key=experts.__getitem__):
             expert = experts[slot]
             if expert >= self.num_experts:  # (transformers' index for no expert)
                 continue
-            hidden = self.activation(self.gate_up[expert](hidden_states))
-            out += (self.down[expert](hidden) * top_k_weights[:, slot, None]).to(out.dtype)
+            hidden = self.activation(gate_up[expert](hidden_states))
+            out += (down[expert](hidden) * top_k_weights[:, slot, None]).to(out.dtype)
         return out
+
+    def _apply(self, fn, recurse: bool = True):
+        self.bound = {}  # (moved or cast: the bound functions would hold the weights as they were)
+        return super()._apply(fn, recurse)
+
+    def few_rows(self, dtype: torch.dtype) -> tuple[list[Callable], list[Callable]]:
+        """Each expert's projections as functions of a few rows in `dtype` (`few_rows_matmul`: the kernel
+        with its weights bound, the module's call and checks left out: a fifth of a one-token layer's
+        time at Qwen3-30B-A3B's shape), made once for each dtype."""
+        if dtype not in self.bound:
+            self.bound[dtype] = tuple(
+                [layer.few_rows_matmul(dtype) for layer in layers] for layers in (self.gate_up, self.down)
+            )
+        return self.bound[dtype]
 
 
 def without_copy(layer: WeightOnlyLinear) -> WeightOnlyLinear:

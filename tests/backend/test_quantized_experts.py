@@ -6,11 +6,13 @@ import copy
 
 import pytest
 import torch
+from transformers.activations import ACT2FN
 
 from backend.engine.engine import Engine
+from backend.kernels import extension as kernels
 from backend.messages import SamplingParams, Submit
 from backend.quant.quantize import quantize_model
-from backend.quant.quantized_experts import QuantizedExperts, as_linear, expert_weight, is_gpt_oss
+from backend.quant.quantized_experts import PlainGLU, QuantizedExperts, as_linear, expert_weight, is_gpt_oss
 from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
@@ -84,6 +86,30 @@ def test_one_token_through_its_experts_gives_the_masks_numbers_to_the_bit(archit
                 got = quantized(hidden, chosen, weights)
                 expected = quantized.by_masks(hidden, chosen, weights)
             assert got.dtype == expected.dtype and torch.equal(got, expected), (chosen, weights_dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_glu_on_a_cpu_is_the_extensions_loop_to_a_rounding(dtype):
+    """An expert's SiLU(gate) * up on a CPU is the C++ extension's `silu_mul` (one rounding): PyTorch's
+    three operations' numbers to bfloat16's rounding; another activation keeps PyTorch's, exactly."""
+    gate_up = (torch.randn(3, 128, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    silu = PlainGLU(ACT2FN["silu"])
+    assert silu.silu and torch.equal(silu(gate_up), kernels.extension().silu_mul(gate_up))
+    tolerance = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-6, "rtol": 1e-5}
+    torch.testing.assert_close(silu(gate_up), torch.nn.functional.silu(gate) * up, **tolerance)
+    gelu = PlainGLU(ACT2FN["gelu_pytorch_tanh"])
+    assert not gelu.silu and torch.equal(gelu(gate_up), ACT2FN["gelu_pytorch_tanh"](gate) * up)
+
+
+def test_the_experts_bound_kernels_are_made_again_after_a_move_or_cast():
+    """`few_rows` binds each expert's kernel with its weights once a dtype; moving or casting the module
+    drops them, so none holds weights as they were."""
+    quantized = QuantizedExperts.quantized(experts_of(tiny_model("qwen3_moe"))[0], QUANTIZERS["int8"])
+    bound = quantized.few_rows(torch.float32)
+    assert quantized.few_rows(torch.float32) is bound
+    quantized.to("cpu")
+    assert quantized.bound == {} and quantized.few_rows(torch.float32) is not bound
 
 
 @pytest.mark.parametrize("architecture", MOE)
