@@ -277,14 +277,10 @@ def test_attention_over_a_long_span_joins_its_parts(fused, cache_dtype, heads, w
     one part and one position over, of several with a short last part, a window across parts, and a
     group of 12 (two passes of heads, each in parts) give the eager batch's numbers, and a row alone
     the same numbers as beside the others."""
-    max_seq_len, head_dim, kv_heads = 1300, 64, 2
     generator = torch.Generator().manual_seed(2)
-    keys, values = (torch.randn(5, kv_heads, max_seq_len, head_dim, generator=generator) for _ in range(2))
-    keys, values = keys.to(cache_dtype), values.to(cache_dtype)
-    rows, positions = torch.tensor([3, 0, 4, 1, 2]), torch.tensor([1290, 511, 512, 1100, 40])
-    query = torch.randn(5, heads, head_dim, generator=generator).to(cache_dtype)
-    row_positions = torch.zeros(5, dtype=torch.long).index_copy_(0, rows, positions)
-    visible = visibility(row_positions, int(positions.max()) + 1, cache_dtype)
+    keys, values, rows, positions, query, visible = long_spans(
+        cache_dtype, heads, [1290, 511, 512, 1100, 40], generator
+    )
     expected = EAGER.attend(query, keys, values, rows, positions, visible, 0.125, scatter=True, window=window)
     got = fused.attend(query, keys, values, rows, positions, visible, 0.125, window=window)
     torch.testing.assert_close(got, expected, **tolerance(cache_dtype))
@@ -301,15 +297,11 @@ def test_attention_sinks_take_their_share_in_the_loop_as_in_float64(fused, cache
     group of 12 query heads (two passes, each its own heads' sinks); the eager path's too. Sinks large
     enough to take most of the attention change the output; sinks of -inf give the loop's numbers without
     sinks, to the bit."""
-    max_seq_len, head_dim, kv_heads = 1300, 64, 2
     generator = torch.Generator().manual_seed(5)
-    keys, values = (torch.randn(5, kv_heads, max_seq_len, head_dim, generator=generator) for _ in range(2))
-    keys, values = keys.to(cache_dtype), values.to(cache_dtype)
-    rows, positions = torch.tensor([3, 0, 4, 1, 2]), torch.tensor([1290, 0, 512, 1100, 40])
-    query = torch.randn(5, heads, head_dim, generator=generator).to(cache_dtype)
+    keys, values, rows, positions, query, visible = long_spans(
+        cache_dtype, heads, [1290, 0, 512, 1100, 40], generator
+    )
     sinks = torch.randn(heads, generator=generator) * 3  # some heads' sinks above their scores, some below
-    row_positions = torch.zeros(5, dtype=torch.long).index_copy_(0, rows, positions)
-    visible = visibility(row_positions, int(positions.max()) + 1, cache_dtype)
     got = fused.attend(query, keys, values, rows, positions, visible, 0.125, window=window, sinks=sinks)
     expected = attention_in_float64(query, keys, values, rows, positions, 0.125, sinks, window)
     torch.testing.assert_close(got.double(), expected, **tolerance(cache_dtype))
@@ -327,6 +319,21 @@ def test_attention_sinks_take_their_share_in_the_loop_as_in_float64(fused, cache
     for wrong in (sinks[:-1], sinks.double()):
         with pytest.raises(RuntimeError, match="sinks must be float32, one a query head"):
             fused.attend(query, keys, values, rows, positions, visible, 0.125, sinks=wrong)
+
+
+def long_spans(
+    cache_dtype: torch.dtype, heads: int, positions: list[int], generator: torch.Generator
+) -> tuple:
+    """A cache of 5 rows of 1,300 positions of 2 KV heads of 64, one query a row (rows out of order) at
+    `positions`, with `heads` query heads: (keys, values, rows, positions, query, visible)."""
+    max_seq_len, head_dim, kv_heads = 1300, 64, 2
+    keys, values = (torch.randn(5, kv_heads, max_seq_len, head_dim, generator=generator) for _ in range(2))
+    keys, values = keys.to(cache_dtype), values.to(cache_dtype)
+    rows, positions = torch.tensor([3, 0, 4, 1, 2]), torch.tensor(positions)
+    query = torch.randn(5, heads, head_dim, generator=generator).to(cache_dtype)
+    row_positions = torch.zeros(5, dtype=torch.long).index_copy_(0, rows, positions)
+    visible = visibility(row_positions, int(positions.max()) + 1, cache_dtype)
+    return keys, values, rows, positions, query, visible
 
 
 def attention_in_float64(query, keys, values, rows, positions, scaling, sinks=None, window=None):
