@@ -28,7 +28,9 @@ at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projectio
 // [queries, 1, head_dim]; slots, rows, positions: as rotate_and_store and decode_attention take them.
 // For layer l: keys[l], values[l] its cache; its projections next in `projections`, in blocks of the same
 // place's bits (and tables[i]: the table its values index, or none): q, k and v in calls[2l] calls (one where they fused; a K-quant mix's Q4_K q and k beside
-// its Q6_K v are two), o, gate and up in calls[2l + 1], and down; norms[1 + 2l] and norms[2 + 2l] the
+// its Q6_K v are two), o, gate and up in calls[2l + 1], and down; or, where calls[2l + 1] is 0, a mixture of
+// experts (experts.cpp): after o each expert's gate and up, then each expert's down, routed by the next of
+// `routers` with `top_k` and `normalize_top_k` (Qwen3-MoE's, Mixtral's); norms[1 + 2l] and norms[2 + 2l] the
 // norms after its attention and after its MLP (the next layer's input norm, or the model's final one),
 // norms[0] the first layer's input norm, each with its eps; head_norms[2l] and head_norms[2l + 1] its norms
 // of each query and key head (Qwen3's), with head_eps, or none for every layer (head_norms empty). Returns
@@ -39,24 +41,31 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
                          const std::vector<int64_t>& bits, const std::vector<int64_t>& tables,
                          const std::vector<int64_t>& calls, const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, const std::vector<at::Tensor>& head_norms,
-                         const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling) {
+                         const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling,
+                         const std::vector<at::Tensor>& routers, int64_t top_k, bool normalize_top_k) {
   const size_t layers = keys.size();
   TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + 2 * layers &&
                   eps.size() == norms.size(),
               "decode_layers needs, for each layer, its cache, its calls' counts and 2 norms (and one more norm)");
   TORCH_CHECK((head_norms.empty() || head_norms.size() == 2 * layers) && head_eps.size() == head_norms.size(),
               "decode_layers needs 2 head norms a layer, with their eps, or none");
-  size_t projection_count = 0;
+  size_t projection_count = 0, mixtures = 0;
   for (size_t l = 0; l < layers; ++l) {
-    TORCH_CHECK(calls[2 * l] >= 1 && calls[2 * l + 1] >= 1, "a layer's q, k and v, and gate and up, take a call at least");
-    projection_count += calls[2 * l] + calls[2 * l + 1] + 2;
+    TORCH_CHECK(calls[2 * l] >= 1 && calls[2 * l + 1] >= 0, "a layer's q, k and v take a call at least");
+    if (calls[2 * l + 1] > 0) {
+      projection_count += calls[2 * l] + calls[2 * l + 1] + 2;
+    } else {
+      TORCH_CHECK(mixtures < routers.size(), "decode_layers needs a router for each mixture of experts");
+      projection_count += calls[2 * l] + 1 + 2 * routers[mixtures++].size(0);
+    }
   }
+  TORCH_CHECK(mixtures == routers.size(), "decode_layers needs a router for each mixture of experts alone");
   TORCH_CHECK(projections.size() == projection_count && bits.size() == projection_count &&
                   tables.size() == projection_count,
               "decode_layers needs the projections its calls' counts say, and their bits and tables");
   const int64_t queries = hidden.size(0);
   at::Tensor normed = rms_norm(hidden, norms[0], eps[0]);
-  size_t next = 0;  // the layer's first projection
+  size_t next = 0, mixture = 0;  // the layer's first projection, the next mixture's router
   for (size_t l = 0; l < layers; ++l) {
     const int64_t qkv_calls = calls[2 * l], gate_up_calls = calls[2 * l + 1];
     const size_t o = next + qkv_calls, gate_up_first = o + 1, down = gate_up_first + gate_up_calls;
@@ -65,14 +74,22 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
       head_rms_norms(qkv, head_norms[2 * l], head_norms[2 * l + 1], heads, kv_heads, head_eps[2 * l],
                      head_eps[2 * l + 1]);
     }
-    next = down + 1;
     const at::Tensor query = rotate_and_store(qkv, cos, sin, slots, keys[l], values[l], heads, kv_heads);
     const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling, 0, std::nullopt);
     const at::Tensor output = block_matmul(attended.view({queries, -1}).to(hidden.scalar_type()), projections[o],
                                            bits[o], tables[o]);
     normed = add_rms_norm(hidden, output, norms[1 + 2 * l], eps[1 + 2 * l]);
-    const at::Tensor gate_up = project(normed, projections, bits, tables, gate_up_first, gate_up_calls);
-    const at::Tensor mlp = block_matmul(silu_mul(gate_up), projections[down], bits[down], tables[down]);
+    at::Tensor mlp;
+    if (gate_up_calls > 0) {
+      const at::Tensor gate_up = project(normed, projections, bits, tables, gate_up_first, gate_up_calls);
+      mlp = block_matmul(silu_mul(gate_up), projections[down], bits[down], tables[down]);
+      next = down + 1;
+    } else {
+      const at::Tensor& router = routers[mixture++];
+      mlp = experts_forward(normed, router, top_k, normalize_top_k, projections, bits, tables,
+                            static_cast<int64_t>(gate_up_first));
+      next = gate_up_first + 2 * router.size(0);
+    }
     normed = add_rms_norm(hidden, mlp, norms[2 + 2 * l], eps[2 + 2 * l]);
   }
   return normed;

@@ -1,6 +1,6 @@
 """The C++ extension: the fused decode-step loops (fused_ops.cpp), the products of few rows by weights
-in blocks (block_matmul.cpp) and a decode step's layers in one call (decode_layers.cpp), built and
-loaded.
+in blocks (block_matmul.cpp), a decode step's layers in one call (decode_layers.cpp) and a mixture of
+experts' layer in one call (experts.cpp), built and loaded.
 
 The extension is built at the first start of a checkout on a machine (about
 30 s with g++), in PyTorch's extension directory (`$TORCH_EXTENSIONS_DIR`,
@@ -37,9 +37,10 @@ import torch
 log = logging.getLogger(__name__)
 
 # One extension: the fused loops, the products of few rows by weights in blocks (quant/block_weights.py),
-# and a decode step's layers in one call (model/native_decode.py); the header they share.
+# a decode step's layers in one call (model/native_decode.py) and a mixture's layer; the header they share.
 SOURCES = [
-    Path(__file__).with_name(name) for name in ("fused_ops.cpp", "block_matmul.cpp", "decode_layers.cpp")
+    Path(__file__).with_name(name)
+    for name in ("fused_ops.cpp", "block_matmul.cpp", "decode_layers.cpp", "experts.cpp")
 ]
 HEADERS = [Path(__file__).with_name("fused_ops.h")]
 # Built where it runs: the CPU's own vector instructions; OpenMP for at::parallel_for's threads.

@@ -1390,5 +1390,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_rows", &block_rows, "some rows of the weights blocks hold, into a float tensor (an embedding's)", released);
   m.def("ssm_update", &ssm_update, "one token of each row through a Mamba-2 scan, its state in place", released);
   m.def("gated_delta_update", &gated_delta_update, "one token of each row through a Gated DeltaNet, its state in place", released);
+  m.def("experts_forward", &experts_forward, "a Qwen3-MoE or Mixtral layer's routing and experts (quantized_experts.py)", released);
   m.def("decode_layers", &decode_layers, "a decode step's layers in one call (decoder_runner.NativeDecode)", released);
 }

@@ -1,5 +1,5 @@
 // The C++ extension's functions that its files call one another by (fused_ops.cpp, block_matmul.cpp,
-// decode_layers.cpp).
+// decode_layers.cpp, experts.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -28,6 +28,10 @@ at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int
 void block_dequantize(const at::Tensor& weights, int64_t bits, int64_t table, at::Tensor& out);
 void block_rows(const at::Tensor& weights, int64_t bits, int64_t table, const at::Tensor& ids, at::Tensor& out);
 
+at::Tensor experts_forward(const at::Tensor& x, const at::Tensor& router, int64_t top_k, bool normalize,
+                           const std::vector<at::Tensor>& projections, const std::vector<int64_t>& bits,
+                           const std::vector<int64_t>& tables, int64_t first);
+
 at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
                          std::vector<at::Tensor> values, const std::vector<at::Tensor>& projections,
@@ -35,6 +39,7 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
                          const std::vector<int64_t>& calls,
                          const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, const std::vector<at::Tensor>& head_norms,
-                         const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling);
+                         const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling,
+                         const std::vector<at::Tensor>& routers, int64_t top_k, bool normalize_top_k);
 
 }  // namespace fused_ops

@@ -58,7 +58,7 @@ from backend.layers.step_layout import LOOP_PROMPT_TOKENS, StepLayout
 from backend.model.architectures import sliding_window
 from backend.model.decode_graphs import DecodeGraphs
 from backend.model.lora import LayerChanges, LoraLinear, lora_batch_of, unwrapped
-from backend.model.native_decode import LayerProjections, NativeDecode
+from backend.model.native_decode import LayerExperts, LayerProjections, NativeDecode
 from backend.model.step_plan import DECODE_LAYERS, GRAPH, LOOP, NATIVE, plan_runner
 from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fusable, fuse_linears
 
@@ -374,12 +374,21 @@ class DecoderRunner:
         self.ops = ops
         # Where all of a decode step's work is the extension's, its layers are one C++ call.
         self.native = None
-        # decode_layers.cpp has Llama's layer, Qwen3's head norms with it: no experts, nor Gemma's layer
+        # decode_layers.cpp has Llama's layer, Qwen3's head norms and Qwen3-MoE's and Mixtral's experts with
+        # it: not Gemma's layer, nor other mixtures
         head_norms = [(norms.query, norms.key) for norms in self.head_norms if norms is not None]
+        experts = [
+            LayerExperts.of(layer.mlp) if gate_up is None else None
+            for layer, gate_up in zip(self.layers, self.gate_up, strict=True)
+        ]
+        mlps_native = all(
+            gate_up is not None or mixture is not None
+            for gate_up, mixture in zip(self.gate_up, experts, strict=True)
+        )
         if (
             self.reads_own_positions
             and len(head_norms) in (0, len(self.layers))
-            and self.dense
+            and mlps_native
             and not self.sandwich
         ):
             self.native = NativeDecode.of(
@@ -388,10 +397,13 @@ class DecoderRunner:
                     LayerProjections(
                         qkv.groups,
                         unwrapped(layer.self_attn.o_proj),
-                        gate_up.groups,
-                        unwrapped(layer.mlp.down_proj),
+                        gate_up.groups if gate_up is not None else [],
+                        unwrapped(layer.mlp.down_proj) if gate_up is not None else None,
+                        mixture,
                     )
-                    for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True)
+                    for layer, qkv, gate_up, mixture in zip(
+                        self.layers, self.qkv, self.gate_up, experts, strict=True
+                    )
                 ],
                 [self.first_norm]
                 + [norm for step in self.bound_layers for norm in (step.mlp_norm, step.next_norm)],

@@ -10,8 +10,9 @@ order, so its numbers are the Python loop's bit for bit
 this extension's: a CPU with the fused operations and blocks (AVX-512 VNNI or AVX2), every
 projection in blocks (no biases), the attention loop for the model's head size, and
 activations in the kernels' dtype (bfloat16, the default mode's); Llama's layer, with Qwen3's norms
-of each query and key head where the model has them. Other steps, and other models, run the Python
-loop.
+of each query and key head where the model has them, and Qwen3-MoE's and Mixtral's mixtures of experts
+with their experts in blocks (experts.cpp, `LayerExperts`). Other steps, and other models, run the
+Python loop.
 """
 
 from __future__ import annotations
@@ -24,21 +25,67 @@ import torch
 from torch import nn
 
 from backend.layers.decode_ops import DecodeOps, FusedOps, Norm
+from backend.quant.quantized_experts import PlainGLU, QuantizedExperts
 from backend.quant.quantized_linear import WeightOnlyLinear
+
+# transformers' mixture blocks whose routing experts.cpp does: a softmax's top k, renormalized (Mixtral's
+# always, Qwen3-MoE's where `norm_topk_prob`), by a router with no bias, and no shared expert
+NATIVE_MIXTURES = {
+    "Qwen3MoeSparseMoeBlock": "Qwen3MoeTopKRouter",
+    "MixtralSparseMoeBlock": "MixtralTopKRouter",
+}
+
+
+@dataclass(frozen=True)
+class LayerExperts:
+    """A mixture-of-experts layer as experts.cpp takes it: its router's float32 weight, how many experts a
+    token takes and whether their weights are renormalized, and each expert's projections."""
+
+    router: torch.Tensor  # [experts, hidden], float32
+    top_k: int
+    normalize: bool
+    gate_up: list[nn.Module]  # expert e's gate and up
+    down: list[nn.Module]
+
+    @classmethod
+    def of(cls, mlp: nn.Module) -> LayerExperts | None:
+        """A layer's MLP as experts.cpp would run it, or None where it cannot: not one of
+        `NATIVE_MIXTURES`, its router not in float32 (float_router.py), or its experts not the quantized
+        ones with SiLU (quantized_experts.py)."""
+        router = getattr(getattr(mlp, "gate", None), "router", None)  # FloatRouter's
+        experts = getattr(mlp, "experts", None)
+        if (
+            NATIVE_MIXTURES.get(type(mlp).__name__) != type(router).__name__
+            or getattr(router, "bias", None) is not None
+            or router.weight.dtype != torch.float32
+            or not isinstance(experts, QuantizedExperts)
+            or not (isinstance(experts.activation, PlainGLU) and experts.activation.silu)
+        ):
+            return None
+        return cls(
+            router.weight,
+            router.top_k,
+            getattr(router, "norm_topk_prob", True),  # Mixtral's router always renormalizes
+            list(experts.gate_up),
+            list(experts.down),
+        )
 
 
 @dataclass(frozen=True)
 class LayerProjections:
     """A layer's projections as a decode step calls them: q, k and v in one call where they fused, else in
     the calls of `Projections.groups` (a K-quant mix's Q4_K q and k beside its Q6_K v); o; gate and up
-    likewise; down."""
+    likewise; down. A mixture of experts has `experts` in place of gate, up and down."""
 
     qkv: list[nn.Module]
     o: nn.Module
     gate_up: list[nn.Module]
-    down: nn.Module
+    down: nn.Module | None
+    experts: LayerExperts | None = None
 
     def calls(self) -> list[nn.Module]:
+        if self.experts is not None:
+            return [*self.qkv, self.o, *self.experts.gate_up, *self.experts.down]
         return [*self.qkv, self.o, *self.gate_up, self.down]
 
 
@@ -50,7 +97,7 @@ class NativeDecode:
     projections: list[torch.Tensor]  # each layer's qkv, o, gate_up and down blocks (`LayerProjections.calls`)
     bits: list[int]
     tables: list[int]  # the table each projection's values index (block_weights.Table), or none
-    calls: list[int]  # each layer's number of calls for q, k and v, then for gate and up
+    calls: list[int]  # each layer's number of calls for q, k and v, then for gate and up (0: experts)
     norms: list[torch.Tensor]  # the first input norm, then each layer's two: after attention, after MLP
     eps: list[float]
     head_norms: list[torch.Tensor]  # each layer's norms of its query and key heads (Qwen3's), or none
@@ -58,6 +105,9 @@ class NativeDecode:
     heads: int
     kv_heads: int
     scaling: float
+    routers: list[torch.Tensor]  # each mixture-of-experts layer's, in order
+    top_k: int  # experts a token takes (0: no mixtures)
+    normalize_top_k: bool
     rows_below: float  # steps of fewer rows: from there on a projection multiplies by its many-rows path
 
     @classmethod
@@ -80,12 +130,19 @@ class NativeDecode:
         )
         if not isinstance(ops, FusedOps) or not in_blocks or dtype != WeightOnlyLinear.compute_dtype:
             return None
+        mixtures = [layer.experts for layer in layers if layer.experts is not None]
+        if len({(experts.top_k, experts.normalize) for experts in mixtures}) > 1:
+            return None  # one routing for every layer (every model's)
         return cls(
             run=ops.extension.decode_layers,
             projections=[p.blocks for p in projections],
             bits=[p.blocks_layout.bits for p in projections],
             tables=[p.blocks_layout.table for p in projections],
-            calls=[count for layer in layers for count in (len(layer.qkv), len(layer.gate_up))],
+            calls=[
+                count
+                for layer in layers
+                for count in (len(layer.qkv), 0 if layer.experts is not None else len(layer.gate_up))
+            ],
             norms=[norm.weight for norm in norms],
             eps=[norm.eps for norm in norms],
             head_norms=[norm.weight for pair in head_norms or [] for norm in pair],
@@ -93,6 +150,9 @@ class NativeDecode:
             heads=heads,
             kv_heads=kv_heads,
             scaling=scaling,
+            routers=[experts.router for experts in mixtures],
+            top_k=mixtures[0].top_k if mixtures else 0,
+            normalize_top_k=mixtures[0].normalize if mixtures else False,
             rows_below=min((p.many_rows_from() for p in projections), default=math.inf),
         )
 
@@ -127,4 +187,7 @@ class NativeDecode:
             self.heads,
             self.kv_heads,
             self.scaling,
+            self.routers,
+            self.top_k,
+            self.normalize_top_k,
         )

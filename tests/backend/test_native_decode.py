@@ -8,7 +8,7 @@ from backend.layers.decode_ops import EAGER
 from backend.layers.row_cache import KVShape, RowCache
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.native_decode import NativeDecode
-from backend.quant import block_weights
+from backend.quant import block_weights, quantized_experts
 from backend.quant.gguf_types import SixBitWeight
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import BlocksLinear
@@ -23,15 +23,19 @@ pytestmark = pytest.mark.skipif(
 
 
 def served_like_the_default(
-    head_dim: int = 64, dtype: torch.dtype = torch.bfloat16, k_quant_mix: bool = False, family: str = "llama"
+    head_dim: int = 64,
+    dtype: torch.dtype = torch.bfloat16,
+    k_quant_mix: bool = False,
+    family: str = "llama",
+    **extras,
 ) -> torch.nn.Module:
     """A tiny model as the default mode serves one: bfloat16, 4-bit projections in blocks, int8 head;
     its norms' weights random (a fresh model's are ones, and a loop that took one for another would pass).
     `k_quant_mix`: each layer's v, up and down in 6-bit super-blocks, as a Q4_K_M file's Q6_K v and down
     sit beside its Q4_K q, k and gate (rows of 256 inputs and more): neither q, k and v nor gate and up
-    fuse into one call."""
+    fuse into one call. `extras`: config fields over the tiny model's."""
     wide = dict(hidden_size=256, intermediate_size=512) if k_quant_mix else {}
-    model = tiny_model(family, head_dim=head_dim, **wide).to(dtype)
+    model = tiny_model(family, head_dim=head_dim, **wide, **extras).to(dtype)
     generator = torch.Generator().manual_seed(5)
     for name, parameter in model.named_parameters():
         if "norm" in name:
@@ -58,16 +62,27 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
     return six_bit
 
 
-@pytest.mark.parametrize("family, k_quant_mix", [("llama", False), ("llama", True), ("qwen3", False)])
+@pytest.mark.parametrize(
+    "family, k_quant_mix, extras",
+    [
+        ("llama", False, {}),
+        ("llama", True, {}),
+        ("qwen3", False, {}),
+        ("qwen3_moe", False, {}),
+        ("qwen3_moe", False, {"norm_topk_prob": True, "num_experts_per_tok": 3}),  # 3: a sum's order shows
+        ("mixtral", False, {}),
+    ],
+)
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
-    monkeypatch, k_quant_mix, family
+    monkeypatch, k_quant_mix, family, extras
 ):
     """Every decode step of an engine running the Python loop, replayed through a runner with the
     native one from the same cache: the same logits and keys and values exactly, for one row, rows
     with a free one among them, and a step of more rows than the native loop takes (the Python loop's).
     A K-quant mix's layers take q and k in one call and v in another, gate and up in two. Qwen3's norms
-    of each query and key head (random weights) in both loops."""
-    model = served_like_the_default(k_quant_mix=k_quant_mix, family=family)
+    of each query and key head (random weights) in both loops. Qwen3-MoE's and Mixtral's experts (4-bit
+    blocks, a float32 router), one token's and several tokens' routing, with and without renormalizing."""
+    model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
     engine.runner.decoder.native = None  # the Python loop for every step
     engine.runner.decoder.replan()
@@ -75,9 +90,12 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     drive_mixed_decode_steps(engine)
     runner = DecoderRunner(model)
     assert runner.native is not None and runner.native.rows_below == 16
-    assert len(runner.native.head_norms) == (2 * len(model.model.layers) if family == "qwen3" else 0)
+    assert len(runner.native.head_norms) == (2 * len(model.model.layers) if family.startswith("qwen3") else 0)
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
-    assert runner.native.calls == calls * len(model.model.layers)
+    mixture = family in ("qwen3_moe", "mixtral")
+    assert runner.native.calls == ([1, 0] if mixture else calls) * len(model.model.layers)  # 0: experts
+    assert len(runner.native.routers) == (len(model.model.layers) if mixture else 0)
+    assert runner.native.normalize_top_k == (mixture and extras.get("norm_topk_prob", family == "mixtral"))
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
     assert {1, 2, 3} <= shapes and max(shapes) >= runner.native.rows_below
     assert any(layout.has_free_rows for _, _, layout, *_ in steps)
@@ -108,6 +126,11 @@ def test_the_native_loop_runs_only_where_all_of_a_steps_work_is_the_extensions(m
     unquantized = tiny_model("llama", head_dim=64).to(torch.bfloat16)
     assert DecoderRunner(unquantized).native is None  # float projections
     assert DecoderRunner(served_like_the_default(), compile_decode=True).native is None  # inductor's own
+    assert DecoderRunner(served_like_the_default(family="qwen3_moe")).native is not None
+    # experts left in floats are the Python loop's
+    monkeypatch.setattr(quantized_experts, "takes", lambda module: False)
+    assert DecoderRunner(served_like_the_default(family="qwen3_moe")).native is None
+    monkeypatch.undo()
     monkeypatch.setattr(block_weights, "available", lambda device: False)
     assert DecoderRunner(served_like_the_default()).native is None  # PyTorch's packing
     assert DecoderRunner(served_like_the_default()).ops is not EAGER  # the loops still run
