@@ -24,29 +24,44 @@ at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projectio
 
 }  // namespace
 
-// hidden: [queries, hidden] embeddings, this step's own (the residual adds write into it); cos, sin:
-// [queries, 1, head_dim]; slots, rows, positions: as rotate_and_store and decode_attention take them.
+// hidden: [queries, hidden] embeddings, this step's own (the residual adds write into it); cos[r], sin[r]:
+// [queries, 1, head_dim], rotation r of the model's (Gemma 3 rotates its window and global layers apart),
+// layer l's rotations[l] (all 0 where rotations is empty); windows[l] its sliding window (0 or empty: none);
+// slots, rows, positions: as rotate_and_store and decode_attention take them.
 // For layer l: keys[l], values[l] its cache; its projections next in `projections`, in blocks of the same
 // place's bits (and tables[i]: the table its values index, or none): q, k and v in calls[2l] calls (one where they fused; a K-quant mix's Q4_K q and k beside
 // its Q6_K v are two), o, gate and up in calls[2l + 1], and down; or, where calls[2l + 1] is 0, a mixture of
 // experts (experts.cpp): after o each expert's gate and up, then each expert's down, routed by the next of
 // `routers` with `top_k` and `normalize_top_k` (Qwen3-MoE's, Mixtral's); norms[1 + 2l] and norms[2 + 2l] the
 // norms after its attention and after its MLP (the next layer's input norm, or the model's final one),
-// norms[0] the first layer's input norm, each with its eps; head_norms[2l] and head_norms[2l + 1] its norms
-// of each query and key head (Qwen3's), with head_eps, or none for every layer (head_norms empty). Returns
-// the final norm of the last layer's output.
-at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+// norms[0] the first layer's input norm, each with its eps; where `sandwich` (Gemma 3's layer), four a
+// layer: the norm of its attention's output, the norm after the residual add, the norm of its MLP's output,
+// the next layer's input norm. head_norms[2l] and head_norms[2l + 1] its norms of each query and key head
+// (Qwen3's, Gemma 3's), with head_eps, or none for every layer (head_norms empty). The MLP's activation
+// GELU's tanh approximation where `gelu` (Gemma's), else SiLU. Returns the final norm of the last layer's
+// output.
+at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
+                         const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
                          std::vector<at::Tensor> values, const std::vector<at::Tensor>& projections,
                          const std::vector<int64_t>& bits, const std::vector<int64_t>& tables,
                          const std::vector<int64_t>& calls, const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, const std::vector<at::Tensor>& head_norms,
                          const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling,
-                         const std::vector<at::Tensor>& routers, int64_t top_k, bool normalize_top_k) {
-  const size_t layers = keys.size();
-  TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + 2 * layers &&
+                         const std::vector<at::Tensor>& routers, int64_t top_k, bool normalize_top_k,
+                         const std::vector<int64_t>& rotations, const std::vector<int64_t>& windows, bool sandwich,
+                         bool gelu) {
+  const size_t layers = keys.size(), layer_norms = sandwich ? 4 : 2;
+  TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + layer_norms * layers &&
                   eps.size() == norms.size(),
-              "decode_layers needs, for each layer, its cache, its calls' counts and 2 norms (and one more norm)");
+              "decode_layers needs, for each layer, its cache, its calls' counts and 2 norms (4 for a sandwich), "
+              "and one more norm");
+  TORCH_CHECK(!cos.empty() && sin.size() == cos.size(), "decode_layers needs a rotation's cos and sin at least");
+  TORCH_CHECK(rotations.empty() || rotations.size() == layers, "decode_layers needs a rotation a layer, or none");
+  for (const int64_t rotation : rotations) {
+    TORCH_CHECK(rotation >= 0 && static_cast<size_t>(rotation) < cos.size(), "a layer's rotation is out of range");
+  }
+  TORCH_CHECK(windows.empty() || windows.size() == layers, "decode_layers needs a window a layer, or none");
   TORCH_CHECK((head_norms.empty() || head_norms.size() == 2 * layers) && head_eps.size() == head_norms.size(),
               "decode_layers needs 2 head norms a layer, with their eps, or none");
   size_t projection_count = 0, mixtures = 0;
@@ -74,15 +89,20 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
       head_rms_norms(qkv, head_norms[2 * l], head_norms[2 * l + 1], heads, kv_heads, head_eps[2 * l],
                      head_eps[2 * l + 1]);
     }
-    const at::Tensor query = rotate_and_store(qkv, cos, sin, slots, keys[l], values[l], heads, kv_heads);
-    const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling, 0, std::nullopt);
-    const at::Tensor output = block_matmul(attended.view({queries, -1}).to(hidden.scalar_type()), projections[o],
-                                           bits[o], tables[o]);
-    normed = add_rms_norm(hidden, output, norms[1 + 2 * l], eps[1 + 2 * l]);
+    const size_t rotation = rotations.empty() ? 0 : rotations[l], norm = 1 + layer_norms * l;
+    const at::Tensor query =
+        rotate_and_store(qkv, cos[rotation], sin[rotation], slots, keys[l], values[l], heads, kv_heads);
+    const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling,
+                                                 windows.empty() ? 0 : windows[l], std::nullopt);
+    at::Tensor output = block_matmul(attended.view({queries, -1}).to(hidden.scalar_type()), projections[o], bits[o],
+                                     tables[o]);
+    if (sandwich) output = rms_norm(output, norms[norm], eps[norm]);
+    normed = add_rms_norm(hidden, output, norms[norm + sandwich], eps[norm + sandwich]);
     at::Tensor mlp;
     if (gate_up_calls > 0) {
       const at::Tensor gate_up = project(normed, projections, bits, tables, gate_up_first, gate_up_calls);
-      mlp = block_matmul(silu_mul(gate_up), projections[down], bits[down], tables[down]);
+      mlp = block_matmul(gelu ? gelu_tanh_mul(gate_up) : silu_mul(gate_up), projections[down], bits[down],
+                         tables[down]);
       next = down + 1;
     } else {
       const at::Tensor& router = routers[mixture++];
@@ -90,7 +110,9 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
                             static_cast<int64_t>(gate_up_first));
       next = gate_up_first + 2 * router.size(0);
     }
-    normed = add_rms_norm(hidden, mlp, norms[2 + 2 * l], eps[2 + 2 * l]);
+    if (sandwich) mlp = rms_norm(mlp, norms[norm + 2], eps[norm + 2]);
+    const size_t next_norm = norm + layer_norms - 1;
+    normed = add_rms_norm(hidden, mlp, norms[next_norm], eps[next_norm]);
   }
   return normed;
 }

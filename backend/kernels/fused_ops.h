@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fused_ops {
 
@@ -14,6 +15,7 @@ at::Tensor add_rms_norm(at::Tensor& hidden, const at::Tensor& delta, const at::T
 at::Tensor head_rms_norms(at::Tensor& qkv, const at::Tensor& query_weight, const at::Tensor& key_weight,
                           int64_t heads, int64_t kv_heads, double query_eps, double key_eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
+at::Tensor gelu_tanh_mul(const at::Tensor& gate_up);
 at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& slots, at::Tensor& keys, at::Tensor& values, int64_t heads,
                             int64_t kv_heads);
@@ -32,7 +34,8 @@ at::Tensor experts_forward(const at::Tensor& x, const at::Tensor& router, int64_
                            const std::vector<at::Tensor>& projections, const std::vector<int64_t>& bits,
                            const std::vector<int64_t>& tables, int64_t first);
 
-at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
+                         const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
                          std::vector<at::Tensor> values, const std::vector<at::Tensor>& projections,
                          const std::vector<int64_t>& bits, const std::vector<int64_t>& tables,
@@ -40,6 +43,8 @@ at::Tensor decode_layers(at::Tensor hidden, const at::Tensor& cos, const at::Ten
                          const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, const std::vector<at::Tensor>& head_norms,
                          const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling,
-                         const std::vector<at::Tensor>& routers, int64_t top_k, bool normalize_top_k);
+                         const std::vector<at::Tensor>& routers, int64_t top_k, bool normalize_top_k,
+                         const std::vector<int64_t>& rotations, const std::vector<int64_t>& windows, bool sandwich,
+                         bool gelu);
 
 }  // namespace fused_ops

@@ -58,7 +58,7 @@ from backend.layers.step_layout import LOOP_PROMPT_TOKENS, StepLayout
 from backend.model.architectures import sliding_window
 from backend.model.decode_graphs import DecodeGraphs
 from backend.model.lora import LayerChanges, LoraLinear, lora_batch_of, unwrapped
-from backend.model.native_decode import LayerExperts, LayerProjections, NativeDecode
+from backend.model.native_decode import LayerExperts, LayerForm, LayerProjections, NativeDecode
 from backend.model.step_plan import DECODE_LAYERS, GRAPH, LOOP, NATIVE, plan_runner
 from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fusable, fuse_linears
 
@@ -374,8 +374,8 @@ class DecoderRunner:
         self.ops = ops
         # Where all of a decode step's work is the extension's, its layers are one C++ call.
         self.native = None
-        # decode_layers.cpp has Llama's layer, Qwen3's head norms and Qwen3-MoE's and Mixtral's experts with
-        # it: not Gemma's layer, nor other mixtures
+        # decode_layers.cpp has Llama's layer, Qwen3's head norms, Qwen3-MoE's and Mixtral's experts and
+        # Gemma 3's layer: not other mixtures
         head_norms = [(norms.query, norms.key) for norms in self.head_norms if norms is not None]
         experts = [
             LayerExperts.of(layer.mlp) if gate_up is None else None
@@ -389,7 +389,7 @@ class DecoderRunner:
             self.reads_own_positions
             and len(head_norms) in (0, len(self.layers))
             and mlps_native
-            and not self.sandwich
+            and all(layer.sinks is None for layer in self.bound_layers)  # gpt-oss's: the Python loop's
         ):
             self.native = NativeDecode.of(
                 self.ops,
@@ -405,13 +405,18 @@ class DecoderRunner:
                         self.layers, self.qkv, self.gate_up, experts, strict=True
                     )
                 ],
-                [self.first_norm]
-                + [norm for step in self.bound_layers for norm in (step.mlp_norm, step.next_norm)],
+                [self.first_norm] + [norm for step in self.bound_layers for norm in layer_norms(step)],
                 self.norm.weight.dtype,
                 self.heads,
                 self.kv_heads,
                 self.scaling,
                 head_norms or None,
+                LayerForm(
+                    rotations=[layer.rotation for layer in self.bound_layers],
+                    windows=[layer.window or 0 for layer in self.bound_layers],
+                    sandwich=self.sandwich,
+                    gelu=self.gelu,
+                ),
             )
         # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
         # still took a fifth of the step as PyTorch's operations (docs/performance.md).
@@ -588,7 +593,8 @@ class DecoderRunner:
     ) -> torch.Tensor:
         """The same step, up to the head, by decode_layers.cpp: `decode_layers`' loop in one C++ call."""
         hidden = self.embed(input_ids)
-        cos, sin = (t[0, :, None] for t in self.rotary(hidden, positions[None]))  # [queries, 1, head_dim]
+        rotations = self.rotations(hidden, positions)  # each kind's [queries, 1, head_dim] below
+        cos, sin = ([rotation[i][0, :, None] for rotation in rotations] for i in (0, 1))
         slots, rows = cache.plan.decode_slots(cache.kv_heads), layout.decode_index
         return self.native(hidden, cos, sin, slots, rows, positions, cache.keys, cache.values)
 
@@ -685,6 +691,14 @@ class DecoderRunner:
                 mlp = ops.norm(mlp, layer.mlp_out_norm)
             hidden, normed = ops.add_norm(hidden, mlp, layer.next_norm)
         return normed
+
+
+def layer_norms(layer: DecodeLayer) -> list[Norm]:
+    """A layer's norms as decode_layers.cpp takes them: after its attention and after its MLP (the next
+    layer's input norm), and Gemma's of each sublayer's output before each."""
+    if layer.attention_out_norm is None or layer.mlp_out_norm is None:
+        return [layer.mlp_norm, layer.next_norm]
+    return [layer.attention_out_norm, layer.mlp_norm, layer.mlp_out_norm, layer.next_norm]
 
 
 def rotates_by_kind(rotary: nn.Module) -> bool:

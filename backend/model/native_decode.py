@@ -10,9 +10,9 @@ order, so its numbers are the Python loop's bit for bit
 this extension's: a CPU with the fused operations and blocks (AVX-512 VNNI or AVX2), every
 projection in blocks (no biases), the attention loop for the model's head size, and
 activations in the kernels' dtype (bfloat16, the default mode's); Llama's layer, with Qwen3's norms
-of each query and key head where the model has them, and Qwen3-MoE's and Mixtral's mixtures of experts
-with their experts in blocks (experts.cpp, `LayerExperts`). Other steps, and other models, run the
-Python loop.
+of each query and key head where the model has them, Qwen3-MoE's and Mixtral's mixtures of experts
+with their experts in blocks (experts.cpp, `LayerExperts`), and Gemma 3's layer (`LayerForm`). Other
+steps, and other models, run the Python loop.
 """
 
 from __future__ import annotations
@@ -90,6 +90,18 @@ class LayerProjections:
 
 
 @dataclass(frozen=True)
+class LayerForm:
+    """How a model's layers differ from Llama's beyond their weights: each layer's rotation (an index into
+    the runner's `rope_kinds`: Gemma 3 rotates its window and global layers apart) and sliding window (0:
+    none), and Gemma 3's norms of each sublayer's output (`sandwich`) and GELU for SiLU."""
+
+    rotations: list[int]
+    windows: list[int]
+    sandwich: bool = False
+    gelu: bool = False
+
+
+@dataclass(frozen=True)
 class NativeDecode:
     """What `decode_layers.cpp` takes besides a step's tensors, gathered once for a runner."""
 
@@ -98,7 +110,9 @@ class NativeDecode:
     bits: list[int]
     tables: list[int]  # the table each projection's values index (block_weights.Table), or none
     calls: list[int]  # each layer's number of calls for q, k and v, then for gate and up (0: experts)
-    norms: list[torch.Tensor]  # the first input norm, then each layer's two: after attention, after MLP
+    # the first input norm, then each layer's two, after attention and after its MLP; with a sandwich four:
+    # its attention's output, after attention, its MLP's output, after its MLP
+    norms: list[torch.Tensor]
     eps: list[float]
     head_norms: list[torch.Tensor]  # each layer's norms of its query and key heads (Qwen3's), or none
     head_eps: list[float]
@@ -108,6 +122,7 @@ class NativeDecode:
     routers: list[torch.Tensor]  # each mixture-of-experts layer's, in order
     top_k: int  # experts a token takes (0: no mixtures)
     normalize_top_k: bool
+    form: LayerForm
     rows_below: float  # steps of fewer rows: from there on a projection multiplies by its many-rows path
 
     @classmethod
@@ -121,9 +136,11 @@ class NativeDecode:
         kv_heads: int,
         scaling: float,
         head_norms: list[tuple[Norm, Norm]] | None = None,
+        form: LayerForm | None = None,
     ) -> NativeDecode | None:
         """The plan for these layers, or None where a step must run the Python loop. `head_norms`: each
-        layer's norms of its query and of its key heads, where the model has them (Qwen3's)."""
+        layer's norms of its query and of its key heads, where the model has them (Qwen3's, Gemma 3's);
+        `form`: where the layers are not Llama's (Gemma 3's)."""
         projections = [projection for layer in layers for projection in layer.calls()]
         in_blocks = all(
             isinstance(p, WeightOnlyLinear) and p.blocks is not None and p.bias is None for p in projections
@@ -153,14 +170,15 @@ class NativeDecode:
             routers=[experts.router for experts in mixtures],
             top_k=mixtures[0].top_k if mixtures else 0,
             normalize_top_k=mixtures[0].normalize if mixtures else False,
+            form=form or LayerForm(rotations=[], windows=[]),
             rows_below=min((p.many_rows_from() for p in projections), default=math.inf),
         )
 
     def __call__(
         self,
         hidden: torch.Tensor,  # [queries, hidden]: the step's embeddings, its own (written into)
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        cos: list[torch.Tensor],  # each rotation's, [queries, 1, head_dim]
+        sin: list[torch.Tensor],
         slots: torch.Tensor,
         rows: torch.Tensor,
         positions: torch.Tensor,
@@ -190,4 +208,8 @@ class NativeDecode:
             self.routers,
             self.top_k,
             self.normalize_top_k,
+            self.form.rotations,
+            self.form.windows,
+            self.form.sandwich,
+            self.form.gelu,
         )

@@ -7,12 +7,12 @@ from backend.engine.engine import Engine
 from backend.layers.decode_ops import EAGER
 from backend.layers.row_cache import KVShape, RowCache
 from backend.model.decoder_runner import DecoderRunner
-from backend.model.native_decode import NativeDecode
+from backend.model.native_decode import LayerForm, NativeDecode
 from backend.quant import block_weights, quantized_experts
 from backend.quant.gguf_types import SixBitWeight
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import BlocksLinear
-from tests.backend.models import MarkerTokenizer, tiny_model
+from tests.backend.models import TINY_WINDOW, MarkerTokenizer, tiny_model
 from tests.backend.test_compiled_decode import record_decode_steps, replay_decode_steps
 from tests.backend.test_fused_ops import drive_mixed_decode_steps
 
@@ -71,6 +71,7 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         ("qwen3_moe", False, {}),
         ("qwen3_moe", False, {"norm_topk_prob": True, "num_experts_per_tok": 3}),  # 3: a sum's order shows
         ("mixtral", False, {}),
+        ("gemma3_text", False, {}),
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -81,7 +82,9 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     with a free one among them, and a step of more rows than the native loop takes (the Python loop's).
     A K-quant mix's layers take q and k in one call and v in another, gate and up in two. Qwen3's norms
     of each query and key head (random weights) in both loops. Qwen3-MoE's and Mixtral's experts (4-bit
-    blocks, a float32 router), one token's and several tokens' routing, with and without renormalizing."""
+    blocks, a float32 router), one token's and several tokens' routing, with and without renormalizing.
+    Gemma 3's layer: its window and global layers' rotations, a window in play, its norms of each
+    sublayer's output and GELU."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
     engine.runner.decoder.native = None  # the Python loop for every step
@@ -90,7 +93,11 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     drive_mixed_decode_steps(engine)
     runner = DecoderRunner(model)
     assert runner.native is not None and runner.native.rows_below == 16
-    assert len(runner.native.head_norms) == (2 * len(model.model.layers) if family.startswith("qwen3") else 0)
+    head_norms = family.startswith(("qwen3", "gemma3"))
+    assert len(runner.native.head_norms) == (2 * len(model.model.layers) if head_norms else 0)
+    if family == "gemma3_text":  # a window layer (its own rotation) beside a global one; four norms a layer
+        assert runner.native.form == LayerForm([1, 0], [TINY_WINDOW, 0], sandwich=True, gelu=True)
+        assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
     mixture = family in ("qwen3_moe", "mixtral")
     assert runner.native.calls == ([1, 0] if mixture else calls) * len(model.model.layers)  # 0: experts
