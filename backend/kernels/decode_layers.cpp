@@ -13,12 +13,17 @@ namespace fused_ops {
 
 namespace {
 
-// x times `count` projections from the `first`-th on, their outputs side by side.
+// x times `count` projections from the `first`-th on, each plus its bias where it has one, their outputs side
+// by side.
 at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projections, const std::vector<int64_t>& bits,
-                   const std::vector<int64_t>& tables, size_t first, int64_t count) {
-  if (count == 1) return block_matmul(x, projections[first], bits[first], tables[first]);
+                   const std::vector<int64_t>& tables, const Biases& biases, size_t first, int64_t count) {
+  const auto one = [&](size_t i) {
+    const at::Tensor out = block_matmul(x, projections[i], bits[i], tables[i]);
+    return biases.empty() || !biases[i].has_value() ? out : out + *biases[i];
+  };
+  if (count == 1) return one(first);
   std::vector<at::Tensor> outputs;
-  for (size_t i = first; i < first + count; ++i) outputs.push_back(block_matmul(x, projections[i], bits[i], tables[i]));
+  for (size_t i = first; i < first + count; ++i) outputs.push_back(one(i));
   return at::cat(outputs, 1);
 }
 
@@ -32,7 +37,9 @@ at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projectio
 // place's bits (and tables[i]: the table its values index, or none): q, k and v in calls[2l] calls (one where they fused; a K-quant mix's Q4_K q and k beside
 // its Q6_K v are two), o, gate and up in calls[2l + 1], and down; or, where calls[2l + 1] is 0, a mixture of
 // experts (experts.cpp): after o each expert's gate and up, then each expert's down, routed by the next of
-// `routers` with `top_k` and `normalize_top_k` (Qwen3-MoE's, Mixtral's); norms[1 + 2l] and norms[2 + 2l] the
+// `routers` (with the next of `router_biases`, where given) as `mixture` says (Qwen3-MoE's, Mixtral's,
+// gpt-oss's); biases[i] projection i's bias where it has one (none where biases is empty); sinks[l] layer l's
+// sink logits (gpt-oss's, none where sinks is empty or has none for it); norms[1 + 2l] and norms[2 + 2l] the
 // norms after its attention and after its MLP (the next layer's input norm, or the model's final one),
 // norms[0] the first layer's input norm, each with its eps; where `sandwich` (Gemma 3's layer), four a
 // layer: the norm of its attention's output, the norm after the residual add, the norm of its MLP's output,
@@ -48,9 +55,9 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const std::vector<int64_t>& calls, const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, const std::vector<at::Tensor>& head_norms,
                          const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling,
-                         const std::vector<at::Tensor>& routers, int64_t top_k, bool normalize_top_k,
-                         const std::vector<int64_t>& rotations, const std::vector<int64_t>& windows, bool sandwich,
-                         bool gelu) {
+                         const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
+                         const Mixture& mixture, const std::vector<int64_t>& rotations,
+                         const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu) {
   const size_t layers = keys.size(), layer_norms = sandwich ? 4 : 2;
   TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + layer_norms * layers &&
                   eps.size() == norms.size(),
@@ -62,6 +69,9 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
     TORCH_CHECK(rotation >= 0 && static_cast<size_t>(rotation) < cos.size(), "a layer's rotation is out of range");
   }
   TORCH_CHECK(windows.empty() || windows.size() == layers, "decode_layers needs a window a layer, or none");
+  TORCH_CHECK(sinks.empty() || sinks.size() == layers, "decode_layers needs each layer's sinks, or none");
+  TORCH_CHECK(router_biases.empty() || router_biases.size() == routers.size(),
+              "decode_layers needs each router's bias, or none");
   TORCH_CHECK((head_norms.empty() || head_norms.size() == 2 * layers) && head_eps.size() == head_norms.size(),
               "decode_layers needs 2 head norms a layer, with their eps, or none");
   size_t projection_count = 0, mixtures = 0;
@@ -78,13 +88,14 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
   TORCH_CHECK(projections.size() == projection_count && bits.size() == projection_count &&
                   tables.size() == projection_count,
               "decode_layers needs the projections its calls' counts say, and their bits and tables");
+  TORCH_CHECK(biases.empty() || biases.size() == projection_count, "decode_layers needs each projection's bias, or none");
   const int64_t queries = hidden.size(0);
   at::Tensor normed = rms_norm(hidden, norms[0], eps[0]);
-  size_t next = 0, mixture = 0;  // the layer's first projection, the next mixture's router
+  size_t next = 0, mixture_index = 0;  // the layer's first projection, the next mixture's router
   for (size_t l = 0; l < layers; ++l) {
     const int64_t qkv_calls = calls[2 * l], gate_up_calls = calls[2 * l + 1];
     const size_t o = next + qkv_calls, gate_up_first = o + 1, down = gate_up_first + gate_up_calls;
-    at::Tensor qkv = project(normed, projections, bits, tables, next, qkv_calls);
+    at::Tensor qkv = project(normed, projections, bits, tables, biases, next, qkv_calls);
     if (!head_norms.empty()) {
       head_rms_norms(qkv, head_norms[2 * l], head_norms[2 * l + 1], heads, kv_heads, head_eps[2 * l],
                      head_eps[2 * l + 1]);
@@ -93,22 +104,23 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
     const at::Tensor query =
         rotate_and_store(qkv, cos[rotation], sin[rotation], slots, keys[l], values[l], heads, kv_heads);
     const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling,
-                                                 windows.empty() ? 0 : windows[l], std::nullopt);
-    at::Tensor output = block_matmul(attended.view({queries, -1}).to(hidden.scalar_type()), projections[o], bits[o],
-                                     tables[o]);
+                                                 windows.empty() ? 0 : windows[l],
+                                                 sinks.empty() ? std::nullopt : sinks[l]);
+    at::Tensor output =
+        project(attended.view({queries, -1}).to(hidden.scalar_type()), projections, bits, tables, biases, o, 1);
     if (sandwich) output = rms_norm(output, norms[norm], eps[norm]);
     normed = add_rms_norm(hidden, output, norms[norm + sandwich], eps[norm + sandwich]);
     at::Tensor mlp;
     if (gate_up_calls > 0) {
-      const at::Tensor gate_up = project(normed, projections, bits, tables, gate_up_first, gate_up_calls);
-      mlp = block_matmul(gelu ? gelu_tanh_mul(gate_up) : silu_mul(gate_up), projections[down], bits[down],
-                         tables[down]);
+      const at::Tensor gate_up = project(normed, projections, bits, tables, biases, gate_up_first, gate_up_calls);
+      mlp = project(gelu ? gelu_tanh_mul(gate_up) : silu_mul(gate_up), projections, bits, tables, biases, down, 1);
       next = down + 1;
     } else {
-      const at::Tensor& router = routers[mixture++];
-      mlp = experts_forward(normed, router, top_k, normalize_top_k, projections, bits, tables,
-                            static_cast<int64_t>(gate_up_first));
+      const at::Tensor& router = routers[mixture_index];
+      mlp = experts_forward(normed, router, router_biases.empty() ? std::nullopt : router_biases[mixture_index],
+                            mixture, projections, bits, tables, biases, static_cast<int64_t>(gate_up_first));
       next = gate_up_first + 2 * router.size(0);
+      ++mixture_index;
     }
     if (sandwich) mlp = rms_norm(mlp, norms[norm + 2], eps[norm + 2]);
     const size_t next_norm = norm + layer_norms - 1;

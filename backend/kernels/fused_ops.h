@@ -30,9 +30,23 @@ at::Tensor block_matmul_avx2(const at::Tensor& x, const at::Tensor& weights, int
 void block_dequantize(const at::Tensor& weights, int64_t bits, int64_t table, at::Tensor& out);
 void block_rows(const at::Tensor& weights, int64_t bits, int64_t table, const at::Tensor& ids, at::Tensor& out);
 
-at::Tensor experts_forward(const at::Tensor& x, const at::Tensor& router, int64_t top_k, bool normalize,
-                           const std::vector<at::Tensor>& projections, const std::vector<int64_t>& bits,
-                           const std::vector<int64_t>& tables, int64_t first);
+// How a mixture of experts routes a token and activates its experts (experts.cpp): Qwen3-MoE's and Mixtral's
+// softmax of the router's logits, then its top k, renormalized where `normalize`, and SiLU(gate) * up; or
+// gpt-oss's top k of the logits, then their softmax (`top_k_first`), and its SwiGLU clamped to `limit`
+// (where `limit` > 0), gate and up interleaved.
+struct Mixture {
+  int64_t top_k = 0;
+  bool normalize = false;
+  bool top_k_first = false;
+  double alpha = 0, limit = 0;
+};
+
+using Biases = std::vector<std::optional<at::Tensor>>;
+
+at::Tensor experts_forward(const at::Tensor& x, const at::Tensor& router, const std::optional<at::Tensor>& router_bias,
+                           const Mixture& mixture, const std::vector<at::Tensor>& projections,
+                           const std::vector<int64_t>& bits, const std::vector<int64_t>& tables,
+                           const Biases& biases, int64_t first);
 
 at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
                          const at::Tensor& slots,
@@ -43,8 +57,8 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const std::vector<at::Tensor>& norms,
                          const std::vector<double>& eps, const std::vector<at::Tensor>& head_norms,
                          const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling,
-                         const std::vector<at::Tensor>& routers, int64_t top_k, bool normalize_top_k,
-                         const std::vector<int64_t>& rotations, const std::vector<int64_t>& windows, bool sandwich,
-                         bool gelu);
+                         const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
+                         const Mixture& mixture, const std::vector<int64_t>& rotations,
+                         const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu);
 
 }  // namespace fused_ops

@@ -374,8 +374,8 @@ class DecoderRunner:
         self.ops = ops
         # Where all of a decode step's work is the extension's, its layers are one C++ call.
         self.native = None
-        # decode_layers.cpp has Llama's layer, Qwen3's head norms, Qwen3-MoE's and Mixtral's experts and
-        # Gemma 3's layer: not other mixtures
+        # decode_layers.cpp has Llama's layer, Qwen3's head norms, Qwen3-MoE's, Mixtral's and gpt-oss's
+        # experts, biases, sinks and Gemma 3's layer: not other mixtures
         head_norms = [(norms.query, norms.key) for norms in self.head_norms if norms is not None]
         experts = [
             LayerExperts.of(layer.mlp) if gate_up is None else None
@@ -385,12 +385,7 @@ class DecoderRunner:
             gate_up is not None or mixture is not None
             for gate_up, mixture in zip(self.gate_up, experts, strict=True)
         )
-        if (
-            self.reads_own_positions
-            and len(head_norms) in (0, len(self.layers))
-            and mlps_native
-            and all(layer.sinks is None for layer in self.bound_layers)  # gpt-oss's: the Python loop's
-        ):
+        if self.reads_own_positions and len(head_norms) in (0, len(self.layers)) and mlps_native:
             self.native = NativeDecode.of(
                 self.ops,
                 [
@@ -414,6 +409,9 @@ class DecoderRunner:
                 LayerForm(
                     rotations=[layer.rotation for layer in self.bound_layers],
                     windows=[layer.window or 0 for layer in self.bound_layers],
+                    sinks=[layer.sinks for layer in self.bound_layers]
+                    if any(layer.sinks is not None for layer in self.bound_layers)
+                    else [],
                     sandwich=self.sandwich,
                     gelu=self.gelu,
                 ),

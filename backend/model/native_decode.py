@@ -8,42 +8,47 @@ is `DecoderRunner.decode_layers`'s loop with the same functions in the same
 order, so its numbers are the Python loop's bit for bit
 (tests/backend/test_native_decode.py); it runs where every one of them is
 this extension's: a CPU with the fused operations and blocks (AVX-512 VNNI or AVX2), every
-projection in blocks (no biases), the attention loop for the model's head size, and
+projection in blocks, the attention loop for the model's head size, and
 activations in the kernels' dtype (bfloat16, the default mode's); Llama's layer, with Qwen3's norms
 of each query and key head where the model has them, Qwen3-MoE's and Mixtral's mixtures of experts
-with their experts in blocks (experts.cpp, `LayerExperts`), and Gemma 3's layer (`LayerForm`). Other
-steps, and other models, run the Python loop.
+and gpt-oss's (experts.cpp, `LayerExperts`), biases, attention sinks and Gemma 3's layer (`LayerForm`).
+Other steps, and other models, run the Python loop.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from backend.layers.decode_ops import DecodeOps, FusedOps, Norm
-from backend.quant.quantized_experts import PlainGLU, QuantizedExperts
+from backend.quant.quantized_experts import ClampedSwiGLU, PlainGLU, QuantizedExperts
 from backend.quant.quantized_linear import WeightOnlyLinear
 
-# transformers' mixture blocks whose routing experts.cpp does: a softmax's top k, renormalized (Mixtral's
-# always, Qwen3-MoE's where `norm_topk_prob`), by a router with no bias, and no shared expert
+# transformers' mixture blocks whose routing experts.cpp does, by their router's class (FloatRouter's
+# `router`), and none with a shared expert: a softmax's top k, renormalized (Mixtral's always, Qwen3-MoE's
+# where `norm_topk_prob`); gpt-oss's top k of the logits, then their softmax
 NATIVE_MIXTURES = {
-    "Qwen3MoeSparseMoeBlock": "Qwen3MoeTopKRouter",
-    "MixtralSparseMoeBlock": "MixtralTopKRouter",
+    "Qwen3MoeSparseMoeBlock": ("gate", "Qwen3MoeTopKRouter"),
+    "MixtralSparseMoeBlock": ("gate", "MixtralTopKRouter"),
+    "GptOssMLP": ("router", "GptOssTopKRouter"),
 }
+
+
+NO_MIXTURE = (0, False, False, 0.0, 0.0)  # `LayerExperts.routing` of a model without one
 
 
 @dataclass(frozen=True)
 class LayerExperts:
-    """A mixture-of-experts layer as experts.cpp takes it: its router's float32 weight, how many experts a
-    token takes and whether their weights are renormalized, and each expert's projections."""
+    """A mixture-of-experts layer as experts.cpp takes it: its router's float32 weight and bias, how it
+    routes and activates (`routing`: the extension's `Mixture`'s fields), and each expert's projections."""
 
     router: torch.Tensor  # [experts, hidden], float32
-    top_k: int
-    normalize: bool
+    router_bias: torch.Tensor | None
+    routing: tuple[int, bool, bool, float, float]  # top_k, normalize, top_k_first, alpha, limit
     gate_up: list[nn.Module]  # expert e's gate and up
     down: list[nn.Module]
 
@@ -51,21 +56,30 @@ class LayerExperts:
     def of(cls, mlp: nn.Module) -> LayerExperts | None:
         """A layer's MLP as experts.cpp would run it, or None where it cannot: not one of
         `NATIVE_MIXTURES`, its router not in float32 (float_router.py), or its experts not the quantized
-        ones with SiLU (quantized_experts.py)."""
-        router = getattr(getattr(mlp, "gate", None), "router", None)  # FloatRouter's
+        ones with SiLU or gpt-oss's clamped SwiGLU (quantized_experts.py)."""
+        place, router_class = NATIVE_MIXTURES.get(type(mlp).__name__, ("", ""))
+        router = getattr(getattr(mlp, place, None), "router", None)  # FloatRouter's
         experts = getattr(mlp, "experts", None)
         if (
-            NATIVE_MIXTURES.get(type(mlp).__name__) != type(router).__name__
-            or getattr(router, "bias", None) is not None
+            type(router).__name__ != router_class
             or router.weight.dtype != torch.float32
             or not isinstance(experts, QuantizedExperts)
-            or not (isinstance(experts.activation, PlainGLU) and experts.activation.silu)
         ):
             return None
+        activation = experts.activation
+        if isinstance(activation, ClampedSwiGLU):
+            alpha, limit = activation.alpha, activation.limit
+        elif isinstance(activation, PlainGLU) and activation.silu:
+            alpha, limit = 0.0, 0.0  # (no limit: SiLU's GLU)
+        else:
+            return None
+        top_k_first = router_class == "GptOssTopKRouter"
+        # Mixtral's router always renormalizes, Qwen3-MoE's where asked; gpt-oss's softmax is over the top k
+        normalize = getattr(router, "norm_topk_prob", not top_k_first)
         return cls(
             router.weight,
-            router.top_k,
-            getattr(router, "norm_topk_prob", True),  # Mixtral's router always renormalizes
+            getattr(router, "bias", None),
+            (router.top_k, normalize, top_k_first, alpha, limit),
             list(experts.gate_up),
             list(experts.down),
         )
@@ -92,11 +106,13 @@ class LayerProjections:
 @dataclass(frozen=True)
 class LayerForm:
     """How a model's layers differ from Llama's beyond their weights: each layer's rotation (an index into
-    the runner's `rope_kinds`: Gemma 3 rotates its window and global layers apart) and sliding window (0:
-    none), and Gemma 3's norms of each sublayer's output (`sandwich`) and GELU for SiLU."""
+    the runner's `rope_kinds`: Gemma 3 rotates its window and global layers apart), sliding window (0:
+    none) and attention sinks (none for every layer where empty), and Gemma 3's norms of each sublayer's
+    output (`sandwich`) and GELU for SiLU."""
 
     rotations: list[int]
     windows: list[int]
+    sinks: list[torch.Tensor | None] = field(default_factory=list)  # gpt-oss's, [heads] float32 a layer
     sandwich: bool = False
     gelu: bool = False
 
@@ -119,9 +135,10 @@ class NativeDecode:
     heads: int
     kv_heads: int
     scaling: float
+    biases: list[torch.Tensor | None]  # each projection's, or none for every one
     routers: list[torch.Tensor]  # each mixture-of-experts layer's, in order
-    top_k: int  # experts a token takes (0: no mixtures)
-    normalize_top_k: bool
+    router_biases: list[torch.Tensor | None]  # theirs, or none for every one
+    mixture: object  # the extension's `Mixture`: how every mixture routes and activates
     form: LayerForm
     rows_below: float  # steps of fewer rows: from there on a projection multiplies by its many-rows path
 
@@ -142,14 +159,14 @@ class NativeDecode:
         layer's norms of its query and of its key heads, where the model has them (Qwen3's, Gemma 3's);
         `form`: where the layers are not Llama's (Gemma 3's)."""
         projections = [projection for layer in layers for projection in layer.calls()]
-        in_blocks = all(
-            isinstance(p, WeightOnlyLinear) and p.blocks is not None and p.bias is None for p in projections
-        )
+        in_blocks = all(isinstance(p, WeightOnlyLinear) and p.blocks is not None for p in projections)
         if not isinstance(ops, FusedOps) or not in_blocks or dtype != WeightOnlyLinear.compute_dtype:
             return None
         mixtures = [layer.experts for layer in layers if layer.experts is not None]
-        if len({(experts.top_k, experts.normalize) for experts in mixtures}) > 1:
+        if len({experts.routing for experts in mixtures}) > 1:
             return None  # one routing for every layer (every model's)
+        biases = [p.bias for p in projections]
+        router_biases = [experts.router_bias for experts in mixtures]
         return cls(
             run=ops.extension.decode_layers,
             projections=[p.blocks for p in projections],
@@ -167,9 +184,12 @@ class NativeDecode:
             heads=heads,
             kv_heads=kv_heads,
             scaling=scaling,
+            biases=biases if any(bias is not None for bias in biases) else [],
             routers=[experts.router for experts in mixtures],
-            top_k=mixtures[0].top_k if mixtures else 0,
-            normalize_top_k=mixtures[0].normalize if mixtures else False,
+            router_biases=router_biases if any(bias is not None for bias in router_biases) else [],
+            mixture=ops.extension.Mixture(
+                *(mixtures[0].routing if mixtures else (0, False, False, 0.0, 0.0))
+            ),
             form=form or LayerForm(rotations=[], windows=[]),
             rows_below=min((p.many_rows_from() for p in projections), default=math.inf),
         )
@@ -205,11 +225,13 @@ class NativeDecode:
             self.heads,
             self.kv_heads,
             self.scaling,
+            self.biases,
             self.routers,
-            self.top_k,
-            self.normalize_top_k,
+            self.router_biases,
+            self.mixture,
             self.form.rotations,
             self.form.windows,
+            self.form.sinks,
             self.form.sandwich,
             self.form.gelu,
         )

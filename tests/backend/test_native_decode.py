@@ -30,7 +30,8 @@ def served_like_the_default(
     **extras,
 ) -> torch.nn.Module:
     """A tiny model as the default mode serves one: bfloat16, 4-bit projections in blocks, int8 head;
-    its norms' weights random (a fresh model's are ones, and a loop that took one for another would pass).
+    its norms' weights and biases random (a fresh model's are ones and zeros, and a loop that took one for
+    another, or left a bias out, would pass).
     `k_quant_mix`: each layer's v, up and down in 6-bit super-blocks, as a Q4_K_M file's Q6_K v and down
     sit beside its Q4_K q, k and gate (rows of 256 inputs and more): neither q, k and v nor gate and up
     fuse into one call. `extras`: config fields over the tiny model's."""
@@ -40,6 +41,8 @@ def served_like_the_default(
     for name, parameter in model.named_parameters():
         if "norm" in name:
             parameter.data.copy_(torch.rand(parameter.shape, generator=generator) + 0.5)
+        elif "bias" in name:  # (zeros to start: a bias left out would pass)
+            parameter.data.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
     quantize_model(model, "int4")
     if k_quant_mix:
         for layer in model.model.layers:
@@ -67,11 +70,13 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
     [
         ("llama", False, {}),
         ("llama", True, {}),
+        ("qwen2", False, {}),  # biases on q, k and v (its greedy tokens repeat: no drafts, for one row)
         ("qwen3", False, {}),
         ("qwen3_moe", False, {}),
         ("qwen3_moe", False, {"norm_topk_prob": True, "num_experts_per_tok": 3}),  # 3: a sum's order shows
         ("mixtral", False, {}),
         ("gemma3_text", False, {}),
+        ("gpt_oss", False, {}),
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -86,7 +91,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     Gemma 3's layer: its window and global layers' rotations, a window in play, its norms of each
     sublayer's output and GELU."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
-    engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
+    drafts = 0 if family == "qwen2" else None
+    engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
     engine.runner.decoder.native = None  # the Python loop for every step
     engine.runner.decoder.replan()
     steps = record_decode_steps(engine)
@@ -99,10 +105,13 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
         assert runner.native.form == LayerForm([1, 0], [TINY_WINDOW, 0], sandwich=True, gelu=True)
         assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
-    mixture = family in ("qwen3_moe", "mixtral")
+    mixture = family in ("qwen3_moe", "mixtral", "gpt_oss")
     assert runner.native.calls == ([1, 0] if mixture else calls) * len(model.model.layers)  # 0: experts
     assert len(runner.native.routers) == (len(model.model.layers) if mixture else 0)
-    assert runner.native.normalize_top_k == (mixture and extras.get("norm_topk_prob", family == "mixtral"))
+    if family == "gpt_oss":  # biases on q, k, v and o and on every expert's projections; each layer's sinks
+        assert all(bias is not None for bias in runner.native.biases) and len(runner.native.form.sinks) == 2
+        assert len(runner.native.router_biases) == 2
+    assert any(bias is not None for bias in runner.native.biases) == (family in ("qwen2", "gpt_oss"))
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
     assert {1, 2, 3} <= shapes and max(shapes) >= runner.native.rows_below
     assert any(layout.has_free_rows for _, _, layout, *_ in steps)
@@ -123,10 +132,6 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
 
 def test_the_native_loop_runs_only_where_all_of_a_steps_work_is_the_extensions(monkeypatch):
     assert DecoderRunner(served_like_the_default()).native is not None
-    # Qwen2's biases on q, k and v, which decode_layers.cpp does not add: its Python loop does
-    qwen2 = tiny_model("qwen2", head_dim=64).to(torch.bfloat16)
-    quantize_model(qwen2, "int4")
-    assert DecoderRunner(qwen2).native is None
     # float32 activations: the Python loop rounds them to bfloat16 for the kernels, the native one would not
     assert DecoderRunner(served_like_the_default(dtype=torch.float32)).native is None
     assert DecoderRunner(served_like_the_default(head_dim=16)).native is None  # no attention loop for 16
