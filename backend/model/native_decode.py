@@ -187,9 +187,7 @@ class NativeDecode:
             biases=biases if any(bias is not None for bias in biases) else [],
             routers=[experts.router for experts in mixtures],
             router_biases=router_biases if any(bias is not None for bias in router_biases) else [],
-            mixture=ops.extension.Mixture(
-                *(mixtures[0].routing if mixtures else (0, False, False, 0.0, 0.0))
-            ),
+            mixture=ops.extension.Mixture(*(mixtures[0].routing if mixtures else NO_MIXTURE)),
             form=form or LayerForm(rotations=[], windows=[]),
             rows_below=min((p.many_rows_from() for p in projections), default=math.inf),
         )

@@ -89,7 +89,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     of each query and key head (random weights) in both loops. Qwen3-MoE's and Mixtral's experts (4-bit
     blocks, a float32 router), one token's and several tokens' routing, with and without renormalizing.
     Gemma 3's layer: its window and global layers' rotations, a window in play, its norms of each
-    sublayer's output and GELU."""
+    sublayer's output and GELU. Biases (Qwen2's q, k and v; gpt-oss's everywhere, its router's too),
+    gpt-oss's sinks, window layers, top k before the softmax and clamped SwiGLU."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family == "qwen2" else None
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
