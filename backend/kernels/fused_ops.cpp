@@ -1390,7 +1390,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_rows", &block_rows, "some rows of the weights blocks hold, into a float tensor (an embedding's)", released);
   m.def("ssm_update", &ssm_update, "one token of each row through a Mamba-2 scan, its state in place", released);
   m.def("gated_delta_update", &gated_delta_update, "one token of each row through a Gated DeltaNet, its state in place", released);
-  pybind11::class_<Mixture>(m, "Mixture", "how a mixture of experts routes and activates (fused_ops.h)")
+  // Local to this build: two builds in one process (a test's, a timing's) would each register it
+  pybind11::class_<Mixture>(m, "Mixture", "how a mixture of experts routes and activates (fused_ops.h)",
+                            pybind11::module_local())
       .def(pybind11::init<int64_t, bool, bool, double, double>(), pybind11::arg("top_k"), pybind11::arg("normalize"),
            pybind11::arg("top_k_first"), pybind11::arg("alpha"), pybind11::arg("limit"));
   m.def("experts_forward", &experts_forward, "a Qwen3-MoE, Mixtral or gpt-oss layer's routing and experts (quantized_experts.py)", released);
