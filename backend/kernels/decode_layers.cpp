@@ -13,21 +13,23 @@ namespace fused_ops {
 
 namespace {
 
-// x times `count` projections from the `first`-th on, each plus its bias where it has one, their outputs side
-// by side.
+// x times `count` projections from the `first`-th on, their outputs side by side.
 at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projections, const std::vector<int64_t>& bits,
                    const std::vector<int64_t>& tables, const Biases& biases, size_t first, int64_t count) {
-  const auto one = [&](size_t i) {
-    const at::Tensor out = block_matmul(x, projections[i], bits[i], tables[i]);
-    return biases.empty() || !biases[i].has_value() ? out : out + *biases[i];
-  };
-  if (count == 1) return one(first);
+  if (count == 1) return projected(x, projections, bits, tables, biases, first);
   std::vector<at::Tensor> outputs;
-  for (size_t i = first; i < first + count; ++i) outputs.push_back(one(i));
+  for (size_t i = first; i < first + count; ++i) outputs.push_back(projected(x, projections, bits, tables, biases, i));
   return at::cat(outputs, 1);
 }
 
 }  // namespace
+
+// x times projection i in blocks, plus its bias where it has one (WeightOnlyLinear's forward).
+at::Tensor projected(const at::Tensor& x, const std::vector<at::Tensor>& projections, const std::vector<int64_t>& bits,
+                     const std::vector<int64_t>& tables, const Biases& biases, size_t i) {
+  const at::Tensor out = block_matmul(x, projections[i], bits[i], tables[i]);
+  return biases.empty() || !biases[i].has_value() ? out : out + *biases[i];
+}
 
 // hidden: [queries, hidden] embeddings, this step's own (the residual adds write into it); cos[r], sin[r]:
 // [queries, 1, head_dim], rotation r of the model's (Gemma 3 rotates its window and global layers apart),
@@ -109,7 +111,8 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
     at::Tensor output =
         project(attended.view({queries, -1}).to(hidden.scalar_type()), projections, bits, tables, biases, o, 1);
     if (sandwich) output = rms_norm(output, norms[norm], eps[norm]);
-    normed = add_rms_norm(hidden, output, norms[norm + sandwich], eps[norm + sandwich]);
+    const size_t mlp_norm = sandwich ? norm + 1 : norm;  // (after the attention output's own, if it has one)
+    normed = add_rms_norm(hidden, output, norms[mlp_norm], eps[mlp_norm]);
     at::Tensor mlp;
     if (gate_up_calls > 0) {
       const at::Tensor gate_up = project(normed, projections, bits, tables, biases, gate_up_first, gate_up_calls);

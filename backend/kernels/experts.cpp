@@ -16,13 +16,6 @@ namespace fused_ops {
 
 namespace {
 
-// x times a projection in blocks, plus its bias where it has one (WeightOnlyLinear's forward).
-at::Tensor projected(const at::Tensor& x, const std::vector<at::Tensor>& projections, const std::vector<int64_t>& bits,
-                     const std::vector<int64_t>& tables, const Biases& biases, size_t i) {
-  const at::Tensor out = block_matmul(x, projections[i], bits[i], tables[i]);
-  return biases.empty() || !biases[i].has_value() ? out : out + *biases[i];
-}
-
 // gpt-oss's activation as quantized_experts.ClampedSwiGLU computes it: gate and up interleaved, each clamped
 // to `limit` (gate from above only), (up + 1) * gate * sigmoid(alpha gate).
 at::Tensor clamped_swiglu(const at::Tensor& gate_up, double alpha, double limit) {

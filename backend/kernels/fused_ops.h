@@ -43,6 +43,9 @@ struct Mixture {
 
 using Biases = std::vector<std::optional<at::Tensor>>;
 
+at::Tensor projected(const at::Tensor& x, const std::vector<at::Tensor>& projections, const std::vector<int64_t>& bits,
+                     const std::vector<int64_t>& tables, const Biases& biases, size_t i);
+
 at::Tensor experts_forward(const at::Tensor& x, const at::Tensor& router, const std::optional<at::Tensor>& router_bias,
                            const Mixture& mixture, const std::vector<at::Tensor>& projections,
                            const std::vector<int64_t>& bits, const std::vector<int64_t>& tables,
