@@ -5,7 +5,8 @@ r"""Each fast-path family on the decoder runner against the same model on transf
         [--quantize int4|int8|none] [--dtype D]
 
 For each family, a model of random weights of a ~0.5B checkpoint's shape (Qwen2.5-0.5B's for Llama-shaped
-layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE, Gemma 3 1B's for Gemma 3)
+layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE, Gemma 3 1B's for Gemma 3,
+Phi-4-mini's layer at 0.75B for Phi-3)
 with the default model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served,
 by default). Engine tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder
 runner), then on transformers' own modules over the row attention (what every other family takes),
@@ -86,6 +87,19 @@ SHAPES = {
             head_dim=256,
             sliding_window=512,
             query_pre_attn_scalar=256,
+        ),
+    ),
+    # Phi-4-mini's layer at 6 of its 32: 3072 wide, 24 heads of 128 over 8 KV heads, three quarters of each
+    # head rotated, q, k and v one linear layer and gate and up another (0.75B with this vocabulary)
+    "phi3": (
+        "phi3",
+        dict(
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=6,
+            num_attention_heads=24,
+            num_key_value_heads=8,
+            partial_rotary_factor=0.75,
         ),
     ),
 }

@@ -235,15 +235,18 @@ at::Tensor gelu_tanh_mul(const at::Tensor& gate_up) {
   });
 }
 
-// The rotary embedding of one head (transformers' rotate_half form): out = x * cos + rotate_half(x) * sin.
+// The rotary embedding of one head (transformers' rotate_half form): out = x * cos + rotate_half(x) * sin
+// over its first `rotated` elements (cos and sin's width: all of them but in Phi-4-mini, whose
+// partial_rotary_factor rotates three quarters), the rest copied.
 template <typename T, typename C>
-void rotate_head(const T* x, const T* cos, const T* sin, C* out, int64_t head_dim) {
-  const int64_t half = head_dim / 2;
+void rotate_head(const T* x, const T* cos, const T* sin, C* out, int64_t head_dim, int64_t rotated) {
+  const int64_t half = rotated / 2;
   for (int64_t t = 0; t < half; ++t) {
     const float a = x[t], b = x[t + half];
     out[t] = static_cast<C>(a * static_cast<float>(cos[t]) - b * static_cast<float>(sin[t]));
     out[t + half] = static_cast<C>(b * static_cast<float>(cos[t + half]) + a * static_cast<float>(sin[t + half]));
   }
+  for (int64_t t = rotated; t < head_dim; ++t) out[t] = static_cast<C>(static_cast<float>(x[t]));
 }
 
 // One decode step's queries, keys and values ([queries, (heads + 2 * kv_heads) * head_dim], as the
@@ -258,12 +261,14 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
     check_cpu_contiguous(*t, name);
   }
   const int64_t head_dim = keys.size(-1), queries = qkv.size(0);
-  // The rotation pairs element t with t + head_dim / 2: an odd size left one unwritten (at::empty's
+  // The rotation pairs element t with t + rotated / 2: an odd width left one unwritten (at::empty's
   // contents in the query), and 0 divides by zero below.
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "head_dim must be even and positive, not ", head_dim);
+  const int64_t rotated = cos.dim() > 0 ? cos.size(-1) : 0;
+  TORCH_CHECK(rotated > 0 && rotated % 2 == 0 && rotated <= head_dim, "cos and sin's width must be even, positive and at most head_dim (", head_dim, "), not ", rotated);
   TORCH_CHECK(heads > 0 && kv_heads > 0, "heads and kv_heads must be positive, not ", heads, " and ", kv_heads);
   TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (heads + 2 * kv_heads) * head_dim, "qkv must be [queries, (heads + 2 * kv_heads) * head_dim]");
-  TORCH_CHECK(cos.numel() == queries * head_dim && sin.numel() == queries * head_dim, "cos and sin must be [queries, head_dim]");
+  TORCH_CHECK(cos.numel() == queries * rotated && sin.numel() == queries * rotated, "cos and sin must be [queries, the width rotated]");
   TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(), "cos and sin must have qkv's dtype");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == queries * kv_heads, "slots must be int64, one a query and KV head");
   TORCH_CHECK(values.scalar_type() == keys.scalar_type() && values.sizes() == keys.sizes(), "keys and values must match");
@@ -287,12 +292,12 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
       at::parallel_for(0, queries, rows_per_task(width), [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           const T* row = qp + i * width;
-          const T* c = cp + i * head_dim;
-          const T* s = sp + i * head_dim;
-          for (int64_t h = 0; h < heads; ++h) rotate_head(row + h * head_dim, c, s, out + (i * heads + h) * head_dim, head_dim);
+          const T* c = cp + i * rotated;
+          const T* s = sp + i * rotated;
+          for (int64_t h = 0; h < heads; ++h) rotate_head(row + h * head_dim, c, s, out + (i * heads + h) * head_dim, head_dim, rotated);
           for (int64_t h = 0; h < kv_heads; ++h) {
             const int64_t at = slot[i * kv_heads + h] * head_dim;
-            rotate_head(row + (heads + h) * head_dim, c, s, kp + at, head_dim);
+            rotate_head(row + (heads + h) * head_dim, c, s, kp + at, head_dim, rotated);
             const T* value = row + (heads + kv_heads + h) * head_dim;
             for (int64_t t = 0; t < head_dim; ++t) vp[at + t] = static_cast<C>(static_cast<float>(value[t]));
           }
@@ -307,7 +312,7 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
 // that the compiler unrolls the loops over it and keeps a key or value row in registers (twice as
 // fast as a run-time size, and the head sizes of nearly all models); fused_ops.py sends others to
 // PyTorch's attention.
-constexpr int64_t HEAD_DIMS[] = {64, 128, 256};  // 256: Gemma 3's (270M to 12B)
+constexpr int64_t HEAD_DIMS[] = {64, 96, 128, 256};  // 96: Phi-3-mini's and Phi-3.5-mini's; 256: Gemma 3's
 constexpr int64_t MAX_GROUP = 16;
 
 // The sum of v's LANES elements, halving the lanes each time: a tree the compiler turns into a few
@@ -841,6 +846,7 @@ at::Tensor decode_attention_by(const at::Tensor& query, const at::Tensor& keys, 
   };
   const auto sized = [&](auto by_dots) {
     if (head_dim == 64) return of(std::integral_constant<int64_t, 64>{}, by_dots);
+    if (head_dim == 96) return of(std::integral_constant<int64_t, 96>{}, by_dots);
     if (head_dim == 128) return of(std::integral_constant<int64_t, 128>{}, by_dots);
     return of(std::integral_constant<int64_t, 256>{}, by_dots);
   };

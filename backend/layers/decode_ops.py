@@ -229,7 +229,12 @@ def within_window(visible: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The rotary embedding of transformers' `apply_rotary_pos_emb`, the same arithmetic, to one tensor."""
+    """The rotary embedding of transformers' `apply_rotary_pos_emb`, the same arithmetic, to one tensor:
+    where cos and sin are narrower than a head (Phi-4-mini's `partial_rotary_factor`), to that many of
+    its first elements, the rest kept as they are."""
+    rotated = cos.shape[-1]
+    if rotated < x.shape[-1]:
+        return torch.cat([rotate(x[..., :rotated], cos, sin), x[..., rotated:]], dim=-1)
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 

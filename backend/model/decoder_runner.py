@@ -28,7 +28,7 @@ CPU, PyTorch's operations elsewhere and in exact mode. In exact mode (float32, n
 quantization) greedy output is token for token that of transformers'
 classes (tests/backend/test_exactness.py runs both). Any other
 architecture, or one of these with a feature the layer above does not have
-(a Llama family's sliding window that comes into play, soft-capping), goes through transformers'
+(Gemma's soft-capping, an MLP with biases), goes through transformers'
 forward as before (`DecoderRunner.supports`).
 """
 
@@ -64,12 +64,14 @@ from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fu
 
 log = logging.getLogger(__name__)
 
-# The model types whose decoder layers are the Llama layer above; Mistral, Qwen2 and Qwen3 only where
-# their sliding window never comes into play (`supports`). Qwen2 adds biases to q, k and v: the linear
-# layers have them. Qwen3 norms each head's query and key (`HeadNorms`). Qwen3-MoE (Qwen3's attention)
-# and Mixtral (Mistral's) have a mixture of experts for an MLP: the layer's own module multiplies each
-# token by its chosen experts only (transformers' routing), called where the Llama MLP's products are.
-LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"}
+# The model types whose decoder layers are the Llama layer above; Mistral's, Qwen2's and Phi-3's sliding
+# window is each layer's (`window_in`). Qwen2 adds biases to q, k and v: the linear layers have them.
+# Qwen3 norms each head's query and key (`HeadNorms`). Qwen3-MoE (Qwen3's attention) and Mixtral
+# (Mistral's) have a mixture of experts for an MLP: the layer's own module multiplies each token by its
+# chosen experts only (transformers' routing), called where the Llama MLP's products are. Phi-3 keeps q,
+# k and v in one linear layer and gate and up in another (`attention_inputs`, `gate_and_up`), and rotates
+# part of each head in Phi-4-mini (`partial_rotary_factor`: decode_ops.rotate).
+LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3"}
 
 # Gemma 3's layer (its text model) is the Llama layer with a norm of the attention's output and of the
 # MLP's before each residual add (`DecodeLayer.attention_out_norm`, `mlp_out_norm`; the MLP's input norm is
@@ -110,7 +112,9 @@ class Projections:
     def __init__(self, *linears: nn.Module, join_floats: bool = False):
         self.linears = linears
         bases = tuple(unwrapped(linear) for linear in linears)
-        fused = fuse_linears(list(bases)) or (join_float_linears(list(bases)) if join_floats else None)
+        fused = None  # (one layer, Phi-3's q, k and v say, is its own group)
+        if len(bases) > 1:
+            fused = fuse_linears(list(bases)) or (join_float_linears(list(bases)) if join_floats else None)
         self.groups: list[nn.Module] = [fused] if fused is not None else fused_runs(bases)
         self.changes = LayerChanges.of(linears)  # None: no adapter changes them
 
@@ -282,6 +286,7 @@ class DecoderRunner:
         self.rows = rows  # the most rows a step has: how far the step plan goes
         self.embed = model.model.embed_tokens
         self.rotary = model.model.rotary_emb
+        self.half_rotation = model.config.model_type in GPT_OSS_LAYER_TYPES  # (`full_width`)
         self.layers = list(model.model.layers)
         # Gemma 3's rotary module gives each kind of layer (window or global) cos and sin of its own base.
         by_kind = rotates_by_kind(self.rotary)
@@ -300,17 +305,14 @@ class DecoderRunner:
         dtype = self.norm.weight.dtype  # the model's: what the modules give back
         # Exact mode: float32 products as transformers' modules make them, one layer at a time.
         exact = dtype == torch.float32 and not any(
-            isinstance(layer.self_attn.q_proj, WeightOnlyLinear) for layer in self.layers
+            isinstance(attention_inputs(layer.self_attn)[0], WeightOnlyLinear) for layer in self.layers
         )
         self.qkv = [
-            Projections(a.q_proj, a.k_proj, a.v_proj, join_floats=not exact)
-            for a in (layer.self_attn for layer in self.layers)
+            Projections(*attention_inputs(layer.self_attn), join_floats=not exact) for layer in self.layers
         ]
-        # A mixture-of-experts layer (no gate_proj of its own) has none: its MLP is its module
+        # A mixture-of-experts layer (no gate and up of its own) has none: its MLP is its module
         self.gate_up = [
-            Projections(layer.mlp.gate_proj, layer.mlp.up_proj, join_floats=not exact)
-            if is_dense(layer.mlp)
-            else None
+            Projections(*gate_and_up(layer.mlp), join_floats=not exact) if is_dense(layer.mlp) else None
             for layer in self.layers
         ]
         # A mixture's routers compute in float32 on a CPU (float_router.py)
@@ -485,10 +487,8 @@ class DecoderRunner:
                 and not getattr(config, "use_bidirectional_attention", False)
                 and config.hidden_activation == "gelu_pytorch_tanh"
             )
-        window = sliding_window(config)
         return (
             config.model_type in LLAMA_LAYER_TYPES
-            and (window is None or window >= max_seq_len)
             and getattr(config, "hidden_act", "silu") == "silu"
             and not getattr(config, "mlp_bias", False)
         )
@@ -606,10 +606,12 @@ class DecoderRunner:
         return [self.rotary(hidden, positions[None], layer_type=kind) for kind in self.rope_kinds]
 
     def full_width(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin over the head's whole width: gpt-oss's rotary module gives them over half of it,
-        each half of a query rotated by the same angles (its `_apply_rotary_emb`), which is Llama's
-        rotation (`rotate`) with them repeated. The same products and sums, so float32 stays exact."""
-        if cos.shape[-1] == self.head_dim:
+        """cos and sin over the width the model rotates: gpt-oss's rotary module gives them over half of
+        it, each half of a query rotated by the same angles (its `_apply_rotary_emb`), which is Llama's
+        rotation (`rotate`) with them repeated. The same products and sums, so float32 stays exact.
+        (Phi-4-mini's are narrower than its heads too, but they are its whole rotation: it rotates part of
+        each head.)"""
+        if not self.half_rotation:
             return cos, sin
         return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
 
@@ -705,8 +707,13 @@ def rotates_by_kind(rotary: nn.Module) -> bool:
 
 
 def window_in(attention: nn.Module, max_seq_len: int | None) -> int | None:
-    """An attention layer's sliding window where it comes into play within rows of `max_seq_len`."""
-    window = getattr(attention, "sliding_window", None)
+    """An attention layer's sliding window where it comes into play within rows of `max_seq_len`: the
+    layer's own (Qwen2's, Gemma 3's: None on its global layers), else its model's (Mistral and Phi-3
+    give every layer the config's)."""
+    if hasattr(attention, "sliding_window"):
+        window = attention.sliding_window
+    else:
+        window = sliding_window(attention.config)
     return window if window is not None and (max_seq_len is None or window < max_seq_len) else None
 
 
@@ -715,8 +722,26 @@ def normed_output(output: torch.Tensor, norm: Norm | None) -> torch.Tensor:
     return output if norm is None else EAGER.norm(output, norm)
 
 
+def attention_inputs(attention: nn.Module) -> tuple[nn.Module, ...]:
+    """The linear layers that make an attention layer's queries, keys and values, whose outputs side by side
+    are q, k and v: Phi-3's one layer, the others' three."""
+    if hasattr(attention, "qkv_proj"):
+        return (attention.qkv_proj,)
+    return (attention.q_proj, attention.k_proj, attention.v_proj)
+
+
+def gate_and_up(mlp: nn.Module) -> tuple[nn.Module, ...]:
+    """The linear layers whose outputs side by side are an MLP's gate and up: Phi-3's one, Llama's two."""
+    if hasattr(mlp, "gate_up_proj"):
+        return (mlp.gate_up_proj,)
+    return (mlp.gate_proj, mlp.up_proj)
+
+
 def is_dense(mlp: nn.Module) -> bool:
-    """Whether a layer's MLP is Llama's (gate, up and down projections) rather than a mixture of experts."""
+    """Whether a layer's MLP is Llama's (gate and up, then down) rather than a mixture of experts (whose
+    `gate_up_proj`, where it has one, is its experts' 3-D tensor)."""
+    if isinstance(getattr(mlp, "gate_up_proj", None), nn.Module):
+        return hasattr(mlp, "down_proj")
     return all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
 
 

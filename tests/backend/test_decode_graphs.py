@@ -18,7 +18,7 @@ from backend.messages import SamplingParams, Submit
 from backend.model.decode_graphs import bucket, row_buckets, span_buckets
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.step_plan import GRAPH
-from tests.backend.models import MarkerTokenizer, drive, tiny_model
+from tests.backend.models import TINY_WINDOW, MarkerTokenizer, drive, tiny_model
 from tests.backend.test_compiled_decode import greedy, record_decode_steps
 
 MAX_SEQ_LEN = 300  # spans bucketed as 128, 256 and 300
@@ -79,7 +79,16 @@ def test_static_shape_steps_give_the_eager_steps_logits_and_cache_writes():
             torch.testing.assert_close(tensor[:, :, :last], expected[:, :, :last], atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("architecture", ["llama", "gemma3_text"])  # Gemma 3: windows, two rotations
+# Gemma 3: windows, two rotations; Phi-3: q, k and v one layer, a window in every layer, part of each
+# head rotated
+FAMILIES = {
+    "llama": {},
+    "gemma3_text": {},
+    "phi3": {"partial_rotary_factor": 0.75, "sliding_window": TINY_WINDOW},
+}
+
+
+@pytest.mark.parametrize("architecture", sorted(FAMILIES))
 def test_an_engine_on_static_shapes_writes_the_eager_engines_text(architecture):
     """Greedy and seeded sampling, rows joining and leaving mid-flight, a prompt long enough to change
     the span's bucket, and the cache full to its last position: the same pieces either way."""
@@ -92,7 +101,7 @@ def test_an_engine_on_static_shapes_writes_the_eager_engines_text(architecture):
     ]
     results = []
     for static in (False, True):
-        model = tiny_model(architecture)
+        model = tiny_model(architecture, **FAMILIES[architecture])
         engine = Engine(model, MarkerTokenizer(), rows=8, max_seq_len=MAX_SEQ_LEN)
         if static:
             engine.runner.decoder.use_graphs(engine.runner.cache, capture=False)
@@ -102,7 +111,7 @@ def test_an_engine_on_static_shapes_writes_the_eager_engines_text(architecture):
     assert results[0] == results[1]
 
 
-@pytest.mark.parametrize("architecture", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("architecture", sorted(FAMILIES))
 def test_with_compile_the_static_shape_step_is_the_compiled_one_and_writes_the_eager_text(architecture):
     """On a GPU `--compile` has the graphs capture the compiled step; here the same static step runs
     compiled without capture, over row buckets and two span buckets, with the eager engine's text."""
@@ -112,7 +121,7 @@ def test_with_compile_the_static_shape_step_is_the_compiled_one_and_writes_the_e
     results = []
     for static in (False, True):
         engine = Engine(
-            tiny_model(architecture),
+            tiny_model(architecture, **FAMILIES[architecture]),
             MarkerTokenizer(),
             rows=6,
             max_seq_len=MAX_SEQ_LEN,

@@ -75,14 +75,18 @@ def assert_chunked_prompts_sharing_a_prefix_match(model, reference, rng: random.
     return prompts
 
 
-def test_a_window_within_the_context_stays_exact_off_the_decoder_runner():
-    """Mistral whose window (8) is shorter than its rows (128): transformers' modules over the row
-    attention, each query reading its last 8 positions, prompts of up to 60 tokens."""
-    model = tiny_model("mistral", sliding_window=TINY_WINDOW)
+@pytest.mark.parametrize(
+    "architecture, extras",
+    [("mistral", {}), ("phi3", {"partial_rotary_factor": 0.75})],  # (Phi-4-mini rotates part of each head)
+)
+def test_a_window_within_the_context_stays_exact_on_the_decoder_runner(architecture, extras):
+    """Mistral and Phi-3 whose window (8, the config's, every layer's) is shorter than their rows (128):
+    each query reads its last 8 positions, prompts of up to 60 tokens in chunks of 16."""
+    model = tiny_model(architecture, sliding_window=TINY_WINDOW, **extras)
     rng = random.Random("window")
     prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 60))] for _ in range(8)]
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=16)
-    assert engine.runner.decoder is None
+    assert [layer.window for layer in engine.runner.decoder.bound_layers] == [TINY_WINDOW] * 2
     assert_matches_reference(engine, model, prompts, max_tokens=24, rng=rng)
 
 
@@ -172,17 +176,27 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
     assert_4_bit_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch)
 
 
-def test_gemma_3_on_the_decoder_runner_with_4_bit_projections_gives_transformers_logits(monkeypatch):
-    """Gemma 3 in the default mode: 4-bit projections, decode steps through `decode_layers` with the CPU's
-    fused operations (its GELU, its norms of 1 + weight, its window layer's attention by the CPU's loop,
-    each query over its last 8 positions), to transformers' forward's logits as the MoE's above."""
-    model = tiny_model("gemma3_text", head_dim=64)
+@pytest.mark.parametrize(
+    "architecture, extras, windows",
+    [
+        ("gemma3_text", {}, [TINY_WINDOW, None]),
+        ("phi3", {"partial_rotary_factor": 0.75, "sliding_window": TINY_WINDOW}, [TINY_WINDOW] * 2),
+    ],
+)
+def test_gemma_3_and_phi_3_on_the_decoder_runner_with_4_bit_projections_give_transformers_logits(
+    architecture, extras, windows, monkeypatch
+):
+    """Gemma 3 and Phi-3 in the default mode: 4-bit projections, decode steps through `decode_layers` with
+    the CPU's fused operations (Gemma's GELU, its norms of 1 + weight; Phi-3's rotation of three quarters
+    of each head; window layers' attention by the CPU's loop, each query over its last 8 positions), to
+    transformers' forward's logits as the MoE's above."""
+    model = tiny_model(architecture, head_dim=64, **extras)
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
     decoder = engine.runner.decoder
     assert decoder is not None and decoder.native is None and decoder.reads_own_positions
-    assert [layer.window for layer in decoder.bound_layers] == [TINY_WINDOW, None]
-    assert_4_bit_decode_steps_give_transformers_logits(engine, model, "gemma3_text", monkeypatch)
+    assert [layer.window for layer in decoder.bound_layers] == windows
+    assert_4_bit_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch)
 
 
 def assert_4_bit_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch):

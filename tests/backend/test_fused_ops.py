@@ -146,11 +146,12 @@ def test_a_gated_deltanet_state_update_advances_the_state_in_place_as_transforme
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cache_dtype", DTYPES)
-def test_rotate_and_store_rotates_and_writes_only_its_slots(fused, dtype, cache_dtype):
+@pytest.mark.parametrize("rotated", [64, 48], ids=["whole heads", "part of each head"])  # (Phi-4-mini's)
+def test_rotate_and_store_rotates_and_writes_only_its_slots(fused, dtype, cache_dtype, rotated):
     heads, kv_heads, head_dim, rows, max_seq_len, queries = 9, 3, 64, 8, 32, 5
     generator = torch.Generator().manual_seed(0)
     qkv = torch.randn(queries, (heads + 2 * kv_heads) * head_dim, generator=generator).to(dtype)
-    cos, sin = (torch.randn(queries, 1, head_dim, generator=generator).to(dtype) for _ in range(2))
+    cos, sin = (torch.randn(queries, 1, rotated, generator=generator).to(dtype) for _ in range(2))
     slots = cache_slots(torch.tensor([0, 2, 3, 6, 7]), torch.tensor([0, 5, 31, 2, 9]), kv_heads, max_seq_len)
     caches = {}
     for name, ops in (("eager", EAGER), ("fused", fused)):
@@ -186,6 +187,13 @@ def test_shapes_the_loops_cannot_take_are_refused_with_the_reason(fused):
         qkv, cos, sin = torch.zeros(1, 3 * head_dim), torch.zeros(1, 1, head_dim), torch.zeros(1, 1, head_dim)
         with pytest.raises(RuntimeError, match="head_dim must be even and positive"):
             fused.rotate_and_store(qkv, cos, sin, torch.tensor([0]), keys, keys.clone(), 1, 1)
+    keys = torch.zeros(2, 1, 4, 8)
+    for rotated in (10, 5):  # wider than a head, odd
+        cos = sin = torch.zeros(1, 1, rotated)
+        with pytest.raises(RuntimeError, match="width must be even, positive and at most head_dim"):
+            fused.rotate_and_store(
+                torch.zeros(1, 3 * 8), cos, sin, torch.tensor([0]), keys, keys.clone(), 1, 1
+            )
     keys, cos, sin = torch.zeros(2, 1, 4, 64), torch.zeros(1, 1, 64), torch.zeros(1, 1, 64)
     no_slots = torch.zeros(0, dtype=torch.long)
     with pytest.raises(RuntimeError, match="heads and kv_heads must be positive"):
@@ -213,6 +221,7 @@ def test_silu_mul_and_gelu_tanh_mul_take_nan_and_infinities_as_pytorch_does(fuse
     "heads, kv_heads, head_dim",
     [
         (9, 3, 64),
+        (32, 32, 96),  # Phi-3-mini's heads
         (4, 1, 128),
         (4, 1, 256),
         (8, 8, 64),

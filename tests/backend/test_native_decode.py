@@ -77,6 +77,10 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         ("mixtral", False, {}),
         ("gemma3_text", False, {}),
         ("gpt_oss", False, {}),
+        ("mistral", False, {"sliding_window": TINY_WINDOW}),  # every layer's window, the config's
+        # q, k and v in one layer, gate and up in another; Phi-3-mini's heads of 96, three quarters of each
+        # rotated (Phi-4-mini's)
+        ("phi3", False, {"head_dim": 96, "partial_rotary_factor": 0.75, "sliding_window": TINY_WINDOW}),
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -90,7 +94,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     blocks, a float32 router), one token's and several tokens' routing, with and without renormalizing.
     Gemma 3's layer: its window and global layers' rotations, a window in play, its norms of each
     sublayer's output and GELU. Biases (Qwen2's q, k and v; gpt-oss's everywhere, its router's too),
-    gpt-oss's sinks, window layers, top k before the softmax and clamped SwiGLU."""
+    gpt-oss's sinks, window layers, top k before the softmax and clamped SwiGLU. Mistral's and Phi-3's
+    window, in every layer; Phi-3's projections and its rotation of part of each head."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family == "qwen2" else None
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
@@ -104,6 +109,9 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     assert len(runner.native.head_norms) == (2 * len(model.model.layers) if head_norms else 0)
     if family == "gemma3_text":  # a window layer (its own rotation) beside a global one; four norms a layer
         assert runner.native.form == LayerForm([1, 0], [TINY_WINDOW, 0], sandwich=True, gelu=True)
+        assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
+    if family in ("mistral", "phi3"):
+        assert runner.native.form.windows == [TINY_WINDOW] * len(model.model.layers)
         assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
     mixture = family in ("qwen3_moe", "mixtral", "gpt_oss")
