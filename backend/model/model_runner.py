@@ -25,6 +25,7 @@ from backend.model.decoder_runner import DecoderRunner
 from backend.model.falcon import attend_over_rows
 from backend.model.hybrid import mix_over_rows
 from backend.model.latent_attention import attend_over_latents
+from backend.model.long_rope import fix_long_rope
 from backend.model.lora import Adapters
 from backend.model.step_inputs import DecodingRow, PrefillingRow, StepInputs, pack
 from backend.model.step_plan import StepPlan, plan_transformers
@@ -52,6 +53,7 @@ class ModelRunner:
         self.model = model
         self.device = model.device
         self.adapters = adapters
+        fix_long_rope(model, max_seq_len)  # (a row's rotation never follows another row's length)
         self.row_adapters = [0] * (rows + int(embedding_row))  # each row's adapter slot, 0: the base model
         graphs = cuda_graphs and self.device.type == "cuda"
         if adapters is not None and (compile_decode or graphs):
