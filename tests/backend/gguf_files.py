@@ -14,6 +14,7 @@ converters write a sentencepiece vocabulary, one built from that vocabulary's wo
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -89,6 +90,9 @@ def write_tiny_gguf(
             for expert, weight in enumerate(tensor):
                 add_tensor(writer, gguf_name.replace("_exps.", f".{expert}."), weight, weight_type)
         elif gguf_name != leave_out:
+            add_tensor(writer, gguf_name, tensor, weight_type)
+    for gguf_name, tensor in EXTRA_TENSORS.get(model_type, no_extra_tensors)(hparams):
+        if gguf_name != leave_out:
             add_tensor(writer, gguf_name, tensor, weight_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -201,9 +205,15 @@ def qwen3_moe_metadata(hparams: dict) -> Metadata:
 
 
 def phi3_metadata(hparams: dict) -> Metadata:
-    """Phi3MiniModel writes its own, with the rotary width and a window of 0 for none."""
+    """Phi3MiniModel writes its own, with the rotary width and a window of 0 for none; LongRoPE's attention
+    factor where the model has LongRoPE (its factors are tensors: `phi3_long_rope_factors`)."""
     rotary = hparams["rope_parameters"].get("partial_rotary_factor", 1.0)
-    return {
+    long_rope = {}
+    if hparams["rope_parameters"].get("rope_type") == "longrope":
+        scale = hparams["max_position_embeddings"] / hparams["original_max_position_embeddings"]
+        factor = math.sqrt(1 + math.log(scale) / math.log(hparams["original_max_position_embeddings"]))
+        long_rope = {Keys.Rope.SCALING_ATTN_FACTOR: factor if scale > 1.0 else 1.0}
+    return long_rope | {
         Keys.LLM.CONTEXT_LENGTH: hparams["max_position_embeddings"],
         Keys.Rope.SCALING_ORIG_CTX_LEN: hparams["original_max_position_embeddings"],
         Keys.LLM.EMBEDDING_LENGTH: hparams["hidden_size"],
@@ -216,6 +226,18 @@ def phi3_metadata(hparams: dict) -> Metadata:
         Keys.Rope.FREQ_BASE: rope_theta(hparams),
         Keys.Attention.SLIDING_WINDOW: hparams.get("sliding_window") or 0,
     }
+
+
+def phi3_long_rope_factors(hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """Phi3MiniModel.generate_extra_tensors: LongRoPE's long and short factors, one a rotated pair."""
+    rope = hparams["rope_parameters"]
+    if rope.get("rope_type") == "longrope":
+        yield "rope_factors_long.weight", torch.tensor(rope["long_factor"], dtype=torch.float32)
+        yield "rope_factors_short.weight", torch.tensor(rope["short_factor"], dtype=torch.float32)
+
+
+def no_extra_tensors(hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    return iter(())
 
 
 def gemma2_metadata(hparams: dict) -> Metadata:
@@ -326,6 +348,11 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
     "gpt2": gpt2_metadata,
     "mamba": mamba_metadata,
     "gpt_oss": gpt_oss_metadata,
+}
+
+# What a converter writes beyond the model's own tensors (generate_extra_tensors), by model type
+EXTRA_TENSORS: dict[str, Callable[[dict], Iterator[tuple[str, torch.Tensor]]]] = {
+    "phi3": phi3_long_rope_factors,
 }
 
 

@@ -35,6 +35,7 @@ from tests.backend.gguf_files import q4_k_m, round_trip_offset_norms, write_tiny
 from tests.backend.models import (
     TINY_EOS,
     TINY_VOCAB,
+    TINY_WINDOW,
     MarkerTokenizer,
     drive,
     load_on_cpu,
@@ -44,6 +45,7 @@ from tests.backend.models import (
 )
 from tests.backend.mxfp4_files import weighty_gpt_oss
 from tests.backend.test_falcon import SHAPES, tiny_falcon
+from tests.backend.test_long_rope import ORIGINAL, long_rope_phi3
 
 Q4_0 = GGMLQuantizationType.Q4_0
 
@@ -375,6 +377,36 @@ def test_a_gpt_oss_files_rotary_positions_are_the_models_own(rope, tmp_path):
     assert torch.equal(loaded.model.rotary_emb.inv_freq, model.model.rotary_emb.inv_freq)
     assert loaded.model.rotary_emb.attention_scaling == model.model.rotary_emb.attention_scaling
     assert loaded.config.head_dim == 16 and loaded.config.sliding_window == model.config.sliding_window
+
+
+@pytest.mark.parametrize("long_rope", [True, False], ids=["LongRoPE", "plain RoPE"])
+def test_a_phi_3_files_rotation_and_window_are_the_models_own(long_rope, tmp_path):
+    """transformers reads no Phi-3 file's rotary width, window or LongRoPE factors (gguf_phi3.py): a file of
+    Phi-4-mini's rotation (three quarters of each head, LongRoPE) with Phi-3-mini's window gives the
+    model's logits exactly, over prompts within and past the original context (LongRoPE's short factors,
+    then its long ones) and past the window."""
+    if long_rope:
+        model = long_rope_phi3(0.75, sliding_window=TINY_WINDOW)
+    else:
+        model = tiny_model(
+            "phi3", partial_rotary_factor=0.75, sliding_window=TINY_WINDOW, initializer_range=0.3
+        )
+    path = write_tiny_gguf(tmp_path / "phi3.gguf", model, default_model_path())
+    loaded = load_gguf(path, tmp_path).model
+    assert loaded.config.sliding_window == TINY_WINDOW
+    assert loaded.config.rope_parameters["rope_type"] == ("longrope" if long_rope else "default")
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for length in (ORIGINAL - 4, ORIGINAL + 16):
+            ids = torch.randint(2, TINY_VOCAB - 1, (1, length), generator=generator)
+            assert torch.equal(loaded(ids).logits, model(ids).logits), length
+
+
+def test_a_phi_3_file_with_one_of_long_ropes_two_factor_tensors_is_refused_naming_the_other(tmp_path):
+    missing = "rope_factors_short.weight"
+    path = write_tiny_gguf(tmp_path / "phi3.gguf", long_rope_phi3(), default_model_path(), leave_out=missing)
+    with pytest.raises(UnsupportedModel, match=missing):
+        load_gguf(path, tmp_path)
 
 
 def test_a_gpt_oss_file_serves_its_mxfp4_experts_without_ever_holding_their_floats(tmp_path, monkeypatch):
