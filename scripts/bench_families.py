@@ -143,7 +143,7 @@ def random_model_of(
 
 def engine_on(model: torch.nn.Module, tokenizer, rows: int, runner: bool) -> Engine:
     """The engine as the server builds it, or (`runner` False) on transformers' modules."""
-    with mock.patch.object(DecoderRunner, "supports", staticmethod(lambda config, max_seq_len: runner)):
+    with mock.patch.object(DecoderRunner, "supports", staticmethod(lambda config: runner)):
         engine = Engine(model, tokenizer, rows=rows, max_seq_len=512)
     assert (engine.runner.decoder is not None) == runner
     engine.warm_up()

@@ -71,7 +71,20 @@ log = logging.getLogger(__name__)
 # chosen experts only (transformers' routing), called where the Llama MLP's products are. Phi-3 keeps q,
 # k and v in one linear layer and gate and up in another (`attention_inputs`, `gate_and_up`), and rotates
 # part of each head in Phi-4-mini (`partial_rotary_factor`: decode_ops.rotate).
-LLAMA_LAYER_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3"}
+# Ministral's window layers beside global ones are each layer's too. SmolLM3's layers without rotary
+# positions (`no_rope_layers`, one in four) rotate by none (`UNROTATED`).
+LLAMA_LAYER_TYPES = {
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "mixtral",
+    "phi3",
+    "ministral",
+    "smollm3",
+}
+UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (SmolLM3's `use_rope` off)
 
 # Gemma 3's layer (its text model) is the Llama layer with a norm of the attention's output and of the
 # MLP's before each residual add (`DecodeLayer.attention_out_norm`, `mlp_out_norm`; the MLP's input norm is
@@ -288,10 +301,16 @@ class DecoderRunner:
         self.rotary = model.model.rotary_emb
         self.half_rotation = model.config.model_type in GPT_OSS_LAYER_TYPES  # (`full_width`)
         self.layers = list(model.model.layers)
-        # Gemma 3's rotary module gives each kind of layer (window or global) cos and sin of its own base.
+        # Gemma 3's rotary module gives each kind of layer (window or global) cos and sin of its own base;
+        # SmolLM3's layers without rotary positions rotate by none (`UNROTATED`).
         by_kind = rotates_by_kind(self.rotary)
-        kinds = [layer.self_attn.layer_type if by_kind else None for layer in self.layers]
-        self.rope_kinds: list[str | None] = sorted(set(kinds))  # [None]: one rotation for all
+        kinds = [
+            (layer.self_attn.layer_type if by_kind else None)
+            if getattr(layer.self_attn, "use_rope", True)
+            else UNROTATED
+            for layer in self.layers
+        ]
+        self.rope_kinds: list[str | None] = sorted(set(kinds), key=str)  # [None]: one rotation for all
         self.sandwich = hasattr(self.layers[0], "pre_feedforward_layernorm")  # Gemma's norms (see above)
         self.gelu = getattr(model.config, "hidden_activation", None) == "gelu_pytorch_tanh"
         self.norm = model.model.norm
@@ -476,7 +495,7 @@ class DecoderRunner:
         )
 
     @staticmethod
-    def supports(config: PretrainedConfig, max_seq_len: int) -> bool:
+    def supports(config: PretrainedConfig) -> bool:
         """Whether the runner serves this model (else transformers' forward does)."""
         if config.model_type in GPT_OSS_LAYER_TYPES:  # its windows and sinks are the runner's
             return True
@@ -495,11 +514,11 @@ class DecoderRunner:
 
     @staticmethod
     def would_read_own_positions(
-        config: PretrainedConfig, max_seq_len: int, device: torch.device, exact: bool, compiled: bool
+        config: PretrainedConfig, device: torch.device, exact: bool, compiled: bool
     ) -> bool:
         """Whether a runner for this model would attend by the CPU's loop (`reads_own_positions`), asked
         before there is one: the KV cache's dtype depends on it (row_cache.pick_cache_dtype)."""
-        if not DecoderRunner.supports(config, max_seq_len):
+        if not DecoderRunner.supports(config):
             return False
         shape = KVShape.of(config)
         group = config.get_text_config().num_attention_heads // shape.kv_heads
@@ -600,10 +619,23 @@ class DecoderRunner:
         self, hidden: torch.Tensor, positions: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """cos and sin at these positions ([1, tokens, head_dim] each) for each of `rope_kinds`: one kind
-        but for Gemma 3's window and global layers."""
+        but for Gemma 3's window and global layers, and SmolLM3's layers that rotate by none (cos 1 and
+        sin 0: x * 1 + rotate_half(x) * 0 is x, exactly)."""
         if self.rope_kinds == [None]:
             return [self.full_width(*self.rotary(hidden, positions[None]))]
-        return [self.rotary(hidden, positions[None], layer_type=kind) for kind in self.rope_kinds]
+        turned = {
+            kind: self.full_width(*self.rotary(hidden, positions[None]))
+            if kind is None
+            else self.rotary(hidden, positions[None], layer_type=kind)
+            for kind in self.rope_kinds
+            if kind != UNROTATED
+        }
+        if UNROTATED in self.rope_kinds:
+            cos, sin = next(iter(turned.values()), None) or self.full_width(
+                *self.rotary(hidden, positions[None])
+            )
+            turned[UNROTATED] = (torch.ones_like(cos), torch.zeros_like(sin))
+        return [turned[kind] for kind in self.rope_kinds]
 
     def full_width(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin over the width the model rotates: gpt-oss's rotary module gives them over half of

@@ -51,7 +51,7 @@ from backend.layers.row_states import has_row_states, is_state_space
 from backend.messages import BackendConfig
 from backend.model import gguf_conversion, gguf_gpt_oss, gguf_mixtral, gguf_phi3
 from backend.model.architectures import TEXT_ALONE, UnsupportedModel, check_own_code, check_supported
-from backend.model.cache_size import context_length, size_kv_cache, size_row_states
+from backend.model.cache_size import size_kv_cache, size_row_states
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed, score
 from backend.model.gguf_conversion import check_all_weights_read, save_staged
@@ -218,9 +218,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     exact = quantization == "none" and dtype == torch.float32
     # The fused CPU operations are built here (once a machine) where the runner will use them: the
     # cache's dtype depends on whether their loop attends.
-    longest = min(config.max_seq_len or context_length(model_config), context_length(model_config))
     loop_attention = DecoderRunner.would_read_own_positions(
-        model_config, longest, device, exact, config.compile_decode
+        model_config, device, exact, config.compile_decode
     )
     cache_dtype = pick_cache_dtype(config.kv_cache_dtype, dtype, device, loop_attention)
     sizing = size_row_states if is_state_space(model_config) else size_kv_cache

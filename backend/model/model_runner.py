@@ -61,7 +61,7 @@ class ModelRunner:
             what = "--compile" if compile_decode else "CUDA graphs"
             log.warning("%s: not with LoRA adapters loaded, whose steps run eagerly", what)
             compile_decode = cuda_graphs = False
-        supported = DecoderRunner.supports(model.config, max_seq_len)
+        supported = DecoderRunner.supports(model.config)
         self.decoder = DecoderRunner(model, compile_decode, rows, max_seq_len) if supported else None
         shape = KVShape.of(model.config)
         if self.decoder is None and model.config.model_type == "falcon":

@@ -90,6 +90,18 @@ def test_a_window_within_the_context_stays_exact_on_the_decoder_runner(architect
     assert_matches_reference(engine, model, prompts, max_tokens=24, rng=rng)
 
 
+def test_smollm3s_layers_without_rotary_positions_stay_exact_on_the_decoder_runner():
+    """SmolLM3's second layer has no rotary positions (the runner rotates it by none): weights large enough
+    that attention sees positions (the default's small ones barely do, and a rotation there changed no
+    token), each prompt what `generate` gives on it alone."""
+    model = tiny_model("smollm3", initializer_range=0.3)
+    rng = random.Random("no rotation")
+    prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 40))] for _ in range(8)]
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=16)
+    assert engine.runner.decoder.rope_kinds == [None, "unrotated"]
+    assert_matches_reference(engine, model, prompts, max_tokens=12, rng=rng)
+
+
 # A state-space model's rows (and a hybrid's) reuse no prefix (layers/row_states.py): test_mamba.py chunks
 # their prompts.
 @pytest.mark.parametrize("architecture", sorted(set(SUPPORTED) - set(STATE_SPACE_TYPES + HYBRID_TYPES)))
@@ -181,15 +193,18 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
     [
         ("gemma3_text", {}, [TINY_WINDOW, None]),
         ("phi3", {"partial_rotary_factor": 0.75, "sliding_window": TINY_WINDOW}, [TINY_WINDOW] * 2),
+        ("ministral", {}, [TINY_WINDOW, None]),
+        ("smollm3", {}, [None, None]),
     ],
 )
-def test_gemma_3_and_phi_3_on_the_decoder_runner_with_4_bit_projections_give_transformers_logits(
+def test_layer_forms_on_the_decoder_runner_with_4_bit_projections_give_transformers_logits(
     architecture, extras, windows, monkeypatch
 ):
-    """Gemma 3 and Phi-3 in the default mode: 4-bit projections, decode steps through `decode_layers` with
-    the CPU's fused operations (Gemma's GELU, its norms of 1 + weight; Phi-3's rotation of three quarters
-    of each head; window layers' attention by the CPU's loop, each query over its last 8 positions), to
-    transformers' forward's logits as the MoE's above."""
+    """Gemma 3, Phi-3, Ministral and SmolLM3 in the default mode: 4-bit projections, decode steps through
+    `decode_layers` with the CPU's fused operations (Gemma's GELU, its norms of 1 + weight; Phi-3's rotation
+    of three quarters of each head; SmolLM3's layer without rotary positions; window layers' attention by
+    the CPU's loop, each query over its last 8 positions), to transformers' forward's logits as the MoE's
+    above."""
     model = tiny_model(architecture, head_dim=64, **extras)
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)

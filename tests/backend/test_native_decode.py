@@ -81,6 +81,8 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         # q, k and v in one layer, gate and up in another; Phi-3-mini's heads of 96, three quarters of each
         # rotated (Phi-4-mini's)
         ("phi3", False, {"head_dim": 96, "partial_rotary_factor": 0.75, "sliding_window": TINY_WINDOW}),
+        ("ministral", False, {}),  # a window layer beside a global one
+        ("smollm3", False, {}),  # its second layer without rotary positions
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -95,9 +97,10 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     Gemma 3's layer: its window and global layers' rotations, a window in play, its norms of each
     sublayer's output and GELU. Biases (Qwen2's q, k and v; gpt-oss's everywhere, its router's too),
     gpt-oss's sinks, window layers, top k before the softmax and clamped SwiGLU. Mistral's and Phi-3's
-    window, in every layer; Phi-3's projections and its rotation of part of each head."""
+    window, in every layer, Ministral's in one; Phi-3's projections and its rotation of part of each head;
+    SmolLM3's layer without rotary positions."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
-    drafts = 0 if family == "qwen2" else None
+    drafts = 0 if family in ("qwen2", "smollm3") else None  # (their greedy tokens repeat: drafts)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
     engine.runner.decoder.native = None  # the Python loop for every step
     engine.runner.decoder.replan()
@@ -110,9 +113,12 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     if family == "gemma3_text":  # a window layer (its own rotation) beside a global one; four norms a layer
         assert runner.native.form == LayerForm([1, 0], [TINY_WINDOW, 0], sandwich=True, gelu=True)
         assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
-    if family in ("mistral", "phi3"):
-        assert runner.native.form.windows == [TINY_WINDOW] * len(model.model.layers)
+    windows = {"mistral": [TINY_WINDOW] * 2, "phi3": [TINY_WINDOW] * 2, "ministral": [TINY_WINDOW, 0]}
+    if family in windows:
+        assert runner.native.form.windows == windows[family]
         assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
+    if family == "smollm3":  # the first layer's rotation, then none
+        assert runner.native.form.rotations == [0, 1] and runner.rope_kinds[1] == "unrotated"
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
     mixture = family in ("qwen3_moe", "mixtral", "gpt_oss")
     assert runner.native.calls == ([1, 0] if mixture else calls) * len(model.model.layers)  # 0: experts
