@@ -47,8 +47,9 @@ at::Tensor projected(const at::Tensor& x, const std::vector<at::Tensor>& project
 // layer: the norm of its attention's output, the norm after the residual add, the norm of its MLP's output,
 // the next layer's input norm. head_norms[2l] and head_norms[2l + 1] its norms of each query and key head
 // (Qwen3's, Gemma 3's), with head_eps, or none for every layer (head_norms empty). The MLP's activation
-// GELU's tanh approximation where `gelu` (Gemma's), else SiLU. Returns the final norm of the last layer's
-// output.
+// GELU's tanh approximation where `gelu` (Gemma's), else SiLU. Each sublayer's output is multiplied by
+// `residual` before its residual add (Granite's residual_multiplier; 1: not at all). Returns the final norm of
+// the last layer's output.
 at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
                          const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
@@ -59,7 +60,8 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling,
                          const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
-                         const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu) {
+                         const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
+                         double residual) {
   const size_t layers = keys.size(), layer_norms = sandwich ? 4 : 2;
   TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + layer_norms * layers &&
                   eps.size() == norms.size(),
@@ -111,6 +113,7 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
     at::Tensor output =
         project(attended.view({queries, -1}).to(hidden.scalar_type()), projections, bits, tables, biases, o, 1);
     if (sandwich) output = rms_norm(output, norms[norm], eps[norm]);
+    if (residual != 1.0) output = output * residual;  // (PyTorch's product by a number: the Python loop's)
     const size_t mlp_norm = sandwich ? norm + 1 : norm;  // (after the attention output's own, if it has one)
     normed = add_rms_norm(hidden, output, norms[mlp_norm], eps[mlp_norm]);
     at::Tensor mlp;
@@ -126,6 +129,7 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
       ++mixture_index;
     }
     if (sandwich) mlp = rms_norm(mlp, norms[norm + 2], eps[norm + 2]);
+    if (residual != 1.0) mlp = mlp * residual;
     const size_t next_norm = norm + layer_norms - 1;
     normed = add_rms_norm(hidden, mlp, norms[next_norm], eps[next_norm]);
   }

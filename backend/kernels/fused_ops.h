@@ -62,6 +62,7 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const std::vector<double>& head_eps, int64_t heads, int64_t kv_heads, double scaling,
                          const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
-                         const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu);
+                         const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
+                         double residual);
 
 }  // namespace fused_ops

@@ -72,7 +72,9 @@ log = logging.getLogger(__name__)
 # k and v in one linear layer and gate and up in another (`attention_inputs`, `gate_and_up`), and rotates
 # part of each head in Phi-4-mini (`partial_rotary_factor`: decode_ops.rotate).
 # Ministral's window layers beside global ones are each layer's too. SmolLM3's layers without rotary
-# positions (`no_rope_layers`, one in four) rotate by none (`UNROTATED`).
+# positions (`no_rope_layers`, one in four) rotate by none (`UNROTATED`). Granite multiplies its
+# embeddings, each sublayer's output before its residual add, and its attention's scores (its attention's
+# `scaling`), and divides its logits (`DecoderRunner.residual`, `logits_scaling`, `ScaledEmbedding`).
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -83,6 +85,7 @@ LLAMA_LAYER_TYPES = {
     "phi3",
     "ministral",
     "smollm3",
+    "granite",
 }
 UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (SmolLM3's `use_rope` off)
 
@@ -297,7 +300,11 @@ class DecoderRunner:
     ):
         """`max_seq_len`: the rows' length; a sliding window as long never comes into play."""
         self.rows = rows  # the most rows a step has: how far the step plan goes
-        self.embed = model.model.embed_tokens
+        # Granite's multipliers: of the embeddings, of each sublayer's output before its residual add, and
+        # the logits' divisor (1: not there)
+        self.embed = scaled(model.model.embed_tokens, getattr(model.config, "embedding_multiplier", 1.0))
+        self.residual = getattr(model.config, "residual_multiplier", 1.0)
+        self.logits_scaling = getattr(model.config, "logits_scaling", 1.0)
         self.rotary = model.model.rotary_emb
         self.half_rotation = model.config.model_type in GPT_OSS_LAYER_TYPES  # (`full_width`)
         self.layers = list(model.model.layers)
@@ -435,6 +442,7 @@ class DecoderRunner:
                     else [],
                     sandwich=self.sandwich,
                     gelu=self.gelu,
+                    residual=self.residual,
                 ),
             )
         # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
@@ -490,7 +498,7 @@ class DecoderRunner:
         generated kernels fuse the norms, rotations and residual adds) and the head; the queries'
         rows in any order, padding ones among them."""
         decode, visible = self.decode_function(visible, cache, (input_ids, positions, rows, slots))
-        return self.head(
+        return self.logits(
             decode(input_ids, positions, rows, slots, visible, cache.keys, cache.values, scatter=True)
         )
 
@@ -554,7 +562,7 @@ class DecoderRunner:
             normed = step(input_ids, positions, layout, cache)
             states = None if embedded is None else normed[embedded.start : embedded.stop]
             kept = normed if keep.shape[0] == normed.shape[0] else normed.index_select(0, keep)
-            return self.head(kept), states
+            return self.logits(kept), states
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         # [1, 1, tokens, head_dim] each
         rotations = [(cos[:, None], sin[:, None]) for cos, sin in self.rotations(hidden, positions)]
@@ -563,16 +571,26 @@ class DecoderRunner:
         ):
             projected = HeadNorms.after(qkv, head_norms)(rms_norm(hidden, layer.input_layernorm))
             attended = self._attention(projected, *rotations[bound.rotation], cache_layer, layout, bound)
-            hidden = hidden + normed_output(layer.self_attn.o_proj(attended), bound.attention_out_norm)
+            output = normed_output(layer.self_attn.o_proj(attended), bound.attention_out_norm)
+            hidden = hidden + self.residual_part(output)
             normed = EAGER.norm(hidden, bound.mlp_norm)
             if gate_up is None:  # a mixture of experts: the layer's own module
                 mlp = experts_output(layer.mlp(normed))
             else:
                 gated = EAGER.gelu_tanh_mul(gate_up(normed)) if self.gelu else EAGER.silu_mul(gate_up(normed))
                 mlp = layer.mlp.down_proj(gated)
-            hidden = hidden + normed_output(mlp, bound.mlp_out_norm)
+            hidden = hidden + self.residual_part(normed_output(mlp, bound.mlp_out_norm))
         states = None if embedded is None else rms_norm(hidden[0, embedded.start : embedded.stop], self.norm)
-        return self.head(rms_norm(hidden[0, keep], self.norm)), states
+        return self.logits(rms_norm(hidden[0, keep], self.norm)), states
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """The head's output, divided by Granite's `logits_scaling` where the model has one."""
+        logits = self.head(normed)
+        return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
+
+    def residual_part(self, output: torch.Tensor) -> torch.Tensor:
+        """A sublayer's output as its residual add takes it: times Granite's `residual_multiplier`."""
+        return output if self.residual == 1.0 else output * self.residual
 
     def _attention(
         self,
@@ -714,14 +732,14 @@ class DecoderRunner:
             output = layer.o(attended.view(queries, -1).to(hidden.dtype))
             if layer.attention_out_norm is not None:
                 output = ops.norm(output, layer.attention_out_norm)
-            hidden, normed = ops.add_norm(hidden, output, layer.mlp_norm)
+            hidden, normed = ops.add_norm(hidden, self.residual_part(output), layer.mlp_norm)
             if layer.experts is not None:
                 mlp = layer.experts(normed)
             else:
                 mlp = layer.down(self.gated(layer.gate_up(normed)))
             if layer.mlp_out_norm is not None:
                 mlp = ops.norm(mlp, layer.mlp_out_norm)
-            hidden, normed = ops.add_norm(hidden, mlp, layer.next_norm)
+            hidden, normed = ops.add_norm(hidden, self.residual_part(mlp), layer.next_norm)
         return normed
 
 
@@ -752,6 +770,23 @@ def window_in(attention: nn.Module, max_seq_len: int | None) -> int | None:
 def normed_output(output: torch.Tensor, norm: Norm | None) -> torch.Tensor:
     """A sublayer's output, through Gemma's norm of it where the layer has one."""
     return output if norm is None else EAGER.norm(output, norm)
+
+
+class ScaledEmbedding(nn.Module):
+    """An embedding whose rows are multiplied by a number (Granite's `embedding_multiplier`), as its model's
+    forward multiplies them."""
+
+    def __init__(self, embedding: nn.Module, multiplier: float):
+        super().__init__()
+        self.embedding, self.multiplier = embedding, multiplier
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(input_ids) * self.multiplier
+
+
+def scaled(embedding: nn.Module, multiplier: float) -> nn.Module:
+    """The embedding, multiplied where the model multiplies it (`ScaledEmbedding`)."""
+    return embedding if multiplier == 1.0 else ScaledEmbedding(embedding, multiplier)
 
 
 def attention_inputs(attention: nn.Module) -> tuple[nn.Module, ...]:

@@ -107,14 +107,15 @@ class LayerProjections:
 class LayerForm:
     """How a model's layers differ from Llama's beyond their weights: each layer's rotation (an index into
     the runner's `rope_kinds`: Gemma 3 rotates its window and global layers apart), sliding window (0:
-    none) and attention sinks (none for every layer where empty), and Gemma 3's norms of each sublayer's
-    output (`sandwich`) and GELU for SiLU."""
+    none) and attention sinks (none for every layer where empty), Gemma 3's norms of each sublayer's
+    output (`sandwich`) and GELU for SiLU, and Granite's multiplier of each sublayer's output (`residual`)."""
 
     rotations: list[int]
     windows: list[int]
     sinks: list[torch.Tensor | None] = field(default_factory=list)  # gpt-oss's, [heads] float32 a layer
     sandwich: bool = False
     gelu: bool = False
+    residual: float = 1.0  # what each sublayer's output is multiplied by before its residual add (Granite's)
 
 
 @dataclass(frozen=True)
@@ -232,4 +233,5 @@ class NativeDecode:
             self.form.sinks,
             self.form.sandwich,
             self.form.gelu,
+            self.form.residual,
         )

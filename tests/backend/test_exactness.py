@@ -195,16 +195,17 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
         ("phi3", {"partial_rotary_factor": 0.75, "sliding_window": TINY_WINDOW}, [TINY_WINDOW] * 2),
         ("ministral", {}, [TINY_WINDOW, None]),
         ("smollm3", {}, [None, None]),
+        ("granite", {}, [None, None]),
     ],
 )
 def test_layer_forms_on_the_decoder_runner_with_4_bit_projections_give_transformers_logits(
     architecture, extras, windows, monkeypatch
 ):
-    """Gemma 3, Phi-3, Ministral and SmolLM3 in the default mode: 4-bit projections, decode steps through
-    `decode_layers` with the CPU's fused operations (Gemma's GELU, its norms of 1 + weight; Phi-3's rotation
-    of three quarters of each head; SmolLM3's layer without rotary positions; window layers' attention by
-    the CPU's loop, each query over its last 8 positions), to transformers' forward's logits as the MoE's
-    above."""
+    """Gemma 3, Phi-3, Ministral, SmolLM3 and Granite in the default mode: 4-bit projections, decode steps
+    through `decode_layers` with the CPU's fused operations (Gemma's GELU, its norms of 1 + weight; Phi-3's
+    rotation of three quarters of each head; SmolLM3's layer without rotary positions; Granite's
+    multipliers; window layers' attention by the CPU's loop, each query over its last 8 positions), to
+    transformers' forward's logits as the MoE's above."""
     model = tiny_model(architecture, head_dim=64, **extras)
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)

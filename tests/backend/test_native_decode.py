@@ -83,6 +83,7 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         ("phi3", False, {"head_dim": 96, "partial_rotary_factor": 0.75, "sliding_window": TINY_WINDOW}),
         ("ministral", False, {}),  # a window layer beside a global one
         ("smollm3", False, {}),  # its second layer without rotary positions
+        ("granite", False, {}),  # its multipliers (models.FAMILY_EXTRAS)
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -98,7 +99,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     sublayer's output and GELU. Biases (Qwen2's q, k and v; gpt-oss's everywhere, its router's too),
     gpt-oss's sinks, window layers, top k before the softmax and clamped SwiGLU. Mistral's and Phi-3's
     window, in every layer, Ministral's in one; Phi-3's projections and its rotation of part of each head;
-    SmolLM3's layer without rotary positions."""
+    SmolLM3's layer without rotary positions. Granite's multiplier of each sublayer's output."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family in ("qwen2", "smollm3") else None  # (their greedy tokens repeat: drafts)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
@@ -117,6 +118,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     if family in windows:
         assert runner.native.form.windows == windows[family]
         assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
+    assert runner.native.form.residual == (0.22 if family == "granite" else 1.0)
     if family == "smollm3":  # the first layer's rotation, then none
         assert runner.native.form.rotations == [0, 1] and runner.rope_kinds[1] == "unrotated"
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
