@@ -6,13 +6,13 @@ r"""Each fast-path family on the decoder runner against the same model on transf
 
 For each family, a model of random weights of a ~0.5B checkpoint's shape (Qwen2.5-0.5B's for Llama-shaped
 layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE, Gemma 3 1B's for Gemma 3,
-Phi-4-mini's and Phi-3-mini's layers at 0.75B for Phi-3, Granite 3 2B's at 0.6B for Granite) with the
-default model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served,
-by default). Engine tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder
-runner), then on transformers' own modules over the row attention (what every other family takes),
-alternating the two at each row count so that drift in the machine falls on both; and transformers'
-`generate` one request at a time. Prints a markdown table and the machine. Random weights decode at the
-speed of real ones.
+Phi-4-mini's and Phi-3-mini's layers at 0.75B for Phi-3, Granite 3 2B's at 0.6B for Granite, Gemma 2
+2B's at 0.7B for Gemma 2) with the default model's tokenizer, quantized as `--quantize` says (int4, as a
+4-bit file would be served, by default). Engine tokens/s with 1 and 32 rows decoding, first on the path
+the server takes (the decoder runner), then on transformers' own modules over the row attention (what every
+other family takes), alternating the two at each row count so that drift in the machine falls on both; and
+transformers' `generate` one request at a time. Prints a markdown table and the machine. Random weights
+decode at the speed of real ones.
 """
 
 from __future__ import annotations
@@ -100,6 +100,23 @@ SHAPES = {
             num_attention_heads=24,
             num_key_value_heads=8,
             partial_rotary_factor=0.75,
+        ),
+    ),
+    # Gemma 2 2B's layer at 8 of its 26: 2304 wide, 8 heads of 256 over 4 KV heads, window layers (4096)
+    # beside global ones, its soft caps of the scores (50) and of the logits (30)
+    "gemma2": (
+        "gemma2",
+        dict(
+            hidden_size=2304,
+            intermediate_size=9216,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            sliding_window=4096,
+            query_pre_attn_scalar=256,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
         ),
     ),
     # Granite 3's 2B layer at 8 of its 40: 2048 wide, 32 heads of 64 over 8 KV heads, its multipliers

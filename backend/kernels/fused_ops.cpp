@@ -611,13 +611,20 @@ void exponentiate_lanes(float* scores, int64_t length, float* largests, float* s
 #endif
 
 // A task's query heads, [heads, D]: scaled, as float; and as the query holds them, with the scaling, for dot
-// products of the cache's own type.
+// products of the cache's own type. `softcap`: Gemma 2's cap of the scores (0: none).
 template <typename C>
 struct Queries {
   const float* scaled;
   const C* own;
   float scaling;
+  float softcap;
 };
+
+// Scores soft-capped, in place: cap * tanh(score / cap), transformers' order of operations (Gemma 2's
+// attention: its scaled scores, before the mask).
+void soft_cap(float* scores, int64_t count, float cap) {
+  for (int64_t i = 0; i < count; ++i) scores[i] = std::tanh(scores[i] / cap) * cap;
+}
 
 // Whether attention over a cache of C takes its scores by bfloat16 dot products: where the CPU has them,
 // unless the caller asks for the loop in float alone (decode_attention_in_float, for tests).
@@ -645,6 +652,7 @@ void scores_of(Queries<C> q, const C* k, int64_t length, float* scores) {
 template <int64_t D, int64_t G, bool DOTS, typename C>
 void attend_heads(Queries<C> q, const C* k, const C* v, int64_t length, float* scores, Attended to) {
   scores_of<D, G, DOTS>(q, k, length, scores);
+  if (q.softcap > 0) soft_cap(scores, G * length, q.softcap);
 #ifdef ATTENTION_AVX512
   exponentiate_lanes<G>(scores, length, to.largest, to.weights);
   if constexpr (std::is_same_v<C, BFloat16>) return weighted_values<D, G>(scores, length, v, to.sum);
@@ -750,11 +758,11 @@ void join_parts(const float* partial, int64_t count, int64_t heads, const float*
 // Each decode query over its own row of the cache, positions 0..its own (with a window of W > 0, its last W
 // of them: position - W + 1..position, as a sliding-window layer reads): [queries, heads, head_dim] in the
 // cache's dtype. Query heads are grouped by the KV head they read (grouped-query attention). `sinks`: each
-// query head's sink logit (join_parts), or none.
+// query head's sink logit (join_parts), or none; `softcap`: the scores' cap (soft_cap), or 0 for none.
 template <int64_t D, bool DOTS>
 at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                                const int64_t* row_of, const int64_t* position_of, double scaling, int64_t window,
-                               const float* sinks) {
+                               const float* sinks, double softcap) {
   const int64_t kv_heads = keys.size(1), max_seq_len = keys.size(2);
   const int64_t queries = query.size(0), heads = query.size(1), group = heads / kv_heads;
   at::Tensor out = at::empty_like(query);
@@ -781,7 +789,7 @@ at::Tensor decode_attention_of(const at::Tensor& query, const at::Tensor& keys, 
         scores.resize(task.heads * task.length);
         float* room_of = task.parts == 1 ? whole : parts.data() + task.partial;
         const Attended to{room_of, room_of + task.heads * D, room_of + task.heads * (D + 1)};
-        const Queries<C> of_task{q, qp + first, static_cast<float>(scaling)};
+        const Queries<C> of_task{q, qp + first, static_cast<float>(scaling), static_cast<float>(softcap)};
         attend<D, DOTS>(of_task, kp + at, vp + at, task.length, task.heads, scores.data(), to);
         const float* task_sinks = sinks != nullptr ? sinks + task.head : nullptr;
         if (task.parts == 1) join_parts<D>(whole, 1, task.heads, task_sinks, op + first);  // sum / weights
@@ -810,7 +818,7 @@ bool attention_supports(int64_t head_dim, int64_t group) {
 // decode_attention, by bfloat16 dot products (`dots`, where the CPU has them) or in float alone.
 at::Tensor decode_attention_by(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                                const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window,
-                               const std::optional<at::Tensor>& sinks, bool dots) {
+                               const std::optional<at::Tensor>& sinks, double softcap, bool dots) {
   for (const auto& [t, name] : {std::pair{&query, "query"}, {&keys, "keys"}, {&values, "values"}, {&rows, "rows"},
                                 {&positions, "positions"}}) {
     check_cpu_contiguous(*t, name);
@@ -840,9 +848,10 @@ at::Tensor decode_attention_by(const at::Tensor& query, const at::Tensor& keys, 
                 "sinks must be float32, one a query head");
   }
   const float* sink_of = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
+  TORCH_CHECK(softcap >= 0, "softcap must be 0 (none) or positive, not ", softcap);
   const auto of = [&](auto size, auto by_dots) {
-    return decode_attention_of<decltype(size)::value, decltype(by_dots)::value>(query, keys, values, row_of,
-                                                                                position_of, scaling, window, sink_of);
+    return decode_attention_of<decltype(size)::value, decltype(by_dots)::value>(
+        query, keys, values, row_of, position_of, scaling, window, sink_of, softcap);
   };
   const auto sized = [&](auto by_dots) {
     if (head_dim == 64) return of(std::integral_constant<int64_t, 64>{}, by_dots);
@@ -855,14 +864,14 @@ at::Tensor decode_attention_by(const at::Tensor& query, const at::Tensor& keys, 
 
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                             const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window,
-                            const std::optional<at::Tensor>& sinks) {
-  return decode_attention_by(query, keys, values, rows, positions, scaling, window, sinks, true);
+                            const std::optional<at::Tensor>& sinks, double softcap) {
+  return decode_attention_by(query, keys, values, rows, positions, scaling, window, sinks, softcap, true);
 }
 
 at::Tensor decode_attention_in_float(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                                      const at::Tensor& rows, const at::Tensor& positions, double scaling,
-                                     int64_t window, const std::optional<at::Tensor>& sinks) {
-  return decode_attention_by(query, keys, values, rows, positions, scaling, window, sinks, false);
+                                     int64_t window, const std::optional<at::Tensor>& sinks, double softcap) {
+  return decode_attention_by(query, keys, values, rows, positions, scaling, window, sinks, softcap, false);
 }
 
 // Whether decode_attention takes a bfloat16 cache's scores by dot products here (AVX-512 BF16).

@@ -21,7 +21,7 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
                             int64_t kv_heads);
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                             const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window,
-                            const std::optional<at::Tensor>& sinks);
+                            const std::optional<at::Tensor>& sinks, double softcap);
 bool attention_supports(int64_t head_dim, int64_t group);
 
 std::string block_matmul_kernel();
@@ -63,6 +63,6 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
                          const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
-                         double residual);
+                         double residual, double softcap);
 
 }  // namespace fused_ops

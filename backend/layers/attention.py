@@ -83,20 +83,29 @@ def attend(
     `by_position` (decode_ops.FusedOps.attend: the CPU's loop) takes the decode queries where there is
     one, each over its own row up to its own position: no batch padded to the longest row, no long rows
     apart (the engine makes none for it); and short new prompts (`StepLayout.loop_takes`) with them.
-    `features` (attention_features.py): a window, soft-capping or sinks; of these the loop does windows
-    and sinks.
+    `features` (attention_features.py): a window, soft-capping or sinks, all of which the loop does too.
     """
     query_dtype, query = query.dtype, query.to(key.dtype)
     output = torch.empty_like(query)
     n, decoding = layout.decode_rows, layout.decode_queries
     if by_position is not None:
-        window, sinks = (None, None) if features is None else (features.window, features.sinks)
-        assert features is None or features.softcap is None, "the CPU's loop has no soft-capping"
+        window, sinks, softcap = (
+            (None, None, None) if features is None else (features.window, features.sinks, features.softcap)
+        )
         places, rows, positions = layout.by_position
         if places.shape[0]:
             queries = query[0].index_select(1, places).transpose(0, 1).contiguous()  # [taken, heads, dim]
             attended = by_position(
-                queries, key, value, rows, positions, layout.visible, scaling, window=window, sinks=sinks
+                queries,
+                key,
+                value,
+                rows,
+                positions,
+                layout.visible,
+                scaling,
+                window=window,
+                sinks=sinks,
+                softcap=softcap,
             )
             output[0].index_copy_(1, places, attended.transpose(0, 1))
     elif decoding:

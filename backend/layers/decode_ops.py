@@ -114,11 +114,12 @@ class EagerOps:
         scatter: bool = False,
         window: int | None = None,  # a sliding-window layer's: each reads its last `window` positions
         sinks: torch.Tensor | None = None,  # [heads], float32: each head's sink logit (gpt-oss's)
+        softcap: float | None = None,  # Gemma 2's cap of the scaled scores
     ) -> torch.Tensor:
         """Each query over its own row of the cache: [queries, heads, head_dim] (`decode_attention`)."""
         if window is not None:
             visible = within_window(visible, window)
-        return decode_attention(query, keys, values, rows, visible, scaling, scatter, sinks)
+        return decode_attention(query, keys, values, rows, visible, scaling, scatter, sinks, softcap)
 
     @staticmethod
     def rotate_and_store(
@@ -186,11 +187,13 @@ def decode_attention(
     scaling: float,
     scatter: bool = False,
     sinks: torch.Tensor | None = None,  # [heads]: each head's sink logit
+    softcap: float | None = None,  # the scaled scores' cap
 ) -> torch.Tensor:
     """Each query over its own row of the cache, as one batch over the span's rows: [queries, heads,
     head_dim]. Free rows of the span get a zero query, their output dropped (attention.attend).
     With as many queries as rows, query i is row i unless `scatter` says they may come in any order.
-    With sinks, the matmuls of transformers' eager attention (attention_features.attention_with).
+    With sinks or soft-capping, the matmuls of transformers' eager attention
+    (attention_features.attention_with).
 
     Eager, PyTorch's scaled-dot-product kernel (attention.one_query_each); compiled, two matrix
     products and a softmax the compiler fuses with the mask: one query a row is a matrix-vector
@@ -204,8 +207,8 @@ def decode_attention(
     if scatter:
         per_row = per_row.new_zeros((span_rows, *per_row.shape[1:])).index_copy_(0, rows, per_row)
     span_keys, span_values = keys[:span_rows, :, :span], values[:span_rows, :, :span]
-    if sinks is not None:
-        features = AttentionFeatures(sinks=sinks)
+    if sinks is not None or softcap is not None:
+        features = AttentionFeatures(softcap=softcap, sinks=sinks)
         attended = attention_with(per_row, span_keys, span_values, visible, scaling, features)
     elif compiling:
         # Query heads grouped by the KV head they read, as `enable_gqa` groups them.
@@ -282,12 +285,13 @@ class FusedOps:
         scatter: bool = False,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """As EagerOps.attend, from the rows and positions (a query reads its row's 0..position, or its
         last `window` of them), for the head sizes the loop is compiled for (`attention_supports`; the
         runner attends by EAGER's for the rest, decided once in its step plan)."""
         return self.extension.decode_attention(
-            query, keys, values, rows, positions, scaling, window or 0, sinks
+            query, keys, values, rows, positions, scaling, window or 0, sinks, softcap or 0.0
         )
 
     def rotate_and_store(

@@ -1,5 +1,5 @@
-"""The forward pass of a Llama-family decoder (and Gemma 3's) over the row cache, without transformers'
-module calls.
+"""The forward pass of a Llama-family decoder (and Gemma's, gpt-oss's) over the row cache, without
+transformers' module calls.
 
 transformers' model classes spend, per layer, more Python on keyword
 arguments, masks, hooks and output objects than a one-row decode step
@@ -12,8 +12,9 @@ layer is exactly
 
 (Qwen3's adds an RMSNorm of each head's query and key before the rotation: `HeadNorms`; Qwen3-MoE's
 and Mixtral's MLP is a mixture of experts, which the runner calls as the layer's own module: `experts`;
-Gemma 3's norms each sublayer's output too, has GELU for SiLU and window layers: `GEMMA_LAYER_TYPES`;
-gpt-oss's has biases, window layers, sinks and experts: `GPT_OSS_LAYER_TYPES`)
+Gemma 3's norms each sublayer's output too, has GELU for SiLU and window layers, and Gemma 2's soft-caps
+its scores and logits: `GEMMA_LAYER_TYPES`; gpt-oss's has biases, window layers, sinks and experts:
+`GPT_OSS_LAYER_TYPES`; Phi-3's, SmolLM3's and Granite's differ in the ways `LLAMA_LAYER_TYPES` says)
 
 this runner does the same arithmetic on the same modules' weights in fewer
 operations: transformers' rotary embedding, applied to queries and keys in
@@ -28,7 +29,7 @@ CPU, PyTorch's operations elsewhere and in exact mode. In exact mode (float32, n
 quantization) greedy output is token for token that of transformers'
 classes (tests/backend/test_exactness.py runs both). Any other
 architecture, or one of these with a feature the layer above does not have
-(Gemma's soft-capping, an MLP with biases), goes through transformers'
+(an MLP with biases, another activation), goes through transformers'
 forward as before (`DecoderRunner.supports`).
 """
 
@@ -95,8 +96,10 @@ UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (Smo
 # scaling by 1 + its weight (decode_ops.Norm.of), embeddings scaled by the square root of the hidden size
 # (its embedding module does it) and sliding-window layers among global ones, each kind with a rotary
 # base of its own (`rope_kinds`). Not its multimodal models' wrapper (model type `gemma3`), whose text
-# model sits one level further in: they take transformers' modules.
-GEMMA_LAYER_TYPES = {"gemma3_text"}
+# model sits one level further in: they take transformers' modules. Gemma 2's is Gemma 3's without the head
+# norms, one rotation for both kinds of layer, and soft caps of attention's scores and of the logits
+# (`softcap`, `final_softcap`).
+GEMMA_LAYER_TYPES = {"gemma3_text", "gemma2"}
 
 # gpt-oss's layer is Qwen2's (biases on q, k and v, and on o) with Mixtral's MLP, a mixture of experts (its
 # module: router and experts, `experts`), window layers among global ones (Gemma 3's, one rotation for
@@ -305,6 +308,9 @@ class DecoderRunner:
         self.embed = scaled(model.model.embed_tokens, getattr(model.config, "embedding_multiplier", 1.0))
         self.residual = getattr(model.config, "residual_multiplier", 1.0)
         self.logits_scaling = getattr(model.config, "logits_scaling", 1.0)
+        # Gemma 2's soft caps: of attention's scaled scores, and of the logits (None: none)
+        self.softcap = getattr(model.config, "attn_logit_softcapping", None)
+        self.final_softcap = getattr(model.config, "final_logit_softcapping", None)
         self.rotary = model.model.rotary_emb
         self.half_rotation = model.config.model_type in GPT_OSS_LAYER_TYPES  # (`full_width`)
         self.layers = list(model.model.layers)
@@ -443,6 +449,7 @@ class DecoderRunner:
                     sandwich=self.sandwich,
                     gelu=self.gelu,
                     residual=self.residual,
+                    softcap=self.softcap or 0.0,
                 ),
             )
         # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
@@ -507,11 +514,9 @@ class DecoderRunner:
         """Whether the runner serves this model (else transformers' forward does)."""
         if config.model_type in GPT_OSS_LAYER_TYPES:  # its windows and sinks are the runner's
             return True
-        if config.model_type in GEMMA_LAYER_TYPES:  # soft-capping (Gemma 2's) and embedding models' not
+        if config.model_type in GEMMA_LAYER_TYPES:  # not embedding models'
             return (
-                getattr(config, "attn_logit_softcapping", None) is None
-                and getattr(config, "final_logit_softcapping", None) is None
-                and not getattr(config, "use_bidirectional_attention", False)
+                not getattr(config, "use_bidirectional_attention", False)
                 and config.hidden_activation == "gelu_pytorch_tanh"
             )
         return (
@@ -584,9 +589,14 @@ class DecoderRunner:
         return self.logits(rms_norm(hidden[0, keep], self.norm)), states
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """The head's output, divided by Granite's `logits_scaling` where the model has one."""
+        """The head's output, divided by Granite's `logits_scaling` and soft-capped at Gemma 2's
+        `final_logit_softcapping` where the model has them."""
         logits = self.head(normed)
-        return logits if self.logits_scaling == 1.0 else logits / self.logits_scaling
+        if self.logits_scaling != 1.0:
+            logits = logits / self.logits_scaling
+        if self.final_softcap is not None:  # (transformers' order of operations)
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
 
     def residual_part(self, output: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as its residual add takes it: times Granite's `residual_multiplier`."""
@@ -610,8 +620,8 @@ class DecoderRunner:
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
         by_position = self.attend if self.reads_own_positions else None
         features = None
-        if layer.window is not None or layer.sinks is not None:
-            features = AttentionFeatures(window=layer.window, sinks=layer.sinks)
+        if layer.window is not None or layer.sinks is not None or self.softcap is not None:
+            features = AttentionFeatures(window=layer.window, softcap=self.softcap, sinks=layer.sinks)
         return attend(query, keys, values, layout, self.scaling, by_position, features).reshape(1, tokens, -1)
 
     def _decode_step(
@@ -728,6 +738,7 @@ class DecoderRunner:
                 scatter,
                 window,
                 layer.sinks,
+                self.softcap,
             )
             output = layer.o(attended.view(queries, -1).to(hidden.dtype))
             if layer.attention_out_norm is not None:

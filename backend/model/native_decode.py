@@ -108,7 +108,8 @@ class LayerForm:
     """How a model's layers differ from Llama's beyond their weights: each layer's rotation (an index into
     the runner's `rope_kinds`: Gemma 3 rotates its window and global layers apart), sliding window (0:
     none) and attention sinks (none for every layer where empty), Gemma 3's norms of each sublayer's
-    output (`sandwich`) and GELU for SiLU, and Granite's multiplier of each sublayer's output (`residual`)."""
+    output (`sandwich`) and GELU for SiLU, Granite's multiplier of each sublayer's output (`residual`), and
+    Gemma 2's cap of attention's scores (`softcap`)."""
 
     rotations: list[int]
     windows: list[int]
@@ -116,6 +117,7 @@ class LayerForm:
     sandwich: bool = False
     gelu: bool = False
     residual: float = 1.0  # what each sublayer's output is multiplied by before its residual add (Granite's)
+    softcap: float = 0.0  # the cap of attention's scaled scores (Gemma 2's; 0: none)
 
 
 @dataclass(frozen=True)
@@ -234,4 +236,5 @@ class NativeDecode:
             self.form.sandwich,
             self.form.gelu,
             self.form.residual,
+            self.form.softcap,
         )

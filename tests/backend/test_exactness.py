@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from backend.engine.engine import Engine
+from backend.layers.decode_ops import decode_ops
 from backend.layers.row_states import HYBRID_TYPES, STATE_SPACE_TYPES
 from backend.messages import SamplingParams, Submit
 from backend.model.architectures import SUPPORTED
 from backend.model.decoder_runner import RUNNER_TYPES
+from backend.quant import block_weights
 from backend.quant.quantize import quantize_model
 from tests.backend.models import (
     TINY_VOCAB,
@@ -185,7 +187,7 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
     if architecture == "gpt_oss":
         assert [layer.window for layer in decoder.bound_layers] == [TINY_WINDOW, None]
         assert all(layer.sinks is not None for layer in decoder.bound_layers) and decoder.reads_own_positions
-    assert_4_bit_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch)
+    assert_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -212,12 +214,29 @@ def test_layer_forms_on_the_decoder_runner_with_4_bit_projections_give_transform
     decoder = engine.runner.decoder
     assert decoder is not None and decoder.native is None and decoder.reads_own_positions
     assert [layer.window for layer in decoder.bound_layers] == windows
-    assert_4_bit_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch)
+    assert_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch)
 
 
-def assert_4_bit_decode_steps_give_transformers_logits(engine, model, architecture, monkeypatch):
+def test_gemma_2s_soft_caps_in_the_cpus_loop_give_transformers_logits(monkeypatch):
+    """Gemma 2 on the decoder runner with the CPU's fused operations (its attention's scores capped in the
+    loop, a window layer beside a global one) and float32 weights, no quantization to blur them: each decode
+    step's logits, soft-capped at 2, are transformers' forward's to 1e-4. (In 4 bits its large weights,
+    which make the caps bite, part the one-row and many-row products by more than the test above allows.)"""
+    if not block_weights.available(torch.device("cpu")):
+        pytest.skip("this CPU has no AVX2 (or no compiler): no C++ loops")
+    model = tiny_model("gemma2", head_dim=64, final_logit_softcapping=2.0)
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
+    decoder = engine.runner.decoder
+    decoder.use_ops(decode_ops(torch.device("cpu"), exact=False, compiled=False))
+    assert decoder.reads_own_positions and decoder.softcap == 1.0
+    assert_decode_steps_give_transformers_logits(engine, model, "gemma2", monkeypatch, tolerance=1e-4)
+
+
+def assert_decode_steps_give_transformers_logits(
+    engine, model, architecture, monkeypatch, tolerance: float = 0.03
+):
     """Three rows of 5-30 prompt tokens decoding 8 tokens together: each step's logits of every row are
-    transformers' forward's over the row's text so far, to 0.03."""
+    transformers' forward's over the row's text so far, to `tolerance`."""
     from tests.backend.test_speculation import decode_steps_seen
 
     steps = decode_steps_seen(engine, monkeypatch)
@@ -232,6 +251,6 @@ def assert_4_bit_decode_steps_give_transformers_logits(engine, model, architectu
             for (position, token, logits), text in zip(step, texts, strict=True):
                 assert text[position] == token
                 expected = model(input_ids=torch.tensor([text[: position + 1]])).logits[0, -1]
-                torch.testing.assert_close(logits.float(), expected, rtol=0, atol=0.03)
+                torch.testing.assert_close(logits.float(), expected, rtol=0, atol=tolerance)
                 compared += 1
     assert compared >= 12

@@ -202,7 +202,7 @@ def test_shapes_the_loops_cannot_take_are_refused_with_the_reason(fused):
     one = torch.tensor([0])
     with pytest.raises(RuntimeError, match="at least one KV head"):
         fused.extension.decode_attention(
-            torch.zeros(1, 2, 64), no_kv_heads, no_kv_heads, one, one, 0.125, 0, None
+            torch.zeros(1, 2, 64), no_kv_heads, no_kv_heads, one, one, 0.125, 0, None, 0.0
         )
 
 
@@ -330,6 +330,28 @@ def test_attention_sinks_take_their_share_in_the_loop_as_in_float64(fused, cache
             fused.attend(query, keys, values, rows, positions, visible, 0.125, sinks=wrong)
 
 
+@pytest.mark.parametrize("cache_dtype", DTYPES)
+@pytest.mark.parametrize("heads, window", [(6, None), (24, 8)])
+def test_soft_capped_scores_in_the_loop_are_the_eager_attentions(fused, cache_dtype, heads, window):
+    """Gemma 2's cap of the scaled scores (cap * tanh(score / cap)) in the loop, over spans of one position,
+    of one part and of several, with a window: the eager attention's numbers (transformers' matmuls), and
+    other numbers than without a cap; a negative cap is refused."""
+    generator = torch.Generator().manual_seed(6)
+    keys, values, rows, positions, query, visible = long_spans(
+        cache_dtype, heads, [1290, 0, 512, 1100, 40], generator
+    )
+    query = (query.float() * 4).to(cache_dtype)  # scores well past the cap
+    got = fused.attend(query, keys, values, rows, positions, visible, 0.125, window=window, softcap=2.0)
+    eager = EAGER.attend(
+        query, keys, values, rows, positions, visible, 0.125, scatter=True, window=window, softcap=2.0
+    )
+    torch.testing.assert_close(got, eager, **tolerance(cache_dtype))
+    without = fused.attend(query, keys, values, rows, positions, visible, 0.125, window=window)
+    assert (got.float() - without.float()).abs().max() > 0.1
+    with pytest.raises(RuntimeError, match="softcap must be 0"):
+        fused.attend(query, keys, values, rows, positions, visible, 0.125, softcap=-1.0)
+
+
 def long_spans(
     cache_dtype: torch.dtype, heads: int, positions: list[int], generator: torch.Generator
 ) -> tuple:
@@ -382,8 +404,10 @@ def test_bfloat16_scores_by_dot_products_are_the_float_loops_to_its_rounding(
     rows, positions = torch.tensor([2, 0, 1, 2, 1]), torch.tensor([0, 16, 37, 300, 1090])
     query = torch.randn(5, group * kv_heads, head_dim, generator=generator).bfloat16()
     scaling = head_dim**-0.5 * 1.3
-    by_dots = extension.decode_attention(query, keys, values, rows, positions, scaling, 0, None)
-    in_float = extension.decode_attention_in_float(query, keys, values, rows, positions, scaling, 0, None)
+    by_dots = extension.decode_attention(query, keys, values, rows, positions, scaling, 0, None, 0.0)
+    in_float = extension.decode_attention_in_float(
+        query, keys, values, rows, positions, scaling, 0, None, 0.0
+    )
     if not extension.attention_by_dots():
         assert torch.equal(by_dots, in_float)
     expected = attention_in_float64(query, keys, values, rows, positions, scaling)
@@ -406,7 +430,7 @@ def test_a_nan_key_makes_its_own_heads_nan_by_dot_products_as_in_float(fused):
     expected[0, :3] = expected[3, :3] = True
     expected[3, 3:] = True  # and position 40 (past the last whole tile), KV head 1's
     for attend in (extension.decode_attention, extension.decode_attention_in_float):
-        got = attend(query, keys, values, rows, positions, 0.125, 0, None)
+        got = attend(query, keys, values, rows, positions, 0.125, 0, None, 0.0)
         assert torch.equal(got.isnan().any(dim=-1), expected)
         assert torch.equal(got.isnan().all(dim=-1), expected)
 

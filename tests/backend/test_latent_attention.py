@@ -30,7 +30,7 @@ from tests.backend.models import (
     tiny_model,
     write_tiny_causal_lm,
 )
-from tests.backend.test_exactness import assert_4_bit_decode_steps_give_transformers_logits
+from tests.backend.test_exactness import assert_decode_steps_give_transformers_logits
 
 LATENT_WIDTH = TINY_LATENT["kv_lora_rank"] + TINY_LATENT["qk_rope_head_dim"]  # 32 + 8
 
@@ -77,7 +77,7 @@ def test_a_quantized_expansion_is_read_through_its_layer_and_steps_give_its_logi
             expanded = torch.nn.functional.linear(latents, weight)
             torch.testing.assert_close(expanded, layer.kv_b_proj(latents), rtol=0.01, atol=0.01)
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
-    assert_4_bit_decode_steps_give_transformers_logits(engine, model, f"deepseek_v3 {mode}", monkeypatch)
+    assert_decode_steps_give_transformers_logits(engine, model, f"deepseek_v3 {mode}", monkeypatch)
     assert all("_expansion" in layer.__dict__ for layer in layers)  # read once, kept
 
 

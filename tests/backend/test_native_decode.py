@@ -84,6 +84,7 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         ("ministral", False, {}),  # a window layer beside a global one
         ("smollm3", False, {}),  # its second layer without rotary positions
         ("granite", False, {}),  # its multipliers (models.FAMILY_EXTRAS)
+        ("gemma2", False, {}),  # its soft caps, a window layer beside a global one
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -99,7 +100,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     sublayer's output and GELU. Biases (Qwen2's q, k and v; gpt-oss's everywhere, its router's too),
     gpt-oss's sinks, window layers, top k before the softmax and clamped SwiGLU. Mistral's and Phi-3's
     window, in every layer, Ministral's in one; Phi-3's projections and its rotation of part of each head;
-    SmolLM3's layer without rotary positions. Granite's multiplier of each sublayer's output."""
+    SmolLM3's layer without rotary positions. Granite's multiplier of each sublayer's output. Gemma 2's cap
+    of attention's scores."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family in ("qwen2", "smollm3") else None  # (their greedy tokens repeat: drafts)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
@@ -114,11 +116,17 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     if family == "gemma3_text":  # a window layer (its own rotation) beside a global one; four norms a layer
         assert runner.native.form == LayerForm([1, 0], [TINY_WINDOW, 0], sandwich=True, gelu=True)
         assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
-    windows = {"mistral": [TINY_WINDOW] * 2, "phi3": [TINY_WINDOW] * 2, "ministral": [TINY_WINDOW, 0]}
+    windows = {
+        "mistral": [TINY_WINDOW] * 2,
+        "phi3": [TINY_WINDOW] * 2,
+        "ministral": [TINY_WINDOW, 0],
+        "gemma2": [TINY_WINDOW, 0],
+    }
     if family in windows:
         assert runner.native.form.windows == windows[family]
         assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
     assert runner.native.form.residual == (0.22 if family == "granite" else 1.0)
+    assert runner.native.form.softcap == (1.0 if family == "gemma2" else 0.0)
     if family == "smollm3":  # the first layer's rotation, then none
         assert runner.native.form.rotations == [0, 1] and runner.rope_kinds[1] == "unrotated"
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
