@@ -89,9 +89,7 @@ def attend(
     output = torch.empty_like(query)
     n, decoding = layout.decode_rows, layout.decode_queries
     if by_position is not None:
-        window, sinks, softcap = (
-            (None, None, None) if features is None else (features.window, features.sinks, features.softcap)
-        )
+        asked = features or AttentionFeatures()  # (none: a window, sinks and a cap of none)
         places, rows, positions = layout.by_position
         if places.shape[0]:
             queries = query[0].index_select(1, places).transpose(0, 1).contiguous()  # [taken, heads, dim]
@@ -103,9 +101,9 @@ def attend(
                 positions,
                 layout.visible,
                 scaling,
-                window=window,
-                sinks=sinks,
-                softcap=softcap,
+                window=asked.window,
+                sinks=asked.sinks,
+                softcap=asked.softcap,
             )
             output[0].index_copy_(1, places, attended.transpose(0, 1))
     elif decoding:

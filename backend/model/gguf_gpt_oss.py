@@ -16,16 +16,15 @@ mode then serves the experts from the file's blocks (quant/gguf_weights.py: MXFP
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import gguf
 import torch
 from transformers import GptOssConfig, GptOssForCausalLM, PretrainedConfig
-from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map, read_field
+from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
 from backend.model.architectures import UnsupportedModel
 from backend.model.gguf_conversion import floats
-from backend.model.gguf_parsing import all_fields
+from backend.model.gguf_parsing import architecture_fields, is_architecture
 from backend.quant import gguf_weights
 
 ARCHITECTURE = "gpt-oss"
@@ -33,18 +32,13 @@ PARTS = ("gate", "up", "down")
 
 
 def is_gpt_oss(path: Path) -> bool:
-    return read_field(gguf.GGUFReader(str(path)), "general.architecture") == [ARCHITECTURE]
+    return is_architecture(path, ARCHITECTURE)
 
 
 def gpt_oss_config(path: Path, config: PretrainedConfig) -> GptOssConfig:
     """`config` (transformers' reading of the file) with the file's window, head width and rotary
     scaling."""
-    fields = SimpleNamespace(fields=all_fields(gguf.GGUFReader(str(path))))  # (read_field reads `fields`)
-
-    def field(key: str):
-        found = read_field(fields, f"{ARCHITECTURE}.{key}")
-        return found[0] if found else None
-
+    field = architecture_fields(gguf.GGUFReader(str(path)), ARCHITECTURE)
     read = config.to_dict()
     read["sliding_window"] = field("attention.sliding_window") or config.sliding_window
     read["head_dim"] = field("attention.key_length") or config.head_dim

@@ -23,10 +23,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
+from transformers.modeling_gguf_pytorch_utils import read_field
 
 # transformers 5.23 reads a gpt-oss file's rotary scaling fields by their first part (their key's length),
 # not their value, and fails on any file that has them (every gpt-oss file llama.cpp writes: YaRN) with
@@ -88,3 +90,20 @@ def withholding(reader: gguf.GGUFReader) -> gguf.GGUFReader:
 def all_fields(reader: gguf.GGUFReader) -> dict[str, gguf.ReaderField]:
     """A reader's fields, those it withholds from transformers among them."""
     return {**reader.fields, **getattr(reader, "withheld", {})}
+
+
+def is_architecture(path: os.PathLike[str] | str, architecture: str) -> bool:
+    """Whether the GGUF file's `general.architecture` is `architecture` (llama.cpp's name: "phi3")."""
+    return read_field(gguf.GGUFReader(str(path)), "general.architecture") == [architecture]
+
+
+def architecture_fields(reader: gguf.GGUFReader, architecture: str) -> Callable[[str], object]:
+    """The file's `{architecture}.{key}` fields, withheld ones among them, as a function of the key: its
+    first value, or None where the file has no such field."""
+    fields = SimpleNamespace(fields=all_fields(reader))  # (read_field reads `fields`)
+
+    def field(key: str) -> object:
+        found = read_field(fields, f"{architecture}.{key}")
+        return found[0] if found else None
+
+    return field

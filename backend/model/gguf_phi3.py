@@ -14,34 +14,27 @@ the two context lengths by the converter's own formula.
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import gguf
 import numpy as np
 from transformers import Phi3Config, PretrainedConfig
-from transformers.modeling_gguf_pytorch_utils import read_field
 
 from backend.model.architectures import UnsupportedModel
-from backend.model.gguf_parsing import all_fields
+from backend.model.gguf_parsing import architecture_fields, is_architecture
 
 ARCHITECTURE = "phi3"
 LONG_FACTORS, SHORT_FACTORS = "rope_factors_long.weight", "rope_factors_short.weight"
 
 
 def is_phi3(path: Path) -> bool:
-    return read_field(gguf.GGUFReader(str(path)), "general.architecture") == [ARCHITECTURE]
+    return is_architecture(path, ARCHITECTURE)
 
 
 def phi3_config(path: Path, config: PretrainedConfig) -> Phi3Config:
     """`config` (transformers' reading of the file) with the file's rotary width, window, original context
     and LongRoPE factors."""
     reader = gguf.GGUFReader(str(path))
-    fields = SimpleNamespace(fields=all_fields(reader))  # (read_field reads `fields`)
-
-    def field(key: str):
-        found = read_field(fields, f"{ARCHITECTURE}.{key}")
-        return found[0] if found else None
-
+    field = architecture_fields(reader, ARCHITECTURE)
     read = config.to_dict()
     head_dim = config.hidden_size // config.num_attention_heads
     partial = (field("rope.dimension_count") or head_dim) / head_dim
