@@ -6,13 +6,13 @@ r"""Each fast-path family on the decoder runner against the same model on transf
 
 For each family, a model of random weights of a ~0.5B checkpoint's shape (Qwen2.5-0.5B's for Llama-shaped
 layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE, Gemma 3 1B's for Gemma 3,
-Phi-4-mini's and Phi-3-mini's layers at 0.75B for Phi-3, Granite 3 2B's at 0.6B for Granite, Gemma 2
-2B's at 0.7B for Gemma 2) with the default model's tokenizer, quantized as `--quantize` says (int4, as a
-4-bit file would be served, by default). Engine tokens/s with 1 and 32 rows decoding, first on the path
-the server takes (the decoder runner), then on transformers' own modules over the row attention (what every
-other family takes), alternating the two at each row count so that drift in the machine falls on both; and
-transformers' `generate` one request at a time. Prints a markdown table and the machine. Random weights
-decode at the speed of real ones.
+Phi-4-mini's and Phi-3-mini's layers at 0.75B for Phi-3, Granite 3 2B's at 0.6B for Granite, Gemma 2 2B's at
+0.7B for Gemma 2, OLMo 2 1B's at 0.6B for OLMo 2) with the default model's tokenizer, quantized as
+`--quantize` says (int4, as a 4-bit file would be served, by default). Engine tokens/s with 1 and 32 rows
+decoding, first on the path the server takes (the decoder runner), then on transformers' own modules over the
+row attention (what every other family takes), alternating the two at each row count so that drift in the
+machine falls on both; and transformers' `generate` one request at a time. Prints a markdown table and the
+machine. Random weights decode at the speed of real ones.
 """
 
 from __future__ import annotations
@@ -132,6 +132,18 @@ SHAPES = {
             residual_multiplier=0.22,
             attention_multiplier=0.015625,
             logits_scaling=8.0,
+        ),
+    ),
+    # OLMo 2 1B's layer at 8 of its 16: 2048 wide, 16 heads of 128, each its own KV head; its norms of
+    # each sublayer's output and of q and k whole
+    "olmo2": (
+        "olmo2",
+        dict(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=16,
         ),
     ),
     # Phi-3-mini's (Phi-3.5-mini's) layer at 6 of its 32: 32 heads of 96, each its own KV head, all rotated

@@ -22,6 +22,19 @@ at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projectio
   return at::cat(outputs, 1);
 }
 
+// x's RMSNorm, or x itself where the weight is empty: a place where the layer norms nothing (OLMo 2's
+// layers norm their sublayers' outputs, not their inputs).
+at::Tensor norm_or_not(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return weight.numel() == 0 ? x : rms_norm(x, weight, eps);
+}
+
+// hidden += delta in place (as add_rms_norm adds), then as norm_or_not.
+at::Tensor add_norm_or_not(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  if (weight.numel() > 0) return add_rms_norm(hidden, delta, weight, eps);
+  hidden.add_(delta);
+  return hidden;
+}
+
 }  // namespace
 
 // x times projection i in blocks, plus its bias where it has one (WeightOnlyLinear's forward).
@@ -36,20 +49,23 @@ at::Tensor projected(const at::Tensor& x, const std::vector<at::Tensor>& project
 // layer l's rotations[l] (all 0 where rotations is empty); windows[l] its sliding window (0 or empty: none);
 // slots, rows, positions: as rotate_and_store and decode_attention take them.
 // For layer l: keys[l], values[l] its cache; its projections next in `projections`, in blocks of the same
-// place's bits (and tables[i]: the table its values index, or none): q, k and v in calls[2l] calls (one where they fused; a K-quant mix's Q4_K q and k beside
-// its Q6_K v are two), o, gate and up in calls[2l + 1], and down; or, where calls[2l + 1] is 0, a mixture of
-// experts (experts.cpp): after o each expert's gate and up, then each expert's down, routed by the next of
-// `routers` (with the next of `router_biases`, where given) as `mixture` says (Qwen3-MoE's, Mixtral's,
-// gpt-oss's); biases[i] projection i's bias where it has one (none where biases is empty); sinks[l] layer l's
-// sink logits (gpt-oss's, none where sinks is empty or has none for it); norms[1 + 2l] and norms[2 + 2l] the
-// norms after its attention and after its MLP (the next layer's input norm, or the model's final one),
-// norms[0] the first layer's input norm, each with its eps; where `sandwich` (Gemma 3's layer), four a
-// layer: the norm of its attention's output, the norm after the residual add, the norm of its MLP's output,
-// the next layer's input norm. head_norms[2l] and head_norms[2l + 1] its norms of each query and key head
-// (Qwen3's, Gemma 3's), with head_eps, or none for every layer (head_norms empty). The MLP's activation
-// GELU's tanh approximation where `gelu` (Gemma's), else SiLU. Each sublayer's output is multiplied by
-// `residual` before its residual add (Granite's residual_multiplier; 1: not at all). Attention's scores are
-// soft-capped at `softcap` (Gemma 2's; 0: not at all). Returns the final norm of the last layer's output.
+// place's bits (and tables[i]: the table its values index, or none): q, k and v in calls[2l] calls (one
+// where they fused; a K-quant mix's Q4_K q and k beside its Q6_K v are two), o, gate and up in
+// calls[2l + 1], and down; or, where calls[2l + 1] is 0, a mixture of experts (experts.cpp): after o each
+// expert's gate and up, then each expert's down, routed by the next of `routers` (with the next of
+// `router_biases`, where given) as `mixture` says (Qwen3-MoE's, Mixtral's, gpt-oss's); biases[i]
+// projection i's bias where it has one (none where biases is empty); sinks[l] layer l's sink logits
+// (gpt-oss's, none where sinks is empty or has none for it); norms[1 + 2l] and norms[2 + 2l] the norms
+// after its attention and after its MLP (the next layer's input norm, or the model's final one), norms[0]
+// the first layer's input norm, each with its eps; where `sandwich` (Gemma 3's and OLMo 2's layers), four
+// a layer: the norm of its attention's output, the norm after the residual add, the norm of its MLP's
+// output, the next layer's input norm; an empty norm is none (OLMo 2 norms no sublayer's input).
+// head_norms[2l] and head_norms[2l + 1] its norms of each query and key head, or of its queries and its
+// keys whole (Qwen3's and Gemma 3's, OLMo 2's), with head_eps, or none for every layer (head_norms empty).
+// The MLP's activation GELU's tanh approximation where `gelu` (Gemma's), else SiLU. Each sublayer's output
+// is multiplied by `residual` before its residual add (Granite's residual_multiplier; 1: not at all).
+// Attention's scores are soft-capped at `softcap` (Gemma 2's; 0: not at all). Returns the final norm of
+// the last layer's output.
 at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
                          const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
@@ -94,7 +110,7 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
               "decode_layers needs the projections its calls' counts say, and their bits and tables");
   TORCH_CHECK(biases.empty() || biases.size() == projection_count, "decode_layers needs each projection's bias, or none");
   const int64_t queries = hidden.size(0);
-  at::Tensor normed = rms_norm(hidden, norms[0], eps[0]);
+  at::Tensor normed = norm_or_not(hidden, norms[0], eps[0]);
   size_t next = 0, mixture_index = 0;  // the layer's first projection, the next mixture's router
   for (size_t l = 0; l < layers; ++l) {
     const int64_t qkv_calls = calls[2 * l], gate_up_calls = calls[2 * l + 1];
@@ -112,10 +128,10 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                                                  sinks.empty() ? std::nullopt : sinks[l], softcap);
     at::Tensor output =
         project(attended.view({queries, -1}).to(hidden.scalar_type()), projections, bits, tables, biases, o, 1);
-    if (sandwich) output = rms_norm(output, norms[norm], eps[norm]);
+    if (sandwich) output = norm_or_not(output, norms[norm], eps[norm]);
     if (residual != 1.0) output = output * residual;  // (PyTorch's product by a number: the Python loop's)
     const size_t mlp_norm = sandwich ? norm + 1 : norm;  // (after the attention output's own, if it has one)
-    normed = add_rms_norm(hidden, output, norms[mlp_norm], eps[mlp_norm]);
+    normed = add_norm_or_not(hidden, output, norms[mlp_norm], eps[mlp_norm]);
     at::Tensor mlp;
     if (gate_up_calls > 0) {
       const at::Tensor gate_up = project(normed, projections, bits, tables, biases, gate_up_first, gate_up_calls);
@@ -128,10 +144,10 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
       next = gate_up_first + 2 * router.size(0);
       ++mixture_index;
     }
-    if (sandwich) mlp = rms_norm(mlp, norms[norm + 2], eps[norm + 2]);
+    if (sandwich) mlp = norm_or_not(mlp, norms[norm + 2], eps[norm + 2]);
     if (residual != 1.0) mlp = mlp * residual;
     const size_t next_norm = norm + layer_norms - 1;
-    normed = add_rms_norm(hidden, mlp, norms[next_norm], eps[next_norm]);
+    normed = add_norm_or_not(hidden, mlp, norms[next_norm], eps[next_norm]);
   }
   return normed;
 }

@@ -129,34 +129,40 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
-// The RMSNorm of each query head with query_weight, and of each key head with key_weight, over the head's
-// width, in place in a step's q, k and v side by side ([rows, (heads + 2 kv_heads) * head_dim]; the values
-// untouched): Qwen3's and Gemma 3's norms of each head before the rotation. As PyTorch's operations on
-// the heads' views, a split, two norms and a join, they took 130 us a layer of a one-row bfloat16 step
-// (Qwen3-30B-A3B's shape: 32 query heads and 4 key heads of 128), 0.5 ms of a 4-layer model's 9.8.
+// The RMSNorm of each query head with query_weight, and of each key head with key_weight, in place in a
+// step's q, k and v side by side ([rows, (heads + 2 kv_heads) * head_dim]; the values untouched): Qwen3's
+// and Gemma 3's norms of each head before the rotation. Each weight's width is the span it norms: a head's
+// (those), or all the query heads' and all the key heads' (OLMo 2's norms of q and k whole). As PyTorch's
+// operations on the heads' views, a split, two norms and a join, they took 130 us a layer of a one-row
+// bfloat16 step (Qwen3-30B-A3B's shape: 32 query heads and 4 key heads of 128), 0.5 ms of a 4-layer
+// model's 9.8.
 at::Tensor head_rms_norms(at::Tensor& qkv, const at::Tensor& query_weight, const at::Tensor& key_weight,
                           int64_t heads, int64_t kv_heads, double query_eps, double key_eps) {
   check_cpu_contiguous(qkv, "qkv");
   check_cpu_contiguous(query_weight, "query_weight");
   check_cpu_contiguous(key_weight, "key_weight");
-  const int64_t d = query_weight.numel(), width = qkv.size(-1);
+  const int64_t width = qkv.size(-1), qd = query_weight.numel(), kd = key_weight.numel();
   TORCH_CHECK(heads > 0 && kv_heads > 0, "heads and kv_heads must be positive");
-  TORCH_CHECK(d > 0 && key_weight.numel() == d && width == (heads + 2 * kv_heads) * d,
-              "qkv must be [rows, (heads + 2 kv_heads) * head_dim], each weight [head_dim]");
+  TORCH_CHECK(width % (heads + 2 * kv_heads) == 0, "qkv must be [rows, (heads + 2 kv_heads) * head_dim]");
+  const int64_t head_dim = width / (heads + 2 * kv_heads);
+  TORCH_CHECK(qd > 0 && kd > 0 && (heads * head_dim) % qd == 0 && (kv_heads * head_dim) % kd == 0 &&
+                  qd % head_dim == 0 && kd % head_dim == 0,
+              "each weight must be a head's width, or a whole number of heads'");
   TORCH_CHECK(query_weight.scalar_type() == qkv.scalar_type() && key_weight.scalar_type() == qkv.scalar_type(),
               "qkv and the weights must have one dtype");
-  const int64_t rows = qkv.numel() / width, normed = heads + kv_heads;
+  const int64_t rows = qkv.numel() / width, query_spans = heads * head_dim / qd;
+  const int64_t spans = query_spans + kv_heads * head_dim / kd;
   with_float_type(qkv.scalar_type(), "qkv", [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     T* p = qkv.data_ptr<T>();
     const T* qw = query_weight.data_ptr<T>();
     const T* kw = key_weight.data_ptr<T>();
-    at::parallel_for(0, rows * normed, rows_per_task(d), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, rows * spans, rows_per_task(std::min(qd, kd)), [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t row = i / normed, head = i % normed;
-        T* x = p + row * width + head * d;
-        const bool query = head < heads;
-        norm_row(x, query ? qw : kw, x, d, static_cast<float>(query ? query_eps : key_eps));
+        const int64_t row = i / spans, span = i % spans;
+        const bool query = span < query_spans;
+        T* x = p + row * width + (query ? span * qd : heads * head_dim + (span - query_spans) * kd);
+        norm_row(x, query ? qw : kw, x, query ? qd : kd, static_cast<float>(query ? query_eps : key_eps));
       }
     });
   });

@@ -68,25 +68,29 @@ class EagerOps:
     """The decode step's elementwise work as PyTorch operations (exact mode's arithmetic)."""
 
     @staticmethod
-    def norm(x: torch.Tensor, norm: Norm) -> torch.Tensor:
-        """transformers' Llama RMSNorm: bit for bit in float32 (PyTorch's one `rms_norm`)."""
-        return torch.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+    def norm(x: torch.Tensor, norm: Norm | None) -> torch.Tensor:
+        """transformers' Llama RMSNorm: bit for bit in float32 (PyTorch's one `rms_norm`); None: x as it is
+        (a place the layer norms nothing: OLMo 2's sublayers' inputs)."""
+        return x if norm is None else torch.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
 
     @staticmethod
-    def add_norm(hidden: torch.Tensor, delta: torch.Tensor, norm: Norm) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_norm(
+        hidden: torch.Tensor, delta: torch.Tensor, norm: Norm | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual add, and the norm of its sum: (hidden + delta, its RMSNorm)."""
         hidden = hidden + delta
         return hidden, EagerOps.norm(hidden, norm)
 
     @staticmethod
     def head_norms(qkv: torch.Tensor, query: Norm, key: Norm, heads: int, kv_heads: int) -> torch.Tensor:
-        """q, k and v side by side ([rows, (heads + 2 kv_heads) * head_dim]) with each query head normed by
-        `query` and each key head by `key` over the head's width (Qwen3's and Gemma 3's head norms)."""
-        head_dim = query.weight.shape[0]
+        """q, k and v side by side ([rows, (heads + 2 kv_heads) * head_dim]) with the queries normed by
+        `query` and the keys by `key`, each over its weight's width: a head's (Qwen3's and Gemma 3's norms
+        of each head), or all the heads' (OLMo 2's of q and k whole)."""
+        head_dim = qkv.shape[-1] // (heads + 2 * kv_heads)
         widths = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
         queries, keys, values = qkv.split(widths, dim=-1)
-        queries = EagerOps.norm(queries.unflatten(-1, (heads, head_dim)), query).flatten(-2)
-        keys = EagerOps.norm(keys.unflatten(-1, (kv_heads, head_dim)), key).flatten(-2)
+        queries = EagerOps.norm(queries.unflatten(-1, (-1, query.weight.shape[0])), query).flatten(-2)
+        keys = EagerOps.norm(keys.unflatten(-1, (-1, key.weight.shape[0])), key).flatten(-2)
         return torch.cat([queries, keys, values], dim=-1)
 
     @staticmethod
@@ -250,13 +254,16 @@ class FusedOps:
         # (head size, query heads a KV head) -> whether the attention loop takes it; asked once a shape
         self.attention_supports = functools.cache(extension.attention_supports)
 
-    def norm(self, x: torch.Tensor, norm: Norm) -> torch.Tensor:
-        return self.extension.rms_norm(x, norm.weight, norm.eps)
+    def norm(self, x: torch.Tensor, norm: Norm | None) -> torch.Tensor:
+        return x if norm is None else self.extension.rms_norm(x, norm.weight, norm.eps)
 
     def add_norm(
-        self, hidden: torch.Tensor, delta: torch.Tensor, norm: Norm
+        self, hidden: torch.Tensor, delta: torch.Tensor, norm: Norm | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As EagerOps.add_norm, but the sum is written into `hidden` itself, which must be the step's own."""
+        """As EagerOps.add_norm, but the sum is written into `hidden` itself, which must be the step's own
+        (with no norm, the sum is the normed output too: decode_layers.cpp's `add_norm_or_not`)."""
+        if norm is None:
+            return hidden, hidden.add_(delta)
         return hidden, self.extension.add_rms_norm(hidden, delta, norm.weight, norm.eps)
 
     def head_norms(

@@ -14,7 +14,7 @@ layer is exactly
 and Mixtral's MLP is a mixture of experts, which the runner calls as the layer's own module: `experts`;
 Gemma 3's norms each sublayer's output too, has GELU for SiLU and window layers, and Gemma 2's soft-caps
 its scores and logits: `GEMMA_LAYER_TYPES`; gpt-oss's has biases, window layers, sinks and experts:
-`GPT_OSS_LAYER_TYPES`; Phi-3's, SmolLM3's and Granite's differ in the ways `LLAMA_LAYER_TYPES` says)
+`GPT_OSS_LAYER_TYPES`; Phi-3's, SmolLM3's, Granite's and OLMo's differ in the ways `LLAMA_LAYER_TYPES` says)
 
 this runner does the same arithmetic on the same modules' weights in fewer
 operations: transformers' rotary embedding, applied to queries and keys in
@@ -76,6 +76,9 @@ log = logging.getLogger(__name__)
 # positions (`no_rope_layers`, one in four) rotate by none (`UNROTATED`). Granite multiplies its
 # embeddings, each sublayer's output before its residual add, and its attention's scores (its attention's
 # `scaling`), and divides its logits (`DecoderRunner.residual`, `logits_scaling`, `ScaledEmbedding`).
+# OLMo 2 norms each sublayer's output before its residual add (Gemma 3's `sandwich`) but not its input, and
+# its queries and its keys whole before the heads are split (`HeadNorms`, a norm as wide as all the heads);
+# OLMo 3's is OLMo 2's with window layers beside global ones, each kind with a rotation of its own.
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -87,6 +90,8 @@ LLAMA_LAYER_TYPES = {
     "ministral",
     "smollm3",
     "granite",
+    "olmo2",
+    "olmo3",
 }
 UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (SmolLM3's `use_rope` off)
 
@@ -221,17 +226,17 @@ class DecodeLayer:
 
     qkv: Callable[[torch.Tensor], torch.Tensor]
     o: Callable[[torch.Tensor], torch.Tensor]
-    mlp_norm: Norm
+    mlp_norm: Norm | None  # (None: no norm there, OLMo 2's)
     gate_up: Callable[[torch.Tensor], torch.Tensor] | None  # None: a mixture of experts (`experts`)
     down: Callable[[torch.Tensor], torch.Tensor] | None
-    next_norm: Norm
+    next_norm: Norm | None
     experts: Callable[[torch.Tensor], torch.Tensor] | None = None  # the layer's own MoE block, [rows, hidden]
     window: int | None = None  # a sliding-window layer's: each query reads its last `window` positions
     rotation: int = 0  # which of the runner's `rope_kinds` rotates its queries and keys
     attention_out_norm: Norm | None = None  # Gemma's norms of the attention's and the MLP's outputs
     mlp_out_norm: Norm | None = None
     sinks: torch.Tensor | None = None  # [heads], float32: gpt-oss's sink logit of each attention head
-    head_norms: HeadNorms | None = None  # Qwen3's and Gemma 3's norms of each query and key head
+    head_norms: HeadNorms | None = None  # Qwen3's, Gemma 3's and OLMo 2's norms of queries and keys
 
 
 def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -251,7 +256,9 @@ def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Te
 
 @dataclass(frozen=True)
 class HeadNorms:
-    """Qwen3's RMSNorms of each head's query and key, over the head's dimensions, before the rotation."""
+    """The RMSNorms of queries and keys before the rotation: Qwen3's and Gemma 3's of each head's query and
+    key, over the head's width; OLMo 2's of the queries and of the keys whole, over all the heads' (each
+    norm's weight is as wide as what it norms: EagerOps.head_norms)."""
 
     query: Norm
     key: Norm
@@ -314,17 +321,18 @@ class DecoderRunner:
         self.rotary = model.model.rotary_emb
         self.half_rotation = model.config.model_type in GPT_OSS_LAYER_TYPES  # (`full_width`)
         self.layers = list(model.model.layers)
-        # Gemma 3's rotary module gives each kind of layer (window or global) cos and sin of its own base;
+        # Gemma 3's and OLMo 3's rotary modules give each kind of layer (window or global, the config's
+        # `layer_types`) cos and sin of its own;
         # SmolLM3's layers without rotary positions rotate by none (`UNROTATED`).
         by_kind = rotates_by_kind(self.rotary)
+        layer_types = getattr(model.config, "layer_types", None) or [None] * len(self.layers)
         kinds = [
-            (layer.self_attn.layer_type if by_kind else None)
-            if getattr(layer.self_attn, "use_rope", True)
-            else UNROTATED
-            for layer in self.layers
+            (layer_type if by_kind else None) if getattr(layer.self_attn, "use_rope", True) else UNROTATED
+            for layer, layer_type in zip(self.layers, layer_types, strict=True)
         ]
         self.rope_kinds: list[str | None] = sorted(set(kinds), key=str)  # [None]: one rotation for all
-        self.sandwich = hasattr(self.layers[0], "pre_feedforward_layernorm")  # Gemma's norms (see above)
+        # Gemma's and OLMo 2's norms of each sublayer's output (see above)
+        self.sandwich = hasattr(self.layers[0], "post_feedforward_layernorm")
         self.gelu = getattr(model.config, "hidden_activation", None) == "gelu_pytorch_tanh"
         self.norm = model.model.norm
         self.head = model.get_output_embeddings()
@@ -350,15 +358,17 @@ class DecoderRunner:
         # A mixture's routers compute in float32 on a CPU (float_router.py)
         routers_in_float32(self.layers)
         self.head_norms = [HeadNorms.of(layer.self_attn, self.heads, self.kv_heads) for layer in self.layers]
-        next_norms = [Norm.of(layer.input_layernorm) for layer in self.layers[1:]] + [Norm.of(self.norm)]
-        self.first_norm = Norm.of(self.layers[0].input_layernorm)
+        # each layer's input norm (None: OLMo 2's layers have none)
+        self.input_norms = [optional_norm(getattr(layer, "input_layernorm", None)) for layer in self.layers]
+        next_norms = self.input_norms[1:] + [Norm.of(self.norm)]
+        self.first_norm = self.input_norms[0]
         self.bound_layers = [
             DecodeLayer(
                 qkv=qkv.few_rows_matmul(dtype),
                 o=few_rows_matmul(layer.self_attn.o_proj, dtype),
-                mlp_norm=Norm.of(
-                    layer.pre_feedforward_layernorm if self.sandwich else layer.post_attention_layernorm
-                ),
+                mlp_norm=optional_norm(getattr(layer, "pre_feedforward_layernorm", None))
+                if self.sandwich
+                else Norm.of(layer.post_attention_layernorm),
                 gate_up=gate_up.few_rows_matmul(dtype) if gate_up is not None else None,
                 down=few_rows_matmul(layer.mlp.down_proj, dtype) if gate_up is not None else None,
                 next_norm=next_norm,
@@ -571,10 +581,17 @@ class DecoderRunner:
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         # [1, 1, tokens, head_dim] each
         rotations = [(cos[:, None], sin[:, None]) for cos, sin in self.rotations(hidden, positions)]
-        for layer, bound, qkv, head_norms, gate_up, cache_layer in zip(
-            self.layers, self.bound_layers, self.qkv, self.head_norms, self.gate_up, cache.layers, strict=True
+        for layer, bound, input_norm, qkv, head_norms, gate_up, cache_layer in zip(
+            self.layers,
+            self.bound_layers,
+            self.input_norms,
+            self.qkv,
+            self.head_norms,
+            self.gate_up,
+            cache.layers,
+            strict=True,
         ):
-            projected = HeadNorms.after(qkv, head_norms)(rms_norm(hidden, layer.input_layernorm))
+            projected = HeadNorms.after(qkv, head_norms)(EAGER.norm(hidden, input_norm))
             attended = self._attention(projected, *rotations[bound.rotation], cache_layer, layout, bound)
             output = normed_output(layer.self_attn.o_proj(attended), bound.attention_out_norm)
             hidden = hidden + self.residual_part(output)
@@ -646,11 +663,13 @@ class DecoderRunner:
     def rotations(
         self, hidden: torch.Tensor, positions: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """cos and sin at these positions ([1, tokens, head_dim] each) for each of `rope_kinds`: one kind
-        but for Gemma 3's window and global layers, and SmolLM3's layers that rotate by none (cos 1 and
-        sin 0: x * 1 + rotate_half(x) * 0 is x, exactly)."""
+        """cos and sin at these positions ([1, tokens, head_dim] each, in the hidden states' dtype) for each
+        of `rope_kinds`: one kind but for Gemma 3's window and global layers, and SmolLM3's layers that
+        rotate by none (cos 1 and sin 0: x * 1 + rotate_half(x) * 0 is x, exactly). OLMo 2's rotary module
+        gives them in float32 whatever the model's dtype: rounded here to it, as Llama's rounds them."""
         if self.rope_kinds == [None]:
-            return [self.full_width(*self.rotary(hidden, positions[None]))]
+            cos, sin = self.full_width(*self.rotary(hidden, positions[None]))
+            return [(cos.to(hidden.dtype), sin.to(hidden.dtype))]
         turned = {
             kind: self.full_width(*self.rotary(hidden, positions[None]))
             if kind is None
@@ -663,7 +682,7 @@ class DecoderRunner:
                 *self.rotary(hidden, positions[None])
             )
             turned[UNROTATED] = (torch.ones_like(cos), torch.zeros_like(sin))
-        return [turned[kind] for kind in self.rope_kinds]
+        return [tuple(t.to(hidden.dtype) for t in turned[kind]) for kind in self.rope_kinds]
 
     def full_width(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin over the width the model rotates: gpt-oss's rotary module gives them over half of
@@ -754,9 +773,9 @@ class DecoderRunner:
         return normed
 
 
-def layer_norms(layer: DecodeLayer) -> list[Norm]:
+def layer_norms(layer: DecodeLayer) -> list[Norm | None]:
     """A layer's norms as decode_layers.cpp takes them: after its attention and after its MLP (the next
-    layer's input norm), and Gemma's of each sublayer's output before each."""
+    layer's input norm), and Gemma's and OLMo 2's of each sublayer's output before each."""
     if layer.attention_out_norm is None or layer.mlp_out_norm is None:
         return [layer.mlp_norm, layer.next_norm]
     return [layer.attention_out_norm, layer.mlp_norm, layer.mlp_out_norm, layer.next_norm]
@@ -776,6 +795,11 @@ def window_in(attention: nn.Module, max_seq_len: int | None) -> int | None:
     else:
         window = sliding_window(attention.config)
     return window if window is not None and (max_seq_len is None or window < max_seq_len) else None
+
+
+def optional_norm(module: nn.Module | None) -> Norm | None:
+    """A norm module's norm (`Norm.of`), or None where a layer has none there."""
+    return None if module is None else Norm.of(module)
 
 
 def normed_output(output: torch.Tensor, norm: Norm | None) -> torch.Tensor:

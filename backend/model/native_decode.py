@@ -39,6 +39,7 @@ NATIVE_MIXTURES = {
 
 
 NO_MIXTURE = (0, False, False, 0.0, 0.0)  # `LayerExperts.routing` of a model without one
+NO_NORM = torch.empty(0)  # what decode_layers.cpp takes where a layer norms nothing there (OLMo 2's inputs)
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,9 @@ class LayerProjections:
 class LayerForm:
     """How a model's layers differ from Llama's beyond their weights: each layer's rotation (an index into
     the runner's `rope_kinds`: Gemma 3 rotates its window and global layers apart), sliding window (0:
-    none) and attention sinks (none for every layer where empty), Gemma 3's norms of each sublayer's
-    output (`sandwich`) and GELU for SiLU, Granite's multiplier of each sublayer's output (`residual`), and
-    Gemma 2's cap of attention's scores (`softcap`)."""
+    none) and attention sinks (none for every layer where empty), Gemma 3's and OLMo 2's norms of each
+    sublayer's output (`sandwich`), Gemma's GELU for SiLU, Granite's multiplier of each sublayer's output
+    (`residual`), and Gemma 2's cap of attention's scores (`softcap`)."""
 
     rotations: list[int]
     windows: list[int]
@@ -130,7 +131,7 @@ class NativeDecode:
     tables: list[int]  # the table each projection's values index (block_weights.Table), or none
     calls: list[int]  # each layer's number of calls for q, k and v, then for gate and up (0: experts)
     # the first input norm, then each layer's two, after attention and after its MLP; with a sandwich four:
-    # its attention's output, after attention, its MLP's output, after its MLP
+    # its attention's output, after attention, its MLP's output, after its MLP; empty where there is none
     norms: list[torch.Tensor]
     eps: list[float]
     head_norms: list[torch.Tensor]  # each layer's norms of its query and key heads (Qwen3's), or none
@@ -150,7 +151,7 @@ class NativeDecode:
         cls,
         ops: DecodeOps,
         layers: list[LayerProjections],
-        norms: list[Norm],
+        norms: list[Norm | None],
         dtype: torch.dtype,
         heads: int,
         kv_heads: int,
@@ -180,8 +181,8 @@ class NativeDecode:
                 for layer in layers
                 for count in (len(layer.qkv), 0 if layer.experts is not None else len(layer.gate_up))
             ],
-            norms=[norm.weight for norm in norms],
-            eps=[norm.eps for norm in norms],
+            norms=[NO_NORM if norm is None else norm.weight for norm in norms],
+            eps=[0.0 if norm is None else norm.eps for norm in norms],
             head_norms=[norm.weight for pair in head_norms or [] for norm in pair],
             head_eps=[norm.eps for pair in head_norms or [] for norm in pair],
             heads=heads,

@@ -62,6 +62,10 @@ def test_norms_and_silu_mul_match_pytorch(fused, dtype, rows):
     assert got_sum is hidden  # the sum is written in place, as the decode step relies on
     torch.testing.assert_close(got_sum, expected_sum, atol=0, rtol=0)  # one rounding in both
     torch.testing.assert_close(got_norm, expected_norm, **tolerance(dtype))
+    hidden = x.clone()  # no norm there (OLMo 2's sublayers' inputs): the sum is what the next sublayer takes
+    got_sum, got_norm = fused.add_norm(hidden, delta, None)
+    assert got_sum is hidden and got_norm is hidden and torch.equal(got_sum, expected_sum)
+    assert fused.norm(x, None) is x and EAGER.norm(x, None) is x
 
     gate_up = torch.randn(rows, 2 * 1536, generator=generator).to(dtype)
     torch.testing.assert_close(fused.silu_mul(gate_up), EAGER.silu_mul(gate_up), **tolerance(dtype))
@@ -70,27 +74,41 @@ def test_norms_and_silu_mul_match_pytorch(fused, dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("whole", [False, True])
 @pytest.mark.parametrize("rows, heads, kv_heads, head_dim", [(1, 32, 4, 128), (7, 4, 1, 256), (3, 2, 2, 20)])
-def test_head_norms_norm_each_query_and_key_head_in_place(fused, dtype, rows, heads, kv_heads, head_dim):
+def test_head_norms_norm_each_query_and_key_head_in_place(
+    fused, dtype, whole, rows, heads, kv_heads, head_dim
+):
     """Qwen3's and Gemma 3's norms of each query head and each key head (each kind its own weight and
-    epsilon), in place in q, k and v side by side: PyTorch's norms of the heads' views to one rounding,
-    the values untouched; shapes that are not q, k and v of those heads are refused."""
+    epsilon), or OLMo 2's of all the queries and all the keys (`whole`: weights as wide), in place in q, k
+    and v side by side: PyTorch's norms of the heads' views to one rounding, the values untouched; shapes
+    that are not q, k and v of those heads, and weights of part of a head, are refused."""
     generator = torch.Generator().manual_seed(rows)
     width = (heads + 2 * kv_heads) * head_dim
     qkv = (torch.randn(rows, width, generator=generator) * 3).to(dtype)
-    query = Norm(torch.randn(head_dim, generator=generator).to(dtype), 1e-6)
-    key = Norm(torch.randn(head_dim, generator=generator).to(dtype), 0.5)  # an epsilon that shows
+    query_width, key_width = (heads * head_dim, kv_heads * head_dim) if whole else (head_dim, head_dim)
+    query = Norm(torch.randn(query_width, generator=generator).to(dtype), 1e-6)
+    key = Norm(torch.randn(key_width, generator=generator).to(dtype), 0.5)  # an epsilon that shows
     original = qkv.clone()
     expected = EAGER.head_norms(original, query, key, heads, kv_heads)
+    if whole:  # the reference itself: one norm of all the queries side by side, one of all the keys
+        split = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+        parts = zip(expected.split(split, -1)[:2], original.split(split, -1)[:2], (query, key), strict=True)
+        for normed, part, norm in parts:
+            assert torch.equal(normed, torch.rms_norm(part, (part.shape[-1],), norm.weight, norm.eps))
     got = fused.head_norms(qkv, query, key, heads, kv_heads)
     assert got.data_ptr() == qkv.data_ptr()  # in place
     torch.testing.assert_close(got, expected, **tolerance(dtype))
     values = (heads + kv_heads) * head_dim
     assert torch.equal(got[:, values:], original[:, values:])
-    swapped = EAGER.head_norms(original, key, query, heads, kv_heads)  # each kind's own weight and epsilon
-    assert not torch.allclose(got.float(), swapped.float(), atol=0.1)
+    if query_width == key_width:  # each kind's own weight and epsilon
+        swapped = EAGER.head_norms(original, key, query, heads, kv_heads)
+        assert not torch.allclose(got.float(), swapped.float(), atol=0.1)
     with pytest.raises(RuntimeError, match="qkv must be"):
-        fused.head_norms(torch.zeros(rows, width + head_dim, dtype=dtype), query, key, heads, kv_heads)
+        fused.head_norms(torch.zeros(rows, width + 1, dtype=dtype), query, key, heads, kv_heads)
+    part = Norm(query.weight[: head_dim // 2], 1e-6)
+    with pytest.raises(RuntimeError, match="each weight must be"):
+        fused.head_norms(qkv, part, key, heads, kv_heads)
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 16, 8), (5, 24, 64, 128), (2, 3, 8, 20)])  # 20: a tail of 4
