@@ -79,6 +79,8 @@ log = logging.getLogger(__name__)
 # OLMo 2 norms each sublayer's output before its residual add (Gemma 3's `sandwich`) but not its input, and
 # its queries and its keys whole before the heads are split (`HeadNorms`, a norm as wide as all the heads);
 # OLMo 3's is OLMo 2's with window layers beside global ones, each kind with a rotation of its own.
+# EXAONE 4's is OLMo 2's with Qwen3's norms of each head, and where it has window layers, global layers
+# beside them without rotary positions (`rotates`). Seed-OSS adds a bias to o besides q's, k's and v's.
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -92,8 +94,10 @@ LLAMA_LAYER_TYPES = {
     "granite",
     "olmo2",
     "olmo3",
+    "exaone4",
+    "seed_oss",
 }
-UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (SmolLM3's `use_rope` off)
+UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (SmolLM3's, EXAONE 4's: `rotates`)
 
 # Gemma 3's layer (its text model) is the Llama layer with a norm of the attention's output and of the
 # MLP's before each residual add (`DecodeLayer.attention_out_norm`, `mlp_out_norm`; the MLP's input norm is
@@ -327,7 +331,7 @@ class DecoderRunner:
         by_kind = rotates_by_kind(self.rotary)
         layer_types = getattr(model.config, "layer_types", None) or [None] * len(self.layers)
         kinds = [
-            (layer_type if by_kind else None) if getattr(layer.self_attn, "use_rope", True) else UNROTATED
+            (layer_type if by_kind else None) if rotates(layer.self_attn) else UNROTATED
             for layer, layer_type in zip(self.layers, layer_types, strict=True)
         ]
         self.rope_kinds: list[str | None] = sorted(set(kinds), key=str)  # [None]: one rotation for all
@@ -781,6 +785,17 @@ def layer_norms(layer: DecodeLayer) -> list[Norm | None]:
     return [layer.attention_out_norm, layer.mlp_norm, layer.mlp_out_norm, layer.next_norm]
 
 
+def rotates(attention: nn.Module) -> bool:
+    """Whether an attention layer rotates its queries and keys: not SmolLM3's layers without rotary
+    positions (`use_rope` off), nor EXAONE 4's global layers where it has window layers (its module rotates
+    where it has no window or the layer is a window layer)."""
+    if not getattr(attention, "use_rope", True):
+        return False
+    if attention.config.model_type == "exaone4":
+        return attention.sliding_window is None or attention.is_sliding
+    return True
+
+
 def rotates_by_kind(rotary: nn.Module) -> bool:
     """Whether a rotary module gives each kind of layer a rotation of its own (Gemma 3's: `layer_type`)."""
     return "layer_type" in inspect.signature(rotary.forward).parameters
@@ -789,8 +804,11 @@ def rotates_by_kind(rotary: nn.Module) -> bool:
 def window_in(attention: nn.Module, max_seq_len: int | None) -> int | None:
     """An attention layer's sliding window where it comes into play within rows of `max_seq_len`: the
     layer's own (Qwen2's, Gemma 3's: None on its global layers), else its model's (Mistral and Phi-3
-    give every layer the config's)."""
-    if hasattr(attention, "sliding_window"):
+    give every layer the config's); none on a layer that says it is not a window layer (EXAONE 4's
+    keep the config's window on every layer, read only where `is_sliding`)."""
+    if getattr(attention, "is_sliding", True) is False:
+        window = None
+    elif hasattr(attention, "sliding_window"):
         window = attention.sliding_window
     else:
         window = sliding_window(attention.config)

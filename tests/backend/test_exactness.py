@@ -200,15 +200,18 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
         ("granite", {}, [None, None]),
         ("olmo2", {}, [None, None]),
         ("olmo3", {}, [TINY_WINDOW, None]),
+        ("exaone4", {}, [TINY_WINDOW, None]),
+        ("seed_oss", {"attention_out_bias": True}, [None, None]),
     ],
 )
 def test_layer_forms_on_the_decoder_runner_with_4_bit_projections_give_transformers_logits(
     architecture, extras, windows, monkeypatch
 ):
-    """Gemma 3, Phi-3, Ministral, SmolLM3, Granite and OLMo 2 and 3 in the default mode: 4-bit projections,
-    decode steps through `decode_layers` with the CPU's fused operations (Gemma's GELU, its norms of 1 +
-    weight; Phi-3's rotation of three quarters of each head; SmolLM3's layer without rotary positions;
-    Granite's multipliers; OLMo's norms of each sublayer's output and of q and k whole; window layers'
+    """Gemma 3, Phi-3, Ministral, SmolLM3, Granite, OLMo 2 and 3, EXAONE 4 and Seed-OSS in the default
+    mode: 4-bit projections, decode steps through `decode_layers` with the CPU's fused operations (Gemma's
+    GELU, its norms of 1 + weight; Phi-3's rotation of three quarters of each head; SmolLM3's layer
+    without rotary positions; Granite's multipliers; OLMo's norms of each sublayer's output and of q and k
+    whole; EXAONE 4's global layer without rotary positions; Seed-OSS's bias of o; window layers'
     attention by the CPU's loop, each query over its last 8 positions), to transformers' forward's logits
     as the MoE's above."""
     model = tiny_model(architecture, head_dim=64, **extras)

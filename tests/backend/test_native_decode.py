@@ -87,6 +87,8 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         ("gemma2", False, {}),  # its soft caps, a window layer beside a global one
         ("olmo2", False, {}),  # norms of each sublayer's output, none of its input; q and k normed whole
         ("olmo3", False, {}),  # OLMo 2's layer, a window layer beside a global one
+        ("exaone4", False, {}),  # OLMo 2's layer with head norms; a window layer, then a global one unrotated
+        ("seed_oss", False, {"attention_out_bias": True}),  # biases on q, k, v and o
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -104,7 +106,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     window, in every layer, Ministral's in one; Phi-3's projections and its rotation of part of each head;
     SmolLM3's layer without rotary positions. Granite's multiplier of each sublayer's output. Gemma 2's cap
     of attention's scores. OLMo 2's norms of each sublayer's output and of its queries and keys whole, and
-    none of its sublayers' inputs; OLMo 3's window layer, with a rotation of its own."""
+    none of its sublayers' inputs; OLMo 3's window layer, with a rotation of its own; EXAONE 4's global
+    layer without rotary positions beside its window layer. Seed-OSS's bias of o."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family in ("qwen2", "smollm3") else None  # (their greedy tokens repeat: drafts)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
@@ -114,7 +117,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     drive_mixed_decode_steps(engine)
     runner = DecoderRunner(model)
     assert runner.native is not None and runner.native.rows_below == 16
-    head_norms = family.startswith(("qwen3", "gemma3", "olmo"))
+    head_norms = family.startswith(("qwen3", "gemma3", "olmo", "exaone"))
     assert len(runner.native.head_norms) == (2 * len(model.model.layers) if head_norms else 0)
     if family == "gemma3_text":  # a window layer (its own rotation) beside a global one; four norms a layer
         assert runner.native.form == LayerForm([1, 0], [TINY_WINDOW, 0], sandwich=True, gelu=True)
@@ -125,19 +128,23 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
         "ministral": [TINY_WINDOW, 0],
         "gemma2": [TINY_WINDOW, 0],
         "olmo3": [TINY_WINDOW, 0],
+        "exaone4": [TINY_WINDOW, 0],
     }
     if family in windows:
         assert runner.native.form.windows == windows[family]
         assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
     assert runner.native.form.residual == (0.22 if family == "granite" else 1.0)
     assert runner.native.form.softcap == (1.0 if family == "gemma2" else 0.0)
-    if family.startswith("olmo"):  # no input norms: the first, and each layer's after its MLP and attention
+    if family.startswith(
+        ("olmo", "exaone")
+    ):  # no input norms: the first, each layer's after attention and MLP
         assert runner.native.form.sandwich and runner.native.norms[0].numel() == 0
         assert [norm.numel() > 0 for norm in runner.native.norms[1:5]] == [True, False, True, False]
-        assert runner.native.head_norms[0].numel() == model.config.num_attention_heads * runner.head_dim
+        heads_normed = model.config.num_attention_heads if family.startswith("olmo") else 1  # OLMo's q whole
+        assert runner.native.head_norms[0].numel() == heads_normed * runner.head_dim
     if family == "olmo3":  # the window layer's rotation, then the global one's
         assert runner.native.form.rotations == [1, 0]
-    if family == "smollm3":  # the first layer's rotation, then none
+    if family in ("smollm3", "exaone4"):  # the first layer's rotation, then none
         assert runner.native.form.rotations == [0, 1] and runner.rope_kinds[1] == "unrotated"
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
     mixture = family in ("qwen3_moe", "mixtral", "gpt_oss")
@@ -146,7 +153,11 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     if family == "gpt_oss":  # biases on q, k, v and o and on every expert's projections; each layer's sinks
         assert all(bias is not None for bias in runner.native.biases) and len(runner.native.form.sinks) == 2
         assert len(runner.native.router_biases) == 2
-    assert any(bias is not None for bias in runner.native.biases) == (family in ("qwen2", "gpt_oss"))
+    assert any(bias is not None for bias in runner.native.biases) == (
+        family in ("qwen2", "gpt_oss", "seed_oss")
+    )
+    if family == "seed_oss":  # q, k and v fused, then o: each with its bias
+        assert all(bias is not None for bias in runner.native.biases[:2])
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
     assert {1, 2, 3} <= shapes and max(shapes) >= runner.native.rows_below
     assert any(layout.has_free_rows for _, _, layout, *_ in steps)
