@@ -7,12 +7,13 @@ r"""Each fast-path family on the decoder runner against the same model on transf
 For each family, a model of random weights of a ~0.5B checkpoint's shape (Qwen2.5-0.5B's for Llama-shaped
 layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE, Gemma 3 1B's for Gemma 3,
 Phi-4-mini's and Phi-3-mini's layers at 0.75B for Phi-3, Granite 3 2B's at 0.6B for Granite, Gemma 2 2B's at
-0.7B for Gemma 2, OLMo 2 1B's at 0.6B for OLMo 2, EXAONE 4.0 1.2B's at 0.5B for EXAONE 4) with the default
-model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served, by default). Engine
-tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder runner), then on
-transformers' own modules over the row attention (what every other family takes), alternating the two at each
-row count so that drift in the machine falls on both; and transformers' `generate` one request at a time.
-Prints a markdown table and the machine. Random weights decode at the speed of real ones.
+0.7B for Gemma 2, OLMo 2 1B's at 0.6B for OLMo 2, EXAONE 4.0 1.2B's at 0.5B for EXAONE 4, ERNIE 4.5 0.3B's,
+GLM-4-9B-0414's at 0.9B for GLM-4) with the default model's tokenizer, quantized as `--quantize` says (int4,
+as a 4-bit file would be served, by default). Engine tokens/s with 1 and 32 rows decoding, first on the path
+the server takes (the decoder runner), then on transformers' own modules over the row attention (what every
+other family takes), alternating the two at each row count so that drift in the machine falls on both; and
+transformers' `generate` one request at a time. Prints a markdown table and the machine. Random weights decode
+at the speed of real ones.
 """
 
 from __future__ import annotations
@@ -159,6 +160,31 @@ SHAPES = {
             head_dim=64,
             sliding_window=4096,
             sliding_window_pattern=4,
+        ),
+    ),
+    # ERNIE 4.5 0.3B whole: 18 layers, 1024 wide, 16 heads of 128 over 2 KV heads, neighbouring pairs rotated
+    "ernie4_5": (
+        "ernie4_5",
+        dict(
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=18,
+            num_attention_heads=16,
+            num_key_value_heads=2,
+            head_dim=128,
+        ),
+    ),
+    # GLM-4-9B-0414's layer at 4 of its 40: 4096 wide, 32 heads of 128 over 2 KV heads, neighbouring pairs of
+    # half of each head rotated, biases on q, k and v, norms of each sublayer's output
+    "glm4": (
+        "glm4",
+        dict(
+            hidden_size=4096,
+            intermediate_size=13696,
+            num_hidden_layers=4,
+            num_attention_heads=32,
+            num_key_value_heads=2,
+            head_dim=128,
         ),
     ),
     # Phi-3-mini's (Phi-3.5-mini's) layer at 6 of its 32: 32 heads of 96, each its own KV head, all rotated

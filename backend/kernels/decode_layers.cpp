@@ -64,8 +64,9 @@ at::Tensor projected(const at::Tensor& x, const std::vector<at::Tensor>& project
 // keys whole (Qwen3's and Gemma 3's, OLMo 2's), with head_eps, or none for every layer (head_norms empty).
 // The MLP's activation GELU's tanh approximation where `gelu` (Gemma's), else SiLU. Each sublayer's output
 // is multiplied by `residual` before its residual add (Granite's residual_multiplier; 1: not at all).
-// Attention's scores are soft-capped at `softcap` (Gemma 2's; 0: not at all). Returns the final norm of
-// the last layer's output.
+// Attention's scores are soft-capped at `softcap` (Gemma 2's; 0: not at all). Queries and keys rotate in
+// neighbouring pairs where `interleaved` (GLM's, ERNIE 4.5's, Helium's: rotate_and_store). Returns the
+// final norm of the last layer's output.
 at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
                          const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
@@ -77,7 +78,7 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
                          const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
-                         double residual, double softcap) {
+                         double residual, double softcap, bool interleaved) {
   const size_t layers = keys.size(), layer_norms = sandwich ? 4 : 2;
   TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + layer_norms * layers &&
                   eps.size() == norms.size(),
@@ -122,7 +123,7 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
     }
     const size_t rotation = rotations.empty() ? 0 : rotations[l], norm = 1 + layer_norms * l;
     const at::Tensor query =
-        rotate_and_store(qkv, cos[rotation], sin[rotation], slots, keys[l], values[l], heads, kv_heads);
+        rotate_and_store(qkv, cos[rotation], sin[rotation], slots, keys[l], values[l], heads, kv_heads, interleaved);
     const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling,
                                                  windows.empty() ? 0 : windows[l],
                                                  sinks.empty() ? std::nullopt : sinks[l], softcap);

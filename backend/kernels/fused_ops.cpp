@@ -243,14 +243,17 @@ at::Tensor gelu_tanh_mul(const at::Tensor& gate_up) {
 
 // The rotary embedding of one head (transformers' rotate_half form): out = x * cos + rotate_half(x) * sin
 // over its first `rotated` elements (cos and sin's width: all of them but in Phi-4-mini, whose
-// partial_rotary_factor rotates three quarters), the rest copied.
+// partial_rotary_factor rotates three quarters, and GLM's half), the rest copied. `interleaved`: each
+// element paired with its neighbour, 2t with 2t + 1 (the GLM, ERNIE 4.5 and Helium form, whose cos and sin
+// come repeated so: decode_ops.rotate), where rotate_half pairs t with t + rotated / 2.
 template <typename T, typename C>
-void rotate_head(const T* x, const T* cos, const T* sin, C* out, int64_t head_dim, int64_t rotated) {
+void rotate_head(const T* x, const T* cos, const T* sin, C* out, int64_t head_dim, int64_t rotated, bool interleaved) {
   const int64_t half = rotated / 2;
   for (int64_t t = 0; t < half; ++t) {
-    const float a = x[t], b = x[t + half];
-    out[t] = static_cast<C>(a * static_cast<float>(cos[t]) - b * static_cast<float>(sin[t]));
-    out[t + half] = static_cast<C>(b * static_cast<float>(cos[t + half]) + a * static_cast<float>(sin[t + half]));
+    const int64_t first = interleaved ? 2 * t : t, second = interleaved ? 2 * t + 1 : t + half;
+    const float a = x[first], b = x[second];
+    out[first] = static_cast<C>(a * static_cast<float>(cos[first]) - b * static_cast<float>(sin[first]));
+    out[second] = static_cast<C>(b * static_cast<float>(cos[second]) + a * static_cast<float>(sin[second]));
   }
   for (int64_t t = rotated; t < head_dim; ++t) out[t] = static_cast<C>(static_cast<float>(x[t]));
 }
@@ -261,7 +264,7 @@ void rotate_head(const T* x, const T* cos, const T* sin, C* out, int64_t head_di
 // rotated queries, [queries, heads, head_dim], in the cache's dtype.
 at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& slots, at::Tensor& keys, at::Tensor& values, int64_t heads,
-                            int64_t kv_heads) {
+                            int64_t kv_heads, bool interleaved) {
   for (const auto& [t, name] : {std::pair{&qkv, "qkv"}, {&cos, "cos"}, {&sin, "sin"}, {&slots, "slots"},
                                 {&keys, "keys"}, {&values, "values"}}) {
     check_cpu_contiguous(*t, name);
@@ -300,10 +303,12 @@ at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const 
           const T* row = qp + i * width;
           const T* c = cp + i * rotated;
           const T* s = sp + i * rotated;
-          for (int64_t h = 0; h < heads; ++h) rotate_head(row + h * head_dim, c, s, out + (i * heads + h) * head_dim, head_dim, rotated);
+          for (int64_t h = 0; h < heads; ++h) {
+            rotate_head(row + h * head_dim, c, s, out + (i * heads + h) * head_dim, head_dim, rotated, interleaved);
+          }
           for (int64_t h = 0; h < kv_heads; ++h) {
             const int64_t at = slot[i * kv_heads + h] * head_dim;
-            rotate_head(row + (heads + h) * head_dim, c, s, kp + at, head_dim, rotated);
+            rotate_head(row + (heads + h) * head_dim, c, s, kp + at, head_dim, rotated, interleaved);
             const T* value = row + (heads + kv_heads + h) * head_dim;
             for (int64_t t = 0; t < head_dim; ++t) vp[at + t] = static_cast<C>(static_cast<float>(value[t]));
           }

@@ -18,7 +18,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor gelu_tanh_mul(const at::Tensor& gate_up);
 at::Tensor rotate_and_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                             const at::Tensor& slots, at::Tensor& keys, at::Tensor& values, int64_t heads,
-                            int64_t kv_heads);
+                            int64_t kv_heads, bool interleaved);
 at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
                             const at::Tensor& rows, const at::Tensor& positions, double scaling, int64_t window,
                             const std::optional<at::Tensor>& sinks, double softcap);
@@ -63,6 +63,6 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
                          const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
-                         double residual, double softcap);
+                         double residual, double softcap, bool interleaved);
 
 }  // namespace fused_ops

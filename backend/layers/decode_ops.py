@@ -135,12 +135,14 @@ class EagerOps:
         values: torch.Tensor,
         heads: int,
         kv_heads: int,
+        interleaved: bool = False,  # neighbours paired (`rotate`)
     ) -> torch.Tensor:
         """Queries and keys rotated (transformers' rotary embedding, in one rotation for both), keys and
         values written to the cache; returns the queries, [queries, heads, head_dim], in the cache's dtype."""
         head_dim = keys.shape[-1]
         all_heads = qkv.view(qkv.shape[0], -1, head_dim)
-        query, key = rotate(all_heads[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
+        rotated = rotate(all_heads[:, : heads + kv_heads], cos, sin, interleaved)
+        query, key = rotated.split([heads, kv_heads], dim=1)
         for cache, new in ((keys, key), (values, all_heads[:, heads + kv_heads :])):
             cache.view(-1, head_dim).index_copy_(0, slots, new.reshape(-1, head_dim).to(cache.dtype))
         return query.to(keys.dtype)
@@ -235,15 +237,28 @@ def within_window(visible: torch.Tensor, window: int) -> torch.Tensor:
     return visible.masked_fill(hidden[:, None, None], float("-inf"))
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """The rotary embedding of transformers' `apply_rotary_pos_emb`, the same arithmetic, to one tensor:
-    where cos and sin are narrower than a head (Phi-4-mini's `partial_rotary_factor`), to that many of
-    its first elements, the rest kept as they are."""
+    where cos and sin are narrower than a head (Phi-4-mini's `partial_rotary_factor`, GLM's), to that many
+    of its first elements, the rest kept as they are. Each element t is paired with t + half the width,
+    or where `interleaved` (GLM's, ERNIE 4.5's and Helium's form) 2t with 2t + 1, cos and sin given
+    repeated so (`interleaved_angles`)."""
     rotated = cos.shape[-1]
     if rotated < x.shape[-1]:
-        return torch.cat([rotate(x[..., :rotated], cos, sin), x[..., rotated:]], dim=-1)
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+        return torch.cat([rotate(x[..., :rotated], cos, sin, interleaved), x[..., rotated:]], dim=-1)
+    if interleaved:
+        turned = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        half = x.shape[-1] // 2
+        turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + turned * sin
+
+
+def interleaved_angles(angles: torch.Tensor) -> torch.Tensor:
+    """cos or sin as a rotary module gives them ([..., width]: the angles of the width's first half, then
+    the same again) as the interleaved rotation takes them: each angle twice in a row (transformers'
+    GLM `apply_rotary_pos_emb` repeats them so)."""
+    return angles[..., : angles.shape[-1] // 2].repeat_interleave(2, dim=-1)
 
 
 class FusedOps:
@@ -311,8 +326,11 @@ class FusedOps:
         values: torch.Tensor,
         heads: int,
         kv_heads: int,
+        interleaved: bool = False,
     ) -> torch.Tensor:
-        return self.extension.rotate_and_store(qkv, cos, sin, slots, keys, values, heads, kv_heads)
+        return self.extension.rotate_and_store(
+            qkv, cos, sin, slots, keys, values, heads, kv_heads, interleaved
+        )
 
     def ssm_update(
         self,

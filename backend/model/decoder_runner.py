@@ -52,7 +52,15 @@ from transformers.cache_utils import CacheLayerMixin
 
 from backend.layers.attention import attend
 from backend.layers.attention_features import AttentionFeatures
-from backend.layers.decode_ops import EAGER, DecodeOps, Norm, decode_ops, rotate, within_window
+from backend.layers.decode_ops import (
+    EAGER,
+    DecodeOps,
+    Norm,
+    decode_ops,
+    interleaved_angles,
+    rotate,
+    within_window,
+)
 from backend.layers.float_router import routers_in_float32
 from backend.layers.row_cache import KVShape, RowCache
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS, StepLayout
@@ -81,6 +89,9 @@ log = logging.getLogger(__name__)
 # OLMo 3's is OLMo 2's with window layers beside global ones, each kind with a rotation of its own.
 # EXAONE 4's is OLMo 2's with Qwen3's norms of each head, and where it has window layers, global layers
 # beside them without rotary positions (`rotates`). Seed-OSS adds a bias to o besides q's, k's and v's.
+# ERNIE 4.5's and Helium's layers rotate neighbouring pairs of each head's elements (`INTERLEAVED_TYPES`);
+# GLM's does too, over half of each head, with Phi-3's gate and up in one layer, and GLM-4's norms each
+# sublayer's output as Gemma's do (`sublayer_norms`).
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -96,7 +107,13 @@ LLAMA_LAYER_TYPES = {
     "olmo3",
     "exaone4",
     "seed_oss",
+    "ernie4_5",
+    "helium",
+    "glm",
+    "glm4",
 }
+# The model types whose rotation pairs element 2t of a head with 2t + 1 (decode_ops.rotate's `interleaved`)
+INTERLEAVED_TYPES = {"ernie4_5", "helium", "glm", "glm4"}
 UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (SmolLM3's, EXAONE 4's: `rotates`)
 
 # Gemma 3's layer (its text model) is the Llama layer with a norm of the attention's output and of the
@@ -113,7 +130,7 @@ GEMMA_LAYER_TYPES = {"gemma3_text", "gemma2"}
 # gpt-oss's layer is Qwen2's (biases on q, k and v, and on o) with Mixtral's MLP, a mixture of experts (its
 # module: router and experts, `experts`), window layers among global ones (Gemma 3's, one rotation for
 # both kinds), and each attention head's sink logit (`DecodeLayer.sinks`). Its rotary module gives cos and
-# sin of half the head's width, the rotation of the halves Llama's (`rotations` widens them).
+# sin of half the head's width, the rotation of the halves Llama's (`as_rotated` widens them).
 GPT_OSS_LAYER_TYPES = {"gpt_oss"}
 RUNNER_TYPES = LLAMA_LAYER_TYPES | GEMMA_LAYER_TYPES | GPT_OSS_LAYER_TYPES
 
@@ -323,7 +340,8 @@ class DecoderRunner:
         self.softcap = getattr(model.config, "attn_logit_softcapping", None)
         self.final_softcap = getattr(model.config, "final_logit_softcapping", None)
         self.rotary = model.model.rotary_emb
-        self.half_rotation = model.config.model_type in GPT_OSS_LAYER_TYPES  # (`full_width`)
+        self.half_rotation = model.config.model_type in GPT_OSS_LAYER_TYPES  # (`as_rotated`)
+        self.interleaved = model.config.model_type in INTERLEAVED_TYPES  # neighbours rotate in pairs
         self.layers = list(model.model.layers)
         # Gemma 3's and OLMo 3's rotary modules give each kind of layer (window or global, the config's
         # `layer_types`) cos and sin of its own;
@@ -335,8 +353,10 @@ class DecoderRunner:
             for layer, layer_type in zip(self.layers, layer_types, strict=True)
         ]
         self.rope_kinds: list[str | None] = sorted(set(kinds), key=str)  # [None]: one rotation for all
-        # Gemma's and OLMo 2's norms of each sublayer's output (see above)
-        self.sandwich = hasattr(self.layers[0], "post_feedforward_layernorm")
+        # each layer's norms by place (`sublayer_norms`); Gemma's, OLMo 2's and GLM-4's norm each sublayer's
+        # output too (see above)
+        norms = [[optional_norm(module) for module in sublayer_norms(layer)] for layer in self.layers]
+        self.sandwich = norms[0][1] is not None
         self.gelu = getattr(model.config, "hidden_activation", None) == "gelu_pytorch_tanh"
         self.norm = model.model.norm
         self.head = model.get_output_embeddings()
@@ -363,29 +383,27 @@ class DecoderRunner:
         routers_in_float32(self.layers)
         self.head_norms = [HeadNorms.of(layer.self_attn, self.heads, self.kv_heads) for layer in self.layers]
         # each layer's input norm (None: OLMo 2's layers have none)
-        self.input_norms = [optional_norm(getattr(layer, "input_layernorm", None)) for layer in self.layers]
+        self.input_norms = [layer_norms[0] for layer_norms in norms]
         next_norms = self.input_norms[1:] + [Norm.of(self.norm)]
         self.first_norm = self.input_norms[0]
         self.bound_layers = [
             DecodeLayer(
                 qkv=qkv.few_rows_matmul(dtype),
                 o=few_rows_matmul(layer.self_attn.o_proj, dtype),
-                mlp_norm=optional_norm(getattr(layer, "pre_feedforward_layernorm", None))
-                if self.sandwich
-                else Norm.of(layer.post_attention_layernorm),
+                mlp_norm=layer_norms[2],
                 gate_up=gate_up.few_rows_matmul(dtype) if gate_up is not None else None,
                 down=few_rows_matmul(layer.mlp.down_proj, dtype) if gate_up is not None else None,
                 next_norm=next_norm,
                 experts=None if gate_up is not None else rows_through(layer.mlp),
                 window=window_in(layer.self_attn, max_seq_len),
                 rotation=self.rope_kinds.index(kind),
-                attention_out_norm=Norm.of(layer.post_attention_layernorm) if self.sandwich else None,
-                mlp_out_norm=Norm.of(layer.post_feedforward_layernorm) if self.sandwich else None,
+                attention_out_norm=layer_norms[1],
+                mlp_out_norm=layer_norms[3],
                 sinks=sinks_of(layer.self_attn),
                 head_norms=head_norms,
             )
-            for layer, qkv, head_norms, gate_up, next_norm, kind in zip(
-                self.layers, self.qkv, self.head_norms, self.gate_up, next_norms, kinds, strict=True
+            for layer, layer_norms, qkv, head_norms, gate_up, next_norm, kind in zip(
+                self.layers, norms, self.qkv, self.head_norms, self.gate_up, next_norms, kinds, strict=True
             )
         ]
         # The work between them (norms, rotation, attention, SiLU): C++ loops on a CPU, else PyTorch's
@@ -464,6 +482,7 @@ class DecoderRunner:
                     gelu=self.gelu,
                     residual=self.residual,
                     softcap=self.softcap or 0.0,
+                    interleaved=self.interleaved,
                 ),
             )
         # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
@@ -537,6 +556,7 @@ class DecoderRunner:
             config.model_type in LLAMA_LAYER_TYPES
             and getattr(config, "hidden_act", "silu") == "silu"
             and not getattr(config, "mlp_bias", False)
+            and not getattr(config, "use_bias", False)  # (ERNIE 4.5's, on every linear layer)
         )
 
     @staticmethod
@@ -636,7 +656,8 @@ class DecoderRunner:
         all_heads = qkv.view(1, tokens, -1, self.head_dim).transpose(
             1, 2
         )  # [1, q, k and v heads, tokens, dim]
-        query_and_key = rotate(all_heads[:, : self.heads + self.kv_heads], cos, sin)  # one rotation for both
+        # one rotation for both
+        query_and_key = rotate(all_heads[:, : self.heads + self.kv_heads], cos, sin, self.interleaved)
         query, key = query_and_key.split([self.heads, self.kv_heads], dim=1)
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
         by_position = self.attend if self.reads_own_positions else None
@@ -667,36 +688,40 @@ class DecoderRunner:
     def rotations(
         self, hidden: torch.Tensor, positions: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """cos and sin at these positions ([1, tokens, head_dim] each, in the hidden states' dtype) for each
-        of `rope_kinds`: one kind but for Gemma 3's window and global layers, and SmolLM3's layers that
-        rotate by none (cos 1 and sin 0: x * 1 + rotate_half(x) * 0 is x, exactly). OLMo 2's rotary module
-        gives them in float32 whatever the model's dtype: rounded here to it, as Llama's rounds them."""
-        if self.rope_kinds == [None]:
-            cos, sin = self.full_width(*self.rotary(hidden, positions[None]))
-            return [(cos.to(hidden.dtype), sin.to(hidden.dtype))]
-        turned = {
-            kind: self.full_width(*self.rotary(hidden, positions[None]))
-            if kind is None
-            else self.rotary(hidden, positions[None], layer_type=kind)
-            for kind in self.rope_kinds
-            if kind != UNROTATED
-        }
-        if UNROTATED in self.rope_kinds:
-            cos, sin = next(iter(turned.values()), None) or self.full_width(
-                *self.rotary(hidden, positions[None])
+        """cos and sin at these positions ([1, tokens, head_dim] each) for each of `rope_kinds`, as the
+        rotation takes them (`as_rotated`): one kind but for Gemma 3's window and global layers, and SmolLM3's
+        layers that rotate by none (cos 1 and sin 0: x * 1 + rotate_half(x) * 0 is x, exactly)."""
+        by_kind = {
+            kind: self.as_rotated(
+                *(
+                    self.rotary(hidden, positions[None])
+                    if kind in (None, UNROTATED)
+                    else self.rotary(hidden, positions[None], layer_type=kind)
+                ),
+                hidden.dtype,
             )
-            turned[UNROTATED] = (torch.ones_like(cos), torch.zeros_like(sin))
-        return [tuple(t.to(hidden.dtype) for t in turned[kind]) for kind in self.rope_kinds]
+            for kind in self.rope_kinds
+        }
+        if UNROTATED in by_kind:
+            cos, sin = by_kind[UNROTATED]
+            by_kind[UNROTATED] = (torch.ones_like(cos), torch.zeros_like(sin))
+        return [by_kind[kind] for kind in self.rope_kinds]
 
-    def full_width(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin over the width the model rotates: gpt-oss's rotary module gives them over half of
-        it, each half of a query rotated by the same angles (its `_apply_rotary_emb`), which is Llama's
-        rotation (`rotate`) with them repeated. The same products and sums, so float32 stays exact.
-        (Phi-4-mini's are narrower than its heads too, but they are its whole rotation: it rotates part of
-        each head.)"""
-        if not self.half_rotation:
-            return cos, sin
-        return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+    def as_rotated(
+        self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A rotary module's cos and sin as the rotation (`rotate`) takes them: over the width the model
+        rotates (gpt-oss's module gives them over half of it, each half of a query rotated by the same
+        angles, its `_apply_rotary_emb`: Llama's rotation with them repeated, the same products and sums, so
+        float32 stays exact; Phi-4-mini's and GLM's are narrower than a head, but they are all their
+        rotation), each angle twice in a row for an interleaved rotation (GLM's), and in the model's dtype
+        (OLMo 2's and ERNIE 4.5's modules give float32 whatever the model's: rounded to it as Llama's
+        module rounds them)."""
+        if self.half_rotation:
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+        if self.interleaved:
+            cos, sin = interleaved_angles(cos), interleaved_angles(sin)
+        return cos.to(dtype), sin.to(dtype)
 
     def layer_reads(self, visible: torch.Tensor) -> list[tuple[torch.Tensor, int | None]]:
         """What each layer's decode attention reads, (mask, window): the CPU's loop reads positions and
@@ -748,7 +773,7 @@ class DecoderRunner:
             if layer.head_norms is not None:
                 qkv = layer.head_norms(qkv, ops)
             query = ops.rotate_and_store(
-                qkv, cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads
+                qkv, cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads, self.interleaved
             )
             attended = self.attend(
                 query,
@@ -813,6 +838,29 @@ def window_in(attention: nn.Module, max_seq_len: int | None) -> int | None:
     else:
         window = sliding_window(attention.config)
     return window if window is not None and (max_seq_len is None or window < max_seq_len) else None
+
+
+def sublayer_norms(layer: nn.Module) -> tuple[nn.Module | None, ...]:
+    """A decoder layer's norm modules by place: of its input, of its attention's output, of the MLP's input,
+    of the MLP's output (None where it has none there). Llama's norm the inputs alone (its
+    `post_attention_layernorm` the MLP's input's); Gemma's and OLMo 2's the sublayers' outputs too (there
+    `post_attention_layernorm` is the attention output's; OLMo 2's no input), and GLM-4's all four under
+    names of its own."""
+    if hasattr(layer, "post_mlp_layernorm"):  # GLM-4's
+        return (
+            layer.input_layernorm,
+            layer.post_self_attn_layernorm,
+            layer.post_attention_layernorm,
+            layer.post_mlp_layernorm,
+        )
+    if hasattr(layer, "post_feedforward_layernorm"):  # Gemma's, OLMo 2's
+        return (
+            getattr(layer, "input_layernorm", None),
+            layer.post_attention_layernorm,
+            getattr(layer, "pre_feedforward_layernorm", None),
+            layer.post_feedforward_layernorm,
+        )
+    return layer.input_layernorm, None, layer.post_attention_layernorm, None
 
 
 def optional_norm(module: nn.Module | None) -> Norm | None:

@@ -110,7 +110,8 @@ class LayerForm:
     the runner's `rope_kinds`: Gemma 3 rotates its window and global layers apart), sliding window (0:
     none) and attention sinks (none for every layer where empty), Gemma 3's and OLMo 2's norms of each
     sublayer's output (`sandwich`), Gemma's GELU for SiLU, Granite's multiplier of each sublayer's output
-    (`residual`), and Gemma 2's cap of attention's scores (`softcap`)."""
+    (`residual`), Gemma 2's cap of attention's scores (`softcap`), and GLM's rotation of neighbouring
+    pairs (`interleaved`)."""
 
     rotations: list[int]
     windows: list[int]
@@ -119,6 +120,7 @@ class LayerForm:
     gelu: bool = False
     residual: float = 1.0  # what each sublayer's output is multiplied by before its residual add (Granite's)
     softcap: float = 0.0  # the cap of attention's scaled scores (Gemma 2's; 0: none)
+    interleaved: bool = False  # queries and keys rotated in neighbouring pairs (GLM's: decode_ops.rotate)
 
 
 @dataclass(frozen=True)
@@ -238,4 +240,5 @@ class NativeDecode:
             self.form.gelu,
             self.form.residual,
             self.form.softcap,
+            self.form.interleaved,
         )

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.models.glm.modeling_glm import apply_rotary_pos_emb as glm_rotation
 
 from backend.engine.engine import Engine
 from backend.kernels import extension as kernels
 from backend.layers import step_layout
-from backend.layers.decode_ops import EAGER, FusedOps, Norm, decode_ops
+from backend.layers.decode_ops import EAGER, FusedOps, Norm, decode_ops, interleaved_angles, rotate
 from backend.layers.row_cache import KVShape, RowCache, cache_slots
 from backend.layers.step_layout import visibility
 from backend.messages import Submit
@@ -165,7 +166,10 @@ def test_a_gated_deltanet_state_update_advances_the_state_in_place_as_transforme
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cache_dtype", DTYPES)
 @pytest.mark.parametrize("rotated", [64, 48], ids=["whole heads", "part of each head"])  # (Phi-4-mini's)
-def test_rotate_and_store_rotates_and_writes_only_its_slots(fused, dtype, cache_dtype, rotated):
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "neighbours"])  # (GLM's, ERNIE 4.5's)
+def test_rotate_and_store_rotates_and_writes_only_its_slots(fused, dtype, cache_dtype, rotated, interleaved):
+    """Queries and keys rotated as EAGER rotates them, each element paired with the one half the rotated
+    width on, or with its neighbour; keys and values written to their slots and nowhere else."""
     heads, kv_heads, head_dim, rows, max_seq_len, queries = 9, 3, 64, 8, 32, 5
     generator = torch.Generator().manual_seed(0)
     qkv = torch.randn(queries, (heads + 2 * kv_heads) * head_dim, generator=generator).to(dtype)
@@ -175,7 +179,7 @@ def test_rotate_and_store_rotates_and_writes_only_its_slots(fused, dtype, cache_
     for name, ops in (("eager", EAGER), ("fused", fused)):
         keys = torch.full((rows, kv_heads, max_seq_len, head_dim), 7.0, dtype=cache_dtype)
         values = keys.clone()
-        query = ops.rotate_and_store(qkv, cos, sin, slots, keys, values, heads, kv_heads)
+        query = ops.rotate_and_store(qkv, cos, sin, slots, keys, values, heads, kv_heads, interleaved)
         caches[name] = (query, keys, values)
     (query, keys, values), (expected_query, expected_keys, expected_values) = caches["fused"], caches["eager"]
     assert query.shape == (queries, heads, head_dim) and query.dtype == cache_dtype
@@ -188,6 +192,22 @@ def test_rotate_and_store_rotates_and_writes_only_its_slots(fused, dtype, cache_
     assert (keys.view(-1, head_dim)[untouched] == 7).all() and (
         values.view(-1, head_dim)[untouched] == 7
     ).all()
+
+
+@pytest.mark.parametrize("rotated", [64, 32], ids=["whole heads", "half of each head"])
+def test_the_rotation_of_neighbouring_pairs_is_transformers(rotated):
+    """EAGER's interleaved rotation, given a rotary module's cos and sin repeated pair by pair
+    (`interleaved_angles`), is transformers' GLM `apply_rotary_pos_emb` (ERNIE 4.5's and Helium's are the
+    same over whole heads) bit for bit, and not the rotation of halves."""
+    generator = torch.Generator().manual_seed(rotated)
+    query, key = (torch.randn(1, 4, 3, 64, generator=generator) for _ in range(2))
+    angles = torch.rand(1, 3, rotated // 2, generator=generator) * 40  # [batch, tokens, half]: as a module's
+    cos, sin = torch.cat([angles, angles], dim=-1).cos(), torch.cat([angles, angles], dim=-1).sin()
+    expected = glm_rotation(query, key, cos, sin)
+    cos, sin = (interleaved_angles(t)[:, None] for t in (cos, sin))
+    for got, want in zip((rotate(query, cos, sin, True), rotate(key, cos, sin, True)), expected, strict=True):
+        assert torch.equal(got, want)
+    assert not torch.allclose(rotate(query, cos, sin), expected[0], atol=0.1)
 
 
 def test_rotate_and_store_refuses_a_slot_outside_the_cache(fused):
