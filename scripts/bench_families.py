@@ -217,6 +217,7 @@ def random_model_of(
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,  # (GLM-4's default is past this vocabulary)
         **shape,
     )
     torch.manual_seed(0)

@@ -124,8 +124,10 @@ UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (Smo
 # base of its own (`rope_kinds`). Not its multimodal models' wrapper (model type `gemma3`), whose text
 # model sits one level further in: they take transformers' modules. Gemma 2's is Gemma 3's without the head
 # norms, one rotation for both kinds of layer, and soft caps of attention's scores and of the logits
-# (`softcap`, `final_softcap`).
-GEMMA_LAYER_TYPES = {"gemma3_text", "gemma2"}
+# (`softcap`, `final_softcap`). Gemma's (Gemma 1's, CodeGemma's) is Gemma 2's without the norms of each
+# sublayer's output, the windows and the caps: the Llama layer with GELU, norms of 1 + weight and scaled
+# embeddings.
+GEMMA_LAYER_TYPES = {"gemma3_text", "gemma2", "gemma"}
 
 # gpt-oss's layer is Qwen2's (biases on q, k and v, and on o) with Mixtral's MLP, a mixture of experts (its
 # module: router and experts, `experts`), window layers among global ones (Gemma 3's, one rotation for
@@ -357,7 +359,7 @@ class DecoderRunner:
         # output too (see above)
         norms = [[optional_norm(module) for module in sublayer_norms(layer)] for layer in self.layers]
         self.sandwich = norms[0][1] is not None
-        self.gelu = getattr(model.config, "hidden_activation", None) == "gelu_pytorch_tanh"
+        self.gelu = activation(model.config) == "gelu_pytorch_tanh"
         self.norm = model.model.norm
         self.head = model.get_output_embeddings()
         self.lora = lora_batch_of(model)  # the step's LoRA adapters' tokens (lora.py); None: no adapters
@@ -550,7 +552,7 @@ class DecoderRunner:
         if config.model_type in GEMMA_LAYER_TYPES:  # not embedding models'
             return (
                 not getattr(config, "use_bidirectional_attention", False)
-                and config.hidden_activation == "gelu_pytorch_tanh"
+                and activation(config) == "gelu_pytorch_tanh"
             )
         return (
             config.model_type in LLAMA_LAYER_TYPES
@@ -808,6 +810,11 @@ def layer_norms(layer: DecodeLayer) -> list[Norm | None]:
     if layer.attention_out_norm is None or layer.mlp_out_norm is None:
         return [layer.mlp_norm, layer.next_norm]
     return [layer.attention_out_norm, layer.mlp_norm, layer.mlp_out_norm, layer.next_norm]
+
+
+def activation(config: PretrainedConfig) -> str:
+    """A model's MLP activation: Gemma 2's and 3's `hidden_activation`, the others' `hidden_act`."""
+    return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
 
 
 def rotates(attention: nn.Module) -> bool:

@@ -217,13 +217,14 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
         ("seed_oss", {"attention_out_bias": True}, [None, None]),
         ("ernie4_5", {}, [None, None]),
         ("glm4", {}, [None, None]),
+        ("gemma", {"initializer_range": 0.02}, [None, None]),  # (its tiny model's 0.2 parts 4-bit products)
     ],
 )
 def test_layer_forms_on_the_decoder_runner_with_4_bit_projections_give_transformers_logits(
     architecture, extras, windows, monkeypatch
 ):
-    """Gemma 3, Phi-3, Ministral, SmolLM3, Granite, OLMo 2 and 3, EXAONE 4, Seed-OSS, ERNIE 4.5 and GLM-4
-    in the default mode: 4-bit projections, decode steps through `decode_layers` with the CPU's fused
+    """Gemma 3, Phi-3, Ministral, SmolLM3, Granite, OLMo 2 and 3, EXAONE 4, Seed-OSS, ERNIE 4.5, GLM-4 and
+    Gemma in the default mode: 4-bit projections, decode steps through `decode_layers` with the CPU's fused
     operations (Gemma's GELU, its norms of 1 + weight; Phi-3's rotation of three quarters of each head;
     SmolLM3's layer without rotary positions; Granite's multipliers; OLMo's norms of each sublayer's
     output and of q and k whole; EXAONE 4's global layer without rotary positions; Seed-OSS's bias of o;

@@ -91,6 +91,7 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         ("seed_oss", False, {"attention_out_bias": True}),  # biases on q, k, v and o
         ("ernie4_5", False, {}),  # neighbouring pairs rotated
         ("glm4", False, {}),  # the same over half of each head; biases on q, k and v; norms of each output
+        ("gemma", False, {}),  # Gemma 1: GELU, norms of 1 + weight, no norms of the sublayers' outputs
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -110,7 +111,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     of attention's scores. OLMo 2's norms of each sublayer's output and of its queries and keys whole, and
     none of its sublayers' inputs; OLMo 3's window layer, with a rotation of its own; EXAONE 4's global
     layer without rotary positions beside its window layer. Seed-OSS's bias of o. ERNIE 4.5's and GLM-4's
-    rotation of neighbouring pairs, GLM-4's of half of each head and its norms of each sublayer's output."""
+    rotation of neighbouring pairs, GLM-4's of half of each head and its norms of each sublayer's output.
+    Gemma 1's layer, Llama's with GELU."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family in ("qwen2", "smollm3", "ernie4_5") else None  # (their greedy tokens repeat: drafts)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
@@ -159,7 +161,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     biased = ("qwen2", "gpt_oss", "seed_oss", "glm4")
     assert any(bias is not None for bias in runner.native.biases) == (family in biased)
     assert runner.native.form.interleaved == (family in ("ernie4_5", "glm4"))
-    assert runner.native.form.sandwich == family.startswith(("gemma", "olmo", "exaone", "glm4"))
+    assert runner.native.form.sandwich == family.startswith(("gemma2", "gemma3", "olmo", "exaone", "glm4"))
+    assert runner.native.form.gelu == family.startswith("gemma")
     if family == "seed_oss":  # q, k and v fused, then o: each with its bias
         assert all(bias is not None for bias in runner.native.biases[:2])
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
