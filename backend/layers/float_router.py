@@ -31,8 +31,10 @@ class FloatRouter(nn.Module):
                 setattr(router, name, nn.Parameter(tensor.detach().float(), requires_grad=False))
         self.router = router
 
-    def forward(self, hidden_states: torch.Tensor):
-        return self.router(hidden_states.float())
+    def forward(self, hidden_states: torch.Tensor, *args: torch.Tensor):
+        """The router's output on the input in float32 (and what else its block hands it: MiniMax-M2's
+        correction of its scores)."""
+        return self.router(hidden_states.float(), *args)
 
 
 def routers_in_float32(layers: list[nn.Module]) -> int:

@@ -91,7 +91,11 @@ log = logging.getLogger(__name__)
 # beside them without rotary positions (`rotates`). Seed-OSS adds a bias to o besides q's, k's and v's.
 # ERNIE 4.5's and Helium's layers rotate neighbouring pairs of each head's elements (`INTERLEAVED_TYPES`);
 # GLM's does too, over half of each head, with Phi-3's gate and up in one layer, and GLM-4's norms each
-# sublayer's output as Gemma's do (`sublayer_norms`).
+# sublayer's output as Gemma's do (`sublayer_norms`). OLMoE's is Llama's layer with OLMo 2's norms of q and k
+# whole and Qwen3-MoE's mixture of experts (not where it clips q, k and v: `clip_qkv`). Qwen2-MoE's (Qwen2's
+# attention), ERNIE 4.5 MoE's (ERNIE 4.5's), GLM-4.5's (Qwen3's head norms where it has them, biases, half
+# of each head rotated) and MiniMax-M2's (OLMo 2's norms of q and k whole, part of each head rotated) call
+# their mixture's own module, shared experts and all, dense layers among them Llama's MLP.
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -111,9 +115,14 @@ LLAMA_LAYER_TYPES = {
     "helium",
     "glm",
     "glm4",
+    "olmoe",
+    "qwen2_moe",
+    "ernie4_5_moe",
+    "glm4_moe",
+    "minimax_m2",
 }
 # The model types whose rotation pairs element 2t of a head with 2t + 1 (decode_ops.rotate's `interleaved`)
-INTERLEAVED_TYPES = {"ernie4_5", "helium", "glm", "glm4"}
+INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4"}
 UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (SmolLM3's, EXAONE 4's: `rotates`)
 
 # Gemma 3's layer (its text model) is the Llama layer with a norm of the attention's output and of the
@@ -442,8 +451,8 @@ class DecoderRunner:
         self.ops = ops
         # Where all of a decode step's work is the extension's, its layers are one C++ call.
         self.native = None
-        # decode_layers.cpp has Llama's layer, Qwen3's head norms, Qwen3-MoE's, Mixtral's and gpt-oss's
-        # experts, biases, sinks and Gemma 3's layer: not other mixtures
+        # decode_layers.cpp has Llama's layer, Qwen3's head norms, Qwen3-MoE's (OLMoE's), Mixtral's and
+        # gpt-oss's experts, biases, sinks and Gemma 3's layer: not other mixtures
         head_norms = [(norms.query, norms.key) for norms in self.head_norms if norms is not None]
         experts = [
             LayerExperts.of(layer.mlp) if gate_up is None else None
@@ -559,6 +568,7 @@ class DecoderRunner:
             and getattr(config, "hidden_act", "silu") == "silu"
             and not getattr(config, "mlp_bias", False)
             and not getattr(config, "use_bias", False)  # (ERNIE 4.5's, on every linear layer)
+            and getattr(config, "clip_qkv", None) is None
         )
 
     @staticmethod

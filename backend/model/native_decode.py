@@ -34,6 +34,7 @@ from backend.quant.quantized_linear import WeightOnlyLinear
 NATIVE_MIXTURES = {
     "Qwen3MoeSparseMoeBlock": ("gate", "Qwen3MoeTopKRouter"),
     "MixtralSparseMoeBlock": ("gate", "MixtralTopKRouter"),
+    "OlmoeSparseMoeBlock": ("gate", "OlmoeTopKRouter"),  # (Qwen3-MoE's routing)
     "GptOssMLP": ("router", "GptOssTopKRouter"),
 }
 

@@ -139,7 +139,7 @@ class WeightOnlyLinear(nn.Module):
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        few_rows = x.dim() == 2 and x.shape[0] < self.dense_from_rows
+        few_rows = x.dim() == 2 and x.shape[0] < self.dense_from_rows and x.is_contiguous()
         if few_rows and x.dtype == self.compute_dtype:  # a decode step's few rows: no reshapes, no casts
             out = self.packed_matmul(x)
             return out if self.bias is None else out + self.bias
@@ -147,7 +147,8 @@ class WeightOnlyLinear(nn.Module):
         if self.takes_many_rows_path(flat.shape[0]):
             out = self.many_rows_matmul(flat)
         else:
-            out = self.packed_matmul(flat.to(self.compute_dtype))
+            # (the kernels read rows in place: Jamba's Mamba mixer hands its out_proj a transposed view)
+            out = self.packed_matmul(flat.to(self.compute_dtype).contiguous())
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias

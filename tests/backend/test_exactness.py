@@ -117,6 +117,17 @@ def test_rotations_of_neighbouring_pairs_stay_exact_on_the_decoder_runner(archit
     assert_matches_reference(engine, model, prompts, max_tokens=12, rng=rng)
 
 
+def test_olmoe_clipping_q_k_and_v_takes_transformers_modules_and_stays_exact():
+    """OLMoE clamps q, k and v where its `clip_qkv` says, which the runner does not: such a model runs on
+    transformers' modules, each prompt still what `generate` gives on it alone (the clamp biting)."""
+    model = tiny_model("olmoe", clip_qkv=0.02)
+    rng = random.Random("clipped")
+    prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 40))] for _ in range(4)]
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128)
+    assert engine.runner.decoder is None
+    assert_matches_reference(engine, model, prompts, max_tokens=12, rng=rng)
+
+
 # A state-space model's rows (and a hybrid's) reuse no prefix (layers/row_states.py): test_mamba.py chunks
 # their prompts.
 @pytest.mark.parametrize("architecture", sorted(set(SUPPORTED) - set(STATE_SPACE_TYPES + HYBRID_TYPES)))
@@ -180,9 +191,23 @@ def test_rows_stay_exact_when_free_rows_sit_between_them():
         assert MarkerTokenizer.ids(text_of(pieces[f"r{i}"])) == expected, f"row {i} diverged"
 
 
-@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral", "gpt_oss"])
+@pytest.mark.parametrize(
+    "architecture, extras",
+    [
+        ("qwen3_moe", {}),
+        ("mixtral", {}),
+        ("gpt_oss", {}),
+        ("olmoe", {"hidden_size": 256}),  # (its q norm is as wide as the hidden states: 4 heads of 64)
+        # their mixtures' own modules: shared experts (behind a sigmoid gate in Qwen2-MoE's), a correction of
+        # the scores that choose (MiniMax-M2's, GLM-4.5's), a dense first layer (ERNIE 4.5 MoE's, GLM-4.5's)
+        ("qwen2_moe", {}),
+        ("ernie4_5_moe", {}),
+        ("glm4_moe", {}),
+        ("minimax_m2", {}),
+    ],
+)
 def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives_transformers_logits(
-    architecture, monkeypatch
+    architecture, extras, monkeypatch
 ):
     """The default mode's path for an MoE model: 4-bit attention projections and experts
     (quantized_experts.py), the experts multiplied as the layer's own module does, decode steps through
@@ -190,13 +215,17 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
     step's logits are transformers' forward's over the same quantized model, to 0.03 (its prompt-length
     products take another path, the 4-bit kernels' for many rows; a Llama on its own path differs by
     0.02, and every expert's products round their activations too). gpt-oss's window layer and every
-    layer's sinks are the CPU's loop's where it builds, its biases and half-width rotation the runner's."""
-    model = tiny_model(architecture, head_dim=64)
+    layer's sinks are the CPU's loop's where it builds, its biases and half-width rotation the runner's.
+    Qwen2-MoE's, ERNIE 4.5 MoE's, GLM-4.5's and MiniMax-M2's mixtures are their modules, their attention
+    the runner's."""
+    model = tiny_model(architecture, head_dim=64, **extras)
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
     decoder = engine.runner.decoder
     assert decoder is not None and decoder.native is None  # decode_layers.cpp has no experts
-    assert all(layer.experts is not None for layer in decoder.bound_layers)
+    # each layer's mixture its module, and a dense layer's MLP the runner's
+    mixtures = [layer.experts is not None for layer in decoder.bound_layers]
+    assert any(mixtures) and mixtures == [not hasattr(layer.mlp, "down_proj") for layer in model.model.layers]
     if architecture == "gpt_oss":
         assert [layer.window for layer in decoder.bound_layers] == [TINY_WINDOW, None]
         assert all(layer.sinks is not None for layer in decoder.bound_layers) and decoder.reads_own_positions

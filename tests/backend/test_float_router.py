@@ -11,12 +11,13 @@ from backend.quant.quantize import quantize_model
 from tests.backend.models import tiny_model
 
 
-@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral", "gpt_oss"])
+@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral", "gpt_oss", "minimax_m2"])
 def test_a_bfloat16_models_routers_route_as_in_float64(architecture):
     """On the decoder runner, a bfloat16 model's routers hold float32 copies of their weights (the same
     values) and route in float32: for 64 tokens the same experts as the router in float64 over the same
     weights and inputs, and weights for them within float32's rounding of float64's, where the router in
-    bfloat16 is a hundred times further off. Runners built on the model again wrap none twice."""
+    bfloat16 is a hundred times further off. Runners built on the model again wrap none twice. MiniMax-M2's
+    block hands its router a correction of the scores that choose besides the input: handed on."""
     model = tiny_model(architecture).to(torch.bfloat16)
     quantize_model(model, "int4")
     block = model.model.layers[0].mlp
@@ -30,10 +31,11 @@ def test_a_bfloat16_models_routers_route_as_in_float64(architecture):
     hidden = (
         torch.randn(64, model.config.hidden_size, generator=torch.Generator().manual_seed(0)) * 4
     ).bfloat16()
+    correction = (block.e_score_correction_bias,) if architecture == "minimax_m2" else ()
     with torch.no_grad():
-        _, scores, chosen = router(hidden)
-        _, exact_scores, exact_chosen = in_float64(hidden.double())
-        _, rounded_scores, _ = in_bfloat16(hidden)
+        _, scores, chosen = router(hidden, *correction)
+        _, exact_scores, exact_chosen = in_float64(hidden.double(), *correction)
+        _, rounded_scores, _ = in_bfloat16(hidden, *correction)
     assert torch.equal(chosen, exact_chosen)
     error = (scores.double() - exact_scores).abs().max()
     assert error < 1e-5 and (rounded_scores.double() - exact_scores).abs().max() > 100 * error

@@ -92,6 +92,8 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         ("ernie4_5", False, {}),  # neighbouring pairs rotated
         ("glm4", False, {}),  # the same over half of each head; biases on q, k and v; norms of each output
         ("gemma", False, {}),  # Gemma 1: GELU, norms of 1 + weight, no norms of the sublayers' outputs
+        # Qwen3-MoE's experts, OLMo 2's norms of q and k whole (as wide as the hidden states: 4 heads of 64)
+        ("olmoe", False, {"hidden_size": 256}),
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -112,7 +114,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     none of its sublayers' inputs; OLMo 3's window layer, with a rotation of its own; EXAONE 4's global
     layer without rotary positions beside its window layer. Seed-OSS's bias of o. ERNIE 4.5's and GLM-4's
     rotation of neighbouring pairs, GLM-4's of half of each head and its norms of each sublayer's output.
-    Gemma 1's layer, Llama's with GELU."""
+    Gemma 1's layer, Llama's with GELU. OLMoE's experts beside its norms of q and k whole."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family in ("qwen2", "smollm3", "ernie4_5") else None  # (their greedy tokens repeat: drafts)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
@@ -140,19 +142,19 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
         assert max(max(positions.tolist()) for _, positions, *_ in steps) > TINY_WINDOW
     assert runner.native.form.residual == (0.22 if family == "granite" else 1.0)
     assert runner.native.form.softcap == (1.0 if family == "gemma2" else 0.0)
-    if family.startswith(
-        ("olmo", "exaone")
-    ):  # no input norms: the first, each layer's after attention and MLP
+    no_input_norms = ("olmo2", "olmo3", "exaone4")
+    if family in no_input_norms:  # none: the first, and each layer's after its attention and its MLP
         assert runner.native.form.sandwich and runner.native.norms[0].numel() == 0
         assert [norm.numel() > 0 for norm in runner.native.norms[1:5]] == [True, False, True, False]
-        heads_normed = model.config.num_attention_heads if family.startswith("olmo") else 1  # OLMo's q whole
+    if head_norms:  # OLMo's of q whole, the others' of each head
+        heads_normed = model.config.num_attention_heads if family.startswith("olmo") else 1
         assert runner.native.head_norms[0].numel() == heads_normed * runner.head_dim
     if family == "olmo3":  # the window layer's rotation, then the global one's
         assert runner.native.form.rotations == [1, 0]
     if family in ("smollm3", "exaone4"):  # the first layer's rotation, then none
         assert runner.native.form.rotations == [0, 1] and runner.rope_kinds[1] == "unrotated"
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
-    mixture = family in ("qwen3_moe", "mixtral", "gpt_oss")
+    mixture = family in ("qwen3_moe", "mixtral", "gpt_oss", "olmoe")
     assert runner.native.calls == ([1, 0] if mixture else calls) * len(model.model.layers)  # 0: experts
     assert len(runner.native.routers) == (len(model.model.layers) if mixture else 0)
     if family == "gpt_oss":  # biases on q, k, v and o and on every expert's projections; each layer's sinks
@@ -161,7 +163,9 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     biased = ("qwen2", "gpt_oss", "seed_oss", "glm4")
     assert any(bias is not None for bias in runner.native.biases) == (family in biased)
     assert runner.native.form.interleaved == (family in ("ernie4_5", "glm4"))
-    assert runner.native.form.sandwich == family.startswith(("gemma2", "gemma3", "olmo", "exaone", "glm4"))
+    assert runner.native.form.sandwich == (
+        family in no_input_norms or family.startswith(("gemma2", "gemma3", "glm4"))
+    )
     assert runner.native.form.gelu == family.startswith("gemma")
     if family == "seed_oss":  # q, k and v fused, then o: each with its bias
         assert all(bias is not None for bias in runner.native.biases[:2])

@@ -1,22 +1,53 @@
 """A mixture of experts' weights in weight-only layers (backend/quant/quantized_experts.py): what
 `--quantize int4|int8` makes of Qwen3-MoE's, Mixtral's, Gemma 4's, LFM2-MoE's and gpt-oss's experts, which
-are nearly all of such a model."""
+are nearly all of such a model, and of the nineteen families' whose experts are Qwen3-MoE's."""
 
 import copy
+import inspect
 
 import pytest
 import torch
 from transformers.activations import ACT2FN
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
 from backend.engine.engine import Engine
 from backend.kernels import extension as kernels
 from backend.messages import SamplingParams, Submit
 from backend.quant.quantize import quantize_model
-from backend.quant.quantized_experts import PlainGLU, QuantizedExperts, as_linear, expert_weight, is_gpt_oss
+from backend.quant.quantized_experts import (
+    PLAIN_EXPERTS,
+    PlainGLU,
+    QuantizedExperts,
+    as_linear,
+    expert_weight,
+    is_gpt_oss,
+)
 from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
 MOE = ["qwen3_moe", "mixtral", "gemma4_text", "lfm2_moe", "gpt_oss"]
+# The other served families whose experts' module is Qwen3-MoE's under another name (`PLAIN_EXPERTS`)
+LIKE_QWEN3_MOE = [
+    "qwen2_moe",
+    "olmoe",
+    "qwen3_next",
+    "qwen3_5_moe_text",
+    "ernie4_5_moe",
+    "glm4_moe",
+    "minimax_m2",
+    "hunyuan_v1_moe",
+    "phimoe",
+    "granitemoe",
+    "granitemoeshared",
+    "granitemoehybrid",
+    "granitemoe_swa",
+    "jamba",
+    "solar_open",
+    "exaone_moe",
+    "afmoe",
+    "laguna",
+    "cohere2_moe",
+]
 
 
 def experts_of(model) -> list:
@@ -112,7 +143,21 @@ def test_the_experts_bound_kernels_are_made_again_after_a_move_or_cast():
     assert quantized.bound == {} and quantized.few_rows(torch.float32) is not bound
 
 
-@pytest.mark.parametrize("architecture", MOE)
+@pytest.mark.parametrize("architecture", ["qwen3_moe", *LIKE_QWEN3_MOE])
+def test_experts_taken_under_another_name_are_qwen3_moes_line_for_line(architecture):
+    """Each family whose experts `--quantize` takes as Qwen3-MoE's: its module's forward is Qwen3-MoE's
+    word for word, and it holds the same two stacked parameters, so `QuantizedExperts` computes what it
+    computed (a transformers release that changed one would fail here, not serve it wrong)."""
+    experts = experts_of(tiny_model(architecture))[0]
+    assert type(experts).__name__ in PLAIN_EXPERTS
+    assert inspect.getsource(type(experts).forward) == inspect.getsource(Qwen3MoeExperts.forward)
+    count, hidden = experts.num_experts, experts.gate_up_proj.shape[-1]
+    intermediate = experts.gate_up_proj.shape[1] // 2
+    assert experts.down_proj.shape == (count, hidden, intermediate)
+    assert {name for name, _ in experts.named_parameters()} == {"gate_up_proj", "down_proj"}
+
+
+@pytest.mark.parametrize("architecture", MOE + LIKE_QWEN3_MOE)
 def test_quantize_model_leaves_no_expert_in_floats_and_serves_generates_tokens(architecture):
     """After `quantize_model` the experts hold at most a quarter of their float bytes (int4 and the
     groups' scales, against float32), no dense copies, and the engine's greedy tokens are `generate`'s
@@ -122,9 +167,7 @@ def test_quantize_model_leaves_no_expert_in_floats_and_serves_generates_tokens(a
     expert_bytes = sum(e.gate_up_proj.nbytes + e.down_proj.nbytes for e in experts_of(model))
     replaced = quantize_model(model, "int4")
     assert all(isinstance(e, QuantizedExperts) for e in experts_of(model))
-    config = model.config
-    experts = getattr(config, "num_experts", None) or config.num_local_experts
-    assert replaced >= 2 * experts * len(experts_of(model))
+    assert replaced >= sum(2 * e.num_experts for e in experts_of(model))
     assert resident_bytes(model)["floats"] <= floats_before - expert_bytes
     layers = [layer for e in experts_of(model) for layer in [*e.gate_up, *e.down]]
     assert all(layer.dense is None for layer in layers)
