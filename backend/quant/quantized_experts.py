@@ -1,5 +1,5 @@
 """A mixture of experts' weights in the weight-only layers' blocks (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE,
-Gemma 4, LFM2-MoE, gpt-oss, and seventeen other served families whose experts' module is Qwen3-MoE's:
+Gemma 4, LFM2-MoE, gpt-oss, and twenty other served families whose experts' module is Qwen3-MoE's:
 `PLAIN_EXPERTS`).
 
 transformers keeps every expert of a layer in two float tensors, `gate_up_proj` [experts, 2 x
@@ -29,9 +29,7 @@ from backend.quant.quantized_linear import WeightOnlyLinear, fits_int4_kernels
 # The experts' modules whose forward is transformers' plain one (above), by class name: their parameters,
 # forward and routing arguments are Qwen3-MoE's line for line (tests/backend/test_quantized_experts.py
 # holds each served family's to it), whatever routes to them (a softmax, a sigmoid with a correction,
-# groups of experts, a shared expert beside them). Not yet the latent-attention families' (DeepSeek V2 and V3,
-# GLM-4.7-Flash): with their experts in blocks, the engine's first logits parted from transformers' forward
-# on the same model by 0.07 where Qwen3-MoE's are equal, not understood yet: they stay floats.
+# groups of experts, a shared expert beside them).
 PLAIN_EXPERTS = {
     "Qwen3MoeExperts",
     "Qwen2MoeExperts",
@@ -43,6 +41,9 @@ PLAIN_EXPERTS = {
     "Qwen3_5MoeExperts",
     "Ernie4_5_MoeExperts",
     "Glm4MoeExperts",
+    "Glm4MoeLiteExperts",
+    "DeepseekV2Experts",
+    "DeepseekV3Experts",
     "MiniMaxM2Experts",
     "HunYuanMoEV1Experts",
     "PhimoeExperts",
