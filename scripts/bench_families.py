@@ -8,12 +8,13 @@ For each family, a model of random weights of a ~0.5B checkpoint's shape (Qwen2.
 layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE, Gemma 3 1B's for Gemma 3,
 Phi-4-mini's and Phi-3-mini's layers at 0.75B for Phi-3, Granite 3 2B's at 0.6B for Granite, Gemma 2 2B's at
 0.7B for Gemma 2, OLMo 2 1B's at 0.6B for OLMo 2, EXAONE 4.0 1.2B's at 0.5B for EXAONE 4, ERNIE 4.5 0.3B's,
-GLM-4-9B-0414's at 0.9B for GLM-4, OLMoE-1B-7B's at 2 layers for OLMoE) with the default model's tokenizer,
-quantized as `--quantize` says (int4, as a 4-bit file would be served, by default). Engine tokens/s with 1 and
-32 rows decoding, first on the path the server takes (the decoder runner), then on transformers' own modules
-over the row attention (what every other family takes), alternating the two at each row count so that drift in
-the machine falls on both; and transformers' `generate` one request at a time. Prints a markdown table and the
-machine. Random weights decode at the speed of real ones.
+GLM-4-9B-0414's at 0.9B for GLM-4, OLMoE-1B-7B's at 2 layers for OLMoE, Granite 3.0 3B-A800M's at 8 layers for
+Granite MoE) with the default model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would
+be served, by default). Engine tokens/s with 1 and 32 rows decoding, first on the path the server takes (the
+decoder runner), then on transformers' own modules over the row attention (what every other family takes),
+alternating the two at each row count so that drift in the machine falls on both; and transformers' `generate`
+one request at a time. Prints a markdown table and the machine. Random weights decode at the speed of real
+ones.
 """
 
 from __future__ import annotations
@@ -199,6 +200,24 @@ SHAPES = {
             num_hidden_layers=2,
             num_attention_heads=16,
             num_key_value_heads=16,
+        ),
+    ),
+    # Granite 3.0 3B-A800M's layer at 8 of its 32: 1536 wide, 24 heads of 64 over 8 KV heads, 40 experts of
+    # 512, 8 a token, its multipliers
+    "granitemoe": (
+        "granitemoe",
+        dict(
+            hidden_size=1536,
+            intermediate_size=512,
+            num_local_experts=40,
+            num_experts_per_tok=8,
+            num_hidden_layers=8,
+            num_attention_heads=24,
+            num_key_value_heads=8,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.015625,
+            logits_scaling=6.0,
         ),
     ),
     # Phi-3-mini's (Phi-3.5-mini's) layer at 6 of its 32: 32 heads of 96, each its own KV head, all rotated

@@ -37,13 +37,12 @@ class FloatRouter(nn.Module):
         return self.router(hidden_states.float(), *args)
 
 
-def routers_in_float32(layers: list[nn.Module]) -> int:
-    """Wrap each CPU layer's mixture-of-experts router whose weight is in a 16-bit dtype in a `FloatRouter`
-    (once: a model served by several runners keeps its wrapped ones); returns how many are float32 routers
-    now."""
+def routers_in_float32(blocks: list[nn.Module]) -> int:
+    """Wrap the router of each of the layers' MLP blocks on a CPU (a mixture of experts' block, or a dense
+    MLP, which has none) whose weight is in a 16-bit dtype in a `FloatRouter` (once: a model served by
+    several runners keeps its wrapped ones); returns how many are float32 routers now."""
     count = 0
-    for layer in layers:
-        block = getattr(layer, "mlp", None)
+    for block in blocks:
         for name in ROUTER_NAMES:
             router = getattr(block, name, None)
             if isinstance(router, FloatRouter):

@@ -95,7 +95,9 @@ log = logging.getLogger(__name__)
 # whole and Qwen3-MoE's mixture of experts (not where it clips q, k and v: `clip_qkv`). Qwen2-MoE's (Qwen2's
 # attention), ERNIE 4.5 MoE's (ERNIE 4.5's), GLM-4.5's (Qwen3's head norms where it has them, biases, half
 # of each head rotated) and MiniMax-M2's (OLMo 2's norms of q and k whole, part of each head rotated) call
-# their mixture's own module, shared experts and all, dense layers among them Llama's MLP.
+# their mixture's own module, shared experts and all, dense layers among them Llama's MLP. Granite's window
+# models add gpt-oss's windows and sinks to Granite's layer; Granite MoE's mixture (`block_sparse_moe`:
+# `mlp_of`) routes as gpt-oss's does.
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -120,6 +122,8 @@ LLAMA_LAYER_TYPES = {
     "ernie4_5_moe",
     "glm4_moe",
     "minimax_m2",
+    "granite_swa",
+    "granitemoe",
 }
 # The model types whose rotation pairs element 2t of a head with 2t + 1 (decode_ops.rotate's `interleaved`)
 INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4"}
@@ -385,13 +389,14 @@ class DecoderRunner:
         self.qkv = [
             Projections(*attention_inputs(layer.self_attn), join_floats=not exact) for layer in self.layers
         ]
+        self.mlps = [mlp_of(layer) for layer in self.layers]
         # A mixture-of-experts layer (no gate and up of its own) has none: its MLP is its module
         self.gate_up = [
-            Projections(*gate_and_up(layer.mlp), join_floats=not exact) if is_dense(layer.mlp) else None
-            for layer in self.layers
+            Projections(*gate_and_up(mlp), join_floats=not exact) if is_dense(mlp) else None
+            for mlp in self.mlps
         ]
         # A mixture's routers compute in float32 on a CPU (float_router.py)
-        routers_in_float32(self.layers)
+        routers_in_float32(self.mlps)
         self.head_norms = [HeadNorms.of(layer.self_attn, self.heads, self.kv_heads) for layer in self.layers]
         # each layer's input norm (None: OLMo 2's layers have none)
         self.input_norms = [layer_norms[0] for layer_norms in norms]
@@ -403,9 +408,9 @@ class DecoderRunner:
                 o=few_rows_matmul(layer.self_attn.o_proj, dtype),
                 mlp_norm=layer_norms[2],
                 gate_up=gate_up.few_rows_matmul(dtype) if gate_up is not None else None,
-                down=few_rows_matmul(layer.mlp.down_proj, dtype) if gate_up is not None else None,
+                down=few_rows_matmul(mlp.down_proj, dtype) if gate_up is not None else None,
                 next_norm=next_norm,
-                experts=None if gate_up is not None else rows_through(layer.mlp),
+                experts=None if gate_up is not None else rows_through(mlp),
                 window=window_in(layer.self_attn, max_seq_len),
                 rotation=self.rope_kinds.index(kind),
                 attention_out_norm=layer_norms[1],
@@ -413,8 +418,16 @@ class DecoderRunner:
                 sinks=sinks_of(layer.self_attn),
                 head_norms=head_norms,
             )
-            for layer, layer_norms, qkv, head_norms, gate_up, next_norm, kind in zip(
-                self.layers, norms, self.qkv, self.head_norms, self.gate_up, next_norms, kinds, strict=True
+            for layer, mlp, layer_norms, qkv, head_norms, gate_up, next_norm, kind in zip(
+                self.layers,
+                self.mlps,
+                norms,
+                self.qkv,
+                self.head_norms,
+                self.gate_up,
+                next_norms,
+                kinds,
+                strict=True,
             )
         ]
         # The work between them (norms, rotation, attention, SiLU): C++ loops on a CPU, else PyTorch's
@@ -455,8 +468,8 @@ class DecoderRunner:
         # gpt-oss's experts, biases, sinks and Gemma 3's layer: not other mixtures
         head_norms = [(norms.query, norms.key) for norms in self.head_norms if norms is not None]
         experts = [
-            LayerExperts.of(layer.mlp) if gate_up is None else None
-            for layer, gate_up in zip(self.layers, self.gate_up, strict=True)
+            LayerExperts.of(mlp) if gate_up is None else None
+            for mlp, gate_up in zip(self.mlps, self.gate_up, strict=True)
         ]
         mlps_native = all(
             gate_up is not None or mixture is not None
@@ -470,11 +483,11 @@ class DecoderRunner:
                         qkv.groups,
                         unwrapped(layer.self_attn.o_proj),
                         gate_up.groups if gate_up is not None else [],
-                        unwrapped(layer.mlp.down_proj) if gate_up is not None else None,
+                        unwrapped(mlp.down_proj) if gate_up is not None else None,
                         mixture,
                     )
-                    for layer, qkv, gate_up, mixture in zip(
-                        self.layers, self.qkv, self.gate_up, experts, strict=True
+                    for layer, mlp, qkv, gate_up, mixture in zip(
+                        self.layers, self.mlps, self.qkv, self.gate_up, experts, strict=True
                     )
                 ],
                 [self.first_norm] + [norm for step in self.bound_layers for norm in layer_norms(step)],
@@ -521,12 +534,12 @@ class DecoderRunner:
     def projections(self) -> list[nn.Module]:
         """The linear layers a step multiplies by, in order, fused where they are."""
         modules: list[nn.Module] = []
-        for layer, qkv, gate_up in zip(self.layers, self.qkv, self.gate_up, strict=True):
+        for layer, mlp, qkv, gate_up in zip(self.layers, self.mlps, self.qkv, self.gate_up, strict=True):
             modules += qkv.groups
             modules.append(unwrapped(layer.self_attn.o_proj))
             if gate_up is not None:  # (a mixture of experts multiplies as its module does)
                 modules += gate_up.groups
-                modules.append(unwrapped(layer.mlp.down_proj))
+                modules.append(unwrapped(mlp.down_proj))
         return modules
 
     def use_graphs(self, cache: RowCache, capture: bool = True) -> DecodeGraphs:
@@ -617,8 +630,9 @@ class DecoderRunner:
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         # [1, 1, tokens, head_dim] each
         rotations = [(cos[:, None], sin[:, None]) for cos, sin in self.rotations(hidden, positions)]
-        for layer, bound, input_norm, qkv, head_norms, gate_up, cache_layer in zip(
+        for layer, mlp_module, bound, input_norm, qkv, head_norms, gate_up, cache_layer in zip(
             self.layers,
+            self.mlps,
             self.bound_layers,
             self.input_norms,
             self.qkv,
@@ -633,10 +647,10 @@ class DecoderRunner:
             hidden = hidden + self.residual_part(output)
             normed = EAGER.norm(hidden, bound.mlp_norm)
             if gate_up is None:  # a mixture of experts: the layer's own module
-                mlp = experts_output(layer.mlp(normed))
+                mlp = experts_output(mlp_module(normed))
             else:
                 gated = EAGER.gelu_tanh_mul(gate_up(normed)) if self.gelu else EAGER.silu_mul(gate_up(normed))
-                mlp = layer.mlp.down_proj(gated)
+                mlp = mlp_module.down_proj(gated)
             hidden = hidden + self.residual_part(normed_output(mlp, bound.mlp_out_norm))
         states = None if embedded is None else rms_norm(hidden[0, embedded.start : embedded.stop], self.norm)
         return self.logits(rms_norm(hidden[0, keep], self.norm)), states
@@ -905,6 +919,12 @@ class ScaledEmbedding(nn.Module):
 def scaled(embedding: nn.Module, multiplier: float) -> nn.Module:
     """The embedding, multiplied where the model multiplies it (`ScaledEmbedding`)."""
     return embedding if multiplier == 1.0 else ScaledEmbedding(embedding, multiplier)
+
+
+def mlp_of(layer: nn.Module) -> nn.Module:
+    """A decoder layer's MLP or mixture of experts: `mlp`, or Granite MoE's `block_sparse_moe`."""
+    mlp = getattr(layer, "mlp", None)
+    return mlp if mlp is not None else layer.block_sparse_moe
 
 
 def attention_inputs(attention: nn.Module) -> tuple[nn.Module, ...]:

@@ -36,7 +36,10 @@ NATIVE_MIXTURES = {
     "MixtralSparseMoeBlock": ("gate", "MixtralTopKRouter"),
     "OlmoeSparseMoeBlock": ("gate", "OlmoeTopKRouter"),  # (Qwen3-MoE's routing)
     "GptOssMLP": ("router", "GptOssTopKRouter"),
+    "GraniteMoeMoE": ("router", "GraniteMoeTopKRouter"),  # (gpt-oss's routing, without a bias)
 }
+# The routers that take the top k of the logits, then their softmax (no renormalizing)
+TOP_K_FIRST = {"GptOssTopKRouter", "GraniteMoeTopKRouter"}
 
 
 NO_MIXTURE = (0, False, False, 0.0, 0.0)  # `LayerExperts.routing` of a model without one
@@ -75,7 +78,7 @@ class LayerExperts:
             alpha, limit = 0.0, 0.0  # (no limit: SiLU's GLU)
         else:
             return None
-        top_k_first = router_class == "GptOssTopKRouter"
+        top_k_first = router_class in TOP_K_FIRST
         # Mixtral's router always renormalizes, Qwen3-MoE's where asked; gpt-oss's softmax is over the top k
         normalize = getattr(router, "norm_topk_prob", not top_k_first)
         return cls(

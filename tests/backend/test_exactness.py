@@ -10,7 +10,7 @@ from backend.layers.decode_ops import decode_ops
 from backend.layers.row_states import HYBRID_TYPES, STATE_SPACE_TYPES
 from backend.messages import SamplingParams, Submit
 from backend.model.architectures import SUPPORTED
-from backend.model.decoder_runner import RUNNER_TYPES
+from backend.model.decoder_runner import RUNNER_TYPES, mlp_of
 from backend.quant import block_weights
 from backend.quant.quantize import quantize_model
 from tests.backend.models import (
@@ -204,6 +204,7 @@ def test_rows_stay_exact_when_free_rows_sit_between_them():
         ("ernie4_5_moe", {}),
         ("glm4_moe", {}),
         ("minimax_m2", {}),
+        ("granitemoe", {}),  # (Granite's multipliers; its router's top k, then their softmax)
     ],
 )
 def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives_transformers_logits(
@@ -225,7 +226,9 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
     assert decoder is not None and decoder.native is None  # decode_layers.cpp has no experts
     # each layer's mixture its module, and a dense layer's MLP the runner's
     mixtures = [layer.experts is not None for layer in decoder.bound_layers]
-    assert any(mixtures) and mixtures == [not hasattr(layer.mlp, "down_proj") for layer in model.model.layers]
+    assert any(mixtures) and mixtures == [
+        not hasattr(mlp_of(layer), "down_proj") for layer in model.model.layers
+    ]
     if architecture == "gpt_oss":
         assert [layer.window for layer in decoder.bound_layers] == [TINY_WINDOW, None]
         assert all(layer.sinks is not None for layer in decoder.bound_layers) and decoder.reads_own_positions
@@ -246,7 +249,12 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
         ("seed_oss", {"attention_out_bias": True}, [None, None]),
         ("ernie4_5", {}, [None, None]),
         ("glm4", {}, [None, None]),
-        ("gemma", {"initializer_range": 0.02}, [None, None]),  # (its tiny model's 0.2 parts 4-bit products)
+        ("gemma", {"initializer_range": 0.02}, [None, None]),
+        (
+            "granite_swa",
+            {},
+            [TINY_WINDOW, None],
+        ),  # (and every layer's sinks)  # (its tiny model's 0.2 parts 4-bit products)
     ],
 )
 def test_layer_forms_on_the_decoder_runner_with_4_bit_projections_give_transformers_logits(

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from backend.layers.float_router import FloatRouter, routers_in_float32
-from backend.model.decoder_runner import DecoderRunner
+from backend.model.decoder_runner import DecoderRunner, mlp_of
 from backend.quant.quantize import quantize_model
 from tests.backend.models import tiny_model
 
 
-@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral", "gpt_oss", "minimax_m2"])
+@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral", "gpt_oss", "minimax_m2", "granitemoe"])
 def test_a_bfloat16_models_routers_route_as_in_float64(architecture):
     """On the decoder runner, a bfloat16 model's routers hold float32 copies of their weights (the same
     values) and route in float32: for 64 tokens the same experts as the router in float64 over the same
@@ -20,8 +20,8 @@ def test_a_bfloat16_models_routers_route_as_in_float64(architecture):
     block hands its router a correction of the scores that choose besides the input: handed on."""
     model = tiny_model(architecture).to(torch.bfloat16)
     quantize_model(model, "int4")
-    block = model.model.layers[0].mlp
-    name = "router" if architecture == "gpt_oss" else "gate"
+    block = mlp_of(model.model.layers[0])
+    name = "router" if architecture in ("gpt_oss", "granitemoe") else "gate"
     in_bfloat16 = copy.deepcopy(getattr(block, name))
     DecoderRunner(model)
     router = getattr(block, name)
@@ -40,9 +40,9 @@ def test_a_bfloat16_models_routers_route_as_in_float64(architecture):
     error = (scores.double() - exact_scores).abs().max()
     assert error < 1e-5 and (rounded_scores.double() - exact_scores).abs().max() > 100 * error
     DecoderRunner(model)
-    assert getattr(block, name) is router and routers_in_float32(list(model.model.layers)) == len(
-        model.model.layers
-    )
+    assert getattr(block, name) is router and routers_in_float32(
+        [mlp_of(layer) for layer in model.model.layers]
+    ) == len(model.model.layers)
 
 
 def test_float32_models_and_dense_models_keep_their_routers():
@@ -51,4 +51,5 @@ def test_float32_models_and_dense_models_keep_their_routers():
     model = tiny_model("qwen3_moe")
     DecoderRunner(model)
     assert not isinstance(model.model.layers[0].mlp.gate, FloatRouter)
-    assert routers_in_float32(list(tiny_model("llama").to(torch.bfloat16).model.layers)) == 0
+    dense = tiny_model("llama").to(torch.bfloat16)
+    assert routers_in_float32([layer.mlp for layer in dense.model.layers]) == 0

@@ -94,6 +94,8 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         ("gemma", False, {}),  # Gemma 1: GELU, norms of 1 + weight, no norms of the sublayers' outputs
         # Qwen3-MoE's experts, OLMo 2's norms of q and k whole (as wide as the hidden states: 4 heads of 64)
         ("olmoe", False, {"hidden_size": 256}),
+        ("granitemoe", False, {}),  # Granite's layer, its experts routed as gpt-oss's
+        ("granite_swa", False, {}),  # Granite's layer with a window layer and every layer's sinks
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -114,7 +116,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     none of its sublayers' inputs; OLMo 3's window layer, with a rotation of its own; EXAONE 4's global
     layer without rotary positions beside its window layer. Seed-OSS's bias of o. ERNIE 4.5's and GLM-4's
     rotation of neighbouring pairs, GLM-4's of half of each head and its norms of each sublayer's output.
-    Gemma 1's layer, Llama's with GELU. OLMoE's experts beside its norms of q and k whole."""
+    Gemma 1's layer, Llama's with GELU. OLMoE's experts beside its norms of q and k whole. Granite MoE's
+    experts, top k first; Granite's window model's windows and sinks."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family in ("qwen2", "smollm3", "ernie4_5") else None  # (their greedy tokens repeat: drafts)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
@@ -136,6 +139,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
         "gemma2": [TINY_WINDOW, 0],
         "olmo3": [TINY_WINDOW, 0],
         "exaone4": [TINY_WINDOW, 0],
+        "granite_swa": [TINY_WINDOW, 0],
     }
     if family in windows:
         assert runner.native.form.windows == windows[family]
@@ -154,7 +158,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     if family in ("smollm3", "exaone4"):  # the first layer's rotation, then none
         assert runner.native.form.rotations == [0, 1] and runner.rope_kinds[1] == "unrotated"
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
-    mixture = family in ("qwen3_moe", "mixtral", "gpt_oss", "olmoe")
+    mixture = family in ("qwen3_moe", "mixtral", "gpt_oss", "olmoe", "granitemoe")
     assert runner.native.calls == ([1, 0] if mixture else calls) * len(model.model.layers)  # 0: experts
     assert len(runner.native.routers) == (len(model.model.layers) if mixture else 0)
     if family == "gpt_oss":  # biases on q, k, v and o and on every expert's projections; each layer's sinks
