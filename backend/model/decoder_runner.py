@@ -269,7 +269,7 @@ class DecodeLayer:
     experts: Callable[[torch.Tensor], torch.Tensor] | None = None  # the layer's own MoE block, [rows, hidden]
     window: int | None = None  # a sliding-window layer's: each query reads its last `window` positions
     rotation: int = 0  # which of the runner's `rope_kinds` rotates its queries and keys
-    attention_out_norm: Norm | None = None  # Gemma's norms of the attention's and the MLP's outputs
+    attention_out_norm: Norm | None = None  # Gemma's, OLMo 2's, GLM-4's norms of the sublayers' outputs
     mlp_out_norm: Norm | None = None
     sinks: torch.Tensor | None = None  # [heads], float32: gpt-oss's sink logit of each attention head
     head_norms: HeadNorms | None = None  # Qwen3's, Gemma 3's and OLMo 2's norms of queries and keys
@@ -721,15 +721,18 @@ class DecoderRunner:
             kind: self.as_rotated(
                 *(
                     self.rotary(hidden, positions[None])
-                    if kind in (None, UNROTATED)
+                    if kind is None
                     else self.rotary(hidden, positions[None], layer_type=kind)
                 ),
                 hidden.dtype,
             )
             for kind in self.rope_kinds
+            if kind != UNROTATED
         }
-        if UNROTATED in by_kind:
-            cos, sin = by_kind[UNROTATED]
+        if UNROTATED in self.rope_kinds:  # (the shapes of another kind's, or of the model's one rotation)
+            cos, sin = next(iter(by_kind.values()), None) or self.as_rotated(
+                *self.rotary(hidden, positions[None]), hidden.dtype
+            )
             by_kind[UNROTATED] = (torch.ones_like(cos), torch.zeros_like(sin))
         return [by_kind[kind] for kind in self.rope_kinds]
 
