@@ -22,15 +22,16 @@ at::Tensor project(const at::Tensor& x, const std::vector<at::Tensor>& projectio
   return at::cat(outputs, 1);
 }
 
-// x's RMSNorm, or x itself where the weight is empty: a place where the layer norms nothing (OLMo 2's
-// layers norm their sublayers' outputs, not their inputs).
-at::Tensor norm_or_not(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return weight.numel() == 0 ? x : rms_norm(x, weight, eps);
+// x's RMSNorm (its LayerNorm where `centered`: Cohere's), or x itself where the weight is empty: a place
+// where the layer norms nothing (OLMo 2's layers norm their sublayers' outputs, not their inputs).
+at::Tensor norm_or_not(const at::Tensor& x, const at::Tensor& weight, double eps, bool centered) {
+  return weight.numel() == 0 ? x : norm(x, weight, eps, centered);
 }
 
 // hidden += delta in place (as add_rms_norm adds), then as norm_or_not.
-at::Tensor add_norm_or_not(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps) {
-  if (weight.numel() > 0) return add_rms_norm(hidden, delta, weight, eps);
+at::Tensor add_norm_or_not(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps,
+                           bool centered) {
+  if (weight.numel() > 0) return add_norm(hidden, delta, weight, eps, centered);
   hidden.add_(delta);
   return hidden;
 }
@@ -65,8 +66,10 @@ at::Tensor projected(const at::Tensor& x, const std::vector<at::Tensor>& project
 // The MLP's activation GELU's tanh approximation where `gelu` (Gemma's), else SiLU. Each sublayer's output
 // is multiplied by `residual` before its residual add (Granite's residual_multiplier; 1: not at all).
 // Attention's scores are soft-capped at `softcap` (Gemma 2's; 0: not at all). Queries and keys rotate in
-// neighbouring pairs where `interleaved` (GLM's, ERNIE 4.5's, Helium's: rotate_and_store). Returns the
-// final norm of the last layer's output.
+// neighbouring pairs where `interleaved` (GLM's, ERNIE 4.5's, Helium's: rotate_and_store). Every norm is a
+// LayerNorm without a bias where `centered` (Cohere's), else an RMSNorm. Where `parallel` (Cohere's layers)
+// the MLP takes the layer's input norm as attention does, both outputs added to the residual, attention's
+// first (no norm between: its norms[1 + 2l] is empty). Returns the final norm of the last layer's output.
 at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
                          const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
@@ -78,7 +81,7 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
                          const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
-                         double residual, double softcap, bool interleaved) {
+                         double residual, double softcap, bool interleaved, bool centered, bool parallel) {
   const size_t layers = keys.size(), layer_norms = sandwich ? 4 : 2;
   TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + layer_norms * layers &&
                   eps.size() == norms.size(),
@@ -111,7 +114,8 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
               "decode_layers needs the projections its calls' counts say, and their bits and tables");
   TORCH_CHECK(biases.empty() || biases.size() == projection_count, "decode_layers needs each projection's bias, or none");
   const int64_t queries = hidden.size(0);
-  at::Tensor normed = norm_or_not(hidden, norms[0], eps[0]);
+  TORCH_CHECK(!parallel || !sandwich, "a parallel layer has no norms of its sublayers' outputs");
+  at::Tensor normed = norm_or_not(hidden, norms[0], eps[0], centered);
   size_t next = 0, mixture_index = 0;  // the layer's first projection, the next mixture's router
   for (size_t l = 0; l < layers; ++l) {
     const int64_t qkv_calls = calls[2 * l], gate_up_calls = calls[2 * l + 1];
@@ -129,10 +133,14 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                                                  sinks.empty() ? std::nullopt : sinks[l], softcap);
     at::Tensor output =
         project(attended.view({queries, -1}).to(hidden.scalar_type()), projections, bits, tables, biases, o, 1);
-    if (sandwich) output = norm_or_not(output, norms[norm], eps[norm]);
+    if (sandwich) output = norm_or_not(output, norms[norm], eps[norm], centered);
     if (residual != 1.0) output = output * residual;  // (PyTorch's product by a number: the Python loop's)
     const size_t mlp_norm = sandwich ? norm + 1 : norm;  // (after the attention output's own, if it has one)
-    normed = add_norm_or_not(hidden, output, norms[mlp_norm], eps[mlp_norm]);
+    if (parallel) {
+      hidden.add_(output);  // (the MLP's input is the attention's, `normed` as it is)
+    } else {
+      normed = add_norm_or_not(hidden, output, norms[mlp_norm], eps[mlp_norm], centered);
+    }
     at::Tensor mlp;
     if (gate_up_calls > 0) {
       const at::Tensor gate_up = project(normed, projections, bits, tables, biases, gate_up_first, gate_up_calls);
@@ -145,10 +153,10 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
       next = gate_up_first + 2 * router.size(0);
       ++mixture_index;
     }
-    if (sandwich) mlp = norm_or_not(mlp, norms[norm + 2], eps[norm + 2]);
+    if (sandwich) mlp = norm_or_not(mlp, norms[norm + 2], eps[norm + 2], centered);
     if (residual != 1.0) mlp = mlp * residual;
     const size_t next_norm = norm + layer_norms - 1;
-    normed = add_norm_or_not(hidden, mlp, norms[next_norm], eps[next_norm]);
+    normed = add_norm_or_not(hidden, mlp, norms[next_norm], eps[next_norm], centered);
   }
   return normed;
 }

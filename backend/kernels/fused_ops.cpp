@@ -67,23 +67,39 @@ void with_float_type(at::ScalarType dtype, const char* name, F&& f) {
 // (a single running sum or maximum is a chain it may not reorder).
 constexpr int64_t LANES = 16;
 
-// out = x / sqrt(mean(x^2) + eps) * weight for one row of width d.
+// The mean of one row of width d.
 template <typename T>
-void norm_row(const T* x, const T* weight, T* out, int64_t d, float eps) {
+float row_mean(const T* x, int64_t d) {
+  float partial[LANES] = {};
+  int64_t i = 0;
+  for (; i + LANES <= d; i += LANES) {
+    for (int64_t lane = 0; lane < LANES; ++lane) partial[lane] += static_cast<float>(x[i + lane]);
+  }
+  float sum = 0.f;
+  for (; i < d; ++i) sum += static_cast<float>(x[i]);
+  for (float p : partial) sum += p;
+  return sum / d;
+}
+
+// out = x / sqrt(mean(x^2) + eps) * weight for one row of width d; where `centered` (Cohere's LayerNorm,
+// without a bias), x less its mean in place of x. (x - 0 is x exactly: the RMSNorm's numbers are as before.)
+template <typename T>
+void norm_row(const T* x, const T* weight, T* out, int64_t d, float eps, bool centered = false) {
+  const float mean = centered ? row_mean(x, d) : 0.f;
   float partial[LANES] = {};
   int64_t i = 0;
   for (; i + LANES <= d; i += LANES) {
     for (int64_t lane = 0; lane < LANES; ++lane) {
-      const float v = x[i + lane];
+      const float v = static_cast<float>(x[i + lane]) - mean;
       partial[lane] += v * v;
     }
   }
   float sum = 0.f;
-  for (; i < d; ++i) sum += static_cast<float>(x[i]) * static_cast<float>(x[i]);
+  for (; i < d; ++i) sum += (static_cast<float>(x[i]) - mean) * (static_cast<float>(x[i]) - mean);
   for (float p : partial) sum += p;
   const float inverse = 1.f / std::sqrt(sum / d + eps);
   for (int64_t j = 0; j < d; ++j) {
-    out[j] = static_cast<T>(static_cast<float>(x[j]) * inverse * static_cast<float>(weight[j]));
+    out[j] = static_cast<T>((static_cast<float>(x[j]) - mean) * inverse * static_cast<float>(weight[j]));
   }
 }
 
@@ -110,7 +126,7 @@ inline float vector_exp(float x) {
   return x < -87.3f ? 0.f : p * scale;
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool centered) {
   check_cpu_contiguous(x, "x");
   check_cpu_contiguous(weight, "weight");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight must have x's dtype");
@@ -123,11 +139,17 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     const T* wp = weight.data_ptr<T>();
     T* op = out.data_ptr<T>();
     at::parallel_for(0, n, rows_per_task(d), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) norm_row(xp + r * d, wp, op + r * d, d, static_cast<float>(eps));
+      for (int64_t r = begin; r < end; ++r) {
+        norm_row(xp + r * d, wp, op + r * d, d, static_cast<float>(eps), centered);
+      }
     });
   });
   return out;
 }
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return norm(x, weight, eps, false); }
+
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return norm(x, weight, eps, true); }
 
 // The RMSNorm of each query head with query_weight, and of each key head with key_weight, in place in a
 // step's q, k and v side by side ([rows, (heads + 2 kv_heads) * head_dim]; the values untouched): Qwen3's
@@ -170,8 +192,8 @@ at::Tensor head_rms_norms(at::Tensor& qkv, const at::Tensor& query_weight, const
 }
 
 // hidden += delta (rounded to hidden's dtype, as `hidden + delta` would be), in place; returns the
-// sum's RMSNorm.
-at::Tensor add_rms_norm(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+// sum's RMSNorm, or where `centered` its LayerNorm (`norm_row`).
+at::Tensor add_norm(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps, bool centered) {
   check_cpu_contiguous(hidden, "hidden");
   check_cpu_contiguous(delta, "delta");
   check_cpu_contiguous(weight, "weight");
@@ -192,11 +214,19 @@ at::Tensor add_rms_norm(at::Tensor& hidden, const at::Tensor& delta, const at::T
         T* row = hp + r * d;
         const T* add = dp + r * d;
         for (int64_t i = 0; i < d; ++i) row[i] = static_cast<T>(static_cast<float>(row[i]) + static_cast<float>(add[i]));
-        norm_row(row, wp, op + r * d, d, static_cast<float>(eps));
+        norm_row(row, wp, op + r * d, d, static_cast<float>(eps), centered);
       }
     });
   });
   return out;
+}
+
+at::Tensor add_rms_norm(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  return add_norm(hidden, delta, weight, eps, false);
+}
+
+at::Tensor add_layer_norm(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  return add_norm(hidden, delta, weight, eps, true);
 }
 
 // [rows, 2 * width] -> activation(first half) * second half, [rows, width]: an MLP's gate and up, side by
@@ -1395,6 +1425,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto released = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("rms_norm", &rms_norm, "RMSNorm of each row", released);
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta in place; the sum's RMSNorm", released);
+  m.def("layer_norm", &layer_norm, "LayerNorm of each row, without a bias (Cohere's)", released);
+  m.def("add_layer_norm", &add_layer_norm, "hidden += delta in place; the sum's LayerNorm", released);
   m.def("head_rms_norms", &head_rms_norms, "each query and key head's RMSNorm, in place in q, k and v", released);
   m.def("silu_mul", &silu_mul, "silu(gate) * up of [rows, 2 * width]", released);
   m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu(gate, tanh approximation) * up of [rows, 2 * width]", released);

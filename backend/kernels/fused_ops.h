@@ -12,6 +12,9 @@ namespace fused_ops {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor add_rms_norm(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps);
+// Either, by `centered`: a LayerNorm without a bias where true (Cohere's), else an RMSNorm
+at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool centered);
+at::Tensor add_norm(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& weight, double eps, bool centered);
 at::Tensor head_rms_norms(at::Tensor& qkv, const at::Tensor& query_weight, const at::Tensor& key_weight,
                           int64_t heads, int64_t kv_heads, double query_eps, double key_eps);
 at::Tensor silu_mul(const at::Tensor& gate_up);
@@ -63,6 +66,6 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
                          const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
-                         double residual, double softcap, bool interleaved);
+                         double residual, double softcap, bool interleaved, bool centered, bool parallel);
 
 }  // namespace fused_ops

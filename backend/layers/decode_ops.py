@@ -42,14 +42,19 @@ from backend.layers.attention_features import AttentionFeatures, attention_with
 # RMSNorms that scale by 1 + weight (Gemma's keep their weights as offsets from 1) and name their epsilon
 # `eps`; transformers' others scale by the weight and call it `variance_epsilon`.
 OFFSET_NORMS = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm")
+# LayerNorms without a bias (Cohere's: x less its mean, over its deviation, times the weight), which name
+# their epsilon `variance_epsilon` as Llama's RMSNorm does
+CENTERED_NORMS = ("CohereLayerNorm", "Cohere2LayerNorm")
 
 
 @dataclass(frozen=True, slots=True)
 class Norm:
-    """An RMSNorm's weight and epsilon (transformers' Llama RMSNorm module, as data)."""
+    """An RMSNorm's weight and epsilon (transformers' Llama RMSNorm module, as data); where `centered`, a
+    LayerNorm's without a bias (Cohere's)."""
 
     weight: torch.Tensor
     eps: float
+    centered: bool = False
 
     @classmethod
     def of(cls, module: nn.Module) -> Norm:
@@ -61,7 +66,7 @@ class Norm:
             # and a plain tensor's as symbols, which made compiling Gemma 3's decode step 8x slower.
             scale = (1.0 + module.weight.float()).to(module.weight.dtype)
             return cls(nn.Parameter(scale, requires_grad=False), module.eps)
-        return cls(module.weight, module.variance_epsilon)
+        return cls(module.weight, module.variance_epsilon, type(module).__name__ in CENTERED_NORMS)
 
 
 class EagerOps:
@@ -69,9 +74,14 @@ class EagerOps:
 
     @staticmethod
     def norm(x: torch.Tensor, norm: Norm | None) -> torch.Tensor:
-        """transformers' Llama RMSNorm: bit for bit in float32 (PyTorch's one `rms_norm`); None: x as it is
-        (a place the layer norms nothing: OLMo 2's sublayers' inputs)."""
-        return x if norm is None else torch.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+        """transformers' Llama RMSNorm: bit for bit in float32 (PyTorch's one `rms_norm`); a centered norm
+        as Cohere's module computes it (`layer_norm`); None: x as it is (a place the layer norms nothing:
+        OLMo 2's sublayers' inputs)."""
+        if norm is None:
+            return x
+        if norm.centered:
+            return layer_norm(x, norm)
+        return torch.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
 
     @staticmethod
     def add_norm(
@@ -228,6 +238,15 @@ def decode_attention(
     return attended[:, :, 0]
 
 
+def layer_norm(x: torch.Tensor, norm: Norm) -> torch.Tensor:
+    """Cohere's LayerNorm (no bias) in its module's operations, in float32 and rounded once to x's dtype:
+    bit for bit its module's. (PyTorch's `layer_norm` reduces in another order.)"""
+    x32 = x.float()
+    centered = x32 - x32.mean(-1, keepdim=True)
+    variance = centered.pow(2).mean(-1, keepdim=True)
+    return (norm.weight.float() * (centered * torch.rsqrt(variance + norm.eps))).to(x.dtype)
+
+
 def within_window(visible: torch.Tensor, window: int) -> torch.Tensor:
     """A decode batch's visibility ([rows, 1, 1, span]: 0 over each row's positions 0..its end, -inf
     after) narrowed to each row's last `window` positions (masking_utils' sliding window: a key is read
@@ -270,7 +289,10 @@ class FusedOps:
         self.attention_supports = functools.cache(extension.attention_supports)
 
     def norm(self, x: torch.Tensor, norm: Norm | None) -> torch.Tensor:
-        return x if norm is None else self.extension.rms_norm(x, norm.weight, norm.eps)
+        if norm is None:
+            return x
+        by = self.extension.layer_norm if norm.centered else self.extension.rms_norm
+        return by(x, norm.weight, norm.eps)
 
     def add_norm(
         self, hidden: torch.Tensor, delta: torch.Tensor, norm: Norm | None
@@ -279,7 +301,8 @@ class FusedOps:
         (with no norm, the sum is the normed output too: decode_layers.cpp's `add_norm_or_not`)."""
         if norm is None:
             return hidden, hidden.add_(delta)
-        return hidden, self.extension.add_rms_norm(hidden, delta, norm.weight, norm.eps)
+        by = self.extension.add_layer_norm if norm.centered else self.extension.add_rms_norm
+        return hidden, by(hidden, delta, norm.weight, norm.eps)
 
     def head_norms(
         self, qkv: torch.Tensor, query: Norm, key: Norm, heads: int, kv_heads: int

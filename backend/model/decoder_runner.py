@@ -97,7 +97,11 @@ log = logging.getLogger(__name__)
 # of each head rotated) and MiniMax-M2's (OLMo 2's norms of q and k whole, part of each head rotated) call
 # their mixture's own module, shared experts and all, dense layers among them Llama's MLP. Granite's window
 # models add gpt-oss's windows and sinks to Granite's layer; Granite MoE's mixture (`block_sparse_moe`:
-# `mlp_of`) routes as gpt-oss's does.
+# `mlp_of`) routes as gpt-oss's does. Cohere's layer (Command R's, Aya Expanse's) norms its input alone, by a
+# LayerNorm without a bias (decode_ops.Norm's `centered`), and its MLP takes that norm as attention does, both
+# outputs added to the residual (`PARALLEL_TYPES`); it rotates neighbouring pairs, and multiplies its logits
+# (`logit_scale`). Cohere 2's (Command R7B's, Command A's) has window layers beside global ones without
+# rotary positions (`rotates`).
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -124,9 +128,15 @@ LLAMA_LAYER_TYPES = {
     "minimax_m2",
     "granite_swa",
     "granitemoe",
+    "cohere",
+    "cohere2",
 }
 # The model types whose rotation pairs element 2t of a head with 2t + 1 (decode_ops.rotate's `interleaved`)
-INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4"}
+INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4", "cohere", "cohere2"}
+# ... and whose rotary module gives each angle twice in a row already (Cohere's), not the halves' form
+PAIRED_ANGLES_TYPES = {"cohere", "cohere2"}
+# The model types whose MLP takes the layer's input norm as its attention does (`DecoderRunner.parallel`)
+PARALLEL_TYPES = {"cohere", "cohere2"}
 UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (SmolLM3's, EXAONE 4's: `rotates`)
 
 # Gemma 3's layer (its text model) is the Llama layer with a norm of the attention's output and of the
@@ -351,12 +361,16 @@ class DecoderRunner:
         self.embed = scaled(model.model.embed_tokens, getattr(model.config, "embedding_multiplier", 1.0))
         self.residual = getattr(model.config, "residual_multiplier", 1.0)
         self.logits_scaling = getattr(model.config, "logits_scaling", 1.0)
+        self.logit_scale = getattr(model.config, "logit_scale", None) or 1.0  # Cohere's logits' multiplier
         # Gemma 2's soft caps: of attention's scaled scores, and of the logits (None: none)
         self.softcap = getattr(model.config, "attn_logit_softcapping", None)
         self.final_softcap = getattr(model.config, "final_logit_softcapping", None)
         self.rotary = model.model.rotary_emb
         self.half_rotation = model.config.model_type in GPT_OSS_LAYER_TYPES  # (`as_rotated`)
         self.interleaved = model.config.model_type in INTERLEAVED_TYPES  # neighbours rotate in pairs
+        self.paired_angles = model.config.model_type in PAIRED_ANGLES_TYPES  # (`as_rotated`)
+        # Cohere's: attention and the MLP take the layer's one norm, their outputs both added to the residual
+        self.parallel = model.config.model_type in PARALLEL_TYPES
         self.layers = list(model.model.layers)
         # Gemma 3's and OLMo 3's rotary modules give each kind of layer (window or global, the config's
         # `layer_types`) cos and sin of its own;
@@ -507,6 +521,8 @@ class DecoderRunner:
                     residual=self.residual,
                     softcap=self.softcap or 0.0,
                     interleaved=self.interleaved,
+                    centered=Norm.of(self.norm).centered,
+                    parallel=self.parallel,
                 ),
             )
         # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
@@ -582,6 +598,8 @@ class DecoderRunner:
             and not getattr(config, "mlp_bias", False)
             and not getattr(config, "use_bias", False)  # (ERNIE 4.5's, on every linear layer)
             and getattr(config, "clip_qkv", None) is None
+            # (Command R+'s LayerNorms of each head, a weight a head, are not the runner's)
+            and not getattr(config, "use_qk_norm", False)
         )
 
     @staticmethod
@@ -641,11 +659,13 @@ class DecoderRunner:
             cache.layers,
             strict=True,
         ):
-            projected = HeadNorms.after(qkv, head_norms)(EAGER.norm(hidden, input_norm))
+            normed = EAGER.norm(hidden, input_norm)
+            projected = HeadNorms.after(qkv, head_norms)(normed)
             attended = self._attention(projected, *rotations[bound.rotation], cache_layer, layout, bound)
             output = normed_output(layer.self_attn.o_proj(attended), bound.attention_out_norm)
             hidden = hidden + self.residual_part(output)
-            normed = EAGER.norm(hidden, bound.mlp_norm)
+            if not self.parallel:  # (Cohere's MLP takes the layer's input norm, as its attention did)
+                normed = EAGER.norm(hidden, bound.mlp_norm)
             if gate_up is None:  # a mixture of experts: the layer's own module
                 mlp = experts_output(mlp_module(normed))
             else:
@@ -656,11 +676,13 @@ class DecoderRunner:
         return self.logits(rms_norm(hidden[0, keep], self.norm)), states
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """The head's output, divided by Granite's `logits_scaling` and soft-capped at Gemma 2's
-        `final_logit_softcapping` where the model has them."""
+        """The head's output, divided by Granite's `logits_scaling`, multiplied by Cohere's `logit_scale` and
+        soft-capped at Gemma 2's `final_logit_softcapping` where the model has them."""
         logits = self.head(normed)
         if self.logits_scaling != 1.0:
             logits = logits / self.logits_scaling
+        if self.logit_scale != 1.0:
+            logits = logits * self.logit_scale
         if self.final_softcap is not None:  # (transformers' order of operations)
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
@@ -743,12 +765,13 @@ class DecoderRunner:
         rotates (gpt-oss's module gives them over half of it, each half of a query rotated by the same
         angles, its `_apply_rotary_emb`: Llama's rotation with them repeated, the same products and sums, so
         float32 stays exact; Phi-4-mini's and GLM's are narrower than a head, but they are all their
-        rotation), each angle twice in a row for an interleaved rotation (GLM's), and in the model's dtype
+        rotation), each angle twice in a row for an interleaved rotation (GLM's; Cohere's module gives them
+        so already: `paired_angles`), and in the model's dtype
         (OLMo 2's and ERNIE 4.5's modules give float32 whatever the model's: rounded to it as Llama's
         module rounds them)."""
         if self.half_rotation:
             cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
-        if self.interleaved:
+        if self.interleaved and not self.paired_angles:
             cos, sin = interleaved_angles(cos), interleaved_angles(sin)
         return cos.to(dtype), sin.to(dtype)
 
@@ -820,7 +843,10 @@ class DecoderRunner:
             output = layer.o(attended.view(queries, -1).to(hidden.dtype))
             if layer.attention_out_norm is not None:
                 output = ops.norm(output, layer.attention_out_norm)
-            hidden, normed = ops.add_norm(hidden, self.residual_part(output), layer.mlp_norm)
+            if self.parallel:  # the MLP takes `normed` as attention did (Cohere's layer)
+                hidden = ops.add_norm(hidden, self.residual_part(output), None)[0]
+            else:
+                hidden, normed = ops.add_norm(hidden, self.residual_part(output), layer.mlp_norm)
             if layer.experts is not None:
                 mlp = layer.experts(normed)
             else:
@@ -852,6 +878,8 @@ def rotates(attention: nn.Module) -> bool:
         return False
     if attention.config.model_type == "exaone4":
         return attention.sliding_window is None or attention.is_sliding
+    if attention.config.model_type == "cohere2":  # (its module rotates in its window layers alone)
+        return attention.sliding_window is not None
     return True
 
 
@@ -879,7 +907,9 @@ def sublayer_norms(layer: nn.Module) -> tuple[nn.Module | None, ...]:
     of the MLP's output (None where it has none there). Llama's norm the inputs alone (its
     `post_attention_layernorm` the MLP's input's); Gemma's and OLMo 2's the sublayers' outputs too (there
     `post_attention_layernorm` is the attention output's; OLMo 2's no input), and GLM-4's all four under
-    names of its own."""
+    names of its own. Cohere's norm the input alone, which the MLP takes too (`PARALLEL_TYPES`)."""
+    if not hasattr(layer, "post_attention_layernorm"):  # Cohere's
+        return layer.input_layernorm, None, None, None
     if hasattr(layer, "post_mlp_layernorm"):  # GLM-4's
         return (
             layer.input_layernorm,

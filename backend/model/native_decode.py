@@ -114,8 +114,8 @@ class LayerForm:
     the runner's `rope_kinds`: Gemma 3 rotates its window and global layers apart), sliding window (0:
     none) and attention sinks (none for every layer where empty), Gemma 3's and OLMo 2's norms of each
     sublayer's output (`sandwich`), Gemma's GELU for SiLU, Granite's multiplier of each sublayer's output
-    (`residual`), Gemma 2's cap of attention's scores (`softcap`), and GLM's rotation of neighbouring
-    pairs (`interleaved`)."""
+    (`residual`), Gemma 2's cap of attention's scores (`softcap`), GLM's rotation of neighbouring
+    pairs (`interleaved`), and Cohere's LayerNorms (`centered`) and MLP beside attention (`parallel`)."""
 
     rotations: list[int]
     windows: list[int]
@@ -125,6 +125,8 @@ class LayerForm:
     residual: float = 1.0  # what each sublayer's output is multiplied by before its residual add (Granite's)
     softcap: float = 0.0  # the cap of attention's scaled scores (Gemma 2's; 0: none)
     interleaved: bool = False  # queries and keys rotated in neighbouring pairs (GLM's: decode_ops.rotate)
+    centered: bool = False  # every norm a LayerNorm without a bias (Cohere's: decode_ops.Norm)
+    parallel: bool = False  # the MLP takes the layer's input norm too, no norm after attention (Cohere's)
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,9 @@ class NativeDecode:
         in_blocks = all(isinstance(p, WeightOnlyLinear) and p.blocks is not None for p in projections)
         if not isinstance(ops, FusedOps) or not in_blocks or dtype != WeightOnlyLinear.compute_dtype:
             return None
+        form = form or LayerForm(rotations=[], windows=[])
+        if any(norm is not None and norm.centered != form.centered for norm in norms):
+            return None  # one kind of norm for every place (every model's)
         mixtures = [layer.experts for layer in layers if layer.experts is not None]
         if len({experts.routing for experts in mixtures}) > 1:
             return None  # one routing for every layer (every model's)
@@ -198,7 +203,7 @@ class NativeDecode:
             routers=[experts.router for experts in mixtures],
             router_biases=router_biases if any(bias is not None for bias in router_biases) else [],
             mixture=ops.extension.Mixture(*(mixtures[0].routing if mixtures else NO_MIXTURE)),
-            form=form or LayerForm(rotations=[], windows=[]),
+            form=form,
             rows_below=min((p.many_rows_from() for p in projections), default=math.inf),
         )
 
@@ -245,4 +250,6 @@ class NativeDecode:
             self.form.residual,
             self.form.softcap,
             self.form.interleaved,
+            self.form.centered,
+            self.form.parallel,
         )

@@ -104,11 +104,12 @@ def test_smollm3s_layers_without_rotary_positions_stay_exact_on_the_decoder_runn
     assert_matches_reference(engine, model, prompts, max_tokens=12, rng=rng)
 
 
-@pytest.mark.parametrize("architecture", ["ernie4_5", "glm4"])
+@pytest.mark.parametrize("architecture", ["ernie4_5", "glm4", "cohere", "cohere2"])
 def test_rotations_of_neighbouring_pairs_stay_exact_on_the_decoder_runner(architecture):
-    """ERNIE 4.5 rotates neighbouring pairs of each head's elements, GLM-4 those of half of each head: with
-    weights large enough that attention sees positions (with the default's small ones, the pairs of the
-    other form changed no token of ERNIE's), each prompt what `generate` gives on it alone."""
+    """ERNIE 4.5 rotates neighbouring pairs of each head's elements, GLM-4 those of half of each head, Cohere
+    by angles its module gives paired already (Cohere 2 on its window layer alone): with weights large
+    enough that attention sees positions (with the default's small ones, the pairs of the other form changed
+    no token of ERNIE's), each prompt what `generate` gives on it alone."""
     model = tiny_model(architecture, initializer_range=0.3)
     rng = random.Random("neighbours")
     prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 40))] for _ in range(8)]
@@ -250,6 +251,8 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
         ("ernie4_5", {}, [None, None]),
         ("glm4", {}, [None, None]),
         ("gemma", {"initializer_range": 0.02}, [None, None]),
+        ("cohere", {}, [None, None]),
+        ("cohere2", {}, [TINY_WINDOW, None]),
         (
             "granite_swa",
             {},
@@ -260,14 +263,15 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
 def test_layer_forms_on_the_decoder_runner_with_4_bit_projections_give_transformers_logits(
     architecture, extras, windows, monkeypatch
 ):
-    """Gemma 3, Phi-3, Ministral, SmolLM3, Granite, OLMo 2 and 3, EXAONE 4, Seed-OSS, ERNIE 4.5, GLM-4 and
-    Gemma in the default mode: 4-bit projections, decode steps through `decode_layers` with the CPU's fused
-    operations (Gemma's GELU, its norms of 1 + weight; Phi-3's rotation of three quarters of each head;
-    SmolLM3's layer without rotary positions; Granite's multipliers; OLMo's norms of each sublayer's
-    output and of q and k whole; EXAONE 4's global layer without rotary positions; Seed-OSS's bias of o;
-    ERNIE 4.5's and GLM-4's rotation of neighbouring pairs, GLM-4's of half of each head, and its norms of
-    each sublayer's output; window layers' attention by the CPU's loop, each query over its last 8
-    positions), to transformers' forward's logits as the MoE's above."""
+    """Gemma 3, Phi-3, Ministral, SmolLM3, Granite, OLMo 2 and 3, EXAONE 4, Seed-OSS, ERNIE 4.5, GLM-4,
+    Gemma and Cohere 1 and 2 in the default mode: 4-bit projections, decode steps through `decode_layers`
+    with the CPU's fused operations (Gemma's GELU, its norms of 1 + weight; Phi-3's rotation of three
+    quarters of each head; SmolLM3's layer without rotary positions; Granite's multipliers; OLMo's norms
+    of each sublayer's output and of q and k whole; EXAONE 4's global layer without rotary positions;
+    Seed-OSS's bias of o; ERNIE 4.5's and GLM-4's rotation of neighbouring pairs, GLM-4's of half of each
+    head, and its norms of each sublayer's output; Cohere's LayerNorms and MLP beside attention, and its
+    logits' scale; window layers' attention by the CPU's loop, each query over its last 8 positions), to
+    transformers' forward's logits as the MoE's above."""
     model = tiny_model(architecture, head_dim=64, **extras)
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)

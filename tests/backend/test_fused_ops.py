@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.models.cohere.modeling_cohere import CohereLayerNorm
 from transformers.models.glm.modeling_glm import apply_rotary_pos_emb as glm_rotation
 
 from backend.engine.engine import Engine
@@ -51,10 +52,12 @@ def tolerance(dtype: torch.dtype) -> dict:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 7, 32])
-def test_norms_and_silu_mul_match_pytorch(fused, dtype, rows):
+@pytest.mark.parametrize("centered", [False, True])  # Cohere's LayerNorms
+def test_norms_and_silu_mul_match_pytorch(fused, dtype, rows, centered):
     generator = torch.Generator().manual_seed(rows)
-    x, delta = (torch.randn(rows, 576, generator=generator).to(dtype) for _ in range(2))
-    norm = Norm(torch.randn(576, generator=generator).to(dtype), 1e-5)
+    # rows whose mean is far from 0, which a LayerNorm takes away and an RMSNorm does not
+    x, delta = (torch.randn(rows, 576, generator=generator).add(2.0).to(dtype) for _ in range(2))
+    norm = Norm(torch.randn(576, generator=generator).to(dtype), 1e-5, centered)
     torch.testing.assert_close(fused.norm(x, norm), EAGER.norm(x, norm), **tolerance(dtype))
 
     expected_sum, expected_norm = EAGER.add_norm(x, delta, norm)
@@ -72,6 +75,18 @@ def test_norms_and_silu_mul_match_pytorch(fused, dtype, rows):
     torch.testing.assert_close(fused.silu_mul(gate_up), EAGER.silu_mul(gate_up), **tolerance(dtype))
     gate_up = gate_up * 4  # GELU's tanh reaches its ends: gates to about +-16
     torch.testing.assert_close(fused.gelu_tanh_mul(gate_up), EAGER.gelu_tanh_mul(gate_up), **tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_centered_norm_is_coheres_layer_norm_bit_for_bit(dtype):
+    """EAGER's centered norm is Cohere's module's arithmetic: the same numbers, float32 or bfloat16."""
+    module = CohereLayerNorm(64, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        module.weight.copy_(torch.randn(64, generator=torch.Generator().manual_seed(1)))
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2)).add(3.0).to(dtype)
+    norm = Norm.of(module)
+    assert norm.centered and norm.eps == 1e-5
+    assert torch.equal(EAGER.norm(x, norm), module(x))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

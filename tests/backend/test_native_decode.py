@@ -96,6 +96,8 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         ("olmoe", False, {"hidden_size": 256}),
         ("granitemoe", False, {}),  # Granite's layer, its experts routed as gpt-oss's
         ("granite_swa", False, {}),  # Granite's layer with a window layer and every layer's sinks
+        ("cohere", False, {}),  # LayerNorms, the MLP beside attention, neighbouring pairs rotated
+        ("cohere2", False, {}),  # Cohere's layer; a window layer, then a global one unrotated
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -117,7 +119,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     layer without rotary positions beside its window layer. Seed-OSS's bias of o. ERNIE 4.5's and GLM-4's
     rotation of neighbouring pairs, GLM-4's of half of each head and its norms of each sublayer's output.
     Gemma 1's layer, Llama's with GELU. OLMoE's experts beside its norms of q and k whole. Granite MoE's
-    experts, top k first; Granite's window model's windows and sinks."""
+    experts, top k first; Granite's window model's windows and sinks. Cohere's LayerNorms and MLP beside
+    attention, and Cohere 2's global layer without rotary positions."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family in ("qwen2", "smollm3", "ernie4_5") else None  # (their greedy tokens repeat: drafts)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
@@ -140,6 +143,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
         "olmo3": [TINY_WINDOW, 0],
         "exaone4": [TINY_WINDOW, 0],
         "granite_swa": [TINY_WINDOW, 0],
+        "cohere2": [TINY_WINDOW, 0],
     }
     if family in windows:
         assert runner.native.form.windows == windows[family]
@@ -155,7 +159,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
         assert runner.native.head_norms[0].numel() == heads_normed * runner.head_dim
     if family == "olmo3":  # the window layer's rotation, then the global one's
         assert runner.native.form.rotations == [1, 0]
-    if family in ("smollm3", "exaone4"):  # the first layer's rotation, then none
+    if family in ("smollm3", "exaone4", "cohere2"):  # the first layer's rotation, then none
         assert runner.native.form.rotations == [0, 1] and runner.rope_kinds[1] == "unrotated"
     calls = [2, 2] if k_quant_mix else [1, 1]  # q and k with v apart, gate and up apart; else one each
     mixture = family in ("qwen3_moe", "mixtral", "gpt_oss", "olmoe", "granitemoe")
@@ -166,7 +170,11 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
         assert len(runner.native.router_biases) == 2
     biased = ("qwen2", "gpt_oss", "seed_oss", "glm4")
     assert any(bias is not None for bias in runner.native.biases) == (family in biased)
-    assert runner.native.form.interleaved == (family in ("ernie4_5", "glm4"))
+    assert runner.native.form.interleaved == (family in ("ernie4_5", "glm4", "cohere", "cohere2"))
+    cohere = family.startswith("cohere")  # one norm a layer, of its input: none after attention
+    assert runner.native.form.centered == runner.native.form.parallel == cohere
+    if cohere:
+        assert [norm.numel() > 0 for norm in runner.native.norms[:5]] == [True, False, True, False, True]
     assert runner.native.form.sandwich == (
         family in no_input_norms or family.startswith(("gemma2", "gemma3", "glm4"))
     )
