@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 # model_type -> the families it covers (for the message)
 SUPPORTED = {
     "llama": "Llama 2 and 3, SmolLM2, TinyLlama, Falcon3 and other Llama-architecture models",
-    "mistral": "Mistral, with or without a sliding window",
+    "mistral": "Mistral, with or without a sliding window, and Mistral Small 3.1 and 3.2 (their text)",
     "qwen2": "Qwen2 and Qwen2.5",
     "qwen3": "Qwen3 dense models",
     "qwen3_moe": "Qwen3 mixture-of-experts models",
@@ -72,7 +72,7 @@ SUPPORTED = {
     "helium": "Helium",
     "hunyuan_v1_dense": "Hunyuan dense models",
     "apertus": "Apertus",
-    "ministral3": "Ministral 3",
+    "ministral3": "Ministral 3 (its text)",
     "minimax_m2": "MiniMax-M2, experts",
     "ernie4_5_moe": "ERNIE 4.5 mixture-of-experts models",
     "hunyuan_v1_moe": "Hunyuan mixture-of-experts models",
@@ -112,9 +112,18 @@ SUPPORTED = {
 }
 
 # Multimodal checkpoints whose towers transformers builds with a package the server does not install
-# (Gemma 3n's vision tower is a timm MobileNet): their text model alone is loaded (loader.load_text_alone),
-# its weights renamed from the composite's names by these patterns, the towers' left unread.
-TEXT_ALONE = {"gemma3n": {r"^model\.language_model\.": "model."}}
+# (Gemma 3n's vision tower is a timm MobileNet), or that transformers builds as no causal LM (Mistral 3's:
+# Mistral Small 3.1 and 3.2, Ministral 3): their text model alone is loaded (loader.load_text_alone), its
+# weights renamed from the composite's names by these patterns (files written by transformers 4 name them
+# under `language_model.`), the towers' left unread.
+TEXT_ALONE = {
+    "gemma3n": {r"^model\.language_model\.": "model."},
+    "mistral3": {
+        r"^model\.language_model\.": "model.",
+        r"^language_model\.model\.": "model.",
+        r"^language_model\.lm_head\.": "lm_head.",
+    },
+}
 
 
 class UnsupportedModel(ValueError):

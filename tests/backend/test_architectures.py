@@ -19,6 +19,7 @@ from transformers import (
     LlamaConfig,
     Mamba2Config,
     MambaConfig,
+    Mistral3Config,
     MistralConfig,
     Phi3Config,
     Qwen2Config,
@@ -49,6 +50,7 @@ RWKV = dict(
         (Qwen3_5Config(text_config=SMALL), None),  # so is Qwen3.5's, Gated DeltaNets among attention layers
         (Gemma4Config(text_config=SMALL), None),  # and Gemma 4's
         (Gemma3nConfig(text_config=SMALL), None),  # and Gemma 3n's (its text model alone loaded)
+        (Mistral3Config(text_config=SMALL), None),  # and Mistral 3's (Mistral Small 3.1's, Mistral text)
         # An embedding model's layers, every token reading every other: not a generator's
         (Gemma3TextConfig(**SMALL, use_bidirectional_attention=True), "attends both ways"),
         (Gemma4TextConfig(**SMALL, use_bidirectional_attention="all"), "attends both ways"),

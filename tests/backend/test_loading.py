@@ -28,7 +28,12 @@ from backend.quant import block_weights, calibration
 from backend.quant.gguf_weights import BLOCKS_CACHE
 from backend.utils.hub import hub_token
 from tests.backend.gguf_files import write_tiny_gguf
-from tests.backend.models import tiny_model, write_gemma3n_multimodal, write_tiny_causal_lm
+from tests.backend.models import (
+    tiny_model,
+    write_gemma3n_multimodal,
+    write_mistral3_multimodal,
+    write_tiny_causal_lm,
+)
 
 
 def test_the_default_model_is_converted_once_then_loaded_from_safetensors(tmp_path, monkeypatch):
@@ -79,6 +84,22 @@ def test_a_gemma_3n_checkpoint_loads_its_text_model_alone_and_is_refused_with_a_
     save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(UnsupportedModel, match=r"no weights for 1 .*model.layers.1.mlp.down_proj.weight"):
         load_model(BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64))
+
+
+@pytest.mark.parametrize("family, transformers_4_names", [("ministral3", False), ("mistral", True)])
+def test_a_mistral_3_checkpoint_loads_its_text_model_alone(tmp_path, family, transformers_4_names):
+    """Mistral 3 as published (Ministral 3 over its own text model; Mistral Small 3.1 over Mistral's, its
+    files with transformers 4's names): transformers builds no causal LM of the composite, so the text model
+    is loaded by its own class from the composite's names, every weight of it read, the towers left."""
+    text = tiny_model(family)
+    directory = write_mistral3_multimodal(
+        write_tiny_causal_lm(tmp_path / family, family, text), text, transformers_4_names
+    )
+    loaded = load_model(BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64))
+    assert type(loaded.model) is type(text)
+    assert all(
+        torch.equal(weight, text.state_dict()[name]) for name, weight in loaded.model.state_dict().items()
+    )
 
 
 def test_a_local_directory_loads_as_is(tmp_path):

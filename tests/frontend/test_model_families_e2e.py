@@ -35,6 +35,7 @@ from tests.backend.models import (
     tiny_model,
     tiny_qwen3_5_multimodal,
     write_gemma3n_multimodal,
+    write_mistral3_multimodal,
     write_tiny_causal_lm,
 )
 from tests.backend.test_falcon import SHAPES, tiny_falcon
@@ -105,6 +106,9 @@ FAMILIES = [
     # Served from 2026-12-03 beside Gemma 4: families whose modules run exactly over the row attention as
     # they are (test_exactness holds each); three here for the loader's path
     "ministral3",
+    # Ministral 3 as Mistral publishes it (Mistral3ForConditionalGeneration, a Pixtral tower beside), which
+    # transformers builds as no causal LM: its text model alone loaded
+    "mistral3",
     "minimax_m2",
     "granitemoe_swa",
     # LFM2: short convolution layers over the rows' states (model/short_conv.py)
@@ -172,6 +176,10 @@ def prepare(family: str, tmp_path: Path) -> Family:
     if family == "gemma3n":  # the text model's weights and tokenizer, then the composite's config and names
         built = tiny_model("gemma3n_text")
         directory = write_gemma3n_multimodal(write_tiny_causal_lm(tmp_path / family, family, built), built)
+    elif family == "mistral3":  # the same, Ministral 3's
+        built = tiny_model("ministral3")
+        directory = write_tiny_causal_lm(tmp_path / family, family, built)
+        directory = write_mistral3_multimodal(directory, built, transformers_4_names=False)
     else:
         directory = write_tiny_causal_lm(tmp_path / family, family, built)
     model = built.eval() if built is not None else AutoModelForCausalLM.from_pretrained(directory).eval()
