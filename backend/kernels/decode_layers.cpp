@@ -69,7 +69,9 @@ at::Tensor projected(const at::Tensor& x, const std::vector<at::Tensor>& project
 // neighbouring pairs where `interleaved` (GLM's, ERNIE 4.5's, Helium's: rotate_and_store). Every norm is a
 // LayerNorm without a bias where `centered` (Cohere's), else an RMSNorm. Where `parallel` (Cohere's layers)
 // the MLP takes the layer's input norm as attention does, both outputs added to the residual, attention's
-// first (no norm between: its norms[1 + 2l] is empty). Returns the final norm of the last layer's output.
+// first (no norm between: its norms[1 + 2l] is empty). Each rotated query is multiplied by its
+// query_scales[q], in the queries' dtype, where that is not empty (Ministral 3's). Returns the final norm of
+// the last layer's output.
 at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
                          const at::Tensor& slots,
                          const at::Tensor& rows, const at::Tensor& positions, std::vector<at::Tensor> keys,
@@ -81,7 +83,8 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
                          const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
-                         double residual, double softcap, bool interleaved, bool centered, bool parallel) {
+                         double residual, double softcap, bool interleaved, bool centered, bool parallel,
+                         const at::Tensor& query_scales) {
   const size_t layers = keys.size(), layer_norms = sandwich ? 4 : 2;
   TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + layer_norms * layers &&
                   eps.size() == norms.size(),
@@ -115,6 +118,7 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
   TORCH_CHECK(biases.empty() || biases.size() == projection_count, "decode_layers needs each projection's bias, or none");
   const int64_t queries = hidden.size(0);
   TORCH_CHECK(!parallel || !sandwich, "a parallel layer has no norms of its sublayers' outputs");
+  TORCH_CHECK(query_scales.numel() == 0 || query_scales.numel() == hidden.size(0), "a query scale a query, or none");
   at::Tensor normed = norm_or_not(hidden, norms[0], eps[0], centered);
   size_t next = 0, mixture_index = 0;  // the layer's first projection, the next mixture's router
   for (size_t l = 0; l < layers; ++l) {
@@ -126,8 +130,9 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                      head_eps[2 * l + 1]);
     }
     const size_t rotation = rotations.empty() ? 0 : rotations[l], norm = 1 + layer_norms * l;
-    const at::Tensor query =
+    at::Tensor query =
         rotate_and_store(qkv, cos[rotation], sin[rotation], slots, keys[l], values[l], heads, kv_heads, interleaved);
+    if (query_scales.numel() > 0) query = query * query_scales.view({-1, 1, 1});  // (the Python loop's product)
     const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling,
                                                  windows.empty() ? 0 : windows[l],
                                                  sinks.empty() ? std::nullopt : sinks[l], softcap);

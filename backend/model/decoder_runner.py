@@ -101,7 +101,8 @@ log = logging.getLogger(__name__)
 # LayerNorm without a bias (decode_ops.Norm's `centered`), and its MLP takes that norm as attention does, both
 # outputs added to the residual (`PARALLEL_TYPES`); it rotates neighbouring pairs, and multiplies its logits
 # (`logit_scale`). Cohere 2's (Command R7B's, Command A's) has window layers beside global ones without
-# rotary positions (`rotates`).
+# rotary positions (`rotates`). Ministral 3's is Llama's with its queries multiplied, after the rotation, by a
+# factor that grows with the position past the rotation's original length (`QUERY_SCALED_TYPES`).
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -130,6 +131,7 @@ LLAMA_LAYER_TYPES = {
     "granitemoe",
     "cohere",
     "cohere2",
+    "ministral3",
 }
 # The model types whose rotation pairs element 2t of a head with 2t + 1 (decode_ops.rotate's `interleaved`)
 INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4", "cohere", "cohere2"}
@@ -137,6 +139,10 @@ INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4", "coher
 PAIRED_ANGLES_TYPES = {"cohere", "cohere2"}
 # The model types whose MLP takes the layer's input norm as its attention does (`DecoderRunner.parallel`)
 PARALLEL_TYPES = {"cohere", "cohere2"}
+# The model types whose rotated queries are multiplied by 1 + beta log(1 + floor(position / original length))
+# (Llama 4's attention temperature, Ministral 3's: `DecoderRunner.query_scales`), beta and the length the
+# rotary parameters' `llama_4_scaling_beta` and `original_max_position_embeddings`
+QUERY_SCALED_TYPES = {"ministral3"}
 UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (SmolLM3's, EXAONE 4's: `rotates`)
 
 # Gemma 3's layer (its text model) is the Llama layer with a norm of the attention's output and of the
@@ -371,6 +377,8 @@ class DecoderRunner:
         self.paired_angles = model.config.model_type in PAIRED_ANGLES_TYPES  # (`as_rotated`)
         # Cohere's: attention and the MLP take the layer's one norm, their outputs both added to the residual
         self.parallel = model.config.model_type in PARALLEL_TYPES
+        # Ministral 3's (beta, original length) of its queries' scale (`query_scales`), or None
+        self.query_scaling = query_scaling(model.config)
         self.layers = list(model.model.layers)
         # Gemma 3's and OLMo 3's rotary modules give each kind of layer (window or global, the config's
         # `layer_types`) cos and sin of its own;
@@ -648,6 +656,7 @@ class DecoderRunner:
         hidden = self.embed(input_ids)[None]  # [1, tokens, hidden], the shapes transformers' layers use
         # [1, 1, tokens, head_dim] each
         rotations = [(cos[:, None], sin[:, None]) for cos, sin in self.rotations(hidden, positions)]
+        scales = self.query_scales(positions, hidden.dtype)
         for layer, mlp_module, bound, input_norm, qkv, head_norms, gate_up, cache_layer in zip(
             self.layers,
             self.mlps,
@@ -661,7 +670,9 @@ class DecoderRunner:
         ):
             normed = EAGER.norm(hidden, input_norm)
             projected = HeadNorms.after(qkv, head_norms)(normed)
-            attended = self._attention(projected, *rotations[bound.rotation], cache_layer, layout, bound)
+            attended = self._attention(
+                projected, *rotations[bound.rotation], cache_layer, layout, bound, scales
+            )
             output = normed_output(layer.self_attn.o_proj(attended), bound.attention_out_norm)
             hidden = hidden + self.residual_part(output)
             if not self.parallel:  # (Cohere's MLP takes the layer's input norm, as its attention did)
@@ -699,6 +710,7 @@ class DecoderRunner:
         cache_layer: CacheLayerMixin,
         layout: StepLayout,
         layer: DecodeLayer,  # its window and sinks
+        scales: torch.Tensor | None = None,  # [tokens]: each token's query's scale (`query_scales`)
     ) -> torch.Tensor:
         tokens = qkv.shape[1]
         all_heads = qkv.view(1, tokens, -1, self.head_dim).transpose(
@@ -707,6 +719,8 @@ class DecoderRunner:
         # one rotation for both
         query_and_key = rotate(all_heads[:, : self.heads + self.kv_heads], cos, sin, self.interleaved)
         query, key = query_and_key.split([self.heads, self.kv_heads], dim=1)
+        if scales is not None:  # (Ministral 3's)
+            query = query * scales[None, None, :, None]
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
         by_position = self.attend if self.reads_own_positions else None
         features = None
@@ -731,7 +745,8 @@ class DecoderRunner:
         rotations = self.rotations(hidden, positions)  # each kind's [queries, 1, head_dim] below
         cos, sin = ([rotation[i][0, :, None] for rotation in rotations] for i in (0, 1))
         slots, rows = cache.plan.decode_slots(cache.kv_heads), layout.decode_index
-        return self.native(hidden, cos, sin, slots, rows, positions, cache.keys, cache.values)
+        scales = self.query_scales(positions, cache.keys[0].dtype)  # (the queries' dtype: the cache's)
+        return self.native(hidden, cos, sin, slots, rows, positions, cache.keys, cache.values, scales)
 
     def rotations(
         self, hidden: torch.Tensor, positions: torch.Tensor
@@ -757,6 +772,14 @@ class DecoderRunner:
             )
             by_kind[UNROTATED] = (torch.ones_like(cos), torch.zeros_like(sin))
         return [by_kind[kind] for kind in self.rope_kinds]
+
+    def query_scales(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """Ministral 3's factor of each query after its rotation ([tokens], in the queries' dtype), as its
+        attention computes it (transformers' `get_llama_4_attn_scale`); None for other models."""
+        if self.query_scaling is None:
+            return None
+        beta, original = self.query_scaling
+        return (1 + beta * torch.log(1 + torch.floor(positions / original))).to(dtype)
 
     def as_rotated(
         self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
@@ -816,6 +839,7 @@ class DecoderRunner:
         hidden = self.embed(input_ids)
         # [queries, 1, head_dim] each
         rotations = [(cos[0, :, None], sin[0, :, None]) for cos, sin in self.rotations(hidden, positions)]
+        scales = self.query_scales(positions, keys[0].dtype)  # (the queries' dtype: the cache's)
         normed = ops.norm(hidden, self.first_norm)
         for layer, (reads, window), layer_keys, layer_values in zip(
             self.bound_layers, self.layer_reads(visible), keys, values, strict=True
@@ -827,6 +851,8 @@ class DecoderRunner:
             query = ops.rotate_and_store(
                 qkv, cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads, self.interleaved
             )
+            if scales is not None:
+                query = query * scales[:, None, None]
             attended = self.attend(
                 query,
                 layer_keys,
@@ -868,6 +894,14 @@ def layer_norms(layer: DecodeLayer) -> list[Norm | None]:
 def activation(config: PretrainedConfig) -> str:
     """A model's MLP activation: Gemma 2's and 3's `hidden_activation`, the others' `hidden_act`."""
     return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+
+
+def query_scaling(config: PretrainedConfig) -> tuple[float, int] | None:
+    """The beta and original length of a model's queries' scale (`QUERY_SCALED_TYPES`), or None."""
+    if config.model_type not in QUERY_SCALED_TYPES:
+        return None
+    rope = config.rope_parameters
+    return rope["llama_4_scaling_beta"], rope["original_max_position_embeddings"]
 
 
 def rotates(attention: nn.Module) -> bool:

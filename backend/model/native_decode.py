@@ -44,6 +44,7 @@ TOP_K_FIRST = {"GptOssTopKRouter", "GraniteMoeTopKRouter"}
 
 NO_MIXTURE = (0, False, False, 0.0, 0.0)  # `LayerExperts.routing` of a model without one
 NO_NORM = torch.empty(0)  # what decode_layers.cpp takes where a layer norms nothing there (OLMo 2's inputs)
+NO_SCALES = torch.empty(0)  # ... and where a model's queries have no factor (all but Ministral 3's)
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,7 @@ class NativeDecode:
         positions: torch.Tensor,
         keys: list[torch.Tensor],
         values: list[torch.Tensor],
+        query_scales: torch.Tensor | None = None,  # [queries]: Ministral 3's factor of each rotated query
     ) -> torch.Tensor:
         return self.run(
             hidden,
@@ -252,4 +254,5 @@ class NativeDecode:
             self.form.interleaved,
             self.form.centered,
             self.form.parallel,
+            NO_SCALES if query_scales is None else query_scales,
         )

@@ -190,7 +190,21 @@ FAMILY_EXTRAS: dict[str, dict] = {
     "hunyuan_v1_dense": {},
     "apertus": {},
     # Served from 2026-12-03 (the window ones' window in play, experts four, two chosen a token)
-    "ministral3": {},
+    # Ministral 3: its queries' factor (Llama 4's) from position 16 on, where its YaRN rotation's original
+    # length ends (16384 in its checkpoints), a larger beta than its 0.1 so that the factor bites
+    "ministral3": {
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 1000000.0,
+            "factor": 32.0,
+            "original_max_position_embeddings": 16,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.5,
+        }
+    },
     "minimax_m2": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "ernie4_5_moe": {"moe_num_experts": 4, "moe_k": 2},
     "hunyuan_v1_moe": {"num_experts": 4, "moe_topk": 2},

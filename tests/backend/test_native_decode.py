@@ -12,7 +12,7 @@ from backend.quant import block_weights, quantized_experts
 from backend.quant.gguf_types import SixBitWeight
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_linear import BlocksLinear
-from tests.backend.models import TINY_WINDOW, MarkerTokenizer, tiny_model
+from tests.backend.models import FAMILY_EXTRAS, TINY_WINDOW, MarkerTokenizer, tiny_model
 from tests.backend.test_compiled_decode import record_decode_steps, replay_decode_steps
 from tests.backend.test_fused_ops import drive_mixed_decode_steps
 
@@ -65,6 +65,13 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
     return six_bit
 
 
+# Ministral 3's queries' factor from position 4 on (the steps below reach position 11)
+EARLY_QUERY_FACTOR = {
+    "rope_parameters": FAMILY_EXTRAS["ministral3"]["rope_parameters"]
+    | {"original_max_position_embeddings": 4, "factor": 128.0}
+}
+
+
 @pytest.mark.parametrize(
     "family, k_quant_mix, extras",
     [
@@ -98,6 +105,7 @@ def six_bit_like(layer: torch.nn.Module, generator: torch.Generator) -> BlocksLi
         ("granite_swa", False, {}),  # Granite's layer with a window layer and every layer's sinks
         ("cohere", False, {}),  # LayerNorms, the MLP beside attention, neighbouring pairs rotated
         ("cohere2", False, {}),  # Cohere's layer; a window layer, then a global one unrotated
+        ("ministral3", False, EARLY_QUERY_FACTOR),  # its queries' factor biting past position 4
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -120,7 +128,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     rotation of neighbouring pairs, GLM-4's of half of each head and its norms of each sublayer's output.
     Gemma 1's layer, Llama's with GELU. OLMoE's experts beside its norms of q and k whole. Granite MoE's
     experts, top k first; Granite's window model's windows and sinks. Cohere's LayerNorms and MLP beside
-    attention, and Cohere 2's global layer without rotary positions."""
+    attention, and Cohere 2's global layer without rotary positions. Ministral 3's factor of its queries."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family in ("qwen2", "smollm3", "ernie4_5") else None  # (their greedy tokens repeat: drafts)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
@@ -181,6 +189,9 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     assert runner.native.form.gelu == family.startswith("gemma")
     if family == "seed_oss":  # q, k and v fused, then o: each with its bias
         assert all(bias is not None for bias in runner.native.biases[:2])
+    if family == "ministral3":  # positions where its queries' factor is 1, and two where it is not
+        assert runner.query_scaling == (0.5, 4)
+        assert max(max(positions.tolist()) for _, positions, *_ in steps) >= 2 * 4
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
     assert {1, 2, 3} <= shapes and max(shapes) >= runner.native.rows_below
     assert any(layout.has_free_rows for _, _, layout, *_ in steps)
