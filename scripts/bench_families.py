@@ -9,12 +9,12 @@ layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE, Gem
 Phi-4-mini's and Phi-3-mini's layers at 0.75B for Phi-3, Granite 3 2B's at 0.6B for Granite, Gemma 2 2B's at
 0.7B for Gemma 2, OLMo 2 1B's at 0.6B for OLMo 2, EXAONE 4.0 1.2B's at 0.5B for EXAONE 4, ERNIE 4.5 0.3B's,
 GLM-4-9B-0414's at 0.9B for GLM-4, OLMoE-1B-7B's at 2 layers for OLMoE, Granite 3.0 3B-A800M's at 8 layers for
-Granite MoE, Command R7B's at 4 layers for Cohere 2) with the default model's tokenizer, quantized as
-`--quantize` says (int4, as a 4-bit file would be served, by default). Engine tokens/s with 1 and 32 rows
-decoding, first on the path the server takes (the decoder runner), then on transformers' own modules over the
-row attention (what every other family takes), alternating the two at each row count so that drift in the
-machine falls on both; and transformers' `generate` one request at a time. Prints a markdown table and the
-machine. Random weights decode at the speed of real ones.
+Granite MoE, Command R7B's at 4 layers for Cohere 2, Ministral 3 3B's at 8 layers for Ministral 3) with the
+default model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served, by default).
+Engine tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder runner), then on
+transformers' own modules over the row attention (what every other family takes), alternating the two at each
+row count so that drift in the machine falls on both; and transformers' `generate` one request at a time.
+Prints a markdown table and the machine. Random weights decode at the speed of real ones.
 """
 
 from __future__ import annotations
@@ -233,6 +233,19 @@ SHAPES = {
             num_key_value_heads=8,
             sliding_window=4096,
             sliding_window_pattern=4,
+        ),
+    ),
+    # Ministral 3 3B's layer at 8 of its 26: 3072 wide, 32 heads of 128 over 8 KV heads, its queries' factor
+    # past the rotation's original length (16384: 1 within these rows)
+    "ministral3": (
+        "ministral3",
+        dict(
+            hidden_size=3072,
+            intermediate_size=9216,
+            num_hidden_layers=8,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
         ),
     ),
     # Phi-3-mini's (Phi-3.5-mini's) layer at 6 of its 32: 32 heads of 96, each its own KV head, all rotated
