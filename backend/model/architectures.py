@@ -112,17 +112,20 @@ SUPPORTED = {
 }
 
 # Multimodal checkpoints whose towers transformers builds with a package the server does not install
-# (Gemma 3n's vision tower is a timm MobileNet), or that transformers builds as no causal LM (Mistral 3's:
-# Mistral Small 3.1 and 3.2, Ministral 3): their text model alone is loaded (loader.load_text_alone), its
-# weights renamed from the composite's names by these patterns (files written by transformers 4 name them
-# under `language_model.`), the towers' left unread.
+# (Gemma 3n's vision tower is a timm MobileNet), that transformers builds as no causal LM (Mistral 3's:
+# Mistral Small 3.1 and 3.2, Ministral 3), or whose composite would run on transformers' modules where its
+# text model alone runs on the decoder runner (Gemma 3 4B-27B's): their text model alone is loaded
+# (loader.load_text_alone), its weights renamed from the composite's names by these patterns (files written
+# by transformers 4 name them under `language_model.`), the towers' left unread.
+COMPOSITE_NAMES = {
+    r"^model\.language_model\.": "model.",
+    r"^language_model\.model\.": "model.",
+    r"^language_model\.lm_head\.": "lm_head.",
+}
 TEXT_ALONE = {
     "gemma3n": {r"^model\.language_model\.": "model."},
-    "mistral3": {
-        r"^model\.language_model\.": "model.",
-        r"^language_model\.model\.": "model.",
-        r"^language_model\.lm_head\.": "lm_head.",
-    },
+    "mistral3": COMPOSITE_NAMES,
+    "gemma3": COMPOSITE_NAMES,
 }
 
 

@@ -150,8 +150,8 @@ UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (Smo
 # `pre_feedforward_layernorm`), GELU's tanh form where Llama has SiLU, Qwen3's head norms, every norm
 # scaling by 1 + its weight (decode_ops.Norm.of), embeddings scaled by the square root of the hidden size
 # (its embedding module does it) and sliding-window layers among global ones, each kind with a rotary
-# base of its own (`rope_kinds`). Not its multimodal models' wrapper (model type `gemma3`), whose text
-# model sits one level further in: they take transformers' modules. Gemma 2's is Gemma 3's without the head
+# base of its own (`rope_kinds`). Its multimodal checkpoints (4B-27B, model type `gemma3`) load their text
+# model alone (architectures.TEXT_ALONE), which this runner serves. Gemma 2's is Gemma 3's without the head
 # norms, one rotation for both kinds of layer, and soft caps of attention's scores and of the logits
 # (`softcap`, `final_softcap`). Gemma's (Gemma 1's, CodeGemma's) is Gemma 2's without the norms of each
 # sublayer's output, the windows and the caps: the Llama layer with GELU, norms of 1 + weight and scaled

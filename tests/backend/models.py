@@ -462,19 +462,21 @@ def tiny_gemma4_multimodal() -> torch.nn.Module:
     return model.eval()
 
 
-def write_mistral3_multimodal(directory: Path, text: torch.nn.Module, transformers_4_names: bool) -> Path:
-    """A Mistral 3 checkpoint as Mistral publishes one (Mistral Small 3.1 and 3.2 over a Mistral text model,
-    Ministral 3 over its own), over a model directory of `text`: Mistral3ForConditionalGeneration's config
-    (its Pixtral tower's defaults) and the text model's weights under the composite's names, as transformers
-    5 writes them (model.language_model.*, lm_head.*) or as transformers 4 did (language_model.model.*,
-    language_model.lm_head.*), a tower's and the projector's weights beside them."""
+def write_multimodal(directory: Path, text: torch.nn.Module, family: str, transformers_4_names: bool) -> Path:
+    """A multimodal checkpoint as its maker publishes one, over a model directory of `text`: Mistral 3's
+    (Mistral Small 3.1 and 3.2 over a Mistral text model, Ministral 3 over its own) or Gemma 3's (4B-27B),
+    the composite's config (its tower's defaults) and the text model's weights under the composite's names,
+    as transformers 5 writes them (model.language_model.*, lm_head.*) or as transformers 4 did
+    (language_model.model.*, language_model.lm_head.*), a tower's and the projector's weights beside them."""
     from safetensors.torch import save_file
-    from transformers import Mistral3Config
+    from transformers import Gemma3Config, Mistral3Config
 
     text_config = {k: v for k, v in text.config.to_dict().items() if k != "architectures"}
-    config = Mistral3Config(text_config=text_config)
-    config.architectures = ["Mistral3ForConditionalGeneration"]
-    config.save_pretrained(directory)
+    composite = {"mistral3": Mistral3Config, "gemma3": Gemma3Config}[family](text_config=text_config)
+    composite.architectures = [
+        {"mistral3": "Mistral3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration"}[family]
+    ]
+    composite.save_pretrained(directory)
     body, head = (
         ("language_model.model.", "language_model.lm_head.")
         if transformers_4_names
@@ -487,9 +489,9 @@ def write_mistral3_multimodal(directory: Path, text: torch.nn.Module, transforme
         re.sub(r"^model\.", body, re.sub(r"^lm_head\.", head, k)): v.contiguous()
         for k, v in text.state_dict().items()
     }
-    tower = "vision_tower." if transformers_4_names else "model.vision_tower."
-    weights[tower + "patch_conv.weight"] = torch.zeros(8, 3, 4, 4)
-    weights[tower.replace("vision_tower", "multi_modal_projector") + "linear_1.weight"] = torch.zeros(8, 8)
+    outside = "" if transformers_4_names else "model."
+    weights[outside + "vision_tower.patch_conv.weight"] = torch.zeros(8, 3, 4, 4)
+    weights[outside + "multi_modal_projector.linear_1.weight"] = torch.zeros(8, 8)
     save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
     return directory
 

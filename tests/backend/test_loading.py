@@ -11,6 +11,7 @@ from backend.layers.row_cache import pick_cache_dtype
 from backend.messages import BackendConfig
 from backend.model import gguf_conversion
 from backend.model.architectures import UnsupportedModel
+from backend.model.decoder_runner import DecoderRunner
 from backend.model.lean_load import blocks_bytes
 from backend.model.loader import converted_dir, load_model
 from backend.model.resources import (
@@ -31,7 +32,7 @@ from tests.backend.gguf_files import write_tiny_gguf
 from tests.backend.models import (
     tiny_model,
     write_gemma3n_multimodal,
-    write_mistral3_multimodal,
+    write_multimodal,
     write_tiny_causal_lm,
 )
 
@@ -86,20 +87,27 @@ def test_a_gemma_3n_checkpoint_loads_its_text_model_alone_and_is_refused_with_a_
         load_model(BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64))
 
 
-@pytest.mark.parametrize("family, transformers_4_names", [("ministral3", False), ("mistral", True)])
-def test_a_mistral_3_checkpoint_loads_its_text_model_alone(tmp_path, family, transformers_4_names):
+@pytest.mark.parametrize(
+    "composite, text_family, transformers_4_names",
+    [("mistral3", "ministral3", False), ("mistral3", "mistral", True), ("gemma3", "gemma3_text", True)],
+)
+def test_a_multimodal_checkpoint_loads_its_text_model_alone(
+    tmp_path, composite, text_family, transformers_4_names
+):
     """Mistral 3 as published (Ministral 3 over its own text model; Mistral Small 3.1 over Mistral's, its
-    files with transformers 4's names): transformers builds no causal LM of the composite, so the text model
-    is loaded by its own class from the composite's names, every weight of it read, the towers left."""
-    text = tiny_model(family)
-    directory = write_mistral3_multimodal(
-        write_tiny_causal_lm(tmp_path / family, family, text), text, transformers_4_names
+    files with transformers 4's names), which transformers builds as no causal LM, and Gemma 3 4B-27B,
+    whose composite would take transformers' modules (the decoder runner serves its text model): the text
+    model is loaded by its own class from the composite's names, every weight of it read, the towers left."""
+    text = tiny_model(text_family)
+    directory = write_multimodal(
+        write_tiny_causal_lm(tmp_path / composite, text_family, text), text, composite, transformers_4_names
     )
     loaded = load_model(BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64))
     assert type(loaded.model) is type(text)
     assert all(
         torch.equal(weight, text.state_dict()[name]) for name, weight in loaded.model.state_dict().items()
     )
+    assert DecoderRunner.supports(loaded.model.config)
 
 
 def test_a_local_directory_loads_as_is(tmp_path):

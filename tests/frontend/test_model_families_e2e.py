@@ -35,7 +35,7 @@ from tests.backend.models import (
     tiny_model,
     tiny_qwen3_5_multimodal,
     write_gemma3n_multimodal,
-    write_mistral3_multimodal,
+    write_multimodal,
     write_tiny_causal_lm,
 )
 from tests.backend.test_falcon import SHAPES, tiny_falcon
@@ -107,8 +107,10 @@ FAMILIES = [
     # they are (test_exactness holds each); three here for the loader's path
     "ministral3",
     # Ministral 3 as Mistral publishes it (Mistral3ForConditionalGeneration, a Pixtral tower beside), which
-    # transformers builds as no causal LM: its text model alone loaded
+    # transformers builds as no causal LM, and Gemma 3 4B-27B as Google does (its files with transformers 4's
+    # names): their text model alone loaded
     "mistral3",
+    "gemma3",
     "minimax_m2",
     "granitemoe_swa",
     # LFM2: short convolution layers over the rows' states (model/short_conv.py)
@@ -176,10 +178,10 @@ def prepare(family: str, tmp_path: Path) -> Family:
     if family == "gemma3n":  # the text model's weights and tokenizer, then the composite's config and names
         built = tiny_model("gemma3n_text")
         directory = write_gemma3n_multimodal(write_tiny_causal_lm(tmp_path / family, family, built), built)
-    elif family == "mistral3":  # the same, Ministral 3's
-        built = tiny_model("ministral3")
+    elif family in ("mistral3", "gemma3"):  # the same, Ministral 3's and Gemma 3's
+        built = tiny_model({"mistral3": "ministral3", "gemma3": "gemma3_text"}[family])
         directory = write_tiny_causal_lm(tmp_path / family, family, built)
-        directory = write_mistral3_multimodal(directory, built, transformers_4_names=False)
+        directory = write_multimodal(directory, built, family, transformers_4_names=family == "gemma3")
     else:
         directory = write_tiny_causal_lm(tmp_path / family, family, built)
     model = built.eval() if built is not None else AutoModelForCausalLM.from_pretrained(directory).eval()
