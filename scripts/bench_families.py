@@ -91,6 +91,22 @@ SHAPES = {
             query_pre_attn_scalar=256,
         ),
     ),
+    # Gemma 3 4B's text model's layers at 6 of its 34 (the multimodal checkpoint's text, which the server
+    # loads alone): 2560 wide, 8 heads of 256 over 4 KV heads, five window layers (1024 positions) to a
+    # global one
+    "gemma3_4b": (
+        "gemma3_text",
+        dict(
+            hidden_size=2560,
+            intermediate_size=10240,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            sliding_window=1024,
+            query_pre_attn_scalar=256,
+        ),
+    ),
     # Phi-4-mini's layer at 6 of its 32: 3072 wide, 24 heads of 128 over 8 KV heads, three quarters of each
     # head rotated, q, k and v one linear layer and gate and up another (0.75B with this vocabulary)
     "phi3": (
