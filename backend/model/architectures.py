@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 
 from transformers import CONFIG_MAPPING, PretrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,8 @@ log = logging.getLogger(__name__)
 SUPPORTED = {
     "llama": "Llama 2 and 3, SmolLM2, TinyLlama, Falcon3 and other Llama-architecture models",
     "mistral": "Mistral, with or without a sliding window, and Mistral Small 3.1 and 3.2 (their text)",
-    "qwen2": "Qwen2 and Qwen2.5",
-    "qwen3": "Qwen3 dense models",
+    "qwen2": "Qwen2 and Qwen2.5, and the text of Qwen2-VL and Qwen2.5-VL",
+    "qwen3": "Qwen3 dense models, and the text of Qwen3-VL",
     "qwen3_moe": "Qwen3 mixture-of-experts models",
     "mixtral": "Mixtral",
     "qwen2_moe": "Qwen1.5-MoE and Qwen2-57B-A14B",
@@ -126,7 +127,31 @@ TEXT_ALONE = {
     "gemma3n": {r"^model\.language_model\.": "model."},
     "mistral3": COMPOSITE_NAMES,
     "gemma3": COMPOSITE_NAMES,
+    "qwen2_vl": COMPOSITE_NAMES,  # (Qwen2-VL's and Qwen2.5-VL's first files name the text model as Qwen2's)
+    "qwen2_5_vl": COMPOSITE_NAMES,
+    "qwen3_vl": COMPOSITE_NAMES,
 }
+# Multimodal families whose text model, given text alone, is a served family's layer for layer: Qwen2-VL's
+# and Qwen2.5-VL's is Qwen2's, Qwen3-VL's Qwen3's. Their rotation of three position streams (time, height,
+# width), each over its sections of a head, is one rotation where the streams are equal, as they are for
+# text. Their text config is made that family's (`text_config_of`), and their text model loaded alone.
+TEXT_AS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
+
+
+def text_config_of(config: PretrainedConfig) -> PretrainedConfig:
+    """The config of the text model the server serves of a checkpoint: a multimodal one's text config
+    (made its family's where TEXT_AS names one: the rotation's sections dropped), else the config."""
+    text = config.get_text_config()
+    family = TEXT_AS.get(config.model_type)
+    if family is None:
+        return text
+    fields = {k: v for k, v in text.to_dict().items() if k not in ("model_type", "architectures")}
+    rope = {k: v for k, v in (fields.get("rope_parameters") or {}).items() if not k.startswith("mrope")}
+    if rope.get("rope_type") in (None, "mrope"):  # (Qwen2-VL's "mrope" is the default rotation, by streams)
+        rope["rope_type"] = "default"
+    fields["rope_parameters"] = rope
+    fields["tie_word_embeddings"] = getattr(config, "tie_word_embeddings", False)  # (the composite's)
+    return CONFIG_MAPPING[family](**fields)
 
 
 class UnsupportedModel(ValueError):
@@ -135,12 +160,21 @@ class UnsupportedModel(ValueError):
 
 def check_supported(config: PretrainedConfig) -> None:
     """Raise UnsupportedModel unless the engine serves this model exactly."""
-    config = config.get_text_config()
+    composite = config.model_type
+    config = text_config_of(config)
     model_type = config.model_type
     if model_type not in SUPPORTED:
         raise UnsupportedModel(
             f"model type {model_type!r} is not supported: the engine serves exactly only "
             + "; ".join(f"{name} ({families})" for name, families in SUPPORTED.items())
+        )
+    # A multimodal checkpoint of a served text model, which transformers builds as no causal LM, and whose
+    # text model this server does not load alone (TEXT_ALONE): no weights would load (Llava's, say)
+    if composite != model_type and composite not in TEXT_ALONE and not builds_causal_lm(composite):
+        raise UnsupportedModel(
+            f"model type {composite!r} is a multimodal model of a {model_type} text model, which "
+            "transformers builds as no causal LM: of such models the server loads the text of "
+            f"{', '.join(sorted(TEXT_ALONE))}; serve its text model's own checkpoint"
         )
     # EmbeddingGemma (Gemma 3's layers), and Gemma 4's "all": every token reads every other, which a
     # generator's rows, read up to each query's position, do not do.
@@ -149,6 +183,11 @@ def check_supported(config: PretrainedConfig) -> None:
             f"this {model_type} model attends both ways (use_bidirectional_attention), as an embedding model "
             "does, not causally as a generator: serve it beside a generator with --embedding-model"
         )
+
+
+def builds_causal_lm(model_type: str) -> bool:
+    """Whether transformers builds a causal LM of a model type (AutoModelForCausalLM)."""
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 def check_own_code(config_dict: dict, trust_remote_code: bool) -> bool:

@@ -50,7 +50,13 @@ from backend.layers.row_cache import pick_cache_dtype
 from backend.layers.row_states import has_row_states, is_state_space
 from backend.messages import BackendConfig
 from backend.model import gguf_conversion, gguf_gpt_oss, gguf_mixtral, gguf_phi3
-from backend.model.architectures import TEXT_ALONE, UnsupportedModel, check_own_code, check_supported
+from backend.model.architectures import (
+    TEXT_ALONE,
+    UnsupportedModel,
+    check_own_code,
+    check_supported,
+    text_config_of,
+)
 from backend.model.cache_size import size_kv_cache, size_row_states
 from backend.model.decoder_runner import DecoderRunner
 from backend.model.embeddings import EmbeddingModel, embed, score
@@ -218,8 +224,10 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     exact = quantization == "none" and dtype == torch.float32
     # The fused CPU operations are built here (once a machine) where the runner will use them: the
     # cache's dtype depends on whether their loop attends.
+    # (asked of what is served: a multimodal checkpoint's text model where it is loaded alone)
+    served_config = text_config_of(model_config) if model_config.model_type in TEXT_ALONE else model_config
     loop_attention = DecoderRunner.would_read_own_positions(
-        model_config, device, exact, config.compile_decode
+        served_config, device, exact, config.compile_decode
     )
     cache_dtype = pick_cache_dtype(config.kv_cache_dtype, dtype, device, loop_attention)
     sizing = size_row_states if is_state_space(model_config) else size_kv_cache
@@ -529,7 +537,7 @@ def load_text_alone(
 ) -> tuple[PreTrainedModel, dict]:
     """The text model of a multimodal checkpoint (TEXT_ALONE), by its family's causal LM class; refused
     where the renamed weights leave any of its parameters unread (they would be random)."""
-    text_config = config.get_text_config()
+    text_config = text_config_of(config)
     model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(text_config)].from_pretrained(
         location,
         config=text_config,
@@ -541,6 +549,12 @@ def load_text_alone(
         output_loading_info=True,
     )
     refuse_unread(info["missing_keys"], f"the {config.model_type} checkpoint in {location}")
+    log.info(
+        "%s checkpoint: its %s text model alone is served (its towers are not loaded: a request with an "
+        "image is a 400)",
+        config.model_type,
+        text_config.model_type,
+    )
     return model, info
 
 

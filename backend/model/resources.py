@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from backend.layers.row_cache import KVShape
 from backend.layers.row_states import StateShape, has_row_states, is_state_space
-from backend.model.architectures import TEXT_ALONE
+from backend.model.architectures import TEXT_ALONE, text_config_of
 from backend.quant.quantized_linear import quantizable_linears
 
 GIB = 1024**3
@@ -80,7 +80,7 @@ def skeleton(model_config: PretrainedConfig) -> torch.nn.Module:
     """The model the config describes on the meta device: its names and shapes, nothing allocated (a
     TEXT_ALONE checkpoint's text model: what is loaded of it)."""
     if model_config.model_type in TEXT_ALONE:
-        model_config = model_config.get_text_config()
+        model_config = text_config_of(model_config)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(model_config)
 

@@ -445,6 +445,45 @@ def tiny_qwen3_5_multimodal() -> torch.nn.Module:
     return model.eval()
 
 
+def tiny_qwen_vl(model_type: str) -> torch.nn.Module:
+    """A Qwen2.5-VL or Qwen3-VL checkpoint as Qwen publishes one (Qwen2_5_VLForConditionalGeneration,
+    Qwen3VLForConditionalGeneration), tiny and of random weights, its text model's rotation in three
+    sections of each head (time, height and width streams; Qwen3-VL's interleaved) and a one-block vision
+    tower: the reference whose `generate` its text model, served alone as Qwen2's or Qwen3's, must give."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+    )
+
+    torch.manual_seed(0)
+    sizes = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        vocab_size=TINY_VOCAB,
+        eos_token_id=TINY_EOS,
+        bos_token_id=1,
+        pad_token_id=0,
+    )
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}
+    if model_type == "qwen3_vl":
+        text = sizes | {"rope_parameters": rope | {"mrope_interleaved": True}}
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+        config = Qwen3VLConfig(text_config=text, vision_config=vision | {"deepstack_visual_indexes": [0]})
+        model = Qwen3VLForConditionalGeneration(config)
+    else:
+        text = sizes | {"rope_parameters": rope}
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision))
+    return model.eval()
+
+
 def tiny_gemma4_multimodal() -> torch.nn.Module:
     """A Gemma 4 checkpoint as Google publishes one: Gemma4ForConditionalGeneration, the tiny text model of
     `tiny_model("gemma4_text")` (its weights) beside a one-layer vision tower, saved under the composite

@@ -17,6 +17,7 @@ from transformers import (
     Gemma4Config,
     Gemma4TextConfig,
     LlamaConfig,
+    LlavaConfig,
     Mamba2Config,
     MambaConfig,
     Mistral3Config,
@@ -59,6 +60,12 @@ RWKV = dict(
         (MambaConfig(hidden_size=64, num_hidden_layers=2), None),  # a recurrent state a row
         (Mamba2Config(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16), None),
         (RwkvConfig(**RWKV), "'rwkv' is not supported"),
+        # a multimodal model of a served text model that transformers builds as no causal LM, and whose text
+        # the server does not load alone: refused, not failed in the loading
+        (
+            LlavaConfig(text_config=LlamaConfig(**SMALL)),
+            "'llava' is a multimodal model of a llama text model",
+        ),
     ],
 )
 def test_check_supported(config, refused_for):

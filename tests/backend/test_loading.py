@@ -30,7 +30,9 @@ from backend.quant.gguf_weights import BLOCKS_CACHE
 from backend.utils.hub import hub_token
 from tests.backend.gguf_files import write_tiny_gguf
 from tests.backend.models import (
+    TINY_VOCAB,
     tiny_model,
+    tiny_qwen_vl,
     write_gemma3n_multimodal,
     write_multimodal,
     write_tiny_causal_lm,
@@ -108,6 +110,22 @@ def test_a_multimodal_checkpoint_loads_its_text_model_alone(
         torch.equal(weight, text.state_dict()[name]) for name, weight in loaded.model.state_dict().items()
     )
     assert DecoderRunner.supports(loaded.model.config)
+
+
+@pytest.mark.parametrize(
+    "composite, served", [("qwen3_vl", "Qwen3ForCausalLM"), ("qwen2_5_vl", "Qwen2ForCausalLM")]
+)
+def test_a_qwen_vl_checkpoint_serves_its_text_model_as_qwens(tmp_path, composite, served):
+    """Qwen3-VL and Qwen2.5-VL as published: their text model loaded alone as Qwen3's or Qwen2's (its config
+    made that family's, the rotation's sections dropped), which the decoder runner serves; on text its
+    logits are the composite model's, bit for bit (three equal position streams rotate as one)."""
+    reference = tiny_qwen_vl(composite)
+    directory = write_tiny_causal_lm(tmp_path / composite, "llama", reference)
+    loaded = load_model(BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64))
+    assert type(loaded.model).__name__ == served and DecoderRunner.supports(loaded.model.config)
+    ids = torch.randint(2, TINY_VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded.model(input_ids=ids).logits, reference(input_ids=ids).logits)
 
 
 def test_a_local_directory_loads_as_is(tmp_path):

@@ -34,6 +34,7 @@ from tests.backend.models import (
     tiny_gemma4_multimodal,
     tiny_model,
     tiny_qwen3_5_multimodal,
+    tiny_qwen_vl,
     write_gemma3n_multimodal,
     write_multimodal,
     write_tiny_causal_lm,
@@ -111,6 +112,10 @@ FAMILIES = [
     # names): their text model alone loaded
     "mistral3",
     "gemma3",
+    # Qwen3-VL and Qwen2.5-VL as Qwen publishes them: their text model loaded alone as Qwen3's and Qwen2's,
+    # the composite model's own `generate` the reference
+    "qwen3_vl",
+    "qwen2_5_vl",
     "minimax_m2",
     "granitemoe_swa",
     # LFM2: short convolution layers over the rows' states (model/short_conv.py)
@@ -173,6 +178,8 @@ def prepare(family: str, tmp_path: Path) -> Family:
         "falcon_rw": lambda: tiny_falcon(SHAPES["rw"]),
         "qwen3_5": tiny_qwen3_5_multimodal,
         "gemma4": tiny_gemma4_multimodal,
+        "qwen3_vl": lambda: tiny_qwen_vl("qwen3_vl"),
+        "qwen2_5_vl": lambda: tiny_qwen_vl("qwen2_5_vl"),
     }.get(family)
     built = build() if build is not None else None
     if family == "gemma3n":  # the text model's weights and tokenizer, then the composite's config and names
