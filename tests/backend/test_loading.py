@@ -1,6 +1,7 @@
 """Finding and loading models; checking resources before loading."""
 
 import dataclasses
+import re
 from functools import partial
 from pathlib import Path
 
@@ -113,14 +114,29 @@ def test_a_multimodal_checkpoint_loads_its_text_model_alone(
 
 
 @pytest.mark.parametrize(
-    "composite, served", [("qwen3_vl", "Qwen3ForCausalLM"), ("qwen2_5_vl", "Qwen2ForCausalLM")]
+    "composite, served, transformers_4_names",
+    [("qwen3_vl", "Qwen3ForCausalLM", False), ("qwen2_5_vl", "Qwen2ForCausalLM", True)],
 )
-def test_a_qwen_vl_checkpoint_serves_its_text_model_as_qwens(tmp_path, composite, served):
+def test_a_qwen_vl_checkpoint_serves_its_text_model_as_qwens(
+    tmp_path, composite, served, transformers_4_names
+):
     """Qwen3-VL and Qwen2.5-VL as published: their text model loaded alone as Qwen3's or Qwen2's (its config
     made that family's, the rotation's sections dropped), which the decoder runner serves; on text its
-    logits are the composite model's, bit for bit (three equal position streams rotate as one)."""
+    logits are the composite model's, bit for bit (three equal position streams rotate as one). Qwen2.5-VL's
+    files name the text model's weights as Qwen2's and the tower's `visual.*` (transformers 4's names)."""
+    from safetensors.torch import load_file, save_file
+
     reference = tiny_qwen_vl(composite)
     directory = write_tiny_causal_lm(tmp_path / composite, "llama", reference)
+    if transformers_4_names:
+        weights = load_file(directory / "model.safetensors")
+        old_names = {r"^model\.language_model\.": "model.", r"^model\.visual\.": "visual."}
+        for new, old in old_names.items():
+            weights = {re.sub(new, old, name): weight for name, weight in weights.items()}
+        assert (
+            "model.layers.0.self_attn.q_proj.weight" in weights and "visual.blocks.0.norm1.weight" in weights
+        )
+        save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
     loaded = load_model(BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64))
     assert type(loaded.model).__name__ == served and DecoderRunner.supports(loaded.model.config)
     ids = torch.randint(2, TINY_VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))
