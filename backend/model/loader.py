@@ -44,6 +44,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
+from transformers.utils import logging as transformers_logging
 
 from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
@@ -538,22 +539,30 @@ def load_text_alone(
     """The text model of a multimodal checkpoint (TEXT_ALONE), by its family's causal LM class; refused
     where the renamed weights leave any of its parameters unread (they would be random)."""
     text_config = text_config_of(config)
-    model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(text_config)].from_pretrained(
-        location,
-        config=text_config,
-        key_mapping=TEXT_ALONE[config.model_type],
-        token=token,
-        **options,
-        dtype=dtype,
-        attn_implementation=None,
-        output_loading_info=True,
-    )
+    # transformers' report of the weights it read none of would list every weight of the towers (hundreds,
+    # as a warning): the log line below says how many; weights the text model lacks are refused below
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(text_config)].from_pretrained(
+            location,
+            config=text_config,
+            key_mapping=TEXT_ALONE[config.model_type],
+            token=token,
+            **options,
+            dtype=dtype,
+            attn_implementation=None,
+            output_loading_info=True,
+        )
+    finally:
+        transformers_logging.set_verbosity(verbosity)
     refuse_unread(info["missing_keys"], f"the {config.model_type} checkpoint in {location}")
     log.info(
-        "%s checkpoint: its %s text model alone is served (its towers are not loaded: a request with an "
-        "image is a 400)",
+        "%s checkpoint: its %s text model alone is served, %d weights of its towers left unread (a request "
+        "with an image is a 400)",
         config.model_type,
         text_config.model_type,
+        len(info["unexpected_keys"]),
     )
     return model, info
 

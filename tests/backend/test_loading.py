@@ -1,6 +1,7 @@
 """Finding and loading models; checking resources before loading."""
 
 import dataclasses
+import logging
 import re
 from functools import partial
 from pathlib import Path
@@ -95,17 +96,22 @@ def test_a_gemma_3n_checkpoint_loads_its_text_model_alone_and_is_refused_with_a_
     [("mistral3", "ministral3", False), ("mistral3", "mistral", True), ("gemma3", "gemma3_text", True)],
 )
 def test_a_multimodal_checkpoint_loads_its_text_model_alone(
-    tmp_path, composite, text_family, transformers_4_names
+    tmp_path, caplog, composite, text_family, transformers_4_names
 ):
     """Mistral 3 as published (Ministral 3 over its own text model; Mistral Small 3.1 over Mistral's, its
     files with transformers 4's names), which transformers builds as no causal LM, and Gemma 3 4B-27B,
     whose composite would take transformers' modules (the decoder runner serves its text model): the text
-    model is loaded by its own class from the composite's names, every weight of it read, the towers left."""
+    model is loaded by its own class from the composite's names, every weight of it read, the towers left
+    (the log says how many of their weights: the helper writes two)."""
     text = tiny_model(text_family)
     directory = write_multimodal(
         write_tiny_causal_lm(tmp_path / composite, text_family, text), text, composite, transformers_4_names
     )
-    loaded = load_model(BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64))
+    with caplog.at_level(logging.INFO, logger="backend.model.loader"):
+        loaded = load_model(
+            BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64)
+        )
+    assert f"{composite} checkpoint: its {text_family} text model alone is served, 2 weights" in caplog.text
     assert type(loaded.model) is type(text)
     assert all(
         torch.equal(weight, text.state_dict()[name]) for name, weight in loaded.model.state_dict().items()
