@@ -117,6 +117,11 @@ class EagerOps:
         return nn.functional.gelu(gate, approximate="tanh") * up
 
     @staticmethod
+    def relu_squared(up: torch.Tensor) -> torch.Tensor:
+        """ReLU(up)^2: Arcee's MLP's activation (transformers' `relu2`), which has no gate."""
+        return torch.square(nn.functional.relu(up))
+
+    @staticmethod
     def attend(
         query: torch.Tensor,  # [queries, heads, head_dim]: one a decoding row, in the cache's dtype
         keys: torch.Tensor,  # the layer's cache, [rows, kv_heads, max_seq_len, head_dim]
@@ -317,6 +322,10 @@ class FusedOps:
 
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.extension.gelu_tanh_mul(gate_up)
+
+    def relu_squared(self, up: torch.Tensor) -> torch.Tensor:
+        """As EagerOps.relu_squared, by the same operations (decode_layers.cpp's too): two a layer."""
+        return EagerOps.relu_squared(up)
 
     def attend(
         self,

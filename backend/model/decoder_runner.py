@@ -102,7 +102,8 @@ log = logging.getLogger(__name__)
 # outputs added to the residual (`PARALLEL_TYPES`); it rotates neighbouring pairs, and multiplies its logits
 # (`logit_scale`). Cohere 2's (Command R7B's, Command A's) has window layers beside global ones without
 # rotary positions (`rotates`). Ministral 3's is Llama's with its queries multiplied, after the rotation, by a
-# factor that grows with the position past the rotation's original length (`QUERY_SCALED_TYPES`).
+# factor that grows with the position past the rotation's original length (`QUERY_SCALED_TYPES`). Arcee's
+# (AFM-4.5B's) MLP has no gate: down(ReLU(up(x))^2) (`activation`: "relu2").
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -132,6 +133,7 @@ LLAMA_LAYER_TYPES = {
     "cohere",
     "cohere2",
     "ministral3",
+    "arcee",
 }
 # The model types whose rotation pairs element 2t of a head with 2t + 1 (decode_ops.rotate's `interleaved`)
 INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4", "cohere", "cohere2"}
@@ -395,6 +397,7 @@ class DecoderRunner:
         norms = [[optional_norm(module) for module in sublayer_norms(layer)] for layer in self.layers]
         self.sandwich = norms[0][1] is not None
         self.gelu = activation(model.config) == "gelu_pytorch_tanh"
+        self.squared_relu = activation(model.config) == "relu2"  # Arcee's MLP: no gate, ReLU(up)^2
         self.norm = model.model.norm
         self.head = model.get_output_embeddings()
         self.lora = lora_batch_of(model)  # the step's LoRA adapters' tokens (lora.py); None: no adapters
@@ -526,6 +529,7 @@ class DecoderRunner:
                     else [],
                     sandwich=self.sandwich,
                     gelu=self.gelu,
+                    squared_relu=self.squared_relu,
                     residual=self.residual,
                     softcap=self.softcap or 0.0,
                     interleaved=self.interleaved,
@@ -539,7 +543,7 @@ class DecoderRunner:
         # The fused operations' attention where the loop takes the model's head size, else PyTorch's.
         self.attend = self.ops.attend if self.reads_own_positions else EAGER.attend
         # The MLP's activation of the gate, times up
-        self.gated = self.ops.gelu_tanh_mul if self.gelu else self.ops.silu_mul
+        self.gated = mlp_activation(self.ops, self.gelu, self.squared_relu)
         self.replan()
 
     def replan(self) -> None:
@@ -602,7 +606,7 @@ class DecoderRunner:
             )
         return (
             config.model_type in LLAMA_LAYER_TYPES
-            and getattr(config, "hidden_act", "silu") == "silu"
+            and getattr(config, "hidden_act", "silu") == ("relu2" if config.model_type == "arcee" else "silu")
             and not getattr(config, "mlp_bias", False)
             and not getattr(config, "use_bias", False)  # (ERNIE 4.5's, on every linear layer)
             and getattr(config, "clip_qkv", None) is None
@@ -680,7 +684,7 @@ class DecoderRunner:
             if gate_up is None:  # a mixture of experts: the layer's own module
                 mlp = experts_output(mlp_module(normed))
             else:
-                gated = EAGER.gelu_tanh_mul(gate_up(normed)) if self.gelu else EAGER.silu_mul(gate_up(normed))
+                gated = mlp_activation(EAGER, self.gelu, self.squared_relu)(gate_up(normed))
                 mlp = mlp_module.down_proj(gated)
             hidden = hidden + self.residual_part(normed_output(mlp, bound.mlp_out_norm))
         states = None if embedded is None else rms_norm(hidden[0, embedded.start : embedded.stop], self.norm)
@@ -1003,18 +1007,29 @@ def attention_inputs(attention: nn.Module) -> tuple[nn.Module, ...]:
 
 
 def gate_and_up(mlp: nn.Module) -> tuple[nn.Module, ...]:
-    """The linear layers whose outputs side by side are an MLP's gate and up: Phi-3's one, Llama's two."""
+    """The linear layers whose outputs side by side are an MLP's gate and up: Phi-3's one, Llama's two;
+    Arcee's up alone (its MLP has no gate)."""
     if hasattr(mlp, "gate_up_proj"):
         return (mlp.gate_up_proj,)
+    if not hasattr(mlp, "gate_proj"):
+        return (mlp.up_proj,)
     return (mlp.gate_proj, mlp.up_proj)
 
 
+def mlp_activation(ops: DecodeOps, gelu: bool, squared_relu: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What the MLP does to gate and up's output (`ops`' functions): GELU(gate) * up (Gemma's), ReLU(up)^2
+    (Arcee's, which has no gate), else SiLU(gate) * up."""
+    if squared_relu:
+        return ops.relu_squared
+    return ops.gelu_tanh_mul if gelu else ops.silu_mul
+
+
 def is_dense(mlp: nn.Module) -> bool:
-    """Whether a layer's MLP is Llama's (gate and up, then down) rather than a mixture of experts (whose
-    `gate_up_proj`, where it has one, is its experts' 3-D tensor)."""
+    """Whether a layer's MLP is Llama's (gate and up, then down; Arcee's without the gate) rather than a
+    mixture of experts (whose `gate_up_proj`, where it has one, is its experts' 3-D tensor)."""
     if isinstance(getattr(mlp, "gate_up_proj", None), nn.Module):
         return hasattr(mlp, "down_proj")
-    return all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
+    return all(hasattr(mlp, name) for name in ("up_proj", "down_proj"))
 
 
 def rows_through(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:

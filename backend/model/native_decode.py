@@ -123,6 +123,7 @@ class LayerForm:
     sinks: list[torch.Tensor | None] = field(default_factory=list)  # gpt-oss's, [heads] float32 a layer
     sandwich: bool = False
     gelu: bool = False
+    squared_relu: bool = False  # the MLP's up alone, then ReLU(up)^2 (Arcee's; no gate)
     residual: float = 1.0  # what each sublayer's output is multiplied by before its residual add (Granite's)
     softcap: float = 0.0  # the cap of attention's scaled scores (Gemma 2's; 0: none)
     interleaved: bool = False  # queries and keys rotated in neighbouring pairs (GLM's: decode_ops.rotate)
@@ -249,6 +250,7 @@ class NativeDecode:
             self.form.sinks,
             self.form.sandwich,
             self.form.gelu,
+            self.form.squared_relu,
             self.form.residual,
             self.form.softcap,
             self.form.interleaved,

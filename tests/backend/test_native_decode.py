@@ -106,6 +106,7 @@ EARLY_QUERY_FACTOR = {
         ("cohere", False, {}),  # LayerNorms, the MLP beside attention, neighbouring pairs rotated
         ("cohere2", False, {}),  # Cohere's layer; a window layer, then a global one unrotated
         ("ministral3", False, EARLY_QUERY_FACTOR),  # its queries' factor biting past position 4
+        ("arcee", False, {}),  # an MLP without a gate: ReLU(up)^2
     ],
 )
 def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
@@ -128,7 +129,8 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     rotation of neighbouring pairs, GLM-4's of half of each head and its norms of each sublayer's output.
     Gemma 1's layer, Llama's with GELU. OLMoE's experts beside its norms of q and k whole. Granite MoE's
     experts, top k first; Granite's window model's windows and sinks. Cohere's LayerNorms and MLP beside
-    attention, and Cohere 2's global layer without rotary positions. Ministral 3's factor of its queries."""
+    attention, and Cohere 2's global layer without rotary positions. Ministral 3's factor of its queries.
+    Arcee's MLP without a gate."""
     model = served_like_the_default(k_quant_mix=k_quant_mix, family=family, **extras)
     drafts = 0 if family in ("qwen2", "smollm3", "ernie4_5") else None  # (their greedy tokens repeat: drafts)
     engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64, speculative_tokens=drafts)
@@ -187,6 +189,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
         family in no_input_norms or family.startswith(("gemma2", "gemma3", "glm4"))
     )
     assert runner.native.form.gelu == family.startswith("gemma")
+    assert runner.native.form.squared_relu == (family == "arcee")
     if family == "seed_oss":  # q, k and v fused, then o: each with its bias
         assert all(bias is not None for bias in runner.native.biases[:2])
     if family == "ministral3":  # positions where its queries' factor is 1, and two where it is not
