@@ -5,16 +5,17 @@ r"""Each fast-path family on the decoder runner against the same model on transf
         [--quantize int4|int8|none] [--dtype D]
 
 For each family, a model of random weights of a ~0.5B checkpoint's shape (Qwen2.5-0.5B's for Llama-shaped
-layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE, Gemma 3 1B's for Gemma 3,
-Phi-4-mini's and Phi-3-mini's layers at 0.75B for Phi-3, Granite 3 2B's at 0.6B for Granite, Gemma 2 2B's at
-0.7B for Gemma 2, OLMo 2 1B's at 0.6B for OLMo 2, EXAONE 4.0 1.2B's at 0.5B for EXAONE 4, ERNIE 4.5 0.3B's,
-GLM-4-9B-0414's at 0.9B for GLM-4, OLMoE-1B-7B's at 2 layers for OLMoE, Granite 3.0 3B-A800M's at 8 layers for
-Granite MoE, Command R7B's at 4 layers for Cohere 2, Ministral 3 3B's at 8 layers for Ministral 3) with the
-default model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served, by default).
-Engine tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder runner), then on
-transformers' own modules over the row attention (what every other family takes), alternating the two at each
-row count so that drift in the machine falls on both; and transformers' `generate` one request at a time.
-Prints a markdown table and the machine. Random weights decode at the speed of real ones.
+layers, Qwen3-0.6B's for Qwen3, Qwen3-30B-A3B's layer at 0.4B for Qwen3-MoE, Gemma 3 1B's for Gemma 3 (and
+Gemma 3 4B's text at 6 layers), Phi-4-mini's and Phi-3-mini's layers at 0.75B for Phi-3, Granite 3 2B's at
+0.6B for Granite, Gemma 2 2B's at 0.7B for Gemma 2, OLMo 2 1B's at 0.6B for OLMo 2, EXAONE 4.0 1.2B's at 0.5B
+for EXAONE 4, ERNIE 4.5 0.3B's, GLM-4-9B-0414's at 0.9B for GLM-4, OLMoE-1B-7B's at 2 layers for OLMoE,
+Granite 3.0 3B-A800M's at 8 layers for Granite MoE, Command R7B's at 4 layers for Cohere 2, Ministral 3 3B's
+at 8 layers for Ministral 3, AFM-4.5B's at 6 layers for Arcee) with the default model's tokenizer, quantized
+as `--quantize` says (int4, as a 4-bit file would be served, by default). Engine tokens/s with 1 and 32 rows
+decoding, first on the path the server takes (the decoder runner), then on transformers' own modules over the
+row attention (what every other family takes), alternating the two at each row count so that drift in the
+machine falls on both; and transformers' `generate` one request at a time. Prints a markdown table and the
+machine. Random weights decode at the speed of real ones.
 """
 
 from __future__ import annotations
@@ -261,6 +262,19 @@ SHAPES = {
             num_hidden_layers=8,
             num_attention_heads=32,
             num_key_value_heads=8,
+            head_dim=128,
+        ),
+    ),
+    # AFM-4.5B's layer at 6 of its 36: 2560 wide, 20 heads of 128 over 4 KV heads, an MLP of 18432 without a
+    # gate (ReLU(up)^2)
+    "arcee": (
+        "arcee",
+        dict(
+            hidden_size=2560,
+            intermediate_size=18432,
+            num_hidden_layers=6,
+            num_attention_heads=20,
+            num_key_value_heads=4,
             head_dim=128,
         ),
     ),
