@@ -103,7 +103,8 @@ log = logging.getLogger(__name__)
 # (`logit_scale`). Cohere 2's (Command R7B's, Command A's) has window layers beside global ones without
 # rotary positions (`rotates`). Ministral 3's is Llama's with its queries multiplied, after the rotation, by a
 # factor that grows with the position past the rotation's original length (`QUERY_SCALED_TYPES`). Arcee's
-# (AFM-4.5B's) MLP has no gate: down(ReLU(up(x))^2) (`activation`: "relu2").
+# (AFM-4.5B's) MLP has no gate: down(ReLU(up(x))^2) (`activation`: "relu2"). Hunyuan's (dense) norms each
+# head's query and key after the rotation, where Qwen3's norms them before it (`HeadNorms.after_rotation`).
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -134,6 +135,7 @@ LLAMA_LAYER_TYPES = {
     "cohere2",
     "ministral3",
     "arcee",
+    "hunyuan_v1_dense",
 }
 # The model types whose rotation pairs element 2t of a head with 2t + 1 (decode_ops.rotate's `interleaved`)
 INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4", "cohere", "cohere2"}
@@ -312,25 +314,31 @@ def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Te
 class HeadNorms:
     """The RMSNorms of queries and keys before the rotation: Qwen3's and Gemma 3's of each head's query and
     key, over the head's width; OLMo 2's of the queries and of the keys whole, over all the heads' (each
-    norm's weight is as wide as what it norms: EagerOps.head_norms)."""
+    norm's weight is as wide as what it norms: EagerOps.head_norms). Hunyuan's norm each head's query and
+    key after the rotation (`after_rotation`: `rotated_then_normed`)."""
 
     query: Norm
     key: Norm
     heads: int
     kv_heads: int
+    after_rotation: bool = False
 
     @classmethod
     def of(cls, attention: nn.Module, heads: int, kv_heads: int) -> HeadNorms | None:
-        if getattr(attention, "q_norm", None) is None:
-            return None
-        return cls(Norm.of(attention.q_norm), Norm.of(attention.k_norm), heads, kv_heads)
+        if getattr(attention, "q_norm", None) is not None:
+            return cls(Norm.of(attention.q_norm), Norm.of(attention.k_norm), heads, kv_heads)
+        if getattr(attention, "query_layernorm", None) is not None:  # Hunyuan's
+            norms = (Norm.of(attention.query_layernorm), Norm.of(attention.key_layernorm))
+            return cls(*norms, heads, kv_heads, after_rotation=True)
+        return None
 
     @staticmethod
     def after(
         project: Callable[[torch.Tensor], torch.Tensor], norms: HeadNorms | None
     ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The q, k and v projection followed by the layer's head norms, where it has them."""
-        return project if norms is None else lambda x: norms(project(x))
+        """The q, k and v projection followed by the layer's head norms, where it has them before the
+        rotation."""
+        return project if norms is None or norms.after_rotation else lambda x: norms(project(x))
 
     def __call__(self, qkv: torch.Tensor, ops: DecodeOps = EAGER) -> torch.Tensor:
         """q, k and v side by side ([..., (heads + 2 kv_heads) * head_dim]) with q and k normed, by `ops`
@@ -423,6 +431,8 @@ class DecoderRunner:
         # A mixture's routers compute in float32 on a CPU (float_router.py)
         routers_in_float32(self.mlps)
         self.head_norms = [HeadNorms.of(layer.self_attn, self.heads, self.kv_heads) for layer in self.layers]
+        # Hunyuan's norms of each head after the rotation (decode_layers.cpp norms them before it alone)
+        self.rotated_norms = any(norms is not None and norms.after_rotation for norms in self.head_norms)
         # each layer's input norm (None: OLMo 2's layers have none)
         self.input_norms = [layer_norms[0] for layer_norms in norms]
         next_norms = self.input_norms[1:] + [Norm.of(self.norm)]
@@ -500,7 +510,12 @@ class DecoderRunner:
             gate_up is not None or mixture is not None
             for gate_up, mixture in zip(self.gate_up, experts, strict=True)
         )
-        if self.reads_own_positions and len(head_norms) in (0, len(self.layers)) and mlps_native:
+        if (
+            self.reads_own_positions
+            and len(head_norms) in (0, len(self.layers))
+            and mlps_native
+            and not self.rotated_norms  # (Hunyuan's take the Python loop)
+        ):
             self.native = NativeDecode.of(
                 self.ops,
                 [
@@ -723,6 +738,8 @@ class DecoderRunner:
         # one rotation for both
         query_and_key = rotate(all_heads[:, : self.heads + self.kv_heads], cos, sin, self.interleaved)
         query, key = query_and_key.split([self.heads, self.kv_heads], dim=1)
+        if layer.head_norms is not None and layer.head_norms.after_rotation:  # (Hunyuan's)
+            query, key = EAGER.norm(query, layer.head_norms.query), EAGER.norm(key, layer.head_norms.key)
         if scales is not None:  # (Ministral 3's)
             query = query * scales[None, None, :, None]
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
@@ -844,13 +861,18 @@ class DecoderRunner:
         # [queries, 1, head_dim] each
         rotations = [(cos[0, :, None], sin[0, :, None]) for cos, sin in self.rotations(hidden, positions)]
         scales = self.query_scales(positions, keys[0].dtype)  # (the queries' dtype: the cache's)
+        if self.rotated_norms:  # the rotation by none of keys rotated already (x * 1 + t * 0 is x)
+            unrotated = torch.ones_like(rotations[0][0]), torch.zeros_like(rotations[0][1])
         normed = ops.norm(hidden, self.first_norm)
         for layer, (reads, window), layer_keys, layer_values in zip(
             self.bound_layers, self.layer_reads(visible), keys, values, strict=True
         ):
             cos, sin = rotations[layer.rotation]
             qkv = layer.qkv(normed)
-            if layer.head_norms is not None:
+            if layer.head_norms is not None and layer.head_norms.after_rotation:  # Hunyuan's
+                qkv = rotated_then_normed(qkv, cos, sin, layer.head_norms, self.interleaved, ops)
+                cos, sin = unrotated  # (the keys are stored as they are now)
+            elif layer.head_norms is not None:
                 qkv = layer.head_norms(qkv, ops)
             query = ops.rotate_and_store(
                 qkv, cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads, self.interleaved
@@ -885,6 +907,22 @@ class DecoderRunner:
                 mlp = ops.norm(mlp, layer.mlp_out_norm)
             hidden, normed = ops.add_norm(hidden, self.residual_part(mlp), layer.next_norm)
         return normed
+
+
+def rotated_then_normed(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norms: HeadNorms,
+    interleaved: bool,
+    ops: DecodeOps,
+) -> torch.Tensor:
+    """q, k and v side by side ([queries, (heads + 2 kv_heads) * head_dim]) with q and k rotated, then
+    normed (Hunyuan's order: its module's), v as it is."""
+    rotated_heads = norms.heads + norms.kv_heads
+    all_heads = qkv.view(qkv.shape[0], -1, qkv.shape[-1] // (rotated_heads + norms.kv_heads))
+    rotated = rotate(all_heads[:, :rotated_heads], cos, sin, interleaved)
+    return norms(torch.cat([rotated, all_heads[:, rotated_heads:]], dim=1).flatten(1), ops)
 
 
 def layer_norms(layer: DecodeLayer) -> list[Norm | None]:
