@@ -10,12 +10,12 @@ Gemma 3 4B's text at 6 layers), Phi-4-mini's and Phi-3-mini's layers at 0.75B fo
 0.6B for Granite, Gemma 2 2B's at 0.7B for Gemma 2, OLMo 2 1B's at 0.6B for OLMo 2, EXAONE 4.0 1.2B's at 0.5B
 for EXAONE 4, ERNIE 4.5 0.3B's, GLM-4-9B-0414's at 0.9B for GLM-4, OLMoE-1B-7B's at 2 layers for OLMoE,
 Granite 3.0 3B-A800M's at 8 layers for Granite MoE, Command R7B's at 4 layers for Cohere 2, Ministral 3 3B's
-at 8 layers for Ministral 3, AFM-4.5B's at 6 layers for Arcee) with the default model's tokenizer, quantized
-as `--quantize` says (int4, as a 4-bit file would be served, by default). Engine tokens/s with 1 and 32 rows
-decoding, first on the path the server takes (the decoder runner), then on transformers' own modules over the
-row attention (what every other family takes), alternating the two at each row count so that drift in the
-machine falls on both; and transformers' `generate` one request at a time. Prints a markdown table and the
-machine. Random weights decode at the speed of real ones.
+at 8 layers for Ministral 3, AFM-4.5B's at 6 layers for Arcee, Hunyuan-1.8B's at 8 layers for Hunyuan) with
+the default model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served, by
+default). Engine tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder
+runner), then on transformers' own modules over the row attention (what every other family takes), alternating
+the two at each row count so that drift in the machine falls on both; and transformers' `generate` one request
+at a time. Prints a markdown table and the machine. Random weights decode at the speed of real ones.
 """
 
 from __future__ import annotations
@@ -274,6 +274,19 @@ SHAPES = {
             intermediate_size=18432,
             num_hidden_layers=6,
             num_attention_heads=20,
+            num_key_value_heads=4,
+            head_dim=128,
+        ),
+    ),
+    # Hunyuan-1.8B's layer at 8 of its 32: 2048 wide, 16 heads of 128 over 4 KV heads, each head's query and
+    # key normed after the rotation
+    "hunyuan": (
+        "hunyuan_v1_dense",
+        dict(
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=8,
+            num_attention_heads=16,
             num_key_value_heads=4,
             head_dim=128,
         ),

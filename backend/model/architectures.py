@@ -2,10 +2,10 @@
 
 Llama, Mistral, Ministral, Ministral 3, Qwen2, Qwen3, Qwen3-MoE, Mixtral, OLMoE, Granite MoE, Granite's
 window models, Qwen2-MoE, ERNIE 4.5 MoE, GLM-4.5, MiniMax-M2, Phi-3, SmolLM3, Granite, OLMo 2, OLMo 3,
-EXAONE 4, Seed-OSS, ERNIE 4.5, Helium, GLM-4, Cohere, Cohere 2, Arcee, Gemma, Gemma 2, Gemma 3 and gpt-oss
-run on the compact decoder runner (model/decoder_runner.py); every other family here runs transformers'
-own modules with the engine's row attention plugged in through transformers' attention interface
-(layers/attention.py). That is all their layers need: q and k norms, mixtures of experts, fused
+EXAONE 4, Seed-OSS, ERNIE 4.5, Helium, GLM-4, Cohere, Cohere 2, Arcee, Hunyuan (dense), Gemma, Gemma 2,
+Gemma 3 and gpt-oss run on the compact decoder runner (model/decoder_runner.py); every other family here
+runs transformers' own modules with the engine's row attention plugged in through transformers' attention
+interface (layers/attention.py). That is all their layers need: q and k norms, mixtures of experts, fused
 projections, scaling multipliers, layers without rotary positions live in the modules, and the row
 attention does what they ask of it beyond causal attention (sliding windows, soft-capped logits, attention
 sinks: layers/attention_features.py).
