@@ -11,7 +11,7 @@ import time
 import jwt
 import pytest
 import torch
-from transformers import LlamaConfig, RwkvConfig
+from transformers import LlamaConfig, LlavaConfig, RwkvConfig
 
 from backend.model import resources
 from backend.model.architectures import UnsupportedModel, check_supported
@@ -89,7 +89,8 @@ def test_the_port_in_use_message_is_make_runs():
 
 
 def test_the_refusals_of_models_are_the_engines():
-    for config in (RwkvConfig(hidden_size=64, num_hidden_layers=2),):
+    llava = LlavaConfig(text_config=LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4))
+    for config in (RwkvConfig(hidden_size=64, num_hidden_layers=2), llava):
         with pytest.raises(UnsupportedModel) as refused:
             check_supported(config)
         assert str(refused.value) in page()

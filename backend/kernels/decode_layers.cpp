@@ -64,8 +64,9 @@ at::Tensor projected(const at::Tensor& x, const std::vector<at::Tensor>& project
 // head_norms[2l] and head_norms[2l + 1] its norms of each query and key head, or of its queries and its
 // keys whole (Qwen3's and Gemma 3's, OLMo 2's), with head_eps, or none for every layer (head_norms empty).
 // The MLP's activation GELU's tanh approximation where `gelu` (Gemma's), else SiLU; or where `squared_relu`
-// (Arcee's MLP, which has no gate: its gate_up calls are its up's) ReLU(up)^2, PyTorch's two operations. Each sublayer's output
-// is multiplied by `residual` before its residual add (Granite's residual_multiplier; 1: not at all).
+// (Arcee's MLP, which has no gate: its gate_up calls are its up's) ReLU(up)^2, PyTorch's two operations.
+// Each sublayer's output is multiplied by `residual` before its residual add (Granite's
+// residual_multiplier; 1: not at all).
 // Attention's scores are soft-capped at `softcap` (Gemma 2's; 0: not at all). Queries and keys rotate in
 // neighbouring pairs where `interleaved` (GLM's, ERNIE 4.5's, Helium's: rotate_and_store). Every norm is a
 // LayerNorm without a bias where `centered` (Cohere's), else an RMSNorm. Where `parallel` (Cohere's layers)
@@ -84,9 +85,8 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
                          const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
-                         bool squared_relu,
-                         double residual, double softcap, bool interleaved, bool centered, bool parallel,
-                         const at::Tensor& query_scales) {
+                         bool squared_relu, double residual, double softcap, bool interleaved, bool centered,
+                         bool parallel, const at::Tensor& query_scales) {
   const size_t layers = keys.size(), layer_norms = sandwich ? 4 : 2;
   TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + layer_norms * layers &&
                   eps.size() == norms.size(),

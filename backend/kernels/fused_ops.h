@@ -66,8 +66,7 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const Biases& biases, const std::vector<at::Tensor>& routers, const Biases& router_biases,
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
                          const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
-                         bool squared_relu,
-                         double residual, double softcap, bool interleaved, bool centered, bool parallel,
-                         const at::Tensor& query_scales);
+                         bool squared_relu, double residual, double softcap, bool interleaved, bool centered,
+                         bool parallel, const at::Tensor& query_scales);
 
 }  // namespace fused_ops

@@ -116,7 +116,8 @@ class LayerForm:
     none) and attention sinks (none for every layer where empty), Gemma 3's and OLMo 2's norms of each
     sublayer's output (`sandwich`), Gemma's GELU for SiLU, Granite's multiplier of each sublayer's output
     (`residual`), Gemma 2's cap of attention's scores (`softcap`), GLM's rotation of neighbouring
-    pairs (`interleaved`), and Cohere's LayerNorms (`centered`) and MLP beside attention (`parallel`)."""
+    pairs (`interleaved`), Arcee's MLP without a gate (`squared_relu`), and Cohere's LayerNorms
+    (`centered`) and MLP beside attention (`parallel`)."""
 
     rotations: list[int]
     windows: list[int]

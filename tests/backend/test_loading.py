@@ -119,6 +119,21 @@ def test_a_multimodal_checkpoint_loads_its_text_model_alone(
     assert DecoderRunner.supports(loaded.model.config)
 
 
+def test_a_gemma_3_checkpoints_cache_is_the_dtype_its_text_models_runner_reads(tmp_path):
+    """The KV cache's dtype is chosen before the model loads, by whether the runner would attend by the
+    CPU's loop (bfloat16 there, float32 else: row_cache.pick_cache_dtype): asked of the text model that a
+    Gemma 3 checkpoint serves, on the runner, not of the composite, which the runner does not take."""
+    text = tiny_model("gemma3_text", head_dim=64)
+    directory = write_multimodal(
+        write_tiny_causal_lm(tmp_path / "gemma3", "gemma3_text", text), text, "gemma3", True
+    )
+    loaded = load_model(
+        BackendConfig(model=str(directory), dtype="bfloat16", quantize="none", max_seq_len=64)
+    )
+    reads_own_positions = DecoderRunner(loaded.model).reads_own_positions
+    assert loaded.cache_dtype == (torch.bfloat16 if reads_own_positions else torch.float32)
+
+
 @pytest.mark.parametrize(
     "composite, served, transformers_4_names",
     [("qwen3_vl", "Qwen3ForCausalLM", False), ("qwen2_5_vl", "Qwen2ForCausalLM", True)],
