@@ -472,14 +472,13 @@ def tiny_qwen_vl(model_type: str) -> torch.nn.Module:
         pad_token_id=0,
     )
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
     if model_type == "qwen3_vl":
         text = sizes | {"rope_parameters": rope | {"mrope_interleaved": True}}
-        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
         config = Qwen3VLConfig(text_config=text, vision_config=vision | {"deepstack_visual_indexes": [0]})
         model = Qwen3VLForConditionalGeneration(config)
     else:
         text = sizes | {"rope_parameters": rope}
-        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
         model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision))
     return model.eval()
 
@@ -516,19 +515,15 @@ def write_multimodal(directory: Path, text: torch.nn.Module, family: str, transf
         {"mistral3": "Mistral3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration"}[family]
     ]
     composite.save_pretrained(directory)
-    body, head = (
-        ("language_model.model.", "language_model.lm_head.")
-        if transformers_4_names
-        else (
-            "model.language_model.",
-            "lm_head.",
-        )
-    )
+    # where the text model's weights and the towers' go under the composite's names
+    if transformers_4_names:
+        body, head, outside = "language_model.model.", "language_model.lm_head.", ""
+    else:
+        body, head, outside = "model.language_model.", "lm_head.", "model."
     weights = {
         re.sub(r"^model\.", body, re.sub(r"^lm_head\.", head, k)): v.contiguous()
         for k, v in text.state_dict().items()
     }
-    outside = "" if transformers_4_names else "model."
     weights[outside + "vision_tower.patch_conv.weight"] = torch.zeros(8, 3, 4, 4)
     weights[outside + "multi_modal_projector.linear_1.weight"] = torch.zeros(8, 8)
     save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
