@@ -58,6 +58,16 @@ DEEPSEEK_EXPERTS = dict(
     n_shared_experts=1,
     first_k_dense_replace=1,
 )
+# The sizes of a tiny model of Llama's layer (`tiny_model`, `tiny_qwen_vl`): two layers, 64 wide, 4 query
+# heads over 2 key and value heads
+TINY_LAYERS = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
 # Families whose configs name their sizes their own way: GPT-NeoX's rotary positions on a quarter of each
 # head and its attention and MLP side by side (Pythia's); OPT's embeddings narrower than its layers,
 # projected in and out (OPT-350m's); GPT-BigCode's one key head for all queries (StarCoder's).
@@ -361,16 +371,7 @@ def tiny_model(
     config fields over the family's own, a sliding window say)."""
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, eos_token_id=eos_token_id, bos_token_id=1, pad_token_id=0)
-    llama_like = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=head_dim,
-        max_position_embeddings=512,
-        **common,
-    )
+    llama_like = TINY_LAYERS | dict(head_dim=head_dim, **common)
     if architecture == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512, **common))
     elif architecture in OLDER_FAMILIES:
@@ -458,18 +459,8 @@ def tiny_qwen_vl(model_type: str) -> torch.nn.Module:
     )
 
     torch.manual_seed(0)
-    sizes = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        vocab_size=TINY_VOCAB,
-        eos_token_id=TINY_EOS,
-        bos_token_id=1,
-        pad_token_id=0,
+    sizes = TINY_LAYERS | dict(
+        head_dim=16, vocab_size=TINY_VOCAB, eos_token_id=TINY_EOS, bos_token_id=1, pad_token_id=0
     )
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
