@@ -66,7 +66,9 @@ class Norm:
             # and a plain tensor's as symbols, which made compiling Gemma 3's decode step 8x slower.
             scale = (1.0 + module.weight.float()).to(module.weight.dtype)
             return cls(nn.Parameter(scale, requires_grad=False), module.eps)
-        return cls(module.weight, module.variance_epsilon, type(module).__name__ in CENTERED_NORMS)
+        # (Llama 4's names it `eps`)
+        eps = module.variance_epsilon if hasattr(module, "variance_epsilon") else module.eps
+        return cls(module.weight, eps, type(module).__name__ in CENTERED_NORMS)
 
 
 class EagerOps:

@@ -74,6 +74,7 @@ SUPPORTED = {
     "hunyuan_v1_dense": "Hunyuan dense models",
     "apertus": "Apertus",
     "ministral3": "Ministral 3 (its text)",
+    "llama4_text": "Llama 4 Scout and Maverick (their text), experts, contexts up to their chunks of 8,192",
     "minimax_m2": "MiniMax-M2, experts",
     "ernie4_5_moe": "ERNIE 4.5 mixture-of-experts models",
     "hunyuan_v1_moe": "Hunyuan mixture-of-experts models",
@@ -115,7 +116,7 @@ SUPPORTED = {
 # Multimodal checkpoints whose towers transformers builds with a package the server does not install
 # (Gemma 3n's vision tower is a timm MobileNet), that transformers builds as no causal LM (Mistral 3's:
 # Mistral Small 3.1 and 3.2, Ministral 3), or whose composite would run on transformers' modules where its
-# text model alone runs on the decoder runner (Gemma 3 4B-27B's): their text model alone is loaded
+# text model alone runs on the decoder runner (Gemma 3 4B-27B's, Llama 4's): their text model alone is loaded
 # (loader.load_text_alone), its weights renamed from the composite's names by these patterns (files written
 # by transformers 4 name them under `language_model.`), the towers' left unread.
 COMPOSITE_NAMES = {
@@ -130,6 +131,7 @@ TEXT_ALONE = {
     "qwen2_vl": COMPOSITE_NAMES,  # (Qwen2-VL's and Qwen2.5-VL's first files name the text model as Qwen2's)
     "qwen2_5_vl": COMPOSITE_NAMES,
     "qwen3_vl": COMPOSITE_NAMES,
+    "llama4": COMPOSITE_NAMES,
 }
 # Multimodal families whose text model, given text alone, is a served family's layer for layer: Qwen2-VL's
 # and Qwen2.5-VL's is Qwen2's, Qwen3-VL's Qwen3's. Their rotation of three position streams (time, height,

@@ -30,8 +30,23 @@ DEFAULT_MAX_SEQ_LEN = 2048
 
 
 def context_length(model_config: PretrainedConfig) -> int:
-    """The longest sequence the model was built for (capped per row by max_seq_len)."""
-    return getattr(model_config.get_text_config(), "max_position_embeddings", None) or DEFAULT_MAX_SEQ_LEN
+    """The longest sequence the model was built for (capped per row by max_seq_len), and the engine serves
+    exactly: no longer than Llama 4's chunks, since its rotated layers' queries read their own chunk of
+    positions alone (`attention_chunk_size`: from position 8,192 on, the last p mod 8,192 + 1), which the
+    engine's attention does not do."""
+    text = model_config.get_text_config()
+    length = getattr(text, "max_position_embeddings", None) or DEFAULT_MAX_SEQ_LEN
+    return min(length, text.attention_chunk_size) if attends_in_chunks(text) else length
+
+
+def attends_in_chunks(model_config: PretrainedConfig) -> bool:
+    """Whether some of the model's layers attend within chunks of positions (Llama 4's rotated layers)."""
+    return "chunked_attention" in (getattr(model_config.get_text_config(), "layer_types", None) or [])
+
+
+def context_name(model_config: PretrainedConfig) -> str:
+    """What the start-up line calls `context_length`: the model's context, or its attention's chunk."""
+    return "the model's attention chunk" if attends_in_chunks(model_config) else "the model's context"
 
 
 @dataclass(frozen=True)
@@ -69,22 +84,18 @@ def size_kv_cache(config: BackendConfig, model_config: PretrainedConfig, dtype: 
     or for a --max-seq-len that does not fit in it."""
     shape, rows, budget = KVShape.of(model_config), config.rows, config.kv_cache_memory
     spare = spare_rows(config)
-    context = context_length(model_config)
+    context, named = context_length(model_config), context_name(model_config)
     requested = config.max_seq_len
     if budget is None and requested is None:
         length = min(DEFAULT_MAX_SEQ_LEN, context)
         reason = (
-            f"the default, the smaller of {DEFAULT_MAX_SEQ_LEN} and the model's context of {context}; "
+            f"the default, the smaller of {DEFAULT_MAX_SEQ_LEN} and {named} of {context}; "
             "--max-seq-len or --kv-cache-memory sizes it"
         )
         return CacheSize(shape, rows, length, dtype, reason, spare)
     if budget is None:
         length = min(requested, context)
-        reason = (
-            "--max-seq-len"
-            if length == requested
-            else f"the model's context, under --max-seq-len {requested}"
-        )
+        reason = "--max-seq-len" if length == requested else f"{named}, under --max-seq-len {requested}"
         return CacheSize(shape, rows, length, dtype, reason, spare)
 
     fitting = shape.positions_within(budget, rows + spare, dtype)
@@ -108,7 +119,7 @@ def size_kv_cache(config: BackendConfig, model_config: PretrainedConfig, dtype: 
             f"{MIN_SEQ_LEN}. Give it more, or lower --rows, or pick a smaller --kv-cache-dtype."
         )
     if fitting >= context:
-        reason = f"the model's context; --kv-cache-memory {size_text(budget)} would hold {fitting}"
+        reason = f"{named}; --kv-cache-memory {size_text(budget)} would hold {fitting}"
         return CacheSize(shape, rows, context, dtype, reason, spare)
     reason = f"the most that fit in --kv-cache-memory {size_text(budget)}"
     return CacheSize(shape, rows, fitting, dtype, reason, spare)

@@ -105,6 +105,13 @@ log = logging.getLogger(__name__)
 # factor that grows with the position past the rotation's original length (`QUERY_SCALED_TYPES`). Arcee's
 # (AFM-4.5B's) MLP has no gate: down(ReLU(up(x))^2) (`activation`: "relu2"). Hunyuan's (dense) norms each
 # head's query and key after the rotation, where Qwen3's norms them before it (`HeadNorms.after_rotation`).
+# Llama 4's (its text model's) rotates neighbouring pairs (its rotary module's angles as complex numbers:
+# `cos_and_sin`) in three layers of four, the fourth without rotary positions; it norms each rotated head's
+# query and key by an L2 norm without a weight (`HeadNorms.of`, after the rotation, as Hunyuan's), multiplies
+# the queries of its layers without rotary positions by its attention temperature (`QueryScaling`), and
+# calls its MLP `feed_forward`: a mixture of experts (its module, a shared expert beside them) in some or
+# every layer. Its rotated layers attend in chunks of 8,192 positions, no further than the context the
+# engine gives it (cache_size.context_length).
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -136,17 +143,18 @@ LLAMA_LAYER_TYPES = {
     "ministral3",
     "arcee",
     "hunyuan_v1_dense",
+    "llama4_text",
 }
 # The model types whose rotation pairs element 2t of a head with 2t + 1 (decode_ops.rotate's `interleaved`)
-INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4", "cohere", "cohere2"}
+INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4", "cohere", "cohere2", "llama4_text"}
 # ... and whose rotary module gives each angle twice in a row already (Cohere's), not the halves' form
 PAIRED_ANGLES_TYPES = {"cohere", "cohere2"}
 # The model types whose MLP takes the layer's input norm as its attention does (`DecoderRunner.parallel`)
 PARALLEL_TYPES = {"cohere", "cohere2"}
-# The model types whose rotated queries are multiplied by 1 + beta log(1 + floor(position / original length))
-# (Llama 4's attention temperature, Ministral 3's: `DecoderRunner.query_scales`), beta and the length the
-# rotary parameters' `llama_4_scaling_beta` and `original_max_position_embeddings`
-QUERY_SCALED_TYPES = {"ministral3"}
+# The model types whose queries are multiplied by a factor that grows with the position (Llama 4's attention
+# temperature: `QueryScaling`): Ministral 3's every query after its rotation, Llama 4's those of its layers
+# without rotary positions
+QUERY_SCALED_TYPES = {"ministral3", "llama4_text"}
 UNROTATED = "unrotated"  # the rotation of a layer without rotary positions (SmolLM3's, EXAONE 4's: `rotates`)
 
 # Gemma 3's layer (its text model) is the Llama layer with a norm of the attention's output and of the
@@ -293,6 +301,7 @@ class DecodeLayer:
     mlp_out_norm: Norm | None = None
     sinks: torch.Tensor | None = None  # [heads], float32: gpt-oss's sink logit of each attention head
     head_norms: HeadNorms | None = None  # Qwen3's, Gemma 3's and OLMo 2's norms of queries and keys
+    query_scaled: bool = False  # whether its queries take the runner's `query_scales` (QueryScaling)
 
 
 def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -315,7 +324,8 @@ class HeadNorms:
     """The RMSNorms of queries and keys before the rotation: Qwen3's and Gemma 3's of each head's query and
     key, over the head's width; OLMo 2's of the queries and of the keys whole, over all the heads' (each
     norm's weight is as wide as what it norms: EagerOps.head_norms). Hunyuan's norm each head's query and
-    key after the rotation (`after_rotation`: `rotated_then_normed`)."""
+    key after the rotation (`after_rotation`: `rotated_then_normed`), and Llama 4's by an L2 norm without a
+    weight (an RMSNorm of weight 1: the same products in float32)."""
 
     query: Norm
     key: Norm
@@ -324,12 +334,18 @@ class HeadNorms:
     after_rotation: bool = False
 
     @classmethod
-    def of(cls, attention: nn.Module, heads: int, kv_heads: int) -> HeadNorms | None:
+    def of(cls, attention: nn.Module, heads: int, kv_heads: int, like: torch.Tensor) -> HeadNorms | None:
+        """An attention layer's norms of queries and keys, or None; `like`: a tensor of the model's dtype
+        and device (a weight of 1 is made so)."""
         if getattr(attention, "q_norm", None) is not None:
             return cls(Norm.of(attention.q_norm), Norm.of(attention.k_norm), heads, kv_heads)
         if getattr(attention, "query_layernorm", None) is not None:  # Hunyuan's
             norms = (Norm.of(attention.query_layernorm), Norm.of(attention.key_layernorm))
             return cls(*norms, heads, kv_heads, after_rotation=True)
+        if getattr(attention, "qk_norm", None) is not None:  # Llama 4's, in its rotated layers
+            ones = nn.Parameter(torch.ones(attention.head_dim, dtype=like.dtype, device=like.device), False)
+            norm = Norm(ones, attention.qk_norm.eps)
+            return cls(norm, norm, heads, kv_heads, after_rotation=True)
         return None
 
     @staticmethod
@@ -387,8 +403,8 @@ class DecoderRunner:
         self.paired_angles = model.config.model_type in PAIRED_ANGLES_TYPES  # (`as_rotated`)
         # Cohere's: attention and the MLP take the layer's one norm, their outputs both added to the residual
         self.parallel = model.config.model_type in PARALLEL_TYPES
-        # Ministral 3's (beta, original length) of its queries' scale (`query_scales`), or None
-        self.query_scaling = query_scaling(model.config)
+        # Ministral 3's and Llama 4's factor of queries by their position (`query_scales`), or None
+        self.query_scaling = QueryScaling.of(model.config)
         self.layers = list(model.model.layers)
         # Gemma 3's and OLMo 3's rotary modules give each kind of layer (window or global, the config's
         # `layer_types`) cos and sin of its own;
@@ -430,7 +446,10 @@ class DecoderRunner:
         ]
         # A mixture's routers compute in float32 on a CPU (float_router.py)
         routers_in_float32(self.mlps)
-        self.head_norms = [HeadNorms.of(layer.self_attn, self.heads, self.kv_heads) for layer in self.layers]
+        self.head_norms = [
+            HeadNorms.of(layer.self_attn, self.heads, self.kv_heads, self.norm.weight)
+            for layer in self.layers
+        ]
         # Hunyuan's norms of each head after the rotation (decode_layers.cpp norms them before it alone)
         self.rotated_norms = any(norms is not None and norms.after_rotation for norms in self.head_norms)
         # each layer's input norm (None: OLMo 2's layers have none)
@@ -452,6 +471,7 @@ class DecoderRunner:
                 mlp_out_norm=layer_norms[3],
                 sinks=sinks_of(layer.self_attn),
                 head_norms=head_norms,
+                query_scaled=self.query_scaling is not None and self.query_scaling.scales(kind != UNROTATED),
             )
             for layer, mlp, layer_norms, qkv, head_norms, gate_up, next_norm, kind in zip(
                 self.layers,
@@ -515,6 +535,8 @@ class DecoderRunner:
             and len(head_norms) in (0, len(self.layers))
             and mlps_native
             and not self.rotated_norms  # (Hunyuan's take the Python loop)
+            # decode_layers.cpp scales every layer's queries or none's (not Llama 4's some)
+            and len({layer.query_scaled for layer in self.bound_layers}) == 1
         ):
             self.native = NativeDecode.of(
                 self.ops,
@@ -625,8 +647,8 @@ class DecoderRunner:
             and not getattr(config, "mlp_bias", False)
             and not getattr(config, "use_bias", False)  # (ERNIE 4.5's, on every linear layer)
             and getattr(config, "clip_qkv", None) is None
-            # (Command R+'s LayerNorms of each head, a weight a head, are not the runner's)
-            and not getattr(config, "use_qk_norm", False)
+            # (Command R+'s LayerNorms of each head, a weight a head, are not the runner's; Llama 4's are)
+            and not (config.model_type == "cohere" and getattr(config, "use_qk_norm", False))
         )
 
     @staticmethod
@@ -697,7 +719,7 @@ class DecoderRunner:
             if not self.parallel:  # (Cohere's MLP takes the layer's input norm, as its attention did)
                 normed = EAGER.norm(hidden, bound.mlp_norm)
             if gate_up is None:  # a mixture of experts: the layer's own module
-                mlp = experts_output(mlp_module(normed))
+                mlp = experts_output(mlp_module(normed)).view_as(normed)
             else:
                 gated = mlp_activation(EAGER, self.gelu, self.squared_relu)(gate_up(normed))
                 mlp = mlp_module.down_proj(gated)
@@ -729,7 +751,7 @@ class DecoderRunner:
         cache_layer: CacheLayerMixin,
         layout: StepLayout,
         layer: DecodeLayer,  # its window and sinks
-        scales: torch.Tensor | None = None,  # [tokens]: each token's query's scale (`query_scales`)
+        scales: torch.Tensor | None = None,  # [tokens]: each token's query's scale where `layer.query_scaled`
     ) -> torch.Tensor:
         tokens = qkv.shape[1]
         all_heads = qkv.view(1, tokens, -1, self.head_dim).transpose(
@@ -740,8 +762,8 @@ class DecoderRunner:
         query, key = query_and_key.split([self.heads, self.kv_heads], dim=1)
         if layer.head_norms is not None and layer.head_norms.after_rotation:  # (Hunyuan's)
             query, key = EAGER.norm(query, layer.head_norms.query), EAGER.norm(key, layer.head_norms.key)
-        if scales is not None:  # (Ministral 3's)
-            query = query * scales[None, None, :, None]
+        if layer.query_scaled:  # (Ministral 3's, Llama 4's: in the scales' dtype, rounded to the queries')
+            query = (query * scales[None, None, :, None]).to(query.dtype)
         keys, values = cache_layer.update(key, all_heads[:, self.heads + self.kv_heads :])
         by_position = self.attend if self.reads_own_positions else None
         features = None
@@ -766,7 +788,9 @@ class DecoderRunner:
         rotations = self.rotations(hidden, positions)  # each kind's [queries, 1, head_dim] below
         cos, sin = ([rotation[i][0, :, None] for rotation in rotations] for i in (0, 1))
         slots, rows = cache.plan.decode_slots(cache.kv_heads), layout.decode_index
-        scales = self.query_scales(positions, cache.keys[0].dtype)  # (the queries' dtype: the cache's)
+        scales = None  # (the loop scales every layer's queries or none's: the first says which)
+        if self.bound_layers[0].query_scaled:
+            scales = self.query_scales(positions, cache.keys[0].dtype)  # (the queries' dtype: the cache's)
         return self.native(hidden, cos, sin, slots, rows, positions, cache.keys, cache.values, scales)
 
     def rotations(
@@ -777,7 +801,7 @@ class DecoderRunner:
         layers that rotate by none (cos 1 and sin 0: x * 1 + rotate_half(x) * 0 is x, exactly)."""
         by_kind = {
             kind: self.as_rotated(
-                *(
+                *cos_and_sin(
                     self.rotary(hidden, positions[None])
                     if kind is None
                     else self.rotary(hidden, positions[None], layer_type=kind)
@@ -789,18 +813,15 @@ class DecoderRunner:
         }
         if UNROTATED in self.rope_kinds:  # (the shapes of another kind's, or of the model's one rotation)
             cos, sin = next(iter(by_kind.values()), None) or self.as_rotated(
-                *self.rotary(hidden, positions[None]), hidden.dtype
+                *cos_and_sin(self.rotary(hidden, positions[None])), hidden.dtype
             )
             by_kind[UNROTATED] = (torch.ones_like(cos), torch.zeros_like(sin))
         return [by_kind[kind] for kind in self.rope_kinds]
 
     def query_scales(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-        """Ministral 3's factor of each query after its rotation ([tokens], in the queries' dtype), as its
-        attention computes it (transformers' `get_llama_4_attn_scale`); None for other models."""
-        if self.query_scaling is None:
-            return None
-        beta, original = self.query_scaling
-        return (1 + beta * torch.log(1 + torch.floor(positions / original))).to(dtype)
+        """Ministral 3's and Llama 4's factor of each token's query ([tokens]: `QueryScaling`, queries of
+        `dtype`); None for other models."""
+        return None if self.query_scaling is None else self.query_scaling(positions, dtype)
 
     def as_rotated(
         self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
@@ -877,8 +898,8 @@ class DecoderRunner:
             query = ops.rotate_and_store(
                 qkv, cos, sin, slots, layer_keys, layer_values, self.heads, self.kv_heads, self.interleaved
             )
-            if scales is not None:
-                query = query * scales[:, None, None]
+            if layer.query_scaled:
+                query = (query * scales[:, None, None]).to(query.dtype)
             attended = self.attend(
                 query,
                 layer_keys,
@@ -907,6 +928,18 @@ class DecoderRunner:
                 mlp = ops.norm(mlp, layer.mlp_out_norm)
             hidden, normed = ops.add_norm(hidden, self.residual_part(mlp), layer.next_norm)
         return normed
+
+
+def cos_and_sin(
+    angles: tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rotary module's output as cos and sin: as it gives them, or where it gives each angle as a complex
+    number of its cos and sin (Llama 4's `freqs_cis`, [..., head_dim / 2], rotating neighbouring pairs), in
+    the form other modules give them, the angles of a half of the head, then the same again (`as_rotated`
+    pairs them for the interleaved rotation)."""
+    if not isinstance(angles, torch.Tensor):
+        return angles
+    return torch.cat([angles.real, angles.real], dim=-1), torch.cat([angles.imag, angles.imag], dim=-1)
 
 
 def rotated_then_normed(
@@ -938,12 +971,39 @@ def activation(config: PretrainedConfig) -> str:
     return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
 
 
-def query_scaling(config: PretrainedConfig) -> tuple[float, int] | None:
-    """The beta and original length of a model's queries' scale (`QUERY_SCALED_TYPES`), or None."""
-    if config.model_type not in QUERY_SCALED_TYPES:
-        return None
-    rope = config.rope_parameters
-    return rope["llama_4_scaling_beta"], rope["original_max_position_embeddings"]
+@dataclass(frozen=True)
+class QueryScaling:
+    """Llama 4's attention temperature: a query at position p multiplied by 1 + beta log(1 + floor(p /
+    length)). Ministral 3's (beta its rotation's `llama_4_scaling_beta`, the length its
+    `original_max_position_embeddings`) multiplies every query after its rotation, the factor in the
+    queries' dtype (transformers' `get_llama_4_attn_scale`); Llama 4's own (`attn_scale`, `floor_scale`)
+    the queries of its layers without rotary positions alone, counting positions from 1, in float32 (its
+    module's `attn_temperature_tuning`): `unrotated_layers`."""
+
+    beta: float
+    length: int
+    unrotated_layers: bool = False
+
+    @classmethod
+    def of(cls, config: PretrainedConfig) -> QueryScaling | None:
+        """A model's scaling of its queries (`QUERY_SCALED_TYPES`), or None."""
+        if config.model_type == "llama4_text":
+            tuned = config.attn_temperature_tuning
+            return cls(config.attn_scale, config.floor_scale, unrotated_layers=True) if tuned else None
+        if config.model_type not in QUERY_SCALED_TYPES:
+            return None
+        rope = config.rope_parameters
+        return cls(rope["llama_4_scaling_beta"], rope["original_max_position_embeddings"])
+
+    def scales(self, rotated: bool) -> bool:
+        """Whether a layer's queries take the factor: a rotated one's, unless the unrotated ones' alone do."""
+        return not (rotated and self.unrotated_layers)
+
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Each position's factor ([tokens]), as the model's module computes it."""
+        if self.unrotated_layers:
+            return torch.log1p(torch.floor((positions.float() + 1.0) / self.length)) * self.beta + 1.0
+        return (1 + self.beta * torch.log(1 + torch.floor(positions / self.length))).to(dtype)
 
 
 def rotates(attention: nn.Module) -> bool:
@@ -1031,9 +1091,13 @@ def scaled(embedding: nn.Module, multiplier: float) -> nn.Module:
 
 
 def mlp_of(layer: nn.Module) -> nn.Module:
-    """A decoder layer's MLP or mixture of experts: `mlp`, or Granite MoE's `block_sparse_moe`."""
-    mlp = getattr(layer, "mlp", None)
-    return mlp if mlp is not None else layer.block_sparse_moe
+    """A decoder layer's MLP or mixture of experts: `mlp`, Granite MoE's `block_sparse_moe`, or Llama 4's
+    `feed_forward`."""
+    for name in ("mlp", "block_sparse_moe"):
+        mlp = getattr(layer, name, None)
+        if mlp is not None:
+            return mlp
+    return layer.feed_forward
 
 
 def attention_inputs(attention: nn.Module) -> tuple[nn.Module, ...]:
@@ -1071,8 +1135,9 @@ def is_dense(mlp: nn.Module) -> bool:
 
 
 def rows_through(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A [batch, tokens, hidden] module (transformers' MoE blocks) as a function of [rows, hidden]."""
-    return lambda x: experts_output(module(x[None]))[0]
+    """A [batch, tokens, hidden] module (transformers' MoE blocks) as a function of [rows, hidden] (Llama 4's
+    gives its output [tokens, hidden] whatever its input's batch)."""
+    return lambda x: experts_output(module(x[None])).view_as(x)
 
 
 def experts_output(output: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:

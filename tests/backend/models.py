@@ -16,6 +16,7 @@ from transformers import (
     GPT2LMHeadModel,
     PreTrainedTokenizerFast,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 from scripts.random_bert import write_random_bert
 
@@ -214,6 +215,19 @@ FAMILY_EXTRAS: dict[str, dict] = {
             "mscale_all_dim": 1.0,
             "llama_4_scaling_beta": 0.5,
         }
+    },
+    # Llama 4: a rotated layer (chunked attention, its L2 norms of heads), then one without rotary positions
+    # (its queries' temperature, from position 3 on: a floor of 4 where Llama 4's is 8,192) whose MLP is
+    # four experts, one chosen a token, and a shared expert
+    "llama4_text": {
+        "no_rope_layers": [1, 0],
+        "moe_layers": [1],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "intermediate_size_mlp": 128,
+        "intermediate_size": 32,
+        "floor_scale": 4,
+        "attn_scale": 0.5,
     },
     "minimax_m2": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "ernie4_5_moe": {"moe_num_experts": 4, "moe_k": 2},
@@ -493,18 +507,16 @@ def tiny_gemma4_multimodal() -> torch.nn.Module:
 
 def write_multimodal(directory: Path, text: torch.nn.Module, family: str, transformers_4_names: bool) -> Path:
     """A multimodal checkpoint as its maker publishes one, over a model directory of `text`: Mistral 3's
-    (Mistral Small 3.1 and 3.2 over a Mistral text model, Ministral 3 over its own) or Gemma 3's (4B-27B),
-    the composite's config (its tower's defaults) and the text model's weights under the composite's names,
-    as transformers 5 writes them (model.language_model.*, lm_head.*) or as transformers 4 did
-    (language_model.model.*, language_model.lm_head.*), a tower's and the projector's weights beside them."""
+    (Mistral Small 3.1 and 3.2 over a Mistral text model, Ministral 3 over its own), Gemma 3's (4B-27B) or
+    Llama 4's, the composite's config (its tower's defaults) and the text model's weights under the
+    composite's names, as transformers 5 writes them (model.language_model.*, lm_head.*) or as transformers
+    4 did (language_model.model.*, language_model.lm_head.*), a tower's and the projector's weights beside
+    them."""
     from safetensors.torch import save_file
-    from transformers import Gemma3Config, Mistral3Config
 
     text_config = {k: v for k, v in text.config.to_dict().items() if k != "architectures"}
-    composite = {"mistral3": Mistral3Config, "gemma3": Gemma3Config}[family](text_config=text_config)
-    composite.architectures = [
-        {"mistral3": "Mistral3ForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration"}[family]
-    ]
+    composite = CONFIG_MAPPING[family](text_config=text_config)
+    composite.architectures = [MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[family]]
     composite.save_pretrained(directory)
     # where the text model's weights and the towers' go under the composite's names
     if transformers_4_names:

@@ -10,7 +10,7 @@ from backend.engine.engine import Engine
 from backend.messages import BackendConfig
 from backend.model.cache_size import MIN_SEQ_LEN, size_kv_cache, size_text
 from backend.model.loader import load_model
-from tests.backend.models import tiny_model
+from tests.backend.models import MarkerTokenizer, tiny_model
 
 # The tiny Llama: 2 layers x 2 KV heads x 16 dims, keys and values, 4 bytes: 512 bytes a position a row;
 # its context is 512 positions.
@@ -73,6 +73,18 @@ def test_max_seq_len_alone_is_capped_by_the_context():
     assert size_kv_cache(BackendConfig(max_seq_len=100), CONFIG, torch.float32).max_seq_len == 100
     size = size_kv_cache(BackendConfig(max_seq_len=4096), CONFIG, torch.float32)
     assert size.max_seq_len == 512 and size.reason == "the model's context, under --max-seq-len 4096"
+
+
+def test_llama_4s_rows_are_no_longer_than_its_attention_chunk():
+    """Llama 4's rotated layers attend within chunks of positions, which the engine's attention does not do:
+    its rows end where the first chunk does (8,192 positions in its checkpoints; 64 here), the only context
+    it serves exactly, and the start-up line says why."""
+    model = tiny_model("llama4_text", attention_chunk_size=64)
+    size = size_kv_cache(BackendConfig(max_seq_len=4096), model.config, torch.float32)
+    assert size.max_seq_len == 64 and size.reason == "the model's attention chunk, under --max-seq-len 4096"
+    assert Engine(model, MarkerTokenizer(), rows=2, max_seq_len=4096, speculative_tokens=0).max_seq_len == 64
+    unchunked = tiny_model("llama4_text", no_rope_layers=[0, 0])  # (no rotated layer, no chunks)
+    assert size_kv_cache(BackendConfig(max_seq_len=4096), unchunked.config, torch.float32).max_seq_len == 512
 
 
 def test_the_default_models_line_gives_its_arithmetic():

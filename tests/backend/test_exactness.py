@@ -206,6 +206,9 @@ def test_rows_stay_exact_when_free_rows_sit_between_them():
         ("glm4_moe", {}),
         ("minimax_m2", {}),
         ("granitemoe", {}),  # (Granite's multipliers; its router's top k, then their softmax)
+        # (a rotated layer with its L2 norms of heads, then one without rotary positions whose queries' factor
+        # bites from position 3 on, and experts)
+        ("llama4_text", {}),
     ],
 )
 def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives_transformers_logits(
@@ -299,6 +302,23 @@ def test_gemma_2s_soft_caps_in_the_cpus_loop_give_transformers_logits(monkeypatc
     decoder.use_ops(decode_ops(torch.device("cpu"), exact=False, compiled=False))
     assert decoder.reads_own_positions and decoder.softcap == 1.0
     assert_decode_steps_give_transformers_logits(engine, model, "gemma2", monkeypatch, tolerance=1e-4)
+
+
+def test_llama_4s_layers_in_float32_give_transformers_logits(monkeypatch):
+    """Llama 4 on the decoder runner in float32, its decode steps with the CPU's fused operations: its
+    rotated layer's L2 norms of each head after the rotation, its unrotated layer's queries multiplied by
+    their temperature (from position 3 on, in steps of 4 positions), its experts: each decode step's logits
+    are transformers' forward's to 1e-4, close enough that a temperature a position off fails."""
+    if not block_weights.available(torch.device("cpu")):
+        pytest.skip("this CPU has no AVX2 (or no compiler): no C++ loops")
+    model = tiny_model("llama4_text", head_dim=64, initializer_range=0.2)
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
+    decoder = engine.runner.decoder
+    decoder.use_ops(decode_ops(torch.device("cpu"), exact=False, compiled=False))
+    assert decoder.reads_own_positions and decoder.query_scaling.unrotated_layers
+    assert [layer.query_scaled for layer in decoder.bound_layers] == [False, True]
+    assert [layer.head_norms is not None for layer in decoder.bound_layers] == [True, False]
+    assert_decode_steps_give_transformers_logits(engine, model, "llama4_text", monkeypatch, tolerance=1e-4)
 
 
 def assert_decode_steps_give_transformers_logits(

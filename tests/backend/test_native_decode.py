@@ -6,7 +6,7 @@ import torch
 from backend.engine.engine import Engine
 from backend.layers.decode_ops import EAGER
 from backend.layers.row_cache import KVShape, RowCache
-from backend.model.decoder_runner import DecoderRunner
+from backend.model.decoder_runner import DecoderRunner, QueryScaling
 from backend.model.native_decode import LayerForm, NativeDecode
 from backend.quant import block_weights, quantized_experts
 from backend.quant.gguf_types import SixBitWeight
@@ -193,7 +193,7 @@ def test_native_steps_give_the_python_loops_logits_and_cache_writes_bit_for_bit(
     if family == "seed_oss":  # q, k and v fused, then o: each with its bias
         assert all(bias is not None for bias in runner.native.biases[:2])
     if family == "ministral3":  # positions where its queries' factor is 1, and two where it is not
-        assert runner.query_scaling == (0.5, 4)
+        assert runner.query_scaling == QueryScaling(0.5, 4)
         assert max(max(positions.tolist()) for _, positions, *_ in steps) >= 2 * 4
     shapes = {layout.decode_queries for _, _, layout, *_ in steps}
     assert {1, 2, 3} <= shapes and max(shapes) >= runner.native.rows_below

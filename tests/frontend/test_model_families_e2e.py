@@ -116,6 +116,9 @@ FAMILIES = [
     # the composite model's own `generate` the reference
     "qwen3_vl",
     "qwen2_5_vl",
+    # Llama 4 as Meta publishes it (Llama4ForConditionalGeneration, files with transformers 4's names): its
+    # text model alone, a rotated layer and one without rotary positions, experts
+    "llama4",
     "minimax_m2",
     "granitemoe_swa",
     # LFM2: short convolution layers over the rows' states (model/short_conv.py)
@@ -137,6 +140,10 @@ EXACT = dict(dtype="float32", quantize="none", rows=4, max_seq_len=128, max_pref
 # servers and their requests run in threads: transformers' model building patches process-wide state (its
 # weight initialisation, the meta device), which two threads building at once left patched.
 SERVED = ["qwen3", "mamba2"]
+
+
+# The multimodal families above whose text model the test writes under the composite's names
+TEXT_MODELS = {"mistral3": "ministral3", "gemma3": "gemma3_text", "llama4": "llama4_text"}
 
 
 @dataclass(frozen=True)
@@ -185,10 +192,10 @@ def prepare(family: str, tmp_path: Path) -> Family:
     if family == "gemma3n":  # the text model's weights and tokenizer, then the composite's config and names
         built = tiny_model("gemma3n_text")
         directory = write_gemma3n_multimodal(write_tiny_causal_lm(tmp_path / family, family, built), built)
-    elif family in ("mistral3", "gemma3"):  # the same, Ministral 3's and Gemma 3's
-        built = tiny_model({"mistral3": "ministral3", "gemma3": "gemma3_text"}[family])
+    elif family in TEXT_MODELS:  # the same, Ministral 3's, Gemma 3's and Llama 4's
+        built = tiny_model(TEXT_MODELS[family])
         directory = write_tiny_causal_lm(tmp_path / family, family, built)
-        directory = write_multimodal(directory, built, family, transformers_4_names=family == "gemma3")
+        directory = write_multimodal(directory, built, family, transformers_4_names=family != "mistral3")
     else:
         directory = write_tiny_causal_lm(tmp_path / family, family, built)
     model = built.eval() if built is not None else AutoModelForCausalLM.from_pretrained(directory).eval()
