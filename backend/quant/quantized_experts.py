@@ -13,7 +13,10 @@ expert's copy would cost four times its 4-bit weights, and blocks multiply a pro
 (quantized_linear.py). gpt-oss's experts differ: each projection is stored [in, out] (x @ W) with a
 bias, gate and up interleaved (gate j in column 2j, up j in 2j + 1), and their activation is clamped,
 (clamp(up) + 1) * g * sigmoid(alpha g) with g = clamp(gate); their layers take the transposed slices
-and the biases, and `ClampedSwiGLU` the activation. Other experts' modules stay floats (`takes`).
+and the biases, and `ClampedSwiGLU` the activation. Llama 4's store theirs [in, out] too, without biases,
+and its mixture multiplies every token by every expert, its input scaled by the expert's score (zero
+where not chosen): `Llama4Mixture` takes its place, each token multiplied by its chosen experts alone.
+Other experts' modules stay floats (`takes`).
 """
 
 from __future__ import annotations
@@ -59,12 +62,13 @@ PLAIN_EXPERTS = {
     "Cohere2MoeExperts",
 }
 GPT_OSS_EXPERTS = "GptOssExperts"  # [in, out] weights, biases, gate and up interleaved, clamped
+LLAMA4_EXPERTS = "Llama4TextExperts"  # [in, out] weights, gate and up halves (`Llama4Mixture` routes)
 PARTS = ("gate_up", "down")
 
 
 def takes(module: nn.Module) -> bool:
     """Whether `module` is an experts' module of a kind served here whose projections the kernels take."""
-    if type(module).__name__ not in (*PLAIN_EXPERTS, GPT_OSS_EXPERTS):
+    if type(module).__name__ not in (*PLAIN_EXPERTS, GPT_OSS_EXPERTS, LLAMA4_EXPERTS):
         return False
     return all(fits_int4_kernels(as_linear(expert_weight(module, part, 0))) for part in PARTS)
 
@@ -76,7 +80,7 @@ def is_gpt_oss(module: nn.Module) -> bool:
 def expert_weight(module: nn.Module, part: str, expert: int) -> torch.Tensor:
     """Expert `expert`'s weight of projection `part` ("gate_up" or "down") as [out, in] (a view)."""
     weight = getattr(module, f"{part}_proj")[expert]
-    return weight.T if is_gpt_oss(module) else weight
+    return weight.T if is_gpt_oss(module) or type(module).__name__ == LLAMA4_EXPERTS else weight
 
 
 def expert_bias(module: nn.Module, part: str, expert: int) -> torch.Tensor | None:
@@ -225,13 +229,44 @@ def without_copy(layer: WeightOnlyLinear) -> WeightOnlyLinear:
     return layer
 
 
+class Llama4Mixture(nn.Module):
+    """Llama 4's mixture of experts (transformers' `Llama4TextMoe`) over its quantized experts: the same
+    router and shared expert, each token multiplied by its chosen experts alone. transformers' module
+    multiplies every token by every expert, the input scaled by the expert's score (the sigmoid of its
+    logit where chosen, else 0, whose output is then 0) and the outputs summed; here each chosen expert's
+    input is scaled so, its output weighted by 1."""
+
+    def __init__(self, block: nn.Module, experts: QuantizedExperts):
+        super().__init__()
+        self.top_k, self.hidden_dim = block.top_k, block.hidden_dim
+        self.router, self.shared_expert, self.experts = block.router, block.shared_expert, experts
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([tokens, hidden], the router's logits), as transformers' module gives them."""
+        hidden = hidden_states.reshape(-1, self.hidden_dim)
+        scores, logits = self.router(hidden)  # [tokens, experts]
+        chosen = torch.topk(logits, self.top_k, dim=1).indices  # (the router's own choice)
+        weights = scores.gather(1, chosen)
+        unweighted = torch.ones_like(weights[:, :1])
+        out = self.shared_expert(hidden)
+        for slot in range(self.top_k):  # (Scout's and Maverick's: one)
+            out.add_(self.experts(hidden * weights[:, slot, None], chosen[:, slot, None], unweighted))
+        return out, logits
+
+
 def quantize_experts(model: nn.Module, quantize: Callable[[nn.Linear], WeightOnlyLinear]) -> int:
-    """Replace every plain experts' module by its quantized version; returns the layers made (two an
-    expert)."""
+    """Replace every plain experts' module by its quantized version (and Llama 4's mixture by
+    `Llama4Mixture`); returns the layers made (two an expert)."""
     made = 0
     for name, module in list(model.named_modules()):
         if takes(module):
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, QuantizedExperts.quantized(module, quantize))
+            block = model.get_submodule(parent)
+            quantized = QuantizedExperts.quantized(module, quantize)
+            if type(module).__name__ == LLAMA4_EXPERTS:
+                owner, _, block_name = parent.rpartition(".")
+                setattr(model.get_submodule(owner), block_name, Llama4Mixture(block, quantized))
+            else:
+                setattr(block, child, quantized)
             made += 2 * module.num_experts
     return made

@@ -16,6 +16,7 @@ from backend.messages import SamplingParams, Submit
 from backend.quant.quantize import quantize_model
 from backend.quant.quantized_experts import (
     PLAIN_EXPERTS,
+    Llama4Mixture,
     PlainGLU,
     QuantizedExperts,
     as_linear,
@@ -161,7 +162,33 @@ def test_experts_taken_under_another_name_are_qwen3_moes_line_for_line(architect
     assert {name for name, _ in experts.named_parameters()} == {"gate_up_proj", "down_proj"}
 
 
-@pytest.mark.parametrize("architecture", MOE + LIKE_QWEN3_MOE)
+def test_llama_4s_mixture_over_quantized_experts_gives_its_modules_output_over_the_quantized_weights():
+    """Llama 4's experts ([in, out] weights) quantized, its mixture `Llama4Mixture`: each token through its
+    chosen expert alone, its input scaled by the expert's score, the shared expert beside; the output is
+    transformers' module's (every token through every expert) over the weights the layers hold, to the
+    kernels' rounding, and its router's logits are the module's."""
+    model = tiny_model("llama4_text")
+    block = model.model.layers[1].feed_forward
+    quantized = QuantizedExperts.quantized(block.experts, QUANTIZERS["int4"])
+    reference = copy.deepcopy(block)
+    with torch.no_grad():  # the weights the layers hold, [in, out] as the module keeps them
+        for part in ("gate_up", "down"):
+            held = [
+                QUANTIZERS["int4"](as_linear(expert_weight(block.experts, part, e))).dense
+                for e in range(block.num_experts)
+            ]
+            getattr(reference.experts, f"{part}_proj").copy_(torch.stack(held).transpose(1, 2))
+        assert not torch.equal(reference.experts.gate_up_proj, block.experts.gate_up_proj)
+    mixture = Llama4Mixture(block, quantized)
+    hidden = torch.randn(1, 24, 64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        (expected, expected_logits), (got, logits) = reference(hidden), mixture(hidden)
+    assert len(set(expected_logits.argmax(dim=1).tolist())) == block.num_experts  # every expert chosen
+    assert torch.equal(logits, expected_logits)
+    torch.testing.assert_close(got, expected, atol=0.02 * expected.abs().max(), rtol=0)
+
+
+@pytest.mark.parametrize("architecture", [*MOE, *LIKE_QWEN3_MOE, "llama4_text"])
 def test_quantize_model_leaves_no_expert_in_floats_and_serves_generates_tokens(architecture):
     """After `quantize_model` the experts hold at most a quarter of their float bytes (int4 and the
     groups' scales, against float32), no dense copies, and the engine's greedy tokens are `generate`'s
