@@ -10,7 +10,8 @@ Gemma 3 4B's text at 6 layers), Phi-4-mini's and Phi-3-mini's layers at 0.75B fo
 0.6B for Granite, Gemma 2 2B's at 0.7B for Gemma 2, OLMo 2 1B's at 0.6B for OLMo 2, EXAONE 4.0 1.2B's at 0.5B
 for EXAONE 4, ERNIE 4.5 0.3B's, GLM-4-9B-0414's at 0.9B for GLM-4, OLMoE-1B-7B's at 2 layers for OLMoE,
 Granite 3.0 3B-A800M's at 8 layers for Granite MoE, Command R7B's at 4 layers for Cohere 2, Ministral 3 3B's
-at 8 layers for Ministral 3, AFM-4.5B's at 6 layers for Arcee, Hunyuan-1.8B's at 8 layers for Hunyuan) with
+at 8 layers for Ministral 3, AFM-4.5B's at 6 layers for Arcee, Hunyuan-1.8B's at 8 layers for Hunyuan, Llama 4
+Maverick's at 2 layers for Llama 4) with
 the default model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served, by
 default). Engine tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder
 runner), then on transformers' own modules over the row attention (what every other family takes), alternating
@@ -289,6 +290,25 @@ SHAPES = {
             num_attention_heads=16,
             num_key_value_heads=4,
             head_dim=128,
+        ),
+    ),
+    # Llama 4 Maverick's layers at 2 of its 48 (Scout's are each its second): 5120 wide, 40 heads of 128
+    # over 8 KV heads; a dense layer (an MLP of 16384), rotated, its heads' L2 norms after the rotation; then
+    # one without rotary positions, its mixture 16 experts of 8192 (one chosen a token) beside a shared one
+    "llama4": (
+        "llama4_text",
+        dict(
+            hidden_size=5120,
+            intermediate_size=8192,
+            intermediate_size_mlp=16384,
+            num_hidden_layers=2,
+            num_attention_heads=40,
+            num_key_value_heads=8,
+            head_dim=128,
+            num_local_experts=16,
+            num_experts_per_tok=1,
+            moe_layers=[1],
+            no_rope_layers=[1, 0],
         ),
     ),
     # Phi-3-mini's (Phi-3.5-mini's) layer at 6 of its 32: 32 heads of 96, each its own KV head, all rotated

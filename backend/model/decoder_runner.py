@@ -111,7 +111,8 @@ log = logging.getLogger(__name__)
 # the queries of its layers without rotary positions by its attention temperature (`QueryScaling`), and
 # calls its MLP `feed_forward`: a mixture of experts (its module, a shared expert beside them) in some or
 # every layer. Its rotated layers attend in chunks of 8,192 positions, no further than the context the
-# engine gives it (cache_size.context_length).
+# engine gives it (cache_size.context_length). InternLM3's and IQuest-Coder's are Llama's (transformers builds
+# them as Llama), CWM's Llama's with Qwen2's attention, window layers beside global ones.
 LLAMA_LAYER_TYPES = {
     "llama",
     "mistral",
@@ -144,6 +145,9 @@ LLAMA_LAYER_TYPES = {
     "arcee",
     "hunyuan_v1_dense",
     "llama4_text",
+    "internlm3",
+    "iquestcoder",
+    "cwm",
 }
 # The model types whose rotation pairs element 2t of a head with 2t + 1 (decode_ops.rotate's `interleaved`)
 INTERLEAVED_TYPES = {"ernie4_5", "ernie4_5_moe", "helium", "glm", "glm4", "cohere", "cohere2", "llama4_text"}

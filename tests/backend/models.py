@@ -10,6 +10,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     CONFIG_MAPPING,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     BertConfig,
     FalconConfig,
     GPT2Config,
@@ -230,6 +231,56 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "attn_scale": 0.5,
     },
     "minimax_m2": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    # Served from 2026-12-07: families transformers 5 added whose modules run exactly over the row attention
+    # (InternLM3's, IQuest-Coder's and CWM's on the decoder runner), their windows in play, experts four
+    "internlm3": {},
+    "iquestcoder": {},
+    "cwm": {  # (its Llama 3 rotation's original length within the tiny model's)
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["full_attention", "sliding_attention"],
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 1000000.0,
+            "factor": 16.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 64,
+        },
+    },
+    "jais2": {},  # (LayerNorms, biases, an MLP of ReLU(up)^2)
+    "vaultgemma": {"sliding_window": TINY_WINDOW, "layer_types": ["sliding_attention", "full_attention"]},
+    "nanochat": {},  # (norms without weights, an MLP of ReLU(up)^2, logits soft-capped)
+    "flex_olmo": {"num_experts": 4, "num_experts_per_tok": 2},
+    "hy_v3": {**TINY_EXPERTS, "mlp_layer_types": ["dense", "sparse"]},
+    "mellum": {
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "mlp_layer_types": ["sparse", "sparse"],
+    },
+    "flint": {
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["full_attention", "sliding_attention"],
+        **TINY_EXPERTS,
+        "shared_expert_intermediate_size": 64,
+        "mlp_only_layers": [0],
+    },
+    "kolibri1": {
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+    },
+    "gemma4_unified_text": {
+        "sliding_window": TINY_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": False,
+    },
     "ernie4_5_moe": {"moe_num_experts": 4, "moe_k": 2},
     "hunyuan_v1_moe": {"num_experts": 4, "moe_topk": 2},
     "granitemoeshared": {"num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 32},
@@ -488,18 +539,17 @@ def tiny_qwen_vl(model_type: str) -> torch.nn.Module:
     return model.eval()
 
 
-def tiny_gemma4_multimodal() -> torch.nn.Module:
-    """A Gemma 4 checkpoint as Google publishes one: Gemma4ForConditionalGeneration, the tiny text model of
+def tiny_gemma4_multimodal(family: str = "gemma4") -> torch.nn.Module:
+    """A Gemma 4 checkpoint as Google publishes one: Gemma4ForConditionalGeneration (or Gemma 4 12B's
+    Gemma4UnifiedForConditionalGeneration: `family` "gemma4_unified"), the tiny text model of
     `tiny_model("gemma4_text")` (its weights) beside a one-layer vision tower, saved under the composite
     model's names (model.language_model.*, model.vision_tower.*)."""
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
-
-    text = tiny_model("gemma4_text")
+    text = tiny_model(f"{family}_text")
     text_config = {k: v for k, v in text.config.to_dict().items() if k not in ("architectures", "model_type")}
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     vision |= dict(num_key_value_heads=2, head_dim=16)
-    config = Gemma4Config(text_config=text_config, vision_config=vision, tie_word_embeddings=False)
-    model = Gemma4ForConditionalGeneration(config)
+    config = CONFIG_MAPPING[family](text_config=text_config, vision_config=vision, tie_word_embeddings=False)
+    model = AutoModelForImageTextToText.from_config(config)
     model.model.language_model.load_state_dict(text.model.state_dict())
     model.lm_head.load_state_dict(text.lm_head.state_dict())
     return model.eval()

@@ -259,6 +259,7 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
         ("ministral3", {}, [None, None]),
         ("arcee", {}, [None, None]),
         ("hunyuan_v1_dense", {}, [None, None]),
+        ("cwm", {}, [None, TINY_WINDOW]),
         (
             "granite_swa",
             {},
@@ -270,16 +271,16 @@ def test_layer_forms_on_the_decoder_runner_with_4_bit_projections_give_transform
     architecture, extras, windows, monkeypatch
 ):
     """Gemma 3, Phi-3, Ministral, SmolLM3, Granite, OLMo 2 and 3, EXAONE 4, Seed-OSS, ERNIE 4.5, GLM-4,
-    Gemma, Cohere 1 and 2, Ministral 3, Arcee and Hunyuan in the default mode: 4-bit projections, decode
+    Gemma, Cohere 1 and 2, Ministral 3, Arcee, Hunyuan and CWM in the default mode: 4-bit projections, decode
     steps through `decode_layers` with the CPU's fused operations (Gemma's GELU, its norms of 1 + weight;
     Phi-3's rotation of three quarters of each head; SmolLM3's layer without rotary positions; Granite's
     multipliers; OLMo's norms of each sublayer's output and of q and k whole; EXAONE 4's global layer
     without rotary positions; Seed-OSS's bias of o; ERNIE 4.5's and GLM-4's rotation of neighbouring
     pairs, GLM-4's of half of each head, and its norms of each sublayer's output; Cohere's LayerNorms and
     MLP beside attention, and its logits' scale; Ministral 3's factor of its queries past position 16;
-    Arcee's MLP without a gate; Hunyuan's norms of each head after the rotation; window layers' attention
-    by the CPU's loop, each query over its last 8 positions), to transformers' forward's logits as the
-    MoE's above."""
+    Arcee's MLP without a gate; Hunyuan's norms of each head after the rotation; CWM's window layer; window
+    layers' attention by the CPU's loop, each query over its last 8 positions), to transformers' forward's
+    logits as the MoE's above."""
     model = tiny_model(architecture, head_dim=64, **extras)
     quantize_model(model, "int4")
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)

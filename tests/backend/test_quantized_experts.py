@@ -1,6 +1,6 @@
 """A mixture of experts' weights in weight-only layers (backend/quant/quantized_experts.py): what
 `--quantize int4|int8` makes of Qwen3-MoE's, Mixtral's, Gemma 4's, LFM2-MoE's and gpt-oss's experts, which
-are nearly all of such a model, and of the twenty-two families' whose experts are Qwen3-MoE's."""
+are nearly all of such a model, of the twenty-seven families' whose experts are Qwen3-MoE's, and Llama 4's."""
 
 import copy
 import inspect
@@ -52,6 +52,11 @@ LIKE_QWEN3_MOE = [
     "afmoe",
     "laguna",
     "cohere2_moe",
+    "flex_olmo",
+    "hy_v3",
+    "mellum",
+    "flint",
+    "kolibri1",
 ]
 
 

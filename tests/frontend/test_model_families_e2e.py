@@ -100,6 +100,7 @@ FAMILIES = [
     # beside): global layers wider than its window layers, layers attending over earlier ones' keys and values
     "gemma4_text",
     "gemma4",
+    "gemma4_unified",  # (Gemma 4 12B's)
     # Gemma 3n, its text model alone and as Google publishes it (whose towers the loader leaves unread:
     # the vision one needs timm)
     "gemma3n_text",
@@ -119,6 +120,11 @@ FAMILIES = [
     # Llama 4 as Meta publishes it (Llama4ForConditionalGeneration, files with transformers 4's names): its
     # text model alone, a rotated layer and one without rotary positions, experts
     "llama4",
+    # Served from 2026-12-07: families transformers 5 added, three here for the loader's path (CWM on the
+    # decoder runner, its window layers; Jais 2's LayerNorms and biases; Hy3's experts)
+    "cwm",
+    "jais2",
+    "hy_v3",
     "minimax_m2",
     "granitemoe_swa",
     # LFM2: short convolution layers over the rows' states (model/short_conv.py)
@@ -185,6 +191,7 @@ def prepare(family: str, tmp_path: Path) -> Family:
         "falcon_rw": lambda: tiny_falcon(SHAPES["rw"]),
         "qwen3_5": tiny_qwen3_5_multimodal,
         "gemma4": tiny_gemma4_multimodal,
+        "gemma4_unified": lambda: tiny_gemma4_multimodal("gemma4_unified"),
         "qwen3_vl": lambda: tiny_qwen_vl("qwen3_vl"),
         "qwen2_5_vl": lambda: tiny_qwen_vl("qwen2_5_vl"),
     }.get(family)
