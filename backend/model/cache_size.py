@@ -31,22 +31,28 @@ DEFAULT_MAX_SEQ_LEN = 2048
 
 def context_length(model_config: PretrainedConfig) -> int:
     """The longest sequence the model was built for (capped per row by max_seq_len), and the engine serves
-    exactly: no longer than Llama 4's chunks, since its rotated layers' queries read their own chunk of
-    positions alone (`attention_chunk_size`: from position 8,192 on, the last p mod 8,192 + 1), which the
-    engine's attention does not do."""
-    text = model_config.get_text_config()
-    length = getattr(text, "max_position_embeddings", None) or DEFAULT_MAX_SEQ_LEN
-    return min(length, text.attention_chunk_size) if attends_in_chunks(text) else length
-
-
-def attends_in_chunks(model_config: PretrainedConfig) -> bool:
-    """Whether some of the model's layers attend within chunks of positions (Llama 4's rotated layers)."""
-    return "chunked_attention" in (getattr(model_config.get_text_config(), "layer_types", None) or [])
+    exactly (`context_limit`)."""
+    return context_limit(model_config)[0]
 
 
 def context_name(model_config: PretrainedConfig) -> str:
-    """What the start-up line calls `context_length`: the model's context, or its attention's chunk."""
-    return "the model's attention chunk" if attends_in_chunks(model_config) else "the model's context"
+    """What the start-up line calls `context_length`: the model's context, or what limits it."""
+    return context_limit(model_config)[1]
+
+
+def context_limit(model_config: PretrainedConfig) -> tuple[int, str]:
+    """The context served exactly, and its name: the model's, but no longer than Llama 4's chunks, since its
+    rotated layers' queries read their own chunk of positions alone (`attention_chunk_size`: from position
+    8,192 on, the last p mod 8,192 + 1), nor than DeepSeek-V3.2's and GLM-5's sparse attention's top k
+    (`index_topk`: past 2,048 positions a query reads the 2,048 its indexer chooses), neither of which the
+    engine's attention does."""
+    text = model_config.get_text_config()
+    limits = [(getattr(text, "max_position_embeddings", None) or DEFAULT_MAX_SEQ_LEN, "the model's context")]
+    if "chunked_attention" in (getattr(text, "layer_types", None) or []):
+        limits.append((text.attention_chunk_size, "the model's attention chunk"))
+    if getattr(text, "index_topk", None):
+        limits.append((text.index_topk, "the model's sparse attention's top k"))
+    return min(limits, key=lambda limit: limit[0])
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,12 @@ transformers' forward runs as it is (its projections and norms, its rotary conve
 complex one, V3's interleaved or not, and any scaling of the queries); within an engine's step
 `expand_kv` hands the cache on unexpanded and the layer's `attend_rows` (attention.row_attention calls
 it) absorbs. Outside a step (`generate`, say) the layer is transformers' own.
+
+DeepSeek-V3.2's and GLM-5's layers add sparse attention (DSA): a lightning indexer scores each query
+against the keys before it and the query reads its top `index_topk` (2,048) of them alone. Rows no longer
+than that (cache_size.context_length) leave it nothing to choose: every key before a query is among its
+top 2,048, and its attention is V3's. Within a step the indexer is left out (`ChoosesEveryKey`): it would
+keep a cache of its own keys, which the row cache does not hold, to choose every key again.
 """
 
 from __future__ import annotations
@@ -33,11 +39,38 @@ from backend.model.mix_in import mix_in
 
 def attend_over_latents(model: torch.nn.Module) -> torch.nn.Module:
     """Make each latent-attention layer of the model (one with `kv_b_proj` and `expand_kv`) attend over
-    the row cache's latents within `attending_over`; returns the model. Applying it twice changes nothing."""
+    the row cache's latents within `attending_over`, its DSA indexer left out there; returns the model.
+    Applying it twice changes nothing."""
     for module in model.modules():
         if hasattr(module, "kv_b_proj") and hasattr(module, "expand_kv"):
             mix_in(module, AbsorbsLatents)
+        if hasattr(module, "kv_b_proj") and hasattr(module, "indexer"):  # (GLM-5's sharing layers: None)
+            mix_in(module, MasksForTheIndexer)
+            if module.indexer is not None:
+                mix_in(module.indexer, ChoosesEveryKey)
     return model
+
+
+class MasksForTheIndexer:
+    """A DSA layer within a step: handed a mask, which it indexes for its indexer before the call (a step
+    gives none: the row attention reads each row's own positions), and which goes no further."""
+
+    def forward(self, *args, **kwargs):
+        if _current_layout.get(None) is not None and kwargs.get("attention_mask") is None:
+            kwargs["attention_mask"] = torch.zeros((1, 1, 1, 1))
+        return super().forward(*args, **kwargs)
+
+
+class ChoosesEveryKey:
+    """A DSA indexer within a step: its choice is every key (the rows are no longer than its top k), which
+    the row attention reads anyway, so it computes none. Its layer still hands what it gives to the
+    attention interface (as `indices`, which the row attention leaves) and to the next layer (GLM-5's
+    layers that share their choice)."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if _current_layout.get(None) is None:
+            return super().forward(hidden_states, *args, **kwargs)
+        return torch.zeros((*hidden_states.shape[:-1], 1), dtype=torch.long, device=hidden_states.device)
 
 
 class AbsorbsLatents:

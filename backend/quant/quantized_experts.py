@@ -1,5 +1,5 @@
 """A mixture of experts' weights in the weight-only layers' blocks (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE,
-Gemma 4, LFM2-MoE, gpt-oss, and twenty-five other served families whose experts' module is Qwen3-MoE's:
+Gemma 4, LFM2-MoE, gpt-oss, and twenty-eight other served families whose experts' module is Qwen3-MoE's:
 `PLAIN_EXPERTS`).
 
 transformers keeps every expert of a layer in two float tensors, `gate_up_proj` [experts, 2 x
@@ -65,6 +65,9 @@ PLAIN_EXPERTS = {
     "MellumExperts",
     "FlintExperts",
     "Kolibri1Experts",
+    "DeepseekV32Experts",
+    "GlmMoeDsaExperts",
+    "AXK1Experts",
 }
 GPT_OSS_EXPERTS = "GptOssExperts"  # [in, out] weights, biases, gate and up interleaved, clamped
 LLAMA4_EXPERTS = "Llama4TextExperts"  # [in, out] weights, gate and up halves (`Llama4Mixture` routes)

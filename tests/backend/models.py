@@ -53,6 +53,7 @@ TINY_LATENT = dict(
     num_key_value_heads=4,
     initializer_range=0.15,
 )
+DSA_INDEXER = dict(index_head_dim=16, index_n_heads=4, index_topk=256)
 DEEPSEEK_EXPERTS = dict(
     n_routed_experts=4,
     num_experts_per_tok=2,
@@ -334,6 +335,25 @@ FAMILY_EXTRAS: dict[str, dict] = {
     "deepseek_v2": TINY_LATENT | DEEPSEEK_EXPERTS | {"q_lora_rank": None, "topk_method": "greedy"},
     "deepseek_v3": TINY_LATENT | DEEPSEEK_EXPERTS | {"n_group": 2, "topk_group": 1},
     "glm4_moe_lite": TINY_LATENT | DEEPSEEK_EXPERTS | {"mlp_layer_types": ["dense", "sparse"]},
+    # DeepSeek-V3.2's and GLM-5's sparse attention: an indexer of four heads of 16, its top 256 past the rows'
+    # 128 (every key chosen: the context they are served within); GLM-5's second layer shares the first's
+    "deepseek_v32": TINY_LATENT | DEEPSEEK_EXPERTS | DSA_INDEXER | {"n_group": 2, "topk_group": 1},
+    "glm_moe_dsa": TINY_LATENT
+    | DEEPSEEK_EXPERTS
+    | DSA_INDEXER
+    | {"n_group": 2, "topk_group": 1, "indexer_types": ["full", "shared"]},
+    "axk1": TINY_LATENT
+    | DEEPSEEK_EXPERTS
+    | {"n_group": 2, "topk_group": 1, "mlp_layer_types": ["dense", "sparse"]},
+    # LongCat-Flash: one layer of two attention sublayers beside a mixture with zero-computation experts
+    "longcat_flash": TINY_LATENT
+    | {
+        "num_layers": 2,
+        "n_routed_experts": 4,
+        "zero_expert_num": 2,
+        "moe_topk": 2,
+        "expert_ffn_hidden_size": 32,
+    },
     "minicpm3": TINY_LATENT | {"scale_emb": 1},
     "youtu": TINY_LATENT,
     # Hybrids: a Mamba-2 layer before an attention layer; Granite 4's with its multipliers and four

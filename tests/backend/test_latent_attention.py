@@ -1,7 +1,8 @@
 """Latent attention (DeepSeek's MLA, model/latent_attention.py): the cache keeps each layer's latent and
 rotated key as one tensor, steps attend over it with `kv_b_proj` absorbed (never expanding the cache),
 quantized expansions included, and DeepSeek's checkpoints, published with modeling code of their own,
-are served by transformers' classes without running it.
+are served by transformers' classes without running it; DeepSeek-V3.2's and GLM-5's sparse attention
+within the context where its indexer chooses every key.
 
 test_exactness holds each latent family to `generate` (rows joining, prompts in chunks sharing prefixes);
 test_model_families_e2e loads three from disk as the backend does."""
@@ -79,6 +80,30 @@ def test_a_quantized_expansion_is_read_through_its_layer_and_steps_give_its_logi
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
     assert_decode_steps_give_transformers_logits(engine, model, f"deepseek_v3 {mode}", monkeypatch)
     assert all("_expansion" in layer.__dict__ for layer in layers)  # read once, kept
+
+
+@pytest.mark.parametrize("architecture", ["deepseek_v32", "glm_moe_dsa"])
+def test_sparse_attentions_rows_end_at_its_top_k_and_steps_leave_its_indexer_out(architecture, monkeypatch):
+    """DeepSeek-V3.2's and GLM-5's indexer chooses the keys each query reads, its top k (2,048; 16 here):
+    rows end there, where the indexer still chooses every key (the start-up line says why), and within
+    steps the indexer is never run (it would keep keys of its own, which the row cache does not hold). The
+    engine's tokens are `generate`'s, which runs it."""
+    model = tiny_model(architecture, index_topk=16)
+    size = size_kv_cache(BackendConfig(max_seq_len=4096), model.config, torch.float32)
+    assert size.max_seq_len == 16
+    assert size.reason == "the model's sparse attention's top k, under --max-seq-len 4096"
+    indexer = type(model.model.layers[0].self_attn.indexer)
+    runs = []
+    indexer_forward = indexer.forward
+    monkeypatch.setattr(
+        indexer, "forward", lambda self, *a, **k: runs.append(1) or indexer_forward(self, *a, **k)
+    )
+    engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=4096, speculative_tokens=0)
+    assert engine.max_seq_len == 16
+    prompt, params = (5, 9, 14, 3, 22, 40, 41), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    tokens = MarkerTokenizer.ids(text_of(drive(engine, [(0, Submit("r", prompt, params))])["r"]))
+    assert runs == [] and len(tokens) == 8
+    assert tokens == reference_greedy(model, prompt, 8, engine.eos_ids) and runs
 
 
 def test_deepseeks_own_modeling_code_is_not_run_its_type_served_by_transformers(tmp_path):

@@ -1,6 +1,6 @@
 """A mixture of experts' weights in weight-only layers (backend/quant/quantized_experts.py): what
 `--quantize int4|int8` makes of Qwen3-MoE's, Mixtral's, Gemma 4's, LFM2-MoE's and gpt-oss's experts, which
-are nearly all of such a model, of the twenty-seven families' whose experts are Qwen3-MoE's, and Llama 4's."""
+are nearly all of such a model, of the thirty families' whose experts are Qwen3-MoE's, and Llama 4's."""
 
 import copy
 import inspect
@@ -27,7 +27,7 @@ from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
 
 MOE = ["qwen3_moe", "mixtral", "gemma4_text", "lfm2_moe", "gpt_oss"]
-LATENT_ATTENTION = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite"}
+LATENT_ATTENTION = {"deepseek_v2", "deepseek_v3", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa", "axk1"}
 # The other served families whose experts' module is Qwen3-MoE's under another name (`PLAIN_EXPERTS`)
 LIKE_QWEN3_MOE = [
     "qwen2_moe",
@@ -57,6 +57,9 @@ LIKE_QWEN3_MOE = [
     "mellum",
     "flint",
     "kolibri1",
+    "deepseek_v32",
+    "glm_moe_dsa",
+    "axk1",
 ]
 
 

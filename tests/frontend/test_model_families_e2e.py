@@ -139,6 +139,9 @@ FAMILIES = [
     "deepseek_v2",
     "deepseek_v3",
     "glm4_moe_lite",
+    # Served from 2026-12-07: DeepSeek-V3.2's and GLM-5's sparse attention within its indexer's top k
+    "deepseek_v32",
+    "glm_moe_dsa",
 ]
 MAX_TOKENS = 10
 EXACT = dict(dtype="float32", quantize="none", rows=4, max_seq_len=128, max_prefill_tokens=8)
