@@ -29,6 +29,7 @@ from backend.model.long_rope import fix_long_rope
 from backend.model.lora import Adapters
 from backend.model.step_inputs import DecodingRow, PrefillingRow, StepInputs, pack
 from backend.model.step_plan import StepPlan, plan_transformers
+from backend.quant.quantized_experts import route_llama4_mixtures
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class ModelRunner:
         self.device = model.device
         self.adapters = adapters
         fix_long_rope(model, max_seq_len)  # (a row's rotation never follows another row's length)
+        route_llama4_mixtures(model)  # (each token through its chosen expert, not all of them)
         self.row_adapters = [0] * (rows + int(embedding_row))  # each row's adapter slot, 0: the base model
         graphs = cuda_graphs and self.device.type == "cuda"
         if adapters is not None and (compile_decode or graphs):

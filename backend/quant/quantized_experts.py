@@ -238,13 +238,14 @@ def without_copy(layer: WeightOnlyLinear) -> WeightOnlyLinear:
 
 
 class Llama4Mixture(nn.Module):
-    """Llama 4's mixture of experts (transformers' `Llama4TextMoe`) over its quantized experts: the same
-    router and shared expert, each token multiplied by its chosen experts alone. transformers' module
-    multiplies every token by every expert, the input scaled by the expert's score (the sigmoid of its
-    logit where chosen, else 0, whose output is then 0) and the outputs summed; here each chosen expert's
-    input is scaled so, its output weighted by 1."""
+    """Llama 4's mixture of experts (transformers' `Llama4TextMoe`) over its experts quantized
+    (`QuantizedExperts`) or as floats (`SlicedExperts`): the same router and shared expert, each token
+    multiplied by its chosen experts alone. transformers' module multiplies every token by every expert,
+    the input scaled by the expert's score (the sigmoid of its logit where chosen, else 0, whose output is
+    then 0) and the outputs summed: Scout's 16 experts' products for each token's one. Here each chosen
+    expert's input is scaled so, its output weighted by 1."""
 
-    def __init__(self, block: nn.Module, experts: QuantizedExperts):
+    def __init__(self, block: nn.Module, experts: nn.Module):
         super().__init__()
         self.top_k, self.hidden_dim = block.top_k, block.hidden_dim
         self.router, self.shared_expert, self.experts = block.router, block.shared_expert, experts
@@ -260,6 +261,47 @@ class Llama4Mixture(nn.Module):
         for slot in range(self.top_k):  # (Scout's and Maverick's: one)
             out.add_(self.experts(hidden * weights[:, slot, None], chosen[:, slot, None], unweighted))
         return out, logits
+
+
+class SlicedExperts(nn.Module):
+    """Llama 4's float experts (`Llama4TextExperts`: [experts, in, out] tensors) called as `QuantizedExperts`
+    are, with the tokens, each one's chosen experts and their weights: each chosen expert's slices multiply
+    its tokens alone, as transformers' module multiplies an expert's (gate and up in halves, act(gate) *
+    up, then down)."""
+
+    def __init__(self, experts: nn.Module):
+        super().__init__()
+        # the tensors, not the module (which `quantize_experts` would take for a mixture's)
+        self.gate_up_proj, self.down_proj, self.act_fn = (
+            experts.gate_up_proj,
+            experts.down_proj,
+            experts.act_fn,
+        )
+
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        out = torch.zeros_like(hidden_states)
+        for expert in top_k_index.unique().tolist():
+            token, slot = torch.where(top_k_index == expert)
+            gate, up = (hidden_states[token] @ self.gate_up_proj[expert]).chunk(2, dim=-1)
+            expert_out = ((up * self.act_fn(gate)) @ self.down_proj[expert]) * top_k_weights[
+                token, slot, None
+            ]
+            out.index_add_(0, token, expert_out.to(out.dtype))
+        return out
+
+
+def route_llama4_mixtures(model: nn.Module) -> int:
+    """Replace each of Llama 4's float mixtures (transformers' `Llama4TextMoe`) by `Llama4Mixture` over
+    `SlicedExperts` (quantized ones are already: `quantize_experts`); returns how many."""
+    blocks = [
+        (name, module) for name, module in model.named_modules() if type(module).__name__ == "Llama4TextMoe"
+    ]
+    for name, block in blocks:
+        owner, _, child = name.rpartition(".")
+        setattr(model.get_submodule(owner), child, Llama4Mixture(block, SlicedExperts(block.experts)))
+    return len(blocks)
 
 
 def quantize_experts(model: nn.Module, quantize: Callable[[nn.Linear], WeightOnlyLinear]) -> int:

@@ -22,6 +22,7 @@ from backend.quant.quantized_experts import (
     as_linear,
     expert_weight,
     is_gpt_oss,
+    route_llama4_mixtures,
 )
 from backend.quant.quantized_linear import QUANTIZERS, resident_bytes
 from tests.backend.models import MarkerTokenizer, drive, reference_greedy, text_of, tiny_model
@@ -194,6 +195,29 @@ def test_llama_4s_mixture_over_quantized_experts_gives_its_modules_output_over_t
     assert len(set(expected_logits.argmax(dim=1).tolist())) == block.num_experts  # every expert chosen
     assert torch.equal(logits, expected_logits)
     torch.testing.assert_close(got, expected, atol=0.02 * expected.abs().max(), rtol=0)
+
+
+def test_llama_4s_float_mixture_routed_to_each_tokens_expert_is_its_modules_and_serves_generates_tokens():
+    """Llama 4's float mixture, each token through its chosen expert alone (`Llama4Mixture` over
+    `SlicedExperts`, as the engine's model runner makes it), gives what transformers' module does
+    multiplying every token by every expert, to float32's rounding, every expert chosen; and the engine
+    over the routed model gives `generate`'s tokens over the model as transformers built it."""
+    model = tiny_model("llama4_text", initializer_range=0.2)
+    reference = copy.deepcopy(model)
+    block = model.model.layers[1].feed_forward
+    hidden = torch.randn(1, 24, 64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected, expected_logits = block(hidden)
+        assert route_llama4_mixtures(model) == 1
+        routed = model.model.layers[1].feed_forward
+        got, logits = routed(hidden)
+    assert isinstance(routed, Llama4Mixture) and len(set(logits.argmax(dim=1).tolist())) == block.num_experts
+    assert torch.equal(logits, expected_logits)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    prompt, params = (5, 9, 14, 3, 22, 7, 30), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine = Engine(model, MarkerTokenizer(), rows=2, max_seq_len=64, speculative_tokens=0)
+    tokens = MarkerTokenizer.ids(text_of(drive(engine, [(0, Submit("r", prompt, params))])["r"]))
+    assert tokens == reference_greedy(reference, prompt, 12, engine.eos_ids)
 
 
 @pytest.mark.parametrize("architecture", [*MOE, *LIKE_QWEN3_MOE, "llama4_text"])
