@@ -38,9 +38,10 @@ STATE_SPACE_TYPES = ("mamba", "falcon_mamba", "mamba2")
 # or in every layer beside its attention (Falcon-H1's "hybrid" layers); Jamba's are Mamba's; Nemotron-H's
 # layers are each a Mamba-2 mixer, an attention, an MLP or experts. Qwen3-Next's, Qwen3.5's and OLMo's
 # hybrid's "linear_attention" layers are Gated DeltaNets instead (GATED_DELTA_TYPES, model/gated_delta.py).
-# LFM2's "conv" layers are a short convolution alone, no scan (SHORT_CONV_TYPES, model/short_conv.py).
+# LFM2's and LFM3's "conv" layers are a short convolution alone, no scan (SHORT_CONV_TYPES,
+# model/short_conv.py).
 GATED_DELTA_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid")
-SHORT_CONV_TYPES = ("lfm2", "lfm2_moe")
+SHORT_CONV_TYPES = ("lfm2", "lfm2_moe", "lfm3")
 HYBRID_TYPES = (
     "bamba", "granitemoehybrid", "falcon_h1", "jamba", "nemotron_h", *GATED_DELTA_TYPES, *SHORT_CONV_TYPES
 )  # fmt: skip

@@ -127,6 +127,7 @@ SUPPORTED = {
     "olmo_hybrid": "OLMo's hybrid, Gated DeltaNet layers among attention layers",
     "lfm2": "LFM2, short convolution layers among attention layers",
     "lfm2_moe": "LFM2 mixture-of-experts models",
+    "lfm3": "LFM3, short convolution layers among global and window attention layers",
 }
 
 # Multimodal checkpoints whose towers transformers builds with a package the server does not install

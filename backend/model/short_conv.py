@@ -1,4 +1,4 @@
-"""LFM2's short convolution layers over the rows' recurrent states (layers/row_states.py).
+"""LFM2's (and LFM3's) short convolution layers over the rows' recurrent states (layers/row_states.py).
 
 Most of LFM2's layers (10 of LFM2-1.2B's 16) are no attention but a gated
 convolution: the layer projects each token to B, C and x, convolves B * x
@@ -19,8 +19,9 @@ from torch import nn
 from backend.layers.step_layout import StepLayout
 from backend.model.mamba import convolve
 
-# transformers' classes of these layers, by name (LFM2's and LFM2-MoE's).
-SHORT_CONV_MIXERS = ("Lfm2ShortConv", "Lfm2MoeShortConv")
+# transformers' classes of these layers, by name (LFM2's, LFM2-MoE's and LFM3's: a kernel of 7 where LFM2's
+# is 3).
+SHORT_CONV_MIXERS = ("Lfm2ShortConv", "Lfm2MoeShortConv", "Lfm3ShortConv")
 
 
 def is_short_conv(mixer: nn.Module) -> bool:

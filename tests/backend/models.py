@@ -422,6 +422,14 @@ FAMILY_EXTRAS: dict[str, dict] = {
         "initializer_range": 0.2,
         "tie_word_embeddings": False,
     },
+    # LFM3: its norms of each sublayer's output and gated attention, a window layer among global ones
+    "lfm3": {
+        "num_hidden_layers": 4,
+        "layer_types": ["conv", "full_attention", "conv", "sliding_attention"],
+        "sliding_window": TINY_WINDOW,
+        "initializer_range": 0.2,
+        "tie_word_embeddings": False,
+    },
     "lfm2_moe": {
         "layer_types": ["conv", "full_attention"],
         **TINY_EXPERTS,

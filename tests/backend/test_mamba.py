@@ -55,7 +55,9 @@ def test_mamba_matches_generate_with_prompts_in_chunks(model_type):
     assert all(piece.cached_tokens == 0 for request in pieces.values() for piece in request)
 
 
-@pytest.mark.parametrize("model_type", ["mamba", "mamba2", "granitemoehybrid", "qwen3_5_text", "lfm2"])
+@pytest.mark.parametrize(
+    "model_type", ["mamba", "mamba2", "granitemoehybrid", "qwen3_5_text", "lfm2", "lfm3"]
+)
 def test_a_chats_next_turn_reuses_its_rows_whole_history_and_a_part_of_it_is_never_reused(model_type):
     """A row's state is that of its whole history: a second turn (the first turn's prompt and answer
     and more) continues from it, prefilling only what is new; a prompt sharing only part of it starts

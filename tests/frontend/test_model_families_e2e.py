@@ -130,6 +130,7 @@ FAMILIES = [
     # LFM2: short convolution layers over the rows' states (model/short_conv.py)
     "lfm2",
     "lfm2_moe",
+    "lfm3",  # (served from 2026-12-07: its window layer among them)
     # Served from 2026-12-03: GPT-NeoX (Pythia), OPT and GPT-BigCode (StarCoder, one key head)
     "gpt_neox",
     "opt",
