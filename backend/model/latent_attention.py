@@ -57,7 +57,7 @@ class MasksForTheIndexer:
 
     def forward(self, *args, **kwargs):
         if _current_layout.get(None) is not None and kwargs.get("attention_mask") is None:
-            kwargs["attention_mask"] = torch.zeros((1, 1, 1, 1))
+            kwargs["attention_mask"] = torch.zeros((1, 1, 1, 1))  # (never read: no device to match)
         return super().forward(*args, **kwargs)
 
 

@@ -272,11 +272,8 @@ class SlicedExperts(nn.Module):
     def __init__(self, experts: nn.Module):
         super().__init__()
         # the tensors, not the module (which `quantize_experts` would take for a mixture's)
-        self.gate_up_proj, self.down_proj, self.act_fn = (
-            experts.gate_up_proj,
-            experts.down_proj,
-            experts.act_fn,
-        )
+        self.gate_up_proj, self.down_proj = experts.gate_up_proj, experts.down_proj
+        self.act_fn = experts.act_fn
 
     def forward(
         self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
@@ -285,10 +282,8 @@ class SlicedExperts(nn.Module):
         for expert in top_k_index.unique().tolist():
             token, slot = torch.where(top_k_index == expert)
             gate, up = (hidden_states[token] @ self.gate_up_proj[expert]).chunk(2, dim=-1)
-            expert_out = ((up * self.act_fn(gate)) @ self.down_proj[expert]) * top_k_weights[
-                token, slot, None
-            ]
-            out.index_add_(0, token, expert_out.to(out.dtype))
+            expert_out = (up * self.act_fn(gate)) @ self.down_proj[expert]
+            out.index_add_(0, token, (expert_out * top_k_weights[token, slot, None]).to(out.dtype))
         return out
 
 
