@@ -91,6 +91,7 @@ PLAIN_ARCHITECTURES = {
     "gemma2",
     "gemma3",
     "gpt-oss",
+    "lfm2",  # (its processor reshapes the convolutions' weights alone, no linear layer's)
 }  # rows as transformers has them
 
 # Beside a GGUF file's converted copy: its blocks as read, so that later starts need not parse the

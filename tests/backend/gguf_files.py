@@ -47,9 +47,10 @@ GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
     "gpt2": MODEL_ARCH.GPT2,
     "mamba": MODEL_ARCH.MAMBA,
     "gpt_oss": MODEL_ARCH.GPT_OSS,
+    "lfm2": MODEL_ARCH.LFM2,
 }
 
-Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32
+Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32, lists as arrays
 
 
 def write_tiny_gguf(
@@ -104,7 +105,9 @@ def write_tiny_gguf(
 def add_metadata(writer: GGUFWriter, metadata: Metadata, arch: str) -> None:
     for key, value in metadata.items():
         key = key.format(arch=arch)
-        if isinstance(value, int):
+        if isinstance(value, list):  # (LFM2's key heads, one count a layer)
+            writer.add_array(key, value)
+        elif isinstance(value, int):
             writer.add_uint32(key, value)
         elif isinstance(value, float):
             writer.add_float32(key, value)
@@ -323,6 +326,27 @@ def gpt_oss_metadata(hparams: dict) -> Metadata:
     return metadata
 
 
+def lfm2_metadata(hparams: dict) -> Metadata:
+    """LFM2Model: a key head count a layer, 0 for its convolution layers (which is how llama.cpp, and
+    transformers reading its file, tell them from the attention layers), the convolution's length, the
+    vocabulary's size, and the MLP's width as the model computes it from its config (a third less, times
+    its multiplier, up to a multiple of `block_multiple_of`, where `block_auto_adjust_ff_dim`)."""
+    width = hparams["intermediate_size"]
+    if hparams["block_auto_adjust_ff_dim"]:
+        width = int(2 * width / 3)
+        if hparams["block_ffn_dim_multiplier"] is not None:
+            width = int(hparams["block_ffn_dim_multiplier"] * width)
+        multiple = hparams["block_multiple_of"]
+        width = multiple * ((width + multiple - 1) // multiple)
+    kv_heads = [hparams["num_key_value_heads"] if kind != "conv" else 0 for kind in hparams["layer_types"]]
+    return text_model_metadata(hparams | {"rms_norm_eps": hparams["norm_eps"]}) | {
+        Keys.Attention.HEAD_COUNT_KV: kv_heads,
+        Keys.LLM.VOCAB_SIZE: hparams["vocab_size"],
+        Keys.ShortConv.L_CACHE: hparams["conv_L_cache"],
+        Keys.LLM.FEED_FORWARD_LENGTH: width,
+    }
+
+
 def gpt2_metadata(hparams: dict) -> Metadata:
     return {
         Keys.LLM.BLOCK_COUNT: hparams["n_layer"],
@@ -348,6 +372,7 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
     "gpt2": gpt2_metadata,
     "mamba": mamba_metadata,
     "gpt_oss": gpt_oss_metadata,
+    "lfm2": lfm2_metadata,
 }
 
 # What a converter writes beyond the model's own tensors (generate_extra_tensors), by model type
@@ -468,6 +493,11 @@ def mamba_scan(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple
         yield name, tensor
 
 
+def lfm2_conv(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """LFM2Model squeezes each convolution's weight ([hidden, 1, length]) to two dimensions."""
+    yield name, tensor.squeeze(1) if "conv.conv" in name else tensor
+
+
 TENSOR_CHANGES: dict[str, Change] = {
     "llama": llama_rotary_rows,
     "mistral": llama_rotary_rows,
@@ -479,6 +509,7 @@ TENSOR_CHANGES: dict[str, Change] = {
     "gpt2": gpt2_conv1d,
     "mamba": mamba_scan,
     "gpt_oss": gpt_oss_experts,
+    "lfm2": lfm2_conv,
 }
 
 

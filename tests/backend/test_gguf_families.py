@@ -104,6 +104,9 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     # Its window, head width and rotary scaling (gpt-oss's YaRN) are read by model/gguf_gpt_oss.py, its
     # experts too.
     "gpt_oss": lambda: tiny_model("gpt_oss", rope_parameters=GptOssConfig().rope_parameters),
+    # LFM2: which layers attend is each layer's key head count (0: a convolution); the MLP's width the
+    # one it computes from its config
+    "lfm2": lambda: tiny_model("lfm2"),
 }
 
 # llama.cpp writes Mistral as "llama", and transformers reads it back as Llama (the same layers) unless the
@@ -480,9 +483,9 @@ def test_a_mixtral_file_without_a_projection_of_its_experts_is_refused_naming_it
         load_gguf(path, tmp_path)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "lfm2"])
 def test_a_file_whose_rows_need_no_permuting_is_served_from_its_own_blocks_experts_included(family, tmp_path):
-    """Qwen3, Qwen3-MoE, Phi-3 and Gemma files (llama.cpp stores their rows as transformers has them)
+    """Qwen3, Qwen3-MoE, Phi-3, Gemma and LFM2 files (llama.cpp stores their rows as transformers has them)
     through the default mode: every projection from the file's Q4_0 blocks, a Qwen3-MoE's experts too,
     each expert's gate and up joined as transformers joins them (quantized_experts.py); a step of few
     rows gives the
