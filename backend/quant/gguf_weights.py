@@ -92,6 +92,9 @@ PLAIN_ARCHITECTURES = {
     "gemma3",
     "gpt-oss",
     "lfm2",  # (its processor reshapes the convolutions' weights alone, no linear layer's)
+    "starcoder2",
+    "stablelm",
+    "nemotron",  # (its processor takes 1 from its norms' weights alone)
 }  # rows as transformers has them
 
 # Beside a GGUF file's converted copy: its blocks as read, so that later starts need not parse the

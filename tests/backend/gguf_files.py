@@ -48,6 +48,9 @@ GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
     "mamba": MODEL_ARCH.MAMBA,
     "gpt_oss": MODEL_ARCH.GPT_OSS,
     "lfm2": MODEL_ARCH.LFM2,
+    "starcoder2": MODEL_ARCH.STARCODER2,
+    "stablelm": MODEL_ARCH.STABLELM,
+    "nemotron": MODEL_ARCH.NEMOTRON,
 }
 
 Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32, lists as arrays
@@ -170,7 +173,8 @@ def rope_theta(hparams: dict) -> float:
 
 
 def text_model_metadata(hparams: dict) -> Metadata:
-    """TextModel.set_gguf_parameters, which most families keep: the sizes config.json names."""
+    """TextModel.set_gguf_parameters, which most families keep: the sizes config.json names, an RMSNorm's
+    epsilon and a LayerNorm's under whichever of their names the config has."""
     metadata: Metadata = {
         Keys.LLM.BLOCK_COUNT: hparams["num_hidden_layers"],
         Keys.LLM.CONTEXT_LENGTH: hparams["max_position_embeddings"],
@@ -179,8 +183,15 @@ def text_model_metadata(hparams: dict) -> Metadata:
         Keys.Attention.HEAD_COUNT: hparams["num_attention_heads"],
         Keys.Attention.HEAD_COUNT_KV: hparams["num_key_value_heads"],
         Keys.Rope.FREQ_BASE: rope_theta(hparams),
-        Keys.Attention.LAYERNORM_RMS_EPS: float(hparams["rms_norm_eps"]),
     }
+    epsilons = {
+        Keys.Attention.LAYERNORM_RMS_EPS: ("rms_norm_eps", "norm_eps"),
+        Keys.Attention.LAYERNORM_EPS: ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"),
+    }
+    for key, names in epsilons.items():
+        found = [hparams[name] for name in names if hparams.get(name) is not None]
+        if found:
+            metadata[key] = float(found[0])
     experts = hparams.get("num_local_experts") or hparams.get("num_experts")
     if experts:
         metadata[Keys.LLM.EXPERT_COUNT] = experts
@@ -339,11 +350,23 @@ def lfm2_metadata(hparams: dict) -> Metadata:
         multiple = hparams["block_multiple_of"]
         width = multiple * ((width + multiple - 1) // multiple)
     kv_heads = [hparams["num_key_value_heads"] if kind != "conv" else 0 for kind in hparams["layer_types"]]
-    return text_model_metadata(hparams | {"rms_norm_eps": hparams["norm_eps"]}) | {
+    return text_model_metadata(hparams) | {
         Keys.Attention.HEAD_COUNT_KV: kv_heads,
         Keys.LLM.VOCAB_SIZE: hparams["vocab_size"],
         Keys.ShortConv.L_CACHE: hparams["conv_L_cache"],
         Keys.LLM.FEED_FORWARD_LENGTH: width,
+    }
+
+
+def nemotron_metadata(hparams: dict) -> Metadata:
+    """NemotronModel adds the vocabulary's size, its LayerNorm's epsilon (`norm_eps`, which TextModel
+    writes as an RMSNorm's too) and the rotary width (its partial rotary factor of each head)."""
+    part = hparams["rope_parameters"]["partial_rotary_factor"]
+    rotary = int(part * hparams["hidden_size"]) // hparams["num_attention_heads"]
+    return text_model_metadata(hparams) | {
+        Keys.LLM.VOCAB_SIZE: hparams["vocab_size"],
+        Keys.Attention.LAYERNORM_EPS: float(hparams["norm_eps"]),
+        Keys.Rope.DIMENSION_COUNT: rotary,
     }
 
 
@@ -373,6 +396,9 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
     "mamba": mamba_metadata,
     "gpt_oss": gpt_oss_metadata,
     "lfm2": lfm2_metadata,
+    "starcoder2": text_model_metadata,
+    "stablelm": text_model_metadata,
+    "nemotron": nemotron_metadata,
 }
 
 # What a converter writes beyond the model's own tensors (generate_extra_tensors), by model type
@@ -414,8 +440,13 @@ def llama_rotary_rows(name: str, tensor: torch.Tensor, hparams: dict) -> Iterato
     yield name, tensor
 
 
+# The families whose norms scale by 1 + w (Gemma's RMSNorms, Nemotron's LayerNorm1P)
+OFFSET_NORM_FAMILIES = ("gemma2", "gemma3_text", "nemotron")
+
+
 def gemma_norms(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
-    """Gemma's norms multiply by 1 + w; llama.cpp's by the stored value, so it stores 1 + w."""
+    """Gemma's norms (and Nemotron's) multiply by 1 + w; llama.cpp's by the stored value, so it stores
+    1 + w."""
     yield name, tensor + 1 if name.endswith("norm.weight") else tensor
 
 
@@ -510,13 +541,15 @@ TENSOR_CHANGES: dict[str, Change] = {
     "mamba": mamba_scan,
     "gpt_oss": gpt_oss_experts,
     "lfm2": lfm2_conv,
+    "nemotron": gemma_norms,
 }
 
 
 def round_trip_offset_norms(model: torch.nn.Module) -> torch.nn.Module:
-    """Round Gemma's norm weights, in place, to values that come back the same from a file that stores
-    1 + w in float32 (transformers subtracts the 1 again): w = (1 + w) - 1, once, is such a value."""
-    if model.config.model_type in ("gemma2", "gemma3_text"):
+    """Round Gemma's and Nemotron's norm weights, in place, to values that come back the same from a file
+    that stores 1 + w in float32 (transformers subtracts the 1 again): w = (1 + w) - 1, once, is such a
+    value."""
+    if model.config.model_type in OFFSET_NORM_FAMILIES:
         with torch.no_grad():
             for name, parameter in model.named_parameters():
                 if name.endswith("norm.weight"):

@@ -31,7 +31,7 @@ from backend.quant import block_weights
 from backend.quant.quantized_experts import QuantizedExperts, expert_weight
 from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear
 from tests.backend import gguf_files
-from tests.backend.gguf_files import q4_k_m, round_trip_offset_norms, write_tiny_gguf
+from tests.backend.gguf_files import OFFSET_NORM_FAMILIES, q4_k_m, round_trip_offset_norms, write_tiny_gguf
 from tests.backend.models import (
     TINY_EOS,
     TINY_VOCAB,
@@ -54,7 +54,7 @@ def random_norms(model: torch.nn.Module) -> torch.nn.Module:
     """Norms start as ones and zeros, which transformers also gives a weight a file lacks: random ones
     make a dropped norm tell, and for Gemma (a scale of 1 + w) a file that stored w, not 1 + w; they also
     keep a tied random Gemma from repeating its last token whatever it attends."""
-    offset = 1.0 if model.config.model_type in ("gemma2", "gemma3_text") else 0.0
+    offset = 1.0 if model.config.model_type in OFFSET_NORM_FAMILIES else 0.0
     torch.manual_seed(1)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -107,6 +107,12 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     # LFM2: which layers attend is each layer's key head count (0: a convolution); the MLP's width the
     # one it computes from its config
     "lfm2": lambda: tiny_model("lfm2"),
+    # StarCoder 2's window is no key: transformers takes 4,096, its released models' (none in play here).
+    "starcoder2": lambda: tiny_model("starcoder2", sliding_window=4096),
+    # StableLM's rotary width is no key either: the quarter of each head its config defaults to.
+    "stablelm": lambda: tiny_model("stablelm"),
+    # Nemotron's LayerNorm1P scales by 1 + w, which llama.cpp stores (as Gemma's)
+    "nemotron": lambda: tiny_model("nemotron"),
 }
 
 # llama.cpp writes Mistral as "llama", and transformers reads it back as Llama (the same layers) unless the
@@ -483,14 +489,16 @@ def test_a_mixtral_file_without_a_projection_of_its_experts_is_refused_naming_it
         load_gguf(path, tmp_path)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "lfm2"])
+@pytest.mark.parametrize(
+    "family",
+    ["qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "lfm2", "starcoder2", "stablelm", "nemotron"],
+)
 def test_a_file_whose_rows_need_no_permuting_is_served_from_its_own_blocks_experts_included(family, tmp_path):
-    """Qwen3, Qwen3-MoE, Phi-3, Gemma and LFM2 files (llama.cpp stores their rows as transformers has them)
-    through the default mode: every projection from the file's Q4_0 blocks, a Qwen3-MoE's experts too,
-    each expert's gate and up joined as transformers joins them (quantized_experts.py); a step of few
-    rows gives the
-    logits of the same file dequantized to float32, and a later start, from the blocks' copy, serves
-    the same."""
+    """Qwen3, Qwen3-MoE, Phi-3, Gemma, LFM2, StarCoder 2, StableLM and Nemotron files (llama.cpp stores
+    their rows as transformers has them) through the default mode: every projection from the file's Q4_0
+    blocks, a Qwen3-MoE's experts too, each expert's gate and up joined as transformers joins them
+    (quantized_experts.py); a step of few rows gives the logits of the same file dequantized to float32,
+    and a later start, from the blocks' copy, serves the same."""
     model = random_norms(FAMILIES[family]())
     path = write_tiny_gguf(tmp_path / f"tiny-{family}-Q4_0.gguf", model, default_model_path(), Q4_0)
     exact = load_gguf(path, tmp_path).model
