@@ -87,6 +87,7 @@ PLAIN_ARCHITECTURES = {
     "qwen2",
     "qwen3",
     "qwen3moe",
+    "qwen2moe",
     "phi3",
     "gemma2",
     "gemma3",

@@ -51,6 +51,7 @@ GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
     "starcoder2": MODEL_ARCH.STARCODER2,
     "stablelm": MODEL_ARCH.STABLELM,
     "nemotron": MODEL_ARCH.NEMOTRON,
+    "qwen2_moe": MODEL_ARCH.QWEN2MOE,
 }
 
 Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32, lists as arrays
@@ -215,6 +216,13 @@ def qwen3_moe_metadata(hparams: dict) -> Metadata:
     """Qwen2MoeModel adds each expert's width."""
     return text_model_metadata(hparams) | {
         Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: hparams["moe_intermediate_size"]
+    }
+
+
+def qwen2_moe_metadata(hparams: dict) -> Metadata:
+    """... and its shared expert's width, where it has one (Qwen2-MoE's)."""
+    return qwen3_moe_metadata(hparams) | {
+        Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: hparams["shared_expert_intermediate_size"]
     }
 
 
@@ -399,6 +407,7 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
     "starcoder2": text_model_metadata,
     "stablelm": text_model_metadata,
     "nemotron": nemotron_metadata,
+    "qwen2_moe": qwen2_moe_metadata,
 }
 
 # What a converter writes beyond the model's own tensors (generate_extra_tensors), by model type
@@ -484,6 +493,14 @@ def qwen_moe_experts(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator
         yield name, tensor
 
 
+def qwen2_moe_tensors(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """Qwen2MoeModel's experts, and its shared expert's gate ([1, hidden]) as one row, which llama.cpp
+    stores 1-D (transformers reads it back so)."""
+    if name.endswith("shared_expert_gate.weight"):
+        tensor = tensor[0]
+    yield from qwen_moe_experts(name, tensor, hparams)
+
+
 def mixtral_experts(name: str, tensor: torch.Tensor, hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
     """LlamaModel: the rows of q and k permuted, and each projection of a layer's experts stacked into one
     tensor (w1 gate, w3 up, w2 down), as Qwen2MoeModel's are."""
@@ -542,6 +559,7 @@ TENSOR_CHANGES: dict[str, Change] = {
     "gpt_oss": gpt_oss_experts,
     "lfm2": lfm2_conv,
     "nemotron": gemma_norms,
+    "qwen2_moe": qwen2_moe_tensors,
 }
 
 

@@ -29,7 +29,7 @@ from backend.model.loader import LoadedModel
 from backend.model.source import default_model_path
 from backend.quant import block_weights
 from backend.quant.quantized_experts import QuantizedExperts, expert_weight
-from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear
+from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear, fits_int4_kernels
 from tests.backend import gguf_files
 from tests.backend.gguf_files import OFFSET_NORM_FAMILIES, q4_k_m, round_trip_offset_norms, write_tiny_gguf
 from tests.backend.models import (
@@ -113,6 +113,10 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "stablelm": lambda: tiny_model("stablelm"),
     # Nemotron's LayerNorm1P scales by 1 + w, which llama.cpp stores (as Gemma's)
     "nemotron": lambda: tiny_model("nemotron"),
+    # Qwen2-MoE's experts' and shared expert's widths are no keys: Qwen1.5-MoE-A2.7B's, transformers' default
+    "qwen2_moe": lambda: tiny_model(
+        "qwen2_moe", moe_intermediate_size=1408, shared_expert_intermediate_size=5632
+    ),
 }
 
 # llama.cpp writes Mistral as "llama", and transformers reads it back as Llama (the same layers) unless the
@@ -491,12 +495,24 @@ def test_a_mixtral_file_without_a_projection_of_its_experts_is_refused_naming_it
 
 @pytest.mark.parametrize(
     "family",
-    ["qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3_text", "lfm2", "starcoder2", "stablelm", "nemotron"],
+    [
+        "qwen3",
+        "qwen3_moe",
+        "qwen2_moe",
+        "phi3",
+        "gemma2",
+        "gemma3_text",
+        "lfm2",
+        "starcoder2",
+        "stablelm",
+        "nemotron",
+    ],
 )
 def test_a_file_whose_rows_need_no_permuting_is_served_from_its_own_blocks_experts_included(family, tmp_path):
-    """Qwen3, Qwen3-MoE, Phi-3, Gemma, LFM2, StarCoder 2, StableLM and Nemotron files (llama.cpp stores
-    their rows as transformers has them) through the default mode: every projection from the file's Q4_0
-    blocks, a Qwen3-MoE's experts too, each expert's gate and up joined as transformers joins them
+    """Qwen3, Qwen3-MoE, Qwen2-MoE, Phi-3, Gemma, LFM2, StarCoder 2, StableLM and Nemotron files (llama.cpp
+    stores their rows as transformers has them) through the default mode: every projection from the file's
+    Q4_0 blocks (but Qwen2-MoE's shared expert's gate, one output, which the kernels do not take), a
+    Qwen3-MoE's and Qwen2-MoE's experts too, each expert's gate and up joined as transformers joins them
     (quantized_experts.py); a step of few rows gives the logits of the same file dequantized to float32,
     and a later start, from the blocks' copy, serves the same."""
     model = random_norms(FAMILIES[family]())
@@ -504,8 +520,11 @@ def test_a_file_whose_rows_need_no_permuting_is_served_from_its_own_blocks_exper
     exact = load_gguf(path, tmp_path).model
     for start in ("first", "again"):
         served = load_gguf(path, tmp_path, quantize="auto").model
-        assert not any(type(module) is torch.nn.Linear for module in served.model.layers.modules()), start
-        if family == "qwen3_moe":
+        floats = [
+            m for m in served.model.layers.modules() if type(m) is torch.nn.Linear and fits_int4_kernels(m)
+        ]
+        assert floats == [], start
+        if family in ("qwen3_moe", "qwen2_moe"):
             experts = [layer.mlp.experts for layer in served.model.layers]
             assert all(isinstance(e, QuantizedExperts) for e in experts), start
             layers = [layer for e in experts for layer in (*e.gate_up, *e.down)]
