@@ -295,12 +295,9 @@ def test_gemma_2s_soft_caps_in_the_cpus_loop_give_transformers_logits(monkeypatc
     loop, a window layer beside a global one) and float32 weights, no quantization to blur them: each decode
     step's logits, soft-capped at 2, are transformers' forward's to 1e-4. (In 4 bits its large weights,
     which make the caps bite, part the one-row and many-row products by more than the test above allows.)"""
-    if not block_weights.available(torch.device("cpu")):
-        pytest.skip("this CPU has no AVX2 (or no compiler): no C++ loops")
     model = tiny_model("gemma2", head_dim=64, final_logit_softcapping=2.0)
-    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
+    engine = engine_with_fused_ops(model)
     decoder = engine.runner.decoder
-    decoder.use_ops(decode_ops(torch.device("cpu"), exact=False, compiled=False))
     assert decoder.reads_own_positions and decoder.softcap == 1.0
     assert_decode_steps_give_transformers_logits(engine, model, "gemma2", monkeypatch, tolerance=1e-4)
 
@@ -310,16 +307,23 @@ def test_llama_4s_layers_in_float32_give_transformers_logits(monkeypatch):
     rotated layer's L2 norms of each head after the rotation, its unrotated layer's queries multiplied by
     their temperature (from position 3 on, in steps of 4 positions), its experts: each decode step's logits
     are transformers' forward's to 1e-4, close enough that a temperature a position off fails."""
-    if not block_weights.available(torch.device("cpu")):
-        pytest.skip("this CPU has no AVX2 (or no compiler): no C++ loops")
     model = tiny_model("llama4_text", head_dim=64, initializer_range=0.2)
-    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
+    engine = engine_with_fused_ops(model)
     decoder = engine.runner.decoder
-    decoder.use_ops(decode_ops(torch.device("cpu"), exact=False, compiled=False))
     assert decoder.reads_own_positions and decoder.query_scaling.unrotated_layers
     assert [layer.query_scaled for layer in decoder.bound_layers] == [False, True]
     assert [layer.head_norms is not None for layer in decoder.bound_layers] == [True, False]
     assert_decode_steps_give_transformers_logits(engine, model, "llama4_text", monkeypatch, tolerance=1e-4)
+
+
+def engine_with_fused_ops(model) -> Engine:
+    """An engine over a float32 model whose runner's decode steps take the CPU's fused operations (which
+    float32 weights would not choose: exact mode's are PyTorch's); skipped where the CPU has none."""
+    if not block_weights.available(torch.device("cpu")):
+        pytest.skip("this CPU has no AVX2 (or no compiler): no C++ loops")
+    engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, speculative_tokens=0)
+    engine.runner.decoder.use_ops(decode_ops(torch.device("cpu"), exact=False, compiled=False))
+    return engine
 
 
 def assert_decode_steps_give_transformers_logits(
