@@ -35,11 +35,6 @@ def context_length(model_config: PretrainedConfig) -> int:
     return context_limit(model_config)[0]
 
 
-def context_name(model_config: PretrainedConfig) -> str:
-    """What the start-up line calls `context_length`: the model's context, or what limits it."""
-    return context_limit(model_config)[1]
-
-
 def context_limit(model_config: PretrainedConfig) -> tuple[int, str]:
     """The context served exactly, and its name: the model's, but no longer than Llama 4's chunks, since its
     rotated layers' queries read their own chunk of positions alone (`attention_chunk_size`: from position
@@ -90,7 +85,7 @@ def size_kv_cache(config: BackendConfig, model_config: PretrainedConfig, dtype: 
     or for a --max-seq-len that does not fit in it."""
     shape, rows, budget = KVShape.of(model_config), config.rows, config.kv_cache_memory
     spare = spare_rows(config)
-    context, named = context_length(model_config), context_name(model_config)
+    context, named = context_limit(model_config)  # (and what the start-up line calls it)
     requested = config.max_seq_len
     if budget is None and requested is None:
         length = min(DEFAULT_MAX_SEQ_LEN, context)
