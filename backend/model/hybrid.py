@@ -13,6 +13,7 @@ transformers' own.
 from __future__ import annotations
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from backend.layers.attention import _current_layout
@@ -40,7 +41,7 @@ def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
     """Make each recurrent mixer of a hybrid model mix over the step's rows and their `states` (a layer of
     them a mixer, in order) inside `attending_over`. The model's forward runs as it is around them: its
     attention layers attend over the row cache, its mixers never read the cache passed."""
-    mixers = [module for module in model.modules() if module.__class__.__name__ in HYBRID_MIXERS]
+    mixers = [module for module in model.modules() if is_hybrid_mixer(module)]
     if len(mixers) != states.shape.layers:
         raise ValueError(f"{len(mixers)} recurrent mixers in the model, states for {states.shape.layers}")
     ops = state_ops(model)
@@ -48,6 +49,12 @@ def mix_over_rows(model: PreTrainedModel, states: RowStates) -> None:
         mix_in(mixer, MixesOverRows)
         mixer.row_states = (states.conv[index], states.ssm[index])
         mixer.row_ops = ops
+
+
+def is_hybrid_mixer(module: nn.Module) -> bool:
+    """Whether a module is a hybrid's recurrent mixer, by its class or the class it had before an engine's
+    was mixed in above it (a second engine over the same model: the benchmarks')."""
+    return any(kind.__name__ in HYBRID_MIXERS for kind in type(module).__mro__)
 
 
 class MixesOverRows:
