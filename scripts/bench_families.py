@@ -11,7 +11,7 @@ Gemma 3 4B's text at 6 layers), Phi-4-mini's and Phi-3-mini's layers at 0.75B fo
 for EXAONE 4, ERNIE 4.5 0.3B's, GLM-4-9B-0414's at 0.9B for GLM-4, OLMoE-1B-7B's at 2 layers for OLMoE,
 Granite 3.0 3B-A800M's at 8 layers for Granite MoE, Command R7B's at 4 layers for Cohere 2, Ministral 3 3B's
 at 8 layers for Ministral 3, AFM-4.5B's at 6 layers for Arcee, Hunyuan-1.8B's at 8 layers for Hunyuan, Llama 4
-Maverick's at 2 layers for Llama 4) with
+Maverick's at 2 layers for Llama 4, LFM2-350M's for LFM2) with
 the default model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served, by
 default). Engine tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder
 runner), then on transformers' own modules over the row attention (what every other family takes), alternating
@@ -309,6 +309,19 @@ SHAPES = {
             num_experts_per_tok=1,
             moe_layers=[1],
             no_rope_layers=[1, 0],
+        ),
+    ),
+    # LFM2-350M's: 16 layers, 1024 wide, ten of them short convolutions, six attention (16 heads of 64 over 8
+    # KV heads); its MLP 4608 wide (6656 as its config gives it, adjusted: `block_auto_adjust_ff_dim`)
+    "lfm2": (
+        "lfm2",
+        dict(
+            hidden_size=1024,
+            intermediate_size=6656,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
         ),
     ),
     # Phi-3-mini's (Phi-3.5-mini's) layer at 6 of its 32: 32 heads of 96, each its own KV head, all rotated

@@ -254,7 +254,7 @@ class Engine:
             )
             tokens, draft_model = 0, None
         if tokens is None:
-            tokens = DRAFT_TOKENS if self.runner.reads_own_positions or draft_model is not None else 0
+            tokens = DRAFT_TOKENS if self.runner.takes_prompts_as_queries or draft_model is not None else 0
         if draft_model is None or not tokens:
             speculator = Speculator(tokens, *prompt_lookup, step_queries=rows)
             if speculator.enabled:
@@ -579,7 +579,7 @@ class Engine:
         (`step`): a team sending a stream of tiny requests could otherwise keep the rows from decoding
         at all. A lone team's rows, and the busiest team's, go together. Not while an embedding input
         waits: with no row decoding it would go whole."""
-        if not (schedule.decoding and self.runner.reads_own_positions):
+        if not (schedule.decoding and self.runner.takes_prompts_as_queries):
             return None
         if self.embeddings_pending:
             return None
@@ -615,7 +615,7 @@ class Engine:
         for row in prefilling:
             length = row.chunk_end - row.cached
             row.as_queries = (
-                self.runner.reads_own_positions
+                self.runner.takes_prompts_as_queries
                 and length <= LOOP_PROMPT_TOKENS
                 and queries + taken + length <= self.runner.most_queries
             )
@@ -633,7 +633,7 @@ class Engine:
         if not queries:
             return job.take(job.left)
         spare = self.runner.most_queries - queries
-        if self.runner.reads_own_positions and spare > 0:
+        if self.runner.takes_prompts_as_queries and spare > 0:
             return job.take(self.prefill_budget.embedding_queries(queries, spare), as_queries=True)
         return job.take(self.prefill_budget.embedding_tokens(queries, prompt_tokens))
 

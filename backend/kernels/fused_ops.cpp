@@ -1415,6 +1415,55 @@ at::Tensor gated_delta_update(at::Tensor& state, const at::Tensor& query, const 
   return out;
 }
 
+// One token of each query's row through a short convolution layer (LFM2's, model/short_conv.py): of its
+// projection [queries, 3 * hidden] (B, C and x side by side), B * x joins the row's last inputs (`states`,
+// [rows, hidden, kernel], shifted in place), their convolution with each channel's filter ([hidden, kernel])
+// and bias, gated by C: [queries, hidden]. B * x, the convolution and its gating each rounded to the
+// activations' dtype, as transformers' operations round them. Each query's row is its own (no two alike).
+at::Tensor short_conv(at::Tensor& states, const at::Tensor& projected, const at::Tensor& rows, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias) {
+  check_cpu_contiguous(states, "states");
+  check_cpu_contiguous(projected, "projected");
+  check_cpu_contiguous(rows, "rows");
+  check_cpu_contiguous(weight, "weight");
+  TORCH_CHECK(states.dim() == 3, "states must be [rows, hidden, kernel]");
+  const int64_t hidden = states.size(1), kernel = states.size(2), queries = rows.numel();
+  TORCH_CHECK(rows.scalar_type() == at::kLong, "rows must be int64");
+  TORCH_CHECK(projected.numel() == queries * 3 * hidden, "projected must be [queries, 3 * hidden]");
+  TORCH_CHECK(weight.numel() == hidden * kernel, "weight must be [hidden, kernel]");
+  TORCH_CHECK(projected.scalar_type() == states.scalar_type() && weight.scalar_type() == states.scalar_type(),
+              "projected, states and weight must be of one dtype");
+  if (bias.has_value()) {
+    check_cpu_contiguous(*bias, "bias");
+    TORCH_CHECK(bias->numel() == hidden && bias->scalar_type() == states.scalar_type(), "bias must be [hidden]");
+  }
+  at::Tensor out = at::empty({queries, hidden}, projected.options());
+  with_float_type(states.scalar_type(), "states", [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    T* sp = states.data_ptr<T>();
+    const T *pp = projected.data_ptr<T>(), *wp = weight.data_ptr<T>();
+    const T* bp = bias.has_value() ? bias->data_ptr<T>() : nullptr;
+    const int64_t* rp = rows.data_ptr<int64_t>();
+    T* op = out.data_ptr<T>();
+    for (int64_t q = 0; q < queries; ++q) TORCH_CHECK(rp[q] >= 0 && rp[q] < states.size(0), "a row outside the states");
+    at::parallel_for(0, queries, rows_per_task(3 * hidden), [&](int64_t begin, int64_t end) {
+      for (int64_t q = begin; q < end; ++q) {
+        const T *b = pp + q * 3 * hidden, *c = b + hidden, *x = c + hidden;
+        for (int64_t h = 0; h < hidden; ++h) {
+          T* s = sp + (rp[q] * hidden + h) * kernel;
+          const T* w = wp + h * kernel;
+          std::memmove(s, s + 1, (kernel - 1) * sizeof(T));
+          s[kernel - 1] = static_cast<T>(static_cast<float>(b[h]) * static_cast<float>(x[h]));
+          float sum = bp != nullptr ? static_cast<float>(bp[h]) : 0.f;
+          for (int64_t k = 0; k < kernel; ++k) sum += static_cast<float>(s[k]) * static_cast<float>(w[k]);
+          op[q * hidden + h] = static_cast<T>(static_cast<float>(c[h]) * static_cast<float>(static_cast<T>(sum)));
+        }
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace fused_ops
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -1448,6 +1497,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_rows", &block_rows, "some rows of the weights blocks hold, into a float tensor (an embedding's)", released);
   m.def("ssm_update", &ssm_update, "one token of each row through a Mamba-2 scan, its state in place", released);
   m.def("gated_delta_update", &gated_delta_update, "one token of each row through a Gated DeltaNet, its state in place", released);
+  m.def("short_conv", &short_conv, "one token of each row through a short convolution layer, its state in place", released);
   // Local to this build: two builds in one process (a test's, a timing's) would each register it
   pybind11::class_<Mixture>(m, "Mixture", "how a mixture of experts routes and activates (fused_ops.h)",
                             pybind11::module_local())

@@ -34,6 +34,7 @@ from types import ModuleType
 
 import torch
 from torch import nn
+from transformers.models.mamba.modeling_mamba import causal_conv1d_update
 
 from backend.kernels.extension import extension
 from backend.layers.attention import one_query_each
@@ -181,6 +182,23 @@ class EagerOps:
         state.mul_(decay[:, :, None, None]).add_(added)
         out = torch.bmm(state.to(C.dtype).view(rows * heads, head_dim, -1), C.reshape(rows * heads, -1, 1))
         return (out.view(rows, heads, head_dim) + x * D[:, None]).to(x.dtype)
+
+    @staticmethod
+    def short_conv(
+        states: torch.Tensor,  # [rows, hidden, kernel]: each row's last inputs, advanced in place
+        projected: torch.Tensor,  # [queries, 3 * hidden]: B, C and x side by side
+        rows: torch.Tensor,  # [queries]: the row of each, no two alike
+        weight: torch.Tensor,  # [hidden, kernel]: each channel's filter
+        bias: torch.Tensor | None,  # [hidden]
+    ) -> torch.Tensor:
+        """One token of each query's row through a short convolution layer (LFM2's: model/short_conv.py),
+        B * x convolved with the row's last inputs, gated by C: transformers' `causal_conv1d_update` value
+        for value; [queries, hidden]."""
+        b, c, x = projected.chunk(3, dim=-1)
+        state = states.index_select(0, rows)
+        out = causal_conv1d_update((b * x)[:, :, None], state, weight, bias)
+        states.index_copy_(0, rows, state)
+        return c * out[:, :, 0]
 
     @staticmethod
     def gated_delta_update(
@@ -392,6 +410,17 @@ class FusedOps:
         """As EagerOps.gated_delta_update, in two passes over each head's state."""
         inputs = [t.contiguous() for t in (query, key, value, decay, beta)]
         return self.extension.gated_delta_update(state, *inputs)
+
+    def short_conv(
+        self,
+        states: torch.Tensor,
+        projected: torch.Tensor,
+        rows: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """As EagerOps.short_conv, in one pass over the rows' states."""
+        return self.extension.short_conv(states, projected.contiguous(), rows, weight, bias)
 
 
 EAGER = EagerOps()

@@ -63,11 +63,13 @@ from backend.layers.decode_ops import (
 )
 from backend.layers.float_router import routers_in_float32
 from backend.layers.row_cache import KVShape, RowCache
+from backend.layers.row_states import RowStates
 from backend.layers.step_layout import LOOP_PROMPT_TOKENS, StepLayout
 from backend.model.architectures import sliding_window
 from backend.model.decode_graphs import DecodeGraphs
 from backend.model.lora import LayerChanges, LoraLinear, lora_batch_of, unwrapped
 from backend.model.native_decode import LayerExperts, LayerForm, LayerProjections, NativeDecode
+from backend.model.short_conv import RowConvolution, is_short_conv
 from backend.model.step_plan import DECODE_LAYERS, GRAPH, LOOP, NATIVE, plan_runner
 from backend.quant.quantized_linear import DENSE_FROM_ROWS, WeightOnlyLinear, fusable, fuse_linears
 
@@ -179,7 +181,17 @@ GEMMA_LAYER_TYPES = {"gemma3_text", "gemma2", "gemma"}
 # both kinds), and each attention head's sink logit (`DecodeLayer.sinks`). Its rotary module gives cos and
 # sin of half the head's width, the rotation of the halves Llama's (`as_rotated` widens them).
 GPT_OSS_LAYER_TYPES = {"gpt_oss"}
-RUNNER_TYPES = LLAMA_LAYER_TYPES | GEMMA_LAYER_TYPES | GPT_OSS_LAYER_TYPES
+
+# LFM2's layers are each a short convolution (short_conv.py) or an attention layer, then an MLP. Its
+# attention layer is Qwen3's (each head's query and key normed before the rotation, its output layer named
+# `out_proj`); a convolution layer projects its input to B, C and x by `in_proj` where an attention layer
+# projects it to q, k and v, convolves over its rows' states (`RowConvolution`, `DecodeLayer.convolution`)
+# where attention reads the cache, and projects back by `out_proj` where attention's o does. Its MLP is
+# Llama's under other names (w1, w3, w2; `feed_forward`), its norms the inputs' (`operator_norm`,
+# `ffn_norm`), its final norm `embedding_norm`. LFM2-MoE's MLP is a mixture of experts after its dense
+# layers, called as its module (`experts`), its rotary module named `pos_emb`.
+SHORT_CONV_LAYER_TYPES = {"lfm2", "lfm2_moe"}
+RUNNER_TYPES = LLAMA_LAYER_TYPES | GEMMA_LAYER_TYPES | GPT_OSS_LAYER_TYPES | SHORT_CONV_LAYER_TYPES
 
 # Decode steps of fewer rows than this run `decode_layers` (compiled with --compile); from here on the
 # linear layers multiply by their dense copies (quantized_linear.DENSE_FROM_ROWS) and the step is their
@@ -306,6 +318,9 @@ class DecodeLayer:
     sinks: torch.Tensor | None = None  # [heads], float32: gpt-oss's sink logit of each attention head
     head_norms: HeadNorms | None = None  # Qwen3's, Gemma 3's and OLMo 2's norms of queries and keys
     query_scaled: bool = False  # whether its queries take the runner's `query_scales` (QueryScaling)
+    # LFM2's convolution layers': what runs between `qkv` (its in_proj) and `o` (its out_proj) in place of
+    # attention (None: an attention layer)
+    convolution: RowConvolution | None = None
 
 
 def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -343,6 +358,8 @@ class HeadNorms:
         and device (a weight of 1 is made so)."""
         if getattr(attention, "q_norm", None) is not None:
             return cls(Norm.of(attention.q_norm), Norm.of(attention.k_norm), heads, kv_heads)
+        if getattr(attention, "q_layernorm", None) is not None:  # LFM2's names for Qwen3's
+            return cls(Norm.of(attention.q_layernorm), Norm.of(attention.k_layernorm), heads, kv_heads)
         if getattr(attention, "query_layernorm", None) is not None:  # Hunyuan's
             norms = (Norm.of(attention.query_layernorm), Norm.of(attention.key_layernorm))
             return cls(*norms, heads, kv_heads, after_rotation=True)
@@ -389,8 +406,10 @@ class DecoderRunner:
         compile_decode: bool = False,
         rows: int = 32,
         max_seq_len: int | None = None,
+        states: RowStates | None = None,
     ):
-        """`max_seq_len`: the rows' length; a sliding window as long never comes into play."""
+        """`max_seq_len`: the rows' length; a sliding window as long never comes into play. `states`: the
+        rows' recurrent states, a layer of them each of LFM2's convolution layers, in order."""
         self.rows = rows  # the most rows a step has: how far the step plan goes
         # Granite's multipliers: of the embeddings, of each sublayer's output before its residual add, and
         # the logits' divisor (1: not there)
@@ -401,7 +420,7 @@ class DecoderRunner:
         # Gemma 2's soft caps: of attention's scaled scores, and of the logits (None: none)
         self.softcap = getattr(model.config, "attn_logit_softcapping", None)
         self.final_softcap = getattr(model.config, "final_logit_softcapping", None)
-        self.rotary = model.model.rotary_emb
+        self.rotary = rotary_of(model.model)
         self.half_rotation = model.config.model_type in GPT_OSS_LAYER_TYPES  # (`as_rotated`)
         self.interleaved = model.config.model_type in INTERLEAVED_TYPES  # neighbours rotate in pairs
         self.paired_angles = model.config.model_type in PAIRED_ANGLES_TYPES  # (`as_rotated`)
@@ -410,14 +429,17 @@ class DecoderRunner:
         # Ministral 3's and Llama 4's factor of queries by their position (`query_scales`), or None
         self.query_scaling = QueryScaling.of(model.config)
         self.layers = list(model.model.layers)
+        # each layer's attention module, or LFM2's convolution module in its convolution layers
+        self.mixers = [mixer_of(layer) for layer in self.layers]
+        self.convolutions = convolutions(self.mixers, states)  # (None in each attention layer)
         # Gemma 3's and OLMo 3's rotary modules give each kind of layer (window or global, the config's
         # `layer_types`) cos and sin of its own;
         # SmolLM3's layers without rotary positions rotate by none (`UNROTATED`).
         by_kind = rotates_by_kind(self.rotary)
         layer_types = getattr(model.config, "layer_types", None) or [None] * len(self.layers)
         kinds = [
-            (layer_type if by_kind else None) if rotates(layer.self_attn) else UNROTATED
-            for layer, layer_type in zip(self.layers, layer_types, strict=True)
+            (layer_type if by_kind else None) if conv is not None or rotates(mixer) else UNROTATED
+            for mixer, conv, layer_type in zip(self.mixers, self.convolutions, layer_types, strict=True)
         ]
         self.rope_kinds: list[str | None] = sorted(set(kinds), key=str)  # [None]: one rotation for all
         # each layer's norms by place (`sublayer_norms`); Gemma's, OLMo 2's and GLM-4's norm each sublayer's
@@ -426,10 +448,10 @@ class DecoderRunner:
         self.sandwich = norms[0][1] is not None
         self.gelu = activation(model.config) == "gelu_pytorch_tanh"
         self.squared_relu = activation(model.config) == "relu2"  # Arcee's MLP: no gate, ReLU(up)^2
-        self.norm = model.model.norm
+        self.norm = final_norm(model.model)
         self.head = model.get_output_embeddings()
         self.lora = lora_batch_of(model)  # the step's LoRA adapters' tokens (lora.py); None: no adapters
-        attention = self.layers[0].self_attn
+        attention = self.mixers[self.convolutions.index(None)]  # (the first attention layer)
         self.scaling = attention.scaling
         self.head_dim = attention.head_dim
         self.heads = model.config.num_attention_heads
@@ -437,11 +459,11 @@ class DecoderRunner:
         dtype = self.norm.weight.dtype  # the model's: what the modules give back
         # Exact mode: float32 products as transformers' modules make them, one layer at a time.
         exact = dtype == torch.float32 and not any(
-            isinstance(attention_inputs(layer.self_attn)[0], WeightOnlyLinear) for layer in self.layers
+            isinstance(mixer_inputs(mixer)[0], WeightOnlyLinear) for mixer in self.mixers
         )
-        self.qkv = [
-            Projections(*attention_inputs(layer.self_attn), join_floats=not exact) for layer in self.layers
-        ]
+        # (a convolution layer's in_proj: its B, C and x)
+        self.qkv = [Projections(*mixer_inputs(mixer), join_floats=not exact) for mixer in self.mixers]
+        self.outputs = [output_of(mixer) for mixer in self.mixers]  # o, or a convolution layer's out_proj
         self.mlps = [mlp_of(layer) for layer in self.layers]
         # A mixture-of-experts layer (no gate and up of its own) has none: its MLP is its module
         self.gate_up = [
@@ -451,8 +473,7 @@ class DecoderRunner:
         # A mixture's routers compute in float32 on a CPU (float_router.py)
         routers_in_float32(self.mlps)
         self.head_norms = [
-            HeadNorms.of(layer.self_attn, self.heads, self.kv_heads, self.norm.weight)
-            for layer in self.layers
+            HeadNorms.of(mixer, self.heads, self.kv_heads, self.norm.weight) for mixer in self.mixers
         ]
         # Hunyuan's norms of each head after the rotation (decode_layers.cpp norms them before it alone)
         self.rotated_norms = any(norms is not None and norms.after_rotation for norms in self.head_norms)
@@ -463,22 +484,25 @@ class DecoderRunner:
         self.bound_layers = [
             DecodeLayer(
                 qkv=qkv.few_rows_matmul(dtype),
-                o=few_rows_matmul(layer.self_attn.o_proj, dtype),
+                o=few_rows_matmul(output, dtype),
                 mlp_norm=layer_norms[2],
                 gate_up=gate_up.few_rows_matmul(dtype) if gate_up is not None else None,
-                down=few_rows_matmul(mlp.down_proj, dtype) if gate_up is not None else None,
+                down=few_rows_matmul(down_of(mlp), dtype) if gate_up is not None else None,
                 next_norm=next_norm,
                 experts=None if gate_up is not None else rows_through(mlp),
-                window=window_in(layer.self_attn, max_seq_len),
+                window=window_in(mixer, max_seq_len) if conv is None else None,
                 rotation=self.rope_kinds.index(kind),
                 attention_out_norm=layer_norms[1],
                 mlp_out_norm=layer_norms[3],
-                sinks=sinks_of(layer.self_attn),
+                sinks=sinks_of(mixer),
                 head_norms=head_norms,
                 query_scaled=self.query_scaling is not None and self.query_scaling.scales(kind != UNROTATED),
+                convolution=conv,
             )
-            for layer, mlp, layer_norms, qkv, head_norms, gate_up, next_norm, kind in zip(
-                self.layers,
+            for mixer, conv, output, mlp, layer_norms, qkv, head_norms, gate_up, next_norm, kind in zip(
+                self.mixers,
+                self.convolutions,
+                self.outputs,
                 self.mlps,
                 norms,
                 self.qkv,
@@ -492,10 +516,14 @@ class DecoderRunner:
         # The work between them (norms, rotation, attention, SiLU): C++ loops on a CPU, else PyTorch's
         # operations (layers/decode_ops.py).
         self.dense = all(gate_up is not None for gate_up in self.gate_up)
+        # Whether a decode step is one graph to capture or compile: not where the experts' routing loops over
+        # the experts chosen, nor where convolution layers advance the rows' states in place (a graph's
+        # padding queries would advance other rows')
+        self.whole_graph = self.dense and all(convolution is None for convolution in self.convolutions)
         self.compiled_decode = None
-        if compile_decode and not self.dense:
-            # the experts' routing loops over the experts chosen: no whole graph to compile
-            log.warning("--compile: a mixture-of-experts model's decode steps are not compiled")
+        if compile_decode and not self.whole_graph:
+            what = "a mixture of experts" if not self.dense else "convolution layers"
+            log.warning("--compile: the decode steps of a model with %s are not compiled", what)
         elif compile_decode:
             # One graph for every number of rows and span (torch.compile specializes size 1): those
             # sizes alone are symbols (`step_sizes_dynamic`), the rest constants. With every size a
@@ -536,6 +564,7 @@ class DecoderRunner:
         )
         if (
             self.reads_own_positions
+            and all(convolution is None for convolution in self.convolutions)  # (LFM2's: the Python loop)
             and len(head_norms) in (0, len(self.layers))
             and mlps_native
             and not self.rotated_norms  # (Hunyuan's take the Python loop)
@@ -547,13 +576,13 @@ class DecoderRunner:
                 [
                     LayerProjections(
                         qkv.groups,
-                        unwrapped(layer.self_attn.o_proj),
+                        unwrapped(output),
                         gate_up.groups if gate_up is not None else [],
-                        unwrapped(mlp.down_proj) if gate_up is not None else None,
+                        unwrapped(down_of(mlp)) if gate_up is not None else None,
                         mixture,
                     )
-                    for layer, mlp, qkv, gate_up, mixture in zip(
-                        self.layers, self.mlps, self.qkv, self.gate_up, experts, strict=True
+                    for output, mlp, qkv, gate_up, mixture in zip(
+                        self.outputs, self.mlps, self.qkv, self.gate_up, experts, strict=True
                     )
                 ],
                 [self.first_norm] + [norm for step in self.bound_layers for norm in layer_norms(step)],
@@ -590,7 +619,7 @@ class DecoderRunner:
     def replan(self) -> None:
         """What each step shape runs (step_plan.py), from the settings above; the dispatch reads it."""
         self.plan = plan_runner(
-            self.rows + (LOOP_PROMPT_TOKENS if self.reads_own_positions else 0),
+            self.rows + (LOOP_PROMPT_TOKENS if self.takes_prompts_as_queries else 0),
             graphs=self.graphs is not None,
             native_below=self.native.rows_below if self.native is not None else 0,
             loop_below=self.decode_below,
@@ -603,12 +632,12 @@ class DecoderRunner:
     def projections(self) -> list[nn.Module]:
         """The linear layers a step multiplies by, in order, fused where they are."""
         modules: list[nn.Module] = []
-        for layer, mlp, qkv, gate_up in zip(self.layers, self.mlps, self.qkv, self.gate_up, strict=True):
+        for output, mlp, qkv, gate_up in zip(self.outputs, self.mlps, self.qkv, self.gate_up, strict=True):
             modules += qkv.groups
-            modules.append(unwrapped(layer.self_attn.o_proj))
+            modules.append(unwrapped(output))
             if gate_up is not None:  # (a mixture of experts multiplies as its module does)
                 modules += gate_up.groups
-                modules.append(unwrapped(mlp.down_proj))
+                modules.append(unwrapped(down_of(mlp)))
         return modules
 
     def use_graphs(self, cache: RowCache, capture: bool = True) -> DecodeGraphs:
@@ -638,7 +667,7 @@ class DecoderRunner:
     @staticmethod
     def supports(config: PretrainedConfig) -> bool:
         """Whether the runner serves this model (else transformers' forward does)."""
-        if config.model_type in GPT_OSS_LAYER_TYPES:  # its windows and sinks are the runner's
+        if config.model_type in GPT_OSS_LAYER_TYPES | SHORT_CONV_LAYER_TYPES:  # (with all their forms)
             return True
         if config.model_type in GEMMA_LAYER_TYPES:  # not embedding models'
             return (
@@ -673,6 +702,13 @@ class DecoderRunner:
         in steps with prompts too: no batch padded to the longest row, so no long rows to read apart."""
         return loop_attends(self.ops, self.head_dim, self.heads // self.kv_heads)
 
+    @property
+    def takes_prompts_as_queries(self) -> bool:
+        """Whether a step's short prompts (and drafts, and an embedding input's chunk) may go as more decode
+        queries of their rows (engine.py): where each query reads its own positions, but not where
+        convolution layers advance a row's state by one token a query."""
+        return self.reads_own_positions and all(convolution is None for convolution in self.convolutions)
+
     def __call__(
         self,
         input_ids: torch.Tensor,  # [tokens]
@@ -702,8 +738,8 @@ class DecoderRunner:
         # [1, 1, tokens, head_dim] each
         rotations = [(cos[:, None], sin[:, None]) for cos, sin in self.rotations(hidden, positions)]
         scales = self.query_scales(positions, hidden.dtype)
-        for layer, mlp_module, bound, input_norm, qkv, head_norms, gate_up, cache_layer in zip(
-            self.layers,
+        for output_layer, mlp_module, bound, input_norm, qkv, head_norms, gate_up, cache_layer in zip(
+            self.outputs,
             self.mlps,
             self.bound_layers,
             self.input_norms,
@@ -715,10 +751,12 @@ class DecoderRunner:
         ):
             normed = EAGER.norm(hidden, input_norm)
             projected = HeadNorms.after(qkv, head_norms)(normed)
-            attended = self._attention(
-                projected, *rotations[bound.rotation], cache_layer, layout, bound, scales
-            )
-            output = normed_output(layer.self_attn.o_proj(attended), bound.attention_out_norm)
+            if bound.convolution is not None:  # (LFM2's convolution layer, over the rows' states)
+                mixed = bound.convolution.over_pack(projected[0], layout)[None]
+            else:
+                rotation = rotations[bound.rotation]
+                mixed = self._attention(projected, *rotation, cache_layer, layout, bound, scales)
+            output = normed_output(output_layer(mixed), bound.attention_out_norm)
             hidden = hidden + self.residual_part(output)
             if not self.parallel:  # (Cohere's MLP takes the layer's input norm, as its attention did)
                 normed = EAGER.norm(hidden, bound.mlp_norm)
@@ -726,7 +764,7 @@ class DecoderRunner:
                 mlp = experts_output(mlp_module(normed)).view_as(normed)
             else:
                 gated = mlp_activation(EAGER, self.gelu, self.squared_relu)(gate_up(normed))
-                mlp = mlp_module.down_proj(gated)
+                mlp = down_of(mlp_module)(gated)
             hidden = hidden + self.residual_part(normed_output(mlp, bound.mlp_out_norm))
         states = None if embedded is None else rms_norm(hidden[0, embedded.start : embedded.stop], self.norm)
         return self.logits(rms_norm(hidden[0, keep], self.norm)), states
@@ -892,8 +930,13 @@ class DecoderRunner:
         for layer, (reads, window), layer_keys, layer_values in zip(
             self.bound_layers, self.layer_reads(visible), keys, values, strict=True
         ):
-            cos, sin = rotations[layer.rotation]
             qkv = layer.qkv(normed)
+            if layer.convolution is not None:  # LFM2's convolution layer: B, C and x, over the rows' states
+                hidden, normed = self._decode_sublayer_ends(
+                    hidden, layer.o(layer.convolution.decode(qkv, rows, ops)), layer
+                )
+                continue
+            cos, sin = rotations[layer.rotation]
             if layer.head_norms is not None and layer.head_norms.after_rotation:  # Hunyuan's
                 qkv = rotated_then_normed(qkv, cos, sin, layer.head_norms, self.interleaved, ops)
                 cos, sin = unrotated  # (the keys are stored as they are now)
@@ -918,20 +961,33 @@ class DecoderRunner:
                 self.softcap,
             )
             output = layer.o(attended.view(queries, -1).to(hidden.dtype))
-            if layer.attention_out_norm is not None:
-                output = ops.norm(output, layer.attention_out_norm)
-            if self.parallel:  # the MLP takes `normed` as attention did (Cohere's layer)
-                hidden = ops.add_norm(hidden, self.residual_part(output), None)[0]
-            else:
-                hidden, normed = ops.add_norm(hidden, self.residual_part(output), layer.mlp_norm)
-            if layer.experts is not None:
-                mlp = layer.experts(normed)
-            else:
-                mlp = layer.down(self.gated(layer.gate_up(normed)))
-            if layer.mlp_out_norm is not None:
-                mlp = ops.norm(mlp, layer.mlp_out_norm)
-            hidden, normed = ops.add_norm(hidden, self.residual_part(mlp), layer.next_norm)
+            hidden, normed = self._decode_sublayer_ends(hidden, output, layer, normed)
         return normed
+
+    def _decode_sublayer_ends(
+        self,
+        hidden: torch.Tensor,
+        output: torch.Tensor,
+        layer: DecodeLayer,
+        normed: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step's layer from its attention's output (or its convolution's) on: the residual adds,
+        the norms around them and the MLP; the residual stream and its next norm. `normed`: the layer's
+        input norm, which Cohere's MLP takes (`parallel`)."""
+        ops = self.ops
+        if layer.attention_out_norm is not None:
+            output = ops.norm(output, layer.attention_out_norm)
+        if self.parallel:  # the MLP takes `normed` as attention did (Cohere's layer)
+            hidden = ops.add_norm(hidden, self.residual_part(output), None)[0]
+        else:
+            hidden, normed = ops.add_norm(hidden, self.residual_part(output), layer.mlp_norm)
+        if layer.experts is not None:
+            mlp = layer.experts(normed)
+        else:
+            mlp = layer.down(self.gated(layer.gate_up(normed)))
+        if layer.mlp_out_norm is not None:
+            mlp = ops.norm(mlp, layer.mlp_out_norm)
+        return ops.add_norm(hidden, self.residual_part(mlp), layer.next_norm)
 
 
 def cos_and_sin(
@@ -1047,7 +1103,10 @@ def sublayer_norms(layer: nn.Module) -> tuple[nn.Module | None, ...]:
     of the MLP's output (None where it has none there). Llama's norm the inputs alone (its
     `post_attention_layernorm` the MLP's input's); Gemma's and OLMo 2's the sublayers' outputs too (there
     `post_attention_layernorm` is the attention output's; OLMo 2's no input), and GLM-4's all four under
-    names of its own. Cohere's norm the input alone, which the MLP takes too (`PARALLEL_TYPES`)."""
+    names of its own. Cohere's norm the input alone, which the MLP takes too (`PARALLEL_TYPES`); LFM2's the
+    inputs alone, under names of its own."""
+    if hasattr(layer, "operator_norm"):  # LFM2's
+        return layer.operator_norm, None, layer.ffn_norm, None
     if not hasattr(layer, "post_attention_layernorm"):  # Cohere's
         return layer.input_layernorm, None, None, None
     if hasattr(layer, "post_mlp_layernorm"):  # GLM-4's
@@ -1104,6 +1163,30 @@ def mlp_of(layer: nn.Module) -> nn.Module:
     return layer.feed_forward
 
 
+def mixer_of(layer: nn.Module) -> nn.Module:
+    """A decoder layer's attention module, or its short convolution module (LFM2's convolution layers)."""
+    return layer.self_attn if hasattr(layer, "self_attn") else layer.conv
+
+
+def convolutions(mixers: list[nn.Module], states: RowStates | None) -> list[RowConvolution | None]:
+    """Each layer's convolution over the rows' states, a layer of them each convolution layer in order (None
+    in each attention layer)."""
+    convolving = [is_short_conv(mixer) for mixer in mixers]
+    if any(convolving) and (states is None or len(states.conv) != sum(convolving)):
+        raise ValueError(f"{sum(convolving)} convolution layers need as many layers of the rows' states")
+    conv_states = iter(states.conv if states is not None else [])
+    return [
+        RowConvolution(mixer, next(conv_states)) if convolves else None
+        for mixer, convolves in zip(mixers, convolving, strict=True)
+    ]
+
+
+def mixer_inputs(mixer: nn.Module) -> tuple[nn.Module, ...]:
+    """The linear layers that make a layer's mixer's inputs: an attention layer's queries, keys and values
+    (`attention_inputs`), a convolution layer's B, C and x (its one `in_proj`)."""
+    return (mixer.in_proj,) if is_short_conv(mixer) else attention_inputs(mixer)
+
+
 def attention_inputs(attention: nn.Module) -> tuple[nn.Module, ...]:
     """The linear layers that make an attention layer's queries, keys and values, whose outputs side by side
     are q, k and v: Phi-3's one layer, the others' three."""
@@ -1112,11 +1195,34 @@ def attention_inputs(attention: nn.Module) -> tuple[nn.Module, ...]:
     return (attention.q_proj, attention.k_proj, attention.v_proj)
 
 
+def output_of(mixer: nn.Module) -> nn.Module:
+    """The linear layer of a layer's mixer's output: attention's o (LFM2's `out_proj`, its convolution
+    layers' too)."""
+    return mixer.o_proj if hasattr(mixer, "o_proj") else mixer.out_proj
+
+
+def rotary_of(model: nn.Module) -> nn.Module:
+    """A base model's rotary module (LFM2-MoE's `pos_emb`)."""
+    return model.rotary_emb if hasattr(model, "rotary_emb") else model.pos_emb
+
+
+def final_norm(model: nn.Module) -> nn.Module:
+    """A base model's norm after its last layer (LFM2's `embedding_norm`)."""
+    return model.norm if hasattr(model, "norm") else model.embedding_norm
+
+
+def down_of(mlp: nn.Module) -> nn.Module:
+    """An MLP's down projection (LFM2's `w2`)."""
+    return mlp.down_proj if hasattr(mlp, "down_proj") else mlp.w2
+
+
 def gate_and_up(mlp: nn.Module) -> tuple[nn.Module, ...]:
     """The linear layers whose outputs side by side are an MLP's gate and up: Phi-3's one, Llama's two;
-    Arcee's up alone (its MLP has no gate)."""
+    Arcee's up alone (its MLP has no gate); LFM2's w1 and w3."""
     if hasattr(mlp, "gate_up_proj"):
         return (mlp.gate_up_proj,)
+    if hasattr(mlp, "w1"):
+        return (mlp.w1, mlp.w3)
     if not hasattr(mlp, "gate_proj"):
         return (mlp.up_proj,)
     return (mlp.gate_proj, mlp.up_proj)
@@ -1135,7 +1241,7 @@ def is_dense(mlp: nn.Module) -> bool:
     mixture of experts (whose `gate_up_proj`, where it has one, is its experts' 3-D tensor)."""
     if isinstance(getattr(mlp, "gate_up_proj", None), nn.Module):
         return hasattr(mlp, "down_proj")
-    return all(hasattr(mlp, name) for name in ("up_proj", "down_proj"))
+    return all(hasattr(mlp, name) for name in ("up_proj", "down_proj")) or hasattr(mlp, "w2")  # (LFM2's)
 
 
 def rows_through(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -63,6 +63,7 @@ class MambaRunner:
 
     decoder = None  # no compact decoder runner, no graphs
     reads_own_positions = False
+    takes_prompts_as_queries = False
     decodes_in_graphs = False
     graphs_to_capture = False
 

@@ -63,19 +63,21 @@ class ModelRunner:
             what = "--compile" if compile_decode else "CUDA graphs"
             log.warning("%s: not with LoRA adapters loaded, whose steps run eagerly", what)
             compile_decode = cuda_graphs = False
-        supported = DecoderRunner.supports(model.config)
-        self.decoder = DecoderRunner(model, compile_decode, rows, max_seq_len) if supported else None
-        shape = KVShape.of(model.config)
-        if self.decoder is None and model.config.model_type == "falcon":
-            attend_over_rows(model)  # Falcon attends by itself, not through transformers' interface
-        if shape.latent:
-            attend_over_latents(model)  # DeepSeek's MLA: the cache keeps its latents, read as they are
         # A hybrid's Mamba layers keep a recurrent state a row beside the attention layers' cache.
         spare = int(embedding_row)
         self.states = None
         if has_row_states(model.config):
             self.states = RowStates(StateShape.of(model.config), rows + spare, model.dtype, self.device)
             mix_over_rows(model, self.states)
+        supported = DecoderRunner.supports(model.config)
+        self.decoder = (
+            DecoderRunner(model, compile_decode, rows, max_seq_len, self.states) if supported else None
+        )
+        shape = KVShape.of(model.config)
+        if self.decoder is None and model.config.model_type == "falcon":
+            attend_over_rows(model)  # Falcon attends by itself, not through transformers' interface
+        if shape.latent:
+            attend_over_latents(model)  # DeepSeek's MLA: the cache keeps its latents, read as they are
         self.cache_dtype = kv_cache_dtype or pick_cache_dtype(
             "auto", model.dtype, self.device, self.reads_own_positions
         )
@@ -84,8 +86,10 @@ class ModelRunner:
         self.embedded_states: torch.Tensor | None = None  # the last run's, at its inputs' `embedded`
         if compile_decode and self.decoder is None:
             log.warning("--compile: this model runs through transformers' forward, which is not compiled")
-        # (An MoE's routing waits for the host, which a graph cannot: its steps run eagerly.)
-        if cuda_graphs and self.decoder is not None and self.decoder.dense and self.device.type == "cuda":
+        # (An MoE's routing waits for the host, which a graph cannot, and a graph's padding queries would
+        # advance other rows' states in LFM2's convolution layers: their steps run eagerly.)
+        graphable = self.decoder is not None and self.decoder.whole_graph
+        if cuda_graphs and graphable and self.device.type == "cuda":
             self.decoder.use_graphs(self.cache)  # captured in capture_graphs, at warm-up
         self._transformers_plan = None if self.decoder is not None else plan_transformers(rows, model)
 
@@ -104,6 +108,12 @@ class ModelRunner:
     def reads_own_positions(self) -> bool:
         """Whether decode queries attend each over its own row up to its position (the CPU's loop)."""
         return self.decoder is not None and self.decoder.reads_own_positions
+
+    @property
+    def takes_prompts_as_queries(self) -> bool:
+        """Whether a step's short prompts, drafts and embedding chunks may go as more decode queries of their
+        rows (DecoderRunner.takes_prompts_as_queries)."""
+        return self.decoder is not None and self.decoder.takes_prompts_as_queries
 
     def prepare(
         self,

@@ -9,13 +9,22 @@ them; the engine reuses such a row's whole history only and verifies no
 drafts, as for the other hybrids. The convolution is Mamba's
 (`mamba.convolve`), without an activation, so that exact mode gives
 `generate`'s tokens (tests/backend/test_exactness.py).
+
+The decoder runner (decoder_runner.py) serves LFM2's layers itself: a
+convolution layer is its in_proj, `RowConvolution` and its out_proj where an
+attention layer has q, k and v, attention and o. Elsewhere (LFM3) the layer
+is transformers' module, its mixer mixing over the rows (model/hybrid.py).
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
+from backend.layers.decode_ops import EAGER, DecodeOps
 from backend.layers.step_layout import StepLayout
 from backend.model.mamba import convolve
 
@@ -32,5 +41,29 @@ def mix_short_conv(
     mixer: nn.Module, conv: torch.Tensor, hidden: torch.Tensor, layout: StepLayout
 ) -> torch.Tensor:
     """A short convolution layer over the pack ([tokens, hidden]), its rows' last inputs `conv` advanced."""
-    b, c, x = mixer.in_proj(hidden).chunk(3, dim=-1)  # [tokens, hidden] each
-    return mixer.out_proj(c * convolve(mixer, conv, b * x, layout))
+    return mixer.out_proj(RowConvolution(mixer, conv).over_pack(mixer.in_proj(hidden), layout))
+
+
+@dataclass(frozen=True)
+class RowConvolution:
+    """What a short convolution layer does between its in_proj and its out_proj, over its rows' last inputs
+    (`states`, [rows, hidden, kernel], advanced in place): B * x convolved, gated by C."""
+
+    mixer: nn.Module  # its `conv` the convolution's weights
+    states: torch.Tensor
+
+    def over_pack(self, projected: torch.Tensor, layout: StepLayout) -> torch.Tensor:
+        """The pack's tokens ([tokens, 3 * hidden]: B, C and x), decode queries and prompt chunks."""
+        b, c, x = projected.chunk(3, dim=-1)
+        return c * convolve(self.mixer, self.states, b * x, layout)
+
+    def decode(self, projected: torch.Tensor, rows: torch.Tensor, ops: DecodeOps = EAGER) -> torch.Tensor:
+        """One token of each of these rows ([queries, 3 * hidden]), no two alike: `over_pack`'s decode
+        queries without a layout, by `ops` (EAGER's the same operations; the CPU's loop one pass)."""
+        conv = self.mixer.conv
+        return ops.short_conv(self.states, projected, rows, self.weight, conv.bias)
+
+    @functools.cached_property
+    def weight(self) -> torch.Tensor:
+        """Each channel's filter, [hidden, kernel] (the module's is [hidden, 1, kernel])."""
+        return self.mixer.conv.weight.detach().squeeze(1).contiguous()

@@ -502,14 +502,14 @@ def tiny_model(
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     else:
         raise ValueError(architecture)
-    # Query and key norms (Qwen3, OLMo 2, Gemma 3) start as ones: random, so that a runner that applied
+    # Query and key norms (Qwen3, OLMo 2, Gemma 3, LFM2) start as ones: random, so that a runner that applied
     # one in place of the other, or none, would give other tokens.
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             # (Gemma 4's every norm scales by its weight, ones to start with: random too.)
-            if name.endswith(("q_norm.weight", "k_norm.weight")) or (
-                architecture in ("gemma4_text", "gemma3n_text") and "norm" in name
-            ):
+            if name.endswith(
+                ("q_norm.weight", "k_norm.weight", "q_layernorm.weight", "k_layernorm.weight")
+            ) or (architecture in ("gemma4_text", "gemma3n_text") and "norm" in name):
                 parameter.uniform_(0.5, 1.5)
             # Gemma 3's four norms a layer start as zeros (each scales by 1 + weight): the same scale for
             # all, which would hide one applied in place of another.

@@ -7,12 +7,14 @@ one row, for rows with a free row among them, and with 4-bit weights.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backend.engine.engine import Engine
 from backend.layers.row_cache import KVShape, RowCache
 from backend.messages import SamplingParams, Submit
 from backend.model.decoder_runner import DecoderRunner
+from backend.model.model_runner import ModelRunner
 from backend.quant.quantize import quantize_model
 from tests.backend.models import MarkerTokenizer, drive, tiny_model
 
@@ -125,9 +127,15 @@ def test_each_compiled_runner_runs_its_own_graphs():
     assert texts[False, 0] != texts[False, 1]  # two different models: a shared graph would show
 
 
-def test_a_mixture_of_experts_is_served_uncompiled_with_a_warning(caplog):
-    """The experts' routing loops over the experts each step chose: torch.compile has no whole graph of
-    it to make, so --compile leaves such a model's decode steps eager, and says so."""
-    runner = DecoderRunner(tiny_model("qwen3_moe"), compile_decode=True)
-    assert runner.compiled_decode is None and not runner.dense
-    assert "mixture-of-experts model's decode steps are not compiled" in caplog.text
+@pytest.mark.parametrize(
+    "architecture, what", [("qwen3_moe", "a mixture of experts"), ("lfm2", "convolution")]
+)
+def test_a_mixture_of_experts_or_convolution_layers_are_served_uncompiled_with_a_warning(
+    architecture, what, caplog
+):
+    """The experts' routing loops over the experts each step chose, and LFM2's convolution layers advance
+    the rows' states in place: torch.compile has no whole graph of either, so --compile leaves such a
+    model's decode steps eager, and says so."""
+    runner = ModelRunner(tiny_model(architecture), rows=2, max_seq_len=64, compile_decode=True).decoder
+    assert runner.compiled_decode is None and not runner.whole_graph
+    assert f"the decode steps of a model with {what}" in caplog.text

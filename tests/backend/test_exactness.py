@@ -10,7 +10,7 @@ from backend.layers.decode_ops import decode_ops
 from backend.layers.row_states import HYBRID_TYPES, STATE_SPACE_TYPES
 from backend.messages import SamplingParams, Submit
 from backend.model.architectures import SUPPORTED
-from backend.model.decoder_runner import RUNNER_TYPES, mlp_of
+from backend.model.decoder_runner import RUNNER_TYPES, is_dense, mlp_of
 from backend.quant import block_weights
 from backend.quant.quantize import quantize_model
 from tests.backend.models import (
@@ -209,6 +209,10 @@ def test_rows_stay_exact_when_free_rows_sit_between_them():
         # (a rotated layer with its L2 norms of heads, then one without rotary positions whose queries' factor
         # bites from position 3 on, and experts)
         ("llama4_text", {}),
+        (
+            "lfm2_moe",
+            {"initializer_range": 0.02},
+        ),  # (a convolution layer and its dense MLP, then an attention layer and experts)
     ],
 )
 def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives_transformers_logits(
@@ -230,9 +234,7 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
     assert decoder is not None and decoder.native is None  # decode_layers.cpp has no experts
     # each layer's mixture its module, and a dense layer's MLP the runner's
     mixtures = [layer.experts is not None for layer in decoder.bound_layers]
-    assert any(mixtures) and mixtures == [
-        not hasattr(mlp_of(layer), "down_proj") for layer in model.model.layers
-    ]
+    assert any(mixtures) and mixtures == [not is_dense(mlp_of(layer)) for layer in model.model.layers]
     if architecture == "gpt_oss":
         assert [layer.window for layer in decoder.bound_layers] == [TINY_WINDOW, None]
         assert all(layer.sinks is not None for layer in decoder.bound_layers) and decoder.reads_own_positions
@@ -260,6 +262,7 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
         ("arcee", {}, [None, None]),
         ("hunyuan_v1_dense", {}, [None, None]),
         ("cwm", {}, [None, TINY_WINDOW]),
+        ("lfm2", {"initializer_range": 0.02}, [None, None]),  # (a convolution layer, then an attention layer)
         (
             "granite_swa",
             {},
@@ -278,7 +281,8 @@ def test_layer_forms_on_the_decoder_runner_with_4_bit_projections_give_transform
     without rotary positions; Seed-OSS's bias of o; ERNIE 4.5's and GLM-4's rotation of neighbouring
     pairs, GLM-4's of half of each head, and its norms of each sublayer's output; Cohere's LayerNorms and
     MLP beside attention, and its logits' scale; Ministral 3's factor of its queries past position 16;
-    Arcee's MLP without a gate; Hunyuan's norms of each head after the rotation; CWM's window layer; window
+    Arcee's MLP without a gate; Hunyuan's norms of each head after the rotation; CWM's window layer; LFM2's
+    convolution layer over the rows' states; window
     layers' attention by the CPU's loop, each query over its last 8 positions), to transformers' forward's
     logits as the MoE's above."""
     model = tiny_model(architecture, head_dim=64, **extras)
@@ -314,6 +318,21 @@ def test_llama_4s_layers_in_float32_give_transformers_logits(monkeypatch):
     assert [layer.query_scaled for layer in decoder.bound_layers] == [False, True]
     assert [layer.head_norms is not None for layer in decoder.bound_layers] == [True, False]
     assert_decode_steps_give_transformers_logits(engine, model, "llama4_text", monkeypatch, tolerance=1e-4)
+
+
+def test_lfm2s_convolution_layers_with_the_cpus_loop_keep_each_rows_state_as_prompts_join():
+    """LFM2 on the decoder runner in float32 with the CPU's fused operations (attention by its loop, each
+    query over its own row): rows join while others decode, yet a short prompt never goes as more decode
+    queries of its row (its convolution layer would advance the row's state a token a query, from another
+    prompt's last inputs), and every row gives `generate`'s tokens."""
+    model = tiny_model("lfm2", head_dim=64)
+    engine = engine_with_fused_ops(model)
+    assert engine.runner.reads_own_positions and not engine.runner.takes_prompts_as_queries
+    convolving = [layer.convolution is not None for layer in engine.runner.decoder.bound_layers]
+    assert convolving == [True, False]
+    rng = random.Random("lfm2 fused")
+    prompts = [[rng.randrange(2, TINY_VOCAB - 1) for _ in range(rng.randrange(1, 20))] for _ in range(8)]
+    assert_matches_reference(engine, model, prompts, max_tokens=12, rng=rng)
 
 
 def engine_with_fused_ops(model) -> Engine:

@@ -179,6 +179,33 @@ def test_a_gated_deltanet_state_update_advances_the_state_in_place_as_transforme
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel, bias", [(3, False), (7, True)], ids=["LFM2's", "LFM3's, a bias"])
+def test_a_short_convolution_advances_only_its_rows_states_as_transformers_module_does(
+    fused, dtype, kernel, bias
+):
+    """[rows, hidden, kernel]: three of five rows take a token each, in the order the queries give them.
+    EAGER's outputs are transformers' LFM2 layer's decode update's (its `causal_conv1d_update`) bit for bit,
+    the loop's the same to one rounding; both leave the other rows' states as they were."""
+    from transformers.models.lfm2.modeling_lfm2 import causal_conv1d_update
+
+    hidden, generator = 96, torch.Generator().manual_seed(kernel)
+    states = torch.randn(5, hidden, kernel, generator=generator).to(dtype)
+    rows = torch.tensor([3, 0, 4])
+    projected = torch.randn(3, 3 * hidden, generator=generator).to(dtype)
+    weight = torch.randn(hidden, kernel, generator=generator).to(dtype)
+    conv_bias = torch.randn(hidden, generator=generator).to(dtype) if bias else None
+    b, c, x = projected.chunk(3, dim=-1)
+    reference_states = states[rows].clone()
+    reference = c * causal_conv1d_update((b * x)[:, :, None], reference_states, weight, conv_bias)[:, :, 0]
+    for ops, exact in ((EAGER, True), (fused, False)):
+        advanced = states.clone()
+        got = ops.short_conv(advanced, projected, rows, weight, conv_bias)
+        torch.testing.assert_close(got, reference, **({"atol": 0, "rtol": 0} if exact else tolerance(dtype)))
+        torch.testing.assert_close(advanced[rows], reference_states, atol=0, rtol=0)  # (B * x: one rounding)
+        assert torch.equal(advanced[[1, 2]], states[[1, 2]])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cache_dtype", DTYPES)
 @pytest.mark.parametrize("rotated", [64, 48], ids=["whole heads", "part of each head"])  # (Phi-4-mini's)
 @pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "neighbours"])  # (GLM's, ERNIE 4.5's)
