@@ -125,7 +125,7 @@ SUPPORTED = {
     "qwen3_5_text": "Qwen3.5 dense models (their text), Gated DeltaNet layers among gated attention layers",
     "qwen3_5_moe_text": "Qwen3.5 mixture-of-experts models (their text)",
     "olmo_hybrid": "OLMo's hybrid, Gated DeltaNet layers among attention layers",
-    "lfm2": "LFM2, short convolution layers among attention layers",
+    "lfm2": "LFM2, short convolution layers among attention layers, and the text of LFM2-VL",
     "lfm2_moe": "LFM2 mixture-of-experts models",
     "lfm3": "LFM3, short convolution layers among global and window attention layers",
 }
@@ -135,7 +135,8 @@ SUPPORTED = {
 # Mistral Small 3.1 and 3.2, Ministral 3), or whose composite would run on transformers' modules where its
 # text model alone runs on the decoder runner (Gemma 3 4B-27B's, Llama 4's): their text model alone is loaded
 # (loader.load_text_alone), its weights renamed from the composite's names by these patterns (files written
-# by transformers 4 name them under `language_model.`), the towers' left unread.
+# by transformers 4 name them under `language_model.`), the towers' left unread. LFM2-VL's composite would
+# run on transformers' modules too, where its text model, LFM2's, runs on the decoder runner.
 COMPOSITE_NAMES = {
     r"^model\.language_model\.": "model.",
     r"^language_model\.model\.": "model.",
@@ -149,6 +150,7 @@ TEXT_ALONE = {
     "qwen2_5_vl": COMPOSITE_NAMES,
     "qwen3_vl": COMPOSITE_NAMES,
     "llama4": COMPOSITE_NAMES,
+    "lfm2_vl": COMPOSITE_NAMES,
 }
 # Multimodal families whose text model, given text alone, is a served family's layer for layer: Qwen2-VL's
 # and Qwen2.5-VL's is Qwen2's, Qwen3-VL's Qwen3's. Their rotation of three position streams (time, height,

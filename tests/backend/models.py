@@ -585,11 +585,11 @@ def tiny_gemma4_multimodal(family: str = "gemma4") -> torch.nn.Module:
 
 def write_multimodal(directory: Path, text: torch.nn.Module, family: str, transformers_4_names: bool) -> Path:
     """A multimodal checkpoint as its maker publishes one, over a model directory of `text`: Mistral 3's
-    (Mistral Small 3.1 and 3.2 over a Mistral text model, Ministral 3 over its own), Gemma 3's (4B-27B) or
-    Llama 4's, the composite's config (its tower's defaults) and the text model's weights under the
-    composite's names, as transformers 5 writes them (model.language_model.*, lm_head.*) or as transformers
-    4 did (language_model.model.*, language_model.lm_head.*), a tower's and the projector's weights beside
-    them."""
+    (Mistral Small 3.1 and 3.2 over a Mistral text model, Ministral 3 over its own), Gemma 3's (4B-27B),
+    Llama 4's or LFM2-VL's, the composite's config (its tower's defaults) and the text model's weights under
+    the composite's names, as transformers 5 writes them (model.language_model.*, lm_head.*) or as
+    transformers 4 did (language_model.model.*, language_model.lm_head.*), a tower's and the projector's
+    weights beside them."""
     from safetensors.torch import save_file
 
     text_config = {k: v for k, v in text.config.to_dict().items() if k != "architectures"}

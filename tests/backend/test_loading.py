@@ -98,6 +98,7 @@ def test_a_gemma_3n_checkpoint_loads_its_text_model_alone_and_is_refused_with_a_
         ("mistral3", "mistral", True),
         ("gemma3", "gemma3_text", True),
         ("llama4", "llama4_text", True),
+        ("lfm2_vl", "lfm2", False),
     ],
 )
 def test_a_multimodal_checkpoint_loads_its_text_model_alone(
@@ -105,7 +106,8 @@ def test_a_multimodal_checkpoint_loads_its_text_model_alone(
 ):
     """Mistral 3 as published (Ministral 3 over its own text model; Mistral Small 3.1 over Mistral's, its
     files with transformers 4's names), which transformers builds as no causal LM, and Gemma 3 4B-27B and
-    Llama 4, whose composites would take transformers' modules (the decoder runner serves their text):
+    Llama 4 and LFM2-VL, whose composites would take transformers' modules (the decoder runner serves their
+    text):
     the text model is loaded by its own class from the composite's names, every weight of it read, the
     towers left (the log says how many of their weights: the helper writes two)."""
     text = tiny_model(text_family)

@@ -120,6 +120,9 @@ FAMILIES = [
     # Llama 4 as Meta publishes it (Llama4ForConditionalGeneration, files with transformers 4's names): its
     # text model alone, a rotated layer and one without rotary positions, experts
     "llama4",
+    # LFM2-VL as Liquid AI publishes it (Lfm2VlForConditionalGeneration, a SigLIP 2 tower beside): its text
+    # model alone, LFM2's, on the decoder runner
+    "lfm2_vl",
     # Served from 2026-12-07: families transformers 5 added, three here for the loader's path (CWM on the
     # decoder runner, its window layers; Jais 2's LayerNorms and biases; Hy3's experts)
     "cwm",
@@ -153,7 +156,7 @@ SERVED = ["qwen3", "mamba2"]
 
 
 # The multimodal families above whose text model the test writes under the composite's names
-TEXT_MODELS = {"mistral3": "ministral3", "gemma3": "gemma3_text", "llama4": "llama4_text"}
+TEXT_MODELS = {"mistral3": "ministral3", "gemma3": "gemma3_text", "llama4": "llama4_text", "lfm2_vl": "lfm2"}
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,8 @@ def prepare(family: str, tmp_path: Path) -> Family:
     elif family in TEXT_MODELS:  # the same, Ministral 3's, Gemma 3's and Llama 4's
         built = tiny_model(TEXT_MODELS[family])
         directory = write_tiny_causal_lm(tmp_path / family, family, built)
-        directory = write_multimodal(directory, built, family, transformers_4_names=family != "mistral3")
+        transformers_4_names = family not in ("mistral3", "lfm2_vl")
+        directory = write_multimodal(directory, built, family, transformers_4_names=transformers_4_names)
     else:
         directory = write_tiny_causal_lm(tmp_path / family, family, built)
     model = built.eval() if built is not None else AutoModelForCausalLM.from_pretrained(directory).eval()
