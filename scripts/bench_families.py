@@ -11,7 +11,7 @@ Gemma 3 4B's text at 6 layers), Phi-4-mini's and Phi-3-mini's layers at 0.75B fo
 for EXAONE 4, ERNIE 4.5 0.3B's, GLM-4-9B-0414's at 0.9B for GLM-4, OLMoE-1B-7B's at 2 layers for OLMoE,
 Granite 3.0 3B-A800M's at 8 layers for Granite MoE, Command R7B's at 4 layers for Cohere 2, Ministral 3 3B's
 at 8 layers for Ministral 3, AFM-4.5B's at 6 layers for Arcee, Hunyuan-1.8B's at 8 layers for Hunyuan, Llama 4
-Maverick's at 2 layers for Llama 4, LFM2-350M's for LFM2) with
+Maverick's at 2 layers for Llama 4, LFM2-350M's for LFM2, LFM3's at 6 layers for LFM3) with
 the default model's tokenizer, quantized as `--quantize` says (int4, as a 4-bit file would be served, by
 default). Engine tokens/s with 1 and 32 rows decoding, first on the path the server takes (the decoder
 runner), then on transformers' own modules over the row attention (what every other family takes), alternating
@@ -322,6 +322,15 @@ SHAPES = {
             num_attention_heads=16,
             num_key_value_heads=8,
             layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
+        ),
+    ),
+    # LFM3's (its config's defaults) at 6 of its 24 layers: 2048 wide, four short convolutions (a kernel of
+    # 7), a global and a window attention layer of 16 heads of 128 over 4 KV heads, gated, sandwich norms
+    "lfm3": (
+        "lfm3",
+        dict(
+            num_hidden_layers=6,
+            layer_types=["conv", "conv", "full_attention", "conv", "sliding_attention", "conv"],
         ),
     ),
     # Phi-3-mini's (Phi-3.5-mini's) layer at 6 of its 32: 32 heads of 96, each its own KV head, all rotated

@@ -1,5 +1,5 @@
-"""The forward pass of a Llama-family decoder (and Gemma's, gpt-oss's) over the row cache, without
-transformers' module calls.
+"""The forward pass of a Llama-family decoder (and Gemma's, gpt-oss's, LFM2's and LFM3's) over the row cache,
+without transformers' module calls.
 
 transformers' model classes spend, per layer, more Python on keyword
 arguments, masks, hooks and output objects than a one-row decode step
@@ -189,8 +189,13 @@ GPT_OSS_LAYER_TYPES = {"gpt_oss"}
 # where attention reads the cache, and projects back by `out_proj` where attention's o does. Its MLP is
 # Llama's under other names (w1, w3, w2; `feed_forward`), its norms the inputs' (`operator_norm`,
 # `ffn_norm`), its final norm `embedding_norm`. LFM2-MoE's MLP is a mixture of experts after its dense
-# layers, called as its module (`experts`), its rotary module named `pos_emb`.
-SHORT_CONV_LAYER_TYPES = {"lfm2", "lfm2_moe"}
+# layers, called as its module (`experts`), its rotary module named `pos_emb`. LFM3's attention layer is
+# Qwen3's with its output named o, each head's output multiplied by a sigmoid gate of the layer's input
+# (`attention_gate`), window layers beside global ones (each kind with a rotation of its own, its global
+# layers' over part of each head), and Gemma's norms of each sublayer's output (`post_operator_norm`,
+# `post_ffn_norm`); its convolutions' kernel is 7. (Its module rotates in float32; the runner takes cos and
+# sin in the model's dtype, as Llama's module gives them: the same in float32.)
+SHORT_CONV_LAYER_TYPES = {"lfm2", "lfm2_moe", "lfm3"}
 RUNNER_TYPES = LLAMA_LAYER_TYPES | GEMMA_LAYER_TYPES | GPT_OSS_LAYER_TYPES | SHORT_CONV_LAYER_TYPES
 
 # Decode steps of fewer rows than this run `decode_layers` (compiled with --compile); from here on the
@@ -321,6 +326,8 @@ class DecodeLayer:
     # LFM2's convolution layers': what runs between `qkv` (its in_proj) and `o` (its out_proj) in place of
     # attention (None: an attention layer)
     convolution: RowConvolution | None = None
+    # LFM3's: the product whose sigmoid multiplies each head's attention output (None: no gate)
+    attention_gate: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 def few_rows_matmul(linear: nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -437,10 +444,14 @@ class DecoderRunner:
         # SmolLM3's layers without rotary positions rotate by none (`UNROTATED`).
         by_kind = rotates_by_kind(self.rotary)
         layer_types = getattr(model.config, "layer_types", None) or [None] * len(self.layers)
-        kinds = [
-            (layer_type if by_kind else None) if conv is not None or rotates(mixer) else UNROTATED
+        attending = [
+            (layer_type if by_kind else None) if rotates(mixer) else UNROTATED
             for mixer, conv, layer_type in zip(self.mixers, self.convolutions, layer_types, strict=True)
+            if conv is None
         ]
+        # (a convolution layer rotates nothing: it is given the first attention layer's kind, none of its own)
+        in_order = iter(attending)
+        kinds = [attending[0] if conv is not None else next(in_order) for conv in self.convolutions]
         self.rope_kinds: list[str | None] = sorted(set(kinds), key=str)  # [None]: one rotation for all
         # each layer's norms by place (`sublayer_norms`); Gemma's, OLMo 2's and GLM-4's norm each sublayer's
         # output too (see above)
@@ -464,6 +475,7 @@ class DecoderRunner:
         # (a convolution layer's in_proj: its B, C and x)
         self.qkv = [Projections(*mixer_inputs(mixer), join_floats=not exact) for mixer in self.mixers]
         self.outputs = [output_of(mixer) for mixer in self.mixers]  # o, or a convolution layer's out_proj
+        self.attention_gates = [mixer.g_proj if gated(mixer) else None for mixer in self.mixers]  # (LFM3's)
         self.mlps = [mlp_of(layer) for layer in self.layers]
         # A mixture-of-experts layer (no gate and up of its own) has none: its MLP is its module
         self.gate_up = [
@@ -498,11 +510,13 @@ class DecoderRunner:
                 head_norms=head_norms,
                 query_scaled=self.query_scaling is not None and self.query_scaling.scales(kind != UNROTATED),
                 convolution=conv,
+                attention_gate=few_rows_matmul(gate, dtype) if gate is not None else None,
             )
-            for mixer, conv, output, mlp, layer_norms, qkv, head_norms, gate_up, next_norm, kind in zip(
+            for mixer, conv, output, gate, mlp, layer_norms, qkv, head_norms, gate_up, next_norm, kind in zip(
                 self.mixers,
                 self.convolutions,
                 self.outputs,
+                self.attention_gates,
                 self.mlps,
                 norms,
                 self.qkv,
@@ -565,6 +579,7 @@ class DecoderRunner:
         if (
             self.reads_own_positions
             and all(convolution is None for convolution in self.convolutions)  # (LFM2's: the Python loop)
+            and all(layer.attention_gate is None for layer in self.bound_layers)  # (and LFM3's gates)
             and len(head_norms) in (0, len(self.layers))
             and mlps_native
             and not self.rotated_norms  # (Hunyuan's take the Python loop)
@@ -632,8 +647,11 @@ class DecoderRunner:
     def projections(self) -> list[nn.Module]:
         """The linear layers a step multiplies by, in order, fused where they are."""
         modules: list[nn.Module] = []
-        for output, mlp, qkv, gate_up in zip(self.outputs, self.mlps, self.qkv, self.gate_up, strict=True):
+        for output, gate, mlp, qkv, gate_up in zip(
+            self.outputs, self.attention_gates, self.mlps, self.qkv, self.gate_up, strict=True
+        ):
             modules += qkv.groups
+            modules += [unwrapped(gate)] if gate is not None else []  # (LFM3's gates of each head)
             modules.append(unwrapped(output))
             if gate_up is not None:  # (a mixture of experts multiplies as its module does)
                 modules += gate_up.groups
@@ -738,8 +756,9 @@ class DecoderRunner:
         # [1, 1, tokens, head_dim] each
         rotations = [(cos[:, None], sin[:, None]) for cos, sin in self.rotations(hidden, positions)]
         scales = self.query_scales(positions, hidden.dtype)
-        for output_layer, mlp_module, bound, input_norm, qkv, head_norms, gate_up, cache_layer in zip(
+        for output_layer, gate, mlp_module, bound, input_norm, qkv, head_norms, gate_up, cache_layer in zip(
             self.outputs,
+            self.attention_gates,
             self.mlps,
             self.bound_layers,
             self.input_norms,
@@ -756,6 +775,8 @@ class DecoderRunner:
             else:
                 rotation = rotations[bound.rotation]
                 mixed = self._attention(projected, *rotation, cache_layer, layout, bound, scales)
+                if gate is not None:  # (LFM3's)
+                    mixed = gated_heads(mixed, gate(normed), self.head_dim)
             output = normed_output(output_layer(mixed), bound.attention_out_norm)
             hidden = hidden + self.residual_part(output)
             if not self.parallel:  # (Cohere's MLP takes the layer's input norm, as its attention did)
@@ -960,8 +981,10 @@ class DecoderRunner:
                 layer.sinks,
                 self.softcap,
             )
-            output = layer.o(attended.view(queries, -1).to(hidden.dtype))
-            hidden, normed = self._decode_sublayer_ends(hidden, output, layer, normed)
+            attended = attended.view(queries, -1).to(hidden.dtype)
+            if layer.attention_gate is not None:  # (LFM3's, of the layer's input norm)
+                attended = gated_heads(attended, layer.attention_gate(normed), self.head_dim)
+            hidden, normed = self._decode_sublayer_ends(hidden, layer.o(attended), layer, normed)
         return normed
 
     def _decode_sublayer_ends(
@@ -1105,8 +1128,10 @@ def sublayer_norms(layer: nn.Module) -> tuple[nn.Module | None, ...]:
     `post_attention_layernorm` is the attention output's; OLMo 2's no input), and GLM-4's all four under
     names of its own. Cohere's norm the input alone, which the MLP takes too (`PARALLEL_TYPES`); LFM2's the
     inputs alone, under names of its own."""
-    if hasattr(layer, "operator_norm"):  # LFM2's
-        return layer.operator_norm, None, layer.ffn_norm, None
+    if hasattr(layer, "operator_norm"):  # LFM2's; LFM3's norm each sublayer's output too, where it has them
+        outputs = [getattr(layer, name, None) for name in ("post_operator_norm", "post_ffn_norm")]
+        outputs = [None if isinstance(norm, nn.Identity) else norm for norm in outputs]
+        return layer.operator_norm, outputs[0], layer.ffn_norm, outputs[1]
     if not hasattr(layer, "post_attention_layernorm"):  # Cohere's
         return layer.input_layernorm, None, None, None
     if hasattr(layer, "post_mlp_layernorm"):  # GLM-4's
@@ -1179,6 +1204,18 @@ def convolutions(mixers: list[nn.Module], states: RowStates | None) -> list[RowC
         RowConvolution(mixer, next(conv_states)) if convolves else None
         for mixer, convolves in zip(mixers, convolving, strict=True)
     ]
+
+
+def gated(mixer: nn.Module) -> bool:
+    """Whether an attention layer gates each head's output (LFM3's `g_proj`, where it has one)."""
+    return getattr(mixer, "g_proj", None) is not None
+
+
+def gated_heads(attended: torch.Tensor, gate: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Attention's output ([..., heads * head_dim]), each head's multiplied by the sigmoid of its gate
+    ([..., heads]), in the model's dtype as LFM3's module multiplies them."""
+    heads = attended.view(*gate.shape, head_dim) * torch.sigmoid(gate)[..., None]
+    return heads.view(attended.shape)
 
 
 def mixer_inputs(mixer: nn.Module) -> tuple[nn.Module, ...]:

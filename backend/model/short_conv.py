@@ -10,10 +10,11 @@ drafts, as for the other hybrids. The convolution is Mamba's
 (`mamba.convolve`), without an activation, so that exact mode gives
 `generate`'s tokens (tests/backend/test_exactness.py).
 
-The decoder runner (decoder_runner.py) serves LFM2's layers itself: a
-convolution layer is its in_proj, `RowConvolution` and its out_proj where an
-attention layer has q, k and v, attention and o. Elsewhere (LFM3) the layer
-is transformers' module, its mixer mixing over the rows (model/hybrid.py).
+The decoder runner (decoder_runner.py) serves LFM2's and LFM3's layers
+itself: a convolution layer is its in_proj, `RowConvolution` and its
+out_proj where an attention layer has q, k and v, attention and o. Outside
+the runner (the benchmarks' transformers-modules baseline) the layer is
+transformers' module, its mixer mixing over the rows (model/hybrid.py).
 """
 
 from __future__ import annotations

@@ -263,6 +263,9 @@ def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives
         ("hunyuan_v1_dense", {}, [None, None]),
         ("cwm", {}, [None, TINY_WINDOW]),
         ("lfm2", {"initializer_range": 0.02}, [None, None]),  # (a convolution layer, then an attention layer)
+        # (its gates of each head's attention, 16 of them: a 4-bit layer too; its norms of each sublayer's
+        # output, a window layer)
+        ("lfm3", {"initializer_range": 0.02, "num_attention_heads": 16}, [None, None, None, TINY_WINDOW]),
         (
             "granite_swa",
             {},
@@ -282,7 +285,7 @@ def test_layer_forms_on_the_decoder_runner_with_4_bit_projections_give_transform
     pairs, GLM-4's of half of each head, and its norms of each sublayer's output; Cohere's LayerNorms and
     MLP beside attention, and its logits' scale; Ministral 3's factor of its queries past position 16;
     Arcee's MLP without a gate; Hunyuan's norms of each head after the rotation; CWM's window layer; LFM2's
-    convolution layer over the rows' states; window
+    convolution layer over the rows' states, LFM3's gates of each head's attention output; window
     layers' attention by the CPU's loop, each query over its last 8 positions), to transformers' forward's
     logits as the MoE's above."""
     model = tiny_model(architecture, head_dim=64, **extras)
