@@ -72,7 +72,11 @@ at::Tensor projected(const at::Tensor& x, const std::vector<at::Tensor>& project
 // LayerNorm without a bias where `centered` (Cohere's), else an RMSNorm. Where `parallel` (Cohere's layers)
 // the MLP takes the layer's input norm as attention does, both outputs added to the residual, attention's
 // first (no norm between: its norms[1 + 2l] is empty). Each rotated query is multiplied by its
-// query_scales[q], in the queries' dtype, where that is not empty (Ministral 3's). Returns the final norm of
+// query_scales[q], in the queries' dtype, where that is not empty (Ministral 3's). Where conv_states[l] is not
+// empty (LFM2's convolution layers; conv_states empty: none), layer l is a short convolution in place of
+// attention: its q, k and v calls are its in_proj's (B, C and x), its o its out_proj, between them
+// short_conv over conv_states[l] (its rows' last inputs, advanced in place) with conv_weights[l] and
+// conv_biases[l] (none where empty); such a layer has no head norms (empty ones). Returns the final norm of
 // the last layer's output.
 at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
                          const at::Tensor& slots,
@@ -86,7 +90,8 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
                          const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
                          bool squared_relu, double residual, double softcap, bool interleaved, bool centered,
-                         bool parallel, const at::Tensor& query_scales) {
+                         bool parallel, const at::Tensor& query_scales, const std::vector<at::Tensor>& conv_states,
+                         const std::vector<at::Tensor>& conv_weights, const Biases& conv_biases) {
   const size_t layers = keys.size(), layer_norms = sandwich ? 4 : 2;
   TORCH_CHECK(values.size() == layers && calls.size() == 2 * layers && norms.size() == 1 + layer_norms * layers &&
                   eps.size() == norms.size(),
@@ -99,6 +104,9 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
   }
   TORCH_CHECK(windows.empty() || windows.size() == layers, "decode_layers needs a window a layer, or none");
   TORCH_CHECK(sinks.empty() || sinks.size() == layers, "decode_layers needs each layer's sinks, or none");
+  TORCH_CHECK(conv_states.empty() || (conv_states.size() == layers && conv_weights.size() == layers),
+              "decode_layers needs each layer's convolution states and weights (empty: attention), or none");
+  TORCH_CHECK(conv_biases.empty() || conv_biases.size() == layers, "decode_layers needs each convolution's bias, or none");
   TORCH_CHECK(router_biases.empty() || router_biases.size() == routers.size(),
               "decode_layers needs each router's bias, or none");
   TORCH_CHECK((head_norms.empty() || head_norms.size() == 2 * layers) && head_eps.size() == head_norms.size(),
@@ -127,19 +135,26 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
     const int64_t qkv_calls = calls[2 * l], gate_up_calls = calls[2 * l + 1];
     const size_t o = next + qkv_calls, gate_up_first = o + 1, down = gate_up_first + gate_up_calls;
     at::Tensor qkv = project(normed, projections, bits, tables, biases, next, qkv_calls);
-    if (!head_norms.empty()) {
-      head_rms_norms(qkv, head_norms[2 * l], head_norms[2 * l + 1], heads, kv_heads, head_eps[2 * l],
-                     head_eps[2 * l + 1]);
+    const size_t norm = 1 + layer_norms * l;
+    at::Tensor mixed;  // what the layer's o (a convolution layer's out_proj) takes
+    if (!conv_states.empty() && conv_states[l].numel() > 0) {
+      at::Tensor states = conv_states[l];
+      mixed = short_conv(states, qkv, rows, conv_weights[l], conv_biases.empty() ? std::nullopt : conv_biases[l]);
+    } else {
+      if (!head_norms.empty() && head_norms[2 * l].numel() > 0) {
+        head_rms_norms(qkv, head_norms[2 * l], head_norms[2 * l + 1], heads, kv_heads, head_eps[2 * l],
+                       head_eps[2 * l + 1]);
+      }
+      const size_t rotation = rotations.empty() ? 0 : rotations[l];
+      at::Tensor query = rotate_and_store(qkv, cos[rotation], sin[rotation], slots, keys[l], values[l], heads,
+                                          kv_heads, interleaved);
+      if (query_scales.numel() > 0) query = query * query_scales.view({-1, 1, 1});  // (the Python loop's product)
+      const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling,
+                                                   windows.empty() ? 0 : windows[l],
+                                                   sinks.empty() ? std::nullopt : sinks[l], softcap);
+      mixed = attended.view({queries, -1}).to(hidden.scalar_type());
     }
-    const size_t rotation = rotations.empty() ? 0 : rotations[l], norm = 1 + layer_norms * l;
-    at::Tensor query =
-        rotate_and_store(qkv, cos[rotation], sin[rotation], slots, keys[l], values[l], heads, kv_heads, interleaved);
-    if (query_scales.numel() > 0) query = query * query_scales.view({-1, 1, 1});  // (the Python loop's product)
-    const at::Tensor attended = decode_attention(query, keys[l], values[l], rows, positions, scaling,
-                                                 windows.empty() ? 0 : windows[l],
-                                                 sinks.empty() ? std::nullopt : sinks[l], softcap);
-    at::Tensor output =
-        project(attended.view({queries, -1}).to(hidden.scalar_type()), projections, bits, tables, biases, o, 1);
+    at::Tensor output = project(mixed, projections, bits, tables, biases, o, 1);
     if (sandwich) output = norm_or_not(output, norms[norm], eps[norm], centered);
     if (residual != 1.0) output = output * residual;  // (PyTorch's product by a number: the Python loop's)
     const size_t mlp_norm = sandwich ? norm + 1 : norm;  // (after the attention output's own, if it has one)

@@ -67,6 +67,9 @@ at::Tensor decode_layers(at::Tensor hidden, const std::vector<at::Tensor>& cos, 
                          const Mixture& mixture, const std::vector<int64_t>& rotations,
                          const std::vector<int64_t>& windows, const Biases& sinks, bool sandwich, bool gelu,
                          bool squared_relu, double residual, double softcap, bool interleaved, bool centered,
-                         bool parallel, const at::Tensor& query_scales);
+                         bool parallel, const at::Tensor& query_scales, const std::vector<at::Tensor>& conv_states,
+                         const std::vector<at::Tensor>& conv_weights, const Biases& conv_biases);
+at::Tensor short_conv(at::Tensor& states, const at::Tensor& projected, const at::Tensor& rows, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias);
 
 }  // namespace fused_ops

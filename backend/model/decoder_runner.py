@@ -189,7 +189,8 @@ GPT_OSS_LAYER_TYPES = {"gpt_oss"}
 # where attention reads the cache, and projects back by `out_proj` where attention's o does. Its MLP is
 # Llama's under other names (w1, w3, w2; `feed_forward`), its norms the inputs' (`operator_norm`,
 # `ffn_norm`), its final norm `embedding_norm`. LFM2-MoE's MLP is a mixture of experts after its dense
-# layers, called as its module (`experts`), its rotary module named `pos_emb`. LFM3's attention layer is
+# layers, called as its module (`experts`), its rotary module named `pos_emb`. LFM2's decode steps take
+# decode_layers.cpp too (its `conv_states`), LFM2-MoE's and LFM3's the Python loop. LFM3's attention layer is
 # Qwen3's with its output named o, each head's output multiplied by a sigmoid gate of the layer's input
 # (`attention_gate`), window layers beside global ones (each kind with a rotation of its own, its global
 # layers' over part of each head), and Gemma's norms of each sublayer's output (`post_operator_norm`,
@@ -566,8 +567,12 @@ class DecoderRunner:
         # Where all of a decode step's work is the extension's, its layers are one C++ call.
         self.native = None
         # decode_layers.cpp has Llama's layer, Qwen3's head norms, Qwen3-MoE's (OLMoE's), Mixtral's and
-        # gpt-oss's experts, biases, sinks and Gemma 3's layer: not other mixtures
-        head_norms = [(norms.query, norms.key) for norms in self.head_norms if norms is not None]
+        # gpt-oss's experts, biases, sinks, Gemma 3's layer and LFM2's convolution layers: not other mixtures
+        # (each attention layer's norms of its heads: a convolution layer has none)
+        attending = [
+            norms for norms, conv in zip(self.head_norms, self.convolutions, strict=True) if conv is None
+        ]
+        head_norms = [(norms.query, norms.key) if norms is not None else None for norms in self.head_norms]
         experts = [
             LayerExperts.of(mlp) if gate_up is None else None
             for mlp, gate_up in zip(self.mlps, self.gate_up, strict=True)
@@ -578,9 +583,9 @@ class DecoderRunner:
         )
         if (
             self.reads_own_positions
-            and all(convolution is None for convolution in self.convolutions)  # (LFM2's: the Python loop)
-            and all(layer.attention_gate is None for layer in self.bound_layers)  # (and LFM3's gates)
-            and len(head_norms) in (0, len(self.layers))
+            and all(layer.attention_gate is None for layer in self.bound_layers)  # (LFM3's: the Python loop)
+            # every attention layer's norms of its heads, or none's
+            and len({norms is None for norms in attending}) == 1
             and mlps_native
             and not self.rotated_norms  # (Hunyuan's take the Python loop)
             # decode_layers.cpp scales every layer's queries or none's (not Llama 4's some)
@@ -605,7 +610,7 @@ class DecoderRunner:
                 self.heads,
                 self.kv_heads,
                 self.scaling,
-                head_norms or None,
+                head_norms if attending[0] is not None else None,
                 LayerForm(
                     rotations=[layer.rotation for layer in self.bound_layers],
                     windows=[layer.window or 0 for layer in self.bound_layers],
@@ -621,6 +626,7 @@ class DecoderRunner:
                     centered=Norm.of(self.norm).centered,
                     parallel=self.parallel,
                 ),
+                self.convolutions,
             )
         # With the fused operations every decode step takes `decode_layers`: at 32 rows on a CPU they
         # still took a fifth of the step as PyTorch's operations (docs/performance.md).

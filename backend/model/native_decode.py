@@ -11,7 +11,8 @@ this extension's: a CPU with the fused operations and blocks (AVX-512 VNNI or AV
 projection in blocks, the attention loop for the model's head size, and
 activations in the kernels' dtype (bfloat16, the default mode's); Llama's layer, with Qwen3's norms
 of each query and key head where the model has them, Qwen3-MoE's and Mixtral's mixtures of experts
-and gpt-oss's (experts.cpp, `LayerExperts`), biases, attention sinks and Gemma 3's layer (`LayerForm`).
+and gpt-oss's (experts.cpp, `LayerExperts`), biases, attention sinks and Gemma 3's layer (`LayerForm`), and
+LFM2's convolution layers (`short_conv` over the rows' states, where its attention layers attend).
 Other steps, and other models, run the Python loop.
 """
 
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from backend.layers.decode_ops import DecodeOps, FusedOps, Norm
+from backend.model.short_conv import RowConvolution
 from backend.quant.quantized_experts import ClampedSwiGLU, PlainGLU, QuantizedExperts
 from backend.quant.quantized_linear import WeightOnlyLinear
 
@@ -45,6 +47,7 @@ TOP_K_FIRST = {"GptOssTopKRouter", "GraniteMoeTopKRouter"}
 NO_MIXTURE = (0, False, False, 0.0, 0.0)  # `LayerExperts.routing` of a model without one
 NO_NORM = torch.empty(0)  # what decode_layers.cpp takes where a layer norms nothing there (OLMo 2's inputs)
 NO_SCALES = torch.empty(0)  # ... and where a model's queries have no factor (all but Ministral 3's)
+NO_CONVOLUTION = torch.empty(0)  # ... and an attention layer's convolution states and weights (LFM2's)
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,11 @@ class NativeDecode:
     mixture: object  # the extension's `Mixture`: how every mixture routes and activates
     form: LayerForm
     rows_below: float  # steps of fewer rows: from there on a projection multiplies by its many-rows path
+    # LFM2's: each layer's rows' states and filters ([hidden, kernel]), empty in attention layers; none for a
+    # model without convolution layers
+    conv_states: list[torch.Tensor] = field(default_factory=list)
+    conv_weights: list[torch.Tensor] = field(default_factory=list)
+    conv_biases: list[torch.Tensor | None] = field(default_factory=list)  # theirs, or none for every one
 
     @classmethod
     def of(
@@ -167,12 +175,14 @@ class NativeDecode:
         heads: int,
         kv_heads: int,
         scaling: float,
-        head_norms: list[tuple[Norm, Norm]] | None = None,
+        head_norms: list[tuple[Norm, Norm] | None] | None = None,
         form: LayerForm | None = None,
+        convolutions: list[RowConvolution | None] | None = None,
     ) -> NativeDecode | None:
         """The plan for these layers, or None where a step must run the Python loop. `head_norms`: each
-        layer's norms of its query and of its key heads, where the model has them (Qwen3's, Gemma 3's);
-        `form`: where the layers are not Llama's (Gemma 3's)."""
+        layer's norms of its query and of its key heads, where the model has them (Qwen3's, Gemma 3's; None
+        in LFM2's convolution layers); `form`: where the layers are not Llama's (Gemma 3's); `convolutions`:
+        each layer's convolution over the rows' states, None in an attention layer (LFM2's)."""
         projections = [projection for layer in layers for projection in layer.calls()]
         in_blocks = all(isinstance(p, WeightOnlyLinear) and p.blocks is not None for p in projections)
         if not isinstance(ops, FusedOps) or not in_blocks or dtype != WeightOnlyLinear.compute_dtype:
@@ -185,6 +195,9 @@ class NativeDecode:
             return None  # one routing for every layer (every model's)
         biases = [p.bias for p in projections]
         router_biases = [experts.router_bias for experts in mixtures]
+        head_pairs = [pair or (None, None) for pair in head_norms or []]  # (none in a convolution layer)
+        convolutions = convolutions if any(conv is not None for conv in convolutions or []) else []
+        conv_biases = [conv.mixer.conv.bias if conv is not None else None for conv in convolutions]
         return cls(
             run=ops.extension.decode_layers,
             projections=[p.blocks for p in projections],
@@ -197,8 +210,8 @@ class NativeDecode:
             ],
             norms=[NO_NORM if norm is None else norm.weight for norm in norms],
             eps=[0.0 if norm is None else norm.eps for norm in norms],
-            head_norms=[norm.weight for pair in head_norms or [] for norm in pair],
-            head_eps=[norm.eps for pair in head_norms or [] for norm in pair],
+            head_norms=[NO_NORM if norm is None else norm.weight for pair in head_pairs for norm in pair],
+            head_eps=[0.0 if norm is None else norm.eps for pair in head_pairs for norm in pair],
             heads=heads,
             kv_heads=kv_heads,
             scaling=scaling,
@@ -208,6 +221,9 @@ class NativeDecode:
             mixture=ops.extension.Mixture(*(mixtures[0].routing if mixtures else NO_MIXTURE)),
             form=form,
             rows_below=min((p.many_rows_from() for p in projections), default=math.inf),
+            conv_states=[NO_CONVOLUTION if conv is None else conv.states for conv in convolutions],
+            conv_weights=[NO_CONVOLUTION if conv is None else conv.weight for conv in convolutions],
+            conv_biases=conv_biases if any(bias is not None for bias in conv_biases) else [],
         )
 
     def __call__(
@@ -258,4 +274,7 @@ class NativeDecode:
             self.form.centered,
             self.form.parallel,
             NO_SCALES if query_scales is None else query_scales,
+            self.conv_states,
+            self.conv_weights,
+            self.conv_biases,
         )

@@ -229,3 +229,40 @@ def test_the_native_loop_runs_only_where_all_of_a_steps_work_is_the_extensions(m
     monkeypatch.setattr(block_weights, "available", lambda device: False)
     assert DecoderRunner(served_like_the_default()).native is None  # PyTorch's packing
     assert DecoderRunner(served_like_the_default()).ops is not EAGER  # the loops still run
+
+
+def test_lfm2s_native_steps_give_the_python_loops_logits_bit_for_bit(monkeypatch):
+    """LFM2's convolution layers in the native loop (short_conv over the rows' states, between in_proj and
+    out_proj; its attention layers' head norms, none in its convolution layers): two engines over one model
+    as the default mode serves it, one on the Python loop, one taking the native loop below 16 rows, step
+    for step the same logits exactly, for one row, rows with a free one among them, and many rows. (A row's
+    state advances in place: the steps are the engines' own, not replayed over one cache.)"""
+    from tests.backend.test_speculation import decode_steps_seen
+
+    model = served_like_the_default(family="lfm2")
+    seen, native_steps, call = {}, [], NativeDecode.__call__
+
+    def counting(self, hidden, *args, **kwargs):
+        native_steps.append(hidden.shape[0])
+        return call(self, hidden, *args, **kwargs)
+
+    monkeypatch.setattr(NativeDecode, "__call__", counting)
+    for native in (False, True):
+        engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
+        decoder = engine.runner.decoder
+        assert decoder.native is not None and decoder.native.rows_below == 16
+        assert [state.numel() > 0 for state in decoder.native.conv_states] == [True, False]
+        assert [norm.numel() > 0 for norm in decoder.native.head_norms] == [False, False, True, True]
+        if not native:
+            decoder.native = None  # the Python loop for every step
+            decoder.replan()
+        seen[native] = decode_steps_seen(engine, monkeypatch)
+        drive_mixed_decode_steps(engine)
+    assert native_steps and max(native_steps) < 16 and 1 in native_steps
+    assert len(seen[True]) == len(seen[False]) and max(len(step) for step in seen[True]) >= 16
+    for python_step, native_step in zip(seen[False], seen[True], strict=True):
+        for (position, token, logits), (native_position, native_token, native_logits) in zip(
+            python_step, native_step, strict=True
+        ):
+            assert (position, token) == (native_position, native_token)
+            assert torch.equal(logits, native_logits)
