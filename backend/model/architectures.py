@@ -38,7 +38,7 @@ SUPPORTED = {
     "mistral": "Mistral, with or without a sliding window, and Mistral Small 3.1 and 3.2 (their text)",
     "qwen2": "Qwen2 and Qwen2.5, and the text of Qwen2-VL and Qwen2.5-VL",
     "qwen3": "Qwen3 dense models, and the text of Qwen3-VL",
-    "qwen3_moe": "Qwen3 mixture-of-experts models",
+    "qwen3_moe": "Qwen3 mixture-of-experts models, and the text of Qwen3-VL-MoE",
     "mixtral": "Mixtral",
     "qwen2_moe": "Qwen1.5-MoE and Qwen2-57B-A14B",
     "phi3": "Phi-3, Phi-3.5 and Phi-4-mini",
@@ -149,14 +149,21 @@ TEXT_ALONE = {
     "qwen2_vl": COMPOSITE_NAMES,  # (Qwen2-VL's and Qwen2.5-VL's first files name the text model as Qwen2's)
     "qwen2_5_vl": COMPOSITE_NAMES,
     "qwen3_vl": COMPOSITE_NAMES,
+    "qwen3_vl_moe": COMPOSITE_NAMES,
     "llama4": COMPOSITE_NAMES,
     "lfm2_vl": COMPOSITE_NAMES,
 }
 # Multimodal families whose text model, given text alone, is a served family's layer for layer: Qwen2-VL's
-# and Qwen2.5-VL's is Qwen2's, Qwen3-VL's Qwen3's. Their rotation of three position streams (time, height,
+# and Qwen2.5-VL's is Qwen2's, Qwen3-VL's Qwen3's, Qwen3-VL-MoE's Qwen3-MoE's (its router always
+# renormalizing its top k: `TEXT_AS_FIELDS`). Their rotation of three position streams (time, height,
 # width), each over its sections of a head, is one rotation where the streams are equal, as they are for
 # text. Their text config is made that family's (`text_config_of`), and their text model loaded alone.
-TEXT_AS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3"}
+TEXT_AS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
+TEXT_AS_FIELDS = {"qwen3_vl_moe": {"norm_topk_prob": True}}
+# ... and of those, the ones whose files keep each layer's experts as [experts, in, out] (transformers turns
+# them on load for the composite's own class, not for the text family's, whose module keeps [experts, out,
+# in]): their text model's weights are read here (loader.read_text_alone)
+EXPERTS_STORED_TRANSPOSED = {"qwen3_vl_moe"}
 
 
 def text_config_of(config: PretrainedConfig) -> PretrainedConfig:
@@ -172,6 +179,7 @@ def text_config_of(config: PretrainedConfig) -> PretrainedConfig:
         rope["rope_type"] = "default"
     fields["rope_parameters"] = rope
     fields["tie_word_embeddings"] = getattr(config, "tie_word_embeddings", False)  # (the composite's)
+    fields |= TEXT_AS_FIELDS.get(config.model_type, {})
     return CONFIG_MAPPING[family](**fields)
 
 

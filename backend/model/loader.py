@@ -52,6 +52,7 @@ from backend.layers.row_states import has_row_states, is_state_space
 from backend.messages import BackendConfig
 from backend.model import gguf_conversion, gguf_gpt_oss, gguf_mixtral, gguf_phi3
 from backend.model.architectures import (
+    EXPERTS_STORED_TRANSPOSED,
     TEXT_ALONE,
     UnsupportedModel,
     check_own_code,
@@ -66,6 +67,7 @@ from backend.model.gguf_parsing import each_gguf_file_parsed_once
 from backend.model.lean_load import blocks_bytes, served_in_blocks, state_dict_without, weights_left_to_blocks
 from backend.model.resources import InsufficientResources, check_resources, skeleton
 from backend.model.source import ModelSource, resolve_model
+from backend.model.turned_experts import read_text_weights
 from backend.quant import (
     bitsandbytes_checkpoint,
     block_weights,
@@ -544,16 +546,22 @@ def load_text_alone(
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()
     try:
-        model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(text_config)].from_pretrained(
-            location,
-            config=text_config,
-            key_mapping=TEXT_ALONE[config.model_type],
-            token=token,
-            **options,
-            dtype=dtype,
-            attn_implementation=None,
-            output_loading_info=True,
-        )
+        if config.model_type in EXPERTS_STORED_TRANSPOSED and not options:  # (Qwen3-VL-MoE's)
+            directory = checkpoint_directory(location, token)
+            weights, unread = read_text_weights(directory, TEXT_ALONE[config.model_type], text_config)
+            model, info = model_from_state_dict(text_config, weights, dtype)
+            info["unexpected_keys"] = unread
+        else:
+            model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(text_config)].from_pretrained(
+                location,
+                config=text_config,
+                key_mapping=TEXT_ALONE[config.model_type],
+                token=token,
+                **options,
+                dtype=dtype,
+                attn_implementation=None,
+                output_loading_info=True,
+            )
     finally:
         transformers_logging.set_verbosity(verbosity)
     refuse_unread(info["missing_keys"], f"the {config.model_type} checkpoint in {location}")

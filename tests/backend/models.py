@@ -540,15 +540,20 @@ def tiny_qwen3_5_multimodal() -> torch.nn.Module:
 
 
 def tiny_qwen_vl(model_type: str) -> torch.nn.Module:
-    """A Qwen2.5-VL or Qwen3-VL checkpoint as Qwen publishes one (Qwen2_5_VLForConditionalGeneration,
-    Qwen3VLForConditionalGeneration), tiny and of random weights, its text model's rotation in three
+    """A Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE checkpoint as Qwen publishes one
+    (Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeForConditionalGeneration), tiny and of random weights, its text model's rotation in three
     sections of each head (time, height and width streams; Qwen3-VL's interleaved) and a one-block vision
-    tower: the reference whose `generate` its text model, served alone as Qwen2's or Qwen3's, must give."""
+    tower (Qwen3-VL-MoE's text model four experts of 16, two chosen a token: their gate and up 32 wide
+    beside the hidden size's 64, so that a weight kept turned would not fit): the reference whose
+    `generate` its text model, served alone as Qwen2's, Qwen3's or Qwen3-MoE's, must give."""
     from transformers import (
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
         Qwen3VLConfig,
         Qwen3VLForConditionalGeneration,
+        Qwen3VLMoeConfig,
+        Qwen3VLMoeForConditionalGeneration,
     )
 
     torch.manual_seed(0)
@@ -561,6 +566,14 @@ def tiny_qwen_vl(model_type: str) -> torch.nn.Module:
         text = sizes | {"rope_parameters": rope | {"mrope_interleaved": True}}
         config = Qwen3VLConfig(text_config=text, vision_config=vision | {"deepstack_visual_indexes": [0]})
         model = Qwen3VLForConditionalGeneration(config)
+    elif model_type == "qwen3_vl_moe":
+        experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+        text = sizes | experts | {"rope_parameters": rope | {"mrope_interleaved": True}}
+        config = Qwen3VLMoeConfig(text_config=text, vision_config=vision | {"deepstack_visual_indexes": [0]})
+        model = Qwen3VLMoeForConditionalGeneration(config)
+        with torch.no_grad():  # (a fresh router's weights are zeros: every expert alike to choose)
+            for layer in model.model.language_model.layers:
+                layer.mlp.gate.weight.normal_(0, 0.5)
     else:
         text = sizes | {"rope_parameters": rope}
         model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision))

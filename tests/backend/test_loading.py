@@ -143,13 +143,18 @@ def test_a_gemma_3_checkpoints_cache_is_the_dtype_its_text_models_runner_reads(t
 
 @pytest.mark.parametrize(
     "composite, served, transformers_4_names",
-    [("qwen3_vl", "Qwen3ForCausalLM", False), ("qwen2_5_vl", "Qwen2ForCausalLM", True)],
+    [
+        ("qwen3_vl", "Qwen3ForCausalLM", False),
+        ("qwen2_5_vl", "Qwen2ForCausalLM", True),
+        ("qwen3_vl_moe", "Qwen3MoeForCausalLM", False),
+    ],
 )
 def test_a_qwen_vl_checkpoint_serves_its_text_model_as_qwens(
     tmp_path, composite, served, transformers_4_names
 ):
-    """Qwen3-VL and Qwen2.5-VL as published: their text model loaded alone as Qwen3's or Qwen2's (its config
-    made that family's, the rotation's sections dropped), which the decoder runner serves; on text its
+    """Qwen3-VL, Qwen2.5-VL and Qwen3-VL-MoE as published: their text model loaded alone as Qwen3's, Qwen2's
+    or Qwen3-MoE's (its config made that family's, the rotation's sections dropped; Qwen3-VL-MoE's experts
+    turned from the [experts, in, out] its files keep), which the decoder runner serves; on text its
     logits are the composite model's, bit for bit (three equal position streams rotate as one). Qwen2.5-VL's
     files name the text model's weights as Qwen2's and the tower's `visual.*` (transformers 4's names)."""
     from safetensors.torch import load_file, save_file
@@ -165,6 +170,13 @@ def test_a_qwen_vl_checkpoint_serves_its_text_model_as_qwens(
             "model.layers.0.self_attn.q_proj.weight" in weights and "visual.blocks.0.norm1.weight" in weights
         )
         save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    if composite == "qwen3_vl_moe":  # its experts as Qwen's files keep them: [experts, in, out]
+        weights = load_file(directory / "model.safetensors")
+        turned = {
+            name: weight.transpose(1, 2).contiguous() for name, weight in weights.items() if "experts" in name
+        }
+        assert turned["model.language_model.layers.0.mlp.experts.gate_up_proj"].shape == (4, 64, 32)
+        save_file(weights | turned, directory / "model.safetensors", metadata={"format": "pt"})
     loaded = load_model(BackendConfig(model=str(directory), dtype="float32", quantize="none", max_seq_len=64))
     assert type(loaded.model).__name__ == served and DecoderRunner.supports(loaded.model.config)
     ids = torch.randint(2, TINY_VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))

@@ -117,6 +117,7 @@ FAMILIES = [
     # the composite model's own `generate` the reference
     "qwen3_vl",
     "qwen2_5_vl",
+    "qwen3_vl_moe",  # (its text model as Qwen3-MoE's)
     # Llama 4 as Meta publishes it (Llama4ForConditionalGeneration, files with transformers 4's names): its
     # text model alone, a rotated layer and one without rotary positions, experts
     "llama4",
@@ -200,6 +201,7 @@ def prepare(family: str, tmp_path: Path) -> Family:
         "gemma4": tiny_gemma4_multimodal,
         "gemma4_unified": lambda: tiny_gemma4_multimodal("gemma4_unified"),
         "qwen3_vl": lambda: tiny_qwen_vl("qwen3_vl"),
+        "qwen3_vl_moe": lambda: tiny_qwen_vl("qwen3_vl_moe"),
         "qwen2_5_vl": lambda: tiny_qwen_vl("qwen2_5_vl"),
     }.get(family)
     built = build() if build is not None else None
