@@ -190,7 +190,8 @@ GPT_OSS_LAYER_TYPES = {"gpt_oss"}
 # Llama's under other names (w1, w3, w2; `feed_forward`), its norms the inputs' (`operator_norm`,
 # `ffn_norm`), its final norm `embedding_norm`. LFM2-MoE's MLP is a mixture of experts after its dense
 # layers, called as its module (`experts`), its rotary module named `pos_emb`. LFM2's decode steps take
-# decode_layers.cpp too (its `conv_states`), LFM2-MoE's and LFM3's the Python loop. LFM3's attention layer is
+# decode_layers.cpp too (its `conv_states`), as LFM3's do where it has no gates; LFM2-MoE's and gated LFM3's
+# the Python loop. LFM3's attention layer is
 # Qwen3's with its output named o, each head's output multiplied by a sigmoid gate of the layer's input
 # (`attention_gate`), window layers beside global ones (each kind with a rotation of its own, its global
 # layers' over part of each head), and Gemma's norms of each sublayer's output (`post_operator_norm`,

@@ -231,15 +231,23 @@ def test_the_native_loop_runs_only_where_all_of_a_steps_work_is_the_extensions(m
     assert DecoderRunner(served_like_the_default()).ops is not EAGER  # the loops still run
 
 
-def test_lfm2s_native_steps_give_the_python_loops_logits_bit_for_bit(monkeypatch):
+@pytest.mark.parametrize(
+    "family, extras",
+    [("lfm2", {}), ("lfm3", {"use_attention_gate": False})],  # (LFM3's gates take the Python loop)
+)
+def test_convolution_layers_native_steps_give_the_python_loops_logits_bit_for_bit(
+    monkeypatch, family, extras
+):
     """LFM2's convolution layers in the native loop (short_conv over the rows' states, between in_proj and
     out_proj; its attention layers' head norms, none in its convolution layers): two engines over one model
     as the default mode serves it, one on the Python loop, one taking the native loop below 16 rows, step
     for step the same logits exactly, for one row, rows with a free one among them, and many rows. (A row's
-    state advances in place: the steps are the engines' own, not replayed over one cache.)"""
+    state advances in place: the steps are the engines' own, not replayed over one cache.) LFM3's without
+    its gates too: its convolutions of 7, its window layer, its norms of each sublayer's output."""
     from tests.backend.test_speculation import decode_steps_seen
 
-    model = served_like_the_default(family="lfm2")
+    model = served_like_the_default(family=family, **extras)
+    convolving = [kind == "conv" for kind in model.config.layer_types]
     seen, native_steps, call = {}, [], NativeDecode.__call__
 
     def counting(self, hidden, *args, **kwargs):
@@ -251,8 +259,11 @@ def test_lfm2s_native_steps_give_the_python_loops_logits_bit_for_bit(monkeypatch
         engine = Engine(model, MarkerTokenizer(), rows=20, max_seq_len=64)
         decoder = engine.runner.decoder
         assert decoder.native is not None and decoder.native.rows_below == 16
-        assert [state.numel() > 0 for state in decoder.native.conv_states] == [True, False]
-        assert [norm.numel() > 0 for norm in decoder.native.head_norms] == [False, False, True, True]
+        assert [state.numel() > 0 for state in decoder.native.conv_states] == convolving
+        assert [norm.numel() == 0 for norm in decoder.native.head_norms] == [
+            c for c in convolving for _ in "qk"
+        ]
+        assert decoder.native.form.sandwich == (family == "lfm3")
         if not native:
             decoder.native = None  # the Python loop for every step
             decoder.replan()
