@@ -187,13 +187,15 @@ def test_a_model_that_cannot_embed_is_refused_at_start_up(tiny_bert, tmp_path):
         load_embedding_model(BackendConfig(embedding_model=str(tmp_path / "t5"), device="cpu"))
 
 
-@pytest.mark.parametrize("architecture", ["llama", "gpt2"])
+# (the decoder runner, transformers' forward, and LFM2's convolution layers on the runner: the embedding row's
+# state carried from chunk to chunk)
+@pytest.mark.parametrize("architecture", ["llama", "gpt2", "lfm2"])
 @pytest.mark.parametrize("pooling", ["mean", "last"])
 def test_a_prompt_longer_than_the_budget_is_embedded_a_chunk_a_step_as_it_is_whole(architecture, pooling):
     """Beside a decoding row, a prompt longer than the step's budget goes a chunk a step (each chunk
-    reading the earlier ones from the cache's embedding row) instead of holding the row's next token
-    for its whole pass: a step embeds at most the budget, and the vector is the one a single pass
-    gives."""
+    reading the earlier ones from the cache's embedding row, and its convolutions' last inputs from the
+    row's state) instead of holding the row's next token for its whole pass: a step embeds at most the
+    budget, and the vector is the one a single pass gives."""
     model = tiny_model(architecture)
     engine = Engine(model, MarkerTokenizer(), rows=4, max_seq_len=128, max_prefill_tokens=16)
     engine.submit(Submit("decode", (3, 4, 5), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)))
