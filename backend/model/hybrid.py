@@ -7,7 +7,8 @@ Mamba's (mamba.mix_mamba), Qwen3-Next, Qwen3.5 and OLMo's hybrid with Gated Delt
 LFM2 with short convolutions (short_conv.py).
 Each mixer object keeps its class's weights and gets a class above its own whose forward, inside an
 engine's step, mixes the pack over its layer's states; outside one (`generate`, say) it is
-transformers' own.
+transformers' own. (LFM2's and LFM3's steps run on the decoder runner, which calls no mixer's forward
+but convolves over the same states: short_conv.RowConvolution.)
 """
 
 from __future__ import annotations
