@@ -162,7 +162,7 @@ TEXT_AS = {"qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwe
 TEXT_AS_FIELDS = {"qwen3_vl_moe": {"norm_topk_prob": True}}
 # ... and of those, the ones whose files keep each layer's experts as [experts, in, out] (transformers turns
 # them on load for the composite's own class, not for the text family's, whose module keeps [experts, out,
-# in]): their text model's weights are read here (loader.read_text_alone)
+# in]): their text model's weights are read by turned_experts.read_text_weights (loader.load_text_alone)
 EXPERTS_STORED_TRANSPOSED = {"qwen3_vl_moe"}
 
 

@@ -209,10 +209,8 @@ def test_rows_stay_exact_when_free_rows_sit_between_them():
         # (a rotated layer with its L2 norms of heads, then one without rotary positions whose queries' factor
         # bites from position 3 on, and experts)
         ("llama4_text", {}),
-        (
-            "lfm2_moe",
-            {"initializer_range": 0.02},
-        ),  # (a convolution layer and its dense MLP, then an attention layer and experts)
+        # (a convolution layer and its dense MLP, then an attention layer and experts)
+        ("lfm2_moe", {"initializer_range": 0.02}),
     ],
 )
 def test_a_mixture_of_experts_on_the_decoder_runner_with_4_bit_projections_gives_transformers_logits(
