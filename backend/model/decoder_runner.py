@@ -441,6 +441,7 @@ class DecoderRunner:
         # each layer's attention module, or LFM2's convolution module in its convolution layers
         self.mixers = [mixer_of(layer) for layer in self.layers]
         self.convolutions = convolutions(self.mixers, states)  # (None in each attention layer)
+        self.convolves = any(conv is not None for conv in self.convolutions)
         # Gemma 3's and OLMo 3's rotary modules give each kind of layer (window or global, the config's
         # `layer_types`) cos and sin of its own;
         # SmolLM3's layers without rotary positions rotate by none (`UNROTATED`).
@@ -535,7 +536,7 @@ class DecoderRunner:
         # Whether a decode step is one graph to capture or compile: not where the experts' routing loops over
         # the experts chosen, nor where convolution layers advance the rows' states in place (a graph's
         # padding queries would advance other rows')
-        self.whole_graph = self.dense and all(convolution is None for convolution in self.convolutions)
+        self.whole_graph = self.dense and not self.convolves
         self.compiled_decode = None
         if compile_decode and not self.whole_graph:
             what = "a mixture of experts" if not self.dense else "convolution layers"
@@ -732,7 +733,7 @@ class DecoderRunner:
         """Whether a step's short prompts (and drafts, and an embedding input's chunk) may go as more decode
         queries of their rows (engine.py): where each query reads its own positions, but not where
         convolution layers advance a row's state by one token a query."""
-        return self.reads_own_positions and all(convolution is None for convolution in self.convolutions)
+        return self.reads_own_positions and not self.convolves
 
     def __call__(
         self,

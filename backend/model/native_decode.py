@@ -197,7 +197,7 @@ class NativeDecode:
         router_biases = [experts.router_bias for experts in mixtures]
         head_pairs = [pair or (None, None) for pair in head_norms or []]  # (none in a convolution layer)
         convolutions = convolutions if any(conv is not None for conv in convolutions or []) else []
-        conv_biases = [conv.mixer.conv.bias if conv is not None else None for conv in convolutions]
+        conv_biases = [conv.bias if conv is not None else None for conv in convolutions]
         return cls(
             run=ops.extension.decode_layers,
             projections=[p.blocks for p in projections],

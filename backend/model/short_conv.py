@@ -61,10 +61,15 @@ class RowConvolution:
     def decode(self, projected: torch.Tensor, rows: torch.Tensor, ops: DecodeOps = EAGER) -> torch.Tensor:
         """One token of each of these rows ([queries, 3 * hidden]), no two alike: `over_pack`'s decode
         queries without a layout, by `ops` (EAGER's the same operations; the CPU's loop one pass)."""
-        conv = self.mixer.conv
-        return ops.short_conv(self.states, projected, rows, self.weight, conv.bias)
+        return ops.short_conv(self.states, projected, rows, self.weight, self.bias)
 
     @functools.cached_property
     def weight(self) -> torch.Tensor:
-        """Each channel's filter, [hidden, kernel] (the module's is [hidden, 1, kernel])."""
+        """Each channel's filter, [hidden, kernel] (the module's is [hidden, 1, kernel]), looked up once: a
+        decode step reads it in every convolution layer."""
         return self.mixer.conv.weight.detach().squeeze(1).contiguous()
+
+    @functools.cached_property
+    def bias(self) -> torch.Tensor | None:
+        """Each channel's bias ([hidden]), or None (LFM2's have none)."""
+        return self.mixer.conv.bias
