@@ -50,7 +50,7 @@ from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
 from backend.layers.row_states import has_row_states, is_state_space
 from backend.messages import BackendConfig
-from backend.model import gguf_conversion, gguf_gpt_oss, gguf_mixtral, gguf_phi3
+from backend.model import gguf_conversion, gguf_gpt_oss, gguf_mixtral, gguf_phi3, gguf_rope
 from backend.model.architectures import (
     EXPERTS_STORED_TRANSPOSED,
     TEXT_ALONE,
@@ -113,8 +113,9 @@ def cache_root(config: BackendConfig) -> Path:
 
 
 # How converted copies are made: part of their directory's name. "phi3-rotation": copies of Phi-3 files
-# made before their rotary width, window and LongRoPE were read (gguf_phi3.py) held a configuration without.
-CONVERSION = "float32 phi3-rotation"
+# made before their rotary width, window and LongRoPE were read (gguf_phi3.py) held a configuration without;
+# "rotary-scaling": copies made before any file's rotary scaling was read (gguf_rope.py) held none.
+CONVERSION = "float32 phi3-rotation rotary-scaling"
 
 
 def converted_dir(source: ModelSource, root: Path) -> Path:
@@ -207,6 +208,8 @@ def _load_model(config: BackendConfig) -> LoadedModel:
         model_config = gguf_gpt_oss.gpt_oss_config(Path(location) / gguf_file, model_config)
     if gguf_file is not None and gguf_phi3.is_phi3(Path(location) / gguf_file):
         model_config = gguf_phi3.phi3_config(Path(location) / gguf_file, model_config)
+    if gguf_file is not None:
+        model_config = gguf_rope.with_rotary_scaling(Path(location) / gguf_file, model_config)
     check_supported(model_config)  # before anything reads the config as a decoder's
     quantization_config = getattr(model_config, "quantization_config", None)
     group_wise_format = group_wise.checkpoint_format(quantization_config)

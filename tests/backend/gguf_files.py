@@ -200,7 +200,31 @@ def text_model_metadata(hparams: dict) -> Metadata:
     if hparams.get("head_dim") is not None:
         metadata[Keys.Attention.KEY_LENGTH] = hparams["head_dim"]
         metadata[Keys.Attention.VALUE_LENGTH] = hparams["head_dim"]
-    return metadata
+    return metadata | rope_scaling_metadata(hparams)
+
+
+def rope_scaling_metadata(hparams: dict) -> Metadata:
+    """TextModel's rotary scaling, of the global layers where the layer types have their own (Gemma 3's
+    linear 8): linear and YaRN as keys; Llama 3's is a tensor (`llama3_rope_freqs`)."""
+    rope = hparams.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)
+    if rope.get("rope_type") == "linear":
+        return {Keys.Rope.SCALING_TYPE: "linear", Keys.Rope.SCALING_FACTOR: float(rope["factor"])}
+    if rope.get("rope_type") != "yarn":
+        return {}
+    metadata: Metadata = {
+        Keys.Rope.SCALING_TYPE: "yarn",
+        Keys.Rope.SCALING_FACTOR: float(rope["factor"]),
+        Keys.Rope.SCALING_ORIG_CTX_LEN: rope["original_max_position_embeddings"],
+    }
+    yarn_keys = {
+        "attention_factor": Keys.Rope.SCALING_YARN_ATTN_FACTOR,
+        "beta_fast": Keys.Rope.SCALING_YARN_BETA_FAST,
+        "beta_slow": Keys.Rope.SCALING_YARN_BETA_SLOW,
+    }
+    return metadata | {
+        key: float(rope[name]) for name, key in yarn_keys.items() if rope.get(name) is not None
+    }
 
 
 def llama_metadata(hparams: dict) -> Metadata:
@@ -260,6 +284,31 @@ def phi3_long_rope_factors(hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
 
 def no_extra_tensors(hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
     return iter(())
+
+
+def llama3_rope_freqs(hparams: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """LlamaModel.generate_extra_tensors: Llama 3's rotary scaling as a divisor of each rotated pair's
+    frequency (`rope_freqs.weight`), computed from the config's factor, low and high frequency factors and
+    original context (the converter's defaults 8, 1, 4 and 8,192 where the config has none)."""
+    rope = hparams.get("rope_parameters") or {}
+    if rope.get("rope_type") != "llama3":
+        return
+    dim = hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"]
+    frequencies = 1.0 / (rope_theta(hparams) ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor = rope.get("factor", 8.0)
+    low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    original = rope.get("original_max_position_embeddings", 8192)
+    divisors = []
+    for frequency in frequencies:
+        wavelength = 2 * math.pi / frequency
+        if wavelength < original / high:
+            divisors.append(1.0)
+        elif wavelength > original / low:
+            divisors.append(factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    yield "rope_freqs.weight", torch.tensor(divisors, dtype=torch.float32)
 
 
 def gemma2_metadata(hparams: dict) -> Metadata:
@@ -331,18 +380,12 @@ def mamba_metadata(hparams: dict) -> Metadata:
 
 
 def gpt_oss_metadata(hparams: dict) -> Metadata:
-    """GptOssModel adds the window and each expert's width; TextModel its YaRN scaling, where it has one
-    (gpt-oss's own: 32 times its original 4,096 positions)."""
-    metadata = text_model_metadata(hparams) | {
+    """GptOssModel adds the window and each expert's width (TextModel writes its YaRN scaling, where it has
+    one: gpt-oss's own, 32 times its original 4,096 positions)."""
+    return text_model_metadata(hparams) | {
         Keys.Attention.SLIDING_WINDOW: hparams["sliding_window"],
         Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: hparams["intermediate_size"],
     }
-    rope = hparams.get("rope_parameters") or {}
-    if rope.get("rope_type") == "yarn":
-        metadata[Keys.Rope.SCALING_TYPE] = "yarn"
-        metadata[Keys.Rope.SCALING_FACTOR] = float(rope["factor"])
-        metadata[Keys.Rope.SCALING_ORIG_CTX_LEN] = rope["original_max_position_embeddings"]
-    return metadata
 
 
 def lfm2_metadata(hparams: dict) -> Metadata:
@@ -413,6 +456,9 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
 # What a converter writes beyond the model's own tensors (generate_extra_tensors), by model type
 EXTRA_TENSORS: dict[str, Callable[[dict], Iterator[tuple[str, torch.Tensor]]]] = {
     "phi3": phi3_long_rope_factors,
+    "llama": llama3_rope_freqs,  # (LlamaModel's, which converts Mistral's and Mixtral's files too)
+    "mistral": llama3_rope_freqs,
+    "mixtral": llama3_rope_freqs,
 }
 
 
