@@ -34,6 +34,11 @@ from transformers.modeling_gguf_pytorch_utils import read_field
 # not their value, and fails on any file that has them (every gpt-oss file llama.cpp writes: YaRN) with
 # "only 0-dimensional arrays can be converted", its tokenizer too. model/gguf_gpt_oss.py reads them.
 WITHHELD_PREFIXES = ("gpt-oss.rope.scaling.",)
+# Architectures whose files are another's for their text, and that one. llama.cpp's converter writes the
+# text model of Qwen3-VL (of its MoE, of Qwen2-VL and 2.5-VL) as an architecture of its own for its
+# positions of images (each head's pairs rotated by time, height or width), which for text are all one
+# position: Qwen3's rotation (Qwen2's), and its tensors are Qwen3's (Qwen3-MoE's, Qwen2's).
+PRESENTED_AS = {"qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe", "qwen2vl": "qwen2"}
 
 
 class PlainArrayReader(gguf.GGUFReader):
@@ -69,7 +74,7 @@ def each_gguf_file_parsed_once() -> Iterator[None]:
     def reader(path: os.PathLike[str] | str, mode: str = "r") -> gguf.GGUFReader:
         key = (os.path.realpath(path), mode)
         if key not in readers:
-            readers[key] = withholding(PlainArrayReader(path, mode))
+            readers[key] = presented(withholding(PlainArrayReader(path, mode)))
         return readers[key]
 
     gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(make_name_map)
@@ -84,6 +89,25 @@ def withholding(reader: gguf.GGUFReader) -> gguf.GGUFReader:
     reader.withheld = {
         key: reader.fields.pop(key) for key in list(reader.fields) if key.startswith(WITHHELD_PREFIXES)
     }
+    return reader
+
+
+def presented(reader: gguf.GGUFReader) -> gguf.GGUFReader:
+    """`reader` with a PRESENTED_AS architecture's fields as those of the one it is presented as: its keys
+    under that one's name, and `general.architecture` saying it."""
+    architecture = read_field(reader, "general.architecture")[0]
+    served = PRESENTED_AS.get(architecture)
+    if served is None:
+        return reader
+    prefix = f"{architecture}."
+    reader.fields = {
+        f"{served}.{key.removeprefix(prefix)}" if key.startswith(prefix) else key: field
+        for key, field in reader.fields.items()
+    }
+    said = reader.fields["general.architecture"]
+    value = np.frombuffer(served.encode(), dtype=np.uint8)
+    parts = [*said.parts[:-2], np.array([len(value)], dtype=np.uint64), value]  # (a string: length, bytes)
+    reader.fields["general.architecture"] = said._replace(parts=parts)
     return reader
 
 

@@ -50,7 +50,7 @@ from backend.layers import decode_ops
 from backend.layers.row_cache import pick_cache_dtype
 from backend.layers.row_states import has_row_states, is_state_space
 from backend.messages import BackendConfig
-from backend.model import gguf_conversion, gguf_gpt_oss, gguf_mixtral, gguf_phi3, gguf_rope
+from backend.model import gguf_conversion, gguf_families, gguf_gpt_oss, gguf_mixtral, gguf_phi3, gguf_rope
 from backend.model.architectures import (
     EXPERTS_STORED_TRANSPOSED,
     TEXT_ALONE,
@@ -114,7 +114,8 @@ def cache_root(config: BackendConfig) -> Path:
 
 # How converted copies are made: part of their directory's name. "phi3-rotation": copies of Phi-3 files
 # made before their rotary width, window and LongRoPE were read (gguf_phi3.py) held a configuration without;
-# "rotary-scaling": copies made before any file's rotary scaling was read (gguf_rope.py) held none.
+# "rotary-scaling": copies made before any file's rotary scaling was read (gguf_rope.py) held none, nor the
+# keys gguf_families.py lends transformers' reader (StarCoder 2's rotary base, Gemma 2's soft-caps).
 CONVERSION = "float32 phi3-rotation rotary-scaling"
 
 
@@ -170,13 +171,14 @@ def load_tokenizer(config: BackendConfig) -> PreTrainedTokenizerBase:
     if converted is not None and (converted / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(converted)
     token = None if source.is_gguf or Path(source.location).is_dir() else hub_token()
-    with each_gguf_file_parsed_once():  # (a gpt-oss file's fields that transformers fails on withheld)
+    # (a gpt-oss file's fields that transformers fails on withheld; the families it refuses lent their tables)
+    with each_gguf_file_parsed_once(), gguf_families.lent_to_transformers():
         return AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file, token=token)
 
 
 def load_model(config: BackendConfig) -> LoadedModel:
     """Resolve, check resources, load (converting a GGUF file once), and place on the device."""
-    with each_gguf_file_parsed_once():
+    with each_gguf_file_parsed_once(), gguf_families.lent_to_transformers():
         return _load_model(config)
 
 
@@ -209,6 +211,7 @@ def _load_model(config: BackendConfig) -> LoadedModel:
     if gguf_file is not None and gguf_phi3.is_phi3(Path(location) / gguf_file):
         model_config = gguf_phi3.phi3_config(Path(location) / gguf_file, model_config)
     if gguf_file is not None:
+        model_config = gguf_families.with_files_fields(Path(location) / gguf_file, model_config)
         model_config = gguf_rope.with_rotary_scaling(Path(location) / gguf_file, model_config)
     check_supported(model_config)  # before anything reads the config as a decoder's
     quantization_config = getattr(model_config, "quantization_config", None)

@@ -41,6 +41,7 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
+from backend.model import gguf_families
 from backend.quant import block_weights, blocks_embedding, gguf_types, quantized_experts
 from backend.quant.gguf_types import (
     EightBitWeight,
@@ -240,8 +241,9 @@ class GGUFBlocks:
 
 def tensor_processor(architecture: str, model: nn.Module) -> TensorProcessor | None:
     """transformers' processor for this architecture if it only permutes rows; None if it does more."""
-    if architecture in ROW_ONLY_PROCESSORS:
-        return ROW_ONLY_PROCESSORS[architecture](config=model.config.to_dict())
+    processor = ROW_ONLY_PROCESSORS.get(architecture) or gguf_families.tensor_processor(architecture)
+    if processor is not None:
+        return processor(config=model.config.to_dict())
     if architecture in PLAIN_ARCHITECTURES:
         return TensorProcessor()
     return None

@@ -52,6 +52,14 @@ GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
     "stablelm": MODEL_ARCH.STABLELM,
     "nemotron": MODEL_ARCH.NEMOTRON,
     "qwen2_moe": MODEL_ARCH.QWEN2MOE,
+    # transformers' GGUF reader has no table for these (model/gguf_families.py lends it theirs)
+    "smollm3": MODEL_ARCH.SMOLLM3,
+    "granite": MODEL_ARCH.GRANITE,
+    "olmo2": MODEL_ARCH.OLMO2,
+    "seed_oss": MODEL_ARCH.SEED_OSS,
+    "ernie4_5": MODEL_ARCH.ERNIE4_5,
+    "cohere2": MODEL_ARCH.COHERE2,
+    "exaone4": MODEL_ARCH.EXAONE4,
 }
 
 Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32, lists as arrays
@@ -64,6 +72,7 @@ def write_tiny_gguf(
     weight_type: GGMLQuantizationType | Callable[[str], GGMLQuantizationType] = GGMLQuantizationType.F32,
     leave_out: str | None = None,
     one_tensor_an_expert: bool = False,
+    architecture: MODEL_ARCH | None = None,
 ) -> Path:
     """Write `model` (a tiny float32 transformers causal LM of a family in GGUF_ARCHITECTURES) to `path` as
     a complete GGUF file, with the tokenizer of the GGUF file `tokenizer_source` cut to the model's
@@ -71,12 +80,13 @@ def write_tiny_gguf(
     1-D ones (norms, biases) stay F32 as llama.cpp keeps them. A function of the GGUF tensor name gives
     each 2-D weight its own type, as llama-quantize's mixes do (`q4_k_m`). `leave_out`: a tensor's GGUF
     name not to write (a file whose weights transformers finds some of). `one_tensor_an_expert`: experts
-    as llama.cpp's first Mixtral conversions wrote them (`blk.N.ffn_gate.E.weight`), not stacked."""
+    as llama.cpp's first Mixtral conversions wrote them (`blk.N.ffn_gate.E.weight`), not stacked.
+    `architecture`: another whose files hold the family's text model (QWEN_VL_TEXT), with its keys."""
     hparams = model.config.to_dict()
     model_type = hparams["model_type"]
     if model_type not in GGUF_ARCHITECTURES:
         raise ValueError(f"no llama.cpp conversion written here for {model_type!r}")
-    arch = GGUF_ARCHITECTURES[model_type]
+    arch = architecture or GGUF_ARCHITECTURES[model_type]
     writer = GGUFWriter(str(path), MODEL_ARCH_NAMES[arch])
     # Not the family's name: transformers reads a "llama" file named exactly "mistral" as Mistral, a
     # name no converted Mistral has.
@@ -86,6 +96,7 @@ def write_tiny_gguf(
         q4_k_m: LlamaFileType.MOSTLY_Q4_K_M,
     }.get(weight_type, LlamaFileType.ALL_F32)
     metadata = METADATA[model_type](hparams) | {Keys.General.FILE_TYPE: int(file_type)}
+    metadata |= QWEN_VL_TEXT.get(arch, {})
     add_metadata(writer, metadata, MODEL_ARCH_NAMES[arch])
     add_tokenizer(writer, tokenizer_source, hparams)
     names = get_tensor_name_map(arch, hparams.get("num_hidden_layers") or hparams["n_layer"])
@@ -432,6 +443,56 @@ def gpt2_metadata(hparams: dict) -> Metadata:
     }
 
 
+def granite_metadata(hparams: dict) -> Metadata:
+    """GraniteModel: LlamaModel's without a head width (it drops the config's), and its four multipliers
+    as scales."""
+    metadata = llama_metadata(hparams) | {
+        Keys.Attention.SCALE: float(hparams["attention_multiplier"]),
+        Keys.LLM.EMBEDDING_SCALE: float(hparams["embedding_multiplier"]),
+        Keys.LLM.RESIDUAL_SCALE: float(hparams["residual_multiplier"]),
+        Keys.LLM.LOGIT_SCALE: float(hparams["logits_scaling"]),
+    }
+    return {key: value for key, value in metadata.items() if key not in HEAD_WIDTH_KEYS}
+
+
+HEAD_WIDTH_KEYS = (Keys.Attention.KEY_LENGTH, Keys.Attention.VALUE_LENGTH)
+
+
+def cohere2_metadata(hparams: dict) -> Metadata:
+    """Cohere2Model adds its logits' scale, the window, the vocabulary's size and the rotary width (which
+    layers use the window is no key: one in four global, llama.cpp's pattern and transformers')."""
+    head_dim = hparams["hidden_size"] // hparams["num_attention_heads"]
+    return text_model_metadata(hparams) | {
+        Keys.LLM.LOGIT_SCALE: float(hparams["logit_scale"]),
+        Keys.Attention.SLIDING_WINDOW: hparams["sliding_window"],
+        Keys.LLM.VOCAB_SIZE: hparams["vocab_size"],
+        Keys.Rope.DIMENSION_COUNT: head_dim,
+    }
+
+
+def exaone4_metadata(hparams: dict) -> Metadata:
+    """Exaone4Model adds the vocabulary's size and, where it has a window, the window and a bool a layer
+    saying which layers use it."""
+    metadata = text_model_metadata(hparams) | {Keys.LLM.VOCAB_SIZE: hparams["vocab_size"]}
+    if hparams.get("sliding_window") is not None:
+        metadata[Keys.Attention.SLIDING_WINDOW] = hparams["sliding_window"]
+        layer_types = hparams["layer_types"]
+        metadata[Keys.Attention.SLIDING_WINDOW_PATTERN] = [
+            kind == "sliding_attention" for kind in layer_types
+        ]
+    return metadata
+
+
+# The keys of the architectures that hold a Qwen VL model's text (Qwen3VLTextModel, Qwen3VLMoeTextModel,
+# Qwen2VLModel) beside their text model's: the positions' rotary sections (time, height, width, none)
+# and the vision tower's layers that feed the text model's (Qwen3-VL's "deepstack").
+QWEN_VL_TEXT: dict[MODEL_ARCH, Metadata] = {
+    MODEL_ARCH.QWEN3VL: {Keys.Rope.DIMENSION_SECTIONS: [24, 20, 20, 0], Keys.LLM.NUM_DEEPSTACK_LAYERS: 3},
+    MODEL_ARCH.QWEN3VLMOE: {Keys.Rope.DIMENSION_SECTIONS: [24, 20, 20, 0], Keys.LLM.NUM_DEEPSTACK_LAYERS: 3},
+    MODEL_ARCH.QWEN2VL: {Keys.Rope.DIMENSION_SECTIONS: [16, 24, 24, 0]},
+}
+
+
 METADATA: dict[str, Callable[[dict], Metadata]] = {
     "llama": llama_metadata,
     "mistral": llama_metadata,
@@ -451,6 +512,13 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
     "stablelm": text_model_metadata,
     "nemotron": nemotron_metadata,
     "qwen2_moe": qwen2_moe_metadata,
+    "smollm3": llama_metadata,  # (SmolLM3Model is LlamaModel's)
+    "granite": granite_metadata,
+    "olmo2": text_model_metadata,
+    "seed_oss": text_model_metadata,
+    "ernie4_5": text_model_metadata,
+    "cohere2": cohere2_metadata,
+    "exaone4": exaone4_metadata,
 }
 
 # What a converter writes beyond the model's own tensors (generate_extra_tensors), by model type
@@ -606,6 +674,8 @@ TENSOR_CHANGES: dict[str, Change] = {
     "lfm2": lfm2_conv,
     "nemotron": gemma_norms,
     "qwen2_moe": qwen2_moe_tensors,
+    "smollm3": llama_rotary_rows,
+    "granite": llama_rotary_rows,
 }
 
 
@@ -624,8 +694,9 @@ def round_trip_offset_norms(model: torch.nn.Module) -> torch.nn.Module:
 # --- the tokenizer ---------------------------------------------------------------------------------
 
 # Families whose converter always writes a sentencepiece vocabulary (Gemma2Model; Gemma3Model where the
-# checkpoint has a tokenizer.model, as every released Gemma 3 has); the others get a byte-level BPE one.
-SENTENCEPIECE_FAMILIES = ("gemma2", "gemma3_text")
+# checkpoint has a tokenizer.model, as every released Gemma 3 has; Ernie4_5Model); the others get a
+# byte-level BPE one.
+SENTENCEPIECE_FAMILIES = ("gemma2", "gemma3_text", "ernie4_5")
 
 
 def add_tokenizer(writer: GGUFWriter, source: Path, hparams: dict) -> None:

@@ -2,8 +2,9 @@
 as llama.cpp's converter writes it (tests/backend/gguf_files.py) comes back from `load_model` with the
 very weights it went in with, and the engine's greedy tokens on it equal `generate`'s on the original.
 
-transformers reads these families from GGUF; of the other served ones it refuses OLMo 2, Cohere 2,
-Granite and SmolLM3 ("GGUF model with architecture ... is not supported yet"), reads Falcon-40B's
+transformers reads most of these families from GGUF; SmolLM3, Granite, OLMo 2, Seed-OSS, ERNIE 4.5,
+Command R7B and EXAONE 4.0 it refuses ("GGUF model with architecture ... is not supported yet") unless
+model/gguf_families.py lends it their tables, as it does while a model loads. It reads Falcon-40B's
 layout as Falcon-7B's (a size mismatch), and loads Mixtral (a "llama" file with experts) and gpt-oss
 with their experts left out: random weights, and no error. The loader reads a Mixtral's experts itself
 (model/gguf_mixtral.py), and a gpt-oss file's with its window, head width and rotary scaling
@@ -23,7 +24,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, GptOssConfig
 
 from backend.engine.engine import Engine
 from backend.messages import SamplingParams, Submit
-from backend.model import gguf_conversion, gguf_gpt_oss, loader
+from backend.model import gguf_conversion, gguf_families, gguf_gpt_oss, loader
 from backend.model.architectures import UnsupportedModel
 from backend.model.loader import LoadedModel
 from backend.model.source import default_model_path
@@ -80,22 +81,30 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "llama": lambda: tiny_model("llama"),
     "mistral": lambda: tiny_model("mistral"),
     "qwen2": lambda: tiny_model("qwen2"),
-    # No key_length read for Qwen3: Qwen3Config's head_dim of 128, every released Qwen3's.
-    "qwen3": lambda: tiny_model("qwen3", head_dim=128),
-    # Nor the experts' width (768: Qwen3-30B-A3B's), and the top-k weights renormalized, as llama.cpp does.
-    "qwen3_moe": lambda: tiny_model("qwen3_moe", moe_intermediate_size=768, norm_topk_prob=True),
+    "qwen3": lambda: tiny_model("qwen3"),
+    # The top-k weights renormalized, as llama.cpp does.
+    "qwen3_moe": lambda: tiny_model("qwen3_moe", norm_topk_prob=True),
     "mixtral": lambda: tiny_model("mixtral"),
     "phi3": lambda: tiny_model("phi3"),
     # llama.cpp writes Gemma's head tied (it drops lm_head), and transformers reads no soft-cap: Gemma 2's
     # released 50 and 30 are its defaults. Smaller weights than the family's tiny model, whose large ones
     # make a tied model repeat its input.
+    # Nor is its attention's scale: its heads' width (query_pre_attn_scalar), but at 27B (llama.cpp's rule,
+    # `test_a_gemma_27b_files_...`).
     "gemma2": lambda: tiny_model(
-        "gemma2", tie_word_embeddings=True, attn_logit_softcapping=50.0, initializer_range=0.02
+        "gemma2",
+        tie_word_embeddings=True,
+        attn_logit_softcapping=50.0,
+        initializer_range=0.02,
+        query_pre_attn_scalar=16,
     ),
     # Which layers are global is no key either: transformers' default pattern (every sixth) makes both of
     # two layers sliding ones, over the file's window of 8.
     "gemma3_text": lambda: tiny_model(
-        "gemma3_text", tie_word_embeddings=True, layer_types=["sliding_attention"] * 2
+        "gemma3_text",
+        tie_word_embeddings=True,
+        layer_types=["sliding_attention"] * 2,
+        query_pre_attn_scalar=16,
     ),
     # Falcon-7B's layout: transformers reads every Falcon file as 7B's.
     "falcon": lambda: tiny_falcon(SHAPES["7b"]),
@@ -114,8 +123,25 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     # Nemotron's LayerNorm1P scales by 1 + w, which llama.cpp stores (as Gemma's)
     "nemotron": lambda: tiny_model("nemotron"),
     # Qwen2-MoE's experts' and shared expert's widths are no keys: Qwen1.5-MoE-A2.7B's, transformers' default
-    "qwen2_moe": lambda: tiny_model(
-        "qwen2_moe", moe_intermediate_size=1408, shared_expert_intermediate_size=5632
+    # Experts of the file's widths (read since model/gguf_families.py lent transformers their keys)
+    "qwen2_moe": lambda: tiny_model("qwen2_moe"),
+    # transformers has no table for these: model/gguf_families.py lends it theirs. SmolLM3's layers without
+    # rotary positions are no key: one in four (llama.cpp's and transformers' pattern).
+    "smollm3": lambda: tiny_model("smollm3", num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0]),
+    # Its four multipliers, as llama.cpp's scales; biases its config's defaults lack (no key says them: the
+    # file's tensors do)
+    "granite": lambda: tiny_model("granite", attention_bias=True, mlp_bias=True),
+    "olmo2": lambda: tiny_model("olmo2"),
+    "seed_oss": lambda: tiny_model("seed_oss", attention_out_bias=True),  # biases on q, k, v (and o here)
+    "ernie4_5": lambda: tiny_model("ernie4_5"),
+    # Command R7B's global layers are no key either: one in four, the last
+    "cohere2": lambda: tiny_model(
+        "cohere2", num_hidden_layers=4, layer_types=["sliding_attention"] * 3 + ["full_attention"]
+    ),
+    "exaone4": lambda: tiny_model("exaone4"),  # its window layers a bool a layer
+    # EXAONE 4.0 1.2B has no window layers (transformers' defaults are 32B's)
+    "exaone4 without a window": lambda: tiny_model(
+        "exaone4", sliding_window=None, layer_types=["full_attention"] * 2
     ),
 }
 
@@ -163,6 +189,62 @@ def test_a_gguf_file_gives_back_the_models_weights_and_its_greedy_tokens(family,
     assert again.model.config.quantization_config is None  # not read from the GGUF file this time
     assert_same_weights(again.model, model.state_dict())
     assert_same_tokenizer(again.tokenizer, loaded.tokenizer)
+
+
+# llama.cpp's converter writes the text model of Qwen VL checkpoints as architectures of their own, their
+# tensors those of the family's text model (model/gguf_parsing.PRESENTED_AS)
+QWEN_VL_TEXT = {
+    "qwen3vl": ("qwen3", gguf_files.MODEL_ARCH.QWEN3VL),
+    "qwen3vlmoe": ("qwen3_moe", gguf_files.MODEL_ARCH.QWEN3VLMOE),
+    "qwen2vl": ("qwen2", gguf_files.MODEL_ARCH.QWEN2VL),
+}
+
+
+@pytest.mark.parametrize("architecture", sorted(QWEN_VL_TEXT))
+def test_a_qwen_vl_text_file_is_served_as_its_text_models_family(architecture, tmp_path):
+    """Text's positions are one position in each of time, height and width: the family's own rotation."""
+    family, arch = QWEN_VL_TEXT[architecture]
+    model = random_norms(FAMILIES[family]())
+    path = write_tiny_gguf(tmp_path / f"{architecture}.gguf", model, default_model_path(), architecture=arch)
+    loaded = load_gguf(path, tmp_path)
+    assert loaded.model.config.model_type == family
+    assert_same_weights(loaded.model, model.state_dict())
+    assert_greedy_tokens_match(loaded.model, model, random.Random(architecture))
+
+
+def test_an_olmo_3_file_is_refused_rather_than_served_without_its_window(tmp_path, monkeypatch):
+    """llama.cpp writes OLMo 3 as "olmo2", with a window: served as OLMo 2, its window layers would attend
+    to every position."""
+    with_window = gguf_files.METADATA["olmo2"]
+    monkeypatch.setitem(
+        gguf_files.METADATA,
+        "olmo2",
+        lambda hparams: with_window(hparams) | {gguf_files.Keys.Attention.SLIDING_WINDOW: TINY_WINDOW},
+    )
+    path = write_tiny_gguf(tmp_path / "olmo3.gguf", tiny_model("olmo2"), default_model_path())
+    with pytest.raises(UnsupportedModel, match="OLMo 3"):
+        load_gguf(path, tmp_path)
+
+
+@pytest.mark.parametrize("layers, expected_scale", [(46, 64 // 4), (45, 8)], ids=["27B", "other"])
+def test_a_gemma_2_27b_files_attention_scale_is_its_width_a_head(layers, expected_scale, tmp_path):
+    """Gemma 2 27B's heads are 128 wide but it scales attention by 4,608 / 32 = 144; no key says so, and
+    llama.cpp tells it by its 46 layers: heads of 8 here, of 64 / 4 = 16 a head at 46 layers."""
+    torch.manual_seed(0)
+    model = tiny_model(
+        "gemma2",
+        num_hidden_layers=layers,
+        layer_types=None,
+        head_dim=8,
+        tie_word_embeddings=True,
+        query_pre_attn_scalar=expected_scale,
+    )
+    path = write_tiny_gguf(tmp_path / "gemma2.gguf", model, default_model_path())
+    loaded = load_gguf(path, tmp_path).model
+    assert loaded.config.query_pre_attn_scalar == expected_scale
+    ids = torch.randint(2, TINY_VOCAB - 1, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
 SOME_TEXT = ["Hello world, the cat sat on the mat.", "  déjà vu: 12,345 <b>bold</b>\n\tend", "ÅÄÖ 😀 日本"]
@@ -272,6 +354,25 @@ def test_a_q4_k_m_file_is_served_from_its_own_blocks_and_gives_the_dequantized_m
         got = served(ids).logits.float()
     assert (got - expected).abs().max() < 0.03 * expected.abs().max()
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.75
+
+
+@pytest.mark.parametrize("family", gguf_families.PERMUTED_ROWS)
+def test_a_lent_familys_permuted_rows_are_served_from_its_blocks_permuted_back(family, tmp_path):
+    """SmolLM3's and Granite's converter (LlamaModel's subclasses) permutes q's and k's rows for llama.cpp's
+    rotary layout: their blocks, served as they are, are permuted back (gguf_families.tensor_processor),
+    so a prompt, whose later positions rotate, gives the logits of the same file dequantized."""
+    # (the tiny Granite's attention multiplier of 1/16 and residual one of 0.22 blur what rotation does)
+    sharp = {"attention_multiplier": 0.5, "residual_multiplier": 1.0} if family == "granite" else {}
+    model = random_norms(tiny_model(family, hidden_size=256, intermediate_size=512, head_dim=64, **sharp))
+    path = write_tiny_gguf(tmp_path / f"{family}-Q4_0.gguf", model, default_model_path(), Q4_0)
+    exact = load_gguf(path, tmp_path).model
+    served = load_gguf(path, tmp_path, quantize="auto").model
+    q_proj = served.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj, BlocksLinear if block_weights.available(torch.device("cpu")) else Int4Linear)
+    ids = torch.tensor([[5, 17, 200, 31, 7, 99, 3, 64, 250, 11]])
+    with torch.inference_mode():
+        expected, got = exact(ids).logits.float(), served(ids).logits.float()
+    assert (got - expected).abs().max() < 0.03 * expected.abs().max()
 
 
 @pytest.mark.parametrize("family", ["llama", "mixtral"])  # Mixtral's experts read by gguf_mixtral.py
@@ -506,11 +607,14 @@ def test_a_mixtral_file_without_a_projection_of_its_experts_is_refused_naming_it
         "starcoder2",
         "stablelm",
         "nemotron",
+        *sorted(gguf_families.MORE_ARCHITECTURES),  # (llama.cpp names these as transformers does)
     ],
 )
 def test_a_file_whose_rows_need_no_permuting_is_served_from_its_own_blocks_experts_included(family, tmp_path):
     """Qwen3, Qwen3-MoE, Qwen2-MoE, Phi-3, Gemma, LFM2, StarCoder 2, StableLM and Nemotron files (llama.cpp
-    stores their rows as transformers has them) through the default mode: every projection from the file's
+    stores their rows as transformers has them), and those of the families model/gguf_families.py lends
+    transformers' reader tables for (SmolLM3's and Granite's q and k rows permuted back: whole blocks
+    move), through the default mode: every projection from the file's
     Q4_0 blocks (but Qwen2-MoE's shared expert's gate, one output, which the kernels do not take), a
     Qwen3-MoE's and Qwen2-MoE's experts too, each expert's gate and up joined as transformers joins them
     (quantized_experts.py); a step of few rows gives the logits of the same file dequantized to float32,

@@ -58,6 +58,7 @@ SCALED = {
         tie_word_embeddings=True,
         num_hidden_layers=6,
         layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        query_pre_attn_scalar=16,  # its heads' width, as llama.cpp scales all but 27B (gguf_families.py)
         rope_parameters={
             "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
