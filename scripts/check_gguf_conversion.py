@@ -16,6 +16,7 @@ families, so install it where the converter's Python finds it (`--python-path`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import gguf
 import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedTokenizerBase
 
@@ -92,6 +94,26 @@ CASES: dict[str, tuple[str, dict]] = {
         "starcoder2",
         dict(sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
     ),
+    # Ministral 3's text (Mistral3Model writes it as "mistral3"): YaRN, its queries scaled past 16 positions
+    "ministral3": (
+        "ministral3",
+        dict(
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1e6,
+                "factor": 16.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1,
+            },
+            max_position_embeddings=256,
+        ),
+    ),
+    # Mistral Small 3.1's and 3.2's text (a Mistral's), which Mistral3Model writes as "mistral3" too
+    "mistral small 3": ("mistral", dict(sliding_window=None)),
     "smollm3": ("smollm3", dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])),
     "granite": (
         "granite",
@@ -109,6 +131,10 @@ CASES: dict[str, tuple[str, dict]] = {
         ),
     ),
 }
+
+# Cases whose checkpoints name another class than their model's, as the released ones do: Mistral Small
+# 3.1's and 3.2's text is a Mistral's, published as Mistral3ForConditionalGeneration (written "mistral3")
+CONVERTED_AS = {"mistral small 3": "Ministral3ForCausalLM"}
 
 
 def random_checkpoint(model_type: str, extra: dict, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
@@ -156,6 +182,11 @@ def check(name: str, work: Path, llama_cpp: Path, python_path: str) -> str:
     model = random_checkpoint(model_type, extra, tokenizer)
     model.save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)
+    if (
+        name in CONVERTED_AS
+    ):  # the class the converter picks its converter by (save_pretrained writes the model's)
+        saved = json.loads((checkpoint / "config.json").read_text())
+        (checkpoint / "config.json").write_text(json.dumps(saved | {"architectures": [CONVERTED_AS[name]]}))
     failed = convert(checkpoint, work / "model.gguf", llama_cpp, python_path)
     if failed:
         return f"the converter failed: {failed}"
@@ -173,7 +204,14 @@ def check(name: str, work: Path, llama_cpp: Path, python_path: str) -> str:
     ids = torch.randint(2, len(tokenizer) - 1, (1, 40), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         got, expected = served(ids).logits, model(ids).logits
-    return f"{(got - expected).abs().max().item():.3g} apart (logits up to {expected.abs().max().item():.3g})"
+    apart = (
+        f"{(got - expected).abs().max().item():.3g} apart (logits up to {expected.abs().max().item():.3g})"
+    )
+    return f"{apart}, the file's architecture {file_architecture(work / 'model.gguf')!r}"
+
+
+def file_architecture(path: Path) -> str:
+    return str(gguf.GGUFReader(str(path)).fields["general.architecture"].contents())
 
 
 def main() -> None:

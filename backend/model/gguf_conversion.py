@@ -130,7 +130,9 @@ def write_weights(
     reader = gguf.GGUFReader(str(path))
     architecture = read_field(reader, "general.architecture")[0]
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-    names = get_gguf_hf_weights_map(skeleton, processor)
+    # by the file's architecture: a model's type is not always llama.cpp's name for it (Ministral 3's file
+    # is presented as a Llama's)
+    names = get_gguf_hf_weights_map(skeleton, processor, model_type=architecture)
     shapes = {name: tensor.shape for name, tensor in skeleton.state_dict().items()}
     weight_map, shard, held = {} if weight_map is None else weight_map, {}, 0
     for tensor in reader.tensors:

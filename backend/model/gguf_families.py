@@ -18,8 +18,9 @@ llama.cpp's tensor names covers its weights. Within `lent_to_transformers` its t
 `with_files_fields` then gives the configuration what no key of a table can: which projections have
 biases (from the file's tensors: a configuration without them would leave them unread without a word),
 which layers attend through a window, and Gemma 2's and 3's attention scale at 27B (llama.cpp's rule:
-no key says it). A file that is another architecture's for its text (Qwen3-VL's text model, a Qwen3's)
-is presented as that architecture by its reader (gguf_parsing.PRESENTED_AS).
+no key says it), and Ministral 3's scaling of its queries. A file that is another architecture's for its
+text (Qwen3-VL's text model, a Qwen3's; Ministral 3's, a Llama's) is presented as that architecture by
+its reader (gguf_parsing.PRESENTED_AS).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gguf
-from transformers import PretrainedConfig
+from transformers import CONFIG_MAPPING, PretrainedConfig
 from transformers import modeling_gguf_pytorch_utils as transformers_gguf
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
@@ -139,19 +140,22 @@ def with_files_fields(path: Path, config: PretrainedConfig) -> PretrainedConfig:
     """`config` (transformers' reading of the file, with the tables lent) with what the file says beyond
     its keys' table: its biases, its window layers, Gemma's attention scale at 27B."""
     reader = gguf.GGUFReader(str(path))
-    architecture = read_field(reader, "general.architecture")[0]
-    if architecture not in BIASES and architecture not in FIXES:
+    architecture = read_field(reader, "general.architecture")[0]  # (as presented: gguf_parsing.py)
+    own = getattr(reader, "presented_from", architecture)
+    if own not in BIASES and own not in FIXES:
         return config
     read = config.to_dict()
 
     def values(key: str) -> list | None:
         return read_field(reader, f"{architecture}.{key}") or None
 
-    FIXES.get(architecture, no_more)(values, read, path.name)
+    FIXES.get(own, no_more)(values, read, path.name)
     names = {tensor.name for tensor in reader.tensors}
-    for field, tensor in BIASES.get(architecture, {}).items():
+    for field, tensor in BIASES.get(own, {}).items():
         read[field] = f"blk.0.{tensor}" in names
-    return type(config)(**{key: value for key, value in read.items() if key != "model_type"})
+    return CONFIG_MAPPING[read["model_type"]](
+        **{key: value for key, value in read.items() if key != "model_type"}
+    )
 
 
 Values = Callable[[str], list | None]  # a key's values in the file (None: no such key)
@@ -191,7 +195,18 @@ def gemma_attention_scale(values: Values, read: dict, name: str) -> None:
         read["query_pre_attn_scalar"] = read["head_dim"]
 
 
+def ministral3_fields(values: Values, read: dict, name: str) -> None:
+    """A "mistral3" file with a temperature of its queries is Ministral 3's text model: its queries scaled by
+    1 + beta log(1 + floor(p / original context)) (`llama_4_scaling_beta`), its YaRN gguf_rope.py reads.
+    Without one, it is Mistral Small 3.1's or 3.2's: a Mistral, served as Llama (the same layers)."""
+    beta = values("attention.temperature_scale")
+    if beta is not None:
+        read["model_type"] = "ministral3"
+        read["rope_parameters"] = read["rope_parameters"] | {"llama_4_scaling_beta": float(beta[0])}
+
+
 FIXES: dict[str, Callable[[Values, dict, str], None]] = {
+    "mistral3": ministral3_fields,
     "olmo2": olmo2_fields,
     "exaone4": window_layers,
     "gemma2": gemma_attention_scale,

@@ -38,7 +38,10 @@ WITHHELD_PREFIXES = ("gpt-oss.rope.scaling.",)
 # text model of Qwen3-VL (of its MoE, of Qwen2-VL and 2.5-VL) as an architecture of its own for its
 # positions of images (each head's pairs rotated by time, height or width), which for text are all one
 # position: Qwen3's rotation (Qwen2's), and its tensors are Qwen3's (Qwen3-MoE's, Qwen2's).
-PRESENTED_AS = {"qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe", "qwen2vl": "qwen2"}
+# So too "mistral3", Mistral3Model's: Ministral 3's text model, and Mistral Small 3.1's and 3.2's (a
+# Mistral's), converted by LlamaModel (q's and k's rows permuted as Llama's) with keys beside Llama's for
+# Ministral 3's scaling of queries (gguf_families.ministral3_fields).
+PRESENTED_AS = {"qwen3vl": "qwen3", "qwen3vlmoe": "qwen3moe", "qwen2vl": "qwen2", "mistral3": "llama"}
 
 
 class PlainArrayReader(gguf.GGUFReader):
@@ -94,8 +97,9 @@ def withholding(reader: gguf.GGUFReader) -> gguf.GGUFReader:
 
 def presented(reader: gguf.GGUFReader) -> gguf.GGUFReader:
     """`reader` with a PRESENTED_AS architecture's fields as those of the one it is presented as: its keys
-    under that one's name, and `general.architecture` saying it."""
+    under that one's name, and `general.architecture` saying it (`presented_from` the file's own)."""
     architecture = read_field(reader, "general.architecture")[0]
+    reader.presented_from = architecture
     served = PRESENTED_AS.get(architecture)
     if served is None:
         return reader

@@ -75,6 +75,10 @@ def scaling_of(reader: gguf.GGUFReader, architecture: str, theta: float, name: s
     for key, parameter in YARN_KEYS.items():
         if field(f"rope.scaling.{key}") is not None:
             scaling[parameter] = float(field(f"rope.scaling.{key}"))
+    if field("rope.scaling.yarn_log_multiplier") is not None:
+        # DeepSeek's and Ministral 3's mscale_all_dim; llama.cpp takes their mscale as 1, the released ones'
+        scaling["mscale_all_dim"] = float(field("rope.scaling.yarn_log_multiplier"))
+        scaling["mscale"] = 1.0
     return scaling
 
 

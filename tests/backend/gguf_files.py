@@ -60,6 +60,7 @@ GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
     "ernie4_5": MODEL_ARCH.ERNIE4_5,
     "cohere2": MODEL_ARCH.COHERE2,
     "exaone4": MODEL_ARCH.EXAONE4,
+    "ministral3": MODEL_ARCH.MISTRAL3,  # (Mistral3Model's, as it writes Mistral Small 3.1's Mistral too)
 }
 
 Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32, lists as arrays
@@ -483,6 +484,16 @@ def exaone4_metadata(hparams: dict) -> Metadata:
     return metadata
 
 
+def ministral3_metadata(hparams: dict) -> Metadata:
+    """Mistral3Model's Ministral3Model: LlamaModel's (TextModel's YaRN among them), YaRN's mscale_all_dim as
+    its log multiplier, and Llama 4's beta of its queries' scale as the attention's temperature."""
+    rope = hparams["rope_parameters"]
+    return llama_metadata(hparams) | {
+        Keys.Rope.SCALING_YARN_LOG_MUL: float(rope["mscale_all_dim"]),
+        Keys.Attention.TEMPERATURE_SCALE: float(rope["llama_4_scaling_beta"]),
+    }
+
+
 # The keys of the architectures that hold a Qwen VL model's text (Qwen3VLTextModel, Qwen3VLMoeTextModel,
 # Qwen2VLModel) beside their text model's: the positions' rotary sections (time, height, width, none)
 # and the vision tower's layers that feed the text model's (Qwen3-VL's "deepstack").
@@ -519,6 +530,7 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
     "ernie4_5": text_model_metadata,
     "cohere2": cohere2_metadata,
     "exaone4": exaone4_metadata,
+    "ministral3": ministral3_metadata,
 }
 
 # What a converter writes beyond the model's own tensors (generate_extra_tensors), by model type
@@ -676,6 +688,7 @@ TENSOR_CHANGES: dict[str, Change] = {
     "qwen2_moe": qwen2_moe_tensors,
     "smollm3": llama_rotary_rows,
     "granite": llama_rotary_rows,
+    "ministral3": llama_rotary_rows,
 }
 
 

@@ -34,6 +34,7 @@ from backend.quant.quantized_linear import BlocksLinear, Int4Linear, Int8Linear,
 from tests.backend import gguf_files
 from tests.backend.gguf_files import OFFSET_NORM_FAMILIES, q4_k_m, round_trip_offset_norms, write_tiny_gguf
 from tests.backend.models import (
+    FAMILY_EXTRAS,
     TINY_EOS,
     TINY_VOCAB,
     TINY_WINDOW,
@@ -139,6 +140,11 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
         "cohere2", num_hidden_layers=4, layer_types=["sliding_attention"] * 3 + ["full_attention"]
     ),
     "exaone4": lambda: tiny_model("exaone4"),  # its window layers a bool a layer
+    # Ministral 3's text, written as "mistral3": its YaRN and its queries' scale past the original length;
+    # YaRN's mscale_all_dim (the file's log multiplier) other than its config's default of 1
+    "ministral3": lambda: tiny_model(
+        "ministral3", rope_parameters=FAMILY_EXTRAS["ministral3"]["rope_parameters"] | {"mscale_all_dim": 0.5}
+    ),
     # EXAONE 4.0 1.2B has no window layers (transformers' defaults are 32B's)
     "exaone4 without a window": lambda: tiny_model(
         "exaone4", sliding_window=None, layer_types=["full_attention"] * 2
@@ -162,6 +168,15 @@ def assert_same_weights(loaded: torch.nn.Module, expected: dict[str, torch.Tenso
         assert torch.equal(found[name], tensor), name
 
 
+def assert_same_logits(loaded: torch.nn.Module, original: torch.nn.Module) -> None:
+    """Over a prompt past the tiny models' windows (8) and original rotary lengths (16): greedy tokens of a
+    random model can agree where a scale of its attention is off. (A norm's epsilon comes back through
+    float32: close, not equal.)"""
+    ids = torch.randint(2, TINY_VOCAB - 1, (1, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, original(ids).logits, rtol=1e-4, atol=1e-4)
+
+
 def assert_greedy_tokens_match(served: torch.nn.Module, original: torch.nn.Module, rng: random.Random):
     """Six prompts of up to 60 tokens on 4 rows (rows freed and refilled), each giving what the original
     model's `generate` gives on it alone."""
@@ -183,6 +198,7 @@ def test_a_gguf_file_gives_back_the_models_weights_and_its_greedy_tokens(family,
     assert_same_weights(loaded.model, model.state_dict())
     text = "Hello world, the cat sat on the mat."
     assert loaded.tokenizer.decode(loaded.tokenizer(text).input_ids, skip_special_tokens=True) == text
+    assert_same_logits(loaded.model, model)
     assert_greedy_tokens_match(loaded.model, model, random.Random(family))
     # A later start serves the converted copy (safetensors in the cache directory): the same weights.
     again = load_gguf(path, tmp_path)
@@ -192,23 +208,27 @@ def test_a_gguf_file_gives_back_the_models_weights_and_its_greedy_tokens(family,
 
 
 # llama.cpp's converter writes the text model of Qwen VL checkpoints as architectures of their own, their
-# tensors those of the family's text model (model/gguf_parsing.PRESENTED_AS)
-QWEN_VL_TEXT = {
+# tensors those of the family's text model (model/gguf_parsing.PRESENTED_AS), and Mistral Small 3.1's and
+# 3.2's (a Mistral's) as Ministral 3's "mistral3"
+TEXT_OF_ANOTHER = {
     "qwen3vl": ("qwen3", gguf_files.MODEL_ARCH.QWEN3VL),
     "qwen3vlmoe": ("qwen3_moe", gguf_files.MODEL_ARCH.QWEN3VLMOE),
     "qwen2vl": ("qwen2", gguf_files.MODEL_ARCH.QWEN2VL),
+    "mistral3": ("mistral", gguf_files.MODEL_ARCH.MISTRAL3),
 }
 
 
-@pytest.mark.parametrize("architecture", sorted(QWEN_VL_TEXT))
-def test_a_qwen_vl_text_file_is_served_as_its_text_models_family(architecture, tmp_path):
-    """Text's positions are one position in each of time, height and width: the family's own rotation."""
-    family, arch = QWEN_VL_TEXT[architecture]
+@pytest.mark.parametrize("architecture", sorted(TEXT_OF_ANOTHER))
+def test_a_file_of_another_architecture_is_served_as_its_text_models_family(architecture, tmp_path):
+    """Qwen VL's text positions are one position in each of time, height and width: the family's own
+    rotation. A "mistral3" file without Ministral 3's temperature of its queries is a Mistral's."""
+    family, arch = TEXT_OF_ANOTHER[architecture]
     model = random_norms(FAMILIES[family]())
     path = write_tiny_gguf(tmp_path / f"{architecture}.gguf", model, default_model_path(), architecture=arch)
     loaded = load_gguf(path, tmp_path)
-    assert loaded.model.config.model_type == family
+    assert loaded.model.config.model_type == LOADED_AS.get(family, family)
     assert_same_weights(loaded.model, model.state_dict())
+    assert_same_logits(loaded.model, model)
     assert_greedy_tokens_match(loaded.model, model, random.Random(architecture))
 
 
@@ -356,10 +376,11 @@ def test_a_q4_k_m_file_is_served_from_its_own_blocks_and_gives_the_dequantized_m
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.75
 
 
-@pytest.mark.parametrize("family", gguf_families.PERMUTED_ROWS)
+@pytest.mark.parametrize("family", [*gguf_families.PERMUTED_ROWS, "ministral3"])
 def test_a_lent_familys_permuted_rows_are_served_from_its_blocks_permuted_back(family, tmp_path):
-    """SmolLM3's and Granite's converter (LlamaModel's subclasses) permutes q's and k's rows for llama.cpp's
-    rotary layout: their blocks, served as they are, are permuted back (gguf_families.tensor_processor),
+    """SmolLM3's, Granite's and Ministral 3's converters (LlamaModel's subclasses) permute q's and k's rows
+    for llama.cpp's rotary layout: their blocks, served as they are, are permuted back
+    (gguf_families.tensor_processor; Ministral 3's file is presented as a Llama's),
     so a prompt, whose later positions rotate, gives the logits of the same file dequantized."""
     # (the tiny Granite's attention multiplier of 1/16 and residual one of 0.22 blur what rotation does)
     sharp = {"attention_multiplier": 0.5, "residual_multiplier": 1.0} if family == "granite" else {}
