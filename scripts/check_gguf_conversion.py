@@ -120,6 +120,7 @@ CASES: dict[str, tuple[str, dict]] = {
         dict(attention_multiplier=0.5, embedding_multiplier=4.0, residual_multiplier=0.5, logits_scaling=2.0),
     ),
     "olmo2": ("olmo2", {}),
+    "arcee": ("arcee", {}),
     "seed_oss": ("seed_oss", {}),
     "exaone4": ("exaone4", dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])),
     "cohere2": (

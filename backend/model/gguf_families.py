@@ -7,8 +7,9 @@ has the family's classes, reads its tokenizer by the file's tokenizer model, and
 llama.cpp's tensor names covers its weights. Within `lent_to_transformers` its tables also have:
 
 - the architectures it has no table for (`MORE_ARCHITECTURES`): SmolLM3, Granite, OLMo 2, Seed-OSS,
-  ERNIE 4.5, Command R7B (Cohere 2) and EXAONE 4.0. Where llama.cpp's converter permuted q's and k's rows
-  for its rotary layout (LlamaModel's subclasses: SmolLM3, Granite), Llama's processor undoes it.
+  ERNIE 4.5, Command R7B (Cohere 2), EXAONE 4.0 and Arcee AFM. Where llama.cpp's converter permuted q's
+  and k's rows for its rotary layout (LlamaModel's subclasses: SmolLM3, Granite, Arcee), Llama's processor
+  undoes it.
 - keys it leaves unread for architectures it reads (`MORE_KEYS`): StarCoder 2's and StableLM's rotary
   base (StarCoder 2's released ones are 1e5 and 1e6, read as 10,000), Qwen2-MoE's and Qwen3-MoE's
   experts' widths (read as Qwen1.5-MoE-A2.7B's and Qwen3-30B-A3B's whatever the file: Qwen3-235B's failed
@@ -72,8 +73,9 @@ MORE_ARCHITECTURES: dict[str, dict[str, str | None]] = {
         "logit_scale": "logit_scale",
     },
     "exaone4": COMMON_KEYS | {"attention.sliding_window": "sliding_window"},
+    "arcee": COMMON_KEYS,
 }
-PERMUTED_ROWS = ("smollm3", "granite")  # converted by LlamaModel's subclasses
+PERMUTED_ROWS = ("smollm3", "granite", "arcee")  # converted by LlamaModel's subclasses
 MORE_KEYS: dict[str, dict[str, str | None]] = {
     "starcoder2": {"rope.freq_base": "rope_theta"},
     "stablelm": {"rope.freq_base": "rope_theta"},
@@ -133,6 +135,7 @@ BIASES = {
     "smollm3": {"attention_bias": "attn_q.bias", "mlp_bias": "ffn_up.bias"},
     "exaone4": {},
     "cohere2": {},
+    "arcee": {"attention_bias": "attn_q.bias", "mlp_bias": "ffn_up.bias"},
 }
 
 

@@ -60,7 +60,8 @@ GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
     "ernie4_5": MODEL_ARCH.ERNIE4_5,
     "cohere2": MODEL_ARCH.COHERE2,
     "exaone4": MODEL_ARCH.EXAONE4,
-    "ministral3": MODEL_ARCH.MISTRAL3,  # (Mistral3Model's, as it writes Mistral Small 3.1's Mistral too)
+    "ministral3": MODEL_ARCH.MISTRAL3,
+    "arcee": MODEL_ARCH.ARCEE,  # (Mistral3Model's, as it writes Mistral Small 3.1's Mistral too)
 }
 
 Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32, lists as arrays
@@ -531,6 +532,7 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
     "cohere2": cohere2_metadata,
     "exaone4": exaone4_metadata,
     "ministral3": ministral3_metadata,
+    "arcee": llama_metadata,  # (ArceeModel is LlamaModel's)
 }
 
 # What a converter writes beyond the model's own tensors (generate_extra_tensors), by model type
@@ -689,6 +691,7 @@ TENSOR_CHANGES: dict[str, Change] = {
     "smollm3": llama_rotary_rows,
     "granite": llama_rotary_rows,
     "ministral3": llama_rotary_rows,
+    "arcee": llama_rotary_rows,
 }
 
 

@@ -3,10 +3,11 @@ as llama.cpp's converter writes it (tests/backend/gguf_files.py) comes back from
 very weights it went in with, and the engine's greedy tokens on it equal `generate`'s on the original.
 
 transformers reads most of these families from GGUF; SmolLM3, Granite, OLMo 2, Seed-OSS, ERNIE 4.5,
-Command R7B and EXAONE 4.0 it refuses ("GGUF model with architecture ... is not supported yet") unless
-model/gguf_families.py lends it their tables, as it does while a model loads. It reads Falcon-40B's
-layout as Falcon-7B's (a size mismatch), and loads Mixtral (a "llama" file with experts) and gpt-oss
-with their experts left out: random weights, and no error. The loader reads a Mixtral's experts itself
+Command R7B, EXAONE 4.0 and Arcee AFM it refuses ("GGUF model with architecture ... is not
+supported yet") unless model/gguf_families.py lends it their tables, as it does while a model loads.
+It reads Falcon-40B's layout as Falcon-7B's (a size mismatch), and loads Mixtral (a "llama" file with
+experts) and gpt-oss with their experts left out: random weights, and no error. The loader reads a
+Mixtral's experts itself
 (model/gguf_mixtral.py), and a gpt-oss file's with its window, head width and rotary scaling
 (model/gguf_gpt_oss.py), and refuses a file that leaves any weight unread.
 """
@@ -140,6 +141,7 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
         "cohere2", num_hidden_layers=4, layer_types=["sliding_attention"] * 3 + ["full_attention"]
     ),
     "exaone4": lambda: tiny_model("exaone4"),  # its window layers a bool a layer
+    "arcee": lambda: tiny_model("arcee"),  # its MLP without a gate (ReLU squared)
     # Ministral 3's text, written as "mistral3": its YaRN and its queries' scale past the original length;
     # YaRN's mscale_all_dim (the file's log multiplier) other than its config's default of 1
     "ministral3": lambda: tiny_model(
