@@ -121,6 +121,7 @@ CASES: dict[str, tuple[str, dict]] = {
     ),
     "olmo2": ("olmo2", {}),
     "arcee": ("arcee", {}),
+    "olmoe": ("olmoe", dict(num_experts=4, num_experts_per_tok=2)),
     "seed_oss": ("seed_oss", {}),
     "exaone4": ("exaone4", dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])),
     "cohere2": (

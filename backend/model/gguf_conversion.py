@@ -8,7 +8,7 @@ dequantized, changed as transformers' processor for its architecture changes it 
 permutation undone, Gemma's norms less one), named by transformers' own map, and written to a shard of
 at most SHARD_BYTES; then the start loads the copy as a later start does. Architectures whose
 processor assembles a weight from several of the file's tensors (the experts of Qwen2-MoE, Qwen3-MoE,
-gpt-oss, MiniMax-M2; GPT-2's head) are converted through transformers as before (`streams`).
+gpt-oss, MiniMax-M2, OLMoE; GPT-2's head) are converted through transformers as before (`streams`).
 
 A start that serves the file's blocks (lean_load.py) reads none of their layers' floats: its copy leaves
 them out (`omit`), the index naming them (`omitted_weights`). A 1B Q4_K_M file's copy was 4.3 GB of
@@ -49,7 +49,7 @@ from backend.quant import gguf_types
 log = logging.getLogger(__name__)
 
 # Their processors write into the state dict they are given (several tensors into one weight).
-WHOLE_FILE_ARCHITECTURES = {"qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2", "gpt2"}
+WHOLE_FILE_ARCHITECTURES = {"qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2", "gpt2", "olmoe"}
 SHARD_BYTES = 512 * 2**20  # float32 held at most before it is written
 INDEX_FILE = "model.safetensors.index.json"
 

@@ -7,9 +7,9 @@ has the family's classes, reads its tokenizer by the file's tokenizer model, and
 llama.cpp's tensor names covers its weights. Within `lent_to_transformers` its tables also have:
 
 - the architectures it has no table for (`MORE_ARCHITECTURES`): SmolLM3, Granite, OLMo 2, Seed-OSS,
-  ERNIE 4.5, Command R7B (Cohere 2), EXAONE 4.0 and Arcee AFM. Where llama.cpp's converter permuted q's
-  and k's rows for its rotary layout (LlamaModel's subclasses: SmolLM3, Granite, Arcee), Llama's processor
-  undoes it.
+  ERNIE 4.5, Command R7B (Cohere 2), EXAONE 4.0, Arcee AFM and OLMoE. Where llama.cpp's converter
+  permuted q's and k's rows for its rotary layout (LlamaModel's subclasses: SmolLM3, Granite, Arcee),
+  Llama's processor undoes it; OLMoE's experts Qwen2-MoE's processor joins.
 - keys it leaves unread for architectures it reads (`MORE_KEYS`): StarCoder 2's and StableLM's rotary
   base (StarCoder 2's released ones are 1e5 and 1e6, read as 10,000), Qwen2-MoE's and Qwen3-MoE's
   experts' widths (read as Qwen1.5-MoE-A2.7B's and Qwen3-30B-A3B's whatever the file: Qwen3-235B's failed
@@ -33,7 +33,12 @@ from pathlib import Path
 import gguf
 from transformers import CONFIG_MAPPING, PretrainedConfig
 from transformers import modeling_gguf_pytorch_utils as transformers_gguf
-from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
+from transformers.modeling_gguf_pytorch_utils import (
+    LlamaTensorProcessor,
+    Qwen2MoeTensorProcessor,
+    TensorProcessor,
+    read_field,
+)
 
 from backend.model.architectures import UnsupportedModel
 
@@ -74,8 +79,12 @@ MORE_ARCHITECTURES: dict[str, dict[str, str | None]] = {
     },
     "exaone4": COMMON_KEYS | {"attention.sliding_window": "sliding_window"},
     "arcee": COMMON_KEYS,
+    "olmoe": COMMON_KEYS | {"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"},
 }
 PERMUTED_ROWS = ("smollm3", "granite", "arcee")  # converted by LlamaModel's subclasses
+# Experts stacked as Qwen2-MoE's (blk.N.ffn_{gate,up,down}_exps), which transformers' Qwen2-MoE processor
+# joins into the model's gate_up_proj and down_proj: converted whole (gguf_conversion.py)
+EXPERTS_AS_QWEN2_MOE = ("olmoe",)
 MORE_KEYS: dict[str, dict[str, str | None]] = {
     "starcoder2": {"rope.freq_base": "rope_theta"},
     "stablelm": {"rope.freq_base": "rope_theta"},
@@ -106,6 +115,7 @@ def lent_to_transformers() -> Iterator[None]:
     tables.update({architecture: tables[architecture] | keys for architecture, keys in MORE_KEYS.items()})
     supported.extend(MORE_ARCHITECTURES)
     processors.update(dict.fromkeys(PERMUTED_ROWS, LlamaTensorProcessor))
+    processors.update(dict.fromkeys(EXPERTS_AS_QWEN2_MOE, Qwen2MoeTensorProcessor))
     try:
         yield
     finally:

@@ -61,7 +61,8 @@ GGUF_ARCHITECTURES: dict[str, MODEL_ARCH] = {
     "cohere2": MODEL_ARCH.COHERE2,
     "exaone4": MODEL_ARCH.EXAONE4,
     "ministral3": MODEL_ARCH.MISTRAL3,
-    "arcee": MODEL_ARCH.ARCEE,  # (Mistral3Model's, as it writes Mistral Small 3.1's Mistral too)
+    "arcee": MODEL_ARCH.ARCEE,
+    "olmoe": MODEL_ARCH.OLMOE,  # (Mistral3Model's, as it writes Mistral Small 3.1's Mistral too)
 }
 
 Metadata = dict[str, object]  # key -> value; ints are written as uint32, floats as float32, lists as arrays
@@ -533,6 +534,7 @@ METADATA: dict[str, Callable[[dict], Metadata]] = {
     "exaone4": exaone4_metadata,
     "ministral3": ministral3_metadata,
     "arcee": llama_metadata,  # (ArceeModel is LlamaModel's)
+    "olmoe": text_model_metadata,  # (its expert counts among them)
 }
 
 # What a converter writes beyond the model's own tensors (generate_extra_tensors), by model type
@@ -692,6 +694,7 @@ TENSOR_CHANGES: dict[str, Change] = {
     "granite": llama_rotary_rows,
     "ministral3": llama_rotary_rows,
     "arcee": llama_rotary_rows,
+    "olmoe": qwen_moe_experts,  # (OlmoeModel stacks its experts as Qwen2MoeModel does)
 }
 
 

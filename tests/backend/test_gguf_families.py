@@ -3,7 +3,7 @@ as llama.cpp's converter writes it (tests/backend/gguf_files.py) comes back from
 very weights it went in with, and the engine's greedy tokens on it equal `generate`'s on the original.
 
 transformers reads most of these families from GGUF; SmolLM3, Granite, OLMo 2, Seed-OSS, ERNIE 4.5,
-Command R7B, EXAONE 4.0 and Arcee AFM it refuses ("GGUF model with architecture ... is not
+Command R7B, EXAONE 4.0, Arcee AFM and OLMoE it refuses ("GGUF model with architecture ... is not
 supported yet") unless model/gguf_families.py lends it their tables, as it does while a model loads.
 It reads Falcon-40B's layout as Falcon-7B's (a size mismatch), and loads Mixtral (a "llama" file with
 experts) and gpt-oss with their experts left out: random weights, and no error. The loader reads a
@@ -142,6 +142,7 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     ),
     "exaone4": lambda: tiny_model("exaone4"),  # its window layers a bool a layer
     "arcee": lambda: tiny_model("arcee"),  # its MLP without a gate (ReLU squared)
+    "olmoe": lambda: tiny_model("olmoe"),  # experts stacked as Qwen2-MoE's
     # Ministral 3's text, written as "mistral3": its YaRN and its queries' scale past the original length;
     # YaRN's mscale_all_dim (the file's log multiplier) other than its config's default of 1
     "ministral3": lambda: tiny_model(
@@ -651,7 +652,7 @@ def test_a_file_whose_rows_need_no_permuting_is_served_from_its_own_blocks_exper
             m for m in served.model.layers.modules() if type(m) is torch.nn.Linear and fits_int4_kernels(m)
         ]
         assert floats == [], start
-        if family in ("qwen3_moe", "qwen2_moe"):
+        if family in ("qwen3_moe", "qwen2_moe", "olmoe"):
             experts = [layer.mlp.experts for layer in served.model.layers]
             assert all(isinstance(e, QuantizedExperts) for e in experts), start
             layers = [layer for e in experts for layer in (*e.gate_up, *e.down)]
