@@ -143,8 +143,6 @@ BIASES = {
     },
     "ernie4_5": {"use_bias": "attn_q.bias"},
     "smollm3": {"attention_bias": "attn_q.bias", "mlp_bias": "ffn_up.bias"},
-    "exaone4": {},
-    "cohere2": {},
     "arcee": {"attention_bias": "attn_q.bias", "mlp_bias": "ffn_up.bias"},
 }
 

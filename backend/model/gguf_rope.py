@@ -46,7 +46,7 @@ def with_rotary_scaling(path: Path, config: PretrainedConfig) -> PretrainedConfi
     if architecture in READ_ELSEWHERE or not rope:
         return config
     global_layers = "full_attention" in rope
-    theta = float((rope["full_attention"] if global_layers else rope)["rope_theta"])
+    theta = float((rope["full_attention"] if global_layers else rope).get("rope_theta", 10000.0))
     scaling = scaling_of(reader, architecture, theta, path.name)
     if not scaling:
         return config

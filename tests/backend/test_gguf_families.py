@@ -7,9 +7,8 @@ Command R7B, EXAONE 4.0, Arcee AFM and OLMoE it refuses ("GGUF model with archit
 supported yet") unless model/gguf_families.py lends it their tables, as it does while a model loads.
 It reads Falcon-40B's layout as Falcon-7B's (a size mismatch), and loads Mixtral (a "llama" file with
 experts) and gpt-oss with their experts left out: random weights, and no error. The loader reads a
-Mixtral's experts itself
-(model/gguf_mixtral.py), and a gpt-oss file's with its window, head width and rotary scaling
-(model/gguf_gpt_oss.py), and refuses a file that leaves any weight unread.
+Mixtral's experts itself (model/gguf_mixtral.py), and a gpt-oss file's with its window, head width and
+rotary scaling (model/gguf_gpt_oss.py), and refuses a file that leaves any weight unread.
 """
 
 import json
