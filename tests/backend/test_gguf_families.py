@@ -223,7 +223,8 @@ TEXT_OF_ANOTHER = {
 @pytest.mark.parametrize("architecture", sorted(TEXT_OF_ANOTHER))
 def test_a_file_of_another_architecture_is_served_as_its_text_models_family(architecture, tmp_path):
     """Qwen VL's text positions are one position in each of time, height and width: the family's own
-    rotation. A "mistral3" file without Ministral 3's temperature of its queries is a Mistral's."""
+    rotation. A "mistral3" file without Ministral 3's temperature of its queries is a Mistral's. Through
+    the default mode, its Q4_0 file's projections are served from its blocks, as its family's are."""
     family, arch = TEXT_OF_ANOTHER[architecture]
     model = random_norms(FAMILIES[family]())
     path = write_tiny_gguf(tmp_path / f"{architecture}.gguf", model, default_model_path(), architecture=arch)
@@ -232,6 +233,18 @@ def test_a_file_of_another_architecture_is_served_as_its_text_models_family(arch
     assert_same_weights(loaded.model, model.state_dict())
     assert_same_logits(loaded.model, model)
     assert_greedy_tokens_match(loaded.model, model, random.Random(architecture))
+    blocks = write_tiny_gguf(
+        tmp_path / f"{architecture}-Q4_0.gguf", model, default_model_path(), Q4_0, architecture=arch
+    )
+    exact, served = load_gguf(blocks, tmp_path).model, load_gguf(blocks, tmp_path, quantize="auto").model
+    linears = [
+        m for m in served.model.layers.modules() if type(m) is torch.nn.Linear and fits_int4_kernels(m)
+    ]
+    assert linears == []
+    ids = torch.tensor([[5], [17], [200], [31]])  # four rows of one token: a decode step's shape
+    with torch.inference_mode():
+        expected, got = exact(ids).logits.float(), served(ids).logits.float()
+    assert (got - expected).abs().max() < 0.03 * expected.abs().max()
 
 
 def test_an_olmo_3_file_is_refused_rather_than_served_without_its_window(tmp_path, monkeypatch):
