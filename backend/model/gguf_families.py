@@ -34,13 +34,12 @@ import gguf
 from transformers import CONFIG_MAPPING, PretrainedConfig
 from transformers import modeling_gguf_pytorch_utils as transformers_gguf
 from transformers.modeling_gguf_pytorch_utils import (
-    LlamaTensorProcessor,
     Qwen2MoeTensorProcessor,
-    TensorProcessor,
     read_field,
 )
 
 from backend.model.architectures import UnsupportedModel
+from backend.quant.gguf_weights import ROW_ONLY_PROCESSORS
 
 # TextModel.set_gguf_parameters' keys (the table transformers keeps for Llama's), with the head width
 COMMON_KEYS = {
@@ -81,7 +80,8 @@ MORE_ARCHITECTURES: dict[str, dict[str, str | None]] = {
     "arcee": COMMON_KEYS,
     "olmoe": COMMON_KEYS | {"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"},
 }
-PERMUTED_ROWS = ("smollm3", "granite", "arcee")  # converted by LlamaModel's subclasses
+# converted by LlamaModel's subclasses: their q's and k's rows permuted (the default mode's blocks too)
+PERMUTED_ROWS = tuple(name for name in MORE_ARCHITECTURES if name in ROW_ONLY_PROCESSORS)
 # Experts stacked as Qwen2-MoE's (blk.N.ffn_{gate,up,down}_exps), which transformers' Qwen2-MoE processor
 # joins into the model's gate_up_proj and down_proj: converted whole (gguf_conversion.py)
 EXPERTS_AS_QWEN2_MOE = ("olmoe",)
@@ -114,7 +114,7 @@ def lent_to_transformers() -> Iterator[None]:
     tables.update(MORE_ARCHITECTURES)
     tables.update({architecture: tables[architecture] | keys for architecture, keys in MORE_KEYS.items()})
     supported.extend(MORE_ARCHITECTURES)
-    processors.update(dict.fromkeys(PERMUTED_ROWS, LlamaTensorProcessor))
+    processors.update({name: ROW_ONLY_PROCESSORS[name] for name in PERMUTED_ROWS})
     processors.update(dict.fromkeys(EXPERTS_AS_QWEN2_MOE, Qwen2MoeTensorProcessor))
     try:
         yield
@@ -123,13 +123,6 @@ def lent_to_transformers() -> Iterator[None]:
             table.clear()
             table.update(kept)
         supported[:] = saved[1]
-
-
-def tensor_processor(architecture: str) -> type[TensorProcessor] | None:
-    """The processor of an architecture lent here: Llama's where its rows were permuted (None: another's)."""
-    if architecture in PERMUTED_ROWS:
-        return LlamaTensorProcessor
-    return TensorProcessor if architecture in MORE_ARCHITECTURES else None
 
 
 # A projection's bias, named by the file's first layer's tensor, and the configuration's field that says it

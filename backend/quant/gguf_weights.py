@@ -41,7 +41,6 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor, read_field
 
-from backend.model import gguf_families
 from backend.quant import block_weights, blocks_embedding, gguf_types, quantized_experts
 from backend.quant.gguf_types import (
     EightBitWeight,
@@ -83,7 +82,9 @@ FLOAT_TYPES = {kind.name for kind in gguf_types.FLOAT_TYPES}
 # moves whole blocks: llama.cpp's converter permutes Llama's q and k projections for its rotary
 # layout, and transformers permutes them back. Other architectures' processors reshape tensors in
 # ways blocks do not follow, so their GGUF files are dequantized.
-ROW_ONLY_PROCESSORS = {"llama": LlamaTensorProcessor}
+# SmolLM3's, Granite's and Arcee AFM's converters are LlamaModel's subclasses (model/gguf_families.py lends
+# transformers' reader this processor for them).
+ROW_ONLY_PROCESSORS = dict.fromkeys(("llama", "smollm3", "granite", "arcee"), LlamaTensorProcessor)
 PLAIN_ARCHITECTURES = {
     "qwen2",
     "qwen3",
@@ -97,6 +98,13 @@ PLAIN_ARCHITECTURES = {
     "starcoder2",
     "stablelm",
     "nemotron",  # (its processor takes 1 from its norms' weights alone)
+    # the families model/gguf_families.py lends transformers' reader tables for
+    "olmo2",
+    "olmoe",
+    "seed_oss",
+    "ernie4_5",
+    "cohere2",
+    "exaone4",
 }  # rows as transformers has them
 
 # Beside a GGUF file's converted copy: its blocks as read, so that later starts need not parse the
@@ -241,9 +249,8 @@ class GGUFBlocks:
 
 def tensor_processor(architecture: str, model: nn.Module) -> TensorProcessor | None:
     """transformers' processor for this architecture if it only permutes rows; None if it does more."""
-    processor = ROW_ONLY_PROCESSORS.get(architecture) or gguf_families.tensor_processor(architecture)
-    if processor is not None:
-        return processor(config=model.config.to_dict())
+    if architecture in ROW_ONLY_PROCESSORS:
+        return ROW_ONLY_PROCESSORS[architecture](config=model.config.to_dict())
     if architecture in PLAIN_ARCHITECTURES:
         return TensorProcessor()
     return None

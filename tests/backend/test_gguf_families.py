@@ -391,11 +391,11 @@ def test_a_q4_k_m_file_is_served_from_its_own_blocks_and_gives_the_dequantized_m
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.75
 
 
-@pytest.mark.parametrize("family", [*gguf_families.PERMUTED_ROWS, "ministral3"])
+@pytest.mark.parametrize("family", ["smollm3", "granite", "arcee", "ministral3"])
 def test_a_lent_familys_permuted_rows_are_served_from_its_blocks_permuted_back(family, tmp_path):
-    """SmolLM3's, Granite's and Ministral 3's converters (LlamaModel's subclasses) permute q's and k's rows
+    """SmolLM3's, Granite's, AFM's and Ministral 3's converters (LlamaModel's subclasses) permute q and k rows
     for llama.cpp's rotary layout: their blocks, served as they are, are permuted back
-    (gguf_families.tensor_processor; Ministral 3's file is presented as a Llama's),
+    (gguf_weights.ROW_ONLY_PROCESSORS; Ministral 3's file is presented as a Llama's),
     so a prompt, whose later positions rotate, gives the logits of the same file dequantized."""
     # (the tiny Granite's attention multiplier of 1/16 and residual one of 0.22 blur what rotation does)
     sharp = {"attention_multiplier": 0.5, "residual_multiplier": 1.0} if family == "granite" else {}
