@@ -42,14 +42,23 @@ from transformers.modeling_gguf_pytorch_utils import (
     read_field,
 )
 
-from backend.model import resources
+from backend.model import gguf_families, resources
 from backend.model.architectures import UnsupportedModel
 from backend.quant import gguf_types
 
 log = logging.getLogger(__name__)
 
-# Their processors write into the state dict they are given (several tensors into one weight).
-WHOLE_FILE_ARCHITECTURES = {"qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2", "gpt2", "olmoe"}
+# Their processors write into the state dict they are given (several tensors into one weight): OLMoE's
+# too, whose experts gguf_families.py lends Qwen2-MoE's processor.
+WHOLE_FILE_ARCHITECTURES = {
+    "qwen2moe",
+    "qwen3moe",
+    "gpt-oss",
+    "gpt_oss",
+    "minimax-m2",
+    "gpt2",
+    *gguf_families.EXPERTS_AS_QWEN2_MOE,
+}
 SHARD_BYTES = 512 * 2**20  # float32 held at most before it is written
 INDEX_FILE = "model.safetensors.index.json"
 
